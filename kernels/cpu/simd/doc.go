@@ -1,0 +1,25 @@
+// Package simd holds the vectorized loops of the CPU backend: matrix-vector
+// and matrix-matrix products against float32, bfloat16 and float16 weights,
+// dot, axpy, scale and dtype conversions.
+//
+// # Canonical reduction order
+//
+// Every output of Linear* and Dot is one dot product of length k reduced in
+// an order that depends only on k: 16 lane accumulators, lane l summing the
+// products at kk ≡ l (mod 16) in increasing kk with one fused multiply-add
+// (a single rounding) each, then the halves added pairwise (lane l with l+8,
+// then l+4, l+2, l+1). A result therefore never depends on the batch size m,
+// on the other rows of x, on the column range [j0,j1), or on how a caller
+// splits work over threads: the CPU kernels are batch invariant.
+//
+// # Implementations
+//
+// Each implementation (Impl) computes that same order: "go", the pure-Go
+// reference and fallback, and where the CPU and the build allow, "avx2"
+// (AVX2+FMA+F16C) and "avx512" (AVX-512 F/BW/VL), C with intrinsics reached
+// through cgo and chosen at run time with golang.org/x/sys/cpu. All of them
+// return the same bits for the same inputs, NaN payloads aside; tests check
+// it. The package-level functions use Default(), the fastest available; the
+// environment variable DEEPINFER_SIMD=go (or avx2) caps it, and Impls and
+// Lookup give every path to tests and benchmarks without any global switch.
+package simd

@@ -1,0 +1,6 @@
+//go:build !amd64 || !cgo
+
+package simd
+
+// nativeImpls: no SIMD path without cgo on amd64.
+func nativeImpls() []*Impl { return nil }
