@@ -1,0 +1,282 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+)
+
+// Kind says what role a node plays in a graph.
+type Kind int
+
+const (
+	KindSource Kind = iota
+	KindStage
+	KindPlanner
+	KindSink
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindSource:
+		return "source"
+	case KindStage:
+		return "stage"
+	case KindPlanner:
+		return "planner"
+	case KindSink:
+		return "sink"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Node is a type-erased graph node made by NewSource, NewStage, NewPlanner
+// or NewSink. A Node belongs to at most one graph and runs once.
+type Node struct {
+	kind        Kind
+	in, fb, out reflect.Type // nil where the kind has no such port
+	impl        any          // the user's value, for Close
+	newInput    func(capacity int) port
+	newFeedback func(capacity int) port
+	run         func(ctx context.Context, rt *nodeRuntime) error
+}
+
+// Kind returns the node's role.
+func (n *Node) Kind() Kind { return n.kind }
+
+// InType is the type of the node's main input (nil for a source).
+func (n *Node) InType() reflect.Type { return n.in }
+
+// FeedbackType is the type a planner accepts on its feedback edge (nil otherwise).
+func (n *Node) FeedbackType() reflect.Type { return n.fb }
+
+// OutType is the type of the node's output (nil for a sink).
+func (n *Node) OutType() reflect.Type { return n.out }
+
+// nodeRuntime is what a node sees while it runs: its ports, its loop bound and
+// its counters.
+type nodeRuntime struct {
+	in, fb, out port
+	maxInFlight int  // planners: bound of the loop they head; 0 = no loop
+	inLoop      bool // stages between a planner and its feedback edge
+	stats       *stageStats
+	// stop is closed when the run is cancelled. Each node has its own, so
+	// that blocked sends and receives do not all contend on ctx.Done().
+	stop chan struct{}
+}
+
+func inputOf[T any](rt *nodeRuntime) *inPort[T] { return rt.in.(*inPort[T]) }
+
+// recv takes the next item from p; ok is false when p is closed. An item
+// already waiting is taken without reading the clock; otherwise the time
+// spent blocked is charged to wait-in.
+func recv[T any](ctx context.Context, stop <-chan struct{}, p *inPort[T], st *stageStats) (v T, ok bool, err error) {
+	if n := len(p.ch); n > 0 {
+		st.observeQueue(n)
+		select {
+		case v, ok = <-p.ch:
+			return v, ok, nil
+		default:
+		}
+	}
+	st.setState(StateWaitIn)
+	t := st.now()
+	select {
+	case v, ok = <-p.ch:
+	case <-stop:
+		err = ctx.Err()
+	}
+	st.waitIn.Add(st.now() - t)
+	return v, ok, err
+}
+
+// emit sends v; when the edge is full, the time spent blocked is charged to
+// wait-out.
+func emit[Out any](ctx context.Context, stop <-chan struct{}, s sender[Out], v Out, st *stageStats) error {
+	if s.try(v) {
+		return nil
+	}
+	st.setState(StateWaitOut)
+	t := st.now()
+	sent := s.send(stop, v)
+	st.waitOut.Add(st.now() - t)
+	if !sent {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// work marks the node busy. Busy time is not clocked per item: it is the
+// node's running time less the time it spent blocked (see stageStats).
+func work(st *stageStats) { st.setState(StateBusy) }
+
+// done counts one item.
+func done(st *stageStats) { st.items.Add(1) }
+
+// NewSource wraps a Source. Its goroutine calls Next until io.EOF.
+func NewSource[Out any](s Source[Out]) *Node {
+	return &Node{
+		kind: KindSource, out: typeOf[Out](), impl: s,
+		run: func(ctx context.Context, rt *nodeRuntime) error {
+			out := senderFor[Out](rt.out)
+			st := rt.stats
+			for {
+				work(st)
+				v, err := s.Next(ctx)
+				if errors.Is(err, io.EOF) {
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				done(st)
+				if err := emit(ctx, rt.stop, out, v, st); err != nil {
+					return err
+				}
+			}
+		},
+	}
+}
+
+// NewStage wraps a Stage.
+func NewStage[In, Out any](s Stage[In, Out]) *Node {
+	return &Node{
+		kind: KindStage, in: typeOf[In](), out: typeOf[Out](), impl: s,
+		newInput: func(c int) port { return newInPort[In](c) },
+		run: func(ctx context.Context, rt *nodeRuntime) error {
+			in := inputOf[In](rt)
+			out := senderFor[Out](rt.out)
+			st := rt.stats
+			for {
+				v, ok, err := recv(ctx, rt.stop, in, st)
+				if !ok {
+					return err
+				}
+				work(st)
+				res, err := s.Process(ctx, v)
+				done(st)
+				if errors.Is(err, ErrSkip) {
+					if rt.inLoop {
+						return fmt.Errorf("dropped an item inside a loop: %w", err)
+					}
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				if err := emit(ctx, rt.stop, out, res, st); err != nil {
+					return err
+				}
+			}
+		},
+	}
+}
+
+// NewSink wraps a Sink.
+func NewSink[In any](s Sink[In]) *Node {
+	return &Node{
+		kind: KindSink, in: typeOf[In](), impl: s,
+		newInput: func(c int) port { return newInPort[In](c) },
+		run: func(ctx context.Context, rt *nodeRuntime) error {
+			in := inputOf[In](rt)
+			st := rt.stats
+			for {
+				v, ok, err := recv(ctx, rt.stop, in, st)
+				if !ok {
+					return err
+				}
+				work(st)
+				err = s.Consume(ctx, v)
+				done(st)
+				if err != nil {
+					return err
+				}
+			}
+		},
+	}
+}
+
+// NewPlanner wraps a Planner, the head of a loop. Without a feedback edge
+// the planner is unbounded: Plan is called after every input until it
+// returns ok=false.
+func NewPlanner[In, Fb, Out any](p Planner[In, Fb, Out]) *Node {
+	return &Node{
+		kind: KindPlanner, in: typeOf[In](), fb: typeOf[Fb](), out: typeOf[Out](), impl: p,
+		newInput:    func(c int) port { return newInPort[In](c) },
+		newFeedback: func(c int) port { return newInPort[Fb](c) },
+		run: func(ctx context.Context, rt *nodeRuntime) error {
+			return runPlanner(ctx, p, rt)
+		},
+	}
+}
+
+func runPlanner[In, Fb, Out any](ctx context.Context, p Planner[In, Fb, Out], rt *nodeRuntime) error {
+	in := inputOf[In](rt)
+	var fb *inPort[Fb]
+	if rt.fb != nil {
+		fb = rt.fb.(*inPort[Fb])
+	}
+	out := senderFor[Out](rt.out)
+	st := rt.stats
+	inCh := in.ch
+	inFlight := 0
+	for {
+		// Emit while the loop has room and there is work.
+		for rt.maxInFlight == 0 || inFlight < rt.maxInFlight {
+			work(st)
+			v, ok, err := p.Plan(ctx)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				break
+			}
+			done(st)
+			if err := emit(ctx, rt.stop, out, v, st); err != nil {
+				return err
+			}
+			if rt.maxInFlight > 0 {
+				inFlight++
+			}
+		}
+		if inCh == nil && inFlight == 0 {
+			return nil
+		}
+		var fbCh chan Fb
+		if fb != nil && inFlight > 0 {
+			fbCh = fb.ch
+		}
+		st.observeQueue(len(in.ch))
+		st.setState(StateWaitIn)
+		t := st.now()
+		select {
+		case v, ok := <-inCh:
+			st.waitIn.Add(st.now() - t)
+			if !ok {
+				inCh = nil
+				continue
+			}
+			work(st)
+			err := p.Add(ctx, v)
+			if err != nil {
+				return err
+			}
+		case v, ok := <-fbCh:
+			st.waitIn.Add(st.now() - t)
+			if !ok {
+				return fmt.Errorf("feedback edge closed with %d items in flight", inFlight)
+			}
+			inFlight--
+			work(st)
+			err := p.Feedback(ctx, v)
+			if err != nil {
+				return err
+			}
+		case <-rt.stop:
+			st.waitIn.Add(st.now() - t)
+			return ctx.Err()
+		}
+	}
+}

@@ -1,0 +1,66 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+)
+
+// Stage maps one input item to one output item. Process is called from a
+// single goroutine, one item at a time, in the order items arrive; a stage
+// starts no goroutines of its own. Returning ErrSkip drops the item (not
+// allowed inside a loop, where every item must come back as feedback).
+type Stage[In, Out any] interface {
+	Process(ctx context.Context, in In) (Out, error)
+}
+
+// StageFunc adapts a function to a Stage.
+type StageFunc[In, Out any] func(ctx context.Context, in In) (Out, error)
+
+// Process calls f.
+func (f StageFunc[In, Out]) Process(ctx context.Context, in In) (Out, error) { return f(ctx, in) }
+
+// Source produces the items that enter a graph. Next returns io.EOF when
+// there are no more; any other error fails the run.
+type Source[Out any] interface {
+	Next(ctx context.Context) (Out, error)
+}
+
+// SourceFunc adapts a function to a Source.
+type SourceFunc[Out any] func(ctx context.Context) (Out, error)
+
+// Next calls f.
+func (f SourceFunc[Out]) Next(ctx context.Context) (Out, error) { return f(ctx) }
+
+// Sink consumes items at the end of a graph.
+type Sink[In any] interface {
+	Consume(ctx context.Context, in In) error
+}
+
+// SinkFunc adapts a function to a Sink.
+type SinkFunc[In any] func(ctx context.Context, in In) error
+
+// Consume calls f.
+func (f SinkFunc[In]) Consume(ctx context.Context, in In) error { return f(ctx, in) }
+
+// Planner is the head of a loop. It absorbs work from its input (Add) and
+// results that come back around the loop (Feedback), and emits new work with
+// Plan whenever the loop has room: Plan is called only while fewer than the
+// feedback edge's MaxInFlight items are in the loop, and returns ok=false
+// when it has nothing to emit now. The run of a planner ends when its input
+// is closed, nothing is in flight and Plan returns ok=false.
+//
+// All three methods are called from one goroutine.
+type Planner[In, Fb, Out any] interface {
+	Add(ctx context.Context, in In) error
+	Feedback(ctx context.Context, fb Fb) error
+	Plan(ctx context.Context) (out Out, ok bool, err error)
+}
+
+// Closer is implemented by nodes that hold resources. The graph calls Close
+// once, after the node's goroutine has finished, whatever the outcome.
+type Closer interface {
+	Close() error
+}
+
+// ErrSkip, returned by Stage.Process, drops the item without error.
+var ErrSkip = errors.New("pipeline: skip item")
