@@ -1,0 +1,313 @@
+// Package cpu is the CPU backend of kernels.Ops: f32 compute, weights kept in
+// their stored dtype (F32, BF16, F16) and converted per row tile inside the
+// kernels, work spread over a persistent worker pool.
+//
+// Every kernel is batch-invariant by construction: each output element is
+// produced by exactly one worker, from its own input row, by the same
+// function in the same reduction order whatever the number of rows in the
+// call or the way the rows and columns are cut into chunks. A row computed
+// alone and inside a crowded batch is bit-identical.
+//
+// Tensors live in ordinary Go memory ([]float32 for F32, []uint16 for BF16
+// and F16 bit patterns, []int32 for I32); views share it.
+package cpu
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"runtime"
+	"sync/atomic"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// Options configure a Backend.
+type Options struct {
+	// Threads is the number of workers, the caller included; <= 0 means
+	// runtime.NumCPU().
+	Threads int
+	// PureGo forces the portable Go inner loops even where vectorized ones
+	// are available (for reference runs and tests).
+	PureGo bool
+}
+
+// Backend implements kernels.Ops on the host CPU. It is safe for concurrent
+// use by several goroutines as long as they do not write the same tensors.
+type Backend struct {
+	threads int
+	run     runner
+	k       kernelSet
+	closed  atomic.Bool
+}
+
+var _ kernels.Ops = (*Backend)(nil)
+
+// New starts a backend and its worker pool; Close stops it.
+func New(opts Options) *Backend {
+	n := opts.Threads
+	if n <= 0 {
+		n = runtime.NumCPU()
+	}
+	return &Backend{threads: n, run: newRunner(n), k: selectKernels(opts.PureGo)}
+}
+
+// Name reports the backend, its inner-loop path and its thread count.
+func (b *Backend) Name() string {
+	return fmt.Sprintf("cpu(%s, %d threads)", b.k.name, b.threads)
+}
+
+// ActivationDType is F32: all CPU compute is in float32.
+func (b *Backend) ActivationDType() kernels.DType { return kernels.F32 }
+
+// Close stops the worker pool. Tensors stay readable (they are Go memory) but
+// no kernel may run afterwards.
+func (b *Backend) Close() error {
+	if b.closed.CompareAndSwap(false, true) {
+		b.run.Close()
+	}
+	return nil
+}
+
+// Sync is a no-op: CPU kernels finish before they return.
+func (b *Backend) Sync() error { return nil }
+
+// Tensor is the CPU backend's tensor: a shape, a dtype and one of three
+// backing slices. Views share the slice.
+type Tensor struct {
+	shape []int
+	dtype kernels.DType
+	f32   []float32
+	u16   []uint16
+	i32   []int32
+}
+
+// Shape returns the dimensions; the caller must not modify them.
+func (t *Tensor) Shape() []int { return t.shape }
+
+// DType returns the element type.
+func (t *Tensor) DType() kernels.DType { return t.dtype }
+
+// F32 returns the backing slice of an F32 tensor (nil otherwise). It aliases
+// the tensor: for tests and host-side tools of this backend only.
+func (t *Tensor) F32() []float32 { return t.f32 }
+
+// I32 returns the backing slice of an I32 tensor (nil otherwise); see F32.
+func (t *Tensor) I32() []int32 { return t.i32 }
+
+func (t *Tensor) numel() int {
+	n := 1
+	for _, d := range t.shape {
+		n *= d
+	}
+	return n
+}
+
+// rowLen is the number of elements per index of dimension 0.
+func (t *Tensor) rowLen() int {
+	n := 1
+	for _, d := range t.shape[1:] {
+		n *= d
+	}
+	return n
+}
+
+func (t *Tensor) String() string { return fmt.Sprintf("%v%v", t.dtype, t.shape) }
+
+// Alloc returns a zeroed tensor.
+func (b *Backend) Alloc(dtype kernels.DType, shape ...int) (kernels.Tensor, error) {
+	n := 1
+	for _, d := range shape {
+		if d < 0 {
+			return nil, fmt.Errorf("cpu: alloc %v%v: negative dimension: %w", dtype, shape, kernels.ErrShape)
+		}
+		n *= d
+	}
+	t := &Tensor{shape: append([]int(nil), shape...), dtype: dtype}
+	switch dtype {
+	case kernels.F32:
+		t.f32 = make([]float32, n)
+	case kernels.BF16, kernels.F16:
+		t.u16 = make([]uint16, n)
+	case kernels.I32:
+		t.i32 = make([]int32, n)
+	default:
+		return nil, fmt.Errorf("cpu: alloc %v%v: %w", dtype, shape, kernels.ErrDType)
+	}
+	return t, nil
+}
+
+// Upload copies little-endian host bytes into dst (see kernels.Ops).
+func (b *Backend) Upload(dst kernels.Tensor, src []byte, srcDType kernels.DType) error {
+	d, err := asCPU("upload", "dst", dst)
+	if err != nil {
+		return err
+	}
+	n := d.numel()
+	if len(src) != n*srcDType.Size() || srcDType.Size() == 0 {
+		return fmt.Errorf("cpu: upload %v bytes of %v into %v: want %d bytes: %w",
+			len(src), srcDType, d, n*srcDType.Size(), kernels.ErrShape)
+	}
+	switch {
+	case d.dtype == kernels.F32 && srcDType == kernels.F32:
+		for i := range n {
+			d.f32[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
+		}
+	case d.dtype == kernels.F32 && srcDType == kernels.BF16:
+		for i := range n {
+			d.f32[i] = kernels.BF16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
+		}
+	case d.dtype == kernels.F32 && srcDType == kernels.F16:
+		for i := range n {
+			d.f32[i] = kernels.F16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
+		}
+	case (d.dtype == kernels.BF16 || d.dtype == kernels.F16) && srcDType == d.dtype:
+		for i := range n {
+			d.u16[i] = binary.LittleEndian.Uint16(src[2*i:])
+		}
+	case d.dtype == kernels.I32 && srcDType == kernels.I32:
+		for i := range n {
+			d.i32[i] = int32(binary.LittleEndian.Uint32(src[4*i:]))
+		}
+	default:
+		return fmt.Errorf("cpu: upload %v into %v: %w", srcDType, d, kernels.ErrDType)
+	}
+	return nil
+}
+
+// Download copies src to host bytes of its own dtype.
+func (b *Backend) Download(dst []byte, src kernels.Tensor) error {
+	s, err := asCPU("download", "src", src)
+	if err != nil {
+		return err
+	}
+	n := s.numel()
+	if len(dst) != n*s.dtype.Size() {
+		return fmt.Errorf("cpu: download %v into %d bytes: want %d: %w", s, len(dst), n*s.dtype.Size(), kernels.ErrShape)
+	}
+	switch s.dtype {
+	case kernels.F32:
+		for i, x := range s.f32[:n] {
+			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(x))
+		}
+	case kernels.BF16, kernels.F16:
+		for i, x := range s.u16[:n] {
+			binary.LittleEndian.PutUint16(dst[2*i:], x)
+		}
+	case kernels.I32:
+		for i, x := range s.i32[:n] {
+			binary.LittleEndian.PutUint32(dst[4*i:], uint32(x))
+		}
+	}
+	return nil
+}
+
+// Rows returns the view of rows [lo, hi) of dimension 0.
+func (b *Backend) Rows(t kernels.Tensor, lo, hi int) (kernels.Tensor, error) {
+	s, err := asCPU("rows", "t", t)
+	if err != nil {
+		return nil, err
+	}
+	if len(s.shape) == 0 || lo < 0 || hi < lo || hi > s.shape[0] {
+		return nil, fmt.Errorf("cpu: rows [%d, %d) of %v: %w", lo, hi, s, kernels.ErrShape)
+	}
+	r := s.rowLen()
+	v := &Tensor{shape: append([]int{hi - lo}, s.shape[1:]...), dtype: s.dtype}
+	switch s.dtype {
+	case kernels.F32:
+		v.f32 = s.f32[lo*r : hi*r : hi*r]
+	case kernels.BF16, kernels.F16:
+		v.u16 = s.u16[lo*r : hi*r : hi*r]
+	case kernels.I32:
+		v.i32 = s.i32[lo*r : hi*r : hi*r]
+	}
+	return v, nil
+}
+
+// Reshape returns a view with a new shape and the same number of elements.
+func (b *Backend) Reshape(t kernels.Tensor, shape ...int) (kernels.Tensor, error) {
+	s, err := asCPU("reshape", "t", t)
+	if err != nil {
+		return nil, err
+	}
+	n := 1
+	for _, d := range shape {
+		if d < 0 {
+			n = -1
+			break
+		}
+		n *= d
+	}
+	if n != s.numel() {
+		return nil, fmt.Errorf("cpu: reshape %v to %v: %w", s, shape, kernels.ErrShape)
+	}
+	v := *s
+	v.shape = append([]int(nil), shape...)
+	return &v, nil
+}
+
+// asCPU checks that t is a non-nil tensor of this backend.
+func asCPU(op, name string, t kernels.Tensor) (*Tensor, error) {
+	c, ok := t.(*Tensor)
+	if !ok || c == nil {
+		return nil, fmt.Errorf("cpu: %s: %s is %T: %w", op, name, t, kernels.ErrForeignTensor)
+	}
+	return c, nil
+}
+
+// optCPU is asCPU for optional arguments: nil stays nil.
+func optCPU(op, name string, t kernels.Tensor) (*Tensor, error) {
+	if t == nil {
+		return nil, nil
+	}
+	if c, ok := t.(*Tensor); ok && c == nil {
+		return nil, nil
+	}
+	return asCPU(op, name, t)
+}
+
+// checkShape verifies t's dtype class and shape; -1 in want matches any size.
+// dtypes lists the accepted dtypes (none: any).
+func checkShape(op, name string, t *Tensor, want []int, dtypes ...kernels.DType) error {
+	ok := len(t.shape) == len(want)
+	for i := 0; ok && i < len(want); i++ {
+		if want[i] >= 0 && t.shape[i] != want[i] {
+			ok = false
+		}
+	}
+	if !ok {
+		return fmt.Errorf("cpu: %s: %s is %v, want shape %v: %w", op, name, t, want, kernels.ErrShape)
+	}
+	if len(dtypes) == 0 {
+		return nil
+	}
+	for _, d := range dtypes {
+		if t.dtype == d {
+			return nil
+		}
+	}
+	return fmt.Errorf("cpu: %s: %s is %v, want dtype in %v: %w", op, name, t, dtypes, kernels.ErrDType)
+}
+
+var floatTypes = []kernels.DType{kernels.F32, kernels.BF16, kernels.F16}
+
+func (b *Backend) checkOpen(op string) error {
+	if b.closed.Load() {
+		return fmt.Errorf("cpu: %s: %w", op, kernels.ErrClosed)
+	}
+	return nil
+}
+
+// rowF32 returns row i of a float tensor of row length n as float32: F32 rows
+// alias the tensor, BF16 and F16 rows are converted into buf (len >= n).
+func (b *Backend) rowF32(t *Tensor, i, n int, buf []float32) []float32 {
+	switch t.dtype {
+	case kernels.F32:
+		return t.f32[i*n : (i+1)*n]
+	case kernels.BF16:
+		b.k.bf16ToF32(buf[:n], t.u16[i*n:(i+1)*n])
+	case kernels.F16:
+		b.k.f16ToF32(buf[:n], t.u16[i*n:(i+1)*n])
+	}
+	return buf[:n]
+}

@@ -1,0 +1,269 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// minParallelElems is the work (elements touched) below which a row loop runs
+// on the caller alone: waking workers costs more than it saves.
+const minParallelElems = 1 << 15
+
+// forRows runs fn over row ranges, in parallel when rows*width is large.
+func (b *Backend) forRows(rows, width int, fn func(lo, hi int)) {
+	if rows*width < minParallelElems || rows < 2 {
+		if rows > 0 {
+			fn(0, rows)
+		}
+		return
+	}
+	b.run.For(rows, fn)
+}
+
+// Embedding gathers rows of table by ids.
+func (b *Backend) Embedding(out, table, ids kernels.Tensor) error {
+	const op = "embedding"
+	if err := b.checkOpen(op); err != nil {
+		return err
+	}
+	o, err := asCPU(op, "out", out)
+	if err != nil {
+		return err
+	}
+	tb, err := asCPU(op, "table", table)
+	if err != nil {
+		return err
+	}
+	id, err := asCPU(op, "ids", ids)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "table", tb, []int{-1, -1}, floatTypes...); err != nil {
+		return err
+	}
+	vocab, hidden := tb.shape[0], tb.shape[1]
+	if err := checkShape(op, "ids", id, []int{-1}, kernels.I32); err != nil {
+		return err
+	}
+	t := id.shape[0]
+	if err := checkShape(op, "out", o, []int{t, hidden}, kernels.F32); err != nil {
+		return err
+	}
+	for i, v := range id.i32 {
+		if v < 0 || int(v) >= vocab {
+			return fmt.Errorf("cpu: %s: ids[%d] = %d, vocabulary %d: %w", op, i, v, vocab, kernels.ErrOutOfRange)
+		}
+	}
+	b.forRows(t, hidden, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			dst := o.f32[i*hidden : (i+1)*hidden]
+			if tb.dtype == kernels.F32 {
+				copy(dst, tb.f32[int(id.i32[i])*hidden:])
+			} else {
+				b.rowF32(tb, int(id.i32[i]), hidden, dst)
+			}
+		}
+	})
+	return nil
+}
+
+// rmsScale returns 1/sqrt(mean(x^2)+eps), accumulated in float64.
+func rmsScale(x []float32, eps float32) float32 {
+	var s float64
+	for _, v := range x {
+		s += float64(v) * float64(v)
+	}
+	return float32(1 / math.Sqrt(s/float64(len(x))+float64(eps)))
+}
+
+func normRow(dst, x, w []float32, eps float32) {
+	r := rmsScale(x, eps)
+	w = w[:len(x)]
+	dst = dst[:len(x)]
+	for i, v := range x {
+		dst[i] = (v * r) * w[i]
+	}
+}
+
+func (b *Backend) normArgs(op string, out, x, weight kernels.Tensor) (o, xs, w *Tensor, rows, n int, err error) {
+	if err = b.checkOpen(op); err != nil {
+		return
+	}
+	if o, err = asCPU(op, "out", out); err != nil {
+		return
+	}
+	if xs, err = asCPU(op, "x", x); err != nil {
+		return
+	}
+	if w, err = asCPU(op, "weight", weight); err != nil {
+		return
+	}
+	if err = checkShape(op, "x", xs, []int{-1, -1}, kernels.F32); err != nil {
+		return
+	}
+	rows, n = xs.shape[0], xs.shape[1]
+	if err = checkShape(op, "out", o, []int{rows, n}, kernels.F32); err != nil {
+		return
+	}
+	err = checkShape(op, "weight", w, []int{n}, kernels.F32)
+	return
+}
+
+// RMSNorm normalizes each row of x into out.
+func (b *Backend) RMSNorm(out, x, weight kernels.Tensor, eps float32) error {
+	o, xs, w, rows, n, err := b.normArgs("rms_norm", out, x, weight)
+	if err != nil {
+		return err
+	}
+	b.forRows(rows, n, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			normRow(o.f32[i*n:(i+1)*n], xs.f32[i*n:(i+1)*n], w.f32, eps)
+		}
+	})
+	return nil
+}
+
+// AddRMSNorm adds x into residual and normalizes the sum into out.
+func (b *Backend) AddRMSNorm(out, residual, x, weight kernels.Tensor, eps float32) error {
+	const op = "add_rms_norm"
+	o, xs, w, rows, n, err := b.normArgs(op, out, x, weight)
+	if err != nil {
+		return err
+	}
+	r, err := asCPU(op, "residual", residual)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "residual", r, []int{rows, n}, kernels.F32); err != nil {
+		return err
+	}
+	b.forRows(rows, n, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			res := r.f32[i*n : (i+1)*n]
+			for j, v := range xs.f32[i*n : (i+1)*n] {
+				res[j] += v
+			}
+			normRow(o.f32[i*n:(i+1)*n], res, w.f32, eps)
+		}
+	})
+	return nil
+}
+
+func silu(x float32) float32 { return float32(float64(x) / (1 + math.Exp(-float64(x)))) }
+
+// SiLUMul computes silu(gate) * up from the fused [T, 2n] projection.
+func (b *Backend) SiLUMul(out, gateUp kernels.Tensor) error {
+	const op = "silu_mul"
+	if err := b.checkOpen(op); err != nil {
+		return err
+	}
+	o, err := asCPU(op, "out", out)
+	if err != nil {
+		return err
+	}
+	g, err := asCPU(op, "gate_up", gateUp)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "gate_up", g, []int{-1, -1}, kernels.F32); err != nil {
+		return err
+	}
+	rows, n := g.shape[0], g.shape[1]/2
+	if g.shape[1]%2 != 0 {
+		return fmt.Errorf("cpu: %s: gate_up %v has an odd width: %w", op, g, kernels.ErrShape)
+	}
+	if err := checkShape(op, "out", o, []int{rows, n}, kernels.F32); err != nil {
+		return err
+	}
+	b.forRows(rows, 2*n, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			siluMulRow(o.f32[i*n:(i+1)*n], g.f32[2*i*n:(2*i+2)*n])
+		}
+	})
+	return nil
+}
+
+func siluMulRow(dst, gateUp []float32) {
+	n := len(dst)
+	gate, up := gateUp[:n], gateUp[n:2*n]
+	for j := range dst {
+		dst[j] = silu(gate[j]) * up[j]
+	}
+}
+
+// Add computes out = a + b elementwise.
+func (b *Backend) Add(out, x, y kernels.Tensor) error {
+	const op = "add"
+	if err := b.checkOpen(op); err != nil {
+		return err
+	}
+	o, err := asCPU(op, "out", out)
+	if err != nil {
+		return err
+	}
+	a, err := asCPU(op, "a", x)
+	if err != nil {
+		return err
+	}
+	c, err := asCPU(op, "b", y)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "a", a, o.shape, kernels.F32); err != nil {
+		return err
+	}
+	if err := checkShape(op, "b", c, o.shape, kernels.F32); err != nil {
+		return err
+	}
+	if o.dtype != kernels.F32 {
+		return fmt.Errorf("cpu: %s: out is %v: %w", op, o, kernels.ErrDType)
+	}
+	n := o.numel()
+	const chunk = 4096
+	b.forRows((n+chunk-1)/chunk, chunk, func(lo, hi int) {
+		for i := lo * chunk; i < min(hi*chunk, n); i++ {
+			o.f32[i] = a.f32[i] + c.f32[i]
+		}
+	})
+	return nil
+}
+
+// Concat joins the rows of a and b.
+func (b *Backend) Concat(out, x, y kernels.Tensor) error {
+	const op = "concat"
+	if err := b.checkOpen(op); err != nil {
+		return err
+	}
+	o, err := asCPU(op, "out", out)
+	if err != nil {
+		return err
+	}
+	a, err := asCPU(op, "a", x)
+	if err != nil {
+		return err
+	}
+	c, err := asCPU(op, "b", y)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "a", a, []int{-1, -1}, kernels.F32); err != nil {
+		return err
+	}
+	rows, m := a.shape[0], a.shape[1]
+	if err := checkShape(op, "b", c, []int{rows, -1}, kernels.F32); err != nil {
+		return err
+	}
+	n := c.shape[1]
+	if err := checkShape(op, "out", o, []int{rows, m + n}, kernels.F32); err != nil {
+		return err
+	}
+	b.forRows(rows, m+n, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			copy(o.f32[i*(m+n):], a.f32[i*m:(i+1)*m])
+			copy(o.f32[i*(m+n)+m:], c.f32[i*n:(i+1)*n])
+		}
+	})
+	return nil
+}

@@ -1,0 +1,498 @@
+package cpu
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// refLinear is y = x W^T + b in float64.
+func refLinear(x, w, bias []float32, m, n, k int) []float32 {
+	out := make([]float32, m*n)
+	for i := range m {
+		for j := range n {
+			var s float64
+			for kk := range k {
+				s += float64(x[i*k+kk]) * float64(w[j*k+kk])
+			}
+			if bias != nil {
+				s += float64(bias[j])
+			}
+			out[i*n+j] = float32(s)
+		}
+	}
+	return out
+}
+
+func TestLinear(t *testing.T) {
+	b := newTestBackend(t, 3)
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
+		for _, tc := range []struct {
+			m, n, k int
+			bias    bool
+		}{{1, 5, 3, false}, {7, 33, 64, true}, {12, 100, 130, false}, {3, 300, 257, true}} {
+			t.Run(fmt.Sprintf("%v/%dx%dx%d/bias=%v", dt, tc.m, tc.n, tc.k, tc.bias), func(t *testing.T) {
+				r := rand.New(rand.NewPCG(1, uint64(tc.n)))
+				x := randVals(r, tc.m*tc.k, 1)
+				w := roundTo(dt, randVals(r, tc.n*tc.k, 0.5))
+				var bias []float32
+				var bt kernels.Tensor
+				if tc.bias {
+					bias = randVals(r, tc.n, 1)
+					bt = put(t, b, kernels.F32, bias, tc.n)
+				}
+				out := alloc(t, b, tc.m, tc.n)
+				err := b.Linear(out, put(t, b, kernels.F32, x, tc.m, tc.k), put(t, b, dt, w, tc.n, tc.k), bt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkClose(t, "linear", vals(out), refLinear(x, w, bias, tc.m, tc.n, tc.k), 1e-5)
+			})
+		}
+	}
+}
+
+// TestBatchInvarianceLinear: a row alone and inside a batch of 7, on backends
+// with different thread counts, gives bit-identical outputs.
+func TestBatchInvarianceLinear(t *testing.T) {
+	const n, k = 333, 200
+	r := rand.New(rand.NewPCG(2, 2))
+	batch := randVals(r, 7*k, 1)
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
+		w := randVals(r, n*k, 0.5)
+		var ref []float32
+		for _, threads := range []int{1, 2, 5} {
+			b := newTestBackend(t, threads)
+			wt := put(t, b, dt, w, n, k)
+			for row := range 7 {
+				one := alloc(t, b, 1, n)
+				if err := b.Linear(one, put(t, b, kernels.F32, batch[row*k:(row+1)*k], 1, k), wt, nil); err != nil {
+					t.Fatal(err)
+				}
+				all := alloc(t, b, 7, n)
+				if err := b.Linear(all, put(t, b, kernels.F32, batch, 7, k), wt, nil); err != nil {
+					t.Fatal(err)
+				}
+				checkIdentical(t, fmt.Sprintf("%v row %d threads %d alone vs batch", dt, row, threads), vals(one), vals(all)[row*n:(row+1)*n])
+				if row == 3 {
+					if ref == nil {
+						ref = vals(one)
+					}
+					checkIdentical(t, fmt.Sprintf("%v threads %d vs 1", dt, threads), vals(one), ref)
+				}
+			}
+		}
+	}
+}
+
+func refNorm(x, w []float32, eps float32) []float32 {
+	var s float64
+	for _, v := range x {
+		s += float64(v) * float64(v)
+	}
+	r := 1 / math.Sqrt(s/float64(len(x))+float64(eps))
+	out := make([]float32, len(x))
+	for i, v := range x {
+		out[i] = float32(float64(v) * r * float64(w[i]))
+	}
+	return out
+}
+
+func TestNorms(t *testing.T) {
+	b := newTestBackend(t, 2)
+	r := rand.New(rand.NewPCG(3, 3))
+	const rows, n, eps = 300, 130, 1e-6
+	x := randVals(r, rows*n, 2)
+	res := randVals(r, rows*n, 2)
+	w := randVals(r, n, 1)
+	var want, wantRes []float32
+	for i := range rows {
+		want = append(want, refNorm(x[i*n:(i+1)*n], w, eps)...)
+	}
+	out := alloc(t, b, rows, n)
+	if err := b.RMSNorm(out, put(t, b, kernels.F32, x, rows, n), put(t, b, kernels.F32, w, n), eps); err != nil {
+		t.Fatal(err)
+	}
+	checkClose(t, "rms_norm", vals(out), want, 1e-6)
+
+	want = want[:0]
+	for i := range x {
+		wantRes = append(wantRes, x[i]+res[i])
+	}
+	for i := range rows {
+		want = append(want, refNorm(wantRes[i*n:(i+1)*n], w, eps)...)
+	}
+	xt := put(t, b, kernels.F32, x, rows, n)
+	rt := put(t, b, kernels.F32, res, rows, n)
+	if err := b.AddRMSNorm(xt, rt, xt, put(t, b, kernels.F32, w, n), eps); err != nil { // out aliases x
+		t.Fatal(err)
+	}
+	checkIdentical(t, "add_rms_norm residual", vals(rt), wantRes)
+	checkClose(t, "add_rms_norm", vals(xt), want, 1e-6)
+}
+
+func TestSiLUMulAddConcat(t *testing.T) {
+	b := newTestBackend(t, 2)
+	r := rand.New(rand.NewPCG(4, 4))
+	const rows, n = 5, 7
+	gu := randVals(r, rows*2*n, 4)
+	out := alloc(t, b, rows, n)
+	if err := b.SiLUMul(out, put(t, b, kernels.F32, gu, rows, 2*n)); err != nil {
+		t.Fatal(err)
+	}
+	var want []float32
+	for i := range rows {
+		for j := range n {
+			g, u := float64(gu[i*2*n+j]), float64(gu[i*2*n+n+j])
+			want = append(want, float32(g/(1+math.Exp(-g))*u))
+		}
+	}
+	checkClose(t, "silu_mul", vals(out), want, 1e-6)
+
+	a, c := randVals(r, rows*n, 1), randVals(r, rows*3, 1)
+	sum := alloc(t, b, rows, n)
+	if err := b.Add(sum, put(t, b, kernels.F32, a, rows, n), put(t, b, kernels.F32, gu[:rows*n], rows, n)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		want[i] = a[i] + gu[i]
+	}
+	checkIdentical(t, "add", vals(sum), want)
+	cat := alloc(t, b, rows, n+3)
+	if err := b.Concat(cat, put(t, b, kernels.F32, a, rows, n), put(t, b, kernels.F32, c, rows, 3)); err != nil {
+		t.Fatal(err)
+	}
+	want = want[:0]
+	for i := range rows {
+		want = append(append(want, a[i*n:(i+1)*n]...), c[i*3:(i+1)*3]...)
+	}
+	checkIdentical(t, "concat", vals(cat), want)
+}
+
+func TestEmbeddingAndLogits(t *testing.T) {
+	b := newTestBackend(t, 2)
+	r := rand.New(rand.NewPCG(5, 5))
+	const vocab, hidden = 50, 24
+	table := roundTo(kernels.BF16, randVals(r, vocab*hidden, 1))
+	tt := put(t, b, kernels.BF16, table, vocab, hidden)
+	ids := []int32{3, 49, 0, 3}
+	emb := alloc(t, b, len(ids), hidden)
+	if err := b.Embedding(emb, tt, putI32(t, b, ids, len(ids))); err != nil {
+		t.Fatal(err)
+	}
+	var want []float32
+	for _, id := range ids {
+		want = append(want, table[int(id)*hidden:(int(id)+1)*hidden]...)
+	}
+	checkIdentical(t, "embedding", vals(emb), want)
+
+	err := b.Embedding(alloc(t, b, 1, hidden), tt, putI32(t, b, []int32{vocab}, 1))
+	if !errors.Is(err, kernels.ErrOutOfRange) {
+		t.Errorf("embedding of id %d: err %v, want ErrOutOfRange", vocab, err)
+	}
+
+	norm := randVals(r, hidden, 1)
+	rows := []int32{3, 1}
+	logits := alloc(t, b, len(rows), vocab)
+	if err := b.Logits(logits, emb, putI32(t, b, rows, len(rows)), put(t, b, kernels.F32, norm, hidden), tt, 1e-5); err != nil {
+		t.Fatal(err)
+	}
+	var x []float32
+	for _, row := range rows {
+		x = append(x, refNorm(want[int(row)*hidden:(int(row)+1)*hidden], norm, 1e-5)...)
+	}
+	checkClose(t, "logits", vals(logits), refLinear(x, table, nil, len(rows), vocab, hidden), 1e-5)
+
+	all := alloc(t, b, len(ids), vocab)
+	if err := b.Logits(all, emb, nil, nil, tt, 0); err != nil {
+		t.Fatal(err)
+	}
+	checkClose(t, "logits all rows", vals(all), refLinear(want, table, nil, len(ids), vocab, hidden), 1e-5)
+}
+
+// refRoPE rotates with complex arithmetic in float64, independently of the
+// layout code: pair i is (i, i+half) or (2i, 2i+1).
+func refRoPE(x []float32, pos []int32, cos, sin []float32, p kernels.RoPEParams) []float32 {
+	out := slices.Clone(x)
+	half := p.RotaryDim / 2
+	width := p.NumHeads * p.HeadSize
+	for i, ps := range pos {
+		for h := range p.NumHeads {
+			base := i*width + h*p.HeadSize + p.Offset
+			for j := range half {
+				a, bb := base+j, base+j+half
+				if p.Interleaved {
+					a, bb = base+2*j, base+2*j+1
+				}
+				z := complex(float64(x[a]), float64(x[bb])) * complex(float64(cos[int(ps)*half+j]), float64(sin[int(ps)*half+j]))
+				out[a], out[bb] = float32(real(z)), float32(imag(z))
+			}
+		}
+	}
+	return out
+}
+
+func TestRoPE(t *testing.T) {
+	b := newTestBackend(t, 2)
+	r := rand.New(rand.NewPCG(6, 6))
+	const maxPos = 40
+	for _, p := range []kernels.RoPEParams{
+		{NumHeads: 3, HeadSize: 8, RotaryDim: 8},
+		{NumHeads: 2, HeadSize: 12, Offset: 4, RotaryDim: 8, Interleaved: true},
+		{NumHeads: 4, HeadSize: 10, RotaryDim: 6},
+	} {
+		half := p.RotaryDim / 2
+		cos, sin := make([]float32, maxPos*half), make([]float32, maxPos*half)
+		for i := range cos {
+			a := r.Float64() * 6
+			cos[i], sin[i] = float32(math.Cos(a)), float32(math.Sin(a))
+		}
+		pos := []int32{0, 7, 39, 7, 3}
+		x := randVals(r, len(pos)*p.NumHeads*p.HeadSize, 1)
+		xt := put(t, b, kernels.F32, x, len(pos), p.NumHeads*p.HeadSize)
+		err := b.RoPE(xt, putI32(t, b, pos, len(pos)), put(t, b, kernels.F32, cos, maxPos, half), put(t, b, kernels.F32, sin, maxPos, half), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkClose(t, fmt.Sprintf("rope %+v", p), vals(xt), refRoPE(x, pos, cos, sin, p), 1e-6)
+	}
+}
+
+// seqSpec is one sequence of an attention batch: qLen new rows, kLen keys.
+type seqSpec struct{ qLen, kLen int }
+
+// pagedBatch builds AttentionMetadata for specs over a cache of numBlocks
+// blocks, giving each sequence a shuffled set of blocks; slots[s][t] is the
+// cache slot of key t of sequence s.
+func pagedBatch(t testing.TB, b *Backend, r *rand.Rand, specs []seqSpec, blockSize, numBlocks int) (*kernels.AttentionMetadata, [][]int32) {
+	t.Helper()
+	perm := r.Perm(numBlocks)
+	maxBlocks := 0
+	for _, s := range specs {
+		maxBlocks = max(maxBlocks, (s.kLen+blockSize-1)/blockSize)
+	}
+	cu := []int32{0}
+	var seqlensK, tables []int32
+	slots := make([][]int32, len(specs))
+	var maxQ, maxK int
+	for i, s := range specs {
+		need := (s.kLen + blockSize - 1) / blockSize
+		row := make([]int32, maxBlocks)
+		for j := range row {
+			row[j] = -1
+		}
+		for j := range need {
+			row[j] = int32(perm[0])
+			perm = perm[1:]
+		}
+		for k := range s.kLen {
+			slots[i] = append(slots[i], row[k/blockSize]*int32(blockSize)+int32(k%blockSize))
+		}
+		tables = append(tables, row...)
+		cu = append(cu, cu[len(cu)-1]+int32(s.qLen))
+		seqlensK = append(seqlensK, int32(s.kLen))
+		maxQ, maxK = max(maxQ, s.qLen), max(maxK, s.kLen)
+	}
+	var sm []int32
+	for i, s := range specs {
+		sm = append(sm, slots[i][s.kLen-s.qLen:]...)
+	}
+	m := &kernels.AttentionMetadata{
+		NumSeqs: len(specs), NumTokens: int(cu[len(cu)-1]), MaxSeqlenQ: maxQ, MaxSeqlenK: maxK, BlockSize: blockSize,
+		CuSeqlensQ:  putI32(t, b, cu, len(cu)),
+		SeqlensK:    putI32(t, b, seqlensK, len(specs)),
+		BlockTables: putI32(t, b, tables, len(specs), maxBlocks),
+		SlotMapping: putI32(t, b, sm, len(sm)),
+	}
+	return m, slots
+}
+
+// refAttention is dense causal attention in float64 over contiguous keys:
+// k and v [kLen][numKV*d], q [qLen][nh*d]; row j sees keys 0..kLen-qLen+j.
+func refAttention(q, k, v []float32, qLen, kLen, nh, nkv, d int, scale float32) []float32 {
+	out := make([]float32, qLen*nh*d)
+	group := nh / nkv
+	for j := range qLen {
+		vis := kLen - qLen + j + 1
+		for h := range nh {
+			kh := h / group
+			sc := make([]float64, vis)
+			mx := math.Inf(-1)
+			for t := range vis {
+				var s float64
+				for x := range d {
+					s += float64(q[j*nh*d+h*d+x]) * float64(k[t*nkv*d+kh*d+x])
+				}
+				sc[t] = s * float64(scale)
+				mx = math.Max(mx, sc[t])
+			}
+			var sum float64
+			for t := range sc {
+				sc[t] = math.Exp(sc[t] - mx)
+				sum += sc[t]
+			}
+			for x := range d {
+				var o float64
+				for t := range vis {
+					o += sc[t] / sum * float64(v[t*nkv*d+kh*d+x])
+				}
+				out[j*nh*d+h*d+x] = float32(o)
+			}
+		}
+	}
+	return out
+}
+
+func TestAttentionPagedMatchesDense(t *testing.T) {
+	const nh, nkv, d, bs, numBlocks = 4, 2, 16, 4, 32
+	b := newTestBackend(t, 3)
+	r := rand.New(rand.NewPCG(7, 7))
+	// Prefill, chunked prefill over a cached prefix, decode, and a one-token prompt.
+	specs := []seqSpec{{5, 5}, {3, 9}, {1, 12}, {1, 1}, {6, 13}}
+	m, slots := pagedBatch(t, b, r, specs, bs, numBlocks)
+	kc, vc := alloc(t, b, numBlocks, bs, nkv*d), alloc(t, b, numBlocks, bs, nkv*d)
+	var qAll, want []float32
+	for s, sp := range specs {
+		k := randVals(r, sp.kLen*nkv*d, 1)
+		v := randVals(r, sp.kLen*nkv*d, 1)
+		q := randVals(r, sp.qLen*nh*d, 1)
+		sm := putI32(t, b, slots[s], sp.kLen)
+		if err := b.WriteCache(kc, put(t, b, kernels.F32, k, sp.kLen, nkv*d), sm, 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.WriteCache(vc, put(t, b, kernels.F32, v, sp.kLen, nkv*d), sm, 0); err != nil {
+			t.Fatal(err)
+		}
+		qAll = append(qAll, q...)
+		want = append(want, refAttention(q, k, v, sp.qLen, sp.kLen, nh, nkv, d, 0.3)...)
+	}
+	p := kernels.AttentionParams{NumHeads: nh, NumKVHeads: nkv, HeadDim: d, Scale: 0.3}
+	out := alloc(t, b, m.NumTokens, nh*d)
+	if err := b.Attention(out, put(t, b, kernels.F32, qAll, m.NumTokens, nh*d), kc, vc, m, p); err != nil {
+		t.Fatal(err)
+	}
+	checkClose(t, "paged attention", vals(out), want, 1e-5)
+
+	// Batch invariance: each sequence alone gives bit-identical rows.
+	row := 0
+	for s, sp := range specs {
+		m1 := singleSeqMeta(t, b, m, s)
+		q1 := qAll[row*nh*d : (row+sp.qLen)*nh*d]
+		o1 := alloc(t, b, sp.qLen, nh*d)
+		if err := b.Attention(o1, put(t, b, kernels.F32, q1, sp.qLen, nh*d), kc, vc, m1, p); err != nil {
+			t.Fatal(err)
+		}
+		checkIdentical(t, fmt.Sprintf("sequence %d alone vs batch", s), vals(o1), vals(out)[row*nh*d:(row+sp.qLen)*nh*d])
+		row += sp.qLen
+	}
+}
+
+// singleSeqMeta cuts sequence s out of a batch's metadata.
+func singleSeqMeta(t testing.TB, b *Backend, m *kernels.AttentionMetadata, s int) *kernels.AttentionMetadata {
+	cu := m.CuSeqlensQ.(*Tensor).i32
+	bt := m.BlockTables.(*Tensor)
+	lo, hi := cu[s], cu[s+1]
+	mb := bt.shape[1]
+	return &kernels.AttentionMetadata{
+		NumSeqs: 1, NumTokens: int(hi - lo), MaxSeqlenQ: int(hi - lo), MaxSeqlenK: m.MaxSeqlenK, BlockSize: m.BlockSize,
+		CuSeqlensQ:  putI32(t, b, []int32{0, hi - lo}, 2),
+		SeqlensK:    putI32(t, b, m.SeqlensK.(*Tensor).i32[s:s+1], 1),
+		BlockTables: putI32(t, b, bt.i32[s*mb:(s+1)*mb], 1, mb),
+		SlotMapping: putI32(t, b, m.SlotMapping.(*Tensor).i32[lo:hi], int(hi-lo)),
+	}
+}
+
+// TestMLAAttention checks absorbed latent attention against the explicit
+// form: k_nope = W_UK c_kv, v = W_UV c_kv, standard attention on
+// [q_nope, q_pe] . [k_nope, k_pe].
+func TestMLAAttention(t *testing.T) {
+	const nh, nope, rope, kvl, vd, bs, numBlocks = 3, 8, 4, 12, 6, 4, 24
+	b := newTestBackend(t, 2)
+	r := rand.New(rand.NewPCG(8, 8))
+	specs := []seqSpec{{4, 4}, {2, 7}, {1, 10}}
+	m, slots := pagedBatch(t, b, r, specs, bs, numBlocks)
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		w := roundTo(dt, randVals(r, nh*(nope+vd)*kvl, 0.5))
+		wt := put(t, b, dt, w, nh*(nope+vd), kvl)
+		cache := alloc(t, b, numBlocks, bs, kvl+rope)
+		var qAll, want []float32
+		for s, sp := range specs {
+			lat := randVals(r, sp.kLen*(kvl+rope), 1)
+			if err := b.WriteCache(cache, put(t, b, kernels.F32, lat, sp.kLen, kvl+rope), putI32(t, b, slots[s], sp.kLen), 0); err != nil {
+				t.Fatal(err)
+			}
+			q := randVals(r, sp.qLen*nh*(nope+rope), 1)
+			qAll = append(qAll, q...)
+			// Explicit keys [kLen][nh*(nope+rope)] and values [kLen][nh*vd],
+			// computed without absorption.
+			keys := make([]float32, sp.kLen*nh*(nope+rope))
+			values := make([]float32, sp.kLen*nh*vd)
+			for tk := range sp.kLen {
+				c := lat[tk*(kvl+rope) : tk*(kvl+rope)+kvl]
+				pe := lat[tk*(kvl+rope)+kvl : (tk+1)*(kvl+rope)]
+				for h := range nh {
+					for x := range nope {
+						var s float64
+						for cc := range kvl {
+							s += float64(w[(h*(nope+vd)+x)*kvl+cc]) * float64(c[cc])
+						}
+						keys[tk*nh*(nope+rope)+h*(nope+rope)+x] = float32(s)
+					}
+					copy(keys[tk*nh*(nope+rope)+h*(nope+rope)+nope:], pe)
+					for x := range vd {
+						var s float64
+						for cc := range kvl {
+							s += float64(w[(h*(nope+vd)+nope+x)*kvl+cc]) * float64(c[cc])
+						}
+						values[tk*nh*vd+h*vd+x] = float32(s)
+					}
+				}
+			}
+			want = append(want, refMLA(q, keys, values, sp.qLen, sp.kLen, nh, nope+rope, vd, 0.25)...)
+		}
+		out := alloc(t, b, m.NumTokens, nh*vd)
+		p := kernels.MLAParams{NumHeads: nh, NopeDim: nope, RopeDim: rope, KVLoraRank: kvl, VHeadDim: vd, Scale: 0.25}
+		if err := b.MLAAttention(out, put(t, b, kernels.F32, qAll, m.NumTokens, nh*(nope+rope)), cache, wt, m, p); err != nil {
+			t.Fatal(err)
+		}
+		checkClose(t, fmt.Sprintf("mla %v", dt), vals(out), want, 1e-5)
+	}
+}
+
+// refMLA is dense causal attention with qk head dim dq and value head dim dv.
+func refMLA(q, k, v []float32, qLen, kLen, nh, dq, dv int, scale float32) []float32 {
+	out := make([]float32, qLen*nh*dv)
+	for j := range qLen {
+		vis := kLen - qLen + j + 1
+		for h := range nh {
+			sc := make([]float64, vis)
+			mx := math.Inf(-1)
+			for t := range vis {
+				var s float64
+				for x := range dq {
+					s += float64(q[j*nh*dq+h*dq+x]) * float64(k[t*nh*dq+h*dq+x])
+				}
+				sc[t] = s * float64(scale)
+				mx = math.Max(mx, sc[t])
+			}
+			var sum float64
+			for t := range sc {
+				sc[t] = math.Exp(sc[t] - mx)
+				sum += sc[t]
+			}
+			for x := range dv {
+				var o float64
+				for t := range vis {
+					o += sc[t] / sum * float64(v[t*nh*dv+h*dv+x])
+				}
+				out[j*nh*dv+h*dv+x] = float32(o)
+			}
+		}
+	}
+	return out
+}

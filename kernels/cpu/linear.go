@@ -1,0 +1,159 @@
+package cpu
+
+import (
+	"fmt"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// linearTile is the number of output columns (weight rows) in one unit of
+// parallel work. The result does not depend on it.
+const linearTile = 16
+
+// Linear computes out = x W^T (+ bias) with W in its stored dtype.
+func (b *Backend) Linear(out, x, w, bias kernels.Tensor) error {
+	const op = "linear"
+	if err := b.checkOpen(op); err != nil {
+		return err
+	}
+	o, err := asCPU(op, "out", out)
+	if err != nil {
+		return err
+	}
+	xs, err := asCPU(op, "x", x)
+	if err != nil {
+		return err
+	}
+	ws, err := asCPU(op, "w", w)
+	if err != nil {
+		return err
+	}
+	bs, err := optCPU(op, "bias", bias)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "w", ws, []int{-1, -1}, floatTypes...); err != nil {
+		return err
+	}
+	n, k := ws.shape[0], ws.shape[1]
+	if err := checkShape(op, "x", xs, []int{-1, k}, kernels.F32); err != nil {
+		return err
+	}
+	m := xs.shape[0]
+	if err := checkShape(op, "out", o, []int{m, n}, kernels.F32); err != nil {
+		return err
+	}
+	var bv []float32
+	if bs != nil {
+		if err := checkShape(op, "bias", bs, []int{n}, kernels.F32); err != nil {
+			return err
+		}
+		bv = bs.f32
+	}
+	b.linear(o.f32, xs.f32, ws, m, n, k, bv)
+	return nil
+}
+
+// linear computes out[m, n] = x[m, k] W^T + bias over column tiles in
+// parallel. Each output element is one call of the dtype's dot loop, so the
+// tiling and the number of rows never change a result.
+func (b *Backend) linear(out, x []float32, w *Tensor, m, n, k int, bias []float32) {
+	tiles := (n + linearTile - 1) / linearTile
+	body := func(lo, hi int) {
+		j0, j1 := lo*linearTile, min(hi*linearTile, n)
+		switch w.dtype {
+		case kernels.F32:
+			b.k.linearF32(out, x, w.f32, m, n, k, j0, j1)
+		case kernels.BF16:
+			b.k.linearBF16(out, x, w.u16, m, n, k, j0, j1)
+		case kernels.F16:
+			b.k.linearF16(out, x, w.u16, m, n, k, j0, j1)
+		}
+		if bias != nil {
+			for i := range m {
+				row := out[i*n : (i+1)*n]
+				for j := j0; j < j1; j++ {
+					row[j] += bias[j]
+				}
+			}
+		}
+	}
+	if m*n*k < 4*minParallelElems || tiles < 2 {
+		body(0, tiles)
+		return
+	}
+	b.run.For(tiles, body)
+}
+
+// Logits gathers rows of hidden, normalizes them and applies the LM head.
+func (b *Backend) Logits(out, hidden, rows, norm, head kernels.Tensor, eps float32) error {
+	const op = "logits"
+	if err := b.checkOpen(op); err != nil {
+		return err
+	}
+	o, err := asCPU(op, "out", out)
+	if err != nil {
+		return err
+	}
+	h, err := asCPU(op, "hidden", hidden)
+	if err != nil {
+		return err
+	}
+	rs, err := optCPU(op, "rows", rows)
+	if err != nil {
+		return err
+	}
+	nw, err := optCPU(op, "norm", norm)
+	if err != nil {
+		return err
+	}
+	hw, err := asCPU(op, "head", head)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "hidden", h, []int{-1, -1}, kernels.F32); err != nil {
+		return err
+	}
+	t, dim := h.shape[0], h.shape[1]
+	if err := checkShape(op, "head", hw, []int{-1, dim}, floatTypes...); err != nil {
+		return err
+	}
+	vocab := hw.shape[0]
+	var idx []int32
+	if rs != nil {
+		if err := checkShape(op, "rows", rs, []int{-1}, kernels.I32); err != nil {
+			return err
+		}
+		idx = rs.i32
+		for i, r := range idx {
+			if r < 0 || int(r) >= t {
+				return fmt.Errorf("cpu: %s: rows[%d] = %d, hidden has %d rows: %w", op, i, r, t, kernels.ErrOutOfRange)
+			}
+		}
+	} else {
+		idx = make([]int32, t)
+		for i := range idx {
+			idx[i] = int32(i)
+		}
+	}
+	r := len(idx)
+	if err := checkShape(op, "out", o, []int{r, vocab}, kernels.F32); err != nil {
+		return err
+	}
+	if nw != nil {
+		if err := checkShape(op, "norm", nw, []int{dim}, kernels.F32); err != nil {
+			return err
+		}
+	}
+	x := make([]float32, r*dim)
+	for i, row := range idx {
+		src := h.f32[int(row)*dim : (int(row)+1)*dim]
+		if nw != nil {
+			normRow(x[i*dim:(i+1)*dim], src, nw.f32, eps)
+		} else {
+			copy(x[i*dim:], src)
+		}
+	}
+	b.linear(o.f32, x, hw, r, vocab, dim, nil)
+	return nil
+}

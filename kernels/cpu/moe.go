@@ -1,0 +1,311 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// MoERoute turns router logits into top-k expert ids and weights.
+func (b *Backend) MoERoute(ids, weights, logits, bias kernels.Tensor, p kernels.RouteParams) error {
+	const op = "moe_route"
+	if err := b.checkOpen(op); err != nil {
+		return err
+	}
+	is, err := asCPU(op, "ids", ids)
+	if err != nil {
+		return err
+	}
+	ws, err := asCPU(op, "weights", weights)
+	if err != nil {
+		return err
+	}
+	ls, err := asCPU(op, "logits", logits)
+	if err != nil {
+		return err
+	}
+	bs, err := optCPU(op, "bias", bias)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "logits", ls, []int{-1, -1}, kernels.F32); err != nil {
+		return err
+	}
+	t, e := ls.shape[0], ls.shape[1]
+	if err := checkRoute(p, e); err != nil {
+		return fmt.Errorf("cpu: %s: %w", op, err)
+	}
+	if err := checkShape(op, "ids", is, []int{t, p.TopK}, kernels.I32); err != nil {
+		return err
+	}
+	if err := checkShape(op, "weights", ws, []int{t, p.TopK}, kernels.F32); err != nil {
+		return err
+	}
+	var bv []float32
+	if bs != nil {
+		if err := checkShape(op, "bias", bs, []int{e}, kernels.F32); err != nil {
+			return err
+		}
+		bv = bs.f32
+	}
+	b.forRows(t, e*p.TopK, func(lo, hi int) {
+		r := newRouter(e, p)
+		for i := lo; i < hi; i++ {
+			r.route(is.i32[i*p.TopK:(i+1)*p.TopK], ws.f32[i*p.TopK:(i+1)*p.TopK], ls.f32[i*e:(i+1)*e], bv)
+		}
+	})
+	return nil
+}
+
+func checkRoute(p kernels.RouteParams, e int) error {
+	bad := func(why string) error {
+		return fmt.Errorf("route params %+v with %d experts: %s: %w", p, e, why, kernels.ErrShape)
+	}
+	if p.TopK < 1 || p.TopK > e {
+		return bad("top_k out of range")
+	}
+	if p.Scoring != kernels.ScoringSoftmax && p.Scoring != kernels.ScoringSigmoid {
+		return bad("unknown scoring")
+	}
+	switch p.Method {
+	case kernels.TopKGreedy:
+	case kernels.TopKGroupLimited, kernels.TopKNoAuxTC:
+		if p.NumGroups < 1 || e%p.NumGroups != 0 {
+			return bad("n_group must divide the experts")
+		}
+		if p.TopKGroups < 1 || p.TopKGroups > p.NumGroups {
+			return bad("topk_group out of range")
+		}
+		if p.TopK > p.TopKGroups*(e/p.NumGroups) {
+			return bad("top_k exceeds the experts of the kept groups")
+		}
+		if p.Method == kernels.TopKNoAuxTC && e/p.NumGroups < 2 {
+			return bad("noaux_tc needs at least 2 experts per group")
+		}
+	default:
+		return bad("unknown top-k method")
+	}
+	return nil
+}
+
+// router holds per-worker scratch for routing one token at a time.
+type router struct {
+	p      kernels.RouteParams
+	scores []float32
+	choice []float32
+	group  []float32
+	taken  []bool
+}
+
+func newRouter(e int, p kernels.RouteParams) *router {
+	return &router{p: p, scores: make([]float32, e), choice: make([]float32, e),
+		group: make([]float32, max(p.NumGroups, 1)), taken: make([]bool, max(e, p.NumGroups))}
+}
+
+// argmaxFree returns the index of the largest v[i] not yet taken; ties go to
+// the lower index.
+func argmaxFree(v []float32, taken []bool) int {
+	best := -1
+	for i, x := range v {
+		if !taken[i] && (best < 0 || x > v[best]) {
+			best = i
+		}
+	}
+	return best
+}
+
+func (r *router) route(ids []int32, weights, logits, bias []float32) {
+	p := r.p
+	e := len(logits)
+	sc := r.scores
+	switch p.Scoring {
+	case kernels.ScoringSoftmax:
+		m := float32(math.Inf(-1))
+		for _, l := range logits {
+			m = max(m, l)
+		}
+		var sum float64
+		for i, l := range logits {
+			x := math.Exp(float64(l - m))
+			sc[i] = float32(x)
+			sum += x
+		}
+		for i := range sc {
+			sc[i] = float32(float64(sc[i]) / sum)
+		}
+	case kernels.ScoringSigmoid:
+		for i, l := range logits {
+			sc[i] = float32(1 / (1 + math.Exp(-float64(l))))
+		}
+	}
+	ch := r.choice
+	copy(ch, sc)
+	if bias != nil {
+		for i := range ch {
+			ch[i] += bias[i]
+		}
+	}
+	if p.Method != kernels.TopKGreedy {
+		size := e / p.NumGroups
+		g := r.group[:p.NumGroups]
+		for gi := range g {
+			part := ch[gi*size : (gi+1)*size]
+			if p.Method == kernels.TopKGroupLimited {
+				best := part[0]
+				for _, x := range part[1:] {
+					best = max(best, x)
+				}
+				g[gi] = best
+			} else { // sum of the two best
+				a, b := float32(math.Inf(-1)), float32(math.Inf(-1))
+				for _, x := range part {
+					if x > a {
+						a, b = x, a
+					} else if x > b {
+						b = x
+					}
+				}
+				g[gi] = a + b
+			}
+		}
+		taken := r.taken[:p.NumGroups]
+		clear(taken)
+		for range p.TopKGroups {
+			taken[argmaxFree(g, taken)] = true
+		}
+		for gi, keep := range taken {
+			if !keep {
+				clear(ch[gi*size : (gi+1)*size]) // masked experts score 0, as the reference does
+			}
+		}
+	}
+	taken := r.taken[:e]
+	clear(taken)
+	var sum float32
+	for k := range ids {
+		i := argmaxFree(ch, taken)
+		taken[i] = true
+		ids[k] = int32(i)
+		weights[k] = sc[i]
+		sum += sc[i]
+	}
+	if p.NormTopKProb {
+		d := sum + 1e-20
+		for k := range weights {
+			weights[k] /= d
+		}
+	}
+	for k := range weights {
+		weights[k] *= p.ScalingFactor
+	}
+}
+
+// expert returns the view of index e of a 3-D weight tensor as a matrix.
+func expert(t *Tensor, e int) *Tensor {
+	r := t.rowLen()
+	v := &Tensor{shape: t.shape[1:], dtype: t.dtype}
+	if t.dtype == kernels.F32 {
+		v.f32 = t.f32[e*r : (e+1)*r]
+	} else {
+		v.u16 = t.u16[e*r : (e+1)*r]
+	}
+	return v
+}
+
+// MoE runs the selected experts on their tokens and mixes the results.
+func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
+	const op = "moe"
+	if err := b.checkOpen(op); err != nil {
+		return err
+	}
+	o, err := asCPU(op, "out", out)
+	if err != nil {
+		return err
+	}
+	xs, err := asCPU(op, "x", x)
+	if err != nil {
+		return err
+	}
+	is, err := asCPU(op, "ids", ids)
+	if err != nil {
+		return err
+	}
+	ws, err := asCPU(op, "weights", weights)
+	if err != nil {
+		return err
+	}
+	gu, err := asCPU(op, "gate_up", gateUp)
+	if err != nil {
+		return err
+	}
+	dn, err := asCPU(op, "down", down)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "x", xs, []int{-1, -1}, kernels.F32); err != nil {
+		return err
+	}
+	t, hidden := xs.shape[0], xs.shape[1]
+	if err := checkShape(op, "gate_up", gu, []int{-1, -1, hidden}, floatTypes...); err != nil {
+		return err
+	}
+	numExperts, inter := gu.shape[0], gu.shape[1]/2
+	if gu.shape[1]%2 != 0 {
+		return fmt.Errorf("cpu: %s: gate_up %v has an odd row count: %w", op, gu, kernels.ErrShape)
+	}
+	if err := checkShape(op, "down", dn, []int{numExperts, hidden, inter}, floatTypes...); err != nil {
+		return err
+	}
+	if err := checkShape(op, "ids", is, []int{t, -1}, kernels.I32); err != nil {
+		return err
+	}
+	topK := is.shape[1]
+	if err := checkShape(op, "weights", ws, []int{t, topK}, kernels.F32); err != nil {
+		return err
+	}
+	if err := checkShape(op, "out", o, []int{t, hidden}, kernels.F32); err != nil {
+		return err
+	}
+	// Group (token, k) pairs by expert, in token order.
+	byExpert := make([][]int32, numExperts)
+	for i, e := range is.i32 {
+		if e < 0 || int(e) >= numExperts {
+			return fmt.Errorf("cpu: %s: ids[%d][%d] = %d, %d experts: %w", op, i/topK, i%topK, e, numExperts, kernels.ErrOutOfRange)
+		}
+		byExpert[e] = append(byExpert[e], int32(i))
+	}
+	ys := make([]float32, t*topK*hidden) // expert output per (token, k)
+	for e, pairs := range byExpert {
+		n := len(pairs)
+		if n == 0 {
+			continue
+		}
+		xe := make([]float32, n*hidden)
+		for r, pair := range pairs {
+			tok := int(pair) / topK
+			copy(xe[r*hidden:(r+1)*hidden], xs.f32[tok*hidden:(tok+1)*hidden])
+		}
+		g := make([]float32, n*2*inter)
+		b.linear(g, xe, expert(gu, e), n, 2*inter, hidden, nil)
+		a := make([]float32, n*inter)
+		for r := range n {
+			siluMulRow(a[r*inter:(r+1)*inter], g[r*2*inter:(r+1)*2*inter])
+		}
+		ye := xe // reuse: n*hidden
+		b.linear(ye, a, expert(dn, e), n, hidden, inter, nil)
+		for r, pair := range pairs {
+			copy(ys[int(pair)*hidden:(int(pair)+1)*hidden], ye[r*hidden:(r+1)*hidden])
+		}
+	}
+	b.forRows(t, topK*hidden, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			dst := o.f32[i*hidden : (i+1)*hidden]
+			clear(dst)
+			for k := range topK {
+				b.k.axpy(ws.f32[i*topK+k], ys[(i*topK+k)*hidden:(i*topK+k+1)*hidden], dst)
+			}
+		}
+	})
+	return nil
+}

@@ -1,0 +1,54 @@
+package cpu
+
+import (
+	"github.com/deepinfer/deepinfer-go/kernels/cpu/pool"
+	"github.com/deepinfer/deepinfer-go/kernels/cpu/simd"
+)
+
+// kernelSet holds the inner loops the kernels are built from. Each function
+// computes every output element with one fixed reduction order that does not
+// depend on how many rows or which column range it is given (see package
+// simd), which is what makes the kernels batch-invariant.
+type kernelSet struct {
+	name string
+	// linear* compute out[i*n+j] = sum_kk x[i*k+kk] * w[j*k+kk] for rows i in
+	// [0, m) and columns j in [j0, j1); w is [n][k] in nn.Linear layout.
+	linearF32  func(out, x, w []float32, m, n, k, j0, j1 int)
+	linearBF16 func(out, x []float32, w []uint16, m, n, k, j0, j1 int)
+	linearF16  func(out, x []float32, w []uint16, m, n, k, j0, j1 int)
+	dot        func(a, b []float32) float32
+	axpy       func(a float32, x, y []float32) // y += a*x
+	bf16ToF32  func(dst []float32, src []uint16)
+	f16ToF32   func(dst []float32, src []uint16)
+}
+
+// selectKernels picks the fastest simd implementation of this CPU, or the
+// pure-Go one. All of them return the same bits.
+func selectKernels(pureGo bool) kernelSet {
+	impl := simd.Default()
+	if pureGo {
+		if g, err := simd.Lookup("go"); err == nil {
+			impl = g
+		}
+	}
+	return kernelSet{
+		name:       impl.Name(),
+		linearF32:  impl.LinearF32,
+		linearBF16: impl.LinearBF16,
+		linearF16:  impl.LinearF16,
+		dot:        impl.Dot,
+		axpy:       impl.Axpy,
+		bf16ToF32:  impl.BF16ToF32,
+		f16ToF32:   impl.F16ToF32,
+	}
+}
+
+// runner is the parallel-for the kernels use: For calls fn on disjoint chunks
+// [lo, hi) that cover [0, n), possibly concurrently, and returns when all are
+// done. Kernels never let a result depend on the chunking.
+type runner interface {
+	For(n int, fn func(lo, hi int))
+	Close()
+}
+
+func newRunner(n int) runner { return pool.New(n) }

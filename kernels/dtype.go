@@ -1,0 +1,180 @@
+package kernels
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
+
+// DType is the element type of a tensor.
+type DType uint8
+
+// Element types. Weights come in F32, BF16 or F16; activations are in the
+// backend's ActivationDType; token ids, positions and attention metadata are I32.
+const (
+	F32 DType = iota + 1
+	BF16
+	F16
+	I32
+)
+
+// Size is the number of bytes of one element (0 for an invalid DType).
+func (d DType) Size() int {
+	switch d {
+	case F32, I32:
+		return 4
+	case BF16, F16:
+		return 2
+	}
+	return 0
+}
+
+// String returns the safetensors spelling of d ("F32", "BF16", "F16", "I32").
+func (d DType) String() string {
+	switch d {
+	case F32:
+		return "F32"
+	case BF16:
+		return "BF16"
+	case F16:
+		return "F16"
+	case I32:
+		return "I32"
+	}
+	return fmt.Sprintf("DType(%d)", uint8(d))
+}
+
+// IsFloat reports whether d is one of the floating-point types.
+func (d DType) IsFloat() bool { return d == F32 || d == BF16 || d == F16 }
+
+// ParseDType maps the safetensors dtype names F32, BF16, F16 and I32 to a DType.
+func ParseDType(s string) (DType, error) {
+	switch s {
+	case "F32":
+		return F32, nil
+	case "BF16":
+		return BF16, nil
+	case "F16":
+		return F16, nil
+	case "I32":
+		return I32, nil
+	}
+	return 0, fmt.Errorf("kernels: dtype %q: %w", s, ErrDType)
+}
+
+// BF16ToF32 widens one bfloat16 value (exact).
+func BF16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+// F32ToBF16 rounds a float32 to the nearest bfloat16, ties to even, as torch does.
+// NaN stays NaN.
+func F32ToBF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	if b&0x7fffffff > 0x7f800000 { // NaN: keep it quiet
+		return uint16(b>>16) | 0x40
+	}
+	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
+}
+
+// F16ToF32 widens one IEEE half-precision value (exact, subnormals included).
+func F16ToF32(h uint16) float32 {
+	sign := uint32(h>>15) << 31
+	exp := uint32(h>>10) & 0x1f
+	mant := uint32(h) & 0x3ff
+	switch {
+	case exp == 0 && mant == 0:
+		return math.Float32frombits(sign)
+	case exp == 0: // subnormal: value = mant * 2^-24
+		f := float32(mant) * (1.0 / (1 << 24))
+		if sign != 0 {
+			return -f
+		}
+		return f
+	case exp == 0x1f:
+		return math.Float32frombits(sign | 0x7f800000 | mant<<13)
+	}
+	return math.Float32frombits(sign | (exp+112)<<23 | mant<<13)
+}
+
+// F32ToF16 rounds a float32 to the nearest IEEE half, ties to even; values
+// beyond the half range become infinities.
+func F32ToF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	sign := uint16(b>>16) & 0x8000
+	exp := int32(b>>23) & 0xff
+	mant := b & 0x7fffff
+	if exp == 0xff {
+		if mant != 0 {
+			return sign | 0x7e00
+		}
+		return sign | 0x7c00
+	}
+	e := exp - 127 + 15
+	if e >= 0x1f {
+		return sign | 0x7c00
+	}
+	if e <= 0 {
+		if e < -10 {
+			return sign
+		}
+		mant |= 0x800000
+		shift := uint32(14 - e)
+		half := uint32(1) << (shift - 1)
+		r := mant >> shift
+		rem := mant & (1<<shift - 1)
+		if rem > half || (rem == half && r&1 == 1) {
+			r++
+		}
+		return sign | uint16(r)
+	}
+	r := uint32(e)<<10 | mant>>13
+	rem := mant & 0x1fff
+	if rem > 0x1000 || (rem == 0x1000 && r&1 == 1) {
+		r++ // may carry into the exponent, which is the right rounding
+	}
+	return sign | uint16(r)
+}
+
+// F32Bytes encodes xs little-endian, the layout Upload expects for F32.
+func F32Bytes(xs []float32) []byte {
+	b := make([]byte, 4*len(xs))
+	for i, x := range xs {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return b
+}
+
+// I32Bytes encodes xs little-endian, the layout Upload expects for I32.
+func I32Bytes(xs []int32) []byte {
+	b := make([]byte, 4*len(xs))
+	for i, x := range xs {
+		binary.LittleEndian.PutUint32(b[4*i:], uint32(x))
+	}
+	return b
+}
+
+// U16Bytes encodes raw 16-bit elements (BF16 or F16 bit patterns) little-endian.
+func U16Bytes(xs []uint16) []byte {
+	b := make([]byte, 2*len(xs))
+	for i, x := range xs {
+		binary.LittleEndian.PutUint16(b[2*i:], x)
+	}
+	return b
+}
+
+// BytesF32 decodes little-endian float32 values; len(b) must be a multiple of 4.
+func BytesF32(b []byte) []float32 {
+	xs := make([]float32, len(b)/4)
+	for i := range xs {
+		xs[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return xs
+}
+
+// BytesI32 decodes little-endian int32 values; len(b) must be a multiple of 4.
+func BytesI32(b []byte) []int32 {
+	xs := make([]int32, len(b)/4)
+	for i := range xs {
+		xs[i] = int32(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return xs
+}

@@ -1,0 +1,52 @@
+package kernels
+
+import "fmt"
+
+// FromF32 allocates a tensor of the given dtype and shape and uploads xs into
+// it (F32 only: host float32 data for an activation-typed or F32 tensor).
+func FromF32(ops Ops, xs []float32, shape ...int) (Tensor, error) {
+	t, err := ops.Alloc(F32, shape...)
+	if err != nil {
+		return nil, err
+	}
+	if err := ops.Upload(t, F32Bytes(xs), F32); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// FromI32 allocates an I32 tensor of the given shape and uploads xs into it.
+func FromI32(ops Ops, xs []int32, shape ...int) (Tensor, error) {
+	t, err := ops.Alloc(I32, shape...)
+	if err != nil {
+		return nil, err
+	}
+	if err := ops.Upload(t, I32Bytes(xs), I32); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// ToF32 downloads an F32 tensor to host float32 values.
+func ToF32(ops Ops, t Tensor) ([]float32, error) {
+	if t.DType() != F32 {
+		return nil, fmt.Errorf("kernels: download %v tensor as F32: %w", t.DType(), ErrDType)
+	}
+	b := make([]byte, 4*NumElements(t))
+	if err := ops.Download(b, t); err != nil {
+		return nil, err
+	}
+	return BytesF32(b), nil
+}
+
+// ToI32 downloads an I32 tensor to host int32 values.
+func ToI32(ops Ops, t Tensor) ([]int32, error) {
+	if t.DType() != I32 {
+		return nil, fmt.Errorf("kernels: download %v tensor as I32: %w", t.DType(), ErrDType)
+	}
+	b := make([]byte, 4*NumElements(t))
+	if err := ops.Download(b, t); err != nil {
+		return nil, err
+	}
+	return BytesI32(b), nil
+}

@@ -1,0 +1,242 @@
+// Package kernels defines Ops, the narrow operation interface that models are
+// written against, and the types its methods exchange.
+//
+// A backend (kernels/cpu today, a CUDA backend later) owns tensor memory: a
+// Tensor is an opaque handle with a shape and a dtype, created by Ops.Alloc and
+// filled by Ops.Upload. Nothing here assumes the memory is addressable from the
+// host, so models move data only through Upload and Download.
+//
+// Each Ops method is one kernel launch or one fused loop, not a tensor algebra.
+// Methods validate shapes and dtypes and return an error wrapping ErrShape or
+// ErrDType before touching memory; a backend may execute asynchronously, so
+// results are only guaranteed visible to the host after Download or Sync.
+//
+// Conventions shared by all methods:
+//   - Matrices are row-major; a "row" is the last dimension. Activations have
+//     shape [num_tokens, width] and dtype ActivationDType().
+//   - Weights keep their stored dtype (F32, BF16 or F16) and nn.Linear layout
+//     [out_features, in_features]; backends convert them per tile, never the
+//     whole model up front. Small vectors (norm weights, biases, routing bias)
+//     are uploaded in ActivationDType.
+//   - Batch invariance: every output row is computed from its own input row (and,
+//     for attention, its own sequence's cache) in a fixed reduction order, so a
+//     row's result is bit-identical whichever other rows share the call and
+//     however the work is split over threads.
+//   - out may alias an input only where a method says so.
+package kernels
+
+import "errors"
+
+// Sentinel errors; backends wrap them with the operation, the tensors involved
+// and what was expected.
+var (
+	// ErrShape: a tensor's shape does not fit the operation.
+	ErrShape = errors.New("shape mismatch")
+	// ErrDType: a tensor's dtype is not supported by the operation.
+	ErrDType = errors.New("unsupported dtype")
+	// ErrForeignTensor: a tensor was created by another backend.
+	ErrForeignTensor = errors.New("tensor from another backend")
+	// ErrOutOfRange: an index (token id, position, slot, block, row) is outside its table.
+	ErrOutOfRange = errors.New("index out of range")
+	// ErrClosed: the backend was closed.
+	ErrClosed = errors.New("backend closed")
+)
+
+// Tensor is a handle to a dense, row-major array in backend memory. Shape must
+// not be modified by the caller.
+type Tensor interface {
+	Shape() []int
+	DType() DType
+}
+
+// NumElements is the product of t's shape (1 for a scalar shape []).
+func NumElements(t Tensor) int {
+	n := 1
+	for _, d := range t.Shape() {
+		n *= d
+	}
+	return n
+}
+
+// Ops is the contract every backend implements. See the package comment for
+// the conventions on layouts, dtypes, aliasing and batch invariance. Costs below
+// use T = number of tokens (rows) in the call.
+type Ops interface {
+	// Name identifies the backend and its code path, e.g. "cpu(avx2, 16 threads)".
+	Name() string
+	// ActivationDType is the dtype of activations, caches and logits inputs
+	// (F32 on the CPU backend).
+	ActivationDType() DType
+	// Close releases the backend's workers and memory; tensors become invalid.
+	Close() error
+
+	// Alloc returns a zero-filled tensor. Cost: one allocation.
+	Alloc(dtype DType, shape ...int) (Tensor, error)
+	// Upload copies host bytes (little-endian, srcDType) into dst, which may be a
+	// view. len(src) must be NumElements(dst)*srcDType.Size(). srcDType must equal
+	// dst's dtype, except that BF16 and F16 may be widened into an F32 dst.
+	Upload(dst Tensor, src []byte, srcDType DType) error
+	// Download copies src to the host as little-endian bytes of src's dtype;
+	// len(dst) must be NumElements(src)*src.DType().Size(). It waits for all
+	// queued work that writes src.
+	Download(dst []byte, src Tensor) error
+	// Rows is a view of rows [lo, hi) along dimension 0, sharing memory. No copy.
+	Rows(t Tensor, lo, hi int) (Tensor, error)
+	// Reshape is a view with the same elements and a new shape. No copy.
+	Reshape(t Tensor, shape ...int) (Tensor, error)
+	// Sync waits until all queued work has finished.
+	Sync() error
+
+	// Embedding gathers out[i] = table[ids[i]]. table [vocab, hidden] in its
+	// stored dtype, ids I32 [T], out [T, hidden]. An id outside the table is an
+	// ErrOutOfRange error on backends that can check it cheaply; callers validate ids.
+	// Cost: T*hidden element copies.
+	Embedding(out, table, ids Tensor) error
+	// RMSNorm: out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * weight, over the last
+	// dimension. x and out [rows, n], weight [n]. out may alias x. Cost: 3 passes over x.
+	RMSNorm(out, x, weight Tensor, eps float32) error
+	// AddRMSNorm is the fused residual step: residual += x, then
+	// out = RMSNorm(residual). residual, x and out [rows, n]. out may alias x.
+	AddRMSNorm(out, residual, x, weight Tensor, eps float32) error
+	// Linear computes out = x W^T (+ bias): x [T, k], w [n, k] in its stored
+	// dtype, bias [n] or nil, out [T, n]. Cost: 2*T*n*k flops, one read of w.
+	Linear(out, x, w, bias Tensor) error
+	// SiLUMul is the SwiGLU activation: out[i, j] = silu(gateUp[i, j]) * gateUp[i, n+j]
+	// with gateUp [T, 2n] (gate columns first) and out [T, n].
+	SiLUMul(out, gateUp Tensor) error
+	// Add computes out = a + b elementwise; all of one shape. out may alias a or b.
+	Add(out, a, b Tensor) error
+	// Concat joins rows: out[i] = [a[i], b[i]] with a [T, m], b [T, n], out [T, m+n].
+	Concat(out, a, b Tensor) error
+
+	// RoPE rotates x in place by the angles of each row's position. x is
+	// [T, NumHeads*HeadSize]; within each head, RotaryDim elements starting at
+	// Offset are rotated, the rest pass through. cos and sin are F32
+	// [max_positions, RotaryDim/2], built once by the model for its scaling type
+	// (attention scaling factors already folded in). positions I32 [T].
+	// Cost: T*NumHeads*RotaryDim multiply-adds.
+	RoPE(x, positions, cos, sin Tensor, p RoPEParams) error
+	// WriteCache stores src [T, w] into the rows of cache [num_blocks, block_size, width]
+	// given by slot_mapping (I32 [T], slot = block*block_size + offset; -1 skips
+	// the row), columns [col, col+w). Cost: T*w element copies.
+	WriteCache(cache, src, slotMapping Tensor, col int) error
+	// Attention is paged causal attention with grouped KV heads: q [T, NumHeads*HeadDim],
+	// kCache and vCache [num_blocks, block_size, NumKVHeads*HeadDim], out
+	// [T, NumHeads*HeadDim]. The tokens of this step must already be in the cache
+	// (WriteCache). Query row j of a sequence with q_len rows and k_len keys attends
+	// to keys 0..k_len-q_len+j, read through its block table; prefill, chunked
+	// prefill and decode are the same call. Cost: 4*NumHeads*HeadDim flops per
+	// (query, visible key) pair, plus one read of the visible cache per KV head.
+	Attention(out, q, kCache, vCache Tensor, m *AttentionMetadata, p AttentionParams) error
+	// MLAAttention is multi-head latent attention over a compressed cache with
+	// weight absorption. q [T, NumHeads*(NopeDim+RopeDim)] with the rope part
+	// already rotated; cache [num_blocks, block_size, KVLoraRank+RopeDim] holds per
+	// token the normalized latent c_kv followed by the rotated shared k_pe; wkvb is
+	// kv_b_proj.weight [NumHeads*(NopeDim+VHeadDim), KVLoraRank] in its stored dtype.
+	// Per head h, q_nope is absorbed into the latent space (q_lat = W_UK[h]^T q_nope),
+	// scores are Scale*(q_lat·c_kv + q_pe·k_pe) with the causal rule of Attention,
+	// and the latent output is projected by W_UV[h]. out [T, NumHeads*VHeadDim].
+	// Cost per (query, head): 2*KVLoraRank*(NopeDim+VHeadDim) flops for the
+	// absorptions plus 4*(KVLoraRank+RopeDim) per visible key.
+	MLAAttention(out, q, cache, wkvb Tensor, m *AttentionMetadata, p MLAParams) error
+
+	// MoERoute selects experts: logits [T, num_experts] (router output) become
+	// ids I32 [T, TopK] and weights [T, TopK], per RouteParams. bias
+	// [num_experts] (the noaux_tc e_score_correction_bias) or nil; it steers the
+	// choice only, never the weights. Cost: O(T*num_experts*TopK).
+	MoERoute(ids, weights, logits, bias Tensor, p RouteParams) error
+	// MoE is the grouped expert MLP: out[t] = sum_k weights[t,k] *
+	// down[e](silu(gate[e] x[t]) * up[e] x[t]) with e = ids[t,k], summed in k order.
+	// x [T, hidden]; gateUp [num_experts, 2*inter, hidden] (gate rows first) and
+	// down [num_experts, hidden, inter] in their stored dtype; out [T, hidden].
+	// Cost: 6*T*TopK*hidden*inter flops; each selected expert's weights read once.
+	MoE(out, x, ids, weights, gateUp, down Tensor) error
+
+	// Logits gathers the rows that sample, normalizes them and applies the LM
+	// head: out[r] = RMSNorm(hidden[rows[r]]; norm, eps) W^T. rows I32 [R] (nil: all
+	// rows), norm [hidden] or nil (no norm), head [vocab, hidden] in its stored
+	// dtype, out F32 [R, vocab]. Cost: 2*R*vocab*hidden flops, one read of head.
+	Logits(out, hidden, rows, norm, head Tensor, eps float32) error
+}
+
+// RoPEParams describes where the rotated elements lie in each row of x.
+type RoPEParams struct {
+	NumHeads  int // heads per row
+	HeadSize  int // elements per head (the stride between heads)
+	Offset    int // first rotated element within a head
+	RotaryDim int // rotated elements per head; even
+	// Interleaved rotates pairs (2i, 2i+1) by angle i (DeepSeek's layout);
+	// otherwise pairs (i, i+RotaryDim/2) (GPT-NeoX / Llama "rotate_half").
+	Interleaved bool
+}
+
+// AttentionParams are the per-layer constants of Attention.
+type AttentionParams struct {
+	NumHeads   int
+	NumKVHeads int // divides NumHeads; query head h reads KV head h/(NumHeads/NumKVHeads)
+	HeadDim    int
+	Scale      float32 // softmax scale, usually HeadDim^-0.5
+}
+
+// MLAParams are the per-layer constants of MLAAttention.
+type MLAParams struct {
+	NumHeads   int
+	NopeDim    int // qk_nope_head_dim
+	RopeDim    int // qk_rope_head_dim
+	KVLoraRank int // kv_lora_rank: width of the latent
+	VHeadDim   int // v_head_dim
+	Scale      float32
+}
+
+// AttentionMetadata describes one step's batch for paged attention; all layers
+// of the step share it. Sequences are laid out back to back in the token
+// dimension: sequence s owns query rows CuSeqlensQ[s]..CuSeqlensQ[s+1].
+type AttentionMetadata struct {
+	NumSeqs    int
+	NumTokens  int // = CuSeqlensQ[NumSeqs]
+	MaxSeqlenQ int // host-side bounds, for sizing scratch and launch grids
+	MaxSeqlenK int
+	BlockSize  int // tokens per KV block
+
+	CuSeqlensQ  Tensor // I32 [NumSeqs+1], CuSeqlensQ[0] = 0
+	SeqlensK    Tensor // I32 [NumSeqs]: keys visible to the sequence's last query (cached + new)
+	BlockTables Tensor // I32 [NumSeqs, max_blocks_per_seq]: physical block of each logical block
+	SlotMapping Tensor // I32 [NumTokens]: cache slot each new token is written to (-1: none)
+}
+
+// Scoring is how router logits become expert scores.
+type Scoring uint8
+
+const (
+	ScoringSoftmax Scoring = iota + 1 // softmax over experts
+	ScoringSigmoid                    // independent sigmoid per expert
+)
+
+// TopKMethod is how experts are selected from the scores.
+type TopKMethod uint8
+
+const (
+	// TopKGreedy takes the TopK highest scores.
+	TopKGreedy TopKMethod = iota + 1
+	// TopKGroupLimited keeps the TopKGroups groups whose best score is highest,
+	// then takes TopK experts among them (DeepSeek-V2 group_limited_greedy).
+	TopKGroupLimited
+	// TopKNoAuxTC adds the correction bias, ranks groups by the sum of their two
+	// best biased scores, keeps TopKGroups groups and takes TopK experts among them
+	// by biased score (DeepSeek-V3 noaux_tc).
+	TopKNoAuxTC
+)
+
+// RouteParams configure MoERoute. Experts outside the kept groups compete with
+// a masked score of 0, as in the reference implementation; weights are the
+// unbiased scores of the chosen experts, divided by their sum (+1e-20) when
+// NormTopKProb, then multiplied by ScalingFactor.
+type RouteParams struct {
+	TopK          int
+	Scoring       Scoring
+	Method        TopKMethod
+	NumGroups     int // n_group; must divide the number of experts (1 for greedy)
+	TopKGroups    int // topk_group
+	NormTopKProb  bool
+	ScalingFactor float32 // routed_scaling_factor
+}
