@@ -1,0 +1,137 @@
+// Package config is the engine's YAML schema: one file declares the whole
+// run (model, device, engine limits, cache, ZOS, CUDA graphs, speculative
+// decoding, structured output and the pipeline's stage choices).
+//
+// Decoding is strict: an unknown key fails with its line number and the
+// nearest valid key, a value of the wrong type fails with its line, and
+// Validate checks ranges. Every default lives in Default, and
+// configs/reference.yaml spells all of them out with comments (a test keeps
+// the two equal).
+package config
+
+import (
+	"github.com/deepinfer/deepinfer-go/pipeline"
+)
+
+// Config is one engine run.
+type Config struct {
+	// Model is a Hugging Face model directory (config.json, *.safetensors,
+	// tokenizer.json). A relative path is relative to the config file.
+	Model string `yaml:"model"`
+	// Tokenizer is a directory with tokenizer.json; empty means Model.
+	Tokenizer string `yaml:"tokenizer"`
+	// Device is "cpu" or "cuda".
+	Device string `yaml:"device"`
+	// Seed seeds requests that set no seed of their own.
+	Seed int64 `yaml:"seed"`
+
+	Engine           Engine           `yaml:"engine"`
+	Cache            Cache            `yaml:"cache"`
+	CPU              CPU              `yaml:"cpu"`
+	ZOS              ZOS              `yaml:"zos"`
+	CUDAGraph        CUDAGraph        `yaml:"cuda_graph"`
+	Speculative      Speculative      `yaml:"speculative"`
+	StructuredOutput StructuredOutput `yaml:"structured_output"`
+	Pipeline         Pipeline         `yaml:"pipeline"`
+}
+
+// Engine holds the scheduler's limits.
+type Engine struct {
+	MaxNumSeqs          int  `yaml:"max_num_seqs"`           // sequences in one step
+	MaxNumBatchedTokens int  `yaml:"max_num_batched_tokens"` // tokens in one step
+	MaxModelLen         int  `yaml:"max_model_len"`          // prompt + output; 0 = the model's max_position_embeddings
+	ChunkedPrefill      bool `yaml:"chunked_prefill"`        // split long prompts over steps
+	PrefillChunkSize    int  `yaml:"prefill_chunk_size"`     // tokens per prefill chunk when chunked
+	MaxWaiting          int  `yaml:"max_waiting"`            // requests queued before admission fails; 0 = unbounded
+}
+
+// Cache sizes the paged KV cache and the per-sequence state slots.
+type Cache struct {
+	BlockSize      int     `yaml:"block_size"`      // tokens per KV block
+	NumBlocks      int     `yaml:"num_blocks"`      // 0 = derive from memory
+	MemoryFraction float64 `yaml:"memory_fraction"` // cuda: share of free device memory for weights, activations and KV
+	CPUMemoryGiB   float64 `yaml:"cpu_memory_gib"`  // cpu: KV cache budget when num_blocks is 0
+	PrefixCaching  bool    `yaml:"prefix_caching"`  // reuse full blocks with the same prefix
+	NumStateSlots  int     `yaml:"num_state_slots"` // 0 = max_num_seqs
+}
+
+// CPU configures the CPU backend.
+type CPU struct {
+	Threads int  `yaml:"threads"` // worker threads; 0 = all cores
+	PureGo  bool `yaml:"pure_go"` // use the plain-Go kernels (reference path, slower)
+}
+
+// ZOS is zero-overhead scheduling: post-processing of step N overlaps the
+// forward pass of step N+1.
+type ZOS struct {
+	Enabled bool `yaml:"enabled"`
+}
+
+// CUDAGraph configures CUDA Graph capture of decode steps.
+type CUDAGraph struct {
+	Enabled    bool  `yaml:"enabled"`
+	BatchSizes []int `yaml:"batch_sizes"` // captured decode batch sizes, ascending
+}
+
+// Speculative configures speculative decoding; Method "" turns it off.
+type Speculative struct {
+	Method               string  `yaml:"method"`                 // "", "ngram", "mtp" or "dspark"
+	NumSpeculativeTokens int     `yaml:"num_speculative_tokens"` // draft length k
+	ConfidenceThreshold  float64 `yaml:"confidence_threshold"`   // dspark: verify the draft prefix above this confidence
+	DraftModel           string  `yaml:"draft_model"`            // dspark: drafter directory
+	NgramMin             int     `yaml:"ngram_min"`              // ngram: shortest match
+	NgramMax             int     `yaml:"ngram_max"`              // ngram: longest match
+}
+
+// StructuredOutput configures grammar compilation for JSON schema, regex and
+// EBNF constraints.
+type StructuredOutput struct {
+	Workers   int `yaml:"workers"`    // compile goroutines
+	CacheSize int `yaml:"cache_size"` // compiled grammars kept
+}
+
+// Pipeline picks the implementation of each stage slot (any key that is
+// not one of the others names a slot), inserts extra stages, passes options
+// to implementations, and sizes the edges. Slot names are checked when the
+// step loop is built, against its layout.
+type Pipeline struct {
+	Impl         map[string]string         `yaml:",inline"`
+	Insert       []pipeline.Insertion      `yaml:"insert"`
+	Options      map[string]map[string]any `yaml:"options"`
+	EdgeCapacity int                       `yaml:"edge_capacity"` // items each edge buffers
+}
+
+// Choices returns the stage choices for pipeline.Layout.Resolve.
+func (p Pipeline) Choices() pipeline.Choices {
+	return pipeline.Choices{Impl: p.Impl, Insert: p.Insert, Options: p.Options}
+}
+
+// Default returns the configuration every file starts from.
+func Default() Config {
+	return Config{
+		Model:  "../assets/deepseek-tiny",
+		Device: "cpu",
+		Engine: Engine{
+			MaxNumSeqs:          64,
+			MaxNumBatchedTokens: 2048,
+			ChunkedPrefill:      true,
+			PrefillChunkSize:    512,
+			MaxWaiting:          1024,
+		},
+		Cache: Cache{
+			BlockSize:      16,
+			MemoryFraction: 0.9,
+			CPUMemoryGiB:   1,
+			PrefixCaching:  true,
+		},
+		CUDAGraph: CUDAGraph{BatchSizes: []int{1, 2, 4, 8, 16, 32, 64}},
+		Speculative: Speculative{
+			NumSpeculativeTokens: 4,
+			ConfidenceThreshold:  0.5,
+			NgramMin:             2,
+			NgramMax:             4,
+		},
+		StructuredOutput: StructuredOutput{Workers: 2, CacheSize: 256},
+		Pipeline:         Pipeline{EdgeCapacity: 2},
+	}
+}

@@ -1,0 +1,159 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestReferenceEqualsDefault(t *testing.T) {
+	cfg, err := Load(filepath.Join("..", "..", "configs", "reference.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Default()
+	want.Model = filepath.Join("..", "..", "configs", want.Model)
+	if !reflect.DeepEqual(*cfg, want) {
+		t.Errorf("configs/reference.yaml and Default() differ:\n%+v\n%+v", *cfg, want)
+	}
+}
+
+func TestShippedConfigsLoad(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("..", "..", "configs", "*.yaml"))
+	if err != nil || len(files) < 2 {
+		t.Fatalf("configs: %v %v", files, err)
+	}
+	for _, f := range files {
+		if _, err := Load(f); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name  string
+		yaml  string
+		want  []string // substrings of the error; none means success
+		check func(*testing.T, *Config)
+	}{
+		{
+			name: "overrides keep the other defaults",
+			yaml: "model: m\nengine:\n  max_num_seqs: 8\nzos:\n  enabled: true\n",
+			check: func(t *testing.T, c *Config) {
+				if c.Engine.MaxNumSeqs != 8 || c.Engine.MaxNumBatchedTokens != Default().Engine.MaxNumBatchedTokens || c.InFlight() != 2 {
+					t.Errorf("got %+v", c.Engine)
+				}
+			},
+		},
+		{
+			name: "pipeline choices",
+			yaml: "model: m\npipeline:\n  sample: my-sampler\n  edge_capacity: 4\n  insert:\n    - after: forward\n      stage: logit-softcap\n      options: {cap: 30}\n",
+			check: func(t *testing.T, c *Config) {
+				p := c.Pipeline
+				if p.Impl["sample"] != "my-sampler" || p.EdgeCapacity != 4 || len(p.Insert) != 1 ||
+					p.Insert[0].Stage != "logit-softcap" || p.Insert[0].Options["cap"] != 30 {
+					t.Errorf("got %+v", p)
+				}
+			},
+		},
+		{
+			name: "unknown key names its line and the nearest key",
+			yaml: "model: m\nengine:\n  max_num_seq: 8\n",
+			want: []string{"test.yaml:3", `unknown key "max_num_seq" in engine`, `did you mean "max_num_seqs"?`},
+		},
+		{
+			name: "unknown top-level key",
+			yaml: "model: m\ndevise: cuda\n",
+			want: []string{"test.yaml:2", `unknown key "devise" in the top level`, `did you mean "device"?`},
+		},
+		{
+			name: "wrong type names its line",
+			yaml: "model: m\nengine:\n  max_num_seqs: lots\n",
+			want: []string{"test.yaml:3", "engine.max_num_seqs: expected an integer", `"lots"`},
+		},
+		{
+			name: "wrong type for a section",
+			yaml: "model: m\nzos: true\n",
+			want: []string{"test.yaml:2", "zos: expected a mapping"},
+		},
+		{
+			name: "wrong type in a list",
+			yaml: "model: m\ncuda_graph:\n  batch_sizes: [1, two]\n",
+			want: []string{"test.yaml:3", "cuda_graph.batch_sizes[1]: expected an integer"},
+		},
+		{
+			name: "empty file",
+			yaml: "",
+			want: []string{"test.yaml", "the file is empty"},
+		},
+		{
+			name: "comments only",
+			yaml: "# nothing\n",
+			want: []string{"the file is empty"},
+		},
+		{
+			name: "bad YAML",
+			yaml: "model: [\n",
+			want: []string{"test.yaml", "invalid config"},
+		},
+		{
+			name: "out of range values are all reported",
+			yaml: "model: m\ndevice: tpu\ncache:\n  block_size: 12\nspeculative:\n  method: medusa\n",
+			want: []string{"device: must be cpu or cuda", "cache.block_size: must be a power of two", `speculative.method: must be empty (off), ngram, mtp or dspark, got "medusa"`},
+		},
+		{
+			name: "cuda graphs need cuda",
+			yaml: "model: m\ncuda_graph:\n  enabled: true\n",
+			want: []string{"cuda_graph.enabled: needs device: cuda"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Parse("test.yaml", []byte(tc.yaml))
+			if len(tc.want) == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				tc.check(t, cfg)
+				return
+			}
+			if err == nil {
+				t.Fatal("Parse succeeded")
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("error %v does not wrap ErrInvalid", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	_, err := Load(filepath.Join(t.TempDir(), "nope.yaml"))
+	if err == nil || !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "nope.yaml") {
+		t.Errorf("Load = %v, want a not-exist error naming the file", err)
+	}
+}
+
+func TestLoadResolvesPathsAgainstTheFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(path, []byte("model: models/x\ntokenizer: /abs/tok\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Model != filepath.Join(dir, "models/x") || cfg.Tokenizer != "/abs/tok" {
+		t.Errorf("model %q tokenizer %q", cfg.Model, cfg.Tokenizer)
+	}
+}

@@ -1,0 +1,113 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// Validate checks ranges and the consistency of the sections; each problem
+// names the key and what it allows. All problems are reported together.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key string, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrInvalid, key, fmt.Sprintf(format, args...)))
+	}
+	if c.Model == "" {
+		bad("model", "must name a model directory")
+	}
+	if c.Device != "cpu" && c.Device != "cuda" {
+		bad("device", "must be cpu or cuda, got %q", c.Device)
+	}
+	e := c.Engine
+	if e.MaxNumSeqs < 1 {
+		bad("engine.max_num_seqs", "must be at least 1, got %d", e.MaxNumSeqs)
+	}
+	if e.MaxNumBatchedTokens < 1 {
+		bad("engine.max_num_batched_tokens", "must be at least 1, got %d", e.MaxNumBatchedTokens)
+	}
+	if e.MaxNumBatchedTokens < e.MaxNumSeqs {
+		bad("engine.max_num_batched_tokens", "must be at least engine.max_num_seqs (%d) so every running sequence can decode, got %d", e.MaxNumSeqs, e.MaxNumBatchedTokens)
+	}
+	if e.MaxModelLen < 0 {
+		bad("engine.max_model_len", "must be 0 (the model's) or positive, got %d", e.MaxModelLen)
+	}
+	if e.PrefillChunkSize < 1 {
+		bad("engine.prefill_chunk_size", "must be at least 1, got %d", e.PrefillChunkSize)
+	}
+	if e.MaxWaiting < 0 {
+		bad("engine.max_waiting", "must be 0 (unbounded) or positive, got %d", e.MaxWaiting)
+	}
+	k := c.Cache
+	if k.BlockSize < 1 || k.BlockSize > 1024 || k.BlockSize&(k.BlockSize-1) != 0 {
+		bad("cache.block_size", "must be a power of two in [1, 1024], got %d", k.BlockSize)
+	}
+	if k.NumBlocks < 0 {
+		bad("cache.num_blocks", "must be 0 (derive from memory) or positive, got %d", k.NumBlocks)
+	}
+	if k.MemoryFraction <= 0 || k.MemoryFraction > 1 {
+		bad("cache.memory_fraction", "must be in (0, 1], got %g", k.MemoryFraction)
+	}
+	if k.CPUMemoryGiB <= 0 {
+		bad("cache.cpu_memory_gib", "must be positive, got %g", k.CPUMemoryGiB)
+	}
+	if k.NumStateSlots < 0 {
+		bad("cache.num_state_slots", "must be 0 (max_num_seqs) or positive, got %d", k.NumStateSlots)
+	}
+	if c.CPU.Threads < 0 {
+		bad("cpu.threads", "must be 0 (all cores) or positive, got %d", c.CPU.Threads)
+	}
+	g := c.CUDAGraph
+	if g.Enabled && len(g.BatchSizes) == 0 {
+		bad("cuda_graph.batch_sizes", "must list at least one size when cuda_graph.enabled is true")
+	}
+	for i, s := range g.BatchSizes {
+		if s < 1 {
+			bad("cuda_graph.batch_sizes", "sizes must be positive, got %d", s)
+		}
+		if i > 0 && s <= g.BatchSizes[i-1] {
+			bad("cuda_graph.batch_sizes", "sizes must be strictly ascending, got %v", g.BatchSizes)
+			break
+		}
+	}
+	if g.Enabled && c.Device != "cuda" {
+		bad("cuda_graph.enabled", "needs device: cuda")
+	}
+	s := c.Speculative
+	methods := []string{"", "ngram", "mtp", "dspark"}
+	if !slices.Contains(methods, s.Method) {
+		bad("speculative.method", "must be empty (off), ngram, mtp or dspark, got %q", s.Method)
+	}
+	if s.NumSpeculativeTokens < 1 || s.NumSpeculativeTokens > 16 {
+		bad("speculative.num_speculative_tokens", "must be in [1, 16], got %d", s.NumSpeculativeTokens)
+	}
+	if s.ConfidenceThreshold < 0 || s.ConfidenceThreshold > 1 {
+		bad("speculative.confidence_threshold", "must be in [0, 1], got %g", s.ConfidenceThreshold)
+	}
+	if s.Method == "dspark" && s.DraftModel == "" {
+		bad("speculative.draft_model", "must name the drafter directory when speculative.method is dspark")
+	}
+	if s.NgramMin < 1 || s.NgramMax < s.NgramMin {
+		bad("speculative.ngram_min/ngram_max", "need 1 <= ngram_min <= ngram_max, got %d and %d", s.NgramMin, s.NgramMax)
+	}
+	o := c.StructuredOutput
+	if o.Workers < 1 {
+		bad("structured_output.workers", "must be at least 1, got %d", o.Workers)
+	}
+	if o.CacheSize < 0 {
+		bad("structured_output.cache_size", "must be 0 or positive, got %d", o.CacheSize)
+	}
+	if c.Pipeline.EdgeCapacity < 1 {
+		bad("pipeline.edge_capacity", "must be at least 1, got %d", c.Pipeline.EdgeCapacity)
+	}
+	return errors.Join(errs...)
+}
+
+// InFlight is the number of steps the step loop keeps in flight: 1 with
+// strict turns, 2 with ZOS.
+func (c *Config) InFlight() int {
+	if c.ZOS.Enabled {
+		return 2
+	}
+	return 1
+}
