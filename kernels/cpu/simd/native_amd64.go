@@ -2,4 +2,133 @@
 
 package simd
 
-func nativeImpls() []*Impl { return nil }
+/*
+#cgo CFLAGS: -O2
+#include "simd_amd64.h"
+*/
+import "C"
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
+
+// minNative is the vector length below which Dot, Axpy, Scale and the
+// conversions stay in Go: a cgo call costs tens of nanoseconds, more than the
+// Go loop on a handful of elements. Both paths return the same bits, so the
+// cut-off cannot change a result.
+const minNative = 32
+
+// nativeImpls returns the SIMD paths this CPU runs, slowest first.
+func nativeImpls() []*Impl {
+	var impls []*Impl
+	x := &cpu.X86
+	if x.HasAVX2 && x.HasFMA && x.HasF16C {
+		impls = append(impls, newNative("avx2", avx2Funcs))
+	}
+	if x.HasAVX512F && x.HasAVX512BW && x.HasAVX512VL && x.HasAVX512DQ && x.HasFMA && x.HasF16C {
+		impls = append(impls, newNative("avx512", avx512Funcs))
+	}
+	return impls
+}
+
+// cFuncs are one instruction set's C entry points.
+type cFuncs struct {
+	linear    func(dtype C.int, out *C.float, x *C.float, w unsafe.Pointer, m, n, k, j0, j1 C.int64_t)
+	dot       func(a, b *C.float, n C.int64_t) C.float
+	axpy      func(a C.float, x, y *C.float, n C.int64_t)
+	scale     func(a C.float, x *C.float, n C.int64_t)
+	bf16ToF32 func(dst *C.float, src *C.uint16_t, n C.int64_t)
+	f16ToF32  func(dst *C.float, src *C.uint16_t, n C.int64_t)
+	f32ToBF16 func(dst *C.uint16_t, src *C.float, n C.int64_t)
+}
+
+var avx512Funcs = cFuncs{
+	linear: func(dtype C.int, out *C.float, x *C.float, w unsafe.Pointer, m, n, k, j0, j1 C.int64_t) {
+		C.di_linear_avx512(dtype, out, x, w, m, n, k, j0, j1)
+	},
+	dot:       func(a, b *C.float, n C.int64_t) C.float { return C.di_dot_avx512(a, b, n) },
+	axpy:      func(a C.float, x, y *C.float, n C.int64_t) { C.di_axpy_avx512(a, x, y, n) },
+	scale:     func(a C.float, x *C.float, n C.int64_t) { C.di_scale_avx512(a, x, n) },
+	bf16ToF32: func(dst *C.float, src *C.uint16_t, n C.int64_t) { C.di_bf16_to_f32_avx512(dst, src, n) },
+	f16ToF32:  func(dst *C.float, src *C.uint16_t, n C.int64_t) { C.di_f16_to_f32_avx512(dst, src, n) },
+	f32ToBF16: func(dst *C.uint16_t, src *C.float, n C.int64_t) { C.di_f32_to_bf16_avx512(dst, src, n) },
+}
+
+var avx2Funcs = cFuncs{
+	linear: func(dtype C.int, out *C.float, x *C.float, w unsafe.Pointer, m, n, k, j0, j1 C.int64_t) {
+		C.di_linear_avx2(dtype, out, x, w, m, n, k, j0, j1)
+	},
+	dot:       func(a, b *C.float, n C.int64_t) C.float { return C.di_dot_avx2(a, b, n) },
+	axpy:      func(a C.float, x, y *C.float, n C.int64_t) { C.di_axpy_avx2(a, x, y, n) },
+	scale:     func(a C.float, x *C.float, n C.int64_t) { C.di_scale_avx2(a, x, n) },
+	bf16ToF32: func(dst *C.float, src *C.uint16_t, n C.int64_t) { C.di_bf16_to_f32_avx2(dst, src, n) },
+	f16ToF32:  func(dst *C.float, src *C.uint16_t, n C.int64_t) { C.di_f16_to_f32_avx2(dst, src, n) },
+	f32ToBF16: func(dst *C.uint16_t, src *C.float, n C.int64_t) { C.di_f32_to_bf16_avx2(dst, src, n) },
+}
+
+func fptr(s []float32) *C.float     { return (*C.float)(unsafe.Pointer(unsafe.SliceData(s))) }
+func u16ptr(s []uint16) *C.uint16_t { return (*C.uint16_t)(unsafe.Pointer(unsafe.SliceData(s))) }
+
+// newNative wraps one instruction set's C functions. The Impl methods have
+// checked every length before these run, so the C side never reads or
+// writes outside the slices.
+func newNative(name string, f cFuncs) *Impl {
+	linear := func(dtype C.int, out, x []float32, w unsafe.Pointer, m, n, k, j0, j1 int) {
+		f.linear(dtype, fptr(out), fptr(x), w, C.int64_t(m), C.int64_t(n), C.int64_t(k), C.int64_t(j0), C.int64_t(j1))
+	}
+	return &Impl{
+		name: name,
+		linearF32: func(out, x, w []float32, m, n, k, j0, j1 int) {
+			linear(C.DI_F32, out, x, unsafe.Pointer(unsafe.SliceData(w)), m, n, k, j0, j1)
+		},
+		linearBF16: func(out, x []float32, w []uint16, m, n, k, j0, j1 int) {
+			linear(C.DI_BF16, out, x, unsafe.Pointer(unsafe.SliceData(w)), m, n, k, j0, j1)
+		},
+		linearF16: func(out, x []float32, w []uint16, m, n, k, j0, j1 int) {
+			linear(C.DI_F16, out, x, unsafe.Pointer(unsafe.SliceData(w)), m, n, k, j0, j1)
+		},
+		dot: func(a, b []float32) float32 {
+			if len(a) < minNative {
+				return dotGo(a, b)
+			}
+			return float32(f.dot(fptr(a), fptr(b), C.int64_t(len(a))))
+		},
+		axpy: func(a float32, x, y []float32) {
+			if len(x) < minNative {
+				axpyGo(a, x, y)
+				return
+			}
+			f.axpy(C.float(a), fptr(x), fptr(y), C.int64_t(len(x)))
+		},
+		scale: func(a float32, x []float32) {
+			if len(x) < minNative {
+				scaleGo(a, x)
+				return
+			}
+			f.scale(C.float(a), fptr(x), C.int64_t(len(x)))
+		},
+		bf16ToF32: func(dst []float32, src []uint16) {
+			if len(src) < minNative {
+				bf16ToF32Go(dst, src)
+				return
+			}
+			f.bf16ToF32(fptr(dst), u16ptr(src), C.int64_t(len(src)))
+		},
+		f16ToF32: func(dst []float32, src []uint16) {
+			if len(src) < minNative {
+				f16ToF32Go(dst, src)
+				return
+			}
+			f.f16ToF32(fptr(dst), u16ptr(src), C.int64_t(len(src)))
+		},
+		f32ToBF16: func(dst []uint16, src []float32) {
+			if len(src) < minNative {
+				f32ToBF16Go(dst, src)
+				return
+			}
+			f.f32ToBF16(u16ptr(dst), fptr(src), C.int64_t(len(src)))
+		},
+	}
+}

@@ -1,0 +1,246 @@
+//go:build cgo
+
+// AVX2 + FMA + F16C kernels, each function with its own target attribute.
+// One canonical 16-lane accumulator (package doc) is a pair of ymm
+// registers: lo holds lanes 0..7, hi lanes 8..15. The tree's first step
+// (lane l + lane l+8) is then lo + hi, and the rest is the AVX-512 path's.
+// The k tail is run on zero-padded copies and blended into the lanes it
+// covers, so lanes past k stay untouched as in the canonical order.
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "simd_amd64.h"
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+#define L2_BLOCK_BYTES (384 * 1024)
+
+static inline int64_t esize(int dt) { return dt == DI_F32 ? 4 : 2; }
+
+// load_w reads 16 weights at w[i..i+16) as lanes lo (0..7) and hi (8..15).
+AVX2 INLINE void load_w(const int dt, const void *w, int64_t i, __m256 *lo, __m256 *hi) {
+	switch (dt) {
+	case DI_BF16: {
+		const uint16_t *p = (const uint16_t *)w + i;
+		*lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+		*hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + 8))), 16));
+		break;
+	}
+	case DI_F16: {
+		const uint16_t *p = (const uint16_t *)w + i;
+		*lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+		*hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
+		break;
+	}
+	default: {
+		const float *p = (const float *)w + i;
+		*lo = _mm256_loadu_ps(p);
+		*hi = _mm256_loadu_ps(p + 8);
+	}
+	}
+}
+
+// hsum2 is the canonical tree of one accumulator held as (lo, hi).
+AVX2 INLINE float hsum2(__m256 lo, __m256 hi) {
+	__m256 s8 = _mm256_add_ps(lo, hi);
+	__m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+	__m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+	__m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+	return _mm_cvtss_f32(s1);
+}
+
+// tail_masks returns the blend masks of lanes [0, rem) for lo and hi.
+AVX2 INLINE void tail_masks(int rem, __m256 *mlo, __m256 *mhi) {
+	__m256i r = _mm256_set1_epi32(rem);
+	*mlo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(r, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+	*mhi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(r, _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15)));
+}
+
+// tile computes an R x C block (R*C <= 4) of out as in the AVX-512 path:
+// rows and columns past nr, nc repeat the last valid one and are not stored.
+AVX2 INLINE void tile(const int dt, const int R, const int C, const float *x, int nr,
+                      const void *w, int nc, int64_t k, float *out, int64_t ldo) {
+	const float *xr[4];
+	const char *wc[4];
+	__m256 lo[4], hi[4];
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++)
+		xr[r] = x + (r < nr ? r : nr - 1) * k;
+#pragma GCC unroll 4
+	for (int c = 0; c < C; c++)
+		wc[c] = (const char *)w + (c < nc ? c : nc - 1) * k * esize(dt);
+#pragma GCC unroll 4
+	for (int f = 0; f < R * C; f++)
+		lo[f] = hi[f] = _mm256_setzero_ps();
+	int64_t kk = 0;
+	for (; kk + 16 <= k; kk += 16) {
+		__m256 wl[4], wh[4];
+#pragma GCC unroll 4
+		for (int c = 0; c < C; c++)
+			load_w(dt, wc[c], kk, &wl[c], &wh[c]);
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++) {
+			__m256 xl = _mm256_loadu_ps(xr[r] + kk), xh = _mm256_loadu_ps(xr[r] + kk + 8);
+#pragma GCC unroll 4
+			for (int c = 0; c < C; c++) {
+				lo[r * C + c] = _mm256_fmadd_ps(xl, wl[c], lo[r * C + c]);
+				hi[r * C + c] = _mm256_fmadd_ps(xh, wh[c], hi[r * C + c]);
+			}
+		}
+	}
+	if (kk < k) {
+		int rem = (int)(k - kk);
+		__m256 mlo, mhi, wl[4], wh[4];
+		tail_masks(rem, &mlo, &mhi);
+#pragma GCC unroll 4
+		for (int c = 0; c < C; c++) {
+			char buf[64] = {0};
+			memcpy(buf, wc[c] + kk * esize(dt), rem * esize(dt));
+			load_w(dt, buf, 0, &wl[c], &wh[c]);
+		}
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++) {
+			float xb[16] = {0};
+			memcpy(xb, xr[r] + kk, rem * sizeof(float));
+			__m256 xl = _mm256_loadu_ps(xb), xh = _mm256_loadu_ps(xb + 8);
+#pragma GCC unroll 4
+			for (int c = 0; c < C; c++) {
+				int f = r * C + c;
+				lo[f] = _mm256_blendv_ps(lo[f], _mm256_fmadd_ps(xl, wl[c], lo[f]), mlo);
+				hi[f] = _mm256_blendv_ps(hi[f], _mm256_fmadd_ps(xh, wh[c], hi[f]), mhi);
+			}
+		}
+	}
+	for (int r = 0; r < nr; r++)
+		for (int c = 0; c < nc; c++)
+			out[r * ldo + c] = hsum2(lo[r * C + c], hi[r * C + c]);
+}
+
+AVX2 INLINE void linear_rows(const int dt, const int R, const int C, float *out, const float *x,
+                             const void *w, int64_t n, int64_t k, int64_t i0, int nr, int64_t jb,
+                             int64_t je) {
+	for (int64_t j = jb; j < je; j += C) {
+		int nc = je - j < C ? (int)(je - j) : C;
+		tile(dt, R, C, x + i0 * k, nr, (const char *)w + j * k * esize(dt), nc, k, out + i0 * n + j, n);
+	}
+}
+
+AVX2 INLINE void linear(const int dt, float *out, const float *x, const void *w, int64_t m,
+                        int64_t n, int64_t k, int64_t j0, int64_t j1) {
+	int64_t nb = L2_BLOCK_BYTES / ((k > 0 ? k : 1) * esize(dt));
+	nb = nb < 16 ? 16 : nb / 16 * 16;
+	for (int64_t jb = j0; jb < j1; jb += nb) {
+		int64_t je = j1 - jb < nb ? j1 : jb + nb;
+		for (int64_t i = 0; i < m;) {
+			if (m - i >= 2) {
+				linear_rows(dt, 2, 2, out, x, w, n, k, i, 2, jb, je);
+				i += 2;
+			} else {
+				linear_rows(dt, 1, 4, out, x, w, n, k, i, 1, jb, je);
+				i += 1;
+			}
+		}
+	}
+}
+
+AVX2 static void linear_f32(float *out, const float *x, const void *w, int64_t m, int64_t n,
+                            int64_t k, int64_t j0, int64_t j1) {
+	linear(DI_F32, out, x, w, m, n, k, j0, j1);
+}
+AVX2 static void linear_bf16(float *out, const float *x, const void *w, int64_t m, int64_t n,
+                             int64_t k, int64_t j0, int64_t j1) {
+	linear(DI_BF16, out, x, w, m, n, k, j0, j1);
+}
+AVX2 static void linear_f16(float *out, const float *x, const void *w, int64_t m, int64_t n,
+                            int64_t k, int64_t j0, int64_t j1) {
+	linear(DI_F16, out, x, w, m, n, k, j0, j1);
+}
+
+void di_linear_avx2(int dtype, float *out, const float *x, const void *w, int64_t m, int64_t n,
+                    int64_t k, int64_t j0, int64_t j1) {
+	switch (dtype) {
+	case DI_BF16:
+		linear_bf16(out, x, w, m, n, k, j0, j1);
+		break;
+	case DI_F16:
+		linear_f16(out, x, w, m, n, k, j0, j1);
+		break;
+	default:
+		linear_f32(out, x, w, m, n, k, j0, j1);
+	}
+}
+
+AVX2 float di_dot_avx2(const float *a, const float *b, int64_t n) {
+	float out;
+	tile(DI_F32, 1, 1, a, 1, b, 1, n, &out, 1);
+	return out;
+}
+
+AVX2 void di_axpy_avx2(float a, const float *x, float *y, int64_t n) {
+	__m256 av = _mm256_set1_ps(a);
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+	for (; i < n; i++)
+		y[i] = __builtin_fmaf(a, x[i], y[i]);
+}
+
+AVX2 void di_scale_avx2(float a, float *x, int64_t n) {
+	__m256 av = _mm256_set1_ps(a);
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(x + i, _mm256_mul_ps(av, _mm256_loadu_ps(x + i)));
+	for (; i < n; i++)
+		x[i] = a * x[i];
+}
+
+AVX2 void di_bf16_to_f32_avx2(float *dst, const uint16_t *src, int64_t n) {
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_si256((__m256i *)(dst + i),
+		                    _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i))), 16));
+	for (; i < n; i++) {
+		uint32_t b = (uint32_t)src[i] << 16;
+		memcpy(dst + i, &b, 4);
+	}
+}
+
+AVX2 void di_f16_to_f32_avx2(float *dst, const uint16_t *src, int64_t n) {
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+	if (i < n) {
+		uint16_t buf[8] = {0};
+		float f[8];
+		memcpy(buf, src + i, (n - i) * 2);
+		_mm256_storeu_ps(f, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)buf)));
+		memcpy(dst + i, f, (n - i) * 4);
+	}
+}
+
+// to_bf16 rounds 8 floats to nearest bfloat16, ties to even; NaN -> 0x7fc0.
+AVX2 INLINE __m128i to_bf16(__m256 f) {
+	__m256i b = _mm256_castps_si256(f);
+	__m256i odd = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+	__m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff))), 16);
+	__m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+	r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), nan);
+	r = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), _MM_SHUFFLE(3, 1, 2, 0));
+	return _mm256_castsi256_si128(r);
+}
+
+AVX2 void di_f32_to_bf16_avx2(uint16_t *dst, const float *src, int64_t n) {
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm_storeu_si128((__m128i *)(dst + i), to_bf16(_mm256_loadu_ps(src + i)));
+	if (i < n) {
+		float buf[8] = {0};
+		uint16_t o[8];
+		memcpy(buf, src + i, (n - i) * 4);
+		_mm_storeu_si128((__m128i *)o, to_bf16(_mm256_loadu_ps(buf)));
+		memcpy(dst + i, o, (n - i) * 2);
+	}
+}

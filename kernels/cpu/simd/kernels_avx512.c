@@ -1,0 +1,277 @@
+//go:build cgo
+
+// AVX-512 (F, BW, VL, DQ) kernels. Every function carries its own target
+// attribute, so this file builds with plain compiler flags and the code only
+// runs after the Go side has checked the CPU.
+//
+// Canonical order (package doc): one dot product of length k is 16 lane
+// accumulators, lane l summing x[kk]*w[kk] for kk = l (mod 16) in increasing
+// kk with one FMA each (a masked FMA for the tail, which leaves the lanes past
+// k untouched), then the tree l+8, l+4, l+2, l+1. A zmm register is exactly
+// one such accumulator.
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "simd_amd64.h"
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+// L2 bytes given to one column block of W in di_linear_avx512: the block is
+// re-read from L2 by every block of rows.
+#define L2_BLOCK_BYTES (384 * 1024)
+
+AVX512 INLINE __m512 load_w(const int dt, const void *w, int64_t i) {
+	switch (dt) {
+	case DI_BF16:
+		return _mm512_castsi512_ps(_mm512_slli_epi32(
+		    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i))), 16));
+	case DI_F16:
+		return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i)));
+	default:
+		return _mm512_loadu_ps((const float *)w + i);
+	}
+}
+
+AVX512 INLINE __m512 load_w_mask(const int dt, const void *w, int64_t i, __mmask16 mk) {
+	switch (dt) {
+	case DI_BF16:
+		return _mm512_castsi512_ps(_mm512_slli_epi32(
+		    _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)w + i)), 16));
+	case DI_F16:
+		return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, (const uint16_t *)w + i));
+	default:
+		return _mm512_maskz_loadu_ps(mk, (const float *)w + i);
+	}
+}
+
+static inline int64_t esize(int dt) { return dt == DI_F32 ? 4 : 2; }
+
+// hsum is the canonical tree of one accumulator.
+AVX512 INLINE float hsum(__m512 v) {
+	__m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+	__m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+	__m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+	__m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+	return _mm_cvtss_f32(s1);
+}
+
+// reduce16 runs the canonical tree on 16 accumulators at once and returns
+// r with r[4c+q] = hsum(a[4q+c]): the same additions as hsum, batched into
+// full-width shuffles and adds.
+AVX512 INLINE __m512 reduce16(const __m512 a[16]) {
+	__m512 t[8], u[4], v[2];
+#pragma GCC unroll 8
+	for (int i = 0; i < 8; i++) // lanes l + l+8: t[i] = [s8(a[2i]) | s8(a[2i+1])]
+		t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+		                     _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+#pragma GCC unroll 4
+	for (int j = 0; j < 4; j++) // l + l+4: u[j] chunk c = s4(a[4j+c])
+		u[j] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+		                     _mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+#pragma GCC unroll 2
+	for (int h = 0; h < 2; h++) // l + l+2: v[h] chunk c = [s2(a[8h+c]), s2(a[8h+4+c])]
+		v[h] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * h], u[2 * h + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+		                     _mm512_shuffle_ps(u[2 * h], u[2 * h + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+	// l + l+1: chunk c = [s1(a[c]), s1(a[4+c]), s1(a[8+c]), s1(a[12+c])]
+	return _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+	                     _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// tile computes an R x C block of out (R*C == 16): rows x[0..nr) (stride k)
+// against columns w[0..nc) (stride k), written to out[r*ldo + c] for r < nr,
+// c < nc. Rows and columns past nr, nc repeat the last valid one, so a partial
+// tile runs the full-tile code: every accumulator is independent of the
+// others, hence every written value is the canonical one.
+AVX512 INLINE void tile(const int dt, const int R, const int C, const float *x, int nr,
+                        const void *w, int nc, int64_t k, float *out, int64_t ldo) {
+	const float *xr[16];
+	const char *wc[16];
+	__m512 acc[16];
+#pragma GCC unroll 16
+	for (int r = 0; r < R; r++)
+		xr[r] = x + (r < nr ? r : nr - 1) * k;
+#pragma GCC unroll 16
+	for (int c = 0; c < C; c++)
+		wc[c] = (const char *)w + (c < nc ? c : nc - 1) * k * esize(dt);
+#pragma GCC unroll 16
+	for (int f = 0; f < 16; f++)
+		acc[f] = _mm512_setzero_ps();
+	int64_t kk = 0;
+	for (; kk + 16 <= k; kk += 16) {
+		__m512 wv[16];
+#pragma GCC unroll 16
+		for (int c = 0; c < C; c++)
+			wv[c] = load_w(dt, wc[c], kk);
+#pragma GCC unroll 16
+		for (int r = 0; r < R; r++) {
+			__m512 xv = _mm512_loadu_ps(xr[r] + kk);
+#pragma GCC unroll 16
+			for (int c = 0; c < C; c++)
+				acc[r * C + c] = _mm512_fmadd_ps(xv, wv[c], acc[r * C + c]);
+		}
+	}
+	if (kk < k) {
+		__mmask16 mk = (__mmask16)((1u << (k - kk)) - 1);
+		__m512 wv[16];
+#pragma GCC unroll 16
+		for (int c = 0; c < C; c++)
+			wv[c] = load_w_mask(dt, wc[c], kk, mk);
+#pragma GCC unroll 16
+		for (int r = 0; r < R; r++) {
+			__m512 xv = _mm512_maskz_loadu_ps(mk, xr[r] + kk);
+#pragma GCC unroll 16
+			for (int c = 0; c < C; c++)
+				acc[r * C + c] = _mm512_mask3_fmadd_ps(xv, wv[c], acc[r * C + c], mk);
+		}
+	}
+	// Order the accumulators so that reduce16's lane f holds acc[f].
+	__m512 a[16];
+#pragma GCC unroll 16
+	for (int f = 0; f < 16; f++)
+		a[4 * (f % 4) + f / 4] = acc[f];
+	float res[16];
+	_mm512_storeu_ps(res, reduce16(a));
+	for (int r = 0; r < nr; r++)
+		for (int c = 0; c < nc; c++)
+			out[r * ldo + c] = res[r * C + c];
+}
+
+// linear_rows runs the rows [i0, i0+nr) against columns [jb, je) with the
+// R x C tile.
+AVX512 INLINE void linear_rows(const int dt, const int R, const int C, float *out, const float *x,
+                               const void *w, int64_t n, int64_t k, int64_t i0, int nr,
+                               int64_t jb, int64_t je) {
+	for (int64_t j = jb; j < je; j += C) {
+		int nc = je - j < C ? (int)(je - j) : C;
+		tile(dt, R, C, x + i0 * k, nr, (const char *)w + j * k * esize(dt), nc, k, out + i0 * n + j, n);
+	}
+}
+
+AVX512 INLINE void linear(const int dt, float *out, const float *x, const void *w, int64_t m,
+                          int64_t n, int64_t k, int64_t j0, int64_t j1) {
+	int64_t nb = L2_BLOCK_BYTES / ((k > 0 ? k : 1) * esize(dt));
+	nb = nb < 16 ? 16 : nb / 16 * 16;
+	for (int64_t jb = j0; jb < j1; jb += nb) {
+		int64_t je = j1 - jb < nb ? j1 : jb + nb;
+		for (int64_t i = 0; i < m;) {
+			int64_t left = m - i;
+			if (left >= 3) {
+				int nr = left < 4 ? (int)left : 4;
+				linear_rows(dt, 4, 4, out, x, w, n, k, i, nr, jb, je);
+				i += nr;
+			} else if (left == 2) {
+				linear_rows(dt, 2, 8, out, x, w, n, k, i, 2, jb, je);
+				i += 2;
+			} else {
+				linear_rows(dt, 1, 16, out, x, w, n, k, i, 1, jb, je);
+				i += 1;
+			}
+		}
+	}
+}
+
+AVX512 static void linear_f32(float *out, const float *x, const void *w, int64_t m, int64_t n,
+                              int64_t k, int64_t j0, int64_t j1) {
+	linear(DI_F32, out, x, w, m, n, k, j0, j1);
+}
+AVX512 static void linear_bf16(float *out, const float *x, const void *w, int64_t m, int64_t n,
+                               int64_t k, int64_t j0, int64_t j1) {
+	linear(DI_BF16, out, x, w, m, n, k, j0, j1);
+}
+AVX512 static void linear_f16(float *out, const float *x, const void *w, int64_t m, int64_t n,
+                              int64_t k, int64_t j0, int64_t j1) {
+	linear(DI_F16, out, x, w, m, n, k, j0, j1);
+}
+
+void di_linear_avx512(int dtype, float *out, const float *x, const void *w, int64_t m, int64_t n,
+                      int64_t k, int64_t j0, int64_t j1) {
+	switch (dtype) {
+	case DI_BF16:
+		linear_bf16(out, x, w, m, n, k, j0, j1);
+		break;
+	case DI_F16:
+		linear_f16(out, x, w, m, n, k, j0, j1);
+		break;
+	default:
+		linear_f32(out, x, w, m, n, k, j0, j1);
+	}
+}
+
+AVX512 float di_dot_avx512(const float *a, const float *b, int64_t n) {
+	__m512 acc = _mm512_setzero_ps();
+	int64_t i = 0;
+	for (; i + 16 <= n; i += 16)
+		acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+	if (i < n) {
+		__mmask16 mk = (__mmask16)((1u << (n - i)) - 1);
+		acc = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(mk, a + i), _mm512_maskz_loadu_ps(mk, b + i), acc, mk);
+	}
+	return hsum(acc);
+}
+
+AVX512 void di_axpy_avx512(float a, const float *x, float *y, int64_t n) {
+	__m512 av = _mm512_set1_ps(a);
+	int64_t i = 0;
+	for (; i + 16 <= n; i += 16)
+		_mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+	if (i < n) {
+		__mmask16 mk = (__mmask16)((1u << (n - i)) - 1);
+		__m512 r = _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(mk, x + i), _mm512_maskz_loadu_ps(mk, y + i));
+		_mm512_mask_storeu_ps(y + i, mk, r);
+	}
+}
+
+AVX512 void di_scale_avx512(float a, float *x, int64_t n) {
+	__m512 av = _mm512_set1_ps(a);
+	int64_t i = 0;
+	for (; i + 16 <= n; i += 16)
+		_mm512_storeu_ps(x + i, _mm512_mul_ps(av, _mm512_loadu_ps(x + i)));
+	if (i < n) {
+		__mmask16 mk = (__mmask16)((1u << (n - i)) - 1);
+		_mm512_mask_storeu_ps(x + i, mk, _mm512_mul_ps(av, _mm512_maskz_loadu_ps(mk, x + i)));
+	}
+}
+
+AVX512 void di_bf16_to_f32_avx512(float *dst, const uint16_t *src, int64_t n) {
+	int64_t i = 0;
+	for (; i + 16 <= n; i += 16)
+		_mm512_storeu_ps(dst + i, load_w(DI_BF16, src, i));
+	if (i < n) {
+		__mmask16 mk = (__mmask16)((1u << (n - i)) - 1);
+		_mm512_mask_storeu_ps(dst + i, mk, load_w_mask(DI_BF16, src, i, mk));
+	}
+}
+
+AVX512 void di_f16_to_f32_avx512(float *dst, const uint16_t *src, int64_t n) {
+	int64_t i = 0;
+	for (; i + 16 <= n; i += 16)
+		_mm512_storeu_ps(dst + i, load_w(DI_F16, src, i));
+	if (i < n) {
+		__mmask16 mk = (__mmask16)((1u << (n - i)) - 1);
+		_mm512_mask_storeu_ps(dst + i, mk, load_w_mask(DI_F16, src, i, mk));
+	}
+}
+
+// to_bf16 rounds 16 floats to nearest bfloat16, ties to even; NaN -> 0x7fc0.
+AVX512 INLINE __m256i to_bf16(__m512 f) {
+	__m512i b = _mm512_castps_si512(f);
+	__m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+	__m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+	__mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)),
+	                                        _mm512_set1_epi32(0x7f800000));
+	r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc0));
+	return _mm512_cvtepi32_epi16(r);
+}
+
+AVX512 void di_f32_to_bf16_avx512(uint16_t *dst, const float *src, int64_t n) {
+	int64_t i = 0;
+	for (; i + 16 <= n; i += 16)
+		_mm256_storeu_si256((__m256i *)(dst + i), to_bf16(_mm512_loadu_ps(src + i)));
+	if (i < n) {
+		__mmask16 mk = (__mmask16)((1u << (n - i)) - 1);
+		_mm256_mask_storeu_epi16(dst + i, mk, to_bf16(_mm512_maskz_loadu_ps(mk, src + i)));
+	}
+}

@@ -1,0 +1,33 @@
+// C kernels of package simd for amd64. Each function is compiled for its
+// instruction set with a target attribute and must only be called when the
+// CPU has it (the Go side checks with golang.org/x/sys/cpu). All of them
+// compute the canonical reduction order of the package doc.
+#ifndef DEEPINFER_SIMD_AMD64_H
+#define DEEPINFER_SIMD_AMD64_H
+
+#include <stdint.h>
+
+// Weight dtypes of di_linear_*.
+enum { DI_F32 = 0, DI_BF16 = 1, DI_F16 = 2 };
+
+// out[i*n+j] = sum_kk x[i*k+kk] * w[j*k+kk], i in [0,m), j in [j0,j1).
+void di_linear_avx512(int dtype, float *out, const float *x, const void *w,
+                      int64_t m, int64_t n, int64_t k, int64_t j0, int64_t j1);
+void di_linear_avx2(int dtype, float *out, const float *x, const void *w,
+                    int64_t m, int64_t n, int64_t k, int64_t j0, int64_t j1);
+
+float di_dot_avx512(const float *a, const float *b, int64_t n);
+void di_axpy_avx512(float a, const float *x, float *y, int64_t n);
+void di_scale_avx512(float a, float *x, int64_t n);
+void di_bf16_to_f32_avx512(float *dst, const uint16_t *src, int64_t n);
+void di_f16_to_f32_avx512(float *dst, const uint16_t *src, int64_t n);
+void di_f32_to_bf16_avx512(uint16_t *dst, const float *src, int64_t n);
+
+float di_dot_avx2(const float *a, const float *b, int64_t n);
+void di_axpy_avx2(float a, const float *x, float *y, int64_t n);
+void di_scale_avx2(float a, float *x, int64_t n);
+void di_bf16_to_f32_avx2(float *dst, const uint16_t *src, int64_t n);
+void di_f16_to_f32_avx2(float *dst, const uint16_t *src, int64_t n);
+void di_f32_to_bf16_avx2(uint16_t *dst, const float *src, int64_t n);
+
+#endif
