@@ -1,0 +1,501 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrNoFreeBlocks is returned when the KV cache has too few free blocks.
+var ErrNoFreeBlocks = errors.New("no free KV blocks")
+
+// BlockCopy asks the forward pass to copy KV block Src into block Dst (in
+// every layer) before it writes this step's slots: the copy-on-write of a
+// block shared by forked sequences.
+type BlockCopy struct{ Src, Dst int }
+
+// PrefixCacheStats counts prefix-cache lookups in tokens.
+type PrefixCacheStats struct {
+	NumQueryTokens int64 // tokens looked up at admission
+	NumHitTokens   int64 // tokens served from the cache
+}
+
+// HitRate returns hits / queries (0 with no queries).
+func (s PrefixCacheStats) HitRate() float64 {
+	if s.NumQueryTokens == 0 {
+		return 0
+	}
+	return float64(s.NumHitTokens) / float64(s.NumQueryTokens)
+}
+
+// rootHash is the parent hash of a sequence's first block.
+const rootHash uint64 = 0xcbf29ce484222325
+
+// hashBlock chains a block's token ids onto its parent's hash. Collisions
+// are harmless: a hit is confirmed by comparing the parent hash and the
+// token ids stored with the block.
+func hashBlock(parent uint64, tokenIDs []int) uint64 {
+	h := parent ^ 0x9e3779b97f4a7c15
+	for _, t := range tokenIDs {
+		h ^= uint64(t)
+		h *= 0xbf58476d1ce4e5b9
+		h ^= h >> 31
+	}
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	return h
+}
+
+// BlockManager hands out fixed-size KV blocks, ref-counted so that forked
+// sequences and prefix-cache hits share them.
+//
+// Prefix caching: a full block whose KV is computed gets a hash chained from
+// its parent's (hash of (parent hash, token ids)); a later sequence whose
+// leading full blocks have the same hashes reuses those blocks instead of
+// recomputing them. A freed block keeps its hash and stays in the cache
+// until it is reused (a hit) or evicted: free blocks form one list, empty
+// ones at the head (handed out first), cached ones after them in the order
+// they were freed (least recently used first), so eviction is LRU.
+//
+// All operations are O(blocks touched) (lookup and allocation O(tokens)
+// for hashing). A BlockManager is not safe for concurrent use; the
+// Scheduler serializes access.
+type BlockManager struct {
+	blockSize     int
+	numBlocks     int
+	prefixCaching bool
+
+	refCount []int32
+
+	// Free list: doubly linked through prev/next, -1 terminated.
+	prev, next []int32
+	head, tail int32
+	numFree    int
+
+	// Prefix cache (allocated only when enabled).
+	hashed      []bool
+	hash        []uint64
+	parentHash  []uint64
+	tokenIDs    []int // numBlocks * blockSize: the tokens of each hashed block
+	hashToBlock map[uint64]int32
+	stats       PrefixCacheStats
+
+	hits []int32 // scratch for lookup
+}
+
+// NewBlockManager returns a manager of numBlocks blocks of blockSize tokens.
+func NewBlockManager(numBlocks, blockSize int, enablePrefixCaching bool) (*BlockManager, error) {
+	if numBlocks < 1 || blockSize < 1 {
+		return nil, fmt.Errorf("block manager: num_blocks (%d) and block_size (%d) must be >= 1", numBlocks, blockSize)
+	}
+	m := &BlockManager{
+		blockSize:     blockSize,
+		numBlocks:     numBlocks,
+		prefixCaching: enablePrefixCaching,
+		refCount:      make([]int32, numBlocks),
+		prev:          make([]int32, numBlocks),
+		next:          make([]int32, numBlocks),
+		head:          -1,
+		tail:          -1,
+	}
+	for b := range numBlocks {
+		m.pushBack(int32(b))
+	}
+	if enablePrefixCaching {
+		m.hashed = make([]bool, numBlocks)
+		m.hash = make([]uint64, numBlocks)
+		m.parentHash = make([]uint64, numBlocks)
+		m.tokenIDs = make([]int, numBlocks*blockSize)
+		m.hashToBlock = make(map[uint64]int32)
+	}
+	return m, nil
+}
+
+// BlockSize returns the tokens per block.
+func (m *BlockManager) BlockSize() int { return m.blockSize }
+
+// NumBlocks returns the total number of blocks.
+func (m *BlockManager) NumBlocks() int { return m.numBlocks }
+
+// NumFreeBlocks returns the blocks not referenced by any sequence (empty or
+// cached-and-evictable).
+func (m *BlockManager) NumFreeBlocks() int { return m.numFree }
+
+// NumUsedBlocks returns the blocks referenced by at least one sequence.
+func (m *BlockManager) NumUsedBlocks() int { return m.numBlocks - m.numFree }
+
+// Usage returns the fraction of blocks in use.
+func (m *BlockManager) Usage() float64 { return float64(m.NumUsedBlocks()) / float64(m.numBlocks) }
+
+// PrefixCacheStats returns the lookup counters.
+func (m *BlockManager) PrefixCacheStats() PrefixCacheStats { return m.stats }
+
+// NumBlocksFor returns the blocks needed to hold numTokens tokens.
+func (m *BlockManager) NumBlocksFor(numTokens int) int {
+	return (numTokens + m.blockSize - 1) / m.blockSize
+}
+
+// --- free list ---
+
+func (m *BlockManager) pushBack(b int32) {
+	m.prev[b], m.next[b] = m.tail, -1
+	if m.tail >= 0 {
+		m.next[m.tail] = b
+	} else {
+		m.head = b
+	}
+	m.tail = b
+	m.numFree++
+}
+
+func (m *BlockManager) pushFront(b int32) {
+	m.prev[b], m.next[b] = -1, m.head
+	if m.head >= 0 {
+		m.prev[m.head] = b
+	} else {
+		m.tail = b
+	}
+	m.head = b
+	m.numFree++
+}
+
+func (m *BlockManager) unlink(b int32) {
+	p, n := m.prev[b], m.next[b]
+	if p >= 0 {
+		m.next[p] = n
+	} else {
+		m.head = n
+	}
+	if n >= 0 {
+		m.prev[n] = p
+	} else {
+		m.tail = p
+	}
+	m.prev[b], m.next[b] = -1, -1
+	m.numFree--
+}
+
+// takeFree pops the head of the free list (evicting its cached content)
+// and gives it one reference. The caller checked numFree.
+func (m *BlockManager) takeFree() int {
+	b := m.head
+	m.unlink(b)
+	if m.prefixCaching && m.hashed[b] {
+		if m.hashToBlock[m.hash[b]] == b {
+			delete(m.hashToBlock, m.hash[b])
+		}
+		m.hashed[b] = false
+	}
+	m.refCount[b] = 1
+	return int(b)
+}
+
+// release drops one reference; an unreferenced block joins the free list,
+// at the tail when it holds cached content, at the head otherwise.
+func (m *BlockManager) release(b int) {
+	m.refCount[b]--
+	if m.refCount[b] > 0 {
+		return
+	}
+	if m.prefixCaching && m.hashed[b] {
+		m.pushBack(int32(b))
+	} else {
+		m.pushFront(int32(b))
+	}
+}
+
+// --- allocation ---
+
+// lookup returns the cached blocks that can serve the sequence's leading
+// full blocks, in m.hits. At least the last known token is always left to
+// compute (its logits are needed), so only blocks wholly before it count.
+func (m *BlockManager) lookup(seq *Sequence) []int32 {
+	m.hits = m.hits[:0]
+	if !m.prefixCaching || seq.params.PromptLogprobs != nil {
+		return m.hits
+	}
+	bs := m.blockSize
+	maxHit := (len(seq.tokens) - 1) / bs
+	h := rootHash
+	for i := range maxHit {
+		ids := seq.tokens[i*bs : (i+1)*bs]
+		nh := hashBlock(h, ids)
+		b, ok := m.hashToBlock[nh]
+		if !ok || m.parentHash[b] != h || !equalInts(m.tokenIDs[int(b)*bs:(int(b)+1)*bs], ids) {
+			break
+		}
+		m.hits = append(m.hits, b)
+		h = nh
+	}
+	return m.hits
+}
+
+// canAllocateWith reports whether the blocks for all known tokens fit,
+// given the prefix-cache hits from lookup.
+func (m *BlockManager) canAllocateWith(seq *Sequence, hits []int32) bool {
+	need := m.NumBlocksFor(len(seq.tokens)) - len(hits)
+	free := m.numFree
+	for _, b := range hits {
+		if m.refCount[b] == 0 {
+			free-- // a cached free block leaves the free list when hit
+		}
+	}
+	return free >= need
+}
+
+// CanAllocate reports whether Allocate(seq) would succeed now.
+// Cost: O(tokens) for the prefix lookup.
+func (m *BlockManager) CanAllocate(seq *Sequence) bool {
+	return m.canAllocateWith(seq, m.lookup(seq))
+}
+
+// Allocate gives a sequence that holds no blocks the blocks for all its
+// known tokens (prompt, plus output when recomputing after preemption):
+// leading full blocks found in the prefix cache are shared, the rest are
+// fresh. It sets the sequence's NumCachedTokens and NumComputedTokens to the
+// tokens served from the cache. It fails with ErrNoFreeBlocks, changing
+// nothing, when the blocks do not fit. Cost: O(tokens).
+func (m *BlockManager) Allocate(seq *Sequence) error {
+	return m.allocateWith(seq, m.lookup(seq))
+}
+
+func (m *BlockManager) allocateWith(seq *Sequence, hits []int32) error {
+	if len(seq.blockTable) != 0 {
+		return fmt.Errorf("block manager: allocate seq %d: already holds %d blocks", seq.id, len(seq.blockTable))
+	}
+	if !m.canAllocateWith(seq, hits) {
+		return fmt.Errorf("block manager: allocate seq %d (%d tokens, %d cached blocks, %d free): %w",
+			seq.id, len(seq.tokens), len(hits), m.numFree, ErrNoFreeBlocks)
+	}
+	n := m.NumBlocksFor(len(seq.tokens))
+	table := make([]int, 0, n+4)
+	h := rootHash
+	for _, b := range hits {
+		if m.refCount[b] == 0 {
+			m.unlink(b)
+		}
+		m.refCount[b]++
+		table = append(table, int(b))
+		h = m.hash[b]
+	}
+	for len(table) < n {
+		table = append(table, m.takeFree())
+	}
+	seq.blockTable = table
+	seq.numHashedBlocks = len(hits)
+	seq.lastHash = h
+	seq.numCached = len(hits) * m.blockSize
+	seq.numComputed = seq.numCached
+	if m.prefixCaching && seq.params.PromptLogprobs == nil {
+		m.stats.NumQueryTokens += int64(len(seq.tokens))
+		m.stats.NumHitTokens += int64(seq.numCached)
+	}
+	return nil
+}
+
+// appendNeeds returns the new blocks and the copy-on-write copies needed to
+// write positions [NumComputedTokens, NumComputedTokens+n).
+func (m *BlockManager) appendNeeds(seq *Sequence, n int) (numNew, numCopies int) {
+	end := seq.numComputed + n
+	numNew = max(m.NumBlocksFor(end)-len(seq.blockTable), 0)
+	for i := seq.numComputed / m.blockSize; i < len(seq.blockTable) && i*m.blockSize < end; i++ {
+		if m.mustCopy(seq.blockTable[i]) {
+			numCopies++
+		}
+	}
+	return numNew, numCopies
+}
+
+// mustCopy reports whether a block about to be written must be copied
+// first: it is shared, or its content is in the prefix cache.
+func (m *BlockManager) mustCopy(b int) bool {
+	return m.refCount[b] > 1 || (m.prefixCaching && m.hashed[b])
+}
+
+// CanAppendSlots reports whether AppendSlots(seq, n) would succeed now.
+// Cost: O(blocks written), O(1) for a decode step.
+func (m *BlockManager) CanAppendSlots(seq *Sequence, n int) bool {
+	numNew, numCopies := m.appendNeeds(seq, n)
+	return m.numFree >= numNew+numCopies
+}
+
+// AppendSlots reserves the KV slots of the sequence's next n positions
+// ([NumComputedTokens, NumComputedTokens+n): one for a decode step, k+1 for
+// a speculative step), adding blocks as needed. A block in that range that
+// is shared (after a fork) is copied first: the sequence gets a fresh block
+// and the returned BlockCopy must run before the step's forward pass writes
+// it. It fails with ErrNoFreeBlocks, changing nothing, when blocks run out.
+// Cost: O(blocks written); no allocation unless a block is copied.
+func (m *BlockManager) AppendSlots(seq *Sequence, n int) ([]BlockCopy, error) {
+	if len(seq.blockTable) == 0 && seq.numComputed > 0 {
+		return nil, fmt.Errorf("block manager: append slots to seq %d: holds no blocks", seq.id)
+	}
+	numNew, numCopies := m.appendNeeds(seq, n)
+	if m.numFree < numNew+numCopies {
+		return nil, fmt.Errorf("block manager: append %d slots to seq %d (%d new blocks, %d copies, %d free): %w",
+			n, seq.id, numNew, numCopies, m.numFree, ErrNoFreeBlocks)
+	}
+	var copies []BlockCopy
+	if numCopies > 0 {
+		// Replace the table instead of editing it: published snapshots of
+		// the old table must stay valid.
+		table := append(make([]int, 0, len(seq.blockTable)+numNew+4), seq.blockTable...)
+		end := seq.numComputed + n
+		for i := seq.numComputed / m.blockSize; i < len(table) && i*m.blockSize < end; i++ {
+			src := table[i]
+			if !m.mustCopy(src) {
+				continue
+			}
+			dst := m.takeFree()
+			copies = append(copies, BlockCopy{Src: src, Dst: dst})
+			table[i] = dst
+			m.release(src)
+		}
+		seq.blockTable = table
+	}
+	for range numNew {
+		seq.blockTable = append(seq.blockTable, m.takeFree())
+	}
+	return copies, nil
+}
+
+// Free drops the sequence's references to its blocks, last block first (so
+// that a prefix's first blocks are evicted last), and empties its table.
+// Cached full blocks stay in the prefix cache. Cost: O(blocks).
+func (m *BlockManager) Free(seq *Sequence) {
+	for i := len(seq.blockTable) - 1; i >= 0; i-- {
+		m.release(seq.blockTable[i])
+	}
+	seq.blockTable = nil
+	seq.numHashedBlocks = 0
+	seq.lastHash = 0
+}
+
+// Fork makes child share every block of parent (one more reference each).
+// A shared block is copied when either sequence next writes it (see
+// AppendSlots). Cost: O(blocks).
+func (m *BlockManager) Fork(parent, child *Sequence) {
+	child.blockTable = append(make([]int, 0, len(parent.blockTable)+4), parent.blockTable...)
+	for _, b := range child.blockTable {
+		m.refCount[b]++
+	}
+	child.numHashedBlocks = parent.numHashedBlocks
+	child.lastHash = parent.lastHash
+}
+
+// commit enters the sequence's full blocks that lie wholly before position
+// upTo into the prefix cache. It is called once the step that computed them
+// has finished, so that a hit never reads KV not yet written. A block whose
+// content is already cached under another block id stays private.
+// Cost: O(tokens newly covered).
+func (m *BlockManager) commit(seq *Sequence, upTo int) {
+	if !m.prefixCaching || seq.params.PromptLogprobs != nil {
+		return
+	}
+	bs := m.blockSize
+	upTo = min(upTo, len(seq.tokens))
+	for i := seq.numHashedBlocks; (i+1)*bs <= upTo && i < len(seq.blockTable); i++ {
+		ids := seq.tokens[i*bs : (i+1)*bs]
+		h := hashBlock(seq.lastHash, ids)
+		b := seq.blockTable[i]
+		if !m.hashed[b] {
+			if _, taken := m.hashToBlock[h]; !taken {
+				m.hashed[b] = true
+				m.hash[b] = h
+				m.parentHash[b] = seq.lastHash
+				copy(m.tokenIDs[b*bs:(b+1)*bs], ids)
+				m.hashToBlock[h] = int32(b)
+			}
+		}
+		seq.lastHash = h
+		seq.numHashedBlocks = i + 1
+	}
+}
+
+// checkInvariants verifies the free list, the reference counts against the
+// block tables of the live sequences, and the prefix-cache index. It is
+// O(blocks + total table length) and meant for tests.
+func (m *BlockManager) checkInvariants(live []*Sequence) error {
+	refs := make([]int32, m.numBlocks)
+	for _, s := range live {
+		if len(s.blockTable) < m.NumBlocksFor(s.numComputed) {
+			return fmt.Errorf("seq %d: %d blocks for %d computed tokens", s.id, len(s.blockTable), s.numComputed)
+		}
+		for _, b := range s.blockTable {
+			if b < 0 || b >= m.numBlocks {
+				return fmt.Errorf("seq %d: block id %d out of range", s.id, b)
+			}
+			refs[b]++
+		}
+	}
+	inFree := make([]bool, m.numBlocks)
+	n := 0
+	last := int32(-1)
+	for b := m.head; b >= 0; b = m.next[b] {
+		if inFree[b] {
+			return fmt.Errorf("free list: block %d twice", b)
+		}
+		if m.prev[b] != last {
+			return fmt.Errorf("free list: block %d prev %d, want %d", b, m.prev[b], last)
+		}
+		inFree[b] = true
+		last = b
+		n++
+	}
+	if last != m.tail {
+		return fmt.Errorf("free list: tail %d, walked to %d", m.tail, last)
+	}
+	if n != m.numFree {
+		return fmt.Errorf("free list: %d blocks, numFree %d", n, m.numFree)
+	}
+	used := 0
+	for b := range m.numBlocks {
+		if refs[b] != m.refCount[b] {
+			return fmt.Errorf("block %d: ref count %d, referenced by %d live tables", b, m.refCount[b], refs[b])
+		}
+		if (refs[b] == 0) != inFree[b] {
+			return fmt.Errorf("block %d: ref count %d, in free list %v", b, refs[b], inFree[b])
+		}
+		if refs[b] > 0 {
+			used++
+		}
+	}
+	if used+m.numFree != m.numBlocks {
+		return fmt.Errorf("blocks: %d used + %d free != %d", used, m.numFree, m.numBlocks)
+	}
+	if m.prefixCaching {
+		for h, b := range m.hashToBlock {
+			if !m.hashed[b] || m.hash[b] != h {
+				return fmt.Errorf("prefix cache: hash %x maps to block %d holding %x (hashed %v)", h, b, m.hash[b], m.hashed[b])
+			}
+		}
+	}
+	return nil
+}
+
+func equalInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Slot returns the KV slot of position pos: block_table[pos/block_size] *
+// block_size + pos%block_size. The position must be covered by the table.
+func Slot(blockTable []int, blockSize, pos int) int {
+	return blockTable[pos/blockSize]*blockSize + pos%blockSize
+}
+
+// AppendSlotMapping appends the slots of positions [start, start+n) to dst
+// and returns it. Cost: O(n).
+func AppendSlotMapping(dst, blockTable []int, blockSize, start, n int) []int {
+	for pos := start; pos < start+n; pos++ {
+		dst = append(dst, blockTable[pos/blockSize]*blockSize+pos%blockSize)
+	}
+	return dst
+}

@@ -1,0 +1,1099 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+)
+
+// Errors of the Scheduler.
+var (
+	// ErrInvalidConfig wraps every SchedulerConfig validation error.
+	ErrInvalidConfig = errors.New("invalid scheduler config")
+	// ErrUnknownStep: ProcessOutputs for a step that is not the oldest in
+	// flight.
+	ErrUnknownStep = errors.New("unknown step")
+	// ErrStepMismatch: the sampled tokens do not match the step's sample
+	// rows.
+	ErrStepMismatch = errors.New("sampled tokens do not match the step")
+	// ErrUnknownSequence: no unfinished sequence has that id.
+	ErrUnknownSequence = errors.New("unknown sequence")
+)
+
+// PlaceholderToken stands, in SequenceMetadata.InputTokenIDs, for a token
+// sampled by the previous step and not yet known to the Scheduler (see
+// Scheduler, zero-overhead scheduling).
+const PlaceholderToken = -1
+
+// SchedulerConfig holds the Scheduler's limits.
+type SchedulerConfig struct {
+	// MaxNumSeqs caps the live (admitted, unfinished) sequences, hence the
+	// sequences of one step.
+	MaxNumSeqs int
+	// MaxNumBatchedTokens caps the tokens computed in one step
+	// (>= MaxNumSeqs, so that every running sequence can decode at once).
+	MaxNumBatchedTokens int
+	// MaxModelLen caps prompt + output tokens of one sequence.
+	MaxModelLen int
+	// EnableChunkedPrefill splits prompts longer than ChunkSize (or than
+	// the step's remaining token budget) over several steps. Without it a
+	// prompt is computed in one step, so MaxNumBatchedTokens must be >=
+	// MaxModelLen.
+	EnableChunkedPrefill bool
+	// ChunkSize caps the prompt tokens of one sequence in one step (0:
+	// MaxNumBatchedTokens).
+	ChunkSize int
+	// ChunkAlign rounds the end of a non-final chunk down to a multiple of
+	// it when that leaves a non-empty chunk (0 or 1: no alignment).
+	ChunkAlign int
+	// BlockSize is the tokens per KV block; NumBlocks the blocks in the
+	// cache.
+	BlockSize int
+	NumBlocks int
+	// EnablePrefixCaching shares computed full blocks between sequences
+	// with the same prefix.
+	EnablePrefixCaching bool
+	// NumStateSlots is the number of per-sequence state slots (0:
+	// MaxNumSeqs).
+	NumStateSlots int
+	// EOSTokenIDs end a sequence (unless ignore_eos) once min_tokens are
+	// out.
+	EOSTokenIDs []int
+	// VocabSize bounds prompt and parameter token ids (0: unchecked).
+	VocabSize int
+}
+
+// Validate checks the limits; errors wrap ErrInvalidConfig.
+func (c *SchedulerConfig) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	switch {
+	case c.MaxNumSeqs < 1:
+		return bad("max_num_seqs must be >= 1, got %d", c.MaxNumSeqs)
+	case c.MaxNumBatchedTokens < c.MaxNumSeqs:
+		return bad("max_num_batched_tokens (%d) must be >= max_num_seqs (%d)", c.MaxNumBatchedTokens, c.MaxNumSeqs)
+	case c.MaxModelLen < 1:
+		return bad("max_model_len must be >= 1, got %d", c.MaxModelLen)
+	case !c.EnableChunkedPrefill && c.MaxNumBatchedTokens < c.MaxModelLen:
+		return bad("max_num_batched_tokens (%d) must be >= max_model_len (%d) without chunked prefill", c.MaxNumBatchedTokens, c.MaxModelLen)
+	case c.ChunkSize < 0:
+		return bad("chunk_size must be >= 0, got %d", c.ChunkSize)
+	case c.ChunkAlign < 0:
+		return bad("chunk_align must be >= 0, got %d", c.ChunkAlign)
+	case c.BlockSize < 1:
+		return bad("block_size must be >= 1, got %d", c.BlockSize)
+	case c.NumBlocks < 1:
+		return bad("num_blocks must be >= 1, got %d", c.NumBlocks)
+	case c.NumStateSlots < 0:
+		return bad("num_state_slots must be >= 0, got %d", c.NumStateSlots)
+	case c.VocabSize < 0:
+		return bad("vocab_size must be >= 0, got %d", c.VocabSize)
+	}
+	for _, id := range c.EOSTokenIDs {
+		if id < 0 || (c.VocabSize > 0 && id >= c.VocabSize) {
+			return bad("eos token id %d outside the vocabulary [0, %d)", id, c.VocabSize)
+		}
+	}
+	return nil
+}
+
+// StepKind says what a step computes.
+type StepKind uint8
+
+const (
+	StepEmpty   StepKind = iota // nothing scheduled
+	StepPrefill                 // prompt (or recompute) chunks only
+	StepDecode                  // decode tokens only
+	StepMixed                   // both
+)
+
+func (k StepKind) String() string {
+	return [...]string{"empty", "prefill", "decode", "mixed"}[k]
+}
+
+// SequenceMetadata is the Scheduler's promise for one sequence in one step:
+// which tokens it computes, where their KV goes, and whether its last row
+// samples. Slices are read-only and never overwritten by later steps.
+type SequenceMetadata struct {
+	SeqID     SeqID
+	RequestID string
+	// Params are the request's sampling params (shared, read-only).
+	Params *SamplingParams
+	// SampleIndex is 0 for a request's first sequence, i for its i-th fork.
+	SampleIndex int
+
+	// SeqlenQ is the number of tokens computed this step, SeqlenK the
+	// context length after it; positions run PosStart..PosStart+SeqlenQ-1
+	// and PosStart = SeqlenK - SeqlenQ.
+	SeqlenQ  int
+	SeqlenK  int
+	PosStart int
+	// InputTokenIDs are this step's tokens (length SeqlenQ). A decode
+	// step planned before the previous step's token is known carries
+	// PlaceholderToken, to be replaced on the device by the token of
+	// sample row InputFromRow of the previous step (-1: no placeholder).
+	InputTokenIDs []int
+	InputFromRow  int
+	// BlockTable covers at least SeqlenK positions; SlotMapping holds the
+	// KV slot of each input token.
+	BlockTable  []int
+	SlotMapping []int
+	// StateSlot is the sequence's state slot.
+	StateSlot int
+
+	// Prefill is true for a prompt (or recompute) chunk, false for a
+	// decode step.
+	Prefill bool
+	// Sample is true when the last row samples a token: a decode step, or
+	// the last chunk of a prefill (an earlier chunk does not sample).
+	// SampleRow is its index among the step's sample rows (-1 when not
+	// sampling). ForkSeqIDs are sequences forked at this step (n > 1) that
+	// sample from the same logits row: ForkSeqIDs[j] takes row
+	// SampleRow+1+j and has SampleIndex j+1.
+	Sample     bool
+	SampleRow  int
+	ForkSeqIDs []SeqID
+
+	// Rows at positions [PromptLogprobsFrom, PromptLogprobsTo) need prompt
+	// logprobs (the row at position p scores prompt token p+1); both -1
+	// when none.
+	PromptLogprobsFrom int
+	PromptLogprobsTo   int
+
+	// TokenIDs are the sequence's known tokens (prompt then output), for
+	// penalties; NumPromptTokens splits them.
+	TokenIDs        []int
+	NumPromptTokens int
+}
+
+// SchedulerOutputs describes one scheduled step. The flat InputTokenIDs
+// and SlotMapping hold the step's tokens in metadata order; each
+// SequenceMetadata's slices are views into them.
+type SchedulerOutputs struct {
+	// StepID is 0 when nothing was scheduled (Kind StepEmpty); such a step
+	// is not run and needs no ProcessOutputs.
+	StepID StepID
+	Kind   StepKind
+
+	NumSeqs          int
+	NumPrefillSeqs   int
+	NumDecodeSeqs    int
+	NumBatchedTokens int
+	NumPrefillTokens int
+	NumDecodeTokens  int
+	NumSampleRows    int
+
+	InputTokenIDs []int
+	SlotMapping   []int
+
+	// BlockCopies and StateCopies run before the step's forward pass.
+	BlockCopies []BlockCopy
+	StateCopies []StateCopy
+
+	// PreemptedSeqIDs lost their blocks in this step (recompute later).
+	PreemptedSeqIDs []SeqID
+	// FinishedSeqIDs and AbortedSeqIDs ended since the previous Schedule
+	// (by ProcessOutputs, FinishSequence, Abort or this call): downstream
+	// per-sequence state may be released.
+	FinishedSeqIDs []SeqID
+	AbortedSeqIDs  []SeqID
+	// Finished are the sequences this call ended itself (a request that
+	// can never fit the cache: FinishError; a context that cannot grow:
+	// FinishLength). No sampled token reports them, so their requests must
+	// be answered from here.
+	Finished []FinishedSequence
+}
+
+// SampledTokens are the tokens one sample row produced: one for a decode
+// or a prompt's last chunk, 1..k+1 accepted ones with speculation.
+type SampledTokens struct {
+	SeqID    SeqID
+	TokenIDs []int
+}
+
+// SchedulerStats is a snapshot of the Scheduler's queues and counters.
+type SchedulerStats struct {
+	NumWaiting           int
+	NumWaitingForGrammar int
+	NumPrompted          int
+	NumRunning           int
+	NumInflightSteps     int
+	NumPreemptions       int64
+	NumBlocks            int
+	NumFreeBlocks        int
+	BlockUsage           float64
+	NumStateSlots        int
+	NumFreeStateSlots    int
+	PrefixCache          PrefixCacheStats
+}
+
+type stepEntry struct {
+	seq           *Sequence
+	epoch         uint32
+	computedAfter int
+}
+
+// stepRecord remembers a step in flight until its ProcessOutputs.
+type stepRecord struct {
+	id      StepID
+	entries []stepEntry
+	rows    []*Sequence // sample rows, in order
+}
+
+type planItem struct {
+	seq            *Sequence
+	pos, q         int
+	prefill        bool
+	sample         bool
+	forks          []*Sequence
+	plFrom, plTo int
+}
+
+// Scheduler decides, step by step, which sequences compute how many tokens,
+// and keeps their KV blocks and state slots.
+//
+// Queues: waiting (not admitted, sorted by arrival; preempted sequences go
+// back in arrival order, hence ahead of newer requests), prompted (admitted,
+// prefill in progress) and running (decoding), both sorted by arrival.
+//
+// Each Schedule call, under the budgets max_num_seqs and
+// max_num_batched_tokens:
+//  1. every running sequence gets its decode slot reserved, oldest first;
+//     when blocks run out the youngest live sequence not yet scheduled in
+//     the step is preempted (recompute: its blocks and state are freed and
+//     it returns to waiting, keeping its output tokens, so that a later
+//     prefill recomputes prompt + output). A sequence alone too long for
+//     the whole cache finishes with FinishLength;
+//  2. prompted sequences get their next chunk (chunked prefill);
+//  3. waiting sequences are admitted in arrival order (stopping at the
+//     first that does not fit, so none starves), unless step 1 preempted:
+//     all their known tokens get blocks (prefix-cache hits are shared, not
+//     recomputed), a state slot, and a first chunk. A prompt longer than
+//     the whole cache finishes with FinishError.
+//
+// A request with n > 1 is one sequence until the last chunk of its prefill
+// is scheduled; then n-1 children fork from it (sharing its blocks, copying
+// its state) and sample from the same logits row. Their state slots and
+// sequence budget are reserved at admission.
+//
+// ProcessOutputs(step, tokens) appends sampled tokens, applies the checks
+// that need no text (EOS unless ignore_eos, stop_token_ids, both only after
+// min_tokens; max_tokens; max_model_len) and frees finished sequences.
+// Stop strings are checked by post-processing, which calls FinishSequence.
+// Blocks enter the prefix cache in ProcessOutputs, after the step that
+// computed them has run, so a hit never reads KV not yet written.
+//
+// Zero-overhead scheduling. The Scheduler lets Schedule for step N+1 run
+// before ProcessOutputs of step N (steps are processed in order, one or more
+// in flight). What makes it work:
+//   - A running sequence whose token from step N is not known yet still
+//     decodes in N+1: its input is PlaceholderToken with InputFromRow = its
+//     sample row in step N; the prepare stage fills it on the device from
+//     step N's sampled tokens (MetadataZOS). Counts stay exact: a sequence
+//     counts the tokens in flight (numPending), so positions, seqlen_k and
+//     reserved slots are right. Only a placeholder from the step just
+//     before is allowed; a sequence whose token is older waits a step.
+//   - A sequence known to finish by length (max_tokens, max_model_len,
+//     counting tokens in flight) is not scheduled again.
+//   - A sequence that finishes at step N (EOS, stop token, stop string) is
+//     learned one step late: its step-N+1 row is computed and discarded
+//     (ProcessOutputs ignores rows of finished sequences). Its blocks are
+//     freed when the finish is learned; the device runs N+1 before any
+//     later step that reuses them.
+//   - A sequence preempted while in flight keeps its pending count and is
+//     not re-admitted until its token arrives (it is appended: the step
+//     ran on intact KV); its step's blocks are not committed to the
+//     prefix cache (the epoch changed).
+//
+// The strict mode (ProcessOutputs of N before Schedule of N+1) never sees
+// a placeholder. Same requests, same tokens in both modes.
+//
+// Methods are safe for concurrent use (one mutex). Schedule and
+// ProcessOutputs cost O(live sequences + tokens scheduled) plus hashing
+// of newly admitted prompts.
+type Scheduler struct {
+	mu  sync.Mutex
+	cfg SchedulerConfig
+	eos []int
+	bm  *BlockManager
+	sm  *StateManager
+
+	waiting  []*Sequence
+	prompted []*Sequence
+	running  []*Sequence
+	grammar  map[SeqID]*Sequence
+	seqs     map[SeqID]*Sequence   // unfinished, any status
+	requests map[string][]*Sequence // unfinished, by request id
+
+	numLive     int // prompted + running
+	numReserved int // state slots and live places reserved for forks
+
+	nextSeqID    SeqID
+	nextPriority uint64
+	lastStep     StepID
+	inflight     []*stepRecord
+	spare        []*stepRecord
+	items        []planItem
+	newRunning   []*Sequence
+
+	finishedIDs        []SeqID
+	abortedIDs         []SeqID
+	pendingStateCopies []pendingStateCopy
+	numPreemptions     int64
+}
+
+// pendingStateCopy is a fork's state copy, due before the step after the
+// fork's (the parent's state is final only once the fork's step ran).
+type pendingStateCopy struct {
+	copy  StateCopy
+	child *Sequence
+	step  StepID
+}
+
+// NewScheduler returns a Scheduler with an empty cache.
+func NewScheduler(cfg SchedulerConfig) (*Scheduler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
+	if cfg.ChunkSize == 0 {
+		cfg.ChunkSize = cfg.MaxNumBatchedTokens
+	}
+	if cfg.NumStateSlots == 0 {
+		cfg.NumStateSlots = cfg.MaxNumSeqs
+	}
+	cfg.EOSTokenIDs = slices.Clone(cfg.EOSTokenIDs)
+	bm, err := NewBlockManager(cfg.NumBlocks, cfg.BlockSize, cfg.EnablePrefixCaching)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
+	sm, err := NewStateManager(cfg.NumStateSlots)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
+	return &Scheduler{
+		cfg:      cfg,
+		eos:      cfg.EOSTokenIDs,
+		bm:       bm,
+		sm:       sm,
+		grammar:  make(map[SeqID]*Sequence),
+		seqs:     make(map[SeqID]*Sequence),
+		requests: make(map[string][]*Sequence),
+	}, nil
+}
+
+// Config returns the configuration in use (defaults filled in).
+func (s *Scheduler) Config() SchedulerConfig { return s.cfg }
+
+// Add validates a new sequence and queues it: it gets an id and waits for
+// admission. Errors wrap ErrInvalidRequest: an empty prompt, a prompt
+// longer than max_model_len, token ids outside the vocabulary, bad sampling
+// params, n above max_num_seqs or the state slots, a request id already
+// in use. A prompt that fits max_model_len but not the whole KV cache is
+// accepted and finishes with FinishError at the next Schedule.
+func (s *Scheduler) Add(seq *Sequence) (SeqID, error) { return s.add(seq, false) }
+
+// AddWaitingForGrammar is Add for a sequence whose grammar is still
+// compiling: it waits (StatusWaitingForGrammar) until GrammarReady.
+func (s *Scheduler) AddWaitingForGrammar(seq *Sequence) (SeqID, error) { return s.add(seq, true) }
+
+func (s *Scheduler) add(seq *Sequence, waitGrammar bool) (SeqID, error) {
+	if seq == nil {
+		return 0, fmt.Errorf("scheduler: add: %w: nil sequence", ErrInvalidRequest)
+	}
+	if err := s.validate(seq); err != nil {
+		return 0, fmt.Errorf("scheduler: add request %q: %w", seq.requestID, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if seq.id != 0 {
+		return 0, fmt.Errorf("scheduler: add request %q: %w: sequence already added (id %d)", seq.requestID, ErrInvalidRequest, seq.id)
+	}
+	if _, dup := s.requests[seq.requestID]; dup {
+		return 0, fmt.Errorf("scheduler: add request %q: %w: request id in use", seq.requestID, ErrInvalidRequest)
+	}
+	s.nextSeqID++
+	s.nextPriority++
+	seq.id = s.nextSeqID
+	seq.priority = s.nextPriority
+	seq.numForks = seq.params.N - 1
+	s.seqs[seq.id] = seq
+	s.requests[seq.requestID] = []*Sequence{seq}
+	if waitGrammar {
+		seq.status = StatusWaitingForGrammar
+		s.grammar[seq.id] = seq
+	} else {
+		seq.status = StatusWaiting
+		s.waiting = append(s.waiting, seq) // newest priority: the tail
+	}
+	return seq.id, nil
+}
+
+func (s *Scheduler) validate(seq *Sequence) error {
+	n := seq.numPromptTokens
+	switch {
+	case n == 0:
+		return fmt.Errorf("%w: empty prompt", ErrInvalidRequest)
+	case n > s.cfg.MaxModelLen:
+		return fmt.Errorf("%w: prompt of %d tokens exceeds max_model_len %d", ErrInvalidRequest, n, s.cfg.MaxModelLen)
+	case seq.params.N > s.cfg.MaxNumSeqs || seq.params.N > s.cfg.NumStateSlots:
+		return fmt.Errorf("%w: n = %d exceeds max_num_seqs %d or state slots %d", ErrInvalidRequest, seq.params.N, s.cfg.MaxNumSeqs, s.cfg.NumStateSlots)
+	}
+	if v := s.cfg.VocabSize; v > 0 {
+		for i, t := range seq.PromptTokenIDs() {
+			if t < 0 || t >= v {
+				return fmt.Errorf("%w: prompt token %d is %d, outside the vocabulary [0, %d)", ErrInvalidRequest, i, t, v)
+			}
+		}
+	}
+	return seq.params.Validate(s.cfg.VocabSize)
+}
+
+// GrammarReady moves a sequence waiting for its grammar to the waiting
+// queue, or, when compileErr is not nil, finishes it with FinishError.
+func (s *Scheduler) GrammarReady(id SeqID, compileErr error) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seq, ok := s.grammar[id]
+	if !ok {
+		return fmt.Errorf("scheduler: grammar ready for seq %d: %w", id, ErrUnknownSequence)
+	}
+	delete(s.grammar, id)
+	if compileErr != nil {
+		s.finish(seq, FinishError, fmt.Errorf("grammar: %w", compileErr))
+		return nil
+	}
+	seq.status = StatusWaiting
+	s.insertWaiting(seq)
+	return nil
+}
+
+// HasUnfinished reports whether any added sequence has not finished.
+func (s *Scheduler) HasUnfinished() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.seqs) > 0
+}
+
+// NumInflightSteps returns the steps scheduled and not yet processed.
+func (s *Scheduler) NumInflightSteps() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.inflight)
+}
+
+// Stats returns queue sizes and counters. Cost: O(queued sequences).
+func (s *Scheduler) Stats() SchedulerStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := SchedulerStats{
+		NumWaitingForGrammar: len(s.grammar),
+		NumInflightSteps:     len(s.inflight),
+		NumPreemptions:       s.numPreemptions,
+		NumBlocks:            s.bm.NumBlocks(),
+		NumFreeBlocks:        s.bm.NumFreeBlocks(),
+		BlockUsage:           s.bm.Usage(),
+		NumStateSlots:        s.sm.NumSlots(),
+		NumFreeStateSlots:    s.sm.NumFree(),
+		PrefixCache:          s.bm.PrefixCacheStats(),
+	}
+	for _, q := range s.waiting {
+		if q.status == StatusWaiting || q.status == StatusPreempted {
+			st.NumWaiting++
+		}
+	}
+	for _, q := range s.prompted {
+		if q.status == StatusPrompted {
+			st.NumPrompted++
+		}
+	}
+	for _, q := range s.running {
+		if q.status == StatusRunning {
+			st.NumRunning++
+		}
+	}
+	return st
+}
+
+// Sequence returns an unfinished sequence by id (nil if none). The caller
+// must not read it while another goroutine drives the Scheduler.
+func (s *Scheduler) Sequence(id SeqID) *Sequence {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.seqs[id]
+}
+
+// Abort finishes every unfinished sequence of a request with FinishAbort,
+// whatever its status, and frees its blocks and state; outputs of steps in
+// flight for them are discarded. It returns the aborted sequences (none
+// when the request is unknown or already finished).
+func (s *Scheduler) Abort(requestID string) []FinishedSequence {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	group := slices.Clone(s.requests[requestID])
+	var aborted []FinishedSequence
+	for _, seq := range group {
+		aborted = append(aborted, s.finish(seq, FinishAbort, nil))
+	}
+	return aborted
+}
+
+// FinishSequence ends a sequence for a reason found outside the Scheduler
+// (a stop string in the detokenized text), freeing its resources. Rows of
+// steps in flight for it are discarded.
+func (s *Scheduler) FinishSequence(id SeqID, reason FinishReason) (FinishedSequence, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seq, ok := s.seqs[id]
+	if !ok {
+		return FinishedSequence{}, fmt.Errorf("scheduler: finish seq %d: %w", id, ErrUnknownSequence)
+	}
+	if reason == FinishNone {
+		return FinishedSequence{}, fmt.Errorf("scheduler: finish seq %d: no reason given", id)
+	}
+	return s.finish(seq, reason, nil), nil
+}
+
+// release frees what a live sequence holds: blocks, state slot, fork
+// reservations.
+func (s *Scheduler) release(seq *Sequence) {
+	if !seq.isLive() {
+		return
+	}
+	s.bm.Free(seq)
+	s.sm.Free(seq)
+	s.numReserved -= seq.numForks
+	s.numLive--
+}
+
+// finish ends a sequence. Queue slices drop it lazily (by status).
+func (s *Scheduler) finish(seq *Sequence, reason FinishReason, err error) FinishedSequence {
+	s.release(seq)
+	seq.status = StatusFinished
+	seq.finishReason = reason
+	seq.finishErr = err
+	delete(s.seqs, seq.id)
+	delete(s.grammar, seq.id)
+	if group := s.requests[seq.requestID]; len(group) <= 1 {
+		delete(s.requests, seq.requestID)
+	} else {
+		s.requests[seq.requestID] = slices.DeleteFunc(group, func(q *Sequence) bool { return q == seq })
+	}
+	if reason == FinishAbort {
+		s.abortedIDs = append(s.abortedIDs, seq.id)
+	} else {
+		s.finishedIDs = append(s.finishedIDs, seq.id)
+	}
+	return seq.finished()
+}
+
+// insertWaiting puts a sequence in the waiting queue by arrival order.
+func (s *Scheduler) insertWaiting(seq *Sequence) {
+	i := sort.Search(len(s.waiting), func(i int) bool { return older(seq, s.waiting[i]) })
+	s.waiting = slices.Insert(s.waiting, i, seq)
+}
+
+// insertSorted inserts seq into q by arrival order, scanning from the tail
+// (new entries are usually the youngest).
+func insertSorted(q []*Sequence, seq *Sequence) []*Sequence {
+	i := len(q)
+	for i > 0 && older(seq, q[i-1]) {
+		i--
+	}
+	return slices.Insert(q, i, seq)
+}
+
+// keepStatus drops the sequences whose status is not one of want.
+func keepStatus(q []*Sequence, want ...SequenceStatus) []*Sequence {
+	n := 0
+	for _, seq := range q {
+		if slices.Contains(want, seq.status) {
+			q[n] = seq
+			n++
+		}
+	}
+	clear(q[n:])
+	return q[:n]
+}
+
+// preempt takes a live sequence's blocks and state back and queues it for
+// recompute.
+func (s *Scheduler) preempt(out *SchedulerOutputs, seq *Sequence) {
+	s.release(seq)
+	seq.status = StatusPreempted
+	seq.epoch++
+	seq.numComputed = 0
+	seq.numCached = 0
+	s.insertWaiting(seq)
+	out.PreemptedSeqIDs = append(out.PreemptedSeqIDs, seq.id)
+	s.numPreemptions++
+}
+
+// decodeReady reports whether a running sequence can decode in step id.
+func (s *Scheduler) decodeReady(seq *Sequence, id StepID) bool {
+	switch {
+	case seq.numPending > 1, seq.numPending == 1 && seq.pendingStep != id-1:
+		return false // its input token is not from the previous step
+	case seq.numComputed != seq.totalLen()-1:
+		return false
+	case seq.NumOutputTokens()+seq.numPending >= seq.params.MaxTokens:
+		return false // a token in flight ends it by length
+	case seq.totalLen() >= s.cfg.MaxModelLen:
+		return false
+	}
+	return true
+}
+
+// victim returns the youngest live sequence not scheduled in step id among
+// the prompted ones and running[from:], or nil.
+func (s *Scheduler) victim(id StepID, from int) *Sequence {
+	var best *Sequence
+	for i := len(s.running) - 1; i >= from; i-- {
+		if q := s.running[i]; q.status == StatusRunning && q.scheduledStep != id {
+			best = q
+			break
+		}
+	}
+	for i := len(s.prompted) - 1; i >= 0; i-- {
+		if q := s.prompted[i]; q.status == StatusPrompted && q.scheduledStep != id {
+			if best == nil || older(best, q) {
+				best = q
+			}
+			break
+		}
+	}
+	return best
+}
+
+// chunkFor returns the tokens of the next prefill chunk (0: none fits).
+func (s *Scheduler) chunkFor(numComputed, numTokens, budget int) int {
+	remaining := numTokens - numComputed
+	if !s.cfg.EnableChunkedPrefill {
+		if remaining > budget {
+			return 0
+		}
+		return remaining
+	}
+	q := min(remaining, s.cfg.ChunkSize, budget)
+	if q < remaining && s.cfg.ChunkAlign > 1 {
+		end := numComputed + q
+		if aligned := end - end%s.cfg.ChunkAlign; aligned > numComputed {
+			q = aligned - numComputed
+		}
+	}
+	return q
+}
+
+// Schedule plans the next step. It returns the step's outputs and one
+// SequenceMetadata per scheduled sequence (decodes first, then prefill
+// chunks). Nothing scheduled gives StepID 0 and no metadata. Every planned
+// step must be reported, in order, to ProcessOutputs. Cost: O(live
+// sequences + tokens scheduled + prompt tokens admitted).
+func (s *Scheduler) Schedule() (*SchedulerOutputs, []SequenceMetadata) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	id := s.lastStep + 1
+	out := &SchedulerOutputs{}
+	s.running = keepStatus(s.running, StatusRunning)
+	s.prompted = keepStatus(s.prompted, StatusPrompted)
+	s.waiting = keepStatus(s.waiting, StatusWaiting, StatusPreempted)
+	s.items = s.items[:0]
+	budget := s.cfg.MaxNumBatchedTokens
+	numSeqs := 0
+
+	// 1. Decodes, oldest first; preempt the youngest when blocks run out.
+	for i := 0; i < len(s.running); i++ {
+		seq := s.running[i]
+		if seq.status != StatusRunning || !s.decodeReady(seq, id) {
+			continue
+		}
+		if numSeqs >= s.cfg.MaxNumSeqs || budget < 1 {
+			break
+		}
+		if s.bm.NumBlocksFor(seq.numComputed+1) > s.bm.NumBlocks() {
+			out.Finished = append(out.Finished, s.finish(seq, FinishLength, nil))
+			continue
+		}
+		for !s.bm.CanAppendSlots(seq, 1) {
+			v := s.victim(id, i)
+			s.preempt(out, v)
+			if v == seq {
+				break
+			}
+		}
+		if seq.status != StatusRunning {
+			continue
+		}
+		copies, err := s.bm.AppendSlots(seq, 1)
+		if err != nil { // cannot happen after CanAppendSlots; keep the request alive
+			s.preempt(out, seq)
+			continue
+		}
+		out.BlockCopies = append(out.BlockCopies, copies...)
+		s.items = append(s.items, planItem{seq: seq, pos: seq.numComputed, q: 1, sample: true, plFrom: -1, plTo: -1})
+		seq.scheduledStep = id
+		seq.numComputed++
+		seq.numPending++
+		seq.pendingStep = id
+		numSeqs++
+		budget--
+	}
+	preempted := len(out.PreemptedSeqIDs) > 0
+
+	// 2. Next chunks of prefills in progress.
+	s.newRunning = s.newRunning[:0]
+	for _, seq := range s.prompted {
+		if numSeqs >= s.cfg.MaxNumSeqs || budget < 1 {
+			break
+		}
+		if seq.status != StatusPrompted || seq.scheduledStep == id {
+			continue
+		}
+		q := s.chunkFor(seq.numComputed, len(seq.tokens), budget)
+		if q == 0 {
+			continue
+		}
+		s.planChunk(out, seq, q, id)
+		numSeqs++
+		budget -= q
+	}
+
+	// 3. Admissions, in arrival order, unless this step had to preempt.
+	if !preempted {
+		budget, numSeqs = s.admit(out, id, budget, numSeqs)
+	}
+
+	for _, seq := range s.newRunning {
+		s.running = insertSorted(s.running, seq)
+	}
+	clear(s.newRunning)
+
+	out.FinishedSeqIDs, s.finishedIDs = s.finishedIDs, nil
+	out.AbortedSeqIDs, s.abortedIDs = s.abortedIDs, nil
+	if len(s.items) == 0 {
+		out.Kind = StepEmpty
+		return out, nil
+	}
+	s.lastStep = id
+	out.StepID = id
+	s.flushStateCopies(out, id)
+	metas := s.materialize(out, id)
+	clear(s.items)
+	return out, metas
+}
+
+// admit moves waiting sequences in, oldest first, stopping at the first
+// that does not fit.
+func (s *Scheduler) admit(out *SchedulerOutputs, id StepID, budget, numSeqs int) (int, int) {
+	w := s.waiting
+	n, i := 0, 0
+	for ; i < len(w); i++ {
+		seq := w[i]
+		if seq.status != StatusWaiting && seq.status != StatusPreempted {
+			continue // finished while waiting: drop
+		}
+		if numSeqs >= s.cfg.MaxNumSeqs || budget < 1 {
+			break
+		}
+		if seq.numPending > 0 { // its last token is still in flight
+			w[n] = seq
+			n++
+			continue
+		}
+		if s.bm.NumBlocksFor(len(seq.tokens)) > s.bm.NumBlocks() {
+			var f FinishedSequence
+			if seq.NumOutputTokens() > 0 {
+				f = s.finish(seq, FinishLength, nil)
+			} else {
+				f = s.finish(seq, FinishError, fmt.Errorf("prompt of %d tokens needs %d KV blocks, the cache has %d",
+					len(seq.tokens), s.bm.NumBlocksFor(len(seq.tokens)), s.bm.NumBlocks()))
+			}
+			out.Finished = append(out.Finished, f)
+			continue
+		}
+		if s.numLive+s.numReserved+1+seq.numForks > s.cfg.MaxNumSeqs ||
+			s.sm.NumFree()-s.numReserved < 1+seq.numForks {
+			break
+		}
+		hits := s.bm.lookup(seq)
+		q := s.chunkFor(len(hits)*s.bm.BlockSize(), len(seq.tokens), budget)
+		if q == 0 || !s.bm.canAllocateWith(seq, hits) {
+			break
+		}
+		if err := s.bm.allocateWith(seq, hits); err != nil {
+			break // unreachable after canAllocateWith
+		}
+		if err := s.sm.Allocate(seq); err != nil {
+			s.bm.Free(seq)
+			break // unreachable after the NumFree check
+		}
+		s.numLive++
+		s.numReserved += seq.numForks
+		seq.status = StatusPrompted
+		s.planChunk(out, seq, q, id)
+		if seq.status == StatusPrompted {
+			s.prompted = insertSorted(s.prompted, seq)
+		}
+		numSeqs++
+		budget -= q
+	}
+	n += copy(w[n:], w[i:])
+	clear(w[n:])
+	s.waiting = w[:n]
+	return budget, numSeqs
+}
+
+// planChunk schedules q prefill tokens of a prompted sequence; the last
+// chunk samples, forks the children of an n > 1 request and moves the
+// sequence to running.
+func (s *Scheduler) planChunk(out *SchedulerOutputs, seq *Sequence, q int, id StepID) {
+	pos := seq.numComputed
+	it := planItem{seq: seq, pos: pos, q: q, prefill: true, plFrom: -1, plTo: -1}
+	if seq.params.PromptLogprobs != nil {
+		from := max(pos, seq.promptLogprobsDone)
+		to := min(pos+q, seq.numPromptTokens-1)
+		if from < to {
+			it.plFrom, it.plTo = from, to
+			seq.promptLogprobsDone = to
+		}
+	}
+	seq.scheduledStep = id
+	seq.numComputed += q
+	if seq.numComputed == len(seq.tokens) {
+		it.sample = true
+		seq.numPending++
+		seq.pendingStep = id
+		seq.status = StatusRunning
+		s.newRunning = append(s.newRunning, seq)
+		if seq.numForks > 0 {
+			it.forks = s.fork(seq, id)
+		}
+	}
+	s.items = append(s.items, it)
+}
+
+// fork creates the children of an n > 1 request at its last prefill chunk.
+func (s *Scheduler) fork(parent *Sequence, id StepID) []*Sequence {
+	k := parent.numForks
+	s.numReserved -= k
+	parent.numForks = 0
+	children := make([]*Sequence, 0, k)
+	for i := 1; i <= k; i++ {
+		s.nextSeqID++
+		c := parent.fork(s.nextSeqID, i)
+		s.bm.Fork(parent, c)
+		cp, err := s.sm.Fork(parent, c)
+		if err != nil { // unreachable: slots were reserved at admission
+			s.bm.Free(c)
+			continue
+		}
+		c.scheduledStep = id
+		s.pendingStateCopies = append(s.pendingStateCopies, pendingStateCopy{copy: cp, child: c, step: id})
+		s.numLive++
+		s.seqs[c.id] = c
+		s.requests[c.requestID] = append(s.requests[c.requestID], c)
+		s.newRunning = append(s.newRunning, c)
+		children = append(children, c)
+	}
+	return children
+}
+
+// flushStateCopies hands the fork state copies to the step after the
+// fork's, dropping those whose child no longer owns the slot.
+func (s *Scheduler) flushStateCopies(out *SchedulerOutputs, id StepID) {
+	keep := 0
+	for _, p := range s.pendingStateCopies {
+		switch {
+		case p.step == id: // forked in this very step: copy before the next one
+			s.pendingStateCopies[keep] = p
+			keep++
+		case p.child.isLive() && s.sm.owns(p.copy.Dst, p.child.id):
+			out.StateCopies = append(out.StateCopies, p.copy)
+		}
+	}
+	clear(s.pendingStateCopies[keep:])
+	s.pendingStateCopies = s.pendingStateCopies[:keep]
+}
+
+// materialize turns the plan into metadata and records the step in flight.
+func (s *Scheduler) materialize(out *SchedulerOutputs, id StepID) []SequenceMetadata {
+	total := 0
+	for i := range s.items {
+		total += s.items[i].q
+	}
+	out.InputTokenIDs = make([]int, total)
+	out.SlotMapping = make([]int, total)
+	metas := make([]SequenceMetadata, len(s.items))
+
+	var rec *stepRecord
+	if n := len(s.spare); n > 0 {
+		rec = s.spare[n-1]
+		s.spare = s.spare[:n-1]
+	} else {
+		rec = &stepRecord{}
+	}
+	rec.id = id
+
+	bs := s.bm.BlockSize()
+	off, row := 0, 0
+	for k := range s.items {
+		it := &s.items[k]
+		seq := it.seq
+		toks := out.InputTokenIDs[off : off+it.q : off+it.q]
+		slots := out.SlotMapping[off : off+it.q : off+it.q]
+		fromRow := -1
+		for j := range it.q {
+			pos := it.pos + j
+			if pos < len(seq.tokens) {
+				toks[j] = seq.tokens[pos]
+			} else {
+				toks[j] = PlaceholderToken
+				fromRow = seq.pendingRow
+			}
+			slots[j] = seq.blockTable[pos/bs]*bs + pos%bs
+		}
+		off += it.q
+		m := &metas[k]
+		*m = SequenceMetadata{
+			SeqID:              seq.id,
+			RequestID:          seq.requestID,
+			Params:             seq.params,
+			SampleIndex:        seq.sampleIndex,
+			SeqlenQ:            it.q,
+			SeqlenK:            it.pos + it.q,
+			PosStart:           it.pos,
+			InputTokenIDs:      toks,
+			InputFromRow:       fromRow,
+			BlockTable:         seq.blockTable[:len(seq.blockTable):len(seq.blockTable)],
+			SlotMapping:        slots,
+			StateSlot:          seq.stateSlot,
+			Prefill:            it.prefill,
+			Sample:             it.sample,
+			SampleRow:          -1,
+			PromptLogprobsFrom: it.plFrom,
+			PromptLogprobsTo:   it.plTo,
+			TokenIDs:           seq.tokens[:len(seq.tokens):len(seq.tokens)],
+			NumPromptTokens:    seq.numPromptTokens,
+		}
+		rec.entries = append(rec.entries, stepEntry{seq: seq, epoch: seq.epoch, computedAfter: it.pos + it.q})
+		if it.sample {
+			m.SampleRow = row
+			seq.pendingRow = row
+			rec.rows = append(rec.rows, seq)
+			row++
+			if len(it.forks) > 0 {
+				m.ForkSeqIDs = make([]SeqID, len(it.forks))
+				for j, c := range it.forks {
+					m.ForkSeqIDs[j] = c.id
+					c.pendingRow = row
+					rec.rows = append(rec.rows, c)
+					rec.entries = append(rec.entries, stepEntry{seq: c, epoch: c.epoch, computedAfter: c.numComputed})
+					row++
+				}
+			}
+		}
+		if it.prefill {
+			out.NumPrefillSeqs++
+			out.NumPrefillTokens += it.q
+		} else {
+			out.NumDecodeSeqs++
+			out.NumDecodeTokens += it.q
+		}
+	}
+	out.NumSeqs = len(metas)
+	out.NumBatchedTokens = total
+	out.NumSampleRows = row
+	switch {
+	case out.NumPrefillSeqs > 0 && out.NumDecodeSeqs > 0:
+		out.Kind = StepMixed
+	case out.NumPrefillSeqs > 0:
+		out.Kind = StepPrefill
+	default:
+		out.Kind = StepDecode
+	}
+	s.inflight = append(s.inflight, rec)
+	return metas
+}
+
+// ProcessOutputs reports the tokens sampled by a step, which must be the
+// oldest step in flight: sampled[r] belongs to sample row r (metadata order,
+// a row's forks right after it), one entry per row. Rows of sequences that
+// finished meanwhile are discarded. It appends the tokens (stopping at the
+// first that ends the sequence), frees finished sequences and commits
+// computed full blocks to the prefix cache. It returns the sequences it
+// finished. A mismatch (wrong step, wrong row count or ids, a row without
+// tokens) changes nothing and returns an error. Cost: O(sequences in the
+// step + tokens).
+func (s *Scheduler) ProcessOutputs(step StepID, sampled []SampledTokens) ([]FinishedSequence, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if step == 0 && len(sampled) == 0 {
+		return nil, nil // the empty step
+	}
+	if len(s.inflight) == 0 || s.inflight[0].id != step {
+		oldest := StepID(0)
+		if len(s.inflight) > 0 {
+			oldest = s.inflight[0].id
+		}
+		return nil, fmt.Errorf("scheduler: process outputs of step %d: %w (oldest in flight: %d)", step, ErrUnknownStep, oldest)
+	}
+	rec := s.inflight[0]
+	if len(sampled) != len(rec.rows) {
+		return nil, fmt.Errorf("scheduler: process outputs of step %d: %w: %d rows, want %d", step, ErrStepMismatch, len(sampled), len(rec.rows))
+	}
+	for r := range sampled {
+		if sampled[r].SeqID != rec.rows[r].id || len(sampled[r].TokenIDs) == 0 {
+			return nil, fmt.Errorf("scheduler: process outputs of step %d: %w: row %d has seq %d with %d tokens, want seq %d",
+				step, ErrStepMismatch, r, sampled[r].SeqID, len(sampled[r].TokenIDs), rec.rows[r].id)
+		}
+	}
+	s.inflight = s.inflight[1:]
+
+	for _, e := range rec.entries {
+		if e.seq.isLive() && e.seq.epoch == e.epoch {
+			s.bm.commit(e.seq, e.computedAfter)
+		}
+	}
+	var finished []FinishedSequence
+	for r := range sampled {
+		seq := rec.rows[r]
+		if seq.status == StatusFinished {
+			continue
+		}
+		seq.numPending--
+		for _, t := range sampled[r].TokenIDs {
+			seq.tokens = append(seq.tokens, t)
+			if reason := s.checkStop(seq, t); reason != FinishNone {
+				finished = append(finished, s.finish(seq, reason, nil))
+				break
+			}
+		}
+	}
+
+	clear(rec.entries)
+	clear(rec.rows)
+	rec.entries, rec.rows = rec.entries[:0], rec.rows[:0]
+	s.spare = append(s.spare, rec)
+	return finished, nil
+}
+
+// checkStop applies the token-level finish checks to a just-appended token.
+func (s *Scheduler) checkStop(seq *Sequence, t int) FinishReason {
+	p := seq.params
+	numOut := seq.NumOutputTokens()
+	if numOut >= p.MinTokens {
+		if !p.IgnoreEOS && slices.Contains(s.eos, t) {
+			return FinishStop
+		}
+		if slices.Contains(p.StopTokenIDs, t) {
+			return FinishStop
+		}
+	}
+	if numOut >= p.MaxTokens || len(seq.tokens) >= s.cfg.MaxModelLen {
+		return FinishLength
+	}
+	return FinishNone
+}
