@@ -1,0 +1,141 @@
+package llm
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/engine/config"
+)
+
+func greedy(maxTokens int) engine.SamplingParams {
+	p := engine.DefaultSamplingParams()
+	p.Temperature = 0
+	p.MaxTokens = maxTokens
+	p.IgnoreEOS = true
+	return p
+}
+
+func prompts(n int) []Prompt {
+	out := make([]Prompt, n)
+	for i := range out {
+		ids := make([]int, 3+i*5)
+		for j := range ids {
+			ids[j] = 3 + (i*7+j*13)%60
+		}
+		out[i] = Prompt{IDs: ids}
+	}
+	return out
+}
+
+func generate(t *testing.T, l *LLM, ps []Prompt, params engine.SamplingParams) [][]int {
+	t.Helper()
+	res, err := l.Generate(context.Background(), ps, params, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]int
+	for _, c := range res {
+		for _, o := range c.Outputs {
+			if o.Err != nil {
+				t.Fatalf("%s/%d: %v", c.RequestID, o.Index, o.Err)
+			}
+			out = append(out, o.TokenIDs)
+		}
+	}
+	return out
+}
+
+// The same prompt gives the same greedy tokens alone and in a crowded
+// batch, with chunked prefill on or off and with a KV cache small enough
+// to force preemption.
+func TestGreedyInvariance(t *testing.T) {
+	dir := tinyLlama(t)
+	base := func(edit func(*config.Config)) *LLM {
+		l, err := NewLLM(tinyConfig(t, dir, edit), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := l.Close(); err != nil {
+				t.Error(err)
+			}
+		})
+		return l
+	}
+	ps := prompts(6)
+	want := make([][]int, len(ps))
+	alone := base(nil)
+	for i, p := range ps {
+		want[i] = generate(t, alone, []Prompt{p}, greedy(12))[0]
+		if len(want[i]) != 12 {
+			t.Fatalf("prompt %d: %d tokens, want 12", i, len(want[i]))
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*config.Config)
+	}{
+		{"crowded batch", nil},
+		{"no chunked prefill", func(c *config.Config) { c.Engine.ChunkedPrefill = false; c.Engine.MaxNumBatchedTokens = 256 }},
+		{"tiny chunks", func(c *config.Config) { c.Engine.PrefillChunkSize = 3 }},
+		{"preemption", func(c *config.Config) { c.Cache.NumBlocks = 12 }},
+		{"no prefix cache", func(c *config.Config) { c.Cache.PrefixCaching = false }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := base(tc.edit)
+			got := generate(t, l, ps, greedy(12))
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("tokens differ from the alone run:\n got %v\nwant %v", got, want)
+			}
+			s := l.SchedulerStats()
+			if tc.name == "preemption" && s.NumPreemptions == 0 {
+				t.Error("no preemption happened with a 12-block cache")
+			}
+			if s.NumRunning+s.NumWaiting+s.NumPrompted != 0 {
+				t.Errorf("sequences left: %+v", s)
+			}
+		})
+	}
+}
+
+func TestBadRequestsFailAlone(t *testing.T) {
+	l, err := NewLLM(tinyConfig(t, tinyLlama(t), nil), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	good := prompts(1)[0]
+	long := make([]int, 300)
+	for i := range long {
+		long[i] = 5
+	}
+	ps := []Prompt{good, {IDs: []int{1, 99}}, {}, {IDs: long}, good}
+	res, err := l.Generate(context.Background(), ps, greedy(4), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantErr := []string{"", "outside the vocabulary", "no tokenizer", "max_model_len", ""}
+	for i, c := range res {
+		o := c.Outputs[0]
+		if wantErr[i] == "" {
+			if o.Err != nil || len(o.TokenIDs) != 4 {
+				t.Errorf("prompt %d: err %v, %d tokens", i, o.Err, len(o.TokenIDs))
+			}
+			continue
+		}
+		if o.Err == nil || !strings.Contains(o.Err.Error(), wantErr[i]) || o.FinishReason != engine.FinishError {
+			t.Errorf("prompt %d: err %v (%s), want one containing %q", i, o.Err, o.FinishReason, wantErr[i])
+		}
+	}
+	if !reflect.DeepEqual(res[0].Outputs[0].TokenIDs, res[4].Outputs[0].TokenIDs) {
+		t.Errorf("the good requests differ: %v vs %v", res[0].Outputs[0].TokenIDs, res[4].Outputs[0].TokenIDs)
+	}
+	if l.NumLive() != 0 {
+		t.Errorf("%d requests still live", l.NumLive())
+	}
+	_ = fmt.Sprint()
+}

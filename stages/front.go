@@ -1,0 +1,143 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"time"
+
+	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/pipeline"
+)
+
+func init() {
+	pipeline.Register("requests", "default", func(a pipeline.Args) (*pipeline.Node, error) {
+		rt, err := runtimeOf(a)
+		if err != nil {
+			return nil, err
+		}
+		return pipeline.NewSource[*engine.Request](requestSource{rt.Requests}), nil
+	})
+	pipeline.Register("tokenize", "default", func(a pipeline.Args) (*pipeline.Node, error) {
+		rt, err := runtimeOf(a)
+		if err != nil {
+			return nil, err
+		}
+		return pipeline.NewStage[*engine.Request, *engine.Sequence](newTokenize(rt)), nil
+	})
+	pipeline.Register("schedule", "default", func(a pipeline.Args) (*pipeline.Node, error) {
+		rt, err := runtimeOf(a)
+		if err != nil {
+			return nil, err
+		}
+		return pipeline.NewPlanner[*engine.Sequence, *StepOutputs, *ScheduledStep](&schedule{rt: rt}), nil
+	})
+}
+
+// requestSource emits the requests submitted to the engine until the engine
+// closes the channel.
+type requestSource struct{ ch <-chan *engine.Request }
+
+func (s requestSource) Next(ctx context.Context) (*engine.Request, error) {
+	select {
+	case r, ok := <-s.ch:
+		if !ok {
+			return nil, io.EOF
+		}
+		return r, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// tokenize turns a request into a validated sequence. A bad request is
+// answered here with FinishError and goes no further (pipeline.ErrSkip).
+type tokenize struct {
+	rt   *Runtime
+	seed *rand.Rand // seeds requests that bring none, in arrival order
+}
+
+func newTokenize(rt *Runtime) *tokenize {
+	return &tokenize{rt: rt, seed: rand.New(rand.NewPCG(uint64(rt.Seed), 0x5eed))}
+}
+
+func (t *tokenize) Process(_ context.Context, req *engine.Request) (*engine.Sequence, error) {
+	seq, err := t.sequence(req)
+	if err != nil {
+		if errors.Is(err, errDuplicateID) {
+			// The live request with this id must not be answered on its behalf.
+			if req.OnOutput != nil {
+				req.OnOutput(engine.RequestOutput{RequestID: req.ID, Finished: true, FinishReason: engine.FinishError, Err: err, FinishTime: time.Now()})
+			}
+			return nil, pipeline.ErrSkip
+		}
+		t.rt.Live.Fail(req.ID, engine.FinishError, err)
+		return nil, pipeline.ErrSkip
+	}
+	return seq, nil
+}
+
+var errDuplicateID = errors.New("duplicate request id")
+
+func (t *tokenize) sequence(req *engine.Request) (*engine.Sequence, error) {
+	if err := t.rt.Live.Add(req); err != nil {
+		return nil, fmt.Errorf("%w: %w", errDuplicateID, err)
+	}
+	params := req.Params
+	if params.Seed == nil {
+		s := int64(t.seed.Uint64() >> 1)
+		params.Seed = &s
+	}
+	if err := params.Validate(t.rt.VocabSize); err != nil {
+		return nil, err
+	}
+	ids := req.PromptTokenIDs
+	if len(ids) == 0 {
+		if t.rt.Tokenizer == nil {
+			return nil, fmt.Errorf("%w: the model has no tokenizer: give the prompt as token ids", engine.ErrInvalidRequest)
+		}
+		for _, id := range t.rt.Tokenizer.Encode(req.Prompt, true) {
+			ids = append(ids, int(id))
+		}
+	}
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("%w: the prompt is empty", engine.ErrInvalidRequest)
+	}
+	for i, id := range ids {
+		if id < 0 || id >= t.rt.VocabSize {
+			return nil, fmt.Errorf("%w: prompt token %d is %d, outside the vocabulary [0, %d)", engine.ErrInvalidRequest, i, id, t.rt.VocabSize)
+		}
+	}
+	arrival := req.Arrival
+	if arrival.IsZero() {
+		arrival = time.Now()
+	}
+	return engine.NewSequence(req.ID, ids, params, arrival), nil
+}
+
+// schedule is the head of the step loop: it adds sequences to the
+// scheduler and plans a step whenever the loop has room.
+type schedule struct{ rt *Runtime }
+
+func (s *schedule) Add(_ context.Context, seq *engine.Sequence) error {
+	if _, err := s.rt.Scheduler.Add(seq); err != nil {
+		// A request the scheduler refuses (too long, ...) fails alone.
+		s.rt.Live.Fail(seq.RequestID(), engine.FinishError, err)
+	}
+	return nil
+}
+
+func (s *schedule) Feedback(context.Context, *StepOutputs) error { return nil }
+
+func (s *schedule) Plan(context.Context) (*ScheduledStep, bool, error) {
+	out, metas := s.rt.Scheduler.Schedule()
+	for _, f := range out.Finished {
+		s.rt.Live.Fail(f.RequestID, f.Reason, f.Err)
+	}
+	if out.Kind == engine.StepEmpty {
+		return nil, false, nil
+	}
+	return &ScheduledStep{Outputs: out, Seqs: metas, Planned: time.Now()}, true, nil
+}

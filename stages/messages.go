@@ -1,0 +1,62 @@
+package stages
+
+import (
+	"time"
+
+	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/engine/models"
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// ScheduledStep is the scheduler's plan for one step (schedule -> prepare).
+type ScheduledStep struct {
+	Outputs *engine.SchedulerOutputs
+	Seqs    []engine.SequenceMetadata
+	Planned time.Time
+}
+
+// RowRef says which sequence a logits row samples for.
+type RowRef struct {
+	Meta      *engine.SequenceMetadata
+	SeqID     engine.SeqID
+	Index     int // the sequence's index among its request's n outputs
+	RequestID string
+}
+
+// PreparedStep is a step's input in backend memory (prepare -> forward).
+type PreparedStep struct {
+	*ScheduledStep
+	Batch *models.ForwardBatch
+	// SampleRows (I32 [R]) are the token rows whose logits are computed, one
+	// per sample row of the step (a forked sequence repeats its parent's row).
+	SampleRows kernels.Tensor
+	Rows       []RowRef
+}
+
+// ForwardResult holds the logits of a step's sample rows (forward -> sample).
+type ForwardResult struct {
+	*PreparedStep
+	Logits kernels.Tensor // F32 [R, vocab]
+}
+
+// Sample is the outcome of one sample row.
+type Sample struct {
+	Token    int
+	Logprobs *engine.TokenLogprobs // nil unless the request asked for logprobs
+}
+
+// SampledStep carries the sampled tokens (sample -> postprocess).
+type SampledStep struct {
+	*ForwardResult
+	Samples []Sample // one per row of Rows
+}
+
+// StepOutputs is what post-processing reports back to the scheduler (the
+// loop's feedback edge).
+type StepOutputs struct {
+	StepID   engine.StepID
+	Finished []engine.FinishedSequence
+	// NumTokens counts the tokens appended by the step.
+	NumTokens int
+	Done      time.Time
+}

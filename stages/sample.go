@@ -1,0 +1,107 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+	"github.com/deepinfer/deepinfer-go/pipeline"
+)
+
+func init() {
+	pipeline.Register("sample", "greedy", func(a pipeline.Args) (*pipeline.Node, error) {
+		rt, err := runtimeOf(a)
+		if err != nil {
+			return nil, err
+		}
+		return pipeline.NewStage[*ForwardResult, *SampledStep](&greedySample{rt: rt}), nil
+	})
+	pipeline.Register("logit-softcap", "default", func(a pipeline.Args) (*pipeline.Node, error) {
+		rt, err := runtimeOf(a)
+		if err != nil {
+			return nil, err
+		}
+		o := struct {
+			Cap float64 `yaml:"cap"`
+		}{Cap: 30}
+		if err := a.DecodeOptions(&o); err != nil {
+			return nil, err
+		}
+		if !(o.Cap > 0) {
+			return nil, fmt.Errorf("logit-softcap: cap must be positive, got %g", o.Cap)
+		}
+		return pipeline.NewStage[*ForwardResult, *ForwardResult](&softcap{rt: rt, cap: float32(o.Cap)}), nil
+	})
+}
+
+// hostLogits downloads a step's logits as rows of float32.
+func hostLogits(ops kernels.Ops, res *ForwardResult) ([][]float32, error) {
+	if res.Logits == nil {
+		return nil, nil
+	}
+	flat, err := kernels.ToF32(ops, res.Logits)
+	if err != nil {
+		return nil, err
+	}
+	shape := res.Logits.Shape()
+	rows, vocab := shape[0], shape[1]
+	out := make([][]float32, rows)
+	for r := range out {
+		out[r] = flat[r*vocab : (r+1)*vocab : (r+1)*vocab]
+	}
+	return out, nil
+}
+
+// argmax returns the index of the largest value, the lowest index on ties.
+func argmax(xs []float32) int {
+	best := 0
+	for i, x := range xs {
+		if x > xs[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+// greedySample takes the argmax of every row, whatever the sampling params
+// say: a minimal sampler to swap in from YAML.
+type greedySample struct{ rt *Runtime }
+
+func (g *greedySample) Process(_ context.Context, res *ForwardResult) (*SampledStep, error) {
+	rows, err := hostLogits(g.rt.Ops, res)
+	if err != nil {
+		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
+	}
+	out := &SampledStep{ForwardResult: res, Samples: make([]Sample, len(rows))}
+	for r, row := range rows {
+		out.Samples[r] = Sample{Token: argmax(row)}
+	}
+	return out, nil
+}
+
+// softcap bounds logits smoothly: cap * tanh(logit / cap), as Gemma 2 does.
+type softcap struct {
+	rt  *Runtime
+	cap float32
+}
+
+func (s *softcap) Process(_ context.Context, res *ForwardResult) (*ForwardResult, error) {
+	if res.Logits == nil {
+		return res, nil
+	}
+	flat, err := kernels.ToF32(s.rt.Ops, res.Logits)
+	if err != nil {
+		return nil, fmt.Errorf("logit-softcap: %w", err)
+	}
+	for i, x := range flat {
+		flat[i] = s.cap * float32(math.Tanh(float64(x/s.cap)))
+	}
+	capped, err := kernels.FromF32(s.rt.Ops, flat, res.Logits.Shape()...)
+	if err != nil {
+		return nil, fmt.Errorf("logit-softcap: %w", err)
+	}
+	out := *res
+	out.Logits = capped
+	return &out, nil
+}
