@@ -176,6 +176,9 @@ type AttentionParams struct {
 	NumKVHeads int // divides NumHeads; query head h reads KV head h/(NumHeads/NumKVHeads)
 	HeadDim    int
 	Scale      float32 // softmax scale, usually HeadDim^-0.5
+	// SlidingWindow > 0 limits each query to its SlidingWindow most recent
+	// keys, itself included (Mistral, Qwen2 sliding layers); 0 is full causal.
+	SlidingWindow int
 }
 
 // MLAParams are the per-layer constants of MLAAttention.

@@ -212,19 +212,23 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 		for item := lo; item < hi; item++ {
 			i, h := item/nh, item%nh
 			s, nk := pl.visible(i)
+			first := 0
+			if p.SlidingWindow > 0 {
+				first = max(0, nk-p.SlidingWindow)
+			}
 			kvOff := (h / group) * d
 			qv := qs.f32[i*nh*d+h*d : i*nh*d+(h+1)*d]
-			sc := scores[:nk]
-			for t := range nk {
-				base := pl.slot(s, t)*kvWidth + kvOff
-				sc[t] = b.k.dot(qv, kc.f32[base:base+d]) * p.Scale
+			sc := scores[:nk-first]
+			for j := range sc {
+				base := pl.slot(s, first+j)*kvWidth + kvOff
+				sc[j] = b.k.dot(qv, kc.f32[base:base+d]) * p.Scale
 			}
 			sum := softmaxInPlace(sc)
 			ov := o.f32[i*nh*d+h*d : i*nh*d+(h+1)*d]
 			clear(ov)
-			for t := range nk {
-				base := pl.slot(s, t)*kvWidth + kvOff
-				b.k.axpy(sc[t], vc.f32[base:base+d], ov)
+			for j := range sc {
+				base := pl.slot(s, first+j)*kvWidth + kvOff
+				b.k.axpy(sc[j], vc.f32[base:base+d], ov)
 			}
 			inv := 1 / sum
 			for j := range ov {
@@ -297,15 +301,15 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 				b.k.axpy(qNope[dd], b.rowF32(w, wBase+dd, kvl, buf), qLat)
 			}
 			sc := scores[:nk]
-			for t := range nk {
-				row := c.f32[pl.slot(s, t)*width : (pl.slot(s, t)+1)*width]
-				sc[t] = (b.k.dot(qLat, row[:kvl]) + b.k.dot(qPe, row[kvl:])) * p.Scale
+			for key := range sc {
+				row := c.f32[pl.slot(s, key)*width : (pl.slot(s, key)+1)*width]
+				sc[key] = (b.k.dot(qLat, row[:kvl]) + b.k.dot(qPe, row[kvl:])) * p.Scale
 			}
 			sum := softmaxInPlace(sc)
 			clear(oLat)
-			for t := range nk {
-				row := c.f32[pl.slot(s, t)*width : pl.slot(s, t)*width+kvl]
-				b.k.axpy(sc[t], row, oLat)
+			for key := range sc {
+				row := c.f32[pl.slot(s, key)*width : pl.slot(s, key)*width+kvl]
+				b.k.axpy(sc[key], row, oLat)
 			}
 			inv := 1 / sum
 			for j := range oLat {

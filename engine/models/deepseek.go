@@ -1,0 +1,383 @@
+package models
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/deepinfer/deepinfer-go/engine/weights"
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// deepseek implements DeepSeek V2 and V3: multi-head latent attention with
+// optional q compression and decoupled RoPE, a latent KV cache with weight
+// absorption, and MoE layers with shared experts and grouped routing.
+type deepseek struct {
+	base
+	v3         bool
+	dims       kernels.MLAParams
+	qLoraRank  int
+	interleave bool
+	route      kernels.RouteParams
+	layers     []dsLayer
+	mtp        *MTP
+}
+
+type dsLayer struct {
+	inputNorm, postNorm kernels.Tensor
+	attn                mlaWeights
+	dense               *mlp // dense layers
+	moe                 *moeWeights
+}
+
+type mlaWeights struct {
+	qProj                  kernels.Tensor // without q compression
+	qA, qABias, qANorm, qB kernels.Tensor // with q compression
+	kvALat, kvALatBias     kernels.Tensor // rows [0, kv_lora_rank) of kv_a_proj_with_mqa
+	kvARope, kvARopeBias   kernels.Tensor // rows [kv_lora_rank, +qk_rope_head_dim)
+	kvANorm                kernels.Tensor
+	kvB                    kernels.Tensor // [heads*(nope+v), kv_lora_rank]
+	o, oBias               kernels.Tensor
+}
+
+type moeWeights struct {
+	router       kernels.Tensor // [experts, hidden]
+	bias         kernels.Tensor // e_score_correction_bias or nil
+	gateUp, down kernels.Tensor // [experts, 2*inter, hidden], [experts, hidden, inter]
+	shared       *mlp
+}
+
+func routeParams(cfg *weights.Config, v3 bool) (kernels.RouteParams, error) {
+	p := kernels.RouteParams{TopK: cfg.NumExpertsPerTok, NumGroups: cfg.NGroup, TopKGroups: cfg.TopKGroup,
+		ScalingFactor: float32(cfg.RoutedScalingFactor),
+		// The reference DeepSeek V2 never renormalizes the top-k weights.
+		NormTopKProb: v3 && cfg.NormTopKProb}
+	switch cfg.ScoringFunc {
+	case "softmax":
+		p.Scoring = kernels.ScoringSoftmax
+	case "sigmoid":
+		p.Scoring = kernels.ScoringSigmoid
+	default:
+		return p, fmt.Errorf("models: scoring_func %q, want softmax or sigmoid: %w", cfg.ScoringFunc, ErrConfig)
+	}
+	switch cfg.TopKMethod {
+	case "greedy":
+		p.Method = kernels.TopKGreedy
+	case "group_limited_greedy":
+		p.Method = kernels.TopKGroupLimited
+	case "noaux_tc":
+		p.Method = kernels.TopKNoAuxTC
+	default:
+		return p, fmt.Errorf("models: topk_method %q, want greedy, group_limited_greedy or noaux_tc: %w", cfg.TopKMethod, ErrConfig)
+	}
+	if p.TopK <= 0 || p.TopK > cfg.NRoutedExperts {
+		return p, fmt.Errorf("models: num_experts_per_tok %d with %d experts: %w", p.TopK, cfg.NRoutedExperts, ErrConfig)
+	}
+	return p, nil
+}
+
+func newDeepseek(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, opts Options) (Model, error) {
+	v3 := arch == "DeepseekV3ForCausalLM"
+	m := &deepseek{base: base{arch: arch, cfg: cfg, ops: ops}, v3: v3, qLoraRank: cfg.QLoraRank,
+		interleave: cfg.RopeInterleave || !v3, // V2 always rotates interleaved pairs
+		dims: kernels.MLAParams{NumHeads: cfg.NumAttentionHeads, NopeDim: cfg.QKNopeHeadDim, RopeDim: cfg.QKRopeHeadDim,
+			KVLoraRank: cfg.KVLoraRank, VHeadDim: cfg.VHeadDim}}
+	if cfg.HiddenAct != "silu" {
+		return nil, fmt.Errorf("models: %s: hidden_act %q, only silu: %w", arch, cfg.HiddenAct, ErrConfig)
+	}
+	d := m.dims
+	if d.NumHeads <= 0 || d.NopeDim <= 0 || d.RopeDim <= 0 || d.KVLoraRank <= 0 || d.VHeadDim <= 0 {
+		return nil, fmt.Errorf("models: %s: MLA dims %+v: %w", arch, d, ErrConfig)
+	}
+	scale := 1 / math.Sqrt(float64(d.NopeDim+d.RopeDim))
+	if r := cfg.Rope; v3 && r.Type != "default" && r.MscaleAllDim != 0 {
+		ms := yarnMscale(r.Factor, r.MscaleAllDim)
+		scale *= ms * ms
+	}
+	m.dims.Scale = float32(scale)
+	if cfg.NRoutedExperts > 0 {
+		var err error
+		if m.route, err = routeParams(cfg, v3); err != nil {
+			return nil, fmt.Errorf("models: %s: %w", arch, err)
+		}
+	}
+	rotary := int(float64(d.RopeDim) * cfg.Rope.PartialRotaryFactor)
+	if rotary != d.RopeDim {
+		return nil, fmt.Errorf("models: %s: partial rotary over %d of %d rope dims: %w", arch, rotary, d.RopeDim, ErrConfig)
+	}
+	l := &loader{ops: ops, src: src}
+	if err := m.loadCommon(l, opts, rotary); err != nil {
+		return nil, err
+	}
+	for i := range cfg.NumHiddenLayers {
+		m.layers = append(m.layers, m.loadLayer(l, i))
+	}
+	if v3 && cfg.NumNextNPredictLayers > 0 {
+		m.mtp = m.loadMTP(l)
+	}
+	if l.err != nil {
+		return nil, fmt.Errorf("models: %s: %w", arch, l.err)
+	}
+	return m, nil
+}
+
+func (m *deepseek) loadLayer(l *loader, i int) dsLayer {
+	cfg, d, h := m.cfg, m.dims, m.cfg.HiddenSize
+	p := fmt.Sprintf("model.layers.%d.", i)
+	a := p + "self_attn."
+	qd := d.NumHeads * (d.NopeDim + d.RopeDim)
+	ly := dsLayer{
+		inputNorm: l.vector(p+"input_layernorm.weight", h),
+		postNorm:  l.vector(p+"post_attention_layernorm.weight", h),
+	}
+	w := &ly.attn
+	if m.qLoraRank > 0 {
+		w.qA = l.matrix(a+"q_a_proj.weight", m.qLoraRank, h)
+		w.qABias = l.optVector(a+"q_a_proj.bias", m.qLoraRank)
+		w.qANorm = l.vector(a+"q_a_layernorm.weight", m.qLoraRank)
+		w.qB = l.matrix(a+"q_b_proj.weight", qd, m.qLoraRank)
+	} else {
+		w.qProj = l.matrix(a+"q_proj.weight", qd, h)
+	}
+	kvA := l.matrix(a+"kv_a_proj_with_mqa.weight", d.KVLoraRank+d.RopeDim, h)
+	kvABias := l.optVector(a+"kv_a_proj_with_mqa.bias", d.KVLoraRank+d.RopeDim)
+	w.kvALat, w.kvARope = m.splitRows(l, kvA, d.KVLoraRank)
+	w.kvALatBias, w.kvARopeBias = m.splitRows(l, kvABias, d.KVLoraRank)
+	w.kvANorm = l.vector(a+"kv_a_layernorm.weight", d.KVLoraRank)
+	w.kvB = l.matrix(a+"kv_b_proj.weight", d.NumHeads*(d.NopeDim+d.VHeadDim), d.KVLoraRank)
+	w.o = l.matrix(a+"o_proj.weight", h, d.NumHeads*d.VHeadDim)
+	w.oBias = l.optVector(a+"o_proj.bias", h)
+	if !cfg.IsMoELayer(i) {
+		dense := loadMLP(l, p+"mlp.", h, cfg.IntermediateSize)
+		ly.dense = &dense
+		return ly
+	}
+	e, inter := cfg.NRoutedExperts, cfg.MoEIntermediateSize
+	mw := &moeWeights{
+		router: l.matrix(p+"mlp.gate.weight", e, h),
+		bias:   l.optVector(p+"mlp.gate.e_score_correction_bias", e),
+	}
+	mw.gateUp, mw.down = m.loadExperts(l, p+"mlp.experts.", e, h, inter)
+	if cfg.NSharedExperts > 0 {
+		sh := loadMLP(l, p+"mlp.shared_experts.", h, inter*cfg.NSharedExperts)
+		mw.shared = &sh
+	}
+	ly.moe = mw
+	return ly
+}
+
+// splitRows returns views of rows [0, n) and [n, end) of t (nil stays nil).
+func (m *deepseek) splitRows(l *loader, t kernels.Tensor, n int) (kernels.Tensor, kernels.Tensor) {
+	if t == nil || l.err != nil {
+		return nil, nil
+	}
+	a, err := m.ops.Rows(t, 0, n)
+	if err != nil {
+		l.fail(err)
+		return nil, nil
+	}
+	b, err := m.ops.Rows(t, n, t.Shape()[0])
+	if err != nil {
+		l.fail(err)
+		return nil, nil
+	}
+	return a, b
+}
+
+// loadExperts reads the routed experts, either stored fused as transformers 5
+// keeps them (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]) or
+// one module per expert (experts.<e>.{gate,up,down}_proj.weight), into the
+// fused layout the MoE kernel takes.
+func (m *deepseek) loadExperts(l *loader, prefix string, e, h, inter int) (kernels.Tensor, kernels.Tensor) {
+	if l.src.Has(prefix + "gate_up_proj") {
+		return l.matrix(prefix+"gate_up_proj", e, 2*inter, h), l.matrix(prefix+"down_proj", e, h, inter)
+	}
+	if l.err != nil {
+		return nil, nil
+	}
+	gateUp, err := m.ops.Alloc(l.dtypeOf(prefix+"0.gate_proj.weight"), e, 2*inter, h)
+	if err != nil {
+		l.fail(err)
+		return nil, nil
+	}
+	down, err := m.ops.Alloc(l.dtypeOf(prefix+"0.down_proj.weight"), e, h, inter)
+	if err != nil {
+		l.fail(err)
+		return nil, nil
+	}
+	view := func(t kernels.Tensor, i, lo, hi int, shape ...int) kernels.Tensor {
+		v, err := m.ops.Rows(t, i, i+1)
+		if err == nil {
+			v, err = m.ops.Reshape(v, shape...)
+		}
+		if err == nil {
+			v, err = m.ops.Rows(v, lo, hi)
+		}
+		if err != nil {
+			l.fail(err)
+		}
+		return v
+	}
+	for i := 0; i < e && l.err == nil; i++ {
+		p := fmt.Sprintf("%s%d.", prefix, i)
+		l.into(view(gateUp, i, 0, inter, 2*inter, h), p+"gate_proj.weight", inter, h)
+		l.into(view(gateUp, i, inter, 2*inter, 2*inter, h), p+"up_proj.weight", inter, h)
+		l.into(view(down, i, 0, h, h, inter), p+"down_proj.weight", h, inter)
+	}
+	return gateUp, down
+}
+
+func (m *deepseek) KVCacheSpec() KVCacheSpec {
+	return KVCacheSpec{Layout: KVLayoutMLA, NumLayers: len(m.layers), Width: m.dims.KVLoraRank + m.dims.RopeDim,
+		DType: m.ops.ActivationDType()}
+}
+
+func (m *deepseek) NewKVCache(numBlocks, blockSize int) (*KVCache, error) {
+	return NewKVCache(m.ops, m.KVCacheSpec(), numBlocks, blockSize)
+}
+
+func (m *deepseek) MTP() *MTP { return m.mtp }
+
+// Forward runs the decoder stack; see Model.
+func (m *deepseek) Forward(ctx context.Context, cache *KVCache, b *ForwardBatch) (kernels.Tensor, error) {
+	if err := cache.check(m.KVCacheSpec()); err != nil {
+		return nil, err
+	}
+	ops, t, h := m.ops, b.NumTokens, m.cfg.HiddenSize
+	s := newScratch(ops)
+	resid, delta := s.get("resid", t, h), s.get("delta", t, h)
+	if s.err != nil {
+		return nil, s.err
+	}
+	if err := ops.Embedding(resid, m.embed, b.InputIDs); err != nil {
+		return nil, fmt.Errorf("models: %s: %w", m.arch, err)
+	}
+	for i := range m.layers {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if err := m.layer(&m.layers[i], i == 0, cache.K[i], s, b, resid, delta); err != nil {
+			return nil, fmt.Errorf("models: %s: layer %d: %w", m.arch, i, err)
+		}
+	}
+	out, err := ops.Alloc(ops.ActivationDType(), t, h)
+	if err != nil {
+		return nil, err
+	}
+	if err := ops.Add(out, resid, delta); err != nil {
+		return nil, fmt.Errorf("models: %s: %w", m.arch, err)
+	}
+	return out, nil
+}
+
+// layer runs one decoder layer over its latent cache; see llama.layer for the
+// resid/delta protocol (first: delta holds nothing to add yet).
+func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scratch, b *ForwardBatch, resid, delta kernels.Tensor) error {
+	ops, t, d, w := m.ops, b.NumTokens, m.dims, &ly.attn
+	x := s.get("x", t, m.cfg.HiddenSize)
+	q := s.get("q", t, d.NumHeads*(d.NopeDim+d.RopeDim))
+	ckv, kpe := s.get("c_kv", t, d.KVLoraRank), s.get("k_pe", t, d.RopeDim)
+	attn := s.get("attn", t, d.NumHeads*d.VHeadDim)
+	if s.err != nil {
+		return s.err
+	}
+	var err error
+	if first {
+		err = ops.RMSNorm(x, resid, ly.inputNorm, m.eps)
+	} else {
+		err = ops.AddRMSNorm(x, resid, delta, ly.inputNorm, m.eps)
+	}
+	if err != nil {
+		return err
+	}
+	if w.qProj != nil {
+		if err := ops.Linear(q, x, w.qProj, nil); err != nil {
+			return err
+		}
+	} else {
+		qa := s.get("q_a", t, m.qLoraRank)
+		if s.err != nil {
+			return s.err
+		}
+		if err := ops.Linear(qa, x, w.qA, w.qABias); err != nil {
+			return err
+		}
+		if err := ops.RMSNorm(qa, qa, w.qANorm, m.eps); err != nil {
+			return err
+		}
+		if err := ops.Linear(q, qa, w.qB, nil); err != nil {
+			return err
+		}
+	}
+	if err := ops.Linear(ckv, x, w.kvALat, w.kvALatBias); err != nil {
+		return err
+	}
+	if err := ops.Linear(kpe, x, w.kvARope, w.kvARopeBias); err != nil {
+		return err
+	}
+	if err := ops.RMSNorm(ckv, ckv, w.kvANorm, m.eps); err != nil {
+		return err
+	}
+	rp := kernels.RoPEParams{NumHeads: d.NumHeads, HeadSize: d.NopeDim + d.RopeDim, Offset: d.NopeDim,
+		RotaryDim: d.RopeDim, Interleaved: m.interleave}
+	if err := ops.RoPE(q, b.Positions, m.rope.cos, m.rope.sin, rp); err != nil {
+		return err
+	}
+	rp = kernels.RoPEParams{NumHeads: 1, HeadSize: d.RopeDim, RotaryDim: d.RopeDim, Interleaved: m.interleave}
+	if err := ops.RoPE(kpe, b.Positions, m.rope.cos, m.rope.sin, rp); err != nil {
+		return err
+	}
+	if err := ops.WriteCache(cache, ckv, b.Attn.SlotMapping, 0); err != nil {
+		return err
+	}
+	if err := ops.WriteCache(cache, kpe, b.Attn.SlotMapping, d.KVLoraRank); err != nil {
+		return err
+	}
+	if err := ops.MLAAttention(attn, q, cache, w.kvB, &b.Attn, d); err != nil {
+		return err
+	}
+	if err := ops.Linear(delta, attn, w.o, w.oBias); err != nil {
+		return err
+	}
+	if err := ops.AddRMSNorm(x, resid, delta, ly.postNorm, m.eps); err != nil {
+		return err
+	}
+	if ly.dense != nil {
+		return ly.dense.forward(ops, s, delta, x)
+	}
+	return m.moeForward(ly.moe, s, delta, x)
+}
+
+// moeForward writes routed experts plus shared experts of x into out.
+func (m *deepseek) moeForward(w *moeWeights, s *scratch, out, x kernels.Tensor) error {
+	ops, t := m.ops, x.Shape()[0]
+	e, k := m.cfg.NRoutedExperts, m.route.TopK
+	logits, weights := s.get("moe.logits", t, e), s.get("moe.weights", t, k)
+	if s.err != nil {
+		return s.err
+	}
+	ids, err := ops.Alloc(kernels.I32, t, k)
+	if err != nil {
+		return err
+	}
+	if err := ops.Linear(logits, x, w.router, nil); err != nil {
+		return err
+	}
+	if err := ops.MoERoute(ids, weights, logits, w.bias, m.route); err != nil {
+		return err
+	}
+	if w.shared == nil {
+		return ops.MoE(out, x, ids, weights, w.gateUp, w.down)
+	}
+	routed, shared := s.get("moe.routed", t, x.Shape()[1]), s.get("moe.shared", t, x.Shape()[1])
+	if s.err != nil {
+		return s.err
+	}
+	if err := ops.MoE(routed, x, ids, weights, w.gateUp, w.down); err != nil {
+		return err
+	}
+	if err := w.shared.forward(ops, s, shared, x); err != nil {
+		return err
+	}
+	return ops.Add(out, routed, shared)
+}

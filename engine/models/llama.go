@@ -1,0 +1,331 @@
+package models
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/deepinfer/deepinfer-go/engine/weights"
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// base holds what every architecture shares: embeddings, final norm, LM head,
+// RoPE tables.
+type base struct {
+	arch      string
+	cfg       *weights.Config
+	ops       kernels.Ops
+	eps       float32
+	embed     kernels.Tensor // [vocab, hidden], stored dtype
+	finalNorm kernels.Tensor
+	lmHead    kernels.Tensor // [vocab, hidden]; the embedding when tied
+	rope      *ropeTables
+}
+
+func (m *base) Architecture() string    { return m.arch }
+func (m *base) Config() *weights.Config { return m.cfg }
+
+func (m *base) loadCommon(l *loader, opts Options, rotaryDim int) error {
+	c := m.cfg
+	m.eps = float32(c.RMSNormEps)
+	m.embed = l.matrix("model.embed_tokens.weight", c.VocabSize, c.HiddenSize)
+	m.finalNorm = l.vector("model.norm.weight", c.HiddenSize)
+	if c.TieWordEmbeddings {
+		m.lmHead = m.embed
+	} else {
+		m.lmHead = l.matrix("lm_head.weight", c.VocabSize, c.HiddenSize)
+	}
+	if l.err != nil {
+		return l.err
+	}
+	maxPos := opts.MaxModelLen
+	if maxPos <= 0 {
+		maxPos = c.MaxPositionEmbeddings
+	}
+	var err error
+	m.rope, err = newRopeTables(m.ops, c.Rope, rotaryDim, c.MaxPositionEmbeddings, maxPos)
+	return err
+}
+
+// ComputeLogits gathers rows of the hidden states, applies the final norm and
+// the LM head.
+func (m *base) ComputeLogits(hidden, rows kernels.Tensor) (kernels.Tensor, error) {
+	return logits(m.ops, hidden, rows, m.finalNorm, m.lmHead, m.eps)
+}
+
+func logits(ops kernels.Ops, hidden, rows, norm, head kernels.Tensor, eps float32) (kernels.Tensor, error) {
+	r := hidden.Shape()[0]
+	if rows != nil {
+		r = rows.Shape()[0]
+	}
+	out, err := ops.Alloc(kernels.F32, r, head.Shape()[0])
+	if err != nil {
+		return nil, err
+	}
+	if err := ops.Logits(out, hidden, rows, norm, head, eps); err != nil {
+		return nil, fmt.Errorf("models: logits: %w", err)
+	}
+	return out, nil
+}
+
+// mlp is a SwiGLU MLP with gate and up fused: down(silu(x G^T) * (x U^T)).
+type mlp struct {
+	gateUp, gateUpBias kernels.Tensor // [2*inter, hidden]
+	down, downBias     kernels.Tensor // [hidden, inter]
+	inter              int
+}
+
+func loadMLP(l *loader, prefix string, hidden, inter int) mlp {
+	return mlp{
+		inter: inter,
+		gateUp: l.fused(hidden, []string{prefix + "gate_proj.weight", prefix + "up_proj.weight"},
+			[]int{inter, inter}),
+		gateUpBias: l.fusedVector([]string{prefix + "gate_proj.bias", prefix + "up_proj.bias"}, []int{inter, inter}),
+		down:       l.matrix(prefix+"down_proj.weight", hidden, inter),
+		downBias:   l.optVector(prefix+"down_proj.bias", hidden),
+	}
+}
+
+// forward writes the MLP of x into out, using s for scratch.
+func (p *mlp) forward(ops kernels.Ops, s *scratch, out, x kernels.Tensor) error {
+	t := x.Shape()[0]
+	gu, act := s.get("mlp.gate_up", t, 2*p.inter), s.get("mlp.act", t, p.inter)
+	if s.err != nil {
+		return s.err
+	}
+	if err := ops.Linear(gu, x, p.gateUp, p.gateUpBias); err != nil {
+		return err
+	}
+	if err := ops.SiLUMul(act, gu); err != nil {
+		return err
+	}
+	return ops.Linear(out, act, p.down, p.downBias)
+}
+
+// scratch hands out the activation buffers of one forward pass by name: every
+// layer reuses the same buffers.
+type scratch struct {
+	ops  kernels.Ops
+	bufs map[string]kernels.Tensor
+	err  error
+}
+
+func newScratch(ops kernels.Ops) *scratch {
+	return &scratch{ops: ops, bufs: map[string]kernels.Tensor{}}
+}
+
+// get returns the buffer called name, shaped [rows, cols] in the activation
+// dtype, allocating it on first use. An allocation error is kept in s.err and
+// the result is then nil.
+func (s *scratch) get(name string, rows, cols int) kernels.Tensor {
+	key := fmt.Sprintf("%s/%dx%d", name, rows, cols)
+	if t, ok := s.bufs[key]; ok {
+		return t
+	}
+	t, err := s.ops.Alloc(s.ops.ActivationDType(), rows, cols)
+	if err != nil {
+		if s.err == nil {
+			s.err = err
+		}
+		return nil
+	}
+	s.bufs[key] = t
+	return t
+}
+
+// llama implements the Llama family: Llama 2/3, Mistral, Qwen2 (q/k/v
+// biases), Qwen3 (per-head q/k RMSNorm).
+type llama struct {
+	base
+	numHeads, numKVHeads, headDim int
+	layers                        []llamaLayer
+}
+
+type llamaLayer struct {
+	inputNorm, postNorm kernels.Tensor
+	q, k, v, o          kernels.Tensor
+	qBias, kBias, vBias kernels.Tensor
+	oBias               kernels.Tensor
+	qNorm, kNorm        kernels.Tensor // Qwen3, else nil
+	mlp                 mlp
+	slidingWindow       int
+}
+
+func newLlama(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, opts Options) (Model, error) {
+	m := &llama{base: base{arch: arch, cfg: cfg, ops: ops},
+		numHeads: cfg.NumAttentionHeads, numKVHeads: cfg.NumKeyValueHeads, headDim: cfg.HeadDim}
+	if cfg.HiddenAct != "silu" {
+		return nil, fmt.Errorf("models: %s: hidden_act %q, only silu: %w", arch, cfg.HiddenAct, ErrConfig)
+	}
+	l := &loader{ops: ops, src: src}
+	rotary := int(float64(cfg.HeadDim) * cfg.Rope.PartialRotaryFactor)
+	if err := m.loadCommon(l, opts, rotary); err != nil {
+		return nil, err
+	}
+	h, qd, kvd := cfg.HiddenSize, m.numHeads*m.headDim, m.numKVHeads*m.headDim
+	qkNorm := cfg.ModelType == "qwen3" || arch == "Qwen3ForCausalLM"
+	for i := range cfg.NumHiddenLayers {
+		p := fmt.Sprintf("model.layers.%d.", i)
+		a := p + "self_attn."
+		ly := llamaLayer{
+			inputNorm: l.vector(p+"input_layernorm.weight", h),
+			postNorm:  l.vector(p+"post_attention_layernorm.weight", h),
+			q:         l.matrix(a+"q_proj.weight", qd, h),
+			k:         l.matrix(a+"k_proj.weight", kvd, h),
+			v:         l.matrix(a+"v_proj.weight", kvd, h),
+			o:         l.matrix(a+"o_proj.weight", h, qd),
+			qBias:     l.optVector(a+"q_proj.bias", qd),
+			kBias:     l.optVector(a+"k_proj.bias", kvd),
+			vBias:     l.optVector(a+"v_proj.bias", kvd),
+			oBias:     l.optVector(a+"o_proj.bias", h),
+			mlp:       loadMLP(l, p+"mlp.", h, cfg.IntermediateSize),
+		}
+		if cfg.AttentionBias && ly.qBias == nil && l.err == nil {
+			l.matrix(a+"q_proj.bias", qd) // reports the missing bias
+		}
+		if qkNorm {
+			ly.qNorm = l.vector(a+"q_norm.weight", m.headDim)
+			ly.kNorm = l.vector(a+"k_norm.weight", m.headDim)
+		}
+		ly.slidingWindow = slidingWindow(cfg, i)
+		m.layers = append(m.layers, ly)
+	}
+	if l.err != nil {
+		return nil, fmt.Errorf("models: %s: %w", arch, l.err)
+	}
+	return m, nil
+}
+
+// slidingWindow is the attention window of layer i (0: full attention):
+// layer_types when the config lists them, else the Qwen2 rule (layers at or
+// above max_window_layers) or every layer (Mistral).
+func slidingWindow(cfg *weights.Config, i int) int {
+	if cfg.SlidingWindow <= 0 {
+		return 0
+	}
+	if i < len(cfg.LayerTypes) {
+		if cfg.LayerTypes[i] == "sliding_attention" {
+			return cfg.SlidingWindow
+		}
+		return 0
+	}
+	if cfg.UseSlidingWindow && i < cfg.MaxWindowLayers {
+		return 0
+	}
+	return cfg.SlidingWindow
+}
+
+func (m *llama) KVCacheSpec() KVCacheSpec {
+	return KVCacheSpec{Layout: KVLayoutGQA, NumLayers: len(m.layers), Width: m.numKVHeads * m.headDim, DType: m.ops.ActivationDType()}
+}
+
+func (m *llama) NewKVCache(numBlocks, blockSize int) (*KVCache, error) {
+	return NewKVCache(m.ops, m.KVCacheSpec(), numBlocks, blockSize)
+}
+
+func (m *llama) MTP() *MTP { return nil }
+
+// Forward runs the decoder stack; see Model.
+func (m *llama) Forward(ctx context.Context, cache *KVCache, b *ForwardBatch) (kernels.Tensor, error) {
+	if err := cache.check(m.KVCacheSpec()); err != nil {
+		return nil, err
+	}
+	ops, t, h := m.ops, b.NumTokens, m.cfg.HiddenSize
+	s := newScratch(ops)
+	resid, delta := s.get("resid", t, h), s.get("delta", t, h)
+	if s.err != nil {
+		return nil, s.err
+	}
+	if err := ops.Embedding(resid, m.embed, b.InputIDs); err != nil {
+		return nil, fmt.Errorf("models: %s: %w", m.arch, err)
+	}
+	for i := range m.layers {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if err := m.layer(i, s, cache, b, resid, delta); err != nil {
+			return nil, fmt.Errorf("models: %s: layer %d: %w", m.arch, i, err)
+		}
+	}
+	out, err := ops.Alloc(ops.ActivationDType(), t, h)
+	if err != nil {
+		return nil, err
+	}
+	if err := ops.Add(out, resid, delta); err != nil {
+		return nil, fmt.Errorf("models: %s: %w", m.arch, err)
+	}
+	return out, nil
+}
+
+// layer runs decoder layer i. On entry resid holds the residual stream and,
+// for i > 0, delta the previous layer's MLP output still to be added; on exit
+// delta holds this layer's MLP output.
+func (m *llama) layer(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid, delta kernels.Tensor) error {
+	ops, ly, t := m.ops, &m.layers[i], b.NumTokens
+	qd, kvd := m.numHeads*m.headDim, m.numKVHeads*m.headDim
+	x := s.get("x", t, m.cfg.HiddenSize)
+	q, k, v, attn := s.get("q", t, qd), s.get("k", t, kvd), s.get("v", t, kvd), s.get("attn", t, qd)
+	if s.err != nil {
+		return s.err
+	}
+	var err error
+	if i == 0 {
+		err = ops.RMSNorm(x, resid, ly.inputNorm, m.eps)
+	} else {
+		err = ops.AddRMSNorm(x, resid, delta, ly.inputNorm, m.eps)
+	}
+	if err != nil {
+		return err
+	}
+	if err := ops.Linear(q, x, ly.q, ly.qBias); err != nil {
+		return err
+	}
+	if err := ops.Linear(k, x, ly.k, ly.kBias); err != nil {
+		return err
+	}
+	if err := ops.Linear(v, x, ly.v, ly.vBias); err != nil {
+		return err
+	}
+	if ly.qNorm != nil { // Qwen3: RMSNorm over each head
+		qh, err := ops.Reshape(q, t*m.numHeads, m.headDim)
+		if err != nil {
+			return err
+		}
+		kh, err := ops.Reshape(k, t*m.numKVHeads, m.headDim)
+		if err != nil {
+			return err
+		}
+		if err := ops.RMSNorm(qh, qh, ly.qNorm, m.eps); err != nil {
+			return err
+		}
+		if err := ops.RMSNorm(kh, kh, ly.kNorm, m.eps); err != nil {
+			return err
+		}
+	}
+	rp := kernels.RoPEParams{NumHeads: m.numHeads, HeadSize: m.headDim, RotaryDim: m.rope.rotaryDim}
+	if err := ops.RoPE(q, b.Positions, m.rope.cos, m.rope.sin, rp); err != nil {
+		return err
+	}
+	rp.NumHeads = m.numKVHeads
+	if err := ops.RoPE(k, b.Positions, m.rope.cos, m.rope.sin, rp); err != nil {
+		return err
+	}
+	if err := ops.WriteCache(cache.K[i], k, b.Attn.SlotMapping, 0); err != nil {
+		return err
+	}
+	if err := ops.WriteCache(cache.V[i], v, b.Attn.SlotMapping, 0); err != nil {
+		return err
+	}
+	ap := kernels.AttentionParams{NumHeads: m.numHeads, NumKVHeads: m.numKVHeads, HeadDim: m.headDim,
+		Scale: float32(1 / math.Sqrt(float64(m.headDim))), SlidingWindow: ly.slidingWindow}
+	if err := ops.Attention(attn, q, cache.K[i], cache.V[i], &b.Attn, ap); err != nil {
+		return err
+	}
+	if err := ops.Linear(delta, attn, ly.o, ly.oBias); err != nil {
+		return err
+	}
+	if err := ops.AddRMSNorm(x, resid, delta, ly.postNorm, m.eps); err != nil {
+		return err
+	}
+	return ly.mlp.forward(ops, s, delta, x)
+}

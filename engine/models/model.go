@@ -1,0 +1,289 @@
+// Package models holds the architectures, each written once over kernels.Ops
+// and registered by its config.json "architectures" name: the Llama family
+// (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)
+// and DeepSeek V2/V3 (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, with the
+// V3 multi-token-prediction layers loaded as a separate MTP module).
+//
+// A model reads its weights once (Registry.New or Load), copying them into
+// backend memory in their stored dtype, and is then read-only: Forward may run
+// concurrently on different KV caches. The KV cache is paged from the start:
+// the caller (the engine's block manager) owns block allocation and describes
+// each step with a ForwardBatch (flat token ids, positions, cu_seqlens_q,
+// seqlens_k, block tables and the slot mapping of the new tokens).
+//
+// A step is Forward (all layers, returning the last hidden state of every
+// token) followed by ComputeLogits (final norm and LM head) on the rows that
+// sample.
+package models
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/deepinfer/deepinfer-go/engine/weights"
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// Sentinel errors.
+var (
+	// ErrUnknownArchitecture: config.json names an architecture no registered
+	// constructor builds.
+	ErrUnknownArchitecture = errors.New("unknown architecture")
+	// ErrWeights: a tensor is missing or has the wrong shape or dtype.
+	ErrWeights = errors.New("bad weights")
+	// ErrConfig: a config value this architecture cannot run.
+	ErrConfig = errors.New("unsupported config")
+	// ErrBatch: a ForwardBatch that does not describe a valid step.
+	ErrBatch = errors.New("bad batch")
+)
+
+// Model is one architecture bound to a backend and its weights.
+type Model interface {
+	// Architecture is the config.json architectures name the model was built for.
+	Architecture() string
+	// Config is the parsed config.json.
+	Config() *weights.Config
+	// KVCacheSpec describes the per-token, per-layer cache the model needs.
+	KVCacheSpec() KVCacheSpec
+	// NewKVCache allocates numBlocks blocks of blockSize tokens for every layer.
+	NewKVCache(numBlocks, blockSize int) (*KVCache, error)
+	// Forward runs all layers on the batch's tokens, writing their keys and
+	// values into cache at the batch's slot mapping, and returns the hidden
+	// states after the last layer, before the final norm [num_tokens,
+	// hidden_size] (a new tensor; what MTP and other drafters consume).
+	// Cost: one read of every weight plus attention over each sequence's history.
+	Forward(ctx context.Context, cache *KVCache, b *ForwardBatch) (kernels.Tensor, error)
+	// ComputeLogits applies the final norm and the LM head to the given rows
+	// of Forward's output (rows I32 [R]; nil: every row) and returns F32
+	// logits [R, vocab_size]. Cost: 2*R*vocab*hidden flops.
+	ComputeLogits(hidden, rows kernels.Tensor) (kernels.Tensor, error)
+	// MTP returns the multi-token-prediction module, or nil when the checkpoint
+	// has none.
+	MTP() *MTP
+}
+
+// Options tune model construction.
+type Options struct {
+	// MaxModelLen bounds positions (the RoPE table's rows). Default:
+	// config max_position_embeddings.
+	MaxModelLen int
+}
+
+// KVLayout is the kind of per-token cache entry.
+type KVLayout uint8
+
+const (
+	// KVLayoutGQA caches a key and a value of Width = num_kv_heads*head_dim
+	// elements per token per layer (K and V tensors).
+	KVLayoutGQA KVLayout = iota + 1
+	// KVLayoutMLA caches one compressed latent of Width = kv_lora_rank +
+	// qk_rope_head_dim elements per token per layer (K tensors only).
+	KVLayoutMLA
+)
+
+func (l KVLayout) String() string {
+	switch l {
+	case KVLayoutGQA:
+		return "gqa"
+	case KVLayoutMLA:
+		return "mla"
+	}
+	return fmt.Sprintf("KVLayout(%d)", uint8(l))
+}
+
+// KVCacheSpec is what the engine needs to size a cache.
+type KVCacheSpec struct {
+	Layout    KVLayout
+	NumLayers int
+	Width     int // elements per token per layer per cached tensor
+	DType     kernels.DType
+}
+
+// BytesPerTokenPerLayer is the cache footprint of one token in one layer.
+func (s KVCacheSpec) BytesPerTokenPerLayer() int {
+	n := s.Width * s.DType.Size()
+	if s.Layout == KVLayoutGQA {
+		n *= 2
+	}
+	return n
+}
+
+// BytesPerBlock is the footprint of one block of blockSize tokens across all layers.
+func (s KVCacheSpec) BytesPerBlock(blockSize int) int {
+	return s.BytesPerTokenPerLayer() * s.NumLayers * blockSize
+}
+
+// KVCache is a paged cache: per layer, tensors [num_blocks, block_size, Width].
+// Block b, offset o holds the token at slot b*BlockSize+o.
+type KVCache struct {
+	Spec      KVCacheSpec
+	NumBlocks int
+	BlockSize int
+	K         []kernels.Tensor // per layer: keys (GQA) or latents (MLA)
+	V         []kernels.Tensor // per layer: values (GQA); nil for MLA
+}
+
+// NewKVCache allocates a zeroed cache for spec on ops.
+func NewKVCache(ops kernels.Ops, spec KVCacheSpec, numBlocks, blockSize int) (*KVCache, error) {
+	if numBlocks <= 0 || blockSize <= 0 {
+		return nil, fmt.Errorf("models: kv cache of %d blocks of %d tokens: %w", numBlocks, blockSize, ErrConfig)
+	}
+	c := &KVCache{Spec: spec, NumBlocks: numBlocks, BlockSize: blockSize}
+	for range spec.NumLayers {
+		k, err := ops.Alloc(spec.DType, numBlocks, blockSize, spec.Width)
+		if err != nil {
+			return nil, fmt.Errorf("models: kv cache: %w", err)
+		}
+		c.K = append(c.K, k)
+		if spec.Layout == KVLayoutGQA {
+			v, err := ops.Alloc(spec.DType, numBlocks, blockSize, spec.Width)
+			if err != nil {
+				return nil, fmt.Errorf("models: kv cache: %w", err)
+			}
+			c.V = append(c.V, v)
+		}
+	}
+	return c, nil
+}
+
+func (c *KVCache) check(spec KVCacheSpec) error {
+	if c == nil || c.Spec != spec || len(c.K) != spec.NumLayers {
+		return fmt.Errorf("models: kv cache does not match the model's spec %+v: %w", spec, ErrBatch)
+	}
+	return nil
+}
+
+// ForwardBatch is one step's input in backend memory. Sequences are laid out
+// back to back: sequence s owns token rows Attn.CuSeqlensQ[s]..[s+1].
+type ForwardBatch struct {
+	NumTokens int
+	InputIDs  kernels.Tensor // I32 [NumTokens]
+	Positions kernels.Tensor // I32 [NumTokens]
+	Attn      kernels.AttentionMetadata
+}
+
+// HostBatch is the host-side description of one step, as the engine's prepare
+// stage builds it. See kernels.AttentionMetadata for the attention fields.
+type HostBatch struct {
+	InputIDs    []int32
+	Positions   []int32
+	CuSeqlensQ  []int32   // [num_seqs+1]
+	SeqlensK    []int32   // [num_seqs]: cached + new tokens
+	BlockTables [][]int32 // per sequence, logical -> physical block
+	SlotMapping []int32   // [num_tokens]
+	BlockSize   int
+}
+
+// AddSequence appends the new tokens of one sequence whose first numCached
+// tokens are already in the cache; blockTable must cover numCached+len(ids)
+// tokens. Positions are numCached.., slots follow the block table.
+func (h *HostBatch) AddSequence(ids []int32, numCached int, blockTable []int32) {
+	if len(h.CuSeqlensQ) == 0 {
+		h.CuSeqlensQ = []int32{0}
+	}
+	for i, id := range ids {
+		pos := numCached + i
+		h.InputIDs = append(h.InputIDs, id)
+		h.Positions = append(h.Positions, int32(pos))
+		slot := int32(-1)
+		if b := pos / h.BlockSize; b < len(blockTable) {
+			slot = blockTable[b]*int32(h.BlockSize) + int32(pos%h.BlockSize)
+		}
+		h.SlotMapping = append(h.SlotMapping, slot)
+	}
+	h.CuSeqlensQ = append(h.CuSeqlensQ, h.CuSeqlensQ[len(h.CuSeqlensQ)-1]+int32(len(ids)))
+	h.SeqlensK = append(h.SeqlensK, int32(numCached+len(ids)))
+	h.BlockTables = append(h.BlockTables, blockTable)
+}
+
+// Validate checks the batch's internal consistency: lengths, monotonic
+// cu_seqlens, key counts, block tables covering every key, slots matching
+// the block tables. numBlocks > 0 also bounds block ids.
+func (h *HostBatch) Validate(numBlocks int) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("models: batch: "+format+": %w", append(args, ErrBatch)...)
+	}
+	n := len(h.SeqlensK)
+	t := len(h.InputIDs)
+	switch {
+	case h.BlockSize <= 0:
+		return bad("block size %d", h.BlockSize)
+	case n == 0 || t == 0:
+		return bad("empty batch")
+	case len(h.CuSeqlensQ) != n+1 || len(h.BlockTables) != n:
+		return bad("%d sequences but %d cu_seqlens_q and %d block tables", n, len(h.CuSeqlensQ), len(h.BlockTables))
+	case len(h.Positions) != t || len(h.SlotMapping) != t:
+		return bad("%d tokens but %d positions and %d slots", t, len(h.Positions), len(h.SlotMapping))
+	case h.CuSeqlensQ[0] != 0 || int(h.CuSeqlensQ[n]) != t:
+		return bad("cu_seqlens_q %v does not span %d tokens", h.CuSeqlensQ, t)
+	}
+	for s := range n {
+		lo, hi, k := int(h.CuSeqlensQ[s]), int(h.CuSeqlensQ[s+1]), int(h.SeqlensK[s])
+		if hi < lo || k < hi-lo {
+			return bad("sequence %d: %d queries, %d keys", s, hi-lo, k)
+		}
+		need := (k + h.BlockSize - 1) / h.BlockSize
+		if len(h.BlockTables[s]) < need {
+			return bad("sequence %d: %d keys need %d blocks, table has %d", s, k, need, len(h.BlockTables[s]))
+		}
+		for j, blk := range h.BlockTables[s][:need] {
+			if blk < 0 || (numBlocks > 0 && int(blk) >= numBlocks) {
+				return bad("sequence %d: block_tables[%d] = %d, cache has %d blocks", s, j, blk, numBlocks)
+			}
+		}
+		for i := lo; i < hi; i++ {
+			pos := int(h.Positions[i])
+			if want := k - hi + i; pos != want {
+				return bad("sequence %d: token %d at position %d, want %d", s, i, pos, want)
+			}
+			want := h.BlockTables[s][pos/h.BlockSize]*int32(h.BlockSize) + int32(pos%h.BlockSize)
+			if h.SlotMapping[i] != want {
+				return bad("sequence %d: token %d: slot %d, block table gives %d", s, i, h.SlotMapping[i], want)
+			}
+		}
+	}
+	return nil
+}
+
+// Upload validates h and copies it into backend memory.
+func (h *HostBatch) Upload(ops kernels.Ops, numBlocks int) (*ForwardBatch, error) {
+	if err := h.Validate(numBlocks); err != nil {
+		return nil, err
+	}
+	n, t := len(h.SeqlensK), len(h.InputIDs)
+	maxBlocks, maxQ, maxK := 1, 0, 0
+	for s := range n {
+		maxBlocks = max(maxBlocks, len(h.BlockTables[s]))
+		maxQ = max(maxQ, int(h.CuSeqlensQ[s+1]-h.CuSeqlensQ[s]))
+		maxK = max(maxK, int(h.SeqlensK[s]))
+	}
+	tables := make([]int32, n*maxBlocks)
+	for s, row := range h.BlockTables {
+		copy(tables[s*maxBlocks:], row)
+		for j := len(row); j < maxBlocks; j++ {
+			tables[s*maxBlocks+j] = -1
+		}
+	}
+	b := &ForwardBatch{NumTokens: t, Attn: kernels.AttentionMetadata{
+		NumSeqs: n, NumTokens: t, MaxSeqlenQ: maxQ, MaxSeqlenK: maxK, BlockSize: h.BlockSize}}
+	var err error
+	up := func(xs []int32, shape ...int) kernels.Tensor {
+		if err != nil {
+			return nil
+		}
+		var ten kernels.Tensor
+		ten, err = kernels.FromI32(ops, xs, shape...)
+		return ten
+	}
+	b.InputIDs = up(h.InputIDs, t)
+	b.Positions = up(h.Positions, t)
+	b.Attn.CuSeqlensQ = up(h.CuSeqlensQ, n+1)
+	b.Attn.SeqlensK = up(h.SeqlensK, n)
+	b.Attn.BlockTables = up(tables, n, maxBlocks)
+	b.Attn.SlotMapping = up(h.SlotMapping, t)
+	if err != nil {
+		return nil, fmt.Errorf("models: upload batch: %w", err)
+	}
+	return b, nil
+}

@@ -1,0 +1,220 @@
+package models
+
+import (
+	"context"
+	"errors"
+
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+func TestUnknownArchitecture(t *testing.T) {
+	ops := newBackend(t, 1)
+	cfg := parseConfig(t, strings.Replace(tinyConfigs["llama"], "LlamaForCausalLM", "GPT2LMHeadModel", 1))
+	_, err := Builtin().New(ops, cfg, MemWeights{}, Options{})
+	if !errors.Is(err, ErrUnknownArchitecture) {
+		t.Fatalf("err = %v, want ErrUnknownArchitecture", err)
+	}
+	for _, want := range []string{"GPT2LMHeadModel", "LlamaForCausalLM", "DeepseekV3ForCausalLM", "Qwen3ForCausalLM"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+}
+
+func TestMissingAndMisshapedWeights(t *testing.T) {
+	ops := newBackend(t, 1)
+	cfg := parseConfig(t, tinyConfigs["qwen3"])
+	w, err := RandomWeights(cfg, kernels.BF16, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := "model.layers.1.self_attn.k_norm.weight"
+	missing := MemWeights{}
+	for k, v := range w {
+		if k != name {
+			missing[k] = v
+		}
+	}
+	_, err = Builtin().New(ops, cfg, missing, Options{MaxModelLen: 8})
+	if !errors.Is(err, ErrWeights) || !strings.Contains(err.Error(), name) {
+		t.Errorf("missing tensor: err = %v, want ErrWeights naming %s", err, name)
+	}
+	bad := w["model.layers.0.mlp.up_proj.weight"]
+	bad.Shape = []int{bad.Shape[1], bad.Shape[0]}
+	w["model.layers.0.mlp.up_proj.weight"] = bad
+	_, err = Builtin().New(ops, cfg, w, Options{MaxModelLen: 8})
+	if !errors.Is(err, ErrWeights) || !strings.Contains(err.Error(), "up_proj") {
+		t.Errorf("misshaped tensor: err = %v, want ErrWeights naming up_proj", err)
+	}
+}
+
+func TestBadBatch(t *testing.T) {
+	h := HostBatch{BlockSize: 4}
+	h.AddSequence([]int32{1, 2, 3}, 2, []int32{0})
+	if err := h.Validate(0); !errors.Is(err, ErrBatch) {
+		t.Errorf("5 keys in one block of 4: err = %v, want ErrBatch", err)
+	}
+	h = HostBatch{BlockSize: 4}
+	h.AddSequence([]int32{1, 2}, 0, []int32{3})
+	if err := h.Validate(2); !errors.Is(err, ErrBatch) {
+		t.Errorf("block 3 of a 2-block cache: err = %v, want ErrBatch", err)
+	}
+	h.SlotMapping[1] = 0
+	if err := h.Validate(0); !errors.Is(err, ErrBatch) {
+		t.Errorf("slot not matching the table: err = %v, want ErrBatch", err)
+	}
+}
+
+// TestDecodeMatchesPrefill: for every architecture, the logits of a prompt
+// computed in one prefill, in two chunks, and token by token over the paged
+// cache are bit-identical (each row is computed by the same kernels in the
+// same order whatever else is in the step).
+func TestDecodeMatchesPrefill(t *testing.T) {
+	const blockSize, numBlocks, promptLen = 4, 32, 11
+	ops := newBackend(t, 2)
+	for _, name := range tinyNames {
+		t.Run(name, func(t *testing.T) {
+			m, _ := tinyModel(t, ops, name, kernels.BF16)
+			r := rand.New(rand.NewPCG(1, 2))
+			prompt := randomIDs(r, promptLen, m.Config().VocabSize)
+			run := func(chunks ...int) [][]float32 {
+				cache, err := m.NewKVCache(numBlocks, blockSize)
+				if err != nil {
+					t.Fatal(err)
+				}
+				table := newBlockPool(r, numBlocks).table(blockSize, promptLen)
+				var all [][]float32
+				done := 0
+				for _, n := range chunks {
+					lg, _ := step(t, m, cache, seqStep{prompt[done : done+n], done, table})
+					all = append(all, lg...)
+					done += n
+				}
+				return all
+			}
+			whole := run(promptLen)
+			ones := make([]int, promptLen)
+			for i := range ones {
+				ones[i] = 1
+			}
+			for what, got := range map[string][][]float32{"two chunks": run(7, 4), "token by token": run(ones...)} {
+				for i := range whole {
+					if !sameBits(got[i], whole[i]) {
+						t.Errorf("%s: position %d differs from the whole prefill (rel err %.2g)", what, i, relErr(got[i], f64(whole[i])))
+					}
+				}
+			}
+		})
+	}
+}
+
+func f64(xs []float32) []float64 {
+	out := make([]float64, len(xs))
+	for i, x := range xs {
+		out[i] = float64(x)
+	}
+	return out
+}
+
+// TestBatchInvariance: seven sequences in one step (prefills, a chunk over a
+// cached prefix, decodes) give the same bits per row as each sequence alone,
+// on backends with different thread counts.
+func TestBatchInvariance(t *testing.T) {
+	const blockSize, numBlocks = 4, 64
+	for _, name := range tinyNames {
+		t.Run(name, func(t *testing.T) {
+			r := rand.New(rand.NewPCG(3, 4))
+			type seq struct{ cached, fresh []int32 }
+			var seqs []seq
+			for _, n := range [][2]int{{0, 6}, {5, 3}, {9, 1}, {0, 1}, {3, 1}, {12, 1}, {2, 9}} {
+				seqs = append(seqs, seq{randomIDs(r, n[0], 97), randomIDs(r, n[1], 97)})
+			}
+			var outs [2][][]float32
+			for run, threads := range []int{3, 1} {
+				ops := newBackend(t, threads)
+				m, _ := tinyModel(t, ops, name, kernels.F32)
+				cache, err := m.NewKVCache(numBlocks, blockSize)
+				if err != nil {
+					t.Fatal(err)
+				}
+				pool := newBlockPool(rand.New(rand.NewPCG(5, 6)), numBlocks)
+				var steps []seqStep
+				for _, s := range seqs {
+					table := pool.table(blockSize, len(s.cached)+len(s.fresh))
+					if len(s.cached) > 0 {
+						step(t, m, cache, seqStep{s.cached, 0, table})
+					}
+					steps = append(steps, seqStep{s.fresh, len(s.cached), table})
+				}
+				if run == 0 {
+					outs[0], _ = step(t, m, cache, steps...)
+					continue
+				}
+				for _, st := range steps {
+					lg, _ := step(t, m, cache, st)
+					outs[1] = append(outs[1], lg...)
+				}
+			}
+			for i := range outs[0] {
+				if !sameBits(outs[0][i], outs[1][i]) {
+					t.Errorf("row %d: batch of 7 on 3 threads differs from the sequence alone on 1 thread", i)
+				}
+			}
+		})
+	}
+}
+
+func TestKVCacheSpec(t *testing.T) {
+	ops := newBackend(t, 1)
+	for _, tc := range []struct {
+		name   string
+		layout KVLayout
+		width  int
+		bytes  int
+	}{
+		{"llama", KVLayoutGQA, 16, 2 * 16 * 4},
+		{"deepseek-v3", KVLayoutMLA, 16 + 4, 20 * 4},
+	} {
+		m, _ := tinyModel(t, ops, tc.name, kernels.BF16)
+		s := m.KVCacheSpec()
+		if s.Layout != tc.layout || s.Width != tc.width || s.BytesPerTokenPerLayer() != tc.bytes || s.NumLayers != 2 {
+			t.Errorf("%s: spec %+v (%d bytes/token/layer), want %v width %d, %d bytes", tc.name, s, s.BytesPerTokenPerLayer(), tc.layout, tc.width, tc.bytes)
+		}
+		if got := s.BytesPerBlock(16); got != tc.bytes*2*16 {
+			t.Errorf("%s: BytesPerBlock(16) = %d", tc.name, got)
+		}
+	}
+}
+
+func TestForwardCancelled(t *testing.T) {
+	ops := newBackend(t, 1)
+	m, _ := tinyModel(t, ops, "llama", kernels.F32)
+	cache, _ := m.NewKVCache(4, 4)
+	h := HostBatch{BlockSize: 4}
+	h.AddSequence([]int32{1, 2}, 0, []int32{0})
+	b, err := h.Upload(ops, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := m.Forward(ctx, cache, b); !errors.Is(err, context.Canceled) {
+		t.Errorf("err = %v, want context.Canceled", err)
+	}
+	other, _ := tinyModel(t, ops, "deepseek-v2", kernels.F32)
+	if _, err := m.Forward(context.Background(), mustCache(t, other), b); !errors.Is(err, ErrBatch) {
+		t.Errorf("foreign cache: err = %v, want ErrBatch", err)
+	}
+}
+
+func mustCache(t *testing.T, m Model) *KVCache {
+	c, err := m.NewKVCache(4, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
