@@ -1,0 +1,726 @@
+#!/usr/bin/env python3
+"""Build random-weight Hugging Face models from config.json files and dump
+reference outputs of HF transformers for the Go parity tests.
+
+For each input config (default: the five tiny fixtures in tools/configs/):
+
+  1. transformers builds the model (float32, eager attention, eager experts);
+     every parameter is re-initialised from a seeded generator (see
+     init_weights) so that logits are far from flat;
+  2. the model is saved with save_pretrained (the hub layout, per-expert
+     tensors) and rewritten as OUT/<name>/f32/ and OUT/<name>/bf16/, each with
+     the config.json that transformers wrote and one model.safetensors;
+     for DeepSeek V3 with num_nextn_predict_layers > 0 the MTP layer is
+     appended under DeepSeek's published names (model.layers.<N>.*);
+  3. unless --no-reference, each variant is loaded back with from_pretrained
+     in float32 (the bf16 checkpoint is upcast) and checked against the built
+     weights, and OUT/<name>/reference.safetensors gets, for v in {f32, bf16}
+     and prompt i in {0, 1, 2} (random ids, lengths 1, 7, 23):
+       <v>.prompt.<i>.ids     I32 [L]         the prompt
+       <v>.prompt.<i>.logits  F32 [L, vocab]  logits of the whole prompt
+       <v>.greedy.<i>.ids     I32 [32]        32 greedy new tokens (plain argmax
+                                              with the KV cache, EOS ignored)
+       <v>.greedy.<i>.margin  F32 [32]        top-1 minus top-2 logit per step
+       <v>.rope.inv_freq      F32 [rot/2]     the model's RoPE inverse frequencies
+     and for an MTP model
+       <v>.mtp.<i>.ids        I32 [L]         prompt[1:] + [greedy[0]]
+       <v>.mtp.<i>.logits     F32 [L, vocab]  MTP logits (see mtp_reference)
+     The header's __metadata__ records versions, seeds and the scales HF used.
+
+Large real-shape configs (tools/configs/real/) are meant for
+  make_fixtures.py --config tools/configs/real/qwen3-0.6b.json --out DIR \
+      --no-reference --variants bf16 --device cuda
+
+Runs on the GPU machine (torch, transformers 5, safetensors); the references
+are computed on the CPU by default so that float32 means float32 (no TF32).
+"""
+
+import argparse
+import contextlib
+import copy
+import json
+import os
+import re
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+import traceback
+import zlib
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TINY = ["llama", "mistral", "qwen3", "deepseek-v2", "deepseek-v3"]
+PROMPT_LENS = (1, 7, 23)
+NEW_TOKENS = 32
+# Tensors kept in float32 in the bf16 checkpoint, as DeepSeek-V3's published
+# checkpoints do.
+KEEP_F32 = ("e_score_correction_bias",)
+# Weights of a DeepSeek MTP layer besides a decoder layer's own.
+MTP_EXTRAS = (
+    "enorm.weight",
+    "hnorm.weight",
+    "eh_proj.weight",
+    "shared_head.norm.weight",
+    "shared_head.head.weight",
+    "embed_tokens.weight",
+)
+# Tensors each fixture's checkpoint must hold: proof that transformers built
+# the architecture the config asks for, in the hub layout.
+EXPECT_TENSORS = {
+    "llama": [
+        "model.layers.0.self_attn.q_proj.bias",
+        "model.layers.1.self_attn.o_proj.bias",
+        "lm_head.weight",
+    ],
+    "mistral": ["model.layers.1.self_attn.k_proj.weight", "lm_head.weight"],
+    "qwen3": ["model.layers.0.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight"],
+    "deepseek-v2": [
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.1.mlp.gate.weight",
+        "model.layers.1.mlp.experts.7.down_proj.weight",
+        "model.layers.1.mlp.shared_experts.up_proj.weight",
+    ],
+    "deepseek-v3": [
+        "model.layers.0.self_attn.q_a_proj.weight",
+        "model.layers.0.self_attn.q_a_layernorm.weight",
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.1.mlp.gate.e_score_correction_bias",
+        "model.layers.1.mlp.experts.7.gate_proj.weight",
+        "model.layers.1.mlp.shared_experts.down_proj.weight",
+        "model.layers.2.eh_proj.weight",
+        "model.layers.2.mlp.experts.0.up_proj.weight",
+        "model.layers.2.self_attn.kv_b_proj.weight",
+    ],
+}
+EXPECT_ABSENT = {"qwen3": ["lm_head.weight"]}
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+def call_with_optional(fn, args, kwargs, optional):
+    """Call fn, dropping keyword arguments from `optional` that this version of
+    transformers rejects with a TypeError naming them."""
+    kwargs = dict(kwargs)
+    while True:
+        try:
+            return fn(*args, **kwargs)
+        except TypeError as e:
+            dropped = [k for k in optional if k in kwargs and k in str(e)]
+            if not dropped:
+                raise
+            for k in dropped:
+                log(f"    note: {getattr(fn, '__qualname__', fn)} rejects {k}; dropped")
+                kwargs.pop(k)
+
+
+def make_config(spec):
+    from transformers import AutoConfig
+
+    tmp = tempfile.mkdtemp()
+    try:
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(spec, f)
+        return AutoConfig.from_pretrained(tmp)
+    finally:
+        shutil.rmtree(tmp)
+
+
+def build_model(spec, dtype, device):
+    from transformers import AutoModelForCausalLM
+
+    config = make_config(spec)
+    # Build large models directly on the GPU.
+    where = contextlib.nullcontext() if device == "cpu" else torch.device(device)
+    with where:
+        model = call_with_optional(
+            AutoModelForCausalLM.from_config,
+            (config,),
+            dict(dtype=dtype, attn_implementation="eager", experts_implementation="eager"),
+            ["experts_implementation", "dtype"],
+        )
+    model = model.to(device=device, dtype=dtype)
+    model.eval()
+    force_eager(model)
+    patch_moe(model)
+    return model
+
+
+def force_eager(model):
+    """Plain attention and the plain per-expert loop: the simplest math, for
+    references. Logs what the model ends up using."""
+    for setter, value in (("set_attn_implementation", "eager"), ("set_experts_implementation", "eager")):
+        fn = getattr(model, setter, None)
+        if fn is not None:
+            try:
+                fn(value)
+            except Exception as e:  # a model without experts may refuse
+                log(f"    note: {setter}({value!r}): {e}")
+    log(f"    attention {getattr(model.config, '_attn_implementation', '?')}, "
+        f"experts {getattr(model.config, '_experts_implementation', 'n/a')}")
+
+
+def patch_moe(model):
+    """Some transformers versions read `num_experts` in DeepSeek V2's grouped
+    routing without setting it; give it the configured value (no effect where
+    it is set)."""
+    n = getattr(model.config, "n_routed_experts", None)
+    for mod in model.modules():
+        if type(mod).__name__.lower().endswith("moe") and hasattr(mod, "experts") and not hasattr(mod, "num_experts"):
+            mod.num_experts = n
+            log(f"    note: set {type(mod).__name__}.num_experts = {n}")
+
+
+def is_norm(name):
+    return name.endswith("norm.weight")
+
+
+def is_embed_or_head(name):
+    return "embed_tokens" in name or name.startswith("lm_head") or "shared_head.head" in name
+
+
+@torch.no_grad()
+def init_weights(module, seed, std, embed_std, prefix=""):
+    """Seeded re-initialisation of every parameter, in name order:
+    RMSNorm weights 1 + N(0, 0.1); biases N(0, std); embeddings and LM heads
+    N(0, embed_std); every other matrix (projections, routers, experts)
+    N(0, std); DeepSeek V3's e_score_correction_bias N(0, 0.1)."""
+    device = next(module.parameters()).device
+    g = torch.Generator(device=device).manual_seed(seed)
+
+    def normal(shape):
+        return torch.randn(tuple(shape), generator=g, device=device, dtype=torch.float32)
+
+    for name, p in sorted(module.named_parameters(), key=lambda kv: kv[0]):
+        full = prefix + name
+        z = normal(p.shape)
+        if is_norm(full):
+            val = 1.0 + 0.1 * z
+        elif full.endswith("bias"):
+            val = (0.1 if "e_score_correction_bias" in full else std) * z
+        elif is_embed_or_head(full):
+            val = embed_std * z
+        else:
+            val = std * z
+        p.copy_(val.to(p.dtype))
+    for name, b in sorted(module.named_buffers(), key=lambda kv: kv[0]):
+        if name.endswith("e_score_correction_bias"):
+            b.copy_((0.1 * normal(b.shape)).to(b.dtype))
+
+
+def saved_tensors(d):
+    from safetensors.torch import load_file
+
+    index = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    out = {}
+    for name in files:
+        out.update(load_file(os.path.join(d, name)))
+    return out
+
+
+def unfuse_experts(tensors, hidden):
+    """Split fused expert tensors (mlp.experts.gate_up_proj [E, 2I, H] and
+    mlp.experts.down_proj [E, H, I], as transformers 5 holds them in memory)
+    into the hub's per-expert names, in case save_pretrained kept them fused.
+    The reload check in reference() proves the split right."""
+    out = {}
+    n = 0
+    for k, t in tensors.items():
+        if k.endswith("mlp.experts.gate_up_proj") and t.dim() == 3:
+            base = k[: -len("gate_up_proj")]
+            if t.shape[2] != hidden:  # [E, H, 2I]
+                t = t.transpose(1, 2)
+            inter = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.gate_proj.weight"] = t[e, :inter].contiguous()
+                out[f"{base}{e}.up_proj.weight"] = t[e, inter:].contiguous()
+            n += 1
+        elif k.endswith("mlp.experts.down_proj") and t.dim() == 3:
+            base = k[: -len("down_proj")]
+            if t.shape[1] != hidden:  # [E, I, H]
+                t = t.transpose(1, 2)
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.down_proj.weight"] = t[e].contiguous()
+            n += 1
+        else:
+            out[k] = t
+    if n:
+        log(f"    note: split {n} fused expert tensors into per-expert tensors")
+    return out
+
+
+def layer_index(name):
+    m = re.match(r"model\.layers\.(\d+)\.", name)
+    return int(m.group(1)) if m else None
+
+
+def keep_f32(name):
+    return any(k in name for k in KEEP_F32)
+
+
+def to_variant(tensors, variant):
+    if variant == "f32":
+        return {k: v.float().contiguous() for k, v in tensors.items()}
+    return {k: (v.float() if keep_f32(k) else v.to(torch.bfloat16)).contiguous() for k, v in tensors.items()}
+
+
+def variant_dtype(variant):
+    return {"f32": torch.float32, "bf16": torch.bfloat16}[variant]
+
+
+def patch_config_json(cfg, variant, num_layers, num_mtp):
+    """The config.json transformers wrote, with the dtype of the variant and,
+    for MTP models, the main layer count and the MTP layer count restored."""
+    cfg = dict(cfg)
+    name = {"f32": "float32", "bf16": "bfloat16"}[variant]
+    cfg["dtype"] = name
+    if "torch_dtype" in cfg:
+        cfg["torch_dtype"] = name
+    cfg["num_hidden_layers"] = num_layers
+    if isinstance(cfg.get("layer_types"), list):
+        cfg["layer_types"] = cfg["layer_types"][:num_layers]
+    if num_mtp or "num_nextn_predict_layers" in cfg:
+        cfg["num_nextn_predict_layers"] = num_mtp
+    if "num_mtp_layers" in cfg:
+        cfg["num_mtp_layers"] = num_mtp
+    return cfg
+
+
+def dir_bytes(d):
+    total = 0
+    for root, _, files in os.walk(d):
+        for f in files:
+            total += os.path.getsize(os.path.join(root, f))
+    return total
+
+
+def rms_norm(x, w, eps):
+    x = x.float()
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def loading_info_get(info, key):
+    if isinstance(info, dict):
+        return list(info.get(key, []) or [])
+    return list(getattr(info, key, []) or [])
+
+
+def load_variant(d, spec, num_mtp):
+    from transformers import AutoModelForCausalLM
+
+    kwargs = dict(
+        dtype=torch.float32,
+        attn_implementation="eager",
+        experts_implementation="eager",
+        output_loading_info=True,
+    )
+    if num_mtp:
+        kwargs["num_nextn_predict_layers"] = 0
+    model, info = call_with_optional(
+        AutoModelForCausalLM.from_pretrained, (d,), kwargs, ["experts_implementation", "dtype"]
+    )
+    model = model.float().eval()
+    force_eager(model)
+    patch_moe(model)
+    num_layers = spec["num_hidden_layers"]
+    missing = loading_info_get(info, "missing_keys")
+    if spec.get("tie_word_embeddings"):
+        missing = [k for k in missing if k != "lm_head.weight"]
+    mismatched = loading_info_get(info, "mismatched_keys")
+    unexpected = [k for k in loading_info_get(info, "unexpected_keys")]
+    bad_unexpected = [k for k in unexpected if not (layer_index(k) is not None and layer_index(k) >= num_layers)]
+    if missing or mismatched or bad_unexpected:
+        raise RuntimeError(
+            f"loading {d}: missing {missing[:8]}, mismatched {mismatched[:8]}, unexpected {bad_unexpected[:8]}"
+        )
+    want_cls = spec["architectures"][0]
+    if type(model).__name__ != want_cls:
+        raise RuntimeError(f"loading {d}: transformers built {type(model).__name__}, want {want_cls}")
+    return model, len(unexpected)
+
+
+@torch.no_grad()
+def check_roundtrip(model, built_sd, variant, num_layers):
+    """Every weight of the reloaded model equals the built one (rounded to
+    bf16 for the bf16 variant): the files mean to HF what we built."""
+    got = model.state_dict()
+    n = 0
+    for k, v in got.items():
+        if k not in built_sd:
+            if "mtp" in k or (layer_index(k) is not None and layer_index(k) >= num_layers):
+                continue
+            raise RuntimeError(f"reloaded model has {k}, which the built model lacks")
+        want = built_sd[k].float()
+        if variant == "bf16" and not keep_f32(k):
+            want = want.to(torch.bfloat16).float()
+        if v.shape != want.shape or not torch.equal(v.float().cpu(), want.cpu()):
+            diff = (v.float().cpu() - want.cpu()).abs().max().item() if v.shape == want.shape else "shape"
+            raise RuntimeError(f"reloaded {k} differs from the built weight ({variant}, max diff {diff})")
+        n += 1
+    for k in built_sd:
+        li = layer_index(k)
+        if (li is None or li < num_layers) and k not in got:
+            raise RuntimeError(f"built weight {k} is absent from the reloaded model")
+    return n
+
+
+@torch.no_grad()
+def greedy(model, ids, n):
+    """n greedy tokens by plain argmax with the KV cache (EOS ignored), and
+    the top-1 minus top-2 margin at each step."""
+    out = model(input_ids=ids[None], use_cache=True)
+    past = out.past_key_values
+    logits = out.logits[0, -1].float()
+    toks, margins, step_logits = [], [], []
+    for k in range(n):
+        tok = int(torch.argmax(logits))
+        others = logits.clone()
+        others[tok] = -float("inf")
+        toks.append(tok)
+        margins.append(float(logits[tok] - others.max()))
+        step_logits.append(logits)
+        if k == n - 1:
+            break
+        out = model(input_ids=torch.tensor([[tok]], device=ids.device), past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        logits = out.logits[0, -1].float()
+    return toks, margins, torch.stack(step_logits)
+
+
+@torch.no_grad()
+def mtp_reference(model, block, extras, eps, ids, first_new, h):
+    """DeepSeek-V3 MTP over the prompt positions t = 0..L-1:
+        x_t = eh_proj(cat(enorm(embed(next_t)), hnorm(h_t)))
+    with next = prompt[1:] + [first greedy token] and h_t the main model's
+    final hidden state before its final norm; then the MTP decoder layer over
+    x_0..x_{L-1} with causal attention among these L positions and RoPE
+    positions t; logits_t = shared_head.head(shared_head.norm(layer_out_t)).
+    embed, the norms, eh_proj and the head are the MTP layer's own tensors."""
+    L = ids.shape[0]
+    nxt = torch.cat([ids[1:], torch.tensor([first_new], dtype=ids.dtype, device=ids.device)])
+    emb = F.embedding(nxt, extras["embed_tokens.weight"])
+    x = torch.cat([rms_norm(emb, extras["enorm.weight"], eps), rms_norm(h, extras["hnorm.weight"], eps)], dim=-1)
+    x = (x @ extras["eh_proj.weight"].T)[None]
+    pos = torch.arange(L, device=ids.device)[None]
+    pe = model.model.rotary_emb(x, pos)
+    mask = torch.full((L, L), float("-inf"), device=ids.device).triu(1)[None, None]
+    out = block(x, attention_mask=mask, position_ids=pos, position_embeddings=pe)
+    if isinstance(out, tuple):
+        out = out[0]
+    y = rms_norm(out[0], extras["shared_head.norm.weight"], eps)
+    return y @ extras["shared_head.head.weight"].T, nxt
+
+
+def make_prompts(vocab, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (L,), generator=g) for L in PROMPT_LENS]
+
+
+@torch.no_grad()
+def reference(name, spec, out_dir, built, num_mtp, seed, device):
+    from safetensors.torch import load_file, save_file
+    import transformers
+
+    num_layers = spec["num_hidden_layers"]
+    vocab = spec["vocab_size"]
+    eps = spec.get("rms_norm_eps", 1e-6)
+    prompts = [p.to(device) for p in make_prompts(vocab, seed + 17)]
+    ref = {}
+    meta = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "weights_seed": str(seed),
+        "prompt_seed": str(seed + 17),
+        "prompt_lengths": json.dumps(list(PROMPT_LENS)),
+        "new_tokens": str(NEW_TOKENS),
+        "compute": "float32 on " + device,
+    }
+    summary = {}
+    for variant in ("f32", "bf16"):
+        vdir = os.path.join(out_dir, variant)
+        if not os.path.isdir(vdir):
+            continue
+        model, n_unexpected = load_variant(vdir, spec, num_mtp)
+        model.to(device)
+        n_checked = check_roundtrip(model, built["state_dict"], variant, num_layers)
+        log(f"  {variant}: {type(model).__name__} reloaded, {n_checked} weights equal the built ones"
+            f" ({n_unexpected} MTP tensors left to the engine)")
+        attn = model.model.layers[0].self_attn
+        meta["attn_softmax_scale"] = repr(float(getattr(attn, "scaling", float("nan"))))
+        rot = model.model.rotary_emb
+        meta["rope_attention_scaling"] = repr(float(getattr(rot, "attention_scaling", 1.0)))
+        meta["rope_type"] = str(getattr(rot, "rope_type", "?"))
+        meta["model_class"] = type(model).__name__
+        ref[f"{variant}.rope.inv_freq"] = rot.inv_freq.detach().float().cpu().contiguous()
+
+        captured = {}
+        hook = model.model.norm.register_forward_pre_hook(lambda mod, args: captured.__setitem__("h", args[0]))
+        all_new, min_margin, min_std, max_cache_diff, argmax_mismatch = [], float("inf"), float("inf"), 0.0, 0
+        for i, ids in enumerate(prompts):
+            logits = model(input_ids=ids[None], use_cache=False).logits[0].float()
+            h = captured["h"][0].float().clone()
+            if not torch.isfinite(logits).all():
+                raise RuntimeError(f"{variant} prompt {i}: non-finite logits")
+            min_std = min(min_std, float(logits.std(dim=-1).min()))
+            toks, margins, step_logits = greedy(model, ids, NEW_TOKENS)
+            # Cross-check the cached decode against one uncached pass.
+            full_ids = torch.cat([ids, torch.tensor(toks[:-1], dtype=ids.dtype, device=device)])
+            full = model(input_ids=full_ids[None], use_cache=False).logits[0].float()
+            L = ids.shape[0]
+            max_cache_diff = max(
+                max_cache_diff,
+                float((full[L - 1:] - step_logits).abs().max()),
+                float((full[:L] - logits).abs().max()),
+            )
+            argmax_mismatch += int((full[L - 1:].argmax(-1).cpu() != torch.tensor(toks)).sum())
+            ref[f"{variant}.prompt.{i}.ids"] = ids.to(torch.int32).cpu().contiguous()
+            ref[f"{variant}.prompt.{i}.logits"] = logits.cpu().contiguous()
+            ref[f"{variant}.greedy.{i}.ids"] = torch.tensor(toks, dtype=torch.int32)
+            ref[f"{variant}.greedy.{i}.margin"] = torch.tensor(margins, dtype=torch.float32)
+            all_new.append(toks)
+            min_margin = min(min_margin, min(margins))
+            if num_mtp:
+                block, extras = mtp_modules(built, vdir, variant, num_layers, device)
+                mtp_logits, nxt = mtp_reference(model, block, extras, eps, ids, toks[0], h)
+                if not torch.isfinite(mtp_logits).all():
+                    raise RuntimeError(f"{variant} prompt {i}: non-finite MTP logits")
+                ref[f"{variant}.mtp.{i}.ids"] = nxt.to(torch.int32).cpu().contiguous()
+                ref[f"{variant}.mtp.{i}.logits"] = mtp_logits.float().cpu().contiguous()
+        hook.remove()
+        distinct = len({t for toks in all_new for t in toks})
+        log(f"  {variant}: min logit row std {min_std:.3f}, min greedy margin {min_margin:.2e}, "
+            f"{distinct} distinct greedy tokens, cache vs full max diff {max_cache_diff:.1e}, "
+            f"argmax disagreements {argmax_mismatch}")
+        for i, toks in enumerate(all_new):
+            log(f"    greedy {i}: {toks}")
+        if min_std < 0.05:
+            raise RuntimeError(f"{variant}: degenerate logits (row std {min_std:.3g})")
+        if distinct < 4 or all(t == all_new[0] for t in all_new[1:]):
+            raise RuntimeError(f"{variant}: degenerate greedy continuations ({distinct} distinct tokens)")
+        summary[variant] = dict(min_std=min_std, min_margin=min_margin, distinct=distinct,
+                                cache_diff=max_cache_diff, mismatch=argmax_mismatch)
+        del model
+    meta["init"] = "see tools/make_fixtures.py init_weights"
+    if num_mtp:
+        meta["mtp"] = ("mtp.<i>.ids = prompt[1:] + [greedy[0]]; x_t = eh_proj(cat(enorm(embed(ids_t)), hnorm(h_t))) "
+                       "with h_t the final hidden state before the final norm; MTP decoder layer over t=0..L-1, "
+                       "causal, RoPE positions t; logits = shared_head.head(shared_head.norm(out))")
+    save_file(ref, os.path.join(out_dir, "reference.safetensors"), metadata=meta)
+    # The file must hold what the Go side expects.
+    back = load_file(os.path.join(out_dir, "reference.safetensors"))
+    for variant in summary:
+        for i, L in enumerate(PROMPT_LENS):
+            assert tuple(back[f"{variant}.prompt.{i}.ids"].shape) == (L,)
+            assert tuple(back[f"{variant}.prompt.{i}.logits"].shape) == (L, vocab)
+            assert tuple(back[f"{variant}.greedy.{i}.ids"].shape) == (NEW_TOKENS,)
+            if num_mtp:
+                assert tuple(back[f"{variant}.mtp.{i}.logits"].shape) == (L, vocab)
+    return summary
+
+
+def mtp_modules(built, vdir, variant, num_layers, device):
+    """The MTP decoder layer (the built model's layer N, rounded to bf16 for
+    the bf16 variant) and the MTP extras as stored in the variant's file."""
+    from safetensors.torch import load_file
+
+    key = (vdir, variant)
+    cache = built.setdefault("mtp_cache", {})
+    if key in cache:
+        return cache[key]
+    block = copy.deepcopy(built["model"].model.layers[num_layers]).float().to(device).eval()
+    if variant == "bf16":
+        with torch.no_grad():
+            for name, p in block.named_parameters():
+                if not keep_f32(name):
+                    p.copy_(p.to(torch.bfloat16).float())
+    stored = load_file(os.path.join(vdir, "model.safetensors"))
+    prefix = f"model.layers.{num_layers}."
+    extras = {k: stored[prefix + k].float().to(device) for k in MTP_EXTRAS}
+    cache[key] = (block, extras)
+    return cache[key]
+
+
+def make_fixture(name, spec, out_root, args):
+    from safetensors.torch import save_file
+
+    t0 = time.time()
+    out_dir = os.path.join(out_root, name)
+    if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+    os.makedirs(out_dir)
+    seed = args.seed + zlib.crc32(name.encode()) % 100000
+    num_layers = spec["num_hidden_layers"]
+    num_mtp = int(spec.get("num_nextn_predict_layers") or 0)
+    if num_mtp and args.no_reference:
+        log(f"  note: {name}: MTP layers are only built with references; writing none")
+        num_mtp = 0
+    variants = [v for v in args.variants.split(",") if v]
+
+    # The MTP decoder layer is built as one more decoder layer of the same
+    # model, so transformers names and lays out its weights itself.
+    build_spec = dict(spec)
+    build_spec["num_hidden_layers"] = num_layers + num_mtp
+    if "num_nextn_predict_layers" in spec or "num_mtp_layers" in spec:
+        build_spec["num_nextn_predict_layers"] = 0
+        build_spec["num_mtp_layers"] = 0
+    device = args.device
+    build_dtype = torch.float32 if (not args.no_reference or "f32" in variants) else torch.bfloat16
+    model = build_model(build_spec, build_dtype, device)
+    if type(model).__name__ != spec["architectures"][0]:
+        raise RuntimeError(f"transformers built {type(model).__name__}, want {spec['architectures'][0]}")
+    init_weights(model, seed, args.std, args.embed_std)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"  built {type(model).__name__} ({type(model.config).__name__}), {n_params} parameters "
+        f"({num_layers} layers + {num_mtp} MTP), seed {seed}")
+
+    tmp = tempfile.mkdtemp()
+    try:
+        if args.no_reference:
+            # Large models: let transformers shard and name the files.
+            for variant in variants:
+                vdir = os.path.join(out_dir, variant)
+                model.to(variant_dtype(variant)).save_pretrained(vdir, max_shard_size="2GB")
+                with open(os.path.join(vdir, "config.json")) as f:
+                    cfg = json.load(f)
+                with open(os.path.join(vdir, "config.json"), "w") as f:
+                    json.dump(patch_config_json(cfg, variant, num_layers, num_mtp), f, indent=2, sort_keys=True)
+                for extra in ("generation_config.json",):
+                    if os.path.exists(os.path.join(vdir, extra)):
+                        os.remove(os.path.join(vdir, extra))
+                log(f"  wrote {vdir} ({dir_bytes(vdir) / 2**20:.1f} MiB)")
+            return {}
+        model.save_pretrained(tmp)
+        with open(os.path.join(tmp, "config.json")) as f:
+            written_cfg = json.load(f)
+        tensors = unfuse_experts(saved_tensors(tmp), spec["hidden_size"])
+    finally:
+        shutil.rmtree(tmp)
+
+    hidden, vocab = spec["hidden_size"], spec["vocab_size"]
+    if num_mtp:
+        g = torch.Generator().manual_seed(seed + 1)
+        for k in range(num_mtp):
+            prefix = f"model.layers.{num_layers + k}."
+            shapes = {
+                "enorm.weight": (hidden,),
+                "hnorm.weight": (hidden,),
+                "eh_proj.weight": (hidden, 2 * hidden),
+                "shared_head.norm.weight": (hidden,),
+                "shared_head.head.weight": (vocab, hidden),
+                "embed_tokens.weight": (vocab, hidden),
+            }
+            for extra in MTP_EXTRAS:
+                z = torch.randn(shapes[extra], generator=g)
+                if is_norm(extra):
+                    val = 1.0 + 0.1 * z
+                elif is_embed_or_head(extra):
+                    val = args.embed_std * z
+                else:
+                    val = args.std * z
+                tensors[prefix + extra] = val.contiguous()
+    for t in EXPECT_TENSORS.get(name, []):
+        if t not in tensors:
+            raise RuntimeError(f"checkpoint lacks {t}; has e.g. {sorted(tensors)[:12]}")
+    for t in EXPECT_ABSENT.get(name, []):
+        if t in tensors:
+            raise RuntimeError(f"checkpoint holds {t}, which it should not")
+    for variant in variants:
+        vdir = os.path.join(out_dir, variant)
+        os.makedirs(vdir)
+        save_file(to_variant(tensors, variant), os.path.join(vdir, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(vdir, "config.json"), "w") as f:
+            json.dump(patch_config_json(written_cfg, variant, num_layers, num_mtp), f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    summary = {}
+    if not args.no_reference:
+        built = {"model": model, "state_dict": {k: v.detach().float().cpu() for k, v in model.state_dict().items()}}
+        summary = reference(name, spec, out_dir, built, num_mtp, seed, device)
+    size = dir_bytes(out_dir)
+    log(f"  {name}: {len(tensors)} tensors, {size} bytes in {out_dir}, {time.time() - t0:.1f}s")
+    if args.max_dir_bytes and size > args.max_dir_bytes:
+        raise RuntimeError(f"{out_dir} holds {size} bytes, over the limit of {args.max_dir_bytes}")
+    summary["bytes"] = size
+    summary["params"] = n_params
+    return summary
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", action="append", help="input config.json (repeatable; default: the tiny fixtures)")
+    p.add_argument("--name", help="output folder name for a single --config (default: the file's stem)")
+    p.add_argument("--out", required=True, help="output root: one folder per model")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--std", type=float, default=0.1, help="std of projection, router and expert weights")
+    p.add_argument("--embed-std", type=float, default=0.25, help="std of embeddings and LM heads")
+    p.add_argument("--variants", default="f32,bf16", help="comma-separated: f32, bf16")
+    p.add_argument("--no-reference", action="store_true", help="write weights only (large real-shape configs)")
+    p.add_argument("--device", default="cpu", help="where to build and run the models (cpu, cuda)")
+    p.add_argument("--max-dir-bytes", type=int, default=2 * 1024 * 1024, help="fail a fixture over this size (0: no limit)")
+    p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--tar", help="also pack every written folder into this .tar.gz")
+    args = p.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    if args.no_reference and args.max_dir_bytes == 2 * 1024 * 1024:
+        args.max_dir_bytes = 0
+
+    configs = args.config or [os.path.join(HERE, "configs", n + ".json") for n in TINY]
+    if args.name and len(configs) != 1:
+        p.error("--name needs exactly one --config")
+    import transformers
+
+    log(f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device}")
+    os.makedirs(args.out, exist_ok=True)
+    results, failed = {}, []
+    for path in configs:
+        name = args.name or os.path.splitext(os.path.basename(path))[0]
+        with open(path) as f:
+            spec = json.load(f)
+        log(f"== {name} ({path})")
+        try:
+            results[name] = make_fixture(name, spec, args.out, args)
+        except Exception:
+            traceback.print_exc()
+            failed.append(name)
+            shutil.rmtree(os.path.join(args.out, name), ignore_errors=True)
+
+    if args.tar:
+        with tarfile.open(args.tar, "w:gz") as tar:
+            for name in results:
+                tar.add(os.path.join(args.out, name), arcname=name)
+        log(f"packed {sorted(results)} into {args.tar} ({os.path.getsize(args.tar)} bytes)")
+
+    log("")
+    log(f"{'fixture':<14}{'params':>9}{'bytes':>10}  per variant: min row std / min margin / distinct / cache diff / argmax disagreements")
+    for name, s in results.items():
+        parts = []
+        for v in ("f32", "bf16"):
+            if v in s:
+                r = s[v]
+                parts.append(f"{v}: {r['min_std']:.2f} / {r['min_margin']:.1e} / {r['distinct']} / "
+                             f"{r['cache_diff']:.0e} / {r['mismatch']}")
+            # weights-only runs have no per-variant figures
+        log(f"{name:<14}{s.get('params', 0):>9}{s.get('bytes', 0):>10}  " + "; ".join(parts))
+    if failed:
+        log(f"FAILED: {failed}")
+        sys.exit(1)
+    log("all fixtures OK")
+
+
+if __name__ == "__main__":
+    main()
