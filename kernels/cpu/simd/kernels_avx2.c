@@ -76,18 +76,22 @@ AVX2 INLINE void tile(const int dt, const int R, const int C, const float *x, in
 	for (int f = 0; f < R * C; f++)
 		lo[f] = hi[f] = _mm256_setzero_ps();
 	int64_t kk = 0;
+	// Rows in registers, one column's weights at a time.
 	for (; kk + 16 <= k; kk += 16) {
-		__m256 wl[4], wh[4];
-#pragma GCC unroll 4
-		for (int c = 0; c < C; c++)
-			load_w(dt, wc[c], kk, &wl[c], &wh[c]);
+		__m256 xl[4], xh[4];
 #pragma GCC unroll 4
 		for (int r = 0; r < R; r++) {
-			__m256 xl = _mm256_loadu_ps(xr[r] + kk), xh = _mm256_loadu_ps(xr[r] + kk + 8);
+			xl[r] = _mm256_loadu_ps(xr[r] + kk);
+			xh[r] = _mm256_loadu_ps(xr[r] + kk + 8);
+		}
 #pragma GCC unroll 4
-			for (int c = 0; c < C; c++) {
-				lo[r * C + c] = _mm256_fmadd_ps(xl, wl[c], lo[r * C + c]);
-				hi[r * C + c] = _mm256_fmadd_ps(xh, wh[c], hi[r * C + c]);
+		for (int c = 0; c < C; c++) {
+			__m256 wl, wh;
+			load_w(dt, wc[c], kk, &wl, &wh);
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++) {
+				lo[r * C + c] = _mm256_fmadd_ps(xl[r], wl, lo[r * C + c]);
+				hi[r * C + c] = _mm256_fmadd_ps(xh[r], wh, hi[r * C + c]);
 			}
 		}
 	}

@@ -80,7 +80,7 @@ AVX512 INLINE __m512 reduce16(const __m512 a[16]) {
 	                     _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// tile computes an R x C block of out (R*C == 16): rows x[0..nr) (stride k)
+// tile computes an R x C block of out (R <= 4, R*C is 8 or 16): rows x[0..nr) (stride k)
 // against columns w[0..nc) (stride k), written to out[r*ldo + c] for r < nr,
 // c < nc. Rows and columns past nr, nc repeat the last valid one, so a partial
 // tile runs the full-tile code: every accumulator is independent of the
@@ -100,38 +100,40 @@ AVX512 INLINE void tile(const int dt, const int R, const int C, const float *x, 
 	for (int f = 0; f < 16; f++)
 		acc[f] = _mm512_setzero_ps();
 	int64_t kk = 0;
+	// Rows in registers, one column's weights at a time: R*C + R + 1 zmm.
 	for (; kk + 16 <= k; kk += 16) {
-		__m512 wv[16];
+		__m512 xv[4];
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++)
+			xv[r] = _mm512_loadu_ps(xr[r] + kk);
 #pragma GCC unroll 16
-		for (int c = 0; c < C; c++)
-			wv[c] = load_w(dt, wc[c], kk);
-#pragma GCC unroll 16
-		for (int r = 0; r < R; r++) {
-			__m512 xv = _mm512_loadu_ps(xr[r] + kk);
-#pragma GCC unroll 16
-			for (int c = 0; c < C; c++)
-				acc[r * C + c] = _mm512_fmadd_ps(xv, wv[c], acc[r * C + c]);
+		for (int c = 0; c < C; c++) {
+			__m512 wv = load_w(dt, wc[c], kk);
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++)
+				acc[r * C + c] = _mm512_fmadd_ps(xv[r], wv, acc[r * C + c]);
 		}
 	}
 	if (kk < k) {
 		__mmask16 mk = (__mmask16)((1u << (k - kk)) - 1);
-		__m512 wv[16];
+		__m512 xv[4];
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++)
+			xv[r] = _mm512_maskz_loadu_ps(mk, xr[r] + kk);
 #pragma GCC unroll 16
-		for (int c = 0; c < C; c++)
-			wv[c] = load_w_mask(dt, wc[c], kk, mk);
-#pragma GCC unroll 16
-		for (int r = 0; r < R; r++) {
-			__m512 xv = _mm512_maskz_loadu_ps(mk, xr[r] + kk);
-#pragma GCC unroll 16
-			for (int c = 0; c < C; c++)
-				acc[r * C + c] = _mm512_mask3_fmadd_ps(xv, wv[c], acc[r * C + c], mk);
+		for (int c = 0; c < C; c++) {
+			__m512 wv = load_w_mask(dt, wc[c], kk, mk);
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++)
+				acc[r * C + c] = _mm512_mask3_fmadd_ps(xv[r], wv, acc[r * C + c], mk);
 		}
 	}
-	// Order the accumulators so that reduce16's lane f holds acc[f].
+	// Order the accumulators so that reduce16's lane f holds acc[f]; a tile
+	// of 8 fills lanes 8..15 with copies that are not stored.
 	__m512 a[16];
 #pragma GCC unroll 16
 	for (int f = 0; f < 16; f++)
-		a[4 * (f % 4) + f / 4] = acc[f];
+		a[4 * (f % 4) + f / 4] = acc[f % (R * C)];
 	float res[16];
 	_mm512_storeu_ps(res, reduce16(a));
 	for (int r = 0; r < nr; r++)
@@ -166,7 +168,7 @@ AVX512 INLINE void linear(const int dt, float *out, const float *x, const void *
 				linear_rows(dt, 2, 8, out, x, w, n, k, i, 2, jb, je);
 				i += 2;
 			} else {
-				linear_rows(dt, 1, 16, out, x, w, n, k, i, 1, jb, je);
+				linear_rows(dt, 1, 8, out, x, w, n, k, i, 1, jb, je);
 				i += 1;
 			}
 		}
@@ -274,4 +276,25 @@ AVX512 void di_f32_to_bf16_avx512(uint16_t *dst, const float *src, int64_t n) {
 		__mmask16 mk = (__mmask16)((1u << (n - i)) - 1);
 		_mm256_mask_storeu_epi16(dst + i, mk, to_bf16(_mm512_maskz_loadu_ps(mk, src + i)));
 	}
+}
+
+// di_fma_peak_avx512 runs iters rounds of 24 independent 16-lane FMAs from
+// registers: the throughput ceiling the Linear benchmarks are compared with.
+// Returns a value derived from the accumulators so the loop is not removed.
+AVX512 float di_fma_peak_avx512(int64_t iters) {
+	__m512 acc[24];
+	__m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+#pragma GCC unroll 24
+	for (int i = 0; i < 24; i++)
+		acc[i] = _mm512_set1_ps((float)i);
+	for (int64_t it = 0; it < iters; it++) {
+#pragma GCC unroll 24
+		for (int i = 0; i < 24; i++)
+			acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+	}
+	__m512 s = acc[0];
+#pragma GCC unroll 24
+	for (int i = 1; i < 24; i++)
+		s = _mm512_add_ps(s, acc[i]);
+	return hsum(s);
 }

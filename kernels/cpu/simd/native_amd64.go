@@ -33,6 +33,16 @@ func nativeImpls() []*Impl {
 	return impls
 }
 
+// fmaPeak runs iters rounds of 24 independent 16-lane FMAs (768 flops per
+// round) with AVX-512 and returns a value that depends on all of them; ok is
+// false where the CPU lacks AVX-512. For benchmarks only.
+func fmaPeak(iters int) (v float32, ok bool) {
+	if !cpu.X86.HasAVX512F {
+		return 0, false
+	}
+	return float32(C.di_fma_peak_avx512(C.int64_t(iters))), true
+}
+
 // cFuncs are one instruction set's C entry points.
 type cFuncs struct {
 	linear    func(dtype C.int, out *C.float, x *C.float, w unsafe.Pointer, m, n, k, j0, j1 C.int64_t)

@@ -4,3 +4,5 @@ package simd
 
 // nativeImpls: no SIMD path without cgo on amd64.
 func nativeImpls() []*Impl { return nil }
+
+func fmaPeak(iters int) (float32, bool) { return 0, false }

@@ -1,0 +1,228 @@
+package simd
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/deepinfer/deepinfer-go/kernels/cpu/pool"
+)
+
+// The benchmarks measure against the machine's own limits, in the same run:
+// GEMV (decode, memory-bound) against the bandwidth of a large parallel
+// copy, GEMM (prefill, compute-bound) against the FMA throughput of all cores
+// running independent register-only FMAs (fmaPeak).
+//
+//	go test -run XXX -bench 'Linear|Copy|FMAPeak' -benchtime 2s ./kernels/cpu/simd
+
+// coldBytes is the working set a GEMV benchmark rotates over, so that
+// weights come from memory as in a decode step, not from the last-level cache.
+const coldBytes = 512 << 20
+
+// copyGBps returns the best of three parallel copies of a 256 MiB buffer
+// over p, counted as bytes read plus bytes written per second.
+func copyGBps(p *pool.Pool) float64 {
+	const size = 256 << 20
+	src := make([]byte, size)
+	dst := make([]byte, size)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	best := 0.0
+	for range 4 {
+		start := time.Now()
+		p.ForGrain(size, 1<<16, func(lo, hi int) { copy(dst[lo:hi], src[lo:hi]) })
+		if gbps := 2 * size / time.Since(start).Seconds() / 1e9; gbps > best {
+			best = gbps
+		}
+	}
+	return best
+}
+
+// peakGFLOPs returns the FMA throughput of all p's workers, or 0 without
+// AVX-512.
+func peakGFLOPs(p *pool.Pool) float64 {
+	const iters = 20_000_000
+	if _, ok := fmaPeak(1); !ok {
+		return 0
+	}
+	best := 0.0
+	for range 3 {
+		start := time.Now()
+		p.For(p.NumWorkers(), func(lo, hi int) {
+			for range hi - lo {
+				fmaPeak(iters)
+			}
+		})
+		gf := float64(p.NumWorkers()) * iters * 24 * 32 / time.Since(start).Seconds() / 1e9
+		best = max(best, gf)
+	}
+	return best
+}
+
+func BenchmarkCopy(b *testing.B) {
+	p := pool.New(0)
+	defer p.Close()
+	const size = 256 << 20
+	src := make([]byte, size)
+	dst := make([]byte, size)
+	b.SetBytes(2 * size)
+	for b.Loop() {
+		p.ForGrain(size, 1<<16, func(lo, hi int) { copy(dst[lo:hi], src[lo:hi]) })
+	}
+}
+
+func BenchmarkFMAPeak(b *testing.B) {
+	p := pool.New(0)
+	defer p.Close()
+	if _, ok := fmaPeak(1); !ok {
+		b.Skip("no AVX-512")
+	}
+	const iters = 1_000_000
+	for b.Loop() {
+		p.For(p.NumWorkers(), func(lo, hi int) {
+			for range hi - lo {
+				fmaPeak(iters)
+			}
+		})
+	}
+	flops := float64(p.NumWorkers()) * iters * 24 * 32
+	b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+}
+
+type benchWeights struct {
+	name  string
+	esize int
+	make  func(r *rand.Rand, num int) any
+	run   func(p *Impl, out, x []float32, w any, m, n, k, j0, j1 int)
+}
+
+var benchDtypes = []benchWeights{
+	{"f32", 4, func(r *rand.Rand, num int) any { return randVec(r, num) },
+		func(p *Impl, out, x []float32, w any, m, n, k, j0, j1 int) {
+			p.LinearF32(out, x, w.([]float32), m, n, k, j0, j1)
+		}},
+	{"bf16", 2, func(r *rand.Rand, num int) any {
+		w := make([]uint16, num)
+		for i := range w {
+			w[i] = f32ToBF16(float32(r.NormFloat64()))
+		}
+		return w
+	}, func(p *Impl, out, x []float32, w any, m, n, k, j0, j1 int) {
+		p.LinearBF16(out, x, w.([]uint16), m, n, k, j0, j1)
+	}},
+	{"f16", 2, func(r *rand.Rand, num int) any {
+		w := make([]uint16, num)
+		for i := range w {
+			w[i] = uint16(r.IntN(2))<<15 | uint16(10+r.IntN(8))<<10 | uint16(r.IntN(1024))
+		}
+		return w
+	}, func(p *Impl, out, x []float32, w any, m, n, k, j0, j1 int) {
+		p.LinearF16(out, x, w.([]uint16), m, n, k, j0, j1)
+	}},
+}
+
+// Shapes of a ~100M-parameter Llama layer (hidden 768, MLP 2048, vocab 32000).
+var gemvShapes = []struct {
+	name string
+	n, k int
+}{
+	{"qkv_o_768x768", 768, 768},
+	{"up_2048x768", 2048, 768},
+	{"down_768x2048", 768, 2048},
+	{"lm_head_32000x768", 32000, 768},
+}
+
+// BenchmarkLinearGEMV runs decode-shaped products (m = 1 and 4) over all
+// cores, rotating over enough weight copies to miss the caches, and reports
+// the weight bytes streamed per second and the ratio to copy bandwidth.
+func BenchmarkLinearGEMV(b *testing.B) {
+	p := pool.New(0)
+	defer p.Close()
+	copyBW := copyGBps(p)
+	b.Logf("parallel copy over %d workers: %.1f GB/s (read+write)", p.NumWorkers(), copyBW)
+	r := rand.New(rand.NewPCG(1, 1))
+	for _, impl := range []*Impl{Default()} {
+		for _, dt := range benchDtypes {
+			if dt.name == "f16" {
+				continue // same loop as bf16 with a different widening
+			}
+			for _, sh := range gemvShapes {
+				wbytes := sh.n * sh.k * dt.esize
+				numCopies := max(1, coldBytes/wbytes)
+				ws := make([]any, numCopies)
+				for i := range ws {
+					ws[i] = dt.make(r, sh.n*sh.k)
+				}
+				for _, m := range []int{1, 4} {
+					b.Run(fmt.Sprintf("%s/%s/%s/m%d", impl, dt.name, sh.name, m), func(b *testing.B) {
+						x := randVec(r, m*sh.k)
+						out := make([]float32, m*sh.n)
+						i := 0
+						for b.Loop() {
+							w := ws[i%numCopies]
+							i++
+							p.ForGrain(sh.n, 16, func(lo, hi int) {
+								dt.run(impl, out, x, w, m, sh.n, sh.k, lo, hi)
+							})
+						}
+						gbps := float64(wbytes) * float64(b.N) / b.Elapsed().Seconds() / 1e9
+						b.ReportMetric(gbps, "GB/s")
+						b.ReportMetric(gbps/copyBW, "x_copy")
+					})
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkLinearGEMM runs prefill-shaped products (m = 512) over all cores
+// and reports GFLOP/s and the fraction of the measured FMA peak.
+func BenchmarkLinearGEMM(b *testing.B) {
+	p := pool.New(0)
+	defer p.Close()
+	peak := peakGFLOPs(p)
+	b.Logf("FMA peak over %d workers: %.1f GFLOP/s", p.NumWorkers(), peak)
+	r := rand.New(rand.NewPCG(2, 2))
+	const m = 512
+	impls := []*Impl{Default()}
+	for _, impl := range impls {
+		for _, dt := range benchDtypes {
+			for _, sh := range gemvShapes[:3] {
+				w := dt.make(r, sh.n*sh.k)
+				x := randVec(r, m*sh.k)
+				out := make([]float32, m*sh.n)
+				b.Run(fmt.Sprintf("%s/%s/%s/m%d", impl, dt.name, sh.name, m), func(b *testing.B) {
+					for b.Loop() {
+						p.ForGrain(sh.n, 16, func(lo, hi int) {
+							dt.run(impl, out, x, w, m, sh.n, sh.k, lo, hi)
+						})
+					}
+					gflops := 2 * float64(m*sh.n*sh.k) * float64(b.N) / b.Elapsed().Seconds() / 1e9
+					b.ReportMetric(gflops, "GFLOP/s")
+					if peak > 0 {
+						b.ReportMetric(gflops/peak, "x_peak")
+					}
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkDot measures the small-vector cost, where the cgo call matters.
+func BenchmarkDot(b *testing.B) {
+	r := rand.New(rand.NewPCG(3, 3))
+	for _, impl := range Impls() {
+		for _, num := range []int{16, 64, 128, 4096} {
+			a, c := randVec(r, num), randVec(r, num)
+			b.Run(fmt.Sprintf("%s/n%d", impl, num), func(b *testing.B) {
+				var s float32
+				for b.Loop() {
+					s += impl.Dot(a, c)
+				}
+				_ = s
+			})
+		}
+	}
+}
