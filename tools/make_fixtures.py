@@ -101,6 +101,10 @@ EXPECT_TENSORS = {
 EXPECT_ABSENT = {"qwen3": ["lm_head.weight"]}
 
 
+class NearTie(Exception):
+    """A greedy step whose top two logits are closer than --min-margin."""
+
+
 def log(*args):
     print(*args, flush=True)
 
@@ -552,7 +556,7 @@ def mtp_modules(built, vdir, variant, num_layers, device):
     return cache[key]
 
 
-def make_fixture(name, spec, out_root, args):
+def make_fixture(name, spec, out_root, args, attempt=0):
     from safetensors.torch import save_file
 
     t0 = time.time()
@@ -560,7 +564,7 @@ def make_fixture(name, spec, out_root, args):
     if os.path.exists(out_dir):
         shutil.rmtree(out_dir)
     os.makedirs(out_dir)
-    seed = args.seed + zlib.crc32(name.encode()) % 100000
+    seed = args.seed + zlib.crc32(name.encode()) % 100000 + 1000 * attempt
     num_layers = spec["num_hidden_layers"]
     num_mtp = int(spec.get("num_nextn_predict_layers") or 0)
     if num_mtp and args.no_reference:
@@ -648,6 +652,9 @@ def make_fixture(name, spec, out_root, args):
     if not args.no_reference:
         built = {"model": model, "state_dict": {k: v.detach().float().cpu() for k, v in model.state_dict().items()}}
         summary = reference(name, spec, out_dir, built, num_mtp, seed, device)
+        margin = min(s["min_margin"] for s in summary.values())
+        if margin < args.min_margin:
+            raise NearTie(f"{name}: a greedy step has top-2 margin {margin:.1e} < {args.min_margin:g} (seed {seed})")
     size = dir_bytes(out_dir)
     log(f"  {name}: {len(tensors)} tensors, {size} bytes in {out_dir}, {time.time() - t0:.1f}s")
     if args.max_dir_bytes and size > args.max_dir_bytes:
@@ -670,6 +677,9 @@ def main():
     p.add_argument("--device", default="cpu", help="where to build and run the models (cpu, cuda)")
     p.add_argument("--max-dir-bytes", type=int, default=2 * 1024 * 1024, help="fail a fixture over this size (0: no limit)")
     p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--min-margin", type=float, default=1e-3,
+                   help="redraw the weights (next seed) while a greedy step's top-2 logit margin is below this")
+    p.add_argument("--max-tries", type=int, default=4)
     p.add_argument("--tar", help="also pack every written folder into this .tar.gz")
     args = p.parse_args()
 
@@ -693,7 +703,14 @@ def main():
             spec = json.load(f)
         log(f"== {name} ({path})")
         try:
-            results[name] = make_fixture(name, spec, args.out, args)
+            for attempt in range(args.max_tries):
+                try:
+                    results[name] = make_fixture(name, spec, args.out, args, attempt)
+                    break
+                except NearTie as e:
+                    log(f"  {e}; drawing new weights")
+            else:
+                raise RuntimeError(f"{name}: near ties in {args.max_tries} draws")
         except Exception:
             traceback.print_exc()
             failed.append(name)
