@@ -1,0 +1,348 @@
+// Package sampling is the host reference sampler: it turns one row of f32
+// logits into a token exactly as vLLM's V1 sampler defines each knob, and
+// reports the logprobs vLLM reports. It is pure Go, deterministic and
+// batch-invariant: a row's result depends only on its logits, its Params, its
+// History and its (seed, step), never on other rows or threads.
+//
+// The order of operations, per row, follows vllm/v1/sample/sampler.py:
+//
+//  1. If Params.Logprobs, the raw row is kept for the logprobs (vLLM's default
+//     logprobs_mode "raw_logprobs": the log-softmax of the model's logits
+//     before any mask, bias, penalty or temperature).
+//  2. Params.Masked ids are set to -Inf (the min-tokens processor).
+//  3. Params.LogitBias is added.
+//  4. Penalties: repetition (prompt and output tokens), then frequency and
+//     presence (output tokens).
+//  5. Greedy rows (Temperature < GreedyEpsilon) take the argmax, lowest id on
+//     ties, and stop here.
+//  6. Otherwise: temperature, min-p, top-k, top-p (each on the distribution
+//     the previous steps left), then one draw from the renormalized
+//     distribution by inverse CDF with Uniform(Seed, step, DrawSample).
+//
+// Filtering never sorts the whole vocabulary unless top-p needs it: top-k is a
+// selection of the K-th largest logit, min-p a threshold, and top-p sorts only
+// the tokens of the probability bins that reach the top-p mass.
+package sampling
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// Scratch holds the buffers of Sample so that a call allocates nothing once
+// they have grown to the vocabulary. The zero value is ready to use. A Scratch
+// is not safe for concurrent use: give each worker its own.
+type Scratch struct {
+	raw     []float32 // copy of the row for the raw logprobs
+	cands   []cand    // tokens that survive filtering
+	heap    []float32 // top-k min-heap
+	radix   [2048]int32
+	top     []TokenLogprob
+	seen    []bool  // penalties without a PenaltyState: token in history
+	counts  []int32 // and its output count; cleared after each use
+	touched []int32
+}
+
+// cand is a token that survived filtering, with its unnormalized
+// probability w = exp((z - zmax) / T).
+type cand struct {
+	z  float32
+	id int32
+	w  float64
+}
+
+func (s *Scratch) growPenalty(vocabSize int) {
+	if len(s.seen) < vocabSize {
+		s.seen = make([]bool, vocabSize)
+		s.counts = make([]int32, vocabSize)
+	}
+}
+
+// Sample draws the next token of one row.
+//
+// logits is the row (length = vocabulary size). Sample modifies it in place:
+// masks, bias and penalties are written into it; the caller must not rely on
+// its content afterwards. p is validated (see Params.Validate). hist is read
+// only when a penalty is active. step is the request's output position (the
+// number of output tokens it has so far): together with p.Seed it keys the
+// random draw, so the same (seed, step) gives the same token in any batch and
+// after recompute. s may be nil (buffers are then allocated); Result.Top
+// aliases s.
+//
+// Errors: invalid params (ErrInvalidParams, kernels.ErrOutOfRange), an empty
+// row or NaN/+Inf at a token that is not masked, or anywhere when p.Logprobs
+// (ErrInvalidLogits), every token -Inf (ErrNoCandidates).
+//
+// Cost, V = vocabulary size: greedy is one pass; sampling adds one exp per
+// token that survives min-p and top-k (K exps with top-k), a pass for the
+// K-th largest logit with top-k, and with top-p one pass over the survivors
+// plus a sort of those in the bins that reach the top-p mass. Logprobs add a
+// copy of the row and two passes with one exp per token. Penalties cost
+// O(len(prompt) + len(output)), or O(distinct tokens) with a PenaltyState.
+func Sample(logits []float32, p *Params, hist History, step uint64, s *Scratch) (Result, error) {
+	vocabSize := len(logits)
+	if vocabSize == 0 {
+		return Result{}, fmt.Errorf("sampling: empty logits row: %w", ErrInvalidLogits)
+	}
+	if s == nil {
+		s = new(Scratch)
+	}
+	if err := p.Validate(vocabSize); err != nil {
+		return Result{}, err
+	}
+	if p.Logprobs {
+		s.raw = append(s.raw[:0], logits...)
+	}
+	negInf := float32(math.Inf(-1))
+	for _, id := range p.Masked {
+		logits[id] = negInf
+	}
+	applyBias(logits, p)
+	if p.hasPenalties() {
+		if err := s.applyPenalties(logits, p, hist); err != nil {
+			return Result{}, err
+		}
+	}
+
+	best, err := argmax(logits)
+	if err != nil {
+		return Result{}, err
+	}
+	token := best
+	if !p.Greedy() {
+		token = s.sampleRandom(logits, float64(logits[best]), p, step)
+	}
+	if !p.Logprobs {
+		return Result{Token: token}, nil
+	}
+	s.top = slices.Grow(s.top[:0], min(p.NumLogprobs, vocabSize))
+	return rawLogprobs(s.raw, token, p.NumLogprobs, s.top)
+}
+
+// argmax returns the index of the largest logit, the lowest index on ties.
+func argmax(logits []float32) (int32, error) {
+	best := int32(-1)
+	bestVal := float32(math.Inf(-1))
+	for i, v := range logits {
+		if v > bestVal {
+			bestVal, best = v, int32(i)
+		} else if v != v {
+			return 0, fmt.Errorf("sampling: logit %d is NaN: %w", i, ErrInvalidLogits)
+		}
+	}
+	if best < 0 {
+		return 0, fmt.Errorf("sampling: all %d logits are -Inf: %w", len(logits), ErrNoCandidates)
+	}
+	if bestVal > math.MaxFloat32 {
+		return 0, fmt.Errorf("sampling: logit %d is +Inf: %w", best, ErrInvalidLogits)
+	}
+	return best, nil
+}
+
+// ceil32 is the smallest float32 f with float64(f) >= x.
+func ceil32(x float64) float32 {
+	f := float32(x)
+	if float64(f) < x {
+		f = math.Nextafter32(f, float32(math.Inf(1)))
+	}
+	return f
+}
+
+// sampleRandom applies temperature, min-p, top-k and top-p to the processed
+// row and draws a token. zmax is the row's largest logit (finite).
+func (s *Scratch) sampleRandom(logits []float32, zmax float64, p *Params, step uint64) int32 {
+	return draw(s.filter(logits, zmax, p), Uniform(p.Seed, step, DrawSample))
+}
+
+// filter returns the tokens that survive temperature, min-p, top-k and top-p
+// with their unnormalized probabilities, in index order, or sorted by
+// probability when top-p is on. The result aliases s.cands and always holds
+// the largest logit's token.
+func (s *Scratch) filter(logits []float32, zmax float64, p *Params) []cand {
+	temp := float64(p.Temperature)
+	// Min-p and top-k both keep the tokens at or above a logit cut: min-p's
+	// p_i >= min_p * p_max is z_i >= zmax + T ln(min_p); top-k's is the K-th
+	// largest logit (temperature keeps the order). The initial cut drops -Inf.
+	cut := float32(-math.MaxFloat32)
+	if p.MinP > 0 {
+		cut = max(cut, ceil32(zmax+temp*math.Log(float64(p.MinP))))
+	}
+	if p.topKActive(len(logits)) {
+		cut = max(cut, s.kthLargest(logits, p.TopK))
+	}
+
+	c := s.cands[:0]
+	total := 0.0
+	for i, z := range logits {
+		if z >= cut {
+			w := math.Exp((float64(z) - zmax) / temp)
+			c = append(c, cand{z: z, id: int32(i), w: w})
+			total += w
+		}
+	}
+	s.cands = c
+	if p.TopP < 1 {
+		c = topP(c, total, zmax, temp, float64(p.TopP))
+	}
+	return c
+}
+
+// draw picks a token from the survivors c by inverse CDF with the uniform u
+// in [0, 1), walking c in its order. The sum is taken in the same order as
+// the walk, so the last positive-weight survivor always closes it.
+func draw(c []cand, u float64) int32 {
+	kept := 0.0
+	for _, e := range c {
+		kept += e.w
+	}
+	target := u * kept
+	acc := 0.0
+	last := c[0].id
+	for _, e := range c {
+		if e.w == 0 {
+			continue
+		}
+		acc += e.w
+		last = e.id
+		if acc > target {
+			return e.id
+		}
+	}
+	return last
+}
+
+// Top-p bins: a survivor's bin is its distance below the largest logit, in
+// nats after temperature, over topPBinWidth; the last bin takes the rest.
+const (
+	topPBinWidth = 0.25
+	topPNumBins  = 128
+)
+
+func topPBin(z float32, zmax, temp float64) int {
+	d := (zmax - float64(z)) / temp / topPBinWidth
+	if d >= topPNumBins-1 {
+		return topPNumBins - 1
+	}
+	return int(d)
+}
+
+// topP keeps the prefix of c, sorted by logit descending (ties by lower id),
+// whose tokens each have less than topP * total mass before them, and
+// returns it sorted. total is the mass of c. Only the survivors of the bins
+// whose cumulative mass reaches topP * total (with a relative margin of 1e-9
+// for rounding) are sorted: a token of a later bin has at least that much
+// mass before it, so it is dropped anyway.
+func topP(c []cand, total, zmax, temp, topP float64) []cand {
+	limit := topP * total
+	var mass [topPNumBins]float64
+	for _, e := range c {
+		mass[topPBin(e.z, zmax, temp)] += e.w
+	}
+	lastBin := topPNumBins - 1
+	acc := 0.0
+	for b := range mass {
+		acc += mass[b]
+		if acc >= limit*(1+1e-9) {
+			lastBin = b
+			break
+		}
+	}
+	if lastBin < topPNumBins-1 {
+		n := 0
+		for _, e := range c {
+			if topPBin(e.z, zmax, temp) <= lastBin {
+				c[n] = e
+				n++
+			}
+		}
+		c = c[:n]
+	}
+	slices.SortFunc(c, func(a, b cand) int {
+		switch {
+		case a.z > b.z:
+			return -1
+		case a.z < b.z:
+			return 1
+		}
+		return int(a.id - b.id)
+	})
+	before := 0.0
+	n := 0
+	for n < len(c) && before < limit {
+		before += c[n].w
+		n++
+	}
+	return c[:n]
+}
+
+// logSumExp returns log(sum(exp(x))) in float64, or an error for NaN, +Inf
+// or a row that is all -Inf.
+func logSumExp(x []float32) (float64, error) {
+	m := float32(math.Inf(-1))
+	for i, v := range x {
+		if v > m {
+			m = v
+		} else if v != v {
+			return 0, fmt.Errorf("sampling: logprobs: logit %d is NaN: %w", i, ErrInvalidLogits)
+		}
+	}
+	if m > math.MaxFloat32 {
+		return 0, fmt.Errorf("sampling: logprobs: a logit is +Inf: %w", ErrInvalidLogits)
+	}
+	if math.IsInf(float64(m), -1) {
+		return 0, fmt.Errorf("sampling: logprobs: all %d logits are -Inf: %w", len(x), ErrNoCandidates)
+	}
+	mf := float64(m)
+	sum := 0.0
+	for _, v := range x {
+		sum += math.Exp(float64(v) - mf)
+	}
+	return mf + math.Log(sum), nil
+}
+
+// rawLogprobs fills a Result for token from the log-softmax of raw: its
+// logprob, its rank and the n (clamped to the vocabulary) most likely tokens,
+// written into top[:0].
+func rawLogprobs(raw []float32, token int32, n int, top []TokenLogprob) (Result, error) {
+	lse, err := logSumExp(raw)
+	if err != nil {
+		return Result{}, err
+	}
+	lp := float32(float64(raw[token]) - lse)
+	rank := 0
+	for _, v := range raw {
+		if float32(float64(v)-lse) >= lp {
+			rank++
+		}
+	}
+	return Result{
+		Token:   token,
+		Logprob: lp,
+		Rank:    rank,
+		Top:     topLogprobs(top, raw, lse, min(n, len(raw))),
+	}, nil
+}
+
+// PromptLogprobs returns the logprobs of one prompt position (vLLM's
+// prompt_logprobs): logits is the row that predicts the prompt token next;
+// the Result holds next's logprob and rank and the n most likely tokens
+// (clamped to the vocabulary), from the log-softmax of the raw row. logits is
+// not modified; Result.Top is newly allocated. Errors: next outside the row
+// (kernels.ErrOutOfRange), n < 0 (ErrInvalidParams), NaN or +Inf
+// (ErrInvalidLogits), all -Inf (ErrNoCandidates). Cost: two passes with one
+// exp per token, plus O(V log n) for the top entries.
+func PromptLogprobs(logits []float32, next int32, n int) (Result, error) {
+	if len(logits) == 0 {
+		return Result{}, fmt.Errorf("sampling: prompt logprobs: empty logits row: %w", ErrInvalidLogits)
+	}
+	if next < 0 || int(next) >= len(logits) {
+		return Result{}, fmt.Errorf("sampling: prompt logprobs: token %d not in [0, %d): %w", next, len(logits), kernels.ErrOutOfRange)
+	}
+	if n < 0 {
+		return Result{}, fmt.Errorf("sampling: prompt logprobs: n must be >= 0, got %d: %w", n, ErrInvalidParams)
+	}
+	return rawLogprobs(logits, next, n, make([]TokenLogprob, 0, min(n, len(logits))))
+}

@@ -1,0 +1,636 @@
+package sampling
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+var negInf = float32(math.Inf(-1))
+
+func TestGreedy(t *testing.T) {
+	tests := []struct {
+		name   string
+		logits []float32
+		p      func(*Params)
+		want   int32
+	}{
+		{"single max", []float32{0, 2, 1}, nil, 1},
+		{"tie lowest id wins", []float32{1, 3, 3, 2}, nil, 1},
+		{"all equal", []float32{5, 5, 5, 5}, nil, 0},
+		{"negative row", []float32{-3, -1, -2, -1}, nil, 1},
+		{"-inf ignored", []float32{negInf, -100, negInf}, nil, 1},
+		{"temperature below epsilon", []float32{0, 1, 4, 2}, func(p *Params) { p.Temperature = 9e-6 }, 2},
+		{"bias makes a tie", []float32{0, 1, 3}, func(p *Params) { p.LogitBias = map[int32]float32{1: 2} }, 1},
+		{"masked max", []float32{0, 1, 3}, func(p *Params) { p.Masked = []int32{2} }, 1},
+		{"top-k, top-p, min-p ignored", []float32{0, 1, 3}, func(p *Params) { p.TopK, p.TopP, p.MinP = 1, 0.1, 0.9 }, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := DefaultParams()
+			p.Temperature = 0
+			if tt.p != nil {
+				tt.p(&p)
+			}
+			for step := range uint64(3) {
+				res, err := Sample(slices.Clone(tt.logits), &p, History{}, step, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Token != tt.want {
+					t.Fatalf("step %d: token %d, want %d", step, res.Token, tt.want)
+				}
+			}
+		})
+	}
+}
+
+// TestKnobs checks that masks, bias and each penalty change exactly the
+// logits they should, by the formula, and nothing else.
+func TestKnobs(t *testing.T) {
+	raw := []float32{2, -2, 3, -1, 0.5, 4, -0.5, 1}
+	prompt := []int32{0, 1, 2}
+	output := []int32{2, 3, 3, 4}
+	tests := []struct {
+		name string
+		p    func(*Params)
+		want []float32
+	}{
+		{"defaults change nothing", nil, raw},
+		{"bias", func(p *Params) { p.LogitBias = map[int32]float32{1: 1.5, 7: -3} },
+			[]float32{2, -0.5, 3, -1, 0.5, 4, -0.5, -2}},
+		{"masked", func(p *Params) { p.Masked = []int32{5, 0} },
+			[]float32{negInf, -2, 3, -1, 0.5, negInf, -0.5, 1}},
+		{"repetition: prompt and output, divide positive, multiply negative",
+			func(p *Params) { p.RepetitionPenalty = 2 },
+			[]float32{1, -4, 1.5, -2, 0.25, 4, -0.5, 1}},
+		{"repetition below 1 rewards",
+			func(p *Params) { p.RepetitionPenalty = 0.5 },
+			[]float32{4, -1, 6, -0.5, 1, 4, -0.5, 1}},
+		{"frequency: output count times penalty",
+			func(p *Params) { p.FrequencyPenalty = 0.5 },
+			[]float32{2, -2, 2.5, -2, 0, 4, -0.5, 1}},
+		{"presence: once per output token",
+			func(p *Params) { p.PresencePenalty = 0.25 },
+			[]float32{2, -2, 2.75, -1.25, 0.25, 4, -0.5, 1}},
+		{"all penalties: repetition, then frequency, then presence",
+			func(p *Params) { p.RepetitionPenalty, p.FrequencyPenalty, p.PresencePenalty = 2, 1, 0.5 },
+			[]float32{1, -4, 0, -4.5, -1.25, 4, -0.5, 1}},
+		{"bias before penalties",
+			func(p *Params) { p.LogitBias = map[int32]float32{1: 4}; p.RepetitionPenalty = 2 },
+			[]float32{1, 1, 1.5, -2, 0.25, 4, -0.5, 1}},
+		{"masked stays -inf through bias and penalties",
+			func(p *Params) {
+				p.Masked = []int32{3}
+				p.LogitBias = map[int32]float32{3: 50}
+				p.RepetitionPenalty, p.FrequencyPenalty = 2, 1
+			},
+			[]float32{1, -4, 0.5, negInf, -0.75, 4, -0.5, 1}},
+	}
+	for _, tt := range tests {
+		for _, withState := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/state=%v", tt.name, withState), func(t *testing.T) {
+				p := DefaultParams()
+				p.Temperature = 0
+				if tt.p != nil {
+					tt.p(&p)
+				}
+				h := History{PromptTokenIDs: prompt, OutputTokenIDs: output}
+				if withState {
+					st := NewPenaltyState(prompt)
+					st.AppendOutput(output...)
+					h = History{Penalty: st}
+				}
+				z := slices.Clone(raw)
+				if _, err := Sample(z, &p, h, 0, new(Scratch)); err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(z, tt.want) {
+					t.Fatalf("logits after Sample\n got %v\nwant %v", z, tt.want)
+				}
+				if ref := refProcess(raw, &p, prompt, output); !slices.Equal(z, ref) {
+					t.Fatalf("logits after Sample %v, reference %v", z, ref)
+				}
+			})
+		}
+	}
+}
+
+// TestPenaltyStateMatchesHistory compares the two ways of passing a history
+// on long random ones, bit for bit, against the plain reference.
+func TestPenaltyStateMatchesHistory(t *testing.T) {
+	const vocabSize = 500
+	raw := randomRow(vocabSize, 3, 1)
+	p := DefaultParams()
+	p.RepetitionPenalty, p.FrequencyPenalty, p.PresencePenalty = 1.3, 0.4, -0.7
+	prompt := make([]int32, 300)
+	output := make([]int32, 700)
+	for i := range prompt {
+		prompt[i] = int32((i * 37) % 211)
+	}
+	for i := range output {
+		output[i] = int32((i*i + 11) % vocabSize)
+	}
+	want := refProcess(raw, &p, prompt, output)
+	s := new(Scratch)
+	for round := range 2 { // the second round checks that the dense marks were cleared
+		z := slices.Clone(raw)
+		if _, err := Sample(z, &p, History{PromptTokenIDs: prompt, OutputTokenIDs: output}, 0, s); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(z, want) {
+			t.Fatalf("round %d: history path differs from the reference", round)
+		}
+	}
+	st := NewPenaltyState(prompt)
+	for _, tok := range output {
+		st.AppendOutput(tok)
+	}
+	if st.NumOutputTokens() != len(output) {
+		t.Fatalf("NumOutputTokens = %d, want %d", st.NumOutputTokens(), len(output))
+	}
+	for _, state := range []*PenaltyState{st, st.Clone()} {
+		z := slices.Clone(raw)
+		if _, err := Sample(z, &p, History{Penalty: state}, 0, s); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(z, want) {
+			t.Fatal("PenaltyState path differs from the reference")
+		}
+	}
+	// A clone is independent of its parent.
+	c := st.Clone()
+	c.AppendOutput(1, 2, 3)
+	if st.NumOutputTokens() != len(output) || c.NumOutputTokens() != len(output)+3 {
+		t.Fatal("Clone shares state with its parent")
+	}
+}
+
+func TestValidate(t *testing.T) {
+	nan := float32(math.NaN())
+	tests := []struct {
+		name  string
+		p     func(*Params)
+		field string
+		is    error
+	}{
+		{"negative temperature", func(p *Params) { p.Temperature = -1 }, "temperature", ErrInvalidParams},
+		{"NaN temperature", func(p *Params) { p.Temperature = nan }, "temperature", ErrInvalidParams},
+		{"infinite temperature", func(p *Params) { p.Temperature = float32(math.Inf(1)) }, "temperature", ErrInvalidParams},
+		{"top_k -2", func(p *Params) { p.TopK = -2 }, "top_k", ErrInvalidParams},
+		{"top_p 0", func(p *Params) { p.TopP = 0 }, "top_p", ErrInvalidParams},
+		{"top_p above 1", func(p *Params) { p.TopP = 1.01 }, "top_p", ErrInvalidParams},
+		{"top_p NaN", func(p *Params) { p.TopP = nan }, "top_p", ErrInvalidParams},
+		{"min_p negative", func(p *Params) { p.MinP = -0.1 }, "min_p", ErrInvalidParams},
+		{"min_p above 1", func(p *Params) { p.MinP = 1.5 }, "min_p", ErrInvalidParams},
+		{"repetition 0", func(p *Params) { p.RepetitionPenalty = 0 }, "repetition_penalty", ErrInvalidParams},
+		{"repetition NaN", func(p *Params) { p.RepetitionPenalty = nan }, "repetition_penalty", ErrInvalidParams},
+		{"presence NaN", func(p *Params) { p.PresencePenalty = nan }, "presence_penalty", ErrInvalidParams},
+		{"frequency Inf", func(p *Params) { p.FrequencyPenalty = float32(math.Inf(-1)) }, "frequency_penalty", ErrInvalidParams},
+		{"num_logprobs negative", func(p *Params) { p.Logprobs, p.NumLogprobs = true, -1 }, "num_logprobs", ErrInvalidParams},
+		{"num_logprobs without logprobs", func(p *Params) { p.NumLogprobs = 2 }, "num_logprobs", ErrInvalidParams},
+		{"bias NaN", func(p *Params) { p.LogitBias = map[int32]float32{1: nan} }, "logit_bias", ErrInvalidParams},
+		{"bias id too large", func(p *Params) { p.LogitBias = map[int32]float32{8: 1} }, "logit_bias", kernels.ErrOutOfRange},
+		{"bias id negative", func(p *Params) { p.LogitBias = map[int32]float32{-1: 1} }, "logit_bias", kernels.ErrOutOfRange},
+		{"masked id too large", func(p *Params) { p.Masked = []int32{0, 8} }, "masked", kernels.ErrOutOfRange},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := DefaultParams()
+			tt.p(&p)
+			logits := []float32{1, 2, 3, 4, 5, 6, 7, 8}
+			_, err := Sample(logits, &p, History{}, 0, nil)
+			if !errors.Is(err, tt.is) || !strings.Contains(err.Error(), tt.field) {
+				t.Fatalf("error %v, want one naming %q and wrapping %v", err, tt.field, tt.is)
+			}
+			if !slices.Equal(logits, []float32{1, 2, 3, 4, 5, 6, 7, 8}) {
+				t.Fatal("invalid params modified the logits")
+			}
+		})
+	}
+	p := DefaultParams()
+	if err := p.Validate(8); err != nil {
+		t.Fatalf("DefaultParams invalid: %v", err)
+	}
+	if err := p.Validate(0); !errors.Is(err, ErrInvalidParams) {
+		t.Fatalf("vocabulary size 0: %v", err)
+	}
+	var zero Params
+	if err := zero.Validate(8); !errors.Is(err, ErrInvalidParams) {
+		t.Fatal("the zero Params validated")
+	}
+}
+
+func TestRowErrors(t *testing.T) {
+	nan := float32(math.NaN())
+	inf := float32(math.Inf(1))
+	tests := []struct {
+		name   string
+		logits []float32
+		p      func(*Params)
+		h      History
+		is     error
+	}{
+		{"empty row", nil, nil, History{}, ErrInvalidLogits},
+		{"NaN", []float32{0, nan, 1}, nil, History{}, ErrInvalidLogits},
+		{"NaN greedy", []float32{0, 1, nan}, func(p *Params) { p.Temperature = 0 }, History{}, ErrInvalidLogits},
+		{"+Inf", []float32{0, inf, 1}, nil, History{}, ErrInvalidLogits},
+		{"masked NaN with logprobs", []float32{0, nan, 1}, func(p *Params) { p.Masked, p.Logprobs = []int32{1}, true }, History{}, ErrInvalidLogits},
+		{"all -Inf", []float32{negInf, negInf}, nil, History{}, ErrNoCandidates},
+		{"all masked", []float32{1, 2}, func(p *Params) { p.Masked = []int32{0, 1} }, History{}, ErrNoCandidates},
+		{"prompt id out of range", []float32{1, 2}, func(p *Params) { p.RepetitionPenalty = 2 },
+			History{PromptTokenIDs: []int32{0, 2}}, kernels.ErrOutOfRange},
+		{"output id out of range", []float32{1, 2}, func(p *Params) { p.FrequencyPenalty = 1 },
+			History{OutputTokenIDs: []int32{-1}}, kernels.ErrOutOfRange},
+		{"penalty state id out of range", []float32{1, 2}, func(p *Params) { p.PresencePenalty = 1 },
+			History{Penalty: NewPenaltyState([]int32{5})}, kernels.ErrOutOfRange},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := DefaultParams()
+			if tt.p != nil {
+				tt.p(&p)
+			}
+			_, err := Sample(tt.logits, &p, tt.h, 0, nil)
+			if !errors.Is(err, tt.is) {
+				t.Fatalf("error %v, want %v", err, tt.is)
+			}
+		})
+	}
+	// A masked NaN is not an error when logprobs are off: it is never read.
+	p := DefaultParams()
+	p.Masked = []int32{1}
+	if _, err := Sample([]float32{0, nan, 1}, &p, History{}, 0, nil); err != nil {
+		t.Fatalf("masked NaN without logprobs: %v", err)
+	}
+	// A failed history leaves the scratch clean for the next call.
+	s := new(Scratch)
+	p = DefaultParams()
+	p.Temperature, p.RepetitionPenalty = 0, 2
+	if _, err := Sample([]float32{1, 2, 3}, &p, History{PromptTokenIDs: []int32{2, 7}}, 0, s); err == nil {
+		t.Fatal("want an error")
+	}
+	z := []float32{1, 2, 3}
+	if _, err := Sample(z, &p, History{PromptTokenIDs: []int32{0}}, 0, s); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(z, []float32{0.5, 2, 3}) {
+		t.Fatalf("stale marks in the scratch: %v", z)
+	}
+}
+
+func TestMaskTokens(t *testing.T) {
+	z := []float32{1, 2, 3, 4}
+	if err := MaskTokens(z, []int32{3, 1}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(z, []float32{1, negInf, 3, negInf}) {
+		t.Fatalf("got %v", z)
+	}
+	z = []float32{1, 2, 3, 4}
+	if err := MaskTokens(z, []int32{0, 4}); !errors.Is(err, kernels.ErrOutOfRange) {
+		t.Fatalf("out of range id: %v", err)
+	}
+	if !slices.Equal(z, []float32{1, 2, 3, 4}) {
+		t.Fatal("a failed MaskTokens wrote the row")
+	}
+}
+
+// TestFilterMatchesReference compares the survivors and their probabilities
+// with the plain reference, on rows large enough for the radix top-k and the
+// binned top-p, with ties and -Inf entries.
+func TestFilterMatchesReference(t *testing.T) {
+	rowTies := randomRow(3000, 2, 7)
+	for i := range rowTies {
+		rowTies[i] = float32(math.Round(float64(rowTies[i])*4) / 4) // many ties
+	}
+	rowInf := randomRow(3000, 4, 8)
+	for i := 0; i < len(rowInf); i += 3 {
+		rowInf[i] = negInf
+	}
+	rows := map[string][]float32{
+		"normal": randomRow(3000, 3, 6),
+		"ties":   rowTies,
+		"-inf":   rowInf,
+		"flat":   randomRow(3000, 0.01, 9),
+	}
+	params := []Params{
+		{Temperature: 1, TopP: 1, RepetitionPenalty: 1},
+		{Temperature: 0.7, TopP: 1, RepetitionPenalty: 1, TopK: 1},
+		{Temperature: 0.7, TopP: 1, RepetitionPenalty: 1, TopK: 40},
+		{Temperature: 1.3, TopP: 1, RepetitionPenalty: 1, TopK: 700},    // radix select
+		{Temperature: 1, TopP: 1, RepetitionPenalty: 1, TopK: 2999},     // radix, keeps nearly all
+		{Temperature: 1, TopP: 1, RepetitionPenalty: 1, TopK: heapMaxK}, // largest heap
+		{Temperature: 1, TopP: 0.9, RepetitionPenalty: 1},               // binned top-p
+		{Temperature: 0.5, TopP: 0.3, RepetitionPenalty: 1},             // few survivors
+		{Temperature: 1, TopP: 0.999, RepetitionPenalty: 1},             // nearly all survive
+		{Temperature: 2, TopP: 1, RepetitionPenalty: 1, MinP: 0.2},      // min-p
+		{Temperature: 1, TopP: 1, RepetitionPenalty: 1, MinP: 1},        // only the max (and ties)
+		{Temperature: 0.8, TopP: 0.8, RepetitionPenalty: 1, TopK: 50, MinP: 0.01},
+		{Temperature: 0.8, TopP: 0.95, RepetitionPenalty: 1, TopK: 1000, MinP: 0.001},
+		{Temperature: 1e-5, TopP: 0.5, RepetitionPenalty: 1}, // smallest random temperature
+	}
+	s := new(Scratch)
+	for name, row := range rows {
+		for _, p := range params {
+			t.Run(fmt.Sprintf("%s/T=%v,k=%d,p=%v,minp=%v", name, p.Temperature, p.TopK, p.TopP, p.MinP), func(t *testing.T) {
+				want := refDist(row, &p)
+				best, err := argmax(row)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c := s.filter(row, float64(row[best]), &p)
+				got := make([]float64, len(row))
+				total := 0.0
+				for _, e := range c {
+					total += e.w
+				}
+				for _, e := range c {
+					if got[e.id] != 0 {
+						t.Fatalf("token %d survives twice", e.id)
+					}
+					got[e.id] = e.w / total
+				}
+				for i := range want {
+					if (want[i] > 0) != (got[i] > 0) {
+						t.Fatalf("token %d (logit %v): probability %g, reference %g", i, row[i], got[i], want[i])
+					}
+					if math.Abs(got[i]-want[i]) > 1e-9 {
+						t.Fatalf("token %d: probability %g, reference %g", i, got[i], want[i])
+					}
+				}
+			})
+		}
+	}
+}
+
+func TestKthLargest(t *testing.T) {
+	rows := [][]float32{
+		randomRow(1000, 1, 3),
+		{3, 1, 2, 3, 3, negInf, -0.0, 0, 5, negInf},
+		{negInf, negInf, negInf},
+		{float32(math.Copysign(0, -1)), 0, -1e-30, 1e-30, math.MaxFloat32, -math.MaxFloat32, math.SmallestNonzeroFloat32},
+	}
+	for ri, row := range rows {
+		sorted := slices.Clone(row)
+		slices.Sort(sorted)
+		slices.Reverse(sorted)
+		for k := 1; k <= len(row); k++ {
+			s := new(Scratch)
+			want := sorted[k-1]
+			if got := s.kthLargestHeap(row, k); got != want {
+				t.Fatalf("row %d k=%d: heap %v, want %v", ri, k, got, want)
+			}
+			if got := s.kthLargestRadix(row, k); got != want {
+				t.Fatalf("row %d k=%d: radix %v, want %v", ri, k, got, want)
+			}
+		}
+	}
+}
+
+func TestDeterminism(t *testing.T) {
+	row := randomRow(1000, 0.5, 11) // nearly flat: draws spread widely
+	p := DefaultParams()
+	p.Seed = 42
+	sample := func(p *Params, step uint64) int32 {
+		res, err := Sample(slices.Clone(row), p, History{}, step, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Token
+	}
+	var tokens []int32
+	for step := range uint64(50) {
+		a, b := sample(&p, step), sample(&p, step)
+		if a != b {
+			t.Fatalf("step %d: %d then %d", step, a, b)
+		}
+		tokens = append(tokens, a)
+	}
+	slices.Sort(tokens)
+	if n := len(slices.Compact(tokens)); n < 40 {
+		t.Fatalf("50 steps gave only %d distinct tokens over a near-uniform row of 1000", n)
+	}
+	q := p
+	q.Seed = 43
+	same := 0
+	for step := range uint64(50) {
+		if sample(&p, step) == sample(&q, step) {
+			same++
+		}
+	}
+	if same > 5 {
+		t.Fatalf("seeds 42 and 43 agree on %d of 50 steps", same)
+	}
+}
+
+// TestBatchInvariance samples a row alone and inside batches of 7 other rows
+// (other params, penalties, logprobs) sharing one scratch, in several orders
+// and from several goroutines: the result must be identical.
+func TestBatchInvariance(t *testing.T) {
+	const vocabSize = 4000
+	type row struct {
+		logits []float32
+		p      Params
+		h      History
+		step   uint64
+	}
+	mk := func(i int) row {
+		p := DefaultParams()
+		p.Seed = uint64(1000 + i)
+		p.Temperature = 0.6 + 0.1*float32(i)
+		p.TopK = []int{0, 50, 400, -1}[i%4]
+		p.TopP = []float32{1, 0.9, 0.7}[i%3]
+		p.MinP = []float32{0, 0.05}[i%2]
+		p.RepetitionPenalty = 1.1
+		p.FrequencyPenalty = 0.2
+		p.Logprobs, p.NumLogprobs = true, i%5
+		if i == 3 {
+			p.Temperature = 0
+		}
+		return row{
+			logits: randomRow(vocabSize, 2.5, uint64(100+i)),
+			p:      p,
+			h:      History{PromptTokenIDs: []int32{int32(i), 7, 9}, OutputTokenIDs: []int32{int32(i * 3), 11}},
+			step:   uint64(i * 17),
+		}
+	}
+	rows := make([]row, 8)
+	for i := range rows {
+		rows[i] = mk(i)
+	}
+	run := func(r row, s *Scratch) Result {
+		res, err := Sample(slices.Clone(r.logits), &r.p, r.h, r.step, s)
+		if err != nil {
+			t.Error(err)
+		}
+		res.Top = slices.Clone(res.Top) // Top aliases the scratch
+		return res
+	}
+	alone := make([]Result, len(rows))
+	for i, r := range rows {
+		alone[i] = run(r, nil)
+	}
+	orders := [][]int{{0, 1, 2, 3, 4, 5, 6, 7}, {7, 6, 5, 4, 3, 2, 1, 0}, {3, 0, 7, 1, 6, 2, 5, 4}}
+	for _, order := range orders {
+		s := new(Scratch)
+		for _, i := range order {
+			if got := run(rows[i], s); !equalResult(got, alone[i]) {
+				t.Fatalf("row %d in batch order %v: %+v, alone %+v", i, order, got, alone[i])
+			}
+		}
+	}
+	var wg sync.WaitGroup
+	got := make([]Result, len(rows))
+	for i := range rows {
+		wg.Go(func() { got[i] = run(rows[i], new(Scratch)) })
+	}
+	wg.Wait()
+	for i := range rows {
+		if !equalResult(got[i], alone[i]) {
+			t.Fatalf("row %d concurrently: %+v, alone %+v", i, got[i], alone[i])
+		}
+	}
+}
+
+func equalResult(a, b Result) bool {
+	return a.Token == b.Token && a.Logprob == b.Logprob && a.Rank == b.Rank && slices.Equal(a.Top, b.Top)
+}
+
+func TestLogprobs(t *testing.T) {
+	const vocabSize = 2000
+	raw := randomRow(vocabSize, 3, 21)
+	raw[5], raw[6] = raw[7], raw[7] // ties
+	p := DefaultParams()
+	p.Temperature, p.TopK, p.Seed = 0.8, 20, 5
+	p.LogitBias = map[int32]float32{10: 3}
+	p.RepetitionPenalty = 1.5
+	p.Masked = []int32{int32(slices.Index(raw, slices.Max(raw)))}
+	p.Logprobs, p.NumLogprobs = true, vocabSize
+	h := History{PromptTokenIDs: []int32{1, 2, 3}}
+	res, err := Sample(slices.Clone(raw), &p, h, 3, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Top) != vocabSize {
+		t.Fatalf("%d top entries, want %d", len(res.Top), vocabSize)
+	}
+	// Raw logprobs: the distribution of the unprocessed row sums to one.
+	sum := 0.0
+	seen := make(map[int32]bool)
+	for i, e := range res.Top {
+		sum += math.Exp(float64(e.Logprob))
+		seen[e.Token] = true
+		if i > 0 && !better(res.Top[i-1], e) {
+			t.Fatalf("entries %d and %d out of order: %+v %+v", i-1, i, res.Top[i-1], e)
+		}
+	}
+	if math.Abs(sum-1) > 1e-5 || len(seen) != vocabSize {
+		t.Fatalf("sum of probabilities %v over %d distinct tokens", sum, len(seen))
+	}
+	// They are the raw row's, unaffected by mask, bias, penalties, temperature.
+	ref, err := PromptLogprobs(raw, res.Token, vocabSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !equalResult(res, ref) {
+		t.Fatalf("Sample logprobs differ from PromptLogprobs of the raw row")
+	}
+	lse := 0.0
+	for _, v := range raw {
+		lse += math.Exp(float64(v))
+	}
+	lse = math.Log(lse)
+	if want := float64(raw[res.Token]) - lse; math.Abs(float64(res.Logprob)-want) > 1e-5 {
+		t.Fatalf("logprob %v, want %v", res.Logprob, want)
+	}
+	if res.Top[res.Rank-1].Logprob != res.Logprob {
+		t.Fatalf("rank %d does not point at the token's logprob", res.Rank)
+	}
+	// Top-N is the prefix of the full list, and ties go to the lower id.
+	for _, n := range []int{0, 1, 3, 50} {
+		q := p
+		q.NumLogprobs = n
+		got, err := Sample(slices.Clone(raw), &q, h, 3, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Token != res.Token || !slices.Equal(got.Top, res.Top[:n]) {
+			t.Fatalf("n=%d: top %v, want %v", n, got.Top, res.Top[:n])
+		}
+	}
+	tie, err := PromptLogprobs([]float32{1, 3, 3, 2}, 2, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := []int32{tie.Top[0].Token, tie.Top[1].Token, tie.Top[2].Token, tie.Top[3].Token}; !slices.Equal(ids, []int32{1, 2, 3, 0}) || tie.Rank != 2 {
+		t.Fatalf("tie order %v rank %d, want [1 2 3 0] rank 2", ids, tie.Rank)
+	}
+	// MaskTokens before Sample hides the masked token from the logprobs;
+	// Params.Masked does not.
+	z := slices.Clone(raw)
+	if err := MaskTokens(z, p.Masked); err != nil {
+		t.Fatal(err)
+	}
+	if hidden, err := Sample(z, &p, h, 3, nil); err != nil || hidden.Top[len(hidden.Top)-1].Logprob != negInf {
+		t.Fatalf("MaskTokens before Sample: %v, last entry %+v", err, hidden.Top[len(hidden.Top)-1])
+	}
+	// Without Logprobs nothing is reported.
+	q := p
+	q.Logprobs, q.NumLogprobs = false, 0
+	if got, err := Sample(slices.Clone(raw), &q, h, 3, nil); err != nil || !equalResult(got, Result{Token: res.Token}) {
+		t.Fatalf("no logprobs: %+v, %v", got, err)
+	}
+	for _, bad := range []struct {
+		next int32
+		n    int
+		is   error
+	}{{-1, 1, kernels.ErrOutOfRange}, {vocabSize, 1, kernels.ErrOutOfRange}, {0, -1, ErrInvalidParams}} {
+		if _, err := PromptLogprobs(raw, bad.next, bad.n); !errors.Is(err, bad.is) {
+			t.Fatalf("PromptLogprobs(%d, %d): %v, want %v", bad.next, bad.n, err, bad.is)
+		}
+	}
+}
+
+func TestNoAllocations(t *testing.T) {
+	row := randomRow(5000, 3, 31)
+	st := NewPenaltyState([]int32{1, 2, 3})
+	st.AppendOutput(4, 4, 5)
+	cases := map[string]struct {
+		p Params
+		h History
+	}{
+		"greedy":                {Params{TopP: 1, RepetitionPenalty: 1}, History{}},
+		"top-k top-p logprobs":  {Params{Temperature: 0.7, TopK: 50, TopP: 0.9, RepetitionPenalty: 1, Logprobs: true, NumLogprobs: 5}, History{}},
+		"top-p radix min-p":     {Params{Temperature: 1, TopK: 1000, TopP: 0.95, MinP: 0.01, RepetitionPenalty: 1}, History{}},
+		"penalties history":     {Params{Temperature: 1, TopP: 1, RepetitionPenalty: 1.2, FrequencyPenalty: 0.5}, History{PromptTokenIDs: []int32{1, 2}, OutputTokenIDs: []int32{3, 3}}},
+		"penalties state, bias": {Params{Temperature: 1, TopP: 1, RepetitionPenalty: 1.2, LogitBias: map[int32]float32{7: 1}, Masked: []int32{9}}, History{Penalty: st}},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			s := new(Scratch)
+			z := slices.Clone(row)
+			step := uint64(0)
+			call := func() {
+				copy(z, row)
+				if _, err := Sample(z, &c.p, c.h, step, s); err != nil {
+					t.Fatal(err)
+				}
+				step++
+			}
+			call() // grow the scratch
+			if n := testing.AllocsPerRun(20, call); n != 0 {
+				t.Fatalf("%v allocations per call", n)
+			}
+		})
+	}
+	if n := testing.AllocsPerRun(100, func() { Uniform(1, 2, 3) }); n != 0 {
+		t.Fatalf("Uniform: %v allocations per call", n)
+	}
+}
