@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/models"
@@ -97,6 +98,7 @@ func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResu
 	if err := copyBlocks(f.rt, step.Outputs.BlockCopies); err != nil {
 		return nil, fmt.Errorf("forward: step %d: %w", step.Outputs.StepID, err)
 	}
+	start := time.Now()
 	hidden, err := f.rt.Model.Forward(ctx, f.rt.Cache, step.Batch)
 	if err != nil {
 		return nil, fmt.Errorf("forward: step %d: %w", step.Outputs.StepID, err)
@@ -106,6 +108,16 @@ func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResu
 		if res.Logits, err = f.rt.Model.ComputeLogits(hidden, step.SampleRows); err != nil {
 			return nil, fmt.Errorf("forward: step %d: logits: %w", step.Outputs.StepID, err)
 		}
+	}
+	if err := f.rt.Ops.Sync(); err != nil {
+		return nil, fmt.Errorf("forward: step %d: %w", step.Outputs.StepID, err)
+	}
+	if f.rt.Stats != nil {
+		var cost engine.StepCost
+		if f.rt.Flops != nil {
+			cost = f.rt.Flops.Estimate(step.Seqs)
+		}
+		f.rt.Stats.record(step.Outputs, cost, time.Since(start))
 	}
 	return res, nil
 }

@@ -30,6 +30,9 @@ type Runtime struct {
 	Seed int64
 	// VocabSize bounds token ids.
 	VocabSize int
+	// Flops estimates each step's work (nil: not estimated); Stats counts.
+	Flops *engine.FlopsEstimator
+	Stats *Stats
 }
 
 // runtimeOf extracts the *Runtime a factory was given.

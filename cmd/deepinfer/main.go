@@ -22,6 +22,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newGraphCmd())
+	root.AddCommand(newGraphCmd(), newGenerateCmd())
 	return root
 }

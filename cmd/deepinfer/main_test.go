@@ -2,9 +2,12 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/deepinfer/deepinfer-go/engine/models/random"
 )
 
 func run(t *testing.T, args ...string) (string, error) {
@@ -48,5 +51,60 @@ func TestGraphCommand(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestGenerateCommand(t *testing.T) {
+	dir := t.TempDir()
+	if err := random.WriteLlama(dir, random.TinyLlama, 7); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "run.yaml")
+	if err := os.WriteFile(cfg, []byte("model: .\ncpu: {threads: 2}\ncache: {num_blocks: 64}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		args    []string
+		want    []string
+		wantErr string
+	}{
+		{args: []string{"--token-ids", "-p", "3 4 5", "-m", "5", "--ignore-eos"}, want: []string{"stats:", "decode"}},
+		{args: []string{"--token-ids", "-p", "3 4 5", "-p", "9 9", "-m", "3", "-n", "2", "-t", "0.7", "--seed", "1"}, want: []string{"prompt 2, output 1 (", "stats:"}},
+		{args: []string{"-p", "hello", "-m", "3"}, wantErr: "1 of 1 outputs failed"},
+		{args: []string{"--token-ids", "-p", "3 x"}, wantErr: `"x" is not a token id`},
+		{args: []string{"--token-ids", "-p", "3", "--top-p", "2"}, wantErr: "top_p"},
+		{args: []string{"--token-ids", "-p", "3", "--logit-bias", "5:1"}, wantErr: "TOKEN=BIAS"},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			out, err := run(t, append([]string{"generate", "-c", cfg}, tc.args...)...)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+		})
+	}
+}
+
+func TestReadPrompts(t *testing.T) {
+	got, err := readPrompts(nil, "", strings.NewReader("one\n\n{\"prompt\": \"two\"}\n"))
+	if err != nil || strings.Join(got, "|") != "one|two" {
+		t.Errorf("readPrompts = %v, %v", got, err)
+	}
+	if _, err := readPrompts(nil, "", strings.NewReader("{\"text\": 1}\n")); err == nil || !strings.Contains(err.Error(), "standard input:1") {
+		t.Errorf("bad JSON line: %v", err)
+	}
+	if _, err := readPrompts(nil, "", strings.NewReader("\n")); err == nil {
+		t.Error("no prompts accepted")
 	}
 }

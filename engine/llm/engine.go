@@ -124,10 +124,20 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("llm: %w", err)
 	}
 
+	weightBytes := 2.0
+	if mcfg.DType == "float32" {
+		weightBytes = 4
+	}
+	flops, err := engine.NewFlopsEstimator(modelShape(mcfg, weightBytes, float64(spec.DType.Size())))
+	if err != nil {
+		flops = nil // unusual shapes only lose the MFU figure
+	}
+
 	e.requests = make(chan *engine.Request, max(1, cfg.Engine.MaxWaiting))
 	e.rt = &stages.Runtime{
 		Scheduler: e.sched, Model: model, Ops: e.ops, Cache: cache, Tokenizer: e.tok,
 		Requests: e.requests, Live: stages.NewRequests(), Seed: cfg.Seed, VocabSize: mcfg.VocabSize,
+		Flops: flops, Stats: &stages.Stats{},
 	}
 	pspec, err := Spec(cfg)
 	if err != nil {
@@ -166,6 +176,9 @@ func (e *Engine) Backend() kernels.Ops { return e.ops }
 
 // Graph returns the running step loop (for stats and renders).
 func (e *Engine) Graph() *pipeline.Graph { return e.graph }
+
+// StepStats are the step loop's counters (tokens, forward time, FLOPs).
+func (e *Engine) StepStats() *stages.Stats { return e.rt.Stats }
 
 // SchedulerStats is a snapshot of the scheduler's queues and counters.
 func (e *Engine) SchedulerStats() engine.SchedulerStats { return e.sched.Stats() }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/config"
+	"github.com/deepinfer/deepinfer-go/pipeline"
 )
 
 func greedy(maxTokens int) engine.SamplingParams {
@@ -138,4 +139,81 @@ func TestBadRequestsFailAlone(t *testing.T) {
 		t.Errorf("%d requests still live", l.NumLive())
 	}
 	_ = fmt.Sprint()
+}
+
+// Seeded sampling gives the same tokens alone and in a crowded batch, and
+// n > 1 gives distinct sequences that are each reproducible.
+func TestSeededSamplingInvariance(t *testing.T) {
+	dir := tinyLlama(t)
+	useDefault := func(c *config.Config) { c.Pipeline.Impl = nil }
+	params := engine.DefaultSamplingParams()
+	params.Temperature, params.TopP, params.TopK, params.MaxTokens, params.IgnoreEOS = 0.9, 0.95, 20, 10, true
+	params.N = 2
+	seed := int64(42)
+	params.Seed = &seed
+	ps := prompts(5)
+
+	l, err := NewLLM(tinyConfig(t, dir, useDefault), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var alone [][]int
+	for _, p := range ps {
+		alone = append(alone, generate(t, l, []Prompt{p}, params)...)
+	}
+	crowded := generate(t, l, ps, params)
+	if !reflect.DeepEqual(alone, crowded) {
+		t.Errorf("seeded tokens differ:\nalone   %v\ncrowded %v", alone, crowded)
+	}
+	if reflect.DeepEqual(alone[0], alone[1]) {
+		t.Errorf("the two samples of a request are identical: %v", alone[0])
+	}
+}
+
+// A sampler named in YAML replaces the default, and an inserted stage runs
+// between forward and sample.
+func TestStageSwapAndInsertFromYAML(t *testing.T) {
+	dir := tinyLlama(t)
+	hot := engine.DefaultSamplingParams()
+	hot.Temperature, hot.MaxTokens, hot.IgnoreEOS = 1.5, 12, true
+	ps := prompts(3)
+
+	run := func(edit func(*config.Config), params engine.SamplingParams) ([][]int, *LLM) {
+		l, err := NewLLM(tinyConfig(t, dir, edit), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return generate(t, l, ps, params), l
+	}
+	argmaxTokens, _ := run(nil, greedy(12)) // the tiny config picks sample: greedy
+	swapped, _ := run(nil, hot)              // greedy sampler ignores the temperature
+	if !reflect.DeepEqual(swapped, argmaxTokens) {
+		t.Errorf("sample: greedy did not ignore the temperature:\n%v\n%v", swapped, argmaxTokens)
+	}
+	sampled, _ := run(func(c *config.Config) { c.Pipeline.Impl = map[string]string{"sample": "default"} }, hot)
+	if reflect.DeepEqual(sampled, argmaxTokens) {
+		t.Errorf("sample: default at temperature 1.5 gave the argmax tokens: %v", sampled)
+	}
+
+	// A softcap of 0.05 squashes the logits to [-0.05, 0.05]: sampling becomes
+	// near uniform, unlike the uncapped run with the same seed.
+	withCap := func(c *config.Config) {
+		c.Pipeline.Impl = map[string]string{"sample": "default"}
+		c.Pipeline.Insert = []pipeline.Insertion{{After: "forward", Stage: "logit-softcap", Options: map[string]any{"cap": 0.05}}}
+	}
+	capped, l := run(withCap, hot)
+	if reflect.DeepEqual(capped, sampled) {
+		t.Errorf("logit-softcap changed nothing: %v", capped)
+	}
+	found := false
+	for _, s := range l.Graph().Stats() {
+		if s.Name == "logit-softcap" {
+			found = s.Items > 0
+		}
+	}
+	if !found {
+		t.Errorf("logit-softcap did not process any step: %+v", l.Graph().Stats())
+	}
 }

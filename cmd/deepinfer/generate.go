@@ -1,0 +1,303 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/engine/config"
+	"github.com/deepinfer/deepinfer-go/engine/llm"
+	"github.com/deepinfer/deepinfer-go/engine/tokenizer"
+)
+
+// samplingFlags binds every sampling parameter to a flag.
+type samplingFlags struct {
+	p                          engine.SamplingParams
+	seed                       int64
+	logprobs, promptLogprobs   int
+	stopTokenIDs, logitBiasRaw []string
+	keepSpecial                bool
+}
+
+func (f *samplingFlags) register(cmd *cobra.Command) {
+	d := engine.DefaultSamplingParams()
+	fl := cmd.Flags()
+	fl.IntVarP(&f.p.MaxTokens, "max-tokens", "m", 64, "largest number of tokens to generate per sequence")
+	fl.IntVar(&f.p.MinTokens, "min-tokens", 0, "tokens generated before EOS or a stop token may end a sequence")
+	fl.IntVarP(&f.p.N, "n", "n", d.N, "sequences per prompt")
+	fl.Float32VarP(&f.p.Temperature, "temperature", "t", 0, "sampling temperature; 0 is greedy")
+	fl.Float32Var(&f.p.TopP, "top-p", d.TopP, "nucleus sampling mass in (0, 1]; 1 is off")
+	fl.IntVar(&f.p.TopK, "top-k", d.TopK, "keep the K most likely tokens; 0 or -1 is off")
+	fl.Float32Var(&f.p.MinP, "min-p", d.MinP, "drop tokens below min-p times the top probability")
+	fl.Float32Var(&f.p.RepetitionPenalty, "repetition-penalty", d.RepetitionPenalty, "penalty for tokens already in prompt or output; 1 is off")
+	fl.Float32Var(&f.p.PresencePenalty, "presence-penalty", 0, "subtracted once from tokens present in the output")
+	fl.Float32Var(&f.p.FrequencyPenalty, "frequency-penalty", 0, "subtracted per occurrence in the output")
+	fl.Int64Var(&f.seed, "seed", -1, "per-request sampling seed; -1 derives one from the config's seed")
+	fl.BoolVar(&f.p.IgnoreEOS, "ignore-eos", false, "keep generating past EOS")
+	fl.StringArrayVar(&f.p.Stop, "stop", nil, "stop string (repeatable)")
+	fl.StringSliceVar(&f.stopTokenIDs, "stop-token-ids", nil, "token ids that end a sequence (comma-separated)")
+	fl.StringSliceVar(&f.logitBiasRaw, "logit-bias", nil, "TOKEN=BIAS pairs added to logits (comma-separated)")
+	fl.IntVar(&f.logprobs, "logprobs", -1, "log-probabilities to report per generated token; -1 is none")
+	fl.IntVar(&f.promptLogprobs, "prompt-logprobs", -1, "log-probabilities to report per prompt token; -1 is none")
+	fl.BoolVar(&f.keepSpecial, "keep-special-tokens", false, "keep special tokens in the output text")
+}
+
+func (f *samplingFlags) params() (engine.SamplingParams, error) {
+	p := f.p
+	p.SkipSpecialTokens = !f.keepSpecial
+	if f.seed >= 0 {
+		s := f.seed
+		p.Seed = &s
+	}
+	if f.logprobs >= 0 {
+		n := f.logprobs
+		p.Logprobs = &n
+	}
+	if f.promptLogprobs >= 0 {
+		n := f.promptLogprobs
+		p.PromptLogprobs = &n
+	}
+	for _, s := range f.stopTokenIDs {
+		id, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			return p, fmt.Errorf("--stop-token-ids: %q is not a token id", s)
+		}
+		p.StopTokenIDs = append(p.StopTokenIDs, id)
+	}
+	for _, kv := range f.logitBiasRaw {
+		k, v, ok := strings.Cut(kv, "=")
+		id, err1 := strconv.Atoi(strings.TrimSpace(k))
+		bias, err2 := strconv.ParseFloat(strings.TrimSpace(v), 32)
+		if !ok || err1 != nil || err2 != nil {
+			return p, fmt.Errorf("--logit-bias: %q is not TOKEN=BIAS", kv)
+		}
+		if p.LogitBias == nil {
+			p.LogitBias = map[int]float32{}
+		}
+		p.LogitBias[id] = float32(bias)
+	}
+	return p, p.Validate(0)
+}
+
+func newGenerateCmd() *cobra.Command {
+	var (
+		configPath, promptFile string
+		prompts                []string
+		chat, tokenIDs         bool
+		sf                     samplingFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "generate",
+		Short: "Generate completions for prompts with the engine (offline)",
+		Long: "generate runs prompts through the engine. Prompts come from --prompt (repeatable), --file\n" +
+			"(one prompt per line, or JSONL with a \"prompt\" field), or standard input. One prompt streams\n" +
+			"its text as it is generated; several show a progress bar and print each completion at the end.\n" +
+			"A stats line follows: throughput, queue, KV usage, preemptions and model FLOPs.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			params, err := sf.params()
+			if err != nil {
+				return err
+			}
+			cfg, err := config.Load(configPath)
+			if err != nil {
+				return err
+			}
+			texts, err := readPrompts(prompts, promptFile, cmd.InOrStdin())
+			if err != nil {
+				return err
+			}
+			l, err := llm.NewLLM(cfg, llm.Options{})
+			if err != nil {
+				return err
+			}
+			defer l.Close()
+			inputs, err := buildPrompts(l.Tokenizer(), texts, chat, tokenIDs)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+			defer stop()
+			return runGenerate(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), l, inputs, params)
+		},
+	}
+	cmd.Flags().StringVarP(&configPath, "config", "c", "configs/default.yaml", "engine config (YAML)")
+	cmd.Flags().StringArrayVarP(&prompts, "prompt", "p", nil, "prompt text (repeatable)")
+	cmd.Flags().StringVarP(&promptFile, "file", "f", "", "file of prompts: one per line, or JSONL with a \"prompt\" field")
+	cmd.Flags().BoolVar(&chat, "chat", false, "wrap each prompt as a user message with the tokenizer's chat template")
+	cmd.Flags().BoolVar(&tokenIDs, "token-ids", false, "prompts are space-separated token ids")
+	sf.register(cmd)
+	return cmd
+}
+
+// readPrompts gathers prompts from flags, a file, or stdin (in that order of preference).
+func readPrompts(flags []string, file string, stdin io.Reader) ([]string, error) {
+	if len(flags) > 0 {
+		return flags, nil
+	}
+	var r io.Reader = stdin
+	name := "standard input"
+	if file != "" {
+		f, err := os.Open(file)
+		if err != nil {
+			return nil, fmt.Errorf("generate: %w", err)
+		}
+		defer f.Close()
+		r, name = f, file
+	}
+	var out []string
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for line := 1; sc.Scan(); line++ {
+		text := sc.Text()
+		if strings.TrimSpace(text) == "" {
+			continue
+		}
+		if strings.HasPrefix(strings.TrimSpace(text), "{") {
+			var rec struct {
+				Prompt *string `json:"prompt"`
+			}
+			if err := json.Unmarshal([]byte(text), &rec); err != nil || rec.Prompt == nil {
+				return nil, fmt.Errorf("generate: %s:%d: a JSON line needs a string field \"prompt\"", name, line)
+			}
+			text = *rec.Prompt
+		}
+		out = append(out, text)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("generate: %s: %w", name, err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("generate: no prompts: give --prompt, --file or lines on standard input")
+	}
+	return out, nil
+}
+
+func buildPrompts(tok *tokenizer.Tokenizer, texts []string, chat, ids bool) ([]llm.Prompt, error) {
+	out := make([]llm.Prompt, len(texts))
+	for i, text := range texts {
+		switch {
+		case ids:
+			for _, f := range strings.Fields(text) {
+				id, err := strconv.Atoi(f)
+				if err != nil {
+					return nil, fmt.Errorf("generate: prompt %d: %q is not a token id", i+1, f)
+				}
+				out[i].IDs = append(out[i].IDs, id)
+			}
+		case chat:
+			if tok == nil {
+				return nil, fmt.Errorf("generate: --chat needs a tokenizer with a chat template")
+			}
+			rendered, err := tok.ApplyChatTemplate([]tokenizer.Message{{Role: "user", Content: text}}, true)
+			if err != nil {
+				return nil, fmt.Errorf("generate: chat template: %w", err)
+			}
+			out[i].Text = rendered
+		default:
+			out[i].Text = text
+		}
+	}
+	return out, nil
+}
+
+func runGenerate(ctx context.Context, stdout, stderr io.Writer, l *llm.LLM, prompts []llm.Prompt, params engine.SamplingParams) error {
+	start := time.Now()
+	var onToken func(engine.RequestOutput)
+	var bar *progressbar.ProgressBar
+	stream := len(prompts) == 1 && params.N <= 1
+	if stream {
+		onToken = func(o engine.RequestOutput) {
+			if l.Tokenizer() != nil {
+				fmt.Fprint(stdout, o.Text)
+			} else {
+				for _, id := range o.TokenIDs {
+					fmt.Fprintf(stdout, "%d ", id)
+				}
+			}
+		}
+		if len(prompts[0].IDs) == 0 {
+			fmt.Fprint(stdout, prompts[0].Text)
+		}
+	} else if isTerminal(stderr) {
+		bar = progressbar.NewOptions(len(prompts)*max(1, params.N),
+			progressbar.OptionSetWriter(stderr), progressbar.OptionSetDescription("generating"),
+			progressbar.OptionShowCount(), progressbar.OptionClearOnFinish())
+		onToken = func(o engine.RequestOutput) {
+			if o.Finished {
+				bar.Add(1)
+			}
+		}
+	}
+	res, err := l.Generate(ctx, prompts, params, onToken)
+	elapsed := time.Since(start)
+	if stream {
+		fmt.Fprintln(stdout)
+	} else {
+		if bar != nil {
+			bar.Finish()
+		}
+		for i, c := range res {
+			for _, o := range c.Outputs {
+				fmt.Fprintf(stdout, "--- prompt %d, output %d (%s) ---\n%s\n", i+1, o.Index, o.FinishReason, outputText(l, o))
+			}
+		}
+	}
+	failed, total := 0, 0
+	for _, c := range res {
+		for _, o := range c.Outputs {
+			total++
+			if o.Err != nil {
+				failed++
+				fmt.Fprintf(stderr, "%s/%d: %v\n", c.RequestID, o.Index, o.Err)
+			}
+		}
+	}
+	fmt.Fprintln(stderr, statsLine(l, elapsed))
+	if err == nil && failed > 0 {
+		err = fmt.Errorf("generate: %d of %d outputs failed", failed, total)
+	}
+	return err
+}
+
+func outputText(l *llm.LLM, o llm.CompletionOutput) string {
+	if l.Tokenizer() != nil {
+		return o.Text
+	}
+	return fmt.Sprint(o.TokenIDs)
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// statsLine summarizes a run: throughput over the wall time, queues, KV
+// usage, preemptions, and the model FLOPs rate.
+func statsLine(l *llm.LLM, wall time.Duration) string {
+	st := l.StepStats()
+	ss := l.SchedulerStats()
+	secs := wall.Seconds()
+	fwd := st.ForwardTime().Seconds()
+	gflops := 0.0
+	if fwd > 0 {
+		gflops = st.FLOPs() / fwd / 1e9
+	}
+	return fmt.Sprintf("stats: %.2fs, %d steps | prefill %.1f tok/s, decode %.1f tok/s | running %d, waiting %d | KV %.1f%% of %d blocks | preemptions %d | prefix cache %d/%d tokens | %.2f GFLOP/s in forward (%s)",
+		secs, st.Steps.Load(),
+		float64(st.PrefillTokens.Load())/secs, float64(st.DecodeTokens.Load())/secs,
+		ss.NumRunning, ss.NumWaiting, 100*ss.BlockUsage, ss.NumBlocks, ss.NumPreemptions,
+		ss.PrefixCache.NumHitTokens, ss.PrefixCache.NumQueryTokens, gflops, l.Backend().Name())
+}

@@ -1,0 +1,105 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/kernels/sampling"
+	"github.com/deepinfer/deepinfer-go/pipeline"
+)
+
+func init() {
+	pipeline.Register("sample", "default", func(a pipeline.Args) (*pipeline.Node, error) {
+		rt, err := runtimeOf(a)
+		if err != nil {
+			return nil, err
+		}
+		return pipeline.NewStage[*ForwardResult, *SampledStep](&sample{rt: rt, scratch: new(sampling.Scratch)}), nil
+	})
+}
+
+// sample draws each row's token with the request's sampling params
+// (kernels/sampling): masks for min_tokens, logit bias, penalties over the
+// prompt and output so far, greedy or temperature with min-p, top-k, top-p,
+// and a draw keyed by (seed, output position), so that a request's tokens
+// do not depend on its batch neighbours.
+type sample struct {
+	rt      *Runtime
+	scratch *sampling.Scratch
+}
+
+func (s *sample) Process(_ context.Context, res *ForwardResult) (*SampledStep, error) {
+	rows, err := hostLogits(s.rt.Ops, res)
+	if err != nil {
+		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
+	}
+	out := &SampledStep{ForwardResult: res, Samples: make([]Sample, len(rows))}
+	eos := s.rt.Scheduler.Config().EOSTokenIDs
+	for r, logits := range rows {
+		ref := res.Rows[r]
+		m := ref.Meta
+		p, hist, step := rowParams(m, ref.Index, eos)
+		got, err := sampling.Sample(logits, &p, hist, step, s.scratch)
+		if err != nil {
+			return nil, fmt.Errorf("sample: step %d: request %q: %w", res.Outputs.StepID, ref.RequestID, err)
+		}
+		smp := Sample{Token: int(got.Token)}
+		if p.Logprobs {
+			lp := &engine.TokenLogprobs{TokenID: int(got.Token), Logprob: got.Logprob}
+			for _, t := range got.Top {
+				lp.Top = append(lp.Top, engine.TokenLogprob{TokenID: int(t.Token), Logprob: t.Logprob})
+			}
+			smp.Logprobs = lp
+		}
+		out.Samples[r] = smp
+	}
+	return out, nil
+}
+
+// rowParams converts a sequence's request params into one row's sampling
+// params, its penalty history and its output position. The index-th output
+// of a request with a seed draws from seed+index, as vLLM's parallel sampling does.
+func rowParams(m *engine.SequenceMetadata, index int, eos []int) (sampling.Params, sampling.History, uint64) {
+	rp := m.Params
+	p := sampling.DefaultParams()
+	p.Temperature, p.TopK, p.TopP, p.MinP = rp.Temperature, rp.TopK, rp.TopP, rp.MinP
+	p.RepetitionPenalty, p.PresencePenalty, p.FrequencyPenalty = rp.RepetitionPenalty, rp.PresencePenalty, rp.FrequencyPenalty
+	if len(rp.LogitBias) > 0 {
+		p.LogitBias = make(map[int32]float32, len(rp.LogitBias))
+		for id, b := range rp.LogitBias {
+			p.LogitBias[int32(id)] = b
+		}
+	}
+	if rp.Seed != nil {
+		p.Seed, p.Seeded = uint64(*rp.Seed)+uint64(index), true
+	}
+	if rp.Logprobs != nil {
+		p.Logprobs, p.NumLogprobs = true, *rp.Logprobs
+	}
+	numOut := len(m.TokenIDs) - m.NumPromptTokens
+	if numOut < rp.MinTokens {
+		for _, id := range rp.StopTokenIDs {
+			p.Masked = append(p.Masked, int32(id))
+		}
+		if !rp.IgnoreEOS {
+			for _, id := range eos {
+				p.Masked = append(p.Masked, int32(id))
+			}
+		}
+	}
+	var hist sampling.History
+	if p.RepetitionPenalty != 1 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
+		hist.PromptTokenIDs = toI32(m.TokenIDs[:m.NumPromptTokens])
+		hist.OutputTokenIDs = toI32(m.TokenIDs[m.NumPromptTokens:])
+	}
+	return p, hist, uint64(numOut)
+}
+
+func toI32(xs []int) []int32 {
+	out := make([]int32, len(xs))
+	for i, x := range xs {
+		out[i] = int32(x)
+	}
+	return out
+}
