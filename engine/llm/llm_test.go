@@ -188,7 +188,7 @@ func TestStageSwapAndInsertFromYAML(t *testing.T) {
 		return generate(t, l, ps, params), l
 	}
 	argmaxTokens, _ := run(nil, greedy(12)) // the tiny config picks sample: greedy
-	swapped, _ := run(nil, hot)              // greedy sampler ignores the temperature
+	swapped, _ := run(nil, hot)             // greedy sampler ignores the temperature
 	if !reflect.DeepEqual(swapped, argmaxTokens) {
 		t.Errorf("sample: greedy did not ignore the temperature:\n%v\n%v", swapped, argmaxTokens)
 	}
