@@ -46,7 +46,8 @@ type RequestOutput struct {
 	// Logprobs has one entry per token in TokenIDs when the request asked for them.
 	Logprobs []TokenLogprobs
 	// PromptTokenIDs (and PromptLogprobs, when asked) come with the first
-	// output of the request's first sequence.
+	// output of the request's first sequence. PromptLogprobs[i] scores prompt
+	// token i+1 (the first prompt token has none, as in vLLM's leading None).
 	PromptTokenIDs []int
 	PromptLogprobs []TokenLogprobs
 	// NumCachedTokens counts prompt tokens served by the prefix cache.

@@ -42,8 +42,15 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 	numRows := step.Outputs.NumSampleRows
 	rows := make([]RowRef, numRows)
 	sampleRows := make([]int32, numRows)
+	var promptRows []PromptRow
+	var promptRowIdx []int32
 	for i := range step.Seqs {
 		m := &step.Seqs[i]
+		first := int32(len(h.InputIDs))
+		for pos := m.PromptLogprobsFrom; pos >= 0 && pos < m.PromptLogprobsTo; pos++ {
+			promptRows = append(promptRows, PromptRow{Meta: m, Next: m.TokenIDs[pos+1]})
+			promptRowIdx = append(promptRowIdx, first+int32(pos-m.PosStart))
+		}
 		ids := make([]int32, len(m.InputTokenIDs))
 		for j, id := range m.InputTokenIDs {
 			if id == engine.PlaceholderToken {
@@ -81,9 +88,9 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 	if err != nil {
 		return nil, fmt.Errorf("prepare: step %d: %w", step.Outputs.StepID, err)
 	}
-	out := &PreparedStep{ScheduledStep: step, Batch: batch, Rows: rows}
-	if numRows > 0 {
-		if out.SampleRows, err = kernels.FromI32(p.rt.Ops, sampleRows, numRows); err != nil {
+	out := &PreparedStep{ScheduledStep: step, Batch: batch, Rows: rows, PromptRows: promptRows}
+	if all := append(sampleRows, promptRowIdx...); len(all) > 0 {
+		if out.SampleRows, err = kernels.FromI32(p.rt.Ops, all, len(all)); err != nil {
 			return nil, fmt.Errorf("prepare: step %d: %w", step.Outputs.StepID, err)
 		}
 	}

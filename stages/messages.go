@@ -27,16 +27,26 @@ type RowRef struct {
 type PreparedStep struct {
 	*ScheduledStep
 	Batch *models.ForwardBatch
-	// SampleRows (I32 [R]) are the token rows whose logits are computed, one
-	// per sample row of the step (a forked sequence repeats its parent's row).
+	// SampleRows (I32) are the token rows whose logits are computed: one per
+	// sample row of the step (a forked sequence repeats its parent's row),
+	// then one per PromptRows entry.
 	SampleRows kernels.Tensor
 	Rows       []RowRef
+	// PromptRows are extra logits rows, after the sample rows, that score
+	// prompt tokens for prompt_logprobs.
+	PromptRows []PromptRow
+}
+
+// PromptRow is a row whose logits score the prompt token that follows it.
+type PromptRow struct {
+	Meta *engine.SequenceMetadata
+	Next int // the prompt token the row scores
 }
 
 // ForwardResult holds the logits of a step's sample rows (forward -> sample).
 type ForwardResult struct {
 	*PreparedStep
-	Logits kernels.Tensor // F32 [R, vocab]
+	Logits kernels.Tensor // F32 [len(Rows)+len(PromptRows), vocab]
 }
 
 // Sample is the outcome of one sample row.
@@ -49,6 +59,8 @@ type Sample struct {
 type SampledStep struct {
 	*ForwardResult
 	Samples []Sample // one per row of Rows
+	// PromptLogprobs has one entry per PromptRows row.
+	PromptLogprobs []engine.TokenLogprobs
 }
 
 // StepOutputs is what post-processing reports back to the scheduler (the

@@ -31,9 +31,10 @@ type postprocess struct {
 
 // seqText is the text state of one output sequence.
 type seqText struct {
-	stream     *tokenizer.DecodeStream
-	stop       *tokenizer.StopChecker
-	firstToken time.Time
+	promptLogprobs []engine.TokenLogprobs // gathered over prefill chunks until the first output
+	stream         *tokenizer.DecodeStream
+	stop           *tokenizer.StopChecker
+	firstToken     time.Time
 }
 
 func newPostprocess(rt *Runtime) *postprocess {
@@ -77,6 +78,10 @@ func (p *postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 	for _, f := range finished {
 		byID[f.SeqID] = f
 	}
+	for i, pr := range step.PromptRows {
+		st := p.state(RowRef{Meta: pr.Meta, SeqID: pr.Meta.SeqID, Index: pr.Meta.SampleIndex, RequestID: pr.Meta.RequestID})
+		st.promptLogprobs = append(st.promptLogprobs, step.PromptLogprobs[i])
+	}
 	now := time.Now()
 	for i, r := range step.Rows {
 		st := p.state(r)
@@ -91,6 +96,7 @@ func (p *postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 			st.firstToken = now
 			if r.Index == 0 {
 				out.PromptTokenIDs = r.Meta.TokenIDs[:r.Meta.NumPromptTokens]
+				out.PromptLogprobs = st.promptLogprobs
 			}
 		}
 		out.FirstTokenTime = st.firstToken

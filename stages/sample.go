@@ -73,9 +73,12 @@ func (g *greedySample) Process(_ context.Context, res *ForwardResult) (*SampledS
 	if err != nil {
 		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
 	}
-	out := &SampledStep{ForwardResult: res, Samples: make([]Sample, len(rows))}
-	for r, row := range rows {
+	out := &SampledStep{ForwardResult: res, Samples: make([]Sample, len(res.Rows))}
+	for r, row := range rows[:len(res.Rows)] {
 		out.Samples[r] = Sample{Token: argmax(row)}
+	}
+	if out.PromptLogprobs, err = promptLogprobs(res, rows[len(res.Rows):]); err != nil {
+		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
 	}
 	return out, nil
 }

@@ -34,9 +34,12 @@ func (s *sample) Process(_ context.Context, res *ForwardResult) (*SampledStep, e
 	if err != nil {
 		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
 	}
-	out := &SampledStep{ForwardResult: res, Samples: make([]Sample, len(rows))}
+	out := &SampledStep{ForwardResult: res, Samples: make([]Sample, len(res.Rows))}
+	if out.PromptLogprobs, err = promptLogprobs(res, rows[len(res.Rows):]); err != nil {
+		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
+	}
 	eos := s.rt.Scheduler.Config().EOSTokenIDs
-	for r, logits := range rows {
+	for r, logits := range rows[:len(res.Rows)] {
 		ref := res.Rows[r]
 		m := ref.Meta
 		p, hist, step := rowParams(m, ref.Index, eos)
@@ -102,4 +105,25 @@ func toI32(xs []int) []int32 {
 		out[i] = int32(x)
 	}
 	return out
+}
+
+// promptLogprobs scores the prompt rows of a step.
+func promptLogprobs(res *ForwardResult, rows [][]float32) ([]engine.TokenLogprobs, error) {
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	out := make([]engine.TokenLogprobs, len(rows))
+	for i, logits := range rows {
+		pr := res.PromptRows[i]
+		got, err := sampling.PromptLogprobs(logits, int32(pr.Next), *pr.Meta.Params.PromptLogprobs)
+		if err != nil {
+			return nil, fmt.Errorf("prompt logprobs of %q: %w", pr.Meta.RequestID, err)
+		}
+		lp := engine.TokenLogprobs{TokenID: pr.Next, Logprob: got.Logprob}
+		for _, t := range got.Top {
+			lp.Top = append(lp.Top, engine.TokenLogprob{TokenID: int(t.Token), Logprob: t.Logprob})
+		}
+		out[i] = lp
+	}
+	return out, nil
 }

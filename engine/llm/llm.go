@@ -37,6 +37,7 @@ type Prompt struct {
 type Completion struct {
 	RequestID       string
 	PromptTokenIDs  []int
+	PromptLogprobs  []engine.TokenLogprobs // PromptLogprobs[i] scores prompt token i+1
 	NumCachedTokens int
 	Outputs         []CompletionOutput // one per sequence (n)
 }
@@ -79,6 +80,7 @@ func (l *LLM) Generate(ctx context.Context, prompts []Prompt, params engine.Samp
 				mu.Lock()
 				if o.PromptTokenIDs != nil {
 					res.PromptTokenIDs = o.PromptTokenIDs
+					res.PromptLogprobs = o.PromptLogprobs
 				}
 				if o.NumCachedTokens > 0 {
 					res.NumCachedTokens = o.NumCachedTokens

@@ -217,3 +217,61 @@ func TestStageSwapAndInsertFromYAML(t *testing.T) {
 		t.Errorf("logit-softcap did not process any step: %+v", l.Graph().Stats())
 	}
 }
+
+// Logprobs and prompt logprobs are reported, consistent with each other:
+// the prompt logprob of token i+1 equals the logprob a greedy step assigns
+// when the same context is extended by it, and top lists are ordered.
+func TestLogprobs(t *testing.T) {
+	l, err := NewLLM(tinyConfig(t, tinyLlama(t), func(c *config.Config) {
+		c.Pipeline.Impl = nil
+		c.Engine.PrefillChunkSize = 4 // prompt logprobs over several chunks
+	}), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	params := greedy(3)
+	five, three := 5, 3
+	params.Logprobs, params.PromptLogprobs = &five, &three
+	prompt := prompts(3)[2] // 13 tokens
+	res, err := l.Generate(context.Background(), []Prompt{prompt}, params, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := res[0]
+	if len(c.PromptLogprobs) != len(prompt.IDs)-1 {
+		t.Fatalf("%d prompt logprobs for %d prompt tokens", len(c.PromptLogprobs), len(prompt.IDs))
+	}
+	for i, lp := range c.PromptLogprobs {
+		if lp.TokenID != prompt.IDs[i+1] || lp.Logprob > 0 || len(lp.Top) != 3 {
+			t.Errorf("prompt logprob %d: %+v", i, lp)
+		}
+	}
+	o := c.Outputs[0]
+	if len(o.Logprobs) != 3 {
+		t.Fatalf("%d logprobs for 3 tokens", len(o.Logprobs))
+	}
+	for i, lp := range o.Logprobs {
+		if lp.TokenID != o.TokenIDs[i] || len(lp.Top) != 5 || lp.Top[0].TokenID != lp.TokenID || lp.Top[0].Logprob != lp.Logprob {
+			t.Errorf("greedy logprob %d: %+v (token %d)", i, lp, o.TokenIDs[i])
+		}
+		for j := 1; j < len(lp.Top); j++ {
+			if lp.Top[j].Logprob > lp.Top[j-1].Logprob {
+				t.Errorf("top list not sorted: %+v", lp.Top)
+			}
+		}
+	}
+	// Scoring prompt+output as a prompt gives the generated tokens' logprobs.
+	ext := Prompt{IDs: append(append([]int{}, prompt.IDs...), o.TokenIDs[:2]...)}
+	res2, err := l.Generate(context.Background(), []Prompt{ext}, params, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl := res2[0].PromptLogprobs
+	for i := range 2 {
+		got, want := pl[len(prompt.IDs)-1+i].Logprob, o.Logprobs[i].Logprob
+		if d := got - want; d > 1e-4 || d < -1e-4 {
+			t.Errorf("token %d: prompt logprob %g, sampled logprob %g", i, got, want)
+		}
+	}
+}
