@@ -39,6 +39,7 @@ type Scratch struct {
 	raw     []float32 // copy of the row for the raw logprobs
 	cands   []cand    // tokens that survive filtering
 	heap    []float32 // top-k min-heap
+	keys    []uint32  // top-k radix select keys
 	radix   [2048]int32
 	top     []TokenLogprob
 	seen    []bool  // penalties without a PenaltyState: token in history
@@ -47,7 +48,7 @@ type Scratch struct {
 }
 
 // cand is a token that survived filtering, with its unnormalized
-// probability w = exp((z - zmax) / T).
+// probability w = exp((z - zmax) / T), computed as (z - zmax) * (1/T).
 type cand struct {
 	z  float32
 	id int32
@@ -174,18 +175,24 @@ func (s *Scratch) filter(logits []float32, zmax float64, p *Params) []cand {
 		cut = max(cut, s.kthLargest(logits, p.TopK))
 	}
 
-	c := s.cands[:0]
+	if cap(s.cands) < len(logits) {
+		s.cands = make([]cand, len(logits))
+	}
+	c := s.cands[:len(logits)]
+	invTemp := 1 / temp
+	n := 0
 	total := 0.0
 	for i, z := range logits {
 		if z >= cut {
-			w := math.Exp((float64(z) - zmax) / temp)
-			c = append(c, cand{z: z, id: int32(i), w: w})
+			w := math.Exp((float64(z) - zmax) * invTemp)
+			c[n] = cand{z: z, id: int32(i), w: w}
+			n++
 			total += w
 		}
 	}
-	s.cands = c
+	c = c[:n]
 	if p.TopP < 1 {
-		c = topP(c, total, zmax, temp, float64(p.TopP))
+		c = topP(c, total, zmax, invTemp, float64(p.TopP))
 	}
 	return c
 }
@@ -221,8 +228,8 @@ const (
 	topPNumBins  = 128
 )
 
-func topPBin(z float32, zmax, temp float64) int {
-	d := (zmax - float64(z)) / temp / topPBinWidth
+func topPBin(z float32, zmax, invTemp float64) int {
+	d := (zmax - float64(z)) * invTemp * (1 / topPBinWidth)
 	if d >= topPNumBins-1 {
 		return topPNumBins - 1
 	}
@@ -235,11 +242,11 @@ func topPBin(z float32, zmax, temp float64) int {
 // whose cumulative mass reaches topP * total (with a relative margin of 1e-9
 // for rounding) are sorted: a token of a later bin has at least that much
 // mass before it, so it is dropped anyway.
-func topP(c []cand, total, zmax, temp, topP float64) []cand {
+func topP(c []cand, total, zmax, invTemp, topP float64) []cand {
 	limit := topP * total
 	var mass [topPNumBins]float64
 	for _, e := range c {
-		mass[topPBin(e.z, zmax, temp)] += e.w
+		mass[topPBin(e.z, zmax, invTemp)] += e.w
 	}
 	lastBin := topPNumBins - 1
 	acc := 0.0
@@ -253,7 +260,7 @@ func topP(c []cand, total, zmax, temp, topP float64) []cand {
 	if lastBin < topPNumBins-1 {
 		n := 0
 		for _, e := range c {
-			if topPBin(e.z, zmax, temp) <= lastBin {
+			if topPBin(e.z, zmax, invTemp) <= lastBin {
 				c[n] = e
 				n++
 			}

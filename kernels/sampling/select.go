@@ -12,7 +12,8 @@ const heapMaxK = 256
 // kthLargest returns the k-th largest value of x counting repeats
 // (1 <= k <= len(x)); x holds no NaN. Cost: one pass and O(k) memory when k is
 // small (a min-heap of the k largest values, most elements rejected by one
-// comparison), three passes of radix select otherwise. x is not modified.
+// comparison), otherwise a radix select: a pass that computes sortable keys,
+// then passes over the shrinking set of keys that share the chosen digits. x is not modified.
 func (s *Scratch) kthLargest(x []float32, k int) float32 {
 	if k <= heapMaxK {
 		return s.kthLargestHeap(x, k)
@@ -73,19 +74,36 @@ func fromSortKey(k uint32) float32 {
 }
 
 // kthLargestRadix selects the k-th largest key digit by digit, most
-// significant first (11, 11 and 10 bits), counting at each pass only the keys
-// that share the digits chosen so far.
+// significant first (11, 11 and 10 bits). The first pass computes the keys
+// into the scratch; each later pass runs only over the keys that share the
+// digits chosen so far, compacted in place (about n/2048 after the first).
 func (s *Scratch) kthLargestRadix(x []float32, k int) float32 {
-	var prefix, prefixMask uint32
-	for _, d := range [3]struct{ shift, bits uint }{{21, 11}, {10, 11}, {0, 10}} {
+	if cap(s.keys) < len(x) {
+		s.keys = make([]uint32, len(x))
+	}
+	keys := s.keys[:len(x)]
+	for i, v := range x {
+		keys[i] = sortKey(v)
+	}
+	var prefix uint32
+	for pass, d := range [3]struct{ shift, bits uint }{{21, 11}, {10, 11}, {0, 10}} {
+		if pass > 0 {
+			// Keep the keys whose digits above d.shift+d.bits are prefix's.
+			high := d.shift + d.bits
+			n := 0
+			for _, key := range keys {
+				if key>>high == prefix>>high {
+					keys[n] = key
+					n++
+				}
+			}
+			keys = keys[:n]
+		}
 		hist := &s.radix
 		clear(hist[:])
 		digitMask := uint32(1)<<d.bits - 1
-		for _, v := range x {
-			key := sortKey(v)
-			if key&prefixMask == prefix {
-				hist[(key>>d.shift)&digitMask]++
-			}
+		for _, key := range keys {
+			hist[(key>>d.shift)&digitMask]++
 		}
 		digit := int(digitMask)
 		for ; digit > 0; digit-- {
@@ -96,7 +114,6 @@ func (s *Scratch) kthLargestRadix(x []float32, k int) float32 {
 			k -= n
 		}
 		prefix |= uint32(digit) << d.shift
-		prefixMask |= digitMask << d.shift
 	}
 	return fromSortKey(prefix)
 }
