@@ -28,8 +28,14 @@ type Checkpoint struct {
 	Config *Config
 
 	files   []*File
-	tensors map[string]Tensor
+	tensors map[string]entry
 	names   []string // sorted
+}
+
+// entry is one tensor and the file that maps it.
+type entry struct {
+	tensor Tensor
+	file   *File
 }
 
 // Open reads dir/config.json and maps the weights: dir/model.safetensors, or
@@ -43,7 +49,7 @@ func Open(dir string) (*Checkpoint, error) {
 	if err != nil {
 		return nil, err
 	}
-	ck := &Checkpoint{Dir: dir, Config: cfg, tensors: make(map[string]Tensor)}
+	ck := &Checkpoint{Dir: dir, Config: cfg, tensors: make(map[string]entry)}
 	if err := ck.openWeights(); err != nil {
 		_ = ck.Close()
 		return nil, err
@@ -130,9 +136,9 @@ func (ck *Checkpoint) addFile(path string) error {
 	ck.files = append(ck.files, f)
 	for _, name := range f.Names() {
 		if prev, dup := ck.tensors[name]; dup {
-			return fmt.Errorf("weights: tensor %q: in both %s and %s: %w", name, prev.File, path, ErrFormat)
+			return fmt.Errorf("weights: tensor %q: in both %s and %s: %w", name, prev.file.path, path, ErrFormat)
 		}
-		ck.tensors[name] = f.tensors[name]
+		ck.tensors[name] = entry{tensor: f.tensors[name], file: f}
 	}
 	ck.names = ck.names[:0]
 	for name := range ck.tensors {
@@ -159,19 +165,14 @@ func (ck *Checkpoint) Has(name string) bool {
 // missing name is an error wrapping ErrNotFound that names the directory.
 // Cost: a map lookup.
 func (ck *Checkpoint) Tensor(name string) (Tensor, error) {
-	t, ok := ck.tensors[name]
+	e, ok := ck.tensors[name]
 	if !ok {
 		return Tensor{}, fmt.Errorf("weights: %s: tensor %q: %w", ck.Dir, name, ErrNotFound)
 	}
-	for _, f := range ck.files {
-		if f.path == t.File {
-			if err := f.checkOpen(); err != nil {
-				return Tensor{}, err
-			}
-			break
-		}
+	if err := e.file.checkOpen(); err != nil {
+		return Tensor{}, err
 	}
-	return t, nil
+	return e.tensor, nil
 }
 
 // Expect returns the tensor called name after checking that its shape is

@@ -4,6 +4,7 @@ import (
 	"io/fs"
 	"math"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -79,6 +80,7 @@ func TestFixtures(t *testing.T) {
 				} else if hasPrefix(ck.Names(), "model.layers."+itoa(c.NumHiddenLayers)+".") {
 					t.Errorf("%s: tensors beyond num_hidden_layers", v.name)
 				}
+				checkFixtureConfig(t, spec.name, c)
 				if cfg == nil {
 					cfg = c
 				} else if cfg.VocabSize != c.VocabSize || cfg.NumHiddenLayers != c.NumHiddenLayers || cfg.Rope != c.Rope {
@@ -261,3 +263,62 @@ func hasPrefix(names []string, prefix string) bool {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// checkFixtureConfig checks the settings each fixture was made to exercise,
+// as parsed from the config.json that transformers 5 wrote (rope_parameters).
+func checkFixtureConfig(t *testing.T, name string, c *Config) {
+	t.Helper()
+	type check struct {
+		what      string
+		got, want any
+	}
+	var checks []check
+	switch name {
+	case "llama":
+		checks = []check{
+			{"rope", c.Rope, Rope{Type: "llama3", Theta: 500000, Factor: 8, OriginalMaxPositionEmbeddings: 8192,
+				LowFreqFactor: 1, HighFreqFactor: 4, BetaFast: 32, BetaSlow: 1, Truncate: true, PartialRotaryFactor: 1}},
+			{"attention_bias", c.AttentionBias, true},
+			{"eos", c.EOSTokenIDs, []int{2, 3}},
+			{"kv heads", c.NumKeyValueHeads, 2},
+		}
+	case "mistral":
+		checks = []check{
+			{"rope type", c.Rope.Type, "linear"},
+			{"rope factor", c.Rope.Factor, 2.0},
+			{"rope theta", c.Rope.Theta, 1e6},
+			{"sliding_window", c.SlidingWindow, 4096},
+		}
+	case "qwen3":
+		checks = []check{
+			{"rope type", c.Rope.Type, "default"},
+			{"tie", c.TieWordEmbeddings, true},
+			{"head_dim", c.HeadDim, 32},
+			{"sliding_window", c.SlidingWindow, 0},
+		}
+	case "deepseek-v2":
+		checks = []check{
+			{"rope", c.Rope, Rope{Type: "yarn", Theta: 10000, Factor: 40, OriginalMaxPositionEmbeddings: 4096,
+				BetaFast: 32, BetaSlow: 1, Mscale: 1, MscaleAllDim: 0.707, Truncate: true, PartialRotaryFactor: 1}},
+			{"q_lora_rank", c.QLoraRank, 0},
+			{"dims", []int{c.QKNopeHeadDim, c.QKRopeHeadDim, c.VHeadDim, c.KVLoraRank}, []int{16, 8, 12, 32}},
+			{"routing", []any{c.TopKMethod, c.ScoringFunc, c.NGroup, c.TopKGroup, c.NumExpertsPerTok, c.RoutedScalingFactor},
+				[]any{"group_limited_greedy", "softmax", 4, 2, 2, 2.0}},
+			{"moe layers", []bool{c.IsMoELayer(0), c.IsMoELayer(1)}, []bool{false, true}},
+		}
+	case "deepseek-v3":
+		checks = []check{
+			{"rope mscale", []float64{c.Rope.Mscale, c.Rope.MscaleAllDim, c.Rope.Factor}, []float64{1, 1, 40}},
+			{"q_lora_rank", c.QLoraRank, 24},
+			{"routing", []any{c.TopKMethod, c.ScoringFunc, c.NGroup, c.TopKGroup, c.NormTopKProb, c.RoutedScalingFactor},
+				[]any{"noaux_tc", "sigmoid", 4, 2, true, 2.5}},
+			{"rope_interleave", c.RopeInterleave, true},
+			{"shared experts", c.NSharedExperts, 1},
+		}
+	}
+	for _, ch := range checks {
+		if !reflect.DeepEqual(ch.got, ch.want) {
+			t.Errorf("%s: %s = %v, want %v", name, ch.what, ch.got, ch.want)
+		}
+	}
+}
