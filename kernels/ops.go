@@ -152,6 +152,15 @@ type Ops interface {
 	// Cost: 6*T*TopK*hidden*inter flops; each selected expert's weights read once.
 	MoE(out, x, ids, weights, gateUp, down Tensor) error
 
+	// ResolvePlaceholders is the device half of zero-overhead scheduling
+	// (MetadataZOS): step N+1 is planned before step N's tokens reach the
+	// host, so its inputs carry placeholders that name a sample row of step
+	// N. For every i with fromRow[i] >= 0: ids[i] = sampled[fromRow[i]]; other
+	// ids are untouched. ids and fromRow I32 [T]; sampled I32 [R], step N's
+	// tokens, still in backend memory. A row outside [0, R) is ErrOutOfRange.
+	// Cost: T reads; no host round trip.
+	ResolvePlaceholders(ids, fromRow, sampled Tensor) error
+
 	// Logits gathers the rows that sample, normalizes them and applies the LM
 	// head: out[r] = RMSNorm(hidden[rows[r]]; norm, eps) W^T. rows I32 [R] (nil: all
 	// rows), norm [hidden] or nil (no norm), head [vocab, hidden] in its stored
