@@ -65,7 +65,9 @@ type Params struct {
 	Masked []int32
 	// Seed keys the random stream of the request: the draw for output
 	// position step is a function of (Seed, step) only. The engine assigns a
-	// seed at admission to requests that set none.
+	// seed at admission to requests that set none. Rows that share a seed and
+	// logits draw the same tokens: each child of an n > 1 request needs its
+	// own seed.
 	Seed uint64
 	// Seeded records that the request set Seed itself. The host sampler
 	// draws from the keyed stream either way; the flag tells a caller or a

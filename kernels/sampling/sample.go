@@ -19,6 +19,11 @@
 //     the previous steps left), then one draw from the renormalized
 //     distribution by inverse CDF with Uniform(Seed, step, DrawSample).
 //
+// The draw has vLLM's distribution but not its token stream: vLLM races
+// exponential noise from a torch generator; here one Philox uniform per row
+// walks the cumulative distribution, which costs no random number per token
+// and can be reproduced by a device kernel.
+//
 // Filtering never sorts the whole vocabulary unless top-p needs it: top-k is a
 // selection of the K-th largest logit, min-p a threshold, and top-p sorts only
 // the tokens of the probability bins that reach the top-p mass.
@@ -218,6 +223,7 @@ func draw(c []cand, u float64) int32 {
 			return e.id
 		}
 	}
+	// Not reached: u < 1 makes target < kept, and acc ends at kept.
 	return last
 }
 

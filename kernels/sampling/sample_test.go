@@ -242,6 +242,7 @@ func TestRowErrors(t *testing.T) {
 		{"NaN greedy", []float32{0, 1, nan}, func(p *Params) { p.Temperature = 0 }, History{}, ErrInvalidLogits},
 		{"+Inf", []float32{0, inf, 1}, nil, History{}, ErrInvalidLogits},
 		{"masked NaN with logprobs", []float32{0, nan, 1}, func(p *Params) { p.Masked, p.Logprobs = []int32{1}, true }, History{}, ErrInvalidLogits},
+		{"masked +Inf with logprobs", []float32{0, inf, 1}, func(p *Params) { p.Masked, p.Logprobs = []int32{1}, true }, History{}, ErrInvalidLogits},
 		{"all -Inf", []float32{negInf, negInf}, nil, History{}, ErrNoCandidates},
 		{"all masked", []float32{1, 2}, func(p *Params) { p.Masked = []int32{0, 1} }, History{}, ErrNoCandidates},
 		{"prompt id out of range", []float32{1, 2}, func(p *Params) { p.RepetitionPenalty = 2 },
@@ -596,6 +597,12 @@ func TestLogprobs(t *testing.T) {
 			t.Fatalf("PromptLogprobs(%d, %d): %v, want %v", bad.next, bad.n, err, bad.is)
 		}
 	}
+	if _, err := PromptLogprobs(nil, 0, 1); !errors.Is(err, ErrInvalidLogits) {
+		t.Fatalf("PromptLogprobs of an empty row: %v", err)
+	}
+	if _, err := PromptLogprobs([]float32{negInf, negInf}, 0, 1); !errors.Is(err, ErrNoCandidates) {
+		t.Fatalf("PromptLogprobs of an all -Inf row: %v", err)
+	}
 }
 
 func TestNoAllocations(t *testing.T) {
@@ -632,5 +639,36 @@ func TestNoAllocations(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { Uniform(1, 2, 3) }); n != 0 {
 		t.Fatalf("Uniform: %v allocations per call", n)
+	}
+}
+
+func TestTinyRows(t *testing.T) {
+	tests := []struct {
+		name   string
+		logits []float32
+		p      Params
+		want   int32
+		top    int
+	}{
+		{"one token, random", []float32{0.3}, Params{Temperature: 1, TopP: 0.5, TopK: 1, MinP: 1, RepetitionPenalty: 1}, 0, 0},
+		{"one token, greedy, logprobs clamped", []float32{-7}, Params{TopP: 1, RepetitionPenalty: 1, Logprobs: true, NumLogprobs: 20}, 0, 1},
+		{"only one finite", []float32{negInf, negInf, 2, negInf}, Params{Temperature: 5, TopP: 1, RepetitionPenalty: 1}, 2, 0},
+		{"top_k above the vocabulary", []float32{negInf, 1}, Params{Temperature: 1, TopK: 10, TopP: 1, RepetitionPenalty: 1}, 1, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for step := range uint64(20) {
+				res, err := Sample(slices.Clone(tt.logits), &tt.p, History{}, step, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Token != tt.want || len(res.Top) != tt.top {
+					t.Fatalf("step %d: token %d with %d top entries, want %d with %d", step, res.Token, len(res.Top), tt.want, tt.top)
+				}
+				if tt.p.Logprobs && (res.Logprob != 0 || res.Rank != 1) {
+					t.Fatalf("single token: logprob %v rank %d, want 0 and 1", res.Logprob, res.Rank)
+				}
+			}
+		})
 	}
 }
