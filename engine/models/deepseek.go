@@ -89,8 +89,9 @@ func newDeepseek(arch string, ops kernels.Ops, cfg *weights.Config, src Weights,
 	if d.NumHeads <= 0 || d.NopeDim <= 0 || d.RopeDim <= 0 || d.KVLoraRank <= 0 || d.VHeadDim <= 0 {
 		return nil, fmt.Errorf("models: %s: MLA dims %+v: %w", arch, d, ErrConfig)
 	}
+	// Softmax scale: qk_head_dim^-0.5, times yarn's mscale(factor, mscale_all_dim)^2.
 	scale := 1 / math.Sqrt(float64(d.NopeDim+d.RopeDim))
-	if r := cfg.Rope; v3 && r.Type != "default" && r.MscaleAllDim != 0 {
+	if r := cfg.Rope; r.Type != "default" && r.MscaleAllDim != 0 {
 		ms := yarnMscale(r.Factor, r.MscaleAllDim)
 		scale *= ms * ms
 	}

@@ -302,7 +302,7 @@ func (r *ref) mla(x mat, p string) mat {
 		}
 	}
 	scale := 1 / math.Sqrt(float64(nope+rope))
-	if c.ModelType == "deepseek_v3" && c.Rope.Type != "default" && c.Rope.MscaleAllDim != 0 {
+	if c.Rope.Type != "default" && c.Rope.MscaleAllDim != 0 {
 		m := 0.1*c.Rope.MscaleAllDim*math.Log(c.Rope.Factor) + 1
 		scale *= m * m
 	}

@@ -147,19 +147,81 @@ func (p *attnPlan) slot(s, t int) int {
 	return int(p.blocks[s][t/p.blockSize])*p.blockSize + t%p.blockSize
 }
 
-// softmaxInPlace turns scores into exp(score - max) and returns their sum.
-func softmaxInPlace(scores []float32) float32 {
-	m := float32(math.Inf(-1))
-	for _, v := range scores {
-		m = max(m, v)
+// Tiling of attention. Keys are processed in tiles of keyTile keys aligned
+// on absolute key positions, query rows in chunks of up to rowChunk rows of
+// one sequence. Every dot product (q·k over the head dimension, p·v over a
+// tile) is one call of the canonical SIMD reduction, and a row's softmax
+// state is updated tile by tile in key order. Keys a row cannot see enter as
+// exact zeros, so a row's result is the same bits whether it is computed
+// alone (decode) or with the rows of a prefill chunk, and whatever the thread
+// split: only the tile boundaries, fixed in key positions, shape the order.
+const (
+	keyTile  = 128
+	rowChunk = 32
+)
+
+// attnItem is one unit of parallel attention work: query rows [r0, r1) of
+// sequence seq (and, for GQA, the query heads of KV head kvHead).
+type attnItem struct{ seq, r0, r1, kvHead int }
+
+// items cuts every sequence's query rows into chunks, times kvHeads.
+func (p *attnPlan) items(kvHeads int) []attnItem {
+	var out []attnItem
+	for s := range p.qStart {
+		for r0 := p.qStart[s]; r0 < p.qStart[s]+p.qLen[s]; r0 += rowChunk {
+			r1 := min(r0+rowChunk, p.qStart[s]+p.qLen[s])
+			for g := range kvHeads {
+				out = append(out, attnItem{s, r0, r1, g})
+			}
+		}
 	}
+	return out
+}
+
+// onlineSoftmax is the running softmax state of R query rows.
+type onlineSoftmax struct {
+	m, l, alpha []float32
+}
+
+func newOnlineSoftmax(r int) *onlineSoftmax {
+	o := &onlineSoftmax{m: make([]float32, r), l: make([]float32, r), alpha: make([]float32, r)}
+	o.reset(r)
+	return o
+}
+
+func (o *onlineSoftmax) reset(r int) {
+	for i := range r {
+		o.m[i], o.l[i] = float32(math.Inf(-1)), 0
+	}
+}
+
+// update turns row r's scores over one tile (keys [lo, hi) visible, the rest
+// masked) into probabilities relative to the running max, in place, and
+// records the factor that rescales the row's previous output.
+func (o *onlineSoftmax) update(r int, scores []float32, lo, hi int) {
+	if lo >= hi { // nothing visible in this tile: an exact no-op
+		clear(scores)
+		o.alpha[r] = 1
+		return
+	}
+	tmax := scores[lo]
+	for _, v := range scores[lo+1 : hi] {
+		tmax = max(tmax, v)
+	}
+	mNew := max(o.m[r], tmax)
+	o.alpha[r] = float32(math.Exp(float64(o.m[r] - mNew)))
 	var sum float32
-	for i, v := range scores {
-		e := float32(math.Exp(float64(v - m)))
-		scores[i] = e
+	for j := range scores {
+		if j < lo || j >= hi {
+			scores[j] = 0
+			continue
+		}
+		e := float32(math.Exp(float64(scores[j] - mNew)))
+		scores[j] = e
 		sum += e
 	}
-	return sum
+	o.l[r] = o.l[r]*o.alpha[r] + sum
+	o.m[r] = mNew
 }
 
 // Attention is paged causal GQA attention; see kernels.Ops.
@@ -184,15 +246,15 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 	if err != nil {
 		return err
 	}
-	if p.NumHeads <= 0 || p.NumKVHeads <= 0 || p.NumHeads%p.NumKVHeads != 0 || p.HeadDim <= 0 {
+	if p.NumHeads <= 0 || p.NumKVHeads <= 0 || p.NumHeads%p.NumKVHeads != 0 || p.HeadDim <= 0 || p.SlidingWindow < 0 {
 		return fmt.Errorf("cpu: %s: params %+v: %w", op, p, kernels.ErrShape)
 	}
-	d, kvWidth := p.HeadDim, p.NumKVHeads*p.HeadDim
-	if err := checkShape(op, "q", qs, []int{-1, p.NumHeads * d}, kernels.F32); err != nil {
+	d, kvWidth, nh := p.HeadDim, p.NumKVHeads*p.HeadDim, p.NumHeads
+	if err := checkShape(op, "q", qs, []int{-1, nh * d}, kernels.F32); err != nil {
 		return err
 	}
 	t := qs.shape[0]
-	if err := checkShape(op, "out", o, []int{t, p.NumHeads * d}, kernels.F32); err != nil {
+	if err := checkShape(op, "out", o, []int{t, nh * d}, kernels.F32); err != nil {
 		return err
 	}
 	if err := checkShape(op, "k_cache", kc, []int{-1, -1, kvWidth}, kernels.F32); err != nil {
@@ -205,38 +267,85 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 	if err != nil {
 		return err
 	}
-	group := p.NumHeads / p.NumKVHeads
-	nh := p.NumHeads
-	b.forRows(t*nh, pl.maxK*d, func(lo, hi int) {
-		scores := make([]float32, pl.maxK)
-		for item := lo; item < hi; item++ {
-			i, h := item/nh, item%nh
-			s, nk := pl.visible(i)
-			first := 0
-			if p.SlidingWindow > 0 {
-				first = max(0, nk-p.SlidingWindow)
-			}
-			kvOff := (h / group) * d
-			qv := qs.f32[i*nh*d+h*d : i*nh*d+(h+1)*d]
-			sc := scores[:nk-first]
-			for j := range sc {
-				base := pl.slot(s, first+j)*kvWidth + kvOff
-				sc[j] = b.k.dot(qv, kc.f32[base:base+d]) * p.Scale
-			}
-			sum := softmaxInPlace(sc)
-			ov := o.f32[i*nh*d+h*d : i*nh*d+(h+1)*d]
-			clear(ov)
-			for j := range sc {
-				base := pl.slot(s, first+j)*kvWidth + kvOff
-				b.k.axpy(sc[j], vc.f32[base:base+d], ov)
-			}
-			inv := 1 / sum
-			for j := range ov {
-				ov[j] *= inv
-			}
+	group := nh / p.NumKVHeads
+	items := pl.items(p.NumKVHeads)
+	b.run.For(len(items), func(lo, hi int) {
+		maxR := rowChunk * group
+		qt := make([]float32, maxR*d)
+		kt := make([]float32, keyTile*d)
+		vt := make([]float32, d*keyTile)
+		st := make([]float32, maxR*keyTile)
+		pv := make([]float32, maxR*d)
+		acc := make([]float32, maxR*d)
+		sm := newOnlineSoftmax(maxR)
+		for _, it := range items[lo:hi] {
+			b.attendGQA(it, pl, p, qs.f32, kc.f32, vc.f32, o.f32, qt, kt, vt, st, pv, acc, sm, group)
 		}
 	})
 	return nil
+}
+
+// window returns the keys [first, last) query row i sees.
+func (p *attnPlan) window(i, slidingWindow int) (first, last int) {
+	_, last = p.visible(i)
+	if slidingWindow > 0 {
+		first = max(0, last-slidingWindow)
+	}
+	return first, last
+}
+
+func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams, q, kc, vc, out, qt, kt, vt, st, pv, acc []float32, sm *onlineSoftmax, group int) {
+	d, nh, kvWidth := p.HeadDim, p.NumHeads, p.NumKVHeads*p.HeadDim
+	rows := it.r1 - it.r0
+	r := rows * group
+	// Gather the query heads of this KV head: row (i, hh) -> rr = (i-r0)*group + hh.
+	for i := it.r0; i < it.r1; i++ {
+		for hh := range group {
+			h := it.kvHead*group + hh
+			copy(qt[((i-it.r0)*group+hh)*d:], q[i*nh*d+h*d:i*nh*d+(h+1)*d])
+		}
+	}
+	kFirst, _ := pl.window(it.r0, p.SlidingWindow)
+	_, kEnd := pl.window(it.r1-1, p.SlidingWindow)
+	sm.reset(r)
+	clear(acc[:r*d])
+	kvOff := it.kvHead * d
+	for t0 := kFirst / keyTile * keyTile; t0 < kEnd; t0 += keyTile {
+		n := min(keyTile, kEnd-t0)
+		for j := range n {
+			base := pl.slot(it.seq, t0+j)*kvWidth + kvOff
+			copy(kt[j*d:(j+1)*d], kc[base:base+d])
+			for e, v := range vc[base : base+d] {
+				vt[e*n+j] = v
+			}
+		}
+		scores := st[:r*n]
+		b.k.linearF32(scores, qt[:r*d], kt[:n*d], r, n, d, 0, n)
+		for rr := range r {
+			first, last := pl.window(it.r0+rr/group, p.SlidingWindow)
+			row := scores[rr*n : (rr+1)*n]
+			for j := range row {
+				row[j] *= p.Scale
+			}
+			sm.update(rr, row, min(max(first-t0, 0), n), min(max(last-t0, 0), n))
+		}
+		b.k.linearF32(pv[:r*d], scores, vt[:d*n], r, d, n, 0, d)
+		for rr := range r {
+			a := sm.alpha[rr]
+			dst, src := acc[rr*d:(rr+1)*d], pv[rr*d:(rr+1)*d]
+			for e := range dst {
+				dst[e] = dst[e]*a + src[e]
+			}
+		}
+	}
+	for rr := range r {
+		i, h := it.r0+rr/group, it.kvHead*group+rr%group
+		inv := 1 / sm.l[rr]
+		dst := out[i*nh*d+h*d : i*nh*d+(h+1)*d]
+		for e, v := range acc[rr*d : (rr+1)*d] {
+			dst[e] = v * inv
+		}
+	}
 }
 
 // MLAAttention is latent attention with weight absorption; see kernels.Ops.
@@ -265,16 +374,14 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 		return fmt.Errorf("cpu: %s: params %+v: %w", op, p, kernels.ErrShape)
 	}
 	nh, nope, rope, kvl, vd := p.NumHeads, p.NopeDim, p.RopeDim, p.KVLoraRank, p.VHeadDim
-	qd := nope + rope
-	if err := checkShape(op, "q", qs, []int{-1, nh * qd}, kernels.F32); err != nil {
+	if err := checkShape(op, "q", qs, []int{-1, nh * (nope + rope)}, kernels.F32); err != nil {
 		return err
 	}
 	t := qs.shape[0]
 	if err := checkShape(op, "out", o, []int{t, nh * vd}, kernels.F32); err != nil {
 		return err
 	}
-	width := kvl + rope
-	if err := checkShape(op, "cache", c, []int{-1, -1, width}, kernels.F32); err != nil {
+	if err := checkShape(op, "cache", c, []int{-1, -1, kvl + rope}, kernels.F32); err != nil {
 		return err
 	}
 	if err := checkShape(op, "wkvb", w, []int{nh * (nope + vd), kvl}, floatTypes...); err != nil {
@@ -284,43 +391,134 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 	if err != nil {
 		return err
 	}
-	b.forRows(t*nh, pl.maxK*width+(nope+vd)*kvl, func(lo, hi int) {
-		scores := make([]float32, pl.maxK)
-		qLat := make([]float32, kvl)
-		oLat := make([]float32, kvl)
+	// W_UK[h]^T, [kvl][nope] per head in float32, so that absorbing q_nope is
+	// one matrix product per head. Cost: one pass over W_UK per call.
+	wukT := make([]float32, nh*kvl*nope)
+	b.run.For(nh, func(lo, hi int) {
 		buf := make([]float32, kvl)
-		for item := lo; item < hi; item++ {
-			i, h := item/nh, item%nh
-			s, nk := pl.visible(i)
-			qh := qs.f32[i*nh*qd+h*qd : i*nh*qd+(h+1)*qd]
-			qNope, qPe := qh[:nope], qh[nope:]
-			wBase := h * (nope + vd)
-			// Absorb W_UK: q_lat = sum_d q_nope[d] * W_UK[h][d, :].
-			clear(qLat)
+		for h := lo; h < hi; h++ {
 			for dd := range nope {
-				b.k.axpy(qNope[dd], b.rowF32(w, wBase+dd, kvl, buf), qLat)
-			}
-			sc := scores[:nk]
-			for key := range sc {
-				row := c.f32[pl.slot(s, key)*width : (pl.slot(s, key)+1)*width]
-				sc[key] = (b.k.dot(qLat, row[:kvl]) + b.k.dot(qPe, row[kvl:])) * p.Scale
-			}
-			sum := softmaxInPlace(sc)
-			clear(oLat)
-			for key := range sc {
-				row := c.f32[pl.slot(s, key)*width : pl.slot(s, key)*width+kvl]
-				b.k.axpy(sc[key], row, oLat)
-			}
-			inv := 1 / sum
-			for j := range oLat {
-				oLat[j] *= inv
-			}
-			// Project by W_UV: out[e] = o_lat · W_UV[h][e, :].
-			ov := o.f32[i*nh*vd+h*vd : i*nh*vd+(h+1)*vd]
-			for e := range vd {
-				ov[e] = b.k.dot(oLat, b.rowF32(w, wBase+nope+e, kvl, buf))
+				row := b.rowF32(w, h*(nope+vd)+dd, kvl, buf)
+				for cc, v := range row {
+					wukT[(h*kvl+cc)*nope+dd] = v
+				}
 			}
 		}
 	})
+	items := pl.items(1)
+	b.run.For(len(items), func(lo, hi int) {
+		s := newMLAScratch(p)
+		for _, it := range items[lo:hi] {
+			b.attendMLA(it, pl, p, qs.f32, c.f32, w, wukT, o.f32, s)
+		}
+	})
 	return nil
+}
+
+type mlaScratch struct {
+	qn, x, tile, vt, st, pv, acc, ov []float32
+	sm                              *onlineSoftmax
+}
+
+func newMLAScratch(p kernels.MLAParams) *mlaScratch {
+	r, width := rowChunk*p.NumHeads, p.KVLoraRank+p.RopeDim
+	return &mlaScratch{
+		qn:   make([]float32, rowChunk*p.NopeDim),
+		x:    make([]float32, r*width),
+		tile: make([]float32, keyTile*width),
+		vt:   make([]float32, p.KVLoraRank*keyTile),
+		st:   make([]float32, r*keyTile),
+		pv:   make([]float32, r*p.KVLoraRank),
+		acc:  make([]float32, r*p.KVLoraRank),
+		ov:   make([]float32, rowChunk*p.VHeadDim),
+		sm:   newOnlineSoftmax(r),
+	}
+}
+
+func (b *Backend) attendMLA(it attnItem, pl *attnPlan, p kernels.MLAParams, q, cache []float32, w *Tensor, wukT, out []float32, s *mlaScratch) {
+	nh, nope, rope, kvl, vd := p.NumHeads, p.NopeDim, p.RopeDim, p.KVLoraRank, p.VHeadDim
+	qd, width := nope+rope, kvl+rope
+	rows := it.r1 - it.r0
+	r := rows * nh
+	// x row (i, h) = [q_nope W_UK[h], q_pe]: absorb per head, one product each.
+	for h := range nh {
+		for i := it.r0; i < it.r1; i++ {
+			copy(s.qn[(i-it.r0)*nope:], q[i*nh*qd+h*qd:i*nh*qd+h*qd+nope])
+		}
+		lat := s.pv[:rows*kvl]
+		b.k.linearF32(lat, s.qn[:rows*nope], wukT[h*kvl*nope:(h+1)*kvl*nope], rows, kvl, nope, 0, kvl)
+		for i := range rows {
+			row := s.x[(i*nh+h)*width : (i*nh+h+1)*width]
+			copy(row, lat[i*kvl:(i+1)*kvl])
+			copy(row[kvl:], q[(it.r0+i)*nh*qd+h*qd+nope:(it.r0+i)*nh*qd+(h+1)*qd])
+		}
+	}
+	_, kEnd := pl.visible(it.r1 - 1)
+	s.sm.reset(r)
+	clear(s.acc[:r*kvl])
+	for t0 := 0; t0 < kEnd; t0 += keyTile {
+		n := min(keyTile, kEnd-t0)
+		for j := range n {
+			row := cache[pl.slot(it.seq, t0+j)*width : (pl.slot(it.seq, t0+j)+1)*width]
+			copy(s.tile[j*width:], row)
+			for cc, v := range row[:kvl] {
+				s.vt[cc*n+j] = v
+			}
+		}
+		scores := s.st[:r*n]
+		b.k.linearF32(scores, s.x[:r*width], s.tile[:n*width], r, n, width, 0, n)
+		for rr := range r {
+			_, last := pl.visible(it.r0 + rr/nh)
+			row := scores[rr*n : (rr+1)*n]
+			for j := range row {
+				row[j] *= p.Scale
+			}
+			s.sm.update(rr, row, 0, min(max(last-t0, 0), n))
+		}
+		b.k.linearF32(s.pv[:r*kvl], scores, s.vt[:kvl*n], r, kvl, n, 0, kvl)
+		for rr := range r {
+			a := s.sm.alpha[rr]
+			dst, src := s.acc[rr*kvl:(rr+1)*kvl], s.pv[rr*kvl:(rr+1)*kvl]
+			for e := range dst {
+				dst[e] = dst[e]*a + src[e]
+			}
+		}
+	}
+	for rr := range r {
+		inv := 1 / s.sm.l[rr]
+		for e := range kvl {
+			s.acc[rr*kvl+e] *= inv
+		}
+	}
+	// out[i, h] = o_lat[i, h] W_UV[h]^T: rows (i, h) of acc are strided by nh.
+	lat := s.x[:rows*kvl]
+	for h := range nh {
+		for i := range rows {
+			copy(lat[i*kvl:(i+1)*kvl], s.acc[(i*nh+h)*kvl:(i*nh+h+1)*kvl])
+		}
+		wuv := rowsView(w, h*(nope+vd)+nope, h*(nope+vd)+nope+vd, kvl)
+		ov := s.ov[:rows*vd]
+		switch w.dtype {
+		case kernels.F32:
+			b.k.linearF32(ov, lat, wuv.f32, rows, vd, kvl, 0, vd)
+		case kernels.BF16:
+			b.k.linearBF16(ov, lat, wuv.u16, rows, vd, kvl, 0, vd)
+		case kernels.F16:
+			b.k.linearF16(ov, lat, wuv.u16, rows, vd, kvl, 0, vd)
+		}
+		for i := range rows {
+			copy(out[(it.r0+i)*nh*vd+h*vd:], ov[i*vd:(i+1)*vd])
+		}
+	}
+}
+
+// rowsView is rows [lo, hi) of a matrix with rows of n elements.
+func rowsView(t *Tensor, lo, hi, n int) *Tensor {
+	v := &Tensor{shape: []int{hi - lo, n}, dtype: t.dtype}
+	if t.dtype == kernels.F32 {
+		v.f32 = t.f32[lo*n : hi*n]
+	} else {
+		v.u16 = t.u16[lo*n : hi*n]
+	}
+	return v
 }

@@ -313,17 +313,22 @@ func pagedBatch(t testing.TB, b *Backend, r *rand.Rand, specs []seqSpec, blockSi
 }
 
 // refAttention is dense causal attention in float64 over contiguous keys:
-// k and v [kLen][numKV*d], q [qLen][nh*d]; row j sees keys 0..kLen-qLen+j.
-func refAttention(q, k, v []float32, qLen, kLen, nh, nkv, d int, scale float32) []float32 {
+// k and v [kLen][numKV*d], q [qLen][nh*d]; row j sees keys 0..kLen-qLen+j,
+// only the last window of them when window > 0.
+func refAttention(q, k, v []float32, qLen, kLen, nh, nkv, d int, scale float32, window int) []float32 {
 	out := make([]float32, qLen*nh*d)
 	group := nh / nkv
 	for j := range qLen {
 		vis := kLen - qLen + j + 1
+		first := 0
+		if window > 0 {
+			first = max(0, vis-window)
+		}
 		for h := range nh {
 			kh := h / group
 			sc := make([]float64, vis)
 			mx := math.Inf(-1)
-			for t := range vis {
+			for t := first; t < vis; t++ {
 				var s float64
 				for x := range d {
 					s += float64(q[j*nh*d+h*d+x]) * float64(k[t*nkv*d+kh*d+x])
@@ -332,13 +337,13 @@ func refAttention(q, k, v []float32, qLen, kLen, nh, nkv, d int, scale float32) 
 				mx = math.Max(mx, sc[t])
 			}
 			var sum float64
-			for t := range sc {
+			for t := first; t < vis; t++ {
 				sc[t] = math.Exp(sc[t] - mx)
 				sum += sc[t]
 			}
 			for x := range d {
 				var o float64
-				for t := range vis {
+				for t := first; t < vis; t++ {
 					o += sc[t] / sum * float64(v[t*nkv*d+kh*d+x])
 				}
 				out[j*nh*d+h*d+x] = float32(o)
@@ -349,46 +354,78 @@ func refAttention(q, k, v []float32, qLen, kLen, nh, nkv, d int, scale float32) 
 }
 
 func TestAttentionPagedMatchesDense(t *testing.T) {
-	const nh, nkv, d, bs, numBlocks = 4, 2, 16, 4, 32
+	const nh, nkv, d, bs, numBlocks = 4, 2, 16, 4, 160
 	b := newTestBackend(t, 3)
-	r := rand.New(rand.NewPCG(7, 7))
-	// Prefill, chunked prefill over a cached prefix, decode, and a one-token prompt.
-	specs := []seqSpec{{5, 5}, {3, 9}, {1, 12}, {1, 1}, {6, 13}}
-	m, slots := pagedBatch(t, b, r, specs, bs, numBlocks)
-	kc, vc := alloc(t, b, numBlocks, bs, nkv*d), alloc(t, b, numBlocks, bs, nkv*d)
-	var qAll, want []float32
-	for s, sp := range specs {
-		k := randVals(r, sp.kLen*nkv*d, 1)
-		v := randVals(r, sp.kLen*nkv*d, 1)
-		q := randVals(r, sp.qLen*nh*d, 1)
-		sm := putI32(t, b, slots[s], sp.kLen)
-		if err := b.WriteCache(kc, put(t, b, kernels.F32, k, sp.kLen, nkv*d), sm, 0); err != nil {
-			t.Fatal(err)
-		}
-		if err := b.WriteCache(vc, put(t, b, kernels.F32, v, sp.kLen, nkv*d), sm, 0); err != nil {
-			t.Fatal(err)
-		}
-		qAll = append(qAll, q...)
-		want = append(want, refAttention(q, k, v, sp.qLen, sp.kLen, nh, nkv, d, 0.3)...)
-	}
-	p := kernels.AttentionParams{NumHeads: nh, NumKVHeads: nkv, HeadDim: d, Scale: 0.3}
-	out := alloc(t, b, m.NumTokens, nh*d)
-	if err := b.Attention(out, put(t, b, kernels.F32, qAll, m.NumTokens, nh*d), kc, vc, m, p); err != nil {
-		t.Fatal(err)
-	}
-	checkClose(t, "paged attention", vals(out), want, 1e-5)
+	// Prefill, chunked prefill over a cached prefix, decode, a one-token
+	// prompt, and a long chunk that spans several key tiles and row chunks.
+	specs := []seqSpec{{5, 5}, {3, 9}, {1, 12}, {1, 1}, {6, 13}, {70, 300}}
+	for _, window := range []int{0, 7, 150} {
+		t.Run(fmt.Sprintf("window=%d", window), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(7, uint64(window)))
+			m, slots := pagedBatch(t, b, r, specs, bs, numBlocks)
+			kc, vc := alloc(t, b, numBlocks, bs, nkv*d), alloc(t, b, numBlocks, bs, nkv*d)
+			var qAll, want []float32
+			for s, sp := range specs {
+				k := randVals(r, sp.kLen*nkv*d, 1)
+				v := randVals(r, sp.kLen*nkv*d, 1)
+				q := randVals(r, sp.qLen*nh*d, 1)
+				sm := putI32(t, b, slots[s], sp.kLen)
+				if err := b.WriteCache(kc, put(t, b, kernels.F32, k, sp.kLen, nkv*d), sm, 0); err != nil {
+					t.Fatal(err)
+				}
+				if err := b.WriteCache(vc, put(t, b, kernels.F32, v, sp.kLen, nkv*d), sm, 0); err != nil {
+					t.Fatal(err)
+				}
+				qAll = append(qAll, q...)
+				want = append(want, refAttention(q, k, v, sp.qLen, sp.kLen, nh, nkv, d, 0.3, window)...)
+			}
+			p := kernels.AttentionParams{NumHeads: nh, NumKVHeads: nkv, HeadDim: d, Scale: 0.3, SlidingWindow: window}
+			out := alloc(t, b, m.NumTokens, nh*d)
+			if err := b.Attention(out, put(t, b, kernels.F32, qAll, m.NumTokens, nh*d), kc, vc, m, p); err != nil {
+				t.Fatal(err)
+			}
+			checkClose(t, "paged attention", vals(out), want, 1e-5)
 
-	// Batch invariance: each sequence alone gives bit-identical rows.
-	row := 0
-	for s, sp := range specs {
-		m1 := singleSeqMeta(t, b, m, s)
-		q1 := qAll[row*nh*d : (row+sp.qLen)*nh*d]
-		o1 := alloc(t, b, sp.qLen, nh*d)
-		if err := b.Attention(o1, put(t, b, kernels.F32, q1, sp.qLen, nh*d), kc, vc, m1, p); err != nil {
-			t.Fatal(err)
-		}
-		checkIdentical(t, fmt.Sprintf("sequence %d alone vs batch", s), vals(o1), vals(out)[row*nh*d:(row+sp.qLen)*nh*d])
-		row += sp.qLen
+			// Batch invariance: each sequence alone, and single rows decoded
+			// alone, give bit-identical rows.
+			row := 0
+			for s, sp := range specs {
+				m1 := singleSeqMeta(t, b, m, s)
+				q1 := qAll[row*nh*d : (row+sp.qLen)*nh*d]
+				o1 := alloc(t, b, sp.qLen, nh*d)
+				if err := b.Attention(o1, put(t, b, kernels.F32, q1, sp.qLen, nh*d), kc, vc, m1, p); err != nil {
+					t.Fatal(err)
+				}
+				checkIdentical(t, fmt.Sprintf("sequence %d alone vs batch", s), vals(o1), vals(out)[row*nh*d:(row+sp.qLen)*nh*d])
+				for _, j := range []int{0, sp.qLen / 2, sp.qLen - 1} {
+					md := decodeMeta(t, b, m, s, j)
+					od := alloc(t, b, 1, nh*d)
+					qj := qAll[(row+j)*nh*d : (row+j+1)*nh*d]
+					if err := b.Attention(od, put(t, b, kernels.F32, qj, 1, nh*d), kc, vc, md, p); err != nil {
+						t.Fatal(err)
+					}
+					checkIdentical(t, fmt.Sprintf("sequence %d row %d decoded alone vs batch", s, j), vals(od), vals(out)[(row+j)*nh*d:(row+j+1)*nh*d])
+				}
+				row += sp.qLen
+			}
+		})
+	}
+}
+
+// decodeMeta is the metadata of row j of sequence s computed alone, as a
+// decode step: one query seeing the keys that row sees in the batch.
+func decodeMeta(t testing.TB, b *Backend, m *kernels.AttentionMetadata, s, j int) *kernels.AttentionMetadata {
+	cu := m.CuSeqlensQ.(*Tensor).i32
+	qLen := int(cu[s+1] - cu[s])
+	kLen := int(m.SeqlensK.(*Tensor).i32[s]) - qLen + j + 1
+	bt := m.BlockTables.(*Tensor)
+	mb := bt.shape[1]
+	return &kernels.AttentionMetadata{
+		NumSeqs: 1, NumTokens: 1, MaxSeqlenQ: 1, MaxSeqlenK: kLen, BlockSize: m.BlockSize,
+		CuSeqlensQ:  putI32(t, b, []int32{0, 1}, 2),
+		SeqlensK:    putI32(t, b, []int32{int32(kLen)}, 1),
+		BlockTables: putI32(t, b, bt.i32[s*mb:(s+1)*mb], 1, mb),
+		SlotMapping: putI32(t, b, m.SlotMapping.(*Tensor).i32[int(cu[s])+j:int(cu[s])+j+1], 1),
 	}
 }
 
@@ -411,10 +448,10 @@ func singleSeqMeta(t testing.TB, b *Backend, m *kernels.AttentionMetadata, s int
 // form: k_nope = W_UK c_kv, v = W_UV c_kv, standard attention on
 // [q_nope, q_pe] . [k_nope, k_pe].
 func TestMLAAttention(t *testing.T) {
-	const nh, nope, rope, kvl, vd, bs, numBlocks = 3, 8, 4, 12, 6, 4, 24
+	const nh, nope, rope, kvl, vd, bs, numBlocks = 3, 8, 4, 12, 6, 4, 96
 	b := newTestBackend(t, 2)
 	r := rand.New(rand.NewPCG(8, 8))
-	specs := []seqSpec{{4, 4}, {2, 7}, {1, 10}}
+	specs := []seqSpec{{4, 4}, {2, 7}, {1, 10}, {45, 270}}
 	m, slots := pagedBatch(t, b, r, specs, bs, numBlocks)
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 		w := roundTo(dt, randVals(r, nh*(nope+vd)*kvl, 0.5))
@@ -461,6 +498,19 @@ func TestMLAAttention(t *testing.T) {
 			t.Fatal(err)
 		}
 		checkClose(t, fmt.Sprintf("mla %v", dt), vals(out), want, 1e-5)
+		// Rows decoded alone are bit-identical to their batch rows.
+		row := 0
+		for s, sp := range specs {
+			for _, j := range []int{0, sp.qLen - 1} {
+				od := alloc(t, b, 1, nh*vd)
+				qj := qAll[(row+j)*nh*(nope+rope) : (row+j+1)*nh*(nope+rope)]
+				if err := b.MLAAttention(od, put(t, b, kernels.F32, qj, 1, nh*(nope+rope)), cache, wt, decodeMeta(t, b, m, s, j), p); err != nil {
+					t.Fatal(err)
+				}
+				checkIdentical(t, fmt.Sprintf("mla %v sequence %d row %d alone", dt, s, j), vals(od), vals(out)[(row+j)*nh*vd:(row+j+1)*nh*vd])
+			}
+			row += sp.qLen
+		}
 	}
 }
 

@@ -1,0 +1,156 @@
+package models
+
+import (
+	"context"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+	"github.com/deepinfer/deepinfer-go/kernels/cpu"
+)
+
+// benchConfig is a ~100M-parameter Llama shape (GQA, tied embeddings, so a
+// decode step reads every weight exactly once: 12 layers of 6.3M plus the
+// 24.6M embedding used as LM head).
+const benchConfig = `{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000,
+	"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 12,
+	"num_key_value_heads": 4, "head_dim": 64, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+	"rope_theta": 500000.0, "tie_word_embeddings": true}`
+
+const benchContext = 128 // cached tokens before the measured decode step
+
+type benchModel struct {
+	ops         *cpu.Backend
+	m           Model
+	weightBytes int64
+	numParams   int64
+}
+
+func newBenchModel(b *testing.B) *benchModel {
+	b.Helper()
+	cfg := parseConfig(b, benchConfig)
+	w, err := RandomWeights(cfg, kernels.BF16, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	bm := &benchModel{ops: cpu.New(cpu.Options{})}
+	b.Cleanup(func() { bm.ops.Close() })
+	for _, t := range w {
+		bm.weightBytes += int64(len(t.Data))
+		bm.numParams += int64(t.NumElements())
+	}
+	if bm.m, err = Builtin().New(bm.ops, cfg, w, Options{MaxModelLen: 1024}); err != nil {
+		b.Fatal(err)
+	}
+	return bm
+}
+
+// copyBandwidth measures the machine's memory bandwidth with a parallel copy
+// of two 256 MiB buffers over all cores, counting bytes read plus written.
+func copyBandwidth() float64 {
+	const n = 64 << 20 // float32s: 256 MiB
+	src, dst := make([]float32, n), make([]float32, n)
+	for i := range src {
+		src[i] = float32(i)
+	}
+	workers := runtime.NumCPU()
+	best := 0.0
+	for range 5 {
+		start := time.Now()
+		var wg sync.WaitGroup
+		for w := range workers {
+			lo, hi := n*w/workers, n*(w+1)/workers
+			wg.Go(func() { copy(dst[lo:hi], src[lo:hi]) })
+		}
+		wg.Wait()
+		best = max(best, 2*4*float64(n)/time.Since(start).Seconds())
+	}
+	return best
+}
+
+// BenchmarkDecodeStep: one decode step (forward of one token after 128
+// cached, plus its logits) of a ~100M-parameter Llama with BF16 weights.
+// Reports tokens/s, the weight-read bandwidth achieved and its ratio to the
+// copy bandwidth measured in the same run.
+func BenchmarkDecodeStep(b *testing.B) {
+	bm := newBenchModel(b)
+	r := rand.New(rand.NewPCG(1, 1))
+	const blockSize = 16
+	cache, err := bm.m.NewKVCache(16, blockSize)
+	if err != nil {
+		b.Fatal(err)
+	}
+	table := newBlockPool(r, 16).table(blockSize, benchContext+1)
+	step(b, bm.m, cache, seqStep{randomIDs(r, benchContext, 32000), 0, table})
+	h := HostBatch{BlockSize: blockSize}
+	h.AddSequence([]int32{42}, benchContext, table)
+	batch, err := h.Upload(bm.ops, 16)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rows, _ := kernels.FromI32(bm.ops, []int32{0}, 1)
+	bw := copyBandwidth()
+	ctx := context.Background()
+	b.ResetTimer()
+	for b.Loop() {
+		hidden, err := bm.m.Forward(ctx, cache, batch)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := bm.m.ComputeLogits(hidden, rows); err != nil {
+			b.Fatal(err)
+		}
+	}
+	sec := b.Elapsed().Seconds() / float64(b.N)
+	achieved := float64(bm.weightBytes) / sec
+	b.ReportMetric(1/sec, "tok/s")
+	b.ReportMetric(achieved/1e9, "weightGB/s")
+	b.ReportMetric(bw/1e9, "copyGB/s")
+	b.ReportMetric(achieved/bw, "bw_ratio")
+	b.ReportMetric(float64(bm.numParams)/1e6, "Mparams")
+	b.Logf("%s: %.1f M params, %.0f MB of BF16 weights per step; copy bandwidth %.1f GB/s (read+write)",
+		bm.ops.Name(), float64(bm.numParams)/1e6, float64(bm.weightBytes)/1e6, bw/1e9)
+}
+
+// BenchmarkPrefill512: one 512-token prefill of the same model (forward over
+// all tokens, logits of the last). Reports tokens/s and GFLOP/s, counting 2
+// flops per layer parameter per token, the LM head for one row, and
+// attention's 4*heads*head_dim flops per (query, visible key) pair.
+func BenchmarkPrefill512(b *testing.B) {
+	const n, blockSize = 512, 16
+	bm := newBenchModel(b)
+	r := rand.New(rand.NewPCG(2, 2))
+	cache, err := bm.m.NewKVCache(n/blockSize, blockSize)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := HostBatch{BlockSize: blockSize}
+	h.AddSequence(randomIDs(r, n, 32000), 0, newBlockPool(r, n/blockSize).table(blockSize, n))
+	batch, err := h.Upload(bm.ops, n/blockSize)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rows, _ := kernels.FromI32(bm.ops, []int32{n - 1}, 1)
+	ctx := context.Background()
+	b.ResetTimer()
+	for b.Loop() {
+		hidden, err := bm.m.Forward(ctx, cache, batch)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := bm.m.ComputeLogits(hidden, rows); err != nil {
+			b.Fatal(err)
+		}
+	}
+	sec := b.Elapsed().Seconds() / float64(b.N)
+	cfg := bm.m.Config()
+	embed := float64(cfg.VocabSize * cfg.HiddenSize)
+	flops := 2*(float64(bm.numParams)-embed)*n + 2*embed +
+		float64(4*cfg.NumAttentionHeads*cfg.HeadDim*cfg.NumHiddenLayers)*n*(n+1)/2
+	b.ReportMetric(n/sec, "tok/s")
+	b.ReportMetric(flops/sec/1e9, "GFLOP/s")
+	b.Logf("%s: %.1f M params", bm.ops.Name(), float64(bm.numParams)/1e6)
+}
