@@ -417,7 +417,7 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 
 type mlaScratch struct {
 	qn, x, tile, vt, st, pv, acc, ov []float32
-	sm                              *onlineSoftmax
+	sm                               *onlineSoftmax
 }
 
 func newMLAScratch(p kernels.MLAParams) *mlaScratch {
