@@ -2,7 +2,6 @@ package stages
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -29,21 +28,19 @@ func init() {
 	})
 }
 
-// ErrPlaceholder: a step carries a token from a previous step that this
-// prepare stage cannot resolve.
-var ErrPlaceholder = errors.New("placeholder token without zero-overhead scheduling")
-
 // prepare lays a scheduled step out as the model's flat batch in backend
 // memory and lists the rows that sample.
 type prepare struct{ rt *Runtime }
 
-func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep, error) {
+func (p *prepare) Process(ctx context.Context, step *ScheduledStep) (*PreparedStep, error) {
 	h := &models.HostBatch{BlockSize: p.rt.Cache.BlockSize}
 	numRows := step.Outputs.NumSampleRows
 	rows := make([]RowRef, numRows)
 	sampleRows := make([]int32, numRows)
 	var promptRows []PromptRow
 	var promptRowIdx []int32
+	fromRow := make([]int32, 0, step.Outputs.NumBatchedTokens)
+	placeholders := false
 	for i := range step.Seqs {
 		m := &step.Seqs[i]
 		first := int32(len(h.InputIDs))
@@ -53,10 +50,19 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 		}
 		ids := make([]int32, len(m.InputTokenIDs))
 		for j, id := range m.InputTokenIDs {
+			from := int32(-1)
 			if id == engine.PlaceholderToken {
-				return nil, fmt.Errorf("prepare: step %d: sequence %d: %w", step.Outputs.StepID, m.SeqID, ErrPlaceholder)
+				if m.InputFromRow < 0 {
+					return nil, fmt.Errorf("prepare: step %d: sequence %d: a placeholder without a source row", step.Outputs.StepID, m.SeqID)
+				}
+				from = int32(m.InputFromRow)
+				placeholders = true
+				if p.rt.Stats != nil {
+					p.rt.Stats.Placeholders.Add(1)
+				}
 			}
 			ids[j] = int32(id)
+			fromRow = append(fromRow, from)
 		}
 		table := make([]int32, len(m.BlockTable))
 		for j, b := range m.BlockTable {
@@ -88,6 +94,11 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 	if err != nil {
 		return nil, fmt.Errorf("prepare: step %d: %w", step.Outputs.StepID, err)
 	}
+	if placeholders {
+		if err := p.rt.ZOS.resolvePlaceholders(ctx, p.rt.Ops, step, batch.InputIDs, fromRow); err != nil {
+			return nil, fmt.Errorf("prepare: %w", err)
+		}
+	}
 	out := &PreparedStep{ScheduledStep: step, Batch: batch, Rows: rows, PromptRows: promptRows}
 	if all := append(sampleRows, promptRowIdx...); len(all) > 0 {
 		if out.SampleRows, err = kernels.FromI32(p.rt.Ops, all, len(all)); err != nil {
@@ -98,14 +109,23 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 }
 
 // forward runs the model over the paged KV cache and computes the logits of
-// the rows that sample.
-type forward struct{ rt *Runtime }
+// the rows that sample. It also measures the gap between the end of one
+// forward pass and the start of the next: the time the device would idle
+// while the host works between steps.
+type forward struct {
+	rt      *Runtime
+	lastEnd time.Time
+}
 
 func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResult, error) {
 	if err := copyBlocks(f.rt, step.Outputs.BlockCopies); err != nil {
 		return nil, fmt.Errorf("forward: step %d: %w", step.Outputs.StepID, err)
 	}
 	start := time.Now()
+	if f.rt.Stats != nil && !f.lastEnd.IsZero() {
+		f.rt.Stats.recordGap(start.Sub(f.lastEnd))
+	}
+	defer func() { f.lastEnd = time.Now() }()
 	hidden, err := f.rt.Model.Forward(ctx, f.rt.Cache, step.Batch)
 	if err != nil {
 		return nil, fmt.Errorf("forward: step %d: %w", step.Outputs.StepID, err)

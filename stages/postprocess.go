@@ -27,6 +27,10 @@ func init() {
 type postprocess struct {
 	rt   *Runtime
 	seqs map[engine.SeqID]*seqText
+	// done remembers, for a few steps, the sequences that finished and the
+	// step they finished at: with two steps in flight a finished sequence
+	// still has a row in the next step, which is discarded unseen.
+	done map[engine.SeqID]engine.StepID
 }
 
 // seqText is the text state of one output sequence.
@@ -38,7 +42,7 @@ type seqText struct {
 }
 
 func newPostprocess(rt *Runtime) *postprocess {
-	return &postprocess{rt: rt, seqs: map[engine.SeqID]*seqText{}}
+	return &postprocess{rt: rt, seqs: map[engine.SeqID]*seqText{}, done: map[engine.SeqID]engine.StepID{}}
 }
 
 func (p *postprocess) state(r RowRef) *seqText {
@@ -61,9 +65,19 @@ func (p *postprocess) state(r RowRef) *seqText {
 }
 
 func (p *postprocess) Process(_ context.Context, step *SampledStep) (*StepOutputs, error) {
+	id := step.Outputs.StepID
+	defer p.rt.ZOS.postprocessed(id)
 	for _, ids := range [][]engine.SeqID{step.Outputs.FinishedSeqIDs, step.Outputs.AbortedSeqIDs} {
-		for _, id := range ids {
-			delete(p.seqs, id)
+		for _, seq := range ids {
+			delete(p.seqs, seq)
+			if _, ok := p.done[seq]; !ok {
+				p.done[seq] = id
+			}
+		}
+	}
+	for seq, at := range p.done {
+		if id-at > 2 {
+			delete(p.done, seq)
 		}
 	}
 	sampled := make([]engine.SampledTokens, len(step.Rows))
@@ -84,6 +98,9 @@ func (p *postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 	}
 	now := time.Now()
 	for i, r := range step.Rows {
+		if _, gone := p.done[r.SeqID]; gone {
+			continue // learned one step late: this row's work is discarded
+		}
 		st := p.state(r)
 		s := step.Samples[i]
 		out := engine.RequestOutput{
@@ -127,6 +144,7 @@ func (p *postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 		if out.Finished {
 			out.FinishTime = now
 			delete(p.seqs, r.SeqID)
+			p.done[r.SeqID] = id
 		}
 		p.rt.Live.Emit(out)
 	}

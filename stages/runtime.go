@@ -33,6 +33,9 @@ type Runtime struct {
 	// Flops estimates each step's work (nil: not estimated); Stats counts.
 	Flops *engine.FlopsEstimator
 	Stats *Stats
+	// ZOS carries sampled tokens from step N to step N+1 and orders
+	// sampling after post-processing; see MetadataZOS.
+	ZOS *MetadataZOS
 }
 
 // runtimeOf extracts the *Runtime a factory was given.

@@ -68,10 +68,10 @@ func argmax(xs []float32) int {
 // say: a minimal sampler to swap in from YAML.
 type greedySample struct{ rt *Runtime }
 
-func (g *greedySample) Process(_ context.Context, res *ForwardResult) (*SampledStep, error) {
-	rows, err := hostLogits(g.rt.Ops, res)
+func (g *greedySample) Process(ctx context.Context, res *ForwardResult) (*SampledStep, error) {
+	rows, err := beginSample(ctx, g.rt, res)
 	if err != nil {
-		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
+		return nil, err
 	}
 	out := &SampledStep{ForwardResult: res, Samples: make([]Sample, len(res.Rows))}
 	for r, row := range rows[:len(res.Rows)] {
@@ -80,7 +80,42 @@ func (g *greedySample) Process(_ context.Context, res *ForwardResult) (*SampledS
 	if out.PromptLogprobs, err = promptLogprobs(res, rows[len(res.Rows):]); err != nil {
 		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
 	}
-	return out, nil
+	return out, endSample(g.rt, out)
+}
+
+// beginSample waits until the previous step is post-processed (see
+// MetadataZOS) and fetches the step's logits rows.
+func beginSample(ctx context.Context, rt *Runtime, res *ForwardResult) ([][]float32, error) {
+	if err := rt.ZOS.waitPostprocessed(ctx, res.Outputs.StepID-1); err != nil {
+		return nil, err
+	}
+	rows, err := hostLogits(rt.Ops, res)
+	if err != nil {
+		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
+	}
+	return rows, nil
+}
+
+// endSample publishes the step's tokens for the next step's placeholders.
+func endSample(rt *Runtime, out *SampledStep) error {
+	n := len(out.Samples)
+	host := make([]int, n)
+	toks, ones := make([]int32, n), make([]int32, n)
+	for i, s := range out.Samples {
+		host[i], toks[i], ones[i] = s.Token, int32(s.Token), 1
+	}
+	var tokens, accepted kernels.Tensor
+	if n > 0 {
+		var err error
+		if tokens, err = kernels.FromI32(rt.Ops, toks, n); err != nil {
+			return fmt.Errorf("sample: step %d: %w", out.Outputs.StepID, err)
+		}
+		if accepted, err = kernels.FromI32(rt.Ops, ones, n); err != nil {
+			return fmt.Errorf("sample: step %d: %w", out.Outputs.StepID, err)
+		}
+	}
+	rt.ZOS.publish(out.Outputs.StepID, tokens, accepted, host)
+	return nil
 }
 
 // softcap bounds logits smoothly: cap * tanh(logit / cap), as Gemma 2 does.

@@ -29,10 +29,10 @@ type sample struct {
 	scratch *sampling.Scratch
 }
 
-func (s *sample) Process(_ context.Context, res *ForwardResult) (*SampledStep, error) {
-	rows, err := hostLogits(s.rt.Ops, res)
+func (s *sample) Process(ctx context.Context, res *ForwardResult) (*SampledStep, error) {
+	rows, err := beginSample(ctx, s.rt, res)
 	if err != nil {
-		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
+		return nil, err
 	}
 	out := &SampledStep{ForwardResult: res, Samples: make([]Sample, len(res.Rows))}
 	if out.PromptLogprobs, err = promptLogprobs(res, rows[len(res.Rows):]); err != nil {
@@ -42,7 +42,7 @@ func (s *sample) Process(_ context.Context, res *ForwardResult) (*SampledStep, e
 	for r, logits := range rows[:len(res.Rows)] {
 		ref := res.Rows[r]
 		m := ref.Meta
-		p, hist, step := rowParams(m, ref.Index, eos)
+		p, hist, step := rowParams(m, ref.Index, eos, s.rt.ZOS.pendingTokens(res.Outputs.StepID, m))
 		got, err := sampling.Sample(logits, &p, hist, step, s.scratch)
 		if err != nil {
 			return nil, fmt.Errorf("sample: step %d: request %q: %w", res.Outputs.StepID, ref.RequestID, err)
@@ -57,13 +57,15 @@ func (s *sample) Process(_ context.Context, res *ForwardResult) (*SampledStep, e
 		}
 		out.Samples[r] = smp
 	}
-	return out, nil
+	return out, endSample(s.rt, out)
 }
 
 // rowParams converts a sequence's request params into one row's sampling
-// params, its penalty history and its output position. The index-th output
-// of a request with a seed draws from seed+index, as vLLM's parallel sampling does.
-func rowParams(m *engine.SequenceMetadata, index int, eos []int) (sampling.Params, sampling.History, uint64) {
+// params, its penalty history and its output position. pending are the
+// sequence's tokens sampled by the previous step and not yet in its
+// metadata (zero-overhead scheduling). The index-th output of a request
+// with a seed draws from seed+index, as vLLM's parallel sampling does.
+func rowParams(m *engine.SequenceMetadata, index int, eos []int, pending []int) (sampling.Params, sampling.History, uint64) {
 	rp := m.Params
 	p := sampling.DefaultParams()
 	p.Temperature, p.TopK, p.TopP, p.MinP = rp.Temperature, rp.TopK, rp.TopP, rp.MinP
@@ -80,7 +82,7 @@ func rowParams(m *engine.SequenceMetadata, index int, eos []int) (sampling.Param
 	if rp.Logprobs != nil {
 		p.Logprobs, p.NumLogprobs = true, *rp.Logprobs
 	}
-	numOut := len(m.TokenIDs) - m.NumPromptTokens
+	numOut := len(m.TokenIDs) + len(pending) - m.NumPromptTokens
 	if numOut < rp.MinTokens {
 		for _, id := range rp.StopTokenIDs {
 			p.Masked = append(p.Masked, int32(id))
@@ -94,7 +96,7 @@ func rowParams(m *engine.SequenceMetadata, index int, eos []int) (sampling.Param
 	var hist sampling.History
 	if p.RepetitionPenalty != 1 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
 		hist.PromptTokenIDs = toI32(m.TokenIDs[:m.NumPromptTokens])
-		hist.OutputTokenIDs = toI32(m.TokenIDs[m.NumPromptTokens:])
+		hist.OutputTokenIDs = append(toI32(m.TokenIDs[m.NumPromptTokens:]), toI32(pending)...)
 	}
 	return p, hist, uint64(numOut)
 }

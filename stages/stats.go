@@ -15,6 +15,9 @@ type Stats struct {
 	PrefillTokens atomic.Int64 // prompt tokens computed
 	DecodeTokens  atomic.Int64 // decode tokens computed
 	ForwardNanos  atomic.Int64 // time inside the forward stage
+	GapNanos      atomic.Int64 // host time between two forward passes (device idle)
+	Gaps          atomic.Int64 // gaps measured (steps after the first of a busy period)
+	Placeholders  atomic.Int64 // inputs resolved from the previous step on the backend (ZOS)
 	flopBits      atomic.Uint64
 	byteBits      atomic.Uint64
 }
@@ -46,3 +49,22 @@ func (s *Stats) Bytes() float64 { return math.Float64frombits(s.byteBits.Load())
 
 // ForwardTime is the time spent in forward passes.
 func (s *Stats) ForwardTime() time.Duration { return time.Duration(s.ForwardNanos.Load()) }
+
+// recordGap counts the time between the end of a forward pass and the
+// start of the next. A gap longer than a second is an idle engine, not
+// host overhead, and is not counted.
+func (s *Stats) recordGap(d time.Duration) {
+	if d < time.Second {
+		s.GapNanos.Add(int64(d))
+		s.Gaps.Add(1)
+	}
+}
+
+// MeanGap is the mean host time between two forward passes.
+func (s *Stats) MeanGap() time.Duration {
+	n := s.Gaps.Load()
+	if n == 0 {
+		return 0
+	}
+	return time.Duration(s.GapNanos.Load() / n)
+}

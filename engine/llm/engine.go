@@ -137,7 +137,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	e.rt = &stages.Runtime{
 		Scheduler: e.sched, Model: model, Ops: e.ops, Cache: cache, Tokenizer: e.tok,
 		Requests: e.requests, Live: stages.NewRequests(), Seed: cfg.Seed, VocabSize: mcfg.VocabSize,
-		Flops: flops, Stats: &stages.Stats{},
+		Flops: flops, Stats: &stages.Stats{}, ZOS: stages.NewMetadataZOS(),
 	}
 	pspec, err := Spec(cfg)
 	if err != nil {
