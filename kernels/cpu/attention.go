@@ -270,11 +270,14 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 	group := nh / p.NumKVHeads
 	items := pl.items(p.NumKVHeads)
 	b.run.For(len(items), func(lo, hi int) {
-		maxR := rowChunk * group
+		maxR, maxN := 0, min(keyTile, pl.maxK)
+		for _, it := range items[lo:hi] {
+			maxR = max(maxR, (it.r1-it.r0)*group)
+		}
 		qt := make([]float32, maxR*d)
-		kt := make([]float32, keyTile*d)
-		vt := make([]float32, d*keyTile)
-		st := make([]float32, maxR*keyTile)
+		kt := make([]float32, maxN*d)
+		vt := make([]float32, d*maxN)
+		st := make([]float32, maxR*maxN)
 		pv := make([]float32, maxR*d)
 		acc := make([]float32, maxR*d)
 		sm := newOnlineSoftmax(maxR)
@@ -407,7 +410,11 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 	})
 	items := pl.items(1)
 	b.run.For(len(items), func(lo, hi int) {
-		s := newMLAScratch(p)
+		rows := 0
+		for _, it := range items[lo:hi] {
+			rows = max(rows, it.r1-it.r0)
+		}
+		s := newMLAScratch(p, rows, min(keyTile, pl.maxK))
 		for _, it := range items[lo:hi] {
 			b.attendMLA(it, pl, p, qs.f32, c.f32, w, wukT, o.f32, s)
 		}
@@ -420,17 +427,19 @@ type mlaScratch struct {
 	sm                               *onlineSoftmax
 }
 
-func newMLAScratch(p kernels.MLAParams) *mlaScratch {
-	r, width := rowChunk*p.NumHeads, p.KVLoraRank+p.RopeDim
+// newMLAScratch sizes buffers for chunks of up to rows query rows and key
+// tiles of up to tile keys.
+func newMLAScratch(p kernels.MLAParams, rows, tile int) *mlaScratch {
+	r, width := rows*p.NumHeads, p.KVLoraRank+p.RopeDim
 	return &mlaScratch{
-		qn:   make([]float32, rowChunk*p.NopeDim),
+		qn:   make([]float32, rows*p.NopeDim),
 		x:    make([]float32, r*width),
-		tile: make([]float32, keyTile*width),
-		vt:   make([]float32, p.KVLoraRank*keyTile),
-		st:   make([]float32, r*keyTile),
+		tile: make([]float32, tile*width),
+		vt:   make([]float32, p.KVLoraRank*tile),
+		st:   make([]float32, r*tile),
 		pv:   make([]float32, r*p.KVLoraRank),
 		acc:  make([]float32, r*p.KVLoraRank),
-		ov:   make([]float32, rowChunk*p.VHeadDim),
+		ov:   make([]float32, rows*p.VHeadDim),
 		sm:   newOnlineSoftmax(r),
 	}
 }
