@@ -29,6 +29,7 @@ func TestParity(t *testing.T) {
 	}
 	for _, name := range parityNames {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			tk := loadNamed(t, name)
 			fx := readJSONLines[encodeFixture](t, filepath.Join(testdataDir(t), "fixtures", name+".jsonl.gz"))
 			if len(fx) != len(corpus) {

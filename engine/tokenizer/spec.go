@@ -48,29 +48,30 @@ type modelSpec struct {
 type mergesSpec [][2]string
 
 func (m *mergesSpec) UnmarshalJSON(data []byte) error {
-	var raw []json.RawMessage
-	if err := json.Unmarshal(data, &raw); err != nil {
-		return fmt.Errorf("merges: %w", err)
+	// Newer files hold pairs; older ones "a b" strings.
+	var pairs [][]string
+	if err := json.Unmarshal(data, &pairs); err == nil {
+		out := make([][2]string, len(pairs))
+		for i, p := range pairs {
+			if len(p) != 2 {
+				return fmt.Errorf("merges[%d]: want a pair of tokens, got %d", i, len(p))
+			}
+			out[i] = [2]string{p[0], p[1]}
+		}
+		*m = out
+		return nil
 	}
-	out := make([][2]string, len(raw))
-	for i, r := range raw {
-		if len(r) > 0 && r[0] == '"' {
-			var s string
-			if err := json.Unmarshal(r, &s); err != nil {
-				return fmt.Errorf("merges[%d]: %w", i, err)
-			}
-			a, b, ok := strings.Cut(s, " ")
-			if !ok {
-				return fmt.Errorf("merges[%d]: %q is not two tokens", i, s)
-			}
-			out[i] = [2]string{a, b}
-			continue
+	var strs []string
+	if err := json.Unmarshal(data, &strs); err != nil {
+		return fmt.Errorf("merges: want pairs or strings: %w", err)
+	}
+	out := make([][2]string, len(strs))
+	for i, s := range strs {
+		a, b, ok := strings.Cut(s, " ")
+		if !ok {
+			return fmt.Errorf("merges[%d]: %q is not two tokens", i, s)
 		}
-		var pair []string
-		if err := json.Unmarshal(r, &pair); err != nil || len(pair) != 2 {
-			return fmt.Errorf("merges[%d]: want a pair of tokens, got %s", i, r)
-		}
-		out[i] = [2]string{pair[0], pair[1]}
+		out[i] = [2]string{a, b}
 	}
 	*m = out
 	return nil

@@ -37,7 +37,13 @@ func TestMatchersAgainstRegexp2(t *testing.T) {
 	for range 3000 {
 		inputs = append(inputs, randomSplitInput(r))
 	}
-	inputs = append(inputs, loadCorpus(t)...)
+	// Every third corpus case: regexp2 is slow, and the parity test covers
+	// the whole corpus end to end.
+	for i, s := range loadCorpus(t) {
+		if i%3 == 0 {
+			inputs = append(inputs, s)
+		}
+	}
 	for _, pat := range []string{patternGPT2, patternLlama3, patternQwen2} {
 		fast, err := newMatcher(pat)
 		if err != nil {

@@ -190,44 +190,75 @@ func build(spec *fileSpec, model *modelSpec, cfg Config) (*Tokenizer, error) {
 		}
 	}
 
-	// Added tokens: special ones first, then the others, each in file order,
-	// as HF builds its matching automata.
+	// Added tokens, as HF's AddedVocabulary::add_tokens loads them: a token
+	// whose content is in the model vocabulary takes that id (the "id" in the
+	// file is ignored, as HF ignores it); others get ids after the model's
+	// vocabulary, in file order. The matching order is special tokens first,
+	// then the others, each in file order.
 	t.vocabSize = m.tokenSize()
+	modelLen := int32(len(m.vocab))
+	maxAdded := int32(-1)
+	var specials, classic []*addedToken
+	for i := range spec.AddedTokens {
+		a := &spec.AddedTokens[i]
+		if a.Content == "" {
+			continue
+		}
+		if a.Special {
+			t.special[a.Content] = true
+		}
+		if prev, dup := t.addedByText[a.Content]; dup && prev.singleWord == a.SingleWord && prev.lstrip == a.LStrip &&
+			prev.rstrip == a.RStrip && prev.special == a.Special {
+			continue
+		}
+		tok := &addedToken{
+			content: a.Content, singleWord: a.SingleWord, lstrip: a.LStrip, rstrip: a.RStrip,
+			normalized: !a.Special, special: a.Special,
+		}
+		if a.Normalized != nil {
+			tok.normalized = *a.Normalized
+		}
+		if prev, ok := t.addedByText[a.Content]; ok {
+			tok.id = prev.id
+		} else if id, ok := m.vocab[a.Content]; ok {
+			tok.id = id
+		} else if maxAdded < 0 || (maxAdded < modelLen && modelLen != 0) {
+			tok.id = modelLen
+		} else {
+			tok.id = maxAdded + 1
+		}
+		if tok.id > maxAdded {
+			maxAdded = tok.id
+		}
+		t.added[tok.id] = tok
+		t.addedByText[tok.content] = tok
+		if int(tok.id) >= t.vocabSize {
+			t.vocabSize = int(tok.id) + 1
+		}
+		if tok.special {
+			specials = append(specials, tok)
+		} else {
+			classic = append(classic, tok)
+		}
+	}
 	var rawToks, normToks []*addedToken
 	var rawPats, normPats []string
-	for pass := 0; pass < 2; pass++ {
-		for i := range spec.AddedTokens {
-			a := &spec.AddedTokens[i]
-			if a.Special != (pass == 0) || a.Content == "" {
-				continue
+	for _, tok := range append(specials, classic...) {
+		if t.addedByText[tok.content] != tok {
+			continue // superseded by a later entry with the same content
+		}
+		if tok.normalized {
+			pat := tok.content
+			if t.normalizer != nil {
+				pat = t.normalizer.normalize(pat)
+				// HF keeps the normalized content as the token's string, so
+				// that is what decoding yields; the special check still uses
+				// the original content (such a token is never skipped).
+				tok.content = pat
 			}
-			tok := &addedToken{
-				id: a.ID, content: a.Content, singleWord: a.SingleWord, lstrip: a.LStrip, rstrip: a.RStrip,
-				normalized: a.Normalized == nil || *a.Normalized, special: a.Special,
-			}
-			if a.Normalized == nil {
-				tok.normalized = !a.Special
-			}
-			if _, dup := t.addedByText[tok.content]; dup {
-				continue
-			}
-			t.added[tok.id] = tok
-			t.addedByText[tok.content] = tok
-			if tok.special {
-				t.special[tok.content] = true
-			}
-			if int(tok.id) >= t.vocabSize {
-				t.vocabSize = int(tok.id) + 1
-			}
-			if tok.normalized {
-				pat := tok.content
-				if t.normalizer != nil {
-					pat = t.normalizer.normalize(pat)
-				}
-				normToks, normPats = append(normToks, tok), append(normPats, pat)
-			} else {
-				rawToks, rawPats = append(rawToks, tok), append(rawPats, tok.content)
-			}
+			normToks, normPats = append(normToks, tok), append(normPats, pat)
+		} else {
+			rawToks, rawPats = append(rawToks, tok), append(rawPats, tok.content)
 		}
 	}
 	if len(rawToks) > 0 {

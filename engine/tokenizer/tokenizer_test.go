@@ -21,8 +21,8 @@ var tinyByteLevelJSON = func() string {
 		vocab[m[0]+m[1]] = len(vocab)
 	}
 	spec := map[string]any{
-		"added_tokens": []map[string]any{{"id": len(vocab), "content": "<|eot|>", "special": true, "normalized": false}},
-		"normalizer":   nil,
+		"added_tokens":  []map[string]any{{"id": len(vocab), "content": "<|eot|>", "special": true, "normalized": false}},
+		"normalizer":    nil,
 		"pre_tokenizer": map[string]any{"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
 		"decoder":       map[string]any{"type": "ByteLevel"},
 		"model":         map[string]any{"type": "BPE", "vocab": vocab, "merges": merges},
