@@ -76,8 +76,8 @@ type BlockManager struct {
 	hashed      []bool
 	hash        []uint64
 	parentHash  []uint64
-	tokenIDs    []int // numBlocks * blockSize: the tokens of each hashed block
-	hashToBlock map[uint64]int32
+	tokenIDs    []int32 // numBlocks * blockSize: the tokens of each hashed block
+	hashToBlock prefixTable
 	stats       PrefixCacheStats
 
 	hits []int32 // scratch for lookup
@@ -105,8 +105,8 @@ func NewBlockManager(numBlocks, blockSize int, enablePrefixCaching bool) (*Block
 		m.hashed = make([]bool, numBlocks)
 		m.hash = make([]uint64, numBlocks)
 		m.parentHash = make([]uint64, numBlocks)
-		m.tokenIDs = make([]int, numBlocks*blockSize)
-		m.hashToBlock = make(map[uint64]int32)
+		m.tokenIDs = make([]int32, numBlocks*blockSize)
+		m.hashToBlock = newPrefixTable(numBlocks)
 	}
 	return m, nil
 }
@@ -181,9 +181,7 @@ func (m *BlockManager) takeFree() int {
 	b := m.head
 	m.unlink(b)
 	if m.prefixCaching && m.hashed[b] {
-		if m.hashToBlock[m.hash[b]] == b {
-			delete(m.hashToBlock, m.hash[b])
-		}
+		m.hashToBlock.remove(m.hash[b], b)
 		m.hashed[b] = false
 	}
 	m.refCount[b] = 1
@@ -220,8 +218,8 @@ func (m *BlockManager) lookup(seq *Sequence) []int32 {
 	for i := range maxHit {
 		ids := seq.tokens[i*bs : (i+1)*bs]
 		nh := hashBlock(h, ids)
-		b, ok := m.hashToBlock[nh]
-		if !ok || m.parentHash[b] != h || !equalInts(m.tokenIDs[int(b)*bs:(int(b)+1)*bs], ids) {
+		b := m.hashToBlock.get(nh)
+		if b < 0 || m.parentHash[b] != h || !equalTokens(m.tokenIDs[int(b)*bs:(int(b)+1)*bs], ids) {
 			break
 		}
 		m.hits = append(m.hits, b)
@@ -298,6 +296,9 @@ func (m *BlockManager) allocateWith(seq *Sequence, hits []int32) error {
 func (m *BlockManager) appendNeeds(seq *Sequence, n int) (numNew, numCopies int) {
 	end := seq.numComputed + n
 	numNew = max(m.NumBlocksFor(end)-len(seq.blockTable), 0)
+	if !seq.mayShare {
+		return numNew, 0 // only a fork shares blocks that are still written
+	}
 	for i := seq.numComputed / m.blockSize; i < len(seq.blockTable) && i*m.blockSize < end; i++ {
 		if m.mustCopy(seq.blockTable[i]) {
 			numCopies++
@@ -356,6 +357,9 @@ func (m *BlockManager) AppendSlots(seq *Sequence, n int) ([]BlockCopy, error) {
 	for range numNew {
 		seq.blockTable = append(seq.blockTable, m.takeFree())
 	}
+	// Every block written from here on is private: the shared ones are
+	// behind the fork point, and the one at it was just copied.
+	seq.mayShare = false
 	return copies, nil
 }
 
@@ -369,6 +373,7 @@ func (m *BlockManager) Free(seq *Sequence) {
 	seq.blockTable = nil
 	seq.numHashedBlocks = 0
 	seq.lastHash = 0
+	seq.mayShare = false
 }
 
 // Fork makes child share every block of parent (one more reference each).
@@ -381,6 +386,7 @@ func (m *BlockManager) Fork(parent, child *Sequence) {
 	}
 	child.numHashedBlocks = parent.numHashedBlocks
 	child.lastHash = parent.lastHash
+	parent.mayShare, child.mayShare = true, true
 }
 
 // commit enters the sequence's full blocks that lie wholly before position
@@ -389,22 +395,22 @@ func (m *BlockManager) Fork(parent, child *Sequence) {
 // content is already cached under another block id stays private.
 // Cost: O(tokens newly covered).
 func (m *BlockManager) commit(seq *Sequence, upTo int) {
-	if !m.prefixCaching || seq.params.PromptLogprobs != nil {
-		return
-	}
 	bs := m.blockSize
 	upTo = min(upTo, len(seq.tokens))
+	if (seq.numHashedBlocks+1)*bs > upTo || !m.prefixCaching || seq.params.PromptLogprobs != nil {
+		return // the common decode step: no block filled
+	}
 	for i := seq.numHashedBlocks; (i+1)*bs <= upTo && i < len(seq.blockTable); i++ {
 		ids := seq.tokens[i*bs : (i+1)*bs]
 		h := hashBlock(seq.lastHash, ids)
 		b := seq.blockTable[i]
-		if !m.hashed[b] {
-			if _, taken := m.hashToBlock[h]; !taken {
-				m.hashed[b] = true
-				m.hash[b] = h
-				m.parentHash[b] = seq.lastHash
-				copy(m.tokenIDs[b*bs:(b+1)*bs], ids)
-				m.hashToBlock[h] = int32(b)
+		if !m.hashed[b] && fitInt32(ids) && m.hashToBlock.insert(h, int32(b)) {
+			m.hashed[b] = true
+			m.hash[b] = h
+			m.parentHash[b] = seq.lastHash
+			dst := m.tokenIDs[b*bs : (b+1)*bs]
+			for j, t := range ids {
+				dst[j] = int32(t)
 			}
 		}
 		seq.lastHash = h
@@ -464,21 +470,50 @@ func (m *BlockManager) checkInvariants(live []*Sequence) error {
 		return fmt.Errorf("blocks: %d used + %d free != %d", used, m.numFree, m.numBlocks)
 	}
 	if m.prefixCaching {
-		for h, b := range m.hashToBlock {
-			if !m.hashed[b] || m.hash[b] != h {
-				return fmt.Errorf("prefix cache: hash %x maps to block %d holding %x (hashed %v)", h, b, m.hash[b], m.hashed[b])
+		var err error
+		n := 0
+		m.hashToBlock.each(func(h uint64, b int32) {
+			n++
+			if err == nil && (!m.hashed[b] || m.hash[b] != h) {
+				err = fmt.Errorf("prefix cache: hash %x maps to block %d holding %x (hashed %v)", h, b, m.hash[b], m.hashed[b])
 			}
+			if err == nil && m.hashToBlock.get(h) != b {
+				err = fmt.Errorf("prefix cache: hash %x of block %d not found by lookup", h, b)
+			}
+		})
+		if err != nil {
+			return err
+		}
+		numHashed := 0
+		for b := range m.numBlocks {
+			if m.hashed[b] {
+				numHashed++
+			}
+		}
+		if n != numHashed || n != m.hashToBlock.n {
+			return fmt.Errorf("prefix cache: %d entries (counter %d), %d hashed blocks", n, m.hashToBlock.n, numHashed)
 		}
 	}
 	return nil
 }
 
-func equalInts(a, b []int) bool {
+func equalTokens(a []int32, b []int) bool {
 	if len(a) != len(b) {
 		return false
 	}
 	for i := range a {
-		if a[i] != b[i] {
+		if int(a[i]) != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// fitInt32 reports whether every token id fits the cache's int32 copy (a
+// block that does not is simply not cached).
+func fitInt32(ids []int) bool {
+	for _, t := range ids {
+		if t != int(int32(t)) {
 			return false
 		}
 	}

@@ -230,26 +230,31 @@ type SchedulerStats struct {
 	PrefixCache          PrefixCacheStats
 }
 
+// stepEntry is one sequence of a step in flight.
 type stepEntry struct {
 	seq           *Sequence
+	id            SeqID
 	epoch         uint32
+	row           int32 // its sample row, -1 when it does not sample
 	computedAfter int
 }
 
 // stepRecord remembers a step in flight until its ProcessOutputs.
 type stepRecord struct {
 	id      StepID
-	entries []stepEntry
-	rows    []*Sequence // sample rows, in order
+	entries []stepEntry // scheduled sequences, then forks, each once
+	numRows int
 }
 
+// planItem is one sequence of the step being planned (32 bytes: thousands
+// are written and read back every step).
 type planItem struct {
-	seq            *Sequence
-	pos, q         int
-	prefill        bool
-	sample         bool
-	forks          []*Sequence
-	plFrom, plTo int
+	seq          *Sequence
+	pos, q       int32
+	plFrom, plTo int32
+	forks        int32 // index into Scheduler.forks, -1 for none
+	prefill      bool
+	sample       bool
 }
 
 // Scheduler decides, step by step, which sequences compute how many tokens,
@@ -325,7 +330,7 @@ type Scheduler struct {
 	prompted []*Sequence
 	running  []*Sequence
 	grammar  map[SeqID]*Sequence
-	seqs     map[SeqID]*Sequence   // unfinished, any status
+	seqs     map[SeqID]*Sequence    // unfinished, any status
 	requests map[string][]*Sequence // unfinished, by request id
 
 	numLive     int // prompted + running
@@ -337,6 +342,7 @@ type Scheduler struct {
 	inflight     []*stepRecord
 	spare        []*stepRecord
 	items        []planItem
+	forks        [][]*Sequence // children forked in the step being planned
 	newRunning   []*Sequence
 
 	finishedIDs        []SeqID
@@ -638,7 +644,7 @@ func (s *Scheduler) decodeReady(seq *Sequence, id StepID) bool {
 		return false // its input token is not from the previous step
 	case seq.numComputed != seq.totalLen()-1:
 		return false
-	case seq.NumOutputTokens()+seq.numPending >= seq.params.MaxTokens:
+	case len(seq.tokens)-seq.numPromptTokens+seq.numPending >= seq.maxTokens:
 		return false // a token in flight ends it by length
 	case seq.totalLen() >= s.cfg.MaxModelLen:
 		return false
@@ -691,7 +697,14 @@ func (s *Scheduler) chunkFor(numComputed, numTokens, budget int) int {
 // chunks). Nothing scheduled gives StepID 0 and no metadata. Every planned
 // step must be reported, in order, to ProcessOutputs. Cost: O(live
 // sequences + tokens scheduled + prompt tokens admitted).
-func (s *Scheduler) Schedule() (*SchedulerOutputs, []SequenceMetadata) {
+func (s *Scheduler) Schedule() (*SchedulerOutputs, []SequenceMetadata) { return s.ScheduleInto(nil) }
+
+// ScheduleInto is Schedule writing the metadata into buf when it has the
+// capacity (every field is overwritten) and returning it. A caller that
+// knows when a step's metadata is no longer read recycles it here: at
+// thousands of sequences the per-step allocation is the Scheduler's largest
+// cost.
+func (s *Scheduler) ScheduleInto(buf []SequenceMetadata) (*SchedulerOutputs, []SequenceMetadata) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
@@ -733,7 +746,7 @@ func (s *Scheduler) Schedule() (*SchedulerOutputs, []SequenceMetadata) {
 			continue
 		}
 		out.BlockCopies = append(out.BlockCopies, copies...)
-		s.items = append(s.items, planItem{seq: seq, pos: seq.numComputed, q: 1, sample: true, plFrom: -1, plTo: -1})
+		s.items = append(s.items, planItem{seq: seq, pos: int32(seq.numComputed), q: 1, sample: true, plFrom: -1, plTo: -1, forks: -1})
 		seq.scheduledStep = id
 		seq.numComputed++
 		seq.numPending++
@@ -780,8 +793,10 @@ func (s *Scheduler) Schedule() (*SchedulerOutputs, []SequenceMetadata) {
 	s.lastStep = id
 	out.StepID = id
 	s.flushStateCopies(out, id)
-	metas := s.materialize(out, id)
+	metas := s.materialize(out, id, buf)
 	clear(s.items)
+	clear(s.forks)
+	s.forks = s.forks[:0]
 	return out, metas
 }
 
@@ -851,12 +866,12 @@ func (s *Scheduler) admit(out *SchedulerOutputs, id StepID, budget, numSeqs int)
 // sequence to running.
 func (s *Scheduler) planChunk(out *SchedulerOutputs, seq *Sequence, q int, id StepID) {
 	pos := seq.numComputed
-	it := planItem{seq: seq, pos: pos, q: q, prefill: true, plFrom: -1, plTo: -1}
+	it := planItem{seq: seq, pos: int32(pos), q: int32(q), prefill: true, plFrom: -1, plTo: -1, forks: -1}
 	if seq.params.PromptLogprobs != nil {
 		from := max(pos, seq.promptLogprobsDone)
 		to := min(pos+q, seq.numPromptTokens-1)
 		if from < to {
-			it.plFrom, it.plTo = from, to
+			it.plFrom, it.plTo = int32(from), int32(to)
 			seq.promptLogprobsDone = to
 		}
 	}
@@ -869,7 +884,8 @@ func (s *Scheduler) planChunk(out *SchedulerOutputs, seq *Sequence, q int, id St
 		seq.status = StatusRunning
 		s.newRunning = append(s.newRunning, seq)
 		if seq.numForks > 0 {
-			it.forks = s.fork(seq, id)
+			it.forks = int32(len(s.forks))
+			s.forks = append(s.forks, s.fork(seq, id))
 		}
 	}
 	s.items = append(s.items, it)
@@ -918,15 +934,22 @@ func (s *Scheduler) flushStateCopies(out *SchedulerOutputs, id StepID) {
 	s.pendingStateCopies = s.pendingStateCopies[:keep]
 }
 
-// materialize turns the plan into metadata and records the step in flight.
-func (s *Scheduler) materialize(out *SchedulerOutputs, id StepID) []SequenceMetadata {
+// materialize turns the plan into metadata (written into buf when it is
+// large enough) and records the step in flight.
+func (s *Scheduler) materialize(out *SchedulerOutputs, id StepID, buf []SequenceMetadata) []SequenceMetadata {
 	total := 0
 	for i := range s.items {
-		total += s.items[i].q
+		total += int(s.items[i].q)
 	}
-	out.InputTokenIDs = make([]int, total)
-	out.SlotMapping = make([]int, total)
-	metas := make([]SequenceMetadata, len(s.items))
+	ints := make([]int, 2*total)
+	out.InputTokenIDs = ints[:total:total]
+	out.SlotMapping = ints[total:]
+	var metas []SequenceMetadata
+	if cap(buf) >= len(s.items) {
+		metas = buf[:len(s.items)]
+	} else {
+		metas = make([]SequenceMetadata, len(s.items))
+	}
 
 	var rec *stepRecord
 	if n := len(s.spare); n > 0 {
@@ -942,12 +965,16 @@ func (s *Scheduler) materialize(out *SchedulerOutputs, id StepID) []SequenceMeta
 	for k := range s.items {
 		it := &s.items[k]
 		seq := it.seq
-		toks := out.InputTokenIDs[off : off+it.q : off+it.q]
-		slots := out.SlotMapping[off : off+it.q : off+it.q]
+		q, start := int(it.q), int(it.pos)
+		toks := out.InputTokenIDs[off : off+q : off+q]
+		slots := out.SlotMapping[off : off+q : off+q]
+		off += q
 		fromRow := -1
-		for j := range it.q {
-			pos := it.pos + j
-			if pos < len(seq.tokens) {
+		for j := range q {
+			pos := start + j
+			if pos == len(seq.tokens)-1 {
+				toks[j] = seq.lastToken // saves a cache miss per decode
+			} else if pos < len(seq.tokens) {
 				toks[j] = seq.tokens[pos]
 			} else {
 				toks[j] = PlaceholderToken
@@ -955,54 +982,57 @@ func (s *Scheduler) materialize(out *SchedulerOutputs, id StepID) []SequenceMeta
 			}
 			slots[j] = seq.blockTable[pos/bs]*bs + pos%bs
 		}
-		off += it.q
+		// Field by field: every field is written, so a recycled buffer
+		// needs no clearing, and no bulk copy runs under the GC.
 		m := &metas[k]
-		*m = SequenceMetadata{
-			SeqID:              seq.id,
-			RequestID:          seq.requestID,
-			Params:             seq.params,
-			SampleIndex:        seq.sampleIndex,
-			SeqlenQ:            it.q,
-			SeqlenK:            it.pos + it.q,
-			PosStart:           it.pos,
-			InputTokenIDs:      toks,
-			InputFromRow:       fromRow,
-			BlockTable:         seq.blockTable[:len(seq.blockTable):len(seq.blockTable)],
-			SlotMapping:        slots,
-			StateSlot:          seq.stateSlot,
-			Prefill:            it.prefill,
-			Sample:             it.sample,
-			SampleRow:          -1,
-			PromptLogprobsFrom: it.plFrom,
-			PromptLogprobsTo:   it.plTo,
-			TokenIDs:           seq.tokens[:len(seq.tokens):len(seq.tokens)],
-			NumPromptTokens:    seq.numPromptTokens,
-		}
-		rec.entries = append(rec.entries, stepEntry{seq: seq, epoch: seq.epoch, computedAfter: it.pos + it.q})
+		m.SeqID = seq.id
+		m.RequestID = seq.requestID
+		m.Params = seq.params
+		m.SampleIndex = seq.sampleIndex
+		m.SeqlenQ = q
+		m.SeqlenK = start + q
+		m.PosStart = start
+		m.InputTokenIDs = toks
+		m.InputFromRow = fromRow
+		m.BlockTable = seq.blockTable[:len(seq.blockTable):len(seq.blockTable)]
+		m.SlotMapping = slots
+		m.StateSlot = seq.stateSlot
+		m.Prefill = it.prefill
+		m.Sample = it.sample
+		m.SampleRow = -1
+		m.ForkSeqIDs = nil
+		m.PromptLogprobsFrom = int(it.plFrom)
+		m.PromptLogprobsTo = int(it.plTo)
+		m.TokenIDs = seq.tokens[:len(seq.tokens):len(seq.tokens)]
+		m.NumPromptTokens = seq.numPromptTokens
+
+		e := stepEntry{seq: seq, id: seq.id, epoch: seq.epoch, row: -1, computedAfter: start + q}
 		if it.sample {
 			m.SampleRow = row
 			seq.pendingRow = row
-			rec.rows = append(rec.rows, seq)
+			e.row = int32(row)
 			row++
-			if len(it.forks) > 0 {
-				m.ForkSeqIDs = make([]SeqID, len(it.forks))
-				for j, c := range it.forks {
-					m.ForkSeqIDs[j] = c.id
-					c.pendingRow = row
-					rec.rows = append(rec.rows, c)
-					rec.entries = append(rec.entries, stepEntry{seq: c, epoch: c.epoch, computedAfter: c.numComputed})
-					row++
-				}
+		}
+		rec.entries = append(rec.entries, e)
+		if it.sample && it.forks >= 0 {
+			forks := s.forks[it.forks]
+			m.ForkSeqIDs = make([]SeqID, len(forks))
+			for j, c := range forks {
+				m.ForkSeqIDs[j] = c.id
+				c.pendingRow = row
+				rec.entries = append(rec.entries, stepEntry{seq: c, id: c.id, epoch: c.epoch, row: int32(row), computedAfter: c.numComputed})
+				row++
 			}
 		}
 		if it.prefill {
 			out.NumPrefillSeqs++
-			out.NumPrefillTokens += it.q
+			out.NumPrefillTokens += q
 		} else {
 			out.NumDecodeSeqs++
-			out.NumDecodeTokens += it.q
+			out.NumDecodeTokens += q
 		}
 	}
+	rec.numRows = row
 	out.NumSeqs = len(metas)
 	out.NumBatchedTokens = total
 	out.NumSampleRows = row
@@ -1041,31 +1071,40 @@ func (s *Scheduler) ProcessOutputs(step StepID, sampled []SampledTokens) ([]Fini
 		return nil, fmt.Errorf("scheduler: process outputs of step %d: %w (oldest in flight: %d)", step, ErrUnknownStep, oldest)
 	}
 	rec := s.inflight[0]
-	if len(sampled) != len(rec.rows) {
-		return nil, fmt.Errorf("scheduler: process outputs of step %d: %w: %d rows, want %d", step, ErrStepMismatch, len(sampled), len(rec.rows))
+	if len(sampled) != rec.numRows {
+		return nil, fmt.Errorf("scheduler: process outputs of step %d: %w: %d rows, want %d", step, ErrStepMismatch, len(sampled), rec.numRows)
 	}
-	for r := range sampled {
-		if sampled[r].SeqID != rec.rows[r].id || len(sampled[r].TokenIDs) == 0 {
+	for i := range rec.entries {
+		e := &rec.entries[i]
+		if e.row < 0 {
+			continue
+		}
+		if st := &sampled[e.row]; st.SeqID != e.id || len(st.TokenIDs) == 0 {
 			return nil, fmt.Errorf("scheduler: process outputs of step %d: %w: row %d has seq %d with %d tokens, want seq %d",
-				step, ErrStepMismatch, r, sampled[r].SeqID, len(sampled[r].TokenIDs), rec.rows[r].id)
+				step, ErrStepMismatch, e.row, st.SeqID, len(st.TokenIDs), e.id)
 		}
 	}
-	s.inflight = s.inflight[1:]
+	copy(s.inflight, s.inflight[1:])
+	s.inflight[len(s.inflight)-1] = nil
+	s.inflight = s.inflight[:len(s.inflight)-1]
 
-	for _, e := range rec.entries {
-		if e.seq.isLive() && e.seq.epoch == e.epoch {
-			s.bm.commit(e.seq, e.computedAfter)
-		}
-	}
 	var finished []FinishedSequence
-	for r := range sampled {
-		seq := rec.rows[r]
+	for i := range rec.entries {
+		e := &rec.entries[i]
+		seq := e.seq
 		if seq.status == StatusFinished {
+			continue // its row is discarded
+		}
+		if seq.isLive() && seq.epoch == e.epoch {
+			s.bm.commit(seq, e.computedAfter)
+		}
+		if e.row < 0 {
 			continue
 		}
 		seq.numPending--
-		for _, t := range sampled[r].TokenIDs {
+		for _, t := range sampled[e.row].TokenIDs {
 			seq.tokens = append(seq.tokens, t)
+			seq.lastToken = t
 			if reason := s.checkStop(seq, t); reason != FinishNone {
 				finished = append(finished, s.finish(seq, reason, nil))
 				break
@@ -1074,25 +1113,23 @@ func (s *Scheduler) ProcessOutputs(step StepID, sampled []SampledTokens) ([]Fini
 	}
 
 	clear(rec.entries)
-	clear(rec.rows)
-	rec.entries, rec.rows = rec.entries[:0], rec.rows[:0]
+	rec.entries = rec.entries[:0]
 	s.spare = append(s.spare, rec)
 	return finished, nil
 }
 
 // checkStop applies the token-level finish checks to a just-appended token.
 func (s *Scheduler) checkStop(seq *Sequence, t int) FinishReason {
-	p := seq.params
-	numOut := seq.NumOutputTokens()
-	if numOut >= p.MinTokens {
-		if !p.IgnoreEOS && slices.Contains(s.eos, t) {
+	numOut := len(seq.tokens) - seq.numPromptTokens
+	if numOut >= seq.minTokens {
+		if !seq.ignoreEOS && slices.Contains(s.eos, t) {
 			return FinishStop
 		}
-		if slices.Contains(p.StopTokenIDs, t) {
+		if len(seq.stopTokenIDs) > 0 && slices.Contains(seq.stopTokenIDs, t) {
 			return FinishStop
 		}
 	}
-	if numOut >= p.MaxTokens || len(seq.tokens) >= s.cfg.MaxModelLen {
+	if numOut >= seq.maxTokens || len(seq.tokens) >= s.cfg.MaxModelLen {
 		return FinishLength
 	}
 	return FinishNone

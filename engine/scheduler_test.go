@@ -161,6 +161,14 @@ func runWorkload(t *testing.T, cfg SchedulerConfig, reqs []testRequest, opt runO
 		out, metas := s.Schedule()
 		record(out.Finished)
 		checkStep(t, cfg, out, metas)
+		// Victims are the youngest: younger than everything scheduled.
+		for _, pid := range out.PreemptedSeqIDs {
+			for _, m := range metas {
+				if p, q := s.Sequence(pid), s.Sequence(m.SeqID); p != nil && q != nil && !older(q, p) {
+					t.Fatalf("step %d: preempted seq %d, older than scheduled seq %d", out.StepID, pid, m.SeqID)
+				}
+			}
+		}
 		if slices.ContainsFunc(metas, func(m SequenceMetadata) bool { return m.InputFromRow >= 0 }) {
 			res.sawPlaceholder = true
 		}

@@ -77,34 +77,41 @@ func (r FinishReason) String() string {
 // runs. Steps publish what downstream stages need as SequenceMetadata,
 // whose slices are read-only snapshots that later steps never overwrite.
 type Sequence struct {
-	id          SeqID
-	requestID   string
-	params      *SamplingParams
-	arrival     time.Time
-	priority    uint64 // arrival order inside the Scheduler: lower is older
-	sampleIndex int    // 0 for the first sequence of a request, i for its i-th fork
+	// The fields up to blockTable are touched for every scheduled sequence
+	// in every step; they come first to share cache lines.
+
+	id     SeqID
+	status SequenceStatus
+	// epoch counts the times the sequence lost its blocks (preemption), so
+	// that outputs of a step planned before the loss do not commit blocks.
+	epoch uint32
 
 	// tokens holds prompt then output token ids; it only grows, and
 	// elements below len are never overwritten (snapshots share it).
 	tokens          []int
 	numPromptTokens int
-
-	status       SequenceStatus
-	finishReason FinishReason
-	finishErr    error
+	lastToken       int // tokens[len(tokens)-1]
+	// mayShare is set while the block the next write lands in may be
+	// shared (after a fork); otherwise the write needs no ref-count check.
+	mayShare bool
 
 	// numComputed counts the tokens whose KV is written or scheduled to be
 	// written: after a step is planned it counts that step's tokens.
 	numComputed int
-	// numCached counts the tokens found in the prefix cache at the last
-	// admission.
-	numCached int
 	// numPending counts the tokens sampled by steps still in flight (not
 	// reported to ProcessOutputs yet); pendingStep and pendingRow locate
 	// the last of them.
 	numPending  int
 	pendingStep StepID
 	pendingRow  int
+	// scheduledStep is the last step that scheduled the sequence.
+	scheduledStep StepID
+
+	// Copies of the params the per-token checks read.
+	maxTokens    int
+	minTokens    int
+	ignoreEOS    bool
+	stopTokenIDs []int
 
 	// blockTable lists the KV blocks of positions 0, bs, 2bs, ...; it only
 	// grows while the sequence holds blocks, and is replaced (never edited
@@ -117,26 +124,33 @@ type Sequence struct {
 
 	stateSlot int // -1 when none
 
-	// epoch counts the times the sequence lost its blocks (preemption), so
-	// that outputs of a step planned before the loss do not commit blocks.
-	epoch uint32
+	requestID   string
+	params      *SamplingParams
+	sampleIndex int    // 0 for the first sequence of a request, i for its i-th fork
+	priority    uint64 // arrival order inside the Scheduler: lower is older
+	arrival     time.Time
+
+	finishReason FinishReason
+	finishErr    error
+
+	// numCached counts the tokens found in the prefix cache at the last
+	// admission.
+	numCached int
 	// numForks is how many children the sequence forks when its prefill's
 	// last chunk is scheduled (n - 1 for a fresh request with n > 1).
 	numForks int
 	// promptLogprobsDone counts the prompt positions whose prompt logprobs
 	// were already scheduled, so a recompute does not ask again.
 	promptLogprobsDone int
-	// scheduledStep is the last step that scheduled the sequence.
-	scheduledStep StepID
 }
 
 // NewSequence returns a waiting sequence for a request. The prompt is
 // copied; params is cloned (its maps and slices may change afterwards). The
 // Scheduler assigns the id on Add. Validation happens in Scheduler.Add.
 func NewSequence(requestID string, promptTokenIDs []int, params SamplingParams, arrival time.Time) *Sequence {
-	tokens := make([]int, len(promptTokenIDs), len(promptTokenIDs)+min(params.MaxTokens, 1024)+1)
+	tokens := make([]int, len(promptTokenIDs), len(promptTokenIDs)+min(max(params.MaxTokens, 0), 1024)+1)
 	copy(tokens, promptTokenIDs)
-	return &Sequence{
+	s := &Sequence{
 		requestID:       requestID,
 		params:          params.clone(),
 		arrival:         arrival,
@@ -145,6 +159,12 @@ func NewSequence(requestID string, promptTokenIDs []int, params SamplingParams, 
 		stateSlot:       -1,
 		pendingRow:      -1,
 	}
+	if len(tokens) > 0 {
+		s.lastToken = tokens[len(tokens)-1]
+	}
+	s.maxTokens, s.minTokens = s.params.MaxTokens, s.params.MinTokens
+	s.ignoreEOS, s.stopTokenIDs = s.params.IgnoreEOS, s.params.StopTokenIDs
+	return s
 }
 
 // ID returns the sequence id (0 until added to a Scheduler).
@@ -185,7 +205,9 @@ func (s *Sequence) NumOutputTokens() int { return len(s.tokens) - s.numPromptTok
 func (s *Sequence) PromptTokenIDs() []int { return s.tokens[:s.numPromptTokens:s.numPromptTokens] }
 
 // OutputTokenIDs returns the known output tokens (read-only view).
-func (s *Sequence) OutputTokenIDs() []int { return s.tokens[s.numPromptTokens:len(s.tokens):len(s.tokens)] }
+func (s *Sequence) OutputTokenIDs() []int {
+	return s.tokens[s.numPromptTokens:len(s.tokens):len(s.tokens)]
+}
 
 // TokenIDs returns prompt + output tokens (read-only view).
 func (s *Sequence) TokenIDs() []int { return s.tokens[:len(s.tokens):len(s.tokens)] }
@@ -230,10 +252,15 @@ func (s *Sequence) fork(id SeqID, sampleIndex int) *Sequence {
 		sampleIndex:        sampleIndex,
 		tokens:             append(make([]int, 0, cap(s.tokens)), s.tokens...),
 		numPromptTokens:    s.numPromptTokens,
+		lastToken:          s.lastToken,
 		status:             s.status,
 		numComputed:        s.numComputed,
 		numPending:         s.numPending,
 		pendingStep:        s.pendingStep,
+		maxTokens:          s.maxTokens,
+		minTokens:          s.minTokens,
+		ignoreEOS:          s.ignoreEOS,
+		stopTokenIDs:       s.stopTokenIDs,
 		stateSlot:          -1,
 		pendingRow:         -1,
 		promptLogprobsDone: s.promptLogprobsDone,
