@@ -128,8 +128,8 @@ func TestFlopsMoEWeightBytes(t *testing.T) {
 func TestFlopsShapeErrors(t *testing.T) {
 	cases := []ModelShape{
 		{},
-		{NumLayers: 1, Hidden: 8, NumHeads: 2, Vocab: 10},                           // no head_dim
-		{NumLayers: 1, Hidden: 8, NumHeads: 2, Vocab: 10, KVLoraRank: 4},            // MLA without dims
+		{NumLayers: 1, Hidden: 8, NumHeads: 2, Vocab: 10},                // no head_dim
+		{NumLayers: 1, Hidden: 8, NumHeads: 2, Vocab: 10, KVLoraRank: 4}, // MLA without dims
 		{NumLayers: 1, Hidden: 8, NumHeads: 2, NumKVHeads: 1, HeadDim: 4, Vocab: 10, // top-k above experts
 			NumExperts: 2, NumExpertsPerTok: 3, MoEIntermediate: 4},
 		{NumLayers: 1, Hidden: 8, NumHeads: 2, NumKVHeads: 1, HeadDim: 4, Vocab: 10, NumDenseLayers: 2},
