@@ -3,6 +3,7 @@ module github.com/deepinfer/deepinfer-go
 go 1.26.0
 
 require (
+	github.com/ardanlabs/jinja v1.8.0 // indirect
 	github.com/dlclark/regexp2 v1.12.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/sourcegraph/conc v0.3.0 // indirect
