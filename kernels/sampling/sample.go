@@ -228,10 +228,11 @@ func draw(c []cand, u float64) int32 {
 }
 
 // Top-p bins: a survivor's bin is its distance below the largest logit, in
-// nats after temperature, over topPBinWidth; the last bin takes the rest.
+// nats after temperature, over topPBinWidth; the last bin takes the rest. A
+// token of a lower bin has a larger logit than any token of a higher bin.
 const (
-	topPBinWidth = 0.25
-	topPNumBins  = 128
+	topPBinWidth = 1.0 / 16
+	topPNumBins  = 512
 )
 
 func topPBin(z float32, zmax, invTemp float64) int {
@@ -242,38 +243,57 @@ func topPBin(z float32, zmax, invTemp float64) int {
 	return int(d)
 }
 
-// topP keeps the prefix of c, sorted by logit descending (ties by lower id),
-// whose tokens each have less than topP * total mass before them, and
-// returns it sorted. total is the mass of c. Only the survivors of the bins
-// whose cumulative mass reaches topP * total (with a relative margin of 1e-9
-// for rounding) are sorted: a token of a later bin has at least that much
-// mass before it, so it is dropped anyway.
+// topPMargin is the relative margin that keeps the bin shortcuts of topP
+// exact despite the rounding of sums taken in different orders.
+const topPMargin = 1e-9
+
+// topP keeps the tokens of c that have less than topP * total mass before
+// them in the order by logit descending, ties by lower id (total is the mass
+// of c), and returns them: first those of the bins entirely below the limit,
+// in index order, then the rest in sorted order.
+//
+// Only the boundary bin is sorted. The boundary bin is the first whose
+// cumulative mass reaches the limit: a token of a later bin has at least the
+// limit before it and is dropped; a token of an earlier bin has less than the
+// mass of the earlier bins before it and is kept. If the earlier bins' mass
+// is within topPMargin of the limit, they are sorted too.
 func topP(c []cand, total, zmax, invTemp, topP float64) []cand {
 	limit := topP * total
 	var mass [topPNumBins]float64
 	for _, e := range c {
 		mass[topPBin(e.z, zmax, invTemp)] += e.w
 	}
-	lastBin := topPNumBins - 1
-	acc := 0.0
+	boundary := topPNumBins - 1
+	below := 0.0 // mass of the bins before the boundary bin
 	for b := range mass {
-		acc += mass[b]
-		if acc >= limit*(1+1e-9) {
-			lastBin = b
+		if below+mass[b] >= limit*(1+topPMargin) {
+			boundary = b
 			break
 		}
+		below += mass[b]
 	}
-	if lastBin < topPNumBins-1 {
-		n := 0
-		for _, e := range c {
-			if topPBin(e.z, zmax, invTemp) <= lastBin {
-				c[n] = e
-				n++
-			}
+	firstSorted := boundary
+	if below >= limit*(1-topPMargin) {
+		firstSorted = 0
+	}
+	// Drop the bins after the boundary; move the surely kept tokens to the
+	// front in index order (the others' order does not matter: they are
+	// sorted next).
+	n, numKept := 0, 0
+	for _, e := range c {
+		b := topPBin(e.z, zmax, invTemp)
+		if b > boundary {
+			continue
 		}
-		c = c[:n]
+		c[n] = e
+		if b < firstSorted {
+			c[n], c[numKept] = c[numKept], c[n]
+			numKept++
+		}
+		n++
 	}
-	slices.SortFunc(c, func(a, b cand) int {
+	c = c[:n]
+	slices.SortFunc(c[numKept:], func(a, b cand) int {
 		switch {
 		case a.z > b.z:
 			return -1
@@ -283,12 +303,14 @@ func topP(c []cand, total, zmax, invTemp, topP float64) []cand {
 		return int(a.id - b.id)
 	})
 	before := 0.0
-	n := 0
-	for n < len(c) && before < limit {
-		before += c[n].w
-		n++
+	for _, e := range c[:numKept] {
+		before += e.w
 	}
-	return c[:n]
+	for numKept < len(c) && before < limit {
+		before += c[numKept].w
+		numKept++
+	}
+	return c[:numKept]
 }
 
 // logSumExp returns log(sum(exp(x))) in float64, or an error for NaN, +Inf

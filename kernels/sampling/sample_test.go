@@ -672,3 +672,65 @@ func TestTinyRows(t *testing.T) {
 		})
 	}
 }
+
+// TestTopPBoundary drives topP directly with hand-made masses at the limit,
+// where the bin shortcut must fall back to sorting, and compares with the
+// definition: a token is kept when the mass before it is below the limit.
+func TestTopPBoundary(t *testing.T) {
+	definition := func(c []cand, total, topP float64) []int32 {
+		c = slices.Clone(c)
+		slices.SortFunc(c, func(a, b cand) int {
+			if a.z != b.z {
+				if a.z > b.z {
+					return -1
+				}
+				return 1
+			}
+			return int(a.id - b.id)
+		})
+		var kept []int32
+		before := 0.0
+		for _, e := range c {
+			if before < topP*total {
+				kept = append(kept, e.id)
+			}
+			before += e.w
+		}
+		return kept
+	}
+	tests := []struct {
+		name string
+		c    []cand
+		topP float64
+		want []int32
+	}{
+		{"mass before equals the limit", []cand{{0, 0, 1}, {-1, 1, 1}}, 0.5, []int32{0}},
+		{"mass before just below the limit", []cand{{0, 0, 1 - 1e-12}, {-1, 1, 1 + 1e-12}}, 0.5, []int32{0, 1}},
+		{"earlier bins just above the limit", []cand{{0, 0, 1 + 1e-12}, {-1, 1, 1 - 1e-12}}, 0.5, []int32{0}},
+		{"ties across ids", []cand{{-1, 3, 1}, {0, 5, 1}, {-1, 1, 1}, {-1, 2, 1}}, 0.6, []int32{1, 2, 5}},
+		{"last bin kept", []cand{{0, 0, 1}, {-100, 1, 1e-9}, {-200, 2, 1e-9}}, 1 - 1e-10, []int32{0, 1, 2}},
+		{"last bin cut inside", []cand{{0, 0, 1}, {-100, 1, 1e-9}, {-200, 2, 1e-9}}, 1 - 1.5e-9, []int32{0, 1}},
+		{"many bins kept surely", []cand{{0, 4, 0.3}, {-0.5, 3, 0.2}, {-1, 2, 0.2}, {-2, 1, 0.2}, {-3, 0, 0.1}}, 0.75, []int32{4, 3, 2, 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			total := 0.0
+			for _, e := range tt.c {
+				total += e.w
+			}
+			if def := definition(tt.c, total, tt.topP); !slices.Equal(slices.Sorted(slices.Values(def)), slices.Sorted(slices.Values(tt.want))) {
+				t.Fatalf("test table: definition gives %v, table says %v", def, tt.want)
+			}
+			got := topP(slices.Clone(tt.c), total, 0, 1, tt.topP)
+			var ids []int32
+			for _, e := range got {
+				ids = append(ids, e.id)
+			}
+			slices.Sort(ids)
+			want := slices.Sorted(slices.Values(tt.want))
+			if !slices.Equal(ids, want) {
+				t.Fatalf("kept %v, want %v", ids, want)
+			}
+		})
+	}
+}
