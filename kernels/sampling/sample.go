@@ -8,7 +8,8 @@
 //
 //  1. If Params.Logprobs, the raw row is kept for the logprobs (vLLM's default
 //     logprobs_mode "raw_logprobs": the log-softmax of the model's logits
-//     before any mask, bias, penalty or temperature).
+//     before any mask, bias, penalty or temperature; vLLM's "processed" modes
+//     are not offered).
 //  2. Params.Masked ids are set to -Inf (the min-tokens processor).
 //  3. Params.LogitBias is added.
 //  4. Penalties: repetition (prompt and output tokens), then frequency and
@@ -24,9 +25,9 @@
 // walks the cumulative distribution, which costs no random number per token
 // and can be reproduced by a device kernel.
 //
-// Filtering never sorts the whole vocabulary unless top-p needs it: top-k is a
-// selection of the K-th largest logit, min-p a threshold, and top-p sorts only
-// the tokens of the probability bins that reach the top-p mass.
+// Filtering never sorts the whole vocabulary: top-k is a selection of the K-th
+// largest logit, min-p a threshold, and top-p bins the survivors by
+// probability and sorts only the bin where the top-p mass is reached.
 package sampling
 
 import (
@@ -84,8 +85,9 @@ func (s *Scratch) growPenalty(vocabSize int) {
 //
 // Cost, V = vocabulary size: greedy is one pass; sampling adds one exp per
 // token that survives min-p and top-k (K exps with top-k), a pass for the
-// K-th largest logit with top-k, and with top-p one pass over the survivors
-// plus a sort of those in the bins that reach the top-p mass. Logprobs add a
+// K-th largest logit with top-k, and with top-p two passes over the survivors
+// plus a sort of those in the bin where the top-p mass is reached (1/16 nat
+// wide; on a flat distribution a large share of the row). Logprobs add a
 // copy of the row and two passes with one exp per token. Penalties cost
 // O(len(prompt) + len(output)), or O(distinct tokens) with a PenaltyState.
 func Sample(logits []float32, p *Params, hist History, step uint64, s *Scratch) (Result, error) {
@@ -164,8 +166,8 @@ func (s *Scratch) sampleRandom(logits []float32, zmax float64, p *Params, step u
 }
 
 // filter returns the tokens that survive temperature, min-p, top-k and top-p
-// with their unnormalized probabilities, in index order, or sorted by
-// probability when top-p is on. The result aliases s.cands and always holds
+// with their unnormalized probabilities, in index order, or in topP's order
+// when top-p is on. The result aliases s.cands and always holds
 // the largest logit's token.
 func (s *Scratch) filter(logits []float32, zmax float64, p *Params) []cand {
 	temp := float64(p.Temperature)
