@@ -18,9 +18,17 @@ import (
 	"math"
 	"runtime"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
 )
+
+// littleEndian reports whether host memory is little-endian, the byte order
+// of Upload and Download.
+var littleEndian = func() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()
 
 // Options configure a Backend.
 type Options struct {
@@ -147,6 +155,18 @@ func (b *Backend) Upload(dst kernels.Tensor, src []byte, srcDType kernels.DType)
 	if len(src) != n*srcDType.Size() || srcDType.Size() == 0 {
 		return fmt.Errorf("cpu: upload %v bytes of %v into %v: want %d bytes: %w",
 			len(src), srcDType, d, n*srcDType.Size(), kernels.ErrShape)
+	}
+	if srcDType == d.dtype && n > 0 && littleEndian && uintptr(unsafe.Pointer(&src[0]))%uintptr(srcDType.Size()) == 0 {
+		// Same dtype, aligned little-endian bytes: one memmove.
+		switch d.dtype {
+		case kernels.F32:
+			copy(d.f32[:n], unsafe.Slice((*float32)(unsafe.Pointer(&src[0])), n))
+		case kernels.BF16, kernels.F16:
+			copy(d.u16[:n], unsafe.Slice((*uint16)(unsafe.Pointer(&src[0])), n))
+		case kernels.I32:
+			copy(d.i32[:n], unsafe.Slice((*int32)(unsafe.Pointer(&src[0])), n))
+		}
+		return nil
 	}
 	switch {
 	case d.dtype == kernels.F32 && srcDType == kernels.F32:

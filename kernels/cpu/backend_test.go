@@ -40,6 +40,14 @@ func TestUploadDownloadViews(t *testing.T) {
 	if got := vals(w); !slices.Equal(got, []float32{1.5, -2}) {
 		t.Errorf("bf16 into f32: %v", got)
 	}
+	// Unaligned source bytes take the element-wise path and agree.
+	raw := append([]byte{0}, kernels.F32Bytes([]float32{3.5, -1})...)[1:]
+	if err := b.Upload(w, raw, kernels.F32); err != nil {
+		t.Fatal(err)
+	}
+	if got := vals(w); !slices.Equal(got, []float32{3.5, -1}) {
+		t.Errorf("unaligned f32 upload: %v", got)
+	}
 	ids, _ := kernels.FromI32(b, []int32{-1, 5}, 2)
 	if got, _ := kernels.ToI32(b, ids); !slices.Equal(got, []int32{-1, 5}) {
 		t.Errorf("i32 round trip: %v", got)
