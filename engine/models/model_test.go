@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
+	"github.com/deepinfer/deepinfer-go/kernels/cpu"
 )
 
 func TestUnknownArchitecture(t *testing.T) {
@@ -217,4 +218,28 @@ func mustCache(t *testing.T, m Model) *KVCache {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// TestPureGoPath: the portable Go kernels and the vectorized ones give the
+// same logits bit for bit on every architecture.
+func TestPureGoPath(t *testing.T) {
+	fast := newBackend(t, 2)
+	slow := cpu.New(cpu.Options{Threads: 2, PureGo: true})
+	t.Cleanup(func() { slow.Close() })
+	for _, name := range tinyNames {
+		r := rand.New(rand.NewPCG(9, 9))
+		ids := randomIDs(r, 9, 97)
+		var outs [2][][]float32
+		for i, ops := range []*cpu.Backend{fast, slow} {
+			m, _ := tinyModel(t, ops, name, kernels.BF16)
+			cache := mustCache(t, m)
+			outs[i], _ = step(t, m, cache, seqStep{ids, 0, []int32{3, 1, 0}})
+		}
+		for p := range outs[0] {
+			if !sameBits(outs[0][p], outs[1][p]) {
+				t.Errorf("%s: position %d: %s and %s differ", name, p, fast.Name(), slow.Name())
+				break
+			}
+		}
+	}
 }
