@@ -13,20 +13,26 @@ import "math"
 // to that side before the final rounding. Cost: a few float64 operations, and
 // a slow path only in the rare midpoint and subnormal cases.
 func fma32(a, b, c float32) float32 {
+	r := float64(a)*float64(b) + float64(c) // one rounding: the product is exact
+	bits := math.Float64bits(r)
+	// Fast path: r not on a float32 midpoint (the low 29 bits of the float64
+	// mantissa are not 1000...0) and not in the float32 subnormal range.
+	if bits&(1<<29-1) != 1<<28 && bits&(0x7ff<<52) >= (1023-126)<<52 {
+		return float32(r)
+	}
+	return fma32Slow(a, b, c)
+}
+
+// fma32Slow handles the float32 subnormal range and the midpoints.
+func fma32Slow(a, b, c float32) float32 {
 	p := float64(a) * float64(b) // exact
 	c64 := float64(c)
 	r := p + c64
 	bits := math.Float64bits(r)
-	exp := int(bits>>52&0x7ff) - 1023
-	switch {
-	case exp > 127: // beyond the float32 range, or Inf, or NaN
-		return float32(r)
-	case exp >= -126: // float32 normal range
-		if bits&(1<<29-1) != 1<<28 {
-			return float32(r) // not a float32 midpoint
-		}
-	default: // float32 subnormal range (or zero)
-		t := r * 0x1p150 // exact; the subnormal midpoints are odd multiples of 2^-150
+	if exp := int(bits>>52&0x7ff) - 1023; exp < -126 {
+		// float32 subnormal range (or zero): the midpoints are the odd
+		// multiples of 2^-150, and r * 2^150 is exact.
+		t := r * 0x1p150
 		if t != math.Trunc(t) || math.Mod(t, 2) == 0 {
 			return float32(r)
 		}

@@ -18,7 +18,7 @@ import (
 // conversions stay in Go: a cgo call costs tens of nanoseconds, more than the
 // Go loop on a handful of elements. Both paths return the same bits, so the
 // cut-off cannot change a result.
-const minNative = 32
+const minNative = 12
 
 // nativeImpls returns the SIMD paths this CPU runs, slowest first.
 func nativeImpls() []*Impl {

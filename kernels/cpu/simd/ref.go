@@ -1,5 +1,7 @@
 package simd
 
+import "math"
+
 // The pure-Go path: the reference every SIMD path is tested against, and the
 // fallback where no SIMD path is available. It computes the canonical order
 // of the package doc exactly, with fma32 for each fused multiply-add.
@@ -17,7 +19,13 @@ func dotGo(a, w []float32) float32 {
 	for ; kk+lanes <= k; kk += lanes {
 		a, w := a[kk:kk+lanes], w[kk:kk+lanes]
 		for l := range lanes {
-			acc[l] = fma32(a[l], w[l], acc[l])
+			// fma32 by hand: its fast path, inlined (the compiler will not).
+			r := float64(a[l])*float64(w[l]) + float64(acc[l])
+			if b := math.Float64bits(r); b&(1<<29-1) != 1<<28 && b&(0x7ff<<52) >= (1023-126)<<52 {
+				acc[l] = float32(r)
+			} else {
+				acc[l] = fma32Slow(a[l], w[l], acc[l])
+			}
 		}
 	}
 	for l := 0; kk+l < k; l++ {

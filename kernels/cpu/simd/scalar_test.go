@@ -29,6 +29,29 @@ func fmaExact(a, b, c float32) float32 {
 
 func isNaN32(f float32) bool { return f != f }
 
+// checkDotFMA checks that every implementation's Dot computes fma(a, b, c) in
+// lane 0 of [c, 0, ..., a, 0, ...] . [1, 0, ..., b, 0, ...] with a at index
+// 16, for lengths 17 (a in the k tail) and 32 (a in the main loop). This runs
+// the fused multiply-add of each path (dotGo's inlined one and its tail's,
+// the hardware's in the SIMD paths) on the given triple.
+func checkDotFMA(t *testing.T, a, b, c, want float32) {
+	t.Helper()
+	if want == 0 || isNaN32(want) {
+		return // the tree adds +0 lanes: -0 becomes +0; NaN payloads vary
+	}
+	for _, k := range []int{17, 32} {
+		x := make([]float32, k)
+		y := make([]float32, k)
+		x[0], y[0], x[16], y[16] = c, 1, a, b
+		for _, p := range Impls() {
+			if got := p.Dot(x, y); !sameBits(got, want) {
+				t.Fatalf("%s: k=%d: Dot lane fma(%g, %g, %g) = %g (%#08x), want %g (%#08x)",
+					p, k, a, b, c, got, math.Float32bits(got), want, math.Float32bits(want))
+			}
+		}
+	}
+}
+
 func sameBits(a, b float32) bool {
 	return math.Float32bits(a) == math.Float32bits(b) || (isNaN32(a) && isNaN32(b))
 }
@@ -88,6 +111,7 @@ func TestFMA32(t *testing.T) {
 				t.Fatalf("fma32(%g, %g, %g) = %g (%#08x), want %g (%#08x)",
 					tc.a, tc.b, tc.c, got, math.Float32bits(got), want, math.Float32bits(want))
 			}
+			checkDotFMA(t, tc.a, tc.b, tc.c, want)
 		})
 	}
 }
@@ -112,6 +136,9 @@ func TestFMA32Random(t *testing.T) {
 		got, want := fma32(a, b, c), fmaExact(a, b, c)
 		if !sameBits(got, want) {
 			t.Fatalf("fma32(%g, %g, %g) = %g, want %g", a, b, c, got, want)
+		}
+		if i%10 == 0 || i%7 == 0 {
+			checkDotFMA(t, a, b, c, want)
 		}
 	}
 }
