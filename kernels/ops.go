@@ -124,9 +124,10 @@ type Ops interface {
 	// kCache and vCache [num_blocks, block_size, NumKVHeads*HeadDim], out
 	// [T, NumHeads*HeadDim]. The tokens of this step must already be in the cache
 	// (WriteCache). Query row j of a sequence with q_len rows and k_len keys attends
-	// to keys 0..k_len-q_len+j, read through its block table; prefill, chunked
-	// prefill and decode are the same call. Cost: 4*NumHeads*HeadDim flops per
-	// (query, visible key) pair, plus one read of the visible cache per KV head.
+	// to keys 0..k_len-q_len+j (only the last SlidingWindow of them when set),
+	// read through its block table; prefill, chunked prefill and decode are the
+	// same call. Cost: 4*NumHeads*HeadDim flops per (query, visible key) pair,
+	// plus one read of the visible cache per KV head and chunk of query rows.
 	Attention(out, q, kCache, vCache Tensor, m *AttentionMetadata, p AttentionParams) error
 	// MLAAttention is multi-head latent attention over a compressed cache with
 	// weight absorption. q [T, NumHeads*(NopeDim+RopeDim)] with the rope part
@@ -137,7 +138,8 @@ type Ops interface {
 	// scores are Scale*(q_lat·c_kv + q_pe·k_pe) with the causal rule of Attention,
 	// and the latent output is projected by W_UV[h]. out [T, NumHeads*VHeadDim].
 	// Cost per (query, head): 2*KVLoraRank*(NopeDim+VHeadDim) flops for the
-	// absorptions plus 4*(KVLoraRank+RopeDim) per visible key.
+	// absorptions plus 4*(KVLoraRank+RopeDim) per visible key; per call, one
+	// read of W_UK and W_UV.
 	MLAAttention(out, q, cache, wkvb Tensor, m *AttentionMetadata, p MLAParams) error
 
 	// MoERoute selects experts: logits [T, num_experts] (router output) become
