@@ -97,7 +97,8 @@ func commonPrefixLen(a, b string) int {
 // StopChecker detects stop strings in streamed output text, including ones
 // that span token boundaries, and trims the output at them as vLLM does: the
 // output ends just before the stop string, or just after it when it is to be
-// included. While streaming it holds back the last len(longest stop)-1 bytes
+// included. When two stop strings complete within one delta the earliest in
+// the text wins (vLLM takes the first in list order). While streaming it holds back the last len(longest stop)-1 bytes
 // (when stop strings are excluded), since they may begin a stop string. Not
 // safe for concurrent use.
 type StopChecker struct {

@@ -222,3 +222,34 @@ func TestAddedTokenOptions(t *testing.T) {
 		}
 	}
 }
+
+func ExampleFromJSON() {
+	tk, err := FromJSON([]byte(tinyByteLevelJSON), nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	ids := tk.Encode("hello the<|eot|>", true)
+	fmt.Println(ids)
+	fmt.Printf("%q\n", tk.Decode(ids, false))
+	fmt.Printf("%q\n", tk.Decode(ids, true))
+	// Output:
+	// [261 258 262]
+	// "hello the<|eot|>"
+	// "hello the"
+}
+
+func ExampleDecodeStream() {
+	tk, err := FromJSON([]byte(tinyByteLevelJSON), nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	s := tk.NewDecodeStream(nil, false)
+	for _, id := range tk.Encode("hello é", false) {
+		fmt.Printf("%q ", s.Step(id))
+	}
+	fmt.Printf("%q\n", s.Flush())
+	// Output:
+	// "hello" " " "" "é" ""
+}
