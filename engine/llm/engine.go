@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/config"
@@ -211,6 +212,26 @@ func (e *Engine) Abort(requestID string) bool {
 
 // NumLive is the number of requests not fully answered.
 func (e *Engine) NumLive() int { return e.rt.Live.Len() }
+
+// HasUnfinished reports whether any request is still being served.
+func (e *Engine) HasUnfinished() bool { return e.rt.Live.Len() > 0 || e.sched.HasUnfinished() }
+
+// FlushInflight waits until no request is unfinished and the step still in
+// flight after the last one (with ZOS, the step planned before the last
+// finish was known) has been collected, or until ctx ends. The engine
+// stays open. Cost: polls every millisecond while it waits.
+func (e *Engine) FlushInflight(ctx context.Context) error {
+	for e.HasUnfinished() || e.sched.NumInflightSteps() > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-e.done:
+			return e.runErr
+		case <-time.After(time.Millisecond):
+		}
+	}
+	return nil
+}
 
 // Close stops accepting requests, lets the step loop finish the ones it
 // has, and releases the backend. It returns the step loop's error, if any.

@@ -121,7 +121,7 @@ func (l *LLM) Generate(ctx context.Context, prompts []Prompt, params engine.Samp
 	go func() { wg.Wait(); close(done) }()
 	select {
 	case <-done:
-		return results, nil
+		return results, l.FlushInflight(ctx)
 	case <-ctx.Done():
 		for _, id := range ids {
 			l.Abort(id)

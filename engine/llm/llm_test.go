@@ -275,3 +275,40 @@ func TestLogprobs(t *testing.T) {
 		}
 	}
 }
+
+// Stop strings end a sequence and trim its text, across token boundaries.
+func TestStopStrings(t *testing.T) {
+	dir := tinyLlama(t)
+	writeCharTokenizer(t, dir)
+	l, err := NewLLM(tinyConfig(t, dir, nil), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if l.Tokenizer() == nil {
+		t.Fatal("the tokenizer was not loaded")
+	}
+	prompt := []Prompt{{Text: "hello world"}}
+	full, err := l.Generate(context.Background(), prompt, greedy(16), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := full[0].Outputs[0].Text
+	if len(text) < 8 {
+		t.Fatalf("greedy text too short to cut: %q", text)
+	}
+	for _, cut := range []int{0, 3, 6} {
+		stop := text[cut+1 : cut+3] // two characters: a stop string spanning two tokens
+		params := greedy(16)
+		params.Stop = []string{stop, "never-there"}
+		res, err := l.Generate(context.Background(), prompt, params, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := res[0].Outputs[0]
+		want := text[:strings.Index(text, stop)]
+		if o.Text != want || o.FinishReason != engine.FinishStop || o.StopReason != stop {
+			t.Errorf("stop %q: text %q (%s, %q), want %q", stop, o.Text, o.FinishReason, o.StopReason, want)
+		}
+	}
+}

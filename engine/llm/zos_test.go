@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 
@@ -56,10 +57,25 @@ func randomWorkload(seed uint64, n int) workload {
 		if rng.IntN(4) == 0 {
 			p.StopTokenIDs = []int{3 + rng.IntN(60)}
 		}
+		if rng.IntN(2) == 0 {
+			// One or two characters of the test tokenizer's alphabet: stop
+			// strings that end requests mid-step, some across two tokens.
+			for range 3 + rng.IntN(4) {
+				a := charAlphabet[rng.IntN(len(charAlphabet))]
+				stop := string(a)
+				if rng.IntN(2) == 0 {
+					stop += string(charAlphabet[rng.IntN(len(charAlphabet))])
+				}
+				p.Stop = append(p.Stop, stop)
+			}
+		}
 		p.IgnoreEOS = rng.IntN(2) == 0
 		abort := 0
 		if rng.IntN(5) == 0 && p.MaxTokens > 2 {
+			// With n > 1 the other sequence's progress at the moment of the
+			// abort depends on the schedule, so aborted requests have n = 1.
 			abort = 1 + rng.IntN(p.MaxTokens-1)
+			p.N = 1
 		}
 		w.prompts = append(w.prompts, Prompt{IDs: ids})
 		w.params = append(w.params, p)
@@ -78,6 +94,7 @@ func runWorkload(t *testing.T, l *LLM, w workload) map[string]string {
 	for i := range w.prompts {
 		i := i
 		res := make([][]int, max(1, w.params[i].N))
+		texts := make([]string, len(res))
 		closed := make([]bool, len(res))
 		emitted := 0
 		id := fmt.Sprintf("w%d", i)
@@ -91,13 +108,14 @@ func runWorkload(t *testing.T, l *LLM, w workload) map[string]string {
 				}
 				closed[o.Index] = o.Finished
 				res[o.Index] = append(res[o.Index], o.TokenIDs...)
+				texts[o.Index] += o.Text
 				emitted += len(o.TokenIDs)
 				abort := w.abortAt[i] > 0 && emitted >= w.abortAt[i] && !o.Finished
 				if o.Finished {
 					if o.Err != nil {
 						t.Errorf("%s: %v", id, o.Err)
 					}
-					got[fmt.Sprintf("%d/%d", i, o.Index)] = fmt.Sprint(res[o.Index], " ", o.FinishReason)
+					got[fmt.Sprintf("%d/%d", i, o.Index)] = fmt.Sprintf("%v %q %s %q", res[o.Index], texts[o.Index], o.FinishReason, o.StopReason)
 				}
 				mu.Unlock()
 				if o.Finished {
@@ -120,6 +138,8 @@ func runWorkload(t *testing.T, l *LLM, w workload) map[string]string {
 // mode leaks blocks or state slots or emits after a finish.
 func TestZOSSameTokens(t *testing.T) {
 	dir := tinyLlama(t)
+	writeCharTokenizer(t, dir)
+	stops := 0
 	for seed := range uint64(3) {
 		w := randomWorkload(seed, 24)
 		var results [2]map[string]string
@@ -136,6 +156,15 @@ func TestZOSSameTokens(t *testing.T) {
 					t.Fatal(err)
 				}
 				got := runWorkload(t, l, w)
+				for k, v := range got {
+					var i, j int
+					fmt.Sscanf(k, "%d/%d", &i, &j)
+					for _, stop := range w.params[i].Stop {
+						if strings.HasSuffix(v, fmt.Sprintf(" stop %q", stop)) {
+							stops++
+						}
+					}
+				}
 				st := l.SchedulerStats()
 				if ph := l.StepStats().Placeholders.Load(); zos != (ph > 0) {
 					t.Errorf("seed %d zos %v: %d placeholders resolved", seed, zos, ph)
@@ -154,10 +183,16 @@ func TestZOSSameTokens(t *testing.T) {
 					results[i] = got
 				} else if !reflect.DeepEqual(results[i], got) {
 					t.Errorf("seed %d zos %v: the small cache changed the tokens", seed, zos)
+					for k, v := range results[i] {
+						if got[k] != v {
+							t.Errorf("  output %s (%+v): large cache %s, small cache %s", k, w.params[atoi(k)], v, got[k])
+						}
+					}
 				}
 			}
 		}
 		if !reflect.DeepEqual(results[0], results[1]) {
+			t.Errorf("seed %d: ZOS changed the outputs", seed)
 			for k, v := range results[0] {
 				if results[1][k] != v {
 					t.Errorf("seed %d, output %s: zos off %s, zos on %s", seed, k, v, results[1][k])
@@ -165,4 +200,15 @@ func TestZOSSameTokens(t *testing.T) {
 			}
 		}
 	}
+	if stops == 0 {
+		t.Error("no request ended on a stop string")
+	}
+	t.Logf("%d outputs ended on a stop string", stops)
+}
+
+
+func atoi(k string) int {
+	var i int
+	fmt.Sscanf(k, "%d/", &i)
+	return i
 }
