@@ -63,7 +63,7 @@ func writeCharTokenizer(t testing.TB, dir string) {
 		},
 		"normalizer": nil, "pre_tokenizer": nil, "post_processor": nil,
 		"decoder": map[string]any{"type": "Fuse"},
-		"model": map[string]any{"type": "BPE", "unk_token": "<unk>", "vocab": vocab, "merges": []string{}},
+		"model":   map[string]any{"type": "BPE", "unk_token": "<unk>", "vocab": vocab, "merges": []string{}},
 	}
 	data, err := json.Marshal(spec)
 	if err != nil {

@@ -206,7 +206,6 @@ func TestZOSSameTokens(t *testing.T) {
 	t.Logf("%d outputs ended on a stop string", stops)
 }
 
-
 func atoi(k string) int {
 	var i int
 	fmt.Sscanf(k, "%d/", &i)
