@@ -279,8 +279,8 @@ func (m *BlockManager) allocateWith(seq *Sequence, hits []int32) error {
 	for len(table) < n {
 		table = append(table, m.takeFree())
 	}
-	seq.blockTable = table
-	seq.numHashedBlocks = len(hits)
+	seq.setBlockTable(table)
+	seq.numHashedBlocks = int32(len(hits))
 	seq.lastHash = h
 	seq.numCached = len(hits) * m.blockSize
 	seq.numComputed = seq.numCached
@@ -352,10 +352,10 @@ func (m *BlockManager) AppendSlots(seq *Sequence, n int) ([]BlockCopy, error) {
 			table[i] = dst
 			m.release(src)
 		}
-		seq.blockTable = table
+		seq.setBlockTable(table)
 	}
 	for range numNew {
-		seq.blockTable = append(seq.blockTable, m.takeFree())
+		seq.setBlockTable(append(seq.blockTable, m.takeFree()))
 	}
 	// Every block written from here on is private: the shared ones are
 	// behind the fork point, and the one at it was just copied.
@@ -370,7 +370,7 @@ func (m *BlockManager) Free(seq *Sequence) {
 	for i := len(seq.blockTable) - 1; i >= 0; i-- {
 		m.release(seq.blockTable[i])
 	}
-	seq.blockTable = nil
+	seq.setBlockTable(nil)
 	seq.numHashedBlocks = 0
 	seq.lastHash = 0
 	seq.mayShare = false
@@ -380,7 +380,7 @@ func (m *BlockManager) Free(seq *Sequence) {
 // A shared block is copied when either sequence next writes it (see
 // AppendSlots). Cost: O(blocks).
 func (m *BlockManager) Fork(parent, child *Sequence) {
-	child.blockTable = append(make([]int, 0, len(parent.blockTable)+4), parent.blockTable...)
+	child.setBlockTable(append(make([]int, 0, len(parent.blockTable)+4), parent.blockTable...))
 	for _, b := range child.blockTable {
 		m.refCount[b]++
 	}
@@ -397,10 +397,10 @@ func (m *BlockManager) Fork(parent, child *Sequence) {
 func (m *BlockManager) commit(seq *Sequence, upTo int) {
 	bs := m.blockSize
 	upTo = min(upTo, len(seq.tokens))
-	if (seq.numHashedBlocks+1)*bs > upTo || !m.prefixCaching || seq.params.PromptLogprobs != nil {
+	if (int(seq.numHashedBlocks)+1)*bs > upTo || !m.prefixCaching || seq.params.PromptLogprobs != nil {
 		return // the common decode step: no block filled
 	}
-	for i := seq.numHashedBlocks; (i+1)*bs <= upTo && i < len(seq.blockTable); i++ {
+	for i := int(seq.numHashedBlocks); (i+1)*bs <= upTo && i < len(seq.blockTable); i++ {
 		ids := seq.tokens[i*bs : (i+1)*bs]
 		h := hashBlock(seq.lastHash, ids)
 		b := seq.blockTable[i]
@@ -414,7 +414,7 @@ func (m *BlockManager) commit(seq *Sequence, upTo int) {
 			}
 		}
 		seq.lastHash = h
-		seq.numHashedBlocks = i + 1
+		seq.numHashedBlocks = int32(i + 1)
 	}
 }
 
@@ -426,6 +426,9 @@ func (m *BlockManager) checkInvariants(live []*Sequence) error {
 	for _, s := range live {
 		if len(s.blockTable) < m.NumBlocksFor(s.numComputed) {
 			return fmt.Errorf("seq %d: %d blocks for %d computed tokens", s.id, len(s.blockTable), s.numComputed)
+		}
+		if len(s.blockTable) > 0 && s.lastBlock != s.blockTable[len(s.blockTable)-1] {
+			return fmt.Errorf("seq %d: last block %d, table ends with %d", s.id, s.lastBlock, s.blockTable[len(s.blockTable)-1])
 		}
 		for _, b := range s.blockTable {
 			if b < 0 || b >= m.numBlocks {

@@ -246,17 +246,6 @@ type stepRecord struct {
 	numRows int
 }
 
-// planItem is one sequence of the step being planned (32 bytes: thousands
-// are written and read back every step).
-type planItem struct {
-	seq          *Sequence
-	pos, q       int32
-	plFrom, plTo int32
-	forks        int32 // index into Scheduler.forks, -1 for none
-	prefill      bool
-	sample       bool
-}
-
 // Scheduler decides, step by step, which sequences compute how many tokens,
 // and keeps their KV blocks and state slots.
 //
@@ -314,11 +303,20 @@ type planItem struct {
 //     prefix cache (the epoch changed).
 //
 // The strict mode (ProcessOutputs of N before Schedule of N+1) never sees
-// a placeholder. Same requests, same tokens in both modes.
+// a placeholder. Same requests, same tokens in both modes (tested with a
+// model that reads its context back through the block tables).
+//
+// Speculative decoding (later) fits the same frame: a step reserves k+1
+// slots (AppendSlots(seq, k+1)), a row reports 1..k+1 accepted tokens to
+// ProcessOutputs, and only accepted tokens are committed to the prefix
+// cache; with overlap, the prepare stage corrects positions from the
+// accepted counts.
 //
 // Methods are safe for concurrent use (one mutex). Schedule and
-// ProcessOutputs cost O(live sequences + tokens scheduled) plus hashing
-// of newly admitted prompts.
+// ProcessOutputs cost O(live sequences + tokens scheduled) plus hashing of
+// newly admitted prompts; each touches a running sequence's memory once.
+// At thousands of sequences, recycling the metadata through ScheduleInto
+// saves the largest allocation.
 type Scheduler struct {
 	mu  sync.Mutex
 	cfg SchedulerConfig
@@ -341,8 +339,7 @@ type Scheduler struct {
 	lastStep     StepID
 	inflight     []*stepRecord
 	spare        []*stepRecord
-	items        []planItem
-	forks        [][]*Sequence // children forked in the step being planned
+	builder      stepBuilder
 	newRunning   []*Sequence
 
 	finishedIDs        []SeqID
@@ -644,7 +641,7 @@ func (s *Scheduler) decodeReady(seq *Sequence, id StepID) bool {
 		return false // its input token is not from the previous step
 	case seq.numComputed != seq.totalLen()-1:
 		return false
-	case len(seq.tokens)-seq.numPromptTokens+seq.numPending >= seq.maxTokens:
+	case len(seq.tokens)-seq.numPromptTokens+int(seq.numPending) >= int(seq.maxTokens):
 		return false // a token in flight ends it by length
 	case seq.totalLen() >= s.cfg.MaxModelLen:
 		return false
@@ -696,7 +693,8 @@ func (s *Scheduler) chunkFor(numComputed, numTokens, budget int) int {
 // SequenceMetadata per scheduled sequence (decodes first, then prefill
 // chunks). Nothing scheduled gives StepID 0 and no metadata. Every planned
 // step must be reported, in order, to ProcessOutputs. Cost: O(live
-// sequences + tokens scheduled + prompt tokens admitted).
+// sequences + tokens scheduled + prompt tokens admitted), one pass over
+// the running sequences.
 func (s *Scheduler) Schedule() (*SchedulerOutputs, []SequenceMetadata) { return s.ScheduleInto(nil) }
 
 // ScheduleInto is Schedule writing the metadata into buf when it has the
@@ -708,14 +706,12 @@ func (s *Scheduler) ScheduleInto(buf []SequenceMetadata) (*SchedulerOutputs, []S
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
-	id := s.lastStep + 1
-	out := &SchedulerOutputs{}
 	s.running = keepStatus(s.running, StatusRunning)
 	s.prompted = keepStatus(s.prompted, StatusPrompted)
 	s.waiting = keepStatus(s.waiting, StatusWaiting, StatusPreempted)
-	s.items = s.items[:0]
-	budget := s.cfg.MaxNumBatchedTokens
-	numSeqs := 0
+	b := s.newBuilder(buf)
+	id := b.id
+	out := b.out
 
 	// 1. Decodes, oldest first; preempt the youngest when blocks run out.
 	for i := 0; i < len(s.running); i++ {
@@ -723,7 +719,7 @@ func (s *Scheduler) ScheduleInto(buf []SequenceMetadata) (*SchedulerOutputs, []S
 		if seq.status != StatusRunning || !s.decodeReady(seq, id) {
 			continue
 		}
-		if numSeqs >= s.cfg.MaxNumSeqs || budget < 1 {
+		if b.numSeqs >= s.cfg.MaxNumSeqs || b.budget < 1 {
 			break
 		}
 		if s.bm.NumBlocksFor(seq.numComputed+1) > s.bm.NumBlocks() {
@@ -746,37 +742,27 @@ func (s *Scheduler) ScheduleInto(buf []SequenceMetadata) (*SchedulerOutputs, []S
 			continue
 		}
 		out.BlockCopies = append(out.BlockCopies, copies...)
-		s.items = append(s.items, planItem{seq: seq, pos: int32(seq.numComputed), q: 1, sample: true, plFrom: -1, plTo: -1, forks: -1})
-		seq.scheduledStep = id
-		seq.numComputed++
-		seq.numPending++
-		seq.pendingStep = id
-		numSeqs++
-		budget--
+		s.add1(b, seq, 1, false, true, nil, -1, -1)
 	}
 	preempted := len(out.PreemptedSeqIDs) > 0
 
 	// 2. Next chunks of prefills in progress.
 	s.newRunning = s.newRunning[:0]
 	for _, seq := range s.prompted {
-		if numSeqs >= s.cfg.MaxNumSeqs || budget < 1 {
+		if b.numSeqs >= s.cfg.MaxNumSeqs || b.budget < 1 {
 			break
 		}
 		if seq.status != StatusPrompted || seq.scheduledStep == id {
 			continue
 		}
-		q := s.chunkFor(seq.numComputed, len(seq.tokens), budget)
-		if q == 0 {
-			continue
+		if q := s.chunkFor(seq.numComputed, len(seq.tokens), b.budget); q > 0 {
+			s.addChunk(b, seq, q)
 		}
-		s.planChunk(out, seq, q, id)
-		numSeqs++
-		budget -= q
 	}
 
 	// 3. Admissions, in arrival order, unless this step had to preempt.
 	if !preempted {
-		budget, numSeqs = s.admit(out, id, budget, numSeqs)
+		s.admit(b)
 	}
 
 	for _, seq := range s.newRunning {
@@ -786,23 +772,183 @@ func (s *Scheduler) ScheduleInto(buf []SequenceMetadata) (*SchedulerOutputs, []S
 
 	out.FinishedSeqIDs, s.finishedIDs = s.finishedIDs, nil
 	out.AbortedSeqIDs, s.abortedIDs = s.abortedIDs, nil
-	if len(s.items) == 0 {
-		out.Kind = StepEmpty
-		return out, nil
+	return out, s.finishStep(b)
+}
+
+// stepBuilder accumulates one step while it is planned: metadata, flat
+// token and slot arrays, and the in-flight record, written in a single
+// pass so that each sequence's memory is touched once.
+type stepBuilder struct {
+	id      StepID
+	out     *SchedulerOutputs
+	metas   []SequenceMetadata
+	tokens  []int
+	slots   []int
+	rec     *stepRecord
+	budget  int
+	numSeqs int
+	row     int
+	grew    bool // tokens or slots moved: views must be rebuilt
+}
+
+func (s *Scheduler) newBuilder(buf []SequenceMetadata) *stepBuilder {
+	b := &s.builder
+	*b = stepBuilder{id: s.lastStep + 1, out: &SchedulerOutputs{}, budget: s.cfg.MaxNumBatchedTokens}
+	est := len(s.running) + len(s.prompted) + 4
+	if cap(buf) >= est {
+		b.metas = buf[:0]
+	} else {
+		b.metas = make([]SequenceMetadata, 0, est)
 	}
-	s.lastStep = id
-	out.StepID = id
-	s.flushStateCopies(out, id)
-	metas := s.materialize(out, id, buf)
-	clear(s.items)
-	clear(s.forks)
-	s.forks = s.forks[:0]
-	return out, metas
+	// Decode-only steps need one token per running sequence; with prompts
+	// to compute, the whole budget may go.
+	numTokens := min(len(s.running)+4, s.cfg.MaxNumBatchedTokens)
+	if len(s.prompted) > 0 || len(s.waiting) > 0 {
+		numTokens = s.cfg.MaxNumBatchedTokens
+	}
+	ints := make([]int, 2*numTokens)
+	b.tokens, b.slots = ints[:0:numTokens], ints[numTokens:numTokens]
+	if n := len(s.spare); n > 0 {
+		b.rec = s.spare[n-1]
+		s.spare = s.spare[:n-1]
+	} else {
+		b.rec = &stepRecord{}
+	}
+	b.rec.id = b.id
+	return b
+}
+
+// add1 schedules q tokens of a sequence from its first uncomputed position
+// and writes its metadata; a sampling row takes the next sample row, and
+// forks the rows after it.
+func (s *Scheduler) add1(b *stepBuilder, seq *Sequence, q int, prefill, sample bool, forks []*Sequence, plFrom, plTo int) {
+	pos := seq.numComputed
+	bs := s.bm.blockSize
+	start := len(b.tokens)
+	capBefore := cap(b.tokens)
+	fromRow := -1
+	for p := pos; p < pos+q; p++ {
+		switch {
+		case p == len(seq.tokens)-1:
+			b.tokens = append(b.tokens, seq.lastToken) // saves a cache miss per decode
+		case p < len(seq.tokens):
+			b.tokens = append(b.tokens, seq.tokens[p])
+		default:
+			b.tokens = append(b.tokens, PlaceholderToken)
+			fromRow = int(seq.pendingRow)
+		}
+		if blk := p / bs; blk == len(seq.blockTable)-1 {
+			b.slots = append(b.slots, seq.lastBlock*bs+p%bs)
+		} else {
+			b.slots = append(b.slots, seq.blockTable[blk]*bs+p%bs)
+		}
+	}
+	if cap(b.tokens) != capBefore {
+		b.grew = true
+	}
+	end := len(b.tokens)
+
+	b.metas = append(b.metas, SequenceMetadata{})
+	// Field by field: no bulk copy runs under the GC.
+	m := &b.metas[len(b.metas)-1]
+	m.SeqID = seq.id
+	m.RequestID = seq.requestID
+	m.Params = seq.params
+	m.SampleIndex = seq.sampleIndex
+	m.SeqlenQ = q
+	m.SeqlenK = pos + q
+	m.PosStart = pos
+	m.InputTokenIDs = b.tokens[start:end:end]
+	m.InputFromRow = fromRow
+	m.BlockTable = seq.blockTable[:len(seq.blockTable):len(seq.blockTable)]
+	m.SlotMapping = b.slots[start:end:end]
+	m.StateSlot = int(seq.stateSlot)
+	m.Prefill = prefill
+	m.Sample = sample
+	m.SampleRow = -1
+	m.PromptLogprobsFrom = plFrom
+	m.PromptLogprobsTo = plTo
+	m.TokenIDs = seq.tokens[:len(seq.tokens):len(seq.tokens)]
+	m.NumPromptTokens = seq.numPromptTokens
+
+	seq.scheduledStep = b.id
+	seq.numComputed += q
+	e := stepEntry{seq: seq, id: seq.id, epoch: seq.epoch, row: -1, computedAfter: seq.numComputed}
+	if sample {
+		m.SampleRow = b.row
+		seq.numPending++
+		seq.pendingStep = b.id
+		seq.pendingRow = int32(b.row)
+		e.row = int32(b.row)
+		b.row++
+	}
+	b.rec.entries = append(b.rec.entries, e)
+	if len(forks) > 0 {
+		m.ForkSeqIDs = make([]SeqID, len(forks))
+		for j, c := range forks {
+			m.ForkSeqIDs[j] = c.id
+			c.pendingRow = int32(b.row)
+			b.rec.entries = append(b.rec.entries, stepEntry{seq: c, id: c.id, epoch: c.epoch, row: int32(b.row), computedAfter: c.numComputed})
+			b.row++
+		}
+	}
+	if prefill {
+		b.out.NumPrefillSeqs++
+		b.out.NumPrefillTokens += q
+	} else {
+		b.out.NumDecodeSeqs++
+		b.out.NumDecodeTokens += q
+	}
+	b.numSeqs++
+	b.budget -= q
+}
+
+// finishStep completes the outputs, records the step in flight and returns
+// its metadata (nil for an empty step).
+func (s *Scheduler) finishStep(b *stepBuilder) []SequenceMetadata {
+	out := b.out
+	if len(b.metas) == 0 {
+		out.Kind = StepEmpty
+		s.spare = append(s.spare, b.rec)
+		*b = stepBuilder{}
+		return nil
+	}
+	if b.grew { // rebuild the views into the final arrays
+		off := 0
+		for k := range b.metas {
+			m := &b.metas[k]
+			end := off + m.SeqlenQ
+			m.InputTokenIDs = b.tokens[off:end:end]
+			m.SlotMapping = b.slots[off:end:end]
+			off = end
+		}
+	}
+	s.lastStep = b.id
+	out.StepID = b.id
+	out.InputTokenIDs = b.tokens
+	out.SlotMapping = b.slots
+	out.NumSeqs = len(b.metas)
+	out.NumBatchedTokens = len(b.tokens)
+	out.NumSampleRows = b.row
+	switch {
+	case out.NumPrefillSeqs > 0 && out.NumDecodeSeqs > 0:
+		out.Kind = StepMixed
+	case out.NumPrefillSeqs > 0:
+		out.Kind = StepPrefill
+	default:
+		out.Kind = StepDecode
+	}
+	b.rec.numRows = b.row
+	s.inflight = append(s.inflight, b.rec)
+	s.flushStateCopies(out, b.id)
+	metas := b.metas
+	*b = stepBuilder{}
+	return metas
 }
 
 // admit moves waiting sequences in, oldest first, stopping at the first
 // that does not fit.
-func (s *Scheduler) admit(out *SchedulerOutputs, id StepID, budget, numSeqs int) (int, int) {
+func (s *Scheduler) admit(b *stepBuilder) {
 	w := s.waiting
 	n, i := 0, 0
 	for ; i < len(w); i++ {
@@ -810,7 +956,7 @@ func (s *Scheduler) admit(out *SchedulerOutputs, id StepID, budget, numSeqs int)
 		if seq.status != StatusWaiting && seq.status != StatusPreempted {
 			continue // finished while waiting: drop
 		}
-		if numSeqs >= s.cfg.MaxNumSeqs || budget < 1 {
+		if b.numSeqs >= s.cfg.MaxNumSeqs || b.budget < 1 {
 			break
 		}
 		if seq.numPending > 0 { // its last token is still in flight
@@ -826,7 +972,7 @@ func (s *Scheduler) admit(out *SchedulerOutputs, id StepID, budget, numSeqs int)
 				f = s.finish(seq, FinishError, fmt.Errorf("prompt of %d tokens needs %d KV blocks, the cache has %d",
 					len(seq.tokens), s.bm.NumBlocksFor(len(seq.tokens)), s.bm.NumBlocks()))
 			}
-			out.Finished = append(out.Finished, f)
+			b.out.Finished = append(b.out.Finished, f)
 			continue
 		}
 		if s.numLive+s.numReserved+1+seq.numForks > s.cfg.MaxNumSeqs ||
@@ -834,7 +980,7 @@ func (s *Scheduler) admit(out *SchedulerOutputs, id StepID, budget, numSeqs int)
 			break
 		}
 		hits := s.bm.lookup(seq)
-		q := s.chunkFor(len(hits)*s.bm.BlockSize(), len(seq.tokens), budget)
+		q := s.chunkFor(len(hits)*s.bm.BlockSize(), len(seq.tokens), b.budget)
 		if q == 0 || !s.bm.canAllocateWith(seq, hits) {
 			break
 		}
@@ -848,51 +994,48 @@ func (s *Scheduler) admit(out *SchedulerOutputs, id StepID, budget, numSeqs int)
 		s.numLive++
 		s.numReserved += seq.numForks
 		seq.status = StatusPrompted
-		s.planChunk(out, seq, q, id)
+		s.addChunk(b, seq, q)
 		if seq.status == StatusPrompted {
 			s.prompted = insertSorted(s.prompted, seq)
 		}
-		numSeqs++
-		budget -= q
 	}
 	n += copy(w[n:], w[i:])
 	clear(w[n:])
 	s.waiting = w[:n]
-	return budget, numSeqs
 }
 
-// planChunk schedules q prefill tokens of a prompted sequence; the last
+// addChunk schedules q prefill tokens of a prompted sequence; the last
 // chunk samples, forks the children of an n > 1 request and moves the
 // sequence to running.
-func (s *Scheduler) planChunk(out *SchedulerOutputs, seq *Sequence, q int, id StepID) {
+func (s *Scheduler) addChunk(b *stepBuilder, seq *Sequence, q int) {
 	pos := seq.numComputed
-	it := planItem{seq: seq, pos: int32(pos), q: int32(q), prefill: true, plFrom: -1, plTo: -1, forks: -1}
+	plFrom, plTo := -1, -1
 	if seq.params.PromptLogprobs != nil {
 		from := max(pos, seq.promptLogprobsDone)
 		to := min(pos+q, seq.numPromptTokens-1)
 		if from < to {
-			it.plFrom, it.plTo = int32(from), int32(to)
+			plFrom, plTo = from, to
 			seq.promptLogprobsDone = to
 		}
 	}
-	seq.scheduledStep = id
-	seq.numComputed += q
-	if seq.numComputed == len(seq.tokens) {
-		it.sample = true
-		seq.numPending++
-		seq.pendingStep = id
+	last := pos+q == len(seq.tokens)
+	var forks []*Sequence
+	if last {
 		seq.status = StatusRunning
 		s.newRunning = append(s.newRunning, seq)
-		if seq.numForks > 0 {
-			it.forks = int32(len(s.forks))
-			s.forks = append(s.forks, s.fork(seq, id))
-		}
 	}
-	s.items = append(s.items, it)
+	if last && seq.numForks > 0 {
+		// Fork after the parent's slots are reserved (they are: admission
+		// allocated every known token), before its metadata is written.
+		forks = s.fork(seq, b.id, pos+q)
+	}
+	s.add1(b, seq, q, true, last, forks, plFrom, plTo)
 }
 
-// fork creates the children of an n > 1 request at its last prefill chunk.
-func (s *Scheduler) fork(parent *Sequence, id StepID) []*Sequence {
+// fork creates the children of an n > 1 request at its last prefill chunk:
+// each shares the parent's blocks, gets a state slot (its copy runs before
+// the next step) and samples from the parent's row in this step.
+func (s *Scheduler) fork(parent *Sequence, id StepID, numComputed int) []*Sequence {
 	k := parent.numForks
 	s.numReserved -= k
 	parent.numForks = 0
@@ -900,13 +1043,16 @@ func (s *Scheduler) fork(parent *Sequence, id StepID) []*Sequence {
 	for i := 1; i <= k; i++ {
 		s.nextSeqID++
 		c := parent.fork(s.nextSeqID, i)
+		c.numComputed = numComputed
+		c.numPending = 1
+		c.pendingStep = id
+		c.scheduledStep = id
 		s.bm.Fork(parent, c)
 		cp, err := s.sm.Fork(parent, c)
 		if err != nil { // unreachable: slots were reserved at admission
 			s.bm.Free(c)
 			continue
 		}
-		c.scheduledStep = id
 		s.pendingStateCopies = append(s.pendingStateCopies, pendingStateCopy{copy: cp, child: c, step: id})
 		s.numLive++
 		s.seqs[c.id] = c
@@ -932,120 +1078,6 @@ func (s *Scheduler) flushStateCopies(out *SchedulerOutputs, id StepID) {
 	}
 	clear(s.pendingStateCopies[keep:])
 	s.pendingStateCopies = s.pendingStateCopies[:keep]
-}
-
-// materialize turns the plan into metadata (written into buf when it is
-// large enough) and records the step in flight.
-func (s *Scheduler) materialize(out *SchedulerOutputs, id StepID, buf []SequenceMetadata) []SequenceMetadata {
-	total := 0
-	for i := range s.items {
-		total += int(s.items[i].q)
-	}
-	ints := make([]int, 2*total)
-	out.InputTokenIDs = ints[:total:total]
-	out.SlotMapping = ints[total:]
-	var metas []SequenceMetadata
-	if cap(buf) >= len(s.items) {
-		metas = buf[:len(s.items)]
-	} else {
-		metas = make([]SequenceMetadata, len(s.items))
-	}
-
-	var rec *stepRecord
-	if n := len(s.spare); n > 0 {
-		rec = s.spare[n-1]
-		s.spare = s.spare[:n-1]
-	} else {
-		rec = &stepRecord{}
-	}
-	rec.id = id
-
-	bs := s.bm.BlockSize()
-	off, row := 0, 0
-	for k := range s.items {
-		it := &s.items[k]
-		seq := it.seq
-		q, start := int(it.q), int(it.pos)
-		toks := out.InputTokenIDs[off : off+q : off+q]
-		slots := out.SlotMapping[off : off+q : off+q]
-		off += q
-		fromRow := -1
-		for j := range q {
-			pos := start + j
-			if pos == len(seq.tokens)-1 {
-				toks[j] = seq.lastToken // saves a cache miss per decode
-			} else if pos < len(seq.tokens) {
-				toks[j] = seq.tokens[pos]
-			} else {
-				toks[j] = PlaceholderToken
-				fromRow = seq.pendingRow
-			}
-			slots[j] = seq.blockTable[pos/bs]*bs + pos%bs
-		}
-		// Field by field: every field is written, so a recycled buffer
-		// needs no clearing, and no bulk copy runs under the GC.
-		m := &metas[k]
-		m.SeqID = seq.id
-		m.RequestID = seq.requestID
-		m.Params = seq.params
-		m.SampleIndex = seq.sampleIndex
-		m.SeqlenQ = q
-		m.SeqlenK = start + q
-		m.PosStart = start
-		m.InputTokenIDs = toks
-		m.InputFromRow = fromRow
-		m.BlockTable = seq.blockTable[:len(seq.blockTable):len(seq.blockTable)]
-		m.SlotMapping = slots
-		m.StateSlot = seq.stateSlot
-		m.Prefill = it.prefill
-		m.Sample = it.sample
-		m.SampleRow = -1
-		m.ForkSeqIDs = nil
-		m.PromptLogprobsFrom = int(it.plFrom)
-		m.PromptLogprobsTo = int(it.plTo)
-		m.TokenIDs = seq.tokens[:len(seq.tokens):len(seq.tokens)]
-		m.NumPromptTokens = seq.numPromptTokens
-
-		e := stepEntry{seq: seq, id: seq.id, epoch: seq.epoch, row: -1, computedAfter: start + q}
-		if it.sample {
-			m.SampleRow = row
-			seq.pendingRow = row
-			e.row = int32(row)
-			row++
-		}
-		rec.entries = append(rec.entries, e)
-		if it.sample && it.forks >= 0 {
-			forks := s.forks[it.forks]
-			m.ForkSeqIDs = make([]SeqID, len(forks))
-			for j, c := range forks {
-				m.ForkSeqIDs[j] = c.id
-				c.pendingRow = row
-				rec.entries = append(rec.entries, stepEntry{seq: c, id: c.id, epoch: c.epoch, row: int32(row), computedAfter: c.numComputed})
-				row++
-			}
-		}
-		if it.prefill {
-			out.NumPrefillSeqs++
-			out.NumPrefillTokens += q
-		} else {
-			out.NumDecodeSeqs++
-			out.NumDecodeTokens += q
-		}
-	}
-	rec.numRows = row
-	out.NumSeqs = len(metas)
-	out.NumBatchedTokens = total
-	out.NumSampleRows = row
-	switch {
-	case out.NumPrefillSeqs > 0 && out.NumDecodeSeqs > 0:
-		out.Kind = StepMixed
-	case out.NumPrefillSeqs > 0:
-		out.Kind = StepPrefill
-	default:
-		out.Kind = StepDecode
-	}
-	s.inflight = append(s.inflight, rec)
-	return metas
 }
 
 // ProcessOutputs reports the tokens sampled by a step, which must be the
@@ -1121,7 +1153,7 @@ func (s *Scheduler) ProcessOutputs(step StepID, sampled []SampledTokens) ([]Fini
 // checkStop applies the token-level finish checks to a just-appended token.
 func (s *Scheduler) checkStop(seq *Sequence, t int) FinishReason {
 	numOut := len(seq.tokens) - seq.numPromptTokens
-	if numOut >= seq.minTokens {
+	if numOut >= int(seq.minTokens) {
 		if !seq.ignoreEOS && slices.Contains(s.eos, t) {
 			return FinishStop
 		}
@@ -1129,7 +1161,7 @@ func (s *Scheduler) checkStop(seq *Sequence, t int) FinishReason {
 			return FinishStop
 		}
 	}
-	if numOut >= seq.maxTokens || len(seq.tokens) >= s.cfg.MaxModelLen {
+	if numOut >= int(seq.maxTokens) || len(seq.tokens) >= s.cfg.MaxModelLen {
 		return FinishLength
 	}
 	return FinishNone

@@ -32,13 +32,13 @@ func (s *Scheduler) checkInvariants() error {
 			continue
 		}
 		live = append(live, q)
-		if !s.sm.owns(q.stateSlot, q.id) {
+		if !s.sm.owns(int(q.stateSlot), q.id) {
 			return fmt.Errorf("seq %d: state slot %d not owned", q.id, q.stateSlot)
 		}
-		if other, dup := slots[q.stateSlot]; dup {
+		if other, dup := slots[int(q.stateSlot)]; dup {
 			return fmt.Errorf("seqs %d and %d share state slot %d", q.id, other, q.stateSlot)
 		}
-		slots[q.stateSlot] = q.id
+		slots[int(q.stateSlot)] = q.id
 		reserved += q.numForks
 		if q.numComputed > q.totalLen() {
 			return fmt.Errorf("seq %d: %d computed of %d tokens", q.id, q.numComputed, q.totalLen())
@@ -92,6 +92,7 @@ func (s *Scheduler) checkInvariants() error {
 
 type runOptions struct {
 	zos      bool // plan step N+1 before processing step N
+	reuse    bool // recycle metadata buffers through ScheduleInto
 	maxSteps int
 }
 
@@ -143,6 +144,7 @@ func runWorkload(t *testing.T, cfg SchedulerConfig, reqs []testRequest, opt runO
 		sampled []SampledTokens
 	}
 	var prev *flying
+	var bufs [2][]SequenceMetadata
 	for step := 0; ; step++ {
 		if step > opt.maxSteps {
 			t.Fatalf("not done after %d steps: %+v", opt.maxSteps, s.Stats())
@@ -158,7 +160,16 @@ func runWorkload(t *testing.T, cfg SchedulerConfig, reqs []testRequest, opt runO
 				record(s.Abort(r.id))
 			}
 		}
-		out, metas := s.Schedule()
+		var out *SchedulerOutputs
+		var metas []SequenceMetadata
+		if opt.reuse {
+			out, metas = s.ScheduleInto(bufs[step%2])
+			if metas != nil {
+				bufs[step%2] = metas
+			}
+		} else {
+			out, metas = s.Schedule()
+		}
 		record(out.Finished)
 		checkStep(t, cfg, out, metas)
 		// Victims are the youngest: younger than everything scheduled.
@@ -372,10 +383,12 @@ func TestSchedulerRandomWorkloads(t *testing.T) {
 		name        string
 		mod         func(*SchedulerConfig)
 		zos         bool
+		reuse       bool
 		wantPreempt bool
 	}
 	cases := []tc{
 		{name: "large", mod: func(c *SchedulerConfig) {}},
+		{name: "large-reuse", reuse: true, mod: func(c *SchedulerConfig) {}},
 		{name: "large-no-chunk", mod: func(c *SchedulerConfig) { c.EnableChunkedPrefill = false; c.MaxNumBatchedTokens = 96 }},
 		{name: "large-no-prefix-cache", mod: func(c *SchedulerConfig) { c.EnablePrefixCaching = false }},
 		{name: "large-zos", zos: true, mod: func(c *SchedulerConfig) {}},
@@ -387,6 +400,7 @@ func TestSchedulerRandomWorkloads(t *testing.T) {
 			c.MaxNumBatchedTokens = 96
 		}},
 		{name: "tiny-kv-zos", zos: true, wantPreempt: true, mod: func(c *SchedulerConfig) { c.NumBlocks = 26 }},
+		{name: "tiny-kv-zos-reuse", zos: true, reuse: true, wantPreempt: true, mod: func(c *SchedulerConfig) { c.NumBlocks = 26 }},
 		{name: "tiny-kv-zos-no-prefix-cache", zos: true, wantPreempt: true, mod: func(c *SchedulerConfig) {
 			c.NumBlocks = 26
 			c.EnablePrefixCaching = false
@@ -411,7 +425,7 @@ func TestSchedulerRandomWorkloads(t *testing.T) {
 			for seed := range uint64(3) {
 				rng := rand.New(rand.NewPCG(seed, 7))
 				reqs := genWorkload(rng, 50, 48, 3, true)
-				res := runWorkload(t, cfg, reqs, runOptions{zos: c.zos})
+				res := runWorkload(t, cfg, reqs, runOptions{zos: c.zos, reuse: c.reuse})
 				checkAgainstReference(t, cfg, reqs, res)
 				preemptions += res.numPreemptions
 				if c.zos && !res.sawPlaceholder {

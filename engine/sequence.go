@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -77,11 +78,16 @@ func (r FinishReason) String() string {
 // runs. Steps publish what downstream stages need as SequenceMetadata,
 // whose slices are read-only snapshots that later steps never overwrite.
 type Sequence struct {
-	// The fields up to blockTable are touched for every scheduled sequence
-	// in every step; they come first to share cache lines.
+	// The fields up to sampleIndex are read or written for every scheduled
+	// sequence in every step; they come first and small to share cache
+	// lines (thousands of sequences per step).
 
 	id     SeqID
 	status SequenceStatus
+	// mayShare is set while the block the next write lands in may be
+	// shared (after a fork); otherwise the write needs no ref-count check.
+	mayShare  bool
+	ignoreEOS bool
 	// epoch counts the times the sequence lost its blocks (preemption), so
 	// that outputs of a step planned before the loss do not commit blocks.
 	epoch uint32
@@ -91,9 +97,6 @@ type Sequence struct {
 	tokens          []int
 	numPromptTokens int
 	lastToken       int // tokens[len(tokens)-1]
-	// mayShare is set while the block the next write lands in may be
-	// shared (after a fork); otherwise the write needs no ref-count check.
-	mayShare bool
 
 	// numComputed counts the tokens whose KV is written or scheduled to be
 	// written: after a step is planned it counts that step's tokens.
@@ -101,34 +104,35 @@ type Sequence struct {
 	// numPending counts the tokens sampled by steps still in flight (not
 	// reported to ProcessOutputs yet); pendingStep and pendingRow locate
 	// the last of them.
-	numPending  int
 	pendingStep StepID
-	pendingRow  int
+	numPending  int32
+	pendingRow  int32
 	// scheduledStep is the last step that scheduled the sequence.
 	scheduledStep StepID
 
 	// Copies of the params the per-token checks read.
-	maxTokens    int
-	minTokens    int
-	ignoreEOS    bool
+	maxTokens    int32
+	minTokens    int32
 	stopTokenIDs []int
 
 	// blockTable lists the KV blocks of positions 0, bs, 2bs, ...; it only
 	// grows while the sequence holds blocks, and is replaced (never edited
-	// in place) on copy-on-write or when freed.
+	// in place) on copy-on-write or when freed. lastBlock is its last
+	// element (-1 when empty).
 	blockTable []int
+	lastBlock  int
 	// numHashedBlocks leading blocks have a known prefix hash; lastHash is
 	// the hash of the last of them.
-	numHashedBlocks int
+	numHashedBlocks int32
+	stateSlot       int32 // -1 when none
 	lastHash        uint64
-
-	stateSlot int // -1 when none
 
 	requestID   string
 	params      *SamplingParams
-	sampleIndex int    // 0 for the first sequence of a request, i for its i-th fork
-	priority    uint64 // arrival order inside the Scheduler: lower is older
-	arrival     time.Time
+	sampleIndex int // 0 for the first sequence of a request, i for its i-th fork
+
+	priority uint64 // arrival order inside the Scheduler: lower is older
+	arrival  time.Time
 
 	finishReason FinishReason
 	finishErr    error
@@ -142,6 +146,15 @@ type Sequence struct {
 	// promptLogprobsDone counts the prompt positions whose prompt logprobs
 	// were already scheduled, so a recompute does not ask again.
 	promptLogprobsDone int
+}
+
+// setBlockTable replaces the block table and caches its last block.
+func (s *Sequence) setBlockTable(t []int) {
+	s.blockTable = t
+	s.lastBlock = -1
+	if len(t) > 0 {
+		s.lastBlock = t[len(t)-1]
+	}
 }
 
 // NewSequence returns a waiting sequence for a request. The prompt is
@@ -158,11 +171,12 @@ func NewSequence(requestID string, promptTokenIDs []int, params SamplingParams, 
 		numPromptTokens: len(promptTokenIDs),
 		stateSlot:       -1,
 		pendingRow:      -1,
+		lastBlock:       -1,
 	}
 	if len(tokens) > 0 {
 		s.lastToken = tokens[len(tokens)-1]
 	}
-	s.maxTokens, s.minTokens = s.params.MaxTokens, s.params.MinTokens
+	s.maxTokens, s.minTokens = int32(min(s.params.MaxTokens, math.MaxInt32)), int32(min(s.params.MinTokens, math.MaxInt32))
 	s.ignoreEOS, s.stopTokenIDs = s.params.IgnoreEOS, s.params.StopTokenIDs
 	return s
 }
@@ -224,10 +238,10 @@ func (s *Sequence) NumCachedTokens() int { return s.numCached }
 func (s *Sequence) BlockTable() []int { return s.blockTable[:len(s.blockTable):len(s.blockTable)] }
 
 // StateSlot returns the state slot, or -1 when the sequence holds none.
-func (s *Sequence) StateSlot() int { return s.stateSlot }
+func (s *Sequence) StateSlot() int { return int(s.stateSlot) }
 
 // totalLen counts known tokens plus those sampled by steps in flight.
-func (s *Sequence) totalLen() int { return len(s.tokens) + s.numPending }
+func (s *Sequence) totalLen() int { return len(s.tokens) + int(s.numPending) }
 
 // isLive reports whether the sequence holds (or may hold) resources.
 func (s *Sequence) isLive() bool { return s.status == StatusPrompted || s.status == StatusRunning }
@@ -263,6 +277,7 @@ func (s *Sequence) fork(id SeqID, sampleIndex int) *Sequence {
 		stopTokenIDs:       s.stopTokenIDs,
 		stateSlot:          -1,
 		pendingRow:         -1,
+		lastBlock:          -1,
 		promptLogprobsDone: s.promptLogprobsDone,
 	}
 	return c

@@ -59,7 +59,7 @@ func (m *StateManager) Allocate(seq *Sequence) error {
 	slot := m.free[len(m.free)-1]
 	m.free = m.free[:len(m.free)-1]
 	m.owner[slot] = seq.id
-	seq.stateSlot = slot
+	seq.stateSlot = int32(slot)
 	return nil
 }
 
@@ -69,7 +69,7 @@ func (m *StateManager) Free(seq *Sequence) {
 		return
 	}
 	m.owner[seq.stateSlot] = 0
-	m.free = append(m.free, seq.stateSlot)
+	m.free = append(m.free, int(seq.stateSlot))
 	seq.stateSlot = -1
 }
 
@@ -82,7 +82,7 @@ func (m *StateManager) Fork(parent, child *Sequence) (StateCopy, error) {
 	if err := m.Allocate(child); err != nil {
 		return StateCopy{}, fmt.Errorf("state manager: fork seq %d from %d: %w", child.id, parent.id, err)
 	}
-	return StateCopy{Src: parent.stateSlot, Dst: child.stateSlot}, nil
+	return StateCopy{Src: int(parent.stateSlot), Dst: int(child.stateSlot)}, nil
 }
 
 // owns reports whether slot is held by seq (tests and stale-copy checks).
