@@ -978,3 +978,115 @@ func TestNoStarvation(t *testing.T) {
 		}
 	}
 }
+
+func TestPromptLogprobsRows(t *testing.T) {
+	cfg := baseConfig()
+	cfg.ChunkSize = 4
+	cfg.ChunkAlign = 0
+	cfg.NumBlocks = 8 // 32 tokens: the second request preempts the first
+	s, err := NewScheduler(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := newFakeModel(s.Config(), testVocab)
+	prompt := make([]int, 10)
+	for i := range prompt {
+		prompt[i] = 1 + i
+	}
+	// A cached copy of the prompt must not serve a prompt-logprobs request.
+	if _, err := s.Add(NewSequence("warm", prompt, longParams(1), zeroTime)); err != nil {
+		t.Fatal(err)
+	}
+	for s.HasUnfinished() {
+		step(t, s, model)
+	}
+	// An older request that keeps growing will preempt it.
+	if _, err := s.Add(NewSequence("old", prompt[:2], longParams(24), zeroTime)); err != nil {
+		t.Fatal(err)
+	}
+	step(t, s, model)
+	p := longParams(20)
+	k := 1
+	p.PromptLogprobs = &k
+	id, _ := s.Add(NewSequence("lp", prompt, p, zeroTime))
+	var ranges [][2]int
+	for i := 0; i < 3; i++ {
+		_, metas, _ := step(t, s, model)
+		for _, m := range metas {
+			if m.SeqID == id {
+				ranges = append(ranges, [2]int{m.PromptLogprobsFrom, m.PromptLogprobsTo})
+			}
+		}
+	}
+	if want := [][2]int{{0, 4}, {4, 8}, {8, 9}}; !slices.Equal(ranges, want) {
+		t.Fatalf("prompt logprob rows %v, want %v", ranges, want)
+	}
+	if s.Sequence(id).NumCachedTokens() != 0 {
+		t.Fatal("prompt-logprobs request served from the prefix cache")
+	}
+	// After preemption, the recompute asks for no rows again.
+	preempted := false
+	for s.HasUnfinished() {
+		out, metas, _ := step(t, s, model)
+		preempted = preempted || slices.Contains(out.PreemptedSeqIDs, id)
+		for _, m := range metas {
+			if m.SeqID == id && m.PromptLogprobsFrom >= 0 {
+				t.Fatalf("rows [%d, %d) asked again at %+v", m.PromptLogprobsFrom, m.PromptLogprobsTo, m)
+			}
+		}
+	}
+	if !preempted {
+		t.Fatal("the prompt-logprobs request was never preempted")
+	}
+}
+
+// TestOverlapPlaceholder: a step planned before the previous step's
+// tokens are known decodes with a placeholder from the previous step's
+// sample row, and a sequence found finished late has its row discarded.
+func TestOverlapPlaceholder(t *testing.T) {
+	s, err := NewScheduler(baseConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := longParams(2)
+	a, _ := s.Add(NewSequence("a", seqOf(1, 2, 3), p, zeroTime))
+	pb := DefaultSamplingParams()
+	pb.MaxTokens = 10
+	b, _ := s.Add(NewSequence("b", seqOf(4, 5), pb, zeroTime))
+	out1, metas1 := s.Schedule()
+	if len(metas1) != 2 || metas1[1].SampleRow != 1 {
+		t.Fatalf("step 1: %+v", metas1)
+	}
+	out2, metas2 := s.Schedule() // step 1 still in flight
+	if len(metas2) != 2 {
+		t.Fatalf("step 2: %d metas", len(metas2))
+	}
+	for i, m := range metas2 {
+		if m.Prefill || m.InputTokenIDs[0] != PlaceholderToken || m.InputFromRow != i || m.PosStart != len(m.TokenIDs) {
+			t.Fatalf("step 2 seq %d: %+v", m.SeqID, m)
+		}
+	}
+	// a reaches max_tokens with step 2's token: step 3 must not schedule it.
+	out3, metas3 := s.Schedule()
+	if out3.StepID != 0 || len(metas3) != 0 {
+		t.Fatalf("step 3 planned with two steps in flight and no known token: %+v", metas3)
+	}
+	if _, err := s.ProcessOutputs(out1.StepID, []SampledTokens{{a, []int{7}}, {b, []int{8}}}); err != nil {
+		t.Fatal(err)
+	}
+	out3, metas3 = s.Schedule()
+	if len(metas3) != 1 || metas3[0].SeqID != b || metas3[0].InputFromRow != 1 {
+		t.Fatalf("step 3: %+v", metas3)
+	}
+	fin, err := s.ProcessOutputs(out2.StepID, []SampledTokens{{a, []int{9}}, {b, []int{0}}}) // b samples EOS
+	if err != nil || len(fin) != 2 {
+		t.Fatalf("finished %+v, %v", fin, err)
+	}
+	fin, err = s.ProcessOutputs(out3.StepID, []SampledTokens{{b, []int{11}}})
+	if err != nil || len(fin) != 0 {
+		t.Fatalf("late row: %+v, %v", fin, err)
+	}
+	if s.HasUnfinished() || s.bm.NumUsedBlocks() != 0 || s.NumInflightSteps() != 0 {
+		t.Fatal("resources left")
+	}
+}
