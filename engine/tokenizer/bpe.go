@@ -335,7 +335,7 @@ func (c *pieceCache) put(s string, ids []int32) {
 // newBPE builds the model from tokenizer.json's "model" object.
 func newBPE(spec *modelSpec) (*bpe, error) {
 	m := &bpe{
-		vocab:          make(map[string]int32, len(spec.Vocab)),
+		vocab:          spec.Vocab,
 		merges:         make(map[uint64]uint64, len(spec.Merges)),
 		unkID:          -1,
 		fuseUnk:        spec.FuseUnk,
@@ -354,11 +354,13 @@ func newBPE(spec *modelSpec) (*bpe, error) {
 	}
 	m.hasAffixes = m.subwordPrefix != "" || m.wordSuffix != ""
 	maxID := int32(-1)
-	for tok, id := range spec.Vocab {
+	if m.vocab == nil {
+		m.vocab = map[string]int32{}
+	}
+	for tok, id := range m.vocab {
 		if id < 0 {
 			return nil, fmt.Errorf("vocab: token %q: negative id %d", tok, id)
 		}
-		m.vocab[tok] = id
 		if id > maxID {
 			maxID = id
 		}
