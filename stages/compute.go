@@ -32,7 +32,7 @@ func init() {
 // memory and lists the rows that sample.
 type prepare struct{ rt *Runtime }
 
-func (p *prepare) Process(ctx context.Context, step *ScheduledStep) (*PreparedStep, error) {
+func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep, error) {
 	h := &models.HostBatch{BlockSize: p.rt.Cache.BlockSize}
 	numRows := step.Outputs.NumSampleRows
 	rows := make([]RowRef, numRows)
@@ -94,12 +94,14 @@ func (p *prepare) Process(ctx context.Context, step *ScheduledStep) (*PreparedSt
 	if err != nil {
 		return nil, fmt.Errorf("prepare: step %d: %w", step.Outputs.StepID, err)
 	}
+	out := &PreparedStep{ScheduledStep: step, Batch: batch, Rows: rows, PromptRows: promptRows}
 	if placeholders {
-		if err := p.rt.ZOS.resolvePlaceholders(ctx, p.rt.Ops, step, batch.InputIDs, fromRow); err != nil {
-			return nil, fmt.Errorf("prepare: %w", err)
+		// Resolved by the forward stage right before it runs, as a device
+		// stream would: step N's tokens may still be being sampled.
+		if out.FromRow, err = kernels.FromI32(p.rt.Ops, fromRow, len(fromRow)); err != nil {
+			return nil, fmt.Errorf("prepare: step %d: %w", step.Outputs.StepID, err)
 		}
 	}
-	out := &PreparedStep{ScheduledStep: step, Batch: batch, Rows: rows, PromptRows: promptRows}
 	if all := append(sampleRows, promptRowIdx...); len(all) > 0 {
 		if out.SampleRows, err = kernels.FromI32(p.rt.Ops, all, len(all)); err != nil {
 			return nil, fmt.Errorf("prepare: step %d: %w", step.Outputs.StepID, err)
@@ -120,6 +122,11 @@ type forward struct {
 func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResult, error) {
 	if err := copyBlocks(f.rt, step.Outputs.BlockCopies); err != nil {
 		return nil, fmt.Errorf("forward: step %d: %w", step.Outputs.StepID, err)
+	}
+	if step.FromRow != nil {
+		if err := f.rt.ZOS.resolvePlaceholders(ctx, f.rt.Ops, step.ScheduledStep, step.Batch.InputIDs, step.FromRow); err != nil {
+			return nil, fmt.Errorf("forward: %w", err)
+		}
 	}
 	start := time.Now()
 	if f.rt.Stats != nil && !f.lastEnd.IsZero() {

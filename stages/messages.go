@@ -35,6 +35,9 @@ type PreparedStep struct {
 	// PromptRows are extra logits rows, after the sample rows, that score
 	// prompt tokens for prompt_logprobs.
 	PromptRows []PromptRow
+	// FromRow (I32 [num_tokens]) is set when inputs are placeholders: the
+	// previous step's sample row each input comes from, -1 for known ones.
+	FromRow kernels.Tensor
 }
 
 // PromptRow is a row whose logits score the prompt token that follows it.
@@ -47,6 +50,8 @@ type PromptRow struct {
 type ForwardResult struct {
 	*PreparedStep
 	Logits kernels.Tensor // F32 [len(Rows)+len(PromptRows), vocab]
+
+	sampleStart time.Time // when sampling began, for Stats.SampleNanos
 }
 
 // Sample is the outcome of one sample row.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/pipeline"
@@ -86,8 +87,13 @@ func (g *greedySample) Process(ctx context.Context, res *ForwardResult) (*Sample
 // beginSample waits until the previous step is post-processed (see
 // MetadataZOS) and fetches the step's logits rows.
 func beginSample(ctx context.Context, rt *Runtime, res *ForwardResult) ([][]float32, error) {
+	t := time.Now()
 	if err := rt.ZOS.waitPostprocessed(ctx, res.Outputs.StepID-1); err != nil {
 		return nil, err
+	}
+	res.sampleStart = time.Now()
+	if rt.Stats != nil {
+		rt.Stats.PostWaitNanos.Add(int64(res.sampleStart.Sub(t)))
 	}
 	rows, err := hostLogits(rt.Ops, res)
 	if err != nil {
@@ -115,6 +121,9 @@ func endSample(rt *Runtime, out *SampledStep) error {
 		}
 	}
 	rt.ZOS.publish(out.Outputs.StepID, tokens, accepted, host)
+	if rt.Stats != nil && !out.sampleStart.IsZero() {
+		rt.Stats.SampleNanos.Add(int64(time.Since(out.sampleStart)))
+	}
 	return nil
 }
 

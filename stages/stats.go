@@ -18,6 +18,8 @@ type Stats struct {
 	GapNanos      atomic.Int64 // host time between two forward passes (device idle)
 	Gaps          atomic.Int64 // gaps measured (steps after the first of a busy period)
 	Placeholders  atomic.Int64 // inputs resolved from the previous step on the backend (ZOS)
+	SampleNanos   atomic.Int64 // sampling work (device work in the design: it sits between two forwards)
+	PostWaitNanos atomic.Int64 // time sampling waited for the previous step's post-processing
 	flopBits      atomic.Uint64
 	byteBits      atomic.Uint64
 }
@@ -58,6 +60,16 @@ func (s *Stats) recordGap(d time.Duration) {
 		s.GapNanos.Add(int64(d))
 		s.Gaps.Add(1)
 	}
+}
+
+// MeanExposedHost is the mean time between two forward passes that is
+// neither forward nor sampling work: the host time the device waits for.
+func (s *Stats) MeanExposedHost() time.Duration {
+	n := s.Gaps.Load()
+	if n == 0 {
+		return 0
+	}
+	return time.Duration(max(0, s.GapNanos.Load()-s.SampleNanos.Load()) / n)
 }
 
 // MeanGap is the mean host time between two forward passes.

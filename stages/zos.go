@@ -110,16 +110,12 @@ func (z *MetadataZOS) waitPostprocessed(ctx context.Context, id engine.StepID) e
 
 // resolvePlaceholders fills the placeholder inputs of a step from the
 // previous step's sampled tokens, on the backend.
-func (z *MetadataZOS) resolvePlaceholders(ctx context.Context, ops kernels.Ops, step *ScheduledStep, ids kernels.Tensor, fromRow []int32) error {
+func (z *MetadataZOS) resolvePlaceholders(ctx context.Context, ops kernels.Ops, step *ScheduledStep, ids, fromRow kernels.Tensor) error {
 	prev, err := z.sampled(ctx, step.Outputs.StepID-1)
 	if err != nil {
 		return err
 	}
-	from, err := kernels.FromI32(ops, fromRow, len(fromRow))
-	if err != nil {
-		return err
-	}
-	if err := ops.ResolvePlaceholders(ids, from, prev.tokens); err != nil {
+	if err := ops.ResolvePlaceholders(ids, fromRow, prev.tokens); err != nil {
 		return fmt.Errorf("step %d: %w", step.Outputs.StepID, err)
 	}
 	return nil
