@@ -848,8 +848,13 @@ func (s *Scheduler) add1(b *stepBuilder, seq *Sequence, q int, prefill, sample b
 	}
 	end := len(b.tokens)
 
-	b.metas = append(b.metas, SequenceMetadata{})
-	// Field by field: no bulk copy runs under the GC.
+	// Every field is written below, so a recycled element needs no
+	// clearing; field by field, no bulk copy runs under the GC.
+	if n := len(b.metas); n < cap(b.metas) {
+		b.metas = b.metas[:n+1]
+	} else {
+		b.metas = append(b.metas, SequenceMetadata{})
+	}
 	m := &b.metas[len(b.metas)-1]
 	m.SeqID = seq.id
 	m.RequestID = seq.requestID
@@ -883,6 +888,7 @@ func (s *Scheduler) add1(b *stepBuilder, seq *Sequence, q int, prefill, sample b
 		b.row++
 	}
 	b.rec.entries = append(b.rec.entries, e)
+	m.ForkSeqIDs = nil
 	if len(forks) > 0 {
 		m.ForkSeqIDs = make([]SeqID, len(forks))
 		for j, c := range forks {
