@@ -1,0 +1,591 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/engine/llm"
+	"github.com/deepinfer/deepinfer-go/engine/tokenizer"
+)
+
+// ErrServerClosed is returned by Serve after Shutdown.
+var ErrServerClosed = errors.New("server: closed")
+
+// Options tune a Server.
+type Options struct {
+	// ModelName is the name clients put in "model" and GET /v1/models
+	// lists; "" means the base name of the model directory. Requests that
+	// leave "model" empty get this model too.
+	ModelName string
+	// MaxPending bounds the engine requests admitted and not finished (one
+	// per prompt of a request; n sequences count once). Past it requests
+	// are refused with 503 and Retry-After. 0 means engine.max_num_seqs +
+	// engine.max_waiting from the engine's config (unbounded when
+	// max_waiting is 0); negative means unbounded.
+	MaxPending int
+	// MaxBodyBytes bounds request bodies (413 past it); 0 means 32 MiB.
+	MaxBodyBytes int64
+	// Logger receives one line per refused or failed request; nil discards.
+	Logger *slog.Logger
+}
+
+// Server serves the OpenAI-compatible API over an llm.Engine:
+// POST /v1/completions, POST /v1/chat/completions (both streamed as
+// server-sent events with "stream": true), GET /v1/models, GET /health and
+// GET /metrics (Prometheus).
+//
+// Each HTTP request becomes one engine request per prompt. The engine's
+// outputs are queued per HTTP request without bound and without blocking
+// the engine; the handler drains them. A client that disconnects has its
+// requests aborted at once, which frees their KV blocks. The Server does not
+// own the engine: close the engine after Shutdown.
+type Server struct {
+	eng         *llm.Engine
+	tok         *tokenizer.Tokenizer
+	opts        Options
+	model       string
+	root        string
+	maxModelLen int
+	vocabSize   int
+	maxN        int
+	maxPending  int // <= 0: unbounded
+	created     int64
+	metrics     *metrics
+	mux         *http.ServeMux
+	log         *slog.Logger
+
+	mu         sync.Mutex
+	draining   bool
+	closed     bool
+	numPending int
+	live       map[string]*request // engine request id -> request
+	httpSrv    *http.Server
+
+	inflight sync.WaitGroup // admitted engine requests not finished
+	bg       sync.WaitGroup // abort retries
+	closing  chan struct{}  // closed by Shutdown: abort retries stop
+	handlers sync.WaitGroup // running API handlers
+}
+
+// New returns a Server for eng.
+func New(eng *llm.Engine, opts Options) (*Server, error) {
+	if eng == nil {
+		return nil, errors.New("server: nil engine")
+	}
+	cfg := eng.Config()
+	mcfg := eng.Model().Config()
+	s := &Server{
+		eng: eng, tok: eng.Tokenizer(), opts: opts,
+		model: opts.ModelName, root: cfg.Model,
+		maxModelLen: cfg.Engine.MaxModelLen, vocabSize: mcfg.VocabSize,
+		maxN:    cfg.Engine.MaxNumSeqs,
+		created: time.Now().Unix(),
+		live:    map[string]*request{},
+		closing: make(chan struct{}),
+		log:     opts.Logger,
+	}
+	if s.model == "" {
+		s.model = filepath.Base(filepath.Clean(cfg.Model))
+	}
+	if s.maxModelLen == 0 {
+		s.maxModelLen = mcfg.MaxPositionEmbeddings
+	}
+	if n := cfg.Cache.NumStateSlots; n > 0 {
+		s.maxN = min(s.maxN, n)
+	}
+	switch {
+	case opts.MaxPending > 0:
+		s.maxPending = opts.MaxPending
+	case opts.MaxPending == 0 && cfg.Engine.MaxWaiting > 0:
+		s.maxPending = cfg.Engine.MaxNumSeqs + cfg.Engine.MaxWaiting
+	}
+	if s.opts.MaxBodyBytes <= 0 {
+		s.opts.MaxBodyBytes = 32 << 20
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.metrics = newMetrics(s.model, s.maxModelLen, eng, func() float64 {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return float64(s.numPending)
+	})
+	s.mux = http.NewServeMux()
+	s.mux.HandleFunc("/v1/completions", s.api(http.MethodPost, true, s.handleCompletions))
+	s.mux.HandleFunc("/v1/chat/completions", s.api(http.MethodPost, true, s.handleChat))
+	s.mux.HandleFunc("/v1/models", s.api(http.MethodGet, false, s.handleModels))
+	s.mux.HandleFunc("/health", s.api(http.MethodGet, false, s.handleHealth))
+	s.mux.Handle("/metrics", s.metrics.handler())
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &apiError{status: http.StatusNotFound, msg: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)})
+	})
+	return s, nil
+}
+
+// ModelName is the served model's name.
+func (s *Server) ModelName() string { return s.model }
+
+// Handler returns the server's HTTP handler (for tests and custom servers).
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// NumPending is the number of admitted engine requests not finished.
+func (s *Server) NumPending() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.numPending
+}
+
+// Serve accepts connections on ln until Shutdown; it returns
+// ErrServerClosed after Shutdown, or the listener's error.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.closed || s.httpSrv != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("server: serve %s: %w", ln.Addr(), ErrServerClosed)
+	}
+	s.httpSrv = &http.Server{Handler: s.mux, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	srv := s.httpSrv
+	s.mu.Unlock()
+	err := srv.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return ErrServerClosed
+	}
+	return err
+}
+
+// Shutdown stops the server gracefully: new requests are refused (503,
+// and the listener closes), in-flight requests run to their end until ctx
+// is done, then the rest are aborted and their handlers answer with what
+// they have (finish_reason "abort"). It returns once every handler has
+// returned, with ctx's error when the deadline forced aborts. The engine
+// stays open.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.draining = true
+	srv := s.httpSrv
+	s.mu.Unlock()
+
+	idle := make(chan struct{})
+	go func() { s.inflight.Wait(); close(idle) }()
+	var err error
+	if srv != nil {
+		err = srv.Shutdown(ctx) // closes listeners and idle connections, waits for active ones
+	} else {
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	}
+	if err != nil {
+		// Out of time: abort what runs; handlers answer with what they have.
+		s.abortAll()
+		done := make(chan struct{})
+		go func() { s.handlers.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(time.Second): // a client that does not read
+		}
+		if srv != nil {
+			srv.Close()
+		}
+		<-done
+	}
+	// Every handler has returned: what is still live has no client.
+	s.abortAll()
+	select {
+	case <-idle:
+	case <-time.After(time.Second):
+	}
+	s.mu.Lock()
+	if !s.closed {
+		s.closed = true
+		close(s.closing)
+	}
+	s.mu.Unlock()
+	s.bg.Wait()
+	return err
+}
+
+// abortAll aborts every live request.
+func (s *Server) abortAll() {
+	s.mu.Lock()
+	reqs := make([]*request, 0, len(s.live))
+	for _, r := range s.live {
+		reqs = append(reqs, r)
+	}
+	s.mu.Unlock()
+	s.abort(reqs)
+}
+
+// api wraps a handler with its method check and handler accounting;
+// generation handlers (gen) are refused once Shutdown has begun.
+func (s *Server) api(method string, gen bool, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != method {
+			w.Header().Set("Allow", method)
+			writeError(w, &apiError{status: http.StatusMethodNotAllowed, msg: fmt.Sprintf("%s %s: method not allowed, use %s", r.Method, r.URL.Path, method)})
+			return
+		}
+		if gen {
+			s.mu.Lock()
+			if s.draining {
+				s.mu.Unlock()
+				s.metrics.rejected.WithLabelValues("shutdown").Inc()
+				writeError(w, &apiError{status: http.StatusServiceUnavailable, msg: "the server is shutting down"})
+				return
+			}
+			s.handlers.Add(1) // under mu: never concurrent with Shutdown's Wait
+			s.mu.Unlock()
+			defer s.handlers.Done()
+		}
+		h(w, r)
+	}
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, ModelList{Object: "list", Data: []ModelCard{{
+		ID: s.model, Object: "model", Created: s.created, OwnedBy: "deepinfer", Root: s.model,
+		MaxModelLen: s.maxModelLen, VocabSize: s.vocabSize,
+	}}})
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
+	s.mu.Lock()
+	draining := s.draining
+	s.mu.Unlock()
+	if draining {
+		writeError(w, &apiError{status: http.StatusServiceUnavailable, msg: "the server is shutting down"})
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+// checkModel accepts the served model's name or "".
+func (s *Server) checkModel(name string) *apiError {
+	if name == "" || name == s.model {
+		return nil
+	}
+	return &apiError{status: http.StatusNotFound, param: "model", msg: fmt.Sprintf("The model `%s` does not exist. This server serves `%s`.", name, s.model)}
+}
+
+// newID returns prefix + 24 random hex digits.
+func newID(prefix string) string {
+	var b [12]byte
+	rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// request is one engine request: one prompt of an HTTP request with its n
+// sequences.
+type request struct {
+	id              string
+	prompt          int // index of the prompt in the HTTP request
+	promptTokenIDs  []int
+	params          engine.SamplingParams
+	arrival         time.Time
+	g               *group
+	aborting        atomic.Bool // the server aborted it
+	reaborted       atomic.Bool // a late output triggered a second abort
+	choices         []choiceState
+	numCachedTokens int
+	promptLogprobs  []engine.TokenLogprobs
+
+	// Guarded by g.mu: per-sequence bookkeeping of onOutput.
+	seqDone     []bool
+	left        int
+	sawToken    bool
+	lastToken   []time.Time
+	numGen      int
+	firstReason engine.FinishReason
+}
+
+// choiceState accumulates one output sequence in the handler.
+type choiceState struct {
+	text         []byte
+	numTokens    int
+	logprobs     []engine.TokenLogprobs
+	tokenIDs     []int
+	finished     bool
+	finishReason engine.FinishReason
+	stopReason   string
+	err          error
+	textOffset   int // runes of text so far (completion logprobs)
+}
+
+// group is the engine requests of one HTTP request and their output
+// queue: unbounded, filled by the engine's goroutines, drained by the
+// handler.
+type group struct {
+	s          *Server
+	reqs       []*request
+	byID       map[string]*request
+	numChoices int
+
+	mu      sync.Mutex
+	pending []engine.RequestOutput
+	notify  chan struct{} // capacity 1: "pending is non-empty"
+}
+
+func (s *Server) newGroup(reqs []*request) *group {
+	g := &group{s: s, reqs: reqs, byID: make(map[string]*request, len(reqs)), notify: make(chan struct{}, 1)}
+	for _, r := range reqs {
+		r.g = g
+		n := r.params.N
+		r.seqDone = make([]bool, n)
+		r.lastToken = make([]time.Time, n)
+		r.left = n
+		r.choices = make([]choiceState, n)
+		g.byID[r.id] = r
+		g.numChoices += n
+	}
+	return g
+}
+
+// onOutput is the engine's callback: it records metrics, queues o and
+// wakes the handler. It never blocks on the handler. Outputs of a sequence
+// after its finish (an abort racing the last step) are dropped.
+func (g *group) onOutput(r *request, o engine.RequestOutput) {
+	now := time.Now()
+	m := g.s.metrics
+	g.mu.Lock()
+	if o.Index < 0 || o.Index >= len(r.seqDone) || r.seqDone[o.Index] {
+		g.mu.Unlock()
+		return
+	}
+	if n := len(o.TokenIDs); n > 0 {
+		if !r.sawToken {
+			r.sawToken = true
+			first := o.FirstTokenTime
+			if first.IsZero() {
+				first = now
+			}
+			m.ttft.Observe(first.Sub(r.arrival).Seconds())
+			m.promptTokens.Add(float64(len(r.promptTokenIDs)))
+		}
+		if last := r.lastToken[o.Index]; !last.IsZero() {
+			m.itl.Observe(now.Sub(last).Seconds())
+		}
+		r.lastToken[o.Index] = now
+		r.numGen += n
+		m.genTokens.Add(float64(n))
+	}
+	if o.Finished {
+		r.seqDone[o.Index] = true
+		r.left--
+		if o.Index == 0 {
+			r.firstReason = o.FinishReason
+		}
+	}
+	done := o.Finished && r.left == 0
+	numGen, reason := r.numGen, r.firstReason
+	g.pending = append(g.pending, o)
+	g.mu.Unlock()
+	select {
+	case g.notify <- struct{}{}:
+	default:
+	}
+	switch {
+	case done:
+		m.e2e.Observe(now.Sub(r.arrival).Seconds())
+		m.promptTokensHist.Observe(float64(len(r.promptTokenIDs)))
+		m.genTokensHist.Observe(float64(numGen))
+		m.success.WithLabelValues(reason.String()).Inc()
+		g.s.release(r)
+	case r.aborting.Load() && !o.Finished && r.reaborted.CompareAndSwap(false, true):
+		// Aborted before the engine knew it: abort again now that it does.
+		g.s.background(func() { g.s.eng.Abort(r.id) })
+	}
+}
+
+// next waits for queued outputs and returns them; ok is false when ctx
+// ended first.
+func (g *group) next(ctx context.Context) (outs []engine.RequestOutput, ok bool) {
+	for {
+		g.mu.Lock()
+		outs, g.pending = g.pending, nil
+		g.mu.Unlock()
+		if len(outs) > 0 {
+			return outs, true
+		}
+		select {
+		case <-g.notify:
+		case <-ctx.Done():
+			return nil, false
+		}
+	}
+}
+
+// apply adds o to its choice and returns the request and choice.
+func (g *group) apply(o *engine.RequestOutput) (*request, *choiceState) {
+	r := g.byID[o.RequestID]
+	c := &r.choices[o.Index]
+	if o.PromptTokenIDs != nil && o.PromptLogprobs != nil {
+		r.promptLogprobs = o.PromptLogprobs
+	}
+	if o.NumCachedTokens > 0 {
+		r.numCachedTokens = o.NumCachedTokens
+	}
+	c.text = append(c.text, o.Text...)
+	c.numTokens += len(o.TokenIDs)
+	c.tokenIDs = append(c.tokenIDs, o.TokenIDs...)
+	c.logprobs = append(c.logprobs, o.Logprobs...)
+	if o.Finished {
+		c.finished, c.finishReason, c.stopReason, c.err = true, o.FinishReason, o.StopReason, o.Err
+	}
+	return r, c
+}
+
+// usage counts the group's tokens so far.
+func (g *group) usage() *Usage {
+	u := &Usage{}
+	cached := 0
+	for _, r := range g.reqs {
+		u.PromptTokens += len(r.promptTokenIDs)
+		cached += r.numCachedTokens
+		for i := range r.choices {
+			u.CompletionTokens += r.choices[i].numTokens
+		}
+	}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	if cached > 0 {
+		u.PromptTokensDetails = &PromptTokensDetails{CachedTokens: cached}
+	}
+	return u
+}
+
+// firstError returns the error of the first choice that failed, if any.
+func (g *group) firstError() *apiError {
+	for _, r := range g.reqs {
+		for i := range r.choices {
+			if c := &r.choices[i]; c.finished && c.finishReason == engine.FinishError {
+				return errorOf(c.err)
+			}
+		}
+	}
+	return nil
+}
+
+// abortRetries are the delays after which an abort is repeated: a request
+// still on its way into the scheduler when first aborted is caught by a
+// later one.
+var abortRetries = [...]time.Duration{5 * time.Millisecond, 50 * time.Millisecond, 500 * time.Millisecond}
+
+// abort aborts reqs in the engine now and again after abortRetries (until
+// Shutdown).
+func (s *Server) abort(reqs []*request) {
+	if len(reqs) == 0 {
+		return
+	}
+	for _, r := range reqs {
+		r.aborting.Store(true)
+		s.eng.Abort(r.id)
+	}
+	s.background(func() {
+		for _, d := range abortRetries {
+			t := time.NewTimer(d)
+			select {
+			case <-t.C:
+			case <-s.closing:
+				t.Stop()
+				return
+			}
+			for _, r := range reqs {
+				s.eng.Abort(r.id)
+			}
+		}
+	})
+}
+
+// background runs f on a goroutine that Shutdown waits for; after
+// Shutdown it does nothing.
+func (s *Server) background(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		f()
+	}()
+}
+
+// submit admits reqs (all or none) and adds them to the engine.
+func (s *Server) submit(reqs []*request) (*group, *apiError) {
+	g := s.newGroup(reqs)
+	s.mu.Lock()
+	switch {
+	case s.draining:
+		s.mu.Unlock()
+		s.metrics.rejected.WithLabelValues("shutdown").Inc()
+		return nil, &apiError{status: http.StatusServiceUnavailable, msg: "the server is shutting down"}
+	case s.maxPending > 0 && s.numPending+len(reqs) > s.maxPending:
+		pending := s.numPending
+		s.mu.Unlock()
+		s.metrics.rejected.WithLabelValues("queue_full").Inc()
+		s.log.Warn("request refused: queue full", "pending", pending, "limit", s.maxPending)
+		return nil, &apiError{status: http.StatusServiceUnavailable, msg: fmt.Sprintf(
+			"the server is at capacity: %d requests in flight (limit %d, engine.max_num_seqs + engine.max_waiting); retry later", pending, s.maxPending)}
+	}
+	s.numPending += len(reqs)
+	s.inflight.Add(len(reqs))
+	for _, r := range reqs {
+		s.live[r.id] = r
+	}
+	s.mu.Unlock()
+	for i, r := range reqs {
+		er := &engine.Request{
+			ID: r.id, PromptTokenIDs: r.promptTokenIDs, Params: r.params, Arrival: r.arrival,
+			OnOutput: func(o engine.RequestOutput) { g.onOutput(r, o) },
+		}
+		if err := s.eng.AddRequest(er); err != nil {
+			for _, never := range reqs[i:] {
+				s.release(never)
+			}
+			s.abort(reqs[:i])
+			reason, msg := "queue_full", err.Error()
+			if errors.Is(err, llm.ErrClosed) {
+				reason, msg = "shutdown", "the engine is shutting down"
+			}
+			s.metrics.rejected.WithLabelValues(reason).Inc()
+			return nil, &apiError{status: http.StatusServiceUnavailable, msg: msg}
+		}
+	}
+	return g, nil
+}
+
+// release forgets a request that has ended (or never started).
+func (s *Server) release(r *request) {
+	s.mu.Lock()
+	if _, ok := s.live[r.id]; !ok {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.live, r.id)
+	s.numPending--
+	s.mu.Unlock()
+	s.inflight.Done()
+}
+
+// newRequests builds one request per prompt with fresh ids.
+func newRequests(idBase string, prompts [][]int, params []engine.SamplingParams, arrival time.Time) []*request {
+	reqs := make([]*request, len(prompts))
+	for i, ids := range prompts {
+		reqs[i] = &request{id: idBase + "-" + strconv.Itoa(i), prompt: i, promptTokenIDs: ids, params: params[i], arrival: arrival}
+	}
+	return reqs
+}
