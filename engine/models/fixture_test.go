@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/engine/weights"
@@ -19,6 +20,25 @@ import (
 const fixtureDir = "../../testdata/models"
 
 var fixtureNames = []string{"llama", "mistral", "qwen3", "deepseek-v2", "deepseek-v3"}
+
+// parityTargets returns the fixture root, names and variants to check. The
+// environment can point the same test at other folders of the same layout,
+// such as real-shape models made by tools/make_fixtures.py on a larger
+// machine: DEEPINFER_PARITY_DIR, DEEPINFER_PARITY_NAMES and
+// DEEPINFER_PARITY_VARIANTS (comma-separated).
+func parityTargets() (dir string, names, variants []string) {
+	dir, names, variants = fixtureDir, fixtureNames, []string{"f32", "bf16"}
+	if v := os.Getenv("DEEPINFER_PARITY_DIR"); v != "" {
+		dir = v
+	}
+	if v := os.Getenv("DEEPINFER_PARITY_NAMES"); v != "" {
+		names = strings.Split(v, ",")
+	}
+	if v := os.Getenv("DEEPINFER_PARITY_VARIANTS"); v != "" {
+		variants = strings.Split(v, ",")
+	}
+	return dir, names, variants
+}
 
 // fixtureTolerance is the bound on max|logit - ref| / max|ref| per position.
 var fixtureTolerance = map[string]float64{"f32": 1e-4, "bf16": 1e-2}
@@ -65,8 +85,9 @@ func (r fixtureRef) rows(name string) [][]float64 {
 // path against HF transformers: logits of whole prompts at every position,
 // token-by-token decode, 32 greedy tokens, and the MTP logits where present.
 func TestFixtureParity(t *testing.T) {
+	fixtureDir, fixtureNames, variants := parityTargets()
 	if _, err := os.Stat(fixtureDir); errors.Is(err, fs.ErrNotExist) {
-		t.Skipf("no fixtures under %s", fixtureDir)
+		t.Fatalf("no fixtures under %s", fixtureDir)
 	}
 	const blockSize, numBlocks = 4, 64
 	ops := newBackend(t, 0)
@@ -78,7 +99,7 @@ func TestFixtureParity(t *testing.T) {
 			}
 			defer rf.Close()
 			ref := fixtureRef{rf, t}
-			for _, variant := range []string{"f32", "bf16"} {
+			for _, variant := range variants {
 				t.Run(variant, func(t *testing.T) {
 					m, err := Builtin().Load(ops, filepath.Join(fixtureDir, name, variant), Options{MaxModelLen: 128})
 					if err != nil {
