@@ -118,8 +118,15 @@ func (t *tokenize) sequence(req *engine.Request) (*engine.Sequence, error) {
 }
 
 // schedule is the head of the step loop: it adds sequences to the
-// scheduler and plans a step whenever the loop has room.
-type schedule struct{ rt *Runtime }
+// scheduler and plans a step whenever the loop has room. It recycles the
+// metadata of a step once that step's outputs come back around the loop
+// (nothing downstream reads it any more), which saves the scheduler's
+// largest per-step allocation.
+type schedule struct {
+	rt    *Runtime
+	spare [][]engine.SequenceMetadata
+	busy  map[engine.StepID][]engine.SequenceMetadata
+}
 
 func (s *schedule) Add(_ context.Context, seq *engine.Sequence) error {
 	if _, err := s.rt.Scheduler.Add(seq); err != nil {
@@ -129,10 +136,28 @@ func (s *schedule) Add(_ context.Context, seq *engine.Sequence) error {
 	return nil
 }
 
-func (s *schedule) Feedback(context.Context, *StepOutputs) error { return nil }
+func (s *schedule) Feedback(_ context.Context, done *StepOutputs) error {
+	if buf, ok := s.busy[done.StepID]; ok {
+		delete(s.busy, done.StepID)
+		s.spare = append(s.spare, buf[:0])
+	}
+	return nil
+}
 
 func (s *schedule) Plan(context.Context) (*ScheduledStep, bool, error) {
-	out, metas := s.rt.Scheduler.Schedule()
+	var buf []engine.SequenceMetadata
+	if n := len(s.spare); n > 0 {
+		buf, s.spare = s.spare[n-1], s.spare[:n-1]
+	}
+	out, metas := s.rt.Scheduler.ScheduleInto(buf)
+	if out.Kind != engine.StepEmpty {
+		if s.busy == nil {
+			s.busy = map[engine.StepID][]engine.SequenceMetadata{}
+		}
+		s.busy[out.StepID] = metas
+	} else if buf != nil {
+		s.spare = append(s.spare, buf)
+	}
 	for _, f := range out.Finished {
 		s.rt.Live.Fail(f.RequestID, f.Reason, f.Err)
 	}

@@ -108,9 +108,14 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("llm: kv cache: %w", err)
 	}
+	maxBatched := max(cfg.Engine.MaxNumBatchedTokens, cfg.Engine.MaxNumSeqs)
+	if !cfg.Engine.ChunkedPrefill {
+		// Whole prompts must fit one step, as vLLM sizes it without chunking.
+		maxBatched = max(maxBatched, maxModelLen)
+	}
 	e.sched, err = engine.NewScheduler(engine.SchedulerConfig{
 		MaxNumSeqs:           cfg.Engine.MaxNumSeqs,
-		MaxNumBatchedTokens:  max(cfg.Engine.MaxNumBatchedTokens, cfg.Engine.MaxNumSeqs),
+		MaxNumBatchedTokens:  maxBatched,
 		MaxModelLen:          maxModelLen,
 		EnableChunkedPrefill: cfg.Engine.ChunkedPrefill,
 		ChunkSize:            cfg.Engine.PrefillChunkSize,
