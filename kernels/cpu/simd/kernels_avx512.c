@@ -23,6 +23,9 @@
 // re-read from L2 by every block of rows.
 #define L2_BLOCK_BYTES (384 * 1024)
 
+// L1 bytes for the k-range of one tile's rows and columns (see linear_rows).
+#define L1_TILE_BYTES (32 * 1024)
+
 AVX512 INLINE __m512 load_w(const int dt, const void *w, int64_t i) {
 	switch (dt) {
 	case DI_BF16:
@@ -80,28 +83,31 @@ AVX512 INLINE __m512 reduce16(const __m512 a[16]) {
 	                     _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-// tile computes an R x C block of out (R <= 4, R*C is 8 or 16): rows x[0..nr) (stride k)
-// against columns w[0..nc) (stride k), written to out[r*ldo + c] for r < nr,
-// c < nc. Rows and columns past nr, nc repeat the last valid one, so a partial
-// tile runs the full-tile code: every accumulator is independent of the
-// others, hence every written value is the canonical one.
-AVX512 INLINE void tile(const int dt, const int R, const int C, const float *x, int nr,
-                        const void *w, int nc, int64_t k, float *out, int64_t ldo) {
-	const float *xr[16];
-	const char *wc[16];
-	__m512 acc[16];
-#pragma GCC unroll 16
+// tile_ptrs sets the row pointers of an R x C tile over rows x[0..nr) and
+// columns w[0..nc) (both stride k). Rows and columns past nr, nc repeat the
+// last valid one, so a partial tile runs the full-tile code: every
+// accumulator is independent of the others, hence every value stored is
+// the canonical one.
+AVX512 INLINE void tile_ptrs(const int dt, const int R, const int C, const float *x, int nr,
+                             const void *w, int nc, int64_t k, const float *xr[4],
+                             const char *wc[16]) {
+#pragma GCC unroll 4
 	for (int r = 0; r < R; r++)
 		xr[r] = x + (r < nr ? r : nr - 1) * k;
 #pragma GCC unroll 16
 	for (int c = 0; c < C; c++)
 		wc[c] = (const char *)w + (c < nc ? c : nc - 1) * k * esize(dt);
-#pragma GCC unroll 16
-	for (int f = 0; f < 16; f++)
-		acc[f] = _mm512_setzero_ps();
-	int64_t kk = 0;
-	// Rows in registers, one column's weights at a time: R*C + R + 1 zmm.
-	for (; kk + 16 <= k; kk += 16) {
+}
+
+// tile_steps runs the canonical FMAs of the k-steps [kb, ke) of an R x C
+// tile (R <= 4, R*C is 8 or 16) into acc[r*C + c]: whole steps of 16, and
+// the masked tail when ke == k. Rows stay in registers and one column's
+// weights are loaded at a time: R*C + R + 1 zmm.
+AVX512 INLINE void tile_steps(const int dt, const int R, const int C, const float *xr[4],
+                              const char *wc[16], int64_t kb, int64_t ke, int64_t k,
+                              __m512 acc[16]) {
+	int64_t kk = kb;
+	for (; kk + 16 <= ke; kk += 16) {
 		__m512 xv[4];
 #pragma GCC unroll 4
 		for (int r = 0; r < R; r++)
@@ -114,7 +120,7 @@ AVX512 INLINE void tile(const int dt, const int R, const int C, const float *x, 
 				acc[r * C + c] = _mm512_fmadd_ps(xv[r], wv, acc[r * C + c]);
 		}
 	}
-	if (kk < k) {
+	if (ke == k && kk < k) {
 		__mmask16 mk = (__mmask16)((1u << (k - kk)) - 1);
 		__m512 xv[4];
 #pragma GCC unroll 4
@@ -128,6 +134,12 @@ AVX512 INLINE void tile(const int dt, const int R, const int C, const float *x, 
 				acc[r * C + c] = _mm512_mask3_fmadd_ps(xv[r], wv, acc[r * C + c], mk);
 		}
 	}
+}
+
+// tile_store reduces the tile's accumulators and writes out[r*ldo + c] for
+// r < nr, c < nc.
+AVX512 INLINE void tile_store(const int R, const int C, const __m512 acc[16], int nr, int nc,
+                              float *out, int64_t ldo) {
 	// Order the accumulators so that reduce16's lane f holds acc[f]; a tile
 	// of 8 fills lanes 8..15 with copies that are not stored.
 	__m512 a[16];
@@ -141,14 +153,53 @@ AVX512 INLINE void tile(const int dt, const int R, const int C, const float *x, 
 			out[r * ldo + c] = res[r * C + c];
 }
 
-// linear_rows runs the rows [i0, i0+nr) against columns [jb, je) with the
-// R x C tile.
+// linear_rows runs the rows [i0, i0+nr) against columns [jb, je) with R x C
+// tiles. When a tile's rows and columns over the whole of k would not fit in
+// L1 next to each other, k is cut into chunks of kc and each group of up to
+// 16 tiles runs chunk by chunk, its accumulators kept in a spill area
+// between chunks: the FMAs per lane are the same, in the same order.
 AVX512 INLINE void linear_rows(const int dt, const int R, const int C, float *out, const float *x,
                                const void *w, int64_t n, int64_t k, int64_t i0, int nr,
                                int64_t jb, int64_t je) {
-	for (int64_t j = jb; j < je; j += C) {
-		int nc = je - j < C ? (int)(je - j) : C;
-		tile(dt, R, C, x + i0 * k, nr, (const char *)w + j * k * esize(dt), nc, k, out + i0 * n + j, n);
+	const int64_t bytes_per_step = R * 4 + C * esize(dt); // per element of k
+	const int64_t kc = L1_TILE_BYTES / bytes_per_step / 16 * 16;
+	const float *xr[4];
+	const char *wc[16];
+	if (k <= kc) {
+		for (int64_t j = jb; j < je; j += C) {
+			int nc = je - j < C ? (int)(je - j) : C;
+			__m512 acc[16];
+#pragma GCC unroll 16
+			for (int f = 0; f < 16; f++)
+				acc[f] = _mm512_setzero_ps();
+			tile_ptrs(dt, R, C, x + i0 * k, nr, (const char *)w + j * k * esize(dt), nc, k, xr, wc);
+			tile_steps(dt, R, C, xr, wc, 0, k, k, acc);
+			tile_store(R, C, acc, nr, nc, out + i0 * n + j, n);
+		}
+		return;
+	}
+	__m512 spill[16][16];
+	for (int64_t jg = jb; jg < je; jg += 16 * C) {
+		int64_t jge = je - jg < 16 * C ? je : jg + 16 * C;
+		for (int64_t kb = 0; kb < k; kb += kc) {
+			int64_t ke = k - kb < kc ? k : kb + kc;
+			for (int64_t j = jg, t = 0; j < jge; j += C, t++) {
+				int nc = jge - j < C ? (int)(jge - j) : C;
+				__m512 acc[16];
+#pragma GCC unroll 16
+				for (int f = 0; f < 16; f++)
+					acc[f] = kb == 0 ? _mm512_setzero_ps() : spill[t][f];
+				tile_ptrs(dt, R, C, x + i0 * k, nr, (const char *)w + j * k * esize(dt), nc, k, xr, wc);
+				tile_steps(dt, R, C, xr, wc, kb, ke, k, acc);
+				if (ke == k) {
+					tile_store(R, C, acc, nr, nc, out + i0 * n + j, n);
+				} else {
+#pragma GCC unroll 16
+					for (int f = 0; f < 16; f++)
+						spill[t][f] = acc[f];
+				}
+			}
+		}
 	}
 }
 
