@@ -6,6 +6,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 go mod download
 bash scripts/fetch-tokenizers.sh
+bash scripts/setup-openai-node.sh
 
 unformatted="$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.cache/*'))"
 if [ -n "$unformatted" ]; then
