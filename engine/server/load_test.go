@@ -51,7 +51,7 @@ func TestLoadWithDisconnects(t *testing.T) {
 			}
 			if i%2 == 1 {
 				path, body = "/v1/chat/completions", map[string]any{
-					"messages": []map[string]string{{"role": "user", "content": strings.Repeat("cd ", 1+rng.IntN(40))}},
+					"messages":   []map[string]string{{"role": "user", "content": strings.Repeat("cd ", 1+rng.IntN(40))}},
 					"max_tokens": maxTokens, "ignore_eos": true, "stream": true, "stream_options": map[string]bool{"include_usage": true},
 				}
 			}
