@@ -199,8 +199,11 @@ func workerGoroutines() int {
 func TestCloseStopsWorkers(t *testing.T) {
 	base := workerGoroutines()
 	pools := []*Pool{New(4), New(2), New(1)}
-	if got := workerGoroutines() - base; got != 3+1 {
-		t.Fatalf("%d worker goroutines running, want 4", got)
+	// A goroutine just started may not be in the stack dump yet.
+	for start := time.Now(); workerGoroutines()-base != 3+1; time.Sleep(time.Millisecond) {
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("%d worker goroutines running, want 4", workerGoroutines()-base)
+		}
 	}
 	for _, p := range pools {
 		p.For(1000, func(lo, hi int) {})
