@@ -22,6 +22,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newGraphCmd(), newGenerateCmd())
+	root.AddCommand(newGraphCmd(), newGenerateCmd(), newServeCmd(), newBenchCmd())
 	return root
 }

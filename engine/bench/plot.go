@@ -46,6 +46,7 @@ func writeHistogram(path string, d Distribution) error {
 	s := Summarize(d.Values)
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("%s (n = %d): mean %.3g, p50 %.3g, p90 %.3g, p99 %.3g %s", d.Name, s.Count, s.Mean, s.Median, s.P90, s.P99, d.Unit)
+	p.Title.Padding = vg.Points(6)
 	p.X.Label.Text = d.Unit
 	p.Y.Label.Text = "count"
 	bins := min(50, max(5, s.Count/4))
