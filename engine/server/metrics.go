@@ -97,10 +97,13 @@ func newMetrics(model string, maxModelLen int, eng engineView, inFlight func() f
 	counterFunc := func(name, help string, f func() float64) {
 		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f))
 	}
-	gauge(metricRunning, "Number of sequences running on the engine (decoding).", func() float64 { return float64(eng.SchedulerStats().NumRunning) })
+	gauge(metricRunning, "Number of sequences running on the engine (decoding, or prefilling in chunks).", func() float64 {
+		st := eng.SchedulerStats()
+		return float64(st.NumRunning + st.NumPrompted)
+	})
 	gauge(metricWaiting, "Number of sequences waiting to be scheduled (incl. preempted and waiting for a grammar).", func() float64 {
 		st := eng.SchedulerStats()
-		return float64(st.NumWaiting + st.NumWaitingForGrammar + st.NumPrompted)
+		return float64(st.NumWaiting + st.NumWaitingForGrammar)
 	})
 	gauge(metricKVUsage, "KV-cache usage: fraction of blocks in use, 1 means full.", func() float64 { return eng.SchedulerStats().BlockUsage })
 	gauge(metricRequestsInFlight, metricRequestsInFlightH, inFlight)

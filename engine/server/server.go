@@ -37,7 +37,8 @@ type Options struct {
 	MaxPending int
 	// MaxBodyBytes bounds request bodies (413 past it); 0 means 32 MiB.
 	MaxBodyBytes int64
-	// Logger receives one line per refused or failed request; nil discards.
+	// Logger receives a line per request refused at admission and per
+	// generation that fails; nil discards.
 	Logger *slog.Logger
 }
 
@@ -466,16 +467,24 @@ func (g *group) usage() *Usage {
 	return u
 }
 
-// firstError returns the error of the first choice that failed, if any.
+// firstError returns the error of the first choice that failed, if any,
+// and logs it.
 func (g *group) firstError() *apiError {
 	for _, r := range g.reqs {
 		for i := range r.choices {
 			if c := &r.choices[i]; c.finished && c.finishReason == engine.FinishError {
-				return errorOf(c.err)
+				return g.s.failed(r.id, c.err)
 			}
 		}
 	}
 	return nil
+}
+
+// failed logs a generation that failed and returns its API error.
+func (s *Server) failed(id string, err error) *apiError {
+	e := errorOf(err)
+	s.log.Warn("generation failed", "request", id, "status", e.status, "error", e.msg)
+	return e
 }
 
 // abortRetries are the delays after which an abort is repeated: a request

@@ -105,7 +105,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, g *group, opts *
 	for i := range outs {
 		if o := &outs[i]; o.Finished && o.FinishReason == engine.FinishError && len(o.TokenIDs) == 0 && errors.Is(o.Err, engine.ErrInvalidRequest) {
 			s.abort(g.reqs)
-			writeError(w, errorOf(o.Err))
+			writeError(w, s.failed(o.RequestID, o.Err))
 			return
 		}
 	}
@@ -125,7 +125,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, g *group, opts *
 			}
 			if o.Finished && o.FinishReason == engine.FinishError {
 				if !failed {
-					sw.event(errorOf(o.Err).response())
+					sw.event(s.failed(o.RequestID, o.Err).response())
 				}
 				failed = true
 				continue

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/deepinfer/deepinfer-go/engine/config"
 )
 
 // openStream posts body with stream true and returns the response.
@@ -264,5 +266,43 @@ func TestAdmission(t *testing.T) {
 	}
 	if status, body := post(t, ts.url+"/v1/completions", map[string]any{"prompt": "b", "max_tokens": 2}); status != 200 {
 		t.Fatalf("after release: %d %s", status, body)
+	}
+}
+
+// A request still waiting for the scheduler (no answer yet, not even
+// headers) is aborted when its client leaves: it leaves the waiting queue
+// while the request ahead of it keeps running.
+func TestDisconnectWhileWaiting(t *testing.T) {
+	ts := startServer(t, func(c *config.Config) { c.Engine.MaxNumSeqs = 1 }, Options{})
+	ctx1, cancel1 := context.WithCancel(context.Background())
+	defer cancel1()
+	first := openStream(t, ctx1, ts.url+"/v1/completions", map[string]any{"prompt": "a", "max_tokens": 1000, "ignore_eos": true})
+	defer first.Body.Close()
+	if _, err := first.Body.Read(make([]byte, 32)); err != nil {
+		t.Fatal(err)
+	}
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		data, _ := json.Marshal(map[string]any{"prompt": "b", "max_tokens": 5, "stream": true})
+		req, _ := http.NewRequestWithContext(ctx2, http.MethodPost, ts.url+"/v1/completions", bytes.NewReader(data))
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	if !waitFor(2*time.Second, func() bool { return ts.eng.SchedulerStats().NumWaiting == 1 }) {
+		t.Fatalf("second request not waiting: %+v", ts.eng.SchedulerStats())
+	}
+	cancel2()
+	if err := <-errc; err == nil {
+		t.Fatal("the waiting request was answered")
+	}
+	if !waitFor(time.Second, func() bool { return ts.eng.SchedulerStats().NumWaiting == 0 && ts.NumPending() == 1 }) {
+		t.Fatalf("after the disconnect: %+v, pending %d", ts.eng.SchedulerStats(), ts.NumPending())
+	}
+	if st := ts.eng.SchedulerStats(); st.NumRunning != 1 {
+		t.Fatalf("the first request stopped: %+v", st)
 	}
 }
