@@ -1,0 +1,205 @@
+/*
+ * deepinfer_cuda.h: the C ABI of libdeepinfer_cuda.so, the CUDA backend's
+ * native half (host runtime in csrc/, device kernels in kernels/cuda/*.cu).
+ *
+ * Plain C with no CUDA include, so that the Go side (kernels/cuda, through
+ * cgo) builds on machines without CUDA and opens the library at run time with
+ * dlopen. The library exports one symbol, di_get_api, which fills a table of
+ * function pointers; every other entry point is reached through that table.
+ * DI_ABI_VERSION changes whenever the table or any signature changes, and
+ * di_get_api refuses a caller built against another version.
+ *
+ * Conventions:
+ *   - Every function returning int returns DI_OK (0) or a di_status; the
+ *     message of the last failure of a context is di_api.last_error(ctx).
+ *     Functions that run before a context exists take an error buffer.
+ *   - Device memory is addressed by di_dptr (a device pointer as an integer).
+ *   - A context owns one device, one non-blocking stream, a cuBLAS handle, a
+ *     caching device allocator and pinned staging buffers. All work is queued
+ *     in order on its stream; a context is not safe for concurrent calls
+ *     (the Go side serializes them), except free, which may be called from
+ *     any thread.
+ *   - Kernels that meet an index outside its table (token id, position, slot,
+ *     block, row, expert) cannot return an error while running: they set a
+ *     bit of the context's device check word (DI_CHECK_*) and write zeros.
+ *     sync and download report and clear that word (DI_ERR_DEVICE_CHECK).
+ *   - Activations, KV caches, norm weights and biases are float32; weight
+ *     matrices and embedding tables are F32, BF16 or F16 (di_dtype). GEMMs run
+ *     on cuBLAS with float32 accumulation; BF16 and F16 weights multiply
+ *     activations rounded to the weight's dtype (or split in two, see
+ *     di_gemm_mode).
+ */
+#ifndef DEEPINFER_CUDA_H
+#define DEEPINFER_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DI_ABI_VERSION 1u
+
+/* Element types; the values equal kernels.DType's. */
+enum di_dtype { DI_F32 = 1, DI_BF16 = 2, DI_F16 = 3, DI_I32 = 4 };
+
+enum di_status {
+	DI_OK = 0,
+	DI_ERR_CUDA = 1,         /* a CUDA runtime call failed */
+	DI_ERR_OOM = 2,          /* device memory exhausted (after emptying the cache) */
+	DI_ERR_NO_DEVICE = 3,    /* no usable CUDA device or driver */
+	DI_ERR_INVALID = 4,      /* bad argument */
+	DI_ERR_UNSUPPORTED = 5,  /* a dtype or size this build does not handle */
+	DI_ERR_CUBLAS = 6,       /* a cuBLAS call failed */
+	DI_ERR_DEVICE_CHECK = 7, /* a kernel met an index out of range; see DI_CHECK_* */
+	DI_ERR_OUT_OF_RANGE = 8, /* a host-side index check failed */
+	DI_ERR_ARCH = 9,         /* the library has no kernel image for this device */
+	DI_ERR_CAPTURING = 10    /* the call is not allowed during graph capture */
+};
+
+/* Bits of the device check word: which kernel met a bad index. */
+enum di_check {
+	DI_CHECK_EMBEDDING = 1u << 0,
+	DI_CHECK_ROPE = 1u << 1,
+	DI_CHECK_WRITE_CACHE = 1u << 2,
+	DI_CHECK_ATTENTION = 1u << 3,
+	DI_CHECK_MLA = 1u << 4,
+	DI_CHECK_RESOLVE = 1u << 5,
+	DI_CHECK_LOGITS = 1u << 6
+};
+
+/* How float32 activations enter a GEMM with BF16 or F16 weights. ROUND:
+ * rounded to the weight dtype (one GEMM). SPLIT: x = hi + lo with hi and lo
+ * both in the weight dtype, two GEMM row blocks over one read of the weights
+ * (about float32 accuracy; twice the tensor-core work). */
+enum di_gemm_mode { DI_GEMM_ROUND = 0, DI_GEMM_SPLIT = 1 };
+
+enum di_scoring { DI_SCORING_SOFTMAX = 1, DI_SCORING_SIGMOID = 2 };
+enum di_topk { DI_TOPK_GREEDY = 1, DI_TOPK_GROUP_LIMITED = 2, DI_TOPK_NOAUX_TC = 3 };
+
+typedef uint64_t di_dptr;
+typedef struct di_ctx di_ctx;
+
+typedef struct di_device_info {
+	char name[256];
+	int device;
+	int cc_major, cc_minor;
+	int num_sms;
+	int runtime_version, driver_version, cublas_version;
+	uint64_t total_mem, free_mem, l2_bytes;
+	char arch[32]; /* the target the library was built for, e.g. "sm_90a" */
+} di_device_info;
+
+typedef struct di_mem_stats {
+	uint64_t reserved;  /* bytes held from the driver (in use + cached) */
+	uint64_t in_use;    /* bytes handed out and not yet freed */
+	uint64_t peak;      /* high-water mark of in_use */
+	uint64_t num_allocs, num_cache_hits, num_driver_allocs;
+} di_mem_stats;
+
+/* One step's paged-attention metadata: device arrays plus host-side bounds. */
+typedef struct di_attn_meta {
+	int num_seqs, num_tokens;
+	int block_size, max_blocks_per_seq, num_blocks;
+	di_dptr cu_seqlens_q; /* I32 [num_seqs+1] */
+	di_dptr seqlens_k;    /* I32 [num_seqs] */
+	di_dptr block_tables; /* I32 [num_seqs, max_blocks_per_seq] */
+} di_attn_meta;
+
+typedef struct di_api {
+	uint32_t abi_version;
+	uint32_t size; /* sizeof(di_api) as the library sees it */
+
+	/* --- runtime --- */
+	int (*device_count)(int *n, char *err, int errlen);
+	/* create: select device, make the stream, cuBLAS handle, staging
+	 * buffers, and check that the library has a kernel image for the device. */
+	int (*create)(int device, di_ctx **out, char *err, int errlen);
+	void (*destroy)(di_ctx *ctx);
+	const char *(*last_error)(di_ctx *ctx);
+	int (*device_info)(di_ctx *ctx, di_device_info *out);
+	int (*mem_stats)(di_ctx *ctx, di_mem_stats *out);
+	int (*set_gemm_mode)(di_ctx *ctx, int mode);
+
+	/* --- memory --- */
+	/* alloc: from the caching allocator; not zeroed. */
+	int (*alloc)(di_ctx *ctx, uint64_t bytes, di_dptr *out);
+	/* free: back to the cache, stream-ordered; any thread. */
+	int (*free)(di_ctx *ctx, di_dptr p);
+	/* empty_cache: return cached blocks to the driver (no-op while graphs exist). */
+	int (*empty_cache)(di_ctx *ctx);
+	int (*memset_zero)(di_ctx *ctx, di_dptr p, uint64_t bytes);
+	/* upload: host -> device through pinned staging; the host buffer may be
+	 * reused when the call returns. */
+	int (*upload)(di_ctx *ctx, di_dptr dst, const void *src, uint64_t bytes);
+	/* upload_widen: n BF16 or F16 host values into an F32 device array. */
+	int (*upload_widen)(di_ctx *ctx, di_dptr dst, const void *src, int src_dtype, uint64_t n);
+	/* download: device -> host; waits for all queued work, then reports checks. */
+	int (*download)(di_ctx *ctx, void *dst, di_dptr src, uint64_t bytes);
+	int (*copy)(di_ctx *ctx, di_dptr dst, di_dptr src, uint64_t bytes);
+	/* sync: waits for all queued work, then reports the device check word. */
+	int (*sync)(di_ctx *ctx);
+	int (*host_alloc)(di_ctx *ctx, uint64_t bytes, void **out);
+	int (*host_free)(di_ctx *ctx, void *p);
+
+	/* --- events (timing enabled) --- */
+	int (*event_create)(di_ctx *ctx, void **ev);
+	int (*event_record)(di_ctx *ctx, void *ev);
+	int (*event_synchronize)(di_ctx *ctx, void *ev);
+	int (*event_elapsed_ms)(di_ctx *ctx, void *start, void *end, float *ms);
+	int (*event_destroy)(di_ctx *ctx, void *ev);
+
+	/* --- CUDA graphs: capture the context's stream, instantiate, replay --- */
+	int (*graph_begin)(di_ctx *ctx);
+	int (*graph_end)(di_ctx *ctx, void **exec);
+	int (*graph_replay)(di_ctx *ctx, void *exec);
+	int (*graph_destroy)(di_ctx *ctx, void *exec);
+
+	/* --- operations (see kernels.Ops for the contracts) --- */
+	int (*embedding)(di_ctx *ctx, di_dptr out, di_dptr table, int table_dtype, di_dptr ids,
+	                 int num_tokens, int hidden, int vocab);
+	/* rms_norm: residual == 0: out = norm(x); else residual += x, out = norm(residual). */
+	int (*rms_norm)(di_ctx *ctx, di_dptr out, di_dptr residual, di_dptr x, di_dptr weight,
+	                int rows, int n, float eps);
+	int (*linear)(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr w, int w_dtype, di_dptr bias,
+	              int m, int n, int k);
+	int (*silu_mul)(di_ctx *ctx, di_dptr out, di_dptr gate_up, int rows, int n);
+	int (*add)(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, uint64_t n);
+	int (*concat)(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, int rows, int m, int n);
+	int (*rope)(di_ctx *ctx, di_dptr x, di_dptr positions, di_dptr cos, di_dptr sin, int num_tokens,
+	            int max_pos, int num_heads, int head_size, int offset, int rotary_dim, int interleaved);
+	int (*write_cache)(di_ctx *ctx, di_dptr cache, di_dptr src, di_dptr slot_mapping, int num_tokens,
+	                   int w, int width, int col, int num_slots);
+	int (*attention)(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,
+	                 const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
+	                 int sliding_window);
+	int (*mla_attention)(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, di_dptr wkvb, int w_dtype,
+	                     const di_attn_meta *m, int num_heads, int nope_dim, int rope_dim,
+	                     int kv_lora_rank, int v_head_dim, float scale);
+	int (*moe_route)(di_ctx *ctx, di_dptr ids, di_dptr weights, di_dptr logits, di_dptr bias,
+	                 int num_tokens, int num_experts, int top_k, int scoring, int method, int num_groups,
+	                 int topk_groups, int norm_topk_prob, float scaling_factor);
+	/* moe: waits for the routing ids (one small device-to-host copy). */
+	int (*moe)(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
+	           di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter,
+	           int num_experts);
+	int (*resolve_placeholders)(di_ctx *ctx, di_dptr ids, di_dptr from_row, di_dptr sampled,
+	                            int num_tokens, int num_sampled);
+	/* logits: rows == 0 means every row of hidden (num_rows == num_hidden);
+	 * norm == 0 means no norm. */
+	int (*logits)(di_ctx *ctx, di_dptr out, di_dptr hidden, di_dptr rows, int num_rows,
+	              int num_hidden, di_dptr norm, di_dptr head, int head_dtype, int dim, int vocab,
+	              float eps);
+} di_api;
+
+/* di_get_api fills *out for a caller built against abi_version; it returns
+ * DI_ERR_UNSUPPORTED (and leaves out->abi_version set to the library's
+ * version) when the versions differ. */
+int di_get_api(uint32_t abi_version, di_api *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DEEPINFER_CUDA_H */

@@ -1,0 +1,102 @@
+// internal.h: what the host runtime (csrc/runtime.cu) shares with the kernel
+// files (kernels/cuda/*.cu) inside libdeepinfer_cuda.so. Not part of the ABI.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+
+#include <cstdarg>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "deepinfer_cuda.h"
+
+// Pinned staging chunk for uploads: reused once its event has completed.
+struct di_stage {
+	void *host = nullptr;
+	cudaEvent_t done = nullptr;
+};
+
+struct di_ctx {
+	int device = 0;
+	cudaStream_t stream = nullptr;
+	cublasHandle_t cublas = nullptr;
+	void *cublas_workspace = nullptr;
+	unsigned *check = nullptr;      // device check word (DI_CHECK_* bits)
+	unsigned *check_host = nullptr; // pinned mirror for reading it back
+	std::vector<di_stage> stages;
+	size_t stage_bytes = 0;
+	size_t next_stage = 0;
+	int num_graphs = 0;
+	int gemm_mode = DI_GEMM_ROUND; // how float32 activations enter 16-bit GEMMs
+	char err[1024] = {0};
+
+	// Caching allocator: free blocks by rounded size; sizes of live blocks.
+	std::mutex mem_mu;
+	std::multimap<size_t, void *> free_blocks;
+	std::map<void *, size_t> live;
+	di_mem_stats stats = {};
+};
+
+// di_fail records a message in ctx->err and returns code.
+int di_fail(di_ctx *ctx, int code, const char *fmt, ...);
+
+// di_cuda_fail reports a failed CUDA call (name, code and message).
+int di_cuda_fail(di_ctx *ctx, cudaError_t e, const char *what);
+
+// di_check_launch checks the last launch of op.
+int di_check_launch(di_ctx *ctx, const char *op);
+
+// di_scratch allocates a device buffer for the duration of one operation;
+// di_scratch_free returns it (stream-ordered, so the kernels that use it still
+// may be queued).
+int di_scratch(di_ctx *ctx, size_t bytes, void **out);
+void di_scratch_free(di_ctx *ctx, void *p);
+
+// di_gemm computes the row-major out[m, n] (float32) = x[m, k] w[n, k]^T with
+// x and w of dtype (F32, BF16 or F16, both the same) on cuBLAS with float32
+// accumulation; all three are dense.
+int di_gemm(di_ctx *ctx, float *out, const void *x, const void *w, int dtype, int m, int n, int k);
+
+// Operation entry points, implemented in kernels/cuda/*.cu.
+extern "C" {
+int di_op_embedding(di_ctx *ctx, di_dptr out, di_dptr table, int table_dtype, di_dptr ids,
+                    int num_tokens, int hidden, int vocab);
+int di_op_rms_norm(di_ctx *ctx, di_dptr out, di_dptr residual, di_dptr x, di_dptr weight, int rows,
+                   int n, float eps);
+int di_op_linear(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr w, int w_dtype, di_dptr bias, int m,
+                 int n, int k);
+int di_op_silu_mul(di_ctx *ctx, di_dptr out, di_dptr gate_up, int rows, int n);
+int di_op_add(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, uint64_t n);
+int di_op_concat(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, int rows, int m, int n);
+int di_op_rope(di_ctx *ctx, di_dptr x, di_dptr positions, di_dptr cos, di_dptr sin, int num_tokens,
+               int max_pos, int num_heads, int head_size, int offset, int rotary_dim, int interleaved);
+int di_op_write_cache(di_ctx *ctx, di_dptr cache, di_dptr src, di_dptr slot_mapping, int num_tokens,
+                      int w, int width, int col, int num_slots);
+int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,
+                    const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
+                    int sliding_window);
+int di_op_mla_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, di_dptr wkvb, int w_dtype,
+                        const di_attn_meta *m, int num_heads, int nope_dim, int rope_dim,
+                        int kv_lora_rank, int v_head_dim, float scale);
+int di_op_moe_route(di_ctx *ctx, di_dptr ids, di_dptr weights, di_dptr logits, di_dptr bias,
+                    int num_tokens, int num_experts, int top_k, int scoring, int method,
+                    int num_groups, int topk_groups, int norm_topk_prob, float scaling_factor);
+int di_op_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
+              di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter,
+              int num_experts);
+int di_op_resolve_placeholders(di_ctx *ctx, di_dptr ids, di_dptr from_row, di_dptr sampled,
+                               int num_tokens, int num_sampled);
+int di_op_logits(di_ctx *ctx, di_dptr out, di_dptr hidden, di_dptr rows, int num_rows,
+                 int num_hidden, di_dptr norm, di_dptr head, int head_dtype, int dim, int vocab,
+                 float eps);
+int di_op_widen(di_ctx *ctx, float *dst, const void *src, int src_dtype, size_t n);
+// di_add_into computes out[i] += a[i] (+ bias[i % n] when bias is set) over
+// rows*n elements.
+int di_add_into(di_ctx *ctx, float *out, const float *a, const float *bias, size_t rows, int n);
+// di_probe_kernel is a kernel-carrying function that create calls to check
+// that the library holds an image for the device.
+cudaError_t di_probe_kernel(void);
+}

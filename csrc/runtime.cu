@@ -1,0 +1,557 @@
+// runtime.cu: the host runtime of libdeepinfer_cuda.so: device selection, the
+// context's stream, events, the caching device allocator, pinned staging
+// buffers, the cuBLAS handle and GEMM, CUDA Graph capture and replay, error
+// strings, and di_get_api, the one exported symbol.
+#include "internal.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#ifndef DI_ARCH
+#define DI_ARCH "unknown"
+#endif
+
+// ---------------------------------------------------------------- errors
+
+int di_fail(di_ctx *ctx, int code, const char *fmt, ...) {
+	if (ctx) {
+		va_list ap;
+		va_start(ap, fmt);
+		vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
+		va_end(ap);
+	}
+	return code;
+}
+
+int di_cuda_fail(di_ctx *ctx, cudaError_t e, const char *what) {
+	int code = DI_ERR_CUDA;
+	if (e == cudaErrorMemoryAllocation) code = DI_ERR_OOM;
+	if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction) code = DI_ERR_ARCH;
+	if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) code = DI_ERR_NO_DEVICE;
+	return di_fail(ctx, code, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+int di_check_launch(di_ctx *ctx, const char *op) {
+	cudaError_t e = cudaGetLastError();
+	if (e != cudaSuccess) return di_cuda_fail(ctx, e, op);
+	return DI_OK;
+}
+
+static const char *cublas_status_name(cublasStatus_t s) {
+	switch (s) {
+	case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+	case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+	case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+	case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+	case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+	case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+	case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+	case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+	case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+	case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+	default: return "CUBLAS_STATUS_UNKNOWN";
+	}
+}
+
+static int cublas_fail(di_ctx *ctx, cublasStatus_t s, const char *what) {
+	return di_fail(ctx, DI_ERR_CUBLAS, "%s: %s", what, cublas_status_name(s));
+}
+
+#define CK(call, what)                                   \
+	do {                                                 \
+		cudaError_t e_ = (call);                         \
+		if (e_ != cudaSuccess) return di_cuda_fail(ctx, e_, what); \
+	} while (0)
+
+static void copy_err(char *err, int errlen, const char *msg) {
+	if (err && errlen > 0) snprintf(err, (size_t)errlen, "%s", msg);
+}
+
+static int capturing(di_ctx *ctx) {
+	cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+	if (cudaStreamIsCapturing(ctx->stream, &st) != cudaSuccess) return 0;
+	return st != cudaStreamCaptureStatusNone;
+}
+
+// ---------------------------------------------------------------- allocator
+
+// Sizes are rounded so that recurring shapes hit the cache exactly: 512 bytes
+// below 1 MiB, 2 MiB above.
+static size_t round_size(size_t n) {
+	if (n == 0) n = 1;
+	if (n < (1u << 20)) return (n + 511) & ~size_t(511);
+	return (n + (2u << 20) - 1) & ~size_t((2u << 20) - 1);
+}
+
+static void release_cached_locked(di_ctx *ctx) {
+	for (auto &kv : ctx->free_blocks) {
+		cudaFree(kv.second);
+		ctx->stats.reserved -= kv.first;
+	}
+	ctx->free_blocks.clear();
+}
+
+static int alloc_impl(di_ctx *ctx, size_t bytes, void **out) {
+	size_t n = round_size(bytes);
+	std::lock_guard<std::mutex> g(ctx->mem_mu);
+	ctx->stats.num_allocs++;
+	auto it = ctx->free_blocks.find(n);
+	void *p = nullptr;
+	if (it != ctx->free_blocks.end()) {
+		p = it->second;
+		ctx->free_blocks.erase(it);
+		ctx->stats.num_cache_hits++;
+	} else {
+		cudaError_t e = cudaMalloc(&p, n);
+		if (e == cudaErrorMemoryAllocation && !ctx->free_blocks.empty() && ctx->num_graphs == 0) {
+			cudaGetLastError(); // clear the non-sticky error
+			// Cached blocks may still be in use by queued work: wait, then release.
+			cudaStreamSynchronize(ctx->stream);
+			release_cached_locked(ctx);
+			e = cudaMalloc(&p, n);
+		}
+		if (e != cudaSuccess) {
+			cudaGetLastError();
+			size_t free_b = 0, total_b = 0;
+			cudaMemGetInfo(&free_b, &total_b);
+			return di_fail(ctx, e == cudaErrorMemoryAllocation ? DI_ERR_OOM : DI_ERR_CUDA,
+			               "cudaMalloc of %.1f MiB: %s; the engine holds %.1f MiB in use and %.1f MiB "
+			               "reserved, the device has %.1f MiB free of %.1f MiB",
+			               n / 1048576.0, cudaGetErrorString(e), ctx->stats.in_use / 1048576.0,
+			               ctx->stats.reserved / 1048576.0, free_b / 1048576.0, total_b / 1048576.0);
+		}
+		ctx->stats.reserved += n;
+		ctx->stats.num_driver_allocs++;
+	}
+	ctx->live[p] = n;
+	ctx->stats.in_use += n;
+	if (ctx->stats.in_use > ctx->stats.peak) ctx->stats.peak = ctx->stats.in_use;
+	*out = p;
+	return DI_OK;
+}
+
+static int free_impl(di_ctx *ctx, void *p) {
+	if (!p) return DI_OK;
+	std::lock_guard<std::mutex> g(ctx->mem_mu);
+	auto it = ctx->live.find(p);
+	if (it == ctx->live.end()) return di_fail(ctx, DI_ERR_INVALID, "free of %p: not a live allocation", p);
+	ctx->free_blocks.emplace(it->second, p);
+	ctx->stats.in_use -= it->second;
+	ctx->live.erase(it);
+	return DI_OK;
+}
+
+int di_scratch(di_ctx *ctx, size_t bytes, void **out) { return alloc_impl(ctx, bytes, out); }
+
+void di_scratch_free(di_ctx *ctx, void *p) { free_impl(ctx, p); }
+
+// ---------------------------------------------------------------- cuBLAS
+
+int di_gemm(di_ctx *ctx, float *out, const void *x, const void *w, int dtype, int m, int n, int k) {
+	if (m == 0 || n == 0) return DI_OK;
+	if (k == 0) {
+		CK(cudaMemsetAsync(out, 0, (size_t)m * n * sizeof(float), ctx->stream), "gemm: cudaMemsetAsync");
+		return DI_OK;
+	}
+	cudaDataType_t t;
+	switch (dtype) {
+	case DI_F32: t = CUDA_R_32F; break;
+	case DI_BF16: t = CUDA_R_16BF; break;
+	case DI_F16: t = CUDA_R_16F; break;
+	default: return di_fail(ctx, DI_ERR_UNSUPPORTED, "gemm: dtype %d", dtype);
+	}
+	const float alpha = 1.0f, beta = 0.0f;
+	// Row-major out[m,n] = x[m,k] w[n,k]^T is column-major out^T[n,m] = w^T' x^T'
+	// where w (row-major [n,k]) is column-major [k,n]: op(A) = A^T.
+	cublasStatus_t s = cublasGemmEx(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, t, k, x, t,
+	                                k, &beta, out, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+	if (s != CUBLAS_STATUS_SUCCESS) {
+		char what[128];
+		snprintf(what, sizeof what, "cublasGemmEx m=%d n=%d k=%d dtype=%d", m, n, k, dtype);
+		return cublas_fail(ctx, s, what);
+	}
+	return DI_OK;
+}
+
+// ---------------------------------------------------------------- context
+
+static int api_device_count(int *n, char *err, int errlen) {
+	int c = 0;
+	cudaError_t e = cudaGetDeviceCount(&c);
+	if (e != cudaSuccess) {
+		char msg[512];
+		snprintf(msg, sizeof msg, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+		copy_err(err, errlen, msg);
+		*n = 0;
+		return DI_ERR_NO_DEVICE;
+	}
+	*n = c;
+	return DI_OK;
+}
+
+static void destroy_impl(di_ctx *ctx) {
+	if (!ctx) return;
+	cudaSetDevice(ctx->device);
+	if (ctx->stream) cudaStreamSynchronize(ctx->stream);
+	for (auto &s : ctx->stages) {
+		if (s.done) cudaEventDestroy(s.done);
+		if (s.host) cudaFreeHost(s.host);
+	}
+	{
+		std::lock_guard<std::mutex> g(ctx->mem_mu);
+		release_cached_locked(ctx);
+		for (auto &kv : ctx->live) cudaFree(kv.first);
+		ctx->live.clear();
+	}
+	if (ctx->cublas) cublasDestroy(ctx->cublas);
+	if (ctx->cublas_workspace) cudaFree(ctx->cublas_workspace);
+	if (ctx->check) cudaFree(ctx->check);
+	if (ctx->check_host) cudaFreeHost(ctx->check_host);
+	if (ctx->stream) cudaStreamDestroy(ctx->stream);
+	delete ctx;
+}
+
+static int api_create(int device, di_ctx **out, char *err, int errlen) {
+	*out = nullptr;
+	int n = 0;
+	if (api_device_count(&n, err, errlen) != DI_OK) return DI_ERR_NO_DEVICE;
+	if (n == 0) {
+		copy_err(err, errlen, "no CUDA device is visible (cudaGetDeviceCount returned 0)");
+		return DI_ERR_NO_DEVICE;
+	}
+	if (device < 0 || device >= n) {
+		char msg[128];
+		snprintf(msg, sizeof msg, "device %d requested, %d visible", device, n);
+		copy_err(err, errlen, msg);
+		return DI_ERR_INVALID;
+	}
+	di_ctx *ctx = new (std::nothrow) di_ctx();
+	if (!ctx) {
+		copy_err(err, errlen, "out of host memory");
+		return DI_ERR_OOM;
+	}
+	ctx->device = device;
+	auto fail = [&](int code) {
+		copy_err(err, errlen, ctx->err);
+		destroy_impl(ctx);
+		return code;
+	};
+	cudaError_t e = cudaSetDevice(device);
+	if (e != cudaSuccess) return fail(di_cuda_fail(ctx, e, "cudaSetDevice"));
+	// The library is built for one target; a device without an image fails here
+	// rather than at the first kernel.
+	e = di_probe_kernel();
+	if (e != cudaSuccess) {
+		cudaDeviceProp p;
+		cudaGetDeviceProperties(&p, device);
+		di_fail(ctx, e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction ? DI_ERR_ARCH : DI_ERR_CUDA,
+		        "library built for %s has no kernel for %s (sm_%d%d): %s; rebuild with CUDA_ARCH=%d%d csrc/build.sh",
+		        DI_ARCH, p.name, p.major, p.minor, cudaGetErrorString(e), p.major, p.minor);
+		return fail(e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction ? DI_ERR_ARCH : DI_ERR_CUDA);
+	}
+	if ((e = cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking)) != cudaSuccess)
+		return fail(di_cuda_fail(ctx, e, "cudaStreamCreate"));
+	if ((e = cudaMalloc(&ctx->check, sizeof(unsigned))) != cudaSuccess)
+		return fail(di_cuda_fail(ctx, e, "cudaMalloc (check word)"));
+	if ((e = cudaMemset(ctx->check, 0, sizeof(unsigned))) != cudaSuccess)
+		return fail(di_cuda_fail(ctx, e, "cudaMemset (check word)"));
+	if ((e = cudaHostAlloc((void **)&ctx->check_host, sizeof(unsigned), cudaHostAllocDefault)) != cudaSuccess)
+		return fail(di_cuda_fail(ctx, e, "cudaHostAlloc (check word)"));
+	ctx->stage_bytes = 8u << 20;
+	ctx->stages.resize(4);
+	for (auto &s : ctx->stages) {
+		if ((e = cudaHostAlloc(&s.host, ctx->stage_bytes, cudaHostAllocDefault)) != cudaSuccess)
+			return fail(di_cuda_fail(ctx, e, "cudaHostAlloc (staging)"));
+		if ((e = cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming)) != cudaSuccess)
+			return fail(di_cuda_fail(ctx, e, "cudaEventCreate (staging)"));
+	}
+	cublasStatus_t s = cublasCreate(&ctx->cublas);
+	if (s != CUBLAS_STATUS_SUCCESS) return fail(cublas_fail(ctx, s, "cublasCreate"));
+	if ((s = cublasSetStream(ctx->cublas, ctx->stream)) != CUBLAS_STATUS_SUCCESS)
+		return fail(cublas_fail(ctx, s, "cublasSetStream"));
+	// A fixed workspace keeps cuBLAS from allocating during graph capture.
+	const size_t ws = 32u << 20;
+	if ((e = cudaMalloc(&ctx->cublas_workspace, ws)) != cudaSuccess)
+		return fail(di_cuda_fail(ctx, e, "cudaMalloc (cuBLAS workspace)"));
+	if ((s = cublasSetWorkspace(ctx->cublas, ctx->cublas_workspace, ws)) != CUBLAS_STATUS_SUCCESS)
+		return fail(cublas_fail(ctx, s, "cublasSetWorkspace"));
+	// Float32 GEMMs stay in float32 (no TF32), so the F32 path is exact enough
+	// for 1e-4 parity; BF16/F16 GEMMs use the tensor cores either way.
+	if ((s = cublasSetMathMode(ctx->cublas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS)
+		return fail(cublas_fail(ctx, s, "cublasSetMathMode"));
+	*out = ctx;
+	return DI_OK;
+}
+
+static const char *api_last_error(di_ctx *ctx) { return ctx ? ctx->err : "no context"; }
+
+static int api_device_info(di_ctx *ctx, di_device_info *out) {
+	memset(out, 0, sizeof *out);
+	cudaDeviceProp p;
+	CK(cudaGetDeviceProperties(&p, ctx->device), "cudaGetDeviceProperties");
+	snprintf(out->name, sizeof out->name, "%s", p.name);
+	snprintf(out->arch, sizeof out->arch, "%s", DI_ARCH);
+	out->device = ctx->device;
+	out->cc_major = p.major;
+	out->cc_minor = p.minor;
+	out->num_sms = p.multiProcessorCount;
+	out->l2_bytes = (uint64_t)p.l2CacheSize;
+	CK(cudaRuntimeGetVersion(&out->runtime_version), "cudaRuntimeGetVersion");
+	CK(cudaDriverGetVersion(&out->driver_version), "cudaDriverGetVersion");
+	cublasGetVersion(ctx->cublas, &out->cublas_version);
+	size_t f = 0, t = 0;
+	CK(cudaMemGetInfo(&f, &t), "cudaMemGetInfo");
+	out->free_mem = f;
+	out->total_mem = t;
+	return DI_OK;
+}
+
+static int api_mem_stats(di_ctx *ctx, di_mem_stats *out) {
+	std::lock_guard<std::mutex> g(ctx->mem_mu);
+	*out = ctx->stats;
+	return DI_OK;
+}
+
+static int api_set_gemm_mode(di_ctx *ctx, int mode) {
+	if (mode != DI_GEMM_ROUND && mode != DI_GEMM_SPLIT) return di_fail(ctx, DI_ERR_INVALID, "gemm mode %d", mode);
+	ctx->gemm_mode = mode;
+	return DI_OK;
+}
+
+// ---------------------------------------------------------------- memory API
+
+static int api_alloc(di_ctx *ctx, uint64_t bytes, di_dptr *out) {
+	void *p = nullptr;
+	int rc = alloc_impl(ctx, bytes, &p);
+	*out = (di_dptr)(uintptr_t)p;
+	return rc;
+}
+
+static int api_free(di_ctx *ctx, di_dptr p) { return free_impl(ctx, (void *)(uintptr_t)p); }
+
+static int api_empty_cache(di_ctx *ctx) {
+	std::lock_guard<std::mutex> g(ctx->mem_mu);
+	if (ctx->num_graphs > 0) return DI_OK; // graphs may point into cached blocks
+	CK(cudaStreamSynchronize(ctx->stream), "empty_cache: cudaStreamSynchronize");
+	release_cached_locked(ctx);
+	return DI_OK;
+}
+
+static int api_memset_zero(di_ctx *ctx, di_dptr p, uint64_t bytes) {
+	if (bytes == 0) return DI_OK;
+	CK(cudaMemsetAsync((void *)(uintptr_t)p, 0, bytes, ctx->stream), "cudaMemsetAsync");
+	return DI_OK;
+}
+
+static int api_upload(di_ctx *ctx, di_dptr dst, const void *src, uint64_t bytes) {
+	if (bytes == 0) return DI_OK;
+	if (capturing(ctx)) return di_fail(ctx, DI_ERR_CAPTURING, "upload during graph capture");
+	const char *s = (const char *)src;
+	char *d = (char *)(uintptr_t)dst;
+	while (bytes > 0) {
+		di_stage &st = ctx->stages[ctx->next_stage++ % ctx->stages.size()];
+		size_t n = bytes < ctx->stage_bytes ? bytes : ctx->stage_bytes;
+		CK(cudaEventSynchronize(st.done), "upload: cudaEventSynchronize");
+		memcpy(st.host, s, n);
+		CK(cudaMemcpyAsync(d, st.host, n, cudaMemcpyHostToDevice, ctx->stream), "upload: cudaMemcpyAsync");
+		CK(cudaEventRecord(st.done, ctx->stream), "upload: cudaEventRecord");
+		s += n;
+		d += n;
+		bytes -= n;
+	}
+	return DI_OK;
+}
+
+static int api_upload_widen(di_ctx *ctx, di_dptr dst, const void *src, int src_dtype, uint64_t n) {
+	if (n == 0) return DI_OK;
+	if (src_dtype != DI_BF16 && src_dtype != DI_F16)
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "upload_widen: source dtype %d", src_dtype);
+	void *tmp = nullptr;
+	int rc = alloc_impl(ctx, n * 2, &tmp);
+	if (rc != DI_OK) return rc;
+	rc = api_upload(ctx, (di_dptr)(uintptr_t)tmp, src, n * 2);
+	if (rc == DI_OK) rc = di_op_widen(ctx, (float *)(uintptr_t)dst, tmp, src_dtype, n);
+	free_impl(ctx, tmp);
+	return rc;
+}
+
+// report_checks reads the device check word after the stream drained.
+static int report_checks(di_ctx *ctx) {
+	unsigned c = *ctx->check_host;
+	if (c == 0) return DI_OK;
+	CK(cudaMemsetAsync(ctx->check, 0, sizeof(unsigned), ctx->stream), "clear check word");
+	CK(cudaStreamSynchronize(ctx->stream), "clear check word: cudaStreamSynchronize");
+	*ctx->check_host = 0;
+	char buf[256] = {0};
+	static const char *names[] = {"embedding (token id)", "rope (position)", "write_cache (slot)",
+	                              "attention (sequence layout or block table)",
+	                              "mla_attention (sequence layout or block table)",
+	                              "resolve_placeholders (row)", "logits (row)"};
+	for (int i = 0; i < 7; i++) {
+		if (c & (1u << i)) {
+			strncat(buf, buf[0] ? ", " : "", sizeof buf - strlen(buf) - 1);
+			strncat(buf, names[i], sizeof buf - strlen(buf) - 1);
+		}
+	}
+	return di_fail(ctx, DI_ERR_DEVICE_CHECK, "index out of range met on the device by: %s", buf);
+}
+
+static int drain(di_ctx *ctx) {
+	CK(cudaMemcpyAsync(ctx->check_host, ctx->check, sizeof(unsigned), cudaMemcpyDeviceToHost, ctx->stream),
+	   "read check word");
+	CK(cudaStreamSynchronize(ctx->stream), "cudaStreamSynchronize");
+	return report_checks(ctx);
+}
+
+static int api_download(di_ctx *ctx, void *dst, di_dptr src, uint64_t bytes) {
+	if (capturing(ctx)) return di_fail(ctx, DI_ERR_CAPTURING, "download during graph capture");
+	if (bytes > 0)
+		CK(cudaMemcpyAsync(dst, (const void *)(uintptr_t)src, bytes, cudaMemcpyDeviceToHost, ctx->stream),
+		   "download: cudaMemcpyAsync");
+	return drain(ctx);
+}
+
+static int api_copy(di_ctx *ctx, di_dptr dst, di_dptr src, uint64_t bytes) {
+	if (bytes == 0) return DI_OK;
+	CK(cudaMemcpyAsync((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, bytes, cudaMemcpyDeviceToDevice,
+	                   ctx->stream),
+	   "copy: cudaMemcpyAsync");
+	return DI_OK;
+}
+
+static int api_sync(di_ctx *ctx) {
+	if (capturing(ctx)) return di_fail(ctx, DI_ERR_CAPTURING, "sync during graph capture");
+	return drain(ctx);
+}
+
+static int api_host_alloc(di_ctx *ctx, uint64_t bytes, void **out) {
+	CK(cudaHostAlloc(out, bytes, cudaHostAllocDefault), "cudaHostAlloc");
+	return DI_OK;
+}
+
+static int api_host_free(di_ctx *ctx, void *p) {
+	CK(cudaFreeHost(p), "cudaFreeHost");
+	return DI_OK;
+}
+
+// ---------------------------------------------------------------- events
+
+static int api_event_create(di_ctx *ctx, void **ev) {
+	cudaEvent_t e;
+	CK(cudaEventCreate(&e), "cudaEventCreate");
+	*ev = (void *)e;
+	return DI_OK;
+}
+
+static int api_event_record(di_ctx *ctx, void *ev) {
+	CK(cudaEventRecord((cudaEvent_t)ev, ctx->stream), "cudaEventRecord");
+	return DI_OK;
+}
+
+static int api_event_synchronize(di_ctx *ctx, void *ev) {
+	CK(cudaEventSynchronize((cudaEvent_t)ev), "cudaEventSynchronize");
+	return DI_OK;
+}
+
+static int api_event_elapsed_ms(di_ctx *ctx, void *start, void *end, float *ms) {
+	CK(cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)end), "cudaEventElapsedTime");
+	return DI_OK;
+}
+
+static int api_event_destroy(di_ctx *ctx, void *ev) {
+	CK(cudaEventDestroy((cudaEvent_t)ev), "cudaEventDestroy");
+	return DI_OK;
+}
+
+// ---------------------------------------------------------------- graphs
+
+static int api_graph_begin(di_ctx *ctx) {
+	if (capturing(ctx)) return di_fail(ctx, DI_ERR_CAPTURING, "graph_begin: already capturing");
+	// Relaxed: the caching allocator may call cudaMalloc while capturing.
+	CK(cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+	return DI_OK;
+}
+
+static int api_graph_end(di_ctx *ctx, void **exec) {
+	cudaGraph_t g = nullptr;
+	CK(cudaStreamEndCapture(ctx->stream, &g), "cudaStreamEndCapture");
+	cudaGraphExec_t x = nullptr;
+	cudaError_t e = cudaGraphInstantiateWithFlags(&x, g, 0);
+	cudaGraphDestroy(g);
+	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "cudaGraphInstantiate");
+	{
+		std::lock_guard<std::mutex> lk(ctx->mem_mu);
+		ctx->num_graphs++;
+	}
+	*exec = (void *)x;
+	return DI_OK;
+}
+
+static int api_graph_replay(di_ctx *ctx, void *exec) {
+	CK(cudaGraphLaunch((cudaGraphExec_t)exec, ctx->stream), "cudaGraphLaunch");
+	return DI_OK;
+}
+
+static int api_graph_destroy(di_ctx *ctx, void *exec) {
+	CK(cudaStreamSynchronize(ctx->stream), "graph_destroy: cudaStreamSynchronize");
+	CK(cudaGraphExecDestroy((cudaGraphExec_t)exec), "cudaGraphExecDestroy");
+	std::lock_guard<std::mutex> lk(ctx->mem_mu);
+	ctx->num_graphs--;
+	return DI_OK;
+}
+
+// ---------------------------------------------------------------- the table
+
+extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_version, di_api *out) {
+	if (!out) return DI_ERR_INVALID;
+	if (abi_version != DI_ABI_VERSION) {
+		out->abi_version = DI_ABI_VERSION;
+		return DI_ERR_UNSUPPORTED;
+	}
+	memset(out, 0, sizeof *out);
+	out->abi_version = DI_ABI_VERSION;
+	out->size = sizeof(di_api);
+	out->device_count = api_device_count;
+	out->create = api_create;
+	out->destroy = destroy_impl;
+	out->last_error = api_last_error;
+	out->device_info = api_device_info;
+	out->mem_stats = api_mem_stats;
+	out->set_gemm_mode = api_set_gemm_mode;
+	out->alloc = api_alloc;
+	out->free = api_free;
+	out->empty_cache = api_empty_cache;
+	out->memset_zero = api_memset_zero;
+	out->upload = api_upload;
+	out->upload_widen = api_upload_widen;
+	out->download = api_download;
+	out->copy = api_copy;
+	out->sync = api_sync;
+	out->host_alloc = api_host_alloc;
+	out->host_free = api_host_free;
+	out->event_create = api_event_create;
+	out->event_record = api_event_record;
+	out->event_synchronize = api_event_synchronize;
+	out->event_elapsed_ms = api_event_elapsed_ms;
+	out->event_destroy = api_event_destroy;
+	out->graph_begin = api_graph_begin;
+	out->graph_end = api_graph_end;
+	out->graph_replay = api_graph_replay;
+	out->graph_destroy = api_graph_destroy;
+	out->embedding = di_op_embedding;
+	out->rms_norm = di_op_rms_norm;
+	out->linear = di_op_linear;
+	out->silu_mul = di_op_silu_mul;
+	out->add = di_op_add;
+	out->concat = di_op_concat;
+	out->rope = di_op_rope;
+	out->write_cache = di_op_write_cache;
+	out->attention = di_op_attention;
+	out->mla_attention = di_op_mla_attention;
+	out->moe_route = di_op_moe_route;
+	out->moe = di_op_moe;
+	out->resolve_placeholders = di_op_resolve_placeholders;
+	out->logits = di_op_logits;
+	return DI_OK;
+}

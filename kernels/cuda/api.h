@@ -1,0 +1,105 @@
+// api.h: C helpers for the Go side of the CUDA backend (included by the
+// cgo preamble of each Go file): dlopen of the library and trampolines that
+// call the ABI's function pointers, which cgo cannot call directly.
+#ifndef DEEPINFER_CUDA_GO_API_H
+#define DEEPINFER_CUDA_GO_API_H
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "deepinfer_cuda.h"
+
+typedef int (*di_get_api_fn)(uint32_t, di_api *);
+
+static inline void *di_dlopen(const char *path, char *err, int errlen) {
+	void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		const char *e = dlerror();
+		snprintf(err, (size_t)errlen, "%s", e ? e : "dlopen failed");
+	}
+	return h;
+}
+
+// di_load returns -1 when the symbol is missing, else di_get_api's status.
+static inline int di_load(void *h, di_api *api, char *err, int errlen) {
+	dlerror();
+	di_get_api_fn f = (di_get_api_fn)dlsym(h, "di_get_api");
+	if (!f) {
+		const char *e = dlerror();
+		snprintf(err, (size_t)errlen, "%s", e ? e : "di_get_api not found");
+		return -1;
+	}
+	return f(DI_ABI_VERSION, api);
+}
+
+// Trampolines: cgo cannot call C function pointers directly.
+static inline int c_device_count(di_api *a, int *n, char *err, int errlen) { return a->device_count(n, err, errlen); }
+static inline int c_create(di_api *a, int dev, di_ctx **out, char *err, int errlen) { return a->create(dev, out, err, errlen); }
+static inline void c_destroy(di_api *a, di_ctx *c) { a->destroy(c); }
+static inline const char *c_last_error(di_api *a, di_ctx *c) { return a->last_error(c); }
+static inline int c_device_info(di_api *a, di_ctx *c, di_device_info *o) { return a->device_info(c, o); }
+static inline int c_mem_stats(di_api *a, di_ctx *c, di_mem_stats *o) { return a->mem_stats(c, o); }
+static inline int c_set_gemm_mode(di_api *a, di_ctx *c, int m) { return a->set_gemm_mode(c, m); }
+static inline int c_alloc(di_api *a, di_ctx *c, uint64_t n, di_dptr *o) { return a->alloc(c, n, o); }
+static inline int c_free(di_api *a, di_ctx *c, di_dptr p) { return a->free(c, p); }
+static inline int c_empty_cache(di_api *a, di_ctx *c) { return a->empty_cache(c); }
+static inline int c_memset_zero(di_api *a, di_ctx *c, di_dptr p, uint64_t n) { return a->memset_zero(c, p, n); }
+static inline int c_upload(di_api *a, di_ctx *c, di_dptr d, const void *s, uint64_t n) { return a->upload(c, d, s, n); }
+static inline int c_upload_widen(di_api *a, di_ctx *c, di_dptr d, const void *s, int dt, uint64_t n) { return a->upload_widen(c, d, s, dt, n); }
+static inline int c_download(di_api *a, di_ctx *c, void *d, di_dptr s, uint64_t n) { return a->download(c, d, s, n); }
+static inline int c_copy(di_api *a, di_ctx *c, di_dptr d, di_dptr s, uint64_t n) { return a->copy(c, d, s, n); }
+static inline int c_sync(di_api *a, di_ctx *c) { return a->sync(c); }
+static inline int c_event_create(di_api *a, di_ctx *c, void **e) { return a->event_create(c, e); }
+static inline int c_event_record(di_api *a, di_ctx *c, void *e) { return a->event_record(c, e); }
+static inline int c_event_synchronize(di_api *a, di_ctx *c, void *e) { return a->event_synchronize(c, e); }
+static inline int c_event_elapsed_ms(di_api *a, di_ctx *c, void *s, void *e, float *ms) { return a->event_elapsed_ms(c, s, e, ms); }
+static inline int c_event_destroy(di_api *a, di_ctx *c, void *e) { return a->event_destroy(c, e); }
+static inline int c_graph_begin(di_api *a, di_ctx *c) { return a->graph_begin(c); }
+static inline int c_graph_end(di_api *a, di_ctx *c, void **x) { return a->graph_end(c, x); }
+static inline int c_graph_replay(di_api *a, di_ctx *c, void *x) { return a->graph_replay(c, x); }
+static inline int c_graph_destroy(di_api *a, di_ctx *c, void *x) { return a->graph_destroy(c, x); }
+static inline int c_embedding(di_api *a, di_ctx *c, di_dptr out, di_dptr table, int dt, di_dptr ids, int t, int hidden, int vocab) {
+	return a->embedding(c, out, table, dt, ids, t, hidden, vocab);
+}
+static inline int c_rms_norm(di_api *a, di_ctx *c, di_dptr out, di_dptr res, di_dptr x, di_dptr w, int rows, int n, float eps) {
+	return a->rms_norm(c, out, res, x, w, rows, n, eps);
+}
+static inline int c_linear(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr w, int dt, di_dptr bias, int m, int n, int k) {
+	return a->linear(c, out, x, w, dt, bias, m, n, k);
+}
+static inline int c_silu_mul(di_api *a, di_ctx *c, di_dptr out, di_dptr gu, int rows, int n) { return a->silu_mul(c, out, gu, rows, n); }
+static inline int c_add(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr y, uint64_t n) { return a->add(c, out, x, y, n); }
+static inline int c_concat(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr y, int rows, int m, int n) {
+	return a->concat(c, out, x, y, rows, m, n);
+}
+static inline int c_rope(di_api *a, di_ctx *c, di_dptr x, di_dptr pos, di_dptr cs, di_dptr sn, int t, int maxPos, int nh, int hs,
+                  int off, int rd, int il) {
+	return a->rope(c, x, pos, cs, sn, t, maxPos, nh, hs, off, rd, il);
+}
+static inline int c_write_cache(di_api *a, di_ctx *c, di_dptr cache, di_dptr src, di_dptr sm, int t, int w, int width, int col, int slots) {
+	return a->write_cache(c, cache, src, sm, t, w, width, col, slots);
+}
+static inline int c_attention(di_api *a, di_ctx *c, di_dptr out, di_dptr q, di_dptr k, di_dptr v, di_attn_meta *m, int nh, int nkv,
+                       int hd, float scale, int window) {
+	return a->attention(c, out, q, k, v, m, nh, nkv, hd, scale, window);
+}
+static inline int c_mla_attention(di_api *a, di_ctx *c, di_dptr out, di_dptr q, di_dptr cache, di_dptr w, int dt, di_attn_meta *m,
+                           int nh, int nope, int rope, int kvl, int vd, float scale) {
+	return a->mla_attention(c, out, q, cache, w, dt, m, nh, nope, rope, kvl, vd, scale);
+}
+static inline int c_moe_route(di_api *a, di_ctx *c, di_dptr ids, di_dptr w, di_dptr lg, di_dptr bias, int t, int e, int k, int sc,
+                       int method, int ng, int tg, int norm, float scaling) {
+	return a->moe_route(c, ids, w, lg, bias, t, e, k, sc, method, ng, tg, norm, scaling);
+}
+static inline int c_moe(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr ids, di_dptr w, di_dptr gu, di_dptr dn, int dt, int t,
+                 int k, int hidden, int inter, int e) {
+	return a->moe(c, out, x, ids, w, gu, dn, dt, t, k, hidden, inter, e);
+}
+static inline int c_resolve(di_api *a, di_ctx *c, di_dptr ids, di_dptr from, di_dptr sampled, int t, int r) {
+	return a->resolve_placeholders(c, ids, from, sampled, t, r);
+}
+static inline int c_logits(di_api *a, di_ctx *c, di_dptr out, di_dptr hidden, di_dptr rows, int r, int t, di_dptr norm, di_dptr head,
+                    int dt, int dim, int vocab, float eps) {
+	return a->logits(c, out, hidden, rows, r, t, norm, head, dt, dim, vocab, eps);
+}
+
+#endif

@@ -1,0 +1,554 @@
+// Package cuda is the CUDA backend of kernels.Ops. Its device code and host
+// runtime live in libdeepinfer_cuda.so (built from csrc/ and this folder's
+// .cu files by csrc/build.sh), which the package opens at run time with
+// dlopen: the Go module builds, and its tests pass, on machines without CUDA;
+// New reports a missing library or device as an error that says what to do.
+//
+// Numerics. Activations, KV caches, norm weights and biases are float32 on
+// the device (ActivationDType is F32); weight matrices stay in their stored
+// dtype (BF16, F16 or F32). GEMMs run on cuBLAS with float32 accumulation:
+// F32 weights multiply float32 activations exactly (no TF32); with BF16 or
+// F16 weights the activations enter the GEMM rounded to the weight dtype
+// (GEMMRound, the default: one tensor-core GEMM) or split into a high and a
+// low 16-bit part (GEMMSplit: about float32 accuracy, the weights still read
+// once, twice the tensor-core work). Norms, SiLU and routing follow the CPU
+// backend's float64 steps, so the two backends agree to rounding outside the
+// GEMMs.
+//
+// Execution. Every method queues work on the backend's one CUDA stream and
+// returns; Download and Sync wait. Calls are serialized by a mutex, so a
+// Backend is safe for concurrent use. Kernels that meet an index outside its
+// table (token id, position, cache slot, block, row) cannot fail while
+// running: they write zeros and set a flag that the next Download or Sync
+// reports as an error wrapping kernels.ErrOutOfRange, naming the operation.
+// MoE waits for its routing ids (one small copy to the host).
+//
+// Memory. Tensors come from a caching allocator in the library; a tensor's
+// memory returns to the cache when the Go garbage collector finds it
+// unreachable (runtime.AddCleanup). Device memory the collector cannot see
+// is counted: every GCEvery bytes allocated trigger a collection, and an
+// allocation that fails runs one and retries before reporting
+// ErrOutOfMemory.
+//
+// Batch invariance. The backend's own kernels (norms, RoPE, cache writes,
+// attention, routing) compute every row from its own inputs in a fixed
+// order; cuBLAS may pick a different algorithm for a different number of
+// rows, so Linear, Logits and MoE are not batch-invariant.
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+/*
+#include "api.h"
+*/
+import "C"
+
+// Sentinel errors.
+var (
+	// ErrNoLibrary: libdeepinfer_cuda.so could not be opened.
+	ErrNoLibrary = errors.New("cuda library not available")
+	// ErrABIMismatch: the library was built from another version of the source.
+	ErrABIMismatch = errors.New("cuda library ABI mismatch")
+	// ErrNoDevice: no usable CUDA device or driver, or the library has no
+	// kernel image for the device.
+	ErrNoDevice = errors.New("no usable cuda device")
+	// ErrOutOfMemory: device memory is exhausted.
+	ErrOutOfMemory = errors.New("out of device memory")
+	// ErrUnsupported: a size or dtype the kernels do not handle yet.
+	ErrUnsupported = errors.New("not supported by the cuda backend")
+	// ErrCapturing: the call is not allowed while a CUDA graph is captured.
+	ErrCapturing = errors.New("not allowed during graph capture")
+	// ErrCUDA: any other failure of the CUDA runtime or cuBLAS.
+	ErrCUDA = errors.New("cuda failure")
+)
+
+// GEMMMode is how float32 activations enter GEMMs with 16-bit weights.
+type GEMMMode int
+
+const (
+	// GEMMRound rounds activations to the weight dtype: one GEMM.
+	GEMMRound GEMMMode = 0
+	// GEMMSplit splits x into hi + lo (both 16-bit): about float32 accuracy,
+	// the weights read once, twice the tensor-core work.
+	GEMMSplit GEMMMode = 1
+)
+
+func (m GEMMMode) String() string {
+	switch m {
+	case GEMMRound:
+		return "round"
+	case GEMMSplit:
+		return "split"
+	}
+	return fmt.Sprintf("GEMMMode(%d)", int(m))
+}
+
+// DefaultGCEvery is the default of Options.GCEvery: 1 GiB.
+const DefaultGCEvery = 1 << 30
+
+// Options configure New.
+type Options struct {
+	// Library is the path of libdeepinfer_cuda.so. Empty: $DEEPINFER_CUDA_LIB,
+	// then the executable's folder, then the dynamic loader's search path.
+	Library string
+	// Device is the CUDA device ordinal.
+	Device int
+	// GEMM picks how activations enter 16-bit GEMMs (default GEMMRound).
+	GEMM GEMMMode
+	// GCEvery triggers a Go garbage collection after this many bytes of
+	// device allocations, so that unreachable tensors return to the cache;
+	// 0 means DefaultGCEvery, negative disables it.
+	GCEvery int64
+}
+
+// DeviceInfo describes the device and the library.
+type DeviceInfo struct {
+	Name                 string
+	Device               int
+	Major, Minor         int // compute capability
+	NumSMs               int
+	TotalMem, FreeMem    uint64 // bytes, at the time of the call
+	L2Bytes              uint64
+	Runtime, Driver      int // CUDA versions, e.g. 13000
+	CUBLAS               int
+	LibraryArch, Library string // the target the library was built for, its path
+}
+
+// MemStats are the caching allocator's counters.
+type MemStats struct {
+	Reserved, InUse, Peak                    uint64 // bytes
+	NumAllocs, NumCacheHits, NumDriverAllocs uint64
+}
+
+// Backend implements kernels.Ops on one CUDA device.
+type Backend struct {
+	mu      sync.Mutex
+	lib     *library
+	ctx     *C.di_ctx
+	closed  atomic.Bool
+	info    DeviceInfo
+	gcEvery int64
+	sinceGC atomic.Int64
+	gemm    GEMMMode
+}
+
+var _ kernels.Ops = (*Backend)(nil)
+
+// New opens the library, selects the device and creates the stream, cuBLAS
+// handle and allocator. Errors wrap ErrNoLibrary, ErrABIMismatch or
+// ErrNoDevice and say what to do. Cost: library load and CUDA context
+// creation (hundreds of milliseconds on a cold device).
+func New(opts Options) (*Backend, error) {
+	lib, err := openLibrary(opts.Library)
+	if err != nil {
+		return nil, err
+	}
+	var buf [1024]C.char
+	var ctx *C.di_ctx
+	rc := C.c_create(lib.api, C.int(opts.Device), &ctx, &buf[0], C.int(len(buf)))
+	if rc != stOK {
+		msg := C.GoString(&buf[0])
+		switch rc {
+		case stNoDevice, stArch:
+			return nil, fmt.Errorf("cuda: %s: %s: check the driver (nvidia-smi) or use device: cpu: %w", lib.path, msg, ErrNoDevice)
+		case stOOM:
+			return nil, fmt.Errorf("cuda: %s: %s: %w", lib.path, msg, ErrOutOfMemory)
+		}
+		return nil, fmt.Errorf("cuda: %s: create context on device %d: %s: %w", lib.path, opts.Device, msg, ErrCUDA)
+	}
+	b := &Backend{lib: lib, ctx: ctx, gcEvery: opts.GCEvery, gemm: opts.GEMM}
+	if b.gcEvery == 0 {
+		b.gcEvery = DefaultGCEvery
+	}
+	if err := b.status("set_gemm_mode", C.c_set_gemm_mode(lib.api, ctx, C.int(opts.GEMM))); err != nil {
+		C.c_destroy(lib.api, ctx)
+		return nil, err
+	}
+	var di C.di_device_info
+	if err := b.status("device_info", C.c_device_info(lib.api, ctx, &di)); err != nil {
+		C.c_destroy(lib.api, ctx)
+		return nil, err
+	}
+	b.info = DeviceInfo{
+		Name: C.GoString(&di.name[0]), Device: int(di.device), Major: int(di.cc_major), Minor: int(di.cc_minor),
+		NumSMs: int(di.num_sms), TotalMem: uint64(di.total_mem), FreeMem: uint64(di.free_mem), L2Bytes: uint64(di.l2_bytes),
+		Runtime: int(di.runtime_version), Driver: int(di.driver_version), CUBLAS: int(di.cublas_version),
+		LibraryArch: C.GoString(&di.arch[0]), Library: lib.path,
+	}
+	return b, nil
+}
+
+// Name reports the device, its compute capability and the GEMM mode.
+func (b *Backend) Name() string {
+	return fmt.Sprintf("cuda(%s, sm_%d%d, %s, gemm %s)", b.info.Name, b.info.Major, b.info.Minor, b.info.LibraryArch, b.gemm)
+}
+
+// ActivationDType is F32: activations and caches are float32 on the device.
+func (b *Backend) ActivationDType() kernels.DType { return kernels.F32 }
+
+// Info returns the device description read at New (FreeMem as of then).
+func (b *Backend) Info() DeviceInfo { return b.info }
+
+// MemoryInfo returns the device's free and total memory now.
+func (b *Backend) MemoryInfo() (free, total uint64, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.checkOpen("memory_info"); err != nil {
+		return 0, 0, err
+	}
+	var di C.di_device_info
+	if err := b.status("device_info", C.c_device_info(b.lib.api, b.ctx, &di)); err != nil {
+		return 0, 0, err
+	}
+	return uint64(di.free_mem), uint64(di.total_mem), nil
+}
+
+// MemStats returns the allocator's counters.
+func (b *Backend) MemStats() MemStats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return MemStats{}
+	}
+	var s C.di_mem_stats
+	C.c_mem_stats(b.lib.api, b.ctx, &s)
+	return MemStats{Reserved: uint64(s.reserved), InUse: uint64(s.in_use), Peak: uint64(s.peak),
+		NumAllocs: uint64(s.num_allocs), NumCacheHits: uint64(s.num_cache_hits), NumDriverAllocs: uint64(s.num_driver_allocs)}
+}
+
+// Close waits for queued work and releases the context and all device
+// memory; tensors become invalid.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Swap(true) {
+		return nil
+	}
+	C.c_destroy(b.lib.api, b.ctx)
+	b.ctx = nil
+	return nil
+}
+
+func (b *Backend) checkOpen(op string) error {
+	if b.closed.Load() {
+		return fmt.Errorf("cuda: %s: %w", op, kernels.ErrClosed)
+	}
+	return nil
+}
+
+// status turns an ABI status into an error carrying the library's message.
+// The caller holds b.mu.
+func (b *Backend) status(op string, rc C.int) error {
+	if rc == stOK {
+		return nil
+	}
+	msg := C.GoString(C.c_last_error(b.lib.api, b.ctx))
+	var sentinel error
+	switch rc {
+	case stOOM:
+		return fmt.Errorf("cuda: %s: %s: lower cache.memory_fraction, cache.num_blocks or engine.max_num_batched_tokens: %w", op, msg, ErrOutOfMemory)
+	case stDeviceCheck, stOutOfRange:
+		sentinel = kernels.ErrOutOfRange
+	case stUnsupported:
+		sentinel = ErrUnsupported
+	case stInvalid:
+		sentinel = kernels.ErrShape
+	case stCapturing:
+		sentinel = ErrCapturing
+	case stNoDevice, stArch:
+		sentinel = ErrNoDevice
+	default:
+		sentinel = ErrCUDA
+	}
+	return fmt.Errorf("cuda: %s: %s: %w", op, msg, sentinel)
+}
+
+// buffer is one device allocation; views share it. Its memory returns to the
+// allocator's cache when the buffer becomes unreachable.
+type buffer struct {
+	ptr   uint64
+	bytes uint64
+}
+
+// Tensor is the CUDA backend's tensor: a shape, a dtype and a byte offset
+// into a device buffer.
+type Tensor struct {
+	shape []int
+	dtype kernels.DType
+	buf   *buffer
+	off   uint64
+}
+
+// Shape returns the dimensions; the caller must not modify them.
+func (t *Tensor) Shape() []int { return t.shape }
+
+// DType returns the element type.
+func (t *Tensor) DType() kernels.DType { return t.dtype }
+
+func (t *Tensor) String() string { return fmt.Sprintf("%v%v", t.dtype, t.shape) }
+
+func (t *Tensor) numel() int {
+	n := 1
+	for _, d := range t.shape {
+		n *= d
+	}
+	return n
+}
+
+func (t *Tensor) rowLen() int {
+	n := 1
+	for _, d := range t.shape[1:] {
+		n *= d
+	}
+	return n
+}
+
+// ptr is the device address of the tensor's first element.
+func (t *Tensor) ptr() C.di_dptr { return C.di_dptr(t.buf.ptr + t.off) }
+
+// release returns a buffer's memory to the cache (from the cleanup goroutine).
+func (b *Backend) release(ptr uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return
+	}
+	C.c_free(b.lib.api, b.ctx, C.di_dptr(ptr))
+}
+
+// Alloc returns a zero-filled tensor. Cost: one allocation from the cache
+// (or the driver) and one memset on the stream.
+func (b *Backend) Alloc(dtype kernels.DType, shape ...int) (kernels.Tensor, error) {
+	n := 1
+	for _, d := range shape {
+		if d < 0 {
+			return nil, fmt.Errorf("cuda: alloc %v%v: negative dimension: %w", dtype, shape, kernels.ErrShape)
+		}
+		n *= d
+	}
+	if dtype.Size() == 0 {
+		return nil, fmt.Errorf("cuda: alloc %v%v: %w", dtype, shape, kernels.ErrDType)
+	}
+	bytes := uint64(n) * uint64(dtype.Size())
+	ptr, err := b.allocBytes(bytes)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: alloc %v%v: %w", dtype, shape, err)
+	}
+	buf := &buffer{ptr: ptr, bytes: bytes}
+	runtime.AddCleanup(buf, b.release, ptr)
+	return &Tensor{shape: append([]int(nil), shape...), dtype: dtype, buf: buf}, nil
+}
+
+// allocBytes allocates and zeroes; on out-of-memory it collects garbage so
+// that unreachable tensors return to the cache, then retries.
+func (b *Backend) allocBytes(bytes uint64) (uint64, error) {
+	if b.gcEvery > 0 && b.sinceGC.Add(int64(bytes)) > b.gcEvery {
+		b.sinceGC.Store(0)
+		runtime.GC() // cleanups of unreachable buffers run soon after
+	}
+	for attempt := 0; ; attempt++ {
+		b.mu.Lock()
+		if err := b.checkOpen("alloc"); err != nil {
+			b.mu.Unlock()
+			return 0, err
+		}
+		var p C.di_dptr
+		rc := C.c_alloc(b.lib.api, b.ctx, C.uint64_t(bytes), &p)
+		if rc == stOK {
+			rc = C.c_memset_zero(b.lib.api, b.ctx, p, C.uint64_t(bytes))
+			if rc != stOK {
+				C.c_free(b.lib.api, b.ctx, p)
+			}
+		}
+		if rc == stOK {
+			b.mu.Unlock()
+			return uint64(p), nil
+		}
+		err := b.status("alloc", rc)
+		b.mu.Unlock()
+		if rc != stOOM || attempt == 2 {
+			return 0, err
+		}
+		// Let unreachable tensors go back to the cache, then retry.
+		runtime.GC()
+		time.Sleep(time.Duration(attempt+1) * 20 * time.Millisecond)
+	}
+}
+
+// Upload copies little-endian host bytes into dst (see kernels.Ops). BF16 and
+// F16 into an F32 tensor are widened on the device. Cost: one pass through
+// pinned staging memory, asynchronous on the device side.
+func (b *Backend) Upload(dst kernels.Tensor, src []byte, srcDType kernels.DType) error {
+	const op = "upload"
+	d, err := asCUDA(op, "dst", dst)
+	if err != nil {
+		return err
+	}
+	n := d.numel()
+	if len(src) != n*srcDType.Size() || srcDType.Size() == 0 {
+		return fmt.Errorf("cuda: upload %v bytes of %v into %v: want %d bytes: %w",
+			len(src), srcDType, d, n*srcDType.Size(), kernels.ErrShape)
+	}
+	widen := d.dtype == kernels.F32 && (srcDType == kernels.BF16 || srcDType == kernels.F16)
+	if srcDType != d.dtype && !widen {
+		return fmt.Errorf("cuda: upload %v into %v: %w", srcDType, d, kernels.ErrDType)
+	}
+	if n == 0 {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.checkOpen(op); err != nil {
+		return err
+	}
+	var rc C.int
+	if widen {
+		rc = C.c_upload_widen(b.lib.api, b.ctx, d.ptr(), unsafe.Pointer(&src[0]), C.int(srcDType), C.uint64_t(n))
+	} else {
+		rc = C.c_upload(b.lib.api, b.ctx, d.ptr(), unsafe.Pointer(&src[0]), C.uint64_t(len(src)))
+	}
+	runtime.KeepAlive(d)
+	return b.status(op, rc)
+}
+
+// Download copies src to host bytes of its own dtype after all queued work;
+// it reports any index error a kernel met since the last Download or Sync.
+func (b *Backend) Download(dst []byte, src kernels.Tensor) error {
+	const op = "download"
+	s, err := asCUDA(op, "src", src)
+	if err != nil {
+		return err
+	}
+	n := s.numel() * s.dtype.Size()
+	if len(dst) != n {
+		return fmt.Errorf("cuda: download %v into %d bytes: want %d: %w", s, len(dst), n, kernels.ErrShape)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.checkOpen(op); err != nil {
+		return err
+	}
+	var p unsafe.Pointer
+	if n > 0 {
+		p = unsafe.Pointer(&dst[0])
+	}
+	rc := C.c_download(b.lib.api, b.ctx, p, s.ptr(), C.uint64_t(n))
+	runtime.KeepAlive(s)
+	return b.status(op, rc)
+}
+
+// Rows is a view of rows [lo, hi) of dimension 0. No copy.
+func (b *Backend) Rows(t kernels.Tensor, lo, hi int) (kernels.Tensor, error) {
+	s, err := asCUDA("rows", "t", t)
+	if err != nil {
+		return nil, err
+	}
+	if len(s.shape) == 0 || lo < 0 || hi < lo || hi > s.shape[0] {
+		return nil, fmt.Errorf("cuda: rows [%d, %d) of %v: %w", lo, hi, s, kernels.ErrShape)
+	}
+	return &Tensor{shape: append([]int{hi - lo}, s.shape[1:]...), dtype: s.dtype, buf: s.buf,
+		off: s.off + uint64(lo*s.rowLen()*s.dtype.Size())}, nil
+}
+
+// Reshape is a view with a new shape and the same number of elements. No copy.
+func (b *Backend) Reshape(t kernels.Tensor, shape ...int) (kernels.Tensor, error) {
+	s, err := asCUDA("reshape", "t", t)
+	if err != nil {
+		return nil, err
+	}
+	n := 1
+	for _, d := range shape {
+		if d < 0 {
+			n = -1
+			break
+		}
+		n *= d
+	}
+	if n != s.numel() {
+		return nil, fmt.Errorf("cuda: reshape %v to %v: %w", s, shape, kernels.ErrShape)
+	}
+	return &Tensor{shape: append([]int(nil), shape...), dtype: s.dtype, buf: s.buf, off: s.off}, nil
+}
+
+// Sync waits for all queued work and reports any index error a kernel met.
+func (b *Backend) Sync() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.checkOpen("sync"); err != nil {
+		return err
+	}
+	return b.status("sync", C.c_sync(b.lib.api, b.ctx))
+}
+
+// EmptyCache returns the allocator's cached blocks to the driver (a no-op
+// while CUDA graphs exist). It waits for queued work.
+func (b *Backend) EmptyCache() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.checkOpen("empty_cache"); err != nil {
+		return err
+	}
+	return b.status("empty_cache", C.c_empty_cache(b.lib.api, b.ctx))
+}
+
+// asCUDA checks that t is a non-nil tensor of this backend.
+func asCUDA(op, name string, t kernels.Tensor) (*Tensor, error) {
+	c, ok := t.(*Tensor)
+	if !ok || c == nil {
+		return nil, fmt.Errorf("cuda: %s: %s is %T: %w", op, name, t, kernels.ErrForeignTensor)
+	}
+	return c, nil
+}
+
+// optCUDA is asCUDA for optional arguments: nil stays nil.
+func optCUDA(op, name string, t kernels.Tensor) (*Tensor, error) {
+	if t == nil {
+		return nil, nil
+	}
+	if c, ok := t.(*Tensor); ok && c == nil {
+		return nil, nil
+	}
+	return asCUDA(op, name, t)
+}
+
+// optPtr is the device address of an optional tensor (0 for nil).
+func optPtr(t *Tensor) C.di_dptr {
+	if t == nil {
+		return 0
+	}
+	return t.ptr()
+}
+
+// checkShape verifies t's shape and dtype; -1 in want matches any size.
+func checkShape(op, name string, t *Tensor, want []int, dtypes ...kernels.DType) error {
+	ok := len(t.shape) == len(want)
+	for i := 0; ok && i < len(want); i++ {
+		if want[i] >= 0 && t.shape[i] != want[i] {
+			ok = false
+		}
+	}
+	if !ok {
+		return fmt.Errorf("cuda: %s: %s is %v, want shape %v: %w", op, name, t, want, kernels.ErrShape)
+	}
+	if len(dtypes) == 0 {
+		return nil
+	}
+	for _, d := range dtypes {
+		if t.dtype == d {
+			return nil
+		}
+	}
+	return fmt.Errorf("cuda: %s: %s is %v, want dtype in %v: %w", op, name, t, dtypes, kernels.ErrDType)
+}
+
+var floatTypes = []kernels.DType{kernels.F32, kernels.BF16, kernels.F16}

@@ -1,0 +1,137 @@
+package cuda
+
+/*
+#include "api.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+// Graph is an instantiated CUDA graph: a captured sequence of the backend's
+// operations that Replay launches again as one unit, on the same device
+// addresses. Inputs must live in tensors allocated before capture; write them
+// (Upload, or operations queued before Replay) and read the outputs after.
+type Graph struct {
+	b    *Backend
+	exec unsafe.Pointer
+}
+
+// BeginCapture starts recording the backend's stream: operations called
+// until EndCapture are recorded, not run. Upload, Download, Sync and MoE
+// fail while capturing (they need the host). Tensors allocated while
+// capturing are zeroed again at every replay.
+func (b *Backend) BeginCapture() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.checkOpen("graph_begin"); err != nil {
+		return err
+	}
+	return b.status("graph_begin", C.c_graph_begin(b.lib.api, b.ctx))
+}
+
+// EndCapture stops recording and instantiates the graph. While any graph
+// exists the allocator keeps its cached blocks (the graph may point into
+// them).
+func (b *Backend) EndCapture() (*Graph, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.checkOpen("graph_end"); err != nil {
+		return nil, err
+	}
+	var x unsafe.Pointer
+	if err := b.status("graph_end", C.c_graph_end(b.lib.api, b.ctx, &x)); err != nil {
+		return nil, err
+	}
+	return &Graph{b: b, exec: x}, nil
+}
+
+// Replay queues the graph on the backend's stream. Cost: one launch.
+func (g *Graph) Replay() error {
+	b := g.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.checkOpen("graph_replay"); err != nil {
+		return err
+	}
+	if g.exec == nil {
+		return fmt.Errorf("cuda: graph_replay: graph closed: %w", ErrCUDA)
+	}
+	return b.status("graph_replay", C.c_graph_replay(b.lib.api, b.ctx, g.exec))
+}
+
+// Close waits for queued work and destroys the graph.
+func (g *Graph) Close() error {
+	b := g.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if g.exec == nil || b.closed.Load() {
+		g.exec = nil
+		return nil
+	}
+	err := b.status("graph_destroy", C.c_graph_destroy(b.lib.api, b.ctx, g.exec))
+	g.exec = nil
+	return err
+}
+
+// Event is a CUDA event on the backend's stream, for timing device work.
+type Event struct {
+	b  *Backend
+	ev unsafe.Pointer
+}
+
+// NewEvent creates a timing event.
+func (b *Backend) NewEvent() (*Event, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.checkOpen("event_create"); err != nil {
+		return nil, err
+	}
+	var ev unsafe.Pointer
+	if err := b.status("event_create", C.c_event_create(b.lib.api, b.ctx, &ev)); err != nil {
+		return nil, err
+	}
+	return &Event{b: b, ev: ev}, nil
+}
+
+// Record queues the event on the stream.
+func (e *Event) Record() error {
+	e.b.mu.Lock()
+	defer e.b.mu.Unlock()
+	if err := e.b.checkOpen("event_record"); err != nil {
+		return err
+	}
+	return e.b.status("event_record", C.c_event_record(e.b.lib.api, e.b.ctx, e.ev))
+}
+
+// Elapsed waits for end and returns the device time from e to end.
+func (e *Event) Elapsed(end *Event) (float64, error) {
+	e.b.mu.Lock()
+	defer e.b.mu.Unlock()
+	if err := e.b.checkOpen("event_elapsed"); err != nil {
+		return 0, err
+	}
+	if err := e.b.status("event_synchronize", C.c_event_synchronize(e.b.lib.api, e.b.ctx, end.ev)); err != nil {
+		return 0, err
+	}
+	var ms C.float
+	if err := e.b.status("event_elapsed", C.c_event_elapsed_ms(e.b.lib.api, e.b.ctx, e.ev, end.ev, &ms)); err != nil {
+		return 0, err
+	}
+	return float64(ms), nil
+}
+
+// Close destroys the event.
+func (e *Event) Close() error {
+	e.b.mu.Lock()
+	defer e.b.mu.Unlock()
+	if e.ev == nil || e.b.closed.Load() {
+		e.ev = nil
+		return nil
+	}
+	err := e.b.status("event_destroy", C.c_event_destroy(e.b.lib.api, e.b.ctx, e.ev))
+	e.ev = nil
+	return err
+}

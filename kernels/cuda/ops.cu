@@ -1,0 +1,374 @@
+// ops.cu: the elementwise, normalization, embedding, RoPE, cache-write,
+// placeholder and GEMM-based operations of the CUDA backend. One kernel
+// section and one launcher per operation; the launchers are the di_op_*
+// entry points the runtime puts in the ABI table.
+//
+// Numerics follow kernels/cpu where it is cheap to do so: RMSNorm sums
+// squares in float64, SiLU evaluates exp in float64, so that the two backends
+// agree to float32 rounding on everything but the GEMMs.
+#include "common.cuh"
+
+// ---------------------------------------------------------------- probe
+
+__global__ void di_probe_k(int *p) {
+	if (p) *p = 1;
+}
+
+extern "C" cudaError_t di_probe_kernel(void) {
+	di_probe_k<<<1, 1>>>(nullptr);
+	cudaError_t e = cudaGetLastError();
+	if (e != cudaSuccess) return e;
+	return cudaDeviceSynchronize();
+}
+
+// ---------------------------------------------------------------- widen
+
+template <typename T> __global__ void di_widen_k(float *dst, const T *src, size_t n) {
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+		dst[i] = di_to_f32(src[i]);
+}
+
+extern "C" int di_op_widen(di_ctx *ctx, float *dst, const void *src, int src_dtype, size_t n) {
+	DI_DISPATCH_WEIGHT(src_dtype, T,
+	                   di_widen_k<T><<<di_grid(n, 256), 256, 0, ctx->stream>>>(dst, (const T *)src, n));
+	return di_check_launch(ctx, "widen");
+}
+
+// narrow converts float32 activations to the GEMM input dtype.
+template <typename T> __global__ void di_narrow_k(T *dst, const float *src, size_t n) {
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+		dst[i] = di_from_f32<T>(src[i]);
+}
+
+// ---------------------------------------------------------------- embedding
+
+template <typename T>
+__global__ void di_embedding_k(float *out, const T *table, const int *ids, int hidden, int vocab, unsigned *check) {
+	const int i = blockIdx.x;
+	const int id = ids[i];
+	float *dst = out + (size_t)i * hidden;
+	if (id < 0 || id >= vocab) {
+		if (threadIdx.x == 0) atomicOr(check, DI_CHECK_EMBEDDING);
+		for (int j = threadIdx.x; j < hidden; j += blockDim.x) dst[j] = 0.f;
+		return;
+	}
+	const T *src = table + (size_t)id * hidden;
+	for (int j = threadIdx.x; j < hidden; j += blockDim.x) dst[j] = di_to_f32(src[j]);
+}
+
+extern "C" int di_op_embedding(di_ctx *ctx, di_dptr out, di_dptr table, int table_dtype, di_dptr ids,
+                               int num_tokens, int hidden, int vocab) {
+	if (num_tokens == 0) return DI_OK;
+	DI_DISPATCH_WEIGHT(table_dtype, T,
+	                   di_embedding_k<T><<<num_tokens, 256, 0, ctx->stream>>>(
+	                       DI_PTR(float, out), DI_PTR(const T, table), DI_PTR(const int, ids), hidden, vocab,
+	                       ctx->check));
+	return di_check_launch(ctx, "embedding");
+}
+
+// ---------------------------------------------------------------- rms_norm
+
+// One block per row. With a residual: residual += x first. Each thread
+// touches the same columns in every pass, so out may alias x.
+__global__ void di_rms_norm_k(float *out, float *residual, const float *x, const float *w, int n, float eps) {
+	__shared__ double red[32];
+	const size_t row = blockIdx.x;
+	const float *xr = x + row * n;
+	float *src = residual ? residual + row * n : const_cast<float *>(xr);
+	double s = 0;
+	for (int j = threadIdx.x; j < n; j += blockDim.x) {
+		float v = xr[j];
+		if (residual) {
+			v = src[j] + v;
+			src[j] = v;
+		}
+		s += (double)v * (double)v;
+	}
+	s = di_block_sum(s, red);
+	const float r = (float)(1.0 / sqrt(s / n + (double)eps));
+	float *o = out + row * n;
+	for (int j = threadIdx.x; j < n; j += blockDim.x) o[j] = (src[j] * r) * w[j];
+}
+
+static int norm_threads(int n) {
+	int t = 32;
+	while (t < n && t < 1024) t <<= 1;
+	return t;
+}
+
+extern "C" int di_op_rms_norm(di_ctx *ctx, di_dptr out, di_dptr residual, di_dptr x, di_dptr weight, int rows,
+                              int n, float eps) {
+	if (rows == 0) return DI_OK;
+	di_rms_norm_k<<<rows, norm_threads(n), 0, ctx->stream>>>(DI_PTR(float, out), DI_PTR(float, residual),
+	                                                         DI_PTR(const float, x), DI_PTR(const float, weight),
+	                                                         n, eps);
+	return di_check_launch(ctx, residual ? "add_rms_norm" : "rms_norm");
+}
+
+// ---------------------------------------------------------------- linear
+
+// narrow_split writes hi = round(x) and lo = round(x - hi) in T.
+template <typename T> __global__ void di_narrow_split_k(T *hi, T *lo, const float *src, size_t n) {
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+		const float v = src[i];
+		const T h = di_from_f32<T>(v);
+		hi[i] = h;
+		lo[i] = di_from_f32<T>(v - di_to_f32(h));
+	}
+}
+
+__global__ void di_add_into_k(float *out, const float *a, const float *bias, size_t rows, int n) {
+	const size_t total = rows * (size_t)n;
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+		float v = out[i];
+		if (a) v += a[i];
+		if (bias) v += bias[i % n];
+		out[i] = v;
+	}
+}
+
+extern "C" int di_add_into(di_ctx *ctx, float *out, const float *a, const float *bias, size_t rows, int n) {
+	if (rows == 0 || n == 0) return DI_OK;
+	di_add_into_k<<<di_grid(rows * n, 256), 256, 0, ctx->stream>>>(out, a, bias, rows, n);
+	return di_check_launch(ctx, "add_into");
+}
+
+// gemm_f32_input runs out[m,n] = x[m,k] w^T (+ bias) with float32 x. For
+// 16-bit weights x is narrowed to the weight dtype (DI_GEMM_ROUND) or split
+// into hi and lo rows of one GEMM over 2m rows whose halves are then summed
+// (DI_GEMM_SPLIT). Either way the weights are read once.
+static int gemm_f32_input(di_ctx *ctx, float *out, const float *x, const void *w, int w_dtype, const float *bias, int m,
+                          int n, int k) {
+	int rc;
+	if (w_dtype == DI_F32) {
+		rc = di_gemm(ctx, out, x, w, DI_F32, m, n, k);
+		if (rc == DI_OK && bias) rc = di_add_into(ctx, out, nullptr, bias, m, n);
+		return rc;
+	}
+	if (w_dtype != DI_BF16 && w_dtype != DI_F16) return di_fail(ctx, DI_ERR_UNSUPPORTED, "linear: weight dtype %d", w_dtype);
+	const bool split = ctx->gemm_mode == DI_GEMM_SPLIT;
+	const size_t count = (size_t)m * k;
+	void *xs = nullptr, *tmp = nullptr;
+	rc = di_scratch(ctx, (split ? 2 : 1) * count * 2 + 16, &xs);
+	if (rc != DI_OK) return rc;
+	if (split) rc = di_scratch(ctx, (size_t)2 * m * n * sizeof(float), &tmp);
+	if (rc == DI_OK) {
+		if (w_dtype == DI_BF16) {
+			auto *h = (__nv_bfloat16 *)xs;
+			if (split)
+				di_narrow_split_k<<<di_grid(count, 256), 256, 0, ctx->stream>>>(h, h + count, x, count);
+			else
+				di_narrow_k<<<di_grid(count, 256), 256, 0, ctx->stream>>>(h, x, count);
+		} else {
+			auto *h = (__half *)xs;
+			if (split)
+				di_narrow_split_k<<<di_grid(count, 256), 256, 0, ctx->stream>>>(h, h + count, x, count);
+			else
+				di_narrow_k<<<di_grid(count, 256), 256, 0, ctx->stream>>>(h, x, count);
+		}
+		rc = di_check_launch(ctx, "linear: narrow");
+	}
+	if (rc == DI_OK && !split) {
+		rc = di_gemm(ctx, out, xs, w, w_dtype, m, n, k);
+		if (rc == DI_OK && bias) rc = di_add_into(ctx, out, nullptr, bias, m, n);
+	} else if (rc == DI_OK) {
+		float *t = (float *)tmp;
+		rc = di_gemm(ctx, t, xs, w, w_dtype, 2 * m, n, k);
+		if (rc == DI_OK) {
+			// out = hi rows + lo rows (+ bias): copy the hi half, then add.
+			cudaError_t e = cudaMemcpyAsync(out, t, (size_t)m * n * sizeof(float), cudaMemcpyDeviceToDevice, ctx->stream);
+			rc = e == cudaSuccess ? di_add_into(ctx, out, t + (size_t)m * n, bias, m, n) : di_cuda_fail(ctx, e, "linear: copy");
+		}
+	}
+	di_scratch_free(ctx, tmp);
+	di_scratch_free(ctx, xs);
+	return rc;
+}
+
+extern "C" int di_op_linear(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr w, int w_dtype, di_dptr bias, int m, int n,
+                            int k) {
+	if (m == 0) return DI_OK;
+	return gemm_f32_input(ctx, DI_PTR(float, out), DI_PTR(const float, x), DI_PTR(const void, w), w_dtype,
+	                      DI_PTR(const float, bias), m, n, k);
+}
+
+// ---------------------------------------------------------------- silu_mul
+
+__device__ __forceinline__ float di_silu(float x) { return (float)((double)x / (1.0 + exp(-(double)x))); }
+
+__global__ void di_silu_mul_k(float *out, const float *gate_up, size_t rows, int n) {
+	const size_t total = rows * (size_t)n;
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+		const size_t r = i / n, j = i % n;
+		const float *g = gate_up + r * 2 * n;
+		out[i] = di_silu(g[j]) * g[n + j];
+	}
+}
+
+extern "C" int di_op_silu_mul(di_ctx *ctx, di_dptr out, di_dptr gate_up, int rows, int n) {
+	if (rows == 0 || n == 0) return DI_OK;
+	di_silu_mul_k<<<di_grid((size_t)rows * n, 256), 256, 0, ctx->stream>>>(DI_PTR(float, out),
+	                                                                     DI_PTR(const float, gate_up), rows, n);
+	return di_check_launch(ctx, "silu_mul");
+}
+
+// ---------------------------------------------------------------- add, concat
+
+__global__ void di_add_k(float *out, const float *a, const float *b, size_t n) {
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+		out[i] = a[i] + b[i];
+}
+
+extern "C" int di_op_add(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, uint64_t n) {
+	if (n == 0) return DI_OK;
+	di_add_k<<<di_grid(n, 256), 256, 0, ctx->stream>>>(DI_PTR(float, out), DI_PTR(const float, a),
+	                                                   DI_PTR(const float, b), n);
+	return di_check_launch(ctx, "add");
+}
+
+__global__ void di_concat_k(float *out, const float *a, const float *b, size_t rows, int m, int n) {
+	const int w = m + n;
+	const size_t total = rows * (size_t)w;
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+		const size_t r = i / w;
+		const int j = (int)(i % w);
+		out[i] = j < m ? a[r * m + j] : b[r * n + (j - m)];
+	}
+}
+
+extern "C" int di_op_concat(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, int rows, int m, int n) {
+	if (rows == 0 || m + n == 0) return DI_OK;
+	di_concat_k<<<di_grid((size_t)rows * (m + n), 256), 256, 0, ctx->stream>>>(
+	    DI_PTR(float, out), DI_PTR(const float, a), DI_PTR(const float, b), rows, m, n);
+	return di_check_launch(ctx, "concat");
+}
+
+// ---------------------------------------------------------------- rope
+
+// One block per token; threads over (head, pair).
+__global__ void di_rope_k(float *x, const int *positions, const float *cosv, const float *sinv, int max_pos,
+                          int num_heads, int head_size, int offset, int rotary_dim, int interleaved,
+                          unsigned *check) {
+	const int i = blockIdx.x;
+	const int pos = positions[i];
+	if (pos < 0 || pos >= max_pos) {
+		if (threadIdx.x == 0) atomicOr(check, DI_CHECK_ROPE);
+		return;
+	}
+	const int half = rotary_dim / 2;
+	const float *c = cosv + (size_t)pos * half;
+	const float *s = sinv + (size_t)pos * half;
+	float *row = x + (size_t)i * num_heads * head_size;
+	for (int idx = threadIdx.x; idx < num_heads * half; idx += blockDim.x) {
+		const int h = idx / half, j = idx % half;
+		float *v = row + h * head_size + offset;
+		const int a = interleaved ? 2 * j : j;
+		const int b = interleaved ? 2 * j + 1 : j + half;
+		const float x0 = v[a], x1 = v[b];
+		v[a] = x0 * c[j] - x1 * s[j];
+		v[b] = x1 * c[j] + x0 * s[j];
+	}
+}
+
+extern "C" int di_op_rope(di_ctx *ctx, di_dptr x, di_dptr positions, di_dptr cos, di_dptr sin, int num_tokens,
+                          int max_pos, int num_heads, int head_size, int offset, int rotary_dim, int interleaved) {
+	if (num_tokens == 0) return DI_OK;
+	int threads = norm_threads(num_heads * rotary_dim / 2);
+	if (threads > 256) threads = 256;
+	di_rope_k<<<num_tokens, threads, 0, ctx->stream>>>(DI_PTR(float, x), DI_PTR(const int, positions),
+	                                                   DI_PTR(const float, cos), DI_PTR(const float, sin), max_pos,
+	                                                   num_heads, head_size, offset, rotary_dim, interleaved,
+	                                                   ctx->check);
+	return di_check_launch(ctx, "rope");
+}
+
+// ---------------------------------------------------------------- write_cache
+
+__global__ void di_write_cache_k(float *cache, const float *src, const int *slots, int w, int width, int col,
+                                 int num_slots, unsigned *check) {
+	const int i = blockIdx.x;
+	const int slot = slots[i];
+	if (slot == -1) return;
+	if (slot < -1 || slot >= num_slots) {
+		if (threadIdx.x == 0) atomicOr(check, DI_CHECK_WRITE_CACHE);
+		return;
+	}
+	float *dst = cache + (size_t)slot * width + col;
+	const float *s = src + (size_t)i * w;
+	for (int j = threadIdx.x; j < w; j += blockDim.x) dst[j] = s[j];
+}
+
+extern "C" int di_op_write_cache(di_ctx *ctx, di_dptr cache, di_dptr src, di_dptr slot_mapping, int num_tokens, int w,
+                                 int width, int col, int num_slots) {
+	if (num_tokens == 0 || w == 0) return DI_OK;
+	di_write_cache_k<<<num_tokens, norm_threads(w) > 256 ? 256 : norm_threads(w), 0, ctx->stream>>>(
+	    DI_PTR(float, cache), DI_PTR(const float, src), DI_PTR(const int, slot_mapping), w, width, col, num_slots,
+	    ctx->check);
+	return di_check_launch(ctx, "write_cache");
+}
+
+// ---------------------------------------------------------------- resolve_placeholders
+
+__global__ void di_resolve_k(int *ids, const int *from_row, const int *sampled, int n, int r, unsigned *check) {
+	for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+		const int f = from_row[i];
+		if (f < 0) continue;
+		if (f >= r) {
+			atomicOr(check, DI_CHECK_RESOLVE);
+			continue;
+		}
+		ids[i] = sampled[f];
+	}
+}
+
+extern "C" int di_op_resolve_placeholders(di_ctx *ctx, di_dptr ids, di_dptr from_row, di_dptr sampled,
+                                          int num_tokens, int num_sampled) {
+	if (num_tokens == 0) return DI_OK;
+	di_resolve_k<<<di_grid(num_tokens, 256), 256, 0, ctx->stream>>>(
+	    DI_PTR(int, ids), DI_PTR(const int, from_row), DI_PTR(const int, sampled), num_tokens, num_sampled,
+	    ctx->check);
+	return di_check_launch(ctx, "resolve_placeholders");
+}
+
+// ---------------------------------------------------------------- logits
+
+// One block per sampled row: gather and normalize (float64 sum of squares as
+// rms_norm) into a float32 buffer that then goes through the linear path.
+__global__ void di_gather_norm_k(float *dst, const float *hidden, const int *rows, int num_hidden, const float *norm,
+                                 int dim, float eps, unsigned *check) {
+	__shared__ double red[32];
+	const int r = blockIdx.x;
+	const int src_row = rows ? rows[r] : r;
+	float *d = dst + (size_t)r * dim;
+	if (src_row < 0 || src_row >= num_hidden) {
+		if (threadIdx.x == 0) atomicOr(check, DI_CHECK_LOGITS);
+		for (int j = threadIdx.x; j < dim; j += blockDim.x) d[j] = 0.f;
+		return;
+	}
+	const float *x = hidden + (size_t)src_row * dim;
+	float scale = 1.f;
+	if (norm) {
+		double s = 0;
+		for (int j = threadIdx.x; j < dim; j += blockDim.x) s += (double)x[j] * (double)x[j];
+		s = di_block_sum(s, red);
+		scale = (float)(1.0 / sqrt(s / dim + (double)eps));
+	}
+	for (int j = threadIdx.x; j < dim; j += blockDim.x) d[j] = norm ? (x[j] * scale) * norm[j] : x[j];
+}
+
+extern "C" int di_op_logits(di_ctx *ctx, di_dptr out, di_dptr hidden, di_dptr rows, int num_rows, int num_hidden,
+                            di_dptr norm, di_dptr head, int head_dtype, int dim, int vocab, float eps) {
+	if (num_rows == 0) return DI_OK;
+	void *xs = nullptr;
+	int rc = di_scratch(ctx, (size_t)num_rows * dim * sizeof(float) + 16, &xs);
+	if (rc != DI_OK) return rc;
+	di_gather_norm_k<<<num_rows, norm_threads(dim), 0, ctx->stream>>>((float *)xs, DI_PTR(const float, hidden),
+	                                                                 DI_PTR(const int, rows), num_hidden,
+	                                                                 DI_PTR(const float, norm), dim, eps, ctx->check);
+	rc = di_check_launch(ctx, "logits: gather");
+	if (rc == DI_OK)
+		rc = gemm_f32_input(ctx, DI_PTR(float, out), (const float *)xs, DI_PTR(const void, head), head_dtype, nullptr,
+		                    num_rows, vocab, dim);
+	di_scratch_free(ctx, xs);
+	return rc;
+}

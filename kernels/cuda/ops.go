@@ -1,0 +1,686 @@
+package cuda
+
+/*
+#include "api.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"runtime"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// launch runs fn under the backend's lock after checking it is open, turns
+// its status into an error and keeps the tensors alive until the call has
+// returned (the kernels it queued hold their device memory through the
+// stream order of the allocator).
+func (b *Backend) launch(op string, fn func() C.int, keep ...*Tensor) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.checkOpen(op); err != nil {
+		return err
+	}
+	err := b.status(op, fn())
+	runtime.KeepAlive(keep)
+	return err
+}
+
+// Embedding gathers rows of table by ids; an id outside the table is
+// reported by the next Download or Sync.
+func (b *Backend) Embedding(out, table, ids kernels.Tensor) error {
+	const op = "embedding"
+	o, err := asCUDA(op, "out", out)
+	if err != nil {
+		return err
+	}
+	tb, err := asCUDA(op, "table", table)
+	if err != nil {
+		return err
+	}
+	id, err := asCUDA(op, "ids", ids)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "table", tb, []int{-1, -1}, floatTypes...); err != nil {
+		return err
+	}
+	vocab, hidden := tb.shape[0], tb.shape[1]
+	if err := checkShape(op, "ids", id, []int{-1}, kernels.I32); err != nil {
+		return err
+	}
+	t := id.shape[0]
+	if err := checkShape(op, "out", o, []int{t, hidden}, kernels.F32); err != nil {
+		return err
+	}
+	return b.launch(op, func() C.int {
+		return C.c_embedding(b.lib.api, b.ctx, o.ptr(), tb.ptr(), C.int(tb.dtype), id.ptr(), C.int(t), C.int(hidden), C.int(vocab))
+	}, o, tb, id)
+}
+
+func (b *Backend) normArgs(op string, out, x, weight kernels.Tensor) (o, xs, w *Tensor, rows, n int, err error) {
+	if o, err = asCUDA(op, "out", out); err != nil {
+		return
+	}
+	if xs, err = asCUDA(op, "x", x); err != nil {
+		return
+	}
+	if w, err = asCUDA(op, "weight", weight); err != nil {
+		return
+	}
+	if err = checkShape(op, "x", xs, []int{-1, -1}, kernels.F32); err != nil {
+		return
+	}
+	rows, n = xs.shape[0], xs.shape[1]
+	if err = checkShape(op, "out", o, []int{rows, n}, kernels.F32); err != nil {
+		return
+	}
+	err = checkShape(op, "weight", w, []int{n}, kernels.F32)
+	return
+}
+
+// RMSNorm normalizes each row of x into out (out may alias x).
+func (b *Backend) RMSNorm(out, x, weight kernels.Tensor, eps float32) error {
+	const op = "rms_norm"
+	o, xs, w, rows, n, err := b.normArgs(op, out, x, weight)
+	if err != nil {
+		return err
+	}
+	return b.launch(op, func() C.int {
+		return C.c_rms_norm(b.lib.api, b.ctx, o.ptr(), 0, xs.ptr(), w.ptr(), C.int(rows), C.int(n), C.float(eps))
+	}, o, xs, w)
+}
+
+// AddRMSNorm adds x into residual and normalizes the sum into out.
+func (b *Backend) AddRMSNorm(out, residual, x, weight kernels.Tensor, eps float32) error {
+	const op = "add_rms_norm"
+	o, xs, w, rows, n, err := b.normArgs(op, out, x, weight)
+	if err != nil {
+		return err
+	}
+	r, err := asCUDA(op, "residual", residual)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "residual", r, []int{rows, n}, kernels.F32); err != nil {
+		return err
+	}
+	return b.launch(op, func() C.int {
+		return C.c_rms_norm(b.lib.api, b.ctx, o.ptr(), r.ptr(), xs.ptr(), w.ptr(), C.int(rows), C.int(n), C.float(eps))
+	}, o, r, xs, w)
+}
+
+// Linear computes out = x W^T (+ bias) on cuBLAS.
+func (b *Backend) Linear(out, x, w, bias kernels.Tensor) error {
+	const op = "linear"
+	o, err := asCUDA(op, "out", out)
+	if err != nil {
+		return err
+	}
+	xs, err := asCUDA(op, "x", x)
+	if err != nil {
+		return err
+	}
+	ws, err := asCUDA(op, "w", w)
+	if err != nil {
+		return err
+	}
+	bs, err := optCUDA(op, "bias", bias)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "w", ws, []int{-1, -1}, floatTypes...); err != nil {
+		return err
+	}
+	n, k := ws.shape[0], ws.shape[1]
+	if err := checkShape(op, "x", xs, []int{-1, k}, kernels.F32); err != nil {
+		return err
+	}
+	m := xs.shape[0]
+	if err := checkShape(op, "out", o, []int{m, n}, kernels.F32); err != nil {
+		return err
+	}
+	if bs != nil {
+		if err := checkShape(op, "bias", bs, []int{n}, kernels.F32); err != nil {
+			return err
+		}
+	}
+	return b.launch(op, func() C.int {
+		return C.c_linear(b.lib.api, b.ctx, o.ptr(), xs.ptr(), ws.ptr(), C.int(ws.dtype), optPtr(bs), C.int(m), C.int(n), C.int(k))
+	}, o, xs, ws, bs)
+}
+
+// SiLUMul computes silu(gate) * up from the fused [T, 2n] projection.
+func (b *Backend) SiLUMul(out, gateUp kernels.Tensor) error {
+	const op = "silu_mul"
+	o, err := asCUDA(op, "out", out)
+	if err != nil {
+		return err
+	}
+	g, err := asCUDA(op, "gate_up", gateUp)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "gate_up", g, []int{-1, -1}, kernels.F32); err != nil {
+		return err
+	}
+	rows, n := g.shape[0], g.shape[1]/2
+	if g.shape[1]%2 != 0 {
+		return fmt.Errorf("cuda: %s: gate_up %v has an odd width: %w", op, g, kernels.ErrShape)
+	}
+	if err := checkShape(op, "out", o, []int{rows, n}, kernels.F32); err != nil {
+		return err
+	}
+	return b.launch(op, func() C.int {
+		return C.c_silu_mul(b.lib.api, b.ctx, o.ptr(), g.ptr(), C.int(rows), C.int(n))
+	}, o, g)
+}
+
+// Add computes out = a + b elementwise (out may alias a or b).
+func (b *Backend) Add(out, x, y kernels.Tensor) error {
+	const op = "add"
+	o, err := asCUDA(op, "out", out)
+	if err != nil {
+		return err
+	}
+	a, err := asCUDA(op, "a", x)
+	if err != nil {
+		return err
+	}
+	c, err := asCUDA(op, "b", y)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "a", a, o.shape, kernels.F32); err != nil {
+		return err
+	}
+	if err := checkShape(op, "b", c, o.shape, kernels.F32); err != nil {
+		return err
+	}
+	if o.dtype != kernels.F32 {
+		return fmt.Errorf("cuda: %s: out is %v: %w", op, o, kernels.ErrDType)
+	}
+	return b.launch(op, func() C.int {
+		return C.c_add(b.lib.api, b.ctx, o.ptr(), a.ptr(), c.ptr(), C.uint64_t(o.numel()))
+	}, o, a, c)
+}
+
+// Concat joins the rows of a and b.
+func (b *Backend) Concat(out, x, y kernels.Tensor) error {
+	const op = "concat"
+	o, err := asCUDA(op, "out", out)
+	if err != nil {
+		return err
+	}
+	a, err := asCUDA(op, "a", x)
+	if err != nil {
+		return err
+	}
+	c, err := asCUDA(op, "b", y)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "a", a, []int{-1, -1}, kernels.F32); err != nil {
+		return err
+	}
+	rows, m := a.shape[0], a.shape[1]
+	if err := checkShape(op, "b", c, []int{rows, -1}, kernels.F32); err != nil {
+		return err
+	}
+	n := c.shape[1]
+	if err := checkShape(op, "out", o, []int{rows, m + n}, kernels.F32); err != nil {
+		return err
+	}
+	return b.launch(op, func() C.int {
+		return C.c_concat(b.lib.api, b.ctx, o.ptr(), a.ptr(), c.ptr(), C.int(rows), C.int(m), C.int(n))
+	}, o, a, c)
+}
+
+// RoPE rotates the rotary part of every head of x in place; a position
+// outside the table is reported by the next Download or Sync.
+func (b *Backend) RoPE(x, positions, cos, sin kernels.Tensor, p kernels.RoPEParams) error {
+	const op = "rope"
+	xs, err := asCUDA(op, "x", x)
+	if err != nil {
+		return err
+	}
+	ps, err := asCUDA(op, "positions", positions)
+	if err != nil {
+		return err
+	}
+	cs, err := asCUDA(op, "cos", cos)
+	if err != nil {
+		return err
+	}
+	ss, err := asCUDA(op, "sin", sin)
+	if err != nil {
+		return err
+	}
+	if p.NumHeads <= 0 || p.RotaryDim <= 0 || p.RotaryDim%2 != 0 || p.Offset < 0 || p.Offset+p.RotaryDim > p.HeadSize {
+		return fmt.Errorf("cuda: %s: params %+v: %w", op, p, kernels.ErrShape)
+	}
+	width := p.NumHeads * p.HeadSize
+	if err := checkShape(op, "x", xs, []int{-1, width}, kernels.F32); err != nil {
+		return err
+	}
+	t := xs.shape[0]
+	if err := checkShape(op, "positions", ps, []int{t}, kernels.I32); err != nil {
+		return err
+	}
+	half := p.RotaryDim / 2
+	if err := checkShape(op, "cos", cs, []int{-1, half}, kernels.F32); err != nil {
+		return err
+	}
+	maxPos := cs.shape[0]
+	if err := checkShape(op, "sin", ss, []int{maxPos, half}, kernels.F32); err != nil {
+		return err
+	}
+	il := 0
+	if p.Interleaved {
+		il = 1
+	}
+	return b.launch(op, func() C.int {
+		return C.c_rope(b.lib.api, b.ctx, xs.ptr(), ps.ptr(), cs.ptr(), ss.ptr(), C.int(t), C.int(maxPos), C.int(p.NumHeads),
+			C.int(p.HeadSize), C.int(p.Offset), C.int(p.RotaryDim), C.int(il))
+	}, xs, ps, cs, ss)
+}
+
+// WriteCache scatters rows of src into cache slots; a slot outside the
+// cache is reported by the next Download or Sync.
+func (b *Backend) WriteCache(cache, src, slotMapping kernels.Tensor, col int) error {
+	const op = "write_cache"
+	c, err := asCUDA(op, "cache", cache)
+	if err != nil {
+		return err
+	}
+	s, err := asCUDA(op, "src", src)
+	if err != nil {
+		return err
+	}
+	sm, err := asCUDA(op, "slot_mapping", slotMapping)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "cache", c, []int{-1, -1, -1}, kernels.F32); err != nil {
+		return err
+	}
+	numSlots, width := c.shape[0]*c.shape[1], c.shape[2]
+	if err := checkShape(op, "src", s, []int{-1, -1}, kernels.F32); err != nil {
+		return err
+	}
+	t, w := s.shape[0], s.shape[1]
+	if col < 0 || col+w > width {
+		return fmt.Errorf("cuda: %s: columns [%d, %d) of cache %v: %w", op, col, col+w, c, kernels.ErrShape)
+	}
+	if err := checkShape(op, "slot_mapping", sm, []int{t}, kernels.I32); err != nil {
+		return err
+	}
+	return b.launch(op, func() C.int {
+		return C.c_write_cache(b.lib.api, b.ctx, c.ptr(), s.ptr(), sm.ptr(), C.int(t), C.int(w), C.int(width), C.int(col), C.int(numSlots))
+	}, c, s, sm)
+}
+
+// attnMeta validates m's tensors against numTokens query rows and a cache of
+// [numBlocks, blockSize, ...] and returns the ABI's description of it. The
+// values inside the tensors are checked on the device.
+func attnMeta(op string, m *kernels.AttentionMetadata, numTokens, numBlocks, blockSize int) (C.di_attn_meta, []*Tensor, error) {
+	var cm C.di_attn_meta
+	if m == nil {
+		return cm, nil, fmt.Errorf("cuda: %s: nil metadata: %w", op, kernels.ErrShape)
+	}
+	if m.BlockSize != blockSize || blockSize <= 0 {
+		return cm, nil, fmt.Errorf("cuda: %s: metadata block size %d, cache block size %d: %w", op, m.BlockSize, blockSize, kernels.ErrShape)
+	}
+	cu, err := asCUDA(op, "cu_seqlens_q", m.CuSeqlensQ)
+	if err != nil {
+		return cm, nil, err
+	}
+	sk, err := asCUDA(op, "seqlens_k", m.SeqlensK)
+	if err != nil {
+		return cm, nil, err
+	}
+	bt, err := asCUDA(op, "block_tables", m.BlockTables)
+	if err != nil {
+		return cm, nil, err
+	}
+	n := m.NumSeqs
+	if n <= 0 && numTokens > 0 {
+		return cm, nil, fmt.Errorf("cuda: %s: %d sequences for %d tokens: %w", op, n, numTokens, kernels.ErrShape)
+	}
+	if err := checkShape(op, "cu_seqlens_q", cu, []int{n + 1}, kernels.I32); err != nil {
+		return cm, nil, err
+	}
+	if err := checkShape(op, "seqlens_k", sk, []int{n}, kernels.I32); err != nil {
+		return cm, nil, err
+	}
+	if err := checkShape(op, "block_tables", bt, []int{n, -1}, kernels.I32); err != nil {
+		return cm, nil, err
+	}
+	if m.NumTokens != numTokens {
+		return cm, nil, fmt.Errorf("cuda: %s: metadata has %d tokens, q has %d rows: %w", op, m.NumTokens, numTokens, kernels.ErrShape)
+	}
+	cm.num_seqs = C.int(n)
+	cm.num_tokens = C.int(numTokens)
+	cm.block_size = C.int(blockSize)
+	cm.max_blocks_per_seq = C.int(bt.shape[1])
+	cm.num_blocks = C.int(numBlocks)
+	cm.cu_seqlens_q = cu.ptr()
+	cm.seqlens_k = sk.ptr()
+	cm.block_tables = bt.ptr()
+	return cm, []*Tensor{cu, sk, bt}, nil
+}
+
+// Attention is paged causal GQA attention; see kernels.Ops. Metadata that
+// does not fit the cache is reported by the next Download or Sync.
+func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.AttentionMetadata, p kernels.AttentionParams) error {
+	const op = "attention"
+	o, err := asCUDA(op, "out", out)
+	if err != nil {
+		return err
+	}
+	qs, err := asCUDA(op, "q", q)
+	if err != nil {
+		return err
+	}
+	kc, err := asCUDA(op, "k_cache", kCache)
+	if err != nil {
+		return err
+	}
+	vc, err := asCUDA(op, "v_cache", vCache)
+	if err != nil {
+		return err
+	}
+	if p.NumHeads <= 0 || p.NumKVHeads <= 0 || p.NumHeads%p.NumKVHeads != 0 || p.HeadDim <= 0 || p.SlidingWindow < 0 {
+		return fmt.Errorf("cuda: %s: params %+v: %w", op, p, kernels.ErrShape)
+	}
+	d, nh := p.HeadDim, p.NumHeads
+	if err := checkShape(op, "q", qs, []int{-1, nh * d}, kernels.F32); err != nil {
+		return err
+	}
+	t := qs.shape[0]
+	if err := checkShape(op, "out", o, []int{t, nh * d}, kernels.F32); err != nil {
+		return err
+	}
+	if err := checkShape(op, "k_cache", kc, []int{-1, -1, p.NumKVHeads * d}, kernels.F32); err != nil {
+		return err
+	}
+	if err := checkShape(op, "v_cache", vc, kc.shape, kernels.F32); err != nil {
+		return err
+	}
+	cm, keep, err := attnMeta(op, m, t, kc.shape[0], kc.shape[1])
+	if err != nil {
+		return err
+	}
+	return b.launch(op, func() C.int {
+		return C.c_attention(b.lib.api, b.ctx, o.ptr(), qs.ptr(), kc.ptr(), vc.ptr(), &cm, C.int(nh), C.int(p.NumKVHeads),
+			C.int(d), C.float(p.Scale), C.int(p.SlidingWindow))
+	}, append(keep, o, qs, kc, vc)...)
+}
+
+// MLAAttention is latent attention with weight absorption; see kernels.Ops.
+func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.AttentionMetadata, p kernels.MLAParams) error {
+	const op = "mla_attention"
+	o, err := asCUDA(op, "out", out)
+	if err != nil {
+		return err
+	}
+	qs, err := asCUDA(op, "q", q)
+	if err != nil {
+		return err
+	}
+	c, err := asCUDA(op, "cache", cache)
+	if err != nil {
+		return err
+	}
+	w, err := asCUDA(op, "wkvb", wkvb)
+	if err != nil {
+		return err
+	}
+	if p.NumHeads <= 0 || p.NopeDim <= 0 || p.RopeDim <= 0 || p.KVLoraRank <= 0 || p.VHeadDim <= 0 {
+		return fmt.Errorf("cuda: %s: params %+v: %w", op, p, kernels.ErrShape)
+	}
+	nh, nope, rope, kvl, vd := p.NumHeads, p.NopeDim, p.RopeDim, p.KVLoraRank, p.VHeadDim
+	if err := checkShape(op, "q", qs, []int{-1, nh * (nope + rope)}, kernels.F32); err != nil {
+		return err
+	}
+	t := qs.shape[0]
+	if err := checkShape(op, "out", o, []int{t, nh * vd}, kernels.F32); err != nil {
+		return err
+	}
+	if err := checkShape(op, "cache", c, []int{-1, -1, kvl + rope}, kernels.F32); err != nil {
+		return err
+	}
+	if err := checkShape(op, "wkvb", w, []int{nh * (nope + vd), kvl}, floatTypes...); err != nil {
+		return err
+	}
+	cm, keep, err := attnMeta(op, m, t, c.shape[0], c.shape[1])
+	if err != nil {
+		return err
+	}
+	return b.launch(op, func() C.int {
+		return C.c_mla_attention(b.lib.api, b.ctx, o.ptr(), qs.ptr(), c.ptr(), w.ptr(), C.int(w.dtype), &cm, C.int(nh),
+			C.int(nope), C.int(rope), C.int(kvl), C.int(vd), C.float(p.Scale))
+	}, append(keep, o, qs, c, w)...)
+}
+
+// checkRoute validates routing parameters as the CPU backend does.
+func checkRoute(p kernels.RouteParams, e int) error {
+	bad := func(why string) error {
+		return fmt.Errorf("route params %+v with %d experts: %s: %w", p, e, why, kernels.ErrShape)
+	}
+	if p.TopK < 1 || p.TopK > e {
+		return bad("top_k out of range")
+	}
+	if p.Scoring != kernels.ScoringSoftmax && p.Scoring != kernels.ScoringSigmoid {
+		return bad("unknown scoring")
+	}
+	switch p.Method {
+	case kernels.TopKGreedy:
+	case kernels.TopKGroupLimited, kernels.TopKNoAuxTC:
+		if p.NumGroups < 1 || e%p.NumGroups != 0 {
+			return bad("n_group must divide the experts")
+		}
+		if p.TopKGroups < 1 || p.TopKGroups > p.NumGroups {
+			return bad("topk_group out of range")
+		}
+		if p.TopK > p.TopKGroups*(e/p.NumGroups) {
+			return bad("top_k exceeds the experts of the kept groups")
+		}
+		if p.Method == kernels.TopKNoAuxTC && e/p.NumGroups < 2 {
+			return bad("noaux_tc needs at least 2 experts per group")
+		}
+	default:
+		return bad("unknown top-k method")
+	}
+	return nil
+}
+
+// MoERoute turns router logits into top-k expert ids and weights.
+func (b *Backend) MoERoute(ids, weights, logits, bias kernels.Tensor, p kernels.RouteParams) error {
+	const op = "moe_route"
+	is, err := asCUDA(op, "ids", ids)
+	if err != nil {
+		return err
+	}
+	ws, err := asCUDA(op, "weights", weights)
+	if err != nil {
+		return err
+	}
+	ls, err := asCUDA(op, "logits", logits)
+	if err != nil {
+		return err
+	}
+	bs, err := optCUDA(op, "bias", bias)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "logits", ls, []int{-1, -1}, kernels.F32); err != nil {
+		return err
+	}
+	t, e := ls.shape[0], ls.shape[1]
+	if err := checkRoute(p, e); err != nil {
+		return fmt.Errorf("cuda: %s: %w", op, err)
+	}
+	if err := checkShape(op, "ids", is, []int{t, p.TopK}, kernels.I32); err != nil {
+		return err
+	}
+	if err := checkShape(op, "weights", ws, []int{t, p.TopK}, kernels.F32); err != nil {
+		return err
+	}
+	if bs != nil {
+		if err := checkShape(op, "bias", bs, []int{e}, kernels.F32); err != nil {
+			return err
+		}
+	}
+	groups := max(p.NumGroups, 1)
+	norm := 0
+	if p.NormTopKProb {
+		norm = 1
+	}
+	return b.launch(op, func() C.int {
+		return C.c_moe_route(b.lib.api, b.ctx, is.ptr(), ws.ptr(), ls.ptr(), optPtr(bs), C.int(t), C.int(e), C.int(p.TopK),
+			C.int(p.Scoring), C.int(p.Method), C.int(groups), C.int(p.TopKGroups), C.int(norm), C.float(p.ScalingFactor))
+	}, is, ws, ls, bs)
+}
+
+// MoE runs the selected experts on their tokens and mixes the results. It
+// waits for the routing ids (one small copy to the host); an id outside the
+// experts is an error wrapping kernels.ErrOutOfRange.
+func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
+	const op = "moe"
+	o, err := asCUDA(op, "out", out)
+	if err != nil {
+		return err
+	}
+	xs, err := asCUDA(op, "x", x)
+	if err != nil {
+		return err
+	}
+	is, err := asCUDA(op, "ids", ids)
+	if err != nil {
+		return err
+	}
+	ws, err := asCUDA(op, "weights", weights)
+	if err != nil {
+		return err
+	}
+	gu, err := asCUDA(op, "gate_up", gateUp)
+	if err != nil {
+		return err
+	}
+	dn, err := asCUDA(op, "down", down)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "x", xs, []int{-1, -1}, kernels.F32); err != nil {
+		return err
+	}
+	t, hidden := xs.shape[0], xs.shape[1]
+	if err := checkShape(op, "gate_up", gu, []int{-1, -1, hidden}, floatTypes...); err != nil {
+		return err
+	}
+	numExperts, inter := gu.shape[0], gu.shape[1]/2
+	if gu.shape[1]%2 != 0 {
+		return fmt.Errorf("cuda: %s: gate_up %v has an odd row count: %w", op, gu, kernels.ErrShape)
+	}
+	if err := checkShape(op, "down", dn, []int{numExperts, hidden, inter}, gu.dtype); err != nil {
+		return err
+	}
+	if err := checkShape(op, "ids", is, []int{t, -1}, kernels.I32); err != nil {
+		return err
+	}
+	topK := is.shape[1]
+	if err := checkShape(op, "weights", ws, []int{t, topK}, kernels.F32); err != nil {
+		return err
+	}
+	if err := checkShape(op, "out", o, []int{t, hidden}, kernels.F32); err != nil {
+		return err
+	}
+	return b.launch(op, func() C.int {
+		return C.c_moe(b.lib.api, b.ctx, o.ptr(), xs.ptr(), is.ptr(), ws.ptr(), gu.ptr(), dn.ptr(), C.int(gu.dtype), C.int(t),
+			C.int(topK), C.int(hidden), C.int(inter), C.int(numExperts))
+	}, o, xs, is, ws, gu, dn)
+}
+
+// ResolvePlaceholders sets ids[i] = sampled[fromRow[i]] where fromRow[i] >= 0,
+// on the device; a row outside sampled is reported by the next Download or Sync.
+func (b *Backend) ResolvePlaceholders(ids, fromRow, sampled kernels.Tensor) error {
+	const op = "resolve_placeholders"
+	id, err := asCUDA(op, "ids", ids)
+	if err != nil {
+		return err
+	}
+	from, err := asCUDA(op, "from_row", fromRow)
+	if err != nil {
+		return err
+	}
+	smp, err := asCUDA(op, "sampled", sampled)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "ids", id, []int{-1}, kernels.I32); err != nil {
+		return err
+	}
+	if err := checkShape(op, "from_row", from, []int{id.shape[0]}, kernels.I32); err != nil {
+		return err
+	}
+	if err := checkShape(op, "sampled", smp, []int{-1}, kernels.I32); err != nil {
+		return err
+	}
+	return b.launch(op, func() C.int {
+		return C.c_resolve(b.lib.api, b.ctx, id.ptr(), from.ptr(), smp.ptr(), C.int(id.shape[0]), C.int(smp.shape[0]))
+	}, id, from, smp)
+}
+
+// Logits gathers rows of hidden, normalizes them and applies the LM head.
+func (b *Backend) Logits(out, hidden, rows, norm, head kernels.Tensor, eps float32) error {
+	const op = "logits"
+	o, err := asCUDA(op, "out", out)
+	if err != nil {
+		return err
+	}
+	h, err := asCUDA(op, "hidden", hidden)
+	if err != nil {
+		return err
+	}
+	rs, err := optCUDA(op, "rows", rows)
+	if err != nil {
+		return err
+	}
+	nw, err := optCUDA(op, "norm", norm)
+	if err != nil {
+		return err
+	}
+	hw, err := asCUDA(op, "head", head)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "hidden", h, []int{-1, -1}, kernels.F32); err != nil {
+		return err
+	}
+	t, dim := h.shape[0], h.shape[1]
+	if err := checkShape(op, "head", hw, []int{-1, dim}, floatTypes...); err != nil {
+		return err
+	}
+	vocab := hw.shape[0]
+	r := t
+	if rs != nil {
+		if err := checkShape(op, "rows", rs, []int{-1}, kernels.I32); err != nil {
+			return err
+		}
+		r = rs.shape[0]
+	}
+	if err := checkShape(op, "out", o, []int{r, vocab}, kernels.F32); err != nil {
+		return err
+	}
+	if nw != nil {
+		if err := checkShape(op, "norm", nw, []int{dim}, kernels.F32); err != nil {
+			return err
+		}
+	}
+	return b.launch(op, func() C.int {
+		return C.c_logits(b.lib.api, b.ctx, o.ptr(), h.ptr(), optPtr(rs), C.int(r), C.int(t), optPtr(nw), hw.ptr(),
+			C.int(hw.dtype), C.int(dim), C.int(vocab), C.float(eps))
+	}, o, h, rs, nw, hw)
+}
