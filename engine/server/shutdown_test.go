@@ -68,7 +68,7 @@ func TestShutdownAbortsAtDeadline(t *testing.T) {
 	if _, err := resp.Body.Read(make([]byte, 32)); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
 	start := time.Now()
 	err := ts.Shutdown(ctx)
