@@ -101,6 +101,9 @@ async function main() {
   });
 
   await section('stop string', async () => {
+    if (completionText.length < 8 || chatText.length < 6) {
+      throw new Error(`greedy texts too short to cut with a stop string: ${JSON.stringify([completionText, chatText])}`);
+    }
     const stop = completionText.slice(5, 8);
     const want = completionText.slice(0, completionText.indexOf(stop));
     const c = await client.completions.create({ model, prompt: 'the quick brown fox', max_tokens: 16, ...greedy, stop: [stop] });
