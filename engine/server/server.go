@@ -567,7 +567,10 @@ func (s *Server) submit(reqs []*request) (*group, *apiError) {
 			}
 			s.abort(reqs[:i])
 			reason, msg := "queue_full", err.Error()
-			if errors.Is(err, llm.ErrClosed) {
+			switch {
+			case errors.Is(err, engine.ErrInvalidRequest):
+				return nil, badRequest("", "%v", err) // the server's own checks let it through
+			case errors.Is(err, llm.ErrClosed):
 				reason, msg = "shutdown", "the engine is shutting down"
 			}
 			s.metrics.rejected.WithLabelValues(reason).Inc()
