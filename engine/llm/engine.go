@@ -15,12 +15,18 @@ import (
 	"github.com/deepinfer/deepinfer-go/engine/tokenizer"
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu"
+	"github.com/deepinfer/deepinfer-go/kernels/cuda"
 	"github.com/deepinfer/deepinfer-go/pipeline"
 	"github.com/deepinfer/deepinfer-go/stages"
 )
 
-// ErrClosed is returned by AddRequest after Close.
-var ErrClosed = errors.New("llm: engine closed")
+// Errors of AddRequest besides engine.ErrInvalidRequest.
+var (
+	// ErrClosed: the engine was closed.
+	ErrClosed = errors.New("llm: engine closed")
+	// ErrQueueFull: engine.max_waiting requests are already waiting; try later.
+	ErrQueueFull = errors.New("llm: waiting queue full")
+)
 
 // Options tune New beyond the config file.
 type Options struct {
@@ -60,11 +66,19 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	if opts.Models == nil {
 		opts.Models = models.Builtin()
 	}
-	if cfg.Device != "cpu" {
-		return nil, fmt.Errorf("llm: device %q is not available in this build; use device: cpu", cfg.Device)
-	}
 	e := &Engine{cfg: cfg, done: make(chan struct{})}
-	e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo})
+	switch cfg.Device {
+	case "cpu":
+		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo})
+	case "cuda":
+		ops, err := cuda.New(cuda.Options{})
+		if err != nil {
+			return nil, fmt.Errorf("llm: %w", err)
+		}
+		e.ops = ops
+	default:
+		return nil, fmt.Errorf("llm: device %q: want cpu or cuda", cfg.Device)
+	}
 	ok := false
 	defer func() {
 		if !ok {
@@ -98,11 +112,20 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	spec := model.KVCacheSpec()
 	numBlocks := cfg.Cache.NumBlocks
 	if numBlocks == 0 {
-		numBlocks = int(cfg.Cache.CPUMemoryGiB * (1 << 30) / float64(spec.BytesPerBlock(cfg.Cache.BlockSize)))
+		budget := cfg.Cache.CPUMemoryGiB * (1 << 30)
+		if dev, ok := e.ops.(*cuda.Backend); ok {
+			// A device backend: cache.memory_fraction of the memory still free after the weights.
+			free, _, err := dev.MemoryInfo()
+			if err != nil {
+				return nil, fmt.Errorf("llm: %w", err)
+			}
+			budget = cfg.Cache.MemoryFraction * float64(free)
+		}
+		numBlocks = int(budget / float64(spec.BytesPerBlock(cfg.Cache.BlockSize)))
 		numBlocks = min(numBlocks, cfg.Engine.MaxNumSeqs*((maxModelLen+cfg.Cache.BlockSize-1)/cfg.Cache.BlockSize)+1)
 	}
 	if numBlocks < 1 {
-		return nil, fmt.Errorf("llm: cache.cpu_memory_gib %g holds no block of %d bytes", cfg.Cache.CPUMemoryGiB, spec.BytesPerBlock(cfg.Cache.BlockSize))
+		return nil, fmt.Errorf("llm: the KV budget (cache.cpu_memory_gib %g, or cache.memory_fraction of free device memory) holds no block of %d bytes", cfg.Cache.CPUMemoryGiB, spec.BytesPerBlock(cfg.Cache.BlockSize))
 	}
 	cache, err := model.NewKVCache(numBlocks, cfg.Cache.BlockSize)
 	if err != nil {
@@ -189,10 +212,17 @@ func (e *Engine) StepStats() *stages.Stats { return e.rt.Stats }
 // SchedulerStats is a snapshot of the scheduler's queues and counters.
 func (e *Engine) SchedulerStats() engine.SchedulerStats { return e.sched.Stats() }
 
-// AddRequest submits req. Bad requests are answered through req.OnOutput
-// with FinishError; AddRequest itself fails only when the engine is closed
-// or its waiting queue (engine.max_waiting) is full.
+// AddRequest submits req. A request that is bad on its face (sampling
+// params out of range, token ids outside the vocabulary, an empty or too
+// long prompt, text without a tokenizer) is refused here with an error
+// wrapping engine.ErrInvalidRequest and never enqueued; one whose text turns
+// out too long once tokenized is answered through req.OnOutput with
+// FinishError. AddRequest also fails when the engine is closed or its
+// waiting queue (engine.max_waiting) is full. Cost: O(prompt ids).
 func (e *Engine) AddRequest(req *engine.Request) error {
+	if err := e.validate(req); err != nil {
+		return err
+	}
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	if e.closed {
@@ -204,8 +234,38 @@ func (e *Engine) AddRequest(req *engine.Request) error {
 	case <-e.done:
 		return fmt.Errorf("%w: %v", ErrClosed, e.runErr)
 	default:
-		return fmt.Errorf("llm: %d requests are waiting (engine.max_waiting): try again later", cap(e.requests))
+		return fmt.Errorf("%w: %d requests are waiting (engine.max_waiting): try again later", ErrQueueFull, cap(e.requests))
 	}
+}
+
+// validate applies the checks that need no tokenization.
+func (e *Engine) validate(req *engine.Request) error {
+	sc := e.sched.Config()
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("request %q: %w: "+format, append([]any{req.ID, engine.ErrInvalidRequest}, args...)...)
+	}
+	if err := req.Params.Validate(sc.VocabSize); err != nil {
+		return fmt.Errorf("request %q: %w", req.ID, err)
+	}
+	if req.Params.N > sc.MaxNumSeqs {
+		return bad("n = %d exceeds engine.max_num_seqs %d", req.Params.N, sc.MaxNumSeqs)
+	}
+	switch ids := req.PromptTokenIDs; {
+	case len(ids) > 0:
+		if len(ids) > sc.MaxModelLen {
+			return bad("prompt of %d tokens exceeds max_model_len %d", len(ids), sc.MaxModelLen)
+		}
+		for i, id := range ids {
+			if id < 0 || id >= sc.VocabSize {
+				return bad("prompt token %d is %d, outside the vocabulary [0, %d)", i, id, sc.VocabSize)
+			}
+		}
+	case req.Prompt == "":
+		return bad("the prompt is empty")
+	case e.tok == nil:
+		return bad("the model has no tokenizer: give the prompt as token ids")
+	}
+	return nil
 }
 
 // Abort stops a request wherever it is; its open sequences are answered

@@ -2,6 +2,7 @@ package llm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -107,7 +108,14 @@ func (l *LLM) Generate(ctx context.Context, prompts []Prompt, params engine.Samp
 				}
 			},
 		}
-		if err := l.addWithRetry(ctx, req); err != nil {
+		if err := l.addWithRetry(ctx, req); errors.Is(err, engine.ErrInvalidRequest) {
+			// This prompt alone fails; the others go on.
+			for j := range res.Outputs {
+				res.Outputs[j].Err, res.Outputs[j].FinishReason = err, engine.FinishError
+			}
+			wg.Add(-n)
+			continue
+		} else if err != nil {
 			// Abort what was submitted; the rest never started.
 			for _, id := range ids[:i] {
 				l.Abort(id)
@@ -135,7 +143,7 @@ func (l *LLM) Generate(ctx context.Context, prompts []Prompt, params engine.Samp
 func (l *LLM) addWithRetry(ctx context.Context, req *engine.Request) error {
 	for {
 		err := l.AddRequest(req)
-		if err == nil || l.closedOrDone() {
+		if !errors.Is(err, ErrQueueFull) {
 			return err
 		}
 		select {
@@ -144,15 +152,4 @@ func (l *LLM) addWithRetry(ctx context.Context, req *engine.Request) error {
 		case <-time.After(time.Millisecond):
 		}
 	}
-}
-
-func (l *LLM) closedOrDone() bool {
-	select {
-	case <-l.done:
-		return true
-	default:
-	}
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	return l.closed
 }

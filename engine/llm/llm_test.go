@@ -2,6 +2,7 @@ package llm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"strings"
@@ -114,12 +115,12 @@ func TestBadRequestsFailAlone(t *testing.T) {
 	for i := range long {
 		long[i] = 5
 	}
-	ps := []Prompt{good, {IDs: []int{1, 99}}, {}, {IDs: long}, good}
+	ps := []Prompt{good, {IDs: []int{1, 99}}, {}, {IDs: long}, {Text: "hi"}, good}
 	res, err := l.Generate(context.Background(), ps, greedy(4), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantErr := []string{"", "outside the vocabulary", "no tokenizer", "max_model_len", ""}
+	wantErr := []string{"", "outside the vocabulary", "the prompt is empty", "max_model_len", "no tokenizer", ""}
 	for i, c := range res {
 		o := c.Outputs[0]
 		if wantErr[i] == "" {
@@ -132,8 +133,20 @@ func TestBadRequestsFailAlone(t *testing.T) {
 			t.Errorf("prompt %d: err %v (%s), want one containing %q", i, o.Err, o.FinishReason, wantErr[i])
 		}
 	}
-	if !reflect.DeepEqual(res[0].Outputs[0].TokenIDs, res[4].Outputs[0].TokenIDs) {
-		t.Errorf("the good requests differ: %v vs %v", res[0].Outputs[0].TokenIDs, res[4].Outputs[0].TokenIDs)
+	if !reflect.DeepEqual(res[0].Outputs[0].TokenIDs, res[5].Outputs[0].TokenIDs) {
+		t.Errorf("the good requests differ: %v vs %v", res[0].Outputs[0].TokenIDs, res[5].Outputs[0].TokenIDs)
+	}
+	// The same checks refuse a request at the door, before it is queued.
+	for i, p := range ps[1:5] {
+		err := l.AddRequest(&engine.Request{ID: fmt.Sprint("direct", i), Prompt: p.Text, PromptTokenIDs: p.IDs, Params: greedy(4)})
+		if !errors.Is(err, engine.ErrInvalidRequest) || !strings.Contains(err.Error(), wantErr[i+1]) {
+			t.Errorf("AddRequest(prompt %d) = %v, want ErrInvalidRequest with %q", i+1, err, wantErr[i+1])
+		}
+	}
+	bad := greedy(4)
+	bad.TopP = 0
+	if err := l.AddRequest(&engine.Request{ID: "bad-params", PromptTokenIDs: good.IDs, Params: bad}); !errors.Is(err, engine.ErrInvalidRequest) || !strings.Contains(err.Error(), "top_p") {
+		t.Errorf("AddRequest(top_p 0) = %v", err)
 	}
 	if l.NumLive() != 0 {
 		t.Errorf("%d requests still live", l.NumLive())
