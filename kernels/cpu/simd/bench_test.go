@@ -54,6 +54,7 @@ func copyGBps(p *pool.Pool) float64 {
 	for i := range src {
 		src[i] = byte(i)
 	}
+	copy(dst, src) // fault the pages in
 	w := newBestWindow(1)
 	for range 8 {
 		p.ForGrain(size, 1<<16, func(lo, hi int) { copy(dst[lo:hi], src[lo:hi]) })
@@ -107,10 +108,14 @@ func BenchmarkCopy(b *testing.B) {
 	const size = 256 << 20
 	src := make([]byte, size)
 	dst := make([]byte, size)
+	copy(dst, src) // fault the pages in
 	b.SetBytes(2 * size)
+	win := newBestWindow(1)
 	for b.Loop() {
 		p.ForGrain(size, 1<<16, func(lo, hi int) { copy(dst[lo:hi], src[lo:hi]) })
+		win.done()
 	}
+	b.ReportMetric(2*size/win.bestSec/1e9, "best_GB/s")
 }
 
 func BenchmarkFMAPeak(b *testing.B) {
@@ -120,15 +125,18 @@ func BenchmarkFMAPeak(b *testing.B) {
 		b.Skip("no AVX-512")
 	}
 	const iters = 1_000_000
+	win := newBestWindow(1)
 	for b.Loop() {
 		p.For(p.NumWorkers(), func(lo, hi int) {
 			for range hi - lo {
 				fmaPeak(iters)
 			}
 		})
+		win.done()
 	}
 	flops := float64(p.NumWorkers()) * iters * 24 * 32
 	b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+	b.ReportMetric(flops/win.bestSec/1e9, "best_GFLOP/s")
 }
 
 type benchWeights struct {
