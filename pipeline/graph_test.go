@@ -412,3 +412,47 @@ func TestInterfaceEdge(t *testing.T) {
 }
 
 var errEOF = io.EOF
+
+// waitingSource has one item, available only after the test opens a gate.
+type waitingSource struct {
+	gate chan struct{}
+	done bool
+}
+
+func (w *waitingSource) Wait(ctx context.Context) error {
+	select {
+	case <-w.gate:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (w *waitingSource) Next(context.Context) (int, error) {
+	if w.done {
+		return 0, errEOF
+	}
+	w.done = true
+	return 1, nil
+}
+
+// A source that waits for outside input reports that time as wait-in.
+func TestSourceWaiter(t *testing.T) {
+	src := &waitingSource{gate: make(chan struct{})}
+	g := New().Add("src", NewSource[int](src)).Add("sink", NewSink[int](&collector[int]{})).Connect("src", "sink", 1)
+	if err := g.Build(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- g.Run(context.Background()) }()
+	waitFor(t, "the source to wait", func() bool { return g.Stats()[0].State == StateWaitIn })
+	time.Sleep(20 * time.Millisecond)
+	close(src.gate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	s := g.Stats()[0]
+	if s.WaitIn < 20*time.Millisecond || s.Busy >= s.WaitIn {
+		t.Errorf("source: busy %v, wait-in %v; the wait should be wait-in", s.Busy, s.WaitIn)
+	}
+}

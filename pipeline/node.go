@@ -122,7 +122,17 @@ func NewSource[Out any](s Source[Out]) *Node {
 		run: func(ctx context.Context, rt *nodeRuntime) error {
 			out := senderFor[Out](rt.out)
 			st := rt.stats
+			waiter, _ := s.(Waiter)
 			for {
+				if waiter != nil {
+					st.setState(StateWaitIn)
+					t := st.now()
+					err := waiter.Wait(ctx)
+					st.waitIn.Add(st.now() - t)
+					if err != nil {
+						return err
+					}
+				}
 				work(st)
 				v, err := s.Next(ctx)
 				if errors.Is(err, io.EOF) {

@@ -25,6 +25,15 @@ type Source[Out any] interface {
 	Next(ctx context.Context) (Out, error)
 }
 
+// Waiter is implemented by a Source whose items come from outside the graph
+// (a queue of requests, say). The graph calls Wait before each Next and
+// counts the time it blocks as waiting for input rather than as the
+// source's work. Wait returns nil once Next will not block for long (an item
+// is there, or the source has ended), or ctx's error.
+type Waiter interface {
+	Wait(ctx context.Context) error
+}
+
 // SourceFunc adapts a function to a Source.
 type SourceFunc[Out any] func(ctx context.Context) (Out, error)
 

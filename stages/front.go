@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"time"
 
@@ -18,7 +17,7 @@ func init() {
 		if err != nil {
 			return nil, err
 		}
-		return pipeline.NewSource[*engine.Request](requestSource{rt.Requests}), nil
+		return pipeline.NewSource[*engine.Request](rt.Requests), nil
 	})
 	pipeline.Register("tokenize", "default", func(a pipeline.Args) (*pipeline.Node, error) {
 		rt, err := runtimeOf(a)
@@ -34,22 +33,6 @@ func init() {
 		}
 		return pipeline.NewPlanner[*engine.Sequence, *StepOutputs, *ScheduledStep](&schedule{rt: rt}), nil
 	})
-}
-
-// requestSource emits the requests submitted to the engine until the engine
-// closes the channel.
-type requestSource struct{ ch <-chan *engine.Request }
-
-func (s requestSource) Next(ctx context.Context) (*engine.Request, error) {
-	select {
-	case r, ok := <-s.ch:
-		if !ok {
-			return nil, io.EOF
-		}
-		return r, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
 }
 
 // tokenize turns a request into a validated sequence. A bad request is
@@ -129,9 +112,14 @@ type schedule struct {
 }
 
 func (s *schedule) Add(_ context.Context, seq *engine.Sequence) error {
+	id := seq.RequestID()
 	if _, err := s.rt.Scheduler.Add(seq); err != nil {
 		// A request the scheduler refuses (too long, ...) fails alone.
-		s.rt.Live.Fail(seq.RequestID(), engine.FinishError, err)
+		s.rt.Live.Fail(id, engine.FinishError, err)
+		return nil
+	}
+	if !s.rt.Live.Has(id) {
+		s.rt.Scheduler.Abort(id) // aborted while it was being tokenized
 	}
 	return nil
 }

@@ -22,8 +22,8 @@ type Runtime struct {
 	// Tokenizer may be nil: prompts must then be token ids and outputs carry
 	// no text.
 	Tokenizer *tokenizer.Tokenizer
-	// Requests feeds the requests stage; the engine closes it to end the run.
-	Requests <-chan *engine.Request
+	// Requests feeds the requests stage; it ends (io.EOF) to end the run.
+	Requests pipeline.Source[*engine.Request]
 	// Live tracks the requests being served.
 	Live *Requests
 	// Seed gives requests without a seed of their own a reproducible one.
@@ -74,6 +74,14 @@ func (r *Requests) Add(req *engine.Request) error {
 	n := max(1, req.Params.N)
 	r.live[req.ID] = &liveRequest{req: req, done: make([]bool, n), left: n}
 	return nil
+}
+
+// Has reports whether the request is live.
+func (r *Requests) Has(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.live[id]
+	return ok
 }
 
 // Len is the number of live requests.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine"
@@ -49,9 +48,7 @@ type Engine struct {
 	rt    *stages.Runtime
 	graph *pipeline.Graph
 
-	mu       sync.RWMutex // guards requests against Close
-	closed   bool
-	requests chan *engine.Request
+	requests *requestQueue
 	cancel   context.CancelFunc
 	done     chan struct{}
 	runErr   error
@@ -162,7 +159,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		flops = nil // unusual shapes only lose the MFU figure
 	}
 
-	e.requests = make(chan *engine.Request, max(1, cfg.Engine.MaxWaiting))
+	e.requests = newRequestQueue(cfg.Engine.MaxWaiting)
 	e.rt = &stages.Runtime{
 		Scheduler: e.sched, Model: model, Ops: e.ops, Cache: cache, Tokenizer: e.tok,
 		Requests: e.requests, Live: stages.NewRequests(), Seed: cfg.Seed, VocabSize: mcfg.VocabSize,
@@ -223,19 +220,12 @@ func (e *Engine) AddRequest(req *engine.Request) error {
 	if err := e.validate(req); err != nil {
 		return err
 	}
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	if e.closed {
-		return ErrClosed
-	}
 	select {
-	case e.requests <- req:
-		return nil
 	case <-e.done:
-		return fmt.Errorf("%w: %v", ErrClosed, e.runErr)
+		return fmt.Errorf("%w: the step loop ended: %v", ErrClosed, e.runErr)
 	default:
-		return fmt.Errorf("%w: %d requests are waiting (engine.max_waiting): try again later", ErrQueueFull, cap(e.requests))
 	}
+	return e.requests.push(req)
 }
 
 // validate applies the checks that need no tokenization.
@@ -269,10 +259,14 @@ func (e *Engine) validate(req *engine.Request) error {
 }
 
 // Abort stops a request wherever it is; its open sequences are answered
-// with FinishAbort. It reports whether the request was live.
+// with FinishAbort. It reports whether the request was live. The request
+// is forgotten before the scheduler drops it, and the schedule stage checks
+// a sequence is still live after adding it, so an abort racing with
+// admission cannot leave a sequence running unseen.
 func (e *Engine) Abort(requestID string) bool {
+	live := e.rt.Live.Fail(requestID, engine.FinishAbort, nil)
 	e.sched.Abort(requestID)
-	return e.rt.Live.Fail(requestID, engine.FinishAbort, nil)
+	return live
 }
 
 // NumLive is the number of requests not fully answered.
@@ -301,12 +295,7 @@ func (e *Engine) FlushInflight(ctx context.Context) error {
 // Close stops accepting requests, lets the step loop finish the ones it
 // has, and releases the backend. It returns the step loop's error, if any.
 func (e *Engine) Close() error {
-	e.mu.Lock()
-	if !e.closed {
-		e.closed = true
-		close(e.requests)
-	}
-	e.mu.Unlock()
+	e.requests.close()
 	<-e.done
 	e.cancel()
 	return errors.Join(e.runErr, e.ops.Close())
