@@ -188,6 +188,21 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	return e, nil
 }
 
+// Done is closed when the step loop has ended (after Close, or on a fatal
+// error); Err then says why.
+func (e *Engine) Done() <-chan struct{} { return e.done }
+
+// Err is the step loop's error once Done is closed, nil before and after a
+// clean Close.
+func (e *Engine) Err() error {
+	select {
+	case <-e.done:
+		return e.runErr
+	default:
+		return nil
+	}
+}
+
 // Config returns the engine's configuration.
 func (e *Engine) Config() *config.Config { return e.cfg }
 

@@ -271,6 +271,16 @@ func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, &apiError{status: http.StatusServiceUnavailable, msg: "the server is shutting down"})
 		return
 	}
+	select {
+	case <-s.eng.Done():
+		msg := "the engine's step loop has stopped"
+		if err := s.eng.Err(); err != nil {
+			msg += ": " + err.Error()
+		}
+		writeError(w, &apiError{status: http.StatusServiceUnavailable, msg: msg})
+		return
+	default:
+	}
 	w.WriteHeader(http.StatusOK)
 }
 
