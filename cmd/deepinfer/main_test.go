@@ -28,7 +28,7 @@ func TestGraphCommand(t *testing.T) {
 		want    []string
 		wantErr string
 	}{
-		{args: []string{"graph", "--config", cfg}, want: []string{"flowchart LR", "schedule", "feedback, in flight <= 2"}},
+		{args: []string{"graph", "--config", cfg}, want: []string{"flowchart LR", "schedule", "feedback, in flight <= 2", "*stages.ScheduledStep"}},
 		{args: []string{"graph", "--config", cfg, "--format", "dot"}, want: []string{"digraph pipeline", `"postprocess" -> "schedule"`}},
 		{args: []string{"graph", "--config", cfg, "--format", "png"}, wantErr: "--format must be mermaid or dot"},
 		{args: []string{"graph", "--config", "missing.yaml"}, wantErr: "missing.yaml"},
@@ -51,6 +51,34 @@ func TestGraphCommand(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestGraphProfile(t *testing.T) {
+	dir := t.TempDir()
+	if err := random.WriteLlama(dir, random.TinyLlama, 7); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "run.yaml")
+	if err := os.WriteFile(cfg, []byte("model: .\ncpu: {threads: 2}\ncache: {num_blocks: 64}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := run(t, "graph", "--config", cfg, "--profile", "4", "--max-tokens", "3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"flowchart LR", "items, busy", "wait-out", "bottleneck: "} {
+		if !strings.Contains(out, w) {
+			t.Errorf("output lacks %q:\n%s", w, out)
+		}
+	}
+	if _, err := run(t, "graph", "--config", cfg, "--format", "dot"); err != nil {
+		t.Errorf("dot render: %v", err)
+	}
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("model: .\npipeline: {sample: nonesuch}\n"), 0o644)
+	if _, err := run(t, "graph", "--config", bad); err == nil || !strings.Contains(err.Error(), `has no implementation "nonesuch"`) {
+		t.Errorf("unknown sampler: %v", err)
 	}
 }
 
