@@ -60,7 +60,10 @@ type RequestOutput struct {
 	// Err explains FinishError.
 	Err error
 
-	ArrivalTime    time.Time
+	ArrivalTime time.Time
+	// ScheduledTime is when the sequence's first step was planned (its
+	// queue time is ScheduledTime - ArrivalTime); set with the first token.
+	ScheduledTime  time.Time
 	FirstTokenTime time.Time // when the sequence's first token was emitted
 	FinishTime     time.Time // set with Finished
 }

@@ -35,6 +35,7 @@ type postprocess struct {
 
 // seqText is the text state of one output sequence.
 type seqText struct {
+	scheduled      time.Time // when the sequence's first step was planned
 	promptLogprobs []engine.TokenLogprobs // gathered over prefill chunks until the first output
 	stream         *tokenizer.DecodeStream
 	stop           *tokenizer.StopChecker
@@ -92,6 +93,15 @@ func (p *postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 	for _, f := range finished {
 		byID[f.SeqID] = f
 	}
+	for i := range step.Seqs {
+		m := &step.Seqs[i]
+		if _, gone := p.done[m.SeqID]; gone {
+			continue
+		}
+		if st := p.state(RowRef{Meta: m, SeqID: m.SeqID, Index: m.SampleIndex, RequestID: m.RequestID}); st.scheduled.IsZero() {
+			st.scheduled = step.Planned
+		}
+	}
 	for i, pr := range step.PromptRows {
 		st := p.state(RowRef{Meta: pr.Meta, SeqID: pr.Meta.SeqID, Index: pr.Meta.SampleIndex, RequestID: pr.Meta.RequestID})
 		st.promptLogprobs = append(st.promptLogprobs, step.PromptLogprobs[i])
@@ -109,8 +119,15 @@ func (p *postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 		if s.Logprobs != nil {
 			out.Logprobs = []engine.TokenLogprobs{*s.Logprobs}
 		}
+		if st.scheduled.IsZero() { // a fork: scheduled with its parent
+			st.scheduled = step.Planned
+			if parent := p.seqs[r.Meta.SeqID]; parent != nil && !parent.scheduled.IsZero() {
+				st.scheduled = parent.scheduled
+			}
+		}
 		if st.firstToken.IsZero() {
 			st.firstToken = now
+			out.ScheduledTime = st.scheduled
 			if r.Index == 0 {
 				out.PromptTokenIDs = r.Meta.TokenIDs[:r.Meta.NumPromptTokens]
 				out.PromptLogprobs = st.promptLogprobs

@@ -51,7 +51,7 @@ var (
 // metrics are the server's Prometheus collectors, in a registry of its own.
 type metrics struct {
 	reg                             *prometheus.Registry
-	ttft, itl, e2e                  prometheus.Histogram
+	ttft, itl, e2e, queue           prometheus.Histogram
 	promptTokensHist, genTokensHist prometheus.Histogram
 	success                         *prometheus.CounterVec
 	rejected                        *prometheus.CounterVec
@@ -80,6 +80,7 @@ func newMetrics(model string, maxModelLen int, eng engineView, inFlight func() f
 	}
 	m.ttft = hist(metricTTFT, "Histogram of time to first token in seconds (arrival at the server to the first token).", ttftBuckets)
 	m.itl = hist(metricITL, "Histogram of inter-token latency in seconds (between two outputs of one sequence).", itlBuckets)
+	m.queue = hist("deepinfer:request_queue_time_seconds", "Histogram of time requests spent waiting before their first step was scheduled.", ttftBuckets)
 	m.e2e = hist(metricE2E, "Histogram of end-to-end request latency in seconds (arrival to the last sequence's finish).", e2eBuckets)
 	tokenBuckets := tokenBuckets(maxModelLen)
 	m.promptTokensHist = hist(metricPromptTokensHist, "Number of prompt tokens per finished request.", tokenBuckets)
@@ -104,6 +105,9 @@ func newMetrics(model string, maxModelLen int, eng engineView, inFlight func() f
 	gauge(metricWaiting, "Number of sequences waiting to be scheduled (incl. preempted and waiting for a grammar).", func() float64 {
 		st := eng.SchedulerStats()
 		return float64(st.NumWaiting + st.NumWaitingForGrammar)
+	})
+	gauge("deepinfer:step_host_gap_seconds", "Mean host time between two forward passes that is neither forward nor sampling work (the device's idle gap; small with ZOS).", func() float64 {
+		return eng.StepStats().MeanExposedHost().Seconds()
 	})
 	gauge(metricKVUsage, "KV-cache usage: fraction of blocks in use, 1 means full.", func() float64 { return eng.SchedulerStats().BlockUsage })
 	gauge(metricRequestsInFlight, metricRequestsInFlightH, inFlight)

@@ -63,6 +63,7 @@ func TestMetrics(t *testing.T) {
 		{"deepinfer:prompt_tokens_total" + label, float64(prompt)},
 		{"deepinfer:time_to_first_token_seconds_count" + label, 3},
 		{"deepinfer:e2e_request_latency_seconds_count" + label, 3},
+		{"deepinfer:request_queue_time_seconds_count" + label, 3},
 		{"deepinfer:inter_token_latency_seconds_count" + label, float64(gen - 3)},
 		{"deepinfer:request_generation_tokens_sum" + label, float64(gen)},
 		{`deepinfer:request_success_total{finished_reason="length",model_name="tiny"}`, 3},
@@ -77,7 +78,7 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("%s = %v, want %v", c.sample, got, c.want)
 		}
 	}
-	for _, c := range []string{"deepinfer:prefix_cache_queries_total" + label, "deepinfer:engine_steps_total" + label, `deepinfer:stage_items_total{model_name="tiny",stage="forward"}`} {
+	for _, c := range []string{"deepinfer:step_host_gap_seconds" + label, "deepinfer:prefix_cache_queries_total" + label, "deepinfer:engine_steps_total" + label, `deepinfer:stage_items_total{model_name="tiny",stage="forward"}`} {
 		if got := value(t, text, c+" "); got <= 0 {
 			t.Errorf("%s = %v, want > 0", c, got)
 		}

@@ -384,6 +384,9 @@ func (g *group) onOutput(r *request, o engine.RequestOutput) {
 				first = now
 			}
 			m.ttft.Observe(first.Sub(r.arrival).Seconds())
+			if !o.ScheduledTime.IsZero() {
+				m.queue.Observe(max(0, o.ScheduledTime.Sub(r.arrival).Seconds()))
+			}
 			m.promptTokens.Add(float64(len(r.promptTokenIDs)))
 		}
 		if last := r.lastToken[o.Index]; !last.IsZero() {
