@@ -35,7 +35,7 @@ type postprocess struct {
 
 // seqText is the text state of one output sequence.
 type seqText struct {
-	scheduled      time.Time // when the sequence's first step was planned
+	scheduled      time.Time              // when the sequence's first step was planned
 	promptLogprobs []engine.TokenLogprobs // gathered over prefill chunks until the first output
 	stream         *tokenizer.DecodeStream
 	stop           *tokenizer.StopChecker
