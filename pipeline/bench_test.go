@@ -10,6 +10,15 @@ import (
 // -> stage -> sink: two edge hops and one Process call) with the same trip
 // over two bare Go channels between three goroutines. The goal is at most 2x
 // the bare channels with timing on.
+//
+// Measured on a shared 2-core machine (go test -run X -bench EdgeHop
+// -benchtime=2000000x -count=3 ./pipeline): with capacity 64, 185 ns against
+// 104 ns bare (1.8x); with capacity 1, where every hop blocks and each block
+// costs a select over the data and stop channels plus two clock reads,
+// 733 ns against 285 ns (2.6x, over the goal). Before the fast paths (no
+// clock read and no state change when an item is waiting or the edge has
+// room) and the per-node stop channels (instead of every node selecting on
+// one ctx.Done), capacity 64 cost about 1000-1500 ns (7-10x).
 func BenchmarkEdgeHop(b *testing.B) {
 	for _, capacity := range []int{1, 64} {
 		b.Run("bare-channels/cap="+itoa(capacity), func(b *testing.B) {
