@@ -22,6 +22,6 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newGraphCmd(), newGenerateCmd(), newServeCmd(), newBenchCmd())
+	root.AddCommand(newGraphCmd(), newGenerateCmd(), newEvalCmd(), newServeCmd(), newBenchCmd())
 	return root
 }
