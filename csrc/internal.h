@@ -37,6 +37,11 @@ struct di_ctx {
 	std::mutex mem_mu;
 	std::multimap<size_t, void *> free_blocks;
 	std::map<void *, size_t> live;
+	// Blocks first handed out while capturing a graph: the graph may write
+	// them at every replay, so while any graph exists they are reused only by
+	// allocations made during capture (the graphs' shared pool).
+	std::map<void *, size_t> graph_owned;
+	std::multimap<size_t, void *> graph_free;
 	di_mem_stats stats = {};
 };
 

@@ -94,17 +94,21 @@ static void release_cached_locked(di_ctx *ctx) {
 
 static int alloc_impl(di_ctx *ctx, size_t bytes, void **out) {
 	size_t n = round_size(bytes);
+	const int cap = capturing(ctx);
 	std::lock_guard<std::mutex> g(ctx->mem_mu);
 	ctx->stats.num_allocs++;
-	auto it = ctx->free_blocks.find(n);
 	void *p = nullptr;
-	if (it != ctx->free_blocks.end()) {
+	auto take = [&](std::multimap<size_t, void *> &pool) {
+		auto it = pool.find(n);
+		if (it == pool.end()) return false;
 		p = it->second;
-		ctx->free_blocks.erase(it);
+		pool.erase(it);
 		ctx->stats.num_cache_hits++;
-	} else {
+		return true;
+	};
+	if (!(cap && take(ctx->graph_free)) && !take(ctx->free_blocks)) {
 		cudaError_t e = cudaMalloc(&p, n);
-		if (e == cudaErrorMemoryAllocation && !ctx->free_blocks.empty() && ctx->num_graphs == 0) {
+		if (e == cudaErrorMemoryAllocation && !ctx->free_blocks.empty() && !cap) {
 			cudaGetLastError(); // clear the non-sticky error
 			// Cached blocks may still be in use by queued work: wait, then release.
 			cudaStreamSynchronize(ctx->stream);
@@ -124,6 +128,7 @@ static int alloc_impl(di_ctx *ctx, size_t bytes, void **out) {
 		ctx->stats.reserved += n;
 		ctx->stats.num_driver_allocs++;
 	}
+	if (cap) ctx->graph_owned[p] = n;
 	ctx->live[p] = n;
 	ctx->stats.in_use += n;
 	if (ctx->stats.in_use > ctx->stats.peak) ctx->stats.peak = ctx->stats.in_use;
@@ -136,8 +141,10 @@ static int free_impl(di_ctx *ctx, void *p) {
 	std::lock_guard<std::mutex> g(ctx->mem_mu);
 	auto it = ctx->live.find(p);
 	if (it == ctx->live.end()) return di_fail(ctx, DI_ERR_INVALID, "free of %p: not a live allocation", p);
-	ctx->free_blocks.emplace(it->second, p);
-	ctx->stats.in_use -= it->second;
+	const size_t n = it->second;
+	if (ctx->graph_owned.count(p)) ctx->graph_free.emplace(n, p);
+	else ctx->free_blocks.emplace(n, p);
+	ctx->stats.in_use -= n;
 	ctx->live.erase(it);
 	return DI_OK;
 }
@@ -201,6 +208,8 @@ static void destroy_impl(di_ctx *ctx) {
 	{
 		std::lock_guard<std::mutex> g(ctx->mem_mu);
 		release_cached_locked(ctx);
+		for (auto &kv : ctx->graph_free) cudaFree(kv.second);
+		ctx->graph_free.clear();
 		for (auto &kv : ctx->live) cudaFree(kv.first);
 		ctx->live.clear();
 	}
@@ -497,7 +506,12 @@ static int api_graph_destroy(di_ctx *ctx, void *exec) {
 	CK(cudaStreamSynchronize(ctx->stream), "graph_destroy: cudaStreamSynchronize");
 	CK(cudaGraphExecDestroy((cudaGraphExec_t)exec), "cudaGraphExecDestroy");
 	std::lock_guard<std::mutex> lk(ctx->mem_mu);
-	ctx->num_graphs--;
+	if (--ctx->num_graphs == 0 && !capturing(ctx)) {
+		// No graph left: the graphs' pool returns to the general cache.
+		ctx->free_blocks.insert(ctx->graph_free.begin(), ctx->graph_free.end());
+		ctx->graph_free.clear();
+		ctx->graph_owned.clear();
+	}
 	return DI_OK;
 }
 

@@ -22,7 +22,9 @@ type Graph struct {
 // BeginCapture starts recording the backend's stream: operations called
 // until EndCapture are recorded, not run. Upload, Download, Sync and MoE
 // fail while capturing (they need the host). Tensors allocated while
-// capturing are zeroed again at every replay.
+// capturing (scratch and outputs alike) are zeroed again at every replay,
+// and their memory forms the graphs' shared pool: while any graph exists it
+// is reused only by allocations made during capture, never by eager work.
 func (b *Backend) BeginCapture() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -1,0 +1,103 @@
+package cuda
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// These tests need no GPU: they check how New reports libraries it cannot
+// use, with stand-ins compiled from testdata/fake_lib.c by the C compiler
+// that cgo uses.
+
+func cc(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("go", "env", "CC").Output()
+	if err != nil {
+		t.Fatalf("go env CC: %v", err)
+	}
+	c := strings.Fields(string(out))
+	if len(c) == 0 {
+		t.Fatal("go env CC is empty")
+	}
+	return c[0]
+}
+
+// fakeLib compiles testdata/fake_lib.c in the given mode into a shared library.
+func fakeLib(t *testing.T, mode int) string {
+	t.Helper()
+	so := filepath.Join(t.TempDir(), "libfake.so")
+	args := []string{"-shared", "-fPIC", "-o", so, "-I", "../../csrc", "-DFAKE_MODE=" + string(rune('0'+mode)), "testdata/fake_lib.c"}
+	if out, err := exec.Command(cc(t), args...).CombinedOutput(); err != nil {
+		t.Fatalf("compile fake library: %v\n%s", err, out)
+	}
+	return so
+}
+
+func TestNewReportsUnusableLibraries(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "libdeepinfer_cuda.so")
+	notLib := filepath.Join(t.TempDir(), "libdeepinfer_cuda.so")
+	if err := os.WriteFile(notLib, []byte("not an ELF file"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		lib     func(t *testing.T) string
+		want    error
+		message []string // substrings the error must contain
+	}{
+		{"missing file", func(*testing.T) string { return missing }, ErrNoLibrary,
+			[]string{missing, "csrc/build.sh", LibraryEnv, "device: cpu"}},
+		{"not a shared object", func(*testing.T) string { return notLib }, ErrNoLibrary,
+			[]string{notLib, "csrc/build.sh"}},
+		{"no entry point", func(t *testing.T) string { return fakeLib(t, 3) }, ErrNoLibrary,
+			[]string{"not a DeepInfer CUDA library", "di_get_api"}},
+		{"other ABI version", func(t *testing.T) string { return fakeLib(t, 1) }, ErrABIMismatch,
+			[]string{"ABI version 999", "rebuild"}},
+		{"no device", func(t *testing.T) string { return fakeLib(t, 2) }, ErrNoDevice,
+			[]string{"no CUDA-capable device", "nvidia-smi", "device: cpu"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := New(Options{Library: tc.lib(t)})
+			if err == nil {
+				b.Close()
+				t.Fatal("New succeeded")
+			}
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("error %q does not wrap %v", err, tc.want)
+			}
+			for _, s := range tc.message {
+				if !strings.Contains(err.Error(), s) {
+					t.Errorf("error %q does not mention %q", err, s)
+				}
+			}
+		})
+	}
+}
+
+func TestLibraryCandidates(t *testing.T) {
+	t.Setenv(LibraryEnv, "")
+	got := candidates("")
+	if len(got) < 1 || got[len(got)-1] != LibraryName {
+		t.Errorf("candidates without a path end in %v, want the bare %s for the loader's search", got, LibraryName)
+	}
+	t.Setenv(LibraryEnv, "/x/lib.so")
+	if got := candidates(""); len(got) != 1 || got[0] != "/x/lib.so" {
+		t.Errorf("with %s set: %v", LibraryEnv, got)
+	}
+	if got := candidates("/y/lib.so"); len(got) != 1 || got[0] != "/y/lib.so" {
+		t.Errorf("explicit path: %v", got)
+	}
+}
+
+func TestGEMMModeString(t *testing.T) {
+	for m, want := range map[GEMMMode]string{GEMMRound: "round", GEMMSplit: "split", 7: "GEMMMode(7)"} {
+		if got := m.String(); got != want {
+			t.Errorf("%d: %q, want %q", int(m), got, want)
+		}
+	}
+}
