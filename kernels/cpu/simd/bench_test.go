@@ -1,6 +1,7 @@
 package simd
 
 import (
+	"flag"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -16,6 +17,10 @@ import (
 // running independent register-only FMAs (fmaPeak).
 //
 //	go test -run XXX -bench 'Linear|Copy|FMAPeak' -benchtime 2s ./kernels/cpu/simd
+
+// benchWorkers sets the pool size of the benchmarks (0: one per core). On a
+// shared machine, -workers=1 gives steadier single-core figures.
+var benchWorkers = flag.Int("workers", 0, "benchmark pool size (0: runtime.NumCPU())")
 
 // coldBytes is the working set a GEMV benchmark rotates over, so that
 // weights come from memory as in a decode step, not from the last-level cache.
@@ -45,65 +50,83 @@ func (w *bestWindow) done() {
 	}
 }
 
-// copyGBps returns the best of three parallel copies of a 256 MiB buffer
-// over p, counted as bytes read plus bytes written per second.
-func copyGBps(p *pool.Pool) float64 {
-	const size = 256 << 20
-	src := make([]byte, size)
-	dst := make([]byte, size)
-	for i := range src {
-		src[i] = byte(i)
-	}
-	copy(dst, src) // fault the pages in
-	w := newBestWindow(1)
-	for range 8 {
-		p.ForGrain(size, 1<<16, func(lo, hi int) { copy(dst[lo:hi], src[lo:hi]) })
-		w.done()
-	}
-	return 2 * size / w.bestSec / 1e9
+// roofline measures the machine's limits with the same pool the kernels run
+// on: a large parallel copy, a large parallel read and the FMA throughput.
+// Benchmarks measure them right before each case, so that a ratio compares
+// figures taken under the same load of a shared machine.
+type roofline struct {
+	p        *pool.Pool
+	src, dst []byte
+	rd       []float32
+	sums     []float32
 }
 
-// readGBps returns the best of eight parallel streaming reads of a 256 MiB
-// buffer over p (a dot product of the buffer with itself, which needs far less
-// compute per byte than memory bandwidth gives): the roofline of a GEMV.
-func readGBps(p *pool.Pool) float64 {
-	const size = 256 << 20
-	a := make([]float32, size/4)
-	for i := range a {
-		a[i] = 1
+const rooflineBytes = 256 << 20
+
+func newRoofline(p *pool.Pool) *roofline {
+	r := &roofline{
+		p:    p,
+		src:  make([]byte, rooflineBytes),
+		dst:  make([]byte, rooflineBytes),
+		rd:   make([]float32, rooflineBytes/4),
+		sums: make([]float32, 8*p.NumWorkers()),
 	}
-	sums := make([]float32, 8*p.NumWorkers())
+	for i := range r.src {
+		r.src[i] = byte(i)
+	}
+	copy(r.dst, r.src) // fault the pages in
+	for i := range r.rd {
+		r.rd[i] = 1
+	}
+	return r
+}
+
+// copyGBps is the best of four parallel copies of 256 MiB, counted as bytes
+// read plus bytes written per second.
+func (r *roofline) copyGBps() float64 {
 	w := newBestWindow(1)
-	for range 8 {
-		p.ForGrain(len(a), 1<<16, func(lo, hi int) {
-			sums[lo*len(sums)/len(a)] += Dot(a[lo:hi], a[lo:hi])
+	for range 4 {
+		r.p.ForGrain(len(r.src), 1<<16, func(lo, hi int) { copy(r.dst[lo:hi], r.src[lo:hi]) })
+		w.done()
+	}
+	return 2 * rooflineBytes / w.bestSec / 1e9
+}
+
+// readGBps is the best of four parallel streaming reads of 256 MiB (a dot
+// product of the buffer with itself, far less compute per byte than memory
+// gives): the roofline of a GEMV.
+func (r *roofline) readGBps() float64 {
+	w := newBestWindow(1)
+	for range 4 {
+		r.p.ForGrain(len(r.rd), 1<<16, func(lo, hi int) {
+			r.sums[lo*len(r.sums)/len(r.rd)] += Dot(r.rd[lo:hi], r.rd[lo:hi])
 		})
 		w.done()
 	}
-	return size / w.bestSec / 1e9
+	return rooflineBytes / w.bestSec / 1e9
 }
 
-// peakGFLOPs returns the FMA throughput of all p's workers, or 0 without
-// AVX-512.
-func peakGFLOPs(p *pool.Pool) float64 {
-	const iters = 5_000_000
+// peakGFLOPs is the best of four runs of register-only FMAs on every worker
+// (fmaPeak), or 0 without AVX-512.
+func (r *roofline) peakGFLOPs() float64 {
+	const iters = 2_000_000
 	if _, ok := fmaPeak(1); !ok {
 		return 0
 	}
 	w := newBestWindow(1)
-	for range 5 {
-		p.For(p.NumWorkers(), func(lo, hi int) {
+	for range 4 {
+		r.p.For(r.p.NumWorkers(), func(lo, hi int) {
 			for range hi - lo {
 				fmaPeak(iters)
 			}
 		})
 		w.done()
 	}
-	return float64(p.NumWorkers()) * iters * 24 * 32 / w.bestSec / 1e9
+	return float64(r.p.NumWorkers()) * iters * 24 * 32 / w.bestSec / 1e9
 }
 
 func BenchmarkCopy(b *testing.B) {
-	p := pool.New(0)
+	p := pool.New(*benchWorkers)
 	defer p.Close()
 	const size = 256 << 20
 	src := make([]byte, size)
@@ -119,7 +142,7 @@ func BenchmarkCopy(b *testing.B) {
 }
 
 func BenchmarkFMAPeak(b *testing.B) {
-	p := pool.New(0)
+	p := pool.New(*benchWorkers)
 	defer p.Close()
 	if _, ok := fmaPeak(1); !ok {
 		b.Skip("no AVX-512")
@@ -186,10 +209,9 @@ var gemvShapes = []struct {
 // cores, rotating over enough weight copies to miss the caches, and reports
 // the weight bytes streamed per second and the ratio to copy bandwidth.
 func BenchmarkLinearGEMV(b *testing.B) {
-	p := pool.New(0)
+	p := pool.New(*benchWorkers)
 	defer p.Close()
-	copyBW, readBW := copyGBps(p), readGBps(p)
-	b.Logf("over %d workers: parallel copy %.1f GB/s (read+write), parallel read %.1f GB/s", p.NumWorkers(), copyBW, readBW)
+	roof := newRoofline(p)
 	r := rand.New(rand.NewPCG(1, 1))
 	for _, impl := range []*Impl{Default()} {
 		for _, dt := range benchDtypes {
@@ -207,6 +229,7 @@ func BenchmarkLinearGEMV(b *testing.B) {
 					b.Run(fmt.Sprintf("%s/%s/%s/m%d", impl, dt.name, sh.name, m), func(b *testing.B) {
 						x := randVec(r, m*sh.k)
 						out := make([]float32, m*sh.n)
+						copyBW, readBW := roof.copyGBps(), roof.readGBps()
 						i := 0
 						win := newBestWindow(max(4, (1<<20)/wbytes))
 						for b.Loop() {
@@ -221,6 +244,8 @@ func BenchmarkLinearGEMV(b *testing.B) {
 						best := float64(wbytes) / win.bestSec / 1e9
 						b.ReportMetric(gbps, "GB/s")
 						b.ReportMetric(best, "best_GB/s")
+						b.ReportMetric(copyBW, "copy_GB/s")
+						b.ReportMetric(readBW, "read_GB/s")
 						b.ReportMetric(best/copyBW, "best_x_copy")
 						b.ReportMetric(best/readBW, "best_x_read")
 					})
@@ -233,10 +258,9 @@ func BenchmarkLinearGEMV(b *testing.B) {
 // BenchmarkLinearGEMM runs prefill-shaped products (m = 512) over all cores
 // and reports GFLOP/s and the fraction of the measured FMA peak.
 func BenchmarkLinearGEMM(b *testing.B) {
-	p := pool.New(0)
+	p := pool.New(*benchWorkers)
 	defer p.Close()
-	peak := peakGFLOPs(p)
-	b.Logf("FMA peak over %d workers: %.1f GFLOP/s", p.NumWorkers(), peak)
+	roof := newRoofline(p)
 	r := rand.New(rand.NewPCG(2, 2))
 	const m = 512
 	impls := []*Impl{Default()}
@@ -247,6 +271,7 @@ func BenchmarkLinearGEMM(b *testing.B) {
 				x := randVec(r, m*sh.k)
 				out := make([]float32, m*sh.n)
 				b.Run(fmt.Sprintf("%s/%s/%s/m%d", impl, dt.name, sh.name, m), func(b *testing.B) {
+					peak := roof.peakGFLOPs()
 					win := newBestWindow(1)
 					for b.Loop() {
 						p.ForGrain(sh.n, 16, func(lo, hi int) {
@@ -259,6 +284,7 @@ func BenchmarkLinearGEMM(b *testing.B) {
 					best := flops / win.bestSec / 1e9
 					b.ReportMetric(best, "best_GFLOP/s")
 					if peak > 0 {
+						b.ReportMetric(peak, "peak_GFLOP/s")
 						b.ReportMetric(best/peak, "best_x_peak")
 					}
 				})

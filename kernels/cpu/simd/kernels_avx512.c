@@ -105,13 +105,15 @@ AVX512 INLINE void tile_ptrs(const int dt, const int R, const int C, const float
 // weights are loaded at a time: R*C + R + 1 zmm.
 //
 // pf, when not NULL, is where the next tile's weights start: each step
-// prefetches its share (C*16 weights) of them, so that a 16-bit weight
-// stream keeps more memory requests in flight. A bf16 step has twice the
-// instructions per byte of an f32 step, so the out-of-order window alone
-// holds half the bytes in flight. In an interleaved single-core test (k=768,
-// n=2048, 512 MiB of rotating weights, the Zen 5 VM of BENCH.md) bf16 GEMV
-// went from 18-21 to 21-22 GB/s with it; f32 (27-29 GB/s, the read
-// bandwidth) gains nothing and does not prefetch.
+// prefetches its share (C*16 weights) of them, so that a weight stream keeps
+// more memory requests in flight than the out-of-order window alone holds
+// (a bf16 step has twice the instructions per byte of an f32 step, a 4-row
+// step four times the FMAs of a 1-row step). linear_rows asks for it where
+// it paid in an interleaved single-core test on the Zen 5 VM of BENCH.md
+// (k=768, n=2048, 512 MiB of rotating weights), best GB/s without -> with:
+// bf16 m=1 18-21 -> 21-22, m=3 12 -> 17, m=4 12-13 -> 17; f32 m=3 18 -> 20,
+// m=4 15 -> 18; but f32 m=1 and m=2 lose (27 -> 21, 21 -> 18): there the
+// plain loop already streams at read bandwidth.
 AVX512 INLINE void tile_steps(const int dt, const int R, const int C, const float *xr[4],
                               const char *wc[16], int64_t kb, int64_t ke, int64_t k,
                               __m512 acc[16], const char *pf) {
@@ -169,18 +171,19 @@ AVX512 INLINE void tile_store(const int R, const int C, const __m512 acc[16], in
 }
 
 // linear_rows runs the rows [i0, i0+nr) against columns [jb, je) with R x C
-// tiles. When a tile's rows and columns over the whole of k would not fit in
+// tiles; stream says w comes from memory (GEMV), not from L2 (see pf of
+// tile_steps). Out of stream mode, when a tile's rows and columns over the whole of k would not fit in
 // L1 next to each other, k is cut into chunks of kc and each group of up to
 // 16 tiles runs chunk by chunk, its accumulators kept in a spill area
 // between chunks: the FMAs per lane are the same, in the same order.
 AVX512 INLINE void linear_rows(const int dt, const int R, const int C, float *out, const float *x,
                                const void *w, int64_t n, int64_t k, int64_t i0, int nr,
-                               int64_t jb, int64_t je) {
+                               int64_t jb, int64_t je, int stream) {
 	const int64_t bytes_per_step = R * 4 + C * esize(dt); // per element of k
 	const int64_t kc = L1_TILE_BYTES / bytes_per_step / 16 * 16;
 	const float *xr[4];
 	const char *wc[16];
-	if (k <= kc) {
+	if (k <= kc || stream) {
 		for (int64_t j = jb; j < je; j += C) {
 			int nc = je - j < C ? (int)(je - j) : C;
 			__m512 acc[16];
@@ -189,7 +192,7 @@ AVX512 INLINE void linear_rows(const int dt, const int R, const int C, float *ou
 				acc[f] = _mm512_setzero_ps();
 			tile_ptrs(dt, R, C, x + i0 * k, nr, (const char *)w + j * k * esize(dt), nc, k, xr, wc);
 			const char *pf = 0;
-			if (dt != DI_F32 && R <= 2 && j + 2 * C <= je)
+			if (stream && (dt != DI_F32 || R == 4) && j + 2 * C <= je)
 				pf = (const char *)w + (j + C) * k * esize(dt);
 			tile_steps(dt, R, C, xr, wc, 0, k, k, acc, pf);
 			tile_store(R, C, acc, nr, nc, out + i0 * n + j, n);
@@ -225,19 +228,20 @@ AVX512 INLINE void linear(const int dt, float *out, const float *x, const void *
                           int64_t n, int64_t k, int64_t j0, int64_t j1) {
 	int64_t nb = L2_BLOCK_BYTES / ((k > 0 ? k : 1) * esize(dt));
 	nb = nb < 16 ? 16 : nb / 16 * 16;
+	const int stream = m <= 4; // one block of rows: w streams from memory once
 	for (int64_t jb = j0; jb < j1; jb += nb) {
 		int64_t je = j1 - jb < nb ? j1 : jb + nb;
 		for (int64_t i = 0; i < m;) {
 			int64_t left = m - i;
 			if (left >= 3) {
 				int nr = left < 4 ? (int)left : 4;
-				linear_rows(dt, 4, 4, out, x, w, n, k, i, nr, jb, je);
+				linear_rows(dt, 4, 4, out, x, w, n, k, i, nr, jb, je, stream);
 				i += nr;
 			} else if (left == 2) {
-				linear_rows(dt, 2, 8, out, x, w, n, k, i, 2, jb, je);
+				linear_rows(dt, 2, 8, out, x, w, n, k, i, 2, jb, je, stream);
 				i += 2;
 			} else {
-				linear_rows(dt, 1, 8, out, x, w, n, k, i, 1, jb, je);
+				linear_rows(dt, 1, 8, out, x, w, n, k, i, 1, jb, je, stream);
 				i += 1;
 			}
 		}
