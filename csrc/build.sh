@@ -31,7 +31,7 @@ if [[ -z $nvcc ]]; then
 		exit 1
 	fi
 fi
-cuda_home=$(cd "$(dirname "$(command -v "$nvcc")")/.." && pwd)
+cuda_home=$(cd "$(dirname "$(readlink -f "$(command -v "$nvcc")")")/.." && pwd)
 gencode="-gencode=arch=compute_${arch},code=sm_${arch}"
 sources=("$root"/csrc/*.cu "$root"/kernels/cuda/*.cu)
 objdir=$(mktemp -d)
@@ -51,7 +51,16 @@ for src in "${sources[@]}"; do
 done
 for p in "${pids[@]}"; do wait "$p"; done
 mkdir -p "$(dirname "$out")"
-libdir=$cuda_home/lib64
-[[ -d $libdir ]] || libdir=$cuda_home/lib
+libdir=
+for d in "$cuda_home/lib64" "$cuda_home/lib" "$cuda_home/targets/x86_64-linux/lib" /usr/lib/x86_64-linux-gnu; do
+	if compgen -G "$d/libcublas.so*" >/dev/null; then
+		libdir=$d
+		break
+	fi
+done
+if [[ -z $libdir ]]; then
+	echo "build.sh: libcublas.so not found under $cuda_home" >&2
+	exit 1
+fi
 "$nvcc" -shared "$gencode" -o "$out" "$objdir"/*.o -L"$libdir" -lcublas -Xlinker -rpath -Xlinker "$libdir"
 echo "built $out for sm_${arch} with $("$nvcc" --version | tail -1)"

@@ -13,7 +13,9 @@
 
 #include "deepinfer_cuda.h"
 
-// Pinned staging chunk for uploads: reused once its event has completed.
+// Pinned staging chunk for uploads. Small uploads pack into the current
+// chunk; a chunk is refilled only once its event (recorded after its last
+// copy) has completed, one trip around the ring later.
 struct di_stage {
 	void *host = nullptr;
 	cudaEvent_t done = nullptr;
@@ -28,7 +30,8 @@ struct di_ctx {
 	unsigned *check_host = nullptr; // pinned mirror for reading it back
 	std::vector<di_stage> stages;
 	size_t stage_bytes = 0;
-	size_t next_stage = 0;
+	size_t cur_stage = 0; // chunk being filled
+	size_t stage_off = 0; // bytes used in it
 	int num_graphs = 0;
 	int gemm_mode = DI_GEMM_ROUND; // how float32 activations enter 16-bit GEMMs
 	char err[1024] = {0};

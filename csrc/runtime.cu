@@ -267,8 +267,8 @@ static int api_create(int device, di_ctx **out, char *err, int errlen) {
 		return fail(di_cuda_fail(ctx, e, "cudaMemset (check word)"));
 	if ((e = cudaHostAlloc((void **)&ctx->check_host, sizeof(unsigned), cudaHostAllocDefault)) != cudaSuccess)
 		return fail(di_cuda_fail(ctx, e, "cudaHostAlloc (check word)"));
-	ctx->stage_bytes = 8u << 20;
-	ctx->stages.resize(4);
+	ctx->stage_bytes = 4u << 20;
+	ctx->stages.resize(16);
 	for (auto &s : ctx->stages) {
 		if ((e = cudaHostAlloc(&s.host, ctx->stage_bytes, cudaHostAllocDefault)) != cudaSuccess)
 			return fail(di_cuda_fail(ctx, e, "cudaHostAlloc (staging)"));
@@ -359,12 +359,20 @@ static int api_upload(di_ctx *ctx, di_dptr dst, const void *src, uint64_t bytes)
 	const char *s = (const char *)src;
 	char *d = (char *)(uintptr_t)dst;
 	while (bytes > 0) {
-		di_stage &st = ctx->stages[ctx->next_stage++ % ctx->stages.size()];
-		size_t n = bytes < ctx->stage_bytes ? bytes : ctx->stage_bytes;
-		CK(cudaEventSynchronize(st.done), "upload: cudaEventSynchronize");
-		memcpy(st.host, s, n);
-		CK(cudaMemcpyAsync(d, st.host, n, cudaMemcpyHostToDevice, ctx->stream), "upload: cudaMemcpyAsync");
+		if (ctx->stage_off >= ctx->stage_bytes || (bytes > ctx->stage_bytes - ctx->stage_off && ctx->stage_off > 0)) {
+			// Move to the next chunk, waiting for its last copy if still queued.
+			ctx->cur_stage = (ctx->cur_stage + 1) % ctx->stages.size();
+			ctx->stage_off = 0;
+			CK(cudaEventSynchronize(ctx->stages[ctx->cur_stage].done), "upload: cudaEventSynchronize");
+		}
+		di_stage &st = ctx->stages[ctx->cur_stage];
+		size_t room = ctx->stage_bytes - ctx->stage_off;
+		size_t n = bytes < room ? bytes : room;
+		char *h = (char *)st.host + ctx->stage_off;
+		memcpy(h, s, n);
+		CK(cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, ctx->stream), "upload: cudaMemcpyAsync");
 		CK(cudaEventRecord(st.done, ctx->stream), "upload: cudaEventRecord");
+		ctx->stage_off += (n + 255) & ~size_t(255);
 		s += n;
 		d += n;
 		bytes -= n;
@@ -486,7 +494,11 @@ static int api_graph_end(di_ctx *ctx, void **exec) {
 	cudaGraph_t g = nullptr;
 	CK(cudaStreamEndCapture(ctx->stream, &g), "cudaStreamEndCapture");
 	cudaGraphExec_t x = nullptr;
+#if CUDART_VERSION >= 12000
+	cudaError_t e = cudaGraphInstantiate(&x, g, 0);
+#else
 	cudaError_t e = cudaGraphInstantiateWithFlags(&x, g, 0);
+#endif
 	cudaGraphDestroy(g);
 	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "cudaGraphInstantiate");
 	{
