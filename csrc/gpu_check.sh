@@ -35,21 +35,21 @@ for b in cuda.test deepinfer; do
 done
 
 t0=$(date +%s)
-(cd kernels/cuda && timeout 300 "$root/$dir/cuda.test" -test.run 'TestGPU' -test.v -test.timeout 290s) >"$logs/tests.log" 2>&1
+(cd kernels/cuda && timeout 240 "$root/$dir/cuda.test" -test.run TestGPU -test.v -test.timeout 230s) >"$logs/tests.log" 2>&1
 tests_rc=$?
 tests_s=$(($(date +%s) - t0))
 
 t0=$(date +%s)
-(cd kernels/cuda && timeout 200 "$root/$dir/cuda.test" -test.run 'XXX' -test.bench 'GPU' -test.benchtime 10x -test.v) >"$logs/bench.log" 2>&1
+(cd kernels/cuda && timeout 170 "$root/$dir/cuda.test" -test.run 'XXX' -test.bench 'GPU' -test.benchtime 10x -test.v) >"$logs/bench.log" 2>&1
 bench_rc=$?
 bench_s=$(($(date +%s) - t0))
 
 e2e_rc=skipped
 if [[ -x $dir/deepinfer ]]; then
 	prompt="The quick brown fox"
-	timeout 60 "$dir/deepinfer" generate --config configs/cuda.yaml -p "$prompt" -m 48 >"$logs/gen_cuda.txt" 2>&1
+	timeout 45 "$dir/deepinfer" generate --config configs/cuda.yaml -p "$prompt" -m 48 >"$logs/gen_cuda.txt" 2>&1
 	e2e_rc=$?
-	timeout 60 "$dir/deepinfer" generate --config configs/default.yaml -p "$prompt" -m 48 >"$logs/gen_cpu.txt" 2>&1
+	timeout 45 "$dir/deepinfer" generate --config configs/default.yaml -p "$prompt" -m 48 >"$logs/gen_cpu.txt" 2>&1
 fi
 
 echo
