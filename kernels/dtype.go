@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"unsafe"
 )
 
 // DType is the element type of a tensor.
@@ -134,9 +135,25 @@ func F32ToF16(f float32) uint16 {
 	return sign | uint16(r)
 }
 
+// hostLittleEndian is true on hosts whose memory layout is the wire layout
+// (amd64, arm64): conversions are then plain copies.
+var hostLittleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+// rawBytes views a slice of 4-byte elements as bytes (no copy).
+func rawBytes[T float32 | int32](xs []T) []byte {
+	if len(xs) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&xs[0])), 4*len(xs))
+}
+
 // F32Bytes encodes xs little-endian, the layout Upload expects for F32.
 func F32Bytes(xs []float32) []byte {
 	b := make([]byte, 4*len(xs))
+	if hostLittleEndian {
+		copy(b, rawBytes(xs))
+		return b
+	}
 	for i, x := range xs {
 		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
 	}
@@ -146,6 +163,10 @@ func F32Bytes(xs []float32) []byte {
 // I32Bytes encodes xs little-endian, the layout Upload expects for I32.
 func I32Bytes(xs []int32) []byte {
 	b := make([]byte, 4*len(xs))
+	if hostLittleEndian {
+		copy(b, rawBytes(xs))
+		return b
+	}
 	for i, x := range xs {
 		binary.LittleEndian.PutUint32(b[4*i:], uint32(x))
 	}
@@ -164,6 +185,10 @@ func U16Bytes(xs []uint16) []byte {
 // BytesF32 decodes little-endian float32 values; len(b) must be a multiple of 4.
 func BytesF32(b []byte) []float32 {
 	xs := make([]float32, len(b)/4)
+	if hostLittleEndian {
+		copy(rawBytes(xs), b)
+		return xs
+	}
 	for i := range xs {
 		xs[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
 	}
@@ -173,6 +198,10 @@ func BytesF32(b []byte) []float32 {
 // BytesI32 decodes little-endian int32 values; len(b) must be a multiple of 4.
 func BytesI32(b []byte) []int32 {
 	xs := make([]int32, len(b)/4)
+	if hostLittleEndian {
+		copy(rawBytes(xs), b)
+		return xs
+	}
 	for i := range xs {
 		xs[i] = int32(binary.LittleEndian.Uint32(b[4*i:]))
 	}

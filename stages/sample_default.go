@@ -3,6 +3,9 @@ package stages
 import (
 	"context"
 	"fmt"
+	"runtime"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/kernels/sampling"
@@ -15,7 +18,12 @@ func init() {
 		if err != nil {
 			return nil, err
 		}
-		return pipeline.NewStage[*ForwardResult, *SampledStep](&sample{rt: rt, scratch: new(sampling.Scratch)}), nil
+		workers := runtime.NumCPU()
+		scratch := make([]*sampling.Scratch, workers)
+		for i := range scratch {
+			scratch[i] = new(sampling.Scratch)
+		}
+		return pipeline.NewStage[*ForwardResult, *SampledStep](&sample{rt: rt, scratch: scratch}), nil
 	})
 }
 
@@ -23,11 +31,16 @@ func init() {
 // (kernels/sampling): masks for min_tokens, logit bias, penalties over the
 // prompt and output so far, greedy or temperature with min-p, top-k, top-p,
 // and a draw keyed by (seed, output position), so that a request's tokens
-// do not depend on its batch neighbours.
+// do not depend on its batch neighbours. Rows are split over one worker per
+// core (each row is independent, so the split changes no result).
 type sample struct {
 	rt      *Runtime
-	scratch *sampling.Scratch
+	scratch []*sampling.Scratch // one per worker
 }
+
+// minRowsPerWorker keeps small batches on one goroutine, where a fan-out
+// would cost more than it saves.
+const minRowsPerWorker = 8
 
 func (s *sample) Process(ctx context.Context, res *ForwardResult) (*SampledStep, error) {
 	rows, err := beginSample(ctx, s.rt, res)
@@ -39,25 +52,45 @@ func (s *sample) Process(ctx context.Context, res *ForwardResult) (*SampledStep,
 		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
 	}
 	eos := s.rt.Scheduler.Config().EOSTokenIDs
-	for r, logits := range rows[:len(res.Rows)] {
-		ref := res.Rows[r]
-		m := ref.Meta
-		p, hist, step := rowParams(m, ref.Index, eos, s.rt.ZOS.pendingTokens(res.Outputs.StepID, m))
-		got, err := sampling.Sample(logits, &p, hist, step, s.scratch)
-		if err != nil {
-			return nil, fmt.Errorf("sample: step %d: request %q: %w", res.Outputs.StepID, ref.RequestID, err)
-		}
-		smp := Sample{Token: int(got.Token)}
-		if p.Logprobs {
-			lp := &engine.TokenLogprobs{TokenID: int(got.Token), Logprob: got.Logprob}
-			for _, t := range got.Top {
-				lp.Top = append(lp.Top, engine.TokenLogprob{TokenID: int(t.Token), Logprob: t.Logprob})
+	n := len(res.Rows)
+	workers := min(len(s.scratch), max(1, n/minRowsPerWorker))
+	var g errgroup.Group
+	for w := range workers {
+		lo, hi := w*n/workers, (w+1)*n/workers
+		g.Go(func() error {
+			for r := lo; r < hi; r++ {
+				if err := s.sampleRow(res, rows[r], r, eos, s.scratch[w], out); err != nil {
+					return err
+				}
 			}
-			smp.Logprobs = lp
-		}
-		out.Samples[r] = smp
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
 	}
 	return out, endSample(s.rt, out)
+}
+
+// sampleRow samples row r into out.Samples[r].
+func (s *sample) sampleRow(res *ForwardResult, logits []float32, r int, eos []int, sc *sampling.Scratch, out *SampledStep) error {
+	ref := res.Rows[r]
+	m := ref.Meta
+	p, hist, step := rowParams(m, ref.Index, eos, s.rt.ZOS.pendingTokens(res.Outputs.StepID, m))
+	got, err := sampling.Sample(logits, &p, hist, step, sc)
+	if err != nil {
+		return fmt.Errorf("sample: step %d: request %q: %w", res.Outputs.StepID, ref.RequestID, err)
+	}
+	smp := Sample{Token: int(got.Token)}
+	if p.Logprobs {
+		lp := &engine.TokenLogprobs{TokenID: int(got.Token), Logprob: got.Logprob}
+		for _, t := range got.Top {
+			lp.Top = append(lp.Top, engine.TokenLogprob{TokenID: int(t.Token), Logprob: t.Logprob})
+		}
+		smp.Logprobs = lp
+	}
+	out.Samples[r] = smp
+	return nil
 }
 
 // rowParams converts a sequence's request params into one row's sampling

@@ -205,6 +205,22 @@ func (b *Backend) Download(dst []byte, src kernels.Tensor) error {
 	if len(dst) != n*s.dtype.Size() {
 		return fmt.Errorf("cpu: download %v into %d bytes: want %d: %w", s, len(dst), n*s.dtype.Size(), kernels.ErrShape)
 	}
+	if littleEndian && n > 0 {
+		// The host layout is the wire layout: one memmove.
+		var raw unsafe.Pointer
+		switch s.dtype {
+		case kernels.F32:
+			raw = unsafe.Pointer(&s.f32[0])
+		case kernels.BF16, kernels.F16:
+			raw = unsafe.Pointer(&s.u16[0])
+		case kernels.I32:
+			raw = unsafe.Pointer(&s.i32[0])
+		}
+		if raw != nil {
+			copy(dst, unsafe.Slice((*byte)(raw), len(dst)))
+			return nil
+		}
+	}
 	switch s.dtype {
 	case kernels.F32:
 		for i, x := range s.f32[:n] {
