@@ -49,6 +49,7 @@ if [[ -x $dir/deepinfer ]]; then
 	prompt="The quick brown fox"
 	timeout 45 "$dir/deepinfer" generate --config configs/cuda.yaml -p "$prompt" -m 48 >"$logs/gen_cuda.txt" 2>&1
 	e2e_rc=$?
+	DEEPINFER_CUDA_GEMM=split timeout 45 "$dir/deepinfer" generate --config configs/cuda.yaml -p "$prompt" -m 48 >"$logs/gen_cuda_split.txt" 2>&1
 	timeout 45 "$dir/deepinfer" generate --config configs/default.yaml -p "$prompt" -m 48 >"$logs/gen_cpu.txt" 2>&1
 fi
 
@@ -58,11 +59,12 @@ grep -E -- '--- FAIL|FAIL|panic|Error|error' "$logs/tests.log" | head -40
 echo "==================== fixture parity ===================="
 grep -oE '(round|split) +[a-z0-9.-]+ +(f32|bf16) +err_vs_hf.*' "$logs/tests.log" | sort -u
 echo "==================== batch invariance / graph ===================="
-grep -E 'bit-identical|GraphReplay' "$logs/tests.log" | sed 's/^ *//' | head
+grep -E 'bit-identical|GraphReplay|default model' "$logs/tests.log" | sed 's/^ *//' | head
 echo "==================== benchmarks ===================="
-grep -E 'loaded on|decode batch|prefill [0-9]|^Benchmark|FAIL|panic' "$logs/bench.log" | sed 's/^ *//'
+grep -E 'loaded on|decode batch|prefill [0-9]|linear |attention decode|FAIL|panic' "$logs/bench.log" | sed 's/^ *//' | sed 's/^[a-z_]*_test.go:[0-9]*: //' | sort -u
 echo "==================== end to end (greedy, 48 tokens) ===================="
 echo "cuda (rc $e2e_rc):"; tail -4 "$logs/gen_cuda.txt" 2>/dev/null
+echo "cuda, gemm split:"; tail -4 "$logs/gen_cuda_split.txt" 2>/dev/null
 echo "cpu:"; tail -4 "$logs/gen_cpu.txt" 2>/dev/null
 echo "==================== summary ===================="
 pass=$(grep -c -- '^--- PASS' "$logs/tests.log")

@@ -39,6 +39,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -93,6 +94,9 @@ func (m GEMMMode) String() string {
 	return fmt.Sprintf("GEMMMode(%d)", int(m))
 }
 
+// GEMMEnv names the environment variable that can select GEMMSplit.
+const GEMMEnv = "DEEPINFER_CUDA_GEMM"
+
 // DefaultGCEvery is the default of Options.GCEvery: 1 GiB.
 const DefaultGCEvery = 1 << 30
 
@@ -103,7 +107,9 @@ type Options struct {
 	Library string
 	// Device is the CUDA device ordinal.
 	Device int
-	// GEMM picks how activations enter 16-bit GEMMs (default GEMMRound).
+	// GEMM picks how activations enter 16-bit GEMMs. The zero value,
+	// GEMMRound, can be overridden by $DEEPINFER_CUDA_GEMM ("round" or
+	// "split"), so that a run from YAML can choose without a config key.
 	GEMM GEMMMode
 	// GCEvery triggers a Go garbage collection after this many bytes of
 	// device allocations, so that unreachable tensors return to the cache;
@@ -149,6 +155,15 @@ var _ kernels.Ops = (*Backend)(nil)
 // ErrNoDevice and say what to do. Cost: library load and CUDA context
 // creation (hundreds of milliseconds on a cold device).
 func New(opts Options) (*Backend, error) {
+	if opts.GEMM == GEMMRound {
+		switch v := os.Getenv(GEMMEnv); v {
+		case "", "round":
+		case "split":
+			opts.GEMM = GEMMSplit
+		default:
+			return nil, fmt.Errorf("cuda: %s=%q: want round or split: %w", GEMMEnv, v, ErrUnsupported)
+		}
+	}
 	lib, err := openLibrary(opts.Library)
 	if err != nil {
 		return nil, err

@@ -293,3 +293,83 @@ func (bm *benchModel) prefill(b *testing.B, n int) {
 	b.ReportMetric(flops/sec/1e12, "TFLOP/s")
 	b.Logf("prefill %d tokens: %.1f ms, %.1f TFLOP/s (goal: 390, half of 780)", n, sec*1e3, flops/sec/1e12)
 }
+
+// BenchmarkGPUOps times single operations at the Llama-1B decode shapes with
+// device events (100 launches back to back): Linear with BF16 weights at 1
+// and 32 rows against the copy bandwidth (weight bytes / time), and decode
+// attention over 256 and 4096 keys.
+func BenchmarkGPUOps(b *testing.B) {
+	g := newGPU(b, GEMMRound)
+	r := rand.New(rand.NewPCG(5, 6))
+	timeIt := func(b *testing.B, reps int, fn func() error) float64 {
+		for range 3 {
+			if err := fn(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		e0, _ := g.NewEvent()
+		e1, _ := g.NewEvent()
+		defer e0.Close()
+		defer e1.Close()
+		e0.Record()
+		for range reps {
+			if err := fn(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		e1.Record()
+		ms, err := e0.Elapsed(e1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return ms / float64(reps)
+	}
+	for _, sh := range []struct {
+		name string
+		n, k int
+	}{{"q_proj", 2048, 2048}, {"kv_proj", 512, 2048}, {"gate_up", 16384, 2048}, {"down", 2048, 8192}, {"lm_head", 128256, 2048}} {
+		for _, m := range []int{1, 32} {
+			b.Run(fmt.Sprintf("linear/%s/m=%d", sh.name, m), func(b *testing.B) {
+				w := upload(b, g, kernels.BF16, hostBytes(kernels.BF16, randVals(r, sh.n*sh.k, 0.03)), kernels.BF16, sh.n, sh.k)
+				x := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, m*sh.k, 1)), kernels.F32, m, sh.k)
+				out, _ := g.Alloc(kernels.F32, m, sh.n)
+				ms := timeIt(b, 100, func() error { return g.Linear(out, x, w, nil) })
+				gbs := float64(2*sh.n*sh.k) / (ms / 1e3) / 1e9
+				b.ReportMetric(ms*1e3, "us/op")
+				b.ReportMetric(gbs, "GB/s")
+				b.Logf("linear %s m=%d n=%d k=%d: %.1f us, %.0f GB/s of weights", sh.name, m, sh.n, sh.k, ms*1e3, gbs)
+			})
+		}
+	}
+	for _, ctx := range []int{256, 4096} {
+		for _, batch := range []int{1, 32} {
+			b.Run(fmt.Sprintf("attention/ctx=%d/batch=%d", ctx, batch), func(b *testing.B) {
+				const blockSize = 16
+				ap := kernels.AttentionParams{NumHeads: 32, NumKVHeads: 8, HeadDim: 64, Scale: 0.125}
+				per := ctx / blockSize
+				numBlocks := batch * per
+				width := ap.NumKVHeads * ap.HeadDim
+				kc, _ := g.Alloc(kernels.F32, numBlocks, blockSize, width)
+				vc, _ := g.Alloc(kernels.F32, numBlocks, blockSize, width)
+				q := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, batch*ap.NumHeads*ap.HeadDim, 1)), kernels.F32, batch, ap.NumHeads*ap.HeadDim)
+				out, _ := g.Alloc(kernels.F32, batch, ap.NumHeads*ap.HeadDim)
+				cu, sk, bt := make([]int32, batch+1), make([]int32, batch), make([]int32, batch*per)
+				for s := range batch {
+					cu[s+1] = int32(s + 1)
+					sk[s] = int32(ctx)
+					for j := range per {
+						bt[s*per+j] = int32(s*per + j)
+					}
+				}
+				m := kernels.AttentionMetadata{NumSeqs: batch, NumTokens: batch, BlockSize: blockSize,
+					CuSeqlensQ:  upload(b, g, kernels.I32, kernels.I32Bytes(cu), kernels.I32, batch+1),
+					SeqlensK:    upload(b, g, kernels.I32, kernels.I32Bytes(sk), kernels.I32, batch),
+					BlockTables: upload(b, g, kernels.I32, kernels.I32Bytes(bt), kernels.I32, batch, per)}
+				ms := timeIt(b, 100, func() error { return g.Attention(out, q, kc, vc, &m, ap) })
+				gbs := float64(2*batch*ctx*width*4) / (ms / 1e3) / 1e9
+				b.ReportMetric(ms*1e3, "us/op")
+				b.Logf("attention decode ctx=%d batch=%d (32 q / 8 kv heads, d 64, f32 cache): %.1f us, %.0f GB/s of KV", ctx, batch, ms*1e3, gbs)
+			})
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/engine/models"
+	"github.com/deepinfer/deepinfer-go/engine/tokenizer"
 	"github.com/deepinfer/deepinfer-go/engine/weights"
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu"
@@ -206,4 +207,67 @@ func TestGPUFixtureParity(t *testing.T) {
 		}
 	}
 	t.Log("fixture parity summary (gemm, model, weights, worst error vs HF and vs the CPU backend, top-1 agreement, greedy tokens matching HF before the first divergence):\n" + strings.Join(summary, "\n"))
+}
+
+// The shipped default model (assets/deepseek-tiny, BF16 weights) greedy on
+// one prompt: the CPU backend, CUDA with split activations (about float32,
+// must follow the CPU) and CUDA with rounded activations (reported: where it
+// leaves the CPU's path, and the CPU's top-1 margin there).
+func TestGPUDefaultModelGreedy(t *testing.T) {
+	const dir, steps = "../../assets/deepseek-tiny", 48
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := tok.Encode("The quick brown fox", true)
+	run := func(ops kernels.Ops) (out []int32, margins []float32) {
+		m, err := models.Builtin().Load(ops, dir, models.Options{MaxModelLen: 256})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cache, err := m.NewKVCache(32, 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		table := make([]int32, 32)
+		for i := range table {
+			table[i] = int32(i)
+		}
+		lg := forward(t, m, ops, cache, ids, 0, table)
+		row := lg[len(lg)-1]
+		for len(out) < steps {
+			next := argmax(row)
+			second := float32(math.Inf(-1))
+			for j, v := range row {
+				if j != next {
+					second = max(second, v)
+				}
+			}
+			out = append(out, int32(next))
+			margins = append(margins, row[next]-second)
+			row = forward(t, m, ops, cache, []int32{int32(next)}, len(ids)+len(out)-1, table)[0]
+		}
+		return out, margins
+	}
+	c := cpu.New(cpu.Options{})
+	defer c.Close()
+	want, margins := run(c)
+	for _, mode := range []GEMMMode{GEMMSplit, GEMMRound} {
+		got, _ := run(newGPU(t, mode))
+		same := 0
+		for same < steps && got[same] == want[same] {
+			same++
+		}
+		if same == steps {
+			t.Logf("default model, gemm %s: %d/%d greedy tokens equal to the CPU backend's", mode, same, steps)
+			continue
+		}
+		msg := fmt.Sprintf("default model, gemm %s: greedy leaves the CPU backend's path at token %d (CPU top-1 margin there %.4g logits): CPU %q, CUDA %q",
+			mode, same, margins[same], tok.Decode(want, false), tok.Decode(got, false))
+		if mode == GEMMSplit {
+			t.Error(msg)
+		} else {
+			t.Log(msg)
+		}
+	}
 }
