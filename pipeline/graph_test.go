@@ -456,3 +456,57 @@ func TestSourceWaiter(t *testing.T) {
 		t.Errorf("source: busy %v, wait-in %v; the wait should be wait-in", s.Busy, s.WaitIn)
 	}
 }
+
+// wakeHead plans one item per wake-up and nothing otherwise.
+type wakeHead struct {
+	wake    chan struct{}
+	asked   atomic.Int32
+	planned int
+}
+
+func (h *wakeHead) Add(context.Context, struct{}) error { return nil }
+func (h *wakeHead) Feedback(context.Context, int) error { return nil }
+func (h *wakeHead) Wake() <-chan struct{}                { return h.wake }
+func (h *wakeHead) Plan(context.Context) (int, bool, error) {
+	if int(h.asked.Load()) <= h.planned {
+		return 0, false, nil
+	}
+	h.planned++
+	return h.planned, true, nil
+}
+
+// A planner woken from outside plans without any input or feedback.
+func TestPlannerWaker(t *testing.T) {
+	defer noLeaks(t)()
+	head := &wakeHead{wake: make(chan struct{}, 1)}
+	out := &collector[int]{}
+	src := SourceFunc[struct{}](func(ctx context.Context) (struct{}, error) {
+		<-ctx.Done() // the planner's input never delivers
+		return struct{}{}, ctx.Err()
+	})
+	g := New().
+		Add("src", NewSource[struct{}](src)).
+		Add("plan", NewPlanner[struct{}, int, int](head)).
+		Add("work", NewStage(double())).
+		Add("tee", NewStage(StageFunc[int, int](func(_ context.Context, v int) (int, error) {
+			out.Consume(context.Background(), v)
+			return v, nil
+		}))).
+		Connect("src", "plan", 1).Connect("plan", "work", 1).Connect("work", "tee", 1).
+		Feedback("tee", "plan", 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Run(ctx) }()
+	for i := 1; i <= 3; i++ {
+		head.asked.Add(1)
+		head.wake <- struct{}{}
+		waitFor(t, fmt.Sprint(i, " items"), func() bool { return len(out.items()) == i })
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	if got := out.items(); !reflect.DeepEqual(got, []int{2, 4, 6}) {
+		t.Errorf("items %v", got)
+	}
+}

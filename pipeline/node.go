@@ -232,6 +232,10 @@ func runPlanner[In, Fb, Out any](ctx context.Context, p Planner[In, Fb, Out], rt
 	st := rt.stats
 	inCh := in.ch
 	inFlight := 0
+	var wake <-chan struct{}
+	if w, ok := p.(Waker); ok {
+		wake = w.Wake()
+	}
 	for {
 		// Emit while the loop has room and there is work.
 		for rt.maxInFlight == 0 || inFlight < rt.maxInFlight {
@@ -284,6 +288,8 @@ func runPlanner[In, Fb, Out any](ctx context.Context, p Planner[In, Fb, Out], rt
 			if err != nil {
 				return err
 			}
+		case <-wake:
+			st.waitIn.Add(st.now() - t)
 		case <-rt.stop:
 			st.waitIn.Add(st.now() - t)
 			return ctx.Err()

@@ -65,6 +65,13 @@ type Planner[In, Fb, Out any] interface {
 	Plan(ctx context.Context) (out Out, ok bool, err error)
 }
 
+// Waker is implemented by a Planner that can get work from outside its
+// edges (a caller asking for a step, say): a receive on the channel makes
+// the graph call Plan again even though no input or feedback arrived.
+type Waker interface {
+	Wake() <-chan struct{}
+}
+
 // Closer is implemented by nodes that hold resources. The graph calls Close
 // once, after the node's goroutine has finished, whatever the outcome.
 type Closer interface {

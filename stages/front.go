@@ -49,6 +49,7 @@ func newTokenize(rt *Runtime) *tokenize {
 func (t *tokenize) Process(_ context.Context, req *engine.Request) (*engine.Sequence, error) {
 	seq, err := t.sequence(req)
 	if err != nil {
+		t.rt.Front.Add(-1)
 		if errors.Is(err, errDuplicateID) {
 			// The live request with this id must not be answered on its behalf.
 			if req.OnOutput != nil {
@@ -109,9 +110,19 @@ type schedule struct {
 	rt    *Runtime
 	spare [][]engine.SequenceMetadata
 	busy  map[engine.StepID][]engine.SequenceMetadata
+	asked map[engine.StepID]*stepAsk // gated steps waiting for their outputs
+}
+
+// Wake lets a StepGate's Step reach a planner waiting for input.
+func (s *schedule) Wake() <-chan struct{} {
+	if s.rt.Gate == nil {
+		return nil
+	}
+	return s.rt.Gate.wake
 }
 
 func (s *schedule) Add(_ context.Context, seq *engine.Sequence) error {
+	defer s.rt.Front.Add(-1)
 	id := seq.RequestID()
 	if _, err := s.rt.Scheduler.Add(seq); err != nil {
 		// A request the scheduler refuses (too long, ...) fails alone.
@@ -125,6 +136,10 @@ func (s *schedule) Add(_ context.Context, seq *engine.Sequence) error {
 }
 
 func (s *schedule) Feedback(_ context.Context, done *StepOutputs) error {
+	if a, ok := s.asked[done.StepID]; ok {
+		delete(s.asked, done.StepID)
+		a.done <- done
+	}
 	if buf, ok := s.busy[done.StepID]; ok {
 		delete(s.busy, done.StepID)
 		s.spare = append(s.spare, buf[:0])
@@ -133,6 +148,12 @@ func (s *schedule) Feedback(_ context.Context, done *StepOutputs) error {
 }
 
 func (s *schedule) Plan(context.Context) (*ScheduledStep, bool, error) {
+	var ask *stepAsk
+	if s.rt.Gate != nil {
+		if ask = s.rt.Gate.next(); ask == nil {
+			return nil, false, nil // driven by Step: nothing asked
+		}
+	}
 	var buf []engine.SequenceMetadata
 	if n := len(s.spare); n > 0 {
 		buf, s.spare = s.spare[n-1], s.spare[:n-1]
@@ -150,7 +171,16 @@ func (s *schedule) Plan(context.Context) (*ScheduledStep, bool, error) {
 		s.rt.Live.Fail(f.RequestID, f.Reason, f.Err)
 	}
 	if out.Kind == engine.StepEmpty {
+		if ask != nil {
+			ask.done <- emptyStep
+		}
 		return nil, false, nil
+	}
+	if ask != nil {
+		if s.asked == nil {
+			s.asked = map[engine.StepID]*stepAsk{}
+		}
+		s.asked[out.StepID] = ask
 	}
 	return &ScheduledStep{Outputs: out, Seqs: metas, Planned: time.Now()}, true, nil
 }

@@ -76,4 +76,7 @@ type StepOutputs struct {
 	// NumTokens counts the tokens appended by the step.
 	NumTokens int
 	Done      time.Time
+	// Outputs are the request outputs the step emitted (kept only when the
+	// loop is driven by a StepGate).
+	Outputs []engine.RequestOutput
 }

@@ -107,6 +107,7 @@ func (p *postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 		st.promptLogprobs = append(st.promptLogprobs, step.PromptLogprobs[i])
 	}
 	now := time.Now()
+	var gathered []engine.RequestOutput
 	for i, r := range step.Rows {
 		if _, gone := p.done[r.SeqID]; gone {
 			continue // learned one step late: this row's work is discarded
@@ -163,7 +164,9 @@ func (p *postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 			delete(p.seqs, r.SeqID)
 			p.done[r.SeqID] = id
 		}
-		p.rt.Live.Emit(out)
+		if p.rt.Live.Emit(out) && p.rt.Gate != nil {
+			gathered = append(gathered, out)
+		}
 	}
-	return &StepOutputs{StepID: step.Outputs.StepID, Finished: finished, NumTokens: len(sampled), Done: now}, nil
+	return &StepOutputs{StepID: step.Outputs.StepID, Finished: finished, NumTokens: len(sampled), Done: now, Outputs: gathered}, nil
 }

@@ -3,6 +3,7 @@ package stages
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine"
@@ -36,6 +37,11 @@ type Runtime struct {
 	// ZOS carries sampled tokens from step N to step N+1 and orders
 	// sampling after post-processing; see MetadataZOS.
 	ZOS *MetadataZOS
+	// Gate, when set, makes the loop plan a step only when asked (Step).
+	Gate *StepGate
+	// Front counts requests submitted and not yet handed to the scheduler
+	// (or refused): the engine adds, tokenize and schedule subtract.
+	Front atomic.Int64
 }
 
 // runtimeOf extracts the *Runtime a factory was given.
@@ -91,15 +97,16 @@ func (r *Requests) Len() int {
 	return len(r.live)
 }
 
-// Emit delivers out to its request. A Finished output closes its sequence;
-// the request is forgotten after its last. Outputs for a closed sequence or
-// an unknown request are dropped: nothing is emitted twice or after finish.
-func (r *Requests) Emit(out engine.RequestOutput) {
+// Emit delivers out to its request and reports whether it did. A Finished
+// output closes its sequence; the request is forgotten after its last.
+// Outputs for a closed sequence or an unknown request are dropped: nothing
+// is emitted twice or after finish.
+func (r *Requests) Emit(out engine.RequestOutput) bool {
 	r.mu.Lock()
 	lr := r.live[out.RequestID]
 	if lr == nil || out.Index < 0 || out.Index >= len(lr.done) || lr.done[out.Index] {
 		r.mu.Unlock()
-		return
+		return false
 	}
 	if out.Finished {
 		lr.done[out.Index] = true
@@ -112,6 +119,7 @@ func (r *Requests) Emit(out engine.RequestOutput) {
 	if lr.req.OnOutput != nil {
 		lr.req.OnOutput(out)
 	}
+	return true
 }
 
 // Fail answers every open sequence of a request with reason (and err), and

@@ -34,6 +34,9 @@ type Options struct {
 	Stages *pipeline.Registry
 	// Models maps architectures to constructors; nil means models.Builtin().
 	Models *models.Registry
+	// ManualSteps makes the step loop plan a step only when Step is
+	// called, as vLLM's LLMEngine.step; otherwise it runs on its own.
+	ManualSteps bool
 }
 
 // Engine is the LLMEngine: it owns the backend, the model, the KV cache,
@@ -165,6 +168,9 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		Requests: e.requests, Live: stages.NewRequests(), Seed: cfg.Seed, VocabSize: mcfg.VocabSize,
 		Flops: flops, Stats: &stages.Stats{}, ZOS: stages.NewMetadataZOS(),
 	}
+	if opts.ManualSteps {
+		e.rt.Gate = stages.NewStepGate()
+	}
 	pspec, err := Spec(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("llm: %w", err)
@@ -240,7 +246,12 @@ func (e *Engine) AddRequest(req *engine.Request) error {
 		return fmt.Errorf("%w: the step loop ended: %v", ErrClosed, e.runErr)
 	default:
 	}
-	return e.requests.push(req)
+	e.rt.Front.Add(1)
+	if err := e.requests.push(req); err != nil {
+		e.rt.Front.Add(-1)
+		return err
+	}
+	return nil
 }
 
 // validate applies the checks that need no tokenization.
@@ -273,6 +284,36 @@ func (e *Engine) validate(req *engine.Request) error {
 	return nil
 }
 
+// ErrNotManual is returned by Step on an engine that runs its own steps.
+var ErrNotManual = errors.New("llm: Step needs an engine built with Options.ManualSteps")
+
+// Step runs one step of the loop: it schedules what the scheduler picks
+// now (new requests submitted with AddRequest included), runs it, and
+// returns the request outputs it produced (also delivered to each
+// request's OnOutput). With nothing to schedule it returns no outputs at
+// once. Only for engines built with Options.ManualSteps; Step calls are
+// serialized by the loop, one step planned per call.
+func (e *Engine) Step(ctx context.Context) ([]engine.RequestOutput, error) {
+	if e.rt.Gate == nil {
+		return nil, ErrNotManual
+	}
+	// Requests added just before must reach the scheduler first.
+	for e.rt.Front.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-e.done:
+			return nil, fmt.Errorf("%w: %v", ErrClosed, e.runErr)
+		case <-time.After(50 * time.Microsecond):
+		}
+	}
+	out, err := e.rt.Gate.Step(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return out.Outputs, nil
+}
+
 // Abort stops a request wherever it is; its open sequences are answered
 // with FinishAbort. It reports whether the request was live. The request
 // is forgotten before the scheduler drops it, and the schedule stage checks
@@ -288,7 +329,9 @@ func (e *Engine) Abort(requestID string) bool {
 func (e *Engine) NumLive() int { return e.rt.Live.Len() }
 
 // HasUnfinished reports whether any request is still being served.
-func (e *Engine) HasUnfinished() bool { return e.rt.Live.Len() > 0 || e.sched.HasUnfinished() }
+func (e *Engine) HasUnfinished() bool {
+	return e.rt.Front.Load() > 0 || e.rt.Live.Len() > 0 || e.sched.HasUnfinished()
+}
 
 // FlushInflight waits until no request is unfinished and the step still in
 // flight after the last one (with ZOS, the step planned before the last

@@ -325,3 +325,60 @@ func TestStopStrings(t *testing.T) {
 		}
 	}
 }
+
+// An engine driven by Step gives the same tokens as one that runs on its
+// own, one step per call.
+func TestManualSteps(t *testing.T) {
+	dir := tinyLlama(t)
+	ps := prompts(4)
+	params := greedy(6)
+	auto, err := NewLLM(tinyConfig(t, dir, nil), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := generate(t, auto, ps, params)
+	auto.Close()
+
+	e, err := New(tinyConfig(t, dir, nil), Options{ManualSteps: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if out, err := e.Step(context.Background()); err != nil || len(out) != 0 {
+		t.Fatalf("Step with nothing to do = %v, %v", out, err)
+	}
+	got := make([][]int, len(ps))
+	for i, p := range ps {
+		if err := e.AddRequest(&engine.Request{ID: fmt.Sprint(i), PromptTokenIDs: p.IDs, Params: params}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps := 0
+	for e.HasUnfinished() {
+		out, err := e.Step(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out) == 0 {
+			t.Fatalf("step %d produced nothing with requests unfinished", steps)
+		}
+		for _, o := range out {
+			var i int
+			fmt.Sscan(o.RequestID, &i)
+			got[i] = append(got[i], o.TokenIDs...)
+		}
+		steps++
+		if steps > 100 {
+			t.Fatal("too many steps")
+		}
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("manual steps gave %v, want %v", got, want)
+	}
+	if steps < params.MaxTokens {
+		t.Errorf("%d steps for %d tokens each", steps, params.MaxTokens)
+	}
+	if _, err := auto.Step(context.Background()); !errors.Is(err, ErrNotManual) {
+		t.Errorf("Step on an automatic engine = %v", err)
+	}
+}
