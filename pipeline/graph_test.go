@@ -466,7 +466,7 @@ type wakeHead struct {
 
 func (h *wakeHead) Add(context.Context, struct{}) error { return nil }
 func (h *wakeHead) Feedback(context.Context, int) error { return nil }
-func (h *wakeHead) Wake() <-chan struct{}                { return h.wake }
+func (h *wakeHead) Wake() <-chan struct{}               { return h.wake }
 func (h *wakeHead) Plan(context.Context) (int, bool, error) {
 	if int(h.asked.Load()) <= h.planned {
 		return 0, false, nil

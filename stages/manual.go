@@ -55,4 +55,3 @@ func (g *StepGate) next() *stepAsk {
 }
 
 var emptyStep = &StepOutputs{}
-
