@@ -382,3 +382,32 @@ func TestManualSteps(t *testing.T) {
 		t.Errorf("Step on an automatic engine = %v", err)
 	}
 }
+
+// A prompt whose prefix is cached computes fewer prefill tokens and gives
+// the same tokens as a miss.
+func TestPrefixCacheHit(t *testing.T) {
+	l, err := NewLLM(tinyConfig(t, tinyLlama(t), nil), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ids := make([]int, 40) // 10 full blocks of 4
+	for i := range ids {
+		ids[i] = 3 + (i*11)%60
+	}
+	p := []Prompt{{IDs: ids}}
+	first := generate(t, l, p, greedy(8))
+	before := l.StepStats().PrefillTokens.Load()
+	second := generate(t, l, p, greedy(8))
+	computed := l.StepStats().PrefillTokens.Load() - before
+	if !reflect.DeepEqual(first, second) {
+		t.Errorf("hit %v, miss %v", second, first)
+	}
+	if computed >= int64(len(ids)) {
+		t.Errorf("the cached prompt computed %d prefill tokens of %d", computed, len(ids))
+	}
+	if hits := l.SchedulerStats().PrefixCache.NumHitTokens; hits == 0 {
+		t.Error("no prefix-cache hit recorded")
+	}
+	t.Logf("second run computed %d of %d prompt tokens", computed, len(ids))
+}
