@@ -295,13 +295,17 @@ func statsLine(l *llm.LLM, wall time.Duration) string {
 	if fwd > 0 {
 		gflops = st.FLOPs() / fwd / 1e9
 	}
+	mfu := "MFU n/a"
+	if peak := l.PeakFLOPS(); peak > 0 {
+		mfu = fmt.Sprintf("MFU %.1f%% of %.0f GFLOP/s", 100*l.MFU(), peak/1e9)
+	}
 	zos := "off"
 	if l.Config().ZOS.Enabled {
 		zos = "on"
 	}
-	return fmt.Sprintf("stats: %.2fs, %d steps | prefill %.1f tok/s, decode %.1f tok/s | host gap between forwards %s (ZOS %s) | running %d, waiting %d | KV %.1f%% of %d blocks | preemptions %d | prefix cache %d/%d tokens | %.2f GFLOP/s in forward (%s)",
+	return fmt.Sprintf("stats: %.2fs, %d steps | prefill %.1f tok/s, decode %.1f tok/s | host gap between forwards %s (ZOS %s) | running %d, waiting %d | KV %.1f%% of %d blocks | preemptions %d | prefix cache %d/%d tokens | %.2f GFLOP/s in forward, %s (%s)",
 		secs, st.Steps.Load(),
 		float64(st.PrefillTokens.Load())/secs, float64(st.DecodeTokens.Load())/secs,
 		st.MeanGap().Round(time.Microsecond), zos, ss.NumRunning, ss.NumWaiting, 100*ss.BlockUsage, ss.NumBlocks, ss.NumPreemptions,
-		ss.PrefixCache.NumHitTokens, ss.PrefixCache.NumQueryTokens, gflops, l.Backend().Name())
+		ss.PrefixCache.NumHitTokens, ss.PrefixCache.NumQueryTokens, gflops, mfu, l.Backend().Name())
 }

@@ -96,7 +96,7 @@ func TestGenerateCommand(t *testing.T) {
 		want    []string
 		wantErr string
 	}{
-		{args: []string{"--token-ids", "-p", "3 4 5", "-m", "5", "--ignore-eos"}, want: []string{"stats:", "decode"}},
+		{args: []string{"--token-ids", "-p", "3 4 5", "-m", "5", "--ignore-eos"}, want: []string{"stats:", "decode", "MFU"}},
 		{args: []string{"--token-ids", "-p", "3 4 5", "-p", "9 9", "-m", "3", "-n", "2", "-t", "0.7", "--seed", "1"}, want: []string{"prompt 2, output 1 (", "stats:"}},
 		{args: []string{"-p", "hello", "-m", "3"}, wantErr: "1 of 1 outputs failed"},
 		{args: []string{"--token-ids", "-p", "3 x"}, wantErr: `"x" is not a token id`},

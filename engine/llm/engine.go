@@ -224,6 +224,26 @@ func (e *Engine) Backend() kernels.Ops { return e.ops }
 // Graph returns the running step loop (for stats and renders).
 func (e *Engine) Graph() *pipeline.Graph { return e.graph }
 
+// PeakFLOPS is the backend's compute ceiling for MFU figures (measured or
+// known), 0 when the backend states none.
+func (e *Engine) PeakFLOPS() float64 {
+	if p, ok := e.ops.(interface{ PeakFLOPS() float64 }); ok {
+		return p.PeakFLOPS()
+	}
+	return 0
+}
+
+// MFU is the model FLOPs utilization of the forward passes so far: the
+// FlopsEstimator's count over forward time, divided by PeakFLOPS; 0 when
+// either is unknown.
+func (e *Engine) MFU() float64 {
+	peak, secs := e.PeakFLOPS(), e.rt.Stats.ForwardTime().Seconds()
+	if peak <= 0 || secs <= 0 {
+		return 0
+	}
+	return e.rt.Stats.FLOPs() / secs / peak
+}
+
 // StepStats are the step loop's counters (tokens, forward time, FLOPs).
 func (e *Engine) StepStats() *stages.Stats { return e.rt.Stats }
 

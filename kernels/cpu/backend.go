@@ -47,6 +47,7 @@ type Backend struct {
 	run     runner
 	k       kernelSet
 	closed  atomic.Bool
+	peak    peakOnce
 }
 
 var _ kernels.Ops = (*Backend)(nil)

@@ -414,3 +414,14 @@ func ExampleLinearBF16() {
 	fmt.Println(out)
 	// Output: [9 0]
 }
+
+func TestPeakFLOPS(t *testing.T) {
+	peak, ok := PeakFLOPS(2)
+	if _, has := fmaPeak(1); has != ok {
+		t.Fatalf("PeakFLOPS ok = %v on a machine where AVX-512 is %v", ok, has)
+	}
+	// Between 1 GFLOP/s and 10 TFLOP/s for two workers: a sanity range, not a timing.
+	if ok && (peak < 1e9 || peak > 1e13) {
+		t.Errorf("peak %.3g FLOP/s is not plausible", peak)
+	}
+}
