@@ -141,54 +141,62 @@ func TestLinearMatchesReference(t *testing.T) {
 // TestLinearBatchInvariance checks that a row's outputs are the same bits
 // whatever the batch size, the neighbouring rows and the column split.
 func TestLinearBatchInvariance(t *testing.T) {
-	const n, k = 40, 77
-	for _, p := range Impls() {
-		for _, dt := range dtypes {
-			t.Run(p.name+"/"+dt.name, func(t *testing.T) {
-				r := rand.New(rand.NewPCG(7, 8))
-				w, _ := dt.weights(r, n*k)
-				x64 := randVec(r, 64*k)
-				full := filled(64 * n)
-				dt.linear(p, full, x64, w, 64, n, k, 0, n)
-				check := func(what string, got []float32, row int) {
-					t.Helper()
-					for j := range n {
-						if !sameBits(got[j], full[row*n+j]) {
-							t.Fatalf("%s: row %d col %d = %#08x, m=64 gave %#08x", what, row, j,
-								math.Float32bits(got[j]), math.Float32bits(full[row*n+j]))
-						}
-					}
-				}
-				// m=1, one row at a time.
-				for i := range 64 {
-					out := filled(n)
-					dt.linear(p, out, x64[i*k:(i+1)*k], w, 1, n, k, 0, n)
-					check("m=1", out, i)
-				}
-				// m=7 and m=5: the same rows among fresh neighbours, at every position.
-				for _, mm := range []int{5, 7, 8, 9} {
-					for pos := range mm {
-						row := (pos*13 + mm) % 64
-						x := randVec(r, mm*k)
-						copy(x[pos*k:], x64[row*k:(row+1)*k])
-						out := filled(mm * n)
-						dt.linear(p, out, x, w, mm, n, k, 0, n)
-						check(fmt.Sprintf("m=%d pos %d", mm, pos), out[pos*n:(pos+1)*n], row)
-					}
-				}
-				// Column splits of the m=64 product.
-				for _, cuts := range [][]int{{0, 1, n}, {0, 16, 32, n}, {0, 3, 4, 21, 39, n}, {0, 17, n}} {
-					out := filled(64 * n)
-					for c := 0; c+1 < len(cuts); c++ {
-						dt.linear(p, out, x64, w, 64, n, k, cuts[c], cuts[c+1])
-					}
-					for i := range 64 {
-						check(fmt.Sprintf("split %v", cuts), out[i*n:(i+1)*n], i)
-					}
-				}
-			})
+	const n = 40
+	// k = 1500 runs m > 4 through the k-chunked SIMD loop, m <= 4 through
+	// the streaming one.
+	for _, k := range []int{77, 1500} {
+		for _, p := range Impls() {
+			for _, dt := range dtypes {
+				testBatchInvariance(t, p, dt, n, k)
+			}
 		}
 	}
+}
+
+func testBatchInvariance(t *testing.T, p *Impl, dt dtype, n, k int) {
+	t.Run(fmt.Sprintf("%s/%s/k%d", p, dt.name, k), func(t *testing.T) {
+		r := rand.New(rand.NewPCG(7, 8))
+		w, _ := dt.weights(r, n*k)
+		x64 := randVec(r, 64*k)
+		full := filled(64 * n)
+		dt.linear(p, full, x64, w, 64, n, k, 0, n)
+		check := func(what string, got []float32, row int) {
+			t.Helper()
+			for j := range n {
+				if !sameBits(got[j], full[row*n+j]) {
+					t.Fatalf("%s: row %d col %d = %#08x, m=64 gave %#08x", what, row, j,
+						math.Float32bits(got[j]), math.Float32bits(full[row*n+j]))
+				}
+			}
+		}
+		// m=1, one row at a time.
+		for i := range 64 {
+			out := filled(n)
+			dt.linear(p, out, x64[i*k:(i+1)*k], w, 1, n, k, 0, n)
+			check("m=1", out, i)
+		}
+		// m=7 and m=5: the same rows among fresh neighbours, at every position.
+		for _, mm := range []int{5, 7, 8, 9} {
+			for pos := range mm {
+				row := (pos*13 + mm) % 64
+				x := randVec(r, mm*k)
+				copy(x[pos*k:], x64[row*k:(row+1)*k])
+				out := filled(mm * n)
+				dt.linear(p, out, x, w, mm, n, k, 0, n)
+				check(fmt.Sprintf("m=%d pos %d", mm, pos), out[pos*n:(pos+1)*n], row)
+			}
+		}
+		// Column splits of the m=64 product.
+		for _, cuts := range [][]int{{0, 1, n}, {0, 16, 32, n}, {0, 3, 4, 21, 39, n}, {0, 17, n}} {
+			out := filled(64 * n)
+			for c := 0; c+1 < len(cuts); c++ {
+				dt.linear(p, out, x64, w, 64, n, k, cuts[c], cuts[c+1])
+			}
+			for i := range 64 {
+				check(fmt.Sprintf("split %v", cuts), out[i*n:(i+1)*n], i)
+			}
+		}
+	})
 }
 
 // TestLinearColumnRange checks that columns outside [j0,j1) stay untouched.
