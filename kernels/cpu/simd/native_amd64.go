@@ -27,17 +27,24 @@ func nativeImpls() []*Impl {
 	if x.HasAVX2 && x.HasFMA && x.HasF16C {
 		impls = append(impls, newNative("avx2", avx2Funcs))
 	}
-	if x.HasAVX512F && x.HasAVX512BW && x.HasAVX512VL && x.HasAVX512DQ && x.HasFMA && x.HasF16C {
+	if hasAVX512() {
 		impls = append(impls, newNative("avx512", avx512Funcs))
 	}
 	return impls
+}
+
+// hasAVX512 reports whether the CPU (and OS) run the AVX-512 C functions:
+// they are compiled for F, BW, VL and DQ with FMA and F16C.
+func hasAVX512() bool {
+	x := &cpu.X86
+	return x.HasAVX512F && x.HasAVX512BW && x.HasAVX512VL && x.HasAVX512DQ && x.HasFMA && x.HasF16C
 }
 
 // fmaPeak runs iters rounds of 24 independent 16-lane FMAs (768 flops per
 // round) with AVX-512 and returns a value that depends on all of them; ok is
 // false where the CPU lacks AVX-512. For benchmarks only.
 func fmaPeak(iters int) (v float32, ok bool) {
-	if !cpu.X86.HasAVX512F {
+	if !hasAVX512() {
 		return 0, false
 	}
 	return float32(C.di_fma_peak_avx512(C.int64_t(iters))), true
