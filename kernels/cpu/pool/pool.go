@@ -34,7 +34,7 @@ const chunksPerWorker = 4
 // The zero value is not usable; create one with New.
 type Pool struct {
 	numWorkers int           // workers including the caller of For
-	wake       chan *job     // a pointer per helper wanted; buffered, never closed
+	wake       chan *job     // one pointer per worker woken; buffered, never closed
 	quit       chan struct{} // closed by Close
 	closeOnce  sync.Once
 	exited     sync.WaitGroup // the worker goroutines
@@ -131,12 +131,12 @@ func (p *Pool) ForGrain(n, grain int, fn func(lo, hi int)) {
 	}
 	j := &job{fn: fn, n: n, grain: grain, numChunks: numChunks}
 	j.pending.Add(numChunks)
-	// Wake at most one helper per chunk beyond the caller's first. A full
+	// Wake at most one worker per chunk beyond the caller's first. A full
 	// channel means every worker already has work queued: the caller then
 	// runs the chunks nobody claims.
-	numHelpers := min(numChunks-1, p.numWorkers-1)
+	numWoken := min(numChunks-1, p.numWorkers-1)
 wake:
-	for range numHelpers {
+	for range numWoken {
 		select {
 		case p.wake <- j:
 		default:
