@@ -39,7 +39,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 1u
+#define DI_ABI_VERSION 2u
 
 /* Element types; the values equal kernels.DType's. */
 enum di_dtype { DI_F32 = 1, DI_BF16 = 2, DI_F16 = 3, DI_I32 = 4 };
@@ -102,6 +102,10 @@ typedef struct di_mem_stats {
 typedef struct di_attn_meta {
 	int num_seqs, num_tokens;
 	int block_size, max_blocks_per_seq, num_blocks;
+	/* max_seqlen_q: the most query rows of one sequence when known (0:
+	 * unknown). 1 means a decode-only batch: the prefill kernels are not
+	 * launched, and a sequence with more rows is reported as a device check. */
+	int max_seqlen_q;
 	di_dptr cu_seqlens_q; /* I32 [num_seqs+1] */
 	di_dptr seqlens_k;    /* I32 [num_seqs] */
 	di_dptr block_tables; /* I32 [num_seqs, max_blocks_per_seq] */
@@ -138,6 +142,10 @@ typedef struct di_api {
 	/* download: device -> host; waits for all queued work, then reports checks. */
 	int (*download)(di_ctx *ctx, void *dst, di_dptr src, uint64_t bytes);
 	int (*copy)(di_ctx *ctx, di_dptr dst, di_dptr src, uint64_t bytes);
+	/* copy_2d: rows rows of width_bytes from src (row pitch src_pitch bytes) to
+	 * dst (row pitch dst_pitch bytes), on the stream; capturable. */
+	int (*copy_2d)(di_ctx *ctx, di_dptr dst, uint64_t dst_pitch, di_dptr src, uint64_t src_pitch,
+	               uint64_t width_bytes, uint64_t rows);
 	/* sync: waits for all queued work, then reports the device check word. */
 	int (*sync)(di_ctx *ctx);
 	int (*host_alloc)(di_ctx *ctx, uint64_t bytes, void **out);

@@ -437,6 +437,18 @@ static int api_copy(di_ctx *ctx, di_dptr dst, di_dptr src, uint64_t bytes) {
 	return DI_OK;
 }
 
+static int api_copy_2d(di_ctx *ctx, di_dptr dst, uint64_t dst_pitch, di_dptr src, uint64_t src_pitch,
+                       uint64_t width_bytes, uint64_t rows) {
+	if (width_bytes == 0 || rows == 0) return DI_OK;
+	if (width_bytes > dst_pitch || width_bytes > src_pitch)
+		return di_fail(ctx, DI_ERR_INVALID, "copy_2d: width %llu bytes exceeds a pitch (%llu, %llu)",
+		               (unsigned long long)width_bytes, (unsigned long long)dst_pitch, (unsigned long long)src_pitch);
+	CK(cudaMemcpy2DAsync((void *)(uintptr_t)dst, dst_pitch, (const void *)(uintptr_t)src, src_pitch, width_bytes, rows,
+	                     cudaMemcpyDeviceToDevice, ctx->stream),
+	   "copy_2d: cudaMemcpy2DAsync");
+	return DI_OK;
+}
+
 static int api_sync(di_ctx *ctx) {
 	if (capturing(ctx)) return di_fail(ctx, DI_ERR_CAPTURING, "sync during graph capture");
 	return drain(ctx);
@@ -553,6 +565,7 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->upload_widen = api_upload_widen;
 	out->download = api_download;
 	out->copy = api_copy;
+	out->copy_2d = api_copy_2d;
 	out->sync = api_sync;
 	out->host_alloc = api_host_alloc;
 	out->host_free = api_host_free;

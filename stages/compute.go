@@ -24,7 +24,17 @@ func init() {
 		if err != nil {
 			return nil, err
 		}
-		return pipeline.NewStage[*PreparedStep, *ForwardResult](&forward{rt: rt}), nil
+		var opts ForwardOptions
+		if err := a.DecodeOptions(&opts); err != nil {
+			return nil, err
+		}
+		f := &forward{rt: rt}
+		if opts.CUDAGraph.Enabled {
+			if f.graphs, err = newDecodeGraphs(rt, opts.CUDAGraph.BatchSizes); err != nil {
+				return nil, fmt.Errorf("forward: cuda_graph: %w", err)
+			}
+		}
+		return pipeline.NewStage[*PreparedStep, *ForwardResult](f), nil
 	})
 }
 
@@ -110,6 +120,21 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 	return out, nil
 }
 
+// ForwardOptions are the forward stage's options (pipeline.options.forward
+// in YAML).
+type ForwardOptions struct {
+	// CUDAGraph replays captured CUDA graphs for decode steps: a decode batch
+	// of up to the largest of BatchSizes sequences pads up to the next
+	// captured size; prefill, mixed and larger batches run eagerly. Needs a
+	// backend that can capture (device: cuda) and a model whose forward pass
+	// never waits for the host (the Llama family; DeepSeek's MoE layers read
+	// their routing on the host and fail the capture).
+	CUDAGraph struct {
+		Enabled    bool  `yaml:"enabled"`
+		BatchSizes []int `yaml:"batch_sizes"`
+	} `yaml:"cuda_graph"`
+}
+
 // forward runs the model over the paged KV cache and computes the logits of
 // the rows that sample. It also measures the gap between the end of one
 // forward pass and the start of the next: the time the device would idle
@@ -117,13 +142,19 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 type forward struct {
 	rt      *Runtime
 	lastEnd time.Time
+	graphs  *decodeGraphs // nil: every step eager
 }
 
 func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResult, error) {
 	if err := copyBlocks(f.rt, step.Outputs.BlockCopies); err != nil {
 		return nil, fmt.Errorf("forward: step %d: %w", step.Outputs.StepID, err)
 	}
-	if step.FromRow != nil {
+	g := f.graphs.pick(step)
+	if g != nil {
+		if err := g.load(ctx, f.rt, step); err != nil {
+			return nil, fmt.Errorf("forward: step %d: graph inputs: %w", step.Outputs.StepID, err)
+		}
+	} else if step.FromRow != nil {
 		if err := f.rt.ZOS.resolvePlaceholders(ctx, f.rt.Ops, step.ScheduledStep, step.Batch.InputIDs, step.FromRow); err != nil {
 			return nil, fmt.Errorf("forward: %w", err)
 		}
@@ -133,7 +164,15 @@ func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResu
 		f.rt.Stats.recordGap(start.Sub(f.lastEnd))
 	}
 	defer func() { f.lastEnd = time.Now() }()
-	hidden, err := f.rt.Model.Forward(ctx, f.rt.Cache, step.Batch)
+	var hidden kernels.Tensor
+	var err error
+	if g != nil {
+		if err = g.graph.Replay(); err == nil {
+			hidden = g.hidden
+		}
+	} else {
+		hidden, err = f.rt.Model.Forward(ctx, f.rt.Cache, step.Batch)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("forward: step %d: %w", step.Outputs.StepID, err)
 	}
@@ -154,6 +193,229 @@ func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResu
 		f.rt.Stats.record(step.Outputs, cost, time.Since(start))
 	}
 	return res, nil
+}
+
+// Close destroys the captured graphs.
+func (f *forward) Close() error { return f.graphs.close() }
+
+// graphOps is what a backend offers for graph replay (kernels/cuda.Backend).
+type graphOps interface {
+	// CaptureGraph records the operations fn queues, without running them.
+	CaptureGraph(fn func() error) (interface {
+		Replay() error
+		Close() error
+	}, error)
+	// CopyRect copies src [r, c] into the top-left corner of dst [R, C].
+	CopyRect(dst, src kernels.Tensor) error
+}
+
+// decodeGraphs holds one captured forward pass per decode batch size, all
+// over static input tensors; the graphs share the backend's graph memory
+// pool (they never run at the same time).
+type decodeGraphs struct {
+	ops       graphOps
+	sizes     []int // ascending
+	graphs    []*decodeGraph
+	maxBlocks int // width of the static block tables
+}
+
+// decodeGraph is the forward pass of a decode batch of size sequences: one
+// token each. Rows past a step's real sequences are padding: token 0 at
+// position 0 with one key, slot -1 (their keys and values are written
+// nowhere), their block-table row left as it was (its first block is a
+// valid one), so they change no real row and no cache entry.
+type decodeGraph struct {
+	size   int
+	inputs kernels.Tensor // I32 [4, size]: input ids, positions, slot mapping, seqlens_k
+	ids    kernels.Tensor // I32 [size], a view of inputs
+	tables kernels.Tensor // I32 [size, maxBlocks]
+	batch  *models.ForwardBatch
+	hidden kernels.Tensor // the captured pass's output [size, hidden_size]
+	graph  interface {
+		Replay() error
+		Close() error
+	}
+	host []int32 // staging for inputs
+}
+
+// newDecodeGraphs captures a decode forward pass for every batch size,
+// after one eager run of each (which lets libraries initialize outside the
+// capture). It runs before the step loop starts, when nothing else uses the
+// backend's stream. Cost per size: one forward pass and one capture.
+func newDecodeGraphs(rt *Runtime, sizes []int) (*decodeGraphs, error) {
+	gops, ok := rt.Ops.(graphOps)
+	if !ok {
+		return nil, fmt.Errorf("backend %s cannot capture graphs: use device: cuda or disable cuda_graph", rt.Ops.Name())
+	}
+	if len(sizes) == 0 {
+		return nil, fmt.Errorf("no batch_sizes")
+	}
+	for i, n := range sizes {
+		if n <= 0 || (i > 0 && n <= sizes[i-1]) {
+			return nil, fmt.Errorf("batch_sizes %v: want positive sizes in ascending order", sizes)
+		}
+	}
+	bs := rt.Cache.BlockSize
+	maxBlocks := rt.Cache.NumBlocks
+	if p := rt.Model.Config().MaxPositionEmbeddings; p > 0 {
+		maxBlocks = min(maxBlocks, (p+bs-1)/bs)
+	}
+	d := &decodeGraphs{ops: gops, sizes: append([]int(nil), sizes...), maxBlocks: maxBlocks}
+	for _, n := range sizes {
+		g, err := d.capture(rt, n)
+		if err != nil {
+			d.close()
+			return nil, fmt.Errorf("decode batch size %d: %w", n, err)
+		}
+		d.graphs = append(d.graphs, g)
+	}
+	return d, nil
+}
+
+func (d *decodeGraphs) capture(rt *Runtime, n int) (*decodeGraph, error) {
+	ops := rt.Ops
+	g := &decodeGraph{size: n, host: make([]int32, 4*n)}
+	var err error
+	if g.inputs, err = ops.Alloc(kernels.I32, 4, n); err != nil {
+		return nil, err
+	}
+	if g.tables, err = ops.Alloc(kernels.I32, n, d.maxBlocks); err != nil {
+		return nil, err
+	}
+	cu := make([]int32, n+1)
+	for i := range cu {
+		cu[i] = int32(i)
+	}
+	cuT, err := kernels.FromI32(ops, cu, n+1)
+	if err != nil {
+		return nil, err
+	}
+	row := func(i int) kernels.Tensor {
+		if err != nil {
+			return nil
+		}
+		var t kernels.Tensor
+		if t, err = ops.Rows(g.inputs, i, i+1); err == nil {
+			t, err = ops.Reshape(t, n)
+		}
+		return t
+	}
+	g.ids = row(0)
+	g.batch = &models.ForwardBatch{NumTokens: n, InputIDs: g.ids, Positions: row(1), Attn: kernels.AttentionMetadata{
+		NumSeqs: n, NumTokens: n, MaxSeqlenQ: 1, MaxSeqlenK: d.maxBlocks * rt.Cache.BlockSize, BlockSize: rt.Cache.BlockSize,
+		CuSeqlensQ: cuT, SeqlensK: row(3), BlockTables: g.tables, SlotMapping: row(2)}}
+	if err != nil {
+		return nil, err
+	}
+	if err := g.fill(nil, rt.Cache.BlockSize); err != nil {
+		return nil, err
+	}
+	if err := ops.Upload(g.inputs, kernels.I32Bytes(g.host), kernels.I32); err != nil {
+		return nil, err
+	}
+	ctx := context.Background()
+	if _, err := rt.Model.Forward(ctx, rt.Cache, g.batch); err != nil {
+		return nil, err
+	}
+	if err := ops.Sync(); err != nil {
+		return nil, err
+	}
+	g.graph, err = d.ops.CaptureGraph(func() error {
+		var ferr error
+		g.hidden, ferr = rt.Model.Forward(ctx, rt.Cache, g.batch)
+		return ferr
+	})
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// pick returns the graph that serves step, or nil when the step runs
+// eagerly: not a pure decode step, more sequences than the largest size, or
+// a block table wider than the static ones.
+func (d *decodeGraphs) pick(step *PreparedStep) *decodeGraph {
+	if d == nil || step.Batch == nil {
+		return nil
+	}
+	n := len(step.Seqs)
+	if n == 0 || step.Batch.NumTokens != n || step.Batch.Attn.NumSeqs != n {
+		return nil
+	}
+	if bt := step.Batch.Attn.BlockTables; bt == nil || len(bt.Shape()) != 2 || bt.Shape()[1] > d.maxBlocks {
+		return nil
+	}
+	for i := range step.Seqs {
+		if len(step.Seqs[i].InputTokenIDs) != 1 {
+			return nil
+		}
+	}
+	for i, size := range d.sizes {
+		if n <= size {
+			return d.graphs[i]
+		}
+	}
+	return nil
+}
+
+// fill writes the host staging for seqs (nil: padding only).
+func (g *decodeGraph) fill(seqs []engine.SequenceMetadata, blockSize int) error {
+	n := g.size
+	ids, pos, slots, seqlensK := g.host[:n], g.host[n:2*n], g.host[2*n:3*n], g.host[3*n:]
+	for i := range n {
+		ids[i], pos[i], slots[i], seqlensK[i] = 0, 0, -1, 1
+	}
+	for i := range seqs {
+		m := &seqs[i]
+		p := m.PosStart
+		if b := p / blockSize; b >= len(m.BlockTable) {
+			return fmt.Errorf("sequence %d: position %d outside its block table of %d blocks", m.SeqID, p, len(m.BlockTable))
+		}
+		ids[i] = int32(m.InputTokenIDs[0])
+		pos[i] = int32(p)
+		slots[i] = int32(m.BlockTable[p/blockSize]*blockSize + p%blockSize)
+		seqlensK[i] = int32(p + 1)
+	}
+	return nil
+}
+
+// load writes step's inputs into the graph's static tensors, padding the
+// rows past its sequences, and resolves placeholder inputs on the device.
+// Cost: one small upload, one block-table copy on the device.
+func (g *decodeGraph) load(ctx context.Context, rt *Runtime, step *PreparedStep) error {
+	if err := g.fill(step.Seqs, rt.Cache.BlockSize); err != nil {
+		return err
+	}
+	if err := rt.Ops.Upload(g.inputs, kernels.I32Bytes(g.host), kernels.I32); err != nil {
+		return err
+	}
+	if err := rt.Ops.(graphOps).CopyRect(g.tables, step.Batch.Attn.BlockTables); err != nil {
+		return err
+	}
+	if step.FromRow == nil {
+		return nil
+	}
+	ids, err := rt.Ops.Rows(g.ids, 0, len(step.Seqs))
+	if err != nil {
+		return err
+	}
+	return rt.ZOS.resolvePlaceholders(ctx, rt.Ops, step.ScheduledStep, ids, step.FromRow)
+}
+
+func (d *decodeGraphs) close() error {
+	if d == nil {
+		return nil
+	}
+	var first error
+	for _, g := range d.graphs {
+		if g.graph != nil {
+			if err := g.graph.Close(); err != nil && first == nil {
+				first = err
+			}
+			g.graph = nil
+		}
+	}
+	return first
 }
 
 // copyBlocks performs the scheduler's copy-on-write block copies in every

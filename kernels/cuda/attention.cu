@@ -2,16 +2,16 @@
 // latent attention with weight absorption, over float32 caches laid out
 // [num_blocks, block_size, width] and read through block tables.
 //
-// First version, chosen for being plainly right: one block of threads per
-// (query row, head), keys in tiles of ATT_TILE with an online softmax, one
-// warp per key for the q.k dot products and one thread per output column for
-// p.v. Prefill, chunked prefill and decode are the same kernel. A row's result
-// depends only on its own sequence's cache (batch-invariant); the key tiles
-// start at the row's first visible key.
+// GQA attention has a split-over-keys decode kernel, a query-tiled prefill
+// kernel and the first, plain one (one block per (row, head)) as the fallback
+// for large head sizes; see the section below for which rows go where and
+// why each row's result is independent of its batch. All accumulate in
+// float32 on CUDA cores. MLA is still the plain one-block-per-(row, head)
+// kernel.
 //
-// Missing for speed (later work): tensor-core tiles for prefill (several
-// query rows per block), a split-K decode kernel for long contexts, GQA
-// sharing of K/V loads across the query heads of a KV head, bf16 caches.
+// Missing for speed (later work): tensor-core tiles for prefill (mma.sync
+// with split bf16 or tf32 inputs to keep float32 accuracy), bf16 caches, a
+// split decode kernel for MLA.
 #include <math_constants.h>
 
 #include "common.cuh"
@@ -75,20 +75,53 @@ __device__ __forceinline__ float di_online_update(float *sp, int n, float *m, fl
 }
 
 // ---------------------------------------------------------------- GQA attention
+//
+// Three kernels, picked per sequence so that a row's result never depends on
+// its batch neighbours:
+//   - Decode rows (a sequence with one query row this step): di_decode_attn_k
+//     splits the row's keys into at most DEC_MAX_SPLITS chunks whose length is
+//     a function of the row's own key count (di_dec_chunk), one block per
+//     (chunk, KV head, sequence) computing every query head of that KV head
+//     from one read of its keys and values; di_decode_combine_k merges the
+//     chunks in ascending order. The grid may hold more chunks than a row
+//     uses (an eager batch sizes it from its block tables, a captured graph
+//     from its static ones): unused chunks are empty and skipped, so the bits
+//     do not change.
+//   - Prefill rows (a sequence with two or more query rows): di_prefill_attn_k
+//     tiles PF_BQ query rows of one head against PF_BK keys held in shared
+//     memory, with key tiles aligned to absolute key positions and each row's
+//     scores summed in a fixed order; a row's result depends only on its own
+//     visible keys, so a chunked prefill gives the bits of a whole one.
+//   - di_attention_k (one block per (row, head)) serves prefill rows whose
+//     head_dim exceeds PF_MAX_D, and decode rows whose head_dim exceeds
+//     DEC_MAX_D.
+// A decode row and the same row computed inside a longer prefill chunk go
+// through different kernels and agree to rounding, not bit for bit.
+
+__device__ __forceinline__ float di_warp_max(float v) {
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+	return v;
+}
 
 __global__ void __launch_bounds__(ATT_THREADS)
     di_attention_k(float *out, const float *q, const float *kc, const float *vc, const int *cu, const int *seqlens_k,
                    const int *block_tables, int num_seqs, int max_blocks, int block_size, int num_blocks,
-                   int num_heads, int num_kv_heads, int head_dim, float scale, int window, unsigned *check) {
+                   int num_heads, int num_kv_heads, int head_dim, float scale, int window, int skip_decode,
+                   unsigned *check) {
 	extern __shared__ float smem[];
-	float *sq = smem;                // [head_dim]
-	float *sp = sq + head_dim;       // [ATT_TILE]
+	float *sq = smem;                    // [head_dim]
+	float *sp = sq + head_dim;           // [ATT_TILE]
 	int *slots = (int *)(sp + ATT_TILE); // [ATT_TILE]
 	const int i = blockIdx.x, h = blockIdx.y;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
 	const int kv_width = num_kv_heads * head_dim;
 	const int kvh = h / (num_heads / num_kv_heads);
 	float *o = out + ((size_t)i * num_heads + h) * head_dim;
+	if (skip_decode) { // decode rows belong to di_decode_attn_k
+		const int s0 = di_find_seq(cu, num_seqs, i);
+		if (cu[s0 + 1] - cu[s0] == 1) return;
+	}
 	int s, first, last;
 	if (!di_seq_window(cu, seqlens_k, num_seqs, max_blocks * block_size, i, window, &s, &first, &last)) {
 		if (tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
@@ -138,21 +171,453 @@ __global__ void __launch_bounds__(ATT_THREADS)
 	}
 }
 
+// ---------------------------------------------------------------- decode: split over keys
+
+#define DEC_THREADS 128
+#define DEC_SUB 128       // keys per sub-tile: one per thread
+#define DEC_MAX_SPLITS 16 // chunks per row at most
+#define DEC_MIN_CHUNK 256 // keys per chunk at least
+#define DEC_GROUP 8       // query heads (of one KV head) per block at most
+#define DEC_MAX_D 256
+#define DEC_MAX_OUT (DEC_GROUP * DEC_MAX_D / DEC_THREADS) // outputs per thread
+
+// di_dec_chunk is the chunk length, in key positions, of a decode row with kl
+// keys: chunk c holds keys [c*len, (c+1)*len). A function of kl alone.
+__host__ __device__ __forceinline__ int di_dec_chunk(int kl) {
+	int c = (kl + DEC_MAX_SPLITS - 1) / DEC_MAX_SPLITS;
+	c = (c + DEC_SUB - 1) / DEC_SUB * DEC_SUB;
+	return c > DEC_MIN_CHUNK ? c : DEC_MIN_CHUNK;
+}
+
+// One block per (chunk, KV head and head group, sequence). It writes, for each
+// of its query heads, the chunk's running max and sum (part_ml) and its
+// unnormalized output (part_acc), laid out [seq][head][chunk](...): an empty
+// chunk writes max -inf and sum 0.
+__global__ void __launch_bounds__(DEC_THREADS)
+    di_decode_attn_k(float *part_acc, float2 *part_ml, const float *q, const float *kc, const float *vc,
+                     const int *cu, const int *seqlens_k, const int *block_tables, int max_blocks, int block_size,
+                     int num_blocks, int num_heads, int num_kv_heads, int head_dim, float scale, int window,
+                     int decode_only, int vec4, unsigned *check) {
+	__shared__ float sq[DEC_GROUP * DEC_MAX_D];
+	__shared__ float sp[DEC_GROUP * DEC_SUB];
+	__shared__ int slots[DEC_SUB];
+	__shared__ float sm_m[DEC_GROUP], sm_l[DEC_GROUP], sm_alpha[DEC_GROUP];
+	const int c = blockIdx.x, s = blockIdx.z, nsplit = gridDim.x;
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int group = num_heads / num_kv_heads, subs = (group + DEC_GROUP - 1) / DEC_GROUP;
+	const int kvh = blockIdx.y / subs;
+	const int h0 = kvh * group + (blockIdx.y % subs) * DEC_GROUP;
+	const int gb = min(DEC_GROUP, (kvh + 1) * group - h0);
+	const int q0 = cu[s], ql = cu[s + 1] - q0;
+	if (ql != 1) {
+		if (decode_only && ql != 0 && c == 0 && blockIdx.y == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
+		return;
+	}
+	const int kl = seqlens_k[s];
+	const bool bad = kl < 1 || kl > max_blocks * block_size;
+	const int len = di_dec_chunk(kl);
+	const int first = window > 0 ? max(0, kl - window) : 0;
+	const int t_lo = max(first, c * len), t_hi = min(kl, (c + 1) * len);
+	float2 *ml = part_ml + ((size_t)s * num_heads + h0) * nsplit + c; // head hh at ml[hh*nsplit]
+	if (bad || t_lo >= t_hi) {
+		if (bad && c == 0 && blockIdx.y == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
+		if (tid < gb) ml[(size_t)tid * nsplit] = make_float2(-CUDART_INF_F, 0.f);
+		return;
+	}
+	const int kv_width = num_kv_heads * head_dim, nout = gb * head_dim;
+	const float *qr = q + ((size_t)q0 * num_heads + h0) * head_dim;
+	for (int i = tid; i < nout; i += DEC_THREADS) sq[i] = qr[i];
+	if (tid < DEC_GROUP) {
+		sm_m[tid] = -CUDART_INF_F;
+		sm_l[tid] = 0.f;
+	}
+	// Outputs of this thread: o = tid + k*DEC_THREADS, head o/head_dim, column o%head_dim.
+	float acc[DEC_MAX_OUT];
+	int oh[DEC_MAX_OUT], oe[DEC_MAX_OUT];
+#pragma unroll
+	for (int k = 0; k < DEC_MAX_OUT; k++) {
+		const int o = tid + k * DEC_THREADS;
+		acc[k] = 0.f;
+		oh[k] = o / head_dim;
+		oe[k] = o % head_dim;
+	}
+	const float *vbase = vc + kvh * head_dim;
+	for (int t0 = t_lo; t0 < t_hi; t0 += DEC_SUB) {
+		const int n = min(DEC_SUB, t_hi - t0);
+		__syncthreads(); // the previous sub-tile is consumed; sq and the state are written
+		int slot = -1;
+		if (tid < n) {
+			const int t = t0 + tid;
+			const int blk = block_tables[(size_t)s * max_blocks + t / block_size];
+			if (blk < 0 || blk >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
+			else slot = blk * block_size + t % block_size;
+		}
+		slots[tid] = slot;
+		// Scores of key t0+tid for every head of the group, summed over e in order.
+		float dot[DEC_GROUP];
+#pragma unroll
+		for (int hh = 0; hh < DEC_GROUP; hh++) dot[hh] = 0.f;
+		if (slot >= 0) {
+			const float *kr = kc + (size_t)slot * kv_width + kvh * head_dim;
+			if (vec4) {
+				for (int e = 0; e < head_dim; e += 4) {
+					const float4 k4 = *reinterpret_cast<const float4 *>(kr + e);
+#pragma unroll
+					for (int hh = 0; hh < DEC_GROUP; hh++) {
+						if (hh < gb) {
+							const float *qh = sq + hh * head_dim + e;
+							float d = dot[hh];
+							d += qh[0] * k4.x;
+							d += qh[1] * k4.y;
+							d += qh[2] * k4.z;
+							d += qh[3] * k4.w;
+							dot[hh] = d;
+						}
+					}
+				}
+			} else {
+				for (int e = 0; e < head_dim; e++) {
+					const float kv = kr[e];
+#pragma unroll
+					for (int hh = 0; hh < DEC_GROUP; hh++)
+						if (hh < gb) dot[hh] += sq[hh * head_dim + e] * kv;
+				}
+			}
+		}
+#pragma unroll
+		for (int hh = 0; hh < DEC_GROUP; hh++)
+			if (hh < gb) sp[hh * DEC_SUB + tid] = slot >= 0 ? dot[hh] * scale : -CUDART_INF_F;
+		__syncthreads();
+		// Online softmax per head: one warp per head.
+		for (int hh = warp; hh < gb; hh += DEC_THREADS / 32) {
+			float *row = sp + hh * DEC_SUB;
+			float mx = -CUDART_INF_F;
+#pragma unroll
+			for (int k = 0; k < DEC_SUB / 32; k++) mx = fmaxf(mx, row[lane + 32 * k]);
+			mx = di_warp_max(mx);
+			const float m_old = sm_m[hh], m_new = fmaxf(m_old, mx);
+			float alpha = 1.f, sum = 0.f;
+			if (m_new != -CUDART_INF_F) {
+				alpha = expf(m_old - m_new); // 0 while nothing was seen
+#pragma unroll
+				for (int k = 0; k < DEC_SUB / 32; k++) {
+					const float p = expf(row[lane + 32 * k] - m_new);
+					row[lane + 32 * k] = p;
+					sum += p;
+				}
+			} else {
+#pragma unroll
+				for (int k = 0; k < DEC_SUB / 32; k++) row[lane + 32 * k] = 0.f;
+			}
+			sum = di_warp_sum(sum);
+			if (lane == 0) {
+				sm_l[hh] = sm_l[hh] * alpha + sum;
+				sm_m[hh] = m_new;
+				sm_alpha[hh] = alpha;
+			}
+		}
+		__syncthreads();
+#pragma unroll
+		for (int k = 0; k < DEC_MAX_OUT; k++)
+			if (tid + k * DEC_THREADS < nout) acc[k] *= sm_alpha[oh[k]];
+#pragma unroll 4
+		for (int j = 0; j < n; j++) {
+			const int sl = slots[j];
+			if (sl < 0) continue;
+			const float *vr = vbase + (size_t)sl * kv_width;
+#pragma unroll
+			for (int k = 0; k < DEC_MAX_OUT; k++)
+				if (tid + k * DEC_THREADS < nout) acc[k] += sp[oh[k] * DEC_SUB + j] * vr[oe[k]];
+		}
+	}
+	float *pa = part_acc + (((size_t)s * num_heads + h0) * nsplit + c) * head_dim;
+#pragma unroll
+	for (int k = 0; k < DEC_MAX_OUT; k++)
+		if (tid + k * DEC_THREADS < nout) pa[(size_t)oh[k] * nsplit * head_dim + oe[k]] = acc[k];
+	if (tid < gb) ml[(size_t)tid * nsplit] = make_float2(sm_m[tid], sm_l[tid]);
+}
+
+// One block per (sequence, head): merges the non-empty chunks of a decode row
+// in ascending order and writes the normalized output.
+__global__ void di_decode_combine_k(float *out, const float *part_acc, const float2 *part_ml, const int *cu,
+                                    int num_heads, int head_dim, int nsplit) {
+	__shared__ float w[DEC_MAX_SPLITS];
+	__shared__ float inv_l;
+	const int s = blockIdx.x, h = blockIdx.y;
+	const int q0 = cu[s];
+	if (cu[s + 1] - q0 != 1) return;
+	const float2 *ml = part_ml + ((size_t)s * num_heads + h) * nsplit;
+	if (threadIdx.x == 0) {
+		float mx = -CUDART_INF_F;
+		for (int c = 0; c < nsplit; c++)
+			if (ml[c].y > 0.f) mx = fmaxf(mx, ml[c].x);
+		float l = 0.f;
+		for (int c = 0; c < nsplit; c++) {
+			const float2 v = ml[c];
+			const float wc = v.y > 0.f ? expf(v.x - mx) : 0.f;
+			w[c] = wc;
+			l += v.y * wc;
+		}
+		inv_l = l > 0.f ? 1.f / l : 0.f;
+	}
+	__syncthreads();
+	const float *pa = part_acc + ((size_t)s * num_heads + h) * nsplit * head_dim;
+	float *o = out + ((size_t)q0 * num_heads + h) * head_dim;
+	for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
+		float a = 0.f;
+		for (int c = 0; c < nsplit; c++)
+			if (w[c] > 0.f) a += pa[(size_t)c * head_dim + e] * w[c];
+		o[e] = a * inv_l;
+	}
+}
+
+// ---------------------------------------------------------------- prefill: query tiles
+
+#define PF_BQ 64
+#define PF_BK 64
+#define PF_THREADS 128 // 16 x 8: thread (ty, tx) owns rows ty*4.. +4, key columns tx + 8*j
+#define PF_MAX_D 128
+#define PF_OUT (PF_MAX_D / 8) // output columns per thread: tx + 8*k
+
+static size_t di_prefill_smem(int head_dim) {
+	const int ld = head_dim + 1;
+	return (size_t)(PF_BQ * ld + PF_BK * ld + PF_BQ * (PF_BK + 1)) * sizeof(float) + PF_BK * sizeof(int);
+}
+
+// One block per (query tile of a prefill sequence, head). Shared memory: the
+// query tile [PF_BQ][head_dim+1], one key or value tile [PF_BK][head_dim+1],
+// the probabilities [PF_BQ][PF_BK+1] and the tile's cache slots.
+__global__ void __launch_bounds__(PF_THREADS)
+    di_prefill_attn_k(float *out, const float *q, const float *kc, const float *vc, const int *cu,
+                      const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks, int block_size,
+                      int num_blocks, int num_heads, int num_kv_heads, int head_dim, float scale, int window,
+                      unsigned *check) {
+	extern __shared__ float smem[];
+	__shared__ int s_seq, s_tile;
+	const int ld = head_dim + 1;
+	float *Qs = smem, *KVs = Qs + PF_BQ * ld, *Ps = KVs + PF_BK * ld;
+	int *slots = (int *)(Ps + PF_BQ * (PF_BK + 1));
+	const int tid = threadIdx.x, ty = tid >> 3, tx = tid & 7;
+	const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
+	if (tid == 0) {
+		// Block b takes the b-th tile over the prefill sequences, the last
+		// (longest) tile of each sequence first.
+		int b = blockIdx.x, seq = -1, tile = 0;
+		for (int si = 0; si < num_seqs; si++) {
+			const int ql = cu[si + 1] - cu[si];
+			if (ql < 2) continue;
+			const int nt = (ql + PF_BQ - 1) / PF_BQ;
+			if (b < nt) {
+				seq = si;
+				tile = nt - 1 - b;
+				break;
+			}
+			b -= nt;
+		}
+		s_seq = seq;
+		s_tile = tile;
+	}
+	__syncthreads();
+	const int s = s_seq;
+	if (s < 0) return;
+	const int q0 = cu[s], ql = cu[s + 1] - q0, kl = seqlens_k[s];
+	const int j0 = s_tile * PF_BQ, nq = min(PF_BQ, ql - j0);
+	const int kv_width = num_kv_heads * head_dim;
+	if (kl < ql || kl > max_blocks * block_size) {
+		if (tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
+		for (int idx = tid; idx < nq * head_dim; idx += PF_THREADS)
+			out[((size_t)(q0 + j0 + idx / head_dim) * num_heads + h) * head_dim + idx % head_dim] = 0.f;
+		return;
+	}
+	for (int idx = tid; idx < PF_BQ * head_dim; idx += PF_THREADS) {
+		const int r = idx / head_dim, e = idx % head_dim;
+		Qs[r * ld + e] = r < nq ? q[((size_t)(q0 + j0 + r) * num_heads + h) * head_dim + e] : 0.f;
+	}
+	// Visible keys [first, last) of this thread's rows; rows past nq see none.
+	int first[4], last[4];
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		const int r = ty * 4 + i;
+		last[i] = r < nq ? kl - ql + j0 + r + 1 : 0;
+		first[i] = window > 0 ? max(0, last[i] - window) : 0;
+	}
+	const int k_hi = kl - ql + j0 + nq;
+	const int k_lo = window > 0 ? max(0, kl - ql + j0 + 1 - window) : 0;
+	float m[4], l[4], o[4][PF_OUT];
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		m[i] = -CUDART_INF_F;
+		l[i] = 0.f;
+#pragma unroll
+		for (int k = 0; k < PF_OUT; k++) o[i][k] = 0.f;
+	}
+	for (int t0 = k_lo / PF_BK * PF_BK; t0 < k_hi; t0 += PF_BK) {
+		const int n = min(PF_BK, k_hi - t0);
+		__syncthreads(); // the previous tile's values and probabilities are consumed; Qs written
+		if (tid < PF_BK) {
+			int slot = -1;
+			if (tid < n) {
+				const int t = t0 + tid;
+				const int blk = block_tables[(size_t)s * max_blocks + t / block_size];
+				if (blk < 0 || blk >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
+				else slot = blk * block_size + t % block_size;
+			}
+			slots[tid] = slot;
+		}
+		__syncthreads();
+		for (int idx = tid; idx < PF_BK * head_dim; idx += PF_THREADS) {
+			const int r = idx / head_dim, e = idx % head_dim;
+			const int sl = slots[r];
+			KVs[r * ld + e] = sl >= 0 ? kc[(size_t)sl * kv_width + kvh * head_dim + e] : 0.f;
+		}
+		__syncthreads();
+		float sc[4][8];
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+#pragma unroll
+			for (int j = 0; j < 8; j++) sc[i][j] = 0.f;
+		for (int e = 0; e < head_dim; e++) {
+			float a[4], b[8];
+#pragma unroll
+			for (int i = 0; i < 4; i++) a[i] = Qs[(ty * 4 + i) * ld + e];
+#pragma unroll
+			for (int j = 0; j < 8; j++) b[j] = KVs[(tx + 8 * j) * ld + e];
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+#pragma unroll
+				for (int j = 0; j < 8; j++) sc[i][j] += a[i] * b[j];
+		}
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			float mx = -CUDART_INF_F;
+#pragma unroll
+			for (int j = 0; j < 8; j++) {
+				const int kk = tx + 8 * j, t = t0 + kk;
+				const bool vis = kk < n && slots[kk] >= 0 && t >= first[i] && t < last[i];
+				sc[i][j] = vis ? sc[i][j] * scale : -CUDART_INF_F;
+				mx = fmaxf(mx, sc[i][j]);
+			}
+#pragma unroll
+			for (int x = 1; x < 8; x <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+			const float m_new = fmaxf(m[i], mx);
+			float alpha = 1.f, sum = 0.f;
+			if (m_new != -CUDART_INF_F) {
+				alpha = expf(m[i] - m_new);
+#pragma unroll
+				for (int j = 0; j < 8; j++) {
+					sc[i][j] = expf(sc[i][j] - m_new);
+					sum += sc[i][j];
+				}
+			} else {
+#pragma unroll
+				for (int j = 0; j < 8; j++) sc[i][j] = 0.f;
+			}
+#pragma unroll
+			for (int x = 1; x < 8; x <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, x);
+			l[i] = l[i] * alpha + sum;
+			m[i] = m_new;
+#pragma unroll
+			for (int k = 0; k < PF_OUT; k++) o[i][k] *= alpha;
+#pragma unroll
+			for (int j = 0; j < 8; j++) Ps[(ty * 4 + i) * (PF_BK + 1) + tx + 8 * j] = sc[i][j];
+		}
+		__syncthreads(); // keys consumed, probabilities written
+		for (int idx = tid; idx < PF_BK * head_dim; idx += PF_THREADS) {
+			const int r = idx / head_dim, e = idx % head_dim;
+			const int sl = slots[r];
+			KVs[r * ld + e] = sl >= 0 ? vc[(size_t)sl * kv_width + kvh * head_dim + e] : 0.f;
+		}
+		__syncthreads();
+		for (int kk = 0; kk < n; kk++) {
+			float p[4];
+#pragma unroll
+			for (int i = 0; i < 4; i++) p[i] = Ps[(ty * 4 + i) * (PF_BK + 1) + kk];
+#pragma unroll
+			for (int k = 0; k < PF_OUT; k++) {
+				const int e = tx + 8 * k;
+				if (e < head_dim) {
+					const float v = KVs[kk * ld + e];
+#pragma unroll
+					for (int i = 0; i < 4; i++) o[i][k] += p[i] * v;
+				}
+			}
+		}
+	}
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		const int r = ty * 4 + i;
+		if (r >= nq) continue;
+		const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+		float *orow = out + ((size_t)(q0 + j0 + r) * num_heads + h) * head_dim;
+#pragma unroll
+		for (int k = 0; k < PF_OUT; k++) {
+			const int e = tx + 8 * k;
+			if (e < head_dim) orow[e] = o[i][k] * inv;
+		}
+	}
+}
+
 extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,
                                const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
                                int sliding_window) {
 	if (m->num_tokens == 0) return DI_OK;
 	if (head_dim > ATT_MAX_COLS * ATT_THREADS)
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "attention: head_dim %d > %d", head_dim, ATT_MAX_COLS * ATT_THREADS);
-	if (m->num_tokens > 0x7fffffff || num_heads > 65535)
-		return di_fail(ctx, DI_ERR_UNSUPPORTED, "attention: grid %d x %d", m->num_tokens, num_heads);
+	if (m->num_tokens > 0x7fffffff || num_heads > 65535 || m->num_seqs > 65535)
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "attention: grid %d tokens x %d heads x %d sequences", m->num_tokens,
+		               num_heads, m->num_seqs);
+	const int *cu = DI_PTR(const int, m->cu_seqlens_q), *sk = DI_PTR(const int, m->seqlens_k),
+	          *bt = DI_PTR(const int, m->block_tables);
+	const float *qp = DI_PTR(const float, q), *kp = DI_PTR(const float, k_cache), *vp = DI_PTR(const float, v_cache);
+	float *op = DI_PTR(float, out);
+	const bool split = head_dim <= DEC_MAX_D;
+	const bool decode_only = m->max_seqlen_q == 1;
+	if (split) {
+		const int max_keys = m->max_blocks_per_seq * m->block_size;
+		int nsplit = (max_keys + DEC_MIN_CHUNK - 1) / DEC_MIN_CHUNK;
+		nsplit = nsplit < 1 ? 1 : (nsplit > DEC_MAX_SPLITS ? DEC_MAX_SPLITS : nsplit);
+		const int group = num_heads / num_kv_heads, subs = (group + DEC_GROUP - 1) / DEC_GROUP;
+		const size_t parts = (size_t)m->num_seqs * num_heads * nsplit;
+		void *acc = nullptr, *ml = nullptr;
+		int rc = di_scratch(ctx, parts * head_dim * sizeof(float), &acc);
+		if (rc != DI_OK) return rc;
+		rc = di_scratch(ctx, parts * sizeof(float2), &ml);
+		if (rc != DI_OK) {
+			di_scratch_free(ctx, acc);
+			return rc;
+		}
+		const int vec4 = (head_dim % 4 == 0) && ((k_cache | v_cache) % 16 == 0);
+		di_decode_attn_k<<<dim3(nsplit, num_kv_heads * subs, m->num_seqs), DEC_THREADS, 0, ctx->stream>>>(
+		    (float *)acc, (float2 *)ml, qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size, m->num_blocks,
+		    num_heads, num_kv_heads, head_dim, scale, sliding_window, decode_only, vec4, ctx->check);
+		rc = di_check_launch(ctx, "attention (decode)");
+		if (rc == DI_OK) {
+			di_decode_combine_k<<<dim3(m->num_seqs, num_heads), head_dim < 128 ? 64 : 128, 0, ctx->stream>>>(
+			    op, (const float *)acc, (const float2 *)ml, cu, num_heads, head_dim, nsplit);
+			rc = di_check_launch(ctx, "attention (decode combine)");
+		}
+		di_scratch_free(ctx, acc);
+		di_scratch_free(ctx, ml);
+		if (rc != DI_OK) return rc;
+	}
+	if (decode_only && split) return DI_OK;
+	if (head_dim <= PF_MAX_D) {
+		const size_t shmem = di_prefill_smem(head_dim);
+		if (shmem > 48 * 1024) {
+			cudaError_t e = cudaFuncSetAttribute(di_prefill_attn_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
+			if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (prefill): cudaFuncSetAttribute");
+		}
+		const int tiles = (m->num_tokens + PF_BQ - 1) / PF_BQ + m->num_seqs; // bound on the prefill tiles
+		di_prefill_attn_k<<<dim3(tiles, num_heads), PF_THREADS, shmem, ctx->stream>>>(
+		    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
+		    num_kv_heads, head_dim, scale, sliding_window, ctx->check);
+		return di_check_launch(ctx, "attention (prefill)");
+	}
 	const size_t shmem = (head_dim + ATT_TILE) * sizeof(float) + ATT_TILE * sizeof(int);
 	dim3 grid(m->num_tokens, num_heads);
 	di_attention_k<<<grid, ATT_THREADS, shmem, ctx->stream>>>(
-	    DI_PTR(float, out), DI_PTR(const float, q), DI_PTR(const float, k_cache), DI_PTR(const float, v_cache),
-	    DI_PTR(const int, m->cu_seqlens_q), DI_PTR(const int, m->seqlens_k), DI_PTR(const int, m->block_tables),
-	    m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads, num_kv_heads, head_dim, scale,
-	    sliding_window, ctx->check);
+	    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
+	    num_kv_heads, head_dim, scale, sliding_window, split ? 1 : 0, ctx->check);
 	return di_check_launch(ctx, "attention");
 }
 

@@ -8,6 +8,8 @@ import "C"
 import (
 	"fmt"
 	"unsafe"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
 )
 
 // Graph is an instantiated CUDA graph: a captured sequence of the backend's
@@ -48,6 +50,60 @@ func (b *Backend) EndCapture() (*Graph, error) {
 		return nil, err
 	}
 	return &Graph{b: b, exec: x}, nil
+}
+
+// Replayer is a captured graph as CaptureGraph returns it: an alias of an
+// interface literal, so that a caller can name the capability (a method
+// CaptureGraph(func() error) (interface{ Replay() error; Close() error }, error))
+// without importing this package.
+type Replayer = interface {
+	Replay() error
+	Close() error
+}
+
+// CaptureGraph records the operations fn queues (BeginCapture, fn,
+// EndCapture) and returns the instantiated graph. When fn fails, the capture
+// is ended, the partial graph destroyed and fn's error returned. Cost: fn's
+// host time plus one graph instantiation; nothing runs on the device.
+func (b *Backend) CaptureGraph(fn func() error) (Replayer, error) {
+	if err := b.BeginCapture(); err != nil {
+		return nil, err
+	}
+	ferr := fn()
+	g, err := b.EndCapture()
+	if ferr != nil {
+		if g != nil {
+			g.Close()
+		}
+		return nil, ferr
+	}
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// CopyRect copies src [r, c] into the first r rows and c columns of dst
+// [R, C] (R >= r, C >= c, the same dtype), on the device: one strided copy,
+// allowed while capturing. Cost: r*c elements read and written.
+func (b *Backend) CopyRect(dst, src kernels.Tensor) error {
+	const op = "copy_rect"
+	d, err := asCUDA(op, "dst", dst)
+	if err != nil {
+		return err
+	}
+	s, err := asCUDA(op, "src", src)
+	if err != nil {
+		return err
+	}
+	if len(d.shape) != 2 || len(s.shape) != 2 || s.shape[0] > d.shape[0] || s.shape[1] > d.shape[1] || s.dtype != d.dtype {
+		return fmt.Errorf("cuda: %s: %v into %v: %w", op, s, d, kernels.ErrShape)
+	}
+	es := uint64(d.dtype.Size())
+	return b.launch(op, func() C.int {
+		return C.c_copy_2d(b.lib.api, b.ctx, d.ptr(), C.uint64_t(uint64(d.shape[1])*es), s.ptr(), C.uint64_t(uint64(s.shape[1])*es),
+			C.uint64_t(uint64(s.shape[1])*es), C.uint64_t(s.shape[0]))
+	}, d, s)
 }
 
 // Replay queues the graph on the backend's stream. Cost: one launch.

@@ -365,6 +365,7 @@ func attnMeta(op string, m *kernels.AttentionMetadata, numTokens, numBlocks, blo
 	cm.block_size = C.int(blockSize)
 	cm.max_blocks_per_seq = C.int(bt.shape[1])
 	cm.num_blocks = C.int(numBlocks)
+	cm.max_seqlen_q = C.int(max(m.MaxSeqlenQ, 0))
 	cm.cu_seqlens_q = cu.ptr()
 	cm.seqlens_k = sk.ptr()
 	cm.block_tables = bt.ptr()

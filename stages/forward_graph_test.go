@@ -1,0 +1,241 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/engine/models"
+	"github.com/deepinfer/deepinfer-go/engine/models/random"
+	"github.com/deepinfer/deepinfer-go/kernels"
+	"github.com/deepinfer/deepinfer-go/kernels/cpu"
+)
+
+// fakeGraphOps gives the CPU backend the graph capability of the CUDA
+// backend: a "graph" re-runs the captured function on replay, so it reads
+// the static inputs as they are at replay time, as a CUDA graph does.
+type fakeGraphOps struct {
+	kernels.Ops
+	replays  int
+	failWith error // CaptureGraph fails with this when set
+}
+
+type fakeGraph struct {
+	fn  func() error
+	ops *fakeGraphOps
+}
+
+func (g *fakeGraph) Replay() error { g.ops.replays++; return g.fn() }
+func (g *fakeGraph) Close() error  { return nil }
+
+func (f *fakeGraphOps) CaptureGraph(fn func() error) (interface {
+	Replay() error
+	Close() error
+}, error) {
+	if f.failWith != nil {
+		return nil, f.failWith
+	}
+	if err := fn(); err != nil {
+		return nil, err
+	}
+	return &fakeGraph{fn: fn, ops: f}, nil
+}
+
+func (f *fakeGraphOps) CopyRect(dst, src kernels.Tensor) error {
+	r, c, w := src.Shape()[0], src.Shape()[1], dst.Shape()[1]
+	sv, err := kernels.ToI32(f, src)
+	if err != nil {
+		return err
+	}
+	dv, err := kernels.ToI32(f, dst)
+	if err != nil {
+		return err
+	}
+	for i := range r {
+		copy(dv[i*w:i*w+c], sv[i*c:(i+1)*c])
+	}
+	return f.Upload(dst, kernels.I32Bytes(dv), kernels.I32)
+}
+
+// graphTestRuntime is a tiny Llama on the CPU backend with its own cache.
+func graphTestRuntime(t *testing.T, dir string, withGraphs bool) (*Runtime, *fakeGraphOps) {
+	t.Helper()
+	c := cpu.New(cpu.Options{Threads: 1})
+	t.Cleanup(func() { c.Close() })
+	m, err := models.Builtin().Load(c, dir, models.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := m.NewKVCache(64, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := &Runtime{Model: m, Ops: c, Cache: cache, ZOS: NewMetadataZOS()}
+	var fake *fakeGraphOps
+	if withGraphs {
+		fake = &fakeGraphOps{Ops: c}
+		rt.Ops = fake
+	}
+	return rt, fake
+}
+
+// graphSeq is one sequence of the test: its tokens so far and its blocks.
+type graphSeq struct {
+	id     engine.SeqID
+	tokens []int
+	cached int
+	table  []int
+}
+
+func (s *graphSeq) meta(row int) engine.SequenceMetadata {
+	in := s.tokens[s.cached:]
+	return engine.SequenceMetadata{SeqID: s.id, RequestID: "r", SeqlenQ: len(in), SeqlenK: len(s.tokens),
+		PosStart: s.cached, InputTokenIDs: in, InputFromRow: -1, BlockTable: s.table,
+		Prefill: s.cached == 0, Sample: true, SampleRow: row}
+}
+
+// runStep prepares and forwards one step over seqs and returns the logits
+// rows.
+func runStep(t *testing.T, f *forward, id engine.StepID, seqs []*graphSeq) []float32 {
+	t.Helper()
+	step := &ScheduledStep{Outputs: &engine.SchedulerOutputs{StepID: id, NumSampleRows: len(seqs)}}
+	for i, s := range seqs {
+		step.Seqs = append(step.Seqs, s.meta(i))
+		step.Outputs.NumBatchedTokens += len(s.tokens) - s.cached
+	}
+	ctx := context.Background()
+	prep, err := (&prepare{rt: f.rt}).Process(ctx, step)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := f.Process(ctx, prep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := kernels.ToF32(f.rt.Ops, res.Logits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// The decode steps that replay a graph (padded to 2 or 4 rows) give the
+// logits of eager steps bit for bit, padding rows write no cache entry, and
+// steps the graphs cannot serve (prefill, 5 sequences) run eagerly.
+func TestForwardGraphsMatchEager(t *testing.T) {
+	dir := t.TempDir()
+	if err := random.WriteLlama(dir, random.TinyLlama, 11); err != nil {
+		t.Fatal(err)
+	}
+	eager, _ := graphTestRuntime(t, dir, false)
+	graphed, fake := graphTestRuntime(t, dir, true)
+	graphs, err := newDecodeGraphs(graphed, []int{2, 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fEager, fGraphed := &forward{rt: eager}, &forward{rt: graphed, graphs: graphs}
+	defer fGraphed.Close()
+	prompts := [][]int{{1, 5, 9, 3, 7}, {1, 2, 3, 4, 5, 6, 7}, {1, 8, 8}, {1, 30, 31, 32}, {1, 40}}
+	newSeqs := func() []*graphSeq {
+		var ss []*graphSeq
+		for i, p := range prompts {
+			table := make([]int, 8)
+			for j := range table {
+				table[j] = 63 - (i*8 + j) // blocks far from block 0, which padding rows read
+			}
+			ss = append(ss, &graphSeq{id: engine.SeqID(i + 1), tokens: append([]int(nil), p...), table: table})
+		}
+		return ss
+	}
+	es, gs := newSeqs(), newSeqs()
+	pick := func(ss []*graphSeq, idx ...int) []*graphSeq {
+		var out []*graphSeq
+		for _, i := range idx {
+			out = append(out, ss[i])
+		}
+		return out
+	}
+	schedule := [][]int{
+		{0, 1, 2, 3, 4}, // prefill: eager
+		{0, 1, 2},       // decode, padded to 4
+		{0, 1, 2},
+		{0},             // padded to 2
+		{0, 1, 2, 3, 4}, // 5 > 4: eager
+		{1, 3},          // exactly 2
+		{0, 1, 2, 3},    // exactly 4
+	}
+	vocab := random.TinyLlama.Vocab
+	wantReplays := 0
+	for k, idx := range schedule {
+		if k > 0 && len(idx) <= 4 {
+			wantReplays++
+		}
+		id := engine.StepID(k + 1)
+		want := runStep(t, fEager, id, pick(es, idx...))
+		got := runStep(t, fGraphed, id, pick(gs, idx...))
+		for i := range want {
+			if math.Float32bits(want[i]) != math.Float32bits(got[i]) {
+				t.Fatalf("step %d: logits[%d] = %v with graphs, %v eager", id, i, got[i], want[i])
+			}
+		}
+		// Greedy next tokens, the same on both sides.
+		for r, i := range idx {
+			row := want[r*vocab : (r+1)*vocab]
+			best := 0
+			for j, v := range row {
+				if v > row[best] {
+					best = j
+				}
+			}
+			for _, ss := range [][]*graphSeq{es, gs} {
+				ss[i].cached = len(ss[i].tokens)
+				ss[i].tokens = append(ss[i].tokens, best)
+			}
+		}
+	}
+	if fake.replays != wantReplays {
+		t.Errorf("%d graph replays, want %d", fake.replays, wantReplays)
+	}
+	for l := range eager.Cache.K {
+		for _, pair := range [][2]kernels.Tensor{{eager.Cache.K[l], graphed.Cache.K[l]}, {eager.Cache.V[l], graphed.Cache.V[l]}} {
+			a, err := kernels.ToF32(eager.Ops, pair[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := kernels.ToF32(graphed.Ops, pair[1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range a {
+				if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+					t.Fatalf("layer %d: cache element %d is %v with graphs, %v eager (a padding row wrote it?)", l, i, b[i], a[i])
+				}
+			}
+		}
+	}
+}
+
+func TestForwardGraphsErrors(t *testing.T) {
+	dir := t.TempDir()
+	if err := random.WriteLlama(dir, random.TinyLlama, 11); err != nil {
+		t.Fatal(err)
+	}
+	plain, _ := graphTestRuntime(t, dir, false)
+	if _, err := newDecodeGraphs(plain, []int{1}); err == nil || !strings.Contains(err.Error(), "cannot capture") {
+		t.Errorf("a backend without graphs: %v", err)
+	}
+	rt, fake := graphTestRuntime(t, dir, true)
+	for _, sizes := range [][]int{nil, {0}, {4, 2}, {2, 2}} {
+		if _, err := newDecodeGraphs(rt, sizes); err == nil {
+			t.Errorf("batch sizes %v accepted", sizes)
+		}
+	}
+	boom := errors.New("boom")
+	fake.failWith = boom
+	if _, err := newDecodeGraphs(rt, []int{1, 2}); !errors.Is(err, boom) || !strings.Contains(err.Error(), "batch size 1") {
+		t.Errorf("a failing capture: %v", err)
+	}
+}
