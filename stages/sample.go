@@ -120,9 +120,10 @@ func endSample(rt *Runtime, out *SampledStep) error {
 			return fmt.Errorf("sample: step %d: %w", out.Outputs.StepID, err)
 		}
 	}
-	rt.ZOS.publish(out.Outputs.StepID, tokens, accepted, host)
-	if rt.Stats != nil && !out.sampleStart.IsZero() {
-		rt.Stats.SampleNanos.Add(int64(time.Since(out.sampleStart)))
+	took := time.Since(out.sampleStart)
+	rt.ZOS.publish(out.Outputs.StepID, tokens, accepted, host, took)
+	if rt.Stats != nil {
+		rt.Stats.recordSample(took)
 	}
 	return nil
 }

@@ -15,10 +15,12 @@ type Stats struct {
 	PrefillTokens atomic.Int64 // prompt tokens computed
 	DecodeTokens  atomic.Int64 // decode tokens computed
 	ForwardNanos  atomic.Int64 // time inside the forward stage
-	GapNanos      atomic.Int64 // host time between two forward passes (device idle)
+	GapNanos      atomic.Int64 // time between two forward passes
+	ExposedNanos  atomic.Int64 // the part of each gap that is not sampling: host time the device waits for
 	Gaps          atomic.Int64 // gaps measured (steps after the first of a busy period)
 	Placeholders  atomic.Int64 // inputs resolved from the previous step on the backend (ZOS)
 	SampleNanos   atomic.Int64 // sampling work (device work in the design: it sits between two forwards)
+	lastSample    atomic.Int64 // the latest step's sampling work, in nanoseconds
 	PostWaitNanos atomic.Int64 // time sampling waited for the previous step's post-processing
 	flopBits      atomic.Uint64
 	byteBits      atomic.Uint64
@@ -55,11 +57,21 @@ func (s *Stats) ForwardTime() time.Duration { return time.Duration(s.ForwardNano
 // recordGap counts the time between the end of a forward pass and the
 // start of the next. A gap longer than a second is an idle engine, not
 // host overhead, and is not counted.
+// The sampling of the step before the gap (device work in the design) is
+// not counted as exposed: by the time a forward pass starts, the previous
+// step has been sampled in both modes (ZOS waits for its tokens).
 func (s *Stats) recordGap(d time.Duration) {
 	if d < time.Second {
 		s.GapNanos.Add(int64(d))
+		s.ExposedNanos.Add(max(0, int64(d)-s.lastSample.Load()))
 		s.Gaps.Add(1)
 	}
+}
+
+// recordSample counts one step's sampling work.
+func (s *Stats) recordSample(d time.Duration) {
+	s.SampleNanos.Add(int64(d))
+	s.lastSample.Store(int64(d))
 }
 
 // MeanExposedHost is the mean time between two forward passes that is
@@ -69,7 +81,7 @@ func (s *Stats) MeanExposedHost() time.Duration {
 	if n == 0 {
 		return 0
 	}
-	return time.Duration(max(0, s.GapNanos.Load()-s.SampleNanos.Load()) / n)
+	return time.Duration(s.ExposedNanos.Load() / n)
 }
 
 // MeanGap is the mean host time between two forward passes.
