@@ -121,7 +121,7 @@ func endSample(rt *Runtime, out *SampledStep) error {
 		}
 	}
 	took := time.Since(out.sampleStart)
-	rt.ZOS.publish(out.Outputs.StepID, tokens, accepted, host, took)
+	rt.ZOS.publish(out.Outputs.StepID, tokens, accepted, host)
 	if rt.Stats != nil {
 		rt.Stats.recordSample(took)
 	}

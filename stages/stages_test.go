@@ -76,14 +76,11 @@ func TestMetadataZOS(t *testing.T) {
 		}
 		got <- e
 	}()
-	z.publish(2, nil, nil, []int{7, 8, 9}, time.Millisecond)
+	z.publish(2, nil, nil, []int{7, 8, 9})
 	if e := <-got; e.host[1] != 8 {
 		t.Errorf("published host tokens %v", e.host)
 	}
 	m := &engine.SequenceMetadata{InputFromRow: 2}
-	if d := z.sampleTime(2); d != time.Millisecond {
-		t.Errorf("sample time %v", d)
-	}
 	if p := z.pendingTokens(3, m); len(p) != 1 || p[0] != 9 {
 		t.Errorf("pending tokens %v, want [9]", p)
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
-	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/kernels"
@@ -37,7 +36,6 @@ type zosStep struct {
 	tokens   kernels.Tensor // I32 [R]: the step's sampled tokens, in backend memory
 	accepted kernels.Tensor // I32 [R]: tokens accepted per row (1 without speculation)
 	host     []int          // the same tokens on the host, for penalty histories
-	took     time.Duration  // the sampling work of the step
 }
 
 // NewMetadataZOS returns an empty record.
@@ -55,10 +53,10 @@ func (z *MetadataZOS) entry(id engine.StepID) *zosStep {
 }
 
 // publish records step id's sampled tokens. Called once per step.
-func (z *MetadataZOS) publish(id engine.StepID, tokens, accepted kernels.Tensor, host []int, took time.Duration) {
+func (z *MetadataZOS) publish(id engine.StepID, tokens, accepted kernels.Tensor, host []int) {
 	z.mu.Lock()
 	e := z.entry(id)
-	e.tokens, e.accepted, e.host, e.took = tokens, accepted, host, took
+	e.tokens, e.accepted, e.host = tokens, accepted, host
 	z.mu.Unlock()
 	close(e.ready)
 }
@@ -89,16 +87,6 @@ func (z *MetadataZOS) sampled(ctx context.Context, id engine.StepID) (*zosStep, 
 
 // spinYields bounds the yields before a wait parks its goroutine.
 const spinYields = 64
-
-// sampleTime is how long step id's sampling took (0 when unknown).
-func (z *MetadataZOS) sampleTime(id engine.StepID) time.Duration {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	if e := z.steps[id]; e != nil {
-		return e.took
-	}
-	return 0
-}
 
 // postprocessed marks step id post-processed and forgets the steps before
 // it (the one in flight after it may still read id's tokens).
