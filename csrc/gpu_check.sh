@@ -11,6 +11,7 @@
 #   CGO_ENABLED=1 go test -c -o DIR/cuda.test ./kernels/cuda && gzip -9f DIR/cuda.test
 #   CGO_ENABLED=1 go build -ldflags='-s -w' -o DIR/deepinfer ./cmd/deepinfer && gzip -9f DIR/deepinfer
 # then run, from the repository root there: csrc/gpu_check.sh [DIR]
+# (TESTS_TIMEOUT and BENCH_TIMEOUT, in seconds, bound the two phases.)
 # Logs go to $OUT (or /tmp/gpu-check).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -35,12 +36,12 @@ for b in cuda.test deepinfer; do
 done
 
 t0=$(date +%s)
-(cd kernels/cuda && timeout 240 "$root/$dir/cuda.test" -test.run TestGPU -test.v -test.timeout 230s) >"$logs/tests.log" 2>&1
+(cd kernels/cuda && timeout ${TESTS_TIMEOUT:-240} "$root/$dir/cuda.test" -test.run TestGPU -test.v -test.timeout ${TESTS_TIMEOUT:-240}s) >"$logs/tests.log" 2>&1
 tests_rc=$?
 tests_s=$(($(date +%s) - t0))
 
 t0=$(date +%s)
-(cd kernels/cuda && timeout 170 "$root/$dir/cuda.test" -test.run 'XXX' -test.bench 'GPU' -test.benchtime 10x -test.v) >"$logs/bench.log" 2>&1
+(cd kernels/cuda && timeout ${BENCH_TIMEOUT:-170} "$root/$dir/cuda.test" -test.run 'XXX' -test.bench 'GPU' -test.benchtime 10x -test.v) >"$logs/bench.log" 2>&1
 bench_rc=$?
 bench_s=$(($(date +%s) - t0))
 
@@ -59,9 +60,11 @@ grep -E -- '--- FAIL|FAIL|panic|Error|error' "$logs/tests.log" | head -40
 echo "==================== fixture parity ===================="
 grep -oE '(round|split) +[a-z0-9.-]+ +(f32|bf16) +err_vs_hf.*' "$logs/tests.log" | sort -u
 echo "==================== batch invariance / graph ===================="
-grep -E 'bit-identical|GraphReplay|default model' "$logs/tests.log" | sed 's/^ *//' | head
+grep -E 'bit-identical|GraphReplay|default model|engine graphs' "$logs/tests.log" | sed 's/^ *//' | head
+echo "==================== slowest tests ===================="
+grep -E -- '^--- (PASS|FAIL)' "$logs/tests.log" | sort -t'(' -k2 -rn | head -8
 echo "==================== benchmarks ===================="
-grep -E 'loaded on|decode batch|prefill [0-9]|linear |attention decode|FAIL|panic' "$logs/bench.log" | sed 's/^ *//' | sed 's/^[a-z_]*_test.go:[0-9]*: //' | sort -u
+grep -E 'loaded on|decode batch|prefill [0-9]|linear |attention decode|attention prefill|FAIL|panic' "$logs/bench.log" | sed 's/^ *//' | sed 's/^[a-z_]*_test.go:[0-9]*: //' | sort -u
 echo "==================== end to end (greedy, 48 tokens) ===================="
 echo "cuda (rc $e2e_rc):"; tail -4 "$logs/gen_cuda.txt" 2>/dev/null
 echo "cuda, gemm split:"; tail -4 "$logs/gen_cuda_split.txt" 2>/dev/null

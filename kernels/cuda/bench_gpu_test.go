@@ -300,8 +300,10 @@ func (bm *benchModel) prefill(b *testing.B, n int) {
 // attention over 256 and 4096 keys.
 func BenchmarkGPUOps(b *testing.B) {
 	g := newGPU(b, GEMMRound)
+	b.Setenv("DEEPINFER_CUDA_GEMV", "0")
+	gOff := newGPU(b, GEMMRound) // linears on cuBLAS at every size
 	r := rand.New(rand.NewPCG(5, 6))
-	timeIt := func(b *testing.B, reps int, fn func() error) float64 {
+	timeIt := func(b *testing.B, g *Backend, reps int, fn func() error) float64 {
 		for range 3 {
 			if err := fn(); err != nil {
 				b.Fatal(err)
@@ -328,16 +330,26 @@ func BenchmarkGPUOps(b *testing.B) {
 		name string
 		n, k int
 	}{{"q_proj", 2048, 2048}, {"kv_proj", 512, 2048}, {"gate_up", 16384, 2048}, {"down", 2048, 8192}, {"lm_head", 128256, 2048}} {
-		for _, m := range []int{1, 32} {
+		for _, m := range []int{1, 8, 32} {
 			b.Run(fmt.Sprintf("linear/%s/m=%d", sh.name, m), func(b *testing.B) {
-				w := upload(b, g, kernels.BF16, hostBytes(kernels.BF16, randVals(r, sh.n*sh.k, 0.03)), kernels.BF16, sh.n, sh.k)
-				x := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, m*sh.k, 1)), kernels.F32, m, sh.k)
-				out, _ := g.Alloc(kernels.F32, m, sh.n)
-				ms := timeIt(b, 100, func() error { return g.Linear(out, x, w, nil) })
-				gbs := float64(2*sh.n*sh.k) / (ms / 1e3) / 1e9
-				b.ReportMetric(ms*1e3, "us/op")
-				b.ReportMetric(gbs, "GB/s")
-				b.Logf("linear %s m=%d n=%d k=%d: %.1f us, %.0f GB/s of weights", sh.name, m, sh.n, sh.k, ms*1e3, gbs)
+				for _, be := range []struct {
+					name string
+					g    *Backend
+				}{{"", g}, {" (cuBLAS)", gOff}} {
+					if be.name != "" && m > 8 {
+						continue // the same path either way
+					}
+					w := upload(b, be.g, kernels.BF16, hostBytes(kernels.BF16, randVals(r, sh.n*sh.k, 0.03)), kernels.BF16, sh.n, sh.k)
+					x := upload(b, be.g, kernels.F32, kernels.F32Bytes(randVals(r, m*sh.k, 1)), kernels.F32, m, sh.k)
+					out, _ := be.g.Alloc(kernels.F32, m, sh.n)
+					ms := timeIt(b, be.g, 100, func() error { return be.g.Linear(out, x, w, nil) })
+					gbs := float64(2*sh.n*sh.k) / (ms / 1e3) / 1e9
+					if be.name == "" {
+						b.ReportMetric(ms*1e3, "us/op")
+						b.ReportMetric(gbs, "GB/s")
+					}
+					b.Logf("linear %s m=%d n=%d k=%d%s: %.1f us, %.0f GB/s of weights", sh.name, m, sh.n, sh.k, be.name, ms*1e3, gbs)
+				}
 			})
 		}
 	}
@@ -361,15 +373,39 @@ func BenchmarkGPUOps(b *testing.B) {
 						bt[s*per+j] = int32(s*per + j)
 					}
 				}
-				m := kernels.AttentionMetadata{NumSeqs: batch, NumTokens: batch, BlockSize: blockSize,
+				m := kernels.AttentionMetadata{NumSeqs: batch, NumTokens: batch, MaxSeqlenQ: 1, BlockSize: blockSize,
 					CuSeqlensQ:  upload(b, g, kernels.I32, kernels.I32Bytes(cu), kernels.I32, batch+1),
 					SeqlensK:    upload(b, g, kernels.I32, kernels.I32Bytes(sk), kernels.I32, batch),
 					BlockTables: upload(b, g, kernels.I32, kernels.I32Bytes(bt), kernels.I32, batch, per)}
-				ms := timeIt(b, 100, func() error { return g.Attention(out, q, kc, vc, &m, ap) })
+				ms := timeIt(b, g, 100, func() error { return g.Attention(out, q, kc, vc, &m, ap) })
 				gbs := float64(2*batch*ctx*width*4) / (ms / 1e3) / 1e9
 				b.ReportMetric(ms*1e3, "us/op")
 				b.Logf("attention decode ctx=%d batch=%d (32 q / 8 kv heads, d 64, f32 cache): %.1f us, %.0f GB/s of KV", ctx, batch, ms*1e3, gbs)
 			})
 		}
+	}
+	for _, hd := range []int{64, 128} {
+		b.Run(fmt.Sprintf("attention/prefill=4096/d=%d", hd), func(b *testing.B) {
+			const blockSize, n = 16, 4096
+			ap := kernels.AttentionParams{NumHeads: 32, NumKVHeads: 8, HeadDim: hd, Scale: float32(1 / math.Sqrt(float64(hd)))}
+			width := ap.NumKVHeads * ap.HeadDim
+			kc := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, n*width, 1)), kernels.F32, n/blockSize, blockSize, width)
+			vc := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, n*width, 1)), kernels.F32, n/blockSize, blockSize, width)
+			q := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, n*ap.NumHeads*hd, 1)), kernels.F32, n, ap.NumHeads*hd)
+			out, _ := g.Alloc(kernels.F32, n, ap.NumHeads*hd)
+			bt := make([]int32, n/blockSize)
+			for i := range bt {
+				bt[i] = int32(i)
+			}
+			m := kernels.AttentionMetadata{NumSeqs: 1, NumTokens: n, MaxSeqlenQ: n, BlockSize: blockSize,
+				CuSeqlensQ:  upload(b, g, kernels.I32, kernels.I32Bytes([]int32{0, n}), kernels.I32, 2),
+				SeqlensK:    upload(b, g, kernels.I32, kernels.I32Bytes([]int32{n}), kernels.I32, 1),
+				BlockTables: upload(b, g, kernels.I32, kernels.I32Bytes(bt), kernels.I32, 1, n/blockSize)}
+			ms := timeIt(b, g, 5, func() error { return g.Attention(out, q, kc, vc, &m, ap) })
+			flops := 2 * float64(ap.NumHeads*hd) * n * n // QK^T and PV over the causal half
+			b.ReportMetric(ms*1e3, "us/op")
+			b.ReportMetric(flops/(ms/1e3)/1e12, "TFLOP/s")
+			b.Logf("attention prefill 4096 tokens (32 q / 8 kv heads, d %d): %.2f ms, %.1f TFLOP/s (causal FLOPs)", hd, ms, flops/(ms/1e3)/1e12)
+		})
 	}
 }

@@ -133,12 +133,131 @@ extern "C" int di_add_into(di_ctx *ctx, float *out, const float *a, const float 
 	return di_check_launch(ctx, "add_into");
 }
 
-// gemm_f32_input runs out[m,n] = x[m,k] w^T (+ bias) with float32 x. For
+// ---------------------------------------------------------------- small-batch GEMV
+
+// For 1..GEMV_MAX_ROWS rows cuBLAS is latency-bound (a 2 MB weight takes
+// ~12 us); this kernel reads each weight row once with 16-byte loads, one
+// warp per output column, all rows at once. Numerics are those of the GEMM
+// path: 16-bit weights multiply x rounded to their dtype (or its hi and lo
+// parts in DI_GEMM_SPLIT, summed separately and added at the end), float32
+// weights multiply x as is; float32 accumulation. Each lane sums its
+// elements in order and the warp adds the 32 partial sums in a fixed tree,
+// so a row's result does not depend on the other rows.
+
+#define GEMV_MAX_ROWS 8
+#define GEMV_WARPS 8
+
+__device__ __forceinline__ void di_load8(const float *p, float *o) {
+	const float4 a = *reinterpret_cast<const float4 *>(p), b = *reinterpret_cast<const float4 *>(p + 4);
+	o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+}
+__device__ __forceinline__ void di_load8(const __nv_bfloat16 *p, float *o) {
+	const uint4 u = *reinterpret_cast<const uint4 *>(p);
+	const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+	for (int q = 0; q < 4; q++) {
+		const float2 f = __bfloat1622float2(h[q]);
+		o[2 * q] = f.x, o[2 * q + 1] = f.y;
+	}
+}
+__device__ __forceinline__ void di_load8(const __half *p, float *o) {
+	const uint4 u = *reinterpret_cast<const uint4 *>(p);
+	const __half2 *h = reinterpret_cast<const __half2 *>(&u);
+#pragma unroll
+	for (int q = 0; q < 4; q++) {
+		const float2 f = __half22float2(h[q]);
+		o[2 * q] = f.x, o[2 * q + 1] = f.y;
+	}
+}
+
+template <typename W, bool SPLIT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    di_gemv_k(float *out, const float *x, const W *w, const float *bias, int m, int n, int k) {
+	const int lane = threadIdx.x & 31;
+	const int j = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+	if (j >= n) return;
+	const W *wr = w + (size_t)j * k;
+	float acc[GEMV_MAX_ROWS], acc_lo[GEMV_MAX_ROWS];
+#pragma unroll
+	for (int r = 0; r < GEMV_MAX_ROWS; r++) acc[r] = acc_lo[r] = 0.f;
+	for (int i = lane * 8; i < k; i += 256) {
+		float wv[8];
+		di_load8(wr + i, wv);
+#pragma unroll
+		for (int r = 0; r < GEMV_MAX_ROWS; r++) {
+			if (r < m) {
+				float xv[8];
+				di_load8(x + (size_t)r * k + i, xv);
+				float a = acc[r], b = acc_lo[r];
+#pragma unroll
+				for (int e = 0; e < 8; e++) {
+					if (sizeof(W) == sizeof(float)) {
+						a += wv[e] * xv[e];
+					} else {
+						const float hi = di_to_f32(di_from_f32<W>(xv[e]));
+						a += wv[e] * hi;
+						if (SPLIT) b += wv[e] * di_to_f32(di_from_f32<W>(xv[e] - hi));
+					}
+				}
+				acc[r] = a, acc_lo[r] = b;
+			}
+		}
+	}
+#pragma unroll
+	for (int r = 0; r < GEMV_MAX_ROWS; r++) {
+		if (r < m) {
+			float v = di_warp_sum(acc[r]);
+			if (SPLIT) v += di_warp_sum(acc_lo[r]);
+			if (bias) v += bias[j];
+			if (lane == 0) out[(size_t)r * n + j] = v;
+		}
+	}
+}
+
+// gemv_ok reports whether the GEMV kernel serves this shape: few rows, k a
+// multiple of 8 and 16-byte aligned rows.
+static bool gemv_ok(const float *x, const void *w, int m, int k) {
+	return m >= 1 && m <= GEMV_MAX_ROWS && k % 8 == 0 && ((uintptr_t)x % 16) == 0 && ((uintptr_t)w % 16) == 0;
+}
+
+static int gemv(di_ctx *ctx, float *out, const float *x, const void *w, int w_dtype, const float *bias, int m, int n,
+                int k) {
+	const unsigned grid = (unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS);
+	const bool split = ctx->gemm_mode == DI_GEMM_SPLIT;
+	switch (w_dtype) {
+	case DI_F32:
+		di_gemv_k<float, false><<<grid, GEMV_WARPS * 32, 0, ctx->stream>>>(out, x, (const float *)w, bias, m, n, k);
+		break;
+	case DI_BF16:
+		if (split)
+			di_gemv_k<__nv_bfloat16, true>
+			    <<<grid, GEMV_WARPS * 32, 0, ctx->stream>>>(out, x, (const __nv_bfloat16 *)w, bias, m, n, k);
+		else
+			di_gemv_k<__nv_bfloat16, false>
+			    <<<grid, GEMV_WARPS * 32, 0, ctx->stream>>>(out, x, (const __nv_bfloat16 *)w, bias, m, n, k);
+		break;
+	case DI_F16:
+		if (split)
+			di_gemv_k<__half, true><<<grid, GEMV_WARPS * 32, 0, ctx->stream>>>(out, x, (const __half *)w, bias, m, n, k);
+		else
+			di_gemv_k<__half, false><<<grid, GEMV_WARPS * 32, 0, ctx->stream>>>(out, x, (const __half *)w, bias, m, n, k);
+		break;
+	default:
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "linear: weight dtype %d", w_dtype);
+	}
+	return di_check_launch(ctx, "linear (gemv)");
+}
+
+// gemm_f32_input runs out[m,n] = x[m,k] w^T (+ bias) with float32 x: on the
+// GEMV kernel for 1..GEMV_MAX_ROWS rows (unless ctx->gemv is off), else on
+// cuBLAS. For
 // 16-bit weights x is narrowed to the weight dtype (DI_GEMM_ROUND) or split
 // into hi and lo rows of one GEMM over 2m rows whose halves are then summed
 // (DI_GEMM_SPLIT). Either way the weights are read once.
 static int gemm_f32_input(di_ctx *ctx, float *out, const float *x, const void *w, int w_dtype, const float *bias, int m,
                           int n, int k) {
+	if (n == 0) return DI_OK;
+	if (k > 0 && ctx->gemv && gemv_ok(x, w, m, k)) return gemv(ctx, out, x, w, w_dtype, bias, m, n, k);
 	int rc;
 	if (w_dtype == DI_F32) {
 		rc = di_gemm(ctx, out, x, w, DI_F32, m, n, k);

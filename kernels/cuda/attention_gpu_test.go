@@ -1,0 +1,124 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// Long contexts: decode rows split over several key chunks (up to 16, of a
+// length set by the row's key count), prefill rows over several query and
+// key tiles, head groups wider than one decode block (12 query heads per KV
+// head), and a head size that sends prefill rows to the fallback kernel.
+func TestGPUAttentionLong(t *testing.T) {
+	p := newPair(t, GEMMRound)
+	const blockSize, numBlocks = 16, 700
+	seqs := [][2]int{{1, 5000}, {1, 300}, {1, 4097}, {100, 1500}, {1, 1}}
+	for _, ap := range []kernels.AttentionParams{
+		{NumHeads: 32, NumKVHeads: 8, HeadDim: 64},
+		{NumHeads: 16, NumKVHeads: 8, HeadDim: 128, SlidingWindow: 1000},
+		{NumHeads: 12, NumKVHeads: 1, HeadDim: 40},
+		{NumHeads: 4, NumKVHeads: 2, HeadDim: 256},
+	} {
+		ap.Scale = float32(1 / math.Sqrt(float64(ap.HeadDim)))
+		t.Run(fmt.Sprintf("h%d_kv%d_d%d_w%d", ap.NumHeads, ap.NumKVHeads, ap.HeadDim, ap.SlidingWindow), func(t *testing.T) {
+			b := p.pagedBatch(blockSize, numBlocks, seqs)
+			width := ap.NumKVHeads * ap.HeadDim
+			kc, vc := p.rand(kernels.F32, 1, numBlocks, blockSize, width), p.rand(kernels.F32, 1, numBlocks, blockSize, width)
+			q := p.rand(kernels.F32, 1, b.numTokens, ap.NumHeads*ap.HeadDim)
+			out := p.zeros(kernels.F32, b.numTokens, ap.NumHeads*ap.HeadDim)
+			p.poison(out)
+			if err := p.c.Attention(out.c, q.c, kc.c, vc.c, &b.cpuMeta, ap); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.g.Attention(out.g, q.g, kc.g, vc.g, &b.gpuMeta, ap); err != nil {
+				t.Fatal(err)
+			}
+			p.check("attention", out, 1e-5)
+		})
+	}
+}
+
+// A decode row's bits do not depend on the width of the block tables (which
+// sets how many key chunks the launch holds) nor on its neighbours, and a
+// prefill row's bits do not depend on how the prompt is chunked.
+func TestGPUAttentionInvariance(t *testing.T) {
+	p := newPair(t, GEMMRound)
+	g := p.g
+	const blockSize, numBlocks = 16, 200
+	ap := kernels.AttentionParams{NumHeads: 8, NumKVHeads: 2, HeadDim: 64, Scale: 0.125}
+	w := ap.NumHeads * ap.HeadDim
+	kc, vc := p.rand(kernels.F32, 1, numBlocks, blockSize, ap.NumKVHeads*ap.HeadDim), p.rand(kernels.F32, 1, numBlocks, blockSize, ap.NumKVHeads*ap.HeadDim)
+	b := p.pagedBatch(blockSize, numBlocks, [][2]int{{1, 700}, {1, 33}, {100, 1000}, {1, 1000}})
+	q := p.rand(kernels.F32, 1, b.numTokens, w)
+	run := func(m *kernels.AttentionMetadata, qt kernels.Tensor) []float32 {
+		t.Helper()
+		o, err := g.Alloc(kernels.F32, qt.Shape()[0], w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Attention(o, qt, kc.g, vc.g, m, ap); err != nil {
+			t.Fatal(err)
+		}
+		return p.f32(g, o)
+	}
+	ints := func(xs []int32, shape ...int) kernels.Tensor {
+		return upload(t, g, kernels.I32, kernels.I32Bytes(xs), kernels.I32, shape...)
+	}
+	same := func(what string, a, b []float32) {
+		t.Helper()
+		for i := range a {
+			if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+				t.Fatalf("%s: element %d: %v vs %v", what, i, a[i], b[i])
+			}
+		}
+	}
+	all := run(&b.gpuMeta, q.g)
+	tables := p.i32(g, b.gpuMeta.BlockTables)
+	maxBlocks := b.gpuMeta.BlockTables.Shape()[1]
+	row := func(s int) []int32 { return tables[s*maxBlocks : (s+1)*maxBlocks] }
+
+	// Sequence 0 (700 keys) alone, in a table 12 times wider, decode-only.
+	const wide = 12 * 64
+	wt := make([]int32, wide)
+	for i := range wt {
+		wt[i] = -1
+	}
+	copy(wt, row(0))
+	solo := kernels.AttentionMetadata{NumSeqs: 1, NumTokens: 1, MaxSeqlenQ: 1, BlockSize: blockSize,
+		CuSeqlensQ: ints([]int32{0, 1}, 2), SeqlensK: ints([]int32{700}, 1), BlockTables: ints(wt, 1, wide)}
+	q0, err := g.Rows(q.g, 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same("decode row alone in a wide table vs in the batch", run(&solo, q0), all[:w])
+
+	// Sequence 2's prompt (100 rows over 1000 keys) in two chunks: 37 rows,
+	// then 63.
+	start := 2 // rows of sequence 2 start after the two decode rows
+	for _, c := range [][2]int{{0, 37}, {37, 100}} {
+		n := c[1] - c[0]
+		meta := kernels.AttentionMetadata{NumSeqs: 1, NumTokens: n, MaxSeqlenQ: n, BlockSize: blockSize,
+			CuSeqlensQ: ints([]int32{0, int32(n)}, 2), SeqlensK: ints([]int32{int32(900 + c[1])}, 1),
+			BlockTables: ints(row(2), 1, maxBlocks)}
+		qc, err := g.Rows(q.g, start+c[0], start+c[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		same(fmt.Sprintf("prefill rows [%d, %d) as a chunk vs the whole prompt", c[0], c[1]),
+			run(&meta, qc), all[(start+c[0])*w:(start+c[1])*w])
+	}
+
+	// A decode-only batch that holds a prefill sequence is reported.
+	bad := b.gpuMeta
+	bad.MaxSeqlenQ = 1
+	o, _ := g.Alloc(kernels.F32, b.numTokens, w)
+	if err := g.Attention(o, q.g, kc.g, vc.g, &bad, ap); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Sync(); err == nil {
+		t.Error("MaxSeqlenQ 1 with a 100-row sequence: no device check reported")
+	}
+}
