@@ -39,6 +39,27 @@ func ToF32(ops Ops, t Tensor) ([]float32, error) {
 	return BytesF32(b), nil
 }
 
+// ToF32Into is ToF32 reusing dst's storage when it is large enough (on
+// little-endian hosts the download lands in it directly, with no other
+// copy); it returns the filled slice.
+func ToF32Into(ops Ops, t Tensor, dst []float32) ([]float32, error) {
+	if t.DType() != F32 {
+		return nil, fmt.Errorf("kernels: download %v tensor as F32: %w", t.DType(), ErrDType)
+	}
+	if !hostLittleEndian {
+		return ToF32(ops, t)
+	}
+	n := NumElements(t)
+	if cap(dst) < n {
+		dst = make([]float32, n)
+	}
+	dst = dst[:n]
+	if err := ops.Download(rawBytes(dst), t); err != nil {
+		return nil, err
+	}
+	return dst, nil
+}
+
 // ToI32 downloads an I32 tensor to host int32 values.
 func ToI32(ops Ops, t Tensor) ([]int32, error) {
 	if t.DType() != I32 {

@@ -36,15 +36,17 @@ func init() {
 	})
 }
 
-// hostLogits downloads a step's logits as rows of float32.
-func hostLogits(ops kernels.Ops, res *ForwardResult) ([][]float32, error) {
+// hostLogits downloads a step's logits as rows of float32 into buf (grown
+// as needed and returned for reuse: sampling runs one step at a time).
+func hostLogits(ops kernels.Ops, res *ForwardResult, buf *[]float32) ([][]float32, error) {
 	if res.Logits == nil {
 		return nil, nil
 	}
-	flat, err := kernels.ToF32(ops, res.Logits)
+	flat, err := kernels.ToF32Into(ops, res.Logits, *buf)
 	if err != nil {
 		return nil, err
 	}
+	*buf = flat
 	shape := res.Logits.Shape()
 	rows, vocab := shape[0], shape[1]
 	out := make([][]float32, rows)
@@ -67,10 +69,13 @@ func argmax(xs []float32) int {
 
 // greedySample takes the argmax of every row, whatever the sampling params
 // say: a minimal sampler to swap in from YAML.
-type greedySample struct{ rt *Runtime }
+type greedySample struct {
+	rt     *Runtime
+	logits []float32 // reused host copy of each step's logits
+}
 
 func (g *greedySample) Process(ctx context.Context, res *ForwardResult) (*SampledStep, error) {
-	rows, err := beginSample(ctx, g.rt, res)
+	rows, err := beginSample(ctx, g.rt, res, &g.logits)
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +91,7 @@ func (g *greedySample) Process(ctx context.Context, res *ForwardResult) (*Sample
 
 // beginSample waits until the previous step is post-processed (see
 // MetadataZOS) and fetches the step's logits rows.
-func beginSample(ctx context.Context, rt *Runtime, res *ForwardResult) ([][]float32, error) {
+func beginSample(ctx context.Context, rt *Runtime, res *ForwardResult, buf *[]float32) ([][]float32, error) {
 	t := time.Now()
 	if err := rt.ZOS.waitPostprocessed(ctx, res.Outputs.StepID-1); err != nil {
 		return nil, err
@@ -95,7 +100,7 @@ func beginSample(ctx context.Context, rt *Runtime, res *ForwardResult) ([][]floa
 	if rt.Stats != nil {
 		rt.Stats.PostWaitNanos.Add(int64(res.sampleStart.Sub(t)))
 	}
-	rows, err := hostLogits(rt.Ops, res)
+	rows, err := hostLogits(rt.Ops, res, buf)
 	if err != nil {
 		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
 	}

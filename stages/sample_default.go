@@ -36,6 +36,7 @@ func init() {
 type sample struct {
 	rt      *Runtime
 	scratch []*sampling.Scratch // one per worker
+	logits  []float32           // reused host copy of each step's logits
 }
 
 // minRowsPerWorker keeps small batches on one goroutine, where a fan-out
@@ -43,7 +44,7 @@ type sample struct {
 const minRowsPerWorker = 8
 
 func (s *sample) Process(ctx context.Context, res *ForwardResult) (*SampledStep, error) {
-	rows, err := beginSample(ctx, s.rt, res)
+	rows, err := beginSample(ctx, s.rt, res, &s.logits)
 	if err != nil {
 		return nil, err
 	}
