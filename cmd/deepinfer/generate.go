@@ -303,9 +303,9 @@ func statsLine(l *llm.LLM, wall time.Duration) string {
 	if l.Config().ZOS.Enabled {
 		zos = "on"
 	}
-	return fmt.Sprintf("stats: %.2fs, %d steps | prefill %.1f tok/s, decode %.1f tok/s | host gap between forwards %s (ZOS %s) | running %d, waiting %d | KV %.1f%% of %d blocks | preemptions %d | prefix cache %d/%d tokens | %.2f GFLOP/s in forward, %s (%s)",
+	return fmt.Sprintf("stats: %.2fs, %d steps | prefill %.1f tok/s, decode %.1f tok/s | host time exposed between forwards %s (ZOS %s) | running %d, waiting %d | KV %.1f%% of %d blocks | preemptions %d | prefix cache %d/%d tokens | %.2f GFLOP/s in forward, %s (%s)",
 		secs, st.Steps.Load(),
 		float64(st.PrefillTokens.Load())/secs, float64(st.DecodeTokens.Load())/secs,
-		st.MeanGap().Round(time.Microsecond), zos, ss.NumRunning, ss.NumWaiting, 100*ss.BlockUsage, ss.NumBlocks, ss.NumPreemptions,
+		st.MeanExposedHost().Round(time.Microsecond), zos, ss.NumRunning, ss.NumWaiting, 100*ss.BlockUsage, ss.NumBlocks, ss.NumPreemptions,
 		ss.PrefixCache.NumHitTokens, ss.PrefixCache.NumQueryTokens, gflops, mfu, l.Backend().Name())
 }
