@@ -306,27 +306,10 @@ func optCPU(op, name string, t kernels.Tensor) (*Tensor, error) {
 // checkShape verifies t's dtype class and shape; -1 in want matches any size.
 // dtypes lists the accepted dtypes (none: any).
 func checkShape(op, name string, t *Tensor, want []int, dtypes ...kernels.DType) error {
-	ok := len(t.shape) == len(want)
-	for i := 0; ok && i < len(want); i++ {
-		if want[i] >= 0 && t.shape[i] != want[i] {
-			ok = false
-		}
-	}
-	if !ok {
-		return fmt.Errorf("cpu: %s: %s is %v, want shape %v: %w", op, name, t, want, kernels.ErrShape)
-	}
-	if len(dtypes) == 0 {
-		return nil
-	}
-	for _, d := range dtypes {
-		if t.dtype == d {
-			return nil
-		}
-	}
-	return fmt.Errorf("cpu: %s: %s is %v, want dtype in %v: %w", op, name, t, dtypes, kernels.ErrDType)
+	return kernels.CheckShape("cpu", op, name, t, want, dtypes...)
 }
 
-var floatTypes = []kernels.DType{kernels.F32, kernels.BF16, kernels.F16}
+var floatTypes = kernels.FloatTypes
 
 func (b *Backend) checkOpen(op string) error {
 	if b.closed.Load() {

@@ -546,24 +546,7 @@ func optPtr(t *Tensor) C.di_dptr {
 
 // checkShape verifies t's shape and dtype; -1 in want matches any size.
 func checkShape(op, name string, t *Tensor, want []int, dtypes ...kernels.DType) error {
-	ok := len(t.shape) == len(want)
-	for i := 0; ok && i < len(want); i++ {
-		if want[i] >= 0 && t.shape[i] != want[i] {
-			ok = false
-		}
-	}
-	if !ok {
-		return fmt.Errorf("cuda: %s: %s is %v, want shape %v: %w", op, name, t, want, kernels.ErrShape)
-	}
-	if len(dtypes) == 0 {
-		return nil
-	}
-	for _, d := range dtypes {
-		if t.dtype == d {
-			return nil
-		}
-	}
-	return fmt.Errorf("cuda: %s: %s is %v, want dtype in %v: %w", op, name, t, dtypes, kernels.ErrDType)
+	return kernels.CheckShape("cuda", op, name, t, want, dtypes...)
 }
 
-var floatTypes = []kernels.DType{kernels.F32, kernels.BF16, kernels.F16}
+var floatTypes = kernels.FloatTypes
