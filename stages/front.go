@@ -19,12 +19,8 @@ func init() {
 		}
 		return pipeline.NewSource[*engine.Request](rt.Requests), nil
 	})
-	pipeline.Register("tokenize", "default", func(a pipeline.Args) (*pipeline.Node, error) {
-		rt, err := runtimeOf(a)
-		if err != nil {
-			return nil, err
-		}
-		return pipeline.NewStage[*engine.Request, *engine.Sequence](newTokenize(rt)), nil
+	registerStage("tokenize", "default", func(rt *Runtime) pipeline.Stage[*engine.Request, *engine.Sequence] {
+		return newTokenize(rt)
 	})
 	pipeline.Register("schedule", "default", func(a pipeline.Args) (*pipeline.Node, error) {
 		rt, err := runtimeOf(a)

@@ -12,12 +12,8 @@ import (
 )
 
 func init() {
-	pipeline.Register("postprocess", "default", func(a pipeline.Args) (*pipeline.Node, error) {
-		rt, err := runtimeOf(a)
-		if err != nil {
-			return nil, err
-		}
-		return pipeline.NewStage[*SampledStep, *StepOutputs](newPostprocess(rt)), nil
+	registerStage("postprocess", "default", func(rt *Runtime) pipeline.Stage[*SampledStep, *StepOutputs] {
+		return newPostprocess(rt)
 	})
 }
 

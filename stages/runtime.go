@@ -44,6 +44,17 @@ type Runtime struct {
 	Front atomic.Int64
 }
 
+// registerStage registers a stage whose factory needs only the *Runtime.
+func registerStage[In, Out any](slot, name string, mk func(*Runtime) pipeline.Stage[In, Out]) {
+	pipeline.Register(slot, name, func(a pipeline.Args) (*pipeline.Node, error) {
+		rt, err := runtimeOf(a)
+		if err != nil {
+			return nil, err
+		}
+		return pipeline.NewStage(mk(rt)), nil
+	})
+}
+
 // runtimeOf extracts the *Runtime a factory was given.
 func runtimeOf(a pipeline.Args) (*Runtime, error) {
 	rt, ok := a.Deps.(*Runtime)

@@ -11,12 +11,8 @@ import (
 )
 
 func init() {
-	pipeline.Register("sample", "greedy", func(a pipeline.Args) (*pipeline.Node, error) {
-		rt, err := runtimeOf(a)
-		if err != nil {
-			return nil, err
-		}
-		return pipeline.NewStage[*ForwardResult, *SampledStep](&greedySample{rt: rt}), nil
+	registerStage("sample", "greedy", func(rt *Runtime) pipeline.Stage[*ForwardResult, *SampledStep] {
+		return &greedySample{rt: rt}
 	})
 	pipeline.Register("logit-softcap", "default", func(a pipeline.Args) (*pipeline.Node, error) {
 		rt, err := runtimeOf(a)

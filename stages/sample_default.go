@@ -13,17 +13,12 @@ import (
 )
 
 func init() {
-	pipeline.Register("sample", "default", func(a pipeline.Args) (*pipeline.Node, error) {
-		rt, err := runtimeOf(a)
-		if err != nil {
-			return nil, err
-		}
-		workers := runtime.NumCPU()
-		scratch := make([]*sampling.Scratch, workers)
+	registerStage("sample", "default", func(rt *Runtime) pipeline.Stage[*ForwardResult, *SampledStep] {
+		scratch := make([]*sampling.Scratch, runtime.NumCPU())
 		for i := range scratch {
 			scratch[i] = new(sampling.Scratch)
 		}
-		return pipeline.NewStage[*ForwardResult, *SampledStep](&sample{rt: rt, scratch: scratch}), nil
+		return &sample{rt: rt, scratch: scratch}
 	})
 }
 
