@@ -42,6 +42,20 @@ func Layout(cfg *config.Config) pipeline.Layout {
 // engine will build, before any stage is constructed.
 func Spec(cfg *config.Config) (pipeline.Spec, error) {
 	choices := cfg.Pipeline.Choices()
+	if g := cfg.CUDAGraph; g.Enabled {
+		// The forward stage replays captured decode graphs (stages.ForwardOptions).
+		opts := map[string]map[string]any{}
+		for slot, o := range choices.Options {
+			opts[slot] = o
+		}
+		fwd := map[string]any{}
+		for k, v := range opts[SlotForward] {
+			fwd[k] = v
+		}
+		fwd["cuda_graph"] = map[string]any{"enabled": true, "batch_sizes": g.BatchSizes}
+		opts[SlotForward] = fwd
+		choices.Options = opts
+	}
 	if cfg.Speculative.Method != "" {
 		// The drafter named by the config fills the draft slot unless the
 		// user picked another implementation.

@@ -42,6 +42,12 @@ func TestSpec(t *testing.T) {
 			wantLoop:  "postprocess->schedule in flight 1",
 		},
 		{
+			name:      "cuda graphs reach the forward stage's options",
+			yaml:      "model: m\ndevice: cuda\ncuda_graph: {enabled: true, batch_sizes: [1, 4]}\n",
+			wantNodes: "requests tokenize schedule prepare forward sample postprocess",
+			wantLoop:  "postprocess->schedule in flight 1",
+		},
+		{
 			name:    "a misspelt slot",
 			yaml:    "model: m\npipeline:\n  sampel: my-sampler\n",
 			wantErr: `slot "sampel" is not a slot of this pipeline (did you mean "sample"?)`,
@@ -82,6 +88,12 @@ func TestSpec(t *testing.T) {
 			}
 			if !reflect.DeepEqual(loops, []string{tc.wantLoop}) {
 				t.Errorf("loops = %v, want %s", loops, tc.wantLoop)
+			}
+			for _, n := range spec.Nodes {
+				_, has := n.Options["cuda_graph"]
+				if want := n.Name == SlotForward && cfg.CUDAGraph.Enabled; has != want {
+					t.Errorf("node %s: cuda_graph option %v, want %v", n.Name, has, want)
+				}
 			}
 		})
 	}
