@@ -34,7 +34,7 @@ struct di_ctx {
 	size_t stage_off = 0; // bytes used in it
 	int num_graphs = 0;
 	int gemm_mode = DI_GEMM_ROUND; // how float32 activations enter 16-bit GEMMs
-	int gemv = 1;                  // small-batch linears on the GEMV kernel (DEEPINFER_CUDA_GEMV=0: cuBLAS)
+	int gemv = 4;                  // linears of up to this many rows (at most 8) on the GEMV kernel; $DEEPINFER_CUDA_GEMV
 	char err[1024] = {0};
 
 	// Caching allocator: free blocks by rounded size; sizes of live blocks.

@@ -241,7 +241,7 @@ static int api_create(int device, di_ctx **out, char *err, int errlen) {
 		return DI_ERR_OOM;
 	}
 	ctx->device = device;
-	if (const char *v = getenv("DEEPINFER_CUDA_GEMV")) ctx->gemv = strcmp(v, "0") != 0;
+	if (const char *v = getenv("DEEPINFER_CUDA_GEMV")) ctx->gemv = atoi(v); // 0: every linear on cuBLAS
 	auto fail = [&](int code) {
 		copy_err(err, errlen, ctx->err);
 		destroy_impl(ctx);

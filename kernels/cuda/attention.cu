@@ -174,33 +174,49 @@ __global__ void __launch_bounds__(ATT_THREADS)
 // ---------------------------------------------------------------- decode: split over keys
 
 #define DEC_THREADS 128
-#define DEC_SUB 128       // keys per sub-tile: one per thread
-#define DEC_MAX_SPLITS 16 // chunks per row at most
-#define DEC_MIN_CHUNK 256 // keys per chunk at least
-#define DEC_GROUP 8       // query heads (of one KV head) per block at most
+#define DEC_MAX_SPLITS 16   // chunks per row at most
+#define DEC_MIN_CHUNK 256   // keys per chunk at least
+#define DEC_CHUNK_ALIGN 128 // chunk lengths are multiples of this
+#define DEC_GROUP 8         // query heads (of one KV head) per block at most
 #define DEC_MAX_D 256
+#define DEC_TILE 4096 // floats of one staged key (or value) sub-tile: keys * head_dim
+#define DEC_MAX_SUB 128
 #define DEC_MAX_OUT (DEC_GROUP * DEC_MAX_D / DEC_THREADS) // outputs per thread
 
 // di_dec_chunk is the chunk length, in key positions, of a decode row with kl
 // keys: chunk c holds keys [c*len, (c+1)*len). A function of kl alone.
 __host__ __device__ __forceinline__ int di_dec_chunk(int kl) {
 	int c = (kl + DEC_MAX_SPLITS - 1) / DEC_MAX_SPLITS;
-	c = (c + DEC_SUB - 1) / DEC_SUB * DEC_SUB;
+	c = (c + DEC_CHUNK_ALIGN - 1) / DEC_CHUNK_ALIGN * DEC_CHUNK_ALIGN;
 	return c > DEC_MIN_CHUNK ? c : DEC_MIN_CHUNK;
 }
 
-// One block per (chunk, KV head and head group, sequence). It writes, for each
-// of its query heads, the chunk's running max and sum (part_ml) and its
-// unnormalized output (part_acc), laid out [seq][head][chunk](...): an empty
-// chunk writes max -inf and sum 0.
-__global__ void __launch_bounds__(DEC_THREADS)
+// di_dec_sub is the number of keys staged in shared memory at a time: the
+// largest power of two with sub*head_dim <= DEC_TILE, at most DEC_MAX_SUB
+// (it divides DEC_CHUNK_ALIGN). A function of head_dim alone.
+__host__ __device__ __forceinline__ int di_dec_sub(int head_dim) {
+	int s = DEC_MAX_SUB;
+	while (s > 1 && s * head_dim > DEC_TILE) s >>= 1;
+	return s;
+}
+
+// One block per (chunk, KV head and head group, sequence). Each sub-tile of
+// keys and values is staged in shared memory with every load in flight at
+// once; the block then scores it for all its query heads, updates the
+// running max and sum per head and accumulates p.v. It writes, per query
+// head, the chunk's max and sum (part_ml) and its unnormalized output
+// (part_acc), laid out [seq][head][chunk](...): an empty chunk writes max
+// -inf and sum 0.
+__global__ void __launch_bounds__(DEC_THREADS, 4)
     di_decode_attn_k(float *part_acc, float2 *part_ml, const float *q, const float *kc, const float *vc,
                      const int *cu, const int *seqlens_k, const int *block_tables, int max_blocks, int block_size,
                      int num_blocks, int num_heads, int num_kv_heads, int head_dim, float scale, int window,
                      int decode_only, int vec4, unsigned *check) {
-	__shared__ float sq[DEC_GROUP * DEC_MAX_D];
-	__shared__ float sp[DEC_GROUP * DEC_SUB];
-	__shared__ int slots[DEC_SUB];
+	__shared__ __align__(16) float vs[DEC_TILE];               // [sub][head_dim]
+	__shared__ float ks[DEC_TILE + DEC_MAX_SUB];                // [sub][head_dim+1]
+	__shared__ float sq[DEC_GROUP * DEC_MAX_D];                 // [head][head_dim]
+	__shared__ float sp[DEC_GROUP * DEC_MAX_SUB];               // [head][sub]
+	__shared__ int slots[DEC_MAX_SUB];
 	__shared__ float sm_m[DEC_GROUP], sm_l[DEC_GROUP], sm_alpha[DEC_GROUP];
 	const int c = blockIdx.x, s = blockIdx.z, nsplit = gridDim.x;
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -225,6 +241,7 @@ __global__ void __launch_bounds__(DEC_THREADS)
 		return;
 	}
 	const int kv_width = num_kv_heads * head_dim, nout = gb * head_dim;
+	const int sub = di_dec_sub(head_dim), ld = head_dim + 1;
 	const float *qr = q + ((size_t)q0 * num_heads + h0) * head_dim;
 	for (int i = tid; i < nout; i += DEC_THREADS) sq[i] = qr[i];
 	if (tid < DEC_GROUP) {
@@ -233,81 +250,109 @@ __global__ void __launch_bounds__(DEC_THREADS)
 	}
 	// Outputs of this thread: o = tid + k*DEC_THREADS, head o/head_dim, column o%head_dim.
 	float acc[DEC_MAX_OUT];
-	int oh[DEC_MAX_OUT], oe[DEC_MAX_OUT];
 #pragma unroll
-	for (int k = 0; k < DEC_MAX_OUT; k++) {
-		const int o = tid + k * DEC_THREADS;
-		acc[k] = 0.f;
-		oh[k] = o / head_dim;
-		oe[k] = o % head_dim;
-	}
-	const float *vbase = vc + kvh * head_dim;
-	for (int t0 = t_lo; t0 < t_hi; t0 += DEC_SUB) {
-		const int n = min(DEC_SUB, t_hi - t0);
+	for (int k = 0; k < DEC_MAX_OUT; k++) acc[k] = 0.f;
+	const float *kbase = kc + kvh * head_dim, *vbase = vc + kvh * head_dim;
+	// The first sub-tile starts at the chunk's first key rounded down to a
+	// multiple of sub (absolute positions), so that the sub-tiles of a row do
+	// not depend on the window.
+	for (int t0 = t_lo / sub * sub; t0 < t_hi; t0 += sub) {
 		__syncthreads(); // the previous sub-tile is consumed; sq and the state are written
-		int slot = -1;
-		if (tid < n) {
+		if (tid < sub) {
 			const int t = t0 + tid;
-			const int blk = block_tables[(size_t)s * max_blocks + t / block_size];
-			if (blk < 0 || blk >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
-			else slot = blk * block_size + t % block_size;
+			int slot = -1;
+			if (t >= t_lo && t < t_hi) {
+				const int blk = block_tables[(size_t)s * max_blocks + t / block_size];
+				if (blk < 0 || blk >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
+				else slot = blk * block_size + t % block_size;
+			}
+			slots[tid] = slot;
 		}
-		slots[tid] = slot;
-		// Scores of key t0+tid for every head of the group, summed over e in order.
-		float dot[DEC_GROUP];
+		__syncthreads();
+		// Stage keys and values: four loads of each in flight per thread.
+		if (vec4) {
+			const int per_row = head_dim / 4, total = sub * per_row;
+			for (int f0 = tid; f0 < total; f0 += DEC_THREADS * 4) {
+				float4 kv[4], vv[4];
 #pragma unroll
-		for (int hh = 0; hh < DEC_GROUP; hh++) dot[hh] = 0.f;
-		if (slot >= 0) {
-			const float *kr = kc + (size_t)slot * kv_width + kvh * head_dim;
-			if (vec4) {
-				for (int e = 0; e < head_dim; e += 4) {
-					const float4 k4 = *reinterpret_cast<const float4 *>(kr + e);
-#pragma unroll
-					for (int hh = 0; hh < DEC_GROUP; hh++) {
-						if (hh < gb) {
-							const float *qh = sq + hh * head_dim + e;
-							float d = dot[hh];
-							d += qh[0] * k4.x;
-							d += qh[1] * k4.y;
-							d += qh[2] * k4.z;
-							d += qh[3] * k4.w;
-							dot[hh] = d;
+				for (int u = 0; u < 4; u++) {
+					const int f = f0 + u * DEC_THREADS;
+					kv[u] = vv[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+					if (f < total) {
+						const int r = f / per_row, e = (f - r * per_row) * 4, sl = slots[r];
+						if (sl >= 0) {
+							kv[u] = *reinterpret_cast<const float4 *>(kbase + (size_t)sl * kv_width + e);
+							vv[u] = *reinterpret_cast<const float4 *>(vbase + (size_t)sl * kv_width + e);
 						}
 					}
 				}
-			} else {
-				for (int e = 0; e < head_dim; e++) {
-					const float kv = kr[e];
 #pragma unroll
-					for (int hh = 0; hh < DEC_GROUP; hh++)
-						if (hh < gb) dot[hh] += sq[hh * head_dim + e] * kv;
+				for (int u = 0; u < 4; u++) {
+					const int f = f0 + u * DEC_THREADS;
+					if (f < total) {
+						const int r = f / per_row, e = (f - r * per_row) * 4;
+						float *kd = ks + r * ld + e;
+						kd[0] = kv[u].x, kd[1] = kv[u].y, kd[2] = kv[u].z, kd[3] = kv[u].w;
+						*reinterpret_cast<float4 *>(vs + r * head_dim + e) = vv[u];
+					}
+				}
+			}
+		} else {
+			const int total = sub * head_dim;
+			for (int f0 = tid; f0 < total; f0 += DEC_THREADS * 4) {
+				float kv[4], vv[4];
+#pragma unroll
+				for (int u = 0; u < 4; u++) {
+					const int f = f0 + u * DEC_THREADS;
+					kv[u] = vv[u] = 0.f;
+					if (f < total) {
+						const int r = f / head_dim, e = f - r * head_dim, sl = slots[r];
+						if (sl >= 0) {
+							kv[u] = kbase[(size_t)sl * kv_width + e];
+							vv[u] = vbase[(size_t)sl * kv_width + e];
+						}
+					}
+				}
+#pragma unroll
+				for (int u = 0; u < 4; u++) {
+					const int f = f0 + u * DEC_THREADS;
+					if (f < total) {
+						const int r = f / head_dim, e = f - r * head_dim;
+						ks[r * ld + e] = kv[u];
+						vs[r * head_dim + e] = vv[u];
+					}
 				}
 			}
 		}
-#pragma unroll
-		for (int hh = 0; hh < DEC_GROUP; hh++)
-			if (hh < gb) sp[hh * DEC_SUB + tid] = slot >= 0 ? dot[hh] * scale : -CUDART_INF_F;
+		__syncthreads();
+		// Scores: pair p = (head p/sub, key p%sub), summed over e in order.
+		for (int p = tid; p < gb * sub; p += DEC_THREADS) {
+			const int hh = p / sub, j = p - hh * sub;
+			float dot = 0.f;
+			if (slots[j] >= 0) {
+				const float *kr = ks + j * ld, *qh = sq + hh * head_dim;
+				for (int e = 0; e < head_dim; e++) dot += qh[e] * kr[e];
+			}
+			sp[hh * sub + j] = slots[j] >= 0 ? dot * scale : -CUDART_INF_F;
+		}
 		__syncthreads();
 		// Online softmax per head: one warp per head.
 		for (int hh = warp; hh < gb; hh += DEC_THREADS / 32) {
-			float *row = sp + hh * DEC_SUB;
+			float *row = sp + hh * sub;
 			float mx = -CUDART_INF_F;
-#pragma unroll
-			for (int k = 0; k < DEC_SUB / 32; k++) mx = fmaxf(mx, row[lane + 32 * k]);
+			for (int j = lane; j < sub; j += 32) mx = fmaxf(mx, row[j]);
 			mx = di_warp_max(mx);
 			const float m_old = sm_m[hh], m_new = fmaxf(m_old, mx);
 			float alpha = 1.f, sum = 0.f;
 			if (m_new != -CUDART_INF_F) {
 				alpha = expf(m_old - m_new); // 0 while nothing was seen
-#pragma unroll
-				for (int k = 0; k < DEC_SUB / 32; k++) {
-					const float p = expf(row[lane + 32 * k] - m_new);
-					row[lane + 32 * k] = p;
-					sum += p;
+				for (int j = lane; j < sub; j += 32) {
+					const float pj = expf(row[j] - m_new);
+					row[j] = pj;
+					sum += pj;
 				}
 			} else {
-#pragma unroll
-				for (int k = 0; k < DEC_SUB / 32; k++) row[lane + 32 * k] = 0.f;
+				for (int j = lane; j < sub; j += 32) row[j] = 0.f;
 			}
 			sum = di_warp_sum(sum);
 			if (lane == 0) {
@@ -318,22 +363,23 @@ __global__ void __launch_bounds__(DEC_THREADS)
 		}
 		__syncthreads();
 #pragma unroll
-		for (int k = 0; k < DEC_MAX_OUT; k++)
-			if (tid + k * DEC_THREADS < nout) acc[k] *= sm_alpha[oh[k]];
-#pragma unroll 4
-		for (int j = 0; j < n; j++) {
-			const int sl = slots[j];
-			if (sl < 0) continue;
-			const float *vr = vbase + (size_t)sl * kv_width;
-#pragma unroll
-			for (int k = 0; k < DEC_MAX_OUT; k++)
-				if (tid + k * DEC_THREADS < nout) acc[k] += sp[oh[k] * DEC_SUB + j] * vr[oe[k]];
+		for (int k = 0; k < DEC_MAX_OUT; k++) {
+			const int o = tid + k * DEC_THREADS, hh = o / head_dim;
+			if (o < nout) {
+				const float *pr = sp + hh * sub;
+				const float *vcol = vs + (o - hh * head_dim);
+				float a = acc[k] * sm_alpha[hh];
+				for (int j = 0; j < sub; j++) a += pr[j] * vcol[j * head_dim];
+				acc[k] = a;
+			}
 		}
 	}
 	float *pa = part_acc + (((size_t)s * num_heads + h0) * nsplit + c) * head_dim;
 #pragma unroll
-	for (int k = 0; k < DEC_MAX_OUT; k++)
-		if (tid + k * DEC_THREADS < nout) pa[(size_t)oh[k] * nsplit * head_dim + oe[k]] = acc[k];
+	for (int k = 0; k < DEC_MAX_OUT; k++) {
+		const int o = tid + k * DEC_THREADS, hh = o / head_dim;
+		if (o < nout) pa[(size_t)hh * nsplit * head_dim + (o - hh * head_dim)] = acc[k];
+	}
 	if (tid < gb) ml[(size_t)tid * nsplit] = make_float2(sm_m[tid], sm_l[tid]);
 }
 
@@ -371,6 +417,61 @@ __global__ void di_decode_combine_k(float *out, const float *part_acc, const flo
 	}
 }
 
+// di_stage_rows copies rows of head_dim floats into shared memory: row r
+// from base + rowsel[r]*stride (zeros where rowsel[r] < 0) to dst + r*ld.
+// Each thread keeps four loads in flight; vec4 (head_dim a multiple of 4,
+// 16-byte aligned rows) loads float4s.
+__device__ __forceinline__ void di_stage_rows(float *dst, int ld, const float *base, size_t stride, const int *rowsel,
+                                              int rows, int head_dim, int vec4) {
+	const int nt = blockDim.x, tid = threadIdx.x;
+	if (vec4) {
+		const int per = head_dim / 4, total = rows * per;
+		for (int f0 = tid; f0 < total; f0 += nt * 4) {
+			float4 v[4];
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				const int f = f0 + u * nt;
+				v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+				if (f < total) {
+					const int r = f / per, e = (f - r * per) * 4, sl = rowsel[r];
+					if (sl >= 0) v[u] = *reinterpret_cast<const float4 *>(base + (size_t)sl * stride + e);
+				}
+			}
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				const int f = f0 + u * nt;
+				if (f < total) {
+					const int r = f / per, e = (f - r * per) * 4;
+					float *d = dst + r * ld + e;
+					d[0] = v[u].x, d[1] = v[u].y, d[2] = v[u].z, d[3] = v[u].w;
+				}
+			}
+		}
+	} else {
+		const int total = rows * head_dim;
+		for (int f0 = tid; f0 < total; f0 += nt * 4) {
+			float v[4];
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				const int f = f0 + u * nt;
+				v[u] = 0.f;
+				if (f < total) {
+					const int r = f / head_dim, sl = rowsel[r];
+					if (sl >= 0) v[u] = base[(size_t)sl * stride + (f - r * head_dim)];
+				}
+			}
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				const int f = f0 + u * nt;
+				if (f < total) {
+					const int r = f / head_dim;
+					dst[r * ld + (f - r * head_dim)] = v[u];
+				}
+			}
+		}
+	}
+}
+
 // ---------------------------------------------------------------- prefill: query tiles
 
 #define PF_BQ 64
@@ -391,7 +492,7 @@ __global__ void __launch_bounds__(PF_THREADS)
     di_prefill_attn_k(float *out, const float *q, const float *kc, const float *vc, const int *cu,
                       const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks, int block_size,
                       int num_blocks, int num_heads, int num_kv_heads, int head_dim, float scale, int window,
-                      unsigned *check) {
+                      int vec4, unsigned *check) {
 	extern __shared__ float smem[];
 	__shared__ int s_seq, s_tile;
 	const int ld = head_dim + 1;
@@ -429,10 +530,9 @@ __global__ void __launch_bounds__(PF_THREADS)
 			out[((size_t)(q0 + j0 + idx / head_dim) * num_heads + h) * head_dim + idx % head_dim] = 0.f;
 		return;
 	}
-	for (int idx = tid; idx < PF_BQ * head_dim; idx += PF_THREADS) {
-		const int r = idx / head_dim, e = idx % head_dim;
-		Qs[r * ld + e] = r < nq ? q[((size_t)(q0 + j0 + r) * num_heads + h) * head_dim + e] : 0.f;
-	}
+	if (tid < PF_BQ) slots[tid] = tid < nq ? q0 + j0 + tid : -1; // query rows, for staging
+	__syncthreads();
+	di_stage_rows(Qs, ld, q + (size_t)h * head_dim, (size_t)num_heads * head_dim, slots, PF_BQ, head_dim, vec4);
 	// Visible keys [first, last) of this thread's rows; rows past nq see none.
 	int first[4], last[4];
 #pragma unroll
@@ -465,11 +565,7 @@ __global__ void __launch_bounds__(PF_THREADS)
 			slots[tid] = slot;
 		}
 		__syncthreads();
-		for (int idx = tid; idx < PF_BK * head_dim; idx += PF_THREADS) {
-			const int r = idx / head_dim, e = idx % head_dim;
-			const int sl = slots[r];
-			KVs[r * ld + e] = sl >= 0 ? kc[(size_t)sl * kv_width + kvh * head_dim + e] : 0.f;
-		}
+		di_stage_rows(KVs, ld, kc + kvh * head_dim, kv_width, slots, PF_BK, head_dim, vec4);
 		__syncthreads();
 		float sc[4][8];
 #pragma unroll
@@ -522,11 +618,7 @@ __global__ void __launch_bounds__(PF_THREADS)
 			for (int j = 0; j < 8; j++) Ps[(ty * 4 + i) * (PF_BK + 1) + tx + 8 * j] = sc[i][j];
 		}
 		__syncthreads(); // keys consumed, probabilities written
-		for (int idx = tid; idx < PF_BK * head_dim; idx += PF_THREADS) {
-			const int r = idx / head_dim, e = idx % head_dim;
-			const int sl = slots[r];
-			KVs[r * ld + e] = sl >= 0 ? vc[(size_t)sl * kv_width + kvh * head_dim + e] : 0.f;
-		}
+		di_stage_rows(KVs, ld, vc + kvh * head_dim, kv_width, slots, PF_BK, head_dim, vec4);
 		__syncthreads();
 		for (int kk = 0; kk < n; kk++) {
 			float p[4];
@@ -572,6 +664,7 @@ extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_ca
 	float *op = DI_PTR(float, out);
 	const bool split = head_dim <= DEC_MAX_D;
 	const bool decode_only = m->max_seqlen_q == 1;
+	const int vec4 = (head_dim % 4 == 0) && ((k_cache | v_cache) % 16 == 0);
 	if (split) {
 		const int max_keys = m->max_blocks_per_seq * m->block_size;
 		int nsplit = (max_keys + DEC_MIN_CHUNK - 1) / DEC_MIN_CHUNK;
@@ -586,7 +679,6 @@ extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_ca
 			di_scratch_free(ctx, acc);
 			return rc;
 		}
-		const int vec4 = (head_dim % 4 == 0) && ((k_cache | v_cache) % 16 == 0);
 		di_decode_attn_k<<<dim3(nsplit, num_kv_heads * subs, m->num_seqs), DEC_THREADS, 0, ctx->stream>>>(
 		    (float *)acc, (float2 *)ml, qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size, m->num_blocks,
 		    num_heads, num_kv_heads, head_dim, scale, sliding_window, decode_only, vec4, ctx->check);
@@ -610,7 +702,7 @@ extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_ca
 		const int tiles = (m->num_tokens + PF_BQ - 1) / PF_BQ + m->num_seqs; // bound on the prefill tiles
 		di_prefill_attn_k<<<dim3(tiles, num_heads), PF_THREADS, shmem, ctx->stream>>>(
 		    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
-		    num_kv_heads, head_dim, scale, sliding_window, ctx->check);
+		    num_kv_heads, head_dim, scale, sliding_window, vec4 && q % 16 == 0, ctx->check);
 		return di_check_launch(ctx, "attention (prefill)");
 	}
 	const size_t shmem = (head_dim + ATT_TILE) * sizeof(float) + ATT_TILE * sizeof(int);

@@ -299,7 +299,9 @@ func (bm *benchModel) prefill(b *testing.B, n int) {
 // and 32 rows against the copy bandwidth (weight bytes / time), and decode
 // attention over 256 and 4096 keys.
 func BenchmarkGPUOps(b *testing.B) {
-	g := newGPU(b, GEMMRound)
+	g := newGPU(b, GEMMRound) // the default: GEMV up to 4 rows
+	b.Setenv("DEEPINFER_CUDA_GEMV", "8")
+	gGEMV := newGPU(b, GEMMRound) // GEMV up to 8 rows
 	b.Setenv("DEEPINFER_CUDA_GEMV", "0")
 	gOff := newGPU(b, GEMMRound) // linears on cuBLAS at every size
 	r := rand.New(rand.NewPCG(5, 6))
@@ -330,21 +332,21 @@ func BenchmarkGPUOps(b *testing.B) {
 		name string
 		n, k int
 	}{{"q_proj", 2048, 2048}, {"kv_proj", 512, 2048}, {"gate_up", 16384, 2048}, {"down", 2048, 8192}, {"lm_head", 128256, 2048}} {
-		for _, m := range []int{1, 8, 32} {
+		for _, m := range []int{1, 2, 4, 8, 32} {
 			b.Run(fmt.Sprintf("linear/%s/m=%d", sh.name, m), func(b *testing.B) {
 				for _, be := range []struct {
 					name string
 					g    *Backend
-				}{{"", g}, {" (cuBLAS)", gOff}} {
-					if be.name != "" && m > 8 {
-						continue // the same path either way
+				}{{" (default)", g}, {" (GEMV)", gGEMV}, {" (cuBLAS)", gOff}} {
+					if be.name != " (default)" && m > 8 {
+						continue // cuBLAS either way
 					}
 					w := upload(b, be.g, kernels.BF16, hostBytes(kernels.BF16, randVals(r, sh.n*sh.k, 0.03)), kernels.BF16, sh.n, sh.k)
 					x := upload(b, be.g, kernels.F32, kernels.F32Bytes(randVals(r, m*sh.k, 1)), kernels.F32, m, sh.k)
 					out, _ := be.g.Alloc(kernels.F32, m, sh.n)
 					ms := timeIt(b, be.g, 100, func() error { return be.g.Linear(out, x, w, nil) })
 					gbs := float64(2*sh.n*sh.k) / (ms / 1e3) / 1e9
-					if be.name == "" {
+					if be.g == g {
 						b.ReportMetric(ms*1e3, "us/op")
 						b.ReportMetric(gbs, "GB/s")
 					}
