@@ -174,8 +174,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
 // ---------------------------------------------------------------- decode: split over keys
 
 #define DEC_THREADS 128
-#define DEC_MAX_SPLITS 16   // chunks per row at most
-#define DEC_MIN_CHUNK 256   // keys per chunk at least
+#define DEC_MAX_SPLITS 32   // chunks per row at most
+#define DEC_MIN_CHUNK 128   // keys per chunk at least
 #define DEC_CHUNK_ALIGN 128 // chunk lengths are multiples of this
 #define DEC_GROUP 8         // query heads (of one KV head) per block at most
 #define DEC_MAX_D 256

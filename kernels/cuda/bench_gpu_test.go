@@ -299,9 +299,7 @@ func (bm *benchModel) prefill(b *testing.B, n int) {
 // and 32 rows against the copy bandwidth (weight bytes / time), and decode
 // attention over 256 and 4096 keys.
 func BenchmarkGPUOps(b *testing.B) {
-	g := newGPU(b, GEMMRound) // the default: GEMV up to 4 rows
-	b.Setenv("DEEPINFER_CUDA_GEMV", "8")
-	gGEMV := newGPU(b, GEMMRound) // GEMV up to 8 rows
+	g := newGPU(b, GEMMRound) // the default: GEMV for up to 4 rows of weights up to 2048x2048
 	b.Setenv("DEEPINFER_CUDA_GEMV", "0")
 	gOff := newGPU(b, GEMMRound) // linears on cuBLAS at every size
 	r := rand.New(rand.NewPCG(5, 6))
@@ -332,12 +330,12 @@ func BenchmarkGPUOps(b *testing.B) {
 		name string
 		n, k int
 	}{{"q_proj", 2048, 2048}, {"kv_proj", 512, 2048}, {"gate_up", 16384, 2048}, {"down", 2048, 8192}, {"lm_head", 128256, 2048}} {
-		for _, m := range []int{1, 2, 4, 8, 32} {
+		for _, m := range []int{1, 4, 32} {
 			b.Run(fmt.Sprintf("linear/%s/m=%d", sh.name, m), func(b *testing.B) {
 				for _, be := range []struct {
 					name string
 					g    *Backend
-				}{{" (default)", g}, {" (GEMV)", gGEMV}, {" (cuBLAS)", gOff}} {
+				}{{" (default)", g}, {" (cuBLAS)", gOff}} {
 					if be.name != " (default)" && m > 8 {
 						continue // cuBLAS either way
 					}
