@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"runtime"
 	"time"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
@@ -126,6 +127,11 @@ func endSample(rt *Runtime, out *SampledStep) error {
 	if rt.Stats != nil {
 		rt.Stats.recordSample(took)
 	}
+	// Publishing readied the forward stage, waiting on these tokens; handing
+	// post-processing the step next would run it first on this core. Yield
+	// so the forward pass of the next step starts now (DeepInfer's order:
+	// forward N+1, then post-process N).
+	runtime.Gosched()
 	return nil
 }
 
