@@ -1,7 +1,6 @@
 package config
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -212,15 +211,4 @@ func describe(n *yaml.Node) string {
 		return "a list"
 	}
 	return fmt.Sprintf("%q", n.Value)
-}
-
-// Marshal renders cfg as YAML (for `--print-config` style output).
-func Marshal(cfg *Config) ([]byte, error) {
-	var b bytes.Buffer
-	enc := yaml.NewEncoder(&b)
-	enc.SetIndent(2)
-	if err := enc.Encode(cfg); err != nil {
-		return nil, err
-	}
-	return b.Bytes(), enc.Close()
 }
