@@ -84,9 +84,7 @@ func (s Spec) Build(r *Registry, deps any, opts ...Option) (*Graph, error) {
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
-	for _, e := range s.Edges {
-		g.edges = append(g.edges, e)
-	}
+	g.edges = append(g.edges, s.Edges...)
 	if err := g.Build(); err != nil {
 		return nil, err
 	}

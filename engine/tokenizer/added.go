@@ -43,8 +43,6 @@ func newAddedMatcher(toks []*addedToken, patterns []string) *addedMatcher {
 	return m
 }
 
-func (m *addedMatcher) empty() bool { return len(m.pats) == 0 }
-
 // segment is a part of the text: an added token (id >= 0) or plain text.
 type segment struct {
 	start, end int

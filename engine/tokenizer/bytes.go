@@ -1,7 +1,6 @@
 package tokenizer
 
 import (
-	"strings"
 	"unicode/utf8"
 )
 
@@ -46,16 +45,6 @@ func (a *byteLevelAlphabet) bytesOf(token string) (b []byte, ok bool) {
 		b = append(b, c)
 	}
 	return b, true
-}
-
-// encode maps raw bytes to their byte-level string.
-func (a *byteLevelAlphabet) encode(s string) string {
-	var sb strings.Builder
-	sb.Grow(len(s) * 2)
-	for i := 0; i < len(s); i++ {
-		sb.WriteRune(a.runeOf[s[i]])
-	}
-	return sb.String()
 }
 
 // appendLossyUTF8 appends b to dst as valid UTF-8, replacing each maximal

@@ -374,7 +374,7 @@ func TestFilterMatchesReference(t *testing.T) {
 func TestKthLargest(t *testing.T) {
 	rows := [][]float32{
 		randomRow(1000, 1, 3),
-		{3, 1, 2, 3, 3, negInf, -0.0, 0, 5, negInf},
+		{3, 1, 2, 3, 3, negInf, float32(math.Copysign(0, -1)), 0, 5, negInf},
 		{negInf, negInf, negInf},
 		{float32(math.Copysign(0, -1)), 0, -1e-30, 1e-30, math.MaxFloat32, -math.MaxFloat32, math.SmallestNonzeroFloat32},
 	}
