@@ -25,7 +25,10 @@
 //   - out may alias an input only where a method says so.
 package kernels
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors; backends wrap them with the operation, the tensors involved
 // and what was expected.
@@ -253,4 +256,39 @@ type RouteParams struct {
 	TopKGroups    int // topk_group
 	NormTopKProb  bool
 	ScalingFactor float32 // routed_scaling_factor
+}
+
+// Validate checks the parameters against a router of numExperts experts:
+// top_k in range, a known scoring and method, groups that divide the
+// experts and can hold top_k of them. Errors wrap ErrShape.
+func (p RouteParams) Validate(numExperts int) error {
+	e := numExperts
+	bad := func(why string) error {
+		return fmt.Errorf("route params %+v with %d experts: %s: %w", p, e, why, ErrShape)
+	}
+	if p.TopK < 1 || p.TopK > e {
+		return bad("top_k out of range")
+	}
+	if p.Scoring != ScoringSoftmax && p.Scoring != ScoringSigmoid {
+		return bad("unknown scoring")
+	}
+	switch p.Method {
+	case TopKGreedy:
+	case TopKGroupLimited, TopKNoAuxTC:
+		if p.NumGroups < 1 || e%p.NumGroups != 0 {
+			return bad("n_group must divide the experts")
+		}
+		if p.TopKGroups < 1 || p.TopKGroups > p.NumGroups {
+			return bad("topk_group out of range")
+		}
+		if p.TopK > p.TopKGroups*(e/p.NumGroups) {
+			return bad("top_k exceeds the experts of the kept groups")
+		}
+		if p.Method == TopKNoAuxTC && e/p.NumGroups < 2 {
+			return bad("noaux_tc needs at least 2 experts per group")
+		}
+	default:
+		return bad("unknown top-k method")
+	}
+	return nil
 }

@@ -33,7 +33,7 @@ func (b *Backend) MoERoute(ids, weights, logits, bias kernels.Tensor, p kernels.
 		return err
 	}
 	t, e := ls.shape[0], ls.shape[1]
-	if err := checkRoute(p, e); err != nil {
+	if err := p.Validate(e); err != nil {
 		return fmt.Errorf("cpu: %s: %w", op, err)
 	}
 	if err := checkShape(op, "ids", is, []int{t, p.TopK}, kernels.I32); err != nil {
@@ -55,37 +55,6 @@ func (b *Backend) MoERoute(ids, weights, logits, bias kernels.Tensor, p kernels.
 			r.route(is.i32[i*p.TopK:(i+1)*p.TopK], ws.f32[i*p.TopK:(i+1)*p.TopK], ls.f32[i*e:(i+1)*e], bv)
 		}
 	})
-	return nil
-}
-
-func checkRoute(p kernels.RouteParams, e int) error {
-	bad := func(why string) error {
-		return fmt.Errorf("route params %+v with %d experts: %s: %w", p, e, why, kernels.ErrShape)
-	}
-	if p.TopK < 1 || p.TopK > e {
-		return bad("top_k out of range")
-	}
-	if p.Scoring != kernels.ScoringSoftmax && p.Scoring != kernels.ScoringSigmoid {
-		return bad("unknown scoring")
-	}
-	switch p.Method {
-	case kernels.TopKGreedy:
-	case kernels.TopKGroupLimited, kernels.TopKNoAuxTC:
-		if p.NumGroups < 1 || e%p.NumGroups != 0 {
-			return bad("n_group must divide the experts")
-		}
-		if p.TopKGroups < 1 || p.TopKGroups > p.NumGroups {
-			return bad("topk_group out of range")
-		}
-		if p.TopK > p.TopKGroups*(e/p.NumGroups) {
-			return bad("top_k exceeds the experts of the kept groups")
-		}
-		if p.Method == kernels.TopKNoAuxTC && e/p.NumGroups < 2 {
-			return bad("noaux_tc needs at least 2 experts per group")
-		}
-	default:
-		return bad("unknown top-k method")
-	}
 	return nil
 }
 
