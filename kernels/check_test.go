@@ -37,3 +37,35 @@ func TestCheckShape(t *testing.T) {
 		}
 	}
 }
+
+func TestRouteParamsValidate(t *testing.T) {
+	ok := RouteParams{TopK: 2, Scoring: ScoringSigmoid, Method: TopKNoAuxTC, NumGroups: 4, TopKGroups: 2}
+	tests := []struct {
+		name string
+		edit func(*RouteParams)
+		want string
+	}{
+		{"valid", func(*RouteParams) {}, ""},
+		{"top_k", func(p *RouteParams) { p.TopK = 0 }, "top_k out of range"},
+		{"scoring", func(p *RouteParams) { p.Scoring = 0 }, "unknown scoring"},
+		{"method", func(p *RouteParams) { p.Method = 0 }, "unknown top-k method"},
+		{"groups", func(p *RouteParams) { p.NumGroups = 3 }, "n_group must divide"},
+		{"kept groups", func(p *RouteParams) { p.TopKGroups = 5 }, "topk_group out of range"},
+		{"too few kept", func(p *RouteParams) { p.TopK, p.TopKGroups = 5, 1 }, "top_k exceeds"},
+		{"noaux group size", func(p *RouteParams) { p.NumGroups, p.TopKGroups, p.TopK = 8, 2, 2 }, "at least 2 experts per group"},
+	}
+	for _, tc := range tests {
+		p := ok
+		tc.edit(&p)
+		err := p.Validate(8)
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%s: %v", tc.name, err)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrShape) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}
