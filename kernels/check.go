@@ -31,3 +31,34 @@ func CheckShape(backend, op, name string, t Tensor, want []int, dtypes ...DType)
 	}
 	return fmt.Errorf("%s: %s: %s is %v, want dtype in %v: %w", backend, op, name, t, dtypes, ErrDType)
 }
+
+// As converts t to a backend's own tensor type T (a pointer type), or
+// fails with ErrForeignTensor naming the backend, the operation and the
+// argument: a nil tensor or one made by another backend.
+func As[T interface {
+	comparable
+	Tensor
+}](backend, op, name string, t Tensor) (T, error) {
+	c, ok := t.(T)
+	var zero T
+	if !ok || c == zero {
+		return zero, fmt.Errorf("%s: %s: %s is %T: %w", backend, op, name, t, ErrForeignTensor)
+	}
+	return c, nil
+}
+
+// Opt is As for optional arguments: a nil tensor (or a typed nil of T)
+// gives the zero T and no error.
+func Opt[T interface {
+	comparable
+	Tensor
+}](backend, op, name string, t Tensor) (T, error) {
+	var zero T
+	if t == nil {
+		return zero, nil
+	}
+	if c, ok := t.(T); ok && c == zero {
+		return zero, nil
+	}
+	return As[T](backend, op, name, t)
+}

@@ -69,3 +69,25 @@ func TestRouteParamsValidate(t *testing.T) {
 		}
 	}
 }
+
+type ownTensor struct{ fakeTensor }
+
+func TestAsAndOpt(t *testing.T) {
+	own := &ownTensor{fakeTensor{shape: []int{1}, dtype: F32}}
+	if got, err := As[*ownTensor]("cpu", "add", "a", own); err != nil || got != own {
+		t.Errorf("As(own) = %v, %v", got, err)
+	}
+	for _, bad := range []Tensor{nil, fakeTensor{}, (*ownTensor)(nil)} {
+		if _, err := As[*ownTensor]("cpu", "add", "a", bad); !errors.Is(err, ErrForeignTensor) || !strings.HasPrefix(err.Error(), "cpu: add: a is ") {
+			t.Errorf("As(%T) = %v", bad, err)
+		}
+	}
+	for _, none := range []Tensor{nil, (*ownTensor)(nil)} {
+		if got, err := Opt[*ownTensor]("cpu", "linear", "bias", none); err != nil || got != nil {
+			t.Errorf("Opt(%T) = %v, %v", none, got, err)
+		}
+	}
+	if _, err := Opt[*ownTensor]("cpu", "linear", "bias", fakeTensor{}); !errors.Is(err, ErrForeignTensor) {
+		t.Errorf("Opt(foreign) = %v", err)
+	}
+}

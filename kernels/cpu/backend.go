@@ -285,22 +285,12 @@ func (b *Backend) Reshape(t kernels.Tensor, shape ...int) (kernels.Tensor, error
 
 // asCPU checks that t is a non-nil tensor of this backend.
 func asCPU(op, name string, t kernels.Tensor) (*Tensor, error) {
-	c, ok := t.(*Tensor)
-	if !ok || c == nil {
-		return nil, fmt.Errorf("cpu: %s: %s is %T: %w", op, name, t, kernels.ErrForeignTensor)
-	}
-	return c, nil
+	return kernels.As[*Tensor]("cpu", op, name, t)
 }
 
 // optCPU is asCPU for optional arguments: nil stays nil.
 func optCPU(op, name string, t kernels.Tensor) (*Tensor, error) {
-	if t == nil {
-		return nil, nil
-	}
-	if c, ok := t.(*Tensor); ok && c == nil {
-		return nil, nil
-	}
-	return asCPU(op, name, t)
+	return kernels.Opt[*Tensor]("cpu", op, name, t)
 }
 
 // checkShape verifies t's dtype class and shape; -1 in want matches any size.

@@ -518,22 +518,12 @@ func (b *Backend) EmptyCache() error {
 
 // asCUDA checks that t is a non-nil tensor of this backend.
 func asCUDA(op, name string, t kernels.Tensor) (*Tensor, error) {
-	c, ok := t.(*Tensor)
-	if !ok || c == nil {
-		return nil, fmt.Errorf("cuda: %s: %s is %T: %w", op, name, t, kernels.ErrForeignTensor)
-	}
-	return c, nil
+	return kernels.As[*Tensor]("cuda", op, name, t)
 }
 
 // optCUDA is asCUDA for optional arguments: nil stays nil.
 func optCUDA(op, name string, t kernels.Tensor) (*Tensor, error) {
-	if t == nil {
-		return nil, nil
-	}
-	if c, ok := t.(*Tensor); ok && c == nil {
-		return nil, nil
-	}
-	return asCUDA(op, name, t)
+	return kernels.Opt[*Tensor]("cuda", op, name, t)
 }
 
 // optPtr is the device address of an optional tensor (0 for nil).
