@@ -66,7 +66,8 @@ enum di_check {
 	DI_CHECK_ATTENTION = 1u << 3,
 	DI_CHECK_MLA = 1u << 4,
 	DI_CHECK_RESOLVE = 1u << 5,
-	DI_CHECK_LOGITS = 1u << 6
+	DI_CHECK_LOGITS = 1u << 6,
+	DI_CHECK_MOE = 1u << 7
 };
 
 /* How float32 activations enter a GEMM with BF16 or F16 weights. ROUND:

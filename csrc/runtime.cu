@@ -405,8 +405,8 @@ static int report_checks(di_ctx *ctx) {
 	static const char *names[] = {"embedding (token id)", "rope (position)", "write_cache (slot)",
 	                              "attention (sequence layout or block table)",
 	                              "mla_attention (sequence layout or block table)",
-	                              "resolve_placeholders (row)", "logits (row)"};
-	for (int i = 0; i < 7; i++) {
+	                              "resolve_placeholders (row)", "logits (row)", "moe (expert id)"};
+	for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++) {
 		if (c & (1u << i)) {
 			strncat(buf, buf[0] ? ", " : "", sizeof buf - strlen(buf) - 1);
 			strncat(buf, names[i], sizeof buf - strlen(buf) - 1);

@@ -127,8 +127,9 @@ type ForwardOptions struct {
 	// of up to the largest of BatchSizes sequences pads up to the next
 	// captured size; prefill, mixed and larger batches run eagerly. Needs a
 	// backend that can capture (device: cuda) and a model whose forward pass
-	// never waits for the host (the Llama family; DeepSeek's MoE layers read
-	// their routing on the host and fail the capture).
+	// never waits for the host: every built-in model (the Llama family, and
+	// DeepSeek, whose MoE layers group their routing on the device for
+	// decode-sized batches).
 	CUDAGraph struct {
 		Enabled    bool  `yaml:"enabled"`
 		BatchSizes []int `yaml:"batch_sizes"`

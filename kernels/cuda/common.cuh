@@ -38,6 +38,31 @@ template <typename T> __device__ T di_block_sum(T v, T *shared) {
 	return di_warp_sum(s);
 }
 
+// di_load8 reads 8 consecutive elements (16-byte aligned for float, 16 bytes
+// for 16-bit types) as float32.
+__device__ __forceinline__ void di_load8(const float *p, float *o) {
+	const float4 a = *reinterpret_cast<const float4 *>(p), b = *reinterpret_cast<const float4 *>(p + 4);
+	o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
+}
+__device__ __forceinline__ void di_load8(const __nv_bfloat16 *p, float *o) {
+	const uint4 u = *reinterpret_cast<const uint4 *>(p);
+	const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+	for (int q = 0; q < 4; q++) {
+		const float2 f = __bfloat1622float2(h[q]);
+		o[2 * q] = f.x, o[2 * q + 1] = f.y;
+	}
+}
+__device__ __forceinline__ void di_load8(const __half *p, float *o) {
+	const uint4 u = *reinterpret_cast<const uint4 *>(p);
+	const __half2 *h = reinterpret_cast<const __half2 *>(&u);
+#pragma unroll
+	for (int q = 0; q < 4; q++) {
+		const float2 f = __half22float2(h[q]);
+		o[2 * q] = f.x, o[2 * q + 1] = f.y;
+	}
+}
+
 // di_dispatch runs body with T bound to the C++ type of a weight dtype.
 #define DI_DISPATCH_WEIGHT(dtype, T, ...)                   \
 	switch (dtype) {                                        \

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -109,5 +110,97 @@ pipeline:
 	// rare on this model.
 	if nOn < 60 || nZOS < 60 {
 		t.Errorf("greedy agreement with graphs off: %d/64 and %d/64, want at least 60", nOn, nZOS)
+	}
+}
+
+// The shipped default model (assets/deepseek-tiny: MLA and MoE layers, BF16
+// weights) in the engine with CUDA graphs on and off: the same greedy tokens
+// (one request alone, and 32 requests whose decode batches pad to the
+// captured sizes), and the decode rate both ways.
+func TestGPUEngineGraphsDefaultModel(t *testing.T) {
+	b, err := cuda.New(cuda.Options{})
+	if err != nil {
+		if os.Getenv(cuda.LibraryEnv) == "" && (errors.Is(err, cuda.ErrNoLibrary) || errors.Is(err, cuda.ErrNoDevice)) {
+			t.Skipf("GPU test skipped: %v", err)
+		}
+		t.Fatal(err)
+	}
+	b.Close()
+	dir, err := filepath.Abs("../../assets/deepseek-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(5, 5))
+	prompts := make([]llm.Prompt, 32)
+	for i := range prompts {
+		ids := make([]int, 4+r.IntN(60))
+		for j := range ids {
+			ids[j] = 3 + r.IntN(8192-3)
+		}
+		prompts[i] = llm.Prompt{IDs: ids}
+	}
+	run := func(graphs bool, ps []llm.Prompt, maxTokens int) ([][]int, time.Duration) {
+		t.Helper()
+		params := engine.DefaultSamplingParams()
+		params.Temperature = 0
+		params.MaxTokens = maxTokens
+		params.IgnoreEOS = true
+		yaml := fmt.Sprintf(`model: %s
+device: cuda
+cache: {num_blocks: 1024, block_size: 16}
+engine: {max_num_seqs: 32, max_num_batched_tokens: 4096}
+pipeline:
+  sample: greedy
+  options:
+    forward: {cuda_graph: {enabled: %v, batch_sizes: [1, 2, 4, 8, 16, 32]}}
+`, dir, graphs)
+		cfg, err := config.Parse("gpu.yaml", []byte(yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := llm.NewLLM(cfg, llm.Options{})
+		if err != nil {
+			t.Fatalf("graphs %v: %v", graphs, err)
+		}
+		defer l.Close()
+		start := time.Now()
+		res, err := l.Generate(context.Background(), ps, params, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(start)
+		out := make([][]int, len(res))
+		for i, c := range res {
+			if c.Outputs[0].Err != nil {
+				t.Fatal(c.Outputs[0].Err)
+			}
+			out[i] = c.Outputs[0].TokenIDs
+		}
+		return out, took
+	}
+	const aloneTokens, crowdTokens = 256, 64
+	aloneOff, tAloneOff := run(false, prompts[:1], aloneTokens)
+	aloneOn, tAloneOn := run(true, prompts[:1], aloneTokens)
+	off, tOff := run(false, prompts, crowdTokens)
+	on, tOn := run(true, prompts, crowdTokens)
+	n := 0
+	for i := range off {
+		if slices.Equal(off[i], on[i]) {
+			n++
+		}
+	}
+	rate := func(reqs, tokens int, d time.Duration) float64 { return float64(reqs*tokens) / d.Seconds() }
+	t.Logf("default model graphs: one request alone identical: %v; 32 requests: %d/32 identical; "+
+		"1 x %d tokens: off %v (%.0f tok/s), on %v (%.0f tok/s); 32 x %d tokens: off %v (%.0f tok/s), on %v (%.0f tok/s)",
+		slices.Equal(aloneOff[0], aloneOn[0]), n, aloneTokens,
+		tAloneOff.Round(time.Millisecond), rate(1, aloneTokens, tAloneOff), tAloneOn.Round(time.Millisecond), rate(1, aloneTokens, tAloneOn),
+		crowdTokens, tOff.Round(time.Millisecond), rate(32, crowdTokens, tOff), tOn.Round(time.Millisecond), rate(32, crowdTokens, tOn))
+	if !slices.Equal(aloneOff[0], aloneOn[0]) {
+		t.Errorf("one request: graphs on %v, off %v", aloneOn[0], aloneOff[0])
+	}
+	// BF16 weights: a padded batch can change cuBLAS's algorithm for the
+	// dense layers (5 rows and up), which moves logits by rounding.
+	if n < 28 {
+		t.Errorf("greedy agreement with graphs off: %d/32, want at least 28", n)
 	}
 }

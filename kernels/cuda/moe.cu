@@ -5,11 +5,18 @@
 // step (float64 softmax, ties to the lower index, masked groups scoring 0),
 // so both backends choose the same experts.
 //
-// The expert MLP copies the routing ids to the host (one small transfer and
-// a wait), groups the (token, k) pairs by expert there, then runs one gather,
-// two cuBLAS GEMMs per selected expert, SiLU-mul, and a combine kernel that
-// sums the k outputs of each token in k order. The wait makes it unfit for
-// CUDA Graph capture; a device-side grouping is later work.
+// The expert MLP has two paths. Up to MOE_DEVICE_MAX_PAIRS (token, k) pairs
+// (every decode batch), and always while a CUDA graph is captured, it never
+// waits for the host: one block groups the pairs by expert on the device (a
+// stable counting sort into buffers sized from num_tokens * top_k), then a
+// grouped GEMV launched over every expert reads each expert's row count on
+// the device (experts without rows return at once), SiLU-mul, a second
+// grouped GEMV, and a combine kernel that sums the k outputs of each token
+// in k order. Every output element is one warp's fixed-order dot product, so
+// a token's result does not depend on the other tokens (batch-invariant).
+// Larger batches (prefill) copy the routing ids to the host (one small
+// transfer and a wait), group there, and run two cuBLAS GEMMs per selected
+// expert.
 #include <math_constants.h>
 
 #include <vector>
@@ -18,6 +25,9 @@
 
 #define ROUTE_MAX_EXPERTS 512
 #define ROUTE_MAX_GROUPS 64
+#define MOE_DEVICE_MAX_PAIRS 1024 // larger batches group on the host and run cuBLAS
+#define MOE_WARPS 8
+#define MOE_ROWS 8 // rows of one expert a warp carries at once
 
 __device__ __forceinline__ int di_argmax_free(const float *v, const bool *taken, int n) {
 	int best = -1;
@@ -144,6 +154,7 @@ __global__ void di_moe_combine_k(float *out, const float *ye, const int *row_of,
 		float a = 0.f;
 		for (int k = 0; k < top_k; k++) {
 			const int r = row_of[t * top_k + k];
+			if (r < 0) continue; // an expert id out of range (reported by the check word)
 			a = fmaf(w[t * top_k + k], ye[(size_t)r * hidden + j], a);
 		}
 		out[(size_t)t * hidden + j] = a;
@@ -164,14 +175,8 @@ static int di_expert_gemms(di_ctx *ctx, float *out, const T *in, const T *w, int
 	return DI_OK;
 }
 
-extern "C" int di_op_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
-                         di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter,
-                         int num_experts) {
-	if (num_tokens == 0) return DI_OK;
-	cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-	cudaStreamIsCapturing(ctx->stream, &cap);
-	if (cap != cudaStreamCaptureStatusNone)
-		return di_fail(ctx, DI_ERR_CAPTURING, "moe: reads the routing on the host; not capturable");
+static int moe_host(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up, di_dptr down,
+                    int w_dtype, int num_tokens, int top_k, int hidden, int inter, int num_experts) {
 	const int pairs = num_tokens * top_k;
 	std::vector<int> host_ids(pairs);
 	cudaError_t e = cudaMemcpyAsync(host_ids.data(), DI_PTR(const int, ids), pairs * sizeof(int),
@@ -243,4 +248,192 @@ extern "C" int di_op_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dp
 	di_scratch_free(ctx, xe);
 	di_scratch_free(ctx, d_index);
 	return rc;
+}
+
+// ---------------------------------------------------------------- device path
+
+// group: one block. offsets[e]..offsets[e+1] are expert e's rows; order[row]
+// is the pair at that row (pairs of one expert in pair order); row_of[pair]
+// its row, or -1 for an id outside the experts (which sets DI_CHECK_MOE).
+// Thread e scans all ids for expert e: P reads of shared memory each.
+__global__ void di_moe_group_k(int *offsets, int *order, int *row_of, const int *ids, int pairs, int num_experts,
+                               unsigned *check) {
+	extern __shared__ int sh[]; // [pairs ids | num_experts + 1 offsets]
+	int *sid = sh, *off = sh + pairs;
+	for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+		int v = ids[p];
+		if (v < 0 || v >= num_experts) {
+			atomicOr(check, DI_CHECK_MOE);
+			v = -1;
+			row_of[p] = -1;
+		}
+		sid[p] = v;
+	}
+	__syncthreads();
+	for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
+		int c = 0;
+		for (int p = 0; p < pairs; p++) c += sid[p] == e;
+		off[e + 1] = c;
+	}
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		off[0] = 0;
+		for (int e = 0; e < num_experts; e++) off[e + 1] += off[e];
+	}
+	__syncthreads();
+	for (int e = threadIdx.x; e <= num_experts; e += blockDim.x) offsets[e] = off[e];
+	for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
+		int r = off[e];
+		for (int p = 0; p < pairs; p++)
+			if (sid[p] == e) {
+				order[r] = p;
+				row_of[p] = r;
+				r++;
+			}
+	}
+}
+
+// grouped GEMV: out[row, j] = in(row) . W[e][j] for every row of expert e =
+// blockIdx.y, one warp per output column j. in(row) is x[order[row] / div]
+// when order is set (the gather), else x[row]; x rows have k floats. The
+// numerics are di_gemv_k's: 16-bit weights multiply x rounded to their dtype
+// (hi and lo parts summed separately in DI_GEMM_SPLIT), float32 weights x as
+// is; each lane sums its 8-element chunks in ascending order, the warp adds
+// the lanes in a fixed tree. The weights of a column are read once per
+// MOE_ROWS rows of its expert.
+template <typename W, bool SPLIT>
+__global__ void __launch_bounds__(MOE_WARPS * 32)
+    di_moe_gemv_k(float *out, const float *x, const int *order, int div, const W *w, const int *offsets, int n, int k) {
+	const int ex = blockIdx.y;
+	const int lo = offsets[ex], rows = offsets[ex + 1] - lo;
+	const int lane = threadIdx.x & 31;
+	const int j = blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
+	if (rows <= 0 || j >= n) return;
+	const W *wr = w + ((size_t)ex * n + j) * k;
+	for (int r0 = 0; r0 < rows; r0 += MOE_ROWS) {
+		const int m = min(MOE_ROWS, rows - r0);
+		const float *xr[MOE_ROWS];
+#pragma unroll
+		for (int r = 0; r < MOE_ROWS; r++) {
+			const int row = lo + r0 + (r < m ? r : 0);
+			xr[r] = x + (size_t)(order ? order[row] / div : row) * k;
+		}
+		float acc[MOE_ROWS], acc_lo[MOE_ROWS];
+#pragma unroll
+		for (int r = 0; r < MOE_ROWS; r++) acc[r] = acc_lo[r] = 0.f;
+		for (int i = lane * 8; i < k; i += 256) {
+			float wv[8];
+			di_load8(wr + i, wv);
+#pragma unroll
+			for (int r = 0; r < MOE_ROWS; r++) {
+				if (r < m) {
+					float xv[8];
+					di_load8(xr[r] + i, xv);
+					float a = acc[r], b = acc_lo[r];
+#pragma unroll
+					for (int e = 0; e < 8; e++) {
+						if (sizeof(W) == sizeof(float)) {
+							a += wv[e] * xv[e];
+						} else {
+							const float hi = di_to_f32(di_from_f32<W>(xv[e]));
+							a += wv[e] * hi;
+							if (SPLIT) b += wv[e] * di_to_f32(di_from_f32<W>(xv[e] - hi));
+						}
+					}
+					acc[r] = a, acc_lo[r] = b;
+				}
+			}
+		}
+#pragma unroll
+		for (int r = 0; r < MOE_ROWS; r++) {
+			if (r < m) {
+				float v = di_warp_sum(acc[r]);
+				if (SPLIT) v += di_warp_sum(acc_lo[r]);
+				if (lane == 0) out[(size_t)(lo + r0 + r) * n + j] = v;
+			}
+		}
+	}
+}
+
+// act[r, j] = silu(g[r, j]) * g[r, inter + j] in float32 (the GEMV rounds).
+__global__ void di_moe_act_f32_k(float *act, const float *g, size_t rows, int inter) {
+	const size_t total = rows * (size_t)inter;
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+		const size_t r = i / inter, j = i % inter;
+		const float gate = g[r * 2 * inter + j], up = g[r * 2 * inter + inter + j];
+		act[i] = (float)((double)gate / (1.0 + exp(-(double)gate))) * up;
+	}
+}
+
+template <typename W>
+static int moe_gemv(di_ctx *ctx, float *out, const float *x, const int *order, int div, const void *w,
+                    const int *offsets, int num_experts, int n, int k) {
+	const dim3 grid((unsigned)((n + MOE_WARPS - 1) / MOE_WARPS), (unsigned)num_experts);
+	if (ctx->gemm_mode == DI_GEMM_SPLIT && sizeof(W) != sizeof(float))
+		di_moe_gemv_k<W, true><<<grid, MOE_WARPS * 32, 0, ctx->stream>>>(out, x, order, div, (const W *)w, offsets, n, k);
+	else
+		di_moe_gemv_k<W, false><<<grid, MOE_WARPS * 32, 0, ctx->stream>>>(out, x, order, div, (const W *)w, offsets, n, k);
+	return di_check_launch(ctx, "moe: grouped gemv");
+}
+
+static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
+                      di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter, int num_experts) {
+	const int pairs = num_tokens * top_k;
+	void *d_index = nullptr, *g = nullptr, *act = nullptr, *ye = nullptr;
+	// [offsets (num_experts + 1) | order (pairs) | row_of (pairs)]
+	int rc = di_scratch(ctx, (num_experts + 1 + 2 * (size_t)pairs) * sizeof(int), &d_index);
+	if (rc == DI_OK) rc = di_scratch(ctx, (size_t)pairs * 2 * inter * sizeof(float), &g);
+	if (rc == DI_OK) rc = di_scratch(ctx, (size_t)pairs * inter * sizeof(float), &act);
+	if (rc == DI_OK) rc = di_scratch(ctx, (size_t)pairs * hidden * sizeof(float), &ye);
+	int *offsets = (int *)d_index, *order = offsets + num_experts + 1, *row_of = order + pairs;
+	if (rc == DI_OK) {
+		const size_t shared = (pairs + num_experts + 1) * sizeof(int);
+		di_moe_group_k<<<1, 512, shared, ctx->stream>>>(offsets, order, row_of, DI_PTR(const int, ids), pairs,
+		                                                num_experts, ctx->check);
+		rc = di_check_launch(ctx, "moe: group");
+	}
+	auto run = [&]() -> int {
+		float *gh = (float *)g, *ah = (float *)act, *yh = (float *)ye;
+		DI_DISPATCH_WEIGHT(w_dtype, T, {
+			int r = moe_gemv<T>(ctx, gh, DI_PTR(const float, x), order, top_k, (const void *)gate_up, offsets,
+			                    num_experts, 2 * inter, hidden);
+			if (r != DI_OK) return r;
+			di_moe_act_f32_k<<<di_grid((size_t)pairs * inter, 256), 256, 0, ctx->stream>>>(ah, gh, pairs, inter);
+			r = di_check_launch(ctx, "moe: silu_mul");
+			if (r == DI_OK)
+				r = moe_gemv<T>(ctx, yh, ah, nullptr, 1, (const void *)down, offsets, num_experts, hidden, inter);
+			if (r != DI_OK) return r;
+		});
+		di_moe_combine_k<<<num_tokens, 256, 0, ctx->stream>>>(DI_PTR(float, out), yh, row_of,
+		                                                     DI_PTR(const float, weights), top_k, hidden);
+		return di_check_launch(ctx, "moe: combine");
+	};
+	if (rc == DI_OK) rc = run();
+	di_scratch_free(ctx, ye);
+	di_scratch_free(ctx, act);
+	di_scratch_free(ctx, g);
+	di_scratch_free(ctx, d_index);
+	return rc;
+}
+
+extern "C" int di_op_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
+                         di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter,
+                         int num_experts) {
+	if (num_tokens == 0) return DI_OK;
+	cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+	cudaStreamIsCapturing(ctx->stream, &cap);
+	const bool capturing = cap != cudaStreamCaptureStatusNone;
+	const size_t pairs = (size_t)num_tokens * top_k;
+	// The GEMV reads 16-byte chunks: rows of a multiple of 8 elements, aligned.
+	const bool shape_ok = hidden % 8 == 0 && inter % 8 == 0 && (x % 16) == 0 && (gate_up % 16) == 0 &&
+	                      (down % 16) == 0 && (pairs + num_experts + 1) * sizeof(int) <= 48 * 1024;
+	if (shape_ok && (capturing || pairs <= MOE_DEVICE_MAX_PAIRS))
+		return moe_device(ctx, out, x, ids, weights, gate_up, down, w_dtype, num_tokens, top_k, hidden, inter,
+		                  num_experts);
+	if (capturing)
+		return di_fail(ctx, DI_ERR_CAPTURING,
+		               "moe: hidden %d and intermediate %d must be multiples of 8 with 16-byte aligned tensors and "
+		               "at most %d pairs to run on the device; the host path is not capturable",
+		               hidden, inter, (int)(48 * 1024 / sizeof(int)) - num_experts - 1);
+	return moe_host(ctx, out, x, ids, weights, gate_up, down, w_dtype, num_tokens, top_k, hidden, inter, num_experts);
 }

@@ -148,29 +148,6 @@ extern "C" int di_add_into(di_ctx *ctx, float *out, const float *a, const float 
 #define GEMV_WARPS 8
 #define GEMV_MAX_ELEMS (4u << 20) // larger weights stay on cuBLAS, which streams them faster
 
-__device__ __forceinline__ void di_load8(const float *p, float *o) {
-	const float4 a = *reinterpret_cast<const float4 *>(p), b = *reinterpret_cast<const float4 *>(p + 4);
-	o[0] = a.x, o[1] = a.y, o[2] = a.z, o[3] = a.w, o[4] = b.x, o[5] = b.y, o[6] = b.z, o[7] = b.w;
-}
-__device__ __forceinline__ void di_load8(const __nv_bfloat16 *p, float *o) {
-	const uint4 u = *reinterpret_cast<const uint4 *>(p);
-	const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&u);
-#pragma unroll
-	for (int q = 0; q < 4; q++) {
-		const float2 f = __bfloat1622float2(h[q]);
-		o[2 * q] = f.x, o[2 * q + 1] = f.y;
-	}
-}
-__device__ __forceinline__ void di_load8(const __half *p, float *o) {
-	const uint4 u = *reinterpret_cast<const uint4 *>(p);
-	const __half2 *h = reinterpret_cast<const __half2 *>(&u);
-#pragma unroll
-	for (int q = 0; q < 4; q++) {
-		const float2 f = __half22float2(h[q]);
-		o[2 * q] = f.x, o[2 * q + 1] = f.y;
-	}
-}
-
 template <typename W, bool SPLIT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     di_gemv_k(float *out, const float *x, const W *w, const float *bias, int m, int n, int k) {

@@ -513,9 +513,16 @@ func (b *Backend) MoERoute(ids, weights, logits, bias kernels.Tensor, p kernels.
 	}, is, ws, ls, bs)
 }
 
-// MoE runs the selected experts on their tokens and mixes the results. It
-// waits for the routing ids (one small copy to the host); an id outside the
-// experts is an error wrapping kernels.ErrOutOfRange.
+// MoE runs the selected experts on their tokens and mixes the results.
+// Up to 1024 (token, k) pairs (decode batches), and always while a graph is
+// captured, it never waits for the host: the pairs are grouped by expert on
+// the device and two grouped GEMV launches read each expert's weights once
+// per 8 of its rows; every output is batch-invariant. An id outside the
+// experts there is reported by the next Sync (kernels.ErrOutOfRange, naming
+// moe). Larger batches copy the routing ids to the host (one small copy and
+// a wait) and run cuBLAS GEMMs per selected expert; a bad id is then an
+// error from MoE itself. Hidden and intermediate sizes that are not
+// multiples of 8 always take the host path and cannot be captured.
 func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 	const op = "moe"
 	o, err := asCUDA(op, "out", out)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -309,35 +310,115 @@ func TestGPUMoERoute(t *testing.T) {
 	}
 }
 
+// MoE against the CPU backend: decode-sized batches and a small prefill run
+// the device-side grouping; 400 tokens x 3 (1200 pairs) the host grouping
+// with cuBLAS.
 func TestGPUMoE(t *testing.T) {
 	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
 		p := newPair(t, mode)
 		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
-			t.Run(fmt.Sprintf("%s/%s", mode, dt), func(t *testing.T) {
-				const tokens, e, topK, hidden, inter = 19, 8, 3, 64, 48
-				x := p.rand(kernels.F32, 1, tokens, hidden)
-				gu, down := p.rand(dt, 0.2, e, 2*inter, hidden), p.rand(dt, 0.2, e, hidden, inter)
-				idv := make([]int32, tokens*topK)
-				for i := 0; i < tokens; i++ {
-					perm := p.r.Perm(e)
-					for k := range topK {
-						idv[i*topK+k] = int32(perm[k])
+			for _, tokens := range []int{1, 4, 19, 64, 400} {
+				t.Run(fmt.Sprintf("%s/%s/tokens=%d", mode, dt, tokens), func(t *testing.T) {
+					const e, topK, hidden, inter = 8, 3, 64, 48
+					x := p.rand(kernels.F32, 1, tokens, hidden)
+					gu, down := p.rand(dt, 0.2, e, 2*inter, hidden), p.rand(dt, 0.2, e, hidden, inter)
+					ids := p.ints(randExpertIDs(p.r, tokens, topK, e), tokens, topK)
+					w := p.rand(kernels.F32, 1, tokens, topK)
+					out := p.zeros(kernels.F32, tokens, hidden)
+					p.poison(out)
+					if err := p.c.MoE(out.c, x.c, ids.c, w.c, gu.c, down.c); err != nil {
+						t.Fatal(err)
 					}
-				}
-				ids := p.ints(idv, tokens, topK)
-				w := p.rand(kernels.F32, 1, tokens, topK)
-				out := p.zeros(kernels.F32, tokens, hidden)
-				p.poison(out)
-				if err := p.c.MoE(out.c, x.c, ids.c, w.c, gu.c, down.c); err != nil {
-					t.Fatal(err)
-				}
-				if err := p.g.MoE(out.g, x.g, ids.g, w.g, gu.g, down.g); err != nil {
-					t.Fatal(err)
-				}
-				p.check("moe", out, 2*linearTol(dt, mode))
-			})
+					if err := p.g.MoE(out.g, x.g, ids.g, w.g, gu.g, down.g); err != nil {
+						t.Fatal(err)
+					}
+					p.check("moe", out, 2*linearTol(dt, mode))
+				})
+			}
 		}
 	}
+}
+
+// randExpertIDs draws top_k distinct experts for each token.
+func randExpertIDs(r *rand.Rand, tokens, topK, e int) []int32 {
+	idv := make([]int32, tokens*topK)
+	for i := range tokens {
+		perm := r.Perm(e)
+		for k := range topK {
+			idv[i*topK+k] = int32(perm[k])
+		}
+	}
+	return idv
+}
+
+// The device-side MoE is batch-invariant (a token alone gives the bits it
+// gives among 32) and capturable: a graph replays to the eager bits, also
+// after the routing ids changed between replays.
+func TestGPUMoEInvarianceAndGraph(t *testing.T) {
+	p := newPair(t, GEMMRound)
+	g := p.g
+	const tokens, e, topK, hidden, inter = 32, 16, 4, 256, 192
+	x := p.rand(kernels.F32, 1, tokens, hidden)
+	gu, down := p.rand(kernels.BF16, 0.2, e, 2*inter, hidden), p.rand(kernels.BF16, 0.2, e, hidden, inter)
+	ids := p.ints(randExpertIDs(p.r, tokens, topK, e), tokens, topK)
+	w := p.rand(kernels.F32, 1, tokens, topK)
+	out, err := g.Alloc(kernels.F32, tokens, hidden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.MoE(out, x.g, ids.g, w.g, gu.g, down.g); err != nil {
+		t.Fatal(err)
+	}
+	crowd := p.f32(g, out)
+	// Token 5 alone.
+	const r0 = 5
+	view := func(ten kernels.Tensor) kernels.Tensor {
+		v, err := g.Rows(ten, r0, r0+1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	one, err := g.Alloc(kernels.F32, 1, hidden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.MoE(one, view(x.g), view(ids.g), view(w.g), gu.g, down.g); err != nil {
+		t.Fatal(err)
+	}
+	for j, v := range p.f32(g, one) {
+		if math.Float32bits(v) != math.Float32bits(crowd[r0*hidden+j]) {
+			t.Fatalf("token %d alone: out[%d] = %v, among %d: %v", r0, j, v, tokens, crowd[r0*hidden+j])
+		}
+	}
+	// Captured, replayed, then replayed again over new routing ids.
+	graph, err := g.CaptureGraph(func() error { return g.MoE(out, x.g, ids.g, w.g, gu.g, down.g) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer graph.Close()
+	newIDs := randExpertIDs(p.r, tokens, topK, e)
+	for round := range 2 {
+		if round == 1 {
+			if err := g.Upload(ids.g, kernels.I32Bytes(newIDs), kernels.I32); err != nil {
+				t.Fatal(err)
+			}
+			if err := g.MoE(out, x.g, ids.g, w.g, gu.g, down.g); err != nil {
+				t.Fatal(err)
+			}
+			crowd = p.f32(g, out)
+		}
+		p.poison(dual{g: out})
+		if err := graph.Replay(); err != nil {
+			t.Fatal(err)
+		}
+		for j, v := range p.f32(g, out) {
+			if math.Float32bits(v) != math.Float32bits(crowd[j]) {
+				t.Fatalf("round %d: replayed out[%d] = %v, eager %v", round, j, v, crowd[j])
+			}
+		}
+	}
+	t.Logf("moe on the device: a token alone bit-identical to the same token among %d; graph replay bit-identical to eager (2 routings)", tokens)
 }
 
 func TestGPULogits(t *testing.T) {
@@ -459,15 +540,28 @@ func TestGPUDeviceChecks(t *testing.T) {
 			}
 		})
 	}
-	// A bad expert id is caught on the host by MoE itself.
-	x, _ := g.Alloc(kernels.F32, 1, 4)
-	out, _ := g.Alloc(kernels.F32, 1, 4)
-	gu, _ := g.Alloc(kernels.BF16, 2, 6, 4)
-	dn, _ := g.Alloc(kernels.BF16, 2, 4, 3)
-	ids := upload(t, g, kernels.I32, kernels.I32Bytes([]int32{2}), kernels.I32, 1, 1)
-	w, _ := g.Alloc(kernels.F32, 1, 1)
-	if err := g.MoE(out, x, ids, w, gu, dn); !errors.Is(err, kernels.ErrOutOfRange) {
-		t.Errorf("MoE with expert 2 of 2: %v, want ErrOutOfRange", err)
+	// A bad expert id: the device-side grouping (a small batch) reports it at
+	// the next Sync; the host grouping (a 1200-pair batch, 8-element rows
+	// not required) from MoE itself.
+	for _, tokens := range []int{1, 1200} {
+		x, _ := g.Alloc(kernels.F32, tokens, 8)
+		out, _ := g.Alloc(kernels.F32, tokens, 8)
+		gu, _ := g.Alloc(kernels.BF16, 2, 16, 8)
+		dn, _ := g.Alloc(kernels.BF16, 2, 8, 8)
+		idv := make([]int32, tokens)
+		idv[tokens-1] = 2
+		ids := upload(t, g, kernels.I32, kernels.I32Bytes(idv), kernels.I32, tokens, 1)
+		w, _ := g.Alloc(kernels.F32, tokens, 1)
+		err := g.MoE(out, x, ids, w, gu, dn)
+		if err == nil {
+			err = g.Sync()
+		}
+		if !errors.Is(err, kernels.ErrOutOfRange) || !strings.Contains(err.Error(), "moe") {
+			t.Errorf("MoE over %d tokens with expert 2 of 2: %v, want ErrOutOfRange naming moe", tokens, err)
+		}
+		if err := g.Sync(); err != nil {
+			t.Fatalf("Sync after the bad MoE: %v", err)
+		}
 	}
 }
 
