@@ -91,3 +91,31 @@ func TestAsAndOpt(t *testing.T) {
 		t.Errorf("Opt(foreign) = %v", err)
 	}
 }
+
+func TestOpShapes(t *testing.T) {
+	ten := func(d DType, shape ...int) *ownTensor { return &ownTensor{fakeTensor{shape: shape, dtype: d}} }
+	var noBias *ownTensor
+	if m, n, k, err := LinearShapes("cpu", ten(F32, 3, 5), ten(F32, 3, 4), ten(BF16, 5, 4), noBias); err != nil || m != 3 || n != 5 || k != 4 {
+		t.Errorf("LinearShapes = %d %d %d %v", m, n, k, err)
+	}
+	if _, _, _, err := LinearShapes("cpu", ten(F32, 3, 5), ten(F32, 3, 4), ten(BF16, 5, 4), ten(F32, 4)); !errors.Is(err, ErrShape) || !strings.Contains(err.Error(), "bias") {
+		t.Errorf("wrong bias: %v", err)
+	}
+	if _, _, err := NormShapes("cuda", "rms_norm", ten(F32, 2, 8), ten(F32, 2, 8), ten(BF16, 8)); !errors.Is(err, ErrDType) {
+		t.Errorf("BF16 norm weight: %v", err)
+	}
+	p := RouteParams{TopK: 2, Scoring: ScoringSoftmax, Method: TopKGreedy}
+	if tk, e, err := RouteShapes("cpu", ten(I32, 3, 2), ten(F32, 3, 2), ten(F32, 3, 8), nil, p); err != nil || tk != 3 || e != 8 {
+		t.Errorf("RouteShapes = %d %d %v", tk, e, err)
+	}
+	if _, _, err := RouteShapes("cpu", ten(I32, 3, 2), ten(F32, 3, 2), ten(F32, 3, 8), ten(F32, 7), p); !errors.Is(err, ErrShape) {
+		t.Errorf("wrong route bias: %v", err)
+	}
+	mp := MLAParams{NumHeads: 2, NopeDim: 4, RopeDim: 2, KVLoraRank: 8, VHeadDim: 3}
+	if tk, err := MLAShapes("cpu", ten(F32, 5, 6), ten(F32, 5, 12), ten(F32, 4, 16, 10), ten(BF16, 14, 8), mp); err != nil || tk != 5 {
+		t.Errorf("MLAShapes = %d %v", tk, err)
+	}
+	if _, err := MLAShapes("cpu", ten(F32, 5, 6), ten(F32, 5, 12), ten(F32, 4, 16, 10), ten(BF16, 14, 8), MLAParams{}); !errors.Is(err, ErrShape) {
+		t.Errorf("zero MLA params: %v", err)
+	}
+}

@@ -373,23 +373,11 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 	if err != nil {
 		return err
 	}
-	if p.NumHeads <= 0 || p.NopeDim <= 0 || p.RopeDim <= 0 || p.KVLoraRank <= 0 || p.VHeadDim <= 0 {
-		return fmt.Errorf("cpu: %s: params %+v: %w", op, p, kernels.ErrShape)
-	}
-	nh, nope, rope, kvl, vd := p.NumHeads, p.NopeDim, p.RopeDim, p.KVLoraRank, p.VHeadDim
-	if err := checkShape(op, "q", qs, []int{-1, nh * (nope + rope)}, kernels.F32); err != nil {
+	t, err := kernels.MLAShapes("cpu", o, qs, c, w, p)
+	if err != nil {
 		return err
 	}
-	t := qs.shape[0]
-	if err := checkShape(op, "out", o, []int{t, nh * vd}, kernels.F32); err != nil {
-		return err
-	}
-	if err := checkShape(op, "cache", c, []int{-1, -1, kvl + rope}, kernels.F32); err != nil {
-		return err
-	}
-	if err := checkShape(op, "wkvb", w, []int{nh * (nope + vd), kvl}, floatTypes...); err != nil {
-		return err
-	}
+	nh, nope, kvl, vd := p.NumHeads, p.NopeDim, p.KVLoraRank, p.VHeadDim
 	pl, err := plan(op, m, t, c.shape[0], c.shape[1])
 	if err != nil {
 		return err

@@ -100,14 +100,7 @@ func (b *Backend) normArgs(op string, out, x, weight kernels.Tensor) (o, xs, w *
 	if w, err = asCPU(op, "weight", weight); err != nil {
 		return
 	}
-	if err = checkShape(op, "x", xs, []int{-1, -1}, kernels.F32); err != nil {
-		return
-	}
-	rows, n = xs.shape[0], xs.shape[1]
-	if err = checkShape(op, "out", o, []int{rows, n}, kernels.F32); err != nil {
-		return
-	}
-	err = checkShape(op, "weight", w, []int{n}, kernels.F32)
+	rows, n, err = kernels.NormShapes("cpu", op, o, xs, w)
 	return
 }
 

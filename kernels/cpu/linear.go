@@ -32,22 +32,12 @@ func (b *Backend) Linear(out, x, w, bias kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "w", ws, []int{-1, -1}, floatTypes...); err != nil {
-		return err
-	}
-	n, k := ws.shape[0], ws.shape[1]
-	if err := checkShape(op, "x", xs, []int{-1, k}, kernels.F32); err != nil {
-		return err
-	}
-	m := xs.shape[0]
-	if err := checkShape(op, "out", o, []int{m, n}, kernels.F32); err != nil {
+	m, n, k, err := kernels.LinearShapes("cpu", o, xs, ws, bs)
+	if err != nil {
 		return err
 	}
 	var bv []float32
 	if bs != nil {
-		if err := checkShape(op, "bias", bs, []int{n}, kernels.F32); err != nil {
-			return err
-		}
 		bv = bs.f32
 	}
 	b.linear(o.f32, xs.f32, ws, m, n, k, bv)

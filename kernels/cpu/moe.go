@@ -29,24 +29,12 @@ func (b *Backend) MoERoute(ids, weights, logits, bias kernels.Tensor, p kernels.
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "logits", ls, []int{-1, -1}, kernels.F32); err != nil {
-		return err
-	}
-	t, e := ls.shape[0], ls.shape[1]
-	if err := p.Validate(e); err != nil {
-		return fmt.Errorf("cpu: %s: %w", op, err)
-	}
-	if err := checkShape(op, "ids", is, []int{t, p.TopK}, kernels.I32); err != nil {
-		return err
-	}
-	if err := checkShape(op, "weights", ws, []int{t, p.TopK}, kernels.F32); err != nil {
+	t, e, err := kernels.RouteShapes("cpu", is, ws, ls, bs, p)
+	if err != nil {
 		return err
 	}
 	var bv []float32
 	if bs != nil {
-		if err := checkShape(op, "bias", bs, []int{e}, kernels.F32); err != nil {
-			return err
-		}
 		bv = bs.f32
 	}
 	b.forRows(t, e*p.TopK, func(lo, hi int) {

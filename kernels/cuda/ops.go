@@ -69,14 +69,7 @@ func (b *Backend) normArgs(op string, out, x, weight kernels.Tensor) (o, xs, w *
 	if w, err = asCUDA(op, "weight", weight); err != nil {
 		return
 	}
-	if err = checkShape(op, "x", xs, []int{-1, -1}, kernels.F32); err != nil {
-		return
-	}
-	rows, n = xs.shape[0], xs.shape[1]
-	if err = checkShape(op, "out", o, []int{rows, n}, kernels.F32); err != nil {
-		return
-	}
-	err = checkShape(op, "weight", w, []int{n}, kernels.F32)
+	rows, n, err = kernels.NormShapes("cuda", op, o, xs, w)
 	return
 }
 
@@ -130,21 +123,9 @@ func (b *Backend) Linear(out, x, w, bias kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "w", ws, []int{-1, -1}, floatTypes...); err != nil {
+	m, n, k, err := kernels.LinearShapes("cuda", o, xs, ws, bs)
+	if err != nil {
 		return err
-	}
-	n, k := ws.shape[0], ws.shape[1]
-	if err := checkShape(op, "x", xs, []int{-1, k}, kernels.F32); err != nil {
-		return err
-	}
-	m := xs.shape[0]
-	if err := checkShape(op, "out", o, []int{m, n}, kernels.F32); err != nil {
-		return err
-	}
-	if bs != nil {
-		if err := checkShape(op, "bias", bs, []int{n}, kernels.F32); err != nil {
-			return err
-		}
 	}
 	return b.launch(op, func() C.int {
 		return C.c_linear(b.lib.api, b.ctx, o.ptr(), xs.ptr(), ws.ptr(), C.int(ws.dtype), optPtr(bs), C.int(m), C.int(n), C.int(k))
@@ -438,23 +419,11 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 	if err != nil {
 		return err
 	}
-	if p.NumHeads <= 0 || p.NopeDim <= 0 || p.RopeDim <= 0 || p.KVLoraRank <= 0 || p.VHeadDim <= 0 {
-		return fmt.Errorf("cuda: %s: params %+v: %w", op, p, kernels.ErrShape)
+	t, err := kernels.MLAShapes("cuda", o, qs, c, w, p)
+	if err != nil {
+		return err
 	}
 	nh, nope, rope, kvl, vd := p.NumHeads, p.NopeDim, p.RopeDim, p.KVLoraRank, p.VHeadDim
-	if err := checkShape(op, "q", qs, []int{-1, nh * (nope + rope)}, kernels.F32); err != nil {
-		return err
-	}
-	t := qs.shape[0]
-	if err := checkShape(op, "out", o, []int{t, nh * vd}, kernels.F32); err != nil {
-		return err
-	}
-	if err := checkShape(op, "cache", c, []int{-1, -1, kvl + rope}, kernels.F32); err != nil {
-		return err
-	}
-	if err := checkShape(op, "wkvb", w, []int{nh * (nope + vd), kvl}, floatTypes...); err != nil {
-		return err
-	}
 	cm, keep, err := attnMeta(op, m, t, c.shape[0], c.shape[1])
 	if err != nil {
 		return err
@@ -484,23 +453,9 @@ func (b *Backend) MoERoute(ids, weights, logits, bias kernels.Tensor, p kernels.
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "logits", ls, []int{-1, -1}, kernels.F32); err != nil {
+	t, e, err := kernels.RouteShapes("cuda", is, ws, ls, bs, p)
+	if err != nil {
 		return err
-	}
-	t, e := ls.shape[0], ls.shape[1]
-	if err := p.Validate(e); err != nil {
-		return fmt.Errorf("cuda: %s: %w", op, err)
-	}
-	if err := checkShape(op, "ids", is, []int{t, p.TopK}, kernels.I32); err != nil {
-		return err
-	}
-	if err := checkShape(op, "weights", ws, []int{t, p.TopK}, kernels.F32); err != nil {
-		return err
-	}
-	if bs != nil {
-		if err := checkShape(op, "bias", bs, []int{e}, kernels.F32); err != nil {
-			return err
-		}
 	}
 	groups := max(p.NumGroups, 1)
 	norm := 0

@@ -1,0 +1,104 @@
+package kernels
+
+import (
+	"fmt"
+	"reflect"
+)
+
+// The argument contracts of the Ops methods that both backends check the
+// same way. Each returns the sizes the kernel needs, or the first error
+// (wrapping ErrShape or ErrDType) naming the backend, the operation and the
+// argument. Backends convert the tensors to their own type first (As), so
+// a foreign tensor is reported as such before any shape.
+
+// present reports whether an optional argument is given: neither a nil
+// interface nor a typed nil pointer.
+func present(t Tensor) bool {
+	if t == nil {
+		return false
+	}
+	v := reflect.ValueOf(t)
+	return v.Kind() != reflect.Pointer || !v.IsNil()
+}
+
+// NormShapes checks RMSNorm-style arguments: x and out F32 [rows, n],
+// weight F32 [n].
+func NormShapes(backend, op string, out, x, weight Tensor) (rows, n int, err error) {
+	if err = CheckShape(backend, op, "x", x, []int{-1, -1}, F32); err != nil {
+		return
+	}
+	rows, n = x.Shape()[0], x.Shape()[1]
+	if err = CheckShape(backend, op, "out", out, []int{rows, n}, F32); err != nil {
+		return
+	}
+	err = CheckShape(backend, op, "weight", weight, []int{n}, F32)
+	return
+}
+
+// LinearShapes checks Linear's arguments: w [n, k] in a float dtype, x F32
+// [m, k], out F32 [m, n], bias F32 [n] when given.
+func LinearShapes(backend string, out, x, w, bias Tensor) (m, n, k int, err error) {
+	const op = "linear"
+	if err = CheckShape(backend, op, "w", w, []int{-1, -1}, FloatTypes...); err != nil {
+		return
+	}
+	n, k = w.Shape()[0], w.Shape()[1]
+	if err = CheckShape(backend, op, "x", x, []int{-1, k}, F32); err != nil {
+		return
+	}
+	m = x.Shape()[0]
+	if err = CheckShape(backend, op, "out", out, []int{m, n}, F32); err != nil {
+		return
+	}
+	if present(bias) {
+		err = CheckShape(backend, op, "bias", bias, []int{n}, F32)
+	}
+	return
+}
+
+// RouteShapes checks MoERoute's arguments: logits F32 [t, e], p valid for
+// e experts, ids I32 and weights F32 [t, TopK], bias F32 [e] when given.
+func RouteShapes(backend string, ids, weights, logits, bias Tensor, p RouteParams) (t, e int, err error) {
+	const op = "moe_route"
+	if err = CheckShape(backend, op, "logits", logits, []int{-1, -1}, F32); err != nil {
+		return
+	}
+	t, e = logits.Shape()[0], logits.Shape()[1]
+	if err = p.Validate(e); err != nil {
+		err = fmt.Errorf("%s: %s: %w", backend, op, err)
+		return
+	}
+	if err = CheckShape(backend, op, "ids", ids, []int{t, p.TopK}, I32); err != nil {
+		return
+	}
+	if err = CheckShape(backend, op, "weights", weights, []int{t, p.TopK}, F32); err != nil {
+		return
+	}
+	if present(bias) {
+		err = CheckShape(backend, op, "bias", bias, []int{e}, F32)
+	}
+	return
+}
+
+// MLAShapes checks MLAAttention's arguments against p: q F32 [t,
+// heads*(nope+rope)], out F32 [t, heads*v], cache F32 [blocks, block_size,
+// kv_lora+rope], wkvb [heads*(nope+v), kv_lora] in a float dtype.
+func MLAShapes(backend string, out, q, cache, wkvb Tensor, p MLAParams) (t int, err error) {
+	const op = "mla_attention"
+	if p.NumHeads <= 0 || p.NopeDim <= 0 || p.RopeDim <= 0 || p.KVLoraRank <= 0 || p.VHeadDim <= 0 {
+		return 0, fmt.Errorf("%s: %s: params %+v: %w", backend, op, p, ErrShape)
+	}
+	nh, nope, rope, kvl, vd := p.NumHeads, p.NopeDim, p.RopeDim, p.KVLoraRank, p.VHeadDim
+	if err = CheckShape(backend, op, "q", q, []int{-1, nh * (nope + rope)}, F32); err != nil {
+		return
+	}
+	t = q.Shape()[0]
+	if err = CheckShape(backend, op, "out", out, []int{t, nh * vd}, F32); err != nil {
+		return
+	}
+	if err = CheckShape(backend, op, "cache", cache, []int{-1, -1, kvl + rope}, F32); err != nil {
+		return
+	}
+	err = CheckShape(backend, op, "wkvb", wkvb, []int{nh * (nope + vd), kvl}, FloatTypes...)
+	return
+}
