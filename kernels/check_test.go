@@ -119,3 +119,20 @@ func TestOpShapes(t *testing.T) {
 		t.Errorf("zero MLA params: %v", err)
 	}
 }
+
+func TestEmbeddingAndMoEShapes(t *testing.T) {
+	ten := func(d DType, shape ...int) *ownTensor { return &ownTensor{fakeTensor{shape: shape, dtype: d}} }
+	if v, h, n, err := EmbeddingShapes("cpu", ten(F32, 3, 8), ten(BF16, 100, 8), ten(I32, 3)); err != nil || v != 100 || h != 8 || n != 3 {
+		t.Errorf("EmbeddingShapes = %d %d %d %v", v, h, n, err)
+	}
+	if _, _, _, err := EmbeddingShapes("cpu", ten(F32, 3, 8), ten(BF16, 100, 8), ten(F32, 3)); !errors.Is(err, ErrDType) {
+		t.Errorf("F32 ids: %v", err)
+	}
+	d, err := MoEShapes("cpu", ten(F32, 2, 8), ten(F32, 2, 8), ten(I32, 2, 3), ten(F32, 2, 3), ten(BF16, 4, 10, 8), ten(BF16, 4, 8, 5))
+	if err != nil || d != (MoEDims{T: 2, Hidden: 8, NumExperts: 4, Inter: 5, TopK: 3}) {
+		t.Errorf("MoEShapes = %+v %v", d, err)
+	}
+	if _, err := MoEShapes("cpu", ten(F32, 2, 8), ten(F32, 2, 8), ten(I32, 2, 3), ten(F32, 2, 3), ten(BF16, 4, 9, 8), ten(BF16, 4, 8, 4)); !errors.Is(err, ErrShape) || !strings.Contains(err.Error(), "odd row count") {
+		t.Errorf("odd gate_up: %v", err)
+	}
+}

@@ -102,3 +102,55 @@ func MLAShapes(backend string, out, q, cache, wkvb Tensor, p MLAParams) (t int, 
 	err = CheckShape(backend, op, "wkvb", wkvb, []int{nh * (nope + vd), kvl}, FloatTypes...)
 	return
 }
+
+// EmbeddingShapes checks Embedding's arguments: table [vocab, hidden] in a
+// float dtype, ids I32 [t], out F32 [t, hidden].
+func EmbeddingShapes(backend string, out, table, ids Tensor) (vocab, hidden, t int, err error) {
+	const op = "embedding"
+	if err = CheckShape(backend, op, "table", table, []int{-1, -1}, FloatTypes...); err != nil {
+		return
+	}
+	vocab, hidden = table.Shape()[0], table.Shape()[1]
+	if err = CheckShape(backend, op, "ids", ids, []int{-1}, I32); err != nil {
+		return
+	}
+	t = ids.Shape()[0]
+	err = CheckShape(backend, op, "out", out, []int{t, hidden}, F32)
+	return
+}
+
+// MoEDims are the sizes of one MoE call.
+type MoEDims struct {
+	T, Hidden, NumExperts, Inter, TopK int
+}
+
+// MoEShapes checks MoE's arguments: x and out F32 [t, hidden], gateUp
+// [experts, 2*inter, hidden] and down [experts, hidden, inter] in float
+// dtypes, ids I32 and weights F32 [t, top_k].
+func MoEShapes(backend string, out, x, ids, weights, gateUp, down Tensor) (d MoEDims, err error) {
+	const op = "moe"
+	if err = CheckShape(backend, op, "x", x, []int{-1, -1}, F32); err != nil {
+		return
+	}
+	d.T, d.Hidden = x.Shape()[0], x.Shape()[1]
+	if err = CheckShape(backend, op, "gate_up", gateUp, []int{-1, -1, d.Hidden}, FloatTypes...); err != nil {
+		return
+	}
+	d.NumExperts, d.Inter = gateUp.Shape()[0], gateUp.Shape()[1]/2
+	if gateUp.Shape()[1]%2 != 0 {
+		err = fmt.Errorf("%s: %s: gate_up %v has an odd row count: %w", backend, op, gateUp, ErrShape)
+		return
+	}
+	if err = CheckShape(backend, op, "down", down, []int{d.NumExperts, d.Hidden, d.Inter}, FloatTypes...); err != nil {
+		return
+	}
+	if err = CheckShape(backend, op, "ids", ids, []int{d.T, -1}, I32); err != nil {
+		return
+	}
+	d.TopK = ids.Shape()[1]
+	if err = CheckShape(backend, op, "weights", weights, []int{d.T, d.TopK}, F32); err != nil {
+		return
+	}
+	err = CheckShape(backend, op, "out", out, []int{d.T, d.Hidden}, F32)
+	return
+}

@@ -40,15 +40,8 @@ func (b *Backend) Embedding(out, table, ids kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "table", tb, []int{-1, -1}, floatTypes...); err != nil {
-		return err
-	}
-	vocab, hidden := tb.shape[0], tb.shape[1]
-	if err := checkShape(op, "ids", id, []int{-1}, kernels.I32); err != nil {
-		return err
-	}
-	t := id.shape[0]
-	if err := checkShape(op, "out", o, []int{t, hidden}, kernels.F32); err != nil {
+	vocab, hidden, t, err := kernels.EmbeddingShapes("cpu", o, tb, id)
+	if err != nil {
 		return err
 	}
 	for i, v := range id.i32 {

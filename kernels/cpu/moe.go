@@ -200,30 +200,11 @@ func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "x", xs, []int{-1, -1}, kernels.F32); err != nil {
+	d, err := kernels.MoEShapes("cpu", o, xs, is, ws, gu, dn)
+	if err != nil {
 		return err
 	}
-	t, hidden := xs.shape[0], xs.shape[1]
-	if err := checkShape(op, "gate_up", gu, []int{-1, -1, hidden}, floatTypes...); err != nil {
-		return err
-	}
-	numExperts, inter := gu.shape[0], gu.shape[1]/2
-	if gu.shape[1]%2 != 0 {
-		return fmt.Errorf("cpu: %s: gate_up %v has an odd row count: %w", op, gu, kernels.ErrShape)
-	}
-	if err := checkShape(op, "down", dn, []int{numExperts, hidden, inter}, floatTypes...); err != nil {
-		return err
-	}
-	if err := checkShape(op, "ids", is, []int{t, -1}, kernels.I32); err != nil {
-		return err
-	}
-	topK := is.shape[1]
-	if err := checkShape(op, "weights", ws, []int{t, topK}, kernels.F32); err != nil {
-		return err
-	}
-	if err := checkShape(op, "out", o, []int{t, hidden}, kernels.F32); err != nil {
-		return err
-	}
+	t, hidden, numExperts, inter, topK := d.T, d.Hidden, d.NumExperts, d.Inter, d.TopK
 	// Group (token, k) pairs by expert, in token order.
 	byExpert := make([][]int32, numExperts)
 	for i, e := range is.i32 {

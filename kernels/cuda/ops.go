@@ -43,15 +43,8 @@ func (b *Backend) Embedding(out, table, ids kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "table", tb, []int{-1, -1}, floatTypes...); err != nil {
-		return err
-	}
-	vocab, hidden := tb.shape[0], tb.shape[1]
-	if err := checkShape(op, "ids", id, []int{-1}, kernels.I32); err != nil {
-		return err
-	}
-	t := id.shape[0]
-	if err := checkShape(op, "out", o, []int{t, hidden}, kernels.F32); err != nil {
+	vocab, hidden, t, err := kernels.EmbeddingShapes("cuda", o, tb, id)
+	if err != nil {
 		return err
 	}
 	return b.launch(op, func() C.int {
@@ -504,30 +497,14 @@ func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "x", xs, []int{-1, -1}, kernels.F32); err != nil {
+	d, err := kernels.MoEShapes("cuda", o, xs, is, ws, gu, dn)
+	if err != nil {
 		return err
 	}
-	t, hidden := xs.shape[0], xs.shape[1]
-	if err := checkShape(op, "gate_up", gu, []int{-1, -1, hidden}, floatTypes...); err != nil {
+	if err := checkShape(op, "down", dn, dn.shape, gu.dtype); err != nil { // the kernels read both in one dtype
 		return err
 	}
-	numExperts, inter := gu.shape[0], gu.shape[1]/2
-	if gu.shape[1]%2 != 0 {
-		return fmt.Errorf("cuda: %s: gate_up %v has an odd row count: %w", op, gu, kernels.ErrShape)
-	}
-	if err := checkShape(op, "down", dn, []int{numExperts, hidden, inter}, gu.dtype); err != nil {
-		return err
-	}
-	if err := checkShape(op, "ids", is, []int{t, -1}, kernels.I32); err != nil {
-		return err
-	}
-	topK := is.shape[1]
-	if err := checkShape(op, "weights", ws, []int{t, topK}, kernels.F32); err != nil {
-		return err
-	}
-	if err := checkShape(op, "out", o, []int{t, hidden}, kernels.F32); err != nil {
-		return err
-	}
+	t, hidden, numExperts, inter, topK := d.T, d.Hidden, d.NumExperts, d.Inter, d.TopK
 	return b.launch(op, func() C.int {
 		return C.c_moe(b.lib.api, b.ctx, o.ptr(), xs.ptr(), is.ptr(), ws.ptr(), gu.ptr(), dn.ptr(), C.int(gu.dtype), C.int(t),
 			C.int(topK), C.int(hidden), C.int(inter), C.int(numExperts))
