@@ -39,7 +39,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 2u
+#define DI_ABI_VERSION 3u
 
 /* Element types; the values equal kernels.DType's. */
 enum di_dtype { DI_F32 = 1, DI_BF16 = 2, DI_F16 = 3, DI_I32 = 4 };
@@ -180,9 +180,12 @@ typedef struct di_api {
 	            int max_pos, int num_heads, int head_size, int offset, int rotary_dim, int interleaved);
 	int (*write_cache)(di_ctx *ctx, di_dptr cache, di_dptr src, di_dptr slot_mapping, int num_tokens,
 	                   int w, int width, int col, int num_slots);
+	/* input_dtype: DI_F32 (or 0) keeps q, k, v and the probabilities in
+	 * float32; DI_F16 or DI_BF16 lets prefill rows run on tensor cores with
+	 * them rounded to half precision (float32 accumulation). */
 	int (*attention)(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,
 	                 const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
-	                 int sliding_window);
+	                 int sliding_window, int input_dtype);
 	int (*mla_attention)(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, di_dptr wkvb, int w_dtype,
 	                     const di_attn_meta *m, int num_heads, int nope_dim, int rope_dim,
 	                     int kv_lora_rank, int v_head_dim, float scale);

@@ -193,6 +193,12 @@ type AttentionParams struct {
 	// SlidingWindow > 0 limits each query to its SlidingWindow most recent
 	// keys, itself included (Mistral, Qwen2 sliding layers); 0 is full causal.
 	SlidingWindow int
+	// InputDType is the narrowest type a backend may round q, k, v and the
+	// softmax probabilities to (accumulating in float32): 0 or F32 keeps
+	// float32 throughout (the CPU backend always does); BF16 or F16 lets a
+	// GPU backend run attention on 16-bit tensor cores. Models set it to
+	// their weights' dtype.
+	InputDType DType
 }
 
 // MLAParams are the per-layer constants of MLAAttention.

@@ -317,7 +317,7 @@ func (m *llama) layer(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid,
 		return err
 	}
 	ap := kernels.AttentionParams{NumHeads: m.numHeads, NumKVHeads: m.numKVHeads, HeadDim: m.headDim,
-		Scale: float32(1 / math.Sqrt(float64(m.headDim))), SlidingWindow: ly.slidingWindow}
+		Scale: float32(1 / math.Sqrt(float64(m.headDim))), SlidingWindow: ly.slidingWindow, InputDType: ly.o.DType()}
 	if err := ops.Attention(attn, q, cache.K[i], cache.V[i], &b.Attn, ap); err != nil {
 		return err
 	}

@@ -2,16 +2,16 @@
 // latent attention with weight absorption, over float32 caches laid out
 // [num_blocks, block_size, width] and read through block tables.
 //
-// GQA attention has a split-over-keys decode kernel, a query-tiled prefill
-// kernel and the first, plain one (one block per (row, head)) as the fallback
-// for large head sizes; see the section below for which rows go where and
-// why each row's result is independent of its batch. All accumulate in
-// float32 on CUDA cores. MLA is still the plain one-block-per-(row, head)
-// kernel.
+// GQA attention has a split-over-keys decode kernel, two query-tiled prefill
+// kernels (tensor cores with half inputs for 16-bit models in GEMM mode
+// round; float32 CUDA cores otherwise) and the first, plain one (one block
+// per (row, head)) as the fallback for large head sizes; see the section
+// below for which rows go where and why each row's result is independent of
+// its batch. All accumulate in float32. MLA is still the plain
+// one-block-per-(row, head) kernel.
 //
-// Missing for speed (later work): tensor-core tiles for prefill (mma.sync
-// with split bf16 or tf32 inputs to keep float32 accuracy), bf16 caches, a
-// split decode kernel for MLA.
+// Missing for speed (later work): bf16 caches, asynchronous (cp.async)
+// staging of the key tiles, a split decode kernel for MLA.
 #include <math_constants.h>
 
 #include "common.cuh"
@@ -87,8 +87,10 @@ __device__ __forceinline__ float di_online_update(float *sp, int n, float *m, fl
 //     uses (an eager batch sizes it from its block tables, a captured graph
 //     from its static ones): unused chunks are empty and skipped, so the bits
 //     do not change.
-//   - Prefill rows (a sequence with two or more query rows): di_prefill_attn_k
-//     tiles PF_BQ query rows of one head against PF_BK keys held in shared
+//   - Prefill rows (a sequence with two or more query rows): with 16-bit
+//     inputs allowed, head size 64 or 128 and GEMM mode round,
+//     di_prefill_attn_tc_k (tensor cores; see its section); otherwise
+//     di_prefill_attn_k tiles PF_BQ query rows of one head against PF_BK keys held in shared
 //     memory, with key tiles aligned to absolute key positions and each row's
 //     scores summed in a fixed order; a row's result depends only on its own
 //     visible keys, so a chunked prefill gives the bits of a whole one.
@@ -649,9 +651,283 @@ __global__ void __launch_bounds__(PF_THREADS)
 	}
 }
 
+// ---------------------------------------------------------------- prefill: tensor cores
+//
+// di_prefill_attn_tc_k is the prefill kernel for models whose weights are
+// 16-bit (AttentionParams.InputDType BF16 or F16) when the backend rounds
+// activations (GEMM mode round): q, k, v and the probabilities enter
+// mma.sync m16n8k16 as IEEE half (10 mantissa bits, more than bf16's 7;
+// values beyond +-65504 overflow to infinity, which the output shows as
+// inf or NaN), with float32 accumulation and a float32 online softmax.
+// One block of TC_WARPS warps takes TC_BQ query rows of one head (16 rows a
+// warp) against TC_BK-key tiles staged in shared memory, converted from the
+// float32 cache once per block; V is staged transposed so that both
+// products read their B fragments as aligned 32-bit words. Key tiles are
+// aligned to absolute positions and every output element is a fixed
+// sequence of tensor-core products, so, as with di_prefill_attn_k, a row's
+// bits do not depend on its batch or on how its prompt is chunked.
+// Cost per (query tile, head): one read of the visible keys and values
+// (float32, mostly from L2) and 4 x 16 x 64 x head_dim FLOPs per key tile.
+
+#define TC_BQ 64
+#define TC_BK 64
+#define TC_WARPS 4
+#define TC_THREADS (TC_WARPS * 32)
+
+__device__ __forceinline__ uint32_t di_half2_bits(float lo, float hi) {
+	__half2 h = __floats2half2_rn(lo, hi);
+	return *reinterpret_cast<uint32_t *>(&h);
+}
+
+// di_mma_f16 accumulates c += a . b for one m16n8k16 tile (row-major A,
+// column-major B, float32 C).
+__device__ __forceinline__ void di_mma_f16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+	             "{%0,%1,%2,%3};\n"
+	             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// di_stage_half converts rows of D floats to half in shared memory: row r
+// from base + rowsel[r]*stride (zeros where rowsel[r] < 0) to dst + r*ld,
+// or to column r of dst (dst[e*ld + r]) when Transpose. Rows are 16-byte
+// aligned; each thread keeps four float4 loads in flight.
+template <int D, bool Transpose>
+__device__ __forceinline__ void di_stage_half(__half *dst, int ld, const float *base, size_t stride,
+                                              const int *rowsel, int rows) {
+	constexpr int per = D / 4;
+	const int nt = blockDim.x, total = rows * per;
+	for (int f0 = threadIdx.x; f0 < total; f0 += nt * 4) {
+		float4 v[4];
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			const int f = f0 + u * nt;
+			v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+			if (f < total) {
+				const int r = f / per, sl = rowsel[r];
+				if (sl >= 0) v[u] = *reinterpret_cast<const float4 *>(base + (size_t)sl * stride + (f - r * per) * 4);
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			const int f = f0 + u * nt;
+			if (f >= total) continue;
+			const int r = f / per, e = (f - r * per) * 4;
+			if (Transpose) {
+				dst[(e + 0) * ld + r] = __float2half_rn(v[u].x);
+				dst[(e + 1) * ld + r] = __float2half_rn(v[u].y);
+				dst[(e + 2) * ld + r] = __float2half_rn(v[u].z);
+				dst[(e + 3) * ld + r] = __float2half_rn(v[u].w);
+			} else {
+				uint2 w;
+				w.x = di_half2_bits(v[u].x, v[u].y);
+				w.y = di_half2_bits(v[u].z, v[u].w);
+				*reinterpret_cast<uint2 *>(dst + r * ld + e) = w;
+			}
+		}
+	}
+}
+
+template <int D> static size_t di_prefill_tc_smem() {
+	return (size_t)(TC_BQ * (D + 8) + TC_BK * (D + 8) + D * (TC_BK + 8)) * sizeof(__half) + TC_BK * sizeof(int);
+}
+
+template <int D>
+__global__ void __launch_bounds__(TC_THREADS)
+    di_prefill_attn_tc_k(float *out, const float *q, const float *kc, const float *vc, const int *cu,
+                         const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks, int block_size,
+                         int num_blocks, int num_heads, int num_kv_heads, float scale_log2, int window,
+                         unsigned *check) {
+	constexpr int LQ = D + 8, LV = TC_BK + 8, KS = D / 16, ND = D / 8;
+	extern __shared__ __align__(16) unsigned char tc_smem[];
+	__half *Qs = reinterpret_cast<__half *>(tc_smem), *Ks = Qs + TC_BQ * LQ, *Vt = Ks + TC_BK * LQ;
+	int *slots = reinterpret_cast<int *>(Vt + D * LV);
+	__shared__ int s_seq, s_tile;
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+	const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
+	if (tid == 0) {
+		// Block b takes the b-th tile over the prefill sequences, the last
+		// (longest) tile of each sequence first.
+		int b = blockIdx.x, seq = -1, tile = 0;
+		for (int si = 0; si < num_seqs; si++) {
+			const int ql = cu[si + 1] - cu[si];
+			if (ql < 2) continue;
+			const int nt = (ql + TC_BQ - 1) / TC_BQ;
+			if (b < nt) {
+				seq = si;
+				tile = nt - 1 - b;
+				break;
+			}
+			b -= nt;
+		}
+		s_seq = seq;
+		s_tile = tile;
+	}
+	__syncthreads();
+	const int s = s_seq;
+	if (s < 0) return;
+	const int q0 = cu[s], ql = cu[s + 1] - q0, kl = seqlens_k[s];
+	const int j0 = s_tile * TC_BQ, nq = min(TC_BQ, ql - j0);
+	const int kv_width = num_kv_heads * D;
+	if (kl < ql || kl > max_blocks * block_size) {
+		if (tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
+		for (int idx = tid; idx < nq * D; idx += TC_THREADS)
+			out[((size_t)(q0 + j0 + idx / D) * num_heads + h) * D + idx % D] = 0.f;
+		return;
+	}
+	if (tid < TC_BQ) slots[tid] = tid < nq ? q0 + j0 + tid : -1; // query rows, for staging
+	__syncthreads();
+	di_stage_half<D, false>(Qs, LQ, q + (size_t)h * D, (size_t)num_heads * D, slots, TC_BQ);
+	__syncthreads();
+	const int r0 = warp * 16 + g; // this thread's rows: r0 and r0 + 8
+	uint32_t qf[KS][4];
+#pragma unroll
+	for (int ks = 0; ks < KS; ks++) {
+		const __half *a = Qs + r0 * LQ + ks * 16 + 2 * t4;
+		qf[ks][0] = *reinterpret_cast<const uint32_t *>(a);
+		qf[ks][1] = *reinterpret_cast<const uint32_t *>(a + 8 * LQ);
+		qf[ks][2] = *reinterpret_cast<const uint32_t *>(a + 8);
+		qf[ks][3] = *reinterpret_cast<const uint32_t *>(a + 8 * LQ + 8);
+	}
+	// Visible keys [first, last) of the two rows; rows past nq see none.
+	int first[2], last[2];
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		const int r = r0 + 8 * i;
+		last[i] = r < nq ? kl - ql + j0 + r + 1 : 0;
+		first[i] = window > 0 ? max(0, last[i] - window) : 0;
+	}
+	// The warp's rows see keys in [w_lo, w_hi): tiles outside are skipped.
+	const int wr_last = min(warp * 16 + 15, nq - 1);
+	const int w_hi = warp * 16 < nq ? kl - ql + j0 + wr_last + 1 : 0;
+	const int w_lo = window > 0 ? max(0, kl - ql + j0 + warp * 16 + 1 - window) : 0;
+	const int k_hi = kl - ql + j0 + nq;
+	const int k_lo = window > 0 ? max(0, kl - ql + j0 + 1 - window) : 0;
+	float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.f, 0.f}, o[ND][4];
+#pragma unroll
+	for (int nd = 0; nd < ND; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+	for (int t0 = k_lo / TC_BK * TC_BK; t0 < k_hi; t0 += TC_BK) {
+		const int n = min(TC_BK, k_hi - t0);
+		__syncthreads(); // the previous tile is consumed
+		if (tid < TC_BK) {
+			int slot = -1;
+			if (tid < n) {
+				const int t = t0 + tid;
+				const int blk = block_tables[(size_t)s * max_blocks + t / block_size];
+				if (blk < 0 || blk >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
+				else slot = blk * block_size + t % block_size;
+			}
+			slots[tid] = slot;
+		}
+		__syncthreads();
+		di_stage_half<D, false>(Ks, LQ, kc + kvh * D, kv_width, slots, TC_BK);
+		di_stage_half<D, true>(Vt, LV, vc + kvh * D, kv_width, slots, TC_BK);
+		__syncthreads();
+		if (t0 >= w_hi || t0 + n <= w_lo) continue; // no key of this tile is visible to the warp
+		float sc[8][4];
+#pragma unroll
+		for (int nt = 0; nt < 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+		for (int ks = 0; ks < KS; ks++) {
+#pragma unroll
+			for (int nt = 0; nt < 8; nt++) {
+				const __half *b = Ks + (nt * 8 + g) * LQ + ks * 16 + 2 * t4;
+				di_mma_f16(sc[nt], qf[ks], *reinterpret_cast<const uint32_t *>(b),
+				           *reinterpret_cast<const uint32_t *>(b + 8));
+			}
+		}
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			float mx = -CUDART_INF_F;
+#pragma unroll
+			for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+				for (int c = 0; c < 2; c++) {
+					const int kk = nt * 8 + 2 * t4 + c, t = t0 + kk;
+					const bool vis = kk < n && slots[kk] >= 0 && t >= first[i] && t < last[i];
+					const float v = vis ? sc[nt][2 * i + c] * scale_log2 : -CUDART_INF_F;
+					sc[nt][2 * i + c] = v;
+					mx = fmaxf(mx, v);
+				}
+			}
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+			const float m_new = fmaxf(m[i], mx);
+			float alpha = 1.f, sum = 0.f;
+			if (m_new != -CUDART_INF_F) {
+				alpha = exp2f(m[i] - m_new);
+#pragma unroll
+				for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+					for (int c = 0; c < 2; c++) {
+						const float p = exp2f(sc[nt][2 * i + c] - m_new);
+						sc[nt][2 * i + c] = p;
+						sum += p;
+					}
+				}
+			} else {
+#pragma unroll
+				for (int nt = 0; nt < 8; nt++) sc[nt][2 * i] = sc[nt][2 * i + 1] = 0.f;
+			}
+			l[i] = l[i] * alpha + sum; // this thread's share; the quad sums at the end
+			m[i] = m_new;
+#pragma unroll
+			for (int nd = 0; nd < ND; nd++) {
+				o[nd][2 * i] *= alpha;
+				o[nd][2 * i + 1] *= alpha;
+			}
+		}
+#pragma unroll
+		for (int kk = 0; kk < TC_BK / 16; kk++) {
+			uint32_t a[4];
+			a[0] = di_half2_bits(sc[2 * kk][0], sc[2 * kk][1]);
+			a[1] = di_half2_bits(sc[2 * kk][2], sc[2 * kk][3]);
+			a[2] = di_half2_bits(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+			a[3] = di_half2_bits(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+#pragma unroll
+			for (int nd = 0; nd < ND; nd++) {
+				const __half *b = Vt + (nd * 8 + g) * LV + kk * 16 + 2 * t4;
+				di_mma_f16(o[nd], a, *reinterpret_cast<const uint32_t *>(b),
+				           *reinterpret_cast<const uint32_t *>(b + 8));
+			}
+		}
+	}
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		float li = l[i];
+		li += __shfl_xor_sync(0xffffffffu, li, 1);
+		li += __shfl_xor_sync(0xffffffffu, li, 2);
+		const int r = r0 + 8 * i;
+		if (r >= nq) continue;
+		const float inv = li > 0.f ? 1.f / li : 0.f;
+		float *orow = out + ((size_t)(q0 + j0 + r) * num_heads + h) * D + 2 * t4;
+#pragma unroll
+		for (int nd = 0; nd < ND; nd++)
+			*reinterpret_cast<float2 *>(orow + nd * 8) = make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
+	}
+}
+
+// di_prefill_tc launches di_prefill_attn_tc_k for head size D.
+template <int D>
+static int di_prefill_tc(di_ctx *ctx, float *op, const float *qp, const float *kp, const float *vp, const int *cu,
+                         const int *sk, const int *bt, const di_attn_meta *m, int num_heads, int num_kv_heads,
+                         float scale, int window) {
+	const size_t shmem = di_prefill_tc_smem<D>();
+	if (shmem > 48 * 1024) {
+		cudaError_t e =
+		    cudaFuncSetAttribute(di_prefill_attn_tc_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
+		if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (prefill, tensor cores): cudaFuncSetAttribute");
+	}
+	const int tiles = (m->num_tokens + TC_BQ - 1) / TC_BQ + m->num_seqs; // bound on the prefill tiles
+	di_prefill_attn_tc_k<D><<<dim3(tiles, num_heads), TC_THREADS, shmem, ctx->stream>>>(
+	    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
+	    num_kv_heads, scale * 1.4426950408889634f, window, ctx->check);
+	return di_check_launch(ctx, "attention (prefill, tensor cores)");
+}
+
 extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,
                                const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
-                               int sliding_window) {
+                               int sliding_window, int input_dtype) {
 	if (m->num_tokens == 0) return DI_OK;
 	if (head_dim > ATT_MAX_COLS * ATT_THREADS)
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "attention: head_dim %d > %d", head_dim, ATT_MAX_COLS * ATT_THREADS);
@@ -693,6 +969,12 @@ extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_ca
 		if (rc != DI_OK) return rc;
 	}
 	if (decode_only && split) return DI_OK;
+	const bool tc = (input_dtype == DI_BF16 || input_dtype == DI_F16) && ctx->gemm_mode == DI_GEMM_ROUND &&
+	                ((q | k_cache | v_cache) % 16 == 0);
+	if (tc && head_dim == 64)
+		return di_prefill_tc<64>(ctx, op, qp, kp, vp, cu, sk, bt, m, num_heads, num_kv_heads, scale, sliding_window);
+	if (tc && head_dim == 128)
+		return di_prefill_tc<128>(ctx, op, qp, kp, vp, cu, sk, bt, m, num_heads, num_kv_heads, scale, sliding_window);
 	if (head_dim <= PF_MAX_D) {
 		const size_t shmem = di_prefill_smem(head_dim);
 		if (shmem > 48 * 1024) {

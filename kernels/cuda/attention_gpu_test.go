@@ -122,3 +122,78 @@ func TestGPUAttentionInvariance(t *testing.T) {
 		t.Error("MaxSeqlenQ 1 with a 100-row sequence: no device check reported")
 	}
 }
+
+// Prefill rows of a model with 16-bit weights run on tensor cores in GEMM
+// mode round (q, k, v and the probabilities as half, float32 accumulation):
+// close to the float32 CPU backend, bit-identical whether a prompt is
+// chunked or whole, and exact again in GEMM mode split.
+func TestGPUAttentionTensorCores(t *testing.T) {
+	const blockSize, numBlocks = 16, 400
+	seqs := [][2]int{{100, 1500}, {1, 300}, {64, 64}, {37, 37}, {130, 700}, {2, 2}}
+	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
+		p := newPair(t, mode)
+		tol := 5e-3 // half inputs
+		if mode == GEMMSplit {
+			tol = 1e-5 // the float32 kernel
+		}
+		for _, ap := range []kernels.AttentionParams{
+			{NumHeads: 32, NumKVHeads: 8, HeadDim: 64},
+			{NumHeads: 16, NumKVHeads: 8, HeadDim: 128},
+			{NumHeads: 8, NumKVHeads: 2, HeadDim: 128, SlidingWindow: 90},
+			{NumHeads: 12, NumKVHeads: 1, HeadDim: 40}, // no tensor-core kernel: float32
+		} {
+			ap.Scale = float32(1 / math.Sqrt(float64(ap.HeadDim)))
+			ap.InputDType = kernels.BF16
+			name := fmt.Sprintf("%s/h%d_kv%d_d%d_w%d", mode, ap.NumHeads, ap.NumKVHeads, ap.HeadDim, ap.SlidingWindow)
+			t.Run(name, func(t *testing.T) {
+				b := p.pagedBatch(blockSize, numBlocks, seqs)
+				width := ap.NumKVHeads * ap.HeadDim
+				kc, vc := p.rand(kernels.F32, 1, numBlocks, blockSize, width), p.rand(kernels.F32, 1, numBlocks, blockSize, width)
+				w := ap.NumHeads * ap.HeadDim
+				q := p.rand(kernels.F32, 1, b.numTokens, w)
+				out := p.zeros(kernels.F32, b.numTokens, w)
+				p.poison(out)
+				if err := p.c.Attention(out.c, q.c, kc.c, vc.c, &b.cpuMeta, ap); err != nil {
+					t.Fatal(err)
+				}
+				if err := p.g.Attention(out.g, q.g, kc.g, vc.g, &b.gpuMeta, ap); err != nil {
+					t.Fatal(err)
+				}
+				e := p.check("attention", out, tol)
+				t.Logf("attention %s: max relative error vs the CPU backend %.2e", name, e)
+
+				// The first sequence (100 rows over 1500 keys) chunked 37 + 63
+				// gives the bits of the whole batch.
+				all := p.f32(p.g, out.g)
+				tables := p.i32(p.g, b.gpuMeta.BlockTables)
+				maxBlocks := b.gpuMeta.BlockTables.Shape()[1]
+				ints := func(xs []int32, shape ...int) kernels.Tensor {
+					return upload(t, p.g, kernels.I32, kernels.I32Bytes(xs), kernels.I32, shape...)
+				}
+				for _, c := range [][2]int{{0, 37}, {37, 100}} {
+					n := c[1] - c[0]
+					meta := kernels.AttentionMetadata{NumSeqs: 1, NumTokens: n, MaxSeqlenQ: n, BlockSize: blockSize,
+						CuSeqlensQ: ints([]int32{0, int32(n)}, 2), SeqlensK: ints([]int32{int32(1400 + c[1])}, 1),
+						BlockTables: ints(tables[:maxBlocks], 1, maxBlocks)}
+					qc, err := p.g.Rows(q.g, c[0], c[1])
+					if err != nil {
+						t.Fatal(err)
+					}
+					o, err := p.g.Alloc(kernels.F32, n, w)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := p.g.Attention(o, qc, kc.g, vc.g, &meta, ap); err != nil {
+						t.Fatal(err)
+					}
+					got, want := p.f32(p.g, o), all[c[0]*w:c[1]*w]
+					for i := range got {
+						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+							t.Fatalf("rows [%d, %d) as a chunk: element %d is %v, the whole prompt gave %v", c[0], c[1], i, got[i], want[i])
+						}
+					}
+				}
+			})
+		}
+	}
+}

@@ -385,27 +385,29 @@ func BenchmarkGPUOps(b *testing.B) {
 		}
 	}
 	for _, hd := range []int{64, 128} {
-		b.Run(fmt.Sprintf("attention/prefill=4096/d=%d", hd), func(b *testing.B) {
-			const blockSize, n = 16, 4096
-			ap := kernels.AttentionParams{NumHeads: 32, NumKVHeads: 8, HeadDim: hd, Scale: float32(1 / math.Sqrt(float64(hd)))}
-			width := ap.NumKVHeads * ap.HeadDim
-			kc := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, n*width, 1)), kernels.F32, n/blockSize, blockSize, width)
-			vc := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, n*width, 1)), kernels.F32, n/blockSize, blockSize, width)
-			q := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, n*ap.NumHeads*hd, 1)), kernels.F32, n, ap.NumHeads*hd)
-			out, _ := g.Alloc(kernels.F32, n, ap.NumHeads*hd)
-			bt := make([]int32, n/blockSize)
-			for i := range bt {
-				bt[i] = int32(i)
-			}
-			m := kernels.AttentionMetadata{NumSeqs: 1, NumTokens: n, MaxSeqlenQ: n, BlockSize: blockSize,
-				CuSeqlensQ:  upload(b, g, kernels.I32, kernels.I32Bytes([]int32{0, n}), kernels.I32, 2),
-				SeqlensK:    upload(b, g, kernels.I32, kernels.I32Bytes([]int32{n}), kernels.I32, 1),
-				BlockTables: upload(b, g, kernels.I32, kernels.I32Bytes(bt), kernels.I32, 1, n/blockSize)}
-			ms := timeIt(b, g, 5, func() error { return g.Attention(out, q, kc, vc, &m, ap) })
-			flops := 2 * float64(ap.NumHeads*hd) * n * n // QK^T and PV over the causal half
-			b.ReportMetric(ms*1e3, "us/op")
-			b.ReportMetric(flops/(ms/1e3)/1e12, "TFLOP/s")
-			b.Logf("attention prefill 4096 tokens (32 q / 8 kv heads, d %d): %.2f ms, %.1f TFLOP/s (causal FLOPs)", hd, ms, flops/(ms/1e3)/1e12)
-		})
+		for _, in := range []kernels.DType{kernels.F32, kernels.BF16} {
+			b.Run(fmt.Sprintf("attention/prefill=4096/d=%d/inputs=%s", hd, in), func(b *testing.B) {
+				const blockSize, n = 16, 4096
+				ap := kernels.AttentionParams{NumHeads: 32, NumKVHeads: 8, HeadDim: hd, Scale: float32(1 / math.Sqrt(float64(hd))), InputDType: in}
+				width := ap.NumKVHeads * ap.HeadDim
+				kc := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, n*width, 1)), kernels.F32, n/blockSize, blockSize, width)
+				vc := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, n*width, 1)), kernels.F32, n/blockSize, blockSize, width)
+				q := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, n*ap.NumHeads*hd, 1)), kernels.F32, n, ap.NumHeads*hd)
+				out, _ := g.Alloc(kernels.F32, n, ap.NumHeads*hd)
+				bt := make([]int32, n/blockSize)
+				for i := range bt {
+					bt[i] = int32(i)
+				}
+				m := kernels.AttentionMetadata{NumSeqs: 1, NumTokens: n, MaxSeqlenQ: n, BlockSize: blockSize,
+					CuSeqlensQ:  upload(b, g, kernels.I32, kernels.I32Bytes([]int32{0, n}), kernels.I32, 2),
+					SeqlensK:    upload(b, g, kernels.I32, kernels.I32Bytes([]int32{n}), kernels.I32, 1),
+					BlockTables: upload(b, g, kernels.I32, kernels.I32Bytes(bt), kernels.I32, 1, n/blockSize)}
+				ms := timeIt(b, g, 5, func() error { return g.Attention(out, q, kc, vc, &m, ap) })
+				flops := 2 * float64(ap.NumHeads*hd) * n * n // QK^T and PV over the causal half
+				b.ReportMetric(ms*1e3, "us/op")
+				b.ReportMetric(flops/(ms/1e3)/1e12, "TFLOP/s")
+				b.Logf("attention prefill 4096 tokens (32 q / 8 kv heads, d %d, inputs %s): %.2f ms, %.1f TFLOP/s (causal FLOPs)", hd, in, ms, flops/(ms/1e3)/1e12)
+			})
+		}
 	}
 }

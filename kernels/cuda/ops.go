@@ -389,7 +389,7 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 	}
 	return b.launch(op, func() C.int {
 		return C.c_attention(b.lib.api, b.ctx, o.ptr(), qs.ptr(), kc.ptr(), vc.ptr(), &cm, C.int(nh), C.int(p.NumKVHeads),
-			C.int(d), C.float(p.Scale), C.int(p.SlidingWindow))
+			C.int(d), C.float(p.Scale), C.int(p.SlidingWindow), C.int(p.InputDType))
 	}, append(keep, o, qs, kc, vc)...)
 }
 
