@@ -28,14 +28,34 @@ func init() {
 		if err := a.DecodeOptions(&opts); err != nil {
 			return nil, err
 		}
-		f := &forward{rt: rt}
-		if opts.CUDAGraph.Enabled {
-			if f.graphs, err = newDecodeGraphs(rt, opts.CUDAGraph.BatchSizes); err != nil {
-				return nil, fmt.Errorf("forward: cuda_graph: %w", err)
-			}
+		f, err := newForward(rt, opts)
+		if err != nil {
+			return nil, err
 		}
 		return pipeline.NewStage[*PreparedStep, *ForwardResult](f), nil
 	})
+}
+
+// newForward builds the forward stage: CUDA graphs when asked, and device
+// markers when the backend has them (kernels.DeviceTimer) and rt has Stats.
+func newForward(rt *Runtime, opts ForwardOptions) (*forward, error) {
+	f := &forward{rt: rt}
+	if dt, ok := kernels.DeviceTimerOf(rt.Ops); ok && rt.Stats != nil {
+		// Measurement never stops the engine: without markers the stats
+		// simply have no device timeline.
+		var err error
+		if f.timeline, err = newDeviceTimeline(dt, rt.Stats); err != nil {
+			rt.Stats.deviceTimelineFailed(err)
+		}
+	}
+	if opts.CUDAGraph.Enabled {
+		var err error
+		if f.graphs, err = newDecodeGraphs(rt, opts.CUDAGraph.BatchSizes); err != nil {
+			f.timeline.close()
+			return nil, fmt.Errorf("forward: cuda_graph: %w", err)
+		}
+	}
+	return f, nil
 }
 
 // prepare lays a scheduled step out as the model's flat batch in backend
@@ -139,11 +159,14 @@ type ForwardOptions struct {
 // forward runs the model over the paged KV cache and computes the logits of
 // the rows that sample. It also measures the gap between the end of one
 // forward pass and the start of the next: the time the device would idle
-// while the host works between steps.
+// while the host works between steps; on a backend with a device stream
+// (kernels.DeviceTimer) it measures the same on the device itself, with
+// markers around each pass (deviceTimeline).
 type forward struct {
-	rt      *Runtime
-	lastEnd time.Time
-	graphs  *decodeGraphs // nil: every step eager
+	rt       *Runtime
+	lastEnd  time.Time
+	graphs   *decodeGraphs   // nil: every step eager
+	timeline *deviceTimeline // nil: no device markers
 }
 
 func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResult, error) {
@@ -165,6 +188,7 @@ func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResu
 		f.rt.Stats.recordGap(start.Sub(f.lastEnd))
 	}
 	defer func() { f.lastEnd = time.Now() }()
+	f.markStart(step)
 	var hidden kernels.Tensor
 	var err error
 	if g != nil {
@@ -183,6 +207,7 @@ func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResu
 			return nil, fmt.Errorf("forward: step %d: logits: %w", step.Outputs.StepID, err)
 		}
 	}
+	f.markEnd()
 	if err := f.rt.Ops.Sync(); err != nil {
 		return nil, fmt.Errorf("forward: step %d: %w", step.Outputs.StepID, err)
 	}
@@ -196,8 +221,42 @@ func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResu
 	return res, nil
 }
 
-// Close destroys the captured graphs.
-func (f *forward) Close() error { return f.graphs.close() }
+// Close destroys the captured graphs and the device markers.
+func (f *forward) Close() error {
+	f.timeline.close()
+	f.timeline = nil
+	return f.graphs.close()
+}
+
+// markStart records the step's start marker, right before its forward work
+// is queued. A marker that fails turns the timeline off (the error is kept
+// in the stats); it never fails the step.
+func (f *forward) markStart(step *PreparedStep) {
+	if f.timeline == nil {
+		return
+	}
+	o := step.Outputs
+	if err := f.timeline.begin(o.NumPrefillTokens == 0 && o.NumDecodeTokens > 0); err != nil {
+		f.timelineFailed(err)
+	}
+}
+
+// markEnd records the step's end marker, right after its work is queued,
+// and reads the markers of the two steps before (already completed).
+func (f *forward) markEnd() {
+	if f.timeline == nil {
+		return
+	}
+	if err := f.timeline.finish(); err != nil {
+		f.timelineFailed(err)
+	}
+}
+
+func (f *forward) timelineFailed(err error) {
+	f.rt.Stats.deviceTimelineFailed(err)
+	f.timeline.close()
+	f.timeline = nil
+}
 
 // graphOps is what a backend offers for graph replay (kernels/cuda.Backend).
 type graphOps interface {

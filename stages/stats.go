@@ -24,6 +24,12 @@ type Stats struct {
 	PostWaitNanos atomic.Int64 // time sampling waited for the previous step's post-processing
 	flopBits      atomic.Uint64
 	byteBits      atomic.Uint64
+
+	// Device timeline (backends with kernels.DeviceTimer): see DeviceTimes.
+	deviceTimed                         atomic.Bool
+	devPairs, devBusy, devSpan          atomic.Int64
+	decodePairs, decodeBusy, decodeSpan atomic.Int64
+	deviceErr                           atomic.Pointer[string]
 }
 
 func addFloat(a *atomic.Uint64, v float64) {
@@ -91,4 +97,97 @@ func (s *Stats) MeanGap() time.Duration {
 		return 0
 	}
 	return time.Duration(s.GapNanos.Load() / n)
+}
+
+// StepPairs are device times summed over pairs of consecutive forward
+// passes (step N and step N+1, with less than a second of host time
+// between them, so that an idle engine is not counted).
+type StepPairs struct {
+	N int64 // pairs measured
+	// Busy sums the device time of step N's forward pass: from the marker
+	// recorded right before its work was queued to the one right after
+	// (the model's layers and the LM head).
+	Busy time.Duration
+	// Span sums the device time from step N's start marker to step N+1's:
+	// its forward pass plus whatever the device did or waited for before
+	// step N+1 began (sampling, input uploads, idle time while the host
+	// worked).
+	Span time.Duration
+}
+
+// IdleFraction is 1 - Busy/Span: the share of the device's time between
+// consecutive steps that is not forward work. It reports false when no
+// pair was measured.
+func (p StepPairs) IdleFraction() (float64, bool) {
+	if p.N == 0 || p.Span <= 0 {
+		return 0, false
+	}
+	return 1 - float64(p.Busy)/float64(p.Span), true
+}
+
+// MeanSpan is the mean device time from one step's start to the next's.
+func (p StepPairs) MeanSpan() time.Duration {
+	if p.N == 0 {
+		return 0
+	}
+	return p.Span / time.Duration(p.N)
+}
+
+// MeanBusy is the mean device time of one forward pass.
+func (p StepPairs) MeanBusy() time.Duration {
+	if p.N == 0 {
+		return 0
+	}
+	return p.Busy / time.Duration(p.N)
+}
+
+// DeviceTimes is a snapshot of the forward stage's device timeline: every
+// pair of consecutive steps, and the pairs whose two steps are both pure
+// decode steps. Measured only on backends that implement
+// kernels.DeviceTimer; Timed is false otherwise.
+type DeviceTimes struct {
+	Timed  bool
+	All    StepPairs
+	Decode StepPairs
+	// Err is why the timeline stopped, when a marker failed ("" if not).
+	Err string
+}
+
+// Sub returns the pairs measured since prev (a snapshot taken earlier).
+func (d DeviceTimes) Sub(prev DeviceTimes) DeviceTimes {
+	sub := func(a, b StepPairs) StepPairs { return StepPairs{a.N - b.N, a.Busy - b.Busy, a.Span - b.Span} }
+	return DeviceTimes{Timed: d.Timed, All: sub(d.All, prev.All), Decode: sub(d.Decode, prev.Decode), Err: d.Err}
+}
+
+// DeviceTimes returns the device timeline so far. Pairs are resolved one
+// step late, so the last pair of a busy period appears once the next step
+// has run. Cost: a few atomic loads.
+func (s *Stats) DeviceTimes() DeviceTimes {
+	d := DeviceTimes{
+		Timed:  s.deviceTimed.Load(),
+		All:    StepPairs{s.devPairs.Load(), time.Duration(s.devBusy.Load()), time.Duration(s.devSpan.Load())},
+		Decode: StepPairs{s.decodePairs.Load(), time.Duration(s.decodeBusy.Load()), time.Duration(s.decodeSpan.Load())},
+	}
+	if e := s.deviceErr.Load(); e != nil {
+		d.Err = *e
+	}
+	return d
+}
+
+// recordDevicePair counts one pair of consecutive steps.
+func (s *Stats) recordDevicePair(busy, span time.Duration, decode bool) {
+	s.devPairs.Add(1)
+	s.devBusy.Add(int64(busy))
+	s.devSpan.Add(int64(span))
+	if decode {
+		s.decodePairs.Add(1)
+		s.decodeBusy.Add(int64(busy))
+		s.decodeSpan.Add(int64(span))
+	}
+}
+
+// deviceTimelineFailed records why the timeline stopped.
+func (s *Stats) deviceTimelineFailed(err error) {
+	msg := err.Error()
+	s.deviceErr.Store(&msg)
 }
