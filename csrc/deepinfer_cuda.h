@@ -178,14 +178,16 @@ typedef struct di_api {
 	int (*concat)(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, int rows, int m, int n);
 	int (*rope)(di_ctx *ctx, di_dptr x, di_dptr positions, di_dptr cos, di_dptr sin, int num_tokens,
 	            int max_pos, int num_heads, int head_size, int offset, int rotary_dim, int interleaved);
+	/* cache_dtype: DI_F32 or DI_F16 (src is float32, rounded to nearest). */
 	int (*write_cache)(di_ctx *ctx, di_dptr cache, di_dptr src, di_dptr slot_mapping, int num_tokens,
-	                   int w, int width, int col, int num_slots);
+	                   int w, int width, int col, int num_slots, int cache_dtype);
 	/* input_dtype: DI_F32 (or 0) keeps q, k, v and the probabilities in
 	 * float32; DI_F16 or DI_BF16 lets prefill rows run on tensor cores with
-	 * them rounded to half precision (float32 accumulation). */
+	 * them rounded to half precision (float32 accumulation). cache_dtype:
+	 * DI_F32 or DI_F16, the element type of both caches. */
 	int (*attention)(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,
 	                 const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
-	                 int sliding_window, int input_dtype);
+	                 int sliding_window, int input_dtype, int cache_dtype);
 	int (*mla_attention)(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, di_dptr wkvb, int w_dtype,
 	                     const di_attn_meta *m, int num_heads, int nope_dim, int rope_dim,
 	                     int kv_lora_rank, int v_head_dim, float scale);

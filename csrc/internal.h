@@ -83,10 +83,10 @@ int di_op_concat(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, int rows, int m
 int di_op_rope(di_ctx *ctx, di_dptr x, di_dptr positions, di_dptr cos, di_dptr sin, int num_tokens,
                int max_pos, int num_heads, int head_size, int offset, int rotary_dim, int interleaved);
 int di_op_write_cache(di_ctx *ctx, di_dptr cache, di_dptr src, di_dptr slot_mapping, int num_tokens,
-                      int w, int width, int col, int num_slots);
+                      int w, int width, int col, int num_slots, int cache_dtype);
 int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,
                     const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
-                    int sliding_window, int input_dtype);
+                    int sliding_window, int input_dtype, int cache_dtype);
 int di_op_mla_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, di_dptr wkvb, int w_dtype,
                         const di_attn_meta *m, int num_heads, int nope_dim, int rope_dim,
                         int kv_lora_rank, int v_head_dim, float scale);

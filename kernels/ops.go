@@ -201,6 +201,15 @@ type AttentionParams struct {
 	InputDType DType
 }
 
+// KVCacheDTyper is implemented by backends that can keep a GQA model's K and
+// V caches in a narrower type than their activations: WriteCache rounds into
+// it and Attention reads it. KVCacheDType returns the element type for a
+// model whose weights are of type weights; a backend without the method
+// keeps caches in its activation type.
+type KVCacheDTyper interface {
+	KVCacheDType(weights DType) DType
+}
+
 // MLAParams are the per-layer constants of MLAAttention.
 type MLAParams struct {
 	NumHeads   int

@@ -216,7 +216,11 @@ func slidingWindow(cfg *weights.Config, i int) int {
 }
 
 func (m *llama) KVCacheSpec() KVCacheSpec {
-	return KVCacheSpec{Layout: KVLayoutGQA, NumLayers: len(m.layers), Width: m.numKVHeads * m.headDim, DType: m.ops.ActivationDType()}
+	dt := m.ops.ActivationDType()
+	if k, ok := m.ops.(kernels.KVCacheDTyper); ok && len(m.layers) > 0 {
+		dt = k.KVCacheDType(m.layers[0].o.DType())
+	}
+	return KVCacheSpec{Layout: KVLayoutGQA, NumLayers: len(m.layers), Width: m.numKVHeads * m.headDim, DType: dt}
 }
 
 func (m *llama) NewKVCache(numBlocks, blockSize int) (*KVCache, error) {

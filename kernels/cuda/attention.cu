@@ -106,8 +106,19 @@ __device__ __forceinline__ float di_warp_max(float v) {
 	return v;
 }
 
+// di_load4 reads four consecutive cache elements as float32: 16 bytes of a
+// float32 cache or 8 bytes of a half cache (aligned).
+__device__ __forceinline__ float4 di_load4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
+__device__ __forceinline__ float4 di_load4(const __half *p) {
+	const uint2 u = *reinterpret_cast<const uint2 *>(p);
+	const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&u.x));
+	const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
+	return make_float4(a.x, a.y, b.x, b.y);
+}
+
+template <typename T>
 __global__ void __launch_bounds__(ATT_THREADS)
-    di_attention_k(float *out, const float *q, const float *kc, const float *vc, const int *cu, const int *seqlens_k,
+    di_attention_k(float *out, const float *q, const T *kc, const T *vc, const int *cu, const int *seqlens_k,
                    const int *block_tables, int num_seqs, int max_blocks, int block_size, int num_blocks,
                    int num_heads, int num_kv_heads, int head_dim, float scale, int window, int skip_decode,
                    unsigned *check) {
@@ -145,8 +156,8 @@ __global__ void __launch_bounds__(ATT_THREADS)
 			const int slot = slots[jj];
 			float dot = 0.f;
 			if (slot >= 0) {
-				const float *kr = kc + (size_t)slot * kv_width + kvh * head_dim;
-				for (int e = lane; e < head_dim; e += 32) dot += sq[e] * kr[e];
+				const T *kr = kc + (size_t)slot * kv_width + kvh * head_dim;
+				for (int e = lane; e < head_dim; e += 32) dot += sq[e] * di_to_f32(kr[e]);
 			}
 			dot = di_warp_sum(dot);
 			if (lane == 0) sp[jj] = slot >= 0 ? dot * scale : -CUDART_INF_F;
@@ -160,7 +171,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 			float a = acc[c] * alpha;
 			for (int jj = 0; jj < n; jj++) {
 				const int slot = slots[jj];
-				if (slot >= 0) a += sp[jj] * vc[(size_t)slot * kv_width + kvh * head_dim + e];
+				if (slot >= 0) a += sp[jj] * di_to_f32(vc[(size_t)slot * kv_width + kvh * head_dim + e]);
 			}
 			acc[c] = a;
 		}
@@ -209,8 +220,9 @@ __host__ __device__ __forceinline__ int di_dec_sub(int head_dim) {
 // head, the chunk's max and sum (part_ml) and its unnormalized output
 // (part_acc), laid out [seq][head][chunk](...): an empty chunk writes max
 // -inf and sum 0.
+template <typename T>
 __global__ void __launch_bounds__(DEC_THREADS, 4)
-    di_decode_attn_k(float *part_acc, float2 *part_ml, const float *q, const float *kc, const float *vc,
+    di_decode_attn_k(float *part_acc, float2 *part_ml, const float *q, const T *kc, const T *vc,
                      const int *cu, const int *seqlens_k, const int *block_tables, int max_blocks, int block_size,
                      int num_blocks, int num_heads, int num_kv_heads, int head_dim, float scale, int window,
                      int decode_only, int vec4, unsigned *check) {
@@ -254,7 +266,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 4)
 	float acc[DEC_MAX_OUT];
 #pragma unroll
 	for (int k = 0; k < DEC_MAX_OUT; k++) acc[k] = 0.f;
-	const float *kbase = kc + kvh * head_dim, *vbase = vc + kvh * head_dim;
+	const T *kbase = kc + kvh * head_dim, *vbase = vc + kvh * head_dim;
 	// The first sub-tile starts at the chunk's first key rounded down to a
 	// multiple of sub (absolute positions), so that the sub-tiles of a row do
 	// not depend on the window.
@@ -283,8 +295,8 @@ __global__ void __launch_bounds__(DEC_THREADS, 4)
 					if (f < total) {
 						const int r = f / per_row, e = (f - r * per_row) * 4, sl = slots[r];
 						if (sl >= 0) {
-							kv[u] = *reinterpret_cast<const float4 *>(kbase + (size_t)sl * kv_width + e);
-							vv[u] = *reinterpret_cast<const float4 *>(vbase + (size_t)sl * kv_width + e);
+							kv[u] = di_load4(kbase + (size_t)sl * kv_width + e);
+							vv[u] = di_load4(vbase + (size_t)sl * kv_width + e);
 						}
 					}
 				}
@@ -310,8 +322,8 @@ __global__ void __launch_bounds__(DEC_THREADS, 4)
 					if (f < total) {
 						const int r = f / head_dim, e = f - r * head_dim, sl = slots[r];
 						if (sl >= 0) {
-							kv[u] = kbase[(size_t)sl * kv_width + e];
-							vv[u] = vbase[(size_t)sl * kv_width + e];
+							kv[u] = di_to_f32(kbase[(size_t)sl * kv_width + e]);
+							vv[u] = di_to_f32(vbase[(size_t)sl * kv_width + e]);
 						}
 					}
 				}
@@ -423,7 +435,8 @@ __global__ void di_decode_combine_k(float *out, const float *part_acc, const flo
 // from base + rowsel[r]*stride (zeros where rowsel[r] < 0) to dst + r*ld.
 // Each thread keeps four loads in flight; vec4 (head_dim a multiple of 4,
 // 16-byte aligned rows) loads float4s.
-__device__ __forceinline__ void di_stage_rows(float *dst, int ld, const float *base, size_t stride, const int *rowsel,
+template <typename T>
+__device__ __forceinline__ void di_stage_rows(float *dst, int ld, const T *base, size_t stride, const int *rowsel,
                                               int rows, int head_dim, int vec4) {
 	const int nt = blockDim.x, tid = threadIdx.x;
 	if (vec4) {
@@ -436,7 +449,7 @@ __device__ __forceinline__ void di_stage_rows(float *dst, int ld, const float *b
 				v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
 				if (f < total) {
 					const int r = f / per, e = (f - r * per) * 4, sl = rowsel[r];
-					if (sl >= 0) v[u] = *reinterpret_cast<const float4 *>(base + (size_t)sl * stride + e);
+					if (sl >= 0) v[u] = di_load4(base + (size_t)sl * stride + e);
 				}
 			}
 #pragma unroll
@@ -459,7 +472,7 @@ __device__ __forceinline__ void di_stage_rows(float *dst, int ld, const float *b
 				v[u] = 0.f;
 				if (f < total) {
 					const int r = f / head_dim, sl = rowsel[r];
-					if (sl >= 0) v[u] = base[(size_t)sl * stride + (f - r * head_dim)];
+					if (sl >= 0) v[u] = di_to_f32(base[(size_t)sl * stride + (f - r * head_dim)]);
 				}
 			}
 #pragma unroll
@@ -490,8 +503,9 @@ static size_t di_prefill_smem(int head_dim) {
 // One block per (query tile of a prefill sequence, head). Shared memory: the
 // query tile [PF_BQ][head_dim+1], one key or value tile [PF_BK][head_dim+1],
 // the probabilities [PF_BQ][PF_BK+1] and the tile's cache slots.
+template <typename T>
 __global__ void __launch_bounds__(PF_THREADS)
-    di_prefill_attn_k(float *out, const float *q, const float *kc, const float *vc, const int *cu,
+    di_prefill_attn_k(float *out, const float *q, const T *kc, const T *vc, const int *cu,
                       const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks, int block_size,
                       int num_blocks, int num_heads, int num_kv_heads, int head_dim, float scale, int window,
                       int vec4, unsigned *check) {
@@ -692,8 +706,8 @@ __device__ __forceinline__ void di_mma_f16(float *c, const uint32_t *a, uint32_t
 // from base + rowsel[r]*stride (zeros where rowsel[r] < 0) to dst + r*ld,
 // or to column r of dst (dst[e*ld + r]) when Transpose. Rows are 16-byte
 // aligned; each thread keeps four float4 loads in flight.
-template <int D, bool Transpose>
-__device__ __forceinline__ void di_stage_half(__half *dst, int ld, const float *base, size_t stride,
+template <int D, bool Transpose, typename T>
+__device__ __forceinline__ void di_stage_half(__half *dst, int ld, const T *base, size_t stride,
                                               const int *rowsel, int rows) {
 	constexpr int per = D / 4;
 	const int nt = blockDim.x, total = rows * per;
@@ -705,7 +719,7 @@ __device__ __forceinline__ void di_stage_half(__half *dst, int ld, const float *
 			v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
 			if (f < total) {
 				const int r = f / per, sl = rowsel[r];
-				if (sl >= 0) v[u] = *reinterpret_cast<const float4 *>(base + (size_t)sl * stride + (f - r * per) * 4);
+				if (sl >= 0) v[u] = di_load4(base + (size_t)sl * stride + (f - r * per) * 4);
 			}
 		}
 #pragma unroll
@@ -732,9 +746,9 @@ template <int D> static size_t di_prefill_tc_smem() {
 	return (size_t)(TC_BQ * (D + 8) + TC_BK * (D + 8) + D * (TC_BK + 8)) * sizeof(__half) + TC_BK * sizeof(int);
 }
 
-template <int D>
+template <int D, typename T>
 __global__ void __launch_bounds__(TC_THREADS)
-    di_prefill_attn_tc_k(float *out, const float *q, const float *kc, const float *vc, const int *cu,
+    di_prefill_attn_tc_k(float *out, const float *q, const T *kc, const T *vc, const int *cu,
                          const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks, int block_size,
                          int num_blocks, int num_heads, int num_kv_heads, float scale_log2, int window,
                          unsigned *check) {
@@ -777,7 +791,7 @@ __global__ void __launch_bounds__(TC_THREADS)
 	}
 	if (tid < TC_BQ) slots[tid] = tid < nq ? q0 + j0 + tid : -1; // query rows, for staging
 	__syncthreads();
-	di_stage_half<D, false>(Qs, LQ, q + (size_t)h * D, (size_t)num_heads * D, slots, TC_BQ);
+	di_stage_half<D, false, float>(Qs, LQ, q + (size_t)h * D, (size_t)num_heads * D, slots, TC_BQ);
 	__syncthreads();
 	const int r0 = warp * 16 + g; // this thread's rows: r0 and r0 + 8
 	uint32_t qf[KS][4];
@@ -820,8 +834,8 @@ __global__ void __launch_bounds__(TC_THREADS)
 			slots[tid] = slot;
 		}
 		__syncthreads();
-		di_stage_half<D, false>(Ks, LQ, kc + kvh * D, kv_width, slots, TC_BK);
-		di_stage_half<D, true>(Vt, LV, vc + kvh * D, kv_width, slots, TC_BK);
+		di_stage_half<D, false, T>(Ks, LQ, kc + kvh * D, kv_width, slots, TC_BK);
+		di_stage_half<D, true, T>(Vt, LV, vc + kvh * D, kv_width, slots, TC_BK);
 		__syncthreads();
 		if (t0 >= w_hi || t0 + n <= w_lo) continue; // no key of this tile is visible to the warp
 		float sc[8][4];
@@ -908,35 +922,31 @@ __global__ void __launch_bounds__(TC_THREADS)
 }
 
 // di_prefill_tc launches di_prefill_attn_tc_k for head size D.
-template <int D>
-static int di_prefill_tc(di_ctx *ctx, float *op, const float *qp, const float *kp, const float *vp, const int *cu,
+template <int D, typename T>
+static int di_prefill_tc(di_ctx *ctx, float *op, const float *qp, const T *kp, const T *vp, const int *cu,
                          const int *sk, const int *bt, const di_attn_meta *m, int num_heads, int num_kv_heads,
                          float scale, int window) {
 	const size_t shmem = di_prefill_tc_smem<D>();
 	if (shmem > 48 * 1024) {
 		cudaError_t e =
-		    cudaFuncSetAttribute(di_prefill_attn_tc_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
+		    cudaFuncSetAttribute(di_prefill_attn_tc_k<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
 		if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (prefill, tensor cores): cudaFuncSetAttribute");
 	}
 	const int tiles = (m->num_tokens + TC_BQ - 1) / TC_BQ + m->num_seqs; // bound on the prefill tiles
-	di_prefill_attn_tc_k<D><<<dim3(tiles, num_heads), TC_THREADS, shmem, ctx->stream>>>(
+	di_prefill_attn_tc_k<D, T><<<dim3(tiles, num_heads), TC_THREADS, shmem, ctx->stream>>>(
 	    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
 	    num_kv_heads, scale * 1.4426950408889634f, window, ctx->check);
 	return di_check_launch(ctx, "attention (prefill, tensor cores)");
 }
 
-extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,
-                               const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
-                               int sliding_window, int input_dtype) {
-	if (m->num_tokens == 0) return DI_OK;
-	if (head_dim > ATT_MAX_COLS * ATT_THREADS)
-		return di_fail(ctx, DI_ERR_UNSUPPORTED, "attention: head_dim %d > %d", head_dim, ATT_MAX_COLS * ATT_THREADS);
-	if (m->num_tokens > 0x7fffffff || num_heads > 65535 || m->num_seqs > 65535)
-		return di_fail(ctx, DI_ERR_UNSUPPORTED, "attention: grid %d tokens x %d heads x %d sequences", m->num_tokens,
-		               num_heads, m->num_seqs);
+// attention runs di_op_attention over a cache of element type T.
+template <typename T>
+static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache, const di_attn_meta *m,
+                     int num_heads, int num_kv_heads, int head_dim, float scale, int sliding_window, int input_dtype) {
 	const int *cu = DI_PTR(const int, m->cu_seqlens_q), *sk = DI_PTR(const int, m->seqlens_k),
 	          *bt = DI_PTR(const int, m->block_tables);
-	const float *qp = DI_PTR(const float, q), *kp = DI_PTR(const float, k_cache), *vp = DI_PTR(const float, v_cache);
+	const float *qp = DI_PTR(const float, q);
+	const T *kp = DI_PTR(const T, k_cache), *vp = DI_PTR(const T, v_cache);
 	float *op = DI_PTR(float, out);
 	const bool split = head_dim <= DEC_MAX_D;
 	const bool decode_only = m->max_seqlen_q == 1;
@@ -978,7 +988,8 @@ extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_ca
 	if (head_dim <= PF_MAX_D) {
 		const size_t shmem = di_prefill_smem(head_dim);
 		if (shmem > 48 * 1024) {
-			cudaError_t e = cudaFuncSetAttribute(di_prefill_attn_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
+			cudaError_t e =
+			    cudaFuncSetAttribute(di_prefill_attn_k<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
 			if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (prefill): cudaFuncSetAttribute");
 		}
 		const int tiles = (m->num_tokens + PF_BQ - 1) / PF_BQ + m->num_seqs; // bound on the prefill tiles
@@ -993,6 +1004,26 @@ extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_ca
 	    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
 	    num_kv_heads, head_dim, scale, sliding_window, split ? 1 : 0, ctx->check);
 	return di_check_launch(ctx, "attention");
+}
+
+extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,
+                               const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
+                               int sliding_window, int input_dtype, int cache_dtype) {
+	if (m->num_tokens == 0) return DI_OK;
+	if (head_dim > ATT_MAX_COLS * ATT_THREADS)
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "attention: head_dim %d > %d", head_dim, ATT_MAX_COLS * ATT_THREADS);
+	if (m->num_tokens > 0x7fffffff || num_heads > 65535 || m->num_seqs > 65535)
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "attention: grid %d tokens x %d heads x %d sequences", m->num_tokens,
+		               num_heads, m->num_seqs);
+	switch (cache_dtype) {
+	case DI_F32:
+		return attention<float>(ctx, out, q, k_cache, v_cache, m, num_heads, num_kv_heads, head_dim, scale,
+		                        sliding_window, input_dtype);
+	case DI_F16:
+		return attention<__half>(ctx, out, q, k_cache, v_cache, m, num_heads, num_kv_heads, head_dim, scale,
+		                         sliding_window, input_dtype);
+	}
+	return di_fail(ctx, DI_ERR_UNSUPPORTED, "attention: cache dtype %d (want F32 or F16)", cache_dtype);
 }
 
 // ---------------------------------------------------------------- MLA

@@ -197,3 +197,94 @@ func TestGPUAttentionTensorCores(t *testing.T) {
 		}
 	}
 }
+
+// Half caches (the backend's choice for 16-bit models in GEMM mode round):
+// WriteCache rounds float32 rows to half, and Attention over half caches
+// equals the float32 CPU backend over the same rounded values, for decode and
+// prefill rows, on the float32 kernels (InputDType F32) and on tensor cores.
+func TestGPUAttentionHalfCache(t *testing.T) {
+	p := newPair(t, GEMMRound)
+	g := p.g
+	if got := g.KVCacheDType(kernels.BF16); got != kernels.F16 {
+		t.Fatalf("KVCacheDType(BF16) in GEMM mode round = %v, want F16", got)
+	}
+	if got := g.KVCacheDType(kernels.F32); got != kernels.F32 {
+		t.Fatalf("KVCacheDType(F32) = %v, want F32", got)
+	}
+	const blockSize, numBlocks = 16, 300
+	seqs := [][2]int{{1, 700}, {100, 1000}, {1, 33}, {64, 64}}
+	for _, ap := range []kernels.AttentionParams{
+		{NumHeads: 32, NumKVHeads: 8, HeadDim: 64},
+		{NumHeads: 16, NumKVHeads: 4, HeadDim: 128, SlidingWindow: 300},
+		{NumHeads: 12, NumKVHeads: 1, HeadDim: 40},
+	} {
+		for _, in := range []kernels.DType{kernels.F32, kernels.BF16} {
+			ap.Scale = float32(1 / math.Sqrt(float64(ap.HeadDim)))
+			ap.InputDType = in
+			name := fmt.Sprintf("d%d_w%d_inputs_%s", ap.HeadDim, ap.SlidingWindow, in)
+			t.Run(name, func(t *testing.T) {
+				b := p.pagedBatch(blockSize, numBlocks, seqs)
+				width := ap.NumKVHeads * ap.HeadDim
+				var kc, vc dual
+				for _, c := range []*dual{&kc, &vc} {
+					vals := randVals(p.r, numBlocks*blockSize*width, 1)
+					half := make([]uint16, len(vals))
+					for i, v := range vals {
+						half[i] = kernels.F32ToF16(v)
+						vals[i] = kernels.F16ToF32(half[i])
+					}
+					c.c = upload(t, p.c, kernels.F32, kernels.F32Bytes(vals), kernels.F32, numBlocks, blockSize, width)
+					c.g = upload(t, g, kernels.F16, kernels.U16Bytes(half), kernels.F16, numBlocks, blockSize, width)
+				}
+				w := ap.NumHeads * ap.HeadDim
+				q := p.rand(kernels.F32, 1, b.numTokens, w)
+				out := p.zeros(kernels.F32, b.numTokens, w)
+				p.poison(out)
+				if err := p.c.Attention(out.c, q.c, kc.c, vc.c, &b.cpuMeta, ap); err != nil {
+					t.Fatal(err)
+				}
+				if err := g.Attention(out.g, q.g, kc.g, vc.g, &b.gpuMeta, ap); err != nil {
+					t.Fatal(err)
+				}
+				tol := 1e-5
+				if in == kernels.BF16 && (ap.HeadDim == 64 || ap.HeadDim == 128) {
+					tol = 5e-3
+				}
+				e := p.check("attention", out, tol)
+				t.Logf("attention over half caches %s: max relative error vs the CPU backend %.2e", name, e)
+			})
+		}
+	}
+
+	// WriteCache rounds float32 rows to the nearest half.
+	src := p.rand(kernels.F32, 3, 5, 24)
+	slots := upload(t, g, kernels.I32, kernels.I32Bytes([]int32{7, -1, 0, 31, 12}), kernels.I32, 5)
+	cache, err := g.Alloc(kernels.F16, 2, 16, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zero := make([]uint16, 2*16*32)
+	if err := g.Upload(cache, kernels.U16Bytes(zero), kernels.F16); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.WriteCache(cache, src.g, slots, 8); err != nil {
+		t.Fatal(err)
+	}
+	raw := make([]byte, 2*16*32*2)
+	if err := g.Download(raw, cache); err != nil {
+		t.Fatal(err)
+	}
+	vals := p.f32(p.c, src.c)
+	for r, slot := range []int{7, -1, 0, 31, 12} {
+		if slot < 0 {
+			continue
+		}
+		for j := range 24 {
+			off := (slot*32 + 8 + j) * 2
+			got := uint16(raw[off]) | uint16(raw[off+1])<<8
+			if want := kernels.F32ToF16(vals[r*24+j]); got != want {
+				t.Fatalf("row %d column %d: half %#04x, want %#04x", r, j, got, want)
+			}
+		}
+	}
+}

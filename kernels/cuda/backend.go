@@ -211,6 +211,20 @@ func (b *Backend) Name() string {
 // ActivationDType is F32: activations and caches are float32 on the device.
 func (b *Backend) ActivationDType() kernels.DType { return kernels.F32 }
 
+// KVCacheDType keeps the K and V caches of models with 16-bit weights in
+// IEEE half when activations are rounded for GEMMs (GEMM mode round): half
+// the bytes of float32, so twice the tokens in the same memory and half the
+// reads of decode attention; prefill attention then runs on tensor cores
+// from them (see AttentionParams.InputDType). Half keeps 10 mantissa bits
+// (bf16 has 7); values beyond +-65504 overflow. GEMM mode split and float32
+// models keep float32 caches.
+func (b *Backend) KVCacheDType(weights kernels.DType) kernels.DType {
+	if b.gemm == GEMMRound && (weights == kernels.BF16 || weights == kernels.F16) {
+		return kernels.F16
+	}
+	return kernels.F32
+}
+
 // Info returns the device description read at New (FreeMem as of then).
 func (b *Backend) Info() DeviceInfo { return b.info }
 

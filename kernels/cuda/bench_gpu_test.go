@@ -354,34 +354,36 @@ func BenchmarkGPUOps(b *testing.B) {
 		}
 	}
 	for _, ctx := range []int{256, 4096} {
-		for _, batch := range []int{1, 32} {
-			b.Run(fmt.Sprintf("attention/ctx=%d/batch=%d", ctx, batch), func(b *testing.B) {
-				const blockSize = 16
-				ap := kernels.AttentionParams{NumHeads: 32, NumKVHeads: 8, HeadDim: 64, Scale: 0.125}
-				per := ctx / blockSize
-				numBlocks := batch * per
-				width := ap.NumKVHeads * ap.HeadDim
-				kc, _ := g.Alloc(kernels.F32, numBlocks, blockSize, width)
-				vc, _ := g.Alloc(kernels.F32, numBlocks, blockSize, width)
-				q := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, batch*ap.NumHeads*ap.HeadDim, 1)), kernels.F32, batch, ap.NumHeads*ap.HeadDim)
-				out, _ := g.Alloc(kernels.F32, batch, ap.NumHeads*ap.HeadDim)
-				cu, sk, bt := make([]int32, batch+1), make([]int32, batch), make([]int32, batch*per)
-				for s := range batch {
-					cu[s+1] = int32(s + 1)
-					sk[s] = int32(ctx)
-					for j := range per {
-						bt[s*per+j] = int32(s*per + j)
+		for _, cdt := range []kernels.DType{kernels.F32, kernels.F16} {
+			for _, batch := range []int{1, 32} {
+				b.Run(fmt.Sprintf("attention/ctx=%d/batch=%d/cache=%s", ctx, batch, cdt), func(b *testing.B) {
+					const blockSize = 16
+					ap := kernels.AttentionParams{NumHeads: 32, NumKVHeads: 8, HeadDim: 64, Scale: 0.125}
+					per := ctx / blockSize
+					numBlocks := batch * per
+					width := ap.NumKVHeads * ap.HeadDim
+					kc, _ := g.Alloc(cdt, numBlocks, blockSize, width)
+					vc, _ := g.Alloc(cdt, numBlocks, blockSize, width)
+					q := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, batch*ap.NumHeads*ap.HeadDim, 1)), kernels.F32, batch, ap.NumHeads*ap.HeadDim)
+					out, _ := g.Alloc(kernels.F32, batch, ap.NumHeads*ap.HeadDim)
+					cu, sk, bt := make([]int32, batch+1), make([]int32, batch), make([]int32, batch*per)
+					for s := range batch {
+						cu[s+1] = int32(s + 1)
+						sk[s] = int32(ctx)
+						for j := range per {
+							bt[s*per+j] = int32(s*per + j)
+						}
 					}
-				}
-				m := kernels.AttentionMetadata{NumSeqs: batch, NumTokens: batch, MaxSeqlenQ: 1, BlockSize: blockSize,
-					CuSeqlensQ:  upload(b, g, kernels.I32, kernels.I32Bytes(cu), kernels.I32, batch+1),
-					SeqlensK:    upload(b, g, kernels.I32, kernels.I32Bytes(sk), kernels.I32, batch),
-					BlockTables: upload(b, g, kernels.I32, kernels.I32Bytes(bt), kernels.I32, batch, per)}
-				ms := timeIt(b, g, 100, func() error { return g.Attention(out, q, kc, vc, &m, ap) })
-				gbs := float64(2*batch*ctx*width*4) / (ms / 1e3) / 1e9
-				b.ReportMetric(ms*1e3, "us/op")
-				b.Logf("attention decode ctx=%d batch=%d (32 q / 8 kv heads, d 64, f32 cache): %.1f us, %.0f GB/s of KV", ctx, batch, ms*1e3, gbs)
-			})
+					m := kernels.AttentionMetadata{NumSeqs: batch, NumTokens: batch, MaxSeqlenQ: 1, BlockSize: blockSize,
+						CuSeqlensQ:  upload(b, g, kernels.I32, kernels.I32Bytes(cu), kernels.I32, batch+1),
+						SeqlensK:    upload(b, g, kernels.I32, kernels.I32Bytes(sk), kernels.I32, batch),
+						BlockTables: upload(b, g, kernels.I32, kernels.I32Bytes(bt), kernels.I32, batch, per)}
+					ms := timeIt(b, g, 100, func() error { return g.Attention(out, q, kc, vc, &m, ap) })
+					gbs := float64(2*batch*ctx*width*cdt.Size()) / (ms / 1e3) / 1e9
+					b.ReportMetric(ms*1e3, "us/op")
+					b.Logf("attention decode ctx=%d batch=%d (32 q / 8 kv heads, d 64, %s cache): %.1f us, %.0f GB/s of KV", ctx, batch, cdt, ms*1e3, gbs)
+				})
+			}
 		}
 	}
 	for _, hd := range []int{64, 128} {
@@ -390,8 +392,19 @@ func BenchmarkGPUOps(b *testing.B) {
 				const blockSize, n = 16, 4096
 				ap := kernels.AttentionParams{NumHeads: 32, NumKVHeads: 8, HeadDim: hd, Scale: float32(1 / math.Sqrt(float64(hd))), InputDType: in}
 				width := ap.NumKVHeads * ap.HeadDim
-				kc := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, n*width, 1)), kernels.F32, n/blockSize, blockSize, width)
-				vc := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, n*width, 1)), kernels.F32, n/blockSize, blockSize, width)
+				// A 16-bit model's cache is half (Backend.KVCacheDType).
+				cache := func() kernels.Tensor {
+					vals := randVals(r, n*width, 1)
+					if in == kernels.F32 {
+						return upload(b, g, kernels.F32, kernels.F32Bytes(vals), kernels.F32, n/blockSize, blockSize, width)
+					}
+					half := make([]uint16, len(vals))
+					for i, v := range vals {
+						half[i] = kernels.F32ToF16(v)
+					}
+					return upload(b, g, kernels.F16, kernels.U16Bytes(half), kernels.F16, n/blockSize, blockSize, width)
+				}
+				kc, vc := cache(), cache()
 				q := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, n*ap.NumHeads*hd, 1)), kernels.F32, n, ap.NumHeads*hd)
 				out, _ := g.Alloc(kernels.F32, n, ap.NumHeads*hd)
 				bt := make([]int32, n/blockSize)
@@ -406,7 +419,7 @@ func BenchmarkGPUOps(b *testing.B) {
 				flops := 2 * float64(ap.NumHeads*hd) * n * n // QK^T and PV over the causal half
 				b.ReportMetric(ms*1e3, "us/op")
 				b.ReportMetric(flops/(ms/1e3)/1e12, "TFLOP/s")
-				b.Logf("attention prefill 4096 tokens (32 q / 8 kv heads, d %d, inputs %s): %.2f ms, %.1f TFLOP/s (causal FLOPs)", hd, in, ms, flops/(ms/1e3)/1e12)
+				b.Logf("attention prefill 4096 tokens (32 q / 8 kv heads, d %d, inputs %s, cache %s): %.2f ms, %.1f TFLOP/s (causal FLOPs)", hd, in, kc.DType(), ms, flops/(ms/1e3)/1e12)
 			})
 		}
 	}

@@ -383,8 +383,9 @@ extern "C" int di_op_rope(di_ctx *ctx, di_dptr x, di_dptr positions, di_dptr cos
 
 // ---------------------------------------------------------------- write_cache
 
-__global__ void di_write_cache_k(float *cache, const float *src, const int *slots, int w, int width, int col,
-                                 int num_slots, unsigned *check) {
+template <typename T>
+__global__ void di_write_cache_k(T *cache, const float *src, const int *slots, int w, int width, int col, int num_slots,
+                                 unsigned *check) {
 	const int i = blockIdx.x;
 	const int slot = slots[i];
 	if (slot == -1) return;
@@ -392,17 +393,29 @@ __global__ void di_write_cache_k(float *cache, const float *src, const int *slot
 		if (threadIdx.x == 0) atomicOr(check, DI_CHECK_WRITE_CACHE);
 		return;
 	}
-	float *dst = cache + (size_t)slot * width + col;
+	T *dst = cache + (size_t)slot * width + col;
 	const float *s = src + (size_t)i * w;
-	for (int j = threadIdx.x; j < w; j += blockDim.x) dst[j] = s[j];
+	for (int j = threadIdx.x; j < w; j += blockDim.x) dst[j] = di_from_f32<T>(s[j]);
 }
 
 extern "C" int di_op_write_cache(di_ctx *ctx, di_dptr cache, di_dptr src, di_dptr slot_mapping, int num_tokens, int w,
-                                 int width, int col, int num_slots) {
+                                 int width, int col, int num_slots, int cache_dtype) {
 	if (num_tokens == 0 || w == 0) return DI_OK;
-	di_write_cache_k<<<num_tokens, norm_threads(w) > 256 ? 256 : norm_threads(w), 0, ctx->stream>>>(
-	    DI_PTR(float, cache), DI_PTR(const float, src), DI_PTR(const int, slot_mapping), w, width, col, num_slots,
-	    ctx->check);
+	const int threads = norm_threads(w) > 256 ? 256 : norm_threads(w);
+	const float *sp = DI_PTR(const float, src);
+	const int *sm = DI_PTR(const int, slot_mapping);
+	switch (cache_dtype) {
+	case DI_F32:
+		di_write_cache_k<<<num_tokens, threads, 0, ctx->stream>>>(DI_PTR(float, cache), sp, sm, w, width, col,
+		                                                          num_slots, ctx->check);
+		break;
+	case DI_F16:
+		di_write_cache_k<<<num_tokens, threads, 0, ctx->stream>>>(DI_PTR(__half, cache), sp, sm, w, width, col,
+		                                                          num_slots, ctx->check);
+		break;
+	default:
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "write_cache: cache dtype %d (want F32 or F16)", cache_dtype);
+	}
 	return di_check_launch(ctx, "write_cache");
 }
 

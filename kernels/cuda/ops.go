@@ -276,7 +276,7 @@ func (b *Backend) WriteCache(cache, src, slotMapping kernels.Tensor, col int) er
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "cache", c, []int{-1, -1, -1}, kernels.F32); err != nil {
+	if err := checkShape(op, "cache", c, []int{-1, -1, -1}, kernels.F32, kernels.F16); err != nil {
 		return err
 	}
 	numSlots, width := c.shape[0]*c.shape[1], c.shape[2]
@@ -291,7 +291,8 @@ func (b *Backend) WriteCache(cache, src, slotMapping kernels.Tensor, col int) er
 		return err
 	}
 	return b.launch(op, func() C.int {
-		return C.c_write_cache(b.lib.api, b.ctx, c.ptr(), s.ptr(), sm.ptr(), C.int(t), C.int(w), C.int(width), C.int(col), C.int(numSlots))
+		return C.c_write_cache(b.lib.api, b.ctx, c.ptr(), s.ptr(), sm.ptr(), C.int(t), C.int(w), C.int(width), C.int(col), C.int(numSlots),
+			C.int(c.dtype))
 	}, c, s, sm)
 }
 
@@ -377,10 +378,10 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 	if err := checkShape(op, "out", o, []int{t, nh * d}, kernels.F32); err != nil {
 		return err
 	}
-	if err := checkShape(op, "k_cache", kc, []int{-1, -1, p.NumKVHeads * d}, kernels.F32); err != nil {
+	if err := checkShape(op, "k_cache", kc, []int{-1, -1, p.NumKVHeads * d}, kernels.F32, kernels.F16); err != nil {
 		return err
 	}
-	if err := checkShape(op, "v_cache", vc, kc.shape, kernels.F32); err != nil {
+	if err := checkShape(op, "v_cache", vc, kc.shape, kc.dtype); err != nil {
 		return err
 	}
 	cm, keep, err := attnMeta(op, m, t, kc.shape[0], kc.shape[1])
@@ -389,7 +390,7 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 	}
 	return b.launch(op, func() C.int {
 		return C.c_attention(b.lib.api, b.ctx, o.ptr(), qs.ptr(), kc.ptr(), vc.ptr(), &cm, C.int(nh), C.int(p.NumKVHeads),
-			C.int(d), C.float(p.Scale), C.int(p.SlidingWindow), C.int(p.InputDType))
+			C.int(d), C.float(p.Scale), C.int(p.SlidingWindow), C.int(p.InputDType), C.int(kc.dtype))
 	}, append(keep, o, qs, kc, vc)...)
 }
 
