@@ -66,6 +66,9 @@ func newBenchCmd() *cobra.Command {
 					return err
 				}
 				printOffline(stdout, r)
+				if d := deviceIdle(l.StepStats().DeviceTimes()); d != "" {
+					fmt.Fprintln(stdout, "Device timeline:", d)
+				}
 				result, dists = r, r.Distributions()
 			case "serve":
 				srv.BaseURL, srv.RequestRate, srv.Seed, srv.Temperature, srv.Progress = baseURL, rate, uint64(seed), temperature, progress

@@ -20,6 +20,7 @@ import (
 	"github.com/deepinfer/deepinfer-go/engine/config"
 	"github.com/deepinfer/deepinfer-go/engine/llm"
 	"github.com/deepinfer/deepinfer-go/engine/tokenizer"
+	"github.com/deepinfer/deepinfer-go/stages"
 )
 
 // samplingFlags binds every sampling parameter to a flag.
@@ -303,9 +304,41 @@ func statsLine(l *llm.LLM, wall time.Duration) string {
 	if l.Config().ZOS.Enabled {
 		zos = "on"
 	}
-	return fmt.Sprintf("stats: %.2fs, %d steps | prefill %.1f tok/s, decode %.1f tok/s | host time exposed between forwards %s (ZOS %s) | running %d, waiting %d | KV %.1f%% of %d blocks | preemptions %d | prefix cache %d/%d tokens | %.2f GFLOP/s in forward, %s (%s)",
+	device := ""
+	if d := deviceIdle(st.DeviceTimes()); d != "" {
+		device = " | " + d
+	}
+	return fmt.Sprintf("stats: %.2fs, %d steps | prefill %.1f tok/s, decode %.1f tok/s | host time exposed between forwards %s (ZOS %s)%s | running %d, waiting %d | KV %.1f%% of %d blocks | preemptions %d | prefix cache %d/%d tokens | %.2f GFLOP/s in forward, %s (%s)",
 		secs, st.Steps.Load(),
 		float64(st.PrefillTokens.Load())/secs, float64(st.DecodeTokens.Load())/secs,
-		st.MeanExposedHost().Round(time.Microsecond), zos, ss.NumRunning, ss.NumWaiting, 100*ss.BlockUsage, ss.NumBlocks, ss.NumPreemptions,
+		st.MeanExposedHost().Round(time.Microsecond), zos, device, ss.NumRunning, ss.NumWaiting, 100*ss.BlockUsage, ss.NumBlocks, ss.NumPreemptions,
 		ss.PrefixCache.NumHitTokens, ss.PrefixCache.NumQueryTokens, gflops, mfu, l.Backend().Name())
+}
+
+// deviceIdle describes the device timeline of a run: the share of device
+// time between consecutive forward passes that is not forward work, over
+// all steps and over decode steps, with the mean device time from one
+// step's start to the next. Empty when the backend has no device markers
+// (the CPU backend: its forward time is the host's).
+func deviceIdle(d stages.DeviceTimes) string {
+	switch {
+	case !d.Timed && d.Err == "":
+		return ""
+	case d.Err != "":
+		return "device timeline off: " + d.Err
+	}
+	all, ok := d.All.IdleFraction()
+	if !ok {
+		return "device idle between steps n/a (no consecutive steps measured)"
+	}
+	s := fmt.Sprintf("device idle between steps %.1f%% of %s/step", 100*all, fmtMillis(d.All.MeanSpan()))
+	if dec, ok := d.Decode.IdleFraction(); ok {
+		s += fmt.Sprintf(" (decode steps %.1f%% of %s)", 100*dec, fmtMillis(d.Decode.MeanSpan()))
+	}
+	return s
+}
+
+// fmtMillis prints a duration in milliseconds with three decimals.
+func fmtMillis(d time.Duration) string {
+	return fmt.Sprintf("%.3f ms", float64(d)/float64(time.Millisecond))
 }

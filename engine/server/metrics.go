@@ -2,6 +2,7 @@ package server
 
 import (
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -116,8 +117,46 @@ func newMetrics(model string, maxModelLen int, eng engineView, inFlight func() f
 	counterFunc(metricPrefixHits, "Prefix-cache hits, in tokens.", func() float64 { return float64(eng.SchedulerStats().PrefixCache.NumHitTokens) })
 	counterFunc(metricSteps, "Number of forward passes of the step loop.", func() float64 { return float64(eng.StepStats().Steps.Load()) })
 	counterFunc(metricForwardSeconds, "Time spent in forward passes, in seconds.", func() float64 { return eng.StepStats().ForwardTime().Seconds() })
+	if eng.StepStats().DeviceTimes().Timed {
+		registerDeviceMetrics(r, eng.StepStats().DeviceTimes)
+	}
 	r.MustRegister(newStageCollector(eng.Graph))
 	return m
+}
+
+// Device timeline metrics, registered only for backends with device markers
+// (stages.DeviceTimes.Timed; the CUDA backend).
+const (
+	metricDeviceBusy       = "deepinfer:device_busy_seconds_total"
+	metricDeviceSpan       = "deepinfer:device_step_span_seconds_total"
+	metricDeviceDecodeBusy = "deepinfer:device_decode_busy_seconds_total"
+	metricDeviceDecodeSpan = "deepinfer:device_decode_step_span_seconds_total"
+	metricDeviceIdle       = "deepinfer:device_idle_between_steps_ratio"
+)
+
+// registerDeviceMetrics exposes the forward stage's device timeline: busy
+// and span counters over pairs of consecutive steps (all steps, and decode
+// steps), from which 1 - rate(busy)/rate(span) is the device's idle share
+// between steps over any window, and that share since start as a gauge.
+// Cost at scrape time: a few atomic loads per metric.
+func registerDeviceMetrics(r prometheus.Registerer, times func() stages.DeviceTimes) {
+	counter := func(name, help string, f func(stages.DeviceTimes) time.Duration) {
+		r.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return f(times()).Seconds() }))
+	}
+	counter(metricDeviceBusy, "Device time of forward passes that were followed by another step, in seconds (markers on the device stream before and after each pass).",
+		func(d stages.DeviceTimes) time.Duration { return d.All.Busy })
+	counter(metricDeviceSpan, "Device time from the start of a forward pass to the start of the next, summed over pairs of consecutive steps, in seconds.",
+		func(d stages.DeviceTimes) time.Duration { return d.All.Span })
+	counter(metricDeviceDecodeBusy, "The device busy time of pairs of consecutive decode steps, in seconds.",
+		func(d stages.DeviceTimes) time.Duration { return d.Decode.Busy })
+	counter(metricDeviceDecodeSpan, "The device step span of pairs of consecutive decode steps, in seconds.",
+		func(d stages.DeviceTimes) time.Duration { return d.Decode.Span })
+	r.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: metricDeviceIdle,
+		Help: "Share of device time between consecutive forward passes that is not forward work, since start (0 until two steps have run)."},
+		func() float64 {
+			f, _ := times().All.IdleFraction()
+			return f
+		}))
 }
 
 // tokenBuckets are 1-2-5 buckets up to maxModelLen, as vLLM's.

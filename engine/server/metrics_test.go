@@ -2,10 +2,16 @@ package server
 
 import (
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/deepinfer/deepinfer-go/stages"
 )
 
 // scrape returns the /metrics text.
@@ -89,5 +95,41 @@ func TestMetrics(t *testing.T) {
 	}
 	if got := value(t, text, "deepinfer:prefix_cache_hits_total"+label+" "); got > value(t, text, "deepinfer:prefix_cache_queries_total"+label+" ") {
 		t.Errorf("more prefix-cache hits than queries")
+	}
+}
+
+// The device timeline metrics: absent on the CPU backend, and on a backend
+// with device markers the counters and the idle ratio of the stats.
+func TestDeviceMetrics(t *testing.T) {
+	ts := startServer(t, nil, Options{ModelName: "tiny"})
+	if text := scrape(t, ts.url); strings.Contains(text, "deepinfer:device_") {
+		t.Errorf("device metrics on a backend without device markers:\n%s", text)
+	}
+	reg := prometheus.NewRegistry()
+	d := stages.DeviceTimes{Timed: true,
+		All:    stages.StepPairs{N: 8, Busy: 36 * time.Millisecond, Span: 40 * time.Millisecond},
+		Decode: stages.StepPairs{N: 6, Busy: 29400 * time.Microsecond, Span: 30 * time.Millisecond}}
+	registerDeviceMetrics(reg, func() stages.DeviceTimes { return d })
+	got := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		m := mf.GetMetric()[0]
+		switch {
+		case m.Counter != nil:
+			got[mf.GetName()] = m.GetCounter().GetValue()
+		case m.Gauge != nil:
+			got[mf.GetName()] = m.GetGauge().GetValue()
+		}
+	}
+	want := map[string]float64{
+		metricDeviceBusy: 0.036, metricDeviceSpan: 0.040, metricDeviceDecodeBusy: 0.0294, metricDeviceDecodeSpan: 0.030, metricDeviceIdle: 0.1,
+	}
+	for name, w := range want {
+		if g, ok := got[name]; !ok || math.Abs(g-w) > 1e-9 {
+			t.Errorf("%s = %v (present %v), want %v", name, g, ok, w)
+		}
 	}
 }
