@@ -1,0 +1,681 @@
+package cuda_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/engine/bench"
+	"github.com/deepinfer/deepinfer-go/engine/config"
+	"github.com/deepinfer/deepinfer-go/engine/llm"
+	"github.com/deepinfer/deepinfer-go/engine/models"
+	"github.com/deepinfer/deepinfer-go/engine/weights"
+	"github.com/deepinfer/deepinfer-go/kernels"
+	"github.com/deepinfer/deepinfer-go/kernels/cpu"
+	"github.com/deepinfer/deepinfer-go/kernels/cuda"
+	"github.com/deepinfer/deepinfer-go/stages"
+)
+
+// Engine-level benchmarks on the GPU, at published model shapes with random
+// BF16 weights built in memory (no files), through the whole step loop
+// (llm.LLM on configs/cuda.yaml: CUDA graphs on):
+//
+//   - BenchmarkGPUEngineOfflineQwen3: nano-vllm's offline workload on the
+//     Qwen3-0.6B shape (256 requests, prompt and output lengths uniform in
+//     100..1024, seeded, ignore_eos, temperature 0.6), ZOS off and on:
+//     output and total tokens/s (goal > 30k output tok/s) and the device
+//     idle share between consecutive decode steps.
+//   - BenchmarkGPUEngineDecodeDeepSeekV2Lite: decode at batch 1 and 64
+//     with 256 tokens of context on the DeepSeek-V2-Lite shape (all 27
+//     layers, 15.7B parameters), ZOS on, against the floor of the active
+//     weight bytes of a step over 4.2 TB/s (activeWeightBytes).
+//   - BenchmarkGPUEngineDecodeLlama1B: the same at batch 1 and 32 on the
+//     Llama-3.2-1B shape, ZOS on and off: the device idle share between
+//     consecutive decode steps (goal < 2% with ZOS).
+//
+// The device idle share is 1 - busy/span over pairs of consecutive decode
+// steps, from markers on the stream (stages.DeviceTimes): busy is a step's
+// forward pass (layers and LM head), span the device time from its start to
+// the next step's start. Sampling on the device between the two (none yet:
+// the sample stage runs on the host) would count as idle.
+//
+// Each measurement logs one line starting "engine |", collected by
+// tools/gpu/check.sh. Run with -test.benchtime 1x: one workload each.
+//
+// DEEPINFER_ENGINE_BENCH=tiny runs the same code on the CPU backend with the
+// tiny fixture configs (tools/configs/*.json) and small workloads, so that
+// its logic is exercised on a machine without a GPU:
+//
+//	DEEPINFER_ENGINE_BENCH=tiny go test -run X -bench GPUEngine -benchtime 1x ./kernels/cuda
+//
+// DEEPINFER_ENGINE_BENCH_SEQS overrides the number of offline requests.
+const engineBenchEnv = "DEEPINFER_ENGINE_BENCH"
+
+// copyBandwidth is the H200's measured copy bandwidth (bytes/s), the floor
+// of a decode step being its weight bytes over it.
+const copyBandwidth = 4.2e12
+
+// engineMode reports whether the benchmark runs tiny on the CPU, and skips
+// it where no GPU is usable (unless the library path is set: then any
+// failure to open the device fails the benchmark).
+func engineMode(b *testing.B) (tiny bool) {
+	b.Helper()
+	switch v := os.Getenv(engineBenchEnv); v {
+	case "tiny":
+		return true
+	case "":
+	default:
+		b.Fatalf("%s=%q: want tiny or unset", engineBenchEnv, v)
+	}
+	g, err := cuda.New(cuda.Options{})
+	if err != nil {
+		if os.Getenv(cuda.LibraryEnv) == "" && (errors.Is(err, cuda.ErrNoLibrary) || errors.Is(err, cuda.ErrNoDevice)) {
+			b.Skipf("GPU benchmark skipped: %v (set %s=tiny to run its code path on the CPU)", err, engineBenchEnv)
+		}
+		b.Fatal(err)
+	}
+	g.Close()
+	return false
+}
+
+// shapeConfig returns the config.json of a real shape (tools/configs/real)
+// or, tiny, of the fixture config of the same architecture.
+func shapeConfig(b testing.TB, real, tiny string, isTiny bool) ([]byte, *weights.Config) {
+	b.Helper()
+	path := filepath.Join("..", "..", "tools", "configs", "real", real+".json")
+	if isTiny {
+		path = filepath.Join("..", "..", "tools", "configs", tiny+".json")
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg, err := weights.ParseConfig(raw)
+	if err != nil {
+		b.Fatalf("%s: %v", path, err)
+	}
+	return raw, cfg
+}
+
+// weightSpec is one tensor a model reads: a matrix (random), a norm weight
+// (near 1) or a small vector (biases).
+type weightSpec struct {
+	name  string
+	shape []int
+	kind  byte // 'm', 'n' or 's'
+}
+
+// weightSpecs lists every tensor the architecture of cfg reads, with the
+// names and shapes of models.RandomWeights (checked by
+// TestEngineBenchWeights).
+func weightSpecs(cfg *weights.Config) ([]weightSpec, error) {
+	var out []weightSpec
+	add := func(kind byte, name string, shape ...int) { out = append(out, weightSpec{name, shape, kind}) }
+	mlp := func(p string, h, inter int, bias bool) {
+		add('m', p+"gate_proj.weight", inter, h)
+		add('m', p+"up_proj.weight", inter, h)
+		add('m', p+"down_proj.weight", h, inter)
+		if bias {
+			add('s', p+"gate_proj.bias", inter)
+			add('s', p+"up_proj.bias", inter)
+			add('s', p+"down_proj.bias", h)
+		}
+	}
+	h := cfg.HiddenSize
+	arch := ""
+	if len(cfg.Architectures) > 0 {
+		arch = cfg.Architectures[0]
+	}
+	add('m', "model.embed_tokens.weight", cfg.VocabSize, h)
+	add('n', "model.norm.weight", h)
+	if !cfg.TieWordEmbeddings {
+		add('m', "lm_head.weight", cfg.VocabSize, h)
+	}
+	switch arch {
+	case "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM":
+		qd, kvd := cfg.NumAttentionHeads*cfg.HeadDim, cfg.NumKeyValueHeads*cfg.HeadDim
+		for i := range cfg.NumHiddenLayers {
+			p := fmt.Sprintf("model.layers.%d.", i)
+			a := p + "self_attn."
+			add('n', p+"input_layernorm.weight", h)
+			add('n', p+"post_attention_layernorm.weight", h)
+			add('m', a+"q_proj.weight", qd, h)
+			add('m', a+"k_proj.weight", kvd, h)
+			add('m', a+"v_proj.weight", kvd, h)
+			add('m', a+"o_proj.weight", h, qd)
+			if cfg.AttentionBias {
+				add('s', a+"q_proj.bias", qd)
+				add('s', a+"k_proj.bias", kvd)
+				add('s', a+"v_proj.bias", kvd)
+				if cfg.ModelType != "qwen2" {
+					add('s', a+"o_proj.bias", h)
+				}
+			}
+			if cfg.ModelType == "qwen3" {
+				add('n', a+"q_norm.weight", cfg.HeadDim)
+				add('n', a+"k_norm.weight", cfg.HeadDim)
+			}
+			mlp(p+"mlp.", h, cfg.IntermediateSize, cfg.MLPBias)
+		}
+	case "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM":
+		nh, nope, rope, kvl, vd := cfg.NumAttentionHeads, cfg.QKNopeHeadDim, cfg.QKRopeHeadDim, cfg.KVLoraRank, cfg.VHeadDim
+		n := cfg.NumHiddenLayers
+		if arch == "DeepseekV3ForCausalLM" {
+			n += cfg.NumNextNPredictLayers
+		}
+		for i := range n {
+			p := fmt.Sprintf("model.layers.%d.", i)
+			a := p + "self_attn."
+			add('n', p+"input_layernorm.weight", h)
+			add('n', p+"post_attention_layernorm.weight", h)
+			if cfg.QLoraRank > 0 {
+				add('m', a+"q_a_proj.weight", cfg.QLoraRank, h)
+				add('n', a+"q_a_layernorm.weight", cfg.QLoraRank)
+				add('m', a+"q_b_proj.weight", nh*(nope+rope), cfg.QLoraRank)
+				if cfg.AttentionBias {
+					add('s', a+"q_a_proj.bias", cfg.QLoraRank)
+				}
+			} else {
+				add('m', a+"q_proj.weight", nh*(nope+rope), h)
+			}
+			add('m', a+"kv_a_proj_with_mqa.weight", kvl+rope, h)
+			add('n', a+"kv_a_layernorm.weight", kvl)
+			add('m', a+"kv_b_proj.weight", nh*(nope+vd), kvl)
+			add('m', a+"o_proj.weight", h, nh*vd)
+			if cfg.AttentionBias {
+				add('s', a+"kv_a_proj_with_mqa.bias", kvl+rope)
+				add('s', a+"o_proj.bias", h)
+			}
+			if !cfg.IsMoELayer(i) {
+				mlp(p+"mlp.", h, cfg.IntermediateSize, false)
+			} else {
+				e, inter := cfg.NRoutedExperts, cfg.MoEIntermediateSize
+				add('m', p+"mlp.gate.weight", e, h)
+				if cfg.TopKMethod == "noaux_tc" {
+					add('s', p+"mlp.gate.e_score_correction_bias", e)
+				}
+				for x := range e {
+					mlp(fmt.Sprintf("%smlp.experts.%d.", p, x), h, inter, false)
+				}
+				if cfg.NSharedExperts > 0 {
+					mlp(p+"mlp.shared_experts.", h, inter*cfg.NSharedExperts, false)
+				}
+			}
+			if i >= cfg.NumHiddenLayers {
+				add('n', p+"enorm.weight", h)
+				add('n', p+"hnorm.weight", h)
+				add('m', p+"eh_proj.weight", h, 2*h)
+				add('n', p+"shared_head.norm.weight", h)
+			}
+		}
+	default:
+		return nil, fmt.Errorf("engine bench weights: architecture %q: %w", arch, models.ErrUnknownArchitecture)
+	}
+	return out, nil
+}
+
+// fastWeights serves every tensor of cfg's model from three shared buffers
+// of random BF16 values (matrices uniform in [-0.03, 0.03], norm weights
+// near 1, small vectors in [-0.01, 0.01]), filled once on all cores: a
+// 15.7B-parameter model costs one buffer of its largest matrix (420 MB for
+// DeepSeek-V2-Lite's embedding) and well under a second. Values repeat
+// across tensors, which changes nothing for timing.
+func fastWeights(cfg *weights.Config) (models.MemWeights, error) {
+	specs, err := weightSpecs(cfg)
+	if err != nil {
+		return nil, err
+	}
+	largest := map[byte]int{}
+	for _, s := range specs {
+		n := 1
+		for _, d := range s.shape {
+			n *= d
+		}
+		largest[s.kind] = max(largest[s.kind], n)
+	}
+	fill := func(n int, seed uint64, val func(r *rand.Rand) float32) []byte {
+		buf := make([]byte, 2*n)
+		parts := runtime.NumCPU()
+		var wg sync.WaitGroup
+		for p := range parts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := rand.New(rand.NewPCG(seed, uint64(p)))
+				for i := p * n / parts; i < (p+1)*n/parts; i++ {
+					binary.LittleEndian.PutUint16(buf[2*i:], kernels.F32ToBF16(val(r)))
+				}
+			}()
+		}
+		wg.Wait()
+		return buf
+	}
+	bufs := map[byte][]byte{
+		'm': fill(largest['m'], 1, func(r *rand.Rand) float32 { return float32(r.Float64()*2-1) * 0.03 }),
+		'n': fill(largest['n'], 2, func(r *rand.Rand) float32 { return 1 + float32(r.Float64()*2-1)*0.1 }),
+		's': fill(largest['s'], 3, func(r *rand.Rand) float32 { return float32(r.Float64()*2-1) * 0.01 }),
+	}
+	w := make(models.MemWeights, len(specs))
+	for _, s := range specs {
+		n := 1
+		for _, d := range s.shape {
+			n *= d
+		}
+		w[s.name] = weights.Tensor{Name: s.name, DType: weights.BF16, Shape: s.shape, Data: bufs[s.kind][:2*n], File: "random"}
+	}
+	return w, nil
+}
+
+// activeWeightBytes is the weight bytes one decode step of batch sequences
+// reads (BF16, 2 bytes a parameter), the numerator of its floor:
+//
+//	attention (every layer) + dense MLPs + routers + shared experts + LM head
+//	+ routed experts: per MoE layer, top_k for one token; for batch B the
+//	  expected number of distinct experts when each token picks top_k of E
+//	  uniformly: U(B) = E * (1 - (1 - top_k/E)^B)
+//
+// with DeepSeek's attention q_proj (or q_a_proj + q_b_proj),
+// kv_a_proj_with_mqa, kv_b_proj and o_proj. Norms and the gathered embedding
+// rows are left out (under 0.1%); MTP layers do not run. It returns the
+// bytes and U(B).
+func activeWeightBytes(c *weights.Config, batch int) (bytes, experts float64) {
+	h, params := float64(c.HiddenSize), 0.0
+	params += float64(c.VocabSize) * h // LM head (the embedding when tied)
+	if len(c.Architectures) > 0 && (c.Architectures[0] == "DeepseekV2ForCausalLM" || c.Architectures[0] == "DeepseekV3ForCausalLM") {
+		nh, nope, rope := float64(c.NumAttentionHeads), float64(c.QKNopeHeadDim), float64(c.QKRopeHeadDim)
+		kvl, vd := float64(c.KVLoraRank), float64(c.VHeadDim)
+		attn := h*(kvl+rope) + kvl*nh*(nope+vd) + nh*vd*h
+		if c.QLoraRank > 0 {
+			attn += h*float64(c.QLoraRank) + float64(c.QLoraRank)*nh*(nope+rope)
+		} else {
+			attn += h * nh * (nope + rope)
+		}
+		e, k := float64(c.NRoutedExperts), float64(c.NumExpertsPerTok)
+		if batch == 1 {
+			experts = k
+		} else {
+			experts = e * (1 - math.Pow(1-k/e, float64(batch)))
+		}
+		expert := 3 * h * float64(c.MoEIntermediateSize)
+		for i := range c.NumHiddenLayers {
+			params += attn
+			if c.IsMoELayer(i) {
+				params += e*h + float64(c.NSharedExperts)*expert + experts*expert
+			} else {
+				params += 3 * h * float64(c.IntermediateSize)
+			}
+		}
+		return 2 * params, experts
+	}
+	qd, kvd := float64(c.NumAttentionHeads*c.HeadDim), float64(c.NumKeyValueHeads*c.HeadDim)
+	params += float64(c.NumHiddenLayers) * (h*(qd+2*kvd) + qd*h + 3*h*float64(c.IntermediateSize))
+	return 2 * params, 0
+}
+
+// kvBytesPerToken is the cache bytes of one token over all layers, read by
+// every decode step that attends to it (float32 caches, as the CUDA backend
+// keeps them).
+func kvBytesPerToken(c *weights.Config) float64 {
+	if len(c.Architectures) > 0 && (c.Architectures[0] == "DeepseekV2ForCausalLM" || c.Architectures[0] == "DeepseekV3ForCausalLM") {
+		return 4 * float64(c.NumHiddenLayers*(c.KVLoraRank+c.QKRopeHeadDim))
+	}
+	return 4 * float64(c.NumHiddenLayers*2*c.NumKeyValueHeads*c.HeadDim)
+}
+
+// engineOpts are what a benchmark changes in configs/cuda.yaml.
+type engineOpts struct {
+	zos                 bool
+	maxSeqs, maxBatched int
+	maxModelLen         int
+	tiny                bool // the CPU backend, no graphs
+	name                string
+	raw                 []byte // config.json
+	cfg                 *weights.Config
+	w                   models.MemWeights
+	graphSizes          []int // nil: powers of two up to maxSeqs
+}
+
+// startEngine starts the engine of configs/cuda.yaml on a model folder
+// holding only config.json and an empty weights file; the architecture's
+// constructor is given o.w instead of the folder's tensors.
+func startEngine(b *testing.B, o engineOpts) *llm.LLM {
+	b.Helper()
+	dir := b.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), o.raw, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	// A safetensors file with an empty header: the checkpoint opens, the
+	// tensors come from memory.
+	empty := append(binary.LittleEndian.AppendUint64(nil, 2), "{}"...)
+	if err := os.WriteFile(filepath.Join(dir, "model.safetensors"), empty, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	reg := models.NewRegistry()
+	w := o.w
+	if err := reg.Register(o.cfg.Architectures[0], func(_ string, ops kernels.Ops, c *weights.Config, _ models.Weights, mo models.Options) (models.Model, error) {
+		return models.Builtin().New(ops, c, w, mo)
+	}); err != nil {
+		b.Fatal(err)
+	}
+	cfg, err := config.Load(filepath.Join("..", "..", "configs", "cuda.yaml"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.Model = dir
+	cfg.ZOS.Enabled = o.zos
+	cfg.Engine.MaxNumSeqs = o.maxSeqs
+	cfg.Engine.MaxNumBatchedTokens = max(o.maxBatched, o.maxSeqs)
+	cfg.Engine.MaxModelLen = o.maxModelLen
+	cfg.CUDAGraph.BatchSizes = o.graphSizes
+	if cfg.CUDAGraph.BatchSizes == nil {
+		for n := 1; n < o.maxSeqs; n *= 2 {
+			cfg.CUDAGraph.BatchSizes = append(cfg.CUDAGraph.BatchSizes, n)
+		}
+		cfg.CUDAGraph.BatchSizes = append(cfg.CUDAGraph.BatchSizes, o.maxSeqs)
+	}
+	if o.tiny {
+		cfg.Device = "cpu"
+		cfg.CUDAGraph.Enabled = false
+	}
+	if err := cfg.Validate(); err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	l, err := llm.NewLLM(cfg, llm.Options{Models: reg})
+	if err != nil {
+		b.Fatalf("%s: %v", o.name, err)
+	}
+	b.Logf("%s: engine up on %s in %v (ZOS %v, graphs %v %v, max_num_seqs %d, max_num_batched_tokens %d, max_model_len %d)",
+		o.name, l.Backend().Name(), time.Since(start).Round(time.Millisecond), onOff(cfg.ZOS.Enabled), onOff(cfg.CUDAGraph.Enabled),
+		cfg.CUDAGraph.BatchSizes, cfg.Engine.MaxNumSeqs, cfg.Engine.MaxNumBatchedTokens, cfg.Engine.MaxModelLen)
+	return l
+}
+
+func onOff(v bool) string {
+	if v {
+		return "on"
+	}
+	return "off"
+}
+
+// flushTimeline runs two more steps (a one-token prompt, two tokens) so
+// that the device pairs of the steps before, read a step late, are counted
+// before the caller's snapshot. Its own pairs start with a prefill step,
+// so they never count as decode pairs.
+func flushTimeline(b *testing.B, l *llm.LLM) {
+	b.Helper()
+	p := engine.DefaultSamplingParams()
+	p.Temperature, p.MaxTokens, p.IgnoreEOS = 0, 2, true
+	if _, err := l.Generate(context.Background(), []llm.Prompt{{IDs: []int{1}}}, p, nil); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// pct formats an idle share, or n/a.
+func pct(p stages.StepPairs) string {
+	f, ok := p.IdleFraction()
+	if !ok {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f%%", 100*f)
+}
+
+func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// BenchmarkGPUEngineOfflineQwen3: see the comment at the top of the file.
+func BenchmarkGPUEngineOfflineQwen3(b *testing.B) {
+	tiny := engineMode(b)
+	raw, mcfg := shapeConfig(b, "qwen3-0.6b", "qwen3", tiny)
+	w, err := fastWeights(mcfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	opts := bench.DefaultOffline()
+	maxSeqs, maxBatched := 256, 16384 // all requests at once, as nano-vllm (512 sequences, 16384 tokens)
+	if tiny {
+		opts.NumSeqs, opts.MinInputLen, opts.MaxInputLen, opts.MinOutputLen, opts.MaxOutputLen = 8, 8, 32, 4, 16
+		maxSeqs, maxBatched = 8, 256
+	}
+	if v := os.Getenv(engineBenchEnv + "_SEQS"); v != "" {
+		if opts.NumSeqs, err = strconv.Atoi(v); err != nil || opts.NumSeqs < 1 {
+			b.Fatalf("%s_SEQS=%q: want a positive count", engineBenchEnv, v)
+		}
+	}
+	name := "qwen3-0.6b"
+	if tiny {
+		name = "qwen3-tiny(cpu)"
+	}
+	for _, zos := range []bool{false, true} {
+		b.Run("zos="+onOff(zos), func(b *testing.B) {
+			l := startEngine(b, engineOpts{zos: zos, maxSeqs: maxSeqs, maxBatched: maxBatched, maxModelLen: opts.MaxInputLen + opts.MaxOutputLen,
+				tiny: tiny, name: name, raw: raw, cfg: mcfg, w: w})
+			defer l.Close()
+			for range b.N {
+				before := l.StepStats().DeviceTimes()
+				r, err := bench.RunOffline(context.Background(), l, opts)
+				if err != nil {
+					b.Fatal(err)
+				}
+				flushTimeline(b, l)
+				dev := l.StepStats().DeviceTimes().Sub(before)
+				if r.Failed > 0 {
+					b.Errorf("%d of %d requests failed", r.Failed, r.NumRequests)
+				}
+				b.ReportMetric(r.OutputThroughput, "out-tok/s")
+				b.ReportMetric(r.TotalThroughput, "total-tok/s")
+				if f, ok := dev.Decode.IdleFraction(); ok {
+					b.ReportMetric(100*f, "decode-idle-%")
+				}
+				b.Logf("engine | %s offline %d requests, ZOS %s | output %.0f tok/s, total %.0f tok/s (%d in + %d out tokens in %.2f s) | device idle between decode steps %s of %.3f ms/step (%d pairs), all steps %s%s | goals: output > 30000 tok/s, idle < 2%% with ZOS",
+					name, r.NumRequests, onOff(zos), r.OutputThroughput, r.TotalThroughput, r.TotalInputTokens, r.TotalOutputTokens, r.DurationSeconds,
+					pct(dev.Decode), millis(dev.Decode.MeanSpan()), dev.Decode.N, pct(dev.All), timelineNote(dev))
+			}
+		})
+	}
+}
+
+// timelineNote says why there is no device timeline, if there is none.
+func timelineNote(d stages.DeviceTimes) string {
+	switch {
+	case d.Err != "":
+		return " (timeline off: " + d.Err + ")"
+	case !d.Timed:
+		return " (no device markers on this backend)"
+	}
+	return ""
+}
+
+// decodeRun generates newTokens tokens for each of batch random prompts of
+// promptLen tokens, all submitted at once, and returns the measurement
+// line's figures.
+type decodeFigures struct {
+	tpot time.Duration // mean time per output token after the first
+	dev  stages.DeviceTimes
+}
+
+func decodeRun(b *testing.B, l *llm.LLM, batch, promptLen, newTokens int, seed uint64) decodeFigures {
+	b.Helper()
+	r := rand.New(rand.NewPCG(seed, 11))
+	vocab := min(l.Model().Config().VocabSize, 10000)
+	prompts := make([]llm.Prompt, batch)
+	for i := range prompts {
+		ids := make([]int, promptLen)
+		for j := range ids {
+			ids[j] = r.IntN(vocab)
+		}
+		prompts[i] = llm.Prompt{IDs: ids}
+	}
+	p := engine.DefaultSamplingParams()
+	s := int64(seed)
+	p.Temperature, p.MaxTokens, p.IgnoreEOS, p.Seed = 0.6, newTokens, true, &s
+	before := l.StepStats().DeviceTimes()
+	res, err := l.Generate(context.Background(), prompts, p, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	flushTimeline(b, l)
+	var sum time.Duration
+	for _, c := range res {
+		o := c.Outputs[0]
+		if o.Err != nil {
+			b.Fatal(o.Err)
+		}
+		if n := len(o.TokenIDs); n != newTokens {
+			b.Fatalf("%d tokens generated, want %d", n, newTokens)
+		}
+		sum += (o.Latency - o.TTFT) / time.Duration(newTokens-1)
+	}
+	return decodeFigures{tpot: sum / time.Duration(batch), dev: l.StepStats().DeviceTimes().Sub(before)}
+}
+
+// decodeBench runs decodeRun at each batch size with ZOS as given and logs
+// one line per batch: tokens/s from the time per output token, the device
+// step (span) and forward (busy) times of consecutive decode steps, the
+// floor of the step's active weight bytes, and the device idle share.
+func decodeBench(b *testing.B, tiny bool, name string, raw []byte, mcfg *weights.Config, batches []int, zosModes []bool) {
+	w, err := fastWeights(mcfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	promptLen, newTokens := 256, 128
+	if tiny {
+		promptLen, newTokens = 16, 8
+		name += "-tiny(cpu)"
+	}
+	maxBatch := batches[len(batches)-1]
+	for _, zos := range zosModes {
+		b.Run("zos="+onOff(zos), func(b *testing.B) {
+			l := startEngine(b, engineOpts{zos: zos, maxSeqs: maxBatch, maxBatched: 8192, maxModelLen: promptLen + newTokens + 16,
+				tiny: tiny, name: name, raw: raw, cfg: mcfg, w: w})
+			defer l.Close()
+			for _, batch := range batches {
+				b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+					for range b.N {
+						f := decodeRun(b, l, batch, promptLen, newTokens, uint64(batch))
+						active, experts := activeWeightBytes(mcfg, batch)
+						floor := time.Duration(active / copyBandwidth * float64(time.Second))
+						ctxMid := promptLen + newTokens/2
+						kv := float64(batch*ctxMid) * kvBytesPerToken(mcfg)
+						wall := float64(batch) / f.tpot.Seconds()
+						d := f.dev.Decode
+						b.ReportMetric(wall, "tok/s")
+						b.ReportMetric(millis(f.tpot), "tpot-ms")
+						if idle, ok := d.IdleFraction(); ok {
+							b.ReportMetric(100*idle, "decode-idle-%")
+							b.ReportMetric(millis(d.MeanBusy()), "fwd-ms")
+						}
+						expertNote := ""
+						if experts > 0 {
+							expertNote = fmt.Sprintf(", %.1f experts a MoE layer", experts)
+						}
+						ratio := "n/a"
+						if d.N > 0 {
+							ratio = fmt.Sprintf("%.2fx", float64(d.MeanBusy())/float64(floor))
+						}
+						b.Logf("engine | %s decode batch %d, context %d+%d, ZOS %s | %.0f tok/s (TPOT %.3f ms) | device step %.3f ms, forward %.3f ms = %s the floor %.3f ms (%.2f GB active weights%s / 4.2 TB/s; KV read %.2f GB more) | device idle between decode steps %s (%d pairs)%s",
+							name, batch, promptLen, newTokens, onOff(zos), wall, millis(f.tpot), millis(d.MeanSpan()), millis(d.MeanBusy()), ratio,
+							millis(floor), active/1e9, expertNote, kv/1e9, pct(d), d.N, timelineNote(f.dev))
+					}
+				})
+			}
+		})
+	}
+}
+
+// BenchmarkGPUEngineDecodeDeepSeekV2Lite: see the comment at the top of the
+// file.
+func BenchmarkGPUEngineDecodeDeepSeekV2Lite(b *testing.B) {
+	tiny := engineMode(b)
+	raw, mcfg := shapeConfig(b, "deepseek-v2-lite", "deepseek-v2", tiny)
+	batches := []int{1, 64}
+	if tiny {
+		batches = []int{1, 4}
+	}
+	decodeBench(b, tiny, "deepseek-v2-lite", raw, mcfg, batches, []bool{true})
+}
+
+// BenchmarkGPUEngineDecodeLlama1B: see the comment at the top of the file.
+func BenchmarkGPUEngineDecodeLlama1B(b *testing.B) {
+	tiny := engineMode(b)
+	raw, mcfg := shapeConfig(b, "llama-3.2-1b", "llama", tiny)
+	batches := []int{1, 32}
+	if tiny {
+		batches = []int{1, 4}
+	}
+	decodeBench(b, tiny, "llama-3.2-1b", raw, mcfg, batches, []bool{true, false})
+}
+
+// The in-memory weights of the engine benchmarks name and shape every
+// tensor as models.RandomWeights does, and build each architecture's model
+// (checked on the tiny fixture configs, on the CPU backend).
+func TestEngineBenchWeights(t *testing.T) {
+	c := cpu.New(cpu.Options{Threads: 2})
+	defer c.Close()
+	for _, name := range []string{"llama", "mistral", "qwen3", "deepseek-v2", "deepseek-v3"} {
+		t.Run(name, func(t *testing.T) {
+			_, cfg := shapeConfig(t, "", name, true)
+			want, err := models.RandomWeights(cfg, kernels.BF16, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := fastWeights(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(want) {
+				t.Errorf("%d tensors, want %d", len(got), len(want))
+			}
+			for n, wt := range want {
+				gt, ok := got[n]
+				if !ok {
+					t.Errorf("tensor %s missing", n)
+					continue
+				}
+				if fmt.Sprint(gt.Shape) != fmt.Sprint(wt.Shape) || gt.DType != weights.BF16 || len(gt.Data) != len(wt.Data) {
+					t.Errorf("tensor %s: %v %v (%d bytes), want %v %v (%d bytes)", n, gt.DType, gt.Shape, len(gt.Data), weights.BF16, wt.Shape, len(wt.Data))
+				}
+			}
+			if _, err := models.Builtin().New(c, cfg, got, models.Options{MaxModelLen: 64}); err != nil {
+				t.Fatalf("building the model from the bench weights: %v", err)
+			}
+		})
+	}
+}
+
+// The floor's formula on DeepSeek-V2-Lite (15.7B parameters): at batch 1
+// the six routed experts a layer, at batch 64 nearly all 64.
+func TestActiveWeightBytes(t *testing.T) {
+	_, ds := shapeConfig(t, "deepseek-v2-lite", "", false)
+	_, ll := shapeConfig(t, "llama-3.2-1b", "", false)
+	tests := []struct {
+		name        string
+		cfg         *weights.Config
+		batch       int
+		gb, experts float64 // want, to 0.5%
+	}{
+		// 27 x 13.76M attention + 67.2M dense MLP + 26 x (0.13M router +
+		// 17.3M shared + 6 x 8.65M) + 209.7M head = 2.451B parameters.
+		{"deepseek batch 1", ds, 1, 4.902, 6},
+		// 64 x (1 - (58/64)^64) = 63.88 experts: 15.48B parameters.
+		{"deepseek batch 64", ds, 64, 30.96, 63.88},
+		// 16 x (2048 x (2048 + 2 x 512) + 2048 x 2048 + 3 x 2048 x 8192) + 128256 x 2048 (tied head) = 1.236B.
+		{"llama", ll, 32, 2.471, 0},
+	}
+	for _, tc := range tests {
+		bytes, experts := activeWeightBytes(tc.cfg, tc.batch)
+		if math.Abs(bytes/1e9-tc.gb) > 0.005*tc.gb || math.Abs(experts-tc.experts) > 0.005*max(tc.experts, 1) {
+			t.Errorf("%s: %.3f GB, %.2f experts; want %.3f GB, %.2f experts", tc.name, bytes/1e9, experts, tc.gb, tc.experts)
+		}
+	}
+}
