@@ -14,8 +14,13 @@ For each input config (default: the five tiny fixtures in tools/configs/):
      appended under DeepSeek's published names (model.layers.<N>.*);
   3. unless --no-reference, each variant is loaded back with from_pretrained
      in float32 (the bf16 checkpoint is upcast) and checked against the built
-     weights, and OUT/<name>/reference.safetensors gets, for v in {f32, bf16}
-     and prompt i in {0, 1, 2} (random ids, lengths 1, 7, 23):
+     weights; with --reference-dtype bfloat16 the loaded model is then cast to
+     bfloat16, as HF runs a bf16 checkpoint (weights, activations and norms
+     in bf16; the f32 variant's weights rounded), while the default float32
+     keeps every weight as stored and computes in float32. Then
+     OUT/<name>/reference.safetensors gets, for v in {f32, bf16} and prompt
+     i in {0, 1, 2} (random ids, lengths 1, 7, 23; --prompt-lens changes
+     them):
        <v>.prompt.<i>.ids     I32 [L]         the prompt
        <v>.prompt.<i>.logits  F32 [L, vocab]  logits of the whole prompt
        <v>.greedy.<i>.ids     I32 [32]        32 greedy new tokens (plain argmax
@@ -25,11 +30,17 @@ For each input config (default: the five tiny fixtures in tools/configs/):
      and for an MTP model
        <v>.mtp.<i>.ids        I32 [L]         prompt[1:] + [greedy[0]]
        <v>.mtp.<i>.logits     F32 [L, vocab]  MTP logits (see mtp_reference)
-     The header's __metadata__ records versions, seeds and the scales HF used.
+     The header's __metadata__ records versions, seeds, the prompt lengths,
+     the reference dtype ("compute") and the scales HF used. The MTP
+     reference is computed in float32 in either case.
 
 Large real-shape configs (tools/configs/real/) are meant for
   make_fixtures.py --config tools/configs/real/qwen3-0.6b.json --out DIR \
       --no-reference --variants bf16 --device cuda
+or, with references on the GPU against HF in bfloat16 (tools/gpu/check.sh):
+  make_fixtures.py --config ... --out DIR --variants bf16 --device cuda \
+      --reference-dtype bfloat16 --prompt-lens 1,7,23,100,250 \
+      --max-dir-bytes 0 --min-margin 0 --max-tries 1
 
 Runs on the GPU machine (torch, transformers 5, safetensors); the references
 are computed on the CPU by default so that float32 means float32 (no TF32).
@@ -55,6 +66,8 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = ["llama", "mistral", "qwen3", "deepseek-v2", "deepseek-v3"]
 PROMPT_LENS = (1, 7, 23)
+# --reference-dtype choices.
+REFERENCE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 NEW_TOKENS = 32
 # Tensors kept in float32 in the bf16 checkpoint, as DeepSeek-V3's published
 # checkpoints do.
@@ -99,6 +112,17 @@ EXPECT_TENSORS = {
     ],
 }
 EXPECT_ABSENT = {"qwen3": ["lm_head.weight"]}
+
+
+def prompt_lens_arg(text):
+    """--prompt-lens: positive integers, comma-separated."""
+    try:
+        lens = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        lens = ()
+    if not lens or min(lens) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: want positive lengths, comma-separated, e.g. 1,7,23")
+    return lens
 
 
 class NearTie(Exception):
@@ -321,11 +345,14 @@ def loading_info_get(info, key):
     return list(getattr(info, key, []) or [])
 
 
-def load_variant(d, spec, num_mtp):
+def load_variant(d, spec, num_mtp, dtype=torch.float32):
+    """The checkpoint in d loaded by from_pretrained in dtype (float32: the
+    bf16 checkpoint upcast; bfloat16: as HF runs it, with the buffers it
+    keeps in float32, such as RoPE's inverse frequencies, left so)."""
     from transformers import AutoModelForCausalLM
 
     kwargs = dict(
-        dtype=torch.float32,
+        dtype=dtype,
         attn_implementation="eager",
         experts_implementation="eager",
         output_loading_info=True,
@@ -335,7 +362,11 @@ def load_variant(d, spec, num_mtp):
     model, info = call_with_optional(
         AutoModelForCausalLM.from_pretrained, (d,), kwargs, ["experts_implementation", "dtype"]
     )
-    model = model.float().eval()
+    if dtype == torch.float32:
+        model = model.float()
+    elif next(model.parameters()).dtype != dtype:
+        model = model.to(dtype)
+    model = model.eval()
     force_eager(model)
     patch_moe(model)
     num_layers = spec["num_hidden_layers"]
@@ -427,29 +458,31 @@ def mtp_reference(model, block, extras, eps, ids, first_new, h):
     return y @ extras["shared_head.head.weight"].T, nxt
 
 
-def make_prompts(vocab, seed):
+def make_prompts(vocab, seed, lens=PROMPT_LENS):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (L,), generator=g) for L in PROMPT_LENS]
+    return [torch.randint(0, vocab, (L,), generator=g) for L in lens]
 
 
 @torch.no_grad()
-def reference(name, spec, out_dir, built, num_mtp, seed, device):
+def reference(name, spec, out_dir, built, num_mtp, seed, device, ref_dtype=torch.float32, prompt_lens=PROMPT_LENS):
+    """HF's outputs for each variant written (see the module comment), in
+    ref_dtype (float32, or bfloat16 as HF runs a bf16 checkpoint)."""
     from safetensors.torch import load_file, save_file
     import transformers
 
     num_layers = spec["num_hidden_layers"]
     vocab = spec["vocab_size"]
     eps = spec.get("rms_norm_eps", 1e-6)
-    prompts = [p.to(device) for p in make_prompts(vocab, seed + 17)]
+    prompts = [p.to(device) for p in make_prompts(vocab, seed + 17, prompt_lens)]
     ref = {}
     meta = {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "weights_seed": str(seed),
         "prompt_seed": str(seed + 17),
-        "prompt_lengths": json.dumps(list(PROMPT_LENS)),
+        "prompt_lengths": json.dumps(list(prompt_lens)),
         "new_tokens": str(NEW_TOKENS),
-        "compute": "float32 on " + device,
+        "compute": f"{str(ref_dtype).removeprefix('torch.')} on {device}",
     }
     summary = {}
     for variant in ("f32", "bf16"):
@@ -461,6 +494,13 @@ def reference(name, spec, out_dir, built, num_mtp, seed, device):
         n_checked = check_roundtrip(model, built["state_dict"], variant, num_layers)
         log(f"  {variant}: {type(model).__name__} reloaded, {n_checked} weights equal the built ones"
             f" ({n_unexpected} MTP tensors left to the engine)")
+        if ref_dtype != torch.float32:
+            # Loaded again as HF loads a checkpoint in that dtype (casting
+            # the float32 model would also round RoPE's frequencies).
+            del model
+            model, _ = load_variant(vdir, spec, num_mtp, dtype=ref_dtype)
+            model.to(device)
+            log(f"  {variant}: reference computed in {next(model.parameters()).dtype}")
         attn = model.model.layers[0].self_attn
         meta["attn_softmax_scale"] = repr(float(getattr(attn, "scaling", float("nan"))))
         rot = model.model.rotary_emb
@@ -525,7 +565,7 @@ def reference(name, spec, out_dir, built, num_mtp, seed, device):
     # The file must hold what the Go side expects.
     back = load_file(os.path.join(out_dir, "reference.safetensors"))
     for variant in summary:
-        for i, L in enumerate(PROMPT_LENS):
+        for i, L in enumerate(prompt_lens):
             assert tuple(back[f"{variant}.prompt.{i}.ids"].shape) == (L,)
             assert tuple(back[f"{variant}.prompt.{i}.logits"].shape) == (L, vocab)
             assert tuple(back[f"{variant}.greedy.{i}.ids"].shape) == (NEW_TOKENS,)
@@ -651,7 +691,8 @@ def make_fixture(name, spec, out_root, args, attempt=0):
     summary = {}
     if not args.no_reference:
         built = {"model": model, "state_dict": {k: v.detach().float().cpu() for k, v in model.state_dict().items()}}
-        summary = reference(name, spec, out_dir, built, num_mtp, seed, device)
+        summary = reference(name, spec, out_dir, built, num_mtp, seed, device,
+                            ref_dtype=REFERENCE_DTYPES[args.reference_dtype], prompt_lens=args.prompt_lens)
         margin = min(s["min_margin"] for s in summary.values())
         if margin < args.min_margin:
             raise NearTie(f"{name}: a greedy step has top-2 margin {margin:.1e} < {args.min_margin:g} (seed {seed})")
@@ -681,6 +722,11 @@ def main():
                    help="redraw the weights (next seed) while a greedy step's top-2 logit margin is below this")
     p.add_argument("--max-tries", type=int, default=4)
     p.add_argument("--tar", help="also pack every written folder into this .tar.gz")
+    p.add_argument("--reference-dtype", choices=sorted(REFERENCE_DTYPES), default="float32",
+                   help="dtype HF computes the references in: float32 (the weights as stored) or bfloat16 "
+                        "(the model cast to bf16, as HF runs a bf16 checkpoint)")
+    p.add_argument("--prompt-lens", type=prompt_lens_arg, default=PROMPT_LENS,
+                   help="comma-separated prompt lengths of the references (default 1,7,23)")
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -694,7 +740,8 @@ def main():
         p.error("--name needs exactly one --config")
     import transformers
 
-    log(f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device}")
+    log(f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device}, "
+        f"references in {args.reference_dtype}, prompt lengths {list(args.prompt_lens)}")
     os.makedirs(args.out, exist_ok=True)
     results, failed = {}, []
     for path in configs:
