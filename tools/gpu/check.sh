@@ -1,0 +1,275 @@
+#!/usr/bin/env bash
+# The GPU machine's check of the CUDA backend, in one call: build the library,
+# run the GPU tests, the end-to-end CLI, the real-shape parity against HF in
+# bf16, the engine benchmarks and the kernel benchmarks; every log goes to
+# $OUT and the last thing printed is a table of every figure, with each
+# phase's seconds.
+#
+# Go is not needed there. Here (with Go), build the binaries into a folder
+# that git ignores (DIR, default .gpu-cuda):
+#
+#   tools/gpu/check.sh prepare [DIR]      # DIR/cuda.test.gz, DIR/deepinfer.gz
+#
+# then carry DIR to the GPU machine and run, from the repository root:
+#
+#   tools/gpu/check.sh [DIR]
+#
+# PHASES (comma-separated, run in the order given; default
+# build,tests,e2e,parity,engine,bench) selects the parts:
+#   build   csrc/build.sh (nvcc, sm_90a): DIR/libdeepinfer_cuda.so. Later
+#           phases need it (from this call or an earlier one on the machine).
+#   tests   cuda.test -test.run TestGPU: every GPU test (ops against the CPU
+#           backend, graphs, the tiny parity fixtures, the engine on and off
+#           graphs, device markers).
+#   e2e     deepinfer generate on configs/cuda.yaml (GEMM round and split)
+#           and on the CPU: 48 greedy tokens each; the stats lines.
+#   parity  real shapes (Qwen3-0.6B, Llama-3.2-1B, DeepSeek-V2-Lite with 4
+#           of its layers): tools/make_fixtures.py writes random BF16 weights
+#           and HF's bf16 references (prompts PARITY_PROMPT_LENS, default
+#           1,7,23,100,250) into PARITY_DIR (default /tmp/real-shapes), then
+#           TestGPUFixtureParity checks them in both GEMM modes. Bounds (the
+#           CUDA issue's): max|logit-ref|/max|ref| <= 3e-2 and teacher-forced
+#           top-1 agreement >= 99% of positions. The test's own checks are
+#           stricter (1e-2, greedy equal to HF in split mode) and meant for a
+#           float32 reference: its FAIL lines here are expected; the verdict
+#           is the table's.
+#   engine  BenchmarkGPUEngine* (kernels/cuda/bench_engine_gpu_test.go):
+#           Qwen3-0.6B offline throughput (nano-vllm's workload, ZOS off and
+#           on), DeepSeek-V2-Lite decode at batch 1 and 64 against its floor,
+#           Llama-3.2-1B decode at batch 1 and 32; device idle between decode
+#           steps. ENGINE_SEQS overrides the offline request count (256).
+#   bench   the kernel and model benchmarks of bench_gpu_test.go
+#           (Llama-3.2-1B decode and prefill steps, single ops), 10x each.
+#
+# Time: TOTAL_BUDGET seconds in all (default 470); each phase is cut to
+# what is left (and skipped under 15 s), so the table always comes. Phase
+# limits, in seconds: BUILD_TIMEOUT 120, TESTS_TIMEOUT 120, E2E_TIMEOUT 30
+# (each of three runs), PARITY_MAKE_TIMEOUT 180, PARITY_TEST_TIMEOUT 120,
+# ENGINE_TIMEOUT 240, BENCH_TIMEOUT 120.
+#
+# Logs in $OUT (default /tmp/gpu-check): gpu.txt, build.log, tests.log,
+# gen_*.txt, make_fixtures.log, parity.log, engine.log, bench.log.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root" || exit 1
+
+if [[ ${1:-} == prepare ]]; then
+	dir=${2:-.gpu-cuda}
+	mkdir -p "$dir" || exit 1
+	if ! git check-ignore -q "$dir/x"; then
+		echo "prepare: $dir is not ignored by git: use a folder .gitignore or .git/info/exclude names (e.g. .gpu-cuda)" >&2
+		exit 1
+	fi
+	set -e
+	CGO_ENABLED=1 go test -c -ldflags='-s -w' -o "$dir/cuda.test" ./kernels/cuda
+	CGO_ENABLED=1 go build -ldflags='-s -w' -o "$dir/deepinfer" ./cmd/deepinfer
+	gzip -9f "$dir/cuda.test" "$dir/deepinfer"
+	ls -l "$dir"
+	echo "carry $dir, and run on the GPU machine: tools/gpu/check.sh $dir"
+	exit 0
+fi
+
+dir=${1:-.gpu-cuda}
+logs=${OUT:-/tmp/gpu-check}
+mkdir -p "$logs"
+phases=${PHASES:-build,tests,e2e,parity,engine,bench}
+budget=${TOTAL_BUDGET:-470}
+t_start=$(date +%s)
+for p in ${phases//,/ }; do
+	case $p in
+	build | tests | e2e | parity | engine | bench) ;;
+	*)
+		echo "check.sh: unknown phase $p in PHASES=$phases: want build, tests, e2e, parity, engine, bench" >&2
+		exit 2
+		;;
+	esac
+done
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader 2>&1 | tee "$logs/gpu.txt"
+echo "phases: $phases; budget ${budget}s; logs in $logs"
+
+for b in cuda.test deepinfer; do
+	if [[ -f $dir/$b.gz ]]; then
+		gunzip -kf "$dir/$b.gz" && chmod +x "$dir/$b"
+	fi
+done
+lib=$root/$dir/libdeepinfer_cuda.so
+export DEEPINFER_CUDA_LIB=$lib
+
+declare -A status secs
+ran=()
+
+# limit WANT: WANT seconds, cut to the budget left less a reserve for the
+# table; prints 0 when the phase should be skipped.
+limit() {
+	local left=$((budget - ($(date +%s) - t_start) - 10))
+	local t=$(($1 < left ? $1 : left))
+	((t < 15)) && t=0
+	echo "$t"
+}
+
+# need FILE WHAT: fail the phase loudly when a prerequisite is missing.
+need() {
+	if [[ ! -e $1 ]]; then
+		echo "missing $1: $2" >&2
+		return 1
+	fi
+}
+
+need_test() { need "$dir/cuda.test" "build it here with: tools/gpu/check.sh prepare $dir, and carry $dir" && need "$lib" "run the build phase first (PHASES=build,...)"; }
+
+phase_build() {
+	local t
+	t=$(limit "${BUILD_TIMEOUT:-120}")
+	((t == 0)) && { status[build]="skipped: out of time"; return; }
+	if timeout "$t" csrc/build.sh "$lib" >"$logs/build.log" 2>&1; then
+		status[build]="ok: $(tail -1 "$logs/build.log")"
+	else
+		tail -30 "$logs/build.log"
+		status[build]="FAILED (see build.log)"
+	fi
+}
+
+phase_tests() {
+	local t rc
+	t=$(limit "${TESTS_TIMEOUT:-120}")
+	((t == 0)) && { status[tests]="skipped: out of time"; return; }
+	need_test || { status[tests]="FAILED: prerequisites missing"; return; }
+	(cd kernels/cuda && timeout "$t" "$root/$dir/cuda.test" -test.run TestGPU -test.v -test.timeout "${t}s") >"$logs/tests.log" 2>&1
+	rc=$?
+	status[tests]="rc=$rc pass=$(grep -c -- '^--- PASS' "$logs/tests.log") fail=$(grep -c -- '^--- FAIL' "$logs/tests.log") skip=$(grep -c -- '^--- SKIP' "$logs/tests.log")"
+}
+
+phase_e2e() {
+	local t prompt="The quick brown fox" rc=()
+	need "$dir/deepinfer" "build it here with: tools/gpu/check.sh prepare $dir" || { status[e2e]="FAILED: no deepinfer binary"; return; }
+	need "$lib" "run the build phase first" || { status[e2e]="FAILED: no library"; return; }
+	for run in cuda cuda_split cpu; do
+		t=$(limit "${E2E_TIMEOUT:-30}")
+		((t == 0)) && { rc+=("$run:skipped"); continue; }
+		case $run in
+		cuda) timeout "$t" "$dir/deepinfer" generate --config configs/cuda.yaml -p "$prompt" -m 48 >"$logs/gen_$run.txt" 2>&1 ;;
+		cuda_split) DEEPINFER_CUDA_GEMM="split" timeout "$t" "$dir/deepinfer" generate --config configs/cuda.yaml -p "$prompt" -m 48 >"$logs/gen_$run.txt" 2>&1 ;;
+		cpu) timeout "$t" "$dir/deepinfer" generate --config configs/default.yaml -p "$prompt" -m 48 >"$logs/gen_$run.txt" 2>&1 ;;
+		esac
+		rc+=("$run:$?")
+	done
+	status[e2e]="rc ${rc[*]}"
+}
+
+parity_names=qwen3-0.6b,llama-3.2-1b,deepseek-v2-lite-4layers
+
+phase_parity() {
+	local t out=${PARITY_DIR:-/tmp/real-shapes} args=() rc
+	need_test || { status[parity]="FAILED: prerequisites missing"; return; }
+	t=$(limit "${PARITY_MAKE_TIMEOUT:-180}")
+	((t == 0)) && { status[parity]="skipped: out of time"; return; }
+	for n in ${parity_names//,/ }; do args+=(--config "tools/configs/real/$n.json"); done
+	timeout "$t" python3 tools/make_fixtures.py "${args[@]}" --out "$out" --variants bf16 --device cuda \
+		--reference-dtype bfloat16 --prompt-lens "${PARITY_PROMPT_LENS:-1,7,23,100,250}" \
+		--max-dir-bytes 0 --min-margin 0 --max-tries 1 --threads "$(nproc)" >"$logs/make_fixtures.log" 2>&1
+	rc=$?
+	if ((rc != 0)); then
+		tail -20 "$logs/make_fixtures.log"
+		status[parity]="FAILED: make_fixtures rc=$rc (see make_fixtures.log)"
+		# Models that were written are still checked below.
+	fi
+	t=$(limit "${PARITY_TEST_TIMEOUT:-120}")
+	((t == 0)) && { status[parity]="${status[parity]:-}${status[parity]:+; }test skipped: out of time"; return; }
+	(cd kernels/cuda && DEEPINFER_PARITY_DIR="$out" DEEPINFER_PARITY_NAMES="$parity_names" DEEPINFER_PARITY_VARIANTS=bf16 \
+		timeout "$t" "$root/$dir/cuda.test" -test.run 'TestGPUFixtureParity$' -test.v -test.timeout "${t}s") >"$logs/parity.log" 2>&1
+	rc=$?
+	local verdicts
+	verdicts=$(parity_rows | awk '{print $NF}' | sort | uniq -c | awk '{printf "%s%s %s", sep, $1, $2; sep = ", "}')
+	status[parity]="${status[parity]:-}${status[parity]:+; }test rc=$rc (FAIL lines expected, see above); ${verdicts:-no figures}"
+}
+
+# parity_rows prints one row per (gemm, model): error, top-1 and the verdict
+# against the issue's bounds.
+parity_rows() {
+	[[ -f $logs/parity.log ]] || return 0
+	grep -oE '(round|split) +[a-z0-9.-]+ +bf16 +err_vs_hf.*' "$logs/parity.log" | awk '!seen[$0]++' | awk '{
+		split($9, t, "/"); frac = (t[2] > 0) ? t[1] / t[2] : 0
+		ok = ($5 + 0 <= 3e-2 && frac >= 0.99) ? "PASS" : "FAIL"
+		printf "%-6s %-26s err %-9s (bound 3e-2)  top-1 %-9s %6.2f%% (bound 99%%)  greedy %-8s  %s\n", $1, $2, $5, $9, 100 * frac, $11, ok
+	}'
+}
+
+phase_engine() {
+	local t rc
+	t=$(limit "${ENGINE_TIMEOUT:-240}")
+	((t == 0)) && { status[engine]="skipped: out of time"; return; }
+	need_test || { status[engine]="FAILED: prerequisites missing"; return; }
+	(cd kernels/cuda && DEEPINFER_ENGINE_BENCH_SEQS=${ENGINE_SEQS:-} timeout "$t" "$root/$dir/cuda.test" -test.run XXX \
+		-test.bench GPUEngine -test.benchtime 1x -test.v -test.timeout "${t}s") >"$logs/engine.log" 2>&1
+	rc=$?
+	status[engine]="rc=$rc, $(grep -c 'engine |' "$logs/engine.log") figures"
+}
+
+phase_bench() {
+	local t rc
+	t=$(limit "${BENCH_TIMEOUT:-120}")
+	((t == 0)) && { status[bench]="skipped: out of time"; return; }
+	need_test || { status[bench]="FAILED: prerequisites missing"; return; }
+	(cd kernels/cuda && timeout "$t" "$root/$dir/cuda.test" -test.run XXX -test.bench GPU -test.skip GPUEngine \
+		-test.benchtime 10x -test.v -test.timeout "${t}s") >"$logs/bench.log" 2>&1
+	rc=$?
+	status[bench]="rc=$rc"
+}
+
+for p in ${phases//,/ }; do
+	echo "== $p ($(($(date +%s) - t_start))s in)"
+	t0=$(date +%s)
+	"phase_$p"
+	secs[$p]=$(($(date +%s) - t0))
+	ran+=("$p")
+	echo "   ${status[$p]} (${secs[$p]}s)"
+done
+
+# strip removes the test framework's "file_test.go:123: " prefixes.
+strip() { sed 's/^ *//' | sed 's/^[a-z_]*_test\.go:[0-9]*: //'; }
+
+echo
+echo "==================== failures (first 40 lines) ===================="
+for f in tests engine bench; do
+	[[ -f $logs/$f.log ]] && grep -E -- '--- FAIL|^FAIL|panic:' "$logs/$f.log" | sed "s/^/$f: /" | head -20
+done
+[[ -f $logs/parity.log ]] && grep -E -- 'panic:|no such file|cannot' "$logs/parity.log" | sed 's/^/parity: /' | head -10
+if [[ -f $logs/gen_cuda.txt ]]; then
+	echo "==================== end to end texts (greedy, 48 tokens) ===================="
+	for run in cuda cuda_split cpu; do
+		[[ -f $logs/gen_$run.txt ]] && echo "$run: $(grep -v '^stats:' "$logs/gen_$run.txt" | tr '\n' ' ' | cut -c1-200)"
+	done
+fi
+
+echo
+echo "==================== figures ===================="
+if [[ -f $logs/tests.log ]]; then
+	echo "-- GPU tests: fixture parity (tiny fixtures), invariance, graphs, engine, device markers"
+	grep -oE '(round|split) +[a-z0-9.-]+ +(f32|bf16) +err_vs_hf.*' "$logs/tests.log" | awk '!seen[$0]++'
+	grep -E 'bit-identical|GraphReplay|default model|engine graphs|device markers:' "$logs/tests.log" | strip | awk '!seen[$0]++' | cut -c1-240 | head -12
+fi
+if [[ -f $logs/parity.log ]]; then
+	echo "-- real-shape parity through CUDA, BF16 weights, against HF in bfloat16 ($parity_names)"
+	parity_rows
+fi
+if [[ -f $logs/engine.log ]]; then
+	echo "-- engine (random BF16 weights, configs/cuda.yaml: CUDA graphs on)"
+	grep -h 'engine |' "$logs/engine.log" | sed 's/^.*engine |/engine |/' | awk '!seen[$0]++'
+fi
+if [[ -f $logs/bench.log ]]; then
+	echo "-- kernel and model benchmarks (Llama-3.2-1B shape)"
+	grep -E 'loaded on|decode batch|prefill [0-9]|linear |attention decode|attention prefill|FAIL|panic' "$logs/bench.log" | strip | awk '!seen[$0]++'
+fi
+if [[ -f $logs/gen_cuda.txt ]]; then
+	echo "-- end to end (deepinfer generate, default model, 48 tokens)"
+	for run in cuda cuda_split cpu; do
+		f=$logs/gen_$run.txt
+		[[ -f $f ]] || continue
+		printf '%-11s %s | %s\n' "$run" "$(grep -oE 'decode [0-9.]+ tok/s' "$f" | head -1)" "$(grep -oE 'device (idle between steps|timeline off)[^|]*' "$f" | head -1)"
+	done
+fi
+echo "-- phases (seconds; budget ${budget}s, total $(($(date +%s) - t_start))s)"
+for p in "${ran[@]}"; do
+	printf '%-7s %4ss  %s\n' "$p" "${secs[$p]}" "${status[$p]}"
+done
