@@ -21,6 +21,8 @@ struct di_stage {
 	cudaEvent_t done = nullptr;
 };
 
+#define DI_SKINNY_SEMS 1024 // tiles of one split-K launch of the skinny GEMM (gemm_skinny.cu)
+
 struct di_ctx {
 	int device = 0;
 	cudaStream_t stream = nullptr;
@@ -35,6 +37,8 @@ struct di_ctx {
 	int num_graphs = 0;
 	int gemm_mode = DI_GEMM_ROUND; // how float32 activations enter 16-bit GEMMs
 	int gemv = 4;                  // linears of up to this many rows (at most 8) on the GEMV kernel; $DEEPINFER_CUDA_GEMV
+	int skinny = 64;               // 16-bit linears of up to this many rows (at most 64) on the skinny GEMM; $DEEPINFER_CUDA_SKINNY
+	unsigned *skinny_sem = nullptr; // DI_SKINNY_SEMS split-K tile counters of the skinny GEMM, zero between launches
 	char err[1024] = {0};
 
 	// Caching allocator: free blocks by rounded size; sizes of live blocks.

@@ -216,6 +216,7 @@ static void destroy_impl(di_ctx *ctx) {
 	if (ctx->cublas) cublasDestroy(ctx->cublas);
 	if (ctx->cublas_workspace) cudaFree(ctx->cublas_workspace);
 	if (ctx->check) cudaFree(ctx->check);
+	if (ctx->skinny_sem) cudaFree(ctx->skinny_sem);
 	if (ctx->check_host) cudaFreeHost(ctx->check_host);
 	if (ctx->stream) cudaStreamDestroy(ctx->stream);
 	delete ctx;
@@ -241,7 +242,8 @@ static int api_create(int device, di_ctx **out, char *err, int errlen) {
 		return DI_ERR_OOM;
 	}
 	ctx->device = device;
-	if (const char *v = getenv("DEEPINFER_CUDA_GEMV")) ctx->gemv = atoi(v); // 0: every linear on cuBLAS
+	if (const char *v = getenv("DEEPINFER_CUDA_GEMV")) ctx->gemv = atoi(v); // 0: no linear on the GEMV kernel
+	if (const char *v = getenv("DEEPINFER_CUDA_SKINNY")) ctx->skinny = atoi(v); // 0: no linear on the skinny GEMM
 	auto fail = [&](int code) {
 		copy_err(err, errlen, ctx->err);
 		destroy_impl(ctx);
@@ -268,6 +270,10 @@ static int api_create(int device, di_ctx **out, char *err, int errlen) {
 		return fail(di_cuda_fail(ctx, e, "cudaMemset (check word)"));
 	if ((e = cudaHostAlloc((void **)&ctx->check_host, sizeof(unsigned), cudaHostAllocDefault)) != cudaSuccess)
 		return fail(di_cuda_fail(ctx, e, "cudaHostAlloc (check word)"));
+	if ((e = cudaMalloc(&ctx->skinny_sem, DI_SKINNY_SEMS * sizeof(unsigned))) != cudaSuccess)
+		return fail(di_cuda_fail(ctx, e, "cudaMalloc (skinny GEMM counters)"));
+	if ((e = cudaMemsetAsync(ctx->skinny_sem, 0, DI_SKINNY_SEMS * sizeof(unsigned), ctx->stream)) != cudaSuccess)
+		return fail(di_cuda_fail(ctx, e, "cudaMemset (skinny GEMM counters)"));
 	ctx->stage_bytes = 4u << 20;
 	ctx->stages.resize(16);
 	for (auto &s : ctx->stages) {

@@ -104,3 +104,57 @@ static inline unsigned di_grid(size_t n, int threads) {
 	if (g > 65535u * 16u) g = 65535u * 16u; // kernels loop grid-stride
 	return (unsigned)g;
 }
+
+// ---------------------------------------------------------------- tensor cores, async copies (sm_80+)
+
+// di_bits16 returns the bits of a 16-bit float.
+__device__ __forceinline__ unsigned di_bits16(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+__device__ __forceinline__ unsigned di_bits16(__half v) { return __half_as_ushort(v); }
+
+// di_mma16816 accumulates d += a . b for one m16n8k16 tile on tensor cores:
+// a row-major 16x16 and b column-major 16x8, both of the 16-bit type T
+// (__nv_bfloat16 or __half) in mma.sync fragment order (a0..a3 hold rows
+// lane/4 and lane/4+8, columns 2*(lane%4) + {0,1} and +8; b0, b1 hold rows
+// 2*(lane%4) + {0,1} and +8 of column lane/4; the lower element of each
+// pair in the low half), d float32 (rows lane/4 and lane/4+8, columns
+// 2*(lane%4) + {0,1}). Each element of d is its own dot product: it does not
+// depend on the other rows or columns of a and b.
+template <typename T>
+__device__ __forceinline__ void di_mma16816(float *d, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                            unsigned b1);
+template <>
+__device__ __forceinline__ void di_mma16816<__nv_bfloat16>(float *d, unsigned a0, unsigned a1, unsigned a2,
+                                                           unsigned a3, unsigned b0, unsigned b1) {
+	asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+	    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+	    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void di_mma16816<__half>(float *d, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                                    unsigned b0, unsigned b1) {
+	asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+	    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+	    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// di_cp_async16 queues a 16-byte copy from global to shared memory that
+// bypasses L1 (cp.async.cg); with ok false it writes 16 zero bytes and reads
+// nothing (src must still be a valid address). Both addresses are 16-byte
+// aligned. di_cp_async_commit closes the group of copies queued since the
+// last commit; di_cp_async_wait<N> waits until at most N groups of this
+// thread are pending (other threads' copies need a barrier after it).
+__device__ __forceinline__ void di_cp_async16(void *dst, const void *src, bool ok) {
+	const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void di_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void di_cp_async_wait() {
+	asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// The skinny GEMM (gemm_skinny.cu), reached from the Linear dispatch in ops.cu.
+// di_skinny_ok reports whether it serves a linear of m rows over the weight
+// [n, k] of w_dtype; di_skinny_linear runs it (see its doc there).
+bool di_skinny_ok(di_ctx *ctx, const float *x, const void *w, int w_dtype, int m, int n, int k);
+int di_skinny_linear(di_ctx *ctx, float *out, const float *x, const void *w, int w_dtype, const float *bias, int m,
+                     int n, int k);

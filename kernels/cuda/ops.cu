@@ -136,7 +136,9 @@ extern "C" int di_add_into(di_ctx *ctx, float *out, const float *a, const float 
 // ---------------------------------------------------------------- small-batch GEMV
 
 // For a few rows (ctx->gemv, default 4: DEEPINFER_CUDA_GEMV) and small
-// weights cuBLAS is latency-bound (a 2 MB weight takes 13-20 us); this kernel reads each weight row once with 16-byte loads, one
+// weights cuBLAS is latency-bound (a 2 MB weight takes 13-20 us); this kernel
+// (which the skinny GEMM replaces for 16-bit weights unless
+// DEEPINFER_CUDA_SKINNY=0) reads each weight row once with 16-byte loads, one
 // warp per output column, all rows at once. Numerics are those of the GEMM
 // path: 16-bit weights multiply x rounded to their dtype (or its hi and lo
 // parts in DI_GEMM_SPLIT, summed separately and added at the end), float32
@@ -229,14 +231,24 @@ static int gemv(di_ctx *ctx, float *out, const float *x, const void *w, int w_dt
 	return di_check_launch(ctx, "linear (gemv)");
 }
 
-// gemm_f32_input runs out[m,n] = x[m,k] w^T (+ bias) with float32 x: on the
-// GEMV kernel for 1..ctx->gemv rows, else on cuBLAS. For
-// 16-bit weights x is narrowed to the weight dtype (DI_GEMM_ROUND) or split
-// into hi and lo rows of one GEMM over 2m rows whose halves are then summed
-// (DI_GEMM_SPLIT). Either way the weights are read once.
+// gemm_f32_input runs out[m,n] = x[m,k] w^T (+ bias) with float32 x, on the
+// first path that serves the shape:
+//   1. the skinny GEMM (gemm_skinny.cu) for BF16/F16 weights and 1..64 rows
+//      (ctx->skinny, $DEEPINFER_CUDA_SKINNY: 0 turns it off), k a multiple
+//      of 8, 16-byte aligned x and w: tensor cores, the weights read once, and
+//      a row's bits independent of the batch (its doc states the contract);
+//   2. the GEMV kernel for 1..ctx->gemv rows ($DEEPINFER_CUDA_GEMV, default 4;
+//      0 turns it off) and weights of at most GEMV_MAX_ELEMS elements: with
+//      the skinny GEMM on, that is F32 weights only;
+//   3. cuBLAS. For 16-bit weights x is narrowed to the weight dtype
+//      (DI_GEMM_ROUND) or split into hi and lo rows of one GEMM over 2m rows
+//      whose halves are then summed (DI_GEMM_SPLIT).
+// Every path reads the weights once and rounds x the same way; they differ
+// in summation order only.
 static int gemm_f32_input(di_ctx *ctx, float *out, const float *x, const void *w, int w_dtype, const float *bias, int m,
                           int n, int k) {
 	if (n == 0) return DI_OK;
+	if (k > 0 && di_skinny_ok(ctx, x, w, w_dtype, m, n, k)) return di_skinny_linear(ctx, out, x, w, w_dtype, bias, m, n, k);
 	if (k > 0 && gemv_ok(x, w, m, n, k, ctx->gemv)) return gemv(ctx, out, x, w, w_dtype, bias, m, n, k);
 	int rc;
 	if (w_dtype == DI_F32) {
