@@ -29,26 +29,30 @@ import (
 
 // Engine-level benchmarks on the GPU, at published model shapes with random
 // BF16 weights built in memory (no files), through the whole step loop
-// (llm.LLM on configs/cuda.yaml: CUDA graphs on):
+// (llm.LLM on configs/cuda.yaml: CUDA graphs on), cheapest first so that a
+// run cut short keeps the most figures:
 //
+//   - BenchmarkGPUEngineDecodeLlama1B: decode at batch 1 and 32 with 256
+//     tokens of context on the Llama-3.2-1B shape, ZOS on and off: the
+//     device idle share between consecutive decode steps (goal < 2% with
+//     ZOS), and the step against its floor.
+//   - BenchmarkGPUEngineDecodeDeepSeekV2Lite: the same at batch 1 and 64 on
+//     the DeepSeek-V2-Lite shape (all 27 layers, 15.7B parameters), ZOS on,
+//     against the floor of the active weight bytes of a step over 4.2 TB/s
+//     (activeWeightBytes).
 //   - BenchmarkGPUEngineOfflineQwen3: nano-vllm's offline workload on the
 //     Qwen3-0.6B shape (256 requests, prompt and output lengths uniform in
-//     100..1024, seeded, ignore_eos, temperature 0.6), ZOS off and on:
-//     output and total tokens/s (goal > 30k output tok/s) and the device
-//     idle share between consecutive decode steps.
-//   - BenchmarkGPUEngineDecodeDeepSeekV2Lite: decode at batch 1 and 64
-//     with 256 tokens of context on the DeepSeek-V2-Lite shape (all 27
-//     layers, 15.7B parameters), ZOS on, against the floor of the active
-//     weight bytes of a step over 4.2 TB/s (activeWeightBytes).
-//   - BenchmarkGPUEngineDecodeLlama1B: the same at batch 1 and 32 on the
-//     Llama-3.2-1B shape, ZOS on and off: the device idle share between
-//     consecutive decode steps (goal < 2% with ZOS).
+//     100..1024, seeded, ignore_eos, temperature 0.6; all 256 sequences in
+//     flight, 16384 batched tokens, as nano-vllm), ZOS off and on: output
+//     and total tokens/s (goal > 30k output tok/s) and the device idle share
+//     between consecutive decode steps.
 //
 // The device idle share is 1 - busy/span over pairs of consecutive decode
 // steps, from markers on the stream (stages.DeviceTimes): busy is a step's
 // forward pass (layers and LM head), span the device time from its start to
-// the next step's start. Sampling on the device between the two (none yet:
-// the sample stage runs on the host) would count as idle.
+// the next step's start. Work queued on the device between the two that is
+// not the forward pass (sampling on the device, input uploads) counts as
+// idle: the figure is an upper bound of the device's idle time.
 //
 // Each measurement logs one line starting "engine |", collected by
 // tools/gpu/check.sh. Run with -test.benchtime 1x: one workload each.
@@ -433,58 +437,6 @@ func pct(p stages.StepPairs) string {
 
 func millis(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// BenchmarkGPUEngineOfflineQwen3: see the comment at the top of the file.
-func BenchmarkGPUEngineOfflineQwen3(b *testing.B) {
-	tiny := engineMode(b)
-	raw, mcfg := shapeConfig(b, "qwen3-0.6b", "qwen3", tiny)
-	w, err := fastWeights(mcfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	opts := bench.DefaultOffline()
-	maxSeqs, maxBatched := 256, 16384 // all requests at once, as nano-vllm (512 sequences, 16384 tokens)
-	if tiny {
-		opts.NumSeqs, opts.MinInputLen, opts.MaxInputLen, opts.MinOutputLen, opts.MaxOutputLen = 8, 8, 32, 4, 16
-		maxSeqs, maxBatched = 8, 256
-	}
-	if v := os.Getenv(engineBenchEnv + "_SEQS"); v != "" {
-		if opts.NumSeqs, err = strconv.Atoi(v); err != nil || opts.NumSeqs < 1 {
-			b.Fatalf("%s_SEQS=%q: want a positive count", engineBenchEnv, v)
-		}
-	}
-	name := "qwen3-0.6b"
-	if tiny {
-		name = "qwen3-tiny(cpu)"
-	}
-	for _, zos := range []bool{false, true} {
-		b.Run("zos="+onOff(zos), func(b *testing.B) {
-			l := startEngine(b, engineOpts{zos: zos, maxSeqs: maxSeqs, maxBatched: maxBatched, maxModelLen: opts.MaxInputLen + opts.MaxOutputLen,
-				tiny: tiny, name: name, raw: raw, cfg: mcfg, w: w})
-			defer l.Close()
-			for range b.N {
-				before := l.StepStats().DeviceTimes()
-				r, err := bench.RunOffline(context.Background(), l, opts)
-				if err != nil {
-					b.Fatal(err)
-				}
-				flushTimeline(b, l)
-				dev := l.StepStats().DeviceTimes().Sub(before)
-				if r.Failed > 0 {
-					b.Errorf("%d of %d requests failed", r.Failed, r.NumRequests)
-				}
-				b.ReportMetric(r.OutputThroughput, "out-tok/s")
-				b.ReportMetric(r.TotalThroughput, "total-tok/s")
-				if f, ok := dev.Decode.IdleFraction(); ok {
-					b.ReportMetric(100*f, "decode-idle-%")
-				}
-				b.Logf("engine | %s offline %d requests, ZOS %s | output %.0f tok/s, total %.0f tok/s (%d in + %d out tokens in %.2f s) | device idle between decode steps %s of %.3f ms/step (%d pairs), all steps %s%s | goals: output > 30000 tok/s, idle < 2%% with ZOS",
-					name, r.NumRequests, onOff(zos), r.OutputThroughput, r.TotalThroughput, r.TotalInputTokens, r.TotalOutputTokens, r.DurationSeconds,
-					pct(dev.Decode), millis(dev.Decode.MeanSpan()), dev.Decode.N, pct(dev.All), timelineNote(dev))
-			}
-		})
-	}
-}
-
 // timelineNote says why there is no device timeline, if there is none.
 func timelineNote(d stages.DeviceTimes) string {
 	switch {
@@ -593,6 +545,17 @@ func decodeBench(b *testing.B, tiny bool, name string, raw []byte, mcfg *weights
 	}
 }
 
+// BenchmarkGPUEngineDecodeLlama1B: see the comment at the top of the file.
+func BenchmarkGPUEngineDecodeLlama1B(b *testing.B) {
+	tiny := engineMode(b)
+	raw, mcfg := shapeConfig(b, "llama-3.2-1b", "llama", tiny)
+	batches := []int{1, 32}
+	if tiny {
+		batches = []int{1, 4}
+	}
+	decodeBench(b, tiny, "llama-3.2-1b", raw, mcfg, batches, []bool{true, false})
+}
+
 // BenchmarkGPUEngineDecodeDeepSeekV2Lite: see the comment at the top of the
 // file.
 func BenchmarkGPUEngineDecodeDeepSeekV2Lite(b *testing.B) {
@@ -605,15 +568,56 @@ func BenchmarkGPUEngineDecodeDeepSeekV2Lite(b *testing.B) {
 	decodeBench(b, tiny, "deepseek-v2-lite", raw, mcfg, batches, []bool{true})
 }
 
-// BenchmarkGPUEngineDecodeLlama1B: see the comment at the top of the file.
-func BenchmarkGPUEngineDecodeLlama1B(b *testing.B) {
+// BenchmarkGPUEngineOfflineQwen3: see the comment at the top of the file.
+func BenchmarkGPUEngineOfflineQwen3(b *testing.B) {
 	tiny := engineMode(b)
-	raw, mcfg := shapeConfig(b, "llama-3.2-1b", "llama", tiny)
-	batches := []int{1, 32}
-	if tiny {
-		batches = []int{1, 4}
+	raw, mcfg := shapeConfig(b, "qwen3-0.6b", "qwen3", tiny)
+	w, err := fastWeights(mcfg)
+	if err != nil {
+		b.Fatal(err)
 	}
-	decodeBench(b, tiny, "llama-3.2-1b", raw, mcfg, batches, []bool{true, false})
+	opts := bench.DefaultOffline()
+	maxSeqs, maxBatched := 256, 16384 // all requests at once, as nano-vllm (512 sequences, 16384 tokens)
+	if tiny {
+		opts.NumSeqs, opts.MinInputLen, opts.MaxInputLen, opts.MinOutputLen, opts.MaxOutputLen = 8, 8, 32, 4, 16
+		maxSeqs, maxBatched = 8, 256
+	}
+	if v := os.Getenv(engineBenchEnv + "_SEQS"); v != "" {
+		if opts.NumSeqs, err = strconv.Atoi(v); err != nil || opts.NumSeqs < 1 {
+			b.Fatalf("%s_SEQS=%q: want a positive count", engineBenchEnv, v)
+		}
+	}
+	name := "qwen3-0.6b"
+	if tiny {
+		name = "qwen3-tiny(cpu)"
+	}
+	for _, zos := range []bool{false, true} {
+		b.Run("zos="+onOff(zos), func(b *testing.B) {
+			l := startEngine(b, engineOpts{zos: zos, maxSeqs: maxSeqs, maxBatched: maxBatched, maxModelLen: opts.MaxInputLen + opts.MaxOutputLen,
+				tiny: tiny, name: name, raw: raw, cfg: mcfg, w: w})
+			defer l.Close()
+			for range b.N {
+				before := l.StepStats().DeviceTimes()
+				r, err := bench.RunOffline(context.Background(), l, opts)
+				if err != nil {
+					b.Fatal(err)
+				}
+				flushTimeline(b, l)
+				dev := l.StepStats().DeviceTimes().Sub(before)
+				if r.Failed > 0 {
+					b.Errorf("%d of %d requests failed", r.Failed, r.NumRequests)
+				}
+				b.ReportMetric(r.OutputThroughput, "out-tok/s")
+				b.ReportMetric(r.TotalThroughput, "total-tok/s")
+				if f, ok := dev.Decode.IdleFraction(); ok {
+					b.ReportMetric(100*f, "decode-idle-%")
+				}
+				b.Logf("engine | %s offline %d requests, ZOS %s | output %.0f tok/s, total %.0f tok/s (%d in + %d out tokens in %.2f s) | device idle between decode steps %s of %.3f ms/step (%d pairs), all steps %s%s | goals: output > 30000 tok/s, idle < 2%% with ZOS",
+					name, r.NumRequests, onOff(zos), r.OutputThroughput, r.TotalThroughput, r.TotalInputTokens, r.TotalOutputTokens, r.DurationSeconds,
+					pct(dev.Decode), millis(dev.Decode.MeanSpan()), dev.Decode.N, pct(dev.All), timelineNote(dev))
+			}
+		})
+	}
 }
 
 // The in-memory weights of the engine benchmarks name and shape every
