@@ -6,12 +6,16 @@
 //
 // Numerics. Activations, KV caches, norm weights and biases are float32 on
 // the device (ActivationDType is F32); weight matrices stay in their stored
-// dtype (BF16, F16 or F32). GEMMs run on cuBLAS with float32 accumulation:
-// F32 weights multiply float32 activations exactly (no TF32); with BF16 or
-// F16 weights the activations enter the GEMM rounded to the weight dtype
-// (GEMMRound, the default: one tensor-core GEMM) or split into a high and a
-// low 16-bit part (GEMMSplit: about float32 accuracy, the weights still read
-// once, twice the tensor-core work). Norms, SiLU and routing follow the CPU
+// dtype (BF16, F16 or F32). GEMMs accumulate in float32: F32 weights
+// multiply float32 activations exactly (no TF32); with BF16 or F16 weights
+// the activations enter the GEMM rounded to the weight dtype (GEMMRound, the
+// default: one tensor-core product) or split into a high and a low 16-bit
+// part (GEMMSplit: about float32 accuracy, the weights still read once,
+// twice the tensor-core work). Linears of 1..64 rows with 16-bit weights run
+// on the library's skinny GEMM (tensor cores, the weights streamed once;
+// $DEEPINFER_CUDA_SKINNY=0 turns it off), F32 weights (and 16-bit ones with
+// the skinny GEMM off) at 1..4 rows on its GEMV kernel ($DEEPINFER_CUDA_GEMV
+// rows, 0: off), the rest on cuBLAS. Norms, SiLU and routing follow the CPU
 // backend's float64 steps, so the two backends agree to rounding outside the
 // GEMMs.
 //
@@ -31,9 +35,12 @@
 // ErrOutOfMemory.
 //
 // Batch invariance. The backend's own kernels (norms, RoPE, cache writes,
-// attention, routing) compute every row from its own inputs in a fixed
-// order; cuBLAS may pick a different algorithm for a different number of
-// rows, so Linear, Logits and MoE are not batch-invariant.
+// attention, routing, the skinny GEMM and the GEMV) compute every row from
+// its own inputs in a fixed order, so Linear and Logits of up to 64 rows with
+// 16-bit weights give a row the same bits alone or in any batch (the skinny
+// GEMM splits K by the weight's shape only). cuBLAS may pick a different
+// algorithm for a different number of rows, so larger batches, and MoE's
+// host path, are not batch-invariant.
 package cuda
 
 import (

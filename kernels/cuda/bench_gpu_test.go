@@ -299,7 +299,8 @@ func (bm *benchModel) prefill(b *testing.B, n int) {
 // and 32 rows against the copy bandwidth (weight bytes / time), and decode
 // attention over 256 and 4096 keys.
 func BenchmarkGPUOps(b *testing.B) {
-	g := newGPU(b, GEMMRound) // the default: GEMV for up to 4 rows of weights up to 2048x2048
+	g := newGPU(b, GEMMRound) // the default: the skinny GEMM for up to 64 rows (BenchmarkGPUSkinnyGEMM compares the paths)
+	b.Setenv("DEEPINFER_CUDA_SKINNY", "0")
 	b.Setenv("DEEPINFER_CUDA_GEMV", "0")
 	gOff := newGPU(b, GEMMRound) // linears on cuBLAS at every size
 	r := rand.New(rand.NewPCG(5, 6))
