@@ -327,16 +327,6 @@ func activeWeightBytes(c *weights.Config, batch int) (bytes, experts float64) {
 	return 2 * params, 0
 }
 
-// kvBytesPerToken is the cache bytes of one token over all layers, read by
-// every decode step that attends to it (float32 caches, as the CUDA backend
-// keeps them).
-func kvBytesPerToken(c *weights.Config) float64 {
-	if len(c.Architectures) > 0 && (c.Architectures[0] == "DeepseekV2ForCausalLM" || c.Architectures[0] == "DeepseekV3ForCausalLM") {
-		return 4 * float64(c.NumHiddenLayers*(c.KVLoraRank+c.QKRopeHeadDim))
-	}
-	return 4 * float64(c.NumHiddenLayers*2*c.NumKeyValueHeads*c.HeadDim)
-}
-
 // engineOpts are what a benchmark changes in configs/cuda.yaml.
 type engineOpts struct {
 	zos                 bool
@@ -518,7 +508,7 @@ func decodeBench(b *testing.B, tiny bool, name string, raw []byte, mcfg *weights
 						active, experts := activeWeightBytes(mcfg, batch)
 						floor := time.Duration(active / copyBandwidth * float64(time.Second))
 						ctxMid := promptLen + newTokens/2
-						kv := float64(batch*ctxMid) * kvBytesPerToken(mcfg)
+						kv := float64(batch*ctxMid) * float64(l.Model().KVCacheSpec().BytesPerBlock(1)) // every layer's cache of a token
 						wall := float64(batch) / f.tpot.Seconds()
 						d := f.dev.Decode
 						b.ReportMetric(wall, "tok/s")
