@@ -14,6 +14,8 @@
 // staging of the key tiles, a split decode kernel for MLA.
 #include <math_constants.h>
 
+#include <type_traits>
+
 #include "common.cuh"
 
 #define ATT_TILE 64
@@ -693,15 +695,6 @@ __device__ __forceinline__ uint32_t di_half2_bits(float lo, float hi) {
 	return *reinterpret_cast<uint32_t *>(&h);
 }
 
-// di_mma_f16 accumulates c += a . b for one m16n8k16 tile (row-major A,
-// column-major B, float32 C).
-__device__ __forceinline__ void di_mma_f16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-	             "{%0,%1,%2,%3};\n"
-	             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // di_stage_half converts rows of D floats to half in shared memory: row r
 // from base + rowsel[r]*stride (zeros where rowsel[r] < 0) to dst + r*ld,
 // or to column r of dst (dst[e*ld + r]) when Transpose. Rows are 16-byte
@@ -846,7 +839,7 @@ __global__ void __launch_bounds__(TC_THREADS)
 #pragma unroll
 			for (int nt = 0; nt < 8; nt++) {
 				const __half *b = Ks + (nt * 8 + g) * LQ + ks * 16 + 2 * t4;
-				di_mma_f16(sc[nt], qf[ks], *reinterpret_cast<const uint32_t *>(b),
+				di_mma16816<__half>(sc[nt], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], *reinterpret_cast<const uint32_t *>(b),
 				           *reinterpret_cast<const uint32_t *>(b + 8));
 			}
 		}
@@ -901,7 +894,7 @@ __global__ void __launch_bounds__(TC_THREADS)
 #pragma unroll
 			for (int nd = 0; nd < ND; nd++) {
 				const __half *b = Vt + (nd * 8 + g) * LV + kk * 16 + 2 * t4;
-				di_mma_f16(o[nd], a, *reinterpret_cast<const uint32_t *>(b),
+				di_mma16816<__half>(o[nd], a[0], a[1], a[2], a[3], *reinterpret_cast<const uint32_t *>(b),
 				           *reinterpret_cast<const uint32_t *>(b + 8));
 			}
 		}
@@ -921,22 +914,517 @@ __global__ void __launch_bounds__(TC_THREADS)
 	}
 }
 
+// di_prefill_attn_tc16_k is di_prefill_attn_tc_k for half caches: the key
+// and value tiles are copied into shared memory as they are stored, with
+// cp.async in two stages (tile i+1 in flight while tile i is computed), and
+// the B fragments are read with ldmatrix (transposed for V). Same tiling,
+// same products in the same order, so the bits equal di_prefill_attn_tc_k's
+// over the same half values. Shared memory: Q [TC_BQ][D+8] and two stages of
+// K and V [TC_BK][D+8] halves, plus the tiles' slots.
+
+__device__ __forceinline__ void di_ldmatrix_x4(uint32_t *r, const void *smem) {
+	const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+	             : "r"(s));
+}
+__device__ __forceinline__ void di_ldmatrix_x4_trans(uint32_t *r, const void *smem) {
+	const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+	             : "r"(s));
+}
+
+template <int D> static size_t di_prefill_tc16_smem() {
+	return (size_t)(TC_BQ * (D + 8) + 4 * TC_BK * (D + 8)) * sizeof(__half) + 2 * TC_BK * sizeof(int);
+}
+
+template <int D>
+__global__ void __launch_bounds__(TC_THREADS)
+    di_prefill_attn_tc16_k(float *out, const float *q, const __half *kc, const __half *vc, const int *cu,
+                           const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks,
+                           int block_size, int num_blocks, int num_heads, int num_kv_heads, float scale_log2,
+                           int window, unsigned *check) {
+	constexpr int LQ = D + 8, KS = D / 16, ND = D / 8, CH = D / 8; // CH: 16-byte chunks per row
+	extern __shared__ __align__(16) unsigned char tc_smem[];
+	__half *Qs = reinterpret_cast<__half *>(tc_smem);
+	__half *Kst = Qs + TC_BQ * LQ;         // [2][TC_BK][LQ]
+	__half *Vst = Kst + 2 * TC_BK * LQ;    // [2][TC_BK][LQ]
+	int *slots = reinterpret_cast<int *>(Vst + 2 * TC_BK * LQ); // [2][TC_BK]
+	__shared__ int s_seq, s_tile;
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+	const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
+	if (tid == 0) {
+		int b = blockIdx.x, seq = -1, tile = 0;
+		for (int si = 0; si < num_seqs; si++) {
+			const int ql = cu[si + 1] - cu[si];
+			if (ql < 2) continue;
+			const int nt = (ql + TC_BQ - 1) / TC_BQ;
+			if (b < nt) {
+				seq = si;
+				tile = nt - 1 - b;
+				break;
+			}
+			b -= nt;
+		}
+		s_seq = seq;
+		s_tile = tile;
+	}
+	__syncthreads();
+	const int s = s_seq;
+	if (s < 0) return;
+	const int q0 = cu[s], ql = cu[s + 1] - q0, kl = seqlens_k[s];
+	const int j0 = s_tile * TC_BQ, nq = min(TC_BQ, ql - j0);
+	const int kv_width = num_kv_heads * D;
+	if (kl < ql || kl > max_blocks * block_size) {
+		if (tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
+		for (int idx = tid; idx < nq * D; idx += TC_THREADS)
+			out[((size_t)(q0 + j0 + idx / D) * num_heads + h) * D + idx % D] = 0.f;
+		return;
+	}
+	const int k_hi = kl - ql + j0 + nq;
+	const int k_lo = window > 0 ? max(0, kl - ql + j0 + 1 - window) : 0;
+	const int t_first = k_lo / TC_BK * TC_BK;
+	const __half *kbase = kc + kvh * D, *vbase = vc + kvh * D;
+	// fetch looks up tile t0's slots into stage st and queues its copies.
+	auto fetch = [&](int t0, int st) {
+		int *sl = slots + st * TC_BK;
+		if (tid < TC_BK) {
+			int slot = -1;
+			const int t = t0 + tid;
+			if (t < k_hi) {
+				const int blk = block_tables[(size_t)s * max_blocks + t / block_size];
+				if (blk < 0 || blk >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
+				else slot = blk * block_size + t % block_size;
+			}
+			sl[tid] = slot;
+		}
+		__syncthreads();
+		__half *kd = Kst + st * TC_BK * LQ, *vd = Vst + st * TC_BK * LQ;
+		for (int c = tid; c < TC_BK * CH; c += TC_THREADS) {
+			const int r = c / CH, e = (c - r * CH) * 8, slot = sl[r];
+			const size_t off = slot >= 0 ? (size_t)slot * kv_width + e : 0;
+			di_cp_async16(kd + r * LQ + e, kbase + off, slot >= 0);
+			di_cp_async16(vd + r * LQ + e, vbase + off, slot >= 0);
+		}
+		di_cp_async_commit();
+	};
+	if (t_first < k_hi) fetch(t_first, 0);
+	// Q: float32 rows of this head, rounded to half once.
+	for (int c = tid; c < TC_BQ * (D / 4); c += TC_THREADS) {
+		const int r = c / (D / 4), e = (c - r * (D / 4)) * 4;
+		float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+		if (r < nq) v = *reinterpret_cast<const float4 *>(q + ((size_t)(q0 + j0 + r) * num_heads + h) * D + e);
+		uint2 w;
+		w.x = di_half2_bits(v.x, v.y);
+		w.y = di_half2_bits(v.z, v.w);
+		*reinterpret_cast<uint2 *>(Qs + r * LQ + e) = w;
+	}
+	__syncthreads();
+	const int r0 = warp * 16 + g;
+	uint32_t qf[KS][4];
+#pragma unroll
+	for (int ks = 0; ks < KS; ks++) {
+		const __half *a = Qs + r0 * LQ + ks * 16 + 2 * t4;
+		qf[ks][0] = *reinterpret_cast<const uint32_t *>(a);
+		qf[ks][1] = *reinterpret_cast<const uint32_t *>(a + 8 * LQ);
+		qf[ks][2] = *reinterpret_cast<const uint32_t *>(a + 8);
+		qf[ks][3] = *reinterpret_cast<const uint32_t *>(a + 8 * LQ + 8);
+	}
+	int first[2], last[2];
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		const int r = r0 + 8 * i;
+		last[i] = r < nq ? kl - ql + j0 + r + 1 : 0;
+		first[i] = window > 0 ? max(0, last[i] - window) : 0;
+	}
+	const int wr_last = min(warp * 16 + 15, nq - 1);
+	const int w_hi = warp * 16 < nq ? kl - ql + j0 + wr_last + 1 : 0;
+	const int w_lo = window > 0 ? max(0, kl - ql + j0 + warp * 16 + 1 - window) : 0;
+	float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.f, 0.f}, o[ND][4];
+#pragma unroll
+	for (int nd = 0; nd < ND; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+	// ldmatrix row addresses: lane i feeds row i%8 of matrix i/8.
+	const int lm_row = lane & 7, lm_mat = lane >> 3;
+	int st = 0;
+	for (int t0 = t_first; t0 < k_hi; t0 += TC_BK, st ^= 1) {
+		const int n = min(TC_BK, k_hi - t0);
+		if (t0 + TC_BK < k_hi) {
+			fetch(t0 + TC_BK, st ^ 1);
+			di_cp_async_wait<1>();
+		} else {
+			di_cp_async_wait<0>();
+		}
+		__syncthreads(); // tile t0 has landed for every thread
+		const int *sl = slots + st * TC_BK;
+		const __half *Ks = Kst + st * TC_BK * LQ, *Vs = Vst + st * TC_BK * LQ;
+		if (!(t0 >= w_hi || t0 + n <= w_lo)) {
+			float sc[8][4];
+#pragma unroll
+			for (int nt = 0; nt < 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+			for (int ks = 0; ks < KS; ks++) {
+#pragma unroll
+				for (int nt = 0; nt < 8; nt += 2) {
+					// matrices: (keys nt, d lo), (keys nt, d hi), (keys nt+1, d lo), (keys nt+1, d hi)
+					uint32_t b[4];
+					di_ldmatrix_x4(b, Ks + ((nt + (lm_mat >> 1)) * 8 + lm_row) * LQ + ks * 16 + (lm_mat & 1) * 8);
+					di_mma16816<__half>(sc[nt], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[0], b[1]);
+					di_mma16816<__half>(sc[nt + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[2], b[3]);
+				}
+			}
+#pragma unroll
+			for (int i = 0; i < 2; i++) {
+				float mx = -CUDART_INF_F;
+#pragma unroll
+				for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+					for (int c = 0; c < 2; c++) {
+						const int kk = nt * 8 + 2 * t4 + c, t = t0 + kk;
+						const bool vis = kk < n && sl[kk] >= 0 && t >= first[i] && t < last[i];
+						const float v = vis ? sc[nt][2 * i + c] * scale_log2 : -CUDART_INF_F;
+						sc[nt][2 * i + c] = v;
+						mx = fmaxf(mx, v);
+					}
+				}
+				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+				const float m_new = fmaxf(m[i], mx);
+				float alpha = 1.f, sum = 0.f;
+				if (m_new != -CUDART_INF_F) {
+					alpha = exp2f(m[i] - m_new);
+#pragma unroll
+					for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+						for (int c = 0; c < 2; c++) {
+							const float p = exp2f(sc[nt][2 * i + c] - m_new);
+							sc[nt][2 * i + c] = p;
+							sum += p;
+						}
+					}
+				} else {
+#pragma unroll
+					for (int nt = 0; nt < 8; nt++) sc[nt][2 * i] = sc[nt][2 * i + 1] = 0.f;
+				}
+				l[i] = l[i] * alpha + sum;
+				m[i] = m_new;
+#pragma unroll
+				for (int nd = 0; nd < ND; nd++) {
+					o[nd][2 * i] *= alpha;
+					o[nd][2 * i + 1] *= alpha;
+				}
+			}
+#pragma unroll
+			for (int kk = 0; kk < TC_BK / 16; kk++) {
+				uint32_t a[4];
+				a[0] = di_half2_bits(sc[2 * kk][0], sc[2 * kk][1]);
+				a[1] = di_half2_bits(sc[2 * kk][2], sc[2 * kk][3]);
+				a[2] = di_half2_bits(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+				a[3] = di_half2_bits(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+#pragma unroll
+				for (int nd = 0; nd < ND; nd += 2) {
+					// matrices: (keys lo, d nd), (keys hi, d nd), (keys lo, d nd+1), (keys hi, d nd+1)
+					uint32_t b[4];
+					di_ldmatrix_x4_trans(b, Vs + (kk * 16 + (lm_mat & 1) * 8 + lm_row) * LQ + (nd + (lm_mat >> 1)) * 8);
+					di_mma16816<__half>(o[nd], a[0], a[1], a[2], a[3], b[0], b[1]);
+					di_mma16816<__half>(o[nd + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+				}
+			}
+		}
+		__syncthreads(); // stage st is consumed before the next fetch refills it
+	}
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		float li = l[i];
+		li += __shfl_xor_sync(0xffffffffu, li, 1);
+		li += __shfl_xor_sync(0xffffffffu, li, 2);
+		const int r = r0 + 8 * i;
+		if (r >= nq) continue;
+		const float inv = li > 0.f ? 1.f / li : 0.f;
+		float *orow = out + ((size_t)(q0 + j0 + r) * num_heads + h) * D + 2 * t4;
+#pragma unroll
+		for (int nd = 0; nd < ND; nd++)
+			*reinterpret_cast<float2 *>(orow + nd * 8) = make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
+	}
+}
+
+// ---------------------------------------------------------------- decode: tensor cores
+//
+// di_decode_attn_tc_k is the split-over-keys decode kernel for 16-bit models
+// in GEMM mode round (AttentionParams.InputDType BF16 or F16) with head size
+// 64 or 128 and at most 16 query heads per KV head: the query heads of one
+// KV head are the rows of an m16n8k16 tile (zero rows past the group), so
+// that each key and value is read once for the whole group and the dot
+// products run on tensor cores, with q, k, v and the probabilities as half
+// and float32 accumulation. Chunks are those of di_decode_attn_k (a function
+// of the row's own key count) and are merged by di_decode_combine_k. One
+// block of TC_WARPS warps per (chunk, KV head, sequence) walks the chunk in
+// tiles of TC_BK keys aligned to absolute positions; warp w takes keys
+// [16w, 16w+16) of every tile with its own running max, sum and output, and
+// the warps merge in ascending order at the end. A half cache is copied
+// with cp.async, two tiles in flight; a float32 cache is converted while
+// staged (the same products, so the same bits over the same values).
+// Cost: one read of the chunk's keys and values; 4 x 16 x head_dim FLOPs
+// per key on tensor cores.
+
+template <int D, typename T>
+__device__ __forceinline__ void di_dec_stage(__half *kd, __half *vd, const T *kbase, const T *vbase, size_t stride,
+                                             const int *sl) {
+	constexpr int LQ = D + 8;
+	if constexpr (std::is_same<T, __half>::value) {
+		constexpr int CH = D / 8;
+		for (int c = threadIdx.x; c < TC_BK * CH; c += TC_THREADS) {
+			const int r = c / CH, e = (c - r * CH) * 8, slot = sl[r];
+			const size_t off = slot >= 0 ? (size_t)slot * stride + e : 0;
+			di_cp_async16(kd + r * LQ + e, kbase + off, slot >= 0);
+			di_cp_async16(vd + r * LQ + e, vbase + off, slot >= 0);
+		}
+		di_cp_async_commit();
+	} else {
+		di_stage_half<D, false, T>(kd, LQ, kbase, stride, sl, TC_BK);
+		di_stage_half<D, false, T>(vd, LQ, vbase, stride, sl, TC_BK);
+	}
+}
+
+template <int D> static size_t di_decode_tc_smem() {
+	const size_t tiles = (size_t)(16 * (D + 8) + 4 * TC_BK * (D + 8)) * sizeof(__half) + 2 * TC_BK * sizeof(int);
+	const size_t merge = (size_t)TC_WARPS * 16 * (D + 2) * sizeof(float);
+	return tiles > merge ? tiles : merge;
+}
+
+template <int D, typename T>
+__global__ void __launch_bounds__(TC_THREADS)
+    di_decode_attn_tc_k(float *part_acc, float2 *part_ml, const float *q, const T *kc, const T *vc, const int *cu,
+                        const int *seqlens_k, const int *block_tables, int max_blocks, int block_size, int num_blocks,
+                        int num_heads, int num_kv_heads, float scale_log2, int window, int decode_only,
+                        unsigned *check) {
+	constexpr int LQ = D + 8, KS = D / 16, ND = D / 8;
+	extern __shared__ __align__(16) unsigned char tc_smem[];
+	__half *Qs = reinterpret_cast<__half *>(tc_smem); // [16][LQ]
+	__half *Kst = Qs + 16 * LQ;                        // [2][TC_BK][LQ]
+	__half *Vst = Kst + 2 * TC_BK * LQ;                // [2][TC_BK][LQ]
+	int *slots = reinterpret_cast<int *>(Vst + 2 * TC_BK * LQ);
+	const int c = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, nsplit = gridDim.x;
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+	const int group = num_heads / num_kv_heads, h0 = kvh * group;
+	const int q0 = cu[s], ql = cu[s + 1] - q0;
+	if (ql != 1) {
+		if (decode_only && ql != 0 && c == 0 && kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
+		return;
+	}
+	const int kl = seqlens_k[s];
+	const bool bad = kl < 1 || kl > max_blocks * block_size;
+	const int len = di_dec_chunk(kl);
+	const int first = window > 0 ? max(0, kl - window) : 0;
+	const int t_lo = max(first, c * len), t_hi = min(kl, (c + 1) * len);
+	float2 *ml = part_ml + ((size_t)s * num_heads + h0) * nsplit + c; // head hh at ml[hh*nsplit]
+	if (bad || t_lo >= t_hi) {
+		if (bad && c == 0 && kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
+		if (tid < group) ml[(size_t)tid * nsplit] = make_float2(-CUDART_INF_F, 0.f);
+		return;
+	}
+	const int kv_width = num_kv_heads * D;
+	const T *kbase = kc + kvh * D, *vbase = vc + kvh * D;
+	auto fetch = [&](int t0, int st) {
+		int *sl = slots + st * TC_BK;
+		if (tid < TC_BK) {
+			const int t = t0 + tid;
+			int slot = -1;
+			if (t >= t_lo && t < t_hi) {
+				const int blk = block_tables[(size_t)s * max_blocks + t / block_size];
+				if (blk < 0 || blk >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
+				else slot = blk * block_size + t % block_size;
+			}
+			sl[tid] = slot;
+		}
+		__syncthreads();
+		di_dec_stage<D, T>(Kst + st * TC_BK * LQ, Vst + st * TC_BK * LQ, kbase, vbase, kv_width, sl);
+	};
+	const int t_first = t_lo / TC_BK * TC_BK;
+	fetch(t_first, 0);
+	const float *qr = q + ((size_t)q0 * num_heads + h0) * D;
+	for (int i = tid; i < 16 * (D / 4); i += TC_THREADS) {
+		const int r = i / (D / 4), e = (i - r * (D / 4)) * 4;
+		float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+		if (r < group) v = *reinterpret_cast<const float4 *>(qr + (size_t)r * D + e);
+		uint2 w;
+		w.x = di_half2_bits(v.x, v.y);
+		w.y = di_half2_bits(v.z, v.w);
+		*reinterpret_cast<uint2 *>(Qs + r * LQ + e) = w;
+	}
+	__syncthreads();
+	uint32_t qf[KS][4];
+#pragma unroll
+	for (int ks = 0; ks < KS; ks++) {
+		const __half *a = Qs + g * LQ + ks * 16 + 2 * t4;
+		qf[ks][0] = *reinterpret_cast<const uint32_t *>(a);
+		qf[ks][1] = *reinterpret_cast<const uint32_t *>(a + 8 * LQ);
+		qf[ks][2] = *reinterpret_cast<const uint32_t *>(a + 8);
+		qf[ks][3] = *reinterpret_cast<const uint32_t *>(a + 8 * LQ + 8);
+	}
+	float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.f, 0.f}, o[ND][4];
+#pragma unroll
+	for (int nd = 0; nd < ND; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+	const int lm_row = lane & 7, lm_mat = lane >> 3, kw = warp * 16; // this warp's keys in a tile
+	int st = 0;
+	for (int t0 = t_first; t0 < t_hi; t0 += TC_BK, st ^= 1) {
+		if (t0 + TC_BK < t_hi) {
+			fetch(t0 + TC_BK, st ^ 1);
+			di_cp_async_wait<1>();
+		} else {
+			di_cp_async_wait<0>();
+		}
+		__syncthreads();
+		const int *sl = slots + st * TC_BK;
+		const __half *Ks = Kst + st * TC_BK * LQ, *Vs = Vst + st * TC_BK * LQ;
+		float sc[2][4];
+#pragma unroll
+		for (int nt = 0; nt < 2; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+		for (int ks = 0; ks < KS; ks++) {
+			uint32_t b[4];
+			di_ldmatrix_x4(b, Ks + (kw + (lm_mat >> 1) * 8 + lm_row) * LQ + ks * 16 + (lm_mat & 1) * 8);
+			di_mma16816<__half>(sc[0], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[0], b[1]);
+			di_mma16816<__half>(sc[1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[2], b[3]);
+		}
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			float mx = -CUDART_INF_F;
+#pragma unroll
+			for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+				for (int cc = 0; cc < 2; cc++) {
+					const float v = sl[kw + nt * 8 + 2 * t4 + cc] >= 0 ? sc[nt][2 * i + cc] * scale_log2 : -CUDART_INF_F;
+					sc[nt][2 * i + cc] = v;
+					mx = fmaxf(mx, v);
+				}
+			}
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+			const float m_new = fmaxf(m[i], mx);
+			float alpha = 1.f, sum = 0.f;
+			if (m_new != -CUDART_INF_F) {
+				alpha = exp2f(m[i] - m_new);
+#pragma unroll
+				for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+					for (int cc = 0; cc < 2; cc++) {
+						const float p = exp2f(sc[nt][2 * i + cc] - m_new);
+						sc[nt][2 * i + cc] = p;
+						sum += p;
+					}
+				}
+			} else {
+#pragma unroll
+				for (int nt = 0; nt < 2; nt++) sc[nt][2 * i] = sc[nt][2 * i + 1] = 0.f;
+			}
+			l[i] = l[i] * alpha + sum;
+			m[i] = m_new;
+#pragma unroll
+			for (int nd = 0; nd < ND; nd++) {
+				o[nd][2 * i] *= alpha;
+				o[nd][2 * i + 1] *= alpha;
+			}
+		}
+		uint32_t a[4];
+		a[0] = di_half2_bits(sc[0][0], sc[0][1]);
+		a[1] = di_half2_bits(sc[0][2], sc[0][3]);
+		a[2] = di_half2_bits(sc[1][0], sc[1][1]);
+		a[3] = di_half2_bits(sc[1][2], sc[1][3]);
+#pragma unroll
+		for (int nd = 0; nd < ND; nd += 2) {
+			uint32_t b[4];
+			di_ldmatrix_x4_trans(b, Vs + (kw + (lm_mat & 1) * 8 + lm_row) * LQ + (nd + (lm_mat >> 1)) * 8);
+			di_mma16816<__half>(o[nd], a[0], a[1], a[2], a[3], b[0], b[1]);
+			di_mma16816<__half>(o[nd + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+		}
+		__syncthreads(); // stage st is consumed before the next fetch refills it
+	}
+	// Merge the warps in ascending order: each writes its rows' max, sum and
+	// output (the tiles' shared memory is free now), then thread pairs (row,
+	// column) combine them.
+	float *wbuf = reinterpret_cast<float *>(tc_smem); // [warp][row][D + 2]: output, then max and sum
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		float li = l[i];
+		li += __shfl_xor_sync(0xffffffffu, li, 1);
+		li += __shfl_xor_sync(0xffffffffu, li, 2);
+		float *row = wbuf + ((size_t)warp * 16 + g + 8 * i) * (D + 2);
+#pragma unroll
+		for (int nd = 0; nd < ND; nd++) {
+			row[nd * 8 + 2 * t4] = o[nd][2 * i];
+			row[nd * 8 + 2 * t4 + 1] = o[nd][2 * i + 1];
+		}
+		if (t4 == 0) {
+			row[D] = m[i];
+			row[D + 1] = li;
+		}
+	}
+	__syncthreads();
+	float *pa = part_acc + (((size_t)s * num_heads + h0) * nsplit + c) * D;
+	for (int idx = tid; idx < group * D; idx += TC_THREADS) {
+		const int r = idx / D, e = idx - r * D;
+		float mx = -CUDART_INF_F;
+#pragma unroll
+		for (int w = 0; w < TC_WARPS; w++) mx = fmaxf(mx, wbuf[((size_t)w * 16 + r) * (D + 2) + D]);
+		float acc = 0.f, sum = 0.f;
+		if (mx != -CUDART_INF_F) {
+#pragma unroll
+			for (int w = 0; w < TC_WARPS; w++) {
+				const float *row = wbuf + ((size_t)w * 16 + r) * (D + 2);
+				const float f = exp2f(row[D] - mx);
+				acc += row[e] * f;
+				sum += row[D + 1] * f;
+			}
+		}
+		pa[(size_t)r * nsplit * D + e] = acc;
+		// The combine kernel weighs chunks by expf of their max: store it in
+		// natural-log units.
+		if (e == 0) ml[(size_t)r * nsplit] = make_float2(mx * 0.6931471805599453f, sum);
+	}
+}
+
 // di_prefill_tc launches di_prefill_attn_tc_k for head size D.
 template <int D, typename T>
 static int di_prefill_tc(di_ctx *ctx, float *op, const float *qp, const T *kp, const T *vp, const int *cu,
                          const int *sk, const int *bt, const di_attn_meta *m, int num_heads, int num_kv_heads,
                          float scale, int window) {
+	const int tiles = (m->num_tokens + TC_BQ - 1) / TC_BQ + m->num_seqs; // bound on the prefill tiles
+	if constexpr (std::is_same<T, __half>::value) {
+		const size_t shmem = di_prefill_tc16_smem<D>();
+		cudaError_t e =
+		    cudaFuncSetAttribute(di_prefill_attn_tc16_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
+		if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (prefill, tensor cores): cudaFuncSetAttribute");
+		di_prefill_attn_tc16_k<D><<<dim3(tiles, num_heads), TC_THREADS, shmem, ctx->stream>>>(
+		    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
+		    num_kv_heads, scale * 1.4426950408889634f, window, ctx->check);
+		return di_check_launch(ctx, "attention (prefill, tensor cores)");
+	}
 	const size_t shmem = di_prefill_tc_smem<D>();
 	if (shmem > 48 * 1024) {
 		cudaError_t e =
 		    cudaFuncSetAttribute(di_prefill_attn_tc_k<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
 		if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (prefill, tensor cores): cudaFuncSetAttribute");
 	}
-	const int tiles = (m->num_tokens + TC_BQ - 1) / TC_BQ + m->num_seqs; // bound on the prefill tiles
 	di_prefill_attn_tc_k<D, T><<<dim3(tiles, num_heads), TC_THREADS, shmem, ctx->stream>>>(
 	    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
 	    num_kv_heads, scale * 1.4426950408889634f, window, ctx->check);
 	return di_check_launch(ctx, "attention (prefill, tensor cores)");
+}
+
+// di_decode_tc launches di_decode_attn_tc_k for head size D over nsplit
+// chunks per row into the partial buffers of di_decode_combine_k.
+template <int D, typename T>
+static int di_decode_tc(di_ctx *ctx, float *acc, float2 *ml, const float *qp, const T *kp, const T *vp, const int *cu,
+                        const int *sk, const int *bt, const di_attn_meta *m, int nsplit, int num_heads,
+                        int num_kv_heads, float scale, int window, int decode_only) {
+	const size_t shmem = di_decode_tc_smem<D>();
+	cudaError_t e = cudaFuncSetAttribute(di_decode_attn_tc_k<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
+	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (decode, tensor cores): cudaFuncSetAttribute");
+	di_decode_attn_tc_k<D, T><<<dim3(nsplit, num_kv_heads, m->num_seqs), TC_THREADS, shmem, ctx->stream>>>(
+	    acc, ml, qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads, num_kv_heads,
+	    scale * 1.4426950408889634f, window, decode_only, ctx->check);
+	return di_check_launch(ctx, "attention (decode, tensor cores)");
 }
 
 // attention runs di_op_attention over a cache of element type T.
@@ -951,6 +1439,9 @@ static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dp
 	const bool split = head_dim <= DEC_MAX_D;
 	const bool decode_only = m->max_seqlen_q == 1;
 	const int vec4 = (head_dim % 4 == 0) && ((k_cache | v_cache) % 16 == 0);
+	// Tensor cores for 16-bit models when activations are rounded anyway.
+	const bool tc = (input_dtype == DI_BF16 || input_dtype == DI_F16) && ctx->gemm_mode == DI_GEMM_ROUND &&
+	                ((q | k_cache | v_cache) % 16 == 0) && (head_dim == 64 || head_dim == 128);
 	if (split) {
 		const int max_keys = m->max_blocks_per_seq * m->block_size;
 		int nsplit = (max_keys + DEC_MIN_CHUNK - 1) / DEC_MIN_CHUNK;
@@ -965,10 +1456,19 @@ static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dp
 			di_scratch_free(ctx, acc);
 			return rc;
 		}
-		di_decode_attn_k<<<dim3(nsplit, num_kv_heads * subs, m->num_seqs), DEC_THREADS, 0, ctx->stream>>>(
-		    (float *)acc, (float2 *)ml, qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size, m->num_blocks,
-		    num_heads, num_kv_heads, head_dim, scale, sliding_window, decode_only, vec4, ctx->check);
-		rc = di_check_launch(ctx, "attention (decode)");
+		if (tc && group <= 16 && head_dim == 64) {
+			rc = di_decode_tc<64, T>(ctx, (float *)acc, (float2 *)ml, qp, kp, vp, cu, sk, bt, m, nsplit, num_heads,
+			                         num_kv_heads, scale, sliding_window, decode_only);
+		} else if (tc && group <= 16 && head_dim == 128) {
+			rc = di_decode_tc<128, T>(ctx, (float *)acc, (float2 *)ml, qp, kp, vp, cu, sk, bt, m, nsplit, num_heads,
+			                          num_kv_heads, scale, sliding_window, decode_only);
+		} else {
+			di_decode_attn_k<<<dim3(nsplit, num_kv_heads * subs, m->num_seqs), DEC_THREADS, 0, ctx->stream>>>(
+			    (float *)acc, (float2 *)ml, qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size,
+			    m->num_blocks, num_heads, num_kv_heads, head_dim, scale, sliding_window, decode_only, vec4,
+			    ctx->check);
+			rc = di_check_launch(ctx, "attention (decode)");
+		}
 		if (rc == DI_OK) {
 			di_decode_combine_k<<<dim3(m->num_seqs, num_heads), head_dim < 128 ? 64 : 128, 0, ctx->stream>>>(
 			    op, (const float *)acc, (const float2 *)ml, cu, num_heads, head_dim, nsplit);
@@ -979,8 +1479,6 @@ static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dp
 		if (rc != DI_OK) return rc;
 	}
 	if (decode_only && split) return DI_OK;
-	const bool tc = (input_dtype == DI_BF16 || input_dtype == DI_F16) && ctx->gemm_mode == DI_GEMM_ROUND &&
-	                ((q | k_cache | v_cache) % 16 == 0);
 	if (tc && head_dim == 64)
 		return di_prefill_tc<64>(ctx, op, qp, kp, vp, cu, sk, bt, m, num_heads, num_kv_heads, scale, sliding_window);
 	if (tc && head_dim == 128)

@@ -170,6 +170,32 @@ func TestGPUAttentionTensorCores(t *testing.T) {
 				ints := func(xs []int32, shape ...int) kernels.Tensor {
 					return upload(t, p.g, kernels.I32, kernels.I32Bytes(xs), kernels.I32, shape...)
 				}
+				// The decode row (sequence 1, 300 keys) alone, in a table 8
+				// times wider, gives its bits in the batch.
+				wide := 8 * maxBlocks
+				wt := make([]int32, wide)
+				for i := range wt {
+					wt[i] = -1
+				}
+				copy(wt, tables[maxBlocks:2*maxBlocks])
+				solo := kernels.AttentionMetadata{NumSeqs: 1, NumTokens: 1, MaxSeqlenQ: 1, BlockSize: blockSize,
+					CuSeqlensQ: ints([]int32{0, 1}, 2), SeqlensK: ints([]int32{300}, 1), BlockTables: ints(wt, 1, wide)}
+				qd, err := p.g.Rows(q.g, 100, 101)
+				if err != nil {
+					t.Fatal(err)
+				}
+				od, err := p.g.Alloc(kernels.F32, 1, w)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := p.g.Attention(od, qd, kc.g, vc.g, &solo, ap); err != nil {
+					t.Fatal(err)
+				}
+				for i, v := range p.f32(p.g, od) {
+					if math.Float32bits(v) != math.Float32bits(all[100*w+i]) {
+						t.Fatalf("decode row alone in a wide table: element %d is %v, in the batch %v", i, v, all[100*w+i])
+					}
+				}
 				for _, c := range [][2]int{{0, 37}, {37, 100}} {
 					n := c[1] - c[0]
 					meta := kernels.AttentionMetadata{NumSeqs: 1, NumTokens: n, MaxSeqlenQ: n, BlockSize: blockSize,
@@ -226,7 +252,8 @@ func TestGPUAttentionHalfCache(t *testing.T) {
 				b := p.pagedBatch(blockSize, numBlocks, seqs)
 				width := ap.NumKVHeads * ap.HeadDim
 				var kc, vc dual
-				for _, c := range []*dual{&kc, &vc} {
+				var kf, vf kernels.Tensor // the rounded values in float32 caches on the GPU
+				for i, c := range []*dual{&kc, &vc} {
 					vals := randVals(p.r, numBlocks*blockSize*width, 1)
 					half := make([]uint16, len(vals))
 					for i, v := range vals {
@@ -235,6 +262,12 @@ func TestGPUAttentionHalfCache(t *testing.T) {
 					}
 					c.c = upload(t, p.c, kernels.F32, kernels.F32Bytes(vals), kernels.F32, numBlocks, blockSize, width)
 					c.g = upload(t, g, kernels.F16, kernels.U16Bytes(half), kernels.F16, numBlocks, blockSize, width)
+					f := upload(t, g, kernels.F32, kernels.F32Bytes(vals), kernels.F32, numBlocks, blockSize, width)
+					if i == 0 {
+						kf = f
+					} else {
+						vf = f
+					}
 				}
 				w := ap.NumHeads * ap.HeadDim
 				q := p.rand(kernels.F32, 1, b.numTokens, w)
@@ -252,6 +285,23 @@ func TestGPUAttentionHalfCache(t *testing.T) {
 				}
 				e := p.check("attention", out, tol)
 				t.Logf("attention over half caches %s: max relative error vs the CPU backend %.2e", name, e)
+
+				// The kernels that read half caches (cp.async tiles for
+				// prefill) give the bits of the ones that read float32
+				// caches holding the same values.
+				of, err := g.Alloc(kernels.F32, b.numTokens, w)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := g.Attention(of, q.g, kf, vf, &b.gpuMeta, ap); err != nil {
+					t.Fatal(err)
+				}
+				half, full := p.f32(g, out.g), p.f32(g, of)
+				for i := range half {
+					if math.Float32bits(half[i]) != math.Float32bits(full[i]) {
+						t.Fatalf("element %d: %v over the half cache, %v over the float32 cache of the same values", i, half[i], full[i])
+					}
+				}
 			})
 		}
 	}

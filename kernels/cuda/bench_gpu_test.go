@@ -360,6 +360,9 @@ func BenchmarkGPUOps(b *testing.B) {
 				b.Run(fmt.Sprintf("attention/ctx=%d/batch=%d/cache=%s", ctx, batch, cdt), func(b *testing.B) {
 					const blockSize = 16
 					ap := kernels.AttentionParams{NumHeads: 32, NumKVHeads: 8, HeadDim: 64, Scale: 0.125}
+					if cdt == kernels.F16 {
+						ap.InputDType = kernels.BF16 // a 16-bit model: tensor cores
+					}
 					per := ctx / blockSize
 					numBlocks := batch * per
 					width := ap.NumKVHeads * ap.HeadDim

@@ -143,6 +143,11 @@ func TestGPUFixtureParity(t *testing.T) {
 						t.Fatal(err)
 					}
 					tol := fixtureTol[variant]
+					if variant == "bf16" && mode == GEMMRound {
+						// 16-bit activations, half K/V caches and tensor-core
+						// attention: the bound of a bf16 run against HF.
+						tol = 3e-2
+					}
 					r := rand.New(rand.NewPCG(uint64(len(name)), 1))
 					worstRef, worstCPU := 0.0, 0.0
 					top1, positions, greedyOK, greedyN := 0, 0, 0, 0
