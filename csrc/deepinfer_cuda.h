@@ -41,6 +41,9 @@ extern "C" {
 
 #define DI_ABI_VERSION 3u
 
+/* The most parts one split_columns call writes. */
+#define DI_MAX_SPLIT 4
+
 /* Element types; the values equal kernels.DType's. */
 enum di_dtype { DI_F32 = 1, DI_BF16 = 2, DI_F16 = 3, DI_I32 = 4 };
 
@@ -176,6 +179,10 @@ typedef struct di_api {
 	int (*silu_mul)(di_ctx *ctx, di_dptr out, di_dptr gate_up, int rows, int n);
 	int (*add)(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, uint64_t n);
 	int (*concat)(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, int rows, int m, int n);
+	/* split_columns copies columns of x (rows of x_pitch floats) into nparts
+	 * (<= DI_MAX_SPLIT) tensors of widths[i] columns each, in order. */
+	int (*split_columns)(di_ctx *ctx, di_dptr x, int rows, int x_pitch, int nparts, const di_dptr *parts,
+	                     const int *widths);
 	int (*rope)(di_ctx *ctx, di_dptr x, di_dptr positions, di_dptr cos, di_dptr sin, int num_tokens,
 	            int max_pos, int num_heads, int head_size, int offset, int rotary_dim, int interleaved);
 	/* cache_dtype: DI_F32 or DI_F16 (src is float32, rounded to nearest). */

@@ -37,7 +37,10 @@ struct di_ctx {
 	int num_graphs = 0;
 	int gemm_mode = DI_GEMM_ROUND; // how float32 activations enter 16-bit GEMMs
 	int gemv = 4;                  // linears of up to this many rows (at most 8) on the GEMV kernel; $DEEPINFER_CUDA_GEMV
-	int skinny = 64;               // 16-bit linears of up to this many rows (at most 64) on the skinny GEMM; $DEEPINFER_CUDA_SKINNY
+	// 16-bit linears of up to this many rows (at most 64) on the skinny GEMM;
+	// $DEEPINFER_CUDA_SKINNY. Off by default: batch-invariant, but slower than
+	// cuBLAS on an H200 at every Llama-3.2-1B shape measured (kernels/cuda/NOTES.md).
+	int skinny = 0;
 	unsigned *skinny_sem = nullptr; // DI_SKINNY_SEMS split-K tile counters of the skinny GEMM, zero between launches
 	char err[1024] = {0};
 
@@ -88,6 +91,8 @@ int di_op_rope(di_ctx *ctx, di_dptr x, di_dptr positions, di_dptr cos, di_dptr s
                int max_pos, int num_heads, int head_size, int offset, int rotary_dim, int interleaved);
 int di_op_write_cache(di_ctx *ctx, di_dptr cache, di_dptr src, di_dptr slot_mapping, int num_tokens,
                       int w, int width, int col, int num_slots, int cache_dtype);
+int di_op_split_columns(di_ctx *ctx, di_dptr x, int rows, int x_pitch, int nparts, const di_dptr *parts,
+                        const int *widths);
 int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,
                     const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
                     int sliding_window, int input_dtype, int cache_dtype);

@@ -591,6 +591,7 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->silu_mul = di_op_silu_mul;
 	out->add = di_op_add;
 	out->concat = di_op_concat;
+	out->split_columns = di_op_split_columns;
 	out->rope = di_op_rope;
 	out->write_cache = di_op_write_cache;
 	out->attention = di_op_attention;

@@ -111,6 +111,11 @@ type Ops interface {
 	Add(out, a, b Tensor) error
 	// Concat joins rows: out[i] = [a[i], b[i]] with a [T, m], b [T, n], out [T, m+n].
 	Concat(out, a, b Tensor) error
+	// SplitColumns copies the column blocks of x [T, w_0+w_1+...] into
+	// parts[i] [T, w_i], in order: the inverse of Concat for any number of
+	// parts (a fused q/k/v projection into its three tensors). Cost: one
+	// copy of x.
+	SplitColumns(x Tensor, parts ...Tensor) error
 
 	// RoPE rotates x in place by the angles of each row's position. x is
 	// [T, NumHeads*HeadSize]; within each head, RotaryDim elements starting at

@@ -154,3 +154,27 @@ func MoEShapes(backend string, out, x, ids, weights, gateUp, down Tensor) (d MoE
 	err = CheckShape(backend, op, "out", out, []int{d.T, d.Hidden}, F32)
 	return
 }
+
+// SplitShapes checks SplitColumns' arguments: x F32 [rows, width], at
+// least one part, each F32 [rows, w_i] with the w_i summing to width.
+func SplitShapes(backend string, x Tensor, parts []Tensor) (rows, width int, err error) {
+	const op = "split_columns"
+	if err = CheckShape(backend, op, "x", x, []int{-1, -1}, F32); err != nil {
+		return 0, 0, err
+	}
+	rows, width = x.Shape()[0], x.Shape()[1]
+	if len(parts) == 0 {
+		return 0, 0, fmt.Errorf("%s: %s: no parts: %w", backend, op, ErrShape)
+	}
+	sum := 0
+	for i, p := range parts {
+		if err = CheckShape(backend, op, fmt.Sprintf("parts[%d]", i), p, []int{rows, -1}, F32); err != nil {
+			return 0, 0, err
+		}
+		sum += p.Shape()[1]
+	}
+	if sum != width {
+		return 0, 0, fmt.Errorf("%s: %s: parts of %d columns in all from x of %d: %w", backend, op, sum, width, ErrShape)
+	}
+	return rows, width, nil
+}

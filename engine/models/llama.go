@@ -143,9 +143,8 @@ type llama struct {
 
 type llamaLayer struct {
 	inputNorm, postNorm kernels.Tensor
-	q, k, v, o          kernels.Tensor
-	qBias, kBias, vBias kernels.Tensor
-	oBias               kernels.Tensor
+	qkv, o              kernels.Tensor // q, k and v projections fused: [qd + 2*kvd, hidden]
+	qkvBias, oBias      kernels.Tensor
 	qNorm, kNorm        kernels.Tensor // Qwen3, else nil
 	mlp                 mlp
 	slidingWindow       int
@@ -170,17 +169,15 @@ func newLlama(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, op
 		ly := llamaLayer{
 			inputNorm: l.vector(p+"input_layernorm.weight", h),
 			postNorm:  l.vector(p+"post_attention_layernorm.weight", h),
-			q:         l.matrix(a+"q_proj.weight", qd, h),
-			k:         l.matrix(a+"k_proj.weight", kvd, h),
-			v:         l.matrix(a+"v_proj.weight", kvd, h),
-			o:         l.matrix(a+"o_proj.weight", h, qd),
-			qBias:     l.optVector(a+"q_proj.bias", qd),
-			kBias:     l.optVector(a+"k_proj.bias", kvd),
-			vBias:     l.optVector(a+"v_proj.bias", kvd),
-			oBias:     l.optVector(a+"o_proj.bias", h),
-			mlp:       loadMLP(l, p+"mlp.", h, cfg.IntermediateSize),
+			qkv: l.fused(h, []string{a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+				[]int{qd, kvd, kvd}),
+			o: l.matrix(a+"o_proj.weight", h, qd),
+			qkvBias: l.fusedVector([]string{a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"},
+				[]int{qd, kvd, kvd}),
+			oBias: l.optVector(a+"o_proj.bias", h),
+			mlp:   loadMLP(l, p+"mlp.", h, cfg.IntermediateSize),
 		}
-		if cfg.AttentionBias && ly.qBias == nil && l.err == nil {
+		if cfg.AttentionBias && ly.qkvBias == nil && l.err == nil {
 			l.matrix(a+"q_proj.bias", qd) // reports the missing bias
 		}
 		if qkNorm {
@@ -268,6 +265,7 @@ func (m *llama) layer(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid,
 	ops, ly, t := m.ops, &m.layers[i], b.NumTokens
 	qd, kvd := m.numHeads*m.headDim, m.numKVHeads*m.headDim
 	x := s.get("x", t, m.cfg.HiddenSize)
+	qkv := s.get("qkv", t, qd+2*kvd)
 	q, k, v, attn := s.get("q", t, qd), s.get("k", t, kvd), s.get("v", t, kvd), s.get("attn", t, qd)
 	if s.err != nil {
 		return s.err
@@ -281,13 +279,10 @@ func (m *llama) layer(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid,
 	if err != nil {
 		return err
 	}
-	if err := ops.Linear(q, x, ly.q, ly.qBias); err != nil {
+	if err := ops.Linear(qkv, x, ly.qkv, ly.qkvBias); err != nil {
 		return err
 	}
-	if err := ops.Linear(k, x, ly.k, ly.kBias); err != nil {
-		return err
-	}
-	if err := ops.Linear(v, x, ly.v, ly.vBias); err != nil {
+	if err := ops.SplitColumns(qkv, q, k, v); err != nil {
 		return err
 	}
 	if ly.qNorm != nil { // Qwen3: RMSNorm over each head

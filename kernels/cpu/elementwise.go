@@ -253,3 +253,36 @@ func (b *Backend) Concat(out, x, y kernels.Tensor) error {
 	})
 	return nil
 }
+
+// SplitColumns copies the column blocks of x into parts (see kernels.Ops).
+func (b *Backend) SplitColumns(x kernels.Tensor, parts ...kernels.Tensor) error {
+	const op = "split_columns"
+	if err := b.checkOpen(op); err != nil {
+		return err
+	}
+	xs, err := asCPU(op, "x", x)
+	if err != nil {
+		return err
+	}
+	ps := make([]*Tensor, len(parts))
+	for i, p := range parts {
+		if ps[i], err = asCPU(op, fmt.Sprintf("parts[%d]", i), p); err != nil {
+			return err
+		}
+	}
+	rows, width, err := kernels.SplitShapes("cpu", xs, parts)
+	if err != nil {
+		return err
+	}
+	b.forRows(rows, width, func(lo, hi int) {
+		for r := lo; r < hi; r++ {
+			src := xs.f32[r*width : (r+1)*width]
+			for _, p := range ps {
+				w := p.shape[1]
+				copy(p.f32[r*w:(r+1)*w], src[:w])
+				src = src[w:]
+			}
+		}
+	})
+	return nil
+}

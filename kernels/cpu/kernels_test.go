@@ -172,6 +172,25 @@ func TestSiLUMulAddConcat(t *testing.T) {
 		want = append(append(want, a[i*n:(i+1)*n]...), c[i*3:(i+1)*3]...)
 	}
 	checkIdentical(t, "concat", vals(cat), want)
+
+	// SplitColumns undoes Concat; bad widths, shapes and dtypes are refused.
+	pa, pc := alloc(t, b, rows, n), alloc(t, b, rows, 3)
+	if err := b.SplitColumns(cat, pa, pc); err != nil {
+		t.Fatal(err)
+	}
+	checkIdentical(t, "split_columns a", vals(pa), a)
+	checkIdentical(t, "split_columns b", vals(pc), c)
+	for name, parts := range map[string][]kernels.Tensor{
+		"no parts":     nil,
+		"widths short": {pa},
+		"widths long":  {pa, pc, alloc(t, b, rows, 1)},
+		"rows":         {pa, alloc(t, b, rows+1, 3)},
+		"dtype":        {pa, putI32(t, b, make([]int32, rows*3), rows, 3)},
+	} {
+		if err := b.SplitColumns(cat, parts...); err == nil {
+			t.Errorf("split_columns, %s: no error", name)
+		}
+	}
 }
 
 func TestEmbeddingAndLogits(t *testing.T) {

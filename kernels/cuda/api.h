@@ -71,6 +71,9 @@ static inline int c_linear(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr
 }
 static inline int c_silu_mul(di_api *a, di_ctx *c, di_dptr out, di_dptr gu, int rows, int n) { return a->silu_mul(c, out, gu, rows, n); }
 static inline int c_add(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr y, uint64_t n) { return a->add(c, out, x, y, n); }
+static inline int c_split_columns(di_api *a, di_ctx *c, di_dptr x, int rows, int pitch, int n, const di_dptr *parts, const int *widths) {
+	return a->split_columns(c, x, rows, pitch, n, parts, widths);
+}
 static inline int c_concat(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr y, int rows, int m, int n) {
 	return a->concat(c, out, x, y, rows, m, n);
 }

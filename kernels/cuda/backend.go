@@ -11,11 +11,12 @@
 // the activations enter the GEMM rounded to the weight dtype (GEMMRound, the
 // default: one tensor-core product) or split into a high and a low 16-bit
 // part (GEMMSplit: about float32 accuracy, the weights still read once,
-// twice the tensor-core work). Linears of 1..64 rows with 16-bit weights run
-// on the library's skinny GEMM (tensor cores, the weights streamed once;
-// $DEEPINFER_CUDA_SKINNY=0 turns it off), F32 weights (and 16-bit ones with
-// the skinny GEMM off) at 1..4 rows on its GEMV kernel ($DEEPINFER_CUDA_GEMV
-// rows, 0: off), the rest on cuBLAS. Norms, SiLU and routing follow the CPU
+// twice the tensor-core work). Linears of 1..4 rows with weights of up to 4M
+// elements run on the library's GEMV kernel ($DEEPINFER_CUDA_GEMV rows, 0:
+// off), the rest on cuBLAS. $DEEPINFER_CUDA_SKINNY=N (N <= 64) sends 16-bit
+// linears of up to N rows to the library's skinny GEMM instead (tensor
+// cores, batch-invariant; off by default because cuBLAS was faster at every
+// shape measured, see NOTES.md). Norms, SiLU and routing follow the CPU
 // backend's float64 steps, so the two backends agree to rounding outside the
 // GEMMs.
 //
@@ -36,11 +37,11 @@
 //
 // Batch invariance. The backend's own kernels (norms, RoPE, cache writes,
 // attention, routing, the skinny GEMM and the GEMV) compute every row from
-// its own inputs in a fixed order, so Linear and Logits of up to 64 rows with
-// 16-bit weights give a row the same bits alone or in any batch (the skinny
-// GEMM splits K by the weight's shape only). cuBLAS may pick a different
-// algorithm for a different number of rows, so larger batches, and MoE's
-// host path, are not batch-invariant.
+// its own inputs in a fixed order; with the skinny GEMM on, Linear and
+// Logits of up to 64 rows with 16-bit weights give a row the same bits alone
+// or in any batch (it splits K by the weight's shape only). cuBLAS may pick
+// a different algorithm for a different number of rows, so by default
+// linears of more than 4 rows, and MoE's host path, are not batch-invariant.
 package cuda
 
 import (

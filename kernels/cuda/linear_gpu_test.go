@@ -10,7 +10,7 @@ import (
 
 // Environment variables that pick the Linear path (read when a Backend is
 // created; see gemm_f32_input in ops.cu): rows up to DEEPINFER_CUDA_SKINNY
-// (default 64, 0: off) with 16-bit weights on the skinny GEMM, else rows up
+// (default 0: off) with 16-bit weights on the skinny GEMM, else rows up
 // to DEEPINFER_CUDA_GEMV (default 4, 0: off) on the GEMV kernel, else cuBLAS.
 const (
 	skinnyEnv = "DEEPINFER_CUDA_SKINNY"

@@ -347,6 +347,40 @@ __global__ void di_concat_k(float *out, const float *a, const float *b, size_t r
 	}
 }
 
+struct di_split_args {
+	float *part[DI_MAX_SPLIT];
+	int lo[DI_MAX_SPLIT + 1]; // first column of each part; lo[nparts] is the total width
+};
+
+__global__ void di_split_columns_k(const float *x, size_t rows, int pitch, int nparts, di_split_args a) {
+	const int w = a.lo[nparts];
+	const size_t total = rows * (size_t)w;
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+		const size_t r = i / w;
+		const int j = (int)(i % w);
+		int p = 0;
+		while (p + 1 < nparts && j >= a.lo[p + 1]) p++;
+		const int pw = a.lo[p + 1] - a.lo[p];
+		a.part[p][r * pw + (j - a.lo[p])] = x[r * pitch + j];
+	}
+}
+
+extern "C" int di_op_split_columns(di_ctx *ctx, di_dptr x, int rows, int x_pitch, int nparts, const di_dptr *parts,
+                                   const int *widths) {
+	if (nparts < 1 || nparts > DI_MAX_SPLIT)
+		return di_fail(ctx, DI_ERR_INVALID, "split_columns: %d parts (1..%d)", nparts, DI_MAX_SPLIT);
+	di_split_args a;
+	a.lo[0] = 0;
+	for (int i = 0; i < nparts; i++) {
+		a.part[i] = DI_PTR(float, parts[i]);
+		a.lo[i + 1] = a.lo[i] + widths[i];
+	}
+	const size_t n = (size_t)rows * a.lo[nparts];
+	if (n == 0) return DI_OK;
+	di_split_columns_k<<<di_grid(n, 256), 256, 0, ctx->stream>>>(DI_PTR(const float, x), rows, x_pitch, nparts, a);
+	return di_check_launch(ctx, "split_columns");
+}
+
 extern "C" int di_op_concat(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, int rows, int m, int n) {
 	if (rows == 0 || m + n == 0) return DI_OK;
 	di_concat_k<<<di_grid((size_t)rows * (m + n), 256), 256, 0, ctx->stream>>>(

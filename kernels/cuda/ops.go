@@ -211,6 +211,44 @@ func (b *Backend) Concat(out, x, y kernels.Tensor) error {
 	}, o, a, c)
 }
 
+// SplitColumns copies the column blocks of x into parts (see kernels.Ops):
+// one kernel per DI_MAX_SPLIT parts.
+func (b *Backend) SplitColumns(x kernels.Tensor, parts ...kernels.Tensor) error {
+	const op = "split_columns"
+	xs, err := asCUDA(op, "x", x)
+	if err != nil {
+		return err
+	}
+	ps := make([]*Tensor, len(parts))
+	for i, p := range parts {
+		if ps[i], err = asCUDA(op, fmt.Sprintf("parts[%d]", i), p); err != nil {
+			return err
+		}
+	}
+	rows, width, err := kernels.SplitShapes("cuda", xs, parts)
+	if err != nil {
+		return err
+	}
+	for lo, col := 0, 0; lo < len(ps); lo += C.DI_MAX_SPLIT {
+		group := ps[lo:min(lo+C.DI_MAX_SPLIT, len(ps))]
+		var ptrs [C.DI_MAX_SPLIT]C.di_dptr
+		var widths [C.DI_MAX_SPLIT]C.int
+		for i, p := range group {
+			ptrs[i], widths[i] = p.ptr(), C.int(p.shape[1])
+		}
+		start := xs.ptr() + C.di_dptr(col*4)
+		if err := b.launch(op, func() C.int {
+			return C.c_split_columns(b.lib.api, b.ctx, start, C.int(rows), C.int(width), C.int(len(group)), &ptrs[0], &widths[0])
+		}, append([]*Tensor{xs}, group...)...); err != nil {
+			return err
+		}
+		for _, p := range group {
+			col += p.shape[1]
+		}
+	}
+	return nil
+}
+
 // RoPE rotates the rotary part of every head of x in place; a position
 // outside the table is reported by the next Download or Sync.
 func (b *Backend) RoPE(x, positions, cos, sin kernels.Tensor, p kernels.RoPEParams) error {

@@ -145,6 +145,29 @@ func TestGPUElementwise(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.check("concat", cat, 0)
+
+	// SplitColumns into 2 and into 6 parts (two launches of at most four).
+	for _, widths := range [][]int{{60, 30}, {7, 20, 3, 33, 12, 15}} {
+		parts := make([]dual, len(widths))
+		cs, gs := make([]kernels.Tensor, len(widths)), make([]kernels.Tensor, len(widths))
+		for i, w := range widths {
+			parts[i] = p.zeros(kernels.F32, 9, w)
+			p.poison(parts[i])
+			cs[i], gs[i] = parts[i].c, parts[i].g
+		}
+		if err := p.c.SplitColumns(cat.c, cs...); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.g.SplitColumns(cat.g, gs...); err != nil {
+			t.Fatal(err)
+		}
+		for i := range parts {
+			p.check(fmt.Sprintf("split_columns %v part %d", widths, i), parts[i], 0)
+		}
+	}
+	if err := p.g.SplitColumns(cat.g, act.g); err == nil {
+		t.Error("split_columns of 90 columns into 77: no error")
+	}
 }
 
 func TestGPURoPE(t *testing.T) {
