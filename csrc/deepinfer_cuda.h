@@ -39,7 +39,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 3u
+#define DI_ABI_VERSION 4u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -70,7 +70,8 @@ enum di_check {
 	DI_CHECK_MLA = 1u << 4,
 	DI_CHECK_RESOLVE = 1u << 5,
 	DI_CHECK_LOGITS = 1u << 6,
-	DI_CHECK_MOE = 1u << 7
+	DI_CHECK_MOE = 1u << 7,
+	DI_CHECK_SAMPLE = 1u << 8 /* a logits row with NaN, +Inf or all -Inf (see di_sample_status) */
 };
 
 /* How float32 activations enter a GEMM with BF16 or F16 weights. ROUND:
@@ -84,6 +85,54 @@ enum di_topk { DI_TOPK_GREEDY = 1, DI_TOPK_GROUP_LIMITED = 2, DI_TOPK_NOAUX_TC =
 
 typedef uint64_t di_dptr;
 typedef struct di_ctx di_ctx;
+
+/* Sampling on the device (kernels.DeviceSampler; the algorithm is the host
+ * reference sampler's, kernels/sampling). One di_sample_row per logits row
+ * and a flat array of di_sample_edit; both are device arrays that the
+ * caller uploads. Host-side float64 values are computed by the caller with
+ * the host sampler's own expressions, so that the device repeats them bit
+ * for bit. */
+typedef struct di_sample_row {
+	uint64_t seed, step;   /* the draw: Philox4x32-10 key and counter (kernels/sampling.Uniform) */
+	double inv_temp;       /* 1 / float64(temperature); unused by a greedy row */
+	double t_log_min_p;    /* float64(temperature) * ln(float64(min_p)); read when use_min_p */
+	double top_p;          /* float64(top_p); >= 1 disables top-p */
+	double top_p_hi;       /* the host's top-p margins: float64(1 + 1e-9) and */
+	double top_p_lo;       /* float64(1 - 1e-9) */
+	float repetition_penalty, presence_penalty, frequency_penalty;
+	int32_t top_k;         /* 0: disabled (also for top_k >= vocab) */
+	int32_t greedy;        /* 1: argmax, lowest id on ties */
+	int32_t use_min_p;     /* 1: min_p > 0 */
+	int32_t penalized;     /* 1: the penalties change the logits of DI_EDIT_SEEN tokens */
+	int32_t edit_begin;    /* the row's edits: edits[edit_begin, edit_begin + num_edits) */
+	int32_t num_edits;
+	int32_t pad;
+} di_sample_row;
+
+/* Flags of di_sample_edit; the values equal kernels.EditFlags. */
+enum di_edit_flags { DI_EDIT_MASK = 1, DI_EDIT_BIAS = 2, DI_EDIT_SEEN = 4 };
+
+/* One token's logit edit, applied in the host sampler's order and float32
+ * arithmetic: mask (-Inf), bias (+= bias), then, for a seen token of a
+ * penalized row, repetition, frequency (count times) and presence. */
+typedef struct di_sample_edit {
+	int32_t token;
+	int32_t count; /* occurrences in the output so far */
+	float bias;
+	uint32_t flags;
+} di_sample_edit;
+
+/* Per-row status that di_api.sample writes next to the tokens. */
+enum di_sample_status {
+	DI_SAMPLE_OK = 0,
+	DI_SAMPLE_NAN = 1,     /* a logit is NaN after the edits */
+	DI_SAMPLE_POSINF = 2,  /* a logit is +Inf after the edits */
+	DI_SAMPLE_ALL_NEGINF = 3 /* every logit is -Inf after the edits */
+};
+
+/* The largest vocabulary di_api.sample accepts (its sums of weights are
+ * 64-bit integers in units of 2^-43). */
+#define DI_SAMPLE_MAX_VOCAB (1 << 20)
 
 typedef struct di_device_info {
 	char name[256];
@@ -212,6 +261,17 @@ typedef struct di_api {
 	int (*logits)(di_ctx *ctx, di_dptr out, di_dptr hidden, di_dptr rows, int num_rows,
 	              int num_hidden, di_dptr norm, di_dptr head, int head_dtype, int dim, int vocab,
 	              float eps);
+	/* sample: one token per row of logits (F32 [num_rows, vocab], edited in
+	 * place at each row's edit ids). rows: di_sample_row[num_rows]; edits:
+	 * di_sample_edit[] (0 when no row has edits). out: I32 [3, num_rows]:
+	 * the tokens, a di_sample_status per row and the lowest token id with
+	 * the status's value (-1 when none); a row with a status other than
+	 * DI_SAMPLE_OK gets token 0 and sets DI_CHECK_SAMPLE. max_candidates
+	 * bounds the survivors of a random row's filters that are held in shared
+	 * memory (0: none; rows with more survivors are walked in global
+	 * memory): the tokens do not depend on it. */
+	int (*sample)(di_ctx *ctx, di_dptr out, di_dptr logits, int num_rows, int vocab, di_dptr rows,
+	              di_dptr edits, int max_candidates);
 } di_api;
 
 /* di_get_api fills *out for a caller built against abi_version; it returns

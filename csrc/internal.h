@@ -110,6 +110,8 @@ int di_op_resolve_placeholders(di_ctx *ctx, di_dptr ids, di_dptr from_row, di_dp
 int di_op_logits(di_ctx *ctx, di_dptr out, di_dptr hidden, di_dptr rows, int num_rows,
                  int num_hidden, di_dptr norm, di_dptr head, int head_dtype, int dim, int vocab,
                  float eps);
+int di_op_sample(di_ctx *ctx, di_dptr out, di_dptr logits, int num_rows, int vocab, di_dptr rows,
+                 di_dptr edits, int max_candidates);
 int di_op_widen(di_ctx *ctx, float *dst, const void *src, int src_dtype, size_t n);
 // di_add_into computes out[i] += a[i] (+ bias[i % n] when bias is set) over
 // rows*n elements.

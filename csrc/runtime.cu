@@ -411,7 +411,8 @@ static int report_checks(di_ctx *ctx) {
 	static const char *names[] = {"embedding (token id)", "rope (position)", "write_cache (slot)",
 	                              "attention (sequence layout or block table)",
 	                              "mla_attention (sequence layout or block table)",
-	                              "resolve_placeholders (row)", "logits (row)", "moe (expert id)"};
+	                              "resolve_placeholders (row)", "logits (row)", "moe (expert id)",
+	                              "sample (a logits row with NaN, +Inf or only -Inf)"};
 	for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++) {
 		if (c & (1u << i)) {
 			strncat(buf, buf[0] ? ", " : "", sizeof buf - strlen(buf) - 1);
@@ -600,5 +601,6 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->moe = di_op_moe;
 	out->resolve_placeholders = di_op_resolve_placeholders;
 	out->logits = di_op_logits;
+	out->sample = di_op_sample;
 	return DI_OK;
 }

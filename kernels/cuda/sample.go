@@ -1,0 +1,191 @@
+package cuda
+
+/*
+#include "api.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"unsafe"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// maxSampleCandidates is how many survivors of a random row's filters
+// (min-p, top-k) the sample kernel keeps in shared memory (16 bytes each);
+// rows with more are walked in global memory. The tokens do not depend on it.
+const maxSampleCandidates = 4096
+
+// topPMargin is kernels/sampling's relative margin around the top-p limit;
+// the kernel receives 1 ± topPMargin as Go rounds them.
+const topPMargin = 1e-9
+
+var _ kernels.DeviceSampler = (*Backend)(nil)
+
+// SampleTokens samples one token per logits row on the device (see
+// kernels.DeviceSampler and sample.cu): one block per row; greedy rows are
+// exact, random rows agree with kernels/sampling except where the draw or
+// the top-p limit falls within about 1e-12 of the total mass of the
+// boundary between two tokens (the device sums weights rounded to 2^-43,
+// the host float64 weights in walk order; CUDA's exp and Go's math.Exp
+// may differ in the last bit). The float64 constants of each row (1/T,
+// T ln(min_p), top_p and its margins) are computed here with the host
+// sampler's expressions, so the device repeats them bit for bit where Go
+// does not fuse multiply-adds (amd64).
+//
+// Cost: one upload of the rows and edits (96 bytes a row, 16 an edit), one
+// kernel, one download of 12 bytes a row, which waits for the queued work.
+// The kernel reads each row a few times: once to apply the edits and find
+// the maximum (all a greedy row needs); a random row adds three passes for
+// top-k's K-th largest logit, one to count the survivors, and either one to
+// compact them into shared memory (up to 4096) or, for more survivors,
+// about two to six more passes over the row (an exp per survivor in each).
+func (b *Backend) SampleTokens(logits kernels.Tensor, rows []kernels.SampleRow) (kernels.Tensor, []int32, error) {
+	return b.sampleTokens(logits, rows, maxSampleCandidates)
+}
+
+// sampleTokens is SampleTokens with a bound on the survivors held in shared
+// memory (0: every random row walks global memory), for tests.
+func (b *Backend) sampleTokens(logits kernels.Tensor, rows []kernels.SampleRow, maxCandidates int) (kernels.Tensor, []int32, error) {
+	const op = "sample"
+	l, err := asCUDA(op, "logits", logits)
+	if err != nil {
+		return nil, nil, err
+	}
+	vocab, err := kernels.SampleArgs("cuda", l, rows, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	if vocab > C.DI_SAMPLE_MAX_VOCAB {
+		return nil, nil, fmt.Errorf("cuda: sample: logits is %v: at most %d tokens: %w", l, C.DI_SAMPLE_MAX_VOCAB, ErrUnsupported)
+	}
+	n := len(rows)
+	if n == 0 {
+		return &Tensor{shape: []int{0}, dtype: kernels.I32, buf: &buffer{}}, []int32{}, nil
+	}
+
+	// One I32 buffer: the kernel's output [3, n] (tokens, statuses, ids),
+	// then the rows and the edits at a 16-byte boundary.
+	numEdits := 0
+	for i := range rows {
+		numEdits += len(rows[i].Edits)
+	}
+	rowBytes, editBytes := n*C.sizeof_di_sample_row, numEdits*C.sizeof_di_sample_edit
+	paramOff := (3*n + 3) &^ 3 // in int32 elements
+	paramInts := (rowBytes + editBytes) / 4
+	buf, err := b.Alloc(kernels.I32, paramOff+paramInts)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cuda: sample: %w", err)
+	}
+	blob := make([]uint64, (rowBytes+editBytes+7)/8) // 8-byte aligned for the C structs
+	raw := unsafe.Slice((*byte)(unsafe.Pointer(&blob[0])), rowBytes+editBytes)
+	packSampleRows(raw, rows, vocab)
+	params, err := b.Rows(buf, paramOff, paramOff+paramInts)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := b.Upload(params, raw, kernels.I32); err != nil {
+		return nil, nil, fmt.Errorf("cuda: sample: %w", err)
+	}
+	out := buf.(*Tensor)
+	rowsPtr := out.ptr() + C.di_dptr(4*paramOff)
+	var editsPtr C.di_dptr
+	if numEdits > 0 {
+		editsPtr = rowsPtr + C.di_dptr(rowBytes)
+	}
+	if err := b.launch(op, func() C.int {
+		return C.c_sample(b.lib.api, b.ctx, out.ptr(), l.ptr(), C.int(n), C.int(vocab), rowsPtr, editsPtr, C.int(maxCandidates))
+	}, out, l); err != nil {
+		return nil, nil, err
+	}
+	res, err := b.Rows(buf, 0, 3*n)
+	if err != nil {
+		return nil, nil, err
+	}
+	hostRaw := make([]byte, 4*3*n)
+	dlErr := b.Download(hostRaw, res)
+	runtime.KeepAlive(blob)
+	got := kernels.BytesI32(hostRaw)
+	for r := range n {
+		if st := got[n+r]; st != C.DI_SAMPLE_OK {
+			rowErr := &kernels.SampleRowError{Row: r, Reason: sampleStatus(st), Index: int(got[2*n+r])}
+			if dlErr != nil {
+				return nil, nil, fmt.Errorf("cuda: sample: %w (%v)", rowErr, dlErr)
+			}
+			return nil, nil, fmt.Errorf("cuda: sample: %w", rowErr)
+		}
+	}
+	if dlErr != nil {
+		return nil, nil, dlErr
+	}
+	tokens, err := b.Rows(buf, 0, n)
+	if err != nil {
+		return nil, nil, err
+	}
+	return tokens, got[:n:n], nil
+}
+
+// sampleStatus names a di_sample_status.
+func sampleStatus(st int32) string {
+	switch st {
+	case C.DI_SAMPLE_NAN:
+		return "NaN"
+	case C.DI_SAMPLE_POSINF:
+		return "+Inf"
+	case C.DI_SAMPLE_ALL_NEGINF:
+		return "all -Inf"
+	}
+	return fmt.Sprintf("status %d", st)
+}
+
+// packSampleRows writes the di_sample_row array and then the edits of every
+// row into raw (8-byte aligned, sized for both).
+func packSampleRows(raw []byte, rows []kernels.SampleRow, vocab int) {
+	n := len(rows)
+	cr := unsafe.Slice((*C.di_sample_row)(unsafe.Pointer(&raw[0])), n)
+	var ce []C.di_sample_edit
+	if rest := raw[n*C.sizeof_di_sample_row:]; len(rest) > 0 {
+		ce = unsafe.Slice((*C.di_sample_edit)(unsafe.Pointer(&rest[0])), len(rest)/C.sizeof_di_sample_edit)
+	}
+	b2i := func(x bool) C.int32_t {
+		if x {
+			return 1
+		}
+		return 0
+	}
+	e := 0
+	for i := range rows {
+		r := &rows[i]
+		c := &cr[i]
+		*c = C.di_sample_row{}
+		c.seed, c.step = C.uint64_t(r.Seed), C.uint64_t(r.Step)
+		if !r.Greedy {
+			// kernels/sampling's filter: temp := float64(T); 1/temp and
+			// temp*math.Log(float64(min_p)).
+			temp := float64(r.Temperature)
+			c.inv_temp = C.double(1 / temp)
+			if r.MinP > 0 {
+				c.t_log_min_p = C.double(temp * math.Log(float64(r.MinP)))
+			}
+		}
+		c.top_p = C.double(float64(r.TopP))
+		c.top_p_hi, c.top_p_lo = C.double(1+topPMargin), C.double(1-topPMargin)
+		c.repetition_penalty = C.float(r.RepetitionPenalty)
+		c.presence_penalty = C.float(r.PresencePenalty)
+		c.frequency_penalty = C.float(r.FrequencyPenalty)
+		if r.TopK > 0 && r.TopK < vocab {
+			c.top_k = C.int32_t(r.TopK)
+		}
+		c.greedy = b2i(r.Greedy)
+		c.use_min_p = b2i(r.MinP > 0)
+		c.penalized = b2i(r.Penalized())
+		c.edit_begin, c.num_edits = C.int32_t(e), C.int32_t(len(r.Edits))
+		for _, ed := range r.Edits {
+			ce[e] = C.di_sample_edit{token: C.int32_t(ed.Token), count: C.int32_t(ed.Count), bias: C.float(ed.Bias), flags: C.uint32_t(ed.Flags)}
+			e++
+		}
+	}
+}
