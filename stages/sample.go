@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"runtime"
@@ -13,7 +14,8 @@ import (
 
 func init() {
 	registerStage("sample", "greedy", func(rt *Runtime) pipeline.Stage[*ForwardResult, *SampledStep] {
-		return &greedySample{rt: rt}
+		dev, _ := rt.Ops.(kernels.DeviceSampler)
+		return &greedySample{rt: rt, dev: dev}
 	})
 	pipeline.Register("logit-softcap", "default", func(a pipeline.Args) (*pipeline.Node, error) {
 		rt, err := runtimeOf(a)
@@ -65,13 +67,29 @@ func argmax(xs []float32) int {
 }
 
 // greedySample takes the argmax of every row, whatever the sampling params
-// say: a minimal sampler to swap in from YAML.
+// say: a minimal sampler to swap in from YAML. On a backend that samples on
+// the device (kernels.DeviceSampler) the argmax runs there, unless the step
+// scores prompt rows (prompt_logprobs need the rows on the host); the
+// device reports a row with NaN or +Inf as an error, where the host argmax
+// skips NaN and takes the first +Inf.
 type greedySample struct {
 	rt     *Runtime
-	logits []float32 // reused host copy of each step's logits
+	dev    kernels.DeviceSampler // nil: the backend has none
+	logits []float32             // reused host copy of each step's logits
+	rows   []kernels.SampleRow   // reused device rows
 }
 
 func (g *greedySample) Process(ctx context.Context, res *ForwardResult) (*SampledStep, error) {
+	if g.dev != nil && res.Logits != nil && len(res.PromptRows) == 0 {
+		if err := waitSample(ctx, g.rt, res); err != nil {
+			return nil, err
+		}
+		g.rows = g.rows[:0]
+		for range res.Rows {
+			g.rows = append(g.rows, kernels.SampleRow{Greedy: true, TopP: 1, RepetitionPenalty: 1})
+		}
+		return sampleOnDevice(g.rt, g.dev, res, g.rows)
+	}
 	rows, err := beginSample(ctx, g.rt, res, &g.logits)
 	if err != nil {
 		return nil, err
@@ -83,19 +101,46 @@ func (g *greedySample) Process(ctx context.Context, res *ForwardResult) (*Sample
 	if out.PromptLogprobs, err = promptLogprobs(res, rows[len(res.Rows):]); err != nil {
 		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
 	}
-	return out, endSample(g.rt, out)
+	return out, endSample(g.rt, out, nil)
 }
 
-// beginSample waits until the previous step is post-processed (see
-// MetadataZOS) and fetches the step's logits rows.
-func beginSample(ctx context.Context, rt *Runtime, res *ForwardResult, buf *[]float32) ([][]float32, error) {
+// sampleOnDevice samples every row of a step on the backend, which keeps
+// the tokens, and publishes them for the next step's placeholders without
+// an upload. rows has one entry per res.Rows.
+func sampleOnDevice(rt *Runtime, dev kernels.DeviceSampler, res *ForwardResult, rows []kernels.SampleRow) (*SampledStep, error) {
+	tokens, host, err := dev.SampleTokens(res.Logits, rows)
+	if err != nil {
+		var rowErr *kernels.SampleRowError
+		if errors.As(err, &rowErr) && rowErr.Row >= 0 && rowErr.Row < len(res.Rows) {
+			return nil, fmt.Errorf("sample: step %d: request %q: %w", res.Outputs.StepID, res.Rows[rowErr.Row].RequestID, err)
+		}
+		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
+	}
+	out := &SampledStep{ForwardResult: res, Samples: make([]Sample, len(res.Rows))}
+	for r := range out.Samples {
+		out.Samples[r] = Sample{Token: int(host[r])}
+	}
+	return out, endSample(rt, out, tokens)
+}
+
+// waitSample waits until the previous step is post-processed (see
+// MetadataZOS) and starts the step's sample clock.
+func waitSample(ctx context.Context, rt *Runtime, res *ForwardResult) error {
 	t := time.Now()
 	if err := rt.ZOS.waitPostprocessed(ctx, res.Outputs.StepID-1); err != nil {
-		return nil, err
+		return err
 	}
 	res.sampleStart = time.Now()
 	if rt.Stats != nil {
 		rt.Stats.PostWaitNanos.Add(int64(res.sampleStart.Sub(t)))
+	}
+	return nil
+}
+
+// beginSample waits as waitSample and fetches the step's logits rows.
+func beginSample(ctx context.Context, rt *Runtime, res *ForwardResult, buf *[]float32) ([][]float32, error) {
+	if err := waitSample(ctx, rt, res); err != nil {
+		return nil, err
 	}
 	rows, err := hostLogits(rt.Ops, res, buf)
 	if err != nil {
@@ -104,19 +149,25 @@ func beginSample(ctx context.Context, rt *Runtime, res *ForwardResult, buf *[]fl
 	return rows, nil
 }
 
-// endSample publishes the step's tokens for the next step's placeholders.
-func endSample(rt *Runtime, out *SampledStep) error {
+// endSample publishes the step's tokens for the next step's placeholders:
+// tokens, when not nil, already holds them in backend memory (sampled on
+// the device); otherwise they are uploaded. It records the step's sample
+// time (from waitSample to here: the host path's download and sampling, or
+// the device path's launch and wait).
+func endSample(rt *Runtime, out *SampledStep, tokens kernels.Tensor) error {
 	n := len(out.Samples)
 	host := make([]int, n)
 	toks, ones := make([]int32, n), make([]int32, n)
 	for i, s := range out.Samples {
 		host[i], toks[i], ones[i] = s.Token, int32(s.Token), 1
 	}
-	var tokens, accepted kernels.Tensor
+	var accepted kernels.Tensor
 	if n > 0 {
 		var err error
-		if tokens, err = kernels.FromI32(rt.Ops, toks, n); err != nil {
-			return fmt.Errorf("sample: step %d: %w", out.Outputs.StepID, err)
+		if tokens == nil {
+			if tokens, err = kernels.FromI32(rt.Ops, toks, n); err != nil {
+				return fmt.Errorf("sample: step %d: %w", out.Outputs.StepID, err)
+			}
 		}
 		if accepted, err = kernels.FromI32(rt.Ops, ones, n); err != nil {
 			return fmt.Errorf("sample: step %d: %w", out.Outputs.StepID, err)

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 
 	"golang.org/x/sync/errgroup"
 
 	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/sampling"
 	"github.com/deepinfer/deepinfer-go/pipeline"
 )
@@ -18,7 +20,8 @@ func init() {
 		for i := range scratch {
 			scratch[i] = new(sampling.Scratch)
 		}
-		return &sample{rt: rt, scratch: scratch}
+		dev, _ := rt.Ops.(kernels.DeviceSampler)
+		return &sample{rt: rt, scratch: scratch, dev: dev, edits: make([]editBuilder, len(scratch))}
 	})
 }
 
@@ -28,10 +31,22 @@ func init() {
 // and a draw keyed by (seed, output position), so that a request's tokens
 // do not depend on its batch neighbours. Rows are split over one worker per
 // core (each row is independent, so the split changes no result).
+//
+// On a backend that samples on the device (kernels.DeviceSampler) a step
+// whose rows ask for no logprobs and no prompt logprobs is sampled there:
+// each row's params become a kernels.SampleRow whose edits carry the
+// min_tokens mask, the logit bias and the penalty history (one edit per
+// distinct token), the logits stay on the device, and the tokens are
+// published to the next step from device memory. Other steps, and backends
+// without the capability, sample on the host as above.
 type sample struct {
 	rt      *Runtime
 	scratch []*sampling.Scratch // one per worker
 	logits  []float32           // reused host copy of each step's logits
+
+	dev   kernels.DeviceSampler // nil: the backend has none
+	edits []editBuilder         // one per worker
+	rows  []kernels.SampleRow   // reused device rows
 }
 
 // minRowsPerWorker keeps small batches on one goroutine, where a fan-out
@@ -39,6 +54,9 @@ type sample struct {
 const minRowsPerWorker = 8
 
 func (s *sample) Process(ctx context.Context, res *ForwardResult) (*SampledStep, error) {
+	if s.dev != nil && onDevice(res) {
+		return s.processDevice(ctx, res)
+	}
 	rows, err := beginSample(ctx, s.rt, res, &s.logits)
 	if err != nil {
 		return nil, err
@@ -65,7 +83,160 @@ func (s *sample) Process(ctx context.Context, res *ForwardResult) (*SampledStep,
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	return out, endSample(s.rt, out)
+	return out, endSample(s.rt, out, nil)
+}
+
+// onDevice reports whether a step can be sampled on the device: it has
+// logits, and no row asks for logprobs or scores prompt tokens.
+func onDevice(res *ForwardResult) bool {
+	if res.Logits == nil || len(res.PromptRows) > 0 {
+		return false
+	}
+	for _, ref := range res.Rows {
+		if ref.Meta.Params.Logprobs != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// processDevice samples a step on the device: the rows' settings are built
+// on the host (split over the workers as the host path), then one call
+// samples every row.
+func (s *sample) processDevice(ctx context.Context, res *ForwardResult) (*SampledStep, error) {
+	if err := waitSample(ctx, s.rt, res); err != nil {
+		return nil, err
+	}
+	eos := s.rt.Scheduler.Config().EOSTokenIDs
+	vocab := res.Logits.Shape()[len(res.Logits.Shape())-1]
+	n := len(res.Rows)
+	s.rows = slices.Grow(s.rows[:0], n)[:n]
+	workers := min(len(s.edits), max(1, n/minRowsPerWorker))
+	var g errgroup.Group
+	for w := range workers {
+		lo, hi := w*n/workers, (w+1)*n/workers
+		g.Go(func() error {
+			b := &s.edits[w]
+			b.reset(vocab)
+			for r := lo; r < hi; r++ {
+				ref := res.Rows[r]
+				p, hist, step := rowParams(ref.Meta, ref.Index, eos, s.rt.ZOS.pendingTokens(res.Outputs.StepID, ref.Meta))
+				row, err := b.row(&p, hist, step)
+				if err != nil {
+					return fmt.Errorf("sample: step %d: request %q: %w", res.Outputs.StepID, ref.RequestID, err)
+				}
+				s.rows[r] = row
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	return sampleOnDevice(s.rt, s.dev, res, s.rows)
+}
+
+// editBuilder turns one row's host sampling inputs (rowParams) into a
+// kernels.SampleRow whose edits reproduce sampling.Sample's mask, bias and
+// penalties: one edit per distinct token id among the masked ids, the bias
+// map and, when a penalty is active, the prompt and output history (the
+// output count with it). Its dense index over the vocabulary is cleared
+// after each row, so a row costs O(masked + bias + history) and a builder
+// holds 4 bytes per vocabulary entry. Not safe for concurrent use.
+type editBuilder struct {
+	slot  []int32             // token id -> 1 + its edit's index in the current row; 0: none
+	edits []kernels.LogitEdit // the edits of the rows built since reset
+	start int                 // the current row's first edit
+}
+
+// reset starts a step: the rows built before are no longer needed.
+func (b *editBuilder) reset(vocab int) {
+	if len(b.slot) != vocab {
+		b.slot = make([]int32, vocab)
+	}
+	b.edits = b.edits[:0]
+}
+
+// edit returns the index in b.edits of token t's edit in the current row,
+// adding an empty one the first time; ok is false for an id outside the
+// vocabulary.
+func (b *editBuilder) edit(t int32) (k int, ok bool) {
+	if t < 0 || int(t) >= len(b.slot) {
+		return 0, false
+	}
+	if k := b.slot[t]; k > 0 {
+		return b.start + int(k) - 1, true
+	}
+	b.edits = append(b.edits, kernels.LogitEdit{Token: t})
+	b.slot[t] = int32(len(b.edits) - b.start)
+	return len(b.edits) - 1, true
+}
+
+// outside is the error of a token id outside the vocabulary.
+func (b *editBuilder) outside(what string, t int32) error {
+	return fmt.Errorf("%s token id %d not in [0, %d): %w", what, t, len(b.slot), kernels.ErrOutOfRange)
+}
+
+// row builds the SampleRow of params p, history h (read only when a
+// penalty is active, as sampling.Sample does) and output position step.
+// The row's Edits alias the builder until its next reset.
+func (b *editBuilder) row(p *sampling.Params, h sampling.History, step uint64) (kernels.SampleRow, error) {
+	r := kernels.SampleRow{
+		Greedy: p.Greedy(), Temperature: p.Temperature, TopK: p.TopK, TopP: p.TopP, MinP: p.MinP,
+		Seed: p.Seed, Step: step,
+		RepetitionPenalty: p.RepetitionPenalty, PresencePenalty: p.PresencePenalty, FrequencyPenalty: p.FrequencyPenalty,
+	}
+	b.start = len(b.edits)
+	err := b.addEdits(p, h, &r)
+	for _, e := range b.edits[b.start:] {
+		b.slot[e.Token] = 0
+	}
+	if err != nil {
+		b.edits = b.edits[:b.start]
+		return kernels.SampleRow{}, err
+	}
+	r.Edits = b.edits[b.start:len(b.edits):len(b.edits)]
+	return r, nil
+}
+
+func (b *editBuilder) addEdits(p *sampling.Params, h sampling.History, r *kernels.SampleRow) error {
+	for _, t := range p.Masked {
+		k, ok := b.edit(t)
+		if !ok {
+			return b.outside("masked", t)
+		}
+		b.edits[k].Flags |= kernels.EditMask
+	}
+	for t, bias := range p.LogitBias {
+		k, ok := b.edit(t)
+		if !ok {
+			return b.outside("logit_bias", t)
+		}
+		b.edits[k].Flags |= kernels.EditBias
+		b.edits[k].Bias = bias
+	}
+	if !r.Penalized() {
+		return nil
+	}
+	if h.Penalty != nil {
+		return fmt.Errorf("a penalty state instead of the token history: %w", kernels.ErrSampleParams)
+	}
+	for _, t := range h.PromptTokenIDs {
+		k, ok := b.edit(t)
+		if !ok {
+			return b.outside("prompt", t)
+		}
+		b.edits[k].Flags |= kernels.EditSeen
+	}
+	for _, t := range h.OutputTokenIDs {
+		k, ok := b.edit(t)
+		if !ok {
+			return b.outside("output", t)
+		}
+		b.edits[k].Flags |= kernels.EditSeen
+		b.edits[k].Count++
+	}
+	return nil
 }
 
 // sampleRow samples row r into out.Samples[r].
