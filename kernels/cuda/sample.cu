@@ -191,6 +191,8 @@ template <class S, class F> __device__ __forceinline__ void ds_each(const S &s, 
 	const int lane = threadIdx.x & 31;
 	int lo, hi;
 	ds_chunk<V>(s.n, threadIdx.x >> 5, lo, hi);
+	// Unrolled so that several loads of each lane are in flight at once.
+#pragma unroll 4
 	for (int base = lo; base < hi; base += 32 * V) {
 		const int i = base + lane * V;
 		float v[V];
@@ -494,7 +496,7 @@ __device__ int ds_draw(const S &s, DsRow &c, const di_sample_row &p, int fallbac
 // ---------------------------------------------------------------- the kernel
 
 template <int V>
-__global__ void __launch_bounds__(DS_THREADS)
+__global__ void __launch_bounds__(DS_THREADS, 2) // two rows per SM (the shared memory fits two)
     di_sample_k(int *out, float *logits, int num_rows, int vocab, const di_sample_row *rows,
                 const di_sample_edit *edits, int cap, unsigned *check) {
 	extern __shared__ __align__(16) unsigned char ds_dyn[];
