@@ -102,7 +102,9 @@ func onDevice(res *ForwardResult) bool {
 
 // processDevice samples a step on the device: the rows' settings are built
 // on the host (split over the workers as the host path), then one call
-// samples every row.
+// samples every row. Cost: the host path's O(history) per penalized row
+// and none of its download or per-token work; one device call, which waits
+// for the tokens.
 func (s *sample) processDevice(ctx context.Context, res *ForwardResult) (*SampledStep, error) {
 	if err := waitSample(ctx, s.rt, res); err != nil {
 		return nil, err
