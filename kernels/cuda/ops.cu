@@ -352,17 +352,16 @@ struct di_split_args {
 	int lo[DI_MAX_SPLIT + 1]; // first column of each part; lo[nparts] is the total width
 };
 
-__global__ void di_split_columns_k(const float *x, size_t rows, int pitch, int nparts, di_split_args a) {
-	const int w = a.lo[nparts];
-	const size_t total = rows * (size_t)w;
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-		const size_t r = i / w;
-		const int j = (int)(i % w);
-		int p = 0;
-		while (p + 1 < nparts && j >= a.lo[p + 1]) p++;
-		const int pw = a.lo[p + 1] - a.lo[p];
-		a.part[p][r * pw + (j - a.lo[p])] = x[r * pitch + j];
-	}
+// One thread per column of a row (blockIdx.y strides over rows): no integer
+// division per element.
+__global__ void di_split_columns_k(const float *x, int rows, int pitch, int nparts, di_split_args a) {
+	const int j = blockIdx.x * blockDim.x + threadIdx.x;
+	if (j >= a.lo[nparts]) return;
+	int p = 0;
+	while (p + 1 < nparts && j >= a.lo[p + 1]) p++;
+	const int pw = a.lo[p + 1] - a.lo[p], col = j - a.lo[p];
+	float *dst = a.part[p];
+	for (int r = blockIdx.y; r < rows; r += gridDim.y) dst[(size_t)r * pw + col] = x[(size_t)r * pitch + j];
 }
 
 extern "C" int di_op_split_columns(di_ctx *ctx, di_dptr x, int rows, int x_pitch, int nparts, const di_dptr *parts,
@@ -375,9 +374,10 @@ extern "C" int di_op_split_columns(di_ctx *ctx, di_dptr x, int rows, int x_pitch
 		a.part[i] = DI_PTR(float, parts[i]);
 		a.lo[i + 1] = a.lo[i] + widths[i];
 	}
-	const size_t n = (size_t)rows * a.lo[nparts];
-	if (n == 0) return DI_OK;
-	di_split_columns_k<<<di_grid(n, 256), 256, 0, ctx->stream>>>(DI_PTR(const float, x), rows, x_pitch, nparts, a);
+	const int w = a.lo[nparts];
+	if (rows == 0 || w == 0) return DI_OK;
+	const dim3 grid((w + 255) / 256, rows < 65535 ? rows : 65535);
+	di_split_columns_k<<<grid, 256, 0, ctx->stream>>>(DI_PTR(const float, x), rows, x_pitch, nparts, a);
 	return di_check_launch(ctx, "split_columns");
 }
 
