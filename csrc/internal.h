@@ -41,6 +41,10 @@ struct di_ctx {
 	// $DEEPINFER_CUDA_SKINNY. Off by default: batch-invariant, but slower than
 	// cuBLAS on an H200 at every Llama-3.2-1B shape measured (kernels/cuda/NOTES.md).
 	int skinny = 0;
+	// The shortest key chunk of a split decode row (a multiple of 128):
+	// longer chunks mean fewer partial results and longer copy pipelines,
+	// shorter ones more blocks for a few long rows; $DEEPINFER_CUDA_DEC_CHUNK.
+	int dec_chunk = 256;
 	unsigned *skinny_sem = nullptr; // DI_SKINNY_SEMS split-K tile counters of the skinny GEMM, zero between launches
 	char err[1024] = {0};
 

@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 
 #define DEC_THREADS 128
 #define DEC_MAX_SPLITS 32   // chunks per row at most
-#define DEC_MIN_CHUNK 128   // keys per chunk at least
+#define DEC_MIN_CHUNK 128   // keys per chunk at least (ctx->dec_chunk may ask more)
 #define DEC_CHUNK_ALIGN 128 // chunk lengths are multiples of this
 #define DEC_GROUP 8         // query heads (of one KV head) per block at most
 #define DEC_MAX_D 256
@@ -200,10 +200,10 @@ __global__ void __launch_bounds__(ATT_THREADS)
 
 // di_dec_chunk is the chunk length, in key positions, of a decode row with kl
 // keys: chunk c holds keys [c*len, (c+1)*len). A function of kl alone.
-__host__ __device__ __forceinline__ int di_dec_chunk(int kl) {
+__host__ __device__ __forceinline__ int di_dec_chunk(int kl, int min_chunk) {
 	int c = (kl + DEC_MAX_SPLITS - 1) / DEC_MAX_SPLITS;
 	c = (c + DEC_CHUNK_ALIGN - 1) / DEC_CHUNK_ALIGN * DEC_CHUNK_ALIGN;
-	return c > DEC_MIN_CHUNK ? c : DEC_MIN_CHUNK;
+	return c > min_chunk ? c : min_chunk;
 }
 
 // di_dec_sub is the number of keys staged in shared memory at a time: the
@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 4)
     di_decode_attn_k(float *part_acc, float2 *part_ml, const float *q, const T *kc, const T *vc,
                      const int *cu, const int *seqlens_k, const int *block_tables, int max_blocks, int block_size,
                      int num_blocks, int num_heads, int num_kv_heads, int head_dim, float scale, int window,
-                     int decode_only, int vec4, unsigned *check) {
+                     int decode_only, int vec4, int min_chunk, unsigned *check) {
 	__shared__ __align__(16) float vs[DEC_TILE];               // [sub][head_dim]
 	__shared__ float ks[DEC_TILE + DEC_MAX_SUB];                // [sub][head_dim+1]
 	__shared__ float sq[DEC_GROUP * DEC_MAX_D];                 // [head][head_dim]
@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 4)
 	}
 	const int kl = seqlens_k[s];
 	const bool bad = kl < 1 || kl > max_blocks * block_size;
-	const int len = di_dec_chunk(kl);
+	const int len = di_dec_chunk(kl, min_chunk);
 	const int first = window > 0 ? max(0, kl - window) : 0;
 	const int t_lo = max(first, c * len), t_hi = min(kl, (c + 1) * len);
 	float2 *ml = part_ml + ((size_t)s * num_heads + h0) * nsplit + c; // head hh at ml[hh*nsplit]
@@ -1197,7 +1197,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     di_decode_attn_tc_k(float *part_acc, float2 *part_ml, const float *q, const T *kc, const T *vc, const int *cu,
                         const int *seqlens_k, const int *block_tables, int max_blocks, int block_size, int num_blocks,
                         int num_heads, int num_kv_heads, float scale_log2, int window, int decode_only,
-                        unsigned *check) {
+                        int min_chunk, unsigned *check) {
 	constexpr int LQ = D + 8, KS = D / 16, ND = D / 8;
 	extern __shared__ __align__(16) unsigned char tc_smem[];
 	__half *Qs = reinterpret_cast<__half *>(tc_smem); // [16][LQ]
@@ -1214,7 +1214,7 @@ __global__ void __launch_bounds__(TC_THREADS)
 	}
 	const int kl = seqlens_k[s];
 	const bool bad = kl < 1 || kl > max_blocks * block_size;
-	const int len = di_dec_chunk(kl);
+	const int len = di_dec_chunk(kl, min_chunk);
 	const int first = window > 0 ? max(0, kl - window) : 0;
 	const int t_lo = max(first, c * len), t_hi = min(kl, (c + 1) * len);
 	float2 *ml = part_ml + ((size_t)s * num_heads + h0) * nsplit + c; // head hh at ml[hh*nsplit]
@@ -1423,7 +1423,7 @@ static int di_decode_tc(di_ctx *ctx, float *acc, float2 *ml, const float *qp, co
 	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (decode, tensor cores): cudaFuncSetAttribute");
 	di_decode_attn_tc_k<D, T><<<dim3(nsplit, num_kv_heads, m->num_seqs), TC_THREADS, shmem, ctx->stream>>>(
 	    acc, ml, qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads, num_kv_heads,
-	    scale * 1.4426950408889634f, window, decode_only, ctx->check);
+	    scale * 1.4426950408889634f, window, decode_only, ctx->dec_chunk, ctx->check);
 	return di_check_launch(ctx, "attention (decode, tensor cores)");
 }
 
@@ -1444,7 +1444,8 @@ static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dp
 	                ((q | k_cache | v_cache) % 16 == 0) && (head_dim == 64 || head_dim == 128);
 	if (split) {
 		const int max_keys = m->max_blocks_per_seq * m->block_size;
-		int nsplit = (max_keys + DEC_MIN_CHUNK - 1) / DEC_MIN_CHUNK;
+		const int min_chunk = ctx->dec_chunk;
+		int nsplit = (max_keys + min_chunk - 1) / min_chunk;
 		nsplit = nsplit < 1 ? 1 : (nsplit > DEC_MAX_SPLITS ? DEC_MAX_SPLITS : nsplit);
 		const int group = num_heads / num_kv_heads, subs = (group + DEC_GROUP - 1) / DEC_GROUP;
 		const size_t parts = (size_t)m->num_seqs * num_heads * nsplit;
@@ -1466,7 +1467,7 @@ static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dp
 			di_decode_attn_k<<<dim3(nsplit, num_kv_heads * subs, m->num_seqs), DEC_THREADS, 0, ctx->stream>>>(
 			    (float *)acc, (float2 *)ml, qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size,
 			    m->num_blocks, num_heads, num_kv_heads, head_dim, scale, sliding_window, decode_only, vec4,
-			    ctx->check);
+			    min_chunk, ctx->check);
 			rc = di_check_launch(ctx, "attention (decode)");
 		}
 		if (rc == DI_OK) {

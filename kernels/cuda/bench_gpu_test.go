@@ -390,6 +390,49 @@ func BenchmarkGPUOps(b *testing.B) {
 			}
 		}
 	}
+	// Decode attention of 16-bit models against the shortest key chunk
+	// ($DEEPINFER_CUDA_DEC_CHUNK): Qwen3-0.6B's heads in the offline workload
+	// (16 q / 8 kv heads of 128, 256 sequences of about 800 keys) and one
+	// long Llama-3.2-1B row (32 q / 8 kv heads of 64, 4096 keys).
+	for _, chunk := range []string{"128", "256", "512"} {
+		for _, c := range []struct {
+			name                   string
+			batch, ctx, heads, kvh int
+			d                      int
+		}{{"qwen3", 256, 800, 16, 8, 128}, {"llama", 1, 4096, 32, 8, 64}, {"llama", 32, 4096, 32, 8, 64}} {
+			b.Run(fmt.Sprintf("attention/%s/ctx=%d/batch=%d/chunk=%s", c.name, c.ctx, c.batch, chunk), func(b *testing.B) {
+				b.Setenv("DEEPINFER_CUDA_DEC_CHUNK", chunk)
+				gc := newGPU(b, GEMMRound)
+				const blockSize = 16
+				batch, ctx := c.batch, c.ctx
+				ap := kernels.AttentionParams{NumHeads: c.heads, NumKVHeads: c.kvh, HeadDim: c.d,
+					Scale: float32(1 / math.Sqrt(float64(c.d))), InputDType: kernels.BF16}
+				per := ctx / blockSize
+				width := ap.NumKVHeads * ap.HeadDim
+				kc, _ := gc.Alloc(kernels.F16, batch*per, blockSize, width)
+				vc, _ := gc.Alloc(kernels.F16, batch*per, blockSize, width)
+				q := upload(b, gc, kernels.F32, kernels.F32Bytes(randVals(r, batch*ap.NumHeads*ap.HeadDim, 1)), kernels.F32, batch, ap.NumHeads*ap.HeadDim)
+				out, _ := gc.Alloc(kernels.F32, batch, ap.NumHeads*ap.HeadDim)
+				cu, sk, bt := make([]int32, batch+1), make([]int32, batch), make([]int32, batch*per)
+				for s := range batch {
+					cu[s+1] = int32(s + 1)
+					sk[s] = int32(ctx)
+					for j := range per {
+						bt[s*per+j] = int32(s*per + j)
+					}
+				}
+				m := kernels.AttentionMetadata{NumSeqs: batch, NumTokens: batch, MaxSeqlenQ: 1, BlockSize: blockSize,
+					CuSeqlensQ:  upload(b, gc, kernels.I32, kernels.I32Bytes(cu), kernels.I32, batch+1),
+					SeqlensK:    upload(b, gc, kernels.I32, kernels.I32Bytes(sk), kernels.I32, batch),
+					BlockTables: upload(b, gc, kernels.I32, kernels.I32Bytes(bt), kernels.I32, batch, per)}
+				ms := timeIt(b, gc, 50, func() error { return gc.Attention(out, q, kc, vc, &m, ap) })
+				gbs := float64(2*batch*ctx*width*2) / (ms / 1e3) / 1e9
+				b.ReportMetric(ms*1e3, "us/op")
+				b.Logf("attention decode %s ctx=%d batch=%d (%d q / %d kv heads, d %d, F16 cache), chunk >= %s: %.1f us, %.0f GB/s of KV",
+					c.name, ctx, batch, c.heads, c.kvh, c.d, chunk, ms*1e3, gbs)
+			})
+		}
+	}
 	for _, hd := range []int{64, 128} {
 		for _, in := range []kernels.DType{kernels.F32, kernels.BF16} {
 			b.Run(fmt.Sprintf("attention/prefill=4096/d=%d/inputs=%s", hd, in), func(b *testing.B) {
