@@ -194,6 +194,9 @@ typedef struct di_api {
 	int (*upload_widen)(di_ctx *ctx, di_dptr dst, const void *src, int src_dtype, uint64_t n);
 	/* download: device -> host; waits for all queued work, then reports checks. */
 	int (*download)(di_ctx *ctx, void *dst, di_dptr src, uint64_t bytes);
+	/* download_async: device -> pinned host memory (host_alloc), queued on
+	 * the stream; returns at once (wait with an event recorded after it). */
+	int (*download_async)(di_ctx *ctx, void *dst, di_dptr src, uint64_t bytes);
 	int (*copy)(di_ctx *ctx, di_dptr dst, di_dptr src, uint64_t bytes);
 	/* copy_2d: rows rows of width_bytes from src (row pitch src_pitch bytes) to
 	 * dst (row pitch dst_pitch bytes), on the stream; capturable. */

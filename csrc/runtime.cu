@@ -244,6 +244,15 @@ static int api_create(int device, di_ctx **out, char *err, int errlen) {
 	ctx->device = device;
 	if (const char *v = getenv("DEEPINFER_CUDA_GEMV")) ctx->gemv = atoi(v); // 0: no linear on the GEMV kernel
 	if (const char *v = getenv("DEEPINFER_CUDA_SKINNY")) ctx->skinny = atoi(v); // 0: no linear on the skinny GEMM
+	if (const char *v = getenv("DEEPINFER_CUDA_DEC_CHUNK")) {
+		const int c = atoi(v);
+		if (c < 128 || c % 128 != 0) {
+			copy_err(err, errlen, "DEEPINFER_CUDA_DEC_CHUNK: want a multiple of 128");
+			destroy_impl(ctx);
+			return DI_ERR_INVALID;
+		}
+		ctx->dec_chunk = c;
+	}
 	auto fail = [&](int code) {
 		copy_err(err, errlen, ctx->err);
 		destroy_impl(ctx);
@@ -437,6 +446,14 @@ static int api_download(di_ctx *ctx, void *dst, di_dptr src, uint64_t bytes) {
 	return drain(ctx);
 }
 
+static int api_download_async(di_ctx *ctx, void *dst, di_dptr src, uint64_t bytes) {
+	if (capturing(ctx)) return di_fail(ctx, DI_ERR_CAPTURING, "download_async during graph capture");
+	if (bytes > 0)
+		CK(cudaMemcpyAsync(dst, (const void *)(uintptr_t)src, bytes, cudaMemcpyDeviceToHost, ctx->stream),
+		   "download_async: cudaMemcpyAsync");
+	return DI_OK;
+}
+
 static int api_copy(di_ctx *ctx, di_dptr dst, di_dptr src, uint64_t bytes) {
 	if (bytes == 0) return DI_OK;
 	CK(cudaMemcpyAsync((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, bytes, cudaMemcpyDeviceToDevice,
@@ -572,6 +589,7 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->upload = api_upload;
 	out->upload_widen = api_upload_widen;
 	out->download = api_download;
+	out->download_async = api_download_async;
 	out->copy = api_copy;
 	out->copy_2d = api_copy_2d;
 	out->sync = api_sync;

@@ -43,6 +43,20 @@ type DeviceSampler interface {
 	SampleTokens(logits Tensor, rows []SampleRow) (tokens Tensor, host []int32, err error)
 }
 
+// AsyncDeviceSampler is a DeviceSampler that can hand out the device tokens
+// before they are computed, so that work depending on them (the next step's
+// forward pass, under zero-overhead scheduling) is queued behind the
+// sampling while the host waits for its copy.
+type AsyncDeviceSampler interface {
+	DeviceSampler
+	// SampleTokensAsync queues what SampleTokens does and returns at once:
+	// tokens is valid for work queued after the call; fetch waits for the
+	// host copy (queued right behind the sampling, so later work does not
+	// delay it) and reports SampleTokens' row errors. Call fetch exactly
+	// once; a backend may keep at most two fetches outstanding.
+	SampleTokensAsync(logits Tensor, rows []SampleRow) (tokens Tensor, fetch func() ([]int32, error), err error)
+}
+
 // SampleRow is one logits row's sampling settings, with the meanings of
 // kernels/sampling.Params; the caller has already resolved the request's
 // params into them (the min-tokens mask, the bias map and the penalty

@@ -107,8 +107,32 @@ func (g *greedySample) Process(ctx context.Context, res *ForwardResult) (*Sample
 // sampleOnDevice samples every row of a step on the backend, which keeps
 // the tokens, and publishes them for the next step's placeholders without
 // an upload. rows has one entry per res.Rows.
+//
+// On a kernels.AsyncDeviceSampler the device tokens are published before
+// their host copy arrives, so the next step's forward pass (which resolves
+// its placeholders from them on the device) is queued behind the sampling
+// while this stage waits for the copy: the device does not idle between
+// the two passes for the host's round trip.
 func sampleOnDevice(rt *Runtime, dev kernels.DeviceSampler, res *ForwardResult, rows []kernels.SampleRow) (*SampledStep, error) {
-	tokens, host, err := dev.SampleTokens(res.Logits, rows)
+	var (
+		tokens kernels.Tensor
+		host   []int32
+		err    error
+	)
+	early := false
+	if a, ok := dev.(kernels.AsyncDeviceSampler); ok {
+		var fetch func() ([]int32, error)
+		if tokens, fetch, err = a.SampleTokensAsync(res.Logits, rows); err == nil {
+			if err = publishTokens(rt, res, tokens); err == nil {
+				early = true
+				host, err = fetch()
+			} else {
+				fetch() // the copy is outstanding: collect it
+			}
+		}
+	} else {
+		tokens, host, err = dev.SampleTokens(res.Logits, rows)
+	}
 	if err != nil {
 		var rowErr *kernels.SampleRowError
 		if errors.As(err, &rowErr) && rowErr.Row >= 0 && rowErr.Row < len(res.Rows) {
@@ -120,7 +144,43 @@ func sampleOnDevice(rt *Runtime, dev kernels.DeviceSampler, res *ForwardResult, 
 	for r := range out.Samples {
 		out.Samples[r] = Sample{Token: int(host[r])}
 	}
+	if early {
+		return out, finishSample(rt, out)
+	}
 	return out, endSample(rt, out, tokens)
+}
+
+// publishTokens publishes a step's device tokens (one accepted token a row)
+// before their host copy: see sampleOnDevice.
+func publishTokens(rt *Runtime, res *ForwardResult, tokens kernels.Tensor) error {
+	n := len(res.Rows)
+	var accepted kernels.Tensor
+	if n > 0 {
+		ones := make([]int32, n)
+		for i := range ones {
+			ones[i] = 1
+		}
+		var err error
+		if accepted, err = kernels.FromI32(rt.Ops, ones, n); err != nil {
+			return fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
+		}
+	}
+	rt.ZOS.publishTokens(res.Outputs.StepID, tokens, accepted)
+	return nil
+}
+
+// finishSample completes a step whose device tokens were published early:
+// their host copy joins them, and the step's sample time is recorded.
+func finishSample(rt *Runtime, out *SampledStep) error {
+	host := make([]int, len(out.Samples))
+	for i, s := range out.Samples {
+		host[i] = s.Token
+	}
+	rt.ZOS.publishHost(out.Outputs.StepID, host)
+	if rt.Stats != nil {
+		rt.Stats.recordSample(time.Since(out.sampleStart))
+	}
+	return nil
 }
 
 // waitSample waits until the previous step is post-processed (see

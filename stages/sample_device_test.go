@@ -100,7 +100,32 @@ func hostParams(r *kernels.SampleRow) (sampling.Params, sampling.History) {
 
 // deviceRegistry is the default registry with the sample stages built
 // over dev instead of the engine's backend.
+// asyncHostDevice is hostDevice as a kernels.AsyncDeviceSampler: the
+// sample stage publishes the device tokens before it fetches their host
+// copy (which here is ready at once).
+type asyncHostDevice struct {
+	*hostDevice
+	early atomic.Int64 // fetches taken after the tokens were handed out
+}
+
+func (a *asyncHostDevice) SampleTokensAsync(logits kernels.Tensor, rows []kernels.SampleRow) (kernels.Tensor, func() ([]int32, error), error) {
+	tokens, host, err := a.SampleTokens(logits, rows)
+	if err != nil {
+		return nil, nil, err
+	}
+	return tokens, func() ([]int32, error) {
+		a.early.Add(1)
+		return host, nil
+	}, nil
+}
+
 func deviceRegistry(t *testing.T, dev *hostDevice) *pipeline.Registry {
+	return deviceRegistryOps(t, dev, func() kernels.Ops { return dev })
+}
+
+// deviceRegistryOps is deviceRegistry with the sample stage's Ops given by
+// ops (dev itself, or a wrapper of it).
+func deviceRegistryOps(t *testing.T, dev *hostDevice, ops func() kernels.Ops) *pipeline.Registry {
 	t.Helper()
 	def := pipeline.DefaultRegistry()
 	reg := pipeline.NewRegistry()
@@ -119,7 +144,7 @@ func deviceRegistry(t *testing.T, dev *hostDevice) *pipeline.Registry {
 					}
 					dev.Ops = rt.Ops
 					a.Deps = &stages.Runtime{
-						Scheduler: rt.Scheduler, Model: rt.Model, Ops: dev, Cache: rt.Cache, Tokenizer: rt.Tokenizer,
+						Scheduler: rt.Scheduler, Model: rt.Model, Ops: ops(), Cache: rt.Cache, Tokenizer: rt.Tokenizer,
 						Requests: rt.Requests, Live: rt.Live, Seed: rt.Seed, VocabSize: rt.VocabSize, Flops: rt.Flops,
 						Stats: rt.Stats, ZOS: rt.ZOS, Gate: rt.Gate,
 					}
@@ -276,6 +301,17 @@ func TestDeviceSampleMatchesHost(t *testing.T) {
 						t.Errorf("seed %d zos %v: the device sampler was never called", seed, zos)
 					}
 					t.Logf("seed %d zos %v: %d outputs; %d device calls, %d rows sampled on the device", seed, zos, len(want), calls, rows)
+
+					// The same through the asynchronous path (tokens
+					// published before their host copy).
+					adev := &asyncHostDevice{hostDevice: &hostDevice{}}
+					got = runEngine(t, dir, tc.sampler, zos, deviceRegistryOps(t, adev.hostDevice, func() kernels.Ops { return adev }), prompts, params)
+					if !reflect.DeepEqual(got, want) {
+						t.Errorf("seed %d zos %v: the asynchronous device path differs from the host path", seed, zos)
+					}
+					if tc.device != "none" && adev.early.Load() == 0 {
+						t.Errorf("seed %d zos %v: the asynchronous path was never taken", seed, zos)
+					}
 				}
 			}
 		})

@@ -52,13 +52,30 @@ func (z *MetadataZOS) entry(id engine.StepID) *zosStep {
 	return e
 }
 
-// publish records step id's sampled tokens. Called once per step.
+// publish records step id's sampled tokens. Called once per step (or
+// publishTokens then publishHost).
 func (z *MetadataZOS) publish(id engine.StepID, tokens, accepted kernels.Tensor, host []int) {
+	z.publishHost(id, host)
+	z.publishTokens(id, tokens, accepted)
+}
+
+// publishTokens records step id's tokens in backend memory, which is all
+// that the next step's placeholders need; the host copy may follow
+// (publishHost) before the step is post-processed.
+func (z *MetadataZOS) publishTokens(id engine.StepID, tokens, accepted kernels.Tensor) {
 	z.mu.Lock()
 	e := z.entry(id)
-	e.tokens, e.accepted, e.host = tokens, accepted, host
+	e.tokens, e.accepted = tokens, accepted
 	z.mu.Unlock()
 	close(e.ready)
+}
+
+// publishHost records the host copy of step id's tokens (penalty histories
+// of the step after it read them once the step is post-processed).
+func (z *MetadataZOS) publishHost(id engine.StepID, host []int) {
+	z.mu.Lock()
+	z.entry(id).host = host
+	z.mu.Unlock()
 }
 
 // sampled waits until step id has published its tokens.

@@ -46,6 +46,9 @@ static inline int c_memset_zero(di_api *a, di_ctx *c, di_dptr p, uint64_t n) { r
 static inline int c_upload(di_api *a, di_ctx *c, di_dptr d, const void *s, uint64_t n) { return a->upload(c, d, s, n); }
 static inline int c_upload_widen(di_api *a, di_ctx *c, di_dptr d, const void *s, int dt, uint64_t n) { return a->upload_widen(c, d, s, dt, n); }
 static inline int c_download(di_api *a, di_ctx *c, void *d, di_dptr s, uint64_t n) { return a->download(c, d, s, n); }
+static inline int c_download_async(di_api *a, di_ctx *c, void *d, di_dptr s, uint64_t n) { return a->download_async(c, d, s, n); }
+static inline int c_host_alloc(di_api *a, di_ctx *c, uint64_t n, void **p) { return a->host_alloc(c, n, p); }
+static inline int c_host_free(di_api *a, di_ctx *c, void *p) { return a->host_free(c, p); }
 static inline int c_copy(di_api *a, di_ctx *c, di_dptr d, di_dptr s, uint64_t n) { return a->copy(c, d, s, n); }
 static inline int c_copy_2d(di_api *a, di_ctx *c, di_dptr d, uint64_t dp, di_dptr s, uint64_t sp, uint64_t w, uint64_t rows) {
 	return a->copy_2d(c, d, dp, s, sp, w, rows);

@@ -154,6 +154,7 @@ type Backend struct {
 	gcEvery int64
 	sinceGC atomic.Int64
 	gemm    GEMMMode
+	fetches sampleFetches // pinned copies of sampled tokens (sample.go)
 }
 
 var _ kernels.Ops = (*Backend)(nil)
@@ -271,6 +272,7 @@ func (b *Backend) Close() error {
 	if b.closed.Swap(true) {
 		return nil
 	}
+	b.fetches.free(b)
 	C.c_destroy(b.lib.api, b.ctx)
 	b.ctx = nil
 	return nil

@@ -23,7 +23,7 @@ const maxSampleCandidates = 4096
 // the kernel receives 1 ± topPMargin as Go rounds them.
 const topPMargin = 1e-9
 
-var _ kernels.DeviceSampler = (*Backend)(nil)
+var _ kernels.AsyncDeviceSampler = (*Backend)(nil)
 
 // SampleTokens samples one token per logits row on the device (see
 // kernels.DeviceSampler and sample.cu): one block per row; greedy rows are
@@ -47,9 +47,30 @@ func (b *Backend) SampleTokens(logits kernels.Tensor, rows []kernels.SampleRow) 
 	return b.sampleTokens(logits, rows, maxSampleCandidates)
 }
 
+// SampleTokensAsync is SampleTokens that returns before the tokens are
+// computed (kernels.AsyncDeviceSampler): the host copy is queued behind the
+// sampling into pinned memory and fetch waits for it alone.
+func (b *Backend) SampleTokensAsync(logits kernels.Tensor, rows []kernels.SampleRow) (kernels.Tensor, func() ([]int32, error), error) {
+	return b.sample(logits, rows, maxSampleCandidates, true)
+}
+
 // sampleTokens is SampleTokens with a bound on the survivors held in shared
 // memory (0: every random row walks global memory), for tests.
 func (b *Backend) sampleTokens(logits kernels.Tensor, rows []kernels.SampleRow, maxCandidates int) (kernels.Tensor, []int32, error) {
+	tokens, fetch, err := b.sample(logits, rows, maxCandidates, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	host, err := fetch()
+	if err != nil {
+		return nil, nil, err
+	}
+	return tokens, host, nil
+}
+
+// sample queues the sample kernel; fetch returns the host tokens (already
+// downloaded unless async).
+func (b *Backend) sample(logits kernels.Tensor, rows []kernels.SampleRow, maxCandidates int, async bool) (kernels.Tensor, func() ([]int32, error), error) {
 	const op = "sample"
 	l, err := asCUDA(op, "logits", logits)
 	if err != nil {
@@ -64,7 +85,7 @@ func (b *Backend) sampleTokens(logits kernels.Tensor, rows []kernels.SampleRow, 
 	}
 	n := len(rows)
 	if n == 0 {
-		return &Tensor{shape: []int{0}, dtype: kernels.I32, buf: &buffer{}}, []int32{}, nil
+		return &Tensor{shape: []int{0}, dtype: kernels.I32, buf: &buffer{}}, func() ([]int32, error) { return []int32{}, nil }, nil
 	}
 
 	// One I32 buffer: the kernel's output [3, n] (tokens, statuses, ids),
@@ -105,27 +126,137 @@ func (b *Backend) sampleTokens(logits kernels.Tensor, rows []kernels.SampleRow, 
 	if err != nil {
 		return nil, nil, err
 	}
-	hostRaw := make([]byte, 4*3*n)
-	dlErr := b.Download(hostRaw, res)
-	runtime.KeepAlive(blob)
-	got := kernels.BytesI32(hostRaw)
-	for r := range n {
-		if st := got[n+r]; st != C.DI_SAMPLE_OK {
-			rowErr := &kernels.SampleRowError{Row: r, Reason: sampleStatus(st), Index: int(got[2*n+r])}
-			if dlErr != nil {
-				return nil, nil, fmt.Errorf("cuda: sample: %w (%v)", rowErr, dlErr)
-			}
-			return nil, nil, fmt.Errorf("cuda: sample: %w", rowErr)
-		}
-	}
-	if dlErr != nil {
-		return nil, nil, dlErr
-	}
 	tokens, err := b.Rows(buf, 0, n)
 	if err != nil {
 		return nil, nil, err
 	}
-	return tokens, got[:n:n], nil
+	runtime.KeepAlive(blob)
+	if !async {
+		hostRaw := make([]byte, 4*3*n)
+		dlErr := b.Download(hostRaw, res)
+		got, err := sampleResult(kernels.BytesI32(hostRaw), n, dlErr)
+		return tokens, func() ([]int32, error) { return got, err }, nil
+	}
+	slot, err := b.fetches.start(b, res.(*Tensor), 4*3*n)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cuda: sample: %w", err)
+	}
+	return tokens, func() ([]int32, error) {
+		raw, err := b.fetches.wait(b, slot)
+		if err != nil {
+			return nil, fmt.Errorf("cuda: sample: %w", err)
+		}
+		return sampleResult(raw, n, nil)
+	}, nil
+}
+
+// sampleResult turns the kernel's output [tokens, statuses, ids] into the
+// tokens or the first row's error (with dlErr, the download's, attached).
+func sampleResult(got []int32, n int, dlErr error) ([]int32, error) {
+	for r := range n {
+		if st := got[n+r]; st != C.DI_SAMPLE_OK {
+			rowErr := &kernels.SampleRowError{Row: r, Reason: sampleStatus(st), Index: int(got[2*n+r])}
+			if dlErr != nil {
+				return nil, fmt.Errorf("cuda: sample: %w (%v)", rowErr, dlErr)
+			}
+			return nil, fmt.Errorf("cuda: sample: %w", rowErr)
+		}
+	}
+	if dlErr != nil {
+		return nil, dlErr
+	}
+	return got[:n:n], nil
+}
+
+// sampleFetches are two pinned host buffers, each with an event, that take
+// the output of a sample launch by an asynchronous copy queued right behind
+// it: the host then waits for that event, not for the stream, so work
+// queued after the launch (the next forward pass) does not delay it.
+type sampleFetches struct {
+	slots [2]fetchSlot
+	next  int
+}
+
+type fetchSlot struct {
+	host  unsafe.Pointer // pinned, cap bytes
+	cap   int
+	ev    unsafe.Pointer
+	bytes int
+	busy  bool
+}
+
+// start queues the copy of src (bytes) into the next free slot and records
+// its event. Called under no lock; takes the backend's.
+func (f *sampleFetches) start(b *Backend, src *Tensor, bytes int) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.checkOpen("sample_fetch"); err != nil {
+		return 0, err
+	}
+	i := f.next
+	sl := &f.slots[i]
+	if sl.busy {
+		return 0, fmt.Errorf("sample_fetch: more than %d fetches outstanding: %w", len(f.slots), ErrUnsupported)
+	}
+	if sl.ev == nil {
+		if err := b.status("event_create", C.c_event_create(b.lib.api, b.ctx, &sl.ev)); err != nil {
+			return 0, err
+		}
+	}
+	if sl.cap < bytes {
+		if sl.host != nil {
+			C.c_host_free(b.lib.api, b.ctx, sl.host)
+			sl.host, sl.cap = nil, 0
+		}
+		size := max(bytes, 4096)
+		if err := b.status("host_alloc", C.c_host_alloc(b.lib.api, b.ctx, C.uint64_t(size), &sl.host)); err != nil {
+			return 0, err
+		}
+		sl.cap = size
+	}
+	if err := b.status("download_async", C.c_download_async(b.lib.api, b.ctx, sl.host, src.ptr(), C.uint64_t(bytes))); err != nil {
+		return 0, err
+	}
+	if err := b.status("event_record", C.c_event_record(b.lib.api, b.ctx, sl.ev)); err != nil {
+		return 0, err
+	}
+	runtime.KeepAlive(src)
+	sl.bytes, sl.busy = bytes, true
+	f.next = (i + 1) % len(f.slots)
+	return i, nil
+}
+
+// wait blocks until slot i's copy has landed (without the backend's lock,
+// so other work can be queued meanwhile) and returns a Go copy of it.
+func (f *sampleFetches) wait(b *Backend, i int) ([]int32, error) {
+	sl := &f.slots[i]
+	if rc := C.c_event_synchronize(b.lib.api, b.ctx, sl.ev); rc != C.DI_OK {
+		b.mu.Lock()
+		err := b.status("event_synchronize", rc)
+		sl.busy = false
+		b.mu.Unlock()
+		return nil, err
+	}
+	raw := unsafe.Slice((*byte)(sl.host), sl.bytes)
+	out := kernels.BytesI32(raw)
+	b.mu.Lock()
+	sl.busy = false
+	b.mu.Unlock()
+	return out, nil
+}
+
+// free releases the slots; the backend's lock is held.
+func (f *sampleFetches) free(b *Backend) {
+	for i := range f.slots {
+		sl := &f.slots[i]
+		if sl.host != nil {
+			C.c_host_free(b.lib.api, b.ctx, sl.host)
+		}
+		if sl.ev != nil {
+			C.c_event_destroy(b.lib.api, b.ctx, sl.ev)
+		}
+		*sl = fetchSlot{}
+	}
 }
 
 // sampleStatus names a di_sample_status.

@@ -348,6 +348,77 @@ func TestGPUSampleInvariance(t *testing.T) {
 	t.Logf("sample invariance: 64 rows, alone = in a batch of 64 = second call")
 }
 
+// SampleTokensAsync hands out the device tokens at once: work queued after
+// it (here a long dependent chain) does not hold up the host copy, which
+// equals the synchronous call's tokens and the device tensor; at most two
+// fetches may be outstanding.
+func TestGPUSampleAsync(t *testing.T) {
+	g := newGPU(t, GEMMRound)
+	r := rand.New(rand.NewPCG(10, 11))
+	const vocab = 32000
+	c := sampleCase{vocab: vocab}
+	for i := range 16 {
+		c.rows = append(c.rows, sampleRow(r, vocab, i%len(sampleParamSets)))
+		c.logits = append(c.logits, sampleLogits(r, vocab, 3, 0))
+	}
+	want, _, _ := c.device(t, g, maxSampleCandidates)
+	logits := upload(t, g, kernels.F32, kernels.F32Bytes(c.flat()), kernels.F32, len(c.rows), vocab)
+	tokens, fetch, err := g.SampleTokensAsync(logits, c.rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Work queued behind the sampling that reads its tokens, as the next
+	// forward pass does.
+	ids := upload(t, g, kernels.I32, kernels.I32Bytes(make([]int32, len(c.rows))), kernels.I32, len(c.rows))
+	from := make([]int32, len(c.rows))
+	for i := range from {
+		from[i] = int32(i)
+	}
+	fromRow := upload(t, g, kernels.I32, kernels.I32Bytes(from), kernels.I32, len(c.rows))
+	if err := g.ResolvePlaceholders(ids, fromRow, tokens); err != nil {
+		t.Fatal(err)
+	}
+	big := upload(t, g, kernels.F32, kernels.F32Bytes(randVals(r, 1<<22, 1)), kernels.F32, 1<<22)
+	for range 200 {
+		if err := g.Add(big, big, big); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	host, err := fetch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := time.Since(start)
+	resolved, err := kernels.ToI32(g, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if host[i] != want[i] || resolved[i] != want[i] {
+			t.Fatalf("row %d: asynchronous %d (resolved on the device %d), synchronous %d", i, host[i], resolved[i], want[i])
+		}
+	}
+	// Three outstanding fetches: the third is refused.
+	_, f1, err := g.SampleTokensAsync(logits, c.rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, f2, err := g.SampleTokensAsync(logits, c.rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := g.SampleTokensAsync(logits, c.rows); err == nil {
+		t.Error("a third outstanding fetch: no error")
+	}
+	for _, f := range []func() ([]int32, error){f1, f2} {
+		if _, err := f(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("sample async: %d rows equal to the synchronous call; the host copy arrived %v after 200 queued adds of 16 MB", len(want), waited)
+}
+
 // NaN and +Inf logits and rows left with only -Inf are errors naming the
 // row; the backend keeps working afterwards.
 func TestGPUSampleErrors(t *testing.T) {
