@@ -113,3 +113,64 @@ func (d *deviceTimeline) close() {
 		d.slots[i] = stepMarks{}
 	}
 }
+
+// sampleTimer measures the device time of a step's sampling kernels (the
+// device sample path), which run between two forward passes: the device
+// timeline counts them as device work, not idle time. Markers are recorded
+// right before and after the sampling is queued, before anything that
+// depends on it, and read once its host copy has arrived. A failing marker
+// turns the timer off (the timeline reports its own failures). Not safe for
+// concurrent use: one sample stage owns it.
+type sampleTimer struct {
+	start, stop kernels.DeviceMarker
+	off         bool
+}
+
+// begin records the start marker when the backend has device markers and
+// the timeline is on; it reports whether the step is being timed.
+func (t *sampleTimer) begin(rt *Runtime) bool {
+	if t.off || rt.Stats == nil || !rt.Stats.deviceTimed.Load() {
+		return false
+	}
+	if t.start == nil {
+		dt, ok := rt.Ops.(kernels.DeviceTimer)
+		if !ok {
+			t.off = true
+			return false
+		}
+		var err error
+		if t.start, err = dt.NewDeviceMarker(); err == nil {
+			t.stop, err = dt.NewDeviceMarker()
+		}
+		if err != nil {
+			t.off = true
+			return false
+		}
+	}
+	if t.start.Record() != nil {
+		t.off = true
+		return false
+	}
+	return true
+}
+
+// end records the stop marker.
+func (t *sampleTimer) end(*Runtime) {
+	if t.stop.Record() != nil {
+		t.off = true
+	}
+}
+
+// read adds the step's sampling time to the stats; the stop marker has
+// completed (the host copy queued before it has arrived).
+func (t *sampleTimer) read(rt *Runtime, decode bool) {
+	if t.off {
+		return
+	}
+	d, err := t.stop.Since(t.start)
+	if err != nil {
+		t.off = true
+		return
+	}
+	rt.Stats.recordDeviceSample(d, decode)
+}

@@ -77,6 +77,7 @@ type greedySample struct {
 	dev    kernels.DeviceSampler // nil: the backend has none
 	logits []float32             // reused host copy of each step's logits
 	rows   []kernels.SampleRow   // reused device rows
+	timer  sampleTimer           // device time of the sampling kernels
 }
 
 func (g *greedySample) Process(ctx context.Context, res *ForwardResult) (*SampledStep, error) {
@@ -88,7 +89,7 @@ func (g *greedySample) Process(ctx context.Context, res *ForwardResult) (*Sample
 		for range res.Rows {
 			g.rows = append(g.rows, kernels.SampleRow{Greedy: true, TopP: 1, RepetitionPenalty: 1})
 		}
-		return sampleOnDevice(g.rt, g.dev, res, g.rows)
+		return sampleOnDevice(g.rt, g.dev, res, g.rows, &g.timer)
 	}
 	rows, err := beginSample(ctx, g.rt, res, &g.logits)
 	if err != nil {
@@ -113,7 +114,7 @@ func (g *greedySample) Process(ctx context.Context, res *ForwardResult) (*Sample
 // its placeholders from them on the device) is queued behind the sampling
 // while this stage waits for the copy: the device does not idle between
 // the two passes for the host's round trip.
-func sampleOnDevice(rt *Runtime, dev kernels.DeviceSampler, res *ForwardResult, rows []kernels.SampleRow) (*SampledStep, error) {
+func sampleOnDevice(rt *Runtime, dev kernels.DeviceSampler, res *ForwardResult, rows []kernels.SampleRow, timer *sampleTimer) (*SampledStep, error) {
 	var (
 		tokens kernels.Tensor
 		host   []int32
@@ -122,10 +123,17 @@ func sampleOnDevice(rt *Runtime, dev kernels.DeviceSampler, res *ForwardResult, 
 	early := false
 	if a, ok := dev.(kernels.AsyncDeviceSampler); ok {
 		var fetch func() ([]int32, error)
+		timed := timer.begin(rt)
 		if tokens, fetch, err = a.SampleTokensAsync(res.Logits, rows); err == nil {
+			if timed {
+				timer.end(rt)
+			}
 			if err = publishTokens(rt, res, tokens); err == nil {
 				early = true
-				host, err = fetch()
+				if host, err = fetch(); err == nil && timed {
+					o := res.Outputs
+					timer.read(rt, o.NumPrefillTokens == 0 && o.NumDecodeTokens > 0)
+				}
 			} else {
 				fetch() // the copy is outstanding: collect it
 			}

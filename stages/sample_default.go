@@ -47,6 +47,7 @@ type sample struct {
 	dev   kernels.DeviceSampler // nil: the backend has none
 	edits []editBuilder         // one per worker
 	rows  []kernels.SampleRow   // reused device rows
+	timer sampleTimer           // device time of the sampling kernels
 }
 
 // minRowsPerWorker keeps small batches on one goroutine, where a fan-out
@@ -135,7 +136,7 @@ func (s *sample) processDevice(ctx context.Context, res *ForwardResult) (*Sample
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	return sampleOnDevice(s.rt, s.dev, res, s.rows)
+	return sampleOnDevice(s.rt, s.dev, res, s.rows, &s.timer)
 }
 
 // editBuilder turns one row's host sampling inputs (rowParams) into a

@@ -29,6 +29,7 @@ type Stats struct {
 	deviceTimed                         atomic.Bool
 	devPairs, devBusy, devSpan          atomic.Int64
 	decodePairs, decodeBusy, decodeSpan atomic.Int64
+	devSample, decodeSample             atomic.Int64 // device sampling time (sampleTimer)
 	deviceErr                           atomic.Pointer[string]
 }
 
@@ -145,6 +146,11 @@ func (p StepPairs) MeanBusy() time.Duration {
 // pair of consecutive steps, and the pairs whose two steps are both pure
 // decode steps. Measured only on backends that implement
 // kernels.DeviceTimer; Timed is false otherwise.
+//
+// Busy is the forward passes' device time plus the device sampling
+// kernels' (measured by the sample stage, summed over every step, so up to
+// one step more than the pairs), so Span - Busy is the time the device had
+// nothing to run.
 type DeviceTimes struct {
 	Timed  bool
 	All    StepPairs
@@ -164,14 +170,25 @@ func (d DeviceTimes) Sub(prev DeviceTimes) DeviceTimes {
 // has run. Cost: a few atomic loads.
 func (s *Stats) DeviceTimes() DeviceTimes {
 	d := DeviceTimes{
-		Timed:  s.deviceTimed.Load(),
-		All:    StepPairs{s.devPairs.Load(), time.Duration(s.devBusy.Load()), time.Duration(s.devSpan.Load())},
-		Decode: StepPairs{s.decodePairs.Load(), time.Duration(s.decodeBusy.Load()), time.Duration(s.decodeSpan.Load())},
+		Timed: s.deviceTimed.Load(),
+		All: StepPairs{s.devPairs.Load(), time.Duration(s.devBusy.Load() + s.devSample.Load()),
+			time.Duration(s.devSpan.Load())},
+		Decode: StepPairs{s.decodePairs.Load(), time.Duration(s.decodeBusy.Load() + s.decodeSample.Load()),
+			time.Duration(s.decodeSpan.Load())},
 	}
 	if e := s.deviceErr.Load(); e != nil {
 		d.Err = *e
 	}
 	return d
+}
+
+// recordDeviceSample counts one step's sampling kernels as device work
+// (see sampleTimer): Busy includes them.
+func (s *Stats) recordDeviceSample(d time.Duration, decode bool) {
+	s.devSample.Add(int64(d))
+	if decode {
+		s.decodeSample.Add(int64(d))
+	}
 }
 
 // recordDevicePair counts one pair of consecutive steps.
