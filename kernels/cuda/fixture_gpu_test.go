@@ -119,7 +119,8 @@ func argmax(xs []float32) int {
 
 func TestGPUFixtureParity(t *testing.T) {
 	dir, names, variants := fixtureTargets()
-	const blockSize, numBlocks = 4, 64
+	// Room for the real-shape prompts (up to 250 tokens) and 32 greedy ones.
+	const blockSize, numBlocks, maxLen = 4, 128, 512
 	cpuOps := cpu.New(cpu.Options{})
 	t.Cleanup(func() { cpuOps.Close() })
 	var summary []string
@@ -134,11 +135,11 @@ func TestGPUFixtureParity(t *testing.T) {
 			for _, variant := range variants {
 				t.Run(fmt.Sprintf("%s/%s/%s", mode, name, variant), func(t *testing.T) {
 					mdir := filepath.Join(dir, name, variant)
-					mg, err := models.Builtin().Load(g, mdir, models.Options{MaxModelLen: 128})
+					mg, err := models.Builtin().Load(g, mdir, models.Options{MaxModelLen: maxLen})
 					if err != nil {
 						t.Fatal(err)
 					}
-					mc, err := models.Builtin().Load(cpuOps, mdir, models.Options{MaxModelLen: 128})
+					mc, err := models.Builtin().Load(cpuOps, mdir, models.Options{MaxModelLen: maxLen})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -149,8 +150,15 @@ func TestGPUFixtureParity(t *testing.T) {
 						tol = 3e-2
 					}
 					r := rand.New(rand.NewPCG(uint64(len(name)), 1))
-					worstRef, worstCPU := 0.0, 0.0
+					worstRef, worstCPU, worstCPURef := 0.0, 0.0, 0.0
 					top1, positions, greedyOK, greedyN := 0, 0, 0, 0
+					// The summary line also when a check stops the subtest.
+					defer func() {
+						line := fmt.Sprintf("%-6s %-12s %-5s err_vs_hf %.2e  err_vs_cpu %.2e  top1 %d/%d  greedy_prefix %d/%d  cpu_vs_hf %.2e",
+							mode, name, variant, worstRef, worstCPU, top1, positions, greedyOK, greedyN, worstCPURef)
+						t.Log(line)
+						summary = append(summary, line)
+					}()
 					for i := 0; rf.Has(variant + ".prompt." + strconv.Itoa(i) + ".ids"); i++ {
 						key := variant + ".prompt." + strconv.Itoa(i)
 						ids, want := ref.ints(key+".ids"), ref.rows(key+".logits")
@@ -174,6 +182,7 @@ func TestGPUFixtureParity(t *testing.T) {
 							e := maxRelErr(got[p], want[p])
 							worstRef = math.Max(worstRef, e)
 							worstCPU = math.Max(worstCPU, maxRelErr(got[p], cpuRows[p]))
+							worstCPURef = math.Max(worstCPURef, maxRelErr(cpuRows[p], want[p]))
 							if e > tol || math.IsNaN(e) {
 								t.Errorf("prompt %d position %d: max|logit-ref|/max|ref| = %.3g > %g", i, p, e, tol)
 							}
@@ -202,16 +211,12 @@ func TestGPUFixtureParity(t *testing.T) {
 							t.Errorf("prompt %d: greedy tokens diverge from HF at %d (ours %v, HF %v)", i, same, greedy, greedyWant)
 						}
 					}
-					line := fmt.Sprintf("%-6s %-12s %-5s err_vs_hf %.2e  err_vs_cpu %.2e  top1 %d/%d  greedy_prefix %d/%d",
-						mode, name, variant, worstRef, worstCPU, top1, positions, greedyOK, greedyN)
-					t.Log(line)
-					summary = append(summary, line)
 				})
 			}
 			rf.Close()
 		}
 	}
-	t.Log("fixture parity summary (gemm, model, weights, worst error vs HF and vs the CPU backend, top-1 agreement, greedy tokens matching HF before the first divergence):\n" + strings.Join(summary, "\n"))
+	t.Log("fixture parity summary (gemm, model, weights, worst error vs HF and vs the CPU backend, top-1 agreement, greedy tokens matching HF before the first divergence, the CPU backend's own error vs HF):\n" + strings.Join(summary, "\n"))
 }
 
 // The shipped default model (assets/deepseek-tiny, BF16 weights) greedy on
