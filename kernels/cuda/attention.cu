@@ -489,6 +489,35 @@ __device__ __forceinline__ void di_stage_rows(float *dst, int ld, const T *base,
 	}
 }
 
+// di_prefill_tile finds block blockIdx.x's query tile over the prefill
+// sequences (two or more query rows), tiles of bq rows, the last (longest)
+// tile of each sequence first: the sequence and the tile's index within it.
+// It returns false for a block past the last tile. Every thread calls it;
+// thread 0 walks the sequences.
+__device__ __forceinline__ bool di_prefill_tile(const int *cu, int num_seqs, int bq, int *seq, int *tile) {
+	__shared__ int s_seq, s_tile;
+	if (threadIdx.x == 0) {
+		int b = blockIdx.x, sq = -1, t = 0;
+		for (int si = 0; si < num_seqs; si++) {
+			const int ql = cu[si + 1] - cu[si];
+			if (ql < 2) continue;
+			const int nt = (ql + bq - 1) / bq;
+			if (b < nt) {
+				sq = si;
+				t = nt - 1 - b;
+				break;
+			}
+			b -= nt;
+		}
+		s_seq = sq;
+		s_tile = t;
+	}
+	__syncthreads();
+	*seq = s_seq;
+	*tile = s_tile;
+	return s_seq >= 0;
+}
+
 // ---------------------------------------------------------------- prefill: query tiles
 
 #define PF_BQ 64
@@ -512,35 +541,15 @@ __global__ void __launch_bounds__(PF_THREADS)
                       int num_blocks, int num_heads, int num_kv_heads, int head_dim, float scale, int window,
                       int vec4, unsigned *check) {
 	extern __shared__ float smem[];
-	__shared__ int s_seq, s_tile;
 	const int ld = head_dim + 1;
 	float *Qs = smem, *KVs = Qs + PF_BQ * ld, *Ps = KVs + PF_BK * ld;
 	int *slots = (int *)(Ps + PF_BQ * (PF_BK + 1));
 	const int tid = threadIdx.x, ty = tid >> 3, tx = tid & 7;
 	const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
-	if (tid == 0) {
-		// Block b takes the b-th tile over the prefill sequences, the last
-		// (longest) tile of each sequence first.
-		int b = blockIdx.x, seq = -1, tile = 0;
-		for (int si = 0; si < num_seqs; si++) {
-			const int ql = cu[si + 1] - cu[si];
-			if (ql < 2) continue;
-			const int nt = (ql + PF_BQ - 1) / PF_BQ;
-			if (b < nt) {
-				seq = si;
-				tile = nt - 1 - b;
-				break;
-			}
-			b -= nt;
-		}
-		s_seq = seq;
-		s_tile = tile;
-	}
-	__syncthreads();
-	const int s = s_seq;
-	if (s < 0) return;
+	int s, tile;
+	if (!di_prefill_tile(cu, num_seqs, PF_BQ, &s, &tile)) return;
 	const int q0 = cu[s], ql = cu[s + 1] - q0, kl = seqlens_k[s];
-	const int j0 = s_tile * PF_BQ, nq = min(PF_BQ, ql - j0);
+	const int j0 = tile * PF_BQ, nq = min(PF_BQ, ql - j0);
 	const int kv_width = num_kv_heads * head_dim;
 	if (kl < ql || kl > max_blocks * block_size) {
 		if (tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
@@ -749,32 +758,12 @@ __global__ void __launch_bounds__(TC_THREADS)
 	extern __shared__ __align__(16) unsigned char tc_smem[];
 	__half *Qs = reinterpret_cast<__half *>(tc_smem), *Ks = Qs + TC_BQ * LQ, *Vt = Ks + TC_BK * LQ;
 	int *slots = reinterpret_cast<int *>(Vt + D * LV);
-	__shared__ int s_seq, s_tile;
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
-	if (tid == 0) {
-		// Block b takes the b-th tile over the prefill sequences, the last
-		// (longest) tile of each sequence first.
-		int b = blockIdx.x, seq = -1, tile = 0;
-		for (int si = 0; si < num_seqs; si++) {
-			const int ql = cu[si + 1] - cu[si];
-			if (ql < 2) continue;
-			const int nt = (ql + TC_BQ - 1) / TC_BQ;
-			if (b < nt) {
-				seq = si;
-				tile = nt - 1 - b;
-				break;
-			}
-			b -= nt;
-		}
-		s_seq = seq;
-		s_tile = tile;
-	}
-	__syncthreads();
-	const int s = s_seq;
-	if (s < 0) return;
+	int s, tile;
+	if (!di_prefill_tile(cu, num_seqs, TC_BQ, &s, &tile)) return;
 	const int q0 = cu[s], ql = cu[s + 1] - q0, kl = seqlens_k[s];
-	const int j0 = s_tile * TC_BQ, nq = min(TC_BQ, ql - j0);
+	const int j0 = tile * TC_BQ, nq = min(TC_BQ, ql - j0);
 	const int kv_width = num_kv_heads * D;
 	if (kl < ql || kl > max_blocks * block_size) {
 		if (tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
@@ -951,30 +940,12 @@ __global__ void __launch_bounds__(TC_THREADS)
 	__half *Kst = Qs + TC_BQ * LQ;         // [2][TC_BK][LQ]
 	__half *Vst = Kst + 2 * TC_BK * LQ;    // [2][TC_BK][LQ]
 	int *slots = reinterpret_cast<int *>(Vst + 2 * TC_BK * LQ); // [2][TC_BK]
-	__shared__ int s_seq, s_tile;
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
-	if (tid == 0) {
-		int b = blockIdx.x, seq = -1, tile = 0;
-		for (int si = 0; si < num_seqs; si++) {
-			const int ql = cu[si + 1] - cu[si];
-			if (ql < 2) continue;
-			const int nt = (ql + TC_BQ - 1) / TC_BQ;
-			if (b < nt) {
-				seq = si;
-				tile = nt - 1 - b;
-				break;
-			}
-			b -= nt;
-		}
-		s_seq = seq;
-		s_tile = tile;
-	}
-	__syncthreads();
-	const int s = s_seq;
-	if (s < 0) return;
+	int s, tile;
+	if (!di_prefill_tile(cu, num_seqs, TC_BQ, &s, &tile)) return;
 	const int q0 = cu[s], ql = cu[s + 1] - q0, kl = seqlens_k[s];
-	const int j0 = s_tile * TC_BQ, nq = min(TC_BQ, ql - j0);
+	const int j0 = tile * TC_BQ, nq = min(TC_BQ, ql - j0);
 	const int kv_width = num_kv_heads * D;
 	if (kl < ql || kl > max_blocks * block_size) {
 		if (tid == 0) atomicOr(check, DI_CHECK_ATTENTION);

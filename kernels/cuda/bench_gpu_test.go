@@ -304,29 +304,6 @@ func BenchmarkGPUOps(b *testing.B) {
 	b.Setenv("DEEPINFER_CUDA_GEMV", "0")
 	gOff := newGPU(b, GEMMRound) // linears on cuBLAS at every size
 	r := rand.New(rand.NewPCG(5, 6))
-	timeIt := func(b *testing.B, g *Backend, reps int, fn func() error) float64 {
-		for range 3 {
-			if err := fn(); err != nil {
-				b.Fatal(err)
-			}
-		}
-		e0, _ := g.NewEvent()
-		e1, _ := g.NewEvent()
-		defer e0.Close()
-		defer e1.Close()
-		e0.Record()
-		for range reps {
-			if err := fn(); err != nil {
-				b.Fatal(err)
-			}
-		}
-		e1.Record()
-		ms, err := e0.Elapsed(e1)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return ms / float64(reps)
-	}
 	for _, sh := range []struct {
 		name string
 		n, k int
@@ -358,34 +335,12 @@ func BenchmarkGPUOps(b *testing.B) {
 		for _, cdt := range []kernels.DType{kernels.F32, kernels.F16} {
 			for _, batch := range []int{1, 32} {
 				b.Run(fmt.Sprintf("attention/ctx=%d/batch=%d/cache=%s", ctx, batch, cdt), func(b *testing.B) {
-					const blockSize = 16
 					ap := kernels.AttentionParams{NumHeads: 32, NumKVHeads: 8, HeadDim: 64, Scale: 0.125}
 					if cdt == kernels.F16 {
 						ap.InputDType = kernels.BF16 // a 16-bit model: tensor cores
 					}
-					per := ctx / blockSize
-					numBlocks := batch * per
-					width := ap.NumKVHeads * ap.HeadDim
-					kc, _ := g.Alloc(cdt, numBlocks, blockSize, width)
-					vc, _ := g.Alloc(cdt, numBlocks, blockSize, width)
-					q := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, batch*ap.NumHeads*ap.HeadDim, 1)), kernels.F32, batch, ap.NumHeads*ap.HeadDim)
-					out, _ := g.Alloc(kernels.F32, batch, ap.NumHeads*ap.HeadDim)
-					cu, sk, bt := make([]int32, batch+1), make([]int32, batch), make([]int32, batch*per)
-					for s := range batch {
-						cu[s+1] = int32(s + 1)
-						sk[s] = int32(ctx)
-						for j := range per {
-							bt[s*per+j] = int32(s*per + j)
-						}
-					}
-					m := kernels.AttentionMetadata{NumSeqs: batch, NumTokens: batch, MaxSeqlenQ: 1, BlockSize: blockSize,
-						CuSeqlensQ:  upload(b, g, kernels.I32, kernels.I32Bytes(cu), kernels.I32, batch+1),
-						SeqlensK:    upload(b, g, kernels.I32, kernels.I32Bytes(sk), kernels.I32, batch),
-						BlockTables: upload(b, g, kernels.I32, kernels.I32Bytes(bt), kernels.I32, batch, per)}
-					ms := timeIt(b, g, 100, func() error { return g.Attention(out, q, kc, vc, &m, ap) })
-					gbs := float64(2*batch*ctx*width*cdt.Size()) / (ms / 1e3) / 1e9
-					b.ReportMetric(ms*1e3, "us/op")
-					b.Logf("attention decode ctx=%d batch=%d (32 q / 8 kv heads, d 64, %s cache): %.1f us, %.0f GB/s of KV", ctx, batch, cdt, ms*1e3, gbs)
+					us, gbs := benchDecodeAttention(b, g, r, batch, ctx, ap, cdt)
+					b.Logf("attention decode ctx=%d batch=%d (32 q / 8 kv heads, d 64, %s cache): %.1f us, %.0f GB/s of KV", ctx, batch, cdt, us, gbs)
 				})
 			}
 		}
@@ -402,34 +357,11 @@ func BenchmarkGPUOps(b *testing.B) {
 		}{{"qwen3", 256, 800, 16, 8, 128}, {"llama", 1, 4096, 32, 8, 64}, {"llama", 32, 4096, 32, 8, 64}} {
 			b.Run(fmt.Sprintf("attention/%s/ctx=%d/batch=%d/chunk=%s", c.name, c.ctx, c.batch, chunk), func(b *testing.B) {
 				b.Setenv("DEEPINFER_CUDA_DEC_CHUNK", chunk)
-				gc := newGPU(b, GEMMRound)
-				const blockSize = 16
-				batch, ctx := c.batch, c.ctx
 				ap := kernels.AttentionParams{NumHeads: c.heads, NumKVHeads: c.kvh, HeadDim: c.d,
 					Scale: float32(1 / math.Sqrt(float64(c.d))), InputDType: kernels.BF16}
-				per := ctx / blockSize
-				width := ap.NumKVHeads * ap.HeadDim
-				kc, _ := gc.Alloc(kernels.F16, batch*per, blockSize, width)
-				vc, _ := gc.Alloc(kernels.F16, batch*per, blockSize, width)
-				q := upload(b, gc, kernels.F32, kernels.F32Bytes(randVals(r, batch*ap.NumHeads*ap.HeadDim, 1)), kernels.F32, batch, ap.NumHeads*ap.HeadDim)
-				out, _ := gc.Alloc(kernels.F32, batch, ap.NumHeads*ap.HeadDim)
-				cu, sk, bt := make([]int32, batch+1), make([]int32, batch), make([]int32, batch*per)
-				for s := range batch {
-					cu[s+1] = int32(s + 1)
-					sk[s] = int32(ctx)
-					for j := range per {
-						bt[s*per+j] = int32(s*per + j)
-					}
-				}
-				m := kernels.AttentionMetadata{NumSeqs: batch, NumTokens: batch, MaxSeqlenQ: 1, BlockSize: blockSize,
-					CuSeqlensQ:  upload(b, gc, kernels.I32, kernels.I32Bytes(cu), kernels.I32, batch+1),
-					SeqlensK:    upload(b, gc, kernels.I32, kernels.I32Bytes(sk), kernels.I32, batch),
-					BlockTables: upload(b, gc, kernels.I32, kernels.I32Bytes(bt), kernels.I32, batch, per)}
-				ms := timeIt(b, gc, 50, func() error { return gc.Attention(out, q, kc, vc, &m, ap) })
-				gbs := float64(2*batch*ctx*width*2) / (ms / 1e3) / 1e9
-				b.ReportMetric(ms*1e3, "us/op")
+				us, gbs := benchDecodeAttention(b, newGPU(b, GEMMRound), r, c.batch, c.ctx, ap, kernels.F16)
 				b.Logf("attention decode %s ctx=%d batch=%d (%d q / %d kv heads, d %d, F16 cache), chunk >= %s: %.1f us, %.0f GB/s of KV",
-					c.name, ctx, batch, c.heads, c.kvh, c.d, chunk, ms*1e3, gbs)
+					c.name, c.ctx, c.batch, c.heads, c.kvh, c.d, chunk, us, gbs)
 			})
 		}
 	}
@@ -470,4 +402,58 @@ func BenchmarkGPUOps(b *testing.B) {
 			})
 		}
 	}
+}
+
+// benchDecodeAttention times one decode step of attention for batch rows of
+// ctx keys each (caches of dtype cdt, every sequence on its own blocks) and
+// returns microseconds per call and GB/s of keys and values read.
+func benchDecodeAttention(b *testing.B, g *Backend, r *rand.Rand, batch, ctx int, ap kernels.AttentionParams, cdt kernels.DType) (us, gbs float64) {
+	const blockSize = 16
+	per := ctx / blockSize
+	width := ap.NumKVHeads * ap.HeadDim
+	kc, _ := g.Alloc(cdt, batch*per, blockSize, width)
+	vc, _ := g.Alloc(cdt, batch*per, blockSize, width)
+	q := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, batch*ap.NumHeads*ap.HeadDim, 1)), kernels.F32, batch, ap.NumHeads*ap.HeadDim)
+	out, _ := g.Alloc(kernels.F32, batch, ap.NumHeads*ap.HeadDim)
+	cu, sk, bt := make([]int32, batch+1), make([]int32, batch), make([]int32, batch*per)
+	for s := range batch {
+		cu[s+1] = int32(s + 1)
+		sk[s] = int32(ctx)
+		for j := range per {
+			bt[s*per+j] = int32(s*per + j)
+		}
+	}
+	m := kernels.AttentionMetadata{NumSeqs: batch, NumTokens: batch, MaxSeqlenQ: 1, BlockSize: blockSize,
+		CuSeqlensQ:  upload(b, g, kernels.I32, kernels.I32Bytes(cu), kernels.I32, batch+1),
+		SeqlensK:    upload(b, g, kernels.I32, kernels.I32Bytes(sk), kernels.I32, batch),
+		BlockTables: upload(b, g, kernels.I32, kernels.I32Bytes(bt), kernels.I32, batch, per)}
+	ms := timeIt(b, g, 100, func() error { return g.Attention(out, q, kc, vc, &m, ap) })
+	b.ReportMetric(ms*1e3, "us/op")
+	return ms * 1e3, float64(2*batch*ctx*width*cdt.Size()) / (ms / 1e3) / 1e9
+}
+
+// timeIt runs fn 3 times to warm up, then reps times between two device
+// events, and returns the device milliseconds per call.
+func timeIt(b *testing.B, g *Backend, reps int, fn func() error) float64 {
+	for range 3 {
+		if err := fn(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	e0, _ := g.NewEvent()
+	e1, _ := g.NewEvent()
+	defer e0.Close()
+	defer e1.Close()
+	e0.Record()
+	for range reps {
+		if err := fn(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	e1.Record()
+	ms, err := e0.Elapsed(e1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ms / float64(reps)
 }
