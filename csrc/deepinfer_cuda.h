@@ -195,7 +195,9 @@ typedef struct di_api {
 	/* download: device -> host; waits for all queued work, then reports checks. */
 	int (*download)(di_ctx *ctx, void *dst, di_dptr src, uint64_t bytes);
 	/* download_async: device -> pinned host memory (host_alloc), queued on
-	 * the stream; returns at once (wait with an event recorded after it). */
+	 * the stream, followed by the device check word (4 more bytes at
+	 * dst + bytes); returns at once (wait with an event recorded after it;
+	 * a nonzero word means a sync will report a check failure). */
 	int (*download_async)(di_ctx *ctx, void *dst, di_dptr src, uint64_t bytes);
 	int (*copy)(di_ctx *ctx, di_dptr dst, di_dptr src, uint64_t bytes);
 	/* copy_2d: rows rows of width_bytes from src (row pitch src_pitch bytes) to

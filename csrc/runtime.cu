@@ -451,6 +451,8 @@ static int api_download_async(di_ctx *ctx, void *dst, di_dptr src, uint64_t byte
 	if (bytes > 0)
 		CK(cudaMemcpyAsync(dst, (const void *)(uintptr_t)src, bytes, cudaMemcpyDeviceToHost, ctx->stream),
 		   "download_async: cudaMemcpyAsync");
+	CK(cudaMemcpyAsync((char *)dst + bytes, ctx->check, sizeof(unsigned), cudaMemcpyDeviceToHost, ctx->stream),
+	   "download_async: check word");
 	return DI_OK;
 }
 

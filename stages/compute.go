@@ -40,6 +40,7 @@ func init() {
 // markers when the backend has them (kernels.DeviceTimer) and rt has Stats.
 func newForward(rt *Runtime, opts ForwardOptions) (*forward, error) {
 	f := &forward{rt: rt}
+	_, f.asyncSample = rt.Ops.(kernels.AsyncDeviceSampler)
 	if dt, ok := kernels.DeviceTimerOf(rt.Ops); ok && rt.Stats != nil {
 		// Measurement never stops the engine: without markers the stats
 		// simply have no device timeline.
@@ -167,7 +168,20 @@ type forward struct {
 	lastEnd  time.Time
 	graphs   *decodeGraphs   // nil: every step eager
 	timeline *deviceTimeline // nil: no device markers
+	// asyncSample: the backend samples on the device without a host round
+	// trip (kernels.AsyncDeviceSampler); see deferSync.
+	asyncSample bool
 }
+
+// deferSync reports whether the stage leaves a step's work queued without
+// waiting for it: when the sample stage can queue its sampling right behind
+// it (asynchronous device sampling) and the device timeline measures the
+// forward passes' device time (Stats.ForwardTime then reads it). The
+// device then never waits for the host's hand-off from this stage to the
+// sample stage; device check failures surface at the sample stage's fetch
+// or the next download. Otherwise the stage waits for the device after
+// each step, which also times the forward pass on the host.
+func (f *forward) deferSync() bool { return f.asyncSample && f.timeline != nil }
 
 func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResult, error) {
 	if err := copyBlocks(f.rt, step.Outputs.BlockCopies); err != nil {
@@ -184,7 +198,8 @@ func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResu
 		}
 	}
 	start := time.Now()
-	if f.rt.Stats != nil && !f.lastEnd.IsZero() {
+	deferred := f.deferSync()
+	if f.rt.Stats != nil && !f.lastEnd.IsZero() && !deferred {
 		f.rt.Stats.recordGap(start.Sub(f.lastEnd))
 	}
 	defer func() { f.lastEnd = time.Now() }()
@@ -208,7 +223,9 @@ func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResu
 		}
 	}
 	f.markEnd()
-	if err := f.rt.Ops.Sync(); err != nil {
+	if deferred {
+		f.rt.Stats.forwardDeferred.Store(true)
+	} else if err := f.rt.Ops.Sync(); err != nil {
 		return nil, fmt.Errorf("forward: step %d: %w", step.Outputs.StepID, err)
 	}
 	if f.rt.Stats != nil {

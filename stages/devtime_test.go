@@ -175,36 +175,8 @@ func TestForwardDeviceTimeline(t *testing.T) {
 			if f.timeline == nil {
 				t.Fatal("a backend with markers got no device timeline")
 			}
-			seqs := []*graphSeq{
-				{id: 1, tokens: []int{1, 5, 9, 3}, table: []int{0, 1, 2, 3}},
-				{id: 2, tokens: []int{1, 2}, table: []int{4, 5, 6, 7}},
-			}
 			const numSteps = 6 // one prefill, five decodes
-			for k := range numSteps {
-				step := &ScheduledStep{Outputs: &engine.SchedulerOutputs{StepID: engine.StepID(k + 1), NumSampleRows: len(seqs)}}
-				for i, s := range seqs {
-					step.Seqs = append(step.Seqs, s.meta(i))
-					n := len(s.tokens) - s.cached
-					step.Outputs.NumBatchedTokens += n
-					if s.cached == 0 {
-						step.Outputs.NumPrefillTokens += n
-					} else {
-						step.Outputs.NumDecodeTokens += n
-					}
-				}
-				prep, err := (&prepare{rt: rt}).Process(t.Context(), step)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := f.Process(t.Context(), prep); err != nil {
-					t.Fatalf("step %d: %v", k+1, err)
-				}
-				time.Sleep(200 * time.Microsecond) // host time between steps: device idle
-				for _, s := range seqs {
-					s.cached = len(s.tokens)
-					s.tokens = append(s.tokens, 7)
-				}
-			}
+			runForwardSteps(t, rt, f, numSteps)
 			got := rt.Stats.DeviceTimes()
 			if failAfter > 0 {
 				// Two records a step: the third step's end marker fails.
@@ -251,5 +223,89 @@ func TestForwardWithoutDeviceTimer(t *testing.T) {
 	}
 	if f.timeline != nil || rt.Stats.DeviceTimes().Timed {
 		t.Error("the CPU backend got a device timeline")
+	}
+}
+
+// runForwardSteps runs numSteps steps of two sequences (a prefill, then
+// decodes) through prepare and f, with 200 us of host time between steps.
+func runForwardSteps(t *testing.T, rt *Runtime, f *forward, numSteps int) {
+	t.Helper()
+	seqs := []*graphSeq{
+		{id: 1, tokens: []int{1, 5, 9, 3}, table: []int{0, 1, 2, 3}},
+		{id: 2, tokens: []int{1, 2}, table: []int{4, 5, 6, 7}},
+	}
+	for k := range numSteps {
+		step := &ScheduledStep{Outputs: &engine.SchedulerOutputs{StepID: engine.StepID(k + 1), NumSampleRows: len(seqs)}}
+		for i, s := range seqs {
+			step.Seqs = append(step.Seqs, s.meta(i))
+			n := len(s.tokens) - s.cached
+			step.Outputs.NumBatchedTokens += n
+			if s.cached == 0 {
+				step.Outputs.NumPrefillTokens += n
+			} else {
+				step.Outputs.NumDecodeTokens += n
+			}
+		}
+		prep, err := (&prepare{rt: rt}).Process(t.Context(), step)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Process(t.Context(), prep); err != nil {
+			t.Fatalf("step %d: %v", k+1, err)
+		}
+		time.Sleep(200 * time.Microsecond) // host time between steps: device idle
+		for _, s := range seqs {
+			s.cached = len(s.tokens)
+			s.tokens = append(s.tokens, 7)
+		}
+	}
+}
+
+// asyncTimedOps is timedOps whose backend also samples asynchronously on
+// the "device" (never called here): the forward stage then leaves its work
+// queued, and the forward time comes from the device timeline.
+type asyncTimedOps struct{ timedOps }
+
+func (asyncTimedOps) SampleTokens(kernels.Tensor, []kernels.SampleRow) (kernels.Tensor, []int32, error) {
+	return nil, nil, errors.New("not used")
+}
+
+func (asyncTimedOps) SampleTokensAsync(kernels.Tensor, []kernels.SampleRow) (kernels.Tensor, func() ([]int32, error), error) {
+	return nil, nil, errors.New("not used")
+}
+
+func TestForwardDeferredSync(t *testing.T) {
+	dir := t.TempDir()
+	if err := random.WriteLlama(dir, random.TinyLlama, 11); err != nil {
+		t.Fatal(err)
+	}
+	for _, async := range []bool{false, true} {
+		rt, _ := graphTestRuntime(t, dir, false)
+		origin := time.Now()
+		timed := timedOps{Ops: rt.Ops, hostTimer: &hostTimer{now: func() time.Duration { return time.Since(origin) }}}
+		rt.Ops = timed
+		if async {
+			rt.Ops = asyncTimedOps{timed}
+		}
+		rt.Stats = &Stats{}
+		f, err := newForward(rt, ForwardOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.deferSync() != async {
+			t.Fatalf("async sampler %v: deferSync %v", async, f.deferSync())
+		}
+		runForwardSteps(t, rt, f, 6)
+		st := rt.Stats
+		busy := st.DeviceTimes().All.Busy
+		switch {
+		case async && (st.ForwardTime() != busy || busy <= 0 || st.Gaps.Load() != 0):
+			t.Errorf("deferred: forward time %v, device busy %v, %d host gaps; want the busy time and no gaps", st.ForwardTime(), busy, st.Gaps.Load())
+		case !async && (st.ForwardTime() != time.Duration(st.ForwardNanos.Load()) || st.Gaps.Load() == 0):
+			t.Errorf("waiting: forward time %v (host %v), %d host gaps; want the host time and gaps", st.ForwardTime(), time.Duration(st.ForwardNanos.Load()), st.Gaps.Load())
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

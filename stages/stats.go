@@ -30,6 +30,7 @@ type Stats struct {
 	devPairs, devBusy, devSpan          atomic.Int64
 	decodePairs, decodeBusy, decodeSpan atomic.Int64
 	devSample, decodeSample             atomic.Int64 // device sampling time (sampleTimer)
+	forwardDeferred                     atomic.Bool  // the forward stage does not wait for the device
 	deviceErr                           atomic.Pointer[string]
 }
 
@@ -58,8 +59,16 @@ func (s *Stats) FLOPs() float64 { return math.Float64frombits(s.flopBits.Load())
 // Bytes is the estimated memory traffic of all forward passes so far.
 func (s *Stats) Bytes() float64 { return math.Float64frombits(s.byteBits.Load()) }
 
-// ForwardTime is the time spent in forward passes.
-func (s *Stats) ForwardTime() time.Duration { return time.Duration(s.ForwardNanos.Load()) }
+// ForwardTime is the time spent in forward passes: the host's wait for them,
+// or, when the forward stage leaves its work queued (asynchronous device
+// sampling), their device time from the device timeline (every step but
+// the last one or two, whose markers are read later).
+func (s *Stats) ForwardTime() time.Duration {
+	if s.forwardDeferred.Load() && s.deviceTimed.Load() {
+		return time.Duration(s.devBusy.Load())
+	}
+	return time.Duration(s.ForwardNanos.Load())
+}
 
 // recordGap counts the time between the end of a forward pass and the
 // start of the next. A gap longer than a second is an idle engine, not

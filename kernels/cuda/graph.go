@@ -164,14 +164,21 @@ func (e *Event) Record() error {
 	return e.b.status("event_record", C.c_event_record(e.b.lib.api, e.b.ctx, e.ev))
 }
 
-// Elapsed waits for end and returns the device time from e to end.
+// Elapsed waits for end and returns the device time from e to end. The
+// wait does not hold the backend's lock: other goroutines queue work
+// meanwhile.
 func (e *Event) Elapsed(end *Event) (float64, error) {
-	e.b.mu.Lock()
-	defer e.b.mu.Unlock()
 	if err := e.b.checkOpen("event_elapsed"); err != nil {
 		return 0, err
 	}
-	if err := e.b.status("event_synchronize", C.c_event_synchronize(e.b.lib.api, e.b.ctx, end.ev)); err != nil {
+	if rc := C.c_event_synchronize(e.b.lib.api, e.b.ctx, end.ev); rc != C.DI_OK {
+		e.b.mu.Lock()
+		defer e.b.mu.Unlock()
+		return 0, e.b.status("event_synchronize", rc)
+	}
+	e.b.mu.Lock()
+	defer e.b.mu.Unlock()
+	if err := e.b.checkOpen("event_elapsed"); err != nil {
 		return 0, err
 	}
 	var ms C.float

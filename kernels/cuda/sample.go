@@ -203,12 +203,12 @@ func (f *sampleFetches) start(b *Backend, src *Tensor, bytes int) (int, error) {
 			return 0, err
 		}
 	}
-	if sl.cap < bytes {
+	if sl.cap < bytes+4 { // the tokens, then the device check word
 		if sl.host != nil {
 			C.c_host_free(b.lib.api, b.ctx, sl.host)
 			sl.host, sl.cap = nil, 0
 		}
-		size := max(bytes, 4096)
+		size := max(bytes+4, 4096)
 		if err := b.status("host_alloc", C.c_host_alloc(b.lib.api, b.ctx, C.uint64_t(size), &sl.host)); err != nil {
 			return 0, err
 		}
@@ -237,11 +237,19 @@ func (f *sampleFetches) wait(b *Backend, i int) ([]int32, error) {
 		b.mu.Unlock()
 		return nil, err
 	}
-	raw := unsafe.Slice((*byte)(sl.host), sl.bytes)
-	out := kernels.BytesI32(raw)
+	raw := unsafe.Slice((*byte)(sl.host), sl.bytes+4)
+	out := kernels.BytesI32(raw[:sl.bytes])
+	check := kernels.BytesI32(raw[sl.bytes:])[0]
 	b.mu.Lock()
 	sl.busy = false
 	b.mu.Unlock()
+	if check != 0 {
+		// A kernel queued before the copy met a bad index: the sync reports
+		// which (and clears the word).
+		if err := b.Sync(); err != nil {
+			return nil, err
+		}
+	}
 	return out, nil
 }
 
