@@ -155,7 +155,7 @@ func (t *sampleTimer) begin(rt *Runtime) bool {
 }
 
 // end records the stop marker.
-func (t *sampleTimer) end(*Runtime) {
+func (t *sampleTimer) end() {
 	if t.stop.Record() != nil {
 		t.off = true
 	}

@@ -126,7 +126,7 @@ func sampleOnDevice(rt *Runtime, dev kernels.DeviceSampler, res *ForwardResult, 
 		timed := timer.begin(rt)
 		if tokens, fetch, err = a.SampleTokensAsync(res.Logits, rows); err == nil {
 			if timed {
-				timer.end(rt)
+				timer.end()
 			}
 			if err = publishTokens(rt, res, tokens); err == nil {
 				early = true
