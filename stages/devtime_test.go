@@ -309,3 +309,39 @@ func TestForwardDeferredSync(t *testing.T) {
 		}
 	}
 }
+
+// The sample stage's timer adds the device time of each sampling launch to
+// the timeline's busy time (all steps, and decode steps when the step is
+// one), and stays off without markers or without a timeline.
+func TestSampleTimer(t *testing.T) {
+	var clock time.Duration
+	ht := &hostTimer{now: func() time.Duration { return clock }}
+	rt := &Runtime{Ops: timedOps{hostTimer: ht}, Stats: &Stats{}}
+	var st sampleTimer
+	if st.begin(rt) {
+		t.Fatal("timed without a device timeline")
+	}
+	rt.Stats.deviceTimed.Store(true)
+	for i, decode := range []bool{false, true, true} {
+		if !st.begin(rt) {
+			t.Fatalf("launch %d: not timed", i)
+		}
+		clock += 3 * time.Millisecond
+		st.end()
+		st.read(rt, decode)
+	}
+	d := rt.Stats.DeviceTimes()
+	if d.All.Busy != 9*time.Millisecond || d.Decode.Busy != 6*time.Millisecond {
+		t.Errorf("busy %v (decode %v), want 9ms (6ms)", d.All.Busy, d.Decode.Busy)
+	}
+	if ht.open != 2 {
+		t.Errorf("%d markers open, want the timer's 2", ht.open)
+	}
+
+	var none sampleTimer
+	cpu := &Runtime{Ops: nil, Stats: &Stats{}}
+	cpu.Stats.deviceTimed.Store(true)
+	if none.begin(cpu) || !none.off {
+		t.Error("a backend without markers was timed")
+	}
+}
