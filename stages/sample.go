@@ -161,20 +161,25 @@ func sampleOnDevice(rt *Runtime, dev kernels.DeviceSampler, res *ForwardResult, 
 // publishTokens publishes a step's device tokens (one accepted token a row)
 // before their host copy: see sampleOnDevice.
 func publishTokens(rt *Runtime, res *ForwardResult, tokens kernels.Tensor) error {
-	n := len(res.Rows)
-	var accepted kernels.Tensor
-	if n > 0 {
-		ones := make([]int32, n)
-		for i := range ones {
-			ones[i] = 1
-		}
-		var err error
-		if accepted, err = kernels.FromI32(rt.Ops, ones, n); err != nil {
-			return fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
-		}
+	accepted, err := acceptedOnes(rt, len(res.Rows))
+	if err != nil {
+		return fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
 	}
 	rt.ZOS.publishTokens(res.Outputs.StepID, tokens, accepted)
 	return nil
+}
+
+// acceptedOnes is the accepted-token count of n rows without speculation:
+// I32 [n] of ones in backend memory (nil for no rows).
+func acceptedOnes(rt *Runtime, n int) (kernels.Tensor, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	ones := make([]int32, n)
+	for i := range ones {
+		ones[i] = 1
+	}
+	return kernels.FromI32(rt.Ops, ones, n)
 }
 
 // finishSample completes a step whose device tokens were published early:
@@ -225,21 +230,19 @@ func beginSample(ctx context.Context, rt *Runtime, res *ForwardResult, buf *[]fl
 func endSample(rt *Runtime, out *SampledStep, tokens kernels.Tensor) error {
 	n := len(out.Samples)
 	host := make([]int, n)
-	toks, ones := make([]int32, n), make([]int32, n)
+	toks := make([]int32, n)
 	for i, s := range out.Samples {
-		host[i], toks[i], ones[i] = s.Token, int32(s.Token), 1
+		host[i], toks[i] = s.Token, int32(s.Token)
 	}
-	var accepted kernels.Tensor
-	if n > 0 {
-		var err error
-		if tokens == nil {
-			if tokens, err = kernels.FromI32(rt.Ops, toks, n); err != nil {
-				return fmt.Errorf("sample: step %d: %w", out.Outputs.StepID, err)
-			}
-		}
-		if accepted, err = kernels.FromI32(rt.Ops, ones, n); err != nil {
+	var err error
+	if tokens == nil && n > 0 {
+		if tokens, err = kernels.FromI32(rt.Ops, toks, n); err != nil {
 			return fmt.Errorf("sample: step %d: %w", out.Outputs.StepID, err)
 		}
+	}
+	accepted, err := acceptedOnes(rt, n)
+	if err != nil {
+		return fmt.Errorf("sample: step %d: %w", out.Outputs.StepID, err)
 	}
 	took := time.Since(out.sampleStart)
 	rt.ZOS.publish(out.Outputs.StepID, tokens, accepted, host)
