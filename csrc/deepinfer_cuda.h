@@ -39,7 +39,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 4u
+#define DI_ABI_VERSION 5u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -164,6 +164,22 @@ typedef struct di_attn_meta {
 	di_dptr block_tables; /* I32 [num_seqs, max_blocks_per_seq] */
 } di_attn_meta;
 
+/* di_qkv: the arguments of qkv_prepare (kernels.QKV): split the fused
+ * projection qkv (F32 [num_tokens, (num_heads + 2 num_kv_heads) head_dim])
+ * into q (F32 [num_tokens, num_heads head_dim]) and the k and v heads;
+ * RMS-normalize each q and k head by q_norm and k_norm (F32 [head_dim];
+ * both 0 for none); rotate q and k (rot_offset, rotary_dim, interleaved as
+ * rope's; cos and sin F32 [max_pos, rotary_dim / 2]); write k and v into
+ * column 0 of the caches (cache_dtype DI_F32 or DI_F16, [num_slots,
+ * num_kv_heads head_dim]) at slot_mapping (-1: skip). */
+typedef struct di_qkv {
+	di_dptr qkv, q, k_cache, v_cache, slot_mapping, positions, cos, sin, q_norm, k_norm;
+	int num_tokens, num_heads, num_kv_heads, head_dim;
+	int rot_offset, rotary_dim, interleaved, max_pos;
+	int num_slots, cache_dtype;
+	float eps;
+} di_qkv;
+
 typedef struct di_api {
 	uint32_t abi_version;
 	uint32_t size; /* sizeof(di_api) as the library sees it */
@@ -277,6 +293,9 @@ typedef struct di_api {
 	 * memory): the tokens do not depend on it. */
 	int (*sample)(di_ctx *ctx, di_dptr out, di_dptr logits, int num_rows, int vocab, di_dptr rows,
 	              di_dptr edits, int max_candidates);
+	/* qkv_prepare: see di_qkv; the bits of split_columns, rms_norm per
+	 * head, rope and write_cache run one after the other. */
+	int (*qkv_prepare)(di_ctx *ctx, const di_qkv *a);
 } di_api;
 
 /* di_get_api fills *out for a caller built against abi_version; it returns

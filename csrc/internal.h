@@ -37,6 +37,7 @@ struct di_ctx {
 	int num_graphs = 0;
 	int gemm_mode = DI_GEMM_ROUND; // how float32 activations enter 16-bit GEMMs
 	int gemv = 4;                  // linears of up to this many rows (at most 8) on the GEMV kernel; $DEEPINFER_CUDA_GEMV
+	size_t gemv_max_elems = (size_t)64 << 20; // and weights of at most this many elements; $DEEPINFER_CUDA_GEMV_MAX (Mi elements)
 	// 16-bit linears of up to this many rows (at most 64) on the skinny GEMM;
 	// $DEEPINFER_CUDA_SKINNY. Off by default: batch-invariant, but slower than
 	// cuBLAS on an H200 at every Llama-3.2-1B shape measured (kernels/cuda/NOTES.md).
@@ -95,6 +96,7 @@ int di_op_rope(di_ctx *ctx, di_dptr x, di_dptr positions, di_dptr cos, di_dptr s
                int max_pos, int num_heads, int head_size, int offset, int rotary_dim, int interleaved);
 int di_op_write_cache(di_ctx *ctx, di_dptr cache, di_dptr src, di_dptr slot_mapping, int num_tokens,
                       int w, int width, int col, int num_slots, int cache_dtype);
+int di_op_qkv_prepare(di_ctx *ctx, const di_qkv *a);
 int di_op_split_columns(di_ctx *ctx, di_dptr x, int rows, int x_pitch, int nparts, const di_dptr *parts,
                         const int *widths);
 int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,

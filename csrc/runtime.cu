@@ -243,6 +243,7 @@ static int api_create(int device, di_ctx **out, char *err, int errlen) {
 	}
 	ctx->device = device;
 	if (const char *v = getenv("DEEPINFER_CUDA_GEMV")) ctx->gemv = atoi(v); // 0: no linear on the GEMV kernel
+	if (const char *v = getenv("DEEPINFER_CUDA_GEMV_MAX"); v && *v) ctx->gemv_max_elems = (size_t)atol(v) << 20;
 	if (const char *v = getenv("DEEPINFER_CUDA_SKINNY")) ctx->skinny = atoi(v); // 0: no linear on the skinny GEMM
 	if (const char *v = getenv("DEEPINFER_CUDA_DEC_CHUNK")) {
 		const int c = atoi(v);
@@ -622,5 +623,6 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->resolve_placeholders = di_op_resolve_placeholders;
 	out->logits = di_op_logits;
 	out->sample = di_op_sample;
+	out->qkv_prepare = di_op_qkv_prepare;
 	return DI_OK;
 }

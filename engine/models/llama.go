@@ -282,37 +282,13 @@ func (m *llama) layer(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid,
 	if err := ops.Linear(qkv, x, ly.qkv, ly.qkvBias); err != nil {
 		return err
 	}
-	if err := ops.SplitColumns(qkv, q, k, v); err != nil {
-		return err
-	}
-	if ly.qNorm != nil { // Qwen3: RMSNorm over each head
-		qh, err := ops.Reshape(q, t*m.numHeads, m.headDim)
-		if err != nil {
-			return err
-		}
-		kh, err := ops.Reshape(k, t*m.numKVHeads, m.headDim)
-		if err != nil {
-			return err
-		}
-		if err := ops.RMSNorm(qh, qh, ly.qNorm, m.eps); err != nil {
-			return err
-		}
-		if err := ops.RMSNorm(kh, kh, ly.kNorm, m.eps); err != nil {
-			return err
-		}
-	}
-	rp := kernels.RoPEParams{NumHeads: m.numHeads, HeadSize: m.headDim, RotaryDim: m.rope.rotaryDim}
-	if err := ops.RoPE(q, b.Positions, m.rope.cos, m.rope.sin, rp); err != nil {
-		return err
-	}
-	rp.NumHeads = m.numKVHeads
-	if err := ops.RoPE(k, b.Positions, m.rope.cos, m.rope.sin, rp); err != nil {
-		return err
-	}
-	if err := ops.WriteCache(cache.K[i], k, b.Attn.SlotMapping, 0); err != nil {
-		return err
-	}
-	if err := ops.WriteCache(cache.V[i], v, b.Attn.SlotMapping, 0); err != nil {
+	// Split, per-head norms (Qwen3), RoPE and the cache writes: fused where
+	// the backend can.
+	if err := kernels.PrepareQKV(ops, kernels.QKV{QKV: qkv, Q: q, K: k, V: v,
+		KCache: cache.K[i], VCache: cache.V[i], SlotMapping: b.Attn.SlotMapping, Positions: b.Positions,
+		Cos: m.rope.cos, Sin: m.rope.sin, QNorm: ly.qNorm, KNorm: ly.kNorm, Eps: m.eps,
+		NumHeads: m.numHeads, NumKVHeads: m.numKVHeads, HeadDim: m.headDim,
+		RoPE: kernels.RoPEParams{RotaryDim: m.rope.rotaryDim}}); err != nil {
 		return err
 	}
 	ap := kernels.AttentionParams{NumHeads: m.numHeads, NumKVHeads: m.numKVHeads, HeadDim: m.headDim,

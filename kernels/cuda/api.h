@@ -84,6 +84,7 @@ static inline int c_rope(di_api *a, di_ctx *c, di_dptr x, di_dptr pos, di_dptr c
                   int off, int rd, int il) {
 	return a->rope(c, x, pos, cs, sn, t, maxPos, nh, hs, off, rd, il);
 }
+static inline int c_qkv_prepare(di_api *a, di_ctx *c, const di_qkv *q) { return a->qkv_prepare(c, q); }
 static inline int c_write_cache(di_api *a, di_ctx *c, di_dptr cache, di_dptr src, di_dptr sm, int t, int w, int width, int col, int slots,
                                 int cache_dtype) {
 	return a->write_cache(c, cache, src, sm, t, w, width, col, slots, cache_dtype);

@@ -68,6 +68,12 @@ extern "C" int di_op_embedding(di_ctx *ctx, di_dptr out, di_dptr table, int tabl
 
 // ---------------------------------------------------------------- rms_norm
 
+// di_rms_scale is RMSNorm's 1/rms from the float64 sum of squares of n
+// values (shared with qkv_prepare, which must give the same bits).
+__device__ __forceinline__ float di_rms_scale(double sum_sq, int n, float eps) {
+	return (float)(1.0 / sqrt(sum_sq / n + (double)eps));
+}
+
 // One block per row. With a residual: residual += x first. Each thread
 // touches the same columns in every pass, so out may alias x.
 __global__ void di_rms_norm_k(float *out, float *residual, const float *x, const float *w, int n, float eps) {
@@ -85,7 +91,7 @@ __global__ void di_rms_norm_k(float *out, float *residual, const float *x, const
 		s += (double)v * (double)v;
 	}
 	s = di_block_sum(s, red);
-	const float r = (float)(1.0 / sqrt(s / n + (double)eps));
+	const float r = di_rms_scale(s, n, eps);
 	float *o = out + row * n;
 	for (int j = threadIdx.x; j < n; j += blockDim.x) o[j] = (src[j] * r) * w[j];
 }
@@ -135,20 +141,40 @@ extern "C" int di_add_into(di_ctx *ctx, float *out, const float *a, const float 
 
 // ---------------------------------------------------------------- small-batch GEMV
 
-// For a few rows (ctx->gemv, default 4: DEEPINFER_CUDA_GEMV) and small
-// weights cuBLAS is latency-bound (a 2 MB weight takes 13-20 us); this kernel
-// (which the skinny GEMM replaces for 16-bit weights unless
-// DEEPINFER_CUDA_SKINNY=0) reads each weight row once with 16-byte loads, one
-// warp per output column, all rows at once. Numerics are those of the GEMM
-// path: 16-bit weights multiply x rounded to their dtype (or its hi and lo
-// parts in DI_GEMM_SPLIT, summed separately and added at the end), float32
-// weights multiply x as is; float32 accumulation. Each lane sums its
-// elements in order and the warp adds the 32 partial sums in a fixed tree,
-// so a row's result does not depend on the other rows.
+// For a few rows (ctx->gemv, default 4: DEEPINFER_CUDA_GEMV) cuBLAS is
+// latency-bound on small weights (a 2 MB weight takes 13-20 us) and needs x
+// narrowed by a kernel of its own first; this kernel reads x as float32,
+// rounds it as the GEMM path does, and streams each weight row once with
+// GEMV_UNROLL 16-byte loads in flight per lane (one warp per output column,
+// all rows at once). Numerics are those of the GEMM path: 16-bit weights
+// multiply x rounded to their dtype (or its hi and lo parts in
+// DI_GEMM_SPLIT, summed separately and added at the end), float32 weights
+// multiply x as is; float32 accumulation. Each lane sums its 8-element
+// chunks l, l+32, l+64, ... in ascending order and the warp adds the 32
+// partial sums in a fixed tree, so a row's result does not depend on the
+// other rows (nor on GEMV_UNROLL, which only groups the loads).
 
 #define GEMV_MAX_ROWS 8 // the kernel's limit; ctx->gemv rows (default 4) are routed to it
 #define GEMV_WARPS 8
-#define GEMV_MAX_ELEMS (4u << 20) // larger weights stay on cuBLAS, which streams them faster
+#define GEMV_UNROLL 8
+
+// di_chunk8 holds 8 weight elements as loaded: 16 bytes for 16-bit types,
+// 32 for float.
+template <typename W> struct di_chunk8 {
+	uint4 v[sizeof(W) / 2];
+};
+
+// di_ldcs8 loads a chunk with the streaming (evict-first) hint: each weight
+// is read once per call, x and the outputs should keep the cache.
+template <typename W> __device__ __forceinline__ void di_ldcs8(di_chunk8<W> &c, const W *p) {
+	const uint4 *q = reinterpret_cast<const uint4 *>(p);
+#pragma unroll
+	for (int i = 0; i < (int)(sizeof(W) / 2); i++) c.v[i] = __ldcs(q + i);
+}
+
+template <typename W> __device__ __forceinline__ void di_unpack8(const di_chunk8<W> &c, float *o) {
+	di_load8(reinterpret_cast<const W *>(c.v), o);
+}
 
 template <typename W, bool SPLIT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
@@ -160,27 +186,35 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 	float acc[GEMV_MAX_ROWS], acc_lo[GEMV_MAX_ROWS];
 #pragma unroll
 	for (int r = 0; r < GEMV_MAX_ROWS; r++) acc[r] = acc_lo[r] = 0.f;
-	// Lane l takes the 8-element chunks l, l+32, l+64, ... in ascending order.
-	for (int i = lane * 8; i < k; i += 256) {
-		float wv[8];
-		di_load8(wr + i, wv);
+	for (int base = lane * 8; base < k; base += 256 * GEMV_UNROLL) {
+		di_chunk8<W> raw[GEMV_UNROLL];
 #pragma unroll
-		for (int r = 0; r < GEMV_MAX_ROWS; r++) {
-			if (r < m) {
-				float xv[8];
-				di_load8(x + (size_t)r * k + i, xv);
-				float a = acc[r], b = acc_lo[r];
+		for (int u = 0; u < GEMV_UNROLL; u++)
+			if (base + u * 256 < k) di_ldcs8(raw[u], wr + base + u * 256);
 #pragma unroll
-				for (int e = 0; e < 8; e++) {
-					if (sizeof(W) == sizeof(float)) {
-						a += wv[e] * xv[e];
-					} else {
-						const float hi = di_to_f32(di_from_f32<W>(xv[e]));
-						a += wv[e] * hi;
-						if (SPLIT) b += wv[e] * di_to_f32(di_from_f32<W>(xv[e] - hi));
+		for (int u = 0; u < GEMV_UNROLL; u++) {
+			const int i = base + u * 256;
+			if (i >= k) break;
+			float wv[8];
+			di_unpack8(raw[u], wv);
+#pragma unroll
+			for (int r = 0; r < GEMV_MAX_ROWS; r++) {
+				if (r < m) {
+					float xv[8];
+					di_load8(x + (size_t)r * k + i, xv);
+					float a = acc[r], b = acc_lo[r];
+#pragma unroll
+					for (int e = 0; e < 8; e++) {
+						if (sizeof(W) == sizeof(float)) {
+							a += wv[e] * xv[e];
+						} else {
+							const float hi = di_to_f32(di_from_f32<W>(xv[e]));
+							a += wv[e] * hi;
+							if (SPLIT) b += wv[e] * di_to_f32(di_from_f32<W>(xv[e] - hi));
+						}
 					}
+					acc[r] = a, acc_lo[r] = b;
 				}
-				acc[r] = a, acc_lo[r] = b;
 			}
 		}
 	}
@@ -196,11 +230,12 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 }
 
 // gemv_ok reports whether the GEMV kernel serves this shape: few rows, a
-// weight of at most GEMV_MAX_ELEMS elements (measured on an H200: GEMV 6 us
-// against cuBLAS 17 us for 2048x2048 at 1 row, but slower from 2048x8192 on),
-// k a multiple of 8 and 16-byte aligned rows.
-static bool gemv_ok(const float *x, const void *w, int m, int n, int k, int max_rows) {
-	return m >= 1 && m <= max_rows && m <= GEMV_MAX_ROWS && (size_t)n * k <= GEMV_MAX_ELEMS && k % 8 == 0 && ((uintptr_t)x % 16) == 0 && ((uintptr_t)w % 16) == 0;
+// weight of at most ctx->gemv_max_elems elements ($DEEPINFER_CUDA_GEMV_MAX,
+// in Mi elements; the default is the measured crossover with cuBLAS, see
+// NOTES.md), k a multiple of 8 and 16-byte aligned rows.
+static bool gemv_ok(const di_ctx *ctx, const float *x, const void *w, int m, int n, int k) {
+	return m >= 1 && m <= ctx->gemv && m <= GEMV_MAX_ROWS && (size_t)n * k <= ctx->gemv_max_elems && k % 8 == 0 &&
+	       ((uintptr_t)x % 16) == 0 && ((uintptr_t)w % 16) == 0;
 }
 
 static int gemv(di_ctx *ctx, float *out, const float *x, const void *w, int w_dtype, const float *bias, int m, int n,
@@ -238,7 +273,7 @@ static int gemv(di_ctx *ctx, float *out, const float *x, const void *w, int w_dt
 //      of 8, 16-byte aligned x and w: tensor cores, the weights read once, and
 //      a row's bits independent of the batch (its doc states the contract);
 //   2. the GEMV kernel for 1..ctx->gemv rows ($DEEPINFER_CUDA_GEMV, default 4;
-//      0 turns it off) and weights of at most GEMV_MAX_ELEMS elements: with
+//      0 turns it off) and weights of at most ctx->gemv_max_elems: with
 //      the skinny GEMM on, that is F32 weights only;
 //   3. cuBLAS. For 16-bit weights x is narrowed to the weight dtype
 //      (DI_GEMM_ROUND) or split into hi and lo rows of one GEMM over 2m rows
@@ -249,7 +284,7 @@ static int gemm_f32_input(di_ctx *ctx, float *out, const float *x, const void *w
                           int n, int k) {
 	if (n == 0) return DI_OK;
 	if (k > 0 && di_skinny_ok(ctx, x, w, w_dtype, m, n, k)) return di_skinny_linear(ctx, out, x, w, w_dtype, bias, m, n, k);
-	if (k > 0 && gemv_ok(x, w, m, n, k, ctx->gemv)) return gemv(ctx, out, x, w, w_dtype, bias, m, n, k);
+	if (k > 0 && gemv_ok(ctx, x, w, m, n, k)) return gemv(ctx, out, x, w, w_dtype, bias, m, n, k);
 	int rc;
 	if (w_dtype == DI_F32) {
 		rc = di_gemm(ctx, out, x, w, DI_F32, m, n, k);
@@ -390,6 +425,14 @@ extern "C" int di_op_concat(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, int 
 
 // ---------------------------------------------------------------- rope
 
+// di_rotate rotates the pair (v[a], v[b]) by the angle of (c, s) (shared
+// with qkv_prepare, which must give the same bits).
+__device__ __forceinline__ void di_rotate(float *v, int a, int b, float c, float s) {
+	const float x0 = v[a], x1 = v[b];
+	v[a] = x0 * c - x1 * s;
+	v[b] = x1 * c + x0 * s;
+}
+
 // One block per token; threads over (head, pair).
 __global__ void di_rope_k(float *x, const int *positions, const float *cosv, const float *sinv, int max_pos,
                           int num_heads, int head_size, int offset, int rotary_dim, int interleaved,
@@ -409,9 +452,7 @@ __global__ void di_rope_k(float *x, const int *positions, const float *cosv, con
 		float *v = row + h * head_size + offset;
 		const int a = interleaved ? 2 * j : j;
 		const int b = interleaved ? 2 * j + 1 : j + half;
-		const float x0 = v[a], x1 = v[b];
-		v[a] = x0 * c[j] - x1 * s[j];
-		v[b] = x1 * c[j] + x0 * s[j];
+		di_rotate(v, a, b, c[j], s[j]);
 	}
 }
 
@@ -463,6 +504,92 @@ extern "C" int di_op_write_cache(di_ctx *ctx, di_dptr cache, di_dptr src, di_dpt
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "write_cache: cache dtype %d (want F32 or F16)", cache_dtype);
 	}
 	return di_check_launch(ctx, "write_cache");
+}
+
+// ---------------------------------------------------------------- qkv_prepare
+
+#define QKV_MAX_HEAD_DIM 512
+
+// One block per (token, head slot): slots [0, H) are q heads, [H, H+Hkv) k
+// heads, [H+Hkv, H+2Hkv) v heads; norm_threads(head_dim) threads, so the
+// per-head RMSNorm sums its squares in rms_norm's order. A q or k head is
+// staged in shared memory, normalized, rotated pair by pair, and written to
+// q or rounded into the K cache; a v head goes straight to the V cache.
+// Each element takes the operations of split_columns, rms_norm, rope and
+// write_cache in the same order, so the bits are theirs.
+template <typename T> __global__ void di_qkv_prepare_k(di_qkv a, unsigned *check) {
+	__shared__ float h[QKV_MAX_HEAD_DIM];
+	__shared__ double red[32];
+	const int t = blockIdx.x, slot_head = blockIdx.y, d = a.head_dim;
+	const int nh = a.num_heads, nkv = a.num_kv_heads;
+	const float *src = DI_PTR(const float, a.qkv) + (size_t)t * (nh + 2 * nkv) * d + (size_t)slot_head * d;
+	const bool is_q = slot_head < nh, is_v = slot_head >= nh + nkv;
+	int slot = -1;
+	if (!is_q) {
+		slot = DI_PTR(const int, a.slot_mapping)[t];
+		if (slot < -1 || slot >= a.num_slots) {
+			if (threadIdx.x == 0) atomicOr(check, DI_CHECK_WRITE_CACHE);
+			return;
+		}
+	}
+	const int width = nkv * d;
+	if (is_v) {
+		if (slot == -1) return;
+		T *dst = DI_PTR(T, a.v_cache) + (size_t)slot * width + (size_t)(slot_head - nh - nkv) * d;
+		for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = di_from_f32<T>(src[j]);
+		return;
+	}
+	const float *norm = DI_PTR(const float, is_q ? a.q_norm : a.k_norm);
+	double ss = 0;
+	for (int j = threadIdx.x; j < d; j += blockDim.x) {
+		const float v = src[j];
+		h[j] = v;
+		ss += (double)v * (double)v;
+	}
+	if (norm) {
+		ss = di_block_sum(ss, red);
+		const float r = di_rms_scale(ss, d, a.eps);
+		for (int j = threadIdx.x; j < d; j += blockDim.x) h[j] = (h[j] * r) * norm[j];
+	}
+	__syncthreads();
+	const int pos = DI_PTR(const int, a.positions)[t];
+	if (pos < 0 || pos >= a.max_pos) {
+		if (threadIdx.x == 0) atomicOr(check, DI_CHECK_ROPE);
+	} else {
+		const int half = a.rotary_dim / 2;
+		const float *c = DI_PTR(const float, a.cos) + (size_t)pos * half;
+		const float *s = DI_PTR(const float, a.sin) + (size_t)pos * half;
+		float *v = h + a.rot_offset;
+		for (int j = threadIdx.x; j < half; j += blockDim.x)
+			di_rotate(v, a.interleaved ? 2 * j : j, a.interleaved ? 2 * j + 1 : j + half, c[j], s[j]);
+	}
+	__syncthreads();
+	if (is_q) {
+		float *dst = DI_PTR(float, a.q) + (size_t)t * nh * d + (size_t)slot_head * d;
+		for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = h[j];
+	} else if (slot != -1) {
+		T *dst = DI_PTR(T, a.k_cache) + (size_t)slot * width + (size_t)(slot_head - nh) * d;
+		for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = di_from_f32<T>(h[j]);
+	}
+}
+
+extern "C" int di_op_qkv_prepare(di_ctx *ctx, const di_qkv *a) {
+	if (a->head_dim < 1 || a->head_dim > QKV_MAX_HEAD_DIM)
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "qkv_prepare: head_dim %d (1..%d)", a->head_dim, QKV_MAX_HEAD_DIM);
+	if (a->num_tokens == 0) return DI_OK;
+	const dim3 grid(a->num_tokens, a->num_heads + 2 * a->num_kv_heads);
+	const int threads = norm_threads(a->head_dim);
+	switch (a->cache_dtype) {
+	case DI_F32:
+		di_qkv_prepare_k<float><<<grid, threads, 0, ctx->stream>>>(*a, ctx->check);
+		break;
+	case DI_F16:
+		di_qkv_prepare_k<__half><<<grid, threads, 0, ctx->stream>>>(*a, ctx->check);
+		break;
+	default:
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "qkv_prepare: cache dtype %d (want F32 or F16)", a->cache_dtype);
+	}
+	return di_check_launch(ctx, "qkv_prepare");
 }
 
 // ---------------------------------------------------------------- resolve_placeholders

@@ -631,3 +631,79 @@ func (b *Backend) Logits(out, hidden, rows, norm, head kernels.Tensor, eps float
 			C.int(hw.dtype), C.int(dim), C.int(vocab), C.float(eps))
 	}, o, h, rs, nw, hw)
 }
+
+// PrepareQKV is kernels.QKVPreparer: one kernel for the split, the per-head
+// norms, RoPE and both cache writes, with the bits of the separate ops.
+// Positions and slots outside their tables are reported by the next
+// Download or Sync.
+func (b *Backend) PrepareQKV(a kernels.QKV) error {
+	const op = "qkv_prepare"
+	var ts [10]*Tensor
+	for i, arg := range []struct {
+		name string
+		t    kernels.Tensor
+		opt  bool
+	}{{"qkv", a.QKV, false}, {"q", a.Q, false}, {"k_cache", a.KCache, false}, {"v_cache", a.VCache, false},
+		{"slot_mapping", a.SlotMapping, false}, {"positions", a.Positions, false}, {"cos", a.Cos, false}, {"sin", a.Sin, false},
+		{"q_norm", a.QNorm, true}, {"k_norm", a.KNorm, true}} {
+		var err error
+		if arg.opt {
+			ts[i], err = optCUDA(op, arg.name, arg.t)
+		} else {
+			ts[i], err = asCUDA(op, arg.name, arg.t)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	qkv, q, kc, vc, sm, pos, cs, sn, qn, kn := ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6], ts[7], ts[8], ts[9]
+	h, hkv, d, rp := a.NumHeads, a.NumKVHeads, a.HeadDim, a.RoPE
+	if h <= 0 || hkv <= 0 || d <= 0 || rp.RotaryDim <= 0 || rp.RotaryDim%2 != 0 || rp.Offset < 0 || rp.Offset+rp.RotaryDim > d {
+		return fmt.Errorf("cuda: %s: %d heads, %d kv heads, head dim %d, rope %+v: %w", op, h, hkv, d, rp, kernels.ErrShape)
+	}
+	if (qn == nil) != (kn == nil) {
+		return fmt.Errorf("cuda: %s: q_norm and k_norm are both set or both nil: %w", op, kernels.ErrShape)
+	}
+	if err := checkShape(op, "qkv", qkv, []int{-1, (h + 2*hkv) * d}, kernels.F32); err != nil {
+		return err
+	}
+	t := qkv.shape[0]
+	type check struct {
+		name string
+		x    *Tensor
+		want []int
+		dt   []kernels.DType
+	}
+	f32 := []kernels.DType{kernels.F32}
+	checks := []check{
+		{"q", q, []int{t, h * d}, f32},
+		{"k_cache", kc, []int{-1, -1, hkv * d}, []kernels.DType{kernels.F32, kernels.F16}},
+		{"v_cache", vc, kc.shape, []kernels.DType{kc.dtype}},
+		{"slot_mapping", sm, []int{t}, []kernels.DType{kernels.I32}},
+		{"positions", pos, []int{t}, []kernels.DType{kernels.I32}},
+		{"cos", cs, []int{-1, rp.RotaryDim / 2}, f32},
+		{"sin", sn, cs.shape, f32},
+	}
+	if qn != nil {
+		checks = append(checks, check{"q_norm", qn, []int{d}, f32}, check{"k_norm", kn, []int{d}, f32})
+	}
+	for _, c := range checks {
+		if err := checkShape(op, c.name, c.x, c.want, c.dt...); err != nil {
+			return err
+		}
+	}
+	il := 0
+	if rp.Interleaved {
+		il = 1
+	}
+	args := C.di_qkv{
+		qkv: qkv.ptr(), q: q.ptr(), k_cache: kc.ptr(), v_cache: vc.ptr(), slot_mapping: sm.ptr(), positions: pos.ptr(),
+		cos: cs.ptr(), sin: sn.ptr(), q_norm: optPtr(qn), k_norm: optPtr(kn),
+		num_tokens: C.int(t), num_heads: C.int(h), num_kv_heads: C.int(hkv), head_dim: C.int(d),
+		rot_offset: C.int(rp.Offset), rotary_dim: C.int(rp.RotaryDim), interleaved: C.int(il), max_pos: C.int(cs.shape[0]),
+		num_slots: C.int(kc.shape[0] * kc.shape[1]), cache_dtype: C.int(kc.dtype), eps: C.float(a.Eps),
+	}
+	return b.launch(op, func() C.int {
+		return C.c_qkv_prepare(b.lib.api, b.ctx, &args)
+	}, qkv, q, kc, vc, sm, pos, cs, sn, qn, kn)
+}

@@ -41,15 +41,21 @@
 #           Qwen3-0.6B offline throughput (nano-vllm's workload, ZOS off and
 #           on), DeepSeek-V2-Lite decode at batch 1 and 64 against its floor,
 #           Llama-3.2-1B decode at batch 1 and 32; device idle between decode
-#           steps. ENGINE_SEQS overrides the offline request count (256).
+#           steps. ENGINE_SEQS overrides the offline request count (256);
+#           ENGINE_BENCH (default GPUEngine) is the -test.bench pattern.
 #   bench   the kernel and model benchmarks of bench_gpu_test.go
-#           (Llama-3.2-1B decode and prefill steps, single ops), 10x each.
+#           (Llama-3.2-1B decode and prefill steps, single ops), 10x each;
+#           BENCH (default GPU) is the -test.bench pattern.
+#   profile Nsight Systems (nsys, when the machine has it) over the
+#           benchmarks PROFILE_BENCH (default GPUDecodeLlama1B/batch=1),
+#           CUDA graphs traced per kernel: the kernel time summary,
+#           profile_kernels.txt (top 40 printed with the figures).
 #
 # Time: TOTAL_BUDGET seconds in all (default 470); each phase is cut to
 # what is left (and skipped under 15 s), so the table always comes. Phase
 # limits, in seconds: BUILD_TIMEOUT 120, TESTS_TIMEOUT 120, E2E_TIMEOUT 30
 # (each of three runs), PARITY_MAKE_TIMEOUT 180, PARITY_TEST_TIMEOUT 120,
-# ENGINE_TIMEOUT 240, BENCH_TIMEOUT 120.
+# ENGINE_TIMEOUT 240, BENCH_TIMEOUT 120, PROFILE_TIMEOUT 120.
 #
 # Logs in $OUT (default /tmp/gpu-check): gpu.txt, build.log, tests.log,
 # gen_*.txt, make_fixtures.log, parity.log, engine.log, bench.log.
@@ -82,9 +88,9 @@ budget=${TOTAL_BUDGET:-470}
 t_start=$(date +%s)
 for p in ${phases//,/ }; do
 	case $p in
-	build | tests | e2e | parity | engine | bench) ;;
+	build | tests | e2e | parity | engine | bench | profile) ;;
 	*)
-		echo "check.sh: unknown phase $p in PHASES=$phases: want build, tests, e2e, parity, engine, bench" >&2
+		echo "check.sh: unknown phase $p in PHASES=$phases: want build, tests, e2e, parity, engine, bench, profile" >&2
 		exit 2
 		;;
 	esac
@@ -211,7 +217,7 @@ phase_engine() {
 	((t == 0)) && { status[engine]="skipped: out of time"; return; }
 	need_test || { status[engine]="FAILED: prerequisites missing"; return; }
 	(cd kernels/cuda && DEEPINFER_ENGINE_BENCH_SEQS=${ENGINE_SEQS:-} timeout "$t" "$root/$dir/cuda.test" -test.run XXX \
-		-test.bench GPUEngine -test.benchtime 1x -test.v -test.timeout "${t}s") >"$logs/engine.log" 2>&1
+		-test.bench "${ENGINE_BENCH:-GPUEngine}" -test.benchtime 1x -test.v -test.timeout "${t}s") >"$logs/engine.log" 2>&1
 	rc=$?
 	status[engine]="rc=$rc, $(grep -c 'engine |' "$logs/engine.log") figures"
 }
@@ -221,10 +227,25 @@ phase_bench() {
 	t=$(limit "${BENCH_TIMEOUT:-120}")
 	((t == 0)) && { status[bench]="skipped: out of time"; return; }
 	need_test || { status[bench]="FAILED: prerequisites missing"; return; }
-	(cd kernels/cuda && timeout "$t" "$root/$dir/cuda.test" -test.run XXX -test.bench GPU -test.skip GPUEngine \
+	(cd kernels/cuda && timeout "$t" "$root/$dir/cuda.test" -test.run XXX -test.bench "${BENCH:-GPU}" -test.skip GPUEngine \
 		-test.benchtime 10x -test.v -test.timeout "${t}s") >"$logs/bench.log" 2>&1
 	rc=$?
 	status[bench]="rc=$rc"
+}
+
+phase_profile() {
+	local t rc nsys
+	nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+	[[ -n $nsys ]] || { status[profile]="skipped: no nsys on this machine"; return; }
+	t=$(limit "${PROFILE_TIMEOUT:-120}")
+	((t == 0)) && { status[profile]="skipped: out of time"; return; }
+	need_test || { status[profile]="FAILED: prerequisites missing"; return; }
+	(cd kernels/cuda && DEEPINFER_ENGINE_BENCH_SEQS=${ENGINE_SEQS:-} timeout "$t" "$nsys" profile --trace=cuda --cuda-graph-trace=node \
+		-o "$logs/profile" -f true "$root/$dir/cuda.test" -test.run XXX -test.bench "${PROFILE_BENCH:-GPUDecodeLlama1B/batch=1}" \
+		-test.benchtime 3x -test.v -test.timeout "${t}s") >"$logs/profile.log" 2>&1
+	rc=$?
+	"$nsys" stats --report cuda_gpu_kern_sum --format table "$logs/profile.nsys-rep" >"$logs/profile_kernels.txt" 2>&1
+	status[profile]="rc=$rc, $(wc -l <"$logs/profile_kernels.txt") lines of kernel summary"
 }
 
 for p in ${phases//,/ }; do
@@ -278,6 +299,10 @@ if [[ -f $logs/gen_cuda.txt ]]; then
 		[[ -f $f ]] || continue
 		printf '%-11s %s | %s\n' "$run" "$(grep -oE 'decode [0-9.]+ tok/s' "$f" | head -1)" "$(grep -oE 'device (idle between steps|timeline off)[^|]*' "$f" | head -1)"
 	done
+fi
+if [[ -f $logs/profile_kernels.txt ]]; then
+	echo "-- nsys kernel summary (${PROFILE_BENCH:-GPUDecodeLlama1B/batch=1}), top 40"
+	grep -v '^ *$' "$logs/profile_kernels.txt" | head -44 | cut -c1-220
 fi
 echo "-- phases (seconds; budget ${budget}s, total $(($(date +%s) - t_start))s)"
 for p in "${ran[@]}"; do
