@@ -155,6 +155,7 @@ type Backend struct {
 	sinceGC atomic.Int64
 	gemm    GEMMMode
 	fetches sampleFetches // pinned copies of sampled tokens (sample.go)
+	prof    *profiler     // per-operation device times; nil unless ProfileEnv is 1
 }
 
 var _ kernels.Ops = (*Backend)(nil)
@@ -190,7 +191,7 @@ func New(opts Options) (*Backend, error) {
 		}
 		return nil, fmt.Errorf("cuda: %s: create context on device %d: %s: %w", lib.path, opts.Device, msg, ErrCUDA)
 	}
-	b := &Backend{lib: lib, ctx: ctx, gcEvery: opts.GCEvery, gemm: opts.GEMM}
+	b := &Backend{lib: lib, ctx: ctx, gcEvery: opts.GCEvery, gemm: opts.GEMM, prof: newProfiler()}
 	if b.gcEvery == 0 {
 		b.gcEvery = DefaultGCEvery
 	}
@@ -273,6 +274,7 @@ func (b *Backend) Close() error {
 		return nil
 	}
 	b.fetches.free(b)
+	b.prof.close(b)
 	C.c_destroy(b.lib.api, b.ctx)
 	b.ctx = nil
 	return nil

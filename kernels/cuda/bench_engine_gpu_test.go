@@ -382,6 +382,9 @@ func startEngine(b *testing.B, o engineOpts) *llm.LLM {
 		cfg.Device = "cpu"
 		cfg.CUDAGraph.Enabled = false
 	}
+	if os.Getenv(engineBenchEnv+"_GRAPHS") == "0" { // for ProfileEnv, which sees eager work only
+		cfg.CUDAGraph.Enabled = false
+	}
 	if err := cfg.Validate(); err != nil {
 		b.Fatal(err)
 	}
@@ -413,6 +416,23 @@ func flushTimeline(b *testing.B, l *llm.LLM) {
 	p.Temperature, p.MaxTokens, p.IgnoreEOS = 0, 2, true
 	if _, err := l.Generate(context.Background(), []llm.Prompt{{IDs: []int{1}}}, p, nil); err != nil {
 		b.Fatal(err)
+	}
+}
+
+// logOpProfile logs the per-operation device times of a CUDA backend opened
+// with cuda.ProfileEnv=1 (nothing otherwise), largest first, and resets them.
+func logOpProfile(b *testing.B, ops kernels.Ops) {
+	b.Helper()
+	g, ok := ops.(*cuda.Backend)
+	if !ok {
+		return
+	}
+	prof, err := g.OpProfile(true)
+	if err != nil {
+		b.Errorf("op profile: %v", err)
+	}
+	for _, line := range cuda.FormatOpProfile(prof, 25) {
+		b.Logf("profile | %s", line)
 	}
 }
 
@@ -593,6 +613,7 @@ func BenchmarkGPUEngineOfflineQwen3(b *testing.B) {
 					b.Fatal(err)
 				}
 				flushTimeline(b, l)
+				logOpProfile(b, l.Backend())
 				dev := l.StepStats().DeviceTimes().Sub(before)
 				if r.Failed > 0 {
 					b.Errorf("%d of %d requests failed", r.Failed, r.NumRequests)

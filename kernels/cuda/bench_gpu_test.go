@@ -163,6 +163,7 @@ func BenchmarkGPUDecodeLlama1B(b *testing.B) {
 			for range 3 {                    // warm-up: allocator, cuBLAS heuristics
 				bm.step(b, ids, cached, tables)
 			}
+			bm.ops.OpProfile(true) // the eager steps below only (ProfileEnv)
 			b.ResetTimer()
 			start := time.Now()
 			for range b.N {
@@ -170,6 +171,13 @@ func BenchmarkGPUDecodeLlama1B(b *testing.B) {
 			}
 			el := time.Since(start)
 			b.StopTimer()
+			prof, err := bm.ops.OpProfile(true)
+			if err != nil {
+				b.Errorf("op profile: %v", err)
+			}
+			for _, line := range FormatOpProfile(prof, 25) {
+				b.Logf("profile | %s", line)
+			}
 			ms := el.Seconds() * 1e3 / float64(b.N)
 			b.ReportMetric(ms, "ms/step")
 			b.ReportMetric(float64(batch)/(ms/1e3), "tok/s")

@@ -33,7 +33,13 @@ func (b *Backend) BeginCapture() error {
 	if err := b.checkOpen("graph_begin"); err != nil {
 		return err
 	}
-	return b.status("graph_begin", C.c_graph_begin(b.lib.api, b.ctx))
+	if err := b.status("graph_begin", C.c_graph_begin(b.lib.api, b.ctx)); err != nil {
+		return err
+	}
+	if b.prof != nil {
+		b.prof.capturing = true
+	}
+	return nil
 }
 
 // EndCapture stops recording and instantiates the graph. While any graph
@@ -44,6 +50,9 @@ func (b *Backend) EndCapture() (*Graph, error) {
 	defer b.mu.Unlock()
 	if err := b.checkOpen("graph_end"); err != nil {
 		return nil, err
+	}
+	if b.prof != nil {
+		b.prof.capturing = false
 	}
 	var x unsafe.Pointer
 	if err := b.status("graph_end", C.c_graph_end(b.lib.api, b.ctx, &x)); err != nil {

@@ -229,6 +229,114 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 	}
 }
 
+// di_gemv_block_k is the GEMV with the k dimension spread over a block:
+// each block computes GEMVB_COLS output columns for all m <= R rows, its
+// 256 threads striding over k in 8-element chunks (thread t takes chunks t,
+// t+256, ...; GEMVB_UNROLL chunks of every column in flight), each chunk of
+// x loaded once and rounded once for the GEMVB_COLS columns. The partial
+// sums are added over each warp in a fixed tree, then over the 8 warps in
+// warp order: the same numerics contract as di_gemv_k (a row's bits do not
+// depend on the other rows), a different summation order.
+#define GEMVB_COLS 4
+#define GEMVB_UNROLL 2
+#define GEMVB_THREADS 256
+
+template <typename W, bool SPLIT, int R>
+__global__ void __launch_bounds__(GEMVB_THREADS, 2)
+    di_gemv_block_k(float *out, const float *x, const W *w, const float *bias, int m, int n, int k) {
+	constexpr int C = GEMVB_COLS, NW = GEMVB_THREADS / 32;
+	__shared__ float red[NW][C * R * (SPLIT ? 2 : 1)];
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+	const int j0 = blockIdx.x * C;
+	const int ncol = n - j0 < C ? n - j0 : C;
+	float acc[C][R], lo[C][R];
+#pragma unroll
+	for (int c = 0; c < C; c++)
+#pragma unroll
+		for (int r = 0; r < R; r++) acc[c][r] = lo[c][r] = 0.f;
+	for (int base = tid * 8; base < k; base += GEMVB_THREADS * 8 * GEMVB_UNROLL) {
+		di_chunk8<W> raw[GEMVB_UNROLL][C];
+#pragma unroll
+		for (int u = 0; u < GEMVB_UNROLL; u++) {
+			const int i = base + u * GEMVB_THREADS * 8;
+#pragma unroll
+			for (int c = 0; c < C; c++)
+				if (i < k && c < ncol) di_ldcs8(raw[u][c], w + (size_t)(j0 + c) * k + i);
+		}
+#pragma unroll
+		for (int u = 0; u < GEMVB_UNROLL; u++) {
+			const int i = base + u * GEMVB_THREADS * 8;
+			if (i >= k) break;
+#pragma unroll
+			for (int r = 0; r < R; r++) {
+				if (r >= m) break;
+				float xv[8], xl[8];
+				di_load8(x + (size_t)r * k + i, xv);
+#pragma unroll
+				for (int e = 0; e < 8; e++) {
+					if (sizeof(W) != sizeof(float)) {
+						const float hi = di_to_f32(di_from_f32<W>(xv[e]));
+						if (SPLIT) xl[e] = di_to_f32(di_from_f32<W>(xv[e] - hi));
+						xv[e] = hi;
+					}
+				}
+#pragma unroll
+				for (int c = 0; c < C; c++) {
+					if (c >= ncol) break;
+					float wv[8];
+					di_unpack8(raw[u][c], wv);
+					float a = acc[c][r], b = lo[c][r];
+#pragma unroll
+					for (int e = 0; e < 8; e++) {
+						a += wv[e] * xv[e];
+						if (SPLIT) b += wv[e] * xl[e];
+					}
+					acc[c][r] = a, lo[c][r] = b;
+				}
+			}
+		}
+	}
+#pragma unroll
+	for (int c = 0; c < C; c++)
+#pragma unroll
+		for (int r = 0; r < R; r++) {
+			const float a = di_warp_sum(acc[c][r]);
+			if (lane == 0) red[warp][c * R + r] = a;
+			if (SPLIT) {
+				const float b = di_warp_sum(lo[c][r]);
+				if (lane == 0) red[warp][C * R + c * R + r] = b;
+			}
+		}
+	__syncthreads();
+	if (tid < C * R) {
+		const int c = tid / R, r = tid % R;
+		if (c < ncol && r < m) {
+			float v = 0.f, vl = 0.f;
+#pragma unroll
+			for (int q = 0; q < NW; q++) {
+				v += red[q][tid];
+				if (SPLIT) vl += red[q][C * R + tid];
+			}
+			if (SPLIT) v += vl;
+			if (bias) v += bias[j0 + c];
+			out[(size_t)r * n + j0 + c] = v;
+		}
+	}
+}
+
+template <typename W, bool SPLIT>
+static void gemv_block(di_ctx *ctx, float *out, const float *x, const W *w, const float *bias, int m, int n, int k) {
+	const unsigned grid = (unsigned)((n + GEMVB_COLS - 1) / GEMVB_COLS);
+	if (m <= 1)
+		di_gemv_block_k<W, SPLIT, 1><<<grid, GEMVB_THREADS, 0, ctx->stream>>>(out, x, w, bias, m, n, k);
+	else if (m <= 2)
+		di_gemv_block_k<W, SPLIT, 2><<<grid, GEMVB_THREADS, 0, ctx->stream>>>(out, x, w, bias, m, n, k);
+	else if (m <= 4)
+		di_gemv_block_k<W, SPLIT, 4><<<grid, GEMVB_THREADS, 0, ctx->stream>>>(out, x, w, bias, m, n, k);
+	else
+		di_gemv_block_k<W, SPLIT, 8><<<grid, GEMVB_THREADS, 0, ctx->stream>>>(out, x, w, bias, m, n, k);
+}
+
 // gemv_ok reports whether the GEMV kernel serves this shape: few rows, a
 // weight of at most ctx->gemv_max_elems elements ($DEEPINFER_CUDA_GEMV_MAX,
 // in Mi elements; the default is the measured crossover with cuBLAS, see
@@ -242,6 +350,28 @@ static int gemv(di_ctx *ctx, float *out, const float *x, const void *w, int w_dt
                 int k) {
 	const unsigned grid = (unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS);
 	const bool split = ctx->gemm_mode == DI_GEMM_SPLIT;
+	if (ctx->gemv_kernel == 1) {
+		switch (w_dtype) {
+		case DI_F32:
+			gemv_block<float, false>(ctx, out, x, (const float *)w, bias, m, n, k);
+			break;
+		case DI_BF16:
+			if (split)
+				gemv_block<__nv_bfloat16, true>(ctx, out, x, (const __nv_bfloat16 *)w, bias, m, n, k);
+			else
+				gemv_block<__nv_bfloat16, false>(ctx, out, x, (const __nv_bfloat16 *)w, bias, m, n, k);
+			break;
+		case DI_F16:
+			if (split)
+				gemv_block<__half, true>(ctx, out, x, (const __half *)w, bias, m, n, k);
+			else
+				gemv_block<__half, false>(ctx, out, x, (const __half *)w, bias, m, n, k);
+			break;
+		default:
+			return di_fail(ctx, DI_ERR_UNSUPPORTED, "linear: weight dtype %d", w_dtype);
+		}
+		return di_check_launch(ctx, "linear (gemv)");
+	}
 	switch (w_dtype) {
 	case DI_F32:
 		di_gemv_k<float, false><<<grid, GEMV_WARPS * 32, 0, ctx->stream>>>(out, x, (const float *)w, bias, m, n, k);

@@ -22,7 +22,7 @@ func (b *Backend) launch(op string, fn func() C.int, keep ...*Tensor) error {
 	if err := b.checkOpen(op); err != nil {
 		return err
 	}
-	err := b.status(op, fn())
+	err := b.status(op, b.prof.around(b, op, fn))
 	runtime.KeepAlive(keep)
 	return err
 }
@@ -120,7 +120,11 @@ func (b *Backend) Linear(out, x, w, bias kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	return b.launch(op, func() C.int {
+	name := op
+	if b.prof != nil {
+		name = fmt.Sprintf("linear %dx%d %s", n, k, sizeClass(m))
+	}
+	return b.launch(name, func() C.int {
 		return C.c_linear(b.lib.api, b.ctx, o.ptr(), xs.ptr(), ws.ptr(), C.int(ws.dtype), optPtr(bs), C.int(m), C.int(n), C.int(k))
 	}, o, xs, ws, bs)
 }
@@ -426,7 +430,14 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 	if err != nil {
 		return err
 	}
-	return b.launch(op, func() C.int {
+	name := op
+	if b.prof != nil {
+		name = fmt.Sprintf("attention max_q=%d", m.MaxSeqlenQ)
+		if m.MaxSeqlenQ != 1 {
+			name = "attention prefill/mixed"
+		}
+	}
+	return b.launch(name, func() C.int {
 		return C.c_attention(b.lib.api, b.ctx, o.ptr(), qs.ptr(), kc.ptr(), vc.ptr(), &cm, C.int(nh), C.int(p.NumKVHeads),
 			C.int(d), C.float(p.Scale), C.int(p.SlidingWindow), C.int(p.InputDType), C.int(kc.dtype))
 	}, append(keep, o, qs, kc, vc)...)

@@ -46,10 +46,10 @@
 #   bench   the kernel and model benchmarks of bench_gpu_test.go
 #           (Llama-3.2-1B decode and prefill steps, single ops), 10x each;
 #           BENCH (default GPU) is the -test.bench pattern.
-#   profile Nsight Systems (nsys, when the machine has it) over the
-#           benchmarks PROFILE_BENCH (default GPUDecodeLlama1B/batch=1),
-#           CUDA graphs traced per kernel: the kernel time summary,
-#           profile_kernels.txt (top 40 printed with the figures).
+#   profile the backend's per-operation device profile (DEEPINFER_CUDA_PROFILE=1,
+#           eager work only: the engine benchmarks run without graphs) over
+#           the benchmarks PROFILE_BENCH (default GPUDecodeLlama1B/batch=1):
+#           device time per operation, profile_ops.txt, printed last.
 #
 # Time: TOTAL_BUDGET seconds in all (default 470); each phase is cut to
 # what is left (and skipped under 15 s), so the table always comes. Phase
@@ -234,18 +234,16 @@ phase_bench() {
 }
 
 phase_profile() {
-	local t rc nsys
-	nsys=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-	[[ -n $nsys ]] || { status[profile]="skipped: no nsys on this machine"; return; }
+	local t rc
 	t=$(limit "${PROFILE_TIMEOUT:-120}")
 	((t == 0)) && { status[profile]="skipped: out of time"; return; }
 	need_test || { status[profile]="FAILED: prerequisites missing"; return; }
-	(cd kernels/cuda && DEEPINFER_ENGINE_BENCH_SEQS=${ENGINE_SEQS:-} timeout "$t" "$nsys" profile --trace=cuda --cuda-graph-trace=node \
-		-o "$logs/profile" -f true "$root/$dir/cuda.test" -test.run XXX -test.bench "${PROFILE_BENCH:-GPUDecodeLlama1B/batch=1}" \
+	(cd kernels/cuda && DEEPINFER_CUDA_PROFILE=1 DEEPINFER_ENGINE_BENCH_GRAPHS=0 DEEPINFER_ENGINE_BENCH_SEQS=${ENGINE_SEQS:-} \
+		timeout "$t" "$root/$dir/cuda.test" -test.run XXX -test.bench "${PROFILE_BENCH:-GPUDecodeLlama1B/batch=1}" \
 		-test.benchtime 3x -test.v -test.timeout "${t}s") >"$logs/profile.log" 2>&1
 	rc=$?
-	"$nsys" stats --report cuda_gpu_kern_sum --format table "$logs/profile.nsys-rep" >"$logs/profile_kernels.txt" 2>&1
-	status[profile]="rc=$rc, $(wc -l <"$logs/profile_kernels.txt") lines of kernel summary"
+	grep -h 'profile |' "$logs/profile.log" | sed 's/^.*profile |/profile |/' >"$logs/profile_ops.txt"
+	status[profile]="rc=$rc, $(wc -l <"$logs/profile_ops.txt") profile lines"
 }
 
 for p in ${phases//,/ }; do
@@ -287,10 +285,12 @@ fi
 if [[ -f $logs/engine.log ]]; then
 	echo "-- engine (random BF16 weights, configs/cuda.yaml: CUDA graphs on)"
 	grep -h 'engine |' "$logs/engine.log" | sed 's/^.*engine |/engine |/' | awk '!seen[$0]++'
+	grep -h 'profile |' "$logs/engine.log" | sed 's/^.*profile |/profile |/' | head -25
 fi
 if [[ -f $logs/bench.log ]]; then
 	echo "-- kernel and model benchmarks (Llama-3.2-1B shape)"
-	grep -E 'loaded on|decode batch|prefill [0-9]|linear |attention decode|attention prefill|FAIL|panic' "$logs/bench.log" | strip | awk '!seen[$0]++'
+	grep -E 'loaded on|decode batch|prefill [0-9]|linear |attention decode|attention prefill|skinny [0-9]+x[0-9]+ rows [148]:|FAIL|panic' "$logs/bench.log" | strip | awk '!seen[$0]++'
+	grep -h 'profile |' "$logs/bench.log" | strip | head -50
 fi
 if [[ -f $logs/gen_cuda.txt ]]; then
 	echo "-- end to end (deepinfer generate, default model, 48 tokens)"
@@ -300,9 +300,9 @@ if [[ -f $logs/gen_cuda.txt ]]; then
 		printf '%-11s %s | %s\n' "$run" "$(grep -oE 'decode [0-9.]+ tok/s' "$f" | head -1)" "$(grep -oE 'device (idle between steps|timeline off)[^|]*' "$f" | head -1)"
 	done
 fi
-if [[ -f $logs/profile_kernels.txt ]]; then
-	echo "-- nsys kernel summary (${PROFILE_BENCH:-GPUDecodeLlama1B/batch=1}), top 40"
-	grep -v '^ *$' "$logs/profile_kernels.txt" | head -44 | cut -c1-220
+if [[ -f $logs/profile_ops.txt ]]; then
+	echo "-- device time per operation (${PROFILE_BENCH:-GPUDecodeLlama1B/batch=1}, eager)"
+	head -60 "$logs/profile_ops.txt"
 fi
 echo "-- phases (seconds; budget ${budget}s, total $(($(date +%s) - t_start))s)"
 for p in "${ran[@]}"; do
