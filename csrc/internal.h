@@ -22,6 +22,7 @@ struct di_stage {
 };
 
 #define DI_SKINNY_SEMS 1024 // tiles of one split-K launch of the skinny GEMM (gemm_skinny.cu)
+#define DI_DEC_SEMS 65536   // (sequence, KV head) pairs of one fused split decode launch (attention.cu)
 
 struct di_ctx {
 	int device = 0;
@@ -38,7 +39,7 @@ struct di_ctx {
 	int gemm_mode = DI_GEMM_ROUND; // how float32 activations enter 16-bit GEMMs
 	int gemv = 4;                  // linears of up to this many rows (at most 8) on the GEMV kernel; $DEEPINFER_CUDA_GEMV
 	int gemv_kernel = 1;           // 1: di_gemv_block_k, 0: di_gemv_k (a warp per column); $DEEPINFER_CUDA_GEMV_KERNEL
-	size_t gemv_max_elems = (size_t)64 << 20; // and weights of at most this many elements; $DEEPINFER_CUDA_GEMV_MAX (Mi elements)
+	size_t gemv_max_elems = (size_t)1 << 30; // and weights of at most this many elements; $DEEPINFER_CUDA_GEMV_MAX (Mi elements)
 	// 16-bit linears of up to this many rows (at most 64) on the skinny GEMM;
 	// $DEEPINFER_CUDA_SKINNY. Off by default: batch-invariant, but slower than
 	// cuBLAS on an H200 at every Llama-3.2-1B shape measured (kernels/cuda/NOTES.md).
@@ -47,6 +48,11 @@ struct di_ctx {
 	// longer chunks mean fewer partial results and longer copy pipelines,
 	// shorter ones more blocks for a few long rows; $DEEPINFER_CUDA_DEC_CHUNK.
 	int dec_chunk = 256;
+	// Split decode rows merge in the attention kernel's last block (one
+	// counter per (sequence, KV head), zero between launches) unless
+	// $DEEPINFER_CUDA_DEC_FUSE=0, which launches di_decode_combine_k.
+	int dec_fuse = 1;
+	unsigned *dec_sem = nullptr; // DI_DEC_SEMS counters
 	unsigned *skinny_sem = nullptr; // DI_SKINNY_SEMS split-K tile counters of the skinny GEMM, zero between launches
 	char err[1024] = {0};
 

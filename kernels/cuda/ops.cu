@@ -267,6 +267,11 @@ __global__ void __launch_bounds__(GEMVB_THREADS, 2)
 		for (int u = 0; u < GEMVB_UNROLL; u++) {
 			const int i = base + u * GEMVB_THREADS * 8;
 			if (i >= k) break;
+			// Widen each column's chunk once, for all rows.
+			float wv[C][8];
+#pragma unroll
+			for (int c = 0; c < C; c++)
+				if (c < ncol) di_unpack8(raw[u][c], wv[c]);
 #pragma unroll
 			for (int r = 0; r < R; r++) {
 				if (r >= m) break;
@@ -283,13 +288,11 @@ __global__ void __launch_bounds__(GEMVB_THREADS, 2)
 #pragma unroll
 				for (int c = 0; c < C; c++) {
 					if (c >= ncol) break;
-					float wv[8];
-					di_unpack8(raw[u][c], wv);
 					float a = acc[c][r], b = lo[c][r];
 #pragma unroll
 					for (int e = 0; e < 8; e++) {
-						a += wv[e] * xv[e];
-						if (SPLIT) b += wv[e] * xl[e];
+						a += wv[c][e] * xv[e];
+						if (SPLIT) b += wv[c][e] * xl[e];
 					}
 					acc[c][r] = a, lo[c][r] = b;
 				}
@@ -472,19 +475,21 @@ extern "C" int di_op_linear(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr w, int 
 
 __device__ __forceinline__ float di_silu(float x) { return (float)((double)x / (1.0 + exp(-(double)x))); }
 
-__global__ void di_silu_mul_k(float *out, const float *gate_up, size_t rows, int n) {
-	const size_t total = rows * (size_t)n;
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-		const size_t r = i / n, j = i % n;
-		const float *g = gate_up + r * 2 * n;
-		out[i] = di_silu(g[j]) * g[n + j];
+// blockIdx.y strides over rows, x over the columns of a row: no integer
+// division per element.
+__global__ void di_silu_mul_k(float *out, const float *gate_up, int rows, int n) {
+	const int j = blockIdx.x * blockDim.x + threadIdx.x;
+	if (j >= n) return;
+	for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+		const float *g = gate_up + (size_t)r * 2 * n;
+		out[(size_t)r * n + j] = di_silu(g[j]) * g[n + j];
 	}
 }
 
 extern "C" int di_op_silu_mul(di_ctx *ctx, di_dptr out, di_dptr gate_up, int rows, int n) {
 	if (rows == 0 || n == 0) return DI_OK;
-	di_silu_mul_k<<<di_grid((size_t)rows * n, 256), 256, 0, ctx->stream>>>(DI_PTR(float, out),
-	                                                                     DI_PTR(const float, gate_up), rows, n);
+	const dim3 grid((n + 255) / 256, rows < 65535 ? rows : 65535);
+	di_silu_mul_k<<<grid, 256, 0, ctx->stream>>>(DI_PTR(float, out), DI_PTR(const float, gate_up), rows, n);
 	return di_check_launch(ctx, "silu_mul");
 }
 
