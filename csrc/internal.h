@@ -38,8 +38,7 @@ struct di_ctx {
 	int num_graphs = 0;
 	int gemm_mode = DI_GEMM_ROUND; // how float32 activations enter 16-bit GEMMs
 	int gemv = 4;                  // linears of up to this many rows (at most 8) on the GEMV kernel; $DEEPINFER_CUDA_GEMV
-	int gemv_kernel = 1;           // 1: di_gemv_block_k, 0: di_gemv_k (a warp per column); $DEEPINFER_CUDA_GEMV_KERNEL
-	size_t gemv_max_elems = (size_t)1 << 30; // and weights of at most this many elements; $DEEPINFER_CUDA_GEMV_MAX (Mi elements)
+	size_t gemv_max_elems = (size_t)4 << 20; // above one row, weights of at most this many elements; $DEEPINFER_CUDA_GEMV_MAX (Mi elements)
 	// 16-bit linears of up to this many rows (at most 64) on the skinny GEMM;
 	// $DEEPINFER_CUDA_SKINNY. Off by default: batch-invariant, but slower than
 	// cuBLAS on an H200 at every Llama-3.2-1B shape measured (kernels/cuda/NOTES.md).

@@ -15,10 +15,6 @@ import (
 // the benchmark's GEMV path lifts the cap to time every shape on it.
 const gemvMaxEnv = "DEEPINFER_CUDA_GEMV_MAX"
 
-// gemvKernelEnv picks the GEMV kernel: 1 (default) the block kernel, 0 a
-// warp per output column.
-const gemvKernelEnv = "DEEPINFER_CUDA_GEMV_KERNEL"
-
 // skinnyBenchShapes are the BF16 weights of a Llama-3.2-1B decode step.
 var skinnyBenchShapes = []struct {
 	name string
@@ -136,9 +132,6 @@ func BenchmarkGPUSkinnyGEMM(b *testing.B) {
 	}
 	b.Setenv(gemvMaxEnv, "1024")
 	paths = append(paths, skinnyBenchPath{"gemv", newGPUPath(b, GEMMRound, "0", "8")})
-	b.Setenv(gemvKernelEnv, "0")
-	paths = append(paths, skinnyBenchPath{"gemv-warp", newGPUPath(b, GEMMRound, "0", "8")})
-	b.Setenv(gemvKernelEnv, "")
 	b.Setenv(gemvMaxEnv, "")
 	paths = append(paths, skinnyBenchPath{"split", newGPUPath(b, GEMMSplit, "64", "0")})
 	largest := 0
@@ -199,10 +192,10 @@ func BenchmarkGPUSkinnyGEMM(b *testing.B) {
 				tbs := func(u float64) float64 { return float64(bytes) / (u * 1e-6) / 1e12 }
 				gemv := "n/a"
 				if !math.IsNaN(us[2]) {
-					gemv = fmt.Sprintf("%.1f us (%.2f TB/s; a warp a column %.1f us)", us[2], tbs(us[2]), us[3])
+					gemv = fmt.Sprintf("%.1f us (%.2f TB/s)", us[2], tbs(us[2]))
 				}
 				b.Logf("skinny %dx%d rows %d: new %.1f us (%.2f TB/s), cublas %.1f us, gemv %s, split %.1f us (%.2f TB/s); floor %.1f us",
-					sh.n, sh.k, m, us[0], tbs(us[0]), us[1], gemv, us[4], tbs(us[4]), float64(bytes)/4.2e12*1e6)
+					sh.n, sh.k, m, us[0], tbs(us[0]), us[1], gemv, us[3], tbs(us[3]), float64(bytes)/4.2e12*1e6)
 				done[name] = result{us[0], tbs(us[0])}
 				b.ReportMetric(us[0], "us/op")
 				b.ReportMetric(tbs(us[0]), "TB/s")

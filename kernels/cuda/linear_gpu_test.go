@@ -55,34 +55,33 @@ func linearOn(t testing.TB, g *Backend, xs []float32, rows, k int, w []byte, dt 
 // (DEEPINFER_CUDA_GEMV=0), which has the same rounding of the inputs, to
 // float32 summation order.
 func TestGPUGEMV(t *testing.T) {
-	for _, kernel := range []string{"1", "0"} {
-		for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
-			p := newPair(t, mode) // for its CPU backend and random source only
-			t.Setenv(gemvKernelEnv, kernel)
-			gv := newGPUPath(t, mode, "0", "8")
-			ref := newGPUPath(t, mode, "0", "0")
-			for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
-				// The second shape has k past one unrolled group of loads
-				// (8 x 256 elements a lane) with a ragged tail.
-				for _, sh := range [][2]int{{1001, 2048}, {600, 8200}} {
-					t.Run(fmt.Sprintf("kernel=%s/%s/%s/%dx%d", kernel, mode, dt, sh[0], sh[1]), func(t *testing.T) {
-						const m = 8
-						n, k := sh[0], sh[1]
-						xs, ws, bs := randVals(p.r, m*k, 1), hostBytes(dt, randVals(p.r, n*k, 0.05)), randVals(p.r, n, 1)
-						run := func(g *Backend, rows int) []float32 {
-							return linearOn(t, g, xs[3*k:(3+rows)*k], rows, k, ws, dt, n, bs)
+	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
+		p := newPair(t, mode)        // for its CPU backend and random source only
+		t.Setenv(gemvMaxEnv, "1024") // every weight on the GEMV, at every row count
+		gv := newGPUPath(t, mode, "0", "8")
+		t.Setenv(gemvMaxEnv, "")
+		ref := newGPUPath(t, mode, "0", "0")
+		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
+			// The second shape has k past one unrolled group of loads
+			// (8 x 256 elements a lane) with a ragged tail.
+			for _, sh := range [][2]int{{1001, 2048}, {600, 8200}} {
+				t.Run(fmt.Sprintf("%s/%s/%dx%d", mode, dt, sh[0], sh[1]), func(t *testing.T) {
+					const m = 8
+					n, k := sh[0], sh[1]
+					xs, ws, bs := randVals(p.r, m*k, 1), hostBytes(dt, randVals(p.r, n*k, 0.05)), randVals(p.r, n, 1)
+					run := func(g *Backend, rows int) []float32 {
+						return linearOn(t, g, xs[3*k:(3+rows)*k], rows, k, ws, dt, n, bs)
+					}
+					five, one := run(gv, 5), run(gv, 1)
+					for i := range one {
+						if math.Float32bits(one[i]) != math.Float32bits(five[i]) {
+							t.Fatalf("row alone differs from the row among 5 at %d: %v vs %v", i, one[i], five[i])
 						}
-						five, one := run(gv, 5), run(gv, 1)
-						for i := range one {
-							if math.Float32bits(one[i]) != math.Float32bits(five[i]) {
-								t.Fatalf("row alone differs from the row among 5 at %d: %v vs %v", i, one[i], five[i])
-							}
-						}
-						if e := maxRelErr(five, run(ref, 5)); e > 1e-5 || math.IsNaN(e) {
-							t.Errorf("GEMV vs cuBLAS: max relative difference %.3g", e)
-						}
-					})
-				}
+					}
+					if e := maxRelErr(five, run(ref, 5)); e > 1e-5 || math.IsNaN(e) {
+						t.Errorf("GEMV vs cuBLAS: max relative difference %.3g", e)
+					}
+				})
 			}
 		}
 	}

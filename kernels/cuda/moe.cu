@@ -296,9 +296,9 @@ __global__ void di_moe_group_k(int *offsets, int *order, int *row_of, const int 
 // grouped GEMV: out[row, j] = in(row) . W[e][j] for every row of expert e =
 // blockIdx.y, one warp per output column j. in(row) is x[order[row] / div]
 // when order is set (the gather), else x[row]; x rows have k floats. The
-// numerics are di_gemv_k's: 16-bit weights multiply x rounded to their dtype
-// (hi and lo parts summed separately in DI_GEMM_SPLIT), float32 weights x as
-// is; each lane sums its 8-element chunks in ascending order, the warp adds
+// numerics are those of the GEMV in ops.cu: 16-bit weights multiply x
+// rounded to their dtype (hi and lo parts summed separately in
+// DI_GEMM_SPLIT), float32 weights x as is; each lane sums its 8-element chunks in ascending order, the warp adds
 // the lanes in a fixed tree. The weights of a column are read once per
 // MOE_ROWS rows of its expert.
 template <typename W, bool SPLIT>

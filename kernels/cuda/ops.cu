@@ -143,20 +143,15 @@ extern "C" int di_add_into(di_ctx *ctx, float *out, const float *a, const float 
 
 // For a few rows (ctx->gemv, default 4: DEEPINFER_CUDA_GEMV) cuBLAS is
 // latency-bound on small weights (a 2 MB weight takes 13-20 us) and needs x
-// narrowed by a kernel of its own first; this kernel reads x as float32,
-// rounds it as the GEMM path does, and streams each weight row once with
-// GEMV_UNROLL 16-byte loads in flight per lane (one warp per output column,
-// all rows at once). Numerics are those of the GEMM path: 16-bit weights
-// multiply x rounded to their dtype (or its hi and lo parts in
+// narrowed by a kernel of its own first; the GEMV kernel below reads x as
+// float32, rounds it as the GEMM path does, and streams each weight row once
+// with 16-byte streaming loads. Numerics are those of the GEMM path: 16-bit
+// weights multiply x rounded to their dtype (or its hi and lo parts in
 // DI_GEMM_SPLIT, summed separately and added at the end), float32 weights
-// multiply x as is; float32 accumulation. Each lane sums its 8-element
-// chunks l, l+32, l+64, ... in ascending order and the warp adds the 32
-// partial sums in a fixed tree, so a row's result does not depend on the
-// other rows (nor on GEMV_UNROLL, which only groups the loads).
+// multiply x as is; float32 accumulation, in an order that does not depend on
+// the other rows.
 
 #define GEMV_MAX_ROWS 8 // the kernel's limit; ctx->gemv rows (default 4) are routed to it
-#define GEMV_WARPS 8
-#define GEMV_UNROLL 8
 
 // di_chunk8 holds 8 weight elements as loaded: 16 bytes for 16-bit types,
 // 32 for float.
@@ -176,67 +171,15 @@ template <typename W> __device__ __forceinline__ void di_unpack8(const di_chunk8
 	di_load8(reinterpret_cast<const W *>(c.v), o);
 }
 
-template <typename W, bool SPLIT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    di_gemv_k(float *out, const float *x, const W *w, const float *bias, int m, int n, int k) {
-	const int lane = threadIdx.x & 31;
-	const int j = blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-	if (j >= n) return;
-	const W *wr = w + (size_t)j * k;
-	float acc[GEMV_MAX_ROWS], acc_lo[GEMV_MAX_ROWS];
-#pragma unroll
-	for (int r = 0; r < GEMV_MAX_ROWS; r++) acc[r] = acc_lo[r] = 0.f;
-	for (int base = lane * 8; base < k; base += 256 * GEMV_UNROLL) {
-		di_chunk8<W> raw[GEMV_UNROLL];
-#pragma unroll
-		for (int u = 0; u < GEMV_UNROLL; u++)
-			if (base + u * 256 < k) di_ldcs8(raw[u], wr + base + u * 256);
-#pragma unroll
-		for (int u = 0; u < GEMV_UNROLL; u++) {
-			const int i = base + u * 256;
-			if (i >= k) break;
-			float wv[8];
-			di_unpack8(raw[u], wv);
-#pragma unroll
-			for (int r = 0; r < GEMV_MAX_ROWS; r++) {
-				if (r < m) {
-					float xv[8];
-					di_load8(x + (size_t)r * k + i, xv);
-					float a = acc[r], b = acc_lo[r];
-#pragma unroll
-					for (int e = 0; e < 8; e++) {
-						if (sizeof(W) == sizeof(float)) {
-							a += wv[e] * xv[e];
-						} else {
-							const float hi = di_to_f32(di_from_f32<W>(xv[e]));
-							a += wv[e] * hi;
-							if (SPLIT) b += wv[e] * di_to_f32(di_from_f32<W>(xv[e] - hi));
-						}
-					}
-					acc[r] = a, acc_lo[r] = b;
-				}
-			}
-		}
-	}
-#pragma unroll
-	for (int r = 0; r < GEMV_MAX_ROWS; r++) {
-		if (r < m) {
-			float v = di_warp_sum(acc[r]);
-			if (SPLIT) v += di_warp_sum(acc_lo[r]);
-			if (bias) v += bias[j];
-			if (lane == 0) out[(size_t)r * n + j] = v;
-		}
-	}
-}
-
 // di_gemv_block_k is the GEMV with the k dimension spread over a block:
 // each block computes GEMVB_COLS output columns for all m <= R rows, its
 // 256 threads striding over k in 8-element chunks (thread t takes chunks t,
 // t+256, ...; GEMVB_UNROLL chunks of every column in flight), each chunk of
 // x loaded once and rounded once for the GEMVB_COLS columns. The partial
 // sums are added over each warp in a fixed tree, then over the 8 warps in
-// warp order: the same numerics contract as di_gemv_k (a row's bits do not
-// depend on the other rows), a different summation order.
+// warp order: a row's bits do not depend on the other rows. (A warp per
+// output column, 8 loads in flight a lane, measured 1.2-2x slower at every
+// Llama-3.2-1B shape: NOTES.md.)
 #define GEMVB_COLS 4
 #define GEMVB_UNROLL 2
 #define GEMVB_THREADS 256
@@ -267,11 +210,6 @@ __global__ void __launch_bounds__(GEMVB_THREADS, 2)
 		for (int u = 0; u < GEMVB_UNROLL; u++) {
 			const int i = base + u * GEMVB_THREADS * 8;
 			if (i >= k) break;
-			// Widen each column's chunk once, for all rows.
-			float wv[C][8];
-#pragma unroll
-			for (int c = 0; c < C; c++)
-				if (c < ncol) di_unpack8(raw[u][c], wv[c]);
 #pragma unroll
 			for (int r = 0; r < R; r++) {
 				if (r >= m) break;
@@ -285,14 +223,18 @@ __global__ void __launch_bounds__(GEMVB_THREADS, 2)
 						xv[e] = hi;
 					}
 				}
+				// Widening a chunk per row, not once for all rows, measured
+				// faster at one row (fewer live registers; NOTES.md).
 #pragma unroll
 				for (int c = 0; c < C; c++) {
 					if (c >= ncol) break;
+					float wv[8];
+					di_unpack8(raw[u][c], wv);
 					float a = acc[c][r], b = lo[c][r];
 #pragma unroll
 					for (int e = 0; e < 8; e++) {
-						a += wv[c][e] * xv[e];
-						if (SPLIT) b += wv[c][e] * xl[e];
+						a += wv[e] * xv[e];
+						if (SPLIT) b += wv[e] * xl[e];
 					}
 					acc[c][r] = a, lo[c][r] = b;
 				}
@@ -340,58 +282,34 @@ static void gemv_block(di_ctx *ctx, float *out, const float *x, const W *w, cons
 		di_gemv_block_k<W, SPLIT, 8><<<grid, GEMVB_THREADS, 0, ctx->stream>>>(out, x, w, bias, m, n, k);
 }
 
-// gemv_ok reports whether the GEMV kernel serves this shape: few rows, a
-// weight of at most ctx->gemv_max_elems elements ($DEEPINFER_CUDA_GEMV_MAX,
-// in Mi elements; the default is the measured crossover with cuBLAS, see
-// NOTES.md), k a multiple of 8 and 16-byte aligned rows.
+// gemv_ok reports whether the GEMV kernel serves this shape: one row with
+// any weight, or up to ctx->gemv rows with a weight of at most
+// ctx->gemv_max_elems elements ($DEEPINFER_CUDA_GEMV_MAX, in Mi elements;
+// the defaults are the crossovers with cuBLAS measured on an H200, see
+// NOTES.md); k a multiple of 8 and 16-byte aligned rows.
 static bool gemv_ok(const di_ctx *ctx, const float *x, const void *w, int m, int n, int k) {
-	return m >= 1 && m <= ctx->gemv && m <= GEMV_MAX_ROWS && (size_t)n * k <= ctx->gemv_max_elems && k % 8 == 0 &&
-	       ((uintptr_t)x % 16) == 0 && ((uintptr_t)w % 16) == 0;
+	return m >= 1 && m <= ctx->gemv && m <= GEMV_MAX_ROWS && (m == 1 || (size_t)n * k <= ctx->gemv_max_elems) &&
+	       k % 8 == 0 && ((uintptr_t)x % 16) == 0 && ((uintptr_t)w % 16) == 0;
 }
 
 static int gemv(di_ctx *ctx, float *out, const float *x, const void *w, int w_dtype, const float *bias, int m, int n,
                 int k) {
-	const unsigned grid = (unsigned)((n + GEMV_WARPS - 1) / GEMV_WARPS);
 	const bool split = ctx->gemm_mode == DI_GEMM_SPLIT;
-	if (ctx->gemv_kernel == 1) {
-		switch (w_dtype) {
-		case DI_F32:
-			gemv_block<float, false>(ctx, out, x, (const float *)w, bias, m, n, k);
-			break;
-		case DI_BF16:
-			if (split)
-				gemv_block<__nv_bfloat16, true>(ctx, out, x, (const __nv_bfloat16 *)w, bias, m, n, k);
-			else
-				gemv_block<__nv_bfloat16, false>(ctx, out, x, (const __nv_bfloat16 *)w, bias, m, n, k);
-			break;
-		case DI_F16:
-			if (split)
-				gemv_block<__half, true>(ctx, out, x, (const __half *)w, bias, m, n, k);
-			else
-				gemv_block<__half, false>(ctx, out, x, (const __half *)w, bias, m, n, k);
-			break;
-		default:
-			return di_fail(ctx, DI_ERR_UNSUPPORTED, "linear: weight dtype %d", w_dtype);
-		}
-		return di_check_launch(ctx, "linear (gemv)");
-	}
 	switch (w_dtype) {
 	case DI_F32:
-		di_gemv_k<float, false><<<grid, GEMV_WARPS * 32, 0, ctx->stream>>>(out, x, (const float *)w, bias, m, n, k);
+		gemv_block<float, false>(ctx, out, x, (const float *)w, bias, m, n, k);
 		break;
 	case DI_BF16:
 		if (split)
-			di_gemv_k<__nv_bfloat16, true>
-			    <<<grid, GEMV_WARPS * 32, 0, ctx->stream>>>(out, x, (const __nv_bfloat16 *)w, bias, m, n, k);
+			gemv_block<__nv_bfloat16, true>(ctx, out, x, (const __nv_bfloat16 *)w, bias, m, n, k);
 		else
-			di_gemv_k<__nv_bfloat16, false>
-			    <<<grid, GEMV_WARPS * 32, 0, ctx->stream>>>(out, x, (const __nv_bfloat16 *)w, bias, m, n, k);
+			gemv_block<__nv_bfloat16, false>(ctx, out, x, (const __nv_bfloat16 *)w, bias, m, n, k);
 		break;
 	case DI_F16:
 		if (split)
-			di_gemv_k<__half, true><<<grid, GEMV_WARPS * 32, 0, ctx->stream>>>(out, x, (const __half *)w, bias, m, n, k);
+			gemv_block<__half, true>(ctx, out, x, (const __half *)w, bias, m, n, k);
 		else
-			di_gemv_k<__half, false><<<grid, GEMV_WARPS * 32, 0, ctx->stream>>>(out, x, (const __half *)w, bias, m, n, k);
+			gemv_block<__half, false>(ctx, out, x, (const __half *)w, bias, m, n, k);
 		break;
 	default:
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "linear: weight dtype %d", w_dtype);
