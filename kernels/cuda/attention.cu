@@ -1162,7 +1162,8 @@ __device__ __forceinline__ void di_dec_stage(__half *kd, __half *vd, const T *kb
 // in sem after its partial results are visible, and the last one merges the
 // group's heads exactly as di_decode_combine_k does (the same operations in
 // the same order, so the same bits), then rearms the counter. wsh holds
-// 16 x DEC_MAX_SPLITS + 16 floats of shared memory.
+// 16 x DEC_MAX_SPLITS + 16 floats and 16 x DEC_MAX_SPLITS float2s of
+// shared memory.
 __device__ __forceinline__ void di_dec_last_combine(float *out, const float *part_acc, const float2 *part_ml,
                                                     unsigned *sem, int s, int kvh, int q0, int num_heads,
                                                     int num_kv_heads, int group, int head_dim, int nsplit,
@@ -1177,18 +1178,22 @@ __device__ __forceinline__ void di_dec_last_combine(float *out, const float *par
 	__threadfence(); // the other blocks' results, after their counts
 	const int h0 = kvh * group;
 	float *inv = wsh + 16 * DEC_MAX_SPLITS;
+	float2 *mls = reinterpret_cast<float2 *>(inv + 16); // [group][nsplit], staged in parallel
+	for (int i = threadIdx.x; i < group * nsplit; i += blockDim.x)
+		mls[i] = __ldcg(part_ml + ((size_t)s * num_heads + h0) * nsplit + i);
+	__syncthreads();
 	if (threadIdx.x < group) {
 		const int r = threadIdx.x;
-		const float2 *ml = part_ml + ((size_t)s * num_heads + h0 + r) * nsplit;
+		const float2 *ml = mls + r * nsplit;
 		float *w = wsh + r * DEC_MAX_SPLITS;
 		float mx = -CUDART_INF_F;
 		for (int c = 0; c < nsplit; c++) {
-			const float2 v = __ldcg(ml + c);
+			const float2 v = ml[c];
 			if (v.y > 0.f) mx = fmaxf(mx, v.x);
 		}
 		float l = 0.f;
 		for (int c = 0; c < nsplit; c++) {
-			const float2 v = __ldcg(ml + c);
+			const float2 v = ml[c];
 			const float wc = v.y > 0.f ? expf(v.x - mx) : 0.f;
 			w[c] = wc;
 			l += v.y * wc;
@@ -1198,11 +1203,16 @@ __device__ __forceinline__ void di_dec_last_combine(float *out, const float *par
 	__syncthreads();
 	for (int idx = threadIdx.x; idx < group * head_dim; idx += blockDim.x) {
 		const int r = idx / head_dim, e = idx - r * head_dim;
-		const float *pa = part_acc + ((size_t)s * num_heads + h0 + r) * nsplit * head_dim;
+		const float *pa = part_acc + ((size_t)s * num_heads + h0 + r) * nsplit * head_dim + e;
 		const float *w = wsh + r * DEC_MAX_SPLITS;
 		float a = 0.f;
-		for (int c = 0; c < nsplit; c++)
-			if (w[c] > 0.f) a += __ldcg(pa + (size_t)c * head_dim + e) * w[c];
+		// Every chunk's value is loaded (an empty chunk's is unused scratch),
+		// so the loads of a group of chunks are in flight together.
+#pragma unroll 8
+		for (int c = 0; c < nsplit; c++) {
+			const float v = __ldcg(pa + (size_t)c * head_dim);
+			if (w[c] > 0.f) a += v * w[c];
+		}
 		out[((size_t)q0 * num_heads + h0 + r) * head_dim + e] = a * inv[r];
 	}
 	if (threadIdx.x == 0) *ctr = 0;

@@ -136,6 +136,19 @@ func (bm *benchModel) step(b *testing.B, ids [][]int32, numCached []int, tables 
 	return lg
 }
 
+// logProfile logs g's per-operation device times (ProfileEnv=1; nothing
+// otherwise), largest first, and resets them.
+func logProfile(b *testing.B, g *Backend) {
+	b.Helper()
+	prof, err := g.OpProfile(true)
+	if err != nil {
+		b.Errorf("op profile: %v", err)
+	}
+	for _, line := range FormatOpProfile(prof, 25) {
+		b.Logf("profile | %s", line)
+	}
+}
+
 // BenchmarkGPUDecodeLlama1B times decode steps at batch 1 and 32 with 256
 // tokens of context per sequence: eager, and one captured CUDA graph replayed.
 func BenchmarkGPUDecodeLlama1B(b *testing.B) {
@@ -171,13 +184,7 @@ func BenchmarkGPUDecodeLlama1B(b *testing.B) {
 			}
 			el := time.Since(start)
 			b.StopTimer()
-			prof, err := bm.ops.OpProfile(true)
-			if err != nil {
-				b.Errorf("op profile: %v", err)
-			}
-			for _, line := range FormatOpProfile(prof, 25) {
-				b.Logf("profile | %s", line)
-			}
+			logProfile(b, bm.ops)
 			ms := el.Seconds() * 1e3 / float64(b.N)
 			b.ReportMetric(ms, "ms/step")
 			b.ReportMetric(float64(batch)/(ms/1e3), "tok/s")
@@ -287,12 +294,14 @@ func (bm *benchModel) prefill(b *testing.B, n int) {
 		}
 	}
 	step()
+	bm.ops.OpProfile(true) // the timed steps below only (ProfileEnv)
 	b.ResetTimer()
 	start := time.Now()
 	for range b.N {
 		step()
 	}
 	sec := time.Since(start).Seconds() / float64(b.N)
+	logProfile(b, bm.ops)
 	c, nf := bm.cfg, float64(n)
 	params := float64(c.NumHiddenLayers)*float64(c.HiddenSize)*float64(2*c.NumAttentionHeads*c.HeadDim+2*c.NumKeyValueHeads*c.HeadDim+3*c.IntermediateSize) +
 		float64(c.VocabSize*c.HiddenSize)/nf // the LM head runs on one row
