@@ -22,7 +22,6 @@ struct di_stage {
 };
 
 #define DI_SKINNY_SEMS 1024 // tiles of one split-K launch of the skinny GEMM (gemm_skinny.cu)
-#define DI_DEC_SEMS 65536   // (sequence, KV head) pairs of one fused split decode launch (attention.cu)
 
 struct di_ctx {
 	int device = 0;
@@ -47,11 +46,6 @@ struct di_ctx {
 	// longer chunks mean fewer partial results and longer copy pipelines,
 	// shorter ones more blocks for a few long rows; $DEEPINFER_CUDA_DEC_CHUNK.
 	int dec_chunk = 256;
-	// Split decode rows merge in the attention kernel's last block (one
-	// counter per (sequence, KV head), zero between launches) unless
-	// $DEEPINFER_CUDA_DEC_FUSE=0, which launches di_decode_combine_k.
-	int dec_fuse = 1;
-	unsigned *dec_sem = nullptr; // DI_DEC_SEMS counters
 	unsigned *skinny_sem = nullptr; // DI_SKINNY_SEMS split-K tile counters of the skinny GEMM, zero between launches
 	char err[1024] = {0};
 

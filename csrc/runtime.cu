@@ -217,7 +217,6 @@ static void destroy_impl(di_ctx *ctx) {
 	if (ctx->cublas_workspace) cudaFree(ctx->cublas_workspace);
 	if (ctx->check) cudaFree(ctx->check);
 	if (ctx->skinny_sem) cudaFree(ctx->skinny_sem);
-	if (ctx->dec_sem) cudaFree(ctx->dec_sem);
 	if (ctx->check_host) cudaFreeHost(ctx->check_host);
 	if (ctx->stream) cudaStreamDestroy(ctx->stream);
 	delete ctx;
@@ -244,7 +243,6 @@ static int api_create(int device, di_ctx **out, char *err, int errlen) {
 	}
 	ctx->device = device;
 	if (const char *v = getenv("DEEPINFER_CUDA_GEMV")) ctx->gemv = atoi(v); // 0: no linear on the GEMV kernel
-	if (const char *v = getenv("DEEPINFER_CUDA_DEC_FUSE"); v && *v) ctx->dec_fuse = atoi(v);
 	if (const char *v = getenv("DEEPINFER_CUDA_GEMV_MAX"); v && *v) ctx->gemv_max_elems = (size_t)atol(v) << 20;
 	if (const char *v = getenv("DEEPINFER_CUDA_SKINNY")) ctx->skinny = atoi(v); // 0: no linear on the skinny GEMM
 	if (const char *v = getenv("DEEPINFER_CUDA_DEC_CHUNK")) {
@@ -286,10 +284,7 @@ static int api_create(int device, di_ctx **out, char *err, int errlen) {
 		return fail(di_cuda_fail(ctx, e, "cudaMalloc (skinny GEMM counters)"));
 	if ((e = cudaMemsetAsync(ctx->skinny_sem, 0, DI_SKINNY_SEMS * sizeof(unsigned), ctx->stream)) != cudaSuccess)
 		return fail(di_cuda_fail(ctx, e, "cudaMemset (skinny GEMM counters)"));
-	if ((e = cudaMalloc(&ctx->dec_sem, DI_DEC_SEMS * sizeof(unsigned))) != cudaSuccess)
-		return fail(di_cuda_fail(ctx, e, "cudaMalloc (decode merge counters)"));
-	if ((e = cudaMemsetAsync(ctx->dec_sem, 0, DI_DEC_SEMS * sizeof(unsigned), ctx->stream)) != cudaSuccess)
-		return fail(di_cuda_fail(ctx, e, "cudaMemset (decode merge counters)"));
+
 	ctx->stage_bytes = 4u << 20;
 	ctx->stages.resize(16);
 	for (auto &s : ctx->stages) {

@@ -1157,67 +1157,6 @@ __device__ __forceinline__ void di_dec_stage(__half *kd, __half *vd, const T *kb
 	}
 }
 
-// di_dec_last_combine is the end of a split decode block when the merge is
-// fused (sem != nullptr): every block of a (sequence, KV head) counts itself
-// in sem after its partial results are visible, and the last one merges the
-// group's heads exactly as di_decode_combine_k does (the same operations in
-// the same order, so the same bits), then rearms the counter. wsh holds
-// 16 x DEC_MAX_SPLITS + 16 floats and 16 x DEC_MAX_SPLITS float2s of
-// shared memory.
-__device__ __forceinline__ void di_dec_last_combine(float *out, const float *part_acc, const float2 *part_ml,
-                                                    unsigned *sem, int s, int kvh, int q0, int num_heads,
-                                                    int num_kv_heads, int group, int head_dim, int nsplit,
-                                                    float *wsh) {
-	__shared__ bool last;
-	__threadfence(); // this thread's partial results, before the count
-	__syncthreads();
-	unsigned *ctr = sem + (size_t)s * num_kv_heads + kvh;
-	if (threadIdx.x == 0) last = atomicAdd(ctr, 1u) == (unsigned)nsplit - 1;
-	__syncthreads();
-	if (!last) return;
-	__threadfence(); // the other blocks' results, after their counts
-	const int h0 = kvh * group;
-	float *inv = wsh + 16 * DEC_MAX_SPLITS;
-	float2 *mls = reinterpret_cast<float2 *>(inv + 16); // [group][nsplit], staged in parallel
-	for (int i = threadIdx.x; i < group * nsplit; i += blockDim.x)
-		mls[i] = __ldcg(part_ml + ((size_t)s * num_heads + h0) * nsplit + i);
-	__syncthreads();
-	if (threadIdx.x < group) {
-		const int r = threadIdx.x;
-		const float2 *ml = mls + r * nsplit;
-		float *w = wsh + r * DEC_MAX_SPLITS;
-		float mx = -CUDART_INF_F;
-		for (int c = 0; c < nsplit; c++) {
-			const float2 v = ml[c];
-			if (v.y > 0.f) mx = fmaxf(mx, v.x);
-		}
-		float l = 0.f;
-		for (int c = 0; c < nsplit; c++) {
-			const float2 v = ml[c];
-			const float wc = v.y > 0.f ? expf(v.x - mx) : 0.f;
-			w[c] = wc;
-			l += v.y * wc;
-		}
-		inv[r] = l > 0.f ? 1.f / l : 0.f;
-	}
-	__syncthreads();
-	for (int idx = threadIdx.x; idx < group * head_dim; idx += blockDim.x) {
-		const int r = idx / head_dim, e = idx - r * head_dim;
-		const float *pa = part_acc + ((size_t)s * num_heads + h0 + r) * nsplit * head_dim + e;
-		const float *w = wsh + r * DEC_MAX_SPLITS;
-		float a = 0.f;
-		// Every chunk's value is loaded (an empty chunk's is unused scratch),
-		// so the loads of a group of chunks are in flight together.
-#pragma unroll 8
-		for (int c = 0; c < nsplit; c++) {
-			const float v = __ldcg(pa + (size_t)c * head_dim);
-			if (w[c] > 0.f) a += v * w[c];
-		}
-		out[((size_t)q0 * num_heads + h0 + r) * head_dim + e] = a * inv[r];
-	}
-	if (threadIdx.x == 0) *ctr = 0;
-}
-
 template <int D> static size_t di_decode_tc_smem() {
 	const size_t tiles = (size_t)(16 * (D + 8) + 4 * TC_BK * (D + 8)) * sizeof(__half) + 2 * TC_BK * sizeof(int);
 	const size_t merge = (size_t)TC_WARPS * 16 * (D + 2) * sizeof(float);
@@ -1229,7 +1168,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     di_decode_attn_tc_k(float *part_acc, float2 *part_ml, const float *q, const T *kc, const T *vc, const int *cu,
                         const int *seqlens_k, const int *block_tables, int max_blocks, int block_size, int num_blocks,
                         int num_heads, int num_kv_heads, float scale_log2, int window, int decode_only,
-                        int min_chunk, unsigned *check, float *out, unsigned *sem) {
+                        int min_chunk, unsigned *check) {
 	constexpr int LQ = D + 8, KS = D / 16, ND = D / 8;
 	extern __shared__ __align__(16) unsigned char tc_smem[];
 	__half *Qs = reinterpret_cast<__half *>(tc_smem); // [16][LQ]
@@ -1253,9 +1192,6 @@ __global__ void __launch_bounds__(TC_THREADS)
 	if (bad || t_lo >= t_hi) {
 		if (bad && c == 0 && kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
 		if (tid < group) ml[(size_t)tid * nsplit] = make_float2(-CUDART_INF_F, 0.f);
-		if (sem)
-			di_dec_last_combine(out, part_acc, part_ml, sem, s, kvh, q0, num_heads, num_kv_heads, group, D, nsplit,
-			                    reinterpret_cast<float *>(tc_smem));
 		return;
 	}
 	const int kv_width = num_kv_heads * D;
@@ -1417,11 +1353,6 @@ __global__ void __launch_bounds__(TC_THREADS)
 		// natural-log units.
 		if (e == 0) ml[(size_t)r * nsplit] = make_float2(mx * 0.6931471805599453f, sum);
 	}
-	if (sem) {
-		__syncthreads(); // wbuf is read above; the merge reuses the shared memory
-		di_dec_last_combine(out, part_acc, part_ml, sem, s, kvh, q0, num_heads, num_kv_heads, group, D, nsplit,
-		                    reinterpret_cast<float *>(tc_smem));
-	}
 }
 
 // di_prefill_tc launches di_prefill_attn_tc_k for head size D.
@@ -1457,13 +1388,13 @@ static int di_prefill_tc(di_ctx *ctx, float *op, const float *qp, const T *kp, c
 template <int D, typename T>
 static int di_decode_tc(di_ctx *ctx, float *acc, float2 *ml, const float *qp, const T *kp, const T *vp, const int *cu,
                         const int *sk, const int *bt, const di_attn_meta *m, int nsplit, int num_heads,
-                        int num_kv_heads, float scale, int window, int decode_only, float *out, unsigned *sem) {
+                        int num_kv_heads, float scale, int window, int decode_only) {
 	const size_t shmem = di_decode_tc_smem<D>();
 	cudaError_t e = cudaFuncSetAttribute(di_decode_attn_tc_k<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
 	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (decode, tensor cores): cudaFuncSetAttribute");
 	di_decode_attn_tc_k<D, T><<<dim3(nsplit, num_kv_heads, m->num_seqs), TC_THREADS, shmem, ctx->stream>>>(
 	    acc, ml, qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads, num_kv_heads,
-	    scale * 1.4426950408889634f, window, decode_only, ctx->dec_chunk, ctx->check, out, sem);
+	    scale * 1.4426950408889634f, window, decode_only, ctx->dec_chunk, ctx->check);
 	return di_check_launch(ctx, "attention (decode, tensor cores)");
 }
 
@@ -1497,18 +1428,12 @@ static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dp
 			di_scratch_free(ctx, acc);
 			return rc;
 		}
-		// The tensor-core kernel merges the chunks itself (its last block per
-		// row and KV head) when the counters cover the batch.
-		unsigned *sem = ctx->dec_fuse && (size_t)m->num_seqs * num_kv_heads <= DI_DEC_SEMS ? ctx->dec_sem : nullptr;
-		bool merged = false;
 		if (tc && group <= 16 && head_dim == 64) {
 			rc = di_decode_tc<64, T>(ctx, (float *)acc, (float2 *)ml, qp, kp, vp, cu, sk, bt, m, nsplit, num_heads,
-			                         num_kv_heads, scale, sliding_window, decode_only, op, sem);
-			merged = sem != nullptr;
+			                         num_kv_heads, scale, sliding_window, decode_only);
 		} else if (tc && group <= 16 && head_dim == 128) {
 			rc = di_decode_tc<128, T>(ctx, (float *)acc, (float2 *)ml, qp, kp, vp, cu, sk, bt, m, nsplit, num_heads,
-			                          num_kv_heads, scale, sliding_window, decode_only, op, sem);
-			merged = sem != nullptr;
+			                          num_kv_heads, scale, sliding_window, decode_only);
 		} else {
 			di_decode_attn_k<<<dim3(nsplit, num_kv_heads * subs, m->num_seqs), DEC_THREADS, 0, ctx->stream>>>(
 			    (float *)acc, (float2 *)ml, qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size,
@@ -1516,7 +1441,7 @@ static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dp
 			    min_chunk, ctx->check);
 			rc = di_check_launch(ctx, "attention (decode)");
 		}
-		if (rc == DI_OK && !merged) {
+		if (rc == DI_OK) {
 			di_decode_combine_k<<<dim3(m->num_seqs, num_heads), head_dim < 128 ? 64 : 128, 0, ctx->stream>>>(
 			    op, (const float *)acc, (const float2 *)ml, cu, num_heads, head_dim, nsplit);
 			rc = di_check_launch(ctx, "attention (decode combine)");

@@ -4,8 +4,8 @@
 // entry points the runtime puts in the ABI table.
 //
 // Numerics follow kernels/cpu where it is cheap to do so: RMSNorm sums
-// squares in float64, SiLU evaluates exp in float64, so that the two backends
-// agree to float32 rounding on everything but the GEMMs.
+// squares in float64, so that the two backends agree to float32 rounding on
+// everything but the GEMMs and SiLU (float32 here, a few ulps).
 #include "common.cuh"
 
 // ---------------------------------------------------------------- probe
@@ -391,22 +391,35 @@ extern "C" int di_op_linear(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr w, int 
 
 // ---------------------------------------------------------------- silu_mul
 
-__device__ __forceinline__ float di_silu(float x) { return (float)((double)x / (1.0 + exp(-(double)x))); }
+// di_silu is x * sigmoid(x) in float32 with the accurate expf (the CPU
+// backend evaluates it in float64; the two agree to a few float32 ulps).
+// It was float64 here too, which made the prefill's silu_mul compute-bound.
+__device__ __forceinline__ float di_silu(float x) { return x / (1.f + expf(-x)); }
 
-// blockIdx.y strides over rows, x over the columns of a row: no integer
-// division per element.
+// blockIdx.y strides over rows, x over groups of 4 columns of a row (float4
+// loads when n is a multiple of 4): no integer division per element, and
+// four elements of gate and up in flight per thread.
 __global__ void di_silu_mul_k(float *out, const float *gate_up, int rows, int n) {
-	const int j = blockIdx.x * blockDim.x + threadIdx.x;
+	const int j = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
 	if (j >= n) return;
+	const bool vec = n % 4 == 0;
 	for (int r = blockIdx.y; r < rows; r += gridDim.y) {
 		const float *g = gate_up + (size_t)r * 2 * n;
-		out[(size_t)r * n + j] = di_silu(g[j]) * g[n + j];
+		float *o = out + (size_t)r * n;
+		if (vec) {
+			const float4 a = *reinterpret_cast<const float4 *>(g + j), u = *reinterpret_cast<const float4 *>(g + n + j);
+			*reinterpret_cast<float4 *>(o + j) =
+			    make_float4(di_silu(a.x) * u.x, di_silu(a.y) * u.y, di_silu(a.z) * u.z, di_silu(a.w) * u.w);
+		} else {
+			for (int e = j; e < j + 4 && e < n; e++) o[e] = di_silu(g[e]) * g[n + e];
+		}
 	}
 }
 
 extern "C" int di_op_silu_mul(di_ctx *ctx, di_dptr out, di_dptr gate_up, int rows, int n) {
 	if (rows == 0 || n == 0) return DI_OK;
-	const dim3 grid((n + 255) / 256, rows < 65535 ? rows : 65535);
+	const int groups = (n + 3) / 4;
+	const dim3 grid((groups + 255) / 256, rows < 65535 ? rows : 65535);
 	di_silu_mul_k<<<grid, 256, 0, ctx->stream>>>(DI_PTR(float, out), DI_PTR(const float, gate_up), rows, n);
 	return di_check_launch(ctx, "silu_mul");
 }
