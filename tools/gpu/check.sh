@@ -58,7 +58,9 @@
 # ENGINE_TIMEOUT 240, BENCH_TIMEOUT 120, PROFILE_TIMEOUT 120.
 #
 # Logs in $OUT (default /tmp/gpu-check): gpu.txt, build.log, tests.log,
-# gen_*.txt, make_fixtures.log, parity.log, engine.log, bench.log.
+# gen_*.txt, make_fixtures.log, parity.log, engine.log, bench.log, profile.log,
+# profile_ops.txt. The -test.bench patterns (BENCH, ENGINE_BENCH,
+# PROFILE_BENCH) are Go's: a slash separates sub-benchmark levels.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 root=$(cd "$(dirname "$0")/../.." && pwd)
