@@ -575,67 +575,78 @@ extern "C" int di_op_write_cache(di_ctx *ctx, di_dptr cache, di_dptr src, di_dpt
 // ---------------------------------------------------------------- qkv_prepare
 
 #define QKV_MAX_HEAD_DIM 512
+#define QKV_TOKENS 4 // tokens a block: their loads are in flight together
 
-// One block per (token, head slot): slots [0, H) are q heads, [H, H+Hkv) k
-// heads, [H+Hkv, H+2Hkv) v heads; norm_threads(head_dim) threads, so the
-// per-head RMSNorm sums its squares in rms_norm's order. A q or k head is
-// staged in shared memory, normalized, rotated pair by pair, and written to
-// q or rounded into the K cache; a v head goes straight to the V cache.
-// Each element takes the operations of split_columns, rms_norm, rope and
-// write_cache in the same order, so the bits are theirs.
+// One block per (QKV_TOKENS tokens, head slot): slots [0, H) are q heads,
+// [H, H+Hkv) k heads, [H+Hkv, H+2Hkv) v heads; norm_threads(head_dim)
+// threads, so the per-head RMSNorm sums its squares in rms_norm's order. The
+// q or k heads of the block's tokens are staged in shared memory,
+// normalized, rotated pair by pair, and written to q or rounded into the K
+// cache; v heads go straight to the V cache. Each element takes the
+// operations of split_columns, rms_norm, rope and write_cache in the same
+// order, so the bits are theirs.
 template <typename T> __global__ void di_qkv_prepare_k(di_qkv a, unsigned *check) {
-	__shared__ float h[QKV_MAX_HEAD_DIM];
+	__shared__ float h[QKV_TOKENS][QKV_MAX_HEAD_DIM];
 	__shared__ double red[32];
-	const int t = blockIdx.x, slot_head = blockIdx.y, d = a.head_dim;
-	const int nh = a.num_heads, nkv = a.num_kv_heads;
-	const float *src = DI_PTR(const float, a.qkv) + (size_t)t * (nh + 2 * nkv) * d + (size_t)slot_head * d;
+	const int t0 = blockIdx.x * QKV_TOKENS, slot_head = blockIdx.y, d = a.head_dim;
+	const int nt = min(QKV_TOKENS, a.num_tokens - t0);
+	const int nh = a.num_heads, nkv = a.num_kv_heads, width = nkv * d;
+	const size_t pitch = (size_t)(nh + 2 * nkv) * d;
+	const float *src = DI_PTR(const float, a.qkv) + (size_t)t0 * pitch + (size_t)slot_head * d;
+	const int *slots = DI_PTR(const int, a.slot_mapping) + t0;
 	const bool is_q = slot_head < nh, is_v = slot_head >= nh + nkv;
-	int slot = -1;
-	if (!is_q) {
-		slot = DI_PTR(const int, a.slot_mapping)[t];
+	// slot_ok: the row is written to the caches (-1: skipped; out of range:
+	// reported and skipped).
+	auto slot_ok = [&](int slot) {
 		if (slot < -1 || slot >= a.num_slots) {
 			if (threadIdx.x == 0) atomicOr(check, DI_CHECK_WRITE_CACHE);
-			return;
+			return false;
 		}
-	}
-	const int width = nkv * d;
+		return slot != -1;
+	};
 	if (is_v) {
-		if (slot == -1) return;
-		T *dst = DI_PTR(T, a.v_cache) + (size_t)slot * width + (size_t)(slot_head - nh - nkv) * d;
-		for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = di_from_f32<T>(src[j]);
+		for (int tt = 0; tt < nt; tt++) {
+			const int slot = slots[tt];
+			if (!slot_ok(slot)) continue;
+			T *dst = DI_PTR(T, a.v_cache) + (size_t)slot * width + (size_t)(slot_head - nh - nkv) * d;
+			for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = di_from_f32<T>(src[tt * pitch + j]);
+		}
 		return;
 	}
-	const float *norm = DI_PTR(const float, is_q ? a.q_norm : a.k_norm);
-	double ss = 0;
-	for (int j = threadIdx.x; j < d; j += blockDim.x) {
-		const float v = src[j];
-		h[j] = v;
-		ss += (double)v * (double)v;
-	}
-	if (norm) {
-		ss = di_block_sum(ss, red);
-		const float r = di_rms_scale(ss, d, a.eps);
-		for (int j = threadIdx.x; j < d; j += blockDim.x) h[j] = (h[j] * r) * norm[j];
+	for (int tt = 0; tt < nt; tt++)
+		for (int j = threadIdx.x; j < d; j += blockDim.x) h[tt][j] = src[tt * pitch + j];
+	if (const float *norm = DI_PTR(const float, is_q ? a.q_norm : a.k_norm)) {
+		for (int tt = 0; tt < nt; tt++) {
+			double ss = 0;
+			for (int j = threadIdx.x; j < d; j += blockDim.x) ss += (double)h[tt][j] * (double)h[tt][j];
+			ss = di_block_sum(ss, red);
+			const float r = di_rms_scale(ss, d, a.eps);
+			for (int j = threadIdx.x; j < d; j += blockDim.x) h[tt][j] = (h[tt][j] * r) * norm[j];
+		}
 	}
 	__syncthreads();
-	const int pos = DI_PTR(const int, a.positions)[t];
-	if (pos < 0 || pos >= a.max_pos) {
-		if (threadIdx.x == 0) atomicOr(check, DI_CHECK_ROPE);
-	} else {
-		const int half = a.rotary_dim / 2;
+	const int half = a.rotary_dim / 2;
+	for (int tt = 0; tt < nt; tt++) {
+		const int pos = DI_PTR(const int, a.positions)[t0 + tt];
+		if (pos < 0 || pos >= a.max_pos) {
+			if (threadIdx.x == 0) atomicOr(check, DI_CHECK_ROPE);
+			continue;
+		}
 		const float *c = DI_PTR(const float, a.cos) + (size_t)pos * half;
 		const float *s = DI_PTR(const float, a.sin) + (size_t)pos * half;
-		float *v = h + a.rot_offset;
+		float *v = h[tt] + a.rot_offset;
 		for (int j = threadIdx.x; j < half; j += blockDim.x)
 			di_rotate(v, a.interleaved ? 2 * j : j, a.interleaved ? 2 * j + 1 : j + half, c[j], s[j]);
 	}
 	__syncthreads();
-	if (is_q) {
-		float *dst = DI_PTR(float, a.q) + (size_t)t * nh * d + (size_t)slot_head * d;
-		for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = h[j];
-	} else if (slot != -1) {
-		T *dst = DI_PTR(T, a.k_cache) + (size_t)slot * width + (size_t)(slot_head - nh) * d;
-		for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = di_from_f32<T>(h[j]);
+	for (int tt = 0; tt < nt; tt++) {
+		if (is_q) {
+			float *dst = DI_PTR(float, a.q) + (size_t)(t0 + tt) * nh * d + (size_t)slot_head * d;
+			for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = h[tt][j];
+		} else if (const int slot = slots[tt]; slot_ok(slot)) {
+			T *dst = DI_PTR(T, a.k_cache) + (size_t)slot * width + (size_t)(slot_head - nh) * d;
+			for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = di_from_f32<T>(h[tt][j]);
+		}
 	}
 }
 
@@ -643,7 +654,7 @@ extern "C" int di_op_qkv_prepare(di_ctx *ctx, const di_qkv *a) {
 	if (a->head_dim < 1 || a->head_dim > QKV_MAX_HEAD_DIM)
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "qkv_prepare: head_dim %d (1..%d)", a->head_dim, QKV_MAX_HEAD_DIM);
 	if (a->num_tokens == 0) return DI_OK;
-	const dim3 grid(a->num_tokens, a->num_heads + 2 * a->num_kv_heads);
+	const dim3 grid((a->num_tokens + QKV_TOKENS - 1) / QKV_TOKENS, a->num_heads + 2 * a->num_kv_heads);
 	const int threads = norm_threads(a->head_dim);
 	switch (a->cache_dtype) {
 	case DI_F32:
