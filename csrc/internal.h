@@ -36,6 +36,7 @@ struct di_ctx {
 	size_t stage_off = 0; // bytes used in it
 	int num_graphs = 0;
 	int gemm_mode = DI_GEMM_ROUND; // how float32 activations enter 16-bit GEMMs
+	int pdl = 1;                   // programmatic dependent launch of the kernels di_launch starts; $DEEPINFER_CUDA_PDL
 	int gemv = 4;                  // linears of up to this many rows (at most 8) on the GEMV kernel; $DEEPINFER_CUDA_GEMV
 	size_t gemv_max_elems = (size_t)4 << 20; // above one row, weights of at most this many elements; $DEEPINFER_CUDA_GEMV_MAX (Mi elements)
 	// 16-bit linears of up to this many rows (at most 64) on the skinny GEMM;

@@ -403,6 +403,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 4)
 // in ascending order and writes the normalized output.
 __global__ void di_decode_combine_k(float *out, const float *part_acc, const float2 *part_ml, const int *cu,
                                     int num_heads, int head_dim, int nsplit) {
+	di_pdl_wait();
 	__shared__ float w[DEC_MAX_SPLITS];
 	__shared__ float inv_l;
 	const int s = blockIdx.x, h = blockIdx.y;
@@ -1169,6 +1170,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                         const int *seqlens_k, const int *block_tables, int max_blocks, int block_size, int num_blocks,
                         int num_heads, int num_kv_heads, float scale_log2, int window, int decode_only,
                         int min_chunk, unsigned *check) {
+	di_pdl_wait();
 	constexpr int LQ = D + 8, KS = D / 16, ND = D / 8;
 	extern __shared__ __align__(16) unsigned char tc_smem[];
 	__half *Qs = reinterpret_cast<__half *>(tc_smem); // [16][LQ]
@@ -1392,9 +1394,9 @@ static int di_decode_tc(di_ctx *ctx, float *acc, float2 *ml, const float *qp, co
 	const size_t shmem = di_decode_tc_smem<D>();
 	cudaError_t e = cudaFuncSetAttribute(di_decode_attn_tc_k<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
 	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (decode, tensor cores): cudaFuncSetAttribute");
-	di_decode_attn_tc_k<D, T><<<dim3(nsplit, num_kv_heads, m->num_seqs), TC_THREADS, shmem, ctx->stream>>>(
-	    acc, ml, qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads, num_kv_heads,
-	    scale * 1.4426950408889634f, window, decode_only, ctx->dec_chunk, ctx->check);
+	di_launch(ctx, di_decode_attn_tc_k<D, T>, dim3(nsplit, num_kv_heads, m->num_seqs), TC_THREADS, shmem, acc, ml, qp,
+	          kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads, num_kv_heads,
+	          scale * 1.4426950408889634f, window, decode_only, ctx->dec_chunk, ctx->check);
 	return di_check_launch(ctx, "attention (decode, tensor cores)");
 }
 
@@ -1442,8 +1444,8 @@ static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dp
 			rc = di_check_launch(ctx, "attention (decode)");
 		}
 		if (rc == DI_OK) {
-			di_decode_combine_k<<<dim3(m->num_seqs, num_heads), head_dim < 128 ? 64 : 128, 0, ctx->stream>>>(
-			    op, (const float *)acc, (const float2 *)ml, cu, num_heads, head_dim, nsplit);
+			di_launch(ctx, di_decode_combine_k, dim3(m->num_seqs, num_heads), head_dim < 128 ? 64 : 128, 0, op,
+			          (const float *)acc, (const float2 *)ml, cu, num_heads, head_dim, nsplit);
 			rc = di_check_launch(ctx, "attention (decode combine)");
 		}
 		di_scratch_free(ctx, acc);

@@ -85,6 +85,41 @@ __device__ __forceinline__ void di_load8(const __half *p, float *o) {
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "dtype %d", (int)(dtype)); \
 	}
 
+// ---------------------------------------------------------------- programmatic dependent launch
+
+// di_pdl_wait is the first statement of every kernel that di_launch starts:
+// it waits until the grids the kernel depends on have finished and their
+// writes are visible (at once when there are none, or when the kernel was
+// launched the ordinary way). Nothing before it may touch global memory, so
+// a kernel launched early cannot read inputs, nor overwrite buffers, that its
+// predecessor still uses.
+__device__ __forceinline__ void di_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// di_launch starts kernel on the context's stream like <<<grid, block, smem>>>,
+// allowing it (when ctx->pdl, $DEEPINFER_CUDA_PDL) to be scheduled while the
+// previous kernel on the stream finishes: its launch latency and ramp-up
+// overlap that kernel's tail, in eager streams and in captured graphs alike.
+// kernel must begin with di_pdl_wait. Errors surface in di_check_launch.
+template <typename... KArgs, typename... Args>
+static inline void di_launch(di_ctx *ctx, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                             Args &&...args) {
+	cudaLaunchAttribute attr[1];
+	attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	attr[0].val.programmaticStreamSerializationAllowed = ctx->pdl ? 1 : 0;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = grid;
+	cfg.blockDim = block;
+	cfg.dynamicSmemBytes = smem;
+	cfg.stream = ctx->stream;
+	cfg.attrs = attr;
+	cfg.numAttrs = 1;
+	(void)cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+}
+
 // di_find_seq returns the sequence s with cu[s] <= i < cu[s+1] (binary search
 // over num_seqs+1 offsets; empty sequences are skipped).
 __device__ __forceinline__ int di_find_seq(const int *cu, int num_seqs, int i) {

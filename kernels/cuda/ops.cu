@@ -36,6 +36,7 @@ extern "C" int di_op_widen(di_ctx *ctx, float *dst, const void *src, int src_dty
 
 // narrow converts float32 activations to the GEMM input dtype.
 template <typename T> __global__ void di_narrow_k(T *dst, const float *src, size_t n) {
+	di_pdl_wait();
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
 		dst[i] = di_from_f32<T>(src[i]);
 }
@@ -44,6 +45,7 @@ template <typename T> __global__ void di_narrow_k(T *dst, const float *src, size
 
 template <typename T>
 __global__ void di_embedding_k(float *out, const T *table, const int *ids, int hidden, int vocab, unsigned *check) {
+	di_pdl_wait();
 	const int i = blockIdx.x;
 	const int id = ids[i];
 	float *dst = out + (size_t)i * hidden;
@@ -60,9 +62,8 @@ extern "C" int di_op_embedding(di_ctx *ctx, di_dptr out, di_dptr table, int tabl
                                int num_tokens, int hidden, int vocab) {
 	if (num_tokens == 0) return DI_OK;
 	DI_DISPATCH_WEIGHT(table_dtype, T,
-	                   di_embedding_k<T><<<num_tokens, 256, 0, ctx->stream>>>(
-	                       DI_PTR(float, out), DI_PTR(const T, table), DI_PTR(const int, ids), hidden, vocab,
-	                       ctx->check));
+	                   di_launch(ctx, di_embedding_k<T>, num_tokens, 256, 0, DI_PTR(float, out),
+	                             DI_PTR(const T, table), DI_PTR(const int, ids), hidden, vocab, ctx->check));
 	return di_check_launch(ctx, "embedding");
 }
 
@@ -77,6 +78,7 @@ __device__ __forceinline__ float di_rms_scale(double sum_sq, int n, float eps) {
 // One block per row. With a residual: residual += x first. Each thread
 // touches the same columns in every pass, so out may alias x.
 __global__ void di_rms_norm_k(float *out, float *residual, const float *x, const float *w, int n, float eps) {
+	di_pdl_wait();
 	__shared__ double red[32];
 	const size_t row = blockIdx.x;
 	const float *xr = x + row * n;
@@ -105,9 +107,8 @@ static int norm_threads(int n) {
 extern "C" int di_op_rms_norm(di_ctx *ctx, di_dptr out, di_dptr residual, di_dptr x, di_dptr weight, int rows,
                               int n, float eps) {
 	if (rows == 0) return DI_OK;
-	di_rms_norm_k<<<rows, norm_threads(n), 0, ctx->stream>>>(DI_PTR(float, out), DI_PTR(float, residual),
-	                                                         DI_PTR(const float, x), DI_PTR(const float, weight),
-	                                                         n, eps);
+	di_launch(ctx, di_rms_norm_k, rows, norm_threads(n), 0, DI_PTR(float, out), DI_PTR(float, residual),
+	          DI_PTR(const float, x), DI_PTR(const float, weight), n, eps);
 	return di_check_launch(ctx, residual ? "add_rms_norm" : "rms_norm");
 }
 
@@ -115,6 +116,7 @@ extern "C" int di_op_rms_norm(di_ctx *ctx, di_dptr out, di_dptr residual, di_dpt
 
 // narrow_split writes hi = round(x) and lo = round(x - hi) in T.
 template <typename T> __global__ void di_narrow_split_k(T *hi, T *lo, const float *src, size_t n) {
+	di_pdl_wait();
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
 		const float v = src[i];
 		const T h = di_from_f32<T>(v);
@@ -187,6 +189,7 @@ template <typename W> __device__ __forceinline__ void di_unpack8(const di_chunk8
 template <typename W, bool SPLIT, int R>
 __global__ void __launch_bounds__(GEMVB_THREADS, 2)
     di_gemv_block_k(float *out, const float *x, const W *w, const float *bias, int m, int n, int k) {
+	di_pdl_wait();
 	constexpr int C = GEMVB_COLS, NW = GEMVB_THREADS / 32;
 	__shared__ float red[NW][C * R * (SPLIT ? 2 : 1)];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -273,13 +276,13 @@ template <typename W, bool SPLIT>
 static void gemv_block(di_ctx *ctx, float *out, const float *x, const W *w, const float *bias, int m, int n, int k) {
 	const unsigned grid = (unsigned)((n + GEMVB_COLS - 1) / GEMVB_COLS);
 	if (m <= 1)
-		di_gemv_block_k<W, SPLIT, 1><<<grid, GEMVB_THREADS, 0, ctx->stream>>>(out, x, w, bias, m, n, k);
+		di_launch(ctx, di_gemv_block_k<W, SPLIT, 1>, grid, GEMVB_THREADS, 0, out, x, w, bias, m, n, k);
 	else if (m <= 2)
-		di_gemv_block_k<W, SPLIT, 2><<<grid, GEMVB_THREADS, 0, ctx->stream>>>(out, x, w, bias, m, n, k);
+		di_launch(ctx, di_gemv_block_k<W, SPLIT, 2>, grid, GEMVB_THREADS, 0, out, x, w, bias, m, n, k);
 	else if (m <= 4)
-		di_gemv_block_k<W, SPLIT, 4><<<grid, GEMVB_THREADS, 0, ctx->stream>>>(out, x, w, bias, m, n, k);
+		di_launch(ctx, di_gemv_block_k<W, SPLIT, 4>, grid, GEMVB_THREADS, 0, out, x, w, bias, m, n, k);
 	else
-		di_gemv_block_k<W, SPLIT, 8><<<grid, GEMVB_THREADS, 0, ctx->stream>>>(out, x, w, bias, m, n, k);
+		di_launch(ctx, di_gemv_block_k<W, SPLIT, 8>, grid, GEMVB_THREADS, 0, out, x, w, bias, m, n, k);
 }
 
 // gemv_ok reports whether the GEMV kernel serves this shape: one row with
@@ -353,15 +356,15 @@ static int gemm_f32_input(di_ctx *ctx, float *out, const float *x, const void *w
 		if (w_dtype == DI_BF16) {
 			auto *h = (__nv_bfloat16 *)xs;
 			if (split)
-				di_narrow_split_k<<<di_grid(count, 256), 256, 0, ctx->stream>>>(h, h + count, x, count);
+				di_launch(ctx, di_narrow_split_k<__nv_bfloat16>, di_grid(count, 256), 256, 0, h, h + count, x, count);
 			else
-				di_narrow_k<<<di_grid(count, 256), 256, 0, ctx->stream>>>(h, x, count);
+				di_launch(ctx, di_narrow_k<__nv_bfloat16>, di_grid(count, 256), 256, 0, h, x, count);
 		} else {
 			auto *h = (__half *)xs;
 			if (split)
-				di_narrow_split_k<<<di_grid(count, 256), 256, 0, ctx->stream>>>(h, h + count, x, count);
+				di_launch(ctx, di_narrow_split_k<__half>, di_grid(count, 256), 256, 0, h, h + count, x, count);
 			else
-				di_narrow_k<<<di_grid(count, 256), 256, 0, ctx->stream>>>(h, x, count);
+				di_launch(ctx, di_narrow_k<__half>, di_grid(count, 256), 256, 0, h, x, count);
 		}
 		rc = di_check_launch(ctx, "linear: narrow");
 	}
@@ -400,6 +403,7 @@ __device__ __forceinline__ float di_silu(float x) { return x / (1.f + expf(-x));
 // loads when n is a multiple of 4): no integer division per element, and
 // four elements of gate and up in flight per thread.
 __global__ void di_silu_mul_k(float *out, const float *gate_up, int rows, int n) {
+	di_pdl_wait();
 	const int j = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
 	if (j >= n) return;
 	const bool vec = n % 4 == 0;
@@ -420,21 +424,22 @@ extern "C" int di_op_silu_mul(di_ctx *ctx, di_dptr out, di_dptr gate_up, int row
 	if (rows == 0 || n == 0) return DI_OK;
 	const int groups = (n + 3) / 4;
 	const dim3 grid((groups + 255) / 256, rows < 65535 ? rows : 65535);
-	di_silu_mul_k<<<grid, 256, 0, ctx->stream>>>(DI_PTR(float, out), DI_PTR(const float, gate_up), rows, n);
+	di_launch(ctx, di_silu_mul_k, grid, 256, 0, DI_PTR(float, out), DI_PTR(const float, gate_up), rows, n);
 	return di_check_launch(ctx, "silu_mul");
 }
 
 // ---------------------------------------------------------------- add, concat
 
 __global__ void di_add_k(float *out, const float *a, const float *b, size_t n) {
+	di_pdl_wait();
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
 		out[i] = a[i] + b[i];
 }
 
 extern "C" int di_op_add(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, uint64_t n) {
 	if (n == 0) return DI_OK;
-	di_add_k<<<di_grid(n, 256), 256, 0, ctx->stream>>>(DI_PTR(float, out), DI_PTR(const float, a),
-	                                                   DI_PTR(const float, b), n);
+	di_launch(ctx, di_add_k, di_grid(n, 256), 256, 0, DI_PTR(float, out), DI_PTR(const float, a),
+	          DI_PTR(const float, b), n);
 	return di_check_launch(ctx, "add");
 }
 
@@ -586,6 +591,7 @@ extern "C" int di_op_write_cache(di_ctx *ctx, di_dptr cache, di_dptr src, di_dpt
 // operations of split_columns, rms_norm, rope and write_cache in the same
 // order, so the bits are theirs.
 template <typename T> __global__ void di_qkv_prepare_k(di_qkv a, unsigned *check) {
+	di_pdl_wait();
 	__shared__ float h[QKV_TOKENS][QKV_MAX_HEAD_DIM];
 	__shared__ double red[32];
 	const int t0 = blockIdx.x * QKV_TOKENS, slot_head = blockIdx.y, d = a.head_dim;
@@ -658,10 +664,10 @@ extern "C" int di_op_qkv_prepare(di_ctx *ctx, const di_qkv *a) {
 	const int threads = norm_threads(a->head_dim);
 	switch (a->cache_dtype) {
 	case DI_F32:
-		di_qkv_prepare_k<float><<<grid, threads, 0, ctx->stream>>>(*a, ctx->check);
+		di_launch(ctx, di_qkv_prepare_k<float>, grid, threads, 0, *a, ctx->check);
 		break;
 	case DI_F16:
-		di_qkv_prepare_k<__half><<<grid, threads, 0, ctx->stream>>>(*a, ctx->check);
+		di_launch(ctx, di_qkv_prepare_k<__half>, grid, threads, 0, *a, ctx->check);
 		break;
 	default:
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "qkv_prepare: cache dtype %d (want F32 or F16)", a->cache_dtype);
@@ -672,6 +678,7 @@ extern "C" int di_op_qkv_prepare(di_ctx *ctx, const di_qkv *a) {
 // ---------------------------------------------------------------- resolve_placeholders
 
 __global__ void di_resolve_k(int *ids, const int *from_row, const int *sampled, int n, int r, unsigned *check) {
+	di_pdl_wait();
 	for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
 		const int f = from_row[i];
 		if (f < 0) continue;
@@ -686,9 +693,8 @@ __global__ void di_resolve_k(int *ids, const int *from_row, const int *sampled, 
 extern "C" int di_op_resolve_placeholders(di_ctx *ctx, di_dptr ids, di_dptr from_row, di_dptr sampled,
                                           int num_tokens, int num_sampled) {
 	if (num_tokens == 0) return DI_OK;
-	di_resolve_k<<<di_grid(num_tokens, 256), 256, 0, ctx->stream>>>(
-	    DI_PTR(int, ids), DI_PTR(const int, from_row), DI_PTR(const int, sampled), num_tokens, num_sampled,
-	    ctx->check);
+	di_launch(ctx, di_resolve_k, di_grid(num_tokens, 256), 256, 0, DI_PTR(int, ids), DI_PTR(const int, from_row),
+	          DI_PTR(const int, sampled), num_tokens, num_sampled, ctx->check);
 	return di_check_launch(ctx, "resolve_placeholders");
 }
 
@@ -698,6 +704,7 @@ extern "C" int di_op_resolve_placeholders(di_ctx *ctx, di_dptr ids, di_dptr from
 // rms_norm) into a float32 buffer that then goes through the linear path.
 __global__ void di_gather_norm_k(float *dst, const float *hidden, const int *rows, int num_hidden, const float *norm,
                                  int dim, float eps, unsigned *check) {
+	di_pdl_wait();
 	__shared__ double red[32];
 	const int r = blockIdx.x;
 	const int src_row = rows ? rows[r] : r;
@@ -724,9 +731,8 @@ extern "C" int di_op_logits(di_ctx *ctx, di_dptr out, di_dptr hidden, di_dptr ro
 	void *xs = nullptr;
 	int rc = di_scratch(ctx, (size_t)num_rows * dim * sizeof(float) + 16, &xs);
 	if (rc != DI_OK) return rc;
-	di_gather_norm_k<<<num_rows, norm_threads(dim), 0, ctx->stream>>>((float *)xs, DI_PTR(const float, hidden),
-	                                                                 DI_PTR(const int, rows), num_hidden,
-	                                                                 DI_PTR(const float, norm), dim, eps, ctx->check);
+	di_launch(ctx, di_gather_norm_k, num_rows, norm_threads(dim), 0, (float *)xs, DI_PTR(const float, hidden),
+	          DI_PTR(const int, rows), num_hidden, DI_PTR(const float, norm), dim, eps, ctx->check);
 	rc = di_check_launch(ctx, "logits: gather");
 	if (rc == DI_OK)
 		rc = gemm_f32_input(ctx, DI_PTR(float, out), (const float *)xs, DI_PTR(const void, head), head_dtype, nullptr,
