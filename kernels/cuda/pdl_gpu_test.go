@@ -44,24 +44,27 @@ func decodeLogits(t *testing.T) (eager []float32, replays [][]float32) {
 	for i := range ids {
 		ids[i] = int32(3 + (i*37)%2900)
 	}
-	forward := func(ids []int32, cached int) (kernels.Tensor, error) {
+	upload := func(ids []int32, cached int) *models.ForwardBatch {
 		h := models.HostBatch{BlockSize: blockSize}
 		h.AddSequence(ids, cached, table)
 		fb, err := h.Upload(g, cache.NumBlocks)
 		if err != nil {
-			return nil, err
+			t.Fatal(err)
 		}
+		return fb
+	}
+	forward := func(fb *models.ForwardBatch) (kernels.Tensor, error) {
 		hidden, err := m.Forward(context.Background(), cache, fb)
 		if err != nil {
 			return nil, err
 		}
 		return m.ComputeLogits(hidden, nil)
 	}
-	if _, err := forward(ids, 0); err != nil {
+	if _, err := forward(upload(ids, 0)); err != nil {
 		t.Fatal(err)
 	}
-	step := []int32{42}
-	lg, err := forward(step, prompt)
+	step := upload([]int32{42}, prompt) // uploaded once: a capture cannot upload
+	lg, err := forward(step)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +74,7 @@ func decodeLogits(t *testing.T) (eager []float32, replays [][]float32) {
 	var captured kernels.Tensor
 	graph, err := g.CaptureGraph(func() error {
 		var err error
-		captured, err = forward(step, prompt)
+		captured, err = forward(step)
 		return err
 	})
 	if err != nil {
