@@ -718,3 +718,50 @@ func (b *Backend) PrepareQKV(a kernels.QKV) error {
 		return C.c_qkv_prepare(b.lib.api, b.ctx, &args)
 	}, qkv, q, kc, vc, sm, pos, cs, sn, qn, kn)
 }
+
+// SiLULinear is kernels.SiLULinearer: one row on the GEMV path is one kernel
+// that computes silu(gate) * up as it reads it; other shapes run silu_mul and
+// the linear path inside the library. The bits are those of SiLUMul then
+// Linear.
+func (b *Backend) SiLULinear(out, gateUp, w, bias kernels.Tensor) error {
+	const op = "silu_linear"
+	o, err := asCUDA(op, "out", out)
+	if err != nil {
+		return err
+	}
+	g, err := asCUDA(op, "gate_up", gateUp)
+	if err != nil {
+		return err
+	}
+	ws, err := asCUDA(op, "w", w)
+	if err != nil {
+		return err
+	}
+	bs, err := optCUDA(op, "bias", bias)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "w", ws, []int{-1, -1}, kernels.FloatTypes...); err != nil {
+		return err
+	}
+	n, k := ws.shape[0], ws.shape[1]
+	if err := checkShape(op, "gate_up", g, []int{-1, 2 * k}, kernels.F32); err != nil {
+		return err
+	}
+	m := g.shape[0]
+	if err := checkShape(op, "out", o, []int{m, n}, kernels.F32); err != nil {
+		return err
+	}
+	if bs != nil {
+		if err := checkShape(op, "bias", bs, []int{n}, kernels.F32); err != nil {
+			return err
+		}
+	}
+	name := op
+	if b.prof != nil {
+		name = fmt.Sprintf("silu_linear %dx%d %s", n, k, sizeClass(m))
+	}
+	return b.launch(name, func() C.int {
+		return C.c_silu_linear(b.lib.api, b.ctx, o.ptr(), g.ptr(), ws.ptr(), C.int(ws.dtype), optPtr(bs), C.int(m), C.int(n), C.int(k))
+	}, o, g, ws, bs)
+}
