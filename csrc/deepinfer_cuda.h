@@ -39,7 +39,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 6u
+#define DI_ABI_VERSION 5u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -296,10 +296,6 @@ typedef struct di_api {
 	/* qkv_prepare: see di_qkv; the bits of split_columns, rms_norm per
 	 * head, rope and write_cache run one after the other. */
 	int (*qkv_prepare)(di_ctx *ctx, const di_qkv *a);
-	/* silu_linear: out [m, n] = (silu(gate) * up) w^T (+ bias) with gate_up
-	 * [m, 2k] (gate then up): the bits of silu_mul followed by linear. */
-	int (*silu_linear)(di_ctx *ctx, di_dptr out, di_dptr gate_up, di_dptr w, int w_dtype, di_dptr bias, int m,
-	                   int n, int k);
 } di_api;
 
 /* di_get_api fills *out for a caller built against abi_version; it returns

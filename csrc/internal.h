@@ -98,8 +98,6 @@ int di_op_rope(di_ctx *ctx, di_dptr x, di_dptr positions, di_dptr cos, di_dptr s
 int di_op_write_cache(di_ctx *ctx, di_dptr cache, di_dptr src, di_dptr slot_mapping, int num_tokens,
                       int w, int width, int col, int num_slots, int cache_dtype);
 int di_op_qkv_prepare(di_ctx *ctx, const di_qkv *a);
-int di_op_silu_linear(di_ctx *ctx, di_dptr out, di_dptr gate_up, di_dptr w, int w_dtype, di_dptr bias, int m, int n,
-                      int k);
 int di_op_split_columns(di_ctx *ctx, di_dptr x, int rows, int x_pitch, int nparts, const di_dptr *parts,
                         const int *widths);
 int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,

@@ -626,6 +626,5 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->logits = di_op_logits;
 	out->sample = di_op_sample;
 	out->qkv_prepare = di_op_qkv_prepare;
-	out->silu_linear = di_op_silu_linear;
 	return DI_OK;
 }

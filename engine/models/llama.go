@@ -96,7 +96,10 @@ func (p *mlp) forward(ops kernels.Ops, s *scratch, out, x kernels.Tensor) error 
 	if err := ops.Linear(gu, x, p.gateUp, p.gateUpBias); err != nil {
 		return err
 	}
-	return kernels.SiLUMulLinear(ops, out, act, gu, p.down, p.downBias)
+	if err := ops.SiLUMul(act, gu); err != nil {
+		return err
+	}
+	return ops.Linear(out, act, p.down, p.downBias)
 }
 
 // scratch hands out the activation buffers of one forward pass by name: every

@@ -84,10 +84,6 @@ static inline int c_rope(di_api *a, di_ctx *c, di_dptr x, di_dptr pos, di_dptr c
                   int off, int rd, int il) {
 	return a->rope(c, x, pos, cs, sn, t, maxPos, nh, hs, off, rd, il);
 }
-static inline int c_silu_linear(di_api *a, di_ctx *c, di_dptr out, di_dptr gu, di_dptr w, int dt, di_dptr bias, int m, int n,
-                                int k) {
-	return a->silu_linear(c, out, gu, w, dt, bias, m, n, k);
-}
 static inline int c_qkv_prepare(di_api *a, di_ctx *c, const di_qkv *q) { return a->qkv_prepare(c, q); }
 static inline int c_write_cache(di_api *a, di_ctx *c, di_dptr cache, di_dptr src, di_dptr sm, int t, int w, int width, int col, int slots,
                                 int cache_dtype) {

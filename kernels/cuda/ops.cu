@@ -141,11 +141,6 @@ extern "C" int di_add_into(di_ctx *ctx, float *out, const float *a, const float 
 	return di_check_launch(ctx, "add_into");
 }
 
-// di_silu is x * sigmoid(x) in float32 with the accurate expf (the CPU
-// backend evaluates it in float64; the two agree to a few float32 ulps).
-// It was float64 here too, which made the prefill's silu_mul compute-bound.
-__device__ __forceinline__ float di_silu(float x) { return x / (1.f + expf(-x)); }
-
 // ---------------------------------------------------------------- small-batch GEMV
 
 // For a few rows (ctx->gemv, default 4: DEEPINFER_CUDA_GEMV) cuBLAS is
@@ -191,10 +186,7 @@ template <typename W> __device__ __forceinline__ void di_unpack8(const di_chunk8
 #define GEMVB_UNROLL 2
 #define GEMVB_THREADS 256
 
-// GATED: x is a gate_up row pair [gate (k) | up (k)] and the GEMV's input is
-// silu(gate) * up, computed as it is read with silu_mul's operations (the
-// bits of silu_mul followed by the GEMV).
-template <typename W, bool SPLIT, int R, bool GATED = false>
+template <typename W, bool SPLIT, int R>
 __global__ void __launch_bounds__(GEMVB_THREADS, 2)
     di_gemv_block_k(float *out, const float *x, const W *w, const float *bias, int m, int n, int k) {
 	di_pdl_wait();
@@ -225,15 +217,7 @@ __global__ void __launch_bounds__(GEMVB_THREADS, 2)
 			for (int r = 0; r < R; r++) {
 				if (r >= m) break;
 				float xv[8], xl[8];
-				if (GATED) {
-					float up[8];
-					di_load8(x + (size_t)r * 2 * k + i, xv);
-					di_load8(x + (size_t)r * 2 * k + k + i, up);
-#pragma unroll
-					for (int e = 0; e < 8; e++) xv[e] = di_silu(xv[e]) * up[e];
-				} else {
-					di_load8(x + (size_t)r * k + i, xv);
-				}
+				di_load8(x + (size_t)r * k + i, xv);
 #pragma unroll
 				for (int e = 0; e < 8; e++) {
 					if (sizeof(W) != sizeof(float)) {
@@ -289,12 +273,9 @@ __global__ void __launch_bounds__(GEMVB_THREADS, 2)
 }
 
 template <typename W, bool SPLIT>
-static void gemv_block(di_ctx *ctx, float *out, const float *x, const W *w, const float *bias, int m, int n, int k,
-                       bool gated) {
+static void gemv_block(di_ctx *ctx, float *out, const float *x, const W *w, const float *bias, int m, int n, int k) {
 	const unsigned grid = (unsigned)((n + GEMVB_COLS - 1) / GEMVB_COLS);
-	if (gated) // one row only (silu_linear's fused path)
-		di_launch(ctx, di_gemv_block_k<W, SPLIT, 1, true>, grid, GEMVB_THREADS, 0, out, x, w, bias, m, n, k);
-	else if (m <= 1)
+	if (m <= 1)
 		di_launch(ctx, di_gemv_block_k<W, SPLIT, 1>, grid, GEMVB_THREADS, 0, out, x, w, bias, m, n, k);
 	else if (m <= 2)
 		di_launch(ctx, di_gemv_block_k<W, SPLIT, 2>, grid, GEMVB_THREADS, 0, out, x, w, bias, m, n, k);
@@ -315,23 +296,23 @@ static bool gemv_ok(const di_ctx *ctx, const float *x, const void *w, int m, int
 }
 
 static int gemv(di_ctx *ctx, float *out, const float *x, const void *w, int w_dtype, const float *bias, int m, int n,
-                int k, bool gated = false) {
+                int k) {
 	const bool split = ctx->gemm_mode == DI_GEMM_SPLIT;
 	switch (w_dtype) {
 	case DI_F32:
-		gemv_block<float, false>(ctx, out, x, (const float *)w, bias, m, n, k, gated);
+		gemv_block<float, false>(ctx, out, x, (const float *)w, bias, m, n, k);
 		break;
 	case DI_BF16:
 		if (split)
-			gemv_block<__nv_bfloat16, true>(ctx, out, x, (const __nv_bfloat16 *)w, bias, m, n, k, gated);
+			gemv_block<__nv_bfloat16, true>(ctx, out, x, (const __nv_bfloat16 *)w, bias, m, n, k);
 		else
-			gemv_block<__nv_bfloat16, false>(ctx, out, x, (const __nv_bfloat16 *)w, bias, m, n, k, gated);
+			gemv_block<__nv_bfloat16, false>(ctx, out, x, (const __nv_bfloat16 *)w, bias, m, n, k);
 		break;
 	case DI_F16:
 		if (split)
-			gemv_block<__half, true>(ctx, out, x, (const __half *)w, bias, m, n, k, gated);
+			gemv_block<__half, true>(ctx, out, x, (const __half *)w, bias, m, n, k);
 		else
-			gemv_block<__half, false>(ctx, out, x, (const __half *)w, bias, m, n, k, gated);
+			gemv_block<__half, false>(ctx, out, x, (const __half *)w, bias, m, n, k);
 		break;
 	default:
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "linear: weight dtype %d", w_dtype);
@@ -413,6 +394,10 @@ extern "C" int di_op_linear(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr w, int 
 
 // ---------------------------------------------------------------- silu_mul
 
+// di_silu is x * sigmoid(x) in float32 with the accurate expf (the CPU
+// backend evaluates it in float64; the two agree to a few float32 ulps).
+// It was float64 here too, which made the prefill's silu_mul compute-bound.
+__device__ __forceinline__ float di_silu(float x) { return x / (1.f + expf(-x)); }
 
 // blockIdx.y strides over rows, x over groups of 4 columns of a row (float4
 // loads when n is a multiple of 4): no integer division per element, and
@@ -441,31 +426,6 @@ extern "C" int di_op_silu_mul(di_ctx *ctx, di_dptr out, di_dptr gate_up, int row
 	const dim3 grid((groups + 255) / 256, rows < 65535 ? rows : 65535);
 	di_launch(ctx, di_silu_mul_k, grid, 256, 0, DI_PTR(float, out), DI_PTR(const float, gate_up), rows, n);
 	return di_check_launch(ctx, "silu_mul");
-}
-
-// silu_linear: out = (silu(gate) * up) w^T (+ bias) over gate_up [m, 2k]. One
-// row on the GEMV path is one kernel that computes the activation as it reads
-// it; anything else runs silu_mul into scratch and the linear path. Both give
-// the bits of silu_mul followed by linear.
-extern "C" int di_op_silu_linear(di_ctx *ctx, di_dptr out, di_dptr gate_up, di_dptr w, int w_dtype, di_dptr bias,
-                                 int m, int n, int k) {
-	if (m == 0 || n == 0) return DI_OK;
-	const float *gu = DI_PTR(const float, gate_up);
-	// The fused kernel where linear itself would take the GEMV (not the
-	// skinny GEMM), so that the bits are the same.
-	if (m == 1 && k > 0 && gemv_ok(ctx, gu, DI_PTR(const void, w), m, n, k) &&
-	    !di_skinny_ok(ctx, gu, DI_PTR(const void, w), w_dtype, m, n, k))
-		return gemv(ctx, DI_PTR(float, out), gu, DI_PTR(const void, w), w_dtype, DI_PTR(const float, bias), m, n, k,
-		            true);
-	void *act = nullptr;
-	int rc = di_scratch(ctx, (size_t)m * k * sizeof(float), &act);
-	if (rc != DI_OK) return rc;
-	rc = di_op_silu_mul(ctx, (di_dptr)(uintptr_t)act, gate_up, m, k);
-	if (rc == DI_OK)
-		rc = gemm_f32_input(ctx, DI_PTR(float, out), (const float *)act, DI_PTR(const void, w), w_dtype,
-		                    DI_PTR(const float, bias), m, n, k);
-	di_scratch_free(ctx, act);
-	return rc;
 }
 
 // ---------------------------------------------------------------- add, concat
