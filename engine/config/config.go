@@ -49,7 +49,7 @@ type Engine struct {
 type Cache struct {
 	BlockSize      int     `yaml:"block_size"`      // tokens per KV block
 	NumBlocks      int     `yaml:"num_blocks"`      // 0 = derive from memory
-	MemoryFraction float64 `yaml:"memory_fraction"` // cuda: share of free device memory for weights, activations and KV
+	MemoryFraction float64 `yaml:"memory_fraction"` // cuda: share of the device memory free after the weights for activations (a profiling pass) and KV
 	CPUMemoryGiB   float64 `yaml:"cpu_memory_gib"`  // cpu: KV cache budget when num_blocks is 0
 	PrefixCaching  bool    `yaml:"prefix_caching"`  // reuse full blocks with the same prefix
 	NumStateSlots  int     `yaml:"num_state_slots"` // 0 = max_num_seqs

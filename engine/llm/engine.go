@@ -51,6 +51,8 @@ type Engine struct {
 	rt    *stages.Runtime
 	graph *pipeline.Graph
 
+	memPlan MemoryPlan
+
 	requests *requestQueue
 	cancel   context.CancelFunc
 	done     chan struct{}
@@ -109,32 +111,34 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("llm: tokenizer: %w", err)
 	}
 
+	maxBatched := max(cfg.Engine.MaxNumBatchedTokens, cfg.Engine.MaxNumSeqs)
+	if !cfg.Engine.ChunkedPrefill {
+		// Whole prompts must fit one step, as vLLM sizes it without chunking.
+		maxBatched = max(maxBatched, maxModelLen)
+	}
 	spec := model.KVCacheSpec()
 	numBlocks := cfg.Cache.NumBlocks
 	if numBlocks == 0 {
 		budget := cfg.Cache.CPUMemoryGiB * (1 << 30)
 		if dev, ok := e.ops.(*cuda.Backend); ok {
-			// A device backend: cache.memory_fraction of the memory still free after the weights.
-			free, _, err := dev.MemoryInfo()
-			if err != nil {
+			// A device backend: cache.memory_fraction of the memory free
+			// after the weights, less the activations of the largest step.
+			if budget, e.memPlan, err = deviceKVBudget(dev, model, cfg.Cache.MemoryFraction, maxBatched, maxModelLen,
+				cfg.Engine.MaxNumSeqs, cfg.Cache.BlockSize); err != nil {
 				return nil, fmt.Errorf("llm: %w", err)
 			}
-			budget = cfg.Cache.MemoryFraction * float64(free)
 		}
-		numBlocks = int(budget / float64(spec.BytesPerBlock(cfg.Cache.BlockSize)))
+		numBlocks = int(max(budget, 0) / float64(spec.BytesPerBlock(cfg.Cache.BlockSize)))
 		numBlocks = min(numBlocks, cfg.Engine.MaxNumSeqs*((maxModelLen+cfg.Cache.BlockSize-1)/cfg.Cache.BlockSize)+1)
 	}
 	if numBlocks < 1 {
-		return nil, fmt.Errorf("llm: the KV budget (cache.cpu_memory_gib %g, or cache.memory_fraction of free device memory) holds no block of %d bytes", cfg.Cache.CPUMemoryGiB, spec.BytesPerBlock(cfg.Cache.BlockSize))
+		return nil, fmt.Errorf("llm: the KV budget (cache.cpu_memory_gib %g, or cache.memory_fraction of free device memory less %d bytes of activations) holds no block of %d bytes",
+			cfg.Cache.CPUMemoryGiB, e.memPlan.ActivationPeak, spec.BytesPerBlock(cfg.Cache.BlockSize))
 	}
+	e.memPlan.KVBlocks = numBlocks
 	cache, err := model.NewKVCache(numBlocks, cfg.Cache.BlockSize)
 	if err != nil {
 		return nil, fmt.Errorf("llm: kv cache: %w", err)
-	}
-	maxBatched := max(cfg.Engine.MaxNumBatchedTokens, cfg.Engine.MaxNumSeqs)
-	if !cfg.Engine.ChunkedPrefill {
-		// Whole prompts must fit one step, as vLLM sizes it without chunking.
-		maxBatched = max(maxBatched, maxModelLen)
 	}
 	e.sched, err = engine.NewScheduler(engine.SchedulerConfig{
 		MaxNumSeqs:           cfg.Engine.MaxNumSeqs,
@@ -217,6 +221,9 @@ func (e *Engine) Tokenizer() *tokenizer.Tokenizer { return e.tok }
 
 // Model returns the loaded model.
 func (e *Engine) Model() models.Model { return e.model }
+
+// MemoryPlan returns how the KV cache was sized.
+func (e *Engine) MemoryPlan() MemoryPlan { return e.memPlan }
 
 // Backend returns the kernels backend.
 func (e *Engine) Backend() kernels.Ops { return e.ops }

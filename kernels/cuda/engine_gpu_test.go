@@ -204,3 +204,64 @@ pipeline:
 		t.Errorf("greedy agreement with graphs off: %d/32, want at least 28", n)
 	}
 }
+
+// With cache.num_blocks 0 the engine sizes the KV cache from the memory free
+// after the weights less the activations of a profiling forward pass of the
+// largest step: the measured peak holds at least that step's hidden states
+// and grows with max_num_batched_tokens, and the engine still generates.
+func TestGPUEngineMemoryPlan(t *testing.T) {
+	b, err := cuda.New(cuda.Options{})
+	if err != nil {
+		if os.Getenv(cuda.LibraryEnv) == "" && (errors.Is(err, cuda.ErrNoLibrary) || errors.Is(err, cuda.ErrNoDevice)) {
+			t.Skipf("GPU test skipped: %v", err)
+		}
+		t.Fatal(err)
+	}
+	b.Close()
+	dir := t.TempDir()
+	spec := random.Llama{Vocab: 512, Hidden: 256, Intermediate: 512, Layers: 2, Heads: 8, KVHeads: 2, HeadDim: 32,
+		MaxPositions: 2048, BOS: 1, EOS: 2}
+	if err := random.WriteLlama(dir, spec, 3); err != nil {
+		t.Fatal(err)
+	}
+	plan := func(tokens int) llm.MemoryPlan {
+		t.Helper()
+		yaml := fmt.Sprintf("model: %s\ndevice: cuda\ncache: {num_blocks: 0, block_size: 16, memory_fraction: 0.5}\n"+
+			"engine: {max_num_seqs: 16, max_num_batched_tokens: %d, max_model_len: 1024}\npipeline: {sample: greedy}\n", dir, tokens)
+		cfg, err := config.Parse("plan.yaml", []byte(yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := llm.NewLLM(cfg, llm.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		p := engine.DefaultSamplingParams()
+		p.MaxTokens, p.IgnoreEOS = 4, true
+		out, err := l.Generate(context.Background(), []llm.Prompt{{IDs: []int{5, 6, 7}}}, p, nil)
+		if err != nil || len(out) != 1 || len(out[0].Outputs) != 1 || len(out[0].Outputs[0].TokenIDs) != 4 {
+			t.Fatalf("generate after sizing: %v, %v", out, err)
+		}
+		return l.MemoryPlan()
+	}
+	small, large := plan(1024), plan(8192)
+	for _, c := range []struct {
+		p      llm.MemoryPlan
+		tokens int
+	}{{small, 1024}, {large, 8192}} {
+		if min := uint64(c.tokens * spec.Hidden * 4); c.p.ActivationPeak < min {
+			t.Errorf("%d tokens: activation peak %d bytes, below one [%d, %d] float32 activation (%d)", c.tokens, c.p.ActivationPeak, c.tokens, spec.Hidden, min)
+		}
+		// 16 sequences of 1024 tokens in blocks of 16, plus one: the cap,
+		// far below what half of an H200's memory holds.
+		if c.p.Available == 0 || c.p.KVBlocks != 16*64+1 {
+			t.Errorf("%d tokens: plan %+v, want memory available and %d blocks", c.tokens, c.p, 16*64+1)
+		}
+	}
+	if large.ActivationPeak <= small.ActivationPeak {
+		t.Errorf("activation peak %d bytes at 8192 tokens, not above %d at 1024", large.ActivationPeak, small.ActivationPeak)
+	}
+	t.Logf("memory plan: activation peak %.1f MB at 1024 tokens, %.1f MB at 8192; %.1f GB available after the weights",
+		float64(small.ActivationPeak)/1e6, float64(large.ActivationPeak)/1e6, float64(large.Available)/1e9)
+}

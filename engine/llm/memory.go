@@ -1,0 +1,89 @@
+package llm
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/deepinfer/deepinfer-go/engine/models"
+	"github.com/deepinfer/deepinfer-go/kernels"
+	"github.com/deepinfer/deepinfer-go/kernels/cuda"
+)
+
+// MemoryPlan is how the engine sized its KV cache.
+type MemoryPlan struct {
+	KVBlocks int // blocks of the KV cache
+	// ActivationPeak is the device memory one forward pass of the largest
+	// step needed beyond the weights (the profiling pass); 0 on the CPU.
+	ActivationPeak uint64
+	// Available is the device memory free after the weights and the
+	// profiling pass (the driver's free memory plus the allocator's cached
+	// blocks); 0 on the CPU.
+	Available uint64
+}
+
+// deviceKVBudget returns the bytes the KV cache of a device backend may
+// take: cache.memory_fraction of the memory available after the weights,
+// less the activation peak of a profiling forward pass over maxTokens
+// prompt tokens (the largest step the scheduler builds) and the LM head on
+// maxRows rows (the most sampled rows of a step).
+func deviceKVBudget(dev *cuda.Backend, model models.Model, fraction float64, maxTokens, maxModelLen, maxRows, blockSize int) (float64, MemoryPlan, error) {
+	var plan MemoryPlan
+	peak, err := activationPeak(dev, model, maxTokens, maxModelLen, maxRows, blockSize)
+	if err != nil {
+		return 0, plan, fmt.Errorf("profiling a forward pass of %d tokens: %w (lower engine.max_num_batched_tokens)", maxTokens, err)
+	}
+	free, _, err := dev.MemoryInfo()
+	if err != nil {
+		return 0, plan, err
+	}
+	st := dev.MemStats()
+	plan.ActivationPeak, plan.Available = peak, free+(st.Reserved-st.InUse)
+	return fraction*float64(plan.Available) - float64(peak), plan, nil
+}
+
+// activationPeak runs one prefill forward pass of maxTokens tokens (in
+// sequences of at most maxModelLen tokens, every key in the one block of a
+// scratch cache: the values are garbage, the work and the buffers are
+// those of a real step) and the LM head on min(maxRows, maxTokens) rows,
+// and returns the allocator's high-water mark above the memory in use
+// before it.
+func activationPeak(dev *cuda.Backend, model models.Model, maxTokens, maxModelLen, maxRows, blockSize int) (uint64, error) {
+	before := dev.MemStats()
+	cache, err := model.NewKVCache(1, blockSize)
+	if err != nil {
+		return 0, err
+	}
+	h := models.HostBatch{BlockSize: blockSize}
+	for left := maxTokens; left > 0; {
+		n := min(left, max(maxModelLen, 1))
+		h.AddSequence(make([]int32, n), 0, make([]int32, (n+blockSize-1)/blockSize))
+		left -= n
+	}
+	fb, err := h.Upload(dev, 1)
+	if err != nil {
+		return 0, err
+	}
+	hidden, err := model.Forward(context.Background(), cache, fb)
+	if err != nil {
+		return 0, err
+	}
+	rows := make([]int32, min(maxRows, maxTokens))
+	for i := range rows {
+		rows[i] = int32(i)
+	}
+	rt, err := kernels.FromI32(dev, rows, len(rows))
+	if err != nil {
+		return 0, err
+	}
+	if _, err := model.ComputeLogits(hidden, rt); err != nil {
+		return 0, err
+	}
+	if err := dev.Sync(); err != nil {
+		return 0, err
+	}
+	after := dev.MemStats()
+	if after.Peak < before.InUse {
+		return 0, nil
+	}
+	return after.Peak - before.InUse, nil
+}
