@@ -18,10 +18,10 @@ import (
 	"github.com/deepinfer/deepinfer-go/kernels/cuda"
 )
 
-// The engine on the GPU with CUDA graphs on and off (and ZOS on): the same
-// greedy tokens for a request alone, and the agreement over 64 requests
-// whose decode batches pad to the captured sizes.
-func TestGPUEngineGraphs(t *testing.T) {
+// skipWithoutGPU skips t where no library or device can be opened (unless
+// cuda.LibraryEnv names a library, which must then work).
+func skipWithoutGPU(t *testing.T) {
+	t.Helper()
 	b, err := cuda.New(cuda.Options{})
 	if err != nil {
 		if os.Getenv(cuda.LibraryEnv) == "" && (errors.Is(err, cuda.ErrNoLibrary) || errors.Is(err, cuda.ErrNoDevice)) {
@@ -30,6 +30,13 @@ func TestGPUEngineGraphs(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.Close()
+}
+
+// The engine on the GPU with CUDA graphs on and off (and ZOS on): the same
+// greedy tokens for a request alone, and the agreement over 64 requests
+// whose decode batches pad to the captured sizes.
+func TestGPUEngineGraphs(t *testing.T) {
+	skipWithoutGPU(t)
 	dir := t.TempDir()
 	spec := random.Llama{Vocab: 512, Hidden: 256, Intermediate: 512, Layers: 4, Heads: 8, KVHeads: 2, HeadDim: 32,
 		MaxPositions: 1024, BOS: 1, EOS: 2}
@@ -118,14 +125,7 @@ pipeline:
 // (one request alone, and 32 requests whose decode batches pad to the
 // captured sizes), and the decode rate both ways.
 func TestGPUEngineGraphsDefaultModel(t *testing.T) {
-	b, err := cuda.New(cuda.Options{})
-	if err != nil {
-		if os.Getenv(cuda.LibraryEnv) == "" && (errors.Is(err, cuda.ErrNoLibrary) || errors.Is(err, cuda.ErrNoDevice)) {
-			t.Skipf("GPU test skipped: %v", err)
-		}
-		t.Fatal(err)
-	}
-	b.Close()
+	skipWithoutGPU(t)
 	dir, err := filepath.Abs("../../assets/deepseek-tiny")
 	if err != nil {
 		t.Fatal(err)
@@ -210,14 +210,7 @@ pipeline:
 // largest step: the measured peak holds at least that step's hidden states
 // and grows with max_num_batched_tokens, and the engine still generates.
 func TestGPUEngineMemoryPlan(t *testing.T) {
-	b, err := cuda.New(cuda.Options{})
-	if err != nil {
-		if os.Getenv(cuda.LibraryEnv) == "" && (errors.Is(err, cuda.ErrNoLibrary) || errors.Is(err, cuda.ErrNoDevice)) {
-			t.Skipf("GPU test skipped: %v", err)
-		}
-		t.Fatal(err)
-	}
-	b.Close()
+	skipWithoutGPU(t)
 	dir := t.TempDir()
 	spec := random.Llama{Vocab: 512, Hidden: 256, Intermediate: 512, Layers: 2, Heads: 8, KVHeads: 2, HeadDim: 32,
 		MaxPositions: 2048, BOS: 1, EOS: 2}
