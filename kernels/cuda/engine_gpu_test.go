@@ -32,6 +32,20 @@ func skipWithoutGPU(t *testing.T) {
 	b.Close()
 }
 
+// newLLM starts an engine from a YAML config; the caller closes it.
+func newLLM(t *testing.T, yaml string) *llm.LLM {
+	t.Helper()
+	cfg, err := config.Parse("gpu.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := llm.NewLLM(cfg, llm.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 // The engine on the GPU with CUDA graphs on and off (and ZOS on): the same
 // greedy tokens for a request alone, and the agreement over 64 requests
 // whose decode batches pad to the captured sizes.
@@ -68,14 +82,7 @@ pipeline:
   options:
     forward: {cuda_graph: {enabled: %v, batch_sizes: [1, 2, 4, 8, 16, 32, 64]}}
 `, dir, zos, graphs)
-		cfg, err := config.Parse("gpu.yaml", []byte(yaml))
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := llm.NewLLM(cfg, llm.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		l := newLLM(t, yaml)
 		defer l.Close()
 		start := time.Now()
 		res, err := l.Generate(context.Background(), ps, params, nil)
@@ -221,14 +228,7 @@ func TestGPUEngineMemoryPlan(t *testing.T) {
 		t.Helper()
 		yaml := fmt.Sprintf("model: %s\ndevice: cuda\ncache: {num_blocks: 0, block_size: 16, memory_fraction: 0.5}\n"+
 			"engine: {max_num_seqs: 16, max_num_batched_tokens: %d, max_model_len: 1024}\npipeline: {sample: greedy}\n", dir, tokens)
-		cfg, err := config.Parse("plan.yaml", []byte(yaml))
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := llm.NewLLM(cfg, llm.Options{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		l := newLLM(t, yaml)
 		defer l.Close()
 		p := engine.DefaultSamplingParams()
 		p.MaxTokens, p.IgnoreEOS = 4, true
