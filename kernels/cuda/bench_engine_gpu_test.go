@@ -423,16 +423,8 @@ func flushTimeline(b *testing.B, l *llm.LLM) {
 // with cuda.ProfileEnv=1 (nothing otherwise), largest first, and resets them.
 func logOpProfile(b *testing.B, ops kernels.Ops) {
 	b.Helper()
-	g, ok := ops.(*cuda.Backend)
-	if !ok {
-		return
-	}
-	prof, err := g.OpProfile(true)
-	if err != nil {
-		b.Errorf("op profile: %v", err)
-	}
-	for _, line := range cuda.FormatOpProfile(prof, 25) {
-		b.Logf("profile | %s", line)
+	if g, ok := ops.(*cuda.Backend); ok {
+		cuda.LogProfile(b, g)
 	}
 }
 

@@ -432,9 +432,9 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 	}
 	name := op
 	if b.prof != nil {
-		name = fmt.Sprintf("attention max_q=%d", m.MaxSeqlenQ)
-		if m.MaxSeqlenQ != 1 {
-			name = "attention prefill/mixed"
+		name = "attention prefill/mixed"
+		if m.MaxSeqlenQ == 1 {
+			name = "attention decode"
 		}
 	}
 	return b.launch(name, func() C.int {
