@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -240,6 +241,58 @@ func TestPureGoPath(t *testing.T) {
 				t.Errorf("%s: position %d: %s and %s differ", name, p, fast.Name(), slow.Name())
 				break
 			}
+		}
+	}
+}
+
+// uploadCounter counts the host-to-device copies a backend is asked for.
+type uploadCounter struct {
+	kernels.Ops
+	uploads int
+}
+
+func (u *uploadCounter) Upload(t kernels.Tensor, src []byte, dt kernels.DType) error {
+	u.uploads++
+	return u.Ops.Upload(t, src, dt)
+}
+
+// HostBatch.Upload sends a step's metadata in one copy and hands out each
+// array, with its shape, as a view of it (block tables padded with -1).
+func TestHostBatchUploadOneCopy(t *testing.T) {
+	ops := &uploadCounter{Ops: cpu.New(cpu.Options{Threads: 1})}
+	h := HostBatch{BlockSize: 4}
+	h.AddSequence([]int32{5, 6, 7}, 0, []int32{2})               // a 3-token prompt
+	h.AddSequence([]int32{9}, 6, []int32{0, 1})                  // a decode row after 6 cached tokens
+	h.AddSequence([]int32{11, 12, 13, 14, 15}, 0, []int32{3, 4}) // 5 tokens over two blocks
+	b, err := h.Upload(ops, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ops.uploads != 1 {
+		t.Errorf("%d uploads, want 1", ops.uploads)
+	}
+	for _, c := range []struct {
+		name  string
+		got   kernels.Tensor
+		want  []int32
+		shape []int
+	}{
+		{"input ids", b.InputIDs, h.InputIDs, []int{9}},
+		{"positions", b.Positions, h.Positions, []int{9}},
+		{"cu_seqlens_q", b.Attn.CuSeqlensQ, []int32{0, 3, 4, 9}, []int{4}},
+		{"seqlens_k", b.Attn.SeqlensK, []int32{3, 7, 5}, []int{3}},
+		{"block tables", b.Attn.BlockTables, []int32{2, -1, 0, 1, 3, 4}, []int{3, 2}},
+		{"slot mapping", b.Attn.SlotMapping, h.SlotMapping, []int{9}},
+	} {
+		if !slices.Equal(c.got.Shape(), c.shape) {
+			t.Errorf("%s: shape %v, want %v", c.name, c.got.Shape(), c.shape)
+		}
+		v, err := kernels.ToI32(ops, c.got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(v, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, v, c.want)
 		}
 	}
 }
