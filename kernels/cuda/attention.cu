@@ -403,6 +403,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 4)
 // in ascending order and writes the normalized output.
 __global__ void di_decode_combine_k(float *out, const float *part_acc, const float2 *part_ml, const int *cu,
                                     int num_heads, int head_dim, int nsplit) {
+	di_pdl_trigger(); // the next kernel (usually a GEMV) streams its weights meanwhile
 	di_pdl_wait();
 	__shared__ float w[DEC_MAX_SPLITS];
 	__shared__ float inv_l;
@@ -907,9 +908,11 @@ __global__ void __launch_bounds__(TC_THREADS)
 // di_prefill_attn_tc16_k is di_prefill_attn_tc_k for half caches: the key
 // and value tiles are copied into shared memory as they are stored, with
 // cp.async in two stages (tile i+1 in flight while tile i is computed), and
-// the B fragments are read with ldmatrix (transposed for V). Same tiling,
-// same products in the same order, so the bits equal di_prefill_attn_tc_k's
-// over the same half values. Shared memory: Q [TC_BQ][D+8] and two stages of
+// the B fragments are read with ldmatrix (transposed for V). A tile whose
+// every key is visible to every row of the warp skips the per-score
+// masking. Same tiling, same products in the same order, so the bits equal
+// di_prefill_attn_tc_k's over the same half values. (Two m16 tiles a warp,
+// 128-row blocks, measured slower: 146 vs 151 TFLOP/s at head size 64.) Shared memory: Q [TC_BQ][D+8] and two stages of
 // K and V [TC_BK][D+8] halves, plus the tiles' slots.
 
 __device__ __forceinline__ void di_ldmatrix_x4(uint32_t *r, const void *smem) {
@@ -958,20 +961,26 @@ __global__ void __launch_bounds__(TC_THREADS)
 	const int k_lo = window > 0 ? max(0, kl - ql + j0 + 1 - window) : 0;
 	const int t_first = k_lo / TC_BK * TC_BK;
 	const __half *kbase = kc + kvh * D, *vbase = vc + kvh * D;
-	// fetch looks up tile t0's slots into stage st and queues its copies.
+	// fetch looks up tile t0's slots into stage st and queues its copies; it
+	// returns nonzero when a key of the tile below k_hi has no valid slot.
 	auto fetch = [&](int t0, int st) {
 		int *sl = slots + st * TC_BK;
+		int bad = 0;
 		if (tid < TC_BK) {
 			int slot = -1;
 			const int t = t0 + tid;
 			if (t < k_hi) {
 				const int blk = block_tables[(size_t)s * max_blocks + t / block_size];
-				if (blk < 0 || blk >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
-				else slot = blk * block_size + t % block_size;
+				if (blk < 0 || blk >= num_blocks) {
+					atomicOr(check, DI_CHECK_ATTENTION);
+					bad = 1;
+				} else {
+					slot = blk * block_size + t % block_size;
+				}
 			}
 			sl[tid] = slot;
 		}
-		__syncthreads();
+		bad = __syncthreads_or(bad);
 		__half *kd = Kst + st * TC_BK * LQ, *vd = Vst + st * TC_BK * LQ;
 		for (int c = tid; c < TC_BK * CH; c += TC_THREADS) {
 			const int r = c / CH, e = (c - r * CH) * 8, slot = sl[r];
@@ -980,8 +989,9 @@ __global__ void __launch_bounds__(TC_THREADS)
 			di_cp_async16(vd + r * LQ + e, vbase + off, slot >= 0);
 		}
 		di_cp_async_commit();
+		return bad;
 	};
-	if (t_first < k_hi) fetch(t_first, 0);
+	int bad_cur = t_first < k_hi ? fetch(t_first, 0) : 0;
 	// Q: float32 rows of this head, rounded to half once.
 	for (int c = tid; c < TC_BQ * (D / 4); c += TC_THREADS) {
 		const int r = c / (D / 4), e = (c - r * (D / 4)) * 4;
@@ -1013,6 +1023,10 @@ __global__ void __launch_bounds__(TC_THREADS)
 	const int wr_last = min(warp * 16 + 15, nq - 1);
 	const int w_hi = warp * 16 < nq ? kl - ql + j0 + wr_last + 1 : 0;
 	const int w_lo = window > 0 ? max(0, kl - ql + j0 + warp * 16 + 1 - window) : 0;
+	// Every row of the warp sees keys [w_full_lo, w_full_hi) (empty unless
+	// all 16 rows are real): a tile inside it needs no masking.
+	const int w_full_hi = warp * 16 + 16 <= nq ? kl - ql + j0 + warp * 16 + 1 : 0;
+	const int w_full_lo = window > 0 ? max(0, w_hi - window) : 0;
 	float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.f, 0.f}, o[ND][4];
 #pragma unroll
 	for (int nd = 0; nd < ND; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
@@ -1021,8 +1035,9 @@ __global__ void __launch_bounds__(TC_THREADS)
 	int st = 0;
 	for (int t0 = t_first; t0 < k_hi; t0 += TC_BK, st ^= 1) {
 		const int n = min(TC_BK, k_hi - t0);
+		int bad_next = 0;
 		if (t0 + TC_BK < k_hi) {
-			fetch(t0 + TC_BK, st ^ 1);
+			bad_next = fetch(t0 + TC_BK, st ^ 1);
 			di_cp_async_wait<1>();
 		} else {
 			di_cp_async_wait<0>();
@@ -1030,6 +1045,8 @@ __global__ void __launch_bounds__(TC_THREADS)
 		__syncthreads(); // tile t0 has landed for every thread
 		const int *sl = slots + st * TC_BK;
 		const __half *Ks = Kst + st * TC_BK * LQ, *Vs = Vst + st * TC_BK * LQ;
+		const bool full = !bad_cur && n == TC_BK && t0 >= w_full_lo && t0 + TC_BK <= w_full_hi;
+		bad_cur = bad_next;
 		if (!(t0 >= w_hi || t0 + n <= w_lo)) {
 			float sc[8][4];
 #pragma unroll
@@ -1048,15 +1065,27 @@ __global__ void __launch_bounds__(TC_THREADS)
 #pragma unroll
 			for (int i = 0; i < 2; i++) {
 				float mx = -CUDART_INF_F;
+				if (full) {
 #pragma unroll
-				for (int nt = 0; nt < 8; nt++) {
+					for (int nt = 0; nt < 8; nt++) {
 #pragma unroll
-					for (int c = 0; c < 2; c++) {
-						const int kk = nt * 8 + 2 * t4 + c, t = t0 + kk;
-						const bool vis = kk < n && sl[kk] >= 0 && t >= first[i] && t < last[i];
-						const float v = vis ? sc[nt][2 * i + c] * scale_log2 : -CUDART_INF_F;
-						sc[nt][2 * i + c] = v;
-						mx = fmaxf(mx, v);
+						for (int c = 0; c < 2; c++) {
+							const float v = sc[nt][2 * i + c] * scale_log2;
+							sc[nt][2 * i + c] = v;
+							mx = fmaxf(mx, v);
+						}
+					}
+				} else {
+#pragma unroll
+					for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+						for (int c = 0; c < 2; c++) {
+							const int kk = nt * 8 + 2 * t4 + c, t = t0 + kk;
+							const bool vis = kk < n && sl[kk] >= 0 && t >= first[i] && t < last[i];
+							const float v = vis ? sc[nt][2 * i + c] * scale_log2 : -CUDART_INF_F;
+							sc[nt][2 * i + c] = v;
+							mx = fmaxf(mx, v);
+						}
 					}
 				}
 				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));

@@ -238,7 +238,7 @@ func TestGPUAttentionHalfCache(t *testing.T) {
 		t.Fatalf("KVCacheDType(F32) = %v, want F32", got)
 	}
 	const blockSize, numBlocks = 16, 300
-	seqs := [][2]int{{1, 700}, {100, 1000}, {1, 33}, {64, 64}}
+	seqs := [][2]int{{1, 700}, {100, 1000}, {1, 33}, {64, 64}, {300, 400}} // (query rows, keys)
 	for _, ap := range []kernels.AttentionParams{
 		{NumHeads: 32, NumKVHeads: 8, HeadDim: 64},
 		{NumHeads: 16, NumKVHeads: 4, HeadDim: 128, SlidingWindow: 300},

@@ -540,6 +540,7 @@ func decodeBench(b *testing.B, tiny bool, name string, raw []byte, mcfg *weights
 						b.Logf("engine | %s decode batch %d, context %d+%d, ZOS %s | %.0f tok/s (TPOT %.3f ms) | device step %.3f ms, forward %.3f ms = %s the floor %.3f ms (%.2f GB active weights%s / 4.2 TB/s; KV read %.2f GB more) | device idle between decode steps %s (%d pairs)%s",
 							name, batch, promptLen, newTokens, onOff(zos), wall, millis(f.tpot), millis(d.MeanSpan()), millis(d.MeanBusy()), ratio,
 							millis(floor), active/1e9, expertNote, kv/1e9, pct(d), d.N, timelineNote(f.dev))
+						logOpProfile(b, l.Backend())
 					}
 				})
 			}

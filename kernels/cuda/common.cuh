@@ -90,15 +90,28 @@ __device__ __forceinline__ void di_load8(const __half *p, float *o) {
 // di_pdl_wait is the first statement of every kernel that di_launch starts:
 // it waits until the grids the kernel depends on have finished and their
 // writes are visible (at once when there are none, or when the kernel was
-// launched the ordinary way). Nothing before it may touch global memory, so
-// a kernel launched early cannot read inputs, nor overwrite buffers, that its
-// predecessor still uses. The next kernel is scheduled as this one's blocks
-// exit (the implicit trigger): an explicit launch_dependents right after the
-// wait measured no better at batch 1 (0.942 vs 0.941 ms a Llama-3.2-1B
-// step) and worse in the engine at batch 32 (17.0k vs 17.6k tok/s).
+// launched the ordinary way). Nothing before it may touch global memory
+// other than reading weights (which no kernel writes), so a kernel launched
+// early cannot read inputs, nor overwrite buffers, that its predecessor
+// still uses. The next kernel is scheduled as this one's blocks exit (the
+// implicit trigger) unless the kernel calls di_pdl_trigger: an explicit
+// launch_dependents in every kernel measured no better at batch 1 (0.942 vs
+// 0.941 ms a Llama-3.2-1B step) and worse in the engine at batch 32 (17.0k
+// vs 17.6k tok/s) while no kernel had work to do before its wait.
 __device__ __forceinline__ void di_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 	asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// di_pdl_trigger lets the next kernel on the stream (when di_launch started
+// it) be scheduled now rather than as this kernel's blocks exit. Called
+// first thing by the small kernels whose successor is usually a GEMV, which
+// streams its weights before its own di_pdl_wait; the successor still
+// waits for this kernel's completion before it reads what it writes.
+__device__ __forceinline__ void di_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 

@@ -78,6 +78,7 @@ __device__ __forceinline__ float di_rms_scale(double sum_sq, int n, float eps) {
 // One block per row. With a residual: residual += x first. Each thread
 // touches the same columns in every pass, so out may alias x.
 __global__ void di_rms_norm_k(float *out, float *residual, const float *x, const float *w, int n, float eps) {
+	di_pdl_trigger(); // the next kernel (usually a GEMV) streams its weights meanwhile
 	di_pdl_wait();
 	__shared__ double red[32];
 	const size_t row = blockIdx.x;
@@ -189,19 +190,14 @@ template <typename W> __device__ __forceinline__ void di_unpack8(const di_chunk8
 template <typename W, bool SPLIT, int R>
 __global__ void __launch_bounds__(GEMVB_THREADS, 2)
     di_gemv_block_k(float *out, const float *x, const W *w, const float *bias, int m, int n, int k) {
-	di_pdl_wait();
-	constexpr int C = GEMVB_COLS, NW = GEMVB_THREADS / 32;
+	constexpr int C = GEMVB_COLS, NW = GEMVB_THREADS / 32, STRIDE = GEMVB_THREADS * 8 * GEMVB_UNROLL;
 	__shared__ float red[NW][C * R * (SPLIT ? 2 : 1)];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int j0 = blockIdx.x * C;
 	const int ncol = n - j0 < C ? n - j0 : C;
-	float acc[C][R], lo[C][R];
-#pragma unroll
-	for (int c = 0; c < C; c++)
-#pragma unroll
-		for (int r = 0; r < R; r++) acc[c][r] = lo[c][r] = 0.f;
-	for (int base = tid * 8; base < k; base += GEMVB_THREADS * 8 * GEMVB_UNROLL) {
-		di_chunk8<W> raw[GEMVB_UNROLL][C];
+	di_chunk8<W> raw[GEMVB_UNROLL][C];
+	// load queues the weight chunks of the stride starting at base.
+	auto load = [&](int base) {
 #pragma unroll
 		for (int u = 0; u < GEMVB_UNROLL; u++) {
 			const int i = base + u * GEMVB_THREADS * 8;
@@ -209,6 +205,20 @@ __global__ void __launch_bounds__(GEMVB_THREADS, 2)
 			for (int c = 0; c < C; c++)
 				if (i < k && c < ncol) di_ldcs8(raw[u][c], w + (size_t)(j0 + c) * k + i);
 		}
+	};
+	// The weights are never written by a kernel, so the first stride is
+	// loaded before the wait: launched early, the block streams its weights
+	// while the kernel producing x finishes (the norms, silu_mul and the
+	// decode merge trigger their dependents at their start for this).
+	load(tid * 8);
+	di_pdl_wait();
+	float acc[C][R], lo[C][R];
+#pragma unroll
+	for (int c = 0; c < C; c++)
+#pragma unroll
+		for (int r = 0; r < R; r++) acc[c][r] = lo[c][r] = 0.f;
+	for (int base = tid * 8; base < k; base += STRIDE) {
+		if (base != tid * 8) load(base);
 #pragma unroll
 		for (int u = 0; u < GEMVB_UNROLL; u++) {
 			const int i = base + u * GEMVB_THREADS * 8;
@@ -403,6 +413,7 @@ __device__ __forceinline__ float di_silu(float x) { return x / (1.f + expf(-x));
 // loads when n is a multiple of 4): no integer division per element, and
 // four elements of gate and up in flight per thread.
 __global__ void di_silu_mul_k(float *out, const float *gate_up, int rows, int n) {
+	di_pdl_trigger(); // the next kernel (usually a GEMV) streams its weights meanwhile
 	di_pdl_wait();
 	const int j = (blockIdx.x * blockDim.x + threadIdx.x) * 4;
 	if (j >= n) return;
@@ -704,6 +715,7 @@ extern "C" int di_op_resolve_placeholders(di_ctx *ctx, di_dptr ids, di_dptr from
 // rms_norm) into a float32 buffer that then goes through the linear path.
 __global__ void di_gather_norm_k(float *dst, const float *hidden, const int *rows, int num_hidden, const float *norm,
                                  int dim, float eps, unsigned *check) {
+	di_pdl_trigger(); // the next kernel (usually a GEMV) streams its weights meanwhile
 	di_pdl_wait();
 	__shared__ double red[32];
 	const int r = blockIdx.x;
