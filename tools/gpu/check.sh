@@ -8,7 +8,10 @@
 # Go is not needed there. Here (with Go), build the binaries into a folder
 # that git ignores (DIR, default .gpu-cuda):
 #
-#   tools/gpu/check.sh prepare [DIR]      # DIR/cuda.test.gz, DIR/deepinfer.gz
+#   tools/gpu/check.sh prepare [DIR] [REV...]  # DIR/cuda.test.gz, DIR/deepinfer.gz
+#
+# (each REV, a git revision, also puts its csrc/ and kernels/cuda/ in
+# DIR/ab/<REV>/ for the ab phase),
 #
 # then carry DIR to the GPU machine and run, from the repository root:
 #
@@ -46,6 +49,15 @@
 #   bench   the kernel and model benchmarks of bench_gpu_test.go
 #           (Llama-3.2-1B decode and prefill steps, single ops), 10x each;
 #           BENCH (default GPU) is the -test.bench pattern.
+#   ab      the same benchmarks over several builds of the library in one
+#           call, on one machine: each revision given to prepare is built
+#           (DIR/ab/<REV>.so), then AB_ROUNDS rounds (default 2) run
+#           AB_BENCH (default GPUDecodeLlama1B; AB_BENCHTIME, default 3x)
+#           against every revision and the working tree's library
+#           ("current", from the build phase), alternating; the figures
+#           are listed by library (ab.log). Machines differ by 1-2% from one
+#           call to the next, so compare builds inside one call. The
+#           revisions must share the working tree's C ABI (DI_ABI_VERSION).
 #   profile the backend's per-operation device profile (DEEPINFER_CUDA_PROFILE=1,
 #           eager work only: the engine benchmarks run without graphs) over
 #           the benchmarks PROFILE_BENCH (default GPUDecodeLlama1B/batch=1):
@@ -55,11 +67,11 @@
 # what is left (and skipped under 15 s), so the table always comes. Phase
 # limits, in seconds: BUILD_TIMEOUT 120, TESTS_TIMEOUT 120, E2E_TIMEOUT 30
 # (each of three runs), PARITY_MAKE_TIMEOUT 180, PARITY_TEST_TIMEOUT 120,
-# ENGINE_TIMEOUT 240, BENCH_TIMEOUT 120, PROFILE_TIMEOUT 120.
+# ENGINE_TIMEOUT 240, BENCH_TIMEOUT 120, PROFILE_TIMEOUT 120, AB_TIMEOUT 240.
 #
 # Logs in $OUT (default /tmp/gpu-check): gpu.txt, build.log, tests.log,
 # gen_*.txt, make_fixtures.log, parity.log, engine.log, bench.log, profile.log,
-# profile_ops.txt. The -test.bench patterns (BENCH, ENGINE_BENCH,
+# profile_ops.txt, ab.log, ab_build_<REV>.log. The -test.bench patterns (BENCH, ENGINE_BENCH,
 # PROFILE_BENCH) are Go's: a slash separates sub-benchmark levels.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -77,6 +89,13 @@ if [[ ${1:-} == prepare ]]; then
 	CGO_ENABLED=1 go test -c -ldflags='-s -w' -o "$dir/cuda.test" ./kernels/cuda
 	CGO_ENABLED=1 go build -ldflags='-s -w' -o "$dir/deepinfer" ./cmd/deepinfer
 	gzip -9f "$dir/cuda.test" "$dir/deepinfer"
+	rm -rf "$dir/ab"
+	for rev in "${@:3}"; do
+		label=${rev//[^A-Za-z0-9._-]/_}
+		mkdir -p "$dir/ab/$label"
+		git archive "$rev" csrc kernels/cuda | tar -x -C "$dir/ab/$label"
+		echo "ab variant $label: $(git rev-parse --short "$rev")"
+	done
 	ls -l "$dir"
 	echo "carry $dir, and run on the GPU machine: tools/gpu/check.sh $dir"
 	exit 0
@@ -90,9 +109,9 @@ budget=${TOTAL_BUDGET:-470}
 t_start=$(date +%s)
 for p in ${phases//,/ }; do
 	case $p in
-	build | tests | e2e | parity | engine | bench | profile) ;;
+	build | tests | e2e | parity | engine | bench | profile | ab) ;;
 	*)
-		echo "check.sh: unknown phase $p in PHASES=$phases: want build, tests, e2e, parity, engine, bench, profile" >&2
+		echo "check.sh: unknown phase $p in PHASES=$phases: want build, tests, e2e, parity, engine, bench, profile, ab" >&2
 		exit 2
 		;;
 	esac
@@ -248,6 +267,47 @@ phase_profile() {
 	status[profile]="rc=$rc, $(wc -l <"$logs/profile_ops.txt") profile lines"
 }
 
+# figures matches the benchmark lines the table shows.
+figures='loaded on|decode batch|prefill [0-9]|linear |attention decode|attention prefill|skinny [0-9]+x[0-9]+ rows [148]:|engine \||FAIL|panic'
+
+phase_ab() {
+	local t t0 rc=0 v label so round labels=() pids=()
+	t=$(limit "${AB_TIMEOUT:-240}")
+	((t == 0)) && { status[ab]="skipped: out of time"; return; }
+	need_test || { status[ab]="FAILED: prerequisites missing"; return; }
+	if [[ ! -d $dir/ab ]]; then
+		status[ab]="FAILED: no variants: here, tools/gpu/check.sh prepare $dir REV..."
+		return
+	fi
+	t0=$(date +%s)
+	for v in "$dir"/ab/*/; do
+		v=${v%/}
+		label=${v##*/}
+		timeout "$t" "$v/csrc/build.sh" "$root/$dir/ab/$label.so" >"$logs/ab_build_$label.log" 2>&1 &
+		pids+=($!)
+		labels+=("$label")
+	done
+	for v in "${pids[@]}"; do wait "$v" || rc=1; done
+	if ((rc != 0)); then
+		status[ab]="FAILED: a variant did not build (ab_build_*.log)"
+		return
+	fi
+	labels+=(current)
+	: >"$logs/ab.log"
+	for round in $(seq "${AB_ROUNDS:-2}"); do
+		for label in "${labels[@]}"; do
+			so=$root/$dir/ab/$label.so
+			[[ $label == current ]] && so=$lib
+			local left=$((t - ($(date +%s) - t0)))
+			((left < 15)) && { status[ab]="cut: out of time in round $round"; return; }
+			(cd kernels/cuda && DEEPINFER_CUDA_LIB=$so timeout "$left" "$root/$dir/cuda.test" -test.run XXX \
+				-test.bench "${AB_BENCH:-GPUDecodeLlama1B}" -test.benchtime "${AB_BENCHTIME:-3x}" -test.v) 2>&1 |
+				grep -E "$figures" | sed 's/^ *//; s/^[a-z_]*_test\.go:[0-9]*: //' | sed "s/^/$label r$round | /" >>"$logs/ab.log"
+		done
+	done
+	status[ab]="rc=0, ${#labels[@]} libraries x ${AB_ROUNDS:-2} rounds"
+}
+
 for p in ${phases//,/ }; do
 	echo "== $p ($(($(date +%s) - t_start))s in)"
 	t0=$(date +%s)
@@ -291,7 +351,7 @@ if [[ -f $logs/engine.log ]]; then
 fi
 if [[ -f $logs/bench.log ]]; then
 	echo "-- kernel and model benchmarks (Llama-3.2-1B shape)"
-	grep -E 'loaded on|decode batch|prefill [0-9]|linear |attention decode|attention prefill|skinny [0-9]+x[0-9]+ rows [148]:|FAIL|panic' "$logs/bench.log" | strip | awk '!seen[$0]++'
+	grep -E "$figures" "$logs/bench.log" | grep -v 'engine |' | strip | awk '!seen[$0]++'
 	grep -h 'profile |' "$logs/bench.log" | strip | head -50
 fi
 if [[ -f $logs/gen_cuda.txt ]]; then
@@ -301,6 +361,10 @@ if [[ -f $logs/gen_cuda.txt ]]; then
 		[[ -f $f ]] || continue
 		printf '%-11s %s | %s\n' "$run" "$(grep -oE 'decode [0-9.]+ tok/s' "$f" | head -1)" "$(grep -oE 'device (idle between steps|timeline off)[^|]*' "$f" | head -1)"
 	done
+fi
+if [[ -f $logs/ab.log ]]; then
+	echo "-- A/B (${AB_BENCH:-GPUDecodeLlama1B}; libraries alternated on this machine, grouped by library)"
+	sort -s -t'|' -k1,1 "$logs/ab.log" | cut -c1-200
 fi
 if [[ -f $logs/profile_ops.txt ]]; then
 	echo "-- device time per operation (${PROFILE_BENCH:-GPUDecodeLlama1B/batch=1}, eager)"
