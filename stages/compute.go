@@ -209,6 +209,9 @@ func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResu
 	if g != nil {
 		if err = g.graph.Replay(); err == nil {
 			hidden = g.hidden
+			if f.rt.Stats != nil {
+				f.rt.Stats.GraphSteps.Add(1)
+			}
 		}
 	} else {
 		hidden, err = f.rt.Model.Forward(ctx, f.rt.Cache, step.Batch)

@@ -73,7 +73,7 @@ func graphTestRuntime(t *testing.T, dir string, withGraphs bool) (*Runtime, *fak
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt := &Runtime{Model: m, Ops: c, Cache: cache, ZOS: NewMetadataZOS()}
+	rt := &Runtime{Model: m, Ops: c, Cache: cache, ZOS: NewMetadataZOS(), Stats: &Stats{}}
 	var fake *fakeGraphOps
 	if withGraphs {
 		fake = &fakeGraphOps{Ops: c}
@@ -198,6 +198,12 @@ func TestForwardGraphsMatchEager(t *testing.T) {
 	}
 	if fake.replays != wantReplays {
 		t.Errorf("%d graph replays, want %d", fake.replays, wantReplays)
+	}
+	if got := graphed.Stats.GraphSteps.Load(); got != int64(wantReplays) {
+		t.Errorf("Stats.GraphSteps = %d, want %d", got, wantReplays)
+	}
+	if got := eager.Stats.GraphSteps.Load(); got != 0 {
+		t.Errorf("eager runtime: Stats.GraphSteps = %d, want 0", got)
 	}
 	for l := range eager.Cache.K {
 		for _, pair := range [][2]kernels.Tensor{{eager.Cache.K[l], graphed.Cache.K[l]}, {eager.Cache.V[l], graphed.Cache.V[l]}} {

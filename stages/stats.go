@@ -19,6 +19,7 @@ type Stats struct {
 	ExposedNanos  atomic.Int64 // the part of each gap that is not sampling: host time the device waits for
 	Gaps          atomic.Int64 // gaps measured (steps after the first of a busy period)
 	Placeholders  atomic.Int64 // inputs resolved from the previous step on the backend (ZOS)
+	GraphSteps    atomic.Int64 // steps the forward stage served by replaying a captured graph
 	SampleNanos   atomic.Int64 // sampling work (device work in the design: it sits between two forwards)
 	lastSample    atomic.Int64 // the latest step's sampling work, in nanoseconds
 	PostWaitNanos atomic.Int64 // time sampling waited for the previous step's post-processing

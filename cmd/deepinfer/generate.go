@@ -308,8 +308,12 @@ func statsLine(l *llm.LLM, wall time.Duration) string {
 	if d := deviceIdle(st.DeviceTimes()); d != "" {
 		device = " | " + d
 	}
-	return fmt.Sprintf("stats: %.2fs, %d steps | prefill %.1f tok/s, decode %.1f tok/s | host time exposed between forwards %s (ZOS %s)%s | running %d, waiting %d | KV %.1f%% of %d blocks | preemptions %d | prefix cache %d/%d tokens | %.2f GFLOP/s in forward, %s (%s)",
-		secs, st.Steps.Load(),
+	steps := fmt.Sprintf("%d steps", st.Steps.Load())
+	if g := st.GraphSteps.Load(); g > 0 {
+		steps += fmt.Sprintf(" (%d on CUDA graphs)", g)
+	}
+	return fmt.Sprintf("stats: %.2fs, %s | prefill %.1f tok/s, decode %.1f tok/s | host time exposed between forwards %s (ZOS %s)%s | running %d, waiting %d | KV %.1f%% of %d blocks | preemptions %d | prefix cache %d/%d tokens | %.2f GFLOP/s in forward, %s (%s)",
+		secs, steps,
 		float64(st.PrefillTokens.Load())/secs, float64(st.DecodeTokens.Load())/secs,
 		st.MeanExposedHost().Round(time.Microsecond), zos, device, ss.NumRunning, ss.NumWaiting, 100*ss.BlockUsage, ss.NumBlocks, ss.NumPreemptions,
 		ss.PrefixCache.NumHitTokens, ss.PrefixCache.NumQueryTokens, gflops, mfu, l.Backend().Name())

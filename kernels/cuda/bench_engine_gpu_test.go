@@ -456,6 +456,9 @@ func timelineNote(d stages.DeviceTimes) string {
 type decodeFigures struct {
 	tpot time.Duration // mean time per output token after the first
 	dev  stages.DeviceTimes
+	// steps and graphSteps count the run's steps and those served by a
+	// captured graph (Stats.GraphSteps).
+	steps, graphSteps int64
 }
 
 func decodeRun(b *testing.B, l *llm.LLM, batch, promptLen, newTokens int, seed uint64) decodeFigures {
@@ -473,7 +476,8 @@ func decodeRun(b *testing.B, l *llm.LLM, batch, promptLen, newTokens int, seed u
 	p := engine.DefaultSamplingParams()
 	s := int64(seed)
 	p.Temperature, p.MaxTokens, p.IgnoreEOS, p.Seed = 0.6, newTokens, true, &s
-	before := l.StepStats().DeviceTimes()
+	st := l.StepStats()
+	before, steps0, graphs0 := st.DeviceTimes(), st.Steps.Load(), st.GraphSteps.Load()
 	res, err := l.Generate(context.Background(), prompts, p, nil)
 	if err != nil {
 		b.Fatal(err)
@@ -490,7 +494,8 @@ func decodeRun(b *testing.B, l *llm.LLM, batch, promptLen, newTokens int, seed u
 		}
 		sum += (o.Latency - o.TTFT) / time.Duration(newTokens-1)
 	}
-	return decodeFigures{tpot: sum / time.Duration(batch), dev: l.StepStats().DeviceTimes().Sub(before)}
+	return decodeFigures{tpot: sum / time.Duration(batch), dev: st.DeviceTimes().Sub(before),
+		steps: st.Steps.Load() - steps0, graphSteps: st.GraphSteps.Load() - graphs0}
 }
 
 // decodeBench runs decodeRun at each batch size with ZOS as given and logs
@@ -537,9 +542,9 @@ func decodeBench(b *testing.B, tiny bool, name string, raw []byte, mcfg *weights
 						if d.N > 0 {
 							ratio = fmt.Sprintf("%.2fx", float64(d.MeanBusy())/float64(floor))
 						}
-						b.Logf("engine | %s decode batch %d, context %d+%d, ZOS %s | %.0f tok/s (TPOT %.3f ms) | device step %.3f ms, forward %.3f ms = %s the floor %.3f ms (%.2f GB active weights%s / 4.2 TB/s; KV read %.2f GB more) | device idle between decode steps %s (%d pairs)%s",
+						b.Logf("engine | %s decode batch %d, context %d+%d, ZOS %s | %.0f tok/s (TPOT %.3f ms) | device step %.3f ms, forward %.3f ms = %s the floor %.3f ms (%.2f GB active weights%s / 4.2 TB/s; KV read %.2f GB more) | device idle between decode steps %s (%d pairs)%s | %d of %d steps on CUDA graphs",
 							name, batch, promptLen, newTokens, onOff(zos), wall, millis(f.tpot), millis(d.MeanSpan()), millis(d.MeanBusy()), ratio,
-							millis(floor), active/1e9, expertNote, kv/1e9, pct(d), d.N, timelineNote(f.dev))
+							millis(floor), active/1e9, expertNote, kv/1e9, pct(d), d.N, timelineNote(f.dev), f.graphSteps, f.steps)
 						logOpProfile(b, l.Backend())
 					}
 				})
