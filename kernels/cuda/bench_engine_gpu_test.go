@@ -605,7 +605,8 @@ func BenchmarkGPUEngineOfflineQwen3(b *testing.B) {
 				tiny: tiny, name: name, raw: raw, cfg: mcfg, w: w})
 			defer l.Close()
 			for range b.N {
-				before := l.StepStats().DeviceTimes()
+				st := l.StepStats()
+				before, steps0, graphs0 := st.DeviceTimes(), st.Steps.Load(), st.GraphSteps.Load()
 				r, err := bench.RunOffline(context.Background(), l, opts)
 				if err != nil {
 					b.Fatal(err)
@@ -621,9 +622,10 @@ func BenchmarkGPUEngineOfflineQwen3(b *testing.B) {
 				if f, ok := dev.Decode.IdleFraction(); ok {
 					b.ReportMetric(100*f, "decode-idle-%")
 				}
-				b.Logf("engine | %s offline %d requests, ZOS %s | output %.0f tok/s, total %.0f tok/s (%d in + %d out tokens in %.2f s) | device idle between decode steps %s of %.3f ms/step (%d pairs), all steps %s%s | goals: output > 30000 tok/s, idle < 2%% with ZOS",
+				b.Logf("engine | %s offline %d requests, ZOS %s | output %.0f tok/s, total %.0f tok/s (%d in + %d out tokens in %.2f s) | device idle between decode steps %s of %.3f ms/step (%d pairs), all steps %s%s | %d of %d steps on CUDA graphs | goals: output > 30000 tok/s, idle < 2%% with ZOS",
 					name, r.NumRequests, onOff(zos), r.OutputThroughput, r.TotalThroughput, r.TotalInputTokens, r.TotalOutputTokens, r.DurationSeconds,
-					pct(dev.Decode), millis(dev.Decode.MeanSpan()), dev.Decode.N, pct(dev.All), timelineNote(dev))
+					pct(dev.Decode), millis(dev.Decode.MeanSpan()), dev.Decode.N, pct(dev.All), timelineNote(dev),
+					st.GraphSteps.Load()-graphs0, st.Steps.Load()-steps0)
 			}
 		})
 	}
