@@ -921,8 +921,9 @@ __global__ void __launch_bounds__(TC_THREADS)
 // every key is visible to every row of the warp skips the per-score
 // masking. Same tiling, same products in the same order, so the bits equal
 // di_prefill_attn_tc_k's over the same half values. (Two m16 tiles a warp,
-// 128-row blocks, measured slower: 146 vs 151 TFLOP/s at head size 64.) Shared memory: Q [TC_BQ][D+8] and two stages of
-// K and V [TC_BK][D+8] halves, plus the tiles' slots.
+// 128-row blocks, measured slower: 146 vs 151 TFLOP/s at head size 64.)
+// Shared memory: Q [TC_BQ][D+8] and two stages of K and V [TC_BK][D+8]
+// halves, plus the tiles' slots.
 
 __device__ __forceinline__ void di_ldmatrix_x4(uint32_t *r, const void *smem) {
 	const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
