@@ -87,8 +87,8 @@ __device__ __forceinline__ void di_load8(const __half *p, float *o) {
 
 // ---------------------------------------------------------------- programmatic dependent launch
 
-// di_pdl_wait is the first statement of every kernel that di_launch starts:
-// it waits until the grids the kernel depends on have finished and their
+// di_pdl_wait is called by every kernel that di_launch starts, before it
+// touches its inputs or outputs: it waits until the grids the kernel depends on have finished and their
 // writes are visible (at once when there are none, or when the kernel was
 // launched the ordinary way). Nothing before it may touch global memory
 // other than reading weights (which no kernel writes), so a kernel launched
@@ -119,7 +119,7 @@ __device__ __forceinline__ void di_pdl_trigger() {
 // allowing it (when ctx->pdl, $DEEPINFER_CUDA_PDL) to be scheduled while the
 // previous kernel on the stream finishes: its launch latency and ramp-up
 // overlap that kernel's tail, in eager streams and in captured graphs alike.
-// kernel must begin with di_pdl_wait. Errors surface in di_check_launch.
+// kernel must call di_pdl_wait as di_pdl_wait says. Errors surface in di_check_launch.
 template <typename... KArgs, typename... Args>
 static inline void di_launch(di_ctx *ctx, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
                              Args &&...args) {
