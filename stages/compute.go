@@ -121,7 +121,17 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 			}
 		}
 	}
-	batch, err := h.Upload(p.rt.Ops, p.rt.Cache.NumBlocks)
+	// The placeholders' source rows and the rows that sample go up with the
+	// batch, in one copy.
+	var extra [][]int32
+	if placeholders {
+		extra = append(extra, fromRow)
+	}
+	all := append(sampleRows, promptRowIdx...)
+	if len(all) > 0 {
+		extra = append(extra, all)
+	}
+	batch, views, err := h.UploadWith(p.rt.Ops, p.rt.Cache.NumBlocks, extra...)
 	if err != nil {
 		return nil, fmt.Errorf("prepare: step %d: %w", step.Outputs.StepID, err)
 	}
@@ -129,14 +139,10 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 	if placeholders {
 		// Resolved by the forward stage right before it runs, as a device
 		// stream would: step N's tokens may still be being sampled.
-		if out.FromRow, err = kernels.FromI32(p.rt.Ops, fromRow, len(fromRow)); err != nil {
-			return nil, fmt.Errorf("prepare: step %d: %w", step.Outputs.StepID, err)
-		}
+		out.FromRow, views = views[0], views[1:]
 	}
-	if all := append(sampleRows, promptRowIdx...); len(all) > 0 {
-		if out.SampleRows, err = kernels.FromI32(p.rt.Ops, all, len(all)); err != nil {
-			return nil, fmt.Errorf("prepare: step %d: %w", step.Outputs.StepID, err)
-		}
+	if len(all) > 0 {
+		out.SampleRows = views[0]
 	}
 	return out, nil
 }

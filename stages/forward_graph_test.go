@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -243,5 +244,60 @@ func TestForwardGraphsErrors(t *testing.T) {
 	fake.failWith = boom
 	if _, err := newDecodeGraphs(rt, []int{1, 2}); !errors.Is(err, boom) || !strings.Contains(err.Error(), "batch size 1") {
 		t.Errorf("a failing capture: %v", err)
+	}
+}
+
+// uploadCounting counts the host-to-device copies the stages ask for.
+type uploadCounting struct {
+	kernels.Ops
+	uploads int
+}
+
+func (u *uploadCounting) Upload(t kernels.Tensor, src []byte, dt kernels.DType) error {
+	u.uploads++
+	return u.Ops.Upload(t, src, dt)
+}
+
+// A step's metadata, its placeholders' source rows and its sample rows (and
+// prompt-logprob rows) reach the backend in one copy.
+func TestPrepareOneUpload(t *testing.T) {
+	dir := t.TempDir()
+	if err := random.WriteLlama(dir, random.TinyLlama, 11); err != nil {
+		t.Fatal(err)
+	}
+	rt, _ := graphTestRuntime(t, dir, false)
+	counting := &uploadCounting{Ops: rt.Ops}
+	rt.Ops = counting
+	a := engine.SequenceMetadata{SeqID: 1, RequestID: "a", SeqlenQ: 1, SeqlenK: 5, PosStart: 4,
+		InputTokenIDs: []int{engine.PlaceholderToken}, InputFromRow: 1, BlockTable: []int{0, 1},
+		Sample: true, SampleRow: 0}
+	b := engine.SequenceMetadata{SeqID: 2, RequestID: "b", SeqlenQ: 3, SeqlenK: 3, PosStart: 0,
+		InputTokenIDs: []int{7, 8, 9}, TokenIDs: []int{7, 8, 9}, InputFromRow: -1, BlockTable: []int{2},
+		Prefill: true, Sample: true, SampleRow: 1, PromptLogprobsFrom: 0, PromptLogprobsTo: 2}
+	step := &ScheduledStep{Outputs: &engine.SchedulerOutputs{StepID: 3, NumSampleRows: 2, NumBatchedTokens: 4},
+		Seqs: []engine.SequenceMetadata{a, b}}
+	prep, err := (&prepare{rt: rt}).Process(context.Background(), step)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if counting.uploads != 1 {
+		t.Errorf("%d uploads for one step, want 1", counting.uploads)
+	}
+	for _, c := range []struct {
+		name string
+		got  kernels.Tensor
+		want []int32
+	}{
+		{"input ids", prep.Batch.InputIDs, []int32{int32(engine.PlaceholderToken), 7, 8, 9}},
+		{"from rows", prep.FromRow, []int32{1, -1, -1, -1}},
+		{"sample rows, then prompt-logprob rows", prep.SampleRows, []int32{0, 3, 1, 2}},
+	} {
+		v, err := kernels.ToI32(rt.Ops, c.got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(v, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, v, c.want)
+		}
 	}
 }

@@ -248,8 +248,16 @@ func (h *HostBatch) Validate(numBlocks int) error {
 
 // Upload validates h and copies it into backend memory.
 func (h *HostBatch) Upload(ops kernels.Ops, numBlocks int) (*ForwardBatch, error) {
+	b, _, err := h.UploadWith(ops, numBlocks)
+	return b, err
+}
+
+// UploadWith is Upload that also sends the caller's own I32 arrays (a
+// step's other per-row metadata) in the same copy: it returns one
+// one-dimensional tensor per array of extra, views of the same buffer.
+func (h *HostBatch) UploadWith(ops kernels.Ops, numBlocks int, extra ...[]int32) (*ForwardBatch, []kernels.Tensor, error) {
 	if err := h.Validate(numBlocks); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	n, t := len(h.SeqlensK), len(h.InputIDs)
 	maxBlocks, maxQ, maxK := 1, 0, 0
@@ -267,21 +275,26 @@ func (h *HostBatch) Upload(ops kernels.Ops, numBlocks int) (*ForwardBatch, error
 	}
 	b := &ForwardBatch{NumTokens: t, Attn: kernels.AttentionMetadata{
 		NumSeqs: n, NumTokens: t, MaxSeqlenQ: maxQ, MaxSeqlenK: maxK, BlockSize: h.BlockSize}}
-	// The six arrays travel in one host-to-device copy: packed into one I32
-	// buffer, each starting on a 16-byte boundary, and handed out as views
-	// of it. Separate copies cost the device a few microseconds each between
-	// two steps.
-	parts := []struct {
+	// The six arrays (and extra) travel in one host-to-device copy: packed
+	// into one I32 buffer, each starting on a 16-byte boundary, and handed
+	// out as views of it. Separate copies cost the device a few
+	// microseconds each between two steps.
+	type part struct {
 		xs    []int32
 		shape []int
 		dst   *kernels.Tensor
-	}{
+	}
+	parts := []part{
 		{h.InputIDs, []int{t}, &b.InputIDs},
 		{h.Positions, []int{t}, &b.Positions},
 		{h.CuSeqlensQ, []int{n + 1}, &b.Attn.CuSeqlensQ},
 		{h.SeqlensK, []int{n}, &b.Attn.SeqlensK},
 		{tables, []int{n, maxBlocks}, &b.Attn.BlockTables},
 		{h.SlotMapping, []int{t}, &b.Attn.SlotMapping},
+	}
+	extras := make([]kernels.Tensor, len(extra))
+	for i, xs := range extra {
+		parts = append(parts, part{xs, []int{len(xs)}, &extras[i]})
 	}
 	offsets, total := make([]int, len(parts)), 0
 	for i, p := range parts {
@@ -294,7 +307,7 @@ func (h *HostBatch) Upload(ops kernels.Ops, numBlocks int) (*ForwardBatch, error
 	}
 	flat, err := kernels.FromI32(ops, packed, total)
 	if err != nil {
-		return nil, fmt.Errorf("models: upload batch: %w", err)
+		return nil, nil, fmt.Errorf("models: upload batch: %w", err)
 	}
 	for i, p := range parts {
 		rows, err := ops.Rows(flat, offsets[i], offsets[i]+len(p.xs))
@@ -302,8 +315,8 @@ func (h *HostBatch) Upload(ops kernels.Ops, numBlocks int) (*ForwardBatch, error
 			*p.dst, err = ops.Reshape(rows, p.shape...)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("models: upload batch: %w", err)
+			return nil, nil, fmt.Errorf("models: upload batch: %w", err)
 		}
 	}
-	return b, nil
+	return b, extras, nil
 }

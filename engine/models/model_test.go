@@ -256,20 +256,24 @@ func (u *uploadCounter) Upload(t kernels.Tensor, src []byte, dt kernels.DType) e
 	return u.Ops.Upload(t, src, dt)
 }
 
-// HostBatch.Upload sends a step's metadata in one copy and hands out each
-// array, with its shape, as a view of it (block tables padded with -1).
+// HostBatch.UploadWith sends a step's metadata and the caller's arrays in
+// one copy and hands out each array, with its shape, as a view of it (block
+// tables padded with -1).
 func TestHostBatchUploadOneCopy(t *testing.T) {
 	ops := &uploadCounter{Ops: cpu.New(cpu.Options{Threads: 1})}
 	h := HostBatch{BlockSize: 4}
 	h.AddSequence([]int32{5, 6, 7}, 0, []int32{2})               // a 3-token prompt
 	h.AddSequence([]int32{9}, 6, []int32{0, 1})                  // a decode row after 6 cached tokens
 	h.AddSequence([]int32{11, 12, 13, 14, 15}, 0, []int32{3, 4}) // 5 tokens over two blocks
-	b, err := h.Upload(ops, 8)
+	b, extra, err := h.UploadWith(ops, 8, []int32{4, 5, 6, 7, 8}, []int32{-1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if ops.uploads != 1 {
 		t.Errorf("%d uploads, want 1", ops.uploads)
+	}
+	if len(extra) != 2 {
+		t.Fatalf("%d extra tensors, want 2", len(extra))
 	}
 	for _, c := range []struct {
 		name  string
@@ -283,6 +287,8 @@ func TestHostBatchUploadOneCopy(t *testing.T) {
 		{"seqlens_k", b.Attn.SeqlensK, []int32{3, 7, 5}, []int{3}},
 		{"block tables", b.Attn.BlockTables, []int32{2, -1, 0, 1, 3, 4}, []int{3, 2}},
 		{"slot mapping", b.Attn.SlotMapping, h.SlotMapping, []int{9}},
+		{"extra 0", extra[0], []int32{4, 5, 6, 7, 8}, []int{5}},
+		{"extra 1", extra[1], []int32{-1}, []int{1}},
 	} {
 		if !slices.Equal(c.got.Shape(), c.shape) {
 			t.Errorf("%s: shape %v, want %v", c.name, c.got.Shape(), c.shape)
