@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"sync"
 	"testing"
 	"time"
 
@@ -34,22 +33,7 @@ func fastLlamaWeights(cfg *weights.Config) models.MemWeights {
 	h, inter, v := cfg.HiddenSize, cfg.IntermediateSize, cfg.VocabSize
 	qd, kvd := cfg.NumAttentionHeads*cfg.HeadDim, cfg.NumKeyValueHeads*cfg.HeadDim
 	largest := max(v*h, inter*h, qd*h)
-	buf := make([]byte, 2*largest)
-	var wg sync.WaitGroup
-	const parts = 16
-	for p := range parts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := rand.New(rand.NewPCG(uint64(p), 3))
-			lo, hi := p*largest/parts, (p+1)*largest/parts
-			for i := lo; i < hi; i++ {
-				bits := kernels.F32ToBF16(float32(r.Float64()*2-1) * 0.03)
-				buf[2*i], buf[2*i+1] = byte(bits), byte(bits>>8)
-			}
-		}()
-	}
-	wg.Wait()
+	buf := randomBF16(largest, 3)
 	ones := make([]byte, 2*h)
 	for i := range h {
 		bits := kernels.F32ToBF16(1 + float32(i%7)*0.01)

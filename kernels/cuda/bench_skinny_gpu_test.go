@@ -25,8 +25,8 @@ var skinnyBenchShapes = []struct {
 }
 
 // randomBF16 returns n random BF16 values (uniform in [-0.03, 0.03)) as
-// bytes, generated in parallel.
-func randomBF16(n int) []byte {
+// bytes, generated in parallel from seed.
+func randomBF16(n int, seed uint64) []byte {
 	buf := make([]byte, 2*n)
 	var wg sync.WaitGroup
 	const parts = 16
@@ -34,7 +34,7 @@ func randomBF16(n int) []byte {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := rand.New(rand.NewPCG(uint64(p), 11))
+			r := rand.New(rand.NewPCG(uint64(p), seed))
 			for i := p * n / parts; i < (p+1)*n/parts; i++ {
 				bits := kernels.F32ToBF16(float32(r.Float64()*2-1) * 0.03)
 				buf[2*i], buf[2*i+1] = byte(bits), byte(bits>>8)
@@ -138,7 +138,7 @@ func BenchmarkGPUSkinnyGEMM(b *testing.B) {
 	for _, sh := range skinnyBenchShapes {
 		largest = max(largest, sh.n*sh.k)
 	}
-	host := randomBF16(largest)
+	host := randomBF16(largest, 11)
 	r := rand.New(rand.NewPCG(5, 7))
 	type result struct{ us, tbs float64 }
 	done := map[string]result{} // sub-benchmarks run more than once: measure once

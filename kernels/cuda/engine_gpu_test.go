@@ -84,20 +84,7 @@ pipeline:
 `, dir, zos, graphs)
 		l := newLLM(t, yaml)
 		defer l.Close()
-		start := time.Now()
-		res, err := l.Generate(context.Background(), ps, params, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		took := time.Since(start)
-		out := make([][]int, len(res))
-		for i, c := range res {
-			if c.Outputs[0].Err != nil {
-				t.Fatal(c.Outputs[0].Err)
-			}
-			out[i] = c.Outputs[0].TokenIDs
-		}
-		return out, took
+		return generateTimed(t, l, ps, params)
 	}
 	agree := func(a, b [][]int) int {
 		n := 0
@@ -170,20 +157,7 @@ pipeline:
 			t.Fatalf("graphs %v: %v", graphs, err)
 		}
 		defer l.Close()
-		start := time.Now()
-		res, err := l.Generate(context.Background(), ps, params, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		took := time.Since(start)
-		out := make([][]int, len(res))
-		for i, c := range res {
-			if c.Outputs[0].Err != nil {
-				t.Fatal(c.Outputs[0].Err)
-			}
-			out[i] = c.Outputs[0].TokenIDs
-		}
-		return out, took
+		return generateTimed(t, l, ps, params)
 	}
 	const aloneTokens, crowdTokens = 256, 64
 	aloneOff, tAloneOff := run(false, prompts[:1], aloneTokens)
@@ -257,4 +231,24 @@ func TestGPUEngineMemoryPlan(t *testing.T) {
 	}
 	t.Logf("memory plan: activation peak %.1f MB at 1024 tokens, %.1f MB at 8192; %.1f GB available after the weights",
 		float64(small.ActivationPeak)/1e6, float64(large.ActivationPeak)/1e6, float64(large.Available)/1e9)
+}
+
+// generateTimed runs ps on l and returns each request's tokens (failing t on
+// any error) and the wall time of the call.
+func generateTimed(t *testing.T, l *llm.LLM, ps []llm.Prompt, params engine.SamplingParams) ([][]int, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	res, err := l.Generate(context.Background(), ps, params, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	out := make([][]int, len(res))
+	for i, c := range res {
+		if c.Outputs[0].Err != nil {
+			t.Fatal(c.Outputs[0].Err)
+		}
+		out[i] = c.Outputs[0].TokenIDs
+	}
+	return out, took
 }
