@@ -154,8 +154,9 @@ type Backend struct {
 	gcEvery int64
 	sinceGC atomic.Int64
 	gemm    GEMMMode
-	fetches sampleFetches // pinned copies of sampled tokens (sample.go)
-	prof    *profiler     // per-operation device times; nil unless ProfileEnv is 1
+	fetches sampleFetches   // pinned copies of sampled tokens (sample.go)
+	prof    *profiler       // per-operation device times; nil unless ProfileEnv is 1
+	skip    map[string]bool // operations not queued (SkipEnv): timing ablations only
 }
 
 var _ kernels.Ops = (*Backend)(nil)
@@ -174,6 +175,10 @@ func New(opts Options) (*Backend, error) {
 			return nil, fmt.Errorf("cuda: %s=%q: want round or split: %w", GEMMEnv, v, ErrUnsupported)
 		}
 	}
+	skip, err := skipSet()
+	if err != nil {
+		return nil, err
+	}
 	lib, err := openLibrary(opts.Library)
 	if err != nil {
 		return nil, err
@@ -191,7 +196,7 @@ func New(opts Options) (*Backend, error) {
 		}
 		return nil, fmt.Errorf("cuda: %s: create context on device %d: %s: %w", lib.path, opts.Device, msg, ErrCUDA)
 	}
-	b := &Backend{lib: lib, ctx: ctx, gcEvery: opts.GCEvery, gemm: opts.GEMM, prof: newProfiler()}
+	b := &Backend{lib: lib, ctx: ctx, gcEvery: opts.GCEvery, gemm: opts.GEMM, prof: newProfiler(), skip: skip}
 	if b.gcEvery == 0 {
 		b.gcEvery = DefaultGCEvery
 	}

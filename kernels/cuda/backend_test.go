@@ -2,9 +2,11 @@ package cuda
 
 import (
 	"errors"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -99,5 +101,41 @@ func TestGEMMModeString(t *testing.T) {
 		if got := m.String(); got != want {
 			t.Errorf("%d: %q, want %q", int(m), got, want)
 		}
+	}
+}
+
+func TestSkipSet(t *testing.T) {
+	for _, tc := range []struct {
+		env     string
+		want    []string
+		wantErr string
+	}{
+		{env: "", want: nil},
+		{env: "attention", want: []string{"attention"}},
+		{env: "silu_mul, add_rms_norm", want: []string{"add_rms_norm", "silu_mul"}},
+		{env: "attention,gemv", wantErr: `"gemv" is not an operation`},
+		{env: "upload", wantErr: `"upload" is not an operation`},
+	} {
+		t.Run(tc.env, func(t *testing.T) {
+			t.Setenv(SkipEnv, tc.env)
+			set, err := skipSet()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, ErrUnsupported) {
+					t.Fatalf("skipSet() error = %v, want one containing %q wrapping ErrUnsupported", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := slices.Sorted(maps.Keys(set))
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("skipSet() = %v, want %v", got, tc.want)
+			}
+		})
+	}
+	t.Setenv(SkipEnv, "nonsense")
+	if _, err := New(Options{Library: filepath.Join(t.TempDir(), "missing.so")}); err == nil || !strings.Contains(err.Error(), SkipEnv) {
+		t.Errorf("New with %s=nonsense: error %v, want one naming the variable", SkipEnv, err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strings"
 	"unsafe"
 )
 
@@ -181,4 +182,34 @@ func FormatOpProfile(prof []OpTime, top int) []string {
 			t.Op, t.Calls, t.Millis, 100*t.Millis/total, 1e3*t.Millis/float64(t.Calls)))
 	}
 	return lines
+}
+
+// SkipEnv names operations (comma-separated, as OpProfile names them) that
+// the backend then does not queue at all: a timing ablation for finding what
+// an operation costs inside a captured graph, where the profile cannot
+// bracket it (a step's time with and without it). Results are wrong while it
+// is set; New refuses a name that is not an operation.
+const SkipEnv = "DEEPINFER_CUDA_SKIP"
+
+// skippable are the operation names SkipEnv accepts.
+var skippable = []string{"add", "add_rms_norm", "attention", "concat", "embedding", "linear", "logits",
+	"mla_attention", "moe", "moe_route", "qkv_prepare", "resolve_placeholders", "rms_norm", "rope", "sample",
+	"silu_mul", "split_columns", "write_cache"}
+
+// skipSet parses SkipEnv: nil when unset.
+func skipSet() (map[string]bool, error) {
+	v := os.Getenv(SkipEnv)
+	if v == "" {
+		return nil, nil
+	}
+	set := map[string]bool{}
+	for _, op := range strings.Split(v, ",") {
+		op = strings.TrimSpace(op)
+		if !slices.Contains(skippable, op) {
+			return nil, fmt.Errorf("cuda: %s=%q: %q is not an operation (want some of %s): %w",
+				SkipEnv, v, op, strings.Join(skippable, ", "), ErrUnsupported)
+		}
+		set[op] = true
+	}
+	return set, nil
 }

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"math"
 	"strings"
 	"testing"
 
@@ -74,4 +75,30 @@ func TestGPUOpProfile(t *testing.T) {
 	if prof, err := g.OpProfile(false); len(prof) != 0 || err != nil {
 		t.Errorf("after reset: %v, %v", prof, err)
 	}
+}
+
+// TestGPUSkipEnv checks the timing ablation: a skipped operation queues
+// nothing (its output keeps its poison), the others still run.
+func TestGPUSkipEnv(t *testing.T) {
+	t.Setenv(SkipEnv, "silu_mul")
+	p := newPair(t, GEMMRound)
+	gateUp := p.rand(kernels.F32, 1, 3, 16)
+	act := p.zeros(kernels.F32, 3, 8)
+	p.poison(act)
+	if err := p.g.SiLUMul(act.g, gateUp.g); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range p.f32(p.g, act.g) {
+		if !math.IsNaN(float64(v)) {
+			t.Fatalf("silu_mul skipped: element %d = %v, want the NaN poison", i, v)
+		}
+	}
+	a, b, sum := p.rand(kernels.F32, 1, 3, 8), p.rand(kernels.F32, 1, 3, 8), p.zeros(kernels.F32, 3, 8)
+	if err := p.c.Add(sum.c, a.c, b.c); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.g.Add(sum.g, a.g, b.g); err != nil {
+		t.Fatal(err)
+	}
+	p.check("add (not skipped)", sum, 1e-6)
 }

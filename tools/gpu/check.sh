@@ -58,6 +58,10 @@
 #           are listed by library (ab.log). Machines differ by 1-2% from one
 #           call to the next, so compare builds inside one call. The
 #           revisions must share the working tree's C ABI (DI_ABI_VERSION).
+#           AB_ENVS adds variants of the working tree's library under
+#           environment settings: space-separated words, each a
+#           list of NAME=VALUE joined by + (for example
+#           "DEEPINFER_CUDA_PDL=0 DEEPINFER_CUDA_GEMV=0+DEEPINFER_CUDA_PDL=0").
 #   profile the backend's per-operation device profile (DEEPINFER_CUDA_PROFILE=1,
 #           eager work only: the engine benchmarks run without graphs) over
 #           the benchmarks PROFILE_BENCH (default GPUDecodeLlama1B/batch=1):
@@ -271,41 +275,47 @@ phase_profile() {
 figures='loaded on|decode batch|prefill [0-9]|linear |attention decode|attention prefill|skinny [0-9]+x[0-9]+ rows [148]:|engine \||FAIL|panic'
 
 phase_ab() {
-	local t t0 rc=0 v label so round labels=() pids=()
+	local t t0 rc=0 v label so round envs labels=() pids=()
 	t=$(limit "${AB_TIMEOUT:-240}")
 	((t == 0)) && { status[ab]="skipped: out of time"; return; }
 	need_test || { status[ab]="FAILED: prerequisites missing"; return; }
-	if [[ ! -d $dir/ab ]]; then
-		status[ab]="FAILED: no variants: here, tools/gpu/check.sh prepare $dir REV..."
+	if [[ ! -d $dir/ab && -z ${AB_ENVS:-} ]]; then
+		status[ab]="FAILED: no variants: here, tools/gpu/check.sh prepare $dir REV..., or set AB_ENVS"
 		return
 	fi
 	t0=$(date +%s)
-	for v in "$dir"/ab/*/; do
-		v=${v%/}
-		label=${v##*/}
-		timeout "$t" "$v/csrc/build.sh" "$root/$dir/ab/$label.so" >"$logs/ab_build_$label.log" 2>&1 &
-		pids+=($!)
-		labels+=("$label")
-	done
+	if [[ -d $dir/ab ]]; then
+		for v in "$dir"/ab/*/; do
+			v=${v%/}
+			label=${v##*/}
+			timeout "$t" "$v/csrc/build.sh" "$root/$dir/ab/$label.so" >"$logs/ab_build_$label.log" 2>&1 &
+			pids+=($!)
+			labels+=("$label")
+		done
+	fi
 	for v in "${pids[@]}"; do wait "$v" || rc=1; done
 	if ((rc != 0)); then
 		status[ab]="FAILED: a variant did not build (ab_build_*.log)"
 		return
 	fi
 	labels+=(current)
+	# AB_ENVS: the working tree's library under each word's settings.
+	for v in ${AB_ENVS:-}; do labels+=("env:$v"); done
 	: >"$logs/ab.log"
 	for round in $(seq "${AB_ROUNDS:-2}"); do
 		for label in "${labels[@]}"; do
 			so=$root/$dir/ab/$label.so
-			[[ $label == current ]] && so=$lib
+			envs=()
+			[[ $label == current || $label == env:* ]] && so=$lib
+			[[ $label == env:* ]] && IFS=+ read -ra envs <<<"${label#env:}"
 			local left=$((t - ($(date +%s) - t0)))
 			((left < 15)) && { status[ab]="cut: out of time in round $round"; return; }
-			(cd kernels/cuda && DEEPINFER_CUDA_LIB=$so timeout "$left" "$root/$dir/cuda.test" -test.run XXX \
-				-test.bench "${AB_BENCH:-GPUDecodeLlama1B}" -test.benchtime "${AB_BENCHTIME:-3x}" -test.v) 2>&1 |
+			(cd kernels/cuda && env "${envs[@]}" DEEPINFER_CUDA_LIB="$so" timeout "$left" "$root/$dir/cuda.test" \
+				-test.run XXX -test.bench "${AB_BENCH:-GPUDecodeLlama1B}" -test.benchtime "${AB_BENCHTIME:-3x}" -test.v) 2>&1 |
 				grep -E "$figures" | sed 's/^ *//; s/^[a-z_]*_test\.go:[0-9]*: //' | sed "s/^/$label r$round | /" >>"$logs/ab.log"
 		done
 	done
-	status[ab]="rc=0, ${#labels[@]} libraries x ${AB_ROUNDS:-2} rounds"
+	status[ab]="rc=0, ${#labels[@]} variants x ${AB_ROUNDS:-2} rounds"
 }
 
 for p in ${phases//,/ }; do
