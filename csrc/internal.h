@@ -47,6 +47,9 @@ struct di_ctx {
 	// longer chunks mean fewer partial results and longer copy pipelines,
 	// shorter ones more blocks for a few long rows; $DEEPINFER_CUDA_DEC_CHUNK.
 	int dec_chunk = 256;
+	// One-row GEMVs with k <= 2048 take 8 columns a block, one chunk each,
+	// instead of 4 columns with two chunks; $DEEPINFER_CUDA_GEMV_WIDE (0: off).
+	int gemv_wide = 1;
 	unsigned *skinny_sem = nullptr; // DI_SKINNY_SEMS split-K tile counters of the skinny GEMM, zero between launches
 	char err[1024] = {0};
 

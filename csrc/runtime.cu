@@ -246,6 +246,7 @@ static int api_create(int device, di_ctx **out, char *err, int errlen) {
 	if (const char *v = getenv("DEEPINFER_CUDA_PDL"); v && *v) ctx->pdl = atoi(v);
 	if (const char *v = getenv("DEEPINFER_CUDA_GEMV_MAX"); v && *v) ctx->gemv_max_elems = (size_t)atol(v) << 20;
 	if (const char *v = getenv("DEEPINFER_CUDA_SKINNY")) ctx->skinny = atoi(v); // 0: no linear on the skinny GEMM
+	if (const char *v = getenv("DEEPINFER_CUDA_GEMV_WIDE"); v && *v) ctx->gemv_wide = atoi(v);
 	if (const char *v = getenv("DEEPINFER_CUDA_DEC_CHUNK")) {
 		const int c = atoi(v);
 		if (c < 128 || c % 128 != 0) {

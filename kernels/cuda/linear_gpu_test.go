@@ -278,3 +278,28 @@ func TestGPUSkinnyGraph(t *testing.T) {
 		}
 	}
 }
+
+// The one-row GEMV with k within one pass of the block (8 columns a block,
+// one chunk each; DEEPINFER_CUDA_GEMV_WIDE=0 turns it off) gives the bits of
+// the 4-column layout.
+func TestGPUGEMVWide(t *testing.T) {
+	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
+		p := newPair(t, mode) // for its random source
+		t.Setenv("DEEPINFER_CUDA_GEMV_WIDE", "0")
+		narrow := newGPUPath(t, mode, "0", "4")
+		t.Setenv("DEEPINFER_CUDA_GEMV_WIDE", "")
+		wide := newGPUPath(t, mode, "0", "4")
+		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
+			for _, sh := range [][2]int{{1001, 2048}, {77, 96}, {3, 1024}} {
+				n, k := sh[0], sh[1]
+				xs, ws, bs := randVals(p.r, k, 1), hostBytes(dt, randVals(p.r, n*k, 0.05)), randVals(p.r, n, 1)
+				want, got := linearOn(t, narrow, xs, 1, k, ws, dt, n, bs), linearOn(t, wide, xs, 1, k, ws, dt, n, bs)
+				for i := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("%s %s %dx%d: column %d = %v wide, %v narrow", mode, dt, n, k, i, got[i], want[i])
+					}
+				}
+			}
+		}
+	}
+}

@@ -175,31 +175,32 @@ template <typename W> __device__ __forceinline__ void di_unpack8(const di_chunk8
 }
 
 // di_gemv_block_k is the GEMV with the k dimension spread over a block:
-// each block computes GEMVB_COLS output columns for all m <= R rows, its
-// 256 threads striding over k in 8-element chunks (thread t takes chunks t,
-// t+256, ...; GEMVB_UNROLL chunks of every column in flight), each chunk of
-// x loaded once and rounded once for the GEMVB_COLS columns. The partial
-// sums are added over each warp in a fixed tree, then over the 8 warps in
-// warp order: a row's bits do not depend on the other rows. (A warp per
+// each block computes C (default GEMVB_COLS) output columns for all m <= R
+// rows, its 256 threads striding over k in 8-element chunks (thread t takes
+// chunks t, t+256, ...; U (GEMVB_UNROLL) chunks of every column in flight),
+// each chunk of x loaded once and rounded once for the C columns. The
+// partial sums are added over each warp in a fixed tree, then over the 8
+// warps in warp order: a row's bits do not depend on the other rows, nor on
+// C and U. (A warp per
 // output column, 8 loads in flight a lane, measured 1.2-2x slower at every
 // Llama-3.2-1B shape: NOTES.md.)
 #define GEMVB_COLS 4
 #define GEMVB_UNROLL 2
 #define GEMVB_THREADS 256
 
-template <typename W, bool SPLIT, int R>
+template <typename W, bool SPLIT, int R, int C = GEMVB_COLS, int U = GEMVB_UNROLL>
 __global__ void __launch_bounds__(GEMVB_THREADS, 2)
     di_gemv_block_k(float *out, const float *x, const W *w, const float *bias, int m, int n, int k) {
-	constexpr int C = GEMVB_COLS, NW = GEMVB_THREADS / 32, STRIDE = GEMVB_THREADS * 8 * GEMVB_UNROLL;
+	constexpr int NW = GEMVB_THREADS / 32, STRIDE = GEMVB_THREADS * 8 * U;
 	__shared__ float red[NW][C * R * (SPLIT ? 2 : 1)];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int j0 = blockIdx.x * C;
 	const int ncol = n - j0 < C ? n - j0 : C;
-	di_chunk8<W> raw[GEMVB_UNROLL][C];
+	di_chunk8<W> raw[U][C];
 	// load queues the weight chunks of the stride starting at base.
 	auto load = [&](int base) {
 #pragma unroll
-		for (int u = 0; u < GEMVB_UNROLL; u++) {
+		for (int u = 0; u < U; u++) {
 			const int i = base + u * GEMVB_THREADS * 8;
 #pragma unroll
 			for (int c = 0; c < C; c++)
@@ -220,7 +221,7 @@ __global__ void __launch_bounds__(GEMVB_THREADS, 2)
 	for (int base = tid * 8; base < k; base += STRIDE) {
 		if (base != tid * 8) load(base);
 #pragma unroll
-		for (int u = 0; u < GEMVB_UNROLL; u++) {
+		for (int u = 0; u < U; u++) {
 			const int i = base + u * GEMVB_THREADS * 8;
 			if (i >= k) break;
 #pragma unroll
@@ -285,7 +286,16 @@ __global__ void __launch_bounds__(GEMVB_THREADS, 2)
 template <typename W, bool SPLIT>
 static void gemv_block(di_ctx *ctx, float *out, const float *x, const W *w, const float *bias, int m, int n, int k) {
 	const unsigned grid = (unsigned)((n + GEMVB_COLS - 1) / GEMVB_COLS);
-	if (m <= 1)
+	// One row with k within one pass of the block's threads (8 elements
+	// each): the second unrolled chunk would be past k, so the same
+	// registers hold the first chunk of twice the columns instead (twice
+	// the weight bytes in flight; a column's sums are those of the
+	// narrow layout, so the bits are too).
+	constexpr int WIDE = 2 * GEMVB_COLS;
+	if (m <= 1 && ctx->gemv_wide && k <= GEMVB_THREADS * 8)
+		di_launch(ctx, di_gemv_block_k<W, SPLIT, 1, WIDE, 1>, (unsigned)((n + WIDE - 1) / WIDE), GEMVB_THREADS, 0, out,
+		          x, w, bias, m, n, k);
+	else if (m <= 1)
 		di_launch(ctx, di_gemv_block_k<W, SPLIT, 1>, grid, GEMVB_THREADS, 0, out, x, w, bias, m, n, k);
 	else if (m <= 2)
 		di_launch(ctx, di_gemv_block_k<W, SPLIT, 2>, grid, GEMVB_THREADS, 0, out, x, w, bias, m, n, k);
