@@ -47,6 +47,11 @@ struct di_ctx {
 	// longer chunks mean fewer partial results and longer copy pipelines,
 	// shorter ones more blocks for a few long rows; $DEEPINFER_CUDA_DEC_CHUNK.
 	int dec_chunk = 256;
+	// Sampling calls of at most this many rows cut each row into chunks for
+	// the whole-row passes (sample.cu's DsSplit; 0: never);
+	// $DEEPINFER_CUDA_SAMPLE_SPLIT.
+	int sample_split = 32;
+	int sm_count = 0; // multiprocessors of the device
 	// One-row GEMVs with k <= 2048 take 8 columns a block, one chunk each,
 	// instead of 4 columns with two chunks; $DEEPINFER_CUDA_GEMV_WIDE (0: off).
 	int gemv_wide = 1;

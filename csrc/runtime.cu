@@ -247,6 +247,7 @@ static int api_create(int device, di_ctx **out, char *err, int errlen) {
 	if (const char *v = getenv("DEEPINFER_CUDA_GEMV_MAX"); v && *v) ctx->gemv_max_elems = (size_t)atol(v) << 20;
 	if (const char *v = getenv("DEEPINFER_CUDA_SKINNY")) ctx->skinny = atoi(v); // 0: no linear on the skinny GEMM
 	if (const char *v = getenv("DEEPINFER_CUDA_GEMV_WIDE"); v && *v) ctx->gemv_wide = atoi(v);
+	if (const char *v = getenv("DEEPINFER_CUDA_SAMPLE_SPLIT"); v && *v) ctx->sample_split = atoi(v);
 	if (const char *v = getenv("DEEPINFER_CUDA_DEC_CHUNK")) {
 		const int c = atoi(v);
 		if (c < 128 || c % 128 != 0) {
@@ -274,6 +275,8 @@ static int api_create(int device, di_ctx **out, char *err, int errlen) {
 		        DI_ARCH, p.name, p.major, p.minor, cudaGetErrorString(e), p.major, p.minor);
 		return fail(e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction ? DI_ERR_ARCH : DI_ERR_CUDA);
 	}
+	if ((e = cudaDeviceGetAttribute(&ctx->sm_count, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess)
+		return fail(di_cuda_fail(ctx, e, "cudaDeviceGetAttribute (multiprocessors)"));
 	if ((e = cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking)) != cudaSuccess)
 		return fail(di_cuda_fail(ctx, e, "cudaStreamCreate"));
 	if ((e = cudaMalloc(&ctx->check, sizeof(unsigned))) != cudaSuccess)

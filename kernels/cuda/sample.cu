@@ -61,6 +61,7 @@ typedef unsigned long long u64;
 #define DS_MAX_CANDIDATES 4096       // survivors held in shared memory
 #define DS_Q_ONE 8796093022208.0     // 2^43: the integer weight of probability ratio 1
 #define DS_Q_MIN_LOG (-31.0)         // exp(-31) * 2^43 < 0.5: weight 0
+#define DS_MAX_CHUNKS 64             // spans of a row in split mode
 
 // ---------------------------------------------------------------- helpers
 
@@ -493,32 +494,20 @@ __device__ int ds_draw(const S &s, DsRow &c, const di_sample_row &p, int fallbac
 	return token >= 0 ? token : fallback;
 }
 
-// ---------------------------------------------------------------- the kernel
+// ---------------------------------------------------------------- split rows
 
-template <int V>
-__global__ void __launch_bounds__(DS_THREADS, 2) // two rows per SM (the shared memory fits two)
-    di_sample_k(int *out, float *logits, int num_rows, int vocab, const di_sample_row *rows,
-                const di_sample_edit *edits, int cap, unsigned *check) {
-	extern __shared__ __align__(16) unsigned char ds_dyn[];
-	__shared__ DsShared sh;
-	u64 *hist = reinterpret_cast<u64 *>(ds_dyn);
-	u64 *bins = hist + DS_RADIX;
-	u64 *cq = bins + DS_BINS;
-	unsigned *minid = reinterpret_cast<unsigned *>(cq + cap);
-	float *cz = reinterpret_cast<float *>(minid + DS_RADIX);
-	int *cid = reinterpret_cast<int *>(cz + cap);
-
-	const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-	const di_sample_row p = rows[r];
-	float *z = logits + (size_t)r * vocab;
-
-	// 1. Edits, one thread per edited token (ids are distinct within a row).
+// ds_apply_edits applies row p's edits whose tokens lie in [lo, hi), one
+// thread per edit, in the host sampler's float32 arithmetic; flag reports
+// edits outside the vocabulary.
+__device__ __forceinline__ void ds_apply_edits(float *z, const di_sample_row &p, const di_sample_edit *edits, int vocab,
+                                               int lo, int hi, bool flag, unsigned *check) {
 	for (int j = threadIdx.x; j < p.num_edits; j += blockDim.x) {
 		const di_sample_edit e = edits[p.edit_begin + j];
 		if (e.token < 0 || e.token >= vocab) {
-			atomicOr(check, DI_CHECK_SAMPLE);
+			if (flag) atomicOr(check, DI_CHECK_SAMPLE);
 			continue;
 		}
+		if (e.token < lo || e.token >= hi) continue;
 		float x = z[e.token];
 		if (e.flags & DI_EDIT_MASK) x = -CUDART_INF_F;
 		if (e.flags & DI_EDIT_BIAS) x = __fadd_rn(x, e.bias);
@@ -532,36 +521,161 @@ __global__ void __launch_bounds__(DS_THREADS, 2) // two rows per SM (the shared 
 		}
 		z[e.token] = x;
 	}
-	__syncthreads();
+}
 
-	// 2. Maximum (lowest id on ties), NaN and +Inf; top-k's first digit.
+// DsStat is a span's maximum (the lowest id among equal maxima; bi INT_MAX
+// when every value is -Inf or NaN) and its lowest NaN id. Combining spans
+// with ds_stat_merge in any grouping gives the row's: the same values as
+// one pass over the row.
+struct DsStat {
+	float bv;
+	int bi, nan_i;
+};
+
+// ds_stat_empty is the statistics of no values.
+__device__ __forceinline__ DsStat ds_stat_empty() { return DsStat{-CUDART_INF_F, INT_MAX, INT_MAX}; }
+
+__device__ __forceinline__ void ds_stat_add(DsStat &s, int i, float v) { // i increasing
+	if (v > s.bv) s.bv = v, s.bi = i;
+	else if (v != v) s.nan_i = min(s.nan_i, i);
+}
+
+__device__ __forceinline__ void ds_stat_merge(DsStat &s, float bv, int bi, int nan_i) {
+	if (bv > s.bv || (bv == s.bv && bi < s.bi)) s.bv = bv, s.bi = bi;
+	s.nan_i = min(s.nan_i, nan_i);
+}
+
+// ds_block_stat merges the block's threads' statistics (DS_THREADS threads).
+__device__ __forceinline__ DsStat ds_block_stat(DsStat s, DsShared &sh) {
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1)
+		ds_stat_merge(s, __shfl_xor_sync(0xffffffffu, s.bv, o), __shfl_xor_sync(0xffffffffu, s.bi, o),
+		              __shfl_xor_sync(0xffffffffu, s.nan_i, o));
+	if (lane == 0) sh.bv[warp] = s.bv, sh.bi[warp] = s.bi, sh.nan_i[warp] = s.nan_i;
+	__syncthreads();
+	DsStat t = ds_stat_empty();
+	for (int w = 0; w < (int)(blockDim.x >> 5); w++) ds_stat_merge(t, sh.bv[w], sh.bi[w], sh.nan_i[w]);
+	return t;
+}
+
+// ds_row_stat merges a row's chunk statistics, in chunk order.
+__device__ __forceinline__ DsStat ds_row_stat(const DsStat *stats, int chunks) {
+	DsStat t = ds_stat_empty();
+	for (int k = 0; k < chunks; k++) ds_stat_merge(t, stats[k].bv, stats[k].bi, stats[k].nan_i);
+	return t;
+}
+
+// DsSplit is what the chunk kernels hand to di_sample_k when a call's rows
+// are few: each row cut into `chunks` spans of `chunk` tokens (a multiple
+// of 128), one block per span, for the passes over the whole row: the
+// statistics (and the edits) in di_sample_stats_k, the survivors' exact
+// integer masses in di_sample_mass_k. di_sample_k then draws a row
+// without top-k or top-p from the chunk masses and one chunk's walk: the
+// same token as its one-block passes (the masses are exact integers, so
+// the order of the sums does not matter), with the float64 exponentials
+// spread over the device instead of one multiprocessor.
+struct DsSplit {
+	int chunks, chunk;
+	DsStat *stats; // [rows][chunks]
+	u64 *mass;     // [rows][chunks]
+};
+
+template <int V>
+__global__ void __launch_bounds__(DS_THREADS)
+    di_sample_stats_k(float *logits, int vocab, const di_sample_row *rows, const di_sample_edit *edits, DsSplit split,
+                      unsigned *check) {
+	__shared__ DsShared sh;
+	const int k = blockIdx.x, r = blockIdx.y;
+	const di_sample_row p = rows[r];
+	float *z = logits + (size_t)r * vocab;
+	const int lo = k * split.chunk, hi = min(vocab, lo + split.chunk);
+	ds_apply_edits(z, p, edits, vocab, lo, hi, k == 0, check);
+	__syncthreads();
+	DsStat st = ds_stat_empty();
+	ds_each(DsGlobal<V>{z + lo, hi - lo}, [&](int i, float v) { ds_stat_add(st, lo + i, v); });
+	st = ds_block_stat(st, sh);
+	if (threadIdx.x == 0) split.stats[(size_t)r * split.chunks + k] = st;
+}
+
+template <int V>
+__global__ void __launch_bounds__(DS_THREADS)
+    di_sample_mass_k(const float *logits, int vocab, const di_sample_row *rows, DsSplit split) {
+	__shared__ u64 wm[DS_WARPS];
+	const int k = blockIdx.x, r = blockIdx.y;
+	const di_sample_row p = rows[r];
+	const DsStat st = ds_row_stat(split.stats + (size_t)r * split.chunks, split.chunks);
+	const bool top_k = p.top_k > 0 && p.top_k < vocab && !p.greedy;
+	const bool ok = st.nan_i == INT_MAX && st.bi != INT_MAX && st.bv != CUDART_INF_F;
+	u64 m = 0;
+	if (ok && !p.greedy && !top_k && !(p.top_p < 1.0)) { // as di_sample_k's cut and weights
+		DsRow c;
+		c.zmax = (double)st.bv, c.inv_temp = p.inv_temp;
+		float cut = -FLT_MAX;
+		if (p.use_min_p) cut = ds_max(cut, ds_ceil32(c.zmax + p.t_log_min_p));
+		const int lo = k * split.chunk, hi = min(vocab, lo + split.chunk);
+		ds_each(DsGlobal<V>{logits + (size_t)r * vocab + lo, hi - lo}, [&](int, float v) {
+			if (v >= cut) m += ds_weight(v, c);
+		});
+	}
+	m = di_warp_sum(m);
+	if ((threadIdx.x & 31) == 0) wm[threadIdx.x >> 5] = m;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		u64 t = 0;
+		for (int w = 0; w < DS_WARPS; w++) t += wm[w];
+		split.mass[(size_t)r * split.chunks + k] = t;
+	}
+}
+
+// ---------------------------------------------------------------- the kernel
+
+template <int V>
+__global__ void __launch_bounds__(DS_THREADS, 2) // two rows per SM (the shared memory fits two)
+    di_sample_k(int *out, float *logits, int num_rows, int vocab, const di_sample_row *rows,
+                const di_sample_edit *edits, int cap, DsSplit split, unsigned *check) {
+	extern __shared__ __align__(16) unsigned char ds_dyn[];
+	__shared__ DsShared sh;
+	u64 *hist = reinterpret_cast<u64 *>(ds_dyn);
+	u64 *bins = hist + DS_RADIX;
+	u64 *cq = bins + DS_BINS;
+	unsigned *minid = reinterpret_cast<unsigned *>(cq + cap);
+	float *cz = reinterpret_cast<float *>(minid + DS_RADIX);
+	int *cid = reinterpret_cast<int *>(cz + cap);
+
+	const int r = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	const di_sample_row p = rows[r];
+	float *z = logits + (size_t)r * vocab;
+
+	// 1. Edits, one thread per edited token (ids are distinct within a row);
+	// in split mode the chunks' blocks have applied them.
+	const bool in_chunks = split.chunks > 1;
+	if (!in_chunks) {
+		ds_apply_edits(z, p, edits, vocab, 0, vocab, true, check);
+		__syncthreads();
+	}
+
+	// 2. Maximum (lowest id on ties), NaN and +Inf; top-k's first digit. In
+	// split mode from the chunks' statistics.
 	const DsGlobal<V> g{z, vocab};
 	const bool top_k = p.top_k > 0 && p.top_k < vocab && !p.greedy;
 	if (top_k) {
 		for (int b = threadIdx.x; b < DS_RADIX; b += blockDim.x) hist[b] = 0;
 		__syncthreads();
 	}
-	float bv = -CUDART_INF_F;
-	int bi = INT_MAX, nan_i = INT_MAX;
-	ds_each(g, [&](int i, float v) {
-		if (v > bv) bv = v, bi = i;
-		else if (v != v) nan_i = min(nan_i, i);
-		if (top_k) atomicAdd(&hist[ds_sort_key(v) >> 21], 1ull);
-	});
-#pragma unroll
-	for (int o = 16; o > 0; o >>= 1) {
-		const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-		const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-		if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
-		nan_i = min(nan_i, __shfl_xor_sync(0xffffffffu, nan_i, o));
+	DsStat st;
+	if (in_chunks && !top_k) {
+		st = ds_row_stat(split.stats + (size_t)r * split.chunks, split.chunks);
+	} else {
+		st = ds_stat_empty();
+		ds_each(g, [&](int i, float v) {
+			ds_stat_add(st, i, v);
+			if (top_k) atomicAdd(&hist[ds_sort_key(v) >> 21], 1ull);
+		});
+		st = ds_block_stat(st, sh);
 	}
-	if (lane == 0) sh.bv[warp] = bv, sh.bi[warp] = bi, sh.nan_i[warp] = nan_i;
-	__syncthreads();
-	bv = -CUDART_INF_F, bi = INT_MAX, nan_i = INT_MAX;
-	for (int w = 0; w < DS_WARPS; w++) {
-		if (sh.bv[w] > bv || (sh.bv[w] == bv && sh.bi[w] < bi)) bv = sh.bv[w], bi = sh.bi[w];
-		nan_i = min(nan_i, sh.nan_i[w]);
-	}
+	const float bv = st.bv;
+	const int bi = st.bi, nan_i = st.nan_i;
 	int status = DI_SAMPLE_OK, index = -1;
 	if (nan_i != INT_MAX) status = DI_SAMPLE_NAN, index = nan_i;
 	else if (bi == INT_MAX) status = DI_SAMPLE_ALL_NEGINF;
@@ -612,6 +726,31 @@ __global__ void __launch_bounds__(DS_THREADS, 2) // two rows per SM (the shared 
 		cut = ds_max(cut, ds_from_key(prefix));
 	}
 	c.cut = cut;
+
+	// Split mode, no top-k or top-p: the chunks' exact masses locate the
+	// draw's chunk; its tokens are walked in index order as below.
+	if (in_chunks && !top_k && !c.top_p) {
+		const u64 *m = split.mass + (size_t)r * split.chunks;
+		u64 total = 0;
+		for (int k = 0; k < split.chunks; k++) total += m[k];
+		const double u = ds_uniform(p.seed, p.step);
+		u64 t = __double2ull_rd(u * (double)total);
+		if (t >= total) t = total - 1;
+		int k = 0;
+		while (k + 1 < split.chunks && t >= m[k]) t -= m[k++];
+		const int lo = k * split.chunk, hi = min(vocab, lo + split.chunk);
+		const DsGlobal<V> part{z + lo, hi - lo};
+		const DsRow cc = c;
+		auto kept = [cc](float v) { return v >= cc.cut; };
+		ds_warp_mass(part, kept, c, sh);
+		const int tok = ds_walk(part, kept, c, t, sh);
+		if (threadIdx.x == 0) {
+			out[r] = tok >= 0 ? lo + tok : bi;
+			out[num_rows + r] = DI_SAMPLE_OK;
+			out[2 * num_rows + r] = -1;
+		}
+		return;
+	}
 
 	// 4. Survivors: compacted into shared memory when they fit.
 	{
@@ -670,9 +809,35 @@ template <int V> static int ds_launch(di_ctx *ctx, int *out, float *logits, int 
 	const size_t shmem = ds_smem_bytes(cap);
 	cudaError_t e = cudaFuncSetAttribute(di_sample_k<V>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
 	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "sample: cudaFuncSetAttribute");
-	di_sample_k<V><<<num_rows, DS_THREADS, shmem, ctx->stream>>>(out, logits, num_rows, vocab, rows, edits, cap,
-	                                                             ctx->check);
-	return di_check_launch(ctx, "sample");
+	// A few rows: their whole-row passes spread over chunks (DsSplit), about
+	// two blocks a multiprocessor in all.
+	int chunks = 1, chunk = vocab;
+	if (num_rows <= ctx->sample_split) {
+		chunks = min(DS_MAX_CHUNKS, max(1, 2 * ctx->sm_count / num_rows));
+		chunk = ((vocab + chunks - 1) / chunks + 127) / 128 * 128;
+		chunks = (vocab + chunk - 1) / chunk;
+	}
+	void *scratch = nullptr;
+	DsSplit split = {chunks, chunk, nullptr, nullptr};
+	int rc = DI_OK;
+	if (chunks > 1) {
+		const size_t n = (size_t)num_rows * chunks;
+		rc = di_scratch(ctx, n * (sizeof(DsStat) + sizeof(u64)), &scratch);
+		if (rc != DI_OK) return rc;
+		split.mass = (u64 *)scratch;
+		split.stats = (DsStat *)(split.mass + n);
+		const dim3 grid(chunks, num_rows);
+		di_sample_stats_k<V><<<grid, DS_THREADS, 0, ctx->stream>>>(logits, vocab, rows, edits, split, ctx->check);
+		di_sample_mass_k<V><<<grid, DS_THREADS, 0, ctx->stream>>>(logits, vocab, rows, split);
+		rc = di_check_launch(ctx, "sample (chunks)");
+	}
+	if (rc == DI_OK) {
+		di_sample_k<V><<<num_rows, DS_THREADS, shmem, ctx->stream>>>(out, logits, num_rows, vocab, rows, edits, cap,
+		                                                             split, ctx->check);
+		rc = di_check_launch(ctx, "sample");
+	}
+	di_scratch_free(ctx, scratch);
+	return rc;
 }
 
 extern "C" int di_op_sample(di_ctx *ctx, di_dptr out, di_dptr logits, int num_rows, int vocab, di_dptr rows,

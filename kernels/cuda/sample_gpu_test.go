@@ -596,3 +596,48 @@ func hostSampleRows(b *testing.B, flat []float32, vocab int, rows []kernels.Samp
 	wg.Wait()
 	return out
 }
+
+// Calls of few rows cut each row into chunks for the whole-row passes
+// (DEEPINFER_CUDA_SAMPLE_SPLIT, default 32 rows): the tokens and the
+// processed logits are those of one block per row, for every parameter set
+// and kind of logits, with and without edits.
+func TestGPUSampleChunks(t *testing.T) {
+	t.Setenv("DEEPINFER_CUDA_SAMPLE_SPLIT", "0")
+	whole := newGPU(t, GEMMRound)
+	t.Setenv("DEEPINFER_CUDA_SAMPLE_SPLIT", "")
+	chunked := newGPU(t, GEMMRound)
+	r := rand.New(rand.NewPCG(3, 9))
+	var rows, random int
+	for _, vocab := range []int{151936, 32000, 1003} {
+		for _, n := range []int{1, 3, 17} {
+			for kind := range 4 {
+				c := sampleCase{vocab: vocab}
+				for i := range n {
+					c.rows = append(c.rows, sampleRow(r, vocab, (i+kind+n)%len(sampleParamSets)))
+					c.logits = append(c.logits, sampleLogits(r, vocab, 3, kind))
+				}
+				for _, maxCand := range []int{maxSampleCandidates, 0} {
+					want, _, wantProc := c.device(t, whole, maxCand)
+					got, _, proc := c.device(t, chunked, maxCand)
+					for i := range c.rows {
+						if got[i] != want[i] {
+							t.Fatalf("vocab %d, %d rows, kind %d, row %d (%+v): token %d in chunks, %d in one block",
+								vocab, n, kind, i, c.rows[i], got[i], want[i])
+						}
+						if !c.rows[i].Greedy {
+							random++
+						}
+					}
+					for j := range proc {
+						if math.Float32bits(proc[j]) != math.Float32bits(wantProc[j]) {
+							t.Fatalf("vocab %d, %d rows, kind %d: processed logit %d = %v in chunks, %v in one block",
+								vocab, n, kind, j, proc[j], wantProc[j])
+						}
+					}
+					rows += n
+				}
+			}
+		}
+	}
+	t.Logf("sample in chunks: %d rows (%d random) give the tokens and processed logits of one block a row", rows, random)
+}

@@ -272,7 +272,7 @@ phase_profile() {
 }
 
 # figures matches the benchmark lines the table shows.
-figures='loaded on|decode batch|prefill [0-9]|linear |attention decode|attention prefill|skinny [0-9]+x[0-9]+ rows [148]:|engine \||FAIL|panic'
+figures='loaded on|decode batch|sample batch|prefill [0-9]|linear |attention decode|attention prefill|skinny [0-9]+x[0-9]+ rows [148]:|engine \||FAIL|panic'
 
 phase_ab() {
 	local t t0 rc=0 v label so round envs labels=() pids=()
