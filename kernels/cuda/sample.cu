@@ -45,6 +45,15 @@
 // bytes at a time when the row is aligned); a random row whose survivors
 // fit max_candidates is compacted, in index order, into shared memory
 // first, so its later passes do not read the row again.
+//
+// A call of few rows (ctx->sample_split) would leave most of the device
+// idle while one block a row takes float64 exponentials of a whole
+// vocabulary: its rows are cut into chunks (DsSplit), whose blocks apply
+// the edits and take the statistics of step 2 (di_sample_stats_k) and then
+// the survivors' integer masses (di_sample_mass_k); the row's block reads
+// those instead of passing over the row, and for a row without top-k or
+// top-p walks only the chunk where the draw falls. Exact integer masses
+// make the token the same as one block's.
 #include <math_constants.h>
 
 #include <cfloat>
