@@ -76,16 +76,64 @@ __device__ __forceinline__ float di_rms_scale(double sum_sq, int n, float eps) {
 }
 
 // One block per row. With a residual: residual += x first. Each thread
-// touches the same columns in every pass, so out may alias x.
+// touches the same columns in every pass, so out may alias x. A row of at
+// most RMS_HELD values a thread is held in registers: every load (the
+// weight's before griddepcontrol.wait, as weights are never written) is in
+// flight at once, where the loop below waits for each load in turn (its
+// store to the residual may alias the next load) and reads the row again
+// for the output. Both sum the squares in the same order: the same bits.
+#define RMS_HELD 4
 __global__ void di_rms_norm_k(float *out, float *residual, const float *x, const float *w, int n, float eps) {
 	di_pdl_trigger(); // the next kernel (usually a GEMV) streams its weights meanwhile
-	di_pdl_wait();
 	__shared__ double red[32];
 	const size_t row = blockIdx.x;
+	const int tid = threadIdx.x, nt = blockDim.x;
 	const float *xr = x + row * n;
 	float *src = residual ? residual + row * n : const_cast<float *>(xr);
+	float *o = out + row * n;
+	if (n <= RMS_HELD * nt) {
+		float wv[RMS_HELD], v[RMS_HELD];
+#pragma unroll
+		for (int k = 0; k < RMS_HELD; k++) {
+			const int j = tid + k * nt;
+			wv[k] = j < n ? w[j] : 0.f;
+		}
+		di_pdl_wait();
+#pragma unroll
+		for (int k = 0; k < RMS_HELD; k++) {
+			const int j = tid + k * nt;
+			v[k] = j < n ? xr[j] : 0.f;
+		}
+		if (residual) {
+			float rv[RMS_HELD];
+#pragma unroll
+			for (int k = 0; k < RMS_HELD; k++) {
+				const int j = tid + k * nt;
+				rv[k] = j < n ? src[j] : 0.f;
+			}
+#pragma unroll
+			for (int k = 0; k < RMS_HELD; k++) {
+				const int j = tid + k * nt;
+				v[k] = rv[k] + v[k];
+				if (j < n) src[j] = v[k];
+			}
+		}
+		double s = 0;
+#pragma unroll
+		for (int k = 0; k < RMS_HELD; k++)
+			if (tid + k * nt < n) s += (double)v[k] * (double)v[k];
+		s = di_block_sum(s, red);
+		const float r = di_rms_scale(s, n, eps);
+#pragma unroll
+		for (int k = 0; k < RMS_HELD; k++) {
+			const int j = tid + k * nt;
+			if (j < n) o[j] = (v[k] * r) * wv[k];
+		}
+		return;
+	}
+	di_pdl_wait();
 	double s = 0;
-	for (int j = threadIdx.x; j < n; j += blockDim.x) {
+	for (int j = tid; j < n; j += nt) {
 		float v = xr[j];
 		if (residual) {
 			v = src[j] + v;
@@ -95,8 +143,7 @@ __global__ void di_rms_norm_k(float *out, float *residual, const float *x, const
 	}
 	s = di_block_sum(s, red);
 	const float r = di_rms_scale(s, n, eps);
-	float *o = out + row * n;
-	for (int j = threadIdx.x; j < n; j += blockDim.x) o[j] = (src[j] * r) * w[j];
+	for (int j = tid; j < n; j += nt) o[j] = (src[j] * r) * w[j];
 }
 
 static int norm_threads(int n) {
