@@ -419,19 +419,25 @@ __global__ void di_decode_combine_k(float *out, const float *part_acc, const flo
 	const int s = blockIdx.x, h = blockIdx.y;
 	const int q0 = cu[s];
 	if (cu[s + 1] - q0 != 1) return;
+	__shared__ float sum[DEC_MAX_SPLITS];
 	const float2 *ml = part_ml + ((size_t)s * num_heads + h) * nsplit;
-	if (threadIdx.x == 0) {
-		float mx = -CUDART_INF_F;
-		for (int c = 0; c < nsplit; c++)
-			if (ml[c].y > 0.f) mx = fmaxf(mx, ml[c].x);
-		float l = 0.f;
-		for (int c = 0; c < nsplit; c++) {
-			const float2 v = ml[c];
-			const float wc = v.y > 0.f ? expf(v.x - mx) : 0.f;
-			w[c] = wc;
-			l += v.y * wc;
+	// The first warp loads the chunks' (max, sum) pairs at once, one a lane
+	// (nsplit <= DEC_MAX_SPLITS = 32), and weighs them; lane 0 adds the
+	// weighted sums in chunk order.
+	if (threadIdx.x < 32) {
+		const int c = threadIdx.x;
+		const float2 v = c < nsplit ? ml[c] : make_float2(-CUDART_INF_F, 0.f);
+		float mx = v.y > 0.f ? v.x : -CUDART_INF_F;
+#pragma unroll
+		for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+		const float wc = v.y > 0.f ? expf(v.x - mx) : 0.f;
+		if (c < nsplit) w[c] = wc, sum[c] = v.y;
+		__syncwarp();
+		if (c == 0) {
+			float l = 0.f;
+			for (int k = 0; k < nsplit; k++) l += sum[k] * w[k];
+			inv_l = l > 0.f ? 1.f / l : 0.f;
 		}
-		inv_l = l > 0.f ? 1.f / l : 0.f;
 	}
 	__syncthreads();
 	const float *pa = part_acc + ((size_t)s * num_heads + h) * nsplit * head_dim;
