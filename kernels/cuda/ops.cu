@@ -228,9 +228,8 @@ template <typename W> __device__ __forceinline__ void di_unpack8(const di_chunk8
 // each chunk of x loaded once and rounded once for the C columns. The
 // partial sums are added over each warp in a fixed tree, then over the 8
 // warps in warp order: a row's bits do not depend on the other rows, nor on
-// C and U. (A warp per
-// output column, 8 loads in flight a lane, measured 1.2-2x slower at every
-// Llama-3.2-1B shape: NOTES.md.)
+// C and U. (A warp per output column, 8 loads in flight a lane, measured
+// 1.2-2x slower at every Llama-3.2-1B shape: NOTES.md.)
 #define GEMVB_COLS 4
 #define GEMVB_UNROLL 2
 #define GEMVB_THREADS 256
