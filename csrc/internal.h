@@ -55,6 +55,9 @@ struct di_ctx {
 	// One-row GEMVs with k <= 2048 take 8 columns a block, one chunk each,
 	// instead of 4 columns with two chunks; $DEEPINFER_CUDA_GEMV_WIDE (0: off).
 	int gemv_wide = 1;
+	// Prefill attention over half caches runs the query heads of a KV head
+	// in one block (di_prefill_attn_gqa_k); $DEEPINFER_CUDA_PREFILL_GQA (0: off).
+	int prefill_gqa = 1;
 	unsigned *skinny_sem = nullptr; // DI_SKINNY_SEMS split-K tile counters of the skinny GEMM, zero between launches
 	char err[1024] = {0};
 

@@ -506,15 +506,15 @@ __device__ __forceinline__ void di_stage_rows(float *dst, int ld, const T *base,
 	}
 }
 
-// di_prefill_tile finds block blockIdx.x's query tile over the prefill
-// sequences (two or more query rows), tiles of bq rows, the last (longest)
-// tile of each sequence first: the sequence and the tile's index within it.
-// It returns false for a block past the last tile. Every thread calls it;
-// thread 0 walks the sequences.
-__device__ __forceinline__ bool di_prefill_tile(const int *cu, int num_seqs, int bq, int *seq, int *tile) {
+// di_prefill_tile finds query tile number b over the prefill sequences
+// (two or more query rows), tiles of bq rows, the last (longest) tile of
+// each sequence first: the sequence and the tile's index within it. It
+// returns false for b past the last tile. Every thread calls it; thread 0
+// walks the sequences.
+__device__ __forceinline__ bool di_prefill_tile(const int *cu, int num_seqs, int bq, int b, int *seq, int *tile) {
 	__shared__ int s_seq, s_tile;
 	if (threadIdx.x == 0) {
-		int b = blockIdx.x, sq = -1, t = 0;
+		int sq = -1, t = 0;
 		for (int si = 0; si < num_seqs; si++) {
 			const int ql = cu[si + 1] - cu[si];
 			if (ql < 2) continue;
@@ -564,7 +564,7 @@ __global__ void __launch_bounds__(PF_THREADS)
 	const int tid = threadIdx.x, ty = tid >> 3, tx = tid & 7;
 	const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
 	int s, tile;
-	if (!di_prefill_tile(cu, num_seqs, PF_BQ, &s, &tile)) return;
+	if (!di_prefill_tile(cu, num_seqs, PF_BQ, blockIdx.x, &s, &tile)) return;
 	const int q0 = cu[s], ql = cu[s + 1] - q0, kl = seqlens_k[s];
 	const int j0 = tile * PF_BQ, nq = min(PF_BQ, ql - j0);
 	const int kv_width = num_kv_heads * head_dim;
@@ -711,6 +711,17 @@ __global__ void __launch_bounds__(PF_THREADS)
 // Cost per (query tile, head): one read of the visible keys and values
 // (float32, mostly from L2) and 4 x 16 x 64 x head_dim FLOPs per key tile.
 
+// di_exp2_ftz is 2^x by the MUFU instruction alone (ex2.approx.ftz: about
+// 2 ulp, results below 2^-126 flushed to zero; -inf gives 0), without
+// exp2f's rescaling for subnormal results. The prefill softmax weights
+// feed sums of at least 1 and half-precision products, where a subnormal
+// float32 weight counts for nothing either way.
+__device__ __forceinline__ float di_exp2_ftz(float x) {
+	float y;
+	asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+	return y;
+}
+
 #define TC_BQ 64
 #define TC_BK 64
 #define TC_WARPS 4
@@ -778,7 +789,7 @@ __global__ void __launch_bounds__(TC_THREADS)
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
 	int s, tile;
-	if (!di_prefill_tile(cu, num_seqs, TC_BQ, &s, &tile)) return;
+	if (!di_prefill_tile(cu, num_seqs, TC_BQ, blockIdx.x, &s, &tile)) return;
 	const int q0 = cu[s], ql = cu[s + 1] - q0, kl = seqlens_k[s];
 	const int j0 = tile * TC_BQ, nq = min(TC_BQ, ql - j0);
 	const int kv_width = num_kv_heads * D;
@@ -868,12 +879,12 @@ __global__ void __launch_bounds__(TC_THREADS)
 			const float m_new = fmaxf(m[i], mx);
 			float alpha = 1.f, sum = 0.f;
 			if (m_new != -CUDART_INF_F) {
-				alpha = exp2f(m[i] - m_new);
+				alpha = di_exp2_ftz(m[i] - m_new);
 #pragma unroll
 				for (int nt = 0; nt < 8; nt++) {
 #pragma unroll
 					for (int c = 0; c < 2; c++) {
-						const float p = exp2f(sc[nt][2 * i + c] - m_new);
+						const float p = di_exp2_ftz(sc[nt][2 * i + c] - m_new);
 						sc[nt][2 * i + c] = p;
 						sum += p;
 					}
@@ -944,6 +955,155 @@ __device__ __forceinline__ void di_ldmatrix_x4_trans(uint32_t *r, const void *sm
 	             : "r"(s));
 }
 
+// di_tc16_tile runs one key tile of a prefill warp (16 query rows of one
+// head, fragments qf) against half K and V tiles in shared memory (rows of
+// D+8 halves, slots sl): the scores, the online-softmax update of (m, l)
+// and o, and the products with V, in a fixed order. full: every key of the
+// tile is visible to every row (no masking). first/last: the rows' visible
+// key ranges.
+template <int D>
+__device__ __forceinline__ void di_tc16_tile(float (&o)[D / 8][4], float (&m)[2], float (&l)[2],
+                                             const uint32_t (&qf)[D / 16][4], const __half *Ks, const __half *Vs,
+                                             const int *sl, int t0, int n, bool full, const int (&first)[2],
+                                             const int (&last)[2], float scale_log2) {
+	constexpr int LQ = D + 8, KS = D / 16, ND = D / 8;
+	const int lane = threadIdx.x & 31, t4 = lane & 3;
+	// ldmatrix row addresses: lane i feeds row i%8 of matrix i/8.
+	const int lm_row = lane & 7, lm_mat = lane >> 3;
+	float sc[8][4];
+#pragma unroll
+	for (int nt = 0; nt < 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+	for (int ks = 0; ks < KS; ks++) {
+#pragma unroll
+		for (int nt = 0; nt < 8; nt += 2) {
+			// matrices: (keys nt, d lo), (keys nt, d hi), (keys nt+1, d lo), (keys nt+1, d hi)
+			uint32_t b[4];
+			di_ldmatrix_x4(b, Ks + ((nt + (lm_mat >> 1)) * 8 + lm_row) * LQ + ks * 16 + (lm_mat & 1) * 8);
+			di_mma16816<__half>(sc[nt], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[0], b[1]);
+			di_mma16816<__half>(sc[nt + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[2], b[3]);
+		}
+	}
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		float mx = -CUDART_INF_F;
+		if (full) {
+#pragma unroll
+			for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+				for (int c = 0; c < 2; c++) {
+					const float v = sc[nt][2 * i + c] * scale_log2;
+					sc[nt][2 * i + c] = v;
+					mx = fmaxf(mx, v);
+				}
+			}
+		} else {
+#pragma unroll
+			for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+				for (int c = 0; c < 2; c++) {
+					const int kk = nt * 8 + 2 * t4 + c, t = t0 + kk;
+					const bool vis = kk < n && sl[kk] >= 0 && t >= first[i] && t < last[i];
+					const float v = vis ? sc[nt][2 * i + c] * scale_log2 : -CUDART_INF_F;
+					sc[nt][2 * i + c] = v;
+					mx = fmaxf(mx, v);
+				}
+			}
+		}
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+		const float m_new = fmaxf(m[i], mx);
+		float alpha = 1.f, sum = 0.f;
+		if (m_new != -CUDART_INF_F) {
+			alpha = di_exp2_ftz(m[i] - m_new);
+#pragma unroll
+			for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+				for (int c = 0; c < 2; c++) {
+					const float p = di_exp2_ftz(sc[nt][2 * i + c] - m_new);
+					sc[nt][2 * i + c] = p;
+					sum += p;
+				}
+			}
+		} else {
+#pragma unroll
+			for (int nt = 0; nt < 8; nt++) sc[nt][2 * i] = sc[nt][2 * i + 1] = 0.f;
+		}
+		l[i] = l[i] * alpha + sum;
+		m[i] = m_new;
+#pragma unroll
+		for (int nd = 0; nd < ND; nd++) {
+			o[nd][2 * i] *= alpha;
+			o[nd][2 * i + 1] *= alpha;
+		}
+	}
+#pragma unroll
+	for (int kk = 0; kk < TC_BK / 16; kk++) {
+		uint32_t a[4];
+		a[0] = di_half2_bits(sc[2 * kk][0], sc[2 * kk][1]);
+		a[1] = di_half2_bits(sc[2 * kk][2], sc[2 * kk][3]);
+		a[2] = di_half2_bits(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+		a[3] = di_half2_bits(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+#pragma unroll
+		for (int nd = 0; nd < ND; nd += 2) {
+			// matrices: (keys lo, d nd), (keys hi, d nd), (keys lo, d nd+1), (keys hi, d nd+1)
+			uint32_t b[4];
+			di_ldmatrix_x4_trans(b, Vs + (kk * 16 + (lm_mat & 1) * 8 + lm_row) * LQ + (nd + (lm_mat >> 1)) * 8);
+			di_mma16816<__half>(o[nd], a[0], a[1], a[2], a[3], b[0], b[1]);
+			di_mma16816<__half>(o[nd + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
+		}
+	}
+}
+
+// di_tc16_rows is what a prefill warp of 16 query rows (from rbase; this
+// thread's rows rbase+g and rbase+g+8, of nq real rows) sees of the keys:
+// row r's last visible key is off + r (off: the keys before the block's
+// first row), window > 0 limits it to the last window keys.
+struct di_tc16_rows {
+	int first[2], last[2]; // this thread's rows: visible keys [first, last)
+	int lo, hi;            // keys any row of the warp sees
+	int full_lo, full_hi;  // keys every row of the warp sees (empty unless all 16 rows are real)
+	__device__ __forceinline__ di_tc16_rows(int rbase, int g, int nq, int off, int window) {
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			const int r = rbase + g + 8 * i;
+			last[i] = r < nq ? off + r + 1 : 0;
+			first[i] = window > 0 ? max(0, last[i] - window) : 0;
+		}
+		hi = rbase < nq ? off + min(rbase + 15, nq - 1) + 1 : 0;
+		lo = window > 0 ? max(0, off + rbase + 1 - window) : 0;
+		full_hi = rbase + 16 <= nq ? off + rbase + 1 : 0;
+		full_lo = window > 0 ? max(0, hi - window) : 0;
+	}
+	// sees: some key of tile [t0, t0+n) is visible to the warp.
+	__device__ __forceinline__ bool sees(int t0, int n) const { return !(t0 >= hi || t0 + n <= lo); }
+	// unmasked: every key of the full tile [t0, t0+n) is visible to every row.
+	__device__ __forceinline__ bool unmasked(int t0, int n) const {
+		return n == TC_BK && t0 >= full_lo && t0 + TC_BK <= full_hi;
+	}
+};
+
+// di_tc16_store writes a prefill warp's rows r0 and r0+8 (of nq) as o / l
+// (l summed over the quad first): row r at orow0 + r*stride.
+template <int D>
+__device__ __forceinline__ void di_tc16_store(float *orow0, size_t stride, const float (&o)[D / 8][4],
+                                              const float (&l)[2], int r0, int nq) {
+	const int t4 = threadIdx.x & 3;
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		float li = l[i];
+		li += __shfl_xor_sync(0xffffffffu, li, 1);
+		li += __shfl_xor_sync(0xffffffffu, li, 2);
+		const int r = r0 + 8 * i;
+		if (r >= nq) continue;
+		const float inv = li > 0.f ? 1.f / li : 0.f;
+		float *orow = orow0 + (size_t)r * stride + 2 * t4;
+#pragma unroll
+		for (int nd = 0; nd < D / 8; nd++)
+			*reinterpret_cast<float2 *>(orow + nd * 8) = make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
+	}
+}
+
 template <int D> static size_t di_prefill_tc16_smem() {
 	return (size_t)(TC_BQ * (D + 8) + 4 * TC_BK * (D + 8)) * sizeof(__half) + 2 * TC_BK * sizeof(int);
 }
@@ -963,7 +1123,7 @@ __global__ void __launch_bounds__(TC_THREADS)
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
 	int s, tile;
-	if (!di_prefill_tile(cu, num_seqs, TC_BQ, &s, &tile)) return;
+	if (!di_prefill_tile(cu, num_seqs, TC_BQ, blockIdx.x, &s, &tile)) return;
 	const int q0 = cu[s], ql = cu[s + 1] - q0, kl = seqlens_k[s];
 	const int j0 = tile * TC_BQ, nq = min(TC_BQ, ql - j0);
 	const int kv_width = num_kv_heads * D;
@@ -1029,25 +1189,10 @@ __global__ void __launch_bounds__(TC_THREADS)
 		qf[ks][2] = *reinterpret_cast<const uint32_t *>(a + 8);
 		qf[ks][3] = *reinterpret_cast<const uint32_t *>(a + 8 * LQ + 8);
 	}
-	int first[2], last[2];
-#pragma unroll
-	for (int i = 0; i < 2; i++) {
-		const int r = r0 + 8 * i;
-		last[i] = r < nq ? kl - ql + j0 + r + 1 : 0;
-		first[i] = window > 0 ? max(0, last[i] - window) : 0;
-	}
-	const int wr_last = min(warp * 16 + 15, nq - 1);
-	const int w_hi = warp * 16 < nq ? kl - ql + j0 + wr_last + 1 : 0;
-	const int w_lo = window > 0 ? max(0, kl - ql + j0 + warp * 16 + 1 - window) : 0;
-	// Every row of the warp sees keys [w_full_lo, w_full_hi) (empty unless
-	// all 16 rows are real): a tile inside it needs no masking.
-	const int w_full_hi = warp * 16 + 16 <= nq ? kl - ql + j0 + warp * 16 + 1 : 0;
-	const int w_full_lo = window > 0 ? max(0, w_hi - window) : 0;
+	const di_tc16_rows rw(warp * 16, g, nq, kl - ql + j0, window);
 	float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.f, 0.f}, o[ND][4];
 #pragma unroll
 	for (int nd = 0; nd < ND; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
-	// ldmatrix row addresses: lane i feeds row i%8 of matrix i/8.
-	const int lm_row = lane & 7, lm_mat = lane >> 3;
 	int st = 0;
 	for (int t0 = t_first; t0 < k_hi; t0 += TC_BK, st ^= 1) {
 		const int n = min(TC_BK, k_hi - t0);
@@ -1061,108 +1206,151 @@ __global__ void __launch_bounds__(TC_THREADS)
 		__syncthreads(); // tile t0 has landed for every thread
 		const int *sl = slots + st * TC_BK;
 		const __half *Ks = Kst + st * TC_BK * LQ, *Vs = Vst + st * TC_BK * LQ;
-		const bool full = !bad_cur && n == TC_BK && t0 >= w_full_lo && t0 + TC_BK <= w_full_hi;
+		const bool full = !bad_cur && rw.unmasked(t0, n);
 		bad_cur = bad_next;
-		if (!(t0 >= w_hi || t0 + n <= w_lo)) {
-			float sc[8][4];
+		if (rw.sees(t0, n)) di_tc16_tile<D>(o, m, l, qf, Ks, Vs, sl, t0, n, full, rw.first, rw.last, scale_log2);
+		__syncthreads(); // stage st is consumed before the next fetch refills it
+	}
+	di_tc16_store<D>(out + ((size_t)(q0 + j0) * num_heads + h) * D, (size_t)num_heads * D, o, l, r0, nq);
+}
+
+// di_prefill_attn_gqa_k is di_prefill_attn_tc16_k with the query heads of
+// one KV head in one block, so that each key and value tile copied into
+// shared memory serves every head of the group: GQA_WARPS warps, warp w
+// takes head (w mod group) of the group and rows [16s, 16s+16) of the
+// block's 16 x GQA_WARPS/group query rows (s = w / group; group must divide
+// GQA_WARPS). Twice the query rows per copied tile of the 64-row kernel at
+// group 4, half the copies per FLOP. Blocks run longest first over the
+// whole launch (grid x: the KV head, y: the tile), and each thread looks up
+// the cache blocks of its rows of the tile after next while this tile is
+// computed, so no block-table read waits on the critical path. Each warp
+// runs di_tc16_tile over the same aligned key tiles in the same order as
+// di_prefill_attn_tc16_k: the same bits.
+// Shared memory: two stages of K and V [TC_BK][D+8] halves and their slots.
+
+#define GQA_WARPS 8
+#define GQA_THREADS (GQA_WARPS * 32)
+
+template <int D> static size_t di_prefill_gqa_smem() {
+	return (size_t)(4 * TC_BK * (D + 8)) * sizeof(__half) + 2 * TC_BK * sizeof(int);
+}
+
+template <int D>
+__global__ void __launch_bounds__(GQA_THREADS, 2)
+    di_prefill_attn_gqa_k(float *out, const float *q, const __half *kc, const __half *vc, const int *cu,
+                          const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks,
+                          int block_size, int num_blocks, int num_heads, int num_kv_heads, float scale_log2,
+                          int window, unsigned *check) {
+	constexpr int LQ = D + 8, KS = D / 16, ND = D / 8, CH = D / 8; // CH: 16-byte chunks per row
+	constexpr int RSTEP = GQA_THREADS / CH, PER = TC_BK / RSTEP;  // a thread copies rows crow + j*RSTEP, j < PER
+	extern __shared__ __align__(16) unsigned char tc_smem[];
+	__half *Kst = reinterpret_cast<__half *>(tc_smem);          // [2][TC_BK][LQ]
+	__half *Vst = Kst + 2 * TC_BK * LQ;                          // [2][TC_BK][LQ]
+	int *slots = reinterpret_cast<int *>(Vst + 2 * TC_BK * LQ); // [2][TC_BK]
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+	const int group = num_heads / num_kv_heads, bq = 16 * (GQA_WARPS / group);
+	const int kvh = blockIdx.x, h = kvh * group + warp % group, rbase = warp / group * 16;
+	int s, tile;
+	if (!di_prefill_tile(cu, num_seqs, bq, blockIdx.y, &s, &tile)) return;
+	const int q0 = cu[s], ql = cu[s + 1] - q0, kl = seqlens_k[s];
+	const int j0 = tile * bq, nq = min(bq, ql - j0);
+	const int kv_width = num_kv_heads * D;
+	if (kl < ql || kl > max_blocks * block_size) {
+		if (tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
+		// The group's heads are adjacent in a row: group * D floats.
+		for (int idx = tid; idx < nq * group * D; idx += GQA_THREADS) {
+			const int r = idx / (group * D);
+			out[((size_t)(q0 + j0 + r) * num_heads + kvh * group) * D + idx - r * group * D] = 0.f;
+		}
+		return;
+	}
+	const int k_hi = kl - ql + j0 + nq;
+	const int k_lo = window > 0 ? max(0, kl - ql + j0 + 1 - window) : 0;
+	const int t_first = k_lo / TC_BK * TC_BK;
+	const int *bt = block_tables + (size_t)s * max_blocks;
+	const __half *kbase = kc + kvh * D, *vbase = vc + kvh * D;
+	const int crow = tid / CH, ce = (tid % CH) * 8;
+	// Block sizes that are powers of two (all in practice) divide by a shift.
+	const int bs_shift = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
+	auto block_of = [&](int t) { return bs_shift >= 0 ? t >> bs_shift : t / block_size; };
+	int blk[PER]; // cache blocks of this thread's rows of the next tile to fetch
+	bool bad = false; // an invalid block was met: reported once, at the end
+	auto lookup = [&](int t0) {
 #pragma unroll
-			for (int nt = 0; nt < 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+		for (int j = 0; j < PER; j++) {
+			const int t = t0 + crow + j * RSTEP;
+			blk[j] = t < k_hi ? __ldg(bt + block_of(t)) : -1;
+		}
+	};
+	// fetch queues the copies of tile t0 into stage st from blk and
+	// records its slots (-1: past k_hi or an invalid block, zero-filled).
+	auto fetch = [&](int t0, int st) {
+		int *sl = slots + st * TC_BK;
+		__half *kd = Kst + st * TC_BK * LQ, *vd = Vst + st * TC_BK * LQ;
 #pragma unroll
-			for (int ks = 0; ks < KS; ks++) {
-#pragma unroll
-				for (int nt = 0; nt < 8; nt += 2) {
-					// matrices: (keys nt, d lo), (keys nt, d hi), (keys nt+1, d lo), (keys nt+1, d hi)
-					uint32_t b[4];
-					di_ldmatrix_x4(b, Ks + ((nt + (lm_mat >> 1)) * 8 + lm_row) * LQ + ks * 16 + (lm_mat & 1) * 8);
-					di_mma16816<__half>(sc[nt], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[0], b[1]);
-					di_mma16816<__half>(sc[nt + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[2], b[3]);
-				}
+		for (int j = 0; j < PER; j++) {
+			const int r = crow + j * RSTEP, t = t0 + r;
+			int slot = -1;
+			if (t < k_hi) {
+				if (blk[j] < 0 || blk[j] >= num_blocks) bad = true;
+				else slot = blk[j] * block_size + (t - block_of(t) * block_size);
 			}
+			if (ce == 0) sl[r] = slot;
+			const size_t off = slot >= 0 ? (size_t)slot * kv_width + ce : 0;
+			di_cp_async16(kd + r * LQ + ce, kbase + off, slot >= 0);
+			di_cp_async16(vd + r * LQ + ce, vbase + off, slot >= 0);
+		}
+		di_cp_async_commit();
+	};
+	if (t_first < k_hi) {
+		lookup(t_first);
+		fetch(t_first, 0);
+		if (t_first + TC_BK < k_hi) lookup(t_first + TC_BK);
+	}
+	// Q fragments straight from the float32 rows, rounded to half.
+	const int r0 = rbase + g;
+	uint32_t qf[KS][4];
 #pragma unroll
-			for (int i = 0; i < 2; i++) {
-				float mx = -CUDART_INF_F;
-				if (full) {
+	for (int i = 0; i < 2; i++) {
+		const int r = r0 + 8 * i;
+		const float *qrow = q + ((size_t)(q0 + j0 + r) * num_heads + h) * D + 2 * t4;
 #pragma unroll
-					for (int nt = 0; nt < 8; nt++) {
-#pragma unroll
-						for (int c = 0; c < 2; c++) {
-							const float v = sc[nt][2 * i + c] * scale_log2;
-							sc[nt][2 * i + c] = v;
-							mx = fmaxf(mx, v);
-						}
-					}
-				} else {
-#pragma unroll
-					for (int nt = 0; nt < 8; nt++) {
-#pragma unroll
-						for (int c = 0; c < 2; c++) {
-							const int kk = nt * 8 + 2 * t4 + c, t = t0 + kk;
-							const bool vis = kk < n && sl[kk] >= 0 && t >= first[i] && t < last[i];
-							const float v = vis ? sc[nt][2 * i + c] * scale_log2 : -CUDART_INF_F;
-							sc[nt][2 * i + c] = v;
-							mx = fmaxf(mx, v);
-						}
-					}
-				}
-				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-				const float m_new = fmaxf(m[i], mx);
-				float alpha = 1.f, sum = 0.f;
-				if (m_new != -CUDART_INF_F) {
-					alpha = exp2f(m[i] - m_new);
-#pragma unroll
-					for (int nt = 0; nt < 8; nt++) {
-#pragma unroll
-						for (int c = 0; c < 2; c++) {
-							const float p = exp2f(sc[nt][2 * i + c] - m_new);
-							sc[nt][2 * i + c] = p;
-							sum += p;
-						}
-					}
-				} else {
-#pragma unroll
-					for (int nt = 0; nt < 8; nt++) sc[nt][2 * i] = sc[nt][2 * i + 1] = 0.f;
-				}
-				l[i] = l[i] * alpha + sum;
-				m[i] = m_new;
-#pragma unroll
-				for (int nd = 0; nd < ND; nd++) {
-					o[nd][2 * i] *= alpha;
-					o[nd][2 * i + 1] *= alpha;
-				}
+		for (int ks = 0; ks < KS; ks++) {
+			float2 lo = make_float2(0.f, 0.f), hi = lo;
+			if (r < nq) {
+				lo = *reinterpret_cast<const float2 *>(qrow + ks * 16);
+				hi = *reinterpret_cast<const float2 *>(qrow + ks * 16 + 8);
 			}
+			qf[ks][i] = di_half2_bits(lo.x, lo.y);
+			qf[ks][2 + i] = di_half2_bits(hi.x, hi.y);
+		}
+	}
+	const di_tc16_rows rw(rbase, g, nq, kl - ql + j0, window);
+	float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.f, 0.f}, o[ND][4];
 #pragma unroll
-			for (int kk = 0; kk < TC_BK / 16; kk++) {
-				uint32_t a[4];
-				a[0] = di_half2_bits(sc[2 * kk][0], sc[2 * kk][1]);
-				a[1] = di_half2_bits(sc[2 * kk][2], sc[2 * kk][3]);
-				a[2] = di_half2_bits(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-				a[3] = di_half2_bits(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-#pragma unroll
-				for (int nd = 0; nd < ND; nd += 2) {
-					// matrices: (keys lo, d nd), (keys hi, d nd), (keys lo, d nd+1), (keys hi, d nd+1)
-					uint32_t b[4];
-					di_ldmatrix_x4_trans(b, Vs + (kk * 16 + (lm_mat & 1) * 8 + lm_row) * LQ + (nd + (lm_mat >> 1)) * 8);
-					di_mma16816<__half>(o[nd], a[0], a[1], a[2], a[3], b[0], b[1]);
-					di_mma16816<__half>(o[nd + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
-				}
-			}
+	for (int nd = 0; nd < ND; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+	int st = 0;
+	for (int t0 = t_first; t0 < k_hi; t0 += TC_BK, st ^= 1) {
+		const int n = min(TC_BK, k_hi - t0);
+		if (t0 + TC_BK < k_hi) {
+			fetch(t0 + TC_BK, st ^ 1);
+			if (t0 + 2 * TC_BK < k_hi) lookup(t0 + 2 * TC_BK);
+			di_cp_async_wait<1>();
+		} else {
+			di_cp_async_wait<0>();
+		}
+		__syncthreads(); // tile t0 and its slots have landed for every thread
+		const int *sl = slots + st * TC_BK;
+		const __half *Ks = Kst + st * TC_BK * LQ, *Vs = Vst + st * TC_BK * LQ;
+		if (rw.sees(t0, n)) {
+			bool full = rw.unmasked(t0, n);
+			if (full) full = __all_sync(0xffffffffu, sl[lane] >= 0 && sl[lane + 32] >= 0);
+			di_tc16_tile<D>(o, m, l, qf, Ks, Vs, sl, t0, n, full, rw.first, rw.last, scale_log2);
 		}
 		__syncthreads(); // stage st is consumed before the next fetch refills it
 	}
-#pragma unroll
-	for (int i = 0; i < 2; i++) {
-		float li = l[i];
-		li += __shfl_xor_sync(0xffffffffu, li, 1);
-		li += __shfl_xor_sync(0xffffffffu, li, 2);
-		const int r = r0 + 8 * i;
-		if (r >= nq) continue;
-		const float inv = li > 0.f ? 1.f / li : 0.f;
-		float *orow = out + ((size_t)(q0 + j0 + r) * num_heads + h) * D + 2 * t4;
-#pragma unroll
-		for (int nd = 0; nd < ND; nd++)
-			*reinterpret_cast<float2 *>(orow + nd * 8) = make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
-	}
+	if (bad) atomicOr(check, DI_CHECK_ATTENTION);
+	di_tc16_store<D>(out + ((size_t)(q0 + j0) * num_heads + h) * D, (size_t)num_heads * D, o, l, r0, nq);
 }
 
 // ---------------------------------------------------------------- decode: tensor cores
@@ -1409,6 +1597,24 @@ static int di_prefill_tc(di_ctx *ctx, float *op, const float *qp, const T *kp, c
                          float scale, int window) {
 	const int tiles = (m->num_tokens + TC_BQ - 1) / TC_BQ + m->num_seqs; // bound on the prefill tiles
 	if constexpr (std::is_same<T, __half>::value) {
+		// Head size 128 stays on the one-head kernel: at one block of 8 warps a
+		// multiprocessor (the registers), 154 against 174 TFLOP/s.
+		if constexpr (D == 64) {
+			const int group = num_heads / num_kv_heads;
+			const int gtiles = (m->num_tokens + 15) / 16 + m->num_seqs; // bound on the tiles of >= 16 rows
+			if (ctx->prefill_gqa && GQA_WARPS % group == 0 && gtiles <= 65535) {
+				const size_t shmem = di_prefill_gqa_smem<D>();
+				cudaError_t e = cudaFuncSetAttribute(di_prefill_attn_gqa_k<D>,
+				                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
+				if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (prefill, GQA): cudaFuncSetAttribute");
+				const int bq = 16 * (GQA_WARPS / group);
+				const int gt = (m->num_tokens + bq - 1) / bq + m->num_seqs;
+				di_prefill_attn_gqa_k<D><<<dim3(num_kv_heads, gt), GQA_THREADS, shmem, ctx->stream>>>(
+				    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks,
+				    num_heads, num_kv_heads, scale * 1.4426950408889634f, window, ctx->check);
+				return di_check_launch(ctx, "attention (prefill, GQA)");
+			}
+		}
 		const size_t shmem = di_prefill_tc16_smem<D>();
 		cudaError_t e =
 		    cudaFuncSetAttribute(di_prefill_attn_tc16_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);

@@ -338,3 +338,70 @@ func TestGPUAttentionHalfCache(t *testing.T) {
 		}
 	}
 }
+
+// The prefill kernel that runs a KV head's query heads in one block
+// (di_prefill_attn_gqa_k, the default over half caches) gives the bits of
+// the one-head-a-block kernel (DEEPINFER_CUDA_PREFILL_GQA=0) at every group
+// size it takes (1, 2, 4, 8: 128, 64, 32 and 16 query rows a block) and at
+// one it does not (3, which falls back), for both head sizes, block sizes 16
+// and 32, a sliding window, and a batch of whole prompts, chunked prompts
+// (keys before the rows), a prompt of two rows and decode rows.
+func TestGPUPrefillGQA(t *testing.T) {
+	t.Setenv("DEEPINFER_CUDA_PREFILL_GQA", "0")
+	one := newGPU(t, GEMMRound)
+	t.Setenv("DEEPINFER_CUDA_PREFILL_GQA", "")
+	p := newPair(t, GEMMRound)
+	const numBlocks = 200
+	seqs := [][2]int{{300, 300}, {1, 90}, {77, 1000}, {2, 2}, {130, 131}, {1, 5}} // (query rows, keys)
+	for _, c := range []struct{ heads, kvHeads, dim, window int }{
+		{32, 8, 64, 0}, {16, 16, 64, 0}, {16, 8, 128, 0}, {16, 2, 64, 100}, {24, 8, 64, 0}, {16, 4, 128, 0},
+	} {
+		for _, blockSize := range []int{16, 32} {
+			name := fmt.Sprintf("h%d_kv%d_d%d_w%d_bs%d", c.heads, c.kvHeads, c.dim, c.window, blockSize)
+			t.Run(name, func(t *testing.T) {
+				ap := kernels.AttentionParams{NumHeads: c.heads, NumKVHeads: c.kvHeads, HeadDim: c.dim,
+					SlidingWindow: c.window, Scale: float32(1 / math.Sqrt(float64(c.dim))), InputDType: kernels.BF16}
+				b := p.pagedBatch(blockSize, numBlocks, seqs)
+				m := b.gpuMeta
+				m1 := m
+				for _, f := range []*kernels.Tensor{&m1.CuSeqlensQ, &m1.SeqlensK, &m1.BlockTables, &m1.SlotMapping} {
+					*f = upload(t, one, kernels.I32, kernels.I32Bytes(p.i32(p.g, *f)), kernels.I32, (*f).Shape()...)
+				}
+				width, w := c.kvHeads*c.dim, c.heads*c.dim
+				both := func(dt kernels.DType, raw []byte, shape ...int) (kernels.Tensor, kernels.Tensor) {
+					return upload(t, p.g, dt, raw, dt, shape...), upload(t, one, dt, raw, dt, shape...)
+				}
+				kg, k1 := both(kernels.F16, hostBytes(kernels.F16, randVals(p.r, numBlocks*blockSize*width, 1)), numBlocks, blockSize, width)
+				vg, v1 := both(kernels.F16, hostBytes(kernels.F16, randVals(p.r, numBlocks*blockSize*width, 1)), numBlocks, blockSize, width)
+				qg, q1 := both(kernels.F32, kernels.F32Bytes(randVals(p.r, b.numTokens*w, 2)), b.numTokens, w)
+				og, err := p.g.Alloc(kernels.F32, b.numTokens, w)
+				if err != nil {
+					t.Fatal(err)
+				}
+				o1, err := one.Alloc(kernels.F32, b.numTokens, w)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := p.g.Attention(og, qg, kg, vg, &m, ap); err != nil {
+					t.Fatal(err)
+				}
+				if err := one.Attention(o1, q1, k1, v1, &m1, ap); err != nil {
+					t.Fatal(err)
+				}
+				got, want := p.f32(p.g, og), p.f32(one, o1)
+				nonzero := 0
+				for i := range want {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("element %d (row %d): %v with a KV head's query heads in one block, %v one head a block", i, i/w, got[i], want[i])
+					}
+					if want[i] != 0 {
+						nonzero++
+					}
+				}
+				if nonzero < len(want)/2 {
+					t.Fatalf("only %d of %d outputs are nonzero", nonzero, len(want))
+				}
+			})
+		}
+	}
+}
