@@ -39,7 +39,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 5u
+#define DI_ABI_VERSION 6u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -247,6 +247,11 @@ typedef struct di_api {
 	int (*linear)(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr w, int w_dtype, di_dptr bias,
 	              int m, int n, int k);
 	int (*silu_mul)(di_ctx *ctx, di_dptr out, di_dptr gate_up, int rows, int n);
+	/* gated_mlp: out[m, hidden] = (silu(g) * u) down^T with [g u] = x gate_up^T,
+	 * for 16-bit weights (w_dtype DI_BF16 or DI_F16): x rounded to w_dtype,
+	 * g, u and the product stored in w_dtype (float32 accumulation). */
+	int (*gated_mlp)(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr gate_up, di_dptr down, int w_dtype,
+	                 int m, int n, int hidden);
 	int (*add)(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, uint64_t n);
 	int (*concat)(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, int rows, int m, int n);
 	/* split_columns copies columns of x (rows of x_pitch floats) into nparts

@@ -92,6 +92,9 @@ void di_scratch_free(di_ctx *ctx, void *p);
 // x and w of dtype (F32, BF16 or F16, both the same) on cuBLAS with float32
 // accumulation; all three are dense.
 int di_gemm(di_ctx *ctx, float *out, const void *x, const void *w, int dtype, int m, int n, int k);
+// di_gemm_to is di_gemm with the output in out_dtype (DI_F32, DI_BF16 or
+// DI_F16: the float32 accumulation rounded to nearest).
+int di_gemm_to(di_ctx *ctx, void *out, int out_dtype, const void *x, const void *w, int dtype, int m, int n, int k);
 
 // Operation entry points, implemented in kernels/cuda/*.cu.
 extern "C" {
@@ -102,6 +105,8 @@ int di_op_rms_norm(di_ctx *ctx, di_dptr out, di_dptr residual, di_dptr x, di_dpt
 int di_op_linear(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr w, int w_dtype, di_dptr bias, int m,
                  int n, int k);
 int di_op_silu_mul(di_ctx *ctx, di_dptr out, di_dptr gate_up, int rows, int n);
+int di_op_gated_mlp(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr gate_up, di_dptr down, int w_dtype, int m,
+                    int n, int hidden);
 int di_op_add(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, uint64_t n);
 int di_op_concat(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, int rows, int m, int n);
 int di_op_rope(di_ctx *ctx, di_dptr x, di_dptr positions, di_dptr cos, di_dptr sin, int num_tokens,

@@ -155,24 +155,35 @@ void di_scratch_free(di_ctx *ctx, void *p) { free_impl(ctx, p); }
 
 // ---------------------------------------------------------------- cuBLAS
 
-int di_gemm(di_ctx *ctx, float *out, const void *x, const void *w, int dtype, int m, int n, int k) {
-	if (m == 0 || n == 0) return DI_OK;
-	if (k == 0) {
-		CK(cudaMemsetAsync(out, 0, (size_t)m * n * sizeof(float), ctx->stream), "gemm: cudaMemsetAsync");
-		return DI_OK;
-	}
-	cudaDataType_t t;
+static int cuda_type(di_ctx *ctx, int dtype, cudaDataType_t *t) {
 	switch (dtype) {
-	case DI_F32: t = CUDA_R_32F; break;
-	case DI_BF16: t = CUDA_R_16BF; break;
-	case DI_F16: t = CUDA_R_16F; break;
-	default: return di_fail(ctx, DI_ERR_UNSUPPORTED, "gemm: dtype %d", dtype);
+	case DI_F32: *t = CUDA_R_32F; return DI_OK;
+	case DI_BF16: *t = CUDA_R_16BF; return DI_OK;
+	case DI_F16: *t = CUDA_R_16F; return DI_OK;
+	}
+	return di_fail(ctx, DI_ERR_UNSUPPORTED, "gemm: dtype %d", dtype);
+}
+
+int di_gemm(di_ctx *ctx, float *out, const void *x, const void *w, int dtype, int m, int n, int k) {
+	return di_gemm_to(ctx, out, DI_F32, x, w, dtype, m, n, k);
+}
+
+int di_gemm_to(di_ctx *ctx, void *out, int out_dtype, const void *x, const void *w, int dtype, int m, int n, int k) {
+	if (m == 0 || n == 0) return DI_OK;
+	cudaDataType_t t, to;
+	int rc = cuda_type(ctx, dtype, &t);
+	if (rc == DI_OK) rc = cuda_type(ctx, out_dtype, &to);
+	if (rc != DI_OK) return rc;
+	if (k == 0) {
+		const size_t esize = out_dtype == DI_F32 ? sizeof(float) : 2;
+		CK(cudaMemsetAsync(out, 0, (size_t)m * n * esize, ctx->stream), "gemm: cudaMemsetAsync");
+		return DI_OK;
 	}
 	const float alpha = 1.0f, beta = 0.0f;
 	// Row-major out[m,n] = x[m,k] w[n,k]^T is column-major out^T[n,m] = w^T' x^T'
 	// where w (row-major [n,k]) is column-major [k,n]: op(A) = A^T.
 	cublasStatus_t s = cublasGemmEx(ctx->cublas, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, t, k, x, t,
-	                                k, &beta, out, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+	                                k, &beta, out, to, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 	if (s != CUBLAS_STATUS_SUCCESS) {
 		char what[128];
 		snprintf(what, sizeof what, "cublasGemmEx m=%d n=%d k=%d dtype=%d", m, n, k, dtype);
@@ -618,6 +629,7 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->rms_norm = di_op_rms_norm;
 	out->linear = di_op_linear;
 	out->silu_mul = di_op_silu_mul;
+	out->gated_mlp = di_op_gated_mlp;
 	out->add = di_op_add;
 	out->concat = di_op_concat;
 	out->split_columns = di_op_split_columns;

@@ -215,6 +215,17 @@ type KVCacheDTyper interface {
 	KVCacheDType(weights DType) DType
 }
 
+// GatedMLPer is implemented by backends with a fused gated MLP without
+// biases: out = (silu(g) * u) downᵀ where [g u] = x gateUpᵀ (gateUp
+// [2n, hidden], down [hidden, n], out and x [T, hidden]). gu [T, 2n] and act
+// [T, n] are scratch in ActivationDType that the backend may use for the
+// intermediates (their contents afterwards are unspecified); a backend may
+// instead keep them in a narrower type, so the result need not equal
+// Linear, SiLUMul, Linear to the bit. Callers without it run those three.
+type GatedMLPer interface {
+	GatedMLP(out, x, gateUp, down, gu, act Tensor) error
+}
+
 // MLAParams are the per-layer constants of MLAAttention.
 type MLAParams struct {
 	NumHeads   int

@@ -93,6 +93,9 @@ func (p *mlp) forward(ops kernels.Ops, s *scratch, out, x kernels.Tensor) error 
 	if s.err != nil {
 		return s.err
 	}
+	if f, ok := ops.(kernels.GatedMLPer); ok && p.gateUpBias == nil && p.downBias == nil {
+		return f.GatedMLP(out, x, p.gateUp, p.down, gu, act)
+	}
 	if err := ops.Linear(gu, x, p.gateUp, p.gateUpBias); err != nil {
 		return err
 	}

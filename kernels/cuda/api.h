@@ -73,6 +73,9 @@ static inline int c_linear(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr
 	return a->linear(c, out, x, w, dt, bias, m, n, k);
 }
 static inline int c_silu_mul(di_api *a, di_ctx *c, di_dptr out, di_dptr gu, int rows, int n) { return a->silu_mul(c, out, gu, rows, n); }
+static inline int c_gated_mlp(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr gu, di_dptr down, int dt, int m, int n, int hidden) {
+	return a->gated_mlp(c, out, x, gu, down, dt, m, n, hidden);
+}
 static inline int c_add(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr y, uint64_t n) { return a->add(c, out, x, y, n); }
 static inline int c_split_columns(di_api *a, di_ctx *c, di_dptr x, int rows, int pitch, int n, const di_dptr *parts, const int *widths) {
 	return a->split_columns(c, x, rows, pitch, n, parts, widths);

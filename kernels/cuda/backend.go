@@ -157,6 +157,8 @@ type Backend struct {
 	fetches sampleFetches   // pinned copies of sampled tokens (sample.go)
 	prof    *profiler       // per-operation device times; nil unless ProfileEnv is 1
 	skip    map[string]bool // operations not queued (SkipEnv): timing ablations only
+	// GatedMLP keeps 16-bit intermediates from this many rows (MLPNarrowEnv; 0: never).
+	mlpNarrow int
 }
 
 var _ kernels.Ops = (*Backend)(nil)
@@ -179,6 +181,10 @@ func New(opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	mlpNarrow, err := mlpNarrowRows()
+	if err != nil {
+		return nil, err
+	}
 	lib, err := openLibrary(opts.Library)
 	if err != nil {
 		return nil, err
@@ -196,7 +202,7 @@ func New(opts Options) (*Backend, error) {
 		}
 		return nil, fmt.Errorf("cuda: %s: create context on device %d: %s: %w", lib.path, opts.Device, msg, ErrCUDA)
 	}
-	b := &Backend{lib: lib, ctx: ctx, gcEvery: opts.GCEvery, gemm: opts.GEMM, prof: newProfiler(), skip: skip}
+	b := &Backend{lib: lib, ctx: ctx, gcEvery: opts.GCEvery, gemm: opts.GEMM, prof: newProfiler(), skip: skip, mlpNarrow: mlpNarrow}
 	if b.gcEvery == 0 {
 		b.gcEvery = DefaultGCEvery
 	}

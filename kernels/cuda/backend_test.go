@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -137,5 +138,30 @@ func TestSkipSet(t *testing.T) {
 	t.Setenv(SkipEnv, "nonsense")
 	if _, err := New(Options{Library: filepath.Join(t.TempDir(), "missing.so")}); err == nil || !strings.Contains(err.Error(), SkipEnv) {
 		t.Errorf("New with %s=nonsense: error %v, want one naming the variable", SkipEnv, err)
+	}
+}
+
+// MLPNarrowEnv: unset means the default row count, 0 turns the 16-bit
+// intermediates off, anything but a count is refused with its value named.
+func TestMLPNarrowRows(t *testing.T) {
+	for _, tc := range []struct {
+		env     string
+		want    int
+		wantErr bool
+	}{
+		{"", defaultMLPNarrowRows, false}, {"0", 0, false}, {"256", 256, false},
+		{"-1", 0, true}, {"many", 0, true},
+	} {
+		t.Setenv(MLPNarrowEnv, tc.env)
+		got, err := mlpNarrowRows()
+		if tc.wantErr {
+			if err == nil || !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), strconv.Quote(tc.env)) {
+				t.Errorf("%s=%q: error = %v, want one naming the value, wrapping ErrUnsupported", MLPNarrowEnv, tc.env, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%s=%q: mlpNarrowRows() = %d, %v; want %d", MLPNarrowEnv, tc.env, got, err, tc.want)
+		}
 	}
 }

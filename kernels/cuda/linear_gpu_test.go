@@ -1,8 +1,10 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
@@ -299,6 +301,100 @@ func TestGPUGEMVWide(t *testing.T) {
 						t.Fatalf("%s %s %dx%d: column %d = %v wide, %v narrow", mode, dt, n, k, i, got[i], want[i])
 					}
 				}
+			}
+		}
+	}
+}
+
+// GatedMLP in GEMM mode round with 16-bit weights, from MLPNarrowEnv rows
+// (default 64), stores g, u and silu(g)*u in the weights' type: the result
+// matches a host reference with those rounding points (x, g, u and the
+// product to the type, float64 sums) and stays near the float32-intermediate
+// path. Below the threshold, and in mode split, it is Linear, SiLUMul,
+// Linear to the bit. Shapes it refuses name what is wrong.
+func TestGPUGatedMLP(t *testing.T) {
+	const hidden, n = 256, 384
+	round := func(dt kernels.DType, v float32) float32 {
+		if dt == kernels.BF16 {
+			return kernels.BF16ToF32(kernels.F32ToBF16(v))
+		}
+		return kernels.F16ToF32(kernels.F32ToF16(v))
+	}
+	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
+		for _, dt := range []kernels.DType{kernels.BF16, kernels.F16} {
+			p := newPair(t, mode)
+			g := p.g
+			alloc := func(shape ...int) kernels.Tensor {
+				ten, err := g.Alloc(kernels.F32, shape...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ten
+			}
+			for _, rows := range []int{3, 63, 64, 300} {
+				xs := randVals(p.r, rows*hidden, 1)
+				wgu, wd := randVals(p.r, 2*n*hidden, 0.08), randVals(p.r, hidden*n, 0.08)
+				x := upload(t, g, kernels.F32, kernels.F32Bytes(xs), kernels.F32, rows, hidden)
+				gw := upload(t, g, dt, hostBytes(dt, wgu), dt, 2*n, hidden)
+				dw := upload(t, g, dt, hostBytes(dt, wd), dt, hidden, n)
+				out, gu, act := alloc(rows, hidden), alloc(rows, 2*n), alloc(rows, n)
+				if err := g.GatedMLP(out, x, gw, dw, gu, act); err != nil {
+					t.Fatal(err)
+				}
+				got := p.f32(g, out)
+				out3, gu3, act3 := alloc(rows, hidden), alloc(rows, 2*n), alloc(rows, n)
+				if err := g.Linear(gu3, x, gw, nil); err != nil {
+					t.Fatal(err)
+				}
+				if err := g.SiLUMul(act3, gu3); err != nil {
+					t.Fatal(err)
+				}
+				if err := g.Linear(out3, act3, dw, nil); err != nil {
+					t.Fatal(err)
+				}
+				three := p.f32(g, out3)
+				name := fmt.Sprintf("%s %s %d rows", mode, dt, rows)
+				if mode == GEMMSplit || rows < defaultMLPNarrowRows {
+					for i := range three {
+						if math.Float32bits(got[i]) != math.Float32bits(three[i]) {
+							t.Fatalf("%s: element %d = %v, Linear+SiLUMul+Linear gave %v", name, i, got[i], three[i])
+						}
+					}
+					continue
+				}
+				ref := make([]float32, rows*hidden)
+				act64 := make([]float32, n)
+				for r := range rows {
+					xr := make([]float32, hidden)
+					for k := range hidden {
+						xr[k] = round(dt, xs[r*hidden+k])
+					}
+					dot := func(w []float32, row, width int, v []float32) float32 {
+						s := 0.0
+						for k := range width {
+							s += float64(round(dt, w[row*width+k])) * float64(v[k])
+						}
+						return float32(s)
+					}
+					for j := range n {
+						gv, uv := round(dt, dot(wgu, j, hidden, xr)), round(dt, dot(wgu, n+j, hidden, xr))
+						act64[j] = round(dt, float32(float64(gv)/(1+math.Exp(-float64(gv)))*float64(uv)))
+					}
+					for j := range hidden {
+						ref[r*hidden+j] = dot(wd, j, n, act64)
+					}
+				}
+				if e := maxRelErr(got, ref); !(e <= 2e-3) {
+					t.Errorf("%s: max relative error %.2e against the host reference with 16-bit intermediates (want <= 2e-3)", name, e)
+				}
+				if e := maxRelErr(got, three); !(e <= 1e-2) {
+					t.Errorf("%s: max relative error %.2e against float32 intermediates (want <= 1e-2)", name, e)
+				}
+			}
+			x := alloc(4, hidden)
+			gw := upload(t, g, dt, hostBytes(dt, make([]float32, (2*n+1)*hidden)), dt, 2*n+1, hidden)
+			if err := g.GatedMLP(alloc(4, hidden), x, gw, gw, alloc(4, 2*n), alloc(4, n)); !errors.Is(err, kernels.ErrShape) || !strings.Contains(err.Error(), "gate_up") {
+				t.Errorf("gate_up of %d rows: err = %v, want a shape error naming gate_up", 2*n+1, err)
 			}
 		}
 	}

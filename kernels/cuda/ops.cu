@@ -495,6 +495,72 @@ extern "C" int di_op_silu_mul(di_ctx *ctx, di_dptr out, di_dptr gate_up, int row
 	return di_check_launch(ctx, "silu_mul");
 }
 
+// di_silu_mul16_k is di_silu_mul_k over 16-bit gate_up rows (T: bf16 or
+// half), the product rounded to T: 8 columns a thread (16-byte loads when n
+// is a multiple of 8).
+template <typename T> __global__ void di_silu_mul16_k(T *out, const T *gate_up, int rows, int n) {
+	di_pdl_wait();
+	const int j = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+	if (j >= n) return;
+	const bool vec = n % 8 == 0;
+	for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+		const T *g = gate_up + (size_t)r * 2 * n;
+		T *o = out + (size_t)r * n;
+		if (vec) {
+			const uint4 a = *reinterpret_cast<const uint4 *>(g + j), u = *reinterpret_cast<const uint4 *>(g + n + j);
+			const T *av = reinterpret_cast<const T *>(&a), *uv = reinterpret_cast<const T *>(&u);
+			uint4 res;
+			T *rv = reinterpret_cast<T *>(&res);
+#pragma unroll
+			for (int e = 0; e < 8; e++) rv[e] = di_from_f32<T>(di_silu(di_to_f32(av[e])) * di_to_f32(uv[e]));
+			*reinterpret_cast<uint4 *>(o + j) = res;
+		} else {
+			for (int e = j; e < j + 8 && e < n; e++)
+				o[e] = di_from_f32<T>(di_silu(di_to_f32(g[e])) * di_to_f32(g[n + e]));
+		}
+	}
+}
+
+// di_op_gated_mlp runs a gated MLP with its intermediates in the weights'
+// 16-bit type: x narrowed, [g u] = x gate_up^T out of cuBLAS in T, silu(g)*u
+// in T, then the down projection into float32 out. Against Linear, SiLUMul,
+// Linear it moves half the intermediate bytes and skips the narrowing
+// before the down projection; g and u are rounded to T where those keep
+// float32. Scratch: m x (hidden + 3n) elements of T for the call.
+template <typename T>
+static int gated_mlp(di_ctx *ctx, float *out, const float *x, const void *gate_up, const void *down, int w_dtype,
+                     int m, int n, int hidden) {
+	const size_t nx = (size_t)m * hidden, ngu = (size_t)m * 2 * n, nact = (size_t)m * n;
+	auto round_up = [](size_t c) { return (c + 127) / 128 * 128; }; // 256-byte aligned parts
+	void *buf = nullptr;
+	int rc = di_scratch(ctx, (round_up(nx) + round_up(ngu) + round_up(nact)) * sizeof(T), &buf);
+	if (rc != DI_OK) return rc;
+	T *xs = (T *)buf, *gu = xs + round_up(nx), *act = gu + round_up(ngu);
+	di_launch(ctx, di_narrow_k<T>, di_grid(nx, 256), 256, 0, xs, x, nx);
+	rc = di_check_launch(ctx, "gated_mlp: narrow");
+	if (rc == DI_OK) rc = di_gemm_to(ctx, gu, w_dtype, xs, gate_up, w_dtype, m, 2 * n, hidden);
+	if (rc == DI_OK) {
+		const int groups = (n + 7) / 8;
+		const dim3 grid((groups + 255) / 256, m < 65535 ? m : 65535);
+		di_launch(ctx, di_silu_mul16_k<T>, grid, 256, 0, act, (const T *)gu, m, n);
+		rc = di_check_launch(ctx, "gated_mlp: silu_mul");
+	}
+	if (rc == DI_OK) rc = di_gemm(ctx, out, act, down, w_dtype, m, hidden, n);
+	di_scratch_free(ctx, buf);
+	return rc;
+}
+
+extern "C" int di_op_gated_mlp(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr gate_up, di_dptr down, int w_dtype, int m,
+                               int n, int hidden) {
+	if (m == 0) return DI_OK;
+	float *o = DI_PTR(float, out);
+	const float *xp = DI_PTR(const float, x);
+	const void *gw = DI_PTR(const void, gate_up), *dw = DI_PTR(const void, down);
+	if (w_dtype == DI_BF16) return gated_mlp<__nv_bfloat16>(ctx, o, xp, gw, dw, w_dtype, m, n, hidden);
+	if (w_dtype == DI_F16) return gated_mlp<__half>(ctx, o, xp, gw, dw, w_dtype, m, n, hidden);
+	return di_fail(ctx, DI_ERR_UNSUPPORTED, "gated_mlp: weight dtype %d (want bf16 or f16)", w_dtype);
+}
+
 // ---------------------------------------------------------------- add, concat
 
 __global__ void di_add_k(float *out, const float *a, const float *b, size_t n) {

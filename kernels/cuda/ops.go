@@ -7,7 +7,9 @@ import "C"
 
 import (
 	"fmt"
+	"os"
 	"runtime"
+	"strconv"
 	"strings"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
@@ -157,6 +159,85 @@ func (b *Backend) SiLUMul(out, gateUp kernels.Tensor) error {
 	return b.launch(op, func() C.int {
 		return C.c_silu_mul(b.lib.api, b.ctx, o.ptr(), g.ptr(), C.int(rows), C.int(n))
 	}, o, g)
+}
+
+// MLPNarrowEnv sets the least number of rows (default 64; 0: never) for which
+// GatedMLP keeps its intermediates in the weights' 16-bit type (GEMM mode
+// round, BF16 or F16 weights): half the bytes of float32 gate, up and
+// product, and no narrowing pass before the down projection.
+const MLPNarrowEnv = "DEEPINFER_CUDA_MLP_NARROW"
+
+// defaultMLPNarrowRows is MLPNarrowEnv's default: from 64 rows (prefill
+// chunks, large decode batches) the intermediates' traffic is worth saving;
+// below, the GEMV paths read float32 rows.
+const defaultMLPNarrowRows = 64
+
+// mlpNarrowRows parses MLPNarrowEnv.
+func mlpNarrowRows() (int, error) {
+	v := os.Getenv(MLPNarrowEnv)
+	if v == "" {
+		return defaultMLPNarrowRows, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("cuda: %s=%q: want a row count (0: off): %w", MLPNarrowEnv, v, ErrUnsupported)
+	}
+	return n, nil
+}
+
+// GatedMLP implements kernels.GatedMLPer. In GEMM mode round with BF16 or
+// F16 weights and at least the MLPNarrowEnv rows, one library call keeps g,
+// u and silu(g)*u in the weights' type (rounded to nearest; gu and act are
+// not used); otherwise it runs Linear, SiLUMul, Linear through gu and act,
+// with their bits.
+func (b *Backend) GatedMLP(out, x, gateUp, down, gu, act kernels.Tensor) error {
+	const op = "gated_mlp"
+	o, err := asCUDA(op, "out", out)
+	if err != nil {
+		return err
+	}
+	xs, err := asCUDA(op, "x", x)
+	if err != nil {
+		return err
+	}
+	gw, err := asCUDA(op, "gate_up", gateUp)
+	if err != nil {
+		return err
+	}
+	dw, err := asCUDA(op, "down", down)
+	if err != nil {
+		return err
+	}
+	if err := checkShape(op, "x", xs, []int{-1, -1}, kernels.F32); err != nil {
+		return err
+	}
+	rows, hidden := xs.shape[0], xs.shape[1]
+	if err := checkShape(op, "gate_up", gw, []int{-1, hidden}); err != nil {
+		return err
+	}
+	if gw.shape[0]%2 != 0 {
+		return fmt.Errorf("cuda: %s: gate_up %v has an odd row count: %w", op, gw, kernels.ErrShape)
+	}
+	n := gw.shape[0] / 2
+	if err := checkShape(op, "down", dw, []int{hidden, n}, gw.dtype); err != nil {
+		return err
+	}
+	if err := checkShape(op, "out", o, []int{rows, hidden}, kernels.F32); err != nil {
+		return err
+	}
+	narrow := b.mlpNarrow > 0 && rows >= b.mlpNarrow && b.gemm == GEMMRound && (gw.dtype == kernels.BF16 || gw.dtype == kernels.F16)
+	if !narrow {
+		if err := b.Linear(gu, x, gateUp, nil); err != nil {
+			return err
+		}
+		if err := b.SiLUMul(act, gu); err != nil {
+			return err
+		}
+		return b.Linear(out, act, down, nil)
+	}
+	return b.launch(op, func() C.int {
+		return C.c_gated_mlp(b.lib.api, b.ctx, o.ptr(), xs.ptr(), gw.ptr(), dw.ptr(), C.int(gw.dtype), C.int(rows), C.int(n), C.int(hidden))
+	}, o, xs, gw, dw)
 }
 
 // Add computes out = a + b elementwise (out may alias a or b).

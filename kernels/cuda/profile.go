@@ -192,7 +192,7 @@ func FormatOpProfile(prof []OpTime, top int) []string {
 const SkipEnv = "DEEPINFER_CUDA_SKIP"
 
 // skippable are the operation names SkipEnv accepts.
-var skippable = []string{"add", "add_rms_norm", "attention", "concat", "embedding", "linear", "logits",
+var skippable = []string{"add", "add_rms_norm", "attention", "concat", "embedding", "gated_mlp", "linear", "logits",
 	"mla_attention", "moe", "moe_route", "qkv_prepare", "resolve_placeholders", "rms_norm", "rope", "sample",
 	"silu_mul", "split_columns", "write_cache"}
 
