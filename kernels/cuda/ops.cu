@@ -717,75 +717,96 @@ extern "C" int di_op_write_cache(di_ctx *ctx, di_dptr cache, di_dptr src, di_dpt
 
 // One block per (QKV_TOKENS tokens, head slot): slots [0, H) are q heads,
 // [H, H+Hkv) k heads, [H+Hkv, H+2Hkv) v heads; norm_threads(head_dim)
-// threads, so the per-head RMSNorm sums its squares in rms_norm's order. The
-// q or k heads of the block's tokens are staged in shared memory,
-// normalized, rotated pair by pair, and written to q or rounded into the K
-// cache; v heads go straight to the V cache. Each element takes the
-// operations of split_columns, rms_norm, rope and write_cache in the same
-// order, so the bits are theirs.
+// threads, thread j holding element j of each token's head (head_dim <=
+// threads). Each element takes the operations of split_columns, rms_norm,
+// rope and write_cache in the same order, so the bits are theirs. Every
+// global load is issued before anything waits on one: the norm weight
+// before griddepcontrol.wait (weights are never written), then the rows,
+// positions and cache slots of all the block's tokens together, then the
+// RoPE angles of their positions, which land while the per-head RMSNorm
+// sums the squares of all tokens in one block reduction (the same sums as
+// one reduction per token). Pairs are rotated through shared memory.
 template <typename T> __global__ void di_qkv_prepare_k(di_qkv a, unsigned *check) {
-	di_pdl_wait();
 	__shared__ float h[QKV_TOKENS][QKV_MAX_HEAD_DIM];
-	__shared__ double red[32];
-	const int t0 = blockIdx.x * QKV_TOKENS, slot_head = blockIdx.y, d = a.head_dim;
+	__shared__ double red[QKV_TOKENS][32];
+	const int t0 = blockIdx.x * QKV_TOKENS, slot_head = blockIdx.y, d = a.head_dim, j = threadIdx.x;
 	const int nt = min(QKV_TOKENS, a.num_tokens - t0);
 	const int nh = a.num_heads, nkv = a.num_kv_heads, width = nkv * d;
+	const bool is_q = slot_head < nh, is_v = slot_head >= nh + nkv, mine = j < d;
+	const float *norm = is_v ? nullptr : DI_PTR(const float, is_q ? a.q_norm : a.k_norm);
+	const float nw = norm && mine ? norm[j] : 0.f;
+	di_pdl_wait();
 	const size_t pitch = (size_t)(nh + 2 * nkv) * d;
 	const float *src = DI_PTR(const float, a.qkv) + (size_t)t0 * pitch + (size_t)slot_head * d;
 	const int *slots = DI_PTR(const int, a.slot_mapping) + t0;
-	const bool is_q = slot_head < nh, is_v = slot_head >= nh + nkv;
+	float x[QKV_TOKENS];
+	int pos[QKV_TOKENS], slot[QKV_TOKENS];
+#pragma unroll
+	for (int tt = 0; tt < QKV_TOKENS; tt++) {
+		x[tt] = tt < nt && mine ? src[tt * pitch + j] : 0.f;
+		pos[tt] = tt < nt && !is_v ? DI_PTR(const int, a.positions)[t0 + tt] : 0;
+		slot[tt] = tt < nt && !is_q ? slots[tt] : -1;
+	}
 	// slot_ok: the row is written to the caches (-1: skipped; out of range:
 	// reported and skipped).
-	auto slot_ok = [&](int slot) {
-		if (slot < -1 || slot >= a.num_slots) {
-			if (threadIdx.x == 0) atomicOr(check, DI_CHECK_WRITE_CACHE);
+	auto slot_ok = [&](int sl) {
+		if (sl < -1 || sl >= a.num_slots) {
+			if (j == 0) atomicOr(check, DI_CHECK_WRITE_CACHE);
 			return false;
 		}
-		return slot != -1;
+		return sl != -1;
 	};
 	if (is_v) {
-		for (int tt = 0; tt < nt; tt++) {
-			const int slot = slots[tt];
-			if (!slot_ok(slot)) continue;
-			T *dst = DI_PTR(T, a.v_cache) + (size_t)slot * width + (size_t)(slot_head - nh - nkv) * d;
-			for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = di_from_f32<T>(src[tt * pitch + j]);
-		}
+		T *vc = DI_PTR(T, a.v_cache) + (size_t)(slot_head - nh - nkv) * d;
+#pragma unroll
+		for (int tt = 0; tt < QKV_TOKENS; tt++)
+			if (tt < nt && slot_ok(slot[tt]) && mine) vc[(size_t)slot[tt] * width + j] = di_from_f32<T>(x[tt]);
 		return;
 	}
-	for (int tt = 0; tt < nt; tt++)
-		for (int j = threadIdx.x; j < d; j += blockDim.x) h[tt][j] = src[tt * pitch + j];
-	if (const float *norm = DI_PTR(const float, is_q ? a.q_norm : a.k_norm)) {
-		for (int tt = 0; tt < nt; tt++) {
-			double ss = 0;
-			for (int j = threadIdx.x; j < d; j += blockDim.x) ss += (double)h[tt][j] * (double)h[tt][j];
-			ss = di_block_sum(ss, red);
-			const float r = di_rms_scale(ss, d, a.eps);
-			for (int j = threadIdx.x; j < d; j += blockDim.x) h[tt][j] = (h[tt][j] * r) * norm[j];
+	const int half = a.rotary_dim / 2;
+	float cv[QKV_TOKENS], sv[QKV_TOKENS];
+#pragma unroll
+	for (int tt = 0; tt < QKV_TOKENS; tt++) {
+		const bool ok = tt < nt && pos[tt] >= 0 && pos[tt] < a.max_pos && j < half;
+		cv[tt] = ok ? DI_PTR(const float, a.cos)[(size_t)pos[tt] * half + j] : 0.f;
+		sv[tt] = ok ? DI_PTR(const float, a.sin)[(size_t)pos[tt] * half + j] : 0.f;
+	}
+	if (norm) {
+		const int lane = j & 31, warp = j >> 5, nwarps = blockDim.x >> 5;
+		double ss[QKV_TOKENS];
+#pragma unroll
+		for (int tt = 0; tt < QKV_TOKENS; tt++) {
+			ss[tt] = mine ? (double)x[tt] * (double)x[tt] : 0.0;
+			ss[tt] = di_warp_sum(ss[tt]);
+			if (lane == 0) red[tt][warp] = ss[tt];
+		}
+		__syncthreads();
+#pragma unroll
+		for (int tt = 0; tt < QKV_TOKENS; tt++) {
+			const double r = di_warp_sum(lane < nwarps ? red[tt][lane] : 0.0);
+			x[tt] = (x[tt] * di_rms_scale(r, d, a.eps)) * nw;
 		}
 	}
+#pragma unroll
+	for (int tt = 0; tt < QKV_TOKENS; tt++)
+		if (mine) h[tt][j] = x[tt];
 	__syncthreads();
-	const int half = a.rotary_dim / 2;
 	for (int tt = 0; tt < nt; tt++) {
-		const int pos = DI_PTR(const int, a.positions)[t0 + tt];
-		if (pos < 0 || pos >= a.max_pos) {
-			if (threadIdx.x == 0) atomicOr(check, DI_CHECK_ROPE);
+		if (pos[tt] < 0 || pos[tt] >= a.max_pos) {
+			if (j == 0) atomicOr(check, DI_CHECK_ROPE);
 			continue;
 		}
-		const float *c = DI_PTR(const float, a.cos) + (size_t)pos * half;
-		const float *s = DI_PTR(const float, a.sin) + (size_t)pos * half;
-		float *v = h[tt] + a.rot_offset;
-		for (int j = threadIdx.x; j < half; j += blockDim.x)
-			di_rotate(v, a.interleaved ? 2 * j : j, a.interleaved ? 2 * j + 1 : j + half, c[j], s[j]);
+		if (j < half)
+			di_rotate(h[tt] + a.rot_offset, a.interleaved ? 2 * j : j, a.interleaved ? 2 * j + 1 : j + half, cv[tt],
+			          sv[tt]);
 	}
 	__syncthreads();
+	if (!mine) return;
 	for (int tt = 0; tt < nt; tt++) {
-		if (is_q) {
-			float *dst = DI_PTR(float, a.q) + (size_t)(t0 + tt) * nh * d + (size_t)slot_head * d;
-			for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = h[tt][j];
-		} else if (const int slot = slots[tt]; slot_ok(slot)) {
-			T *dst = DI_PTR(T, a.k_cache) + (size_t)slot * width + (size_t)(slot_head - nh) * d;
-			for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = di_from_f32<T>(h[tt][j]);
-		}
+		if (is_q)
+			DI_PTR(float, a.q)[(size_t)(t0 + tt) * nh * d + (size_t)slot_head * d + j] = h[tt][j];
+		else if (slot_ok(slot[tt]))
+			DI_PTR(T, a.k_cache)[(size_t)slot[tt] * width + (size_t)(slot_head - nh) * d + j] = di_from_f32<T>(h[tt][j]);
 	}
 }
 
