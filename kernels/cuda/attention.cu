@@ -711,6 +711,19 @@ __global__ void __launch_bounds__(PF_THREADS)
 // Cost per (query tile, head): one read of the visible keys and values
 // (float32, mostly from L2) and 4 x 16 x 64 x head_dim FLOPs per key tile.
 
+// di_block_div maps a key position to its cache block and the offset in
+// it, by shifts when the block size is a power of two (all in practice)
+// instead of an integer division (tens of instructions).
+struct di_block_div {
+	int size, shift; // shift < 0: divide
+	__device__ __forceinline__ explicit di_block_div(int block_size) {
+		size = block_size;
+		shift = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
+	}
+	__device__ __forceinline__ int block(int t) const { return shift >= 0 ? t >> shift : t / size; }
+	__device__ __forceinline__ int slot(int blk, int t) const { return blk * size + (t - block(t) * size); }
+};
+
 // di_exp2_ftz is 2^x by the MUFU instruction alone (ex2.approx.ftz: about
 // 2 ulp, results below 2^-126 flushed to zero; -inf gives 0), without
 // exp2f's rescaling for subnormal results. The prefill softmax weights
@@ -1270,16 +1283,14 @@ __global__ void __launch_bounds__(GQA_THREADS, 2)
 	const int *bt = block_tables + (size_t)s * max_blocks;
 	const __half *kbase = kc + kvh * D, *vbase = vc + kvh * D;
 	const int crow = tid / CH, ce = (tid % CH) * 8;
-	// Block sizes that are powers of two (all in practice) divide by a shift.
-	const int bs_shift = (block_size & (block_size - 1)) == 0 ? __ffs(block_size) - 1 : -1;
-	auto block_of = [&](int t) { return bs_shift >= 0 ? t >> bs_shift : t / block_size; };
+	const di_block_div bd(block_size);
 	int blk[PER]; // cache blocks of this thread's rows of the next tile to fetch
 	bool bad = false; // an invalid block was met: reported once, at the end
 	auto lookup = [&](int t0) {
 #pragma unroll
 		for (int j = 0; j < PER; j++) {
 			const int t = t0 + crow + j * RSTEP;
-			blk[j] = t < k_hi ? __ldg(bt + block_of(t)) : -1;
+			blk[j] = t < k_hi ? __ldg(bt + bd.block(t)) : -1;
 		}
 	};
 	// fetch queues the copies of tile t0 into stage st from blk and
@@ -1293,7 +1304,7 @@ __global__ void __launch_bounds__(GQA_THREADS, 2)
 			int slot = -1;
 			if (t < k_hi) {
 				if (blk[j] < 0 || blk[j] >= num_blocks) bad = true;
-				else slot = blk[j] * block_size + (t - block_of(t) * block_size);
+				else slot = bd.slot(blk[j], t);
 			}
 			if (ce == 0) sl[r] = slot;
 			const size_t off = slot >= 0 ? (size_t)slot * kv_width + ce : 0;
@@ -1431,22 +1442,33 @@ __global__ void __launch_bounds__(TC_THREADS)
 	}
 	const int kv_width = num_kv_heads * D;
 	const T *kbase = kc + kvh * D, *vbase = vc + kvh * D;
+	const int *bt = block_tables + (size_t)s * max_blocks;
+	const di_block_div bd(block_size);
+	// Thread tid < TC_BK looks up the cache block of key tid of the next
+	// tile to fetch one fetch ahead, so that only the first tile's copies
+	// wait on a block-table read.
+	int blk_next = -1;
+	auto lookup = [&](int t0) {
+		const int t = t0 + tid;
+		if (tid < TC_BK && t >= t_lo && t < t_hi) blk_next = __ldg(bt + bd.block(t));
+	};
 	auto fetch = [&](int t0, int st) {
 		int *sl = slots + st * TC_BK;
 		if (tid < TC_BK) {
 			const int t = t0 + tid;
 			int slot = -1;
 			if (t >= t_lo && t < t_hi) {
-				const int blk = block_tables[(size_t)s * max_blocks + t / block_size];
-				if (blk < 0 || blk >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
-				else slot = blk * block_size + t % block_size;
+				if (blk_next < 0 || blk_next >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
+				else slot = bd.slot(blk_next, t);
 			}
 			sl[tid] = slot;
 		}
+		if (t0 + TC_BK < t_hi) lookup(t0 + TC_BK);
 		__syncthreads();
 		di_dec_stage<D, T>(Kst + st * TC_BK * LQ, Vst + st * TC_BK * LQ, kbase, vbase, kv_width, sl);
 	};
 	const int t_first = t_lo / TC_BK * TC_BK;
+	lookup(t_first);
 	fetch(t_first, 0);
 	const float *qr = q + ((size_t)q0 * num_heads + h0) * D;
 	for (int i = tid; i < 16 * (D / 4); i += TC_THREADS) {
