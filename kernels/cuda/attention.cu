@@ -506,34 +506,52 @@ __device__ __forceinline__ void di_stage_rows(float *dst, int ld, const T *base,
 	}
 }
 
-// di_prefill_tile finds query tile number b over the prefill sequences
-// (two or more query rows), tiles of bq rows, the last (longest) tile of
-// each sequence first: the sequence and the tile's index within it. It
-// returns false for b past the last tile. Every thread calls it; thread 0
-// walks the sequences.
-__device__ __forceinline__ bool di_prefill_tile(const int *cu, int num_seqs, int bq, int b, int *seq, int *tile) {
-	__shared__ int s_seq, s_tile;
-	if (threadIdx.x == 0) {
-		int sq = -1, t = 0;
-		for (int si = 0; si < num_seqs; si++) {
-			const int ql = cu[si + 1] - cu[si];
-			if (ql < 2) continue;
-			const int nt = (ql + bq - 1) / bq;
-			if (b < nt) {
-				sq = si;
-				t = nt - 1 - b;
-				break;
+// di_prefill_rows is a prefill block's query rows: find takes query tile
+// number b over the prefill sequences (two or more query rows), tiles of
+// bq rows, the last (longest) tile of each sequence first. It returns false
+// for b past the last tile, and for a sequence whose key count is below its
+// query count or above max_keys (its block table's reach): that is
+// reported to check and the tile's rows of heads [h0, h0+nh) of out (rows
+// of num_heads x head_dim floats) are zeroed. Every thread calls it;
+// thread 0 walks the sequences.
+struct di_prefill_rows {
+	int s, q0, ql, kl; // the sequence, its first query row, query and key counts
+	int j0, nq;        // the tile's first row within the sequence and its row count
+	__device__ __forceinline__ bool find(const int *cu, const int *seqlens_k, int num_seqs, int bq, int b,
+	                                     int max_keys, float *out, int num_heads, int h0, int nh, int head_dim,
+	                                     unsigned *check) {
+		__shared__ int s_seq, s_tile;
+		if (threadIdx.x == 0) {
+			int sq = -1, t = 0;
+			for (int si = 0; si < num_seqs; si++) {
+				const int n = cu[si + 1] - cu[si];
+				if (n < 2) continue;
+				const int nt = (n + bq - 1) / bq;
+				if (b < nt) {
+					sq = si;
+					t = nt - 1 - b;
+					break;
+				}
+				b -= nt;
 			}
-			b -= nt;
+			s_seq = sq;
+			s_tile = t;
 		}
-		s_seq = sq;
-		s_tile = t;
+		__syncthreads();
+		s = s_seq;
+		if (s < 0) return false;
+		q0 = cu[s], ql = cu[s + 1] - q0, kl = seqlens_k[s];
+		j0 = s_tile * bq, nq = min(bq, ql - j0);
+		if (kl >= ql && kl <= max_keys) return true;
+		if (threadIdx.x == 0) atomicOr(check, DI_CHECK_ATTENTION);
+		const int w = nh * head_dim; // the heads are adjacent in a row
+		for (int idx = threadIdx.x; idx < nq * w; idx += blockDim.x) {
+			const int r = idx / w;
+			out[((size_t)(q0 + j0 + r) * num_heads + h0) * head_dim + idx - r * w] = 0.f;
+		}
+		return false;
 	}
-	__syncthreads();
-	*seq = s_seq;
-	*tile = s_tile;
-	return s_seq >= 0;
-}
+};
 
 // ---------------------------------------------------------------- prefill: query tiles
 
@@ -563,17 +581,12 @@ __global__ void __launch_bounds__(PF_THREADS)
 	int *slots = (int *)(Ps + PF_BQ * (PF_BK + 1));
 	const int tid = threadIdx.x, ty = tid >> 3, tx = tid & 7;
 	const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
-	int s, tile;
-	if (!di_prefill_tile(cu, num_seqs, PF_BQ, blockIdx.x, &s, &tile)) return;
-	const int q0 = cu[s], ql = cu[s + 1] - q0, kl = seqlens_k[s];
-	const int j0 = tile * PF_BQ, nq = min(PF_BQ, ql - j0);
-	const int kv_width = num_kv_heads * head_dim;
-	if (kl < ql || kl > max_blocks * block_size) {
-		if (tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
-		for (int idx = tid; idx < nq * head_dim; idx += PF_THREADS)
-			out[((size_t)(q0 + j0 + idx / head_dim) * num_heads + h) * head_dim + idx % head_dim] = 0.f;
+	di_prefill_rows pr;
+	if (!pr.find(cu, seqlens_k, num_seqs, PF_BQ, blockIdx.x, max_blocks * block_size, out, num_heads, h, 1, head_dim,
+	             check))
 		return;
-	}
+	const int s = pr.s, q0 = pr.q0, ql = pr.ql, kl = pr.kl, j0 = pr.j0, nq = pr.nq;
+	const int kv_width = num_kv_heads * head_dim;
 	if (tid < PF_BQ) slots[tid] = tid < nq ? q0 + j0 + tid : -1; // query rows, for staging
 	__syncthreads();
 	di_stage_rows(Qs, ld, q + (size_t)h * head_dim, (size_t)num_heads * head_dim, slots, PF_BQ, head_dim, vec4);
@@ -703,8 +716,8 @@ __global__ void __launch_bounds__(PF_THREADS)
 // inf or NaN), with float32 accumulation and a float32 online softmax.
 // One block of TC_WARPS warps takes TC_BQ query rows of one head (16 rows a
 // warp) against TC_BK-key tiles staged in shared memory, converted from the
-// float32 cache once per block; V is staged transposed so that both
-// products read their B fragments as aligned 32-bit words. Key tiles are
+// float32 cache once per block, and each warp runs di_tc16_tile over
+// them, as the half-cache kernels do over their copies. Key tiles are
 // aligned to absolute positions and every output element is a fixed
 // sequence of tensor-core products, so, as with di_prefill_attn_k, a row's
 // bits do not depend on its batch or on how its prompt is chunked.
@@ -746,10 +759,9 @@ __device__ __forceinline__ uint32_t di_half2_bits(float lo, float hi) {
 }
 
 // di_stage_half converts rows of D floats to half in shared memory: row r
-// from base + rowsel[r]*stride (zeros where rowsel[r] < 0) to dst + r*ld,
-// or to column r of dst (dst[e*ld + r]) when Transpose. Rows are 16-byte
-// aligned; each thread keeps four float4 loads in flight.
-template <int D, bool Transpose, typename T>
+// from base + rowsel[r]*stride (zeros where rowsel[r] < 0) to dst + r*ld.
+// Rows are 16-byte aligned; each thread keeps four float4 loads in flight.
+template <int D, typename T>
 __device__ __forceinline__ void di_stage_half(__half *dst, int ld, const T *base, size_t stride,
                                               const int *rowsel, int rows) {
 	constexpr int per = D / 4;
@@ -770,190 +782,13 @@ __device__ __forceinline__ void di_stage_half(__half *dst, int ld, const T *base
 			const int f = f0 + u * nt;
 			if (f >= total) continue;
 			const int r = f / per, e = (f - r * per) * 4;
-			if (Transpose) {
-				dst[(e + 0) * ld + r] = __float2half_rn(v[u].x);
-				dst[(e + 1) * ld + r] = __float2half_rn(v[u].y);
-				dst[(e + 2) * ld + r] = __float2half_rn(v[u].z);
-				dst[(e + 3) * ld + r] = __float2half_rn(v[u].w);
-			} else {
-				uint2 w;
-				w.x = di_half2_bits(v[u].x, v[u].y);
-				w.y = di_half2_bits(v[u].z, v[u].w);
-				*reinterpret_cast<uint2 *>(dst + r * ld + e) = w;
-			}
+			uint2 w;
+			w.x = di_half2_bits(v[u].x, v[u].y);
+			w.y = di_half2_bits(v[u].z, v[u].w);
+			*reinterpret_cast<uint2 *>(dst + r * ld + e) = w;
 		}
 	}
 }
-
-template <int D> static size_t di_prefill_tc_smem() {
-	return (size_t)(TC_BQ * (D + 8) + TC_BK * (D + 8) + D * (TC_BK + 8)) * sizeof(__half) + TC_BK * sizeof(int);
-}
-
-template <int D, typename T>
-__global__ void __launch_bounds__(TC_THREADS)
-    di_prefill_attn_tc_k(float *out, const float *q, const T *kc, const T *vc, const int *cu,
-                         const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks, int block_size,
-                         int num_blocks, int num_heads, int num_kv_heads, float scale_log2, int window,
-                         unsigned *check) {
-	constexpr int LQ = D + 8, LV = TC_BK + 8, KS = D / 16, ND = D / 8;
-	extern __shared__ __align__(16) unsigned char tc_smem[];
-	__half *Qs = reinterpret_cast<__half *>(tc_smem), *Ks = Qs + TC_BQ * LQ, *Vt = Ks + TC_BK * LQ;
-	int *slots = reinterpret_cast<int *>(Vt + D * LV);
-	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-	const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
-	int s, tile;
-	if (!di_prefill_tile(cu, num_seqs, TC_BQ, blockIdx.x, &s, &tile)) return;
-	const int q0 = cu[s], ql = cu[s + 1] - q0, kl = seqlens_k[s];
-	const int j0 = tile * TC_BQ, nq = min(TC_BQ, ql - j0);
-	const int kv_width = num_kv_heads * D;
-	if (kl < ql || kl > max_blocks * block_size) {
-		if (tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
-		for (int idx = tid; idx < nq * D; idx += TC_THREADS)
-			out[((size_t)(q0 + j0 + idx / D) * num_heads + h) * D + idx % D] = 0.f;
-		return;
-	}
-	if (tid < TC_BQ) slots[tid] = tid < nq ? q0 + j0 + tid : -1; // query rows, for staging
-	__syncthreads();
-	di_stage_half<D, false, float>(Qs, LQ, q + (size_t)h * D, (size_t)num_heads * D, slots, TC_BQ);
-	__syncthreads();
-	const int r0 = warp * 16 + g; // this thread's rows: r0 and r0 + 8
-	uint32_t qf[KS][4];
-#pragma unroll
-	for (int ks = 0; ks < KS; ks++) {
-		const __half *a = Qs + r0 * LQ + ks * 16 + 2 * t4;
-		qf[ks][0] = *reinterpret_cast<const uint32_t *>(a);
-		qf[ks][1] = *reinterpret_cast<const uint32_t *>(a + 8 * LQ);
-		qf[ks][2] = *reinterpret_cast<const uint32_t *>(a + 8);
-		qf[ks][3] = *reinterpret_cast<const uint32_t *>(a + 8 * LQ + 8);
-	}
-	// Visible keys [first, last) of the two rows; rows past nq see none.
-	int first[2], last[2];
-#pragma unroll
-	for (int i = 0; i < 2; i++) {
-		const int r = r0 + 8 * i;
-		last[i] = r < nq ? kl - ql + j0 + r + 1 : 0;
-		first[i] = window > 0 ? max(0, last[i] - window) : 0;
-	}
-	// The warp's rows see keys in [w_lo, w_hi): tiles outside are skipped.
-	const int wr_last = min(warp * 16 + 15, nq - 1);
-	const int w_hi = warp * 16 < nq ? kl - ql + j0 + wr_last + 1 : 0;
-	const int w_lo = window > 0 ? max(0, kl - ql + j0 + warp * 16 + 1 - window) : 0;
-	const int k_hi = kl - ql + j0 + nq;
-	const int k_lo = window > 0 ? max(0, kl - ql + j0 + 1 - window) : 0;
-	float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.f, 0.f}, o[ND][4];
-#pragma unroll
-	for (int nd = 0; nd < ND; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
-	for (int t0 = k_lo / TC_BK * TC_BK; t0 < k_hi; t0 += TC_BK) {
-		const int n = min(TC_BK, k_hi - t0);
-		__syncthreads(); // the previous tile is consumed
-		if (tid < TC_BK) {
-			int slot = -1;
-			if (tid < n) {
-				const int t = t0 + tid;
-				const int blk = block_tables[(size_t)s * max_blocks + t / block_size];
-				if (blk < 0 || blk >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
-				else slot = blk * block_size + t % block_size;
-			}
-			slots[tid] = slot;
-		}
-		__syncthreads();
-		di_stage_half<D, false, T>(Ks, LQ, kc + kvh * D, kv_width, slots, TC_BK);
-		di_stage_half<D, true, T>(Vt, LV, vc + kvh * D, kv_width, slots, TC_BK);
-		__syncthreads();
-		if (t0 >= w_hi || t0 + n <= w_lo) continue; // no key of this tile is visible to the warp
-		float sc[8][4];
-#pragma unroll
-		for (int nt = 0; nt < 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-#pragma unroll
-		for (int ks = 0; ks < KS; ks++) {
-#pragma unroll
-			for (int nt = 0; nt < 8; nt++) {
-				const __half *b = Ks + (nt * 8 + g) * LQ + ks * 16 + 2 * t4;
-				di_mma16816<__half>(sc[nt], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], *reinterpret_cast<const uint32_t *>(b),
-				           *reinterpret_cast<const uint32_t *>(b + 8));
-			}
-		}
-#pragma unroll
-		for (int i = 0; i < 2; i++) {
-			float mx = -CUDART_INF_F;
-#pragma unroll
-			for (int nt = 0; nt < 8; nt++) {
-#pragma unroll
-				for (int c = 0; c < 2; c++) {
-					const int kk = nt * 8 + 2 * t4 + c, t = t0 + kk;
-					const bool vis = kk < n && slots[kk] >= 0 && t >= first[i] && t < last[i];
-					const float v = vis ? sc[nt][2 * i + c] * scale_log2 : -CUDART_INF_F;
-					sc[nt][2 * i + c] = v;
-					mx = fmaxf(mx, v);
-				}
-			}
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-			const float m_new = fmaxf(m[i], mx);
-			float alpha = 1.f, sum = 0.f;
-			if (m_new != -CUDART_INF_F) {
-				alpha = di_exp2_ftz(m[i] - m_new);
-#pragma unroll
-				for (int nt = 0; nt < 8; nt++) {
-#pragma unroll
-					for (int c = 0; c < 2; c++) {
-						const float p = di_exp2_ftz(sc[nt][2 * i + c] - m_new);
-						sc[nt][2 * i + c] = p;
-						sum += p;
-					}
-				}
-			} else {
-#pragma unroll
-				for (int nt = 0; nt < 8; nt++) sc[nt][2 * i] = sc[nt][2 * i + 1] = 0.f;
-			}
-			l[i] = l[i] * alpha + sum; // this thread's share; the quad sums at the end
-			m[i] = m_new;
-#pragma unroll
-			for (int nd = 0; nd < ND; nd++) {
-				o[nd][2 * i] *= alpha;
-				o[nd][2 * i + 1] *= alpha;
-			}
-		}
-#pragma unroll
-		for (int kk = 0; kk < TC_BK / 16; kk++) {
-			uint32_t a[4];
-			a[0] = di_half2_bits(sc[2 * kk][0], sc[2 * kk][1]);
-			a[1] = di_half2_bits(sc[2 * kk][2], sc[2 * kk][3]);
-			a[2] = di_half2_bits(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-			a[3] = di_half2_bits(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
-#pragma unroll
-			for (int nd = 0; nd < ND; nd++) {
-				const __half *b = Vt + (nd * 8 + g) * LV + kk * 16 + 2 * t4;
-				di_mma16816<__half>(o[nd], a[0], a[1], a[2], a[3], *reinterpret_cast<const uint32_t *>(b),
-				           *reinterpret_cast<const uint32_t *>(b + 8));
-			}
-		}
-	}
-#pragma unroll
-	for (int i = 0; i < 2; i++) {
-		float li = l[i];
-		li += __shfl_xor_sync(0xffffffffu, li, 1);
-		li += __shfl_xor_sync(0xffffffffu, li, 2);
-		const int r = r0 + 8 * i;
-		if (r >= nq) continue;
-		const float inv = li > 0.f ? 1.f / li : 0.f;
-		float *orow = out + ((size_t)(q0 + j0 + r) * num_heads + h) * D + 2 * t4;
-#pragma unroll
-		for (int nd = 0; nd < ND; nd++)
-			*reinterpret_cast<float2 *>(orow + nd * 8) = make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
-	}
-}
-
-// di_prefill_attn_tc16_k is di_prefill_attn_tc_k for half caches: the key
-// and value tiles are copied into shared memory as they are stored, with
-// cp.async in two stages (tile i+1 in flight while tile i is computed), and
-// the B fragments are read with ldmatrix (transposed for V). A tile whose
-// every key is visible to every row of the warp skips the per-score
-// masking. Same tiling, same products in the same order, so the bits equal
-// di_prefill_attn_tc_k's over the same half values. (Two m16 tiles a warp,
-// 128-row blocks, measured slower: 146 vs 151 TFLOP/s at head size 64.)
-// Shared memory: Q [TC_BQ][D+8] and two stages of K and V [TC_BK][D+8]
-// halves, plus the tiles' slots.
 
 __device__ __forceinline__ void di_ldmatrix_x4(uint32_t *r, const void *smem) {
 	const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -966,6 +801,44 @@ __device__ __forceinline__ void di_ldmatrix_x4_trans(uint32_t *r, const void *sm
 	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
 	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
 	             : "r"(s));
+}
+
+// di_softmax_update folds row half i (0: the thread's row g, 1: row g+8)
+// of a warp's m16 score tile sc (NT n8 tiles, scaled to log2 units and
+// masked with -inf; mx: the thread's max of them) into the running max m,
+// sum l (the thread's share; the quad adds at the end) and output o, and
+// turns the scores into probabilities. FTZ: 2^x by di_exp2_ftz (the
+// prefill kernels), else exp2f (decode).
+template <bool FTZ, int NT, int ND>
+__device__ __forceinline__ void di_softmax_update(float (&sc)[NT][4], float (&m)[2], float (&l)[2],
+                                                  float (&o)[ND][4], int i, float mx) {
+	auto ex2 = [](float x) { return FTZ ? di_exp2_ftz(x) : exp2f(x); };
+	mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+	mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+	const float m_new = fmaxf(m[i], mx);
+	float alpha = 1.f, sum = 0.f;
+	if (m_new != -CUDART_INF_F) {
+		alpha = ex2(m[i] - m_new);
+#pragma unroll
+		for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+			for (int c = 0; c < 2; c++) {
+				const float p = ex2(sc[nt][2 * i + c] - m_new);
+				sc[nt][2 * i + c] = p;
+				sum += p;
+			}
+		}
+	} else {
+#pragma unroll
+		for (int nt = 0; nt < NT; nt++) sc[nt][2 * i] = sc[nt][2 * i + 1] = 0.f;
+	}
+	l[i] = l[i] * alpha + sum;
+	m[i] = m_new;
+#pragma unroll
+	for (int nd = 0; nd < ND; nd++) {
+		o[nd][2 * i] *= alpha;
+		o[nd][2 * i + 1] *= alpha;
+	}
 }
 
 // di_tc16_tile runs one key tile of a prefill warp (16 query rows of one
@@ -1023,32 +896,7 @@ __device__ __forceinline__ void di_tc16_tile(float (&o)[D / 8][4], float (&m)[2]
 				}
 			}
 		}
-		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-		const float m_new = fmaxf(m[i], mx);
-		float alpha = 1.f, sum = 0.f;
-		if (m_new != -CUDART_INF_F) {
-			alpha = di_exp2_ftz(m[i] - m_new);
-#pragma unroll
-			for (int nt = 0; nt < 8; nt++) {
-#pragma unroll
-				for (int c = 0; c < 2; c++) {
-					const float p = di_exp2_ftz(sc[nt][2 * i + c] - m_new);
-					sc[nt][2 * i + c] = p;
-					sum += p;
-				}
-			}
-		} else {
-#pragma unroll
-			for (int nt = 0; nt < 8; nt++) sc[nt][2 * i] = sc[nt][2 * i + 1] = 0.f;
-		}
-		l[i] = l[i] * alpha + sum;
-		m[i] = m_new;
-#pragma unroll
-		for (int nd = 0; nd < ND; nd++) {
-			o[nd][2 * i] *= alpha;
-			o[nd][2 * i + 1] *= alpha;
-		}
+		di_softmax_update<true>(sc, m, l, o, i, mx);
 	}
 #pragma unroll
 	for (int kk = 0; kk < TC_BK / 16; kk++) {
@@ -1117,6 +965,80 @@ __device__ __forceinline__ void di_tc16_store(float *orow0, size_t stride, const
 	}
 }
 
+template <int D> static size_t di_prefill_tc_smem() {
+	return (size_t)(TC_BQ * (D + 8) + 2 * TC_BK * (D + 8)) * sizeof(__half) + TC_BK * sizeof(int);
+}
+
+template <int D, typename T>
+__global__ void __launch_bounds__(TC_THREADS)
+    di_prefill_attn_tc_k(float *out, const float *q, const T *kc, const T *vc, const int *cu,
+                         const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks, int block_size,
+                         int num_blocks, int num_heads, int num_kv_heads, float scale_log2, int window,
+                         unsigned *check) {
+	constexpr int LQ = D + 8, KS = D / 16, ND = D / 8;
+	extern __shared__ __align__(16) unsigned char tc_smem[];
+	__half *Qs = reinterpret_cast<__half *>(tc_smem), *Ks = Qs + TC_BQ * LQ, *Vs = Ks + TC_BK * LQ;
+	int *slots = reinterpret_cast<int *>(Vs + TC_BK * LQ);
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+	const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
+	di_prefill_rows pr;
+	if (!pr.find(cu, seqlens_k, num_seqs, TC_BQ, blockIdx.x, max_blocks * block_size, out, num_heads, h, 1, D, check))
+		return;
+	const int s = pr.s, q0 = pr.q0, ql = pr.ql, kl = pr.kl, j0 = pr.j0, nq = pr.nq;
+	const int kv_width = num_kv_heads * D;
+	if (tid < TC_BQ) slots[tid] = tid < nq ? q0 + j0 + tid : -1; // query rows, for staging
+	__syncthreads();
+	di_stage_half<D, float>(Qs, LQ, q + (size_t)h * D, (size_t)num_heads * D, slots, TC_BQ);
+	__syncthreads();
+	const int r0 = warp * 16 + g; // this thread's rows: r0 and r0 + 8
+	uint32_t qf[KS][4];
+#pragma unroll
+	for (int ks = 0; ks < KS; ks++) {
+		const __half *a = Qs + r0 * LQ + ks * 16 + 2 * t4;
+		qf[ks][0] = *reinterpret_cast<const uint32_t *>(a);
+		qf[ks][1] = *reinterpret_cast<const uint32_t *>(a + 8 * LQ);
+		qf[ks][2] = *reinterpret_cast<const uint32_t *>(a + 8);
+		qf[ks][3] = *reinterpret_cast<const uint32_t *>(a + 8 * LQ + 8);
+	}
+	const di_tc16_rows rw(warp * 16, g, nq, kl - ql + j0, window);
+	const int k_hi = kl - ql + j0 + nq;
+	const int k_lo = window > 0 ? max(0, kl - ql + j0 + 1 - window) : 0;
+	float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.f, 0.f}, o[ND][4];
+#pragma unroll
+	for (int nd = 0; nd < ND; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+	for (int t0 = k_lo / TC_BK * TC_BK; t0 < k_hi; t0 += TC_BK) {
+		const int n = min(TC_BK, k_hi - t0);
+		__syncthreads(); // the previous tile is consumed
+		if (tid < TC_BK) {
+			int slot = -1;
+			if (tid < n) {
+				const int t = t0 + tid;
+				const int blk = block_tables[(size_t)s * max_blocks + t / block_size];
+				if (blk < 0 || blk >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
+				else slot = blk * block_size + t % block_size;
+			}
+			slots[tid] = slot;
+		}
+		__syncthreads();
+		di_stage_half<D, T>(Ks, LQ, kc + kvh * D, kv_width, slots, TC_BK);
+		di_stage_half<D, T>(Vs, LQ, vc + kvh * D, kv_width, slots, TC_BK);
+		__syncthreads();
+		if (rw.sees(t0, n)) di_tc16_tile<D>(o, m, l, qf, Ks, Vs, slots, t0, n, false, rw.first, rw.last, scale_log2);
+	}
+	di_tc16_store<D>(out + ((size_t)(q0 + j0) * num_heads + h) * D, (size_t)num_heads * D, o, l, r0, nq);
+}
+
+// di_prefill_attn_tc16_k is di_prefill_attn_tc_k for half caches: the key
+// and value tiles are copied into shared memory as they are stored, with
+// cp.async in two stages (tile i+1 in flight while tile i is computed), and
+// the B fragments are read with ldmatrix (transposed for V). A tile whose
+// every key is visible to every row of the warp skips the per-score
+// masking. Same tiling, same products in the same order, so the bits equal
+// di_prefill_attn_tc_k's over the same half values. (Two m16 tiles a warp,
+// 128-row blocks, measured slower: 146 vs 151 TFLOP/s at head size 64.)
+// Shared memory: Q [TC_BQ][D+8] and two stages of K and V [TC_BK][D+8]
+// halves, plus the tiles' slots.
+
 template <int D> static size_t di_prefill_tc16_smem() {
 	return (size_t)(TC_BQ * (D + 8) + 4 * TC_BK * (D + 8)) * sizeof(__half) + 2 * TC_BK * sizeof(int);
 }
@@ -1135,17 +1057,11 @@ __global__ void __launch_bounds__(TC_THREADS)
 	int *slots = reinterpret_cast<int *>(Vst + 2 * TC_BK * LQ); // [2][TC_BK]
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
-	int s, tile;
-	if (!di_prefill_tile(cu, num_seqs, TC_BQ, blockIdx.x, &s, &tile)) return;
-	const int q0 = cu[s], ql = cu[s + 1] - q0, kl = seqlens_k[s];
-	const int j0 = tile * TC_BQ, nq = min(TC_BQ, ql - j0);
-	const int kv_width = num_kv_heads * D;
-	if (kl < ql || kl > max_blocks * block_size) {
-		if (tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
-		for (int idx = tid; idx < nq * D; idx += TC_THREADS)
-			out[((size_t)(q0 + j0 + idx / D) * num_heads + h) * D + idx % D] = 0.f;
+	di_prefill_rows pr;
+	if (!pr.find(cu, seqlens_k, num_seqs, TC_BQ, blockIdx.x, max_blocks * block_size, out, num_heads, h, 1, D, check))
 		return;
-	}
+	const int s = pr.s, q0 = pr.q0, ql = pr.ql, kl = pr.kl, j0 = pr.j0, nq = pr.nq;
+	const int kv_width = num_kv_heads * D;
 	const int k_hi = kl - ql + j0 + nq;
 	const int k_lo = window > 0 ? max(0, kl - ql + j0 + 1 - window) : 0;
 	const int t_first = k_lo / TC_BK * TC_BK;
@@ -1263,20 +1179,12 @@ __global__ void __launch_bounds__(GQA_THREADS, 2)
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	const int group = num_heads / num_kv_heads, bq = 16 * (GQA_WARPS / group);
 	const int kvh = blockIdx.x, h = kvh * group + warp % group, rbase = warp / group * 16;
-	int s, tile;
-	if (!di_prefill_tile(cu, num_seqs, bq, blockIdx.y, &s, &tile)) return;
-	const int q0 = cu[s], ql = cu[s + 1] - q0, kl = seqlens_k[s];
-	const int j0 = tile * bq, nq = min(bq, ql - j0);
-	const int kv_width = num_kv_heads * D;
-	if (kl < ql || kl > max_blocks * block_size) {
-		if (tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
-		// The group's heads are adjacent in a row: group * D floats.
-		for (int idx = tid; idx < nq * group * D; idx += GQA_THREADS) {
-			const int r = idx / (group * D);
-			out[((size_t)(q0 + j0 + r) * num_heads + kvh * group) * D + idx - r * group * D] = 0.f;
-		}
+	di_prefill_rows pr;
+	if (!pr.find(cu, seqlens_k, num_seqs, bq, blockIdx.y, max_blocks * block_size, out, num_heads, kvh * group, group,
+	             D, check))
 		return;
-	}
+	const int s = pr.s, q0 = pr.q0, ql = pr.ql, kl = pr.kl, j0 = pr.j0, nq = pr.nq;
+	const int kv_width = num_kv_heads * D;
 	const int k_hi = kl - ql + j0 + nq;
 	const int k_lo = window > 0 ? max(0, kl - ql + j0 + 1 - window) : 0;
 	const int t_first = k_lo / TC_BK * TC_BK;
@@ -1397,8 +1305,8 @@ __device__ __forceinline__ void di_dec_stage(__half *kd, __half *vd, const T *kb
 		}
 		di_cp_async_commit();
 	} else {
-		di_stage_half<D, false, T>(kd, LQ, kbase, stride, sl, TC_BK);
-		di_stage_half<D, false, T>(vd, LQ, vbase, stride, sl, TC_BK);
+		di_stage_half<D, T>(kd, LQ, kbase, stride, sl, TC_BK);
+		di_stage_half<D, T>(vd, LQ, vbase, stride, sl, TC_BK);
 	}
 }
 
@@ -1527,32 +1435,7 @@ __global__ void __launch_bounds__(TC_THREADS)
 					mx = fmaxf(mx, v);
 				}
 			}
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-			const float m_new = fmaxf(m[i], mx);
-			float alpha = 1.f, sum = 0.f;
-			if (m_new != -CUDART_INF_F) {
-				alpha = exp2f(m[i] - m_new);
-#pragma unroll
-				for (int nt = 0; nt < 2; nt++) {
-#pragma unroll
-					for (int cc = 0; cc < 2; cc++) {
-						const float p = exp2f(sc[nt][2 * i + cc] - m_new);
-						sc[nt][2 * i + cc] = p;
-						sum += p;
-					}
-				}
-			} else {
-#pragma unroll
-				for (int nt = 0; nt < 2; nt++) sc[nt][2 * i] = sc[nt][2 * i + 1] = 0.f;
-			}
-			l[i] = l[i] * alpha + sum;
-			m[i] = m_new;
-#pragma unroll
-			for (int nd = 0; nd < ND; nd++) {
-				o[nd][2 * i] *= alpha;
-				o[nd][2 * i + 1] *= alpha;
-			}
+			di_softmax_update<false>(sc, m, l, o, i, mx);
 		}
 		uint32_t a[4];
 		a[0] = di_half2_bits(sc[0][0], sc[0][1]);

@@ -1,8 +1,10 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
@@ -400,6 +402,92 @@ func TestGPUPrefillGQA(t *testing.T) {
 				}
 				if nonzero < len(want)/2 {
 					t.Fatalf("only %d of %d outputs are nonzero", nonzero, len(want))
+				}
+			})
+		}
+	}
+}
+
+// A prefill sequence with fewer keys than query rows, or a cache block out
+// of range, is reported at the next Sync (ErrOutOfRange naming attention)
+// and its rows are zero, while the other sequence of the batch gets the
+// bits it gets alone: on every prefill kernel (the float32 one, tensor
+// cores over float32 and half caches, one head or a KV head's query heads
+// a block).
+func TestGPUPrefillAttentionChecks(t *testing.T) {
+	p := newPair(t, GEMMRound)
+	g := p.g
+	const blockSize, numBlocks, rows = 16, 20, 70
+	for _, c := range []struct {
+		name        string
+		dim         int
+		in, cacheDT kernels.DType
+	}{
+		{"float32", 40, kernels.F32, kernels.F32},
+		{"tensor cores, float32 cache", 64, kernels.BF16, kernels.F32},
+		{"tensor cores, half cache, one head a block", 128, kernels.BF16, kernels.F16},
+		{"tensor cores, half cache, a KV head a block", 64, kernels.BF16, kernels.F16},
+	} {
+		for _, bad := range []string{"keys", "block"} {
+			t.Run(c.name+"/"+bad, func(t *testing.T) {
+				ap := kernels.AttentionParams{NumHeads: 8, NumKVHeads: 2, HeadDim: c.dim,
+					Scale: float32(1 / math.Sqrt(float64(c.dim))), InputDType: c.in}
+				width, w := ap.NumKVHeads*c.dim, ap.NumHeads*c.dim
+				cache := func() kernels.Tensor {
+					return upload(t, g, c.cacheDT, hostBytes(c.cacheDT, randVals(p.r, numBlocks*blockSize*width, 1)), c.cacheDT, numBlocks, blockSize, width)
+				}
+				kc, vc := cache(), cache()
+				qv := randVals(p.r, 2*rows*w, 1)
+				qs := map[int]kernels.Tensor{ // by row count: both sequences, the good one alone
+					2 * rows: upload(t, g, kernels.F32, kernels.F32Bytes(qv), kernels.F32, 2*rows, w),
+					rows:     upload(t, g, kernels.F32, kernels.F32Bytes(qv[:rows*w]), kernels.F32, rows, w),
+				}
+				ints := func(xs []int32, shape ...int) kernels.Tensor {
+					return upload(t, g, kernels.I32, kernels.I32Bytes(xs), kernels.I32, shape...)
+				}
+				// Sequence 0 is good: blocks 0..4; sequence 1 uses 5..9.
+				tables := []int32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
+				keys := []int32{rows, rows}
+				if bad == "keys" {
+					keys[1] = rows - 20
+				} else {
+					tables[7] = numBlocks + 3
+				}
+				// run returns the output and what the Sync after it reported
+				// (before the download, which would report it too).
+				run := func(m kernels.AttentionMetadata, n int) ([]float32, error) {
+					out := upload(t, g, kernels.F32, kernels.F32Bytes(randVals(p.r, n*w, 9)), kernels.F32, n, w)
+					if err := g.Attention(out, qs[n], kc, vc, &m, ap); err != nil {
+						t.Fatal(err)
+					}
+					err := g.Sync()
+					vals, derr := kernels.ToF32(g, out)
+					if derr != nil {
+						t.Fatal(derr)
+					}
+					return vals, err
+				}
+				got, err := run(kernels.AttentionMetadata{NumSeqs: 2, NumTokens: 2 * rows, BlockSize: blockSize,
+					CuSeqlensQ: ints([]int32{0, rows, 2 * rows}, 3), SeqlensK: ints(keys, 2), BlockTables: ints(tables, 2, 5)}, 2*rows)
+				if !errors.Is(err, kernels.ErrOutOfRange) || !strings.Contains(err.Error(), "attention") {
+					t.Fatalf("Sync after a bad sequence: %v, want ErrOutOfRange naming attention", err)
+				}
+				alone, err := run(kernels.AttentionMetadata{NumSeqs: 1, NumTokens: rows, BlockSize: blockSize,
+					CuSeqlensQ: ints([]int32{0, rows}, 2), SeqlensK: ints(keys[:1], 1), BlockTables: ints(tables[:5], 1, 5)}, rows)
+				if err != nil {
+					t.Fatalf("the good sequence alone: %v", err)
+				}
+				for i := range alone {
+					if math.Float32bits(got[i]) != math.Float32bits(alone[i]) {
+						t.Fatalf("good sequence, element %d: %v beside the bad one, %v alone", i, got[i], alone[i])
+					}
+				}
+				if bad == "keys" {
+					for i := rows * w; i < 2*rows*w; i++ {
+						if got[i] != 0 {
+							t.Fatalf("bad sequence, element %d = %v, want 0", i-rows*w, got[i])
+						}
+					}
 				}
 			})
 		}
