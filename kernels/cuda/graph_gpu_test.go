@@ -8,6 +8,7 @@ import (
 
 	"github.com/deepinfer/deepinfer-go/engine/models"
 	"github.com/deepinfer/deepinfer-go/engine/models/random"
+	"github.com/deepinfer/deepinfer-go/engine/weights"
 	"github.com/deepinfer/deepinfer-go/kernels"
 )
 
@@ -16,19 +17,40 @@ import (
 var graphTestLlama = random.Llama{Vocab: 512, Hidden: 256, Intermediate: 512, Layers: 3, Heads: 8, KVHeads: 2,
 	HeadDim: 32, MaxPositions: 1024, BOS: 1, EOS: 2}
 
-// A captured decode step over a padded batch (three sequences and one
-// padding row: slot -1, one key in block 0) replays to the logits of the
-// same batch run eagerly, bit for bit.
+// A captured decode step over a padded batch (three sequences and padding
+// rows: slot -1, one key in block 0; 4 and 96 rows) replays to the logits
+// of the same batch run eagerly, bit for bit.
 func TestGPUGraphDecodeStep(t *testing.T) {
 	g := newGPU(t, GEMMRound)
 	dir := t.TempDir()
 	if err := random.WriteLlama(dir, graphTestLlama, 5); err != nil {
 		t.Fatal(err)
 	}
-	m, err := models.Builtin().Load(g, dir, models.Options{})
+	f32, err := models.Builtin().Load(g, dir, models.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The same shape with BF16 weights: half caches, tensor-core attention,
+	// and from 64 rows the MLP's 16-bit intermediates.
+	cfg, err := weights.ParseConfig([]byte(`{"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+		"vocab_size": 512, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 3,
+		"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 1024,
+		"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": false, "hidden_act": "silu"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bf16, err := models.Builtin().New(g, cfg, fastLlamaWeights(cfg), models.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, m := range map[string]models.Model{"float32 weights": f32, "bf16 weights": bf16} {
+		t.Run(name, func(t *testing.T) { checkGraphReplay(t, g, m) })
+	}
+}
+
+// checkGraphReplay prefills three sequences on m, then captures decode
+// steps over padded batches and compares each replay with the eager step.
+func checkGraphReplay(t *testing.T, g *Backend, m models.Model) {
 	const blockSize = 16
 	cache, err := m.NewKVCache(64, blockSize)
 	if err != nil {
@@ -52,67 +74,72 @@ func TestGPUGraphDecodeStep(t *testing.T) {
 	if _, err := m.Forward(context.Background(), cache, fb); err != nil {
 		t.Fatal(err)
 	}
-	// The padded decode batch, laid out as the forward stage does.
-	const size, width = 4, 8
-	ids := []int32{17, 18, 19, 0}
-	pos := []int32{int32(lens[0]), int32(lens[1]), int32(lens[2]), 0}
-	seqlensK := []int32{pos[0] + 1, pos[1] + 1, pos[2] + 1, 1}
-	slots := make([]int32, size)
-	bt := make([]int32, size*width)
-	for i := range bt {
-		bt[i] = -1
-	}
-	for s := range 3 {
-		copy(bt[s*width:], tables[s])
-		slots[s] = tables[s][pos[s]/blockSize]*blockSize + pos[s]%blockSize
-	}
-	bt[3*width] = 0
-	slots[3] = -1
-	up := func(xs []int32, shape ...int) kernels.Tensor {
-		return upload(t, g, kernels.I32, kernels.I32Bytes(xs), kernels.I32, shape...)
-	}
-	batch := &models.ForwardBatch{NumTokens: size, InputIDs: up(ids, size), Positions: up(pos, size),
-		Attn: kernels.AttentionMetadata{NumSeqs: size, NumTokens: size, MaxSeqlenQ: 1, BlockSize: blockSize,
-			CuSeqlensQ: up([]int32{0, 1, 2, 3, 4}, size+1), SeqlensK: up(seqlensK, size),
-			BlockTables: up(bt, size, width), SlotMapping: up(slots, size)}}
-	step := func() (kernels.Tensor, error) {
-		hidden, err := m.Forward(context.Background(), cache, batch)
-		if err != nil {
-			return nil, err
+	// Padded decode batches, laid out as the forward stage does: the three
+	// sequences, then padding rows (slot -1, one key in block 0). At 96 rows
+	// the linears run on cuBLAS and the MLP keeps 16-bit intermediates.
+	for _, size := range []int{4, 96} {
+		const width = 8
+		ids, pos, seqlensK, slots := make([]int32, size), make([]int32, size), make([]int32, size), make([]int32, size)
+		cuQ := make([]int32, size+1)
+		bt := make([]int32, size*width)
+		for i := range bt {
+			bt[i] = -1
 		}
-		return m.ComputeLogits(hidden, nil)
-	}
-	lg, err := step()
-	if err != nil {
-		t.Fatal(err)
-	}
-	eager, err := kernels.ToF32(g, lg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var captured kernels.Tensor
-	graph, err := g.CaptureGraph(func() error {
-		var err error
-		captured, err = step()
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer graph.Close()
-	for round := range 2 {
-		if err := graph.Replay(); err != nil {
-			t.Fatal(err)
-		}
-		replayed, err := kernels.ToF32(g, captured)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range eager {
-			if math.Float32bits(eager[i]) != math.Float32bits(replayed[i]) {
-				t.Fatalf("round %d: logit %d replayed %v, eager %v", round, i, replayed[i], eager[i])
+		for row := range size {
+			cuQ[row+1] = int32(row + 1)
+			seqlensK[row], slots[row], bt[row*width] = 1, -1, 0
+			if row < len(lens) {
+				ids[row], pos[row], seqlensK[row] = int32(17+row), int32(lens[row]), int32(lens[row]+1)
+				copy(bt[row*width:], tables[row])
+				slots[row] = tables[row][lens[row]/blockSize]*blockSize + int32(lens[row]%blockSize)
 			}
 		}
+		up := func(xs []int32, shape ...int) kernels.Tensor {
+			return upload(t, g, kernels.I32, kernels.I32Bytes(xs), kernels.I32, shape...)
+		}
+		batch := &models.ForwardBatch{NumTokens: size, InputIDs: up(ids, size), Positions: up(pos, size),
+			Attn: kernels.AttentionMetadata{NumSeqs: size, NumTokens: size, MaxSeqlenQ: 1, BlockSize: blockSize,
+				CuSeqlensQ: up(cuQ, size+1), SeqlensK: up(seqlensK, size),
+				BlockTables: up(bt, size, width), SlotMapping: up(slots, size)}}
+		step := func() (kernels.Tensor, error) {
+			hidden, err := m.Forward(context.Background(), cache, batch)
+			if err != nil {
+				return nil, err
+			}
+			return m.ComputeLogits(hidden, nil)
+		}
+		lg, err := step()
+		if err != nil {
+			t.Fatal(err)
+		}
+		eager, err := kernels.ToF32(g, lg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var captured kernels.Tensor
+		graph, err := g.CaptureGraph(func() error {
+			var err error
+			captured, err = step()
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for round := range 2 {
+			if err := graph.Replay(); err != nil {
+				t.Fatal(err)
+			}
+			replayed, err := kernels.ToF32(g, captured)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range eager {
+				if math.Float32bits(eager[i]) != math.Float32bits(replayed[i]) {
+					t.Fatalf("%d rows, round %d: logit %d replayed %v, eager %v", size, round, i, replayed[i], eager[i])
+				}
+			}
+		}
+		graph.Close()
+		t.Logf("graph replay of a padded decode batch of %d rows: %d logits bit-identical to eager", size, len(eager))
 	}
-	t.Logf("graph replay of a padded decode batch: %d logits bit-identical to eager", len(eager))
 }
