@@ -302,3 +302,53 @@ func TestHostBatchUploadOneCopy(t *testing.T) {
 		}
 	}
 }
+
+// plainOps hides every optional interface of the backend it wraps.
+type plainOps struct{ kernels.Ops }
+
+// gatedMLPOps is plainOps with kernels.GatedMLPer, run as Linear, SiLUMul,
+// Linear through the caller's scratch, counting its calls.
+type gatedMLPOps struct {
+	kernels.Ops
+	calls int
+}
+
+func (g *gatedMLPOps) GatedMLP(out, x, gateUp, down, gu, act kernels.Tensor) error {
+	g.calls++
+	if err := g.Linear(gu, x, gateUp, nil); err != nil {
+		return err
+	}
+	if err := g.SiLUMul(act, gu); err != nil {
+		return err
+	}
+	return g.Linear(out, act, down, nil)
+}
+
+// Models hand their bias-free gated MLPs to a backend's GatedMLP (once a
+// layer for the Llama family) with the right tensors: the logits are those
+// of the separate ops to the bit.
+func TestGatedMLPer(t *testing.T) {
+	cpuOps := newBackend(t, 2)
+	for _, name := range tinyNames {
+		r := rand.New(rand.NewPCG(5, 6))
+		ids := randomIDs(r, 7, 97)
+		var outs [2][][]float32
+		gated := &gatedMLPOps{Ops: cpuOps}
+		for i, ops := range []kernels.Ops{plainOps{cpuOps}, gated} {
+			m, _ := tinyModel(t, ops, name, kernels.BF16)
+			outs[i], _ = step(t, m, mustCache(t, m), seqStep{ids, 0, []int32{2, 0}})
+		}
+		if gated.calls == 0 {
+			t.Errorf("%s: GatedMLP was never called", name)
+		}
+		if layers := parseConfig(t, tinyConfigs[name]).NumHiddenLayers; !strings.HasPrefix(name, "deepseek") && gated.calls != layers {
+			t.Errorf("%s: GatedMLP called %d times in one forward pass, want one a layer (%d)", name, gated.calls, layers)
+		}
+		for p := range outs[0] {
+			if !sameBits(outs[0][p], outs[1][p]) {
+				t.Errorf("%s: position %d: logits differ through GatedMLP", name, p)
+				break
+			}
+		}
+	}
+}
