@@ -1156,6 +1156,8 @@ __global__ void __launch_bounds__(TC_THREADS)
 // runs di_tc16_tile over the same aligned key tiles in the same order as
 // di_prefill_attn_tc16_k: the same bits.
 // Shared memory: two stages of K and V [TC_BK][D+8] halves and their slots.
+// Cost per block: one copy of its KV head's visible keys and values (half,
+// mostly from L2) and 4 x 16 x 64 x D tensor-core FLOPs a warp and key tile.
 
 #define GQA_WARPS 8
 #define GQA_THREADS (GQA_WARPS * 32)
