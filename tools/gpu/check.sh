@@ -66,17 +66,28 @@
 #           eager work only: the engine benchmarks run without graphs) over
 #           the benchmarks PROFILE_BENCH (default GPUDecodeLlama1B/batch=1):
 #           device time per operation, profile_ops.txt, printed last.
+#   ncu     Nsight Compute over the kernels NCU_KERNEL (ncu's --kernel-name,
+#           default regex:attn; the first NCU_COUNT launches, default 1) of
+#           the benchmarks NCU_BENCH (default the head-size-64 prefill
+#           attention of BenchmarkGPUOps): speed of light, occupancy,
+#           launch, scheduler, warp state, memory and compute workload
+#           sections in ncu.txt, each kernel's key lines in the table. NCU
+#           names the binary (default: ncu on PATH, else
+#           /usr/local/cuda/bin/ncu). ncu runs the clocks at base (1.38 GHz
+#           on an H200): compare its figures with each other, not with the
+#           benchmarks'.
 #
 # Time: TOTAL_BUDGET seconds in all (default 470); each phase is cut to
 # what is left (and skipped under 15 s), so the table always comes. Phase
 # limits, in seconds: BUILD_TIMEOUT 120, TESTS_TIMEOUT 120, E2E_TIMEOUT 30
 # (each of three runs), PARITY_MAKE_TIMEOUT 180, PARITY_TEST_TIMEOUT 120,
-# ENGINE_TIMEOUT 240, BENCH_TIMEOUT 120, PROFILE_TIMEOUT 120, AB_TIMEOUT 240.
+# ENGINE_TIMEOUT 240, BENCH_TIMEOUT 120, PROFILE_TIMEOUT 120, AB_TIMEOUT 240,
+# NCU_TIMEOUT 180.
 #
 # Logs in $OUT (default /tmp/gpu-check): gpu.txt, build.log, tests.log,
 # gen_*.txt, make_fixtures.log, parity.log, engine.log, bench.log, profile.log,
-# profile_ops.txt, ab.log, ab_build_<REV>.log. The -test.bench patterns (BENCH, ENGINE_BENCH,
-# PROFILE_BENCH) are Go's: a slash separates sub-benchmark levels.
+# profile_ops.txt, ab.log, ab_build_<REV>.log, ncu.txt. The -test.bench patterns (BENCH, ENGINE_BENCH,
+# PROFILE_BENCH, NCU_BENCH) are Go's: a slash separates sub-benchmark levels.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -113,9 +124,9 @@ budget=${TOTAL_BUDGET:-470}
 t_start=$(date +%s)
 for p in ${phases//,/ }; do
 	case $p in
-	build | tests | e2e | parity | engine | bench | profile | ab) ;;
+	build | tests | e2e | parity | engine | bench | profile | ab | ncu) ;;
 	*)
-		echo "check.sh: unknown phase $p in PHASES=$phases: want build, tests, e2e, parity, engine, bench, profile, ab" >&2
+		echo "check.sh: unknown phase $p in PHASES=$phases: want build, tests, e2e, parity, engine, bench, profile, ab, ncu" >&2
 		exit 2
 		;;
 	esac
@@ -271,8 +282,29 @@ phase_profile() {
 	status[profile]="rc=$rc, $(wc -l <"$logs/profile_ops.txt") profile lines"
 }
 
+# ncu_kernel_line matches the line that opens a kernel's report in ncu's
+# output; ncu_metrics the metric lines the table shows.
+ncu_kernel_line='^  [^ ].*, Context [0-9]*, Stream'
+ncu_metrics='Duration|SM Frequency|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|Issued Ipc Active|No Eligible|Warp Cycles Per Issued|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Compute \(SM\) Throughput|Local Memory Spilling Requests  '
+
 # figures matches the benchmark lines the table shows.
 figures='loaded on|decode batch|sample batch|prefill [0-9]|linear |attention decode|attention prefill|skinny [0-9]+x[0-9]+ rows [148]:|engine \||FAIL|panic'
+
+phase_ncu() {
+	local t rc ncu
+	t=$(limit "${NCU_TIMEOUT:-180}")
+	((t == 0)) && { status[ncu]="skipped: out of time"; return; }
+	need_test || { status[ncu]="FAILED: prerequisites missing"; return; }
+	ncu=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
+	[[ -x $ncu ]] || { status[ncu]="FAILED: no ncu at $ncu (set NCU)"; return; }
+	(cd kernels/cuda && timeout "$t" "$ncu" --kernel-name "${NCU_KERNEL:-regex:attn}" --launch-count "${NCU_COUNT:-1}" \
+		--section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+		--section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+		"$root/$dir/cuda.test" -test.run XXX -test.bench "${NCU_BENCH:-GPUOps/attention/prefill=4096/d=64/inputs=BF16}" \
+		-test.benchtime 1x) >"$logs/ncu.txt" 2>&1
+	rc=$?
+	status[ncu]="rc=$rc, $(grep -c "$ncu_kernel_line" "$logs/ncu.txt") kernels profiled"
+}
 
 phase_ab() {
 	local t t0 rc=0 v label so round envs labels=() pids=()
@@ -379,6 +411,10 @@ fi
 if [[ -f $logs/profile_ops.txt ]]; then
 	echo "-- device time per operation (${PROFILE_BENCH:-GPUDecodeLlama1B/batch=1}, eager)"
 	head -60 "$logs/profile_ops.txt"
+fi
+if [[ -f $logs/ncu.txt ]]; then
+	echo "-- Nsight Compute (${NCU_BENCH:-GPUOps/attention/prefill=4096/d=64/inputs=BF16}, kernels ${NCU_KERNEL:-regex:attn}; base clocks)"
+	grep -E "$ncu_kernel_line|^    ($ncu_metrics)" "$logs/ncu.txt" | sed -E '/, Context [0-9]+, Stream/ s/^ *(void )?([^(]*)\([^)]*\)/\2(...)/; s/ +/ /g' | cut -c1-160
 fi
 echo "-- phases (seconds; budget ${budget}s, total $(($(date +%s) - t_start))s)"
 for p in "${ran[@]}"; do
