@@ -23,7 +23,8 @@
  *     block, row, expert) cannot return an error while running: they set a
  *     bit of the context's device check word (DI_CHECK_*) and write zeros.
  *     sync and download report and clear that word (DI_ERR_DEVICE_CHECK).
- *   - Activations, KV caches, norm weights and biases are float32; weight
+ *   - Activations, norm weights and biases are float32 (KV caches F32, F16
+ *     or F8E4M3, see write_cache and attention); weight
  *     matrices and embedding tables are F32, BF16 or F16 (di_dtype). GEMMs run
  *     on cuBLAS with float32 accumulation; BF16 and F16 weights multiply
  *     activations rounded to the weight's dtype (or split in two, see
@@ -39,13 +40,13 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 6u
+#define DI_ABI_VERSION 7u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
 
 /* Element types; the values equal kernels.DType's. */
-enum di_dtype { DI_F32 = 1, DI_BF16 = 2, DI_F16 = 3, DI_I32 = 4 };
+enum di_dtype { DI_F32 = 1, DI_BF16 = 2, DI_F16 = 3, DI_I32 = 4, DI_F8E4M3 = 5 };
 
 enum di_status {
 	DI_OK = 0,
@@ -170,7 +171,7 @@ typedef struct di_attn_meta {
  * RMS-normalize each q and k head by q_norm and k_norm (F32 [head_dim];
  * both 0 for none); rotate q and k (rot_offset, rotary_dim, interleaved as
  * rope's; cos and sin F32 [max_pos, rotary_dim / 2]); write k and v into
- * column 0 of the caches (cache_dtype DI_F32 or DI_F16, [num_slots,
+ * column 0 of the caches (cache_dtype DI_F32, DI_F16 or DI_F8E4M3, [num_slots,
  * num_kv_heads head_dim]) at slot_mapping (-1: skip). */
 typedef struct di_qkv {
 	di_dptr qkv, q, k_cache, v_cache, slot_mapping, positions, cos, sin, q_norm, k_norm;
@@ -260,13 +261,17 @@ typedef struct di_api {
 	                     const int *widths);
 	int (*rope)(di_ctx *ctx, di_dptr x, di_dptr positions, di_dptr cos, di_dptr sin, int num_tokens,
 	            int max_pos, int num_heads, int head_size, int offset, int rotary_dim, int interleaved);
-	/* cache_dtype: DI_F32 or DI_F16 (src is float32, rounded to nearest). */
+	/* cache_dtype: DI_F32, DI_F16 or DI_F8E4M3 (src is float32, rounded to
+	 * nearest even; E4M3 saturates at +-448). */
 	int (*write_cache)(di_ctx *ctx, di_dptr cache, di_dptr src, di_dptr slot_mapping, int num_tokens,
 	                   int w, int width, int col, int num_slots, int cache_dtype);
 	/* input_dtype: DI_F32 (or 0) keeps q, k, v and the probabilities in
 	 * float32; DI_F16 or DI_BF16 lets prefill rows run on tensor cores with
 	 * them rounded to half precision (float32 accumulation). cache_dtype:
-	 * DI_F32 or DI_F16, the element type of both caches. */
+	 * DI_F32, DI_F16 or DI_F8E4M3, the element type of both caches;
+	 * DI_F8E4M3 needs the tensor-core kernels (input_dtype DI_F16 or DI_BF16,
+	 * GEMM mode round, head_dim 64 or 128, at most 16 query heads per KV
+	 * head) and reads each value widened to half, exactly. */
 	int (*attention)(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,
 	                 const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
 	                 int sliding_window, int input_dtype, int cache_dtype);

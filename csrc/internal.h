@@ -58,6 +58,11 @@ struct di_ctx {
 	// Prefill attention over half caches runs the query heads of a KV head
 	// in one block (di_prefill_attn_gqa_k); $DEEPINFER_CUDA_PREFILL_GQA (0: off).
 	int prefill_gqa = 1;
+	// Copy stages of the tensor-core decode kernel (a tile a stage, all but
+	// one in flight): over half caches ($DEEPINFER_CUDA_DEC_STAGES, 2 or 3)
+	// and over 8-bit caches ($DEEPINFER_CUDA_DEC_F8_STAGES, 2 to 4).
+	int dec_stages = 2;
+	int dec_stages_f8 = 2;
 	unsigned *skinny_sem = nullptr; // DI_SKINNY_SEMS split-K tile counters of the skinny GEMM, zero between launches
 	char err[1024] = {0};
 

@@ -11,12 +11,16 @@ import (
 type DType uint8
 
 // Element types. Weights come in F32, BF16 or F16; activations are in the
-// backend's ActivationDType; token ids, positions and attention metadata are I32.
+// backend's ActivationDType; token ids, positions and attention metadata are
+// I32. F8E4M3 (OCP FP8 E4M3: 4 exponent bits, 3 mantissa bits, largest
+// finite 448, no infinities) only holds KV caches a backend keeps in 8 bits
+// (see KVCacheDTyper).
 const (
 	F32 DType = iota + 1
 	BF16
 	F16
 	I32
+	F8E4M3
 )
 
 // Size is the number of bytes of one element (0 for an invalid DType).
@@ -26,6 +30,8 @@ func (d DType) Size() int {
 		return 4
 	case BF16, F16:
 		return 2
+	case F8E4M3:
+		return 1
 	}
 	return 0
 }
@@ -41,6 +47,8 @@ func (d DType) String() string {
 		return "F16"
 	case I32:
 		return "I32"
+	case F8E4M3:
+		return "F8_E4M3"
 	}
 	return fmt.Sprintf("DType(%d)", uint8(d))
 }
@@ -133,6 +141,62 @@ func F32ToF16(f float32) uint16 {
 		r++ // may carry into the exponent, which is the right rounding
 	}
 	return sign | uint16(r)
+}
+
+// F8E4M3ToF32 widens one OCP FP8 E4M3 value (exact): exponent bias 7,
+// subnormals are m * 2^-9, the largest finite value is 448 (0x7E), and the
+// only NaN encodings are 0x7F and 0xFF (E4M3 has no infinities).
+func F8E4M3ToF32(b uint8) float32 {
+	sign := uint32(b&0x80) << 24
+	exp := uint32(b>>3) & 0xf
+	mant := uint32(b) & 0x7
+	switch {
+	case exp == 0xf && mant == 0x7:
+		return math.Float32frombits(sign | 0x7fc00000)
+	case exp == 0: // zero or subnormal: mant * 2^-9
+		return math.Float32frombits(sign | math.Float32bits(float32(mant)*(1.0/512)))
+	}
+	return math.Float32frombits(sign | (exp+127-7)<<23 | mant<<20)
+}
+
+// F32ToF8E4M3 rounds a float32 to the nearest OCP FP8 E4M3 value, ties to
+// even, as CUDA's __nv_cvt_float_to_fp8 with __NV_SATFINITE does:
+// subnormals are kept (the smallest is 2^-9; magnitudes up to half of it
+// become a zero of the same sign), magnitudes beyond 448 (infinities
+// included) saturate to +-448 (0x7E, 0xFE), and NaN becomes NaN (0x7F, or
+// 0xFF when its sign bit is set).
+func F32ToF8E4M3(f float32) uint8 {
+	b := math.Float32bits(f)
+	sign := uint8(b>>24) & 0x80
+	abs := b & 0x7fffffff
+	switch {
+	case abs > 0x7f800000: // NaN
+		return sign | 0x7f
+	case abs > 0x43e00000: // beyond 448, infinities included
+		return sign | 0x7e
+	}
+	exp := int32(abs>>23) - 127
+	if exp < -10 { // below 2^-10, half the smallest subnormal (float32 subnormals and zero included)
+		return sign
+	}
+	mant := abs&0x7fffff | 0x800000
+	// Keep 3 mantissa bits for a normal result, fewer for a subnormal one
+	// (exponents -7 to -10 land on multiples of 2^-9).
+	shift := uint32(20)
+	r := uint32(exp+7) << 3
+	if exp < -6 {
+		shift = uint32(14 - exp)
+		r = 0
+	} else {
+		mant &= 0x7fffff // the implicit bit lives in the exponent field
+	}
+	r |= mant >> shift
+	rem := mant & (1<<shift - 1)
+	half := uint32(1) << (shift - 1)
+	if rem > half || (rem == half && r&1 == 1) {
+		r++ // may carry into the exponent, which is the right rounding; never past 0x7E
+	}
+	return sign | uint8(r)
 }
 
 // hostLittleEndian is true on hosts whose memory layout is the wire layout

@@ -10,6 +10,7 @@
 package config
 
 import (
+	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/pipeline"
 )
 
@@ -53,6 +54,31 @@ type Cache struct {
 	CPUMemoryGiB   float64 `yaml:"cpu_memory_gib"`  // cpu: KV cache budget when num_blocks is 0
 	PrefixCaching  bool    `yaml:"prefix_caching"`  // reuse full blocks with the same prefix
 	NumStateSlots  int     `yaml:"num_state_slots"` // 0 = max_num_seqs
+	// KVCacheDType is the element type of the K and V caches: "auto" (or
+	// empty) keeps the backend's choice; "fp8" or "fp8_e4m3" stores them in
+	// OCP FP8 E4M3 (lossy, half the bytes of a 16-bit cache; device cuda
+	// only, and only GQA models whose caches the backend keeps in 16 bits).
+	KVCacheDType string `yaml:"kv_cache_dtype"`
+}
+
+// KVDType maps KVCacheDType to the element type it asks of the backend: 0
+// for auto (the backend's choice) and kernels.F8E4M3 for fp8 or fp8_e4m3.
+// An unknown value (which Validate rejects) also gives 0.
+func (c Cache) KVDType() kernels.DType {
+	dt, _ := parseKVCacheDType(c.KVCacheDType)
+	return dt
+}
+
+// parseKVCacheDType maps a cache.kv_cache_dtype spelling to its element
+// type; ok is false for an unknown spelling.
+func parseKVCacheDType(s string) (dt kernels.DType, ok bool) {
+	switch s {
+	case "", "auto":
+		return 0, true
+	case "fp8", "fp8_e4m3":
+		return kernels.F8E4M3, true
+	}
+	return 0, false
 }
 
 // CPU configures the CPU backend.
@@ -123,6 +149,7 @@ func Default() Config {
 			MemoryFraction: 0.9,
 			CPUMemoryGiB:   1,
 			PrefixCaching:  true,
+			KVCacheDType:   "auto",
 		},
 		CUDAGraph: CUDAGraph{BatchSizes: []int{1, 2, 4, 8, 16, 32, 64}},
 		Speculative: Speculative{

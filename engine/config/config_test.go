@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
 )
 
 func TestReferenceEqualsDefault(t *testing.T) {
@@ -155,5 +157,88 @@ func TestLoadResolvesPathsAgainstTheFile(t *testing.T) {
 	}
 	if cfg.Model != filepath.Join(dir, "models/x") || cfg.Tokenizer != "/abs/tok" {
 		t.Errorf("model %q tokenizer %q", cfg.Model, cfg.Tokenizer)
+	}
+}
+
+func TestKVCacheDType(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		want kernels.DType // when err is empty
+		err  []string      // substrings of the error; none means success
+	}{
+		{name: "default is auto", yaml: "model: m\n", want: 0},
+		{name: "auto", yaml: "model: m\ncache:\n  kv_cache_dtype: auto\n", want: 0},
+		{name: "empty means auto", yaml: "model: m\ncache:\n  kv_cache_dtype: \"\"\n", want: 0},
+		{name: "auto on cpu", yaml: "model: m\ndevice: cpu\ncache:\n  kv_cache_dtype: auto\n", want: 0},
+		{name: "fp8 on cuda", yaml: "model: m\ndevice: cuda\ncache:\n  kv_cache_dtype: fp8\n", want: kernels.F8E4M3},
+		{name: "fp8_e4m3 on cuda", yaml: "model: m\ndevice: cuda\ncache:\n  kv_cache_dtype: fp8_e4m3\n", want: kernels.F8E4M3},
+		{
+			name: "unknown value names the key and the accepted values",
+			yaml: "model: m\ndevice: cuda\ncache:\n  kv_cache_dtype: int8\n",
+			err:  []string{"cache.kv_cache_dtype", "auto", "fp8", "fp8_e4m3", `"int8"`},
+		},
+		{
+			name: "case matters",
+			yaml: "model: m\ndevice: cuda\ncache:\n  kv_cache_dtype: FP8\n",
+			err:  []string{"cache.kv_cache_dtype", `"FP8"`},
+		},
+		{
+			name: "fp8 on cpu",
+			yaml: "model: m\ndevice: cpu\ncache:\n  kv_cache_dtype: fp8\n",
+			err:  []string{"cache.kv_cache_dtype", "cpu backend keeps float32 caches", "fp8 needs device: cuda"},
+		},
+		{
+			name: "fp8_e4m3 on the default device",
+			yaml: "model: m\ncache:\n  kv_cache_dtype: fp8_e4m3\n",
+			err:  []string{"cache.kv_cache_dtype", "cpu backend keeps float32 caches", "fp8_e4m3 needs device: cuda"},
+		},
+		{
+			name: "wrong type names its line",
+			yaml: "model: m\ncache:\n  kv_cache_dtype: [fp8]\n",
+			err:  []string{"test.yaml:3", "cache.kv_cache_dtype: expected a string"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Parse("test.yaml", []byte(tc.yaml))
+			if len(tc.err) == 0 {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := cfg.Cache.KVDType(); got != tc.want {
+					t.Errorf("KVDType() = %v, want %v", got, tc.want)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Parse succeeded with kv_cache_dtype %q", cfg.Cache.KVCacheDType)
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Errorf("error %v does not wrap ErrInvalid", err)
+			}
+			for _, w := range tc.err {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestCacheKVDType(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want kernels.DType
+	}{
+		{"", 0},
+		{"auto", 0},
+		{"fp8", kernels.F8E4M3},
+		{"fp8_e4m3", kernels.F8E4M3},
+		{"bogus", 0}, // rejected by Validate
+	} {
+		if got := (Cache{KVCacheDType: tc.in}).KVDType(); got != tc.want {
+			t.Errorf("Cache{KVCacheDType: %q}.KVDType() = %v, want %v", tc.in, got, tc.want)
+		}
 	}
 }

@@ -73,7 +73,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	case "cpu":
 		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo})
 	case "cuda":
-		ops, err := cuda.New(cuda.Options{})
+		ops, err := cuda.New(cuda.Options{KVCacheDType: cfg.Cache.KVDType()})
 		if err != nil {
 			return nil, fmt.Errorf("llm: %w", err)
 		}
@@ -117,6 +117,9 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		maxBatched = max(maxBatched, maxModelLen)
 	}
 	spec := model.KVCacheSpec()
+	if err := checkKVCacheDType(cfg.Cache, spec); err != nil {
+		return nil, err
+	}
 	numBlocks := cfg.Cache.NumBlocks
 	if numBlocks == 0 {
 		budget := cfg.Cache.CPUMemoryGiB * (1 << 30)
@@ -196,6 +199,22 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	}()
 	ok = true
 	return e, nil
+}
+
+// checkKVCacheDType reports, wrapping config.ErrInvalid, a cache whose
+// element type is not the one cache.kv_cache_dtype asked for: fp8 is only
+// honoured by the CUDA backend for GQA models with 16-bit weights in GEMM
+// mode round, and a backend that cannot keep the cache in 8 bits keeps its
+// own type rather than failing. Auto accepts any type.
+func checkKVCacheDType(c config.Cache, spec models.KVCacheSpec) error {
+	want := c.KVDType()
+	if want == 0 || spec.DType == want {
+		return nil
+	}
+	return fmt.Errorf("llm: %w: cache.kv_cache_dtype %s asks for %v KV caches, but the model's %s cache got %v: "+
+		"fp8 needs device: cuda, GEMM mode round ($%s unset or round), BF16 or F16 weights and a GQA model "+
+		"(MLA models such as DeepSeek keep their latent cache); use kv_cache_dtype: auto otherwise",
+		config.ErrInvalid, c.KVCacheDType, want, spec.Layout, spec.DType, cuda.GEMMEnv)
 }
 
 // Done is closed when the step loop has ended (after Close, or on a fatal

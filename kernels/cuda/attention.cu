@@ -790,6 +790,19 @@ __device__ __forceinline__ void di_stage_half(__half *dst, int ld, const T *base
 	}
 }
 
+// di_fp8_rows_to_half widens rows [r0, r0+n) of an 8-bit tile ([rows][D]
+// bytes) into the half tile dst ([rows][D+8]); threads [t, t+nt) of the
+// caller share the work (a warp its own rows, or the whole block).
+template <int D>
+__device__ __forceinline__ void di_fp8_rows_to_half(__half *dst, const unsigned char *src, int r0, int n, int t,
+                                                    int nt) {
+	constexpr int LQ = D + 8, CH = D / 16;
+	for (int c = t; c < n * CH; c += nt) {
+		const int r = r0 + c / CH, e = (c % CH) * 16;
+		di_fp8x16_to_half(dst + r * LQ + e, *reinterpret_cast<const uint4 *>(src + r * D + e));
+	}
+}
+
 __device__ __forceinline__ void di_ldmatrix_x4(uint32_t *r, const void *smem) {
 	const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
 	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -1039,22 +1052,31 @@ __global__ void __launch_bounds__(TC_THREADS)
 // Shared memory: Q [TC_BQ][D+8] and two stages of K and V [TC_BK][D+8]
 // halves, plus the tiles' slots.
 
-template <int D> static size_t di_prefill_tc16_smem() {
-	return (size_t)(TC_BQ * (D + 8) + 4 * TC_BK * (D + 8)) * sizeof(__half) + 2 * TC_BK * sizeof(int);
+// An 8-bit cache (T __nv_fp8_e4m3) is copied as stored into two stages of
+// [TC_BK][D] bytes and widened (exactly) into one stage of the half tiles
+// once a tile has landed: the same half values, so the bits of a half
+// cache holding them.
+template <int D, typename T> static size_t di_prefill_tc16_smem() {
+	constexpr size_t stages = di_is_fp8<T> ? 1 : 2, raw = di_is_fp8<T> ? 2 * 2 * TC_BK * D : 0;
+	return (size_t)(TC_BQ * (D + 8) + 2 * stages * TC_BK * (D + 8)) * sizeof(__half) + raw + 2 * TC_BK * sizeof(int);
 }
 
-template <int D>
+template <int D, typename T>
 __global__ void __launch_bounds__(TC_THREADS)
-    di_prefill_attn_tc16_k(float *out, const float *q, const __half *kc, const __half *vc, const int *cu,
+    di_prefill_attn_tc16_k(float *out, const float *q, const T *kc, const T *vc, const int *cu,
                            const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks,
                            int block_size, int num_blocks, int num_heads, int num_kv_heads, float scale_log2,
                            int window, unsigned *check) {
-	constexpr int LQ = D + 8, KS = D / 16, ND = D / 8, CH = D / 8; // CH: 16-byte chunks per row
+	constexpr int LQ = D + 8, KS = D / 16, ND = D / 8;
+	constexpr bool F8 = di_is_fp8<T>;
+	constexpr int STAGES = F8 ? 1 : 2, EPC = 16 / sizeof(T), CH = D / EPC; // CH: 16-byte chunks per row
+	constexpr int LD = F8 ? D : LQ;                                        // a copied row's stride, elements
 	extern __shared__ __align__(16) unsigned char tc_smem[];
 	__half *Qs = reinterpret_cast<__half *>(tc_smem);
-	__half *Kst = Qs + TC_BQ * LQ;         // [2][TC_BK][LQ]
-	__half *Vst = Kst + 2 * TC_BK * LQ;    // [2][TC_BK][LQ]
-	int *slots = reinterpret_cast<int *>(Vst + 2 * TC_BK * LQ); // [2][TC_BK]
+	__half *Kst = Qs + TC_BQ * LQ;              // [STAGES][TC_BK][LQ]
+	__half *Vst = Kst + STAGES * TC_BK * LQ;    // [STAGES][TC_BK][LQ]
+	unsigned char *raw = reinterpret_cast<unsigned char *>(Vst + STAGES * TC_BK * LQ); // F8: [2][K, V][TC_BK][D]
+	int *slots = reinterpret_cast<int *>(raw + (F8 ? 2 * 2 * TC_BK * D : 0)); // [2][TC_BK]
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
 	di_prefill_rows pr;
@@ -1065,7 +1087,7 @@ __global__ void __launch_bounds__(TC_THREADS)
 	const int k_hi = kl - ql + j0 + nq;
 	const int k_lo = window > 0 ? max(0, kl - ql + j0 + 1 - window) : 0;
 	const int t_first = k_lo / TC_BK * TC_BK;
-	const __half *kbase = kc + kvh * D, *vbase = vc + kvh * D;
+	const T *kbase = kc + kvh * D, *vbase = vc + kvh * D;
 	// fetch looks up tile t0's slots into stage st and queues its copies; it
 	// returns nonzero when a key of the tile below k_hi has no valid slot.
 	auto fetch = [&](int t0, int st) {
@@ -1086,12 +1108,17 @@ __global__ void __launch_bounds__(TC_THREADS)
 			sl[tid] = slot;
 		}
 		bad = __syncthreads_or(bad);
-		__half *kd = Kst + st * TC_BK * LQ, *vd = Vst + st * TC_BK * LQ;
+		T *kd, *vd;
+		if constexpr (F8) {
+			kd = reinterpret_cast<T *>(raw + st * 2 * TC_BK * D), vd = kd + TC_BK * D;
+		} else {
+			kd = Kst + st * TC_BK * LQ, vd = Vst + st * TC_BK * LQ;
+		}
 		for (int c = tid; c < TC_BK * CH; c += TC_THREADS) {
-			const int r = c / CH, e = (c - r * CH) * 8, slot = sl[r];
+			const int r = c / CH, e = (c - r * CH) * EPC, slot = sl[r];
 			const size_t off = slot >= 0 ? (size_t)slot * kv_width + e : 0;
-			di_cp_async16(kd + r * LQ + e, kbase + off, slot >= 0);
-			di_cp_async16(vd + r * LQ + e, vbase + off, slot >= 0);
+			di_cp_async16(kd + r * LD + e, kbase + off, slot >= 0);
+			di_cp_async16(vd + r * LD + e, vbase + off, slot >= 0);
 		}
 		di_cp_async_commit();
 		return bad;
@@ -1135,6 +1162,12 @@ __global__ void __launch_bounds__(TC_THREADS)
 		__syncthreads(); // tile t0 has landed for every thread
 		const int *sl = slots + st * TC_BK;
 		const __half *Ks = Kst + st * TC_BK * LQ, *Vs = Vst + st * TC_BK * LQ;
+		if constexpr (F8) {
+			di_fp8_rows_to_half<D>(Kst, raw + st * 2 * TC_BK * D, 0, TC_BK, tid, TC_THREADS);
+			di_fp8_rows_to_half<D>(Vst, raw + (st * 2 + 1) * TC_BK * D, 0, TC_BK, tid, TC_THREADS);
+			__syncthreads();
+			Ks = Kst, Vs = Vst;
+		}
 		const bool full = !bad_cur && rw.unmasked(t0, n);
 		bad_cur = bad_next;
 		if (rw.sees(t0, n)) di_tc16_tile<D>(o, m, l, qf, Ks, Vs, sl, t0, n, full, rw.first, rw.last, scale_log2);
@@ -1294,43 +1327,72 @@ __global__ void __launch_bounds__(GQA_THREADS, 2)
 // per key on tensor cores.
 
 template <int D, typename T>
-__device__ __forceinline__ void di_dec_stage(__half *kd, __half *vd, const T *kbase, const T *vbase, size_t stride,
+__device__ __forceinline__ void di_dec_stage(void *kd, void *vd, const T *kbase, const T *vbase, size_t stride,
                                              const int *sl) {
 	constexpr int LQ = D + 8;
-	if constexpr (std::is_same<T, __half>::value) {
-		constexpr int CH = D / 8;
+	if constexpr (std::is_same<T, __half>::value || di_is_fp8<T>) {
+		// Rows as stored: half rows into [TC_BK][LQ], 8-bit rows into [TC_BK][D] bytes.
+		constexpr int EPC = 16 / sizeof(T), CH = D / EPC, LD = di_is_fp8<T> ? D : LQ; // elements a chunk, chunks a row
 		for (int c = threadIdx.x; c < TC_BK * CH; c += TC_THREADS) {
-			const int r = c / CH, e = (c - r * CH) * 8, slot = sl[r];
+			const int r = c / CH, e = (c - r * CH) * EPC, slot = sl[r];
 			const size_t off = slot >= 0 ? (size_t)slot * stride + e : 0;
-			di_cp_async16(kd + r * LQ + e, kbase + off, slot >= 0);
-			di_cp_async16(vd + r * LQ + e, vbase + off, slot >= 0);
+			di_cp_async16(static_cast<T *>(kd) + r * LD + e, kbase + off, slot >= 0);
+			di_cp_async16(static_cast<T *>(vd) + r * LD + e, vbase + off, slot >= 0);
 		}
 		di_cp_async_commit();
 	} else {
-		di_stage_half<D, T>(kd, LQ, kbase, stride, sl, TC_BK);
-		di_stage_half<D, T>(vd, LQ, vbase, stride, sl, TC_BK);
+		di_stage_half<D, T>(static_cast<__half *>(kd), LQ, kbase, stride, sl, TC_BK);
+		di_stage_half<D, T>(static_cast<__half *>(vd), LQ, vbase, stride, sl, TC_BK);
 	}
 }
 
-template <int D> static size_t di_decode_tc_smem() {
-	const size_t tiles = (size_t)(16 * (D + 8) + 4 * TC_BK * (D + 8)) * sizeof(__half) + 2 * TC_BK * sizeof(int);
+// Shared memory of di_decode_attn_tc_k with S stages: Q [16][D+8] halves;
+// then for a half or float32 cache S stages of K and V tiles [TC_BK][D+8]
+// halves; for an 8-bit cache one half tile [TC_BK][D+8] (each warp widens
+// its 16 keys of K, then of V, into its rows) and S stages of the K and V
+// rows as stored [TC_BK][D] bytes. Then the stages' slots. The warps' merge
+// reuses it all. The 8-bit kernel reads Q's fragments from shared memory
+// at every tile instead of holding them (126 registers instead of 152 at
+// head size 128: four blocks a multiprocessor instead of three, which
+// makes up for the widening: Qwen3-0.6B heads, 256 rows of 300-1500 keys,
+// 9.04 ms a step against 11.4 with two blocks; the half kernel 8.92).
+template <int D, typename T, int S> static size_t di_decode_tc_smem() {
+	constexpr size_t LQ = D + 8;
+	constexpr size_t tiles = di_is_fp8<T> ? (16 + TC_BK) * LQ * sizeof(__half) + (size_t)S * 2 * TC_BK * D
+	                                      : (16 * LQ + (size_t)S * 2 * TC_BK * LQ) * sizeof(__half);
+	const size_t all = tiles + (size_t)S * TC_BK * sizeof(int);
 	const size_t merge = (size_t)TC_WARPS * 16 * (D + 2) * sizeof(float);
-	return tiles > merge ? tiles : merge;
+	return all > merge ? all : merge;
 }
 
-template <int D, typename T>
-__global__ void __launch_bounds__(TC_THREADS)
+template <int D, typename T, int S>
+__global__ void __launch_bounds__(TC_THREADS, di_is_fp8<T> ? 4 : 1)
     di_decode_attn_tc_k(float *part_acc, float2 *part_ml, const float *q, const T *kc, const T *vc, const int *cu,
                         const int *seqlens_k, const int *block_tables, int max_blocks, int block_size, int num_blocks,
                         int num_heads, int num_kv_heads, float scale_log2, int window, int decode_only,
                         int min_chunk, unsigned *check) {
+	static_assert(S >= 2, "two stages at least");
 	di_pdl_wait();
 	constexpr int LQ = D + 8, KS = D / 16, ND = D / 8;
+	constexpr bool F8 = di_is_fp8<T>;
 	extern __shared__ __align__(16) unsigned char tc_smem[];
-	__half *Qs = reinterpret_cast<__half *>(tc_smem); // [16][LQ]
-	__half *Kst = Qs + 16 * LQ;                        // [2][TC_BK][LQ]
-	__half *Vst = Kst + 2 * TC_BK * LQ;                // [2][TC_BK][LQ]
-	int *slots = reinterpret_cast<int *>(Vst + 2 * TC_BK * LQ);
+	__half *Qs, *Kst, *Vst, *Cs; // Cs: F8's half tile
+	unsigned char *raw;          // F8: [S][K, V][TC_BK][D]
+	int *slots;                  // [S][TC_BK]
+	if constexpr (F8) {
+		Qs = reinterpret_cast<__half *>(tc_smem); // [16][LQ]
+		Cs = Qs + 16 * LQ;                        // [TC_BK][LQ]
+		Kst = Vst = nullptr;
+		raw = reinterpret_cast<unsigned char *>(Cs + TC_BK * LQ);
+		slots = reinterpret_cast<int *>(raw + S * 2 * TC_BK * D);
+	} else {
+		Qs = reinterpret_cast<__half *>(tc_smem); // [16][LQ]
+		Kst = Qs + 16 * LQ;                        // [S][TC_BK][LQ]
+		Vst = Kst + S * TC_BK * LQ;                // [S][TC_BK][LQ]
+		Cs = nullptr;
+		raw = nullptr;
+		slots = reinterpret_cast<int *>(Vst + S * TC_BK * LQ);
+	}
 	const int c = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, nsplit = gridDim.x;
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	const int group = num_heads / num_kv_heads, h0 = kvh * group;
@@ -1375,11 +1437,21 @@ __global__ void __launch_bounds__(TC_THREADS)
 		}
 		if (t0 + TC_BK < t_hi) lookup(t0 + TC_BK);
 		__syncthreads();
-		di_dec_stage<D, T>(Kst + st * TC_BK * LQ, Vst + st * TC_BK * LQ, kbase, vbase, kv_width, sl);
+		if constexpr (F8)
+			di_dec_stage<D, T>(raw + st * 2 * TC_BK * D, raw + (st * 2 + 1) * TC_BK * D, kbase, vbase, kv_width, sl);
+		else
+			di_dec_stage<D, T>(Kst + st * TC_BK * LQ, Vst + st * TC_BK * LQ, kbase, vbase, kv_width, sl);
+	};
+	// fetch_or_skip fetches tile t0 into stage st if it holds keys of the
+	// chunk, else commits an empty copy group: every loop iteration then
+	// waits for the group of S - 1 iterations before.
+	auto fetch_or_skip = [&](int t0, int st) {
+		if (t0 < t_hi) fetch(t0, st);
+		else di_cp_async_commit();
 	};
 	const int t_first = t_lo / TC_BK * TC_BK;
 	lookup(t_first);
-	fetch(t_first, 0);
+	for (int j = 0; j < S - 1; j++) fetch_or_skip(t_first + j * TC_BK, j);
 	const float *qr = q + ((size_t)q0 * num_heads + h0) * D;
 	for (int i = tid; i < 16 * (D / 4); i += TC_THREADS) {
 		const int r = i / (D / 4), e = (i - r * (D / 4)) * 4;
@@ -1391,39 +1463,48 @@ __global__ void __launch_bounds__(TC_THREADS)
 		*reinterpret_cast<uint2 *>(Qs + r * LQ + e) = w;
 	}
 	__syncthreads();
-	uint32_t qf[KS][4];
-#pragma unroll
-	for (int ks = 0; ks < KS; ks++) {
+	// Q's A fragments: held in registers, or (F8) read again at every tile.
+	auto q_frag = [&](uint32_t(&f)[4], int ks) {
 		const __half *a = Qs + g * LQ + ks * 16 + 2 * t4;
-		qf[ks][0] = *reinterpret_cast<const uint32_t *>(a);
-		qf[ks][1] = *reinterpret_cast<const uint32_t *>(a + 8 * LQ);
-		qf[ks][2] = *reinterpret_cast<const uint32_t *>(a + 8);
-		qf[ks][3] = *reinterpret_cast<const uint32_t *>(a + 8 * LQ + 8);
+		f[0] = *reinterpret_cast<const uint32_t *>(a);
+		f[1] = *reinterpret_cast<const uint32_t *>(a + 8 * LQ);
+		f[2] = *reinterpret_cast<const uint32_t *>(a + 8);
+		f[3] = *reinterpret_cast<const uint32_t *>(a + 8 * LQ + 8);
+	};
+	uint32_t qf[F8 ? 1 : KS][4];
+	if constexpr (!F8) {
+#pragma unroll
+		for (int ks = 0; ks < KS; ks++) q_frag(qf[ks], ks);
 	}
 	float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.f, 0.f}, o[ND][4];
 #pragma unroll
 	for (int nd = 0; nd < ND; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
 	const int lm_row = lane & 7, lm_mat = lane >> 3, kw = warp * 16; // this warp's keys in a tile
 	int st = 0;
-	for (int t0 = t_first; t0 < t_hi; t0 += TC_BK, st ^= 1) {
-		if (t0 + TC_BK < t_hi) {
-			fetch(t0 + TC_BK, st ^ 1);
-			di_cp_async_wait<1>();
-		} else {
-			di_cp_async_wait<0>();
-		}
-		__syncthreads();
+	for (int t0 = t_first; t0 < t_hi; t0 += TC_BK, st = st + 1 == S ? 0 : st + 1) {
+		fetch_or_skip(t0 + (S - 1) * TC_BK, st == 0 ? S - 1 : st - 1);
+		di_cp_async_wait<S - 1>();
+		__syncthreads(); // tile t0 has landed for every thread
 		const int *sl = slots + st * TC_BK;
-		const __half *Ks = Kst + st * TC_BK * LQ, *Vs = Vst + st * TC_BK * LQ;
+		const __half *Ks, *Vs;
+		if constexpr (F8) { // the warp widens its own 16 keys: only it reads them
+			di_fp8_rows_to_half<D>(Cs, raw + st * 2 * TC_BK * D, kw, 16, lane, 32);
+			__syncwarp();
+			Ks = Vs = Cs;
+		} else {
+			Ks = Kst + st * TC_BK * LQ, Vs = Vst + st * TC_BK * LQ;
+		}
 		float sc[2][4];
 #pragma unroll
 		for (int nt = 0; nt < 2; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
 #pragma unroll
 		for (int ks = 0; ks < KS; ks++) {
-			uint32_t b[4];
+			uint32_t b[4], a[4];
+			if constexpr (F8) q_frag(a, ks);
+			else a[0] = qf[ks][0], a[1] = qf[ks][1], a[2] = qf[ks][2], a[3] = qf[ks][3];
 			di_ldmatrix_x4(b, Ks + (kw + (lm_mat >> 1) * 8 + lm_row) * LQ + ks * 16 + (lm_mat & 1) * 8);
-			di_mma16816<__half>(sc[0], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[0], b[1]);
-			di_mma16816<__half>(sc[1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[2], b[3]);
+			di_mma16816<__half>(sc[0], a[0], a[1], a[2], a[3], b[0], b[1]);
+			di_mma16816<__half>(sc[1], a[0], a[1], a[2], a[3], b[2], b[3]);
 		}
 #pragma unroll
 		for (int i = 0; i < 2; i++) {
@@ -1444,6 +1525,11 @@ __global__ void __launch_bounds__(TC_THREADS)
 		a[1] = di_half2_bits(sc[0][2], sc[0][3]);
 		a[2] = di_half2_bits(sc[1][0], sc[1][1]);
 		a[3] = di_half2_bits(sc[1][2], sc[1][3]);
+		if constexpr (F8) { // the warp's V keys replace its K keys in Cs
+			__syncwarp();
+			di_fp8_rows_to_half<D>(Cs, raw + (st * 2 + 1) * TC_BK * D, kw, 16, lane, 32);
+			__syncwarp();
+		}
 #pragma unroll
 		for (int nd = 0; nd < ND; nd += 2) {
 			uint32_t b[4];
@@ -1451,8 +1537,9 @@ __global__ void __launch_bounds__(TC_THREADS)
 			di_mma16816<__half>(o[nd], a[0], a[1], a[2], a[3], b[0], b[1]);
 			di_mma16816<__half>(o[nd + 1], a[0], a[1], a[2], a[3], b[2], b[3]);
 		}
-		__syncthreads(); // stage st is consumed before the next fetch refills it
+		__syncthreads(); // stage st is consumed before a fetch refills it
 	}
+	di_cp_async_wait<0>(); // the empty groups: nothing is in flight when the merge reuses the memory
 	// Merge the warps in ascending order: each writes its rows' max, sum and
 	// output (the tiles' shared memory is free now), then thread pairs (row,
 	// column) combine them.
@@ -1522,40 +1609,67 @@ static int di_prefill_tc(di_ctx *ctx, float *op, const float *qp, const T *kp, c
 				return di_check_launch(ctx, "attention (prefill, GQA)");
 			}
 		}
-		const size_t shmem = di_prefill_tc16_smem<D>();
-		cudaError_t e =
-		    cudaFuncSetAttribute(di_prefill_attn_tc16_k<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
+	}
+	if constexpr (std::is_same<T, __half>::value || di_is_fp8<T>) {
+		const size_t shmem = di_prefill_tc16_smem<D, T>();
+		cudaError_t e = cudaFuncSetAttribute(di_prefill_attn_tc16_k<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+		                                     (int)shmem);
 		if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (prefill, tensor cores): cudaFuncSetAttribute");
-		di_prefill_attn_tc16_k<D><<<dim3(tiles, num_heads), TC_THREADS, shmem, ctx->stream>>>(
+		di_prefill_attn_tc16_k<D, T><<<dim3(tiles, num_heads), TC_THREADS, shmem, ctx->stream>>>(
+		    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
+		    num_kv_heads, scale * 1.4426950408889634f, window, ctx->check);
+		return di_check_launch(ctx, "attention (prefill, tensor cores)");
+	} else {
+		const size_t shmem = di_prefill_tc_smem<D>();
+		if (shmem > 48 * 1024) {
+			cudaError_t e = cudaFuncSetAttribute(di_prefill_attn_tc_k<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+			                                     (int)shmem);
+			if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (prefill, tensor cores): cudaFuncSetAttribute");
+		}
+		di_prefill_attn_tc_k<D, T><<<dim3(tiles, num_heads), TC_THREADS, shmem, ctx->stream>>>(
 		    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
 		    num_kv_heads, scale * 1.4426950408889634f, window, ctx->check);
 		return di_check_launch(ctx, "attention (prefill, tensor cores)");
 	}
-	const size_t shmem = di_prefill_tc_smem<D>();
-	if (shmem > 48 * 1024) {
-		cudaError_t e =
-		    cudaFuncSetAttribute(di_prefill_attn_tc_k<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
-		if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (prefill, tensor cores): cudaFuncSetAttribute");
-	}
-	di_prefill_attn_tc_k<D, T><<<dim3(tiles, num_heads), TC_THREADS, shmem, ctx->stream>>>(
-	    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
-	    num_kv_heads, scale * 1.4426950408889634f, window, ctx->check);
-	return di_check_launch(ctx, "attention (prefill, tensor cores)");
 }
 
 // di_decode_tc launches di_decode_attn_tc_k for head size D over nsplit
-// chunks per row into the partial buffers of di_decode_combine_k.
+// chunks per row into the partial buffers of di_decode_combine_k, with
+// ctx->dec_stages copy stages (ctx->dec_stages_f8 for an 8-bit cache).
+template <int D, typename T, int S>
+static int di_decode_tc_s(di_ctx *ctx, float *acc, float2 *ml, const float *qp, const T *kp, const T *vp,
+                          const int *cu, const int *sk, const int *bt, const di_attn_meta *m, int nsplit,
+                          int num_heads, int num_kv_heads, float scale, int window, int decode_only) {
+	const size_t shmem = di_decode_tc_smem<D, T, S>();
+	cudaError_t e =
+	    cudaFuncSetAttribute(di_decode_attn_tc_k<D, T, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
+	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (decode, tensor cores): cudaFuncSetAttribute");
+	di_launch(ctx, di_decode_attn_tc_k<D, T, S>, dim3(nsplit, num_kv_heads, m->num_seqs), TC_THREADS, shmem, acc, ml,
+	          qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads, num_kv_heads,
+	          scale * 1.4426950408889634f, window, decode_only, ctx->dec_chunk, ctx->check);
+	return di_check_launch(ctx, "attention (decode, tensor cores)");
+}
+
 template <int D, typename T>
 static int di_decode_tc(di_ctx *ctx, float *acc, float2 *ml, const float *qp, const T *kp, const T *vp, const int *cu,
                         const int *sk, const int *bt, const di_attn_meta *m, int nsplit, int num_heads,
                         int num_kv_heads, float scale, int window, int decode_only) {
-	const size_t shmem = di_decode_tc_smem<D>();
-	cudaError_t e = cudaFuncSetAttribute(di_decode_attn_tc_k<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
-	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (decode, tensor cores): cudaFuncSetAttribute");
-	di_launch(ctx, di_decode_attn_tc_k<D, T>, dim3(nsplit, num_kv_heads, m->num_seqs), TC_THREADS, shmem, acc, ml, qp,
-	          kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads, num_kv_heads,
-	          scale * 1.4426950408889634f, window, decode_only, ctx->dec_chunk, ctx->check);
-	return di_check_launch(ctx, "attention (decode, tensor cores)");
+#define DI_DEC_TC(S)                                                                                                 \
+	di_decode_tc_s<D, T, S>(ctx, acc, ml, qp, kp, vp, cu, sk, bt, m, nsplit, num_heads, num_kv_heads, scale, window, \
+	                        decode_only)
+	if constexpr (di_is_fp8<T>) {
+		switch (ctx->dec_stages_f8) {
+		case 3: return DI_DEC_TC(3);
+		case 4: return DI_DEC_TC(4);
+		default: return DI_DEC_TC(2);
+		}
+	} else if constexpr (std::is_same<T, __half>::value) {
+		if (ctx->dec_stages == 3) return DI_DEC_TC(3);
+		return DI_DEC_TC(2);
+	} else {
+		return DI_DEC_TC(2);
+	}
+#undef DI_DEC_TC
 }
 
 // attention runs di_op_attention over a cache of element type T.
@@ -1573,6 +1687,13 @@ static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dp
 	// Tensor cores for 16-bit models when activations are rounded anyway.
 	const bool tc = (input_dtype == DI_BF16 || input_dtype == DI_F16) && ctx->gemm_mode == DI_GEMM_ROUND &&
 	                ((q | k_cache | v_cache) % 16 == 0) && (head_dim == 64 || head_dim == 128);
+	if constexpr (di_is_fp8<T>) { // only the tensor-core kernels read 8-bit caches
+		if (!tc || num_heads / num_kv_heads > 16)
+			return di_fail(ctx, DI_ERR_UNSUPPORTED,
+			               "attention: an F8E4M3 cache needs 16-bit inputs (input dtype %d), GEMM mode round (%d), "
+			               "head_dim 64 or 128 (%d), 16-byte aligned tensors and at most 16 query heads per KV head (%d)",
+			               input_dtype, ctx->gemm_mode, head_dim, num_heads / num_kv_heads);
+	}
 	if (split) {
 		const int max_keys = m->max_blocks_per_seq * m->block_size;
 		const int min_chunk = ctx->dec_chunk;
@@ -1597,7 +1718,7 @@ static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dp
 		} else if (tc && group <= 16 && head_dim == 128) {
 			rc = di_decode_tc<128, T>(ctx, (float *)acc, (float2 *)ml, qp, kp, vp, cu, sk, bt, m, nsplit, num_heads,
 			                          num_kv_heads, scale, sliding_window, decode_only);
-		} else {
+		} else if constexpr (!di_is_fp8<T>) {
 			di_decode_attn_k<<<dim3(nsplit, num_kv_heads * subs, m->num_seqs), DEC_THREADS, 0, ctx->stream>>>(
 			    (float *)acc, (float2 *)ml, qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size,
 			    m->num_blocks, num_heads, num_kv_heads, head_dim, scale, sliding_window, decode_only, vec4,
@@ -1618,25 +1739,29 @@ static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dp
 		return di_prefill_tc<64>(ctx, op, qp, kp, vp, cu, sk, bt, m, num_heads, num_kv_heads, scale, sliding_window);
 	if (tc && head_dim == 128)
 		return di_prefill_tc<128>(ctx, op, qp, kp, vp, cu, sk, bt, m, num_heads, num_kv_heads, scale, sliding_window);
-	if (head_dim <= PF_MAX_D) {
-		const size_t shmem = di_prefill_smem(head_dim);
-		if (shmem > 48 * 1024) {
-			cudaError_t e =
-			    cudaFuncSetAttribute(di_prefill_attn_k<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
-			if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (prefill): cudaFuncSetAttribute");
+	if constexpr (di_is_fp8<T>) {
+		return DI_OK; // unreachable: checked above
+	} else {
+		if (head_dim <= PF_MAX_D) {
+			const size_t shmem = di_prefill_smem(head_dim);
+			if (shmem > 48 * 1024) {
+				cudaError_t e =
+				    cudaFuncSetAttribute(di_prefill_attn_k<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
+				if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (prefill): cudaFuncSetAttribute");
+			}
+			const int tiles = (m->num_tokens + PF_BQ - 1) / PF_BQ + m->num_seqs; // bound on the prefill tiles
+			di_prefill_attn_k<<<dim3(tiles, num_heads), PF_THREADS, shmem, ctx->stream>>>(
+			    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
+			    num_kv_heads, head_dim, scale, sliding_window, vec4 && q % 16 == 0, ctx->check);
+			return di_check_launch(ctx, "attention (prefill)");
 		}
-		const int tiles = (m->num_tokens + PF_BQ - 1) / PF_BQ + m->num_seqs; // bound on the prefill tiles
-		di_prefill_attn_k<<<dim3(tiles, num_heads), PF_THREADS, shmem, ctx->stream>>>(
+		const size_t shmem = (head_dim + ATT_TILE) * sizeof(float) + ATT_TILE * sizeof(int);
+		dim3 grid(m->num_tokens, num_heads);
+		di_attention_k<<<grid, ATT_THREADS, shmem, ctx->stream>>>(
 		    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
-		    num_kv_heads, head_dim, scale, sliding_window, vec4 && q % 16 == 0, ctx->check);
-		return di_check_launch(ctx, "attention (prefill)");
+		    num_kv_heads, head_dim, scale, sliding_window, split ? 1 : 0, ctx->check);
+		return di_check_launch(ctx, "attention");
 	}
-	const size_t shmem = (head_dim + ATT_TILE) * sizeof(float) + ATT_TILE * sizeof(int);
-	dim3 grid(m->num_tokens, num_heads);
-	di_attention_k<<<grid, ATT_THREADS, shmem, ctx->stream>>>(
-	    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
-	    num_kv_heads, head_dim, scale, sliding_window, split ? 1 : 0, ctx->check);
-	return di_check_launch(ctx, "attention");
 }
 
 extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,
@@ -1655,8 +1780,11 @@ extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_ca
 	case DI_F16:
 		return attention<__half>(ctx, out, q, k_cache, v_cache, m, num_heads, num_kv_heads, head_dim, scale,
 		                         sliding_window, input_dtype);
+	case DI_F8E4M3:
+		return attention<__nv_fp8_e4m3>(ctx, out, q, k_cache, v_cache, m, num_heads, num_kv_heads, head_dim, scale,
+		                                sliding_window, input_dtype);
 	}
-	return di_fail(ctx, DI_ERR_UNSUPPORTED, "attention: cache dtype %d (want F32 or F16)", cache_dtype);
+	return di_fail(ctx, DI_ERR_UNSUPPORTED, "attention: cache dtype %d (want F32, F16 or F8E4M3)", cache_dtype);
 }
 
 // ---------------------------------------------------------------- MLA

@@ -341,6 +341,126 @@ func TestGPUAttentionHalfCache(t *testing.T) {
 	}
 }
 
+// 8-bit E4M3 caches (Options.KVCacheDType): KVCacheDType picks them for
+// 16-bit models in GEMM mode round only; WriteCache rounds to the nearest
+// E4M3 value as the host does (ties to even, saturated at +-448, NaN kept);
+// the attention kernels that read them (the tensor-core decode and prefill
+// kernels, which widen each tile to half in shared memory) give the bits
+// of the same kernels over a half cache holding the rounded values, for
+// decode rows, whole and chunked prompts, a window, head sizes 64 and 128
+// and groups 2 to 8; anything else is refused with ErrUnsupported.
+func TestGPUAttentionFP8Cache(t *testing.T) {
+	p := newPair(t, GEMMRound)
+	g8 := newGPUOpts(t, Options{KVCacheDType: kernels.F8E4M3})
+	for _, c := range []struct {
+		ops     *Backend
+		weights kernels.DType
+		want    kernels.DType
+	}{{g8, kernels.BF16, kernels.F8E4M3}, {g8, kernels.F16, kernels.F8E4M3}, {g8, kernels.F32, kernels.F32}, {p.g, kernels.BF16, kernels.F16}} {
+		if got := c.ops.KVCacheDType(c.weights); got != c.want {
+			t.Errorf("KVCacheDType(%v) with Options.KVCacheDType %v = %v, want %v", c.weights, c.ops.kvCache, got, c.want)
+		}
+	}
+	if _, err := New(Options{KVCacheDType: kernels.BF16}); !errors.Is(err, ErrUnsupported) {
+		t.Errorf("New with KVCacheDType BF16: %v, want ErrUnsupported", err)
+	}
+
+	const blockSize, numBlocks = 16, 300
+	seqs := [][2]int{{1, 700}, {100, 1000}, {1, 33}, {64, 64}, {300, 400}, {1, 2000}} // (query rows, keys)
+	for _, ap := range []kernels.AttentionParams{
+		{NumHeads: 32, NumKVHeads: 8, HeadDim: 64},
+		{NumHeads: 16, NumKVHeads: 8, HeadDim: 128},
+		{NumHeads: 16, NumKVHeads: 2, HeadDim: 128, SlidingWindow: 300},
+		{NumHeads: 8, NumKVHeads: 4, HeadDim: 64, SlidingWindow: 50},
+	} {
+		ap.Scale = float32(1 / math.Sqrt(float64(ap.HeadDim)))
+		ap.InputDType = kernels.BF16
+		name := fmt.Sprintf("h%d_kv%d_d%d_w%d", ap.NumHeads, ap.NumKVHeads, ap.HeadDim, ap.SlidingWindow)
+		t.Run(name, func(t *testing.T) {
+			b := p.pagedBatch(blockSize, numBlocks, seqs)
+			width, w := ap.NumKVHeads*ap.HeadDim, ap.NumHeads*ap.HeadDim
+			var k8, v8, kh, vh kernels.Tensor
+			var kcpu, vcpu kernels.Tensor
+			for i := range 2 {
+				vals := randVals(p.r, numBlocks*blockSize*width, 3)
+				raw := hostBytes(kernels.F8E4M3, vals)
+				for j := range vals {
+					vals[j] = kernels.F8E4M3ToF32(raw[j])
+				}
+				c8 := upload(t, p.g, kernels.F8E4M3, raw, kernels.F8E4M3, numBlocks, blockSize, width)
+				ch := upload(t, p.g, kernels.F16, hostBytes(kernels.F16, vals), kernels.F16, numBlocks, blockSize, width)
+				cc := upload(t, p.c, kernels.F32, kernels.F32Bytes(vals), kernels.F32, numBlocks, blockSize, width)
+				if i == 0 {
+					k8, kh, kcpu = c8, ch, cc
+				} else {
+					v8, vh, vcpu = c8, ch, cc
+				}
+			}
+			q := p.rand(kernels.F32, 1, b.numTokens, w)
+			out8, outh := p.zeros(kernels.F32, b.numTokens, w), p.zeros(kernels.F32, b.numTokens, w)
+			p.poison(out8)
+			if err := p.g.Attention(out8.g, q.g, k8, v8, &b.gpuMeta, ap); err != nil {
+				t.Fatal(err)
+			}
+			if err := p.g.Attention(outh.g, q.g, kh, vh, &b.gpuMeta, ap); err != nil {
+				t.Fatal(err)
+			}
+			got, want := p.f32(p.g, out8.g), p.f32(p.g, outh.g)
+			for i := range got {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("element %d: %v over the 8-bit cache, %v over the half cache of the same values", i, got[i], want[i])
+				}
+			}
+			// And near the float32 CPU backend over the same values (the
+			// tensor cores round q and the probabilities to half).
+			if err := p.c.Attention(out8.c, q.c, kcpu, vcpu, &b.cpuMeta, ap); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("8-bit caches %s: max relative error vs the CPU backend %.2e", name, p.check("attention", out8, 5e-3))
+		})
+	}
+
+	// The kernels that cannot read 8-bit caches refuse them.
+	b := p.pagedBatch(blockSize, numBlocks, [][2]int{{1, 40}, {20, 20}})
+	for _, ap := range []kernels.AttentionParams{
+		{NumHeads: 8, NumKVHeads: 2, HeadDim: 64, InputDType: kernels.F32},
+		{NumHeads: 8, NumKVHeads: 2, HeadDim: 40, InputDType: kernels.BF16},
+		{NumHeads: 32, NumKVHeads: 1, HeadDim: 64, InputDType: kernels.BF16},
+	} {
+		ap.Scale = 0.1
+		width := ap.NumKVHeads * ap.HeadDim
+		kc := upload(t, p.g, kernels.F8E4M3, make([]byte, numBlocks*blockSize*width), kernels.F8E4M3, numBlocks, blockSize, width)
+		out := p.zeros(kernels.F32, b.numTokens, ap.NumHeads*ap.HeadDim)
+		q := p.rand(kernels.F32, 1, b.numTokens, ap.NumHeads*ap.HeadDim)
+		err := p.g.Attention(out.g, q.g, kc, kc, &b.gpuMeta, ap)
+		if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "F8E4M3") {
+			t.Errorf("attention over an 8-bit cache with %+v: %v, want ErrUnsupported naming F8E4M3", ap, err)
+		}
+	}
+
+	// WriteCache rounds float32 rows to the nearest E4M3 value.
+	vals := []float32{0.3, -1.0625, 448, 449, 465, -1e6, float32(math.Inf(1)), 1e-4, 0.0009765625, -0.00146484375,
+		float32(math.NaN()), 3.3, 17.5, -240.5, 0, 0.01171875}
+	src := upload(t, p.g, kernels.F32, kernels.F32Bytes(vals), kernels.F32, 2, 8)
+	slots := upload(t, p.g, kernels.I32, kernels.I32Bytes([]int32{5, 30}), kernels.I32, 2)
+	cache := upload(t, p.g, kernels.F8E4M3, make([]byte, 2*16*16), kernels.F8E4M3, 2, 16, 16)
+	if err := p.g.WriteCache(cache, src, slots, 4); err != nil {
+		t.Fatal(err)
+	}
+	raw := make([]byte, 2*16*16)
+	if err := p.g.Download(raw, cache); err != nil {
+		t.Fatal(err)
+	}
+	for r, slot := range []int{5, 30} {
+		for j := range 8 {
+			x := vals[r*8+j]
+			if got, want := raw[slot*16+4+j], kernels.F32ToF8E4M3(x); got != want {
+				t.Errorf("WriteCache(%v): %#02x, want %#02x (%v)", x, got, want, kernels.F8E4M3ToF32(want))
+			}
+		}
+	}
+}
+
 // The prefill kernel that runs a KV head's query heads in one block
 // (di_prefill_attn_gqa_k, the default over half caches) gives the bits of
 // the one-head-a-block kernel (DEEPINFER_CUDA_PREFILL_GQA=0) at every group
@@ -427,6 +547,8 @@ func TestGPUPrefillAttentionChecks(t *testing.T) {
 		{"tensor cores, float32 cache", 64, kernels.BF16, kernels.F32},
 		{"tensor cores, half cache, one head a block", 128, kernels.BF16, kernels.F16},
 		{"tensor cores, half cache, a KV head a block", 64, kernels.BF16, kernels.F16},
+		{"tensor cores, 8-bit cache, head size 128", 128, kernels.BF16, kernels.F8E4M3},
+		{"tensor cores, 8-bit cache, head size 64", 64, kernels.BF16, kernels.F8E4M3},
 	} {
 		for _, bad := range []string{"keys", "block"} {
 			t.Run(c.name+"/"+bad, func(t *testing.T) {

@@ -119,6 +119,10 @@ type Options struct {
 	// GEMMRound, can be overridden by $DEEPINFER_CUDA_GEMM ("round" or
 	// "split"), so that a run from YAML can choose without a config key.
 	GEMM GEMMMode
+	// KVCacheDType is the element type of GQA models' K and V caches: 0
+	// (auto) keeps KVCacheDType's choice; kernels.F8E4M3 stores them in 8
+	// bits (see Backend.KVCacheDType).
+	KVCacheDType kernels.DType
 	// GCEvery triggers a Go garbage collection after this many bytes of
 	// device allocations, so that unreachable tensors return to the cache;
 	// 0 means DefaultGCEvery, negative disables it.
@@ -154,6 +158,7 @@ type Backend struct {
 	gcEvery int64
 	sinceGC atomic.Int64
 	gemm    GEMMMode
+	kvCache kernels.DType   // Options.KVCacheDType
 	fetches sampleFetches   // pinned copies of sampled tokens (sample.go)
 	prof    *profiler       // per-operation device times; nil unless ProfileEnv is 1
 	skip    map[string]bool // operations not queued (SkipEnv): timing ablations only
@@ -176,6 +181,9 @@ func New(opts Options) (*Backend, error) {
 		default:
 			return nil, fmt.Errorf("cuda: %s=%q: want round or split: %w", GEMMEnv, v, ErrUnsupported)
 		}
+	}
+	if opts.KVCacheDType != 0 && opts.KVCacheDType != kernels.F8E4M3 {
+		return nil, fmt.Errorf("cuda: KV cache dtype %v: want auto (0) or F8_E4M3: %w", opts.KVCacheDType, ErrUnsupported)
 	}
 	skip, err := skipSet()
 	if err != nil {
@@ -202,7 +210,8 @@ func New(opts Options) (*Backend, error) {
 		}
 		return nil, fmt.Errorf("cuda: %s: create context on device %d: %s: %w", lib.path, opts.Device, msg, ErrCUDA)
 	}
-	b := &Backend{lib: lib, ctx: ctx, gcEvery: opts.GCEvery, gemm: opts.GEMM, prof: newProfiler(), skip: skip, mlpNarrow: mlpNarrow}
+	b := &Backend{lib: lib, ctx: ctx, gcEvery: opts.GCEvery, gemm: opts.GEMM, kvCache: opts.KVCacheDType, prof: newProfiler(),
+		skip: skip, mlpNarrow: mlpNarrow}
 	if b.gcEvery == 0 {
 		b.gcEvery = DefaultGCEvery
 	}
@@ -237,14 +246,24 @@ func (b *Backend) ActivationDType() kernels.DType { return kernels.F32 }
 // the bytes of float32, so twice the tokens in the same memory and half the
 // reads of decode attention; prefill attention then runs on tensor cores
 // from them (see AttentionParams.InputDType). Half keeps 10 mantissa bits
-// (bf16 has 7); values beyond +-65504 overflow. GEMM mode split and float32
-// models keep float32 caches.
+// (bf16 has 7); values beyond +-65504 overflow. With Options.KVCacheDType
+// F8E4M3 those caches are 8-bit E4M3 instead (3 mantissa bits, saturated at
+// +-448, no scale): a quarter of float32's bytes, lossy; attention widens
+// each value to half exactly, so it computes what it would over a half
+// cache holding the rounded values. GEMM mode split and float32 models keep
+// float32 caches, whatever Options asked.
 func (b *Backend) KVCacheDType(weights kernels.DType) kernels.DType {
 	if b.gemm == GEMMRound && (weights == kernels.BF16 || weights == kernels.F16) {
+		if b.kvCache == kernels.F8E4M3 {
+			return kernels.F8E4M3
+		}
 		return kernels.F16
 	}
 	return kernels.F32
 }
+
+// cacheDTypes are the element types the cache operations accept.
+var cacheDTypes = []kernels.DType{kernels.F32, kernels.F16, kernels.F8E4M3}
 
 // Info returns the device description read at New (FreeMem as of then).
 func (b *Backend) Info() DeviceInfo { return b.info }

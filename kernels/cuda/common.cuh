@@ -1,8 +1,11 @@
 // common.cuh: device helpers shared by the kernel files of the CUDA backend.
 #pragma once
 
+#include <type_traits>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include "internal.h"
@@ -19,6 +22,33 @@ template <> __device__ __forceinline__ __nv_bfloat16 di_from_f32<__nv_bfloat16>(
 	return __float2bfloat16_rn(v);
 }
 template <> __device__ __forceinline__ __half di_from_f32<__half>(float v) { return __float2half_rn(v); }
+// 8-bit E4M3 caches (DI_F8E4M3): round to nearest even, subnormals kept,
+// beyond +-448 saturated to +-448 (E4M3 has no infinities), NaN stays NaN.
+template <> __device__ __forceinline__ __nv_fp8_e4m3 di_from_f32<__nv_fp8_e4m3>(float v) {
+	__nv_fp8_e4m3 r;
+	r.__x = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+	return r;
+}
+
+// di_is_fp8<T>: T is the 8-bit cache element.
+template <typename T> constexpr bool di_is_fp8 = std::is_same<T, __nv_fp8_e4m3>::value;
+
+// di_fp8x16_to_half widens 16 E4M3 values (one 16-byte chunk, element 0 in
+// the lowest byte) to 16 halves at dst (32 bytes, 16-byte aligned): exact,
+// E4M3 being a subset of half.
+__device__ __forceinline__ void di_fp8x16_to_half(__half *dst, uint4 v) {
+	const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+	uint32_t h[8];
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i] & 0xffffu), __NV_E4M3);
+		const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i] >> 16), __NV_E4M3);
+		h[2 * i] = (uint32_t)lo.x | ((uint32_t)lo.y << 16);
+		h[2 * i + 1] = (uint32_t)hi.x | ((uint32_t)hi.y << 16);
+	}
+	reinterpret_cast<uint4 *>(dst)[0] = make_uint4(h[0], h[1], h[2], h[3]);
+	reinterpret_cast<uint4 *>(dst)[1] = make_uint4(h[4], h[5], h[6], h[7]);
+}
 
 template <typename T> __device__ __forceinline__ T di_warp_sum(T v) {
 #pragma unroll

@@ -17,7 +17,13 @@ import (
 // a test failure.
 func newGPU(t testing.TB, mode GEMMMode) *Backend {
 	t.Helper()
-	b, err := New(Options{GEMM: mode})
+	return newGPUOpts(t, Options{GEMM: mode})
+}
+
+// newGPUOpts is newGPU with any options.
+func newGPUOpts(t testing.TB, opts Options) *Backend {
+	t.Helper()
+	b, err := New(opts)
 	if err != nil {
 		if os.Getenv(LibraryEnv) == "" && (errors.Is(err, ErrNoLibrary) || errors.Is(err, ErrNoDevice)) {
 			t.Skipf("GPU test skipped: %v (set %s to run it on a GPU machine)", err, LibraryEnv)
@@ -69,6 +75,12 @@ func hostBytes(dt kernels.DType, xs []float32) []byte {
 			}
 		}
 		return kernels.U16Bytes(u)
+	case kernels.F8E4M3:
+		b := make([]byte, len(xs))
+		for i, x := range xs {
+			b[i] = kernels.F32ToF8E4M3(x)
+		}
+		return b
 	}
 	return kernels.F32Bytes(xs)
 }

@@ -704,8 +704,12 @@ extern "C" int di_op_write_cache(di_ctx *ctx, di_dptr cache, di_dptr src, di_dpt
 		di_write_cache_k<<<num_tokens, threads, 0, ctx->stream>>>(DI_PTR(__half, cache), sp, sm, w, width, col,
 		                                                          num_slots, ctx->check);
 		break;
+	case DI_F8E4M3:
+		di_write_cache_k<<<num_tokens, threads, 0, ctx->stream>>>(DI_PTR(__nv_fp8_e4m3, cache), sp, sm, w, width, col,
+		                                                          num_slots, ctx->check);
+		break;
 	default:
-		return di_fail(ctx, DI_ERR_UNSUPPORTED, "write_cache: cache dtype %d (want F32 or F16)", cache_dtype);
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "write_cache: cache dtype %d (want F32, F16 or F8E4M3)", cache_dtype);
 	}
 	return di_check_launch(ctx, "write_cache");
 }
@@ -823,8 +827,11 @@ extern "C" int di_op_qkv_prepare(di_ctx *ctx, const di_qkv *a) {
 	case DI_F16:
 		di_launch(ctx, di_qkv_prepare_k<__half>, grid, threads, 0, *a, ctx->check);
 		break;
+	case DI_F8E4M3:
+		di_launch(ctx, di_qkv_prepare_k<__nv_fp8_e4m3>, grid, threads, 0, *a, ctx->check);
+		break;
 	default:
-		return di_fail(ctx, DI_ERR_UNSUPPORTED, "qkv_prepare: cache dtype %d (want F32 or F16)", a->cache_dtype);
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "qkv_prepare: cache dtype %d (want F32, F16 or F8E4M3)", a->cache_dtype);
 	}
 	return di_check_launch(ctx, "qkv_prepare");
 }

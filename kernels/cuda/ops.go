@@ -405,7 +405,7 @@ func (b *Backend) WriteCache(cache, src, slotMapping kernels.Tensor, col int) er
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "cache", c, []int{-1, -1, -1}, kernels.F32, kernels.F16); err != nil {
+	if err := checkShape(op, "cache", c, []int{-1, -1, -1}, cacheDTypes...); err != nil {
 		return err
 	}
 	numSlots, width := c.shape[0]*c.shape[1], c.shape[2]
@@ -507,7 +507,7 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 	if err := checkShape(op, "out", o, []int{t, nh * d}, kernels.F32); err != nil {
 		return err
 	}
-	if err := checkShape(op, "k_cache", kc, []int{-1, -1, p.NumKVHeads * d}, kernels.F32, kernels.F16); err != nil {
+	if err := checkShape(op, "k_cache", kc, []int{-1, -1, p.NumKVHeads * d}, cacheDTypes...); err != nil {
 		return err
 	}
 	if err := checkShape(op, "v_cache", vc, kc.shape, kc.dtype); err != nil {
@@ -775,7 +775,7 @@ func (b *Backend) PrepareQKV(a kernels.QKV) error {
 	f32 := []kernels.DType{kernels.F32}
 	checks := []check{
 		{"q", q, []int{t, h * d}, f32},
-		{"k_cache", kc, []int{-1, -1, hkv * d}, []kernels.DType{kernels.F32, kernels.F16}},
+		{"k_cache", kc, []int{-1, -1, hkv * d}, cacheDTypes},
 		{"v_cache", vc, kc.shape, []kernels.DType{kc.dtype}},
 		{"slot_mapping", sm, []int{t}, []kernels.DType{kernels.I32}},
 		{"positions", pos, []int{t}, []kernels.DType{kernels.I32}},

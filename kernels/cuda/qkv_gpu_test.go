@@ -16,7 +16,7 @@ type stepsOnly struct{ kernels.Ops }
 // The fused qkv_prepare kernel gives the bits of the separate ops (split,
 // per-head RMSNorm, RoPE, both cache writes) on the same backend: q and the
 // whole of both caches, for Llama-like (no norm) and Qwen3-like (norms)
-// layouts, F32 and F16 caches, a partial interleaved rotation, rows not
+// layouts, F32, F16 and 8-bit E4M3 caches, a partial interleaved rotation, rows not
 // written (slot -1), one row and a prefill chunk; and against the CPU
 // backend's steps to float32 rounding.
 func TestGPUPrepareQKV(t *testing.T) {
@@ -33,6 +33,8 @@ func TestGPUPrepareQKV(t *testing.T) {
 		{"llama-d64-f16-chunk", 32, 8, 64, kernels.RoPEParams{RotaryDim: 64}, false, kernels.F16, 37, 5},
 		{"qwen3-d128-f16", 16, 8, 128, kernels.RoPEParams{RotaryDim: 128}, true, kernels.F16, 9, 4},
 		{"qwen3-d128-f32", 16, 8, 128, kernels.RoPEParams{RotaryDim: 128}, true, kernels.F32, 9, 0},
+		{"qwen3-d128-f8", 16, 8, 128, kernels.RoPEParams{RotaryDim: 128}, true, kernels.F8E4M3, 9, 4},
+		{"llama-d64-f8-decode", 32, 8, 64, kernels.RoPEParams{RotaryDim: 64}, false, kernels.F8E4M3, 1, 0},
 		{"partial-interleaved-f32", 6, 2, 48, kernels.RoPEParams{Offset: 16, RotaryDim: 32, Interleaved: true}, false, kernels.F32, 7, 3},
 	}
 	for _, c := range cases {
