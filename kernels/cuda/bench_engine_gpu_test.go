@@ -337,7 +337,8 @@ type engineOpts struct {
 	raw                 []byte // config.json
 	cfg                 *weights.Config
 	w                   models.MemWeights
-	graphSizes          []int // nil: powers of two up to maxSeqs
+	graphSizes          []int  // nil: powers of two up to maxSeqs
+	kvCache             string // cache.kv_cache_dtype ("": the config's)
 }
 
 // startEngine starts the engine of configs/cuda.yaml on a model folder
@@ -368,6 +369,9 @@ func startEngine(b *testing.B, o engineOpts) *llm.LLM {
 	}
 	cfg.Model = dir
 	cfg.ZOS.Enabled = o.zos
+	if o.kvCache != "" {
+		cfg.Cache.KVCacheDType = o.kvCache
+	}
 	cfg.Engine.MaxNumSeqs = o.maxSeqs
 	cfg.Engine.MaxNumBatchedTokens = max(o.maxBatched, o.maxSeqs)
 	cfg.Engine.MaxModelLen = o.maxModelLen
@@ -397,6 +401,14 @@ func startEngine(b *testing.B, o engineOpts) *llm.LLM {
 		o.name, l.Backend().Name(), time.Since(start).Round(time.Millisecond), onOff(cfg.ZOS.Enabled), onOff(cfg.CUDAGraph.Enabled),
 		cfg.CUDAGraph.BatchSizes, cfg.Engine.MaxNumSeqs, cfg.Engine.MaxNumBatchedTokens, cfg.Engine.MaxModelLen)
 	return l
+}
+
+// kvName names a cache.kv_cache_dtype override for the figures' lines.
+func kvName(kv string) string {
+	if kv == "" {
+		return "auto"
+	}
+	return kv
 }
 
 func onOff(v bool) string {
@@ -599,10 +611,21 @@ func BenchmarkGPUEngineOfflineQwen3(b *testing.B) {
 	if tiny {
 		name = "qwen3-tiny(cpu)"
 	}
-	for _, zos := range []bool{false, true} {
-		b.Run("zos="+onOff(zos), func(b *testing.B) {
+	variants := []struct {
+		zos bool
+		kv  string
+	}{{false, ""}, {true, ""}, {true, "fp8"}}
+	if tiny {
+		variants = variants[:2] // the CPU backend keeps float32 caches
+	}
+	for _, v := range variants {
+		zos, sub := v.zos, "zos="+onOff(v.zos)
+		if v.kv != "" {
+			sub += ",kv=" + v.kv
+		}
+		b.Run(sub, func(b *testing.B) {
 			l := startEngine(b, engineOpts{zos: zos, maxSeqs: maxSeqs, maxBatched: maxBatched, maxModelLen: opts.MaxInputLen + opts.MaxOutputLen,
-				tiny: tiny, name: name, raw: raw, cfg: mcfg, w: w})
+				tiny: tiny, name: name, raw: raw, cfg: mcfg, w: w, kvCache: v.kv})
 			defer l.Close()
 			for range b.N {
 				st := l.StepStats()
@@ -622,8 +645,8 @@ func BenchmarkGPUEngineOfflineQwen3(b *testing.B) {
 				if f, ok := dev.Decode.IdleFraction(); ok {
 					b.ReportMetric(100*f, "decode-idle-%")
 				}
-				b.Logf("engine | %s offline %d requests, ZOS %s | output %.0f tok/s, total %.0f tok/s (%d in + %d out tokens in %.2f s) | device idle between decode steps %s of %.3f ms/step (%d pairs), all steps %s%s | %d of %d steps on CUDA graphs | goals: output > 30000 tok/s, idle < 2%% with ZOS",
-					name, r.NumRequests, onOff(zos), r.OutputThroughput, r.TotalThroughput, r.TotalInputTokens, r.TotalOutputTokens, r.DurationSeconds,
+				b.Logf("engine | %s offline %d requests, ZOS %s, KV cache %s | output %.0f tok/s, total %.0f tok/s (%d in + %d out tokens in %.2f s) | device idle between decode steps %s of %.3f ms/step (%d pairs), all steps %s%s | %d of %d steps on CUDA graphs | goals: output > 30000 tok/s, idle < 2%% with ZOS",
+					name, r.NumRequests, onOff(zos), kvName(v.kv), r.OutputThroughput, r.TotalThroughput, r.TotalInputTokens, r.TotalOutputTokens, r.DurationSeconds,
 					pct(dev.Decode), millis(dev.Decode.MeanSpan()), dev.Decode.N, pct(dev.All), timelineNote(dev),
 					st.GraphSteps.Load()-graphs0, st.Steps.Load()-steps0)
 			}

@@ -41,8 +41,9 @@
 #           float32 reference: its FAIL lines here are expected; the verdict
 #           is the table's.
 #   engine  BenchmarkGPUEngine* (kernels/cuda/bench_engine_gpu_test.go):
-#           Qwen3-0.6B offline throughput (nano-vllm's workload, ZOS off and
-#           on), DeepSeek-V2-Lite decode at batch 1 and 64 against its floor,
+#           Qwen3-0.6B offline throughput (nano-vllm's workload, ZOS off,
+#           on, and on with cache.kv_cache_dtype fp8), DeepSeek-V2-Lite
+#           decode at batch 1 and 64 against its floor,
 #           Llama-3.2-1B decode at batch 1 and 32; device idle between decode
 #           steps. ENGINE_SEQS overrides the offline request count (256);
 #           ENGINE_BENCH (default GPUEngine) is the -test.bench pattern.
