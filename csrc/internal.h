@@ -62,6 +62,10 @@ struct di_ctx {
 	// one in flight): over half caches ($DEEPINFER_CUDA_DEC_STAGES, 2 or 3)
 	// and over 8-bit caches ($DEEPINFER_CUDA_DEC_F8_STAGES, 2 to 4).
 	int dec_stages = 2;
+	// Decode over half and 8-bit caches with at most 8 query heads a KV head
+	// runs di_decode_attn_km_k (keys as the tensor-core rows);
+	// $DEEPINFER_CUDA_DEC_KM (0: di_decode_attn_tc_k).
+	int dec_km = 1;
 	int dec_stages_f8 = 2;
 	unsigned *skinny_sem = nullptr; // DI_SKINNY_SEMS split-K tile counters of the skinny GEMM, zero between launches
 	char err[1024] = {0};

@@ -1584,6 +1584,241 @@ __global__ void __launch_bounds__(TC_THREADS, di_is_fp8<T> ? 4 : 1)
 	}
 }
 
+// ---------------------------------------------------------------- decode: keys as MMA rows
+//
+// di_decode_attn_km_k is di_decode_attn_tc_k with the roles turned for
+// groups of at most 8 query heads: the keys are the m16 rows of the
+// tensor-core tiles and the group's heads the n8 columns (S^T = K Q^T, then
+// O^T = V^T P^T, P^T moved from the score tile's layout to the operand's
+// with movmatrix), so no tile row is padding: at 2 heads a group (Qwen3)
+// di_decode_attn_tc_k spends 14 of its 16 rows, and their softmax and
+// rescaling, on zeros. Half the tensor-core instructions a key, a quarter
+// of the exponentials, half the accumulator registers. Same chunks, tiles,
+// copy stages and warp merge as di_decode_attn_tc_k (a row's result still
+// depends only on its own keys), not the same bits: the products are summed
+// in another order. Float32 caches are widened to half while staged, as
+// di_decode_attn_tc_k does, so all three cache types give the same bits
+// over the same values.
+template <int D, typename T>
+__global__ void __launch_bounds__(TC_THREADS, 3)
+    di_decode_attn_km_k(float *part_acc, float2 *part_ml, const float *q, const T *kc, const T *vc, const int *cu,
+                        const int *seqlens_k, const int *block_tables, int max_blocks, int block_size, int num_blocks,
+                        int num_heads, int num_kv_heads, float scale_log2, int window, int decode_only,
+                        int min_chunk, unsigned *check) {
+	di_pdl_wait();
+	constexpr int S = 2, LQ = D + 8, KS = D / 16, MT = D / 16;
+	constexpr bool F8 = di_is_fp8<T>;
+	extern __shared__ __align__(16) unsigned char tc_smem[];
+	__half *Kst, *Vst, *Cs;
+	unsigned char *raw;
+	int *slots;
+	if constexpr (F8) {
+		Cs = reinterpret_cast<__half *>(tc_smem); // [TC_BK][LQ]
+		Kst = Vst = nullptr;
+		raw = reinterpret_cast<unsigned char *>(Cs + TC_BK * LQ);
+		slots = reinterpret_cast<int *>(raw + S * 2 * TC_BK * D);
+	} else {
+		Kst = reinterpret_cast<__half *>(tc_smem); // [S][TC_BK][LQ]
+		Vst = Kst + S * TC_BK * LQ;
+		Cs = nullptr;
+		raw = nullptr;
+		slots = reinterpret_cast<int *>(Vst + S * TC_BK * LQ);
+	}
+	const int c = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, nsplit = gridDim.x;
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+	const int group = num_heads / num_kv_heads, h0 = kvh * group;
+	const int q0 = cu[s], ql = cu[s + 1] - q0;
+	if (ql != 1) {
+		if (decode_only && ql != 0 && c == 0 && kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
+		return;
+	}
+	const int kl = seqlens_k[s];
+	const bool bad = kl < 1 || kl > max_blocks * block_size;
+	const int len = di_dec_chunk(kl, min_chunk);
+	const int first = window > 0 ? max(0, kl - window) : 0;
+	const int t_lo = max(first, c * len), t_hi = min(kl, (c + 1) * len);
+	float2 *ml = part_ml + ((size_t)s * num_heads + h0) * nsplit + c; // head hh at ml[hh*nsplit]
+	if (bad || t_lo >= t_hi) {
+		if (bad && c == 0 && kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
+		if (tid < group) ml[(size_t)tid * nsplit] = make_float2(-CUDART_INF_F, 0.f);
+		return;
+	}
+	const int kv_width = num_kv_heads * D;
+	const T *kbase = kc + kvh * D, *vbase = vc + kvh * D;
+	const int *bt = block_tables + (size_t)s * max_blocks;
+	const di_block_div bd(block_size);
+	int blk_next = -1;
+	auto lookup = [&](int t0) {
+		const int t = t0 + tid;
+		if (tid < TC_BK && t >= t_lo && t < t_hi) blk_next = __ldg(bt + bd.block(t));
+	};
+	auto fetch = [&](int t0, int st) {
+		int *sl = slots + st * TC_BK;
+		if (tid < TC_BK) {
+			const int t = t0 + tid;
+			int slot = -1;
+			if (t >= t_lo && t < t_hi) {
+				if (blk_next < 0 || blk_next >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
+				else slot = bd.slot(blk_next, t);
+			}
+			sl[tid] = slot;
+		}
+		if (t0 + TC_BK < t_hi) lookup(t0 + TC_BK);
+		__syncthreads();
+		if constexpr (F8)
+			di_dec_stage<D, T>(raw + st * 2 * TC_BK * D, raw + (st * 2 + 1) * TC_BK * D, kbase, vbase, kv_width, sl);
+		else
+			di_dec_stage<D, T>(Kst + st * TC_BK * LQ, Vst + st * TC_BK * LQ, kbase, vbase, kv_width, sl);
+	};
+	const int t_first = t_lo / TC_BK * TC_BK;
+	lookup(t_first);
+	fetch(t_first, 0);
+	// Q^T's B fragments (k: dims, n: the group's heads): lane (g, t4) holds
+	// head g's dims 2t4, 2t4+1 and 2t4+8, 2t4+9 of each 16, rounded to half.
+	uint32_t qb[KS][2];
+	{
+		const float *qr = q + ((size_t)q0 * num_heads + h0 + g) * D + 2 * t4;
+#pragma unroll
+		for (int ks = 0; ks < KS; ks++) {
+			float2 lo = make_float2(0.f, 0.f), hi = lo;
+			if (g < group) {
+				lo = *reinterpret_cast<const float2 *>(qr + ks * 16);
+				hi = *reinterpret_cast<const float2 *>(qr + ks * 16 + 8);
+			}
+			qb[ks][0] = di_half2_bits(lo.x, lo.y);
+			qb[ks][1] = di_half2_bits(hi.x, hi.y);
+		}
+	}
+	// Per lane: heads 2t4 and 2t4+1 (columns cc), running max m (the same on
+	// every lane of a column), this lane's share of the sum l, and O^T's
+	// tiles o[mt] (dims mt*16 + g and + 8, heads 2t4 and 2t4+1).
+	float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.f, 0.f}, o[MT][4];
+#pragma unroll
+	for (int mt = 0; mt < MT; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+	const int lm_row = lane & 7, lm_mat = lane >> 3, kw = warp * 16; // this warp's keys in a tile
+	int st = 0;
+	for (int t0 = t_first; t0 < t_hi; t0 += TC_BK, st ^= 1) {
+		if (t0 + TC_BK < t_hi) {
+			fetch(t0 + TC_BK, st ^ 1);
+			di_cp_async_wait<1>();
+		} else {
+			di_cp_async_wait<0>();
+		}
+		__syncthreads(); // tile t0 has landed for every thread
+		const int *sl = slots + st * TC_BK;
+		const __half *Ks, *Vs;
+		if constexpr (F8) { // the warp widens its own 16 keys: only it reads them
+			di_fp8_rows_to_half<D>(Cs, raw + st * 2 * TC_BK * D, kw, 16, lane, 32);
+			__syncwarp();
+			Ks = Vs = Cs;
+		} else {
+			Ks = Kst + st * TC_BK * LQ, Vs = Vst + st * TC_BK * LQ;
+		}
+		// S^T (keys kw + g and kw + g + 8, heads 2t4 and 2t4 + 1) = K Q^T.
+		float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+		for (int ks = 0; ks < KS; ks++) {
+			// matrices: (keys lo, d lo), (keys hi, d lo), (keys lo, d hi), (keys hi, d hi)
+			uint32_t a[4];
+			di_ldmatrix_x4(a, Ks + (kw + (lm_mat & 1) * 8 + lm_row) * LQ + ks * 16 + (lm_mat >> 1) * 8);
+			di_mma16816<__half>(sc, a[0], a[1], a[2], a[3], qb[ks][0], qb[ks][1]);
+		}
+		const bool v0 = sl[kw + g] >= 0, v1 = sl[kw + g + 8] >= 0;
+#pragma unroll
+		for (int cc = 0; cc < 2; cc++) {
+			const float x0 = v0 ? sc[cc] * scale_log2 : -CUDART_INF_F;
+			const float x1 = v1 ? sc[2 + cc] * scale_log2 : -CUDART_INF_F;
+			float mx = fmaxf(x0, x1);
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+			const float m_new = fmaxf(m[cc], mx);
+			float alpha = 1.f, p0 = 0.f, p1 = 0.f;
+			if (m_new != -CUDART_INF_F) {
+				alpha = exp2f(m[cc] - m_new);
+				p0 = exp2f(x0 - m_new);
+				p1 = exp2f(x1 - m_new);
+			}
+			sc[cc] = p0, sc[2 + cc] = p1;
+			l[cc] = l[cc] * alpha + (p0 + p1);
+			m[cc] = m_new;
+#pragma unroll
+			for (int mt = 0; mt < MT; mt++) o[mt][cc] *= alpha, o[mt][2 + cc] *= alpha;
+		}
+		// P^T's B fragments (k: keys, n: heads) from the score tile: each
+		// 8 x 8 half of it transposed in registers.
+		uint32_t pb[2];
+		{
+			const uint32_t lo = di_half2_bits(sc[0], sc[1]), hi = di_half2_bits(sc[2], sc[3]);
+			asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[0]) : "r"(lo));
+			asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[1]) : "r"(hi));
+		}
+		if constexpr (F8) { // the warp's V keys replace its K keys in Cs
+			__syncwarp();
+			di_fp8_rows_to_half<D>(Cs, raw + (st * 2 + 1) * TC_BK * D, kw, 16, lane, 32);
+			__syncwarp();
+		}
+		// O^T += V^T P^T: V^T's A fragments by transposed loads of V's rows.
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++) {
+			// matrices: (d lo, keys lo), (d hi, keys lo), (d lo, keys hi), (d hi, keys hi)
+			uint32_t a[4];
+			di_ldmatrix_x4_trans(a, Vs + (kw + (lm_mat >> 1) * 8 + lm_row) * LQ + mt * 16 + (lm_mat & 1) * 8);
+			di_mma16816<__half>(o[mt], a[0], a[1], a[2], a[3], pb[0], pb[1]);
+		}
+		__syncthreads(); // stage st is consumed before the next fetch refills it
+	}
+	// Merge the warps as di_decode_attn_tc_k does: head rows [warp][head][D+2].
+	float *wbuf = reinterpret_cast<float *>(tc_smem);
+#pragma unroll
+	for (int cc = 0; cc < 2; cc++) {
+		float li = l[cc];
+		li += __shfl_xor_sync(0xffffffffu, li, 4);
+		li += __shfl_xor_sync(0xffffffffu, li, 8);
+		li += __shfl_xor_sync(0xffffffffu, li, 16);
+		const int hh = 2 * t4 + cc;
+		float *row = wbuf + ((size_t)warp * 16 + hh) * (D + 2);
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++) {
+			row[mt * 16 + g] = o[mt][cc];
+			row[mt * 16 + g + 8] = o[mt][2 + cc];
+		}
+		if (g == 0) {
+			row[D] = m[cc];
+			row[D + 1] = li;
+		}
+	}
+	__syncthreads();
+	float *pa = part_acc + (((size_t)s * num_heads + h0) * nsplit + c) * D;
+	for (int idx = tid; idx < group * D; idx += TC_THREADS) {
+		const int r = idx / D, e = idx - r * D;
+		float mx = -CUDART_INF_F;
+#pragma unroll
+		for (int w = 0; w < TC_WARPS; w++) mx = fmaxf(mx, wbuf[((size_t)w * 16 + r) * (D + 2) + D]);
+		float acc = 0.f, sum = 0.f;
+		if (mx != -CUDART_INF_F) {
+#pragma unroll
+			for (int w = 0; w < TC_WARPS; w++) {
+				const float *row = wbuf + ((size_t)w * 16 + r) * (D + 2);
+				const float f = exp2f(row[D] - mx);
+				acc += row[e] * f;
+				sum += row[D + 1] * f;
+			}
+		}
+		pa[(size_t)r * nsplit * D + e] = acc;
+		if (e == 0) ml[(size_t)r * nsplit] = make_float2(mx * 0.6931471805599453f, sum);
+	}
+}
+
+template <int D, typename T> static size_t di_decode_km_smem() {
+	constexpr size_t LQ = D + 8;
+	constexpr size_t tiles = di_is_fp8<T> ? TC_BK * LQ * sizeof(__half) + 2 * 2 * TC_BK * D
+	                                      : 2 * 2 * TC_BK * LQ * sizeof(__half);
+	const size_t all = tiles + 2 * TC_BK * sizeof(int);
+	const size_t merge = (size_t)TC_WARPS * 16 * (D + 2) * sizeof(float);
+	return all > merge ? all : merge;
+}
+
 // di_prefill_tc launches di_prefill_attn_tc_k for head size D.
 template <int D, typename T>
 static int di_prefill_tc(di_ctx *ctx, float *op, const float *qp, const T *kp, const T *vp, const int *cu,
@@ -1654,6 +1889,18 @@ template <int D, typename T>
 static int di_decode_tc(di_ctx *ctx, float *acc, float2 *ml, const float *qp, const T *kp, const T *vp, const int *cu,
                         const int *sk, const int *bt, const di_attn_meta *m, int nsplit, int num_heads,
                         int num_kv_heads, float scale, int window, int decode_only) {
+	{
+		if (ctx->dec_km && num_heads / num_kv_heads <= 8) {
+			const size_t shmem = di_decode_km_smem<D, T>();
+			cudaError_t e =
+			    cudaFuncSetAttribute(di_decode_attn_km_k<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
+			if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (decode, keys as rows): cudaFuncSetAttribute");
+			di_launch(ctx, di_decode_attn_km_k<D, T>, dim3(nsplit, num_kv_heads, m->num_seqs), TC_THREADS, shmem, acc,
+			          ml, qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
+			          num_kv_heads, scale * 1.4426950408889634f, window, decode_only, ctx->dec_chunk, ctx->check);
+			return di_check_launch(ctx, "attention (decode, keys as rows)");
+		}
+	}
 #define DI_DEC_TC(S)                                                                                                 \
 	di_decode_tc_s<D, T, S>(ctx, acc, ml, qp, kp, vp, cu, sk, bt, m, nsplit, num_heads, num_kv_heads, scale, window, \
 	                        decode_only)

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -458,6 +459,79 @@ func TestGPUAttentionFP8Cache(t *testing.T) {
 				t.Errorf("WriteCache(%v): %#02x, want %#02x (%v)", x, got, want, kernels.F8E4M3ToF32(want))
 			}
 		}
+	}
+}
+
+// Decode over half, 8-bit and float32 caches with at most 8 query heads a
+// KV head runs di_decode_attn_km_k (keys as the tensor-core rows): within
+// rounding of di_decode_attn_tc_k (DEEPINFER_CUDA_DEC_KM=0, the same inputs:
+// both pairs draw from generators seeded alike) and of the CPU backend over
+// the same values, for groups 1 to 8, head sizes 64 and 128, a window, rows
+// of 1 to 2000 keys.
+func TestGPUDecodeKeysAsRows(t *testing.T) {
+	km := newPair(t, GEMMRound)
+	t.Setenv("DEEPINFER_CUDA_DEC_KM", "0")
+	tc := newPair(t, GEMMRound)
+	const blockSize, numBlocks = 16, 260
+	seqs := [][2]int{{1, 700}, {1, 33}, {1, 2000}, {1, 1}, {1, 257}, {1, 1024}}
+	differ := 0 // cases where the two kernels' bits differ somewhere
+	for _, ap := range []kernels.AttentionParams{
+		{NumHeads: 32, NumKVHeads: 8, HeadDim: 64},
+		{NumHeads: 16, NumKVHeads: 8, HeadDim: 128},
+		{NumHeads: 16, NumKVHeads: 2, HeadDim: 128, SlidingWindow: 300},
+		{NumHeads: 8, NumKVHeads: 8, HeadDim: 64},
+	} {
+		ap.Scale = float32(1 / math.Sqrt(float64(ap.HeadDim)))
+		ap.InputDType = kernels.BF16
+		for _, cdt := range []kernels.DType{kernels.F16, kernels.F8E4M3, kernels.F32} {
+			name := fmt.Sprintf("h%d_kv%d_d%d_w%d_%s", ap.NumHeads, ap.NumKVHeads, ap.HeadDim, ap.SlidingWindow, cdt)
+			t.Run(name, func(t *testing.T) {
+				width, w := ap.NumKVHeads*ap.HeadDim, ap.NumHeads*ap.HeadDim
+				var got [2][]float32
+				for i, p := range []*pair{km, tc} {
+					b := p.pagedBatch(blockSize, numBlocks, seqs)
+					var caches [2]dual
+					for j := range caches {
+						vals := randVals(p.r, numBlocks*blockSize*width, 2)
+						raw := hostBytes(cdt, vals)
+						if cdt == kernels.F8E4M3 {
+							for k := range vals {
+								vals[k] = kernels.F8E4M3ToF32(raw[k])
+							}
+						} else if cdt == kernels.F16 {
+							for k := range vals {
+								vals[k] = kernels.F16ToF32(kernels.F32ToF16(vals[k]))
+							}
+						}
+						caches[j].g = upload(t, p.g, cdt, raw, cdt, numBlocks, blockSize, width)
+						caches[j].c = upload(t, p.c, kernels.F32, kernels.F32Bytes(vals), kernels.F32, numBlocks, blockSize, width)
+					}
+					q := p.rand(kernels.F32, 1, b.numTokens, w)
+					out := p.zeros(kernels.F32, b.numTokens, w)
+					p.poison(out)
+					if err := p.g.Attention(out.g, q.g, caches[0].g, caches[1].g, &b.gpuMeta, ap); err != nil {
+						t.Fatal(err)
+					}
+					if err := p.c.Attention(out.c, q.c, caches[0].c, caches[1].c, &b.cpuMeta, ap); err != nil {
+						t.Fatal(err)
+					}
+					e := p.check("attention", out, 5e-3)
+					got[i] = p.f32(p.g, out.g)
+					t.Logf("%s, DEC_KM %d: max relative error vs the CPU backend %.2e", name, 1-i, e)
+				}
+				e := maxRelErr(got[0], got[1])
+				if e > 1e-3 {
+					t.Errorf("keys as rows vs heads as rows: max relative difference %.3g", e)
+				}
+				if !bytes.Equal(kernels.F32Bytes(got[0]), kernels.F32Bytes(got[1])) {
+					differ++
+				}
+				t.Logf("%s: keys as rows vs heads as rows: max relative difference %.2e", name, e)
+			})
+		}
+	}
+	if differ == 0 {
+		t.Error("DEEPINFER_CUDA_DEC_KM=0 changed no bit: the second backend did not run the other kernel")
 	}
 }
 
