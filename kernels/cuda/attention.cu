@@ -1,17 +1,20 @@
 // attention.cu: paged causal attention (GQA, sliding window) and multi-head
-// latent attention with weight absorption, over float32 caches laid out
-// [num_blocks, block_size, width] and read through block tables.
+// latent attention with weight absorption, over caches laid out
+// [num_blocks, block_size, width] and read through block tables: float32,
+// IEEE half or (GQA, opt-in) 8-bit E4M3 elements.
 //
-// GQA attention has a split-over-keys decode kernel, two query-tiled prefill
-// kernels (tensor cores with half inputs for 16-bit models in GEMM mode
-// round; float32 CUDA cores otherwise) and the first, plain one (one block
-// per (row, head)) as the fallback for large head sizes; see the section
-// below for which rows go where and why each row's result is independent of
-// its batch. All accumulate in float32. MLA is still the plain
-// one-block-per-(row, head) kernel.
+// GQA attention has split-over-keys decode kernels (tensor cores with half
+// inputs for 16-bit models in GEMM mode round: the keys as the tile rows for
+// groups of up to 8 query heads, the heads as the rows otherwise; float32
+// CUDA cores for the rest), query-tiled prefill kernels (tensor cores, or
+// float32 CUDA cores) and the first, plain one (one block per (row, head))
+// as the fallback for large head sizes; see the section below for which
+// rows go where and why each row's result is independent of its batch. All
+// accumulate in float32. MLA is still the plain one-block-per-(row, head)
+// kernel.
 //
-// Missing for speed (later work): bf16 caches, asynchronous (cp.async)
-// staging of the key tiles, a split decode kernel for MLA.
+// Missing for speed (later work): a wgmma prefill kernel, a split decode
+// kernel for MLA.
 #include <math_constants.h>
 
 #include <type_traits>
