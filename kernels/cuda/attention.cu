@@ -1349,6 +1349,109 @@ __device__ __forceinline__ void di_dec_stage(void *kd, void *vd, const T *kbase,
 	}
 }
 
+// di_dec_chunk_keys finds the keys [t_lo, t_hi) of chunk blockIdx.x of
+// decode row blockIdx.z (query row q0) for a tensor-core decode block of
+// KV head blockIdx.y. False when the block has nothing to do: a sequence
+// that is not one decode row (an error in a decode-only batch), bad
+// metadata (reported once), or a chunk past the row's keys (its partial
+// results written empty for the group's heads at ml[hh * nsplit]).
+__device__ __forceinline__ bool di_dec_chunk_keys(const int *cu, const int *seqlens_k, int max_keys, int min_chunk,
+                                                  int window, int decode_only, int group, int nsplit, float2 *ml,
+                                                  unsigned *check, int *q0, int *t_lo, int *t_hi) {
+	const int c = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
+	*q0 = cu[s];
+	const int ql = cu[s + 1] - *q0;
+	if (ql != 1) {
+		if (decode_only && ql != 0 && c == 0 && kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
+		return false;
+	}
+	const int kl = seqlens_k[s];
+	const bool bad = kl < 1 || kl > max_keys;
+	const int len = di_dec_chunk(kl, min_chunk);
+	const int first = window > 0 ? max(0, kl - window) : 0;
+	*t_lo = max(first, c * len), *t_hi = min(kl, (c + 1) * len);
+	if (bad || *t_lo >= *t_hi) {
+		if (bad && c == 0 && kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
+		if (tid < group) ml[(size_t)tid * nsplit] = make_float2(-CUDART_INF_F, 0.f);
+		return false;
+	}
+	return true;
+}
+
+// di_dec_fetcher copies the key and value tiles of a tensor-core decode
+// block's chunk [t_lo, t_hi) into shared memory: fetch(t0, st) writes the
+// slots of tile t0 (-1 outside the chunk or for a block out of range,
+// reported) into stage st's slots, looks up the cache blocks of the next
+// tile (thread tid < TC_BK, key tid: one fetch ahead, so only the first
+// tile's copies wait on a block-table read), and queues the copies into
+// stage st (half tiles Kst/Vst, or F8's raw rows). lookup(t0) primes the
+// first fetch. Every thread of the block calls both.
+template <int D, typename T> struct di_dec_fetcher {
+	const int *bt;
+	di_block_div bd;
+	int t_lo, t_hi, num_blocks;
+	size_t kv_width;
+	const T *kbase, *vbase;
+	int *slots;
+	__half *Kst, *Vst;
+	unsigned char *raw;
+	unsigned *check;
+	int blk_next = -1;
+
+	__device__ __forceinline__ void lookup(int t0) {
+		const int t = t0 + threadIdx.x;
+		if (threadIdx.x < TC_BK && t >= t_lo && t < t_hi) blk_next = __ldg(bt + bd.block(t));
+	}
+	__device__ __forceinline__ void fetch(int t0, int st) {
+		constexpr int LQ = D + 8;
+		const int tid = threadIdx.x;
+		int *sl = slots + st * TC_BK;
+		if (tid < TC_BK) {
+			const int t = t0 + tid;
+			int slot = -1;
+			if (t >= t_lo && t < t_hi) {
+				if (blk_next < 0 || blk_next >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
+				else slot = bd.slot(blk_next, t);
+			}
+			sl[tid] = slot;
+		}
+		if (t0 + TC_BK < t_hi) lookup(t0 + TC_BK);
+		__syncthreads();
+		if constexpr (di_is_fp8<T>)
+			di_dec_stage<D, T>(raw + st * 2 * TC_BK * D, raw + (st * 2 + 1) * TC_BK * D, kbase, vbase, kv_width, sl);
+		else
+			di_dec_stage<D, T>(Kst + st * TC_BK * LQ, Vst + st * TC_BK * LQ, kbase, vbase, kv_width, sl);
+	}
+};
+
+// di_dec_merge_warps merges the TC_WARPS warps' partial results of a
+// decode block in ascending warp order: wbuf holds per warp 16 rows of D+2
+// floats (a head's unnormalized output, then its max in log2 units and its
+// sum; rows past group unused). It writes the chunk's output of each head
+// of the group (head r at pa + r * nsplit * D) and its (max in natural-log
+// units, sum) at ml[r * nsplit], as di_decode_combine_k reads them.
+template <int D>
+__device__ __forceinline__ void di_dec_merge_warps(const float *wbuf, float *pa, float2 *ml, int group, int nsplit) {
+	for (int idx = threadIdx.x; idx < group * D; idx += TC_THREADS) {
+		const int r = idx / D, e = idx - r * D;
+		float mx = -CUDART_INF_F;
+#pragma unroll
+		for (int w = 0; w < TC_WARPS; w++) mx = fmaxf(mx, wbuf[((size_t)w * 16 + r) * (D + 2) + D]);
+		float acc = 0.f, sum = 0.f;
+		if (mx != -CUDART_INF_F) {
+#pragma unroll
+			for (int w = 0; w < TC_WARPS; w++) {
+				const float *row = wbuf + ((size_t)w * 16 + r) * (D + 2);
+				const float f = exp2f(row[D] - mx);
+				acc += row[e] * f;
+				sum += row[D + 1] * f;
+			}
+		}
+		pa[(size_t)r * nsplit * D + e] = acc;
+		if (e == 0) ml[(size_t)r * nsplit] = make_float2(mx * 0.6931471805599453f, sum);
+	}
+}
+
 // Shared memory of di_decode_attn_tc_k with S stages: Q [16][D+8] halves;
 // then for a half or float32 cache S stages of K and V tiles [TC_BK][D+8]
 // halves; for an 8-bit cache one half tile [TC_BK][D+8] (each warp widens
@@ -1399,52 +1502,16 @@ __global__ void __launch_bounds__(TC_THREADS, di_is_fp8<T> ? 4 : 1)
 	const int c = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, nsplit = gridDim.x;
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	const int group = num_heads / num_kv_heads, h0 = kvh * group;
-	const int q0 = cu[s], ql = cu[s + 1] - q0;
-	if (ql != 1) {
-		if (decode_only && ql != 0 && c == 0 && kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
-		return;
-	}
-	const int kl = seqlens_k[s];
-	const bool bad = kl < 1 || kl > max_blocks * block_size;
-	const int len = di_dec_chunk(kl, min_chunk);
-	const int first = window > 0 ? max(0, kl - window) : 0;
-	const int t_lo = max(first, c * len), t_hi = min(kl, (c + 1) * len);
 	float2 *ml = part_ml + ((size_t)s * num_heads + h0) * nsplit + c; // head hh at ml[hh*nsplit]
-	if (bad || t_lo >= t_hi) {
-		if (bad && c == 0 && kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
-		if (tid < group) ml[(size_t)tid * nsplit] = make_float2(-CUDART_INF_F, 0.f);
+	int q0, t_lo, t_hi;
+	if (!di_dec_chunk_keys(cu, seqlens_k, max_blocks * block_size, min_chunk, window, decode_only, group, nsplit, ml,
+	                       check, &q0, &t_lo, &t_hi))
 		return;
-	}
-	const int kv_width = num_kv_heads * D;
-	const T *kbase = kc + kvh * D, *vbase = vc + kvh * D;
-	const int *bt = block_tables + (size_t)s * max_blocks;
-	const di_block_div bd(block_size);
-	// Thread tid < TC_BK looks up the cache block of key tid of the next
-	// tile to fetch one fetch ahead, so that only the first tile's copies
-	// wait on a block-table read.
-	int blk_next = -1;
-	auto lookup = [&](int t0) {
-		const int t = t0 + tid;
-		if (tid < TC_BK && t >= t_lo && t < t_hi) blk_next = __ldg(bt + bd.block(t));
-	};
-	auto fetch = [&](int t0, int st) {
-		int *sl = slots + st * TC_BK;
-		if (tid < TC_BK) {
-			const int t = t0 + tid;
-			int slot = -1;
-			if (t >= t_lo && t < t_hi) {
-				if (blk_next < 0 || blk_next >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
-				else slot = bd.slot(blk_next, t);
-			}
-			sl[tid] = slot;
-		}
-		if (t0 + TC_BK < t_hi) lookup(t0 + TC_BK);
-		__syncthreads();
-		if constexpr (F8)
-			di_dec_stage<D, T>(raw + st * 2 * TC_BK * D, raw + (st * 2 + 1) * TC_BK * D, kbase, vbase, kv_width, sl);
-		else
-			di_dec_stage<D, T>(Kst + st * TC_BK * LQ, Vst + st * TC_BK * LQ, kbase, vbase, kv_width, sl);
-	};
+	di_dec_fetcher<D, T> tiles{block_tables + (size_t)s * max_blocks, di_block_div(block_size), t_lo, t_hi,
+	                           num_blocks, (size_t)num_kv_heads * D, kc + kvh * D, vc + kvh * D, slots, Kst, Vst, raw,
+	                           check};
+	auto lookup = [&](int t0) { tiles.lookup(t0); };
+	auto fetch = [&](int t0, int st) { tiles.fetch(t0, st); };
 	// fetch_or_skip fetches tile t0 into stage st if it holds keys of the
 	// chunk, else commits an empty copy group: every loop iteration then
 	// waits for the group of S - 1 iterations before.
@@ -1564,27 +1631,7 @@ __global__ void __launch_bounds__(TC_THREADS, di_is_fp8<T> ? 4 : 1)
 		}
 	}
 	__syncthreads();
-	float *pa = part_acc + (((size_t)s * num_heads + h0) * nsplit + c) * D;
-	for (int idx = tid; idx < group * D; idx += TC_THREADS) {
-		const int r = idx / D, e = idx - r * D;
-		float mx = -CUDART_INF_F;
-#pragma unroll
-		for (int w = 0; w < TC_WARPS; w++) mx = fmaxf(mx, wbuf[((size_t)w * 16 + r) * (D + 2) + D]);
-		float acc = 0.f, sum = 0.f;
-		if (mx != -CUDART_INF_F) {
-#pragma unroll
-			for (int w = 0; w < TC_WARPS; w++) {
-				const float *row = wbuf + ((size_t)w * 16 + r) * (D + 2);
-				const float f = exp2f(row[D] - mx);
-				acc += row[e] * f;
-				sum += row[D + 1] * f;
-			}
-		}
-		pa[(size_t)r * nsplit * D + e] = acc;
-		// The combine kernel weighs chunks by expf of their max: store it in
-		// natural-log units.
-		if (e == 0) ml[(size_t)r * nsplit] = make_float2(mx * 0.6931471805599453f, sum);
-	}
+	di_dec_merge_warps<D>(wbuf, part_acc + (((size_t)s * num_heads + h0) * nsplit + c) * D, ml, group, nsplit);
 }
 
 // ---------------------------------------------------------------- decode: keys as MMA rows
@@ -1630,49 +1677,16 @@ __global__ void __launch_bounds__(TC_THREADS, 3)
 	const int c = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, nsplit = gridDim.x;
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	const int group = num_heads / num_kv_heads, h0 = kvh * group;
-	const int q0 = cu[s], ql = cu[s + 1] - q0;
-	if (ql != 1) {
-		if (decode_only && ql != 0 && c == 0 && kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
-		return;
-	}
-	const int kl = seqlens_k[s];
-	const bool bad = kl < 1 || kl > max_blocks * block_size;
-	const int len = di_dec_chunk(kl, min_chunk);
-	const int first = window > 0 ? max(0, kl - window) : 0;
-	const int t_lo = max(first, c * len), t_hi = min(kl, (c + 1) * len);
 	float2 *ml = part_ml + ((size_t)s * num_heads + h0) * nsplit + c; // head hh at ml[hh*nsplit]
-	if (bad || t_lo >= t_hi) {
-		if (bad && c == 0 && kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
-		if (tid < group) ml[(size_t)tid * nsplit] = make_float2(-CUDART_INF_F, 0.f);
+	int q0, t_lo, t_hi;
+	if (!di_dec_chunk_keys(cu, seqlens_k, max_blocks * block_size, min_chunk, window, decode_only, group, nsplit, ml,
+	                       check, &q0, &t_lo, &t_hi))
 		return;
-	}
-	const int kv_width = num_kv_heads * D;
-	const T *kbase = kc + kvh * D, *vbase = vc + kvh * D;
-	const int *bt = block_tables + (size_t)s * max_blocks;
-	const di_block_div bd(block_size);
-	int blk_next = -1;
-	auto lookup = [&](int t0) {
-		const int t = t0 + tid;
-		if (tid < TC_BK && t >= t_lo && t < t_hi) blk_next = __ldg(bt + bd.block(t));
-	};
-	auto fetch = [&](int t0, int st) {
-		int *sl = slots + st * TC_BK;
-		if (tid < TC_BK) {
-			const int t = t0 + tid;
-			int slot = -1;
-			if (t >= t_lo && t < t_hi) {
-				if (blk_next < 0 || blk_next >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
-				else slot = bd.slot(blk_next, t);
-			}
-			sl[tid] = slot;
-		}
-		if (t0 + TC_BK < t_hi) lookup(t0 + TC_BK);
-		__syncthreads();
-		if constexpr (F8)
-			di_dec_stage<D, T>(raw + st * 2 * TC_BK * D, raw + (st * 2 + 1) * TC_BK * D, kbase, vbase, kv_width, sl);
-		else
-			di_dec_stage<D, T>(Kst + st * TC_BK * LQ, Vst + st * TC_BK * LQ, kbase, vbase, kv_width, sl);
-	};
+	di_dec_fetcher<D, T> tiles{block_tables + (size_t)s * max_blocks, di_block_div(block_size), t_lo, t_hi,
+	                           num_blocks, (size_t)num_kv_heads * D, kc + kvh * D, vc + kvh * D, slots, Kst, Vst, raw,
+	                           check};
+	auto lookup = [&](int t0) { tiles.lookup(t0); };
+	auto fetch = [&](int t0, int st) { tiles.fetch(t0, st); };
 	const int t_first = t_lo / TC_BK * TC_BK;
 	lookup(t_first);
 	fetch(t_first, 0);
@@ -1792,25 +1806,7 @@ __global__ void __launch_bounds__(TC_THREADS, 3)
 		}
 	}
 	__syncthreads();
-	float *pa = part_acc + (((size_t)s * num_heads + h0) * nsplit + c) * D;
-	for (int idx = tid; idx < group * D; idx += TC_THREADS) {
-		const int r = idx / D, e = idx - r * D;
-		float mx = -CUDART_INF_F;
-#pragma unroll
-		for (int w = 0; w < TC_WARPS; w++) mx = fmaxf(mx, wbuf[((size_t)w * 16 + r) * (D + 2) + D]);
-		float acc = 0.f, sum = 0.f;
-		if (mx != -CUDART_INF_F) {
-#pragma unroll
-			for (int w = 0; w < TC_WARPS; w++) {
-				const float *row = wbuf + ((size_t)w * 16 + r) * (D + 2);
-				const float f = exp2f(row[D] - mx);
-				acc += row[e] * f;
-				sum += row[D + 1] * f;
-			}
-		}
-		pa[(size_t)r * nsplit * D + e] = acc;
-		if (e == 0) ml[(size_t)r * nsplit] = make_float2(mx * 0.6931471805599453f, sum);
-	}
+	di_dec_merge_warps<D>(wbuf, part_acc + (((size_t)s * num_heads + h0) * nsplit + c) * D, ml, group, nsplit);
 }
 
 template <int D, typename T> static size_t di_decode_km_smem() {

@@ -134,15 +134,22 @@ func (bm *benchModel) step(b *testing.B, ids [][]int32, numCached []int, tables 
 	if err != nil {
 		b.Fatal(err)
 	}
+	lg := bm.forward(b, fb)
+	if err := bm.ops.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	return lg
+}
+
+// forward queues the model's forward pass over fb and the LM head on every
+// row, and returns the logits (nothing waits).
+func (bm *benchModel) forward(b *testing.B, fb *models.ForwardBatch) kernels.Tensor {
 	hidden, err := bm.m.Forward(context.Background(), bm.cache, fb)
 	if err != nil {
 		b.Fatal(err)
 	}
 	lg, err := bm.m.ComputeLogits(hidden, nil)
 	if err != nil {
-		b.Fatal(err)
-	}
-	if err := bm.ops.Sync(); err != nil {
 		b.Fatal(err)
 	}
 	return lg
@@ -264,14 +271,7 @@ func (bm *benchModel) decodeSteps(b *testing.B, ctx []int, prefill bool) float64
 	if err := bm.ops.BeginCapture(); err != nil {
 		b.Fatal(err)
 	}
-	hidden, err := bm.m.Forward(context.Background(), bm.cache, fb)
-	if err != nil {
-		b.Fatal(err)
-	}
-	lg, err := bm.m.ComputeLogits(hidden, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
+	lg := bm.forward(b, fb)
 	graph, err := bm.ops.EndCapture()
 	if err != nil {
 		b.Fatal(err)
