@@ -183,16 +183,8 @@ func TestKVCacheDType(t *testing.T) {
 			yaml: "model: m\ndevice: cuda\ncache:\n  kv_cache_dtype: FP8\n",
 			err:  []string{"cache.kv_cache_dtype", `"FP8"`},
 		},
-		{
-			name: "fp8 on cpu",
-			yaml: "model: m\ndevice: cpu\ncache:\n  kv_cache_dtype: fp8\n",
-			err:  []string{"cache.kv_cache_dtype", "cpu backend keeps float32 caches", "fp8 needs device: cuda"},
-		},
-		{
-			name: "fp8_e4m3 on the default device",
-			yaml: "model: m\ncache:\n  kv_cache_dtype: fp8_e4m3\n",
-			err:  []string{"cache.kv_cache_dtype", "cpu backend keeps float32 caches", "fp8_e4m3 needs device: cuda"},
-		},
+		{name: "fp8 on cpu", yaml: "model: m\ndevice: cpu\ncache:\n  kv_cache_dtype: fp8\n", want: kernels.F8E4M3},
+		{name: "fp8_e4m3 on the default device", yaml: "model: m\ncache:\n  kv_cache_dtype: fp8_e4m3\n", want: kernels.F8E4M3},
 		{
 			name: "wrong type names its line",
 			yaml: "model: m\ncache:\n  kv_cache_dtype: [fp8]\n",

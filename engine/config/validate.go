@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-
-	"github.com/deepinfer/deepinfer-go/kernels"
 )
 
 // Validate checks ranges and the consistency of the sections; each problem
@@ -56,10 +54,8 @@ func (c *Config) Validate() error {
 	if k.NumStateSlots < 0 {
 		bad("cache.num_state_slots", "must be 0 (max_num_seqs) or positive, got %d", k.NumStateSlots)
 	}
-	if dt, ok := parseKVCacheDType(k.KVCacheDType); !ok {
+	if _, ok := parseKVCacheDType(k.KVCacheDType); !ok {
 		bad("cache.kv_cache_dtype", "must be auto (or empty), fp8 or fp8_e4m3, got %q", k.KVCacheDType)
-	} else if dt == kernels.F8E4M3 && c.Device == "cpu" {
-		bad("cache.kv_cache_dtype", "the cpu backend keeps float32 caches; %s needs device: cuda", k.KVCacheDType)
 	}
 	if c.CPU.Threads < 0 {
 		bad("cpu.threads", "must be 0 (all cores) or positive, got %d", c.CPU.Threads)

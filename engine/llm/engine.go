@@ -71,7 +71,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	e := &Engine{cfg: cfg, done: make(chan struct{})}
 	switch cfg.Device {
 	case "cpu":
-		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo})
+		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, KVCacheDType: cfg.Cache.KVDType()})
 	case "cuda":
 		ops, err := cuda.New(cuda.Options{KVCacheDType: cfg.Cache.KVDType()})
 		if err != nil {
@@ -202,18 +202,19 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 }
 
 // checkKVCacheDType reports, wrapping config.ErrInvalid, a cache whose
-// element type is not the one cache.kv_cache_dtype asked for: fp8 is only
-// honoured by the CUDA backend for GQA models with 16-bit weights in GEMM
-// mode round, and a backend that cannot keep the cache in 8 bits keeps its
-// own type rather than failing. Auto accepts any type.
+// element type is not the one cache.kv_cache_dtype asked for: fp8 is
+// honoured for GQA models, on the CPU backend always and on the CUDA
+// backend for 16-bit weights in GEMM mode round; a backend that cannot keep
+// the cache in 8 bits keeps its own type rather than failing. Auto accepts
+// any type.
 func checkKVCacheDType(c config.Cache, spec models.KVCacheSpec) error {
 	want := c.KVDType()
 	if want == 0 || spec.DType == want {
 		return nil
 	}
 	return fmt.Errorf("llm: %w: cache.kv_cache_dtype %s asks for %v KV caches, but the model's %s cache got %v: "+
-		"fp8 needs device: cuda, GEMM mode round ($%s unset or round), BF16 or F16 weights and a GQA model "+
-		"(MLA models such as DeepSeek keep their latent cache); use kv_cache_dtype: auto otherwise",
+		"fp8 needs a GQA model (MLA models such as DeepSeek keep their latent cache) and, on device: cuda, "+
+		"GEMM mode round ($%s unset or round) and BF16 or F16 weights; use kv_cache_dtype: auto otherwise",
 		config.ErrInvalid, c.KVCacheDType, want, spec.Layout, spec.DType, cuda.GEMMEnv)
 }
 

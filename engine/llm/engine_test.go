@@ -2,6 +2,7 @@ package llm
 
 import (
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -63,13 +64,13 @@ func TestCheckKVCacheDType(t *testing.T) {
 	}
 }
 
-// TestNewRefusesFP8OnFloat32Caches builds an engine whose config asks for
-// fp8 caches from the CPU backend (bypassing Validate, which refuses it):
-// the model loads with float32 caches and New fails with the config error
-// instead of quietly running in float32.
-func TestNewRefusesFP8OnFloat32Caches(t *testing.T) {
-	cfg := tinyConfig(t, tinyLlama(t), nil)
-	cfg.Cache.KVCacheDType = "fp8"
+// An fp8 cache asked of an MLA model (the shipped DeepSeek-architecture
+// model, whose latent cache stays float32) fails New with the config error
+// instead of quietly running in float32; the same model builds with auto,
+// and a GQA model gets its 8-bit caches on the CPU backend.
+func TestNewRefusesFP8OnLatentCaches(t *testing.T) {
+	mla := filepath.Join("..", "..", "assets", "deepseek-tiny")
+	cfg := tinyConfig(t, mla, func(c *config.Config) { c.Cache.KVCacheDType = "fp8" })
 	e, err := New(cfg, Options{})
 	if err == nil {
 		e.Close()
@@ -78,17 +79,24 @@ func TestNewRefusesFP8OnFloat32Caches(t *testing.T) {
 	if !errors.Is(err, config.ErrInvalid) {
 		t.Errorf("error %v does not wrap config.ErrInvalid", err)
 	}
-	for _, w := range []string{"cache.kv_cache_dtype fp8", "cache got F32", "device: cuda"} {
+	for _, w := range []string{"cache.kv_cache_dtype fp8", "mla cache got F32", "MLA models"} {
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("error %q does not contain %q", err, w)
 		}
 	}
-	// The default (auto) builds from the same model.
-	e, err = New(tinyConfig(t, cfg.Model, nil), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Close(); err != nil {
-		t.Error(err)
+	for _, c := range []struct {
+		dir, dtype string
+		want       kernels.DType
+	}{{mla, "auto", kernels.F32}, {tinyLlama(t), "fp8", kernels.F8E4M3}} {
+		e, err := New(tinyConfig(t, c.dir, func(cfg *config.Config) { cfg.Cache.KVCacheDType = c.dtype }), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := e.Model().KVCacheSpec().DType; got != c.want {
+			t.Errorf("%s with kv_cache_dtype %s: cache %v, want %v", c.dir, c.dtype, got, c.want)
+		}
+		if err := e.Close(); err != nil {
+			t.Error(err)
+		}
 	}
 }

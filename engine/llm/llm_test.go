@@ -53,11 +53,22 @@ func generate(t *testing.T, l *LLM, ps []Prompt, params engine.SamplingParams) [
 
 // The same prompt gives the same greedy tokens alone and in a crowded
 // batch, with chunked prefill on or off and with a KV cache small enough
-// to force preemption.
+// to force preemption; with float32 and with 8-bit (fp8) KV caches.
 func TestGreedyInvariance(t *testing.T) {
+	for _, kv := range []string{"auto", "fp8"} {
+		t.Run("kv="+kv, func(t *testing.T) { greedyInvariance(t, kv) })
+	}
+}
+
+func greedyInvariance(t *testing.T, kv string) {
 	dir := tinyLlama(t)
 	base := func(edit func(*config.Config)) *LLM {
-		l, err := NewLLM(tinyConfig(t, dir, edit), Options{})
+		l, err := NewLLM(tinyConfig(t, dir, func(c *config.Config) {
+			c.Cache.KVCacheDType = kv
+			if edit != nil {
+				edit(c)
+			}
+		}), Options{})
 		if err != nil {
 			t.Fatal(err)
 		}

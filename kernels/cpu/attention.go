@@ -7,7 +7,21 @@ import (
 	"github.com/deepinfer/deepinfer-go/kernels"
 )
 
-// WriteCache scatters rows of src into cache slots.
+// cacheTypes are the K and V cache element types WriteCache and Attention
+// take: float32, and 8-bit E4M3 (Options.KVCacheDType), rounded when
+// written and widened exactly when read.
+var cacheTypes = []kernels.DType{kernels.F32, kernels.F8E4M3}
+
+// f8e4m3Values maps each E4M3 code to its float32 value (a constant table).
+var f8e4m3Values = func() (v [256]float32) {
+	for c := range v {
+		v[c] = kernels.F8E4M3ToF32(uint8(c))
+	}
+	return v
+}()
+
+// WriteCache scatters rows of src into cache slots (rounded to E4M3 for an
+// 8-bit cache).
 func (b *Backend) WriteCache(cache, src, slotMapping kernels.Tensor, col int) error {
 	const op = "write_cache"
 	if err := b.checkOpen(op); err != nil {
@@ -25,7 +39,7 @@ func (b *Backend) WriteCache(cache, src, slotMapping kernels.Tensor, col int) er
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "cache", c, []int{-1, -1, -1}, kernels.F32); err != nil {
+	if err := checkShape(op, "cache", c, []int{-1, -1, -1}, cacheTypes...); err != nil {
 		return err
 	}
 	numSlots, width := c.shape[0]*c.shape[1], c.shape[2]
@@ -46,7 +60,11 @@ func (b *Backend) WriteCache(cache, src, slotMapping kernels.Tensor, col int) er
 	}
 	b.forRows(t, w, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			if slot := int(sm.i32[i]); slot >= 0 {
+			if slot := int(sm.i32[i]); slot >= 0 && c.dtype == kernels.F8E4M3 {
+				for k, x := range s.f32[i*w : (i+1)*w] {
+					c.u8[slot*width+col+k] = kernels.F32ToF8E4M3(x)
+				}
+			} else if slot >= 0 {
 				copy(c.f32[slot*width+col:slot*width+col+w], s.f32[i*w:(i+1)*w])
 			}
 		}
@@ -257,10 +275,10 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 	if err := checkShape(op, "out", o, []int{t, nh * d}, kernels.F32); err != nil {
 		return err
 	}
-	if err := checkShape(op, "k_cache", kc, []int{-1, -1, kvWidth}, kernels.F32); err != nil {
+	if err := checkShape(op, "k_cache", kc, []int{-1, -1, kvWidth}, cacheTypes...); err != nil {
 		return err
 	}
-	if err := checkShape(op, "v_cache", vc, kc.shape, kernels.F32); err != nil {
+	if err := checkShape(op, "v_cache", vc, kc.shape, kc.dtype); err != nil {
 		return err
 	}
 	pl, err := plan(op, m, t, kc.shape[0], kc.shape[1])
@@ -282,7 +300,7 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 		acc := make([]float32, maxR*d)
 		sm := newOnlineSoftmax(maxR)
 		for _, it := range items[lo:hi] {
-			b.attendGQA(it, pl, p, qs.f32, kc.f32, vc.f32, o.f32, qt, kt, vt, st, pv, acc, sm, group)
+			b.attendGQA(it, pl, p, qs.f32, kc, vc, o.f32, qt, kt, vt, st, pv, acc, sm, group)
 		}
 	})
 	return nil
@@ -297,7 +315,7 @@ func (p *attnPlan) window(i, slidingWindow int) (first, last int) {
 	return first, last
 }
 
-func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams, q, kc, vc, out, qt, kt, vt, st, pv, acc []float32, sm *onlineSoftmax, group int) {
+func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams, q []float32, kc, vc *Tensor, out, qt, kt, vt, st, pv, acc []float32, sm *onlineSoftmax, group int) {
 	d, nh, kvWidth := p.HeadDim, p.NumHeads, p.NumKVHeads*p.HeadDim
 	rows := it.r1 - it.r0
 	r := rows * group
@@ -317,8 +335,17 @@ func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams
 		n := min(keyTile, kEnd-t0)
 		for j := range n {
 			base := pl.slot(it.seq, t0+j)*kvWidth + kvOff
-			copy(kt[j*d:(j+1)*d], kc[base:base+d])
-			for e, v := range vc[base : base+d] {
+			if kc.dtype == kernels.F8E4M3 {
+				for e, x := range kc.u8[base : base+d] {
+					kt[j*d+e] = f8e4m3Values[x]
+				}
+				for e, x := range vc.u8[base : base+d] {
+					vt[e*n+j] = f8e4m3Values[x]
+				}
+				continue
+			}
+			copy(kt[j*d:(j+1)*d], kc.f32[base:base+d])
+			for e, v := range vc.f32[base : base+d] {
 				vt[e*n+j] = v
 			}
 		}

@@ -38,6 +38,9 @@ type Options struct {
 	// PureGo forces the portable Go inner loops even where vectorized ones
 	// are available (for reference runs and tests).
 	PureGo bool
+	// KVCacheDType kernels.F8E4M3 keeps GQA models' K and V caches in 8-bit
+	// E4M3 (see Backend.KVCacheDType); 0 (auto) keeps them in float32.
+	KVCacheDType kernels.DType
 }
 
 // Backend implements kernels.Ops on the host CPU. It is safe for concurrent
@@ -46,6 +49,7 @@ type Backend struct {
 	threads int
 	run     runner
 	k       kernelSet
+	kvCache kernels.DType // Options.KVCacheDType
 	closed  atomic.Bool
 	peak    peakOnce
 }
@@ -58,7 +62,21 @@ func New(opts Options) *Backend {
 	if n <= 0 {
 		n = runtime.NumCPU()
 	}
-	return &Backend{threads: n, run: newRunner(n), k: selectKernels(opts.PureGo)}
+	return &Backend{threads: n, run: newRunner(n), k: selectKernels(opts.PureGo), kvCache: opts.KVCacheDType}
+}
+
+var _ kernels.KVCacheDTyper = (*Backend)(nil)
+
+// KVCacheDType is F8E4M3 when Options.KVCacheDType asks for it (whatever
+// the weights: a quarter of float32's bytes; WriteCache rounds to nearest
+// even, saturated at +-448, and Attention widens each value exactly, so it
+// computes what it computes over a float32 cache holding the rounded
+// values), else F32, the activation type.
+func (b *Backend) KVCacheDType(kernels.DType) kernels.DType {
+	if b.kvCache == kernels.F8E4M3 {
+		return kernels.F8E4M3
+	}
+	return kernels.F32
 }
 
 // Name reports the backend, its inner-loop path and its thread count.
@@ -89,6 +107,7 @@ type Tensor struct {
 	f32   []float32
 	u16   []uint16
 	i32   []int32
+	u8    []uint8 // F8E4M3
 }
 
 // Shape returns the dimensions; the caller must not modify them.
@@ -140,6 +159,8 @@ func (b *Backend) Alloc(dtype kernels.DType, shape ...int) (kernels.Tensor, erro
 		t.u16 = make([]uint16, n)
 	case kernels.I32:
 		t.i32 = make([]int32, n)
+	case kernels.F8E4M3:
+		t.u8 = make([]uint8, n)
 	default:
 		return nil, fmt.Errorf("cpu: alloc %v%v: %w", dtype, shape, kernels.ErrDType)
 	}
@@ -156,6 +177,10 @@ func (b *Backend) Upload(dst kernels.Tensor, src []byte, srcDType kernels.DType)
 	if len(src) != n*srcDType.Size() || srcDType.Size() == 0 {
 		return fmt.Errorf("cpu: upload %v bytes of %v into %v: want %d bytes: %w",
 			len(src), srcDType, d, n*srcDType.Size(), kernels.ErrShape)
+	}
+	if srcDType == kernels.F8E4M3 && d.dtype == kernels.F8E4M3 {
+		copy(d.u8[:n], src)
+		return nil
 	}
 	if srcDType == d.dtype && n > 0 && littleEndian && uintptr(unsafe.Pointer(&src[0]))%uintptr(srcDType.Size()) == 0 {
 		// Same dtype, aligned little-endian bytes: one memmove.
@@ -205,6 +230,10 @@ func (b *Backend) Download(dst []byte, src kernels.Tensor) error {
 	n := s.numel()
 	if len(dst) != n*s.dtype.Size() {
 		return fmt.Errorf("cpu: download %v into %d bytes: want %d: %w", s, len(dst), n*s.dtype.Size(), kernels.ErrShape)
+	}
+	if s.dtype == kernels.F8E4M3 {
+		copy(dst, s.u8[:n])
+		return nil
 	}
 	if littleEndian && n > 0 {
 		// The host layout is the wire layout: one memmove.
@@ -257,6 +286,8 @@ func (b *Backend) Rows(t kernels.Tensor, lo, hi int) (kernels.Tensor, error) {
 		v.u16 = s.u16[lo*r : hi*r : hi*r]
 	case kernels.I32:
 		v.i32 = s.i32[lo*r : hi*r : hi*r]
+	case kernels.F8E4M3:
+		v.u8 = s.u8[lo*r : hi*r : hi*r]
 	}
 	return v, nil
 }

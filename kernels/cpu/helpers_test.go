@@ -88,6 +88,16 @@ func alloc(t testing.TB, b *Backend, shape ...int) kernels.Tensor {
 
 func vals(ten kernels.Tensor) []float32 { return ten.(*Tensor).f32 }
 
+// allocDT is alloc for any dtype.
+func allocDT(t testing.TB, b *Backend, dt kernels.DType, shape ...int) kernels.Tensor {
+	t.Helper()
+	ten, err := b.Alloc(dt, shape...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ten
+}
+
 // maxRelErr is max|got-want| / max|want|.
 func maxRelErr(got, want []float32) float64 {
 	var num, den float64
