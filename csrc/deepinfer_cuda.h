@@ -269,9 +269,8 @@ typedef struct di_api {
 	 * float32; DI_F16 or DI_BF16 lets prefill rows run on tensor cores with
 	 * them rounded to half precision (float32 accumulation). cache_dtype:
 	 * DI_F32, DI_F16 or DI_F8E4M3, the element type of both caches;
-	 * DI_F8E4M3 needs the tensor-core kernels (input_dtype DI_F16 or DI_BF16,
-	 * GEMM mode round, head_dim 64 or 128, at most 16 query heads per KV
-	 * head) and reads each value widened to half, exactly. */
+	 * DI_F8E4M3 values are widened exactly (to half for the tensor-core
+	 * kernels, to float32 for the others). */
 	int (*attention)(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,
 	                 const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
 	                 int sliding_window, int input_dtype, int cache_dtype);

@@ -56,8 +56,8 @@ type Cache struct {
 	NumStateSlots  int     `yaml:"num_state_slots"` // 0 = max_num_seqs
 	// KVCacheDType is the element type of the K and V caches: "auto" (or
 	// empty) keeps the backend's choice; "fp8" or "fp8_e4m3" stores them in
-	// OCP FP8 E4M3 (lossy, half the bytes of a 16-bit cache; device cuda
-	// only, and only GQA models whose caches the backend keeps in 16 bits).
+	// OCP FP8 E4M3 (lossy, a quarter of float32's bytes; either backend,
+	// GQA models only: MLA models keep their latent cache).
 	KVCacheDType string `yaml:"kv_cache_dtype"`
 }
 

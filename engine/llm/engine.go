@@ -202,20 +202,18 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 }
 
 // checkKVCacheDType reports, wrapping config.ErrInvalid, a cache whose
-// element type is not the one cache.kv_cache_dtype asked for: fp8 is
-// honoured for GQA models, on the CPU backend always and on the CUDA
-// backend for 16-bit weights in GEMM mode round; a backend that cannot keep
-// the cache in 8 bits keeps its own type rather than failing. Auto accepts
-// any type.
+// element type is not the one cache.kv_cache_dtype asked for: both backends
+// honour fp8 for GQA models, while MLA models keep their latent cache (and
+// a backend that could not keep a cache in 8 bits would keep its own type
+// rather than fail). Auto accepts any type.
 func checkKVCacheDType(c config.Cache, spec models.KVCacheSpec) error {
 	want := c.KVDType()
 	if want == 0 || spec.DType == want {
 		return nil
 	}
 	return fmt.Errorf("llm: %w: cache.kv_cache_dtype %s asks for %v KV caches, but the model's %s cache got %v: "+
-		"fp8 needs a GQA model (MLA models such as DeepSeek keep their latent cache) and, on device: cuda, "+
-		"GEMM mode round ($%s unset or round) and BF16 or F16 weights; use kv_cache_dtype: auto otherwise",
-		config.ErrInvalid, c.KVCacheDType, want, spec.Layout, spec.DType, cuda.GEMMEnv)
+		"fp8 needs a GQA model (MLA models such as DeepSeek keep their latent cache); use kv_cache_dtype: auto otherwise",
+		config.ErrInvalid, c.KVCacheDType, want, spec.Layout, spec.DType)
 }
 
 // Done is closed when the step loop has ended (after Close, or on a fatal

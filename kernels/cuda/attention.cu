@@ -114,6 +114,13 @@ __device__ __forceinline__ float di_warp_max(float v) {
 // di_load4 reads four consecutive cache elements as float32: 16 bytes of a
 // float32 cache or 8 bytes of a half cache (aligned).
 __device__ __forceinline__ float4 di_load4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
+__device__ __forceinline__ float4 di_load4(const __nv_fp8_e4m3 *p) { // 4 bytes, 4-byte aligned
+	const uint32_t u = *reinterpret_cast<const uint32_t *>(p);
+	const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u & 0xffffu), __NV_E4M3);
+	const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u >> 16), __NV_E4M3);
+	return make_float4(__half2float(__half(__half_raw{a.x})), __half2float(__half(__half_raw{a.y})),
+	                   __half2float(__half(__half_raw{b.x})), __half2float(__half(__half_raw{b.y})));
+}
 __device__ __forceinline__ float4 di_load4(const __half *p) {
 	const uint2 u = *reinterpret_cast<const uint2 *>(p);
 	const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&u.x));
@@ -1933,13 +1940,6 @@ static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dp
 	// Tensor cores for 16-bit models when activations are rounded anyway.
 	const bool tc = (input_dtype == DI_BF16 || input_dtype == DI_F16) && ctx->gemm_mode == DI_GEMM_ROUND &&
 	                ((q | k_cache | v_cache) % 16 == 0) && (head_dim == 64 || head_dim == 128);
-	if constexpr (di_is_fp8<T>) { // only the tensor-core kernels read 8-bit caches
-		if (!tc || num_heads / num_kv_heads > 16)
-			return di_fail(ctx, DI_ERR_UNSUPPORTED,
-			               "attention: an F8E4M3 cache needs 16-bit inputs (input dtype %d), GEMM mode round (%d), "
-			               "head_dim 64 or 128 (%d), 16-byte aligned tensors and at most 16 query heads per KV head (%d)",
-			               input_dtype, ctx->gemm_mode, head_dim, num_heads / num_kv_heads);
-	}
 	if (split) {
 		const int max_keys = m->max_blocks_per_seq * m->block_size;
 		const int min_chunk = ctx->dec_chunk;
@@ -1964,7 +1964,7 @@ static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dp
 		} else if (tc && group <= 16 && head_dim == 128) {
 			rc = di_decode_tc<128, T>(ctx, (float *)acc, (float2 *)ml, qp, kp, vp, cu, sk, bt, m, nsplit, num_heads,
 			                          num_kv_heads, scale, sliding_window, decode_only);
-		} else if constexpr (!di_is_fp8<T>) {
+		} else {
 			di_decode_attn_k<<<dim3(nsplit, num_kv_heads * subs, m->num_seqs), DEC_THREADS, 0, ctx->stream>>>(
 			    (float *)acc, (float2 *)ml, qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size,
 			    m->num_blocks, num_heads, num_kv_heads, head_dim, scale, sliding_window, decode_only, vec4,
@@ -1985,29 +1985,25 @@ static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dp
 		return di_prefill_tc<64>(ctx, op, qp, kp, vp, cu, sk, bt, m, num_heads, num_kv_heads, scale, sliding_window);
 	if (tc && head_dim == 128)
 		return di_prefill_tc<128>(ctx, op, qp, kp, vp, cu, sk, bt, m, num_heads, num_kv_heads, scale, sliding_window);
-	if constexpr (di_is_fp8<T>) {
-		return DI_OK; // unreachable: checked above
-	} else {
-		if (head_dim <= PF_MAX_D) {
-			const size_t shmem = di_prefill_smem(head_dim);
-			if (shmem > 48 * 1024) {
-				cudaError_t e =
-				    cudaFuncSetAttribute(di_prefill_attn_k<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
-				if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (prefill): cudaFuncSetAttribute");
-			}
-			const int tiles = (m->num_tokens + PF_BQ - 1) / PF_BQ + m->num_seqs; // bound on the prefill tiles
-			di_prefill_attn_k<<<dim3(tiles, num_heads), PF_THREADS, shmem, ctx->stream>>>(
-			    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
-			    num_kv_heads, head_dim, scale, sliding_window, vec4 && q % 16 == 0, ctx->check);
-			return di_check_launch(ctx, "attention (prefill)");
+	if (head_dim <= PF_MAX_D) {
+		const size_t shmem = di_prefill_smem(head_dim);
+		if (shmem > 48 * 1024) {
+			cudaError_t e =
+			    cudaFuncSetAttribute(di_prefill_attn_k<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
+			if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (prefill): cudaFuncSetAttribute");
 		}
-		const size_t shmem = (head_dim + ATT_TILE) * sizeof(float) + ATT_TILE * sizeof(int);
-		dim3 grid(m->num_tokens, num_heads);
-		di_attention_k<<<grid, ATT_THREADS, shmem, ctx->stream>>>(
+		const int tiles = (m->num_tokens + PF_BQ - 1) / PF_BQ + m->num_seqs; // bound on the prefill tiles
+		di_prefill_attn_k<<<dim3(tiles, num_heads), PF_THREADS, shmem, ctx->stream>>>(
 		    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
-		    num_kv_heads, head_dim, scale, sliding_window, split ? 1 : 0, ctx->check);
-		return di_check_launch(ctx, "attention");
+		    num_kv_heads, head_dim, scale, sliding_window, vec4 && q % 16 == 0, ctx->check);
+		return di_check_launch(ctx, "attention (prefill)");
 	}
+	const size_t shmem = (head_dim + ATT_TILE) * sizeof(float) + ATT_TILE * sizeof(int);
+	dim3 grid(m->num_tokens, num_heads);
+	di_attention_k<<<grid, ATT_THREADS, shmem, ctx->stream>>>(
+	    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
+	    num_kv_heads, head_dim, scale, sliding_window, split ? 1 : 0, ctx->check);
+	return di_check_launch(ctx, "attention");
 }
 
 extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,

@@ -343,13 +343,13 @@ func TestGPUAttentionHalfCache(t *testing.T) {
 }
 
 // 8-bit E4M3 caches (Options.KVCacheDType): KVCacheDType picks them for
-// 16-bit models in GEMM mode round only; WriteCache rounds to the nearest
-// E4M3 value as the host does (ties to even, saturated at +-448, NaN kept);
-// the attention kernels that read them (the tensor-core decode and prefill
-// kernels, which widen each tile to half in shared memory) give the bits
-// of the same kernels over a half cache holding the rounded values, for
-// decode rows, whole and chunked prompts, a window, head sizes 64 and 128
-// and groups 2 to 8; anything else is refused with ErrUnsupported.
+// every model; WriteCache rounds to the nearest E4M3 value as the host does
+// (ties to even, saturated at +-448, NaN kept); the tensor-core decode and
+// prefill kernels, which widen each tile to half in shared memory, give the
+// bits of the same kernels over a half cache holding the rounded values,
+// for decode rows, whole and chunked prompts, a window, head sizes 64 and
+// 128 and groups 2 to 8; the float32 kernels (float32 inputs, other head
+// sizes, groups over 16) agree with the CPU backend over the same values.
 func TestGPUAttentionFP8Cache(t *testing.T) {
 	p := newPair(t, GEMMRound)
 	g8 := newGPUOpts(t, Options{KVCacheDType: kernels.F8E4M3})
@@ -357,7 +357,7 @@ func TestGPUAttentionFP8Cache(t *testing.T) {
 		ops     *Backend
 		weights kernels.DType
 		want    kernels.DType
-	}{{g8, kernels.BF16, kernels.F8E4M3}, {g8, kernels.F16, kernels.F8E4M3}, {g8, kernels.F32, kernels.F32}, {p.g, kernels.BF16, kernels.F16}} {
+	}{{g8, kernels.BF16, kernels.F8E4M3}, {g8, kernels.F16, kernels.F8E4M3}, {g8, kernels.F32, kernels.F8E4M3}, {p.g, kernels.BF16, kernels.F16}} {
 		if got := c.ops.KVCacheDType(c.weights); got != c.want {
 			t.Errorf("KVCacheDType(%v) with Options.KVCacheDType %v = %v, want %v", c.weights, c.ops.kvCache, got, c.want)
 		}
@@ -421,22 +421,35 @@ func TestGPUAttentionFP8Cache(t *testing.T) {
 		})
 	}
 
-	// The kernels that cannot read 8-bit caches refuse them.
-	b := p.pagedBatch(blockSize, numBlocks, [][2]int{{1, 40}, {20, 20}})
+	// The float32 kernels over 8-bit caches, against the CPU backend.
+	b := p.pagedBatch(blockSize, numBlocks, [][2]int{{1, 40}, {20, 20}, {1, 700}, {70, 90}})
 	for _, ap := range []kernels.AttentionParams{
 		{NumHeads: 8, NumKVHeads: 2, HeadDim: 64, InputDType: kernels.F32},
 		{NumHeads: 8, NumKVHeads: 2, HeadDim: 40, InputDType: kernels.BF16},
 		{NumHeads: 32, NumKVHeads: 1, HeadDim: 64, InputDType: kernels.BF16},
 	} {
-		ap.Scale = 0.1
-		width := ap.NumKVHeads * ap.HeadDim
-		kc := upload(t, p.g, kernels.F8E4M3, make([]byte, numBlocks*blockSize*width), kernels.F8E4M3, numBlocks, blockSize, width)
-		out := p.zeros(kernels.F32, b.numTokens, ap.NumHeads*ap.HeadDim)
-		q := p.rand(kernels.F32, 1, b.numTokens, ap.NumHeads*ap.HeadDim)
-		err := p.g.Attention(out.g, q.g, kc, kc, &b.gpuMeta, ap)
-		if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "F8E4M3") {
-			t.Errorf("attention over an 8-bit cache with %+v: %v, want ErrUnsupported naming F8E4M3", ap, err)
+		ap.Scale = float32(1 / math.Sqrt(float64(ap.HeadDim)))
+		width, w := ap.NumKVHeads*ap.HeadDim, ap.NumHeads*ap.HeadDim
+		var caches [2]dual
+		for j := range caches {
+			vals := randVals(p.r, numBlocks*blockSize*width, 3)
+			raw := hostBytes(kernels.F8E4M3, vals)
+			for k := range vals {
+				vals[k] = kernels.F8E4M3ToF32(raw[k])
+			}
+			caches[j].g = upload(t, p.g, kernels.F8E4M3, raw, kernels.F8E4M3, numBlocks, blockSize, width)
+			caches[j].c = upload(t, p.c, kernels.F32, kernels.F32Bytes(vals), kernels.F32, numBlocks, blockSize, width)
 		}
+		q := p.rand(kernels.F32, 1, b.numTokens, w)
+		out := p.zeros(kernels.F32, b.numTokens, w)
+		p.poison(out)
+		if err := p.g.Attention(out.g, q.g, caches[0].g, caches[1].g, &b.gpuMeta, ap); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.c.Attention(out.c, q.c, caches[0].c, caches[1].c, &b.cpuMeta, ap); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("8-bit caches, %+v: max relative error vs the CPU backend %.2e", ap, p.check("attention", out, 5e-3))
 	}
 
 	// WriteCache rounds float32 rows to the nearest E4M3 value.

@@ -246,17 +246,18 @@ func (b *Backend) ActivationDType() kernels.DType { return kernels.F32 }
 // the bytes of float32, so twice the tokens in the same memory and half the
 // reads of decode attention; prefill attention then runs on tensor cores
 // from them (see AttentionParams.InputDType). Half keeps 10 mantissa bits
-// (bf16 has 7); values beyond +-65504 overflow. With Options.KVCacheDType
-// F8E4M3 those caches are 8-bit E4M3 instead (3 mantissa bits, saturated at
+// (bf16 has 7); values beyond +-65504 overflow. GEMM mode split and float32
+// models keep float32 caches. With Options.KVCacheDType F8E4M3 every
+// model's GQA caches are 8-bit E4M3 instead (3 mantissa bits, saturated at
 // +-448, no scale): a quarter of float32's bytes, lossy; attention widens
-// each value to half exactly, so it computes what it would over a half
-// cache holding the rounded values. GEMM mode split and float32 models keep
-// float32 caches, whatever Options asked.
+// each value exactly (to half for the tensor-core kernels, to float32 for
+// the others), so it computes what it would over a cache holding the
+// rounded values.
 func (b *Backend) KVCacheDType(weights kernels.DType) kernels.DType {
+	if b.kvCache == kernels.F8E4M3 {
+		return kernels.F8E4M3
+	}
 	if b.gemm == GEMMRound && (weights == kernels.BF16 || weights == kernels.F16) {
-		if b.kvCache == kernels.F8E4M3 {
-			return kernels.F8E4M3
-		}
 		return kernels.F16
 	}
 	return kernels.F32

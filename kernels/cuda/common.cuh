@@ -15,6 +15,7 @@
 __device__ __forceinline__ float di_to_f32(float v) { return v; }
 __device__ __forceinline__ float di_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float di_to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float di_to_f32(__nv_fp8_e4m3 v) { return static_cast<float>(v); }
 
 template <typename T> __device__ __forceinline__ T di_from_f32(float v);
 template <> __device__ __forceinline__ float di_from_f32<float>(float v) { return v; }
