@@ -429,27 +429,8 @@ func TestGPUAttentionFP8Cache(t *testing.T) {
 		{NumHeads: 32, NumKVHeads: 1, HeadDim: 64, InputDType: kernels.BF16},
 	} {
 		ap.Scale = float32(1 / math.Sqrt(float64(ap.HeadDim)))
-		width, w := ap.NumKVHeads*ap.HeadDim, ap.NumHeads*ap.HeadDim
-		var caches [2]dual
-		for j := range caches {
-			vals := randVals(p.r, numBlocks*blockSize*width, 3)
-			raw := hostBytes(kernels.F8E4M3, vals)
-			for k := range vals {
-				vals[k] = kernels.F8E4M3ToF32(raw[k])
-			}
-			caches[j].g = upload(t, p.g, kernels.F8E4M3, raw, kernels.F8E4M3, numBlocks, blockSize, width)
-			caches[j].c = upload(t, p.c, kernels.F32, kernels.F32Bytes(vals), kernels.F32, numBlocks, blockSize, width)
-		}
-		q := p.rand(kernels.F32, 1, b.numTokens, w)
-		out := p.zeros(kernels.F32, b.numTokens, w)
-		p.poison(out)
-		if err := p.g.Attention(out.g, q.g, caches[0].g, caches[1].g, &b.gpuMeta, ap); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.c.Attention(out.c, q.c, caches[0].c, caches[1].c, &b.cpuMeta, ap); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("8-bit caches, %+v: max relative error vs the CPU backend %.2e", ap, p.check("attention", out, 5e-3))
+		e, _ := p.attentionOverCaches(t, b, ap, kernels.F8E4M3, numBlocks, blockSize, 3)
+		t.Logf("8-bit caches, %+v: max relative error vs the CPU backend %.2e", ap, e)
 	}
 
 	// WriteCache rounds float32 rows to the nearest E4M3 value.
@@ -499,37 +480,11 @@ func TestGPUDecodeKeysAsRows(t *testing.T) {
 		for _, cdt := range []kernels.DType{kernels.F16, kernels.F8E4M3, kernels.F32} {
 			name := fmt.Sprintf("h%d_kv%d_d%d_w%d_%s", ap.NumHeads, ap.NumKVHeads, ap.HeadDim, ap.SlidingWindow, cdt)
 			t.Run(name, func(t *testing.T) {
-				width, w := ap.NumKVHeads*ap.HeadDim, ap.NumHeads*ap.HeadDim
 				var got [2][]float32
 				for i, p := range []*pair{km, tc} {
 					b := p.pagedBatch(blockSize, numBlocks, seqs)
-					var caches [2]dual
-					for j := range caches {
-						vals := randVals(p.r, numBlocks*blockSize*width, 2)
-						raw := hostBytes(cdt, vals)
-						if cdt == kernels.F8E4M3 {
-							for k := range vals {
-								vals[k] = kernels.F8E4M3ToF32(raw[k])
-							}
-						} else if cdt == kernels.F16 {
-							for k := range vals {
-								vals[k] = kernels.F16ToF32(kernels.F32ToF16(vals[k]))
-							}
-						}
-						caches[j].g = upload(t, p.g, cdt, raw, cdt, numBlocks, blockSize, width)
-						caches[j].c = upload(t, p.c, kernels.F32, kernels.F32Bytes(vals), kernels.F32, numBlocks, blockSize, width)
-					}
-					q := p.rand(kernels.F32, 1, b.numTokens, w)
-					out := p.zeros(kernels.F32, b.numTokens, w)
-					p.poison(out)
-					if err := p.g.Attention(out.g, q.g, caches[0].g, caches[1].g, &b.gpuMeta, ap); err != nil {
-						t.Fatal(err)
-					}
-					if err := p.c.Attention(out.c, q.c, caches[0].c, caches[1].c, &b.cpuMeta, ap); err != nil {
-						t.Fatal(err)
-					}
-					e := p.check("attention", out, 5e-3)
-					got[i] = p.f32(p.g, out.g)
+					var e float64
+					e, got[i] = p.attentionOverCaches(t, b, ap, cdt, numBlocks, blockSize, 2)
 					t.Logf("%s, DEC_KM %d: max relative error vs the CPU backend %.2e", name, 1-i, e)
 				}
 				e := maxRelErr(got[0], got[1])
@@ -546,6 +501,40 @@ func TestGPUDecodeKeysAsRows(t *testing.T) {
 	if differ == 0 {
 		t.Error("DEEPINFER_CUDA_DEC_KM=0 changed no bit: the second backend did not run the other kernel")
 	}
+}
+
+// attentionOverCaches runs attention over b with random K and V caches of
+// element type cdt (values uniform in +-scale) on the GPU and, over the
+// same values widened to float32, on the CPU backend; it checks them
+// within 5e-3 and returns the error and the GPU's output.
+func (p *pair) attentionOverCaches(t *testing.T, b pagedBatch, ap kernels.AttentionParams, cdt kernels.DType, numBlocks, blockSize int, scale float32) (float64, []float32) {
+	t.Helper()
+	width, w := ap.NumKVHeads*ap.HeadDim, ap.NumHeads*ap.HeadDim
+	var caches [2]dual
+	for j := range caches {
+		vals := randVals(p.r, numBlocks*blockSize*width, scale)
+		raw := hostBytes(cdt, vals)
+		for k := range vals {
+			switch cdt {
+			case kernels.F8E4M3:
+				vals[k] = kernels.F8E4M3ToF32(raw[k])
+			case kernels.F16:
+				vals[k] = kernels.F16ToF32(kernels.F32ToF16(vals[k]))
+			}
+		}
+		caches[j].g = upload(t, p.g, cdt, raw, cdt, numBlocks, blockSize, width)
+		caches[j].c = upload(t, p.c, kernels.F32, kernels.F32Bytes(vals), kernels.F32, numBlocks, blockSize, width)
+	}
+	q := p.rand(kernels.F32, 1, b.numTokens, w)
+	out := p.zeros(kernels.F32, b.numTokens, w)
+	p.poison(out)
+	if err := p.g.Attention(out.g, q.g, caches[0].g, caches[1].g, &b.gpuMeta, ap); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.c.Attention(out.c, q.c, caches[0].c, caches[1].c, &b.cpuMeta, ap); err != nil {
+		t.Fatal(err)
+	}
+	return p.check("attention", out, 5e-3), p.f32(p.g, out.g)
 }
 
 // The prefill kernel that runs a KV head's query heads in one block
