@@ -336,8 +336,9 @@ func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams
 		for j := range n {
 			base := pl.slot(it.seq, t0+j)*kvWidth + kvOff
 			if kc.dtype == kernels.F8E4M3 {
-				for e, x := range kc.u8[base : base+d] {
-					kt[j*d+e] = f8e4m3Values[x]
+				ks, dst := kc.u8[base:base+d], kt[j*d:(j+1)*d]
+				for e := range dst {
+					dst[e] = f8e4m3Values[ks[e]]
 				}
 				for e, x := range vc.u8[base : base+d] {
 					vt[e*n+j] = f8e4m3Values[x]
