@@ -58,9 +58,11 @@ struct di_ctx {
 	// Prefill attention over half caches runs the query heads of a KV head
 	// in one block (di_prefill_attn_gqa_k); $DEEPINFER_CUDA_PREFILL_GQA (0: off).
 	int prefill_gqa = 1;
-	// Copy stages of the tensor-core decode kernel (a tile a stage, all but
-	// one in flight): over half caches ($DEEPINFER_CUDA_DEC_STAGES, 2 or 3)
-	// and over 8-bit caches ($DEEPINFER_CUDA_DEC_F8_STAGES, 2 to 4).
+	// Copy stages of the heads-as-rows tensor-core decode kernel
+	// (di_decode_attn_tc_k: groups over 8, or dec_km 0; a tile a stage, all
+	// but one in flight): over half caches ($DEEPINFER_CUDA_DEC_STAGES, 2 or
+	// 3) and over 8-bit caches ($DEEPINFER_CUDA_DEC_F8_STAGES, 2 to 4). The
+	// keys-as-rows kernel always runs two.
 	int dec_stages = 2;
 	// Decode over half and 8-bit caches with at most 8 query heads a KV head
 	// runs di_decode_attn_km_k (keys as the tensor-core rows);
