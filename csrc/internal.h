@@ -69,6 +69,11 @@ struct di_ctx {
 	// $DEEPINFER_CUDA_DEC_KM (0: di_decode_attn_tc_k).
 	int dec_km = 1;
 	int dec_stages_f8 = 2;
+	// Decode over 8-bit caches with at most 8 query heads a KV head runs
+	// di_decode_attn_f8_k (the cache bytes widened in registers) with this
+	// many copy stages (2 to 4; 0: di_decode_attn_km_k);
+	// $DEEPINFER_CUDA_DEC_F8_DIRECT.
+	int dec_f8_direct = 3;
 	unsigned *skinny_sem = nullptr; // DI_SKINNY_SEMS split-K tile counters of the skinny GEMM, zero between launches
 	char err[1024] = {0};
 

@@ -1825,6 +1825,243 @@ template <int D, typename T> static size_t di_decode_km_smem() {
 	return all > merge ? all : merge;
 }
 
+// ---------------------------------------------------------------- decode: 8-bit keys in registers
+//
+// di_decode_attn_f8_k is di_decode_attn_km_k over 8-bit E4M3 caches without
+// the trip through a half tile in shared memory: each lane loads the cache
+// bytes of its own MMA fragments as 32-bit words and widens them in
+// registers (cvt e4m3x2 -> f16x2, exact). That needs layouts in which a
+// lane's fragment bytes are adjacent, which the two products allow because
+// a dot product does not care in which order it visits its terms:
+//  - S^T = K Q^T sums over the head dimension. Logical dimension k of
+//    k-step ks (k16) maps to the stored dimension 16ks + 4(k/2 % 4) +
+//    2(k/8) + k%2, the same for K and Q: lane (g, t4)'s four values of row
+//    g are the word at byte 16ks + 4t4.
+//  - O^T = V^T P^T has the head dimension as its rows, which can be any
+//    permutation as long as the output is written back in place: rows g
+//    and g+8 of m-tiles 2P and 2P+1 are stored dimensions 32P + 4g + 0..3,
+//    so a lane reads one word of each of its four keys (2t4, 2t4+1, 2t4+8,
+//    2t4+9) and pairs the keys' bytes with byte permutes.
+// Rows sit 16 bytes apart beyond their length in shared memory, so that
+// both patterns are free of bank conflicts. Each thread computes the cache
+// slots of the rows it copies (block-table entries read one tile ahead), so
+// a tile costs one barrier; S stages, S - 1 tiles in flight. The products
+// are those of di_decode_attn_km_k over the same values, and the bits too:
+// the permutations only reorder terms inside one MMA's 16-term sum, which
+// the tensor cores add without an order (TestGPUDecodeKeysAsRows). A row's
+// result depends only on its own keys. Qwen3-0.6B heads, 256 rows of
+// 300-1500 keys, one decode step: 6.26 ms against di_decode_attn_km_k's
+// 7.79 (2 stages 6.27, 4 stages 7.01: three blocks a multiprocessor).
+// Cost: one read of the chunk's keys and values, 2 x 8 x head_dim MMA FLOPs
+// a key; four 128-thread blocks a multiprocessor at head size 128 (3 stages:
+// 54 KB of shared memory).
+template <int D> constexpr int di_f8_row = D + 16; // bytes between staged rows
+
+template <int D, int S> static size_t di_decode_f8_smem() {
+	const size_t tiles = (size_t)S * 2 * TC_BK * di_f8_row<D>;
+	const size_t merge = (size_t)TC_WARPS * 16 * (D + 2) * sizeof(float);
+	return tiles > merge ? tiles : merge;
+}
+
+// di_e4m3x2_half2<H> widens the two E4M3 values in 16-bit half H of w (the
+// lower byte into the lower half) to a half2's bits: one instruction, where
+// the cuda_fp8.h conversion splits and repacks the halves.
+template <int H> __device__ __forceinline__ uint32_t di_e4m3x2_half2(uint32_t w) {
+	uint32_t r;
+	if constexpr (H == 0)
+		asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, lo;\n\t}" : "=r"(r) : "r"(w));
+	else
+		asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, hi;\n\t}" : "=r"(r) : "r"(w));
+	return r;
+}
+
+__device__ __forceinline__ uint32_t di_prmt(uint32_t a, uint32_t b, uint32_t sel) {
+	uint32_t r;
+	asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+	return r;
+}
+
+template <int D, int S>
+__global__ void __launch_bounds__(TC_THREADS, 4)
+    di_decode_attn_f8_k(float *part_acc, float2 *part_ml, const float *q, const __nv_fp8_e4m3 *kc,
+                        const __nv_fp8_e4m3 *vc, const int *cu, const int *seqlens_k, const int *block_tables,
+                        int max_blocks, int block_size, int num_blocks, int num_heads, int num_kv_heads,
+                        float scale_log2, int window, int decode_only, int min_chunk, unsigned *check) {
+	static_assert(S >= 2, "two stages at least");
+	di_pdl_wait();
+	constexpr int LB = di_f8_row<D>, KS = D / 16, NP = D / 32;
+	constexpr int CH = D / 16, RSTEP = TC_THREADS / CH, RPT = TC_BK / RSTEP; // 16-byte chunks a row; rows a thread copies
+	extern __shared__ __align__(16) unsigned char tc_smem[]; // [S][K, V][TC_BK][LB]
+	const int c = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, nsplit = gridDim.x;
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+	const int group = num_heads / num_kv_heads, h0 = kvh * group;
+	float2 *ml = part_ml + ((size_t)s * num_heads + h0) * nsplit + c; // head hh at ml[hh*nsplit]
+	int q0, t_lo, t_hi;
+	if (!di_dec_chunk_keys(cu, seqlens_k, max_blocks * block_size, min_chunk, window, decode_only, group, nsplit, ml,
+	                       check, &q0, &t_lo, &t_hi))
+		return;
+	// This thread copies 16-byte chunk cb of rows r0 + i * RSTEP of a tile.
+	const int cb = (tid % CH) * 16, r0 = tid / CH;
+	const int *bt = block_tables + (size_t)s * max_blocks;
+	const di_block_div bd(block_size);
+	const size_t width = (size_t)num_kv_heads * D;
+	const unsigned char *kb = reinterpret_cast<const unsigned char *>(kc) + kvh * D + cb;
+	const unsigned char *vb = reinterpret_cast<const unsigned char *>(vc) + kvh * D + cb;
+	int blk[RPT]; // cache blocks of this thread's rows of the next tile to fetch (-1: outside the chunk)
+	auto lookup = [&](int t0) {
+#pragma unroll
+		for (int i = 0; i < RPT; i++) {
+			const int t = t0 + r0 + i * RSTEP;
+			blk[i] = t >= t_lo && t < t_hi ? __ldg(bt + bd.block(t)) : -1;
+		}
+	};
+	// fetch queues tile t0's copies into stage st (rows outside the chunk,
+	// or of a block out of range, reported, filled with zeros) and looks up
+	// the next tile's blocks; past the chunk it commits an empty group, so
+	// that every iteration waits for the group of S - 1 iterations before.
+	auto fetch = [&](int t0, int st) {
+		if (t0 < t_hi) {
+			unsigned char *ks = tc_smem + (size_t)st * 2 * TC_BK * LB, *vs = ks + TC_BK * LB;
+#pragma unroll
+			for (int i = 0; i < RPT; i++) {
+				const int r = r0 + i * RSTEP, t = t0 + r;
+				bool ok = t >= t_lo && t < t_hi;
+				if (ok && (blk[i] < 0 || blk[i] >= num_blocks)) {
+					atomicOr(check, DI_CHECK_ATTENTION);
+					ok = false;
+				}
+				const size_t off = ok ? (size_t)bd.slot(blk[i], t) * width : 0;
+				di_cp_async16(ks + r * LB + cb, kb + off, ok);
+				di_cp_async16(vs + r * LB + cb, vb + off, ok);
+			}
+			if (t0 + TC_BK < t_hi) lookup(t0 + TC_BK);
+		}
+		di_cp_async_commit();
+	};
+	const int t_first = t_lo / TC_BK * TC_BK;
+	lookup(t_first);
+#pragma unroll
+	for (int j = 0; j < S - 1; j++) fetch(t_first + j * TC_BK, j);
+	// Q^T's B fragments in the permuted order: lane (g, t4) holds head g's
+	// stored dimensions 16ks + 4t4 .. + 3, rounded to half.
+	uint32_t qb[KS][2];
+	{
+		const float *qr = q + ((size_t)q0 * num_heads + h0 + g) * D + 4 * t4;
+#pragma unroll
+		for (int ks = 0; ks < KS; ks++) {
+			float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+			if (g < group) v = *reinterpret_cast<const float4 *>(qr + ks * 16);
+			qb[ks][0] = di_half2_bits(v.x, v.y);
+			qb[ks][1] = di_half2_bits(v.z, v.w);
+		}
+	}
+	// Per lane: heads 2t4 and 2t4+1 (columns cc), running max m, this lane's
+	// share of the sum l, and O^T's tiles o[mt] in the permuted row order.
+	float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.f, 0.f}, o[2 * NP][4];
+#pragma unroll
+	for (int mt = 0; mt < 2 * NP; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+	const int kw = warp * 16; // this warp's keys in a tile
+	int st = 0;
+	for (int t0 = t_first; t0 < t_hi; t0 += TC_BK, st = st + 1 == S ? 0 : st + 1) {
+		di_cp_async_wait<S - 2>();
+		__syncthreads(); // tile t0 has landed for every thread, and the stage before it is consumed
+		fetch(t0 + (S - 1) * TC_BK, st == 0 ? S - 1 : st - 1);
+		const unsigned char *Ks = tc_smem + (size_t)st * 2 * TC_BK * LB + kw * LB, *Vs = Ks + TC_BK * LB;
+		// S^T (keys kw + g and kw + g + 8, heads 2t4 and 2t4 + 1) = K Q^T.
+		float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+		for (int ks = 0; ks < KS; ks++) {
+			const uint32_t w0 = *reinterpret_cast<const uint32_t *>(Ks + g * LB + ks * 16 + 4 * t4);
+			const uint32_t w1 = *reinterpret_cast<const uint32_t *>(Ks + (g + 8) * LB + ks * 16 + 4 * t4);
+			di_mma16816<__half>(sc, di_e4m3x2_half2<0>(w0), di_e4m3x2_half2<0>(w1), di_e4m3x2_half2<1>(w0),
+			                    di_e4m3x2_half2<1>(w1), qb[ks][0], qb[ks][1]);
+		}
+		const int tk = t0 + kw + g;
+		const bool v0 = tk >= t_lo && tk < t_hi, v1 = tk + 8 >= t_lo && tk + 8 < t_hi;
+#pragma unroll
+		for (int cc = 0; cc < 2; cc++) {
+			const float x0 = v0 ? sc[cc] * scale_log2 : -CUDART_INF_F;
+			const float x1 = v1 ? sc[2 + cc] * scale_log2 : -CUDART_INF_F;
+			float mx = fmaxf(x0, x1);
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+			const float m_new = fmaxf(m[cc], mx);
+			float alpha = 1.f, p0 = 0.f, p1 = 0.f;
+			if (m_new != -CUDART_INF_F) {
+				alpha = exp2f(m[cc] - m_new);
+				p0 = exp2f(x0 - m_new);
+				p1 = exp2f(x1 - m_new);
+			}
+			sc[cc] = p0, sc[2 + cc] = p1;
+			l[cc] = l[cc] * alpha + (p0 + p1);
+			m[cc] = m_new;
+#pragma unroll
+			for (int mt = 0; mt < 2 * NP; mt++) o[mt][cc] *= alpha, o[mt][2 + cc] *= alpha;
+		}
+		uint32_t pb[2];
+		{
+			const uint32_t lo = di_half2_bits(sc[0], sc[1]), hi = di_half2_bits(sc[2], sc[3]);
+			asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[0]) : "r"(lo));
+			asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[1]) : "r"(hi));
+		}
+		// O^T += V^T P^T: lane (g, t4) reads stored dimensions 32P + 4g .. + 3
+		// of keys 2t4, 2t4 + 1, 2t4 + 8, 2t4 + 9 and pairs them by key.
+		const unsigned char *vr = Vs + 2 * t4 * LB + 4 * g;
+#pragma unroll
+		for (int P = 0; P < NP; P++) {
+			const uint32_t w0 = *reinterpret_cast<const uint32_t *>(vr + 32 * P);
+			const uint32_t w1 = *reinterpret_cast<const uint32_t *>(vr + LB + 32 * P);
+			const uint32_t w2 = *reinterpret_cast<const uint32_t *>(vr + 8 * LB + 32 * P);
+			const uint32_t w3 = *reinterpret_cast<const uint32_t *>(vr + 9 * LB + 32 * P);
+			const uint32_t x = di_prmt(w0, w1, 0x5140), y = di_prmt(w2, w3, 0x5140); // bytes 0 and 1: m-tile 2P
+			const uint32_t xx = di_prmt(w0, w1, 0x7362), yy = di_prmt(w2, w3, 0x7362); // bytes 2 and 3: 2P + 1
+			di_mma16816<__half>(o[2 * P], di_e4m3x2_half2<0>(x), di_e4m3x2_half2<1>(x), di_e4m3x2_half2<0>(y),
+			                    di_e4m3x2_half2<1>(y), pb[0], pb[1]);
+			di_mma16816<__half>(o[2 * P + 1], di_e4m3x2_half2<0>(xx), di_e4m3x2_half2<1>(xx),
+			                    di_e4m3x2_half2<0>(yy), di_e4m3x2_half2<1>(yy), pb[0], pb[1]);
+		}
+	}
+	di_cp_async_wait<0>(); // the empty groups: nothing is in flight when the merge reuses the memory
+	__syncthreads();       // and every warp is done with the tiles
+	float *wbuf = reinterpret_cast<float *>(tc_smem);
+#pragma unroll
+	for (int cc = 0; cc < 2; cc++) {
+		float li = l[cc];
+		li += __shfl_xor_sync(0xffffffffu, li, 4);
+		li += __shfl_xor_sync(0xffffffffu, li, 8);
+		li += __shfl_xor_sync(0xffffffffu, li, 16);
+		float *row = wbuf + ((size_t)warp * 16 + 2 * t4 + cc) * (D + 2);
+#pragma unroll
+		for (int P = 0; P < NP; P++) {
+			row[32 * P + 4 * g] = o[2 * P][cc];
+			row[32 * P + 4 * g + 1] = o[2 * P][2 + cc];
+			row[32 * P + 4 * g + 2] = o[2 * P + 1][cc];
+			row[32 * P + 4 * g + 3] = o[2 * P + 1][2 + cc];
+		}
+		if (g == 0) {
+			row[D] = m[cc];
+			row[D + 1] = li;
+		}
+	}
+	__syncthreads();
+	di_dec_merge_warps<D>(wbuf, part_acc + (((size_t)s * num_heads + h0) * nsplit + c) * D, ml, group, nsplit);
+}
+
+template <int D, int S>
+static int di_decode_f8_s(di_ctx *ctx, float *acc, float2 *ml, const float *qp, const __nv_fp8_e4m3 *kp,
+                          const __nv_fp8_e4m3 *vp, const int *cu, const int *sk, const int *bt, const di_attn_meta *m,
+                          int nsplit, int num_heads, int num_kv_heads, float scale, int window, int decode_only) {
+	const size_t shmem = di_decode_f8_smem<D, S>();
+	cudaError_t e =
+	    cudaFuncSetAttribute(di_decode_attn_f8_k<D, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
+	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (decode, 8-bit in registers): cudaFuncSetAttribute");
+	di_launch(ctx, di_decode_attn_f8_k<D, S>, dim3(nsplit, num_kv_heads, m->num_seqs), TC_THREADS, shmem, acc, ml, qp,
+	          kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads, num_kv_heads,
+	          scale * 1.4426950408889634f, window, decode_only, ctx->dec_chunk, ctx->check);
+	return di_check_launch(ctx, "attention (decode, 8-bit in registers)");
+}
+
 // di_prefill_tc launches di_prefill_attn_tc_k for head size D.
 template <int D, typename T>
 static int di_prefill_tc(di_ctx *ctx, float *op, const float *qp, const T *kp, const T *vp, const int *cu,
@@ -1895,6 +2132,21 @@ template <int D, typename T>
 static int di_decode_tc(di_ctx *ctx, float *acc, float2 *ml, const float *qp, const T *kp, const T *vp, const int *cu,
                         const int *sk, const int *bt, const di_attn_meta *m, int nsplit, int num_heads,
                         int num_kv_heads, float scale, int window, int decode_only) {
+	if constexpr (di_is_fp8<T>) {
+		if (ctx->dec_f8_direct && num_heads / num_kv_heads <= 8) {
+			switch (ctx->dec_f8_direct) {
+			case 2:
+				return di_decode_f8_s<D, 2>(ctx, acc, ml, qp, kp, vp, cu, sk, bt, m, nsplit, num_heads, num_kv_heads,
+				                            scale, window, decode_only);
+			case 4:
+				return di_decode_f8_s<D, 4>(ctx, acc, ml, qp, kp, vp, cu, sk, bt, m, nsplit, num_heads, num_kv_heads,
+				                            scale, window, decode_only);
+			default:
+				return di_decode_f8_s<D, 3>(ctx, acc, ml, qp, kp, vp, cu, sk, bt, m, nsplit, num_heads, num_kv_heads,
+				                            scale, window, decode_only);
+			}
+		}
+	}
 	{
 		if (ctx->dec_km && num_heads / num_kv_heads <= 8) {
 			const size_t shmem = di_decode_km_smem<D, T>();

@@ -345,8 +345,9 @@ func TestGPUAttentionHalfCache(t *testing.T) {
 // 8-bit E4M3 caches (Options.KVCacheDType): KVCacheDType picks them for
 // every model; WriteCache rounds to the nearest E4M3 value as the host does
 // (ties to even, saturated at +-448, NaN kept); the tensor-core decode and
-// prefill kernels, which widen each tile to half in shared memory, give the
-// bits of the same kernels over a half cache holding the rounded values,
+// prefill kernels, which widen the 8-bit values to half (in registers or in
+// shared memory), give the bits of the kernels over a half cache holding
+// the rounded values,
 // for decode rows, whole and chunked prompts, a window, head sizes 64 and
 // 128 and groups 2 to 8; the float32 kernels (float32 inputs, other head
 // sizes, groups over 16) agree with the CPU backend over the same values.
@@ -456,19 +457,26 @@ func TestGPUAttentionFP8Cache(t *testing.T) {
 	}
 }
 
-// Decode over half, 8-bit and float32 caches with at most 8 query heads a
-// KV head runs di_decode_attn_km_k (keys as the tensor-core rows): within
-// rounding of di_decode_attn_tc_k (DEEPINFER_CUDA_DEC_KM=0, the same inputs:
-// both pairs draw from generators seeded alike) and of the CPU backend over
-// the same values, for groups 1 to 8, head sizes 64 and 128, a window, rows
-// of 1 to 2000 keys.
+// Decode with at most 8 query heads a KV head has three kernels: over
+// 8-bit caches di_decode_attn_f8_k (cache bytes widened in registers; off
+// with DEEPINFER_CUDA_DEC_F8_DIRECT=0), over those and half and float32
+// caches di_decode_attn_km_k (keys as the tensor-core rows; off with
+// DEEPINFER_CUDA_DEC_KM=0), and di_decode_attn_tc_k. The first gives the
+// bits of the second: it only permutes the terms inside each tensor-core
+// instruction's 16-term sum, which the H200 adds without an order. The
+// second is within rounding of the third (the same inputs: the pairs draw
+// from generators seeded alike), and each of the CPU backend over the same
+// values, for groups 1 to 8, head sizes 64 and 128, a window, rows of 1 to
+// 2000 keys.
 func TestGPUDecodeKeysAsRows(t *testing.T) {
+	all := newPair(t, GEMMRound)
+	t.Setenv("DEEPINFER_CUDA_DEC_F8_DIRECT", "0")
 	km := newPair(t, GEMMRound)
 	t.Setenv("DEEPINFER_CUDA_DEC_KM", "0")
 	tc := newPair(t, GEMMRound)
 	const blockSize, numBlocks = 16, 260
 	seqs := [][2]int{{1, 700}, {1, 33}, {1, 2000}, {1, 1}, {1, 257}, {1, 1024}}
-	differ := 0 // cases where the two kernels' bits differ somewhere
+	differ := map[string]int{} // cases where two kernels' bits differ somewhere, by comparison
 	for _, ap := range []kernels.AttentionParams{
 		{NumHeads: 32, NumKVHeads: 8, HeadDim: 64},
 		{NumHeads: 16, NumKVHeads: 8, HeadDim: 128},
@@ -480,26 +488,34 @@ func TestGPUDecodeKeysAsRows(t *testing.T) {
 		for _, cdt := range []kernels.DType{kernels.F16, kernels.F8E4M3, kernels.F32} {
 			name := fmt.Sprintf("h%d_kv%d_d%d_w%d_%s", ap.NumHeads, ap.NumKVHeads, ap.HeadDim, ap.SlidingWindow, cdt)
 			t.Run(name, func(t *testing.T) {
-				var got [2][]float32
-				for i, p := range []*pair{km, tc} {
+				var got [3][]float32
+				for i, p := range []*pair{all, km, tc} {
 					b := p.pagedBatch(blockSize, numBlocks, seqs)
 					var e float64
 					e, got[i] = p.attentionOverCaches(t, b, ap, cdt, numBlocks, blockSize, 2)
-					t.Logf("%s, DEC_KM %d: max relative error vs the CPU backend %.2e", name, 1-i, e)
+					t.Logf("%s, kernel %d: max relative error vs the CPU backend %.2e", name, i, e)
 				}
-				e := maxRelErr(got[0], got[1])
-				if e > 1e-3 {
-					t.Errorf("keys as rows vs heads as rows: max relative difference %.3g", e)
+				for _, c := range []struct {
+					what string
+					a, b []float32
+				}{{"8-bit in registers vs keys as rows", got[0], got[1]}, {"keys as rows vs heads as rows", got[1], got[2]}} {
+					e := maxRelErr(c.a, c.b)
+					if e > 1e-3 {
+						t.Errorf("%s: max relative difference %.3g", c.what, e)
+					}
+					if !bytes.Equal(kernels.F32Bytes(c.a), kernels.F32Bytes(c.b)) {
+						differ[c.what]++
+					}
+					t.Logf("%s: %s: max relative difference %.2e", name, c.what, e)
 				}
-				if !bytes.Equal(kernels.F32Bytes(got[0]), kernels.F32Bytes(got[1])) {
-					differ++
-				}
-				t.Logf("%s: keys as rows vs heads as rows: max relative difference %.2e", name, e)
 			})
 		}
 	}
-	if differ == 0 {
-		t.Error("DEEPINFER_CUDA_DEC_KM=0 changed no bit: the second backend did not run the other kernel")
+	if n := differ["8-bit in registers vs keys as rows"]; n > 0 {
+		t.Errorf("8-bit in registers vs keys as rows: bits differ in %d cases, want none", n)
+	}
+	if differ["keys as rows vs heads as rows"] == 0 {
+		t.Error("DEEPINFER_CUDA_DEC_KM=0 changed no bit: the backend did not run the other kernel")
 	}
 }
 
