@@ -74,6 +74,9 @@ struct di_ctx {
 	// many copy stages (2 to 4; 0: di_decode_attn_km_k);
 	// $DEEPINFER_CUDA_DEC_F8_DIRECT.
 	int dec_f8_direct = 3;
+	// Chunks of a row one block of di_decode_attn_f8_k takes (0: as many as
+	// leave enough blocks; di_dec_chunks_per_block); $DEEPINFER_CUDA_DEC_CPB.
+	int dec_cpb = 0;
 	unsigned *skinny_sem = nullptr; // DI_SKINNY_SEMS split-K tile counters of the skinny GEMM, zero between launches
 	char err[1024] = {0};
 

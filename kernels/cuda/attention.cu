@@ -1356,33 +1356,37 @@ __device__ __forceinline__ void di_dec_stage(void *kd, void *vd, const T *kbase,
 	}
 }
 
-// di_dec_chunk_keys finds the keys [t_lo, t_hi) of chunk blockIdx.x of
-// decode row blockIdx.z (query row q0) for a tensor-core decode block of
-// KV head blockIdx.y. False when the block has nothing to do: a sequence
-// that is not one decode row (an error in a decode-only batch), bad
-// metadata (reported once), or a chunk past the row's keys (its partial
-// results written empty for the group's heads at ml[hh * nsplit]).
+// di_dec_chunk_keys finds the keys [t_lo, t_hi) of chunks [c0, c0 + nc)
+// (those below nsplit) of decode row blockIdx.z (query row q0) for a
+// tensor-core decode block of KV head blockIdx.y, and the row's chunk
+// length len. The chunks of the block that hold no keys get their partial
+// results written empty, for the group's heads, at ml[hh * nsplit + c] (ml:
+// the row's partials of head h0, chunk 0). False when the block has
+// nothing to do: a sequence that is not one decode row (an error in a
+// decode-only batch), bad metadata (reported once), or no keys.
 __device__ __forceinline__ bool di_dec_chunk_keys(const int *cu, const int *seqlens_k, int max_keys, int min_chunk,
-                                                  int window, int decode_only, int group, int nsplit, float2 *ml,
-                                                  unsigned *check, int *q0, int *t_lo, int *t_hi) {
-	const int c = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
+                                                  int window, int decode_only, int group, int c0, int nc, int nsplit,
+                                                  float2 *ml, unsigned *check, int *q0, int *t_lo, int *t_hi,
+                                                  int *len) {
+	const int kvh = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
 	*q0 = cu[s];
 	const int ql = cu[s + 1] - *q0;
 	if (ql != 1) {
-		if (decode_only && ql != 0 && c == 0 && kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
+		if (decode_only && ql != 0 && c0 == 0 && kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
 		return false;
 	}
 	const int kl = seqlens_k[s];
 	const bool bad = kl < 1 || kl > max_keys;
-	const int len = di_dec_chunk(kl, min_chunk);
+	if (bad && c0 == 0 && kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
+	const int n = di_dec_chunk(kl, min_chunk), c1 = min(c0 + nc, nsplit);
 	const int first = window > 0 ? max(0, kl - window) : 0;
-	*t_lo = max(first, c * len), *t_hi = min(kl, (c + 1) * len);
-	if (bad || *t_lo >= *t_hi) {
-		if (bad && c == 0 && kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
-		if (tid < group) ml[(size_t)tid * nsplit] = make_float2(-CUDART_INF_F, 0.f);
-		return false;
+	for (int i = tid; i < (c1 - c0) * group; i += blockDim.x) {
+		const int c = c0 + i / group, hh = i - (c - c0) * group;
+		if (bad || max(first, c * n) >= min(kl, (c + 1) * n)) ml[(size_t)hh * nsplit + c] = make_float2(-CUDART_INF_F, 0.f);
 	}
-	return true;
+	*len = n;
+	*t_lo = max(first, c0 * n), *t_hi = min(kl, c1 * n);
+	return !bad && *t_lo < *t_hi;
 }
 
 // di_dec_fetcher copies the key and value tiles of a tensor-core decode
@@ -1432,23 +1436,23 @@ template <int D, typename T> struct di_dec_fetcher {
 };
 
 // di_dec_merge_warps merges the TC_WARPS warps' partial results of a
-// decode block in ascending warp order: wbuf holds per warp 16 rows of D+2
+// decode block in ascending warp order: wbuf holds per warp R rows of D+2
 // floats (a head's unnormalized output, then its max in log2 units and its
 // sum; rows past group unused). It writes the chunk's output of each head
 // of the group (head r at pa + r * nsplit * D) and its (max in natural-log
 // units, sum) at ml[r * nsplit], as di_decode_combine_k reads them.
-template <int D>
+template <int D, int R = 16>
 __device__ __forceinline__ void di_dec_merge_warps(const float *wbuf, float *pa, float2 *ml, int group, int nsplit) {
 	for (int idx = threadIdx.x; idx < group * D; idx += TC_THREADS) {
 		const int r = idx / D, e = idx - r * D;
 		float mx = -CUDART_INF_F;
 #pragma unroll
-		for (int w = 0; w < TC_WARPS; w++) mx = fmaxf(mx, wbuf[((size_t)w * 16 + r) * (D + 2) + D]);
+		for (int w = 0; w < TC_WARPS; w++) mx = fmaxf(mx, wbuf[((size_t)w * R + r) * (D + 2) + D]);
 		float acc = 0.f, sum = 0.f;
 		if (mx != -CUDART_INF_F) {
 #pragma unroll
 			for (int w = 0; w < TC_WARPS; w++) {
-				const float *row = wbuf + ((size_t)w * 16 + r) * (D + 2);
+				const float *row = wbuf + ((size_t)w * R + r) * (D + 2);
 				const float f = exp2f(row[D] - mx);
 				acc += row[e] * f;
 				sum += row[D + 1] * f;
@@ -1510,9 +1514,9 @@ __global__ void __launch_bounds__(TC_THREADS, di_is_fp8<T> ? 4 : 1)
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	const int group = num_heads / num_kv_heads, h0 = kvh * group;
 	float2 *ml = part_ml + ((size_t)s * num_heads + h0) * nsplit + c; // head hh at ml[hh*nsplit]
-	int q0, t_lo, t_hi;
-	if (!di_dec_chunk_keys(cu, seqlens_k, max_blocks * block_size, min_chunk, window, decode_only, group, nsplit, ml,
-	                       check, &q0, &t_lo, &t_hi))
+	int q0, t_lo, t_hi, len;
+	if (!di_dec_chunk_keys(cu, seqlens_k, max_blocks * block_size, min_chunk, window, decode_only, group, c, 1, nsplit,
+	                       ml - c, check, &q0, &t_lo, &t_hi, &len))
 		return;
 	di_dec_fetcher<D, T> tiles{block_tables + (size_t)s * max_blocks, di_block_div(block_size), t_lo, t_hi,
 	                           num_blocks, (size_t)num_kv_heads * D, kc + kvh * D, vc + kvh * D, slots, Kst, Vst, raw,
@@ -1685,9 +1689,9 @@ __global__ void __launch_bounds__(TC_THREADS, 3)
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	const int group = num_heads / num_kv_heads, h0 = kvh * group;
 	float2 *ml = part_ml + ((size_t)s * num_heads + h0) * nsplit + c; // head hh at ml[hh*nsplit]
-	int q0, t_lo, t_hi;
-	if (!di_dec_chunk_keys(cu, seqlens_k, max_blocks * block_size, min_chunk, window, decode_only, group, nsplit, ml,
-	                       check, &q0, &t_lo, &t_hi))
+	int q0, t_lo, t_hi, len;
+	if (!di_dec_chunk_keys(cu, seqlens_k, max_blocks * block_size, min_chunk, window, decode_only, group, c, 1, nsplit,
+	                       ml - c, check, &q0, &t_lo, &t_hi, &len))
 		return;
 	di_dec_fetcher<D, T> tiles{block_tables + (size_t)s * max_blocks, di_block_div(block_size), t_lo, t_hi,
 	                           num_blocks, (size_t)num_kv_heads * D, kc + kvh * D, vc + kvh * D, slots, Kst, Vst, raw,
@@ -1843,9 +1847,9 @@ template <int D, typename T> static size_t di_decode_km_smem() {
 //    so a lane reads one word of each of its four keys (2t4, 2t4+1, 2t4+8,
 //    2t4+9) and pairs the keys' bytes with byte permutes.
 // Rows sit 16 bytes apart beyond their length in shared memory, so that
-// both patterns are free of bank conflicts. Each thread computes the cache
-// slots of the rows it copies (block-table entries read one tile ahead), so
-// a tile costs one barrier; S stages, S - 1 tiles in flight. The products
+// both patterns are free of bank conflicts. The cache slots of a tile are
+// computed S tiles ahead, into shared memory, so a tile costs one barrier;
+// S stages, S - 1 tiles in flight. The products
 // are those of di_decode_attn_km_k over the same values, and the bits too:
 // the permutations only reorder terms inside one MMA's 16-term sum, which
 // the tensor cores add without an order (TestGPUDecodeKeysAsRows). A row's
@@ -1858,9 +1862,9 @@ template <int D, typename T> static size_t di_decode_km_smem() {
 template <int D> constexpr int di_f8_row = D + 16; // bytes between staged rows
 
 template <int D, int S> static size_t di_decode_f8_smem() {
-	const size_t tiles = (size_t)S * 2 * TC_BK * di_f8_row<D>;
-	const size_t merge = (size_t)TC_WARPS * 16 * (D + 2) * sizeof(float);
-	return tiles > merge ? tiles : merge;
+	// A chunk's warp merge ([warp][8 heads][D + 2] floats) reuses one stage.
+	static_assert(TC_WARPS * 8 * (D + 2) * sizeof(float) <= 2 * TC_BK * di_f8_row<D>, "the merge fits a stage");
+	return (size_t)S * 2 * TC_BK * di_f8_row<D> + (size_t)S * TC_BK * sizeof(int);
 }
 
 // di_e4m3x2_half2<H> widens the two E4M3 values in 16-bit half H of w (the
@@ -1886,60 +1890,68 @@ __global__ void __launch_bounds__(TC_THREADS, 4)
     di_decode_attn_f8_k(float *part_acc, float2 *part_ml, const float *q, const __nv_fp8_e4m3 *kc,
                         const __nv_fp8_e4m3 *vc, const int *cu, const int *seqlens_k, const int *block_tables,
                         int max_blocks, int block_size, int num_blocks, int num_heads, int num_kv_heads,
-                        float scale_log2, int window, int decode_only, int min_chunk, unsigned *check) {
+                        float scale_log2, int window, int decode_only, int min_chunk, int nsplit, int cpb, unsigned *check) {
 	static_assert(S >= 2, "two stages at least");
 	di_pdl_wait();
 	constexpr int LB = di_f8_row<D>, KS = D / 16, NP = D / 32;
 	constexpr int CH = D / 16, RSTEP = TC_THREADS / CH, RPT = TC_BK / RSTEP; // 16-byte chunks a row; rows a thread copies
 	extern __shared__ __align__(16) unsigned char tc_smem[]; // [S][K, V][TC_BK][LB]
-	const int c = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, nsplit = gridDim.x;
+	const int c0 = blockIdx.x * cpb, kvh = blockIdx.y, s = blockIdx.z;
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	const int group = num_heads / num_kv_heads, h0 = kvh * group;
-	float2 *ml = part_ml + ((size_t)s * num_heads + h0) * nsplit + c; // head hh at ml[hh*nsplit]
-	int q0, t_lo, t_hi;
-	if (!di_dec_chunk_keys(cu, seqlens_k, max_blocks * block_size, min_chunk, window, decode_only, group, nsplit, ml,
-	                       check, &q0, &t_lo, &t_hi))
+	float2 *ml = part_ml + ((size_t)s * num_heads + h0) * nsplit; // chunk c of head hh at ml[hh*nsplit + c]
+	int q0, t_lo, t_hi, len;
+	if (!di_dec_chunk_keys(cu, seqlens_k, max_blocks * block_size, min_chunk, window, decode_only, group, c0, cpb,
+	                       nsplit, ml, check, &q0, &t_lo, &t_hi, &len))
 		return;
-	// This thread copies 16-byte chunk cb of rows r0 + i * RSTEP of a tile.
-	const int cb = (tid % CH) * 16, r0 = tid / CH;
+	// Key kk of stage st's tile copies from cache slot slots[st][kk] (-1:
+	// nothing, zeros): thread kk < TC_BK computes the slots of tile j + S
+	// while tile j is consumed, from the block-table entry it read an
+	// iteration before, so that neither the lookup's latency nor the slot
+	// arithmetic (once a key, not once a copy) holds up a copy.
+	int *slots = reinterpret_cast<int *>(tc_smem + (size_t)S * 2 * TC_BK * LB); // [S][TC_BK]
 	const int *bt = block_tables + (size_t)s * max_blocks;
 	const di_block_div bd(block_size);
+	auto lookup = [&](int t) { return tid < TC_BK && t >= t_lo && t < t_hi ? __ldg(bt + bd.block(t)) : -1; };
+	auto slot_of = [&](int t, int blk) {
+		if (t < t_lo || t >= t_hi) return -1;
+		if (blk < 0 || blk >= num_blocks) {
+			atomicOr(check, DI_CHECK_ATTENTION);
+			return -1;
+		}
+		return bd.slot(blk, t);
+	};
+	// This thread copies 16-byte chunk cb of rows r0 + i * RSTEP of a tile.
+	const int cb = (tid % CH) * 16, r0 = tid / CH;
 	const size_t width = (size_t)num_kv_heads * D;
 	const unsigned char *kb = reinterpret_cast<const unsigned char *>(kc) + kvh * D + cb;
 	const unsigned char *vb = reinterpret_cast<const unsigned char *>(vc) + kvh * D + cb;
-	int blk[RPT]; // cache blocks of this thread's rows of the next tile to fetch (-1: outside the chunk)
-	auto lookup = [&](int t0) {
-#pragma unroll
-		for (int i = 0; i < RPT; i++) {
-			const int t = t0 + r0 + i * RSTEP;
-			blk[i] = t >= t_lo && t < t_hi ? __ldg(bt + bd.block(t)) : -1;
-		}
-	};
-	// fetch queues tile t0's copies into stage st (rows outside the chunk,
-	// or of a block out of range, reported, filled with zeros) and looks up
-	// the next tile's blocks; past the chunk it commits an empty group, so
-	// that every iteration waits for the group of S - 1 iterations before.
+	// fetch queues tile t0's copies into stage st; past the chunk it commits
+	// an empty group, so that every iteration waits for the group of S - 1
+	// iterations before.
 	auto fetch = [&](int t0, int st) {
 		if (t0 < t_hi) {
 			unsigned char *ks = tc_smem + (size_t)st * 2 * TC_BK * LB, *vs = ks + TC_BK * LB;
 #pragma unroll
 			for (int i = 0; i < RPT; i++) {
-				const int r = r0 + i * RSTEP, t = t0 + r;
-				bool ok = t >= t_lo && t < t_hi;
-				if (ok && (blk[i] < 0 || blk[i] >= num_blocks)) {
-					atomicOr(check, DI_CHECK_ATTENTION);
-					ok = false;
-				}
-				const size_t off = ok ? (size_t)bd.slot(blk[i], t) * width : 0;
-				di_cp_async16(ks + r * LB + cb, kb + off, ok);
-				di_cp_async16(vs + r * LB + cb, vb + off, ok);
+				const int r = r0 + i * RSTEP, slot = slots[st * TC_BK + r];
+				const size_t off = slot >= 0 ? (size_t)slot * width : 0;
+				di_cp_async16(ks + r * LB + cb, kb + off, slot >= 0);
+				di_cp_async16(vs + r * LB + cb, vb + off, slot >= 0);
 			}
-			if (t0 + TC_BK < t_hi) lookup(t0 + TC_BK);
 		}
 		di_cp_async_commit();
 	};
 	const int t_first = t_lo / TC_BK * TC_BK;
-	lookup(t_first);
+	if (tid < TC_BK) {
+#pragma unroll
+		for (int j = 0; j < S; j++) {
+			const int t = t_first + j * TC_BK + tid;
+			slots[j * TC_BK + tid] = slot_of(t, lookup(t));
+		}
+	}
+	int blk_next = lookup(t_first + S * TC_BK + tid); // for the slots of tile S, computed in iteration 0
+	__syncthreads();
 #pragma unroll
 	for (int j = 0; j < S - 1; j++) fetch(t_first + j * TC_BK, j);
 	// Q^T's B fragments in the permuted order: lane (g, t4) holds head g's
@@ -1962,10 +1974,16 @@ __global__ void __launch_bounds__(TC_THREADS, 4)
 	for (int mt = 0; mt < 2 * NP; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
 	const int kw = warp * 16; // this warp's keys in a tile
 	int st = 0;
+	int chunk = t_lo / len, chunk_end = min(t_hi, (chunk + 1) * len); // the chunk of tile t0 (tiles never straddle two)
 	for (int t0 = t_first; t0 < t_hi; t0 += TC_BK, st = st + 1 == S ? 0 : st + 1) {
 		di_cp_async_wait<S - 2>();
-		__syncthreads(); // tile t0 has landed for every thread, and the stage before it is consumed
+		__syncthreads(); // tile t0 has landed for every thread, and the stage before it is consumed (or merged in)
 		fetch(t0 + (S - 1) * TC_BK, st == 0 ? S - 1 : st - 1);
+		if (tid < TC_BK) { // stage st's slots were tile t0's: now tile t0 + S tiles'
+			const int t = t0 + S * TC_BK + tid;
+			slots[st * TC_BK + tid] = slot_of(t, blk_next);
+			blk_next = lookup(t + TC_BK);
+		}
 		const unsigned char *Ks = tc_smem + (size_t)st * 2 * TC_BK * LB + kw * LB, *Vs = Ks + TC_BK * LB;
 		// S^T (keys kw + g and kw + g + 8, heads 2t4 and 2t4 + 1) = K Q^T.
 		float sc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -2021,31 +2039,55 @@ __global__ void __launch_bounds__(TC_THREADS, 4)
 			di_mma16816<__half>(o[2 * P + 1], di_e4m3x2_half2<0>(xx), di_e4m3x2_half2<1>(xx),
 			                    di_e4m3x2_half2<0>(yy), di_e4m3x2_half2<1>(yy), pb[0], pb[1]);
 		}
-	}
-	di_cp_async_wait<0>(); // the empty groups: nothing is in flight when the merge reuses the memory
-	__syncthreads();       // and every warp is done with the tiles
-	float *wbuf = reinterpret_cast<float *>(tc_smem);
+		if (t0 + TC_BK < chunk_end) continue;
+		// The chunk ends with this tile: its partial results, from the warps'
+		// merge in stage st (free: the copies in flight fill the others).
+		__syncthreads(); // every warp is done with stage st
+		float *wbuf = reinterpret_cast<float *>(tc_smem + (size_t)st * 2 * TC_BK * LB); // [warp][head][D + 2]
 #pragma unroll
-	for (int cc = 0; cc < 2; cc++) {
-		float li = l[cc];
-		li += __shfl_xor_sync(0xffffffffu, li, 4);
-		li += __shfl_xor_sync(0xffffffffu, li, 8);
-		li += __shfl_xor_sync(0xffffffffu, li, 16);
-		float *row = wbuf + ((size_t)warp * 16 + 2 * t4 + cc) * (D + 2);
+		for (int cc = 0; cc < 2; cc++) {
+			float li = l[cc];
+			li += __shfl_xor_sync(0xffffffffu, li, 4);
+			li += __shfl_xor_sync(0xffffffffu, li, 8);
+			li += __shfl_xor_sync(0xffffffffu, li, 16);
+			float *row = wbuf + ((size_t)warp * 8 + 2 * t4 + cc) * (D + 2);
 #pragma unroll
-		for (int P = 0; P < NP; P++) {
-			row[32 * P + 4 * g] = o[2 * P][cc];
-			row[32 * P + 4 * g + 1] = o[2 * P][2 + cc];
-			row[32 * P + 4 * g + 2] = o[2 * P + 1][cc];
-			row[32 * P + 4 * g + 3] = o[2 * P + 1][2 + cc];
+			for (int P = 0; P < NP; P++) {
+				row[32 * P + 4 * g] = o[2 * P][cc];
+				row[32 * P + 4 * g + 1] = o[2 * P][2 + cc];
+				row[32 * P + 4 * g + 2] = o[2 * P + 1][cc];
+				row[32 * P + 4 * g + 3] = o[2 * P + 1][2 + cc];
+			}
+			if (g == 0) {
+				row[D] = m[cc];
+				row[D + 1] = li;
+			}
+			m[cc] = -CUDART_INF_F, l[cc] = 0.f;
 		}
-		if (g == 0) {
-			row[D] = m[cc];
-			row[D + 1] = li;
-		}
+#pragma unroll
+		for (int mt = 0; mt < 2 * NP; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+		__syncthreads();
+		di_dec_merge_warps<D, 8>(wbuf, part_acc + (((size_t)s * num_heads + h0) * nsplit + chunk) * D, ml + chunk,
+		                         group, nsplit);
+		chunk++;
+		chunk_end = min(t_hi, (chunk + 1) * len);
 	}
-	__syncthreads();
-	di_dec_merge_warps<D>(wbuf, part_acc + (((size_t)s * num_heads + h0) * nsplit + c) * D, ml, group, nsplit);
+}
+
+// di_dec_chunks_per_block is how many consecutive chunks of a row one
+// block of di_decode_attn_f8_k takes: the most (a power of two, up to
+// nsplit) that still leaves DEC_BLOCKS_PER_SM blocks a multiprocessor for
+// rows (decode rows times KV heads); $DEEPINFER_CUDA_DEC_CPB fixes it. A
+// chunk's arithmetic is the same in any block, so the choice changes no
+// bit; it trades the blocks' start-up (the first copies' latency, paid once
+// a block) against parallelism for a few long rows.
+#define DEC_BLOCKS_PER_SM 32
+static int di_dec_chunks_per_block(const di_ctx *ctx, size_t rows, int nsplit) {
+	if (ctx->dec_cpb > 0) return ctx->dec_cpb < nsplit ? ctx->dec_cpb : nsplit;
+	const size_t want = (size_t)DEC_BLOCKS_PER_SM * (ctx->sm_count > 0 ? ctx->sm_count : 132);
+	int cpb = 1;
+	while (cpb < nsplit && rows * (size_t)((nsplit + 2 * cpb - 1) / (2 * cpb)) >= want) cpb *= 2;
+	return cpb;
 }
 
 template <int D, int S>
@@ -2056,9 +2098,10 @@ static int di_decode_f8_s(di_ctx *ctx, float *acc, float2 *ml, const float *qp, 
 	cudaError_t e =
 	    cudaFuncSetAttribute(di_decode_attn_f8_k<D, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
 	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (decode, 8-bit in registers): cudaFuncSetAttribute");
-	di_launch(ctx, di_decode_attn_f8_k<D, S>, dim3(nsplit, num_kv_heads, m->num_seqs), TC_THREADS, shmem, acc, ml, qp,
-	          kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads, num_kv_heads,
-	          scale * 1.4426950408889634f, window, decode_only, ctx->dec_chunk, ctx->check);
+	const int cpb = di_dec_chunks_per_block(ctx, (size_t)m->num_seqs * num_kv_heads, nsplit);
+	di_launch(ctx, di_decode_attn_f8_k<D, S>, dim3((nsplit + cpb - 1) / cpb, num_kv_heads, m->num_seqs), TC_THREADS,
+	          shmem, acc, ml, qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
+	          num_kv_heads, scale * 1.4426950408889634f, window, decode_only, ctx->dec_chunk, nsplit, cpb, ctx->check);
 	return di_check_launch(ctx, "attention (decode, 8-bit in registers)");
 }
 

@@ -519,6 +519,46 @@ func TestGPUDecodeKeysAsRows(t *testing.T) {
 	}
 }
 
+// A block of the 8-bit decode kernel may take several consecutive chunks of
+// a row (DEEPINFER_CUDA_DEC_CPB, chosen from the batch's size when unset):
+// each chunk's arithmetic is the same in any block, so one, two, three
+// (not dividing the chunk count) and all chunks a block give the same bits,
+// over rows of one to eight chunks, a window that starts mid-chunk and a
+// row shorter than one tile.
+func TestGPUDecodeChunksPerBlock(t *testing.T) {
+	var pairs []*pair
+	for _, cpb := range []string{"", "1", "2", "3", "32"} {
+		t.Setenv("DEEPINFER_CUDA_DEC_CPB", cpb)
+		pairs = append(pairs, newPair(t, GEMMRound))
+	}
+	const blockSize, numBlocks = 16, 400
+	seqs := [][2]int{{1, 2000}, {1, 700}, {1, 257}, {1, 40}, {1, 1500}, {1, 1024}, {1, 513}}
+	for _, ap := range []kernels.AttentionParams{
+		{NumHeads: 16, NumKVHeads: 8, HeadDim: 128},
+		{NumHeads: 16, NumKVHeads: 2, HeadDim: 128, SlidingWindow: 300},
+		{NumHeads: 32, NumKVHeads: 8, HeadDim: 64, SlidingWindow: 1100},
+	} {
+		ap.Scale = float32(1 / math.Sqrt(float64(ap.HeadDim)))
+		ap.InputDType = kernels.BF16
+		name := fmt.Sprintf("h%d_kv%d_d%d_w%d", ap.NumHeads, ap.NumKVHeads, ap.HeadDim, ap.SlidingWindow)
+		t.Run(name, func(t *testing.T) {
+			var want []float32
+			for i, p := range pairs {
+				b := p.pagedBatch(blockSize, numBlocks, seqs)
+				e, got := p.attentionOverCaches(t, b, ap, kernels.F8E4M3, numBlocks, blockSize, 2)
+				if i == 0 {
+					want = got
+					t.Logf("max relative error vs the CPU backend %.2e", e)
+					continue
+				}
+				if !bytes.Equal(kernels.F32Bytes(got), kernels.F32Bytes(want)) {
+					t.Errorf("pair %d: bits differ from the default's (max relative difference %.3g)", i, maxRelErr(got, want))
+				}
+			}
+		})
+	}
+}
+
 // attentionOverCaches runs attention over b with random K and V caches of
 // element type cdt (values uniform in +-scale) on the GPU and, over the
 // same values widened to float32, on the CPU backend; it checks them
