@@ -1886,7 +1886,7 @@ __device__ __forceinline__ uint32_t di_prmt(uint32_t a, uint32_t b, uint32_t sel
 }
 
 template <int D, int S>
-__global__ void __launch_bounds__(TC_THREADS, 4)
+__global__ void __launch_bounds__(TC_THREADS, S == 2 ? 5 : 4) // two stages: 96 registers, five blocks a multiprocessor
     di_decode_attn_f8_k(float *part_acc, float2 *part_ml, const float *q, const __nv_fp8_e4m3 *kc,
                         const __nv_fp8_e4m3 *vc, const int *cu, const int *seqlens_k, const int *block_tables,
                         int max_blocks, int block_size, int num_blocks, int num_heads, int num_kv_heads,

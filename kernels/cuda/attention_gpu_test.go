@@ -521,15 +521,19 @@ func TestGPUDecodeKeysAsRows(t *testing.T) {
 
 // A block of the 8-bit decode kernel may take several consecutive chunks of
 // a row (DEEPINFER_CUDA_DEC_CPB, chosen from the batch's size when unset):
-// each chunk's arithmetic is the same in any block, so one, two, three
-// (not dividing the chunk count) and all chunks a block give the same bits,
-// over rows of one to eight chunks, a window that starts mid-chunk and a
-// row shorter than one tile.
+// each chunk's arithmetic is the same in any block, so one, two, three (not
+// dividing the chunk count) and all chunks a block give the same bits, with
+// two or three copy stages (DEEPINFER_CUDA_DEC_F8_DIRECT), over rows of one
+// to eight chunks, a window that starts mid-chunk and a row shorter than
+// one tile.
 func TestGPUDecodeChunksPerBlock(t *testing.T) {
-	var pairs []*pair
-	for _, cpb := range []string{"", "1", "2", "3", "32"} {
-		t.Setenv("DEEPINFER_CUDA_DEC_CPB", cpb)
-		pairs = append(pairs, newPair(t, GEMMRound))
+	type variant struct{ cpb, stages string }
+	variants := []variant{{"", ""}, {"1", ""}, {"2", ""}, {"3", ""}, {"32", ""}, {"3", "2"}, {"", "2"}}
+	pairs := make([]*pair, len(variants))
+	for i, v := range variants {
+		t.Setenv("DEEPINFER_CUDA_DEC_CPB", v.cpb)
+		t.Setenv("DEEPINFER_CUDA_DEC_F8_DIRECT", v.stages)
+		pairs[i] = newPair(t, GEMMRound)
 	}
 	const blockSize, numBlocks = 16, 400
 	seqs := [][2]int{{1, 2000}, {1, 700}, {1, 257}, {1, 40}, {1, 1500}, {1, 1024}, {1, 513}}
@@ -552,7 +556,7 @@ func TestGPUDecodeChunksPerBlock(t *testing.T) {
 					continue
 				}
 				if !bytes.Equal(kernels.F32Bytes(got), kernels.F32Bytes(want)) {
-					t.Errorf("pair %d: bits differ from the default's (max relative difference %.3g)", i, maxRelErr(got, want))
+					t.Errorf("%+v: bits differ from the default's (max relative difference %.3g)", variants[i], maxRelErr(got, want))
 				}
 			}
 		})
