@@ -77,6 +77,9 @@ struct di_ctx {
 	// Chunks of a row one block of di_decode_attn_f8_k takes (0: as many as
 	// leave enough blocks; di_dec_chunks_per_block); $DEEPINFER_CUDA_DEC_CPB.
 	int dec_cpb = 0;
+	// di_decode_attn_km_k takes as many chunks a block as
+	// di_decode_attn_f8_k does (1) or one (0); $DEEPINFER_CUDA_DEC_KM_CPB.
+	int dec_km_cpb = 1;
 	unsigned *skinny_sem = nullptr; // DI_SKINNY_SEMS split-K tile counters of the skinny GEMM, zero between launches
 	char err[1024] = {0};
 

@@ -264,6 +264,7 @@ static int api_create(int device, di_ctx **out, char *err, int errlen) {
 	if (const char *v = getenv("DEEPINFER_CUDA_DEC_F8_STAGES"); v && *v) ctx->dec_stages_f8 = atoi(v);
 	if (const char *v = getenv("DEEPINFER_CUDA_DEC_F8_DIRECT"); v && *v) ctx->dec_f8_direct = atoi(v);
 	if (const char *v = getenv("DEEPINFER_CUDA_DEC_CPB"); v && *v) ctx->dec_cpb = atoi(v);
+	if (const char *v = getenv("DEEPINFER_CUDA_DEC_KM_CPB"); v && *v) ctx->dec_km_cpb = atoi(v);
 	if (const char *v = getenv("DEEPINFER_CUDA_SAMPLE_SPLIT"); v && *v) ctx->sample_split = atoi(v);
 	if (const char *v = getenv("DEEPINFER_CUDA_DEC_CHUNK")) {
 		const int c = atoi(v);

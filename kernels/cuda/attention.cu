@@ -1665,7 +1665,7 @@ __global__ void __launch_bounds__(TC_THREADS, 3)
     di_decode_attn_km_k(float *part_acc, float2 *part_ml, const float *q, const T *kc, const T *vc, const int *cu,
                         const int *seqlens_k, const int *block_tables, int max_blocks, int block_size, int num_blocks,
                         int num_heads, int num_kv_heads, float scale_log2, int window, int decode_only,
-                        int min_chunk, unsigned *check) {
+                        int min_chunk, int nsplit, int cpb, unsigned *check) {
 	di_pdl_wait();
 	constexpr int S = 2, LQ = D + 8, KS = D / 16, MT = D / 16;
 	constexpr bool F8 = di_is_fp8<T>;
@@ -1685,13 +1685,13 @@ __global__ void __launch_bounds__(TC_THREADS, 3)
 		raw = nullptr;
 		slots = reinterpret_cast<int *>(Vst + S * TC_BK * LQ);
 	}
-	const int c = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, nsplit = gridDim.x;
+	const int c0 = blockIdx.x * cpb, kvh = blockIdx.y, s = blockIdx.z;
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	const int group = num_heads / num_kv_heads, h0 = kvh * group;
-	float2 *ml = part_ml + ((size_t)s * num_heads + h0) * nsplit + c; // head hh at ml[hh*nsplit]
+	float2 *ml = part_ml + ((size_t)s * num_heads + h0) * nsplit; // chunk c of head hh at ml[hh*nsplit + c]
 	int q0, t_lo, t_hi, len;
-	if (!di_dec_chunk_keys(cu, seqlens_k, max_blocks * block_size, min_chunk, window, decode_only, group, c, 1, nsplit,
-	                       ml - c, check, &q0, &t_lo, &t_hi, &len))
+	if (!di_dec_chunk_keys(cu, seqlens_k, max_blocks * block_size, min_chunk, window, decode_only, group, c0, cpb,
+	                       nsplit, ml, check, &q0, &t_lo, &t_hi, &len))
 		return;
 	di_dec_fetcher<D, T> tiles{block_tables + (size_t)s * max_blocks, di_block_div(block_size), t_lo, t_hi,
 	                           num_blocks, (size_t)num_kv_heads * D, kc + kvh * D, vc + kvh * D, slots, Kst, Vst, raw,
@@ -1725,6 +1725,7 @@ __global__ void __launch_bounds__(TC_THREADS, 3)
 	for (int mt = 0; mt < MT; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
 	const int lm_row = lane & 7, lm_mat = lane >> 3, kw = warp * 16; // this warp's keys in a tile
 	int st = 0;
+	int chunk = t_lo / len, chunk_end = min(t_hi, (chunk + 1) * len); // the chunk of tile t0 (tiles never straddle two)
 	for (int t0 = t_first; t0 < t_hi; t0 += TC_BK, st ^= 1) {
 		if (t0 + TC_BK < t_hi) {
 			fetch(t0 + TC_BK, st ^ 1);
@@ -1795,38 +1796,46 @@ __global__ void __launch_bounds__(TC_THREADS, 3)
 			di_mma16816<__half>(o[mt], a[0], a[1], a[2], a[3], pb[0], pb[1]);
 		}
 		__syncthreads(); // stage st is consumed before the next fetch refills it
-	}
-	// Merge the warps as di_decode_attn_tc_k does: head rows [warp][head][D+2].
-	float *wbuf = reinterpret_cast<float *>(tc_smem);
+		if (t0 + TC_BK < chunk_end) continue;
+		// The chunk ends with this tile: merge the warps as di_decode_attn_tc_k
+		// does, head rows [warp][head][D+2] in the free half tile (the copy in
+		// flight fills the other stage; the next fetch's barrier comes first).
+		float *wbuf = reinterpret_cast<float *>(F8 ? Cs : Kst + st * TC_BK * LQ);
 #pragma unroll
-	for (int cc = 0; cc < 2; cc++) {
-		float li = l[cc];
-		li += __shfl_xor_sync(0xffffffffu, li, 4);
-		li += __shfl_xor_sync(0xffffffffu, li, 8);
-		li += __shfl_xor_sync(0xffffffffu, li, 16);
-		const int hh = 2 * t4 + cc;
-		float *row = wbuf + ((size_t)warp * 16 + hh) * (D + 2);
+		for (int cc = 0; cc < 2; cc++) {
+			float li = l[cc];
+			li += __shfl_xor_sync(0xffffffffu, li, 4);
+			li += __shfl_xor_sync(0xffffffffu, li, 8);
+			li += __shfl_xor_sync(0xffffffffu, li, 16);
+			float *row = wbuf + ((size_t)warp * 8 + 2 * t4 + cc) * (D + 2);
 #pragma unroll
-		for (int mt = 0; mt < MT; mt++) {
-			row[mt * 16 + g] = o[mt][cc];
-			row[mt * 16 + g + 8] = o[mt][2 + cc];
+			for (int mt = 0; mt < MT; mt++) {
+				row[mt * 16 + g] = o[mt][cc];
+				row[mt * 16 + g + 8] = o[mt][2 + cc];
+			}
+			if (g == 0) {
+				row[D] = m[cc];
+				row[D + 1] = li;
+			}
+			m[cc] = -CUDART_INF_F, l[cc] = 0.f;
 		}
-		if (g == 0) {
-			row[D] = m[cc];
-			row[D + 1] = li;
-		}
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+		__syncthreads();
+		di_dec_merge_warps<D, 8>(wbuf, part_acc + (((size_t)s * num_heads + h0) * nsplit + chunk) * D, ml + chunk,
+		                         group, nsplit);
+		chunk++;
+		chunk_end = min(t_hi, (chunk + 1) * len);
 	}
-	__syncthreads();
-	di_dec_merge_warps<D>(wbuf, part_acc + (((size_t)s * num_heads + h0) * nsplit + c) * D, ml, group, nsplit);
 }
 
 template <int D, typename T> static size_t di_decode_km_smem() {
 	constexpr size_t LQ = D + 8;
+	// A chunk's warp merge ([warp][8 heads][D + 2] floats) reuses a half tile.
+	static_assert(TC_WARPS * 8 * (D + 2) * sizeof(float) <= TC_BK * LQ * sizeof(__half), "the merge fits a tile");
 	constexpr size_t tiles = di_is_fp8<T> ? TC_BK * LQ * sizeof(__half) + 2 * 2 * TC_BK * D
 	                                      : 2 * 2 * TC_BK * LQ * sizeof(__half);
-	const size_t all = tiles + 2 * TC_BK * sizeof(int);
-	const size_t merge = (size_t)TC_WARPS * 16 * (D + 2) * sizeof(float);
-	return all > merge ? all : merge;
+	return tiles + 2 * TC_BK * sizeof(int);
 }
 
 // ---------------------------------------------------------------- decode: 8-bit keys in registers
@@ -2196,9 +2205,11 @@ static int di_decode_tc(di_ctx *ctx, float *acc, float2 *ml, const float *qp, co
 			cudaError_t e =
 			    cudaFuncSetAttribute(di_decode_attn_km_k<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
 			if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (decode, keys as rows): cudaFuncSetAttribute");
-			di_launch(ctx, di_decode_attn_km_k<D, T>, dim3(nsplit, num_kv_heads, m->num_seqs), TC_THREADS, shmem, acc,
-			          ml, qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
-			          num_kv_heads, scale * 1.4426950408889634f, window, decode_only, ctx->dec_chunk, ctx->check);
+			const int cpb = ctx->dec_km_cpb ? di_dec_chunks_per_block(ctx, (size_t)m->num_seqs * num_kv_heads, nsplit) : 1;
+			di_launch(ctx, di_decode_attn_km_k<D, T>, dim3((nsplit + cpb - 1) / cpb, num_kv_heads, m->num_seqs),
+			          TC_THREADS, shmem, acc, ml, qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size,
+			          m->num_blocks, num_heads, num_kv_heads, scale * 1.4426950408889634f, window, decode_only,
+			          ctx->dec_chunk, nsplit, cpb, ctx->check);
 			return di_check_launch(ctx, "attention (decode, keys as rows)");
 		}
 	}

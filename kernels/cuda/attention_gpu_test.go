@@ -520,19 +520,24 @@ func TestGPUDecodeKeysAsRows(t *testing.T) {
 }
 
 // A block of the 8-bit decode kernel may take several consecutive chunks of
-// a row (DEEPINFER_CUDA_DEC_CPB, chosen from the batch's size when unset):
+// a row (DEEPINFER_CUDA_DEC_CPB, chosen from the batch's size when unset),
+// and so may one of the keys-as-rows kernel (DEEPINFER_CUDA_DEC_KM_CPB, on
+// by default; over half caches, or 8-bit ones with
+// DEEPINFER_CUDA_DEC_F8_DIRECT=0):
 // each chunk's arithmetic is the same in any block, so one, two, three (not
 // dividing the chunk count) and all chunks a block give the same bits, with
-// two or three copy stages (DEEPINFER_CUDA_DEC_F8_DIRECT), over rows of one
-// to eight chunks, a window that starts mid-chunk and a row shorter than
-// one tile.
+// two or three copy stages, over half and 8-bit caches, rows of one to
+// eight chunks, a window that starts mid-chunk and a row shorter than one
+// tile.
 func TestGPUDecodeChunksPerBlock(t *testing.T) {
-	type variant struct{ cpb, stages string }
-	variants := []variant{{"", ""}, {"1", ""}, {"2", ""}, {"3", ""}, {"32", ""}, {"3", "2"}, {"", "2"}}
+	type variant struct{ cpb, stages, kmCPB string }
+	variants := []variant{{"", "", ""}, {"1", "", ""}, {"2", "", ""}, {"3", "", ""}, {"32", "", ""}, {"3", "2", ""},
+		{"", "2", ""}, {"3", "0", ""}, {"", "0", "0"}, {"32", "", "0"}, {"1", "", "0"}}
 	pairs := make([]*pair, len(variants))
 	for i, v := range variants {
 		t.Setenv("DEEPINFER_CUDA_DEC_CPB", v.cpb)
 		t.Setenv("DEEPINFER_CUDA_DEC_F8_DIRECT", v.stages)
+		t.Setenv("DEEPINFER_CUDA_DEC_KM_CPB", v.kmCPB)
 		pairs[i] = newPair(t, GEMMRound)
 	}
 	const blockSize, numBlocks = 16, 400
@@ -544,22 +549,24 @@ func TestGPUDecodeChunksPerBlock(t *testing.T) {
 	} {
 		ap.Scale = float32(1 / math.Sqrt(float64(ap.HeadDim)))
 		ap.InputDType = kernels.BF16
-		name := fmt.Sprintf("h%d_kv%d_d%d_w%d", ap.NumHeads, ap.NumKVHeads, ap.HeadDim, ap.SlidingWindow)
-		t.Run(name, func(t *testing.T) {
-			var want []float32
-			for i, p := range pairs {
-				b := p.pagedBatch(blockSize, numBlocks, seqs)
-				e, got := p.attentionOverCaches(t, b, ap, kernels.F8E4M3, numBlocks, blockSize, 2)
-				if i == 0 {
-					want = got
-					t.Logf("max relative error vs the CPU backend %.2e", e)
-					continue
+		for _, cdt := range []kernels.DType{kernels.F8E4M3, kernels.F16} {
+			name := fmt.Sprintf("h%d_kv%d_d%d_w%d_%s", ap.NumHeads, ap.NumKVHeads, ap.HeadDim, ap.SlidingWindow, cdt)
+			t.Run(name, func(t *testing.T) {
+				var want []float32
+				for i, p := range pairs {
+					b := p.pagedBatch(blockSize, numBlocks, seqs)
+					e, got := p.attentionOverCaches(t, b, ap, cdt, numBlocks, blockSize, 2)
+					if i == 0 {
+						want = got
+						t.Logf("max relative error vs the CPU backend %.2e", e)
+						continue
+					}
+					if !bytes.Equal(kernels.F32Bytes(got), kernels.F32Bytes(want)) {
+						t.Errorf("%+v: bits differ from the default's (max relative difference %.3g)", variants[i], maxRelErr(got, want))
+					}
 				}
-				if !bytes.Equal(kernels.F32Bytes(got), kernels.F32Bytes(want)) {
-					t.Errorf("%+v: bits differ from the default's (max relative difference %.3g)", variants[i], maxRelErr(got, want))
-				}
-			}
-		})
+			})
+		}
 	}
 }
 
