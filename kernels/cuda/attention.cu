@@ -1659,7 +1659,8 @@ __global__ void __launch_bounds__(TC_THREADS, di_is_fp8<T> ? 4 : 1)
 // depends only on its own keys), not the same bits: the products are summed
 // in another order. Float32 caches are widened to half while staged, as
 // di_decode_attn_tc_k does, so all three cache types give the same bits
-// over the same values.
+// over the same values. Like di_decode_attn_f8_k, a block may take several
+// consecutive chunks of its row (cpb), merging its warps as each ends.
 template <int D, typename T>
 __global__ void __launch_bounds__(TC_THREADS, 3)
     di_decode_attn_km_k(float *part_acc, float2 *part_ml, const float *q, const T *kc, const T *vc, const int *cu,
@@ -1862,9 +1863,13 @@ template <int D, typename T> static size_t di_decode_km_smem() {
 // are those of di_decode_attn_km_k over the same values, and the bits too:
 // the permutations only reorder terms inside one MMA's 16-term sum, which
 // the tensor cores add without an order (TestGPUDecodeKeysAsRows). A row's
-// result depends only on its own keys. Qwen3-0.6B heads, 256 rows of
-// 300-1500 keys, one decode step: 6.26 ms against di_decode_attn_km_k's
-// 7.79 (2 stages 6.27, 4 stages 7.01: three blocks a multiprocessor).
+// result depends only on its own keys. A block takes cpb consecutive
+// chunks of its row (di_dec_chunks_per_block) and writes each chunk's
+// partial results when the chunk's last tile is done. Qwen3-0.6B heads,
+// 256 rows of 300-1500 keys, one decode step: 6.26 ms against
+// di_decode_attn_km_k's 7.79 (2 stages 6.27, 4 stages 7.01: three blocks a
+// multiprocessor); 5.87 with the slots a tile ahead and two chunks a block
+// (kernels/cuda/NOTES.md, round 10).
 // Cost: one read of the chunk's keys and values, 2 x 8 x head_dim MMA FLOPs
 // a key; four 128-thread blocks a multiprocessor at head size 128 (3 stages:
 // 54 KB of shared memory).
@@ -2084,12 +2089,16 @@ __global__ void __launch_bounds__(TC_THREADS, S == 2 ? 5 : 4) // two stages: 96 
 }
 
 // di_dec_chunks_per_block is how many consecutive chunks of a row one
-// block of di_decode_attn_f8_k takes: the most (a power of two, up to
-// nsplit) that still leaves DEC_BLOCKS_PER_SM blocks a multiprocessor for
-// rows (decode rows times KV heads); $DEEPINFER_CUDA_DEC_CPB fixes it. A
-// chunk's arithmetic is the same in any block, so the choice changes no
-// bit; it trades the blocks' start-up (the first copies' latency, paid once
-// a block) against parallelism for a few long rows.
+// block of di_decode_attn_f8_k (and of di_decode_attn_km_k, unless
+// ctx->dec_km_cpb is 0) takes: the most (a power of two, up to nsplit) that
+// still leaves DEC_BLOCKS_PER_SM blocks a multiprocessor for rows (decode
+// rows times KV heads); $DEEPINFER_CUDA_DEC_CPB fixes it. A chunk's
+// arithmetic is the same in any block, so the choice changes no bit; it
+// trades the blocks' start-up (the first copies' latency, and blocks that
+// find no keys past a short row) against parallelism for a few long rows.
+// Offline Qwen3-0.6B: 22.5k -> 26.3k output tok/s over 8-bit caches,
+// 18.5k -> 20.3k over half ones; with 8 blocks a multiprocessor (whole
+// rows at 256 rows) the tail of unequal rows cost more than it saved.
 #define DEC_BLOCKS_PER_SM 32
 static int di_dec_chunks_per_block(const di_ctx *ctx, size_t rows, int nsplit) {
 	if (ctx->dec_cpb > 0) return ctx->dec_cpb < nsplit ? ctx->dec_cpb : nsplit;
