@@ -1645,6 +1645,76 @@ __global__ void __launch_bounds__(TC_THREADS, di_is_fp8<T> ? 4 : 1)
 	di_dec_merge_warps<D>(wbuf, part_acc + (((size_t)s * num_heads + h0) * nsplit + c) * D, ml, group, nsplit);
 }
 
+// di_km_softmax is the online softmax of a keys-as-rows decode warp over
+// one 16-key score tile sc (S^T: keys g and g + 8, heads 2t4 and 2t4 + 1;
+// v0 and v1 say whether the two keys count): it scales the scores to log2
+// units, updates the running max m and this lane's share of the sum l per
+// head, rescales the output tiles o, and returns in pb the probabilities as
+// P^T's B fragments (k: keys, n: heads), each 8 x 8 half of the tile
+// transposed in registers.
+template <int MT>
+__device__ __forceinline__ void di_km_softmax(float (&sc)[4], bool v0, bool v1, float scale_log2, float (&m)[2],
+                                              float (&l)[2], float (&o)[MT][4], uint32_t (&pb)[2]) {
+#pragma unroll
+	for (int cc = 0; cc < 2; cc++) {
+		const float x0 = v0 ? sc[cc] * scale_log2 : -CUDART_INF_F;
+		const float x1 = v1 ? sc[2 + cc] * scale_log2 : -CUDART_INF_F;
+		float mx = fmaxf(x0, x1);
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+		const float m_new = fmaxf(m[cc], mx);
+		float alpha = 1.f, p0 = 0.f, p1 = 0.f;
+		if (m_new != -CUDART_INF_F) {
+			alpha = exp2f(m[cc] - m_new);
+			p0 = exp2f(x0 - m_new);
+			p1 = exp2f(x1 - m_new);
+		}
+		sc[cc] = p0, sc[2 + cc] = p1;
+		l[cc] = l[cc] * alpha + (p0 + p1);
+		m[cc] = m_new;
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++) o[mt][cc] *= alpha, o[mt][2 + cc] *= alpha;
+	}
+	const uint32_t lo = di_half2_bits(sc[0], sc[1]), hi = di_half2_bits(sc[2], sc[3]);
+	asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[0]) : "r"(lo));
+	asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[1]) : "r"(hi));
+}
+
+// di_km_flush ends a chunk of a keys-as-rows decode block: every thread
+// calls it after a barrier that frees wbuf ([TC_WARPS][8 heads][D + 2]
+// floats). Each warp writes its heads' outputs (O^T tile mt's row g + 8hi
+// is dimension dim(mt, g, hi)), maxima and sums; the warps are merged into
+// the chunk's partial results (pa, ml as di_dec_merge_warps takes them);
+// m, l and o start over.
+template <int D, int MT, typename Dim>
+__device__ __forceinline__ void di_km_flush(float *wbuf, float (&m)[2], float (&l)[2], float (&o)[MT][4], Dim dim,
+                                            float *pa, float2 *ml, int group, int nsplit) {
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+	for (int cc = 0; cc < 2; cc++) {
+		float li = l[cc];
+		li += __shfl_xor_sync(0xffffffffu, li, 4);
+		li += __shfl_xor_sync(0xffffffffu, li, 8);
+		li += __shfl_xor_sync(0xffffffffu, li, 16);
+		float *row = wbuf + ((size_t)warp * 8 + 2 * t4 + cc) * (D + 2);
+#pragma unroll
+		for (int mt = 0; mt < MT; mt++) {
+			row[dim(mt, g, 0)] = o[mt][cc];
+			row[dim(mt, g, 1)] = o[mt][2 + cc];
+		}
+		if (g == 0) {
+			row[D] = m[cc];
+			row[D + 1] = li;
+		}
+		m[cc] = -CUDART_INF_F, l[cc] = 0.f;
+	}
+#pragma unroll
+	for (int mt = 0; mt < MT; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+	__syncthreads();
+	di_dec_merge_warps<D, 8>(wbuf, pa, ml, group, nsplit);
+}
+
 // ---------------------------------------------------------------- decode: keys as MMA rows
 //
 // di_decode_attn_km_k is di_decode_attn_tc_k with the roles turned for
@@ -1753,36 +1823,8 @@ __global__ void __launch_bounds__(TC_THREADS, 3)
 			di_ldmatrix_x4(a, Ks + (kw + (lm_mat & 1) * 8 + lm_row) * LQ + ks * 16 + (lm_mat >> 1) * 8);
 			di_mma16816<__half>(sc, a[0], a[1], a[2], a[3], qb[ks][0], qb[ks][1]);
 		}
-		const bool v0 = sl[kw + g] >= 0, v1 = sl[kw + g + 8] >= 0;
-#pragma unroll
-		for (int cc = 0; cc < 2; cc++) {
-			const float x0 = v0 ? sc[cc] * scale_log2 : -CUDART_INF_F;
-			const float x1 = v1 ? sc[2 + cc] * scale_log2 : -CUDART_INF_F;
-			float mx = fmaxf(x0, x1);
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-			const float m_new = fmaxf(m[cc], mx);
-			float alpha = 1.f, p0 = 0.f, p1 = 0.f;
-			if (m_new != -CUDART_INF_F) {
-				alpha = exp2f(m[cc] - m_new);
-				p0 = exp2f(x0 - m_new);
-				p1 = exp2f(x1 - m_new);
-			}
-			sc[cc] = p0, sc[2 + cc] = p1;
-			l[cc] = l[cc] * alpha + (p0 + p1);
-			m[cc] = m_new;
-#pragma unroll
-			for (int mt = 0; mt < MT; mt++) o[mt][cc] *= alpha, o[mt][2 + cc] *= alpha;
-		}
-		// P^T's B fragments (k: keys, n: heads) from the score tile: each
-		// 8 x 8 half of it transposed in registers.
-		uint32_t pb[2];
-		{
-			const uint32_t lo = di_half2_bits(sc[0], sc[1]), hi = di_half2_bits(sc[2], sc[3]);
-			asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[0]) : "r"(lo));
-			asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[1]) : "r"(hi));
-		}
+		uint32_t pb[2]; // P^T's B fragments (k: keys, n: heads)
+		di_km_softmax(sc, sl[kw + g] >= 0, sl[kw + g + 8] >= 0, scale_log2, m, l, o, pb);
 		if constexpr (F8) { // the warp's V keys replace its K keys in Cs
 			__syncwarp();
 			di_fp8_rows_to_half<D>(Cs, raw + (st * 2 + 1) * TC_BK * D, kw, 16, lane, 32);
@@ -1801,30 +1843,9 @@ __global__ void __launch_bounds__(TC_THREADS, 3)
 		// The chunk ends with this tile: merge the warps as di_decode_attn_tc_k
 		// does, head rows [warp][head][D+2] in the free half tile (the copy in
 		// flight fills the other stage; the next fetch's barrier comes first).
-		float *wbuf = reinterpret_cast<float *>(F8 ? Cs : Kst + st * TC_BK * LQ);
-#pragma unroll
-		for (int cc = 0; cc < 2; cc++) {
-			float li = l[cc];
-			li += __shfl_xor_sync(0xffffffffu, li, 4);
-			li += __shfl_xor_sync(0xffffffffu, li, 8);
-			li += __shfl_xor_sync(0xffffffffu, li, 16);
-			float *row = wbuf + ((size_t)warp * 8 + 2 * t4 + cc) * (D + 2);
-#pragma unroll
-			for (int mt = 0; mt < MT; mt++) {
-				row[mt * 16 + g] = o[mt][cc];
-				row[mt * 16 + g + 8] = o[mt][2 + cc];
-			}
-			if (g == 0) {
-				row[D] = m[cc];
-				row[D + 1] = li;
-			}
-			m[cc] = -CUDART_INF_F, l[cc] = 0.f;
-		}
-#pragma unroll
-		for (int mt = 0; mt < MT; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
-		__syncthreads();
-		di_dec_merge_warps<D, 8>(wbuf, part_acc + (((size_t)s * num_heads + h0) * nsplit + chunk) * D, ml + chunk,
-		                         group, nsplit);
+		di_km_flush<D>(reinterpret_cast<float *>(F8 ? Cs : Kst + st * TC_BK * LQ), m, l, o,
+		               [](int mt, int g, int hi) { return mt * 16 + g + 8 * hi; },
+		               part_acc + (((size_t)s * num_heads + h0) * nsplit + chunk) * D, ml + chunk, group, nsplit);
 		chunk++;
 		chunk_end = min(t_hi, (chunk + 1) * len);
 	}
@@ -2009,34 +2030,8 @@ __global__ void __launch_bounds__(TC_THREADS, S == 2 ? 5 : 4) // two stages: 96 
 			                    di_e4m3x2_half2<1>(w1), qb[ks][0], qb[ks][1]);
 		}
 		const int tk = t0 + kw + g;
-		const bool v0 = tk >= t_lo && tk < t_hi, v1 = tk + 8 >= t_lo && tk + 8 < t_hi;
-#pragma unroll
-		for (int cc = 0; cc < 2; cc++) {
-			const float x0 = v0 ? sc[cc] * scale_log2 : -CUDART_INF_F;
-			const float x1 = v1 ? sc[2 + cc] * scale_log2 : -CUDART_INF_F;
-			float mx = fmaxf(x0, x1);
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-			const float m_new = fmaxf(m[cc], mx);
-			float alpha = 1.f, p0 = 0.f, p1 = 0.f;
-			if (m_new != -CUDART_INF_F) {
-				alpha = exp2f(m[cc] - m_new);
-				p0 = exp2f(x0 - m_new);
-				p1 = exp2f(x1 - m_new);
-			}
-			sc[cc] = p0, sc[2 + cc] = p1;
-			l[cc] = l[cc] * alpha + (p0 + p1);
-			m[cc] = m_new;
-#pragma unroll
-			for (int mt = 0; mt < 2 * NP; mt++) o[mt][cc] *= alpha, o[mt][2 + cc] *= alpha;
-		}
 		uint32_t pb[2];
-		{
-			const uint32_t lo = di_half2_bits(sc[0], sc[1]), hi = di_half2_bits(sc[2], sc[3]);
-			asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[0]) : "r"(lo));
-			asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(pb[1]) : "r"(hi));
-		}
+		di_km_softmax(sc, tk >= t_lo && tk < t_hi, tk + 8 >= t_lo && tk + 8 < t_hi, scale_log2, m, l, o, pb);
 		// O^T += V^T P^T: lane (g, t4) reads stored dimensions 32P + 4g .. + 3
 		// of keys 2t4, 2t4 + 1, 2t4 + 8, 2t4 + 9 and pairs them by key.
 		const unsigned char *vr = Vs + 2 * t4 * LB + 4 * g;
@@ -2057,32 +2052,9 @@ __global__ void __launch_bounds__(TC_THREADS, S == 2 ? 5 : 4) // two stages: 96 
 		// The chunk ends with this tile: its partial results, from the warps'
 		// merge in stage st (free: the copies in flight fill the others).
 		__syncthreads(); // every warp is done with stage st
-		float *wbuf = reinterpret_cast<float *>(tc_smem + (size_t)st * 2 * TC_BK * LB); // [warp][head][D + 2]
-#pragma unroll
-		for (int cc = 0; cc < 2; cc++) {
-			float li = l[cc];
-			li += __shfl_xor_sync(0xffffffffu, li, 4);
-			li += __shfl_xor_sync(0xffffffffu, li, 8);
-			li += __shfl_xor_sync(0xffffffffu, li, 16);
-			float *row = wbuf + ((size_t)warp * 8 + 2 * t4 + cc) * (D + 2);
-#pragma unroll
-			for (int P = 0; P < NP; P++) {
-				row[32 * P + 4 * g] = o[2 * P][cc];
-				row[32 * P + 4 * g + 1] = o[2 * P][2 + cc];
-				row[32 * P + 4 * g + 2] = o[2 * P + 1][cc];
-				row[32 * P + 4 * g + 3] = o[2 * P + 1][2 + cc];
-			}
-			if (g == 0) {
-				row[D] = m[cc];
-				row[D + 1] = li;
-			}
-			m[cc] = -CUDART_INF_F, l[cc] = 0.f;
-		}
-#pragma unroll
-		for (int mt = 0; mt < 2 * NP; mt++) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
-		__syncthreads();
-		di_dec_merge_warps<D, 8>(wbuf, part_acc + (((size_t)s * num_heads + h0) * nsplit + chunk) * D, ml + chunk,
-		                         group, nsplit);
+		di_km_flush<D>(reinterpret_cast<float *>(tc_smem + (size_t)st * 2 * TC_BK * LB), m, l, o,
+		               [](int mt, int g, int hi) { return 32 * (mt >> 1) + 4 * g + 2 * (mt & 1) + hi; },
+		               part_acc + (((size_t)s * num_heads + h0) * nsplit + chunk) * D, ml + chunk, group, nsplit);
 		chunk++;
 		chunk_end = min(t_hi, (chunk + 1) * len);
 	}
