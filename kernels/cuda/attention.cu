@@ -1815,14 +1815,17 @@ __global__ void __launch_bounds__(TC_THREADS, 3)
 			Ks = Kst + st * TC_BK * LQ, Vs = Vst + st * TC_BK * LQ;
 		}
 		// S^T (keys kw + g and kw + g + 8, heads 2t4 and 2t4 + 1) = K Q^T.
-		float sc[4] = {0.f, 0.f, 0.f, 0.f};
+		// Two accumulators (even and odd k-steps) halve the chain of dependent MMAs.
+		float sc[4] = {0.f, 0.f, 0.f, 0.f}, sd[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
 		for (int ks = 0; ks < KS; ks++) {
 			// matrices: (keys lo, d lo), (keys hi, d lo), (keys lo, d hi), (keys hi, d hi)
 			uint32_t a[4];
 			di_ldmatrix_x4(a, Ks + (kw + (lm_mat & 1) * 8 + lm_row) * LQ + ks * 16 + (lm_mat >> 1) * 8);
-			di_mma16816<__half>(sc, a[0], a[1], a[2], a[3], qb[ks][0], qb[ks][1]);
+			di_mma16816<__half>(ks & 1 ? sd : sc, a[0], a[1], a[2], a[3], qb[ks][0], qb[ks][1]);
 		}
+#pragma unroll
+		for (int i = 0; i < 4; i++) sc[i] += sd[i];
 		uint32_t pb[2]; // P^T's B fragments (k: keys, n: heads)
 		di_km_softmax(sc, sl[kw + g] >= 0, sl[kw + g + 8] >= 0, scale_log2, m, l, o, pb);
 		if constexpr (F8) { // the warp's V keys replace its K keys in Cs
@@ -2021,14 +2024,17 @@ __global__ void __launch_bounds__(TC_THREADS, S == 2 ? 5 : 4) // two stages: 96 
 		}
 		const unsigned char *Ks = tc_smem + (size_t)st * 2 * TC_BK * LB + kw * LB, *Vs = Ks + TC_BK * LB;
 		// S^T (keys kw + g and kw + g + 8, heads 2t4 and 2t4 + 1) = K Q^T.
-		float sc[4] = {0.f, 0.f, 0.f, 0.f};
+		// Two accumulators (even and odd k-steps), as di_decode_attn_km_k.
+		float sc[4] = {0.f, 0.f, 0.f, 0.f}, sd[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
 		for (int ks = 0; ks < KS; ks++) {
 			const uint32_t w0 = *reinterpret_cast<const uint32_t *>(Ks + g * LB + ks * 16 + 4 * t4);
 			const uint32_t w1 = *reinterpret_cast<const uint32_t *>(Ks + (g + 8) * LB + ks * 16 + 4 * t4);
-			di_mma16816<__half>(sc, di_e4m3x2_half2<0>(w0), di_e4m3x2_half2<0>(w1), di_e4m3x2_half2<1>(w0),
-			                    di_e4m3x2_half2<1>(w1), qb[ks][0], qb[ks][1]);
+			di_mma16816<__half>(ks & 1 ? sd : sc, di_e4m3x2_half2<0>(w0), di_e4m3x2_half2<0>(w1),
+			                    di_e4m3x2_half2<1>(w0), di_e4m3x2_half2<1>(w1), qb[ks][0], qb[ks][1]);
 		}
+#pragma unroll
+		for (int i = 0; i < 4; i++) sc[i] += sd[i];
 		const int tk = t0 + kw + g;
 		uint32_t pb[2];
 		di_km_softmax(sc, tk >= t_lo && tk < t_hi, tk + 8 >= t_lo && tk + 8 < t_hi, scale_log2, m, l, o, pb);
