@@ -67,6 +67,7 @@
 #           eager work only: the engine benchmarks run without graphs) over
 #           the benchmarks PROFILE_BENCH (default GPUDecodeLlama1B/batch=1):
 #           device time per operation, profile_ops.txt, printed last.
+#           PROFILE_BENCHTIME (default 3x) is the -test.benchtime.
 #   ncu     Nsight Compute over the kernels NCU_KERNEL (ncu's --kernel-name,
 #           default regex:attn; the first NCU_COUNT launches, default 1) of
 #           the benchmarks NCU_BENCH (default the head-size-64 prefill
@@ -277,7 +278,7 @@ phase_profile() {
 	need_test || { status[profile]="FAILED: prerequisites missing"; return; }
 	(cd kernels/cuda && DEEPINFER_CUDA_PROFILE=1 DEEPINFER_ENGINE_BENCH_GRAPHS=0 DEEPINFER_ENGINE_BENCH_SEQS=${ENGINE_SEQS:-} \
 		timeout "$t" "$root/$dir/cuda.test" -test.run XXX -test.bench "${PROFILE_BENCH:-GPUDecodeLlama1B/batch=1}" \
-		-test.benchtime 3x -test.v -test.timeout "${t}s") >"$logs/profile.log" 2>&1
+		-test.benchtime "${PROFILE_BENCHTIME:-3x}" -test.v -test.timeout "${t}s") >"$logs/profile.log" 2>&1
 	rc=$?
 	grep -h 'profile |' "$logs/profile.log" | sed 's/^.*profile |/profile |/' >"$logs/profile_ops.txt"
 	status[profile]="rc=$rc, $(wc -l <"$logs/profile_ops.txt") profile lines"
