@@ -159,6 +159,10 @@ template <int V> struct DsGlobal {
 	static constexpr int VEC = V;
 	const float *z;
 	int n;
+	int base = 0; // the id of item 0
+	// span is items [lo, lo+n) as a source of their own; lo must keep z's
+	// 16-byte alignment (a multiple of 4 items), which ds_chunk's bounds do.
+	__device__ __forceinline__ DsGlobal span(int lo, int m) const { return DsGlobal{z + lo, m, base + lo}; }
 	__device__ __forceinline__ void load(int i, int hi, float (&v)[V]) const {
 		if constexpr (V == 4) {
 			if (i + 3 < hi) {
@@ -170,7 +174,7 @@ template <int V> struct DsGlobal {
 #pragma unroll
 		for (int k = 0; k < V; k++) v[k] = i + k < hi ? z[i + k] : -CUDART_INF_F;
 	}
-	__device__ __forceinline__ int id(int i) const { return i; }
+	__device__ __forceinline__ int id(int i) const { return base + i; }
 	__device__ __forceinline__ u64 weight(int, float v, const DsRow &c) const { return ds_weight(v, c); }
 };
 
@@ -180,6 +184,7 @@ struct DsCands {
 	const int *ids;
 	const u64 *q;
 	int n;
+	__device__ __forceinline__ DsCands span(int lo, int m) const { return DsCands{z + lo, ids + lo, q + lo, m}; }
 	__device__ __forceinline__ void load(int i, int hi, float (&v)[1]) const { v[0] = i < hi ? z[i] : -CUDART_INF_F; }
 	__device__ __forceinline__ int id(int i) const { return ids[i]; }
 	__device__ __forceinline__ u64 weight(int i, float, const DsRow &) const { return q[i]; }
@@ -274,35 +279,59 @@ template <class S, class P> __device__ void ds_warp_mass(const S &s, P pred, con
 	__syncthreads();
 }
 
-// ds_walk returns the first item, in index order, among those pred keeps
-// whose running mass exceeds t (the inverse-CDF walk), or -1 when their
-// total is at most t. sh.wm holds the per-warp masses of pred.
-template <class S, class P> __device__ int ds_walk(const S &s, P pred, const DsRow &c, u64 t, DsShared &sh) {
+// ds_walk_warp finds, from the per-warp masses in sh.wm, the warp chunk
+// where the running mass first exceeds t: it returns the warp (-1 when the
+// total is at most t) and the mass left to walk inside its chunk in *rest.
+__device__ int ds_walk_warp(u64 t, u64 *rest, DsShared &sh) {
 	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	__syncthreads(); // every thread has read the previous sh.walk_*
 	if (warp == 0) {
 		const u64 m = lane < DS_WARPS ? sh.wm[lane] : 0;
 		const u64 incl = ds_warp_incl(m);
 		const unsigned hit = __ballot_sync(0xffffffffu, incl > t);
 		const int l = hit ? __ffs(hit) - 1 : -1;
-		if (lane == 0) sh.walk_warp = l, sh.token = -1;
+		if (lane == 0) sh.walk_warp = l;
 		if (lane == l) sh.walk_t = t - (incl - m);
 	}
 	__syncthreads();
-	const int w = sh.walk_warp;
+	*rest = sh.walk_t;
+	return sh.walk_warp;
+}
+
+// ds_walk returns the first item, in index order, among those pred keeps
+// whose running mass exceeds t (the inverse-CDF walk), or -1 when their
+// total is at most t. sh.wm holds the per-warp masses of pred. Two levels,
+// so that no warp walks a long span alone: the warp chunk holding the
+// draw is cut into one sub-chunk a warp, every warp takes its sub-chunk's
+// mass (its weights a second time: 1/DS_WARPS of the items), and one warp
+// walks the sub-chunk holding the draw. The masses are exact integers, so
+// the token is the one a single walk over the items finds.
+template <class S, class P> __device__ int ds_walk(const S &s, P pred, const DsRow &c, u64 t, DsShared &sh) {
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	constexpr int V = S::VEC;
+	u64 rest;
+	int w = ds_walk_warp(t, &rest, sh);
+	if (w < 0) return -1; // uniform over the block
+	int lo, hi;
+	ds_chunk<V>(s.n, w, lo, hi);
+	const S part = s.span(lo, hi - lo);
+	ds_warp_mass(part, pred, c, sh);
+	w = ds_walk_warp(rest, &rest, sh);
+	if (w < 0) return -1; // cannot happen: the chunk's mass exceeds rest
+	if (warp == 0 && lane == 0) sh.token = -1;
+	__syncthreads();
 	if (warp == w) {
-		constexpr int V = S::VEC;
-		int lo, hi;
-		ds_chunk<V>(s.n, w, lo, hi);
-		const u64 tt = sh.walk_t;
+		ds_chunk<V>(part.n, w, lo, hi);
+		const u64 tt = rest;
 		u64 acc = 0;
 		for (int base = lo; base < hi; base += 32 * V) {
 			const int i = base + lane * V;
 			float v[V];
-			s.load(i, hi, v);
+			part.load(i, hi, v);
 			u64 q[V], sum = 0;
 #pragma unroll
 			for (int k = 0; k < V; k++) {
-				q[k] = (i + k < hi && pred(v[k])) ? s.weight(i + k, v[k], c) : 0;
+				q[k] = (i + k < hi && pred(v[k])) ? part.weight(i + k, v[k], c) : 0;
 				sum += q[k];
 			}
 			const u64 incl = ds_warp_incl(sum);
@@ -314,7 +343,7 @@ template <class S, class P> __device__ int ds_walk(const S &s, P pred, const DsR
 					for (int k = 0; k < V; k++) {
 						a += q[k];
 						if (a > tt) {
-							sh.token = s.id(i + k);
+							sh.token = part.id(i + k);
 							break;
 						}
 					}
@@ -673,15 +702,25 @@ __global__ void __launch_bounds__(DS_THREADS, 2) // two rows per SM (the shared 
 		__syncthreads();
 	}
 	DsStat st;
+	// Without min-p and top-k the cut is -FLT_MAX before the maximum is
+	// known: this pass also counts the survivors (step 4's count, per warp).
+	const bool counted = !top_k && !p.use_min_p && !in_chunks;
 	if (in_chunks && !top_k) {
 		st = ds_row_stat(split.stats + (size_t)r * split.chunks, split.chunks);
 	} else {
 		st = ds_stat_empty();
+		int n = 0;
 		ds_each(g, [&](int i, float v) {
 			ds_stat_add(st, i, v);
 			if (top_k) atomicAdd(&hist[ds_sort_key(v) >> 21], 1ull);
+			if (counted) n += v >= -FLT_MAX;
 		});
 		st = ds_block_stat(st, sh);
+		if (counted) {
+			n = di_warp_sum(n);
+			if (lane == 0) sh.wm[warp] = (u64)n;
+			__syncthreads();
+		}
 	}
 	const float bv = st.bv;
 	const int bi = st.bi, nan_i = st.nan_i;
@@ -762,7 +801,7 @@ __global__ void __launch_bounds__(DS_THREADS, 2) // two rows per SM (the shared 
 	}
 
 	// 4. Survivors: compacted into shared memory when they fit.
-	{
+	if (!counted) {
 		int n = 0;
 		ds_each(g, [&](int, float v) { n += v >= cut; });
 		n = di_warp_sum(n);

@@ -67,7 +67,9 @@
 #           eager work only: the engine benchmarks run without graphs) over
 #           the benchmarks PROFILE_BENCH (default GPUDecodeLlama1B/batch=1):
 #           device time per operation, profile_ops.txt, printed last.
-#           PROFILE_BENCHTIME (default 3x) is the -test.benchtime.
+#           PROFILE_BENCHTIME (default 3x) is the -test.benchtime;
+#           PROFILE_GRAPHS=1 keeps the engine's graphs (then only the eager
+#           operations, such as the logits and the sampler, are profiled).
 #   ncu     Nsight Compute over the kernels NCU_KERNEL (ncu's --kernel-name,
 #           default regex:attn; the first NCU_COUNT launches, default 1) of
 #           the benchmarks NCU_BENCH (default the head-size-64 prefill
@@ -276,7 +278,7 @@ phase_profile() {
 	t=$(limit "${PROFILE_TIMEOUT:-120}")
 	((t == 0)) && { status[profile]="skipped: out of time"; return; }
 	need_test || { status[profile]="FAILED: prerequisites missing"; return; }
-	(cd kernels/cuda && DEEPINFER_CUDA_PROFILE=1 DEEPINFER_ENGINE_BENCH_GRAPHS=0 DEEPINFER_ENGINE_BENCH_SEQS=${ENGINE_SEQS:-} \
+	(cd kernels/cuda && DEEPINFER_CUDA_PROFILE=1 DEEPINFER_ENGINE_BENCH_GRAPHS=${PROFILE_GRAPHS:-0} DEEPINFER_ENGINE_BENCH_SEQS=${ENGINE_SEQS:-} \
 		timeout "$t" "$root/$dir/cuda.test" -test.run XXX -test.bench "${PROFILE_BENCH:-GPUDecodeLlama1B/batch=1}" \
 		-test.benchtime "${PROFILE_BENCHTIME:-3x}" -test.v -test.timeout "${t}s") >"$logs/profile.log" 2>&1
 	rc=$?
