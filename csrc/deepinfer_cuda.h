@@ -40,7 +40,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 7u
+#define DI_ABI_VERSION 8u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -242,16 +242,25 @@ typedef struct di_api {
 	/* --- operations (see kernels.Ops for the contracts) --- */
 	int (*embedding)(di_ctx *ctx, di_dptr out, di_dptr table, int table_dtype, di_dptr ids,
 	                 int num_tokens, int hidden, int vocab);
-	/* rms_norm: residual == 0: out = norm(x); else residual += x, out = norm(residual). */
-	int (*rms_norm)(di_ctx *ctx, di_dptr out, di_dptr residual, di_dptr x, di_dptr weight,
+	/* rms_norm: residual == 0: out = norm(x); else residual += x, out = norm(residual).
+	 * out is of out_dtype: DI_F32, or DI_BF16 / DI_F16 (each value rounded to
+	 * nearest, as linear rounds x). */
+	int (*rms_norm)(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr residual, di_dptr x, di_dptr weight,
 	                int rows, int n, float eps);
-	int (*linear)(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr w, int w_dtype, di_dptr bias,
+	/* linear: x is of x_dtype: DI_F32, or w_dtype for 16-bit weights (x
+	 * already rounded: cuBLAS, the bits of the float32 x that
+	 * linear_input_dtype says is rounded to it). */
+	int (*linear)(di_ctx *ctx, di_dptr out, di_dptr x, int x_dtype, di_dptr w, int w_dtype, di_dptr bias,
 	              int m, int n, int k);
+	/* linear_input_dtype: the type linear rounds a float32 x of m rows to
+	 * before multiplying w_dtype weights, or DI_F32 when x enters some path
+	 * as float32 (GEMV, skinny GEMM, float32 weights, GEMM mode split). */
+	int (*linear_input_dtype)(di_ctx *ctx, int w_dtype, int m);
 	int (*silu_mul)(di_ctx *ctx, di_dptr out, di_dptr gate_up, int rows, int n);
 	/* gated_mlp: out[m, hidden] = (silu(g) * u) down^T with [g u] = x gate_up^T,
 	 * for 16-bit weights (w_dtype DI_BF16 or DI_F16): x rounded to w_dtype,
 	 * g, u and the product stored in w_dtype (float32 accumulation). */
-	int (*gated_mlp)(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr gate_up, di_dptr down, int w_dtype,
+	int (*gated_mlp)(di_ctx *ctx, di_dptr out, di_dptr x, int x_dtype, di_dptr gate_up, di_dptr down, int w_dtype,
 	                 int m, int n, int hidden);
 	int (*add)(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, uint64_t n);
 	int (*concat)(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, int rows, int m, int n);

@@ -48,9 +48,11 @@ struct di_ctx {
 	// shorter ones more blocks for a few long rows; $DEEPINFER_CUDA_DEC_CHUNK.
 	int dec_chunk = 256;
 	// Sampling calls of at most this many rows cut each row into chunks for
-	// the whole-row passes (sample.cu's DsSplit; 0: never);
-	// $DEEPINFER_CUDA_SAMPLE_SPLIT.
-	int sample_split = 32;
+	// the whole-row passes (sample.cu's DsSplit; 0: never; default every
+	// call), at least sample_min_chunks of them;
+	// $DEEPINFER_CUDA_SAMPLE_SPLIT, $DEEPINFER_CUDA_SAMPLE_MIN_CHUNKS.
+	int sample_split = 1 << 30;
+	int sample_min_chunks = 4;
 	int sm_count = 0; // multiprocessors of the device
 	// One-row GEMVs with k <= 2048 take 8 columns a block, one chunk each,
 	// instead of 4 columns with two chunks; $DEEPINFER_CUDA_GEMV_WIDE (0: off).
@@ -77,6 +79,9 @@ struct di_ctx {
 	// Chunks of a row one block of di_decode_attn_f8_k takes (0: as many as
 	// leave enough blocks; di_dec_chunks_per_block); $DEEPINFER_CUDA_DEC_CPB.
 	int dec_cpb = 0;
+	// dec_blocks_per_sm is the blocks a multiprocessor that
+	// di_dec_chunks_per_block leaves for decode rows ($DEEPINFER_CUDA_DEC_BPS).
+	int dec_blocks_per_sm = 32;
 	// di_decode_attn_km_k takes as many chunks a block as
 	// di_decode_attn_f8_k does (1) or one (0); $DEEPINFER_CUDA_DEC_KM_CPB.
 	int dec_km_cpb = 1;
@@ -122,13 +127,14 @@ int di_gemm_to(di_ctx *ctx, void *out, int out_dtype, const void *x, const void 
 extern "C" {
 int di_op_embedding(di_ctx *ctx, di_dptr out, di_dptr table, int table_dtype, di_dptr ids,
                     int num_tokens, int hidden, int vocab);
-int di_op_rms_norm(di_ctx *ctx, di_dptr out, di_dptr residual, di_dptr x, di_dptr weight, int rows,
+int di_op_rms_norm(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr residual, di_dptr x, di_dptr weight, int rows,
                    int n, float eps);
-int di_op_linear(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr w, int w_dtype, di_dptr bias, int m,
+int di_op_linear(di_ctx *ctx, di_dptr out, di_dptr x, int x_dtype, di_dptr w, int w_dtype, di_dptr bias, int m,
                  int n, int k);
+int di_op_linear_input_dtype(di_ctx *ctx, int w_dtype, int m);
 int di_op_silu_mul(di_ctx *ctx, di_dptr out, di_dptr gate_up, int rows, int n);
-int di_op_gated_mlp(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr gate_up, di_dptr down, int w_dtype, int m,
-                    int n, int hidden);
+int di_op_gated_mlp(di_ctx *ctx, di_dptr out, di_dptr x, int x_dtype, di_dptr gate_up, di_dptr down, int w_dtype,
+                    int m, int n, int hidden);
 int di_op_add(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, uint64_t n);
 int di_op_concat(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, int rows, int m, int n);
 int di_op_rope(di_ctx *ctx, di_dptr x, di_dptr positions, di_dptr cos, di_dptr sin, int num_tokens,

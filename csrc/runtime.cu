@@ -265,7 +265,9 @@ static int api_create(int device, di_ctx **out, char *err, int errlen) {
 	if (const char *v = getenv("DEEPINFER_CUDA_DEC_F8_DIRECT"); v && *v) ctx->dec_f8_direct = atoi(v);
 	if (const char *v = getenv("DEEPINFER_CUDA_DEC_CPB"); v && *v) ctx->dec_cpb = atoi(v);
 	if (const char *v = getenv("DEEPINFER_CUDA_DEC_KM_CPB"); v && *v) ctx->dec_km_cpb = atoi(v);
+	if (const char *v = getenv("DEEPINFER_CUDA_DEC_BPS"); v && atoi(v) > 0) ctx->dec_blocks_per_sm = atoi(v);
 	if (const char *v = getenv("DEEPINFER_CUDA_SAMPLE_SPLIT"); v && *v) ctx->sample_split = atoi(v);
+	if (const char *v = getenv("DEEPINFER_CUDA_SAMPLE_MIN_CHUNKS"); v && atoi(v) > 0) ctx->sample_min_chunks = atoi(v);
 	if (const char *v = getenv("DEEPINFER_CUDA_DEC_CHUNK")) {
 		const int c = atoi(v);
 		if (c < 128 || c % 128 != 0) {
@@ -634,6 +636,7 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->embedding = di_op_embedding;
 	out->rms_norm = di_op_rms_norm;
 	out->linear = di_op_linear;
+	out->linear_input_dtype = di_op_linear_input_dtype;
 	out->silu_mul = di_op_silu_mul;
 	out->gated_mlp = di_op_gated_mlp;
 	out->add = di_op_add;

@@ -215,6 +215,17 @@ type KVCacheDTyper interface {
 	KVCacheDType(weights DType) DType
 }
 
+// LinearInputer is implemented by backends whose Linear (and GatedMLP)
+// round a float32 x to a 16-bit type before multiplying, at some row
+// counts. LinearInputDType returns that type for a call of rows rows with
+// weights of dtype w, or F32 where x is used as float32. Where it is
+// 16-bit, a caller may hand those calls x already rounded, as a tensor of
+// that type, written so by RMSNorm or AddRMSNorm (whose out may then be of
+// that type): the same bits, with one pass over x less.
+type LinearInputer interface {
+	LinearInputDType(w DType, rows int) DType
+}
+
 // GatedMLPer is implemented by backends with a fused gated MLP without
 // biases: out = (silu(g) * u) downᵀ where [g u] = x gateUpᵀ (gateUp
 // [2n, hidden], down [hidden, n], out and x [T, hidden]). gu [T, 2n] and act

@@ -21,29 +21,36 @@ func present(t Tensor) bool {
 	return v.Kind() != reflect.Pointer || !v.IsNil()
 }
 
-// NormShapes checks RMSNorm-style arguments: x and out F32 [rows, n],
-// weight F32 [n].
-func NormShapes(backend, op string, out, x, weight Tensor) (rows, n int, err error) {
+// NormShapes checks RMSNorm-style arguments: x F32 [rows, n], out [rows, n]
+// of one of outTypes (F32 when none are given), weight F32 [n].
+func NormShapes(backend, op string, out, x, weight Tensor, outTypes ...DType) (rows, n int, err error) {
 	if err = CheckShape(backend, op, "x", x, []int{-1, -1}, F32); err != nil {
 		return
 	}
 	rows, n = x.Shape()[0], x.Shape()[1]
-	if err = CheckShape(backend, op, "out", out, []int{rows, n}, F32); err != nil {
+	if len(outTypes) == 0 {
+		outTypes = []DType{F32}
+	}
+	if err = CheckShape(backend, op, "out", out, []int{rows, n}, outTypes...); err != nil {
 		return
 	}
 	err = CheckShape(backend, op, "weight", weight, []int{n}, F32)
 	return
 }
 
-// LinearShapes checks Linear's arguments: w [n, k] in a float dtype, x F32
-// [m, k], out F32 [m, n], bias F32 [n] when given.
-func LinearShapes(backend string, out, x, w, bias Tensor) (m, n, k int, err error) {
+// LinearShapes checks Linear's arguments: w [n, k] in a float dtype, x
+// [m, k] of one of xTypes (F32 when none are given), out F32 [m, n], bias
+// F32 [n] when given.
+func LinearShapes(backend string, out, x, w, bias Tensor, xTypes ...DType) (m, n, k int, err error) {
 	const op = "linear"
 	if err = CheckShape(backend, op, "w", w, []int{-1, -1}, FloatTypes...); err != nil {
 		return
 	}
 	n, k = w.Shape()[0], w.Shape()[1]
-	if err = CheckShape(backend, op, "x", x, []int{-1, k}, F32); err != nil {
+	if len(xTypes) == 0 {
+		xTypes = []DType{F32}
+	}
+	if err = CheckShape(backend, op, "x", x, []int{-1, k}, xTypes...); err != nil {
 		return
 	}
 	m = x.Shape()[0]

@@ -105,6 +105,24 @@ func (p *mlp) forward(ops kernels.Ops, s *scratch, out, x kernels.Tensor) error 
 	return ops.Linear(out, act, p.down, p.downBias)
 }
 
+// linearInputDType is the dtype in which x may be handed to linears over
+// weights ws at rows rows: the backend's (kernels.LinearInputer) when it is
+// the same for every one of them, else the activation dtype.
+func linearInputDType(ops kernels.Ops, rows int, ws ...kernels.Tensor) kernels.DType {
+	act := ops.ActivationDType()
+	li, ok := ops.(kernels.LinearInputer)
+	if !ok || len(ws) == 0 {
+		return act
+	}
+	dt := li.LinearInputDType(ws[0].DType(), rows)
+	for _, w := range ws[1:] {
+		if li.LinearInputDType(w.DType(), rows) != dt {
+			return act
+		}
+	}
+	return dt
+}
+
 // scratch hands out the activation buffers of one forward pass by name: every
 // layer reuses the same buffers.
 type scratch struct {
@@ -121,11 +139,16 @@ func newScratch(ops kernels.Ops) *scratch {
 // dtype, allocating it on first use. An allocation error is kept in s.err and
 // the result is then nil.
 func (s *scratch) get(name string, rows, cols int) kernels.Tensor {
-	key := fmt.Sprintf("%s/%dx%d", name, rows, cols)
+	return s.getTyped(name, s.ops.ActivationDType(), rows, cols)
+}
+
+// getTyped is get for a buffer of dtype dt.
+func (s *scratch) getTyped(name string, dt kernels.DType, rows, cols int) kernels.Tensor {
+	key := fmt.Sprintf("%s/%s/%dx%d", name, dt, rows, cols)
 	if t, ok := s.bufs[key]; ok {
 		return t
 	}
-	t, err := s.ops.Alloc(s.ops.ActivationDType(), rows, cols)
+	t, err := s.ops.Alloc(dt, rows, cols)
 	if err != nil {
 		if s.err == nil {
 			s.err = err
@@ -267,7 +290,9 @@ func (m *llama) Forward(ctx context.Context, cache *KVCache, b *ForwardBatch) (k
 func (m *llama) layer(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid, delta kernels.Tensor) error {
 	ops, ly, t := m.ops, &m.layers[i], b.NumTokens
 	qd, kvd := m.numHeads*m.headDim, m.numKVHeads*m.headDim
-	x := s.get("x", t, m.cfg.HiddenSize)
+	// x is the norms' output, read only by the q/k/v and MLP projections:
+	// rounded by the norms where those projections would round it.
+	x := s.getTyped("x", linearInputDType(ops, t, ly.qkv, ly.mlp.gateUp), t, m.cfg.HiddenSize)
 	qkv := s.get("qkv", t, qd+2*kvd)
 	q, k, v, attn := s.get("q", t, qd), s.get("k", t, kvd), s.get("v", t, kvd), s.get("attn", t, qd)
 	if s.err != nil {

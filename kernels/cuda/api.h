@@ -66,15 +66,18 @@ static inline int c_graph_destroy(di_api *a, di_ctx *c, void *x) { return a->gra
 static inline int c_embedding(di_api *a, di_ctx *c, di_dptr out, di_dptr table, int dt, di_dptr ids, int t, int hidden, int vocab) {
 	return a->embedding(c, out, table, dt, ids, t, hidden, vocab);
 }
-static inline int c_rms_norm(di_api *a, di_ctx *c, di_dptr out, di_dptr res, di_dptr x, di_dptr w, int rows, int n, float eps) {
-	return a->rms_norm(c, out, res, x, w, rows, n, eps);
+static inline int c_rms_norm(di_api *a, di_ctx *c, di_dptr out, int odt, di_dptr res, di_dptr x, di_dptr w, int rows, int n, float eps) {
+	return a->rms_norm(c, out, odt, res, x, w, rows, n, eps);
 }
-static inline int c_linear(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr w, int dt, di_dptr bias, int m, int n, int k) {
-	return a->linear(c, out, x, w, dt, bias, m, n, k);
+static inline int c_linear(di_api *a, di_ctx *c, di_dptr out, di_dptr x, int xdt, di_dptr w, int dt, di_dptr bias, int m, int n, int k) {
+	return a->linear(c, out, x, xdt, w, dt, bias, m, n, k);
+}
+static inline int c_linear_input_dtype(di_api *a, di_ctx *c, int dt, int m) {
+	return a->linear_input_dtype(c, dt, m);
 }
 static inline int c_silu_mul(di_api *a, di_ctx *c, di_dptr out, di_dptr gu, int rows, int n) { return a->silu_mul(c, out, gu, rows, n); }
-static inline int c_gated_mlp(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr gu, di_dptr down, int dt, int m, int n, int hidden) {
-	return a->gated_mlp(c, out, x, gu, down, dt, m, n, hidden);
+static inline int c_gated_mlp(di_api *a, di_ctx *c, di_dptr out, di_dptr x, int xdt, di_dptr gu, di_dptr down, int dt, int m, int n, int hidden) {
+	return a->gated_mlp(c, out, x, xdt, gu, down, dt, m, n, hidden);
 }
 static inline int c_add(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr y, uint64_t n) { return a->add(c, out, x, y, n); }
 static inline int c_split_columns(di_api *a, di_ctx *c, di_dptr x, int rows, int pitch, int n, const di_dptr *parts, const int *widths) {

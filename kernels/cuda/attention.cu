@@ -2069,7 +2069,7 @@ __global__ void __launch_bounds__(TC_THREADS, S == 2 ? 5 : 4) // two stages: 96 
 // di_dec_chunks_per_block is how many consecutive chunks of a row one
 // block of di_decode_attn_f8_k (and of di_decode_attn_km_k, unless
 // ctx->dec_km_cpb is 0) takes: the most (a power of two, up to nsplit) that
-// still leaves DEC_BLOCKS_PER_SM blocks a multiprocessor for rows (decode
+// still leaves ctx->dec_blocks_per_sm (32; $DEEPINFER_CUDA_DEC_BPS) blocks a multiprocessor for rows (decode
 // rows times KV heads); $DEEPINFER_CUDA_DEC_CPB fixes it. A chunk's
 // arithmetic is the same in any block, so the choice changes no bit; it
 // trades the blocks' start-up (the first copies' latency, and blocks that
@@ -2077,10 +2077,9 @@ __global__ void __launch_bounds__(TC_THREADS, S == 2 ? 5 : 4) // two stages: 96 
 // Offline Qwen3-0.6B: 22.5k -> 26.3k output tok/s over 8-bit caches,
 // 18.5k -> 20.3k over half ones; with 8 blocks a multiprocessor (whole
 // rows at 256 rows) the tail of unequal rows cost more than it saved.
-#define DEC_BLOCKS_PER_SM 32
 static int di_dec_chunks_per_block(const di_ctx *ctx, size_t rows, int nsplit) {
 	if (ctx->dec_cpb > 0) return ctx->dec_cpb < nsplit ? ctx->dec_cpb : nsplit;
-	const size_t want = (size_t)DEC_BLOCKS_PER_SM * (ctx->sm_count > 0 ? ctx->sm_count : 132);
+	const size_t want = (size_t)ctx->dec_blocks_per_sm * (ctx->sm_count > 0 ? ctx->sm_count : 132);
 	int cpb = 1;
 	while (cpb < nsplit && rows * (size_t)((nsplit + 2 * cpb - 1) / (2 * cpb)) >= want) cpb *= 2;
 	return cpb;

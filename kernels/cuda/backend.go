@@ -164,7 +164,14 @@ type Backend struct {
 	skip    map[string]bool // operations not queued (SkipEnv): timing ablations only
 	// GatedMLP keeps 16-bit intermediates from this many rows (MLPNarrowEnv; 0: never).
 	mlpNarrow int
+	// LinearInputDType reports 16-bit inputs (NormNarrowEnv).
+	normNarrow bool
 }
+
+// NormNarrowEnv set to 0 makes LinearInputDType report F32 at every row
+// count, so that models keep their norms' outputs in float32 and each
+// linear rounds them itself (the same bits, one more pass): for A/B runs.
+const NormNarrowEnv = "DEEPINFER_CUDA_NORM_NARROW"
 
 var _ kernels.Ops = (*Backend)(nil)
 
@@ -211,7 +218,7 @@ func New(opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("cuda: %s: create context on device %d: %s: %w", lib.path, opts.Device, msg, ErrCUDA)
 	}
 	b := &Backend{lib: lib, ctx: ctx, gcEvery: opts.GCEvery, gemm: opts.GEMM, kvCache: opts.KVCacheDType, prof: newProfiler(),
-		skip: skip, mlpNarrow: mlpNarrow}
+		skip: skip, mlpNarrow: mlpNarrow, normNarrow: os.Getenv(NormNarrowEnv) != "0"}
 	if b.gcEvery == 0 {
 		b.gcEvery = DefaultGCEvery
 	}

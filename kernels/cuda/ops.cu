@@ -82,15 +82,18 @@ __device__ __forceinline__ float di_rms_scale(double sum_sq, int n, float eps) {
 // flight at once, where the loop below waits for each load in turn (its
 // store to the residual may alias the next load) and reads the row again
 // for the output. Both sum the squares in the same order: the same bits.
+// TO is out's type: float, or the 16-bit type of the linear that reads out
+// (each value rounded to nearest, as the linear's narrowing pass would).
 #define RMS_HELD 4
-__global__ void di_rms_norm_k(float *out, float *residual, const float *x, const float *w, int n, float eps) {
+template <typename TO>
+__global__ void di_rms_norm_k(TO *out, float *residual, const float *x, const float *w, int n, float eps) {
 	di_pdl_trigger(); // the next kernel (usually a GEMV) streams its weights meanwhile
 	__shared__ double red[32];
 	const size_t row = blockIdx.x;
 	const int tid = threadIdx.x, nt = blockDim.x;
 	const float *xr = x + row * n;
 	float *src = residual ? residual + row * n : const_cast<float *>(xr);
-	float *o = out + row * n;
+	TO *o = out + row * n;
 	if (n <= RMS_HELD * nt) {
 		float wv[RMS_HELD], v[RMS_HELD];
 #pragma unroll
@@ -127,7 +130,7 @@ __global__ void di_rms_norm_k(float *out, float *residual, const float *x, const
 #pragma unroll
 		for (int k = 0; k < RMS_HELD; k++) {
 			const int j = tid + k * nt;
-			if (j < n) o[j] = (v[k] * r) * wv[k];
+			if (j < n) o[j] = di_from_f32<TO>((v[k] * r) * wv[k]);
 		}
 		return;
 	}
@@ -143,7 +146,7 @@ __global__ void di_rms_norm_k(float *out, float *residual, const float *x, const
 	}
 	s = di_block_sum(s, red);
 	const float r = di_rms_scale(s, n, eps);
-	for (int j = tid; j < n; j += nt) o[j] = (src[j] * r) * w[j];
+	for (int j = tid; j < n; j += nt) o[j] = di_from_f32<TO>((src[j] * r) * w[j]);
 }
 
 static int norm_threads(int n) {
@@ -152,11 +155,25 @@ static int norm_threads(int n) {
 	return t;
 }
 
-extern "C" int di_op_rms_norm(di_ctx *ctx, di_dptr out, di_dptr residual, di_dptr x, di_dptr weight, int rows,
-                              int n, float eps) {
+extern "C" int di_op_rms_norm(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr residual, di_dptr x, di_dptr weight,
+                              int rows, int n, float eps) {
 	if (rows == 0) return DI_OK;
-	di_launch(ctx, di_rms_norm_k, rows, norm_threads(n), 0, DI_PTR(float, out), DI_PTR(float, residual),
-	          DI_PTR(const float, x), DI_PTR(const float, weight), n, eps);
+	float *res = DI_PTR(float, residual);
+	const float *xp = DI_PTR(const float, x), *wp = DI_PTR(const float, weight);
+	switch (out_dtype) {
+	case DI_F32:
+		di_launch(ctx, di_rms_norm_k<float>, rows, norm_threads(n), 0, DI_PTR(float, out), res, xp, wp, n, eps);
+		break;
+	case DI_BF16:
+		di_launch(ctx, di_rms_norm_k<__nv_bfloat16>, rows, norm_threads(n), 0, DI_PTR(__nv_bfloat16, out), res, xp,
+		          wp, n, eps);
+		break;
+	case DI_F16:
+		di_launch(ctx, di_rms_norm_k<__half>, rows, norm_threads(n), 0, DI_PTR(__half, out), res, xp, wp, n, eps);
+		break;
+	default:
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "rms_norm: out dtype %d (want F32, BF16 or F16)", out_dtype);
+	}
 	return di_check_launch(ctx, residual ? "add_rms_norm" : "rms_norm");
 }
 
@@ -451,11 +468,26 @@ static int gemm_f32_input(di_ctx *ctx, float *out, const float *x, const void *w
 	return rc;
 }
 
-extern "C" int di_op_linear(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr w, int w_dtype, di_dptr bias, int m, int n,
-                            int k) {
+extern "C" int di_op_linear_input_dtype(di_ctx *ctx, int w_dtype, int m) {
+	if (ctx->gemm_mode != DI_GEMM_ROUND || (w_dtype != DI_BF16 && w_dtype != DI_F16)) return DI_F32;
+	if (m <= ctx->skinny && m <= 64) return DI_F32;            // di_skinny_ok's rows
+	if (m <= ctx->gemv && m <= GEMV_MAX_ROWS) return DI_F32;   // gemv_ok's rows
+	return w_dtype;                                            // cuBLAS after di_narrow_k
+}
+
+extern "C" int di_op_linear(di_ctx *ctx, di_dptr out, di_dptr x, int x_dtype, di_dptr w, int w_dtype, di_dptr bias,
+                            int m, int n, int k) {
 	if (m == 0) return DI_OK;
-	return gemm_f32_input(ctx, DI_PTR(float, out), DI_PTR(const float, x), DI_PTR(const void, w), w_dtype,
-	                      DI_PTR(const float, bias), m, n, k);
+	if (x_dtype == DI_F32)
+		return gemm_f32_input(ctx, DI_PTR(float, out), DI_PTR(const float, x), DI_PTR(const void, w), w_dtype,
+		                      DI_PTR(const float, bias), m, n, k);
+	if (x_dtype != w_dtype || (w_dtype != DI_BF16 && w_dtype != DI_F16))
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "linear: x dtype %d with weights of dtype %d", x_dtype, w_dtype);
+	// x already rounded to the weights' type: gemm_f32_input's cuBLAS path
+	// without its narrowing pass.
+	int rc = di_gemm(ctx, DI_PTR(float, out), DI_PTR(const void, x), DI_PTR(const void, w), w_dtype, m, n, k);
+	if (rc == DI_OK && bias) rc = di_add_into(ctx, DI_PTR(float, out), nullptr, DI_PTR(const float, bias), m, n);
+	return rc;
 }
 
 // ---------------------------------------------------------------- silu_mul
@@ -528,16 +560,20 @@ template <typename T> __global__ void di_silu_mul16_k(T *out, const T *gate_up, 
 // before the down projection; g and u are rounded to T where those keep
 // float32. Scratch: m x (hidden + 3n) elements of T for the call.
 template <typename T>
-static int gated_mlp(di_ctx *ctx, float *out, const float *x, const void *gate_up, const void *down, int w_dtype,
-                     int m, int n, int hidden) {
+static int gated_mlp(di_ctx *ctx, float *out, const float *x, const T *x16, const void *gate_up, const void *down,
+                     int w_dtype, int m, int n, int hidden) {
 	const size_t nx = (size_t)m * hidden, ngu = (size_t)m * 2 * n, nact = (size_t)m * n;
 	auto round_up = [](size_t c) { return (c + 127) / 128 * 128; }; // 256-byte aligned parts
 	void *buf = nullptr;
 	int rc = di_scratch(ctx, (round_up(nx) + round_up(ngu) + round_up(nact)) * sizeof(T), &buf);
 	if (rc != DI_OK) return rc;
 	T *xs = (T *)buf, *gu = xs + round_up(nx), *act = gu + round_up(ngu);
-	di_launch(ctx, di_narrow_k<T>, di_grid(nx, 256), 256, 0, xs, x, nx);
-	rc = di_check_launch(ctx, "gated_mlp: narrow");
+	if (x16) {
+		xs = const_cast<T *>(x16); // already rounded (by rms_norm)
+	} else {
+		di_launch(ctx, di_narrow_k<T>, di_grid(nx, 256), 256, 0, xs, x, nx);
+		rc = di_check_launch(ctx, "gated_mlp: narrow");
+	}
 	if (rc == DI_OK) rc = di_gemm_to(ctx, gu, w_dtype, xs, gate_up, w_dtype, m, 2 * n, hidden);
 	if (rc == DI_OK) {
 		const int groups = (n + 7) / 8;
@@ -550,14 +586,20 @@ static int gated_mlp(di_ctx *ctx, float *out, const float *x, const void *gate_u
 	return rc;
 }
 
-extern "C" int di_op_gated_mlp(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr gate_up, di_dptr down, int w_dtype, int m,
-                               int n, int hidden) {
+extern "C" int di_op_gated_mlp(di_ctx *ctx, di_dptr out, di_dptr x, int x_dtype, di_dptr gate_up, di_dptr down,
+                               int w_dtype, int m, int n, int hidden) {
 	if (m == 0) return DI_OK;
+	if (x_dtype != DI_F32 && x_dtype != w_dtype)
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "gated_mlp: x dtype %d with weights of dtype %d", x_dtype, w_dtype);
 	float *o = DI_PTR(float, out);
-	const float *xp = DI_PTR(const float, x);
+	const bool x32 = x_dtype == DI_F32;
+	const float *xp = x32 ? DI_PTR(const float, x) : nullptr;
 	const void *gw = DI_PTR(const void, gate_up), *dw = DI_PTR(const void, down);
-	if (w_dtype == DI_BF16) return gated_mlp<__nv_bfloat16>(ctx, o, xp, gw, dw, w_dtype, m, n, hidden);
-	if (w_dtype == DI_F16) return gated_mlp<__half>(ctx, o, xp, gw, dw, w_dtype, m, n, hidden);
+	if (w_dtype == DI_BF16)
+		return gated_mlp<__nv_bfloat16>(ctx, o, xp, x32 ? nullptr : DI_PTR(const __nv_bfloat16, x), gw, dw, w_dtype, m,
+		                                n, hidden);
+	if (w_dtype == DI_F16)
+		return gated_mlp<__half>(ctx, o, xp, x32 ? nullptr : DI_PTR(const __half, x), gw, dw, w_dtype, m, n, hidden);
 	return di_fail(ctx, DI_ERR_UNSUPPORTED, "gated_mlp: weight dtype %d (want bf16 or f16)", w_dtype);
 }
 
@@ -862,18 +904,20 @@ extern "C" int di_op_resolve_placeholders(di_ctx *ctx, di_dptr ids, di_dptr from
 // ---------------------------------------------------------------- logits
 
 // One block per sampled row: gather and normalize (float64 sum of squares as
-// rms_norm) into a float32 buffer that then goes through the linear path.
-__global__ void di_gather_norm_k(float *dst, const float *hidden, const int *rows, int num_hidden, const float *norm,
+// rms_norm) into a buffer that then goes through the linear path: float32,
+// or (T 16-bit) rounded as the linear path would round it.
+template <typename T>
+__global__ void di_gather_norm_k(T *dst, const float *hidden, const int *rows, int num_hidden, const float *norm,
                                  int dim, float eps, unsigned *check) {
 	di_pdl_trigger(); // the next kernel (usually a GEMV) streams its weights meanwhile
 	di_pdl_wait();
 	__shared__ double red[32];
 	const int r = blockIdx.x;
 	const int src_row = rows ? rows[r] : r;
-	float *d = dst + (size_t)r * dim;
+	T *d = dst + (size_t)r * dim;
 	if (src_row < 0 || src_row >= num_hidden) {
 		if (threadIdx.x == 0) atomicOr(check, DI_CHECK_LOGITS);
-		for (int j = threadIdx.x; j < dim; j += blockDim.x) d[j] = 0.f;
+		for (int j = threadIdx.x; j < dim; j += blockDim.x) d[j] = di_from_f32<T>(0.f);
 		return;
 	}
 	const float *x = hidden + (size_t)src_row * dim;
@@ -884,21 +928,32 @@ __global__ void di_gather_norm_k(float *dst, const float *hidden, const int *row
 		s = di_block_sum(s, red);
 		scale = (float)(1.0 / sqrt(s / dim + (double)eps));
 	}
-	for (int j = threadIdx.x; j < dim; j += blockDim.x) d[j] = norm ? (x[j] * scale) * norm[j] : x[j];
+	for (int j = threadIdx.x; j < dim; j += blockDim.x) d[j] = di_from_f32<T>(norm ? (x[j] * scale) * norm[j] : x[j]);
 }
 
 extern "C" int di_op_logits(di_ctx *ctx, di_dptr out, di_dptr hidden, di_dptr rows, int num_rows, int num_hidden,
                             di_dptr norm, di_dptr head, int head_dtype, int dim, int vocab, float eps) {
 	if (num_rows == 0) return DI_OK;
+	// Rows the linear path would round to 16 bits are rounded here instead
+	// (one pass over them less, the same bits).
+	const int xdt = di_op_linear_input_dtype(ctx, head_dtype, num_rows);
 	void *xs = nullptr;
 	int rc = di_scratch(ctx, (size_t)num_rows * dim * sizeof(float) + 16, &xs);
 	if (rc != DI_OK) return rc;
-	di_launch(ctx, di_gather_norm_k, num_rows, norm_threads(dim), 0, (float *)xs, DI_PTR(const float, hidden),
-	          DI_PTR(const int, rows), num_hidden, DI_PTR(const float, norm), dim, eps, ctx->check);
+	const float *h = DI_PTR(const float, hidden), *nw = DI_PTR(const float, norm);
+	const int *rw = DI_PTR(const int, rows);
+	if (xdt == DI_BF16)
+		di_launch(ctx, di_gather_norm_k<__nv_bfloat16>, num_rows, norm_threads(dim), 0, (__nv_bfloat16 *)xs, h, rw,
+		          num_hidden, nw, dim, eps, ctx->check);
+	else if (xdt == DI_F16)
+		di_launch(ctx, di_gather_norm_k<__half>, num_rows, norm_threads(dim), 0, (__half *)xs, h, rw, num_hidden, nw,
+		          dim, eps, ctx->check);
+	else
+		di_launch(ctx, di_gather_norm_k<float>, num_rows, norm_threads(dim), 0, (float *)xs, h, rw, num_hidden, nw, dim,
+		          eps, ctx->check);
 	rc = di_check_launch(ctx, "logits: gather");
 	if (rc == DI_OK)
-		rc = gemm_f32_input(ctx, DI_PTR(float, out), (const float *)xs, DI_PTR(const void, head), head_dtype, nullptr,
-		                    num_rows, vocab, dim);
+		rc = di_op_linear(ctx, out, (di_dptr)xs, xdt, head, head_dtype, 0, num_rows, vocab, dim);
 	di_scratch_free(ctx, xs);
 	return rc;
 }

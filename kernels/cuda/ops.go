@@ -68,11 +68,28 @@ func (b *Backend) normArgs(op string, out, x, weight kernels.Tensor) (o, xs, w *
 	if w, err = asCUDA(op, "weight", weight); err != nil {
 		return
 	}
-	rows, n, err = kernels.NormShapes("cuda", op, o, xs, w)
+	rows, n, err = kernels.NormShapes("cuda", op, o, xs, w, kernels.F32, kernels.BF16, kernels.F16)
 	return
 }
 
-// RMSNorm normalizes each row of x into out (out may alias x).
+// LinearInputDType implements kernels.LinearInputer: BF16 or F16 where
+// Linear and GatedMLP would round a float32 x to the weights' type for
+// cuBLAS (GEMM mode round, rows past the GEMV and skinny-GEMM paths), F32
+// elsewhere (and everywhere with NormNarrowEnv=0).
+func (b *Backend) LinearInputDType(w kernels.DType, rows int) kernels.DType {
+	if !b.normNarrow {
+		return kernels.F32
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.checkOpen("linear_input_dtype") != nil {
+		return kernels.F32
+	}
+	return kernels.DType(C.c_linear_input_dtype(b.lib.api, b.ctx, C.int(w), C.int(rows)))
+}
+
+// RMSNorm normalizes each row of x into out (out may alias x). out is F32,
+// or BF16 or F16 (each value rounded to nearest; see LinearInputDType).
 func (b *Backend) RMSNorm(out, x, weight kernels.Tensor, eps float32) error {
 	const op = "rms_norm"
 	o, xs, w, rows, n, err := b.normArgs(op, out, x, weight)
@@ -80,11 +97,12 @@ func (b *Backend) RMSNorm(out, x, weight kernels.Tensor, eps float32) error {
 		return err
 	}
 	return b.launch(op, func() C.int {
-		return C.c_rms_norm(b.lib.api, b.ctx, o.ptr(), 0, xs.ptr(), w.ptr(), C.int(rows), C.int(n), C.float(eps))
+		return C.c_rms_norm(b.lib.api, b.ctx, o.ptr(), C.int(o.dtype), 0, xs.ptr(), w.ptr(), C.int(rows), C.int(n), C.float(eps))
 	}, o, xs, w)
 }
 
-// AddRMSNorm adds x into residual and normalizes the sum into out.
+// AddRMSNorm adds x into residual and normalizes the sum into out (of a
+// dtype as RMSNorm's).
 func (b *Backend) AddRMSNorm(out, residual, x, weight kernels.Tensor, eps float32) error {
 	const op = "add_rms_norm"
 	o, xs, w, rows, n, err := b.normArgs(op, out, x, weight)
@@ -99,11 +117,12 @@ func (b *Backend) AddRMSNorm(out, residual, x, weight kernels.Tensor, eps float3
 		return err
 	}
 	return b.launch(op, func() C.int {
-		return C.c_rms_norm(b.lib.api, b.ctx, o.ptr(), r.ptr(), xs.ptr(), w.ptr(), C.int(rows), C.int(n), C.float(eps))
+		return C.c_rms_norm(b.lib.api, b.ctx, o.ptr(), C.int(o.dtype), r.ptr(), xs.ptr(), w.ptr(), C.int(rows), C.int(n), C.float(eps))
 	}, o, r, xs, w)
 }
 
-// Linear computes out = x W^T (+ bias) on cuBLAS.
+// Linear computes out = x W^T (+ bias). x is F32, or of w's 16-bit dtype
+// (already rounded, see LinearInputDType: cuBLAS without a narrowing pass).
 func (b *Backend) Linear(out, x, w, bias kernels.Tensor) error {
 	const op = "linear"
 	o, err := asCUDA(op, "out", out)
@@ -122,8 +141,11 @@ func (b *Backend) Linear(out, x, w, bias kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	m, n, k, err := kernels.LinearShapes("cuda", o, xs, ws, bs)
+	m, n, k, err := kernels.LinearShapes("cuda", o, xs, ws, bs, kernels.F32, kernels.BF16, kernels.F16)
 	if err != nil {
+		return err
+	}
+	if err := checkInputDType(op, xs, ws); err != nil {
 		return err
 	}
 	name := op
@@ -131,8 +153,18 @@ func (b *Backend) Linear(out, x, w, bias kernels.Tensor) error {
 		name = fmt.Sprintf("linear %dx%d %s", n, k, sizeClass(m))
 	}
 	return b.launch(name, func() C.int {
-		return C.c_linear(b.lib.api, b.ctx, o.ptr(), xs.ptr(), ws.ptr(), C.int(ws.dtype), optPtr(bs), C.int(m), C.int(n), C.int(k))
+		return C.c_linear(b.lib.api, b.ctx, o.ptr(), xs.ptr(), C.int(xs.dtype), ws.ptr(), C.int(ws.dtype), optPtr(bs), C.int(m), C.int(n), C.int(k))
 	}, o, xs, ws, bs)
+}
+
+// checkInputDType accepts a linear's x of F32 or of its weights' 16-bit
+// dtype (already rounded); anything else is ErrShape.
+func checkInputDType(op string, x, w *Tensor) error {
+	if x.dtype == kernels.F32 || (x.dtype == w.dtype && (w.dtype == kernels.BF16 || w.dtype == kernels.F16)) {
+		return nil
+	}
+	return fmt.Errorf("cuda: %s: x of dtype %s with weights of dtype %s: want F32 or the weights' 16-bit dtype: %w",
+		op, x.dtype, w.dtype, kernels.ErrShape)
 }
 
 // SiLUMul computes silu(gate) * up from the fused [T, 2n] projection.
@@ -210,11 +242,14 @@ func (b *Backend) GatedMLP(out, x, gateUp, down, gu, act kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "x", xs, []int{-1, -1}, kernels.F32); err != nil {
+	if err := checkShape(op, "x", xs, []int{-1, -1}, kernels.F32, kernels.BF16, kernels.F16); err != nil {
 		return err
 	}
 	rows, hidden := xs.shape[0], xs.shape[1]
 	if err := checkShape(op, "gate_up", gw, []int{-1, hidden}); err != nil {
+		return err
+	}
+	if err := checkInputDType(op, xs, gw); err != nil {
 		return err
 	}
 	if gw.shape[0]%2 != 0 {
@@ -238,7 +273,7 @@ func (b *Backend) GatedMLP(out, x, gateUp, down, gu, act kernels.Tensor) error {
 		return b.Linear(out, act, down, nil)
 	}
 	return b.launch(op, func() C.int {
-		return C.c_gated_mlp(b.lib.api, b.ctx, o.ptr(), xs.ptr(), gw.ptr(), dw.ptr(), C.int(gw.dtype), C.int(rows), C.int(n), C.int(hidden))
+		return C.c_gated_mlp(b.lib.api, b.ctx, o.ptr(), xs.ptr(), C.int(xs.dtype), gw.ptr(), dw.ptr(), C.int(gw.dtype), C.int(rows), C.int(n), C.int(hidden))
 	}, o, xs, gw, dw)
 }
 

@@ -1,0 +1,163 @@
+package cuda
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// LinearInputDType (kernels.LinearInputer) reports 16-bit inputs exactly
+// where Linear would round a float32 x for cuBLAS: GEMM mode round, 16-bit
+// weights, rows past the GEMV kernel's (default 4); never in split mode,
+// for float32 weights or with DEEPINFER_CUDA_NORM_NARROW=0.
+func TestGPULinearInputDType(t *testing.T) {
+	round, split := newGPU(t, GEMMRound), newGPU(t, GEMMSplit)
+	t.Setenv(NormNarrowEnv, "0")
+	off := newGPU(t, GEMMRound)
+	for _, c := range []struct {
+		g    *Backend
+		name string
+		w    kernels.DType
+		rows int
+		want kernels.DType
+	}{
+		{round, "round", kernels.BF16, 1, kernels.F32},
+		{round, "round", kernels.BF16, 4, kernels.F32},
+		{round, "round", kernels.BF16, 5, kernels.BF16},
+		{round, "round", kernels.F16, 300, kernels.F16},
+		{round, "round", kernels.F32, 300, kernels.F32},
+		{split, "split", kernels.BF16, 300, kernels.F32},
+		{off, "NORM_NARROW=0", kernels.BF16, 300, kernels.F32},
+	} {
+		if got := c.g.LinearInputDType(c.w, c.rows); got != c.want {
+			t.Errorf("%s: LinearInputDType(%s, %d rows) = %s, want %s", c.name, c.w, c.rows, got, c.want)
+		}
+	}
+}
+
+// Norm outputs rounded by the norm where the linears would round them give
+// the same bits all the way: RMSNorm and AddRMSNorm with a BF16 or F16 out
+// write their float32 outputs rounded to nearest (and the same residual),
+// and Linear and GatedMLP over that x give the bits of the float32 x, on
+// GatedMLP's Linear path (5 rows) and its 16-bit path (300 rows). A 16-bit
+// x of another type than the weights' is refused.
+func TestGPUNormNarrowInput(t *testing.T) {
+	g := newGPU(t, GEMMRound)
+	r := rand.New(rand.NewPCG(21, 22))
+	const hidden, inter, n = 512, 768, 640
+	for _, dt := range []kernels.DType{kernels.BF16, kernels.F16} {
+		w := upload(t, g, kernels.F32, kernels.F32Bytes(randVals(r, hidden, 1)), kernels.F32, hidden)
+		proj := upload(t, g, dt, hostBytes(dt, randVals(r, n*hidden, 0.05)), dt, n, hidden)
+		gateUp := upload(t, g, dt, hostBytes(dt, randVals(r, 2*inter*hidden, 0.05)), dt, 2*inter, hidden)
+		down := upload(t, g, dt, hostBytes(dt, randVals(r, hidden*inter, 0.05)), dt, hidden, inter)
+		for _, rows := range []int{5, 300} {
+			for _, withResid := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/rows=%d/residual=%v", dt, rows, withResid), func(t *testing.T) {
+					if got := g.LinearInputDType(dt, rows); got != dt {
+						t.Fatalf("LinearInputDType(%s, %d) = %s: the case does not test the 16-bit input", dt, rows, got)
+					}
+					xv, rv := randVals(r, rows*hidden, 2), randVals(r, rows*hidden, 2)
+					x := upload(t, g, kernels.F32, kernels.F32Bytes(xv), kernels.F32, rows, hidden)
+					out32, _ := g.Alloc(kernels.F32, rows, hidden)
+					out16, _ := g.Alloc(dt, rows, hidden)
+					var res32, res16 kernels.Tensor
+					norm := func(out, res kernels.Tensor) {
+						var err error
+						if withResid {
+							err = g.AddRMSNorm(out, res, x, w, 1e-6)
+						} else {
+							err = g.RMSNorm(out, x, w, 1e-6)
+						}
+						if err != nil {
+							t.Fatal(err)
+						}
+					}
+					if withResid {
+						res32 = upload(t, g, kernels.F32, kernels.F32Bytes(rv), kernels.F32, rows, hidden)
+						res16 = upload(t, g, kernels.F32, kernels.F32Bytes(rv), kernels.F32, rows, hidden)
+					}
+					norm(out32, res32)
+					norm(out16, res16)
+					want32 := f32Of(t, g, out32)
+					if got := rawOf(t, g, out16); !bytes.Equal(got, hostBytes(dt, want32)) {
+						t.Fatalf("the %s norm output is not the float32 one rounded to nearest", dt)
+					}
+					if withResid && !bytes.Equal(rawOf(t, g, res16), rawOf(t, g, res32)) {
+						t.Fatal("the residual differs with a 16-bit norm output")
+					}
+					same := func(what string, run func(x kernels.Tensor, out kernels.Tensor) error, cols int) {
+						a, _ := g.Alloc(kernels.F32, rows, cols)
+						b, _ := g.Alloc(kernels.F32, rows, cols)
+						if err := run(out32, a); err != nil {
+							t.Fatal(err)
+						}
+						if err := run(out16, b); err != nil {
+							t.Fatal(err)
+						}
+						av, bv := f32Of(t, g, a), f32Of(t, g, b)
+						for i := range av {
+							if math.Float32bits(av[i]) != math.Float32bits(bv[i]) {
+								t.Fatalf("%s: element %d is %v over the %s x, %v over the float32 x", what, i, bv[i], dt, av[i])
+							}
+						}
+					}
+					same("linear", func(x, out kernels.Tensor) error { return g.Linear(out, x, proj, nil) }, n)
+					gu, _ := g.Alloc(kernels.F32, rows, 2*inter)
+					act, _ := g.Alloc(kernels.F32, rows, inter)
+					same("gated_mlp", func(x, out kernels.Tensor) error { return g.GatedMLP(out, x, gateUp, down, gu, act) }, hidden)
+				})
+			}
+		}
+	}
+	other := upload(t, g, kernels.F16, hostBytes(kernels.F16, randVals(r, n*hidden, 0.05)), kernels.F16, n, hidden)
+	xb, _ := g.Alloc(kernels.BF16, 8, hidden)
+	out, _ := g.Alloc(kernels.F32, 8, n)
+	if err := g.Linear(out, xb, other, nil); !errors.Is(err, kernels.ErrShape) {
+		t.Errorf("Linear of a BF16 x over F16 weights: %v, want ErrShape", err)
+	}
+}
+
+func f32Of(t *testing.T, g *Backend, x kernels.Tensor) []float32 {
+	t.Helper()
+	v, err := kernels.ToF32(g, x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func rawOf(t *testing.T, g *Backend, x kernels.Tensor) []byte {
+	t.Helper()
+	n := x.DType().Size()
+	for _, d := range x.Shape() {
+		n *= d
+	}
+	buf := make([]byte, n)
+	if err := g.Download(buf, x); err != nil {
+		t.Fatal(err)
+	}
+	return buf
+}
+
+// Through a whole model: with norm outputs rounded by the norms (the
+// default) and by the linears (DEEPINFER_CUDA_NORM_NARROW=0), the 300-token
+// prefill of decodeLogits fills the caches with the same bits, so the
+// decode step that reads them gives bit-identical logits.
+func TestGPUNormNarrowModel(t *testing.T) {
+	t.Setenv(NormNarrowEnv, "0")
+	want, _ := decodeLogits(t)
+	t.Setenv(NormNarrowEnv, "1")
+	got, replays := decodeLogits(t)
+	for name, v := range map[string][]float32{"eager": got, "replay": replays[0]} {
+		for i := range want {
+			if math.Float32bits(v[i]) != math.Float32bits(want[i]) {
+				t.Fatalf("%s: logit %d = %v with 16-bit norm outputs, %v without", name, i, v[i], want[i])
+			}
+		}
+	}
+}
