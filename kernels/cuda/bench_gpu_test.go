@@ -78,6 +78,15 @@ type benchModel struct {
 	m     models.Model
 	cache *models.KVCache
 	cfg   *weights.Config
+	// interleave lays decodeSteps' cache blocks out round-robin over the
+	// sequences (block j of each, then block j+1), as an engine hands them
+	// to sequences growing together, instead of each sequence's blocks in
+	// one run.
+	interleave bool
+	// tableKeys, when set, pads every block table to this many keys (the
+	// engine's tables are max_model_len wide): more key chunks a row in the
+	// decode grid, the ones past a row's keys empty.
+	tableKeys int
 }
 
 func loadLlama1B(b *testing.B, mode GEMMMode, numBlocks, blockSize int) *benchModel {
@@ -193,27 +202,44 @@ func BenchmarkGPUDecodeLlama1B(b *testing.B) {
 // to), with half and with 8-bit KV caches. The caches stay as allocated
 // (zero): attention's time does not depend on the values. Eager and graph
 // replay, as BenchmarkGPUDecodeLlama1B; DEEPINFER_CUDA_SKIP splits a
-// replayed step by operation.
+// replayed step by operation. Variants toward the engine's conditions:
+// blocks handed out round-robin (blocks=interleaved), block tables 2048
+// keys wide (table=2048), and the workload's late steps (64 rows of
+// 1200-2000 keys).
 func BenchmarkGPUDecodeQwen3Offline(b *testing.B) {
-	const blockSize, batch = 16, 256
-	r := rand.New(rand.NewPCG(7, 8))
-	ctx, blocks := make([]int, batch), 0
-	for s := range ctx {
-		ctx[s] = 300 + r.IntN(1201)
-		blocks += (ctx[s] + blockSize) / blockSize
+	const blockSize = 16
+	// contexts returns batch contexts uniform in lo..hi and their blocks.
+	contexts := func(batch, lo, hi int) ([]int, int) {
+		r := rand.New(rand.NewPCG(7, 8))
+		ctx, blocks := make([]int, batch), 0
+		for s := range ctx {
+			ctx[s] = lo + r.IntN(hi-lo+1)
+			blocks += (ctx[s] + blockSize) / blockSize
+		}
+		return ctx, blocks
 	}
-	for _, kv := range []kernels.DType{kernels.F16, kernels.F8E4M3} {
-		b.Run("kv="+kv.String(), func(b *testing.B) {
+	run := func(name string, kv kernels.DType, batch, lo, hi int, interleaved bool, tableKeys int) {
+		b.Run(name, func(b *testing.B) {
+			ctx, blocks := contexts(batch, lo, hi)
 			opts := Options{}
 			if kv == kernels.F8E4M3 {
 				opts.KVCacheDType = kv
 			}
 			bm := loadShape(b, "qwen3-0.6b", opts, blocks, blockSize)
+			bm.interleave, bm.tableKeys = interleaved, tableKeys
 			gms := bm.decodeSteps(b, ctx, false)
-			b.Logf("qwen3-0.6b decode batch %d, mean context 900, %s KV cache: graph replay %.3f ms/step (%.0f tok/s)",
-				batch, bm.cache.Spec.DType, gms, batch/(gms/1e3))
+			b.Logf("qwen3-0.6b decode batch %d, contexts %d..%d, %s KV cache, blocks %s, tables of %d keys: graph replay %.3f ms/step (%.0f tok/s)",
+				batch, lo, hi, bm.cache.Spec.DType, map[bool]string{false: "contiguous", true: "interleaved"}[interleaved], max(tableKeys, hi+1), gms, float64(batch)/(gms/1e3))
 		})
 	}
+	for _, kv := range []kernels.DType{kernels.F16, kernels.F8E4M3} {
+		run("kv="+kv.String(), kv, 256, 300, 1500, false, 0)
+		run("kv="+kv.String()+"/blocks=interleaved", kv, 256, 300, 1500, true, 0)
+	}
+	// The engine's tables (2048 keys) and the workload's late steps: fewer,
+	// longer rows.
+	run("kv=F8_E4M3/table=2048", kernels.F8E4M3, 256, 300, 1500, false, 2048)
+	run("kv=F8_E4M3/rows=64,ctx=1200-2000", kernels.F8E4M3, 64, 1200, 2000, false, 0)
 }
 
 // decodeSteps times one decode step of len(ctx) sequences, sequence s with
@@ -233,6 +259,30 @@ func (bm *benchModel) decodeSteps(b *testing.B, ctx []int, prefill bool) float64
 			tables[s][j] = next
 			next++
 		}
+	}
+	if w := bm.tableKeys / blockSize; w > 0 {
+		for s := range tables {
+			for len(tables[s]) < w {
+				tables[s] = append(tables[s], 0)
+			}
+		}
+	}
+	if bm.interleave { // block j of every sequence, then block j+1: the order in which growing sequences take them
+		next = 0
+		for j := 0; ; j++ {
+			more := false
+			for s := range batch {
+				if j < len(tables[s]) {
+					tables[s][j], more = next, true
+					next++
+				}
+			}
+			if !more {
+				break
+			}
+		}
+	}
+	for s := range batch {
 		prompt[s] = make([]int32, ctx[s])
 		for j := range prompt[s] {
 			prompt[s][j] = int32(r.IntN(bm.cfg.VocabSize))
