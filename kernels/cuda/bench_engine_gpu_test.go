@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -64,6 +65,9 @@ import (
 //	DEEPINFER_ENGINE_BENCH=tiny go test -run X -bench GPUEngine -benchtime 1x ./kernels/cuda
 //
 // DEEPINFER_ENGINE_BENCH_SEQS overrides the number of offline requests.
+// DEEPINFER_ENGINE_BENCH_GRAPH_STEP sets the captured decode batch sizes:
+// 1, 2, 4, 8 and then multiples of it up to max_num_seqs (default 16, as
+// nano-vllm captures), or 0 for powers of two (what rounds 1-11 measured).
 const engineBenchEnv = "DEEPINFER_ENGINE_BENCH"
 
 // copyBandwidth is the H200's measured copy bandwidth (bytes/s), the floor
@@ -337,7 +341,7 @@ type engineOpts struct {
 	raw                 []byte // config.json
 	cfg                 *weights.Config
 	w                   models.MemWeights
-	graphSizes          []int  // nil: powers of two up to maxSeqs
+	graphSizes          []int  // nil: graphBatchSizes(maxSeqs)
 	kvCache             string // cache.kv_cache_dtype ("": the config's)
 }
 
@@ -377,10 +381,9 @@ func startEngine(b *testing.B, o engineOpts) *llm.LLM {
 	cfg.Engine.MaxModelLen = o.maxModelLen
 	cfg.CUDAGraph.BatchSizes = o.graphSizes
 	if cfg.CUDAGraph.BatchSizes == nil {
-		for n := 1; n < o.maxSeqs; n *= 2 {
-			cfg.CUDAGraph.BatchSizes = append(cfg.CUDAGraph.BatchSizes, n)
+		if cfg.CUDAGraph.BatchSizes, err = graphBatchSizes(o.maxSeqs); err != nil {
+			b.Fatal(err)
 		}
-		cfg.CUDAGraph.BatchSizes = append(cfg.CUDAGraph.BatchSizes, o.maxSeqs)
 	}
 	if o.tiny {
 		cfg.Device = "cpu"
@@ -401,6 +404,35 @@ func startEngine(b *testing.B, o engineOpts) *llm.LLM {
 		o.name, l.Backend().Name(), time.Since(start).Round(time.Millisecond), onOff(cfg.ZOS.Enabled), onOff(cfg.CUDAGraph.Enabled),
 		cfg.CUDAGraph.BatchSizes, cfg.Engine.MaxNumSeqs, cfg.Engine.MaxNumBatchedTokens, cfg.Engine.MaxModelLen)
 	return l
+}
+
+// graphBatchSizes is the captured decode batch sizes for up to maxSeqs
+// sequences: 1, 2, 4, 8, then multiples of DEEPINFER_ENGINE_BENCH_GRAPH_STEP
+// (16 unless set; 0: powers of two), and maxSeqs. A decode step pads up to
+// the next size, so the step bounds the padded rows every kernel of the
+// step runs over.
+func graphBatchSizes(maxSeqs int) ([]int, error) {
+	step := 16
+	if v := os.Getenv(engineBenchEnv + "_GRAPH_STEP"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%s_GRAPH_STEP=%q: want 0 (powers of two) or a positive step", engineBenchEnv, v)
+		}
+		step = n
+	}
+	var sizes []int
+	for n := 1; n < maxSeqs && (n <= 8 || step == 0); n *= 2 {
+		sizes = append(sizes, n)
+	}
+	if step > 0 {
+		for n := (8/step + 1) * step; n < maxSeqs; n += step {
+			sizes = append(sizes, n)
+		}
+	}
+	if len(sizes) == 0 || sizes[len(sizes)-1] < maxSeqs {
+		sizes = append(sizes, maxSeqs)
+	}
+	return sizes, nil
 }
 
 // kvName names a cache.kv_cache_dtype override for the figures' lines.
@@ -723,5 +755,33 @@ func TestActiveWeightBytes(t *testing.T) {
 		if math.Abs(bytes/1e9-tc.gb) > 0.005*tc.gb || math.Abs(experts-tc.experts) > 0.005*max(tc.experts, 1) {
 			t.Errorf("%s: %.3f GB, %.2f experts; want %.3f GB, %.2f experts", tc.name, bytes/1e9, experts, tc.gb, tc.experts)
 		}
+	}
+}
+
+// The engine benchmarks' captured batch sizes: nano-vllm's by default,
+// powers of two with step 0, any step, and a bad setting refused.
+func TestGraphBatchSizes(t *testing.T) {
+	for _, c := range []struct {
+		step    string
+		maxSeqs int
+		want    []int
+	}{
+		{"", 256, []int{1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256}},
+		{"", 8, []int{1, 2, 4, 8}},
+		{"", 64, []int{1, 2, 4, 8, 16, 32, 48, 64}},
+		{"0", 256, []int{1, 2, 4, 8, 16, 32, 64, 128, 256}},
+		{"0", 100, []int{1, 2, 4, 8, 16, 32, 64, 100}},
+		{"5", 24, []int{1, 2, 4, 8, 10, 15, 20, 24}},
+		{"", 1, []int{1}},
+	} {
+		t.Setenv(engineBenchEnv+"_GRAPH_STEP", c.step)
+		got, err := graphBatchSizes(c.maxSeqs)
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("step %q, %d sequences: %v, %v; want %v", c.step, c.maxSeqs, got, err, c.want)
+		}
+	}
+	t.Setenv(engineBenchEnv+"_GRAPH_STEP", "-3")
+	if _, err := graphBatchSizes(16); err == nil {
+		t.Error("a negative step was accepted")
 	}
 }
