@@ -341,11 +341,11 @@ func newDecodeGraphs(rt *Runtime, sizes []int) (*decodeGraphs, error) {
 			return nil, fmt.Errorf("batch_sizes %v: want positive sizes in ascending order", sizes)
 		}
 	}
-	bs := rt.Cache.BlockSize
-	maxBlocks := rt.Cache.NumBlocks
-	if p := rt.Model.Config().MaxPositionEmbeddings; p > 0 {
-		maxBlocks = min(maxBlocks, (p+bs-1)/bs)
+	maxModelLen := 0
+	if rt.Scheduler != nil {
+		maxModelLen = rt.Scheduler.Config().MaxModelLen
 	}
+	maxBlocks := graphTableBlocks(rt.Cache.NumBlocks, rt.Cache.BlockSize, rt.Model.Config().MaxPositionEmbeddings, maxModelLen)
 	d := &decodeGraphs{ops: gops, sizes: append([]int(nil), sizes...), maxBlocks: maxBlocks}
 	for _, n := range sizes {
 		g, err := d.capture(rt, n)
@@ -356,6 +356,26 @@ func newDecodeGraphs(rt *Runtime, sizes []int) (*decodeGraphs, error) {
 		d.graphs = append(d.graphs, g)
 	}
 	return d, nil
+}
+
+// graphTableBlocks is the width, in blocks, of the captured graphs' block
+// tables: the longest sequence the engine can hold, by the scheduler's
+// max_model_len, the model's max_position_embeddings and the cache's
+// blocks, whichever is least (0: no bound of that kind). Keep it tight: the
+// width is the keys a decode row may have as far as a captured kernel
+// knows, so it sizes the split-KV attention grid. Bounded by
+// max_position_embeddings alone, Qwen3-0.6B's 40960 positions gave its
+// decode grid 32 key chunks a row where a max_model_len of 2048 needs 8,
+// most of them empty, and the chunks-per-block rule then gave each row one
+// block. A step whose tables are wider runs eagerly (pick).
+func graphTableBlocks(numBlocks, blockSize, maxPositions, maxModelLen int) int {
+	w := numBlocks
+	for _, keys := range []int{maxPositions, maxModelLen} {
+		if keys > 0 {
+			w = min(w, (keys+blockSize-1)/blockSize)
+		}
+	}
+	return w
 }
 
 func (d *decodeGraphs) capture(rt *Runtime, n int) (*decodeGraph, error) {

@@ -301,3 +301,22 @@ func TestPrepareOneUpload(t *testing.T) {
 		}
 	}
 }
+
+// The captured block tables are as wide as the longest sequence the engine
+// can hold, by whichever bound is least.
+func TestGraphTableBlocks(t *testing.T) {
+	for _, c := range []struct {
+		numBlocks, blockSize, maxPositions, maxModelLen, want int
+	}{
+		{100000, 16, 40960, 2048, 128}, // max_model_len (Qwen3-0.6B's offline workload)
+		{100000, 16, 40960, 0, 2560},   // no scheduler: the model's positions
+		{100000, 16, 0, 0, 100000},     // nothing but the cache
+		{64, 16, 40960, 2048, 64},      // a small cache
+		{100000, 16, 1000, 2048, 63},   // the model's positions, rounded up
+		{100000, 16, 0, 2049, 129},     // a partial last block
+	} {
+		if got := graphTableBlocks(c.numBlocks, c.blockSize, c.maxPositions, c.maxModelLen); got != c.want {
+			t.Errorf("graphTableBlocks(%d, %d, %d, %d) = %d, want %d", c.numBlocks, c.blockSize, c.maxPositions, c.maxModelLen, got, c.want)
+		}
+	}
+}
