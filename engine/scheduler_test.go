@@ -278,6 +278,11 @@ func checkStep(t *testing.T, cfg SchedulerConfig, out *SchedulerOutputs, metas [
 		if m.SeqlenK > cfg.MaxModelLen {
 			t.Fatalf("step %d: seq %d context %d > max_model_len %d", out.StepID, m.SeqID, m.SeqlenK, cfg.MaxModelLen)
 		}
+		// Captured decode graphs size their block tables by max_model_len.
+		if maxBlocks := (cfg.MaxModelLen + cfg.BlockSize - 1) / cfg.BlockSize; len(m.BlockTable) > maxBlocks {
+			t.Fatalf("step %d: seq %d block table of %d blocks, max_model_len %d needs at most %d",
+				out.StepID, m.SeqID, len(m.BlockTable), cfg.MaxModelLen, maxBlocks)
+		}
 	}
 	if tokens != out.NumBatchedTokens || tokens > cfg.MaxNumBatchedTokens || len(out.InputTokenIDs) != tokens || len(out.SlotMapping) != tokens {
 		t.Fatalf("step %d: %d tokens (outputs say %d, %d ids, %d slots), max %d", out.StepID, tokens, out.NumBatchedTokens, len(out.InputTokenIDs), len(out.SlotMapping), cfg.MaxNumBatchedTokens)
@@ -1088,5 +1093,31 @@ func TestOverlapPlaceholder(t *testing.T) {
 	}
 	if s.HasUnfinished() || s.bm.NumUsedBlocks() != 0 || s.NumInflightSteps() != 0 {
 		t.Fatal("resources left")
+	}
+}
+
+// Sequences that run into max_model_len, with and without ZOS: runWorkload's
+// checkStep holds every block table within max_model_len's blocks (the
+// width of the captured decode graphs' tables) up to the last step, and
+// each finishes by length at max_model_len tokens.
+func TestSchedulerTablesWithinMaxModelLen(t *testing.T) {
+	for _, zos := range []bool{false, true} {
+		cfg := baseConfig()
+		cfg.MaxModelLen = 30 // 8 blocks of 4, the last one partly used
+		var reqs []testRequest
+		for i := range 6 {
+			prompt := make([]int, 5+3*i)
+			for j := range prompt {
+				prompt[j] = 1 + (7*i+j)%(testVocab-1)
+			}
+			reqs = append(reqs, testRequest{id: fmt.Sprint("r", i), prompt: prompt, params: longParams(1000), abortStep: -1})
+		}
+		res := runWorkload(t, cfg, reqs, runOptions{zos: zos})
+		for _, r := range reqs {
+			if got := res.reasons[r.id][0]; got != FinishLength || len(r.prompt)+len(res.outputs[r.id][0]) != cfg.MaxModelLen {
+				t.Errorf("zos %v: %s finished %v with %d + %d tokens, want length at %d", zos, r.id, got,
+					len(r.prompt), len(res.outputs[r.id][0]), cfg.MaxModelLen)
+			}
+		}
 	}
 }
