@@ -105,34 +105,45 @@ func (p *mlp) forward(ops kernels.Ops, s *scratch, out, x kernels.Tensor) error 
 	return ops.Linear(out, act, p.down, p.downBias)
 }
 
+// scratch hands out the activation buffers of one forward pass by name: every
+// layer reuses the same buffers.
+type scratch struct {
+	ops    kernels.Ops
+	bufs   map[string]kernels.Tensor
+	inputs map[[2]int]kernels.DType // LinearInputDType's answers by (weights' dtype, rows)
+	err    error
+}
+
+func newScratch(ops kernels.Ops) *scratch {
+	return &scratch{ops: ops, bufs: map[string]kernels.Tensor{}, inputs: map[[2]int]kernels.DType{}}
+}
+
 // linearInputDType is the dtype in which x may be handed to linears over
 // weights ws at rows rows: the backend's (kernels.LinearInputer) when it is
-// the same for every one of them, else the activation dtype.
-func linearInputDType(ops kernels.Ops, rows int, ws ...kernels.Tensor) kernels.DType {
-	act := ops.ActivationDType()
-	li, ok := ops.(kernels.LinearInputer)
+// the same for every one of them, else the activation dtype. The backend is
+// asked once a forward pass per weights' dtype, not once a layer.
+func (s *scratch) linearInputDType(rows int, ws ...kernels.Tensor) kernels.DType {
+	act := s.ops.ActivationDType()
+	li, ok := s.ops.(kernels.LinearInputer)
 	if !ok || len(ws) == 0 {
 		return act
 	}
-	dt := li.LinearInputDType(ws[0].DType(), rows)
+	ask := func(w kernels.DType) kernels.DType {
+		key := [2]int{int(w), rows}
+		dt, ok := s.inputs[key]
+		if !ok {
+			dt = li.LinearInputDType(w, rows)
+			s.inputs[key] = dt
+		}
+		return dt
+	}
+	dt := ask(ws[0].DType())
 	for _, w := range ws[1:] {
-		if li.LinearInputDType(w.DType(), rows) != dt {
+		if ask(w.DType()) != dt {
 			return act
 		}
 	}
 	return dt
-}
-
-// scratch hands out the activation buffers of one forward pass by name: every
-// layer reuses the same buffers.
-type scratch struct {
-	ops  kernels.Ops
-	bufs map[string]kernels.Tensor
-	err  error
-}
-
-func newScratch(ops kernels.Ops) *scratch {
-	return &scratch{ops: ops, bufs: map[string]kernels.Tensor{}}
 }
 
 // get returns the buffer called name, shaped [rows, cols] in the activation
@@ -292,7 +303,7 @@ func (m *llama) layer(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid,
 	qd, kvd := m.numHeads*m.headDim, m.numKVHeads*m.headDim
 	// x is the norms' output, read only by the q/k/v and MLP projections:
 	// rounded by the norms where those projections would round it.
-	x := s.getTyped("x", linearInputDType(ops, t, ly.qkv, ly.mlp.gateUp), t, m.cfg.HiddenSize)
+	x := s.getTyped("x", s.linearInputDType(t, ly.qkv, ly.mlp.gateUp), t, m.cfg.HiddenSize)
 	qkv := s.get("qkv", t, qd+2*kvd)
 	q, k, v, attn := s.get("q", t, qd), s.get("k", t, kvd), s.get("v", t, kvd), s.get("attn", t, qd)
 	if s.err != nil {

@@ -260,13 +260,6 @@ func (bm *benchModel) decodeSteps(b *testing.B, ctx []int, prefill bool) float64
 			next++
 		}
 	}
-	if w := bm.tableKeys / blockSize; w > 0 {
-		for s := range tables {
-			for len(tables[s]) < w {
-				tables[s] = append(tables[s], 0)
-			}
-		}
-	}
 	if bm.interleave { // block j of every sequence, then block j+1: the order in which growing sequences take them
 		next = 0
 		for j := 0; ; j++ {
@@ -279,6 +272,13 @@ func (bm *benchModel) decodeSteps(b *testing.B, ctx []int, prefill bool) float64
 			}
 			if !more {
 				break
+			}
+		}
+	}
+	if w := bm.tableKeys / blockSize; w > 0 {
+		for s := range tables {
+			for len(tables[s]) < w {
+				tables[s] = append(tables[s], 0)
 			}
 		}
 	}

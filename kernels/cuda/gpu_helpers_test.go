@@ -150,6 +150,16 @@ func (p *pair) f32(ops kernels.Ops, ten kernels.Tensor) []float32 {
 	return v
 }
 
+// raw downloads ten's bytes as stored (any dtype).
+func (p *pair) raw(ops kernels.Ops, ten kernels.Tensor) []byte {
+	p.t.Helper()
+	buf := make([]byte, kernels.NumElements(ten)*ten.DType().Size())
+	if err := ops.Download(buf, ten); err != nil {
+		p.t.Fatal(err)
+	}
+	return buf
+}
+
 func (p *pair) i32(ops kernels.Ops, ten kernels.Tensor) []int32 {
 	p.t.Helper()
 	v, err := kernels.ToI32(ops, ten)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
@@ -47,8 +46,8 @@ func TestGPULinearInputDType(t *testing.T) {
 // GatedMLP's Linear path (5 rows) and its 16-bit path (300 rows). A 16-bit
 // x of another type than the weights' is refused.
 func TestGPUNormNarrowInput(t *testing.T) {
-	g := newGPU(t, GEMMRound)
-	r := rand.New(rand.NewPCG(21, 22))
+	p := newPair(t, GEMMRound)
+	g, r := p.g, p.r
 	const hidden, inter, n = 512, 768, 640
 	for _, dt := range []kernels.DType{kernels.BF16, kernels.F16} {
 		w := upload(t, g, kernels.F32, kernels.F32Bytes(randVals(r, hidden, 1)), kernels.F32, hidden)
@@ -83,11 +82,11 @@ func TestGPUNormNarrowInput(t *testing.T) {
 					}
 					norm(out32, res32)
 					norm(out16, res16)
-					want32 := f32Of(t, g, out32)
-					if got := rawOf(t, g, out16); !bytes.Equal(got, hostBytes(dt, want32)) {
+					want32 := p.f32(g, out32)
+					if got := p.raw(g, out16); !bytes.Equal(got, hostBytes(dt, want32)) {
 						t.Fatalf("the %s norm output is not the float32 one rounded to nearest", dt)
 					}
-					if withResid && !bytes.Equal(rawOf(t, g, res16), rawOf(t, g, res32)) {
+					if withResid && !bytes.Equal(p.raw(g, res16), p.raw(g, res32)) {
 						t.Fatal("the residual differs with a 16-bit norm output")
 					}
 					same := func(what string, run func(x kernels.Tensor, out kernels.Tensor) error, cols int) {
@@ -99,7 +98,7 @@ func TestGPUNormNarrowInput(t *testing.T) {
 						if err := run(out16, b); err != nil {
 							t.Fatal(err)
 						}
-						av, bv := f32Of(t, g, a), f32Of(t, g, b)
+						av, bv := p.f32(g, a), p.f32(g, b)
 						for i := range av {
 							if math.Float32bits(av[i]) != math.Float32bits(bv[i]) {
 								t.Fatalf("%s: element %d is %v over the %s x, %v over the float32 x", what, i, bv[i], dt, av[i])
@@ -120,28 +119,6 @@ func TestGPUNormNarrowInput(t *testing.T) {
 	if err := g.Linear(out, xb, other, nil); !errors.Is(err, kernels.ErrShape) {
 		t.Errorf("Linear of a BF16 x over F16 weights: %v, want ErrShape", err)
 	}
-}
-
-func f32Of(t *testing.T, g *Backend, x kernels.Tensor) []float32 {
-	t.Helper()
-	v, err := kernels.ToF32(g, x)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
-}
-
-func rawOf(t *testing.T, g *Backend, x kernels.Tensor) []byte {
-	t.Helper()
-	n := x.DType().Size()
-	for _, d := range x.Shape() {
-		n *= d
-	}
-	buf := make([]byte, n)
-	if err := g.Download(buf, x); err != nil {
-		t.Fatal(err)
-	}
-	return buf
 }
 
 // Through a whole model: with norm outputs rounded by the norms (the
