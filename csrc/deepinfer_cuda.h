@@ -40,7 +40,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 8u
+#define DI_ABI_VERSION 9u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -279,8 +279,10 @@ typedef struct di_api {
 	 * them rounded to half precision (float32 accumulation). cache_dtype:
 	 * DI_F32, DI_F16 or DI_F8E4M3, the element type of both caches;
 	 * DI_F8E4M3 values are widened exactly (to half for the tensor-core
-	 * kernels, to float32 for the others). */
-	int (*attention)(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,
+	 * kernels, to float32 for the others). out_dtype: DI_F32, or DI_BF16 /
+	 * DI_F16 for the float32 output rounded to nearest (the input of the
+	 * 16-bit linear after it, see linear_input_dtype). */
+	int (*attention)(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr q, di_dptr k_cache, di_dptr v_cache,
 	                 const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
 	                 int sliding_window, int input_dtype, int cache_dtype);
 	int (*mla_attention)(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, di_dptr wkvb, int w_dtype,

@@ -144,9 +144,11 @@ int di_op_write_cache(di_ctx *ctx, di_dptr cache, di_dptr src, di_dptr slot_mapp
 int di_op_qkv_prepare(di_ctx *ctx, const di_qkv *a);
 int di_op_split_columns(di_ctx *ctx, di_dptr x, int rows, int x_pitch, int nparts, const di_dptr *parts,
                         const int *widths);
-int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,
+int di_op_attention(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr q, di_dptr k_cache, di_dptr v_cache,
                     const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
                     int sliding_window, int input_dtype, int cache_dtype);
+// di_narrow rounds n float32 values of src to dtype (DI_BF16 or DI_F16) into dst.
+int di_narrow(di_ctx *ctx, void *dst, int dtype, const float *src, size_t n);
 int di_op_mla_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, di_dptr wkvb, int w_dtype,
                         const di_attn_meta *m, int num_heads, int nope_dim, int rope_dim,
                         int kv_lora_rank, int v_head_dim, float scale);

@@ -220,8 +220,8 @@ type KVCacheDTyper interface {
 // counts. LinearInputDType returns that type for a call of rows rows with
 // weights of dtype w, or F32 where x is used as float32. Where it is
 // 16-bit, a caller may hand those calls x already rounded, as a tensor of
-// that type, written so by RMSNorm or AddRMSNorm (whose out may then be of
-// that type): the same bits, with one pass over x less.
+// that type, written so by RMSNorm, AddRMSNorm or Attention (whose out may
+// then be of that type): the same bits, with one pass over x less.
 type LinearInputer interface {
 	LinearInputDType(w DType, rows int) DType
 }

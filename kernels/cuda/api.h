@@ -95,9 +95,9 @@ static inline int c_write_cache(di_api *a, di_ctx *c, di_dptr cache, di_dptr src
                                 int cache_dtype) {
 	return a->write_cache(c, cache, src, sm, t, w, width, col, slots, cache_dtype);
 }
-static inline int c_attention(di_api *a, di_ctx *c, di_dptr out, di_dptr q, di_dptr k, di_dptr v, di_attn_meta *m, int nh, int nkv,
+static inline int c_attention(di_api *a, di_ctx *c, di_dptr out, int odt, di_dptr q, di_dptr k, di_dptr v, di_attn_meta *m, int nh, int nkv,
                        int hd, float scale, int window, int input_dtype, int cache_dtype) {
-	return a->attention(c, out, q, k, v, m, nh, nkv, hd, scale, window, input_dtype, cache_dtype);
+	return a->attention(c, out, odt, q, k, v, m, nh, nkv, hd, scale, window, input_dtype, cache_dtype);
 }
 static inline int c_mla_attention(di_api *a, di_ctx *c, di_dptr out, di_dptr q, di_dptr cache, di_dptr w, int dt, di_attn_meta *m,
                            int nh, int nope, int rope, int kvl, int vd, float scale) {

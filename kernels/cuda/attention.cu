@@ -105,6 +105,29 @@ __device__ __forceinline__ float di_online_update(float *sp, int n, float *m, fl
 // A decode row and the same row computed inside a longer prefill chunk go
 // through different kernels and agree to rounding, not bit for bit.
 
+// di_outp is an attention output: float32 (dtype DI_F32), or the float32
+// results rounded to nearest into BF16 or F16 (the 16-bit input of the o
+// projection that reads it; kernels.LinearInputer): the bits of a float32
+// output narrowed afterwards. Indices are elements.
+struct di_outp {
+	void *p;
+	int dtype;
+	__device__ __forceinline__ void put(size_t i, float v) const {
+		if (dtype == DI_BF16) static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(v);
+		else if (dtype == DI_F16) static_cast<__half *>(p)[i] = __float2half_rn(v);
+		else static_cast<float *>(p)[i] = v;
+	}
+	// put2 writes elements i and i + 1 (i even).
+	__device__ __forceinline__ void put2(size_t i, float a, float b) const {
+		if (dtype == DI_BF16)
+			*reinterpret_cast<__nv_bfloat162 *>(static_cast<__nv_bfloat16 *>(p) + i) = __floats2bfloat162_rn(a, b);
+		else if (dtype == DI_F16)
+			*reinterpret_cast<__half2 *>(static_cast<__half *>(p) + i) = __floats2half2_rn(a, b);
+		else
+			*reinterpret_cast<float2 *>(static_cast<float *>(p) + i) = make_float2(a, b);
+	}
+};
+
 __device__ __forceinline__ float di_warp_max(float v) {
 #pragma unroll
 	for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -420,7 +443,7 @@ __global__ void __launch_bounds__(DEC_THREADS, 4)
 
 // One block per (sequence, head): merges the non-empty chunks of a decode row
 // in ascending order and writes the normalized output.
-__global__ void di_decode_combine_k(float *out, const float *part_acc, const float2 *part_ml, const int *cu,
+__global__ void di_decode_combine_k(di_outp out, const float *part_acc, const float2 *part_ml, const int *cu,
                                     int num_heads, int head_dim, int nsplit) {
 	di_pdl_trigger(); // the next kernel (usually a GEMV) streams its weights meanwhile
 	di_pdl_wait();
@@ -451,12 +474,12 @@ __global__ void di_decode_combine_k(float *out, const float *part_acc, const flo
 	}
 	__syncthreads();
 	const float *pa = part_acc + ((size_t)s * num_heads + h) * nsplit * head_dim;
-	float *o = out + ((size_t)q0 * num_heads + h) * head_dim;
+	const size_t o = ((size_t)q0 * num_heads + h) * head_dim;
 	for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
 		float a = 0.f;
 		for (int c = 0; c < nsplit; c++)
 			if (w[c] > 0.f) a += pa[(size_t)c * head_dim + e] * w[c];
-		o[e] = a * inv_l;
+		out.put(o + e, a * inv_l);
 	}
 }
 
@@ -528,7 +551,7 @@ struct di_prefill_rows {
 	int s, q0, ql, kl; // the sequence, its first query row, query and key counts
 	int j0, nq;        // the tile's first row within the sequence and its row count
 	__device__ __forceinline__ bool find(const int *cu, const int *seqlens_k, int num_seqs, int bq, int b,
-	                                     int max_keys, float *out, int num_heads, int h0, int nh, int head_dim,
+	                                     int max_keys, di_outp out, int num_heads, int h0, int nh, int head_dim,
 	                                     unsigned *check) {
 		__shared__ int s_seq, s_tile;
 		if (threadIdx.x == 0) {
@@ -557,7 +580,7 @@ struct di_prefill_rows {
 		const int w = nh * head_dim; // the heads are adjacent in a row
 		for (int idx = threadIdx.x; idx < nq * w; idx += blockDim.x) {
 			const int r = idx / w;
-			out[((size_t)(q0 + j0 + r) * num_heads + h0) * head_dim + idx - r * w] = 0.f;
+			out.put(((size_t)(q0 + j0 + r) * num_heads + h0) * head_dim + idx - r * w, 0.f);
 		}
 		return false;
 	}
@@ -592,7 +615,7 @@ __global__ void __launch_bounds__(PF_THREADS)
 	const int tid = threadIdx.x, ty = tid >> 3, tx = tid & 7;
 	const int h = blockIdx.y, kvh = h / (num_heads / num_kv_heads);
 	di_prefill_rows pr;
-	if (!pr.find(cu, seqlens_k, num_seqs, PF_BQ, blockIdx.x, max_blocks * block_size, out, num_heads, h, 1, head_dim,
+	if (!pr.find(cu, seqlens_k, num_seqs, PF_BQ, blockIdx.x, max_blocks * block_size, di_outp{out, DI_F32}, num_heads, h, 1, head_dim,
 	             check))
 		return;
 	const int s = pr.s, q0 = pr.q0, ql = pr.ql, kl = pr.kl, j0 = pr.j0, nq = pr.nq;
@@ -968,9 +991,9 @@ struct di_tc16_rows {
 };
 
 // di_tc16_store writes a prefill warp's rows r0 and r0+8 (of nq) as o / l
-// (l summed over the quad first): row r at orow0 + r*stride.
+// (l summed over the quad first): row r at element row0 + r*stride of out.
 template <int D>
-__device__ __forceinline__ void di_tc16_store(float *orow0, size_t stride, const float (&o)[D / 8][4],
+__device__ __forceinline__ void di_tc16_store(di_outp out, size_t row0, size_t stride, const float (&o)[D / 8][4],
                                               const float (&l)[2], int r0, int nq) {
 	const int t4 = threadIdx.x & 3;
 #pragma unroll
@@ -981,10 +1004,9 @@ __device__ __forceinline__ void di_tc16_store(float *orow0, size_t stride, const
 		const int r = r0 + 8 * i;
 		if (r >= nq) continue;
 		const float inv = li > 0.f ? 1.f / li : 0.f;
-		float *orow = orow0 + (size_t)r * stride + 2 * t4;
+		const size_t orow = row0 + (size_t)r * stride + 2 * t4;
 #pragma unroll
-		for (int nd = 0; nd < D / 8; nd++)
-			*reinterpret_cast<float2 *>(orow + nd * 8) = make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
+		for (int nd = 0; nd < D / 8; nd++) out.put2(orow + nd * 8, o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
 	}
 }
 
@@ -994,7 +1016,7 @@ template <int D> static size_t di_prefill_tc_smem() {
 
 template <int D, typename T>
 __global__ void __launch_bounds__(TC_THREADS)
-    di_prefill_attn_tc_k(float *out, const float *q, const T *kc, const T *vc, const int *cu,
+    di_prefill_attn_tc_k(di_outp out, const float *q, const T *kc, const T *vc, const int *cu,
                          const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks, int block_size,
                          int num_blocks, int num_heads, int num_kv_heads, float scale_log2, int window,
                          unsigned *check) {
@@ -1048,7 +1070,7 @@ __global__ void __launch_bounds__(TC_THREADS)
 		__syncthreads();
 		if (rw.sees(t0, n)) di_tc16_tile<D>(o, m, l, qf, Ks, Vs, slots, t0, n, false, rw.first, rw.last, scale_log2);
 	}
-	di_tc16_store<D>(out + ((size_t)(q0 + j0) * num_heads + h) * D, (size_t)num_heads * D, o, l, r0, nq);
+	di_tc16_store<D>(out, ((size_t)(q0 + j0) * num_heads + h) * D, (size_t)num_heads * D, o, l, r0, nq);
 }
 
 // di_prefill_attn_tc16_k is di_prefill_attn_tc_k for half caches: the key
@@ -1073,7 +1095,7 @@ template <int D, typename T> static size_t di_prefill_tc16_smem() {
 
 template <int D, typename T>
 __global__ void __launch_bounds__(TC_THREADS)
-    di_prefill_attn_tc16_k(float *out, const float *q, const T *kc, const T *vc, const int *cu,
+    di_prefill_attn_tc16_k(di_outp out, const float *q, const T *kc, const T *vc, const int *cu,
                            const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks,
                            int block_size, int num_blocks, int num_heads, int num_kv_heads, float scale_log2,
                            int window, unsigned *check) {
@@ -1183,7 +1205,7 @@ __global__ void __launch_bounds__(TC_THREADS)
 		if (rw.sees(t0, n)) di_tc16_tile<D>(o, m, l, qf, Ks, Vs, sl, t0, n, full, rw.first, rw.last, scale_log2);
 		__syncthreads(); // stage st is consumed before the next fetch refills it
 	}
-	di_tc16_store<D>(out + ((size_t)(q0 + j0) * num_heads + h) * D, (size_t)num_heads * D, o, l, r0, nq);
+	di_tc16_store<D>(out, ((size_t)(q0 + j0) * num_heads + h) * D, (size_t)num_heads * D, o, l, r0, nq);
 }
 
 // di_prefill_attn_gqa_k is di_prefill_attn_tc16_k with the query heads of
@@ -1211,7 +1233,7 @@ template <int D> static size_t di_prefill_gqa_smem() {
 
 template <int D>
 __global__ void __launch_bounds__(GQA_THREADS, 2)
-    di_prefill_attn_gqa_k(float *out, const float *q, const __half *kc, const __half *vc, const int *cu,
+    di_prefill_attn_gqa_k(di_outp out, const float *q, const __half *kc, const __half *vc, const int *cu,
                           const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks,
                           int block_size, int num_blocks, int num_heads, int num_kv_heads, float scale_log2,
                           int window, unsigned *check) {
@@ -1314,7 +1336,7 @@ __global__ void __launch_bounds__(GQA_THREADS, 2)
 		__syncthreads(); // stage st is consumed before the next fetch refills it
 	}
 	if (bad) atomicOr(check, DI_CHECK_ATTENTION);
-	di_tc16_store<D>(out + ((size_t)(q0 + j0) * num_heads + h) * D, (size_t)num_heads * D, o, l, r0, nq);
+	di_tc16_store<D>(out, ((size_t)(q0 + j0) * num_heads + h) * D, (size_t)num_heads * D, o, l, r0, nq);
 }
 
 // ---------------------------------------------------------------- decode: tensor cores
@@ -2102,7 +2124,7 @@ static int di_decode_f8_s(di_ctx *ctx, float *acc, float2 *ml, const float *qp, 
 
 // di_prefill_tc launches di_prefill_attn_tc_k for head size D.
 template <int D, typename T>
-static int di_prefill_tc(di_ctx *ctx, float *op, const float *qp, const T *kp, const T *vp, const int *cu,
+static int di_prefill_tc(di_ctx *ctx, di_outp op, const float *qp, const T *kp, const T *vp, const int *cu,
                          const int *sk, const int *bt, const di_attn_meta *m, int num_heads, int num_kv_heads,
                          float scale, int window) {
 	const int tiles = (m->num_tokens + TC_BQ - 1) / TC_BQ + m->num_seqs; // bound on the prefill tiles
@@ -2217,15 +2239,29 @@ static int di_decode_tc(di_ctx *ctx, float *acc, float2 *ml, const float *qp, co
 #undef DI_DEC_TC
 }
 
-// attention runs di_op_attention over a cache of element type T.
+// attention_paths_16 reports whether every kernel attention<T> runs for
+// these arguments writes a 16-bit output itself (di_outp): the decode
+// combine and the tensor-core prefill kernels; the float32 kernels do not.
+static bool attention_paths_16(const di_ctx *ctx, const di_attn_meta *m, di_dptr q, di_dptr k_cache, di_dptr v_cache,
+                               int head_dim, int input_dtype) {
+	const bool split = head_dim <= DEC_MAX_D, decode_only = m->max_seqlen_q == 1;
+	const bool tc = (input_dtype == DI_BF16 || input_dtype == DI_F16) && ctx->gemm_mode == DI_GEMM_ROUND &&
+	                ((q | k_cache | v_cache) % 16 == 0) && (head_dim == 64 || head_dim == 128);
+	return split && (decode_only || tc);
+}
+
+// attention runs di_op_attention over a cache of element type T, into out
+// of out_dtype (attention_paths_16 must hold for a 16-bit one).
 template <typename T>
-static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache, const di_attn_meta *m,
-                     int num_heads, int num_kv_heads, int head_dim, float scale, int sliding_window, int input_dtype) {
+static int attention(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr q, di_dptr k_cache, di_dptr v_cache,
+                     const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
+                     int sliding_window, int input_dtype) {
 	const int *cu = DI_PTR(const int, m->cu_seqlens_q), *sk = DI_PTR(const int, m->seqlens_k),
 	          *bt = DI_PTR(const int, m->block_tables);
 	const float *qp = DI_PTR(const float, q);
 	const T *kp = DI_PTR(const T, k_cache), *vp = DI_PTR(const T, v_cache);
-	float *op = DI_PTR(float, out);
+	float *op = DI_PTR(float, out); // the float32 kernels' output (out_dtype DI_F32)
+	const di_outp outp{DI_PTR(void, out), out_dtype};
 	const bool split = head_dim <= DEC_MAX_D;
 	const bool decode_only = m->max_seqlen_q == 1;
 	const int vec4 = (head_dim % 4 == 0) && ((k_cache | v_cache) % 16 == 0);
@@ -2264,7 +2300,7 @@ static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dp
 			rc = di_check_launch(ctx, "attention (decode)");
 		}
 		if (rc == DI_OK) {
-			di_launch(ctx, di_decode_combine_k, dim3(m->num_seqs, num_heads), head_dim < 128 ? 64 : 128, 0, op,
+			di_launch(ctx, di_decode_combine_k, dim3(m->num_seqs, num_heads), head_dim < 128 ? 64 : 128, 0, outp,
 			          (const float *)acc, (const float2 *)ml, cu, num_heads, head_dim, nsplit);
 			rc = di_check_launch(ctx, "attention (decode combine)");
 		}
@@ -2274,9 +2310,9 @@ static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dp
 	}
 	if (decode_only && split) return DI_OK;
 	if (tc && head_dim == 64)
-		return di_prefill_tc<64>(ctx, op, qp, kp, vp, cu, sk, bt, m, num_heads, num_kv_heads, scale, sliding_window);
+		return di_prefill_tc<64>(ctx, outp, qp, kp, vp, cu, sk, bt, m, num_heads, num_kv_heads, scale, sliding_window);
 	if (tc && head_dim == 128)
-		return di_prefill_tc<128>(ctx, op, qp, kp, vp, cu, sk, bt, m, num_heads, num_kv_heads, scale, sliding_window);
+		return di_prefill_tc<128>(ctx, outp, qp, kp, vp, cu, sk, bt, m, num_heads, num_kv_heads, scale, sliding_window);
 	if (head_dim <= PF_MAX_D) {
 		const size_t shmem = di_prefill_smem(head_dim);
 		if (shmem > 48 * 1024) {
@@ -2298,10 +2334,24 @@ static int attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dp
 	return di_check_launch(ctx, "attention");
 }
 
-extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_cache, di_dptr v_cache,
+extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr q, di_dptr k_cache, di_dptr v_cache,
                                const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
                                int sliding_window, int input_dtype, int cache_dtype) {
 	if (m->num_tokens == 0) return DI_OK;
+	if (out_dtype != DI_F32 && out_dtype != DI_BF16 && out_dtype != DI_F16)
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "attention: out dtype %d (want F32, BF16 or F16)", out_dtype);
+	if (out_dtype != DI_F32 && !attention_paths_16(ctx, m, q, k_cache, v_cache, head_dim, input_dtype)) {
+		// A float32 kernel runs: into float32 scratch, then rounded.
+		const size_t n = (size_t)m->num_tokens * num_heads * head_dim;
+		void *tmp = nullptr;
+		int rc = di_scratch(ctx, n * sizeof(float), &tmp);
+		if (rc != DI_OK) return rc;
+		rc = di_op_attention(ctx, (di_dptr)tmp, DI_F32, q, k_cache, v_cache, m, num_heads, num_kv_heads, head_dim,
+		                     scale, sliding_window, input_dtype, cache_dtype);
+		if (rc == DI_OK) rc = di_narrow(ctx, DI_PTR(void, out), out_dtype, (const float *)tmp, n);
+		di_scratch_free(ctx, tmp);
+		return rc;
+	}
 	if (head_dim > ATT_MAX_COLS * ATT_THREADS)
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "attention: head_dim %d > %d", head_dim, ATT_MAX_COLS * ATT_THREADS);
 	if (m->num_tokens > 0x7fffffff || num_heads > 65535 || m->num_seqs > 65535)
@@ -2309,13 +2359,13 @@ extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr k_ca
 		               num_heads, m->num_seqs);
 	switch (cache_dtype) {
 	case DI_F32:
-		return attention<float>(ctx, out, q, k_cache, v_cache, m, num_heads, num_kv_heads, head_dim, scale,
+		return attention<float>(ctx, out, out_dtype, q, k_cache, v_cache, m, num_heads, num_kv_heads, head_dim, scale,
 		                        sliding_window, input_dtype);
 	case DI_F16:
-		return attention<__half>(ctx, out, q, k_cache, v_cache, m, num_heads, num_kv_heads, head_dim, scale,
+		return attention<__half>(ctx, out, out_dtype, q, k_cache, v_cache, m, num_heads, num_kv_heads, head_dim, scale,
 		                         sliding_window, input_dtype);
 	case DI_F8E4M3:
-		return attention<__nv_fp8_e4m3>(ctx, out, q, k_cache, v_cache, m, num_heads, num_kv_heads, head_dim, scale,
+		return attention<__nv_fp8_e4m3>(ctx, out, out_dtype, q, k_cache, v_cache, m, num_heads, num_kv_heads, head_dim, scale,
 		                                sliding_window, input_dtype);
 	}
 	return di_fail(ctx, DI_ERR_UNSUPPORTED, "attention: cache dtype %d (want F32, F16 or F8E4M3)", cache_dtype);

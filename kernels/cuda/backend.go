@@ -169,8 +169,9 @@ type Backend struct {
 }
 
 // NormNarrowEnv set to 0 makes LinearInputDType report F32 at every row
-// count, so that models keep their norms' outputs in float32 and each
-// linear rounds them itself (the same bits, one more pass): for A/B runs.
+// count, so that models keep their norms' and attention's outputs in
+// float32 and each linear rounds them itself (the same bits, one more
+// pass): for A/B runs.
 const NormNarrowEnv = "DEEPINFER_CUDA_NORM_NARROW"
 
 var _ kernels.Ops = (*Backend)(nil)

@@ -138,3 +138,62 @@ func TestGPUNormNarrowModel(t *testing.T) {
 		}
 	}
 }
+
+// Attention into a 16-bit out (the input of the o projection, as
+// LinearInputDType reports it) writes the float32 output rounded to
+// nearest: decode-only and mixed batches, on the kernels that round as
+// they store (tensor-core prefill, the decode combine; half, 8-bit and
+// float32 caches, head sizes 64 and 128) and on the float32 kernels
+// (float32 inputs, head size 40), which go through float32 scratch.
+func TestGPUAttentionOut16(t *testing.T) {
+	p := newPair(t, GEMMRound)
+	const blockSize, numBlocks = 16, 256
+	for _, c := range []struct {
+		name  string
+		cache kernels.DType
+		ap    kernels.AttentionParams
+	}{
+		{"half-d128", kernels.F16, kernels.AttentionParams{NumHeads: 16, NumKVHeads: 8, HeadDim: 128, InputDType: kernels.BF16}},
+		{"half-d64", kernels.F16, kernels.AttentionParams{NumHeads: 32, NumKVHeads: 8, HeadDim: 64, InputDType: kernels.BF16}},
+		{"fp8-d128", kernels.F8E4M3, kernels.AttentionParams{NumHeads: 16, NumKVHeads: 8, HeadDim: 128, InputDType: kernels.BF16}},
+		{"f32-d64", kernels.F32, kernels.AttentionParams{NumHeads: 8, NumKVHeads: 2, HeadDim: 64, InputDType: kernels.BF16}},
+		{"f32-inputs", kernels.F16, kernels.AttentionParams{NumHeads: 8, NumKVHeads: 2, HeadDim: 64, InputDType: kernels.F32}},
+		{"d40", kernels.F16, kernels.AttentionParams{NumHeads: 8, NumKVHeads: 2, HeadDim: 40, InputDType: kernels.BF16}},
+	} {
+		for _, mixed := range []bool{false, true} {
+			seqs := [][2]int{{1, 700}, {1, 33}, {1, 1500}, {1, 256}, {1, 90}} // (query rows, keys)
+			if mixed {
+				seqs = append(seqs, [2]int{100, 300}, [2]int{37, 37})
+			}
+			t.Run(fmt.Sprintf("%s/mixed=%v", c.name, mixed), func(t *testing.T) {
+				ap := c.ap
+				ap.Scale = float32(1 / math.Sqrt(float64(ap.HeadDim)))
+				b := p.pagedBatch(blockSize, numBlocks, seqs)
+				if !mixed {
+					b.gpuMeta.MaxSeqlenQ = 1
+				}
+				width, w := ap.NumKVHeads*ap.HeadDim, ap.NumHeads*ap.HeadDim
+				cache := func() kernels.Tensor {
+					vals := randVals(p.r, numBlocks*blockSize*width, 2)
+					return upload(t, p.g, c.cache, hostBytes(c.cache, vals), c.cache, numBlocks, blockSize, width)
+				}
+				kc, vc := cache(), cache()
+				q := p.rand(kernels.F32, 1, b.numTokens, w)
+				out32, _ := p.g.Alloc(kernels.F32, b.numTokens, w)
+				if err := p.g.Attention(out32, q.g, kc, vc, &b.gpuMeta, ap); err != nil {
+					t.Fatal(err)
+				}
+				want := f32Of(t, p.g, out32)
+				for _, dt := range []kernels.DType{kernels.BF16, kernels.F16} {
+					out16, _ := p.g.Alloc(dt, b.numTokens, w)
+					if err := p.g.Attention(out16, q.g, kc, vc, &b.gpuMeta, ap); err != nil {
+						t.Fatal(err)
+					}
+					if got := rawOf(t, p.g, out16); !bytes.Equal(got, hostBytes(dt, want)) {
+						t.Fatalf("%s out: not the float32 output rounded to nearest", dt)
+					}
+				}
+			})
+		}
+	}
+}

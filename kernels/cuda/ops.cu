@@ -41,6 +41,17 @@ template <typename T> __global__ void di_narrow_k(T *dst, const float *src, size
 		dst[i] = di_from_f32<T>(src[i]);
 }
 
+int di_narrow(di_ctx *ctx, void *dst, int dtype, const float *src, size_t n) {
+	if (n == 0) return DI_OK;
+	if (dtype == DI_BF16)
+		di_launch(ctx, di_narrow_k<__nv_bfloat16>, di_grid(n, 256), 256, 0, (__nv_bfloat16 *)dst, src, n);
+	else if (dtype == DI_F16)
+		di_launch(ctx, di_narrow_k<__half>, di_grid(n, 256), 256, 0, (__half *)dst, src, n);
+	else
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "narrow: dtype %d (want BF16 or F16)", dtype);
+	return di_check_launch(ctx, "narrow");
+}
+
 // ---------------------------------------------------------------- embedding
 
 template <typename T>

@@ -539,7 +539,9 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 		return err
 	}
 	t := qs.shape[0]
-	if err := checkShape(op, "out", o, []int{t, nh * d}, kernels.F32); err != nil {
+	// A 16-bit out holds the float32 results rounded to nearest, for a
+	// 16-bit linear after it (LinearInputDType).
+	if err := checkShape(op, "out", o, []int{t, nh * d}, kernels.F32, kernels.BF16, kernels.F16); err != nil {
 		return err
 	}
 	if err := checkShape(op, "k_cache", kc, []int{-1, -1, p.NumKVHeads * d}, cacheDTypes...); err != nil {
@@ -560,7 +562,7 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 		}
 	}
 	return b.launch(name, func() C.int {
-		return C.c_attention(b.lib.api, b.ctx, o.ptr(), qs.ptr(), kc.ptr(), vc.ptr(), &cm, C.int(nh), C.int(p.NumKVHeads),
+		return C.c_attention(b.lib.api, b.ctx, o.ptr(), C.int(o.dtype), qs.ptr(), kc.ptr(), vc.ptr(), &cm, C.int(nh), C.int(p.NumKVHeads),
 			C.int(d), C.float(p.Scale), C.int(p.SlidingWindow), C.int(p.InputDType), C.int(kc.dtype))
 	}, append(keep, o, qs, kc, vc)...)
 }
