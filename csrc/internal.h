@@ -82,6 +82,10 @@ struct di_ctx {
 	// dec_blocks_per_sm is the blocks a multiprocessor that
 	// di_dec_chunks_per_block leaves for decode rows ($DEEPINFER_CUDA_DEC_BPS).
 	int dec_blocks_per_sm = 32;
+	// Attention kernels round a 16-bit output as they store it (1), or
+	// every 16-bit output goes through float32 scratch and a narrowing pass
+	// (0, the same bits); $DEEPINFER_CUDA_ATTN_OUT16.
+	int attn_out16 = 1;
 	// di_decode_attn_km_k takes as many chunks a block as
 	// di_decode_attn_f8_k does (1) or one (0); $DEEPINFER_CUDA_DEC_KM_CPB.
 	int dec_km_cpb = 1;

@@ -2247,7 +2247,7 @@ static bool attention_paths_16(const di_ctx *ctx, const di_attn_meta *m, di_dptr
 	const bool split = head_dim <= DEC_MAX_D, decode_only = m->max_seqlen_q == 1;
 	const bool tc = (input_dtype == DI_BF16 || input_dtype == DI_F16) && ctx->gemm_mode == DI_GEMM_ROUND &&
 	                ((q | k_cache | v_cache) % 16 == 0) && (head_dim == 64 || head_dim == 128);
-	return split && (decode_only || tc);
+	return ctx->attn_out16 && split && (decode_only || tc);
 }
 
 // attention runs di_op_attention over a cache of element type T, into out

@@ -144,8 +144,18 @@ func TestGPUNormNarrowModel(t *testing.T) {
 // nearest: decode-only and mixed batches, on the kernels that round as
 // they store (tensor-core prefill, the decode combine; half, 8-bit and
 // float32 caches, head sizes 64 and 128) and on the float32 kernels
-// (float32 inputs, head size 40), which go through float32 scratch.
+// (float32 inputs, head size 40), which go through float32 scratch, as
+// every call does with DEEPINFER_CUDA_ATTN_OUT16=0.
 func TestGPUAttentionOut16(t *testing.T) {
+	for _, env := range []string{"", "0"} {
+		t.Run("ATTN_OUT16="+env, func(t *testing.T) {
+			t.Setenv("DEEPINFER_CUDA_ATTN_OUT16", env)
+			attentionOut16(t)
+		})
+	}
+}
+
+func attentionOut16(t *testing.T) {
 	p := newPair(t, GEMMRound)
 	const blockSize, numBlocks = 16, 256
 	for _, c := range []struct {
