@@ -306,7 +306,7 @@ func (m *llama) layer(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid,
 	x := s.getTyped("x", s.linearInputDType(t, ly.qkv, ly.mlp.gateUp), t, m.cfg.HiddenSize)
 	qkv := s.get("qkv", t, qd+2*kvd)
 	q, k, v := s.get("q", t, qd), s.get("k", t, kvd), s.get("v", t, kvd)
-	attn := s.getTyped("attn", linearInputDType(ops, t, ly.o), t, qd) // read only by the o projection
+	attn := s.getTyped("attn", s.linearInputDType(t, ly.o), t, qd) // read only by the o projection
 	if s.err != nil {
 		return s.err
 	}

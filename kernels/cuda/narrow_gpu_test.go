@@ -193,13 +193,13 @@ func attentionOut16(t *testing.T) {
 				if err := p.g.Attention(out32, q.g, kc, vc, &b.gpuMeta, ap); err != nil {
 					t.Fatal(err)
 				}
-				want := f32Of(t, p.g, out32)
+				want := p.f32(p.g, out32)
 				for _, dt := range []kernels.DType{kernels.BF16, kernels.F16} {
 					out16, _ := p.g.Alloc(dt, b.numTokens, w)
 					if err := p.g.Attention(out16, q.g, kc, vc, &b.gpuMeta, ap); err != nil {
 						t.Fatal(err)
 					}
-					if got := rawOf(t, p.g, out16); !bytes.Equal(got, hostBytes(dt, want)) {
+					if got := p.raw(p.g, out16); !bytes.Equal(got, hostBytes(dt, want)) {
 						t.Fatalf("%s out: not the float32 output rounded to nearest", dt)
 					}
 				}
