@@ -546,7 +546,7 @@ __device__ __forceinline__ void di_stage_rows(float *dst, int ld, const T *base,
 // query count or above max_keys (its block table's reach): that is
 // reported to check and the tile's rows of heads [h0, h0+nh) of out (rows
 // of num_heads x head_dim floats) are zeroed. Every thread calls it;
-// thread 0 walks the sequences.
+// the first warp walks the sequences.
 struct di_prefill_rows {
 	int s, q0, ql, kl; // the sequence, its first query row, query and key counts
 	int j0, nq;        // the tile's first row within the sequence and its row count
@@ -554,21 +554,38 @@ struct di_prefill_rows {
 	                                     int max_keys, di_outp out, int num_heads, int h0, int nh, int head_dim,
 	                                     unsigned *check) {
 		__shared__ int s_seq, s_tile;
-		if (threadIdx.x == 0) {
+		// The first warp walks the sequences 32 at a time: each lane takes
+		// one sequence's tile count, an inclusive scan over the lanes and a
+		// ballot find the sequence holding tile b. (One thread walking them
+		// in turn paid a load's latency per sequence: in a mixed step, every
+		// prefill block first walked past all the decode rows.)
+		if (threadIdx.x < 32) {
+			const int lane = threadIdx.x;
 			int sq = -1, t = 0;
-			for (int si = 0; si < num_seqs; si++) {
-				const int n = cu[si + 1] - cu[si];
-				if (n < 2) continue;
-				const int nt = (n + bq - 1) / bq;
-				if (b < nt) {
-					sq = si;
-					t = nt - 1 - b;
+			for (int base = 0; base < num_seqs; base += 32) {
+				const int si = base + lane;
+				int nt = 0;
+				if (si < num_seqs) {
+					const int n = cu[si + 1] - cu[si];
+					nt = n < 2 ? 0 : (n + bq - 1) / bq;
+				}
+				int incl = nt;
+#pragma unroll
+				for (int o = 1; o < 32; o <<= 1) {
+					const int v = __shfl_up_sync(0xffffffffu, incl, o);
+					if (lane >= o) incl += v;
+				}
+				const unsigned hit = __ballot_sync(0xffffffffu, b < incl);
+				if (hit) {
+					const int l = __ffs(hit) - 1;
+					const int before = __shfl_sync(0xffffffffu, incl - nt, l), ntl = __shfl_sync(0xffffffffu, nt, l);
+					sq = base + l;
+					t = ntl - 1 - (b - before);
 					break;
 				}
-				b -= nt;
+				b -= __shfl_sync(0xffffffffu, incl, 31);
 			}
-			s_seq = sq;
-			s_tile = t;
+			if (lane == 0) s_seq = sq, s_tile = t;
 		}
 		__syncthreads();
 		s = s_seq;
