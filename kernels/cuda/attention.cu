@@ -1395,37 +1395,53 @@ __device__ __forceinline__ void di_dec_stage(void *kd, void *vd, const T *kbase,
 	}
 }
 
-// di_dec_chunk_keys finds the keys [t_lo, t_hi) of chunks [c0, c0 + nc)
-// (those below nsplit) of decode row blockIdx.z (query row q0) for a
-// tensor-core decode block of KV head blockIdx.y, and the row's chunk
-// length len. The chunks of the block that hold no keys get their partial
-// results written empty, for the group's heads, at ml[hh * nsplit + c] (ml:
-// the row's partials of head h0, chunk 0). False when the block has
-// nothing to do: a sequence that is not one decode row (an error in a
-// decode-only batch), bad metadata (reported once), or no keys.
+// di_dec_chunk_keys finds the keys [t_lo, t_hi) of the chunks that block
+// blockIdx.x of gridDim.x takes of decode row blockIdx.z (query row q0), for
+// a tensor-core decode block of KV head blockIdx.y, and the row's chunk
+// length len. The row's chunks that hold keys, [first / len, ceil(kl /
+// len)), are dealt out evenly in runs of consecutive chunks (block x takes
+// [cf + x*count/gridDim.x, cf + (x+1)*count/gridDim.x)), so no block is
+// idle while another takes two more than it, whatever the width of the
+// block tables (nsplit, the chunks of the longest possible row). Block 0 writes the partial results of the chunks without
+// keys empty, for the group's heads, at ml[hh * nsplit + c] (ml: the row's
+// partials of head h0, chunk 0). A chunk's keys, and so its arithmetic,
+// depend on the row's own key count alone: the deal changes no bit. False
+// when the block has nothing to do: a sequence that is not one decode row
+// (an error in a decode-only batch), bad metadata (reported once), or no
+// chunk left for it.
 __device__ __forceinline__ bool di_dec_chunk_keys(const int *cu, const int *seqlens_k, int max_keys, int min_chunk,
-                                                  int window, int decode_only, int group, int c0, int nc, int nsplit,
-                                                  float2 *ml, unsigned *check, int *q0, int *t_lo, int *t_hi,
-                                                  int *len) {
-	const int kvh = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
+                                                  int window, int decode_only, int group, int nsplit, float2 *ml,
+                                                  unsigned *check, int *q0, int *t_lo, int *t_hi, int *len) {
+	const int x = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, tid = threadIdx.x;
 	*q0 = cu[s];
 	const int ql = cu[s + 1] - *q0;
 	if (ql != 1) {
-		if (decode_only && ql != 0 && c0 == 0 && kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
+		if (decode_only && ql != 0 && x == 0 && kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
 		return false;
 	}
 	const int kl = seqlens_k[s];
-	const bool bad = kl < 1 || kl > max_keys;
-	if (bad && c0 == 0 && kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
-	const int n = di_dec_chunk(kl, min_chunk), c1 = min(c0 + nc, nsplit);
-	const int first = window > 0 ? max(0, kl - window) : 0;
-	for (int i = tid; i < (c1 - c0) * group; i += blockDim.x) {
-		const int c = c0 + i / group, hh = i - (c - c0) * group;
-		if (bad || max(first, c * n) >= min(kl, (c + 1) * n)) ml[(size_t)hh * nsplit + c] = make_float2(-CUDART_INF_F, 0.f);
+	if (kl < 1 || kl > max_keys) {
+		if (x == 0) {
+			if (kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
+			for (int i = tid; i < nsplit * group; i += blockDim.x)
+				ml[(size_t)(i / nsplit) * nsplit + i % nsplit] = make_float2(-CUDART_INF_F, 0.f);
+		}
+		return false;
 	}
+	const int n = di_dec_chunk(kl, min_chunk);
+	const int first = window > 0 ? max(0, kl - window) : 0;
+	const int cf = first / n, cl = (kl + n - 1) / n; // the chunks with keys: [cf, cl), cl <= nsplit
+	if (x == 0) {
+		const int empty = cf + nsplit - cl;
+		for (int i = tid; i < empty * group; i += blockDim.x) {
+			const int e = i / group, hh = i - e * group, c = e < cf ? e : cl + e - cf;
+			ml[(size_t)hh * nsplit + c] = make_float2(-CUDART_INF_F, 0.f);
+		}
+	}
+	const int nc = cl - cf, c0 = cf + x * nc / (int)gridDim.x, c1 = cf + (x + 1) * nc / (int)gridDim.x;
 	*len = n;
 	*t_lo = max(first, c0 * n), *t_hi = min(kl, c1 * n);
-	return !bad && *t_lo < *t_hi;
+	return c0 < c1;
 }
 
 // di_dec_fetcher copies the key and value tiles of a tensor-core decode
@@ -1549,14 +1565,16 @@ __global__ void __launch_bounds__(TC_THREADS, di_is_fp8<T> ? 4 : 1)
 		raw = nullptr;
 		slots = reinterpret_cast<int *>(Vst + S * TC_BK * LQ);
 	}
-	const int c = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, nsplit = gridDim.x;
+	const int kvh = blockIdx.y, s = blockIdx.z, nsplit = gridDim.x; // one chunk a block
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	const int group = num_heads / num_kv_heads, h0 = kvh * group;
-	float2 *ml = part_ml + ((size_t)s * num_heads + h0) * nsplit + c; // head hh at ml[hh*nsplit]
+	float2 *ml = part_ml + ((size_t)s * num_heads + h0) * nsplit; // chunk c of head hh at ml[hh*nsplit + c]
 	int q0, t_lo, t_hi, len;
-	if (!di_dec_chunk_keys(cu, seqlens_k, max_blocks * block_size, min_chunk, window, decode_only, group, c, 1, nsplit,
-	                       ml - c, check, &q0, &t_lo, &t_hi, &len))
+	if (!di_dec_chunk_keys(cu, seqlens_k, max_blocks * block_size, min_chunk, window, decode_only, group, nsplit, ml,
+	                       check, &q0, &t_lo, &t_hi, &len))
 		return;
+	const int c = t_lo / len;
+	ml += c; // head hh at ml[hh*nsplit]
 	di_dec_fetcher<D, T> tiles{block_tables + (size_t)s * max_blocks, di_block_div(block_size), t_lo, t_hi,
 	                           num_blocks, (size_t)num_kv_heads * D, kc + kvh * D, vc + kvh * D, slots, Kst, Vst, raw,
 	                           check};
@@ -1769,13 +1787,14 @@ __device__ __forceinline__ void di_km_flush(float *wbuf, float (&m)[2], float (&
 // in another order. Float32 caches are widened to half while staged, as
 // di_decode_attn_tc_k does, so all three cache types give the same bits
 // over the same values. Like di_decode_attn_f8_k, a block may take several
-// consecutive chunks of its row (cpb), merging its warps as each ends.
+// consecutive chunks of its row (di_dec_chunk_keys), merging its warps as
+// each ends.
 template <int D, typename T>
 __global__ void __launch_bounds__(TC_THREADS, 3)
     di_decode_attn_km_k(float *part_acc, float2 *part_ml, const float *q, const T *kc, const T *vc, const int *cu,
                         const int *seqlens_k, const int *block_tables, int max_blocks, int block_size, int num_blocks,
                         int num_heads, int num_kv_heads, float scale_log2, int window, int decode_only,
-                        int min_chunk, int nsplit, int cpb, unsigned *check) {
+                        int min_chunk, int nsplit, unsigned *check) {
 	di_pdl_wait();
 	constexpr int S = 2, LQ = D + 8, KS = D / 16, MT = D / 16;
 	constexpr bool F8 = di_is_fp8<T>;
@@ -1795,13 +1814,13 @@ __global__ void __launch_bounds__(TC_THREADS, 3)
 		raw = nullptr;
 		slots = reinterpret_cast<int *>(Vst + S * TC_BK * LQ);
 	}
-	const int c0 = blockIdx.x * cpb, kvh = blockIdx.y, s = blockIdx.z;
+	const int kvh = blockIdx.y, s = blockIdx.z;
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	const int group = num_heads / num_kv_heads, h0 = kvh * group;
 	float2 *ml = part_ml + ((size_t)s * num_heads + h0) * nsplit; // chunk c of head hh at ml[hh*nsplit + c]
 	int q0, t_lo, t_hi, len;
-	if (!di_dec_chunk_keys(cu, seqlens_k, max_blocks * block_size, min_chunk, window, decode_only, group, c0, cpb,
-	                       nsplit, ml, check, &q0, &t_lo, &t_hi, &len))
+	if (!di_dec_chunk_keys(cu, seqlens_k, max_blocks * block_size, min_chunk, window, decode_only, group, nsplit, ml,
+	                       check, &q0, &t_lo, &t_hi, &len))
 		return;
 	di_dec_fetcher<D, T> tiles{block_tables + (size_t)s * max_blocks, di_block_div(block_size), t_lo, t_hi,
 	                           num_blocks, (size_t)num_kv_heads * D, kc + kvh * D, vc + kvh * D, slots, Kst, Vst, raw,
@@ -1926,8 +1945,8 @@ template <int D, typename T> static size_t di_decode_km_smem() {
 // are those of di_decode_attn_km_k over the same values, and the bits too:
 // the permutations only reorder terms inside one MMA's 16-term sum, which
 // the tensor cores add without an order (TestGPUDecodeKeysAsRows). A row's
-// result depends only on its own keys. A block takes cpb consecutive
-// chunks of its row (di_dec_chunks_per_block) and writes each chunk's
+// result depends only on its own keys. A block takes a run of consecutive
+// chunks of its row (di_dec_chunk_keys, di_dec_blocks_per_row) and writes each chunk's
 // partial results when the chunk's last tile is done. Qwen3-0.6B heads,
 // 256 rows of 300-1500 keys, one decode step: 6.26 ms against
 // di_decode_attn_km_k's 7.79 (2 stages 6.27, 4 stages 7.01: three blocks a
@@ -1967,19 +1986,19 @@ __global__ void __launch_bounds__(TC_THREADS, S == 2 ? 5 : 4) // two stages: 96 
     di_decode_attn_f8_k(float *part_acc, float2 *part_ml, const float *q, const __nv_fp8_e4m3 *kc,
                         const __nv_fp8_e4m3 *vc, const int *cu, const int *seqlens_k, const int *block_tables,
                         int max_blocks, int block_size, int num_blocks, int num_heads, int num_kv_heads,
-                        float scale_log2, int window, int decode_only, int min_chunk, int nsplit, int cpb, unsigned *check) {
+                        float scale_log2, int window, int decode_only, int min_chunk, int nsplit, unsigned *check) {
 	static_assert(S >= 2, "two stages at least");
 	di_pdl_wait();
 	constexpr int LB = di_f8_row<D>, KS = D / 16, NP = D / 32;
 	constexpr int CH = D / 16, RSTEP = TC_THREADS / CH, RPT = TC_BK / RSTEP; // 16-byte chunks a row; rows a thread copies
 	extern __shared__ __align__(16) unsigned char tc_smem[]; // [S][K, V][TC_BK][LB]
-	const int c0 = blockIdx.x * cpb, kvh = blockIdx.y, s = blockIdx.z;
+	const int kvh = blockIdx.y, s = blockIdx.z;
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	const int group = num_heads / num_kv_heads, h0 = kvh * group;
 	float2 *ml = part_ml + ((size_t)s * num_heads + h0) * nsplit; // chunk c of head hh at ml[hh*nsplit + c]
 	int q0, t_lo, t_hi, len;
-	if (!di_dec_chunk_keys(cu, seqlens_k, max_blocks * block_size, min_chunk, window, decode_only, group, c0, cpb,
-	                       nsplit, ml, check, &q0, &t_lo, &t_hi, &len))
+	if (!di_dec_chunk_keys(cu, seqlens_k, max_blocks * block_size, min_chunk, window, decode_only, group, nsplit, ml,
+	                       check, &q0, &t_lo, &t_hi, &len))
 		return;
 	// Key kk of stage st's tile copies from cache slot slots[st][kk] (-1:
 	// nothing, zeros): thread kk < TC_BK computes the slots of tile j + S
@@ -2105,23 +2124,27 @@ __global__ void __launch_bounds__(TC_THREADS, S == 2 ? 5 : 4) // two stages: 96 
 	}
 }
 
-// di_dec_chunks_per_block is how many consecutive chunks of a row one
-// block of di_decode_attn_f8_k (and of di_decode_attn_km_k, unless
-// ctx->dec_km_cpb is 0) takes: the most (a power of two, up to nsplit) that
-// still leaves ctx->dec_blocks_per_sm (32; $DEEPINFER_CUDA_DEC_BPS) blocks a multiprocessor for rows (decode
-// rows times KV heads); $DEEPINFER_CUDA_DEC_CPB fixes it. A chunk's
+// di_dec_blocks_per_row is how many blocks a (decode row, KV head) of
+// di_decode_attn_f8_k (and of di_decode_attn_km_k, unless ctx->dec_km_cpb
+// is 0) gets, each taking an even run of the row's chunks
+// (di_dec_chunk_keys): enough that rows times that fill ctx->dec_blocks_per_sm
+// (32; $DEEPINFER_CUDA_DEC_BPS) blocks a multiprocessor, at most nsplit;
+// $DEEPINFER_CUDA_DEC_CPB=n asks ceil(nsplit / n) instead. A chunk's
 // arithmetic is the same in any block, so the choice changes no bit; it
-// trades the blocks' start-up (the first copies' latency, and blocks that
-// find no keys past a short row) against parallelism for a few long rows.
-// Offline Qwen3-0.6B: 22.5k -> 26.3k output tok/s over 8-bit caches,
-// 18.5k -> 20.3k over half ones; with 8 blocks a multiprocessor (whole
-// rows at 256 rows) the tail of unequal rows cost more than it saved.
-static int di_dec_chunks_per_block(const di_ctx *ctx, size_t rows, int nsplit) {
-	if (ctx->dec_cpb > 0) return ctx->dec_cpb < nsplit ? ctx->dec_cpb : nsplit;
+// trades the blocks' start-up (the first copies' latency) against
+// parallelism for a few long rows. The count follows the rows, not the
+// tables' width: the engine's captured graphs have tables as wide as
+// max_model_len (Qwen3-0.6B offline: 8 chunks a row where the rows hold
+// 1-6), and a count from the width left blocks with no chunk. Offline
+// Qwen3-0.6B: 22.5k -> 26.3k output tok/s over 8-bit caches, 18.5k -> 20.3k
+// over half ones for chunk runs against one chunk a block; with 8 blocks a
+// multiprocessor (whole rows at 256 rows) the tail of unequal rows cost
+// more than it saved.
+static int di_dec_blocks_per_row(const di_ctx *ctx, size_t rows, int nsplit) {
+	if (ctx->dec_cpb > 0) return (nsplit + ctx->dec_cpb - 1) / ctx->dec_cpb;
 	const size_t want = (size_t)ctx->dec_blocks_per_sm * (ctx->sm_count > 0 ? ctx->sm_count : 132);
-	int cpb = 1;
-	while (cpb < nsplit && rows * (size_t)((nsplit + 2 * cpb - 1) / (2 * cpb)) >= want) cpb *= 2;
-	return cpb;
+	const size_t g = rows > 0 ? (want + rows - 1) / rows : 1;
+	return g < (size_t)nsplit ? (int)g : nsplit;
 }
 
 template <int D, int S>
@@ -2132,10 +2155,10 @@ static int di_decode_f8_s(di_ctx *ctx, float *acc, float2 *ml, const float *qp, 
 	cudaError_t e =
 	    cudaFuncSetAttribute(di_decode_attn_f8_k<D, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
 	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (decode, 8-bit in registers): cudaFuncSetAttribute");
-	const int cpb = di_dec_chunks_per_block(ctx, (size_t)m->num_seqs * num_kv_heads, nsplit);
-	di_launch(ctx, di_decode_attn_f8_k<D, S>, dim3((nsplit + cpb - 1) / cpb, num_kv_heads, m->num_seqs), TC_THREADS,
+	const int per_row = di_dec_blocks_per_row(ctx, (size_t)m->num_seqs * num_kv_heads, nsplit);
+	di_launch(ctx, di_decode_attn_f8_k<D, S>, dim3(per_row, num_kv_heads, m->num_seqs), TC_THREADS,
 	          shmem, acc, ml, qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
-	          num_kv_heads, scale * 1.4426950408889634f, window, decode_only, ctx->dec_chunk, nsplit, cpb, ctx->check);
+	          num_kv_heads, scale * 1.4426950408889634f, window, decode_only, ctx->dec_chunk, nsplit, ctx->check);
 	return di_check_launch(ctx, "attention (decode, 8-bit in registers)");
 }
 
@@ -2230,11 +2253,12 @@ static int di_decode_tc(di_ctx *ctx, float *acc, float2 *ml, const float *qp, co
 			cudaError_t e =
 			    cudaFuncSetAttribute(di_decode_attn_km_k<D, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem);
 			if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (decode, keys as rows): cudaFuncSetAttribute");
-			const int cpb = ctx->dec_km_cpb ? di_dec_chunks_per_block(ctx, (size_t)m->num_seqs * num_kv_heads, nsplit) : 1;
-			di_launch(ctx, di_decode_attn_km_k<D, T>, dim3((nsplit + cpb - 1) / cpb, num_kv_heads, m->num_seqs),
+			const int per_row =
+			    ctx->dec_km_cpb ? di_dec_blocks_per_row(ctx, (size_t)m->num_seqs * num_kv_heads, nsplit) : nsplit;
+			di_launch(ctx, di_decode_attn_km_k<D, T>, dim3(per_row, num_kv_heads, m->num_seqs),
 			          TC_THREADS, shmem, acc, ml, qp, kp, vp, cu, sk, bt, m->max_blocks_per_seq, m->block_size,
 			          m->num_blocks, num_heads, num_kv_heads, scale * 1.4426950408889634f, window, decode_only,
-			          ctx->dec_chunk, nsplit, cpb, ctx->check);
+			          ctx->dec_chunk, nsplit, ctx->check);
 			return di_check_launch(ctx, "attention (decode, keys as rows)");
 		}
 	}

@@ -519,13 +519,14 @@ func TestGPUDecodeKeysAsRows(t *testing.T) {
 	}
 }
 
-// A block of the 8-bit decode kernel may take several consecutive chunks of
-// a row (DEEPINFER_CUDA_DEC_CPB, chosen from the batch's size when unset),
-// and so may one of the keys-as-rows kernel (DEEPINFER_CUDA_DEC_KM_CPB, on
-// by default; over half caches, or 8-bit ones with
-// DEEPINFER_CUDA_DEC_F8_DIRECT=0):
-// each chunk's arithmetic is the same in any block, so one, two, three (not
-// dividing the chunk count) and all chunks a block give the same bits, with
+// A block of the 8-bit decode kernel may take a run of consecutive chunks
+// of a row (the row's chunks dealt evenly over ceil(nsplit / n) blocks with
+// DEEPINFER_CUDA_DEC_CPB=n, over a count chosen from the batch's size when
+// unset), and so may one of the keys-as-rows kernel
+// (DEEPINFER_CUDA_DEC_KM_CPB, on by default; over half caches, or 8-bit
+// ones with DEEPINFER_CUDA_DEC_F8_DIRECT=0): each chunk's arithmetic is the
+// same in any block, so one, two, three (not dividing the chunk count) and
+// all chunks a block give the same bits, with
 // two or three copy stages, over half and 8-bit caches, rows of one to
 // eight chunks, a window that starts mid-chunk and a row shorter than one
 // tile.
