@@ -178,19 +178,26 @@ func logProfile(b *testing.B, g *Backend) {
 }
 
 // BenchmarkGPUDecodeLlama1B times decode steps at batch 1 and 32 with 256
-// tokens of context per sequence: eager, and one captured CUDA graph replayed.
+// tokens of context per sequence: eager, and one captured CUDA graph
+// replayed. Two more single rows, of 2048 and 8192 keys, show what the
+// decode attention's chunk length (DEEPINFER_CUDA_DEC_CHUNK) costs a lone
+// long row: its blocks are its chunks times the KV heads.
 func BenchmarkGPUDecodeLlama1B(b *testing.B) {
 	const blockSize, ctxLen, maxBatch = 16, 256, 32
 	perSeq := (ctxLen + blockSize) / blockSize
 	bm := loadLlama1B(b, GEMMRound, maxBatch*perSeq, blockSize) // once: sub-benchmarks run more than once
-	for _, batch := range []int{1, maxBatch} {
-		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
-			ctx := make([]int, batch)
+	for _, c := range []struct{ batch, ctx int }{{1, ctxLen}, {maxBatch, ctxLen}, {1, 2048}, {1, 8192}} {
+		name := fmt.Sprintf("batch=%d", c.batch)
+		if c.ctx != ctxLen {
+			name += fmt.Sprintf(",context=%d", c.ctx)
+		}
+		b.Run(name, func(b *testing.B) {
+			ctx := make([]int, c.batch)
 			for s := range ctx {
-				ctx[s] = ctxLen
+				ctx[s] = c.ctx
 			}
 			gms := bm.decodeSteps(b, ctx, true)
-			b.Logf("decode batch %d, context %d: graph replay %.3f ms/step (%.0f tok/s); floor 0.71 ms", batch, ctxLen, gms, float64(batch)/(gms/1e3))
+			b.Logf("decode batch %d, context %d: graph replay %.3f ms/step (%.0f tok/s); floor 0.71 ms", c.batch, c.ctx, gms, float64(c.batch)/(gms/1e3))
 		})
 	}
 }
