@@ -40,7 +40,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 9u
+#define DI_ABI_VERSION 10u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -195,6 +195,11 @@ typedef struct di_api {
 	int (*device_info)(di_ctx *ctx, di_device_info *out);
 	int (*mem_stats)(di_ctx *ctx, di_mem_stats *out);
 	int (*set_gemm_mode)(di_ctx *ctx, int mode);
+	/* set_decode_chunk: keys per chunk of a split decode row's attention (a
+	 * multiple of 128; the default 256, or $DEEPINFER_CUDA_DEC_CHUNK). A
+	 * function of nothing but this setting and the row's key count, so a
+	 * row's bits do not depend on its batch. */
+	int (*set_decode_chunk)(di_ctx *ctx, int keys);
 
 	/* --- memory --- */
 	/* alloc: from the caching allocator; not zeroed. */

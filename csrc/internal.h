@@ -21,6 +21,7 @@ struct di_stage {
 	cudaEvent_t done = nullptr;
 };
 
+#define DI_DEC_CHUNK_ALIGN 128 // decode key chunks are multiples of this (attention.cu)
 #define DI_SKINNY_SEMS 1024 // tiles of one split-K launch of the skinny GEMM (gemm_skinny.cu)
 
 struct di_ctx {
@@ -43,9 +44,11 @@ struct di_ctx {
 	// $DEEPINFER_CUDA_SKINNY. Off by default: batch-invariant, but slower than
 	// cuBLAS on an H200 at every Llama-3.2-1B shape measured (kernels/cuda/NOTES.md).
 	int skinny = 0;
-	// The shortest key chunk of a split decode row (a multiple of 128):
-	// longer chunks mean fewer partial results and longer copy pipelines,
-	// shorter ones more blocks for a few long rows; $DEEPINFER_CUDA_DEC_CHUNK.
+	// The shortest key chunk of a split decode row (a multiple of
+	// DI_DEC_CHUNK_ALIGN): longer chunks mean fewer partial results and
+	// longer copy pipelines, shorter ones more blocks for a few long rows;
+	// $DEEPINFER_CUDA_DEC_CHUNK, or set_decode_chunk (the Go backend's
+	// Options.DecodeChunk, YAML cuda.decode_attention_chunk).
 	int dec_chunk = 256;
 	// Sampling calls of at most this many rows cut each row into chunks for
 	// the whole-row passes (sample.cu's DsSplit; 0: never; default every

@@ -271,8 +271,8 @@ static int api_create(int device, di_ctx **out, char *err, int errlen) {
 	if (const char *v = getenv("DEEPINFER_CUDA_SAMPLE_MIN_CHUNKS"); v && atoi(v) > 0) ctx->sample_min_chunks = atoi(v);
 	if (const char *v = getenv("DEEPINFER_CUDA_DEC_CHUNK")) {
 		const int c = atoi(v);
-		if (c < 128 || c % 128 != 0) {
-			copy_err(err, errlen, "DEEPINFER_CUDA_DEC_CHUNK: want a multiple of 128");
+		if (c < DI_DEC_CHUNK_ALIGN || c % DI_DEC_CHUNK_ALIGN != 0) {
+			copy_err(err, errlen, "DEEPINFER_CUDA_DEC_CHUNK: want a positive multiple of 128");
 			destroy_impl(ctx);
 			return DI_ERR_INVALID;
 		}
@@ -369,6 +369,14 @@ static int api_mem_stats(di_ctx *ctx, di_mem_stats *out) {
 static int api_set_gemm_mode(di_ctx *ctx, int mode) {
 	if (mode != DI_GEMM_ROUND && mode != DI_GEMM_SPLIT) return di_fail(ctx, DI_ERR_INVALID, "gemm mode %d", mode);
 	ctx->gemm_mode = mode;
+	return DI_OK;
+}
+
+static int api_set_decode_chunk(di_ctx *ctx, int keys) {
+	if (keys < DI_DEC_CHUNK_ALIGN || keys % DI_DEC_CHUNK_ALIGN != 0)
+		return di_fail(ctx, DI_ERR_INVALID, "decode chunk of %d keys: want a positive multiple of %d", keys,
+		               DI_DEC_CHUNK_ALIGN);
+	ctx->dec_chunk = keys;
 	return DI_OK;
 }
 
@@ -612,6 +620,7 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->device_info = api_device_info;
 	out->mem_stats = api_mem_stats;
 	out->set_gemm_mode = api_set_gemm_mode;
+	out->set_decode_chunk = api_set_decode_chunk;
 	out->alloc = api_alloc;
 	out->free = api_free;
 	out->empty_cache = api_empty_cache;

@@ -29,6 +29,7 @@ type Config struct {
 	Engine           Engine           `yaml:"engine"`
 	Cache            Cache            `yaml:"cache"`
 	CPU              CPU              `yaml:"cpu"`
+	CUDA             CUDA             `yaml:"cuda"`
 	ZOS              ZOS              `yaml:"zos"`
 	CUDAGraph        CUDAGraph        `yaml:"cuda_graph"`
 	Speculative      Speculative      `yaml:"speculative"`
@@ -85,6 +86,17 @@ func parseKVCacheDType(s string) (dt kernels.DType, ok bool) {
 type CPU struct {
 	Threads int  `yaml:"threads"` // worker threads; 0 = all cores
 	PureGo  bool `yaml:"pure_go"` // use the plain-Go kernels (reference path, slower)
+}
+
+// CUDA configures the CUDA backend.
+type CUDA struct {
+	// DecodeAttentionChunk is the key count of a split decode row's
+	// attention chunk: 0 keeps the backend's (256), else a positive multiple
+	// of 128. The trade-off: longer chunks leave fewer partial results to
+	// merge (throughput over many rows), shorter ones give a lone long row
+	// more blocks (latency at batch 1). A row's bits depend on this and on
+	// its own length alone, never on its batch.
+	DecodeAttentionChunk int `yaml:"decode_attention_chunk"`
 }
 
 // ZOS is zero-overhead scheduling: post-processing of step N overlaps the

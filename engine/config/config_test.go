@@ -108,6 +108,30 @@ func TestParse(t *testing.T) {
 			want: []string{"device: must be cpu or cuda", "cache.block_size: must be a power of two", `speculative.method: must be empty (off), ngram, mtp or dspark, got "medusa"`},
 		},
 		{
+			name: "decode attention chunk",
+			yaml: "model: m\ndevice: cuda\ncuda:\n  decode_attention_chunk: 512\n",
+			check: func(t *testing.T, c *Config) {
+				if c.CUDA.DecodeAttentionChunk != 512 {
+					t.Errorf("cuda.decode_attention_chunk = %d, want 512", c.CUDA.DecodeAttentionChunk)
+				}
+			},
+		},
+		{
+			name: "decode attention chunk not a multiple of 128",
+			yaml: "model: m\ndevice: cuda\ncuda:\n  decode_attention_chunk: 300\n",
+			want: []string{"cuda.decode_attention_chunk: must be 0 (the backend's) or a positive multiple of 128, got 300"},
+		},
+		{
+			name: "negative decode attention chunk",
+			yaml: "model: m\ndevice: cuda\ncuda:\n  decode_attention_chunk: -128\n",
+			want: []string{"cuda.decode_attention_chunk", "got -128"},
+		},
+		{
+			name: "decode attention chunk needs cuda",
+			yaml: "model: m\ncuda:\n  decode_attention_chunk: 256\n",
+			want: []string{"cuda.decode_attention_chunk: needs device: cuda"},
+		},
+		{
 			name: "cuda graphs need cuda",
 			yaml: "model: m\ncuda_graph:\n  enabled: true\n",
 			want: []string{"cuda_graph.enabled: needs device: cuda"},

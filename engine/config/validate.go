@@ -60,6 +60,11 @@ func (c *Config) Validate() error {
 	if c.CPU.Threads < 0 {
 		bad("cpu.threads", "must be 0 (all cores) or positive, got %d", c.CPU.Threads)
 	}
+	if ch := c.CUDA.DecodeAttentionChunk; ch < 0 || ch%128 != 0 {
+		bad("cuda.decode_attention_chunk", "must be 0 (the backend's) or a positive multiple of 128, got %d", ch)
+	} else if ch > 0 && c.Device != "cuda" {
+		bad("cuda.decode_attention_chunk", "needs device: cuda")
+	}
 	g := c.CUDAGraph
 	if g.Enabled && len(g.BatchSizes) == 0 {
 		bad("cuda_graph.batch_sizes", "must list at least one size when cuda_graph.enabled is true")

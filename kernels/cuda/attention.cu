@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 #define DEC_THREADS 128
 #define DEC_MAX_SPLITS 32   // chunks per row at most
 #define DEC_MIN_CHUNK 128   // keys per chunk at least (ctx->dec_chunk may ask more)
-#define DEC_CHUNK_ALIGN 128 // chunk lengths are multiples of this
+#define DEC_CHUNK_ALIGN DI_DEC_CHUNK_ALIGN // chunk lengths are multiples of this
 #define DEC_GROUP 8         // query heads (of one KV head) per block at most
 #define DEC_MAX_D 256
 #define DEC_TILE 4096 // floats of one staged key (or value) sub-tile: keys * head_dim

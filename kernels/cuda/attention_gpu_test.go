@@ -571,6 +571,42 @@ func TestGPUDecodeChunksPerBlock(t *testing.T) {
 	}
 }
 
+// Options.DecodeChunk sets the decode attention's chunk length: every
+// setting matches the CPU backend, rows of at most 512 keys keep their
+// chunks of 128 (the same bits as the default's), and a longer row's bits
+// change with the setting (so the option reached the kernels).
+func TestGPUDecodeChunkOption(t *testing.T) {
+	const blockSize, numBlocks = 16, 400
+	seqs := [][2]int{{1, 2000}, {1, 300}, {1, 1500}, {1, 512}, {1, 700}}
+	ap := kernels.AttentionParams{NumHeads: 16, NumKVHeads: 8, HeadDim: 128, InputDType: kernels.BF16}
+	ap.Scale = float32(1 / math.Sqrt(float64(ap.HeadDim)))
+	w := ap.NumHeads * ap.HeadDim
+	for _, cdt := range []kernels.DType{kernels.F8E4M3, kernels.F16} {
+		t.Run(cdt.String(), func(t *testing.T) {
+			var want []float32
+			for _, chunk := range []int{0, 512, 1024} {
+				p := newPair(t, GEMMRound)
+				if chunk > 0 {
+					p.g = newGPUOpts(t, Options{GEMM: GEMMRound, DecodeChunk: chunk})
+				}
+				b := p.pagedBatch(blockSize, numBlocks, seqs)
+				e, got := p.attentionOverCaches(t, b, ap, cdt, numBlocks, blockSize, 2)
+				t.Logf("chunk %d: max relative error vs the CPU backend %.2e", chunk, e)
+				if chunk == 0 {
+					want = got
+					continue
+				}
+				for i, sq := range seqs {
+					same := bytes.Equal(kernels.F32Bytes(got[i*w:(i+1)*w]), kernels.F32Bytes(want[i*w:(i+1)*w]))
+					if short := sq[1] <= 512; same != short {
+						t.Errorf("chunk %d, row of %d keys: bits equal to the default's: %v, want %v", chunk, sq[1], same, short)
+					}
+				}
+			}
+		})
+	}
+}
+
 // attentionOverCaches runs attention over b with random K and V caches of
 // element type cdt (values uniform in +-scale) on the GPU and, over the
 // same values widened to float32, on the CPU backend; it checks them

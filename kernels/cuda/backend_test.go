@@ -82,6 +82,22 @@ func TestNewReportsUnusableLibraries(t *testing.T) {
 	}
 }
 
+// A decode chunk that is not a positive multiple of 128 is refused before
+// the library is opened, naming the setting.
+func TestNewRejectsBadDecodeChunk(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "libdeepinfer_cuda.so")
+	for _, chunk := range []int{-128, 64, 300} {
+		b, err := New(Options{Library: missing, DecodeChunk: chunk})
+		if err == nil {
+			b.Close()
+			t.Fatalf("DecodeChunk %d: New succeeded", chunk)
+		}
+		if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "decode chunk of "+strconv.Itoa(chunk)+" keys") {
+			t.Errorf("DecodeChunk %d: error %q, want ErrUnsupported naming the chunk", chunk, err)
+		}
+	}
+}
+
 func TestLibraryCandidates(t *testing.T) {
 	t.Setenv(LibraryEnv, "")
 	got := candidates("")

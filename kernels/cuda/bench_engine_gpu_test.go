@@ -44,9 +44,11 @@ import (
 //   - BenchmarkGPUEngineOfflineQwen3: nano-vllm's offline workload on the
 //     Qwen3-0.6B shape (256 requests, prompt and output lengths uniform in
 //     100..1024, seeded, ignore_eos, temperature 0.6; all 256 sequences in
-//     flight, 16384 batched tokens, as nano-vllm), ZOS off and on: output
-//     and total tokens/s (goal > 30k output tok/s) and the device idle share
-//     between consecutive decode steps.
+//     flight, 16384 batched tokens, as nano-vllm), ZOS off, on, on with an
+//     8-bit KV cache (cache.kv_cache_dtype fp8), and that with decode
+//     attention chunks of 512 keys (cuda.decode_attention_chunk, the
+//     throughput setting): output and total tokens/s (goal > 30k output
+//     tok/s) and the device idle share between consecutive decode steps.
 //
 // The device idle share is 1 - busy/span over pairs of consecutive decode
 // steps, from markers on the stream (stages.DeviceTimes): busy is a step's
@@ -343,6 +345,7 @@ type engineOpts struct {
 	w                   models.MemWeights
 	graphSizes          []int  // nil: graphBatchSizes(maxSeqs)
 	kvCache             string // cache.kv_cache_dtype ("": the config's)
+	decodeChunk         int    // cuda.decode_attention_chunk (0: the backend's)
 }
 
 // startEngine starts the engine of configs/cuda.yaml on a model folder
@@ -373,6 +376,7 @@ func startEngine(b *testing.B, o engineOpts) *llm.LLM {
 	}
 	cfg.Model = dir
 	cfg.ZOS.Enabled = o.zos
+	cfg.CUDA.DecodeAttentionChunk = o.decodeChunk
 	if o.kvCache != "" {
 		cfg.Cache.KVCacheDType = o.kvCache
 	}
@@ -644,9 +648,10 @@ func BenchmarkGPUEngineOfflineQwen3(b *testing.B) {
 		name = "qwen3-tiny(cpu)"
 	}
 	variants := []struct {
-		zos bool
-		kv  string
-	}{{false, ""}, {true, ""}, {true, "fp8"}}
+		zos   bool
+		kv    string
+		chunk int // cuda.decode_attention_chunk
+	}{{false, "", 0}, {true, "", 0}, {true, "fp8", 0}, {true, "fp8", 512}}
 	if tiny {
 		variants = variants[:2] // the CPU backend keeps float32 caches
 	}
@@ -654,6 +659,9 @@ func BenchmarkGPUEngineOfflineQwen3(b *testing.B) {
 		zos, sub := v.zos, "zos="+onOff(v.zos)
 		if v.kv != "" {
 			sub += ",kv=" + v.kv
+		}
+		if v.chunk != 0 {
+			sub += fmt.Sprintf(",chunk=%d", v.chunk)
 		}
 		b.Run(sub, func(b *testing.B) {
 			// A fresh engine each run: the workload's prompts are the same
@@ -663,7 +671,7 @@ func BenchmarkGPUEngineOfflineQwen3(b *testing.B) {
 			for range b.N {
 				b.StopTimer()
 				l := startEngine(b, engineOpts{zos: zos, maxSeqs: maxSeqs, maxBatched: maxBatched, maxModelLen: opts.MaxInputLen + opts.MaxOutputLen,
-					tiny: tiny, name: name, raw: raw, cfg: mcfg, w: w, kvCache: v.kv})
+					tiny: tiny, name: name, raw: raw, cfg: mcfg, w: w, kvCache: v.kv, decodeChunk: v.chunk})
 				b.StartTimer()
 				st := l.StepStats()
 				before, steps0, graphs0 := st.DeviceTimes(), st.Steps.Load(), st.GraphSteps.Load()

@@ -42,7 +42,8 @@
 #           is the table's.
 #   engine  BenchmarkGPUEngine* (kernels/cuda/bench_engine_gpu_test.go):
 #           Qwen3-0.6B offline throughput (nano-vllm's workload, ZOS off,
-#           on, and on with cache.kv_cache_dtype fp8), DeepSeek-V2-Lite
+#           on, on with cache.kv_cache_dtype fp8, and that with
+#           cuda.decode_attention_chunk 512), DeepSeek-V2-Lite
 #           decode at batch 1 and 64 against its floor,
 #           Llama-3.2-1B decode at batch 1 and 32; device idle between decode
 #           steps. ENGINE_SEQS overrides the offline request count (256);
