@@ -690,8 +690,12 @@ func BenchmarkGPUEngineOfflineQwen3(b *testing.B) {
 				if f, ok := dev.Decode.IdleFraction(); ok {
 					b.ReportMetric(100*f, "decode-idle-%")
 				}
-				b.Logf("engine | %s offline %d requests, ZOS %s, KV cache %s | output %.0f tok/s, total %.0f tok/s (%d in + %d out tokens in %.2f s) | device idle between decode steps %s of %.3f ms/step (%d pairs), all steps %s%s | %d of %d steps on CUDA graphs | goals: output > 30000 tok/s, idle < 2%% with ZOS",
-					name, r.NumRequests, onOff(zos), kvName(v.kv), r.OutputThroughput, r.TotalThroughput, r.TotalInputTokens, r.TotalOutputTokens, r.DurationSeconds,
+				chunk := "the backend's"
+				if v.chunk != 0 {
+					chunk = strconv.Itoa(v.chunk)
+				}
+				b.Logf("engine | %s offline %d requests, ZOS %s, KV cache %s, decode chunk %s | output %.0f tok/s, total %.0f tok/s (%d in + %d out tokens in %.2f s) | device idle between decode steps %s of %.3f ms/step (%d pairs), all steps %s%s | %d of %d steps on CUDA graphs | goals: output > 30000 tok/s, idle < 2%% with ZOS",
+					name, r.NumRequests, onOff(zos), kvName(v.kv), chunk, r.OutputThroughput, r.TotalThroughput, r.TotalInputTokens, r.TotalOutputTokens, r.DurationSeconds,
 					pct(dev.Decode), millis(dev.Decode.MeanSpan()), dev.Decode.N, pct(dev.All), timelineNote(dev),
 					st.GraphSteps.Load()-graphs0, st.Steps.Load()-steps0)
 				b.StopTimer()
