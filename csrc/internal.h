@@ -79,18 +79,18 @@ struct di_ctx {
 	// many copy stages (2 to 4; 0: di_decode_attn_km_k);
 	// $DEEPINFER_CUDA_DEC_F8_DIRECT.
 	int dec_f8_direct = 3;
-	// Chunks of a row one block of di_decode_attn_f8_k takes (0: as many as
-	// leave enough blocks; di_dec_chunks_per_block); $DEEPINFER_CUDA_DEC_CPB.
+	// n: a row gets ceil(nsplit / n) blocks of di_decode_attn_f8_k (0: as
+	// many as fill the device; di_dec_blocks_per_row); $DEEPINFER_CUDA_DEC_CPB.
 	int dec_cpb = 0;
 	// dec_blocks_per_sm is the blocks a multiprocessor that
-	// di_dec_chunks_per_block leaves for decode rows ($DEEPINFER_CUDA_DEC_BPS).
+	// di_dec_blocks_per_row fills with decode rows ($DEEPINFER_CUDA_DEC_BPS).
 	int dec_blocks_per_sm = 32;
 	// Attention kernels round a 16-bit output as they store it (1), or
 	// every 16-bit output goes through float32 scratch and a narrowing pass
 	// (0, the same bits); $DEEPINFER_CUDA_ATTN_OUT16.
 	int attn_out16 = 1;
-	// di_decode_attn_km_k takes as many chunks a block as
-	// di_decode_attn_f8_k does (1) or one (0); $DEEPINFER_CUDA_DEC_KM_CPB.
+	// di_decode_attn_km_k gets as many blocks a row as di_decode_attn_f8_k
+	// does (1) or one a chunk (0); $DEEPINFER_CUDA_DEC_KM_CPB.
 	int dec_km_cpb = 1;
 	unsigned *skinny_sem = nullptr; // DI_SKINNY_SEMS split-K tile counters of the skinny GEMM, zero between launches
 	char err[1024] = {0};
