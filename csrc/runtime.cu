@@ -233,6 +233,9 @@ static void destroy_impl(di_ctx *ctx) {
 	delete ctx;
 }
 
+// dec_chunk_ok says whether c keys can be a decode chunk (ctx->dec_chunk).
+static bool dec_chunk_ok(int c) { return c >= DI_DEC_CHUNK_ALIGN && c % DI_DEC_CHUNK_ALIGN == 0; }
+
 static int api_create(int device, di_ctx **out, char *err, int errlen) {
 	*out = nullptr;
 	int n = 0;
@@ -271,7 +274,7 @@ static int api_create(int device, di_ctx **out, char *err, int errlen) {
 	if (const char *v = getenv("DEEPINFER_CUDA_SAMPLE_MIN_CHUNKS"); v && atoi(v) > 0) ctx->sample_min_chunks = atoi(v);
 	if (const char *v = getenv("DEEPINFER_CUDA_DEC_CHUNK")) {
 		const int c = atoi(v);
-		if (c < DI_DEC_CHUNK_ALIGN || c % DI_DEC_CHUNK_ALIGN != 0) {
+		if (!dec_chunk_ok(c)) {
 			copy_err(err, errlen, "DEEPINFER_CUDA_DEC_CHUNK: want a positive multiple of 128");
 			destroy_impl(ctx);
 			return DI_ERR_INVALID;
@@ -373,7 +376,7 @@ static int api_set_gemm_mode(di_ctx *ctx, int mode) {
 }
 
 static int api_set_decode_chunk(di_ctx *ctx, int keys) {
-	if (keys < DI_DEC_CHUNK_ALIGN || keys % DI_DEC_CHUNK_ALIGN != 0)
+	if (!dec_chunk_ok(keys))
 		return di_fail(ctx, DI_ERR_INVALID, "decode chunk of %d keys: want a positive multiple of %d", keys,
 		               DI_DEC_CHUNK_ALIGN);
 	ctx->dec_chunk = keys;

@@ -39,21 +39,25 @@ __device__ __forceinline__ bool di_seq_window(const int *cu, const int *seqlens_
 	return true;
 }
 
+// di_key_slot is the cache slot of key t of the sequence whose block-table
+// row is bt: -1, with bit set in *check, for a block outside the cache.
+__device__ __forceinline__ int di_key_slot(const int *bt, int t, int block_size, int num_blocks, unsigned *check,
+                                           unsigned bit) {
+	const int blk = bt[t / block_size];
+	if (blk < 0 || blk >= num_blocks) {
+		atomicOr(check, bit);
+		return -1;
+	}
+	return blk * block_size + t % block_size;
+}
+
 // load_slots fills slots[0..n) with the cache slots of keys t0.. of sequence
-// s (-1 and a check bit for a block outside the cache).
+// s (di_key_slot).
 __device__ __forceinline__ void di_load_slots(int *slots, const int *block_tables, int s, int max_blocks,
                                               int block_size, int num_blocks, int t0, int n, unsigned *check,
                                               unsigned bit) {
-	for (int jj = threadIdx.x; jj < n; jj += blockDim.x) {
-		const int t = t0 + jj;
-		const int blk = block_tables[(size_t)s * max_blocks + t / block_size];
-		if (blk < 0 || blk >= num_blocks) {
-			atomicOr(check, bit);
-			slots[jj] = -1;
-		} else {
-			slots[jj] = blk * block_size + t % block_size;
-		}
-	}
+	for (int jj = threadIdx.x; jj < n; jj += blockDim.x)
+		slots[jj] = di_key_slot(block_tables + (size_t)s * max_blocks, t0 + jj, block_size, num_blocks, check, bit);
 }
 
 // online_update turns the tile's scores sp[0..n) into probabilities relative
@@ -318,13 +322,9 @@ __global__ void __launch_bounds__(DEC_THREADS, 4)
 		__syncthreads(); // the previous sub-tile is consumed; sq and the state are written
 		if (tid < sub) {
 			const int t = t0 + tid;
-			int slot = -1;
-			if (t >= t_lo && t < t_hi) {
-				const int blk = block_tables[(size_t)s * max_blocks + t / block_size];
-				if (blk < 0 || blk >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
-				else slot = blk * block_size + t % block_size;
-			}
-			slots[tid] = slot;
+			slots[tid] = t >= t_lo && t < t_hi ? di_key_slot(block_tables + (size_t)s * max_blocks, t, block_size,
+			                                                 num_blocks, check, DI_CHECK_ATTENTION)
+			                                   : -1;
 		}
 		__syncthreads();
 		// Stage keys and values: four loads of each in flight per thread.
@@ -661,16 +661,10 @@ __global__ void __launch_bounds__(PF_THREADS)
 	for (int t0 = k_lo / PF_BK * PF_BK; t0 < k_hi; t0 += PF_BK) {
 		const int n = min(PF_BK, k_hi - t0);
 		__syncthreads(); // the previous tile's values and probabilities are consumed; Qs written
-		if (tid < PF_BK) {
-			int slot = -1;
-			if (tid < n) {
-				const int t = t0 + tid;
-				const int blk = block_tables[(size_t)s * max_blocks + t / block_size];
-				if (blk < 0 || blk >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
-				else slot = blk * block_size + t % block_size;
-			}
-			slots[tid] = slot;
-		}
+		if (tid < PF_BK)
+			slots[tid] = tid < n ? di_key_slot(block_tables + (size_t)s * max_blocks, t0 + tid, block_size, num_blocks,
+			                                   check, DI_CHECK_ATTENTION)
+			                     : -1;
 		__syncthreads();
 		di_stage_rows(KVs, ld, kc + kvh * head_dim, kv_width, slots, PF_BK, head_dim, vec4);
 		__syncthreads();
@@ -1071,16 +1065,10 @@ __global__ void __launch_bounds__(TC_THREADS)
 	for (int t0 = k_lo / TC_BK * TC_BK; t0 < k_hi; t0 += TC_BK) {
 		const int n = min(TC_BK, k_hi - t0);
 		__syncthreads(); // the previous tile is consumed
-		if (tid < TC_BK) {
-			int slot = -1;
-			if (tid < n) {
-				const int t = t0 + tid;
-				const int blk = block_tables[(size_t)s * max_blocks + t / block_size];
-				if (blk < 0 || blk >= num_blocks) atomicOr(check, DI_CHECK_ATTENTION);
-				else slot = blk * block_size + t % block_size;
-			}
-			slots[tid] = slot;
-		}
+		if (tid < TC_BK)
+			slots[tid] = tid < n ? di_key_slot(block_tables + (size_t)s * max_blocks, t0 + tid, block_size, num_blocks,
+			                                   check, DI_CHECK_ATTENTION)
+			                     : -1;
 		__syncthreads();
 		di_stage_half<D, T>(Ks, LQ, kc + kvh * D, kv_width, slots, TC_BK);
 		di_stage_half<D, T>(Vs, LQ, vc + kvh * D, kv_width, slots, TC_BK);
@@ -1143,17 +1131,11 @@ __global__ void __launch_bounds__(TC_THREADS)
 		int *sl = slots + st * TC_BK;
 		int bad = 0;
 		if (tid < TC_BK) {
-			int slot = -1;
 			const int t = t0 + tid;
-			if (t < k_hi) {
-				const int blk = block_tables[(size_t)s * max_blocks + t / block_size];
-				if (blk < 0 || blk >= num_blocks) {
-					atomicOr(check, DI_CHECK_ATTENTION);
-					bad = 1;
-				} else {
-					slot = blk * block_size + t % block_size;
-				}
-			}
+			const int slot = t < k_hi ? di_key_slot(block_tables + (size_t)s * max_blocks, t, block_size, num_blocks,
+			                                        check, DI_CHECK_ATTENTION)
+			                          : -1;
+			bad = t < k_hi && slot < 0;
 			sl[tid] = slot;
 		}
 		bad = __syncthreads_or(bad);
@@ -1423,8 +1405,8 @@ __device__ __forceinline__ bool di_dec_chunk_keys(const int *cu, const int *seql
 	if (kl < 1 || kl > max_keys) {
 		if (x == 0) {
 			if (kvh == 0 && tid == 0) atomicOr(check, DI_CHECK_ATTENTION);
-			for (int i = tid; i < nsplit * group; i += blockDim.x)
-				ml[(size_t)(i / nsplit) * nsplit + i % nsplit] = make_float2(-CUDART_INF_F, 0.f);
+			// Every chunk of every head of the group: ml[hh * nsplit + c].
+			for (int i = tid; i < nsplit * group; i += blockDim.x) ml[i] = make_float2(-CUDART_INF_F, 0.f);
 		}
 		return false;
 	}

@@ -77,6 +77,20 @@ func (r refFile) rows(name string) [][]float32 {
 	return out
 }
 
+// newCaches makes empty KV caches of numBlocks blocks for the GPU model mg
+// and the CPU model mc.
+func newCaches(t *testing.T, mg, mc models.Model, numBlocks, blockSize int) (cg, cc *models.KVCache) {
+	t.Helper()
+	cg, err := mg.NewKVCache(numBlocks, blockSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cc, err = mc.NewKVCache(numBlocks, blockSize); err != nil {
+		t.Fatal(err)
+	}
+	return cg, cc
+}
+
 // forward runs one step of one sequence and returns the logits of its new
 // tokens.
 func forward(t *testing.T, m models.Model, ops kernels.Ops, cache *models.KVCache, ids []int32, numCached int, table []int32) [][]float32 {
@@ -168,14 +182,7 @@ func TestGPUFixtureParity(t *testing.T) {
 						for j, b := range r.Perm(numBlocks)[:need] {
 							table[j] = int32(b)
 						}
-						cg, err := mg.NewKVCache(numBlocks, blockSize)
-						if err != nil {
-							t.Fatal(err)
-						}
-						cc, err := mc.NewKVCache(numBlocks, blockSize)
-						if err != nil {
-							t.Fatal(err)
-						}
+						cg, cc := newCaches(t, mg, mc, numBlocks, blockSize)
 						got := forward(t, mg, g, cg, ids, 0, table)
 						cpuRows := forward(t, mc, cpuOps, cc, ids, 0, table)
 						for p := range ids {
@@ -270,14 +277,7 @@ func TestGPUFixtureFP8Cache(t *testing.T) {
 				for j := range table {
 					table[j] = int32(j)
 				}
-				cg, err := mg.NewKVCache(numBlocks, blockSize)
-				if err != nil {
-					t.Fatal(err)
-				}
-				cc, err := mc.NewKVCache(numBlocks, blockSize)
-				if err != nil {
-					t.Fatal(err)
-				}
+				cg, cc := newCaches(t, mg, mc, numBlocks, blockSize)
 				got, want := forward(t, mg, g, cg, ids, 0, table), forward(t, mc, cpuOps, cc, ids, 0, table)
 				for k, tok := range cont[:len(cont)-1] {
 					got = append(got, forward(t, mg, g, cg, []int32{tok}, len(ids)+k, table)...)
