@@ -170,6 +170,11 @@ func TestGPUFixtureParity(t *testing.T) {
 					defer func() {
 						line := fmt.Sprintf("%-6s %-12s %-5s err_vs_hf %.2e  err_vs_cpu %.2e  top1 %d/%d  greedy_prefix %d/%d  cpu_vs_hf %.2e",
 							mode, name, variant, worstRef, worstCPU, top1, positions, greedyOK, greedyN, worstCPURef)
+						// A bf16 reference's own spread (make_fixtures: HF again
+						// with float32 GEMM order), when the file records it.
+						if e, ok := rf.Metadata()[variant+".hf_self_err"]; ok {
+							line += fmt.Sprintf("  hf_self_vs_hf %s %s", e, rf.Metadata()[variant+".hf_self_top1"])
+						}
 						t.Log(line)
 						summary = append(summary, line)
 					}()
@@ -223,7 +228,7 @@ func TestGPUFixtureParity(t *testing.T) {
 			rf.Close()
 		}
 	}
-	t.Log("fixture parity summary (gemm, model, weights, worst error vs HF and vs the CPU backend, top-1 agreement, greedy tokens matching HF before the first divergence, the CPU backend's own error vs HF):\n" + strings.Join(summary, "\n"))
+	t.Log("fixture parity summary (gemm, model, weights, worst error vs HF and vs the CPU backend, top-1 agreement, greedy tokens matching HF before the first divergence, the CPU backend's own error vs HF, and for bf16 references HF's own error and top-1 with float32 GEMM order):\n" + strings.Join(summary, "\n"))
 }
 
 // 8-bit KV caches on both backends (Options.KVCacheDType) over the GQA
