@@ -85,6 +85,10 @@ struct di_ctx {
 	// dec_blocks_per_sm is the blocks a multiprocessor that
 	// di_dec_blocks_per_row fills with decode rows ($DEEPINFER_CUDA_DEC_BPS).
 	int dec_blocks_per_sm = 32;
+	// mla_staged_max is the largest MLA grid (rows x heads) that stages its
+	// keys in shared memory; -1: the multiprocessors' count
+	// ($DEEPINFER_CUDA_MLA_STAGED_MAX).
+	int mla_staged_max = -1;
 	// Attention kernels round a 16-bit output as they store it (1), or
 	// every 16-bit output goes through float32 scratch and a narrowing pass
 	// (0, the same bits); $DEEPINFER_CUDA_ATTN_OUT16.

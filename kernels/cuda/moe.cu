@@ -1,9 +1,9 @@
 // moe.cu: MoE routing (softmax or sigmoid scoring; greedy, group-limited
 // greedy and noaux_tc top-k) and the grouped expert MLP.
 //
-// Routing is one thread per token and follows kernels/cpu's router step by
-// step (float64 softmax, ties to the lower index, masked groups scoring 0),
-// so both backends choose the same experts.
+// Routing is one warp per token and follows kernels/cpu's router step by
+// step (float64 softmax summed in expert order, ties to the lower index,
+// masked groups scoring 0), so both backends choose the same experts.
 //
 // The expert MLP has two paths. Up to MOE_DEVICE_MAX_PAIRS (token, k) pairs
 // (every decode batch), and always while a CUDA graph is captured, it never
@@ -19,6 +19,7 @@
 // expert.
 #include <math_constants.h>
 
+#include <type_traits>
 #include <vector>
 
 #include "common.cuh"
@@ -29,43 +30,55 @@
 #define MOE_WARPS 8
 #define MOE_ROWS 8 // rows of one expert a warp carries at once
 
-__device__ __forceinline__ int di_argmax_free(const float *v, const bool *taken, int n) {
-	int best = -1;
-	for (int i = 0; i < n; i++)
-		if (!taken[i] && (best < 0 || v[i] > v[best])) best = i;
-	return best;
+// di_moe_route_k routes token blockIdx.x with one warp (32 threads): the
+// per-expert work (exponentials, scores, group scores) is spread over the
+// lanes, and what the CPU router sums in order is summed in that order by
+// lane 0 (the float64 softmax denominator, the chosen weights). A top-k pick
+// is each lane's first maximum over its experts (lane + 32j, ascending), then
+// a warp reduction that keeps the larger value and, on equal values, the
+// lower index: the CPU's first maximum in index order. Round 13: one thread a
+// token took 38 us a call at 64 experts (DeepSeek-V2-Lite, batch 1).
+__device__ __forceinline__ void di_route_pick(float &v, int &i) {
+#pragma unroll
+	for (int off = 16; off > 0; off >>= 1) {
+		const float ov = __shfl_xor_sync(0xffffffffu, v, off);
+		const int oi = __shfl_xor_sync(0xffffffffu, i, off);
+		if (oi >= 0 && (i < 0 || ov > v || (ov == v && oi < i))) v = ov, i = oi;
+	}
 }
 
-__global__ void di_moe_route_k(int *ids, float *weights, const float *logits, const float *bias, int num_tokens, int e,
-                               int top_k, int scoring, int method, int num_groups, int topk_groups, int norm_topk,
-                               float scaling) {
-	const int t = blockIdx.x * blockDim.x + threadIdx.x;
-	if (t >= num_tokens) return;
-	float sc[ROUTE_MAX_EXPERTS], ch[ROUTE_MAX_EXPERTS], g[ROUTE_MAX_GROUPS];
-	bool taken[ROUTE_MAX_EXPERTS];
+__global__ void __launch_bounds__(32)
+    di_moe_route_k(int *ids, float *weights, const float *logits, const float *bias, int e, int top_k, int scoring,
+                   int method, int num_groups, int topk_groups, int norm_topk, float scaling) {
+	__shared__ float sc[ROUTE_MAX_EXPERTS], ch[ROUTE_MAX_EXPERTS], gs[ROUTE_MAX_GROUPS];
+	__shared__ double ex[ROUTE_MAX_EXPERTS];
+	const int t = blockIdx.x, lane = threadIdx.x;
 	const float *lg = logits + (size_t)t * e;
 	if (scoring == DI_SCORING_SOFTMAX) {
 		float m = -CUDART_INF_F;
-		for (int i = 0; i < e; i++) m = fmaxf(m, lg[i]);
+		for (int i = lane; i < e; i += 32) m = fmaxf(m, lg[i]);
+#pragma unroll
+		for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+		for (int i = lane; i < e; i += 32) ex[i] = exp((double)(lg[i] - m));
+		__syncwarp();
 		double sum = 0;
-		for (int i = 0; i < e; i++) {
-			double x = exp((double)(lg[i] - m));
-			sc[i] = (float)x;
-			sum += x;
-		}
-		for (int i = 0; i < e; i++) sc[i] = (float)((double)sc[i] / sum);
+		if (lane == 0)
+			for (int i = 0; i < e; i++) sum += ex[i];
+		sum = __shfl_sync(0xffffffffu, sum, 0);
+		for (int i = lane; i < e; i += 32) sc[i] = (float)((double)(float)ex[i] / sum);
 	} else {
-		for (int i = 0; i < e; i++) sc[i] = (float)(1.0 / (1.0 + exp(-(double)lg[i])));
+		for (int i = lane; i < e; i += 32) sc[i] = (float)(1.0 / (1.0 + exp(-(double)lg[i])));
 	}
-	for (int i = 0; i < e; i++) ch[i] = bias ? sc[i] + bias[i] : sc[i];
+	for (int i = lane; i < e; i += 32) ch[i] = bias ? sc[i] + bias[i] : sc[i];
+	__syncwarp();
 	if (method != DI_TOPK_GREEDY) {
 		const int size = e / num_groups;
-		for (int gi = 0; gi < num_groups; gi++) {
+		for (int gi = lane; gi < num_groups; gi += 32) {
 			const float *part = ch + gi * size;
 			if (method == DI_TOPK_GROUP_LIMITED) {
 				float best = part[0];
 				for (int j = 1; j < size; j++) best = fmaxf(best, part[j]);
-				g[gi] = best;
+				gs[gi] = best;
 			} else { // sum of the two best
 				float a = -CUDART_INF_F, b = -CUDART_INF_F;
 				for (int j = 0; j < size; j++) {
@@ -77,31 +90,46 @@ __global__ void di_moe_route_k(int *ids, float *weights, const float *logits, co
 						b = x;
 					}
 				}
-				g[gi] = a + b;
+				gs[gi] = a + b;
 			}
 		}
-		for (int gi = 0; gi < num_groups; gi++) taken[gi] = false;
-		for (int k = 0; k < topk_groups; k++) taken[di_argmax_free(g, taken, num_groups)] = true;
-		for (int gi = 0; gi < num_groups; gi++)
-			if (!taken[gi])
-				for (int j = 0; j < size; j++) ch[gi * size + j] = 0.f;
+		__syncwarp();
+		unsigned long long kept = 0; // groups chosen (num_groups <= 64)
+		for (int k = 0; k < topk_groups; k++) {
+			float v = -CUDART_INF_F;
+			int best = -1;
+			for (int gi = lane; gi < num_groups; gi += 32)
+				if (!(kept >> gi & 1) && (best < 0 || gs[gi] > v)) v = gs[gi], best = gi;
+			di_route_pick(v, best);
+			kept |= 1ull << best;
+		}
+		for (int i = lane; i < e; i += 32)
+			if (!(kept >> (i / size) & 1)) ch[i] = 0.f;
+		__syncwarp();
 	}
-	for (int i = 0; i < e; i++) taken[i] = false;
-	int *id = ids + (size_t)t * top_k;
-	float *w = weights + (size_t)t * top_k;
+	unsigned taken = 0; // bit j: expert lane + 32j chosen (e <= 512)
 	float sum = 0.f;
 	for (int k = 0; k < top_k; k++) {
-		const int i = di_argmax_free(ch, taken, e);
-		taken[i] = true;
-		id[k] = i;
-		w[k] = sc[i];
-		sum += sc[i];
+		float v = -CUDART_INF_F;
+		int best = -1;
+		for (int j = 0, i = lane; i < e; j++, i += 32)
+			if (!(taken >> j & 1) && (best < 0 || ch[i] > v)) v = ch[i], best = i;
+		di_route_pick(v, best);
+		if ((best & 31) == lane) taken |= 1u << (best >> 5);
+		if (lane == 0) {
+			ids[(size_t)t * top_k + k] = best;
+			weights[(size_t)t * top_k + k] = sc[best];
+			sum += sc[best];
+		}
 	}
-	if (norm_topk) {
-		const float d = sum + 1e-20f;
-		for (int k = 0; k < top_k; k++) w[k] /= d;
+	if (lane == 0) {
+		float *w = weights + (size_t)t * top_k;
+		if (norm_topk) {
+			const float d = sum + 1e-20f;
+			for (int k = 0; k < top_k; k++) w[k] /= d;
+		}
+		for (int k = 0; k < top_k; k++) w[k] *= scaling;
 	}
-	for (int k = 0; k < top_k; k++) w[k] *= scaling;
 }
 
 extern "C" int di_op_moe_route(di_ctx *ctx, di_dptr ids, di_dptr weights, di_dptr logits, di_dptr bias,
@@ -111,10 +139,13 @@ extern "C" int di_op_moe_route(di_ctx *ctx, di_dptr ids, di_dptr weights, di_dpt
 	if (num_experts > ROUTE_MAX_EXPERTS || num_groups > ROUTE_MAX_GROUPS)
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "moe_route: %d experts in %d groups, at most %d in %d", num_experts,
 		               num_groups, ROUTE_MAX_EXPERTS, ROUTE_MAX_GROUPS);
-	const int threads = 64;
-	di_moe_route_k<<<(num_tokens + threads - 1) / threads, threads, 0, ctx->stream>>>(
-	    DI_PTR(int, ids), DI_PTR(float, weights), DI_PTR(const float, logits), DI_PTR(const float, bias), num_tokens,
-	    num_experts, top_k, scoring, method, num_groups, topk_groups, norm_topk_prob, scaling_factor);
+	if (top_k > num_experts || (method != DI_TOPK_GREEDY && topk_groups > num_groups))
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "moe_route: top_k %d of %d experts, %d of %d groups", top_k,
+		               num_experts, topk_groups, num_groups);
+	di_moe_route_k<<<num_tokens, 32, 0, ctx->stream>>>(DI_PTR(int, ids), DI_PTR(float, weights),
+	                                                   DI_PTR(const float, logits), DI_PTR(const float, bias),
+	                                                   num_experts, top_k, scoring, method, num_groups, topk_groups,
+	                                                   norm_topk_prob, scaling_factor);
 	return di_check_launch(ctx, "moe_route");
 }
 
@@ -295,15 +326,19 @@ __global__ void di_moe_group_k(int *offsets, int *order, int *row_of, const int 
 
 // grouped GEMV: out[row, j] = in(row) . W[e][j] for every row of expert e =
 // blockIdx.y, one warp per output column j. in(row) is x[order[row] / div]
-// when order is set (the gather), else x[row]; x rows have k floats. The
+// when order is set (the gather), else x[row]; x rows have k elements. The
 // numerics are those of the GEMV in ops.cu: 16-bit weights multiply x
 // rounded to their dtype (hi and lo parts summed separately in
-// DI_GEMM_SPLIT), float32 weights x as is; each lane sums its 8-element chunks in ascending order, the warp adds
-// the lanes in a fixed tree. The weights of a column are read once per
-// MOE_ROWS rows of its expert.
-template <typename W, bool SPLIT>
+// DI_GEMM_SPLIT), float32 weights x as is. For 16-bit weights x arrives
+// already rounded (X = W, with xlo the remainders in split mode: di_moe_round_k
+// or di_moe_act_k rounds each value once, where every warp used to round
+// every row it read again); each lane sums its 8-element chunks in ascending
+// order, the warp adds the lanes in a fixed tree. The weights of a column are
+// read once per MOE_ROWS rows of its expert.
+template <typename W, typename X, bool SPLIT>
 __global__ void __launch_bounds__(MOE_WARPS * 32)
-    di_moe_gemv_k(float *out, const float *x, const int *order, int div, const W *w, const int *offsets, int n, int k) {
+    di_moe_gemv_k(float *out, const X *x, const X *xlo, const int *order, int div, const W *w, const int *offsets,
+                  int n, int k) {
 	const int ex = blockIdx.y;
 	const int lo = offsets[ex], rows = offsets[ex + 1] - lo;
 	const int lane = threadIdx.x & 31;
@@ -312,15 +347,16 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
 	const W *wr = w + ((size_t)ex * n + j) * k;
 	for (int r0 = 0; r0 < rows; r0 += MOE_ROWS) {
 		const int m = min(MOE_ROWS, rows - r0);
-		const float *xr[MOE_ROWS];
+		size_t xo[MOE_ROWS];
 #pragma unroll
 		for (int r = 0; r < MOE_ROWS; r++) {
 			const int row = lo + r0 + (r < m ? r : 0);
-			xr[r] = x + (size_t)(order ? order[row] / div : row) * k;
+			xo[r] = (size_t)(order ? order[row] / div : row) * k;
 		}
 		float acc[MOE_ROWS], acc_lo[MOE_ROWS];
 #pragma unroll
 		for (int r = 0; r < MOE_ROWS; r++) acc[r] = acc_lo[r] = 0.f;
+#pragma unroll 2
 		for (int i = lane * 8; i < k; i += 256) {
 			float wv[8];
 			di_load8(wr + i, wv);
@@ -328,17 +364,14 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
 			for (int r = 0; r < MOE_ROWS; r++) {
 				if (r < m) {
 					float xv[8];
-					di_load8(xr[r] + i, xv);
+					di_load8(x + xo[r] + i, xv);
 					float a = acc[r], b = acc_lo[r];
 #pragma unroll
-					for (int e = 0; e < 8; e++) {
-						if (sizeof(W) == sizeof(float)) {
-							a += wv[e] * xv[e];
-						} else {
-							const float hi = di_to_f32(di_from_f32<W>(xv[e]));
-							a += wv[e] * hi;
-							if (SPLIT) b += wv[e] * di_to_f32(di_from_f32<W>(xv[e] - hi));
-						}
+					for (int e = 0; e < 8; e++) a += wv[e] * xv[e];
+					if (SPLIT) {
+						di_load8(xlo + xo[r] + i, xv);
+#pragma unroll
+						for (int e = 0; e < 8; e++) b += wv[e] * xv[e];
 					}
 					acc[r] = a, acc_lo[r] = b;
 				}
@@ -355,6 +388,12 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
 	}
 }
 
+// x rounded to T once (and the remainders into lo when set).
+template <typename T> __global__ void di_moe_round_k(T *hi, T *lo, const float *x, size_t n) {
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+		di_to_gemm(hi, lo, i, x[i]);
+}
+
 // act[r, j] = silu(g[r, j]) * g[r, inter + j] in float32 (the GEMV rounds).
 __global__ void di_moe_act_f32_k(float *act, const float *g, size_t rows, int inter) {
 	const size_t total = rows * (size_t)inter;
@@ -365,26 +404,63 @@ __global__ void di_moe_act_f32_k(float *act, const float *g, size_t rows, int in
 	}
 }
 
-template <typename W>
-static int moe_gemv(di_ctx *ctx, float *out, const float *x, const int *order, int div, const void *w,
+template <typename W, typename X>
+static int moe_gemv(di_ctx *ctx, float *out, const X *x, const X *xlo, const int *order, int div, const void *w,
                     const int *offsets, int num_experts, int n, int k) {
 	const dim3 grid((unsigned)((n + MOE_WARPS - 1) / MOE_WARPS), (unsigned)num_experts);
-	if (ctx->gemm_mode == DI_GEMM_SPLIT && sizeof(W) != sizeof(float))
-		di_moe_gemv_k<W, true><<<grid, MOE_WARPS * 32, 0, ctx->stream>>>(out, x, order, div, (const W *)w, offsets, n, k);
+	if (xlo)
+		di_moe_gemv_k<W, X, true>
+		    <<<grid, MOE_WARPS * 32, 0, ctx->stream>>>(out, x, xlo, order, div, (const W *)w, offsets, n, k);
 	else
-		di_moe_gemv_k<W, false><<<grid, MOE_WARPS * 32, 0, ctx->stream>>>(out, x, order, div, (const W *)w, offsets, n, k);
+		di_moe_gemv_k<W, X, false>
+		    <<<grid, MOE_WARPS * 32, 0, ctx->stream>>>(out, x, xlo, order, div, (const W *)w, offsets, n, k);
 	return di_check_launch(ctx, "moe: grouped gemv");
+}
+
+// moe_mlp runs the grouped gate/up GEMV, SiLU-mul and the down GEMV of
+// moe_device for weights of type T: x (num_tokens rows) and the activations
+// go to the GEMVs rounded to T once (hi and lo in split mode), or as float32
+// for float32 weights.
+template <typename T>
+static int moe_mlp(di_ctx *ctx, float *gh, void *act, float *yh, const float *x, void *xr, const int *order,
+                   const int *offsets, const void *gate_up, const void *down, int num_tokens, int pairs, int top_k,
+                   int hidden, int inter, int num_experts) {
+	if constexpr (std::is_same_v<T, float>) {
+		int r = moe_gemv<T, float>(ctx, gh, x, nullptr, order, top_k, gate_up, offsets, num_experts, 2 * inter, hidden);
+		if (r != DI_OK) return r;
+		di_moe_act_f32_k<<<di_grid((size_t)pairs * inter, 256), 256, 0, ctx->stream>>>((float *)act, gh, pairs, inter);
+		r = di_check_launch(ctx, "moe: silu_mul");
+		if (r != DI_OK) return r;
+		return moe_gemv<T, float>(ctx, yh, (const float *)act, nullptr, nullptr, 1, down, offsets, num_experts, hidden,
+		                          inter);
+	} else {
+		const bool split = ctx->gemm_mode == DI_GEMM_SPLIT;
+		const size_t nx = (size_t)num_tokens * hidden, na = (size_t)pairs * inter;
+		T *xh = (T *)xr, *xl = split ? xh + nx : nullptr, *ah = (T *)act, *al = split ? ah + na : nullptr;
+		di_moe_round_k<T><<<di_grid(nx, 256), 256, 0, ctx->stream>>>(xh, xl, x, nx);
+		int r = di_check_launch(ctx, "moe: round");
+		if (r == DI_OK)
+			r = moe_gemv<T, T>(ctx, gh, xh, xl, order, top_k, gate_up, offsets, num_experts, 2 * inter, hidden);
+		if (r != DI_OK) return r;
+		di_moe_act_k<T><<<di_grid(na, 256), 256, 0, ctx->stream>>>(ah, al, gh, pairs, inter);
+		r = di_check_launch(ctx, "moe: silu_mul");
+		if (r != DI_OK) return r;
+		return moe_gemv<T, T>(ctx, yh, ah, al, nullptr, 1, down, offsets, num_experts, hidden, inter);
+	}
 }
 
 static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
                       di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter, int num_experts) {
 	const int pairs = num_tokens * top_k;
-	void *d_index = nullptr, *g = nullptr, *act = nullptr, *ye = nullptr;
+	void *d_index = nullptr, *g = nullptr, *act = nullptr, *ye = nullptr, *xr = nullptr;
 	// [offsets (num_experts + 1) | order (pairs) | row_of (pairs)]
 	int rc = di_scratch(ctx, (num_experts + 1 + 2 * (size_t)pairs) * sizeof(int), &d_index);
 	if (rc == DI_OK) rc = di_scratch(ctx, (size_t)pairs * 2 * inter * sizeof(float), &g);
+	// Activations: float32, or 16-bit hi (and lo) parts in the same bytes.
 	if (rc == DI_OK) rc = di_scratch(ctx, (size_t)pairs * inter * sizeof(float), &act);
 	if (rc == DI_OK) rc = di_scratch(ctx, (size_t)pairs * hidden * sizeof(float), &ye);
+	// x rounded for 16-bit weights: hi (and lo) parts, at most float32's bytes.
+	if (rc == DI_OK && w_dtype != DI_F32) rc = di_scratch(ctx, (size_t)num_tokens * hidden * sizeof(float), &xr);
 	int *offsets = (int *)d_index, *order = offsets + num_experts + 1, *row_of = order + pairs;
 	if (rc == DI_OK) {
 		const size_t shared = (pairs + num_experts + 1) * sizeof(int);
@@ -393,15 +469,11 @@ static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr 
 		rc = di_check_launch(ctx, "moe: group");
 	}
 	auto run = [&]() -> int {
-		float *gh = (float *)g, *ah = (float *)act, *yh = (float *)ye;
+		float *gh = (float *)g, *yh = (float *)ye;
 		DI_DISPATCH_WEIGHT(w_dtype, T, {
-			int r = moe_gemv<T>(ctx, gh, DI_PTR(const float, x), order, top_k, (const void *)gate_up, offsets,
-			                    num_experts, 2 * inter, hidden);
-			if (r != DI_OK) return r;
-			di_moe_act_f32_k<<<di_grid((size_t)pairs * inter, 256), 256, 0, ctx->stream>>>(ah, gh, pairs, inter);
-			r = di_check_launch(ctx, "moe: silu_mul");
-			if (r == DI_OK)
-				r = moe_gemv<T>(ctx, yh, ah, nullptr, 1, (const void *)down, offsets, num_experts, hidden, inter);
+			const int r = moe_mlp<T>(ctx, gh, act, yh, DI_PTR(const float, x), xr, order, offsets,
+			                         (const void *)gate_up, (const void *)down, num_tokens, pairs, top_k, hidden,
+			                         inter, num_experts);
 			if (r != DI_OK) return r;
 		});
 		di_moe_combine_k<<<num_tokens, 256, 0, ctx->stream>>>(DI_PTR(float, out), yh, row_of,
@@ -409,6 +481,7 @@ static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr 
 		return di_check_launch(ctx, "moe: combine");
 	};
 	if (rc == DI_OK) rc = run();
+	if (xr) di_scratch_free(ctx, xr);
 	di_scratch_free(ctx, ye);
 	di_scratch_free(ctx, act);
 	di_scratch_free(ctx, g);

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -290,6 +291,51 @@ func TestGPUMLAAttention(t *testing.T) {
 						t.Fatal(err)
 					}
 					p.check("mla_attention", out, 2e-5)
+				})
+			}
+		}
+	}
+}
+
+// The two forms of the MLA kernel, keys staged in shared memory (small
+// grids) and read from global memory (large ones), give the same bits:
+// DEEPINFER_CUDA_MLA_STAGED_MAX=0 forces the second, a large value the
+// first, over decode, prefill and mixed batches, tiny and DeepSeek-V2 sizes,
+// float32 and bf16 weights.
+func TestGPUMLAStagedBits(t *testing.T) {
+	t.Setenv("DEEPINFER_CUDA_MLA_STAGED_MAX", "0")
+	plain := newPair(t, GEMMRound)
+	t.Setenv("DEEPINFER_CUDA_MLA_STAGED_MAX", "1000000")
+	staged := newPair(t, GEMMRound)
+	const blockSize, numBlocks = 16, 40
+	for _, mp := range []kernels.MLAParams{
+		{NumHeads: 4, NopeDim: 16, RopeDim: 8, KVLoraRank: 32, VHeadDim: 12},
+		{NumHeads: 3, NopeDim: 128, RopeDim: 64, KVLoraRank: 512, VHeadDim: 128},
+	} {
+		mp.Scale = float32(1 / math.Sqrt(float64(mp.NopeDim+mp.RopeDim)))
+		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+			for _, tc := range attnCases {
+				t.Run(fmt.Sprintf("%s/%s/kvl%d", tc.name, dt, mp.KVLoraRank), func(t *testing.T) {
+					var outs [2][]byte
+					for i, p := range []*pair{plain, staged} {
+						b := p.pagedBatch(blockSize, numBlocks, tc.seqs)
+						cache := p.rand(kernels.F32, 1, numBlocks, blockSize, mp.KVLoraRank+mp.RopeDim)
+						w := p.rand(dt, 0.2, mp.NumHeads*(mp.NopeDim+mp.VHeadDim), mp.KVLoraRank)
+						q := p.rand(kernels.F32, 1, b.numTokens, mp.NumHeads*(mp.NopeDim+mp.RopeDim))
+						out := p.zeros(kernels.F32, b.numTokens, mp.NumHeads*mp.VHeadDim)
+						p.poison(out)
+						if err := p.g.MLAAttention(out.g, q.g, cache.g, w.g, &b.gpuMeta, mp); err != nil {
+							t.Fatal(err)
+						}
+						if err := p.c.MLAAttention(out.c, q.c, cache.c, w.c, &b.cpuMeta, mp); err != nil {
+							t.Fatal(err)
+						}
+						p.check("mla_attention", out, 2e-5)
+						outs[i] = p.raw(p.g, out.g)
+					}
+					if !bytes.Equal(outs[0], outs[1]) {
+						t.Errorf("staged keys: bits differ from the plain kernel's")
+					}
 				})
 			}
 		}
