@@ -10,8 +10,8 @@
 // float32 CUDA cores) and the first, plain one (one block per (row, head))
 // as the fallback for large head sizes; see the section below for which
 // rows go where and why each row's result is independent of its batch. All
-// accumulate in float32. MLA is one block per (row, head), its keys staged
-// in shared memory a tile at a time.
+// accumulate in float32. MLA is one block per (row, head); small grids
+// stage its keys in shared memory a tile at a time (the same bits).
 //
 // Missing for speed (later work): a wgmma prefill kernel; an MLA kernel
 // that reads each latent row once for all heads (split over keys).
