@@ -89,6 +89,10 @@ struct di_ctx {
 	// keys in shared memory; -1: the multiprocessors' count
 	// ($DEEPINFER_CUDA_MLA_STAGED_MAX).
 	int mla_staged_max = -1;
+	// moe_mma: the expert GEMVs of 16-bit weights on tensor cores
+	// (di_moe_mma_k) where k is a multiple of 32; $DEEPINFER_CUDA_MOE_MMA=0
+	// keeps the CUDA-core GEMV.
+	int moe_mma = 1;
 	// Attention kernels round a 16-bit output as they store it (1), or
 	// every 16-bit output goes through float32 scratch and a narrowing pass
 	// (0, the same bits); $DEEPINFER_CUDA_ATTN_OUT16.

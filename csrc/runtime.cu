@@ -270,6 +270,7 @@ static int api_create(int device, di_ctx **out, char *err, int errlen) {
 	if (const char *v = getenv("DEEPINFER_CUDA_DEC_KM_CPB"); v && *v) ctx->dec_km_cpb = atoi(v);
 	if (const char *v = getenv("DEEPINFER_CUDA_DEC_BPS"); v && atoi(v) > 0) ctx->dec_blocks_per_sm = atoi(v);
 	if (const char *v = getenv("DEEPINFER_CUDA_MLA_STAGED_MAX"); v && *v && atoi(v) >= 0) ctx->mla_staged_max = atoi(v);
+	if (const char *v = getenv("DEEPINFER_CUDA_MOE_MMA"); v && strcmp(v, "0") == 0) ctx->moe_mma = 0;
 	if (const char *v = getenv("DEEPINFER_CUDA_ATTN_OUT16"); v && *v) ctx->attn_out16 = atoi(v);
 	if (const char *v = getenv("DEEPINFER_CUDA_SAMPLE_SPLIT"); v && *v) ctx->sample_split = atoi(v);
 	if (const char *v = getenv("DEEPINFER_CUDA_SAMPLE_MIN_CHUNKS"); v && atoi(v) > 0) ctx->sample_min_chunks = atoi(v);

@@ -388,6 +388,101 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
 	}
 }
 
+// di_moe_mma_k is di_moe_gemv_k on tensor cores for 16-bit weights and k a
+// multiple of 32: block (blockIdx.x, expert blockIdx.y) computes output
+// columns j0 .. j0+15 (j0 = 16 blockIdx.x; the weight rows are mma.sync
+// m16n8k16's A operand) for the expert's rows in tiles of 8 (the B operand;
+// up to four tiles, 32 rows, a pass over the weights). Its four warps deal
+// the 32-column blocks of k among them (warp w takes blocks w, w + 4, ...),
+// so that at batch 1 a column's weights are read by four warps at once;
+// each warp keeps float32 accumulators in registers, and warp 0 adds the
+// four warps' sums in warp order. Per 32 columns of k a lane reads 16 bytes
+// of weight rows g and g+8 and 16 bytes of each tile's row g, straight from
+// global memory, and feeds the first four of its eight columns to one mma
+// and the last four to a second (the same permutation of the reduction
+// index for A and B; as gemm_skinny.cu's di_skinny_k). In split mode the lo
+// parts go to accumulators of their own, added at the end.
+// Batch invariance: out[row][j] is a fixed-order sum of the tensor-core
+// products of weight row j with that row (each warp's blocks in ascending
+// k, then the warps in order); each element of an mma tile is its own dot
+// product, and rows past the expert's count are never stored, so a token's
+// result does not depend on the other tokens.
+// Cost: the expert's weights read once per 32 of its rows; 8 KB of shared
+// memory (16 KB in split mode) for the warps' sums.
+#define MOE_MMA_WARPS 4
+template <typename T, bool SPLIT>
+__global__ void __launch_bounds__(MOE_MMA_WARPS * 32)
+    di_moe_mma_k(float *out, const T *x, const T *xlo, const int *order, int div, const T *w, const int *offsets,
+                 int n, int k) {
+	__shared__ float part[SPLIT ? 2 : 1][MOE_MMA_WARPS][32][16];
+	const int ex = blockIdx.y;
+	const int lo = offsets[ex], rows = offsets[ex + 1] - lo;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+	const int j0 = blockIdx.x * 16;
+	if (rows <= 0 || j0 >= n) return;
+	const T *wa = w + ((size_t)ex * n + min(j0 + g, n - 1)) * k + 8 * t4;
+	const T *wb = w + ((size_t)ex * n + min(j0 + g + 8, n - 1)) * k + 8 * t4;
+	for (int r0 = 0; r0 < rows; r0 += 32) {
+		const int m = min(32, rows - r0), tiles = (m + 7) / 8;
+		size_t xo[4];
+#pragma unroll
+		for (int tl = 0; tl < 4; tl++) {
+			const int r = tl * 8 + g, row = lo + r0 + (r < m ? r : 0);
+			xo[tl] = (size_t)(order ? order[row] / div : row) * k + 8 * t4;
+		}
+		float acc[4][4], acc_lo[4][4];
+#pragma unroll
+		for (int tl = 0; tl < 4; tl++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) acc[tl][e] = acc_lo[tl][e] = 0.f;
+#pragma unroll 2
+		for (int kb = warp * 32; kb < k; kb += MOE_MMA_WARPS * 32) {
+			const uint4 a = *reinterpret_cast<const uint4 *>(wa + kb), b = *reinterpret_cast<const uint4 *>(wb + kb);
+#pragma unroll
+			for (int tl = 0; tl < 4; tl++) {
+				if (tl < tiles) {
+					const uint4 xv = *reinterpret_cast<const uint4 *>(x + xo[tl] + kb);
+					di_mma16816<T>(acc[tl], a.x, b.x, a.y, b.y, xv.x, xv.y);
+					di_mma16816<T>(acc[tl], a.z, b.z, a.w, b.w, xv.z, xv.w);
+					if (SPLIT) {
+						const uint4 xl = *reinterpret_cast<const uint4 *>(xlo + xo[tl] + kb);
+						di_mma16816<T>(acc_lo[tl], a.x, b.x, a.y, b.y, xl.x, xl.y);
+						di_mma16816<T>(acc_lo[tl], a.z, b.z, a.w, b.w, xl.z, xl.w);
+					}
+				}
+			}
+		}
+		if (r0 > 0) __syncthreads(); // warp 0 has read the previous pass's sums
+#pragma unroll
+		for (int tl = 0; tl < 4; tl++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				part[0][warp][lane][tl * 4 + e] = acc[tl][e];
+				if (SPLIT) part[SPLIT ? 1 : 0][warp][lane][tl * 4 + e] = acc_lo[tl][e];
+			}
+		__syncthreads();
+		if (warp == 0) {
+#pragma unroll
+			for (int tl = 0; tl < 4; tl++) {
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					const int r = tl * 8 + 2 * t4 + (e & 1), j = j0 + g + 8 * (e >> 1);
+					if (tl < tiles && r < m && j < n) {
+						float v = part[0][0][lane][tl * 4 + e], vl = 0.f;
+						if (SPLIT) vl = part[SPLIT ? 1 : 0][0][lane][tl * 4 + e];
+#pragma unroll
+						for (int wi = 1; wi < MOE_MMA_WARPS; wi++) {
+							v += part[0][wi][lane][tl * 4 + e];
+							if (SPLIT) vl += part[SPLIT ? 1 : 0][wi][lane][tl * 4 + e];
+						}
+						out[(size_t)(lo + r0 + r) * n + j] = SPLIT ? v + vl : v;
+					}
+				}
+			}
+		}
+	}
+}
+
 // x rounded to T once (and the remainders into lo when set).
 template <typename T> __global__ void di_moe_round_k(T *hi, T *lo, const float *x, size_t n) {
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -407,6 +502,18 @@ __global__ void di_moe_act_f32_k(float *act, const float *g, size_t rows, int in
 template <typename W, typename X>
 static int moe_gemv(di_ctx *ctx, float *out, const X *x, const X *xlo, const int *order, int div, const void *w,
                     const int *offsets, int num_experts, int n, int k) {
+	if constexpr (std::is_same_v<W, X> && !std::is_same_v<W, float>) {
+		if (ctx->moe_mma && k % 32 == 0) {
+			const dim3 grid((unsigned)((n + 15) / 16), (unsigned)num_experts);
+			if (xlo)
+				di_moe_mma_k<W, true><<<grid, MOE_MMA_WARPS * 32, 0, ctx->stream>>>(out, x, xlo, order, div,
+				                                                                    (const W *)w, offsets, n, k);
+			else
+				di_moe_mma_k<W, false><<<grid, MOE_MMA_WARPS * 32, 0, ctx->stream>>>(out, x, xlo, order, div,
+				                                                                     (const W *)w, offsets, n, k);
+			return di_check_launch(ctx, "moe: grouped mma");
+		}
+	}
 	const dim3 grid((unsigned)((n + MOE_WARPS - 1) / MOE_WARPS), (unsigned)num_experts);
 	if (xlo)
 		di_moe_gemv_k<W, X, true>

@@ -381,28 +381,36 @@ func TestGPUMoERoute(t *testing.T) {
 
 // MoE against the CPU backend: decode-sized batches and a small prefill run
 // the device-side grouping; 400 tokens x 3 (1200 pairs) the host grouping
-// with cuBLAS.
+// with cuBLAS. With 16-bit weights a projection whose k is a multiple of 32
+// runs on tensor cores (di_moe_mma_k), the others on the GEMV: the first
+// shape has both (gate/up k = 64, down k = 48); the second has only the
+// down projection on tensor cores, with 72 output columns (a warp's last 8
+// past the end) and, at 64 tokens on 4 experts, more than 32 rows an expert
+// (two passes over its weights).
 func TestGPUMoE(t *testing.T) {
+	shapes := []struct{ e, topK, hidden, inter int }{{8, 3, 64, 48}, {4, 3, 72, 64}}
 	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
 		p := newPair(t, mode)
 		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 			for _, tokens := range []int{1, 4, 19, 64, 400} {
-				t.Run(fmt.Sprintf("%s/%s/tokens=%d", mode, dt, tokens), func(t *testing.T) {
-					const e, topK, hidden, inter = 8, 3, 64, 48
-					x := p.rand(kernels.F32, 1, tokens, hidden)
-					gu, down := p.rand(dt, 0.2, e, 2*inter, hidden), p.rand(dt, 0.2, e, hidden, inter)
-					ids := p.ints(randExpertIDs(p.r, tokens, topK, e), tokens, topK)
-					w := p.rand(kernels.F32, 1, tokens, topK)
-					out := p.zeros(kernels.F32, tokens, hidden)
-					p.poison(out)
-					if err := p.c.MoE(out.c, x.c, ids.c, w.c, gu.c, down.c); err != nil {
-						t.Fatal(err)
-					}
-					if err := p.g.MoE(out.g, x.g, ids.g, w.g, gu.g, down.g); err != nil {
-						t.Fatal(err)
-					}
-					p.check("moe", out, 2*linearTol(dt, mode))
-				})
+				for _, sh := range shapes {
+					t.Run(fmt.Sprintf("%s/%s/tokens=%d/e%d_h%d_i%d", mode, dt, tokens, sh.e, sh.hidden, sh.inter), func(t *testing.T) {
+						e, topK, hidden, inter := sh.e, sh.topK, sh.hidden, sh.inter
+						x := p.rand(kernels.F32, 1, tokens, hidden)
+						gu, down := p.rand(dt, 0.2, e, 2*inter, hidden), p.rand(dt, 0.2, e, hidden, inter)
+						ids := p.ints(randExpertIDs(p.r, tokens, topK, e), tokens, topK)
+						w := p.rand(kernels.F32, 1, tokens, topK)
+						out := p.zeros(kernels.F32, tokens, hidden)
+						p.poison(out)
+						if err := p.c.MoE(out.c, x.c, ids.c, w.c, gu.c, down.c); err != nil {
+							t.Fatal(err)
+						}
+						if err := p.g.MoE(out.g, x.g, ids.g, w.g, gu.g, down.g); err != nil {
+							t.Fatal(err)
+						}
+						p.check("moe", out, 2*linearTol(dt, mode))
+					})
+				}
 			}
 		}
 	}
