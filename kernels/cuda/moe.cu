@@ -9,11 +9,14 @@
 // (every decode batch), and always while a CUDA graph is captured, it never
 // waits for the host: one block groups the pairs by expert on the device (a
 // stable counting sort into buffers sized from num_tokens * top_k), then a
-// grouped GEMV launched over every expert reads each expert's row count on
-// the device (experts without rows return at once), SiLU-mul, a second
-// grouped GEMV, and a combine kernel that sums the k outputs of each token
-// in k order. Every output element is one warp's fixed-order dot product, so
-// a token's result does not depend on the other tokens (batch-invariant).
+// grouped projection launched over every expert reads each expert's row
+// count on the device (experts without rows return at once), SiLU-mul, a
+// second grouped projection, and a combine kernel that sums the k outputs of
+// each token in k order. A projection of 16-bit weights with k a multiple
+// of 32 runs on tensor cores (di_moe_mma_k), the others as a GEMV on CUDA
+// cores (di_moe_gemv_k); 16-bit inputs are rounded once before either.
+// Every output element is a fixed-order dot product, so a token's result
+// does not depend on the other tokens (batch-invariant).
 // Larger batches (prefill) copy the routing ids to the host (one small
 // transfer and a wait), group there, and run two cuBLAS GEMMs per selected
 // expert.
