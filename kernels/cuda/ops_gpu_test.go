@@ -267,34 +267,51 @@ func TestGPUAttention(t *testing.T) {
 	}
 }
 
-func TestGPUMLAAttention(t *testing.T) {
-	p := newPair(t, GEMMRound)
-	const blockSize, numBlocks = 16, 40
-	for _, mp := range []kernels.MLAParams{
-		{NumHeads: 4, NopeDim: 16, RopeDim: 8, KVLoraRank: 32, VHeadDim: 12},
-		{NumHeads: 2, NopeDim: 128, RopeDim: 64, KVLoraRank: 512, VHeadDim: 128},
-	} {
+// mlaShapes are the MLA tests' layer sizes: tiny, and DeepSeek-V2's latent
+// and head sizes with three heads.
+var mlaShapes = []kernels.MLAParams{
+	{NumHeads: 4, NopeDim: 16, RopeDim: 8, KVLoraRank: 32, VHeadDim: 12},
+	{NumHeads: 3, NopeDim: 128, RopeDim: 64, KVLoraRank: 512, VHeadDim: 128},
+}
+
+// eachMLACase runs fn for every MLA shape, weight dtype and batch of
+// attnCases, as a subtest, with the shape's scale set.
+func eachMLACase(t *testing.T, fn func(t *testing.T, mp kernels.MLAParams, dt kernels.DType, seqs [][2]int)) {
+	for _, mp := range mlaShapes {
 		mp.Scale = float32(1 / math.Sqrt(float64(mp.NopeDim+mp.RopeDim)))
 		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 			for _, tc := range attnCases {
-				t.Run(fmt.Sprintf("%s/%s/kvl%d", tc.name, dt, mp.KVLoraRank), func(t *testing.T) {
-					b := p.pagedBatch(blockSize, numBlocks, tc.seqs)
-					cache := p.rand(kernels.F32, 1, numBlocks, blockSize, mp.KVLoraRank+mp.RopeDim)
-					w := p.rand(dt, 0.2, mp.NumHeads*(mp.NopeDim+mp.VHeadDim), mp.KVLoraRank)
-					q := p.rand(kernels.F32, 1, b.numTokens, mp.NumHeads*(mp.NopeDim+mp.RopeDim))
-					out := p.zeros(kernels.F32, b.numTokens, mp.NumHeads*mp.VHeadDim)
-					p.poison(out)
-					if err := p.c.MLAAttention(out.c, q.c, cache.c, w.c, &b.cpuMeta, mp); err != nil {
-						t.Fatal(err)
-					}
-					if err := p.g.MLAAttention(out.g, q.g, cache.g, w.g, &b.gpuMeta, mp); err != nil {
-						t.Fatal(err)
-					}
-					p.check("mla_attention", out, 2e-5)
-				})
+				t.Run(fmt.Sprintf("%s/%s/kvl%d", tc.name, dt, mp.KVLoraRank), func(t *testing.T) { fn(t, mp, dt, tc.seqs) })
 			}
 		}
 	}
+}
+
+// mla runs MLAAttention on both backends over a paged batch of seqs with
+// random caches, weights and queries, checks the GPU against the CPU and
+// returns the GPU output's bytes.
+func (p *pair) mla(t *testing.T, mp kernels.MLAParams, dt kernels.DType, seqs [][2]int) []byte {
+	t.Helper()
+	const blockSize, numBlocks = 16, 40
+	b := p.pagedBatch(blockSize, numBlocks, seqs)
+	cache := p.rand(kernels.F32, 1, numBlocks, blockSize, mp.KVLoraRank+mp.RopeDim)
+	w := p.rand(dt, 0.2, mp.NumHeads*(mp.NopeDim+mp.VHeadDim), mp.KVLoraRank)
+	q := p.rand(kernels.F32, 1, b.numTokens, mp.NumHeads*(mp.NopeDim+mp.RopeDim))
+	out := p.zeros(kernels.F32, b.numTokens, mp.NumHeads*mp.VHeadDim)
+	p.poison(out)
+	if err := p.c.MLAAttention(out.c, q.c, cache.c, w.c, &b.cpuMeta, mp); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.g.MLAAttention(out.g, q.g, cache.g, w.g, &b.gpuMeta, mp); err != nil {
+		t.Fatal(err)
+	}
+	p.check("mla_attention", out, 2e-5)
+	return p.raw(p.g, out.g)
+}
+
+func TestGPUMLAAttention(t *testing.T) {
+	p := newPair(t, GEMMRound)
+	eachMLACase(t, func(t *testing.T, mp kernels.MLAParams, dt kernels.DType, seqs [][2]int) { p.mla(t, mp, dt, seqs) })
 }
 
 // The two forms of the MLA kernel, keys staged in shared memory (small
@@ -307,39 +324,11 @@ func TestGPUMLAStagedBits(t *testing.T) {
 	plain := newPair(t, GEMMRound)
 	t.Setenv("DEEPINFER_CUDA_MLA_STAGED_MAX", "1000000")
 	staged := newPair(t, GEMMRound)
-	const blockSize, numBlocks = 16, 40
-	for _, mp := range []kernels.MLAParams{
-		{NumHeads: 4, NopeDim: 16, RopeDim: 8, KVLoraRank: 32, VHeadDim: 12},
-		{NumHeads: 3, NopeDim: 128, RopeDim: 64, KVLoraRank: 512, VHeadDim: 128},
-	} {
-		mp.Scale = float32(1 / math.Sqrt(float64(mp.NopeDim+mp.RopeDim)))
-		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
-			for _, tc := range attnCases {
-				t.Run(fmt.Sprintf("%s/%s/kvl%d", tc.name, dt, mp.KVLoraRank), func(t *testing.T) {
-					var outs [2][]byte
-					for i, p := range []*pair{plain, staged} {
-						b := p.pagedBatch(blockSize, numBlocks, tc.seqs)
-						cache := p.rand(kernels.F32, 1, numBlocks, blockSize, mp.KVLoraRank+mp.RopeDim)
-						w := p.rand(dt, 0.2, mp.NumHeads*(mp.NopeDim+mp.VHeadDim), mp.KVLoraRank)
-						q := p.rand(kernels.F32, 1, b.numTokens, mp.NumHeads*(mp.NopeDim+mp.RopeDim))
-						out := p.zeros(kernels.F32, b.numTokens, mp.NumHeads*mp.VHeadDim)
-						p.poison(out)
-						if err := p.g.MLAAttention(out.g, q.g, cache.g, w.g, &b.gpuMeta, mp); err != nil {
-							t.Fatal(err)
-						}
-						if err := p.c.MLAAttention(out.c, q.c, cache.c, w.c, &b.cpuMeta, mp); err != nil {
-							t.Fatal(err)
-						}
-						p.check("mla_attention", out, 2e-5)
-						outs[i] = p.raw(p.g, out.g)
-					}
-					if !bytes.Equal(outs[0], outs[1]) {
-						t.Errorf("staged keys: bits differ from the plain kernel's")
-					}
-				})
-			}
+	eachMLACase(t, func(t *testing.T, mp kernels.MLAParams, dt kernels.DType, seqs [][2]int) {
+		if !bytes.Equal(plain.mla(t, mp, dt, seqs), staged.mla(t, mp, dt, seqs)) {
+			t.Errorf("staged keys: bits differ from the plain kernel's")
 		}
-	}
+	})
 }
 
 func TestGPUMoERoute(t *testing.T) {
