@@ -31,7 +31,10 @@ For each input config (default: the five tiny fixtures in tools/configs/):
        <v>.mtp.<i>.ids        I32 [L]         prompt[1:] + [greedy[0]]
        <v>.mtp.<i>.logits     F32 [L, vocab]  MTP logits (see mtp_reference)
      The header's __metadata__ records versions, seeds, the prompt lengths,
-     the reference dtype ("compute") and the scales HF used. The MTP
+     the reference dtype ("compute") and the scales HF used; with a bf16
+     reference also <v>.hf_self_err and <v>.hf_self_top1, the prompt logits
+     of HF again under f32_gemm_order against the reference (the worst
+     max|diff| / max|ref| and "same/positions" top-1). The MTP
      reference is computed in float32 in either case.
 
 Large real-shape configs (tools/configs/real/) are meant for

@@ -2533,12 +2533,17 @@ __global__ void __launch_bounds__(MLA_THREADS)
 	}
 }
 
+// di_mla_smem is di_mla_k's shared memory (see its layout above).
+static size_t di_mla_smem(int kv_lora_rank, int nope_dim, int rope_dim, bool staged) {
+	const size_t width = kv_lora_rank + rope_dim, lat0 = kv_lora_rank > nope_dim ? kv_lora_rank : nope_dim;
+	return (width + lat0 + ATT_TILE + (staged ? ATT_TILE * width : 0)) * sizeof(float) + ATT_TILE * sizeof(int);
+}
+
 template <bool STAGED>
 static int di_mla(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, di_dptr wkvb, int w_dtype, const di_attn_meta *m,
                   int num_heads, int nope_dim, int rope_dim, int kv_lora_rank, int v_head_dim, float scale) {
 	const int width = kv_lora_rank + rope_dim, lat0 = kv_lora_rank > nope_dim ? kv_lora_rank : nope_dim;
-	const size_t shmem =
-	    (width + lat0 + ATT_TILE + (STAGED ? (size_t)ATT_TILE * width : 0)) * sizeof(float) + ATT_TILE * sizeof(int);
+	const size_t shmem = di_mla_smem(kv_lora_rank, nope_dim, rope_dim, STAGED);
 	// 16-byte staging: rows of whole float4s, the tile at a 16-byte offset.
 	const int vec4 = width % 4 == 0 && (width + lat0) % 4 == 0 && cache % 16 == 0;
 	dim3 grid(m->num_tokens, num_heads);
@@ -2569,11 +2574,9 @@ extern "C" int di_op_mla_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr 
 	if (kv_lora_rank > MLA_MAX_COLS * MLA_THREADS)
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "mla_attention: kv_lora_rank %d > %d", kv_lora_rank,
 		               MLA_MAX_COLS * MLA_THREADS);
-	const int width = kv_lora_rank + rope_dim;
-	const size_t staged = ((size_t)2 * width + kv_lora_rank + nope_dim + ATT_TILE * (size_t)(width + 2)) * sizeof(float);
 	const long long blocks = (long long)m->num_tokens * num_heads;
 	const long long most = ctx->mla_staged_max >= 0 ? ctx->mla_staged_max : (ctx->sm_count > 0 ? ctx->sm_count : 132);
-	if (blocks <= most && staged <= 200 * 1024)
+	if (blocks <= most && di_mla_smem(kv_lora_rank, nope_dim, rope_dim, true) <= 200 * 1024)
 		return di_mla<true>(ctx, out, q, cache, wkvb, w_dtype, m, num_heads, nope_dim, rope_dim, kv_lora_rank,
 		                    v_head_dim, scale);
 	return di_mla<false>(ctx, out, q, cache, wkvb, w_dtype, m, num_heads, nope_dim, rope_dim, kv_lora_rank,

@@ -91,6 +91,20 @@ func newCaches(t *testing.T, mg, mc models.Model, numBlocks, blockSize int) (cg,
 	return cg, cc
 }
 
+// loadModels loads the model in dir on the GPU backend g and on the CPU
+// backend c.
+func loadModels(t *testing.T, g, c kernels.Ops, dir string, maxLen int) (mg, mc models.Model) {
+	t.Helper()
+	mg, err := models.Builtin().Load(g, dir, models.Options{MaxModelLen: maxLen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mc, err = models.Builtin().Load(c, dir, models.Options{MaxModelLen: maxLen}); err != nil {
+		t.Fatal(err)
+	}
+	return mg, mc
+}
+
 // forward runs one step of one sequence and returns the logits of its new
 // tokens.
 func forward(t *testing.T, m models.Model, ops kernels.Ops, cache *models.KVCache, ids []int32, numCached int, table []int32) [][]float32 {
@@ -148,15 +162,7 @@ func TestGPUFixtureParity(t *testing.T) {
 			ref := refFile{rf, t}
 			for _, variant := range variants {
 				t.Run(fmt.Sprintf("%s/%s/%s", mode, name, variant), func(t *testing.T) {
-					mdir := filepath.Join(dir, name, variant)
-					mg, err := models.Builtin().Load(g, mdir, models.Options{MaxModelLen: maxLen})
-					if err != nil {
-						t.Fatal(err)
-					}
-					mc, err := models.Builtin().Load(cpuOps, mdir, models.Options{MaxModelLen: maxLen})
-					if err != nil {
-						t.Fatal(err)
-					}
+					mg, mc := loadModels(t, g, cpuOps, filepath.Join(dir, name, variant), maxLen)
 					tol := fixtureTol[variant]
 					if variant == "bf16" && mode == GEMMRound {
 						// 16-bit activations, half K/V caches and tensor-core
@@ -259,15 +265,7 @@ func TestGPUFixtureFP8Cache(t *testing.T) {
 			}
 			defer rf.Close()
 			ref := refFile{rf, t}
-			mdir := filepath.Join(dir, name, "bf16")
-			mg, err := models.Builtin().Load(g, mdir, models.Options{MaxModelLen: maxLen})
-			if err != nil {
-				t.Fatal(err)
-			}
-			mc, err := models.Builtin().Load(cpuOps, mdir, models.Options{MaxModelLen: maxLen})
-			if err != nil {
-				t.Fatal(err)
-			}
+			mg, mc := loadModels(t, g, cpuOps, filepath.Join(dir, name, "bf16"), maxLen)
 			for _, m := range []models.Model{mg, mc} {
 				if dt := m.KVCacheSpec().DType; dt != kernels.F8E4M3 {
 					t.Fatalf("cache %v, want F8_E4M3", dt)
