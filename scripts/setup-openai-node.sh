@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the official OpenAI Node client, used by the engine/server end-to-end
+# Installs the official OpenAI Node client, used by the server end-to-end
 # test, from npm into .cache/node/ (ignored by git). Idempotent: nothing is
 # fetched when the pinned version is already there.
 #

@@ -11,9 +11,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/deepinfer/deepinfer-go/engine/bench"
+	"github.com/deepinfer/deepinfer-go/bench"
 	"github.com/deepinfer/deepinfer-go/engine/config"
-	"github.com/deepinfer/deepinfer-go/engine/llm"
+	"github.com/deepinfer/deepinfer-go/llm"
 )
 
 func newBenchCmd() *cobra.Command {

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine/config"
-	"github.com/deepinfer/deepinfer-go/engine/llm"
-	"github.com/deepinfer/deepinfer-go/engine/server"
+	"github.com/deepinfer/deepinfer-go/llm"
+	"github.com/deepinfer/deepinfer-go/server"
 )
 
 // deepinfer bench in both modes, small: the report, the JSON file and the

@@ -14,7 +14,7 @@ import (
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/config"
-	"github.com/deepinfer/deepinfer-go/engine/llm"
+	"github.com/deepinfer/deepinfer-go/llm"
 )
 
 // ErrNoBOS is returned when windows should start with BOS but the tokenizer

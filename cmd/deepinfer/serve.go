@@ -15,8 +15,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/deepinfer/deepinfer-go/engine/config"
-	"github.com/deepinfer/deepinfer-go/engine/llm"
-	"github.com/deepinfer/deepinfer-go/engine/server"
+	"github.com/deepinfer/deepinfer-go/llm"
+	"github.com/deepinfer/deepinfer-go/server"
 )
 
 func newServeCmd() *cobra.Command {

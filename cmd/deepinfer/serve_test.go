@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/deepinfer/deepinfer-go/engine/server/servertest"
+	"github.com/deepinfer/deepinfer-go/server/servertest"
 )
 
 // syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.

@@ -16,15 +16,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deepinfer/deepinfer-go/bench"
 	"github.com/deepinfer/deepinfer-go/engine"
-	"github.com/deepinfer/deepinfer-go/engine/bench"
 	"github.com/deepinfer/deepinfer-go/engine/config"
-	"github.com/deepinfer/deepinfer-go/engine/llm"
 	"github.com/deepinfer/deepinfer-go/engine/models"
 	"github.com/deepinfer/deepinfer-go/engine/weights"
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu"
 	"github.com/deepinfer/deepinfer-go/kernels/cuda"
+	"github.com/deepinfer/deepinfer-go/llm"
 	"github.com/deepinfer/deepinfer-go/stages"
 )
 

@@ -13,9 +13,9 @@ import (
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/config"
-	"github.com/deepinfer/deepinfer-go/engine/llm"
 	"github.com/deepinfer/deepinfer-go/engine/models/random"
 	"github.com/deepinfer/deepinfer-go/kernels/cuda"
+	"github.com/deepinfer/deepinfer-go/llm"
 )
 
 // skipWithoutGPU skips t where no library or device can be opened (unless

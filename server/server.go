@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine"
-	"github.com/deepinfer/deepinfer-go/engine/llm"
 	"github.com/deepinfer/deepinfer-go/engine/tokenizer"
+	"github.com/deepinfer/deepinfer-go/llm"
 )
 
 // ErrServerClosed is returned by Serve after Shutdown.

@@ -9,9 +9,9 @@ import (
 	"os"
 	"strings"
 
-	"github.com/deepinfer/deepinfer-go/engine/llm"
-	"github.com/deepinfer/deepinfer-go/engine/server"
-	"github.com/deepinfer/deepinfer-go/engine/server/servertest"
+	"github.com/deepinfer/deepinfer-go/llm"
+	"github.com/deepinfer/deepinfer-go/server"
+	"github.com/deepinfer/deepinfer-go/server/servertest"
 )
 
 // Serve an engine over HTTP and ask it for a completion.

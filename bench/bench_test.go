@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/deepinfer/deepinfer-go/engine/llm"
-	"github.com/deepinfer/deepinfer-go/engine/server"
-	"github.com/deepinfer/deepinfer-go/engine/server/servertest"
+	"github.com/deepinfer/deepinfer-go/llm"
+	"github.com/deepinfer/deepinfer-go/server"
+	"github.com/deepinfer/deepinfer-go/server/servertest"
 )
 
 func TestSummarize(t *testing.T) {

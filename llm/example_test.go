@@ -7,8 +7,8 @@ import (
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/config"
-	"github.com/deepinfer/deepinfer-go/engine/llm"
 	"github.com/deepinfer/deepinfer-go/engine/models/random"
+	"github.com/deepinfer/deepinfer-go/llm"
 )
 
 // Generate greedy continuations of two token-id prompts with a small

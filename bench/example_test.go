@@ -3,7 +3,7 @@ package bench_test
 import (
 	"fmt"
 
-	"github.com/deepinfer/deepinfer-go/engine/bench"
+	"github.com/deepinfer/deepinfer-go/bench"
 )
 
 func ExampleSummarize() {

@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine/config"
-	"github.com/deepinfer/deepinfer-go/engine/llm"
-	"github.com/deepinfer/deepinfer-go/engine/server/servertest"
+	"github.com/deepinfer/deepinfer-go/llm"
+	"github.com/deepinfer/deepinfer-go/server/servertest"
 )
 
 // modelDir is the test model, written once per test binary.

@@ -19,7 +19,7 @@ import (
 // present (assets/deepseek-tiny), else the random tiny Llama with a
 // character tokenizer; set DEEPINFER_BENCH_MODEL to use another directory.
 //
-//	go test -run X -bench ZOS -benchtime 2x ./engine/llm
+//	go test -run X -bench ZOS -benchtime 2x ./llm
 //
 // host-us/step is the time between two forward passes minus the sampling
 // of the step before (device work in the design). Measured on a shared

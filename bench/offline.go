@@ -12,7 +12,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/deepinfer/deepinfer-go/engine"
-	"github.com/deepinfer/deepinfer-go/engine/llm"
+	"github.com/deepinfer/deepinfer-go/llm"
 )
 
 // OfflineOptions shape the offline workload. The defaults (DefaultOffline)
