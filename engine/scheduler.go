@@ -1158,16 +1158,44 @@ func (s *Scheduler) ProcessOutputs(step StepID, sampled []SampledTokens) ([]Fini
 
 // checkStop applies the token-level finish checks to a just-appended token.
 func (s *Scheduler) checkStop(seq *Sequence, t int) FinishReason {
-	numOut := len(seq.tokens) - seq.numPromptTokens
-	if numOut >= int(seq.minTokens) {
-		if !seq.ignoreEOS && slices.Contains(s.eos, t) {
+	return CheckFinish(FinishRule{
+		MinTokens: int(seq.minTokens), MaxTokens: int(seq.maxTokens), IgnoreEOS: seq.ignoreEOS,
+		StopTokenIDs: seq.stopTokenIDs, EOSTokenIDs: s.eos, MaxModelLen: s.cfg.MaxModelLen,
+	}, len(seq.tokens)-seq.numPromptTokens, len(seq.tokens), t)
+}
+
+// FinishRule holds what the token-level finish checks of one sequence read.
+type FinishRule struct {
+	MinTokens, MaxTokens int
+	IgnoreEOS            bool
+	StopTokenIDs         []int
+	EOSTokenIDs          []int
+	MaxModelLen          int
+}
+
+// RuleFor returns the finish rule of a request with params p on a model
+// with eos end-of-sequence ids and a context of maxModelLen tokens.
+func RuleFor(p *SamplingParams, eos []int, maxModelLen int) FinishRule {
+	return FinishRule{MinTokens: p.MinTokens, MaxTokens: p.MaxTokens, IgnoreEOS: p.IgnoreEOS,
+		StopTokenIDs: p.StopTokenIDs, EOSTokenIDs: eos, MaxModelLen: maxModelLen}
+}
+
+// CheckFinish is the token-level finish rule, shared by the Scheduler
+// (which ends the sequence) and post-processing (which answers the request
+// in the same step): token has just been appended, making numOut output
+// tokens and numTokens in all. EOS and stop token ids count once min_tokens
+// are out; max_tokens and the context length always. Cost:
+// O(len(EOS ids) + len(stop ids)).
+func CheckFinish(r FinishRule, numOut, numTokens, token int) FinishReason {
+	if numOut >= r.MinTokens {
+		if !r.IgnoreEOS && slices.Contains(r.EOSTokenIDs, token) {
 			return FinishStop
 		}
-		if len(seq.stopTokenIDs) > 0 && slices.Contains(seq.stopTokenIDs, t) {
+		if len(r.StopTokenIDs) > 0 && slices.Contains(r.StopTokenIDs, token) {
 			return FinishStop
 		}
 	}
-	if numOut >= int(seq.maxTokens) || len(seq.tokens) >= s.cfg.MaxModelLen {
+	if numOut >= r.MaxTokens || numTokens >= r.MaxModelLen {
 		return FinishLength
 	}
 	return FinishNone

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/config"
@@ -48,7 +47,7 @@ type Engine struct {
 	model models.Model
 	tok   *tokenizer.Tokenizer
 	sched *engine.Scheduler
-	rt    *stages.Runtime
+	env   *stages.Env
 	graph *pipeline.Graph
 
 	memPlan MemoryPlan
@@ -170,23 +169,27 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	}
 
 	e.requests = newRequestQueue(cfg.Engine.MaxWaiting)
-	e.rt = &stages.Runtime{
-		Scheduler: e.sched, Model: model, Ops: e.ops, Cache: cache, Tokenizer: e.tok,
-		Requests: e.requests, Live: stages.NewRequests(), Seed: cfg.Seed, VocabSize: mcfg.VocabSize,
-		Flops: flops, Stats: &stages.Stats{}, ZOS: stages.NewMetadataZOS(),
+	e.env = &stages.Env{
+		Model: model, Ops: e.ops, Cache: cache, Tokenizer: e.tok, Scheduler: e.sched,
+		Requests: e.requests, Responder: stages.NewResponder(), Seed: cfg.Seed,
+		Flops: flops, Stats: &stages.Stats{}, ManualSteps: opts.ManualSteps,
+		CUDAGraph: stages.CUDAGraph{Enabled: cfg.CUDAGraph.Enabled, BatchSizes: cfg.CUDAGraph.BatchSizes},
 	}
-	if opts.ManualSteps {
-		e.rt.Gate = stages.NewStepGate()
-	}
-	pspec, err := Spec(cfg)
+	pspec, err := CheckedSpec(cfg, opts.Stages)
 	if err != nil {
 		return nil, fmt.Errorf("llm: %w", err)
 	}
-	if e.graph, err = pspec.Build(opts.Stages, e.rt); err != nil {
+	if e.graph, err = pspec.Build(opts.Stages, e.env); err != nil {
 		return nil, fmt.Errorf("llm: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
+	// Device work of the stages (warm-up, CUDA graph capture) runs here,
+	// before the loop, and fails New.
+	if err := e.graph.Start(ctx); err != nil {
+		cancel()
+		return nil, fmt.Errorf("llm: %w", err)
+	}
 	go func() {
 		defer close(e.done)
 		e.runErr = e.graph.Run(ctx)
@@ -195,7 +198,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		if e.runErr != nil {
 			reason = fmt.Errorf("llm: engine failed: %w", e.runErr)
 		}
-		e.rt.Live.FailAll(engine.FinishError, reason)
+		e.env.Responder.FailAll(engine.FinishError, reason)
 	}()
 	ok = true
 	return e, nil
@@ -262,27 +265,38 @@ func (e *Engine) PeakFLOPS() float64 {
 // FlopsEstimator's count over forward time, divided by PeakFLOPS; 0 when
 // either is unknown.
 func (e *Engine) MFU() float64 {
-	peak, secs := e.PeakFLOPS(), e.rt.Stats.ForwardTime().Seconds()
+	peak, secs := e.PeakFLOPS(), e.env.Stats.ForwardTime().Seconds()
 	if peak <= 0 || secs <= 0 {
 		return 0
 	}
-	return e.rt.Stats.FLOPs() / secs / peak
+	return e.env.Stats.FLOPs() / secs / peak
 }
 
 // StepStats are the step loop's counters (tokens, forward time, FLOPs).
-func (e *Engine) StepStats() *stages.Stats { return e.rt.Stats }
+func (e *Engine) StepStats() *stages.Stats { return e.env.Stats }
 
 // SchedulerStats is a snapshot of the scheduler's queues and counters.
 func (e *Engine) SchedulerStats() engine.SchedulerStats { return e.sched.Stats() }
 
 // AddRequest submits req. A request that is bad on its face (sampling
 // params out of range, token ids outside the vocabulary, an empty or too
-// long prompt, text without a tokenizer) is refused here with an error
-// wrapping engine.ErrInvalidRequest and never enqueued; one whose text turns
-// out too long once tokenized is answered through req.OnOutput with
-// FinishError. AddRequest also fails when the engine is closed or its
-// waiting queue (engine.max_waiting) is full. Cost: O(prompt ids).
+// long prompt, text without a tokenizer, an id already live) is refused
+// here with an error wrapping engine.ErrInvalidRequest and never enqueued;
+// one whose text turns out too long once tokenized is answered through
+// req.OnOutput with FinishError. AddRequest also fails when the engine is
+// closed or its waiting queue (engine.max_waiting) is full. Cost:
+// O(prompt ids).
 func (e *Engine) AddRequest(req *engine.Request) error {
+	return e.add(req, func(sub stages.Submission) error { return e.requests.push(sub) })
+}
+
+// AddRequestWait is AddRequest that waits while the waiting queue is full
+// (until ctx ends).
+func (e *Engine) AddRequestWait(ctx context.Context, req *engine.Request) error {
+	return e.add(req, func(sub stages.Submission) error { return e.requests.pushWait(ctx, sub) })
+}
+
+func (e *Engine) add(req *engine.Request, push func(stages.Submission) error) error {
 	if err := e.validate(req); err != nil {
 		return err
 	}
@@ -291,9 +305,13 @@ func (e *Engine) AddRequest(req *engine.Request) error {
 		return fmt.Errorf("%w: the step loop ended: %v", ErrClosed, e.runErr)
 	default:
 	}
-	e.rt.Front.Add(1)
-	if err := e.requests.push(req); err != nil {
-		e.rt.Front.Add(-1)
+	// Registered before it is queued, so that an Abort that follows finds
+	// it, and its abort travels behind it.
+	if err := e.env.Responder.Add(req); err != nil {
+		return fmt.Errorf("request %q: %w", req.ID, err)
+	}
+	if err := push(stages.Submission{Request: req}); err != nil {
+		e.env.Responder.Drop(req.ID)
 		return err
 	}
 	return nil
@@ -333,72 +351,91 @@ func (e *Engine) validate(req *engine.Request) error {
 var ErrNotManual = errors.New("llm: Step needs an engine built with Options.ManualSteps")
 
 // Step runs one step of the loop: it schedules what the scheduler picks
-// now (new requests submitted with AddRequest included), runs it, and
-// returns the request outputs it produced (also delivered to each
-// request's OnOutput). With nothing to schedule it returns no outputs at
-// once. Only for engines built with Options.ManualSteps; Step calls are
-// serialized by the loop, one step planned per call.
+// now (new requests submitted with AddRequest included: the ask travels
+// behind them through the loop's request queue), runs it, and returns the
+// request outputs it produced (also delivered to each request's OnOutput).
+// With nothing to schedule it returns no outputs at once. Only for engines
+// built with Options.ManualSteps; Step calls are served in order, one step
+// planned per call.
 func (e *Engine) Step(ctx context.Context) ([]engine.RequestOutput, error) {
-	if e.rt.Gate == nil {
+	if !e.env.ManualSteps {
 		return nil, ErrNotManual
 	}
-	// Requests added just before must reach the scheduler first.
-	for e.rt.Front.Load() > 0 {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-e.done:
-			return nil, fmt.Errorf("%w: %v", ErrClosed, e.runErr)
-		case <-time.After(50 * time.Microsecond):
-		}
+	ask := stages.NewStepAsk()
+	if !e.requests.pushControl(stages.Submission{Step: ask}) {
+		return nil, fmt.Errorf("%w: the engine is closing", ErrClosed)
 	}
-	out, err := e.rt.Gate.Step(ctx)
-	if err != nil {
-		return nil, err
+	select {
+	case out := <-ask.Done:
+		return out.Outputs, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-e.done:
+		return nil, fmt.Errorf("%w: %v", ErrClosed, e.runErr)
 	}
-	return out.Outputs, nil
 }
 
-// Abort stops a request wherever it is; its open sequences are answered
-// with FinishAbort. It reports whether the request was live. The request
-// is forgotten before the scheduler drops it, and the schedule stage checks
-// a sequence is still live after adding it, so an abort racing with
-// admission cannot leave a sequence running unseen.
+// Abort stops a request wherever it is: its open sequences are answered
+// with FinishAbort at once, and the abort travels through the loop's
+// request queue to the scheduler, behind the request itself. It reports
+// whether the request was live.
 func (e *Engine) Abort(requestID string) bool {
-	live := e.rt.Live.Fail(requestID, engine.FinishAbort, nil)
-	e.sched.Abort(requestID)
+	live := e.env.Responder.Fail(requestID, engine.FinishAbort, nil)
+	if live {
+		e.requests.pushControl(stages.Submission{Abort: requestID})
+	}
 	return live
 }
 
 // NumLive is the number of requests not fully answered.
-func (e *Engine) NumLive() int { return e.rt.Live.Len() }
+func (e *Engine) NumLive() int { return e.env.Responder.Len() }
 
 // HasUnfinished reports whether any request is still being served.
 func (e *Engine) HasUnfinished() bool {
-	return e.rt.Front.Load() > 0 || e.rt.Live.Len() > 0 || e.sched.HasUnfinished()
+	return e.env.Responder.Len() > 0 || e.sched.HasUnfinished()
 }
 
 // FlushInflight waits until no request is unfinished and the step still in
 // flight after the last one (with ZOS, the step planned before the last
 // finish was known) has been collected, or until ctx ends. The engine
-// stays open. Cost: polls every millisecond while it waits.
+// stays open. It sends a drain marker through the loop's request queue;
+// the schedule stage answers it once the scheduler is idle.
 func (e *Engine) FlushInflight(ctx context.Context) error {
-	for e.HasUnfinished() || e.sched.NumInflightSteps() > 0 {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
+	drained := make(chan struct{})
+	if !e.requests.pushControl(stages.Submission{Drain: drained}) {
+		select { // the loop is ending on its own
 		case <-e.done:
 			return e.runErr
-		case <-time.After(time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
-	return nil
+	select {
+	case <-drained:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-e.done:
+		return e.runErr
+	}
 }
 
 // Close stops accepting requests, lets the step loop finish the ones it
-// has, and releases the backend. It returns the step loop's error, if any.
+// has (aborts still reach it), and releases the backend. It returns the
+// step loop's error, if any.
 func (e *Engine) Close() error {
 	e.requests.close()
+	waitCtx, stop := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-e.done:
+		case <-waitCtx.Done():
+		}
+		stop()
+	}()
+	e.env.Responder.WaitEmpty(waitCtx)
+	stop()
+	e.requests.end()
 	<-e.done
 	e.cancel()
 	return errors.Join(e.runErr, e.ops.Close())

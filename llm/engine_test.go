@@ -69,7 +69,7 @@ func TestCheckKVCacheDType(t *testing.T) {
 // instead of quietly running in float32; the same model builds with auto,
 // and a GQA model gets its 8-bit caches on the CPU backend.
 func TestNewRefusesFP8OnLatentCaches(t *testing.T) {
-	mla := filepath.Join("..", "..", "assets", "deepseek-tiny")
+	mla := filepath.Join("..", "assets", "deepseek-tiny")
 	cfg := tinyConfig(t, mla, func(c *config.Config) { c.Cache.KVCacheDType = "fp8" })
 	e, err := New(cfg, Options{})
 	if err == nil {

@@ -3,8 +3,11 @@
 package llm
 
 import (
+	"fmt"
+
 	"github.com/deepinfer/deepinfer-go/engine/config"
 	"github.com/deepinfer/deepinfer-go/pipeline"
+	"github.com/deepinfer/deepinfer-go/stages"
 )
 
 // The slots of the step loop, in order. Speculative decoding adds "draft"
@@ -24,7 +27,13 @@ const (
 // Layout returns the step loop's shape for cfg: requests -> tokenize ->
 // schedule -> prepare -> forward [-> draft -> verify] -> sample ->
 // postprocess, with a feedback edge from postprocess to schedule whose
-// in-flight bound is the ZOS depth (1, or 2 with zos.enabled).
+// in-flight bound is the ZOS depth (1, or 2 with zos.enabled), and the two
+// lagged edges that order the steps in flight: forward of step N+1 waits
+// for sample of step N (its placeholder inputs are N's tokens), and sample
+// of N+1 waits for postprocess of N (penalties, masks and stop state
+// include N's tokens). With one step in flight both are met before they
+// are waited on; with ZOS they are what lets forward N+1 overlap
+// post-processing of N and nothing else.
 func Layout(cfg *config.Config) pipeline.Layout {
 	slots := []string{SlotRequests, SlotTokenize, SlotSchedule, SlotPrepare, SlotForward}
 	if cfg.Speculative.Method != "" {
@@ -35,6 +44,10 @@ func Layout(cfg *config.Config) pipeline.Layout {
 		Slots:    slots,
 		Capacity: cfg.Pipeline.EdgeCapacity,
 		Loop:     &pipeline.Loop{Head: SlotSchedule, Tail: SlotPostprocess, MaxInFlight: cfg.InFlight()},
+		Lagged: []pipeline.Edge{
+			{From: SlotSample, To: SlotForward, Lag: 1},
+			{From: SlotPostprocess, To: SlotSample, Lag: 1},
+		},
 	}
 }
 
@@ -42,20 +55,6 @@ func Layout(cfg *config.Config) pipeline.Layout {
 // engine will build, before any stage is constructed.
 func Spec(cfg *config.Config) (pipeline.Spec, error) {
 	choices := cfg.Pipeline.Choices()
-	if g := cfg.CUDAGraph; g.Enabled {
-		// The forward stage replays captured decode graphs (stages.ForwardOptions).
-		opts := map[string]map[string]any{}
-		for slot, o := range choices.Options {
-			opts[slot] = o
-		}
-		fwd := map[string]any{}
-		for k, v := range opts[SlotForward] {
-			fwd[k] = v
-		}
-		fwd["cuda_graph"] = map[string]any{"enabled": true, "batch_sizes": g.BatchSizes}
-		opts[SlotForward] = fwd
-		choices.Options = opts
-	}
 	if cfg.Speculative.Method != "" {
 		// The drafter named by the config fills the draft slot unless the
 		// user picked another implementation.
@@ -66,4 +65,38 @@ func Spec(cfg *config.Config) (pipeline.Spec, error) {
 		choices.Impl = impl
 	}
 	return Layout(cfg).Resolve(choices)
+}
+
+// CheckedSpec is Spec with every node's implementation looked up in reg
+// (nil: the default registry) and its options decoded and checked, without
+// building anything: a bad stage name or option fails here, before any
+// model loads.
+func CheckedSpec(cfg *config.Config, reg *pipeline.Registry) (pipeline.Spec, error) {
+	if reg == nil {
+		reg = pipeline.DefaultRegistry()
+	}
+	spec, err := Spec(cfg)
+	if err != nil {
+		return spec, err
+	}
+	if err := spec.Check(reg); err != nil {
+		return spec, fmt.Errorf("%w: %w", config.ErrInvalid, err)
+	}
+	return spec, nil
+}
+
+// DryGraph builds cfg's step loop from reg (nil: the default registry)
+// without loading anything: every factory runs against an empty
+// stages.Env (constructors do no device work; Start is not called), so
+// every implementation, option and edge type is checked and the graph can
+// be drawn on any machine.
+func DryGraph(cfg *config.Config, reg *pipeline.Registry) (*pipeline.Graph, error) {
+	if reg == nil {
+		reg = pipeline.DefaultRegistry()
+	}
+	spec, err := CheckedSpec(cfg, reg)
+	if err != nil {
+		return nil, err
+	}
+	return spec.Build(reg, &stages.Env{})
 }

@@ -42,7 +42,7 @@ func TestSpec(t *testing.T) {
 			wantLoop:  "postprocess->schedule in flight 1",
 		},
 		{
-			name:      "cuda graphs reach the forward stage's options",
+			name:      "cuda graphs stay out of the stage options",
 			yaml:      "model: m\ndevice: cuda\ncuda_graph: {enabled: true, batch_sizes: [1, 4]}\n",
 			wantNodes: "requests tokenize schedule prepare forward sample postprocess",
 			wantLoop:  "postprocess->schedule in flight 1",
@@ -89,10 +89,22 @@ func TestSpec(t *testing.T) {
 			if !reflect.DeepEqual(loops, []string{tc.wantLoop}) {
 				t.Errorf("loops = %v, want %s", loops, tc.wantLoop)
 			}
+			// The two orderings of the step loop are edges of the graph,
+			// whatever is inserted and whatever the ZOS depth.
+			var lagged []string
+			for _, e := range spec.Edges {
+				if e.Lag > 0 {
+					lagged = append(lagged, fmt.Sprintf("%s->%s lag %d", e.From, e.To, e.Lag))
+				}
+			}
+			if want := []string{"sample->forward lag 1", "postprocess->sample lag 1"}; !reflect.DeepEqual(lagged, want) {
+				t.Errorf("lagged edges = %v, want %v", lagged, want)
+			}
+			// Stage options never carry the top-level cuda_graph section:
+			// it reaches the forward stage typed, through stages.Env.
 			for _, n := range spec.Nodes {
-				_, has := n.Options["cuda_graph"]
-				if want := n.Name == SlotForward && cfg.CUDAGraph.Enabled; has != want {
-					t.Errorf("node %s: cuda_graph option %v, want %v", n.Name, has, want)
+				if _, has := n.Options["cuda_graph"]; has {
+					t.Errorf("node %s: cuda_graph travels as an option", n.Name)
 				}
 			}
 		})

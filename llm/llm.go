@@ -3,7 +3,6 @@ package llm
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -108,7 +107,7 @@ func (l *LLM) Generate(ctx context.Context, prompts []Prompt, params engine.Samp
 				}
 			},
 		}
-		if err := l.addWithRetry(ctx, req); errors.Is(err, engine.ErrInvalidRequest) {
+		if err := l.AddRequestWait(ctx, req); errors.Is(err, engine.ErrInvalidRequest) {
 			// This prompt alone fails; the others go on.
 			for j := range res.Outputs {
 				res.Outputs[j].Err, res.Outputs[j].FinishReason = err, engine.FinishError
@@ -136,20 +135,5 @@ func (l *LLM) Generate(ctx context.Context, prompts []Prompt, params engine.Samp
 		}
 		<-done
 		return results, ctx.Err()
-	}
-}
-
-// addWithRetry submits req, waiting while the engine's queue is full.
-func (l *LLM) addWithRetry(ctx context.Context, req *engine.Request) error {
-	for {
-		err := l.AddRequest(req)
-		if !errors.Is(err, ErrQueueFull) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("llm: %w", ctx.Err())
-		case <-time.After(time.Millisecond):
-		}
 	}
 }

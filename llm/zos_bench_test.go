@@ -31,8 +31,8 @@ import (
 func BenchmarkZOS(b *testing.B) {
 	dir := os.Getenv("DEEPINFER_BENCH_MODEL")
 	if dir == "" {
-		if _, err := os.Stat(filepath.Join("..", "..", "assets", "deepseek-tiny", "tokenizer.json")); err == nil {
-			dir = filepath.Join("..", "..", "assets", "deepseek-tiny")
+		if _, err := os.Stat(filepath.Join("..", "assets", "deepseek-tiny", "tokenizer.json")); err == nil {
+			dir = filepath.Join("..", "assets", "deepseek-tiny")
 		}
 	}
 	if dir == "" {

@@ -126,7 +126,7 @@ func runWorkload(t *testing.T, l *LLM, w workload) map[string]string {
 				}
 			},
 		}
-		if err := l.addWithRetry(context.Background(), req); err != nil {
+		if err := l.AddRequestWait(context.Background(), req); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -17,12 +18,23 @@ const DefaultCapacity = 1
 
 // Edge is one declared connection. A feedback edge closes a loop: it goes
 // from the loop's tail back to a Planner and bounds the items in flight.
+//
+// A lagged edge (Lag >= 1) is a dependency between two stages of one loop
+// that points back against the flow: the consumer To, before it processes
+// its item k, waits for the producer From's value for item k-Lag (From
+// comes after To in the loop). It carries From's output (or what From
+// publishes early, see LaggedPublisher) besides From's main edge; To reads
+// it with ReadLagged, or only waits for it. A step loop uses two: forward
+// of step N+1 needs the tokens sampled at step N, and sampling of step N+1
+// must see step N post-processed. The graph blocks on, times (WaitLag),
+// cancels and draws lagged edges like any other.
 type Edge struct {
 	From        string `yaml:"from"`
 	To          string `yaml:"to"`
 	Capacity    int    `yaml:"capacity"`      // items the edge buffers; 0 means DefaultCapacity
 	Feedback    bool   `yaml:"feedback"`      // the edge returns results to a Planner
 	MaxInFlight int    `yaml:"max_in_flight"` // feedback edges: items allowed between the planner and this edge (>= 1)
+	Lag         int    `yaml:"lag"`           // lagged edges: how many items earlier the producer's value is (>= 1); 0 for other edges
 }
 
 // Graph is a set of named nodes and the edges between them. Declare with
@@ -36,6 +48,7 @@ type Graph struct {
 	edges   []Edge
 	timed   bool
 	built   bool
+	started bool
 	ran     atomic.Bool
 	declErr []error
 }
@@ -96,6 +109,13 @@ func (g *Graph) Feedback(from, to string, maxInFlight int) *Graph {
 	return g
 }
 
+// Lagged declares a lagged edge: stage to's item k waits for stage from's
+// item k-lag (see Edge.Lag).
+func (g *Graph) Lagged(from, to string, lag int) *Graph {
+	g.edges = append(g.edges, Edge{From: from, To: to, Lag: lag})
+	return g
+}
+
 // Build checks the declarations and wires the edges: every name exists,
 // every producer type fits its consumer, each node has the edges its kind
 // needs, and the only cycles are loops closed by a feedback edge. All
@@ -115,6 +135,10 @@ func (g *Graph) Build() error {
 					errs = append(errs, fmt.Errorf("pipeline: edge %s -> %s: no node named %q", e.From, e.To, n))
 				}
 			}
+			continue
+		}
+		if e.Lag != 0 {
+			errs = append(errs, g.checkLagged(e, from, to)...)
 			continue
 		}
 		outs[e.From]++
@@ -168,6 +192,19 @@ func (g *Graph) Build() error {
 	return nil
 }
 
+// checkLagged checks a lagged edge's own declaration; checkLoops checks
+// where its ends sit.
+func (g *Graph) checkLagged(e Edge, from, to *graphNode) []error {
+	var errs []error
+	if e.Lag < 1 || e.Feedback {
+		errs = append(errs, fmt.Errorf("pipeline: lagged edge %s -> %s: lag must be at least 1 on a non-feedback edge, got %d", e.From, e.To, e.Lag))
+	}
+	if from.node.kind != KindStage || to.node.kind != KindStage {
+		errs = append(errs, fmt.Errorf("pipeline: lagged edge %s -> %s: both ends must be stages, got a %s and a %s", e.From, e.To, from.node.kind, to.node.kind))
+	}
+	return errs
+}
+
 // checkLoops verifies that the graph without feedback edges is acyclic and
 // that each feedback edge's tail is reachable from its planner, and marks
 // the stages inside each loop.
@@ -175,7 +212,7 @@ func (g *Graph) checkLoops() []error {
 	next := map[string]string{}
 	indeg := map[string]int{}
 	for _, e := range g.edges {
-		if !e.Feedback {
+		if !e.Feedback && e.Lag == 0 {
 			next[e.From] = e.To
 			indeg[e.To]++
 		}
@@ -208,7 +245,10 @@ func (g *Graph) checkLoops() []error {
 		sort.Strings(cyc)
 		return []error{fmt.Errorf("pipeline: cycle without a feedback edge through %v", cyc)}
 	}
-	var errs []error
+	var (
+		errs  []error
+		paths [][]string
+	)
 	for _, e := range g.edges {
 		if !e.Feedback {
 			continue
@@ -228,8 +268,25 @@ func (g *Graph) checkLoops() []error {
 		for _, n := range path {
 			g.nodes[n].rt.inLoop = true
 		}
+		paths = append(paths, path)
+	}
+	for _, e := range g.edges {
+		if e.Lag > 0 && !pointsBack(paths, e.From, e.To) {
+			errs = append(errs, fmt.Errorf("pipeline: lagged edge %s -> %s: %q must come before %q inside one loop (a lagged edge points back against the flow)", e.From, e.To, e.To, e.From))
+		}
 	}
 	return errs
+}
+
+// pointsBack reports whether to comes before from on one of the loops' paths.
+func pointsBack(paths [][]string, from, to string) bool {
+	for _, p := range paths {
+		i, j := slices.Index(p, to), slices.Index(p, from)
+		if i >= 0 && j > i {
+			return true
+		}
+	}
+	return false
 }
 
 // wire creates the ports and points each producer at its consumer.
@@ -249,6 +306,17 @@ func (g *Graph) wire() {
 	}
 	for _, e := range g.edges {
 		to := g.nodes[e.To]
+		if e.Lag > 0 {
+			from := g.nodes[e.From]
+			// A backward edge holds at most lag values: the producer is
+			// behind the consumer. One more slot keeps every send
+			// non-blocking.
+			p := from.node.newLagged(e.Lag + 1)
+			p.addProducer()
+			from.rt.lagOuts = append(from.rt.lagOuts, p)
+			to.rt.lagIns = append(to.rt.lagIns, laggedIn{from: e.From, port: p, lag: e.Lag, read: to.node.reader(from.node.out)})
+			continue
+		}
 		if e.Feedback {
 			// The loop bound keeps at most MaxInFlight items on this edge.
 			to.rt.fb = to.node.newFeedback(e.MaxInFlight)
@@ -262,6 +330,9 @@ func (g *Graph) wire() {
 		}
 	}
 	for _, e := range g.edges {
+		if e.Lag > 0 {
+			continue
+		}
 		from, to := g.nodes[e.From], g.nodes[e.To]
 		if e.Feedback {
 			from.rt.out = to.rt.fb
@@ -291,6 +362,42 @@ type StageError struct {
 func (e *StageError) Error() string { return fmt.Sprintf("pipeline: stage %q: %v", e.Stage, e.Err) }
 func (e *StageError) Unwrap() error { return e.Err }
 
+// Start builds the graph if needed and calls Start on every node that is
+// a Starter, one at a time in declaration order (see Starter). When one
+// fails, every node's Close is called and the error, naming the node, is
+// returned; the graph cannot run then. Start is idempotent; Run calls it.
+func (g *Graph) Start(ctx context.Context) error {
+	if err := g.Build(); err != nil {
+		return err
+	}
+	if g.started {
+		return nil
+	}
+	g.started = true
+	for _, name := range g.order {
+		n := g.nodes[name]
+		s, ok := n.node.impl.(Starter)
+		if !ok {
+			continue
+		}
+		if err := s.Start(ctx); err != nil {
+			g.ran.Store(true)
+			g.closeAll()
+			return &StageError{Stage: name, Err: fmt.Errorf("start: %w", err)}
+		}
+	}
+	return nil
+}
+
+// closeAll closes every node that is a Closer (a graph that will not run).
+func (g *Graph) closeAll() {
+	for _, name := range g.order {
+		if c, ok := g.nodes[name].node.impl.(Closer); ok {
+			c.Close()
+		}
+	}
+}
+
 // Run builds the graph if needed and runs every node on its own goroutine
 // until all sources have ended and every edge has drained, or until the
 // first error, panic or cancellation, which cancels all nodes. The error
@@ -298,7 +405,10 @@ func (e *StageError) Unwrap() error { return e.Err }
 // returned as ctx.Err(). Every goroutine Run starts has ended when it
 // returns, and every node's Close has been called.
 func (g *Graph) Run(ctx context.Context) error {
-	if err := g.Build(); err != nil {
+	if g.ran.Load() {
+		return ErrAlreadyRan
+	}
+	if err := g.Start(ctx); err != nil {
 		return err
 	}
 	if g.ran.Swap(true) {
@@ -338,6 +448,9 @@ func (n *graphNode) exec(ctx context.Context) (err error) {
 	if n.rt.out != nil {
 		n.rt.out.producerDone()
 	}
+	for _, p := range n.rt.lagOuts {
+		p.producerDone()
+	}
 	if c, ok := n.node.impl.(Closer); ok {
 		if cerr := c.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("close: %w", cerr))
@@ -362,6 +475,7 @@ func (g *Graph) Stats() []StageStats {
 			Busy:     n.stats.busy(),
 			WaitIn:   durationOf(&n.stats.waitIn),
 			WaitOut:  durationOf(&n.stats.waitOut),
+			WaitLag:  durationOf(&n.stats.waitLag),
 			MaxQueue: int(n.stats.maxQueue.Load()),
 			State:    State(n.stats.state.Load()),
 		}

@@ -15,6 +15,9 @@ type Layout struct {
 	Slots    []string // in chain order
 	Capacity int      // capacity of every forward edge; 0 means DefaultCapacity
 	Loop     *Loop    // nil for a plain chain
+	// Lagged are lagged edges between slots (Edge.Lag); they join the
+	// slots' own nodes whatever is inserted after them.
+	Lagged []Edge
 }
 
 // Loop closes a Layout: a feedback edge from Tail back to Head (a planner
@@ -118,6 +121,7 @@ func (l Layout) Resolve(c Choices) (Spec, error) {
 	if l.Loop != nil {
 		spec.Edges = append(spec.Edges, Edge{From: tail, To: l.Loop.Head, Feedback: true, MaxInFlight: l.Loop.MaxInFlight})
 	}
+	spec.Edges = append(spec.Edges, l.Lagged...)
 	return spec, nil
 }
 

@@ -37,9 +37,11 @@ func (k Kind) String() string {
 type Node struct {
 	kind        Kind
 	in, fb, out reflect.Type // nil where the kind has no such port
-	impl        any          // the user's value, for Close
+	impl        any          // the user's value, for Close and Start
 	newInput    func(capacity int) port
 	newFeedback func(capacity int) port
+	newLagged   func(capacity int) port // a port of the node's output type, for lagged edges leaving it
+	lagReaders  []lagReader             // see ReadLagged
 	run         func(ctx context.Context, rt *nodeRuntime) error
 }
 
@@ -55,12 +57,54 @@ func (n *Node) FeedbackType() reflect.Type { return n.fb }
 // OutType is the type of the node's output (nil for a sink).
 func (n *Node) OutType() reflect.Type { return n.out }
 
+// lagReader hands the values of a lagged input of type typ to the stage.
+type lagReader struct {
+	typ  reflect.Type
+	read func(ctx context.Context, v any) error
+}
+
+// ReadLagged makes the stage node n read the values that arrive on its
+// lagged inputs whose producers' output is assignable to T: before Process
+// is called for item k, read is called with the producer's value for item
+// k-lag. A lagged input that no reader accepts still orders the stage (the
+// stage waits for the value) and its value is dropped. ReadLagged returns n
+// and panics when n is not a stage node (a programming error).
+func ReadLagged[T any](n *Node, read func(ctx context.Context, v T) error) *Node {
+	if n == nil || n.kind != KindStage {
+		panic("pipeline: ReadLagged needs a stage node")
+	}
+	n.lagReaders = append(n.lagReaders, lagReader{typ: typeOf[T](), read: func(ctx context.Context, v any) error {
+		return read(ctx, v.(T))
+	}})
+	return n
+}
+
+// reader returns the first reader that accepts values of type out (nil: none).
+func (n *Node) reader(out reflect.Type) func(context.Context, any) error {
+	for _, r := range n.lagReaders {
+		if assignable(out, r.typ) {
+			return r.read
+		}
+	}
+	return nil
+}
+
+// laggedIn is one lagged edge into a node, as the node sees it.
+type laggedIn struct {
+	from string
+	port port
+	lag  int
+	read func(context.Context, any) error // nil: ordering only
+}
+
 // nodeRuntime is what a node sees while it runs: its ports, its loop bound and
 // its counters.
 type nodeRuntime struct {
 	in, fb, out port
-	maxInFlight int  // planners: bound of the loop they head; 0 = no loop
-	inLoop      bool // stages between a planner and its feedback edge
+	lagIns      []laggedIn // lagged edges into the node
+	lagOuts     []port     // lagged edges leaving the node
+	maxInFlight int        // planners: bound of the loop they head; 0 = no loop
+	inLoop      bool       // stages between a planner and its feedback edge
 	stats       *stageStats
 	// stop is closed when the run is cancelled. Each node has its own, so
 	// that blocked sends and receives do not all contend on ctx.Done().
@@ -104,6 +148,57 @@ func emit[Out any](ctx context.Context, stop <-chan struct{}, s sender[Out], v O
 	st.waitOut.Add(st.now() - t)
 	if !sent {
 		return ctx.Err()
+	}
+	return nil
+}
+
+// awaitLagged receives, before item k, the value of each lagged input that
+// item k depends on (the producer's item k-lag) and hands it to the input's
+// reader. The time blocked is charged to wait-in and to wait-lagged.
+func awaitLagged(ctx context.Context, rt *nodeRuntime, k int64) error {
+	st := rt.stats
+	for i := range rt.lagIns {
+		in := &rt.lagIns[i]
+		if k < int64(in.lag) {
+			continue
+		}
+		var (
+			v             any
+			ok, stopped   bool
+			blocked, took int64
+		)
+		if in.port.length() > 0 {
+			v, ok, stopped = in.port.recvAny(rt.stop)
+		} else {
+			st.setState(StateWaitIn)
+			blocked = st.now()
+			v, ok, stopped = in.port.recvAny(rt.stop)
+			took = st.now() - blocked
+			st.waitIn.Add(took)
+			st.waitLag.Add(took)
+		}
+		if stopped {
+			return ctx.Err()
+		}
+		if !ok {
+			return fmt.Errorf("lagged input from %q ended before item %d", in.from, k)
+		}
+		if in.read != nil {
+			work(st)
+			if err := in.read(ctx, v); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// publishLagged sends v on every lagged edge leaving the node.
+func publishLagged(ctx context.Context, rt *nodeRuntime, v any) error {
+	for _, p := range rt.lagOuts {
+		if !p.sendAny(rt.stop, v) {
+			return ctx.Err()
+		}
 	}
 	return nil
 }
@@ -154,27 +249,56 @@ func NewSource[Out any](s Source[Out]) *Node {
 func NewStage[In, Out any](s Stage[In, Out]) *Node {
 	return &Node{
 		kind: KindStage, in: typeOf[In](), out: typeOf[Out](), impl: s,
-		newInput: func(c int) port { return newInPort[In](c) },
+		newInput:  func(c int) port { return newInPort[In](c) },
+		newLagged: func(c int) port { return newInPort[Out](c) },
 		run: func(ctx context.Context, rt *nodeRuntime) error {
 			in := inputOf[In](rt)
 			out := senderFor[Out](rt.out)
 			st := rt.stats
+			// published: this item's value already went out on the lagged
+			// edges (LaggedPublisher); pubErr: that send was cancelled.
+			var (
+				published bool
+				pubErr    error
+			)
+			if p, ok := s.(LaggedPublisher[Out]); ok && len(rt.lagOuts) > 0 {
+				p.PublishLagged(func(v Out) {
+					if !published {
+						published = true
+						pubErr = publishLagged(ctx, rt, v)
+					}
+				})
+			}
+			var k int64
 			for {
 				v, ok, err := recv(ctx, rt.stop, in, st)
 				if !ok {
 					return err
 				}
+				if err := awaitLagged(ctx, rt, k); err != nil {
+					return err
+				}
+				k++
 				work(st)
+				published, pubErr = false, nil
 				res, err := s.Process(ctx, v)
 				done(st)
 				if errors.Is(err, ErrSkip) {
-					if rt.inLoop {
+					if rt.inLoop || len(rt.lagOuts) > 0 {
 						return fmt.Errorf("dropped an item inside a loop: %w", err)
 					}
 					continue
 				}
 				if err != nil {
 					return err
+				}
+				if pubErr != nil {
+					return pubErr
+				}
+				if !published && len(rt.lagOuts) > 0 {
+					if err := publishLagged(ctx, rt, res); err != nil {
+						return err
+					}
 				}
 				if err := emit(ctx, rt.stop, out, res, st); err != nil {
 					return err

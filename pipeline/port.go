@@ -13,6 +13,9 @@ type port interface {
 	// element type; trySendAny never blocks and reports whether it sent.
 	sendAny(stop <-chan struct{}, v any) bool
 	trySendAny(v any) bool
+	// recvAny receives one value (ok false when the port is closed); it
+	// returns false, false when stop closes first.
+	recvAny(stop <-chan struct{}) (v any, ok, stopped bool)
 	addProducer()
 	producerDone()
 	length() int
@@ -55,6 +58,15 @@ func (p *inPort[T]) trySend(v T) bool {
 		return true
 	default:
 		return false
+	}
+}
+
+func (p *inPort[T]) recvAny(stop <-chan struct{}) (any, bool, bool) {
+	select {
+	case v, ok := <-p.ch:
+		return v, ok, false
+	case <-stop:
+		return nil, false, true
 	}
 }
 

@@ -22,65 +22,157 @@ type Args struct {
 // DecodeOptions decodes a.Options into v (a pointer to a struct with yaml
 // tags), strictly: an option v does not declare is an error naming it.
 func (a Args) DecodeOptions(v any) error {
-	if len(a.Options) == 0 {
-		return nil
-	}
-	raw, err := yaml.Marshal(a.Options)
-	if err != nil {
-		return fmt.Errorf("pipeline: %s=%s options: %w", a.Slot, a.Impl, err)
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(raw))
-	dec.KnownFields(true)
-	if err := dec.Decode(v); err != nil {
+	if err := decodeStrict(a.Options, v); err != nil {
 		return fmt.Errorf("pipeline: %s=%s options: %w", a.Slot, a.Impl, err)
 	}
 	return nil
 }
 
+// decodeStrict decodes raw into v through YAML, refusing unknown keys.
+func decodeStrict(raw map[string]any, v any) error {
+	if len(raw) == 0 {
+		return nil
+	}
+	data, err := yaml.Marshal(raw)
+	if err != nil {
+		return err
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	return dec.Decode(v)
+}
+
 // Factory builds a node from its Args.
 type Factory func(Args) (*Node, error)
+
+// Validator is implemented by option types that check their values (see
+// RegisterOptions).
+type Validator interface {
+	Validate() error
+}
+
+// entry is one registered implementation: its factory and, for typed
+// options, how they are decoded and checked.
+type entry struct {
+	factory  Factory
+	defaults any                               // typed options' defaults; nil for a plain Factory
+	decode   func(map[string]any) (any, error) // nil: options reach the factory as they are
+}
 
 // Registry maps (slot, name) to factories. It is safe for concurrent use.
 type Registry struct {
 	mu sync.RWMutex
-	m  map[string]map[string]Factory
+	m  map[string]map[string]entry
 }
 
 // NewRegistry returns an empty registry.
-func NewRegistry() *Registry { return &Registry{m: map[string]map[string]Factory{}} }
+func NewRegistry() *Registry { return &Registry{m: map[string]map[string]entry{}} }
 
 // Register adds a factory under slot and name. It panics on an empty slot or
 // name, a nil factory, or a duplicate: registrations happen at init time and
-// a clash is a programming error.
-func (r *Registry) Register(slot, name string, f Factory) {
-	if slot == "" || name == "" || f == nil {
+// a clash is a programming error. The factory gets its options as written
+// (Args.Options; see Args.DecodeOptions); RegisterOptions gives it a typed,
+// checked value instead.
+func (r *Registry) Register(slot, name string, f Factory) { r.add(slot, name, entry{factory: f}) }
+
+func (r *Registry) add(slot, name string, e entry) {
+	if slot == "" || name == "" || e.factory == nil {
 		panic(fmt.Sprintf("pipeline: Register(%q, %q): empty slot or name, or nil factory", slot, name))
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.m[slot] == nil {
-		r.m[slot] = map[string]Factory{}
+		r.m[slot] = map[string]entry{}
 	}
-	if r.m[slot][name] != nil {
+	if r.m[slot][name].factory != nil {
 		panic(fmt.Sprintf("pipeline: Register(%q, %q): already registered", slot, name))
 	}
-	r.m[slot][name] = f
+	r.m[slot][name] = e
+}
+
+// RegisterOptions adds to r (nil: the default registry) an implementation
+// whose options are the type O: the YAML options of a node are decoded
+// strictly into a copy of defaults (an unknown key is an error naming it),
+// checked with O's Validate method when it has one, and handed to build as
+// that value. Spec.Check does the same decoding without building, so a
+// config's stage options are refused when it loads; the decoding is the one
+// path from YAML to the stage. Panics as Register does.
+func RegisterOptions[O any](r *Registry, slot, name string, defaults O, build func(Args, O) (*Node, error)) {
+	if r == nil {
+		r = defaultRegistry
+	}
+	if build == nil {
+		panic(fmt.Sprintf("pipeline: RegisterOptions(%q, %q): nil build", slot, name))
+	}
+	decode := func(raw map[string]any) (any, error) {
+		opts := defaults
+		if err := decodeStrict(raw, &opts); err != nil {
+			return nil, err
+		}
+		if v, ok := any(&opts).(Validator); ok {
+			if err := v.Validate(); err != nil {
+				return nil, err
+			}
+		}
+		return opts, nil
+	}
+	r.add(slot, name, entry{
+		defaults: defaults,
+		decode:   decode,
+		factory: func(a Args) (*Node, error) {
+			opts, err := decode(a.Options)
+			if err != nil {
+				return nil, fmt.Errorf("options: %w", err)
+			}
+			return build(a, opts.(O))
+		},
+	})
 }
 
 // Lookup returns the factory for slot and name, or an error that lists what
 // the slot offers.
 func (r *Registry) Lookup(slot, name string) (Factory, error) {
+	e, err := r.lookup(slot, name)
+	return e.factory, err
+}
+
+func (r *Registry) lookup(slot, name string) (entry, error) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
 	impls, ok := r.m[slot]
 	if !ok {
-		return nil, fmt.Errorf("pipeline: no slot %q is registered (slots: %s)", slot, strings.Join(r.slotsLocked(), ", "))
+		return entry{}, fmt.Errorf("pipeline: no slot %q is registered (slots: %s)", slot, strings.Join(r.slotsLocked(), ", "))
 	}
-	f, ok := impls[name]
+	e, ok := impls[name]
 	if !ok {
-		return nil, fmt.Errorf("pipeline: slot %q has no implementation %q (registered: %s)", slot, name, strings.Join(sortedKeys(impls), ", "))
+		return entry{}, fmt.Errorf("pipeline: slot %q has no implementation %q (registered: %s)", slot, name, strings.Join(sortedKeys(impls), ", "))
 	}
-	return f, nil
+	return e, nil
+}
+
+// CheckOptions decodes and checks options for slot's implementation name
+// as its factory will, without building anything. Implementations
+// registered with a plain Factory accept any options here (their factory
+// checks them).
+func (r *Registry) CheckOptions(slot, name string, options map[string]any) error {
+	e, err := r.lookup(slot, name)
+	if err != nil {
+		return err
+	}
+	if e.decode == nil {
+		return nil
+	}
+	if _, err := e.decode(options); err != nil {
+		return fmt.Errorf("pipeline: %s=%s options: %w", slot, name, err)
+	}
+	return nil
+}
+
+// Defaults returns the default options of slot's implementation name (nil
+// when it was registered with a plain Factory), for documentation.
+func (r *Registry) Defaults(slot, name string) (any, error) {
+	e, err := r.lookup(slot, name)
+	return e.defaults, err
 }
 
 // Names returns the implementations registered under slot, sorted.

@@ -44,6 +44,9 @@ func (t Topology) edgeLabel(e Edge) string {
 	if e.Feedback {
 		return fmt.Sprintf("feedback, in flight <= %d", e.MaxInFlight)
 	}
+	if e.Lag > 0 {
+		return fmt.Sprintf("lagged %d: item k waits for item k-%d", e.Lag, e.Lag)
+	}
 	for _, n := range t.Nodes {
 		if n.Name == e.From && n.Out != "" {
 			return n.Out
@@ -95,8 +98,11 @@ func (t Topology) Mermaid(stats []StageStats) string {
 	}
 	for _, e := range t.Edges {
 		arrow := "-->"
-		if e.Feedback {
+		switch {
+		case e.Feedback:
 			arrow = "-.->"
+		case e.Lag > 0:
+			arrow = "-.-o"
 		}
 		label := strings.ReplaceAll(t.edgeLabel(e), `"`, "#quot;")
 		if label != "" {
@@ -125,8 +131,11 @@ func (t Topology) DOT(stats []StageStats) string {
 	}
 	for _, e := range t.Edges {
 		attrs := fmt.Sprintf("label=%q", t.edgeLabel(e))
-		if e.Feedback {
+		switch {
+		case e.Feedback:
 			attrs += ", style=dashed, constraint=false"
+		case e.Lag > 0:
+			attrs += ", style=dotted, arrowhead=odot, constraint=false"
 		}
 		fmt.Fprintf(&b, "  %q -> %q [%s];\n", e.From, e.To, attrs)
 	}

@@ -91,6 +91,19 @@ func (s Spec) Build(r *Registry, deps any, opts ...Option) (*Graph, error) {
 	return g, nil
 }
 
+// Check looks up every node's implementation in r and checks its options
+// (Registry.CheckOptions), building nothing: what a config loader calls to
+// refuse a bad pipeline before any model loads. All problems are reported.
+func (s Spec) Check(r *Registry) error {
+	var errs []error
+	for _, ns := range s.Nodes {
+		if err := r.CheckOptions(ns.slot(), ns.impl(), ns.Options); err != nil {
+			errs = append(errs, fmt.Errorf("node %q: %w", ns.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Topology returns the spec's shape without building it (no types).
 func (s Spec) Topology() Topology {
 	var t Topology

@@ -72,6 +72,32 @@ type Waker interface {
 	Wake() <-chan struct{}
 }
 
+// Starter is implemented by nodes with work to do before any item flows:
+// device warm-up, CUDA graph capture, loading a table. Constructors (and
+// registry factories) stay cheap and side-effect free, so that a graph can
+// be built, checked and drawn on a machine that could not run it; Start
+// does the rest. Graph.Start calls Start on every node, one at a time in
+// declaration order, before Run starts any node; a failure stops there,
+// closes the nodes and is returned with the node's name.
+type Starter interface {
+	Start(ctx context.Context) error
+}
+
+// LaggedPublisher is implemented by a stage whose lagged edges (see
+// Edge.Lag) may receive its output for an item before Process returns. The
+// graph calls PublishLagged once, before the run, with a function that sends
+// a value on every lagged edge leaving the node; Process may call it at most
+// once per item (later calls for the same item are ignored). When Process
+// returns without having called it, the graph sends Process's output. The
+// published value need not be complete (a sample stage publishes its
+// device-side tokens while their host copy is still on the way); the edge's
+// consumer reads only what the producer's contract says is there early.
+// Cost: one channel send per lagged edge, never blocking (the edge holds
+// lag+1 items, more than a backward edge can have in flight).
+type LaggedPublisher[Out any] interface {
+	PublishLagged(publish func(Out))
+}
+
 // Closer is implemented by nodes that hold resources. The graph calls Close
 // once, after the node's goroutine has finished, whatever the outcome.
 type Closer interface {

@@ -40,6 +40,7 @@ func (s State) String() string {
 type stageStats struct {
 	items           atomic.Int64
 	waitIn, waitOut atomic.Int64 // nanoseconds blocked
+	waitLag         atomic.Int64 // the part of waitIn spent on lagged inputs
 	finished        atomic.Int64 // nanoseconds since epoch when the node ended; 0 while it runs
 	maxQueue        atomic.Int64
 	state           atomic.Int32
@@ -86,6 +87,7 @@ type StageStats struct {
 	Busy     time.Duration // running time less blocked time: the node's own work
 	WaitIn   time.Duration // time blocked on input
 	WaitOut  time.Duration // time blocked on output (downstream full)
+	WaitLag  time.Duration // the part of WaitIn spent waiting on lagged inputs (an earlier item downstream)
 	QueueLen int           // items waiting in the node's input now
 	QueueCap int           // capacity of the node's input
 	MaxQueue int           // most items seen waiting in the input
@@ -97,10 +99,10 @@ type StageStats struct {
 func FormatStats(stats []StageStats) string {
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "stage\tkind\titems\tbusy\twait-in\twait-out\tqueue\tmax-queue\tstate\t")
+	fmt.Fprintln(w, "stage\tkind\titems\tbusy\twait-in\t(lagged)\twait-out\tqueue\tmax-queue\tstate\t")
 	for _, s := range stats {
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%d/%d\t%d\t%s\t\n",
-			s.Name, s.Kind, s.Items, round(s.Busy), round(s.WaitIn), round(s.WaitOut),
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d/%d\t%d\t%s\t\n",
+			s.Name, s.Kind, s.Items, round(s.Busy), round(s.WaitIn), round(s.WaitLag), round(s.WaitOut),
 			s.QueueLen, s.QueueCap, s.MaxQueue, s.State)
 	}
 	w.Flush()

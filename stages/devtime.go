@@ -128,7 +128,7 @@ type sampleTimer struct {
 
 // begin records the start marker when the backend has device markers and
 // the timeline is on; it reports whether the step is being timed.
-func (t *sampleTimer) begin(rt *Runtime) bool {
+func (t *sampleTimer) begin(rt SampleDeps) bool {
 	if t.off || rt.Stats == nil || !rt.Stats.deviceTimed.Load() {
 		return false
 	}
@@ -163,7 +163,7 @@ func (t *sampleTimer) end() {
 
 // read adds the step's sampling time to the stats; the stop marker has
 // completed (the host copy queued before it has arrived).
-func (t *sampleTimer) read(rt *Runtime, decode bool) {
+func (t *sampleTimer) read(rt SampleDeps, decode bool) {
 	if t.off {
 		return
 	}

@@ -2,8 +2,7 @@ package stages
 
 import (
 	"context"
-	"errors"
-	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine"
@@ -11,17 +10,69 @@ import (
 	"github.com/deepinfer/deepinfer-go/pipeline"
 )
 
+// The postprocess slot: *SampledStep -> *StepOutputs, the tail of the step
+// loop. A stage of this slot appends each row's token to its sequence's
+// output, detokenizes, checks stop strings and the token-level finish rule
+// (engine.CheckFinish), emits each sequence's increment through
+// PostprocessDeps.Responder, and reports the step (Sampled, one entry per
+// row; Finished) on the feedback edge to schedule, which applies it to the
+// scheduler. With ZOS a sequence finished at step N still has a row in step
+// N+1 (planned before N's tokens were known): that row is discarded, never
+// emitted, though it is still reported in Sampled. Outputs of requests that
+// are no longer live (aborted) are dropped by the Responder.
+type PostprocessStage = pipeline.Stage[*SampledStep, *StepOutputs]
+
+// PostprocessDeps is what a postprocess stage gets.
+type PostprocessDeps struct {
+	Tokenizer   *tokenizer.Tokenizer // nil: outputs carry no text
+	Responder   *Responder
+	EOSTokenIDs []int
+	MaxModelLen int
+}
+
+// RegisterPostprocess registers a postprocess implementation in r (nil:
+// the default registry).
+func RegisterPostprocess[O any](r *pipeline.Registry, name string, defaults O, build func(PostprocessDeps, O) (PostprocessStage, error)) {
+	register(r, "postprocess", name, defaults, func(e *Env) PostprocessDeps {
+		d := PostprocessDeps{Tokenizer: e.Tokenizer, Responder: e.Responder}
+		if e.Scheduler != nil {
+			c := e.Scheduler.Config()
+			d.EOSTokenIDs, d.MaxModelLen = c.EOSTokenIDs, c.MaxModelLen
+		}
+		return d
+	}, build, nil)
+}
+
 func init() {
-	registerStage("postprocess", "default", func(rt *Runtime) pipeline.Stage[*SampledStep, *StepOutputs] {
-		return newPostprocess(rt)
+	RegisterPostprocess(nil, "default", NoOptions{}, func(d PostprocessDeps, _ NoOptions) (PostprocessStage, error) {
+		return NewPostprocess(d), nil
 	})
 }
 
-// postprocess appends a step's sampled tokens (Scheduler.ProcessOutputs),
-// detokenizes them incrementally, checks stop strings and emits each
-// sequence's output increment.
-type postprocess struct {
-	rt   *Runtime
+// StepOutputs is what post-processing reports back to the schedule stage
+// (the loop's feedback edge) and, on the lagged edge, to the sample stage
+// of the next step.
+type StepOutputs struct {
+	StepID engine.StepID
+	// Sampled has one entry per sample row of the step (Rows order): the
+	// tokens the row appended. The schedule stage hands it to
+	// Scheduler.ProcessOutputs.
+	Sampled []engine.SampledTokens
+	// Finished are the sequences post-processing ended at this step (stop
+	// strings, EOS, stop ids, length: engine.CheckFinish), already answered.
+	Finished []engine.FinishedSequence
+	// NumTokens counts the tokens appended by the step.
+	NumTokens int
+	Done      time.Time
+	// Outputs are the request outputs the step emitted.
+	Outputs []engine.RequestOutput
+}
+
+// Postprocess is the built-in postprocess stage: it detokenizes each
+// sequence's tokens incrementally, checks stop strings and the finish rule,
+// and emits each sequence's output increment.
+type Postprocess struct {
+	d    PostprocessDeps
 	seqs map[engine.SeqID]*seqText
 	// done remembers, for a few steps, the sequences that finished and the
 	// step they finished at: with two steps in flight a finished sequence
@@ -36,20 +87,22 @@ type seqText struct {
 	stream         *tokenizer.DecodeStream
 	stop           *tokenizer.StopChecker
 	firstToken     time.Time
+	numOut         int // output tokens so far
 }
 
-func newPostprocess(rt *Runtime) *postprocess {
-	return &postprocess{rt: rt, seqs: map[engine.SeqID]*seqText{}, done: map[engine.SeqID]engine.StepID{}}
+// NewPostprocess returns the built-in postprocess stage.
+func NewPostprocess(d PostprocessDeps) *Postprocess {
+	return &Postprocess{d: d, seqs: map[engine.SeqID]*seqText{}, done: map[engine.SeqID]engine.StepID{}}
 }
 
-func (p *postprocess) state(r RowRef) *seqText {
+func (p *Postprocess) state(r RowRef) *seqText {
 	st := p.seqs[r.SeqID]
 	if st != nil {
 		return st
 	}
 	m := r.Meta
 	st = &seqText{}
-	if tok := p.rt.Tokenizer; tok != nil {
+	if tok := p.d.Tokenizer; tok != nil {
 		prompt := make([]int32, m.NumPromptTokens)
 		for i, id := range m.TokenIDs[:m.NumPromptTokens] {
 			prompt[i] = int32(id)
@@ -61,9 +114,8 @@ func (p *postprocess) state(r RowRef) *seqText {
 	return st
 }
 
-func (p *postprocess) Process(_ context.Context, step *SampledStep) (*StepOutputs, error) {
+func (p *Postprocess) Process(_ context.Context, step *SampledStep) (*StepOutputs, error) {
 	id := step.Outputs.StepID
-	defer p.rt.ZOS.postprocessed(id)
 	for _, ids := range [][]engine.SeqID{step.Outputs.FinishedSeqIDs, step.Outputs.AbortedSeqIDs} {
 		for _, seq := range ids {
 			delete(p.seqs, seq)
@@ -81,14 +133,7 @@ func (p *postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 	for i, r := range step.Rows {
 		sampled[i] = engine.SampledTokens{SeqID: r.SeqID, TokenIDs: []int{step.Samples[i].Token}}
 	}
-	finished, err := p.rt.Scheduler.ProcessOutputs(step.Outputs.StepID, sampled)
-	if err != nil {
-		return nil, fmt.Errorf("postprocess: %w", err)
-	}
-	byID := make(map[engine.SeqID]engine.FinishedSequence, len(finished))
-	for _, f := range finished {
-		byID[f.SeqID] = f
-	}
+	var finished []engine.FinishedSequence
 	for i := range step.Seqs {
 		m := &step.Seqs[i]
 		if _, gone := p.done[m.SeqID]; gone {
@@ -131,38 +176,37 @@ func (p *postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 			}
 		}
 		out.FirstTokenTime = st.firstToken
+		st.numOut++
 		if st.stream != nil {
 			delta := st.stream.Step(int32(s.Token))
 			text, stopped := st.stop.Append(delta)
 			out.Text = text
 			if stopped {
 				_, matched := st.stop.Stopped()
-				if _, finishedHere := byID[r.SeqID]; !finishedHere {
-					// A sequence already finished (its row was in flight) is unknown: fine.
-					if _, err := p.rt.Scheduler.FinishSequence(r.SeqID, engine.FinishStop); err != nil && !errors.Is(err, engine.ErrUnknownSequence) {
-						return nil, fmt.Errorf("postprocess: stop string: %w", err)
-					}
-				}
 				out.Finished, out.FinishReason, out.StopReason = true, engine.FinishStop, matched
 			}
 		}
-		if f, ok := byID[r.SeqID]; ok && !out.Finished {
-			if st.stream != nil {
-				out.Text += st.stop.Flush()
-			}
-			out.Finished, out.FinishReason, out.Err = true, f.Reason, f.Err
-			if f.Reason == engine.FinishStop && len(f.OutputTokenIDs) > 0 {
-				out.StopReason = fmt.Sprint(f.OutputTokenIDs[len(f.OutputTokenIDs)-1])
+		if !out.Finished {
+			rule := engine.RuleFor(r.Meta.Params, p.d.EOSTokenIDs, p.d.MaxModelLen)
+			if reason := engine.CheckFinish(rule, st.numOut, r.Meta.NumPromptTokens+st.numOut, s.Token); reason != engine.FinishNone {
+				if st.stream != nil {
+					out.Text += st.stop.Flush()
+				}
+				out.Finished, out.FinishReason = true, reason
+				if reason == engine.FinishStop {
+					out.StopReason = strconv.Itoa(s.Token)
+				}
 			}
 		}
 		if out.Finished {
 			out.FinishTime = now
 			delete(p.seqs, r.SeqID)
 			p.done[r.SeqID] = id
+			finished = append(finished, engine.FinishedSequence{SeqID: r.SeqID, RequestID: r.RequestID, Index: r.Index, Reason: out.FinishReason})
 		}
-		if p.rt.Live.Emit(out) && p.rt.Gate != nil {
+		if p.d.Responder.Emit(out) {
 			gathered = append(gathered, out)
 		}
 	}
-	return &StepOutputs{StepID: step.Outputs.StepID, Finished: finished, NumTokens: len(sampled), Done: now, Outputs: gathered}, nil
+	return &StepOutputs{StepID: id, Sampled: sampled, Finished: finished, NumTokens: len(sampled), Done: now, Outputs: gathered}, nil
 }

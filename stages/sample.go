@@ -5,34 +5,127 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"runtime"
 	"time"
 
+	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/pipeline"
 )
 
+// The sample slot: *ForwardResult -> *SampledStep. A stage of this slot
+// draws one token per row of Rows (Samples, in row order; Logprobs when the
+// row's params ask) and scores PromptRows (PromptLogprobs). It runs after
+// the step before has been post-processed: the loop's lagged edge from
+// postprocess delivers that step's *StepOutputs as
+// ForwardResult.PreviousOutputs before Process, so penalties, masks and
+// stop state include its tokens (a sequence whose input was a placeholder
+// finds that token there, see PendingTokens). Its output also travels on
+// the lagged edge to forward, whose next step resolves its placeholders
+// from Tokens or Samples; a stage that samples on the device may publish
+// early (pipeline.LaggedPublisher[*SampledStep]) a *SampledStep with only
+// Tokens set.
+type SampleStage = pipeline.Stage[*ForwardResult, *SampledStep]
+
+// SampleDeps is what a sample stage gets.
+type SampleDeps struct {
+	Ops         kernels.Ops
+	VocabSize   int
+	EOSTokenIDs []int
+	Stats       *Stats // nil: not counted
+}
+
+// RegisterSample registers a sample implementation in r (nil: the default
+// registry).
+func RegisterSample[O any](r *pipeline.Registry, name string, defaults O, build func(SampleDeps, O) (SampleStage, error)) {
+	register(r, "sample", name, defaults, func(e *Env) SampleDeps {
+		var eos []int
+		if e.Scheduler != nil {
+			eos = e.Scheduler.Config().EOSTokenIDs
+		}
+		return SampleDeps{Ops: e.Ops, VocabSize: e.vocabSize(), EOSTokenIDs: eos, Stats: e.Stats}
+	}, build, func(s SampleStage) *pipeline.Node {
+		w := &sampleSlot{passLifecycle: passLifecycle{s}, inner: s}
+		return pipeline.ReadLagged(pipeline.NewStage[*ForwardResult, *SampledStep](w), w.postprocessed)
+	})
+}
+
+// sampleSlot hands a sample stage the step before's outputs and passes
+// early publishing through.
+type sampleSlot struct {
+	passLifecycle
+	inner SampleStage
+	prev  *StepOutputs
+}
+
+func (w *sampleSlot) postprocessed(_ context.Context, o *StepOutputs) error {
+	w.prev = o
+	return nil
+}
+
+// PublishLagged passes the graph's early publishing to the stage.
+func (w *sampleSlot) PublishLagged(publish func(*SampledStep)) {
+	if p, ok := w.inner.(pipeline.LaggedPublisher[*SampledStep]); ok {
+		p.PublishLagged(publish)
+	}
+}
+
+func (w *sampleSlot) Process(ctx context.Context, res *ForwardResult) (*SampledStep, error) {
+	res.PreviousOutputs = w.prev
+	return w.inner.Process(ctx, res)
+}
+
+// PendingTokens returns, for a sequence whose input this step was a
+// placeholder (m.InputFromRow >= 0), the token(s) the step before sampled
+// for it, which its metadata (planned before they were known) lacks; nil
+// otherwise.
+func PendingTokens(res *ForwardResult, m *engine.SequenceMetadata) []int {
+	prev := res.PreviousOutputs
+	if m.InputFromRow < 0 || prev == nil || prev.StepID != res.Outputs.StepID-1 || m.InputFromRow >= len(prev.Sampled) {
+		return nil
+	}
+	return prev.Sampled[m.InputFromRow].TokenIDs
+}
+
 func init() {
-	registerStage("sample", "greedy", func(rt *Runtime) pipeline.Stage[*ForwardResult, *SampledStep] {
-		dev, _ := rt.Ops.(kernels.DeviceSampler)
-		return &greedySample{rt: rt, dev: dev}
+	RegisterSample(nil, "greedy", NoOptions{}, func(d SampleDeps, _ NoOptions) (SampleStage, error) {
+		dev, _ := d.Ops.(kernels.DeviceSampler)
+		return &greedySample{d: d, dev: dev}, nil
 	})
-	pipeline.Register("logit-softcap", "default", func(a pipeline.Args) (*pipeline.Node, error) {
-		rt, err := runtimeOf(a)
-		if err != nil {
-			return nil, err
-		}
-		o := struct {
-			Cap float64 `yaml:"cap"`
-		}{Cap: 30}
-		if err := a.DecodeOptions(&o); err != nil {
-			return nil, err
-		}
-		if !(o.Cap > 0) {
-			return nil, fmt.Errorf("logit-softcap: cap must be positive, got %g", o.Cap)
-		}
-		return pipeline.NewStage[*ForwardResult, *ForwardResult](&softcap{rt: rt, cap: float32(o.Cap)}), nil
+	RegisterInsert(nil, "logit-softcap", "default", SoftcapOptions{Cap: 30}, func(d InsertDeps, o SoftcapOptions) (pipeline.Stage[*ForwardResult, *ForwardResult], error) {
+		return &softcap{ops: d.Ops, cap: float32(o.Cap)}, nil
 	})
+}
+
+// SoftcapOptions are logit-softcap's options.
+type SoftcapOptions struct {
+	Cap float64 `yaml:"cap"` // logits become cap*tanh(logit/cap); positive
+}
+
+// Validate checks the cap.
+func (o *SoftcapOptions) Validate() error {
+	if !(o.Cap > 0) {
+		return fmt.Errorf("logit-softcap: cap must be positive, got %g", o.Cap)
+	}
+	return nil
+}
+
+// Sample is the outcome of one sample row.
+type Sample struct {
+	Token    int
+	Logprobs *engine.TokenLogprobs // nil unless the request asked for logprobs
+}
+
+// SampledStep carries the sampled tokens (sample -> postprocess).
+type SampledStep struct {
+	*ForwardResult
+	Samples []Sample // one per row of Rows
+	// Tokens, when not nil, holds the same tokens in backend memory (I32
+	// [len(Rows)]): a sampler on the device leaves them there for the next
+	// step's placeholders, and may publish the step on the lagged edge to
+	// forward with only Tokens set, before Samples arrive on the host.
+	Tokens kernels.Tensor
+	// PromptLogprobs has one entry per PromptRows row.
+	PromptLogprobs []engine.TokenLogprobs
 }
 
 // hostLogits downloads a step's logits as rows of float32 into buf (grown
@@ -73,25 +166,27 @@ func argmax(xs []float32) int {
 // device reports a row with NaN or +Inf as an error, where the host argmax
 // skips NaN and takes the first +Inf.
 type greedySample struct {
-	rt     *Runtime
+	d      SampleDeps
+	early  func(*SampledStep)    // publishes a step's device tokens early (lagged edge to forward)
 	dev    kernels.DeviceSampler // nil: the backend has none
 	logits []float32             // reused host copy of each step's logits
 	rows   []kernels.SampleRow   // reused device rows
 	timer  sampleTimer           // device time of the sampling kernels
 }
 
+// PublishLagged keeps the graph's early publishing (device tokens).
+func (g *greedySample) PublishLagged(p func(*SampledStep)) { g.early = p }
+
 func (g *greedySample) Process(ctx context.Context, res *ForwardResult) (*SampledStep, error) {
 	if g.dev != nil && res.Logits != nil && len(res.PromptRows) == 0 {
-		if err := waitSample(ctx, g.rt, res); err != nil {
-			return nil, err
-		}
+		startSample(res)
 		g.rows = g.rows[:0]
 		for range res.Rows {
 			g.rows = append(g.rows, kernels.SampleRow{Greedy: true, TopP: 1, RepetitionPenalty: 1})
 		}
-		return sampleOnDevice(g.rt, g.dev, res, g.rows, &g.timer)
+		return sampleOnDevice(g.d, g.early, g.dev, res, g.rows, &g.timer)
 	}
-	rows, err := beginSample(ctx, g.rt, res, &g.logits)
+	rows, err := beginSample(g.d, res, &g.logits)
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +197,7 @@ func (g *greedySample) Process(ctx context.Context, res *ForwardResult) (*Sample
 	if out.PromptLogprobs, err = promptLogprobs(res, rows[len(res.Rows):]); err != nil {
 		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
 	}
-	return out, endSample(g.rt, out, nil)
+	return out, endSample(g.d, out, nil)
 }
 
 // sampleOnDevice samples every row of a step on the backend, which keeps
@@ -114,28 +209,24 @@ func (g *greedySample) Process(ctx context.Context, res *ForwardResult) (*Sample
 // its placeholders from them on the device) is queued behind the sampling
 // while this stage waits for the copy: the device does not idle between
 // the two passes for the host's round trip.
-func sampleOnDevice(rt *Runtime, dev kernels.DeviceSampler, res *ForwardResult, rows []kernels.SampleRow, timer *sampleTimer) (*SampledStep, error) {
+func sampleOnDevice(d SampleDeps, early func(*SampledStep), dev kernels.DeviceSampler, res *ForwardResult, rows []kernels.SampleRow, timer *sampleTimer) (*SampledStep, error) {
 	var (
 		tokens kernels.Tensor
 		host   []int32
 		err    error
 	)
-	early := false
-	if a, ok := dev.(kernels.AsyncDeviceSampler); ok {
+	if a, ok := dev.(kernels.AsyncDeviceSampler); ok && early != nil {
 		var fetch func() ([]int32, error)
-		timed := timer.begin(rt)
+		timed := timer.begin(d)
 		if tokens, fetch, err = a.SampleTokensAsync(res.Logits, rows); err == nil {
 			if timed {
 				timer.end()
 			}
-			if err = publishTokens(rt, res, tokens); err == nil {
-				early = true
-				if host, err = fetch(); err == nil && timed {
-					o := res.Outputs
-					timer.read(rt, o.NumPrefillTokens == 0 && o.NumDecodeTokens > 0)
-				}
-			} else {
-				fetch() // the copy is outstanding: collect it
+			// The next forward pass can queue behind the sampling now.
+			early(&SampledStep{ForwardResult: res, Tokens: tokens})
+			if host, err = fetch(); err == nil && timed {
+				o := res.Outputs
+				timer.read(d, o.NumPrefillTokens == 0 && o.NumDecodeTokens > 0)
 			}
 		}
 	} else {
@@ -152,114 +243,38 @@ func sampleOnDevice(rt *Runtime, dev kernels.DeviceSampler, res *ForwardResult, 
 	for r := range out.Samples {
 		out.Samples[r] = Sample{Token: int(host[r])}
 	}
-	if early {
-		return out, finishSample(rt, out)
-	}
-	return out, endSample(rt, out, tokens)
+	return out, endSample(d, out, tokens)
 }
 
-// publishTokens publishes a step's device tokens (one accepted token a row)
-// before their host copy: see sampleOnDevice.
-func publishTokens(rt *Runtime, res *ForwardResult, tokens kernels.Tensor) error {
-	accepted, err := acceptedOnes(rt, len(res.Rows))
-	if err != nil {
-		return fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
-	}
-	rt.ZOS.publishTokens(res.Outputs.StepID, tokens, accepted)
-	return nil
-}
+// startSample starts the step's sample clock.
+func startSample(res *ForwardResult) { res.sampleStart = time.Now() }
 
-// acceptedOnes is the accepted-token count of n rows without speculation:
-// I32 [n] of ones in backend memory (nil for no rows).
-func acceptedOnes(rt *Runtime, n int) (kernels.Tensor, error) {
-	if n == 0 {
-		return nil, nil
-	}
-	ones := make([]int32, n)
-	for i := range ones {
-		ones[i] = 1
-	}
-	return kernels.FromI32(rt.Ops, ones, n)
-}
-
-// finishSample completes a step whose device tokens were published early:
-// their host copy joins them, and the step's sample time is recorded.
-func finishSample(rt *Runtime, out *SampledStep) error {
-	host := make([]int, len(out.Samples))
-	for i, s := range out.Samples {
-		host[i] = s.Token
-	}
-	rt.ZOS.publishHost(out.Outputs.StepID, host)
-	if rt.Stats != nil {
-		rt.Stats.recordSample(time.Since(out.sampleStart))
-	}
-	return nil
-}
-
-// waitSample waits until the previous step is post-processed (see
-// MetadataZOS) and starts the step's sample clock.
-func waitSample(ctx context.Context, rt *Runtime, res *ForwardResult) error {
-	t := time.Now()
-	if err := rt.ZOS.waitPostprocessed(ctx, res.Outputs.StepID-1); err != nil {
-		return err
-	}
-	res.sampleStart = time.Now()
-	if rt.Stats != nil {
-		rt.Stats.PostWaitNanos.Add(int64(res.sampleStart.Sub(t)))
-	}
-	return nil
-}
-
-// beginSample waits as waitSample and fetches the step's logits rows.
-func beginSample(ctx context.Context, rt *Runtime, res *ForwardResult, buf *[]float32) ([][]float32, error) {
-	if err := waitSample(ctx, rt, res); err != nil {
-		return nil, err
-	}
-	rows, err := hostLogits(rt.Ops, res, buf)
+// beginSample starts the step's sample clock and fetches its logits rows.
+func beginSample(d SampleDeps, res *ForwardResult, buf *[]float32) ([][]float32, error) {
+	startSample(res)
+	rows, err := hostLogits(d.Ops, res, buf)
 	if err != nil {
 		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
 	}
 	return rows, nil
 }
 
-// endSample publishes the step's tokens for the next step's placeholders:
-// tokens, when not nil, already holds them in backend memory (sampled on
-// the device); otherwise they are uploaded. It records the step's sample
-// time (from waitSample to here: the host path's download and sampling, or
-// the device path's launch and wait).
-func endSample(rt *Runtime, out *SampledStep, tokens kernels.Tensor) error {
-	n := len(out.Samples)
-	host := make([]int, n)
-	toks := make([]int32, n)
-	for i, s := range out.Samples {
-		host[i], toks[i] = s.Token, int32(s.Token)
+// endSample completes a step: tokens, when not nil, are its tokens in
+// backend memory (sampled on the device), kept for the next step's
+// placeholders; the step's sample time is recorded (from startSample to
+// here: the host path's download and sampling, or the device path's launch
+// and wait).
+func endSample(d SampleDeps, out *SampledStep, tokens kernels.Tensor) error {
+	out.Tokens = tokens
+	if d.Stats != nil {
+		d.Stats.recordSample(time.Since(out.sampleStart))
 	}
-	var err error
-	if tokens == nil && n > 0 {
-		if tokens, err = kernels.FromI32(rt.Ops, toks, n); err != nil {
-			return fmt.Errorf("sample: step %d: %w", out.Outputs.StepID, err)
-		}
-	}
-	accepted, err := acceptedOnes(rt, n)
-	if err != nil {
-		return fmt.Errorf("sample: step %d: %w", out.Outputs.StepID, err)
-	}
-	took := time.Since(out.sampleStart)
-	rt.ZOS.publish(out.Outputs.StepID, tokens, accepted, host)
-	if rt.Stats != nil {
-		rt.Stats.recordSample(took)
-	}
-	// Publishing readied the forward stage, waiting on these tokens; handing
-	// post-processing the step next would run it first on this core. Yield
-	// so the forward pass of the next step starts now (DeepInfer's order:
-	// forward N+1, then post-process N).
-	runtime.Gosched()
 	return nil
 }
 
 // softcap bounds logits smoothly: cap * tanh(logit / cap), as Gemma 2 does.
 type softcap struct {
-	rt  *Runtime
+	ops kernels.Ops
 	cap float32
 }
 
@@ -267,14 +282,14 @@ func (s *softcap) Process(_ context.Context, res *ForwardResult) (*ForwardResult
 	if res.Logits == nil {
 		return res, nil
 	}
-	flat, err := kernels.ToF32(s.rt.Ops, res.Logits)
+	flat, err := kernels.ToF32(s.ops, res.Logits)
 	if err != nil {
 		return nil, fmt.Errorf("logit-softcap: %w", err)
 	}
 	for i, x := range flat {
 		flat[i] = s.cap * float32(math.Tanh(float64(x/s.cap)))
 	}
-	capped, err := kernels.FromF32(s.rt.Ops, flat, res.Logits.Shape()...)
+	capped, err := kernels.FromF32(s.ops, flat, res.Logits.Shape()...)
 	if err != nil {
 		return nil, fmt.Errorf("logit-softcap: %w", err)
 	}

@@ -11,17 +11,16 @@ import (
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/sampling"
-	"github.com/deepinfer/deepinfer-go/pipeline"
 )
 
 func init() {
-	registerStage("sample", "default", func(rt *Runtime) pipeline.Stage[*ForwardResult, *SampledStep] {
+	RegisterSample(nil, "default", NoOptions{}, func(d SampleDeps, _ NoOptions) (SampleStage, error) {
 		scratch := make([]*sampling.Scratch, runtime.NumCPU())
 		for i := range scratch {
 			scratch[i] = new(sampling.Scratch)
 		}
-		dev, _ := rt.Ops.(kernels.DeviceSampler)
-		return &sample{rt: rt, scratch: scratch, dev: dev, edits: make([]editBuilder, len(scratch))}
+		dev, _ := d.Ops.(kernels.DeviceSampler)
+		return &sample{d: d, scratch: scratch, dev: dev, edits: make([]editBuilder, len(scratch))}, nil
 	})
 }
 
@@ -40,7 +39,8 @@ func init() {
 // published to the next step from device memory. Other steps, and backends
 // without the capability, sample on the host as above.
 type sample struct {
-	rt      *Runtime
+	d       SampleDeps
+	early   func(*SampledStep)  // publishes a step's device tokens early (lagged edge to forward)
 	scratch []*sampling.Scratch // one per worker
 	logits  []float32           // reused host copy of each step's logits
 
@@ -54,11 +54,14 @@ type sample struct {
 // would cost more than it saves.
 const minRowsPerWorker = 8
 
+// PublishLagged keeps the graph's early publishing (device tokens).
+func (s *sample) PublishLagged(p func(*SampledStep)) { s.early = p }
+
 func (s *sample) Process(ctx context.Context, res *ForwardResult) (*SampledStep, error) {
 	if s.dev != nil && onDevice(res) {
-		return s.processDevice(ctx, res)
+		return s.processDevice(res)
 	}
-	rows, err := beginSample(ctx, s.rt, res, &s.logits)
+	rows, err := beginSample(s.d, res, &s.logits)
 	if err != nil {
 		return nil, err
 	}
@@ -66,7 +69,7 @@ func (s *sample) Process(ctx context.Context, res *ForwardResult) (*SampledStep,
 	if out.PromptLogprobs, err = promptLogprobs(res, rows[len(res.Rows):]); err != nil {
 		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
 	}
-	eos := s.rt.Scheduler.Config().EOSTokenIDs
+	eos := s.d.EOSTokenIDs
 	n := len(res.Rows)
 	workers := min(len(s.scratch), max(1, n/minRowsPerWorker))
 	var g errgroup.Group
@@ -84,7 +87,7 @@ func (s *sample) Process(ctx context.Context, res *ForwardResult) (*SampledStep,
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	return out, endSample(s.rt, out, nil)
+	return out, endSample(s.d, out, nil)
 }
 
 // onDevice reports whether a step can be sampled on the device: it has
@@ -106,11 +109,9 @@ func onDevice(res *ForwardResult) bool {
 // samples every row. Cost: the host path's O(history) per penalized row
 // and none of its download or per-token work; one device call, which waits
 // for the tokens.
-func (s *sample) processDevice(ctx context.Context, res *ForwardResult) (*SampledStep, error) {
-	if err := waitSample(ctx, s.rt, res); err != nil {
-		return nil, err
-	}
-	eos := s.rt.Scheduler.Config().EOSTokenIDs
+func (s *sample) processDevice(res *ForwardResult) (*SampledStep, error) {
+	startSample(res)
+	eos := s.d.EOSTokenIDs
 	vocab := res.Logits.Shape()[len(res.Logits.Shape())-1]
 	n := len(res.Rows)
 	s.rows = slices.Grow(s.rows[:0], n)[:n]
@@ -123,7 +124,7 @@ func (s *sample) processDevice(ctx context.Context, res *ForwardResult) (*Sample
 			b.reset(vocab)
 			for r := lo; r < hi; r++ {
 				ref := res.Rows[r]
-				p, hist, step := rowParams(ref.Meta, ref.Index, eos, s.rt.ZOS.pendingTokens(res.Outputs.StepID, ref.Meta))
+				p, hist, step := rowParams(ref.Meta, ref.Index, eos, PendingTokens(res, ref.Meta))
 				row, err := b.row(&p, hist, step)
 				if err != nil {
 					return fmt.Errorf("sample: step %d: request %q: %w", res.Outputs.StepID, ref.RequestID, err)
@@ -136,7 +137,7 @@ func (s *sample) processDevice(ctx context.Context, res *ForwardResult) (*Sample
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	return sampleOnDevice(s.rt, s.dev, res, s.rows, &s.timer)
+	return sampleOnDevice(s.d, s.early, s.dev, res, s.rows, &s.timer)
 }
 
 // editBuilder turns one row's host sampling inputs (rowParams) into a
@@ -246,7 +247,7 @@ func (b *editBuilder) addEdits(p *sampling.Params, h sampling.History, r *kernel
 func (s *sample) sampleRow(res *ForwardResult, logits []float32, r int, eos []int, sc *sampling.Scratch, out *SampledStep) error {
 	ref := res.Rows[r]
 	m := ref.Meta
-	p, hist, step := rowParams(m, ref.Index, eos, s.rt.ZOS.pendingTokens(res.Outputs.StepID, m))
+	p, hist, step := rowParams(m, ref.Index, eos, PendingTokens(res, m))
 	got, err := sampling.Sample(logits, &p, hist, step, sc)
 	if err != nil {
 		return fmt.Errorf("sample: step %d: request %q: %w", res.Outputs.StepID, ref.RequestID, err)

@@ -12,7 +12,6 @@ import (
 	"github.com/deepinfer/deepinfer-go/engine/config"
 	"github.com/deepinfer/deepinfer-go/llm"
 	"github.com/deepinfer/deepinfer-go/pipeline"
-	"github.com/deepinfer/deepinfer-go/stages"
 )
 
 func newGraphCmd() *cobra.Command {
@@ -39,14 +38,9 @@ func newGraphCmd() *cobra.Command {
 			}
 			out := cmd.OutOrStdout()
 			if profile <= 0 {
-				spec, err := llm.Spec(cfg)
-				if err != nil {
-					return err
-				}
-				// Build with an empty runtime: factories only capture it, so
-				// this checks every registered implementation and edge type
-				// without loading the model.
-				g, err := spec.Build(pipeline.DefaultRegistry(), &stages.Runtime{})
+				// Checks every registered implementation, option and edge
+				// type without loading the model.
+				g, err := llm.DryGraph(cfg, nil)
 				if err != nil {
 					return err
 				}

@@ -1,0 +1,273 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/engine/models"
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// graphOps is what a backend offers for graph replay (kernels/cuda.Backend).
+type graphOps interface {
+	// CaptureGraph records the operations fn queues, without running them.
+	CaptureGraph(fn func() error) (interface {
+		Replay() error
+		Close() error
+	}, error)
+	// CopyRect copies src [r, c] into the top-left corner of dst [R, C].
+	CopyRect(dst, src kernels.Tensor) error
+}
+
+// decodeGraphs holds one captured forward pass per decode batch size, all
+// over static input tensors; the graphs share the backend's graph memory
+// pool (they never run at the same time).
+type decodeGraphs struct {
+	ops       graphOps
+	sizes     []int // ascending
+	graphs    []*decodeGraph
+	maxBlocks int // width of the static block tables
+}
+
+// decodeGraph is the forward pass of a decode batch of size sequences: one
+// token each. Rows past a step's real sequences are padding: token 0 at
+// position 0 with one key, slot -1 (their keys and values are written
+// nowhere), their block-table row left as it was (its first block is a
+// valid one), so they change no real row and no cache entry.
+type decodeGraph struct {
+	size   int
+	inputs kernels.Tensor // I32 [4, size]: input ids, positions, slot mapping, seqlens_k
+	ids    kernels.Tensor // I32 [size], a view of inputs
+	tables kernels.Tensor // I32 [size, maxBlocks]
+	batch  *models.ForwardBatch
+	hidden kernels.Tensor // the captured pass's output [size, hidden_size]
+	graph  interface {
+		Replay() error
+		Close() error
+	}
+	host []int32 // staging for inputs
+}
+
+// newDecodeGraphs captures a decode forward pass for every batch size,
+// after one eager run of each (which lets libraries initialize outside the
+// capture). It runs before the step loop starts, when nothing else uses the
+// backend's stream. Cost per size: one forward pass and one capture.
+func newDecodeGraphs(d ForwardDeps, sizes []int) (*decodeGraphs, error) {
+	gops, ok := d.Ops.(graphOps)
+	if !ok {
+		return nil, fmt.Errorf("backend %s cannot capture graphs: use device: cuda or disable cuda_graph", d.Ops.Name())
+	}
+	maxBlocks := graphTableBlocks(d.Cache.NumBlocks, d.Cache.BlockSize, d.Model.Config().MaxPositionEmbeddings, d.MaxModelLen)
+	dg := &decodeGraphs{ops: gops, sizes: append([]int(nil), sizes...), maxBlocks: maxBlocks}
+	for _, n := range sizes {
+		g, err := dg.capture(d, n)
+		if err != nil {
+			dg.close()
+			return nil, fmt.Errorf("decode batch size %d: %w", n, err)
+		}
+		dg.graphs = append(dg.graphs, g)
+	}
+	return dg, nil
+}
+
+// graphTableBlocks is the width, in blocks, of the captured graphs' block
+// tables: the longest sequence the engine can hold, by the scheduler's
+// max_model_len, the model's max_position_embeddings and the cache's
+// blocks, whichever is least (0: no bound of that kind). Keep it tight: the
+// width is the keys a decode row may have as far as a captured kernel
+// knows, so it sizes the split-KV attention grid. Bounded by
+// max_position_embeddings alone, Qwen3-0.6B's 40960 positions gave its
+// decode grid 32 key chunks a row where a max_model_len of 2048 needs 8,
+// most of them empty, and the chunks-per-block rule then gave each row one
+// block. A step whose tables are wider runs eagerly (pick).
+func graphTableBlocks(numBlocks, blockSize, maxPositions, maxModelLen int) int {
+	w := numBlocks
+	for _, keys := range []int{maxPositions, maxModelLen} {
+		if keys > 0 {
+			w = min(w, (keys+blockSize-1)/blockSize)
+		}
+	}
+	return w
+}
+
+func (d *decodeGraphs) capture(rt ForwardDeps, n int) (*decodeGraph, error) {
+	ops := rt.Ops
+	g := &decodeGraph{size: n, host: make([]int32, 4*n)}
+	var err error
+	if g.inputs, err = ops.Alloc(kernels.I32, 4, n); err != nil {
+		return nil, err
+	}
+	if g.tables, err = ops.Alloc(kernels.I32, n, d.maxBlocks); err != nil {
+		return nil, err
+	}
+	cu := make([]int32, n+1)
+	for i := range cu {
+		cu[i] = int32(i)
+	}
+	cuT, err := kernels.FromI32(ops, cu, n+1)
+	if err != nil {
+		return nil, err
+	}
+	row := func(i int) kernels.Tensor {
+		if err != nil {
+			return nil
+		}
+		var t kernels.Tensor
+		if t, err = ops.Rows(g.inputs, i, i+1); err == nil {
+			t, err = ops.Reshape(t, n)
+		}
+		return t
+	}
+	g.ids = row(0)
+	g.batch = &models.ForwardBatch{NumTokens: n, InputIDs: g.ids, Positions: row(1), Attn: kernels.AttentionMetadata{
+		NumSeqs: n, NumTokens: n, MaxSeqlenQ: 1, MaxSeqlenK: d.maxBlocks * rt.Cache.BlockSize, BlockSize: rt.Cache.BlockSize,
+		CuSeqlensQ: cuT, SeqlensK: row(3), BlockTables: g.tables, SlotMapping: row(2)}}
+	if err != nil {
+		return nil, err
+	}
+	if err := g.fill(nil, rt.Cache.BlockSize); err != nil {
+		return nil, err
+	}
+	if err := ops.Upload(g.inputs, kernels.I32Bytes(g.host), kernels.I32); err != nil {
+		return nil, err
+	}
+	ctx := context.Background()
+	if _, err := rt.Model.Forward(ctx, rt.Cache, g.batch); err != nil {
+		return nil, err
+	}
+	if err := ops.Sync(); err != nil {
+		return nil, err
+	}
+	g.graph, err = d.ops.CaptureGraph(func() error {
+		var ferr error
+		g.hidden, ferr = rt.Model.Forward(ctx, rt.Cache, g.batch)
+		return ferr
+	})
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// pick returns the graph that serves step, or nil when the step runs
+// eagerly: not a pure decode step, more sequences than the largest size, or
+// a block table wider than the static ones.
+func (d *decodeGraphs) pick(step *PreparedStep) *decodeGraph {
+	if d == nil || step.Batch == nil {
+		return nil
+	}
+	n := len(step.Seqs)
+	if n == 0 || step.Batch.NumTokens != n || step.Batch.Attn.NumSeqs != n {
+		return nil
+	}
+	if bt := step.Batch.Attn.BlockTables; bt == nil || len(bt.Shape()) != 2 || bt.Shape()[1] > d.maxBlocks {
+		return nil
+	}
+	for i := range step.Seqs {
+		if len(step.Seqs[i].InputTokenIDs) != 1 {
+			return nil
+		}
+	}
+	for i, size := range d.sizes {
+		if n <= size {
+			return d.graphs[i]
+		}
+	}
+	return nil
+}
+
+// fill writes the host staging for seqs (nil: padding only).
+func (g *decodeGraph) fill(seqs []engine.SequenceMetadata, blockSize int) error {
+	n := g.size
+	ids, pos, slots, seqlensK := g.host[:n], g.host[n:2*n], g.host[2*n:3*n], g.host[3*n:]
+	for i := range n {
+		ids[i], pos[i], slots[i], seqlensK[i] = 0, 0, -1, 1
+	}
+	for i := range seqs {
+		m := &seqs[i]
+		p := m.PosStart
+		if b := p / blockSize; b >= len(m.BlockTable) {
+			return fmt.Errorf("sequence %d: position %d outside its block table of %d blocks", m.SeqID, p, len(m.BlockTable))
+		}
+		ids[i] = int32(m.InputTokenIDs[0])
+		pos[i] = int32(p)
+		slots[i] = int32(m.BlockTable[p/blockSize]*blockSize + p%blockSize)
+		seqlensK[i] = int32(p + 1)
+	}
+	return nil
+}
+
+// load writes step's inputs into the graph's static tensors, padding the
+// rows past its sequences, and resolves placeholder inputs on the device.
+// Cost: one small upload, one block-table copy on the device.
+func (g *decodeGraph) load(rt ForwardDeps, step *PreparedStep) error {
+	if err := g.fill(step.Seqs, rt.Cache.BlockSize); err != nil {
+		return err
+	}
+	if err := rt.Ops.Upload(g.inputs, kernels.I32Bytes(g.host), kernels.I32); err != nil {
+		return err
+	}
+	if err := rt.Ops.(graphOps).CopyRect(g.tables, step.Batch.Attn.BlockTables); err != nil {
+		return err
+	}
+	if step.FromRow == nil {
+		return nil
+	}
+	ids, err := rt.Ops.Rows(g.ids, 0, len(step.Seqs))
+	if err != nil {
+		return err
+	}
+	return ResolvePlaceholders(rt.Ops, step, ids)
+}
+
+func (d *decodeGraphs) close() error {
+	if d == nil {
+		return nil
+	}
+	var first error
+	for _, g := range d.graphs {
+		if g.graph != nil {
+			if err := g.graph.Close(); err != nil && first == nil {
+				first = err
+			}
+			g.graph = nil
+		}
+	}
+	return first
+}
+
+// copyBlocks performs the scheduler's copy-on-write block copies in every
+// layer's cache, through the host (rare: only when a forked sequence first
+// writes a shared partial block).
+func copyBlocks(rt ForwardDeps, copies []engine.BlockCopy) error {
+	if len(copies) == 0 {
+		return nil
+	}
+	var buf []byte
+	for _, layer := range [][]kernels.Tensor{rt.Cache.K, rt.Cache.V} {
+		for _, t := range layer {
+			for _, c := range copies {
+				src, err := rt.Ops.Rows(t, c.Src, c.Src+1)
+				if err != nil {
+					return err
+				}
+				dst, err := rt.Ops.Rows(t, c.Dst, c.Dst+1)
+				if err != nil {
+					return err
+				}
+				n := kernels.NumElements(src) * src.DType().Size()
+				if cap(buf) < n {
+					buf = make([]byte, n)
+				}
+				if err := rt.Ops.Download(buf[:n], src); err != nil {
+					return err
+				}
+				if err := rt.Ops.Upload(dst, buf[:n], src.DType()); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}

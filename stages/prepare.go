@@ -1,0 +1,170 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/engine/models"
+	"github.com/deepinfer/deepinfer-go/kernels"
+	"github.com/deepinfer/deepinfer-go/pipeline"
+)
+
+// The prepare slot: *ScheduledStep -> *PreparedStep. A stage of this slot
+// lays a step out as the model's flat batch in backend memory (input ids,
+// positions, slot mapping, block tables, cu_seqlens), lists the rows that
+// sample (Rows, SampleRows) and the prompt rows scored for prompt_logprobs,
+// and marks inputs that are placeholders for tokens of the step before
+// (FromRow; see ResolvePlaceholders). It must not wait for the step
+// before: with ZOS it runs while that step is still being sampled.
+type PrepareStage = pipeline.Stage[*ScheduledStep, *PreparedStep]
+
+// PrepareDeps is what a prepare stage gets.
+type PrepareDeps struct {
+	Ops       kernels.Ops
+	BlockSize int // tokens per KV block
+	NumBlocks int // blocks in the KV cache (bounds the block tables)
+	Stats     *Stats
+}
+
+// RegisterPrepare registers a prepare implementation in r (nil: the
+// default registry).
+func RegisterPrepare[O any](r *pipeline.Registry, name string, defaults O, build func(PrepareDeps, O) (PrepareStage, error)) {
+	register(r, "prepare", name, defaults, func(e *Env) PrepareDeps {
+		d := PrepareDeps{Ops: e.Ops, Stats: e.Stats}
+		if e.Cache != nil {
+			d.BlockSize, d.NumBlocks = e.Cache.BlockSize, e.Cache.NumBlocks
+		}
+		return d
+	}, build, nil)
+}
+
+func init() {
+	RegisterPrepare(nil, "default", NoOptions{}, func(d PrepareDeps, _ NoOptions) (PrepareStage, error) {
+		return &prepare{d: d}, nil
+	})
+}
+
+// RowRef says which sequence a logits row samples for.
+type RowRef struct {
+	Meta      *engine.SequenceMetadata
+	SeqID     engine.SeqID
+	Index     int // the sequence's index among its request's n outputs
+	RequestID string
+}
+
+// PreparedStep is a step's input in backend memory (prepare -> forward).
+type PreparedStep struct {
+	*ScheduledStep
+	Batch *models.ForwardBatch
+	// SampleRows (I32) are the token rows whose logits are computed: one per
+	// sample row of the step (a forked sequence repeats its parent's row),
+	// then one per PromptRows entry.
+	SampleRows kernels.Tensor
+	Rows       []RowRef
+	// PromptRows are extra logits rows, after the sample rows, that score
+	// prompt tokens for prompt_logprobs.
+	PromptRows []PromptRow
+	// FromRow (I32 [num_tokens]) is set when inputs are placeholders: the
+	// previous step's sample row each input comes from, -1 for known ones.
+	FromRow kernels.Tensor
+	// Previous is the step before's *SampledStep, which the loop's lagged
+	// edge from sample hands the forward slot before this step runs (nil
+	// for the first step). Forward reads its Tokens (or Samples) to resolve
+	// FromRow's placeholders: see ResolvePlaceholders.
+	Previous *SampledStep
+}
+
+// PromptRow is a row whose logits score the prompt token that follows it.
+type PromptRow struct {
+	Meta *engine.SequenceMetadata
+	Next int // the prompt token the row scores
+}
+
+// prepare lays a scheduled step out as the model's flat batch in backend
+// memory and lists the rows that sample.
+type prepare struct{ d PrepareDeps }
+
+func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep, error) {
+	h := &models.HostBatch{BlockSize: p.d.BlockSize}
+	numRows := step.Outputs.NumSampleRows
+	rows := make([]RowRef, numRows)
+	sampleRows := make([]int32, numRows)
+	var promptRows []PromptRow
+	var promptRowIdx []int32
+	fromRow := make([]int32, 0, step.Outputs.NumBatchedTokens)
+	placeholders := false
+	for i := range step.Seqs {
+		m := &step.Seqs[i]
+		first := int32(len(h.InputIDs))
+		for pos := m.PromptLogprobsFrom; pos >= 0 && pos < m.PromptLogprobsTo; pos++ {
+			promptRows = append(promptRows, PromptRow{Meta: m, Next: m.TokenIDs[pos+1]})
+			promptRowIdx = append(promptRowIdx, first+int32(pos-m.PosStart))
+		}
+		ids := make([]int32, len(m.InputTokenIDs))
+		for j, id := range m.InputTokenIDs {
+			from := int32(-1)
+			if id == engine.PlaceholderToken {
+				if m.InputFromRow < 0 {
+					return nil, fmt.Errorf("prepare: step %d: sequence %d: a placeholder without a source row", step.Outputs.StepID, m.SeqID)
+				}
+				from = int32(m.InputFromRow)
+				placeholders = true
+				if p.d.Stats != nil {
+					p.d.Stats.Placeholders.Add(1)
+				}
+			}
+			ids[j] = int32(id)
+			fromRow = append(fromRow, from)
+		}
+		table := make([]int32, len(m.BlockTable))
+		for j, b := range m.BlockTable {
+			table[j] = int32(b)
+		}
+		h.AddSequence(ids, m.PosStart, table)
+		if !m.Sample {
+			continue
+		}
+		last := int32(len(h.InputIDs) - 1)
+		put := func(r int, id engine.SeqID, index int) error {
+			if r < 0 || r >= numRows {
+				return fmt.Errorf("prepare: step %d: sample row %d outside [0, %d)", step.Outputs.StepID, r, numRows)
+			}
+			rows[r] = RowRef{Meta: m, SeqID: id, Index: index, RequestID: m.RequestID}
+			sampleRows[r] = last
+			return nil
+		}
+		if err := put(m.SampleRow, m.SeqID, m.SampleIndex); err != nil {
+			return nil, err
+		}
+		for j, fork := range m.ForkSeqIDs {
+			if err := put(m.SampleRow+1+j, fork, j+1); err != nil {
+				return nil, err
+			}
+		}
+	}
+	// The placeholders' source rows and the rows that sample go up with the
+	// batch, in one copy.
+	var extra [][]int32
+	if placeholders {
+		extra = append(extra, fromRow)
+	}
+	all := append(sampleRows, promptRowIdx...)
+	if len(all) > 0 {
+		extra = append(extra, all)
+	}
+	batch, views, err := h.UploadWith(p.d.Ops, p.d.NumBlocks, extra...)
+	if err != nil {
+		return nil, fmt.Errorf("prepare: step %d: %w", step.Outputs.StepID, err)
+	}
+	out := &PreparedStep{ScheduledStep: step, Batch: batch, Rows: rows, PromptRows: promptRows}
+	if placeholders {
+		// Resolved by the forward stage right before it runs, as a device
+		// stream would: step N's tokens may still be being sampled.
+		out.FromRow, views = views[0], views[1:]
+	}
+	if len(all) > 0 {
+		out.SampleRows = views[0]
+	}
+	return out, nil
+}

@@ -1,0 +1,188 @@
+package stages
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/pipeline"
+)
+
+// The schedule slot is the head of the step loop: a pipeline.Planner that
+// takes Admissions in, gets each step's *StepOutputs back on the loop's
+// feedback edge, and plans *ScheduledStep whenever the loop has room (one
+// step in flight, or two with ZOS). It is the one owner of the
+// engine.Scheduler: it adds and aborts sequences, plans steps, and applies
+// each step's outcome (Scheduler.ProcessOutputs, then the finishes
+// post-processing found) when the step comes back.
+type SchedulePlanner = pipeline.Planner[Admission, *StepOutputs, *ScheduledStep]
+
+// ScheduledStep is the scheduler's plan for one step (schedule -> prepare).
+type ScheduledStep struct {
+	Outputs *engine.SchedulerOutputs
+	Seqs    []engine.SequenceMetadata
+	Planned time.Time
+}
+
+// ScheduleDeps is what a schedule stage gets.
+type ScheduleDeps struct {
+	Scheduler   *engine.Scheduler
+	Responder   *Responder
+	ManualSteps bool // plan a step only when an Admission asks for one
+}
+
+// RegisterSchedule registers a schedule implementation in r (nil: the
+// default registry).
+func RegisterSchedule[O any](r *pipeline.Registry, name string, defaults O, build func(ScheduleDeps, O) (SchedulePlanner, error)) {
+	pipeline.RegisterOptions(r, "schedule", name, defaults, func(a pipeline.Args, o O) (*pipeline.Node, error) {
+		e, err := env(a)
+		if err != nil {
+			return nil, err
+		}
+		p, err := build(ScheduleDeps{Scheduler: e.Scheduler, Responder: e.Responder, ManualSteps: e.ManualSteps}, o)
+		if err != nil {
+			return nil, err
+		}
+		return pipeline.NewPlanner(p), nil
+	})
+}
+
+func init() {
+	RegisterSchedule(nil, "default", NoOptions{}, func(d ScheduleDeps, _ NoOptions) (SchedulePlanner, error) {
+		return NewSchedule(d), nil
+	})
+}
+
+// Schedule is the built-in schedule stage. It recycles the metadata of a
+// step once that step's outputs come back around the loop (nothing
+// downstream reads it any more), which saves the scheduler's largest
+// per-step allocation.
+type Schedule struct {
+	d      ScheduleDeps
+	spare  [][]engine.SequenceMetadata
+	busy   map[engine.StepID][]engine.SequenceMetadata
+	asks   []*StepAsk                 // manual steps not yet planned
+	asked  map[engine.StepID]*StepAsk // manual steps in flight
+	drains []chan struct{}            // closed when the scheduler is idle
+	done   map[engine.SeqID]bool      // reused by Feedback
+	ended  map[engine.SeqID]engine.FinishReason
+}
+
+// NewSchedule returns the built-in schedule stage.
+func NewSchedule(d ScheduleDeps) *Schedule {
+	return &Schedule{d: d, busy: map[engine.StepID][]engine.SequenceMetadata{}, asked: map[engine.StepID]*StepAsk{},
+		done: map[engine.SeqID]bool{}, ended: map[engine.SeqID]engine.FinishReason{}}
+}
+
+// Add applies one admission.
+func (s *Schedule) Add(_ context.Context, a Admission) error {
+	switch {
+	case a.Seq != nil:
+		if _, err := s.d.Scheduler.Add(a.Seq); err != nil {
+			// A request the scheduler refuses (too long, ...) fails alone.
+			s.d.Responder.Fail(a.Seq.RequestID(), engine.FinishError, err)
+		}
+	case a.Abort != "":
+		s.d.Scheduler.Abort(a.Abort)
+	case a.Step != nil:
+		s.asks = append(s.asks, a.Step)
+	case a.Drain != nil:
+		s.drains = append(s.drains, a.Drain)
+	}
+	s.checkDrains()
+	return nil
+}
+
+// Feedback applies a step's outcome: the tokens it appended (the
+// scheduler's own checks may end sequences: EOS, stop ids, length), then
+// the finishes post-processing found (stop strings). Post-processing
+// applies the same token checks (engine.CheckFinish) to answer at once; a
+// sequence the scheduler ends that post-processing did not is answered
+// here, so no request is left open.
+func (s *Schedule) Feedback(_ context.Context, out *StepOutputs) error {
+	if out.StepID != 0 {
+		finished, err := s.d.Scheduler.ProcessOutputs(out.StepID, out.Sampled)
+		if err != nil {
+			return fmt.Errorf("schedule: %w", err)
+		}
+		clear(s.done)
+		clear(s.ended)
+		for _, f := range finished {
+			s.done[f.SeqID] = true
+		}
+		for _, f := range out.Finished {
+			s.ended[f.SeqID] = f.Reason
+			if s.done[f.SeqID] {
+				continue
+			}
+			if _, err := s.d.Scheduler.FinishSequence(f.SeqID, f.Reason); err != nil && !errors.Is(err, engine.ErrUnknownSequence) {
+				return fmt.Errorf("schedule: step %d: %w", out.StepID, err)
+			}
+		}
+		for _, f := range finished {
+			if _, ok := s.ended[f.SeqID]; !ok {
+				s.d.Responder.Emit(engine.RequestOutput{RequestID: f.RequestID, Index: f.Index, Finished: true,
+					FinishReason: f.Reason, Err: f.Err, FinishTime: time.Now()})
+			}
+		}
+	}
+	if a, ok := s.asked[out.StepID]; ok {
+		delete(s.asked, out.StepID)
+		a.Done <- out
+	}
+	if buf, ok := s.busy[out.StepID]; ok {
+		delete(s.busy, out.StepID)
+		s.spare = append(s.spare, buf[:0])
+	}
+	s.checkDrains()
+	return nil
+}
+
+// Plan schedules the next step, if there is one to run (and, with manual
+// steps, one was asked for).
+func (s *Schedule) Plan(context.Context) (*ScheduledStep, bool, error) {
+	var ask *StepAsk
+	if s.d.ManualSteps {
+		if len(s.asks) == 0 {
+			return nil, false, nil
+		}
+		ask, s.asks = s.asks[0], s.asks[1:]
+	}
+	var buf []engine.SequenceMetadata
+	if n := len(s.spare); n > 0 {
+		buf, s.spare = s.spare[n-1], s.spare[:n-1]
+	}
+	out, metas := s.d.Scheduler.ScheduleInto(buf)
+	for _, f := range out.Finished {
+		s.d.Responder.Fail(f.RequestID, f.Reason, f.Err)
+	}
+	if out.Kind == engine.StepEmpty {
+		if buf != nil {
+			s.spare = append(s.spare, buf)
+		}
+		if ask != nil {
+			ask.Done <- &StepOutputs{}
+		}
+		s.checkDrains()
+		return nil, false, nil
+	}
+	s.busy[out.StepID] = metas
+	if ask != nil {
+		s.asked[out.StepID] = ask
+	}
+	return &ScheduledStep{Outputs: out, Seqs: metas, Planned: time.Now()}, true, nil
+}
+
+// checkDrains closes the drain channels once nothing is unfinished and no
+// step is in flight.
+func (s *Schedule) checkDrains() {
+	if len(s.drains) == 0 || s.d.Scheduler.HasUnfinished() || s.d.Scheduler.NumInflightSteps() > 0 {
+		return
+	}
+	for _, ch := range s.drains {
+		close(ch)
+	}
+	s.drains = s.drains[:0]
+}
