@@ -72,7 +72,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	case "cpu":
 		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, KVCacheDType: cfg.Cache.KVDType()})
 	case "cuda":
-		ops, err := cuda.New(cuda.Options{KVCacheDType: cfg.Cache.KVDType(), DecodeChunk: cfg.CUDA.DecodeAttentionChunk})
+		ops, err := cuda.New(cudaOptions(cfg.CUDA, cfg.Cache.KVDType()))
 		if err != nil {
 			return nil, fmt.Errorf("llm: %w", err)
 		}

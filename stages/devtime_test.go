@@ -168,8 +168,8 @@ func TestForwardDeviceTimeline(t *testing.T) {
 			ht := &hostTimer{now: func() time.Duration { return time.Since(origin) }, failAfter: failAfter}
 			rt.Ops = timedOps{Ops: rt.Ops, hostTimer: ht}
 			rt.Stats = &Stats{}
-			f, err := newForward(rt, ForwardOptions{})
-			if err != nil {
+			f := newForward(*rt)
+			if err := f.Start(t.Context()); err != nil {
 				t.Fatal(err)
 			}
 			if f.timeline == nil {
@@ -217,8 +217,8 @@ func TestForwardWithoutDeviceTimer(t *testing.T) {
 	}
 	rt, _ := graphTestRuntime(t, dir, false)
 	rt.Stats = &Stats{}
-	f, err := newForward(rt, ForwardOptions{})
-	if err != nil {
+	f := newForward(*rt)
+	if err := f.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	if f.timeline != nil || rt.Stats.DeviceTimes().Timed {
@@ -228,7 +228,7 @@ func TestForwardWithoutDeviceTimer(t *testing.T) {
 
 // runForwardSteps runs numSteps steps of two sequences (a prefill, then
 // decodes) through prepare and f, with 200 us of host time between steps.
-func runForwardSteps(t *testing.T, rt *Runtime, f *forward, numSteps int) {
+func runForwardSteps(t *testing.T, rt *ForwardDeps, f *forward, numSteps int) {
 	t.Helper()
 	seqs := []*graphSeq{
 		{id: 1, tokens: []int{1, 5, 9, 3}, table: []int{0, 1, 2, 3}},
@@ -246,7 +246,7 @@ func runForwardSteps(t *testing.T, rt *Runtime, f *forward, numSteps int) {
 				step.Outputs.NumDecodeTokens += n
 			}
 		}
-		prep, err := (&prepare{rt: rt}).Process(t.Context(), step)
+		prep, err := prepareFor(*rt).Process(t.Context(), step)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -288,8 +288,8 @@ func TestForwardDeferredSync(t *testing.T) {
 			rt.Ops = asyncTimedOps{timed}
 		}
 		rt.Stats = &Stats{}
-		f, err := newForward(rt, ForwardOptions{})
-		if err != nil {
+		f := newForward(*rt)
+		if err := f.Start(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 		if f.deferSync() != async {
@@ -316,7 +316,7 @@ func TestForwardDeferredSync(t *testing.T) {
 func TestSampleTimer(t *testing.T) {
 	var clock time.Duration
 	ht := &hostTimer{now: func() time.Duration { return clock }}
-	rt := &Runtime{Ops: timedOps{hostTimer: ht}, Stats: &Stats{}}
+	rt := SampleDeps{Ops: timedOps{hostTimer: ht}, Stats: &Stats{}}
 	var st sampleTimer
 	if st.begin(rt) {
 		t.Fatal("timed without a device timeline")
@@ -339,7 +339,7 @@ func TestSampleTimer(t *testing.T) {
 	}
 
 	var none sampleTimer
-	cpu := &Runtime{Ops: nil, Stats: &Stats{}}
+	cpu := SampleDeps{Ops: nil, Stats: &Stats{}}
 	cpu.Stats.deviceTimed.Store(true)
 	if none.begin(cpu) || !none.off {
 		t.Error("a backend without markers was timed")

@@ -62,7 +62,7 @@ func (f *fakeGraphOps) CopyRect(dst, src kernels.Tensor) error {
 }
 
 // graphTestRuntime is a tiny Llama on the CPU backend with its own cache.
-func graphTestRuntime(t *testing.T, dir string, withGraphs bool) (*Runtime, *fakeGraphOps) {
+func graphTestRuntime(t *testing.T, dir string, withGraphs bool) (*ForwardDeps, *fakeGraphOps) {
 	t.Helper()
 	c := cpu.New(cpu.Options{Threads: 1})
 	t.Cleanup(func() { c.Close() })
@@ -74,7 +74,7 @@ func graphTestRuntime(t *testing.T, dir string, withGraphs bool) (*Runtime, *fak
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt := &Runtime{Model: m, Ops: c, Cache: cache, ZOS: NewMetadataZOS(), Stats: &Stats{}}
+	rt := &ForwardDeps{Model: m, Ops: c, Cache: cache, Stats: &Stats{}}
 	var fake *fakeGraphOps
 	if withGraphs {
 		fake = &fakeGraphOps{Ops: c}
@@ -108,7 +108,7 @@ func runStep(t *testing.T, f *forward, id engine.StepID, seqs []*graphSeq) []flo
 		step.Outputs.NumBatchedTokens += len(s.tokens) - s.cached
 	}
 	ctx := context.Background()
-	prep, err := (&prepare{rt: f.rt}).Process(ctx, step)
+	prep, err := prepareFor(f.d).Process(ctx, step)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func runStep(t *testing.T, f *forward, id engine.StepID, seqs []*graphSeq) []flo
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := kernels.ToF32(f.rt.Ops, res.Logits)
+	v, err := kernels.ToF32(f.d.Ops, res.Logits)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,11 +133,11 @@ func TestForwardGraphsMatchEager(t *testing.T) {
 	}
 	eager, _ := graphTestRuntime(t, dir, false)
 	graphed, fake := graphTestRuntime(t, dir, true)
-	graphs, err := newDecodeGraphs(graphed, []int{2, 4})
+	graphs, err := newDecodeGraphs(*graphed, []int{2, 4})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fEager, fGraphed := &forward{rt: eager}, &forward{rt: graphed, graphs: graphs}
+	fEager, fGraphed := &forward{d: *eager}, &forward{d: *graphed, graphs: graphs}
 	defer fGraphed.Close()
 	prompts := [][]int{{1, 5, 9, 3, 7}, {1, 2, 3, 4, 5, 6, 7}, {1, 8, 8}, {1, 30, 31, 32}, {1, 40}}
 	newSeqs := func() []*graphSeq {
@@ -231,19 +231,26 @@ func TestForwardGraphsErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	plain, _ := graphTestRuntime(t, dir, false)
-	if _, err := newDecodeGraphs(plain, []int{1}); err == nil || !strings.Contains(err.Error(), "cannot capture") {
+	if _, err := newDecodeGraphs(*plain, []int{1}); err == nil || !strings.Contains(err.Error(), "cannot capture") {
 		t.Errorf("a backend without graphs: %v", err)
 	}
 	rt, fake := graphTestRuntime(t, dir, true)
-	for _, sizes := range [][]int{nil, {0}, {4, 2}, {2, 2}} {
-		if _, err := newDecodeGraphs(rt, sizes); err == nil {
-			t.Errorf("batch sizes %v accepted", sizes)
-		}
-	}
+	// Bad batch sizes are the config's to refuse (cuda_graph.batch_sizes,
+	// engine/config); a capture that fails fails the stage's Start.
 	boom := errors.New("boom")
 	fake.failWith = boom
-	if _, err := newDecodeGraphs(rt, []int{1, 2}); !errors.Is(err, boom) || !strings.Contains(err.Error(), "batch size 1") {
+	if _, err := newDecodeGraphs(*rt, []int{1, 2}); !errors.Is(err, boom) || !strings.Contains(err.Error(), "batch size 1") {
 		t.Errorf("a failing capture: %v", err)
+	}
+	d := *rt
+	d.CUDAGraph = CUDAGraph{Enabled: true, BatchSizes: []int{1}}
+	if err := newForward(d).Start(t.Context()); !errors.Is(err, boom) {
+		t.Errorf("Start with a failing capture = %v, want boom", err)
+	}
+	plain.CUDAGraph = CUDAGraph{Enabled: true, BatchSizes: []int{1}}
+	f := newForward(*plain) // the constructor does no device work
+	if err := f.Start(t.Context()); err == nil || !strings.Contains(err.Error(), "cannot capture") {
+		t.Errorf("Start of graphs on a backend without them = %v", err)
 	}
 }
 
@@ -276,7 +283,7 @@ func TestPrepareOneUpload(t *testing.T) {
 		Prefill: true, Sample: true, SampleRow: 1, PromptLogprobsFrom: 0, PromptLogprobsTo: 2}
 	step := &ScheduledStep{Outputs: &engine.SchedulerOutputs{StepID: 3, NumSampleRows: 2, NumBatchedTokens: 4},
 		Seqs: []engine.SequenceMetadata{a, b}}
-	prep, err := (&prepare{rt: rt}).Process(context.Background(), step)
+	prep, err := prepareFor(*rt).Process(context.Background(), step)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,4 +326,9 @@ func TestGraphTableBlocks(t *testing.T) {
 			t.Errorf("graphTableBlocks(%d, %d, %d, %d) = %d, want %d", c.numBlocks, c.blockSize, c.maxPositions, c.maxModelLen, got, c.want)
 		}
 	}
+}
+
+// prepareFor is the prepare stage over d's backend and cache.
+func prepareFor(d ForwardDeps) *prepare {
+	return &prepare{d: PrepareDeps{Ops: d.Ops, BlockSize: d.Cache.BlockSize, NumBlocks: d.Cache.NumBlocks, Stats: d.Stats}}
 }

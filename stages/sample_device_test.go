@@ -138,16 +138,14 @@ func deviceRegistryOps(t *testing.T, dev *hostDevice, ops func() kernels.Ops) *p
 			if slot == "sample" {
 				inner := f
 				f = func(a pipeline.Args) (*pipeline.Node, error) {
-					rt, ok := a.Deps.(*stages.Runtime)
+					env, ok := a.Deps.(*stages.Env)
 					if !ok {
 						return nil, fmt.Errorf("deps %T", a.Deps)
 					}
-					dev.Ops = rt.Ops
-					a.Deps = &stages.Runtime{
-						Scheduler: rt.Scheduler, Model: rt.Model, Ops: ops(), Cache: rt.Cache, Tokenizer: rt.Tokenizer,
-						Requests: rt.Requests, Live: rt.Live, Seed: rt.Seed, VocabSize: rt.VocabSize, Flops: rt.Flops,
-						Stats: rt.Stats, ZOS: rt.ZOS, Gate: rt.Gate,
-					}
+					dev.Ops = env.Ops
+					withDevice := *env
+					withDevice.Ops = ops()
+					a.Deps = &withDevice
 					return inner(a)
 				}
 			}
