@@ -15,7 +15,7 @@ func nodeModules(t *testing.T) string {
 	if dir := os.Getenv("DEEPINFER_NODE_MODULES"); dir != "" {
 		return dir
 	}
-	dir, err := filepath.Abs(filepath.Join("..", "..", ".cache", "node", "node_modules"))
+	dir, err := filepath.Abs(filepath.Join("..", ".cache", "node", "node_modules"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine"
@@ -302,14 +301,18 @@ func newID(prefix string) string {
 // request is one engine request: one prompt of an HTTP request with its n
 // sequences.
 type request struct {
-	id              string
-	prompt          int // index of the prompt in the HTTP request
-	promptTokenIDs  []int
-	params          engine.SamplingParams
-	arrival         time.Time
-	g               *group
-	aborting        atomic.Bool // the server aborted it
-	reaborted       atomic.Bool // a late output triggered a second abort
+	id             string
+	prompt         int // index of the prompt in the HTTP request
+	promptTokenIDs []int
+	params         engine.SamplingParams
+	arrival        time.Time
+	g              *group
+	// abortMu orders the engine's AddRequest and the server's abort of one
+	// request: an abort that comes first is carried out right after the
+	// request is added, so nothing needs to be retried.
+	abortMu         sync.Mutex
+	added           bool // the engine has the request
+	aborting        bool // the server aborted it
 	choices         []choiceState
 	numCachedTokens int
 	promptLogprobs  []engine.TokenLogprobs
@@ -411,16 +414,12 @@ func (g *group) onOutput(r *request, o engine.RequestOutput) {
 	case g.notify <- struct{}{}:
 	default:
 	}
-	switch {
-	case done:
+	if done {
 		m.e2e.Observe(now.Sub(r.arrival).Seconds())
 		m.promptTokensHist.Observe(float64(len(r.promptTokenIDs)))
 		m.genTokensHist.Observe(float64(numGen))
 		m.success.WithLabelValues(reason.String()).Inc()
 		g.s.release(r)
-	case r.aborting.Load() && !o.Finished && r.reaborted.CompareAndSwap(false, true):
-		// Aborted before the engine knew it: abort again now that it does.
-		g.s.background(func() { g.s.eng.Abort(r.id) })
 	}
 }
 
@@ -500,35 +499,18 @@ func (s *Server) failed(id string, err error) *apiError {
 	return e
 }
 
-// abortRetries are the delays after which an abort is repeated: a request
-// still on its way into the scheduler when first aborted is caught by a
-// later one.
-var abortRetries = [...]time.Duration{5 * time.Millisecond, 50 * time.Millisecond, 500 * time.Millisecond}
-
-// abort aborts reqs in the engine now and again after abortRetries (until
-// Shutdown).
+// abort aborts reqs in the engine: at once for a request the engine has,
+// right after it is added for one still being submitted.
 func (s *Server) abort(reqs []*request) {
-	if len(reqs) == 0 {
-		return
-	}
 	for _, r := range reqs {
-		r.aborting.Store(true)
-		s.eng.Abort(r.id)
-	}
-	s.background(func() {
-		for _, d := range abortRetries {
-			t := time.NewTimer(d)
-			select {
-			case <-t.C:
-			case <-s.closing:
-				t.Stop()
-				return
-			}
-			for _, r := range reqs {
-				s.eng.Abort(r.id)
-			}
+		r.abortMu.Lock()
+		r.aborting = true
+		added := r.added
+		r.abortMu.Unlock()
+		if added {
+			s.eng.Abort(r.id)
 		}
-	})
+	}
 }
 
 // background runs f on a goroutine that Shutdown waits for; after
@@ -574,21 +556,30 @@ func (s *Server) submit(reqs []*request) (*group, *apiError) {
 			ID: r.id, PromptTokenIDs: r.promptTokenIDs, Params: r.params, Arrival: r.arrival,
 			OnOutput: func(o engine.RequestOutput) { g.onOutput(r, o) },
 		}
-		if err := s.eng.AddRequest(er); err != nil {
-			for _, never := range reqs[i:] {
-				s.release(never)
+		err := s.eng.AddRequest(er)
+		if err == nil {
+			r.abortMu.Lock()
+			r.added = true
+			aborted := r.aborting
+			r.abortMu.Unlock()
+			if aborted {
+				s.eng.Abort(r.id)
 			}
-			s.abort(reqs[:i])
-			reason, msg := "queue_full", err.Error()
-			switch {
-			case errors.Is(err, engine.ErrInvalidRequest):
-				return nil, badRequest("", "%v", err) // the server's own checks let it through
-			case errors.Is(err, llm.ErrClosed):
-				reason, msg = "shutdown", "the engine is shutting down"
-			}
-			s.metrics.rejected.WithLabelValues(reason).Inc()
-			return nil, &apiError{status: http.StatusServiceUnavailable, msg: msg}
+			continue
 		}
+		for _, never := range reqs[i:] {
+			s.release(never)
+		}
+		s.abort(reqs[:i])
+		reason, msg := "queue_full", err.Error()
+		switch {
+		case errors.Is(err, engine.ErrInvalidRequest):
+			return nil, badRequest("", "%v", err) // the server's own checks let it through
+		case errors.Is(err, llm.ErrClosed):
+			reason, msg = "shutdown", "the engine is shutting down"
+		}
+		s.metrics.rejected.WithLabelValues(reason).Inc()
+		return nil, &apiError{status: http.StatusServiceUnavailable, msg: msg}
 	}
 	return g, nil
 }
