@@ -175,6 +175,22 @@ func (r *Registry) Defaults(slot, name string) (any, error) {
 	return e.defaults, err
 }
 
+// Clone returns a new registry holding r's registrations: a program adds
+// its own stages to the clone of the default registry (which the built-in
+// stage packages fill at init) without touching the process-wide one.
+func (r *Registry) Clone() *Registry {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	c := NewRegistry()
+	for slot, impls := range r.m {
+		c.m[slot] = make(map[string]entry, len(impls))
+		for name, e := range impls {
+			c.m[slot][name] = e
+		}
+	}
+	return c
+}
+
 // Names returns the implementations registered under slot, sorted.
 func (r *Registry) Names(slot string) []string {
 	r.mu.RLock()

@@ -274,3 +274,69 @@ func TestNearest(t *testing.T) {
 		}
 	}
 }
+
+// typedOpts are options with a check, for the typed registration tests.
+type typedOpts struct {
+	Factor int    `yaml:"factor"`
+	Name   string `yaml:"name"`
+}
+
+func (o *typedOpts) Validate() error {
+	if o.Factor < 1 {
+		return fmt.Errorf("factor must be at least 1, got %d", o.Factor)
+	}
+	return nil
+}
+
+// Typed options are decoded strictly over their defaults and validated
+// once, by Spec.Check without building and by the factory when it builds;
+// a clone of a registry holds its implementations and takes new ones
+// without changing the original.
+func TestRegisterOptions(t *testing.T) {
+	r := NewRegistry()
+	var got typedOpts
+	RegisterOptions(r, "map", "scale", typedOpts{Factor: 2, Name: "x"}, func(a Args, o typedOpts) (*Node, error) {
+		got = o
+		return NewStage(StageFunc[int, int](func(_ context.Context, v int) (int, error) { return v * o.Factor, nil })), nil
+	})
+	for _, tc := range []struct {
+		opts map[string]any
+		want string // error substring; "" for none
+	}{
+		{nil, ""},
+		{map[string]any{"factor": 5}, ""},
+		{map[string]any{"factor": 0}, "factor must be at least 1"},
+		{map[string]any{"factr": 3}, "field factr not found"},
+		{map[string]any{"factor": "many"}, "cannot unmarshal"},
+	} {
+		spec := Spec{Nodes: []NodeSpec{{Name: "m", Slot: "map", Impl: "scale", Options: tc.opts}}}
+		err := spec.Check(r)
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("options %v: Check = %v", tc.opts, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "map=scale") {
+			t.Errorf("options %v: Check = %v, want an error naming map=scale and %q", tc.opts, err, tc.want)
+		}
+	}
+	f, err := r.Lookup("map", "scale")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f(Args{Options: map[string]any{"factor": 7}}); err != nil || got.Factor != 7 || got.Name != "x" {
+		t.Errorf("factory got %+v, %v; want factor 7 over the default name", got, err)
+	}
+	if d, err := r.Defaults("map", "scale"); err != nil || d.(typedOpts).Factor != 2 {
+		t.Errorf("Defaults = %v, %v", d, err)
+	}
+	c := r.Clone()
+	c.Register("map", "double", func(Args) (*Node, error) { return NewStage(double()), nil })
+	if _, err := r.Lookup("map", "double"); err == nil {
+		t.Error("registering in a clone changed the original")
+	}
+	if _, err := c.Lookup("map", "scale"); err != nil {
+		t.Errorf("the clone lost an implementation: %v", err)
+	}
+}

@@ -22,7 +22,6 @@ type Stats struct {
 	GraphSteps    atomic.Int64 // steps the forward stage served by replaying a captured graph
 	SampleNanos   atomic.Int64 // sampling work (device work in the design: it sits between two forwards)
 	lastSample    atomic.Int64 // the latest step's sampling work, in nanoseconds
-	PostWaitNanos atomic.Int64 // time sampling waited for the previous step's post-processing
 	flopBits      atomic.Uint64
 	byteBits      atomic.Uint64
 
