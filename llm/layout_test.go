@@ -1,12 +1,17 @@
 package llm
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/engine/config"
+	"github.com/deepinfer/deepinfer-go/pipeline"
 )
 
 func TestSpec(t *testing.T) {
@@ -108,5 +113,64 @@ func TestSpec(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Every option of a built-in stage is documented in configs/reference.yaml
+// beside its stage's name.
+func TestBuiltinStageOptionsDocumented(t *testing.T) {
+	ref, err := os.ReadFile(filepath.Join("..", "configs", "reference.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := pipeline.DefaultRegistry()
+	documented := 0
+	for _, slot := range reg.Slots() {
+		for _, name := range reg.Names(slot) {
+			d, err := reg.Defaults(slot, name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d == nil {
+				continue
+			}
+			typ := reflect.TypeOf(d)
+			for i := range typ.NumField() {
+				key, _, _ := strings.Cut(typ.Field(i).Tag.Get("yaml"), ",")
+				if key == "" {
+					continue
+				}
+				documented++
+				if !regexp.MustCompile(`(?m)^#.*\b` + regexp.QuoteMeta(slot) + `\b.*\b` + regexp.QuoteMeta(key) + `:`).Match(ref) {
+					t.Errorf("%s=%s option %q is not documented in configs/reference.yaml (a comment line naming %s and %s:)", slot, name, key, slot, key)
+				}
+			}
+		}
+	}
+	if documented == 0 {
+		t.Fatal("no built-in stage option found: is the registry filled?")
+	}
+}
+
+// A stage option is checked when the config's pipeline is resolved, before
+// any model loads, with the stage's own message.
+func TestCheckedSpecRefusesBadOptions(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"pipeline:\n  insert:\n    - {after: forward, stage: logit-softcap, options: {cap: -1}}\n", "cap must be positive"},
+		{"pipeline:\n  insert:\n    - {after: forward, stage: logit-softcap, options: {capp: 3}}\n", "field capp not found"},
+		{"pipeline:\n  options:\n    sample: {temperature: 2}\n", "field temperature not found"},
+		{"pipeline:\n  sample: typical\n", `slot "sample" has no implementation "typical"`},
+	} {
+		cfg, err := config.Parse("t.yaml", []byte("model: m\n"+tc.yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = CheckedSpec(cfg, nil)
+		if !errors.Is(err, config.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: CheckedSpec = %v, want config.ErrInvalid with %q", tc.yaml, err, tc.want)
+		}
+		if _, err := DryGraph(cfg, nil); err == nil {
+			t.Errorf("%s: DryGraph built it", tc.yaml)
+		}
 	}
 }
