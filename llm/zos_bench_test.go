@@ -89,7 +89,7 @@ func BenchmarkZOS(b *testing.B) {
 				if ns.Name == SlotSample {
 					// Sampling's wait for the step before's post-processing:
 					// the lagged edge postprocess -> sample.
-					b.ReportMetric(float64(ns.WaitLag.Microseconds())/float64(st.Steps.Load()), "postwait-us/step")
+					b.ReportMetric(float64(ns.WaitLag.Nanoseconds())/1e3/float64(st.Steps.Load()), "postwait-us/step")
 				}
 			}
 			b.ReportMetric(float64(st.SampleNanos.Load())/1e3/float64(st.Steps.Load()), "sample-us/step")

@@ -295,13 +295,17 @@ func NewStage[In, Out any](s Stage[In, Out]) *Node {
 				if pubErr != nil {
 					return pubErr
 				}
+				// The main edge first, the lagged edges last: the Go
+				// scheduler runs the goroutine readied last first on this
+				// core, and a lagged consumer (the loop's next forward
+				// pass, say) is the one the loop waits on.
+				if err := emit(ctx, rt.stop, out, res, st); err != nil {
+					return err
+				}
 				if !published && len(rt.lagOuts) > 0 {
 					if err := publishLagged(ctx, rt, res); err != nil {
 						return err
 					}
-				}
-				if err := emit(ctx, rt.stop, out, res, st); err != nil {
-					return err
 				}
 			}
 		},
