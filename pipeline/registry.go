@@ -150,6 +150,29 @@ func (r *Registry) lookup(slot, name string) (entry, error) {
 	return e, nil
 }
 
+// implFor returns the implementation a node of slot runs when its spec
+// names impl: impl itself when set; else "default" when the slot has one,
+// else the slot's only implementation; else an error that lists them.
+func (r *Registry) implFor(slot, impl string) (string, error) {
+	if impl != "" {
+		return impl, nil
+	}
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	impls, ok := r.m[slot]
+	switch {
+	case !ok:
+		return "", fmt.Errorf("pipeline: no slot %q is registered (slots: %s)", slot, strings.Join(r.slotsLocked(), ", "))
+	case impls["default"].factory != nil:
+		return "default", nil
+	case len(impls) == 1:
+		for name := range impls {
+			return name, nil
+		}
+	}
+	return "", fmt.Errorf("pipeline: slot %q has no implementation \"default\" and several others: name one with impl (registered: %s)", slot, strings.Join(sortedKeys(impls), ", "))
+}
+
 // CheckOptions decodes and checks options for slot's implementation name
 // as its factory will, without building anything. Implementations
 // registered with a plain Factory accept any options here (their factory

@@ -28,7 +28,7 @@ type Spec struct {
 type NodeSpec struct {
 	Name    string         `yaml:"name"`
 	Slot    string         `yaml:"slot"`    // registry slot; empty means the node's name
-	Impl    string         `yaml:"impl"`    // implementation; empty means "default"
+	Impl    string         `yaml:"impl"`    // implementation; empty: "default", or the slot's only one
 	Options map[string]any `yaml:"options"` // passed to the factory
 }
 
@@ -69,12 +69,18 @@ func (s Spec) Build(r *Registry, deps any, opts ...Option) (*Graph, error) {
 	g := New(opts...)
 	var errs []error
 	for _, ns := range s.Nodes {
-		f, err := r.Lookup(ns.slot(), ns.impl())
+		impl, err := r.implFor(ns.slot(), ns.Impl)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("node %q: %w", ns.Name, err))
 			continue
 		}
-		n, err := f(Args{Name: ns.Name, Slot: ns.slot(), Impl: ns.impl(), Options: ns.Options, Deps: deps})
+		ns.Impl = impl
+		f, err := r.Lookup(ns.slot(), impl)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("node %q: %w", ns.Name, err))
+			continue
+		}
+		n, err := f(Args{Name: ns.Name, Slot: ns.slot(), Impl: impl, Options: ns.Options, Deps: deps})
 		if err != nil {
 			errs = append(errs, fmt.Errorf("pipeline: node %q (%s): %w", ns.Name, ns.label(), err))
 			continue
@@ -97,7 +103,11 @@ func (s Spec) Build(r *Registry, deps any, opts ...Option) (*Graph, error) {
 func (s Spec) Check(r *Registry) error {
 	var errs []error
 	for _, ns := range s.Nodes {
-		if err := r.CheckOptions(ns.slot(), ns.impl(), ns.Options); err != nil {
+		impl, err := r.implFor(ns.slot(), ns.Impl)
+		if err == nil {
+			err = r.CheckOptions(ns.slot(), impl, ns.Options)
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("node %q: %w", ns.Name, err))
 		}
 	}

@@ -340,3 +340,30 @@ func TestRegisterOptions(t *testing.T) {
 		t.Errorf("the clone lost an implementation: %v", err)
 	}
 }
+
+// A node that names no implementation runs "default", or the slot's only
+// implementation; with several and no default it is an error listing them.
+func TestImplementationChoice(t *testing.T) {
+	r := NewRegistry()
+	mk := func(Args) (*Node, error) { return NewStage(double()), nil }
+	r.Register("solo", "mine", mk)
+	r.Register("many", "a", mk)
+	r.Register("many", "b", mk)
+	for _, tc := range []struct{ slot, want string }{
+		{"solo", ""},
+		{"many", `slot "many" has no implementation "default" and several others: name one with impl (registered: a, b)`},
+		{"none", `no slot "none" is registered`},
+	} {
+		spec := Spec{Nodes: []NodeSpec{{Name: "n", Slot: tc.slot}}}
+		err := spec.Check(r)
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%s: %v", tc.slot, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Check = %v, want %q", tc.slot, err, tc.want)
+		}
+	}
+}
