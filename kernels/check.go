@@ -9,8 +9,12 @@ var FloatTypes = []DType{F32, BF16, F16}
 // must have len(want) dimensions, each equal to want[i] where want[i] >= 0
 // (-1 accepts any size), and, when dtypes are given, one of them. The error
 // names the backend, the operation, the argument and what was expected,
-// and wraps ErrShape or ErrDType.
+// and wraps ErrShape or ErrDType; a nil t (or a typed nil pointer) is
+// reported as As reports it, wrapping ErrForeignTensor.
 func CheckShape(backend, op, name string, t Tensor, want []int, dtypes ...DType) error {
+	if !present(t) {
+		return fmt.Errorf("%s: %s: %s is %T: %w", backend, op, name, t, ErrForeignTensor)
+	}
 	shape := t.Shape()
 	ok := len(shape) == len(want)
 	for i := 0; ok && i < len(want); i++ {

@@ -39,20 +39,11 @@ func (b *Backend) WriteCache(cache, src, slotMapping kernels.Tensor, col int) er
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "cache", c, []int{-1, -1, -1}, cacheTypes...); err != nil {
+	cw, err := kernels.WriteCacheShapes("cpu", c, s, sm, col, cacheTypes...)
+	if err != nil {
 		return err
 	}
-	numSlots, width := c.shape[0]*c.shape[1], c.shape[2]
-	if err := checkShape(op, "src", s, []int{-1, -1}, kernels.F32); err != nil {
-		return err
-	}
-	t, w := s.shape[0], s.shape[1]
-	if col < 0 || col+w > width {
-		return fmt.Errorf("cpu: %s: columns [%d, %d) of cache %v: %w", op, col, col+w, c, kernels.ErrShape)
-	}
-	if err := checkShape(op, "slot_mapping", sm, []int{t}, kernels.I32); err != nil {
-		return err
-	}
+	t, w, numSlots, width := cw.T, cw.W, cw.Slots, cw.Width
 	for i, slot := range sm.i32 {
 		if slot < -1 || int(slot) >= numSlots {
 			return fmt.Errorf("cpu: %s: slot_mapping[%d] = %d, cache has %d slots: %w", op, i, slot, numSlots, kernels.ErrOutOfRange)
@@ -84,36 +75,14 @@ type attnPlan struct {
 }
 
 // plan validates m against numTokens query rows and a cache of numBlocks
-// blocks; every block a sequence reads must be a valid block index.
+// blocks (kernels.MetadataShapes, then the values of its tensors); every
+// block a sequence reads must be a valid block index.
 func plan(op string, m *kernels.AttentionMetadata, numTokens, numBlocks, blockSize int) (*attnPlan, error) {
-	if m == nil {
-		return nil, fmt.Errorf("cpu: %s: nil metadata: %w", op, kernels.ErrShape)
-	}
-	if m.BlockSize != blockSize || blockSize <= 0 {
-		return nil, fmt.Errorf("cpu: %s: metadata block size %d, cache block size %d: %w", op, m.BlockSize, blockSize, kernels.ErrShape)
-	}
-	cu, err := asCPU(op, "cu_seqlens_q", m.CuSeqlensQ)
-	if err != nil {
-		return nil, err
-	}
-	sk, err := asCPU(op, "seqlens_k", m.SeqlensK)
-	if err != nil {
-		return nil, err
-	}
-	bt, err := asCPU(op, "block_tables", m.BlockTables)
+	cu, sk, bt, err := kernels.MetadataShapes[*Tensor]("cpu", op, m, numTokens, blockSize)
 	if err != nil {
 		return nil, err
 	}
 	n := m.NumSeqs
-	if err := checkShape(op, "cu_seqlens_q", cu, []int{n + 1}, kernels.I32); err != nil {
-		return nil, err
-	}
-	if err := checkShape(op, "seqlens_k", sk, []int{n}, kernels.I32); err != nil {
-		return nil, err
-	}
-	if err := checkShape(op, "block_tables", bt, []int{n, -1}, kernels.I32); err != nil {
-		return nil, err
-	}
 	if cu.i32[0] != 0 || int(cu.i32[n]) != numTokens {
 		return nil, fmt.Errorf("cpu: %s: cu_seqlens_q spans [%d, %d), q has %d rows: %w", op, cu.i32[0], cu.i32[n], numTokens, kernels.ErrShape)
 	}
@@ -264,23 +233,11 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 	if err != nil {
 		return err
 	}
-	if p.NumHeads <= 0 || p.NumKVHeads <= 0 || p.NumHeads%p.NumKVHeads != 0 || p.HeadDim <= 0 || p.SlidingWindow < 0 {
-		return fmt.Errorf("cpu: %s: params %+v: %w", op, p, kernels.ErrShape)
-	}
-	d, kvWidth, nh := p.HeadDim, p.NumKVHeads*p.HeadDim, p.NumHeads
-	if err := checkShape(op, "q", qs, []int{-1, nh * d}, kernels.F32); err != nil {
+	t, err := kernels.AttentionShapes("cpu", o, qs, kc, vc, p, nil, cacheTypes)
+	if err != nil {
 		return err
 	}
-	t := qs.shape[0]
-	if err := checkShape(op, "out", o, []int{t, nh * d}, kernels.F32); err != nil {
-		return err
-	}
-	if err := checkShape(op, "k_cache", kc, []int{-1, -1, kvWidth}, cacheTypes...); err != nil {
-		return err
-	}
-	if err := checkShape(op, "v_cache", vc, kc.shape, kc.dtype); err != nil {
-		return err
-	}
+	d, nh := p.HeadDim, p.NumHeads
 	pl, err := plan(op, m, t, kc.shape[0], kc.shape[1])
 	if err != nil {
 		return err

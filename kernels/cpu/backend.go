@@ -144,12 +144,9 @@ func (t *Tensor) String() string { return fmt.Sprintf("%v%v", t.dtype, t.shape) 
 
 // Alloc returns a zeroed tensor.
 func (b *Backend) Alloc(dtype kernels.DType, shape ...int) (kernels.Tensor, error) {
-	n := 1
-	for _, d := range shape {
-		if d < 0 {
-			return nil, fmt.Errorf("cpu: alloc %v%v: negative dimension: %w", dtype, shape, kernels.ErrShape)
-		}
-		n *= d
+	n, err := kernels.AllocShapes("cpu", dtype, shape)
+	if err != nil {
+		return nil, err
 	}
 	t := &Tensor{shape: append([]int(nil), shape...), dtype: dtype}
 	switch dtype {
@@ -173,10 +170,9 @@ func (b *Backend) Upload(dst kernels.Tensor, src []byte, srcDType kernels.DType)
 	if err != nil {
 		return err
 	}
-	n := d.numel()
-	if len(src) != n*srcDType.Size() || srcDType.Size() == 0 {
-		return fmt.Errorf("cpu: upload %v bytes of %v into %v: want %d bytes: %w",
-			len(src), srcDType, d, n*srcDType.Size(), kernels.ErrShape)
+	n, _, err := kernels.UploadShapes("cpu", d, len(src), srcDType)
+	if err != nil {
+		return err
 	}
 	if srcDType == kernels.F8E4M3 && d.dtype == kernels.F8E4M3 {
 		copy(d.u8[:n], src)
@@ -227,10 +223,10 @@ func (b *Backend) Download(dst []byte, src kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	n := s.numel()
-	if len(dst) != n*s.dtype.Size() {
-		return fmt.Errorf("cpu: download %v into %d bytes: want %d: %w", s, len(dst), n*s.dtype.Size(), kernels.ErrShape)
+	if _, err := kernels.DownloadShapes("cpu", len(dst), s); err != nil {
+		return err
 	}
+	n := s.numel()
 	if s.dtype == kernels.F8E4M3 {
 		copy(dst, s.u8[:n])
 		return nil
@@ -274,8 +270,8 @@ func (b *Backend) Rows(t kernels.Tensor, lo, hi int) (kernels.Tensor, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(s.shape) == 0 || lo < 0 || hi < lo || hi > s.shape[0] {
-		return nil, fmt.Errorf("cpu: rows [%d, %d) of %v: %w", lo, hi, s, kernels.ErrShape)
+	if err := kernels.RowsShapes("cpu", s, lo, hi); err != nil {
+		return nil, err
 	}
 	r := s.rowLen()
 	v := &Tensor{shape: append([]int{hi - lo}, s.shape[1:]...), dtype: s.dtype}
@@ -298,16 +294,8 @@ func (b *Backend) Reshape(t kernels.Tensor, shape ...int) (kernels.Tensor, error
 	if err != nil {
 		return nil, err
 	}
-	n := 1
-	for _, d := range shape {
-		if d < 0 {
-			n = -1
-			break
-		}
-		n *= d
-	}
-	if n != s.numel() {
-		return nil, fmt.Errorf("cpu: reshape %v to %v: %w", s, shape, kernels.ErrShape)
+	if err := kernels.ReshapeShapes("cpu", s, shape); err != nil {
+		return nil, err
 	}
 	v := *s
 	v.shape = append([]int(nil), shape...)
@@ -323,14 +311,6 @@ func asCPU(op, name string, t kernels.Tensor) (*Tensor, error) {
 func optCPU(op, name string, t kernels.Tensor) (*Tensor, error) {
 	return kernels.Opt[*Tensor]("cpu", op, name, t)
 }
-
-// checkShape verifies t's dtype class and shape; -1 in want matches any size.
-// dtypes lists the accepted dtypes (none: any).
-func checkShape(op, name string, t *Tensor, want []int, dtypes ...kernels.DType) error {
-	return kernels.CheckShape("cpu", op, name, t, want, dtypes...)
-}
-
-var floatTypes = kernels.FloatTypes
 
 func (b *Backend) checkOpen(op string) error {
 	if b.closed.Load() {

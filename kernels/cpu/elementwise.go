@@ -80,7 +80,8 @@ func normRow(dst, x, w []float32, eps float32) {
 	}
 }
 
-func (b *Backend) normArgs(op string, out, x, weight kernels.Tensor) (o, xs, w *Tensor, rows, n int, err error) {
+// normTensors converts the tensors of RMSNorm and AddRMSNorm.
+func (b *Backend) normTensors(op string, out, x, weight kernels.Tensor) (o, xs, w *Tensor, err error) {
 	if err = b.checkOpen(op); err != nil {
 		return
 	}
@@ -90,16 +91,18 @@ func (b *Backend) normArgs(op string, out, x, weight kernels.Tensor) (o, xs, w *
 	if xs, err = asCPU(op, "x", x); err != nil {
 		return
 	}
-	if w, err = asCPU(op, "weight", weight); err != nil {
-		return
-	}
-	rows, n, err = kernels.NormShapes("cpu", op, o, xs, w)
+	w, err = asCPU(op, "weight", weight)
 	return
 }
 
 // RMSNorm normalizes each row of x into out.
 func (b *Backend) RMSNorm(out, x, weight kernels.Tensor, eps float32) error {
-	o, xs, w, rows, n, err := b.normArgs("rms_norm", out, x, weight)
+	const op = "rms_norm"
+	o, xs, w, err := b.normTensors(op, out, x, weight)
+	if err != nil {
+		return err
+	}
+	rows, n, err := kernels.NormShapes("cpu", op, o, xs, w)
 	if err != nil {
 		return err
 	}
@@ -114,7 +117,7 @@ func (b *Backend) RMSNorm(out, x, weight kernels.Tensor, eps float32) error {
 // AddRMSNorm adds x into residual and normalizes the sum into out.
 func (b *Backend) AddRMSNorm(out, residual, x, weight kernels.Tensor, eps float32) error {
 	const op = "add_rms_norm"
-	o, xs, w, rows, n, err := b.normArgs(op, out, x, weight)
+	o, xs, w, err := b.normTensors(op, out, x, weight)
 	if err != nil {
 		return err
 	}
@@ -122,7 +125,8 @@ func (b *Backend) AddRMSNorm(out, residual, x, weight kernels.Tensor, eps float3
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "residual", r, []int{rows, n}, kernels.F32); err != nil {
+	rows, n, err := kernels.AddNormShapes("cpu", o, r, xs, w)
+	if err != nil {
 		return err
 	}
 	b.forRows(rows, n, func(lo, hi int) {
@@ -153,14 +157,8 @@ func (b *Backend) SiLUMul(out, gateUp kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "gate_up", g, []int{-1, -1}, kernels.F32); err != nil {
-		return err
-	}
-	rows, n := g.shape[0], g.shape[1]/2
-	if g.shape[1]%2 != 0 {
-		return fmt.Errorf("cpu: %s: gate_up %v has an odd width: %w", op, g, kernels.ErrShape)
-	}
-	if err := checkShape(op, "out", o, []int{rows, n}, kernels.F32); err != nil {
+	rows, n, err := kernels.SiLUMulShapes("cpu", o, g)
+	if err != nil {
 		return err
 	}
 	b.forRows(rows, 2*n, func(lo, hi int) {
@@ -197,16 +195,10 @@ func (b *Backend) Add(out, x, y kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "a", a, o.shape, kernels.F32); err != nil {
+	n, err := kernels.AddShapes("cpu", o, a, c)
+	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "b", c, o.shape, kernels.F32); err != nil {
-		return err
-	}
-	if o.dtype != kernels.F32 {
-		return fmt.Errorf("cpu: %s: out is %v: %w", op, o, kernels.ErrDType)
-	}
-	n := o.numel()
 	const chunk = 4096
 	b.forRows((n+chunk-1)/chunk, chunk, func(lo, hi int) {
 		for i := lo * chunk; i < min(hi*chunk, n); i++ {
@@ -234,15 +226,8 @@ func (b *Backend) Concat(out, x, y kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "a", a, []int{-1, -1}, kernels.F32); err != nil {
-		return err
-	}
-	rows, m := a.shape[0], a.shape[1]
-	if err := checkShape(op, "b", c, []int{rows, -1}, kernels.F32); err != nil {
-		return err
-	}
-	n := c.shape[1]
-	if err := checkShape(op, "out", o, []int{rows, m + n}, kernels.F32); err != nil {
+	rows, m, n, err := kernels.ConcatShapes("cpu", o, a, c)
+	if err != nil {
 		return err
 	}
 	b.forRows(rows, m+n, func(lo, hi int) {

@@ -101,38 +101,22 @@ func (b *Backend) Logits(out, hidden, rows, norm, head kernels.Tensor, eps float
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "hidden", h, []int{-1, -1}, kernels.F32); err != nil {
+	t, r, dim, vocab, err := kernels.LogitsShapes("cpu", o, h, rs, nw, hw)
+	if err != nil {
 		return err
 	}
-	t, dim := h.shape[0], h.shape[1]
-	if err := checkShape(op, "head", hw, []int{-1, dim}, floatTypes...); err != nil {
-		return err
-	}
-	vocab := hw.shape[0]
 	var idx []int32
 	if rs != nil {
-		if err := checkShape(op, "rows", rs, []int{-1}, kernels.I32); err != nil {
-			return err
-		}
 		idx = rs.i32
-		for i, r := range idx {
-			if r < 0 || int(r) >= t {
-				return fmt.Errorf("cpu: %s: rows[%d] = %d, hidden has %d rows: %w", op, i, r, t, kernels.ErrOutOfRange)
+		for i, row := range idx {
+			if row < 0 || int(row) >= t {
+				return fmt.Errorf("cpu: %s: rows[%d] = %d, hidden has %d rows: %w", op, i, row, t, kernels.ErrOutOfRange)
 			}
 		}
 	} else {
 		idx = make([]int32, t)
 		for i := range idx {
 			idx[i] = int32(i)
-		}
-	}
-	r := len(idx)
-	if err := checkShape(op, "out", o, []int{r, vocab}, kernels.F32); err != nil {
-		return err
-	}
-	if nw != nil {
-		if err := checkShape(op, "norm", nw, []int{dim}, kernels.F32); err != nil {
-			return err
 		}
 	}
 	x := make([]float32, r*dim)

@@ -28,25 +28,11 @@ func (b *Backend) RoPE(x, positions, cos, sin kernels.Tensor, p kernels.RoPEPara
 	if err != nil {
 		return err
 	}
-	if p.NumHeads <= 0 || p.RotaryDim <= 0 || p.RotaryDim%2 != 0 || p.Offset < 0 || p.Offset+p.RotaryDim > p.HeadSize {
-		return fmt.Errorf("cpu: %s: params %+v: %w", op, p, kernels.ErrShape)
-	}
-	width := p.NumHeads * p.HeadSize
-	if err := checkShape(op, "x", xs, []int{-1, width}, kernels.F32); err != nil {
+	t, maxPos, err := kernels.RoPEShapes("cpu", xs, ps, cs, ss, p)
+	if err != nil {
 		return err
 	}
-	t := xs.shape[0]
-	if err := checkShape(op, "positions", ps, []int{t}, kernels.I32); err != nil {
-		return err
-	}
-	half := p.RotaryDim / 2
-	if err := checkShape(op, "cos", cs, []int{-1, half}, kernels.F32); err != nil {
-		return err
-	}
-	maxPos := cs.shape[0]
-	if err := checkShape(op, "sin", ss, []int{maxPos, half}, kernels.F32); err != nil {
-		return err
-	}
+	width, half := p.NumHeads*p.HeadSize, p.RotaryDim/2
 	for i, pos := range ps.i32 {
 		if pos < 0 || int(pos) >= maxPos {
 			return fmt.Errorf("cpu: %s: positions[%d] = %d, table has %d: %w", op, i, pos, maxPos, kernels.ErrOutOfRange)

@@ -25,13 +25,7 @@ func (b *Backend) ResolvePlaceholders(ids, fromRow, sampled kernels.Tensor) erro
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "ids", id, []int{-1}, kernels.I32); err != nil {
-		return err
-	}
-	if err := checkShape(op, "from_row", from, []int{id.shape[0]}, kernels.I32); err != nil {
-		return err
-	}
-	if err := checkShape(op, "sampled", smp, []int{-1}, kernels.I32); err != nil {
+	if _, _, err := kernels.ResolveShapes("cpu", id, from, smp); err != nil {
 		return err
 	}
 	for i, r := range from.i32 {
