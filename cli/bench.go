@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"fmt"
@@ -14,9 +14,10 @@ import (
 	"github.com/deepinfer/deepinfer-go/bench"
 	"github.com/deepinfer/deepinfer-go/engine/config"
 	"github.com/deepinfer/deepinfer-go/llm"
+	"github.com/deepinfer/deepinfer-go/pipeline"
 )
 
-func newBenchCmd() *cobra.Command {
+func newBenchCmd(reg *pipeline.Registry) *cobra.Command {
 	var (
 		mode, configPath, resultFile, plotDir string
 		off                                   = bench.DefaultOffline()
@@ -55,7 +56,7 @@ func newBenchCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				l, err := llm.NewLLM(cfg, llm.Options{})
+				l, err := llm.NewLLM(cfg, llm.Options{Stages: reg})
 				if err != nil {
 					return err
 				}

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/config"
 	"github.com/deepinfer/deepinfer-go/llm"
+	"github.com/deepinfer/deepinfer-go/pipeline"
 )
 
 // ErrNoBOS is returned when windows should start with BOS but the tokenizer
@@ -138,7 +139,7 @@ func heldOutPerplexity(ctx context.Context, l *llm.LLM, text string, window int,
 	return r, ids, err
 }
 
-func newEvalCmd() *cobra.Command {
+func newEvalCmd(reg *pipeline.Registry) *cobra.Command {
 	var (
 		configPath, file string
 		window           int
@@ -165,7 +166,7 @@ func newEvalCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			l, err := llm.NewLLM(cfg, llm.Options{})
+			l, err := llm.NewLLM(cfg, llm.Options{Stages: reg})
 			if err != nil {
 				return err
 			}

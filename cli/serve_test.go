@@ -1,6 +1,6 @@
 //go:build unix
 
-package main
+package cli
 
 import (
 	"bytes"
@@ -54,7 +54,7 @@ func writeServeConfig(t *testing.T) string {
 // request in flight finish and returns without error (exit status 0).
 func TestServeCommand(t *testing.T) {
 	cfg := writeServeConfig(t)
-	cmd := newRootCmd()
+	cmd := NewRootCommand(nil)
 	var out syncBuffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -8,11 +8,12 @@ import (
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/engine/models/random"
+	"github.com/deepinfer/deepinfer-go/pipeline"
 )
 
 func run(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	cmd := newRootCmd()
+	cmd := NewRootCommand(nil)
 	var out bytes.Buffer
 	cmd.SetOut(&out)
 	cmd.SetErr(&out)
@@ -22,7 +23,7 @@ func run(t *testing.T, args ...string) (string, error) {
 }
 
 func TestGraphCommand(t *testing.T) {
-	cfg := filepath.Join("..", "..", "configs", "zos.yaml")
+	cfg := filepath.Join("..", "configs", "zos.yaml")
 	tests := []struct {
 		args    []string
 		want    []string
@@ -134,5 +135,46 @@ func TestReadPrompts(t *testing.T) {
 	}
 	if _, err := readPrompts(nil, "", strings.NewReader("\n")); err == nil {
 		t.Error("no prompts accepted")
+	}
+}
+
+// TestCommandsUseTheRegistry runs every command that builds an engine or
+// a graph with an empty registry: each must fail for want of the stages,
+// which shows it took its stages from the registry it was given.
+func TestCommandsUseTheRegistry(t *testing.T) {
+	dir := t.TempDir()
+	if err := random.WriteLlama(dir, random.TinyLlama, 7); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "run.yaml")
+	if err := os.WriteFile(cfg, []byte("model: .\ncpu: {threads: 2}\ncache: {num_blocks: 64}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	text := filepath.Join(dir, "text.txt")
+	if err := os.WriteFile(text, []byte("some text to score"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		args []string
+	}{
+		{"graph", []string{"graph", "--config", cfg}},
+		{"graph profile", []string{"graph", "--config", cfg, "--profile", "1"}},
+		{"generate", []string{"generate", "--config", cfg, "--token-ids", "-p", "3 4", "-m", "2"}},
+		{"eval", []string{"eval", "--config", cfg, "--file", text}},
+		{"bench", []string{"bench", "--config", cfg, "--num-seqs", "1"}},
+		{"serve", []string{"serve", "--config", cfg, "--port", "0"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := NewRootCommand(pipeline.NewRegistry())
+			var out bytes.Buffer
+			cmd.SetOut(&out)
+			cmd.SetErr(&out)
+			cmd.SetArgs(tc.args)
+			if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "is registered") {
+				t.Errorf("%v: err = %v, want a missing stage\n%s", tc.args, err, out.String())
+			}
+		})
 	}
 }

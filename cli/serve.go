@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -16,10 +16,11 @@ import (
 
 	"github.com/deepinfer/deepinfer-go/engine/config"
 	"github.com/deepinfer/deepinfer-go/llm"
+	"github.com/deepinfer/deepinfer-go/pipeline"
 	"github.com/deepinfer/deepinfer-go/server"
 )
 
-func newServeCmd() *cobra.Command {
+func newServeCmd(reg *pipeline.Registry) *cobra.Command {
 	var (
 		configPath, host, modelName string
 		port, maxPending            int
@@ -42,7 +43,7 @@ func newServeCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			l, err := llm.NewLLM(cfg, llm.Options{})
+			l, err := llm.NewLLM(cfg, llm.Options{Stages: reg})
 			if err != nil {
 				return err
 			}

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"github.com/deepinfer/deepinfer-go/pipeline"
 )
 
-func newGraphCmd() *cobra.Command {
+func newGraphCmd(reg *pipeline.Registry) *cobra.Command {
 	var (
 		configPath, format string
 		profile, maxTokens int
@@ -40,14 +40,14 @@ func newGraphCmd() *cobra.Command {
 			if profile <= 0 {
 				// Checks every registered implementation, option and edge
 				// type without loading the model.
-				g, err := llm.DryGraph(cfg, nil)
+				g, err := llm.DryGraph(cfg, reg)
 				if err != nil {
 					return err
 				}
 				render(out, format, g.Topology(), nil)
 				return nil
 			}
-			return profileRun(cmd.Context(), out, cfg, format, profile, maxTokens)
+			return profileRun(cmd.Context(), out, cfg, reg, format, profile, maxTokens)
 		},
 	}
 	cmd.Flags().StringVarP(&configPath, "config", "c", "configs/default.yaml", "engine config (YAML)")
@@ -65,10 +65,10 @@ func render(w io.Writer, format string, t pipeline.Topology, stats []pipeline.St
 	}
 }
 
-// profileRun runs n requests of random prompt ids (ignore_eos, greedy) and
+// profileRun builds an engine for cfg from reg, runs n requests of random prompt ids (ignore_eos, greedy) and
 // prints the annotated graph, the stage table and the bottleneck.
-func profileRun(ctx context.Context, w io.Writer, cfg *config.Config, format string, n, maxTokens int) error {
-	l, err := llm.NewLLM(cfg, llm.Options{})
+func profileRun(ctx context.Context, w io.Writer, cfg *config.Config, reg *pipeline.Registry, format string, n, maxTokens int) error {
+	l, err := llm.NewLLM(cfg, llm.Options{Stages: reg})
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bufio"
@@ -20,6 +20,7 @@ import (
 	"github.com/deepinfer/deepinfer-go/engine/config"
 	"github.com/deepinfer/deepinfer-go/engine/tokenizer"
 	"github.com/deepinfer/deepinfer-go/llm"
+	"github.com/deepinfer/deepinfer-go/pipeline"
 	"github.com/deepinfer/deepinfer-go/stages"
 )
 
@@ -92,7 +93,7 @@ func (f *samplingFlags) params() (engine.SamplingParams, error) {
 	return p, p.Validate(0)
 }
 
-func newGenerateCmd() *cobra.Command {
+func newGenerateCmd(reg *pipeline.Registry) *cobra.Command {
 	var (
 		configPath, promptFile string
 		prompts                []string
@@ -120,7 +121,7 @@ func newGenerateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			l, err := llm.NewLLM(cfg, llm.Options{})
+			l, err := llm.NewLLM(cfg, llm.Options{Stages: reg})
 			if err != nil {
 				return err
 			}

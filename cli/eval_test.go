@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -19,8 +19,8 @@ import (
 // The shipped default model and the references HF transformers produced for
 // it on the GPU machine when it was trained (tools/train/train.py).
 const (
-	defaultModelDir = "../../assets/deepseek-tiny"
-	defaultModelRef = "../../testdata/deepseek-tiny"
+	defaultModelDir = "../assets/deepseek-tiny"
+	defaultModelRef = "../testdata/deepseek-tiny"
 )
 
 // defaultModelReference is testdata/deepseek-tiny/reference.json, the part
