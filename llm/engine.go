@@ -422,19 +422,23 @@ func (e *Engine) FlushInflight(ctx context.Context) error {
 
 // Close stops accepting requests, lets the step loop finish the ones it
 // has (aborts still reach it), and releases the backend. It returns the
-// step loop's error, if any.
+// step loop's error, if any. An engine driven by Step finishes nothing on
+// its own: Close ends its loop at once, and the requests it still holds
+// are answered with an error.
 func (e *Engine) Close() error {
 	e.requests.close()
-	waitCtx, stop := context.WithCancel(context.Background())
-	go func() {
-		select {
-		case <-e.done:
-		case <-waitCtx.Done():
-		}
+	if !e.env.ManualSteps {
+		waitCtx, stop := context.WithCancel(context.Background())
+		go func() {
+			select {
+			case <-e.done:
+			case <-waitCtx.Done():
+			}
+			stop()
+		}()
+		e.env.Responder.WaitEmpty(waitCtx)
 		stop()
-	}()
-	e.env.Responder.WaitEmpty(waitCtx)
-	stop()
+	}
 	e.requests.end()
 	<-e.done
 	e.cancel()

@@ -1,11 +1,16 @@
 package llm
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/config"
 	"github.com/deepinfer/deepinfer-go/engine/models"
 	"github.com/deepinfer/deepinfer-go/kernels"
@@ -98,5 +103,56 @@ func TestNewRefusesFP8OnLatentCaches(t *testing.T) {
 		if err := e.Close(); err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// Close lets the loop finish every request it holds (an engine that runs
+// on its own) and answers what a Step-driven engine still holds with an
+// error; either way it returns, and every request gets its last output.
+func TestCloseAnswersEveryRequest(t *testing.T) {
+	dir := tinyLlama(t)
+	for _, manual := range []bool{false, true} {
+		t.Run(fmt.Sprint("manual=", manual), func(t *testing.T) {
+			e, err := New(tinyConfig(t, dir, nil), Options{ManualSteps: manual})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			finished := map[string]engine.RequestOutput{}
+			for i, p := range prompts(6) {
+				id := fmt.Sprint(i)
+				err := e.AddRequest(&engine.Request{ID: id, PromptTokenIDs: p.IDs, Params: greedy(5), OnOutput: func(o engine.RequestOutput) {
+					if o.Finished {
+						mu.Lock()
+						finished[id] = o
+						mu.Unlock()
+					}
+				}})
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := e.Shutdown(ctx); err != nil {
+				t.Fatalf("Shutdown = %v", err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(finished) != 6 {
+				t.Fatalf("%d of 6 requests got a last output", len(finished))
+			}
+			for id, o := range finished {
+				if manual && o.FinishReason != engine.FinishError {
+					t.Errorf("request %s of a Step-driven engine: %v, want an error", id, o.FinishReason)
+				}
+				if !manual && o.FinishReason != engine.FinishLength {
+					t.Errorf("request %s: %v (%v), want it served to its length", id, o.FinishReason, o.Err)
+				}
+			}
+			if err := e.AddRequest(&engine.Request{ID: "late", PromptTokenIDs: []int{1, 2}, Params: greedy(2)}); !errors.Is(err, ErrClosed) {
+				t.Errorf("AddRequest after Close = %v, want ErrClosed", err)
+			}
+		})
 	}
 }
