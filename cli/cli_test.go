@@ -31,6 +31,11 @@ func TestGraphCommand(t *testing.T) {
 	}{
 		{args: []string{"graph", "--config", cfg}, want: []string{"flowchart LR", "schedule", "feedback, in flight <= 2", "*stages.ScheduledStep"}},
 		{args: []string{"graph", "--config", cfg, "--format", "dot"}, want: []string{"digraph pipeline", `"postprocess" -> "schedule"`}},
+		// The CUDA preset draws on a machine without a GPU: stages do their
+		// device work in the start phase, which drawing never reaches.
+		{args: []string{"graph", "--config", filepath.Join("..", "configs", "cuda.yaml"), "--format", "mermaid"},
+			want: []string{"forward=default", `-.-o|"lagged 1: item k waits for item k-1"|`, "feedback, in flight <= 2"}},
+		{args: []string{"graph", "--config", cfg, "--format", "dot"}, want: []string{`"sample" -> "forward" [label="lagged 1`, `"postprocess" -> "sample" [label="lagged 1`}},
 		{args: []string{"graph", "--config", cfg, "--format", "png"}, wantErr: "--format must be mermaid or dot"},
 		{args: []string{"graph", "--config", "missing.yaml"}, wantErr: "missing.yaml"},
 	}
