@@ -6,8 +6,10 @@
  * cgo) builds on machines without CUDA and opens the library at run time with
  * dlopen. The library exports one symbol, di_get_api, which fills a table of
  * function pointers; every other entry point is reached through that table.
- * DI_ABI_VERSION changes whenever the table or any signature changes, and
- * di_get_api refuses a caller built against another version.
+ * DI_ABI_VERSION changes whenever the table, any signature or any struct
+ * changes, and di_get_api refuses a caller built against another version.
+ * The library reads no environment variable: every tuning switch is a
+ * field of di_options, given to set_options.
  *
  * Conventions:
  *   - Every function returning int returns DI_OK (0) or a di_status; the
@@ -40,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 10u
+#define DI_ABI_VERSION 11u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -80,6 +82,76 @@ enum di_check {
  * both in the weight dtype, two GEMM row blocks over one read of the weights
  * (about float32 accuracy; twice the tensor-core work). */
 enum di_gemm_mode { DI_GEMM_ROUND = 0, DI_GEMM_SPLIT = 1 };
+
+/* Bounds of di_options' fields. */
+#define DI_DEC_CHUNK_ALIGN 128 /* decode_chunk is a multiple of this */
+#define DI_GEMV_MAX_ROWS 8     /* gemv_rows at most */
+#define DI_SKINNY_MAX_ROWS 64  /* skinny_rows at most */
+
+/* di_options: a context's tuning switches (the Go side's cuda.Options),
+ * given to set_options. Every field's zero is the library's default, so a
+ * zeroed struct with size set gives the defaults; where "off" differs from
+ * the default, a negative value or a disable_ flag asks for it. Fields
+ * other than gemm_mode, skinny_rows and the decode chunk pick between
+ * kernels of one contract: they change speed, not a call's result (the
+ * exceptions name the results they change). Only the first three are meant
+ * for production runs; the others are for measuring kernels against each
+ * other. */
+typedef struct di_options {
+	uint32_t size;     /* sizeof(di_options) as the caller sees it */
+	int32_t gemm_mode; /* di_gemm_mode (0: DI_GEMM_ROUND) */
+	/* Keys per chunk of a split decode row's attention: 0: 256, else a
+	 * positive multiple of DI_DEC_CHUNK_ALIGN. A function of nothing but
+	 * this setting and the row's key count, so a row's bits do not depend on
+	 * its batch; they do depend on this setting. */
+	int32_t decode_chunk;
+	/* 16-bit linears of up to this many rows (at most DI_SKINNY_MAX_ROWS) on
+	 * the skinny GEMM: tensor cores, a row's bits independent of its batch,
+	 * slower than cuBLAS at the shapes measured. 0: off. Changes results
+	 * (summation order). */
+	int32_t skinny_rows;
+	/* Linears of up to this many rows (at most DI_GEMV_MAX_ROWS) on the GEMV
+	 * kernel: 0: 4; negative: none. Changes results (summation order). */
+	int32_t gemv_rows;
+	/* Above one row, the GEMV kernel takes weights of at most this many
+	 * elements: 0: 4 Mi; negative: none (one-row linears only). */
+	int64_t gemv_max_elems;
+	int32_t disable_pdl;         /* 1: no programmatic dependent launch */
+	int32_t disable_gemv_wide;   /* 1: one-row GEMVs with k <= 2048 take 4 columns a block, not 8 */
+	int32_t disable_prefill_gqa; /* 1: prefill over half caches runs one query head a block */
+	/* Decode over half and 8-bit caches with at most 8 query heads a KV
+	 * head: 1: the heads-as-rows tensor-core kernel instead of the
+	 * keys-as-rows one (changes results: rounding). */
+	int32_t disable_decode_km;
+	/* Copy stages of the heads-as-rows decode kernel over half caches (2 or
+	 * 3; 0: 2) and over 8-bit caches (2 to 4; 0: 2). */
+	int32_t decode_stages;
+	int32_t decode_f8_stages;
+	/* Decode over 8-bit caches with at most 8 query heads a KV head widens
+	 * the cache bytes in registers with this many copy stages (2 to 4; 0:
+	 * 3); negative: the keys-as-rows kernel instead. */
+	int32_t decode_f8_direct;
+	/* n > 0: a decode row gets ceil(chunks / n) blocks of the 8-bit (and
+	 * keys-as-rows) kernel; 0: as many as fill decode_blocks_per_sm blocks a
+	 * multiprocessor. */
+	int32_t decode_chunks_per_block;
+	int32_t decode_blocks_per_sm; /* 0: 32 */
+	/* 1: the keys-as-rows decode kernel runs one block a chunk instead of
+	 * the 8-bit kernel's runs of chunks. */
+	int32_t decode_km_block_per_chunk;
+	/* The largest MLA grid (rows x heads) that stages its keys in shared
+	 * memory: 0: the multiprocessors' count; negative: none. */
+	int32_t mla_staged_max;
+	int32_t disable_moe_mma; /* 1: MoE expert GEMVs of 16-bit weights on CUDA cores, not tensor cores */
+	/* 1: every 16-bit attention output goes through float32 scratch and a
+	 * narrowing pass instead of being rounded as it is stored (same bits). */
+	int32_t disable_attn_out16;
+	/* Sampling calls of at most this many rows cut each row into chunks for
+	 * the whole-row passes: 0: every call; negative: none. At least
+	 * sample_min_chunks chunks a row (0: 4). The tokens do not depend on it. */
+	int32_t sample_split_rows;
+	int32_t sample_min_chunks;
+} di_options;
 
 enum di_scoring { DI_SCORING_SOFTMAX = 1, DI_SCORING_SIGMOID = 2 };
 enum di_topk { DI_TOPK_GREEDY = 1, DI_TOPK_GROUP_LIMITED = 2, DI_TOPK_NOAUX_TC = 3 };
@@ -194,12 +266,13 @@ typedef struct di_api {
 	const char *(*last_error)(di_ctx *ctx);
 	int (*device_info)(di_ctx *ctx, di_device_info *out);
 	int (*mem_stats)(di_ctx *ctx, di_mem_stats *out);
-	int (*set_gemm_mode)(di_ctx *ctx, int mode);
-	/* set_decode_chunk: keys per chunk of a split decode row's attention (a
-	 * multiple of 128; the default 256, or $DEEPINFER_CUDA_DEC_CHUNK). A
-	 * function of nothing but this setting and the row's key count, so a
-	 * row's bits do not depend on its batch. */
-	int (*set_decode_chunk)(di_ctx *ctx, int keys);
+	/* set_options: replace every tuning switch of ctx with opts (see
+	 * di_options; a context starts with the defaults). Later calls see the
+	 * new values. DI_ERR_INVALID, naming the field, for a value out of
+	 * range or an opts->size other than sizeof(di_options), and while any
+	 * graph exists (its kernels keep the switches they were captured
+	 * with); DI_ERR_CAPTURING during capture. Cost: no device work. */
+	int (*set_options)(di_ctx *ctx, const di_options *opts);
 
 	/* --- memory --- */
 	/* alloc: from the caching allocator; not zeroed. */

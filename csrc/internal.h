@@ -21,8 +21,19 @@ struct di_stage {
 	cudaEvent_t done = nullptr;
 };
 
-#define DI_DEC_CHUNK_ALIGN 128 // decode key chunks are multiples of this (attention.cu)
 #define DI_SKINNY_SEMS 1024 // tiles of one split-K launch of the skinny GEMM (gemm_skinny.cu)
+
+// Defaults of the tuning switches: di_options' zero values (set_options)
+// and a new context's.
+#define DI_DEFAULT_GEMV_ROWS 4
+#define DI_DEFAULT_GEMV_MAX_ELEMS ((size_t)4 << 20)
+#define DI_DEFAULT_DEC_CHUNK 256
+#define DI_DEFAULT_DEC_STAGES 2
+#define DI_DEFAULT_DEC_F8_STAGES 2
+#define DI_DEFAULT_DEC_F8_DIRECT 3
+#define DI_DEFAULT_DEC_BLOCKS_PER_SM 32
+#define DI_DEFAULT_SAMPLE_SPLIT (1 << 30)
+#define DI_DEFAULT_SAMPLE_MIN_CHUNKS 4
 
 struct di_ctx {
 	int device = 0;
@@ -36,69 +47,73 @@ struct di_ctx {
 	size_t cur_stage = 0; // chunk being filled
 	size_t stage_off = 0; // bytes used in it
 	int num_graphs = 0;
-	int gemm_mode = DI_GEMM_ROUND; // how float32 activations enter 16-bit GEMMs
-	int pdl = 1;                   // programmatic dependent launch of the kernels di_launch starts; $DEEPINFER_CUDA_PDL
-	int gemv = 4;                  // linears of up to this many rows (at most 8) on the GEMV kernel; $DEEPINFER_CUDA_GEMV
-	size_t gemv_max_elems = (size_t)4 << 20; // above one row, weights of at most this many elements; $DEEPINFER_CUDA_GEMV_MAX (Mi elements)
-	// 16-bit linears of up to this many rows (at most 64) on the skinny GEMM;
-	// $DEEPINFER_CUDA_SKINNY. Off by default: batch-invariant, but slower than
-	// cuBLAS on an H200 at every Llama-3.2-1B shape measured (kernels/cuda/NOTES.md).
+	// The tuning switches (di_options, set_options; the comments name the
+	// di_options field). How float32 activations enter 16-bit GEMMs: gemm_mode.
+	int gemm_mode = DI_GEMM_ROUND;
+	int pdl = 1; // programmatic dependent launch of the kernels di_launch starts; !disable_pdl
+	// Linears of up to this many rows (at most DI_GEMV_MAX_ROWS) on the GEMV
+	// kernel, 0: none; gemv_rows.
+	int gemv = DI_DEFAULT_GEMV_ROWS;
+	// Above one row, GEMV weights of at most this many elements; gemv_max_elems.
+	size_t gemv_max_elems = DI_DEFAULT_GEMV_MAX_ELEMS;
+	// 16-bit linears of up to this many rows (at most DI_SKINNY_MAX_ROWS) on
+	// the skinny GEMM; skinny_rows. Off by default: batch-invariant, but
+	// slower than cuBLAS on an H200 at every Llama-3.2-1B shape measured
+	// (kernels/cuda/NOTES.md).
 	int skinny = 0;
 	// The shortest key chunk of a split decode row (a multiple of
 	// DI_DEC_CHUNK_ALIGN): longer chunks mean fewer partial results and
 	// longer copy pipelines, shorter ones more blocks for a few long rows;
-	// $DEEPINFER_CUDA_DEC_CHUNK, or set_decode_chunk (the Go backend's
-	// Options.DecodeChunk, YAML cuda.decode_attention_chunk).
-	int dec_chunk = 256;
+	// decode_chunk (the Go backend's Options.DecodeChunk, YAML
+	// cuda.decode_attention_chunk).
+	int dec_chunk = DI_DEFAULT_DEC_CHUNK;
 	// Sampling calls of at most this many rows cut each row into chunks for
 	// the whole-row passes (sample.cu's DsSplit; 0: never; default every
-	// call), at least sample_min_chunks of them;
-	// $DEEPINFER_CUDA_SAMPLE_SPLIT, $DEEPINFER_CUDA_SAMPLE_MIN_CHUNKS.
-	int sample_split = 1 << 30;
-	int sample_min_chunks = 4;
+	// call), at least sample_min_chunks of them; sample_split_rows,
+	// sample_min_chunks.
+	int sample_split = DI_DEFAULT_SAMPLE_SPLIT;
+	int sample_min_chunks = DI_DEFAULT_SAMPLE_MIN_CHUNKS;
 	int sm_count = 0; // multiprocessors of the device
 	// One-row GEMVs with k <= 2048 take 8 columns a block, one chunk each,
-	// instead of 4 columns with two chunks; $DEEPINFER_CUDA_GEMV_WIDE (0: off).
+	// instead of 4 columns with two chunks; !disable_gemv_wide.
 	int gemv_wide = 1;
 	// Prefill attention over half caches runs the query heads of a KV head
-	// in one block (di_prefill_attn_gqa_k); $DEEPINFER_CUDA_PREFILL_GQA (0: off).
+	// in one block (di_prefill_attn_gqa_k); !disable_prefill_gqa.
 	int prefill_gqa = 1;
 	// Copy stages of the heads-as-rows tensor-core decode kernel
 	// (di_decode_attn_tc_k: groups over 8, or dec_km 0; a tile a stage, all
-	// but one in flight): over half caches ($DEEPINFER_CUDA_DEC_STAGES, 2 or
-	// 3) and over 8-bit caches ($DEEPINFER_CUDA_DEC_F8_STAGES, 2 to 4). The
-	// keys-as-rows kernel always runs two.
-	int dec_stages = 2;
+	// but one in flight): over half caches (decode_stages, 2 or 3) and over
+	// 8-bit caches (decode_f8_stages, 2 to 4). The keys-as-rows kernel
+	// always runs two.
+	int dec_stages = DI_DEFAULT_DEC_STAGES;
 	// Decode over half and 8-bit caches with at most 8 query heads a KV head
 	// runs di_decode_attn_km_k (keys as the tensor-core rows);
-	// $DEEPINFER_CUDA_DEC_KM (0: di_decode_attn_tc_k).
+	// !disable_decode_km (0: di_decode_attn_tc_k).
 	int dec_km = 1;
-	int dec_stages_f8 = 2;
+	int dec_stages_f8 = DI_DEFAULT_DEC_F8_STAGES;
 	// Decode over 8-bit caches with at most 8 query heads a KV head runs
 	// di_decode_attn_f8_k (the cache bytes widened in registers) with this
-	// many copy stages (2 to 4; 0: di_decode_attn_km_k);
-	// $DEEPINFER_CUDA_DEC_F8_DIRECT.
-	int dec_f8_direct = 3;
+	// many copy stages (2 to 4; 0: di_decode_attn_km_k); decode_f8_direct.
+	int dec_f8_direct = DI_DEFAULT_DEC_F8_DIRECT;
 	// n: a row gets ceil(nsplit / n) blocks of di_decode_attn_f8_k (0: as
-	// many as fill the device; di_dec_blocks_per_row); $DEEPINFER_CUDA_DEC_CPB.
+	// many as fill the device; di_dec_blocks_per_row); decode_chunks_per_block.
 	int dec_cpb = 0;
 	// dec_blocks_per_sm is the blocks a multiprocessor that
-	// di_dec_blocks_per_row fills with decode rows ($DEEPINFER_CUDA_DEC_BPS).
-	int dec_blocks_per_sm = 32;
+	// di_dec_blocks_per_row fills with decode rows; decode_blocks_per_sm.
+	int dec_blocks_per_sm = DI_DEFAULT_DEC_BLOCKS_PER_SM;
 	// mla_staged_max is the largest MLA grid (rows x heads) that stages its
-	// keys in shared memory; -1: the multiprocessors' count
-	// ($DEEPINFER_CUDA_MLA_STAGED_MAX).
+	// keys in shared memory; -1: the multiprocessors' count; mla_staged_max.
 	int mla_staged_max = -1;
 	// moe_mma: the expert GEMVs of 16-bit weights on tensor cores
-	// (di_moe_mma_k) where k is a multiple of 32; $DEEPINFER_CUDA_MOE_MMA=0
-	// keeps the CUDA-core GEMV.
+	// (di_moe_mma_k) where k is a multiple of 32; !disable_moe_mma (0 keeps
+	// the CUDA-core GEMV).
 	int moe_mma = 1;
 	// Attention kernels round a 16-bit output as they store it (1), or
 	// every 16-bit output goes through float32 scratch and a narrowing pass
-	// (0, the same bits); $DEEPINFER_CUDA_ATTN_OUT16.
+	// (0, the same bits); !disable_attn_out16.
 	int attn_out16 = 1;
 	// di_decode_attn_km_k gets as many blocks a row as di_decode_attn_f8_k
-	// does (1) or one a chunk (0); $DEEPINFER_CUDA_DEC_KM_CPB.
+	// does (1) or one a chunk (0); !decode_km_block_per_chunk.
 	int dec_km_cpb = 1;
 	unsigned *skinny_sem = nullptr; // DI_SKINNY_SEMS split-K tile counters of the skinny GEMM, zero between launches
 	char err[1024] = {0};

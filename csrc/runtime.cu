@@ -233,9 +233,6 @@ static void destroy_impl(di_ctx *ctx) {
 	delete ctx;
 }
 
-// dec_chunk_ok says whether c keys can be a decode chunk (ctx->dec_chunk).
-static bool dec_chunk_ok(int c) { return c >= DI_DEC_CHUNK_ALIGN && c % DI_DEC_CHUNK_ALIGN == 0; }
-
 static int api_create(int device, di_ctx **out, char *err, int errlen) {
 	*out = nullptr;
 	int n = 0;
@@ -256,33 +253,6 @@ static int api_create(int device, di_ctx **out, char *err, int errlen) {
 		return DI_ERR_OOM;
 	}
 	ctx->device = device;
-	if (const char *v = getenv("DEEPINFER_CUDA_GEMV")) ctx->gemv = atoi(v); // 0: no linear on the GEMV kernel
-	if (const char *v = getenv("DEEPINFER_CUDA_PDL"); v && *v) ctx->pdl = atoi(v);
-	if (const char *v = getenv("DEEPINFER_CUDA_GEMV_MAX"); v && *v) ctx->gemv_max_elems = (size_t)atol(v) << 20;
-	if (const char *v = getenv("DEEPINFER_CUDA_SKINNY")) ctx->skinny = atoi(v); // 0: no linear on the skinny GEMM
-	if (const char *v = getenv("DEEPINFER_CUDA_GEMV_WIDE"); v && *v) ctx->gemv_wide = atoi(v);
-	if (const char *v = getenv("DEEPINFER_CUDA_PREFILL_GQA"); v && *v) ctx->prefill_gqa = atoi(v);
-	if (const char *v = getenv("DEEPINFER_CUDA_DEC_STAGES"); v && *v) ctx->dec_stages = atoi(v);
-	if (const char *v = getenv("DEEPINFER_CUDA_DEC_KM"); v && *v) ctx->dec_km = atoi(v);
-	if (const char *v = getenv("DEEPINFER_CUDA_DEC_F8_STAGES"); v && *v) ctx->dec_stages_f8 = atoi(v);
-	if (const char *v = getenv("DEEPINFER_CUDA_DEC_F8_DIRECT"); v && *v) ctx->dec_f8_direct = atoi(v);
-	if (const char *v = getenv("DEEPINFER_CUDA_DEC_CPB"); v && *v) ctx->dec_cpb = atoi(v);
-	if (const char *v = getenv("DEEPINFER_CUDA_DEC_KM_CPB"); v && *v) ctx->dec_km_cpb = atoi(v);
-	if (const char *v = getenv("DEEPINFER_CUDA_DEC_BPS"); v && atoi(v) > 0) ctx->dec_blocks_per_sm = atoi(v);
-	if (const char *v = getenv("DEEPINFER_CUDA_MLA_STAGED_MAX"); v && *v && atoi(v) >= 0) ctx->mla_staged_max = atoi(v);
-	if (const char *v = getenv("DEEPINFER_CUDA_MOE_MMA"); v && strcmp(v, "0") == 0) ctx->moe_mma = 0;
-	if (const char *v = getenv("DEEPINFER_CUDA_ATTN_OUT16"); v && *v) ctx->attn_out16 = atoi(v);
-	if (const char *v = getenv("DEEPINFER_CUDA_SAMPLE_SPLIT"); v && *v) ctx->sample_split = atoi(v);
-	if (const char *v = getenv("DEEPINFER_CUDA_SAMPLE_MIN_CHUNKS"); v && atoi(v) > 0) ctx->sample_min_chunks = atoi(v);
-	if (const char *v = getenv("DEEPINFER_CUDA_DEC_CHUNK")) {
-		const int c = atoi(v);
-		if (!dec_chunk_ok(c)) {
-			copy_err(err, errlen, "DEEPINFER_CUDA_DEC_CHUNK: want a positive multiple of 128");
-			destroy_impl(ctx);
-			return DI_ERR_INVALID;
-		}
-		ctx->dec_chunk = c;
-	}
 	auto fail = [&](int code) {
 		copy_err(err, errlen, ctx->err);
 		destroy_impl(ctx);
@@ -371,17 +341,74 @@ static int api_mem_stats(di_ctx *ctx, di_mem_stats *out) {
 	return DI_OK;
 }
 
-static int api_set_gemm_mode(di_ctx *ctx, int mode) {
-	if (mode != DI_GEMM_ROUND && mode != DI_GEMM_SPLIT) return di_fail(ctx, DI_ERR_INVALID, "gemm mode %d", mode);
-	ctx->gemm_mode = mode;
-	return DI_OK;
-}
-
-static int api_set_decode_chunk(di_ctx *ctx, int keys) {
-	if (!dec_chunk_ok(keys))
-		return di_fail(ctx, DI_ERR_INVALID, "decode chunk of %d keys: want a positive multiple of %d", keys,
-		               DI_DEC_CHUNK_ALIGN);
-	ctx->dec_chunk = keys;
+// api_set_options checks every field of o, then sets the context's switches
+// (di_options' zeros are the DI_DEFAULT_* values): a bad field changes
+// nothing.
+static int api_set_options(di_ctx *ctx, const di_options *o) {
+	if (!o) return di_fail(ctx, DI_ERR_INVALID, "set_options: no di_options");
+	if (o->size != sizeof(di_options))
+		return di_fail(ctx, DI_ERR_INVALID,
+		               "di_options of %u bytes, this library's are %u: the caller was built against another header",
+		               (unsigned)o->size, (unsigned)sizeof(di_options));
+	if (capturing(ctx)) return di_fail(ctx, DI_ERR_CAPTURING, "set_options during graph capture");
+	int graphs;
+	{
+		std::lock_guard<std::mutex> g(ctx->mem_mu);
+		graphs = ctx->num_graphs;
+	}
+	if (graphs > 0)
+		return di_fail(ctx, DI_ERR_INVALID, "set_options: %d graphs exist and keep the switches they were captured with",
+		               graphs);
+	if (o->gemm_mode != DI_GEMM_ROUND && o->gemm_mode != DI_GEMM_SPLIT)
+		return di_fail(ctx, DI_ERR_INVALID, "di_options.gemm_mode %d", (int)o->gemm_mode);
+	if (o->decode_chunk < 0 || o->decode_chunk % DI_DEC_CHUNK_ALIGN != 0)
+		return di_fail(ctx, DI_ERR_INVALID, "di_options.decode_chunk %d: want 0 or a positive multiple of %d",
+		               (int)o->decode_chunk, DI_DEC_CHUNK_ALIGN);
+	if (o->skinny_rows < 0 || o->skinny_rows > DI_SKINNY_MAX_ROWS)
+		return di_fail(ctx, DI_ERR_INVALID, "di_options.skinny_rows %d: want 0 to %d", (int)o->skinny_rows,
+		               DI_SKINNY_MAX_ROWS);
+	if (o->gemv_rows > DI_GEMV_MAX_ROWS)
+		return di_fail(ctx, DI_ERR_INVALID, "di_options.gemv_rows %d: want at most %d", (int)o->gemv_rows,
+		               DI_GEMV_MAX_ROWS);
+	if (o->decode_stages != 0 && o->decode_stages != 2 && o->decode_stages != 3)
+		return di_fail(ctx, DI_ERR_INVALID, "di_options.decode_stages %d: want 0, 2 or 3", (int)o->decode_stages);
+	if (o->decode_f8_stages != 0 && (o->decode_f8_stages < 2 || o->decode_f8_stages > 4))
+		return di_fail(ctx, DI_ERR_INVALID, "di_options.decode_f8_stages %d: want 0 or 2 to 4",
+		               (int)o->decode_f8_stages);
+	if (o->decode_f8_direct > 0 && (o->decode_f8_direct < 2 || o->decode_f8_direct > 4))
+		return di_fail(ctx, DI_ERR_INVALID, "di_options.decode_f8_direct %d: want a negative value, 0 or 2 to 4",
+		               (int)o->decode_f8_direct);
+	if (o->decode_chunks_per_block < 0)
+		return di_fail(ctx, DI_ERR_INVALID, "di_options.decode_chunks_per_block %d: want 0 or more",
+		               (int)o->decode_chunks_per_block);
+	if (o->decode_blocks_per_sm < 0)
+		return di_fail(ctx, DI_ERR_INVALID, "di_options.decode_blocks_per_sm %d: want 0 or more",
+		               (int)o->decode_blocks_per_sm);
+	if (o->sample_min_chunks < 0)
+		return di_fail(ctx, DI_ERR_INVALID, "di_options.sample_min_chunks %d: want 0 or more", (int)o->sample_min_chunks);
+	ctx->gemm_mode = o->gemm_mode;
+	ctx->dec_chunk = o->decode_chunk > 0 ? o->decode_chunk : DI_DEFAULT_DEC_CHUNK;
+	ctx->skinny = o->skinny_rows;
+	ctx->gemv = o->gemv_rows > 0 ? o->gemv_rows : (o->gemv_rows < 0 ? 0 : DI_DEFAULT_GEMV_ROWS);
+	ctx->gemv_max_elems = o->gemv_max_elems > 0 ? (size_t)o->gemv_max_elems
+	                                            : (o->gemv_max_elems < 0 ? 0 : DI_DEFAULT_GEMV_MAX_ELEMS);
+	ctx->pdl = o->disable_pdl ? 0 : 1;
+	ctx->gemv_wide = o->disable_gemv_wide ? 0 : 1;
+	ctx->prefill_gqa = o->disable_prefill_gqa ? 0 : 1;
+	ctx->dec_km = o->disable_decode_km ? 0 : 1;
+	ctx->dec_stages = o->decode_stages > 0 ? o->decode_stages : DI_DEFAULT_DEC_STAGES;
+	ctx->dec_stages_f8 = o->decode_f8_stages > 0 ? o->decode_f8_stages : DI_DEFAULT_DEC_F8_STAGES;
+	ctx->dec_f8_direct =
+	    o->decode_f8_direct > 0 ? o->decode_f8_direct : (o->decode_f8_direct < 0 ? 0 : DI_DEFAULT_DEC_F8_DIRECT);
+	ctx->dec_cpb = o->decode_chunks_per_block;
+	ctx->dec_blocks_per_sm = o->decode_blocks_per_sm > 0 ? o->decode_blocks_per_sm : DI_DEFAULT_DEC_BLOCKS_PER_SM;
+	ctx->dec_km_cpb = o->decode_km_block_per_chunk ? 0 : 1;
+	ctx->mla_staged_max = o->mla_staged_max > 0 ? o->mla_staged_max : (o->mla_staged_max < 0 ? 0 : -1);
+	ctx->moe_mma = o->disable_moe_mma ? 0 : 1;
+	ctx->attn_out16 = o->disable_attn_out16 ? 0 : 1;
+	ctx->sample_split =
+	    o->sample_split_rows > 0 ? o->sample_split_rows : (o->sample_split_rows < 0 ? 0 : DI_DEFAULT_SAMPLE_SPLIT);
+	ctx->sample_min_chunks = o->sample_min_chunks > 0 ? o->sample_min_chunks : DI_DEFAULT_SAMPLE_MIN_CHUNKS;
 	return DI_OK;
 }
 
@@ -624,8 +651,7 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->last_error = api_last_error;
 	out->device_info = api_device_info;
 	out->mem_stats = api_mem_stats;
-	out->set_gemm_mode = api_set_gemm_mode;
-	out->set_decode_chunk = api_set_decode_chunk;
+	out->set_options = api_set_options;
 	out->alloc = api_alloc;
 	out->free = api_free;
 	out->empty_cache = api_empty_cache;

@@ -88,8 +88,17 @@ type CPU struct {
 	PureGo  bool `yaml:"pure_go"` // use the plain-Go kernels (reference path, slower)
 }
 
-// CUDA configures the CUDA backend.
+// CUDA configures the CUDA backend (device: cuda): the tuning meant for
+// production runs. The backend's other switches pick between kernels of
+// one contract for measurements and have no key.
 type CUDA struct {
+	// GEMM is how float32 activations enter GEMMs with BF16 or F16
+	// weights: "round" (or empty; the default) rounds them to the weights'
+	// type, one tensor-core product; "split" splits them into a high and a
+	// low 16-bit part, about float32 accuracy at twice the tensor-core work
+	// (the weights still read once), and keeps 16-bit models' KV caches in
+	// float32 (unless cache.kv_cache_dtype is fp8).
+	GEMM string `yaml:"gemm"`
 	// DecodeAttentionChunk is the key count of a split decode row's
 	// attention chunk: 0 keeps the backend's (256), else a positive multiple
 	// of 128. The trade-off: longer chunks leave fewer partial results to
@@ -97,6 +106,11 @@ type CUDA struct {
 	// more blocks (latency at batch 1). A row's bits depend on this and on
 	// its own length alone, never on its batch.
 	DecodeAttentionChunk int `yaml:"decode_attention_chunk"`
+	// SkinnyGEMMRows sends 16-bit linears of up to this many rows (at most
+	// 64; 0, the default: off) to the backend's skinny GEMM, whose rows get
+	// the same bits alone or in any batch; slower than cuBLAS at the shapes
+	// measured.
+	SkinnyGEMMRows int `yaml:"skinny_gemm_rows"`
 }
 
 // ZOS is zero-overhead scheduling: post-processing of step N overlaps the
@@ -163,6 +177,7 @@ func Default() Config {
 			PrefixCaching:  true,
 			KVCacheDType:   "auto",
 		},
+		CUDA:      CUDA{GEMM: "round"},
 		CUDAGraph: CUDAGraph{BatchSizes: []int{1, 2, 4, 8, 16, 32, 64}},
 		Speculative: Speculative{
 			NumSpeculativeTokens: 4,

@@ -132,6 +132,58 @@ func TestParse(t *testing.T) {
 			want: []string{"cuda.decode_attention_chunk: needs device: cuda"},
 		},
 		{
+			name: "cuda tuning keys",
+			yaml: "model: m\ndevice: cuda\ncuda:\n  gemm: split\n  skinny_gemm_rows: 64\n",
+			check: func(t *testing.T, c *Config) {
+				if c.CUDA.GEMM != "split" || c.CUDA.SkinnyGEMMRows != 64 {
+					t.Errorf("cuda = %+v, want gemm split and skinny_gemm_rows 64", c.CUDA)
+				}
+			},
+		},
+		{
+			name: "gemm round is the default",
+			yaml: "model: m\n",
+			check: func(t *testing.T, c *Config) {
+				if c.CUDA.GEMM != "round" || c.CUDA.SkinnyGEMMRows != 0 {
+					t.Errorf("cuda = %+v, want gemm round and skinny_gemm_rows 0", c.CUDA)
+				}
+			},
+		},
+		{
+			name: "empty gemm is accepted (round)",
+			yaml: "model: m\ndevice: cuda\ncuda:\n  gemm: \"\"\n",
+			check: func(t *testing.T, c *Config) {
+				if c.CUDA.GEMM != "" {
+					t.Errorf("cuda.gemm = %q, want empty", c.CUDA.GEMM)
+				}
+			},
+		},
+		{
+			name: "unknown gemm mode",
+			yaml: "model: m\ndevice: cuda\ncuda:\n  gemm: tf32\n",
+			want: []string{`cuda.gemm: must be round or split, got "tf32"`},
+		},
+		{
+			name: "gemm split needs cuda",
+			yaml: "model: m\ncuda:\n  gemm: split\n",
+			want: []string{"cuda.gemm: split needs device: cuda"},
+		},
+		{
+			name: "skinny gemm rows out of range",
+			yaml: "model: m\ndevice: cuda\ncuda:\n  skinny_gemm_rows: 65\n",
+			want: []string{"cuda.skinny_gemm_rows: must be in [0, 64] (0: off), got 65"},
+		},
+		{
+			name: "negative skinny gemm rows",
+			yaml: "model: m\ndevice: cuda\ncuda:\n  skinny_gemm_rows: -1\n",
+			want: []string{"cuda.skinny_gemm_rows", "got -1"},
+		},
+		{
+			name: "skinny gemm rows need cuda",
+			yaml: "model: m\ncuda:\n  skinny_gemm_rows: 8\n",
+			want: []string{"cuda.skinny_gemm_rows: needs device: cuda"},
+		},
+		{
 			name: "cuda graphs need cuda",
 			yaml: "model: m\ncuda_graph:\n  enabled: true\n",
 			want: []string{"cuda_graph.enabled: needs device: cuda"},

@@ -60,10 +60,20 @@ func (c *Config) Validate() error {
 	if c.CPU.Threads < 0 {
 		bad("cpu.threads", "must be 0 (all cores) or positive, got %d", c.CPU.Threads)
 	}
+	if m := c.CUDA.GEMM; m != "" && m != "round" && m != "split" {
+		bad("cuda.gemm", "must be round or split, got %q", m)
+	} else if m == "split" && c.Device != "cuda" {
+		bad("cuda.gemm", "split needs device: cuda")
+	}
 	if ch := c.CUDA.DecodeAttentionChunk; ch < 0 || ch%128 != 0 {
 		bad("cuda.decode_attention_chunk", "must be 0 (the backend's) or a positive multiple of 128, got %d", ch)
 	} else if ch > 0 && c.Device != "cuda" {
 		bad("cuda.decode_attention_chunk", "needs device: cuda")
+	}
+	if r := c.CUDA.SkinnyGEMMRows; r < 0 || r > 64 {
+		bad("cuda.skinny_gemm_rows", "must be in [0, 64] (0: off), got %d", r)
+	} else if r > 0 && c.Device != "cuda" {
+		bad("cuda.skinny_gemm_rows", "needs device: cuda")
 	}
 	g := c.CUDAGraph
 	if g.Enabled && len(g.BatchSizes) == 0 {

@@ -459,9 +459,9 @@ func TestGPUAttentionFP8Cache(t *testing.T) {
 
 // Decode with at most 8 query heads a KV head has three kernels: over
 // 8-bit caches di_decode_attn_f8_k (cache bytes widened in registers; off
-// with DEEPINFER_CUDA_DEC_F8_DIRECT=0), over those and half and float32
+// with Options.DecodeF8Direct < 0), over those and half and float32
 // caches di_decode_attn_km_k (keys as the tensor-core rows; off with
-// DEEPINFER_CUDA_DEC_KM=0), and di_decode_attn_tc_k. The first gives the
+// Options.DisableDecodeKM), and di_decode_attn_tc_k. The first gives the
 // bits of the second: it only permutes the terms inside each tensor-core
 // instruction's 16-term sum, which the H200 adds without an order. The
 // second is within rounding of the third (the same inputs: the pairs draw
@@ -470,10 +470,8 @@ func TestGPUAttentionFP8Cache(t *testing.T) {
 // 2000 keys.
 func TestGPUDecodeKeysAsRows(t *testing.T) {
 	all := newPair(t, GEMMRound)
-	t.Setenv("DEEPINFER_CUDA_DEC_F8_DIRECT", "0")
-	km := newPair(t, GEMMRound)
-	t.Setenv("DEEPINFER_CUDA_DEC_KM", "0")
-	tc := newPair(t, GEMMRound)
+	km := newPairOpts(t, Options{DecodeF8Direct: -1})
+	tc := newPairOpts(t, Options{DecodeF8Direct: -1, DisableDecodeKM: true})
 	const blockSize, numBlocks = 16, 260
 	seqs := [][2]int{{1, 700}, {1, 33}, {1, 2000}, {1, 1}, {1, 257}, {1, 1024}}
 	differ := map[string]int{} // cases where two kernels' bits differ somewhere, by comparison
@@ -515,31 +513,34 @@ func TestGPUDecodeKeysAsRows(t *testing.T) {
 		t.Errorf("8-bit in registers vs keys as rows: bits differ in %d cases, want none", n)
 	}
 	if differ["keys as rows vs heads as rows"] == 0 {
-		t.Error("DEEPINFER_CUDA_DEC_KM=0 changed no bit: the backend did not run the other kernel")
+		t.Error("DisableDecodeKM changed no bit: the backend did not run the other kernel")
 	}
 }
 
 // A block of the 8-bit decode kernel may take a run of consecutive chunks
 // of a row (the row's chunks dealt evenly over ceil(nsplit / n) blocks with
-// DEEPINFER_CUDA_DEC_CPB=n, over a count chosen from the batch's size when
-// unset), and so may one of the keys-as-rows kernel
-// (DEEPINFER_CUDA_DEC_KM_CPB, on by default; over half caches, or 8-bit
-// ones with DEEPINFER_CUDA_DEC_F8_DIRECT=0): each chunk's arithmetic is the
+// Options.DecodeChunksPerBlock n, over a count chosen from the batch's size
+// when 0), and so may one of the keys-as-rows kernel (unless
+// Options.DecodeKMBlockPerChunk; over half caches, or 8-bit ones with
+// Options.DecodeF8Direct < 0): each chunk's arithmetic is the
 // same in any block, so one, two, three (not dividing the chunk count) and
 // all chunks a block give the same bits, with
 // two or three copy stages, over half and 8-bit caches, rows of one to
 // eight chunks, a window that starts mid-chunk and a row shorter than one
 // tile.
 func TestGPUDecodeChunksPerBlock(t *testing.T) {
-	type variant struct{ cpb, stages, kmCPB string }
-	variants := []variant{{"", "", ""}, {"1", "", ""}, {"2", "", ""}, {"3", "", ""}, {"32", "", ""}, {"3", "2", ""},
-		{"", "2", ""}, {"3", "0", ""}, {"", "0", "0"}, {"32", "", "0"}, {"1", "", "0"}}
+	// Chunks a block (0: from the batch), copy stages of the 8-bit kernel
+	// (0: 3; -1: the keys-as-rows kernel instead), one block a chunk for the
+	// keys-as-rows kernel.
+	type variant struct {
+		cpb, stages   int
+		kmOnePerChunk bool
+	}
+	variants := []variant{{0, 0, false}, {1, 0, false}, {2, 0, false}, {3, 0, false}, {32, 0, false}, {3, 2, false},
+		{0, 2, false}, {3, -1, false}, {0, -1, true}, {32, 0, true}, {1, 0, true}}
 	pairs := make([]*pair, len(variants))
 	for i, v := range variants {
-		t.Setenv("DEEPINFER_CUDA_DEC_CPB", v.cpb)
-		t.Setenv("DEEPINFER_CUDA_DEC_F8_DIRECT", v.stages)
-		t.Setenv("DEEPINFER_CUDA_DEC_KM_CPB", v.kmCPB)
-		pairs[i] = newPair(t, GEMMRound)
+		pairs[i] = newPairOpts(t, Options{DecodeChunksPerBlock: v.cpb, DecodeF8Direct: v.stages, DecodeKMBlockPerChunk: v.kmOnePerChunk})
 	}
 	const blockSize, numBlocks = 16, 400
 	seqs := [][2]int{{1, 2000}, {1, 700}, {1, 257}, {1, 40}, {1, 1500}, {1, 1024}, {1, 513}}
@@ -643,15 +644,13 @@ func (p *pair) attentionOverCaches(t *testing.T, b pagedBatch, ap kernels.Attent
 
 // The prefill kernel that runs a KV head's query heads in one block
 // (di_prefill_attn_gqa_k, the default over half caches) gives the bits of
-// the one-head-a-block kernel (DEEPINFER_CUDA_PREFILL_GQA=0) at every group
+// the one-head-a-block kernel (Options.DisablePrefillGQA) at every group
 // size it takes (1, 2, 4, 8: 128, 64, 32 and 16 query rows a block) and at
 // one it does not (3, which falls back), for both head sizes, block sizes 16
 // and 32, a sliding window, and a batch of whole prompts, chunked prompts
 // (keys before the rows), a prompt of two rows and decode rows.
 func TestGPUPrefillGQA(t *testing.T) {
-	t.Setenv("DEEPINFER_CUDA_PREFILL_GQA", "0")
-	one := newGPU(t, GEMMRound)
-	t.Setenv("DEEPINFER_CUDA_PREFILL_GQA", "")
+	one := newGPUOpts(t, Options{DisablePrefillGQA: true})
 	p := newPair(t, GEMMRound)
 	const numBlocks = 200
 	seqs := [][2]int{{300, 300}, {1, 90}, {77, 1000}, {2, 2}, {130, 131}, {1, 5}} // (query rows, keys)

@@ -12,8 +12,8 @@
 // default: one tensor-core product) or split into a high and a low 16-bit
 // part (GEMMSplit: about float32 accuracy, the weights still read once,
 // twice the tensor-core work). Linears of 1..4 rows with weights of up to 4M
-// elements run on the library's GEMV kernel ($DEEPINFER_CUDA_GEMV rows, 0:
-// off), the rest on cuBLAS. $DEEPINFER_CUDA_SKINNY=N (N <= 64) sends 16-bit
+// elements run on the library's GEMV kernel (Options.GEMVRows), the rest on
+// cuBLAS. Options.SkinnyRows = N (N <= 64) sends 16-bit
 // linears of up to N rows to the library's skinny GEMM instead (tensor
 // cores, batch-invariant; off by default because cuBLAS was faster at every
 // shape measured, see NOTES.md). Norms, SiLU and routing follow the CPU
@@ -47,7 +47,6 @@ package cuda
 import (
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -102,12 +101,6 @@ func (m GEMMMode) String() string {
 	return fmt.Sprintf("GEMMMode(%d)", int(m))
 }
 
-// GEMMEnv names the environment variable that can select GEMMSplit.
-const GEMMEnv = "DEEPINFER_CUDA_GEMM"
-
-// DecodeChunkAlign divides every Options.DecodeChunk.
-const DecodeChunkAlign = 128
-
 // DefaultGCEvery is the default of Options.GCEvery: 1 GiB.
 const DefaultGCEvery = 1 << 30
 
@@ -118,17 +111,15 @@ type Options struct {
 	Library string
 	// Device is the CUDA device ordinal.
 	Device int
-	// GEMM picks how activations enter 16-bit GEMMs. The zero value,
-	// GEMMRound, can be overridden by $DEEPINFER_CUDA_GEMM ("round" or
-	// "split"), so that a run from YAML can choose without a config key.
+	// GEMM picks how activations enter 16-bit GEMMs (YAML cuda.gemm).
 	GEMM GEMMMode
 	// KVCacheDType is the element type of GQA models' K and V caches: 0
 	// (auto) keeps KVCacheDType's choice; kernels.F8E4M3 stores them in 8
 	// bits (see Backend.KVCacheDType).
 	KVCacheDType kernels.DType
 	// DecodeChunk is the key count of a split decode row's attention chunk,
-	// a positive multiple of DecodeChunkAlign; 0 keeps the library's (256,
-	// or $DEEPINFER_CUDA_DEC_CHUNK). A row's chunks, and so its bits,
+	// a positive multiple of DecodeChunkAlign; 0 keeps the library's (256;
+	// YAML cuda.decode_attention_chunk). A row's chunks, and so its bits,
 	// depend on this and on its own key count alone. Longer chunks leave
 	// fewer partial results to merge (Qwen3-0.6B offline, 256 rows: 512
 	// keys about 3% faster than 256), shorter ones give a lone long row
@@ -139,6 +130,88 @@ type Options struct {
 	// device allocations, so that unreachable tensors return to the cache;
 	// 0 means DefaultGCEvery, negative disables it.
 	GCEvery int64
+	// SkinnyRows sends 16-bit linears (and logits) of up to this many rows
+	// (at most MaxSkinnyRows) to the library's skinny GEMM: tensor cores,
+	// a row's bits the same alone or in any batch, but slower than cuBLAS
+	// at every shape measured (NOTES.md). 0, the default: off (YAML
+	// cuda.skinny_gemm_rows).
+	SkinnyRows int
+
+	// The fields below pick between kernels of one contract, for measuring
+	// them against each other; every zero is the default, and none has a
+	// config key. Unless a field says otherwise they change speed, not
+	// results. Validate states their ranges.
+
+	// GEMVRows sends linears of up to this many rows (at most MaxGEMVRows)
+	// to the library's GEMV kernel (float32 inputs, batch-invariant;
+	// another summation order than cuBLAS): 0: 4; negative: none.
+	GEMVRows int
+	// GEMVMaxElems bounds the weights of the GEMV kernel above one row, in
+	// elements: 0: 4 Mi (the crossover with cuBLAS on an H200); negative:
+	// one-row linears only.
+	GEMVMaxElems int64
+	// DisableGEMVWide makes one-row GEMVs with k <= 2048 take 4 columns a
+	// block with two chunks, not 8 columns with one (the same bits).
+	DisableGEMVWide bool
+	// DisablePDL turns off programmatic dependent launch (a kernel's start
+	// overlapping the tail of the one before it).
+	DisablePDL bool
+	// DisablePrefillGQA makes prefill attention over half caches run one
+	// query head a block instead of a KV head's group.
+	DisablePrefillGQA bool
+	// DisableDecodeKM makes decode over half and 8-bit caches with at most
+	// 8 query heads a KV head run the heads-as-rows tensor-core kernel
+	// instead of the keys-as-rows one; changes results by rounding.
+	DisableDecodeKM bool
+	// DecodeStages and DecodeF8Stages are the copy stages of the
+	// heads-as-rows decode kernel over half caches (2 or 3; 0: 2) and over
+	// 8-bit ones (2 to 4; 0: 2).
+	DecodeStages, DecodeF8Stages int
+	// DecodeF8Direct is the copy stages (2 to 4; 0: 3) of the decode kernel
+	// that widens 8-bit cache bytes in registers (at most 8 query heads a
+	// KV head); negative: the keys-as-rows kernel instead.
+	DecodeF8Direct int
+	// DecodeChunksPerBlock n > 0 gives a decode row ceil(chunks / n) blocks
+	// of the 8-bit and keys-as-rows kernels; 0: enough blocks to fill
+	// DecodeBlocksPerSM blocks a multiprocessor (0: 32).
+	DecodeChunksPerBlock, DecodeBlocksPerSM int
+	// DecodeKMBlockPerChunk gives the keys-as-rows decode kernel one block
+	// a chunk instead of the 8-bit kernel's runs of chunks.
+	DecodeKMBlockPerChunk bool
+	// MLAStagedMax is the largest MLA grid (rows x heads) that stages its
+	// keys in shared memory: 0: the multiprocessors' count; negative: none.
+	MLAStagedMax int
+	// DisableMoEMMA keeps MoE expert GEMVs of 16-bit weights on CUDA cores
+	// instead of tensor cores; changes results by summation order.
+	DisableMoEMMA bool
+	// DisableAttnOut16 sends every 16-bit attention output through float32
+	// scratch and a narrowing pass instead of rounding it as it is stored.
+	DisableAttnOut16 bool
+	// SampleSplitRows: Sample calls of at most this many rows cut each row
+	// into chunks, at least SampleMinChunks of them (0: 4), for the
+	// whole-row passes: 0: every call; negative: none. The tokens do not
+	// depend on either.
+	SampleSplitRows, SampleMinChunks int
+	// DisableNormNarrow makes LinearInputDType report F32 at every row
+	// count, so that models keep their norms' and attention's outputs in
+	// float32 and each linear rounds them itself (the same bits, one more
+	// pass).
+	DisableNormNarrow bool
+	// MLPNarrowRows is the least number of rows for which GatedMLP keeps
+	// its intermediates in the weights' 16-bit type (GEMM mode round, BF16
+	// or F16 weights): half the bytes of float32 gate, up and product, and
+	// no narrowing pass before the down projection; changes results by
+	// rounding. 0: 64 (prefill chunks, large decode batches); negative:
+	// never.
+	MLPNarrowRows int
+
+	// profile and skip are measurement switches that only this package's
+	// tests set (optionsFromTestEnv): profile brackets every eager
+	// operation with device events (OpProfile); skip names operations
+	// (as OpProfile names them) that are then not queued at all, which
+	// makes results wrong.
+	profile bool
+	skip    []string
 }
 
 // DeviceInfo describes the device and the library.
@@ -172,48 +245,24 @@ type Backend struct {
 	gemm    GEMMMode
 	kvCache kernels.DType   // Options.KVCacheDType
 	fetches sampleFetches   // pinned copies of sampled tokens (sample.go)
-	prof    *profiler       // per-operation device times; nil unless ProfileEnv is 1
-	skip    map[string]bool // operations not queued (SkipEnv): timing ablations only
-	// GatedMLP keeps 16-bit intermediates from this many rows (MLPNarrowEnv; 0: never).
+	opts    Options         // the options in force (setOptions)
+	prof    *profiler       // per-operation device times; nil unless Options.profile
+	skip    map[string]bool // operations not queued (Options.skip): timing ablations only
+	// GatedMLP keeps 16-bit intermediates from this many rows (0: never).
 	mlpNarrow int
-	// LinearInputDType reports 16-bit inputs (NormNarrowEnv).
+	// LinearInputDType reports 16-bit inputs (not Options.DisableNormNarrow).
 	normNarrow bool
 }
-
-// NormNarrowEnv set to 0 makes LinearInputDType report F32 at every row
-// count, so that models keep their norms' and attention's outputs in
-// float32 and each linear rounds them itself (the same bits, one more
-// pass): for A/B runs.
-const NormNarrowEnv = "DEEPINFER_CUDA_NORM_NARROW"
 
 var _ kernels.Ops = (*Backend)(nil)
 
 // New opens the library, selects the device and creates the stream, cuBLAS
 // handle and allocator. Errors wrap ErrNoLibrary, ErrABIMismatch or
-// ErrNoDevice and say what to do. Cost: library load and CUDA context
-// creation (hundreds of milliseconds on a cold device).
+// ErrNoDevice and say what to do; options out of range are refused first
+// (Options.Validate), before the library is opened. Cost: library load and
+// CUDA context creation (hundreds of milliseconds on a cold device).
 func New(opts Options) (*Backend, error) {
-	if opts.GEMM == GEMMRound {
-		switch v := os.Getenv(GEMMEnv); v {
-		case "", "round":
-		case "split":
-			opts.GEMM = GEMMSplit
-		default:
-			return nil, fmt.Errorf("cuda: %s=%q: want round or split: %w", GEMMEnv, v, ErrUnsupported)
-		}
-	}
-	if opts.KVCacheDType != 0 && opts.KVCacheDType != kernels.F8E4M3 {
-		return nil, fmt.Errorf("cuda: KV cache dtype %v: want auto (0) or F8_E4M3: %w", opts.KVCacheDType, ErrUnsupported)
-	}
-	if opts.DecodeChunk < 0 || opts.DecodeChunk%DecodeChunkAlign != 0 {
-		return nil, fmt.Errorf("cuda: decode chunk of %d keys: want 0 (the library's) or a positive multiple of %d: %w", opts.DecodeChunk, DecodeChunkAlign, ErrUnsupported)
-	}
-	skip, err := skipSet()
-	if err != nil {
-		return nil, err
-	}
-	mlpNarrow, err := mlpNarrowRows()
-	if err != nil {
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	lib, err := openLibrary(opts.Library)
@@ -233,20 +282,13 @@ func New(opts Options) (*Backend, error) {
 		}
 		return nil, fmt.Errorf("cuda: %s: create context on device %d: %s: %w", lib.path, opts.Device, msg, ErrCUDA)
 	}
-	b := &Backend{lib: lib, ctx: ctx, gcEvery: opts.GCEvery, gemm: opts.GEMM, kvCache: opts.KVCacheDType, prof: newProfiler(),
-		skip: skip, mlpNarrow: mlpNarrow, normNarrow: os.Getenv(NormNarrowEnv) != "0"}
+	b := &Backend{lib: lib, ctx: ctx, gcEvery: opts.GCEvery, kvCache: opts.KVCacheDType}
 	if b.gcEvery == 0 {
 		b.gcEvery = DefaultGCEvery
 	}
-	if err := b.status("set_gemm_mode", C.c_set_gemm_mode(lib.api, ctx, C.int(opts.GEMM))); err != nil {
+	if err := b.setOptions(opts); err != nil {
 		C.c_destroy(lib.api, ctx)
 		return nil, err
-	}
-	if opts.DecodeChunk > 0 {
-		if err := b.status("set_decode_chunk", C.c_set_decode_chunk(lib.api, ctx, C.int(opts.DecodeChunk))); err != nil {
-			C.c_destroy(lib.api, ctx)
-			return nil, err
-		}
 	}
 	var di C.di_device_info
 	if err := b.status("device_info", C.c_device_info(lib.api, ctx, &di)); err != nil {
@@ -430,15 +472,9 @@ func (b *Backend) release(ptr uint64) {
 // Alloc returns a zero-filled tensor. Cost: one allocation from the cache
 // (or the driver) and one memset on the stream.
 func (b *Backend) Alloc(dtype kernels.DType, shape ...int) (kernels.Tensor, error) {
-	n := 1
-	for _, d := range shape {
-		if d < 0 {
-			return nil, fmt.Errorf("cuda: alloc %v%v: negative dimension: %w", dtype, shape, kernels.ErrShape)
-		}
-		n *= d
-	}
-	if dtype.Size() == 0 {
-		return nil, fmt.Errorf("cuda: alloc %v%v: %w", dtype, shape, kernels.ErrDType)
+	n, err := kernels.AllocShapes("cuda", dtype, shape)
+	if err != nil {
+		return nil, err
 	}
 	bytes := uint64(n) * uint64(dtype.Size())
 	ptr, err := b.allocBytes(bytes)
@@ -495,14 +531,9 @@ func (b *Backend) Upload(dst kernels.Tensor, src []byte, srcDType kernels.DType)
 	if err != nil {
 		return err
 	}
-	n := d.numel()
-	if len(src) != n*srcDType.Size() || srcDType.Size() == 0 {
-		return fmt.Errorf("cuda: upload %v bytes of %v into %v: want %d bytes: %w",
-			len(src), srcDType, d, n*srcDType.Size(), kernels.ErrShape)
-	}
-	widen := d.dtype == kernels.F32 && (srcDType == kernels.BF16 || srcDType == kernels.F16)
-	if srcDType != d.dtype && !widen {
-		return fmt.Errorf("cuda: upload %v into %v: %w", srcDType, d, kernels.ErrDType)
+	n, widen, err := kernels.UploadShapes("cuda", d, len(src), srcDType)
+	if err != nil {
+		return err
 	}
 	if n == 0 {
 		return nil
@@ -530,9 +561,9 @@ func (b *Backend) Download(dst []byte, src kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	n := s.numel() * s.dtype.Size()
-	if len(dst) != n {
-		return fmt.Errorf("cuda: download %v into %d bytes: want %d: %w", s, len(dst), n, kernels.ErrShape)
+	n, err := kernels.DownloadShapes("cuda", len(dst), s)
+	if err != nil {
+		return err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -554,8 +585,8 @@ func (b *Backend) Rows(t kernels.Tensor, lo, hi int) (kernels.Tensor, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(s.shape) == 0 || lo < 0 || hi < lo || hi > s.shape[0] {
-		return nil, fmt.Errorf("cuda: rows [%d, %d) of %v: %w", lo, hi, s, kernels.ErrShape)
+	if err := kernels.RowsShapes("cuda", s, lo, hi); err != nil {
+		return nil, err
 	}
 	return &Tensor{shape: append([]int{hi - lo}, s.shape[1:]...), dtype: s.dtype, buf: s.buf,
 		off: s.off + uint64(lo*s.rowLen()*s.dtype.Size())}, nil
@@ -567,16 +598,8 @@ func (b *Backend) Reshape(t kernels.Tensor, shape ...int) (kernels.Tensor, error
 	if err != nil {
 		return nil, err
 	}
-	n := 1
-	for _, d := range shape {
-		if d < 0 {
-			n = -1
-			break
-		}
-		n *= d
-	}
-	if n != s.numel() {
-		return nil, fmt.Errorf("cuda: reshape %v to %v: %w", s, shape, kernels.ErrShape)
+	if err := kernels.ReshapeShapes("cuda", s, shape); err != nil {
+		return nil, err
 	}
 	return &Tensor{shape: append([]int(nil), shape...), dtype: s.dtype, buf: s.buf, off: s.off}, nil
 }
@@ -619,10 +642,3 @@ func optPtr(t *Tensor) C.di_dptr {
 	}
 	return t.ptr()
 }
-
-// checkShape verifies t's shape and dtype; -1 in want matches any size.
-func checkShape(op, name string, t *Tensor, want []int, dtypes ...kernels.DType) error {
-	return kernels.CheckShape("cuda", op, name, t, want, dtypes...)
-}
-
-var floatTypes = kernels.FloatTypes

@@ -70,6 +70,8 @@ import (
 // DEEPINFER_ENGINE_BENCH_GRAPH_STEP sets the captured decode batch sizes:
 // 1, 2, 4, 8 and then multiples of it up to max_num_seqs (default 16, as
 // nano-vllm captures), or 0 for powers of two (what rounds 1-11 measured).
+// The DEEPINFER_CUDA_* switches of this package's tests (testenv_test.go)
+// reach the engine's backend too (cuda.ApplyTestEnv).
 const engineBenchEnv = "DEEPINFER_ENGINE_BENCH"
 
 // copyBandwidth is the H200's measured copy bandwidth (bytes/s), the floor
@@ -366,6 +368,13 @@ func startEngine(b *testing.B, o engineOpts) *llm.LLM {
 	reg := models.NewRegistry()
 	w := o.w
 	if err := reg.Register(o.cfg.Architectures[0], func(_ string, ops kernels.Ops, c *weights.Config, _ models.Weights, mo models.Options) (models.Model, error) {
+		if g, ok := ops.(*cuda.Backend); ok {
+			// The DEEPINFER_CUDA_* switches of the test environment (tools/gpu/check.sh's
+			// profile phase and AB_ENVS), before the engine queues any work.
+			if err := cuda.ApplyTestEnv(g); err != nil {
+				return nil, err
+			}
+		}
 		return models.Builtin().New(ops, c, w, mo)
 	}); err != nil {
 		b.Fatal(err)
@@ -393,7 +402,7 @@ func startEngine(b *testing.B, o engineOpts) *llm.LLM {
 		cfg.Device = "cpu"
 		cfg.CUDAGraph.Enabled = false
 	}
-	if os.Getenv(engineBenchEnv+"_GRAPHS") == "0" { // for ProfileEnv, which sees eager work only
+	if os.Getenv(engineBenchEnv+"_GRAPHS") == "0" { // for the profile (DEEPINFER_CUDA_PROFILE), which sees eager work only
 		cfg.CUDAGraph.Enabled = false
 	}
 	if err := cfg.Validate(); err != nil {
@@ -468,7 +477,8 @@ func flushTimeline(b *testing.B, l *llm.LLM) {
 }
 
 // logOpProfile logs the per-operation device times of a CUDA backend opened
-// with cuda.ProfileEnv=1 (nothing otherwise), largest first, and resets them.
+// with the profile on (DEEPINFER_CUDA_PROFILE=1; nothing otherwise), largest
+// first, and resets them.
 func logOpProfile(b *testing.B, ops kernels.Ops) {
 	b.Helper()
 	if g, ok := ops.(*cuda.Backend); ok {

@@ -164,7 +164,7 @@ func (bm *benchModel) forward(b *testing.B, fb *models.ForwardBatch) kernels.Ten
 	return lg
 }
 
-// logProfile logs g's per-operation device times (ProfileEnv=1; nothing
+// logProfile logs g's per-operation device times (profileEnv=1; nothing
 // otherwise), largest first, and resets them.
 func logProfile(b *testing.B, g *Backend) {
 	b.Helper()
@@ -181,7 +181,7 @@ func logProfile(b *testing.B, g *Backend) {
 // tokens of context per sequence: eager, and one captured CUDA graph
 // replayed. Two more single rows, of 2048 and 8000 keys (the model's
 // positions stop at 8192), show what the
-// decode attention's chunk length (DEEPINFER_CUDA_DEC_CHUNK) costs a lone
+// decode attention's chunk length (Options.DecodeChunk) costs a lone
 // long row: its blocks are its chunks times the KV heads.
 func BenchmarkGPUDecodeLlama1B(b *testing.B) {
 	const blockSize, ctxLen, maxBatch = 16, 256, 32
@@ -209,7 +209,7 @@ func BenchmarkGPUDecodeLlama1B(b *testing.B) {
 // about the mean context a decoded token of nano-vllm's workload attends
 // to), with half and with 8-bit KV caches. The caches stay as allocated
 // (zero): attention's time does not depend on the values. Eager and graph
-// replay, as BenchmarkGPUDecodeLlama1B; DEEPINFER_CUDA_SKIP splits a
+// replay, as BenchmarkGPUDecodeLlama1B; DEEPINFER_CUDA_SKIP (skipEnv) splits a
 // replayed step by operation. Variants toward the engine's conditions:
 // blocks handed out round-robin (blocks=interleaved), block tables 2048
 // keys wide (table=2048), and the workload's late steps (64 rows of
@@ -304,7 +304,7 @@ func (bm *benchModel) decodeSteps(b *testing.B, ctx []int, prefill bool) float64
 	for range 3 { // warm-up: allocator, cuBLAS heuristics
 		bm.step(b, ids, cached, tables)
 	}
-	bm.ops.OpProfile(true) // the eager steps below only (ProfileEnv)
+	bm.ops.OpProfile(true) // the eager steps below only (profileEnv)
 	b.ResetTimer()
 	start := time.Now()
 	for range b.N {
@@ -412,7 +412,7 @@ func (bm *benchModel) prefill(b *testing.B, n int) {
 		}
 	}
 	step()
-	bm.ops.OpProfile(true) // the timed steps below only (ProfileEnv)
+	bm.ops.OpProfile(true) // the timed steps below only (profileEnv)
 	b.ResetTimer()
 	start := time.Now()
 	for range b.N {
@@ -434,10 +434,8 @@ func (bm *benchModel) prefill(b *testing.B, n int) {
 // and 32 rows against the copy bandwidth (weight bytes / time), and decode
 // attention over 256 and 4096 keys.
 func BenchmarkGPUOps(b *testing.B) {
-	g := newGPU(b, GEMMRound) // the default: the skinny GEMM for up to 64 rows (BenchmarkGPUSkinnyGEMM compares the paths)
-	b.Setenv("DEEPINFER_CUDA_SKINNY", "0")
-	b.Setenv("DEEPINFER_CUDA_GEMV", "0")
-	gOff := newGPU(b, GEMMRound) // linears on cuBLAS at every size
+	g := newGPU(b, GEMMRound)                    // the default paths (BenchmarkGPUSkinnyGEMM compares them)
+	gOff := newGPUOpts(b, Options{GEMVRows: -1}) // linears on cuBLAS at every size
 	r := rand.New(rand.NewPCG(5, 6))
 	for _, sh := range []struct {
 		name string
@@ -481,21 +479,20 @@ func BenchmarkGPUOps(b *testing.B) {
 		}
 	}
 	// Decode attention of 16-bit models against the shortest key chunk
-	// ($DEEPINFER_CUDA_DEC_CHUNK): Qwen3-0.6B's heads in the offline workload
+	// (Options.DecodeChunk): Qwen3-0.6B's heads in the offline workload
 	// (16 q / 8 kv heads of 128, 256 sequences of about 800 keys) and one
 	// long Llama-3.2-1B row (32 q / 8 kv heads of 64, 4096 keys).
-	for _, chunk := range []string{"128", "256", "512"} {
+	for _, chunk := range []int{128, 256, 512} {
 		for _, c := range []struct {
 			name                   string
 			batch, ctx, heads, kvh int
 			d                      int
 		}{{"qwen3", 256, 800, 16, 8, 128}, {"llama", 1, 4096, 32, 8, 64}, {"llama", 32, 4096, 32, 8, 64}} {
-			b.Run(fmt.Sprintf("attention/%s/ctx=%d/batch=%d/chunk=%s", c.name, c.ctx, c.batch, chunk), func(b *testing.B) {
-				b.Setenv("DEEPINFER_CUDA_DEC_CHUNK", chunk)
+			b.Run(fmt.Sprintf("attention/%s/ctx=%d/batch=%d/chunk=%d", c.name, c.ctx, c.batch, chunk), func(b *testing.B) {
 				ap := kernels.AttentionParams{NumHeads: c.heads, NumKVHeads: c.kvh, HeadDim: c.d,
 					Scale: float32(1 / math.Sqrt(float64(c.d))), InputDType: kernels.BF16}
-				us, gbs := benchDecodeAttention(b, newGPU(b, GEMMRound), r, c.batch, c.ctx, ap, kernels.F16)
-				b.Logf("attention decode %s ctx=%d batch=%d (%d q / %d kv heads, d %d, F16 cache), chunk >= %s: %.1f us, %.0f GB/s of KV",
+				us, gbs := benchDecodeAttention(b, newGPUOpts(b, Options{DecodeChunk: chunk}), r, c.batch, c.ctx, ap, kernels.F16)
+				b.Logf("attention decode %s ctx=%d batch=%d (%d q / %d kv heads, d %d, F16 cache), chunk >= %d: %.1f us, %.0f GB/s of KV",
 					c.name, c.ctx, c.batch, c.heads, c.kvh, c.d, chunk, us, gbs)
 			})
 		}

@@ -11,10 +11,6 @@ import (
 	"github.com/deepinfer/deepinfer-go/kernels"
 )
 
-// gemvMaxEnv caps the weights (in Mi elements) that take the GEMV kernel;
-// the benchmark's GEMV path lifts the cap to time every shape on it.
-const gemvMaxEnv = "DEEPINFER_CUDA_GEMV_MAX"
-
 // skinnyBenchShapes are the BF16 weights of a Llama-3.2-1B decode step.
 var skinnyBenchShapes = []struct {
 	name string
@@ -118,22 +114,20 @@ func timeLinearGraph(b *testing.B, g *Backend, x kernels.Tensor, ws []kernels.Te
 // BenchmarkGPUSkinnyGEMM times Linear with BF16 weights on the five
 // Llama-3.2-1B decode shapes at 1, 4, 8, 16, 32 and 64 rows on every path in
 // the same run: the skinny GEMM (round mode, the default; and split mode),
-// cuBLAS (DEEPINFER_CUDA_SKINNY=0 DEEPINFER_CUDA_GEMV=0) and the GEMV kernel
-// (DEEPINFER_CUDA_SKINNY=0 DEEPINFER_CUDA_GEMV=8 DEEPINFER_CUDA_GEMV_MAX=1024;
-// at most 8 rows), which picks the default of DEEPINFER_CUDA_GEMV_MAX. Each weight is replicated into enough
+// cuBLAS (Options.GEMVRows < 0) and the GEMV kernel (Options.GEMVRows 8,
+// GEMVMaxElems above every weight; at most 8 rows), which picks the default
+// of Options.GEMVMaxElems. Each weight is replicated into enough
 // copies (about 256 MB in all) that it is read from DRAM, not L2. One line a
 // case: "skinny <N>x<K> rows <M>: new X us (Y TB/s), cublas Z us, gemv W us,
 // split V us", TB/s counting the weight bytes (the floor is bytes / 4.2 TB/s).
 // The sub-benchmarks report the new path's us/op and TB/s.
 func BenchmarkGPUSkinnyGEMM(b *testing.B) {
 	paths := []skinnyBenchPath{
-		{"new", newGPUPath(b, GEMMRound, "64", "0")},
-		{"cublas", newGPUPath(b, GEMMRound, "0", "0")},
+		{"new", newGPUPath(b, GEMMRound, 64, 0, 0)},
+		{"cublas", newGPUPath(b, GEMMRound, 0, 0, 0)},
+		{"gemv", newGPUPath(b, GEMMRound, 0, 8, everyWeight)},
+		{"split", newGPUPath(b, GEMMSplit, 64, 0, 0)},
 	}
-	b.Setenv(gemvMaxEnv, "1024")
-	paths = append(paths, skinnyBenchPath{"gemv", newGPUPath(b, GEMMRound, "0", "8")})
-	b.Setenv(gemvMaxEnv, "")
-	paths = append(paths, skinnyBenchPath{"split", newGPUPath(b, GEMMSplit, "64", "0")})
 	largest := 0
 	for _, sh := range skinnyBenchShapes {
 		largest = max(largest, sh.n*sh.k)

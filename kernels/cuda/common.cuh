@@ -147,7 +147,7 @@ __device__ __forceinline__ void di_pdl_trigger() {
 }
 
 // di_launch starts kernel on the context's stream like <<<grid, block, smem>>>,
-// allowing it (when ctx->pdl, $DEEPINFER_CUDA_PDL) to be scheduled while the
+// allowing it (when ctx->pdl: di_options.disable_pdl unset) to be scheduled while the
 // previous kernel on the stream finishes: its launch latency and ramp-up
 // overlap that kernel's tail, in eager streams and in captured graphs alike.
 // kernel must call di_pdl_wait as di_pdl_wait says. Errors surface in di_check_launch.

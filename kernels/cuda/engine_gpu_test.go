@@ -77,10 +77,9 @@ device: cuda
 cache: {num_blocks: 1024, block_size: 16}
 engine: {max_num_seqs: 64, max_num_batched_tokens: 4096}
 zos: {enabled: %v}
+cuda_graph: {enabled: %v, batch_sizes: [1, 2, 4, 8, 16, 32, 64]}
 pipeline:
   sample: greedy
-  options:
-    forward: {cuda_graph: {enabled: %v, batch_sizes: [1, 2, 4, 8, 16, 32, 64]}}
 `, dir, zos, graphs)
 		l := newLLM(t, yaml)
 		defer l.Close()
@@ -143,10 +142,9 @@ func TestGPUEngineGraphsDefaultModel(t *testing.T) {
 device: cuda
 cache: {num_blocks: 1024, block_size: 16}
 engine: {max_num_seqs: 32, max_num_batched_tokens: 4096}
+cuda_graph: {enabled: %v, batch_sizes: [1, 2, 4, 8, 16, 32]}
 pipeline:
   sample: greedy
-  options:
-    forward: {cuda_graph: {enabled: %v, batch_sizes: [1, 2, 4, 8, 16, 32]}}
 `, dir, graphs)
 		cfg, err := config.Parse("gpu.yaml", []byte(yaml))
 		if err != nil {

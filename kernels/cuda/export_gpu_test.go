@@ -2,3 +2,16 @@ package cuda
 
 // LogProfile is logProfile for the external test package's benchmarks.
 var LogProfile = logProfile
+
+// ApplyTestEnv adds the test environment's DEEPINFER_CUDA_* switches
+// (optionsFromTestEnv) to the options of a backend that something else
+// opened: the engine benchmarks' backend, which llm opens from the config.
+// Call it before the backend queues any work (from the model constructor);
+// it fails once a graph exists.
+func ApplyTestEnv(b *Backend) error {
+	o, err := optionsFromTestEnv(b.opts)
+	if err != nil {
+		return err
+	}
+	return b.setOptions(o)
+}

@@ -12,7 +12,7 @@
 
 #define SK_KC 64              // K per pipeline stage
 #define SK_ROW (SK_KC * 2)    // bytes of one 16-bit row of a stage
-#define SK_MAX_ROWS 64        // the kernel's limit on M
+#define SK_MAX_ROWS DI_SKINNY_MAX_ROWS // the kernel's limit on M (64)
 #define SK_TARGET_BLOCKS 128  // the plan aims at about this many blocks of 64 weight rows
 #define SK_MIN_KSLICE 256     // a K split is at least this long...
 #define SK_MAX_SPLITS 32      // ...and there are at most this many

@@ -20,9 +20,15 @@ func newGPU(t testing.TB, mode GEMMMode) *Backend {
 	return newGPUOpts(t, Options{GEMM: mode})
 }
 
-// newGPUOpts is newGPU with any options.
+// newGPUOpts is newGPU with any options, to which the test environment's
+// DEEPINFER_CUDA_* switches are added (optionsFromTestEnv: for benchmarks
+// that tools/gpu/check.sh runs under several settings).
 func newGPUOpts(t testing.TB, opts Options) *Backend {
 	t.Helper()
+	opts, err := optionsFromTestEnv(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
 	b, err := New(opts)
 	if err != nil {
 		if os.Getenv(LibraryEnv) == "" && (errors.Is(err, ErrNoLibrary) || errors.Is(err, ErrNoDevice)) {
@@ -45,7 +51,13 @@ type pair struct {
 
 func newPair(t *testing.T, mode GEMMMode) *pair {
 	t.Helper()
-	g := newGPU(t, mode)
+	return newPairOpts(t, Options{GEMM: mode})
+}
+
+// newPairOpts is newPair with any options for the CUDA backend.
+func newPairOpts(t *testing.T, opts Options) *pair {
+	t.Helper()
+	g := newGPUOpts(t, opts)
 	c := cpu.New(cpu.Options{Threads: 4})
 	t.Cleanup(func() { c.Close() })
 	return &pair{t: t, c: c, g: g, r: rand.New(rand.NewPCG(uint64(len(t.Name())), 7))}

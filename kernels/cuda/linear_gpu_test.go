@@ -10,22 +10,21 @@ import (
 	"github.com/deepinfer/deepinfer-go/kernels"
 )
 
-// Environment variables that pick the Linear path (read when a Backend is
-// created; see gemm_f32_input in ops.cu): rows up to DEEPINFER_CUDA_SKINNY
-// (default 0: off) with 16-bit weights on the skinny GEMM, else rows up
-// to DEEPINFER_CUDA_GEMV (default 4, 0: off) on the GEMV kernel, else cuBLAS.
-const (
-	skinnyEnv = "DEEPINFER_CUDA_SKINNY"
-	gemvEnv   = "DEEPINFER_CUDA_GEMV"
-)
+// everyWeight is an Options.GEMVMaxElems above every weight of the tests:
+// every linear of up to Options.GEMVRows rows takes the GEMV kernel.
+const everyWeight = 1024 << 20
 
-// newGPUPath opens a backend with the two path variables set as given
-// (values restored when t ends).
-func newGPUPath(t testing.TB, mode GEMMMode, skinny, gemv string) *Backend {
+// newGPUPath opens a backend whose Linear takes (see gemm_f32_input in
+// ops.cu) the skinny GEMM for rows up to skinny with 16-bit weights, else
+// the GEMV kernel for rows up to gemv (0 for either: off), else cuBLAS,
+// with gemvMax as Options.GEMVMaxElems (0: the default).
+func newGPUPath(t testing.TB, mode GEMMMode, skinny, gemv int, gemvMax int64) *Backend {
 	t.Helper()
-	t.Setenv(skinnyEnv, skinny)
-	t.Setenv(gemvEnv, gemv)
-	return newGPU(t, mode)
+	o := Options{GEMM: mode, SkinnyRows: skinny, GEMVRows: gemv, GEMVMaxElems: gemvMax}
+	if gemv == 0 {
+		o.GEMVRows = -1
+	}
+	return newGPUOpts(t, o)
 }
 
 // linearOn runs out = x w^T (+ bias) on g from host values (x float32
@@ -54,15 +53,13 @@ func linearOn(t testing.TB, g *Backend, xs []float32, rows, k int, w []byte, dt 
 
 // The GEMV kernel (here for up to 8 rows, the skinny GEMM off): a row's bits
 // do not depend on the other rows, and it agrees with the cuBLAS path
-// (DEEPINFER_CUDA_GEMV=0), which has the same rounding of the inputs, to
+// (Options.GEMVRows < 0), which has the same rounding of the inputs, to
 // float32 summation order.
 func TestGPUGEMV(t *testing.T) {
 	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
-		p := newPair(t, mode)        // for its CPU backend and random source only
-		t.Setenv(gemvMaxEnv, "1024") // every weight on the GEMV, at every row count
-		gv := newGPUPath(t, mode, "0", "8")
-		t.Setenv(gemvMaxEnv, "")
-		ref := newGPUPath(t, mode, "0", "0")
+		p := newPair(t, mode)                        // for its CPU backend and random source only
+		gv := newGPUPath(t, mode, 0, 8, everyWeight) // every weight on the GEMV, at every row count
+		ref := newGPUPath(t, mode, 0, 0, 0)
 		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
 			// The second shape has k past one unrolled group of loads
 			// (8 x 256 elements a lane) with a ragged tail.
@@ -113,9 +110,8 @@ var skinnyShapes = [][3]int{
 // Outputs start as NaN, so an element the kernel does not write fails.
 func TestGPUSkinnyGEMM(t *testing.T) {
 	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
-		t.Setenv(skinnyEnv, "64")
-		p := newPair(t, mode)
-		ref := newGPUPath(t, mode, "0", "0")
+		p := newPairOpts(t, Options{GEMM: mode, SkinnyRows: 64})
+		ref := newGPUPath(t, mode, 0, 0, 0)
 		for _, dt := range []kernels.DType{kernels.BF16, kernels.F16} {
 			for _, sh := range skinnyShapes {
 				for _, bias := range []bool{false, true} {
@@ -165,7 +161,7 @@ var invarianceRows = []int{1, 2, 3, 8, 17, 32, 64}
 func TestGPUSkinnyBatchInvariance(t *testing.T) {
 	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
 		p := newPair(t, mode) // for its random source
-		g := newGPUPath(t, mode, "64", "4")
+		g := newGPUPath(t, mode, 64, 4, 0)
 		for _, c := range []struct {
 			dt   kernels.DType
 			n, k int
@@ -220,7 +216,7 @@ func TestGPUSkinnyBatchInvariance(t *testing.T) {
 func TestGPUSkinnyGraph(t *testing.T) {
 	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
 		p := newPair(t, mode) // for its random source
-		g := newGPUPath(t, mode, "64", "4")
+		g := newGPUPath(t, mode, 64, 4, 0)
 		for _, m := range []int{1, 17, 64} {
 			t.Run(fmt.Sprintf("%s/m=%d", mode, m), func(t *testing.T) {
 				const k = 2048
@@ -282,15 +278,13 @@ func TestGPUSkinnyGraph(t *testing.T) {
 }
 
 // The one-row GEMV with k within one pass of the block (8 columns a block,
-// one chunk each; DEEPINFER_CUDA_GEMV_WIDE=0 turns it off) gives the bits of
+// one chunk each; Options.DisableGEMVWide turns it off) gives the bits of
 // the 4-column layout.
 func TestGPUGEMVWide(t *testing.T) {
 	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
 		p := newPair(t, mode) // for its random source
-		t.Setenv("DEEPINFER_CUDA_GEMV_WIDE", "0")
-		narrow := newGPUPath(t, mode, "0", "4")
-		t.Setenv("DEEPINFER_CUDA_GEMV_WIDE", "")
-		wide := newGPUPath(t, mode, "0", "4")
+		narrow := newGPUOpts(t, Options{GEMM: mode, GEMVRows: 4, DisableGEMVWide: true})
+		wide := newGPUPath(t, mode, 0, 4, 0)
 		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16, kernels.F16} {
 			for _, sh := range [][2]int{{1001, 2048}, {77, 96}, {3, 1024}} {
 				n, k := sh[0], sh[1]
@@ -306,7 +300,7 @@ func TestGPUGEMVWide(t *testing.T) {
 	}
 }
 
-// GatedMLP in GEMM mode round with 16-bit weights, from MLPNarrowEnv rows
+// GatedMLP in GEMM mode round with 16-bit weights, from Options.MLPNarrowRows rows
 // (default 64), stores g, u and silu(g)*u in the weights' type: the result
 // matches a host reference with those rounding points (x, g, u and the
 // product to the type, float64 sums) and stays near the float32-intermediate

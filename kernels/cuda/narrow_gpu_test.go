@@ -13,11 +13,10 @@ import (
 // LinearInputDType (kernels.LinearInputer) reports 16-bit inputs exactly
 // where Linear would round a float32 x for cuBLAS: GEMM mode round, 16-bit
 // weights, rows past the GEMV kernel's (default 4); never in split mode,
-// for float32 weights or with DEEPINFER_CUDA_NORM_NARROW=0.
+// for float32 weights or with Options.DisableNormNarrow.
 func TestGPULinearInputDType(t *testing.T) {
 	round, split := newGPU(t, GEMMRound), newGPU(t, GEMMSplit)
-	t.Setenv(NormNarrowEnv, "0")
-	off := newGPU(t, GEMMRound)
+	off := newGPUOpts(t, Options{DisableNormNarrow: true})
 	for _, c := range []struct {
 		g    *Backend
 		name string
@@ -122,14 +121,12 @@ func TestGPUNormNarrowInput(t *testing.T) {
 }
 
 // Through a whole model: with norm outputs rounded by the norms (the
-// default) and by the linears (DEEPINFER_CUDA_NORM_NARROW=0), the 300-token
+// default) and by the linears (Options.DisableNormNarrow), the 300-token
 // prefill of decodeLogits fills the caches with the same bits, so the
 // decode step that reads them gives bit-identical logits.
 func TestGPUNormNarrowModel(t *testing.T) {
-	t.Setenv(NormNarrowEnv, "0")
-	want, _ := decodeLogits(t)
-	t.Setenv(NormNarrowEnv, "1")
-	got, replays := decodeLogits(t)
+	want, _ := decodeLogits(t, Options{DisableNormNarrow: true})
+	got, replays := decodeLogits(t, Options{})
 	for name, v := range map[string][]float32{"eager": got, "replay": replays[0]} {
 		for i := range want {
 			if math.Float32bits(v[i]) != math.Float32bits(want[i]) {
@@ -145,18 +142,17 @@ func TestGPUNormNarrowModel(t *testing.T) {
 // they store (tensor-core prefill, the decode combine; half, 8-bit and
 // float32 caches, head sizes 64 and 128) and on the float32 kernels
 // (float32 inputs, head size 40), which go through float32 scratch, as
-// every call does with DEEPINFER_CUDA_ATTN_OUT16=0.
+// every call does with Options.DisableAttnOut16.
 func TestGPUAttentionOut16(t *testing.T) {
-	for _, env := range []string{"", "0"} {
-		t.Run("ATTN_OUT16="+env, func(t *testing.T) {
-			t.Setenv("DEEPINFER_CUDA_ATTN_OUT16", env)
-			attentionOut16(t)
+	for _, off := range []bool{false, true} {
+		t.Run(fmt.Sprintf("DisableAttnOut16=%v", off), func(t *testing.T) {
+			attentionOut16(t, Options{DisableAttnOut16: off})
 		})
 	}
 }
 
-func attentionOut16(t *testing.T) {
-	p := newPair(t, GEMMRound)
+func attentionOut16(t *testing.T, opts Options) {
+	p := newPairOpts(t, opts)
 	const blockSize, numBlocks = 16, 256
 	for _, c := range []struct {
 		name  string

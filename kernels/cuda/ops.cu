@@ -219,7 +219,7 @@ extern "C" int di_add_into(di_ctx *ctx, float *out, const float *a, const float 
 
 // ---------------------------------------------------------------- small-batch GEMV
 
-// For a few rows (ctx->gemv, default 4: DEEPINFER_CUDA_GEMV) cuBLAS is
+// For a few rows (ctx->gemv, default 4: di_options.gemv_rows) cuBLAS is
 // latency-bound on small weights (a 2 MB weight takes 13-20 us) and needs x
 // narrowed by a kernel of its own first; the GEMV kernel below reads x as
 // float32, rounds it as the GEMM path does, and streams each weight row once
@@ -229,7 +229,7 @@ extern "C" int di_add_into(di_ctx *ctx, float *out, const float *a, const float 
 // multiply x as is; float32 accumulation, in an order that does not depend on
 // the other rows.
 
-#define GEMV_MAX_ROWS 8 // the kernel's limit; ctx->gemv rows (default 4) are routed to it
+#define GEMV_MAX_ROWS DI_GEMV_MAX_ROWS // the kernel's limit (8); ctx->gemv rows (default 4) are routed to it
 
 // di_chunk8 holds 8 weight elements as loaded: 16 bytes for 16-bit types,
 // 32 for float.
@@ -381,7 +381,7 @@ static void gemv_block(di_ctx *ctx, float *out, const float *x, const W *w, cons
 
 // gemv_ok reports whether the GEMV kernel serves this shape: one row with
 // any weight, or up to ctx->gemv rows with a weight of at most
-// ctx->gemv_max_elems elements ($DEEPINFER_CUDA_GEMV_MAX, in Mi elements;
+// ctx->gemv_max_elems elements (di_options.gemv_max_elems, default 4 Mi;
 // the defaults are the crossovers with cuBLAS measured on an H200, see
 // NOTES.md); k a multiple of 8 and 16-byte aligned rows.
 static bool gemv_ok(const di_ctx *ctx, const float *x, const void *w, int m, int n, int k) {
@@ -417,11 +417,11 @@ static int gemv(di_ctx *ctx, float *out, const float *x, const void *w, int w_dt
 // gemm_f32_input runs out[m,n] = x[m,k] w^T (+ bias) with float32 x, on the
 // first path that serves the shape:
 //   1. the skinny GEMM (gemm_skinny.cu) for BF16/F16 weights and 1..64 rows
-//      (ctx->skinny, $DEEPINFER_CUDA_SKINNY: 0 turns it off), k a multiple
+//      (ctx->skinny, di_options.skinny_rows: 0, the default, turns it off), k a multiple
 //      of 8, 16-byte aligned x and w: tensor cores, the weights read once, and
 //      a row's bits independent of the batch (its doc states the contract);
-//   2. the GEMV kernel for 1..ctx->gemv rows ($DEEPINFER_CUDA_GEMV, default 4;
-//      0 turns it off) and weights of at most ctx->gemv_max_elems: with
+//   2. the GEMV kernel for 1..ctx->gemv rows (di_options.gemv_rows, default 4;
+//      negative turns it off) and weights of at most ctx->gemv_max_elems: with
 //      the skinny GEMM on, that is F32 weights only;
 //   3. cuBLAS. For 16-bit weights x is narrowed to the weight dtype
 //      (DI_GEMM_ROUND) or split into hi and lo rows of one GEMM over 2m rows

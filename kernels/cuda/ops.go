@@ -7,9 +7,7 @@ import "C"
 
 import (
 	"fmt"
-	"os"
 	"runtime"
-	"strconv"
 	"strings"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
@@ -58,24 +56,26 @@ func (b *Backend) Embedding(out, table, ids kernels.Tensor) error {
 	}, o, tb, id)
 }
 
-func (b *Backend) normArgs(op string, out, x, weight kernels.Tensor) (o, xs, w *Tensor, rows, n int, err error) {
+// normTensors converts the tensors of RMSNorm and AddRMSNorm.
+func normTensors(op string, out, x, weight kernels.Tensor) (o, xs, w *Tensor, err error) {
 	if o, err = asCUDA(op, "out", out); err != nil {
 		return
 	}
 	if xs, err = asCUDA(op, "x", x); err != nil {
 		return
 	}
-	if w, err = asCUDA(op, "weight", weight); err != nil {
-		return
-	}
-	rows, n, err = kernels.NormShapes("cuda", op, o, xs, w, kernels.F32, kernels.BF16, kernels.F16)
+	w, err = asCUDA(op, "weight", weight)
 	return
 }
+
+// normOutTypes are the dtypes RMSNorm and AddRMSNorm write: F32, or a
+// 16-bit type for the linear after them (LinearInputDType).
+var normOutTypes = []kernels.DType{kernels.F32, kernels.BF16, kernels.F16}
 
 // LinearInputDType implements kernels.LinearInputer: BF16 or F16 where
 // Linear and GatedMLP would round a float32 x to the weights' type for
 // cuBLAS (GEMM mode round, rows past the GEMV and skinny-GEMM paths), F32
-// elsewhere (and everywhere with NormNarrowEnv=0).
+// elsewhere (and everywhere with Options.DisableNormNarrow).
 func (b *Backend) LinearInputDType(w kernels.DType, rows int) kernels.DType {
 	if !b.normNarrow {
 		return kernels.F32
@@ -92,7 +92,11 @@ func (b *Backend) LinearInputDType(w kernels.DType, rows int) kernels.DType {
 // or BF16 or F16 (each value rounded to nearest; see LinearInputDType).
 func (b *Backend) RMSNorm(out, x, weight kernels.Tensor, eps float32) error {
 	const op = "rms_norm"
-	o, xs, w, rows, n, err := b.normArgs(op, out, x, weight)
+	o, xs, w, err := normTensors(op, out, x, weight)
+	if err != nil {
+		return err
+	}
+	rows, n, err := kernels.NormShapes("cuda", op, o, xs, w, normOutTypes...)
 	if err != nil {
 		return err
 	}
@@ -105,7 +109,7 @@ func (b *Backend) RMSNorm(out, x, weight kernels.Tensor, eps float32) error {
 // dtype as RMSNorm's).
 func (b *Backend) AddRMSNorm(out, residual, x, weight kernels.Tensor, eps float32) error {
 	const op = "add_rms_norm"
-	o, xs, w, rows, n, err := b.normArgs(op, out, x, weight)
+	o, xs, w, err := normTensors(op, out, x, weight)
 	if err != nil {
 		return err
 	}
@@ -113,7 +117,8 @@ func (b *Backend) AddRMSNorm(out, residual, x, weight kernels.Tensor, eps float3
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "residual", r, []int{rows, n}, kernels.F32); err != nil {
+	rows, n, err := kernels.AddNormShapes("cuda", o, r, xs, w, normOutTypes...)
+	if err != nil {
 		return err
 	}
 	return b.launch(op, func() C.int {
@@ -145,9 +150,6 @@ func (b *Backend) Linear(out, x, w, bias kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := checkInputDType(op, xs, ws); err != nil {
-		return err
-	}
 	name := op
 	if b.prof != nil {
 		name = fmt.Sprintf("linear %dx%d %s", n, k, sizeClass(m))
@@ -155,16 +157,6 @@ func (b *Backend) Linear(out, x, w, bias kernels.Tensor) error {
 	return b.launch(name, func() C.int {
 		return C.c_linear(b.lib.api, b.ctx, o.ptr(), xs.ptr(), C.int(xs.dtype), ws.ptr(), C.int(ws.dtype), optPtr(bs), C.int(m), C.int(n), C.int(k))
 	}, o, xs, ws, bs)
-}
-
-// checkInputDType accepts a linear's x of F32 or of its weights' 16-bit
-// dtype (already rounded); anything else is ErrShape.
-func checkInputDType(op string, x, w *Tensor) error {
-	if x.dtype == kernels.F32 || (x.dtype == w.dtype && (w.dtype == kernels.BF16 || w.dtype == kernels.F16)) {
-		return nil
-	}
-	return fmt.Errorf("cuda: %s: x of dtype %s with weights of dtype %s: want F32 or the weights' 16-bit dtype: %w",
-		op, x.dtype, w.dtype, kernels.ErrShape)
 }
 
 // SiLUMul computes silu(gate) * up from the fused [T, 2n] projection.
@@ -178,14 +170,8 @@ func (b *Backend) SiLUMul(out, gateUp kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "gate_up", g, []int{-1, -1}, kernels.F32); err != nil {
-		return err
-	}
-	rows, n := g.shape[0], g.shape[1]/2
-	if g.shape[1]%2 != 0 {
-		return fmt.Errorf("cuda: %s: gate_up %v has an odd width: %w", op, g, kernels.ErrShape)
-	}
-	if err := checkShape(op, "out", o, []int{rows, n}, kernels.F32); err != nil {
+	rows, n, err := kernels.SiLUMulShapes("cuda", o, g)
+	if err != nil {
 		return err
 	}
 	return b.launch(op, func() C.int {
@@ -193,32 +179,8 @@ func (b *Backend) SiLUMul(out, gateUp kernels.Tensor) error {
 	}, o, g)
 }
 
-// MLPNarrowEnv sets the least number of rows (default 64; 0: never) for which
-// GatedMLP keeps its intermediates in the weights' 16-bit type (GEMM mode
-// round, BF16 or F16 weights): half the bytes of float32 gate, up and
-// product, and no narrowing pass before the down projection.
-const MLPNarrowEnv = "DEEPINFER_CUDA_MLP_NARROW"
-
-// defaultMLPNarrowRows is MLPNarrowEnv's default: from 64 rows (prefill
-// chunks, large decode batches) the intermediates' traffic is worth saving;
-// below, the GEMV paths read float32 rows.
-const defaultMLPNarrowRows = 64
-
-// mlpNarrowRows parses MLPNarrowEnv.
-func mlpNarrowRows() (int, error) {
-	v := os.Getenv(MLPNarrowEnv)
-	if v == "" {
-		return defaultMLPNarrowRows, nil
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("cuda: %s=%q: want a row count (0: off): %w", MLPNarrowEnv, v, ErrUnsupported)
-	}
-	return n, nil
-}
-
 // GatedMLP implements kernels.GatedMLPer. In GEMM mode round with BF16 or
-// F16 weights and at least the MLPNarrowEnv rows, one library call keeps g,
+// F16 weights and at least Options.MLPNarrowRows rows, one library call keeps g,
 // u and silu(g)*u in the weights' type (rounded to nearest; gu and act are
 // not used); otherwise it runs Linear, SiLUMul, Linear through gu and act,
 // with their bits. Cost: the two projections (weights read once, 2 x rows x
@@ -242,24 +204,8 @@ func (b *Backend) GatedMLP(out, x, gateUp, down, gu, act kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "x", xs, []int{-1, -1}, kernels.F32, kernels.BF16, kernels.F16); err != nil {
-		return err
-	}
-	rows, hidden := xs.shape[0], xs.shape[1]
-	if err := checkShape(op, "gate_up", gw, []int{-1, hidden}); err != nil {
-		return err
-	}
-	if err := checkInputDType(op, xs, gw); err != nil {
-		return err
-	}
-	if gw.shape[0]%2 != 0 {
-		return fmt.Errorf("cuda: %s: gate_up %v has an odd row count: %w", op, gw, kernels.ErrShape)
-	}
-	n := gw.shape[0] / 2
-	if err := checkShape(op, "down", dw, []int{hidden, n}, gw.dtype); err != nil {
-		return err
-	}
-	if err := checkShape(op, "out", o, []int{rows, hidden}, kernels.F32); err != nil {
+	rows, hidden, n, err := kernels.GatedMLPShapes("cuda", o, xs, gw, dw, kernels.F32, kernels.BF16, kernels.F16)
+	if err != nil {
 		return err
 	}
 	narrow := b.mlpNarrow > 0 && rows >= b.mlpNarrow && b.gemm == GEMMRound && (gw.dtype == kernels.BF16 || gw.dtype == kernels.F16)
@@ -292,17 +238,12 @@ func (b *Backend) Add(out, x, y kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "a", a, o.shape, kernels.F32); err != nil {
+	n, err := kernels.AddShapes("cuda", o, a, c)
+	if err != nil {
 		return err
-	}
-	if err := checkShape(op, "b", c, o.shape, kernels.F32); err != nil {
-		return err
-	}
-	if o.dtype != kernels.F32 {
-		return fmt.Errorf("cuda: %s: out is %v: %w", op, o, kernels.ErrDType)
 	}
 	return b.launch(op, func() C.int {
-		return C.c_add(b.lib.api, b.ctx, o.ptr(), a.ptr(), c.ptr(), C.uint64_t(o.numel()))
+		return C.c_add(b.lib.api, b.ctx, o.ptr(), a.ptr(), c.ptr(), C.uint64_t(n))
 	}, o, a, c)
 }
 
@@ -321,15 +262,8 @@ func (b *Backend) Concat(out, x, y kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "a", a, []int{-1, -1}, kernels.F32); err != nil {
-		return err
-	}
-	rows, m := a.shape[0], a.shape[1]
-	if err := checkShape(op, "b", c, []int{rows, -1}, kernels.F32); err != nil {
-		return err
-	}
-	n := c.shape[1]
-	if err := checkShape(op, "out", o, []int{rows, m + n}, kernels.F32); err != nil {
+	rows, m, n, err := kernels.ConcatShapes("cuda", o, a, c)
+	if err != nil {
 		return err
 	}
 	return b.launch(op, func() C.int {
@@ -395,23 +329,8 @@ func (b *Backend) RoPE(x, positions, cos, sin kernels.Tensor, p kernels.RoPEPara
 	if err != nil {
 		return err
 	}
-	if p.NumHeads <= 0 || p.RotaryDim <= 0 || p.RotaryDim%2 != 0 || p.Offset < 0 || p.Offset+p.RotaryDim > p.HeadSize {
-		return fmt.Errorf("cuda: %s: params %+v: %w", op, p, kernels.ErrShape)
-	}
-	width := p.NumHeads * p.HeadSize
-	if err := checkShape(op, "x", xs, []int{-1, width}, kernels.F32); err != nil {
-		return err
-	}
-	t := xs.shape[0]
-	if err := checkShape(op, "positions", ps, []int{t}, kernels.I32); err != nil {
-		return err
-	}
-	half := p.RotaryDim / 2
-	if err := checkShape(op, "cos", cs, []int{-1, half}, kernels.F32); err != nil {
-		return err
-	}
-	maxPos := cs.shape[0]
-	if err := checkShape(op, "sin", ss, []int{maxPos, half}, kernels.F32); err != nil {
+	t, maxPos, err := kernels.RoPEShapes("cuda", xs, ps, cs, ss, p)
+	if err != nil {
 		return err
 	}
 	il := 0
@@ -440,65 +359,28 @@ func (b *Backend) WriteCache(cache, src, slotMapping kernels.Tensor, col int) er
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "cache", c, []int{-1, -1, -1}, cacheDTypes...); err != nil {
+	cw, err := kernels.WriteCacheShapes("cuda", c, s, sm, col, cacheDTypes...)
+	if err != nil {
 		return err
 	}
-	numSlots, width := c.shape[0]*c.shape[1], c.shape[2]
-	if err := checkShape(op, "src", s, []int{-1, -1}, kernels.F32); err != nil {
-		return err
-	}
-	t, w := s.shape[0], s.shape[1]
-	if col < 0 || col+w > width {
-		return fmt.Errorf("cuda: %s: columns [%d, %d) of cache %v: %w", op, col, col+w, c, kernels.ErrShape)
-	}
-	if err := checkShape(op, "slot_mapping", sm, []int{t}, kernels.I32); err != nil {
-		return err
-	}
+	t, w, numSlots, width := cw.T, cw.W, cw.Slots, cw.Width
 	return b.launch(op, func() C.int {
 		return C.c_write_cache(b.lib.api, b.ctx, c.ptr(), s.ptr(), sm.ptr(), C.int(t), C.int(w), C.int(width), C.int(col), C.int(numSlots),
 			C.int(c.dtype))
 	}, c, s, sm)
 }
 
-// attnMeta validates m's tensors against numTokens query rows and a cache of
-// [numBlocks, blockSize, ...] and returns the ABI's description of it. The
-// values inside the tensors are checked on the device.
+// attnMeta validates m against numTokens query rows and a cache of
+// [numBlocks, blockSize, ...] (kernels.MetadataShapes) and returns the
+// ABI's description of it. The values inside the tensors are checked on
+// the device.
 func attnMeta(op string, m *kernels.AttentionMetadata, numTokens, numBlocks, blockSize int) (C.di_attn_meta, []*Tensor, error) {
 	var cm C.di_attn_meta
-	if m == nil {
-		return cm, nil, fmt.Errorf("cuda: %s: nil metadata: %w", op, kernels.ErrShape)
-	}
-	if m.BlockSize != blockSize || blockSize <= 0 {
-		return cm, nil, fmt.Errorf("cuda: %s: metadata block size %d, cache block size %d: %w", op, m.BlockSize, blockSize, kernels.ErrShape)
-	}
-	cu, err := asCUDA(op, "cu_seqlens_q", m.CuSeqlensQ)
-	if err != nil {
-		return cm, nil, err
-	}
-	sk, err := asCUDA(op, "seqlens_k", m.SeqlensK)
-	if err != nil {
-		return cm, nil, err
-	}
-	bt, err := asCUDA(op, "block_tables", m.BlockTables)
+	cu, sk, bt, err := kernels.MetadataShapes[*Tensor]("cuda", op, m, numTokens, blockSize)
 	if err != nil {
 		return cm, nil, err
 	}
 	n := m.NumSeqs
-	if n <= 0 && numTokens > 0 {
-		return cm, nil, fmt.Errorf("cuda: %s: %d sequences for %d tokens: %w", op, n, numTokens, kernels.ErrShape)
-	}
-	if err := checkShape(op, "cu_seqlens_q", cu, []int{n + 1}, kernels.I32); err != nil {
-		return cm, nil, err
-	}
-	if err := checkShape(op, "seqlens_k", sk, []int{n}, kernels.I32); err != nil {
-		return cm, nil, err
-	}
-	if err := checkShape(op, "block_tables", bt, []int{n, -1}, kernels.I32); err != nil {
-		return cm, nil, err
-	}
-	if m.NumTokens != numTokens {
-		return cm, nil, fmt.Errorf("cuda: %s: metadata has %d tokens, q has %d rows: %w", op, m.NumTokens, numTokens, kernels.ErrShape)
-	}
 	cm.num_seqs = C.int(n)
 	cm.num_tokens = C.int(numTokens)
 	cm.block_size = C.int(blockSize)
@@ -531,25 +413,13 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 	if err != nil {
 		return err
 	}
-	if p.NumHeads <= 0 || p.NumKVHeads <= 0 || p.NumHeads%p.NumKVHeads != 0 || p.HeadDim <= 0 || p.SlidingWindow < 0 {
-		return fmt.Errorf("cuda: %s: params %+v: %w", op, p, kernels.ErrShape)
-	}
-	d, nh := p.HeadDim, p.NumHeads
-	if err := checkShape(op, "q", qs, []int{-1, nh * d}, kernels.F32); err != nil {
-		return err
-	}
-	t := qs.shape[0]
 	// A 16-bit out holds the float32 results rounded to nearest, for a
 	// 16-bit linear after it (LinearInputDType).
-	if err := checkShape(op, "out", o, []int{t, nh * d}, kernels.F32, kernels.BF16, kernels.F16); err != nil {
+	t, err := kernels.AttentionShapes("cuda", o, qs, kc, vc, p, normOutTypes, cacheDTypes)
+	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "k_cache", kc, []int{-1, -1, p.NumKVHeads * d}, cacheDTypes...); err != nil {
-		return err
-	}
-	if err := checkShape(op, "v_cache", vc, kc.shape, kc.dtype); err != nil {
-		return err
-	}
+	d, nh := p.HeadDim, p.NumHeads
 	cm, keep, err := attnMeta(op, m, t, kc.shape[0], kc.shape[1])
 	if err != nil {
 		return err
@@ -675,9 +545,6 @@ func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "down", dn, dn.shape, gu.dtype); err != nil { // the kernels read both in one dtype
-		return err
-	}
 	t, hidden, numExperts, inter, topK := d.T, d.Hidden, d.NumExperts, d.Inter, d.TopK
 	return b.launch(op, func() C.int {
 		return C.c_moe(b.lib.api, b.ctx, o.ptr(), xs.ptr(), is.ptr(), ws.ptr(), gu.ptr(), dn.ptr(), C.int(gu.dtype), C.int(t),
@@ -701,17 +568,12 @@ func (b *Backend) ResolvePlaceholders(ids, fromRow, sampled kernels.Tensor) erro
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "ids", id, []int{-1}, kernels.I32); err != nil {
-		return err
-	}
-	if err := checkShape(op, "from_row", from, []int{id.shape[0]}, kernels.I32); err != nil {
-		return err
-	}
-	if err := checkShape(op, "sampled", smp, []int{-1}, kernels.I32); err != nil {
+	t, r, err := kernels.ResolveShapes("cuda", id, from, smp)
+	if err != nil {
 		return err
 	}
 	return b.launch(op, func() C.int {
-		return C.c_resolve(b.lib.api, b.ctx, id.ptr(), from.ptr(), smp.ptr(), C.int(id.shape[0]), C.int(smp.shape[0]))
+		return C.c_resolve(b.lib.api, b.ctx, id.ptr(), from.ptr(), smp.ptr(), C.int(t), C.int(r))
 	}, id, from, smp)
 }
 
@@ -738,28 +600,9 @@ func (b *Backend) Logits(out, hidden, rows, norm, head kernels.Tensor, eps float
 	if err != nil {
 		return err
 	}
-	if err := checkShape(op, "hidden", h, []int{-1, -1}, kernels.F32); err != nil {
+	t, r, dim, vocab, err := kernels.LogitsShapes("cuda", o, h, rs, nw, hw)
+	if err != nil {
 		return err
-	}
-	t, dim := h.shape[0], h.shape[1]
-	if err := checkShape(op, "head", hw, []int{-1, dim}, floatTypes...); err != nil {
-		return err
-	}
-	vocab := hw.shape[0]
-	r := t
-	if rs != nil {
-		if err := checkShape(op, "rows", rs, []int{-1}, kernels.I32); err != nil {
-			return err
-		}
-		r = rs.shape[0]
-	}
-	if err := checkShape(op, "out", o, []int{r, vocab}, kernels.F32); err != nil {
-		return err
-	}
-	if nw != nil {
-		if err := checkShape(op, "norm", nw, []int{dim}, kernels.F32); err != nil {
-			return err
-		}
 	}
 	return b.launch(op, func() C.int {
 		return C.c_logits(b.lib.api, b.ctx, o.ptr(), h.ptr(), optPtr(rs), C.int(r), C.int(t), optPtr(nw), hw.ptr(),
@@ -792,41 +635,11 @@ func (b *Backend) PrepareQKV(a kernels.QKV) error {
 		}
 	}
 	qkv, q, kc, vc, sm, pos, cs, sn, qn, kn := ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6], ts[7], ts[8], ts[9]
-	h, hkv, d, rp := a.NumHeads, a.NumKVHeads, a.HeadDim, a.RoPE
-	if h <= 0 || hkv <= 0 || d <= 0 || rp.RotaryDim <= 0 || rp.RotaryDim%2 != 0 || rp.Offset < 0 || rp.Offset+rp.RotaryDim > d {
-		return fmt.Errorf("cuda: %s: %d heads, %d kv heads, head dim %d, rope %+v: %w", op, h, hkv, d, rp, kernels.ErrShape)
-	}
-	if (qn == nil) != (kn == nil) {
-		return fmt.Errorf("cuda: %s: q_norm and k_norm are both set or both nil: %w", op, kernels.ErrShape)
-	}
-	if err := checkShape(op, "qkv", qkv, []int{-1, (h + 2*hkv) * d}, kernels.F32); err != nil {
+	t, maxPos, err := kernels.QKVShapes("cuda", a, cacheDTypes...)
+	if err != nil {
 		return err
 	}
-	t := qkv.shape[0]
-	type check struct {
-		name string
-		x    *Tensor
-		want []int
-		dt   []kernels.DType
-	}
-	f32 := []kernels.DType{kernels.F32}
-	checks := []check{
-		{"q", q, []int{t, h * d}, f32},
-		{"k_cache", kc, []int{-1, -1, hkv * d}, cacheDTypes},
-		{"v_cache", vc, kc.shape, []kernels.DType{kc.dtype}},
-		{"slot_mapping", sm, []int{t}, []kernels.DType{kernels.I32}},
-		{"positions", pos, []int{t}, []kernels.DType{kernels.I32}},
-		{"cos", cs, []int{-1, rp.RotaryDim / 2}, f32},
-		{"sin", sn, cs.shape, f32},
-	}
-	if qn != nil {
-		checks = append(checks, check{"q_norm", qn, []int{d}, f32}, check{"k_norm", kn, []int{d}, f32})
-	}
-	for _, c := range checks {
-		if err := checkShape(op, c.name, c.x, c.want, c.dt...); err != nil {
-			return err
-		}
-	}
+	h, hkv, d, rp := a.NumHeads, a.NumKVHeads, a.HeadDim, a.RoPE
 	il := 0
 	if rp.Interleaved {
 		il = 1
@@ -835,7 +648,7 @@ func (b *Backend) PrepareQKV(a kernels.QKV) error {
 		qkv: qkv.ptr(), q: q.ptr(), k_cache: kc.ptr(), v_cache: vc.ptr(), slot_mapping: sm.ptr(), positions: pos.ptr(),
 		cos: cs.ptr(), sin: sn.ptr(), q_norm: optPtr(qn), k_norm: optPtr(kn),
 		num_tokens: C.int(t), num_heads: C.int(h), num_kv_heads: C.int(hkv), head_dim: C.int(d),
-		rot_offset: C.int(rp.Offset), rotary_dim: C.int(rp.RotaryDim), interleaved: C.int(il), max_pos: C.int(cs.shape[0]),
+		rot_offset: C.int(rp.Offset), rotary_dim: C.int(rp.RotaryDim), interleaved: C.int(il), max_pos: C.int(maxPos),
 		num_slots: C.int(kc.shape[0] * kc.shape[1]), cache_dtype: C.int(kc.dtype), eps: C.float(a.Eps),
 	}
 	return b.launch(op, func() C.int {

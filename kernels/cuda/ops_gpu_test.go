@@ -316,14 +316,12 @@ func TestGPUMLAAttention(t *testing.T) {
 
 // The two forms of the MLA kernel, keys staged in shared memory (small
 // grids) and read from global memory (large ones), give the same bits:
-// DEEPINFER_CUDA_MLA_STAGED_MAX=0 forces the second, a large value the
+// Options.MLAStagedMax < 0 forces the second, a large value the
 // first, over decode, prefill and mixed batches, tiny and DeepSeek-V2 sizes,
 // float32 and bf16 weights.
 func TestGPUMLAStagedBits(t *testing.T) {
-	t.Setenv("DEEPINFER_CUDA_MLA_STAGED_MAX", "0")
-	plain := newPair(t, GEMMRound)
-	t.Setenv("DEEPINFER_CUDA_MLA_STAGED_MAX", "1000000")
-	staged := newPair(t, GEMMRound)
+	plain := newPairOpts(t, Options{MLAStagedMax: -1})
+	staged := newPairOpts(t, Options{MLAStagedMax: 1000000})
 	eachMLACase(t, func(t *testing.T, mp kernels.MLAParams, dt kernels.DType, seqs [][2]int) {
 		if !bytes.Equal(plain.mla(t, mp, dt, seqs), staged.mla(t, mp, dt, seqs)) {
 			t.Errorf("staged keys: bits differ from the plain kernel's")

@@ -17,12 +17,12 @@ const pdlTestConfig = `{"architectures": ["LlamaForCausalLM"], "model_type": "ll
 	"num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
 	"rope_theta": 10000.0, "tie_word_embeddings": false, "hidden_act": "silu"}`
 
-// decodeLogits loads pdlTestConfig on a backend opened with the environment
-// as it is, prefills a 300-token prompt, and returns the logits of one
-// batch-1 decode step run eagerly and replayed twice from a captured graph.
-func decodeLogits(t *testing.T) (eager []float32, replays [][]float32) {
+// decodeLogits loads pdlTestConfig on a backend opened with opts,
+// prefills a 300-token prompt, and returns the logits of one batch-1
+// decode step run eagerly and replayed twice from a captured graph.
+func decodeLogits(t *testing.T, opts Options) (eager []float32, replays [][]float32) {
 	t.Helper()
-	g := newGPU(t, GEMMRound)
+	g := newGPUOpts(t, opts)
 	cfg, err := weights.ParseConfig([]byte(pdlTestConfig))
 	if err != nil {
 		t.Fatal(err)
@@ -94,14 +94,12 @@ func decodeLogits(t *testing.T) (eager []float32, replays [][]float32) {
 	return eager, replays
 }
 
-// Programmatic dependent launch (DEEPINFER_CUDA_PDL, on by default) changes
+// Programmatic dependent launch (on unless Options.DisablePDL) changes
 // when kernels are scheduled, not what they compute: a BF16 decode step gives
 // the same logits with it on and off, eagerly and replayed from a graph.
 func TestGPUPDL(t *testing.T) {
-	t.Setenv("DEEPINFER_CUDA_PDL", "0")
-	want, _ := decodeLogits(t)
-	t.Setenv("DEEPINFER_CUDA_PDL", "1")
-	eager, replays := decodeLogits(t)
+	want, _ := decodeLogits(t, Options{DisablePDL: true})
+	eager, replays := decodeLogits(t, Options{})
 	for name, got := range map[string][]float32{"eager": eager, "replay 1": replays[0], "replay 2": replays[1]} {
 		for i := range want {
 			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {

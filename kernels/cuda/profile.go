@@ -8,18 +8,16 @@ import "C"
 import (
 	"cmp"
 	"fmt"
-	"os"
 	"slices"
-	"strings"
 	"unsafe"
 )
 
-// ProfileEnv turns on the per-operation device profile when set to 1: every
-// operation queued outside graph capture is bracketed by two CUDA events and
-// its device time is added to its name's total (OpProfile). It costs two
-// event records per operation and a host wait every profileBatch
-// operations: for finding where the time goes, not for timing runs.
-const ProfileEnv = "DEEPINFER_CUDA_PROFILE"
+// The per-operation device profile (Options.profile, which only this
+// package's tests set): every operation queued outside graph capture is
+// bracketed by two CUDA events and its device time is added to its name's
+// total (OpProfile). It costs two event records per operation and a host
+// wait every profileBatch operations: for finding where the time goes, not
+// for timing runs.
 
 // profileBatch is how many bracketed operations wait for their times.
 const profileBatch = 512
@@ -47,9 +45,6 @@ type profileMark struct {
 }
 
 func newProfiler() *profiler {
-	if os.Getenv(ProfileEnv) != "1" {
-		return nil
-	}
 	return &profiler{totals: map[string]*OpTime{}}
 }
 
@@ -133,7 +128,8 @@ func (p *profiler) close(b *Backend) {
 
 // OpProfile returns the device time per operation name since the backend
 // was opened (or the last reset), largest first, after waiting for the
-// operations still queued. It is nil unless DEEPINFER_CUDA_PROFILE=1.
+// operations still queued. It is nil unless the backend profiles (a
+// switch only this package's tests and benchmarks turn on).
 func (b *Backend) OpProfile(reset bool) ([]OpTime, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -184,32 +180,11 @@ func FormatOpProfile(prof []OpTime, top int) []string {
 	return lines
 }
 
-// SkipEnv names operations (comma-separated, as OpProfile names them) that
-// the backend then does not queue at all: a timing ablation for finding what
-// an operation costs inside a captured graph, where the profile cannot
-// bracket it (a step's time with and without it). Results are wrong while it
-// is set; New refuses a name that is not an operation.
-const SkipEnv = "DEEPINFER_CUDA_SKIP"
-
-// skippable are the operation names SkipEnv accepts.
+// skippable are the operation names Options.skip accepts: the backend then
+// does not queue them at all, a timing ablation for finding what an
+// operation costs inside a captured graph, where the profile cannot bracket
+// it (a step's time with and without it). Results are wrong while any is
+// skipped, so only this package's tests and benchmarks set it.
 var skippable = []string{"add", "add_rms_norm", "attention", "concat", "embedding", "gated_mlp", "linear", "logits",
 	"mla_attention", "moe", "moe_route", "qkv_prepare", "resolve_placeholders", "rms_norm", "rope", "sample",
 	"silu_mul", "split_columns", "write_cache"}
-
-// skipSet parses SkipEnv: nil when unset.
-func skipSet() (map[string]bool, error) {
-	v := os.Getenv(SkipEnv)
-	if v == "" {
-		return nil, nil
-	}
-	set := map[string]bool{}
-	for _, op := range strings.Split(v, ",") {
-		op = strings.TrimSpace(op)
-		if !slices.Contains(skippable, op) {
-			return nil, fmt.Errorf("cuda: %s=%q: %q is not an operation (want some of %s): %w",
-				SkipEnv, v, op, strings.Join(skippable, ", "), ErrUnsupported)
-		}
-		set[op] = true
-	}
-	return set, nil
-}

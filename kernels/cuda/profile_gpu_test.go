@@ -8,16 +8,15 @@ import (
 	"github.com/deepinfer/deepinfer-go/kernels"
 )
 
-// With ProfileEnv=1 every eager operation is timed under its name (linears
-// by shape and row class); operations recorded into a graph are not; the
-// reset empties the totals. Without it there is no profile.
+// With the profile on every eager operation is timed under its name
+// (linears by shape and row class); operations recorded into a graph are
+// not; the reset empties the totals. Without it there is no profile.
 func TestGPUOpProfile(t *testing.T) {
-	t.Setenv(ProfileEnv, "")
+	t.Setenv(profileEnv, "")
 	if prof, err := newGPU(t, GEMMRound).OpProfile(false); prof != nil || err != nil {
-		t.Fatalf("profile without %s: %v, %v", ProfileEnv, prof, err)
+		t.Fatalf("profile while off: %v, %v", prof, err)
 	}
-	t.Setenv(ProfileEnv, "1")
-	g := newGPU(t, GEMMRound)
+	g := newGPUOpts(t, Options{profile: true})
 	x, err := kernels.FromF32(g, make([]float32, 3*64), 3, 64)
 	if err != nil {
 		t.Fatal(err)
@@ -77,11 +76,10 @@ func TestGPUOpProfile(t *testing.T) {
 	}
 }
 
-// TestGPUSkipEnv checks the timing ablation: a skipped operation queues
+// TestGPUSkip checks the timing ablation: a skipped operation queues
 // nothing (its output keeps its poison), the others still run.
-func TestGPUSkipEnv(t *testing.T) {
-	t.Setenv(SkipEnv, "silu_mul")
-	p := newPair(t, GEMMRound)
+func TestGPUSkip(t *testing.T) {
+	p := newPairOpts(t, Options{skip: []string{"silu_mul"}})
 	gateUp := p.rand(kernels.F32, 1, 3, 16)
 	act := p.zeros(kernels.F32, 3, 8)
 	p.poison(act)

@@ -598,15 +598,13 @@ func hostSampleRows(b *testing.B, flat []float32, vocab int, rows []kernels.Samp
 }
 
 // Sampling calls cut each row into chunks for the whole-row passes
-// (DEEPINFER_CUDA_SAMPLE_SPLIT, default every call; at least
-// DEEPINFER_CUDA_SAMPLE_MIN_CHUNKS, 4, a row): the tokens and the processed
+// (Options.SampleSplitRows, default every call; at least
+// Options.SampleMinChunks, 4, a row): the tokens and the processed
 // logits are those of one block per row, for every parameter set and kind
 // of logits, with and without edits, for a few rows (many chunks a row)
 // and for 300 (the fewest).
 func TestGPUSampleChunks(t *testing.T) {
-	t.Setenv("DEEPINFER_CUDA_SAMPLE_SPLIT", "0")
-	whole := newGPU(t, GEMMRound)
-	t.Setenv("DEEPINFER_CUDA_SAMPLE_SPLIT", "")
+	whole := newGPUOpts(t, Options{SampleSplitRows: -1})
 	chunked := newGPU(t, GEMMRound)
 	r := rand.New(rand.NewPCG(3, 9))
 	var rows, random int

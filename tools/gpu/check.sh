@@ -24,8 +24,9 @@
 #   tests   cuda.test -test.run TestGPU: every GPU test (ops against the CPU
 #           backend, graphs, the tiny parity fixtures, the engine on and off
 #           graphs, device markers).
-#   e2e     deepinfer generate on configs/cuda.yaml (GEMM round and split)
-#           and on the CPU: 48 greedy tokens each; the stats lines.
+#   e2e     deepinfer generate on configs/cuda.yaml (GEMM round, and split
+#           through a copy with cuda.gemm: split) and on the CPU: 48 greedy
+#           tokens each; the stats lines.
 #   parity  real shapes (Qwen3-0.6B, Llama-3.2-1B, DeepSeek-V2-Lite with 4
 #           of its layers): tools/make_fixtures.py writes random BF16 weights
 #           and HF's bf16 references (prompts PARITY_PROMPT_LENS, default
@@ -61,11 +62,14 @@
 #           call to the next, so compare builds inside one call. The
 #           revisions must share the working tree's C ABI (DI_ABI_VERSION).
 #           AB_ENVS adds variants of the working tree's library under
-#           environment settings: space-separated words, each a
+#           the test binary's switches (the DEEPINFER_CUDA_* variables that
+#           kernels/cuda/testenv_test.go turns into cuda.Options; the
+#           engine itself reads none): space-separated words, each a
 #           list of NAME=VALUE joined by + (for example
 #           "DEEPINFER_CUDA_PDL=0 DEEPINFER_CUDA_GEMV=0+DEEPINFER_CUDA_PDL=0").
-#   profile the backend's per-operation device profile (DEEPINFER_CUDA_PROFILE=1,
-#           eager work only: the engine benchmarks run without graphs) over
+#   profile the backend's per-operation device profile (the test binary's
+#           DEEPINFER_CUDA_PROFILE=1, eager work only: the engine
+#           benchmarks run without graphs) over
 #           the benchmarks PROFILE_BENCH (default GPUDecodeLlama1B/batch=1):
 #           device time per operation, profile_ops.txt, printed last.
 #           PROFILE_BENCHTIME (default 3x) is the -test.benchtime;
@@ -192,19 +196,24 @@ phase_tests() {
 }
 
 phase_e2e() {
-	local t prompt="The quick brown fox" rc=()
+	local t prompt="The quick brown fox" rc=() split_cfg=configs/.check_cuda_split.yaml
 	need "$dir/deepinfer" "build it here with: tools/gpu/check.sh prepare $dir" || { status[e2e]="FAILED: no deepinfer binary"; return; }
 	need "$lib" "run the build phase first" || { status[e2e]="FAILED: no library"; return; }
+	# configs/cuda.yaml with cuda.gemm: split, beside it (its model path is
+	# relative to the file); removed at the end of the phase.
+	awk '/^cuda:/ { print; print "  gemm: split"; done = 1; next } { print }
+		END { if (!done) { print "cuda:"; print "  gemm: split" } }' configs/cuda.yaml >"$split_cfg"
 	for run in cuda cuda_split cpu; do
 		t=$(limit "${E2E_TIMEOUT:-30}")
 		((t == 0)) && { rc+=("$run:skipped"); continue; }
 		case $run in
 		cuda) timeout "$t" "$dir/deepinfer" generate --config configs/cuda.yaml -p "$prompt" -m 48 >"$logs/gen_$run.txt" 2>&1 ;;
-		cuda_split) DEEPINFER_CUDA_GEMM="split" timeout "$t" "$dir/deepinfer" generate --config configs/cuda.yaml -p "$prompt" -m 48 >"$logs/gen_$run.txt" 2>&1 ;;
+		cuda_split) timeout "$t" "$dir/deepinfer" generate --config "$split_cfg" -p "$prompt" -m 48 >"$logs/gen_$run.txt" 2>&1 ;;
 		cpu) timeout "$t" "$dir/deepinfer" generate --config configs/default.yaml -p "$prompt" -m 48 >"$logs/gen_$run.txt" 2>&1 ;;
 		esac
 		rc+=("$run:$?")
 	done
+	rm -f "$split_cfg"
 	status[e2e]="rc ${rc[*]}"
 }
 
