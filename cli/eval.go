@@ -124,13 +124,9 @@ func heldOutPerplexity(ctx context.Context, l *llm.LLM, text string, window int,
 		if tok.Config().BOSToken == "" || !ok {
 			return evalResult{}, nil, fmt.Errorf("eval: %w (use --bos=false)", ErrNoBOS)
 		}
-		bos = int(id)
+		bos = id
 	}
-	enc := tok.Encode(text, false)
-	ids := make([]int, len(enc))
-	for i, id := range enc {
-		ids[i] = int(id)
-	}
+	ids := tok.Encode(text, false)
 	windows, err := evalWindows(ids, bos, window)
 	if err != nil {
 		return evalResult{}, nil, err

@@ -136,12 +136,12 @@ func TestDefaultModelParity(t *testing.T) {
 
 	t.Run("tokenizer", func(t *testing.T) {
 		for i, c := range ref.Tokenizer {
-			got := ints(tok.Encode(c.Text, true))
+			got := tok.Encode(c.Text, true)
 			if !reflect.DeepEqual(got, c.IDs) {
 				t.Errorf("case %d %q: ids %v, HF %v", i, c.Text, got, c.IDs)
 			}
 		}
-		if got := ints(tok.Encode(string(sample), false)); !reflect.DeepEqual(got, ref.Sample.IDs) {
+		if got := tok.Encode(string(sample), false); !reflect.DeepEqual(got, ref.Sample.IDs) {
 			t.Errorf("held-out sample: %d ids, HF %d; first difference at %d", len(got), len(ref.Sample.IDs), firstDiff(got, ref.Sample.IDs))
 		}
 		if ref.Chat.Rendered == "" {
@@ -205,14 +205,6 @@ func TestDefaultModelParity(t *testing.T) {
 			}
 		}
 	})
-}
-
-func ints(ids []int32) []int {
-	out := make([]int, len(ids))
-	for i, id := range ids {
-		out[i] = int(id)
-	}
-	return out
 }
 
 // firstDiff is the first index where a and b differ (len of the shorter if

@@ -220,11 +220,7 @@ func (s *Server) tokenize(p promptInput, addSpecial bool, field string) ([]int, 
 		if s.tok == nil {
 			return nil, badRequest(field, "the model has no tokenizer: give the prompt as token ids")
 		}
-		enc := s.tok.Encode(p.text, addSpecial)
-		ids = make([]int, len(enc))
-		for i, id := range enc {
-			ids[i] = int(id)
-		}
+		ids = s.tok.Encode(p.text, addSpecial)
 	}
 	if len(ids) == 0 {
 		return nil, badRequest(field, "the prompt is empty")

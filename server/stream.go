@@ -164,7 +164,7 @@ func (s *Server) tokenText(id int, asIDs bool) string {
 	if asIDs || s.tok == nil {
 		return "token_id:" + strconv.Itoa(id)
 	}
-	return s.tok.Decode([]int32{int32(id)}, false)
+	return s.tok.Decode([]int{id}, false)
 }
 
 // clampLogprob replaces -Inf and NaN, which JSON cannot carry, by -9999 as vLLM does.

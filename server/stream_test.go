@@ -171,7 +171,7 @@ func TestChoicesStopLogprobs(t *testing.T) {
 	if !ok {
 		t.Fatalf("token %q not in vocab", lp.Tokens[0])
 	}
-	greedy["stop_token_ids"] = []int{int(firstID)}
+	greedy["stop_token_ids"] = []int{firstID}
 	_, body = post(t, ts.url+"/v1/completions", greedy)
 	st := decode[CompletionResponse](t, body).Choices[0]
 	if st.FinishReason == nil || *st.FinishReason != "stop" || st.StopReason != float64(firstID) {

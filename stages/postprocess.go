@@ -103,11 +103,7 @@ func (p *Postprocess) state(r RowRef) *seqText {
 	m := r.Meta
 	st = &seqText{}
 	if tok := p.d.Tokenizer; tok != nil {
-		prompt := make([]int32, m.NumPromptTokens)
-		for i, id := range m.TokenIDs[:m.NumPromptTokens] {
-			prompt[i] = int32(id)
-		}
-		st.stream = tok.NewDecodeStream(prompt, m.Params.SkipSpecialTokens)
+		st.stream = tok.NewDecodeStream(m.TokenIDs[:m.NumPromptTokens], m.Params.SkipSpecialTokens)
 		st.stop = tokenizer.NewStopChecker(m.Params.Stop, false)
 	}
 	p.seqs[r.SeqID] = st
@@ -178,7 +174,7 @@ func (p *Postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 		out.FirstTokenTime = st.firstToken
 		st.numOut++
 		if st.stream != nil {
-			delta := st.stream.Step(int32(s.Token))
+			delta := st.stream.Step(s.Token)
 			text, stopped := st.stop.Append(delta)
 			out.Text = text
 			if stopped {

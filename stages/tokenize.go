@@ -98,9 +98,7 @@ func (t *Tokenize) sequence(req *engine.Request) (*engine.Sequence, error) {
 		if t.d.Tokenizer == nil {
 			return nil, fmt.Errorf("%w: the model has no tokenizer: give the prompt as token ids", engine.ErrInvalidRequest)
 		}
-		for _, id := range t.d.Tokenizer.Encode(req.Prompt, true) {
-			ids = append(ids, int(id))
-		}
+		ids = t.d.Tokenizer.Encode(req.Prompt, true)
 	}
 	if len(ids) == 0 {
 		return nil, fmt.Errorf("%w: the prompt is empty", engine.ErrInvalidRequest)

@@ -44,10 +44,10 @@ func FuzzDecodeStream(f *testing.F) {
 		tk := toks[int(mode)%len(toks)]
 		// Two kinds of ids: single-byte tokens (to build broken UTF-8) and
 		// any id of the vocabulary.
-		var ids []int32
+		var ids []int
 		for len(data) >= 2 {
 			if data[0]&1 == 0 {
-				ids = append(ids, tk.model.singleByte[data[1]])
+				ids = append(ids, int(tk.model.singleByte[data[1]]))
 				data = data[2:]
 				continue
 			}
@@ -55,7 +55,7 @@ func FuzzDecodeStream(f *testing.F) {
 				break
 			}
 			v := binary.LittleEndian.Uint16(data[1:3])
-			ids = append(ids, int32(int(v)*7919%tk.VocabSize()))
+			ids = append(ids, int(v)*7919%tk.VocabSize())
 			data = data[3:]
 		}
 		for _, skip := range []bool{false, true} {

@@ -8,15 +8,15 @@ import (
 )
 
 type encodeFixture struct {
-	IDs     []int32 `json:"ids"`
+	IDs     []int   `json:"ids"`
 	Dec     *string `json:"dec"`      // absent: equal to the text
 	DecSkip *string `json:"dec_skip"` // absent: equal to dec
 }
 
 type decodeFixture struct {
-	IDs     []int32 `json:"ids"`
-	Dec     string  `json:"dec"`
-	DecSkip string  `json:"dec_skip"`
+	IDs     []int  `json:"ids"`
+	Dec     string `json:"dec"`
+	DecSkip string `json:"dec_skip"`
 }
 
 // TestParity checks every corpus case against HF tokenizers' output for every

@@ -6,7 +6,7 @@ import "fmt"
 // templates). Pairs are not supported: the engine encodes one text at a time.
 type postProcessor interface {
 	// process returns ids with the special tokens added; it may reuse ids.
-	process(ids []int32) []int32
+	process(ids []int) []int
 	// numAdded is how many ids process adds.
 	numAdded() int
 }
@@ -14,16 +14,26 @@ type postProcessor interface {
 // templateProcessor is HF's TemplateProcessing for a single sequence: a list of
 // special-token runs and the place of the sequence ($A) between them.
 type templateProcessor struct {
-	before, after []int32
+	before, after []int
 }
 
 func (p *templateProcessor) numAdded() int { return len(p.before) + len(p.after) }
 
-func (p *templateProcessor) process(ids []int32) []int32 {
-	out := make([]int32, 0, len(ids)+p.numAdded())
-	out = append(out, p.before...)
-	out = append(out, ids...)
-	return append(out, p.after...)
+// process works in place when ids has room for the added tokens (Encode
+// reserves it), else it allocates.
+func (p *templateProcessor) process(ids []int) []int {
+	n := len(ids)
+	total := n + p.numAdded()
+	var out []int
+	if cap(ids) >= total {
+		out = ids[:total]
+	} else {
+		out = make([]int, total)
+	}
+	copy(out[len(p.before):], ids) // copy moves overlapping ranges correctly
+	copy(out, p.before)
+	copy(out[len(p.before)+n:], p.after)
+	return out
 }
 
 type sequenceProcessor []postProcessor
@@ -36,7 +46,7 @@ func (q sequenceProcessor) numAdded() int {
 	return n
 }
 
-func (q sequenceProcessor) process(ids []int32) []int32 {
+func (q sequenceProcessor) process(ids []int) []int {
 	for _, p := range q {
 		ids = p.process(ids)
 	}
@@ -47,8 +57,8 @@ func (q sequenceProcessor) process(ids []int32) []int32 {
 // which this package does not produce.
 type identityProcessor struct{}
 
-func (identityProcessor) numAdded() int               { return 0 }
-func (identityProcessor) process(ids []int32) []int32 { return ids }
+func (identityProcessor) numAdded() int           { return 0 }
+func (identityProcessor) process(ids []int) []int { return ids }
 
 func buildPostProcessor(c componentSpec) (postProcessor, error) {
 	switch c.Type {

@@ -133,8 +133,8 @@ type templatePiece struct {
 }
 
 type templateSpecialTok struct {
-	ID  string  `json:"id"`
-	IDs []int32 `json:"ids"`
+	ID  string `json:"id"`
+	IDs []int  `json:"ids"`
 }
 
 // parseComponent decodes one component object; ok is false for JSON null.

@@ -22,15 +22,16 @@ const promptContext = 6
 type DecodeStream struct {
 	t           *Tokenizer
 	skipSpecial bool
-	ids         []int32
+	ids         []int
 	prefix      string // decode of ids as of the last emission
 	prefixIndex int    // ids[:prefixIndex] is context already emitted
 }
 
 // NewDecodeStream starts a stream for the ids generated after prompt (nil for
 // none); the last few prompt ids serve as decoding context and are never
-// emitted.
-func (t *Tokenizer) NewDecodeStream(prompt []int32, skipSpecialTokens bool) *DecodeStream {
+// emitted. The stream copies what it keeps of prompt, so the caller may reuse
+// it. Cost: one decode of those few ids.
+func (t *Tokenizer) NewDecodeStream(prompt []int, skipSpecialTokens bool) *DecodeStream {
 	s := &DecodeStream{t: t, skipSpecial: skipSpecialTokens}
 	if n := len(prompt); n > 0 {
 		tail := prompt[max(0, n-promptContext):]
@@ -43,7 +44,7 @@ func (t *Tokenizer) NewDecodeStream(prompt []int32, skipSpecialTokens bool) *Dec
 // Step adds one generated id and returns the new text it completes, "" when
 // it completes none yet (for example the first byte of a multi-byte
 // character).
-func (s *DecodeStream) Step(id int32) string {
+func (s *DecodeStream) Step(id int) string {
 	s.ids = append(s.ids, id)
 	text := s.t.Decode(s.ids, s.skipSpecial)
 	if len(text) <= len(s.prefix) || strings.HasSuffix(text, "\uFFFD") {

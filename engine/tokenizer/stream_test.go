@@ -10,7 +10,7 @@ import (
 
 // streamAll runs ids through a DecodeStream seeded with prompt and returns the
 // deltas, checking each is valid UTF-8.
-func streamAll(t testing.TB, tk *Tokenizer, prompt, ids []int32, skip bool) []string {
+func streamAll(t testing.TB, tk *Tokenizer, prompt, ids []int, skip bool) []string {
 	t.Helper()
 	s := tk.NewDecodeStream(prompt, skip)
 	var deltas []string
@@ -26,10 +26,10 @@ func streamAll(t testing.TB, tk *Tokenizer, prompt, ids []int32, skip bool) []st
 
 // checkStream asserts that the streamed text equals what a full decode adds
 // after the prompt.
-func checkStream(t testing.TB, tk *Tokenizer, prompt, ids []int32, skip bool) {
+func checkStream(t testing.TB, tk *Tokenizer, prompt, ids []int, skip bool) {
 	t.Helper()
 	got := strings.Join(streamAll(t, tk, prompt, ids, skip), "")
-	full := tk.Decode(append(append([]int32(nil), prompt...), ids...), skip)
+	full := tk.Decode(append(append([]int(nil), prompt...), ids...), skip)
 	head := tk.Decode(prompt, skip)
 	if !strings.HasPrefix(full, head) {
 		return // the prompt's own decode is not a prefix; nothing to compare
@@ -66,12 +66,12 @@ func TestDecodeStreamRandomByteLevel(t *testing.T) {
 	for _, name := range []string{"gpt2", "qwen3"} {
 		tk := loadNamed(t, name)
 		for range 300 {
-			ids := make([]int32, 1+r.IntN(30))
+			ids := make([]int, 1+r.IntN(30))
 			for i := range ids {
 				if r.IntN(2) == 0 {
-					ids[i] = tk.model.singleByte[r.IntN(256)]
+					ids[i] = int(tk.model.singleByte[r.IntN(256)])
 				} else {
-					ids[i] = int32(r.IntN(tk.VocabSize()))
+					ids[i] = r.IntN(tk.VocabSize())
 				}
 			}
 			checkStream(t, tk, nil, ids, false)

@@ -22,7 +22,7 @@ type Tokenizer struct {
 	post       postProcessor // nil: none
 	decoder    decoder       // nil: tokens joined with spaces, as in HF
 
-	added       map[int32]*addedToken
+	added       map[int]*addedToken // by id
 	addedByText map[string]*addedToken
 	special     map[string]bool // contents of special added tokens
 	rawAdded    *addedMatcher   // tokens matched on the raw text; nil if none
@@ -149,7 +149,7 @@ func build(spec *fileSpec, model *modelSpec, cfg Config) (*Tokenizer, error) {
 	}
 	t := &Tokenizer{
 		model:       m,
-		added:       make(map[int32]*addedToken),
+		added:       make(map[int]*addedToken),
 		addedByText: make(map[string]*addedToken),
 		special:     make(map[string]bool),
 		config:      cfg,
@@ -230,7 +230,7 @@ func build(spec *fileSpec, model *modelSpec, cfg Config) (*Tokenizer, error) {
 		if tok.id > maxAdded {
 			maxAdded = tok.id
 		}
-		t.added[tok.id] = tok
+		t.added[int(tok.id)] = tok
 		t.addedByText[tok.content] = tok
 		if int(tok.id) >= t.vocabSize {
 			t.vocabSize = int(tok.id) + 1
@@ -352,21 +352,24 @@ func (t *Tokenizer) Config() Config { return t.config }
 func (t *Tokenizer) VocabSize() int { return t.vocabSize }
 
 // TokenToID returns the id of a token string (an added token's content or a
-// model vocabulary entry, in its tokenizer.json spelling).
-func (t *Tokenizer) TokenToID(token string) (int32, bool) {
+// model vocabulary entry, in its tokenizer.json spelling). Cost: one or two
+// map lookups.
+func (t *Tokenizer) TokenToID(token string) (int, bool) {
 	if a, ok := t.addedByText[token]; ok {
-		return a.id, true
+		return int(a.id), true
 	}
 	id, ok := t.model.vocab[token]
-	return id, ok
+	return int(id), ok
 }
 
-// IDToToken returns the token string of an id, as tokenizer.json spells it.
-func (t *Tokenizer) IDToToken(id int32) (string, bool) {
+// IDToToken returns the token string of an id, as tokenizer.json spells it;
+// false for an id outside the vocabulary (negative ones included). Cost: one
+// map lookup and one slice index.
+func (t *Tokenizer) IDToToken(id int) (string, bool) {
 	if a, ok := t.added[id]; ok {
 		return a.content, true
 	}
-	if id >= 0 && int(id) < len(t.model.tokens) && t.model.tokens[id] != "" {
+	if id >= 0 && id < len(t.model.tokens) && t.model.tokens[id] != "" {
 		return t.model.tokens[id], true
 	}
 	return "", false
@@ -374,24 +377,28 @@ func (t *Tokenizer) IDToToken(id int32) (string, bool) {
 
 // IsSpecial reports whether id is a special added token (skipped by Decode
 // with skipSpecialTokens).
-func (t *Tokenizer) IsSpecial(id int32) bool {
+func (t *Tokenizer) IsSpecial(id int) bool {
 	tok, ok := t.IDToToken(id)
 	return ok && t.special[tok]
 }
 
 // Encode returns the ids of text. With addSpecialTokens the post-processor's
 // template (BOS/EOS) is applied, as HF's encode(text, add_special_tokens).
-// Cost: linear in len(text) plus the BPE merges of pre-token pieces not yet
-// in the cache.
-func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []int32 {
+// The result is newly allocated and owned by the caller. Cost: linear in
+// len(text) plus the BPE merges of pre-token pieces not yet in the cache.
+func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []int {
 	sc := t.scratch.Get().(*scratch)
 	ids := t.encode(sc.ids[:0], text, sc)
 	extra := 0
 	if addSpecialTokens && t.post != nil {
 		extra = t.post.numAdded()
 	}
-	out := make([]int32, len(ids), len(ids)+extra)
-	copy(out, ids)
+	// The model works on int32 ids (half the memory in its tables and cache);
+	// widen once here.
+	out := make([]int, len(ids), len(ids)+extra)
+	for i, id := range ids {
+		out[i] = int(id)
+	}
 	sc.ids = ids[:0]
 	t.scratch.Put(sc)
 	if extra > 0 || (addSpecialTokens && t.post != nil) {
@@ -447,8 +454,9 @@ func (t *Tokenizer) encodeText(dst []int32, s string, first bool, sc *scratch) [
 
 // Decode returns the text of ids as HF's decode(ids, skip_special_tokens):
 // unknown ids are skipped; with skipSpecialTokens so are special tokens.
-// Invalid UTF-8 in the result is replaced by U+FFFD.
-func (t *Tokenizer) Decode(ids []int32, skipSpecialTokens bool) string {
+// Invalid UTF-8 in the result is replaced by U+FFFD. Cost: linear in len(ids)
+// and the length of the text.
+func (t *Tokenizer) Decode(ids []int, skipSpecialTokens bool) string {
 	tokens := make([]string, 0, len(ids))
 	for _, id := range ids {
 		tok, ok := t.IDToToken(id)

@@ -39,16 +39,16 @@ func TestTinyByteLevel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eot := int32(262)
+	eot := 262
 	tests := []struct {
 		text string
-		want []int32
+		want []int
 	}{
 		{"", nil},
-		{"hello", []int32{261}},
-		{"hello the", []int32{261, 258}},
-		{"hello<|eot|>the", []int32{261, eot, 't', 257}},
-		{"é", []int32{0xC3, 0xA9}},
+		{"hello", []int{261}},
+		{"hello the", []int{261, 258}},
+		{"hello<|eot|>the", []int{261, eot, 't', 257}},
+		{"é", []int{0xC3, 0xA9}},
 	}
 	for _, tc := range tests {
 		got := tk.Encode(tc.text, true)
@@ -59,7 +59,7 @@ func TestTinyByteLevel(t *testing.T) {
 			t.Errorf("Decode(Encode(%q)) = %q", tc.text, d)
 		}
 	}
-	if d := tk.Decode([]int32{261, eot, 258}, true); d != "hello the" {
+	if d := tk.Decode([]int{261, eot, 258}, true); d != "hello the" {
 		t.Errorf("skip special: %q", d)
 	}
 	if !tk.IsSpecial(eot) || tk.IsSpecial(261) {
@@ -220,6 +220,23 @@ func TestAddedTokenOptions(t *testing.T) {
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("%q: got %q, want %q", tc.text, got, tc.want)
 		}
+	}
+}
+
+// TestTemplateProcessor checks the template in place (room reserved, as
+// Encode reserves it) and into a new slice (no room), ids left unchanged in
+// the second case.
+func TestTemplateProcessor(t *testing.T) {
+	p := &templateProcessor{before: []int{1}, after: []int{2, 3}}
+	want := []int{1, 7, 8, 9, 2, 3}
+	roomy := make([]int, 3, 6)
+	copy(roomy, []int{7, 8, 9})
+	if got := p.process(roomy); !slices.Equal(got, want) || &got[0] != &roomy[:1][0] {
+		t.Errorf("in place: got %v, want %v in the same array", got, want)
+	}
+	tight := []int{7, 8, 9}
+	if got := p.process(tight); !slices.Equal(got, want) || !slices.Equal(tight, []int{7, 8, 9}) {
+		t.Errorf("no room: got %v (ids now %v), want %v", got, tight, want)
 	}
 }
 

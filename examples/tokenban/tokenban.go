@@ -90,7 +90,7 @@ func New(d stages.InsertDeps, o Options) (pipeline.Stage[*stages.ForwardResult, 
 		if id >= d.VocabSize {
 			return nil, fmt.Errorf("ban-tokens: ids: %d is outside the vocabulary [0, %d)", id, d.VocabSize)
 		}
-		b.ids = append(b.ids, int32(id))
+		b.ids = append(b.ids, id)
 	}
 	if len(o.Strings) > 0 {
 		if d.Tokenizer == nil {
@@ -112,15 +112,15 @@ func New(d stages.InsertDeps, o Options) (pipeline.Stage[*stages.ForwardResult, 
 
 // resolve returns the ids below vocab whose text alone is one of strs; a
 // string that matches none is an error.
-func resolve(tok *tokenizer.Tokenizer, vocab int, strs []string) ([]int32, error) {
+func resolve(tok *tokenizer.Tokenizer, vocab int, strs []string) ([]int, error) {
 	want := make(map[string]bool, len(strs))
 	for _, s := range strs {
 		want[s] = true
 	}
 	found := map[string]bool{}
-	var ids []int32
-	for id := range int32(vocab) {
-		if text := tok.Decode([]int32{id}, false); want[text] {
+	var ids []int
+	for id := range vocab {
+		if text := tok.Decode([]int{id}, false); want[text] {
 			ids = append(ids, id)
 			found[text] = true
 		}
@@ -145,7 +145,7 @@ func resolve(tok *tokenizer.Tokenizer, vocab int, strs []string) ([]int32, error
 // graph calls Process from one goroutine).
 type ban struct {
 	ops kernels.Ops
-	ids []int32   // sorted, distinct, in the vocabulary
+	ids []int     // sorted, distinct, in the vocabulary
 	buf []float32 // reused host copy of each step's logits
 }
 
@@ -160,7 +160,7 @@ func (b *ban) Process(_ context.Context, res *stages.ForwardResult) (*stages.For
 	b.buf = flat
 	shape := res.Logits.Shape()
 	vocab := shape[len(shape)-1]
-	if int(b.ids[len(b.ids)-1]) >= vocab {
+	if b.ids[len(b.ids)-1] >= vocab {
 		return nil, fmt.Errorf("ban-tokens: step %d: id %d is outside the logits' %d columns", res.Outputs.StepID, b.ids[len(b.ids)-1], vocab)
 	}
 	negInf := float32(math.Inf(-1))

@@ -317,7 +317,11 @@ func TestGPUDefaultModelGreedy(t *testing.T) {
 		t.Fatal(err)
 	}
 	ids := tok.Encode("The quick brown fox", true)
-	run := func(ops kernels.Ops) (out []int32, margins []float32) {
+	ids32 := make([]int32, len(ids)) // the I32 batch layout
+	for i, id := range ids {
+		ids32[i] = int32(id)
+	}
+	run := func(ops kernels.Ops) (out []int, margins []float32) {
 		m, err := models.Builtin().Load(ops, dir, models.Options{MaxModelLen: 256})
 		if err != nil {
 			t.Fatal(err)
@@ -330,7 +334,7 @@ func TestGPUDefaultModelGreedy(t *testing.T) {
 		for i := range table {
 			table[i] = int32(i)
 		}
-		lg := forward(t, m, ops, cache, ids, 0, table)
+		lg := forward(t, m, ops, cache, ids32, 0, table)
 		row := lg[len(lg)-1]
 		for len(out) < steps {
 			next := argmax(row)
@@ -340,7 +344,7 @@ func TestGPUDefaultModelGreedy(t *testing.T) {
 					second = max(second, v)
 				}
 			}
-			out = append(out, int32(next))
+			out = append(out, next)
 			margins = append(margins, row[next]-second)
 			row = forward(t, m, ops, cache, []int32{int32(next)}, len(ids)+len(out)-1, table)[0]
 		}
