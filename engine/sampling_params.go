@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/deepinfer/deepinfer-go/kernels/sampling"
 )
 
 // ErrInvalidRequest is wrapped by every error that rejects a request at the
@@ -20,8 +22,6 @@ const MaxLogprobs = 20
 // OpenAI API's range).
 const MaxLogitBias = 100
 
-// greedyEpsilon is the temperature under which sampling is greedy.
-const greedyEpsilon = 1e-5
 
 // SamplingParams are the per-request decoding settings, with vLLM's names
 // and meanings. Start from DefaultSamplingParams: the zero value is not the
@@ -99,7 +99,7 @@ func DefaultSamplingParams() SamplingParams {
 }
 
 // Greedy reports whether sampling reduces to argmax (temperature ~ 0).
-func (p *SamplingParams) Greedy() bool { return p.Temperature < greedyEpsilon }
+func (p *SamplingParams) Greedy() bool { return p.Temperature < sampling.GreedyEpsilon }
 
 // Validate checks every field against its allowed range. vocabSize is the
 // model's vocabulary size; token ids in LogitBias and StopTokenIDs must lie

@@ -26,7 +26,8 @@ var ErrSampleParams = errors.New("invalid sample row")
 // rounding of the boundary between two tokens (each backend says how its
 // arithmetic differs from the host's float64 sums).
 //
-// Logprobs are not produced: a caller that needs them samples on the host.
+// Logprobs are not produced: a caller that needs them samples on the host
+// (SampleArgs refuses a row whose Logprobs is set).
 type DeviceSampler interface {
 	// SampleTokens draws one token for each row of logits (F32 [len(rows),
 	// vocab]) with the settings of rows[r], and waits for the result. It
@@ -57,10 +58,13 @@ type AsyncDeviceSampler interface {
 	SampleTokensAsync(logits Tensor, rows []SampleRow) (tokens Tensor, fetch func() ([]int32, error), err error)
 }
 
-// SampleRow is one logits row's sampling settings, with the meanings of
-// kernels/sampling.Params; the caller has already resolved the request's
-// params into them (the min-tokens mask, the bias map and the penalty
-// history become Edits). The zero value is not valid (TopP 0).
+// SampleRow is one logits row's sampling settings: the one argument of
+// both the host reference sampler (kernels/sampling.Sample) and the device
+// samplers (DeviceSampler), with vLLM's meanings. The caller has already
+// resolved the request's params into it (the min-tokens mask, the bias map
+// and the penalty history become Edits); Check gives the ranges. The zero
+// value is not valid (TopP and RepetitionPenalty 0): start from
+// {TopP: 1, RepetitionPenalty: 1}. Samplers only read a row.
 type SampleRow struct {
 	// Greedy takes the argmax (the lowest id on ties); the filters and the
 	// draw are skipped and Temperature is ignored.
@@ -85,6 +89,13 @@ type SampleRow struct {
 	RepetitionPenalty, PresencePenalty, FrequencyPenalty float32
 	// Edits change single logits before sampling, at most one per token id.
 	Edits []LogitEdit
+	// Logprobs asks the host sampler for the sampled token's logprob and
+	// rank under the raw row (before the edits and the temperature), and
+	// NumLogprobs (>= 0; > 0 only with Logprobs) asks for that many most
+	// likely tokens (clamped to the vocabulary). Device samplers produce no
+	// logprobs: SampleArgs rejects a row with Logprobs set.
+	Logprobs    bool
+	NumLogprobs int
 }
 
 // EditFlags say what a LogitEdit does; they combine.
@@ -138,15 +149,14 @@ func (e *SampleRowError) Error() string {
 func (e *SampleRowError) Unwrap() error { return ErrInvalidLogits }
 
 // SampleArgs checks SampleTokens' arguments and returns the vocabulary
-// size: logits F32 [len(rows), vocab] with vocab > 0; each row's fields in
-// their ranges (as sampling.Params.Validate); each edit's token id in
-// [0, vocab) and distinct within its row, its count >= 0 and its bias
-// finite. Errors name the backend, the row and the field, and wrap
-// ErrShape or ErrDType (logits), ErrSampleParams or ErrOutOfRange (a token
-// id outside the vocabulary). seen is scratch for the duplicate
-// check: when it holds at least vocab entries, all false, it is used and
-// left all false; otherwise one is allocated (vocab bytes). Cost:
-// O(len(rows) + total edits).
+// size: logits F32 [len(rows), vocab] with vocab > 0, each row valid
+// (SampleRow.Check) and asking for no logprobs (a device sampler produces
+// none). Errors name the backend, the row and the field, and wrap ErrShape
+// or ErrDType (logits), ErrSampleParams or ErrOutOfRange (a token id
+// outside the vocabulary). seen is scratch for the duplicate check: when
+// it holds at least vocab entries, all false, it is used and left all
+// false; otherwise one is allocated (vocab bytes) if any row has edits.
+// Cost: O(len(rows) + total edits).
 func SampleArgs(backend string, logits Tensor, rows []SampleRow, seen []bool) (vocab int, err error) {
 	const op = "sample"
 	if err = CheckShape(backend, op, "logits", logits, []int{len(rows), -1}, F32); err != nil {
@@ -166,21 +176,37 @@ func SampleArgs(backend string, logits Tensor, rows []SampleRow, seen []bool) (v
 		}
 	}
 	for r := range rows {
-		if err := rows[r].check(vocab, seen); err != nil {
+		err := rows[r].Check(vocab, seen)
+		if err == nil && rows[r].Logprobs {
+			err = fmt.Errorf("logprobs are not produced on the device (sample the row on the host): %w", ErrSampleParams)
+		}
+		if err != nil {
 			return 0, fmt.Errorf("%s: %s: row %d: %w", backend, op, r, err)
 		}
 	}
 	return vocab, nil
 }
 
-// check validates one row; seen is as in SampleArgs (long enough when the
-// row has edits) and is left all false.
-func (r *SampleRow) check(vocab int, seen []bool) error {
+// Check validates the row for a vocabulary of vocab tokens (> 0): each
+// field in its range (see the field docs); each edit's token id in
+// [0, vocab) and distinct within the row, its count >= 0, its bias finite
+// when EditBias is set, and no unknown flag. It is the one check of a
+// sampling row, shared by the host sampler and the device samplers
+// (through SampleArgs); the ranges of user-facing values are checked
+// before, when a request is admitted. The first violation is returned,
+// naming the field, wrapping ErrSampleParams or ErrOutOfRange (a token id
+// outside the vocabulary). seen is scratch for the duplicate check: when
+// it holds at least vocab entries, all false, it is used and left all
+// false; otherwise, if the row has edits, one is allocated (vocab bytes).
+// Cost: O(len(Edits)).
+func (r *SampleRow) Check(vocab int, seen []bool) error {
 	finite := func(x float32) bool { return !math.IsNaN(float64(x)) && !math.IsInf(float64(x), 0) }
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf(format+": %w", append(args, ErrSampleParams)...)
 	}
 	switch {
+	case vocab <= 0:
+		return bad("vocabulary size must be > 0, got %d", vocab)
 	case !r.Greedy && (!finite(r.Temperature) || r.Temperature <= 0):
 		return bad("temperature of a random row must be finite and > 0, got %v", r.Temperature)
 	case r.TopK < -1:
@@ -195,6 +221,16 @@ func (r *SampleRow) check(vocab int, seen []bool) error {
 		return bad("presence_penalty must be finite, got %v", r.PresencePenalty)
 	case !finite(r.FrequencyPenalty):
 		return bad("frequency_penalty must be finite, got %v", r.FrequencyPenalty)
+	case r.NumLogprobs < 0:
+		return bad("num_logprobs must be >= 0, got %d", r.NumLogprobs)
+	case r.NumLogprobs > 0 && !r.Logprobs:
+		return bad("num_logprobs is %d but logprobs is off", r.NumLogprobs)
+	}
+	if len(r.Edits) == 0 {
+		return nil
+	}
+	if len(seen) < vocab {
+		seen = make([]bool, vocab)
 	}
 	var err error
 	n := 0

@@ -42,6 +42,8 @@ func TestSampleArgs(t *testing.T) {
 		{"bias", fakeTensor{[]int{2, 10}, F32}, func(r *SampleRow) { r.Edits[1].Bias = nan }, ErrSampleParams, "bias"},
 		{"unused bias", fakeTensor{[]int{2, 10}, F32}, func(r *SampleRow) { r.Edits[0].Bias = nan }, nil, ""},
 		{"flags", fakeTensor{[]int{2, 10}, F32}, func(r *SampleRow) { r.Edits[0].Flags = 8 }, ErrSampleParams, "flags"},
+		{"num_logprobs negative", fakeTensor{[]int{2, 10}, F32}, func(r *SampleRow) { r.NumLogprobs = -1 }, ErrSampleParams, "num_logprobs"},
+		{"logprobs on the device", fakeTensor{[]int{2, 10}, F32}, func(r *SampleRow) { r.Logprobs = true }, ErrSampleParams, "logprobs are not produced"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -61,6 +63,45 @@ func TestSampleArgs(t *testing.T) {
 				}
 				if vocab != 10 {
 					t.Errorf("vocab %d, want 10", vocab)
+				}
+				for i, s := range seen {
+					if s {
+						t.Fatalf("seen[%d] left set", i)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestSampleRowCheck covers what Check accepts beyond SampleArgs (the host
+// sampler's logprobs) and its own scratch handling.
+func TestSampleRowCheck(t *testing.T) {
+	tests := []struct {
+		name  string
+		vocab int
+		row   SampleRow
+		is    error
+		want  string // in the message
+	}{
+		{"greedy, no edits", 10, SampleRow{Greedy: true, TopP: 1, RepetitionPenalty: 1}, nil, ""},
+		{"logprobs with top entries", 10, SampleRow{Temperature: 1, TopP: 1, RepetitionPenalty: 1, Logprobs: true, NumLogprobs: 20}, nil, ""},
+		{"logprobs without top entries", 10, SampleRow{Temperature: 1, TopP: 1, RepetitionPenalty: 1, Logprobs: true}, nil, ""},
+		{"top entries without logprobs", 10, SampleRow{Temperature: 1, TopP: 1, RepetitionPenalty: 1, NumLogprobs: 2}, ErrSampleParams, "num_logprobs is 2 but logprobs is off"},
+		{"empty vocabulary", 0, SampleRow{Greedy: true, TopP: 1, RepetitionPenalty: 1}, ErrSampleParams, "vocabulary size"},
+		{"zero value", 10, SampleRow{}, ErrSampleParams, "temperature"},
+		{"edits without scratch", 10, SampleRow{Greedy: true, TopP: 1, RepetitionPenalty: 1,
+			Edits: []LogitEdit{{Token: 9, Flags: EditSeen}, {Token: 9, Flags: EditMask}}}, ErrSampleParams, "edits[1]: token id 9 appears twice"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, seen := range [][]bool{nil, make([]bool, 4), make([]bool, 16)} {
+				err := tc.row.Check(tc.vocab, seen)
+				if (err == nil) != (tc.is == nil) || !errors.Is(err, tc.is) {
+					t.Fatalf("Check = %v, want %v", err, tc.is)
+				}
+				if err != nil && !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("error %q does not say %q", err, tc.want)
 				}
 				for i, s := range seen {
 					if s {

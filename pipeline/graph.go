@@ -445,11 +445,16 @@ func (n *graphNode) exec(ctx context.Context) (err error) {
 	}
 	n.stats.state.Store(int32(StateIdle))
 	n.stats.finished.Store(max(1, n.stats.now()))
-	if n.rt.out != nil {
-		n.rt.out.producerDone()
-	}
-	for _, p := range n.rt.lagOuts {
-		p.producerDone()
+	// A node that failed leaves its edges open: the run is being cancelled,
+	// and a closed edge would only make its consumers fail too, with an
+	// error that could reach Run before this one.
+	if err == nil {
+		if n.rt.out != nil {
+			n.rt.out.producerDone()
+		}
+		for _, p := range n.rt.lagOuts {
+			p.producerDone()
+		}
 	}
 	if c, ok := n.node.impl.(Closer); ok {
 		if cerr := c.Close(); cerr != nil {

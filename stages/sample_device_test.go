@@ -21,10 +21,9 @@ import (
 )
 
 // hostDevice gives a backend kernels.DeviceSampler by running the host
-// reference sampler on each row it receives, after turning the row back
-// into sampling.Params and a history: the engine then takes the sample
-// stage's device path on the CPU, and tokens equal to the host path's
-// show that the device rows say what the host params say.
+// reference sampler on each row it receives: the engine then takes the
+// sample stage's device path on the CPU, and tokens equal to the host
+// path's show that the rows sent to a device say what the host samples.
 type hostDevice struct {
 	kernels.Ops
 	calls, rows atomic.Int64
@@ -44,8 +43,7 @@ func (h *hostDevice) SampleTokens(logits kernels.Tensor, rows []kernels.SampleRo
 	host := make([]int32, len(rows))
 	s := new(sampling.Scratch)
 	for r := range rows {
-		p, hist := hostParams(&rows[r])
-		res, err := sampling.Sample(flat[r*vocab:(r+1)*vocab], &p, hist, rows[r].Step, s)
+		res, err := sampling.Sample(flat[r*vocab:(r+1)*vocab], &rows[r], s)
 		if err != nil {
 			return nil, nil, &kernels.SampleRowError{Row: r, Reason: err.Error(), Index: -1}
 		}
@@ -60,42 +58,6 @@ func (h *hostDevice) SampleTokens(logits kernels.Tensor, rows []kernels.SampleRo
 		return nil, nil, err
 	}
 	return tokens, host, nil
-}
-
-// hostParams turns a device row back into the host sampler's inputs:
-// masked ids, the bias map, and a history with each seen token once in the
-// prompt (count 0) or count times in the output.
-func hostParams(r *kernels.SampleRow) (sampling.Params, sampling.History) {
-	p := sampling.DefaultParams()
-	if !r.Greedy {
-		p.Temperature = r.Temperature
-	} else {
-		p.Temperature = 0
-	}
-	p.TopK, p.TopP, p.MinP = r.TopK, r.TopP, r.MinP
-	p.RepetitionPenalty, p.PresencePenalty, p.FrequencyPenalty = r.RepetitionPenalty, r.PresencePenalty, r.FrequencyPenalty
-	p.Seed = r.Seed
-	var h sampling.History
-	for _, e := range r.Edits {
-		if e.Flags&kernels.EditMask != 0 {
-			p.Masked = append(p.Masked, e.Token)
-		}
-		if e.Flags&kernels.EditBias != 0 {
-			if p.LogitBias == nil {
-				p.LogitBias = map[int32]float32{}
-			}
-			p.LogitBias[e.Token] = e.Bias
-		}
-		if e.Flags&kernels.EditSeen != 0 {
-			if e.Count == 0 {
-				h.PromptTokenIDs = append(h.PromptTokenIDs, e.Token)
-			}
-			for range e.Count {
-				h.OutputTokenIDs = append(h.OutputTokenIDs, e.Token)
-			}
-		}
-	}
-	return p, h
 }
 
 // deviceRegistry is the default registry with the sample stages built

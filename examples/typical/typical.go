@@ -98,6 +98,7 @@ type sampler struct {
 	scratch sampling.Scratch
 	masked  []int32   // reused mask of one row
 	proc    []float32 // reused processed copy of one row
+	raw     []float32 // reused raw copy of one row, for its logprobs
 }
 
 func (s *sampler) Process(_ context.Context, res *stages.ForwardResult) (*stages.SampledStep, error) {
@@ -130,20 +131,39 @@ func (s *sampler) Process(_ context.Context, res *stages.ForwardResult) (*stages
 	return out, nil
 }
 
-// sampleRow samples one row (edited in place).
+// sampleRow samples one row (edited in place). The tokens outside the
+// typical set are set to -Inf in the row before sampling; the logprobs,
+// when asked, are then taken from a copy of the raw row, as the built-in
+// sampler reports them.
 func (s *sampler) sampleRow(logits []float32, res *stages.ForwardResult, ref stages.RowRef) (stages.Sample, error) {
-	p, hist, step := rowParams(ref.Meta, ref.Index, s.d.EOSTokenIDs, stages.PendingTokens(res, ref.Meta))
-	if !p.Greedy() && s.filter.TypicalP < 1 {
-		s.proc = processed(s.proc[:0], logits, &p, hist)
-		s.masked = s.filter.Outside(append(s.masked[:0], p.Masked...), s.proc, p.Temperature)
-		p.Masked = s.masked
-	}
-	got, err := sampling.Sample(logits, &p, hist, step, &s.scratch)
+	row, err := sampleRow(ref.Meta, ref.Index, s.d.EOSTokenIDs, stages.PendingTokens(res, ref.Meta), len(logits))
 	if err != nil {
 		return stages.Sample{}, err
 	}
+	filtered := !row.Greedy && s.filter.TypicalP < 1
+	logprobs, numLogprobs := row.Logprobs, row.NumLogprobs
+	if filtered {
+		if logprobs {
+			s.raw = append(s.raw[:0], logits...)
+			row.Logprobs, row.NumLogprobs = false, 0
+		}
+		s.proc = processed(s.proc[:0], logits, &row)
+		s.masked = s.filter.Outside(s.masked[:0], s.proc, row.Temperature)
+		for _, id := range s.masked {
+			logits[id] = float32(math.Inf(-1))
+		}
+	}
+	got, err := sampling.Sample(logits, &row, &s.scratch)
+	if err != nil {
+		return stages.Sample{}, err
+	}
+	if filtered && logprobs {
+		if got, err = sampling.PromptLogprobs(s.raw, got.Token, numLogprobs); err != nil {
+			return stages.Sample{}, err
+		}
+	}
 	smp := stages.Sample{Token: int(got.Token)}
-	if p.Logprobs {
+	if logprobs {
 		lp := tokenLogprobs(int(got.Token), got)
 		smp.Logprobs = &lp
 	}
@@ -158,103 +178,106 @@ func tokenLogprobs(token int, r sampling.Result) engine.TokenLogprobs {
 	return lp
 }
 
-// rowParams converts a row's request settings into kernels/sampling's
-// params, penalty history and output position, as the built-in sample
-// stage does: the index-th output of a seeded request draws from
-// seed+index; while the output is shorter than min_tokens the stop ids
-// (and EOS, unless ignore_eos) are masked; pending are the tokens of the
-// previous step not yet in the metadata (zero-overhead scheduling).
-func rowParams(m *engine.SequenceMetadata, index int, eos []int, pending []int) (sampling.Params, sampling.History, uint64) {
+// sampleRow builds a row's kernels.SampleRow from its request settings,
+// as the built-in sample stage does: a temperature below
+// sampling.GreedyEpsilon is greedy; the index-th output of a seeded
+// request draws from seed+index; the step is the output position, which
+// counts pending, the tokens of the previous step not yet in the metadata
+// (zero-overhead scheduling); while the output is shorter than min_tokens
+// the stop ids (and EOS, unless ignore_eos) are masked; the logit bias, and
+// when a penalty is active the prompt and output history, become one edit
+// per token id. Errors: a token id outside the vocabulary. Cost:
+// O(masked + bias + history).
+func sampleRow(m *engine.SequenceMetadata, index int, eos, pending []int, vocab int) (kernels.SampleRow, error) {
 	rp := m.Params
-	p := sampling.DefaultParams()
-	p.Temperature, p.TopK, p.TopP, p.MinP = rp.Temperature, rp.TopK, rp.TopP, rp.MinP
-	p.RepetitionPenalty, p.PresencePenalty, p.FrequencyPenalty = rp.RepetitionPenalty, rp.PresencePenalty, rp.FrequencyPenalty
-	if len(rp.LogitBias) > 0 {
-		p.LogitBias = make(map[int32]float32, len(rp.LogitBias))
-		for id, b := range rp.LogitBias {
-			p.LogitBias[int32(id)] = b
-		}
+	numOut := len(m.TokenIDs) + len(pending) - m.NumPromptTokens
+	r := kernels.SampleRow{
+		Greedy: rp.Temperature < sampling.GreedyEpsilon, Temperature: rp.Temperature,
+		TopK: rp.TopK, TopP: rp.TopP, MinP: rp.MinP, Step: uint64(numOut),
+		RepetitionPenalty: rp.RepetitionPenalty, PresencePenalty: rp.PresencePenalty, FrequencyPenalty: rp.FrequencyPenalty,
 	}
 	if rp.Seed != nil {
-		p.Seed, p.Seeded = uint64(*rp.Seed)+uint64(index), true
+		r.Seed = uint64(*rp.Seed) + uint64(index)
 	}
 	if rp.Logprobs != nil {
-		p.Logprobs, p.NumLogprobs = true, *rp.Logprobs
+		r.Logprobs, r.NumLogprobs = true, *rp.Logprobs
 	}
-	numOut := len(m.TokenIDs) + len(pending) - m.NumPromptTokens
+	at := map[int]int{} // token id -> its edit
+	var err error
+	edit := func(what string, t int) *kernels.LogitEdit {
+		if t < 0 || t >= vocab {
+			if err == nil {
+				err = fmt.Errorf("%s token id %d not in [0, %d): %w", what, t, vocab, kernels.ErrOutOfRange)
+			}
+			return &kernels.LogitEdit{}
+		}
+		k, ok := at[t]
+		if !ok {
+			k = len(r.Edits)
+			at[t] = k
+			r.Edits = append(r.Edits, kernels.LogitEdit{Token: int32(t)})
+		}
+		return &r.Edits[k]
+	}
 	if numOut < rp.MinTokens {
-		for _, id := range rp.StopTokenIDs {
-			p.Masked = append(p.Masked, int32(id))
+		for _, t := range rp.StopTokenIDs {
+			edit("stop", t).Flags |= kernels.EditMask
 		}
 		if !rp.IgnoreEOS {
-			for _, id := range eos {
-				p.Masked = append(p.Masked, int32(id))
+			for _, t := range eos {
+				edit("eos", t).Flags |= kernels.EditMask
 			}
 		}
 	}
-	var hist sampling.History
-	if p.RepetitionPenalty != 1 || p.PresencePenalty != 0 || p.FrequencyPenalty != 0 {
-		hist.PromptTokenIDs = toI32(m.TokenIDs[:m.NumPromptTokens])
-		hist.OutputTokenIDs = append(toI32(m.TokenIDs[m.NumPromptTokens:]), toI32(pending)...)
+	for t, bias := range rp.LogitBias {
+		e := edit("logit_bias", t)
+		e.Flags |= kernels.EditBias
+		e.Bias = bias
 	}
-	return p, hist, uint64(numOut)
+	if r.Penalized() {
+		for _, t := range m.TokenIDs[:m.NumPromptTokens] {
+			edit("prompt", t).Flags |= kernels.EditSeen
+		}
+		for _, out := range [2][]int{m.TokenIDs[m.NumPromptTokens:], pending} {
+			for _, t := range out {
+				e := edit("output", t)
+				e.Flags |= kernels.EditSeen
+				e.Count++
+			}
+		}
+	}
+	return r, err
 }
 
-func toI32(xs []int) []int32 {
-	out := make([]int32, len(xs))
-	for i, x := range xs {
-		out[i] = int32(x)
-	}
-	return out
-}
-
-// processed appends to dst a copy of logits with p's masks, logit bias and
-// penalties applied (vLLM's order and arithmetic, as kernels/sampling), the
-// distribution the typical set is taken from, and returns it. Ids out of
-// the vocabulary are skipped here; sampling.Sample reports them. Cost:
-// O(V + history).
-func processed(dst, logits []float32, p *sampling.Params, h sampling.History) []float32 {
+// processed appends to dst a copy of logits with r's edits applied (masks,
+// logit bias and penalties, in vLLM's order and arithmetic, as
+// kernels/sampling), the distribution the typical set is taken from, and
+// returns it. r's token ids lie in the vocabulary (sampleRow checks them).
+// Cost: O(V + edits).
+func processed(dst, logits []float32, r *kernels.SampleRow) []float32 {
 	x := append(dst, logits...)
-	inVocab := func(id int32) bool { return id >= 0 && int(id) < len(x) }
-	for _, id := range p.Masked {
-		if inVocab(id) {
-			x[id] = float32(math.Inf(-1))
+	for _, e := range r.Edits {
+		v := x[e.Token]
+		if e.Flags&kernels.EditMask != 0 {
+			v = float32(math.Inf(-1))
 		}
-	}
-	for id, b := range p.LogitBias {
-		if inVocab(id) {
-			x[id] += b
+		if e.Flags&kernels.EditBias != 0 {
+			v += e.Bias
 		}
-	}
-	if p.RepetitionPenalty == 1 && p.PresencePenalty == 0 && p.FrequencyPenalty == 0 {
-		return x
-	}
-	counts := map[int32]int32{}
-	for _, id := range h.PromptTokenIDs {
-		if _, ok := counts[id]; !ok {
-			counts[id] = 0 // penalized for repetition, not counted
-		}
-	}
-	for _, id := range h.OutputTokenIDs {
-		counts[id]++
-	}
-	for id, n := range counts {
-		if !inVocab(id) {
-			continue
-		}
-		v := x[id]
-		if p.RepetitionPenalty != 1 {
-			if v > 0 {
-				v /= p.RepetitionPenalty
-			} else {
-				v *= p.RepetitionPenalty
+		if r.Penalized() && e.Flags&kernels.EditSeen != 0 {
+			if r.RepetitionPenalty != 1 {
+				if v > 0 {
+					v /= r.RepetitionPenalty
+				} else {
+					v *= r.RepetitionPenalty
+				}
+			}
+			if e.Count > 0 {
+				v -= r.FrequencyPenalty * float32(e.Count)
+				v -= r.PresencePenalty
 			}
 		}
-		if n > 0 {
-			v -= p.FrequencyPenalty * float32(n)
-			v -= p.PresencePenalty
-		}
-		x[id] = v
+		x[e.Token] = v
 	}
 	return x
 }

@@ -98,8 +98,8 @@ func pipelineYAML(typicalP float64, minKeep int) string {
 // zero-overhead scheduling off and on, and wants identical tokens,
 // logprobs and prompt logprobs. Why each case is an equivalence:
 //   - typical_p = 1 turns the filter off, and the stage then calls
-//     sampling.Sample with the params, penalty history and output position
-//     the built-in stage builds (rowParams is the built-in's conversion),
+//     sampling.Sample with the row the built-in stage builds (sampleRow is
+//     the built-in's conversion),
 //     on the same rows: the built-in samples on the host on the CPU
 //     backend (it has no device sampler, checked below), so the draws are
 //     the same bits, whatever the temperature, filters and penalties;

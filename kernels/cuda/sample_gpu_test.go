@@ -18,41 +18,6 @@ import (
 // sampled with no shared-memory candidates (the global-memory path), which
 // must give the same token bit for bit: the kernel's sums are exact.
 
-// sampleHostParams turns a device row back into the host sampler's inputs:
-// masked ids, the bias map, and a history with each seen token once in the
-// prompt (count 0) or count times in the output.
-func sampleHostParams(r *kernels.SampleRow) (sampling.Params, sampling.History) {
-	p := sampling.DefaultParams()
-	p.Temperature = r.Temperature
-	if r.Greedy {
-		p.Temperature = 0
-	}
-	p.TopK, p.TopP, p.MinP = r.TopK, r.TopP, r.MinP
-	p.RepetitionPenalty, p.PresencePenalty, p.FrequencyPenalty = r.RepetitionPenalty, r.PresencePenalty, r.FrequencyPenalty
-	p.Seed, p.Seeded = r.Seed, true
-	var h sampling.History
-	for _, e := range r.Edits {
-		if e.Flags&kernels.EditMask != 0 {
-			p.Masked = append(p.Masked, e.Token)
-		}
-		if e.Flags&kernels.EditBias != 0 {
-			if p.LogitBias == nil {
-				p.LogitBias = map[int32]float32{}
-			}
-			p.LogitBias[e.Token] = e.Bias
-		}
-		if e.Flags&kernels.EditSeen != 0 {
-			if e.Count == 0 {
-				h.PromptTokenIDs = append(h.PromptTokenIDs, e.Token)
-			}
-			for range e.Count {
-				h.OutputTokenIDs = append(h.OutputTokenIDs, e.Token)
-			}
-		}
-	}
-	return p, h
-}
-
 // sampleLogits is one row of logits: N(0, scale^2) (kind 0), a few distinct
 // values with many ties (1), ties with zeros of both signs (2) or nearly
 // flat (3).
@@ -162,9 +127,8 @@ func (c *sampleCase) host() ([]int32, [][]float32) {
 			defer wg.Done()
 			s := new(sampling.Scratch)
 			for r := w; r < len(c.rows); r += workers {
-				p, h := sampleHostParams(&c.rows[r])
 				z := append([]float32(nil), c.logits[r]...)
-				res, err := sampling.Sample(z, &p, h, c.rows[r].Step, s)
+				res, err := sampling.Sample(z, &c.rows[r], s)
 				toks[r], proc[r] = res.Token, z
 				if err != nil {
 					toks[r] = -1
@@ -583,8 +547,7 @@ func hostSampleRows(b *testing.B, flat []float32, vocab int, rows []kernels.Samp
 		go func() {
 			defer wg.Done()
 			for i := lo; i < hi; i++ {
-				p, h := sampleHostParams(&rows[i])
-				res, err := sampling.Sample(flat[i*vocab:(i+1)*vocab], &p, h, rows[i].Step, scratch[w])
+				res, err := sampling.Sample(flat[i*vocab:(i+1)*vocab], &rows[i], scratch[w])
 				if err != nil {
 					b.Error(err)
 					return

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"gonum.org/v1/gonum/stat/distuv"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
 )
 
 // chiSquareAlpha is the significance level of the goodness-of-fit tests. The
@@ -49,14 +51,16 @@ func chiSquare(counts []int, want []float64, n int) (stat, crit float64, err err
 
 // drawCounts samples the row numDraws times (steps 0..numDraws-1) and counts
 // the tokens.
-func drawCounts(t *testing.T, raw []float32, p *Params, h History, numDraws int) []int {
+func drawCounts(t *testing.T, raw []float32, p *kernels.SampleRow, numDraws int) []int {
 	t.Helper()
 	counts := make([]int, len(raw))
 	s := new(Scratch)
 	z := make([]float32, len(raw))
+	r := *p
 	for step := range uint64(numDraws) {
 		copy(z, raw)
-		res, err := Sample(z, p, h, step, s)
+		r.Step = step
+		res, err := Sample(z, &r, s)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,40 +74,42 @@ func drawCounts(t *testing.T, raw []float32, p *Params, h History, numDraws int)
 func TestDistribution(t *testing.T) {
 	const numDraws = 20000
 	raw := randomRow(64, 1.5, 41)
-	prompt, output := []int32{0, 1, 2, 3}, []int32{3, 4, 4, 5}
-	params := func(f func(*Params)) Params {
-		p := DefaultParams()
+	params := func(f func(*kernels.SampleRow)) kernels.SampleRow {
+		p := defaultRow()
 		p.Seed = 1234
 		f(&p)
 		return p
 	}
+	edits := inputs{
+		bias:   map[int32]float32{7: 2, 8: -1},
+		masked: []int32{9},
+		prompt: []int32{0, 1, 2, 3},
+		output: []int32{3, 4, 4, 5},
+	}
 	tests := []struct {
-		name      string
-		p         Params
-		penalties bool
-		minKept   int // the case must keep at least this many tokens (else the test is weak)
+		name    string
+		p       kernels.SampleRow
+		edits   bool // the row has the edits of edits
+		minKept int  // the case must keep at least this many tokens (else the test is weak)
 	}{
-		{"temperature 1", params(func(p *Params) {}), false, 64},
-		{"temperature 0.5", params(func(p *Params) { p.Temperature = 0.5 }), false, 64},
-		{"temperature 2", params(func(p *Params) { p.Temperature = 2 }), false, 64},
-		{"top_k 5", params(func(p *Params) { p.TopK = 5 }), false, 5},
-		{"top_p 0.8", params(func(p *Params) { p.TopP = 0.8 }), false, 10},
-		{"min_p 0.1", params(func(p *Params) { p.MinP = 0.1 }), false, 10},
-		{"combined", params(func(p *Params) { p.Temperature, p.TopK, p.TopP, p.MinP = 0.7, 10, 0.9, 0.05 }), false, 5},
-		{"bias and penalties, then filters", params(func(p *Params) {
+		{"temperature 1", params(func(p *kernels.SampleRow) {}), false, 64},
+		{"temperature 0.5", params(func(p *kernels.SampleRow) { p.Temperature = 0.5 }), false, 64},
+		{"temperature 2", params(func(p *kernels.SampleRow) { p.Temperature = 2 }), false, 64},
+		{"top_k 5", params(func(p *kernels.SampleRow) { p.TopK = 5 }), false, 5},
+		{"top_p 0.8", params(func(p *kernels.SampleRow) { p.TopP = 0.8 }), false, 10},
+		{"min_p 0.1", params(func(p *kernels.SampleRow) { p.MinP = 0.1 }), false, 10},
+		{"combined", params(func(p *kernels.SampleRow) { p.Temperature, p.TopK, p.TopP, p.MinP = 0.7, 10, 0.9, 0.05 }), false, 5},
+		{"bias and penalties, then filters", params(func(p *kernels.SampleRow) {
 			p.Temperature, p.TopP, p.TopK = 1.2, 0.95, 30
-			p.LogitBias = map[int32]float32{7: 2, 8: -1}
 			p.RepetitionPenalty, p.FrequencyPenalty, p.PresencePenalty = 1.3, 0.3, 0.2
-			p.Masked = []int32{9}
 		}), true, 10},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := History{}
 			z := raw
-			if tt.penalties {
-				h = History{PromptTokenIDs: prompt, OutputTokenIDs: output}
-				z = refProcess(raw, &tt.p, prompt, output)
+			if tt.edits {
+				z = refProcess(raw, &tt.p, edits)
+				tt.p = withEdits(tt.p, edits)
 			}
 			want := refDist(z, &tt.p)
 			kept := 0
@@ -115,7 +121,7 @@ func TestDistribution(t *testing.T) {
 			if kept < tt.minKept {
 				t.Fatalf("the case keeps %d tokens, want at least %d", kept, tt.minKept)
 			}
-			counts := drawCounts(t, raw, &tt.p, h, numDraws)
+			counts := drawCounts(t, raw, &tt.p, numDraws)
 			stat, crit, err := chiSquare(counts, want, numDraws)
 			if err != nil {
 				t.Fatal(err)
@@ -133,9 +139,9 @@ func TestDistribution(t *testing.T) {
 func TestDistributionPower(t *testing.T) {
 	const numDraws = 20000
 	raw := randomRow(64, 1.5, 41)
-	p := DefaultParams()
+	p := defaultRow()
 	p.Seed = 1234
-	counts := drawCounts(t, raw, &p, History{}, numDraws)
+	counts := drawCounts(t, raw, &p, numDraws)
 	wrongT := p
 	wrongT.Temperature = 0.9
 	stat, crit, err := chiSquare(counts, refDist(raw, &wrongT), numDraws)
@@ -146,7 +152,7 @@ func TestDistributionPower(t *testing.T) {
 	// statistic is far above the critical value.
 	topK := p
 	topK.TopK = 5
-	counts = drawCounts(t, raw, &topK, History{}, numDraws)
+	counts = drawCounts(t, raw, &topK, numDraws)
 	if stat, crit, err := chiSquare(counts, refDist(raw, &p), numDraws); err != nil || stat <= crit {
 		t.Fatalf("top-k draws against the full distribution: chi-square %.1f, critical %.1f, %v", stat, crit, err)
 	}

@@ -3,29 +3,29 @@ package sampling_test
 import (
 	"fmt"
 
+	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/sampling"
 )
 
 func ExampleSample() {
 	logits := []float32{1.0, 3.5, 2.0, 0.5, 3.5}
-	p := sampling.DefaultParams()
-	p.Temperature = 0 // greedy: argmax, the lower id on ties
-	res, err := sampling.Sample(logits, &p, sampling.History{}, 0, nil)
+	// Greedy: argmax, the lower id on ties.
+	r := kernels.SampleRow{Greedy: true, TopP: 1, RepetitionPenalty: 1}
+	res, err := sampling.Sample(logits, &r, nil)
 	fmt.Println(res.Token, err)
 	// Output: 1 <nil>
 }
 
 // A seeded request draws the same tokens whatever batch its rows are in:
-// each draw is keyed by (seed, step).
+// each draw is keyed by (Seed, Step).
 func ExampleSample_seeded() {
 	row := []float32{2.0, 1.5, 1.0, 0.5, 0.0, -1.0}
-	p := sampling.DefaultParams()
-	p.Temperature, p.TopK, p.TopP = 0.8, 4, 0.95
-	p.Seed, p.Seeded = 7, true
+	r := kernels.SampleRow{Temperature: 0.8, TopK: 4, TopP: 0.95, RepetitionPenalty: 1, Seed: 7}
 	s := new(sampling.Scratch)
 	for step := range uint64(8) {
 		logits := append([]float32(nil), row...)
-		res, err := sampling.Sample(logits, &p, sampling.History{}, step, s)
+		r.Step = step
+		res, err := sampling.Sample(logits, &r, s)
 		if err != nil {
 			panic(err)
 		}
@@ -35,18 +35,21 @@ func ExampleSample_seeded() {
 	// Output: 3 0 0 0 0 0 2 0
 }
 
-// Penalties read the request's history; a PenaltyState keeps its counts so
-// that long histories are not rescanned at every step.
-func ExamplePenaltyState() {
-	st := sampling.NewPenaltyState([]int32{0, 1}) // prompt
-	st.AppendOutput(2, 2)                         // output so far
-	p := sampling.DefaultParams()
-	p.Temperature = 0
-	p.RepetitionPenalty, p.FrequencyPenalty = 2, 0.5
+// Masks, bias and penalties are edits of single logits: one per token,
+// flagged with what applies to it. Here the prompt was [0 1] and the
+// output so far [2 2]; token 3 is masked (min_tokens).
+func ExampleSample_edits() {
+	r := kernels.SampleRow{Greedy: true, TopP: 1, RepetitionPenalty: 2, FrequencyPenalty: 0.5,
+		Edits: []kernels.LogitEdit{
+			{Token: 0, Flags: kernels.EditSeen},
+			{Token: 1, Flags: kernels.EditSeen | kernels.EditBias, Bias: 1},
+			{Token: 2, Flags: kernels.EditSeen, Count: 2},
+			{Token: 3, Flags: kernels.EditMask},
+		}}
 	logits := []float32{4, -1, 3, 2.5}
-	res, err := sampling.Sample(logits, &p, sampling.History{Penalty: st}, 2, nil)
+	res, err := sampling.Sample(logits, &r, nil)
 	fmt.Println(logits, res.Token, err)
-	// Output: [2 -2 0.5 2.5] 3 <nil>
+	// Output: [2 0 0.5 -Inf] 0 <nil>
 }
 
 func ExamplePromptLogprobs() {

@@ -1,16 +1,72 @@
 package sampling
 
 import (
+	"maps"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
 )
+
+// defaultRow returns vLLM's defaults as a row: temperature 1, no top-k,
+// top-p or min-p filtering, no penalties, no edits, seed and step 0.
+func defaultRow() kernels.SampleRow {
+	return kernels.SampleRow{Temperature: 1, TopP: 1, RepetitionPenalty: 1}
+}
+
+// inputs are what a caller resolves into a row's edits, in the plain form
+// the references read: the masked ids, the bias map and the token history
+// of the prompt and the output.
+type inputs struct {
+	masked         []int32
+	bias           map[int32]float32
+	prompt, output []int32
+}
+
+// withEdits returns r with the edits of in, as a caller builds them: one
+// edit per distinct token id, in order of first appearance among the
+// masked ids, the bias ids (ascending), the prompt and the output; every
+// token of the history is flagged seen (the sampler ignores the flag when
+// the row has no active penalty), with its count in the output.
+func withEdits(r kernels.SampleRow, in inputs) kernels.SampleRow {
+	r.Edits = nil
+	at := map[int32]int{}
+	edit := func(t int32) *kernels.LogitEdit {
+		k, ok := at[t]
+		if !ok {
+			k = len(r.Edits)
+			at[t] = k
+			r.Edits = append(r.Edits, kernels.LogitEdit{Token: t})
+		}
+		return &r.Edits[k]
+	}
+	for _, t := range in.masked {
+		edit(t).Flags |= kernels.EditMask
+	}
+	for _, t := range slices.Sorted(maps.Keys(in.bias)) {
+		e := edit(t)
+		e.Flags |= kernels.EditBias
+		e.Bias = in.bias[t]
+	}
+	for _, t := range in.prompt {
+		edit(t).Flags |= kernels.EditSeen
+	}
+	for _, t := range in.output {
+		e := edit(t)
+		e.Flags |= kernels.EditSeen
+		e.Count++
+	}
+	return r
+}
 
 // refDist is a deliberately plain reference of the filtered distribution that
 // a non-greedy row samples from, written straight from vLLM's definitions
 // (full softmax, full sorts, masks as -Inf). z is the row after masks, bias
-// and penalties. It returns one probability per token.
-func refDist(z []float32, p *Params) []float64 {
+// and penalties; p gives the temperature and the filters. It returns one
+// probability per token.
+func refDist(z []float32, p *kernels.SampleRow) []float64 {
 	n := len(z)
 	y := make([]float64, n)
 	for i, v := range z {
@@ -74,16 +130,21 @@ func refDist(z []float32, p *Params) []float64 {
 	return softmax()
 }
 
-// refProcess applies masks, bias and penalties to a copy of raw the plain
-// way: one token at a time from the full history.
-func refProcess(raw []float32, p *Params, prompt, output []int32) []float32 {
+// refProcess applies masks, bias and penalties (p's) to a copy of raw the
+// plain way: all masks, then all biases, then the penalties one token at a
+// time from the full history, as vLLM's processors do.
+func refProcess(raw []float32, p *kernels.SampleRow, in inputs) []float32 {
 	z := append([]float32(nil), raw...)
-	for _, id := range p.Masked {
+	for _, id := range in.masked {
 		z[id] = float32(math.Inf(-1))
 	}
-	for id, b := range p.LogitBias {
+	for id, b := range in.bias {
 		z[id] += b
 	}
+	if !p.Penalized() {
+		return z
+	}
+	prompt, output := in.prompt, in.output
 	for t := range z {
 		inPrompt, count := false, int32(0)
 		for _, x := range prompt {

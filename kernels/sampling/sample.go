@@ -1,24 +1,25 @@
 // Package sampling is the host reference sampler: it turns one row of f32
 // logits into a token exactly as vLLM's V1 sampler defines each knob, and
 // reports the logprobs vLLM reports. It is pure Go, deterministic and
-// batch-invariant: a row's result depends only on its logits, its Params, its
-// History and its (seed, step), never on other rows or threads.
+// batch-invariant: a row's result depends only on its logits and its
+// kernels.SampleRow (settings, edits, seed and step), never on other rows
+// or threads. The row is the same argument the device samplers take
+// (kernels.DeviceSampler), checked by the same kernels.SampleRow.Check.
 //
 // The order of operations, per row, follows vllm/v1/sample/sampler.py:
 //
-//  1. If Params.Logprobs, the raw row is kept for the logprobs (vLLM's default
-//     logprobs_mode "raw_logprobs": the log-softmax of the model's logits
-//     before any mask, bias, penalty or temperature; vLLM's "processed" modes
-//     are not offered).
-//  2. Params.Masked ids are set to -Inf (the min-tokens processor).
-//  3. Params.LogitBias is added.
-//  4. Penalties: repetition (prompt and output tokens), then frequency and
-//     presence (output tokens).
-//  5. Greedy rows (Temperature < GreedyEpsilon) take the argmax, lowest id on
-//     ties, and stop here.
-//  6. Otherwise: temperature, min-p, top-k, top-p (each on the distribution
+//  1. If the row asks for Logprobs, the raw row is kept for the logprobs
+//     (vLLM's default logprobs_mode "raw_logprobs": the log-softmax of the
+//     model's logits before any mask, bias, penalty or temperature; vLLM's
+//     "processed" modes are not offered).
+//  2. The row's Edits, token by token: the mask sets -Inf (the min-tokens
+//     processor), then the bias is added, then the penalties of a seen
+//     token: repetition (prompt and output tokens), then frequency and
+//     presence (output tokens, Count > 0).
+//  3. Greedy rows take the argmax, lowest id on ties, and stop here.
+//  4. Otherwise: temperature, min-p, top-k, top-p (each on the distribution
 //     the previous steps left), then one draw from the renormalized
-//     distribution by inverse CDF with Uniform(Seed, step, DrawSample).
+//     distribution by inverse CDF with Uniform(Seed, Step, DrawSample).
 //
 // The draw has vLLM's distribution but not its token stream: vLLM races
 // exponential noise from a torch generator; here one Philox uniform per row
@@ -42,15 +43,13 @@ import (
 // they have grown to the vocabulary. The zero value is ready to use. A Scratch
 // is not safe for concurrent use: give each worker its own.
 type Scratch struct {
-	raw     []float32 // copy of the row for the raw logprobs
-	cands   []cand    // tokens that survive filtering
-	heap    []float32 // top-k min-heap
-	keys    []uint32  // top-k radix select keys
-	radix   [2048]int32
-	top     []TokenLogprob
-	seen    []bool  // penalties without a PenaltyState: token in history
-	counts  []int32 // and its output count; cleared after each use
-	touched []int32
+	raw   []float32 // copy of the row for the raw logprobs
+	cands []cand    // tokens that survive filtering
+	heap  []float32 // top-k min-heap
+	keys  []uint32  // top-k radix select keys
+	radix [2048]int32
+	top   []TokenLogprob
+	seen  []bool // the row check's duplicate marks; all false between calls
 }
 
 // cand is a token that survived filtering, with its unnormalized
@@ -61,36 +60,29 @@ type cand struct {
 	w  float64
 }
 
-func (s *Scratch) growPenalty(vocabSize int) {
-	if len(s.seen) < vocabSize {
-		s.seen = make([]bool, vocabSize)
-		s.counts = make([]int32, vocabSize)
-	}
-}
-
 // Sample draws the next token of one row.
 //
-// logits is the row (length = vocabulary size). Sample modifies it in place:
-// masks, bias and penalties are written into it; the caller must not rely on
-// its content afterwards. p is validated (see Params.Validate). hist is read
-// only when a penalty is active. step is the request's output position (the
-// number of output tokens it has so far): together with p.Seed it keys the
-// random draw, so the same (seed, step) gives the same token in any batch and
-// after recompute. s may be nil (buffers are then allocated); Result.Top
-// aliases s.
+// logits is the row (length = vocabulary size). Sample modifies it in place
+// at the ids of r's edits, which afterwards hold their edited values (as a
+// kernels.DeviceSampler leaves its logits); other entries are unchanged.
+// r is checked by kernels.SampleRow.Check (an invalid row leaves the
+// logits untouched) and only read: its Seed and Step key the random draw,
+// so the same (Seed, Step) gives the same token in any batch and after
+// recompute; with Logprobs it reports the raw row's logprobs. s may be nil
+// (buffers are then allocated); Result.Top aliases s.
 //
-// Errors: invalid params (ErrInvalidParams, kernels.ErrOutOfRange), an empty
-// row or NaN/+Inf at a token that is not masked, or anywhere when p.Logprobs
-// (ErrInvalidLogits), every token -Inf (ErrNoCandidates).
+// Errors: an invalid row (kernels.ErrSampleParams, kernels.ErrOutOfRange);
+// an empty row, or NaN/+Inf at a token that is not masked, or anywhere
+// when r.Logprobs (ErrInvalidLogits); every token -Inf (ErrNoCandidates).
 //
-// Cost, V = vocabulary size: greedy is one pass; sampling adds one exp per
-// token that survives min-p and top-k (K exps with top-k), a pass for the
-// K-th largest logit with top-k, and with top-p two passes over the survivors
-// plus a sort of those in the bin where the top-p mass is reached (1/16 nat
-// wide; on a flat distribution a large share of the row). Logprobs add a
-// copy of the row and two passes with one exp per token. Penalties cost
-// O(len(prompt) + len(output)), or O(distinct tokens) with a PenaltyState.
-func Sample(logits []float32, p *Params, hist History, step uint64, s *Scratch) (Result, error) {
+// Cost, V = vocabulary size: the edits cost O(len(r.Edits)) (checked, then
+// applied); greedy is one pass; sampling adds one exp per token that
+// survives min-p and top-k (K exps with top-k), a pass for the K-th largest
+// logit with top-k, and with top-p two passes over the survivors plus a
+// sort of those in the bin where the top-p mass is reached (1/16 nat wide;
+// on a flat distribution a large share of the row). Logprobs add a copy of
+// the row and two passes with one exp per token.
+func Sample(logits []float32, r *kernels.SampleRow, s *Scratch) (Result, error) {
 	vocabSize := len(logits)
 	if vocabSize == 0 {
 		return Result{}, fmt.Errorf("sampling: empty logits row: %w", ErrInvalidLogits)
@@ -98,36 +90,30 @@ func Sample(logits []float32, p *Params, hist History, step uint64, s *Scratch) 
 	if s == nil {
 		s = new(Scratch)
 	}
-	if err := p.Validate(vocabSize); err != nil {
-		return Result{}, err
+	if len(r.Edits) > 0 && len(s.seen) < vocabSize {
+		s.seen = make([]bool, vocabSize)
 	}
-	if p.Logprobs {
+	if err := r.Check(vocabSize, s.seen); err != nil {
+		return Result{}, fmt.Errorf("sampling: row: %w", err)
+	}
+	if r.Logprobs {
 		s.raw = append(s.raw[:0], logits...)
 	}
-	negInf := float32(math.Inf(-1))
-	for _, id := range p.Masked {
-		logits[id] = negInf
-	}
-	applyBias(logits, p)
-	if p.hasPenalties() {
-		if err := s.applyPenalties(logits, p, hist); err != nil {
-			return Result{}, err
-		}
-	}
+	applyEdits(logits, r)
 
 	best, err := argmax(logits)
 	if err != nil {
 		return Result{}, err
 	}
 	token := best
-	if !p.Greedy() {
-		token = s.sampleRandom(logits, float64(logits[best]), p, step)
+	if !r.Greedy {
+		token = s.sampleRandom(logits, float64(logits[best]), r)
 	}
-	if !p.Logprobs {
+	if !r.Logprobs {
 		return Result{Token: token}, nil
 	}
-	s.top = slices.Grow(s.top[:0], min(p.NumLogprobs, vocabSize))
-	return rawLogprobs(s.raw, token, p.NumLogprobs, s.top)
+	s.top = slices.Grow(s.top[:0], min(r.NumLogprobs, vocabSize))
+	return rawLogprobs(s.raw, token, r.NumLogprobs, s.top)
 }
 
 // argmax returns the index of the largest logit, the lowest index on ties.
@@ -159,27 +145,27 @@ func ceil32(x float64) float32 {
 	return f
 }
 
-// sampleRandom applies temperature, min-p, top-k and top-p to the processed
+// sampleRandom applies temperature, min-p, top-k and top-p to the edited
 // row and draws a token. zmax is the row's largest logit (finite).
-func (s *Scratch) sampleRandom(logits []float32, zmax float64, p *Params, step uint64) int32 {
-	return draw(s.filter(logits, zmax, p), Uniform(p.Seed, step, DrawSample))
+func (s *Scratch) sampleRandom(logits []float32, zmax float64, r *kernels.SampleRow) int32 {
+	return draw(s.filter(logits, zmax, r), Uniform(r.Seed, r.Step, DrawSample))
 }
 
 // filter returns the tokens that survive temperature, min-p, top-k and top-p
 // with their unnormalized probabilities, in index order, or in topP's order
 // when top-p is on. The result aliases s.cands and always holds
 // the largest logit's token.
-func (s *Scratch) filter(logits []float32, zmax float64, p *Params) []cand {
-	temp := float64(p.Temperature)
+func (s *Scratch) filter(logits []float32, zmax float64, r *kernels.SampleRow) []cand {
+	temp := float64(r.Temperature)
 	// Min-p and top-k both keep the tokens at or above a logit cut: min-p's
 	// p_i >= min_p * p_max is z_i >= zmax + T ln(min_p); top-k's is the K-th
 	// largest logit (temperature keeps the order). The initial cut drops -Inf.
 	cut := float32(-math.MaxFloat32)
-	if p.MinP > 0 {
-		cut = max(cut, ceil32(zmax+temp*math.Log(float64(p.MinP))))
+	if r.MinP > 0 {
+		cut = max(cut, ceil32(zmax+temp*math.Log(float64(r.MinP))))
 	}
-	if p.topKActive(len(logits)) {
-		cut = max(cut, s.kthLargest(logits, p.TopK))
+	if r.TopK > 0 && r.TopK < len(logits) {
+		cut = max(cut, s.kthLargest(logits, r.TopK))
 	}
 
 	if cap(s.cands) < len(logits) {
@@ -198,8 +184,8 @@ func (s *Scratch) filter(logits []float32, zmax float64, p *Params) []cand {
 		}
 	}
 	c = c[:n]
-	if p.TopP < 1 {
-		c = topP(c, total, zmax, invTemp, float64(p.TopP))
+	if r.TopP < 1 {
+		c = topP(c, total, zmax, invTemp, float64(r.TopP))
 	}
 	return c
 }
@@ -368,7 +354,7 @@ func rawLogprobs(raw []float32, token int32, n int, top []TokenLogprob) (Result,
 // the Result holds next's logprob and rank and the n most likely tokens
 // (clamped to the vocabulary), from the log-softmax of the raw row. logits is
 // not modified; Result.Top is newly allocated. Errors: next outside the row
-// (kernels.ErrOutOfRange), n < 0 (ErrInvalidParams), NaN or +Inf
+// (kernels.ErrOutOfRange), n < 0 (kernels.ErrSampleParams), NaN or +Inf
 // (ErrInvalidLogits), all -Inf (ErrNoCandidates). Cost: two passes with one
 // exp per token, plus O(V log n) for the top entries.
 func PromptLogprobs(logits []float32, next int32, n int) (Result, error) {
@@ -379,7 +365,7 @@ func PromptLogprobs(logits []float32, next int32, n int) (Result, error) {
 		return Result{}, fmt.Errorf("sampling: prompt logprobs: token %d not in [0, %d): %w", next, len(logits), kernels.ErrOutOfRange)
 	}
 	if n < 0 {
-		return Result{}, fmt.Errorf("sampling: prompt logprobs: n must be >= 0, got %d: %w", n, ErrInvalidParams)
+		return Result{}, fmt.Errorf("sampling: prompt logprobs: n must be >= 0, got %d: %w", n, kernels.ErrSampleParams)
 	}
 	return rawLogprobs(logits, next, n, make([]TokenLogprob, 0, min(n, len(logits))))
 }

@@ -18,7 +18,7 @@ func TestGreedy(t *testing.T) {
 	tests := []struct {
 		name   string
 		logits []float32
-		p      func(*Params)
+		r      func(*kernels.SampleRow)
 		want   int32
 	}{
 		{"single max", []float32{0, 2, 1}, nil, 1},
@@ -26,20 +26,20 @@ func TestGreedy(t *testing.T) {
 		{"all equal", []float32{5, 5, 5, 5}, nil, 0},
 		{"negative row", []float32{-3, -1, -2, -1}, nil, 1},
 		{"-inf ignored", []float32{negInf, -100, negInf}, nil, 1},
-		{"temperature below epsilon", []float32{0, 1, 4, 2}, func(p *Params) { p.Temperature = 9e-6 }, 2},
-		{"bias makes a tie", []float32{0, 1, 3}, func(p *Params) { p.LogitBias = map[int32]float32{1: 2} }, 1},
-		{"masked max", []float32{0, 1, 3}, func(p *Params) { p.Masked = []int32{2} }, 1},
-		{"top-k, top-p, min-p ignored", []float32{0, 1, 3}, func(p *Params) { p.TopK, p.TopP, p.MinP = 1, 0.1, 0.9 }, 2},
+		{"temperature ignored", []float32{0, 1, 4, 2}, func(r *kernels.SampleRow) { r.Temperature = 9e-6 }, 2},
+		{"bias makes a tie", []float32{0, 1, 3}, func(r *kernels.SampleRow) { *r = withEdits(*r, inputs{bias: map[int32]float32{1: 2}}) }, 1},
+		{"masked max", []float32{0, 1, 3}, func(r *kernels.SampleRow) { *r = withEdits(*r, inputs{masked: []int32{2}}) }, 1},
+		{"top-k, top-p, min-p ignored", []float32{0, 1, 3}, func(r *kernels.SampleRow) { r.TopK, r.TopP, r.MinP = 1, 0.1, 0.9 }, 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := DefaultParams()
-			p.Temperature = 0
-			if tt.p != nil {
-				tt.p(&p)
+			r := kernels.SampleRow{Greedy: true, TopP: 1, RepetitionPenalty: 1}
+			if tt.r != nil {
+				tt.r(&r)
 			}
 			for step := range uint64(3) {
-				res, err := Sample(slices.Clone(tt.logits), &p, History{}, step, nil)
+				r.Step = step
+				res, err := Sample(slices.Clone(tt.logits), &r, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -52,69 +52,69 @@ func TestGreedy(t *testing.T) {
 }
 
 // TestKnobs checks that masks, bias and each penalty change exactly the
-// logits they should, by the formula, and nothing else.
+// logits they should, by the formula, and nothing else, whatever the order
+// of the edits.
 func TestKnobs(t *testing.T) {
 	raw := []float32{2, -2, 3, -1, 0.5, 4, -0.5, 1}
-	prompt := []int32{0, 1, 2}
-	output := []int32{2, 3, 3, 4}
+	hist := inputs{prompt: []int32{0, 1, 2}, output: []int32{2, 3, 3, 4}}
 	tests := []struct {
 		name string
-		p    func(*Params)
+		r    func(*kernels.SampleRow, *inputs)
 		want []float32
 	}{
 		{"defaults change nothing", nil, raw},
-		{"bias", func(p *Params) { p.LogitBias = map[int32]float32{1: 1.5, 7: -3} },
+		{"bias", func(_ *kernels.SampleRow, in *inputs) { in.bias = map[int32]float32{1: 1.5, 7: -3} },
 			[]float32{2, -0.5, 3, -1, 0.5, 4, -0.5, -2}},
-		{"masked", func(p *Params) { p.Masked = []int32{5, 0} },
+		{"masked", func(_ *kernels.SampleRow, in *inputs) { in.masked = []int32{5, 0} },
 			[]float32{negInf, -2, 3, -1, 0.5, negInf, -0.5, 1}},
 		{"repetition: prompt and output, divide positive, multiply negative",
-			func(p *Params) { p.RepetitionPenalty = 2 },
+			func(r *kernels.SampleRow, _ *inputs) { r.RepetitionPenalty = 2 },
 			[]float32{1, -4, 1.5, -2, 0.25, 4, -0.5, 1}},
 		{"repetition below 1 rewards",
-			func(p *Params) { p.RepetitionPenalty = 0.5 },
+			func(r *kernels.SampleRow, _ *inputs) { r.RepetitionPenalty = 0.5 },
 			[]float32{4, -1, 6, -0.5, 1, 4, -0.5, 1}},
 		{"frequency: output count times penalty",
-			func(p *Params) { p.FrequencyPenalty = 0.5 },
+			func(r *kernels.SampleRow, _ *inputs) { r.FrequencyPenalty = 0.5 },
 			[]float32{2, -2, 2.5, -2, 0, 4, -0.5, 1}},
 		{"presence: once per output token",
-			func(p *Params) { p.PresencePenalty = 0.25 },
+			func(r *kernels.SampleRow, _ *inputs) { r.PresencePenalty = 0.25 },
 			[]float32{2, -2, 2.75, -1.25, 0.25, 4, -0.5, 1}},
 		{"all penalties: repetition, then frequency, then presence",
-			func(p *Params) { p.RepetitionPenalty, p.FrequencyPenalty, p.PresencePenalty = 2, 1, 0.5 },
+			func(r *kernels.SampleRow, _ *inputs) {
+				r.RepetitionPenalty, r.FrequencyPenalty, r.PresencePenalty = 2, 1, 0.5
+			},
 			[]float32{1, -4, 0, -4.5, -1.25, 4, -0.5, 1}},
 		{"bias before penalties",
-			func(p *Params) { p.LogitBias = map[int32]float32{1: 4}; p.RepetitionPenalty = 2 },
+			func(r *kernels.SampleRow, in *inputs) { in.bias = map[int32]float32{1: 4}; r.RepetitionPenalty = 2 },
 			[]float32{1, 1, 1.5, -2, 0.25, 4, -0.5, 1}},
 		{"masked stays -inf through bias and penalties",
-			func(p *Params) {
-				p.Masked = []int32{3}
-				p.LogitBias = map[int32]float32{3: 50}
-				p.RepetitionPenalty, p.FrequencyPenalty = 2, 1
+			func(r *kernels.SampleRow, in *inputs) {
+				in.masked = []int32{3}
+				in.bias = map[int32]float32{3: 50}
+				r.RepetitionPenalty, r.FrequencyPenalty = 2, 1
 			},
 			[]float32{1, -4, 0.5, negInf, -0.75, 4, -0.5, 1}},
 	}
 	for _, tt := range tests {
-		for _, withState := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s/state=%v", tt.name, withState), func(t *testing.T) {
-				p := DefaultParams()
-				p.Temperature = 0
-				if tt.p != nil {
-					tt.p(&p)
+		for _, reversed := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/reversed=%v", tt.name, reversed), func(t *testing.T) {
+				r := kernels.SampleRow{Greedy: true, TopP: 1, RepetitionPenalty: 1}
+				in := hist
+				if tt.r != nil {
+					tt.r(&r, &in)
 				}
-				h := History{PromptTokenIDs: prompt, OutputTokenIDs: output}
-				if withState {
-					st := NewPenaltyState(prompt)
-					st.AppendOutput(output...)
-					h = History{Penalty: st}
+				r = withEdits(r, in)
+				if reversed {
+					slices.Reverse(r.Edits)
 				}
 				z := slices.Clone(raw)
-				if _, err := Sample(z, &p, h, 0, new(Scratch)); err != nil {
+				if _, err := Sample(z, &r, new(Scratch)); err != nil {
 					t.Fatal(err)
 				}
 				if !slices.Equal(z, tt.want) {
 					t.Fatalf("logits after Sample\n got %v\nwant %v", z, tt.want)
 				}
-				if ref := refProcess(raw, &p, prompt, output); !slices.Equal(z, ref) {
+				if ref := refProcess(raw, &r, in); !slices.Equal(z, ref) {
 					t.Fatalf("logits after Sample %v, reference %v", z, ref)
 				}
 			})
@@ -122,184 +122,164 @@ func TestKnobs(t *testing.T) {
 	}
 }
 
-// TestPenaltyStateMatchesHistory compares the two ways of passing a history
-// on long random ones, bit for bit, against the plain reference.
-func TestPenaltyStateMatchesHistory(t *testing.T) {
+// TestPenaltyEditsMatchHistory compares the edits of long random histories
+// (one per distinct token, in two orders), bit for bit, with the plain
+// reference that rescans the whole history for each token.
+func TestPenaltyEditsMatchHistory(t *testing.T) {
 	const vocabSize = 500
 	raw := randomRow(vocabSize, 3, 1)
-	p := DefaultParams()
-	p.RepetitionPenalty, p.FrequencyPenalty, p.PresencePenalty = 1.3, 0.4, -0.7
-	prompt := make([]int32, 300)
-	output := make([]int32, 700)
-	for i := range prompt {
-		prompt[i] = int32((i * 37) % 211)
+	r := defaultRow()
+	r.Greedy = true
+	r.RepetitionPenalty, r.FrequencyPenalty, r.PresencePenalty = 1.3, 0.4, -0.7
+	in := inputs{prompt: make([]int32, 300), output: make([]int32, 700)}
+	for i := range in.prompt {
+		in.prompt[i] = int32((i * 37) % 211)
 	}
-	for i := range output {
-		output[i] = int32((i*i + 11) % vocabSize)
+	for i := range in.output {
+		in.output[i] = int32((i*i + 11) % vocabSize)
 	}
-	want := refProcess(raw, &p, prompt, output)
+	want := refProcess(raw, &r, in)
+	r = withEdits(r, in)
+	reversed := r
+	reversed.Edits = slices.Clone(r.Edits)
+	slices.Reverse(reversed.Edits)
 	s := new(Scratch)
-	for round := range 2 { // the second round checks that the dense marks were cleared
+	for round, row := range []kernels.SampleRow{r, r, reversed} { // the second round checks that the check's marks were cleared
 		z := slices.Clone(raw)
-		if _, err := Sample(z, &p, History{PromptTokenIDs: prompt, OutputTokenIDs: output}, 0, s); err != nil {
+		if _, err := Sample(z, &row, s); err != nil {
 			t.Fatal(err)
 		}
 		if !slices.Equal(z, want) {
-			t.Fatalf("round %d: history path differs from the reference", round)
+			t.Fatalf("round %d: edits differ from the reference", round)
 		}
 	}
-	st := NewPenaltyState(prompt)
-	for _, tok := range output {
-		st.AppendOutput(tok)
-	}
-	if st.NumOutputTokens() != len(output) {
-		t.Fatalf("NumOutputTokens = %d, want %d", st.NumOutputTokens(), len(output))
-	}
-	for _, state := range []*PenaltyState{st, st.Clone()} {
-		z := slices.Clone(raw)
-		if _, err := Sample(z, &p, History{Penalty: state}, 0, s); err != nil {
-			t.Fatal(err)
-		}
-		if !slices.Equal(z, want) {
-			t.Fatal("PenaltyState path differs from the reference")
-		}
-	}
-	// A clone is independent of its parent.
-	c := st.Clone()
-	c.AppendOutput(1, 2, 3)
-	if st.NumOutputTokens() != len(output) || c.NumOutputTokens() != len(output)+3 {
-		t.Fatal("Clone shares state with its parent")
+	// The row is only read.
+	if !slices.Equal(withEdits(r, in).Edits, r.Edits) {
+		t.Fatal("Sample changed the row's edits")
 	}
 }
 
-func TestValidate(t *testing.T) {
+// TestRowCheck checks that Sample refuses an invalid row with the shared
+// row check's error, naming the field, before it touches the logits.
+func TestRowCheck(t *testing.T) {
 	nan := float32(math.NaN())
 	tests := []struct {
 		name  string
-		p     func(*Params)
+		r     func(*kernels.SampleRow)
 		field string
 		is    error
 	}{
-		{"negative temperature", func(p *Params) { p.Temperature = -1 }, "temperature", ErrInvalidParams},
-		{"NaN temperature", func(p *Params) { p.Temperature = nan }, "temperature", ErrInvalidParams},
-		{"infinite temperature", func(p *Params) { p.Temperature = float32(math.Inf(1)) }, "temperature", ErrInvalidParams},
-		{"top_k -2", func(p *Params) { p.TopK = -2 }, "top_k", ErrInvalidParams},
-		{"top_p 0", func(p *Params) { p.TopP = 0 }, "top_p", ErrInvalidParams},
-		{"top_p above 1", func(p *Params) { p.TopP = 1.01 }, "top_p", ErrInvalidParams},
-		{"top_p NaN", func(p *Params) { p.TopP = nan }, "top_p", ErrInvalidParams},
-		{"min_p negative", func(p *Params) { p.MinP = -0.1 }, "min_p", ErrInvalidParams},
-		{"min_p above 1", func(p *Params) { p.MinP = 1.5 }, "min_p", ErrInvalidParams},
-		{"repetition 0", func(p *Params) { p.RepetitionPenalty = 0 }, "repetition_penalty", ErrInvalidParams},
-		{"repetition NaN", func(p *Params) { p.RepetitionPenalty = nan }, "repetition_penalty", ErrInvalidParams},
-		{"presence NaN", func(p *Params) { p.PresencePenalty = nan }, "presence_penalty", ErrInvalidParams},
-		{"frequency Inf", func(p *Params) { p.FrequencyPenalty = float32(math.Inf(-1)) }, "frequency_penalty", ErrInvalidParams},
-		{"num_logprobs negative", func(p *Params) { p.Logprobs, p.NumLogprobs = true, -1 }, "num_logprobs", ErrInvalidParams},
-		{"num_logprobs without logprobs", func(p *Params) { p.NumLogprobs = 2 }, "num_logprobs", ErrInvalidParams},
-		{"bias NaN", func(p *Params) { p.LogitBias = map[int32]float32{1: nan} }, "logit_bias", ErrInvalidParams},
-		{"bias id too large", func(p *Params) { p.LogitBias = map[int32]float32{8: 1} }, "logit_bias", kernels.ErrOutOfRange},
-		{"bias id negative", func(p *Params) { p.LogitBias = map[int32]float32{-1: 1} }, "logit_bias", kernels.ErrOutOfRange},
-		{"masked id too large", func(p *Params) { p.Masked = []int32{0, 8} }, "masked", kernels.ErrOutOfRange},
+		{"zero temperature of a random row", func(r *kernels.SampleRow) { r.Temperature = 0 }, "temperature", kernels.ErrSampleParams},
+		{"negative temperature", func(r *kernels.SampleRow) { r.Temperature = -1 }, "temperature", kernels.ErrSampleParams},
+		{"NaN temperature", func(r *kernels.SampleRow) { r.Temperature = nan }, "temperature", kernels.ErrSampleParams},
+		{"infinite temperature", func(r *kernels.SampleRow) { r.Temperature = float32(math.Inf(1)) }, "temperature", kernels.ErrSampleParams},
+		{"top_k -2", func(r *kernels.SampleRow) { r.TopK = -2 }, "top_k", kernels.ErrSampleParams},
+		{"top_p 0", func(r *kernels.SampleRow) { r.TopP = 0 }, "top_p", kernels.ErrSampleParams},
+		{"top_p above 1", func(r *kernels.SampleRow) { r.TopP = 1.01 }, "top_p", kernels.ErrSampleParams},
+		{"top_p NaN", func(r *kernels.SampleRow) { r.TopP = nan }, "top_p", kernels.ErrSampleParams},
+		{"min_p negative", func(r *kernels.SampleRow) { r.MinP = -0.1 }, "min_p", kernels.ErrSampleParams},
+		{"min_p above 1", func(r *kernels.SampleRow) { r.MinP = 1.5 }, "min_p", kernels.ErrSampleParams},
+		{"repetition 0", func(r *kernels.SampleRow) { r.RepetitionPenalty = 0 }, "repetition_penalty", kernels.ErrSampleParams},
+		{"repetition NaN", func(r *kernels.SampleRow) { r.RepetitionPenalty = nan }, "repetition_penalty", kernels.ErrSampleParams},
+		{"presence NaN", func(r *kernels.SampleRow) { r.PresencePenalty = nan }, "presence_penalty", kernels.ErrSampleParams},
+		{"frequency Inf", func(r *kernels.SampleRow) { r.FrequencyPenalty = float32(math.Inf(-1)) }, "frequency_penalty", kernels.ErrSampleParams},
+		{"num_logprobs negative", func(r *kernels.SampleRow) { r.Logprobs, r.NumLogprobs = true, -1 }, "num_logprobs", kernels.ErrSampleParams},
+		{"num_logprobs without logprobs", func(r *kernels.SampleRow) { r.NumLogprobs = 2 }, "num_logprobs", kernels.ErrSampleParams},
+		{"bias NaN", func(r *kernels.SampleRow) { *r = withEdits(*r, inputs{bias: map[int32]float32{1: nan}}) }, "bias", kernels.ErrSampleParams},
+		{"bias id too large", func(r *kernels.SampleRow) { *r = withEdits(*r, inputs{bias: map[int32]float32{8: 1}}) }, "token id 8", kernels.ErrOutOfRange},
+		{"bias id negative", func(r *kernels.SampleRow) { *r = withEdits(*r, inputs{bias: map[int32]float32{-1: 1}}) }, "token id -1", kernels.ErrOutOfRange},
+		{"masked id too large", func(r *kernels.SampleRow) { *r = withEdits(*r, inputs{masked: []int32{0, 8}}) }, "edits[1]", kernels.ErrOutOfRange},
+		{"two edits of one token", func(r *kernels.SampleRow) {
+			r.Edits = []kernels.LogitEdit{{Token: 3, Flags: kernels.EditMask}, {Token: 3, Flags: kernels.EditSeen}}
+		}, "appears twice", kernels.ErrSampleParams},
+		{"negative count", func(r *kernels.SampleRow) {
+			r.Edits = []kernels.LogitEdit{{Token: 3, Count: -1, Flags: kernels.EditSeen}}
+		}, "count", kernels.ErrSampleParams},
+		{"unknown flag", func(r *kernels.SampleRow) { r.Edits = []kernels.LogitEdit{{Token: 3, Flags: 1 << 5}} }, "flags", kernels.ErrSampleParams},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := DefaultParams()
-			tt.p(&p)
+			r := defaultRow()
+			tt.r(&r)
 			logits := []float32{1, 2, 3, 4, 5, 6, 7, 8}
-			_, err := Sample(logits, &p, History{}, 0, nil)
+			_, err := Sample(logits, &r, nil)
 			if !errors.Is(err, tt.is) || !strings.Contains(err.Error(), tt.field) {
 				t.Fatalf("error %v, want one naming %q and wrapping %v", err, tt.field, tt.is)
 			}
+			if !strings.HasPrefix(err.Error(), "sampling: row: ") {
+				t.Fatalf("error %q does not name the sampler's row", err)
+			}
 			if !slices.Equal(logits, []float32{1, 2, 3, 4, 5, 6, 7, 8}) {
-				t.Fatal("invalid params modified the logits")
+				t.Fatal("an invalid row modified the logits")
 			}
 		})
 	}
-	p := DefaultParams()
-	if err := p.Validate(8); err != nil {
-		t.Fatalf("DefaultParams invalid: %v", err)
+	r := defaultRow()
+	if _, err := Sample(make([]float32, 8), &r, nil); err != nil {
+		t.Fatalf("the default row is invalid: %v", err)
 	}
-	if err := p.Validate(0); !errors.Is(err, ErrInvalidParams) {
-		t.Fatalf("vocabulary size 0: %v", err)
-	}
-	var zero Params
-	if err := zero.Validate(8); !errors.Is(err, ErrInvalidParams) {
-		t.Fatal("the zero Params validated")
+	var zero kernels.SampleRow
+	if _, err := Sample(make([]float32, 8), &zero, nil); !errors.Is(err, kernels.ErrSampleParams) {
+		t.Fatalf("the zero row: %v, want %v", err, kernels.ErrSampleParams)
 	}
 }
 
 func TestRowErrors(t *testing.T) {
 	nan := float32(math.NaN())
 	inf := float32(math.Inf(1))
+	random := defaultRow()
+	greedy := kernels.SampleRow{Greedy: true, TopP: 1, RepetitionPenalty: 1}
+	logprobs := func(r kernels.SampleRow) kernels.SampleRow { r.Logprobs = true; return r }
+	penalized := func(r kernels.SampleRow) kernels.SampleRow { r.RepetitionPenalty = 2; return r }
 	tests := []struct {
 		name   string
 		logits []float32
-		p      func(*Params)
-		h      History
+		r      kernels.SampleRow
 		is     error
 	}{
-		{"empty row", nil, nil, History{}, ErrInvalidLogits},
-		{"NaN", []float32{0, nan, 1}, nil, History{}, ErrInvalidLogits},
-		{"NaN greedy", []float32{0, 1, nan}, func(p *Params) { p.Temperature = 0 }, History{}, ErrInvalidLogits},
-		{"+Inf", []float32{0, inf, 1}, nil, History{}, ErrInvalidLogits},
-		{"masked NaN with logprobs", []float32{0, nan, 1}, func(p *Params) { p.Masked, p.Logprobs = []int32{1}, true }, History{}, ErrInvalidLogits},
-		{"masked +Inf with logprobs", []float32{0, inf, 1}, func(p *Params) { p.Masked, p.Logprobs = []int32{1}, true }, History{}, ErrInvalidLogits},
-		{"all -Inf", []float32{negInf, negInf}, nil, History{}, ErrNoCandidates},
-		{"all masked", []float32{1, 2}, func(p *Params) { p.Masked = []int32{0, 1} }, History{}, ErrNoCandidates},
-		{"prompt id out of range", []float32{1, 2}, func(p *Params) { p.RepetitionPenalty = 2 },
-			History{PromptTokenIDs: []int32{0, 2}}, kernels.ErrOutOfRange},
-		{"output id out of range", []float32{1, 2}, func(p *Params) { p.FrequencyPenalty = 1 },
-			History{OutputTokenIDs: []int32{-1}}, kernels.ErrOutOfRange},
-		{"penalty state id out of range", []float32{1, 2}, func(p *Params) { p.PresencePenalty = 1 },
-			History{Penalty: NewPenaltyState([]int32{5})}, kernels.ErrOutOfRange},
+		{"empty row", nil, random, ErrInvalidLogits},
+		{"NaN", []float32{0, nan, 1}, random, ErrInvalidLogits},
+		{"NaN greedy", []float32{0, 1, nan}, greedy, ErrInvalidLogits},
+		{"+Inf", []float32{0, inf, 1}, random, ErrInvalidLogits},
+		{"masked NaN with logprobs", []float32{0, nan, 1}, logprobs(withEdits(random, inputs{masked: []int32{1}})), ErrInvalidLogits},
+		{"masked +Inf with logprobs", []float32{0, inf, 1}, logprobs(withEdits(random, inputs{masked: []int32{1}})), ErrInvalidLogits},
+		{"all -Inf", []float32{negInf, negInf}, random, ErrNoCandidates},
+		{"all masked", []float32{1, 2}, withEdits(random, inputs{masked: []int32{0, 1}}), ErrNoCandidates},
+		{"prompt id out of range", []float32{1, 2}, withEdits(penalized(random), inputs{prompt: []int32{0, 2}}), kernels.ErrOutOfRange},
+		{"output id out of range", []float32{1, 2}, withEdits(penalized(random), inputs{output: []int32{-1}}), kernels.ErrOutOfRange},
+		{"seen id out of range without penalties", []float32{1, 2}, withEdits(random, inputs{prompt: []int32{5}}), kernels.ErrOutOfRange},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := DefaultParams()
-			if tt.p != nil {
-				tt.p(&p)
-			}
-			_, err := Sample(tt.logits, &p, tt.h, 0, nil)
+			_, err := Sample(tt.logits, &tt.r, nil)
 			if !errors.Is(err, tt.is) {
 				t.Fatalf("error %v, want %v", err, tt.is)
 			}
 		})
 	}
 	// A masked NaN is not an error when logprobs are off: it is never read.
-	p := DefaultParams()
-	p.Masked = []int32{1}
-	if _, err := Sample([]float32{0, nan, 1}, &p, History{}, 0, nil); err != nil {
+	r := withEdits(defaultRow(), inputs{masked: []int32{1}})
+	if _, err := Sample([]float32{0, nan, 1}, &r, nil); err != nil {
 		t.Fatalf("masked NaN without logprobs: %v", err)
 	}
-	// A failed history leaves the scratch clean for the next call.
+	// A failed check leaves the scratch clean for the next call.
 	s := new(Scratch)
-	p = DefaultParams()
-	p.Temperature, p.RepetitionPenalty = 0, 2
-	if _, err := Sample([]float32{1, 2, 3}, &p, History{PromptTokenIDs: []int32{2, 7}}, 0, s); err == nil {
+	r = withEdits(penalized(greedy), inputs{prompt: []int32{0, 2, 7}})
+	if _, err := Sample([]float32{1, 2, 3}, &r, s); err == nil {
 		t.Fatal("want an error")
 	}
+	r = withEdits(penalized(greedy), inputs{prompt: []int32{2, 0}})
+	r.Edits = append(r.Edits, kernels.LogitEdit{Token: 2})
+	if _, err := Sample([]float32{1, 2, 3}, &r, s); !errors.Is(err, kernels.ErrSampleParams) {
+		t.Fatalf("duplicate edit: %v", err)
+	}
 	z := []float32{1, 2, 3}
-	if _, err := Sample(z, &p, History{PromptTokenIDs: []int32{0}}, 0, s); err != nil {
+	r = withEdits(penalized(greedy), inputs{prompt: []int32{0, 2}})
+	if _, err := Sample(z, &r, s); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(z, []float32{0.5, 2, 3}) {
+	if !slices.Equal(z, []float32{0.5, 2, 1.5}) {
 		t.Fatalf("stale marks in the scratch: %v", z)
-	}
-}
-
-func TestMaskTokens(t *testing.T) {
-	z := []float32{1, 2, 3, 4}
-	if err := MaskTokens(z, []int32{3, 1}); err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(z, []float32{1, negInf, 3, negInf}) {
-		t.Fatalf("got %v", z)
-	}
-	z = []float32{1, 2, 3, 4}
-	if err := MaskTokens(z, []int32{0, 4}); !errors.Is(err, kernels.ErrOutOfRange) {
-		t.Fatalf("out of range id: %v", err)
-	}
-	if !slices.Equal(z, []float32{1, 2, 3, 4}) {
-		t.Fatal("a failed MaskTokens wrote the row")
 	}
 }
 
@@ -321,7 +301,7 @@ func TestFilterMatchesReference(t *testing.T) {
 		"-inf":   rowInf,
 		"flat":   randomRow(3000, 0.01, 9),
 	}
-	params := []Params{
+	params := []kernels.SampleRow{
 		{Temperature: 1, TopP: 1, RepetitionPenalty: 1},
 		{Temperature: 0.7, TopP: 1, RepetitionPenalty: 1, TopK: 1},
 		{Temperature: 0.7, TopP: 1, RepetitionPenalty: 1, TopK: 40},
@@ -397,10 +377,12 @@ func TestKthLargest(t *testing.T) {
 
 func TestDeterminism(t *testing.T) {
 	row := randomRow(1000, 0.5, 11) // nearly flat: draws spread widely
-	p := DefaultParams()
+	p := defaultRow()
 	p.Seed = 42
-	sample := func(p *Params, step uint64) int32 {
-		res, err := Sample(slices.Clone(row), p, History{}, step, nil)
+	sample := func(p *kernels.SampleRow, step uint64) int32 {
+		r := *p
+		r.Step = step
+		res, err := Sample(slices.Clone(row), &r, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -438,28 +420,25 @@ func TestBatchInvariance(t *testing.T) {
 	const vocabSize = 4000
 	type row struct {
 		logits []float32
-		p      Params
-		h      History
-		step   uint64
+		r      kernels.SampleRow
 	}
 	mk := func(i int) row {
-		p := DefaultParams()
-		p.Seed = uint64(1000 + i)
-		p.Temperature = 0.6 + 0.1*float32(i)
-		p.TopK = []int{0, 50, 400, -1}[i%4]
-		p.TopP = []float32{1, 0.9, 0.7}[i%3]
-		p.MinP = []float32{0, 0.05}[i%2]
-		p.RepetitionPenalty = 1.1
-		p.FrequencyPenalty = 0.2
-		p.Logprobs, p.NumLogprobs = true, i%5
+		r := defaultRow()
+		r.Seed = uint64(1000 + i)
+		r.Temperature = 0.6 + 0.1*float32(i)
+		r.TopK = []int{0, 50, 400, -1}[i%4]
+		r.TopP = []float32{1, 0.9, 0.7}[i%3]
+		r.MinP = []float32{0, 0.05}[i%2]
+		r.RepetitionPenalty = 1.1
+		r.FrequencyPenalty = 0.2
+		r.Logprobs, r.NumLogprobs = true, i%5
 		if i == 3 {
-			p.Temperature = 0
+			r.Greedy = true
 		}
+		r.Step = uint64(i * 17)
 		return row{
 			logits: randomRow(vocabSize, 2.5, uint64(100+i)),
-			p:      p,
-			h:      History{PromptTokenIDs: []int32{int32(i), 7, 9}, OutputTokenIDs: []int32{int32(i * 3), 11}},
-			step:   uint64(i * 17),
+			r:      withEdits(r, inputs{prompt: []int32{int32(i), 7, 9}, output: []int32{int32(i * 3), 11}}),
 		}
 	}
 	rows := make([]row, 8)
@@ -467,7 +446,7 @@ func TestBatchInvariance(t *testing.T) {
 		rows[i] = mk(i)
 	}
 	run := func(r row, s *Scratch) Result {
-		res, err := Sample(slices.Clone(r.logits), &r.p, r.h, r.step, s)
+		res, err := Sample(slices.Clone(r.logits), &r.r, s)
 		if err != nil {
 			t.Error(err)
 		}
@@ -508,14 +487,16 @@ func TestLogprobs(t *testing.T) {
 	const vocabSize = 2000
 	raw := randomRow(vocabSize, 3, 21)
 	raw[5], raw[6] = raw[7], raw[7] // ties
-	p := DefaultParams()
-	p.Temperature, p.TopK, p.Seed = 0.8, 20, 5
-	p.LogitBias = map[int32]float32{10: 3}
+	p := defaultRow()
+	p.Temperature, p.TopK, p.Seed, p.Step = 0.8, 20, 5, 3
 	p.RepetitionPenalty = 1.5
-	p.Masked = []int32{int32(slices.Index(raw, slices.Max(raw)))}
 	p.Logprobs, p.NumLogprobs = true, vocabSize
-	h := History{PromptTokenIDs: []int32{1, 2, 3}}
-	res, err := Sample(slices.Clone(raw), &p, h, 3, nil)
+	p = withEdits(p, inputs{
+		bias:   map[int32]float32{10: 3},
+		masked: []int32{int32(slices.Index(raw, slices.Max(raw)))},
+		prompt: []int32{1, 2, 3},
+	})
+	res, err := Sample(slices.Clone(raw), &p, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -558,7 +539,7 @@ func TestLogprobs(t *testing.T) {
 	for _, n := range []int{0, 1, 3, 50} {
 		q := p
 		q.NumLogprobs = n
-		got, err := Sample(slices.Clone(raw), &q, h, 3, nil)
+		got, err := Sample(slices.Clone(raw), &q, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -573,26 +554,17 @@ func TestLogprobs(t *testing.T) {
 	if ids := []int32{tie.Top[0].Token, tie.Top[1].Token, tie.Top[2].Token, tie.Top[3].Token}; !slices.Equal(ids, []int32{1, 2, 3, 0}) || tie.Rank != 2 {
 		t.Fatalf("tie order %v rank %d, want [1 2 3 0] rank 2", ids, tie.Rank)
 	}
-	// MaskTokens before Sample hides the masked token from the logprobs;
-	// Params.Masked does not.
-	z := slices.Clone(raw)
-	if err := MaskTokens(z, p.Masked); err != nil {
-		t.Fatal(err)
-	}
-	if hidden, err := Sample(z, &p, h, 3, nil); err != nil || hidden.Top[len(hidden.Top)-1].Logprob != negInf {
-		t.Fatalf("MaskTokens before Sample: %v, last entry %+v", err, hidden.Top[len(hidden.Top)-1])
-	}
 	// Without Logprobs nothing is reported.
 	q := p
 	q.Logprobs, q.NumLogprobs = false, 0
-	if got, err := Sample(slices.Clone(raw), &q, h, 3, nil); err != nil || !equalResult(got, Result{Token: res.Token}) {
+	if got, err := Sample(slices.Clone(raw), &q, nil); err != nil || !equalResult(got, Result{Token: res.Token}) {
 		t.Fatalf("no logprobs: %+v, %v", got, err)
 	}
 	for _, bad := range []struct {
 		next int32
 		n    int
 		is   error
-	}{{-1, 1, kernels.ErrOutOfRange}, {vocabSize, 1, kernels.ErrOutOfRange}, {0, -1, ErrInvalidParams}} {
+	}{{-1, 1, kernels.ErrOutOfRange}, {vocabSize, 1, kernels.ErrOutOfRange}, {0, -1, kernels.ErrSampleParams}} {
 		if _, err := PromptLogprobs(raw, bad.next, bad.n); !errors.Is(err, bad.is) {
 			t.Fatalf("PromptLogprobs(%d, %d): %v, want %v", bad.next, bad.n, err, bad.is)
 		}
@@ -607,29 +579,25 @@ func TestLogprobs(t *testing.T) {
 
 func TestNoAllocations(t *testing.T) {
 	row := randomRow(5000, 3, 31)
-	st := NewPenaltyState([]int32{1, 2, 3})
-	st.AppendOutput(4, 4, 5)
-	cases := map[string]struct {
-		p Params
-		h History
-	}{
-		"greedy":                {Params{TopP: 1, RepetitionPenalty: 1}, History{}},
-		"top-k top-p logprobs":  {Params{Temperature: 0.7, TopK: 50, TopP: 0.9, RepetitionPenalty: 1, Logprobs: true, NumLogprobs: 5}, History{}},
-		"top-p radix min-p":     {Params{Temperature: 1, TopK: 1000, TopP: 0.95, MinP: 0.01, RepetitionPenalty: 1}, History{}},
-		"penalties history":     {Params{Temperature: 1, TopP: 1, RepetitionPenalty: 1.2, FrequencyPenalty: 0.5}, History{PromptTokenIDs: []int32{1, 2}, OutputTokenIDs: []int32{3, 3}}},
-		"penalties state, bias": {Params{Temperature: 1, TopP: 1, RepetitionPenalty: 1.2, LogitBias: map[int32]float32{7: 1}, Masked: []int32{9}}, History{Penalty: st}},
+	cases := map[string]kernels.SampleRow{
+		"greedy":               {Greedy: true, TopP: 1, RepetitionPenalty: 1},
+		"top-k top-p logprobs": {Temperature: 0.7, TopK: 50, TopP: 0.9, RepetitionPenalty: 1, Logprobs: true, NumLogprobs: 5},
+		"top-p radix min-p":    {Temperature: 1, TopK: 1000, TopP: 0.95, MinP: 0.01, RepetitionPenalty: 1},
+		"penalties": withEdits(kernels.SampleRow{Temperature: 1, TopP: 1, RepetitionPenalty: 1.2, FrequencyPenalty: 0.5},
+			inputs{prompt: []int32{1, 2}, output: []int32{3, 3}}),
+		"penalties, bias, mask": withEdits(kernels.SampleRow{Temperature: 1, TopP: 1, RepetitionPenalty: 1.2},
+			inputs{masked: []int32{9}, bias: map[int32]float32{7: 1}, prompt: []int32{1, 2, 3}, output: []int32{4, 4, 5}}),
 	}
-	for name, c := range cases {
+	for name, r := range cases {
 		t.Run(name, func(t *testing.T) {
 			s := new(Scratch)
 			z := slices.Clone(row)
-			step := uint64(0)
 			call := func() {
 				copy(z, row)
-				if _, err := Sample(z, &c.p, c.h, step, s); err != nil {
+				if _, err := Sample(z, &r, s); err != nil {
 					t.Fatal(err)
 				}
-				step++
+				r.Step++
 			}
 			call() // grow the scratch
 			if n := testing.AllocsPerRun(20, call); n != 0 {
@@ -646,26 +614,27 @@ func TestTinyRows(t *testing.T) {
 	tests := []struct {
 		name   string
 		logits []float32
-		p      Params
+		r      kernels.SampleRow
 		want   int32
 		top    int
 	}{
-		{"one token, random", []float32{0.3}, Params{Temperature: 1, TopP: 0.5, TopK: 1, MinP: 1, RepetitionPenalty: 1}, 0, 0},
-		{"one token, greedy, logprobs clamped", []float32{-7}, Params{TopP: 1, RepetitionPenalty: 1, Logprobs: true, NumLogprobs: 20}, 0, 1},
-		{"only one finite", []float32{negInf, negInf, 2, negInf}, Params{Temperature: 5, TopP: 1, RepetitionPenalty: 1}, 2, 0},
-		{"top_k above the vocabulary", []float32{negInf, 1}, Params{Temperature: 1, TopK: 10, TopP: 1, RepetitionPenalty: 1}, 1, 0},
+		{"one token, random", []float32{0.3}, kernels.SampleRow{Temperature: 1, TopP: 0.5, TopK: 1, MinP: 1, RepetitionPenalty: 1}, 0, 0},
+		{"one token, greedy, logprobs clamped", []float32{-7}, kernels.SampleRow{Greedy: true, TopP: 1, RepetitionPenalty: 1, Logprobs: true, NumLogprobs: 20}, 0, 1},
+		{"only one finite", []float32{negInf, negInf, 2, negInf}, kernels.SampleRow{Temperature: 5, TopP: 1, RepetitionPenalty: 1}, 2, 0},
+		{"top_k above the vocabulary", []float32{negInf, 1}, kernels.SampleRow{Temperature: 1, TopK: 10, TopP: 1, RepetitionPenalty: 1}, 1, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			for step := range uint64(20) {
-				res, err := Sample(slices.Clone(tt.logits), &tt.p, History{}, step, nil)
+				tt.r.Step = step
+				res, err := Sample(slices.Clone(tt.logits), &tt.r, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
 				if res.Token != tt.want || len(res.Top) != tt.top {
 					t.Fatalf("step %d: token %d with %d top entries, want %d with %d", step, res.Token, len(res.Top), tt.want, tt.top)
 				}
-				if tt.p.Logprobs && (res.Logprob != 0 || res.Rank != 1) {
+				if tt.r.Logprobs && (res.Logprob != 0 || res.Rank != 1) {
 					t.Fatalf("single token: logprob %v rank %d, want 0 and 1", res.Logprob, res.Rank)
 				}
 			}
