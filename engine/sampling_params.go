@@ -22,7 +22,6 @@ const MaxLogprobs = 20
 // OpenAI API's range).
 const MaxLogitBias = 100
 
-
 // SamplingParams are the per-request decoding settings, with vLLM's names
 // and meanings. Start from DefaultSamplingParams: the zero value is not the
 // default (its MaxTokens and TopP are invalid). A SamplingParams handed to
