@@ -62,9 +62,15 @@ func (w *forwardSlot) sampled(_ context.Context, s *SampledStep) error {
 	return nil
 }
 
+// Process hands the stage the step before's sampled step for the length of
+// this call only: each step's Previous points at the step before it, so a
+// step kept past its forward pass would keep every step before it alive
+// (their logits included).
 func (w *forwardSlot) Process(ctx context.Context, step *PreparedStep) (*ForwardResult, error) {
-	step.Previous = w.prev
-	return w.inner.Process(ctx, step)
+	step.Previous, w.prev = w.prev, nil
+	res, err := w.inner.Process(ctx, step)
+	step.Previous = nil
+	return res, err
 }
 
 func init() {

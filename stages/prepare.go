@@ -71,7 +71,9 @@ type PreparedStep struct {
 	// Previous is the step before's *SampledStep, which the loop's lagged
 	// edge from sample hands the forward slot before this step runs (nil
 	// for the first step). Forward reads its Tokens (or Samples) to resolve
-	// FromRow's placeholders: see ResolvePlaceholders.
+	// FromRow's placeholders: see ResolvePlaceholders. It is set only while
+	// the forward stage's Process runs (the chain of steps would otherwise
+	// keep every step alive).
 	Previous *SampledStep
 }
 

@@ -69,9 +69,14 @@ func (w *sampleSlot) PublishLagged(publish func(*SampledStep)) {
 	}
 }
 
+// Process hands the stage the step before's outputs for the length of this
+// call only (a step that kept them would keep the step before's outputs
+// alive for as long as it lives).
 func (w *sampleSlot) Process(ctx context.Context, res *ForwardResult) (*SampledStep, error) {
-	res.PreviousOutputs = w.prev
-	return w.inner.Process(ctx, res)
+	res.PreviousOutputs, w.prev = w.prev, nil
+	out, err := w.inner.Process(ctx, res)
+	res.PreviousOutputs = nil
+	return out, err
 }
 
 // PendingTokens returns, for a sequence whose input this step was a
