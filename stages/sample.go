@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine"
@@ -91,29 +90,6 @@ func PendingTokens(res *ForwardResult, m *engine.SequenceMetadata) []int {
 	return prev.Sampled[m.InputFromRow].TokenIDs
 }
 
-func init() {
-	RegisterSample(nil, "greedy", NoOptions{}, func(d SampleDeps, _ NoOptions) (SampleStage, error) {
-		dev, _ := d.Ops.(kernels.DeviceSampler)
-		return &greedySample{d: d, dev: dev}, nil
-	})
-	RegisterInsert(nil, "logit-softcap", "default", SoftcapOptions{Cap: 30}, func(d InsertDeps, o SoftcapOptions) (pipeline.Stage[*ForwardResult, *ForwardResult], error) {
-		return &softcap{ops: d.Ops, cap: float32(o.Cap)}, nil
-	})
-}
-
-// SoftcapOptions are logit-softcap's options.
-type SoftcapOptions struct {
-	Cap float64 `yaml:"cap"` // logits become cap*tanh(logit/cap); positive
-}
-
-// Validate checks the cap.
-func (o *SoftcapOptions) Validate() error {
-	if !(o.Cap > 0) {
-		return fmt.Errorf("logit-softcap: cap must be positive, got %g", o.Cap)
-	}
-	return nil
-}
-
 // Sample is the outcome of one sample row.
 type Sample struct {
 	Token    int
@@ -151,58 +127,6 @@ func hostLogits(ops kernels.Ops, res *ForwardResult, buf *[]float32) ([][]float3
 		out[r] = flat[r*vocab : (r+1)*vocab : (r+1)*vocab]
 	}
 	return out, nil
-}
-
-// argmax returns the index of the largest value, the lowest index on ties.
-func argmax(xs []float32) int {
-	best := 0
-	for i, x := range xs {
-		if x > xs[best] {
-			best = i
-		}
-	}
-	return best
-}
-
-// greedySample takes the argmax of every row, whatever the sampling params
-// say: a minimal sampler to swap in from YAML. On a backend that samples on
-// the device (kernels.DeviceSampler) the argmax runs there, unless the step
-// scores prompt rows (prompt_logprobs need the rows on the host); the
-// device reports a row with NaN or +Inf as an error, where the host argmax
-// skips NaN and takes the first +Inf.
-type greedySample struct {
-	d      SampleDeps
-	early  func(*SampledStep)    // publishes a step's device tokens early (lagged edge to forward)
-	dev    kernels.DeviceSampler // nil: the backend has none
-	logits []float32             // reused host copy of each step's logits
-	rows   []kernels.SampleRow   // reused device rows
-	timer  sampleTimer           // device time of the sampling kernels
-}
-
-// PublishLagged keeps the graph's early publishing (device tokens).
-func (g *greedySample) PublishLagged(p func(*SampledStep)) { g.early = p }
-
-func (g *greedySample) Process(ctx context.Context, res *ForwardResult) (*SampledStep, error) {
-	if g.dev != nil && res.Logits != nil && len(res.PromptRows) == 0 {
-		startSample(res)
-		g.rows = g.rows[:0]
-		for range res.Rows {
-			g.rows = append(g.rows, kernels.SampleRow{Greedy: true, TopP: 1, RepetitionPenalty: 1})
-		}
-		return sampleOnDevice(g.d, g.early, g.dev, res, g.rows, &g.timer)
-	}
-	rows, err := beginSample(g.d, res, &g.logits)
-	if err != nil {
-		return nil, err
-	}
-	out := &SampledStep{ForwardResult: res, Samples: make([]Sample, len(res.Rows))}
-	for r, row := range rows[:len(res.Rows)] {
-		out.Samples[r] = Sample{Token: argmax(row)}
-	}
-	if out.PromptLogprobs, err = promptLogprobs(res, rows[len(res.Rows):]); err != nil {
-		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
-	}
-	return out, endSample(g.d, out, nil)
 }
 
 // sampleOnDevice samples every row of a step on the backend, which keeps
@@ -272,33 +196,7 @@ func beginSample(d SampleDeps, res *ForwardResult, buf *[]float32) ([][]float32,
 func endSample(d SampleDeps, out *SampledStep, tokens kernels.Tensor) error {
 	out.Tokens = tokens
 	if d.Stats != nil {
-		d.Stats.recordSample(time.Since(out.sampleStart))
+		d.Stats.RecordSample(time.Since(out.sampleStart))
 	}
 	return nil
-}
-
-// softcap bounds logits smoothly: cap * tanh(logit / cap), as Gemma 2 does.
-type softcap struct {
-	ops kernels.Ops
-	cap float32
-}
-
-func (s *softcap) Process(_ context.Context, res *ForwardResult) (*ForwardResult, error) {
-	if res.Logits == nil {
-		return res, nil
-	}
-	flat, err := kernels.ToF32(s.ops, res.Logits)
-	if err != nil {
-		return nil, fmt.Errorf("logit-softcap: %w", err)
-	}
-	for i, x := range flat {
-		flat[i] = s.cap * float32(math.Tanh(float64(x/s.cap)))
-	}
-	capped, err := kernels.FromF32(s.ops, flat, res.Logits.Shape()...)
-	if err != nil {
-		return nil, fmt.Errorf("logit-softcap: %w", err)
-	}
-	out := *res
-	out.Logits = capped
-	return &out, nil
 }

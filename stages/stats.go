@@ -84,8 +84,11 @@ func (s *Stats) recordGap(d time.Duration) {
 	}
 }
 
-// recordSample counts one step's sampling work.
-func (s *Stats) recordSample(d time.Duration) {
+// RecordSample counts one step's sampling work d: the built-in samplers call it, and a
+// sampler of another package may too, so that the stats line and the
+// exposed-host figure (sampling is device work in the design) count it.
+// Safe for concurrent use.
+func (s *Stats) RecordSample(d time.Duration) {
 	s.SampleNanos.Add(int64(d))
 	s.lastSample.Store(int64(d))
 }

@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/kernels"
@@ -102,6 +103,9 @@ type sampler struct {
 }
 
 func (s *sampler) Process(_ context.Context, res *stages.ForwardResult) (*stages.SampledStep, error) {
+	if s.d.Stats != nil {
+		defer func(start time.Time) { s.d.Stats.RecordSample(time.Since(start)) }(time.Now())
+	}
 	out := &stages.SampledStep{ForwardResult: res, Samples: make([]stages.Sample, len(res.Rows))}
 	if res.Logits == nil {
 		return out, nil
