@@ -499,15 +499,23 @@ func (s *Server) failed(id string, err error) *apiError {
 	return e
 }
 
+// mark records that the engine has r (added) and that the server aborted
+// it (aborting), whichever this call learns, and reports whether both now
+// hold: the caller that makes both true aborts r in the engine, once.
+func (r *request) mark(added, aborting bool) bool {
+	r.abortMu.Lock()
+	defer r.abortMu.Unlock()
+	before := r.added && r.aborting
+	r.added = r.added || added
+	r.aborting = r.aborting || aborting
+	return !before && r.added && r.aborting
+}
+
 // abort aborts reqs in the engine: at once for a request the engine has,
 // right after it is added for one still being submitted.
 func (s *Server) abort(reqs []*request) {
 	for _, r := range reqs {
-		r.abortMu.Lock()
-		r.aborting = true
-		added := r.added
-		r.abortMu.Unlock()
-		if added {
+		if r.mark(false, true) {
 			s.eng.Abort(r.id)
 		}
 	}
@@ -558,11 +566,7 @@ func (s *Server) submit(reqs []*request) (*group, *apiError) {
 		}
 		err := s.eng.AddRequest(er)
 		if err == nil {
-			r.abortMu.Lock()
-			r.added = true
-			aborted := r.aborting
-			r.abortMu.Unlock()
-			if aborted {
+			if r.mark(true, false) { // the server aborted it on the way in
 				s.eng.Abort(r.id)
 			}
 			continue

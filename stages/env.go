@@ -115,6 +115,46 @@ func RegisterInsert[In, Out, O any](r *pipeline.Registry, slot, name string, def
 	}, build, nil)
 }
 
+// laggedSlot wraps a slot's stage so that the value its lagged input
+// delivers (the step before's) reaches the stage through its input, set
+// by set for the length of one Process call only: a step that kept it
+// would keep the step before alive, and that one the step before it.
+type laggedSlot[In, Out, L any] struct {
+	passLifecycle
+	inner pipeline.Stage[In, Out]
+	set   func(In, L) // the zero L clears the field
+	prev  L
+}
+
+// withLagged returns the node of s with its lagged input of type L.
+func withLagged[In, Out, L any](s pipeline.Stage[In, Out], set func(In, L)) *pipeline.Node {
+	w := &laggedSlot[In, Out, L]{passLifecycle: passLifecycle{s}, inner: s, set: set}
+	return pipeline.ReadLagged(pipeline.NewStage[In, Out](w), w.read)
+}
+
+func (w *laggedSlot[In, Out, L]) read(_ context.Context, v L) error {
+	w.prev = v
+	return nil
+}
+
+// Process hands the stage the lagged value with its input.
+func (w *laggedSlot[In, Out, L]) Process(ctx context.Context, in In) (Out, error) {
+	var zero L
+	w.set(in, w.prev)
+	w.prev = zero
+	out, err := w.inner.Process(ctx, in)
+	w.set(in, zero)
+	return out, err
+}
+
+// PublishLagged passes the graph's early publishing to a stage that
+// publishes early (pipeline.LaggedPublisher).
+func (w *laggedSlot[In, Out, L]) PublishLagged(publish func(Out)) {
+	if p, ok := w.inner.(pipeline.LaggedPublisher[Out]); ok {
+		p.PublishLagged(publish)
+	}
+}
+
 // passLifecycle forwards Start and Close to a wrapped stage that has them.
 type passLifecycle struct{ inner any }
 

@@ -45,32 +45,8 @@ func RegisterForward[O any](r *pipeline.Registry, name string, defaults O, build
 		return ForwardDeps{Model: e.Model, Ops: e.Ops, Cache: e.Cache, Stats: e.Stats, Flops: e.Flops,
 			CUDAGraph: e.CUDAGraph, MaxModelLen: maxModelLen}
 	}, build, func(s ForwardStage) *pipeline.Node {
-		w := &forwardSlot{passLifecycle: passLifecycle{s}, inner: s}
-		return pipeline.ReadLagged(pipeline.NewStage[*PreparedStep, *ForwardResult](w), w.sampled)
+		return withLagged(s, func(step *PreparedStep, prev *SampledStep) { step.Previous = prev })
 	})
-}
-
-// forwardSlot hands a forward stage the step before's sampled step.
-type forwardSlot struct {
-	passLifecycle
-	inner ForwardStage
-	prev  *SampledStep
-}
-
-func (w *forwardSlot) sampled(_ context.Context, s *SampledStep) error {
-	w.prev = s
-	return nil
-}
-
-// Process hands the stage the step before's sampled step for the length of
-// this call only: each step's Previous points at the step before it, so a
-// step kept past its forward pass would keep every step before it alive
-// (their logits included).
-func (w *forwardSlot) Process(ctx context.Context, step *PreparedStep) (*ForwardResult, error) {
-	step.Previous, w.prev = w.prev, nil
-	res, err := w.inner.Process(ctx, step)
-	step.Previous = nil
-	return res, err
 }
 
 func init() {

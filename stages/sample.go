@@ -1,7 +1,6 @@
 package stages
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -43,39 +42,8 @@ func RegisterSample[O any](r *pipeline.Registry, name string, defaults O, build 
 		}
 		return SampleDeps{Ops: e.Ops, VocabSize: e.vocabSize(), EOSTokenIDs: eos, Stats: e.Stats}
 	}, build, func(s SampleStage) *pipeline.Node {
-		w := &sampleSlot{passLifecycle: passLifecycle{s}, inner: s}
-		return pipeline.ReadLagged(pipeline.NewStage[*ForwardResult, *SampledStep](w), w.postprocessed)
+		return withLagged(s, func(res *ForwardResult, prev *StepOutputs) { res.PreviousOutputs = prev })
 	})
-}
-
-// sampleSlot hands a sample stage the step before's outputs and passes
-// early publishing through.
-type sampleSlot struct {
-	passLifecycle
-	inner SampleStage
-	prev  *StepOutputs
-}
-
-func (w *sampleSlot) postprocessed(_ context.Context, o *StepOutputs) error {
-	w.prev = o
-	return nil
-}
-
-// PublishLagged passes the graph's early publishing to the stage.
-func (w *sampleSlot) PublishLagged(publish func(*SampledStep)) {
-	if p, ok := w.inner.(pipeline.LaggedPublisher[*SampledStep]); ok {
-		p.PublishLagged(publish)
-	}
-}
-
-// Process hands the stage the step before's outputs for the length of this
-// call only (a step that kept them would keep the step before's outputs
-// alive for as long as it lives).
-func (w *sampleSlot) Process(ctx context.Context, res *ForwardResult) (*SampledStep, error) {
-	res.PreviousOutputs, w.prev = w.prev, nil
-	out, err := w.inner.Process(ctx, res)
-	res.PreviousOutputs = nil
-	return out, err
 }
 
 // PendingTokens returns, for a sequence whose input this step was a
