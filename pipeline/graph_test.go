@@ -510,3 +510,49 @@ func TestPlannerWaker(t *testing.T) {
 		t.Errorf("items %v", got)
 	}
 }
+
+// A node's busy time never decreases, also while it waits: an idle graph's
+// stages report no busy time growing with the clock.
+func TestBusyIsMonotonic(t *testing.T) {
+	defer noLeaks(t)()
+	gate := make(chan struct{})
+	src := SourceFunc[int](func(ctx context.Context) (int, error) {
+		select {
+		case <-gate:
+			return 0, io.EOF
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	})
+	g := New().
+		Add("src", NewSource[int](src)).
+		Add("mid", NewStage(double())).
+		Add("sink", NewSink[int](&collector[int]{})).
+		Connect("src", "mid", 1).
+		Connect("mid", "sink", 1)
+	if err := g.Build(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- g.Run(context.Background()) }()
+	prev := map[string]time.Duration{}
+	waitFor(t, "mid waiting", func() bool { return g.Stats()[1].State == StateWaitIn })
+	first := g.Stats()[1].Busy
+	for range 50 {
+		for _, s := range g.Stats() {
+			if s.Busy < prev[s.Name] {
+				t.Fatalf("%s: busy went from %v down to %v", s.Name, prev[s.Name], s.Busy)
+			}
+			prev[s.Name] = s.Busy
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// 50 ms of waiting for input is not work.
+	if grew := g.Stats()[1].Busy - first; grew > 20*time.Millisecond {
+		t.Errorf("a waiting stage's busy time grew by %v", grew)
+	}
+	close(gate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -126,13 +126,13 @@ func recv[T any](ctx context.Context, stop <-chan struct{}, p *inPort[T], st *st
 		}
 	}
 	st.setState(StateWaitIn)
-	t := st.now()
+	t := st.block()
 	select {
 	case v, ok = <-p.ch:
 	case <-stop:
 		err = ctx.Err()
 	}
-	st.waitIn.Add(st.now() - t)
+	st.unblock(t, &st.waitIn)
 	return v, ok, err
 }
 
@@ -143,9 +143,9 @@ func emit[Out any](ctx context.Context, stop <-chan struct{}, s sender[Out], v O
 		return nil
 	}
 	st.setState(StateWaitOut)
-	t := st.now()
+	t := st.block()
 	sent := s.send(stop, v)
-	st.waitOut.Add(st.now() - t)
+	st.unblock(t, &st.waitOut)
 	if !sent {
 		return ctx.Err()
 	}
@@ -163,19 +163,16 @@ func awaitLagged(ctx context.Context, rt *nodeRuntime, k int64) error {
 			continue
 		}
 		var (
-			v             any
-			ok, stopped   bool
-			blocked, took int64
+			v           any
+			ok, stopped bool
 		)
 		if in.port.length() > 0 {
 			v, ok, stopped = in.port.recvAny(rt.stop)
 		} else {
 			st.setState(StateWaitIn)
-			blocked = st.now()
+			t := st.block()
 			v, ok, stopped = in.port.recvAny(rt.stop)
-			took = st.now() - blocked
-			st.waitIn.Add(took)
-			st.waitLag.Add(took)
+			st.unblock(t, &st.waitIn, &st.waitLag)
 		}
 		if stopped {
 			return ctx.Err()
@@ -221,9 +218,9 @@ func NewSource[Out any](s Source[Out]) *Node {
 			for {
 				if waiter != nil {
 					st.setState(StateWaitIn)
-					t := st.now()
+					t := st.block()
 					err := waiter.Wait(ctx)
-					st.waitIn.Add(st.now() - t)
+					st.unblock(t, &st.waitIn)
 					if err != nil {
 						return err
 					}
@@ -392,10 +389,10 @@ func runPlanner[In, Fb, Out any](ctx context.Context, p Planner[In, Fb, Out], rt
 		}
 		st.observeQueue(len(in.ch))
 		st.setState(StateWaitIn)
-		t := st.now()
+		t := st.block()
 		select {
 		case v, ok := <-inCh:
-			st.waitIn.Add(st.now() - t)
+			st.unblock(t, &st.waitIn)
 			if !ok {
 				inCh = nil
 				continue
@@ -406,7 +403,7 @@ func runPlanner[In, Fb, Out any](ctx context.Context, p Planner[In, Fb, Out], rt
 				return err
 			}
 		case v, ok := <-fbCh:
-			st.waitIn.Add(st.now() - t)
+			st.unblock(t, &st.waitIn)
 			if !ok {
 				return fmt.Errorf("feedback edge closed with %d items in flight", inFlight)
 			}
@@ -417,9 +414,9 @@ func runPlanner[In, Fb, Out any](ctx context.Context, p Planner[In, Fb, Out], rt
 				return err
 			}
 		case <-wake:
-			st.waitIn.Add(st.now() - t)
+			st.unblock(t, &st.waitIn)
 		case <-rt.stop:
-			st.waitIn.Add(st.now() - t)
+			st.unblock(t, &st.waitIn)
 			return ctx.Err()
 		}
 	}

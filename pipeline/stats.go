@@ -3,6 +3,7 @@ package pipeline
 import (
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
@@ -47,6 +48,34 @@ type stageStats struct {
 	started         atomic.Int64 // nanoseconds since epoch when the run started; 0 before
 	timed           bool
 	epoch           time.Time // time base, set by Build
+
+	// mu orders the wait counters' updates with blockedSince, so that a
+	// reader of busy never subtracts a wait twice or not at all: busy then
+	// never decreases. Taken only when the node blocks, and by readers.
+	mu           sync.Mutex
+	blockedSince int64 // nanoseconds since epoch when the current wait began; 0: not blocked
+}
+
+// block marks the start of a wait and returns its start time.
+func (s *stageStats) block() int64 {
+	t := s.now()
+	s.mu.Lock()
+	s.blockedSince = t
+	s.mu.Unlock()
+	return t
+}
+
+// unblock ends the wait begun at t, adds its length to the counters
+// given, and returns the length.
+func (s *stageStats) unblock(t int64, counters ...*atomic.Int64) int64 {
+	d := s.now() - t
+	s.mu.Lock()
+	for _, c := range counters {
+		c.Add(d)
+	}
+	s.blockedSince = 0
+	s.mu.Unlock()
+	return d
 }
 
 // busy is the node's running time so far less its blocked time.
@@ -59,7 +88,13 @@ func (s *stageStats) busy() time.Duration {
 	if end == 0 {
 		end = s.now()
 	}
-	return time.Duration(max(0, end-start-s.waitIn.Load()-s.waitOut.Load()))
+	s.mu.Lock()
+	blocked := s.waitIn.Load() + s.waitOut.Load()
+	if b := s.blockedSince; b > 0 {
+		blocked += max(0, end-b) // the wait still going on
+	}
+	s.mu.Unlock()
+	return time.Duration(max(0, end-start-blocked))
 }
 
 // now returns monotonic nanoseconds since the graph was built, or 0 when
