@@ -131,8 +131,8 @@ func TestRunServe(t *testing.T) {
 			if tc.errContain != "" && (len(r.Errors) != 1 || !strings.Contains(r.Errors[0], tc.errContain)) {
 				t.Fatalf("errors %v, want one with %q", r.Errors, tc.errContain)
 			}
-			if progress.Len() == 0 {
-				t.Error("no progress bar written")
+			if progress.Len() == 0 || !strings.HasSuffix(progress.String(), "\n") {
+				t.Errorf("progress bar %q: want output ending its line", progress.String())
 			}
 			if tc.completed == 0 {
 				return
@@ -210,10 +210,55 @@ func TestRunOffline(t *testing.T) {
 	if r.OutputThroughput <= 0 || math.Abs(r.OutputThroughput*r.DurationSeconds-float64(r.TotalOutputTokens)) > 1e-6*float64(r.TotalOutputTokens) {
 		t.Fatalf("throughput %v over %vs for %d tokens", r.OutputThroughput, r.DurationSeconds, r.TotalOutputTokens)
 	}
-	if progress.Len() == 0 {
-		t.Error("no progress bar written")
+	if progress.Len() == 0 || !strings.HasSuffix(progress.String(), "\n") {
+		t.Errorf("progress bar %q: want output ending its line", progress.String())
 	}
 	if _, err := RunOffline(context.Background(), l, OfflineOptions{NumSeqs: 1, MinInputLen: 5, MaxInputLen: 4, MinOutputLen: 1, MaxOutputLen: 1, MaxTokenID: 10}); err == nil {
 		t.Error("bad input lengths accepted")
+	}
+}
+
+func TestPercentiles(t *testing.T) {
+	xs := make([]float64, 100)
+	for i := range xs {
+		xs[i] = float64(100 - i)
+	}
+	dists := []Distribution{{"ttft", "ms", xs}, {"itl", "ms", nil}, {"e2el", "ms", []float64{5}}}
+	tests := []struct {
+		name    string
+		metrics []string
+		ps      []float64
+		want    map[string]float64
+	}{
+		{"vLLM default", []string{"ttft", "tpot", "itl"}, []float64{99}, map[string]float64{"p99_ttft_ms": 99}},
+		{"several", []string{"ttft", "e2el"}, []float64{50, 90, 99.9}, map[string]float64{
+			"p50_ttft_ms": 50, "p90_ttft_ms": 90, "p99.9_ttft_ms": 100, "p50_e2el_ms": 5, "p90_e2el_ms": 5, "p99.9_e2el_ms": 5}},
+		{"none", nil, []float64{99}, map[string]float64{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Percentiles(dists, tc.metrics, tc.ps)
+			if len(got) != len(tc.want) {
+				t.Fatalf("got %v, want %v", got, tc.want)
+			}
+			for k, v := range tc.want {
+				if got[k] != v {
+					t.Fatalf("got %v, want %v", got, tc.want)
+				}
+			}
+		})
+	}
+	if got := Percentile(xs, 90); got != 90 {
+		t.Fatalf("Percentile(1..100, 90) = %v", got)
+	}
+	if got := Percentile(nil, 90); got != 0 {
+		t.Fatalf("Percentile(nil) = %v", got)
+	}
+}
+
+// The offline workload samples greedily by default, as vLLM's benchmark.
+func TestDefaultOfflineTemperature(t *testing.T) {
+	if o := DefaultOffline(); o.Temperature != 0 || o.NumSeqs != 256 || o.MinInputLen != 100 || o.MaxOutputLen != 1024 {
+		t.Fatalf("DefaultOffline() = %+v", o)
 	}
 }

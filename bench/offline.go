@@ -9,16 +9,15 @@ import (
 	"sync"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
-
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/llm"
 )
 
 // OfflineOptions shape the offline workload. The defaults (DefaultOffline)
-// are nano-vllm's bench.py: 256 sequences of 100..1024 random prompt tokens
-// (ids below 10000), each generating 100..1024 tokens with ignore_eos at
-// temperature 0.6.
+// are nano-vllm's bench.py workload: 256 sequences of 100..1024 random
+// prompt tokens (ids below 10000), each generating 100..1024 tokens with
+// ignore_eos, at temperature 0 (greedy, the default of vLLM's benchmarks;
+// nano-vllm samples at 0.6).
 type OfflineOptions struct {
 	NumSeqs                    int
 	MinInputLen, MaxInputLen   int
@@ -28,13 +27,15 @@ type OfflineOptions struct {
 	// model's vocabulary).
 	MaxTokenID int
 	Seed       uint64
-	// Progress receives a progress bar over finished sequences; nil: none.
+	// Progress receives a progress bar over finished sequences, with their
+	// rate since the start, ended by a newline when the run ends; nil:
+	// none.
 	Progress io.Writer
 }
 
-// DefaultOffline returns nano-vllm's workload.
+// DefaultOffline returns nano-vllm's workload, sampled greedily.
 func DefaultOffline() OfflineOptions {
-	return OfflineOptions{NumSeqs: 256, MinInputLen: 100, MaxInputLen: 1024, MinOutputLen: 100, MaxOutputLen: 1024, Temperature: 0.6, MaxTokenID: 10000}
+	return OfflineOptions{NumSeqs: 256, MinInputLen: 100, MaxInputLen: 1024, MinOutputLen: 100, MaxOutputLen: 1024, Temperature: 0, MaxTokenID: 10000}
 }
 
 func (o *OfflineOptions) validate() error {
@@ -66,6 +67,9 @@ type OfflineResult struct {
 	TTFTMillis        Summary `json:"ttft_ms"`
 	TPOTMillis        Summary `json:"tpot_ms"`
 	E2EMillis         Summary `json:"e2el_ms"`
+	// Percentiles are extra percentiles of the latencies, keyed as vLLM's
+	// results ("p99_ttft_ms"); filled by the caller (see Percentiles).
+	Percentiles map[string]float64 `json:"percentiles,omitempty"`
 	// Per-request samples (milliseconds), in prompt order.
 	TTFTs []float64 `json:"ttfts_ms"`
 	TPOTs []float64 `json:"tpots_ms"`
@@ -102,25 +106,21 @@ func RunOffline(ctx context.Context, l *llm.LLM, o OfflineOptions) (*OfflineResu
 		params[i] = p
 	}
 	warm := engine.DefaultSamplingParams()
+	warm.Temperature = o.Temperature
 	warm.MaxTokens = 2
 	if _, err := l.Generate(ctx, []llm.Prompt{{IDs: []int{0, 1, 2}}}, warm, nil); err != nil {
 		return nil, fmt.Errorf("bench: offline: warm-up: %w", err)
 	}
 
-	var bar *progressbar.ProgressBar
-	if o.Progress != nil {
-		bar = progressbar.NewOptions(o.NumSeqs, progressbar.OptionSetWriter(o.Progress),
-			progressbar.OptionSetDescription("offline"), progressbar.OptionShowCount(), progressbar.OptionShowIts(),
-			progressbar.OptionSetItsString("seq"), progressbar.OptionThrottle(100*time.Millisecond))
-	}
-	onToken := func(out engine.RequestOutput) {
-		if out.Finished && bar != nil {
-			bar.Add(1)
-		}
-	}
 	results := make([]llm.Completion, o.NumSeqs)
 	errs := make([]error, o.NumSeqs)
 	var wg sync.WaitGroup
+	bar := newProgress(o.Progress, o.NumSeqs, "offline", "seq") // its clock starts with the workload
+	onToken := func(out engine.RequestOutput) {
+		if out.Finished {
+			bar.add()
+		}
+	}
 	start := time.Now()
 	for i := range prompts {
 		wg.Add(1)
@@ -135,9 +135,7 @@ func RunOffline(ctx context.Context, l *llm.LLM, o OfflineOptions) (*OfflineResu
 	}
 	wg.Wait()
 	wall := time.Since(start)
-	if bar != nil {
-		bar.Finish()
-	}
+	bar.finish()
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("bench: offline: %w", err)
 	}

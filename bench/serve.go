@@ -14,8 +14,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/schollz/progressbar/v3"
 )
 
 // ServeOptions shape a serving benchmark against an OpenAI-compatible
@@ -50,7 +48,9 @@ type ServeOptions struct {
 	Seed        uint64
 	// Client sends the requests; nil: a client with a transport of its own.
 	Client *http.Client
-	// Progress receives a progress bar over finished requests; nil: none.
+	// Progress receives a progress bar over finished requests, with their
+	// rate since the start, ended by a newline when the run ends; nil:
+	// none.
 	Progress io.Writer
 }
 
@@ -91,6 +91,9 @@ type ServeResult struct {
 	E2EMillis         Summary         `json:"e2el_ms"`
 	Errors            []string        `json:"errors,omitempty"` // distinct messages of failed requests
 	Requests          []RequestResult `json:"requests"`
+	// Percentiles are extra percentiles of the latencies, keyed as vLLM's
+	// results ("p99_ttft_ms"); filled by the caller (see Percentiles).
+	Percentiles map[string]float64 `json:"percentiles,omitempty"`
 }
 
 // Distributions are the result's samples for WritePlots.
@@ -172,18 +175,13 @@ func RunServe(ctx context.Context, o ServeOptions) (*ServeResult, error) {
 		}
 	}
 
-	var bar *progressbar.ProgressBar
-	if o.Progress != nil {
-		bar = progressbar.NewOptions(o.NumPrompts, progressbar.OptionSetWriter(o.Progress),
-			progressbar.OptionSetDescription("serve"), progressbar.OptionShowCount(), progressbar.OptionShowIts(),
-			progressbar.OptionSetItsString("req"), progressbar.OptionThrottle(100*time.Millisecond))
-	}
 	var sem chan struct{}
 	if o.MaxConcurrency > 0 {
 		sem = make(chan struct{}, o.MaxConcurrency)
 	}
 	results := make([]RequestResult, o.NumPrompts)
 	var wg sync.WaitGroup
+	bar := newProgress(o.Progress, o.NumPrompts, "serve", "req")
 	start := time.Now()
 	next := start
 	for i := range bodies {
@@ -215,16 +213,12 @@ func RunServe(ctx context.Context, o ServeOptions) (*ServeResult, error) {
 			if sem != nil {
 				<-sem
 			}
-			if bar != nil {
-				bar.Add(1)
-			}
+			bar.add()
 		}()
 	}
 	wg.Wait()
 	wall := time.Since(start)
-	if bar != nil {
-		bar.Finish()
-	}
+	bar.finish()
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("bench: serve: %w", err)
 	}

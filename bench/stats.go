@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 
 	"gonum.org/v1/gonum/stat"
 )
@@ -54,4 +55,43 @@ func WriteJSON(path string, v any) error {
 		return fmt.Errorf("bench: %w", err)
 	}
 	return nil
+}
+
+// Percentile is the empirical p-th percentile (0 < p <= 100) of xs, as
+// Summary computes its quantiles; 0 for an empty sample. xs is not
+// modified. Cost: a sorted copy, O(n log n).
+func Percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	sorted := slices.Clone(xs)
+	slices.Sort(sorted)
+	return stat.Quantile(p/100, stat.Empirical, sorted, nil)
+}
+
+// Percentiles returns, for each distribution named in metrics (e.g.
+// "ttft", "e2el") and each percentile p in ps (0 < p <= 100), the p-th
+// percentile of its samples, keyed as vLLM's benchmark results name them:
+// "p99_ttft_ms" (the distribution's unit ends the key). Metrics with no
+// distribution or no samples are left out. Cost: one sorted copy per
+// metric, O(n log n).
+func Percentiles(dists []Distribution, metrics []string, ps []float64) map[string]float64 {
+	out := map[string]float64{}
+	for _, name := range metrics {
+		i := slices.IndexFunc(dists, func(d Distribution) bool { return d.Name == name })
+		if i < 0 || len(dists[i].Values) == 0 {
+			continue
+		}
+		d := dists[i]
+		sorted := slices.Clone(d.Values)
+		slices.Sort(sorted)
+		for _, p := range ps {
+			key := "p" + strconv.FormatFloat(p, 'f', -1, 64) + "_" + d.Name
+			if d.Unit != "" {
+				key += "_" + d.Unit
+			}
+			out[key] = stat.Quantile(p/100, stat.Empirical, sorted, nil)
+		}
+	}
+	return out
 }

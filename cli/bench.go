@@ -6,39 +6,47 @@ import (
 	"math"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/deepinfer/deepinfer-go/bench"
-	"github.com/deepinfer/deepinfer-go/engine/config"
 	"github.com/deepinfer/deepinfer-go/llm"
 	"github.com/deepinfer/deepinfer-go/pipeline"
 )
 
 func newBenchCmd(reg *pipeline.Registry) *cobra.Command {
 	var (
-		mode, configPath, resultFile, plotDir string
-		off                                   = bench.DefaultOffline()
-		seed                                  int64
-		srv                                   = bench.ServeOptions{NumPrompts: 200, InputLen: 256, OutputLen: 128}
-		baseURL, promptFile                   string
-		rate                                  float64
-		temperature                           float32
+		bf benchFlags
+		ef engineFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Benchmark offline throughput (--mode offline) or a running server (--mode serve)",
-		Long: "bench --mode offline runs nano-vllm's workload through the engine in this process\n" +
-			"(random prompts of --min-input-len..--max-input-len tokens, --min-output-len..--max-output-len\n" +
-			"tokens each with ignore_eos) and reports throughput and per-request latencies.\n" +
+		Long: "Flags are named as vLLM's `vllm bench throughput` and `vllm bench serve` name them.\n" +
+			"bench --mode offline runs nano-vllm's workload through the engine in this process\n" +
+			"(--num-prompts random prompts of --min-input-len..--max-input-len tokens, each generating\n" +
+			"--min-output-len..--max-output-len tokens with ignore_eos; --input-len/--output-len with\n" +
+			"--random-range-ratio give the lengths as vLLM does) and reports throughput and per-request\n" +
+			"latencies.\n" +
 			"bench --mode serve sends --num-prompts streamed requests to --base-url with Poisson arrivals at\n" +
-			"--request-rate (inf: all at once), random or file prompts, and reports throughput, TTFT, TPOT,\n" +
-			"ITL and end-to-end latency (mean, p50, p90, p99). Both write --result-file (JSON) and PNG\n" +
-			"histograms into --plot-dir when given.",
+			"--request-rate (inf: all at once), random prompts (--dataset-name random) or a prompt file\n" +
+			"(--dataset-name custom --dataset-path FILE), and reports throughput, TTFT, TPOT, ITL and\n" +
+			"end-to-end latency (mean, p50 and --metric-percentiles of --percentile-metrics).\n" +
+			"Both sample at --temperature (default 0, greedy, as vLLM's benchmark), write the result as\n" +
+			"JSON with --save-result or --result-filename (into --result-dir) and PNG histograms into\n" +
+			"--plot-dir when given.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts, err := bf.options(cmd, time.Now())
+			if err != nil {
+				return err
+			}
 			stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
@@ -50,9 +58,9 @@ func newBenchCmd(reg *pipeline.Registry) *cobra.Command {
 				result any
 				dists  []bench.Distribution
 			)
-			switch mode {
+			switch opts.mode {
 			case "offline":
-				cfg, err := config.Load(configPath)
+				cfg, _, err := ef.load("")
 				if err != nil {
 					return err
 				}
@@ -61,20 +69,24 @@ func newBenchCmd(reg *pipeline.Registry) *cobra.Command {
 					return err
 				}
 				defer l.Close()
-				off.Seed, off.Temperature, off.Progress = uint64(seed), temperature, progress
+				off := opts.offline
+				off.Progress = progress
 				r, err := bench.RunOffline(ctx, l, off)
 				if err != nil {
 					return err
 				}
-				printOffline(stdout, r)
+				dists = r.Distributions()
+				r.Percentiles = bench.Percentiles(dists, opts.metrics, opts.percentiles)
+				printOffline(stdout, r, opts)
 				if d := deviceIdle(l.StepStats().DeviceTimes()); d != "" {
 					fmt.Fprintln(stdout, "Device timeline:", d)
 				}
-				result, dists = r, r.Distributions()
+				result = r
 			case "serve":
-				srv.BaseURL, srv.RequestRate, srv.Seed, srv.Temperature, srv.Progress = baseURL, rate, uint64(seed), temperature, progress
-				if promptFile != "" {
-					texts, err := readPrompts(nil, promptFile, nil)
+				srv := opts.serve
+				srv.Progress = progress
+				if opts.datasetPath != "" {
+					texts, err := readPrompts(nil, opts.datasetPath, nil)
 					if err != nil {
 						return err
 					}
@@ -84,19 +96,24 @@ func newBenchCmd(reg *pipeline.Registry) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				printServe(stdout, r)
-				result, dists = r, r.Distributions()
-			default:
-				return fmt.Errorf("bench: --mode must be offline or serve, got %q", mode)
+				dists = r.Distributions()
+				r.Percentiles = bench.Percentiles(dists, opts.metrics, opts.percentiles)
+				printServe(stdout, r, opts)
+				result = r
 			}
-			if resultFile != "" {
-				if err := bench.WriteJSON(resultFile, result); err != nil {
+			if opts.resultPath != "" {
+				if dir := filepath.Dir(opts.resultPath); dir != "." {
+					if err := os.MkdirAll(dir, 0o755); err != nil {
+						return fmt.Errorf("bench: %w", err)
+					}
+				}
+				if err := bench.WriteJSON(opts.resultPath, result); err != nil {
 					return err
 				}
-				fmt.Fprintln(stderr, "result:", resultFile)
+				fmt.Fprintln(stderr, "result:", opts.resultPath)
 			}
-			if plotDir != "" {
-				files, err := bench.WritePlots(plotDir, dists)
+			if opts.plotDir != "" {
+				files, err := bench.WritePlots(opts.plotDir, dists)
 				if err != nil {
 					return err
 				}
@@ -105,36 +122,239 @@ func newBenchCmd(reg *pipeline.Registry) *cobra.Command {
 			return nil
 		},
 	}
-	fl := cmd.Flags()
-	fl.StringVar(&mode, "mode", "offline", "offline (engine in this process) or serve (a running server)")
-	fl.StringVar(&resultFile, "result-file", "", "write the result as JSON to this file")
-	fl.StringVar(&plotDir, "plot-dir", "", "write PNG histograms of the latency distributions into this folder")
-	fl.Int64Var(&seed, "seed", 0, "seed of the random workload")
-	fl.Float32Var(&temperature, "temperature", 0.6, "sampling temperature of every request")
-	// offline
-	fl.StringVarP(&configPath, "config", "c", "configs/default.yaml", "offline: engine config (YAML)")
-	fl.IntVar(&off.NumSeqs, "num-seqs", off.NumSeqs, "offline: number of sequences")
-	fl.IntVar(&off.MinInputLen, "min-input-len", off.MinInputLen, "offline: shortest random prompt, in tokens")
-	fl.IntVar(&off.MaxInputLen, "max-input-len", off.MaxInputLen, "offline: longest random prompt, in tokens")
-	fl.IntVar(&off.MinOutputLen, "min-output-len", off.MinOutputLen, "offline: fewest tokens generated per sequence")
-	fl.IntVar(&off.MaxOutputLen, "max-output-len", off.MaxOutputLen, "offline: most tokens generated per sequence")
-	fl.IntVar(&off.MaxTokenID, "max-token-id", off.MaxTokenID, "offline: random prompt ids are below this (and the vocabulary size)")
-	// serve
-	fl.StringVar(&baseURL, "base-url", "http://127.0.0.1:8000", "serve: the server's root URL")
-	fl.StringVar(&srv.Endpoint, "endpoint", "/v1/completions", "serve: /v1/completions or /v1/chat/completions")
-	fl.StringVar(&srv.Model, "model", "", "serve: model name; default: the first of GET /v1/models")
-	fl.IntVar(&srv.NumPrompts, "num-prompts", srv.NumPrompts, "serve: number of requests")
-	fl.Float64Var(&rate, "request-rate", math.Inf(1), "serve: mean requests per second (Poisson arrivals); inf sends all at once")
-	fl.IntVar(&srv.MaxConcurrency, "max-concurrency", 0, "serve: most requests in flight; 0 is unbounded")
-	fl.StringVar(&promptFile, "dataset-path", "", "serve: prompts, one per line or JSONL with a \"prompt\" field; default: random prompts")
-	fl.IntVar(&srv.InputLen, "input-len", srv.InputLen, "serve: random prompt length (token ids for completions, words for chat)")
-	fl.IntVar(&srv.OutputLen, "output-len", srv.OutputLen, "serve: max_tokens of every request (ignore_eos)")
-	fl.Float64Var(&srv.RangeRatio, "range-ratio", 0, "serve: draw input and output lengths in [len*(1-r), len*(1+r)]")
-	fl.IntVar(&srv.VocabSize, "vocab-size", 0, "serve: random token ids are below this; 0 asks GET /v1/models")
+	bf.register(cmd)
+	ef.register(cmd, engineFlagSet{}) // offline: --config and the engine flags
 	return cmd
 }
 
-func printOffline(w io.Writer, r *bench.OfflineResult) {
+// benchFlags are the values of deepinfer bench's flags. Names follow
+// vLLM's `vllm bench serve` and `vllm bench throughput`; the names earlier
+// versions of this command used stay accepted as hidden aliases
+// (benchAliases).
+type benchFlags struct {
+	mode                                                 string
+	numPrompts                                           int
+	inputLen, outputLen                                  int
+	rangeRatio                                           float64
+	minInputLen, maxInputLen, minOutputLen, maxOutputLen int
+	maxTokenID, vocabSize                                int
+	datasetName, datasetPath                             string
+	baseURL, endpoint, model                             string
+	requestRate                                          float64
+	maxConcurrency                                       int
+	seed                                                 int64
+	temperature                                          float32
+	saveResult                                           bool
+	resultDir, resultFilename, plotDir                   string
+	percentileMetrics, metricPercentiles                 string
+}
+
+// Defaults that depend on --mode.
+const (
+	benchServeNumPrompts = 200
+	benchServeInputLen   = 256
+	benchServeOutputLen  = 128
+)
+
+// benchAliases maps each earlier flag name of deepinfer bench to the flag
+// that replaced it; the old names parse into the same value and are hidden
+// from the help.
+var benchAliases = map[string]string{
+	"num-seqs":    "num-prompts",
+	"range-ratio": "random-range-ratio",
+	"result-file": "result-filename",
+}
+
+// benchThroughputNames are the names `vllm bench throughput` gives to
+// flags that `vllm bench serve` spells otherwise; both are shown.
+var benchThroughputNames = map[string]string{
+	"input-len":  "random-input-len",
+	"output-len": "random-output-len",
+}
+
+// benchMetrics are the names --percentile-metrics accepts, with the row
+// label of the report.
+var benchMetrics = map[string]string{"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency"}
+
+// register adds the flags to cmd.
+func (f *benchFlags) register(cmd *cobra.Command) {
+	def := bench.DefaultOffline()
+	fl := cmd.Flags()
+	fl.StringVar(&f.mode, "mode", "offline", "offline (engine in this process, as vllm bench throughput) or serve (a running server, as vllm bench serve)")
+	fl.IntVar(&f.numPrompts, "num-prompts", 0, fmt.Sprintf("number of requests; default: %d offline, %d serve", def.NumSeqs, benchServeNumPrompts))
+	fl.IntVar(&f.inputLen, "random-input-len", 0, fmt.Sprintf("random prompt length in tokens (words for chat); default: %d serve, --min-input-len..--max-input-len offline", benchServeInputLen))
+	fl.IntVar(&f.outputLen, "random-output-len", 0, fmt.Sprintf("max_tokens of every request (ignore_eos); default: %d serve, --min-output-len..--max-output-len offline", benchServeOutputLen))
+	fl.Float64Var(&f.rangeRatio, "random-range-ratio", 0, "draw input and output lengths uniformly in [len*(1-r), len*(1+r)], r in [0, 1) (offline: of --input-len/--output-len)")
+	fl.StringVar(&f.datasetName, "dataset-name", "random", "random (random prompts) or custom (serve: prompts of --dataset-path)")
+	fl.StringVar(&f.datasetPath, "dataset-path", "", "serve: prompt file of the custom dataset, one per line or JSONL with a \"prompt\" field")
+	fl.Int64Var(&f.seed, "seed", 0, "seed of the random workload")
+	fl.Float32Var(&f.temperature, "temperature", 0, "sampling temperature of every request; 0 is greedy")
+	fl.BoolVar(&f.saveResult, "save-result", false, "write the result as JSON (--result-dir/--result-filename)")
+	fl.StringVar(&f.resultDir, "result-dir", "", "folder of the JSON result; default: the working directory")
+	fl.StringVar(&f.resultFilename, "result-filename", "", "file name of the JSON result (implies --save-result); default: deepinfer-bench-MODE-TIME.json")
+	fl.StringVar(&f.percentileMetrics, "percentile-metrics", "ttft,tpot,itl,e2el", "comma-separated metrics whose percentiles are reported: ttft, tpot, itl, e2el")
+	fl.StringVar(&f.metricPercentiles, "metric-percentiles", "90,99", "comma-separated percentiles reported (besides mean and p50), each in (0, 100]")
+	fl.StringVar(&f.plotDir, "plot-dir", "", "write PNG histograms of the latency distributions into this folder")
+	// offline
+	fl.IntVar(&f.minInputLen, "min-input-len", def.MinInputLen, "offline: shortest random prompt, in tokens")
+	fl.IntVar(&f.maxInputLen, "max-input-len", def.MaxInputLen, "offline: longest random prompt, in tokens")
+	fl.IntVar(&f.minOutputLen, "min-output-len", def.MinOutputLen, "offline: fewest tokens generated per sequence")
+	fl.IntVar(&f.maxOutputLen, "max-output-len", def.MaxOutputLen, "offline: most tokens generated per sequence")
+	fl.IntVar(&f.maxTokenID, "max-token-id", def.MaxTokenID, "offline: random prompt ids are below this (and the vocabulary size)")
+	// serve
+	fl.StringVar(&f.baseURL, "base-url", "http://127.0.0.1:8000", "serve: the server's root URL")
+	fl.StringVar(&f.endpoint, "endpoint", "/v1/completions", "serve: /v1/completions or /v1/chat/completions")
+	fl.StringVar(&f.model, "model", "", "serve: model name; default: the first of GET /v1/models")
+	fl.Float64Var(&f.requestRate, "request-rate", math.Inf(1), "serve: mean requests per second (Poisson arrivals); inf sends all at once")
+	fl.IntVar(&f.maxConcurrency, "max-concurrency", 0, "serve: most requests in flight; 0 is unbounded")
+	fl.IntVar(&f.vocabSize, "vocab-size", 0, "serve: random token ids are below this; 0 asks GET /v1/models")
+	// Other spellings share the flag's value.
+	for name, target := range benchThroughputNames {
+		fl.Var(fl.Lookup(target).Value, name, "same as --"+target+" (vllm bench throughput's name)")
+	}
+	for old, target := range benchAliases {
+		fl.Var(fl.Lookup(target).Value, old, "alias of --"+target)
+		fl.MarkHidden(old)
+	}
+}
+
+// benchOptions are one run's options, resolved from the flags.
+type benchOptions struct {
+	mode        string
+	offline     bench.OfflineOptions // mode offline
+	serve       bench.ServeOptions   // mode serve
+	datasetPath string               // serve: prompt file; "" for random prompts
+	resultPath  string               // JSON result; "" for none
+	plotDir     string
+	metrics     []string  // of benchMetrics, in the given order
+	percentiles []float64 // in (0, 100]
+}
+
+// benchChanged reports whether the flag name, or one of its other spellings,
+// was given on the command line.
+func benchChanged(cmd *cobra.Command, name string) bool {
+	fl := cmd.Flags()
+	if f := fl.Lookup(name); f != nil && f.Changed {
+		return true
+	}
+	for _, other := range []map[string]string{benchAliases, benchThroughputNames} {
+		for alias, target := range other {
+			if target == name {
+				if f := fl.Lookup(alias); f != nil && f.Changed {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// options resolves the parsed flags of cmd into a run's options, applying
+// the defaults of the mode; now names a default result file. It fails on
+// an unknown mode, dataset, metric or percentile and on contradicting
+// flags. Cost: O(flags).
+func (f *benchFlags) options(cmd *cobra.Command, now time.Time) (benchOptions, error) {
+	o := benchOptions{mode: f.mode, plotDir: f.plotDir}
+	if f.mode != "offline" && f.mode != "serve" {
+		return o, fmt.Errorf("bench: --mode must be offline or serve, got %q", f.mode)
+	}
+	for m := range strings.SplitSeq(f.percentileMetrics, ",") {
+		if m = strings.TrimSpace(m); m == "" {
+			continue
+		}
+		if _, ok := benchMetrics[m]; !ok {
+			return o, fmt.Errorf("bench: --percentile-metrics: unknown metric %q (ttft, tpot, itl, e2el)", m)
+		}
+		o.metrics = append(o.metrics, m)
+	}
+	for s := range strings.SplitSeq(f.metricPercentiles, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		p, err := strconv.ParseFloat(s, 64)
+		if err != nil || !(p > 0 && p <= 100) {
+			return o, fmt.Errorf("bench: --metric-percentiles: %q is not a percentile in (0, 100]", s)
+		}
+		o.percentiles = append(o.percentiles, p)
+	}
+	if f.saveResult || f.resultFilename != "" {
+		name := f.resultFilename
+		if name == "" {
+			name = fmt.Sprintf("deepinfer-bench-%s-%s.json", f.mode, now.Format("20060102-150405"))
+		}
+		o.resultPath = name
+		if f.resultDir != "" && !filepath.IsAbs(name) {
+			o.resultPath = filepath.Join(f.resultDir, name)
+		}
+	}
+	if f.rangeRatio < 0 || f.rangeRatio >= 1 {
+		return o, fmt.Errorf("bench: --random-range-ratio must be in [0, 1), got %g", f.rangeRatio)
+	}
+	custom := f.datasetName == "custom" || (f.datasetPath != "" && !benchChanged(cmd, "dataset-name"))
+	switch {
+	case f.datasetName != "random" && f.datasetName != "custom":
+		return o, fmt.Errorf("bench: --dataset-name must be random or custom, got %q", f.datasetName)
+	case custom && f.datasetPath == "":
+		return o, fmt.Errorf("bench: --dataset-name custom needs --dataset-path")
+	case !custom && f.datasetPath != "":
+		return o, fmt.Errorf("bench: --dataset-path needs --dataset-name custom")
+	case custom && f.mode == "offline":
+		return o, fmt.Errorf("bench: --mode offline runs random prompts only (--dataset-name random)")
+	}
+
+	if f.mode == "offline" {
+		off := bench.DefaultOffline()
+		if benchChanged(cmd, "num-prompts") {
+			off.NumSeqs = f.numPrompts
+		}
+		off.MinInputLen, off.MaxInputLen = f.minInputLen, f.maxInputLen
+		off.MinOutputLen, off.MaxOutputLen = f.minOutputLen, f.maxOutputLen
+		if benchChanged(cmd, "random-input-len") {
+			if benchChanged(cmd, "min-input-len") || benchChanged(cmd, "max-input-len") {
+				return o, fmt.Errorf("bench: give --input-len or --min-input-len/--max-input-len, not both")
+			}
+			off.MinInputLen, off.MaxInputLen = lengthRange(f.inputLen, f.rangeRatio)
+		}
+		if benchChanged(cmd, "random-output-len") {
+			if benchChanged(cmd, "min-output-len") || benchChanged(cmd, "max-output-len") {
+				return o, fmt.Errorf("bench: give --output-len or --min-output-len/--max-output-len, not both")
+			}
+			off.MinOutputLen, off.MaxOutputLen = lengthRange(f.outputLen, f.rangeRatio)
+		}
+		off.MaxTokenID, off.Seed, off.Temperature = f.maxTokenID, uint64(f.seed), f.temperature
+		o.offline = off
+		return o, nil
+	}
+	srv := bench.ServeOptions{
+		BaseURL: f.baseURL, Endpoint: f.endpoint, Model: f.model,
+		NumPrompts: benchServeNumPrompts, InputLen: benchServeInputLen, OutputLen: benchServeOutputLen,
+		RequestRate: f.requestRate, MaxConcurrency: f.maxConcurrency, VocabSize: f.vocabSize,
+		RangeRatio: f.rangeRatio, Temperature: f.temperature, Seed: uint64(f.seed),
+	}
+	if benchChanged(cmd, "num-prompts") {
+		srv.NumPrompts = f.numPrompts
+	}
+	if benchChanged(cmd, "random-input-len") {
+		srv.InputLen = f.inputLen
+	}
+	if benchChanged(cmd, "random-output-len") {
+		srv.OutputLen = f.outputLen
+	}
+	o.serve = srv
+	if custom {
+		o.datasetPath = f.datasetPath
+	}
+	return o, nil
+}
+
+// lengthRange is vLLM's random length range of n with range ratio r:
+// [n*(1-r), n*(1+r)], at least 1 token.
+func lengthRange(n int, r float64) (lo, hi int) {
+	lo = max(1, int(float64(n)*(1-r)))
+	return lo, max(lo, int(float64(n)*(1+r)))
+}
+
+func printOffline(w io.Writer, r *bench.OfflineResult, o benchOptions) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "==== Offline Benchmark Result ====")
 	fmt.Fprintf(tw, "Requests (failed):\t%d (%d)\n", r.NumRequests, r.Failed)
@@ -144,10 +364,10 @@ func printOffline(w io.Writer, r *bench.OfflineResult) {
 	fmt.Fprintf(tw, "Output token throughput (tok/s):\t%.2f\n", r.OutputThroughput)
 	fmt.Fprintf(tw, "Total token throughput (tok/s):\t%.2f\n", r.TotalThroughput)
 	tw.Flush()
-	printSummaries(w, []string{"TTFT", "TPOT", "E2E latency"}, []bench.Summary{r.TTFTMillis, r.TPOTMillis, r.E2EMillis})
+	printSummaries(w, r.Distributions(), o.metrics, o.percentiles)
 }
 
-func printServe(w io.Writer, r *bench.ServeResult) {
+func printServe(w io.Writer, r *bench.ServeResult, o benchOptions) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "==== Serving Benchmark Result ====")
 	fmt.Fprintf(tw, "Endpoint:\t%s%s (%s)\n", r.BaseURL, r.Endpoint, r.Model)
@@ -158,17 +378,33 @@ func printServe(w io.Writer, r *bench.ServeResult) {
 	fmt.Fprintf(tw, "Output token throughput (tok/s):\t%.2f\n", r.OutputThroughput)
 	fmt.Fprintf(tw, "Total token throughput (tok/s):\t%.2f\n", r.TotalThroughput)
 	tw.Flush()
-	printSummaries(w, []string{"TTFT", "TPOT", "ITL", "E2E latency"}, []bench.Summary{r.TTFTMillis, r.TPOTMillis, r.ITLMillis, r.E2EMillis})
+	printSummaries(w, r.Distributions(), o.metrics, o.percentiles)
 	for _, e := range r.Errors {
 		fmt.Fprintln(w, "error:", e)
 	}
 }
 
-func printSummaries(w io.Writer, names []string, sums []bench.Summary) {
+// printSummaries writes one row per metric (in the order given; metrics
+// without samples are left out) with its mean, p50, each of percentiles
+// and the sample count. Cost: one sort per metric and percentile.
+func printSummaries(w io.Writer, dists []bench.Distribution, metrics []string, percentiles []float64) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "ms\tmean\tp50\tp90\tp99\tcount\t")
-	for i, s := range sums {
-		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%.2f\t%d\t\n", names[i], s.Mean, s.Median, s.P90, s.P99, s.Count)
+	fmt.Fprint(tw, "ms\tmean\tp50\t")
+	for _, p := range percentiles {
+		fmt.Fprintf(tw, "p%s\t", strconv.FormatFloat(p, 'f', -1, 64))
+	}
+	fmt.Fprintln(tw, "count\t")
+	for _, m := range metrics {
+		i := slices.IndexFunc(dists, func(d bench.Distribution) bool { return d.Name == m })
+		if i < 0 || len(dists[i].Values) == 0 {
+			continue
+		}
+		s := bench.Summarize(dists[i].Values)
+		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t", benchMetrics[m], s.Mean, s.Median)
+		for _, p := range percentiles {
+			fmt.Fprintf(tw, "%.2f\t", bench.Percentile(dists[i].Values, p))
+		}
+		fmt.Fprintf(tw, "%d\t\n", s.Count)
 	}
 	tw.Flush()
 }

@@ -3,13 +3,18 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
+
+	"github.com/deepinfer/deepinfer-go/bench"
 	"github.com/deepinfer/deepinfer-go/engine/config"
 	"github.com/deepinfer/deepinfer-go/llm"
 	"github.com/deepinfer/deepinfer-go/server"
@@ -23,12 +28,12 @@ func TestBenchCommand(t *testing.T) {
 
 	// offline
 	resultFile := filepath.Join(dir, "offline.json")
-	out, err := run(t, "bench", "--mode", "offline", "--config", cfgPath, "--num-seqs", "6", "--min-input-len", "4", "--max-input-len", "20",
-		"--min-output-len", "3", "--max-output-len", "8", "--result-file", resultFile)
+	out, err := run(t, "bench", "--mode", "offline", "--config", cfgPath, "--num-prompts", "6", "--min-input-len", "4", "--max-input-len", "20",
+		"--min-output-len", "3", "--max-output-len", "8", "--result-file", resultFile) // --result-file: the old name of --result-filename
 	if err != nil {
 		t.Fatalf("offline: %v\n%s", err, out)
 	}
-	for _, want := range []string{"Offline Benchmark Result", "Output token throughput", "TTFT", "E2E latency"} {
+	for _, want := range []string{"Offline Benchmark Result", "Output token throughput", "TTFT", "E2E latency", "p90", "p99"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("offline output lacks %q:\n%s", want, out)
 		}
@@ -73,24 +78,33 @@ func TestBenchCommand(t *testing.T) {
 	if err := os.WriteFile(prompts, []byte("{\"prompt\": \"hello there\"}\n{\"prompt\": \"how are you\"}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	resultFile, plotDir := filepath.Join(dir, "serve.json"), filepath.Join(dir, "serve-plots")
+	resultFile, plotDir := filepath.Join(dir, "results", "serve.json"), filepath.Join(dir, "serve-plots")
 	out, err = run(t, "bench", "--mode", "serve", "--base-url", "http://"+ln.Addr().String(), "--endpoint", "/v1/chat/completions",
-		"--num-prompts", "10", "--request-rate", "200", "--dataset-path", prompts, "--output-len", "6", "--result-file", resultFile, "--plot-dir", plotDir)
+		"--num-prompts", "10", "--request-rate", "200", "--dataset-name", "custom", "--dataset-path", prompts, "--random-output-len", "6",
+		"--result-dir", filepath.Join(dir, "results"), "--result-filename", "serve.json", "--plot-dir", plotDir,
+		"--percentile-metrics", "ttft,itl", "--metric-percentiles", "50,99.9")
 	if err != nil {
 		t.Fatalf("serve: %v\n%s", err, out)
 	}
-	for _, want := range []string{"Serving Benchmark Result", "Successful / failed requests:     10 / 0", "ITL", "TPOT"} {
+	for _, want := range []string{"Serving Benchmark Result", "Successful / failed requests:     10 / 0", "ITL", "TTFT", "p99.9"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("serve output lacks %q:\n%s", want, out)
 		}
 	}
+	if strings.Contains(out, "TPOT") || strings.Contains(out, "E2E latency") {
+		t.Errorf("serve output has rows not in --percentile-metrics:\n%s", out)
+	}
 	var sv struct {
-		Completed         int `json:"completed"`
-		TotalOutputTokens int `json:"total_output_tokens"`
+		Completed         int                `json:"completed"`
+		TotalOutputTokens int                `json:"total_output_tokens"`
+		Percentiles       map[string]float64 `json:"percentiles"`
 	}
 	readJSON(t, resultFile, &sv)
 	if sv.Completed != 10 || sv.TotalOutputTokens != 60 {
 		t.Fatalf("serve JSON: %+v", sv)
+	}
+	if _, ok := sv.Percentiles["p99.9_ttft_ms"]; !ok || len(sv.Percentiles) != 4 {
+		t.Fatalf("serve JSON percentiles: %v, want p50 and p99.9 of ttft and itl", sv.Percentiles)
 	}
 	for _, f := range []string{"ttft.png", "tpot.png", "itl.png", "e2el.png"} {
 		if _, err := os.Stat(filepath.Join(plotDir, f)); err != nil {
@@ -110,5 +124,154 @@ func readJSON(t *testing.T, path string, v any) {
 	}
 	if err := json.Unmarshal(data, v); err != nil {
 		t.Fatalf("%s: %v", path, err)
+	}
+}
+
+// parseBench parses args as deepinfer bench's flags and resolves them.
+func parseBench(t *testing.T, args ...string) (benchOptions, error) {
+	t.Helper()
+	var f benchFlags
+	cmd := &cobra.Command{Use: "bench"}
+	f.register(cmd)
+	if err := cmd.ParseFlags(args); err != nil {
+		return benchOptions{}, err
+	}
+	return f.options(cmd, time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+}
+
+// The flags spelled as vLLM's benchmarks and their old names (hidden
+// aliases) parse to the same options.
+func TestBenchFlagAliases(t *testing.T) {
+	tests := []struct {
+		name     string
+		new, old []string
+	}{
+		{"offline count", []string{"--num-prompts", "7"}, []string{"--num-seqs", "7"}},
+		{"serve count", []string{"--mode", "serve", "--num-prompts", "9"}, []string{"--mode", "serve", "--num-seqs", "9"}},
+		{"serve lengths", []string{"--mode", "serve", "--random-input-len", "64", "--random-output-len", "16", "--random-range-ratio", "0.25"},
+			[]string{"--mode", "serve", "--input-len", "64", "--output-len", "16", "--range-ratio", "0.25"}},
+		{"throughput lengths", []string{"--random-input-len", "100", "--random-output-len", "50", "--random-range-ratio", "0.5"},
+			[]string{"--input-len", "100", "--output-len", "50", "--range-ratio", "0.5"}},
+		{"result file", []string{"--result-filename", "out.json"}, []string{"--result-file", "out.json"}},
+		{"prompt file", []string{"--mode", "serve", "--dataset-name", "custom", "--dataset-path", "p.jsonl"},
+			[]string{"--mode", "serve", "--dataset-path", "p.jsonl"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			want, err := parseBench(t, tc.new...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := parseBench(t, tc.old...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("%v parses to\n%+v\n%v to\n%+v", tc.old, got, tc.new, want)
+			}
+			if reflect.DeepEqual(want, mustParseBench(t, modeArgs(tc.new)...)) {
+				t.Fatalf("%v changed nothing", tc.new)
+			}
+		})
+	}
+	cmd := newBenchCmd(nil)
+	for old, target := range benchAliases {
+		if f := cmd.Flags().Lookup(old); f == nil || !f.Hidden || cmd.Flags().Lookup(target) == nil {
+			t.Errorf("--%s: want a hidden alias of --%s", old, target)
+		}
+	}
+	for _, name := range []string{"num-prompts", "random-input-len", "random-output-len", "random-range-ratio", "dataset-name", "dataset-path",
+		"request-rate", "max-concurrency", "result-dir", "result-filename", "save-result", "seed", "base-url", "endpoint", "model",
+		"percentile-metrics", "metric-percentiles", "temperature", "input-len", "output-len"} {
+		if f := cmd.Flags().Lookup(name); f == nil || f.Hidden {
+			t.Errorf("--%s missing or hidden", name)
+		}
+	}
+}
+
+// modeArgs keeps only the --mode of args.
+func modeArgs(args []string) []string {
+	for i, a := range args {
+		if a == "--mode" {
+			return args[i : i+2]
+		}
+	}
+	return nil
+}
+
+func mustParseBench(t *testing.T, args ...string) benchOptions {
+	t.Helper()
+	o, err := parseBench(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// What the flags resolve to: the defaults of each mode (temperature 0 in
+// both, as vLLM's benchmark), vLLM's length ranges, the result path and
+// the rejected combinations.
+func TestBenchOptions(t *testing.T) {
+	def := bench.DefaultOffline()
+	tests := []struct {
+		name    string
+		args    []string
+		check   func(o benchOptions) bool
+		wantErr string
+	}{
+		{"offline defaults", nil, func(o benchOptions) bool {
+			return reflect.DeepEqual(o.offline, def) && o.offline.Temperature == 0 && o.resultPath == "" &&
+				reflect.DeepEqual(o.metrics, []string{"ttft", "tpot", "itl", "e2el"}) && reflect.DeepEqual(o.percentiles, []float64{90, 99})
+		}, ""},
+		{"serve defaults", []string{"--mode", "serve"}, func(o benchOptions) bool {
+			s := o.serve
+			return s.Temperature == 0 && s.NumPrompts == 200 && s.InputLen == 256 && s.OutputLen == 128 && math.IsInf(s.RequestRate, 1) &&
+				s.BaseURL == "http://127.0.0.1:8000" && s.Endpoint == "/v1/completions" && o.datasetPath == ""
+		}, ""},
+		{"temperature", []string{"--mode", "serve", "--temperature", "0.7"}, func(o benchOptions) bool { return o.serve.Temperature == 0.7 }, ""},
+		{"offline input-len with range ratio", []string{"--input-len", "100", "--random-range-ratio", "0.5"}, func(o benchOptions) bool {
+			return o.offline.MinInputLen == 50 && o.offline.MaxInputLen == 150 && o.offline.MinOutputLen == def.MinOutputLen
+		}, ""},
+		{"offline fixed output", []string{"--output-len", "32"}, func(o benchOptions) bool {
+			return o.offline.MinOutputLen == 32 && o.offline.MaxOutputLen == 32
+		}, ""},
+		{"save-result default name", []string{"--save-result", "--result-dir", "res"}, func(o benchOptions) bool {
+			return o.resultPath == filepath.Join("res", "deepinfer-bench-offline-20260102-030405.json")
+		}, ""},
+		{"serve flags", []string{"--mode", "serve", "--base-url", "http://h:1", "--endpoint", "/v1/chat/completions", "--model", "m",
+			"--request-rate", "4", "--max-concurrency", "3", "--seed", "5", "--vocab-size", "100"}, func(o benchOptions) bool {
+			s := o.serve
+			return s.BaseURL == "http://h:1" && s.Endpoint == "/v1/chat/completions" && s.Model == "m" && s.RequestRate == 4 &&
+				s.MaxConcurrency == 3 && s.Seed == 5 && s.VocabSize == 100
+		}, ""},
+		{"bad mode", []string{"--mode", "online"}, nil, "--mode must be offline or serve"},
+		{"bad metric", []string{"--percentile-metrics", "ttft,foo"}, nil, `unknown metric "foo"`},
+		{"bad percentile", []string{"--metric-percentiles", "0"}, nil, "not a percentile"},
+		{"bad ratio", []string{"--random-range-ratio", "1"}, nil, "--random-range-ratio must be in [0, 1)"},
+		{"bad dataset", []string{"--dataset-name", "sharegpt"}, nil, "--dataset-name must be random or custom"},
+		{"custom without path", []string{"--mode", "serve", "--dataset-name", "custom"}, nil, "needs --dataset-path"},
+		{"path with random", []string{"--mode", "serve", "--dataset-name", "random", "--dataset-path", "p"}, nil, "needs --dataset-name custom"},
+		{"offline custom", []string{"--dataset-path", "p"}, nil, "random prompts only"},
+		{"both length forms", []string{"--input-len", "10", "--max-input-len", "20"}, nil, "not both"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parseBench(t, tc.args...)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.check(o) {
+				t.Fatalf("options %+v", o)
+			}
+		})
+	}
+	if f := newBenchCmd(nil).Flags().Lookup("temperature"); f == nil || f.DefValue != "0" {
+		t.Fatalf("--temperature default %v, want 0", f)
 	}
 }

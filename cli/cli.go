@@ -38,8 +38,10 @@ func Main(reg *pipeline.Registry) int {
 // NewRootCommand returns the deepinfer root command with every subcommand,
 // each building its engines and graphs from reg (nil: the default
 // registry). Errors are returned by Execute, not printed (the caller
-// reports them, as Main does); usage is not printed on an error. Building
-// it is cheap: nothing is loaded until a subcommand runs.
+// reports them, as Main does); usage is not printed on an error.
+// --version prints the module version and VCS revision of the binary.
+// Building it is cheap (the build information is read once): nothing is
+// loaded until a subcommand runs.
 func NewRootCommand(reg *pipeline.Registry) *cobra.Command {
 	if reg == nil {
 		reg = pipeline.DefaultRegistry()
@@ -49,7 +51,9 @@ func NewRootCommand(reg *pipeline.Registry) *cobra.Command {
 		Short:         "An LLM inference engine built as a pipeline of stages",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       version(),
 	}
+	root.SetVersionTemplate("deepinfer {{.Version}}\n")
 	root.AddCommand(newGraphCmd(reg), newGenerateCmd(reg), newEvalCmd(reg), newServeCmd(reg), newBenchCmd(reg))
 	return root
 }

@@ -102,9 +102,9 @@ func TestGenerateCommand(t *testing.T) {
 		want    []string
 		wantErr string
 	}{
-		{args: []string{"--token-ids", "-p", "3 4 5", "-m", "5", "--ignore-eos"}, want: []string{"stats:", "decode", "MFU"}},
-		{args: []string{"--token-ids", "-p", "3 4 5", "-p", "9 9", "-m", "3", "-n", "2", "-t", "0.7", "--seed", "1"}, want: []string{"prompt 2, output 1 (", "stats:"}},
-		{args: []string{"-p", "hello", "-m", "3"}, wantErr: "1 of 1 outputs failed"},
+		{args: []string{"--token-ids", "-p", "3 4 5", "-n", "5", "--ignore-eos"}, want: []string{"stats:", "decode", "MFU"}},
+		{args: []string{"--token-ids", "-p", "3 4 5", "-p", "9 9", "-n", "3", "--n", "2", "-t", "0.7", "--seed", "1"}, want: []string{"prompt 2, output 1 (", "stats:"}},
+		{args: []string{"-p", "hello", "-n", "3"}, wantErr: "1 of 1 outputs failed"},
 		{args: []string{"--token-ids", "-p", "3 x"}, wantErr: `"x" is not a token id`},
 		{args: []string{"--token-ids", "-p", "3", "--top-p", "2"}, wantErr: "top_p"},
 		{args: []string{"--token-ids", "-p", "3", "--logit-bias", "5:1"}, wantErr: "TOKEN=BIAS"},
@@ -165,7 +165,7 @@ func TestCommandsUseTheRegistry(t *testing.T) {
 	}{
 		{"graph", []string{"graph", "--config", cfg}},
 		{"graph profile", []string{"graph", "--config", cfg, "--profile", "1"}},
-		{"generate", []string{"generate", "--config", cfg, "--token-ids", "-p", "3 4", "-m", "2"}},
+		{"generate", []string{"generate", "--config", cfg, "--token-ids", "-p", "3 4", "-n", "2"}},
 		{"eval", []string{"eval", "--config", cfg, "--file", text}},
 		{"bench", []string{"bench", "--config", cfg, "--num-seqs", "1"}},
 		{"serve", []string{"serve", "--config", cfg, "--port", "0"}},

@@ -13,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/deepinfer/deepinfer-go/engine"
-	"github.com/deepinfer/deepinfer-go/engine/config"
 	"github.com/deepinfer/deepinfer-go/llm"
 	"github.com/deepinfer/deepinfer-go/pipeline"
 )
@@ -137,9 +136,10 @@ func heldOutPerplexity(ctx context.Context, l *llm.LLM, text string, window int,
 
 func newEvalCmd(reg *pipeline.Registry) *cobra.Command {
 	var (
-		configPath, file string
-		window           int
-		useBOS, asJSON   bool
+		ef             engineFlags
+		file           string
+		window         int
+		useBOS, asJSON bool
 	)
 	cmd := &cobra.Command{
 		Use:   "eval",
@@ -158,7 +158,7 @@ func newEvalCmd(reg *pipeline.Registry) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("eval: %w", err)
 			}
-			cfg, err := config.Load(configPath)
+			cfg, _, err := ef.load("")
 			if err != nil {
 				return err
 			}
@@ -176,7 +176,7 @@ func newEvalCmd(reg *pipeline.Registry) *cobra.Command {
 			return printEval(cmd.OutOrStdout(), file, r, asJSON)
 		},
 	}
-	cmd.Flags().StringVarP(&configPath, "config", "c", "configs/default.yaml", "engine config (YAML)")
+	ef.register(cmd, engineFlagSet{model: true})
 	cmd.Flags().StringVarP(&file, "file", "f", "", "text file to score")
 	cmd.Flags().IntVar(&window, "window", 256, "tokens per window, BOS included")
 	cmd.Flags().BoolVar(&useBOS, "bos", true, "start every window with the tokenizer's BOS token")

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -17,7 +18,6 @@ import (
 	"golang.org/x/term"
 
 	"github.com/deepinfer/deepinfer-go/engine"
-	"github.com/deepinfer/deepinfer-go/engine/config"
 	"github.com/deepinfer/deepinfer-go/engine/tokenizer"
 	"github.com/deepinfer/deepinfer-go/llm"
 	"github.com/deepinfer/deepinfer-go/pipeline"
@@ -36,9 +36,9 @@ type samplingFlags struct {
 func (f *samplingFlags) register(cmd *cobra.Command) {
 	d := engine.DefaultSamplingParams()
 	fl := cmd.Flags()
-	fl.IntVarP(&f.p.MaxTokens, "max-tokens", "m", 64, "largest number of tokens to generate per sequence")
+	fl.IntVarP(&f.p.MaxTokens, "max-tokens", "n", 64, "largest number of tokens to generate per sequence (as llama.cpp's -n)")
 	fl.IntVar(&f.p.MinTokens, "min-tokens", 0, "tokens generated before EOS or a stop token may end a sequence")
-	fl.IntVarP(&f.p.N, "n", "n", d.N, "sequences per prompt")
+	fl.IntVar(&f.p.N, "n", d.N, "sequences per prompt")
 	fl.Float32VarP(&f.p.Temperature, "temperature", "t", 0, "sampling temperature; 0 is greedy")
 	fl.Float32Var(&f.p.TopP, "top-p", d.TopP, "nucleus sampling mass in (0, 1]; 1 is off")
 	fl.IntVar(&f.p.TopK, "top-k", d.TopK, "keep the K most likely tokens; 0 or -1 is off")
@@ -95,10 +95,11 @@ func (f *samplingFlags) params() (engine.SamplingParams, error) {
 
 func newGenerateCmd(reg *pipeline.Registry) *cobra.Command {
 	var (
-		configPath, promptFile string
-		prompts                []string
-		chat, tokenIDs         bool
-		sf                     samplingFlags
+		promptFile     string
+		prompts        []string
+		chat, tokenIDs bool
+		sf             samplingFlags
+		ef             engineFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "generate",
@@ -106,22 +107,28 @@ func newGenerateCmd(reg *pipeline.Registry) *cobra.Command {
 		Long: "generate runs prompts through the engine. Prompts come from --prompt (repeatable), --file\n" +
 			"(one prompt per line, or JSONL with a \"prompt\" field), or standard input. One prompt streams\n" +
 			"its text as it is generated; several show a progress bar and print each completion at the end.\n" +
-			"A stats line follows: throughput, queue, KV usage, preemptions and model FLOPs.",
+			"A stats line follows: throughput, queue, KV usage, preemptions and model FLOPs.\n\n" +
+			"Without --config and --model it runs the shipped model (deepseek-tiny), from any directory.\n" +
+			"--logprobs N prints each generated token's log-probability and its N most likely alternatives\n" +
+			"after the text (--prompt-logprobs N the prompt tokens'). A prompt whose length plus\n" +
+			"--max-tokens exceeds max_model_len is refused before anything is generated.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			params, err := sf.params()
 			if err != nil {
 				return err
 			}
-			cfg, err := config.Load(configPath)
+			cfg, cleanup, err := ef.load("")
 			if err != nil {
 				return err
 			}
 			texts, err := readPrompts(prompts, promptFile, cmd.InOrStdin())
 			if err != nil {
+				cleanup()
 				return err
 			}
 			l, err := llm.NewLLM(cfg, llm.Options{Stages: reg})
+			cleanup() // the tokenizer is loaded
 			if err != nil {
 				return err
 			}
@@ -130,15 +137,18 @@ func newGenerateCmd(reg *pipeline.Registry) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if err := checkContext(l, inputs, params.MaxTokens); err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
-			return runGenerate(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), l, inputs, params)
+			return runGenerate(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), l, inputs, params, !chat)
 		},
 	}
-	cmd.Flags().StringVarP(&configPath, "config", "c", "configs/default.yaml", "engine config (YAML)")
+	ef.register(cmd, engineFlagSet{model: true, chatTemplate: true})
 	cmd.Flags().StringArrayVarP(&prompts, "prompt", "p", nil, "prompt text (repeatable)")
 	cmd.Flags().StringVarP(&promptFile, "file", "f", "", "file of prompts: one per line, or JSONL with a \"prompt\" field")
-	cmd.Flags().BoolVar(&chat, "chat", false, "wrap each prompt as a user message with the tokenizer's chat template")
+	cmd.Flags().BoolVar(&chat, "chat", false, "wrap each prompt as a user message with the tokenizer's chat template (or --chat-template's); the rendered prompt is not printed")
 	cmd.Flags().BoolVar(&tokenIDs, "token-ids", false, "prompts are space-separated token ids")
 	sf.register(cmd)
 	return cmd
@@ -215,7 +225,12 @@ func buildPrompts(tok *tokenizer.Tokenizer, texts []string, chat, ids bool) ([]l
 	return out, nil
 }
 
-func runGenerate(ctx context.Context, stdout, stderr io.Writer, l *llm.LLM, prompts []llm.Prompt, params engine.SamplingParams) error {
+// runGenerate runs prompts through l with params and prints the result:
+// one prompt with n = 1 streams its text as it comes (after the prompt
+// when echo is set and the prompt is text), several print each completion
+// at the end; then the log-probabilities when params ask for them, and a
+// stats line on stderr.
+func runGenerate(ctx context.Context, stdout, stderr io.Writer, l *llm.LLM, prompts []llm.Prompt, params engine.SamplingParams, echo bool) error {
 	start := time.Now()
 	var onToken func(engine.RequestOutput)
 	var bar *progressbar.ProgressBar
@@ -230,7 +245,7 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, l *llm.LLM, prom
 				}
 			}
 		}
-		if len(prompts[0].IDs) == 0 {
+		if echo && len(prompts[0].IDs) == 0 {
 			fmt.Fprint(stdout, prompts[0].Text)
 		}
 	} else if isTerminal(stderr) {
@@ -247,13 +262,22 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, l *llm.LLM, prom
 	elapsed := time.Since(start)
 	if stream {
 		fmt.Fprintln(stdout)
+		if len(res) == 1 && len(res[0].Outputs) == 1 {
+			printLogprobs(stdout, l, "prompt logprobs", 1, res[0].PromptLogprobs)
+			printLogprobs(stdout, l, "logprobs", 0, res[0].Outputs[0].Logprobs)
+		}
 	} else {
 		if bar != nil {
 			bar.Finish()
 		}
 		for i, c := range res {
+			if len(c.PromptLogprobs) > 0 {
+				fmt.Fprintf(stdout, "--- prompt %d ---\n", i+1)
+				printLogprobs(stdout, l, "prompt logprobs", 1, c.PromptLogprobs)
+			}
 			for _, o := range c.Outputs {
 				fmt.Fprintf(stdout, "--- prompt %d, output %d (%s) ---\n%s\n", i+1, o.Index, o.FinishReason, outputText(l, o))
+				printLogprobs(stdout, l, "logprobs", 0, o.Logprobs)
 			}
 		}
 	}
@@ -272,6 +296,65 @@ func runGenerate(ctx context.Context, stdout, stderr io.Writer, l *llm.LLM, prom
 		err = fmt.Errorf("generate: %d of %d outputs failed", failed, total)
 	}
 	return err
+}
+
+// printLogprobs writes a title line, then one line per scored token: its
+// position (first the position of lps[0]), id, text (quoted; the id
+// without a tokenizer), log-probability, and the alternatives the request
+// asked for (--logprobs N, --prompt-logprobs N) as "text"=logprob, most
+// likely first. Nothing when lps is empty (the flag not given).
+func printLogprobs(w io.Writer, l *llm.LLM, title string, first int, lps []engine.TokenLogprobs) {
+	if len(lps) == 0 {
+		return
+	}
+	tok := l.Tokenizer()
+	text := func(id int) string {
+		if tok == nil {
+			return strconv.Itoa(id)
+		}
+		return strconv.Quote(tok.Decode([]int{id}, false))
+	}
+	fmt.Fprintln(w, title+": position, token id, token, logprob, top alternatives")
+	for i, lp := range lps {
+		fmt.Fprintf(w, "%4d %6d %-16s %9.4f", first+i, lp.TokenID, text(lp.TokenID), lp.Logprob)
+		for _, t := range lp.Top {
+			fmt.Fprintf(w, "  %s=%.4f", text(t.TokenID), t.Logprob)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
+// checkContext returns an error naming every prompt whose length plus
+// maxTokens exceeds the engine's max_model_len (engine.max_model_len, or
+// the model's max_position_embeddings), with the largest --max-tokens that
+// fits, so that such a run fails up front instead of stopping at the limit
+// or failing per prompt. Cost: one tokenization of each text prompt.
+func checkContext(l *llm.LLM, prompts []llm.Prompt, maxTokens int) error {
+	limit := l.Config().Engine.MaxModelLen
+	if limit == 0 {
+		limit = l.Model().Config().MaxPositionEmbeddings
+	}
+	tok := l.Tokenizer()
+	var errs []error
+	for i, p := range prompts {
+		n := len(p.IDs)
+		if n == 0 {
+			if tok == nil {
+				continue
+			}
+			n = len(tok.Encode(p.Text, true))
+		}
+		if n+maxTokens <= limit {
+			continue
+		}
+		fix := fmt.Sprintf("give --max-tokens (-n) at most %d, or a larger --max-model-len", limit-n)
+		if n >= limit {
+			fix = "shorten the prompt, or give a larger --max-model-len"
+		}
+		errs = append(errs, fmt.Errorf("generate: prompt %d has %d tokens; with --max-tokens %d that is %d, past max_model_len %d: %s",
+			i+1, n, maxTokens, n+maxTokens, limit, fix))
+	}
+	return errors.Join(errs...)
 }
 
 func outputText(l *llm.LLM, o llm.CompletionOutput) string {

@@ -16,7 +16,8 @@ import (
 
 func newGraphCmd(reg *pipeline.Registry) *cobra.Command {
 	var (
-		configPath, format string
+		ef                 engineFlags
+		format             string
 		profile, maxTokens int
 	)
 	cmd := &cobra.Command{
@@ -32,7 +33,7 @@ func newGraphCmd(reg *pipeline.Registry) *cobra.Command {
 			if format != "mermaid" && format != "dot" {
 				return fmt.Errorf("graph: --format must be mermaid or dot, got %q", format)
 			}
-			cfg, err := config.Load(configPath)
+			cfg, _, err := ef.load("")
 			if err != nil {
 				return err
 			}
@@ -50,7 +51,7 @@ func newGraphCmd(reg *pipeline.Registry) *cobra.Command {
 			return profileRun(cmd.Context(), out, cfg, reg, format, profile, maxTokens)
 		},
 	}
-	cmd.Flags().StringVarP(&configPath, "config", "c", "configs/default.yaml", "engine config (YAML)")
+	ef.register(cmd, engineFlagSet{model: true})
 	cmd.Flags().StringVar(&format, "format", "mermaid", "output format: mermaid or dot")
 	cmd.Flags().IntVar(&profile, "profile", 0, "run this many requests first and annotate the graph with where the time went")
 	cmd.Flags().IntVar(&maxTokens, "max-tokens", 32, "tokens generated per profiling request")

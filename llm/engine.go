@@ -2,15 +2,22 @@ package llm
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/config"
 	"github.com/deepinfer/deepinfer-go/engine/models"
 	"github.com/deepinfer/deepinfer-go/engine/tokenizer"
+	"github.com/deepinfer/deepinfer-go/engine/weights"
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu"
 	"github.com/deepinfer/deepinfer-go/kernels/cuda"
@@ -52,6 +59,10 @@ type Engine struct {
 
 	memPlan MemoryPlan
 
+	// maxPromptBytes bounds the bytes of a text prompt: max_model_len
+	// tokens of the tokenizer's longest token (0 without a tokenizer).
+	maxPromptBytes int
+
 	requests *requestQueue
 	cancel   context.CancelFunc
 	done     chan struct{}
@@ -88,6 +99,9 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	}()
 
 	maxModelLen := cfg.Engine.MaxModelLen
+	if err := checkModelFiles(cfg); err != nil {
+		return nil, err
+	}
 	model, err := opts.Models.Load(e.ops, cfg.Model, models.Options{MaxModelLen: maxModelLen})
 	if err != nil {
 		return nil, fmt.Errorf("llm: %w", err)
@@ -108,6 +122,9 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		}
 	} else if cfg.Tokenizer != "" {
 		return nil, fmt.Errorf("llm: tokenizer: %w", err)
+	}
+	if e.tok != nil {
+		e.maxPromptBytes = maxPromptBytes(maxModelLen, e.tok.MaxTokenBytes())
 	}
 
 	maxBatched := max(cfg.Engine.MaxNumBatchedTokens, cfg.Engine.MaxNumSeqs)
@@ -132,6 +149,9 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		}
 		numBlocks = int(max(budget, 0) / float64(spec.BytesPerBlock(cfg.Cache.BlockSize)))
 		numBlocks = min(numBlocks, cfg.Engine.MaxNumSeqs*((maxModelLen+cfg.Cache.BlockSize-1)/cfg.Cache.BlockSize)+1)
+	}
+	if err := checkHostMemory(cfg, int64(spec.BytesPerBlock(cfg.Cache.BlockSize)), hostMemoryBytes()); err != nil {
+		return nil, err
 	}
 	if numBlocks < 1 {
 		return nil, fmt.Errorf("llm: the KV budget (cache.cpu_memory_gib %g, or cache.memory_fraction of free device memory less %d bytes of activations) holds no block of %d bytes",
@@ -219,6 +239,137 @@ func checkKVCacheDType(c config.Cache, spec models.KVCacheSpec) error {
 		config.ErrInvalid, c.KVCacheDType, want, spec.Layout, spec.DType)
 }
 
+// maxPromptBytes is the longest text, in bytes, that can encode to at most
+// maxModelLen tokens when no token is longer than maxTokenBytes bytes: a
+// longer text cannot fit and is refused before it is tokenized. It
+// saturates instead of overflowing; maxTokenBytes below 1 counts as 1.
+func maxPromptBytes(maxModelLen, maxTokenBytes int) int {
+	maxTokenBytes = max(maxTokenBytes, 1)
+	if maxModelLen > math.MaxInt/maxTokenBytes {
+		return math.MaxInt
+	}
+	return maxModelLen * maxTokenBytes
+}
+
+// checkModelFiles refuses, before any weight is read, model files whose
+// values cannot be served: engine.max_model_len above the model's
+// max_position_embeddings (unless engine.allow_long_max_model_len), and
+// negative special-token ids in tokenizer_config.json (negative ids in
+// config.json are refused by weights.ParseConfig). A config.json that does
+// not parse is left to the model loader, which reports it. Cost: reading
+// two small JSON files.
+func checkModelFiles(cfg *config.Config) error {
+	if wc, err := weights.ReadConfig(filepath.Join(cfg.Model, "config.json")); err == nil {
+		if n, limit := cfg.Engine.MaxModelLen, derivedMaxModelLen(wc); n > limit && !cfg.Engine.AllowLongMaxModelLen {
+			return fmt.Errorf("llm: %w: engine.max_model_len %d exceeds the model's max_position_embeddings %d (%s, with its rope scaling): "+
+				"positions past the trained context give garbage; lower engine.max_model_len, or set "+
+				"engine.allow_long_max_model_len: true to serve them anyway",
+				config.ErrInvalid, n, limit, filepath.Join(cfg.Model, "config.json"))
+		}
+	}
+	tokDir := cfg.Tokenizer
+	if tokDir == "" {
+		tokDir = cfg.Model
+	}
+	path := filepath.Join(tokDir, "tokenizer_config.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil // optional; the tokenizer loader reports what it needs
+	}
+	var raw map[string]json.RawMessage
+	if json.Unmarshal(data, &raw) != nil {
+		return nil // the tokenizer loader reports malformed files
+	}
+	for _, key := range slices.Sorted(maps.Keys(raw)) {
+		if !strings.HasSuffix(key, "_token_id") {
+			continue
+		}
+		var ids []int
+		var one int
+		switch {
+		case json.Unmarshal(raw[key], &one) == nil:
+			ids = []int{one}
+		case json.Unmarshal(raw[key], &ids) == nil:
+		default:
+			continue // null, or not an id: not ours to judge
+		}
+		for _, id := range ids {
+			if id < 0 {
+				return fmt.Errorf("llm: %w: %s: %s is %d; token ids cannot be negative", config.ErrInvalid, path, key, id)
+			}
+		}
+	}
+	return nil
+}
+
+// derivedMaxModelLen is the longest context the model's config.json
+// supports, as vLLM derives it: max_position_embeddings, times the rope
+// scaling factor for linear and dynamic scaling, and yarn's
+// original_max_position_embeddings times its factor (llama3 scaling is
+// already in max_position_embeddings).
+func derivedMaxModelLen(c *weights.Config) int {
+	n := c.MaxPositionEmbeddings
+	switch r := c.Rope; r.Type {
+	case "linear", "dynamic":
+		return int(float64(n) * max(r.Factor, 1))
+	case "yarn":
+		if r.OriginalMaxPositionEmbeddings > 0 {
+			n = r.OriginalMaxPositionEmbeddings
+		}
+		return max(int(float64(n)*max(r.Factor, 1)), c.MaxPositionEmbeddings)
+	}
+	return n
+}
+
+// hostMemoryBytes is the machine's memory (MemTotal of /proc/meminfo), 0
+// when unknown (not Linux, or unreadable). Cost: reading one small file.
+func hostMemoryBytes() int64 {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(data)) {
+		rest, ok := strings.CutPrefix(line, "MemTotal:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) == 0 {
+			return 0
+		}
+		kib, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil || kib <= 0 {
+			return 0
+		}
+		return kib << 10
+	}
+	return 0
+}
+
+// checkHostMemory refuses a CPU KV cache larger than the machine's memory
+// (memBytes; 0 means unknown and skips the check): cache.num_blocks blocks
+// of blockBytes each, or cache.cpu_memory_gib when num_blocks is 0. Such a
+// cache could only be allocated by swapping or be killed for memory. CUDA
+// caches are sized from the device's free memory and are not checked here.
+func checkHostMemory(cfg *config.Config, blockBytes, memBytes int64) error {
+	if cfg.Device != "cpu" || memBytes <= 0 {
+		return nil
+	}
+	gib := func(b float64) float64 { return b / (1 << 30) }
+	if n := int64(cfg.Cache.NumBlocks); n > 0 {
+		if blockBytes > 0 && n > memBytes/blockBytes {
+			return fmt.Errorf("llm: %w: cache.num_blocks %d of %d bytes need %.1f GiB, more than this machine's %.1f GiB of memory",
+				config.ErrInvalid, n, blockBytes, gib(float64(n)*float64(blockBytes)), gib(float64(memBytes)))
+		}
+		return nil
+	}
+	if want := cfg.Cache.CPUMemoryGiB * (1 << 30); want > float64(memBytes) {
+		return fmt.Errorf("llm: %w: cache.cpu_memory_gib %g is more than this machine's %.1f GiB of memory",
+			config.ErrInvalid, cfg.Cache.CPUMemoryGiB, gib(float64(memBytes)))
+	}
+	return nil
+}
+
 // Done is closed when the step loop has ended (after Close, or on a fatal
 // error); Err then says why.
 func (e *Engine) Done() <-chan struct{} { return e.done }
@@ -278,14 +429,18 @@ func (e *Engine) StepStats() *stages.Stats { return e.env.Stats }
 // SchedulerStats is a snapshot of the scheduler's queues and counters.
 func (e *Engine) SchedulerStats() engine.SchedulerStats { return e.sched.Stats() }
 
-// AddRequest submits req. A request that is bad on its face (sampling
-// params out of range, token ids outside the vocabulary, an empty or too
-// long prompt, text without a tokenizer, an id already live) is refused
-// here with an error wrapping engine.ErrInvalidRequest and never enqueued;
-// one whose text turns out too long once tokenized is answered through
+// AddRequest submits req. A request that is bad on its face is refused
+// here with an error wrapping engine.ErrInvalidRequest and never enqueued:
+// sampling params out of range, token ids outside the vocabulary, an empty
+// prompt, text without a tokenizer, an id already live, a token prompt
+// longer than max_model_len or than the whole KV cache, prompt tokens plus
+// max_tokens over max_model_len (vLLM's rule: nothing is cut silently), and
+// a text prompt longer in bytes than max_model_len tokens of the
+// tokenizer's longest token (refused before any tokenization). A text
+// whose token count turns out too large once tokenized is answered through
 // req.OnOutput with FinishError. AddRequest also fails when the engine is
 // closed or its waiting queue (engine.max_waiting) is full. Cost:
-// O(prompt ids).
+// O(prompt ids); a text prompt is not read.
 func (e *Engine) AddRequest(req *engine.Request) error {
 	return e.add(req, func(sub stages.Submission) error { return e.requests.push(sub) })
 }
@@ -334,6 +489,15 @@ func (e *Engine) validate(req *engine.Request) error {
 		if len(ids) > sc.MaxModelLen {
 			return bad("prompt of %d tokens exceeds max_model_len %d", len(ids), sc.MaxModelLen)
 		}
+		// Compared without adding: max_tokens may be as large as an int goes.
+		if req.Params.MaxTokens > sc.MaxModelLen-len(ids) {
+			return bad("this model's maximum context length is %d tokens, but %d prompt tokens plus max_tokens %d exceed it; reduce the prompt or max_tokens",
+				sc.MaxModelLen, len(ids), req.Params.MaxTokens)
+		}
+		if need := (len(ids) + sc.BlockSize - 1) / sc.BlockSize; need > sc.NumBlocks {
+			return bad("prompt of %d tokens needs %d KV blocks of %d tokens, but the whole cache has %d blocks (cache.num_blocks, or the memory budget)",
+				len(ids), need, sc.BlockSize, sc.NumBlocks)
+		}
 		for i, id := range ids {
 			if id < 0 || id >= sc.VocabSize {
 				return bad("prompt token %d is %d, outside the vocabulary [0, %d)", i, id, sc.VocabSize)
@@ -343,6 +507,15 @@ func (e *Engine) validate(req *engine.Request) error {
 		return bad("the prompt is empty")
 	case e.tok == nil:
 		return bad("the model has no tokenizer: give the prompt as token ids")
+	case len(req.Prompt) > e.maxPromptBytes:
+		// Refused before tokenization: the work would be unbounded.
+		return bad("prompt of %d bytes cannot fit max_model_len %d: no token is longer than %d bytes, so at most %d bytes fit",
+			len(req.Prompt), sc.MaxModelLen, e.tok.MaxTokenBytes(), e.maxPromptBytes)
+	case req.Params.MaxTokens > sc.MaxModelLen-1:
+		// A prompt has at least one token; its exact count is known only
+		// once tokenized.
+		return bad("this model's maximum context length is %d tokens, but max_tokens %d leaves no room for a prompt; reduce max_tokens",
+			sc.MaxModelLen, req.Params.MaxTokens)
 	}
 	return nil
 }

@@ -14,8 +14,9 @@ const defaultCompletionMaxTokens = 16
 // handleCompletions serves POST /v1/completions.
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	arrival := time.Now()
+	defer s.memory.afterRequest(r.ContentLength)
 	var req CompletionRequest
-	if e := decodeBody(http.MaxBytesReader(w, r.Body, s.opts.MaxBodyBytes), &req); e != nil {
+	if e := decodeRequest(w, r, s.opts.MaxBodyBytes, &req); e != nil {
 		writeError(w, e)
 		return
 	}

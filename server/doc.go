@@ -17,15 +17,23 @@
 // the OpenAI error shape {"error": {"message", "type", "param", "code"}}:
 // 400 for a bad request (malformed JSON, unknown or mistyped fields, values
 // out of range, a prompt that does not fit max_model_len), 404 for an
-// unknown model or route, 405 for a wrong method, 413 for an oversized
-// body, 503 (with Retry-After) when the admission bound is reached or the
-// server shuts down, 500 when generation fails. Unknown fields are refused
-// rather than ignored: a misspelt sampling field would otherwise pass
-// unnoticed.
+// unknown model or route, 405 for a wrong method, 401 for a missing or
+// wrong API key (Options.APIKey), 408 for a body that stalls past the body
+// read timeout, 413 for an oversized body, 415 for a body not sent as
+// application/json, 503 (with Retry-After) when the admission bound is
+// reached or the server shuts down, 500 when generation fails. Unknown
+// fields are refused rather than ignored: a misspelt sampling field would
+// otherwise pass unnoticed.
+//
+// Browsers: CORS is off unless Options.AllowedOrigins lists origins, and
+// only JSON bodies are accepted, so a web page cannot post a generation
+// without a preflight. Slow clients are bounded by header, body and idle
+// timeouts and a cap on connections (Options).
 //
 // A client that disconnects has its requests aborted at once: their KV
 // blocks return to the cache. Admission is bounded (Options.MaxPending),
 // so a burst is refused with 503 instead of queueing without limit.
-// Shutdown drains: it refuses new requests, lets in-flight ones finish
-// until its context ends, then aborts the rest.
+// Shutdown drains: the listener stays open and new generation requests
+// get 503 with Retry-After while in-flight ones finish (until its context
+// ends, when the rest are aborted); then the listener closes.
 package server

@@ -24,8 +24,9 @@ func nodeModules(t *testing.T) string {
 
 // The official OpenAI Node client drives the server on a loopback port:
 // models, a completion, a chat completion, both streamed, n = 2, stop
-// strings, logprobs and two errors; the script checks the client's typed
-// results and exits non-zero on any failure.
+// strings, logprobs, two errors and a wrong API key (the server requires
+// one); the script checks the client's typed results and exits non-zero on
+// any failure.
 func TestOpenAINodeClient(t *testing.T) {
 	node, err := exec.LookPath("node")
 	if err != nil {
@@ -35,10 +36,10 @@ func TestOpenAINodeClient(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(modules, "openai", "package.json")); err != nil {
 		t.Fatalf("the openai npm package is missing from %s: run bash scripts/setup-openai-node.sh", modules)
 	}
-	ts := startServer(t, nil, Options{ModelName: "tiny-chat"})
+	ts := startServer(t, nil, Options{ModelName: "tiny-chat", APIKey: "sk-e2e-key"})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, filepath.Join("testdata", "openai_e2e.cjs"), ts.url+"/v1", "tiny-chat")
+	cmd := exec.CommandContext(ctx, node, filepath.Join("testdata", "openai_e2e.cjs"), ts.url+"/v1", "tiny-chat", "sk-e2e-key")
 	cmd.Env = append(os.Environ(), "NODE_PATH="+modules)
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s", out)

@@ -37,12 +37,18 @@ func errorType(status int) string {
 	switch status {
 	case http.StatusBadRequest:
 		return "BadRequestError"
+	case http.StatusUnauthorized:
+		return "AuthenticationError"
 	case http.StatusNotFound:
 		return "NotFoundError"
 	case http.StatusMethodNotAllowed:
 		return "MethodNotAllowedError"
+	case http.StatusRequestTimeout:
+		return "RequestTimeoutError"
 	case http.StatusRequestEntityTooLarge:
 		return "RequestTooLargeError"
+	case http.StatusUnsupportedMediaType:
+		return "UnsupportedMediaTypeError"
 	case http.StatusTooManyRequests:
 		return "RateLimitError"
 	case http.StatusServiceUnavailable:
@@ -65,8 +71,11 @@ func badRequest(param, format string, args ...any) *apiError {
 }
 
 func writeError(w http.ResponseWriter, e *apiError) {
-	if e.status == http.StatusServiceUnavailable || e.status == http.StatusTooManyRequests {
+	switch e.status {
+	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
 		w.Header().Set("Retry-After", "1")
+	case http.StatusRequestTimeout:
+		w.Header().Set("Connection", "close") // the rest of the body is not coming
 	}
 	writeJSON(w, e.status, e.response())
 }
@@ -84,13 +93,20 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // decodeBody decodes a JSON request body into v, rejecting unknown fields
 // and trailing data, and turns decoding errors into 400s (413 for a body
-// over the limit) that say what was wrong and where.
+// over the limit, 408 for one that stalled past the body read timeout)
+// that say what was wrong and where.
 func decodeBody(r io.Reader, v any) *apiError {
 	dec := json.NewDecoder(r)
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
 	if err == nil {
-		if _, extra := dec.Token(); extra != io.EOF {
+		_, extra := dec.Token()
+		var slow *bodyTimeoutError
+		switch {
+		case extra == io.EOF:
+		case errors.As(extra, &slow):
+			return &apiError{status: http.StatusRequestTimeout, msg: fmt.Sprintf("request body not received within %s", slow.timeout)}
+		default:
 			return badRequest("", "malformed JSON: data after the request object")
 		}
 		return nil
@@ -99,10 +115,13 @@ func decodeBody(r io.Reader, v any) *apiError {
 		syntax   *json.SyntaxError
 		typeErr  *json.UnmarshalTypeError
 		tooLarge *http.MaxBytesError
+		slow     *bodyTimeoutError
 	)
 	switch {
 	case errors.As(err, &tooLarge):
 		return &apiError{status: http.StatusRequestEntityTooLarge, msg: fmt.Sprintf("request body exceeds %d bytes", tooLarge.Limit)}
+	case errors.As(err, &slow):
+		return &apiError{status: http.StatusRequestTimeout, msg: fmt.Sprintf("request body not received within %s", slow.timeout)}
 	case errors.Is(err, io.EOF):
 		return badRequest("", "malformed JSON: empty request body")
 	case errors.Is(err, io.ErrUnexpectedEOF):

@@ -57,6 +57,7 @@ func TestLoadWithDisconnects(t *testing.T) {
 			}
 			data, _ := json.Marshal(body)
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ts.url+path, bytes.NewReader(data))
+			req.Header.Set("Content-Type", "application/json")
 			if drop && dropAfter == 0 {
 				time.AfterFunc(time.Duration(rng.IntN(20))*time.Millisecond, cancel)
 			}

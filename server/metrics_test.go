@@ -1,11 +1,14 @@
 package server
 
 import (
+	"fmt"
 	"io"
 	"math"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -95,6 +98,306 @@ func TestMetrics(t *testing.T) {
 	}
 	if got := value(t, text, "deepinfer:prefix_cache_hits_total"+label+" "); got > value(t, text, "deepinfer:prefix_cache_queries_total"+label+" ") {
 		t.Errorf("more prefix-cache hits than queries")
+	}
+}
+
+// vLLM's request phase, parameter, per-token, per-step and cache families:
+// present after a few requests, with plausible values.
+func TestMetricsVLLMFamilies(t *testing.T) {
+	ts := startServer(t, nil, Options{ModelName: "tiny"})
+	var gen int
+	for i := range 3 {
+		_, body := post(t, ts.url+"/v1/completions", map[string]any{"model": "tiny", "prompt": strings.Repeat("x", 5+i), "max_tokens": 4 + i, "ignore_eos": true})
+		gen += decode[CompletionResponse](t, body).Usage.CompletionTokens
+	}
+	_, body := post(t, ts.url+"/v1/completions", map[string]any{"model": "tiny", "prompt": "y", "max_tokens": 3, "n": 2, "ignore_eos": true})
+	gen += decode[CompletionResponse](t, body).Usage.CompletionTokens
+	const finished = 4
+	text := scrape(t, ts.url)
+	label := `{model_name="tiny"}`
+	steps := value(t, text, "deepinfer:engine_steps_total"+label+" ")
+	checks := []struct {
+		sample   string
+		min, max float64
+	}{
+		{"deepinfer:request_prefill_time_seconds_count" + label, finished, finished},
+		{"deepinfer:request_decode_time_seconds_count" + label, finished, finished},
+		{"deepinfer:request_inference_time_seconds_count" + label, finished, finished},
+		{"deepinfer:request_queue_time_seconds_count" + label, finished, finished},
+		{"deepinfer:request_decode_time_seconds_sum" + label, 0, math.Inf(1)},
+		// Every token but each sequence's first has an inter-token latency.
+		{"deepinfer:time_per_output_token_seconds_count" + label, float64(gen - 5), float64(gen - 5)},
+		{"deepinfer:time_per_output_token_seconds_sum" + label, 0, math.Inf(1)},
+		{"deepinfer:request_params_max_tokens_count" + label, finished, finished},
+		{"deepinfer:request_params_max_tokens_sum" + label, 4 + 5 + 6 + 3, 4 + 5 + 6 + 3},
+		{`deepinfer:request_params_max_tokens_bucket{model_name="tiny",le="5"}`, 3, 3},
+		{"deepinfer:request_params_n_count" + label, finished, finished},
+		{"deepinfer:request_params_n_sum" + label, 1 + 1 + 1 + 2, 1 + 1 + 1 + 2},
+		{`deepinfer:request_params_n_bucket{model_name="tiny",le="1"}`, 3, 3},
+		{"deepinfer:iteration_tokens_total_count" + label, steps, steps},
+		// Each step computes at least one token; all the prompts and
+		// every generated token but the last of each sequence.
+		{"deepinfer:iteration_tokens_total_sum" + label, steps, math.Inf(1)},
+		{`deepinfer:iteration_tokens_total_bucket{model_name="tiny",le="+Inf"}`, steps, steps},
+	}
+	for _, c := range checks {
+		if got := value(t, text, c.sample+" "); got < c.min || got > c.max {
+			t.Errorf("%s = %v, want in [%v, %v]", c.sample, got, c.min, c.max)
+		}
+	}
+	if steps <= 0 {
+		t.Errorf("engine_steps_total = %v", steps)
+	}
+	// prefill + decode = inference, per request and so in sum.
+	sum := func(name string) float64 {
+		return value(t, text, "deepinfer:request_"+name+"_time_seconds_sum"+label+" ")
+	}
+	if p, d, i := sum("prefill"), sum("decode"), sum("inference"); math.Abs(p+d-i) > 1e-6*max(1, i) || p < 0 || d < 0 {
+		t.Errorf("prefill %v + decode %v != inference %v", p, d, i)
+	}
+	info := ""
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, "deepinfer:cache_config_info{") {
+			info = line
+		}
+	}
+	cfg, st := ts.eng.Config(), ts.eng.SchedulerStats()
+	for _, want := range []string{
+		`block_size="` + strconv.Itoa(cfg.Cache.BlockSize) + `"`,
+		`num_blocks="` + strconv.Itoa(st.NumBlocks) + `"`,
+		`num_gpu_blocks="` + strconv.Itoa(st.NumBlocks) + `"`,
+		`enable_prefix_caching="` + strconv.FormatBool(cfg.Cache.PrefixCaching) + `"`,
+		`cache_dtype="`, `model_name="tiny"`,
+	} {
+		if !strings.Contains(info, want) {
+			t.Errorf("cache_config_info %q lacks %s", info, want)
+		}
+	}
+	if !strings.HasSuffix(info, "} 1") {
+		t.Errorf("cache_config_info %q: want value 1", info)
+	}
+}
+
+// sample is one line of the text exposition: a series and its value.
+type sample struct {
+	family, series string
+	value          float64
+}
+
+// counterSamples returns the samples of text's counters and histograms
+// (whose buckets, count and sum only grow), keyed by series.
+func counterSamples(t *testing.T, text string) map[string]sample {
+	t.Helper()
+	types := map[string]string{}
+	out := map[string]sample{}
+	for _, line := range strings.Split(text, "\n") {
+		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
+			types[f[2]] = f[3]
+			continue
+		}
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		series := line[:i]
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		name, _, _ := strings.Cut(series, "{")
+		family := name
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if base, ok := strings.CutSuffix(name, suffix); ok && types[base] == "histogram" {
+				family = base
+			}
+		}
+		switch types[family] {
+		case "counter", "histogram":
+			out[series] = sample{family, series, v}
+		default:
+			if strings.HasSuffix(family, "_total") {
+				t.Errorf("%s: a _total family of type %q", family, types[family])
+			}
+		}
+	}
+	return out
+}
+
+// decreases lists the series of prev that cur lacks or has lower.
+func decreases(prev, cur map[string]sample) []string {
+	var out []string
+	for k, p := range prev {
+		switch c, ok := cur[k]; {
+		case !ok:
+			out = append(out, fmt.Sprintf("%s disappeared", k))
+		case c.value < p.value:
+			out = append(out, fmt.Sprintf("%s decreased: %v -> %v", k, p.value, c.value))
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// The monotonicity check itself: it parses counters and histogram series
+// only, and flags a decrease or a series gone.
+func TestDecreases(t *testing.T) {
+	const before = `# TYPE a_total counter
+a_total{x="1"} 5
+# TYPE g gauge
+g 9
+# TYPE h histogram
+h_bucket{le="1"} 2
+h_sum 3.5
+h_count 2
+`
+	tests := []struct {
+		name, after string
+		want        []string
+	}{
+		{"same", before, nil},
+		{"gauge falls", strings.Replace(before, "g 9", "g 1", 1), nil},
+		{"counter falls", strings.Replace(before, `a_total{x="1"} 5`, `a_total{x="1"} 4.5`, 1), []string{`a_total{x="1"} decreased: 5 -> 4.5`}},
+		{"histogram falls", strings.Replace(before, "h_sum 3.5", "h_sum 3", 1), []string{"h_sum decreased: 3.5 -> 3"}},
+		{"series gone", strings.Replace(before, "h_count 2\n", "", 1), []string{"h_count disappeared"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := decreases(counterSamples(t, before), counterSamples(t, tt.after))
+			if strings.Join(got, "|") != strings.Join(tt.want, "|") {
+				t.Errorf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// No counter (nor histogram series) exported on /metrics ever decreases:
+// scraped over and over while requests run, and while the server is idle
+// (where a stage's busy time once counted waiting and then fell back).
+func TestMetricsMonotonic(t *testing.T) {
+	ts := startServer(t, nil, Options{ModelName: "tiny"})
+	prev := map[string]sample{}
+	var scrapes int
+	check := func() {
+		scrapes++
+		cur := counterSamples(t, scrape(t, ts.url))
+		for _, e := range decreases(prev, cur) {
+			t.Errorf("scrape %d: %s", scrapes, e)
+		}
+		prev = cur
+	}
+	check() // before any request
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 6 {
+				body := fmt.Sprintf(`{"prompt": %q, "max_tokens": %d, "ignore_eos": true, "n": %d}`, strings.Repeat("ab ", 1+(w*7+i)%20), 2+(w+i)%9, 1+i%2)
+				resp, err := http.Post(ts.url+"/v1/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					t.Errorf("status %d", resp.StatusCode)
+				}
+			}
+		}()
+	}
+	go func() { wg.Wait(); close(done) }()
+	phases := []struct {
+		name string
+		wait func() bool // whether the phase is over
+	}{
+		{"requests running", func() bool {
+			select {
+			case <-done:
+				return true
+			default:
+				return false
+			}
+		}},
+		{"idle", func() bool { return scrapes >= 30 }},
+	}
+	for _, ph := range phases {
+		n := scrapes
+		for !ph.wait() || scrapes-n < 10 {
+			check()
+			time.Sleep(5 * time.Millisecond) // pacing: idle stages sit waiting for input meanwhile
+		}
+	}
+	if prev[`deepinfer:stage_busy_seconds_total{model_name="tiny",stage="forward"}`].value <= 0 {
+		t.Errorf("no forward busy time after the requests")
+	}
+	if len(prev) < 20 {
+		t.Errorf("only %d counter series", len(prev))
+	}
+}
+
+// monotonic holds a source's highest value.
+func TestMonotonic(t *testing.T) {
+	tests := []struct {
+		name     string
+		in, want []float64
+	}{
+		{"growing", []float64{0, 1, 2.5, 2.5, 3}, []float64{0, 1, 2.5, 2.5, 3}},
+		{"dips", []float64{0, 5, 3, 4, 6, 1}, []float64{0, 5, 5, 5, 6, 6}},
+		{"starts high", []float64{2, 0, 0, 3}, []float64{2, 2, 2, 3}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			i := 0
+			f := monotonic(func() float64 { v := tt.in[i]; i++; return v })
+			for j, w := range tt.want {
+				if got := f(); got != w {
+					t.Errorf("call %d: %v, want %v", j, got, w)
+				}
+			}
+		})
+	}
+}
+
+// The iteration histogram: count and sum as the step counters, the steps
+// between two scrapes in the bucket of their mean, nothing ever decreasing.
+func TestIterationCollector(t *testing.T) {
+	type read struct{ steps, tokens uint64 }
+	tests := []struct {
+		name       string
+		reads      []read
+		steps, sum uint64
+		buckets    map[float64]uint64 // cumulative, by upper bound
+	}{
+		{"none", []read{{0, 0}}, 0, 0, map[float64]uint64{1: 0, 16384: 0}},
+		{"one step a scrape", []read{{1, 20}, {2, 21}, {3, 22}}, 3, 22, map[float64]uint64{1: 2, 8: 2, 16: 2, 32: 3}},
+		{"steps between scrapes at their mean", []read{{4, 40}}, 4, 40, map[float64]uint64{8: 0, 16: 4}},
+		{"tokens ahead of their step wait for it", []read{{1, 1}, {1, 9}, {2, 10}}, 2, 10, map[float64]uint64{1: 1, 8: 1, 16: 2}},
+		{"past the last bucket", []read{{1, 20000}}, 1, 20000, map[float64]uint64{16384: 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newIterationCollector(nil)
+			for _, r := range tt.reads {
+				c.observe(r.steps, r.tokens)
+			}
+			if c.steps != tt.steps || c.tokens != tt.sum {
+				t.Errorf("count %d sum %d, want %d %d", c.steps, c.tokens, tt.steps, tt.sum)
+			}
+			for bound, want := range tt.buckets {
+				var cum uint64
+				for i, b := range iterationBuckets {
+					cum += c.buckets[i]
+					if b == bound {
+						break
+					}
+				}
+				if cum != want {
+					t.Errorf("le=%v: %d, want %d", bound, cum, want)
+				}
+			}
+		})
 	}
 }
 

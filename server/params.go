@@ -4,10 +4,18 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
+	"net/http"
+	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
 
 	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/engine/tokenizer"
 )
 
 // samplingParams turns the sampling fields into engine parameters and
@@ -87,12 +95,16 @@ func (s *Server) samplingParams(f *SamplingFields, logprobs *int) (engine.Sampli
 
 // setMaxTokens resolves max_tokens against the prompt length and the
 // model's context: requested nil takes def (a negative def means "the
-// rest of the context", as vLLM's chat default). A request that does not
-// fit is refused with vLLM's message.
+// rest of the context", as vLLM's chat default). A request whose prompt
+// plus max_tokens exceeds max_model_len is refused with vLLM's message,
+// never cut; the check cannot overflow, whatever max_tokens is.
 func (s *Server) setMaxTokens(p *engine.SamplingParams, requested *int, def, numPromptTokens int, field, promptField string) *apiError {
 	room := s.maxModelLen - numPromptTokens
 	if room <= 0 {
-		return badRequest(promptField, "This model's maximum context length is %d tokens. However, your prompt has %d tokens. Please reduce the length of the prompt.", s.maxModelLen, numPromptTokens)
+		return promptTooLong(promptField, s.maxModelLen, numPromptTokens)
+	}
+	if e := s.checkKVFit(numPromptTokens, promptField); e != nil {
+		return e
 	}
 	switch {
 	case requested != nil:
@@ -105,14 +117,98 @@ func (s *Server) setMaxTokens(p *engine.SamplingParams, requested *int, def, num
 	default:
 		p.MaxTokens = room
 	}
-	if numPromptTokens+p.MaxTokens > s.maxModelLen {
+	if p.MaxTokens > room { // not numPromptTokens+MaxTokens: that may overflow
+		total := uint64(numPromptTokens) + uint64(p.MaxTokens) // both in [0, MaxInt]: no overflow
 		return badRequest(field, "This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the prompt, %d in the completion). Please reduce the length of the prompt or completion.",
-			s.maxModelLen, numPromptTokens+p.MaxTokens, numPromptTokens, p.MaxTokens)
+			s.maxModelLen, total, numPromptTokens, p.MaxTokens)
 	}
 	if p.MinTokens > p.MaxTokens {
 		return badRequest("min_tokens", "min_tokens must be <= max_tokens (%d), got %d", p.MaxTokens, p.MinTokens)
 	}
 	return nil
+}
+
+// decodeRequest decodes a request body into v (see decodeBody) and names
+// the field at fault by its JSON path: encoding/json puts the Go name of
+// an embedded struct in the paths it reports ("SamplingFields.temperature"),
+// a level the client never wrote. Cost: one decode of the body.
+func decodeRequest(w http.ResponseWriter, r *http.Request, limit int64, v any) *apiError {
+	e := decodeBody(http.MaxBytesReader(w, r.Body, limit), v)
+	if e != nil && e.param != "" {
+		if p := jsonFieldPath(e.param); p != e.param {
+			e.msg = strings.ReplaceAll(e.msg, e.param, p)
+			e.param = p
+		}
+	}
+	return e
+}
+
+// Returning memory after large requests.
+const (
+	// largeBodyBytes is the body size past which a request's buffers are
+	// worth handing back to the OS once it is answered.
+	largeBodyBytes = 1 << 20
+	// memoryReturnDelay lets the request's buffers become garbage (the
+	// HTTP server drops the request after the handler returns) before the
+	// collection that frees them; requests answered meanwhile share it.
+	memoryReturnDelay = time.Second
+	// memoryReturnGap is the least time between two returns: each is a
+	// forced full collection.
+	memoryReturnGap = 5 * time.Second
+)
+
+// memoryReturner hands freed heap memory back to the OS after large
+// requests, at most once per memoryReturnGap. Without it the runtime
+// keeps the pages of a burst of large bodies (hundreds of megabytes of
+// RSS) and returns them only gradually. Safe for concurrent use.
+type memoryReturner struct {
+	mu      sync.Mutex
+	pending bool      // a return is scheduled
+	last    time.Time // when the last return ran
+	free    func()    // debug.FreeOSMemory; replaced in tests
+}
+
+// newMemoryReturner returns a returner over debug.FreeOSMemory. Each
+// Server has its own; debug.FreeOSMemory acts on the whole process, so
+// several servers in one process may each run it at their own rate.
+func newMemoryReturner() *memoryReturner { return &memoryReturner{free: debug.FreeOSMemory} }
+
+// afterRequest notes a request of bodyBytes that has been answered; past
+// largeBodyBytes it schedules a return (memoryReturnDelay from now, or
+// memoryReturnGap after the last one), unless one is already scheduled.
+// Cost: a lock; the return runs on its own goroutine.
+func (m *memoryReturner) afterRequest(bodyBytes int64) {
+	if bodyBytes <= largeBodyBytes {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.pending {
+		return
+	}
+	m.pending = true
+	wait := memoryReturnDelay
+	if next := time.Until(m.last.Add(memoryReturnGap)); next > wait {
+		wait = next
+	}
+	time.AfterFunc(wait, func() {
+		m.free()
+		m.mu.Lock()
+		m.pending, m.last = false, time.Now()
+		m.mu.Unlock()
+	})
+}
+
+// embeddedName is the Go name of the struct embedded in the request
+// bodies, which encoding/json lists in field paths.
+const embeddedName = "SamplingFields"
+
+// jsonFieldPath drops the embedded struct's Go name from a dotted field
+// path.
+func jsonFieldPath(path string) string {
+	parts := strings.Split(path, ".")
+	parts = slices.DeleteFunc(parts, func(p string) bool { return p == embeddedName })
+	return strings.Join(parts, ".")
 }
 
 // paramOf extracts the field name a sampling-params error starts with.
@@ -149,6 +245,32 @@ func compact(raw json.RawMessage) string {
 	return b.String()
 }
 
+// jsonString decodes a JSON string literal that the request's decoder
+// has already validated. A literal without escapes whose bytes are valid
+// UTF-8 is copied as it is, one pass instead of encoding/json's scan and
+// unquote (a prompt may be tens of megabytes); any other literal takes
+// json.Unmarshal. ok is false when raw is not a string.
+func jsonString(raw json.RawMessage) (s string, ok bool) {
+	if n := len(raw); n >= 2 && raw[0] == '"' && raw[n-1] == '"' {
+		body := raw[1 : n-1]
+		if bytes.IndexByte(body, '\\') < 0 && bytes.IndexByte(body, '"') < 0 && utf8.Valid(body) && !hasControl(body) {
+			return string(body), true
+		}
+	}
+	return s, json.Unmarshal(raw, &s) == nil
+}
+
+// hasControl reports whether b holds a byte below 0x20, which a JSON
+// string cannot hold unescaped.
+func hasControl(b []byte) bool {
+	for _, c := range b {
+		if c < 0x20 {
+			return true
+		}
+	}
+	return false
+}
+
 // prompts are the prompts of a completion request, as text or token ids.
 type promptInput struct {
 	text  string
@@ -166,8 +288,8 @@ func parsePrompt(raw json.RawMessage) ([]promptInput, *apiError) {
 	bad := badRequest("prompt", "prompt must be a string, an array of strings, an array of token ids or an array of arrays of token ids")
 	switch raw[0] {
 	case '"':
-		var s string
-		if json.Unmarshal(raw, &s) != nil {
+		s, ok := jsonString(raw)
+		if !ok {
 			return nil, bad
 		}
 		return []promptInput{{text: s}}, nil
@@ -213,15 +335,93 @@ func parsePrompt(raw json.RawMessage) ([]promptInput, *apiError) {
 	}
 }
 
-// tokenize turns a prompt into validated token ids.
+// checkKVFit refuses a prompt of n tokens that needs more KV blocks than
+// the whole cache has: it could never be scheduled. (The engine refuses it
+// too; here the answer names the field.) Cost: O(1).
+func (s *Server) checkKVFit(n int, field string) *apiError {
+	blocks, size := s.eng.MemoryPlan().KVBlocks, s.eng.Config().Cache.BlockSize
+	if blocks <= 0 || size <= 0 {
+		return nil
+	}
+	if need := (n + size - 1) / size; need > blocks {
+		return badRequest(field, "Your prompt has %d tokens and needs %d KV cache blocks of %d tokens, but the whole cache has %d blocks (%d tokens). Please reduce the length of the prompt, or give the server a larger KV cache.",
+			n, need, size, blocks, blocks*size)
+	}
+	return nil
+}
+
+// promptTooLong is vLLM's answer to a prompt of n tokens that leaves no
+// room in a context of maxModelLen tokens.
+func promptTooLong(field string, maxModelLen, n int) *apiError {
+	return badRequest(field, "This model's maximum context length is %d tokens. However, your prompt has %d tokens. Please reduce the length of the prompt.", maxModelLen, n)
+}
+
+// promptTooLongTokens answers a text whose tokenization stopped past
+// max_model_len tokens: its exact count was never computed.
+func promptTooLongTokens(field string, maxModelLen int) *apiError {
+	return badRequest(field, "This model's maximum context length is %d tokens. However, your prompt has more than %d tokens. Please reduce the length of the prompt.", maxModelLen, maxModelLen)
+}
+
+// maxPromptBytes is the longest text, in bytes, that may encode to at
+// most max_model_len tokens: no token is longer than the tokenizer's
+// longest one. It saturates instead of overflowing.
+func (s *Server) maxPromptBytes() int {
+	b := max(s.tok.MaxTokenBytes(), 1)
+	if s.maxModelLen > math.MaxInt/b {
+		return math.MaxInt
+	}
+	return s.maxModelLen * b
+}
+
+// checkPromptBytes refuses, before any tokenization, a text of n bytes
+// that cannot fit max_model_len tokens; what names the text in the
+// message ("your prompt"). Cost: O(1).
+func (s *Server) checkPromptBytes(n int, field, what string) *apiError {
+	if limit := s.maxPromptBytes(); n > limit {
+		return badRequest(field, "This model's maximum context length is %d tokens. However, %s is %d bytes long, and %d tokens of at most %d bytes each hold at most %d bytes. Please reduce the length of the prompt.",
+			s.maxModelLen, what, n, s.maxModelLen, s.tok.MaxTokenBytes(), limit)
+	}
+	return nil
+}
+
+// encodeBounded encodes text, stopping as soon as it proves longer than
+// budget tokens (then the answer is a 400 naming field). Cost: O(bytes
+// read before stopping).
+func (s *Server) encodeBounded(text string, addSpecial bool, budget int, field string) ([]int, *apiError) {
+	ids, err := s.tok.EncodeWithBudget(text, addSpecial, budget)
+	switch {
+	case errors.Is(err, tokenizer.ErrTooManyTokens):
+		return nil, promptTooLongTokens(field, s.maxModelLen)
+	case err != nil:
+		return nil, badRequest(field, "tokenizing the prompt: %v", err)
+	}
+	return ids, nil
+}
+
+// tokenize turns a prompt into validated token ids. The work is bounded
+// by max_model_len, not by the body: a text longer in bytes than
+// max_model_len tokens of the tokenizer's longest token is refused before
+// it is tokenized, and tokenization stops as soon as the text proves
+// longer than max_model_len tokens.
 func (s *Server) tokenize(p promptInput, addSpecial bool, field string) ([]int, *apiError) {
 	ids := p.ids
 	if !p.isIDs {
 		if s.tok == nil {
 			return nil, badRequest(field, "the model has no tokenizer: give the prompt as token ids")
 		}
-		ids = s.tok.Encode(p.text, addSpecial)
+		if e := s.checkPromptBytes(len(p.text), field, "your prompt"); e != nil {
+			return nil, e
+		}
+		var e *apiError
+		if ids, e = s.encodeBounded(p.text, addSpecial, s.maxModelLen, field); e != nil {
+			return nil, e
+		}
 	}
+	return s.checkIDs(ids, field)
+}
+
+// checkIDs refuses an empty prompt and ids outside the vocabulary.
+func (s *Server) checkIDs(ids []int, field string) ([]int, *apiError) {
 	if len(ids) == 0 {
 		return nil, badRequest(field, "the prompt is empty")
 	}

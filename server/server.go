@@ -32,10 +32,29 @@ type Options struct {
 	// per prompt of a request; n sequences count once). Past it requests
 	// are refused with 503 and Retry-After. 0 means engine.max_num_seqs +
 	// engine.max_waiting from the engine's config (unbounded when
-	// max_waiting is 0); negative means unbounded.
+	// max_waiting is 0); negative means unbounded. A request with more
+	// prompts than this (or than engine.max_num_seqs + engine.max_waiting)
+	// could never be admitted: it is refused with 400 instead.
 	MaxPending int
-	// MaxBodyBytes bounds request bodies (413 past it); 0 means 32 MiB.
+	// MaxBodyBytes bounds request bodies (413 past it); 0 or negative
+	// means DefaultMaxBodyBytes (8 MiB).
 	MaxBodyBytes int64
+	// APIKey, when set, is required as "Authorization: Bearer <key>" on
+	// every route but /health and /metrics (401 without it).
+	APIKey string
+	// AllowedOrigins are the origins browsers may call the API from
+	// (CORS); "*" allows any. None (the default) sends no CORS headers, so
+	// browsers refuse cross-origin calls.
+	AllowedOrigins []string
+	// ReadHeaderTimeout bounds the reading of a request's headers;
+	// BodyReadTimeout bounds the reading of its body (408 past it);
+	// IdleTimeout closes keep-alive connections idle that long. 0 means
+	// the Default* constant, negative means no limit.
+	ReadHeaderTimeout, BodyReadTimeout, IdleTimeout time.Duration
+	// MaxConns caps the connections Serve holds at once; connections past
+	// it wait in the listen backlog until one closes. 0 means
+	// DefaultMaxConns, negative means no cap.
+	MaxConns int
 	// Logger receives a line per request refused at admission and per
 	// generation that fails; nil discards.
 	Logger *slog.Logger
@@ -52,6 +71,7 @@ type Options struct {
 // requests aborted at once, which frees their KV blocks. The Server does not
 // own the engine: close the engine after Shutdown.
 type Server struct {
+	memory      *memoryReturner // hands the heap of large requests back to the OS
 	eng         *llm.Engine
 	tok         *tokenizer.Tokenizer
 	opts        Options
@@ -61,9 +81,13 @@ type Server struct {
 	vocabSize   int
 	maxN        int
 	maxPending  int // <= 0: unbounded
+	maxPrompts  int // prompts one request may have; <= 0: unbounded
+	maxBody     int64
+	bodyTimeout time.Duration // <= 0: none
 	created     int64
 	metrics     *metrics
 	mux         *http.ServeMux
+	handler     http.Handler // mux behind CORS and the API key
 	log         *slog.Logger
 
 	mu         sync.Mutex
@@ -87,7 +111,8 @@ func New(eng *llm.Engine, opts Options) (*Server, error) {
 	cfg := eng.Config()
 	mcfg := eng.Model().Config()
 	s := &Server{
-		eng: eng, tok: eng.Tokenizer(), opts: opts,
+		memory: newMemoryReturner(),
+		eng:    eng, tok: eng.Tokenizer(), opts: opts,
 		model: opts.ModelName, root: cfg.Model,
 		maxModelLen: cfg.Engine.MaxModelLen, vocabSize: mcfg.VocabSize,
 		maxN:    cfg.Engine.MaxNumSeqs,
@@ -111,9 +136,17 @@ func New(eng *llm.Engine, opts Options) (*Server, error) {
 	case opts.MaxPending == 0 && cfg.Engine.MaxWaiting > 0:
 		s.maxPending = cfg.Engine.MaxNumSeqs + cfg.Engine.MaxWaiting
 	}
-	if s.opts.MaxBodyBytes <= 0 {
-		s.opts.MaxBodyBytes = 32 << 20
+	s.maxPrompts = s.maxPending
+	if cfg.Engine.MaxWaiting > 0 {
+		if hold := cfg.Engine.MaxNumSeqs + cfg.Engine.MaxWaiting; s.maxPrompts <= 0 || hold < s.maxPrompts {
+			s.maxPrompts = hold
+		}
 	}
+	if s.opts.MaxBodyBytes <= 0 {
+		s.opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	s.maxBody = s.opts.MaxBodyBytes
+	s.bodyTimeout = orDefault(opts.BodyReadTimeout, DefaultBodyReadTimeout)
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -131,14 +164,17 @@ func New(eng *llm.Engine, opts Options) (*Server, error) {
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{status: http.StatusNotFound, msg: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)})
 	})
+	s.handler = withCORS(opts.AllowedOrigins, requireKey(opts.APIKey, s.mux))
 	return s, nil
 }
 
 // ModelName is the served model's name.
 func (s *Server) ModelName() string { return s.model }
 
-// Handler returns the server's HTTP handler (for tests and custom servers).
-func (s *Server) Handler() http.Handler { return s.mux }
+// Handler returns the server's HTTP handler (for tests and custom
+// servers), with CORS and the API key check; the timeouts and the
+// connection cap are Serve's and apply only there.
+func (s *Server) Handler() http.Handler { return s.handler }
 
 // NumPending is the number of admitted engine requests not finished.
 func (s *Server) NumPending() int {
@@ -148,14 +184,21 @@ func (s *Server) NumPending() int {
 }
 
 // Serve accepts connections on ln until Shutdown; it returns
-// ErrServerClosed after Shutdown, or the listener's error.
+// ErrServerClosed after Shutdown, or the listener's error. It holds at
+// most Options.MaxConns connections at once and applies the header and
+// idle timeouts (the body read timeout applies to Handler too).
 func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
-	if s.closed || s.httpSrv != nil {
+	if s.closed || s.draining || s.httpSrv != nil {
 		s.mu.Unlock()
 		return fmt.Errorf("server: serve %s: %w", ln.Addr(), ErrServerClosed)
 	}
-	s.httpSrv = &http.Server{Handler: s.mux, ReadHeaderTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute}
+	ln = newLimitListener(ln, orDefault(s.opts.MaxConns, DefaultMaxConns))
+	s.httpSrv = &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: orDefault(s.opts.ReadHeaderTimeout, DefaultReadHeaderTimeout),
+		IdleTimeout:       orDefault(s.opts.IdleTimeout, DefaultIdleTimeout),
+	}
 	srv := s.httpSrv
 	s.mu.Unlock()
 	err := srv.Serve(ln)
@@ -165,41 +208,53 @@ func (s *Server) Serve(ln net.Listener) error {
 	return err
 }
 
-// Shutdown stops the server gracefully: new requests are refused (503,
-// and the listener closes), in-flight requests run to their end until ctx
-// is done, then the rest are aborted and their handlers answer with what
-// they have (finish_reason "abort"). It returns once every handler has
-// returned, with ctx's error when the deadline forced aborts. The engine
-// stays open.
+// Shutdown stops the server gracefully. While in-flight generations run
+// to their end (until ctx is done) the listener stays open: new
+// generation requests are answered 503 with Retry-After, /health answers
+// 503, and keep-alive is off so clients reconnect elsewhere. Once they
+// have finished, the listener and idle connections close; at ctx's end
+// the rest are aborted and their handlers answer with what they have
+// (finish_reason "abort"). It returns once every handler has returned,
+// with ctx's error when the deadline forced aborts. The engine stays
+// open.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.draining = true
 	srv := s.httpSrv
 	s.mu.Unlock()
 
+	if srv != nil {
+		srv.SetKeepAlivesEnabled(false) // also closes idle connections
+	}
 	idle := make(chan struct{})
 	go func() { s.inflight.Wait(); close(idle) }()
+	// No handler is added once draining is set (under mu), so this Wait
+	// never races an Add from zero.
+	done := make(chan struct{})
+	go func() { s.handlers.Wait(); close(done) }()
 	var err error
-	if srv != nil {
-		err = srv.Shutdown(ctx) // closes listeners and idle connections, waits for active ones
-	} else {
-		select {
-		case <-idle:
-		case <-ctx.Done():
-			err = ctx.Err()
+	select {
+	case <-done:
+		if srv != nil {
+			err = srv.Shutdown(ctx) // closes the listener and idle connections, waits for active ones
 		}
+	case <-ctx.Done():
+		err = ctx.Err()
 	}
 	if err != nil {
 		// Out of time: abort what runs; handlers answer with what they have.
 		s.abortAll()
-		done := make(chan struct{})
-		go func() { s.handlers.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(time.Second): // a client that does not read
 		}
 		if srv != nil {
-			srv.Close()
+			// Let finished answers flush, briefly, then cut what is left.
+			fctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			if srv.Shutdown(fctx) != nil {
+				srv.Close()
+			}
+			cancel()
 		}
 		<-done
 	}
@@ -231,13 +286,22 @@ func (s *Server) abortAll() {
 }
 
 // api wraps a handler with its method check and handler accounting;
-// generation handlers (gen) are refused once Shutdown has begun.
+// generation handlers (gen) are refused once Shutdown has begun. A POST
+// handler runs only for a body declared JSON (415 otherwise) whose
+// declared length fits the size cap (413), under the body read timeout:
+// see limitBody.
 func (s *Server) api(method string, gen bool, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != method {
 			w.Header().Set("Allow", method)
 			writeError(w, &apiError{status: http.StatusMethodNotAllowed, msg: fmt.Sprintf("%s %s: method not allowed, use %s", r.Method, r.URL.Path, method)})
 			return
+		}
+		if method == http.MethodPost {
+			if e := checkJSON(r); e != nil {
+				writeError(w, e)
+				return
+			}
 		}
 		if gen {
 			s.mu.Lock()
@@ -250,6 +314,9 @@ func (s *Server) api(method string, gen bool, h http.HandlerFunc) http.HandlerFu
 			s.handlers.Add(1) // under mu: never concurrent with Shutdown's Wait
 			s.mu.Unlock()
 			defer s.handlers.Done()
+		}
+		if method == http.MethodPost && !s.limitBody(w, r) {
+			return
 		}
 		h(w, r)
 	}
@@ -408,6 +475,7 @@ func (g *group) onOutput(r *request, o engine.RequestOutput) {
 	}
 	done := o.Finished && r.left == 0
 	numGen, reason := r.numGen, r.firstReason
+	g.s.observeOutput(r, &o, now, done) // metrics.go: phase histograms, log lines
 	g.pending = append(g.pending, o)
 	g.mu.Unlock()
 	select {
@@ -538,6 +606,11 @@ func (s *Server) background(f func()) {
 
 // submit admits reqs (all or none) and adds them to the engine.
 func (s *Server) submit(reqs []*request) (*group, *apiError) {
+	if s.maxPrompts > 0 && len(reqs) > s.maxPrompts {
+		return nil, badRequest("prompt", "the request has %d prompts and this server holds at most %d at once "+
+			"(the smaller of --max-pending and engine.max_num_seqs + engine.max_waiting): send at most %d per request",
+			len(reqs), s.maxPrompts, s.maxPrompts)
+	}
 	g := s.newGroup(reqs)
 	s.mu.Lock()
 	switch {

@@ -45,18 +45,29 @@ func TestShutdownDrains(t *testing.T) {
 	}) {
 		t.Fatal("not draining")
 	}
-	r, err := http.Post(ts.url+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "b"}`))
-	if err == nil {
-		if r.StatusCode != http.StatusServiceUnavailable {
-			t.Errorf("new request while draining: status %d, want 503 or a refused connection", r.StatusCode)
+	// The listener stays open while draining: new generation requests
+	// and /health get 503 with Retry-After, as load balancers expect.
+	for _, tc := range []struct{ method, path, body string }{
+		{"POST", "/v1/completions", `{"prompt": "b"}`},
+		{"POST", "/v1/chat/completions", `{"messages": [{"role": "user", "content": "hi"}]}`},
+		{"GET", "/health", ""},
+	} {
+		status, h, body := send(t, tc.method, ts.url+tc.path, map[string]string{"Content-Type": "application/json"}, tc.body)
+		if status != http.StatusServiceUnavailable || h.Get("Retry-After") == "" {
+			t.Fatalf("%s %s while draining: status %d, Retry-After %q, want 503 with Retry-After: %s", tc.method, tc.path, status, h.Get("Retry-After"), body)
 		}
-		r.Body.Close()
+		checkError(t, body, status, "shutting down")
 	}
 	if finish, done := streamResult(t, resp); finish != "length" || !done {
 		t.Fatalf("in-flight stream ended with %q, [DONE] %v; want length", finish, done)
 	}
 	if err := <-shut; err != nil {
 		t.Fatalf("Shutdown: %v", err)
+	}
+	// Drained: the listener is closed.
+	if r, err := http.Post(ts.url+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "b"}`)); err == nil {
+		r.Body.Close()
+		t.Fatalf("after Shutdown: status %d, want a refused connection", r.StatusCode)
 	}
 }
 

@@ -286,6 +286,7 @@ func TestDisconnectWhileWaiting(t *testing.T) {
 	go func() {
 		data, _ := json.Marshal(map[string]any{"prompt": "b", "max_tokens": 5, "stream": true})
 		req, _ := http.NewRequestWithContext(ctx2, http.MethodPost, ts.url+"/v1/completions", bytes.NewReader(data))
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			resp.Body.Close()

@@ -30,15 +30,23 @@ type Admission struct {
 type TokenizeDeps struct {
 	Tokenizer *tokenizer.Tokenizer // nil: prompts must be token ids
 	VocabSize int
-	Seed      int64 // seeds the requests that bring none, in arrival order
-	Responder *Responder
+	// MaxModelLen bounds prompt + max_tokens (0: no bound); text is
+	// tokenized with this budget, so an overlong prompt costs no more than
+	// a fitting one.
+	MaxModelLen int
+	Seed        int64 // seeds the requests that bring none, in arrival order
+	Responder   *Responder
 }
 
 // RegisterTokenize registers a tokenize implementation in r (nil: the
 // default registry); see RegisterInsert for options.
 func RegisterTokenize[O any](r *pipeline.Registry, name string, defaults O, build func(TokenizeDeps, O) (TokenizeStage, error)) {
 	register(r, "tokenize", name, defaults, func(e *Env) TokenizeDeps {
-		return TokenizeDeps{Tokenizer: e.Tokenizer, VocabSize: e.vocabSize(), Seed: e.Seed, Responder: e.Responder}
+		d := TokenizeDeps{Tokenizer: e.Tokenizer, VocabSize: e.vocabSize(), Seed: e.Seed, Responder: e.Responder}
+		if e.Scheduler != nil {
+			d.MaxModelLen = e.Scheduler.Config().MaxModelLen
+		}
+		return d
 	}, build, nil)
 }
 
@@ -98,7 +106,10 @@ func (t *Tokenize) sequence(req *engine.Request) (*engine.Sequence, error) {
 		if t.d.Tokenizer == nil {
 			return nil, fmt.Errorf("%w: the model has no tokenizer: give the prompt as token ids", engine.ErrInvalidRequest)
 		}
-		ids = t.d.Tokenizer.Encode(req.Prompt, true)
+		var err error
+		if ids, err = t.d.Tokenizer.EncodeWithBudget(req.Prompt, true, t.d.MaxModelLen); err != nil {
+			return nil, fmt.Errorf("%w: the prompt: %w (max_model_len %d)", engine.ErrInvalidRequest, err, t.d.MaxModelLen)
+		}
 	}
 	if len(ids) == 0 {
 		return nil, fmt.Errorf("%w: the prompt is empty", engine.ErrInvalidRequest)
@@ -107,6 +118,10 @@ func (t *Tokenize) sequence(req *engine.Request) (*engine.Sequence, error) {
 		if id < 0 || id >= t.d.VocabSize {
 			return nil, fmt.Errorf("%w: prompt token %d is %d, outside the vocabulary [0, %d)", engine.ErrInvalidRequest, i, id, t.d.VocabSize)
 		}
+	}
+	if l := t.d.MaxModelLen; l > 0 && (len(ids) > l || params.MaxTokens > l-len(ids)) {
+		return nil, fmt.Errorf("%w: the prompt has %d tokens and max_tokens is %d: together past max_model_len %d",
+			engine.ErrInvalidRequest, len(ids), params.MaxTokens, l)
 	}
 	arrival := req.Arrival
 	if arrival.IsZero() {

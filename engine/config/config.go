@@ -34,7 +34,18 @@ type Config struct {
 	CUDAGraph        CUDAGraph        `yaml:"cuda_graph"`
 	Speculative      Speculative      `yaml:"speculative"`
 	StructuredOutput StructuredOutput `yaml:"structured_output"`
+	Chat             Chat             `yaml:"chat"`
 	Pipeline         Pipeline         `yaml:"pipeline"`
+}
+
+// Chat configures how chat requests become prompts.
+type Chat struct {
+	// ParseSpecialTokensInContent tokenizes message contents with special
+	// tokens recognized, as the rendered template's own control tokens
+	// are: a user who types the end-of-turn token's text then ends the
+	// turn. Off (the default), contents are tokenized as plain text and
+	// only the template's control tokens are special.
+	ParseSpecialTokensInContent bool `yaml:"parse_special_tokens_in_content"`
 }
 
 // Engine holds the scheduler's limits.
@@ -45,6 +56,11 @@ type Engine struct {
 	ChunkedPrefill      bool `yaml:"chunked_prefill"`        // split long prompts over steps
 	PrefillChunkSize    int  `yaml:"prefill_chunk_size"`     // tokens per prefill chunk when chunked
 	MaxWaiting          int  `yaml:"max_waiting"`            // requests queued before admission fails; 0 = unbounded
+	// AllowLongMaxModelLen lets max_model_len exceed the model's
+	// max_position_embeddings (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN): the
+	// engine then serves positions the model was never trained on, whose
+	// outputs may be garbage. Off, such a config is refused at load.
+	AllowLongMaxModelLen bool `yaml:"allow_long_max_model_len"`
 }
 
 // Cache sizes the paged KV cache and the per-sequence state slots.

@@ -6,6 +6,11 @@ import (
 	"slices"
 )
 
+// MaxCPUMemoryGiB is the largest cache.cpu_memory_gib a config may name
+// (64 TiB, past any machine's memory); the engine also refuses, at load, a
+// value above the memory of the machine it runs on.
+const MaxCPUMemoryGiB = 1 << 16
+
 // Validate checks ranges and the consistency of the sections; each problem
 // names the key and what it allows. All problems are reported together.
 func (c *Config) Validate() error {
@@ -48,8 +53,8 @@ func (c *Config) Validate() error {
 	if k.MemoryFraction <= 0 || k.MemoryFraction > 1 {
 		bad("cache.memory_fraction", "must be in (0, 1], got %g", k.MemoryFraction)
 	}
-	if k.CPUMemoryGiB <= 0 {
-		bad("cache.cpu_memory_gib", "must be positive, got %g", k.CPUMemoryGiB)
+	if k.CPUMemoryGiB <= 0 || k.CPUMemoryGiB > MaxCPUMemoryGiB {
+		bad("cache.cpu_memory_gib", "must be in (0, %d] GiB (and at most the machine's memory, checked at load), got %g", MaxCPUMemoryGiB, k.CPUMemoryGiB)
 	}
 	if k.NumStateSlots < 0 {
 		bad("cache.num_state_slots", "must be 0 (max_num_seqs) or positive, got %d", k.NumStateSlots)

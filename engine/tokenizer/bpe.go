@@ -31,6 +31,10 @@ type bpe struct {
 	wordSuffix     string
 	hasAffixes     bool
 	maxCachedPiece int
+	// maxPieceBytes bounds the bytes of a pre-token piece one token can
+	// cover, so a piece of n bytes needs at least ceil(n/maxPieceBytes) ids;
+	// 0 when there is none (unknown characters dropped or fused into one unk).
+	maxPieceBytes int
 
 	cache pieceCache
 }

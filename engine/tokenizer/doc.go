@@ -12,6 +12,12 @@
 // single_word and normalized flags. Anything else fails at load with an error
 // that names the component (ErrUnsupported).
 //
+// For untrusted input, Tokenizer.EncodePlain encodes special-token strings
+// as plain text (HF's split_special_tokens), Tokenizer.EncodeWithBudget stops
+// as soon as a text needs more ids than a limit, and Tokenizer.MaxTokenBytes
+// bounds the text one id stands for, so an over-long text can be refused
+// before encoding.
+//
 // On top of encode and decode the package provides incremental
 // detokenization for streaming (DecodeStream), stop-string detection across
 // token boundaries (StopChecker) and chat templates rendered from

@@ -243,12 +243,7 @@ type metaspacePreTokenizer struct {
 }
 
 func (t *metaspacePreTokenizer) split(dst []piece, p piece, sc *scratch) []piece {
-	s := strings.ReplaceAll(p.s, " ", t.replacement)
-	if !strings.HasPrefix(s, t.replacement) {
-		if t.scheme == prependAlways || (t.scheme == prependFirst && p.first) {
-			s = t.replacement + s
-		}
-	}
+	s := t.prepare(p)
 	q := piece{s: s, first: p.first}
 	if !t.splitWords {
 		if s != "" {
@@ -258,6 +253,33 @@ func (t *metaspacePreTokenizer) split(dst []piece, p piece, sc *scratch) []piece
 	}
 	sc.ranges = literalMatcher{t.replacement}.findAll(sc.ranges[:0], s)
 	return splitByMatches(dst, q, sc.ranges, behaviorMergedWithNext, false)
+}
+
+// prepare returns p's text with spaces replaced and the replacement prepended
+// as the scheme says: what split then cuts before each replacement.
+func (t *metaspacePreTokenizer) prepare(p piece) string {
+	s := strings.ReplaceAll(p.s, " ", t.replacement)
+	if !strings.HasPrefix(s, t.replacement) {
+		if t.scheme == prependAlways || (t.scheme == prependFirst && p.first) {
+			s = t.replacement + s
+		}
+	}
+	return s
+}
+
+// metaspaceSteps finds split's pieces one at a time: each replacement starts
+// a piece that runs to the next one (behaviour MergedWithNext).
+type metaspaceSteps struct{ replacement string }
+
+func (m metaspaceSteps) nextEnd(s string, i int) int {
+	from := i
+	if strings.HasPrefix(s[i:], m.replacement) {
+		from += len(m.replacement)
+	}
+	if k := strings.Index(s[from:], m.replacement); k >= 0 {
+		return from + k
+	}
+	return len(s)
 }
 
 // preTokenizeAll runs the pre-tokenizer stages over p and returns the final

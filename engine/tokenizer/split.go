@@ -203,6 +203,10 @@ func (gpt2Matcher) findAll(dst []int, s string) []int {
 	return dst
 }
 
+// nextEnd returns the end of the match that starts at s[i] (i < len(s)); the
+// matches tile s, so the next one starts there.
+func (gpt2Matcher) nextEnd(s string, i int) int { return gpt2Next(s, i) }
+
 func gpt2Next(s string, i int) int {
 	if s[i] == '\'' {
 		if e := contraction(s, i, false); e > 0 {
@@ -244,6 +248,10 @@ func (m llama3Matcher) findAll(dst []int, s string) []int {
 	}
 	return dst
 }
+
+// nextEnd returns the end of the match that starts at s[i] (i < len(s)); the
+// matches tile s, so the next one starts there.
+func (m llama3Matcher) nextEnd(s string, i int) int { return m.next(s, i) }
 
 func (m llama3Matcher) next(s string, i int) int {
 	if s[i] == '\'' {

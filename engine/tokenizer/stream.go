@@ -12,8 +12,12 @@ const promptContext = 6
 
 // DecodeStream turns generated token ids into text deltas as they arrive. A
 // delta is returned only once it ends on a complete UTF-8 character, and the
-// concatenation of all deltas (plus Flush) equals the suffix that decoding the
-// prompt and the generated ids together adds to decoding the prompt alone.
+// concatenation of all deltas plus Flush's result equals the output text: what
+// decoding the prompt and the generated ids together adds after the longest
+// common prefix (whole characters) with decoding the prompt alone. When the
+// prompt ends inside a multi-byte character, its decode ends in U+FFFD and
+// the completed character belongs to the output: GPT-2's "日本" split after
+// the first byte of "本" streams "本" once the last byte is generated.
 //
 // It decodes a small window: the ids since the last emitted delta plus the
 // group of ids emitted just before, as HF tokenizers' DecodeStream and
@@ -23,20 +27,33 @@ type DecodeStream struct {
 	t           *Tokenizer
 	skipSpecial bool
 	ids         []int
-	prefix      string // decode of ids as of the last emission
-	prefixIndex int    // ids[:prefixIndex] is context already emitted
+	prefix      string // decode of ids[:len at the last emission]; the prompt's tail at first
+	prefixIndex int    // ids[:prefixIndex] is context already emitted (or prompt)
 }
 
 // NewDecodeStream starts a stream for the ids generated after prompt (nil for
 // none); the last few prompt ids serve as decoding context and are never
-// emitted. The stream copies what it keeps of prompt, so the caller may reuse
-// it. Cost: one decode of those few ids.
+// emitted. Prompt ids that end inside a character are held like generated
+// ones, so the character is emitted whole once the output completes it. The
+// stream copies what it keeps of prompt, so the caller may reuse it. Cost: a
+// decode of those few ids, and when they end inside a character up to as many
+// more decodes of fewer ids to find where the last whole character ends.
 func (t *Tokenizer) NewDecodeStream(prompt []int, skipSpecialTokens bool) *DecodeStream {
 	s := &DecodeStream{t: t, skipSpecial: skipSpecialTokens}
 	if n := len(prompt); n > 0 {
 		tail := prompt[max(0, n-promptContext):]
 		s.ids = append(s.ids, tail...)
 		s.prefix = t.Decode(s.ids, skipSpecialTokens)
+		// The window is cut at prefixIndex at the next emission; cut it where
+		// the prompt's last whole character ends, so that it never starts
+		// inside a character (a byte-fallback decoder would turn the rest of
+		// such a run into U+FFFD).
+		k := len(tail)
+		for text := s.prefix; k > 0 && strings.HasSuffix(text, "\uFFFD"); {
+			k--
+			text = t.Decode(tail[:k], skipSpecialTokens)
+		}
+		s.prefixIndex = k
 	}
 	return s
 }
@@ -47,16 +64,18 @@ func (t *Tokenizer) NewDecodeStream(prompt []int, skipSpecialTokens bool) *Decod
 func (s *DecodeStream) Step(id int) string {
 	s.ids = append(s.ids, id)
 	text := s.t.Decode(s.ids, s.skipSpecial)
-	if len(text) <= len(s.prefix) || strings.HasSuffix(text, "\uFFFD") {
+	if strings.HasSuffix(text, "\uFFFD") {
 		return ""
 	}
-	if !strings.HasPrefix(text, s.prefix) {
-		// The window's decode changed behind the emitted text (a decoder that
-		// is not prefix-stable). Emit what is new past the common prefix
-		// length, which is as close as the window allows.
-		return s.advance(text, commonPrefixLen(text, s.prefix))
+	// The emitted text (or the prompt) is normally a prefix of text. It is not
+	// when the prompt ended inside a character, whose U+FFFD the completed
+	// character now replaces, or when the decoder is not prefix-stable; either
+	// way what is new starts where the two differ.
+	n := commonPrefixLen(text, s.prefix)
+	if n >= len(text) {
+		return ""
 	}
-	return s.advance(text, len(s.prefix))
+	return s.advance(text, n)
 }
 
 func (s *DecodeStream) advance(text string, from int) string {
@@ -68,17 +87,16 @@ func (s *DecodeStream) advance(text string, from int) string {
 	return delta
 }
 
-// Flush returns the text still held back (an incomplete character at the end
-// of the generation decodes to U+FFFD) and resets nothing: call it once, when
-// the sequence finishes.
+// Flush returns the text still held back: an incomplete character at the end
+// of the generation, which decodes to U+FFFD. Call it once, when the sequence
+// finishes (EOS, length, stop token), and append its result to the output:
+// without it a generation that ends inside a character loses its tail. It
+// returns "" when nothing is held back. Cost: one decode of the window.
 func (s *DecodeStream) Flush() string {
 	text := s.t.Decode(s.ids, s.skipSpecial)
-	if len(text) <= len(s.prefix) {
+	n := commonPrefixLen(text, s.prefix)
+	if n >= len(text) {
 		return ""
-	}
-	n := len(s.prefix)
-	if !strings.HasPrefix(text, s.prefix) {
-		n = commonPrefixLen(text, s.prefix)
 	}
 	s.prefix = text
 	return text[n:]

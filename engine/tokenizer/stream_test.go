@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -24,17 +25,32 @@ func streamAll(t testing.TB, tk *Tokenizer, prompt, ids []int, skip bool) []stri
 	return append(deltas, s.Flush())
 }
 
-// checkStream asserts that the streamed text equals what a full decode adds
-// after the prompt.
+// outputText is the text a generation adds after its prompt: the full decode
+// minus its longest common prefix of whole characters with the prompt's
+// decode. When the prompt ends inside a character its decode ends in U+FFFD,
+// which the completed character replaces in the full decode; that character
+// belongs to the output.
+func outputText(full, head string) string {
+	n := 0
+	for n < len(full) && n < len(head) {
+		r1, n1 := utf8.DecodeRuneInString(full[n:])
+		r2, n2 := utf8.DecodeRuneInString(head[n:])
+		if r1 != r2 || n1 != n2 {
+			break
+		}
+		n += n1
+	}
+	return full[n:]
+}
+
+// checkStream asserts that the streamed text, flush included, equals what a
+// full decode adds after the prompt.
 func checkStream(t testing.TB, tk *Tokenizer, prompt, ids []int, skip bool) {
 	t.Helper()
 	got := strings.Join(streamAll(t, tk, prompt, ids, skip), "")
 	full := tk.Decode(append(append([]int(nil), prompt...), ids...), skip)
-	head := tk.Decode(prompt, skip)
-	if !strings.HasPrefix(full, head) {
-		return // the prompt's own decode is not a prefix; nothing to compare
-	}
-	if want := full[len(head):]; got != want {
+	want := outputText(full, tk.Decode(prompt, skip))
+	if got != want {
 		t.Errorf("prompt %v ids %v: streamed %q, full decode adds %q", prompt, ids, got, want)
 	}
 }
@@ -104,6 +120,87 @@ func TestDecodeStreamPromptContext(t *testing.T) {
 	got := strings.Join(streamAll(t, tk, prompt, gen, true), "")
 	if got != " world" {
 		t.Errorf("streamed %q after the prompt, want %q", got, " world")
+	}
+}
+
+// TestDecodeStreamPromptEndsInsideCharacter: the prompt ends inside a
+// multi-byte character and the output completes it in its last id.
+func TestDecodeStreamPromptEndsInsideCharacter(t *testing.T) {
+	tk := loadNamed(t, "gpt2")
+	ids := tk.Encode("日本", false)
+	if want := []int{33768, 98, 17312, 105}; !slices.Equal(ids, want) {
+		t.Fatalf("encode 日本 = %v, want %v", ids, want)
+	}
+	deltas := streamAll(t, tk, ids[:3], ids[3:], false)
+	if deltas[0] != "本" || deltas[1] != "" {
+		t.Errorf("deltas %q (last from Flush), want [\"本\" \"\"]", deltas)
+	}
+}
+
+// multilingualCases are stream test strings beyond the corpus: CJK, emoji
+// (ZWJ sequences, flags, skin tones), scripts with combining marks, and
+// special tokens between them.
+var multilingualCases = []string{
+	"日本語のテキストを分割します。東京は晴れ。",
+	"中文测试：你好，世界！🙂 再见。",
+	"한국어 문장입니다. 감사합니다!",
+	"👨‍👩‍👧‍👦 family, 🇯🇵🇫🇷 flags, 👍🏽 tone, 🧑🏿‍🚀",
+	"Ελληνικά και русский текст, עברית ועברית, العربية",
+	"हिन्दी और বাংলা, ไทย ภาษา, ພາສາລາວ",
+	"e\u0301 cafe\u0301 — “quotes” … ½ ∑ ∞ 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𠀀𠀁",
+	"<|im_start|>user\n日本<|im_end|>\n<|endoftext|>😀😀",
+	"mixed 漢字and ascii🙂🙂🙂 ends with 😀",
+}
+
+// TestDecodeStreamEverySplit streams, for each test string and each position
+// that splits its ids into prompt and output, the output after the prompt and
+// checks it against the full decode (outputText), with and without
+// skip_special_tokens. The strings are multilingual corpus cases (every one
+// with a character outside Latin-1, up to a cap) and multilingualCases.
+func TestDecodeStreamEverySplit(t *testing.T) {
+	var cases []string
+	for _, s := range loadCorpus(t) {
+		if strings.IndexFunc(s, func(r rune) bool { return r > 0x2E7F }) >= 0 {
+			cases = append(cases, s)
+		}
+	}
+	const maxCases = 600 // bound the quadratic cost under -race
+	if step := len(cases) / maxCases; step > 1 {
+		sampled := cases[:0]
+		for i := 0; i < len(cases); i += step {
+			sampled = append(sampled, cases[i])
+		}
+		cases = sampled
+	}
+	cases = append(cases, multilingualCases...)
+	for _, name := range []string{"gpt2", "llama3", "qwen3"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			tk := loadNamed(t, name)
+			splits, inside := 0, 0
+			for _, s := range cases {
+				ids := tk.Encode(s, false)
+				if len(ids) > 80 {
+					ids = ids[:80]
+				}
+				for k := 0; k <= len(ids); k++ {
+					prompt, out := ids[:k], ids[k:]
+					splits++
+					if strings.HasSuffix(tk.Decode(prompt, false), "\uFFFD") {
+						inside++
+					}
+					checkStream(t, tk, prompt, out, false)
+					checkStream(t, tk, prompt, out, true)
+				}
+				if t.Failed() {
+					t.Fatalf("stopping at case %q", s)
+				}
+			}
+			if inside == 0 {
+				t.Fatal("no split point inside a character: the test does not cover the bug")
+			}
+			t.Logf("%d strings, %d split points, %d inside a character", len(cases), splits, inside)
+		})
 	}
 }
 

@@ -28,6 +28,8 @@ type Tokenizer struct {
 	rawAdded    *addedMatcher   // tokens matched on the raw text; nil if none
 	normAdded   *addedMatcher   // tokens matched on normalized text; nil if none
 	vocabSize   int
+	// maxTokenBytes is MaxTokenBytes, computed at load.
+	maxTokenBytes int
 
 	config Config
 	chat   *chatTemplate // nil when tokenizer_config.json has no template
@@ -268,6 +270,8 @@ func build(spec *fileSpec, model *modelSpec, cfg Config) (*Tokenizer, error) {
 		t.normAdded = newAddedMatcher(normToks, normPats)
 	}
 
+	t.computeMaxTokenBytes()
+
 	if cfg.ChatTemplate != "" {
 		ct, err := compileChatTemplate(cfg.ChatTemplate)
 		if err != nil {
@@ -387,11 +391,29 @@ func (t *Tokenizer) IsSpecial(id int) bool {
 // The result is newly allocated and owned by the caller. Cost: linear in
 // len(text) plus the BPE merges of pre-token pieces not yet in the cache.
 func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []int {
-	sc := t.scratch.Get().(*scratch)
-	ids := t.encode(sc.ids[:0], text, sc)
+	out, _ := t.encodeWith(text, addSpecialTokens, nil)
+	return out
+}
+
+// encodeWith is Encode with the options of st (nil: none). The error is
+// non-nil only when st has a budget and the result would exceed it.
+func (t *Tokenizer) encodeWith(text string, addSpecialTokens bool, st *encodeState) ([]int, error) {
 	extra := 0
 	if addSpecialTokens && t.post != nil {
 		extra = t.post.numAdded()
+	}
+	if st != nil && st.maxTokens > 0 {
+		st.limit = st.maxTokens - extra
+		if st.limit < 0 {
+			return nil, st.tooMany()
+		}
+	}
+	sc := t.scratch.Get().(*scratch)
+	ids := t.encode(sc.ids[:0], text, sc, st)
+	if st != nil && st.over {
+		sc.ids = ids[:0]
+		t.scratch.Put(sc)
+		return nil, st.tooMany()
 	}
 	// The model works on int32 ids (half the memory in its tables and cache);
 	// widen once here.
@@ -401,16 +423,19 @@ func (t *Tokenizer) Encode(text string, addSpecialTokens bool) []int {
 	}
 	sc.ids = ids[:0]
 	t.scratch.Put(sc)
-	if extra > 0 || (addSpecialTokens && t.post != nil) {
+	if addSpecialTokens && t.post != nil {
 		out = t.post.process(out)
 	}
-	return out
+	return out, nil
 }
 
-func (t *Tokenizer) encode(dst []int32, text string, sc *scratch) []int32 {
+// encode appends the ids of text to dst. With a budget in st it stops as soon
+// as dst would exceed it, setting st.over.
+func (t *Tokenizer) encode(dst []int32, text string, sc *scratch, st *encodeState) []int32 {
+	plain := st != nil && st.plain
 	segs := sc.segs[:0]
 	if t.rawAdded != nil {
-		segs = t.rawAdded.split(segs, text)
+		segs = t.rawAdded.split(segs, text, plain, st.remaining(len(dst)))
 	} else if text != "" {
 		segs = append(segs, segment{0, len(text), -1})
 	}
@@ -418,6 +443,9 @@ func (t *Tokenizer) encode(dst []int32, text string, sc *scratch) []int32 {
 	for _, sg := range segs {
 		if sg.id >= 0 {
 			dst = append(dst, sg.id)
+			if st != nil && st.exceeded(len(dst)) {
+				return dst
+			}
 			continue
 		}
 		part := text[sg.start:sg.end]
@@ -425,26 +453,38 @@ func (t *Tokenizer) encode(dst []int32, text string, sc *scratch) []int32 {
 			part = t.normalizer.normalize(part)
 		}
 		if t.normAdded == nil {
-			dst = t.encodeText(dst, part, sg.start == 0, sc)
+			dst = t.encodeText(dst, part, sg.start == 0, sc, st)
+			if st != nil && st.over {
+				return dst
+			}
 			continue
 		}
-		subs := t.normAdded.split(sc.segs2[:0], part)
+		subs := t.normAdded.split(sc.segs2[:0], part, plain, st.remaining(len(dst)))
 		sc.segs2 = subs
 		for _, sub := range subs {
 			if sub.id >= 0 {
 				dst = append(dst, sub.id)
+				if st != nil && st.exceeded(len(dst)) {
+					return dst
+				}
 				continue
 			}
-			dst = t.encodeText(dst, part[sub.start:sub.end], sg.start == 0 && sub.start == 0, sc)
+			dst = t.encodeText(dst, part[sub.start:sub.end], sg.start == 0 && sub.start == 0, sc, st)
+			if st != nil && st.over {
+				return dst
+			}
 		}
 	}
 	return dst
 }
 
 // encodeText pre-tokenizes and runs the model over text free of added tokens.
-func (t *Tokenizer) encodeText(dst []int32, s string, first bool, sc *scratch) []int32 {
+func (t *Tokenizer) encodeText(dst []int32, s string, first bool, sc *scratch, st *encodeState) []int32 {
 	if s == "" {
 		return dst
+	}
+	if st != nil && st.limit >= 0 {
+		return t.encodeTextBudget(dst, s, first, sc, st)
 	}
 	for _, p := range preTokenizeAll(t.preTok, piece{s: s, first: first}, sc) {
 		dst = t.model.tokenize(dst, p.s, sc)

@@ -210,7 +210,7 @@ func TestAddedTokenOptions(t *testing.T) {
 		}
 		m := newAddedMatcher(tc.toks, pats)
 		var got []string
-		for _, sg := range m.split(nil, tc.text) {
+		for _, sg := range m.split(nil, tc.text, false, -1) {
 			if sg.id >= 0 {
 				got = append(got, fmt.Sprintf("[%d]", sg.id))
 			} else {

@@ -74,7 +74,8 @@ type Config struct {
 	// EOSTokenIDs is "eos_token_id", an int or a list. Default: [2] / [2] /
 	// none / none / [2] / [1]; empty when none or null.
 	EOSTokenIDs []int
-	// PadTokenID. Default: none (nil).
+	// PadTokenID. Default: none (nil); -1, which early Llama conversions
+	// wrote for "none", also reads as nil.
 	PadTokenID *int
 
 	// Rope holds rope_theta and the rope_scaling / rope_parameters settings.
@@ -302,6 +303,9 @@ func ParseConfig(data []byte) (*Config, error) {
 	cfg.LayerTypes = p.strs("layer_types")
 	cfg.BOSTokenID = p.optInt("bos_token_id", d.bos)
 	cfg.PadTokenID = p.optInt("pad_token_id", nil)
+	if cfg.PadTokenID != nil && *cfg.PadTokenID == -1 {
+		cfg.PadTokenID = nil
+	}
 	cfg.EOSTokenIDs = p.intOrList("eos_token_id", d.eos)
 
 	// DeepSeek.
@@ -354,6 +358,21 @@ func (c *Config) validate() error {
 	for _, f := range positive {
 		if f.v <= 0 {
 			return fmt.Errorf("%s = %d, want > 0: %w", f.key, f.v, ErrConfig)
+		}
+	}
+	// Special-token ids index the vocabulary: a negative one is a broken
+	// file, and would never match a sampled token.
+	for _, f := range []struct {
+		key string
+		id  *int
+	}{{"bos_token_id", c.BOSTokenID}, {"pad_token_id", c.PadTokenID}} {
+		if f.id != nil && *f.id < 0 {
+			return fmt.Errorf("%s = %d, want >= 0 (a token id): %w", f.key, *f.id, ErrConfig)
+		}
+	}
+	for i, id := range c.EOSTokenIDs {
+		if id < 0 {
+			return fmt.Errorf("eos_token_id[%d] = %d, want >= 0 (a token id): %w", i, id, ErrConfig)
 		}
 	}
 	if c.NumAttentionHeads%c.NumKeyValueHeads != 0 {

@@ -191,8 +191,8 @@ func TestCommandLine(t *testing.T) {
 		t.Errorf("graph lacks the stage:\n%s", out)
 	}
 	prompt := "func main() {"
-	plain := exampletest.Command(t, reg, "generate", "--config", filepath.Join("..", "..", "configs", "default.yaml"), "-m", "4", "-p", prompt)
-	banned := exampletest.Command(t, reg, "generate", "--config", "config.yaml", "-m", "4", "-p", prompt)
+	plain := exampletest.Command(t, reg, "generate", "--config", filepath.Join("..", "..", "configs", "default.yaml"), "-n", "4", "-p", prompt)
+	banned := exampletest.Command(t, reg, "generate", "--config", "config.yaml", "-n", "4", "-p", prompt)
 	if !strings.HasPrefix(plain, prompt+"\n\tif") {
 		t.Fatalf("without the stage the model no longer opens with if, the check below shows nothing:\n%s", plain)
 	}

@@ -151,7 +151,7 @@ func TestCommandLine(t *testing.T) {
 	if !strings.Contains(out, "token-log=default") {
 		t.Errorf("graph lacks the stage:\n%s", out)
 	}
-	exampletest.Command(t, reg, "generate", "--config", "config.yaml", "-m", "4", "-p", "func main() {")
+	exampletest.Command(t, reg, "generate", "--config", "config.yaml", "-n", "4", "-p", "func main() {")
 
 	data, err := os.ReadFile("config.yaml")
 	if err != nil {
@@ -171,7 +171,7 @@ func TestCommandLine(t *testing.T) {
 	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	exampletest.Command(t, reg, "generate", "--config", cfg, "-m", "4", "--ignore-eos", "-p", "func main() {", "-p", "package main")
+	exampletest.Command(t, reg, "generate", "--config", cfg, "-n", "4", "--ignore-eos", "-p", "func main() {", "-p", "package main")
 	lines := readLog(t, log)
 	if len(lines) != 8 {
 		t.Fatalf("%d lines for 2 prompts of 4 tokens: %+v", len(lines), lines)

@@ -211,7 +211,7 @@ func TestCommandLine(t *testing.T) {
 		want []string
 	}{
 		{[]string{"graph", "--config", "config.yaml"}, []string{"sample=typical"}},
-		{[]string{"generate", "--config", "config.yaml", "-m", "4", "-t", "0.8", "--seed", "1", "-p", "func main() {"}, []string{"func main() {", "stats: "}},
+		{[]string{"generate", "--config", "config.yaml", "-n", "4", "-t", "0.8", "--seed", "1", "-p", "func main() {"}, []string{"func main() {", "stats: "}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.args[0], func(t *testing.T) {

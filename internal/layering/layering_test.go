@@ -26,6 +26,7 @@ var floors = [][]string{
 	{"engine"},
 	{"kernels"},
 	{"pipeline"},
+	{"assets"}, // the embedded default model: imports nothing of the project
 }
 
 // floorOf returns the floor and folder of a package path inside the module.

@@ -1,12 +1,12 @@
 // End-to-end check of the server with the official OpenAI Node client.
-// Usage: node openai_e2e.cjs BASE_URL MODEL   (BASE_URL ends in /v1)
+// Usage: node openai_e2e.cjs BASE_URL MODEL API_KEY   (BASE_URL ends in /v1)
 // Exits 0 when every check passes; prints each failure and exits 1 otherwise.
 'use strict';
 
-const { OpenAI, BadRequestError, NotFoundError } = require('openai');
+const { OpenAI, AuthenticationError, BadRequestError, NotFoundError } = require('openai');
 
-const [baseURL, model] = process.argv.slice(2);
-const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
+const [baseURL, model, apiKey] = process.argv.slice(2);
+const client = new OpenAI({ baseURL, apiKey, maxRetries: 0, timeout: 60_000 });
 
 const failures = [];
 const passed = [];
@@ -136,6 +136,16 @@ async function main() {
       check('unknown model rejected', false, 'no error');
     } catch (err) {
       check('unknown model rejected', err instanceof NotFoundError && err.status === 404, String(err));
+    }
+  });
+
+  await section('api key', async () => {
+    const wrong = new OpenAI({ baseURL, apiKey: apiKey + '-wrong', maxRetries: 0, timeout: 60_000 });
+    try {
+      await wrong.completions.create({ model, prompt: 'hi', max_tokens: 2 });
+      check('wrong api key rejected', false, 'no error');
+    } catch (err) {
+      check('wrong api key rejected', err instanceof AuthenticationError && err.status === 401 && /API key/.test(err.message), String(err));
     }
   });
 

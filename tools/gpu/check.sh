@@ -207,9 +207,9 @@ phase_e2e() {
 		t=$(limit "${E2E_TIMEOUT:-30}")
 		((t == 0)) && { rc+=("$run:skipped"); continue; }
 		case $run in
-		cuda) timeout "$t" "$dir/deepinfer" generate --config configs/cuda.yaml -p "$prompt" -m 48 >"$logs/gen_$run.txt" 2>&1 ;;
-		cuda_split) timeout "$t" "$dir/deepinfer" generate --config "$split_cfg" -p "$prompt" -m 48 >"$logs/gen_$run.txt" 2>&1 ;;
-		cpu) timeout "$t" "$dir/deepinfer" generate --config configs/default.yaml -p "$prompt" -m 48 >"$logs/gen_$run.txt" 2>&1 ;;
+		cuda) timeout "$t" "$dir/deepinfer" generate --config configs/cuda.yaml -p "$prompt" -n 48 >"$logs/gen_$run.txt" 2>&1 ;;
+		cuda_split) timeout "$t" "$dir/deepinfer" generate --config "$split_cfg" -p "$prompt" -n 48 >"$logs/gen_$run.txt" 2>&1 ;;
+		cpu) timeout "$t" "$dir/deepinfer" generate --config configs/default.yaml -p "$prompt" -n 48 >"$logs/gen_$run.txt" 2>&1 ;;
 		esac
 		rc+=("$run:$?")
 	done
