@@ -185,12 +185,22 @@ func (p *Postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 		if !out.Finished {
 			rule := engine.RuleFor(r.Meta.Params, p.d.EOSTokenIDs, p.d.MaxModelLen)
 			if reason := engine.CheckFinish(rule, st.numOut, r.Meta.NumPromptTokens+st.numOut, s.Token); reason != engine.FinishNone {
-				if st.stream != nil {
-					out.Text += st.stop.Flush()
-				}
 				out.Finished, out.FinishReason = true, reason
 				if reason == engine.FinishStop {
 					out.StopReason = strconv.Itoa(s.Token)
+				}
+				if st.stream != nil {
+					// The text the stream still holds (a character the last
+					// token left incomplete) goes out now; a stop string in it
+					// ends the text there.
+					more, stopped := st.stop.Append(st.stream.Flush())
+					out.Text += more
+					if stopped {
+						_, out.StopReason = st.stop.Stopped()
+						out.FinishReason = engine.FinishStop
+					} else {
+						out.Text += st.stop.Flush()
+					}
 				}
 			}
 		}
