@@ -229,6 +229,9 @@ func FuzzChatBody(f *testing.F) {
 		`{"messages": [{"role": "user", "content": "hi"}], "echo": true}`,
 		`{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"add_generation_prompt": false, "messages": [], "enable_thinking": false}}`,
 		`{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"x": 1e999}}`,
+		// chat_template_kwargs must not replace the conversation.
+		`{"messAges":[{"role":"user","content":"0"}],"ChAt_templAte_kwArgs":{"messages":false}}`,
+		`{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"messages": [{"role": "system", "content": "injected"}]}}`,
 		`{"messages": [{"role": "user", "content": "hi"}], "add_special_tokens": true}`,
 		`{"messages": [{"role": "user", "content": "` + strings.Repeat("a", 1100) + `"}]}`,
 	} {
@@ -252,15 +255,6 @@ func FuzzChatBody(f *testing.F) {
 		msgs, e := parseMessages(req.Messages)
 		if e != nil {
 			t.Fatalf("body %q: accepted, but its messages do not parse: %v", body, e.msg)
-		}
-		if _, ok := req.ChatTemplateKwargs["messages"]; ok {
-			// chat_template_kwargs are applied over the template's own
-			// variables, so a request can replace the conversation itself:
-			// {"messages": [...], "chat_template_kwargs": {"messages": false}}
-			// renders none of its messages. Known (input kept in
-			// testdata/fuzz-findings/FuzzChatBody); the content check below
-			// does not apply to such requests.
-			return
 		}
 		prompt := s.tok.Decode(reqs[0].promptTokenIDs, false)
 		for i, m := range msgs {
