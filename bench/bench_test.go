@@ -68,6 +68,12 @@ func TestWritePlots(t *testing.T) {
 // startServer serves the servertest model on a loopback port.
 func startServer(t *testing.T) (string, *llm.Engine) {
 	t.Helper()
+	return startServerWith(t, server.Options{ModelName: "tiny"})
+}
+
+// startServerWith is startServer with the server's options.
+func startServerWith(t *testing.T, opts server.Options) (string, *llm.Engine) {
+	t.Helper()
 	dir := t.TempDir()
 	if err := servertest.WriteModel(dir, 5); err != nil {
 		t.Fatal(err)
@@ -80,7 +86,7 @@ func startServer(t *testing.T) (string, *llm.Engine) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := server.New(eng, server.Options{ModelName: "tiny"})
+	srv, err := server.New(eng, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,6 +174,24 @@ func TestRunServe(t *testing.T) {
 	}
 }
 
+// A server started with an API key serves the benchmark that sends it,
+// and no other.
+func TestRunServeAPIKey(t *testing.T) {
+	url, _ := startServerWith(t, server.Options{ModelName: "tiny", APIKey: "sesame"})
+	o := ServeOptions{BaseURL: url, Model: "tiny", NumPrompts: 3, InputLen: 8, OutputLen: 3, RequestRate: math.Inf(1)}
+	if _, err := RunServe(context.Background(), o); err == nil || !strings.Contains(err.Error(), "status 401") {
+		t.Fatalf("without the key: %v, want the server's 401", err)
+	}
+	o.APIKey = "sesame"
+	r, err := RunServe(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Completed != 3 || r.Failed != 0 {
+		t.Fatalf("with the key: %d completed, %d failed (%v)", r.Completed, r.Failed, r.Errors)
+	}
+}
+
 func TestRunServeBadOptions(t *testing.T) {
 	for _, o := range []ServeOptions{
 		{BaseURL: "http://127.0.0.1:1", NumPrompts: 0, OutputLen: 1},
@@ -198,6 +222,11 @@ func TestRunOffline(t *testing.T) {
 	}
 	defer l.Close()
 	o := OfflineOptions{NumSeqs: 12, MinInputLen: 4, MaxInputLen: 40, MinOutputLen: 2, MaxOutputLen: 12, Temperature: 0.6, MaxTokenID: 10000, Seed: 1}
+	tooLong := o
+	tooLong.MaxInputLen = l.MaxModelLen()
+	if _, err := RunOffline(context.Background(), l, tooLong); err == nil || !strings.Contains(err.Error(), "past max_model_len") {
+		t.Fatalf("requests longer than max_model_len: %v", err)
+	}
 	var progress bytes.Buffer
 	o.Progress = &progress
 	r, err := RunOffline(context.Background(), l, o)

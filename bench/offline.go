@@ -89,6 +89,10 @@ func RunOffline(ctx context.Context, l *llm.LLM, o OfflineOptions) (*OfflineResu
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
+	if n, limit := o.MaxInputLen+o.MaxOutputLen, l.MaxModelLen(); n > limit {
+		return nil, fmt.Errorf("bench: offline: the longest request, %d input + %d output tokens, is past max_model_len %d: lower the lengths or raise --max-model-len",
+			o.MaxInputLen, o.MaxOutputLen, limit)
+	}
 	maxID := min(o.MaxTokenID, l.Model().Config().VocabSize)
 	rng := rand.New(rand.NewPCG(o.Seed, 0xbe7c4))
 	prompts := make([]llm.Prompt, o.NumSeqs)

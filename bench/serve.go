@@ -48,6 +48,9 @@ type ServeOptions struct {
 	Seed        uint64
 	// Client sends the requests; nil: a client with a transport of its own.
 	Client *http.Client
+	// APIKey, when set, goes with every request as a bearer token (a
+	// server started with --api-key).
+	APIKey string
 	// Progress receives a progress bar over finished requests, with their
 	// rate since the start, ended by a newline when the run ends; nil:
 	// none.
@@ -139,6 +142,11 @@ func RunServe(ctx context.Context, o ServeOptions) (*ServeResult, error) {
 		tr := &http.Transport{MaxIdleConnsPerHost: 1024}
 		defer tr.CloseIdleConnections()
 		client = &http.Client{Transport: tr}
+	}
+	if o.APIKey != "" {
+		c := *client
+		c.Transport = bearer{key: o.APIKey, next: c.Transport}
+		client = &c
 	}
 	if o.Model == "" || (len(o.Prompts) == 0 && !chat && o.VocabSize == 0) {
 		card, err := firstModel(ctx, client, base)
@@ -270,6 +278,22 @@ func (o *ServeOptions) body(i int, chat bool, rng *rand.Rand) map[string]any {
 		b["prompt"] = text
 	}
 	return b
+}
+
+// bearer adds an API key to every request it sends.
+type bearer struct {
+	key  string
+	next http.RoundTripper // nil: http.DefaultTransport
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.key)
+	next := b.next
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	return next.RoundTrip(r)
 }
 
 // modelCard is the part of GET /v1/models the benchmark reads.

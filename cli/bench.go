@@ -139,7 +139,7 @@ type benchFlags struct {
 	minInputLen, maxInputLen, minOutputLen, maxOutputLen int
 	maxTokenID, vocabSize                                int
 	datasetName, datasetPath                             string
-	baseURL, endpoint, model                             string
+	baseURL, endpoint, model, apiKey                     string
 	requestRate                                          float64
 	maxConcurrency                                       int
 	seed                                                 int64
@@ -203,6 +203,7 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&f.maxTokenID, "max-token-id", def.MaxTokenID, "offline: random prompt ids are below this (and the vocabulary size)")
 	// serve
 	fl.StringVar(&f.baseURL, "base-url", "http://127.0.0.1:8000", "serve: the server's root URL")
+	fl.StringVar(&f.apiKey, "api-key", os.Getenv("DEEPINFER_API_KEY"), "serve: the server's API key (default $DEEPINFER_API_KEY)")
 	fl.StringVar(&f.endpoint, "endpoint", "/v1/completions", "serve: /v1/completions or /v1/chat/completions")
 	fl.StringVar(&f.model, "model", "", "serve: model name; default: the first of GET /v1/models")
 	fl.Float64Var(&f.requestRate, "request-rate", math.Inf(1), "serve: mean requests per second (Poisson arrivals); inf sends all at once")
@@ -326,7 +327,7 @@ func (f *benchFlags) options(cmd *cobra.Command, now time.Time) (benchOptions, e
 		return o, nil
 	}
 	srv := bench.ServeOptions{
-		BaseURL: f.baseURL, Endpoint: f.endpoint, Model: f.model,
+		BaseURL: f.baseURL, Endpoint: f.endpoint, Model: f.model, APIKey: f.apiKey,
 		NumPrompts: benchServeNumPrompts, InputLen: benchServeInputLen, OutputLen: benchServeOutputLen,
 		RequestRate: f.requestRate, MaxConcurrency: f.maxConcurrency, VocabSize: f.vocabSize,
 		RangeRatio: f.rangeRatio, Temperature: f.temperature, Seed: uint64(f.seed),

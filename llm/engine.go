@@ -426,6 +426,10 @@ func (e *Engine) MFU() float64 {
 // StepStats are the step loop's counters (tokens, forward time, FLOPs).
 func (e *Engine) StepStats() *stages.Stats { return e.env.Stats }
 
+// MaxModelLen is the longest sequence (prompt plus output tokens) the
+// engine serves: engine.max_model_len, or the model's positions when unset.
+func (e *Engine) MaxModelLen() int { return e.sched.Config().MaxModelLen }
+
 // SchedulerStats is a snapshot of the scheduler's queues and counters.
 func (e *Engine) SchedulerStats() engine.SchedulerStats { return e.sched.Stats() }
 
