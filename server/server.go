@@ -159,6 +159,10 @@ func New(eng *llm.Engine, opts Options) (*Server, error) {
 	s.mux.HandleFunc("/v1/completions", s.api(http.MethodPost, true, s.handleCompletions))
 	s.mux.HandleFunc("/v1/chat/completions", s.api(http.MethodPost, true, s.handleChat))
 	s.mux.HandleFunc("/v1/models", s.api(http.MethodGet, false, s.handleModels))
+	s.mux.HandleFunc("/v1/models/", s.api(http.MethodGet, false, s.handleModel))
+	s.mux.HandleFunc("/tokenize", s.api(http.MethodPost, false, s.handleTokenize))
+	s.mux.HandleFunc("/detokenize", s.api(http.MethodPost, false, s.handleDetokenize))
+	s.mux.HandleFunc("/version", s.api(http.MethodGet, false, s.handleVersion))
 	s.mux.HandleFunc("/health", s.api(http.MethodGet, false, s.handleHealth))
 	s.mux.Handle("/metrics", s.metrics.handler())
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -323,10 +327,13 @@ func (s *Server) api(method string, gen bool, h http.HandlerFunc) http.HandlerFu
 }
 
 func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, ModelList{Object: "list", Data: []ModelCard{{
-		ID: s.model, Object: "model", Created: s.created, OwnedBy: "deepinfer", Root: s.model,
-		MaxModelLen: s.maxModelLen, VocabSize: s.vocabSize,
-	}}})
+	writeJSON(w, http.StatusOK, ModelList{Object: "list", Data: []ModelCard{s.modelCard()}})
+}
+
+// modelCard is the served model's entry in /v1/models.
+func (s *Server) modelCard() ModelCard {
+	return ModelCard{ID: s.model, Object: "model", Created: s.created, OwnedBy: "deepinfer", Root: s.model,
+		MaxModelLen: s.maxModelLen, VocabSize: s.vocabSize}
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
