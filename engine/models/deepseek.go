@@ -3,6 +3,7 @@ package models
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
 
 	"github.com/deepinfer/deepinfer-go/engine/weights"
@@ -114,7 +115,19 @@ func newDeepseek(arch string, ops kernels.Ops, cfg *weights.Config, src Weights,
 		m.layers = append(m.layers, m.loadLayer(l, i))
 	}
 	if v3 && cfg.NumNextNPredictLayers > 0 {
-		m.mtp = m.loadMTP(l)
+		// transformers saves no MTP layers (its modeling ignores them): a
+		// checkpoint it wrote announces them in config.json and holds none.
+		// It serves without MTP; one that holds some must hold them whole.
+		if first := fmt.Sprintf("model.layers.%d.enorm.weight", cfg.NumHiddenLayers); l.src.Has(first) {
+			m.mtp = m.loadMTP(l)
+		} else {
+			logger := opts.Logger
+			if logger == nil {
+				logger = slog.Default()
+			}
+			logger.Warn("the checkpoint holds no MTP layers: serving without them",
+				"architecture", arch, "num_nextn_predict_layers", cfg.NumNextNPredictLayers, "missing", first)
+		}
 	}
 	if l.err != nil {
 		return nil, fmt.Errorf("models: %s: %w", arch, l.err)

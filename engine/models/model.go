@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/deepinfer/deepinfer-go/engine/weights"
 	"github.com/deepinfer/deepinfer-go/kernels"
@@ -68,6 +69,9 @@ type Options struct {
 	// MaxModelLen bounds positions (the RoPE table's rows). Default:
 	// config max_position_embeddings.
 	MaxModelLen int
+	// Logger receives load-time warnings (nil: slog.Default()), such as a
+	// checkpoint whose config announces MTP layers it does not hold.
+	Logger *slog.Logger
 }
 
 // KVLayout is the kind of per-token cache entry.
