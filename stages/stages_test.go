@@ -212,3 +212,23 @@ func TestScheduleFeedback(t *testing.T) {
 		t.Error("not drained once idle")
 	}
 }
+
+// ForwardTime never decreases when its source switches from the host's
+// clock to the device timeline, which trails it.
+func TestForwardTimeIsMonotonic(t *testing.T) {
+	var s Stats
+	s.ForwardNanos.Store(int64(5 * time.Millisecond))
+	if got := s.ForwardTime(); got != 5*time.Millisecond {
+		t.Fatalf("host time %v", got)
+	}
+	s.deviceTimed.Store(true)
+	s.forwardDeferred.Store(true)
+	s.devBusy.Store(int64(3 * time.Millisecond)) // the timeline trails
+	if got := s.ForwardTime(); got != 5*time.Millisecond {
+		t.Errorf("after the switch: %v, want the 5ms already reported", got)
+	}
+	s.devBusy.Store(int64(7 * time.Millisecond))
+	if got := s.ForwardTime(); got != 7*time.Millisecond {
+		t.Errorf("once the timeline caught up: %v, want 7ms", got)
+	}
+}

@@ -22,6 +22,7 @@ type Stats struct {
 	GraphSteps    atomic.Int64 // steps the forward stage served by replaying a captured graph
 	SampleNanos   atomic.Int64 // sampling work (device work in the design: it sits between two forwards)
 	lastSample    atomic.Int64 // the latest step's sampling work, in nanoseconds
+	forwardHigh   atomic.Int64 // the largest ForwardTime reported
 	flopBits      atomic.Uint64
 	byteBits      atomic.Uint64
 
@@ -63,11 +64,24 @@ func (s *Stats) Bytes() float64 { return math.Float64frombits(s.byteBits.Load())
 // or, when the forward stage leaves its work queued (asynchronous device
 // sampling), their device time from the device timeline (every step but
 // the last one or two, whose markers are read later).
+//
+// It never decreases: when the source switches from the host's clock to
+// the device timeline (which trails it by a step or two), it holds its
+// high-water mark until the timeline catches up.
 func (s *Stats) ForwardTime() time.Duration {
+	v := s.ForwardNanos.Load()
 	if s.forwardDeferred.Load() && s.deviceTimed.Load() {
-		return time.Duration(s.devBusy.Load())
+		v = s.devBusy.Load()
 	}
-	return time.Duration(s.ForwardNanos.Load())
+	for {
+		high := s.forwardHigh.Load()
+		if v <= high {
+			return time.Duration(high)
+		}
+		if s.forwardHigh.CompareAndSwap(high, v) {
+			return time.Duration(v)
+		}
+	}
 }
 
 // recordGap counts the time between the end of a forward pass and the
