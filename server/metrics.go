@@ -65,8 +65,6 @@ var (
 	// phaseBuckets are for a request's prefill, decode and inference
 	// times: vLLM's request latency buckets, with finer low ones.
 	phaseBuckets = append([]float64{0.001, 0.0025, 0.005}, e2eBuckets...)
-	// iterationBuckets are vLLM's for the tokens of one engine step.
-	iterationBuckets = []float64{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384}
 )
 
 // metrics are the server's Prometheus collectors, in a registry of its own.
@@ -362,26 +360,18 @@ func (c *stageCollector) Collect(ch chan<- prometheus.Metric) {
 
 // iterationCollector reports deepinfer:iteration_tokens_total, vLLM's
 // histogram of the tokens (prompt plus decode) of one engine step, from
-// the step loop's cumulative counters (stages.Stats: Steps, PrefillTokens,
-// DecodeTokens). Its _count (steps) and _sum (tokens) are exact. The engine
-// has no per-step hook, so the buckets are filled at scrape time: the steps
-// run since the previous scrape count in the bucket of their mean tokens,
-// exact when scrapes are a step apart or the steps were alike. Every
-// series only grows. Cost: three atomic loads and a mutex per scrape.
+// the step loop's per-step bucket counts (stages.Stats.StepTokenCounts)
+// and its token counters. Every series only grows. Cost: a few atomic
+// loads per scrape.
 type iterationCollector struct {
 	stats func() *stages.Stats
 	desc  *prometheus.Desc
-
-	mu            sync.Mutex
-	steps, tokens uint64   // accounted for so far
-	buckets       []uint64 // steps per bucket (not cumulative)
 }
 
 func newIterationCollector(stats func() *stages.Stats) *iterationCollector {
 	return &iterationCollector{
-		stats:   stats,
-		desc:    prometheus.NewDesc(metricIterationTokens, "Histogram of the number of tokens per engine step (prompt and decode); the buckets place the steps between two scrapes at their mean.", nil, nil),
-		buckets: make([]uint64, len(iterationBuckets)+1),
+		stats: stats,
+		desc:  prometheus.NewDesc(metricIterationTokens, "Histogram of the number of tokens per engine step (prompt and decode).", nil, nil),
 	}
 }
 
@@ -392,38 +382,18 @@ func (c *iterationCollector) Collect(ch chan<- prometheus.Metric) {
 	if st == nil {
 		return
 	}
-	// A step's count and its tokens are added apart: a scrape may see a
-	// step without its tokens, which then count with the next scrape's
-	// steps (_sum is exact once the step loop is idle).
-	steps := uint64(max(0, st.Steps.Load()))
+	// A step's bucket is counted before its tokens are added: _sum may
+	// trail _count by the step being recorded, never the other way.
+	counts := st.StepTokenCounts()
 	tokens := uint64(max(0, st.PrefillTokens.Load()+st.DecodeTokens.Load()))
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.observe(steps, tokens)
-	cum := make(map[float64]uint64, len(iterationBuckets))
+	cum := make(map[float64]uint64, len(stages.StepTokenBounds))
 	var n uint64
-	for i, b := range iterationBuckets {
-		n += c.buckets[i]
-		cum[b] = n
+	for i, b := range stages.StepTokenBounds {
+		n += uint64(counts[i])
+		cum[float64(b)] = n
 	}
-	ch <- prometheus.MustNewConstHistogram(c.desc, c.steps, float64(c.tokens), cum)
-}
-
-// observe accounts for the steps and tokens counted since the last call
-// (cumulative counts as read); steps not yet seen keep their tokens for
-// the next call. Called with mu held.
-func (c *iterationCollector) observe(steps, tokens uint64) {
-	if steps <= c.steps || tokens < c.tokens {
-		return
-	}
-	n, t := steps-c.steps, tokens-c.tokens
-	mean := float64(t) / float64(n)
-	i := 0
-	for i < len(iterationBuckets) && mean > iterationBuckets[i] {
-		i++
-	}
-	c.buckets[i] += n
-	c.steps, c.tokens = steps, tokens
+	n += uint64(counts[len(counts)-1])
+	ch <- prometheus.MustNewConstHistogram(c.desc, n, float64(tokens), cum)
 }
 
 // observeOutput records what the request histograms, the per-request log

@@ -360,47 +360,6 @@ func TestMonotonic(t *testing.T) {
 	}
 }
 
-// The iteration histogram: count and sum as the step counters, the steps
-// between two scrapes in the bucket of their mean, nothing ever decreasing.
-func TestIterationCollector(t *testing.T) {
-	type read struct{ steps, tokens uint64 }
-	tests := []struct {
-		name       string
-		reads      []read
-		steps, sum uint64
-		buckets    map[float64]uint64 // cumulative, by upper bound
-	}{
-		{"none", []read{{0, 0}}, 0, 0, map[float64]uint64{1: 0, 16384: 0}},
-		{"one step a scrape", []read{{1, 20}, {2, 21}, {3, 22}}, 3, 22, map[float64]uint64{1: 2, 8: 2, 16: 2, 32: 3}},
-		{"steps between scrapes at their mean", []read{{4, 40}}, 4, 40, map[float64]uint64{8: 0, 16: 4}},
-		{"tokens ahead of their step wait for it", []read{{1, 1}, {1, 9}, {2, 10}}, 2, 10, map[float64]uint64{1: 1, 8: 1, 16: 2}},
-		{"past the last bucket", []read{{1, 20000}}, 1, 20000, map[float64]uint64{16384: 0}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := newIterationCollector(nil)
-			for _, r := range tt.reads {
-				c.observe(r.steps, r.tokens)
-			}
-			if c.steps != tt.steps || c.tokens != tt.sum {
-				t.Errorf("count %d sum %d, want %d %d", c.steps, c.tokens, tt.steps, tt.sum)
-			}
-			for bound, want := range tt.buckets {
-				var cum uint64
-				for i, b := range iterationBuckets {
-					cum += c.buckets[i]
-					if b == bound {
-						break
-					}
-				}
-				if cum != want {
-					t.Errorf("le=%v: %d, want %d", bound, cum, want)
-				}
-			}
-		})
-	}
-}
-
 // The device timeline metrics: absent on the CPU backend, and on a backend
 // with device markers the counters and the idle ratio of the stats.
 func TestDeviceMetrics(t *testing.T) {

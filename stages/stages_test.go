@@ -232,3 +232,22 @@ func TestForwardTimeIsMonotonic(t *testing.T) {
 		t.Errorf("once the timeline caught up: %v, want 7ms", got)
 	}
 }
+
+// Each forward pass counts in the bucket of its own tokens.
+func TestStepTokenCounts(t *testing.T) {
+	var s Stats
+	for _, tokens := range []int{1, 1, 8, 9, 300, 20000} {
+		s.record(&engine.SchedulerOutputs{NumPrefillTokens: tokens - 1, NumDecodeTokens: 1}, engine.StepCost{}, time.Millisecond)
+	}
+	got := s.StepTokenCounts()
+	want := make([]int64, len(StepTokenBounds)+1)
+	want[0], want[1], want[2], want[7], want[len(want)-1] = 2, 1, 1, 1, 1 // 1, 1 | 8 | 9 | 300 (<= 512) | past 16384
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("bucket counts %v, want %v", got, want)
+		}
+	}
+	if s.Steps.Load() != 6 {
+		t.Errorf("%d steps", s.Steps.Load())
+	}
+}

@@ -12,17 +12,18 @@ import (
 // anyone (atomics).
 type Stats struct {
 	Steps         atomic.Int64
-	PrefillTokens atomic.Int64 // prompt tokens computed
-	DecodeTokens  atomic.Int64 // decode tokens computed
-	ForwardNanos  atomic.Int64 // time inside the forward stage
-	GapNanos      atomic.Int64 // time between two forward passes
-	ExposedNanos  atomic.Int64 // the part of each gap that is not sampling: host time the device waits for
-	Gaps          atomic.Int64 // gaps measured (steps after the first of a busy period)
-	Placeholders  atomic.Int64 // inputs resolved from the previous step on the backend (ZOS)
-	GraphSteps    atomic.Int64 // steps the forward stage served by replaying a captured graph
-	SampleNanos   atomic.Int64 // sampling work (device work in the design: it sits between two forwards)
-	lastSample    atomic.Int64 // the latest step's sampling work, in nanoseconds
-	forwardHigh   atomic.Int64 // the largest ForwardTime reported
+	PrefillTokens atomic.Int64                           // prompt tokens computed
+	DecodeTokens  atomic.Int64                           // decode tokens computed
+	ForwardNanos  atomic.Int64                           // time inside the forward stage
+	GapNanos      atomic.Int64                           // time between two forward passes
+	ExposedNanos  atomic.Int64                           // the part of each gap that is not sampling: host time the device waits for
+	Gaps          atomic.Int64                           // gaps measured (steps after the first of a busy period)
+	Placeholders  atomic.Int64                           // inputs resolved from the previous step on the backend (ZOS)
+	GraphSteps    atomic.Int64                           // steps the forward stage served by replaying a captured graph
+	SampleNanos   atomic.Int64                           // sampling work (device work in the design: it sits between two forwards)
+	lastSample    atomic.Int64                           // the latest step's sampling work, in nanoseconds
+	forwardHigh   atomic.Int64                           // the largest ForwardTime reported
+	stepTokens    [len(StepTokenBounds) + 1]atomic.Int64 // steps by their tokens; see StepTokenCounts
 	flopBits      atomic.Uint64
 	byteBits      atomic.Uint64
 
@@ -44,8 +45,30 @@ func addFloat(a *atomic.Uint64, v float64) {
 	}
 }
 
+// StepTokenBounds are the upper bounds of the buckets StepTokenCounts
+// sorts steps into by their tokens (prompt and decode), vLLM's for its
+// iteration-tokens histogram; a last bucket takes the steps past them.
+var StepTokenBounds = [...]int{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384}
+
+// StepTokenCounts returns how many forward passes had at most
+// StepTokenBounds[i] tokens and more than the bound before (one entry per
+// bound, then the steps past the last). Not cumulative. Cost: one atomic
+// load per bucket.
+func (s *Stats) StepTokenCounts() []int64 {
+	out := make([]int64, len(s.stepTokens))
+	for i := range s.stepTokens {
+		out[i] = s.stepTokens[i].Load()
+	}
+	return out
+}
+
 // record counts one forward pass.
 func (s *Stats) record(out *engine.SchedulerOutputs, cost engine.StepCost, d time.Duration) {
+	tokens, b := out.NumPrefillTokens+out.NumDecodeTokens, 0
+	for b < len(StepTokenBounds) && tokens > StepTokenBounds[b] {
+		b++
+	}
+	s.stepTokens[b].Add(1)
 	s.Steps.Add(1)
 	s.PrefillTokens.Add(int64(out.NumPrefillTokens))
 	s.DecodeTokens.Add(int64(out.NumDecodeTokens))
