@@ -20,6 +20,7 @@ import (
 	"github.com/deepinfer/deepinfer-go/engine/weights"
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu"
+	"github.com/deepinfer/deepinfer-go/kernels/cpu/simd"
 	"github.com/deepinfer/deepinfer-go/kernels/cuda"
 	"github.com/deepinfer/deepinfer-go/pipeline"
 	"github.com/deepinfer/deepinfer-go/stages"
@@ -81,7 +82,10 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	e := &Engine{cfg: cfg, done: make(chan struct{})}
 	switch cfg.Device {
 	case "cpu":
-		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, KVCacheDType: cfg.Cache.KVDType()})
+		if _, err := simd.Pick(cfg.CPU.SIMD); err != nil && !cfg.CPU.PureGo {
+			return nil, fmt.Errorf("llm: %w: cpu.simd %s: %w", config.ErrInvalid, cfg.CPU.SIMD, err)
+		}
+		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, SIMD: cfg.CPU.SIMD, KVCacheDType: cfg.Cache.KVDType()})
 	case "cuda":
 		ops, err := cuda.New(cudaOptions(cfg.CUDA, cfg.Cache.KVDType()))
 		if err != nil {

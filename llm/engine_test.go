@@ -156,3 +156,17 @@ func TestCloseAnswersEveryRequest(t *testing.T) {
 		})
 	}
 }
+
+// cpu.simd picks the CPU kernels' inner loops; the backend's name says
+// which ran.
+func TestCPUSIMDSetting(t *testing.T) {
+	dir := tinyLlama(t)
+	e, err := New(tinyConfig(t, dir, func(c *config.Config) { c.CPU.SIMD = "go" }), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if name := e.Backend().Name(); !strings.Contains(name, "go") {
+		t.Errorf("backend %q: want the pure-Go path", name)
+	}
+}

@@ -102,6 +102,9 @@ func parseKVCacheDType(s string) (dt kernels.DType, ok bool) {
 type CPU struct {
 	Threads int  `yaml:"threads"` // worker threads; 0 = all cores
 	PureGo  bool `yaml:"pure_go"` // use the plain-Go kernels (reference path, slower)
+	// SIMD names the CPU kernels' inner loops: auto (the fastest this CPU
+	// runs), go, avx2 or avx512. The engine refuses a path the CPU lacks.
+	SIMD string `yaml:"simd"`
 }
 
 // CUDA configures the CUDA backend (device: cuda): the tuning meant for
@@ -193,6 +196,7 @@ func Default() Config {
 			PrefixCaching:  true,
 			KVCacheDType:   "auto",
 		},
+		CPU:       CPU{SIMD: "auto"},
 		CUDA:      CUDA{GEMM: "round"},
 		CUDAGraph: CUDAGraph{BatchSizes: []int{1, 2, 4, 8, 16, 32, 64}},
 		Speculative: Speculative{

@@ -132,6 +132,20 @@ func TestParse(t *testing.T) {
 			want: []string{"cuda.decode_attention_chunk: needs device: cuda"},
 		},
 		{
+			name: "an unknown simd path",
+			yaml: "model: m\ncpu:\n  simd: sse9\n",
+			want: []string{"cpu.simd: must be auto, go, avx2 or avx512, got \"sse9\""},
+		},
+		{
+			name: "a simd path",
+			yaml: "model: m\ncpu:\n  simd: go\n",
+			check: func(t *testing.T, c *Config) {
+				if c.CPU.SIMD != "go" {
+					t.Errorf("cpu.simd = %q, want go", c.CPU.SIMD)
+				}
+			},
+		},
+		{
 			name: "cuda tuning keys",
 			yaml: "model: m\ndevice: cuda\ncuda:\n  gemm: split\n  skinny_gemm_rows: 64\n",
 			check: func(t *testing.T, c *Config) {

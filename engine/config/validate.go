@@ -65,6 +65,11 @@ func (c *Config) Validate() error {
 	if c.CPU.Threads < 0 {
 		bad("cpu.threads", "must be 0 (all cores) or positive, got %d", c.CPU.Threads)
 	}
+	switch c.CPU.SIMD {
+	case "", "auto", "go", "avx2", "avx512":
+	default:
+		bad("cpu.simd", "must be auto, go, avx2 or avx512, got %q", c.CPU.SIMD)
+	}
 	if m := c.CUDA.GEMM; m != "" && m != "round" && m != "split" {
 		bad("cuda.gemm", "must be round or split, got %q", m)
 	} else if m == "split" && c.Device != "cuda" {

@@ -38,6 +38,11 @@ type Options struct {
 	// PureGo forces the portable Go inner loops even where vectorized ones
 	// are available (for reference runs and tests).
 	PureGo bool
+	// SIMD names the inner loops: "" or "auto" the fastest this CPU runs,
+	// or "go", "avx2", "avx512" (see simd.Pick); a name the CPU lacks
+	// falls back to the fastest (callers that must refuse it check with
+	// simd.Pick first). PureGo wins over it.
+	SIMD string
 	// KVCacheDType kernels.F8E4M3 keeps GQA models' K and V caches in 8-bit
 	// E4M3 (see Backend.KVCacheDType); 0 (auto) keeps them in float32.
 	KVCacheDType kernels.DType
@@ -62,7 +67,7 @@ func New(opts Options) *Backend {
 	if n <= 0 {
 		n = runtime.NumCPU()
 	}
-	return &Backend{threads: n, run: newRunner(n), k: selectKernels(opts.PureGo), kvCache: opts.KVCacheDType}
+	return &Backend{threads: n, run: newRunner(n), k: selectKernels(opts.PureGo, opts.SIMD), kvCache: opts.KVCacheDType}
 }
 
 var _ kernels.KVCacheDTyper = (*Backend)(nil)

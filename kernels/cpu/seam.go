@@ -24,12 +24,13 @@ type kernelSet struct {
 
 // selectKernels picks the fastest simd implementation of this CPU, or the
 // pure-Go one. All of them return the same bits.
-func selectKernels(pureGo bool) kernelSet {
-	impl := simd.Default()
+func selectKernels(pureGo bool, name string) kernelSet {
 	if pureGo {
-		if g, err := simd.Lookup("go"); err == nil {
-			impl = g
-		}
+		name = "go"
+	}
+	impl, err := simd.Pick(name)
+	if err != nil {
+		impl = simd.Default()
 	}
 	return kernelSet{
 		name:       impl.Name(),

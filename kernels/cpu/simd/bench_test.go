@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"testing"
 	"time"
 
@@ -213,7 +214,7 @@ func BenchmarkLinearGEMV(b *testing.B) {
 	defer p.Close()
 	roof := newRoofline(p)
 	r := rand.New(rand.NewPCG(1, 1))
-	for _, impl := range []*Impl{Default()} {
+	for _, impl := range []*Impl{benchImpl(b)} {
 		for _, dt := range benchDtypes {
 			if dt.name == "f16" {
 				continue // same loop as bf16 with a different widening
@@ -263,7 +264,7 @@ func BenchmarkLinearGEMM(b *testing.B) {
 	roof := newRoofline(p)
 	r := rand.New(rand.NewPCG(2, 2))
 	const m = 512
-	impls := []*Impl{Default()}
+	impls := []*Impl{benchImpl(b)}
 	for _, impl := range impls {
 		for _, dt := range benchDtypes {
 			for _, sh := range gemvShapes[:3] {
@@ -331,4 +332,15 @@ func BenchmarkLinearGEMVHot(b *testing.B) {
 			})
 		}
 	}
+}
+
+// benchImpl is the implementation the benchmarks measure: the fastest, or
+// the one $DEEPINFER_SIMD names (go, avx2, avx512), to compare paths on one
+// machine.
+func benchImpl(b *testing.B) *Impl {
+	impl, err := Pick(os.Getenv("DEEPINFER_SIMD"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return impl
 }

@@ -19,9 +19,11 @@
 // (AVX2+FMA+F16C) and "avx512" (AVX-512 F/BW/VL), C with intrinsics reached
 // through cgo and chosen at run time with golang.org/x/sys/cpu. All of them
 // return the same bits for the same inputs, NaN payloads aside; tests check
-// it. The package-level functions use Default(), the fastest available; the
-// environment variable DEEPINFER_SIMD=go (or avx2) caps it, and Impls and
-// Lookup give every path to tests and benchmarks without any global switch.
+// it. The package-level functions use Default(), the fastest available;
+// Pick (a configuration's name: auto, go, avx2, avx512), Impls and Lookup
+// give every path to the CPU backend (its Options.SIMD), tests and
+// benchmarks without any global switch. The benchmarks measure the path
+// $DEEPINFER_SIMD names (read by the test binary only).
 //
 // # Speed
 //

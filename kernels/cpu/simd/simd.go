@@ -3,19 +3,12 @@ package simd
 import (
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 )
 
 // ErrUnknownImpl is returned by Lookup for a name that is not an
 // implementation available on this CPU.
 var ErrUnknownImpl = errors.New("simd: unknown or unavailable implementation")
-
-// EnvVar names the environment variable read once at program start to cap
-// the default implementation: "go" forces the pure-Go path, "avx2" allows at
-// most the AVX2 path, "avx512" (or unset, or empty) takes the best available.
-// Any other value selects the pure-Go path.
-const EnvVar = "DEEPINFER_SIMD"
 
 // Impl is one implementation of the kernels: the pure-Go reference or a SIMD
 // path. Every Impl computes the canonical reduction order of the package doc,
@@ -53,24 +46,18 @@ var goImpl = &Impl{
 // are set once at program start and never change.
 var (
 	available   = append([]*Impl{goImpl}, nativeImpls()...)
-	defaultImpl = pickDefault(available, os.Getenv(EnvVar))
+	defaultImpl = available[len(available)-1]
 )
 
-func pickDefault(impls []*Impl, env string) *Impl {
-	env = strings.ToLower(strings.TrimSpace(env))
-	switch env {
-	case "", "avx512":
-		return impls[len(impls)-1]
-	case "avx2":
-		best := impls[0]
-		for _, p := range impls {
-			if p.name == "avx2" {
-				best = p
-			}
-		}
-		return best
+// Pick returns the implementation a configuration names: "auto" (or "")
+// the fastest available, "go", "avx2" or "avx512" that one, or an error
+// wrapping ErrUnknownImpl when this CPU (or build) lacks it.
+func Pick(name string) (*Impl, error) {
+	switch n := strings.ToLower(strings.TrimSpace(name)); n {
+	case "", "auto":
+		return defaultImpl, nil
 	default:
-		return impls[0]
+		return Lookup(n)
 	}
 }
 
@@ -79,7 +66,7 @@ func pickDefault(impls []*Impl, env string) *Impl {
 func Impls() []*Impl { return append([]*Impl(nil), available...) }
 
 // Default returns the implementation the package-level functions use: the
-// fastest available, capped by the DEEPINFER_SIMD environment variable.
+// fastest available.
 func Default() *Impl { return defaultImpl }
 
 // Lookup returns the available implementation with the given name.

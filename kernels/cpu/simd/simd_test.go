@@ -1,6 +1,7 @@
 package simd
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -401,12 +402,17 @@ func TestLookup(t *testing.T) {
 		t.Fatal("Lookup(sse9) succeeded")
 	}
 	impls := Impls()
-	tests := []struct{ env, want string }{
-		{"go", "go"}, {"GO", "go"}, {"bogus", "go"}, {"", impls[len(impls)-1].name}, {"avx512", impls[len(impls)-1].name},
+	best := impls[len(impls)-1].name
+	tests := []struct{ name, want string }{
+		{"go", "go"}, {"GO", "go"}, {"", best}, {"auto", best}, {best, best}, {"bogus", ""}, {"sse9", ""},
 	}
 	for _, tc := range tests {
-		if got := pickDefault(impls, tc.env).name; got != tc.want {
-			t.Errorf("pickDefault(%q) = %s, want %s", tc.env, got, tc.want)
+		got, err := Pick(tc.name)
+		switch {
+		case tc.want == "" && !errors.Is(err, ErrUnknownImpl):
+			t.Errorf("Pick(%q) = %v, %v; want ErrUnknownImpl", tc.name, got, err)
+		case tc.want != "" && (err != nil || got.name != tc.want):
+			t.Errorf("Pick(%q) = %v, %v; want %s", tc.name, got, err, tc.want)
 		}
 	}
 }
