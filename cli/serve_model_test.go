@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -41,21 +40,7 @@ func TestServeModelDir(t *testing.T) {
 	cmd.SetArgs([]string{"serve", model, "--config", cfg, "--port", "0", "--max-num-seqs", "4", "--max-model-len", "64", "--chat-template", tmpl, "--seed", "9"})
 	done := make(chan error, 1)
 	go func() { done <- cmd.Execute() }()
-	addr := regexp.MustCompile(`serving tiny-chat on (http://127\.0\.0\.1:\d+)`)
-	var url string
-	deadline := time.Now().Add(20 * time.Second)
-	for url == "" {
-		if m := addr.FindStringSubmatch(out.String()); m != nil {
-			url = m[1]
-		} else if time.Now().After(deadline) {
-			t.Fatalf("no address announced:\n%s", out.String())
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("serve returned early: %v\n%s", err, out.String())
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	url := waitServing(t, &out, done, "tiny-chat")
 	get := func(path, body string) string {
 		t.Helper()
 		var resp *http.Response

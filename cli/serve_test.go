@@ -4,6 +4,7 @@ package cli
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -37,6 +38,28 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
+// waitServing waits (at most 20 s) for a serve command to announce the
+// address it serves model on, in out, and returns its URL; it fails the test
+// if the command returns first (done).
+func waitServing(t *testing.T, out fmt.Stringer, done <-chan error, model string) string {
+	t.Helper()
+	addr := regexp.MustCompile(`serving ` + regexp.QuoteMeta(model) + ` on (http://127\.0\.0\.1:\d+)`)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if m := addr.FindStringSubmatch(out.String()); m != nil {
+			return m[1]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no address announced:\n%s", out.String())
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("serve returned early: %v\n%s", err, out.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 // writeServeConfig writes the server test model and a config for it.
 func writeServeConfig(t *testing.T) string {
 	t.Helper()
@@ -65,21 +88,7 @@ func TestServeCommand(t *testing.T) {
 		"--allowed-origins", "https://app.example", "--max-conns", "64", "--body-read-timeout", "10s", "--max-body-bytes", "1048576"})
 	done := make(chan error, 1)
 	go func() { done <- cmd.Execute() }()
-	addr := regexp.MustCompile(`serving tiny on (http://127\.0\.0\.1:\d+)`)
-	var url string
-	deadline := time.Now().Add(20 * time.Second)
-	for url == "" {
-		if m := addr.FindStringSubmatch(out.String()); m != nil {
-			url = m[1]
-		} else if time.Now().After(deadline) {
-			t.Fatalf("no address announced:\n%s", out.String())
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("serve returned early: %v\n%s", err, out.String())
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	url := waitServing(t, &out, done, "tiny")
 	resp, err := http.Get(url + "/health")
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("health: %v %v", resp, err)
