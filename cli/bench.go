@@ -81,6 +81,9 @@ func newBenchCmd(reg *pipeline.Registry) *cobra.Command {
 				if d := deviceIdle(l.StepStats().DeviceTimes()); d != "" {
 					fmt.Fprintln(stdout, "Device timeline:", d)
 				}
+				if sp := specReport(l.StepStats().Spec()); sp != "" {
+					fmt.Fprintln(stdout, "Speculative decoding:", sp)
+				}
 				result = r
 			case "serve":
 				srv := opts.serve

@@ -369,8 +369,9 @@ func isTerminal(w io.Writer) bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
-// statsLine summarizes a run: throughput over the wall time, queues, KV
-// usage, preemptions, and the model FLOPs rate.
+// statsLine summarizes a run: throughput over the wall time, speculative
+// decoding's acceptance (when drafts were verified), queues, KV usage,
+// preemptions, and the model FLOPs rate.
 func statsLine(l *llm.LLM, wall time.Duration) string {
 	st := l.StepStats()
 	ss := l.SchedulerStats()
@@ -396,11 +397,32 @@ func statsLine(l *llm.LLM, wall time.Duration) string {
 	if g := st.GraphSteps.Load(); g > 0 {
 		steps += fmt.Sprintf(" (%d on CUDA graphs)", g)
 	}
-	return fmt.Sprintf("stats: %.2fs, %s | prefill %.1f tok/s, decode %.1f tok/s | host time exposed between forwards %s (ZOS %s)%s | running %d, waiting %d | KV %.1f%% of %d blocks | preemptions %d | prefix cache %d/%d tokens | %.2f GFLOP/s in forward, %s (%s)",
+	return fmt.Sprintf("stats: %.2fs, %s | prefill %.1f tok/s, decode %.1f tok/s%s | host time exposed between forwards %s (ZOS %s)%s | running %d, waiting %d | KV %.1f%% of %d blocks | preemptions %d | prefix cache %d/%d tokens | %.2f GFLOP/s in forward, %s (%s)",
 		secs, steps,
-		float64(st.PrefillTokens.Load())/secs, float64(st.DecodeTokens.Load())/secs,
+		float64(st.PrefillTokens.Load())/secs, float64(st.DecodeTokens.Load())/secs, specPart(st.Spec()),
 		st.MeanExposedHost().Round(time.Microsecond), zos, device, ss.NumRunning, ss.NumWaiting, 100*ss.BlockUsage, ss.NumBlocks, ss.NumPreemptions,
 		ss.PrefixCache.NumHitTokens, ss.PrefixCache.NumQueryTokens, gflops, mfu, l.Backend().Name())
+}
+
+// specPart is the stats line's speculative-decoding part,
+// " | spec: accept 0.62, mean len 2.9, per-pos 0.81/0.64/0.47/0.30" (see
+// stages.SpecStats.String), or "" when no draft was verified.
+func specPart(sp stages.SpecStats) string {
+	if sp.NumDrafts <= 0 {
+		return ""
+	}
+	return " | spec: " + sp.String()
+}
+
+// specReport describes speculative decoding over a run as vLLM's
+// "SpecDecoding metrics" line does: the stats line's summary with the
+// accepted and drafted tokens and the drafts; "" when no draft was
+// verified.
+func specReport(sp stages.SpecStats) string {
+	if sp.NumDrafts <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s (accepted %d of %d draft tokens, %d drafts)", sp.String(), sp.NumAcceptedTokens, sp.NumDraftTokens, sp.NumDrafts)
 }
 
 // deviceIdle describes the device timeline of a run: the share of device

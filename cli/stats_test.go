@@ -30,3 +30,25 @@ func TestDeviceIdle(t *testing.T) {
 		}
 	}
 }
+
+func TestSpecPart(t *testing.T) {
+	var none stages.Stats
+	if got := specPart(none.Spec()); got != "" {
+		t.Errorf("no drafts: specPart = %q, want empty", got)
+	}
+	if got := specReport(none.Spec()); got != "" {
+		t.Errorf("no drafts: specReport = %q, want empty", got)
+	}
+	var st stages.Stats
+	st.RecordSpec(0, 0) // nothing drafted
+	for _, a := range []int{4, 3, 1, 0, 2} {
+		st.RecordSpec(4, a)
+	}
+	// 10 of 20 accepted over 5 drafts; per position 4, 3, 2, 1 of 5.
+	if got, want := specPart(st.Spec()), " | spec: accept 0.50, mean len 3.0, per-pos 0.80/0.60/0.40/0.20"; got != want {
+		t.Errorf("specPart = %q, want %q", got, want)
+	}
+	if got, want := specReport(st.Spec()), "accept 0.50, mean len 3.0, per-pos 0.80/0.60/0.40/0.20 (accepted 10 of 20 draft tokens, 5 drafts)"; got != want {
+		t.Errorf("specReport = %q, want %q", got, want)
+	}
+}

@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 11u
+#define DI_ABI_VERSION 12u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -74,7 +74,8 @@ enum di_check {
 	DI_CHECK_RESOLVE = 1u << 5,
 	DI_CHECK_LOGITS = 1u << 6,
 	DI_CHECK_MOE = 1u << 7,
-	DI_CHECK_SAMPLE = 1u << 8 /* a logits row with NaN, +Inf or all -Inf (see di_sample_status) */
+	DI_CHECK_SAMPLE = 1u << 8, /* a logits row with NaN, +Inf or all -Inf (see di_sample_status) */
+	DI_CHECK_SHIFT = 1u << 9   /* shift_accepted: a row, count, sequence layout or block table */
 };
 
 /* How float32 activations enter a GEMM with BF16 or F16 weights. ROUND:
@@ -394,6 +395,21 @@ typedef struct di_api {
 	/* qkv_prepare: see di_qkv; the bits of split_columns, rms_norm per
 	 * head, rope and write_cache run one after the other. */
 	int (*qkv_prepare)(di_ctx *ctx, const di_qkv *a);
+	/* shift_accepted (kernels.Ops.ShiftAccepted): for each sequence s of
+	 * num_seqs with shift_from[s] >= 0, a = accepted[shift_from[s]]:
+	 * seqlens_k[s] += a, and for each token i in [cu_seqlens_q[s],
+	 * cu_seqlens_q[s+1]): positions[i] += a, slot_mapping[i] =
+	 * block_tables[s * width + p / block_size] * block_size + p % block_size
+	 * at the new position p. All I32 device arrays: cu_seqlens_q
+	 * [num_seqs+1], seqlens_k, shift_from [num_seqs], block_tables
+	 * [num_seqs, width], positions and slot_mapping [num_tokens], accepted
+	 * [num_accepted]. A sequence whose row is outside [0, num_accepted),
+	 * whose count is negative, whose tokens lie outside [0, num_tokens) or
+	 * whose new positions have no block (negative, past width, or a
+	 * negative table entry) is left unchanged and sets DI_CHECK_SHIFT. */
+	int (*shift_accepted)(di_ctx *ctx, di_dptr positions, di_dptr slot_mapping, di_dptr seqlens_k,
+	                      di_dptr cu_seqlens_q, di_dptr block_tables, di_dptr shift_from, di_dptr accepted,
+	                      int num_seqs, int num_tokens, int width, int block_size, int num_accepted);
 } di_api;
 
 /* di_get_api fills *out for a caller built against abi_version; it returns

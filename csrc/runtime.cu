@@ -484,12 +484,13 @@ static int report_checks(di_ctx *ctx) {
 	CK(cudaMemsetAsync(ctx->check, 0, sizeof(unsigned), ctx->stream), "clear check word");
 	CK(cudaStreamSynchronize(ctx->stream), "clear check word: cudaStreamSynchronize");
 	*ctx->check_host = 0;
-	char buf[256] = {0};
+	char buf[512] = {0}; // room for every name
 	static const char *names[] = {"embedding (token id)", "rope (position)", "write_cache (slot)",
 	                              "attention (sequence layout or block table)",
 	                              "mla_attention (sequence layout or block table)",
 	                              "resolve_placeholders (row)", "logits (row)", "moe (expert id)",
-	                              "sample (a logits row with NaN, +Inf or only -Inf)"};
+	                              "sample (a logits row with NaN, +Inf or only -Inf)",
+	                              "shift_accepted (row, count, sequence layout or block table)"};
 	for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++) {
 		if (c & (1u << i)) {
 			strncat(buf, buf[0] ? ", " : "", sizeof buf - strlen(buf) - 1);
@@ -693,5 +694,6 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->logits = di_op_logits;
 	out->sample = di_op_sample;
 	out->qkv_prepare = di_op_qkv_prepare;
+	out->shift_accepted = di_op_shift_accepted;
 	return DI_OK;
 }

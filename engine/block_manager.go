@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // ErrNoFreeBlocks is returned when the KV cache has too few free blocks.
@@ -361,6 +362,22 @@ func (m *BlockManager) AppendSlots(seq *Sequence, n int) ([]BlockCopy, error) {
 	// behind the fork point, and the one at it was just copied.
 	seq.mayShare = false
 	return copies, nil
+}
+
+// Trim drops the sequence's blocks past the first numTokens positions
+// (those a speculative step reserved for drafts that were rejected): they
+// were never committed to the prefix cache, and the table is replaced, not
+// edited, so snapshots of the old one stay valid. Cost: O(blocks).
+func (m *BlockManager) Trim(seq *Sequence, numTokens int) {
+	keep := max(m.NumBlocksFor(numTokens), 1)
+	if keep >= len(seq.blockTable) {
+		return
+	}
+	table := seq.blockTable
+	for i := len(table) - 1; i >= keep; i-- {
+		m.release(table[i])
+	}
+	seq.setBlockTable(slices.Clone(table[:keep]))
 }
 
 // Free drops the sequence's references to its blocks, last block first (so

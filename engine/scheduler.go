@@ -63,6 +63,14 @@ type SchedulerConfig struct {
 	EOSTokenIDs []int
 	// VocabSize bounds prompt and parameter token ids (0: unchecked).
 	VocabSize int
+	// NumSpeculativeTokens is the longest draft a decode step verifies (k;
+	// 0: no speculative decoding). See Scheduler, speculative decoding.
+	NumSpeculativeTokens int
+	// NumLookaheadSlots are KV slots reserved past a step's last token for
+	// a drafter that writes its own KV ahead of the target (an MTP layer or
+	// a draft model chaining k-1 tokens): the slots stay the sequence's
+	// until the step after has run.
+	NumLookaheadSlots int
 }
 
 // Validate checks the limits; errors wrap ErrInvalidConfig.
@@ -91,6 +99,10 @@ func (c *SchedulerConfig) Validate() error {
 		return bad("num_state_slots must be >= 0, got %d", c.NumStateSlots)
 	case c.VocabSize < 0:
 		return bad("vocab_size must be >= 0, got %d", c.VocabSize)
+	case c.NumSpeculativeTokens < 0:
+		return bad("num_speculative_tokens must be >= 0, got %d", c.NumSpeculativeTokens)
+	case c.NumLookaheadSlots < 0:
+		return bad("num_lookahead_slots must be >= 0, got %d", c.NumLookaheadSlots)
 	}
 	for _, id := range c.EOSTokenIDs {
 		if id < 0 || (c.VocabSize > 0 && id >= c.VocabSize) {
@@ -135,8 +147,23 @@ type SequenceMetadata struct {
 	// step planned before the previous step's token is known carries
 	// PlaceholderToken, to be replaced on the device by the token of
 	// sample row InputFromRow of the previous step (-1: no placeholder).
+	// With speculative decoding every input of such a step is a
+	// placeholder: token j comes from entry InputFromRow*(1+k)+j of the
+	// previous step's next-input table (its bonus token, then its drafts).
 	InputTokenIDs []int
 	InputFromRow  int
+	// NumDrafts is the number of draft tokens this decode step verifies
+	// (speculative decoding): InputTokenIDs are the last known token then
+	// the drafts, every row samples, and the row's outcome is 1..NumDrafts+1
+	// tokens. 0 for a plain decode and for prefill chunks.
+	NumDrafts int
+	// Shifted (speculative decoding with placeholder inputs) says that
+	// PosStart, SlotMapping and SeqlenK assume the previous step's sample
+	// row InputFromRow accepted no draft: the device adds that row's
+	// accepted count to the positions and sequence length and recomputes
+	// the slots from BlockTable (kernels.Ops.ShiftAccepted), which covers
+	// every shift. False: the layout is exact.
+	Shifted bool
 	// BlockTable covers at least SeqlenK positions; SlotMapping holds the
 	// KV slot of each input token.
 	BlockTable  []int
@@ -185,6 +212,9 @@ type SchedulerOutputs struct {
 	NumPrefillTokens int
 	NumDecodeTokens  int
 	NumSampleRows    int
+	// NumDraftTokens counts the draft tokens the step verifies (included in
+	// NumDecodeTokens).
+	NumDraftTokens int
 
 	InputTokenIDs []int
 	SlotMapping   []int
@@ -208,10 +238,15 @@ type SchedulerOutputs struct {
 }
 
 // SampledTokens are the tokens one sample row produced: one for a decode
-// or a prompt's last chunk, 1..k+1 accepted ones with speculation.
+// or a prompt's last chunk, 1..NumDrafts+1 with speculation (the accepted
+// drafts, then the target's token after them). Drafts are the drafter's
+// proposals for the sequence's next step, made after these tokens (nil
+// without speculation); the next step verifies them unless it was planned
+// before they were known.
 type SampledTokens struct {
 	SeqID    SeqID
 	TokenIDs []int
+	Drafts   []int
 }
 
 // SchedulerStats is a snapshot of the Scheduler's queues and counters.
@@ -236,6 +271,7 @@ type stepEntry struct {
 	id            SeqID
 	epoch         uint32
 	row           int32 // its sample row, -1 when it does not sample
+	drafts        int32 // draft tokens verified (speculative decoding)
 	computedAfter int
 }
 
@@ -306,11 +342,24 @@ type stepRecord struct {
 // a placeholder. Same requests, same tokens in both modes (tested with a
 // model that reads its context back through the block tables).
 //
-// Speculative decoding (later) fits the same frame: a step reserves k+1
-// slots (AppendSlots(seq, k+1)), a row reports 1..k+1 accepted tokens to
-// ProcessOutputs, and only accepted tokens are committed to the prefix
-// cache; with overlap, the prepare stage corrects positions from the
-// accepted counts.
+// Speculative decoding (NumSpeculativeTokens = k > 0). Each row reported
+// to ProcessOutputs carries the drafter's proposal for the sequence's next
+// step (SampledTokens.Drafts). A decode step verifies up to k drafts: its
+// inputs are the last token and the drafts (NumDrafts of them), every row
+// samples, and the row's outcome is the accepted drafts plus the target's
+// token after them (1..NumDrafts+1 tokens). The step reserves KV slots for
+// all its inputs plus NumLookaheadSlots for the drafter, but numComputed
+// counts only the first input (the one always kept) until the outcome
+// arrives; ProcessOutputs then adds the accepted drafts, commits only
+// accepted tokens to the prefix cache, and frees the blocks that only
+// rejected tokens used (their KV is never read: later steps overwrite
+// those slots). With zero-overhead scheduling a sequence whose previous
+// step is in flight decodes with placeholders for its bonus token and k
+// drafts, laid out as if that step accepted nothing (Shifted); its
+// slots cover any outcome, and the device shifts positions, slots and
+// sequence lengths by the accepted count before the forward pass, so no
+// host round trip sits between the two steps. Drafts a step could not use
+// (max_tokens, max_model_len, the token budget) are cut, never reserved.
 //
 // Methods are safe for concurrent use (one mutex). Schedule and
 // ProcessOutputs cost O(live sequences + tokens scheduled) plus hashing of
@@ -629,6 +678,7 @@ func (s *Scheduler) preempt(out *SchedulerOutputs, seq *Sequence) {
 	seq.epoch++
 	seq.numComputed = 0
 	seq.numCached = 0
+	seq.drafts = nil
 	s.insertWaiting(seq)
 	out.PreemptedSeqIDs = append(out.PreemptedSeqIDs, seq.id)
 	s.numPreemptions++
@@ -668,6 +718,32 @@ func (s *Scheduler) victim(id StepID, from int) *Sequence {
 		}
 	}
 	return best
+}
+
+// draftsFor returns the drafts a running sequence verifies in the step
+// being planned and the KV slots to reserve from its numComputed: its
+// known drafts, or k placeholders when its previous step is in flight, cut
+// so that every token the step may emit is within max_tokens, every
+// position the step or its drafter writes is within max_model_len, and the
+// step's tokens fit the budget. The slots cover the shift of the drafts
+// still in flight, the step's inputs and the drafter's lookahead (all
+// within max_model_len).
+func (s *Scheduler) draftsFor(seq *Sequence, budget int) (q, slots int) {
+	k := s.cfg.NumSpeculativeTokens
+	if k == 0 {
+		return 0, 1
+	}
+	q = len(seq.drafts)
+	if seq.numPending > 0 {
+		q = k
+	}
+	shift := int(seq.numPendingDrafts)
+	numOut := len(seq.tokens) + int(seq.numPending) - seq.numPromptTokens
+	lastPos := s.cfg.MaxModelLen - 1
+	q = min(q, k, int(seq.maxTokens)-numOut-1, budget-1, lastPos-seq.numComputed-shift-s.cfg.NumLookaheadSlots)
+	q = max(q, 0)
+	slots = min(shift+1+q+s.cfg.NumLookaheadSlots, s.cfg.MaxModelLen-seq.numComputed)
+	return q, max(slots, 1)
 }
 
 // chunkFor returns the tokens of the next prefill chunk (0: none fits).
@@ -726,7 +802,8 @@ func (s *Scheduler) ScheduleInto(buf []SequenceMetadata) (*SchedulerOutputs, []S
 			out.Finished = append(out.Finished, s.finish(seq, FinishLength, nil))
 			continue
 		}
-		for !s.bm.CanAppendSlots(seq, 1) {
+		q, slots := s.draftsFor(seq, b.budget)
+		for !s.bm.CanAppendSlots(seq, slots) {
 			v := s.victim(id, i)
 			s.preempt(out, v)
 			if v == seq {
@@ -736,13 +813,13 @@ func (s *Scheduler) ScheduleInto(buf []SequenceMetadata) (*SchedulerOutputs, []S
 		if seq.status != StatusRunning {
 			continue
 		}
-		copies, err := s.bm.AppendSlots(seq, 1)
+		copies, err := s.bm.AppendSlots(seq, slots)
 		if err != nil { // cannot happen after CanAppendSlots; keep the request alive
 			s.preempt(out, seq)
 			continue
 		}
 		out.BlockCopies = append(out.BlockCopies, copies...)
-		s.add1(b, seq, 1, false, true, nil, -1, -1)
+		s.addDecode(b, seq, q)
 	}
 	preempted := len(out.PreemptedSeqIDs) > 0
 
@@ -802,7 +879,7 @@ func (s *Scheduler) newBuilder(buf []SequenceMetadata) *stepBuilder {
 	}
 	// Decode-only steps need one token per running sequence; with prompts
 	// to compute, the whole budget may go.
-	numTokens := min(len(s.running)+4, s.cfg.MaxNumBatchedTokens)
+	numTokens := min((len(s.running)+4)*(1+s.cfg.NumSpeculativeTokens), s.cfg.MaxNumBatchedTokens)
 	if len(s.prompted) > 0 || len(s.waiting) > 0 {
 		numTokens = s.cfg.MaxNumBatchedTokens
 	}
@@ -822,17 +899,39 @@ func (s *Scheduler) newBuilder(buf []SequenceMetadata) *stepBuilder {
 // and writes its metadata; a sampling row takes the next sample row, and
 // forks the rows after it.
 func (s *Scheduler) add1(b *stepBuilder, seq *Sequence, q int, prefill, sample bool, forks []*Sequence, plFrom, plTo int) {
+	s.addRows(b, seq, q, 0, prefill, sample, forks, plFrom, plTo)
+}
+
+// addDecode schedules a running sequence's decode: its last token and q
+// drafts (speculative decoding), placeholders when its previous step is
+// still in flight.
+func (s *Scheduler) addDecode(b *stepBuilder, seq *Sequence, q int) {
+	s.addRows(b, seq, 1+q, q, false, true, nil, -1, -1)
+}
+
+// addRows schedules q tokens of a sequence from its first uncomputed
+// position, the last drafts of them drafts to verify, and writes its
+// metadata; a sampling row takes the next sample row, and forks the rows
+// after it.
+func (s *Scheduler) addRows(b *stepBuilder, seq *Sequence, q, drafts int, prefill, sample bool, forks []*Sequence, plFrom, plTo int) {
 	pos := seq.numComputed
 	bs := s.bm.blockSize
 	start := len(b.tokens)
 	capBefore := cap(b.tokens)
-	fromRow := -1
+	fromRow, shiftFrom := -1, -1
+	if s.cfg.NumSpeculativeTokens > 0 && !prefill && seq.numPending > 0 {
+		fromRow, shiftFrom = int(seq.pendingRow), int(seq.pendingRow)
+	}
 	for p := pos; p < pos+q; p++ {
 		switch {
+		case shiftFrom >= 0:
+			b.tokens = append(b.tokens, PlaceholderToken)
 		case p == len(seq.tokens)-1:
 			b.tokens = append(b.tokens, seq.lastToken) // saves a cache miss per decode
 		case p < len(seq.tokens):
 			b.tokens = append(b.tokens, seq.tokens[p])
+		case p-len(seq.tokens) < len(seq.drafts) && drafts > 0:
+			b.tokens = append(b.tokens, seq.drafts[p-len(seq.tokens)])
 		default:
 			b.tokens = append(b.tokens, PlaceholderToken)
 			fromRow = int(seq.pendingRow)
@@ -865,6 +964,8 @@ func (s *Scheduler) add1(b *stepBuilder, seq *Sequence, q int, prefill, sample b
 	m.PosStart = pos
 	m.InputTokenIDs = b.tokens[start:end:end]
 	m.InputFromRow = fromRow
+	m.NumDrafts = drafts
+	m.Shifted = shiftFrom >= 0
 	m.BlockTable = seq.blockTable[:len(seq.blockTable):len(seq.blockTable)]
 	m.SlotMapping = b.slots[start:end:end]
 	m.StateSlot = int(seq.stateSlot)
@@ -877,8 +978,10 @@ func (s *Scheduler) add1(b *stepBuilder, seq *Sequence, q int, prefill, sample b
 	m.NumPromptTokens = seq.numPromptTokens
 
 	seq.scheduledStep = b.id
-	seq.numComputed += q
-	e := stepEntry{seq: seq, id: seq.id, epoch: seq.epoch, row: -1, computedAfter: seq.numComputed}
+	// Drafts count as computed only once accepted (ProcessOutputs).
+	seq.numComputed += q - drafts
+	seq.numPendingDrafts += int32(drafts)
+	e := stepEntry{seq: seq, id: seq.id, epoch: seq.epoch, row: -1, drafts: int32(drafts), computedAfter: seq.numComputed}
 	if sample {
 		m.SampleRow = b.row
 		seq.numPending++
@@ -904,6 +1007,7 @@ func (s *Scheduler) add1(b *stepBuilder, seq *Sequence, q int, prefill, sample b
 	} else {
 		b.out.NumDecodeSeqs++
 		b.out.NumDecodeTokens += q
+		b.out.NumDraftTokens += drafts
 	}
 	b.numSeqs++
 	b.budget -= q
@@ -1117,9 +1221,9 @@ func (s *Scheduler) ProcessOutputs(step StepID, sampled []SampledTokens) ([]Fini
 		if e.row < 0 {
 			continue
 		}
-		if st := &sampled[e.row]; st.SeqID != e.id || len(st.TokenIDs) == 0 {
-			return nil, fmt.Errorf("scheduler: process outputs of step %d: %w: row %d has seq %d with %d tokens, want seq %d",
-				step, ErrStepMismatch, e.row, st.SeqID, len(st.TokenIDs), e.id)
+		if st := &sampled[e.row]; st.SeqID != e.id || len(st.TokenIDs) == 0 || len(st.TokenIDs) > int(e.drafts)+1 {
+			return nil, fmt.Errorf("scheduler: process outputs of step %d: %w: row %d has seq %d with %d tokens, want seq %d with 1..%d",
+				step, ErrStepMismatch, e.row, st.SeqID, len(st.TokenIDs), e.id, e.drafts+1)
 		}
 	}
 	copy(s.inflight, s.inflight[1:])
@@ -1140,13 +1244,26 @@ func (s *Scheduler) ProcessOutputs(step StepID, sampled []SampledTokens) ([]Fini
 			continue
 		}
 		seq.numPending--
-		for _, t := range sampled[e.row].TokenIDs {
+		seq.numPendingDrafts -= e.drafts
+		st := &sampled[e.row]
+		if s.cfg.NumSpeculativeTokens > 0 {
+			seq.drafts = append(seq.drafts[:0], st.Drafts...)
+		}
+		accepted := len(st.TokenIDs) - 1
+		for _, t := range st.TokenIDs {
 			seq.tokens = append(seq.tokens, t)
 			seq.lastToken = t
 			if reason := s.checkStop(seq, t); reason != FinishNone {
 				finished = append(finished, s.finish(seq, reason, nil))
 				break
 			}
+		}
+		if e.drafts > 0 && seq.isLive() && seq.epoch == e.epoch {
+			// The accepted drafts' KV is valid; the rejected ones' slots are
+			// rewritten by later steps, and blocks only they used go back.
+			seq.numComputed += accepted
+			s.bm.commit(seq, e.computedAfter+accepted)
+			s.bm.Trim(seq, seq.numComputed+int(seq.numPendingDrafts)+s.cfg.NumLookaheadSlots)
 		}
 	}
 

@@ -850,17 +850,17 @@ func TestProcessOutputsMismatch(t *testing.T) {
 		sampled []SampledTokens
 		want    error
 	}{
-		{"unknown step", out.StepID + 1, []SampledTokens{{id, []int{1}}}, ErrUnknownStep},
+		{"unknown step", out.StepID + 1, []SampledTokens{{SeqID: id, TokenIDs: []int{1}}}, ErrUnknownStep},
 		{"missing row", out.StepID, nil, ErrStepMismatch},
-		{"wrong seq", out.StepID, []SampledTokens{{id + 1, []int{1}}}, ErrStepMismatch},
-		{"no tokens", out.StepID, []SampledTokens{{id, nil}}, ErrStepMismatch},
+		{"wrong seq", out.StepID, []SampledTokens{{SeqID: id + 1, TokenIDs: []int{1}}}, ErrStepMismatch},
+		{"no tokens", out.StepID, []SampledTokens{{SeqID: id, TokenIDs: nil}}, ErrStepMismatch},
 	}
 	for _, c := range cases {
 		if _, err := s.ProcessOutputs(c.step, c.sampled); !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, err, c.want)
 		}
 	}
-	if _, err := s.ProcessOutputs(out.StepID, []SampledTokens{{id, []int{7}}}); err != nil {
+	if _, err := s.ProcessOutputs(out.StepID, []SampledTokens{{SeqID: id, TokenIDs: []int{7}}}); err != nil {
 		t.Fatalf("after rejected calls: %v", err)
 	}
 	if got := s.Sequence(id).OutputTokenIDs(); !slices.Equal(got, []int{7}) {
@@ -1076,18 +1076,18 @@ func TestOverlapPlaceholder(t *testing.T) {
 	if out3.StepID != 0 || len(metas3) != 0 {
 		t.Fatalf("step 3 planned with two steps in flight and no known token: %+v", metas3)
 	}
-	if _, err := s.ProcessOutputs(out1.StepID, []SampledTokens{{a, []int{7}}, {b, []int{8}}}); err != nil {
+	if _, err := s.ProcessOutputs(out1.StepID, []SampledTokens{{SeqID: a, TokenIDs: []int{7}}, {SeqID: b, TokenIDs: []int{8}}}); err != nil {
 		t.Fatal(err)
 	}
 	out3, metas3 = s.Schedule()
 	if len(metas3) != 1 || metas3[0].SeqID != b || metas3[0].InputFromRow != 1 {
 		t.Fatalf("step 3: %+v", metas3)
 	}
-	fin, err := s.ProcessOutputs(out2.StepID, []SampledTokens{{a, []int{9}}, {b, []int{0}}}) // b samples EOS
+	fin, err := s.ProcessOutputs(out2.StepID, []SampledTokens{{SeqID: a, TokenIDs: []int{9}}, {SeqID: b, TokenIDs: []int{0}}}) // b samples EOS
 	if err != nil || len(fin) != 2 {
 		t.Fatalf("finished %+v, %v", fin, err)
 	}
-	fin, err = s.ProcessOutputs(out3.StepID, []SampledTokens{{b, []int{11}}})
+	fin, err = s.ProcessOutputs(out3.StepID, []SampledTokens{{SeqID: b, TokenIDs: []int{11}}})
 	if err != nil || len(fin) != 0 {
 		t.Fatalf("late row: %+v, %v", fin, err)
 	}

@@ -109,6 +109,11 @@ type Sequence struct {
 	pendingRow  int32
 	// scheduledStep is the last step that scheduled the sequence.
 	scheduledStep StepID
+	// drafts are the drafter's proposals for the next step (speculative
+	// decoding); numPendingDrafts counts the drafts of steps in flight,
+	// whose accepted count is not known yet (numComputed leaves them out).
+	drafts           []int
+	numPendingDrafts int32
 
 	// Copies of the params the per-token checks read.
 	maxTokens    int32

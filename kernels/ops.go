@@ -170,6 +170,20 @@ type Ops interface {
 	// tokens, still in backend memory. A row outside [0, R) is ErrOutOfRange.
 	// Cost: T reads; no host round trip.
 	ResolvePlaceholders(ids, fromRow, sampled Tensor) error
+	// ShiftAccepted is the other device half of zero-overhead scheduling
+	// with speculative decoding: step N+1 is laid out before step N's
+	// accepted draft counts reach the host, as if no draft were accepted.
+	// For every sequence s with shiftFrom[s] >= 0, a = accepted[shiftFrom[s]]:
+	// m.SeqlensK[s] += a, and for each of its tokens i (CuSeqlensQ[s] <= i <
+	// CuSeqlensQ[s+1]) positions[i] += a and m.SlotMapping[i] =
+	// BlockTables[s][p/BlockSize]*BlockSize + p%BlockSize at the new
+	// position p. shiftFrom I32 [NumSeqs], accepted I32 [R]; m.MaxSeqlenK
+	// must already bound the shifted lengths (the host adds the largest
+	// possible shift). A row outside [0, R), a negative count or a block
+	// table entry that is not a block is ErrOutOfRange on backends that
+	// can check it cheaply (the scheduler's reservations rule them out).
+	// Cost: NumTokens + NumSeqs reads and writes; no host round trip.
+	ShiftAccepted(m *AttentionMetadata, positions, shiftFrom, accepted Tensor) error
 
 	// Logits gathers the rows that sample, normalizes them and applies the LM
 	// head: out[r] = RMSNorm(hidden[rows[r]]; norm, eps) W^T. rows I32 [R] (nil: all

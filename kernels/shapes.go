@@ -498,6 +498,39 @@ func ResolveShapes(backend string, ids, fromRow, sampled Tensor) (t, r int, err 
 	return
 }
 
+// ShiftShapes checks ShiftAccepted's arguments: m's CuSeqlensQ I32
+// [NumSeqs+1], SeqlensK I32 [NumSeqs], BlockTables I32 [NumSeqs, blocks],
+// SlotMapping I32 [NumTokens], BlockSize > 0; positions I32 [NumTokens],
+// shiftFrom I32 [NumSeqs], accepted I32 [r]. It returns r and the block
+// table's width.
+func ShiftShapes(backend string, m *AttentionMetadata, positions, shiftFrom, accepted Tensor) (r, width int, err error) {
+	const op = "shift_accepted"
+	if m == nil || m.NumSeqs <= 0 || m.NumTokens <= 0 || m.BlockSize <= 0 {
+		err = fmt.Errorf("%s: %s: metadata %+v: %w", backend, op, m, ErrShape)
+		return
+	}
+	n, t := m.NumSeqs, m.NumTokens
+	checks := []struct {
+		name  string
+		x     Tensor
+		shape []int
+	}{
+		{"cu_seqlens_q", m.CuSeqlensQ, []int{n + 1}},
+		{"seqlens_k", m.SeqlensK, []int{n}},
+		{"block_tables", m.BlockTables, []int{n, -1}},
+		{"slot_mapping", m.SlotMapping, []int{t}},
+		{"positions", positions, []int{t}},
+		{"shift_from", shiftFrom, []int{n}},
+		{"accepted", accepted, []int{-1}},
+	}
+	for _, c := range checks {
+		if err = CheckShape(backend, op, c.name, c.x, c.shape, I32); err != nil {
+			return
+		}
+	}
+	return accepted.Shape()[0], m.BlockTables.Shape()[1], nil
+}
+
 // QKVShapes checks the arguments of a fused QKVPreparer.PrepareQKV:
 // NumHeads, NumKVHeads and HeadDim > 0; a RoPE rotation that fits in a
 // head (as RoPEShapes); QNorm and KNorm both given or both nil; QKV F32

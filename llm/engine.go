@@ -140,6 +140,15 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	if err := checkKVCacheDType(cfg.Cache, spec); err != nil {
 		return nil, err
 	}
+	drafter, err := loadDrafter(cfg, e.ops, model, e.tok, opts.Models, maxModelLen)
+	if err != nil {
+		return nil, err
+	}
+	bytesPerBlock := spec.BytesPerBlock(cfg.Cache.BlockSize)
+	if drafter.cacheSpec != nil {
+		// The drafter's cache shares the target's blocks: each block holds both.
+		bytesPerBlock += drafter.cacheSpec.BytesPerBlock(cfg.Cache.BlockSize)
+	}
 	numBlocks := cfg.Cache.NumBlocks
 	if numBlocks == 0 {
 		budget := cfg.Cache.CPUMemoryGiB * (1 << 30)
@@ -151,20 +160,25 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 				return nil, fmt.Errorf("llm: %w", err)
 			}
 		}
-		numBlocks = int(max(budget, 0) / float64(spec.BytesPerBlock(cfg.Cache.BlockSize)))
+		numBlocks = int(max(budget, 0) / float64(bytesPerBlock))
 		numBlocks = min(numBlocks, cfg.Engine.MaxNumSeqs*((maxModelLen+cfg.Cache.BlockSize-1)/cfg.Cache.BlockSize)+1)
 	}
-	if err := checkHostMemory(cfg, int64(spec.BytesPerBlock(cfg.Cache.BlockSize)), hostMemoryBytes()); err != nil {
+	if err := checkHostMemory(cfg, int64(bytesPerBlock), hostMemoryBytes()); err != nil {
 		return nil, err
 	}
 	if numBlocks < 1 {
 		return nil, fmt.Errorf("llm: the KV budget (cache.cpu_memory_gib %g, or cache.memory_fraction of free device memory less %d bytes of activations) holds no block of %d bytes",
-			cfg.Cache.CPUMemoryGiB, e.memPlan.ActivationPeak, spec.BytesPerBlock(cfg.Cache.BlockSize))
+			cfg.Cache.CPUMemoryGiB, e.memPlan.ActivationPeak, bytesPerBlock)
 	}
 	e.memPlan.KVBlocks = numBlocks
 	cache, err := model.NewKVCache(numBlocks, cfg.Cache.BlockSize)
 	if err != nil {
 		return nil, fmt.Errorf("llm: kv cache: %w", err)
+	}
+	if drafter.newCache != nil {
+		if drafter.env.DraftCache, err = drafter.newCache(numBlocks, cfg.Cache.BlockSize); err != nil {
+			return nil, fmt.Errorf("llm: drafter kv cache: %w", err)
+		}
 	}
 	e.sched, err = engine.NewScheduler(engine.SchedulerConfig{
 		MaxNumSeqs:           cfg.Engine.MaxNumSeqs,
@@ -178,6 +192,8 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		NumStateSlots:        cfg.Cache.NumStateSlots,
 		EOSTokenIDs:          mcfg.EOSTokenIDs,
 		VocabSize:            mcfg.VocabSize,
+		NumSpeculativeTokens: drafter.env.NumSpeculativeTokens,
+		NumLookaheadSlots:    drafter.lookahead,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("llm: %w", err)
@@ -197,7 +213,8 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		Model: model, Ops: e.ops, Cache: cache, Tokenizer: e.tok, Scheduler: e.sched,
 		Requests: e.requests, Responder: stages.NewResponder(), Seed: cfg.Seed,
 		Flops: flops, Stats: &stages.Stats{}, ManualSteps: opts.ManualSteps,
-		CUDAGraph: stages.CUDAGraph{Enabled: cfg.CUDAGraph.Enabled, BatchSizes: cfg.CUDAGraph.BatchSizes},
+		CUDAGraph:   stages.CUDAGraph{Enabled: cfg.CUDAGraph.Enabled, BatchSizes: cfg.CUDAGraph.BatchSizes},
+		Speculative: drafter.env,
 	}
 	pspec, err := CheckedSpec(cfg, opts.Stages)
 	if err != nil {

@@ -10,42 +10,53 @@ import (
 	"github.com/deepinfer/deepinfer-go/stages"
 )
 
-// The slots of the step loop, in order. Speculative decoding adds "draft"
-// and "verify" between forward and sample.
+// The slots of the step loop, in order. Speculative decoding adds "verify"
+// and "draft" between sample and postprocess.
 const (
 	SlotRequests    = "requests"
 	SlotTokenize    = "tokenize"
 	SlotSchedule    = "schedule"
 	SlotPrepare     = "prepare"
 	SlotForward     = "forward"
-	SlotDraft       = "draft"
-	SlotVerify      = "verify"
 	SlotSample      = "sample"
+	SlotVerify      = "verify"
+	SlotDraft       = "draft"
 	SlotPostprocess = "postprocess"
 )
 
 // Layout returns the step loop's shape for cfg: requests -> tokenize ->
-// schedule -> prepare -> forward [-> draft -> verify] -> sample ->
+// schedule -> prepare -> forward -> sample [-> verify -> draft] ->
 // postprocess, with a feedback edge from postprocess to schedule whose
 // in-flight bound is the ZOS depth (1, or 2 with zos.enabled), and the two
 // lagged edges that order the steps in flight: forward of step N+1 waits
-// for sample of step N (its placeholder inputs are N's tokens), and sample
-// of N+1 waits for postprocess of N (penalties, masks and stop state
-// include N's tokens). With one step in flight both are met before they
-// are waited on; with ZOS they are what lets forward N+1 overlap
-// post-processing of N and nothing else.
+// for the last stage before postprocess of step N (sample, or draft with
+// speculative decoding: N+1's placeholder inputs, and with speculation its
+// shift, are N's tokens, drafts and accepted counts), and sample of N+1
+// waits for postprocess of N (penalties, masks and stop state include N's
+// tokens). With one step in flight both are met before they are waited
+// on; with ZOS they are what lets forward N+1 overlap post-processing of N
+// and nothing else.
+//
+// The drafter runs after verification, not after schedule: it then sees
+// the tokens the step emitted (and, for MTP, the target's hidden states of
+// the step), so its drafts follow the sequence's true last token and the
+// next step verifies them in the same forward pass that computes that
+// token's KV. Drafting before the forward pass would need the step's
+// outcome before the step runs, or a step more of latency per draft.
 func Layout(cfg *config.Config) pipeline.Layout {
-	slots := []string{SlotRequests, SlotTokenize, SlotSchedule, SlotPrepare, SlotForward}
-	if cfg.Speculative.Method != "" {
-		slots = append(slots, SlotDraft, SlotVerify)
+	slots := []string{SlotRequests, SlotTokenize, SlotSchedule, SlotPrepare, SlotForward, SlotSample}
+	tokens := SlotSample
+	if cfg.Speculative.Enabled() {
+		slots = append(slots, SlotVerify, SlotDraft)
+		tokens = SlotDraft
 	}
-	slots = append(slots, SlotSample, SlotPostprocess)
+	slots = append(slots, SlotPostprocess)
 	return pipeline.Layout{
 		Slots:    slots,
 		Capacity: cfg.Pipeline.EdgeCapacity,
 		Loop:     &pipeline.Loop{Head: SlotSchedule, Tail: SlotPostprocess, MaxInFlight: cfg.InFlight()},
 		Lagged: []pipeline.Edge{
-			{From: SlotSample, To: SlotForward, Lag: 1},
+			{From: tokens, To: SlotForward, Lag: 1},
 			{From: SlotPostprocess, To: SlotSample, Lag: 1},
 		},
 	}
@@ -55,7 +66,7 @@ func Layout(cfg *config.Config) pipeline.Layout {
 // engine will build, before any stage is constructed.
 func Spec(cfg *config.Config) (pipeline.Spec, error) {
 	choices := cfg.Pipeline.Choices()
-	if cfg.Speculative.Method != "" {
+	if cfg.Speculative.Enabled() {
 		// The drafter named by the config fills the draft slot unless the
 		// user picked another implementation.
 		impl := map[string]string{SlotDraft: cfg.Speculative.Method}

@@ -20,7 +20,10 @@ func TestSpec(t *testing.T) {
 		yaml      string
 		wantNodes string
 		wantLoop  string
-		wantErr   string
+		// wantTokens is the stage whose output feeds the next step's
+		// forward pass (the lagged edge to forward); "" means sample.
+		wantTokens string
+		wantErr    string
 	}{
 		{
 			name:      "default",
@@ -35,9 +38,16 @@ func TestSpec(t *testing.T) {
 			wantLoop:  "postprocess->schedule in flight 2",
 		},
 		{
-			name:      "speculation adds draft and verify",
-			yaml:      "model: m\nspeculative: {method: ngram}\n",
-			wantNodes: "requests tokenize schedule prepare forward draft=ngram verify sample postprocess",
+			name:       "speculation adds draft and verify",
+			yaml:       "model: m\nspeculative: {method: ngram}\n",
+			wantNodes:  "requests tokenize schedule prepare forward sample verify draft=ngram postprocess",
+			wantLoop:   "postprocess->schedule in flight 1",
+			wantTokens: "draft",
+		},
+		{
+			name:      "method none is off",
+			yaml:      "model: m\nspeculative: {method: none}\n",
+			wantNodes: "requests tokenize schedule prepare forward sample postprocess",
 			wantLoop:  "postprocess->schedule in flight 1",
 		},
 		{
@@ -102,7 +112,11 @@ func TestSpec(t *testing.T) {
 					lagged = append(lagged, fmt.Sprintf("%s->%s lag %d", e.From, e.To, e.Lag))
 				}
 			}
-			if want := []string{"sample->forward lag 1", "postprocess->sample lag 1"}; !reflect.DeepEqual(lagged, want) {
+			tokens := tc.wantTokens
+			if tokens == "" {
+				tokens = "sample"
+			}
+			if want := []string{tokens + "->forward lag 1", "postprocess->sample lag 1"}; !reflect.DeepEqual(lagged, want) {
 				t.Errorf("lagged edges = %v, want %v", lagged, want)
 			}
 			// Stage options never carry the top-level cuda_graph section:

@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/deepinfer/deepinfer-go/stages"
 )
 
 // logCapture is an io.Writer for a JSON slog handler that keeps the
@@ -141,11 +144,70 @@ func TestThroughputLogLine(t *testing.T) {
 			}
 		}
 		gen += rec["generation_tokens_per_s"].(float64)
+		if v, ok := rec["spec_decode"]; ok {
+			t.Errorf("spec_decode = %v without speculative decoding", v)
+		}
 	}
 	if gen <= 0 {
 		t.Errorf("no generation throughput in %v", recs)
 	}
 	if !waitFor(5*time.Second, func() bool { return !ts.metrics.logRunning.Load() }) {
 		t.Error("the throughput loop still runs on an idle server")
+	}
+}
+
+// When drafts are verified in an interval, the throughput line carries
+// speculative decoding's acceptance over it (the drafts are recorded by
+// hand here: the test model's engine does not draft).
+func TestThroughputLogLineSpec(t *testing.T) {
+	ts, logs := startLoggedServer(t)
+	ts.metrics.logInterval.Store(int64(5 * time.Millisecond))
+	st := ts.eng.StepStats()
+	var rec map[string]any
+	found := waitFor(10*time.Second, func() bool {
+		// The request starts the loop, which runs an interval past it:
+		// drafts recorded now count in one of its next lines.
+		if status, body := post(t, ts.url+"/v1/completions", map[string]any{"prompt": "hello", "max_tokens": 8, "ignore_eos": true}); status != 200 {
+			t.Fatalf("status %d: %s", status, body)
+		}
+		st.RecordSpec(4, 2)
+		st.RecordSpec(0, 0)
+		for _, r := range logs.records(t, "engine throughput") {
+			if _, ok := r["spec_decode"]; ok {
+				rec = r
+				return true
+			}
+		}
+		return false
+	})
+	if !found {
+		t.Fatal("no throughput line with spec_decode")
+	}
+	// Every draft of the interval drafted 4 tokens and accepted the first 2.
+	if got, want := rec["spec_decode"], "accept 0.50, mean len 3.0, per-pos 1.00/1.00/0.00/0.00"; got != want {
+		t.Errorf("spec_decode = %v, want %q", got, want)
+	}
+	acc, _ := rec["spec_accepted_tokens"].(float64)
+	drafted, _ := rec["spec_draft_tokens"].(float64)
+	if acc <= 0 || drafted != 2*acc {
+		t.Errorf("spec_accepted_tokens %v, spec_draft_tokens %v: want 2 of every 4", rec["spec_accepted_tokens"], rec["spec_draft_tokens"])
+	}
+}
+
+func TestSpecLogAttrs(t *testing.T) {
+	var st stages.Stats
+	st.RecordSpec(3, 3)
+	st.RecordSpec(3, 1)
+	got := map[string]string{}
+	for _, a := range specLogAttrs(st.Spec()) {
+		got[a.Key] = a.Value.String()
+	}
+	want := map[string]string{
+		"spec_decode":          "accept 0.67, mean len 3.0, per-pos 1.00/0.50/0.50",
+		"spec_accepted_tokens": "4",
+		"spec_draft_tokens":    "6",
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("specLogAttrs = %v, want %v", got, want)
 	}
 }

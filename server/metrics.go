@@ -53,6 +53,14 @@ const (
 	metricParamsN           = "deepinfer:request_params_n"
 	metricIterationTokens   = "deepinfer:iteration_tokens_total"
 	metricCacheConfig       = "deepinfer:cache_config_info"
+
+	// Speculative decoding, registered only when the engine drafts
+	// (speculative.method set), as vLLM registers its own only with a
+	// speculative config.
+	metricSpecDrafts         = "deepinfer:spec_decode_num_drafts_total"
+	metricSpecDraftTokens    = "deepinfer:spec_decode_num_draft_tokens_total"
+	metricSpecAccepted       = "deepinfer:spec_decode_num_accepted_tokens_total"
+	metricSpecAcceptedPerPos = "deepinfer:spec_decode_num_accepted_tokens_per_pos_total"
 )
 
 // Histogram buckets: vLLM's, with finer low buckets for fast CPU models.
@@ -184,6 +192,9 @@ func newMetrics(model string, maxModelLen int, eng engineView, inFlight func() f
 	}
 	r.MustRegister(newStageCollector(eng.Graph))
 	r.MustRegister(newIterationCollector(eng.StepStats))
+	if cfg := eng.Config(); cfg != nil && cfg.Speculative.Enabled() {
+		r.MustRegister(newSpecCollector(eng.StepStats, cfg.Speculative.NumSpeculativeTokens))
+	}
 	registerCacheConfig(r, eng.Config(), eng.SchedulerStats())
 	return m
 }
@@ -394,6 +405,65 @@ func (c *iterationCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	n += uint64(counts[len(counts)-1])
 	ch <- prometheus.MustNewConstHistogram(c.desc, n, float64(tokens), cum)
+}
+
+// specCollector reports vLLM's spec-decode counters from the step loop's
+// (stages.Stats.Spec): drafts verified, draft tokens, accepted tokens, and
+// accepted tokens per draft position (label position, from 0), for
+// positions 0..k-1 from the start (k: num_speculative_tokens, as vLLM)
+// and any later position a draft reached. Every series is held monotonic
+// (see monotonic). Cost: one snapshot (a few dozen atomic loads) per
+// scrape.
+type specCollector struct {
+	stats                            func() *stages.Stats
+	k                                int
+	drafts, tokens, accepted, perPos *prometheus.Desc
+
+	mu   sync.Mutex
+	high [3]float64 // drafts, draft tokens, accepted tokens exported so far
+	pos  []float64  // accepted tokens per position exported so far
+}
+
+func newSpecCollector(stats func() *stages.Stats, k int) *specCollector {
+	return &specCollector{
+		stats:    stats,
+		k:        min(max(k, 0), stages.MaxSpecPositions),
+		drafts:   prometheus.NewDesc(metricSpecDrafts, "Number of spec decoding drafts: sequence-steps whose draft tokens were verified.", nil, nil),
+		tokens:   prometheus.NewDesc(metricSpecDraftTokens, "Number of draft tokens proposed and verified.", nil, nil),
+		accepted: prometheus.NewDesc(metricSpecAccepted, "Number of accepted draft tokens.", nil, nil),
+		perPos:   prometheus.NewDesc(metricSpecAcceptedPerPos, "Number of accepted tokens per draft position (from 0).", []string{"position"}, nil),
+	}
+}
+
+func (c *specCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.drafts, c.tokens, c.accepted, c.perPos} {
+		ch <- d
+	}
+}
+
+func (c *specCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.stats()
+	if st == nil {
+		return
+	}
+	sp := st.Spec()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, v := range [3]int64{sp.NumDrafts, sp.NumDraftTokens, sp.NumAcceptedTokens} {
+		c.high[i] = max(c.high[i], float64(v))
+	}
+	for len(c.pos) < max(c.k, len(sp.AcceptedPerPos)) {
+		c.pos = append(c.pos, 0)
+	}
+	for i, v := range sp.AcceptedPerPos {
+		c.pos[i] = max(c.pos[i], float64(v))
+	}
+	ch <- prometheus.MustNewConstMetric(c.drafts, prometheus.CounterValue, c.high[0])
+	ch <- prometheus.MustNewConstMetric(c.tokens, prometheus.CounterValue, c.high[1])
+	ch <- prometheus.MustNewConstMetric(c.accepted, prometheus.CounterValue, c.high[2])
+	for i, v := range c.pos {
+		ch <- prometheus.MustNewConstMetric(c.perPos, prometheus.CounterValue, v, strconv.Itoa(i))
+	}
 }
 
 // observeOutput records what the request histograms, the per-request log

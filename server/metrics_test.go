@@ -3,8 +3,10 @@ package server
 import (
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,6 +16,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/engine/config"
+	"github.com/deepinfer/deepinfer-go/pipeline"
 	"github.com/deepinfer/deepinfer-go/stages"
 )
 
@@ -393,5 +398,105 @@ func TestDeviceMetrics(t *testing.T) {
 		if g, ok := got[name]; !ok || math.Abs(g-w) > 1e-9 {
 			t.Errorf("%s = %v (present %v), want %v", name, g, ok, w)
 		}
+	}
+}
+
+// fakeEngine is an engineView over a config and step stats of the test's.
+type fakeEngine struct {
+	cfg   *config.Config
+	stats *stages.Stats
+}
+
+func (f fakeEngine) SchedulerStats() engine.SchedulerStats { return engine.SchedulerStats{} }
+func (f fakeEngine) StepStats() *stages.Stats              { return f.stats }
+func (f fakeEngine) Graph() *pipeline.Graph                { return nil }
+func (f fakeEngine) Config() *config.Config                { return f.cfg }
+
+// scrapeHandler serves m's /metrics and returns the exposition text.
+func scrapeHandler(t *testing.T, m *metrics) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	m.handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("metrics: %d %s", rec.Code, rec.Body)
+	}
+	return rec.Body.String()
+}
+
+// specSamples parses the deepinfer:spec_decode_ samples of the exposition
+// text: series (name and labels) to value, and the TYPE of each family.
+func specSamples(t *testing.T, text string) (map[string]float64, map[string]string) {
+	t.Helper()
+	samples, types := map[string]float64{}, map[string]string{}
+	for _, line := range strings.Split(text, "\n") {
+		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" && strings.HasPrefix(f[2], "deepinfer:spec_decode_") {
+			types[f[2]] = f[3]
+		}
+		if !strings.HasPrefix(line, "deepinfer:spec_decode_") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("%s: %v", line, err)
+		}
+		samples[line[:i]] = v
+	}
+	return samples, types
+}
+
+// With speculative decoding on, /metrics carries vLLM's spec-decode
+// counters with RecordSpec's exact counts, positions 0..k-1 from the
+// start; with it off, none of them.
+func TestMetricsSpecDecode(t *testing.T) {
+	cfg := new(config.Config)
+	*cfg = config.Default()
+	cfg.Speculative.Method = "ngram"
+	cfg.Speculative.NumSpeculativeTokens = 4
+	st := new(stages.Stats)
+	m := newMetrics("tiny", 64, fakeEngine{cfg, st}, func() float64 { return 0 })
+	const (
+		drafts   = `deepinfer:spec_decode_num_drafts_total{model_name="tiny"}`
+		tokens   = `deepinfer:spec_decode_num_draft_tokens_total{model_name="tiny"}`
+		accepted = `deepinfer:spec_decode_num_accepted_tokens_total{model_name="tiny"}`
+	)
+	pos := func(i int) string {
+		return `deepinfer:spec_decode_num_accepted_tokens_per_pos_total{model_name="tiny",position="` + strconv.Itoa(i) + `"}`
+	}
+	check := func(when string, want map[string]float64) {
+		t.Helper()
+		got, types := specSamples(t, scrapeHandler(t, m))
+		if !maps.Equal(got, want) {
+			t.Errorf("%s: spec samples\n%v\nwant\n%v", when, got, want)
+		}
+		for _, name := range []string{metricSpecDrafts, metricSpecDraftTokens, metricSpecAccepted, metricSpecAcceptedPerPos} {
+			if types[name] != "counter" {
+				t.Errorf("%s: %s has TYPE %q, want counter", when, name, types[name])
+			}
+		}
+	}
+	check("before any draft", map[string]float64{drafts: 0, tokens: 0, accepted: 0, pos(0): 0, pos(1): 0, pos(2): 0, pos(3): 0})
+
+	st.RecordSpec(4, 4)
+	st.RecordSpec(4, 1)
+	st.RecordSpec(0, 0) // nothing drafted: not a draft
+	st.RecordSpec(3, 2)
+	st.RecordSpec(4, 0)
+	check("after four drafts", map[string]float64{drafts: 4, tokens: 15, accepted: 7, pos(0): 3, pos(1): 2, pos(2): 1, pos(3): 1})
+
+	// A draft longer than k (a drafter that does not keep to it) adds its
+	// positions.
+	st.RecordSpec(6, 6)
+	check("after a longer draft", map[string]float64{drafts: 5, tokens: 21, accepted: 13,
+		pos(0): 4, pos(1): 3, pos(2): 2, pos(3): 2, pos(4): 1, pos(5): 1})
+
+	plain := config.Default()
+	off := newMetrics("tiny", 64, fakeEngine{&plain, st}, func() float64 { return 0 })
+	if got, _ := specSamples(t, scrapeHandler(t, off)); len(got) != 0 {
+		t.Errorf("speculative decoding off: spec samples %v, want none", got)
+	}
+	ts := startServer(t, nil, Options{ModelName: "tiny"})
+	if text := scrape(t, ts.url); strings.Contains(text, "deepinfer:spec_decode_") {
+		t.Errorf("spec-decode metrics on an engine without speculative decoding:\n%s", text)
 	}
 }

@@ -38,6 +38,24 @@ type Env struct {
 	// ManualSteps makes the schedule stage plan a step only when a
 	// Submission asks for one (LLMEngine.Step).
 	ManualSteps bool
+	// Speculative is the speculative decoding setup for the draft stage
+	// (NumSpeculativeTokens 0: off).
+	Speculative Speculative
+}
+
+// Speculative is what the draft stage needs beyond the target model
+// (config speculative; validated when the config loads).
+type Speculative struct {
+	NumSpeculativeTokens int // k: the longest draft
+	// PromptLookupMin and PromptLookupMax bound the n-grams the ngram
+	// drafter matches.
+	PromptLookupMin, PromptLookupMax int
+	// DraftModel is the draft_model drafter's model (nil for others).
+	DraftModel models.Model
+	// DraftCache is the drafter's own paged KV cache, with the target's
+	// block layout (the same block tables address both): the MTP layers'
+	// or the draft model's; nil for a drafter without one.
+	DraftCache *models.KVCache
 }
 
 // CUDAGraph says which decode batch sizes the forward stage captures as

@@ -73,7 +73,10 @@ func ResolvePlaceholders(ops kernels.Ops, step *PreparedStep, ids kernels.Tensor
 		}
 		return fmt.Errorf("step %d has placeholders but the previous sampled step is %d, not %d", id, got, id-1)
 	}
-	tokens := prev.Tokens
+	tokens := prev.Next
+	if tokens == nil {
+		tokens = prev.Tokens
+	}
 	if tokens == nil {
 		host := make([]int32, len(prev.Samples))
 		for i, s := range prev.Samples {
@@ -90,10 +93,32 @@ func ResolvePlaceholders(ops kernels.Ops, step *PreparedStep, ids kernels.Tensor
 	return nil
 }
 
+// ShiftAccepted applies the shifts of step (step.ShiftFrom; nothing when
+// it has none) from the accepted draft counts of step.Previous, which the
+// draft stage leaves in backend memory (SampledStep.Accepted). Cost: one
+// backend pass over the step's metadata.
+func ShiftAccepted(ops kernels.Ops, step *PreparedStep) error {
+	if step.ShiftFrom == nil {
+		return nil
+	}
+	prev := step.Previous
+	if prev == nil || prev.Accepted == nil || prev.Outputs.StepID != step.Outputs.StepID-1 {
+		return fmt.Errorf("step %d shifts by the previous step's accepted counts, which it lacks", step.Outputs.StepID)
+	}
+	if err := ops.ShiftAccepted(&step.Batch.Attn, step.Batch.Positions, step.ShiftFrom, prev.Accepted); err != nil {
+		return fmt.Errorf("step %d: %w", step.Outputs.StepID, err)
+	}
+	return nil
+}
+
 // ForwardResult holds the logits of a step's sample rows (forward -> sample).
 type ForwardResult struct {
 	*PreparedStep
 	Logits kernels.Tensor // F32 [len(Rows)+len(PromptRows), vocab]
+	// Hidden is the last hidden state of every token of the step, before
+	// the final norm (models.Model.Forward), for drafters that condition on
+	// it (MTP). It is valid until the next step's forward pass.
+	Hidden kernels.Tensor
 	// PreviousOutputs is the step before's *StepOutputs, which the loop's
 	// lagged edge from postprocess hands the sample slot before this step
 	// is sampled (nil for the first step).
@@ -167,8 +192,11 @@ func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResu
 		if err := g.load(f.d, step); err != nil {
 			return nil, fmt.Errorf("forward: step %d: graph inputs: %w", step.Outputs.StepID, err)
 		}
-	} else if step.FromRow != nil {
+	} else {
 		if err := ResolvePlaceholders(f.d.Ops, step, step.Batch.InputIDs); err != nil {
+			return nil, fmt.Errorf("forward: %w", err)
+		}
+		if err := ShiftAccepted(f.d.Ops, step); err != nil {
 			return nil, fmt.Errorf("forward: %w", err)
 		}
 	}
@@ -194,7 +222,7 @@ func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResu
 	if err != nil {
 		return nil, fmt.Errorf("forward: step %d: %w", step.Outputs.StepID, err)
 	}
-	res := &ForwardResult{PreparedStep: step}
+	res := &ForwardResult{PreparedStep: step, Hidden: hidden}
 	if step.SampleRows != nil {
 		if res.Logits, err = f.d.Model.ComputeLogits(hidden, step.SampleRows); err != nil {
 			return nil, fmt.Errorf("forward: step %d: logits: %w", step.Outputs.StepID, err)

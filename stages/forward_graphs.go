@@ -154,7 +154,7 @@ func (d *decodeGraphs) capture(rt ForwardDeps, n int) (*decodeGraph, error) {
 // eagerly: not a pure decode step, more sequences than the largest size, or
 // a block table wider than the static ones.
 func (d *decodeGraphs) pick(step *PreparedStep) *decodeGraph {
-	if d == nil || step.Batch == nil {
+	if d == nil || step.Batch == nil || step.ShiftFrom != nil {
 		return nil
 	}
 	n := len(step.Seqs)
@@ -241,11 +241,17 @@ func (d *decodeGraphs) close() error {
 // layer's cache, through the host (rare: only when a forked sequence first
 // writes a shared partial block).
 func copyBlocks(rt ForwardDeps, copies []engine.BlockCopy) error {
+	return copyCacheBlocks(rt.Ops, rt.Cache, copies)
+}
+
+// copyCacheBlocks performs block copies in every layer of cache.
+func copyCacheBlocks(ops kernels.Ops, cache *models.KVCache, copies []engine.BlockCopy) error {
 	if len(copies) == 0 {
 		return nil
 	}
+	rt := struct{ Ops kernels.Ops }{ops}
 	var buf []byte
-	for _, layer := range [][]kernels.Tensor{rt.Cache.K, rt.Cache.V} {
+	for _, layer := range [][]kernels.Tensor{cache.K, cache.V} {
 		for _, t := range layer {
 			for _, c := range copies {
 				src, err := rt.Ops.Rows(t, c.Src, c.Src+1)

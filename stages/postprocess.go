@@ -125,9 +125,15 @@ func (p *Postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 			delete(p.done, seq)
 		}
 	}
-	sampled := make([]engine.SampledTokens, len(step.Rows))
-	for i, r := range step.Rows {
-		sampled[i] = engine.SampledTokens{SeqID: r.SeqID, TokenIDs: []int{step.Samples[i].Token}}
+	outcomes := step.Outcomes()
+	sampled := make([]engine.SampledTokens, len(outcomes))
+	numTokens := 0
+	for i, o := range outcomes {
+		sampled[i] = engine.SampledTokens{SeqID: o.Ref.SeqID, TokenIDs: o.TokenIDs}
+		if step.Drafts != nil {
+			sampled[i].Drafts = step.Drafts[i]
+		}
+		numTokens += len(o.TokenIDs)
 	}
 	var finished []engine.FinishedSequence
 	for i := range step.Seqs {
@@ -145,18 +151,13 @@ func (p *Postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 	}
 	now := time.Now()
 	var gathered []engine.RequestOutput
-	for i, r := range step.Rows {
+	for _, o := range outcomes {
+		r := o.Ref
 		if _, gone := p.done[r.SeqID]; gone {
 			continue // learned one step late: this row's work is discarded
 		}
 		st := p.state(r)
-		s := step.Samples[i]
-		out := engine.RequestOutput{
-			RequestID: r.RequestID, Index: r.Index, TokenIDs: []int{s.Token},
-		}
-		if s.Logprobs != nil {
-			out.Logprobs = []engine.TokenLogprobs{*s.Logprobs}
-		}
+		out := engine.RequestOutput{RequestID: r.RequestID, Index: r.Index}
 		if st.scheduled.IsZero() { // a fork: scheduled with its parent
 			st.scheduled = step.Planned
 			if parent := p.seqs[r.Meta.SeqID]; parent != nil && !parent.scheduled.IsZero() {
@@ -172,36 +173,10 @@ func (p *Postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 			}
 		}
 		out.FirstTokenTime = st.firstToken
-		st.numOut++
-		if st.stream != nil {
-			delta := st.stream.Step(s.Token)
-			text, stopped := st.stop.Append(delta)
-			out.Text = text
-			if stopped {
-				_, matched := st.stop.Stopped()
-				out.Finished, out.FinishReason, out.StopReason = true, engine.FinishStop, matched
-			}
-		}
-		if !out.Finished {
-			rule := engine.RuleFor(r.Meta.Params, p.d.EOSTokenIDs, p.d.MaxModelLen)
-			if reason := engine.CheckFinish(rule, st.numOut, r.Meta.NumPromptTokens+st.numOut, s.Token); reason != engine.FinishNone {
-				out.Finished, out.FinishReason = true, reason
-				if reason == engine.FinishStop {
-					out.StopReason = strconv.Itoa(s.Token)
-				}
-				if st.stream != nil {
-					// The text the stream still holds (a character the last
-					// token left incomplete) goes out now; a stop string in it
-					// ends the text there.
-					more, stopped := st.stop.Append(st.stream.Flush())
-					out.Text += more
-					if stopped {
-						_, out.StopReason = st.stop.Stopped()
-						out.FinishReason = engine.FinishStop
-					} else {
-						out.Text += st.stop.Flush()
-					}
-				}
+		for j, tok := range o.TokenIDs {
+			p.appendToken(st, r, &out, tok, o.Logprobs[j])
+			if out.Finished {
+				break
 			}
 		}
 		if out.Finished {
@@ -214,5 +189,48 @@ func (p *Postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 			gathered = append(gathered, out)
 		}
 	}
-	return &StepOutputs{StepID: id, Sampled: sampled, Finished: finished, NumTokens: len(sampled), Done: now, Outputs: gathered}, nil
+	return &StepOutputs{StepID: id, Sampled: sampled, Finished: finished, NumTokens: numTokens, Done: now, Outputs: gathered}, nil
+}
+
+// appendToken adds one emitted token to a sequence's output increment:
+// its text (with stop strings checked) and logprobs, and the finish the
+// token-level rule finds (engine.CheckFinish), flushing the text the
+// stream still holds when the sequence ends.
+func (p *Postprocess) appendToken(st *seqText, r RowRef, out *engine.RequestOutput, tok int, lp *engine.TokenLogprobs) {
+	out.TokenIDs = append(out.TokenIDs, tok)
+	if lp != nil {
+		out.Logprobs = append(out.Logprobs, *lp)
+	}
+	st.numOut++
+	if st.stream != nil {
+		delta := st.stream.Step(tok)
+		text, stopped := st.stop.Append(delta)
+		out.Text += text
+		if stopped {
+			_, matched := st.stop.Stopped()
+			out.Finished, out.FinishReason, out.StopReason = true, engine.FinishStop, matched
+			return
+		}
+	}
+	rule := engine.RuleFor(r.Meta.Params, p.d.EOSTokenIDs, p.d.MaxModelLen)
+	reason := engine.CheckFinish(rule, st.numOut, r.Meta.NumPromptTokens+st.numOut, tok)
+	if reason == engine.FinishNone {
+		return
+	}
+	out.Finished, out.FinishReason = true, reason
+	if reason == engine.FinishStop {
+		out.StopReason = strconv.Itoa(tok)
+	}
+	if st.stream != nil {
+		// The text the stream still holds (a character the last token left
+		// incomplete) goes out now; a stop string in it ends the text there.
+		more, stopped := st.stop.Append(st.stream.Flush())
+		out.Text += more
+		if stopped {
+			_, out.StopReason = st.stop.Stopped()
+			out.FinishReason = engine.FinishStop
+		} else {
+			out.Text += st.stop.Flush()
+		}
+	}
 }

@@ -24,7 +24,11 @@ type PrepareDeps struct {
 	Ops       kernels.Ops
 	BlockSize int // tokens per KV block
 	NumBlocks int // blocks in the KV cache (bounds the block tables)
-	Stats     *Stats
+	// NumSpeculativeTokens is the scheduler's k (0: no speculative
+	// decoding): with it, placeholder inputs index the previous step's
+	// next-input table, 1+k entries a sample row.
+	NumSpeculativeTokens int
+	Stats                *Stats
 }
 
 // RegisterPrepare registers a prepare implementation in r (nil: the
@@ -32,6 +36,9 @@ type PrepareDeps struct {
 func RegisterPrepare[O any](r *pipeline.Registry, name string, defaults O, build func(PrepareDeps, O) (PrepareStage, error)) {
 	register(r, "prepare", name, defaults, func(e *Env) PrepareDeps {
 		d := PrepareDeps{Ops: e.Ops, Stats: e.Stats}
+		if e.Scheduler != nil {
+			d.NumSpeculativeTokens = e.Scheduler.Config().NumSpeculativeTokens
+		}
 		if e.Cache != nil {
 			d.BlockSize, d.NumBlocks = e.Cache.BlockSize, e.Cache.NumBlocks
 		}
@@ -45,12 +52,18 @@ func init() {
 	})
 }
 
-// RowRef says which sequence a logits row samples for.
+// RowRef says which sequence a logits row samples for. Without
+// speculative decoding each logits row is one of the scheduler's sample
+// rows; with it, a decode verifying d drafts has d+1 logits rows, all with
+// the same Row, at Offset 0..d: the row at Offset j scores the token after
+// the sequence's last known token and its first j drafts.
 type RowRef struct {
 	Meta      *engine.SequenceMetadata
 	SeqID     engine.SeqID
 	Index     int // the sequence's index among its request's n outputs
 	RequestID string
+	Row       int // the scheduler's sample row (SequenceMetadata.SampleRow, or a fork's)
+	Offset    int // drafts before this row (0 without speculation)
 }
 
 // PreparedStep is a step's input in backend memory (prepare -> forward).
@@ -58,16 +71,25 @@ type PreparedStep struct {
 	*ScheduledStep
 	Batch *models.ForwardBatch
 	// SampleRows (I32) are the token rows whose logits are computed: one per
-	// sample row of the step (a forked sequence repeats its parent's row),
-	// then one per PromptRows entry.
+	// entry of Rows (a forked sequence repeats its parent's row), then one
+	// per PromptRows entry.
 	SampleRows kernels.Tensor
-	Rows       []RowRef
+	// Rows has one entry per logits row that samples, in the scheduler's
+	// sample-row order (a speculative decode's rows together, by Offset).
+	Rows []RowRef
 	// PromptRows are extra logits rows, after the sample rows, that score
 	// prompt tokens for prompt_logprobs.
 	PromptRows []PromptRow
 	// FromRow (I32 [num_tokens]) is set when inputs are placeholders: the
-	// previous step's sample row each input comes from, -1 for known ones.
+	// entry of the previous step's next-input table each input comes from
+	// (its sample row, or with speculative decoding row*(1+k)+j), -1 for
+	// known ones.
 	FromRow kernels.Tensor
+	// ShiftFrom (I32 [num_seqs]) is set when some sequence's layout assumes
+	// the previous step accepted no draft (SequenceMetadata.Shifted):
+	// the forward stage shifts them by the accepted counts of the step
+	// before (kernels.Ops.ShiftAccepted) before it runs.
+	ShiftFrom kernels.Tensor
 	// Previous is the step before's *SampledStep, which the loop's lagged
 	// edge from sample hands the forward slot before this step runs (nil
 	// for the first step). Forward reads its Tokens (or Samples) to resolve
@@ -90,12 +112,15 @@ type prepare struct{ d PrepareDeps }
 func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep, error) {
 	h := &models.HostBatch{BlockSize: p.d.BlockSize}
 	numRows := step.Outputs.NumSampleRows
-	rows := make([]RowRef, numRows)
-	sampleRows := make([]int32, numRows)
+	rows := make([]RowRef, 0, numRows+step.Outputs.NumDraftTokens)
+	sampleRows := make([]int32, 0, cap(rows))
 	var promptRows []PromptRow
 	var promptRowIdx []int32
 	fromRow := make([]int32, 0, step.Outputs.NumBatchedTokens)
-	placeholders := false
+	shiftFrom := make([]int32, len(step.Seqs))
+	placeholders, shifted := false, false
+	stride := 1 + p.d.NumSpeculativeTokens
+	nextRow := 0
 	for i := range step.Seqs {
 		m := &step.Seqs[i]
 		first := int32(len(h.InputIDs))
@@ -110,7 +135,7 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 				if m.InputFromRow < 0 {
 					return nil, fmt.Errorf("prepare: step %d: sequence %d: a placeholder without a source row", step.Outputs.StepID, m.SeqID)
 				}
-				from = int32(m.InputFromRow)
+				from = int32(m.InputFromRow*stride + j)
 				placeholders = true
 				if p.d.Stats != nil {
 					p.d.Stats.Placeholders.Add(1)
@@ -118,6 +143,10 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 			}
 			ids[j] = int32(id)
 			fromRow = append(fromRow, from)
+		}
+		shiftFrom[i] = -1
+		if m.Shifted {
+			shiftFrom[i], shifted = int32(m.InputFromRow), true
 		}
 		table := make([]int32, len(m.BlockTable))
 		for j, b := range m.BlockTable {
@@ -127,29 +156,33 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 		if !m.Sample {
 			continue
 		}
+		if m.SampleRow != nextRow || m.NumDrafts >= len(ids) {
+			return nil, fmt.Errorf("prepare: step %d: sequence %d samples row %d with %d drafts over %d inputs, want row %d",
+				step.Outputs.StepID, m.SeqID, m.SampleRow, m.NumDrafts, len(ids), nextRow)
+		}
 		last := int32(len(h.InputIDs) - 1)
-		put := func(r int, id engine.SeqID, index int) error {
-			if r < 0 || r >= numRows {
-				return fmt.Errorf("prepare: step %d: sample row %d outside [0, %d)", step.Outputs.StepID, r, numRows)
-			}
-			rows[r] = RowRef{Meta: m, SeqID: id, Index: index, RequestID: m.RequestID}
-			sampleRows[r] = last
-			return nil
+		for j := 0; j <= m.NumDrafts; j++ {
+			rows = append(rows, RowRef{Meta: m, SeqID: m.SeqID, Index: m.SampleIndex, RequestID: m.RequestID, Row: m.SampleRow, Offset: j})
+			sampleRows = append(sampleRows, last-int32(m.NumDrafts-j))
 		}
-		if err := put(m.SampleRow, m.SeqID, m.SampleIndex); err != nil {
-			return nil, err
-		}
+		nextRow++
 		for j, fork := range m.ForkSeqIDs {
-			if err := put(m.SampleRow+1+j, fork, j+1); err != nil {
-				return nil, err
-			}
+			rows = append(rows, RowRef{Meta: m, SeqID: fork, Index: j + 1, RequestID: m.RequestID, Row: nextRow})
+			sampleRows = append(sampleRows, last)
+			nextRow++
 		}
 	}
-	// The placeholders' source rows and the rows that sample go up with the
-	// batch, in one copy.
+	if nextRow != numRows {
+		return nil, fmt.Errorf("prepare: step %d: %d sample rows laid out, the scheduler planned %d", step.Outputs.StepID, nextRow, numRows)
+	}
+	// The placeholders' sources, the shifts and the rows that sample go up
+	// with the batch, in one copy.
 	var extra [][]int32
 	if placeholders {
 		extra = append(extra, fromRow)
+	}
+	if shifted {
+		extra = append(extra, shiftFrom)
 	}
 	all := append(sampleRows, promptRowIdx...)
 	if len(all) > 0 {
@@ -164,6 +197,11 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 		// Resolved by the forward stage right before it runs, as a device
 		// stream would: step N's tokens may still be being sampled.
 		out.FromRow, views = views[0], views[1:]
+	}
+	if shifted {
+		// So are the shifts; the kernels size their scratch for the longest.
+		out.ShiftFrom, views = views[0], views[1:]
+		batch.Attn.MaxSeqlenK += p.d.NumSpeculativeTokens
 	}
 	if len(all) > 0 {
 		out.SampleRows = views[0]

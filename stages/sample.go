@@ -42,7 +42,14 @@ func RegisterSample[O any](r *pipeline.Registry, name string, defaults O, build 
 		}
 		return SampleDeps{Ops: e.Ops, VocabSize: e.vocabSize(), EOSTokenIDs: eos, Stats: e.Stats}
 	}, build, func(s SampleStage) *pipeline.Node {
-		return withLagged(s, func(res *ForwardResult, prev *StepOutputs) { res.PreviousOutputs = prev })
+		// The step before's outputs stay on the result (the verify and draft
+		// stages read them too): a *StepOutputs holds no step, so keeping it
+		// keeps no chain of steps alive.
+		return withLagged(s, func(res *ForwardResult, prev *StepOutputs) {
+			if prev != nil {
+				res.PreviousOutputs = prev
+			}
+		})
 	})
 }
 
@@ -51,11 +58,39 @@ func RegisterSample[O any](r *pipeline.Registry, name string, defaults O, build 
 // for it, which its metadata (planned before they were known) lacks; nil
 // otherwise.
 func PendingTokens(res *ForwardResult, m *engine.SequenceMetadata) []int {
+	if st := previousRow(res, m); st != nil {
+		return st.TokenIDs
+	}
+	return nil
+}
+
+// StepDrafts returns the drafts a speculative decode verifies in this step
+// (m.NumDrafts at most; nil for other rows): its known input tokens after
+// the first, or, when its inputs were placeholders, the drafts the step
+// before proposed (fewer than m.NumDrafts when the drafter proposed fewer:
+// the rows past them are padding, verified against nothing).
+func StepDrafts(res *ForwardResult, m *engine.SequenceMetadata) []int {
+	if m.NumDrafts == 0 {
+		return nil
+	}
+	if !m.Shifted {
+		return m.InputTokenIDs[1 : 1+m.NumDrafts]
+	}
+	st := previousRow(res, m)
+	if st == nil {
+		return nil
+	}
+	return st.Drafts[:min(len(st.Drafts), m.NumDrafts)]
+}
+
+// previousRow returns the previous step's outcome for m's placeholder
+// inputs (nil when m has none).
+func previousRow(res *ForwardResult, m *engine.SequenceMetadata) *engine.SampledTokens {
 	prev := res.PreviousOutputs
 	if m.InputFromRow < 0 || prev == nil || prev.StepID != res.Outputs.StepID-1 || m.InputFromRow >= len(prev.Sampled) {
 		return nil
 	}
-	return prev.Sampled[m.InputFromRow].TokenIDs
+	return &prev.Sampled[m.InputFromRow]
 }
 
 // Sample is the outcome of one sample row.
@@ -75,6 +110,44 @@ type SampledStep struct {
 	Tokens kernels.Tensor
 	// PromptLogprobs has one entry per PromptRows row.
 	PromptLogprobs []engine.TokenLogprobs
+
+	// With speculative decoding the verify stage sets Verified, and the
+	// draft stage Drafts, Next and Accepted (see those slots).
+	//
+	// Verified has one entry per sample row of the scheduler: the tokens
+	// the row emits (accepted drafts, then the target's next token).
+	Verified []VerifiedRow
+	// Drafts has one entry per sample row: the drafter's proposal for the
+	// sequence's next step (up to k tokens; none is allowed).
+	Drafts [][]int
+	// Next (I32 [rows*(1+k)]) is the next step's input table in backend
+	// memory: per sample row, the row's last emitted token then its drafts
+	// (padded to k with that token); a placeholder input of the next step
+	// reads it (ResolvePlaceholders). Accepted (I32 [rows]) is each row's
+	// accepted draft count, by which the next step's layout shifts
+	// (ShiftAccepted).
+	Next, Accepted kernels.Tensor
+}
+
+// VerifiedRow is the outcome of one of the scheduler's sample rows.
+type VerifiedRow struct {
+	Ref       RowRef
+	TokenIDs  []int                   // 1..NumDrafts+1 tokens
+	Logprobs  []*engine.TokenLogprobs // per token; nil entries when not asked
+	NumDrafts int                     // drafts verified
+}
+
+// Outcomes returns the step's outcome per sample row of the scheduler:
+// Verified when a verify stage set it, else one token per row of Rows.
+func (s *SampledStep) Outcomes() []VerifiedRow {
+	if s.Verified != nil {
+		return s.Verified
+	}
+	out := make([]VerifiedRow, len(s.Rows))
+	for i, r := range s.Rows {
+		out[i] = VerifiedRow{Ref: r, TokenIDs: []int{s.Samples[i].Token}, Logprobs: []*engine.TokenLogprobs{s.Samples[i].Logprobs}}
+	}
+	return out
 }
 
 // hostLogits downloads a step's logits as rows of float32 into buf (grown

@@ -97,7 +97,7 @@ func (s *sample) Process(ctx context.Context, res *ForwardResult) (*SampledStep,
 			b.reset(vocab)
 			for r := lo; r < hi; r++ {
 				ref := res.Rows[r]
-				row, err := b.row(ref.Meta, ref.Index, eos, PendingTokens(res, ref.Meta))
+				row, err := b.row(ref.Meta, ref.Index, eos, rowHistory(res, ref))
 				if err == nil && !onDev {
 					out.Samples[r], err = sampleHost(logits[r], &row, s.scratch[w])
 				}
@@ -118,6 +118,19 @@ func (s *sample) Process(ctx context.Context, res *ForwardResult) (*SampledStep,
 		return sampleOnDevice(s.d, s.early, s.dev, res, s.rows, &s.timer)
 	}
 	return out, endSample(s.d, out, nil)
+}
+
+// rowHistory returns the tokens a row's sequence has beyond its metadata:
+// the previous step's (PendingTokens) and, for the row at Offset j of a
+// speculative decode, its first j drafts (as if accepted: the row is the
+// target's distribution after them).
+func rowHistory(res *ForwardResult, ref RowRef) []int {
+	pending := PendingTokens(res, ref.Meta)
+	if ref.Offset == 0 {
+		return pending
+	}
+	drafts := StepDrafts(res, ref.Meta)
+	return append(slices.Clip(pending), drafts[:min(ref.Offset, len(drafts))]...)
 }
 
 // onDevice reports whether a step can be sampled on the device: it has

@@ -1,7 +1,9 @@
 package stages
 
 import (
+	"fmt"
 	"math"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -34,6 +36,10 @@ type Stats struct {
 	devSample, decodeSample             atomic.Int64 // device sampling time (sampleTimer)
 	forwardDeferred                     atomic.Bool  // the forward stage does not wait for the device
 	deviceErr                           atomic.Pointer[string]
+
+	// Speculative decoding (RecordSpec; see Spec).
+	specDrafts, specDraftTokens, specAccepted atomic.Int64
+	specDraftedPos, specAcceptedPos           [MaxSpecPositions]atomic.Int64
 }
 
 func addFloat(a *atomic.Uint64, v float64) {
@@ -256,4 +262,152 @@ func (s *Stats) recordDevicePair(busy, span time.Duration, decode bool) {
 func (s *Stats) deviceTimelineFailed(err error) {
 	msg := err.Error()
 	s.deviceErr.Store(&msg)
+}
+
+// MaxSpecPositions is the number of draft positions whose acceptance
+// RecordSpec counts one by one: the largest num_speculative_tokens the
+// config allows.
+const MaxSpecPositions = 16
+
+// RecordSpec counts one verified draft: numDrafts draft tokens proposed
+// for one sequence in one step and verified, of which the first
+// numAccepted were accepted. The verify stage calls it once per sequence
+// per step; numDrafts 0 (nothing drafted) counts nothing. numAccepted is
+// clamped to [0, numDrafts]. Positions past MaxSpecPositions count in the
+// totals only. Safe for concurrent use; cost: a few atomic adds per
+// draft position.
+//
+// The counters are added in the reverse of the order Spec loads them, so
+// that a snapshot taken during a call never shows more accepted tokens
+// than drafted ones (in total or at a position) nor more tokens than its
+// drafts account for.
+func (s *Stats) RecordSpec(numDrafts, numAccepted int) {
+	if numDrafts <= 0 {
+		return
+	}
+	numAccepted = min(max(numAccepted, 0), numDrafts)
+	s.specDrafts.Add(1)
+	s.specDraftTokens.Add(int64(numDrafts))
+	for i := range min(numDrafts, MaxSpecPositions) {
+		s.specDraftedPos[i].Add(1)
+	}
+	for i := range min(numAccepted, MaxSpecPositions) {
+		s.specAcceptedPos[i].Add(1)
+	}
+	s.specAccepted.Add(int64(numAccepted))
+}
+
+// SpecStats is a snapshot of the speculative-decoding counters (Stats.Spec),
+// vLLM's spec-decode metrics.
+type SpecStats struct {
+	NumDrafts         int64 // verified drafts: sequence-steps that drafted at least one token
+	NumDraftTokens    int64 // draft tokens proposed and verified
+	NumAcceptedTokens int64 // draft tokens accepted
+	// AcceptedPerPos[i] counts the drafts whose token at position i (from
+	// 0) was accepted; DraftedPerPos[i] the drafts that had a token at
+	// position i. Both end at the last position any draft reached (at most
+	// MaxSpecPositions); nil when no draft was verified.
+	AcceptedPerPos, DraftedPerPos []int64
+}
+
+// Spec returns the speculative-decoding counters so far. Cost: a few
+// dozen atomic loads and two small slices.
+func (s *Stats) Spec() SpecStats {
+	// Loaded in the reverse of RecordSpec's order (see there).
+	var acc, drafted [MaxSpecPositions]int64
+	out := SpecStats{NumAcceptedTokens: s.specAccepted.Load()}
+	for i := range acc {
+		acc[i] = s.specAcceptedPos[i].Load()
+	}
+	n := 0
+	for i := range drafted {
+		if drafted[i] = s.specDraftedPos[i].Load(); drafted[i] > 0 {
+			n = i + 1
+		}
+	}
+	out.NumDraftTokens = s.specDraftTokens.Load()
+	out.NumDrafts = s.specDrafts.Load()
+	if n > 0 {
+		out.AcceptedPerPos = append([]int64(nil), acc[:n]...)
+		out.DraftedPerPos = append([]int64(nil), drafted[:n]...)
+	}
+	return out
+}
+
+// Sub returns the counts since prev (a snapshot taken earlier), for a
+// report over an interval.
+func (sp SpecStats) Sub(prev SpecStats) SpecStats {
+	sub := func(a, b []int64) []int64 {
+		if len(a) == 0 {
+			return nil
+		}
+		out := append([]int64(nil), a...)
+		for i := range min(len(a), len(b)) {
+			out[i] -= b[i]
+		}
+		return out
+	}
+	return SpecStats{
+		NumDrafts:         sp.NumDrafts - prev.NumDrafts,
+		NumDraftTokens:    sp.NumDraftTokens - prev.NumDraftTokens,
+		NumAcceptedTokens: sp.NumAcceptedTokens - prev.NumAcceptedTokens,
+		AcceptedPerPos:    sub(sp.AcceptedPerPos, prev.AcceptedPerPos),
+		DraftedPerPos:     sub(sp.DraftedPerPos, prev.DraftedPerPos),
+	}
+}
+
+// AcceptanceRate is the share of draft tokens accepted (0 when none was
+// drafted).
+func (sp SpecStats) AcceptanceRate() float64 {
+	if sp.NumDraftTokens <= 0 {
+		return 0
+	}
+	return float64(sp.NumAcceptedTokens) / float64(sp.NumDraftTokens)
+}
+
+// MeanAcceptedLength is vLLM's "mean acceptance length": the tokens a
+// sequence emits per verify step, 1 + accepted tokens per draft (the
+// verify step's own token plus the accepted ones); 0 when no draft was
+// verified.
+func (sp SpecStats) MeanAcceptedLength() float64 {
+	if sp.NumDrafts <= 0 {
+		return 0
+	}
+	return 1 + float64(sp.NumAcceptedTokens)/float64(sp.NumDrafts)
+}
+
+// PerPosAcceptanceRate returns, for each draft position, the share of the
+// drafts reaching it whose token there was accepted
+// (AcceptedPerPos[i]/DraftedPerPos[i]; 0 where none reached it). With
+// drafts of a fixed length k it is vLLM's per-position acceptance rate
+// (accepted at position i / drafts); with drafts of varying length
+// (ngram, a confidence threshold) a position is judged only by the drafts
+// that reached it.
+func (sp SpecStats) PerPosAcceptanceRate() []float64 {
+	out := make([]float64, len(sp.AcceptedPerPos))
+	for i, a := range sp.AcceptedPerPos {
+		if i < len(sp.DraftedPerPos) && sp.DraftedPerPos[i] > 0 {
+			out[i] = float64(a) / float64(sp.DraftedPerPos[i])
+		}
+	}
+	return out
+}
+
+// String is the stats line's summary of sp, as
+// "accept 0.62, mean len 2.9, per-pos 0.81/0.64/0.47/0.30": the
+// acceptance rate, the mean acceptance length and the per-position
+// acceptance rates. Empty when no draft was verified.
+func (sp SpecStats) String() string {
+	if sp.NumDrafts <= 0 {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "accept %.2f, mean len %.1f, per-pos ", sp.AcceptanceRate(), sp.MeanAcceptedLength())
+	for i, r := range sp.PerPosAcceptanceRate() {
+		if i > 0 {
+			b.WriteByte('/')
+		}
+		fmt.Fprintf(&b, "%.2f", r)
+	}
+	return b.String()
 }

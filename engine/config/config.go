@@ -144,15 +144,22 @@ type CUDAGraph struct {
 	BatchSizes []int `yaml:"batch_sizes"` // captured decode batch sizes, ascending
 }
 
-// Speculative configures speculative decoding; Method "" turns it off.
+// Speculative configures speculative decoding; Method "" or "none" turns
+// it off.
 type Speculative struct {
-	Method               string  `yaml:"method"`                 // "", "ngram", "mtp" or "dspark"
+	// Method picks the drafter: ngram (prompt lookup), mtp (the target's
+	// multi-token-prediction layers), draft_model (a smaller model of the
+	// same vocabulary, DraftModel) or dspark.
+	Method               string  `yaml:"method"`
 	NumSpeculativeTokens int     `yaml:"num_speculative_tokens"` // draft length k
 	ConfidenceThreshold  float64 `yaml:"confidence_threshold"`   // dspark: verify the draft prefix above this confidence
-	DraftModel           string  `yaml:"draft_model"`            // dspark: drafter directory
-	NgramMin             int     `yaml:"ngram_min"`              // ngram: shortest match
-	NgramMax             int     `yaml:"ngram_max"`              // ngram: longest match
+	DraftModel           string  `yaml:"draft_model"`            // draft_model, dspark: the drafter's directory
+	PromptLookupMin      int     `yaml:"prompt_lookup_min"`      // ngram: shortest suffix looked up
+	PromptLookupMax      int     `yaml:"prompt_lookup_max"`      // ngram: longest suffix looked up
 }
+
+// Enabled reports whether speculative decoding is on.
+func (s Speculative) Enabled() bool { return s.Method != "" && s.Method != "none" }
 
 // StructuredOutput configures grammar compilation for JSON schema, regex and
 // EBNF constraints.
@@ -202,8 +209,8 @@ func Default() Config {
 		Speculative: Speculative{
 			NumSpeculativeTokens: 4,
 			ConfidenceThreshold:  0.5,
-			NgramMin:             2,
-			NgramMax:             4,
+			PromptLookupMin:      2,
+			PromptLookupMax:      4,
 		},
 		StructuredOutput: StructuredOutput{Workers: 2, CacheSize: 256},
 		Pipeline:         Pipeline{EdgeCapacity: 2},

@@ -105,7 +105,7 @@ func TestParse(t *testing.T) {
 		{
 			name: "out of range values are all reported",
 			yaml: "model: m\ndevice: tpu\ncache:\n  block_size: 12\nspeculative:\n  method: medusa\n",
-			want: []string{"device: must be cpu or cuda", "cache.block_size: must be a power of two", `speculative.method: must be empty (off), ngram, mtp or dspark, got "medusa"`},
+			want: []string{"device: must be cpu or cuda", "cache.block_size: must be a power of two", `speculative.method: must be none (or empty), ngram, mtp, draft_model or dspark, got "medusa"`},
 		},
 		{
 			name: "decode attention chunk",

@@ -102,9 +102,9 @@ func (c *Config) Validate() error {
 		bad("cuda_graph.enabled", "needs device: cuda")
 	}
 	s := c.Speculative
-	methods := []string{"", "ngram", "mtp", "dspark"}
+	methods := []string{"", "none", "ngram", "mtp", "draft_model", "dspark"}
 	if !slices.Contains(methods, s.Method) {
-		bad("speculative.method", "must be empty (off), ngram, mtp or dspark, got %q", s.Method)
+		bad("speculative.method", "must be none (or empty), ngram, mtp, draft_model or dspark, got %q", s.Method)
 	}
 	if s.NumSpeculativeTokens < 1 || s.NumSpeculativeTokens > 16 {
 		bad("speculative.num_speculative_tokens", "must be in [1, 16], got %d", s.NumSpeculativeTokens)
@@ -112,11 +112,11 @@ func (c *Config) Validate() error {
 	if s.ConfidenceThreshold < 0 || s.ConfidenceThreshold > 1 {
 		bad("speculative.confidence_threshold", "must be in [0, 1], got %g", s.ConfidenceThreshold)
 	}
-	if s.Method == "dspark" && s.DraftModel == "" {
-		bad("speculative.draft_model", "must name the drafter directory when speculative.method is dspark")
+	if (s.Method == "dspark" || s.Method == "draft_model") && s.DraftModel == "" {
+		bad("speculative.draft_model", "must name the drafter's directory when speculative.method is %s", s.Method)
 	}
-	if s.NgramMin < 1 || s.NgramMax < s.NgramMin {
-		bad("speculative.ngram_min/ngram_max", "need 1 <= ngram_min <= ngram_max, got %d and %d", s.NgramMin, s.NgramMax)
+	if s.PromptLookupMin < 1 || s.PromptLookupMax < s.PromptLookupMin {
+		bad("speculative.prompt_lookup_min/prompt_lookup_max", "need 1 <= prompt_lookup_min <= prompt_lookup_max, got %d and %d", s.PromptLookupMin, s.PromptLookupMax)
 	}
 	o := c.StructuredOutput
 	if o.Workers < 1 {

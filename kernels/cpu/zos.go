@@ -39,3 +39,59 @@ func (b *Backend) ResolvePlaceholders(ids, fromRow, sampled kernels.Tensor) erro
 	}
 	return nil
 }
+
+// ShiftAccepted implements kernels.Ops: shifts the positions, slots and
+// key counts of the sequences laid out before their previous step's
+// accepted draft counts were known.
+func (b *Backend) ShiftAccepted(m *kernels.AttentionMetadata, positions, shiftFrom, accepted kernels.Tensor) error {
+	const op = "shift_accepted"
+	if err := b.checkOpen(op); err != nil {
+		return err
+	}
+	r, width, err := kernels.ShiftShapes("cpu", m, positions, shiftFrom, accepted)
+	if err != nil {
+		return err
+	}
+	ts := map[string]kernels.Tensor{"cu_seqlens_q": m.CuSeqlensQ, "seqlens_k": m.SeqlensK, "block_tables": m.BlockTables,
+		"slot_mapping": m.SlotMapping, "positions": positions, "shift_from": shiftFrom, "accepted": accepted}
+	c := map[string]*Tensor{}
+	for name, x := range ts {
+		t, err := asCPU(op, name, x)
+		if err != nil {
+			return err
+		}
+		c[name] = t
+	}
+	cu, seqK, tables, slots, pos := c["cu_seqlens_q"].i32, c["seqlens_k"].i32, c["block_tables"].i32, c["slot_mapping"].i32, c["positions"].i32
+	acc := c["accepted"].i32
+	bs := int32(m.BlockSize)
+	shift := c["shift_from"].i32
+	// Check every sequence before writing any, so that an error changes nothing.
+	for s, from := range shift {
+		if from < 0 {
+			continue
+		}
+		if int(from) >= r || acc[from] < 0 {
+			return fmt.Errorf("cpu: %s: shift_from[%d] = %d, %d accepted rows: %w", op, s, from, r, kernels.ErrOutOfRange)
+		}
+		for i := cu[s]; i < cu[s+1]; i++ {
+			p := pos[i] + acc[from]
+			if blk := int(p / bs); blk >= width || tables[s*width+blk] < 0 {
+				return fmt.Errorf("cpu: %s: sequence %d: position %d has no block: %w", op, s, p, kernels.ErrOutOfRange)
+			}
+		}
+	}
+	for s, from := range shift {
+		if from < 0 {
+			continue
+		}
+		a := acc[from]
+		for i := cu[s]; i < cu[s+1]; i++ {
+			p := pos[i] + a
+			pos[i] = p
+			slots[i] = tables[s*width+int(p/bs)]*bs + p%bs
+		}
+		seqK[s] += a
+	}
+	return nil
+}

@@ -114,6 +114,10 @@ static inline int c_moe(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr id
 static inline int c_resolve(di_api *a, di_ctx *c, di_dptr ids, di_dptr from, di_dptr sampled, int t, int r) {
 	return a->resolve_placeholders(c, ids, from, sampled, t, r);
 }
+static inline int c_shift_accepted(di_api *a, di_ctx *c, di_dptr pos, di_dptr slots, di_dptr seqk, di_dptr cu, di_dptr tables,
+                                   di_dptr from, di_dptr acc, int n, int t, int width, int bs, int r) {
+	return a->shift_accepted(c, pos, slots, seqk, cu, tables, from, acc, n, t, width, bs, r);
+}
 static inline int c_logits(di_api *a, di_ctx *c, di_dptr out, di_dptr hidden, di_dptr rows, int r, int t, di_dptr norm, di_dptr head,
                     int dt, int dim, int vocab, float eps) {
 	return a->logits(c, out, hidden, rows, r, t, norm, head, dt, dim, vocab, eps);

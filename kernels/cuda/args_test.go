@@ -93,6 +93,14 @@ func TestBadCallsFailAsOnCPU(t *testing.T) {
 		{"resolve_placeholders", func(ops kernels.Ops, n mk) error {
 			return ops.ResolvePlaceholders(n(i32, 3), n(i32, 2), n(i32, 2))
 		}},
+		{"shift_accepted", func(ops kernels.Ops, n mk) error {
+			m := meta(n, 3)
+			m.SlotMapping = n(i32, 3)
+			return ops.ShiftAccepted(m, n(i32, 2), n(i32, 1), n(i32, 4))
+		}},
+		{"shift_accepted metadata", func(ops kernels.Ops, n mk) error {
+			return ops.ShiftAccepted(meta(n, 3), n(i32, 3), n(i32, 1), n(i32, 4))
+		}},
 		{"logits", func(ops kernels.Ops, n mk) error {
 			return ops.Logits(n(f32, 2, 10), n(f32, 4, 8), n(i32, 2), n(f32, 7), n(f32, 10, 8), 1e-6)
 		}},

@@ -912,6 +912,67 @@ extern "C" int di_op_resolve_placeholders(di_ctx *ctx, di_dptr ids, di_dptr from
 	return di_check_launch(ctx, "resolve_placeholders");
 }
 
+// ---------------------------------------------------------------- shift_accepted
+
+#define SHIFT_THREADS 64
+
+// One block per sequence. Every value that decides whether sequence s is
+// shifted (its row, its count, its token range) is the same for the whole
+// block, so the early returns are uniform; the new positions of all its
+// tokens are checked before any is written, so a sequence that sets
+// DI_CHECK_SHIFT is left as it was. Thread 0 alone updates seqlens_k[s].
+__global__ void __launch_bounds__(SHIFT_THREADS)
+di_shift_k(int *positions, int *slots, int *seqlens_k, const int *cu, const int *tables, const int *shift_from,
+           const int *accepted, int num_tokens, int width, int block_size, int r, unsigned *check) {
+	di_pdl_wait();
+	const int s = blockIdx.x;
+	const int f = shift_from[s];
+	if (f < 0) return;
+	if (f >= r) {
+		if (threadIdx.x == 0) atomicOr(check, DI_CHECK_SHIFT);
+		return;
+	}
+	const int a = accepted[f];
+	const int b = cu[s], e = cu[s + 1];
+	if (a < 0 || b < 0 || b > e || e > num_tokens) {
+		if (threadIdx.x == 0) atomicOr(check, DI_CHECK_SHIFT);
+		return;
+	}
+	const int *table = tables + (size_t)s * width;
+	int bad = 0;
+	for (int i = b + (int)threadIdx.x; i < e; i += blockDim.x) {
+		const long long p = (long long)positions[i] + a;
+		if (p < 0 || p / block_size >= width || table[p / block_size] < 0) bad = 1;
+	}
+	if (__syncthreads_or(bad)) {
+		if (threadIdx.x == 0) atomicOr(check, DI_CHECK_SHIFT);
+		return;
+	}
+	// Each thread rewrites the tokens it checked: positions[i] is read and
+	// written by one thread only.
+	for (int i = b + (int)threadIdx.x; i < e; i += blockDim.x) {
+		const int p = positions[i] + a;
+		positions[i] = p;
+		slots[i] = table[p / block_size] * block_size + p % block_size;
+	}
+	if (threadIdx.x == 0) seqlens_k[s] += a;
+}
+
+extern "C" int di_op_shift_accepted(di_ctx *ctx, di_dptr positions, di_dptr slot_mapping, di_dptr seqlens_k,
+                                    di_dptr cu_seqlens_q, di_dptr block_tables, di_dptr shift_from, di_dptr accepted,
+                                    int num_seqs, int num_tokens, int width, int block_size, int num_accepted) {
+	if (num_seqs < 0 || num_tokens < 0 || width < 0 || block_size <= 0 || num_accepted < 0)
+		return di_fail(ctx, DI_ERR_INVALID,
+		               "shift_accepted: %d sequences, %d tokens, block table width %d, block size %d, %d accepted rows",
+		               num_seqs, num_tokens, width, block_size, num_accepted);
+	if (num_seqs == 0) return DI_OK;
+	di_launch(ctx, di_shift_k, (unsigned)num_seqs, SHIFT_THREADS, 0, DI_PTR(int, positions), DI_PTR(int, slot_mapping),
+	          DI_PTR(int, seqlens_k), DI_PTR(const int, cu_seqlens_q), DI_PTR(const int, block_tables),
+	          DI_PTR(const int, shift_from), DI_PTR(const int, accepted), num_tokens, width, block_size, num_accepted,
+	          ctx->check);
+	return di_check_launch(ctx, "shift_accepted");
+}
+
 // ---------------------------------------------------------------- logits
 
 // One block per sampled row: gather and normalize (float64 sum of squares as

@@ -577,6 +577,36 @@ func (b *Backend) ResolvePlaceholders(ids, fromRow, sampled kernels.Tensor) erro
 	}, id, from, smp)
 }
 
+// ShiftAccepted shifts the positions, slots and key counts of the
+// sequences with shiftFrom[s] >= 0 by accepted[shiftFrom[s]], on the device
+// (see kernels.Ops); a row outside accepted, a negative count or a new
+// position without a block is reported by the next Download or Sync, and
+// leaves that sequence unchanged.
+func (b *Backend) ShiftAccepted(m *kernels.AttentionMetadata, positions, shiftFrom, accepted kernels.Tensor) error {
+	const op = "shift_accepted"
+	r, width, err := kernels.ShiftShapes("cuda", m, positions, shiftFrom, accepted)
+	if err != nil {
+		return err
+	}
+	var ts [7]*Tensor
+	for i, a := range []struct {
+		name string
+		x    kernels.Tensor
+	}{
+		{"positions", positions}, {"slot_mapping", m.SlotMapping}, {"seqlens_k", m.SeqlensK}, {"cu_seqlens_q", m.CuSeqlensQ},
+		{"block_tables", m.BlockTables}, {"shift_from", shiftFrom}, {"accepted", accepted},
+	} {
+		if ts[i], err = asCUDA(op, a.name, a.x); err != nil {
+			return err
+		}
+	}
+	pos, slots, seqK, cu, tables, from, acc := ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6]
+	return b.launch(op, func() C.int {
+		return C.c_shift_accepted(b.lib.api, b.ctx, pos.ptr(), slots.ptr(), seqK.ptr(), cu.ptr(), tables.ptr(), from.ptr(), acc.ptr(),
+			C.int(m.NumSeqs), C.int(m.NumTokens), C.int(width), C.int(m.BlockSize), C.int(r))
+	}, ts[:]...)
+}
+
 // Logits gathers rows of hidden, normalizes them and applies the LM head.
 func (b *Backend) Logits(out, hidden, rows, norm, head kernels.Tensor, eps float32) error {
 	const op = "logits"

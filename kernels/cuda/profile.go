@@ -187,4 +187,4 @@ func FormatOpProfile(prof []OpTime, top int) []string {
 // skipped, so only this package's tests and benchmarks set it.
 var skippable = []string{"add", "add_rms_norm", "attention", "concat", "embedding", "gated_mlp", "linear", "logits",
 	"mla_attention", "moe", "moe_route", "qkv_prepare", "resolve_placeholders", "rms_norm", "rope", "sample",
-	"silu_mul", "split_columns", "write_cache"}
+	"shift_accepted", "silu_mul", "split_columns", "write_cache"}

@@ -1,0 +1,89 @@
+package llm
+
+import (
+	"fmt"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"github.com/deepinfer/deepinfer-go/engine/config"
+)
+
+// Speculative decoding changes no token: the random workload (greedy and
+// seeded sampling, n > 1, stop strings and ids, prefix-cache hits, and a
+// cache small enough to preempt) gives the same outputs with each drafter,
+// ZOS off and on, as without speculation. Sampled rows match too, not
+// just in distribution: verification draws each row with the request's
+// draw at that output position (see stages.verify), and the CPU kernels
+// give a row the same bits in a verify batch as in a decode. Nothing
+// leaks, and the drafts are really verified.
+func TestSpeculativeSameTokens(t *testing.T) {
+	dir := tinyLlama(t)
+	writeCharTokenizer(t, dir)
+	testSpeculativeSameTokens(t, dir, []struct{ method, draft string }{{"ngram", ""}, {"draft_model", dir}}, 2)
+}
+
+// The same on the shipped DeepSeek-V3-architecture model with its trained
+// MTP layer.
+func TestSpeculativeMTPSameTokens(t *testing.T) {
+	testSpeculativeSameTokens(t, filepath.Join("..", "assets", "deepseek-tiny"), []struct{ method, draft string }{{"mtp", ""}}, 1)
+}
+
+func testSpeculativeSameTokens(t *testing.T, dir string, methods []struct{ method, draft string }, seeds uint64) {
+	for seed := range seeds {
+		w := randomWorkload(seed, 20)
+		clear(w.abortAt) // an abort lands after a number of emitted tokens, which speculation batches
+		run := func(method, draft string, zos, small bool) map[string]string {
+			l, err := NewLLM(tinyConfig(t, dir, func(c *config.Config) {
+				c.Pipeline.Impl = nil
+				c.ZOS.Enabled = zos
+				c.Speculative.Method = method
+				c.Speculative.DraftModel = draft
+				c.Speculative.NumSpeculativeTokens = 3
+				c.Speculative.PromptLookupMin = 1
+				if small {
+					c.Cache.NumBlocks = 16 // forces preemption
+				}
+			}), Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := runWorkload(t, l, w)
+			st := l.SchedulerStats()
+			spec := l.StepStats().Spec()
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if st.NumFreeBlocks != st.NumBlocks || st.NumFreeStateSlots != st.NumStateSlots {
+				t.Errorf("seed %d %s zos %v small %v: leaked: %d/%d blocks, %d/%d state slots free",
+					seed, method, zos, small, st.NumFreeBlocks, st.NumBlocks, st.NumFreeStateSlots, st.NumStateSlots)
+			}
+			if method != "" {
+				if spec.NumDraftTokens == 0 || spec.NumAcceptedTokens == 0 {
+					t.Errorf("seed %d %s zos %v: %d drafted, %d accepted", seed, method, zos, spec.NumDraftTokens, spec.NumAcceptedTokens)
+				}
+				t.Logf("seed %d %s zos %v small %v: %d drafts, %d draft tokens, %d accepted, %d preemptions",
+					seed, method, zos, small, spec.NumDrafts, spec.NumDraftTokens, spec.NumAcceptedTokens, st.NumPreemptions)
+			}
+			return got
+		}
+		want := run("", "", false, false)
+		for _, m := range methods {
+			for _, zos := range []bool{false, true} {
+				for _, small := range []bool{false, true} {
+					got := run(m.method, m.draft, zos, small)
+					if !reflect.DeepEqual(want, got) {
+						t.Errorf("seed %d %s zos %v small %v: outputs differ", seed, m.method, zos, small)
+						for k, v := range want {
+							if got[k] != v {
+								t.Errorf("  output %s (%+v):\n    off %s\n    on  %s", k, w.params[atoi(k)], v, got[k])
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+var _ = fmt.Sprint

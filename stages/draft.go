@@ -1,0 +1,246 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/engine/models"
+	"github.com/deepinfer/deepinfer-go/engine/spec"
+	"github.com/deepinfer/deepinfer-go/kernels"
+	"github.com/deepinfer/deepinfer-go/pipeline"
+)
+
+// The draft slot (speculative decoding): *SampledStep -> *SampledStep,
+// after verify and before postprocess. Drafting after verification means
+// a drafter sees what the step emitted (and, for MTP, the target's hidden
+// states of the step), so its drafts follow the sequence's real last
+// token, and the next step can verify them in the same forward pass that
+// computes that token's KV. A stage of this slot sets, for every entry of
+// SampledStep.Verified, the drafts of the sequence's next step
+// (SampledStep.Drafts, at most k each, none allowed), and leaves in backend
+// memory the next step's input table and accepted counts (Next, Accepted).
+// Its output is the loop's lagged input of the forward slot: with ZOS the
+// next step, planned before these drafts existed, reads its inputs and
+// its shift from them on the device. Drafters implement Drafter and are
+// registered with RegisterDraft, which supplies the rest.
+type DraftStage = pipeline.Stage[*SampledStep, *SampledStep]
+
+// Drafter proposes the drafts of each sequence's next step.
+type Drafter interface {
+	// Propose returns, for each entry of step.Verified, up to k tokens to
+	// follow its TokenIDs (SequenceHistory gives the whole sequence). It
+	// runs once per step, in step order, before the next step's forward
+	// pass.
+	Propose(ctx context.Context, step *SampledStep) ([][]int, error)
+}
+
+// DraftDeps is what a drafter gets.
+type DraftDeps struct {
+	Ops         kernels.Ops
+	Model       models.Model // the target
+	Speculative Speculative
+	BlockSize   int
+	MaxModelLen int
+	Stats       *Stats
+}
+
+// RegisterDraft registers a drafter in r (nil: the default registry) as an
+// implementation of the draft slot.
+func RegisterDraft[O any](r *pipeline.Registry, name string, defaults O, build func(DraftDeps, O) (Drafter, error)) {
+	register(r, "draft", name, defaults, func(e *Env) DraftDeps {
+		d := DraftDeps{Ops: e.Ops, Model: e.Model, Speculative: e.Speculative, Stats: e.Stats}
+		if e.Cache != nil {
+			d.BlockSize = e.Cache.BlockSize
+		}
+		if e.Scheduler != nil {
+			d.MaxModelLen = e.Scheduler.Config().MaxModelLen
+		}
+		return d
+	}, func(d DraftDeps, o O) (DraftStage, error) {
+		p, err := build(d, o)
+		if err != nil {
+			return nil, err
+		}
+		return &draftStage{d: d, drafter: p}, nil
+	}, nil)
+}
+
+// draftStage runs a Drafter and publishes its drafts for the next step.
+type draftStage struct {
+	d       DraftDeps
+	drafter Drafter
+}
+
+func (s *draftStage) Process(ctx context.Context, step *SampledStep) (*SampledStep, error) {
+	if step.Verified == nil {
+		return nil, fmt.Errorf("draft: step %d: not verified (the verify slot must come before draft)", step.Outputs.StepID)
+	}
+	drafts, err := s.drafter.Propose(ctx, step)
+	if err != nil {
+		return nil, fmt.Errorf("draft: step %d: %w", step.Outputs.StepID, err)
+	}
+	k := s.d.Speculative.NumSpeculativeTokens
+	if len(drafts) != len(step.Verified) {
+		return nil, fmt.Errorf("draft: step %d: %d drafts for %d sample rows", step.Outputs.StepID, len(drafts), len(step.Verified))
+	}
+	stride := 1 + k
+	next := make([]int32, len(drafts)*stride)
+	accepted := make([]int32, len(drafts))
+	for r, v := range step.Verified {
+		if len(drafts[r]) > k {
+			drafts[r] = drafts[r][:k]
+		}
+		last := v.TokenIDs[len(v.TokenIDs)-1]
+		row := next[r*stride : (r+1)*stride]
+		for j := range row {
+			row[j] = int32(last)
+			if j > 0 && j <= len(drafts[r]) {
+				row[j] = int32(drafts[r][j-1])
+			}
+		}
+		accepted[r] = int32(len(v.TokenIDs) - 1)
+	}
+	step.Drafts = drafts
+	if len(next) == 0 {
+		return step, nil
+	}
+	both, err := kernels.FromI32(s.d.Ops, append(next, accepted...), len(next)+len(accepted))
+	if err == nil {
+		if step.Next, err = s.d.Ops.Rows(both, 0, len(next)); err == nil {
+			step.Accepted, err = s.d.Ops.Rows(both, len(next), len(next)+len(accepted))
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("draft: step %d: %w", step.Outputs.StepID, err)
+	}
+	return step, nil
+}
+
+// Close closes the drafter when it holds resources.
+func (s *draftStage) Close() error {
+	if c, ok := s.drafter.(pipeline.Closer); ok {
+		return c.Close()
+	}
+	return nil
+}
+
+// SequenceHistory returns every token of v's sequence after the step: the
+// tokens its metadata knew, the step before's (PendingTokens) and the ones
+// v emits. Cost: one copy of the sequence's tokens.
+func SequenceHistory(step *SampledStep, v VerifiedRow) []int {
+	m := v.Ref.Meta
+	known := m.TokenIDs
+	if v.Ref.SeqID != m.SeqID {
+		known = known[:m.NumPromptTokens] // a fork: its parent's prompt
+	}
+	return slices.Concat(known, PendingTokens(step.ForwardResult, m), v.TokenIDs)
+}
+
+// rowPosition returns the position of the token that v's sequence emitted
+// last in this step, minus one: the position of the row whose output is
+// that token (the device's, shift included).
+func rowPosition(step *SampledStep, v VerifiedRow) int {
+	m := v.Ref.Meta
+	pos := m.PosStart + m.SeqlenQ - 1 - m.NumDrafts + len(v.TokenIDs) - 1
+	if m.Shifted {
+		if prev := PendingTokens(step.ForwardResult, m); len(prev) > 0 {
+			pos += len(prev) - 1
+		}
+	}
+	return pos
+}
+
+// tokenRows returns the first batch row of each of step's sequences.
+func tokenRows(step *SampledStep) []int {
+	first := make([]int, len(step.Seqs)+1)
+	for i := range step.Seqs {
+		first[i+1] = first[i] + step.Seqs[i].SeqlenQ
+	}
+	return first
+}
+
+func init() {
+	RegisterDraft(nil, "ngram", NoOptions{}, func(d DraftDeps, _ NoOptions) (Drafter, error) {
+		return &ngramDrafter{d: d}, nil
+	})
+	RegisterDraft(nil, "mtp", NoOptions{}, func(d DraftDeps, _ NoOptions) (Drafter, error) {
+		return newMTPDrafter(d)
+	})
+	RegisterDraft(nil, "draft_model", NoOptions{}, func(d DraftDeps, _ NoOptions) (Drafter, error) {
+		return newModelDrafter(d)
+	})
+}
+
+// chainRow is one sequence that drafts by running a model one token at a
+// time: its next input token at position pos, with the metadata that
+// gives its block table.
+type chainRow struct {
+	out       int // its entry in step.Verified
+	meta      *engine.SequenceMetadata
+	pos       int
+	token     int
+	hiddenRow int // the row of the drafter's last output that feeds it (MTP)
+}
+
+// chainBatch lays rows out as a decode batch (one token each) and uploads
+// it. A row whose position falls outside its block table or the context
+// is dropped: rows keeps the ones laid out.
+func chainBatch(d DraftDeps, rows []chainRow) (*models.ForwardBatch, []chainRow, error) {
+	h := &models.HostBatch{BlockSize: d.BlockSize}
+	kept := rows[:0]
+	for _, r := range rows {
+		if r.pos >= d.MaxModelLen || r.pos/d.BlockSize >= len(r.meta.BlockTable) {
+			continue
+		}
+		table := make([]int32, len(r.meta.BlockTable))
+		for j, b := range r.meta.BlockTable {
+			table[j] = int32(b)
+		}
+		h.AddSequence([]int32{int32(r.token)}, r.pos, table)
+		kept = append(kept, r)
+	}
+	if len(kept) == 0 {
+		return nil, nil, nil
+	}
+	b, err := h.Upload(d.Ops, 0)
+	return b, kept, err
+}
+
+// argmaxRows returns the highest-scoring token of each row of logits (F32
+// [R, vocab]), the lowest id on ties.
+func argmaxRows(ops kernels.Ops, logits kernels.Tensor) ([]int, error) {
+	flat, err := kernels.ToF32(ops, logits)
+	if err != nil {
+		return nil, err
+	}
+	vocab := logits.Shape()[1]
+	out := make([]int, len(flat)/vocab)
+	for r := range out {
+		row := flat[r*vocab : (r+1)*vocab]
+		best := 0
+		for t, x := range row {
+			if x > row[best] {
+				best = t
+			}
+		}
+		out[r] = best
+	}
+	return out, nil
+}
+
+// ngramDrafter is prompt lookup (vLLM's ngram method, spec.PromptLookup):
+// the tokens that followed the earliest earlier occurrence of the longest
+// recurring suffix of the sequence (prompt and output), n in
+// [prompt_lookup_min, prompt_lookup_max]. Host only; it writes no KV.
+type ngramDrafter struct{ d DraftDeps }
+
+func (n *ngramDrafter) Propose(_ context.Context, step *SampledStep) ([][]int, error) {
+	sp := n.d.Speculative
+	out := make([][]int, len(step.Verified))
+	for r, v := range step.Verified {
+		out[r] = spec.PromptLookup(SequenceHistory(step, v), sp.PromptLookupMin, sp.PromptLookupMax, sp.NumSpeculativeTokens)
+	}
+	return out, nil
+}
