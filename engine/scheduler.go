@@ -71,6 +71,12 @@ type SchedulerConfig struct {
 	// a draft model chaining k-1 tokens): the slots stay the sequence's
 	// until the step after has run.
 	NumLookaheadSlots int
+	// SpecDisableBatchSize > 0 turns drafts off for a step planned while at
+	// least that many sequences are running (vLLM's
+	// speculative_disable_by_batch_size): where the forward pass is no
+	// longer bound by reading the weights, verifying drafts costs more than
+	// the tokens it saves.
+	SpecDisableBatchSize int
 }
 
 // Validate checks the limits; errors wrap ErrInvalidConfig.
@@ -101,6 +107,8 @@ func (c *SchedulerConfig) Validate() error {
 		return bad("vocab_size must be >= 0, got %d", c.VocabSize)
 	case c.NumSpeculativeTokens < 0:
 		return bad("num_speculative_tokens must be >= 0, got %d", c.NumSpeculativeTokens)
+	case c.SpecDisableBatchSize < 0:
+		return bad("spec_disable_batch_size must be >= 0, got %d", c.SpecDisableBatchSize)
 	case c.NumLookaheadSlots < 0:
 		return bad("num_lookahead_slots must be >= 0, got %d", c.NumLookaheadSlots)
 	}
@@ -695,6 +703,8 @@ func (s *Scheduler) decodeReady(seq *Sequence, id StepID) bool {
 		return false // a token in flight ends it by length
 	case seq.totalLen() >= s.cfg.MaxModelLen:
 		return false
+	case seq.numComputed+int(seq.numPendingDrafts) >= s.cfg.MaxModelLen:
+		return false // its step in flight may reach the end of the context
 	}
 	return true
 }
@@ -724,14 +734,17 @@ func (s *Scheduler) victim(id StepID, from int) *Sequence {
 // being planned and the KV slots to reserve from its numComputed: its
 // known drafts, or k placeholders when its previous step is in flight, cut
 // so that every token the step may emit is within max_tokens, every
-// position the step or its drafter writes is within max_model_len, and the
-// step's tokens fit the budget. The slots cover the shift of the drafts
-// still in flight, the step's inputs and the drafter's lookahead (all
-// within max_model_len).
+// position it computes is within max_model_len and the whole cache, and
+// its tokens fit the budget. The slots cover the shift of the drafts still
+// in flight and the step's inputs, plus as much of the drafter's lookahead
+// as the context and the cache hold (a drafter drafts less where they end).
 func (s *Scheduler) draftsFor(seq *Sequence, budget int) (q, slots int) {
 	k := s.cfg.NumSpeculativeTokens
 	if k == 0 {
 		return 0, 1
+	}
+	if d := s.cfg.SpecDisableBatchSize; d > 0 && len(s.running) >= d {
+		k = 0 // the slots still cover the shift and the drafter's lookahead
 	}
 	q = len(seq.drafts)
 	if seq.numPending > 0 {
@@ -739,11 +752,14 @@ func (s *Scheduler) draftsFor(seq *Sequence, budget int) (q, slots int) {
 	}
 	shift := int(seq.numPendingDrafts)
 	numOut := len(seq.tokens) + int(seq.numPending) - seq.numPromptTokens
-	lastPos := s.cfg.MaxModelLen - 1
-	q = min(q, k, int(seq.maxTokens)-numOut-1, budget-1, lastPos-seq.numComputed-shift-s.cfg.NumLookaheadSlots)
-	q = max(q, 0)
-	slots = min(shift+1+q+s.cfg.NumLookaheadSlots, s.cfg.MaxModelLen-seq.numComputed)
-	return q, max(slots, 1)
+	// Positions [numComputed, end) may be written: end is bounded by the
+	// context and by the cache (a longer reservation would preempt the
+	// sequence itself).
+	end := min(s.cfg.MaxModelLen, s.bm.NumBlocks()*s.bm.BlockSize())
+	room := end - seq.numComputed - shift - 1
+	q = max(min(q, k, int(seq.maxTokens)-numOut-1, budget-1, room), 0)
+	lookahead := max(min(s.cfg.NumLookaheadSlots, room-q), 0)
+	return q, max(shift+1+q+lookahead, 1)
 }
 
 // chunkFor returns the tokens of the next prefill chunk (0: none fits).
@@ -1249,21 +1265,26 @@ func (s *Scheduler) ProcessOutputs(step StepID, sampled []SampledTokens) ([]Fini
 		if s.cfg.NumSpeculativeTokens > 0 {
 			seq.drafts = append(seq.drafts[:0], st.Drafts...)
 		}
-		accepted := len(st.TokenIDs) - 1
+		reason := FinishNone
 		for _, t := range st.TokenIDs {
 			seq.tokens = append(seq.tokens, t)
 			seq.lastToken = t
-			if reason := s.checkStop(seq, t); reason != FinishNone {
-				finished = append(finished, s.finish(seq, reason, nil))
+			if reason = s.checkStop(seq, t); reason != FinishNone {
 				break
 			}
 		}
 		if e.drafts > 0 && seq.isLive() && seq.epoch == e.epoch {
-			// The accepted drafts' KV is valid; the rejected ones' slots are
+			// The accepted drafts' KV is valid (each step still in flight
+			// counts its first input only); the rejected ones' slots are
 			// rewritten by later steps, and blocks only they used go back.
-			seq.numComputed += accepted
-			s.bm.commit(seq, e.computedAfter+accepted)
-			s.bm.Trim(seq, seq.numComputed+int(seq.numPendingDrafts)+s.cfg.NumLookaheadSlots)
+			seq.numComputed += len(st.TokenIDs) - 1
+			s.bm.commit(seq, seq.numComputed-int(seq.numPending))
+			if reason == FinishNone {
+				s.bm.Trim(seq, seq.numComputed+int(seq.numPendingDrafts)+s.cfg.NumLookaheadSlots)
+			}
+		}
+		if reason != FinishNone {
+			finished = append(finished, s.finish(seq, reason, nil))
 		}
 	}
 

@@ -194,6 +194,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		VocabSize:            mcfg.VocabSize,
 		NumSpeculativeTokens: drafter.env.NumSpeculativeTokens,
 		NumLookaheadSlots:    drafter.lookahead,
+		SpecDisableBatchSize: cfg.Speculative.DisableByBatchSize,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("llm: %w", err)

@@ -1,7 +1,6 @@
 package llm
 
 import (
-	"fmt"
 	"path/filepath"
 	"reflect"
 	"testing"
@@ -86,4 +85,31 @@ func testSpeculativeSameTokens(t *testing.T, dir string, methods []struct{ metho
 	}
 }
 
-var _ = fmt.Sprint
+// speculative.disable_by_batch_size turns drafts off while that many
+// sequences run: nothing is verified at 1, drafts are at 64, and the
+// tokens are the same either way.
+func TestSpeculativeDisableByBatchSize(t *testing.T) {
+	dir := filepath.Join("..", "assets", "deepseek-tiny")
+	w := randomWorkload(3, 8)
+	clear(w.abortAt)
+	var outs []map[string]string
+	for _, limit := range []int{1, 64} {
+		l, err := NewLLM(tinyConfig(t, dir, func(c *config.Config) {
+			c.Pipeline.Impl = nil
+			c.Speculative.Method = "mtp"
+			c.Speculative.DisableByBatchSize = limit
+		}), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		outs = append(outs, runWorkload(t, l, w))
+		sp := l.StepStats().Spec()
+		l.Close()
+		if (sp.NumDraftTokens == 0) != (limit == 1) {
+			t.Errorf("disable_by_batch_size %d: %d draft tokens verified", limit, sp.NumDraftTokens)
+		}
+	}
+	if !reflect.DeepEqual(outs[0], outs[1]) {
+		t.Error("outputs differ with drafts off and on")
+	}
+}

@@ -173,6 +173,13 @@ func init() {
 	})
 }
 
+// draftsOff reports whether a step has so many sample rows that the
+// scheduler will verify no drafts (Speculative.DisableBatchSize).
+func draftsOff(d DraftDeps, step *SampledStep) bool {
+	n := d.Speculative.DisableBatchSize
+	return n > 0 && len(step.Verified) >= n
+}
+
 // chainRow is one sequence that drafts by running a model one token at a
 // time: its next input token at position pos, with the metadata that
 // gives its block table.

@@ -100,6 +100,9 @@ func (p *mtpDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int, e
 	}
 	// The first draft: the output at each sequence's last emitted token.
 	drafts := make([][]int, len(step.Verified))
+	if draftsOff(d, step) {
+		return drafts, nil // the KV is written; no draft would be verified
+	}
 	seqIndex := make(map[engine.SeqID]int, len(step.Seqs))
 	for i := range step.Seqs {
 		seqIndex[step.Seqs[i].SeqID] = i
@@ -205,6 +208,9 @@ func (p *modelDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int,
 		return nil, err
 	}
 	drafts := make([][]int, len(step.Verified))
+	if draftsOff(d, step) {
+		return drafts, nil // the KV is written; no draft would be verified
+	}
 	var rows []chainRow
 	for r, v := range step.Verified {
 		if v.Ref.SeqID != v.Ref.Meta.SeqID {

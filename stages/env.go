@@ -50,6 +50,10 @@ type Speculative struct {
 	// PromptLookupMin and PromptLookupMax bound the n-grams the ngram
 	// drafter matches.
 	PromptLookupMin, PromptLookupMax int
+	// DisableBatchSize > 0: the scheduler verifies no drafts while at
+	// least this many sequences run, so a drafter may skip drafting for a
+	// step with that many sample rows (it still keeps its KV cache).
+	DisableBatchSize int
 	// DraftModel is the draft_model drafter's model (nil for others).
 	DraftModel models.Model
 	// DraftCache is the drafter's own paged KV cache, with the target's

@@ -156,6 +156,10 @@ type Speculative struct {
 	DraftModel           string  `yaml:"draft_model"`            // draft_model, dspark: the drafter's directory
 	PromptLookupMin      int     `yaml:"prompt_lookup_min"`      // ngram: shortest suffix looked up
 	PromptLookupMax      int     `yaml:"prompt_lookup_max"`      // ngram: longest suffix looked up
+	// DisableByBatchSize > 0 verifies no drafts in a step planned while at
+	// least this many sequences run (vLLM's
+	// speculative_disable_by_batch_size); 0: never.
+	DisableByBatchSize int `yaml:"disable_by_batch_size"`
 }
 
 // Enabled reports whether speculative decoding is on.

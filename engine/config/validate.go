@@ -115,6 +115,9 @@ func (c *Config) Validate() error {
 	if (s.Method == "dspark" || s.Method == "draft_model") && s.DraftModel == "" {
 		bad("speculative.draft_model", "must name the drafter's directory when speculative.method is %s", s.Method)
 	}
+	if s.DisableByBatchSize < 0 {
+		bad("speculative.disable_by_batch_size", "must be >= 0 (0: never), got %d", s.DisableByBatchSize)
+	}
 	if s.PromptLookupMin < 1 || s.PromptLookupMax < s.PromptLookupMin {
 		bad("speculative.prompt_lookup_min/prompt_lookup_max", "need 1 <= prompt_lookup_min <= prompt_lookup_max, got %d and %d", s.PromptLookupMin, s.PromptLookupMax)
 	}
