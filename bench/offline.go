@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/llm"
+	"github.com/deepinfer/deepinfer-go/stages"
 )
 
 // OfflineOptions shape the offline workload. The defaults (DefaultOffline)
@@ -27,6 +30,11 @@ type OfflineOptions struct {
 	// model's vocabulary).
 	MaxTokenID int
 	Seed       uint64
+	// Workload is WorkloadRandom ("" too), WorkloadProse or
+	// WorkloadEditing. The text workloads cut their passages from the
+	// held-out corpus (Corpus), MinInputLen..MaxInputLen tokens long, and
+	// need the model's tokenizer; MaxTokenID is random's only.
+	Workload string
 	// Progress receives a progress bar over finished sequences, with their
 	// rate since the start, ended by a newline when the run ends; nil:
 	// none.
@@ -35,7 +43,20 @@ type OfflineOptions struct {
 
 // DefaultOffline returns nano-vllm's workload, sampled greedily.
 func DefaultOffline() OfflineOptions {
-	return OfflineOptions{NumSeqs: 256, MinInputLen: 100, MaxInputLen: 1024, MinOutputLen: 100, MaxOutputLen: 1024, Temperature: 0, MaxTokenID: 10000}
+	return OfflineOptions{NumSeqs: 256, MinInputLen: 100, MaxInputLen: 1024, MinOutputLen: 100, MaxOutputLen: 1024, Temperature: 0, MaxTokenID: 10000,
+		Workload: WorkloadRandom}
+}
+
+// DefaultTextOffline returns the defaults of a text workload (WorkloadProse,
+// WorkloadEditing): 16 passages of 128..256 tokens, each generating 64..128
+// tokens with ignore_eos, greedily. An editing prompt is about 1.3 times
+// its passage; its continuation repeats the other three quarters of the
+// passage, 96..192 tokens.
+func DefaultTextOffline(workload string) OfflineOptions {
+	o := DefaultOffline()
+	o.Workload, o.NumSeqs = workload, 16
+	o.MinInputLen, o.MaxInputLen, o.MinOutputLen, o.MaxOutputLen = 128, 256, 64, 128
+	return o
 }
 
 func (o *OfflineOptions) validate() error {
@@ -48,6 +69,8 @@ func (o *OfflineOptions) validate() error {
 		return fmt.Errorf("bench: offline: output lengths must satisfy 1 <= min <= max, got %d..%d", o.MinOutputLen, o.MaxOutputLen)
 	case o.MaxTokenID < 1:
 		return fmt.Errorf("bench: offline: max token id must be >= 1, got %d", o.MaxTokenID)
+	case o.Workload != "" && !slices.Contains(Workloads, o.Workload):
+		return fmt.Errorf("bench: offline: workload must be one of %s, got %q", strings.Join(Workloads, ", "), o.Workload)
 	}
 	return nil
 }
@@ -56,6 +79,8 @@ func (o *OfflineOptions) validate() error {
 // milliseconds, throughputs per second of wall time.
 type OfflineResult struct {
 	Mode              string  `json:"mode"`
+	Workload          string  `json:"workload"`
+	Backend           string  `json:"backend"` // the kernels, as the stats line names them: "cpu(avx2, 2 threads)"
 	NumRequests       int     `json:"num_requests"`
 	Failed            int     `json:"failed"`
 	DurationSeconds   float64 `json:"duration_s"`
@@ -74,6 +99,11 @@ type OfflineResult struct {
 	TTFTs []float64 `json:"ttfts_ms"`
 	TPOTs []float64 `json:"tpots_ms"`
 	E2Els []float64 `json:"e2els_ms"`
+	// Speculative is the run's drafting (the warm-up's left out) when the
+	// engine speculates; nil otherwise.
+	Speculative *SpecSummary `json:"speculative,omitempty"`
+
+	outputs [][]int // each request's output token ids, in prompt order
 }
 
 // Distributions are the result's samples for WritePlots.
@@ -81,56 +111,113 @@ func (r *OfflineResult) Distributions() []Distribution {
 	return []Distribution{{"ttft", "ms", r.TTFTs}, {"tpot", "ms", r.TPOTs}, {"e2el", "ms", r.E2Els}}
 }
 
-// RunOffline generates the workload with l.Generate after a one-request
-// warm-up and reports its throughput (generated tokens over wall time, as
+// RunOffline generates the workload with l.Generate after a short warm-up
+// and reports its throughput (generated tokens over wall time, as
 // nano-vllm) and per-request latencies. Each prompt has its own max_tokens,
 // so each is one Generate call; all are submitted at once.
 func RunOffline(ctx context.Context, l *llm.LLM, o OfflineOptions) (*OfflineResult, error) {
+	w, err := buildOffline(l, o)
+	if err != nil {
+		return nil, err
+	}
+	return runOffline(ctx, l, w, o.Progress, "offline")
+}
+
+// offlineWorkload is the requests of an offline run, built once and run on
+// any number of engines of the same model.
+type offlineWorkload struct {
+	name    string
+	prompts []llm.Prompt
+	params  []engine.SamplingParams
+}
+
+// buildOffline draws o's requests: random token ids, or the text
+// workloads' prompts tokenized by l's tokenizer. It fails when a request
+// would pass l's max_model_len.
+func buildOffline(l *llm.LLM, o OfflineOptions) (*offlineWorkload, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	if n, limit := o.MaxInputLen+o.MaxOutputLen, l.MaxModelLen(); n > limit {
-		return nil, fmt.Errorf("bench: offline: the longest request, %d input + %d output tokens, is past max_model_len %d: lower the lengths or raise --max-model-len",
-			o.MaxInputLen, o.MaxOutputLen, limit)
+	w := &offlineWorkload{name: o.Workload, prompts: make([]llm.Prompt, o.NumSeqs), params: make([]engine.SamplingParams, o.NumSeqs)}
+	if w.name == "" {
+		w.name = WorkloadRandom
 	}
-	maxID := min(o.MaxTokenID, l.Model().Config().VocabSize)
+	limit := l.MaxModelLen()
 	rng := rand.New(rand.NewPCG(o.Seed, 0xbe7c4))
-	prompts := make([]llm.Prompt, o.NumSeqs)
-	params := make([]engine.SamplingParams, o.NumSeqs)
-	for i := range prompts {
-		ids := make([]int, o.MinInputLen+rng.IntN(o.MaxInputLen-o.MinInputLen+1))
-		for j := range ids {
-			ids[j] = rng.IntN(maxID)
+	if w.name == WorkloadRandom {
+		if n := o.MaxInputLen + o.MaxOutputLen; n > limit {
+			return nil, fmt.Errorf("bench: offline: the longest request, %d input + %d output tokens, is past max_model_len %d: lower the lengths or raise --max-model-len",
+				o.MaxInputLen, o.MaxOutputLen, limit)
 		}
-		prompts[i] = llm.Prompt{IDs: ids}
+		maxID := min(o.MaxTokenID, l.Model().Config().VocabSize)
+		for i := range w.prompts {
+			ids := make([]int, o.MinInputLen+rng.IntN(o.MaxInputLen-o.MinInputLen+1))
+			for j := range ids {
+				ids[j] = rng.IntN(maxID)
+			}
+			w.prompts[i] = llm.Prompt{IDs: ids}
+		}
+	} else {
+		tok := l.Tokenizer()
+		if tok == nil {
+			return nil, fmt.Errorf("bench: offline: the %s workload needs the model's tokenizer; the model has none", w.name)
+		}
+		to := TextWorkloadOptions{NumPrompts: o.NumSeqs, MinLen: o.MinInputLen, MaxLen: o.MaxInputLen, Seed: o.Seed,
+			Count: func(s string) int { return len(tok.Encode(s, false)) }}
+		build := ProsePrompts
+		if w.name == WorkloadEditing {
+			build = EditingPrompts
+		}
+		texts, err := build(to)
+		if err != nil {
+			return nil, err
+		}
+		for i, t := range texts {
+			w.prompts[i] = llm.Prompt{IDs: tok.Encode(t.Text, true)}
+		}
+	}
+	for i := range w.params {
 		p := engine.DefaultSamplingParams()
 		p.Temperature = o.Temperature
 		p.IgnoreEOS = true
 		p.MaxTokens = o.MinOutputLen + rng.IntN(o.MaxOutputLen-o.MinOutputLen+1)
-		params[i] = p
+		w.params[i] = p
+		if n := len(w.prompts[i].IDs) + p.MaxTokens; n > limit {
+			return nil, fmt.Errorf("bench: offline: request %d, %d prompt + %d output tokens, is past max_model_len %d: lower the lengths or raise --max-model-len",
+				i, len(w.prompts[i].IDs), p.MaxTokens, limit)
+		}
 	}
+	return w, nil
+}
+
+// runOffline runs w on l as RunOffline describes; label names the progress
+// bar.
+func runOffline(ctx context.Context, l *llm.LLM, w *offlineWorkload, progressTo io.Writer, label string) (*OfflineResult, error) {
+	n := len(w.prompts)
+	// The warm-up repeats itself, so that prompt lookup drafts too.
 	warm := engine.DefaultSamplingParams()
-	warm.Temperature = o.Temperature
-	warm.MaxTokens = 2
-	if _, err := l.Generate(ctx, []llm.Prompt{{IDs: []int{0, 1, 2}}}, warm, nil); err != nil {
+	warm.Temperature = w.params[0].Temperature
+	warm.MaxTokens = 4
+	if _, err := l.Generate(ctx, []llm.Prompt{{IDs: []int{0, 1, 2, 1, 2, 1, 2}}}, warm, nil); err != nil {
 		return nil, fmt.Errorf("bench: offline: warm-up: %w", err)
 	}
 
-	results := make([]llm.Completion, o.NumSeqs)
-	errs := make([]error, o.NumSeqs)
+	spec0 := l.StepStats().Spec()
+	results := make([]llm.Completion, n)
+	errs := make([]error, n)
 	var wg sync.WaitGroup
-	bar := newProgress(o.Progress, o.NumSeqs, "offline", "seq") // its clock starts with the workload
+	bar := newProgress(progressTo, n, label, "seq") // its clock starts with the workload
 	onToken := func(out engine.RequestOutput) {
 		if out.Finished {
 			bar.add()
 		}
 	}
 	start := time.Now()
-	for i := range prompts {
+	for i := range w.prompts {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res, err := l.Generate(ctx, prompts[i:i+1], params[i], onToken)
+			res, err := l.Generate(ctx, w.prompts[i:i+1], w.params[i], onToken)
 			if len(res) == 1 {
 				results[i] = res[0]
 			}
@@ -144,14 +231,16 @@ func RunOffline(ctx context.Context, l *llm.LLM, o OfflineOptions) (*OfflineResu
 		return nil, fmt.Errorf("bench: offline: %w", err)
 	}
 
-	r := &OfflineResult{Mode: "offline", NumRequests: o.NumSeqs, DurationSeconds: wall.Seconds()}
+	r := &OfflineResult{Mode: "offline", Workload: w.name, Backend: l.Backend().Name(), NumRequests: n, DurationSeconds: wall.Seconds()}
+	r.outputs = make([][]int, n)
 	for i, c := range results {
 		out := c.Outputs[0]
+		r.outputs[i] = out.TokenIDs
 		if out.Err != nil || out.FinishReason == engine.FinishError || out.FinishReason == engine.FinishAbort {
 			r.Failed++
 			continue
 		}
-		r.TotalInputTokens += len(prompts[i].IDs)
+		r.TotalInputTokens += len(w.prompts[i].IDs)
 		n := len(out.TokenIDs)
 		r.TotalOutputTokens += n
 		ttft := ms(out.TTFT)
@@ -162,11 +251,38 @@ func RunOffline(ctx context.Context, l *llm.LLM, o OfflineOptions) (*OfflineResu
 		}
 	}
 	secs := wall.Seconds()
-	r.RequestThroughput = float64(o.NumSeqs-r.Failed) / secs
+	r.RequestThroughput = float64(n-r.Failed) / secs
 	r.OutputThroughput = float64(r.TotalOutputTokens) / secs
 	r.TotalThroughput = float64(r.TotalInputTokens+r.TotalOutputTokens) / secs
 	r.TTFTMillis, r.TPOTMillis, r.E2EMillis = Summarize(r.TTFTs), Summarize(r.TPOTs), Summarize(r.E2Els)
+	if sp := l.Config().Speculative; sp.Enabled() {
+		r.Speculative = newSpecSummary(sp.Method, sp.NumSpeculativeTokens, l.StepStats().Spec().Sub(spec0))
+	}
 	return r, nil
+}
+
+// SpecSummary is speculative decoding over a run: vLLM's spec-decode
+// metrics (see stages.SpecStats).
+type SpecSummary struct {
+	Method               string `json:"method"`
+	NumSpeculativeTokens int    `json:"num_speculative_tokens"`
+	NumDrafts            int64  `json:"num_drafts"`
+	NumDraftTokens       int64  `json:"num_draft_tokens"`
+	NumAcceptedTokens    int64  `json:"num_accepted_tokens"`
+	// AcceptanceRate is the share of draft tokens accepted;
+	// MeanAcceptedLength the tokens a sequence emits per verify step (1 +
+	// accepted per draft); both 0 when nothing was drafted.
+	AcceptanceRate       float64   `json:"acceptance_rate"`
+	MeanAcceptedLength   float64   `json:"mean_accepted_length"`
+	PerPosAcceptanceRate []float64 `json:"per_position_acceptance_rate"`
+}
+
+func newSpecSummary(method string, k int, sp stages.SpecStats) *SpecSummary {
+	return &SpecSummary{
+		Method: method, NumSpeculativeTokens: k,
+		NumDrafts: sp.NumDrafts, NumDraftTokens: sp.NumDraftTokens, NumAcceptedTokens: sp.NumAcceptedTokens,
+		AcceptanceRate: sp.AcceptanceRate(), MeanAcceptedLength: sp.MeanAcceptedLength(), PerPosAcceptanceRate: sp.PerPosAcceptanceRate(),
+	}
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,8 +1,11 @@
 // Package bench measures the engine: offline throughput through
-// llm.LLM.Generate (the nano-vllm workload) and online serving against an
-// OpenAI-compatible server (Poisson arrivals, streamed answers), reported as
-// mean and p50/p90/p99 summaries computed with gonum's stat package, a JSON
-// result and PNG histograms of the latency distributions.
+// llm.LLM.Generate (the nano-vllm workload, or text workloads cut from the
+// default model's held-out text, editing requests among them), a
+// comparison of speculative-decoding methods on one workload
+// (RunSpeculative), and online serving against an OpenAI-compatible server
+// (Poisson arrivals, streamed answers), reported as mean and p50/p90/p99
+// summaries computed with gonum's stat package, a JSON result and PNG
+// histograms of the latency distributions.
 package bench
 
 import (

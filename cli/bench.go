@@ -38,6 +38,19 @@ func newBenchCmd(reg *pipeline.Registry) *cobra.Command {
 			"--request-rate (inf: all at once), random prompts (--dataset-name random) or a prompt file\n" +
 			"(--dataset-name custom --dataset-path FILE), and reports throughput, TTFT, TPOT, ITL and\n" +
 			"end-to-end latency (mean, p50 and --metric-percentiles of --percentile-metrics).\n" +
+			"--workload picks the offline prompts: random (the above), prose (passages of the default\n" +
+			"model's held-out text, continued freely) or editing (requests shaped as code-editing and\n" +
+			"rewriting ones: a passage, an instruction, and the passage's start again with a few words\n" +
+			"changed, so that the continuation largely repeats the prompt: prompt lookup's best case).\n" +
+			"The text workloads cut passages of --min-input-len..--max-input-len tokens (default 128..256)\n" +
+			"and generate --min-output-len..--max-output-len tokens (default 64..128), 16 prompts by default.\n" +
+			"--speculative none,ngram,mtp compares speculative-decoding methods in one run: the same\n" +
+			"requests with each method (none, speculation off, is the baseline, added when missing) at\n" +
+			"each --batch size (engine.max_num_seqs, e.g. 1,8), each on a fresh engine, in alternating\n" +
+			"order, drafting --num-speculative-tokens tokens; a table gives output tok/s, the ratio to\n" +
+			"none at the same batch, mean accepted length, acceptance rate and the CPU kernels' path,\n" +
+			"and \"outputs identical\" says whether every method generated the baseline's tokens;\n" +
+			"--rounds N repeats every run N times (order alternating) and reports each median run.\n" +
 			"Both sample at --temperature (default 0, greedy, as vLLM's benchmark), write the result as\n" +
 			"JSON with --save-result or --result-filename (into --result-dir) and PNG histograms into\n" +
 			"--plot-dir when given.",
@@ -63,6 +76,28 @@ func newBenchCmd(reg *pipeline.Registry) *cobra.Command {
 				cfg, _, err := ef.load("")
 				if err != nil {
 					return err
+				}
+				if opts.numSpecTokens > 0 {
+					cfg.Speculative.NumSpeculativeTokens = opts.numSpecTokens
+				}
+				if opts.speculative != nil {
+					sp := *opts.speculative
+					sp.Engine = llm.Options{Stages: reg}
+					sp.Progress, sp.Log = progress, stderr
+					r, err := bench.RunSpeculative(ctx, cfg, sp)
+					if err != nil {
+						return err
+					}
+					printSpeculative(stdout, r)
+					result = r
+					break
+				}
+				if len(opts.batches) == 1 {
+					cfg.Engine.MaxNumSeqs = opts.batches[0]
+					cfg.Engine.MaxNumBatchedTokens = max(cfg.Engine.MaxNumBatchedTokens, opts.batches[0])
+				}
+				if err := cfg.Validate(); err != nil {
+					return fmt.Errorf("bench: %w", err)
 				}
 				l, err := llm.NewLLM(cfg, llm.Options{Stages: reg})
 				if err != nil {
@@ -150,6 +185,8 @@ type benchFlags struct {
 	saveResult                                           bool
 	resultDir, resultFilename, plotDir                   string
 	percentileMetrics, metricPercentiles                 string
+	workload, speculative, batch                         string
+	numSpecTokens, rounds                                int
 }
 
 // Defaults that depend on --mode.
@@ -184,7 +221,7 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	def := bench.DefaultOffline()
 	fl := cmd.Flags()
 	fl.StringVar(&f.mode, "mode", "offline", "offline (engine in this process, as vllm bench throughput) or serve (a running server, as vllm bench serve)")
-	fl.IntVar(&f.numPrompts, "num-prompts", 0, fmt.Sprintf("number of requests; default: %d offline, %d serve", def.NumSeqs, benchServeNumPrompts))
+	fl.IntVar(&f.numPrompts, "num-prompts", 0, fmt.Sprintf("number of requests; default: %d offline (text workloads %d), %d serve", def.NumSeqs, bench.DefaultTextOffline(bench.WorkloadProse).NumSeqs, benchServeNumPrompts))
 	fl.IntVar(&f.inputLen, "random-input-len", 0, fmt.Sprintf("random prompt length in tokens (words for chat); default: %d serve, --min-input-len..--max-input-len offline", benchServeInputLen))
 	fl.IntVar(&f.outputLen, "random-output-len", 0, fmt.Sprintf("max_tokens of every request (ignore_eos); default: %d serve, --min-output-len..--max-output-len offline", benchServeOutputLen))
 	fl.Float64Var(&f.rangeRatio, "random-range-ratio", 0, "draw input and output lengths uniformly in [len*(1-r), len*(1+r)], r in [0, 1) (offline: of --input-len/--output-len)")
@@ -199,11 +236,16 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.metricPercentiles, "metric-percentiles", "90,99", "comma-separated percentiles reported (besides mean and p50), each in (0, 100]")
 	fl.StringVar(&f.plotDir, "plot-dir", "", "write PNG histograms of the latency distributions into this folder")
 	// offline
-	fl.IntVar(&f.minInputLen, "min-input-len", def.MinInputLen, "offline: shortest random prompt, in tokens")
-	fl.IntVar(&f.maxInputLen, "max-input-len", def.MaxInputLen, "offline: longest random prompt, in tokens")
-	fl.IntVar(&f.minOutputLen, "min-output-len", def.MinOutputLen, "offline: fewest tokens generated per sequence")
-	fl.IntVar(&f.maxOutputLen, "max-output-len", def.MaxOutputLen, "offline: most tokens generated per sequence")
+	fl.IntVar(&f.minInputLen, "min-input-len", def.MinInputLen, "offline: shortest random prompt (text workloads: passage), in tokens; text workloads default to 128")
+	fl.IntVar(&f.maxInputLen, "max-input-len", def.MaxInputLen, "offline: longest random prompt (text workloads: passage), in tokens; text workloads default to 256")
+	fl.IntVar(&f.minOutputLen, "min-output-len", def.MinOutputLen, "offline: fewest tokens generated per sequence; text workloads default to 64")
+	fl.IntVar(&f.maxOutputLen, "max-output-len", def.MaxOutputLen, "offline: most tokens generated per sequence; text workloads default to 128")
 	fl.IntVar(&f.maxTokenID, "max-token-id", def.MaxTokenID, "offline: random prompt ids are below this (and the vocabulary size)")
+	fl.StringVar(&f.workload, "workload", bench.WorkloadRandom, "offline prompts: random (token ids), prose (held-out text passages, continued) or editing (a passage, an instruction and its start again with a few words changed, so that the continuation largely repeats the prompt: prompt lookup's best case); the text workloads' --*-input-len is the passage's")
+	fl.StringVar(&f.speculative, "speculative", "", "offline: compare speculative-decoding methods (comma-separated speculative.method values, e.g. none,ngram,mtp; none, the baseline, is added when missing) on the same requests, each on a fresh engine")
+	fl.IntVar(&f.numSpecTokens, "num-speculative-tokens", 0, "offline: draft length k (speculative.num_speculative_tokens) of every method; default: the config's")
+	fl.IntVar(&f.rounds, "rounds", 1, "offline, with --speculative: run every method and batch size this many times, in alternating order, and report each one's median run (for noisy machines)")
+	fl.StringVar(&f.batch, "batch", "", "offline: engine.max_num_seqs (sequences in one step), overriding --max-num-seqs; with --speculative a comma-separated list, every method running at each (e.g. 1,8)")
 	// serve
 	fl.StringVar(&f.baseURL, "base-url", "http://127.0.0.1:8000", "serve: the server's root URL")
 	fl.StringVar(&f.apiKey, "api-key", os.Getenv("DEEPINFER_API_KEY"), "serve: the server's API key (default $DEEPINFER_API_KEY)")
@@ -232,6 +274,11 @@ type benchOptions struct {
 	plotDir     string
 	metrics     []string  // of benchMetrics, in the given order
 	percentiles []float64 // in (0, 100]
+	// offline: the --speculative comparison (nil: a plain run), the
+	// --batch sizes and --num-speculative-tokens (0: the config's).
+	speculative   *bench.SpeculativeOptions
+	batches       []int
+	numSpecTokens int
 }
 
 // benchChanged reports whether the flag name, or one of its other spellings,
@@ -306,13 +353,72 @@ func (f *benchFlags) options(cmd *cobra.Command, now time.Time) (benchOptions, e
 		return o, fmt.Errorf("bench: --mode offline runs random prompts only (--dataset-name random)")
 	}
 
+	if !slices.Contains(bench.Workloads, f.workload) {
+		return o, fmt.Errorf("bench: --workload must be one of %s, got %q", strings.Join(bench.Workloads, ", "), f.workload)
+	}
+	if f.mode == "serve" {
+		for _, name := range []string{"workload", "speculative", "num-speculative-tokens", "batch", "rounds"} {
+			if benchChanged(cmd, name) {
+				return o, fmt.Errorf("bench: --%s is for --mode offline", name)
+			}
+		}
+	}
+	if f.rounds < 1 {
+		return o, fmt.Errorf("bench: --rounds must be >= 1, got %d", f.rounds)
+	}
+	if f.numSpecTokens < 0 {
+		return o, fmt.Errorf("bench: --num-speculative-tokens must be >= 1, got %d", f.numSpecTokens)
+	}
+	o.numSpecTokens = f.numSpecTokens
+	for s := range strings.SplitSeq(f.batch, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		b, err := strconv.Atoi(s)
+		if err != nil || b < 1 {
+			return o, fmt.Errorf("bench: --batch: %q is not a batch size >= 1", s)
+		}
+		if !slices.Contains(o.batches, b) {
+			o.batches = append(o.batches, b)
+		}
+	}
+	var methods []string
+	for m := range strings.SplitSeq(f.speculative, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			methods = append(methods, m)
+		}
+	}
+	switch {
+	case benchChanged(cmd, "speculative") && len(methods) == 0:
+		return o, fmt.Errorf("bench: --speculative needs methods, e.g. none,ngram,mtp")
+	case len(methods) == 0 && len(o.batches) > 1:
+		return o, fmt.Errorf("bench: several --batch sizes need --speculative (give --speculative none to compare batch sizes alone)")
+	case len(methods) == 0 && benchChanged(cmd, "rounds"):
+		return o, fmt.Errorf("bench: --rounds needs --speculative")
+	case len(methods) > 0 && f.plotDir != "":
+		return o, fmt.Errorf("bench: --plot-dir is not for --speculative runs")
+	}
+
 	if f.mode == "offline" {
 		off := bench.DefaultOffline()
+		if f.workload != bench.WorkloadRandom {
+			off = bench.DefaultTextOffline(f.workload)
+		}
 		if benchChanged(cmd, "num-prompts") {
 			off.NumSeqs = f.numPrompts
 		}
-		off.MinInputLen, off.MaxInputLen = f.minInputLen, f.maxInputLen
-		off.MinOutputLen, off.MaxOutputLen = f.minOutputLen, f.maxOutputLen
+		if benchChanged(cmd, "min-input-len") {
+			off.MinInputLen = f.minInputLen
+		}
+		if benchChanged(cmd, "max-input-len") {
+			off.MaxInputLen = f.maxInputLen
+		}
+		if benchChanged(cmd, "min-output-len") {
+			off.MinOutputLen = f.minOutputLen
+		}
+		if benchChanged(cmd, "max-output-len") {
+			off.MaxOutputLen = f.maxOutputLen
+		}
 		if benchChanged(cmd, "random-input-len") {
 			if benchChanged(cmd, "min-input-len") || benchChanged(cmd, "max-input-len") {
 				return o, fmt.Errorf("bench: give --input-len or --min-input-len/--max-input-len, not both")
@@ -327,6 +433,9 @@ func (f *benchFlags) options(cmd *cobra.Command, now time.Time) (benchOptions, e
 		}
 		off.MaxTokenID, off.Seed, off.Temperature = f.maxTokenID, uint64(f.seed), f.temperature
 		o.offline = off
+		if len(methods) > 0 {
+			o.speculative = &bench.SpeculativeOptions{Offline: off, Methods: methods, NumSpeculativeTokens: f.numSpecTokens, Batches: o.batches, Rounds: f.rounds}
+		}
 		return o, nil
 	}
 	srv := bench.ServeOptions{
@@ -369,6 +478,54 @@ func printOffline(w io.Writer, r *bench.OfflineResult, o benchOptions) {
 	fmt.Fprintf(tw, "Total token throughput (tok/s):\t%.2f\n", r.TotalThroughput)
 	tw.Flush()
 	printSummaries(w, r.Distributions(), o.metrics, o.percentiles)
+}
+
+// printSpeculative writes the comparison of speculative methods: one row
+// per method and batch size, then whether every output equals the
+// baseline's.
+func printSpeculative(w io.Writer, r *bench.SpeculativeResult) {
+	rounds, spread := "", ""
+	if r.Rounds > 1 {
+		rounds, spread = fmt.Sprintf(", median of %d rounds", r.Rounds), "\tspread"
+	}
+	fmt.Fprintf(w, "==== Speculative Decoding Benchmark (%s workload, %d requests, k=%d, temperature %g%s) ====\n",
+		r.Workload, r.NumRequests, r.NumSpeculativeTokens, r.Temperature, rounds)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "method\tbatch\toutput tok/s%s\tvs none\tmean accepted len\tacceptance\tper-position\tTPOT ms\tbackend\n", spread)
+	for _, run := range r.Runs {
+		res := run.Result
+		mal, acc, pos := "-", "-", "-"
+		if sp := res.Speculative; sp != nil {
+			mal, acc = fmt.Sprintf("%.2f", sp.MeanAcceptedLength), fmt.Sprintf("%.2f", sp.AcceptanceRate)
+			if len(sp.PerPosAcceptanceRate) > 0 {
+				parts := make([]string, len(sp.PerPosAcceptanceRate))
+				for i, p := range sp.PerPosAcceptanceRate {
+					parts[i] = fmt.Sprintf("%.2f", p)
+				}
+				pos = strings.Join(parts, "/")
+			}
+		}
+		sp := ""
+		if r.Rounds > 1 {
+			// half the rounds' range, over the median
+			sp = fmt.Sprintf("\t±%.0f%%", 50*(slices.Max(run.RoundThroughputs)-slices.Min(run.RoundThroughputs))/max(res.OutputThroughput, 1e-9))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.1f%s\t%.2fx\t%s\t%s\t%s\t%.2f\t%s\n",
+			run.Method, run.Batch, res.OutputThroughput, sp, run.Speedup, mal, acc, pos, res.TPOTMillis.Mean, res.Backend)
+	}
+	tw.Flush()
+	if r.OutputsIdentical {
+		fmt.Fprintln(w, "outputs identical: yes")
+		return
+	}
+	var diffs []string
+	for _, run := range r.Runs {
+		if !run.SameOutputs {
+			diffs = append(diffs, fmt.Sprintf("%s at batch %d: %d of %d requests differ, the first %s",
+				run.Method, run.Batch, run.NumDiffer, run.Result.NumRequests, run.FirstDiff))
+		}
+	}
+	fmt.Fprintf(w, "outputs identical: no (%s)\n", strings.Join(diffs, "; "))
 }
 
 func printServe(w io.Writer, r *bench.ServeResult, o benchOptions) {

@@ -116,6 +116,76 @@ func TestBenchCommand(t *testing.T) {
 	}
 }
 
+// deepinfer bench --speculative on the editing workload with the shipped
+// model, small: the table has a row per method and batch size, with the
+// method's acceptance and the rounds' spread, and the outputs equal the
+// baseline's (greedy); the JSON result holds every run.
+func TestBenchSpeculative(t *testing.T) {
+	model, err := filepath.Abs(filepath.Join("..", "assets", "deepseek-tiny"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(model, "model.safetensors")); err != nil {
+		t.Skip("no default model:", err)
+	}
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "tiny.yaml")
+	if err := os.WriteFile(cfgPath, []byte("model: "+model+"\nengine:\n  max_model_len: 256\ncpu:\n  threads: 2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	resultFile := filepath.Join(dir, "spec.json")
+	out, err := run(t, "bench", "--config", cfgPath, "--speculative", "none,ngram", "--workload", "editing", "--batch", "1,2",
+		"--num-prompts", "2", "--min-input-len", "40", "--max-input-len", "60", "--output-len", "6", "--num-speculative-tokens", "2",
+		"--rounds", "2", "--result-filename", resultFile)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"Speculative Decoding Benchmark (editing workload, 2 requests, k=2, temperature 0, median of 2 rounds)",
+		"method  batch  output tok/s  spread  vs none  mean accepted len  acceptance", "outputs identical: yes", "cpu(", "±"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	rows := 0
+	for line := range strings.Lines(out) {
+		f := strings.Fields(line)
+		if len(f) < 4 || (f[0] != "none" && f[0] != "ngram") {
+			continue
+		}
+		rows++
+		if f[0] == "none" && (f[4] != "1.00x" || f[5] != "-") || f[0] == "ngram" && f[5] == "-" {
+			t.Errorf("row %q", line)
+		}
+	}
+	if rows != 4 {
+		t.Errorf("%d rows, want 4:\n%s", rows, out)
+	}
+	var res struct {
+		Mode             string `json:"mode"`
+		Rounds           int    `json:"rounds"`
+		OutputsIdentical bool   `json:"outputs_identical"`
+		Runs             []struct {
+			Method string `json:"method"`
+			Batch  int    `json:"batch"`
+			Result struct {
+				TotalOutputTokens int `json:"total_output_tokens"`
+				Speculative       *struct {
+					MeanAcceptedLength float64 `json:"mean_accepted_length"`
+				} `json:"speculative"`
+			} `json:"result"`
+		} `json:"runs"`
+	}
+	readJSON(t, resultFile, &res)
+	if res.Mode != "speculative" || !res.OutputsIdentical || len(res.Runs) != 4 || res.Rounds != 2 {
+		t.Fatalf("JSON: %+v", res)
+	}
+	for _, r := range res.Runs {
+		if r.Result.TotalOutputTokens != 12 || (r.Method == "ngram") != (r.Result.Speculative != nil) {
+			t.Errorf("JSON run %+v", r)
+		}
+	}
+}
+
 func readJSON(t *testing.T, path string, v any) {
 	t.Helper()
 	data, err := os.ReadFile(path)
@@ -253,6 +323,32 @@ func TestBenchOptions(t *testing.T) {
 		{"path with random", []string{"--mode", "serve", "--dataset-name", "random", "--dataset-path", "p"}, nil, "needs --dataset-name custom"},
 		{"offline custom", []string{"--dataset-path", "p"}, nil, "random prompts only"},
 		{"both length forms", []string{"--input-len", "10", "--max-input-len", "20"}, nil, "not both"},
+		{"editing defaults", []string{"--workload", "editing"}, func(o benchOptions) bool {
+			return reflect.DeepEqual(o.offline, bench.DefaultTextOffline(bench.WorkloadEditing)) && o.offline.Temperature == 0 && o.speculative == nil
+		}, ""},
+		{"prose lengths", []string{"--workload", "prose", "--num-prompts", "5", "--max-input-len", "300", "--output-len", "20"}, func(o benchOptions) bool {
+			off := o.offline
+			return off.Workload == "prose" && off.NumSeqs == 5 && off.MinInputLen == 128 && off.MaxInputLen == 300 && off.MinOutputLen == 20 && off.MaxOutputLen == 20
+		}, ""},
+		{"speculative comparison", []string{"--workload", "editing", "--speculative", "ngram, mtp", "--batch", "1,8,1", "--num-speculative-tokens", "3"}, func(o benchOptions) bool {
+			sp := o.speculative
+			return sp != nil && reflect.DeepEqual(sp.Methods, []string{"ngram", "mtp"}) && reflect.DeepEqual(sp.Batches, []int{1, 8}) &&
+				sp.NumSpeculativeTokens == 3 && reflect.DeepEqual(sp.Offline, o.offline) && o.numSpecTokens == 3
+		}, ""},
+		{"one batch", []string{"--batch", "4"}, func(o benchOptions) bool {
+			return reflect.DeepEqual(o.batches, []int{4}) && o.speculative == nil
+		}, ""},
+		{"bad workload", []string{"--workload", "chat"}, nil, "--workload must be one of random, prose, editing"},
+		{"serve workload", []string{"--mode", "serve", "--workload", "editing"}, nil, "--workload is for --mode offline"},
+		{"serve speculative", []string{"--mode", "serve", "--speculative", "ngram"}, nil, "--speculative is for --mode offline"},
+		{"bad batch", []string{"--speculative", "ngram", "--batch", "1,x"}, nil, `--batch: "x" is not a batch size`},
+		{"batches without speculative", []string{"--batch", "1,8"}, nil, "several --batch sizes need --speculative"},
+		{"empty speculative", []string{"--speculative", ","}, nil, "--speculative needs methods"},
+		{"speculative plots", []string{"--speculative", "ngram", "--plot-dir", "p"}, nil, "--plot-dir is not for --speculative"},
+		{"bad k", []string{"--num-speculative-tokens", "-1"}, nil, "--num-speculative-tokens must be >= 1"},
+		{"rounds", []string{"--speculative", "mtp", "--rounds", "3"}, func(o benchOptions) bool { return o.speculative.Rounds == 3 }, ""},
+		{"rounds without speculative", []string{"--rounds", "3"}, nil, "--rounds needs --speculative"},
+		{"bad rounds", []string{"--speculative", "mtp", "--rounds", "0"}, nil, "--rounds must be >= 1"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
