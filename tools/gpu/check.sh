@@ -49,6 +49,13 @@
 #           Llama-3.2-1B decode at batch 1 and 32; device idle between decode
 #           steps. ENGINE_SEQS overrides the offline request count (256);
 #           ENGINE_BENCH (default GPUEngine) is the -test.bench pattern.
+#   spec    speculative decoding on the default model (configs/cuda.yaml):
+#           deepinfer generate, greedy, 64 tokens, with speculative.method
+#           none, ngram and mtp, ZOS on and off: every text must equal the
+#           none run's; then deepinfer bench --speculative none,ngram,mtp
+#           on the prose and editing workloads at SPEC_BATCHES (default
+#           1,8,32,64), k = SPEC_K (default 2), SPEC_PROMPTS requests
+#           (default 64).
 #   bench   the kernel and model benchmarks of bench_gpu_test.go
 #           (Llama-3.2-1B decode and prefill steps, single ops), 10x each;
 #           BENCH (default GPU) is the -test.bench pattern.
@@ -133,9 +140,9 @@ budget=${TOTAL_BUDGET:-470}
 t_start=$(date +%s)
 for p in ${phases//,/ }; do
 	case $p in
-	build | tests | e2e | parity | engine | bench | profile | ab | ncu) ;;
+	build | tests | e2e | spec | parity | engine | bench | profile | ab | ncu) ;;
 	*)
-		echo "check.sh: unknown phase $p in PHASES=$phases: want build, tests, e2e, parity, engine, bench, profile, ab, ncu" >&2
+		echo "check.sh: unknown phase $p in PHASES=$phases: want build, tests, e2e, spec, parity, engine, bench, profile, ab, ncu" >&2
 		exit 2
 		;;
 	esac
@@ -215,6 +222,38 @@ phase_e2e() {
 	done
 	rm -f "$split_cfg"
 	status[e2e]="rc ${rc[*]}"
+}
+
+phase_spec() {
+	local t cfg method zos rc=() same=()
+	need "$dir/deepinfer" "build it here with: tools/gpu/check.sh prepare $dir" || { status[spec]="FAILED: no deepinfer binary"; return; }
+	need "$lib" "run the build phase first" || { status[spec]="FAILED: no library"; return; }
+	for zos in true false; do
+		for method in none ngram mtp; do
+			cfg=configs/.check_spec_${method}_$zos.yaml
+			{ cat configs/cuda.yaml; printf 'speculative: {method: %s, num_speculative_tokens: %s}\n' "$method" "${SPEC_K:-2}"; } |
+				awk -v zos="$zos" '/^zos:/ { print; getline; print "  enabled: " zos; next } { print }' >"$cfg"
+			t=$(limit 60)
+			((t == 0)) && { rc+=("$method/zos=$zos:skipped"); continue; }
+			timeout "$t" "$dir/deepinfer" generate --config "$cfg" -p "The old house at the end of the road" -n 64 >"$logs/spec_gen_${method}_$zos.txt" 2>&1
+			rc+=("$method/zos=$zos:$?")
+			rm -f "$cfg"
+			if cmp -s <(grep -v '^stats:' "$logs/spec_gen_none_true.txt") <(grep -v '^stats:' "$logs/spec_gen_${method}_$zos.txt"); then
+				same+=("$method/zos=$zos:same")
+			else
+				same+=("$method/zos=$zos:DIFFERS")
+			fi
+		done
+	done
+	for workload in prose editing; do
+		t=$(limit 150)
+		((t == 0)) && { rc+=("bench-$workload:skipped"); continue; }
+		timeout "$t" "$dir/deepinfer" bench --config configs/cuda.yaml --speculative none,ngram,mtp --workload "$workload" \
+			--batch "${SPEC_BATCHES:-1,8,32,64}" --num-speculative-tokens "${SPEC_K:-2}" --num-prompts "${SPEC_PROMPTS:-64}" \
+			>"$logs/spec_bench_$workload.txt" 2>&1
+		rc+=("bench-$workload:$?")
+	done
+	status[spec]="rc ${rc[*]}; texts ${same[*]}"
 }
 
 parity_names=qwen3-0.6b,llama-3.2-1b,deepseek-v2-lite-4layers
@@ -424,6 +463,16 @@ if [[ -f $logs/gen_cuda.txt ]]; then
 		printf '%-11s %s | %s\n' "$run" "$(grep -oE 'decode [0-9.]+ tok/s' "$f" | head -1)" "$(grep -oE 'device (idle between steps|timeline off)[^|]*' "$f" | head -1)"
 	done
 fi
+for workload in prose editing; do
+	f=$logs/spec_bench_$workload.txt
+	[[ -f $f ]] || continue
+	echo "-- speculative decoding, default model, $workload workload (deepinfer bench --speculative, k=${SPEC_K:-2})"
+	grep -E '^(method|none|ngram|mtp) |outputs identical' "$f"
+done
+for f in "$logs"/spec_gen_*.txt; do
+	[[ -f $f ]] || continue
+	printf '%-26s %s\n' "$(basename "$f" .txt)" "$(grep -oE 'decode [0-9.]+ tok/s( \| spec: [^|]*)?' "$f" | head -1)"
+done
 if [[ -f $logs/ab.log ]]; then
 	echo "-- A/B (${AB_BENCH:-GPUDecodeLlama1B}; libraries alternated on this machine, grouped by library)"
 	sort -s -t'|' -k1,1 "$logs/ab.log" | cut -c1-200
