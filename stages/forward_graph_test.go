@@ -332,3 +332,76 @@ func TestGraphTableBlocks(t *testing.T) {
 func prepareFor(d ForwardDeps) *prepare {
 	return &prepare{d: PrepareDeps{Ops: d.Ops, BlockSize: d.Cache.BlockSize, NumBlocks: d.Cache.NumBlocks, Stats: d.Stats}}
 }
+
+// A speculative verify step (a decode with drafts: prepare lays out each of
+// its rows as a one-token decode row) replays the decode graphs, and every
+// row's logits are, bit for bit, those of the eager step and those of plain
+// one-token decodes of the same tokens.
+func TestForwardGraphsVerifyRows(t *testing.T) {
+	dir := t.TempDir()
+	if err := random.WriteLlama(dir, random.TinyLlama, 12); err != nil {
+		t.Fatal(err)
+	}
+	eager, _ := graphTestRuntime(t, dir, false)
+	graphed, fake := graphTestRuntime(t, dir, true)
+	plain, _ := graphTestRuntime(t, dir, false)
+	graphs, err := newDecodeGraphs(*graphed, []int{2, 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fEager, fGraphed, fPlain := &forward{d: *eager}, &forward{d: *graphed, graphs: graphs}, &forward{d: *plain}
+	defer fGraphed.Close()
+	prompts := [][]int{{1, 5, 9, 3, 7}, {1, 2, 3}}
+	drafts := [][]int{{11, 12, 13}, {21}} // the last input, then the drafts
+	tables := [][]int{{40, 41, 42, 43}, {50, 51, 52, 53}}
+	var want []float32
+	// Plain decodes: the prompt, then each input token alone.
+	for s, p := range prompts {
+		seq := &graphSeq{id: engine.SeqID(s + 1), tokens: append([]int(nil), p...), table: tables[s]}
+		runStep(t, fPlain, 1, []*graphSeq{seq})
+		for _, tok := range drafts[s] {
+			seq.cached = len(seq.tokens)
+			seq.tokens = append(seq.tokens, tok)
+			want = append(want, runStep(t, fPlain, 2, []*graphSeq{seq})...)
+		}
+	}
+	for _, f := range []*forward{fEager, fGraphed} {
+		var metas []engine.SequenceMetadata
+		numTokens := 0
+		for s, p := range prompts {
+			seq := &graphSeq{id: engine.SeqID(s + 1), tokens: append([]int(nil), p...), table: tables[s]}
+			runStep(t, f, 1, []*graphSeq{seq})
+			seq.cached = len(seq.tokens)
+			seq.tokens = append(seq.tokens, drafts[s]...)
+			m := seq.meta(s)
+			m.NumDrafts = len(drafts[s]) - 1
+			metas = append(metas, m)
+			numTokens += m.SeqlenQ
+		}
+		step := &ScheduledStep{Seqs: metas, Outputs: &engine.SchedulerOutputs{StepID: 2, Kind: engine.StepDecode,
+			NumSampleRows: 2, NumBatchedTokens: numTokens, NumDecodeSeqs: 2, NumDecodeTokens: numTokens, NumDraftTokens: numTokens - 2}}
+		prep, err := prepareFor(f.d).Process(context.Background(), step)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(prep.Rows) != numTokens {
+			t.Fatalf("%d logits rows, want %d", len(prep.Rows), numTokens)
+		}
+		res, err := f.Process(context.Background(), prep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := kernels.ToF32(f.d.Ops, res.Logits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range want {
+			if math.Float32bits(want[i]) != math.Float32bits(got[i]) {
+				t.Fatalf("graphs %v: logits[%d] = %v, plain decodes %v", f.graphs != nil, i, got[i], want[i])
+			}
+		}
+	}
+	if fake.replays != 1 {
+		t.Errorf("%d graph replays, want 1 (the verify step)", fake.replays)
+	}
+}

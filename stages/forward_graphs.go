@@ -126,9 +126,7 @@ func (d *decodeGraphs) capture(rt ForwardDeps, n int) (*decodeGraph, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := g.fill(nil, rt.Cache.BlockSize); err != nil {
-		return nil, err
-	}
+	g.fillPadding()
 	if err := ops.Upload(g.inputs, kernels.I32Bytes(g.host), kernels.I32); err != nil {
 		return nil, err
 	}
@@ -151,23 +149,19 @@ func (d *decodeGraphs) capture(rt ForwardDeps, n int) (*decodeGraph, error) {
 }
 
 // pick returns the graph that serves step, or nil when the step runs
-// eagerly: not a pure decode step, more sequences than the largest size, or
-// a block table wider than the static ones.
+// eagerly: not made only of one-token rows (a decode step, speculative
+// verify rows included: prepare lays each out as its own decode row), more
+// rows than the largest size, or a block table wider than the static ones.
 func (d *decodeGraphs) pick(step *PreparedStep) *decodeGraph {
-	if d == nil || step.Batch == nil || step.ShiftFrom != nil {
+	if d == nil || step.Batch == nil {
 		return nil
 	}
-	n := len(step.Seqs)
-	if n == 0 || step.Batch.NumTokens != n || step.Batch.Attn.NumSeqs != n {
+	n := step.Batch.NumTokens
+	if n == 0 || step.Batch.Attn.NumSeqs != n || step.Outputs.NumPrefillSeqs > 0 {
 		return nil
 	}
 	if bt := step.Batch.Attn.BlockTables; bt == nil || len(bt.Shape()) != 2 || bt.Shape()[1] > d.maxBlocks {
 		return nil
-	}
-	for i := range step.Seqs {
-		if len(step.Seqs[i].InputTokenIDs) != 1 {
-			return nil
-		}
 	}
 	for i, size := range d.sizes {
 		if n <= size {
@@ -177,48 +171,48 @@ func (d *decodeGraphs) pick(step *PreparedStep) *decodeGraph {
 	return nil
 }
 
-// fill writes the host staging for seqs (nil: padding only).
-func (g *decodeGraph) fill(seqs []engine.SequenceMetadata, blockSize int) error {
+// fillPadding writes the host staging of padding rows: token 0 at
+// position 0 with one key, slot -1.
+func (g *decodeGraph) fillPadding() {
 	n := g.size
 	ids, pos, slots, seqlensK := g.host[:n], g.host[n:2*n], g.host[2*n:3*n], g.host[3*n:]
 	for i := range n {
 		ids[i], pos[i], slots[i], seqlensK[i] = 0, 0, -1, 1
 	}
-	for i := range seqs {
-		m := &seqs[i]
-		p := m.PosStart
-		if b := p / blockSize; b >= len(m.BlockTable) {
-			return fmt.Errorf("sequence %d: position %d outside its block table of %d blocks", m.SeqID, p, len(m.BlockTable))
-		}
-		ids[i] = int32(m.InputTokenIDs[0])
-		pos[i] = int32(p)
-		slots[i] = int32(m.BlockTable[p/blockSize]*blockSize + p%blockSize)
-		seqlensK[i] = int32(p + 1)
-	}
-	return nil
 }
 
 // load writes step's inputs into the graph's static tensors, padding the
-// rows past its sequences, and resolves placeholder inputs on the device.
-// Cost: one small upload, one block-table copy on the device.
+// rows past its own: the step's batch, with its placeholders resolved and
+// its shifts applied on the device, is copied in on the device. Cost: one
+// small upload (the padding), five copies on the device.
 func (g *decodeGraph) load(rt ForwardDeps, step *PreparedStep) error {
-	if err := g.fill(step.Seqs, rt.Cache.BlockSize); err != nil {
+	ops := rt.Ops
+	if err := ops.Upload(g.inputs, kernels.I32Bytes(g.host), kernels.I32); err != nil {
 		return err
 	}
-	if err := rt.Ops.Upload(g.inputs, kernels.I32Bytes(g.host), kernels.I32); err != nil {
+	if err := ResolvePlaceholders(ops, step, step.Batch.InputIDs); err != nil {
 		return err
 	}
-	if err := rt.Ops.(graphOps).CopyRect(g.tables, step.Batch.Attn.BlockTables); err != nil {
+	if err := ShiftAccepted(ops, step); err != nil {
 		return err
 	}
-	if step.FromRow == nil {
-		return nil
+	b := step.Batch
+	n := b.NumTokens
+	gops := ops.(graphOps)
+	for i, src := range []kernels.Tensor{b.InputIDs, b.Positions, b.Attn.SlotMapping, b.Attn.SeqlensK} {
+		dst, err := ops.Rows(g.inputs, i, i+1)
+		if err != nil {
+			return err
+		}
+		row, err := ops.Reshape(src, 1, n)
+		if err != nil {
+			return err
+		}
+		if err := gops.CopyRect(dst, row); err != nil {
+			return err
+		}
 	}
-	ids, err := rt.Ops.Rows(g.ids, 0, len(step.Seqs))
-	if err != nil {
-		return err
-	}
-	return ResolvePlaceholders(rt.Ops, step, ids)
+	return gops.CopyRect(g.tables, b.Attn.BlockTables)
 }
 
 func (d *decodeGraphs) close() error {

@@ -85,7 +85,7 @@ type PreparedStep struct {
 	// (its sample row, or with speculative decoding row*(1+k)+j), -1 for
 	// known ones.
 	FromRow kernels.Tensor
-	// ShiftFrom (I32 [num_seqs]) is set when some sequence's layout assumes
+	// ShiftFrom (I32 [Batch's sequences]) is set when some sequence's layout assumes
 	// the previous step accepted no draft (SequenceMetadata.Shifted):
 	// the forward stage shifts them by the accepted counts of the step
 	// before (kernels.Ops.ShiftAccepted) before it runs.
@@ -117,7 +117,7 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 	var promptRows []PromptRow
 	var promptRowIdx []int32
 	fromRow := make([]int32, 0, step.Outputs.NumBatchedTokens)
-	shiftFrom := make([]int32, len(step.Seqs))
+	shiftFrom := make([]int32, 0, len(step.Seqs)+step.Outputs.NumDraftTokens)
 	placeholders, shifted := false, false
 	stride := 1 + p.d.NumSpeculativeTokens
 	nextRow := 0
@@ -144,15 +144,29 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 			ids[j] = int32(id)
 			fromRow = append(fromRow, from)
 		}
-		shiftFrom[i] = -1
+		shift := int32(-1)
 		if m.Shifted {
-			shiftFrom[i], shifted = int32(m.InputFromRow), true
+			shift, shifted = int32(m.InputFromRow), true
 		}
 		table := make([]int32, len(m.BlockTable))
 		for j, b := range m.BlockTable {
 			table[j] = int32(b)
 		}
-		h.AddSequence(ids, m.PosStart, table)
+		if m.Prefill {
+			h.AddSequence(ids, m.PosStart, table)
+			shiftFrom = append(shiftFrom, shift)
+		} else {
+			// A decode's rows (its last token and the drafts it verifies)
+			// are laid out as decode rows of one token each, every one
+			// with its own key count over the sequence's block table: the
+			// decode attention kernels give each the bits it would have
+			// as a plain decode, and verify steps replay the decode CUDA
+			// graphs. The step writes all their keys before any attends.
+			for j := range ids {
+				h.AddSequence(ids[j:j+1:j+1], m.PosStart+j, table)
+				shiftFrom = append(shiftFrom, shift)
+			}
+		}
 		if !m.Sample {
 			continue
 		}
