@@ -223,6 +223,10 @@ type SchedulerOutputs struct {
 	// NumDraftTokens counts the draft tokens the step verifies (included in
 	// NumDecodeTokens).
 	NumDraftTokens int
+	// DraftsOff is set when speculative decoding is configured but the step
+	// was planned with drafts turned off (SetDrafts, SpecDisableBatchSize):
+	// a drafter may skip drafting for it.
+	DraftsOff bool
 
 	InputTokenIDs []int
 	SlotMapping   []int
@@ -399,6 +403,7 @@ type Scheduler struct {
 	builder      stepBuilder
 	newRunning   []*Sequence
 
+	draftsOff          bool // SetDrafts(false)
 	finishedIDs        []SeqID
 	abortedIDs         []SeqID
 	pendingStateCopies []pendingStateCopy
@@ -528,6 +533,23 @@ func (s *Scheduler) GrammarReady(id SeqID, compileErr error) error {
 	seq.status = StatusWaiting
 	s.insertWaiting(seq)
 	return nil
+}
+
+// SetDrafts turns the verification of drafts on or off for the steps
+// planned from now on (speculative decoding stays configured: the drafter
+// keeps its state, and drafts resume at once when turned back on).
+func (s *Scheduler) SetDrafts(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.draftsOff = !on
+}
+
+// NumRunning returns the number of running (decoding) sequences, as of the
+// last Schedule. Cost: O(1).
+func (s *Scheduler) NumRunning() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.running)
 }
 
 // HasUnfinished reports whether any added sequence has not finished.
@@ -743,7 +765,7 @@ func (s *Scheduler) draftsFor(seq *Sequence, budget int) (q, slots int) {
 	if k == 0 {
 		return 0, 1
 	}
-	if d := s.cfg.SpecDisableBatchSize; d > 0 && len(s.running) >= d {
+	if s.draftsOff || s.cfg.SpecDisableBatchSize > 0 && len(s.running) >= s.cfg.SpecDisableBatchSize {
 		k = 0 // the slots still cover the shift and the drafter's lookahead
 	}
 	q = len(seq.drafts)
@@ -804,6 +826,8 @@ func (s *Scheduler) ScheduleInto(buf []SequenceMetadata) (*SchedulerOutputs, []S
 	b := s.newBuilder(buf)
 	id := b.id
 	out := b.out
+	out.DraftsOff = s.cfg.NumSpeculativeTokens > 0 && (s.draftsOff ||
+		s.cfg.SpecDisableBatchSize > 0 && len(s.running) >= s.cfg.SpecDisableBatchSize)
 
 	// 1. Decodes, oldest first; preempt the youngest when blocks run out.
 	for i := 0; i < len(s.running); i++ {

@@ -34,7 +34,7 @@ func loadDrafter(cfg *config.Config, ops kernels.Ops, model models.Model, tok *t
 		return drafterSetup{}, nil
 	}
 	d := drafterSetup{env: stages.Speculative{NumSpeculativeTokens: sp.NumSpeculativeTokens,
-		PromptLookupMin: sp.PromptLookupMin, PromptLookupMax: sp.PromptLookupMax, DisableBatchSize: sp.DisableByBatchSize}}
+		PromptLookupMin: sp.PromptLookupMin, PromptLookupMax: sp.PromptLookupMax, DisableBatchSize: sp.DisableByBatchSize, Adaptive: sp.Adaptive}}
 	switch sp.Method {
 	case "mtp":
 		mtp := model.MTP()

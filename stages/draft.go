@@ -173,11 +173,13 @@ func init() {
 	})
 }
 
-// draftsOff reports whether a step has so many sample rows that the
-// scheduler will verify no drafts (Speculative.DisableBatchSize).
+// draftsOff reports whether the next step will most likely verify no
+// drafts: this one was planned with drafts off (the adaptive controller,
+// or Speculative.DisableBatchSize for its batch), so a drafter may skip
+// drafting (a drafter with its own KV still writes it).
 func draftsOff(d DraftDeps, step *SampledStep) bool {
 	n := d.Speculative.DisableBatchSize
-	return n > 0 && len(step.Verified) >= n
+	return step.Outputs.DraftsOff || n > 0 && len(step.Verified) >= n
 }
 
 // chainRow is one sequence that drafts by running a model one token at a
@@ -246,6 +248,9 @@ type ngramDrafter struct{ d DraftDeps }
 func (n *ngramDrafter) Propose(_ context.Context, step *SampledStep) ([][]int, error) {
 	sp := n.d.Speculative
 	out := make([][]int, len(step.Verified))
+	if draftsOff(n.d, step) {
+		return out, nil
+	}
 	for r, v := range step.Verified {
 		out[r] = spec.PromptLookup(SequenceHistory(step, v), sp.PromptLookupMin, sp.PromptLookupMax, sp.NumSpeculativeTokens)
 	}

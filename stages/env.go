@@ -54,6 +54,8 @@ type Speculative struct {
 	// least this many sequences run, so a drafter may skip drafting for a
 	// step with that many sample rows (it still keeps its KV cache).
 	DisableBatchSize int
+	// Adaptive turns drafts on and off by measuring (spec.Controller).
+	Adaptive bool
 	// DraftModel is the draft_model drafter's model (nil for others).
 	DraftModel models.Model
 	// DraftCache is the drafter's own paged KV cache, with the target's

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/engine/spec"
 	"github.com/deepinfer/deepinfer-go/pipeline"
 )
 
@@ -31,6 +32,9 @@ type ScheduleDeps struct {
 	Scheduler   *engine.Scheduler
 	Responder   *Responder
 	ManualSteps bool // plan a step only when an Admission asks for one
+	// Drafts, when not nil, turns speculative decoding's drafts on and off
+	// by measuring decode throughput (speculative.adaptive).
+	Drafts *spec.Controller
 }
 
 // RegisterSchedule registers a schedule implementation in r (nil: the
@@ -41,7 +45,11 @@ func RegisterSchedule[O any](r *pipeline.Registry, name string, defaults O, buil
 		if err != nil {
 			return nil, err
 		}
-		p, err := build(ScheduleDeps{Scheduler: e.Scheduler, Responder: e.Responder, ManualSteps: e.ManualSteps}, o)
+		d := ScheduleDeps{Scheduler: e.Scheduler, Responder: e.Responder, ManualSteps: e.ManualSteps}
+		if e.Speculative.NumSpeculativeTokens > 0 && e.Speculative.Adaptive {
+			d.Drafts = spec.NewController(16, 8)
+		}
+		p, err := build(d, o)
 		if err != nil {
 			return nil, err
 		}
@@ -63,6 +71,7 @@ type Schedule struct {
 	d      ScheduleDeps
 	spare  [][]engine.SequenceMetadata
 	busy   map[engine.StepID][]engine.SequenceMetadata
+	kinds  map[engine.StepID]engine.StepKind // steps in flight, for the drafts controller
 	asks   []*StepAsk                 // manual steps not yet planned
 	asked  map[engine.StepID]*StepAsk // manual steps in flight
 	drains []chan struct{}            // closed when the scheduler is idle
@@ -72,7 +81,7 @@ type Schedule struct {
 
 // NewSchedule returns the built-in schedule stage.
 func NewSchedule(d ScheduleDeps) *Schedule {
-	return &Schedule{d: d, busy: map[engine.StepID][]engine.SequenceMetadata{}, asked: map[engine.StepID]*StepAsk{},
+	return &Schedule{d: d, busy: map[engine.StepID][]engine.SequenceMetadata{}, kinds: map[engine.StepID]engine.StepKind{}, asked: map[engine.StepID]*StepAsk{},
 		done: map[engine.SeqID]bool{}, ended: map[engine.SeqID]engine.FinishReason{}}
 }
 
@@ -128,6 +137,14 @@ func (s *Schedule) Feedback(_ context.Context, out *StepOutputs) error {
 			}
 		}
 	}
+	if c := s.d.Drafts; c != nil && out.StepID != 0 {
+		if s.kinds[out.StepID] == engine.StepDecode {
+			c.Observe(out.NumTokens, out.Done)
+		} else {
+			c.Skip(out.Done)
+		}
+		delete(s.kinds, out.StepID)
+	}
 	if a, ok := s.asked[out.StepID]; ok {
 		delete(s.asked, out.StepID)
 		a.Done <- out
@@ -154,6 +171,9 @@ func (s *Schedule) Plan(context.Context) (*ScheduledStep, bool, error) {
 	if n := len(s.spare); n > 0 {
 		buf, s.spare = s.spare[n-1], s.spare[:n-1]
 	}
+	if c := s.d.Drafts; c != nil {
+		s.d.Scheduler.SetDrafts(c.Decide(s.d.Scheduler.NumRunning()))
+	}
 	out, metas := s.d.Scheduler.ScheduleInto(buf)
 	for _, f := range out.Finished {
 		s.d.Responder.Fail(f.RequestID, f.Reason, f.Err)
@@ -169,6 +189,9 @@ func (s *Schedule) Plan(context.Context) (*ScheduledStep, bool, error) {
 		return nil, false, nil
 	}
 	s.busy[out.StepID] = metas
+	if s.d.Drafts != nil {
+		s.kinds[out.StepID] = out.Kind
+	}
 	if ask != nil {
 		s.asked[out.StepID] = ask
 	}

@@ -160,6 +160,10 @@ type Speculative struct {
 	// least this many sequences run (vLLM's
 	// speculative_disable_by_batch_size); 0: never.
 	DisableByBatchSize int `yaml:"disable_by_batch_size"`
+	// Adaptive measures decode throughput with drafts and without for each
+	// batch size class and verifies drafts only where they are faster
+	// (engine/spec.Controller). Outputs are the same either way.
+	Adaptive bool `yaml:"adaptive"`
 }
 
 // Enabled reports whether speculative decoding is on.
@@ -215,6 +219,7 @@ func Default() Config {
 			ConfidenceThreshold:  0.5,
 			PromptLookupMin:      2,
 			PromptLookupMax:      4,
+			Adaptive:             true,
 		},
 		StructuredOutput: StructuredOutput{Workers: 2, CacheSize: 256},
 		Pipeline:         Pipeline{EdgeCapacity: 2},
