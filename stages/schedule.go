@@ -72,10 +72,10 @@ type Schedule struct {
 	spare  [][]engine.SequenceMetadata
 	busy   map[engine.StepID][]engine.SequenceMetadata
 	kinds  map[engine.StepID]engine.StepKind // steps in flight, for the drafts controller
-	asks   []*StepAsk                 // manual steps not yet planned
-	asked  map[engine.StepID]*StepAsk // manual steps in flight
-	drains []chan struct{}            // closed when the scheduler is idle
-	done   map[engine.SeqID]bool      // reused by Feedback
+	asks   []*StepAsk                        // manual steps not yet planned
+	asked  map[engine.StepID]*StepAsk        // manual steps in flight
+	drains []chan struct{}                   // closed when the scheduler is idle
+	done   map[engine.SeqID]bool             // reused by Feedback
 	ended  map[engine.SeqID]engine.FinishReason
 }
 

@@ -30,7 +30,7 @@ func TestController(t *testing.T) {
 		onTime, offTime time.Duration
 		wantOn          bool
 	}{
-		{"drafts pay", 3, 2 * time.Millisecond, time.Millisecond, true},  // 1500 vs 1000 tok/s
+		{"drafts pay", 3, 2 * time.Millisecond, time.Millisecond, true},   // 1500 vs 1000 tok/s
 		{"drafts cost", 2, 3 * time.Millisecond, time.Millisecond, false}, // 667 vs 1000 tok/s
 	}
 	for _, tc := range cases {
