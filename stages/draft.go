@@ -175,8 +175,12 @@ func init() {
 
 // draftsOff reports whether the next step will most likely verify no
 // drafts: this one was planned with drafts off (the adaptive controller,
-// or Speculative.DisableBatchSize for its batch), so a drafter may skip
-// drafting (a drafter with its own KV still writes it).
+// or Speculative.DisableBatchSize for its batch), so a drafter skips the
+// step. A drafter with its own KV (MTP, a draft model) then leaves the
+// step's positions unwritten: turned off, drafting costs nothing, and once
+// drafts are back on its attention reads stale entries there, which only
+// lowers how often its drafts are accepted (the adaptive controller
+// measures that too); verification stays lossless.
 func draftsOff(d DraftDeps, step *SampledStep) bool {
 	n := d.Speculative.DisableBatchSize
 	return step.Outputs.DraftsOff || n > 0 && len(step.Verified) >= n

@@ -51,6 +51,9 @@ func newMTPDrafter(d DraftDeps) (*mtpDrafter, error) {
 
 func (p *mtpDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int, error) {
 	d, ops, res := p.d, p.d.Ops, step.ForwardResult
+	if draftsOff(d, step) {
+		return make([][]int, len(step.Verified)), nil // see draftsOff
+	}
 	cache := d.Speculative.DraftCache
 	if err := copyCacheBlocks(ops, cache, step.Outputs.BlockCopies); err != nil {
 		return nil, err
@@ -100,9 +103,6 @@ func (p *mtpDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int, e
 	}
 	// The first draft: the output at each sequence's last emitted token.
 	drafts := make([][]int, len(step.Verified))
-	if draftsOff(d, step) {
-		return drafts, nil // the KV is written; no draft would be verified
-	}
 	seqIndex := make(map[engine.SeqID]int, len(step.Seqs))
 	for i := range step.Seqs {
 		seqIndex[step.Seqs[i].SeqID] = i
@@ -200,6 +200,9 @@ func newModelDrafter(d DraftDeps) (*modelDrafter, error) {
 
 func (p *modelDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int, error) {
 	d, ops := p.d, p.d.Ops
+	if draftsOff(d, step) {
+		return make([][]int, len(step.Verified)), nil // see draftsOff
+	}
 	cache := d.Speculative.DraftCache
 	if err := copyCacheBlocks(ops, cache, step.Outputs.BlockCopies); err != nil {
 		return nil, err
@@ -208,9 +211,6 @@ func (p *modelDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int,
 		return nil, err
 	}
 	drafts := make([][]int, len(step.Verified))
-	if draftsOff(d, step) {
-		return drafts, nil // the KV is written; no draft would be verified
-	}
 	var rows []chainRow
 	for r, v := range step.Verified {
 		if v.Ref.SeqID != v.Ref.Meta.SeqID {
