@@ -1,10 +1,12 @@
 package llm
 
 import (
+	"context"
 	"path/filepath"
 	"reflect"
 	"testing"
 
+	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/config"
 )
 
@@ -111,5 +113,47 @@ func TestSpeculativeDisableByBatchSize(t *testing.T) {
 	}
 	if !reflect.DeepEqual(outs[0], outs[1]) {
 		t.Error("outputs differ with drafts off and on")
+	}
+}
+
+// Logprobs and prompt logprobs come out the same with speculation: every
+// emitted token, accepted draft or not, carries the target's logprobs at
+// its position.
+func TestSpeculativeLogprobs(t *testing.T) {
+	dir := filepath.Join("..", "assets", "deepseek-tiny")
+	var got [2][]Completion
+	for i, method := range []string{"", "mtp"} {
+		l, err := NewLLM(tinyConfig(t, dir, func(c *config.Config) {
+			c.Pipeline.Impl = nil
+			c.Speculative.Method = method
+			c.Speculative.Adaptive = false
+		}), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := engine.DefaultSamplingParams()
+		lp, plp := 3, 2
+		p.Temperature, p.MaxTokens, p.Logprobs, p.PromptLogprobs, p.IgnoreEOS = 0, 24, &lp, &plp, true
+		res, err := l.Generate(context.Background(), []Prompt{{Text: "The old house"}, {Text: "It was a dark and stormy night"}}, p, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if method != "" && l.StepStats().Spec().NumAcceptedTokens == 0 {
+			t.Error("no draft accepted")
+		}
+		l.Close()
+		got[i] = res
+	}
+	for r := range got[0] {
+		a, b := got[0][r].Outputs[0], got[1][r].Outputs[0]
+		if len(b.Logprobs) != len(b.TokenIDs) {
+			t.Errorf("prompt %d: %d logprobs for %d tokens", r, len(b.Logprobs), len(b.TokenIDs))
+		}
+		if !reflect.DeepEqual(a.TokenIDs, b.TokenIDs) || !reflect.DeepEqual(a.Logprobs, b.Logprobs) {
+			t.Errorf("prompt %d: tokens or logprobs differ with speculation", r)
+		}
+		if !reflect.DeepEqual(got[0][r].PromptLogprobs, got[1][r].PromptLogprobs) {
+			t.Errorf("prompt %d: prompt logprobs differ with speculation", r)
+		}
 	}
 }
