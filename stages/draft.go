@@ -42,17 +42,21 @@ type DraftDeps struct {
 	Model       models.Model // the target
 	Speculative Speculative
 	BlockSize   int
+	NumBlocks   int
 	MaxModelLen int
-	Stats       *Stats
+	// CUDAGraph is the engine's graph capture (config cuda_graph): a
+	// drafter may capture its own passes for the same sizes.
+	CUDAGraph CUDAGraph
+	Stats     *Stats
 }
 
 // RegisterDraft registers a drafter in r (nil: the default registry) as an
 // implementation of the draft slot.
 func RegisterDraft[O any](r *pipeline.Registry, name string, defaults O, build func(DraftDeps, O) (Drafter, error)) {
 	register(r, "draft", name, defaults, func(e *Env) DraftDeps {
-		d := DraftDeps{Ops: e.Ops, Model: e.Model, Speculative: e.Speculative, Stats: e.Stats}
+		d := DraftDeps{Ops: e.Ops, Model: e.Model, Speculative: e.Speculative, Stats: e.Stats, CUDAGraph: e.CUDAGraph}
 		if e.Cache != nil {
-			d.BlockSize = e.Cache.BlockSize
+			d.BlockSize, d.NumBlocks = e.Cache.BlockSize, e.Cache.NumBlocks
 		}
 		if e.Scheduler != nil {
 			d.MaxModelLen = e.Scheduler.Config().MaxModelLen
@@ -116,6 +120,15 @@ func (s *draftStage) Process(ctx context.Context, step *SampledStep) (*SampledSt
 		return nil, fmt.Errorf("draft: step %d: %w", step.Outputs.StepID, err)
 	}
 	return step, nil
+}
+
+// Start starts the drafter when it has device work to do before the loop
+// (graph capture).
+func (s *draftStage) Start(ctx context.Context) error {
+	if st, ok := s.drafter.(pipeline.Starter); ok {
+		return st.Start(ctx)
+	}
+	return nil
 }
 
 // Close closes the drafter when it holds resources.
@@ -221,15 +234,34 @@ func chainBatch(d DraftDeps, rows []chainRow) (*models.ForwardBatch, []chainRow,
 	return b, kept, err
 }
 
-// argmaxRows returns the highest-scoring token of each row of logits (F32
-// [R, vocab]), the lowest id on ties.
-func argmaxRows(ops kernels.Ops, logits kernels.Tensor) ([]int, error) {
-	flat, err := kernels.ToF32(ops, logits)
+// greedyTokens returns the highest-scoring token of each of the first n
+// rows of logits (F32 [R, vocab]): on the device when the backend samples
+// there (only the tokens come back), else on the host (lowest id on ties).
+func greedyTokens(ops kernels.Ops, logits kernels.Tensor, n int) ([]int, error) {
+	rows, err := ops.Rows(logits, 0, n)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int, n)
+	if dev, ok := ops.(kernels.DeviceSampler); ok {
+		greedy := make([]kernels.SampleRow, n)
+		for i := range greedy {
+			greedy[i].Greedy = true
+		}
+		_, host, err := dev.SampleTokens(rows, greedy)
+		if err != nil {
+			return nil, err
+		}
+		for i, t := range host {
+			out[i] = int(t)
+		}
+		return out, nil
+	}
+	flat, err := kernels.ToF32(ops, rows)
 	if err != nil {
 		return nil, err
 	}
 	vocab := logits.Shape()[1]
-	out := make([]int, len(flat)/vocab)
 	for r := range out {
 		row := flat[r*vocab : (r+1)*vocab]
 		best := 0

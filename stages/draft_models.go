@@ -31,8 +31,9 @@ import (
 // Cost: one MTP layer over the step's tokens, then k-1 passes of one row
 // per sequence, each with a logits row per sequence.
 type mtpDrafter struct {
-	d   DraftDeps
-	mtp *models.MTP
+	d      DraftDeps
+	mtp    *models.MTP
+	graphs *mtpGraphs // nil: every pass eager
 }
 
 func newMTPDrafter(d DraftDeps) (*mtpDrafter, error) {
@@ -97,10 +98,6 @@ func (p *mtpDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int, e
 	}
 	mb := *b
 	mb.InputIDs = idsT
-	out, err := p.mtp.Forward(ctx, 0, cache, &mb, hidden)
-	if err != nil {
-		return nil, err
-	}
 	// The first draft: the output at each sequence's last emitted token.
 	drafts := make([][]int, len(step.Verified))
 	seqIndex := make(map[engine.SeqID]int, len(step.Seqs))
@@ -108,33 +105,23 @@ func (p *mtpDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int, e
 		seqIndex[step.Seqs[i].SeqID] = i
 	}
 	var rows []chainRow
+	var at []int32
 	for r, v := range step.Verified {
 		m := v.Ref.Meta
 		if v.Ref.SeqID != m.SeqID {
 			continue // a fork
 		}
 		i := seqIndex[m.SeqID]
-		rows = append(rows, chainRow{out: r, meta: m, pos: rowPosition(step, v) + 1,
-			hiddenRow: first[i] + m.SeqlenQ - 1 - m.NumDrafts + len(v.TokenIDs) - 1})
+		row := first[i] + m.SeqlenQ - 1 - m.NumDrafts + len(v.TokenIDs) - 1
+		rows = append(rows, chainRow{out: r, meta: m, pos: rowPosition(step, v) + 1, hiddenRow: row})
+		at = append(at, int32(row))
+	}
+	out, tokens, err := p.run(ctx, &mb, hidden, nil, at)
+	if err != nil {
+		return nil, err
 	}
 	k := d.Speculative.NumSpeculativeTokens
 	for j := 0; len(rows) > 0; j++ {
-		at := make([]int32, len(rows))
-		for n := range rows {
-			at[n] = int32(rows[n].hiddenRow)
-		}
-		idx, err := kernels.FromI32(ops, at, len(at))
-		if err != nil {
-			return nil, err
-		}
-		logits, err := p.mtp.ComputeLogits(0, out, idx)
-		if err != nil {
-			return nil, err
-		}
-		tokens, err := argmaxRows(ops, logits)
-		if err != nil {
-			return nil, err
-		}
 		for n := range rows {
 			drafts[rows[n].out] = append(drafts[rows[n].out], tokens[n])
 			rows[n].token = tokens[n]
@@ -149,21 +136,12 @@ func (p *mtpDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int, e
 			return drafts, err
 		}
 		rows = kept
+		gather := make([]int32, len(rows))
+		at = make([]int32, len(rows))
 		for n := range rows {
-			at[n] = int32(rows[n].hiddenRow)
+			gather[n], at[n] = int32(rows[n].hiddenRow), int32(n)
 		}
-		gather, err := kernels.FromI32(ops, at[:len(rows)], len(rows))
-		if err != nil {
-			return nil, err
-		}
-		h, err := ops.Alloc(out.DType(), len(rows), out.Shape()[1])
-		if err != nil {
-			return nil, err
-		}
-		if err := ops.Embedding(h, out, gather); err != nil {
-			return nil, err
-		}
-		if out, err = p.mtp.Forward(ctx, 0, cache, batch, h); err != nil {
+		if out, tokens, err = p.run(ctx, batch, out, gather, at); err != nil {
 			return nil, err
 		}
 		for n := range rows {
@@ -173,6 +151,91 @@ func (p *mtpDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int, e
 	}
 	return drafts, nil
 }
+
+// run runs the MTP layer over batch b, fed the rows hiddenRows of hidden
+// (nil: hidden's first b.NumTokens rows), and returns its output and the
+// greedy token of each of its rows at: through a captured graph when the
+// batch is one-token rows that a graph's size holds, eagerly otherwise.
+func (p *mtpDrafter) run(ctx context.Context, b *models.ForwardBatch, hidden kernels.Tensor, hiddenRows []int32, at []int32) (kernels.Tensor, []int, error) {
+	ops, cache := p.d.Ops, p.d.Speculative.DraftCache
+	n := b.NumTokens
+	if hiddenRows == nil {
+		hiddenRows = make([]int32, n)
+		for i := range hiddenRows {
+			hiddenRows[i] = int32(i)
+		}
+	}
+	if g := p.graphs.pick(b); g != nil {
+		if err := g.load(ops, b, hidden, hiddenRows); err != nil {
+			return nil, nil, fmt.Errorf("mtp graph inputs: %w", err)
+		}
+		if err := g.graph.Replay(); err != nil {
+			return nil, nil, err
+		}
+		all, err := greedyTokens(ops, g.logits, n)
+		if err != nil {
+			return nil, nil, err
+		}
+		tokens := make([]int, len(at))
+		for i, r := range at {
+			tokens[i] = all[r]
+		}
+		return g.out, tokens, nil
+	}
+	h := hidden
+	if hidden.Shape()[0] != n || !isIdentity(hiddenRows) {
+		idx, err := kernels.FromI32(ops, hiddenRows, len(hiddenRows))
+		if err != nil {
+			return nil, nil, err
+		}
+		if h, err = ops.Alloc(hidden.DType(), n, hidden.Shape()[1]); err != nil {
+			return nil, nil, err
+		}
+		if err := ops.Embedding(h, hidden, idx); err != nil {
+			return nil, nil, err
+		}
+	}
+	out, err := p.mtp.Forward(ctx, 0, cache, b, h)
+	if err != nil {
+		return nil, nil, err
+	}
+	idx, err := kernels.FromI32(ops, at, len(at))
+	if err != nil {
+		return nil, nil, err
+	}
+	logits, err := p.mtp.ComputeLogits(0, out, idx)
+	if err != nil {
+		return nil, nil, err
+	}
+	tokens, err := greedyTokens(ops, logits, len(at))
+	return out, tokens, err
+}
+
+// isIdentity reports whether rows is 0, 1, 2, ...
+func isIdentity(rows []int32) bool {
+	for i, r := range rows {
+		if int(r) != i {
+			return false
+		}
+	}
+	return true
+}
+
+// Start captures the MTP layer's graphs when the engine runs decode steps
+// on CUDA graphs (before the loop starts; see mtpGraphs).
+func (p *mtpDrafter) Start(context.Context) error {
+	if p.mtp == nil || !p.d.CUDAGraph.Enabled {
+		return nil
+	}
+	var err error
+	if p.graphs, err = newMTPGraphs(p.d, p.mtp); err != nil {
+		return fmt.Errorf("draft=mtp: cuda_graph: %w", err)
+	}
+	return nil
+}
+
+// Close releases the captured graphs.
+func (p *mtpDrafter) Close() error { return p.graphs.close() }
 
 // modelDrafter drafts with a smaller model of the same vocabulary, with
 // its own paged KV cache in the target's block layout. Each step it runs
@@ -232,7 +295,7 @@ func (p *modelDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int,
 		if err != nil {
 			return nil, err
 		}
-		tokens, err := argmaxRows(ops, logits)
+		tokens, err := greedyTokens(ops, logits, len(rows))
 		if err != nil {
 			return nil, err
 		}

@@ -1,0 +1,198 @@
+package stages
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/deepinfer/deepinfer-go/engine/models"
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// mtpGraphs holds the MTP layer's pass (its decoder layer and its head
+// over every row) captured as a CUDA graph per row count, the sizes of the
+// engine's decode graphs, over static inputs: the drafter's passes over a
+// decode step (its one-token rows) and its chained passes replay them
+// instead of launching the layer's kernels one by one.
+type mtpGraphs struct {
+	ops       graphOps
+	sizes     []int
+	graphs    []*mtpGraph
+	maxBlocks int
+}
+
+// mtpGraph is the MTP pass over size one-token rows. Rows past a pass's
+// own are padding, as in decodeGraph: token 0 at position 0, one key, slot
+// -1 (nothing written).
+type mtpGraph struct {
+	size   int
+	inputs kernels.Tensor // I32 [4, size]: ids, positions, slots, seqlens_k
+	tables kernels.Tensor // I32 [size, maxBlocks]
+	hidden kernels.Tensor // the pass's input hidden states [size, hidden]
+	batch  *models.ForwardBatch
+	out    kernels.Tensor // output hidden states [size, hidden]
+	logits kernels.Tensor // F32 [size, vocab]
+	graph  interface {
+		Replay() error
+		Close() error
+	}
+	host []int32 // padding staging
+}
+
+// newMTPGraphs captures the MTP pass for each of d.CUDAGraph's sizes, after
+// one eager run of each. Cost per size: one pass and one capture.
+func newMTPGraphs(d DraftDeps, mtp *models.MTP) (*mtpGraphs, error) {
+	gops, ok := d.Ops.(graphOps)
+	if !ok {
+		return nil, fmt.Errorf("backend %s cannot capture graphs", d.Ops.Name())
+	}
+	mg := &mtpGraphs{ops: gops, sizes: append([]int(nil), d.CUDAGraph.BatchSizes...),
+		maxBlocks: graphTableBlocks(d.NumBlocks, d.BlockSize, d.Model.Config().MaxPositionEmbeddings, d.MaxModelLen)}
+	for _, n := range mg.sizes {
+		g, err := mg.capture(d, mtp, n)
+		if err != nil {
+			mg.close()
+			return nil, fmt.Errorf("mtp pass of %d rows: %w", n, err)
+		}
+		mg.graphs = append(mg.graphs, g)
+	}
+	return mg, nil
+}
+
+func (mg *mtpGraphs) capture(d DraftDeps, mtp *models.MTP, n int) (*mtpGraph, error) {
+	ops := d.Ops
+	h := d.Model.Config().HiddenSize
+	g := &mtpGraph{size: n, host: make([]int32, 4*n)}
+	var err error
+	if g.inputs, err = ops.Alloc(kernels.I32, 4, n); err != nil {
+		return nil, err
+	}
+	if g.tables, err = ops.Alloc(kernels.I32, n, mg.maxBlocks); err != nil {
+		return nil, err
+	}
+	if g.hidden, err = ops.Alloc(ops.ActivationDType(), n, h); err != nil {
+		return nil, err
+	}
+	if err := ops.Upload(g.hidden, kernels.F32Bytes(make([]float32, n*h)), kernels.F32); err != nil {
+		return nil, err
+	}
+	cu := make([]int32, n+1)
+	for i := range cu {
+		cu[i] = int32(i)
+	}
+	cuT, err := kernels.FromI32(ops, cu, n+1)
+	if err != nil {
+		return nil, err
+	}
+	row := func(i int) kernels.Tensor {
+		if err != nil {
+			return nil
+		}
+		var t kernels.Tensor
+		if t, err = ops.Rows(g.inputs, i, i+1); err == nil {
+			t, err = ops.Reshape(t, n)
+		}
+		return t
+	}
+	g.batch = &models.ForwardBatch{NumTokens: n, InputIDs: row(0), Positions: row(1), Attn: kernels.AttentionMetadata{
+		NumSeqs: n, NumTokens: n, MaxSeqlenQ: 1, MaxSeqlenK: mg.maxBlocks * d.BlockSize, BlockSize: d.BlockSize,
+		CuSeqlensQ: cuT, SeqlensK: row(3), BlockTables: g.tables, SlotMapping: row(2)}}
+	if err != nil {
+		return nil, err
+	}
+	ds := decodeGraph{size: n, host: g.host}
+	ds.fillPadding()
+	if err := ops.Upload(g.inputs, kernels.I32Bytes(g.host), kernels.I32); err != nil {
+		return nil, err
+	}
+	cache := d.Speculative.DraftCache
+	pass := func() error {
+		out, err := mtp.Forward(context.Background(), 0, cache, g.batch, g.hidden)
+		if err != nil {
+			return err
+		}
+		logits, err := mtp.ComputeLogits(0, out, nil)
+		g.out, g.logits = out, logits
+		return err
+	}
+	if err := pass(); err != nil {
+		return nil, err
+	}
+	if err := ops.Sync(); err != nil {
+		return nil, err
+	}
+	if g.graph, err = mg.ops.CaptureGraph(pass); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// pick returns the graph for a pass over b, or nil when b is not made of
+// one-token rows that some size holds under the static block tables.
+func (mg *mtpGraphs) pick(b *models.ForwardBatch) *mtpGraph {
+	if mg == nil {
+		return nil
+	}
+	n := b.NumTokens
+	if n == 0 || b.Attn.NumSeqs != n {
+		return nil
+	}
+	if bt := b.Attn.BlockTables; bt == nil || len(bt.Shape()) != 2 || bt.Shape()[1] > mg.maxBlocks {
+		return nil
+	}
+	for i, size := range mg.sizes {
+		if n <= size {
+			return mg.graphs[i]
+		}
+	}
+	return nil
+}
+
+// load writes a pass's inputs into the static tensors: b's metadata
+// (copied on the device), padding past its rows, and the rows hiddenRows
+// of hidden (gathered on the device).
+func (g *mtpGraph) load(ops kernels.Ops, b *models.ForwardBatch, hidden kernels.Tensor, hiddenRows []int32) error {
+	n := b.NumTokens
+	if err := ops.Upload(g.inputs, kernels.I32Bytes(g.host), kernels.I32); err != nil {
+		return err
+	}
+	gops := ops.(graphOps)
+	for i, src := range []kernels.Tensor{b.InputIDs, b.Positions, b.Attn.SlotMapping, b.Attn.SeqlensK} {
+		dst, err := ops.Rows(g.inputs, i, i+1)
+		if err != nil {
+			return err
+		}
+		row, err := ops.Reshape(src, 1, n)
+		if err != nil {
+			return err
+		}
+		if err := gops.CopyRect(dst, row); err != nil {
+			return err
+		}
+	}
+	if err := gops.CopyRect(g.tables, b.Attn.BlockTables); err != nil {
+		return err
+	}
+	idx, err := kernels.FromI32(ops, hiddenRows, n)
+	if err != nil {
+		return err
+	}
+	dst, err := ops.Rows(g.hidden, 0, n)
+	if err != nil {
+		return err
+	}
+	return ops.Embedding(dst, hidden, idx)
+}
+
+func (mg *mtpGraphs) close() error {
+	if mg == nil {
+		return nil
+	}
+	var first error
+	for _, g := range mg.graphs {
+		if err := g.graph.Close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	mg.graphs = nil
+	return first
+}
