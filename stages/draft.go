@@ -234,6 +234,12 @@ func chainBatch(d DraftDeps, rows []chainRow) (*models.ForwardBatch, []chainRow,
 	return b, kept, err
 }
 
+// greedyRow is the sample row of a greedy draft: argmax, nothing edited
+// (the neutral values of the other settings, which SampleRow.Check wants).
+func greedyRow() kernels.SampleRow {
+	return kernels.SampleRow{Greedy: true, Temperature: 1, TopP: 1, RepetitionPenalty: 1}
+}
+
 // greedyTokens returns the highest-scoring token of each of the first n
 // rows of logits (F32 [R, vocab]): on the device when the backend samples
 // there (only the tokens come back), else on the host (lowest id on ties).
@@ -246,7 +252,7 @@ func greedyTokens(ops kernels.Ops, logits kernels.Tensor, n int) ([]int, error) 
 	if dev, ok := ops.(kernels.DeviceSampler); ok {
 		greedy := make([]kernels.SampleRow, n)
 		for i := range greedy {
-			greedy[i].Greedy = true
+			greedy[i] = greedyRow()
 		}
 		_, host, err := dev.SampleTokens(rows, greedy)
 		if err != nil {

@@ -124,3 +124,10 @@ func TestMTPGraphsMatchEager(t *testing.T) {
 		t.Errorf("%d replays, want 2", graphed.fake.replays)
 	}
 }
+
+// The device sampler takes the drafters' greedy row as it is.
+func TestGreedyRowIsValid(t *testing.T) {
+	if err := greedyRow().Check(8192, nil); err != nil {
+		t.Fatal(err)
+	}
+}
