@@ -127,7 +127,8 @@ func TestMTPGraphsMatchEager(t *testing.T) {
 
 // The device sampler takes the drafters' greedy row as it is.
 func TestGreedyRowIsValid(t *testing.T) {
-	if err := greedyRow().Check(8192, nil); err != nil {
+	row := greedyRow()
+	if err := row.Check(8192, nil); err != nil {
 		t.Fatal(err)
 	}
 }
