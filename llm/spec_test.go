@@ -1,13 +1,17 @@
 package llm
 
 import (
+	"bytes"
 	"context"
+	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/config"
+	"github.com/deepinfer/deepinfer-go/engine/models/random"
 )
 
 // Speculative decoding changes no token: the random workload (greedy and
@@ -155,5 +159,55 @@ func TestSpeculativeLogprobs(t *testing.T) {
 		if !reflect.DeepEqual(got[0][r].PromptLogprobs, got[1][r].PromptLogprobs) {
 			t.Errorf("prompt %d: prompt logprobs differ with speculation", r)
 		}
+	}
+}
+
+// A drafter that cannot serve the model is a clear error at load: mtp on a
+// model without MTP layers, a draft model with another vocabulary size, a
+// draft model whose tokenizer maps an id to another string.
+func TestSpeculativeDrafterErrors(t *testing.T) {
+	target := tinyLlama(t)
+	writeCharTokenizer(t, target)
+	bigger := t.TempDir()
+	other := random.TinyLlama
+	other.Vocab = 80
+	if err := random.WriteLlama(bigger, other, 3); err != nil {
+		t.Fatal(err)
+	}
+	swapped := tinyLlama(t)
+	writeCharTokenizer(t, swapped)
+	tok, err := os.ReadFile(filepath.Join(swapped, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Swap the strings of ids 3 and 4 ("a" and "b").
+	tok = bytes.Replace(tok, []byte(`"a":3`), []byte(`"a":9999`), 1)
+	tok = bytes.Replace(tok, []byte(`"b":4`), []byte(`"b":3`), 1)
+	tok = bytes.Replace(tok, []byte(`"a":9999`), []byte(`"a":4`), 1)
+	if err := os.WriteFile(filepath.Join(swapped, "tokenizer.json"), tok, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, method, draft string
+		want                []string
+	}{
+		{"mtp without MTP layers", "mtp", "", []string{"speculative.method mtp", "no MTP layers"}},
+		{"vocabulary size", "draft_model", bigger, []string{"speculative.draft_model", "vocab_size 80 differs from the model's 64"}},
+		{"tokenizer", "draft_model", swapped, []string{"speculative.draft_model", `token 3 is "b" in its tokenizer and "a" in the model's`}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := New(tinyConfig(t, target, func(cfg *config.Config) {
+				cfg.Speculative.Method = c.method
+				cfg.Speculative.DraftModel = c.draft
+			}), Options{})
+			if err == nil {
+				t.Fatal("New succeeded")
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
 	}
 }
