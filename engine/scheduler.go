@@ -223,10 +223,11 @@ type SchedulerOutputs struct {
 	// NumDraftTokens counts the draft tokens the step verifies (included in
 	// NumDecodeTokens).
 	NumDraftTokens int
-	// DraftsOff is set when speculative decoding is configured but the step
-	// was planned with drafts turned off (SetDrafts, SpecDisableBatchSize):
-	// a drafter may skip drafting for it.
-	DraftsOff bool
+	// DraftLimit is the longest draft the step could verify: k, less when
+	// SetDraftLimit lowered it, 0 when drafts are off (SetDraftLimit(0),
+	// SpecDisableBatchSize) or speculative decoding is not configured. A
+	// drafter may draft no more than it for the step after.
+	DraftLimit int
 
 	InputTokenIDs []int
 	SlotMapping   []int
@@ -403,7 +404,7 @@ type Scheduler struct {
 	builder      stepBuilder
 	newRunning   []*Sequence
 
-	draftsOff          bool // SetDrafts(false)
+	draftLimit         int // SetDraftLimit; NumSpeculativeTokens until set
 	finishedIDs        []SeqID
 	abortedIDs         []SeqID
 	pendingStateCopies []pendingStateCopy
@@ -439,13 +440,14 @@ func NewScheduler(cfg SchedulerConfig) (*Scheduler, error) {
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}
 	return &Scheduler{
-		cfg:      cfg,
-		eos:      cfg.EOSTokenIDs,
-		bm:       bm,
-		sm:       sm,
-		grammar:  make(map[SeqID]*Sequence),
-		seqs:     make(map[SeqID]*Sequence),
-		requests: make(map[string][]*Sequence),
+		draftLimit: cfg.NumSpeculativeTokens,
+		cfg:        cfg,
+		eos:        cfg.EOSTokenIDs,
+		bm:         bm,
+		sm:         sm,
+		grammar:    make(map[SeqID]*Sequence),
+		seqs:       make(map[SeqID]*Sequence),
+		requests:   make(map[string][]*Sequence),
 	}, nil
 }
 
@@ -535,13 +537,14 @@ func (s *Scheduler) GrammarReady(id SeqID, compileErr error) error {
 	return nil
 }
 
-// SetDrafts turns the verification of drafts on or off for the steps
-// planned from now on (speculative decoding stays configured: the drafter
-// keeps its state, and drafts resume at once when turned back on).
-func (s *Scheduler) SetDrafts(on bool) {
+// SetDraftLimit caps the drafts the steps planned from now on verify, at
+// most NumSpeculativeTokens (0: none; speculative decoding stays
+// configured: the drafter keeps its state, and drafts resume at once when
+// the limit is raised).
+func (s *Scheduler) SetDraftLimit(k int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.draftsOff = !on
+	s.draftLimit = min(max(k, 0), s.cfg.NumSpeculativeTokens)
 }
 
 // NumRunning returns the number of running (decoding) sequences, as of the
@@ -765,9 +768,7 @@ func (s *Scheduler) draftsFor(seq *Sequence, budget int) (q, slots int) {
 	if k == 0 {
 		return 0, 1
 	}
-	if s.draftsOff || s.cfg.SpecDisableBatchSize > 0 && len(s.running) >= s.cfg.SpecDisableBatchSize {
-		k = 0 // the slots still cover the shift and the drafter's lookahead
-	}
+	k = s.stepDraftLimit() // the slots still cover the shift and the drafter's lookahead
 	q = len(seq.drafts)
 	if seq.numPending > 0 {
 		q = k
@@ -782,6 +783,15 @@ func (s *Scheduler) draftsFor(seq *Sequence, budget int) (q, slots int) {
 	q = max(min(q, k, int(seq.maxTokens)-numOut-1, budget-1, room), 0)
 	lookahead := max(min(s.cfg.NumLookaheadSlots, room-q), 0)
 	return q, max(shift+1+q+lookahead, 1)
+}
+
+// stepDraftLimit is the longest draft of the step being planned: the
+// limit SetDraftLimit set, 0 while SpecDisableBatchSize sequences run.
+func (s *Scheduler) stepDraftLimit() int {
+	if s.cfg.SpecDisableBatchSize > 0 && len(s.running) >= s.cfg.SpecDisableBatchSize {
+		return 0
+	}
+	return s.draftLimit
 }
 
 // chunkFor returns the tokens of the next prefill chunk (0: none fits).
@@ -826,8 +836,7 @@ func (s *Scheduler) ScheduleInto(buf []SequenceMetadata) (*SchedulerOutputs, []S
 	b := s.newBuilder(buf)
 	id := b.id
 	out := b.out
-	out.DraftsOff = s.cfg.NumSpeculativeTokens > 0 && (s.draftsOff ||
-		s.cfg.SpecDisableBatchSize > 0 && len(s.running) >= s.cfg.SpecDisableBatchSize)
+	out.DraftLimit = s.stepDraftLimit()
 
 	// 1. Decodes, oldest first; preempt the youngest when blocks run out.
 	for i := 0; i < len(s.running); i++ {

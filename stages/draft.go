@@ -186,17 +186,20 @@ func init() {
 	})
 }
 
-// draftsOff reports whether the next step will most likely verify no
-// drafts: this one was planned with drafts off (the adaptive controller,
-// or Speculative.DisableBatchSize for its batch), so a drafter skips the
-// step. A drafter with its own KV (MTP, a draft model) then leaves the
-// step's positions unwritten: turned off, drafting costs nothing, and once
-// drafts are back on its attention reads stale entries there, which only
-// lowers how often its drafts are accepted (the adaptive controller
-// measures that too); verification stays lossless.
-func draftsOff(d DraftDeps, step *SampledStep) bool {
+// draftLimit is how many drafts a drafter proposes after step: the limit
+// the step was planned with (the adaptive controller's choice; 0 while
+// SpecDisableBatchSize sequences run), on the guess that the next step's
+// is the same. At 0 a drafter skips the step; one with its own KV (MTP, a
+// draft model) then leaves the step's positions unwritten: drafting off
+// costs nothing, and once drafts are back on its attention reads stale
+// entries there, which only lowers how often its drafts are accepted (the
+// adaptive controller measures that too); verification stays lossless.
+func draftLimit(d DraftDeps, step *SampledStep) int {
 	n := d.Speculative.DisableBatchSize
-	return step.Outputs.DraftsOff || n > 0 && len(step.Verified) >= n
+	if n > 0 && len(step.Verified) >= n {
+		return 0
+	}
+	return min(step.Outputs.DraftLimit, d.Speculative.NumSpeculativeTokens)
 }
 
 // chainRow is one sequence that drafts by running a model one token at a
@@ -290,11 +293,12 @@ type ngramDrafter struct{ d DraftDeps }
 func (n *ngramDrafter) Propose(_ context.Context, step *SampledStep) ([][]int, error) {
 	sp := n.d.Speculative
 	out := make([][]int, len(step.Verified))
-	if draftsOff(n.d, step) {
+	k := draftLimit(n.d, step)
+	if k == 0 {
 		return out, nil
 	}
 	for r, v := range step.Verified {
-		out[r] = spec.PromptLookup(SequenceHistory(step, v), sp.PromptLookupMin, sp.PromptLookupMax, sp.NumSpeculativeTokens)
+		out[r] = spec.PromptLookup(SequenceHistory(step, v), sp.PromptLookupMin, sp.PromptLookupMax, k)
 	}
 	return out, nil
 }

@@ -52,8 +52,9 @@ func newMTPDrafter(d DraftDeps) (*mtpDrafter, error) {
 
 func (p *mtpDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int, error) {
 	d, ops, res := p.d, p.d.Ops, step.ForwardResult
-	if draftsOff(d, step) {
-		return make([][]int, len(step.Verified)), nil // see draftsOff
+	k := draftLimit(d, step)
+	if k == 0 {
+		return make([][]int, len(step.Verified)), nil // see draftLimit
 	}
 	cache := d.Speculative.DraftCache
 	if err := copyCacheBlocks(ops, cache, step.Outputs.BlockCopies); err != nil {
@@ -120,7 +121,6 @@ func (p *mtpDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int, e
 	if err != nil {
 		return nil, err
 	}
-	k := d.Speculative.NumSpeculativeTokens
 	for j := 0; len(rows) > 0; j++ {
 		for n := range rows {
 			drafts[rows[n].out] = append(drafts[rows[n].out], tokens[n])
@@ -263,8 +263,9 @@ func newModelDrafter(d DraftDeps) (*modelDrafter, error) {
 
 func (p *modelDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int, error) {
 	d, ops := p.d, p.d.Ops
-	if draftsOff(d, step) {
-		return make([][]int, len(step.Verified)), nil // see draftsOff
+	k := draftLimit(d, step)
+	if k == 0 {
+		return make([][]int, len(step.Verified)), nil // see draftLimit
 	}
 	cache := d.Speculative.DraftCache
 	if err := copyCacheBlocks(ops, cache, step.Outputs.BlockCopies); err != nil {
@@ -281,7 +282,7 @@ func (p *modelDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int,
 		}
 		rows = append(rows, chainRow{out: r, meta: v.Ref.Meta, pos: rowPosition(step, v) + 1, token: v.TokenIDs[len(v.TokenIDs)-1]})
 	}
-	for range d.Speculative.NumSpeculativeTokens {
+	for range k {
 		batch, kept, err := chainBatch(d, rows)
 		if err != nil || batch == nil {
 			return drafts, err

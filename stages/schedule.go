@@ -32,7 +32,7 @@ type ScheduleDeps struct {
 	Scheduler   *engine.Scheduler
 	Responder   *Responder
 	ManualSteps bool // plan a step only when an Admission asks for one
-	// Drafts, when not nil, turns speculative decoding's drafts on and off
+	// Drafts, when not nil, picks the draft length (0 to k) of each step
 	// by measuring decode throughput (speculative.adaptive).
 	Drafts *spec.Controller
 }
@@ -47,7 +47,7 @@ func RegisterSchedule[O any](r *pipeline.Registry, name string, defaults O, buil
 		}
 		d := ScheduleDeps{Scheduler: e.Scheduler, Responder: e.Responder, ManualSteps: e.ManualSteps}
 		if e.Speculative.NumSpeculativeTokens > 0 && e.Speculative.Adaptive {
-			d.Drafts = spec.NewController(16, 8)
+			d.Drafts = spec.NewController(e.Speculative.NumSpeculativeTokens, 16, 8)
 		}
 		p, err := build(d, o)
 		if err != nil {
@@ -172,7 +172,7 @@ func (s *Schedule) Plan(context.Context) (*ScheduledStep, bool, error) {
 		buf, s.spare = s.spare[n-1], s.spare[:n-1]
 	}
 	if c := s.d.Drafts; c != nil {
-		s.d.Scheduler.SetDrafts(c.Decide(s.d.Scheduler.NumRunning()))
+		s.d.Scheduler.SetDraftLimit(c.Decide(s.d.Scheduler.NumRunning()))
 	}
 	out, metas := s.d.Scheduler.ScheduleInto(buf)
 	for _, f := range out.Finished {

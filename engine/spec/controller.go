@@ -5,33 +5,35 @@ import (
 	"time"
 )
 
-// Controller turns speculative decoding on or off by measuring it: for
-// each batch size class (the running sequences' count rounded down to a
-// power of two) it keeps the decode throughput (tokens emitted per second
-// of wall time between step completions) with drafts and without, and
-// picks the faster. Each choice runs for a window of steps; an arm not yet
-// measured in a class is tried first, and every ExploreEvery windows the
-// other arm is measured again, so a class whose balance changes (longer
-// contexts, another workload) is noticed. Turning drafts off never
-// changes a token: verification is lossless either way.
+// Controller picks how many drafts a decode step verifies, 0 (speculation
+// off) to K, by measuring: for each batch size class (the running
+// sequences' count rounded down to a power of two) it keeps the decode
+// throughput (tokens emitted per second of wall time between step
+// completions) of every draft length it tried, and runs the fastest. Each
+// choice runs for a window of steps. Unmeasured lengths in a class are
+// tried first (K, then 0, then 1..K-1); every ExploreEvery windows one
+// other length is measured again, in turn, so a class whose balance changes
+// (longer contexts, another workload) is noticed. The draft length never
+// changes a token: verification is lossless at any length.
 //
 // It decides from measurements rather than from a cost model, because
-// what speculation costs depends on the backend, the drafter and the batch
-// (on a GPU a verify step of 64 sequences is no longer bound by reading
-// the weights; on a CPU a draft model's passes can cost more than they
-// save), and the engine may run on any of them. The cost: a measured-worse
-// arm runs one window in ExploreEvery.
+// what a draft costs and earns depends on the backend, the drafter, the
+// workload and the batch (on a GPU a verify step of 64 sequences is no
+// longer bound by reading the weights; an MTP layer trained one token ahead
+// is seldom right four tokens ahead), and the engine may run on any of
+// them. The cost: a slower length runs one window in ExploreEvery.
 //
 // Not safe for concurrent use: the schedule stage owns it.
 type Controller struct {
-	// Window is the number of decode steps per measurement; ExploreEvery
-	// re-measures the other arm once in that many windows.
-	Window, ExploreEvery int
+	// K is the longest draft (num_speculative_tokens). Window is the
+	// number of decode steps per measurement; ExploreEvery re-measures
+	// another length once in that many windows.
+	K, Window, ExploreEvery int
 
 	classes map[int]*classStats
 	cur     struct {
 		class  int
-		on     bool
+		k      int
 		steps  int
 		tokens int
 		time   time.Duration
@@ -39,19 +41,21 @@ type Controller struct {
 	last time.Time
 }
 
-// classStats are the two arms' throughputs in one batch size class
-// (tokens per second; 0: not measured) and the windows run since the
-// loser was last measured.
+// classStats are one batch size class's throughputs per draft length
+// (tokens per second; 0: not measured), the windows run since the last
+// exploration and the length explored last.
 type classStats struct {
-	rate  [2]float64 // [off, on]
-	since int
+	rate     []float64
+	since    int
+	explored int
 }
 
-// NewController returns a Controller with windows of window steps that
-// re-measures the losing arm once in exploreEvery windows.
-func NewController(window, exploreEvery int) *Controller {
-	c := &Controller{Window: max(window, 1), ExploreEvery: max(exploreEvery, 2), classes: map[int]*classStats{}}
-	c.cur.on = true
+// NewController returns a Controller for drafts of up to k tokens with
+// windows of window steps that re-measures another length once in
+// exploreEvery windows.
+func NewController(k, window, exploreEvery int) *Controller {
+	c := &Controller{K: max(k, 1), Window: max(window, 1), ExploreEvery: max(exploreEvery, 2), classes: map[int]*classStats{}}
+	c.cur.k = c.K
 	c.cur.class = -1
 	return c
 }
@@ -59,40 +63,57 @@ func NewController(window, exploreEvery int) *Controller {
 // class maps a running-sequence count to its class.
 func class(numRunning int) int { return bits.Len(uint(max(numRunning, 1))) }
 
-// Decide returns whether the step about to be planned, with numRunning
-// sequences running, should verify drafts. Cost: O(1).
-func (c *Controller) Decide(numRunning int) bool {
+// Decide returns the longest draft the step about to be planned, with
+// numRunning sequences running, should verify (0: none). Cost: O(K).
+func (c *Controller) Decide(numRunning int) int {
 	k := class(numRunning)
 	if k == c.cur.class && c.cur.steps < c.Window {
-		return c.cur.on
+		return c.cur.k
 	}
 	if c.cur.class >= 0 && c.cur.steps >= c.Window && c.cur.time > 0 {
 		st := c.stats(c.cur.class)
-		arm := 0
-		if c.cur.on {
-			arm = 1
-		}
 		rate := float64(c.cur.tokens) / c.cur.time.Seconds()
-		if st.rate[arm] == 0 {
-			st.rate[arm] = rate
+		if r := &st.rate[c.cur.k]; *r == 0 {
+			*r = rate
 		} else {
-			st.rate[arm] = (st.rate[arm] + rate) / 2
+			*r = (*r + rate) / 2
 		}
 		st.since++
 	}
 	st := c.stats(k)
-	on := st.rate[1] >= st.rate[0] // a tie (both unmeasured) tries drafts first
-	switch {
-	case st.rate[1] == 0:
-		on = true
-	case st.rate[0] == 0:
-		on = false
-	case st.since >= c.ExploreEvery:
-		on = !on // measure the loser again
-		st.since = 0
+	next := c.choose(st)
+	c.cur.class, c.cur.k, c.cur.steps, c.cur.tokens, c.cur.time = k, next, 0, 0, 0
+	return next
+}
+
+// choose returns the draft length of a class's next window.
+func (c *Controller) choose(st *classStats) int {
+	order := append([]int{c.K, 0}, make([]int, 0, c.K)...)
+	for k := 1; k < c.K; k++ {
+		order = append(order, k)
 	}
-	c.cur.class, c.cur.on, c.cur.steps, c.cur.tokens, c.cur.time = k, on, 0, 0, 0
-	return on
+	for _, k := range order {
+		if st.rate[k] == 0 {
+			return k // not measured yet
+		}
+	}
+	best := 0
+	for k, r := range st.rate {
+		if r > st.rate[best] {
+			best = k
+		}
+	}
+	if st.since < c.ExploreEvery {
+		return best
+	}
+	st.since = 0
+	for range c.K + 1 { // the next length in turn, other than the best
+		st.explored = (st.explored + 1) % (c.K + 1)
+		if st.explored != best {
+			return st.explored
+		}
+	}
+	return best
 }
 
 // Observe records a decode step that Decide planned and that emitted
@@ -112,19 +133,19 @@ func (c *Controller) Observe(tokens int, done time.Time) {
 func (c *Controller) Skip(done time.Time) { c.last = done }
 
 // Rates returns the measured throughputs (tokens/s; 0 when not measured)
-// without and with drafts for the class of numRunning sequences.
-func (c *Controller) Rates(numRunning int) (off, on float64) {
+// of draft lengths 0..K for the class of numRunning sequences.
+func (c *Controller) Rates(numRunning int) []float64 {
 	st := c.classes[class(numRunning)]
 	if st == nil {
-		return 0, 0
+		return make([]float64, c.K+1)
 	}
-	return st.rate[0], st.rate[1]
+	return append([]float64(nil), st.rate...)
 }
 
 func (c *Controller) stats(k int) *classStats {
 	st := c.classes[k]
 	if st == nil {
-		st = &classStats{}
+		st = &classStats{rate: make([]float64, c.K+1)}
 		c.classes[k] = st
 	}
 	return st

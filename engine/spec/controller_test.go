@@ -5,55 +5,60 @@ import (
 	"time"
 )
 
-// runArms drives c for steps decode steps with n running sequences, where
-// a step with drafts emits onTokens in onTime and one without emits 1 token
-// in offTime; it returns the steps planned with drafts.
-func runArms(c *Controller, now *time.Time, n, steps, onTokens int, onTime, offTime time.Duration) int {
-	drafted := 0
+// model is a synthetic engine: a step verifying k drafts emits
+// tokens[k] tokens in stepTime[k].
+type model struct {
+	tokens   []int
+	stepTime []time.Duration
+}
+
+// run drives c for steps decode steps with n running sequences and
+// returns how many steps ran at each draft length.
+func (m model) run(c *Controller, now *time.Time, n, steps int) []int {
+	count := make([]int, len(m.tokens))
 	for range steps {
-		if c.Decide(n) {
-			drafted++
-			*now = now.Add(onTime)
-			c.Observe(onTokens, *now)
-		} else {
-			*now = now.Add(offTime)
-			c.Observe(1, *now)
-		}
+		k := c.Decide(n)
+		count[k]++
+		*now = now.Add(m.stepTime[k])
+		c.Observe(m.tokens[k], *now)
 	}
-	return drafted
+	return count
 }
 
 func TestController(t *testing.T) {
+	ms := time.Millisecond
 	cases := []struct {
-		name            string
-		onTokens        int
-		onTime, offTime time.Duration
-		wantOn          bool
+		name  string
+		m     model
+		wantK int
 	}{
-		{"drafts pay", 3, 2 * time.Millisecond, time.Millisecond, true},   // 1500 vs 1000 tok/s
-		{"drafts cost", 2, 3 * time.Millisecond, time.Millisecond, false}, // 667 vs 1000 tok/s
+		// tokens/s: 1000, 1500, 1600, 1440: two drafts are fastest.
+		{"a middle length wins", model{[]int{1, 2, 2, 3}, []time.Duration{ms, 4 * ms / 3, 5 * ms / 4, 25 * ms / 12}}, 2},
+		// 1000, 800, 700, 600: drafts cost.
+		{"drafts cost", model{[]int{1, 2, 2, 3}, []time.Duration{ms, 5 * ms / 2, 20 * ms / 7, 5 * ms}}, 0},
+		// 1000, 1200, 1500, 2000: the longest wins.
+		{"the longest wins", model{[]int{1, 2, 3, 4}, []time.Duration{ms, 5 * ms / 3, 2 * ms, 2 * ms}}, 3},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c := NewController(16, 8)
+			c := NewController(3, 16, 8)
 			now := time.Unix(0, 0)
 			c.Skip(now)
-			const steps = 16 * 80
-			drafted := runArms(c, &now, 8, steps, tc.onTokens, tc.onTime, tc.offTime)
-			off, on := c.Rates(8)
-			if off == 0 || on == 0 {
-				t.Fatalf("rates %v off, %v on: an arm was never measured", off, on)
+			const steps = 16 * 120
+			count := tc.m.run(c, &now, 8, steps)
+			rates := c.Rates(8)
+			for k, r := range rates {
+				if r == 0 {
+					t.Fatalf("length %d never measured: %v", k, rates)
+				}
 			}
-			if (on > off) != tc.wantOn {
-				t.Errorf("measured %.0f tok/s on, %.0f off", on, off)
+			if share := float64(count[tc.wantK]) / steps; share < 0.75 {
+				t.Errorf("length %d ran %.2f of the steps (%v; rates %v)", tc.wantK, share, count, rates)
 			}
-			// The winner runs all windows but the first two and one in 8.
-			share := float64(drafted) / steps
-			if tc.wantOn && share < 0.8 || !tc.wantOn && share > 0.2 {
-				t.Errorf("drafts in %.2f of the steps", share)
-			}
-			if tc.wantOn && share == 1 || !tc.wantOn && share == 0 {
-				t.Errorf("the losing arm was never measured again (drafts in %.2f of the steps)", share)
+			for k, n := range count {
+				if k != tc.wantK && n < 16 {
+					t.Errorf("length %d ran %d steps: never measured again", k, n)
+				}
 			}
 		})
 	}
@@ -61,20 +66,22 @@ func TestController(t *testing.T) {
 
 // Classes are measured apart: drafts pay at one sequence and cost at 64.
 func TestControllerClasses(t *testing.T) {
-	c := NewController(8, 8)
+	ms := time.Millisecond
+	pays := model{[]int{1, 3}, []time.Duration{ms, 2 * ms}}
+	costs := model{[]int{1, 2}, []time.Duration{ms, 4 * ms}}
+	c := NewController(1, 8, 8)
 	now := time.Unix(0, 0)
 	c.Skip(now)
-	d1, d64 := 0, 0
+	var on1, on64 int
 	for range 40 {
-		d1 += runArms(c, &now, 1, 8, 3, 2*time.Millisecond, time.Millisecond)
-		d64 += runArms(c, &now, 64, 8, 2, 4*time.Millisecond, time.Millisecond)
+		on1 += pays.run(c, &now, 1, 8)[1]
+		on64 += costs.run(c, &now, 64, 8)[1]
 	}
-	off1, on1 := c.Rates(1)
-	off64, on64 := c.Rates(64)
-	if on1 <= off1 || on64 >= off64 {
-		t.Errorf("batch 1: %.0f on, %.0f off; batch 64: %.0f on, %.0f off", on1, off1, on64, off64)
+	r1, r64 := c.Rates(1), c.Rates(64)
+	if r1[1] <= r1[0] || r64[1] >= r64[0] {
+		t.Errorf("batch 1: rates %v; batch 64: %v", r1, r64)
 	}
-	if d1 < 40*8*7/10 || d64 > 40*8*3/10 {
-		t.Errorf("drafts in %d of 320 steps at batch 1, %d of 320 at batch 64", d1, d64)
+	if on1 < 320*7/10 || on64 > 320*3/10 {
+		t.Errorf("drafts in %d of 320 steps at batch 1, %d of 320 at batch 64", on1, on64)
 	}
 }
