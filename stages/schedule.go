@@ -71,17 +71,23 @@ type Schedule struct {
 	d      ScheduleDeps
 	spare  [][]engine.SequenceMetadata
 	busy   map[engine.StepID][]engine.SequenceMetadata
-	kinds  map[engine.StepID]engine.StepKind // steps in flight, for the drafts controller
-	asks   []*StepAsk                        // manual steps not yet planned
-	asked  map[engine.StepID]*StepAsk        // manual steps in flight
-	drains []chan struct{}                   // closed when the scheduler is idle
-	done   map[engine.SeqID]bool             // reused by Feedback
+	kinds  map[engine.StepID]plannedStep // steps in flight, for the drafts controller
+	asks   []*StepAsk                    // manual steps not yet planned
+	asked  map[engine.StepID]*StepAsk    // manual steps in flight
+	drains []chan struct{}               // closed when the scheduler is idle
+	done   map[engine.SeqID]bool         // reused by Feedback
 	ended  map[engine.SeqID]engine.FinishReason
+}
+
+// plannedStep is what the drafts controller needs of a step in flight.
+type plannedStep struct {
+	kind    engine.StepKind
+	running int // running sequences when it was planned
 }
 
 // NewSchedule returns the built-in schedule stage.
 func NewSchedule(d ScheduleDeps) *Schedule {
-	return &Schedule{d: d, busy: map[engine.StepID][]engine.SequenceMetadata{}, kinds: map[engine.StepID]engine.StepKind{}, asked: map[engine.StepID]*StepAsk{},
+	return &Schedule{d: d, busy: map[engine.StepID][]engine.SequenceMetadata{}, kinds: map[engine.StepID]plannedStep{}, asked: map[engine.StepID]*StepAsk{},
 		done: map[engine.SeqID]bool{}, ended: map[engine.SeqID]engine.FinishReason{}}
 }
 
@@ -138,8 +144,8 @@ func (s *Schedule) Feedback(_ context.Context, out *StepOutputs) error {
 		}
 	}
 	if c := s.d.Drafts; c != nil && out.StepID != 0 {
-		if s.kinds[out.StepID] == engine.StepDecode {
-			c.Observe(out.NumTokens, out.Done)
+		if p := s.kinds[out.StepID]; p.kind == engine.StepDecode {
+			c.Observe(p.running, out.NumTokens, out.Done)
 		} else {
 			c.Skip(out.Done)
 		}
@@ -171,8 +177,10 @@ func (s *Schedule) Plan(context.Context) (*ScheduledStep, bool, error) {
 	if n := len(s.spare); n > 0 {
 		buf, s.spare = s.spare[n-1], s.spare[:n-1]
 	}
+	running := 0
 	if c := s.d.Drafts; c != nil {
-		s.d.Scheduler.SetDraftLimit(c.Decide(s.d.Scheduler.NumRunning()))
+		running = s.d.Scheduler.NumRunning()
+		s.d.Scheduler.SetDraftLimit(c.Decide(running))
 	}
 	out, metas := s.d.Scheduler.ScheduleInto(buf)
 	for _, f := range out.Finished {
@@ -190,7 +198,7 @@ func (s *Schedule) Plan(context.Context) (*ScheduledStep, bool, error) {
 	}
 	s.busy[out.StepID] = metas
 	if s.d.Drafts != nil {
-		s.kinds[out.StepID] = out.Kind
+		s.kinds[out.StepID] = plannedStep{kind: out.Kind, running: running}
 	}
 	if ask != nil {
 		s.asked[out.StepID] = ask

@@ -31,33 +31,31 @@ type Controller struct {
 	K, Window, ExploreEvery int
 
 	classes map[int]*classStats
-	cur     struct {
-		class  int
-		k      int
-		steps  int
-		tokens int
-		time   time.Duration
-	}
-	last time.Time
+	last    time.Time
 }
 
 // classStats are one batch size class's throughputs per draft length
-// (tokens per second; 0: not measured), the windows run since the last
-// exploration and the length explored last.
+// (tokens per second; 0: not measured), the window in progress (its draft
+// length and what it measured so far), the windows run since the last
+// exploration and the length explored last. Each class keeps its own
+// window, so a batch that moves between two classes measures both.
 type classStats struct {
 	rate     []float64
+	cur      window
 	since    int
 	explored int
+}
+
+type window struct {
+	k, steps, tokens int
+	time             time.Duration
 }
 
 // NewController returns a Controller for drafts of up to k tokens with
 // windows of window steps that re-measures another length once in
 // exploreEvery windows.
 func NewController(k, window, exploreEvery int) *Controller {
-	c := &Controller{K: max(k, 1), Window: max(window, 1), ExploreEvery: max(exploreEvery, 2), classes: map[int]*classStats{}}
-	c.cur.k = c.K
-	c.cur.class = -1
-	return c
+	return &Controller{K: max(k, 1), Window: max(window, 1), ExploreEvery: max(exploreEvery, 2), classes: map[int]*classStats{}}
 }
 
 // class maps a running-sequence count to its class.
@@ -66,24 +64,21 @@ func class(numRunning int) int { return bits.Len(uint(max(numRunning, 1))) }
 // Decide returns the longest draft the step about to be planned, with
 // numRunning sequences running, should verify (0: none). Cost: O(K).
 func (c *Controller) Decide(numRunning int) int {
-	k := class(numRunning)
-	if k == c.cur.class && c.cur.steps < c.Window {
-		return c.cur.k
+	st := c.stats(class(numRunning))
+	if st.cur.steps < c.Window {
+		return st.cur.k
 	}
-	if c.cur.class >= 0 && c.cur.steps >= c.Window && c.cur.time > 0 {
-		st := c.stats(c.cur.class)
-		rate := float64(c.cur.tokens) / c.cur.time.Seconds()
-		if r := &st.rate[c.cur.k]; *r == 0 {
+	if st.cur.time > 0 {
+		rate := float64(st.cur.tokens) / st.cur.time.Seconds()
+		if r := &st.rate[st.cur.k]; *r == 0 {
 			*r = rate
 		} else {
 			*r = (*r + rate) / 2
 		}
 		st.since++
 	}
-	st := c.stats(k)
-	next := c.choose(st)
-	c.cur.class, c.cur.k, c.cur.steps, c.cur.tokens, c.cur.time = k, next, 0, 0, 0
-	return next
+	st.cur = window{k: c.choose(st)}
+	return st.cur.k
 }
 
 // choose returns the draft length of a class's next window.
@@ -116,14 +111,16 @@ func (c *Controller) choose(st *classStats) int {
 	return best
 }
 
-// Observe records a decode step that Decide planned and that emitted
-// tokens, completing at done. Steps of other kinds (a prefill in the
-// batch) should not be observed: they would measure the prompts.
-func (c *Controller) Observe(tokens int, done time.Time) {
+// Observe records a decode step planned (by Decide) with numRunning
+// sequences running that emitted tokens and completed at done. Steps of
+// other kinds (a prefill in the batch) go to Skip: they would measure the
+// prompts.
+func (c *Controller) Observe(numRunning, tokens int, done time.Time) {
 	if !c.last.IsZero() && done.After(c.last) {
-		c.cur.time += done.Sub(c.last)
-		c.cur.tokens += tokens
-		c.cur.steps++
+		st := c.stats(class(numRunning))
+		st.cur.time += done.Sub(c.last)
+		st.cur.tokens += tokens
+		st.cur.steps++
 	}
 	c.last = done
 }
@@ -146,6 +143,7 @@ func (c *Controller) stats(k int) *classStats {
 	st := c.classes[k]
 	if st == nil {
 		st = &classStats{rate: make([]float64, c.K+1)}
+		st.cur.k = c.choose(st)
 		c.classes[k] = st
 	}
 	return st

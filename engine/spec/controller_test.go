@@ -20,7 +20,7 @@ func (m model) run(c *Controller, now *time.Time, n, steps int) []int {
 		k := c.Decide(n)
 		count[k]++
 		*now = now.Add(m.stepTime[k])
-		c.Observe(m.tokens[k], *now)
+		c.Observe(n, m.tokens[k], *now)
 	}
 	return count
 }
@@ -83,5 +83,27 @@ func TestControllerClasses(t *testing.T) {
 	}
 	if on1 < 320*7/10 || on64 > 320*3/10 {
 		t.Errorf("drafts in %d of 320 steps at batch 1, %d of 320 at batch 64", on1, on64)
+	}
+}
+
+// A batch that moves between two classes at every step (7 and 8 running)
+// still completes windows in both and settles on the faster length.
+func TestControllerAlternatingClasses(t *testing.T) {
+	ms := time.Millisecond
+	m := model{[]int{1, 3}, []time.Duration{ms, 2 * ms}}
+	c := NewController(1, 8, 8)
+	now := time.Unix(0, 0)
+	c.Skip(now)
+	on := 0
+	for i := range 1600 {
+		on += m.run(c, &now, 7+i%2, 1)[1]
+	}
+	for _, n := range []int{7, 8} {
+		if r := c.Rates(n); r[0] == 0 || r[1] <= r[0] {
+			t.Errorf("%d running: rates %v", n, r)
+		}
+	}
+	if on < 1600*7/10 {
+		t.Errorf("drafts in %d of 1600 steps", on)
 	}
 }
