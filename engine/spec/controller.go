@@ -11,8 +11,9 @@ import (
 // throughput (tokens emitted per second of wall time between step
 // completions) of every draft length it tried, and runs the fastest. Each
 // choice runs for a window of steps. Unmeasured lengths in a class are
-// tried first (K, then 0, then 1..K-1); every ExploreEvery windows one
-// other length is measured again, in turn, so a class whose balance changes
+// tried first (K, 0 and 1, then 2..K-1 once some length beat none); every
+// ExploreEvery windows one other length is measured, in turn, so a class
+// whose balance changes
 // (longer contexts, another workload) is noticed. The draft length never
 // changes a token: verification is lossless at any length.
 //
@@ -83,19 +84,24 @@ func (c *Controller) Decide(numRunning int) int {
 
 // choose returns the draft length of a class's next window.
 func (c *Controller) choose(st *classStats) int {
-	order := append([]int{c.K, 0}, make([]int, 0, c.K)...)
-	for k := 1; k < c.K; k++ {
-		order = append(order, k)
-	}
-	for _, k := range order {
-		if st.rate[k] == 0 {
-			return k // not measured yet
-		}
-	}
+	// Unmeasured lengths first: K, 0 and 1; the others only once some
+	// draft length has beaten none (drafts that lose at both ends seldom
+	// win in the middle, and each try costs a window).
 	best := 0
 	for k, r := range st.rate {
 		if r > st.rate[best] {
 			best = k
+		}
+	}
+	order := []int{c.K, 0, 1}
+	if best > 0 {
+		for k := 2; k < c.K; k++ {
+			order = append(order, k)
+		}
+	}
+	for _, k := range order {
+		if st.rate[k] == 0 {
+			return k // not measured yet
 		}
 	}
 	if st.since < c.ExploreEvery {
