@@ -24,18 +24,14 @@ type mtpGraphs struct {
 // own are padding, as in decodeGraph: token 0 at position 0, one key, slot
 // -1 (nothing written).
 type mtpGraph struct {
-	size   int
-	inputs kernels.Tensor // I32 [4, size]: ids, positions, slots, seqlens_k
-	tables kernels.Tensor // I32 [size, maxBlocks]
+	staticBatch
 	hidden kernels.Tensor // the pass's input hidden states [size, hidden]
-	batch  *models.ForwardBatch
 	out    kernels.Tensor // output hidden states [size, hidden]
 	logits kernels.Tensor // F32 [size, vocab]
 	graph  interface {
 		Replay() error
 		Close() error
 	}
-	host []int32 // padding staging
 }
 
 // newMTPGraphs captures the MTP pass for each of d.CUDAGraph's sizes, after
@@ -60,48 +56,16 @@ func newMTPGraphs(d DraftDeps, mtp *models.MTP) (*mtpGraphs, error) {
 
 func (mg *mtpGraphs) capture(d DraftDeps, mtp *models.MTP, n int) (*mtpGraph, error) {
 	ops := d.Ops
+	sb, err := newStaticBatch(ops, n, mg.maxBlocks, d.BlockSize)
+	if err != nil {
+		return nil, err
+	}
+	g := &mtpGraph{staticBatch: sb}
 	h := d.Model.Config().HiddenSize
-	g := &mtpGraph{size: n, host: make([]int32, 4*n)}
-	var err error
-	if g.inputs, err = ops.Alloc(kernels.I32, 4, n); err != nil {
-		return nil, err
-	}
-	if g.tables, err = ops.Alloc(kernels.I32, n, mg.maxBlocks); err != nil {
-		return nil, err
-	}
 	if g.hidden, err = ops.Alloc(ops.ActivationDType(), n, h); err != nil {
 		return nil, err
 	}
 	if err := ops.Upload(g.hidden, kernels.F32Bytes(make([]float32, n*h)), kernels.F32); err != nil {
-		return nil, err
-	}
-	cu := make([]int32, n+1)
-	for i := range cu {
-		cu[i] = int32(i)
-	}
-	cuT, err := kernels.FromI32(ops, cu, n+1)
-	if err != nil {
-		return nil, err
-	}
-	row := func(i int) kernels.Tensor {
-		if err != nil {
-			return nil
-		}
-		var t kernels.Tensor
-		if t, err = ops.Rows(g.inputs, i, i+1); err == nil {
-			t, err = ops.Reshape(t, n)
-		}
-		return t
-	}
-	g.batch = &models.ForwardBatch{NumTokens: n, InputIDs: row(0), Positions: row(1), Attn: kernels.AttentionMetadata{
-		NumSeqs: n, NumTokens: n, MaxSeqlenQ: 1, MaxSeqlenK: mg.maxBlocks * d.BlockSize, BlockSize: d.BlockSize,
-		CuSeqlensQ: cuT, SeqlensK: row(3), BlockTables: g.tables, SlotMapping: row(2)}}
-	if err != nil {
-		return nil, err
-	}
-	ds := decodeGraph{size: n, host: g.host}
-	ds.fillPadding()
-	if err := ops.Upload(g.inputs, kernels.I32Bytes(g.host), kernels.I32); err != nil {
 		return nil, err
 	}
 	cache := d.Speculative.DraftCache
@@ -132,46 +96,22 @@ func (mg *mtpGraphs) pick(b *models.ForwardBatch) *mtpGraph {
 	if mg == nil {
 		return nil
 	}
-	n := b.NumTokens
-	if n == 0 || b.Attn.NumSeqs != n {
-		return nil
-	}
-	if bt := b.Attn.BlockTables; bt == nil || len(bt.Shape()) != 2 || bt.Shape()[1] > mg.maxBlocks {
-		return nil
-	}
-	for i, size := range mg.sizes {
-		if n <= size {
-			return mg.graphs[i]
+	for _, g := range mg.graphs {
+		if g.fits(b, mg.maxBlocks) {
+			return g
 		}
 	}
 	return nil
 }
 
-// load writes a pass's inputs into the static tensors: b's metadata
-// (copied on the device), padding past its rows, and the rows hiddenRows
-// of hidden (gathered on the device).
+// load writes a pass's inputs into the static tensors: b (copied on the
+// device, padded) and the rows hiddenRows of hidden (gathered on the
+// device).
 func (g *mtpGraph) load(ops kernels.Ops, b *models.ForwardBatch, hidden kernels.Tensor, hiddenRows []int32) error {
+	if err := g.staticBatch.load(ops, b); err != nil {
+		return err
+	}
 	n := b.NumTokens
-	if err := ops.Upload(g.inputs, kernels.I32Bytes(g.host), kernels.I32); err != nil {
-		return err
-	}
-	gops := ops.(graphOps)
-	for i, src := range []kernels.Tensor{b.InputIDs, b.Positions, b.Attn.SlotMapping, b.Attn.SeqlensK} {
-		dst, err := ops.Rows(g.inputs, i, i+1)
-		if err != nil {
-			return err
-		}
-		row, err := ops.Reshape(src, 1, n)
-		if err != nil {
-			return err
-		}
-		if err := gops.CopyRect(dst, row); err != nil {
-			return err
-		}
-	}
-	if err := gops.CopyRect(g.tables, b.Attn.BlockTables); err != nil {
-		return err
-	}
 	idx, err := kernels.FromI32(ops, hiddenRows, n)
 	if err != nil {
 		return err

@@ -36,17 +36,103 @@ type decodeGraphs struct {
 // nowhere), their block-table row left as it was (its first block is a
 // valid one), so they change no real row and no cache entry.
 type decodeGraph struct {
-	size   int
-	inputs kernels.Tensor // I32 [4, size]: input ids, positions, slot mapping, seqlens_k
-	ids    kernels.Tensor // I32 [size], a view of inputs
-	tables kernels.Tensor // I32 [size, maxBlocks]
-	batch  *models.ForwardBatch
+	staticBatch
 	hidden kernels.Tensor // the captured pass's output [size, hidden_size]
 	graph  interface {
 		Replay() error
 		Close() error
 	}
-	host []int32 // staging for inputs
+}
+
+// staticBatch is a captured graph's input: a batch of size one-token rows
+// in fixed backend tensors, which each replay's inputs are copied into.
+// Rows past a pass's own are padding: token 0 at position 0 with one key,
+// slot -1 (their keys and values are written nowhere), their block-table
+// row left as it was (its first block is a valid one), so they change no
+// real row and no cache entry.
+type staticBatch struct {
+	size   int
+	inputs kernels.Tensor // I32 [4, size]: input ids, positions, slot mapping, seqlens_k
+	tables kernels.Tensor // I32 [size, maxBlocks]
+	batch  *models.ForwardBatch
+	host   []int32 // padding staging for inputs
+}
+
+// newStaticBatch allocates a static batch of n rows whose block tables
+// are maxBlocks wide, filled with padding.
+func newStaticBatch(ops kernels.Ops, n, maxBlocks, blockSize int) (staticBatch, error) {
+	sb := staticBatch{size: n, host: make([]int32, 4*n)}
+	var err error
+	if sb.inputs, err = ops.Alloc(kernels.I32, 4, n); err != nil {
+		return sb, err
+	}
+	if sb.tables, err = ops.Alloc(kernels.I32, n, maxBlocks); err != nil {
+		return sb, err
+	}
+	cu := make([]int32, n+1)
+	for i := range cu {
+		cu[i] = int32(i)
+	}
+	cuT, err := kernels.FromI32(ops, cu, n+1)
+	if err != nil {
+		return sb, err
+	}
+	row := func(i int) kernels.Tensor {
+		if err != nil {
+			return nil
+		}
+		var t kernels.Tensor
+		if t, err = ops.Rows(sb.inputs, i, i+1); err == nil {
+			t, err = ops.Reshape(t, n)
+		}
+		return t
+	}
+	sb.batch = &models.ForwardBatch{NumTokens: n, InputIDs: row(0), Positions: row(1), Attn: kernels.AttentionMetadata{
+		NumSeqs: n, NumTokens: n, MaxSeqlenQ: 1, MaxSeqlenK: maxBlocks * blockSize, BlockSize: blockSize,
+		CuSeqlensQ: cuT, SeqlensK: row(3), BlockTables: sb.tables, SlotMapping: row(2)}}
+	if err != nil {
+		return sb, err
+	}
+	ids, pos, slots, seqlensK := sb.host[:n], sb.host[n:2*n], sb.host[2*n:3*n], sb.host[3*n:]
+	for i := range n {
+		ids[i], pos[i], slots[i], seqlensK[i] = 0, 0, -1, 1
+	}
+	return sb, ops.Upload(sb.inputs, kernels.I32Bytes(sb.host), kernels.I32)
+}
+
+// fits reports whether b (one-token rows) fits the static batch.
+func (sb *staticBatch) fits(b *models.ForwardBatch, maxBlocks int) bool {
+	n := b.NumTokens
+	if n == 0 || n > sb.size || b.Attn.NumSeqs != n {
+		return false
+	}
+	bt := b.Attn.BlockTables
+	return bt != nil && len(bt.Shape()) == 2 && bt.Shape()[1] <= maxBlocks
+}
+
+// load copies b (one-token rows, in backend memory) into the static
+// batch on the device, padding the rows past its own. Cost: one small
+// upload (the padding), five copies on the device.
+func (sb *staticBatch) load(ops kernels.Ops, b *models.ForwardBatch) error {
+	if err := ops.Upload(sb.inputs, kernels.I32Bytes(sb.host), kernels.I32); err != nil {
+		return err
+	}
+	n := b.NumTokens
+	gops := ops.(graphOps)
+	for i, src := range []kernels.Tensor{b.InputIDs, b.Positions, b.Attn.SlotMapping, b.Attn.SeqlensK} {
+		dst, err := ops.Rows(sb.inputs, i, i+1)
+		if err != nil {
+			return err
+		}
+		row, err := ops.Reshape(src, 1, n)
+		if err != nil {
+			return err
+		}
+		if err := gops.CopyRect(dst, row); err != nil {
+			return err
+		}
+	}
+	return gops.CopyRect(sb.tables, b.Attn.BlockTables)
 }
 
 // newDecodeGraphs captures a decode forward pass for every batch size,
@@ -92,44 +178,12 @@ func graphTableBlocks(numBlocks, blockSize, maxPositions, maxModelLen int) int {
 }
 
 func (d *decodeGraphs) capture(rt ForwardDeps, n int) (*decodeGraph, error) {
+	sb, err := newStaticBatch(rt.Ops, n, d.maxBlocks, rt.Cache.BlockSize)
+	if err != nil {
+		return nil, err
+	}
+	g := &decodeGraph{staticBatch: sb}
 	ops := rt.Ops
-	g := &decodeGraph{size: n, host: make([]int32, 4*n)}
-	var err error
-	if g.inputs, err = ops.Alloc(kernels.I32, 4, n); err != nil {
-		return nil, err
-	}
-	if g.tables, err = ops.Alloc(kernels.I32, n, d.maxBlocks); err != nil {
-		return nil, err
-	}
-	cu := make([]int32, n+1)
-	for i := range cu {
-		cu[i] = int32(i)
-	}
-	cuT, err := kernels.FromI32(ops, cu, n+1)
-	if err != nil {
-		return nil, err
-	}
-	row := func(i int) kernels.Tensor {
-		if err != nil {
-			return nil
-		}
-		var t kernels.Tensor
-		if t, err = ops.Rows(g.inputs, i, i+1); err == nil {
-			t, err = ops.Reshape(t, n)
-		}
-		return t
-	}
-	g.ids = row(0)
-	g.batch = &models.ForwardBatch{NumTokens: n, InputIDs: g.ids, Positions: row(1), Attn: kernels.AttentionMetadata{
-		NumSeqs: n, NumTokens: n, MaxSeqlenQ: 1, MaxSeqlenK: d.maxBlocks * rt.Cache.BlockSize, BlockSize: rt.Cache.BlockSize,
-		CuSeqlensQ: cuT, SeqlensK: row(3), BlockTables: g.tables, SlotMapping: row(2)}}
-	if err != nil {
-		return nil, err
-	}
-	g.fillPadding()
-	if err := ops.Upload(g.inputs, kernels.I32Bytes(g.host), kernels.I32); err != nil {
-		return nil, err
-	}
 	ctx := context.Background()
 	if _, err := rt.Model.Forward(ctx, rt.Cache, g.batch); err != nil {
 		return nil, err
@@ -153,66 +207,28 @@ func (d *decodeGraphs) capture(rt ForwardDeps, n int) (*decodeGraph, error) {
 // verify rows included: prepare lays each out as its own decode row), more
 // rows than the largest size, or a block table wider than the static ones.
 func (d *decodeGraphs) pick(step *PreparedStep) *decodeGraph {
-	if d == nil || step.Batch == nil {
+	if d == nil || step.Batch == nil || step.Outputs.NumPrefillSeqs > 0 {
 		return nil
 	}
-	n := step.Batch.NumTokens
-	if n == 0 || step.Batch.Attn.NumSeqs != n || step.Outputs.NumPrefillSeqs > 0 {
-		return nil
-	}
-	if bt := step.Batch.Attn.BlockTables; bt == nil || len(bt.Shape()) != 2 || bt.Shape()[1] > d.maxBlocks {
-		return nil
-	}
-	for i, size := range d.sizes {
-		if n <= size {
-			return d.graphs[i]
+	for _, g := range d.graphs {
+		if g.fits(step.Batch, d.maxBlocks) {
+			return g
 		}
 	}
 	return nil
 }
 
-// fillPadding writes the host staging of padding rows: token 0 at
-// position 0 with one key, slot -1.
-func (g *decodeGraph) fillPadding() {
-	n := g.size
-	ids, pos, slots, seqlensK := g.host[:n], g.host[n:2*n], g.host[2*n:3*n], g.host[3*n:]
-	for i := range n {
-		ids[i], pos[i], slots[i], seqlensK[i] = 0, 0, -1, 1
-	}
-}
-
-// load writes step's inputs into the graph's static tensors, padding the
-// rows past its own: the step's batch, with its placeholders resolved and
-// its shifts applied on the device, is copied in on the device. Cost: one
-// small upload (the padding), five copies on the device.
+// load writes step's inputs into the graph's static tensors: the step's
+// batch, with its placeholders resolved and its shifts applied on the
+// device, is copied in on the device.
 func (g *decodeGraph) load(rt ForwardDeps, step *PreparedStep) error {
-	ops := rt.Ops
-	if err := ops.Upload(g.inputs, kernels.I32Bytes(g.host), kernels.I32); err != nil {
+	if err := ResolvePlaceholders(rt.Ops, step, step.Batch.InputIDs); err != nil {
 		return err
 	}
-	if err := ResolvePlaceholders(ops, step, step.Batch.InputIDs); err != nil {
+	if err := ShiftAccepted(rt.Ops, step); err != nil {
 		return err
 	}
-	if err := ShiftAccepted(ops, step); err != nil {
-		return err
-	}
-	b := step.Batch
-	n := b.NumTokens
-	gops := ops.(graphOps)
-	for i, src := range []kernels.Tensor{b.InputIDs, b.Positions, b.Attn.SlotMapping, b.Attn.SeqlensK} {
-		dst, err := ops.Rows(g.inputs, i, i+1)
-		if err != nil {
-			return err
-		}
-		row, err := ops.Reshape(src, 1, n)
-		if err != nil {
-			return err
-		}
-		if err := gops.CopyRect(dst, row); err != nil {
-			return err
-		}
-	}
-	return gops.CopyRect(g.tables, b.Attn.BlockTables)
+	return g.staticBatch.load(rt.Ops, step.Batch)
 }
 
 func (d *decodeGraphs) close() error {
