@@ -83,6 +83,7 @@ type Schedule struct {
 type plannedStep struct {
 	kind    engine.StepKind
 	running int // running sequences when it was planned
+	limit   int // its draft limit
 }
 
 // NewSchedule returns the built-in schedule stage.
@@ -145,7 +146,7 @@ func (s *Schedule) Feedback(_ context.Context, out *StepOutputs) error {
 	}
 	if c := s.d.Drafts; c != nil && out.StepID != 0 {
 		if p := s.kinds[out.StepID]; p.kind == engine.StepDecode {
-			c.Observe(p.running, out.NumTokens, out.Done)
+			c.Observe(p.running, p.limit, out.NumTokens, out.Done)
 		} else {
 			c.Skip(out.Done)
 		}
@@ -177,10 +178,11 @@ func (s *Schedule) Plan(context.Context) (*ScheduledStep, bool, error) {
 	if n := len(s.spare); n > 0 {
 		buf, s.spare = s.spare[n-1], s.spare[:n-1]
 	}
-	running := 0
+	running, limit := 0, 0
 	if c := s.d.Drafts; c != nil {
 		running = s.d.Scheduler.NumRunning()
-		s.d.Scheduler.SetDraftLimit(c.Decide(running))
+		limit = c.Decide(running)
+		s.d.Scheduler.SetDraftLimit(limit)
 	}
 	out, metas := s.d.Scheduler.ScheduleInto(buf)
 	for _, f := range out.Finished {
@@ -198,7 +200,7 @@ func (s *Schedule) Plan(context.Context) (*ScheduledStep, bool, error) {
 	}
 	s.busy[out.StepID] = metas
 	if s.d.Drafts != nil {
-		s.kinds[out.StepID] = plannedStep{kind: out.Kind, running: running}
+		s.kinds[out.StepID] = plannedStep{kind: out.Kind, running: running, limit: limit}
 	}
 	if ask != nil {
 		s.asked[out.StepID] = ask

@@ -10,7 +10,8 @@ import (
 // sequences' count rounded down to a power of two) it keeps the decode
 // throughput (tokens emitted per second of wall time between step
 // completions) of every draft length it tried, and runs the fastest. Each
-// choice runs for a window of steps. Unmeasured lengths in a class are
+// choice runs for a window of steps (a quarter window for a length's first
+// measurement). Unmeasured lengths in a class are
 // tried first (K, 0 and 1, then 2..K-1 once some length beat none); every
 // ExploreEvery windows one other length is measured, in turn, so a class
 // whose balance changes
@@ -48,8 +49,8 @@ type classStats struct {
 }
 
 type window struct {
-	k, steps, tokens int
-	time             time.Duration
+	k, length, steps, tokens int
+	time                     time.Duration
 }
 
 // NewController returns a Controller for drafts of up to k tokens with
@@ -66,7 +67,7 @@ func class(numRunning int) int { return bits.Len(uint(max(numRunning, 1))) }
 // numRunning sequences running, should verify (0: none). Cost: O(K).
 func (c *Controller) Decide(numRunning int) int {
 	st := c.stats(class(numRunning))
-	if st.cur.steps < c.Window {
+	if st.cur.steps < st.cur.length {
 		return st.cur.k
 	}
 	if st.cur.time > 0 {
@@ -78,8 +79,20 @@ func (c *Controller) Decide(numRunning int) int {
 		}
 		st.since++
 	}
-	st.cur = window{k: c.choose(st)}
+	c.next(st)
 	return st.cur.k
+}
+
+// next starts a class's next window: a first measurement of a length is a
+// quarter window (at least 2 steps), so that trying every length costs
+// little even in a short run; the others are whole windows.
+func (c *Controller) next(st *classStats) {
+	k := c.choose(st)
+	length := c.Window
+	if st.rate[k] == 0 {
+		length = max(c.Window/4, 2)
+	}
+	st.cur = window{k: k, length: length}
 }
 
 // choose returns the draft length of a class's next window.
@@ -117,13 +130,14 @@ func (c *Controller) choose(st *classStats) int {
 	return best
 }
 
-// Observe records a decode step planned (by Decide) with numRunning
-// sequences running that emitted tokens and completed at done. Steps of
-// other kinds (a prefill in the batch) go to Skip: they would measure the
-// prompts.
-func (c *Controller) Observe(numRunning, tokens int, done time.Time) {
-	if !c.last.IsZero() && done.After(c.last) {
-		st := c.stats(class(numRunning))
+// Observe records a decode step planned with numRunning sequences
+// running and a draft limit of k (Decide's answer) that emitted tokens and
+// completed at done. It counts toward its class's window when that window
+// measures k (a step planned before the window began is not its own).
+// Steps of other kinds (a prefill in the batch) go to Skip: they would
+// measure the prompts.
+func (c *Controller) Observe(numRunning, k, tokens int, done time.Time) {
+	if st := c.stats(class(numRunning)); !c.last.IsZero() && done.After(c.last) && st.cur.k == k {
 		st.cur.time += done.Sub(c.last)
 		st.cur.tokens += tokens
 		st.cur.steps++
@@ -149,7 +163,7 @@ func (c *Controller) stats(k int) *classStats {
 	st := c.classes[k]
 	if st == nil {
 		st = &classStats{rate: make([]float64, c.K+1)}
-		st.cur.k = c.choose(st)
+		c.next(st)
 		c.classes[k] = st
 	}
 	return st

@@ -20,7 +20,7 @@ func (m model) run(c *Controller, now *time.Time, n, steps int) []int {
 		k := c.Decide(n)
 		count[k]++
 		*now = now.Add(m.stepTime[k])
-		c.Observe(n, m.tokens[k], *now)
+		c.Observe(n, k, m.tokens[k], *now)
 	}
 	return count
 }
@@ -105,5 +105,31 @@ func TestControllerAlternatingClasses(t *testing.T) {
 	}
 	if on < 1600*7/10 {
 		t.Errorf("drafts in %d of 1600 steps", on)
+	}
+}
+
+// A step planned with another length than its class's window measures
+// (planned before the window began) does not count toward it.
+func TestControllerAttributesSteps(t *testing.T) {
+	c := NewController(2, 8, 8)
+	now := time.Unix(0, 0)
+	c.Skip(now)
+	k := c.Decide(4) // the first window: k = 2, a quarter window of 2 steps
+	for range 10 {
+		now = now.Add(time.Millisecond)
+		c.Observe(4, 1-k/2, 100, now) // steps of another length: ignored
+	}
+	if c.Decide(4) != k {
+		t.Fatal("a window ended on steps planned with another length")
+	}
+	for range 2 {
+		now = now.Add(time.Millisecond)
+		c.Observe(4, k, 3, now)
+	}
+	if next := c.Decide(4); next == k {
+		t.Errorf("the first window of %d did not end after its own 2 steps", k)
+	}
+	if r := c.Rates(4)[k]; r != 3000 {
+		t.Errorf("measured %v tok/s, want 3000", r)
 	}
 }
