@@ -1,0 +1,150 @@
+package grammar
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/deepinfer/deepinfer-go/engine/tokenizer"
+)
+
+// Vocab is a tokenizer's vocabulary as bytes: Tokens[id] is the byte string
+// id stands for in generated text (nil for special and control tokens, which
+// can never be generated under a grammar), and EOS holds the ids that end
+// generation; the Matcher allows them only where the grammar accepts. A Vocab
+// is read-only once built.
+type Vocab struct {
+	Tokens [][]byte
+	EOS    []int
+}
+
+// NewVocab builds a Vocab from the engine's tokenizer, using only its
+// exported API (VocabSize, IDToToken, IsSpecial, TokenToID). The bytes of an
+// id are what it contributes in the middle of a decoded text:
+//
+//   - byte-level BPE (GPT-2, Llama 3, Qwen: detected by all 256 byte-level
+//     runes being tokens): each rune of the token string maps back to its
+//     byte through GPT-2's byte-to-unicode table, so tokens holding part of a
+//     UTF-8 character get their raw bytes (Decode would give U+FFFD). A token
+//     with a rune outside that alphabet (an added token such as
+//     "<tool_call>" with non-alphabet characters) stands for its own UTF-8,
+//     as the tokenizer's ByteLevel decoder does.
+//   - SentencePiece-style (Llama 2, Mistral: detected by "▁" in the
+//     vocabulary): <0xNN> tokens are the single byte NN, and "▁" is a space
+//     everywhere. The Strip decoder that drops the first space of a whole
+//     text is not applied: generation continues a prompt, so a leading "▁"
+//     is a real space (the usual convention of grammar engines).
+//   - otherwise the token string's own UTF-8 bytes.
+//
+// Special tokens (IsSpecial) and ids without a token get nil, as do the eos
+// ids (the Matcher handles those). Every eos id must be in range. Cost: one
+// pass over the vocabulary, one allocation per token.
+func NewVocab(tok *tokenizer.Tokenizer, eos []int) (*Vocab, error) {
+	if tok == nil {
+		return nil, errors.New("grammar: nil tokenizer")
+	}
+	n := tok.VocabSize()
+	for _, e := range eos {
+		if e < 0 || e >= n {
+			return nil, fmt.Errorf("grammar: eos id %d outside the vocabulary of %d", e, n)
+		}
+	}
+	byteLevel := true
+	for b := range 256 {
+		if _, ok := tok.TokenToID(string(byteLevelRune[b])); !ok {
+			byteLevel = false
+			break
+		}
+	}
+	_, metaspace := tok.TokenToID("▁")
+	v := &Vocab{Tokens: make([][]byte, n), EOS: append([]int(nil), eos...)}
+	isEOS := make(map[int]bool, len(eos))
+	for _, e := range eos {
+		isEOS[e] = true
+	}
+	for id := range n {
+		s, ok := tok.IDToToken(id)
+		if !ok || s == "" || isEOS[id] || tok.IsSpecial(id) {
+			continue
+		}
+		switch {
+		case byteLevel:
+			v.Tokens[id] = byteLevelBytes(s)
+		case metaspace:
+			if b, ok := parseByteToken(s); ok {
+				v.Tokens[id] = []byte{b}
+			} else {
+				v.Tokens[id] = []byte(strings.ReplaceAll(s, "▁", " "))
+			}
+		default:
+			v.Tokens[id] = []byte(s)
+		}
+	}
+	return v, nil
+}
+
+// byteLevelRune is GPT-2's byte-to-unicode table: printable Latin-1 bytes map
+// to themselves, the other 68 to U+0100 and up, in byte order. It is a
+// constant table (filled once at init, never written after).
+var byteLevelRune = func() (t [256]rune) {
+	n := rune(0)
+	for b := range 256 {
+		if b >= '!' && b <= '~' || b >= 0xA1 && b <= 0xAC || b >= 0xAE && b <= 0xFF {
+			t[b] = rune(b)
+		} else {
+			t[b] = 256 + n
+			n++
+		}
+	}
+	return t
+}()
+
+// byteLevelBytes maps a byte-level token string back to bytes; a string with
+// a rune outside the alphabet stands for its own UTF-8.
+func byteLevelBytes(s string) []byte {
+	out := make([]byte, 0, len(s))
+	for _, r := range s {
+		var b int
+		switch {
+		case r >= '!' && r <= '~' || r >= 0xA1 && r <= 0xAC || r >= 0xAE && r <= 0xFF:
+			b = int(r)
+		case r >= 256 && r < 256+68:
+			b = byteLevelByte[r-256]
+		default:
+			return []byte(s)
+		}
+		out = append(out, byte(b))
+	}
+	return out
+}
+
+// byteLevelByte inverts byteLevelRune for the runes U+0100..U+0143.
+var byteLevelByte = func() (t [68]int) {
+	for b, r := range byteLevelRune {
+		if r >= 256 {
+			t[r-256] = b
+		}
+	}
+	return t
+}()
+
+// parseByteToken reads a SentencePiece byte-fallback token "<0xNN>".
+func parseByteToken(t string) (byte, bool) {
+	if len(t) != 6 || t[:3] != "<0x" || t[5] != '>' {
+		return 0, false
+	}
+	var v byte
+	for _, c := range []byte(t[3:5]) {
+		switch {
+		case c >= '0' && c <= '9':
+			v = v<<4 | (c - '0')
+		case c >= 'a' && c <= 'f':
+			v = v<<4 | (c - 'a' + 10)
+		case c >= 'A' && c <= 'F':
+			v = v<<4 | (c - 'A' + 10)
+		default:
+			return 0, false
+		}
+	}
+	return v, true
+}
