@@ -51,7 +51,7 @@ func NewVocab(tok *tokenizer.Tokenizer, eos []int) (*Vocab, error) {
 	}
 	byteLevel := true
 	for b := range 256 {
-		if _, ok := tok.TokenToID(string(byteLevelRune[b])); !ok {
+		if _, ok := tok.TokenToID(string(tokenizer.ByteLevelRune(byte(b)))); !ok {
 			byteLevel = false
 			break
 		}
@@ -69,9 +69,13 @@ func NewVocab(tok *tokenizer.Tokenizer, eos []int) (*Vocab, error) {
 		}
 		switch {
 		case byteLevel:
-			v.Tokens[id] = byteLevelBytes(s)
+			if b, ok := tokenizer.ByteLevelBytes(s); ok {
+				v.Tokens[id] = b
+			} else {
+				v.Tokens[id] = []byte(s) // an added token: its own UTF-8
+			}
 		case metaspace:
-			if b, ok := parseByteToken(s); ok {
+			if b, ok := tokenizer.ParseByteToken(s); ok {
 				v.Tokens[id] = []byte{b}
 			} else {
 				v.Tokens[id] = []byte(strings.ReplaceAll(s, "▁", " "))
@@ -81,70 +85,4 @@ func NewVocab(tok *tokenizer.Tokenizer, eos []int) (*Vocab, error) {
 		}
 	}
 	return v, nil
-}
-
-// byteLevelRune is GPT-2's byte-to-unicode table: printable Latin-1 bytes map
-// to themselves, the other 68 to U+0100 and up, in byte order. It is a
-// constant table (filled once at init, never written after).
-var byteLevelRune = func() (t [256]rune) {
-	n := rune(0)
-	for b := range 256 {
-		if b >= '!' && b <= '~' || b >= 0xA1 && b <= 0xAC || b >= 0xAE && b <= 0xFF {
-			t[b] = rune(b)
-		} else {
-			t[b] = 256 + n
-			n++
-		}
-	}
-	return t
-}()
-
-// byteLevelBytes maps a byte-level token string back to bytes; a string with
-// a rune outside the alphabet stands for its own UTF-8.
-func byteLevelBytes(s string) []byte {
-	out := make([]byte, 0, len(s))
-	for _, r := range s {
-		var b int
-		switch {
-		case r >= '!' && r <= '~' || r >= 0xA1 && r <= 0xAC || r >= 0xAE && r <= 0xFF:
-			b = int(r)
-		case r >= 256 && r < 256+68:
-			b = byteLevelByte[r-256]
-		default:
-			return []byte(s)
-		}
-		out = append(out, byte(b))
-	}
-	return out
-}
-
-// byteLevelByte inverts byteLevelRune for the runes U+0100..U+0143.
-var byteLevelByte = func() (t [68]int) {
-	for b, r := range byteLevelRune {
-		if r >= 256 {
-			t[r-256] = b
-		}
-	}
-	return t
-}()
-
-// parseByteToken reads a SentencePiece byte-fallback token "<0xNN>".
-func parseByteToken(t string) (byte, bool) {
-	if len(t) != 6 || t[:3] != "<0x" || t[5] != '>' {
-		return 0, false
-	}
-	var v byte
-	for _, c := range []byte(t[3:5]) {
-		switch {
-		case c >= '0' && c <= '9':
-			v = v<<4 | (c - '0')
-		case c >= 'a' && c <= 'f':
-			v = v<<4 | (c - 'a' + 10)
-		case c >= 'A' && c <= 'F':
-			v = v<<4 | (c - 'A' + 10)
-		default:
-			return 0, false
-		}
-	}
-	return v, true
 }

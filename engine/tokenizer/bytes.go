@@ -118,3 +118,17 @@ func lossyString(b []byte) string {
 	}
 	return string(appendLossyUTF8(make([]byte, 0, len(b)+8), b))
 }
+
+// ByteLevelRune returns the rune GPT-2's byte-level BPE writes for byte b
+// in its token strings.
+func ByteLevelRune(b byte) rune { return byteLevelRunes.runeOf[b] }
+
+// ByteLevelBytes returns the raw bytes a byte-level BPE token string stands
+// for; ok is false when it holds a rune outside the byte-level alphabet
+// (such a token, an added one, stands for its own UTF-8). Cost: one pass
+// over the token.
+func ByteLevelBytes(token string) (b []byte, ok bool) { return byteLevelRunes.bytesOf(token) }
+
+// ParseByteToken reads a SentencePiece byte-fallback token "<0xNN>": the
+// byte NN, ok false for any other token.
+func ParseByteToken(token string) (byte, bool) { return parseByteToken(token) }
