@@ -111,7 +111,7 @@ func TestBenchCommand(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	if _, err := run(t, "bench", "--mode", "online"); err == nil || !strings.Contains(err.Error(), "--mode must be offline or serve") {
+	if _, err := run(t, "bench", "--mode", "online"); err == nil || !strings.Contains(err.Error(), "--mode must be offline, serve or grammar") {
 		t.Fatalf("bad mode: %v", err)
 	}
 }
@@ -183,6 +183,74 @@ func TestBenchSpeculative(t *testing.T) {
 		if r.Result.TotalOutputTokens != 12 || (r.Method == "ngram") != (r.Result.Speculative != nil) {
 			t.Errorf("JSON run %+v", r)
 		}
+	}
+}
+
+// deepinfer bench --mode grammar on two small MaskBench files with a
+// character tokenizer: the report's counts and the JSON result.
+func TestBenchGrammar(t *testing.T) {
+	dir := t.TempDir()
+	tokDir, data := filepath.Join(dir, "tok"), filepath.Join(dir, "data")
+	for _, d := range []string{tokDir, data} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	vocab := map[string]int{"<unk>": 0}
+	for c := ' '; c <= '~'; c++ {
+		vocab[string(c)] = len(vocab)
+	}
+	tok, err := json.Marshal(map[string]any{
+		"version":      "1.0",
+		"added_tokens": []map[string]any{{"id": 0, "content": "<unk>", "special": true}},
+		"normalizer":   nil, "pre_tokenizer": nil, "post_processor": nil, "decoder": map[string]any{"type": "Fuse"},
+		"model": map[string]any{"type": "BPE", "unk_token": "<unk>", "vocab": vocab, "merges": []string{}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{
+		filepath.Join(tokDir, "tokenizer.json"): string(tok),
+		filepath.Join(data, "ok.json"): `{"schema": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}, "tests": [` +
+			`{"description": "two", "valid": true, "data": [true, false], "text": "[true, false]"},` +
+			`{"description": "three", "valid": false, "data": [true, true, true], "text": "[true, true, true]"}]}`,
+		filepath.Join(data, "unsupported.json"): `{"schema": {"type": "object", "dependentRequired": {"a": ["b"]}}, "tests": []}`,
+	}
+	for path, text := range files {
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resultFile := filepath.Join(dir, "grammar.json")
+	out, err := run(t, "bench", "--mode", "grammar", "--data", data, "--tokenizer", tokDir, "--timeout", "5s",
+		"--result-filename", resultFile)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, want := range []string{"Grammar Benchmark Result", "JSON whitespace:      python", "CPU:", "Files:                2\n",
+		"Passing:              1\n", "Compile errors:       1 (dependentRequired 1)", "Timeouts (5s):        0\n",
+		"Validation errors:    0 (valid instances refused: 0 of 1)", "Invalidation errors:  0 (invalid instances accepted: 0 of 1)",
+		"p25", "p99.9", "TTFM", "mask"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	var res struct {
+		Mode     string `json:"mode"`
+		Files    int    `json:"files"`
+		Passing  int    `json:"passing"`
+		Keywords []struct {
+			Keyword string `json:"keyword"`
+			Files   int    `json:"files"`
+		} `json:"compile_error_keywords"`
+		Mask struct {
+			Count int `json:"count"`
+		} `json:"mask_us"`
+	}
+	readJSON(t, resultFile, &res)
+	// masks: "[true, false]" whole (13), "[true, true" then the refused "," (12)
+	if res.Mode != "grammar" || res.Files != 2 || res.Passing != 1 || len(res.Keywords) != 1 || res.Keywords[0].Keyword != "dependentRequired" || res.Mask.Count != 25 {
+		t.Fatalf("JSON: %+v", res)
 	}
 }
 
@@ -314,7 +382,24 @@ func TestBenchOptions(t *testing.T) {
 			return s.BaseURL == "http://h:1" && s.Endpoint == "/v1/chat/completions" && s.Model == "m" && s.RequestRate == 4 &&
 				s.MaxConcurrency == 3 && s.Seed == 5 && s.VocabSize == 100
 		}, ""},
-		{"bad mode", []string{"--mode", "online"}, nil, "--mode must be offline or serve"},
+		{"bad mode", []string{"--mode", "online"}, nil, "--mode must be offline, serve or grammar"},
+		{"grammar defaults", []string{"--mode", "grammar", "--data", "d", "--tokenizer", "tk"}, func(o benchOptions) bool {
+			return o.grammar == bench.GrammarOptions{DataDir: "d", Whitespace: "python", Timeout: 10 * time.Second} && o.tokenizerDir == "tk" && o.resultPath == ""
+		}, ""},
+		{"grammar flags", []string{"--mode", "grammar", "--data", "d", "--tokenizer", "tk", "--timeout", "2.5s", "--limit", "30", "--whitespace", "flexible",
+			"--save-result", "--result-dir", "res"}, func(o benchOptions) bool {
+			return o.grammar == bench.GrammarOptions{DataDir: "d", Whitespace: "flexible", Timeout: 2500 * time.Millisecond, Limit: 30} &&
+				o.resultPath == filepath.Join("res", "deepinfer-bench-grammar-20260102-030405.json")
+		}, ""},
+		{"grammar without data", []string{"--mode", "grammar", "--tokenizer", "tk"}, nil, "--mode grammar needs --data"},
+		{"grammar without tokenizer", []string{"--mode", "grammar", "--data", "d"}, nil, "--mode grammar needs --tokenizer"},
+		{"grammar bad timeout", []string{"--mode", "grammar", "--data", "d", "--tokenizer", "tk", "--timeout", "0s"}, nil, "--timeout must be > 0"},
+		{"grammar bad limit", []string{"--mode", "grammar", "--data", "d", "--tokenizer", "tk", "--limit", "-1"}, nil, "--limit must be >= 0"},
+		{"grammar bad whitespace", []string{"--mode", "grammar", "--data", "d", "--tokenizer", "tk", "--whitespace", "pretty"}, nil, "--whitespace must be flexible, python or compact"},
+		{"grammar with offline flag", []string{"--mode", "grammar", "--data", "d", "--tokenizer", "tk", "--num-prompts", "3"}, nil, "--mode grammar takes only --data"},
+		{"grammar with plots", []string{"--mode", "grammar", "--data", "d", "--tokenizer", "tk", "--plot-dir", "p"}, nil, "--mode grammar takes only"},
+		{"offline with grammar flag", []string{"--data", "d"}, nil, "--data is for --mode grammar"},
+		{"serve with grammar flag", []string{"--mode", "serve", "--limit", "3"}, nil, "--limit is for --mode grammar"},
 		{"bad metric", []string{"--percentile-metrics", "ttft,foo"}, nil, `unknown metric "foo"`},
 		{"bad percentile", []string{"--metric-percentiles", "0"}, nil, "not a percentile"},
 		{"bad ratio", []string{"--random-range-ratio", "1"}, nil, "--random-range-ratio must be in [0, 1)"},
