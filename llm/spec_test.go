@@ -42,6 +42,9 @@ func testSpeculativeSameTokens(t *testing.T, dir string, methods []struct{ metho
 			l, err := NewLLM(tinyConfig(t, dir, func(c *config.Config) {
 				c.Pipeline.Impl = nil
 				c.ZOS.Enabled = zos
+				// The adaptive draft length switches lengths (and drafts off)
+				// as it measures: with ZOS and the small cache it runs too.
+				c.Speculative.Adaptive = zos && small
 				c.Speculative.Method = method
 				c.Speculative.DraftModel = draft
 				c.Speculative.NumSpeculativeTokens = 3
@@ -63,7 +66,7 @@ func testSpeculativeSameTokens(t *testing.T, dir string, methods []struct{ metho
 				t.Errorf("seed %d %s zos %v small %v: leaked: %d/%d blocks, %d/%d state slots free",
 					seed, method, zos, small, st.NumFreeBlocks, st.NumBlocks, st.NumFreeStateSlots, st.NumStateSlots)
 			}
-			if method != "" {
+			if method != "" && !(zos && small) {
 				if spec.NumDraftTokens == 0 || spec.NumAcceptedTokens == 0 {
 					t.Errorf("seed %d %s zos %v: %d drafted, %d accepted", seed, method, zos, spec.NumDraftTokens, spec.NumAcceptedTokens)
 				}

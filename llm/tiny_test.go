@@ -22,10 +22,12 @@ func tinyLlama(t testing.TB) string {
 	return dir
 }
 
-// tinyConfig returns a config for the tiny model, changed by edit.
+// tinyConfig returns a config for the tiny model, changed by edit. The
+// adaptive draft length is off (it depends on timing); tests that want it
+// turn it on.
 func tinyConfig(t testing.TB, dir string, edit func(*config.Config)) *config.Config {
 	t.Helper()
-	yaml := fmt.Sprintf("model: %s\ncpu: {threads: 2}\ncache: {num_blocks: 64, block_size: 4}\nengine: {max_num_seqs: 8, max_num_batched_tokens: 64, prefill_chunk_size: 16}\npipeline: {sample: greedy}\n", dir)
+	yaml := fmt.Sprintf("model: %s\ncpu: {threads: 2}\ncache: {num_blocks: 64, block_size: 4}\nengine: {max_num_seqs: 8, max_num_batched_tokens: 64, prefill_chunk_size: 16}\npipeline: {sample: greedy}\nspeculative: {adaptive: false}\n", dir)
 	cfg, err := config.Parse("tiny.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
