@@ -130,7 +130,7 @@ func TestBenchSpeculative(t *testing.T) {
 	}
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "tiny.yaml")
-	if err := os.WriteFile(cfgPath, []byte("model: "+model+"\nengine:\n  max_model_len: 256\ncpu:\n  threads: 2\n"), 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, []byte("model: "+model+"\nengine:\n  max_model_len: 256\ncpu:\n  threads: 2\nspeculative:\n  adaptive: false\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	resultFile := filepath.Join(dir, "spec.json")
