@@ -35,39 +35,64 @@ type trieNode struct {
 	end    int32 // index after this node's subtree (preorder)
 }
 
-// Compiled is a Grammar bound to a Vocab: a byte trie of the vocabulary and a
-// cache of per-context token masks. It is safe for concurrent use and shared
-// by matchers; the cache fills lazily (under a lock) as contexts are met.
+// Compiled is a Grammar bound to a Vocab: the vocabulary's byte trie
+// (shared by every grammar compiled against the Vocab) and a cache of
+// per-context token masks. It is safe for concurrent use and shared by
+// matchers; the cache fills lazily (under a lock) as contexts are met.
 type Compiled struct {
-	g        *Grammar
-	v        *Vocab
-	words    int // len of a mask
-	trie     []trieNode
-	trieToks []int32
-	isEOS    []bool
+	g *Grammar
+	v *Vocab
+	*vocabIndex
 
 	mu    sync.RWMutex
 	cache map[ctxKey]*maskEntry
 }
 
-// Compile binds g to v: it builds the vocabulary's byte trie (tokens sorted
-// by bytes; identical byte strings share a node) and the mask entries of the
-// start state. Cost: O(V log V) for the sort plus one trie walk per start
-// context; later contexts are computed on first use (one trie walk each,
-// milliseconds to tens of milliseconds for a 128k vocabulary when the
-// context allows most tokens, as inside a JSON string).
+// vocabIndex is what a grammar's compilation needs of the vocabulary
+// alone: its byte trie (tokens sorted by bytes; identical byte strings
+// share a node) and its eos ids. Built once per Vocab.
+type vocabIndex struct {
+	words    int // len of a mask
+	trie     []trieNode
+	trieToks []int32
+	isEOS    []bool
+}
+
+// Compile binds g to v and computes the mask entries of the start state.
+// The vocabulary's byte trie is built by the first Compile against v and
+// shared by the later ones (O(V log V) once, about 60 ms for a 128k
+// vocabulary). Cost: one trie walk per start context; later contexts are
+// computed on first use (one trie walk each, milliseconds to tens of
+// milliseconds for a 128k vocabulary when the context allows most tokens,
+// as inside a JSON string).
 func Compile(g *Grammar, v *Vocab) (*Compiled, error) {
 	if g == nil || v == nil {
 		return nil, errors.New("grammar: Compile needs a grammar and a vocabulary")
 	}
-	n := len(v.Tokens)
-	c := &Compiled{
-		g:     g,
-		v:     v,
-		words: (n + 31) / 32,
-		isEOS: make([]bool, n),
-		cache: make(map[ctxKey]*maskEntry),
+	idx, err := v.index()
+	if err != nil {
+		return nil, err
 	}
+	c := &Compiled{g: g, v: v, vocabIndex: idx, cache: make(map[ctxKey]*maskEntry)}
+	// Warm the cache for the start state.
+	w := newWalker(g)
+	l := w.initial(g.start)
+	for i := l.s; i < l.e; i++ {
+		c.entry(keyOf(w, w.tops[i]))
+	}
+	return c, nil
+}
+
+// index returns v's vocabIndex, building it on the first call.
+func (v *Vocab) index() (*vocabIndex, error) {
+	v.once.Do(func() { v.idx, v.idxErr = buildIndex(v) })
+	return v.idx, v.idxErr
+}
+
+// buildIndex builds the byte trie of v's tokens.
+func buildIndex(v *Vocab) (*vocabIndex, error) {
+	n := len(v.Tokens)
+	c := &vocabIndex{words: (n + 31) / 32, isEOS: make([]bool, n)}
 	for _, e := range v.EOS {
 		if e < 0 || e >= n {
 			return nil, fmt.Errorf("grammar: eos id %d outside the vocabulary of %d", e, n)
@@ -114,12 +139,6 @@ func Compile(g *Grammar, v *Vocab) (*Compiled, error) {
 	}
 	for _, o := range open {
 		c.trie[o].end = int32(len(c.trie))
-	}
-	// Warm the cache for the start state.
-	w := newWalker(g)
-	l := w.initial(g.start)
-	for i := l.s; i < l.e; i++ {
-		c.entry(keyOf(w, w.tops[i]))
 	}
 	return c, nil
 }

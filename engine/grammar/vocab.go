@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/deepinfer/deepinfer-go/engine/tokenizer"
 )
@@ -16,6 +17,12 @@ import (
 type Vocab struct {
 	Tokens [][]byte
 	EOS    []int
+
+	// The byte trie every Compile against this Vocab shares, built by the
+	// first (Tokens and EOS must not change after it).
+	once   sync.Once
+	idx    *vocabIndex
+	idxErr error
 }
 
 // NewVocab builds a Vocab from the engine's tokenizer, using only its
