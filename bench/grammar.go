@@ -112,9 +112,9 @@ type GrammarResult struct {
 	// TrieMillis is the first Compile's time (of a one-literal grammar):
 	// it builds the vocabulary's byte trie, which every later Compile
 	// against the same Vocab shares, once per run (not in any TTFM).
-	TrieMillis float64 `json:"trie_ms"`
-	DurationSeconds    float64 `json:"duration_s"`
-	Interrupted        bool    `json:"interrupted,omitempty"`
+	TrieMillis      float64 `json:"trie_ms"`
+	DurationSeconds float64 `json:"duration_s"`
+	Interrupted     bool    `json:"interrupted,omitempty"`
 
 	Files              int `json:"files"`
 	Passing            int `json:"passing"`
