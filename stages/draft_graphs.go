@@ -15,8 +15,7 @@ import (
 // instead of launching the layer's kernels one by one.
 type mtpGraphs struct {
 	ops       graphOps
-	sizes     []int
-	graphs    []*mtpGraph
+	graphs    []*mtpGraph // ascending by size: pick takes the first that fits
 	maxBlocks int
 }
 
@@ -41,9 +40,8 @@ func newMTPGraphs(d DraftDeps, mtp *models.MTP) (*mtpGraphs, error) {
 	if !ok {
 		return nil, fmt.Errorf("backend %s cannot capture graphs", d.Ops.Name())
 	}
-	mg := &mtpGraphs{ops: gops, sizes: append([]int(nil), d.CUDAGraph.BatchSizes...),
-		maxBlocks: graphTableBlocks(d.NumBlocks, d.BlockSize, d.Model.Config().MaxPositionEmbeddings, d.MaxModelLen)}
-	for _, n := range mg.sizes {
+	mg := &mtpGraphs{ops: gops, maxBlocks: graphTableBlocks(d.NumBlocks, d.BlockSize, d.Model.Config().MaxPositionEmbeddings, d.MaxModelLen)}
+	for _, n := range d.CUDAGraph.BatchSizes {
 		g, err := mg.capture(d, mtp, n)
 		if err != nil {
 			mg.close()

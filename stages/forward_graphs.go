@@ -25,9 +25,8 @@ type graphOps interface {
 // pool (they never run at the same time).
 type decodeGraphs struct {
 	ops       graphOps
-	sizes     []int // ascending
-	graphs    []*decodeGraph
-	maxBlocks int // width of the static block tables
+	graphs    []*decodeGraph // ascending by size: pick takes the first that fits
+	maxBlocks int            // width of the static block tables
 }
 
 // decodeGraph is the forward pass of a decode batch of size sequences: one
@@ -145,7 +144,7 @@ func newDecodeGraphs(d ForwardDeps, sizes []int) (*decodeGraphs, error) {
 		return nil, fmt.Errorf("backend %s cannot capture graphs: use device: cuda or disable cuda_graph", d.Ops.Name())
 	}
 	maxBlocks := graphTableBlocks(d.Cache.NumBlocks, d.Cache.BlockSize, d.Model.Config().MaxPositionEmbeddings, d.MaxModelLen)
-	dg := &decodeGraphs{ops: gops, sizes: append([]int(nil), sizes...), maxBlocks: maxBlocks}
+	dg := &decodeGraphs{ops: gops, maxBlocks: maxBlocks}
 	for _, n := range sizes {
 		g, err := dg.capture(d, n)
 		if err != nil {
