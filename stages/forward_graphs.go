@@ -258,16 +258,15 @@ func copyCacheBlocks(ops kernels.Ops, cache *models.KVCache, copies []engine.Blo
 	if len(copies) == 0 {
 		return nil
 	}
-	rt := struct{ Ops kernels.Ops }{ops}
 	var buf []byte
 	for _, layer := range [][]kernels.Tensor{cache.K, cache.V} {
 		for _, t := range layer {
 			for _, c := range copies {
-				src, err := rt.Ops.Rows(t, c.Src, c.Src+1)
+				src, err := ops.Rows(t, c.Src, c.Src+1)
 				if err != nil {
 					return err
 				}
-				dst, err := rt.Ops.Rows(t, c.Dst, c.Dst+1)
+				dst, err := ops.Rows(t, c.Dst, c.Dst+1)
 				if err != nil {
 					return err
 				}
@@ -275,10 +274,10 @@ func copyCacheBlocks(ops kernels.Ops, cache *models.KVCache, copies []engine.Blo
 				if cap(buf) < n {
 					buf = make([]byte, n)
 				}
-				if err := rt.Ops.Download(buf[:n], src); err != nil {
+				if err := ops.Download(buf[:n], src); err != nil {
 					return err
 				}
-				if err := rt.Ops.Upload(dst, buf[:n], src.DType()); err != nil {
+				if err := ops.Upload(dst, buf[:n], src.DType()); err != nil {
 					return err
 				}
 			}
