@@ -79,6 +79,9 @@ type SamplingParams struct {
 	PromptLogprobs *int
 	// SkipSpecialTokens drops special tokens from the output text.
 	SkipSpecialTokens bool
+	// StructuredOutput, when not nil, constrains the output to a JSON
+	// schema, regular expression, choice or grammar (see StructuredOutput).
+	StructuredOutput *StructuredOutput
 }
 
 // DefaultSamplingParams returns vLLM's defaults: one sequence, temperature 1,
@@ -156,7 +159,7 @@ func (p *SamplingParams) Validate(vocabSize int) error {
 			return bad("stop[%d] must not be empty", i)
 		}
 	}
-	return nil
+	return p.StructuredOutput.Validate()
 }
 
 // clone returns a deep copy, so that the caller's maps and slices can change
@@ -183,5 +186,6 @@ func (p *SamplingParams) clone() *SamplingParams {
 	}
 	c.Stop = append([]string(nil), p.Stop...)
 	c.StopTokenIDs = append([]int(nil), p.StopTokenIDs...)
+	c.StructuredOutput = p.StructuredOutput.clone()
 	return &c
 }
