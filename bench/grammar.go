@@ -51,8 +51,10 @@ type GrammarOptions struct {
 	// "python" or "compact".
 	Whitespace string
 	// Timeout bounds each file (conversion, compilation and all its
-	// tests); 0 means DefaultGrammarTimeout. It is checked between masks,
-	// so a file is stopped after the mask or commit that crossed it.
+	// tests); 0 means DefaultGrammarTimeout. The conversion and the
+	// compilation stop at it (jsonschema.ToGBNFContext,
+	// grammar.CompileContext); after them it is checked between masks, so
+	// a file is stopped after the mask or commit that crossed it.
 	Timeout time.Duration
 	// Limit runs only the first Limit files (in name order); 0: all.
 	Limit int
@@ -294,8 +296,14 @@ func (g *grammarRun) file(name string, f *maskBenchFile) GrammarFile {
 	res := GrammarFile{Name: name, Tests: len(f.Tests)}
 	start := time.Now()
 	deadline := start.Add(g.timeout)
-	c, kw, err := g.compile(f.Schema)
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	c, kw, err := g.compile(ctx, f.Schema)
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			res.Status, res.Error = GrammarTimeout, err.Error()
+			return res
+		}
 		res.Status, res.Keyword, res.Error = GrammarCompileError, kw, err.Error()
 		return res
 	}
@@ -374,11 +382,12 @@ func (g *grammarRun) file(name string, f *maskBenchFile) GrammarFile {
 	return res
 }
 
-// compile converts, parses and compiles a schema; on failure kw names the
-// cause: the keyword of a *jsonschema.Error, or "(invalid schema)",
+// compile converts, parses and compiles a schema within ctx (its deadline
+// stops the conversion and the start state's trie walks); on failure kw
+// names the cause: the keyword of a *jsonschema.Error, or "(invalid schema)",
 // "(gbnf)", "(compile)", "(other)".
-func (g *grammarRun) compile(schema json.RawMessage) (c *grammar.Compiled, kw string, err error) {
-	src, err := jsonschema.ToGBNF(schema, g.opts)
+func (g *grammarRun) compile(ctx context.Context, schema json.RawMessage) (c *grammar.Compiled, kw string, err error) {
+	src, err := jsonschema.ToGBNFContext(ctx, schema, g.opts)
 	if err != nil {
 		var je *jsonschema.Error
 		switch {
@@ -393,7 +402,7 @@ func (g *grammarRun) compile(schema json.RawMessage) (c *grammar.Compiled, kw st
 	if err != nil {
 		return nil, "(gbnf)", err
 	}
-	c, err = grammar.Compile(gr, g.vocab)
+	c, err = grammar.CompileContext(ctx, gr, g.vocab)
 	if err != nil {
 		return nil, "(compile)", err
 	}

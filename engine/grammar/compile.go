@@ -2,9 +2,9 @@ package grammar
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
-	"math/bits"
 	"slices"
 	"sync"
 )
@@ -28,6 +28,13 @@ type maskEntry struct {
 	uncertain []int32 // in byte order, so checks share prefixes
 }
 
+// exitRec is a token that left a walked context before its end, after off
+// bytes: whether it is allowed depends on the frames below the context.
+type exitRec struct {
+	tok int32
+	off uint16
+}
+
 type trieNode struct {
 	b      byte
 	depth  uint16
@@ -35,10 +42,11 @@ type trieNode struct {
 	end    int32 // index after this node's subtree (preorder)
 }
 
-// Compiled is a Grammar bound to a Vocab: the vocabulary's byte trie
-// (shared by every grammar compiled against the Vocab) and a cache of
-// per-context token masks. It is safe for concurrent use and shared by
-// matchers; the cache fills lazily (under a lock) as contexts are met.
+// Compiled is a Grammar bound to a Vocab: the vocabulary's byte trie and
+// shared mask entries (both held by the Vocab, for every grammar compiled
+// against it) and a cache of per-context token masks. It is safe for
+// concurrent use and shared by matchers; the caches fill lazily (under
+// locks) as contexts are met.
 type Compiled struct {
 	g *Grammar
 	v *Vocab
@@ -56,18 +64,60 @@ type vocabIndex struct {
 	trie     []trieNode
 	trieToks []int32
 	isEOS    []bool
+	rank     []int32 // per token: its index in trieToks (byte order); -1: none
+	maxTok   int     // the longest token, in bytes
+	// Per trie node: the bytes of its subtree (its own included), and
+	// where its subtree's tokens start in trieToks (tokStart[len(trie)] is
+	// len(trieToks)): the tokens below node i are
+	// trieToks[tokStart[i]:tokStart[trie[i].end]].
+	subBytes []byteSet
+	tokStart []int32
+	shared   *sharedCache
 }
 
 // Compile binds g to v and computes the mask entries of the start state.
 // The vocabulary's byte trie is built by the first Compile against v and
 // shared by the later ones (O(V log V) once, about 60 ms for a 128k
-// vocabulary). Cost: one trie walk per start context; later contexts are
-// computed on first use (one trie walk each, milliseconds to tens of
-// milliseconds for a 128k vocabulary when the context allows most tokens,
-// as inside a JSON string).
+// vocabulary). Cost: one trie walk per start context, or none when an
+// earlier grammar compiled against v met the same context (see
+// Vocab.NumSharedContexts); later contexts are computed on first use (a
+// trie walk of up to a few milliseconds for a 128k vocabulary when the
+// context allows most tokens, as inside a JSON string, unless shared).
 func Compile(g *Grammar, v *Vocab) (*Compiled, error) {
+	return CompileWith(g, v, CompileOptions{})
+}
+
+// CompileOptions bound the work of CompileWith.
+type CompileOptions struct {
+	// Context stops the compilation when it ends (checked every few
+	// thousand parser steps inside the trie walks); nil: never.
+	Context context.Context
+	// MaxSteps bounds the parser steps (one per parser stack advanced by
+	// one byte) spent on the start state's trie walks; 0: no bound.
+	MaxSteps int64
+}
+
+// ErrBudget is wrapped by the error of a compilation that ran past
+// CompileOptions.MaxSteps.
+var ErrBudget = errors.New("grammar: work budget exceeded")
+
+// CompileContext is Compile that fails with an error wrapping ctx.Err()
+// when ctx ends before the start state's masks are computed; a
+// pathological grammar (a huge alternation, a heavily ambiguous one) then
+// fails within the caller's deadline.
+func CompileContext(ctx context.Context, g *Grammar, v *Vocab) (*Compiled, error) {
+	return CompileWith(g, v, CompileOptions{Context: ctx})
+}
+
+// CompileWith is Compile with a deadline and a work budget (see
+// CompileOptions).
+func CompileWith(g *Grammar, v *Vocab, o CompileOptions) (*Compiled, error) {
 	if g == nil || v == nil {
 		return nil, errors.New("grammar: Compile needs a grammar and a vocabulary")
+	}
+	b := &budget{ctx: o.Context, max: o.MaxSteps}
+	if err := b.check(); err != nil {
+		return nil, err
 	}
 	idx, err := v.index()
 	if err != nil {
@@ -78,9 +128,50 @@ func Compile(g *Grammar, v *Vocab) (*Compiled, error) {
 	w := newWalker(g)
 	l := w.initial(g.start)
 	for i := l.s; i < l.e; i++ {
-		c.entry(keyOf(w, w.tops[i]))
+		if _, err := c.entryB(keyOf(w, w.tops[i]), b); err != nil {
+			return nil, err
+		}
+		if err := b.check(); err != nil {
+			return nil, err
+		}
 	}
 	return c, nil
+}
+
+// budget bounds a compilation's trie walks; a nil *budget is unbounded.
+type budget struct {
+	ctx   context.Context
+	max   int64
+	steps int64
+	tick  int64
+}
+
+// add counts n parser steps; it reports an error once the budget is spent
+// or the context has ended (checked every 4096 steps).
+func (b *budget) add(n int64) error {
+	if b == nil {
+		return nil
+	}
+	b.steps += n
+	b.tick += n
+	if b.max > 0 && b.steps > b.max {
+		return fmt.Errorf("%w (%d parser steps)", ErrBudget, b.max)
+	}
+	if b.tick >= 4096 {
+		b.tick = 0
+		return b.check()
+	}
+	return nil
+}
+
+func (b *budget) check() error {
+	if b == nil || b.ctx == nil {
+		return nil
+	}
+	if err := b.ctx.Err(); err != nil {
+		return fmt.Errorf("grammar: compile: %w", err)
+	}
+	return nil
 }
 
 // index returns v's vocabIndex, building it on the first call.
@@ -107,6 +198,7 @@ func buildIndex(v *Vocab) (*vocabIndex, error) {
 		if len(b) > 1<<16-1 {
 			return nil, fmt.Errorf("grammar: token %d is %d bytes long", id, len(b))
 		}
+		c.maxTok = max(c.maxTok, len(b))
 		ids = append(ids, int32(id))
 	}
 	slices.SortFunc(ids, func(a, b int32) int {
@@ -140,6 +232,41 @@ func buildIndex(v *Vocab) (*vocabIndex, error) {
 	for _, o := range open {
 		c.trie[o].end = int32(len(c.trie))
 	}
+	c.subBytes = make([]byteSet, len(c.trie))
+	c.tokStart = make([]int32, len(c.trie)+1)
+	cnt := int32(0)
+	for i := range c.trie {
+		c.tokStart[i] = cnt
+		if nd := c.trie[i]; nd.t0 >= 0 {
+			cnt += nd.t1 - nd.t0
+		}
+	}
+	c.tokStart[len(c.trie)] = cnt
+	parent := make([]int32, len(c.trie))
+	stack := []int32{0}
+	for i := 1; i < len(c.trie); i++ {
+		for c.trie[stack[len(stack)-1]].end <= int32(i) {
+			stack = stack[:len(stack)-1]
+		}
+		parent[i] = stack[len(stack)-1]
+		stack = append(stack, int32(i))
+	}
+	for i := len(c.trie) - 1; i >= 1; i-- {
+		s := &c.subBytes[i]
+		s.add(c.trie[i].b, c.trie[i].b)
+		p := &c.subBytes[parent[i]]
+		for w := range s {
+			p[w] |= s[w]
+		}
+	}
+	c.rank = make([]int32, n)
+	for i := range c.rank {
+		c.rank[i] = -1
+	}
+	for i, t := range c.trieToks {
+		c.rank[t] = int32(i)
+	}
+	c.shared = newSharedCache(defaultSharedCacheBytes)
 	return c, nil
 }
 
@@ -180,13 +307,22 @@ func (c *Compiled) NumContexts() int {
 }
 
 func (c *Compiled) entry(k ctxKey) *maskEntry {
+	e, _ := c.entryB(k, nil) // unbounded: cannot fail
+	return e
+}
+
+// entryB returns the cache entry of k, computing it within b on a miss.
+func (c *Compiled) entryB(k ctxKey, b *budget) (*maskEntry, error) {
 	c.mu.RLock()
 	e := c.cache[k]
 	c.mu.RUnlock()
 	if e != nil {
-		return e
+		return e, nil
 	}
-	e = c.computeEntry(k)
+	e, err := c.computeEntry(k, b)
+	if err != nil {
+		return nil, err
+	}
 	c.mu.Lock()
 	if old := c.cache[k]; old != nil {
 		e = old
@@ -194,78 +330,5 @@ func (c *Compiled) entry(k ctxKey) *maskEntry {
 		c.cache[k] = e
 	}
 	c.mu.Unlock()
-	return e
-}
-
-// computeEntry walks the trie depth-first from context k, advancing a copy
-// of the parser state per byte and skipping a subtree as soon as the state
-// dies, so shared prefixes are parsed once. A token is accepted when some
-// stack consumes it whole (or pops out of the context exactly at its end:
-// every deeper continuation is productive); it is uncertain when the only
-// stacks that got past a byte popped out of the context before its end.
-func (c *Compiled) computeEntry(k ctxKey) *maskEntry {
-	w := newWalker(c.g)
-	bottom := restEmpty
-	if k[ctxDepth+1] == 1 {
-		bottom = restSentinel
-	}
-	for i := ctxDepth; i >= 1; i-- {
-		if k[i] < 0 {
-			continue
-		}
-		w.arena = append(w.arena, frame{k[i], bottom})
-		bottom = int32(len(w.arena) - 1)
-	}
-	w.tops = append(w.tops, top{k[0], bottom})
-	lv := []level{{0, 1, int32(len(w.arena)), false}}
-	unc := []bool{false}
-	acc := make([]uint32, c.words)
-	nacc := 0
-	e := &maskEntry{}
-	trie := c.trie
-	for i := int32(1); i < int32(len(trie)); {
-		nd := &trie[i]
-		d := int(nd.depth)
-		p := lv[d-1]
-		w.tops, w.arena = w.tops[:p.e], w.arena[:p.arena]
-		l := w.advance(p, nd.b)
-		alive := l.e > l.s
-		uncBelow := unc[d-1] || w.boundary
-		if nd.t0 >= 0 {
-			if alive || w.accept || w.boundary {
-				for _, t := range c.trieToks[nd.t0:nd.t1] {
-					acc[t>>5] |= 1 << (t & 31)
-					nacc++
-				}
-			} else if unc[d-1] {
-				e.uncertain = append(e.uncertain, c.trieToks[nd.t0:nd.t1]...)
-			}
-		}
-		if alive {
-			lv = append(lv[:d], l)
-			unc = append(unc[:d], uncBelow)
-			i++
-			continue
-		}
-		if uncBelow {
-			for j := i + 1; j < nd.end; j++ {
-				if trie[j].t0 >= 0 {
-					e.uncertain = append(e.uncertain, c.trieToks[trie[j].t0:trie[j].t1]...)
-				}
-			}
-		}
-		i = nd.end
-	}
-	if nacc <= c.words/2 {
-		for wi, x := range acc {
-			for x != 0 {
-				b := bits.TrailingZeros32(x)
-				e.ids = append(e.ids, int32(wi*32+b))
-				x &= x - 1
-			}
-		}
-	} else {
-		e.bits = acc
-	}
-	return e
+	return e, nil
 }

@@ -28,12 +28,35 @@ func (c *converter) formatRule(f string) (string, bool) {
 	case "ipv4":
 		oct := c.define("ipv4-octet", `("25" [0-5] | "2" [0-4] `+d+` | "1" `+d+` `+d+` | [1-9] `+d+` | `+d+`)`)
 		return c.define("ipv4", oct+` "." `+oct+` "." `+oct+` "." `+oct), true
+	case "json-pointer":
+		return c.jsonPointerRule(), true
+	case "relative-json-pointer":
+		return c.define("relative-json-pointer", `("0" | [1-9] [0-9]*) ("#" | `+c.jsonPointerRule()+`)`), true
 	case "uri":
 		h := c.define("hex", `[0-9a-fA-F]`)
 		uc := c.define("uri-char", `([A-Za-z0-9._~:/?#@!$&'()*+,;=\u005B\u005D-] | "%" `+h+` `+h+`)`)
 		return c.define("uri", `[A-Za-z] [A-Za-z0-9+.\u002D]* ":" `+uc+`+`), true
 	}
 	return "", false
+}
+
+// jsonPointerRule is RFC 6901's JSON pointer: "/"-prefixed reference tokens
+// where "~" only starts "~0" or "~1". Characters are in their json.dumps
+// (ensure_ascii=False) form.
+func (c *converter) jsonPointerRule() string {
+	ch := c.define("json-pointer-char", `[^"\\\u0000-\u001F/~] | "~" [01] | "\\\\" | "\\\""`)
+	return c.define("json-pointer", `("/" `+ch+`*)*`)
+}
+
+// standardFormats are the formats of JSON Schema's format vocabulary (draft
+// 2020-12 and earlier), which validators check; formatRule implements some.
+// Another of these is a compile error (an instance could violate it);
+// formats outside the list are annotations and ignored.
+var standardFormats = map[string]bool{
+	"date-time": true, "date": true, "time": true, "duration": true, "email": true,
+	"idn-email": true, "hostname": true, "idn-hostname": true, "ipv4": true, "ipv6": true,
+	"uri": true, "uri-reference": true, "iri": true, "iri-reference": true, "uuid": true,
+	"uri-template": true, "json-pointer": true, "relative-json-pointer": true, "regex": true,
 }
 
 func (c *converter) dateRule() string {

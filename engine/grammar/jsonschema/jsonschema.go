@@ -26,6 +26,8 @@
 // minProperties / maxProperties (only when implied by the rest of the schema),
 // not (only false, {"type": ...} removing whole types, and next to enum/const
 // a not made of type/enum/const, which filters the values).
+// ToGBNFContext stops at a context's end and Options.MaxSteps bounds the
+// work (schema nodes visited), for pathological schemas.
 // Annotation keywords (title, description, default, examples, $schema, $id,
 // $comment, deprecated, readOnly, writeOnly, contentMediaType, ...) and keywords
 // that are not JSON Schema keywords at all (vendor extensions) are ignored.
@@ -38,10 +40,20 @@
 //
 // # Choices and relaxations
 //
-// The grammar never accepts a text the schema rejects, with one documented
-// exception: oneOf is treated as anyOf, so an instance matching two branches
-// is accepted. Everything else errs on the strict side:
+// The grammar never accepts a text the schema rejects; where that cannot be
+// enforced, ToGBNF fails naming the keyword. Everything errs on the strict
+// side:
 //
+//   - oneOf branches are made mutually exclusive: branches that provably
+//     share no value (types, const/enum values, a property one requires and
+//     the other forbids, a required property with disjoint schemas) stay as
+//     they are; a type that two branches accept whole is removed from all;
+//     an object branch excludes another by forbidding a property the other
+//     requires and it does not ("oneOf": [{"required": ["a"]}, {"required":
+//     ["b"]}] is a without b, or b without a; this can refuse an object that
+//     has b but fails the other branch otherwise). Any other overlap (two
+//     patterns, number ranges, objects told apart by nothing required) is
+//     an error naming oneOf.
 //   - Properties must appear in schema order (as llguidance does by default);
 //     optional properties may be omitted; properties listed in required but not
 //     in properties follow the declared ones. Additional properties (allowed
@@ -59,9 +71,12 @@
 //     exponent), except the common "minimum": 0 / "exclusiveMinimum": 0 cases.
 //     Number bounds must be integers; otherwise the keyword is reported as
 //     unsupported. multipleOf other than 1 is unsupported.
-//   - Known formats (date-time, date, time, email, uuid, uri, ipv4, hostname)
-//     are enforced with practical, conservative patterns; unknown formats are
-//     ignored (format is an annotation by default in draft 2020-12).
+//   - Known formats (date-time, date, time, email, uuid, uri, ipv4, hostname,
+//     json-pointer, relative-json-pointer) are enforced with practical,
+//     conservative patterns; the other formats of JSON Schema's vocabulary
+//     (regex, iri, ipv6, duration, uri-reference, ...) are errors naming
+//     format, since validators check them; formats outside the vocabulary
+//     are annotations and ignored.
 //   - pattern uses ECMAScript syntax: literals, ., classes, \d \w \s (and
 //     negations), groups (capturing, (?:...), named), alternation, greedy and
 //     lazy quantifiers; ^ and $ only at the start/end of a top-level branch
@@ -79,6 +94,8 @@
 package jsonschema
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -91,7 +108,15 @@ type Options struct {
 	// MaxWhitespace bounds the whitespace characters per gap in flexible mode;
 	// 0 means 8.
 	MaxWhitespace int
+	// MaxSteps bounds the conversion's work, counted in schema nodes
+	// visited (each subschema generated, merged or compared counts one):
+	// past it ToGBNF fails with an error wrapping ErrBudget. 0: no bound.
+	MaxSteps int
 }
+
+// ErrBudget is wrapped by the error of a conversion that ran past
+// Options.MaxSteps.
+var ErrBudget = errors.New("jsonschema: work budget exceeded")
 
 // Error is returned for schemas that cannot be converted.
 type Error struct {
@@ -119,6 +144,17 @@ func errorf(kw, path, format string, args ...any) error {
 // ToGBNF converts a JSON Schema document to a GBNF grammar with root rule
 // "root".
 func ToGBNF(schema []byte, opts Options) (string, error) {
+	return ToGBNFContext(context.Background(), schema, opts)
+}
+
+// ToGBNFContext is ToGBNF that stops when ctx ends (checked every few
+// hundred schema nodes), failing with an error that wraps ctx.Err(), so a
+// pathological schema (deep nesting, combinatorial allOf/anyOf) fails within
+// the caller's deadline.
+func ToGBNFContext(ctx context.Context, schema []byte, opts Options) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", fmt.Errorf("jsonschema: %w", err)
+	}
 	doc, err := parseJSON(schema)
 	if err != nil {
 		return "", fmt.Errorf("jsonschema: invalid schema JSON: %w", err)
@@ -127,6 +163,7 @@ func ToGBNF(schema []byte, opts Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	c.ctx = ctx
 	expr, err := c.gen(doc, "#")
 	if err != nil {
 		return "", err
@@ -148,6 +185,22 @@ type converter struct {
 	byBody map[string]string
 	refs   map[string]string // JSON pointer -> rule name
 	depth  int
+	ctx    context.Context
+	steps  int
+}
+
+// step counts one unit of work and checks the budget and the context.
+func (c *converter) step() error {
+	c.steps++
+	if c.opts.MaxSteps > 0 && c.steps > c.opts.MaxSteps {
+		return fmt.Errorf("%w (%d steps)", ErrBudget, c.opts.MaxSteps)
+	}
+	if c.steps&255 == 0 && c.ctx != nil {
+		if err := c.ctx.Err(); err != nil {
+			return fmt.Errorf("jsonschema: %w", err)
+		}
+	}
+	return nil
 }
 
 type gbnfRule struct{ name, body string }

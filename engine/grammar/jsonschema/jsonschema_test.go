@@ -1,6 +1,7 @@
 package jsonschema
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -90,6 +91,31 @@ var keywordCases = []schemaCase{
 		[]string{`"abc"`, `9`, `null`}},
 	{"oneOf", `{"oneOf":[{"type":"boolean"},{"type":"null"}]}`,
 		[]string{`true`, `null`}, []string{`0`}},
+	// oneOf of required lists: each branch forbids what the others require.
+	{"oneOf-required", `{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"},"c":{"type":"integer"}},"additionalProperties":false,"oneOf":[{"required":["a"]},{"required":["b"]}]}`,
+		[]string{`{"a": 1}`, `{"b": 1}`, `{"a": 1, "c": 3}`, `{"b": 2, "c": 3}`},
+		[]string{`{"a": 1, "b": 2}`, `{}`, `{"c": 3}`, `{"a": 1, "b": 2, "c": 3}`}},
+	// two required out of several: "not both of b's" is an anyOf.
+	{"oneOf-required-pairs", `{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"},"c":{"type":"integer"}},"additionalProperties":false,"oneOf":[{"required":["a"]},{"required":["b","c"]}]}`,
+		[]string{`{"a": 1}`, `{"b": 1, "c": 2}`, `{"a": 1, "b": 2}`, `{"a": 1, "c": 2}`},
+		[]string{`{"a": 1, "b": 1, "c": 2}`, `{"b": 1}`, `{}`}},
+	// discriminated by a required property's const: disjoint as written.
+	{"oneOf-discriminator", `{"oneOf":[{"type":"object","properties":{"k":{"const":"x"},"v":{"type":"integer"}},"required":["k"]},{"type":"object","properties":{"k":{"const":"y"}},"required":["k"],"additionalProperties":false}]}`,
+		[]string{`{"k": "x", "v": 1}`, `{"k": "y"}`, `{"k": "x"}`},
+		[]string{`{"k": "z"}`, `{"k": "y", "v": 1}`, `{}`}},
+	// object-only branches: the other types match both, so none is valid.
+	{"oneOf-objects-only", `{"oneOf":[{"properties":{"p":{"enum":["m"]}},"required":["p"],"additionalProperties":false},{"properties":{"p":{"enum":["v"]}},"required":["p"],"additionalProperties":false}]}`,
+		[]string{`{"p": "m"}`, `{"p": "v"}`},
+		[]string{`1`, `"s"`, `null`, `{"p": "x"}`, `[]`}},
+	{"oneOf-nested-enums", `{"oneOf":[{"oneOf":[{"enum":["a","b"]},{"enum":["c"]}]},{"enum":["d"]}]}`,
+		[]string{`"a"`, `"c"`, `"d"`},
+		[]string{`"e"`, `1`}},
+	{"format-json-pointer", `{"type":"string","format":"json-pointer"}`,
+		[]string{`""`, `"/a/b~0c~1"`, `"/"`, `"//x"`},
+		[]string{`"a"`, `"/a~2"`, `"/~"`}},
+	{"format-relative-json-pointer", `{"type":"string","format":"relative-json-pointer"}`,
+		[]string{`"0"`, `"1/a"`, `"12#"`},
+		[]string{`""`, `"/a"`, `"01"`, `"1#/a"`}},
 	{"anyOf-with-siblings", `{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},"additionalProperties":false,"anyOf":[{"required":["a"]},{"required":["b"]}]}`,
 		[]string{`{"a": 1}`, `{"b": 1}`, `{"a": 1, "b": 2}`},
 		[]string{`{}`}},
@@ -261,6 +287,15 @@ func TestUnsupportedKeywords(t *testing.T) {
 		{`{"allOf":[{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}],"additionalProperties":false}`, "required", "#"},
 		{`{"type":"integer","minimum":5,"maximum":4}`, "maximum", "#"},
 		{`{"$ref":"#/$defs/missing"}`, "$ref", "#"},
+		// oneOf whose branches may both match, which a grammar cannot
+		// exclude
+		{`{"oneOf":[{"type":"integer"},{"type":"number"}]}`, "oneOf", "#"},
+		{`{"type":"string","oneOf":[{"pattern":"a"},{"pattern":"b"}]}`, "oneOf", "#"},
+		{`{"type":"object","oneOf":[{"properties":{"a":{"type":"string"}}},{"properties":{"b":{"type":"string"}}}]}`, "oneOf", "#"},
+		{`{"type":"object","properties":{"a":{"type":"string"}},"oneOf":[{"required":["a"]},{"required":["a"]}]}`, "oneOf", "#"},
+		// formats of JSON Schema's vocabulary that are not enforced
+		{`{"type":"string","format":"regex"}`, "format", "#"},
+		{`{"type":"object","properties":{"u":{"type":"string","format":"iri"}}}`, "format", "#/properties/u"},
 	}
 	for _, tc := range cases {
 		_, err := ToGBNF([]byte(tc.schema), Options{})
@@ -310,5 +345,22 @@ func TestLargeRepetition(t *testing.T) {
 		if got := accepts(c, `"`+strings.Repeat("é", n)+`"`); got != want {
 			t.Errorf("maxLength 2003, length %d: got %v", n, got)
 		}
+	}
+}
+
+func TestContextAndBudget(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := ToGBNFContext(ctx, []byte(`{"type":"string"}`), Options{}); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled context: %v, want context.Canceled", err)
+	}
+	// Nested properties: one step per subschema, so 3 steps do not reach
+	// the leaves.
+	schema := []byte(`{"type":"object","properties":{"a":{"type":"object","properties":{"b":{"type":"object","properties":{"c":{"type":"integer"}}}}}}}`)
+	if _, err := ToGBNF(schema, Options{MaxSteps: 3}); !errors.Is(err, ErrBudget) {
+		t.Errorf("MaxSteps 3: %v, want ErrBudget", err)
+	}
+	if _, err := ToGBNF(schema, Options{MaxSteps: 1000}); err != nil {
+		t.Errorf("MaxSteps 1000: %v", err)
 	}
 }

@@ -48,6 +48,9 @@ func child(path string, parts ...string) string {
 
 // gen returns a GBNF expression for the JSON texts valid under schema s.
 func (c *converter) gen(s any, path string) (string, error) {
+	if err := c.step(); err != nil {
+		return "", err
+	}
 	c.depth++
 	defer func() { c.depth-- }()
 	if c.depth > 200 {
@@ -150,9 +153,13 @@ func (c *converter) resolve(ref, path string) (any, error) {
 }
 
 // normalize inlines $ref (when it has sibling keywords) and allOf, and turns
-// oneOf into anyOf, so the result has neither $ref, allOf nor oneOf at its top.
+// oneOf into anyOf over branches made mutually exclusive (see exclusive), so
+// the result has neither $ref, allOf nor oneOf at its top.
 func (c *converter) normalize(o *object, path string) (*object, error) {
 	for iter := 0; ; iter++ {
+		if err := c.step(); err != nil {
+			return nil, err
+		}
 		if iter > 50 {
 			return nil, errorf("$ref", path, "reference cycle without structure")
 		}
@@ -198,16 +205,26 @@ func (c *converter) normalize(o *object, path string) (*object, error) {
 			continue
 		}
 		if one, ok := o.get("oneOf"); ok {
+			list, ok := one.([]any)
+			if !ok || len(list) == 0 {
+				return nil, errorf("oneOf", path, "must be a non-empty array")
+			}
 			o = o.clone()
 			o.del("oneOf")
+			base := o.clone()
+			base.del("anyOf")
+			excl, err := c.exclusive(base, list, path)
+			if err != nil {
+				return nil, err
+			}
 			if anyV, ok := o.get("anyOf"); ok {
-				prod, err := crossProduct(anyV, one, path)
+				prod, err := crossProduct(anyV, excl, path)
 				if err != nil {
 					return nil, err
 				}
 				o.set("anyOf", prod)
 			} else {
-				o.set("anyOf", one)
+				o.set("anyOf", excl)
 			}
 			continue
 		}

@@ -99,6 +99,9 @@ func (c *converter) genString(o *object, path string) (string, error) {
 			}
 			return c.define(sanitize(f), `"\"" `+body+` "\""`), nil
 		}
+		if standardFormats[f] {
+			return "", errorf("format", path, "format %q is not enforced", f)
+		}
 	}
 	if lengthKW == "" {
 		return c.stringRule(), nil
