@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 12u
+#define DI_ABI_VERSION 13u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -410,6 +410,14 @@ typedef struct di_api {
 	int (*shift_accepted)(di_ctx *ctx, di_dptr positions, di_dptr slot_mapping, di_dptr seqlens_k,
 	                      di_dptr cu_seqlens_q, di_dptr block_tables, di_dptr shift_from, di_dptr accepted,
 	                      int num_seqs, int num_tokens, int width, int block_size, int num_accepted);
+	/* token_mask (structured output, before sample): for each logits row r
+	 * of num_rows with m = mask_rows[r] >= 0, every token t of the row
+	 * whose bit (masks[m * words + t / 32] >> (t % 32)) & 1 is clear gets
+	 * -Inf, words = (vocab + 31) / 32. mask_rows: I32 [num_rows]; masks:
+	 * U32 [num_masks, words]. A row whose m is num_masks or more is left
+	 * unchanged and sets DI_CHECK_SAMPLE. */
+	int (*token_mask)(di_ctx *ctx, di_dptr logits, int num_rows, int vocab, di_dptr mask_rows, di_dptr masks,
+	                  int num_masks);
 } di_api;
 
 /* di_get_api fills *out for a caller built against abi_version; it returns

@@ -193,6 +193,8 @@ int di_op_resolve_placeholders(di_ctx *ctx, di_dptr ids, di_dptr from_row, di_dp
 int di_op_shift_accepted(di_ctx *ctx, di_dptr positions, di_dptr slot_mapping, di_dptr seqlens_k,
                          di_dptr cu_seqlens_q, di_dptr block_tables, di_dptr shift_from, di_dptr accepted,
                          int num_seqs, int num_tokens, int width, int block_size, int num_accepted);
+int di_op_token_mask(di_ctx *ctx, di_dptr logits, int num_rows, int vocab, di_dptr mask_rows, di_dptr masks,
+                     int num_masks);
 int di_op_logits(di_ctx *ctx, di_dptr out, di_dptr hidden, di_dptr rows, int num_rows,
                  int num_hidden, di_dptr norm, di_dptr head, int head_dtype, int dim, int vocab,
                  float eps);

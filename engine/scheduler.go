@@ -191,6 +191,12 @@ type SequenceMetadata struct {
 	Sample     bool
 	SampleRow  int
 	ForkSeqIDs []SeqID
+	// Grammar is the sequence's structured-output matcher (nil: none), and
+	// ForkGrammars[j] ForkSeqIDs[j]'s (nil when Grammar is). The sample
+	// stage masks each row by its matcher; post-processing commits the
+	// row's tokens to it.
+	Grammar      GrammarMatcher
+	ForkGrammars []GrammarMatcher
 
 	// Rows at positions [PromptLogprobsFrom, PromptLogprobsTo) need prompt
 	// logprobs (the row at position p scores prompt token p+1); both -1
@@ -519,8 +525,10 @@ func (s *Scheduler) validate(seq *Sequence) error {
 }
 
 // GrammarReady moves a sequence waiting for its grammar to the waiting
-// queue, or, when compileErr is not nil, finishes it with FinishError.
-func (s *Scheduler) GrammarReady(id SeqID, compileErr error) error {
+// queue with g, its compiled constraint (the sequence and its forks each
+// get a matcher of it), or, when compileErr is not nil, finishes it with
+// FinishError. An unknown id (aborted meanwhile) is ErrUnknownSequence.
+func (s *Scheduler) GrammarReady(id SeqID, g Grammar, compileErr error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	seq, ok := s.grammar[id]
@@ -528,10 +536,14 @@ func (s *Scheduler) GrammarReady(id SeqID, compileErr error) error {
 		return fmt.Errorf("scheduler: grammar ready for seq %d: %w", id, ErrUnknownSequence)
 	}
 	delete(s.grammar, id)
+	if compileErr == nil && g == nil {
+		compileErr = errors.New("no grammar was given")
+	}
 	if compileErr != nil {
 		s.finish(seq, FinishError, fmt.Errorf("grammar: %w", compileErr))
 		return nil
 	}
+	seq.grammar, seq.matcher = g, g.NewMatcher()
 	seq.status = StatusWaiting
 	s.insertWaiting(seq)
 	return nil
@@ -1040,11 +1052,18 @@ func (s *Scheduler) addRows(b *stepBuilder, seq *Sequence, q, drafts int, prefil
 		b.row++
 	}
 	b.rec.entries = append(b.rec.entries, e)
-	m.ForkSeqIDs = nil
+	m.Grammar = seq.matcher
+	m.ForkSeqIDs, m.ForkGrammars = nil, nil
 	if len(forks) > 0 {
 		m.ForkSeqIDs = make([]SeqID, len(forks))
+		if seq.matcher != nil {
+			m.ForkGrammars = make([]GrammarMatcher, len(forks))
+		}
 		for j, c := range forks {
 			m.ForkSeqIDs[j] = c.id
+			if m.ForkGrammars != nil {
+				m.ForkGrammars[j] = c.matcher
+			}
 			c.pendingRow = int32(b.row)
 			b.rec.entries = append(b.rec.entries, stepEntry{seq: c, id: c.id, epoch: c.epoch, row: int32(b.row), computedAfter: c.numComputed})
 			b.row++

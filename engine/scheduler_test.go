@@ -801,18 +801,72 @@ func TestSchedulerGrammar(t *testing.T) {
 	if out, _ := s.Schedule(); out.StepID != 0 {
 		t.Fatal("scheduled a sequence waiting for its grammar")
 	}
-	if err := s.GrammarReady(badID, errors.New("unbalanced brace")); err != nil {
+	if err := s.GrammarReady(badID, nil, errors.New("unbalanced brace")); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.GrammarReady(okID, nil); err != nil {
+	if err := s.GrammarReady(okID, fakeGrammar{}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.GrammarReady(okID, nil); !errors.Is(err, ErrUnknownSequence) {
+	if err := s.GrammarReady(okID, fakeGrammar{}, nil); !errors.Is(err, ErrUnknownSequence) {
 		t.Fatalf("second ready: %v", err)
 	}
 	out, metas, _ := step(t, s, model)
 	if len(metas) != 1 || metas[0].SeqID != okID || !slices.Contains(out.FinishedSeqIDs, badID) {
 		t.Fatalf("metas %+v, finished %v", metas, out.FinishedSeqIDs)
+	}
+	if metas[0].Grammar == nil || metas[0].Grammar != s.seqs[okID].Matcher() {
+		t.Fatalf("metadata grammar %v, sequence's %v", metas[0].Grammar, s.seqs[okID].Matcher())
+	}
+}
+
+// fakeGrammar hands out a fresh fakeMatcher each time.
+type fakeGrammar struct{}
+
+func (fakeGrammar) NewMatcher() GrammarMatcher { return &fakeMatcher{} }
+
+type fakeMatcher struct{ committed []int }
+
+func (m *fakeMatcher) ComputeMask(mask []uint32) {
+	for i := range mask {
+		mask[i] = ^uint32(0)
+	}
+}
+func (m *fakeMatcher) Commit(t int) error { m.committed = append(m.committed, t); return nil }
+func (m *fakeMatcher) Rollback(n int) error {
+	m.committed = m.committed[:len(m.committed)-n]
+	return nil
+}
+func (m *fakeMatcher) IsAccepting() bool  { return true }
+func (m *fakeMatcher) IsTerminated() bool { return false }
+
+// The forks of a request under a grammar (n > 1) each get their own
+// matcher, named in the fork step's metadata.
+func TestSchedulerGrammarForks(t *testing.T) {
+	s, err := NewScheduler(baseConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := newFakeModel(s.Config(), testVocab)
+	p := longParams(2)
+	p.N = 3
+	id, err := s.AddWaitingForGrammar(NewSequence("n3", seqOf(1, 2, 3), p, time.Time{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.GrammarReady(id, fakeGrammar{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, metas, _ := step(t, s, model)
+	if len(metas) != 1 || len(metas[0].ForkSeqIDs) != 2 || len(metas[0].ForkGrammars) != 2 {
+		t.Fatalf("metas %+v", metas)
+	}
+	m := metas[0]
+	seen := map[GrammarMatcher]bool{m.Grammar: true}
+	for j, g := range m.ForkGrammars {
+		if g == nil || seen[g] || g != s.seqs[m.ForkSeqIDs[j]].Matcher() {
+			t.Fatalf("fork %d: matcher %p (parent's %p), sequence's %p", j, g, m.Grammar, s.seqs[m.ForkSeqIDs[j]].Matcher())
+		}
+		seen[g] = true
 	}
 }
 

@@ -19,7 +19,7 @@ const (
 	// StatusWaiting: added, not admitted yet (no blocks, no state slot).
 	StatusWaiting SequenceStatus = iota
 	// StatusWaitingForGrammar: its grammar is still compiling; the
-	// Scheduler holds it until MarkGrammarReady.
+	// Scheduler holds it until GrammarReady.
 	StatusWaitingForGrammar
 	// StatusPrompted: admitted, prefill in progress (chunked prefill: some
 	// of its known tokens are computed, the last chunk is not scheduled).
@@ -151,6 +151,11 @@ type Sequence struct {
 	// promptLogprobsDone counts the prompt positions whose prompt logprobs
 	// were already scheduled, so a recompute does not ask again.
 	promptLogprobsDone int
+
+	// grammar is the request's compiled structured-output constraint and
+	// matcher the sequence's position in it (nil without one).
+	grammar Grammar
+	matcher GrammarMatcher
 }
 
 // setBlockTable replaces the block table and caches its last block.
@@ -242,6 +247,10 @@ func (s *Sequence) NumCachedTokens() int { return s.numCached }
 // BlockTable returns the KV block ids (read-only view).
 func (s *Sequence) BlockTable() []int { return s.blockTable[:len(s.blockTable):len(s.blockTable)] }
 
+// Matcher returns the sequence's structured-output matcher (nil without a
+// constraint, or while its grammar compiles).
+func (s *Sequence) Matcher() GrammarMatcher { return s.matcher }
+
 // StateSlot returns the state slot, or -1 when the sequence holds none.
 func (s *Sequence) StateSlot() int { return int(s.stateSlot) }
 
@@ -284,6 +293,12 @@ func (s *Sequence) fork(id SeqID, sampleIndex int) *Sequence {
 		pendingRow:         -1,
 		lastBlock:          -1,
 		promptLogprobsDone: s.promptLogprobsDone,
+		grammar:            s.grammar,
+	}
+	if s.grammar != nil {
+		// A fork happens before its parent's first output token: the
+		// child starts at the grammar's start too.
+		c.matcher = s.grammar.NewMatcher()
 	}
 	return c
 }

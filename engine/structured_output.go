@@ -105,3 +105,31 @@ func (s *StructuredOutput) clone() *StructuredOutput {
 	c.Choice = append([]string(nil), s.Choice...)
 	return &c
 }
+
+// Grammar is a compiled structured-output constraint, shared by the
+// sequences of every request that asks for it: each sequence gets its own
+// GrammarMatcher. Safe for concurrent use.
+type Grammar interface {
+	NewMatcher() GrammarMatcher
+}
+
+// GrammarMatcher is one sequence's position in its Grammar (one
+// implementation: engine/grammar's Matcher). The sample stage reads
+// ComputeMask before each step of the sequence; post-processing Commits
+// the tokens the step emitted. Not safe for concurrent use: the step loop
+// orders those calls (sample N+1 runs after post-process N).
+type GrammarMatcher interface {
+	// ComputeMask sets bit t of mask (mask[t/32] >> (t%32) & 1) for every
+	// token t that may come next (EOS ids where the text so far is
+	// complete) and clears the others.
+	ComputeMask(mask []uint32)
+	// Commit advances by one token; an illegal token is an error and
+	// changes nothing.
+	Commit(token int) error
+	// Rollback undoes the last n committed tokens.
+	Rollback(n int) error
+	// IsAccepting reports whether the text so far is a complete match.
+	IsAccepting() bool
+	// IsTerminated reports whether an EOS token was committed.
+	IsTerminated() bool
+}

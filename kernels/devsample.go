@@ -89,6 +89,11 @@ type SampleRow struct {
 	RepetitionPenalty, PresencePenalty, FrequencyPenalty float32
 	// Edits change single logits before sampling, at most one per token id.
 	Edits []LogitEdit
+	// Allowed, when not nil, is a packed bitmask of the tokens the row may
+	// take (structured output): token t is allowed when Allowed[t/32] >>
+	// (t%32) & 1 is set; every other logit becomes -Inf before the edits.
+	// It holds at least (vocab+31)/32 words. nil allows every token.
+	Allowed []uint32
 	// Logprobs asks the host sampler for the sampled token's logprob and
 	// rank under the raw row (before the edits and the temperature), and
 	// NumLogprobs (>= 0; > 0 only with Logprobs) asks for that many most
@@ -225,6 +230,8 @@ func (r *SampleRow) Check(vocab int, seen []bool) error {
 		return bad("num_logprobs must be >= 0, got %d", r.NumLogprobs)
 	case r.NumLogprobs > 0 && !r.Logprobs:
 		return bad("num_logprobs is %d but logprobs is off", r.NumLogprobs)
+	case r.Allowed != nil && len(r.Allowed) < (vocab+31)/32:
+		return bad("allowed mask has %d words, a vocabulary of %d needs %d", len(r.Allowed), vocab, (vocab+31)/32)
 	}
 	if len(r.Edits) == 0 {
 		return nil

@@ -44,6 +44,11 @@ type Options struct {
 	// ManualSteps makes the step loop plan a step only when Step is
 	// called, as vLLM's LLMEngine.step; otherwise it runs on its own.
 	ManualSteps bool
+	// Grammars, when not nil, compiles the requests' structured-output
+	// constraints in place of the built-in compiler (engine/structured over
+	// engine/grammar, sized by config structured_output): another grammar
+	// engine plugs in here.
+	Grammars stages.GrammarCompiler
 }
 
 // Engine is the LLMEngine: it owns the backend, the model, the KV cache,
@@ -216,6 +221,16 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		Flops: flops, Stats: &stages.Stats{}, ManualSteps: opts.ManualSteps,
 		CUDAGraph:   stages.CUDAGraph{Enabled: cfg.CUDAGraph.Enabled, BatchSizes: cfg.CUDAGraph.BatchSizes},
 		Speculative: drafter.env,
+		Resubmit:    e.requests.pushControl,
+	}
+	if opts.Grammars != nil {
+		e.env.Grammars = opts.Grammars
+	} else if e.tok != nil && e.tok.VocabSize() <= mcfg.VocabSize {
+		// Structured output masks the model's logits by the tokenizer's
+		// vocabulary (ids past it, padding, are never allowed).
+		if e.env.Grammars, err = newGrammarCompiler(e.tok, mcfg.EOSTokenIDs, cfg.StructuredOutput); err != nil {
+			return nil, fmt.Errorf("llm: %w", err)
+		}
 	}
 	pspec, err := CheckedSpec(cfg, opts.Stages)
 	if err != nil {

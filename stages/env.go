@@ -41,6 +41,20 @@ type Env struct {
 	// Speculative is the speculative decoding setup for the draft stage
 	// (NumSpeculativeTokens 0: off).
 	Speculative Speculative
+	// Grammars compiles the structured-output constraints of requests
+	// (nil: the model has no tokenizer, and such requests are refused).
+	Grammars GrammarCompiler
+	// Resubmit puts a control item (a compiled grammar) back on the
+	// requests slot's queue, to reach the schedule stage in order; false
+	// once the queue has ended.
+	Resubmit func(Submission) bool
+}
+
+// GrammarCompiler compiles a structured-output constraint off the step
+// loop (engine/structured.Compiler): done is called once, on another
+// goroutine, with the grammar or the error that fails the request.
+type GrammarCompiler interface {
+	CompileAsync(ctx context.Context, spec *engine.StructuredOutput, done func(engine.Grammar, error))
 }
 
 // Speculative is what the draft stage needs beyond the target model
@@ -58,6 +72,12 @@ type Speculative struct {
 	Adaptive bool
 	// DraftModel is the draft_model drafter's model (nil for others).
 	DraftModel models.Model
+	// DSpark is the dspark drafter's model (nil for others), with its
+	// per-sequence confidence threshold and the cap on the draft tokens a
+	// step verifies (0: none).
+	DSpark                 *models.DSpark
+	ConfidenceThreshold    float64
+	MaxVerifyTokensPerStep int
 	// DraftCache is the drafter's own paged KV cache, with the target's
 	// block layout (the same block tables address both): the MTP layers'
 	// or the draft model's; nil for a drafter without one.

@@ -2,6 +2,7 @@ package stages
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -174,7 +175,16 @@ func (p *Postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 		}
 		out.FirstTokenTime = st.firstToken
 		for j, tok := range o.TokenIDs {
+			if r.Grammar != nil && !commitGrammar(r.Grammar, &out, tok) {
+				break
+			}
 			p.appendToken(st, r, &out, tok, o.Logprobs[j])
+			if !out.Finished && r.Grammar != nil && r.Grammar.IsTerminated() {
+				// EOS under the grammar with ignore_eos: the constraint
+				// is complete, so is the output.
+				p.finishText(st, &out)
+				out.Finished, out.FinishReason = true, engine.FinishStop
+			}
 			if out.Finished {
 				break
 			}
@@ -183,7 +193,7 @@ func (p *Postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 			out.FinishTime = now
 			delete(p.seqs, r.SeqID)
 			p.done[r.SeqID] = id
-			finished = append(finished, engine.FinishedSequence{SeqID: r.SeqID, RequestID: r.RequestID, Index: r.Index, Reason: out.FinishReason})
+			finished = append(finished, engine.FinishedSequence{SeqID: r.SeqID, RequestID: r.RequestID, Index: r.Index, Reason: out.FinishReason, Err: out.Err})
 		}
 		if p.d.Responder.Emit(out) {
 			gathered = append(gathered, out)
@@ -221,16 +231,35 @@ func (p *Postprocess) appendToken(st *seqText, r RowRef, out *engine.RequestOutp
 	if reason == engine.FinishStop {
 		out.StopReason = strconv.Itoa(tok)
 	}
-	if st.stream != nil {
-		// The text the stream still holds (a character the last token left
-		// incomplete) goes out now; a stop string in it ends the text there.
-		more, stopped := st.stop.Append(st.stream.Flush())
-		out.Text += more
-		if stopped {
-			_, out.StopReason = st.stop.Stopped()
-			out.FinishReason = engine.FinishStop
-		} else {
-			out.Text += st.stop.Flush()
-		}
+	p.finishText(st, out)
+}
+
+// finishText flushes the text the stream still holds (a character the
+// last token left incomplete) into an output that ends now; a stop string
+// in it ends the text there.
+func (p *Postprocess) finishText(st *seqText, out *engine.RequestOutput) {
+	if st.stream == nil {
+		return
 	}
+	more, stopped := st.stop.Append(st.stream.Flush())
+	out.Text += more
+	if stopped {
+		_, out.StopReason = st.stop.Stopped()
+		out.FinishReason = engine.FinishStop
+	} else {
+		out.Text += st.stop.Flush()
+	}
+}
+
+// commitGrammar commits an emitted token to the sequence's structured-output
+// matcher. A token the grammar refuses (a sample stage that did not apply
+// the row's mask) ends the sequence with FinishError before the token, and
+// commitGrammar reports false.
+func commitGrammar(g engine.GrammarMatcher, out *engine.RequestOutput, tok int) bool {
+	err := g.Commit(tok)
+	if err == nil {
+		return true
+	}
+	out.Finished, out.FinishReason, out.Err = true, engine.FinishError, fmt.Errorf("structured output: the sampled token broke the constraint: %w", err)
+	return false
 }

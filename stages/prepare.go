@@ -64,6 +64,10 @@ type RowRef struct {
 	RequestID string
 	Row       int // the scheduler's sample row (SequenceMetadata.SampleRow, or a fork's)
 	Offset    int // drafts before this row (0 without speculation)
+	// Grammar is the sequence's structured-output matcher (nil: none):
+	// the sample stage masks the row by it (after the row's Offset drafts),
+	// post-processing commits the row's tokens to it.
+	Grammar engine.GrammarMatcher
 }
 
 // PreparedStep is a step's input in backend memory (prepare -> forward).
@@ -176,12 +180,16 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 		}
 		last := int32(len(h.InputIDs) - 1)
 		for j := 0; j <= m.NumDrafts; j++ {
-			rows = append(rows, RowRef{Meta: m, SeqID: m.SeqID, Index: m.SampleIndex, RequestID: m.RequestID, Row: m.SampleRow, Offset: j})
+			rows = append(rows, RowRef{Meta: m, SeqID: m.SeqID, Index: m.SampleIndex, RequestID: m.RequestID, Row: m.SampleRow, Offset: j, Grammar: m.Grammar})
 			sampleRows = append(sampleRows, last-int32(m.NumDrafts-j))
 		}
 		nextRow++
 		for j, fork := range m.ForkSeqIDs {
-			rows = append(rows, RowRef{Meta: m, SeqID: fork, Index: j + 1, RequestID: m.RequestID, Row: nextRow})
+			ref := RowRef{Meta: m, SeqID: fork, Index: j + 1, RequestID: m.RequestID, Row: nextRow}
+			if m.ForkGrammars != nil {
+				ref.Grammar = m.ForkGrammars[j]
+			}
+			rows = append(rows, ref)
 			sampleRows = append(sampleRows, last)
 			nextRow++
 		}

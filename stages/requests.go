@@ -28,6 +28,18 @@ type Submission struct {
 	// Drain is closed by the schedule stage once the scheduler holds no
 	// unfinished sequence and no step is in flight.
 	Drain chan struct{}
+	// Grammar reports that a sequence's structured-output constraint has
+	// compiled (or failed to): the schedule stage, which started the
+	// compile, moves the sequence on (engine.Scheduler.GrammarReady).
+	Grammar *GrammarReady
+}
+
+// GrammarReady is the outcome of one sequence's grammar compile.
+type GrammarReady struct {
+	SeqID     engine.SeqID
+	RequestID string
+	Grammar   engine.Grammar // nil when Err is set
+	Err       error
 }
 
 // StepAsk is a caller's request for one step; Done receives its outputs

@@ -3,8 +3,10 @@ package stages
 import (
 	"context"
 	"fmt"
+	"math/bits"
 	"runtime"
 	"slices"
+	"sync"
 
 	"golang.org/x/sync/errgroup"
 
@@ -48,6 +50,7 @@ type sample struct {
 
 	dev   kernels.DeviceSampler // nil: the backend has none
 	edits []editBuilder         // one per worker
+	masks grammarMasks          // the step's allowed-token masks (structured output)
 	rows  []kernels.SampleRow   // reused device rows
 	timer sampleTimer           // device time of the sampling kernels
 }
@@ -89,6 +92,7 @@ func (s *sample) Process(ctx context.Context, res *ForwardResult) (*SampledStep,
 		s.rows = slices.Grow(s.rows[:0], n)[:n]
 	}
 	workers := min(len(s.scratch), max(1, n/minRowsPerWorker))
+	s.masks.compute(res, vocab, workers)
 	var g errgroup.Group
 	for w := range workers {
 		lo, hi := w*n/workers, (w+1)*n/workers
@@ -98,6 +102,10 @@ func (s *sample) Process(ctx context.Context, res *ForwardResult) (*SampledStep,
 			for r := lo; r < hi; r++ {
 				ref := res.Rows[r]
 				row, err := b.row(ref.Meta, ref.Index, eos, rowHistory(res, ref))
+				if err == nil {
+					row.Allowed = s.masks.row(r)
+					keepGrammarPossible(&row)
+				}
 				if err == nil && !onDev {
 					out.Samples[r], err = sampleHost(logits[r], &row, s.scratch[w])
 				}
@@ -317,4 +325,115 @@ func promptLogprobs(res *ForwardResult, rows [][]float32) ([]engine.TokenLogprob
 		out[i] = lp
 	}
 	return out, nil
+}
+
+// grammarMasks computes the allowed-token masks of a step's rows under a
+// structured-output constraint (RowRef.Grammar), one bitmask of the
+// vocabulary per such row, reused from step to step. The row at Offset j of
+// a speculative decode is masked after its first j drafts: they are
+// committed to the matcher for the mask and rolled back after; past a draft
+// the grammar refuses, rows get no mask (the row before refuses that draft,
+// so verification discards them). A terminated matcher (its sequence ended
+// at the step before, still planned under zero-overhead scheduling) gives
+// no mask: that row is discarded.
+type grammarMasks struct {
+	bits []uint32   // backing store, words per row
+	rows [][]uint32 // per step row: its mask, nil when none
+}
+
+// compute fills the masks of res's rows, the rows of one sequence on one
+// goroutine (they share its matcher), spread over workers. Cost: nothing
+// for a step without a constrained row; otherwise one ComputeMask per
+// constrained row (see engine/grammar) plus a Commit and a Rollback per
+// draft.
+func (g *grammarMasks) compute(res *ForwardResult, vocab, workers int) {
+	n := len(res.Rows)
+	g.rows = slices.Grow(g.rows[:0], n)[:n]
+	clear(g.rows)
+	var groups []int // first row of each constrained sequence's rows
+	for r := 0; r < n; r++ {
+		if res.Rows[r].Grammar != nil && (r == 0 || res.Rows[r-1].SeqID != res.Rows[r].SeqID) {
+			groups = append(groups, r)
+		}
+	}
+	if len(groups) == 0 {
+		return
+	}
+	words := (vocab + 31) / 32
+	if need := n * words; len(g.bits) < need {
+		g.bits = make([]uint32, need)
+	}
+	var wg sync.WaitGroup
+	workers = min(workers, len(groups))
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < len(groups); i += workers {
+				g.sequence(res, groups[i], words)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// sequence masks the rows of one sequence, from row first on.
+func (g *grammarMasks) sequence(res *ForwardResult, first, words int) {
+	ref := res.Rows[first]
+	m := ref.Grammar
+	if m.IsTerminated() {
+		return
+	}
+	drafts := StepDrafts(res, ref.Meta)
+	committed := 0
+	for r := first; r < len(res.Rows) && res.Rows[r].SeqID == ref.SeqID; r++ {
+		j := res.Rows[r].Offset
+		for committed < j {
+			if committed >= len(drafts) || m.Commit(drafts[committed]) != nil {
+				j = -1
+				break
+			}
+			committed++
+		}
+		if j < 0 {
+			break
+		}
+		mask := g.bits[r*words : (r+1)*words : (r+1)*words]
+		m.ComputeMask(mask)
+		g.rows[r] = mask
+	}
+	if committed > 0 {
+		if err := m.Rollback(committed); err != nil {
+			panic(fmt.Sprintf("sample: grammar rollback of %d drafts: %v", committed, err))
+		}
+	}
+}
+
+// row returns step row r's mask (nil: unconstrained).
+func (g *grammarMasks) row(r int) []uint32 { return g.rows[r] }
+
+// keepGrammarPossible drops a row's min_tokens mask (the stop and EOS ids)
+// when the grammar allows nothing else: the constraint is complete, and
+// ending the output is the only way on.
+func keepGrammarPossible(r *kernels.SampleRow) {
+	if r.Allowed == nil {
+		return
+	}
+	masked := 0
+	for _, e := range r.Edits {
+		if e.Flags&kernels.EditMask != 0 && r.Allowed[e.Token/32]>>(e.Token%32)&1 == 1 {
+			masked++
+		}
+	}
+	if masked == 0 {
+		return
+	}
+	allowed := 0
+	for _, w := range r.Allowed {
+		allowed += bits.OnesCount32(w)
+	}
+	if allowed > masked {
+		return
+	}
+	for i := range r.Edits {
+		r.Edits[i].Flags &^= kernels.EditMask
+	}
 }

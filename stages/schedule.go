@@ -35,6 +35,11 @@ type ScheduleDeps struct {
 	// Drafts, when not nil, picks the draft length (0 to k) of each step
 	// by measuring decode throughput (speculative.adaptive).
 	Drafts *spec.Controller
+	// Grammars compiles structured-output constraints and Resubmit brings
+	// each outcome back as a Submission (see Env); a request with a
+	// constraint is refused when Grammars is nil.
+	Grammars GrammarCompiler
+	Resubmit func(Submission) bool
 }
 
 // RegisterSchedule registers a schedule implementation in r (nil: the
@@ -45,7 +50,7 @@ func RegisterSchedule[O any](r *pipeline.Registry, name string, defaults O, buil
 		if err != nil {
 			return nil, err
 		}
-		d := ScheduleDeps{Scheduler: e.Scheduler, Responder: e.Responder, ManualSteps: e.ManualSteps}
+		d := ScheduleDeps{Scheduler: e.Scheduler, Responder: e.Responder, ManualSteps: e.ManualSteps, Grammars: e.Grammars, Resubmit: e.Resubmit}
 		if e.Speculative.NumSpeculativeTokens > 0 && e.Speculative.Adaptive {
 			d.Drafts = spec.NewController(e.Speculative.NumSpeculativeTokens, 16, 8)
 		}
@@ -95,10 +100,23 @@ func NewSchedule(d ScheduleDeps) *Schedule {
 // Add applies one admission.
 func (s *Schedule) Add(_ context.Context, a Admission) error {
 	switch {
+	case a.Seq != nil && a.Seq.Params().StructuredOutput != nil:
+		s.addConstrained(a.Seq)
 	case a.Seq != nil:
 		if _, err := s.d.Scheduler.Add(a.Seq); err != nil {
 			// A request the scheduler refuses (too long, ...) fails alone.
 			s.d.Responder.Fail(a.Seq.RequestID(), engine.FinishError, err)
+		}
+	case a.Grammar != nil:
+		g := a.Grammar
+		err := s.d.Scheduler.GrammarReady(g.SeqID, g.Grammar, g.Err)
+		switch {
+		case errors.Is(err, engine.ErrUnknownSequence):
+			// Aborted while its grammar compiled: already answered.
+		case err != nil:
+			return fmt.Errorf("schedule: %w", err)
+		case g.Err != nil:
+			s.d.Responder.Fail(g.RequestID, engine.FinishError, fmt.Errorf("grammar: %w", g.Err))
 		}
 	case a.Abort != "":
 		s.d.Scheduler.Abort(a.Abort)
@@ -109,6 +127,27 @@ func (s *Schedule) Add(_ context.Context, a Admission) error {
 	}
 	s.checkDrains()
 	return nil
+}
+
+// addConstrained adds a sequence whose request has a structured-output
+// constraint: it waits in the scheduler (StatusWaitingForGrammar) while
+// its grammar compiles off the loop; the outcome comes back through the
+// requests queue (Submission.Grammar), so steps never wait for it.
+func (s *Schedule) addConstrained(seq *engine.Sequence) {
+	if s.d.Grammars == nil || s.d.Resubmit == nil {
+		s.d.Responder.Fail(seq.RequestID(), engine.FinishError,
+			fmt.Errorf("%w: structured output needs the model's tokenizer, and this engine has none", engine.ErrInvalidRequest))
+		return
+	}
+	id, err := s.d.Scheduler.AddWaitingForGrammar(seq)
+	if err != nil {
+		s.d.Responder.Fail(seq.RequestID(), engine.FinishError, err)
+		return
+	}
+	resubmit := s.d.Resubmit
+	s.d.Grammars.CompileAsync(context.Background(), seq.Params().StructuredOutput, func(g engine.Grammar, err error) {
+		resubmit(Submission{Grammar: &GrammarReady{SeqID: id, RequestID: seq.RequestID(), Grammar: g, Err: err}})
+	})
 }
 
 // Feedback applies a step's outcome: the tokens it appended (the

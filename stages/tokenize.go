@@ -20,10 +20,11 @@ type TokenizeStage = pipeline.Stage[Submission, Admission]
 
 // Admission is what reaches the schedule stage: exactly one field is set.
 type Admission struct {
-	Seq   *engine.Sequence // a validated new sequence
-	Abort string           // a request to drop
-	Step  *StepAsk         // see Submission.Step
-	Drain chan struct{}    // see Submission.Drain
+	Seq     *engine.Sequence // a validated new sequence
+	Abort   string           // a request to drop
+	Step    *StepAsk         // see Submission.Step
+	Drain   chan struct{}    // see Submission.Drain
+	Grammar *GrammarReady    // see Submission.Grammar
 }
 
 // TokenizeDeps is what a tokenize stage gets.
@@ -78,7 +79,7 @@ func NewTokenize(d TokenizeDeps) *Tokenize {
 func (t *Tokenize) Process(_ context.Context, sub Submission) (Admission, error) {
 	req := sub.Request
 	if req == nil {
-		return Admission{Abort: sub.Abort, Step: sub.Step, Drain: sub.Drain}, nil
+		return Admission{Abort: sub.Abort, Step: sub.Step, Drain: sub.Drain, Grammar: sub.Grammar}, nil
 	}
 	if !t.d.Responder.Has(req.ID) {
 		// Aborted while it waited: its answer is out, its abort follows.

@@ -164,6 +164,11 @@ type Speculative struct {
 	// batch size class and verifies drafts only where they are faster
 	// (engine/spec.Controller). Outputs are the same either way.
 	Adaptive bool `yaml:"adaptive"`
+	// MaxVerifyTokensPerStep > 0 (dspark) caps the draft tokens one step
+	// verifies across the batch: they go to the drafts with the highest
+	// predicted acceptance (engine/spec.GateBudget); 0: no cap beyond k
+	// and the confidence threshold per sequence.
+	MaxVerifyTokensPerStep int `yaml:"max_verify_tokens_per_step"`
 }
 
 // Enabled reports whether speculative decoding is on.
@@ -174,6 +179,9 @@ func (s Speculative) Enabled() bool { return s.Method != "" && s.Method != "none
 type StructuredOutput struct {
 	Workers   int `yaml:"workers"`    // compile goroutines
 	CacheSize int `yaml:"cache_size"` // compiled grammars kept
+	// CompileTimeoutS bounds one grammar compile, in seconds (0: none); a
+	// constraint that takes longer fails its request.
+	CompileTimeoutS float64 `yaml:"compile_timeout_s"`
 }
 
 // Pipeline picks the implementation of each stage slot (any key that is
@@ -221,7 +229,7 @@ func Default() Config {
 			PromptLookupMax:      4,
 			Adaptive:             true,
 		},
-		StructuredOutput: StructuredOutput{Workers: 2, CacheSize: 256},
+		StructuredOutput: StructuredOutput{Workers: 2, CacheSize: 256, CompileTimeoutS: 10},
 		Pipeline:         Pipeline{EdgeCapacity: 2},
 	}
 }

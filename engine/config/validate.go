@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 )
 
@@ -115,6 +116,9 @@ func (c *Config) Validate() error {
 	if (s.Method == "dspark" || s.Method == "draft_model") && s.DraftModel == "" {
 		bad("speculative.draft_model", "must name the drafter's directory when speculative.method is %s", s.Method)
 	}
+	if s.MaxVerifyTokensPerStep < 0 {
+		bad("speculative.max_verify_tokens_per_step", "must be >= 0 (0: no cap), got %d", s.MaxVerifyTokensPerStep)
+	}
 	if s.DisableByBatchSize < 0 {
 		bad("speculative.disable_by_batch_size", "must be >= 0 (0: never), got %d", s.DisableByBatchSize)
 	}
@@ -127,6 +131,9 @@ func (c *Config) Validate() error {
 	}
 	if o.CacheSize < 0 {
 		bad("structured_output.cache_size", "must be 0 or positive, got %d", o.CacheSize)
+	}
+	if o.CompileTimeoutS < 0 || math.IsNaN(o.CompileTimeoutS) || math.IsInf(o.CompileTimeoutS, 0) {
+		bad("structured_output.compile_timeout_s", "must be 0 (no bound) or positive seconds, got %v", o.CompileTimeoutS)
 	}
 	if c.Pipeline.EdgeCapacity < 1 {
 		bad("pipeline.edge_capacity", "must be at least 1, got %d", c.Pipeline.EdgeCapacity)

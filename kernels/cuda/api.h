@@ -122,6 +122,10 @@ static inline int c_logits(di_api *a, di_ctx *c, di_dptr out, di_dptr hidden, di
                     int dt, int dim, int vocab, float eps) {
 	return a->logits(c, out, hidden, rows, r, t, norm, head, dt, dim, vocab, eps);
 }
+static inline int c_token_mask(di_api *a, di_ctx *c, di_dptr logits, int r, int vocab, di_dptr mask_rows, di_dptr masks,
+                               int num_masks) {
+	return a->token_mask(c, logits, r, vocab, mask_rows, masks, num_masks);
+}
 static inline int c_sample(di_api *a, di_ctx *c, di_dptr out, di_dptr logits, int r, int vocab, di_dptr rows, di_dptr edits,
                            int max_candidates) {
 	return a->sample(c, out, logits, r, vocab, rows, edits, max_candidates);

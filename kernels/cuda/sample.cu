@@ -910,3 +910,35 @@ extern "C" int di_op_sample(di_ctx *ctx, di_dptr out, di_dptr logits, int num_ro
 	const di_sample_edit *e = DI_PTR(const di_sample_edit, edits);
 	return vec ? ds_launch<4>(ctx, o, l, num_rows, vocab, r, e, cap) : ds_launch<1>(ctx, o, l, num_rows, vocab, r, e, cap);
 }
+
+// ---------------------------------------------------------------- token_mask
+
+// di_token_mask_k sets the logits of the tokens a row's allowed mask
+// clears to -Inf: grid (column blocks, rows), one thread per token.
+__global__ void di_token_mask_k(float *logits, int vocab, int words, const int *mask_rows, const unsigned *masks,
+                                int num_masks, unsigned *check) {
+	const int r = blockIdx.y;
+	const int m = mask_rows[r];
+	if (m < 0) return;
+	if (m >= num_masks) {
+		if (blockIdx.x == 0 && threadIdx.x == 0) atomicOr(check, DI_CHECK_SAMPLE);
+		return;
+	}
+	const unsigned *bits = masks + (size_t)m * words;
+	float *z = logits + (size_t)r * vocab;
+	for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < vocab; t += gridDim.x * blockDim.x)
+		if (!((bits[t >> 5] >> (t & 31)) & 1u)) z[t] = -CUDART_INF_F;
+}
+
+extern "C" int di_op_token_mask(di_ctx *ctx, di_dptr logits, int num_rows, int vocab, di_dptr mask_rows, di_dptr masks,
+                                int num_masks) {
+	if (num_rows == 0) return DI_OK;
+	if (num_rows < 0 || num_rows > 65535 || vocab <= 0 || num_masks < 0 || !logits || !mask_rows || (num_masks > 0 && !masks))
+		return di_fail(ctx, DI_ERR_INVALID, "token_mask: %d rows of %d logits, %d masks", num_rows, vocab, num_masks);
+	const int threads = 256;
+	const dim3 grid(min((vocab + threads - 1) / threads, 64), num_rows);
+	di_token_mask_k<<<grid, threads, 0, ctx->stream>>>(DI_PTR(float, logits), vocab, (vocab + 31) / 32,
+	                                                   DI_PTR(const int, mask_rows), DI_PTR(const unsigned, masks),
+	                                                   num_masks, ctx->check);
+	return di_check_launch(ctx, "token_mask");
+}

@@ -89,21 +89,33 @@ func (b *Backend) sample(logits kernels.Tensor, rows []kernels.SampleRow, maxCan
 	}
 
 	// One I32 buffer: the kernel's output [3, n] (tokens, statuses, ids),
-	// then the rows and the edits at a 16-byte boundary.
-	numEdits := 0
+	// then the rows and the edits at a 16-byte boundary, then, when a row
+	// has an allowed-token mask, each row's mask index and the masks.
+	numEdits, numMasks := 0, 0
 	for i := range rows {
 		numEdits += len(rows[i].Edits)
+		if rows[i].Allowed != nil {
+			numMasks++
+		}
 	}
+	words := (vocab + 31) / 32
 	rowBytes, editBytes := n*C.sizeof_di_sample_row, numEdits*C.sizeof_di_sample_edit
+	maskBytes := 0
+	if numMasks > 0 {
+		maskBytes = 4 * (n + numMasks*words)
+	}
 	paramOff := (3*n + 3) &^ 3 // in int32 elements
-	paramInts := (rowBytes + editBytes) / 4
+	paramInts := (rowBytes + editBytes + maskBytes) / 4
 	buf, err := b.Alloc(kernels.I32, paramOff+paramInts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("cuda: sample: %w", err)
 	}
-	blob := make([]uint64, (rowBytes+editBytes+7)/8) // 8-byte aligned for the C structs
-	raw := unsafe.Slice((*byte)(unsafe.Pointer(&blob[0])), rowBytes+editBytes)
-	packSampleRows(raw, rows, vocab)
+	blob := make([]uint64, (rowBytes+editBytes+maskBytes+7)/8) // 8-byte aligned for the C structs
+	raw := unsafe.Slice((*byte)(unsafe.Pointer(&blob[0])), rowBytes+editBytes+maskBytes)
+	packSampleRows(raw[:rowBytes+editBytes], rows, vocab)
+	if numMasks > 0 {
+		packMasks(raw[rowBytes+editBytes:], rows, words)
+	}
 	params, err := b.Rows(buf, paramOff, paramOff+paramInts)
 	if err != nil {
 		return nil, nil, err
@@ -116,6 +128,17 @@ func (b *Backend) sample(logits kernels.Tensor, rows []kernels.SampleRow, maxCan
 	var editsPtr C.di_dptr
 	if numEdits > 0 {
 		editsPtr = rowsPtr + C.di_dptr(rowBytes)
+	}
+	if numMasks > 0 {
+		maskRows := editsPtr + C.di_dptr(editBytes)
+		if numEdits == 0 {
+			maskRows = rowsPtr + C.di_dptr(rowBytes)
+		}
+		if err := b.launch("token_mask", func() C.int {
+			return C.c_token_mask(b.lib.api, b.ctx, l.ptr(), C.int(n), C.int(vocab), maskRows, maskRows+C.di_dptr(4*n), C.int(numMasks))
+		}, out, l); err != nil {
+			return nil, nil, err
+		}
 	}
 	if err := b.launch(op, func() C.int {
 		return C.c_sample(b.lib.api, b.ctx, out.ptr(), l.ptr(), C.int(n), C.int(vocab), rowsPtr, editsPtr, C.int(maxCandidates))
@@ -326,5 +349,23 @@ func packSampleRows(raw []byte, rows []kernels.SampleRow, vocab int) {
 			ce[e] = C.di_sample_edit{token: C.int32_t(ed.Token), count: C.int32_t(ed.Count), bias: C.float(ed.Bias), flags: C.uint32_t(ed.Flags)}
 			e++
 		}
+	}
+}
+
+// packMasks writes each row's mask index (I32 [len(rows)], -1: none) and
+// then the masks of the rows that have one (U32 [masks, words]) into raw.
+func packMasks(raw []byte, rows []kernels.SampleRow, words int) {
+	n := len(rows)
+	idx := unsafe.Slice((*int32)(unsafe.Pointer(&raw[0])), n)
+	masks := unsafe.Slice((*uint32)(unsafe.Pointer(&raw[4*n])), (len(raw)-4*n)/4)
+	m := 0
+	for i := range rows {
+		idx[i] = -1
+		if rows[i].Allowed == nil {
+			continue
+		}
+		idx[i] = int32(m)
+		copy(masks[m*words:(m+1)*words], rows[i].Allowed[:words])
+		m++
 	}
 }

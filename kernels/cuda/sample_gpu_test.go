@@ -607,3 +607,63 @@ func TestGPUSampleChunks(t *testing.T) {
 	}
 	t.Logf("sample in chunks: %d rows (%d random) give the tokens and processed logits of one block a row", rows, random)
 }
+
+// Rows with an allowed-token mask (structured output) sample only allowed
+// tokens, the masked logits are -Inf on the device as on the host, and the
+// tokens match the host sampler's (greedy exactly, random rows except near
+// rounding ties); rows without a mask in the same call are untouched by it.
+func TestGPUSampleAllowedMask(t *testing.T) {
+	g := newGPU(t, GEMMRound)
+	r := rand.New(rand.NewPCG(23, 29))
+	for _, vc := range []struct{ vocab, rows int }{{1000, 96}, {32001, 64}, {128256, 16}} {
+		c := sampleCase{vocab: vc.vocab}
+		words := (vc.vocab + 31) / 32
+		for i := range vc.rows {
+			row := sampleRow(r, vc.vocab, i%len(sampleParamSets))
+			if i%3 != 2 {
+				mask := make([]uint32, words)
+				for range 1 + r.IntN(vc.vocab/8) {
+					t := r.IntN(vc.vocab)
+					mask[t/32] |= 1 << (t % 32)
+				}
+				if i%3 == 1 {
+					for w := range mask[:words/2] { // dense words, skipped by the host
+						mask[w] = ^uint32(0)
+					}
+				}
+				row.Allowed = mask
+			}
+			c.rows = append(c.rows, row)
+			c.logits = append(c.logits, sampleLogits(r, vc.vocab, 3, 0))
+		}
+		want, wantProc := c.host()
+		host, _, proc := c.device(t, g, maxSampleCandidates)
+		agree, random := 0, 0
+		for i, row := range c.rows {
+			tok := host[i]
+			if row.Allowed != nil && row.Allowed[tok/32]>>(tok%32)&1 == 0 {
+				t.Fatalf("vocab %d row %d: token %d is not allowed", vc.vocab, i, tok)
+			}
+			for j := range c.vocab {
+				if math.Float32bits(wantProc[i][j]) != math.Float32bits(proc[i*c.vocab+j]) {
+					t.Fatalf("vocab %d row %d: processed logit %d: host %v, device %v", vc.vocab, i, j, wantProc[i][j], proc[i*c.vocab+j])
+				}
+			}
+			switch {
+			case want[i] < 0:
+				t.Fatalf("vocab %d row %d: the host sampler failed", vc.vocab, i)
+			case row.Greedy && tok != want[i]:
+				t.Errorf("vocab %d row %d: greedy token %d, host %d", vc.vocab, i, tok, want[i])
+			case !row.Greedy:
+				random++
+				if tok == want[i] {
+					agree++
+				}
+			}
+		}
+		t.Logf("allowed masks, vocab %d: %d/%d random rows agree with the host", vc.vocab, agree, random)
+		if agree < random-1 {
+			t.Errorf("vocab %d: only %d of %d random rows agree with the host", vc.vocab, agree, random)
+		}
+	}
+}

@@ -63,7 +63,8 @@ type cand struct {
 // Sample draws the next token of one row.
 //
 // logits is the row (length = vocabulary size). Sample modifies it in place
-// at the ids of r's edits, which afterwards hold their edited values (as a
+// at the ids of r's edits, which afterwards hold their edited values, and
+// at the tokens r.Allowed masks, which hold -Inf (as a
 // kernels.DeviceSampler leaves its logits); other entries are unchanged.
 // r is checked by kernels.SampleRow.Check (an invalid row leaves the
 // logits untouched) and only read: its Seed and Step key the random draw,
