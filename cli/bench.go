@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/deepinfer/deepinfer-go/bench"
+	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/tokenizer"
 	"github.com/deepinfer/deepinfer-go/llm"
 	"github.com/deepinfer/deepinfer-go/pipeline"
@@ -121,6 +122,16 @@ func newBenchCmd(reg *pipeline.Registry) *cobra.Command {
 				if err := cfg.Validate(); err != nil {
 					return fmt.Errorf("bench: %w", err)
 				}
+				if so := opts.structured; so != nil {
+					so.Offline.Progress, so.Log, so.Engine = progress, stderr, llm.Options{Stages: reg}
+					r, err := bench.RunStructured(ctx, cfg, *so)
+					if err != nil {
+						return err
+					}
+					printStructured(stdout, r)
+					result = r
+					break
+				}
 				l, err := llm.NewLLM(cfg, llm.Options{Stages: reg})
 				if err != nil {
 					return err
@@ -209,6 +220,7 @@ type benchFlags struct {
 	percentileMetrics, metricPercentiles                 string
 	workload, speculative, batch                         string
 	numSpecTokens, rounds                                int
+	jsonSchema                                           string
 	// mode grammar
 	dataDir, tokenizerDir, whitespace string
 	timeout                           time.Duration
@@ -271,6 +283,7 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.speculative, "speculative", "", "offline: compare speculative-decoding methods (comma-separated speculative.method values, e.g. none,ngram,mtp; none, the baseline, is added when missing) on the same requests, each on a fresh engine")
 	fl.IntVar(&f.numSpecTokens, "num-speculative-tokens", 0, "offline: draft length k (speculative.num_speculative_tokens) of every method; default: the config's")
 	fl.IntVar(&f.rounds, "rounds", 1, "offline, with --speculative: run every method and batch size this many times, in alternating order, and report each one's median run (for noisy machines)")
+	fl.StringVar(&f.jsonSchema, "json-schema", "", "offline: compare the workload without and with this JSON Schema constraint (a file, or \"default\": an array of at least 64 records, which no output of the benchmark's length can complete) on one engine, in alternating order (--rounds); reports the constrained decode step rate as a ratio to the unconstrained")
 	fl.StringVar(&f.batch, "batch", "", "offline: engine.max_num_seqs (sequences in one step), overriding --max-num-seqs; with --speculative a comma-separated list, every method running at each (e.g. 1,8)")
 	// serve
 	fl.StringVar(&f.baseURL, "base-url", "http://127.0.0.1:8000", "serve: the server's root URL")
@@ -313,6 +326,8 @@ type benchOptions struct {
 	speculative   *bench.SpeculativeOptions
 	batches       []int
 	numSpecTokens int
+	// offline: the structured-output comparison (nil: none).
+	structured *bench.StructuredOptions
 }
 
 // benchChanged reports whether the flag name, or one of its other spellings,
@@ -447,8 +462,10 @@ func (f *benchFlags) options(cmd *cobra.Command, now time.Time) (benchOptions, e
 		return o, fmt.Errorf("bench: --speculative needs methods, e.g. none,ngram,mtp")
 	case len(methods) == 0 && len(o.batches) > 1:
 		return o, fmt.Errorf("bench: several --batch sizes need --speculative (give --speculative none to compare batch sizes alone)")
-	case len(methods) == 0 && benchChanged(cmd, "rounds"):
-		return o, fmt.Errorf("bench: --rounds needs --speculative")
+	case f.jsonSchema != "" && (len(methods) > 0 || len(o.batches) > 1 || f.mode != "offline"):
+		return o, fmt.Errorf("bench: --json-schema is for --mode offline, with one --batch size and without --speculative")
+	case len(methods) == 0 && benchChanged(cmd, "rounds") && f.jsonSchema == "":
+		return o, fmt.Errorf("bench: --rounds needs --speculative or --json-schema")
 	case len(methods) > 0 && f.plotDir != "":
 		return o, fmt.Errorf("bench: --plot-dir is not for --speculative runs")
 	}
@@ -489,6 +506,18 @@ func (f *benchFlags) options(cmd *cobra.Command, now time.Time) (benchOptions, e
 		o.offline = off
 		if len(methods) > 0 {
 			o.speculative = &bench.SpeculativeOptions{Offline: off, Methods: methods, NumSpeculativeTokens: f.numSpecTokens, Batches: o.batches, Rounds: f.rounds}
+		}
+		if f.jsonSchema != "" {
+			schema := bench.LongJSONSchema
+			if f.jsonSchema != "default" {
+				data, err := os.ReadFile(f.jsonSchema)
+				if err != nil {
+					return o, fmt.Errorf("bench: --json-schema: %w", err)
+				}
+				schema = string(data)
+			}
+			o.structured = &bench.StructuredOptions{Offline: off, Rounds: f.rounds,
+				Constraint: engine.StructuredOutput{JSONSchema: schema, Whitespace: "compact"}}
 		}
 		return o, nil
 	}
@@ -714,4 +743,20 @@ func printGrammar(w io.Writer, r *bench.GrammarResult) {
 			p.P25, p.P50, p.P75, p.P90, p.P95, p.P99, p.P999, p.Max, p.Mean, p.Count)
 	}
 	tw.Flush()
+}
+
+// printStructured prints the structured-output comparison.
+func printStructured(w io.Writer, r *bench.StructuredResult) {
+	fmt.Fprintf(w, "Structured output (%s) at batch %d, %d requests, %s, median of %d rounds:\n", r.Kind, r.Batch, r.NumRequests, r.Backend, r.Rounds)
+	fmt.Fprintf(w, "  %-14s %12s %14s\n", "", "output tok/s", "median TPOT ms")
+	for _, row := range []struct {
+		name string
+		r    *bench.OfflineResult
+	}{{"unconstrained", r.Unconstrained}, {"constrained", r.Constrained}} {
+		fmt.Fprintf(w, "  %-14s %12.1f %14.3f\n", row.name, row.r.OutputThroughput, row.r.TPOTMillis.Median)
+	}
+	fmt.Fprintf(w, "  step rate, constrained / unconstrained: %.3f (throughput %.3f)\n", r.StepRateRatio, r.ThroughputRatio)
+	if r.EndedEarly > 0 {
+		fmt.Fprintf(w, "  %d constrained outputs ended before max_tokens: their batch ran smaller\n", r.EndedEarly)
+	}
 }

@@ -31,6 +31,11 @@ type samplingFlags struct {
 	logprobs, promptLogprobs   int
 	stopTokenIDs, logitBiasRaw []string
 	keepSpecial                bool
+	// structured output
+	jsonSchemaFile, grammarFile string
+	jsonObject                  bool
+	regex, whitespace           string
+	choices                     []string
 }
 
 func (f *samplingFlags) register(cmd *cobra.Command) {
@@ -54,6 +59,41 @@ func (f *samplingFlags) register(cmd *cobra.Command) {
 	fl.IntVar(&f.logprobs, "logprobs", -1, "log-probabilities to report per generated token; -1 is none")
 	fl.IntVar(&f.promptLogprobs, "prompt-logprobs", -1, "log-probabilities to report per prompt token; -1 is none")
 	fl.BoolVar(&f.keepSpecial, "keep-special-tokens", false, "keep special tokens in the output text")
+	fl.StringVar(&f.jsonSchemaFile, "json-schema", "", "constrain the output to one JSON instance of the JSON Schema in FILE")
+	fl.BoolVar(&f.jsonObject, "json-object", false, "constrain the output to a JSON object")
+	fl.StringVar(&f.regex, "regex", "", "constrain the output to a full match of this regular expression")
+	fl.StringArrayVar(&f.choices, "choice", nil, "constrain the output to one of these strings (repeatable)")
+	fl.StringVar(&f.grammarFile, "grammar", "", "constrain the output to the GBNF grammar in FILE (start rule root)")
+	fl.StringVar(&f.whitespace, "json-whitespace", "", "whitespace the JSON forms allow: flexible (default), compact or python")
+}
+
+// structured returns the structured-output constraint the flags ask for
+// (nil: none), reading the schema or grammar file.
+func (f *samplingFlags) structured() (*engine.StructuredOutput, error) {
+	s := &engine.StructuredOutput{JSONObject: f.jsonObject, Regex: f.regex, Choice: f.choices, Whitespace: f.whitespace}
+	for _, file := range []struct {
+		flag, path string
+		into       *string
+	}{{"--json-schema", f.jsonSchemaFile, &s.JSONSchema}, {"--grammar", f.grammarFile, &s.Grammar}} {
+		if file.path == "" {
+			continue
+		}
+		data, err := os.ReadFile(file.path)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", file.flag, err)
+		}
+		if len(data) == 0 {
+			return nil, fmt.Errorf("%s: %s is empty", file.flag, file.path)
+		}
+		*file.into = string(data)
+	}
+	if s.Kind() == "" {
+		if s.Whitespace != "" {
+			return nil, errors.New("--json-whitespace needs --json-schema or --json-object")
+		}
+		return nil, nil
+	}
+	return s, nil
 }
 
 func (f *samplingFlags) params() (engine.SamplingParams, error) {
@@ -90,6 +130,11 @@ func (f *samplingFlags) params() (engine.SamplingParams, error) {
 		}
 		p.LogitBias[id] = float32(bias)
 	}
+	so, err := f.structured()
+	if err != nil {
+		return p, err
+	}
+	p.StructuredOutput = so
 	return p, p.Validate(0)
 }
 
@@ -111,7 +156,10 @@ func newGenerateCmd(reg *pipeline.Registry) *cobra.Command {
 			"Without --config and --model it runs the shipped model (deepseek-tiny), from any directory.\n" +
 			"--logprobs N prints each generated token's log-probability and its N most likely alternatives\n" +
 			"after the text (--prompt-logprobs N the prompt tokens'). A prompt whose length plus\n" +
-			"--max-tokens exceeds max_model_len is refused before anything is generated.",
+			"--max-tokens exceeds max_model_len is refused before anything is generated.\n\n" +
+			"--json-schema FILE, --json-object, --regex, --choice or --grammar FILE (GBNF) constrain the\n" +
+			"output (structured output): the constraint compiles off the step loop, and each step masks\n" +
+			"the tokens it does not allow.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			params, err := sf.params()
