@@ -1,0 +1,498 @@
+package models
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/deepinfer/deepinfer-go/engine/weights"
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// DSparkArchitecture is the config.json architectures name of a DSpark
+// drafter.
+const DSparkArchitecture = "DSparkDrafter"
+
+// DSparkConfig is a DSpark drafter's config.json.
+type DSparkConfig struct {
+	Architectures []string `json:"architectures"`
+	// TargetArchitectures, TargetHiddenSize and TargetNumHiddenLayers
+	// describe the model the drafter was trained for; TargetLayerIDs are the
+	// target decoder layers whose outputs condition it.
+	TargetArchitectures   []string `json:"target_architectures"`
+	TargetHiddenSize      int      `json:"target_hidden_size"`
+	TargetNumHiddenLayers int      `json:"target_num_hidden_layers"`
+	TargetLayerIDs        []int    `json:"target_layer_ids"`
+	VocabSize             int      `json:"vocab_size"`
+	HiddenSize            int      `json:"hidden_size"`
+	NumHiddenLayers       int      `json:"num_hidden_layers"`
+	NumAttentionHeads     int      `json:"num_attention_heads"`
+	HeadDim               int      `json:"head_dim"`
+	IntermediateSize      int      `json:"intermediate_size"`
+	RMSNormEps            float64  `json:"rms_norm_eps"`
+	// BlockSize is k, the positions one pass drafts.
+	BlockSize            int `json:"block_size"`
+	MarkovRank           int `json:"markov_rank"`
+	ConfidenceHiddenSize int `json:"confidence_hidden_size"`
+	// The confidence head's calibration (Platt scaling fit after
+	// training): p = sigmoid(ConfidenceScale*z + ConfidenceBias).
+	ConfidenceScale float64 `json:"confidence_scale"`
+	ConfidenceBias  float64 `json:"confidence_bias"`
+}
+
+// DSpark is a block drafter (DSpark, of the DFlash family) bound to its
+// target model. From the target's hidden state at a sequence's last
+// accepted position (the target's Forward output at the row whose output is
+// the sequence's last token) and that token, one parallel pass over a block
+// of BlockSize positions proposes the next tokens:
+//
+//   - context c = ctx.proj(RMSNorm(h; ctx.norm.0)) [hidden];
+//   - block rows x_0 = E[last] + block.embed[0], x_j = block.embed[j]
+//     (learned mask-and-position rows), E the target's embedding;
+//   - NumHiddenLayers pre-norm layers: attention of each block row over the
+//     whole block (bidirectional) and the context (one key and value per
+//     sequence, the layer's k/v projections of RMSNorm(c; context_norm)),
+//     no rotary positions, then a SwiGLU MLP;
+//   - a Markov correction, sequential over the block but tiny: g_j = x_j +
+//     markov.up(silu(a)*b), [a b] = markov.down(E[d_{j-1}]), d_{-1} the last
+//     token and d_{j-1} the draft at j-1; the draft d_j is the argmax of the
+//     target's final norm and LM head over g_j (both shared with the
+//     target);
+//   - a confidence head: z_j = confidence.fc2(silu(a)*b), [a b] =
+//     confidence.fc1(RMSNorm(g_j)), and p_j = sigmoid(ConfidenceScale*z_j +
+//     ConfidenceBias), the probability that the target accepts d_j given
+//     that it accepted d_0..d_{j-1}.
+//
+// It keeps no KV cache of its own: it conditions only on the target's
+// hidden state at the last accepted position, so nothing needs rolling
+// back. Only the target's last layer output is available to it in the
+// engine (TargetLayerIDs must name that layer). Draft may run concurrently.
+type DSpark struct {
+	cfg    DSparkConfig
+	ops    kernels.Ops
+	target *base
+	eps    float32
+
+	ctxNorm, ctxProj kernels.Tensor
+	blockEmbed       kernels.Tensor // [k, hidden]
+	layers           []dsparkLayer
+	markovDown       kernels.Tensor // [2r, target hidden]
+	markovUp         kernels.Tensor // [hidden, r]
+	confNorm         kernels.Tensor
+	confFC1, confFC2 kernels.Tensor // [2c, hidden], [1, c]
+	confBias         kernels.Tensor // [1]
+}
+
+type dsparkLayer struct {
+	inputNorm, contextNorm, postNorm kernels.Tensor
+	q, k, v, o                       kernels.Tensor
+	gateUp, down                     kernels.Tensor
+}
+
+// shared gives a drafter of this package the target's embedding, final
+// norm and LM head.
+func (m *base) shared() *base { return m }
+
+// ReadDSparkConfig reads dir/config.json of a DSpark drafter.
+func ReadDSparkConfig(dir string) (*DSparkConfig, error) {
+	data, err := os.ReadFile(filepath.Join(dir, weights.ConfigFile))
+	if err != nil {
+		return nil, fmt.Errorf("models: dspark: %w", err)
+	}
+	var cfg DSparkConfig
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return nil, fmt.Errorf("models: dspark: %s: %v: %w", dir, err, ErrConfig)
+	}
+	return &cfg, nil
+}
+
+// LoadDSpark loads the DSpark drafter in the Hugging Face style directory
+// dir (config.json, model.safetensors) for target, on ops. The files are
+// closed before it returns.
+func LoadDSpark(ops kernels.Ops, dir string, target Model) (*DSpark, error) {
+	cfg, err := ReadDSparkConfig(dir)
+	if err != nil {
+		return nil, err
+	}
+	f, err := weights.OpenFile(filepath.Join(dir, "model.safetensors"))
+	if err != nil {
+		return nil, fmt.Errorf("models: dspark: %w", err)
+	}
+	defer f.Close()
+	return NewDSpark(ops, cfg, f, target)
+}
+
+// NewDSpark builds a DSpark drafter for target from cfg and src. The
+// target must be a model of this package whose hidden size, vocabulary and
+// layer count match cfg's. Errors wrap ErrConfig or ErrWeights.
+func NewDSpark(ops kernels.Ops, cfg *DSparkConfig, src Weights, target Model) (*DSpark, error) {
+	if !slices.Contains(cfg.Architectures, DSparkArchitecture) {
+		return nil, fmt.Errorf("models: dspark: architectures %v, want %s: %w", cfg.Architectures, DSparkArchitecture, ErrUnknownArchitecture)
+	}
+	sh, ok := target.(interface{ shared() *base })
+	if !ok {
+		return nil, fmt.Errorf("models: dspark: target %T is not a model of this package: %w", target, ErrConfig)
+	}
+	tc := target.Config()
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("models: dspark: "+format+": %w", append(args, ErrConfig)...)
+	}
+	switch {
+	case cfg.TargetHiddenSize != tc.HiddenSize || cfg.HiddenSize != tc.HiddenSize:
+		return nil, bad("hidden_size %d and target_hidden_size %d, the target's is %d (the drafter shares its LM head)", cfg.HiddenSize, cfg.TargetHiddenSize, tc.HiddenSize)
+	case cfg.VocabSize != tc.VocabSize:
+		return nil, bad("vocab_size %d, the target's is %d", cfg.VocabSize, tc.VocabSize)
+	case cfg.TargetNumHiddenLayers != tc.NumHiddenLayers:
+		return nil, bad("target_num_hidden_layers %d, the target has %d", cfg.TargetNumHiddenLayers, tc.NumHiddenLayers)
+	case !slices.Equal(cfg.TargetLayerIDs, []int{tc.NumHiddenLayers - 1}):
+		return nil, bad("target_layer_ids %v: the engine hands a drafter the target's last layer output only, [%d]", cfg.TargetLayerIDs, tc.NumHiddenLayers-1)
+	case cfg.BlockSize < 1 || cfg.NumHiddenLayers < 1 || cfg.NumAttentionHeads < 1 || cfg.HeadDim < 1 ||
+		cfg.IntermediateSize < 1 || cfg.MarkovRank < 1 || cfg.ConfidenceHiddenSize < 1:
+		return nil, bad("block_size, layers, heads, head_dim, intermediate_size, markov_rank and confidence_hidden_size must be positive: %+v", *cfg)
+	}
+	d := &DSpark{cfg: *cfg, ops: ops, target: sh.shared(), eps: float32(cfg.RMSNormEps)}
+	if d.eps == 0 {
+		d.eps = 1e-6
+	}
+	l := &loader{ops: ops, src: src}
+	h, ht, att := cfg.HiddenSize, cfg.TargetHiddenSize, cfg.NumAttentionHeads*cfg.HeadDim
+	d.ctxNorm = l.vector("ctx.norm.0.weight", ht)
+	d.ctxProj = l.matrix("ctx.proj.weight", h, ht)
+	d.blockEmbed = l.matrix("block.embed", cfg.BlockSize, h)
+	for i := range cfg.NumHiddenLayers {
+		p := fmt.Sprintf("layers.%d.", i)
+		d.layers = append(d.layers, dsparkLayer{
+			inputNorm:   l.vector(p+"input_norm.weight", h),
+			contextNorm: l.vector(p+"context_norm.weight", h),
+			postNorm:    l.vector(p+"post_norm.weight", h),
+			q:           l.matrix(p+"q_proj.weight", att, h),
+			k:           l.matrix(p+"k_proj.weight", att, h),
+			v:           l.matrix(p+"v_proj.weight", att, h),
+			o:           l.matrix(p+"o_proj.weight", h, att),
+			gateUp:      l.matrix(p+"mlp.gate_up_proj.weight", 2*cfg.IntermediateSize, h),
+			down:        l.matrix(p+"mlp.down_proj.weight", h, cfg.IntermediateSize),
+		})
+	}
+	d.markovDown = l.matrix("markov.down.weight", 2*cfg.MarkovRank, ht)
+	d.markovUp = l.matrix("markov.up.weight", h, cfg.MarkovRank)
+	d.confNorm = l.vector("confidence.norm.weight", h)
+	d.confFC1 = l.matrix("confidence.fc1.weight", 2*cfg.ConfidenceHiddenSize, h)
+	d.confFC2 = l.matrix("confidence.fc2.weight", 1, cfg.ConfidenceHiddenSize)
+	d.confBias = l.vector("confidence.fc2.bias", 1)
+	if l.err != nil {
+		return nil, fmt.Errorf("models: dspark: %w", l.err)
+	}
+	return d, nil
+}
+
+// Config returns the drafter's config.
+func (d *DSpark) Config() DSparkConfig { return d.cfg }
+
+// BlockSize is the most tokens one Draft proposes per sequence.
+func (d *DSpark) BlockSize() int { return d.cfg.BlockSize }
+
+// DSparkDrafts is the outcome of one Draft call, per sequence.
+type DSparkDrafts struct {
+	Tokens [][]int // n drafts per sequence
+	// Confidence[s][j] is the predicted probability that the target
+	// accepts Tokens[s][j] given that it accepted Tokens[s][:j].
+	Confidence [][]float64
+}
+
+// Draft proposes n <= BlockSize tokens for each of len(rows) sequences:
+// sequence s continues token last[s], and rows[s] is the row of hidden
+// (the target's Forward output, [R, hidden]) computed at the position
+// before last[s]'s. Drafts are greedy (the argmax of each position's
+// corrected logits). It stops early, with as many drafts for every
+// sequence, after the first position at which every sequence's
+// cumulative confidence (the product of its confidences so far) is below
+// stopBelow: drafts past it would not be verified at that threshold
+// (spec.GatePrefix); 0 drafts all n. Cost: the block's layers over
+// BlockSize rows per sequence, then per drafted position one LM-head row
+// per sequence (2*len(rows)*vocab*hidden flops) and one host read of the
+// tokens and confidences.
+func (d *DSpark) Draft(ctx context.Context, hidden kernels.Tensor, rows, last []int32, n int, stopBelow float64) (*DSparkDrafts, error) {
+	b, k := len(rows), d.cfg.BlockSize
+	switch {
+	case len(last) != b:
+		return nil, fmt.Errorf("models: dspark: %d rows and %d last tokens: %w", b, len(last), ErrBatch)
+	case n < 0 || n > k:
+		return nil, fmt.Errorf("models: dspark: %d drafts, block size %d: %w", n, k, ErrBatch)
+	}
+	out := &DSparkDrafts{Tokens: make([][]int, b), Confidence: make([][]float64, b)}
+	if b == 0 || n == 0 {
+		return out, nil
+	}
+	for _, t := range last {
+		if t < 0 || int(t) >= d.cfg.VocabSize {
+			return nil, fmt.Errorf("models: dspark: token %d outside the vocabulary of %d: %w", t, d.cfg.VocabSize, ErrBatch)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	x, err := d.block(hidden, rows, last)
+	if err != nil {
+		return nil, fmt.Errorf("models: dspark: %w", err)
+	}
+	if err := d.correct(ctx, x, last, n, stopBelow, out); err != nil {
+		return nil, fmt.Errorf("models: dspark: %w", err)
+	}
+	return out, nil
+}
+
+// block runs the parallel pass and returns the block's rows before the
+// Markov correction, [k*b, hidden], position-major (row j*b+s is position
+// j of sequence s).
+func (d *DSpark) block(hidden kernels.Tensor, rows, last []int32) (kernels.Tensor, error) {
+	ops, cfg := d.ops, &d.cfg
+	b, k, h := len(rows), cfg.BlockSize, cfg.HiddenSize
+	att, nt := cfg.NumAttentionHeads*cfg.HeadDim, k*b
+	// Every index array of the pass in one upload: the gathered hidden
+	// rows, the last tokens, each block row's position, the KV slots of the
+	// block rows and of the contexts, and the attention layout in which
+	// each block row is a one-query sequence over its own sequence's k+1
+	// keys (the context, then the block): bidirectional inside the block.
+	stride := k + 1
+	pos, slots, tables := make([]int32, nt), make([]int32, nt), make([]int32, nt)
+	cu, seqK := make([]int32, nt+1), make([]int32, nt)
+	ctxSlots := make([]int32, b)
+	for s := range b {
+		ctxSlots[s] = int32(s * stride)
+		for j := range k {
+			r := j*b + s
+			pos[r], slots[r], tables[r] = int32(j), int32(s*stride+1+j), int32(s)
+			cu[r+1], seqK[r] = int32(r+1), int32(stride)
+		}
+	}
+	parts := [][]int32{rows, last, pos, slots, ctxSlots, cu, seqK, tables}
+	ts, err := uploadI32(ops, parts)
+	if err != nil {
+		return nil, err
+	}
+	rowsT, lastT, posT, slotsT, ctxSlotsT := ts[0], ts[1], ts[2], ts[3], ts[4]
+	meta := kernels.AttentionMetadata{NumSeqs: nt, NumTokens: nt, MaxSeqlenQ: 1, MaxSeqlenK: stride, BlockSize: stride,
+		CuSeqlensQ: ts[5], SeqlensK: ts[6], SlotMapping: slotsT}
+	if meta.BlockTables, err = ops.Reshape(ts[7], nt, 1); err != nil {
+		return nil, err
+	}
+
+	s := newScratch(ops)
+	feat, c := s.get("dspark.feat", b, cfg.TargetHiddenSize), s.get("dspark.c", b, h)
+	x, e := s.get("dspark.x", nt, h), s.get("dspark.e", b, h)
+	xn, cn := s.get("dspark.xn", nt, h), s.get("dspark.cn", b, h)
+	q, kb, vb := s.get("dspark.q", nt, att), s.get("dspark.k", nt, att), s.get("dspark.v", nt, att)
+	kc, vc, attn := s.get("dspark.kc", b, att), s.get("dspark.vc", b, att), s.get("dspark.attn", nt, att)
+	delta := s.get("dspark.delta", nt, h)
+	gu, act := s.get("dspark.gu", nt, 2*cfg.IntermediateSize), s.get("dspark.act", nt, cfg.IntermediateSize)
+	if s.err != nil {
+		return nil, s.err
+	}
+	cacheDT := ops.ActivationDType()
+	if kd, ok := ops.(kernels.KVCacheDTyper); ok {
+		cacheDT = kd.KVCacheDType(d.layers[0].o.DType())
+	}
+	kCache, err := ops.Alloc(cacheDT, b, stride, att)
+	if err != nil {
+		return nil, err
+	}
+	vCache, err := ops.Alloc(cacheDT, b, stride, att)
+	if err != nil {
+		return nil, err
+	}
+	steps := []func() error{
+		func() error { return ops.Embedding(feat, hidden, rowsT) },
+		func() error { return ops.RMSNorm(feat, feat, d.ctxNorm, d.eps) },
+		func() error { return ops.Linear(c, feat, d.ctxProj, nil) },
+		func() error { return ops.Embedding(x, d.blockEmbed, posT) },
+		func() error { return ops.Embedding(e, d.target.embed, lastT) },
+	}
+	for _, f := range steps {
+		if err := f(); err != nil {
+			return nil, err
+		}
+	}
+	x0, err := ops.Rows(x, 0, b)
+	if err != nil {
+		return nil, err
+	}
+	if err := ops.Add(x0, x0, e); err != nil {
+		return nil, err
+	}
+	ap := kernels.AttentionParams{NumHeads: cfg.NumAttentionHeads, NumKVHeads: cfg.NumAttentionHeads, HeadDim: cfg.HeadDim,
+		Scale: float32(1 / math.Sqrt(float64(cfg.HeadDim)))}
+	for i := range d.layers {
+		ly := &d.layers[i]
+		ap.InputDType = ly.o.DType()
+		steps := []func() error{
+			func() error { return ops.RMSNorm(xn, x, ly.inputNorm, d.eps) },
+			func() error { return ops.RMSNorm(cn, c, ly.contextNorm, d.eps) },
+			func() error { return ops.Linear(q, xn, ly.q, nil) },
+			func() error { return ops.Linear(kb, xn, ly.k, nil) },
+			func() error { return ops.Linear(vb, xn, ly.v, nil) },
+			func() error { return ops.Linear(kc, cn, ly.k, nil) },
+			func() error { return ops.Linear(vc, cn, ly.v, nil) },
+			func() error { return ops.WriteCache(kCache, kb, slotsT, 0) },
+			func() error { return ops.WriteCache(vCache, vb, slotsT, 0) },
+			func() error { return ops.WriteCache(kCache, kc, ctxSlotsT, 0) },
+			func() error { return ops.WriteCache(vCache, vc, ctxSlotsT, 0) },
+			func() error { return ops.Attention(attn, q, kCache, vCache, &meta, ap) },
+			func() error { return ops.Linear(delta, attn, ly.o, nil) },
+			func() error { return ops.Add(x, x, delta) },
+			func() error { return ops.RMSNorm(xn, x, ly.postNorm, d.eps) },
+			func() error { return ops.Linear(gu, xn, ly.gateUp, nil) },
+			func() error { return ops.SiLUMul(act, gu) },
+			func() error { return ops.Linear(delta, act, ly.down, nil) },
+			func() error { return ops.Add(x, x, delta) },
+		}
+		for _, f := range steps {
+			if err := f(); err != nil {
+				return nil, fmt.Errorf("layer %d: %w", i, err)
+			}
+		}
+	}
+	return x, nil
+}
+
+// correct runs the Markov correction, the shared LM head and the
+// confidence head position by position (each needs the draft before it),
+// filling out; it stops after a position at which every sequence's
+// cumulative confidence is below stopBelow.
+func (d *DSpark) correct(ctx context.Context, x kernels.Tensor, last []int32, n int, stopBelow float64, out *DSparkDrafts) error {
+	ops, cfg := d.ops, &d.cfg
+	b, h, r, c := len(last), cfg.HiddenSize, cfg.MarkovRank, cfg.ConfidenceHiddenSize
+	s := newScratch(ops)
+	m, md := s.get("dspark.m", b, cfg.TargetHiddenSize), s.get("dspark.md", b, 2*r)
+	ma, g := s.get("dspark.ma", b, r), s.get("dspark.g", b, h)
+	gn, f1 := s.get("dspark.gn", b, h), s.get("dspark.f1", b, 2*c)
+	fa, z := s.get("dspark.fa", b, c), s.get("dspark.z", b, 1)
+	if s.err != nil {
+		return s.err
+	}
+	logits, err := ops.Alloc(kernels.F32, b, cfg.VocabSize)
+	if err != nil {
+		return err
+	}
+	prev := slices.Clone(last)
+	cum := make([]float64, b)
+	for i := range cum {
+		cum[i] = 1
+	}
+	for j := range n {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		ids, err := kernels.FromI32(ops, prev, b)
+		if err != nil {
+			return err
+		}
+		xj, err := ops.Rows(x, j*b, (j+1)*b)
+		if err != nil {
+			return err
+		}
+		steps := []func() error{
+			func() error { return ops.Embedding(m, d.target.embed, ids) },
+			func() error { return ops.Linear(md, m, d.markovDown, nil) },
+			func() error { return ops.SiLUMul(ma, md) },
+			func() error { return ops.Linear(g, ma, d.markovUp, nil) },
+			func() error { return ops.Add(g, xj, g) },
+			func() error { return ops.Logits(logits, g, nil, d.target.finalNorm, d.target.lmHead, d.target.eps) },
+			func() error { return ops.RMSNorm(gn, g, d.confNorm, d.eps) },
+			func() error { return ops.Linear(f1, gn, d.confFC1, nil) },
+			func() error { return ops.SiLUMul(fa, f1) },
+			func() error { return ops.Linear(z, fa, d.confFC2, d.confBias) },
+		}
+		for _, f := range steps {
+			if err := f(); err != nil {
+				return fmt.Errorf("position %d: %w", j, err)
+			}
+		}
+		tokens, err := argmaxRows(ops, logits, b)
+		if err != nil {
+			return fmt.Errorf("position %d: %w", j, err)
+		}
+		zs, err := kernels.ToF32(ops, z)
+		if err != nil {
+			return fmt.Errorf("position %d: %w", j, err)
+		}
+		live := false
+		for i, t := range tokens {
+			p := 1 / (1 + math.Exp(-(cfg.ConfidenceScale*float64(zs[i]) + cfg.ConfidenceBias)))
+			out.Tokens[i] = append(out.Tokens[i], t)
+			out.Confidence[i] = append(out.Confidence[i], p)
+			prev[i] = int32(t)
+			cum[i] *= p
+			live = live || cum[i] >= stopBelow
+		}
+		if !live {
+			break
+		}
+	}
+	return nil
+}
+
+// argmaxRows returns the highest-scoring token of each of the n rows of
+// logits (F32 [n, vocab]): on the device when the backend samples there
+// (only the tokens come back), else on the host (lowest id on ties).
+func argmaxRows(ops kernels.Ops, logits kernels.Tensor, n int) ([]int, error) {
+	out := make([]int, n)
+	if dev, ok := ops.(kernels.DeviceSampler); ok {
+		rows := make([]kernels.SampleRow, n)
+		for i := range rows {
+			rows[i] = kernels.SampleRow{Greedy: true, Temperature: 1, TopP: 1, RepetitionPenalty: 1}
+		}
+		_, host, err := dev.SampleTokens(logits, rows)
+		if err != nil {
+			return nil, err
+		}
+		for i, t := range host {
+			out[i] = int(t)
+		}
+		return out, nil
+	}
+	flat, err := kernels.ToF32(ops, logits)
+	if err != nil {
+		return nil, err
+	}
+	vocab := logits.Shape()[1]
+	for r := range out {
+		row := flat[r*vocab : (r+1)*vocab]
+		best := 0
+		for t, v := range row {
+			if v > row[best] {
+				best = t
+			}
+		}
+		out[r] = best
+	}
+	return out, nil
+}
+
+// uploadI32 copies several I32 arrays to the backend in one transfer and
+// returns a one-dimensional view of each.
+func uploadI32(ops kernels.Ops, parts [][]int32) ([]kernels.Tensor, error) {
+	offsets, total := make([]int, len(parts)), 0
+	for i, p := range parts {
+		offsets[i] = total
+		total += (len(p) + 3) &^ 3
+	}
+	packed := make([]int32, total)
+	for i, p := range parts {
+		copy(packed[offsets[i]:], p)
+	}
+	flat, err := kernels.FromI32(ops, packed, total)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]kernels.Tensor, len(parts))
+	for i, p := range parts {
+		if out[i], err = ops.Rows(flat, offsets[i], offsets[i]+len(p)); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
