@@ -54,10 +54,10 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		resp := ChatCompletionResponse{ID: id, Object: "chat.completion", Created: created, Model: s.model, Usage: g.usage()}
 		for i := range rq.choices {
 			c := &rq.choices[i]
-			text := string(c.text)
+			content, calls := parseToolAnswer(rq.tools, string(c.text), newToolCallID)
 			ch := ChatChoice{
-				Index: i, Message: ChatResponseMessage{Role: "assistant", Content: &text},
-				FinishReason: finishReasonOf(c.finishReason), StopReason: stopReason(c, &rq.params),
+				Index: i, Message: ChatResponseMessage{Role: "assistant", Content: content, ToolCalls: calls},
+				FinishReason: toolFinishReason(c.finishReason, len(calls) > 0), StopReason: stopReason(c, &rq.params),
 			}
 			if req.Logprobs {
 				ch.Logprobs = s.chatLogprobs(c.logprobs, asIDs)
@@ -70,27 +70,32 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	chunk := func(choices []ChatChunkChoice, u *Usage) ChatCompletionChunk {
 		return ChatCompletionChunk{ID: id, Object: "chat.completion.chunk", Created: created, Model: s.model, Choices: choices, Usage: u}
 	}
+	answers := make([]chatStreamState, rq.params.N)
+	for i := range answers {
+		answers[i].parser = newToolParser(rq.tools, newToolCallID)
+	}
 	s.stream(w, r, g, req.StreamOptions, streamHooks{
 		start: func(sw *sseWriter) {
 			empty := ""
 			for i := range rq.params.N {
-				sw.event(chunk([]ChatChunkChoice{{Index: i, Delta: ChatResponseMessage{Role: "assistant", Content: &empty}}}, nil))
+				sw.event(chunk([]ChatChunkChoice{{Index: i, Delta: ChatDelta{Role: "assistant", Content: &empty}}}, nil))
 			}
 		},
 		output: func(sw *sseWriter, _ *request, c *choiceState, o *engine.RequestOutput, u *Usage) {
-			if o.Text == "" && !o.Finished && len(o.Logprobs) == 0 {
+			a := &answers[o.Index]
+			d := a.next(o.Text, o.Finished)
+			if d.content == "" && len(d.calls) == 0 && !o.Finished && len(o.Logprobs) == 0 {
 				return
 			}
-			ch := ChatChunkChoice{Index: o.Index}
-			if o.Text != "" {
-				text := o.Text
-				ch.Delta.Content = &text
+			ch := ChatChunkChoice{Index: o.Index, Delta: ChatDelta{ToolCalls: d.calls}}
+			if d.content != "" {
+				ch.Delta.Content = &d.content
 			}
 			if req.Logprobs {
 				ch.Logprobs = s.chatLogprobs(o.Logprobs, asIDs)
 			}
 			if o.Finished {
-				ch.FinishReason, ch.StopReason = finishReasonOf(c.finishReason), stopReason(c, &rq.params)
+				ch.FinishReason, ch.StopReason = toolFinishReason(c.finishReason, a.called), stopReason(c, &rq.params)
 			}
 			sw.event(chunk([]ChatChunkChoice{ch}, u))
 		},
@@ -104,16 +109,11 @@ func (s *Server) chatRequests(req *ChatCompletionRequest, id string, arrival tim
 	if e := s.checkModel(req.Model); e != nil {
 		return nil, e
 	}
-	toolChoice := strings.Trim(string(bytes.TrimSpace(req.ToolChoice)), `"`)
 	switch {
 	case len(req.Messages) == 0:
 		return nil, badRequest("messages", "messages must be a non-empty array")
 	case req.Echo:
 		return nil, badRequest("echo", "echo is not supported")
-	case present(req.Tools) && toolChoice != "none":
-		return nil, badRequest("tools", "tool calling is not supported; send no tools or tool_choice \"none\"")
-	case present(req.ToolChoice) && toolChoice != "none" && toolChoice != "auto":
-		return nil, badRequest("tool_choice", "tool_choice %s is not supported", compact(req.ToolChoice))
 	case req.StreamOptions != nil && !req.Stream:
 		return nil, badRequest("stream_options", "stream_options can only be set when stream is true")
 	case req.PromptLogprobs != nil:
@@ -133,13 +133,23 @@ func (s *Server) chatRequests(req *ChatCompletionRequest, id string, arrival tim
 		}
 		logprobs = &n
 	}
-	params, e := s.samplingParams(&req.SamplingFields, logprobs)
+	params, c, e := s.samplingParams(&req.SamplingFields, logprobs)
 	if e != nil {
 		if e.param == "logprobs" {
 			e.param = "top_logprobs"
 			e.msg = strings.Replace(e.msg, "logprobs", "top_logprobs", 1)
 		}
 		return nil, e
+	}
+	tools, e := parseTools(req)
+	if e != nil {
+		return nil, e
+	}
+	if c, e = withToolConstraint(c, tools); e != nil {
+		return nil, e
+	}
+	if c != nil {
+		params.StructuredOutput = c.so
 	}
 	msgs, e := parseMessages(req.Messages)
 	if e != nil {
@@ -148,16 +158,20 @@ func (s *Server) chatRequests(req *ChatCompletionRequest, id string, arrival tim
 	if e := checkRoles(msgs, s.tok.Config()); e != nil {
 		return nil, e
 	}
+	if msgs, e = prepareChat(msgs, s.tok.Config().ChatTemplate, tools); e != nil {
+		return nil, e
+	}
 	// The messages' text alone may prove the prompt too long: refuse it
 	// before the template renders it.
 	textBytes := 0
 	for _, m := range msgs {
 		textBytes += len(m.Content) + len(m.Fields)
 	}
+	textBytes += len(tools.raw)
 	if e := s.checkPromptBytes(textBytes, "messages", "the text of your messages"); e != nil {
 		return nil, e
 	}
-	opts := tokenizer.ChatOptions{AddGenerationPrompt: !req.ContinueFinalMessage}
+	opts := tokenizer.ChatOptions{AddGenerationPrompt: !req.ContinueFinalMessage, Tools: tools.raw}
 	if req.AddGenerationPrompt != nil {
 		opts.AddGenerationPrompt = *req.AddGenerationPrompt
 	}
@@ -187,7 +201,64 @@ func (s *Server) chatRequests(req *ChatCompletionRequest, id string, arrival tim
 	if e := s.setMaxTokens(&params, maxTokens, -1, len(ids), field, "messages"); e != nil {
 		return nil, e
 	}
-	return newRequests(id, [][]int{ids}, []engine.SamplingParams{params}, arrival), nil
+	reqs := newRequests(id, [][]int{ids}, []engine.SamplingParams{params}, arrival)
+	reqs[0].tools = tools
+	if c != nil {
+		reqs[0].constraintField = c.field
+	}
+	return reqs, nil
+}
+
+// withToolConstraint adds the constraint of tools' mode to c, the one the
+// sampling fields set; both at once answer 400.
+func withToolConstraint(c *constraint, tools *toolConfig) (*constraint, *apiError) {
+	tc, e := tools.constraint()
+	switch {
+	case e != nil:
+		return nil, e
+	case tc == nil:
+		return c, nil
+	case c != nil:
+		choice := `"required"`
+		if tools.mode == toolsNamed {
+			choice = fmt.Sprintf("naming the function %q", tools.named)
+		}
+		return nil, badRequest("tool_choice", "tool_choice %s constrains the output, so %s cannot be set with it", choice, c.field)
+	}
+	return tc, nil
+}
+
+// chatStreamState is a streamed choice's tool-call parsing.
+type chatStreamState struct {
+	parser toolParser // nil: the text is the content
+	called bool       // a tool call has been sent
+}
+
+// next is what the output text adds to the choice; finished gives out
+// what the parser held back.
+func (a *chatStreamState) next(text string, finished bool) toolDelta {
+	if a.parser == nil {
+		return toolDelta{content: text}
+	}
+	d := a.parser.feed(text)
+	if finished {
+		f := a.parser.finish()
+		d.content += f.content
+		d.calls = append(d.calls, f.calls...)
+	}
+	a.called = a.called || len(d.calls) > 0
+	return d
+}
+
+// toolFinishReason is the finish_reason of a choice: "tool_calls" when it
+// called tools and stopped by itself, the engine's reason otherwise.
+func toolFinishReason(r engine.FinishReason, called bool) *string {
+	fr := finishReasonOf(r)
+	if called && fr != nil && *fr == "stop" {
+		s := "tool_calls"
+		return &s
+	}
+	return fr
 }
 
 // parseMessages reads chat messages: a role, a content (a string, null, or

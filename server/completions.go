@@ -105,7 +105,7 @@ func (s *Server) completionRequests(req *CompletionRequest, id string, arrival t
 	if e != nil {
 		return nil, e
 	}
-	params, e := s.samplingParams(&req.SamplingFields, req.Logprobs)
+	params, c, e := s.samplingParams(&req.SamplingFields, req.Logprobs)
 	if e != nil {
 		return nil, e
 	}
@@ -124,5 +124,11 @@ func (s *Server) completionRequests(req *CompletionRequest, id string, arrival t
 			return nil, e
 		}
 	}
-	return newRequests(id, ids, perPrompt, arrival), nil
+	reqs := newRequests(id, ids, perPrompt, arrival)
+	if c != nil {
+		for _, r := range reqs {
+			r.constraintField = c.field
+		}
+	}
+	return reqs, nil
 }

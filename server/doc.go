@@ -25,6 +25,20 @@
 // fields are refused rather than ignored: a misspelt sampling field would
 // otherwise pass unnoticed.
 //
+// Structured output (structured.go): response_format ("text",
+// "json_object", "json_schema"), vLLM's guided_json, guided_regex,
+// guided_choice and guided_grammar, and their current form
+// structured_outputs, on both endpoints; at most one constraint per
+// request. The engine compiles it; one that does not compile is a 400
+// naming the field. Tool calling (tools.go) on the chat endpoint: tools
+// reach the chat template (or, when the template ignores them, the system
+// prompt in the Hermes format); tool_choice "auto" parses Hermes
+// <tool_call> blocks from the text, "required" and a named function
+// constrain the output to valid calls; the answer carries
+// message.tool_calls (streamed as delta.tool_calls) and finish_reason
+// "tool_calls". Conversations may hold assistant tool_calls and tool
+// results.
+//
 // Browsers: CORS is off unless Options.AllowedOrigins lists origins, and
 // only JSON bodies are accepted, so a web page cannot post a generation
 // without a preflight. Slow clients are bounded by header, body and idle

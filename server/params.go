@@ -22,7 +22,9 @@ import (
 // checks them against the engine's ranges. logprobs is the number of top
 // log-probabilities per generated token (nil: none); maxTokens the
 // requested output bound (nil: the endpoint's default, resolved later).
-func (s *Server) samplingParams(f *SamplingFields, logprobs *int) (engine.SamplingParams, *apiError) {
+// The structured-output constraint the fields set, if any, is in
+// p.StructuredOutput and returned with the field that set it.
+func (s *Server) samplingParams(f *SamplingFields, logprobs *int) (engine.SamplingParams, *constraint, *apiError) {
 	p := engine.DefaultSamplingParams()
 	set := func(dst *float32, src *float32) {
 		if src != nil {
@@ -57,7 +59,7 @@ func (s *Server) samplingParams(f *SamplingFields, logprobs *int) (engine.Sampli
 		for k, v := range f.LogitBias {
 			id, err := strconv.Atoi(strings.TrimSpace(k))
 			if err != nil {
-				return p, badRequest("logit_bias", "logit_bias: key %q is not a token id", k)
+				return p, nil, badRequest("logit_bias", "logit_bias: key %q is not a token id", k)
 			}
 			p.LogitBias[id] = v
 		}
@@ -72,25 +74,31 @@ func (s *Server) samplingParams(f *SamplingFields, logprobs *int) (engine.Sampli
 	}
 	switch {
 	case f.IncludeStopStrInOutput:
-		return p, badRequest("include_stop_str_in_output", "include_stop_str_in_output is not supported: stop strings are never part of the output")
+		return p, nil, badRequest("include_stop_str_in_output", "include_stop_str_in_output is not supported: stop strings are never part of the output")
 	case f.Priority != 0:
-		return p, badRequest("priority", "priority scheduling is not supported; priority must be 0")
+		return p, nil, badRequest("priority", "priority scheduling is not supported; priority must be 0")
 	case f.TruncatePromptTokens != nil:
-		return p, badRequest("truncate_prompt_tokens", "truncate_prompt_tokens is not supported")
-	case present(f.ResponseFormat) && !isTextFormat(f.ResponseFormat):
-		return p, badRequest("response_format", "structured output (response_format %s) is not supported by this server yet", compact(f.ResponseFormat))
-	case present(f.GuidedJSON), present(f.GuidedRegex), present(f.GuidedChoice), present(f.GuidedGrammar), present(f.StructuredOutputs):
-		return p, badRequest("structured_outputs", "structured output (guided_* and structured_outputs) is not supported by this server yet")
+		return p, nil, badRequest("truncate_prompt_tokens", "truncate_prompt_tokens is not supported")
 	case p.N > s.maxN:
-		return p, badRequest("n", "n = %d exceeds the engine's max_num_seqs (%d)", p.N, s.maxN)
+		return p, nil, badRequest("n", "n = %d exceeds the engine's max_num_seqs (%d)", p.N, s.maxN)
+	}
+	c, e := structuredOutput(f)
+	if e != nil {
+		return p, nil, e
+	}
+	if c != nil {
+		if err := c.so.Validate(); err != nil {
+			return p, nil, badRequest(c.field, "%s: %s", c.field, strings.TrimPrefix(err.Error(), engine.ErrInvalidRequest.Error()+": "))
+		}
+		p.StructuredOutput = c.so
 	}
 	// MaxTokens is checked by the caller once known; validate the rest now.
 	probe := p
 	probe.MaxTokens = max(1, p.MinTokens)
 	if err := probe.Validate(s.vocabSize); err != nil {
-		return p, badRequest(paramOf(err), "%s", strings.TrimPrefix(err.Error(), engine.ErrInvalidRequest.Error()+": sampling params: "))
+		return p, nil, badRequest(paramOf(err), "%s", strings.TrimPrefix(err.Error(), engine.ErrInvalidRequest.Error()+": sampling params: "))
 	}
-	return p, nil
+	return p, c, nil
 }
 
 // setMaxTokens resolves max_tokens against the prompt length and the
@@ -225,13 +233,6 @@ func paramOf(err error) string {
 func present(raw json.RawMessage) bool {
 	t := bytes.TrimSpace(raw)
 	return len(t) > 0 && string(t) != "null"
-}
-
-func isTextFormat(raw json.RawMessage) bool {
-	var f struct {
-		Type string `json:"type"`
-	}
-	return json.Unmarshal(raw, &f) == nil && f.Type == "text"
 }
 
 func compact(raw json.RawMessage) string {
@@ -474,13 +475,23 @@ func finishReasonOf(r engine.FinishReason) *string {
 }
 
 // errorOf turns a sequence that finished with an error into an API error:
-// 400 when the engine refused the request, 500 otherwise.
-func errorOf(err error) *apiError {
+// 400 when the engine refused the request or could not compile its
+// structured-output constraint (which constraintField set), 500 otherwise.
+func errorOf(err error, constraintField string) *apiError {
 	if err == nil {
 		err = errors.New("generation failed")
+	}
+	if isConstraintError(err) {
+		return constraintError(err, constraintField)
 	}
 	if errors.Is(err, engine.ErrInvalidRequest) {
 		return badRequest("", "%v", err)
 	}
 	return &apiError{status: 500, msg: err.Error()}
+}
+
+// isRequestError reports whether err is the engine's refusal of the
+// request itself (answered 400), not a failure of generation.
+func isRequestError(err error) bool {
+	return errors.Is(err, engine.ErrInvalidRequest) || isConstraintError(err)
 }

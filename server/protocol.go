@@ -50,14 +50,17 @@ type SamplingFields struct {
 	User      string `json:"user"`
 	Priority  int    `json:"priority"`
 	RequestID string `json:"request_id"`
-	// Structured output is not served yet; these must be absent.
-	ResponseFormat       json.RawMessage `json:"response_format"`
-	GuidedJSON           json.RawMessage `json:"guided_json"`
-	GuidedRegex          json.RawMessage `json:"guided_regex"`
-	GuidedChoice         json.RawMessage `json:"guided_choice"`
-	GuidedGrammar        json.RawMessage `json:"guided_grammar"`
-	StructuredOutputs    json.RawMessage `json:"structured_outputs"`
-	TruncatePromptTokens *int            `json:"truncate_prompt_tokens"`
+	// Structured output (see structured.go): OpenAI's response_format,
+	// vLLM's guided_* fields and their current form structured_outputs; at
+	// most one constraint in all. guided_whitespace_pattern is refused.
+	ResponseFormat          json.RawMessage `json:"response_format"`
+	GuidedJSON              json.RawMessage `json:"guided_json"`
+	GuidedRegex             json.RawMessage `json:"guided_regex"`
+	GuidedChoice            json.RawMessage `json:"guided_choice"`
+	GuidedGrammar           json.RawMessage `json:"guided_grammar"`
+	GuidedWhitespacePattern json.RawMessage `json:"guided_whitespace_pattern"`
+	StructuredOutputs       json.RawMessage `json:"structured_outputs"`
+	TruncatePromptTokens    *int            `json:"truncate_prompt_tokens"`
 }
 
 // CompletionRequest is the body of POST /v1/completions.
@@ -86,17 +89,23 @@ type ChatMessage = json.RawMessage
 
 // ChatCompletionRequest is the body of POST /v1/chat/completions.
 type ChatCompletionRequest struct {
-	Model               string          `json:"model"`
-	Messages            []ChatMessage   `json:"messages"`
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	Stream              bool            `json:"stream"`
-	StreamOptions       *StreamOptions  `json:"stream_options"`
-	Logprobs            bool            `json:"logprobs"`
-	TopLogprobs         *int            `json:"top_logprobs"`
-	Tools               json.RawMessage `json:"tools"`
-	ToolChoice          json.RawMessage `json:"tool_choice"`
-	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
+	Model               string         `json:"model"`
+	Messages            []ChatMessage  `json:"messages"`
+	MaxTokens           *int           `json:"max_tokens"`
+	MaxCompletionTokens *int           `json:"max_completion_tokens"`
+	Stream              bool           `json:"stream"`
+	StreamOptions       *StreamOptions `json:"stream_options"`
+	Logprobs            bool           `json:"logprobs"`
+	TopLogprobs         *int           `json:"top_logprobs"`
+	// Tools are function definitions: {"type": "function", "function":
+	// {"name", "description", "parameters", "strict"}}; they reach the chat
+	// template as its tools variable (see tools.go).
+	Tools json.RawMessage `json:"tools"`
+	// ToolChoice is "none", "auto" (the default with tools), "required" or
+	// {"type": "function", "function": {"name": ...}}.
+	ToolChoice json.RawMessage `json:"tool_choice"`
+	// ParallelToolCalls false allows at most one call per answer.
+	ParallelToolCalls *bool `json:"parallel_tool_calls"`
 	// AddGenerationPrompt ends the prompt with the assistant's header (default true).
 	AddGenerationPrompt *bool `json:"add_generation_prompt"`
 	// ContinueFinalMessage leaves the last (assistant) message open.
@@ -212,11 +221,38 @@ type ChatLogprobs struct {
 	Content []ChatTokenLogprob `json:"content"`
 }
 
-// ChatResponseMessage is the assistant's message of a chat choice, or the
-// delta of a streamed chunk.
+// ChatResponseMessage is the assistant's message of a chat choice: its
+// content is null when the answer is tool calls alone.
 type ChatResponseMessage struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role      string     `json:"role"`
+	Content   *string    `json:"content"`
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+}
+
+// ChatDelta is the delta of a streamed chat chunk: the fields present are
+// what the chunk adds.
+type ChatDelta struct {
+	Role      string     `json:"role,omitempty"`
+	Content   *string    `json:"content,omitempty"`
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+}
+
+// ToolCall is a call of one of the request's tools. In a message it has
+// an id, the type "function" and the whole arguments; in a streamed delta
+// it has its index, and the first delta of a call carries the id, type
+// and name, later ones only further arguments.
+type ToolCall struct {
+	Index    *int             `json:"index,omitempty"`
+	ID       string           `json:"id,omitempty"`
+	Type     string           `json:"type,omitempty"`
+	Function ToolCallFunction `json:"function"`
+}
+
+// ToolCallFunction is the function of a tool call: its name and its
+// arguments, a JSON object as a string.
+type ToolCallFunction struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments"`
 }
 
 // ChatChoice is one choice of a chat completion.
@@ -240,11 +276,11 @@ type ChatCompletionResponse struct {
 
 // ChatChunkChoice is one choice of a streamed chat chunk.
 type ChatChunkChoice struct {
-	Index        int                 `json:"index"`
-	Delta        ChatResponseMessage `json:"delta"`
-	Logprobs     *ChatLogprobs       `json:"logprobs"`
-	FinishReason *string             `json:"finish_reason"`
-	StopReason   any                 `json:"stop_reason,omitempty"`
+	Index        int           `json:"index"`
+	Delta        ChatDelta     `json:"delta"`
+	Logprobs     *ChatLogprobs `json:"logprobs"`
+	FinishReason *string       `json:"finish_reason"`
+	StopReason   any           `json:"stop_reason,omitempty"`
 }
 
 // ChatCompletionChunk is one streamed chunk of a chat completion.

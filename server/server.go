@@ -380,7 +380,14 @@ type request struct {
 	promptTokenIDs []int
 	params         engine.SamplingParams
 	arrival        time.Time
-	g              *group
+	// constraintField is the request field that set the structured-output
+	// constraint ("" when none): a constraint that does not compile is
+	// answered 400 naming it.
+	constraintField string
+	// tools is a chat request's tool use (nil for completions): how the
+	// answer's text becomes content and tool calls.
+	tools *toolConfig
+	g     *group
 	// abortMu orders the engine's AddRequest and the server's abort of one
 	// request: an abort that comes first is carried out right after the
 	// request is added, so nothing needs to be retried.
@@ -560,17 +567,17 @@ func (g *group) firstError() *apiError {
 	for _, r := range g.reqs {
 		for i := range r.choices {
 			if c := &r.choices[i]; c.finished && c.finishReason == engine.FinishError {
-				return g.s.failed(r.id, c.err)
+				return g.s.failed(r, c.err)
 			}
 		}
 	}
 	return nil
 }
 
-// failed logs a generation that failed and returns its API error.
-func (s *Server) failed(id string, err error) *apiError {
-	e := errorOf(err)
-	s.log.Warn("generation failed", "request", id, "status", e.status, "error", e.msg)
+// failed logs a generation of r that failed and returns its API error.
+func (s *Server) failed(r *request, err error) *apiError {
+	e := errorOf(err, r.constraintField)
+	s.log.Warn("generation failed", "request", r.id, "status", e.status, "error", e.msg)
 	return e
 }
 

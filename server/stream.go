@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"math"
 	"net/http"
 	"strconv"
@@ -103,9 +102,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, g *group, opts *
 		return
 	}
 	for i := range outs {
-		if o := &outs[i]; o.Finished && o.FinishReason == engine.FinishError && len(o.TokenIDs) == 0 && errors.Is(o.Err, engine.ErrInvalidRequest) {
+		if o := &outs[i]; o.Finished && o.FinishReason == engine.FinishError && len(o.TokenIDs) == 0 && isRequestError(o.Err) {
 			s.abort(g.reqs)
-			writeError(w, s.failed(o.RequestID, o.Err))
+			writeError(w, s.failed(g.byID[o.RequestID], o.Err))
 			return
 		}
 	}
@@ -125,7 +124,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, g *group, opts *
 			}
 			if o.Finished && o.FinishReason == engine.FinishError {
 				if !failed {
-					sw.event(s.failed(o.RequestID, o.Err).response())
+					sw.event(s.failed(req, o.Err).response())
 				}
 				failed = true
 				continue
