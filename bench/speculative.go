@@ -16,6 +16,10 @@ import (
 // other method is compared with.
 const SpecNone = "none"
 
+// SpecDSparkFixed is the dspark drafter with confidence gating off: a
+// method label of RunSpeculative, not a speculative.method value.
+const SpecDSparkFixed = "dspark-fixed"
+
 // SpeculativeOptions shape a comparison of speculative-decoding methods
 // (RunSpeculative).
 type SpeculativeOptions struct {
@@ -23,8 +27,12 @@ type SpeculativeOptions struct {
 	// used: see Progress).
 	Offline OfflineOptions
 	// Methods are speculative.method values ("none", "ngram", "mtp",
-	// "draft_model", ...), each once; "none", the baseline, always comes
-	// first (added when missing).
+	// "draft_model", "dspark", ...), each once; "none", the baseline,
+	// always comes first (added when missing). "dspark-fixed" is the
+	// dspark drafter with gating off (confidence_threshold 0, no step
+	// budget): every sequence verifies k drafts, the comparison point of
+	// confidence gating. dspark needs speculative.draft_model in the
+	// config (configs/dspark.yaml sets it).
 	Methods []string
 	// NumSpeculativeTokens is speculative.num_speculative_tokens (k) of
 	// every method; 0 keeps the config's.
@@ -129,6 +137,11 @@ func RunSpeculative(ctx context.Context, cfg *config.Config, o SpeculativeOption
 		for _, m := range methods {
 			c := *cfg
 			c.Speculative.Method = m
+			if m == SpecDSparkFixed {
+				c.Speculative.Method = "dspark"
+				c.Speculative.ConfidenceThreshold = 0
+				c.Speculative.MaxVerifyTokensPerStep = 0
+			}
 			c.Speculative.NumSpeculativeTokens = k
 			c.Engine.MaxNumSeqs = batch
 			// Every running sequence can verify a whole draft in one step.

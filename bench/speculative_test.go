@@ -116,3 +116,35 @@ func TestCompareOutputs(t *testing.T) {
 		t.Fatalf("differ: %d %q", n, first)
 	}
 }
+
+// The DSpark drafter, gated and with gating off (dspark-fixed), in one
+// comparison with MTP: greedy outputs equal the baseline's, every method
+// drafted, and the fixed drafter verifies more drafts per draft than the
+// gated one (at most k: the scheduler cuts drafts at max_tokens).
+func TestRunSpeculativeDSpark(t *testing.T) {
+	cfg := defaultModelConfig(t)
+	cfg.Speculative.DraftModel = filepath.Join("..", "assets", "dspark-tiny")
+	cfg.Speculative.ConfidenceThreshold = 0.5
+	off := DefaultTextOffline(WorkloadRandom)
+	off.NumSeqs, off.MinOutputLen, off.MaxOutputLen = 3, 16, 16
+	r, err := RunSpeculative(context.Background(), cfg, SpeculativeOptions{
+		Offline: off, Methods: []string{"mtp", "dspark", SpecDSparkFixed}, NumSpeculativeTokens: 4, Batches: []int{2},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.OutputsIdentical || len(r.Runs) != 4 {
+		t.Fatalf("outputs identical %v, %d runs", r.OutputsIdentical, len(r.Runs))
+	}
+	perDraft := map[string]float64{}
+	for _, run := range r.Runs[1:] {
+		sp := run.Result.Speculative
+		if sp == nil || sp.NumDrafts == 0 || sp.NumAcceptedTokens == 0 {
+			t.Fatalf("%s: %+v", run.Method, sp)
+		}
+		perDraft[run.Method] = float64(sp.NumDraftTokens) / float64(sp.NumDrafts)
+	}
+	if f, g := perDraft[SpecDSparkFixed], perDraft["dspark"]; f > 4 || f < 3 || g >= f-1 {
+		t.Errorf("draft tokens per draft %v: want about 4 for %s and fewer gated", perDraft, SpecDSparkFixed)
+	}
+}

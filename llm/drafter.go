@@ -27,7 +27,9 @@ type drafterSetup struct {
 // loadDrafter prepares cfg.Speculative's drafter for model: mtp needs the
 // model's MTP layers, draft_model loads the drafter's directory and checks
 // that it shares the model's vocabulary (size, and every token's string
-// when both ship a tokenizer). Errors name what is wrong.
+// when both ship a tokenizer), dspark loads the DSpark drafter trained for
+// the model (it shares the model's embedding and LM head, and keeps no KV
+// cache). Errors name what is wrong.
 func loadDrafter(cfg *config.Config, ops kernels.Ops, model models.Model, tok *tokenizer.Tokenizer, reg *models.Registry, maxModelLen int) (drafterSetup, error) {
 	sp := cfg.Speculative
 	if !sp.Enabled() {
@@ -55,6 +57,14 @@ func loadDrafter(cfg *config.Config, ops kernels.Ops, model models.Model, tok *t
 		s := dm.KVCacheSpec()
 		d.env.DraftModel = dm
 		d.cacheSpec, d.newCache, d.lookahead = &s, dm.NewKVCache, sp.NumSpeculativeTokens
+	case "dspark":
+		ds, err := models.LoadDSpark(ops, sp.DraftModel, model)
+		if err != nil {
+			return d, fmt.Errorf("llm: %w: speculative.draft_model %s: %w", config.ErrInvalid, sp.DraftModel, err)
+		}
+		d.env.DSpark = ds
+		d.env.ConfidenceThreshold = sp.ConfidenceThreshold
+		d.env.MaxVerifyTokensPerStep = sp.MaxVerifyTokensPerStep
 	}
 	return d, nil
 }

@@ -56,6 +56,15 @@
 #           on the prose and editing workloads at SPEC_BATCHES (default
 #           1,8,32,64), k = SPEC_K (default 2), SPEC_PROMPTS requests
 #           (default 64).
+#   dspark  the DSpark drafter (assets/dspark-tiny) on the default model
+#           (configs/cuda.yaml): deepinfer generate, greedy, 64 tokens, with
+#           speculative.method none and dspark, ZOS on and off: every text
+#           must equal the none run's; then deepinfer bench --speculative
+#           none,mtp,dspark,dspark-fixed (dspark-fixed: the same drafter
+#           verifying every draft, confidence gating off) on the prose
+#           workload at DSPARK_BATCHES (default 1,8,32,64), k = DSPARK_K
+#           (default 6), confidence_threshold DSPARK_THRESHOLD (default
+#           0.3), DSPARK_PROMPTS requests (default 64).
 #   bench   the kernel and model benchmarks of bench_gpu_test.go
 #           (Llama-3.2-1B decode and prefill steps, single ops), 10x each;
 #           BENCH (default GPU) is the -test.bench pattern.
@@ -101,7 +110,7 @@
 # NCU_TIMEOUT 180.
 #
 # Logs in $OUT (default /tmp/gpu-check): gpu.txt, build.log, tests.log,
-# gen_*.txt, make_fixtures.log, parity.log, engine.log, bench.log, profile.log,
+# gen_*.txt, spec_*.txt, dspark_*.txt, make_fixtures.log, parity.log, engine.log, bench.log, profile.log,
 # profile_ops.txt, ab.log, ab_build_<REV>.log, ncu.txt. The -test.bench patterns (BENCH, ENGINE_BENCH,
 # PROFILE_BENCH, NCU_BENCH) are Go's: a slash separates sub-benchmark levels.
 set -uo pipefail
@@ -140,9 +149,9 @@ budget=${TOTAL_BUDGET:-470}
 t_start=$(date +%s)
 for p in ${phases//,/ }; do
 	case $p in
-	build | tests | e2e | spec | parity | engine | bench | profile | ab | ncu) ;;
+	build | tests | e2e | spec | dspark | structured | parity | engine | bench | profile | ab | ncu) ;;
 	*)
-		echo "check.sh: unknown phase $p in PHASES=$phases: want build, tests, e2e, spec, parity, engine, bench, profile, ab, ncu" >&2
+		echo "check.sh: unknown phase $p in PHASES=$phases: want build, tests, e2e, spec, dspark, structured, parity, engine, bench, profile, ab, ncu" >&2
 		exit 2
 		;;
 	esac
@@ -254,6 +263,86 @@ phase_spec() {
 		rc+=("bench-$workload:$?")
 	done
 	status[spec]="rc ${rc[*]}; texts ${same[*]}"
+}
+
+phase_dspark() {
+	local t cfg method zos rc=() same=() k=${DSPARK_K:-6} c=${DSPARK_THRESHOLD:-0.3}
+	need "$dir/deepinfer" "build it here with: tools/gpu/check.sh prepare $dir" || { status[dspark]="FAILED: no deepinfer binary"; return; }
+	need "$lib" "run the build phase first" || { status[dspark]="FAILED: no library"; return; }
+	# configs/cuda.yaml with a speculative section, beside it (its paths
+	# are relative to the file); removed after each run.
+	for zos in true false; do
+		for method in none dspark; do
+			cfg=configs/.check_dspark_${method}_$zos.yaml
+			{
+				cat configs/cuda.yaml
+				printf 'speculative: {method: %s, num_speculative_tokens: %s, draft_model: ../assets/dspark-tiny, confidence_threshold: %s}\n' "$method" "$k" "$c"
+			} | awk -v zos="$zos" '/^zos:/ { print; getline; print "  enabled: " zos; next } { print }' >"$cfg"
+			t=$(limit 60)
+			((t == 0)) && { rc+=("$method/zos=$zos:skipped"); rm -f "$cfg"; continue; }
+			timeout "$t" "$dir/deepinfer" generate --config "$cfg" -p "The old house at the end of the road" -n 64 >"$logs/dspark_gen_${method}_$zos.txt" 2>&1
+			rc+=("$method/zos=$zos:$?")
+			rm -f "$cfg"
+			if cmp -s <(grep -v '^stats:' "$logs/dspark_gen_none_true.txt") <(grep -v '^stats:' "$logs/dspark_gen_${method}_$zos.txt"); then
+				same+=("$method/zos=$zos:same")
+			else
+				same+=("$method/zos=$zos:DIFFERS")
+			fi
+		done
+	done
+	cfg=configs/.check_dspark_bench.yaml
+	{
+		cat configs/cuda.yaml
+		printf 'speculative: {draft_model: ../assets/dspark-tiny, confidence_threshold: %s, adaptive: false}\n' "$c"
+	} >"$cfg"
+	t=$(limit 240)
+	if ((t == 0)); then
+		rc+=("bench:skipped")
+	else
+		timeout "$t" "$dir/deepinfer" bench --config "$cfg" --speculative none,mtp,dspark,dspark-fixed --workload prose \
+			--batch "${DSPARK_BATCHES:-1,8,32,64}" --num-speculative-tokens "$k" --num-prompts "${DSPARK_PROMPTS:-64}" \
+			>"$logs/dspark_bench.txt" 2>&1
+		rc+=("bench:$?")
+	fi
+	rm -f "$cfg"
+	status[dspark]="rc ${rc[*]}; texts ${same[*]}"
+}
+
+# phase_structured: structured output on the device: generate under a JSON
+# schema with ZOS on and off (the texts must parse and be the same), and
+# the step-rate comparison of a decode batch (STRUCT_BATCH, default 64)
+# with every row under a JSON schema against the same batch unconstrained.
+phase_structured() {
+	local t rc=() same schema=configs/.check_schema.json cfg
+	need "$dir/deepinfer" "build it here with: tools/gpu/check.sh prepare $dir" || { status[structured]="FAILED: no deepinfer binary"; return; }
+	need "$lib" "run the build phase first" || { status[structured]="FAILED: no library"; return; }
+	printf '%s\n' '{"type":"object","properties":{"name":{"type":"string","maxLength":12},"n":{"type":"integer","minimum":0,"maximum":999},"tags":{"type":"array","items":{"enum":["go","c","py"]},"maxItems":3}},"required":["name","n","tags"],"additionalProperties":false}' >"$schema"
+	for zos in true false; do
+		cfg=configs/.check_structured_$zos.yaml
+		awk -v zos="$zos" '/^zos:/ { print; getline; print "  enabled: " zos; next } { print }' configs/cuda.yaml >"$cfg"
+		t=$(limit 60)
+		((t == 0)) && { rc+=("gen/zos=$zos:skipped"); rm -f "$cfg"; continue; }
+		timeout "$t" "$dir/deepinfer" generate --config "$cfg" -p "func main() {" -p "The old house" -n 128 -t 0.8 --seed 5 \
+			--json-schema "$schema" --json-whitespace compact >"$logs/structured_gen_$zos.txt" 2>&1
+		rc+=("gen/zos=$zos:$?")
+		rm -f "$cfg"
+	done
+	if cmp -s <(grep -v '^stats:' "$logs/structured_gen_true.txt") <(grep -v '^stats:' "$logs/structured_gen_false.txt"); then
+		same="zos on/off same"
+	else
+		same="zos on/off DIFFER"
+	fi
+	rm -f "$schema"
+	t=$(limit 200)
+	if ((t == 0)); then
+		rc+=("bench:skipped")
+	else
+		timeout "$t" "$dir/deepinfer" bench --config configs/cuda.yaml --json-schema default --batch "${STRUCT_BATCH:-64}" \
+			--num-prompts "${STRUCT_BATCH:-64}" --min-input-len 32 --max-input-len 64 --min-output-len 256 --max-output-len 256 \
+			--rounds "${STRUCT_ROUNDS:-3}" >"$logs/structured_bench.txt" 2>&1
+		rc+=("bench:$?")
+	fi
+	status[structured]="rc ${rc[*]}; $same; $(grep -o 'step rate, constrained / unconstrained: [0-9.]* (throughput [0-9.]*)' "$logs/structured_bench.txt")"
 }
 
 parity_names=qwen3-0.6b,llama-3.2-1b,deepseek-v2-lite-4layers
@@ -469,7 +558,11 @@ for workload in prose editing; do
 	echo "-- speculative decoding, default model, $workload workload (deepinfer bench --speculative, k=${SPEC_K:-2})"
 	grep -E '^(method|none|ngram|mtp) |outputs identical' "$f"
 done
-for f in "$logs"/spec_gen_*.txt; do
+if [[ -f $logs/dspark_bench.txt ]]; then
+	echo "-- DSpark, default model, prose workload (deepinfer bench --speculative, k=${DSPARK_K:-6}, confidence_threshold ${DSPARK_THRESHOLD:-0.3})"
+	grep -E '^(method|none|mtp|dspark|dspark-fixed) |outputs identical' "$logs/dspark_bench.txt"
+fi
+for f in "$logs"/spec_gen_*.txt "$logs"/dspark_gen_*.txt; do
 	[[ -f $f ]] || continue
 	printf '%-26s %s\n' "$(basename "$f" .txt)" "$(grep -oE 'decode [0-9.]+ tok/s( \| spec: [^|]*)?' "$f" | head -1)"
 done
