@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/engine/models"
 	"github.com/deepinfer/deepinfer-go/llm"
 	"github.com/deepinfer/deepinfer-go/stages"
 )
@@ -81,6 +82,7 @@ type OfflineResult struct {
 	Mode              string  `json:"mode"`
 	Workload          string  `json:"workload"`
 	Backend           string  `json:"backend"` // the kernels, as the stats line names them: "cpu(avx2, 2 threads)"
+	Weights           string  `json:"weights"` // the weights' dtypes, most bytes first: "BF16", "F8_E4M3+BF16"
 	NumRequests       int     `json:"num_requests"`
 	Failed            int     `json:"failed"`
 	DurationSeconds   float64 `json:"duration_s"`
@@ -231,7 +233,7 @@ func runOffline(ctx context.Context, l *llm.LLM, w *offlineWorkload, progressTo 
 		return nil, fmt.Errorf("bench: offline: %w", err)
 	}
 
-	r := &OfflineResult{Mode: "offline", Workload: w.name, Backend: l.Backend().Name(), NumRequests: n, DurationSeconds: wall.Seconds()}
+	r := &OfflineResult{Mode: "offline", Workload: w.name, Backend: l.Backend().Name(), Weights: models.WeightFormat(l.Model()), NumRequests: n, DurationSeconds: wall.Seconds()}
 	r.outputs = make([][]int, n)
 	for i, c := range results {
 		out := c.Outputs[0]

@@ -553,6 +553,7 @@ func lengthRange(n int, r float64) (lo, hi int) {
 func printOffline(w io.Writer, r *bench.OfflineResult, o benchOptions) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "==== Offline Benchmark Result ====")
+	fmt.Fprintf(tw, "Backend (weights):\t%s (%s)\n", r.Backend, r.Weights)
 	fmt.Fprintf(tw, "Requests (failed):\t%d (%d)\n", r.NumRequests, r.Failed)
 	fmt.Fprintf(tw, "Duration (s):\t%.2f\n", r.DurationSeconds)
 	fmt.Fprintf(tw, "Input / output tokens:\t%d / %d\n", r.TotalInputTokens, r.TotalOutputTokens)

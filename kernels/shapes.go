@@ -53,7 +53,7 @@ func NormShapes(backend, op string, out, x, weight Tensor, outTypes ...DType) (r
 // given.
 func LinearShapes(backend string, out, x, w, bias Tensor, xTypes ...DType) (m, n, k int, err error) {
 	const op = "linear"
-	if err = CheckShape(backend, op, "w", w, []int{-1, -1}, FloatTypes...); err != nil {
+	if err = CheckShape(backend, op, "w", w, []int{-1, -1}, weightTypes(w)...); err != nil {
 		return
 	}
 	n, k = w.Shape()[0], w.Shape()[1]
@@ -119,7 +119,7 @@ func MLAShapes(backend string, out, q, cache, wkvb Tensor, p MLAParams) (t int, 
 	if err = CheckShape(backend, op, "cache", cache, []int{-1, -1, kvl + rope}, F32); err != nil {
 		return
 	}
-	err = CheckShape(backend, op, "wkvb", wkvb, []int{nh * (nope + vd), kvl}, FloatTypes...)
+	err = CheckShape(backend, op, "wkvb", wkvb, []int{nh * (nope + vd), kvl}, weightTypes(wkvb)...)
 	return
 }
 
@@ -127,7 +127,7 @@ func MLAShapes(backend string, out, q, cache, wkvb Tensor, p MLAParams) (t int, 
 // float dtype, ids I32 [t], out F32 [t, hidden].
 func EmbeddingShapes(backend string, out, table, ids Tensor) (vocab, hidden, t int, err error) {
 	const op = "embedding"
-	if err = CheckShape(backend, op, "table", table, []int{-1, -1}, FloatTypes...); err != nil {
+	if err = CheckShape(backend, op, "table", table, []int{-1, -1}, weightTypes(table)...); err != nil {
 		return
 	}
 	vocab, hidden = table.Shape()[0], table.Shape()[1]
@@ -153,7 +153,7 @@ func MoEShapes(backend string, out, x, ids, weights, gateUp, down Tensor) (d MoE
 		return
 	}
 	d.T, d.Hidden = x.Shape()[0], x.Shape()[1]
-	if err = CheckShape(backend, op, "gate_up", gateUp, []int{-1, -1, d.Hidden}, FloatTypes...); err != nil {
+	if err = CheckShape(backend, op, "gate_up", gateUp, []int{-1, -1, d.Hidden}, weightTypes(gateUp)...); err != nil {
 		return
 	}
 	d.NumExperts, d.Inter = gateUp.Shape()[0], gateUp.Shape()[1]/2
@@ -461,7 +461,7 @@ func LogitsShapes(backend string, out, hidden, rows, norm, head Tensor) (t, r, d
 		return
 	}
 	t, dim = hidden.Shape()[0], hidden.Shape()[1]
-	if err = CheckShape(backend, op, "head", head, []int{-1, dim}, FloatTypes...); err != nil {
+	if err = CheckShape(backend, op, "head", head, []int{-1, dim}, weightTypes(head)...); err != nil {
 		return
 	}
 	vocab, r = head.Shape()[0], t

@@ -111,7 +111,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	if err := checkModelFiles(cfg); err != nil {
 		return nil, err
 	}
-	model, err := opts.Models.Load(e.ops, cfg.Model, models.Options{MaxModelLen: maxModelLen})
+	model, err := opts.Models.Load(e.ops, cfg.Model, models.Options{MaxModelLen: maxModelLen, Quantization: cfg.Quantization})
 	if err != nil {
 		return nil, fmt.Errorf("llm: %w", err)
 	}

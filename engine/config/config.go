@@ -23,6 +23,12 @@ type Config struct {
 	Tokenizer string `yaml:"tokenizer"`
 	// Device is "cpu" or "cuda".
 	Device string `yaml:"device"`
+	// Quantization "fp8" quantizes a float checkpoint's linear layers at
+	// load to FP8 E4M3 in 128x128 blocks (scale = amax/448, DeepSeek-V3's
+	// recipe; embeddings, LM head and routers stay as stored), so that
+	// decode reads one byte a weight; CPU only for now. "" keeps the
+	// checkpoint's dtypes (an FP8 checkpoint runs as FP8 either way).
+	Quantization string `yaml:"quantization"`
 	// Seed seeds requests that set no seed of their own.
 	Seed int64 `yaml:"seed"`
 

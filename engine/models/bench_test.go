@@ -29,7 +29,10 @@ type benchModel struct {
 	numParams   int64
 }
 
-func newBenchModel(b *testing.B) *benchModel {
+func newBenchModel(b *testing.B) *benchModel { return newBenchModelQuant(b, "") }
+
+// newBenchModelQuant is newBenchModel with Options.Quantization quant.
+func newBenchModelQuant(b *testing.B, quant string) *benchModel {
 	b.Helper()
 	cfg := parseConfig(b, benchConfig)
 	w, err := RandomWeights(cfg, kernels.BF16, 1)
@@ -38,11 +41,16 @@ func newBenchModel(b *testing.B) *benchModel {
 	}
 	bm := &benchModel{ops: cpu.New(cpu.Options{})}
 	b.Cleanup(func() { bm.ops.Close() })
-	for _, t := range w {
-		bm.weightBytes += int64(len(t.Data))
-		bm.numParams += int64(t.NumElements())
+	for name, t := range w {
+		n := int64(t.NumElements())
+		bm.numParams += n
+		if quant == "fp8" && IsFP8Linear(name) {
+			bm.weightBytes += n + 4*n/(128*128) // a byte a weight, a float32 scale a block
+		} else {
+			bm.weightBytes += int64(len(t.Data))
+		}
 	}
-	if bm.m, err = Builtin().New(bm.ops, cfg, w, Options{MaxModelLen: 1024}); err != nil {
+	if bm.m, err = Builtin().New(bm.ops, cfg, w, Options{MaxModelLen: 1024, Quantization: quant}); err != nil {
 		b.Fatal(err)
 	}
 	return bm
@@ -75,8 +83,23 @@ func copyBandwidth() float64 {
 // cached, plus its logits) of a ~100M-parameter Llama with BF16 weights.
 // Reports tokens/s, the weight-read bandwidth achieved and its ratio to the
 // copy bandwidth measured in the same run.
-func BenchmarkDecodeStep(b *testing.B) {
-	bm := newBenchModel(b)
+func BenchmarkDecodeStep(b *testing.B) { benchDecodeStep(b, newBenchModel(b)) }
+
+// BenchmarkDecodeStepWeights runs BenchmarkDecodeStep's step with the
+// BF16 weights as stored and with the linear layers quantized to FP8 at
+// load (the tied embedding, also the LM head, stays BF16), in one run:
+// compare their tok/s.
+func BenchmarkDecodeStepWeights(b *testing.B) {
+	for _, quant := range []string{"", "fp8"} {
+		name := quant
+		if name == "" {
+			name = "bf16"
+		}
+		b.Run(name, func(b *testing.B) { benchDecodeStep(b, newBenchModelQuant(b, quant)) })
+	}
+}
+
+func benchDecodeStep(b *testing.B, bm *benchModel) {
 	r := rand.New(rand.NewPCG(1, 1))
 	const blockSize = 16
 	cache, err := bm.m.NewKVCache(16, blockSize)
@@ -111,8 +134,8 @@ func BenchmarkDecodeStep(b *testing.B) {
 	b.ReportMetric(bw/1e9, "copyGB/s")
 	b.ReportMetric(achieved/bw, "bw_ratio")
 	b.ReportMetric(float64(bm.numParams)/1e6, "Mparams")
-	b.Logf("%s: %.1f M params, %.0f MB of BF16 weights per step; copy bandwidth %.1f GB/s (read+write)",
-		bm.ops.Name(), float64(bm.numParams)/1e6, float64(bm.weightBytes)/1e6, bw/1e9)
+	b.Logf("%s: %.1f M params, %.0f MB of %s weights per step; copy bandwidth %.1f GB/s (read+write)",
+		bm.ops.Name(), float64(bm.numParams)/1e6, float64(bm.weightBytes)/1e6, WeightFormat(bm.m), bw/1e9)
 }
 
 // BenchmarkPrefill512: one 512-token prefill of the same model (forward over

@@ -107,7 +107,7 @@ func newDeepseek(arch string, ops kernels.Ops, cfg *weights.Config, src Weights,
 	if rotary != d.RopeDim {
 		return nil, fmt.Errorf("models: %s: partial rotary over %d of %d rope dims: %w", arch, rotary, d.RopeDim, ErrConfig)
 	}
-	l := &loader{ops: ops, src: src}
+	l := newLoader(ops, cfg, src, opts)
 	if err := m.loadCommon(l, opts, rotary); err != nil {
 		return nil, err
 	}
@@ -132,6 +132,7 @@ func newDeepseek(arch string, ops kernels.Ops, cfg *weights.Config, src Weights,
 	if l.err != nil {
 		return nil, fmt.Errorf("models: %s: %w", arch, l.err)
 	}
+	m.format = l.weightFormat()
 	return m, nil
 }
 
@@ -146,20 +147,20 @@ func (m *deepseek) loadLayer(l *loader, i int) dsLayer {
 	}
 	w := &ly.attn
 	if m.qLoraRank > 0 {
-		w.qA = l.matrix(a+"q_a_proj.weight", m.qLoraRank, h)
+		w.qA = l.linear(a+"q_a_proj.weight", m.qLoraRank, h)
 		w.qABias = l.optVector(a+"q_a_proj.bias", m.qLoraRank)
 		w.qANorm = l.vector(a+"q_a_layernorm.weight", m.qLoraRank)
-		w.qB = l.matrix(a+"q_b_proj.weight", qd, m.qLoraRank)
+		w.qB = l.linear(a+"q_b_proj.weight", qd, m.qLoraRank)
 	} else {
-		w.qProj = l.matrix(a+"q_proj.weight", qd, h)
+		w.qProj = l.linear(a+"q_proj.weight", qd, h)
 	}
-	kvA := l.matrix(a+"kv_a_proj_with_mqa.weight", d.KVLoraRank+d.RopeDim, h)
+	kvA := l.linear(a+"kv_a_proj_with_mqa.weight", d.KVLoraRank+d.RopeDim, h)
 	kvABias := l.optVector(a+"kv_a_proj_with_mqa.bias", d.KVLoraRank+d.RopeDim)
 	w.kvALat, w.kvARope = m.splitRows(l, kvA, d.KVLoraRank)
 	w.kvALatBias, w.kvARopeBias = m.splitRows(l, kvABias, d.KVLoraRank)
 	w.kvANorm = l.vector(a+"kv_a_layernorm.weight", d.KVLoraRank)
-	w.kvB = l.matrix(a+"kv_b_proj.weight", d.NumHeads*(d.NopeDim+d.VHeadDim), d.KVLoraRank)
-	w.o = l.matrix(a+"o_proj.weight", h, d.NumHeads*d.VHeadDim)
+	w.kvB = l.linear(a+"kv_b_proj.weight", d.NumHeads*(d.NopeDim+d.VHeadDim), d.KVLoraRank)
+	w.o = l.linear(a+"o_proj.weight", h, d.NumHeads*d.VHeadDim)
 	w.oBias = l.optVector(a+"o_proj.bias", h)
 	if !cfg.IsMoELayer(i) {
 		dense := loadMLP(l, p+"mlp.", h, cfg.IntermediateSize)
@@ -204,41 +205,9 @@ func (m *deepseek) splitRows(l *loader, t kernels.Tensor, n int) (kernels.Tensor
 // fused layout the MoE kernel takes.
 func (m *deepseek) loadExperts(l *loader, prefix string, e, h, inter int) (kernels.Tensor, kernels.Tensor) {
 	if l.src.Has(prefix + "gate_up_proj") {
-		return l.matrix(prefix+"gate_up_proj", e, 2*inter, h), l.matrix(prefix+"down_proj", e, h, inter)
+		return l.linear(prefix+"gate_up_proj", e, 2*inter, h), l.linear(prefix+"down_proj", e, h, inter)
 	}
-	if l.err != nil {
-		return nil, nil
-	}
-	gateUp, err := m.ops.Alloc(l.dtypeOf(prefix+"0.gate_proj.weight"), e, 2*inter, h)
-	if err != nil {
-		l.fail(err)
-		return nil, nil
-	}
-	down, err := m.ops.Alloc(l.dtypeOf(prefix+"0.down_proj.weight"), e, h, inter)
-	if err != nil {
-		l.fail(err)
-		return nil, nil
-	}
-	view := func(t kernels.Tensor, i, lo, hi int, shape ...int) kernels.Tensor {
-		v, err := m.ops.Rows(t, i, i+1)
-		if err == nil {
-			v, err = m.ops.Reshape(v, shape...)
-		}
-		if err == nil {
-			v, err = m.ops.Rows(v, lo, hi)
-		}
-		if err != nil {
-			l.fail(err)
-		}
-		return v
-	}
-	for i := 0; i < e && l.err == nil; i++ {
-		p := fmt.Sprintf("%s%d.", prefix, i)
-		l.into(view(gateUp, i, 0, inter, 2*inter, h), p+"gate_proj.weight", inter, h)
-		l.into(view(gateUp, i, inter, 2*inter, 2*inter, h), p+"up_proj.weight", inter, h)
-		l.into(view(down, i, 0, h, h, inter), p+"down_proj.weight", h, inter)
-	}
-	return gateUp, down
+	return loadExpertParts(l, prefix, e, h, inter, "gate_proj", "up_proj", "down_proj")
 }
 
 func (m *deepseek) KVCacheSpec() KVCacheSpec {
@@ -364,34 +333,5 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 
 // moeForward writes routed experts plus shared experts of x into out.
 func (m *deepseek) moeForward(w *moeWeights, s *scratch, out, x kernels.Tensor) error {
-	ops, t := m.ops, x.Shape()[0]
-	e, k := m.cfg.NRoutedExperts, m.route.TopK
-	logits, weights := s.get("moe.logits", t, e), s.get("moe.weights", t, k)
-	if s.err != nil {
-		return s.err
-	}
-	ids, err := ops.Alloc(kernels.I32, t, k)
-	if err != nil {
-		return err
-	}
-	if err := ops.Linear(logits, x, w.router, nil); err != nil {
-		return err
-	}
-	if err := ops.MoERoute(ids, weights, logits, w.bias, m.route); err != nil {
-		return err
-	}
-	if w.shared == nil {
-		return ops.MoE(out, x, ids, weights, w.gateUp, w.down)
-	}
-	routed, shared := s.get("moe.routed", t, x.Shape()[1]), s.get("moe.shared", t, x.Shape()[1])
-	if s.err != nil {
-		return s.err
-	}
-	if err := ops.MoE(routed, x, ids, weights, w.gateUp, w.down); err != nil {
-		return err
-	}
-	if err := w.shared.forward(ops, s, shared, x); err != nil {
-		return err
-	}
-	return ops.Add(out, routed, shared)
+	return moeForward(m.ops, w, m.route, m.cfg.NRoutedExperts, s, out, x)
 }

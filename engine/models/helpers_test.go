@@ -31,6 +31,15 @@ var tinyConfigs = map[string]string{
 	"qwen3": `{"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 97,
 		"hidden_size": 32, "intermediate_size": 40, "num_hidden_layers": 2, "num_attention_heads": 4,
 		"num_key_value_heads": 2, "head_dim": 12, "max_position_embeddings": 4096, "tie_word_embeddings": true}`,
+	"qwen3-moe": `{"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 97,
+		"hidden_size": 32, "intermediate_size": 40, "moe_intermediate_size": 12, "num_hidden_layers": 3,
+		"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12, "max_position_embeddings": 4096,
+		"num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": true, "decoder_sparse_step": 1,
+		"mlp_only_layers": [1], "tie_word_embeddings": false}`,
+	"mixtral": `{"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "vocab_size": 97,
+		"hidden_size": 32, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
+		"num_key_value_heads": 2, "max_position_embeddings": 4096, "num_local_experts": 4,
+		"num_experts_per_tok": 2, "rope_theta": 1000000.0, "sliding_window": null}`,
 	"deepseek-v2": `{"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "vocab_size": 97,
 		"hidden_size": 32, "intermediate_size": 48, "moe_intermediate_size": 12, "num_hidden_layers": 2,
 		"num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": null, "kv_lora_rank": 16,
@@ -52,7 +61,7 @@ var tinyConfigs = map[string]string{
 }
 
 // tinyNames is the order tests walk tinyConfigs in.
-var tinyNames = []string{"llama", "mistral", "qwen2", "qwen3", "deepseek-v2", "deepseek-v3"}
+var tinyNames = []string{"llama", "mistral", "qwen2", "qwen3", "qwen3-moe", "mixtral", "deepseek-v2", "deepseek-v3"}
 
 // testMaxLen bounds the RoPE tables of test models.
 const testMaxLen = 256

@@ -13,6 +13,7 @@ import (
 // RoPE tables.
 type base struct {
 	arch      string
+	format    string // WeightFormat
 	cfg       *weights.Config
 	ops       kernels.Ops
 	eps       float32
@@ -22,7 +23,11 @@ type base struct {
 	rope      *ropeTables
 }
 
-func (m *base) Architecture() string    { return m.arch }
+func (m *base) Architecture() string { return m.arch }
+
+// WeightFormat names the dtypes the weights are kept in, the most bytes
+// first, e.g. "F8_E4M3+BF16".
+func (m *base) WeightFormat() string    { return m.format }
 func (m *base) Config() *weights.Config { return m.cfg }
 
 func (m *base) loadCommon(l *loader, opts Options, rotaryDim int) error {
@@ -81,7 +86,7 @@ func loadMLP(l *loader, prefix string, hidden, inter int) mlp {
 		gateUp: l.fused(hidden, []string{prefix + "gate_proj.weight", prefix + "up_proj.weight"},
 			[]int{inter, inter}),
 		gateUpBias: l.fusedVector([]string{prefix + "gate_proj.bias", prefix + "up_proj.bias"}, []int{inter, inter}),
-		down:       l.matrix(prefix+"down_proj.weight", hidden, inter),
+		down:       l.linear(prefix+"down_proj.weight", hidden, inter),
 		downBias:   l.optVector(prefix+"down_proj.bias", hidden),
 	}
 }
@@ -176,6 +181,7 @@ type llama struct {
 	base
 	numHeads, numKVHeads, headDim int
 	layers                        []llamaLayer
+	route                         kernels.RouteParams // sparse layers (Qwen3-MoE, Mixtral)
 }
 
 type llamaLayer struct {
@@ -184,6 +190,7 @@ type llamaLayer struct {
 	qkvBias, oBias      kernels.Tensor
 	qNorm, kNorm        kernels.Tensor // Qwen3, else nil
 	mlp                 mlp
+	moe                 *moeWeights // sparse layers (Qwen3-MoE, Mixtral): replaces mlp
 	slidingWindow       int
 }
 
@@ -193,13 +200,20 @@ func newLlama(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, op
 	if cfg.HiddenAct != "silu" {
 		return nil, fmt.Errorf("models: %s: hidden_act %q, only silu: %w", arch, cfg.HiddenAct, ErrConfig)
 	}
-	l := &loader{ops: ops, src: src}
+	l := newLoader(ops, cfg, src, opts)
 	rotary := int(float64(cfg.HeadDim) * cfg.Rope.PartialRotaryFactor)
 	if err := m.loadCommon(l, opts, rotary); err != nil {
 		return nil, err
 	}
 	h, qd, kvd := cfg.HiddenSize, m.numHeads*m.headDim, m.numKVHeads*m.headDim
-	qkNorm := cfg.ModelType == "qwen3" || arch == "Qwen3ForCausalLM"
+	qkNorm := cfg.ModelType == "qwen3" || cfg.ModelType == "qwen3_moe" || arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM"
+	sparse := arch == "Qwen3MoeForCausalLM" || arch == "MixtralForCausalLM"
+	if sparse {
+		m.route = moeRoute(cfg)
+		if err := m.route.Validate(cfg.NRoutedExperts); err != nil {
+			return nil, fmt.Errorf("models: %s: %d experts, %d per token: %w", arch, cfg.NRoutedExperts, cfg.NumExpertsPerTok, ErrConfig)
+		}
+	}
 	for i := range cfg.NumHiddenLayers {
 		p := fmt.Sprintf("model.layers.%d.", i)
 		a := p + "self_attn."
@@ -208,11 +222,15 @@ func newLlama(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, op
 			postNorm:  l.vector(p+"post_attention_layernorm.weight", h),
 			qkv: l.fused(h, []string{a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
 				[]int{qd, kvd, kvd}),
-			o: l.matrix(a+"o_proj.weight", h, qd),
+			o: l.linear(a+"o_proj.weight", h, qd),
 			qkvBias: l.fusedVector([]string{a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"},
 				[]int{qd, kvd, kvd}),
 			oBias: l.optVector(a+"o_proj.bias", h),
-			mlp:   loadMLP(l, p+"mlp.", h, cfg.IntermediateSize),
+		}
+		if sparse && cfg.IsMoELayer(i) {
+			ly.moe = loadSparseMoE(l, p, cfg.NRoutedExperts, h, cfg.MoEIntermediateSize)
+		} else {
+			ly.mlp = loadMLP(l, p+"mlp.", h, cfg.IntermediateSize)
 		}
 		if cfg.AttentionBias && ly.qkvBias == nil && l.err == nil {
 			l.matrix(a+"q_proj.bias", qd) // reports the missing bias
@@ -227,7 +245,18 @@ func newLlama(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, op
 	if l.err != nil {
 		return nil, fmt.Errorf("models: %s: %w", arch, l.err)
 	}
+	m.format = l.weightFormat()
 	return m, nil
+}
+
+// computeDType is the 16-bit type a backend may compute attention in for a
+// model whose weights are of type w: BF16 for FP8 weights (their scales
+// come from BF16 checkpoints), w otherwise.
+func computeDType(w kernels.DType) kernels.DType {
+	if w == kernels.F8E4M3 {
+		return kernels.BF16
+	}
+	return w
 }
 
 // slidingWindow is the attention window of layer i (0: full attention):
@@ -252,7 +281,7 @@ func slidingWindow(cfg *weights.Config, i int) int {
 func (m *llama) KVCacheSpec() KVCacheSpec {
 	dt := m.ops.ActivationDType()
 	if k, ok := m.ops.(kernels.KVCacheDTyper); ok && len(m.layers) > 0 {
-		dt = k.KVCacheDType(m.layers[0].o.DType())
+		dt = k.KVCacheDType(computeDType(m.layers[0].o.DType()))
 	}
 	return KVCacheSpec{Layout: KVLayoutGQA, NumLayers: len(m.layers), Width: m.numKVHeads * m.headDim, DType: dt}
 }
@@ -303,7 +332,13 @@ func (m *llama) layer(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid,
 	qd, kvd := m.numHeads*m.headDim, m.numKVHeads*m.headDim
 	// x is the norms' output, read only by the q/k/v and MLP projections:
 	// rounded by the norms where those projections would round it.
-	x := s.getTyped("x", s.linearInputDType(t, ly.qkv, ly.mlp.gateUp), t, m.cfg.HiddenSize)
+	xw := []kernels.Tensor{ly.qkv}
+	if ly.mlp.gateUp != nil {
+		xw = append(xw, ly.mlp.gateUp)
+	} else {
+		xw = nil // the MoE kernels take x in float32
+	}
+	x := s.getTyped("x", s.linearInputDType(t, xw...), t, m.cfg.HiddenSize)
 	qkv := s.get("qkv", t, qd+2*kvd)
 	q, k, v := s.get("q", t, qd), s.get("k", t, kvd), s.get("v", t, kvd)
 	attn := s.getTyped("attn", s.linearInputDType(t, ly.o), t, qd) // read only by the o projection
@@ -332,7 +367,7 @@ func (m *llama) layer(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid,
 		return err
 	}
 	ap := kernels.AttentionParams{NumHeads: m.numHeads, NumKVHeads: m.numKVHeads, HeadDim: m.headDim,
-		Scale: float32(1 / math.Sqrt(float64(m.headDim))), SlidingWindow: ly.slidingWindow, InputDType: ly.o.DType()}
+		Scale: float32(1 / math.Sqrt(float64(m.headDim))), SlidingWindow: ly.slidingWindow, InputDType: computeDType(ly.o.DType())}
 	if err := ops.Attention(attn, q, cache.K[i], cache.V[i], &b.Attn, ap); err != nil {
 		return err
 	}
@@ -341,6 +376,9 @@ func (m *llama) layer(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid,
 	}
 	if err := ops.AddRMSNorm(x, resid, delta, ly.postNorm, m.eps); err != nil {
 		return err
+	}
+	if ly.moe != nil {
+		return moeForward(ops, ly.moe, m.route, m.cfg.NRoutedExperts, s, delta, x)
 	}
 	return ly.mlp.forward(ops, s, delta, x)
 }

@@ -1,7 +1,8 @@
 // Package models holds the architectures, each written once over kernels.Ops
 // and registered by its config.json "architectures" name: the Llama family
-// (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)
-// and DeepSeek V2/V3 (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, with the
+// (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM),
+// its sparse MoE variants (Qwen3MoeForCausalLM, MixtralForCausalLM) and
+// DeepSeek V2/V3 (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, with the
 // V3 multi-token-prediction layers loaded as a separate MTP module).
 //
 // A model reads its weights once (Registry.New or Load), copying them into
@@ -72,6 +73,21 @@ type Options struct {
 	// Logger receives load-time warnings (nil: slog.Default()), such as a
 	// checkpoint whose config announces MTP layers it does not hold.
 	Logger *slog.Logger
+	// Quantization "fp8" quantizes the float weights of every linear layer
+	// at load to FP8 E4M3 in blocks of 128x128 with scale = amax/448
+	// (DeepSeek-V3's recipe; embeddings, LM head and MoE routers stay as
+	// stored), for backends with FP8 kernels (kernels.FP8Weighter). ""
+	// keeps the checkpoint's dtypes; an FP8 checkpoint loads as FP8 either
+	// way.
+	Quantization string
+}
+
+// logger returns o.Logger or slog.Default().
+func (o Options) logger() *slog.Logger {
+	if o.Logger != nil {
+		return o.Logger
+	}
+	return slog.Default()
 }
 
 // KVLayout is the kind of per-token cache entry.

@@ -40,9 +40,10 @@ func RandomWeights(cfg *weights.Config, dtype kernels.DType, seed uint64) (MemWe
 		g.matrix("lm_head.weight", h, cfg.VocabSize, h)
 	}
 	switch arch {
-	case "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM":
+	case "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+		"Qwen3MoeForCausalLM", "MixtralForCausalLM":
 		for i := range cfg.NumHiddenLayers {
-			g.llamaLayer(cfg, fmt.Sprintf("model.layers.%d.", i))
+			g.llamaLayer(cfg, arch, fmt.Sprintf("model.layers.%d.", i), i)
 		}
 	case "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM":
 		n := cfg.NumHiddenLayers
@@ -128,7 +129,7 @@ func (g *randGen) mlp(p string, h, inter int, bias bool) {
 	}
 }
 
-func (g *randGen) llamaLayer(cfg *weights.Config, p string) {
+func (g *randGen) llamaLayer(cfg *weights.Config, arch, p string, i int) {
 	h, qd, kvd := cfg.HiddenSize, cfg.NumAttentionHeads*cfg.HeadDim, cfg.NumKeyValueHeads*cfg.HeadDim
 	a := p + "self_attn."
 	g.norm(p+"input_layernorm.weight", h)
@@ -145,11 +146,28 @@ func (g *randGen) llamaLayer(cfg *weights.Config, p string) {
 			g.small(a+"o_proj.bias", h)
 		}
 	}
-	if cfg.ModelType == "qwen3" {
+	if cfg.ModelType == "qwen3" || cfg.ModelType == "qwen3_moe" {
 		g.norm(a+"q_norm.weight", cfg.HeadDim)
 		g.norm(a+"k_norm.weight", cfg.HeadDim)
 	}
-	g.mlp(p+"mlp.", h, cfg.IntermediateSize, cfg.MLPBias)
+	switch {
+	case arch == "MixtralForCausalLM": // the hub's names
+		m := p + "block_sparse_moe."
+		g.matrix(m+"gate.weight", h, cfg.NRoutedExperts, h)
+		for e := range cfg.NRoutedExperts {
+			x, inter := fmt.Sprintf("%sexperts.%d.", m, e), cfg.MoEIntermediateSize
+			g.matrix(x+"w1.weight", h, inter, h)
+			g.matrix(x+"w3.weight", h, inter, h)
+			g.matrix(x+"w2.weight", inter, h, inter)
+		}
+	case arch == "Qwen3MoeForCausalLM" && cfg.IsMoELayer(i):
+		g.matrix(p+"mlp.gate.weight", h, cfg.NRoutedExperts, h)
+		for e := range cfg.NRoutedExperts {
+			g.mlp(fmt.Sprintf("%smlp.experts.%d.", p, e), h, cfg.MoEIntermediateSize, false)
+		}
+	default:
+		g.mlp(p+"mlp.", h, cfg.IntermediateSize, cfg.MLPBias)
+	}
 }
 
 func (g *randGen) deepseekLayer(cfg *weights.Config, p string, i int) {

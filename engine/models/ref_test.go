@@ -247,6 +247,9 @@ func (r *ref) layer(x mat, i int) mat {
 	x = add(x, a)
 	y := r.norm(x, p+"post_attention_layernorm.weight")
 	if r.cfg.NRoutedExperts > 0 && r.cfg.IsMoELayer(i) {
+		if r.cfg.ModelType == "mixtral" {
+			return add(x, r.moe(y, p+"block_sparse_moe."))
+		}
 		return add(x, r.moe(y, p+"mlp."))
 	}
 	return add(x, r.mlp(y, p+"mlp."))
@@ -369,11 +372,16 @@ func (r *ref) moe(x mat, p string) mat {
 		row := mat{1, x.cols, x.row(t)}
 		for _, i := range chosen {
 			w := sc[i]
-			if c.ModelType == "deepseek_v3" && c.NormTopKProb {
+			if c.ModelType != "deepseek_v2" && c.NormTopKProb {
 				w /= sum + 1e-20
 			}
 			w *= c.RoutedScalingFactor
-			y := r.mlp(row, fmt.Sprintf("%sexperts.%d.", p, i))
+			var y mat
+			if c.ModelType == "mixtral" {
+				y = r.mixtralExpert(row, fmt.Sprintf("%sexperts.%d.", p, i))
+			} else {
+				y = r.mlp(row, fmt.Sprintf("%sexperts.%d.", p, i))
+			}
 			for j := range x.cols {
 				out.v[t*x.cols+j] += w * y.v[j]
 			}
@@ -383,6 +391,15 @@ func (r *ref) moe(x mat, p string) mat {
 		out = add(out, r.mlp(x, p+"shared_experts."))
 	}
 	return out
+}
+
+// mixtralExpert is mlp under Mixtral's names: w2(silu(w1 x) * w3 x).
+func (r *ref) mixtralExpert(x mat, p string) mat {
+	g, u := r.linear(x, p+"w1"), r.linear(x, p+"w3")
+	for i := range g.v {
+		g.v[i] = silu(g.v[i]) * u.v[i]
+	}
+	return r.linear(g, p+"w2")
 }
 
 func sortedDesc(v []float64) []int {

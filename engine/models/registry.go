@@ -2,6 +2,7 @@ package models
 
 import (
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 
@@ -26,7 +27,8 @@ func NewRegistry() *Registry { return &Registry{byName: map[string]Constructor{}
 // Builtin returns a new registry with every architecture of this package.
 func Builtin() *Registry {
 	r := NewRegistry()
-	for _, name := range []string{"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"} {
+	for _, name := range []string{"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+		"Qwen3MoeForCausalLM", "MixtralForCausalLM"} {
 		r.byName[name] = newLlama
 	}
 	for _, name := range []string{"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"} {
@@ -66,7 +68,76 @@ func (r *Registry) New(ops kernels.Ops, cfg *weights.Config, src Weights, opts O
 	if !ok {
 		return nil, fmt.Errorf("models: architecture %q (supported: %s): %w", arch, strings.Join(r.Names(), ", "), ErrUnknownArchitecture)
 	}
-	return c(arch, ops, cfg, src, opts)
+	switch q := cfg.Quantization.Method; q {
+	case "", "fp8":
+	default:
+		return nil, fmt.Errorf("models: %s: quantization_config.quant_method %q (supported: fp8): %w", arch, q, ErrConfig)
+	}
+	switch opts.Quantization {
+	case "", "fp8":
+	default:
+		return nil, fmt.Errorf("models: quantization %q (supported: fp8): %w", opts.Quantization, ErrConfig)
+	}
+	rec := &readRecorder{src: src, read: map[string]bool{}}
+	m, err := c(arch, ops, cfg, rec, opts)
+	if err != nil {
+		return nil, err
+	}
+	rec.reportUnused(opts.logger(), arch)
+	return m, nil
+}
+
+// WeightFormat names the dtypes model m keeps its weights in, the most
+// bytes first ("BF16", "F8_E4M3+BF16"), or "" for a model that does not
+// say.
+func WeightFormat(m Model) string {
+	if f, ok := m.(interface{ WeightFormat() string }); ok {
+		return f.WeightFormat()
+	}
+	return ""
+}
+
+// readRecorder is a Weights that remembers which tensors were read, so that
+// the ones a checkpoint holds but no layer reads (a rotary inv_freq buffer,
+// MTP layers a config does not announce) are reported.
+type readRecorder struct {
+	src  Weights
+	read map[string]bool
+}
+
+func (r *readRecorder) Tensor(name string) (weights.Tensor, error) {
+	r.read[name] = true
+	return r.src.Tensor(name)
+}
+
+func (r *readRecorder) Has(name string) bool { return r.src.Has(name) }
+
+// unused lists the source's tensors never read, sorted; nil when the
+// source cannot list its tensors.
+func (r *readRecorder) unused() []string {
+	lister, ok := r.src.(interface{ Names() []string })
+	if !ok {
+		return nil
+	}
+	var out []string
+	for _, name := range lister.Names() {
+		if !r.read[name] {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// reportUnused logs one line when the checkpoint holds tensors the model
+// ignored: their count and the first few names.
+func (r *readRecorder) reportUnused(logger *slog.Logger, arch string) {
+	unused := r.unused()
+	if len(unused) == 0 {
+		return
+	}
+	logger.Info("checkpoint tensors the model does not use, ignored",
+		"architecture", arch, "count", len(unused), "first", unused[:min(len(unused), 4)])
 }
 
 // Load opens the Hugging Face model directory dir and builds its model on

@@ -30,6 +30,7 @@ type Checkpoint struct {
 	files   []*File
 	tensors map[string]entry
 	names   []string // sorted
+	index   string   // path of the index file; "" for a single file
 }
 
 // entry is one tensor and the file that maps it.
@@ -62,6 +63,7 @@ func (ck *Checkpoint) openWeights() error {
 	index_data, err := os.ReadFile(index_path)
 	switch {
 	case err == nil:
+		ck.index = index_path
 		return ck.openSharded(index_path, index_data)
 	case !errors.Is(err, fs.ErrNotExist):
 		return fmt.Errorf("weights: %w", err)
@@ -162,12 +164,20 @@ func (ck *Checkpoint) Has(name string) bool {
 }
 
 // Tensor returns the tensor called name; its Data aliases the mapping. A
-// missing name is an error wrapping ErrNotFound that names the directory.
-// Cost: a map lookup.
+// missing name is an error wrapping ErrNotFound that names the index file
+// (sharded) or the single file it was looked for in. Cost: a map lookup.
 func (ck *Checkpoint) Tensor(name string) (Tensor, error) {
 	e, ok := ck.tensors[name]
 	if !ok {
-		return Tensor{}, fmt.Errorf("weights: %s: tensor %q: %w", ck.Dir, name, ErrNotFound)
+		if ck.index != "" {
+			return Tensor{}, fmt.Errorf("weights: %s: tensor %q: in neither the index nor any of its %d shards: %w",
+				ck.index, name, len(ck.files), ErrNotFound)
+		}
+		where := ck.Dir
+		if len(ck.files) == 1 {
+			where = ck.files[0].path
+		}
+		return Tensor{}, fmt.Errorf("weights: %s: tensor %q: %w", where, name, ErrNotFound)
 	}
 	if err := e.file.checkOpen(); err != nil {
 		return Tensor{}, err

@@ -94,14 +94,22 @@ type Config struct {
 	QKRopeHeadDim int
 	// VHeadDim. Default: 128.
 	VHeadDim int
-	// NRoutedExperts. Default: 64 (v2) / 256 (v3); 0 when null (dense).
+	// NRoutedExperts is "n_routed_experts" (DeepSeek), "num_experts"
+	// (qwen3_moe) or "num_local_experts" (mixtral). Default: 64 (v2) / 256
+	// (v3) / 128 (qwen3_moe) / 8 (mixtral); 0 when null (dense).
 	NRoutedExperts int
 	// NumExpertsPerTok. Default: none (0, v2) / 8 (v3).
 	NumExpertsPerTok int
 	// NSharedExperts. Default: 2 (v2) / 1 (v3); 0 when null.
 	NSharedExperts int
-	// MoEIntermediateSize is each expert's MLP width. Default: 1407 / 2048.
+	// MoEIntermediateSize is each expert's MLP width. Default: 1407 (v2) /
+	// 2048 (v3) / 768 (qwen3_moe); mixtral: IntermediateSize.
 	MoEIntermediateSize int
+	// DecoderSparseStep (qwen3_moe): layer i is MoE when (i+1) is a
+	// multiple of it and i is not in MLPOnlyLayers. Default: 1.
+	DecoderSparseStep int
+	// MLPOnlyLayers (qwen3_moe): layers kept dense. Default: none.
+	MLPOnlyLayers []int
 	// FirstKDenseReplace: layers below this index are dense. Default: 0 / 3.
 	FirstKDenseReplace int
 	// MoELayerFreq: a layer at or above FirstKDenseReplace is MoE when its
@@ -115,7 +123,8 @@ type Config struct {
 	// TopKGroup: groups kept per token. Default: none (0, v2) / 4 (v3).
 	TopKGroup int
 	// NormTopKProb: renormalize the top-k routing weights to sum to one.
-	// Default: false (v2) / true (v3). HF's DeepSeek V2 ignores it.
+	// Default: false (v2, qwen3_moe) / true (v3, and mixtral, which always
+	// renormalizes). HF's DeepSeek V2 ignores it.
 	NormTopKProb bool
 	// RoutedScalingFactor multiplies the routing weights. Default: 1.0 / 2.5.
 	RoutedScalingFactor float64
@@ -130,6 +139,10 @@ type Config struct {
 	// instead of halves. Default: true for deepseek_v2/v3 (v2 always
 	// interleaves in HF), false otherwise.
 	RopeInterleave bool
+
+	// Quantization is "quantization_config"; its zero value (Method "")
+	// when absent or null.
+	Quantization Quantization
 
 	// Raw is the whole config.json as decoded by encoding/json with
 	// UseNumber: numbers are json.Number.
@@ -176,6 +189,79 @@ type Rope struct {
 	PartialRotaryFactor float64
 }
 
+// Quantization is a checkpoint's "quantization_config". Only Method "fp8"
+// (DeepSeek-V3/R1, Qwen3-FP8: E4M3 weights with float32 block scales,
+// activations quantized dynamically) is checked here; another method is
+// recorded for the model package to refuse by name.
+type Quantization struct {
+	// Method is "quant_method", e.g. "fp8". Default: "" (not quantized).
+	Method string
+	// Fmt is "fmt" ("e4m3"). Default: "e4m3" for fp8.
+	Fmt string
+	// ActivationScheme is "activation_scheme" ("dynamic"). Default:
+	// "dynamic" for fp8.
+	ActivationScheme string
+	// WeightBlockSize is "weight_block_size", [rows, columns] of one scale
+	// block ([128, 128]); fp8 requires it (per-tensor scales are refused).
+	WeightBlockSize [2]int
+	// ModulesToNotConvert is "modules_to_not_convert" (e.g. ["lm_head"]):
+	// modules kept in the checkpoint's float dtype. Default: none.
+	ModulesToNotConvert []string
+}
+
+// quantization reads quantization_config.
+func (p *configParser) quantization() Quantization {
+	var q Quantization
+	msg := p.lookup("quantization_config")
+	if msg == nil {
+		return q
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(msg, &obj); err != nil {
+		p.fail("quantization_config", msg, "an object")
+		return q
+	}
+	sub := configParser{raw: obj}
+	q.Method = sub.str("quant_method", "")
+	q.ModulesToNotConvert = sub.strs("modules_to_not_convert")
+	if q.Method == "fp8" {
+		q.Fmt = sub.str("fmt", "e4m3")
+		q.ActivationScheme = sub.str("activation_scheme", "dynamic")
+		if bs := sub.lookup("weight_block_size"); bs != nil {
+			var v []json.RawMessage
+			if err := json.Unmarshal(bs, &v); err != nil || len(v) != 2 {
+				sub.fail("weight_block_size", bs, "a list of two integers")
+			} else {
+				for i, m := range v {
+					n, ok := parseInt(m)
+					if !ok || n <= 0 {
+						sub.fail("weight_block_size", bs, "a list of two positive integers")
+					}
+					q.WeightBlockSize[i] = n
+				}
+			}
+		}
+	}
+	if sub.err != nil {
+		if p.err == nil {
+			p.err = fmt.Errorf("quantization_config: %w", sub.err)
+		}
+		return q
+	}
+	if q.Method != "fp8" || p.err != nil {
+		return q
+	}
+	switch {
+	case q.Fmt != "e4m3":
+		p.err = fmt.Errorf("quantization_config: fp8 fmt %q, want e4m3: %w", q.Fmt, ErrConfig)
+	case q.ActivationScheme != "dynamic":
+		p.err = fmt.Errorf("quantization_config: fp8 activation_scheme %q, want dynamic (static input scales are not supported): %w", q.ActivationScheme, ErrConfig)
+	case q.WeightBlockSize == [2]int{}:
+		p.err = fmt.Errorf("quantization_config: fp8 without weight_block_size (per-tensor scales) is not supported: %w", ErrConfig)
+	}
+	return q
+}
+
 // ropeTypes lists the accepted Rope.Type values.
 var ropeTypes = []string{"default", "linear", "dynamic", "yarn", "llama3"}
 
@@ -217,6 +303,19 @@ func defaultsFor(model_type string) modelDefaults {
 		} else {
 			d.attention_bias = true
 		}
+		return d
+	case "qwen3_moe":
+		d := llama
+		d.vocab, d.hidden, d.intermediate, d.layers, d.heads, d.kv_heads = 151936, 2048, 6144, 24, 32, 4
+		d.max_pos, d.bos, d.eos, d.head_dim = 32768, nil, nil, 128
+		d.n_routed, d.experts_per_tok, d.moe_intermediate = 128, 8, 768
+		d.topk_method, d.scoring_func = "greedy", "softmax"
+		return d
+	case "mixtral":
+		d := llama
+		d.intermediate, d.kv_heads, d.max_pos = 14336, 8, 131072
+		d.n_routed, d.experts_per_tok = 8, 2
+		d.topk_method, d.scoring_func, d.norm_topk_prob = "greedy", "softmax", true
 		return d
 	case "deepseek_v2":
 		d := llama
@@ -297,7 +396,7 @@ func ParseConfig(data []byte) (*Config, error) {
 	cfg.SlidingWindow = p.int("sliding_window", d.sliding_window)
 	cfg.UseSlidingWindow = p.bool("use_sliding_window", false)
 	cfg.MaxWindowLayers = p.int("max_window_layers", 28)
-	if (cfg.ModelType == "qwen2" || cfg.ModelType == "qwen3") && !cfg.UseSlidingWindow {
+	if (cfg.ModelType == "qwen2" || cfg.ModelType == "qwen3" || cfg.ModelType == "qwen3_moe") && !cfg.UseSlidingWindow {
 		cfg.SlidingWindow = 0
 	}
 	cfg.LayerTypes = p.strs("layer_types")
@@ -314,16 +413,24 @@ func ParseConfig(data []byte) (*Config, error) {
 	cfg.QKNopeHeadDim = p.int("qk_nope_head_dim", d.qk_nope)
 	cfg.QKRopeHeadDim = p.int("qk_rope_head_dim", d.qk_rope)
 	cfg.VHeadDim = p.int("v_head_dim", d.v_head)
-	cfg.NRoutedExperts = p.int("n_routed_experts", d.n_routed)
+	cfg.NRoutedExperts = p.int("n_routed_experts", p.int("num_experts", p.int("num_local_experts", d.n_routed)))
 	cfg.NumExpertsPerTok = p.int("num_experts_per_tok", d.experts_per_tok)
 	cfg.NSharedExperts = p.int("n_shared_experts", d.n_shared)
 	cfg.MoEIntermediateSize = p.int("moe_intermediate_size", d.moe_intermediate)
+	if cfg.ModelType == "mixtral" {
+		cfg.MoEIntermediateSize = cfg.IntermediateSize
+	}
+	cfg.DecoderSparseStep = p.int("decoder_sparse_step", 1)
+	cfg.MLPOnlyLayers = p.ints("mlp_only_layers")
 	cfg.FirstKDenseReplace = p.int("first_k_dense_replace", d.first_k_dense)
 	cfg.MoELayerFreq = p.int("moe_layer_freq", 1)
 	cfg.TopKMethod = p.str("topk_method", d.topk_method)
 	cfg.NGroup = p.int("n_group", d.n_group)
 	cfg.TopKGroup = p.int("topk_group", d.topk_group)
 	cfg.NormTopKProb = p.bool("norm_topk_prob", d.norm_topk_prob)
+	if cfg.ModelType == "mixtral" {
+		cfg.NormTopKProb = true // HF's Mixtral always renormalizes the top-k weights
+	}
 	cfg.RoutedScalingFactor = p.float("routed_scaling_factor", d.routed_scaling_factor)
 	cfg.ScoringFunc = p.str("scoring_func", d.scoring_func)
 	cfg.NumNextNPredictLayers = p.int("num_nextn_predict_layers", p.int("num_mtp_layers", 0))
@@ -333,6 +440,7 @@ func ParseConfig(data []byte) (*Config, error) {
 	}
 
 	cfg.Rope = p.rope()
+	cfg.Quantization = p.quantization()
 	if p.err != nil {
 		return nil, p.err
 	}
@@ -389,10 +497,26 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// IsMoELayer reports whether decoder layer i uses routed experts (DeepSeek
-// rule: i >= FirstKDenseReplace and i % MoELayerFreq == 0, with experts).
+// IsMoELayer reports whether decoder layer i uses routed experts: for
+// qwen3_moe, (i+1) % DecoderSparseStep == 0 and i not in MLPOnlyLayers;
+// for mixtral every layer; else the DeepSeek rule, i >= FirstKDenseReplace
+// and i % MoELayerFreq == 0.
 func (c *Config) IsMoELayer(i int) bool {
-	return c.NRoutedExperts > 0 && i >= c.FirstKDenseReplace && i%max(c.MoELayerFreq, 1) == 0
+	if c.NRoutedExperts <= 0 {
+		return false
+	}
+	switch c.ModelType {
+	case "qwen3_moe":
+		for _, l := range c.MLPOnlyLayers {
+			if l == i {
+				return false
+			}
+		}
+		return (i+1)%max(c.DecoderSparseStep, 1) == 0
+	case "mixtral":
+		return true
+	}
+	return i >= c.FirstKDenseReplace && i%max(c.MoELayerFreq, 1) == 0
 }
 
 // configParser reads typed values out of a config.json object, remembering
@@ -444,6 +568,19 @@ func (p *configParser) str(key, def string) string {
 		return def
 	}
 	return s
+}
+
+func (p *configParser) ints(key string) []int {
+	msg := p.lookup(key)
+	if msg == nil {
+		return nil
+	}
+	var v []int
+	if err := json.Unmarshal(msg, &v); err != nil {
+		p.fail(key, msg, "a list of integers")
+		return nil
+	}
+	return v
 }
 
 func (p *configParser) strs(key string) []string {

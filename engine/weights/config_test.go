@@ -102,7 +102,7 @@ func TestParseConfigLlama32(t *testing.T) {
 		BOSTokenID: intp(128000), EOSTokenIDs: []int{128001, 128008, 128009},
 		Rope: Rope{Type: "llama3", Theta: 500000, Factor: 32, OriginalMaxPositionEmbeddings: 8192,
 			LowFreqFactor: 1, HighFreqFactor: 4, BetaFast: 32, BetaSlow: 1, Truncate: true, PartialRotaryFactor: 1},
-		MoELayerFreq: 1, RoutedScalingFactor: 1,
+		MoELayerFreq: 1, DecoderSparseStep: 1, RoutedScalingFactor: 1,
 	}
 	cfg.Raw = nil
 	if !reflect.DeepEqual(*cfg, want) {

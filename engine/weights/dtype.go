@@ -17,6 +17,13 @@ const (
 	I64
 	U8
 	Bool
+	// F8E4M3 is OCP FP8 E4M3 ("F8_E4M3", torch.float8_e4m3fn): the
+	// weights of FP8 checkpoints, read with their block scales (see
+	// QuantizationConfig).
+	F8E4M3
+	// F8E5M2 is OCP FP8 E5M2 ("F8_E5M2"): accepted in headers; no model
+	// computes with it.
+	F8E5M2
 )
 
 var dtypeInfo = [...]struct {
@@ -31,6 +38,8 @@ var dtypeInfo = [...]struct {
 	I64:          {"I64", 8},
 	U8:           {"U8", 1},
 	Bool:         {"BOOL", 1},
+	F8E4M3:       {"F8_E4M3", 1},
+	F8E5M2:       {"F8_E5M2", 1},
 }
 
 // ParseDType returns the DType named s as in a safetensors header ("F32",
@@ -61,4 +70,4 @@ func (d DType) Size() int {
 }
 
 // IsFloat reports whether d is a floating-point dtype.
-func (d DType) IsFloat() bool { return d == F32 || d == BF16 || d == F16 }
+func (d DType) IsFloat() bool { return d == F32 || d == BF16 || d == F16 || d == F8E4M3 || d == F8E5M2 }

@@ -199,8 +199,8 @@ func TestOpenFileErrors(t *testing.T) {
 			ErrFormat, []string{`tensor "w"`, "8 data bytes, want 12", "[2 3]", "BF16"}},
 		{"negative dim", encodeRaw(t, map[string]any{"w": entry("F32", []int{-1}, 0, 0)}, nil),
 			ErrFormat, []string{`tensor "w"`, "negative dimension"}},
-		{"unsupported dtype", encodeRaw(t, map[string]any{"w": entry("F8_E4M3", []int{4}, 0, 4)}, make([]byte, 4)),
-			ErrDType, []string{`tensor "w"`, `"F8_E4M3"`}},
+		{"unsupported dtype", encodeRaw(t, map[string]any{"w": entry("F8_E8M0", []int{4}, 0, 4)}, make([]byte, 4)),
+			ErrDType, []string{`tensor "w"`, `"F8_E8M0"`}},
 	}
 	dir := t.TempDir()
 	for i, tc := range tests {

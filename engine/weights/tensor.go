@@ -64,6 +64,14 @@ func (t Tensor) Float32s() []float32 {
 		for i := range out {
 			out[i] = float32(b[i])
 		}
+	case F8E4M3:
+		for i := range out {
+			out[i] = F8E4M3ToFloat32(b[i])
+		}
+	case F8E5M2:
+		for i := range out {
+			out[i] = F16ToFloat32(uint16(b[i]) << 8) // E5M2 is the top byte of a half
+		}
 	}
 	return out
 }

@@ -487,6 +487,8 @@ func (b *Backend) attendMLA(it attnItem, pl *attnPlan, p kernels.MLAParams, q, c
 			b.k.linearBF16(ov, lat, wuv.u16, rows, vd, kvl, 0, vd)
 		case kernels.F16:
 			b.k.linearF16(ov, lat, wuv.u16, rows, vd, kvl, 0, vd)
+		case kernels.F8E4M3:
+			b.k.linearF8(ov, lat, wuv.f8Weights(), rows, vd, kvl, 0, vd)
 		}
 		for i := range rows {
 			copy(out[(it.r0+i)*nh*vd+h*vd:], ov[i*vd:(i+1)*vd])
@@ -496,6 +498,9 @@ func (b *Backend) attendMLA(it attnItem, pl *attnPlan, p kernels.MLAParams, q, c
 
 // rowsView is rows [lo, hi) of a matrix with rows of n elements.
 func rowsView(t *Tensor, lo, hi, n int) *Tensor {
+	if t.fp8 != nil {
+		return t.f8Rows(lo, hi, n, []int{hi - lo, n})
+	}
 	v := &Tensor{shape: []int{hi - lo, n}, dtype: t.dtype}
 	if t.dtype == kernels.F32 {
 		v.f32 = t.f32[lo*n : hi*n]

@@ -1,6 +1,7 @@
 // Package cpu is the CPU backend of kernels.Ops: f32 compute, weights kept in
-// their stored dtype (F32, BF16, F16) and converted per row tile inside the
-// kernels, work spread over a persistent worker pool.
+// their stored dtype (F32, BF16, F16, or FP8 E4M3 with block scales, see
+// Backend.FP8Weight) and converted per row tile inside the kernels, work
+// spread over a persistent worker pool.
 //
 // Every kernel is batch-invariant by construction: each output element is
 // produced by exactly one worker, from its own input row, by the same
@@ -112,7 +113,8 @@ type Tensor struct {
 	f32   []float32
 	u16   []uint16
 	i32   []int32
-	u8    []uint8 // F8E4M3
+	u8    []uint8    // F8E4M3
+	fp8   *fp8Scales // F8E4M3 weights: their block scales (nil for caches)
 }
 
 // Shape returns the dimensions; the caller must not modify them.
@@ -279,6 +281,13 @@ func (b *Backend) Rows(t kernels.Tensor, lo, hi int) (kernels.Tensor, error) {
 		return nil, err
 	}
 	r := s.rowLen()
+	if s.fp8 != nil {
+		k := s.shape[len(s.shape)-1]
+		if k == 0 {
+			k = 1
+		}
+		return s.f8Rows(lo*r/k, hi*r/k, k, append([]int{hi - lo}, s.shape[1:]...)), nil
+	}
 	v := &Tensor{shape: append([]int{hi - lo}, s.shape[1:]...), dtype: s.dtype}
 	switch s.dtype {
 	case kernels.F32:
@@ -301,6 +310,9 @@ func (b *Backend) Reshape(t kernels.Tensor, shape ...int) (kernels.Tensor, error
 	}
 	if err := kernels.ReshapeShapes("cpu", s, shape); err != nil {
 		return nil, err
+	}
+	if s.fp8 != nil && (len(shape) == 0 || shape[len(shape)-1] != s.shape[len(s.shape)-1]) {
+		return nil, fmt.Errorf("cpu: reshape: fp8 weight %v to %v changes its rows (last dimension): %w", s, shape, kernels.ErrShape)
 	}
 	v := *s
 	v.shape = append([]int(nil), shape...)
@@ -334,6 +346,10 @@ func (b *Backend) rowF32(t *Tensor, i, n int, buf []float32) []float32 {
 		b.k.bf16ToF32(buf[:n], t.u16[i*n:(i+1)*n])
 	case kernels.F16:
 		b.k.f16ToF32(buf[:n], t.u16[i*n:(i+1)*n])
+	case kernels.F8E4M3:
+		// Row i of n elements: matrix row i when n is the last dimension
+		// (Embedding, MLAAttention's W_UK).
+		t.f8Weights().RowF32(buf[:n], i, n)
 	}
 	return buf[:n]
 }

@@ -16,6 +16,7 @@ type kernelSet struct {
 	linearF32  func(out, x, w []float32, m, n, k, j0, j1 int)
 	linearBF16 func(out, x []float32, w []uint16, m, n, k, j0, j1 int)
 	linearF16  func(out, x []float32, w []uint16, m, n, k, j0, j1 int)
+	linearF8   func(out, x []float32, w simd.F8Weights, m, n, k, j0, j1 int)
 	dot        func(a, b []float32) float32
 	axpy       func(a float32, x, y []float32) // y += a*x
 	bf16ToF32  func(dst []float32, src []uint16)
@@ -37,6 +38,7 @@ func selectKernels(pureGo bool, name string) kernelSet {
 		linearF32:  impl.LinearF32,
 		linearBF16: impl.LinearBF16,
 		linearF16:  impl.LinearF16,
+		linearF8:   impl.LinearF8,
 		dot:        impl.Dot,
 		axpy:       impl.Axpy,
 		bf16ToF32:  impl.BF16ToF32,

@@ -1,5 +1,6 @@
 // Package simd holds the vectorized loops of the CPU backend: matrix-vector
-// and matrix-matrix products against float32, bfloat16 and float16 weights,
+// and matrix-matrix products against float32, bfloat16, float16 and FP8 E4M3
+// (block-scaled, see F8Weights) weights,
 // dot, axpy, scale and dtype conversions.
 //
 // # Canonical reduction order

@@ -9,6 +9,7 @@ package simd
 import "C"
 
 import (
+	"math/bits"
 	"unsafe"
 
 	"golang.org/x/sys/cpu"
@@ -53,6 +54,7 @@ func fmaPeak(iters int) (v float32, ok bool) {
 // cFuncs are one instruction set's C entry points.
 type cFuncs struct {
 	linear    func(dtype C.int, out *C.float, x *C.float, w unsafe.Pointer, m, n, k, j0, j1 C.int64_t)
+	linearF8  func(out, x *C.float, w *C.uint8_t, scales *C.float, scaleRow *C.int32_t, shift C.int, m, n, k, j0, j1 C.int64_t)
 	dot       func(a, b *C.float, n C.int64_t) C.float
 	axpy      func(a C.float, x, y *C.float, n C.int64_t)
 	scale     func(a C.float, x *C.float, n C.int64_t)
@@ -65,6 +67,9 @@ var avx512Funcs = cFuncs{
 	linear: func(dtype C.int, out *C.float, x *C.float, w unsafe.Pointer, m, n, k, j0, j1 C.int64_t) {
 		C.di_linear_avx512(dtype, out, x, w, m, n, k, j0, j1)
 	},
+	linearF8: func(out, x *C.float, w *C.uint8_t, scales *C.float, scaleRow *C.int32_t, shift C.int, m, n, k, j0, j1 C.int64_t) {
+		C.di_linear_f8_avx512(out, x, w, scales, scaleRow, shift, m, n, k, j0, j1)
+	},
 	dot:       func(a, b *C.float, n C.int64_t) C.float { return C.di_dot_avx512(a, b, n) },
 	axpy:      func(a C.float, x, y *C.float, n C.int64_t) { C.di_axpy_avx512(a, x, y, n) },
 	scale:     func(a C.float, x *C.float, n C.int64_t) { C.di_scale_avx512(a, x, n) },
@@ -76,6 +81,9 @@ var avx512Funcs = cFuncs{
 var avx2Funcs = cFuncs{
 	linear: func(dtype C.int, out *C.float, x *C.float, w unsafe.Pointer, m, n, k, j0, j1 C.int64_t) {
 		C.di_linear_avx2(dtype, out, x, w, m, n, k, j0, j1)
+	},
+	linearF8: func(out, x *C.float, w *C.uint8_t, scales *C.float, scaleRow *C.int32_t, shift C.int, m, n, k, j0, j1 C.int64_t) {
+		C.di_linear_f8_avx2(out, x, w, scales, scaleRow, shift, m, n, k, j0, j1)
 	},
 	dot:       func(a, b *C.float, n C.int64_t) C.float { return C.di_dot_avx2(a, b, n) },
 	axpy:      func(a C.float, x, y *C.float, n C.int64_t) { C.di_axpy_avx2(a, x, y, n) },
@@ -105,6 +113,11 @@ func newNative(name string, f cFuncs) *Impl {
 		},
 		linearF16: func(out, x []float32, w []uint16, m, n, k, j0, j1 int) {
 			linear(C.DI_F16, out, x, unsafe.Pointer(unsafe.SliceData(w)), m, n, k, j0, j1)
+		},
+		linearF8: func(out, x []float32, w F8Weights, m, n, k, j0, j1 int) {
+			f.linearF8(fptr(out), fptr(x), (*C.uint8_t)(unsafe.SliceData(w.Data)), fptr(w.Scales),
+				(*C.int32_t)(unsafe.SliceData(w.ScaleRow)), C.int(bits.TrailingZeros(uint(w.BlockK))),
+				C.int64_t(m), C.int64_t(n), C.int64_t(k), C.int64_t(j0), C.int64_t(j1))
 		},
 		dot: func(a, b []float32) float32 {
 			if len(a) < minNative {

@@ -16,6 +16,15 @@ void di_linear_avx512(int dtype, float *out, const float *x, const void *w,
 void di_linear_avx2(int dtype, float *out, const float *x, const void *w,
                     int64_t m, int64_t n, int64_t k, int64_t j0, int64_t j1);
 
+// LinearF8: out[i*n+j] = sum_kk x[i*k+kk] * (E4M3(w[j*k+kk]) * scale), the
+// scale scales[scale_row[j]*ceil(k/2^block_shift) + (kk >> block_shift)].
+void di_linear_f8_avx512(float *out, const float *x, const uint8_t *w, const float *scales,
+                         const int32_t *scale_row, int block_shift, int64_t m, int64_t n, int64_t k,
+                         int64_t j0, int64_t j1);
+void di_linear_f8_avx2(float *out, const float *x, const uint8_t *w, const float *scales,
+                       const int32_t *scale_row, int block_shift, int64_t m, int64_t n, int64_t k,
+                       int64_t j0, int64_t j1);
+
 float di_dot_avx512(const float *a, const float *b, int64_t n);
 void di_axpy_avx512(float a, const float *x, float *y, int64_t n);
 void di_scale_avx512(float a, float *x, int64_t n);

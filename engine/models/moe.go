@@ -1,0 +1,78 @@
+package models
+
+import (
+	"github.com/deepinfer/deepinfer-go/engine/weights"
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// Sparse MoE layers without shared experts or grouped routing, on the
+// Llama skeleton: Qwen3-MoE (Qwen3MoeForCausalLM: q/k norms, experts on
+// the layers of decoder_sparse_step not in mlp_only_layers, top-k of a
+// softmax over all experts, renormalized when norm_topk_prob) and Mixtral
+// (MixtralForCausalLM: every layer sparse, the top-k softmax weights always
+// renormalized). Both run on MoERoute (softmax scoring, greedy top-k) and
+// MoE.
+
+// moeRoute returns the routing of a Qwen3-MoE or Mixtral config.
+func moeRoute(cfg *weights.Config) kernels.RouteParams {
+	return kernels.RouteParams{TopK: cfg.NumExpertsPerTok, Scoring: kernels.ScoringSoftmax, Method: kernels.TopKGreedy,
+		NumGroups: 1, TopKGroups: 1, NormTopKProb: cfg.NormTopKProb, ScalingFactor: 1}
+}
+
+// loadSparseMoE reads the router and experts of layer prefix p (with its
+// trailing dot) in either naming: Mixtral's hub checkpoints
+// (block_sparse_moe.gate, experts.<e>.w1/w3/w2 for gate/up/down) or
+// transformers' (mlp.gate, mlp.experts.<e>.gate_proj/up_proj/down_proj, or
+// the stacked mlp.experts.gate_up_proj and down_proj).
+func loadSparseMoE(l *loader, p string, e, h, inter int) *moeWeights {
+	mw := &moeWeights{}
+	prefix := p + "mlp."
+	if l.src.Has(p + "block_sparse_moe.gate.weight") {
+		prefix = p + "block_sparse_moe."
+	}
+	mw.router = l.matrix(prefix+"gate.weight", e, h)
+	experts := prefix + "experts."
+	switch {
+	case l.src.Has(experts + "gate_up_proj"):
+		mw.gateUp, mw.down = l.linear(experts+"gate_up_proj", e, 2*inter, h), l.linear(experts+"down_proj", e, h, inter)
+	case l.src.Has(experts + "0.w1.weight"):
+		mw.gateUp, mw.down = loadExpertParts(l, experts, e, h, inter, "w1", "w3", "w2")
+	default:
+		mw.gateUp, mw.down = loadExpertParts(l, experts, e, h, inter, "gate_proj", "up_proj", "down_proj")
+	}
+	return mw
+}
+
+// moeForward writes the routed experts (plus the shared ones, when w has
+// them) of x into out.
+func moeForward(ops kernels.Ops, w *moeWeights, route kernels.RouteParams, numExperts int, s *scratch, out, x kernels.Tensor) error {
+	t := x.Shape()[0]
+	logits, wts := s.get("moe.logits", t, numExperts), s.get("moe.weights", t, route.TopK)
+	if s.err != nil {
+		return s.err
+	}
+	ids, err := ops.Alloc(kernels.I32, t, route.TopK)
+	if err != nil {
+		return err
+	}
+	if err := ops.Linear(logits, x, w.router, nil); err != nil {
+		return err
+	}
+	if err := ops.MoERoute(ids, wts, logits, w.bias, route); err != nil {
+		return err
+	}
+	if w.shared == nil {
+		return ops.MoE(out, x, ids, wts, w.gateUp, w.down)
+	}
+	routed, shared := s.get("moe.routed", t, x.Shape()[1]), s.get("moe.shared", t, x.Shape()[1])
+	if s.err != nil {
+		return s.err
+	}
+	if err := ops.MoE(routed, x, ids, wts, w.gateUp, w.down); err != nil {
+		return err
+	}
+	if err := w.shared.forward(ops, s, shared, x); err != nil {
+		return err
+	}
+	return ops.Add(out, routed, shared)
+}

@@ -1,0 +1,117 @@
+package simd
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+)
+
+// F8Weights is a matrix [n][k] of OCP FP8 E4M3 weights with one float32
+// scale per row and per block of BlockK columns (DeepSeek-V3's "fp8" format
+// once its 128x128 blocks are spread to rows): element (j, kk) stands for
+//
+//	F8Value(Data[j*k+kk]) * Scales[ScaleRow[j]*ceil(k/BlockK) + kk/BlockK]
+//
+// rounded once to float32. ScaleRow lets rows share a row of scales (the
+// 128 rows of one block) and lets matrices with different block grids be
+// stacked (q, k and v fused; gate and up fused).
+type F8Weights struct {
+	Data     []uint8   // n*k bytes, row-major
+	Scales   []float32 // rows of ceil(k/BlockK) scales
+	ScaleRow []int32   // n entries, each a row of Scales
+	BlockK   int       // columns per scale: a power of two, at least 16
+}
+
+// f8Table maps an E4M3 byte to its value: exponent bias 7, subnormals
+// m * 2^-9, largest finite 448. The two NaN encodings (0x7F, 0xFF) widen
+// to +-480 here as in the SIMD paths, which reinterpret the byte as a half
+// of 2^-8 its value; loaders refuse them.
+var f8Table = func() (t [256]float32) {
+	for b := range 256 {
+		t[b] = f16ToF32(f8ToF16Bits(uint8(b))) * 256
+	}
+	return t
+}()
+
+// f8ToF16Bits places an E4M3 byte's sign, exponent and mantissa in an IEEE
+// half: the half's value is the E4M3 value times 2^-8 (exact, subnormals
+// included), which is how the SIMD paths widen it.
+func f8ToF16Bits(b uint8) uint16 {
+	return uint16(b&0x80)<<8 | uint16(b&0x7f)<<7
+}
+
+// F8Value returns the value of an E4M3 byte as the kernels read it (exact;
+// NaN encodings read as +-480, see F8Weights).
+func F8Value(b uint8) float32 { return f8Table[b] }
+
+// maxF8Scale bounds scales: the SIMD paths multiply a scale by 256 before
+// use, which must stay exact.
+const maxF8Scale = 0x1p100
+
+// Check reports whether w describes a valid [n][k] matrix: lengths, a
+// power-of-two BlockK of at least 16, scale rows in range, and finite scales
+// of magnitude below 2^100. The Linear kernels panic on a w that fails it.
+// Cost: one pass over ScaleRow and Scales.
+func (w F8Weights) Check(n, k int) error {
+	if w.BlockK < 16 || bits.OnesCount(uint(w.BlockK)) != 1 {
+		return fmt.Errorf("simd: fp8 weights: block of %d columns, want a power of two >= 16", w.BlockK)
+	}
+	if len(w.Data) < n*k || len(w.ScaleRow) < n {
+		return fmt.Errorf("simd: fp8 weights: %d bytes and %d scale rows for a [%d][%d] matrix", len(w.Data), len(w.ScaleRow), n, k)
+	}
+	kb := (k + w.BlockK - 1) / w.BlockK
+	rows := 0
+	if kb > 0 {
+		rows = len(w.Scales) / kb
+	}
+	for j, r := range w.ScaleRow[:n] {
+		if kb > 0 && (r < 0 || int(r) >= rows) {
+			return fmt.Errorf("simd: fp8 weights: row %d uses scale row %d of %d", j, r, rows)
+		}
+	}
+	for i, s := range w.Scales {
+		if !(math.Abs(float64(s)) < maxF8Scale) {
+			return fmt.Errorf("simd: fp8 weights: scale %d is %g, want finite and below 2^100", i, s)
+		}
+	}
+	return nil
+}
+
+// LinearF8 is LinearF32 with w in FP8 E4M3 with block scales: each weight
+// is widened and multiplied by its scale (one rounding) in registers, then
+// reduced in the canonical order, so the result is bit for bit LinearF32
+// over the dequantized float32 matrix. Decode (m = 1) reads one byte a
+// weight plus 4 bytes a block of BlockK. It panics if w fails Check(n, k)
+// or a slice is too short.
+func (p *Impl) LinearF8(out, x []float32, w F8Weights, m, n, k, j0, j1 int) {
+	checkLinear("LinearF8", len(out), len(x), len(w.Data), m, n, k, j0, j1)
+	if err := w.Check(n, k); err != nil {
+		panic(err.Error())
+	}
+	if m == 0 || j0 == j1 {
+		return
+	}
+	p.linearF8(out, x, w, m, n, k, j0, j1)
+}
+
+// LinearF8 runs Default().LinearF8.
+func LinearF8(out, x []float32, w F8Weights, m, n, k, j0, j1 int) {
+	defaultImpl.LinearF8(out, x, w, m, n, k, j0, j1)
+}
+
+// RowF32 writes row j of w dequantized into dst[:k] (see F8Weights).
+func (w F8Weights) RowF32(dst []float32, j, k int) {
+	kb := (k + w.BlockK - 1) / w.BlockK
+	scales := w.Scales[int(w.ScaleRow[j])*kb : (int(w.ScaleRow[j])+1)*kb]
+	row := w.Data[j*k : (j+1)*k]
+	dst = dst[:k]
+	for kk, b := range row {
+		dst[kk] = f8Table[b] * scales[kk/w.BlockK]
+	}
+}
+
+func linearF8Go(out, x []float32, w F8Weights, m, n, k, j0, j1 int) {
+	linearGo(out, x, m, n, k, j0, j1, func(buf []float32, j int) {
+		w.RowF32(buf, j, k)
+	})
+}

@@ -1,0 +1,186 @@
+//go:build cgo
+
+// AVX-512 kernel of LinearF8: FP8 E4M3 weights with block scales (see
+// F8Weights in f8.go), widened in registers. A byte becomes an IEEE half of
+// 2^-8 its value by sign extension and one shift (sign to bit 15, exponent
+// and mantissa to bits 13..7, bit 14 cleared), VCVTPH2PS widens it exactly,
+// and one multiply by 256*scale gives the dequantized float32 weight with
+// the single rounding of F8Value(b)*scale. The canonical order then runs as
+// in kernels_avx512.c: one zmm accumulator per output, the tree of
+// reduce16 at the end.
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "simd_amd64.h"
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+// f8_widen turns 16 E4M3 bytes (sign-extended to 16 bits) into 16 floats of
+// 2^-8 their value.
+AVX512 INLINE __m512 f8_widen(__m256i h) {
+	h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBFFF));
+	return _mm512_cvtph_ps(h);
+}
+
+AVX512 INLINE __m512 f8_load(const uint8_t *p) {
+	return f8_widen(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p)));
+}
+
+AVX512 INLINE __m512 f8_load_mask(const uint8_t *p, __mmask16 mk) {
+	return f8_widen(_mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(mk, p)));
+}
+
+// reduce16_f8 is reduce16 of kernels_avx512.c: r[4c+q] = hsum(a[4q+c]).
+AVX512 INLINE __m512 reduce16_f8(const __m512 a[16]) {
+	__m512 t[8], u[4], v[2];
+#pragma GCC unroll 8
+	for (int i = 0; i < 8; i++)
+		t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+		                     _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+#pragma GCC unroll 4
+	for (int j = 0; j < 4; j++)
+		u[j] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+		                     _mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+#pragma GCC unroll 2
+	for (int h = 0; h < 2; h++)
+		v[h] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * h], u[2 * h + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+		                     _mm512_shuffle_ps(u[2 * h], u[2 * h + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+	return _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+	                     _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// tile_f8 computes an R x C tile (R <= 4, R*C 8 or 16) of out over all of
+// k: rows x[0..nr), weight rows w[0..nc) with their scale rows sc[0..nc).
+// Rows and columns past nr, nc repeat the last valid one and are not
+// stored. pf, when not NULL, is the next tile's first weight row: each
+// step prefetches its share of it (the weight stream of decode).
+AVX512 INLINE void tile_f8(const int R, const int C, const float *x, int nr, const uint8_t *w,
+                           const float *const sc_in[16], int nc, int64_t k, int sh, float *out,
+                           int64_t ldo, const uint8_t *pf) {
+	const float *xr[4];
+	const uint8_t *wc[16];
+	const float *sc[16];
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++)
+		xr[r] = x + (r < nr ? r : nr - 1) * k;
+#pragma GCC unroll 16
+	for (int c = 0; c < C; c++) {
+		int cc = c < nc ? c : nc - 1;
+		wc[c] = w + cc * k;
+		sc[c] = sc_in[cc];
+	}
+	__m512 acc[16];
+#pragma GCC unroll 16
+	for (int f = 0; f < 16; f++)
+		acc[f] = _mm512_setzero_ps();
+	const int64_t k16 = k & ~(int64_t)15;
+	int64_t kk = 0;
+	while (kk < k16) {
+		const int64_t bi = kk >> sh;
+		int64_t be = (bi + 1) << sh;
+		if (be > k16)
+			be = k16;
+		__m512 sv[16];
+#pragma GCC unroll 16
+		for (int c = 0; c < C; c++)
+			sv[c] = _mm512_set1_ps(sc[c][bi] * 256.0f);
+		for (; kk < be; kk += 16) {
+			if (pf) {
+				const uint8_t *p = pf + kk * C;
+#pragma GCC unroll 2
+				for (int q = 0; q < C * 16; q += 64)
+					_mm_prefetch((const char *)p + q, _MM_HINT_T0);
+			}
+			__m512 xv[4];
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++)
+				xv[r] = _mm512_loadu_ps(xr[r] + kk);
+#pragma GCC unroll 16
+			for (int c = 0; c < C; c++) {
+				__m512 wv = _mm512_mul_ps(f8_load(wc[c] + kk), sv[c]);
+#pragma GCC unroll 4
+				for (int r = 0; r < R; r++)
+					acc[r * C + c] = _mm512_fmadd_ps(xv[r], wv, acc[r * C + c]);
+			}
+		}
+	}
+	if (kk < k) {
+		const int64_t bi = kk >> sh;
+		__mmask16 mk = (__mmask16)((1u << (k - kk)) - 1);
+		__m512 xv[4];
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++)
+			xv[r] = _mm512_maskz_loadu_ps(mk, xr[r] + kk);
+#pragma GCC unroll 16
+		for (int c = 0; c < C; c++) {
+			__m512 wv = _mm512_mul_ps(f8_load_mask(wc[c] + kk, mk), _mm512_set1_ps(sc[c][bi] * 256.0f));
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++)
+				acc[r * C + c] = _mm512_mask3_fmadd_ps(xv[r], wv, acc[r * C + c], mk);
+		}
+	}
+	__m512 a[16];
+#pragma GCC unroll 16
+	for (int f = 0; f < 16; f++)
+		a[4 * (f % 4) + f / 4] = acc[f % (R * C)];
+	float res[16];
+	_mm512_storeu_ps(res, reduce16_f8(a));
+	for (int r = 0; r < nr; r++)
+		for (int c = 0; c < nc; c++)
+			out[r * ldo + c] = res[r * C + c];
+}
+
+// rows_f8 runs rows [i0, i0+nr) of x against weight rows [jb, je).
+AVX512 INLINE void rows_f8(const int R, const int C, float *out, const float *x, const uint8_t *w,
+                           const float *scales, const int32_t *scale_row, int64_t n, int64_t k,
+                           int sh, int64_t i0, int nr, int64_t jb, int64_t je, int stream) {
+	const int64_t kb = (k + ((int64_t)1 << sh) - 1) >> sh;
+	for (int64_t j = jb; j < je; j += C) {
+		int nc = je - j < C ? (int)(je - j) : C;
+		const float *sc[16];
+		for (int c = 0; c < nc; c++)
+			sc[c] = scales + (int64_t)scale_row[j + c] * kb;
+		const uint8_t *pf = 0;
+		if (stream && j + 2 * C <= je)
+			pf = w + (j + C) * k;
+		tile_f8(R, C, x + i0 * k, nr, w + j * k, sc, nc, k, sh, out + i0 * n + j, n, pf);
+	}
+}
+
+// L2 bytes of weights one column block keeps hot while every block of rows
+// runs against it.
+#define F8_L2_BLOCK_BYTES (384 * 1024)
+
+AVX512 static void linear_f8(float *out, const float *x, const uint8_t *w, const float *scales,
+                             const int32_t *scale_row, int sh, int64_t m, int64_t n, int64_t k,
+                             int64_t j0, int64_t j1) {
+	int64_t nb = F8_L2_BLOCK_BYTES / (k > 0 ? k : 1);
+	nb = nb < 16 ? 16 : nb / 16 * 16;
+	const int stream = m <= 4;
+	for (int64_t jb = j0; jb < j1; jb += nb) {
+		int64_t je = j1 - jb < nb ? j1 : jb + nb;
+		for (int64_t i = 0; i < m;) {
+			int64_t left = m - i;
+			if (left >= 3) {
+				int nr = left < 4 ? (int)left : 4;
+				rows_f8(4, 4, out, x, w, scales, scale_row, n, k, sh, i, nr, jb, je, stream);
+				i += nr;
+			} else if (left == 2) {
+				rows_f8(2, 8, out, x, w, scales, scale_row, n, k, sh, i, 2, jb, je, stream);
+				i += 2;
+			} else {
+				rows_f8(1, 8, out, x, w, scales, scale_row, n, k, sh, i, 1, jb, je, stream);
+				i += 1;
+			}
+		}
+	}
+}
+
+void di_linear_f8_avx512(float *out, const float *x, const uint8_t *w, const float *scales,
+                         const int32_t *scale_row, int block_shift, int64_t m, int64_t n, int64_t k,
+                         int64_t j0, int64_t j1) {
+	linear_f8(out, x, w, scales, scale_row, block_shift, m, n, k, j0, j1);
+}
