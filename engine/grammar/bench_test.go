@@ -4,6 +4,8 @@ import (
 	"sort"
 	"testing"
 	"time"
+
+	"github.com/deepinfer/deepinfer-go/engine/grammar/jsonschema"
 )
 
 // jsonPrefix is the text a benchmark matcher commits, byte token by byte
@@ -112,5 +114,51 @@ func TestLlama3JSONMaskBruteForce(t *testing.T) {
 			}
 		}
 		t.Logf("%q: %d tokens allowed", prefix, len(maskIDs(got, n)))
+	}
+}
+
+// On Llama 3's vocabulary, an object schema with additionalProperties (its
+// extra keys' first characters exclude the declared names', a wide class
+// walked through the shared wild walk): wild walks narrowed equal walks,
+// and masks agree with Commit. Skipped as TestLlama3JSONMaskBruteForce is.
+func TestLlama3ExtraKeysMaskBruteForce(t *testing.T) {
+	if testing.Short() || raceEnabled {
+		t.Skip("short or race")
+	}
+	tk := loadTokenizer(t, "llama3")
+	eos, _ := tk.TokenToID(tk.Config().EOSToken)
+	v, err := NewVocab(tk, []int{eos})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := jsonschema.ToGBNF([]byte(`{"type":"object","properties":{"name":{"type":"string"},"nick":{"type":"string"},"id":{"type":"integer"}},"additionalProperties":{"type":"integer"}}`),
+		jsonschema.Options{Whitespace: "python"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mustCompile(t, mustGBNF(t, src), v)
+	prefixes := []string{`{"`, `{"n`, `{"ni`, `{"nam`, `{"name": "x", "`, `{"id": 1, "q`, `{"nice`, `{"x\u00`}
+	checkWildWalks(t, c, prefixes)
+	n := len(v.Tokens)
+	for _, prefix := range prefixes {
+		m := c.NewMatcher()
+		for _, id := range tk.Encode(prefix, false) {
+			if err := m.Commit(id); err != nil {
+				t.Fatalf("%q: %v", prefix, err)
+			}
+		}
+		got := make([]uint32, (n+31)/32)
+		m.ComputeMask(got)
+		for id := 0; id < n; id += 7 {
+			err := m.Commit(id)
+			if err == nil {
+				if rerr := m.Rollback(1); rerr != nil {
+					t.Fatal(rerr)
+				}
+			}
+			if inMask := got[id/32]>>(id%32)&1 != 0; inMask != (err == nil) {
+				t.Fatalf("%q: token %d %q: in mask %v, Commit error %v", prefix, id, v.Tokens[id], inMask, err)
+			}
+		}
 	}
 }

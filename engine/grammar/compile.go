@@ -54,6 +54,10 @@ type Compiled struct {
 
 	mu    sync.RWMutex
 	cache map[ctxKey]*maskEntry
+
+	classID  []uint32  // per class of g: its Vocab-wide number (see classIDs)
+	sigPool  sync.Pool // *sigScratch
+	walkPool sync.Pool // *walkScratch
 }
 
 // vocabIndex is what a grammar's compilation needs of the vocabulary
@@ -73,6 +77,26 @@ type vocabIndex struct {
 	subBytes []byteSet
 	tokStart []int32
 	shared   *sharedCache
+
+	classMu  sync.Mutex
+	classNum map[byteSet]uint32 // every byte class met, numbered
+}
+
+// classIDs numbers g's byte classes Vocab-wide (equal sets, equal
+// numbers), so that signatures name a class in a few bytes.
+func (x *vocabIndex) classIDs(g *Grammar) []uint32 {
+	ids := make([]uint32, len(g.classes))
+	x.classMu.Lock()
+	defer x.classMu.Unlock()
+	for i, cl := range g.classes {
+		id, ok := x.classNum[cl]
+		if !ok {
+			id = uint32(len(x.classNum))
+			x.classNum[cl] = id
+		}
+		ids[i] = id
+	}
+	return ids
 }
 
 // Compile binds g to v and computes the mask entries of the start state.
@@ -123,7 +147,7 @@ func CompileWith(g *Grammar, v *Vocab, o CompileOptions) (*Compiled, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Compiled{g: g, v: v, vocabIndex: idx, cache: make(map[ctxKey]*maskEntry)}
+	c := &Compiled{g: g, v: v, vocabIndex: idx, cache: make(map[ctxKey]*maskEntry), classID: idx.classIDs(g)}
 	// Warm the cache for the start state.
 	w := newWalker(g)
 	l := w.initial(g.start)
@@ -267,6 +291,7 @@ func buildIndex(v *Vocab) (*vocabIndex, error) {
 		c.rank[t] = int32(i)
 	}
 	c.shared = newSharedCache(defaultSharedCacheBytes)
+	c.classNum = make(map[byteSet]uint32)
 	return c, nil
 }
 

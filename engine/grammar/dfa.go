@@ -37,6 +37,7 @@ type dstate struct {
 	tops     []top
 	accept   bool
 	boundary bool
+	live     byteSet // the bytes some stack takes (the others kill the state)
 	visits   int32
 	few      []dedge     // transitions while visits are few
 	next     *[256]int32 // then a table (-1: not computed yet)
@@ -72,6 +73,20 @@ func (d *dfa) start(pos []int32, bottom int32) int32 {
 	}
 	d.tops = append(d.tops[:0], top{pos[0], rest})
 	d.accept, d.boundary = false, false
+	return d.state()
+}
+
+// after returns the state of the context made of positions pos over
+// bottom once its top has taken a byte (any byte of its class: the state
+// is the same).
+func (d *dfa) after(pos []int32, bottom int32) int32 {
+	rest := bottom
+	for i := len(pos) - 1; i >= 1; i-- {
+		rest = d.intern(pos[i], rest)
+	}
+	d.tops, d.visited = d.tops[:0], d.visited[:0]
+	d.accept, d.boundary = false, false
+	d.closure(pos[0]+1, rest)
 	return d.state()
 }
 
@@ -112,7 +127,14 @@ func (d *dfa) state() int32 {
 		return id
 	}
 	id := int32(len(d.states))
-	d.states = append(d.states, dstate{tops: slices.Clone(d.tops), accept: d.accept, boundary: d.boundary})
+	st := dstate{tops: slices.Clone(d.tops), accept: d.accept, boundary: d.boundary}
+	for _, t := range d.tops {
+		cl := &d.classes[d.elems[t.pos].arg]
+		for w := range cl {
+			st.live[w] |= cl[w]
+		}
+	}
+	d.states = append(d.states, st)
 	d.stateID[string(k)] = id
 	return id
 }

@@ -3,7 +3,6 @@ package grammar
 import (
 	"bytes"
 	"encoding/binary"
-	"math/bits"
 	"slices"
 	"sync"
 )
@@ -149,18 +148,44 @@ func (c *Compiled) sharedDepth(k ctxKey) int {
 	return ctxDepth
 }
 
+// sigScratch is signature's working memory, pooled per Compiled: per rule
+// its shortest distance and its number in the serialization, valid where
+// the rule's stamp is the current generation.
+type sigScratch struct {
+	gen     uint32
+	dStamp  []uint32
+	dist    []int32
+	idStamp []uint32
+	id      []uint32
+	queue   []int32
+	buf     []byte
+}
+
 // signature serializes the grammar fragment of positions k[0..d] over
 // bottom; "" when it exceeds sigCap elements. Only what a token can reach
 // is written: an element that at least maxTok bytes must precede (by the
 // rules' minimum lengths) is cut (a bounded repetition's copies past a
 // token's length all look alike), so fragments that differ only past that
-// share their walk, which cannot tell them apart.
-func (c *Compiled) signature(k ctxKey, d int, bottom int32) string {
+// share their walk, which cannot tell them apart. Byte classes are written
+// as their Vocab-wide numbers (see classIDs).
+func (c *Compiled) signature(k ctxKey, d int, bottom int32, wild bool) string {
 	g := c.g
 	lim := int32(c.maxTok)
+	sc, _ := c.sigPool.Get().(*sigScratch)
+	if sc == nil || len(sc.dist) != len(g.rules) {
+		n := len(g.rules)
+		sc = &sigScratch{dStamp: make([]uint32, n), dist: make([]int32, n), idStamp: make([]uint32, n), id: make([]uint32, n)}
+	}
+	defer c.sigPool.Put(sc)
+	sc.gen++
+	if sc.gen == 0 { // wrapped: reset the stamps
+		clear(sc.dStamp)
+		clear(sc.idStamp)
+		sc.gen = 1
+	}
+	gen := sc.gen
 	// Shortest distances (bytes before) of the rules the fragment reaches.
-	dist := make(map[int32]int32)
-	var queue []int32
+	queue := sc.queue[:0]
 	work := 0
 	relax := func(p, at int32) bool {
 		for ; g.elems[p].kind != kEnd && at <= lim; p++ {
@@ -172,19 +197,21 @@ func (c *Compiled) signature(k ctxKey, d int, bottom int32) string {
 				at++
 				continue
 			}
-			if old, ok := dist[e.arg]; !ok || at < old {
-				dist[e.arg] = at
+			if sc.dStamp[e.arg] != gen || at < sc.dist[e.arg] {
+				sc.dStamp[e.arg] = gen
+				sc.dist[e.arg] = at
 				queue = append(queue, e.arg)
 			}
 			at = min(at+g.minLen[e.arg], infLen)
 		}
 		return true
 	}
-	seedAt := make([]int32, d+1)
+	var seedAt [ctxDepth + 1]int32
 	at := int32(0)
 	for i := 0; i <= d; i++ {
 		seedAt[i] = at
 		if !relax(k[i], at) {
+			sc.queue = queue
 			return ""
 		}
 		for p := k[i]; g.elems[p].kind != kEnd && at <= lim; p++ {
@@ -198,16 +225,19 @@ func (c *Compiled) signature(k ctxKey, d int, bottom int32) string {
 	for qi := 0; qi < len(queue); qi++ {
 		r := queue[qi]
 		for _, a := range g.rules[r].alts {
-			if !relax(a, dist[r]) {
+			if !relax(a, sc.dist[r]) {
+				sc.queue = queue
 				return ""
 			}
 		}
 	}
 	// Serialize, numbering rules in order of appearance.
-	buf := make([]byte, 0, 512)
-	buf = append(buf, byte(d), byte(-bottom))
-	ids := make(map[int32]uint64)
+	buf := append(sc.buf[:0], byte(d), byte(-bottom))
+	if wild {
+		buf = append(buf, 'W')
+	}
 	queue = queue[:0]
+	nids := uint32(0)
 	n := 0
 	emit := func(p, at int32) bool {
 		for ; ; p++ {
@@ -225,45 +255,48 @@ func (c *Compiled) signature(k ctxKey, d int, bottom int32) string {
 			}
 			if e.kind == kTerm {
 				at++
-				if sb := g.single[e.arg]; sb >= 0 {
-					buf = append(buf, 'b', byte(sb))
-				} else {
-					buf = append(buf, 'c')
-					for _, x := range g.classes[e.arg] {
-						buf = binary.LittleEndian.AppendUint64(buf, x)
-					}
+				if wild {
+					wild = false // the top's class: any byte
+					buf = append(buf, 'w')
+					continue
 				}
+				buf = append(buf, 'c')
+				buf = binary.AppendUvarint(buf, uint64(c.classID[e.arg]))
 				continue
 			}
-			id, ok := ids[e.arg]
-			if !ok {
-				id = uint64(len(ids))
-				ids[e.arg] = id
+			if sc.idStamp[e.arg] != gen {
+				sc.idStamp[e.arg] = gen
+				sc.id[e.arg] = nids
+				nids++
 				queue = append(queue, e.arg)
 			}
 			buf = append(buf, 'r')
-			buf = binary.AppendUvarint(buf, id)
+			buf = binary.AppendUvarint(buf, uint64(sc.id[e.arg]))
 			at = min(at+g.minLen[e.arg], infLen)
 		}
 	}
-	for i := 0; i <= d; i++ {
+	out := ""
+	ok := true
+	for i := 0; i <= d && ok; i++ {
 		buf = append(buf, '|')
-		if !emit(k[i], seedAt[i]) {
-			return ""
-		}
+		ok = emit(k[i], seedAt[i])
 	}
-	for qi := 0; qi < len(queue); qi++ {
+	for qi := 0; qi < len(queue) && ok; qi++ {
 		r := queue[qi]
 		alts := g.rules[r].alts
 		buf = append(buf, 'R')
 		buf = binary.AppendUvarint(buf, uint64(len(alts)))
 		for _, a := range alts {
-			if !emit(a, dist[r]) {
-				return ""
+			if ok = emit(a, sc.dist[r]); !ok {
+				break
 			}
 		}
 	}
-	return string(buf)
+	if ok {
+		out = string(buf)
+	}
+	sc.queue, sc.buf = queue, buf
+	return out
 }
 
 // computeEntry computes the cache entry of context k: from the shared walk
@@ -283,15 +316,31 @@ func (c *Compiled) computeEntry(k ctxKey, b *budget) (*maskEntry, error) {
 	if d < last {
 		bottom = restSentinel
 	}
-	sig := c.signature(k, d, bottom)
+	sig := c.signature(k, d, bottom, false)
 	if sig == "" {
-		r, err := c.walk(k[:last+1], keyBottom, b)
+		r, err := c.walk(k[:last+1], keyBottom, false, b)
 		if err != nil {
 			return nil, err
 		}
 		return &maskEntry{bits: r.bits, ids: r.ids, uncertain: r.unc}, nil
 	}
-	r, err := c.shared.get(sig, func() (*walkResult, error) { return c.walk(k[:d+1], bottom, b) })
+	r, err := c.shared.get(sig, func() (*walkResult, error) {
+		// A wide top class: narrow the walk of any first byte (shared by
+		// every class followed by the same fragment).
+		cl := &c.g.classes[c.g.elems[k[0]].arg]
+		if cl.count() < wideClass {
+			return c.walk(k[:d+1], bottom, false, b)
+		}
+		wsig := c.signature(k, d, bottom, true)
+		if wsig == "" {
+			return c.walk(k[:d+1], bottom, false, b)
+		}
+		w, err := c.shared.get(wsig, func() (*walkResult, error) { return c.walk(k[:d+1], bottom, true, b) })
+		if err != nil {
+			return nil, err
+		}
+		return c.firstIn(w, cl), nil
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -309,13 +358,25 @@ func (c *Compiled) computeEntry(k ctxKey, b *budget) (*maskEntry, error) {
 // deeper continuation is productive); it exits when the only stacks that
 // got past some byte popped past the bottom before its end (recorded with
 // each such offset).
-func (c *Compiled) walk(pos []int32, bottom int32, b *budget) (*walkResult, error) {
+//
+// With wild, the top's class is taken as every byte (the walk of a wide
+// class's context is shared by every class followed by the same fragment;
+// firstIn narrows it).
+func (c *Compiled) walk(pos []int32, bottom int32, wild bool, b *budget) (*walkResult, error) {
 	dw := newDFA(c.g)
 	lv := []int32{dw.start(pos, bottom)}
+	after := int32(-1) // with wild: the state after the top's byte, whatever it is
+	if wild {
+		after = dw.after(pos, bottom)
+	}
 	unc := []bool{false}
 	var path []uint16 // depths on the current path where a stack popped past the bottom
-	acc := make([]uint32, c.words)
-	nacc := 0
+	sc, _ := c.walkPool.Get().(*walkScratch)
+	if sc == nil {
+		sc = &walkScratch{}
+	}
+	defer c.walkPool.Put(sc)
+	acc := sc.acc[:0] // accepted tokens (each once: trie nodes are disjoint)
 	r := &walkResult{}
 	exit := func(toks []int32, maxOff int) {
 		for _, t := range toks {
@@ -331,35 +392,56 @@ func (c *Compiled) walk(pos []int32, bottom int32, b *budget) (*walkResult, erro
 	for i := int32(1); i < int32(len(trie)); {
 		nd := &trie[i]
 		d := int(nd.depth)
-		if ps := lv[d-1]; dw.loopsOver(ps, &c.subBytes[i]) {
+		ps := lv[d-1]
+		if d == 1 && wild {
+			ps = -1
+		} else if dw.loopsOver(ps, &c.subBytes[i]) {
 			// Every byte below leads back to the (live) parent state: the
 			// whole subtree is accepted.
-			for _, t := range c.trieToks[c.tokStart[i]:c.tokStart[nd.end]] {
-				acc[t>>5] |= 1 << (t & 31)
-				nacc++
-			}
+			acc = append(acc, c.trieToks[c.tokStart[i]:c.tokStart[nd.end]]...)
 			if err := b.add(1); err != nil {
+				sc.acc = acc
 				return nil, err
 			}
 			i = nd.end
 			continue
 		}
-		ns, work := dw.step(lv[d-1], nd.b)
-		if err := b.add(int64(work) + 1); err != nil {
-			return nil, err
-		}
 		for len(path) > 0 && int(path[len(path)-1]) >= d {
 			path = path[:len(path)-1]
+		}
+		if ps >= 0 && !dw.states[ps].live.has(nd.b) {
+			// No stack takes the byte: the state dies here.
+			if err := b.add(1); err != nil {
+				sc.acc = acc
+				return nil, err
+			}
+			if unc[d-1] {
+				if nd.t0 >= 0 {
+					exit(c.trieToks[nd.t0:nd.t1], d-1)
+				}
+				for j := i + 1; j < nd.end; j++ {
+					if trie[j].t0 >= 0 {
+						exit(c.trieToks[trie[j].t0:trie[j].t1], d)
+					}
+				}
+			}
+			i = nd.end
+			continue
+		}
+		ns, work := after, 0
+		if ps >= 0 {
+			ns, work = dw.step(ps, nd.b)
+		}
+		if err := b.add(int64(work) + 1); err != nil {
+			sc.acc = acc
+			return nil, err
 		}
 		st := &dw.states[ns]
 		alive := len(st.tops) > 0
 		uncBelow := unc[d-1] || st.boundary
 		if nd.t0 >= 0 {
 			if alive || st.accept || st.boundary {
-				for _, t := range c.trieToks[nd.t0:nd.t1] {
-					acc[t>>5] |= 1 << (t & 31)
-					nacc++
-				}
+				acc = append(acc, c.trieToks[nd.t0:nd.t1]...)
 			} else if unc[d-1] {
 				exit(c.trieToks[nd.t0:nd.t1], d-1)
 			}
@@ -382,17 +464,16 @@ func (c *Compiled) walk(pos []int32, bottom int32, b *budget) (*walkResult, erro
 		}
 		i = nd.end
 	}
-	if nacc <= c.words/2 {
-		for wi, x := range acc {
-			for x != 0 {
-				bt := bits.TrailingZeros32(x)
-				r.ids = append(r.ids, int32(wi*32+bt))
-				x &= x - 1
-			}
-		}
+	if len(acc) <= c.words/2 {
+		r.ids = slices.Clone(acc)
+		slices.Sort(r.ids)
 	} else {
-		r.bits = acc
+		r.bits = make([]uint32, c.words)
+		for _, t := range acc {
+			r.bits[t>>5] |= 1 << (t & 31)
+		}
 	}
+	sc.acc = acc
 	toks := c.v.Tokens
 	slices.SortFunc(r.exits, func(a, b exitRec) int {
 		if x := bytes.Compare(toks[a.tok][a.off:], toks[b.tok][b.off:]); x != 0 {
@@ -402,6 +483,81 @@ func (c *Compiled) walk(pos []int32, bottom int32, b *budget) (*walkResult, erro
 	})
 	r.size = int64(4*len(r.bits)+4*len(r.ids)+4*len(r.unc)+8*len(r.exits)) + 128
 	return r, nil
+}
+
+// wideClass is the size (in bytes) from which a context's top class gets
+// its walk from the shared walk over any first byte (see firstIn): the
+// classes that exclude a few characters from a JSON string's (additional
+// property names, whose first character differs from the declared names')
+// are each met by one grammar only, but the fragment after them is common.
+const wideClass = 64
+
+// firstIn narrows w, a wild walk (the top's class taken as every byte), to
+// the tokens whose first byte is in cl: the walk of the same context with
+// class cl, since after its first byte a token meets the same state
+// whatever the byte. Cost: linear in the tokens whose first byte is in cl
+// or in those whose first byte is not, whichever are fewer (for the bits),
+// plus w's uncertain tokens and exits.
+func (c *Compiled) firstIn(w *walkResult, cl *byteSet) *walkResult {
+	toks := c.v.Tokens
+	in := func(t int32) bool { return cl.has(toks[t][0]) }
+	r := &walkResult{}
+	for _, t := range w.unc {
+		if in(t) {
+			r.unc = append(r.unc, t)
+		}
+	}
+	for _, x := range w.exits {
+		if in(x.tok) {
+			r.exits = append(r.exits, x)
+		}
+	}
+	if w.bits == nil {
+		for _, t := range w.ids {
+			if in(t) {
+				r.ids = append(r.ids, t)
+			}
+		}
+	} else {
+		// The tokens below each first byte are a range of trieToks.
+		trie := c.trie
+		var inToks, outToks int32
+		for j := int32(1); j < int32(len(trie)); j = trie[j].end {
+			n := c.tokStart[trie[j].end] - c.tokStart[j]
+			if cl.has(trie[j].b) {
+				inToks += n
+			} else {
+				outToks += n
+			}
+		}
+		bits := make([]uint32, c.words)
+		if inToks <= outToks {
+			for j := int32(1); j < int32(len(trie)); j = trie[j].end {
+				if cl.has(trie[j].b) {
+					for _, t := range c.trieToks[c.tokStart[j]:c.tokStart[trie[j].end]] {
+						bits[t>>5] |= w.bits[t>>5] & (1 << (t & 31))
+					}
+				}
+			}
+		} else {
+			copy(bits, w.bits)
+			for j := int32(1); j < int32(len(trie)); j = trie[j].end {
+				if !cl.has(trie[j].b) {
+					for _, t := range c.trieToks[c.tokStart[j]:c.tokStart[trie[j].end]] {
+						bits[t>>5] &^= 1 << (t & 31)
+					}
+				}
+			}
+		}
+		r.bits = bits
+	}
+	r.size = int64(4*len(r.bits)+4*len(r.ids)+4*len(r.unc)+8*len(r.exits)) + 128
+	return r
+}
+
+// walkScratch is a walk's working memory, pooled per Compiled.
+type walkScratch struct {
+	acc []int32
 }
 
 // derive completes shared walk r of k's positions 0..d with the frames

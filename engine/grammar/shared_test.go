@@ -221,3 +221,114 @@ func TestConcurrentCompilesShareEntries(t *testing.T) {
 		}
 	}
 }
+
+// wideContexts returns the contexts of c's start state after text (one
+// byte token at a time) whose top class is wide enough for a wild walk.
+func wideContexts(t *testing.T, c *Compiled, text string) []ctxKey {
+	t.Helper()
+	w := newWalker(c.g)
+	l := w.initial(c.g.start)
+	for i := 0; i < len(text); i++ {
+		l = w.advance(l, text[i])
+		if l.e == l.s {
+			t.Fatalf("%q refused at %d", text, i)
+		}
+	}
+	var ks []ctxKey
+	for i := l.s; i < l.e; i++ {
+		k := keyOf(w, w.tops[i])
+		if c.g.classes[c.g.elems[k[0]].arg].count() >= wideClass {
+			ks = append(ks, k)
+		}
+	}
+	return ks
+}
+
+// checkWildWalks compares, for every wide-class context after each text,
+// the walk of the context with the wild walk narrowed by firstIn: the same
+// accepted tokens, uncertain tokens and exits.
+func checkWildWalks(t *testing.T, c *Compiled, texts []string) {
+	t.Helper()
+	n := len(c.v.Tokens)
+	checked := 0
+	for _, text := range texts {
+		for _, k := range wideContexts(t, c, text) {
+			last := ctxDepth
+			for last > 0 && k[last] < 0 {
+				last--
+			}
+			bottom := restEmpty
+			if k[ctxDepth+1] == 1 {
+				bottom = restSentinel
+			}
+			want, err := c.walk(k[:last+1], bottom, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, err := c.walk(k[:last+1], bottom, true, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := c.firstIn(w, &c.g.classes[c.g.elems[k[0]].arg])
+			accepted := func(r *walkResult) []int {
+				if r.bits != nil {
+					return maskIDs(r.bits, n)
+				}
+				var ids []int
+				for _, id := range r.ids {
+					ids = append(ids, int(id))
+				}
+				slices.Sort(ids)
+				return ids
+			}
+			if a, b := accepted(got), accepted(want); !slices.Equal(a, b) {
+				t.Fatalf("after %q, context %v: wild walk accepts %d tokens, walk %d", text, k, len(a), len(b))
+			}
+			if !slices.Equal(got.unc, want.unc) || !slices.Equal(got.exits, want.exits) {
+				t.Fatalf("after %q, context %v: wild walk has %d uncertain and %d exits, walk %d and %d",
+					text, k, len(got.unc), len(got.exits), len(want.unc), len(want.exits))
+			}
+			checked++
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no wide-class context met")
+	}
+}
+
+// keyGBNF is an object whose extra keys exclude the declared key "ak" (as
+// the JSON Schema converter writes additionalProperties): the first
+// character's class leaves out the declared first character.
+const keyGBNF = `root ::= "{" (kv ("," kv)*)? "}"
+kv ::= key ":" ("1" | "12")
+key ::= "\"" ("\"" | "a" key-a | [^"\\\x00-\x1Fa] tail | esc tail)
+key-a ::= "\"" | "k" key-ak | [^"\\\x00-\x1Fk] tail | esc tail
+key-ak ::= char tail
+tail ::= char* "\""
+char ::= [^"\\\x00-\x1F] | esc
+esc ::= "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})`
+
+// The walk of a wide-class context (a key's first character, any but the
+// declared names') narrowed from the wild walk (its class taken as every
+// byte) equals its own walk, and masks match brute force.
+func TestWildWalkMatchesWalk(t *testing.T) {
+	v := synthVocab()
+	n := len(v.Tokens)
+	c := mustCompile(t, mustGBNF(t, keyGBNF), v)
+	texts := []string{`{"`, `{"a`, `{"ak`, `{"k":1,"`, `{"x`}
+	checkWildWalks(t, c, texts)
+	// A second grammar whose class excludes another character shares the
+	// wild walk; its masks match brute force.
+	c2 := mustCompile(t, mustGBNF(t, strings.NewReplacer(`"a" key-a`, `"x" key-a`, `a] tail`, `x] tail`).Replace(keyGBNF)), v)
+	for _, cc := range []*Compiled{c, c2} {
+		for _, text := range append(texts, `{"akk`, `{"a\`, `{"xk`, `{"k`) {
+			m := cc.NewMatcher()
+			commitText(t, v, m, text)
+			got := make([]uint32, (n+31)/32)
+			m.ComputeMask(got)
+			if want := bruteMask(t, m, n); !slices.Equal(got, want) {
+				t.Fatalf("after %q: mask %v, brute force %v", text, tokStrs(v, maskIDs(got, n)), tokStrs(v, maskIDs(want, n)))
+			}
+		}
+	}
+}

@@ -364,3 +364,27 @@ func TestContextAndBudget(t *testing.T) {
 		t.Errorf("MaxSteps 1000: %v", err)
 	}
 }
+
+// Extra property names: any canonical (json.dumps) spelling other than the
+// declared names', escapes included (one shared escape rule); a declared
+// name is refused as an extra key, in any spelling.
+func TestAdditionalPropertyNames(t *testing.T) {
+	c := compileSchema(t, `{"type":"object","properties":{"name":{"type":"string"},"nick":{"type":"string"}},"additionalProperties":{"type":"integer"}}`,
+		Options{Whitespace: "python"})
+	for _, s := range []string{
+		`{"name": "x", "nice": 1}`, `{"n": 1}`, `{"": 1}`, `{"nickname": 1}`, `{"nam": 1}`, `{"é": 1}`,
+		`{"\n": 1}`, `{"a\"b": 1}`, `{"\\": 1}`, `{"\u0001": 1}`, `{"\u001f": 1}`, `{"\u001F": 1}`, `{"n\t": 1}`, `{"nick\b": 1}`,
+	} {
+		if !accepts(c, s) {
+			t.Errorf("%s refused", s)
+		}
+	}
+	for _, s := range []string{
+		`{"nick": 1}`, `{"name": 1}`, `{"\u006eick": 1}`, `{"nick": "a", "nick": 1}`,
+		`{"\/": 1}`, `{"\u000a": 1}`, `{"\u0020": 1}`, `{"\ud83d\ude00": 1}`, `{"\t": "x"}`,
+	} {
+		if accepts(c, s) {
+			t.Errorf("%s accepted", s)
+		}
+	}
+}

@@ -249,10 +249,12 @@ func (c *converter) keyNotIn(names []string, path string) (string, error) {
 			cls.WriteString(gbnfClassChar(r))
 		}
 		cls.WriteString("]")
-		other := []string{cls.String()}
+		// The escapes are a rule of their own, the same in every node
+		// whose children start with no escape (defined once).
+		var escs []string
 		for _, e := range []string{`\"`, `\\`, `\b`, `\f`, `\n`, `\r`, `\t`} {
 			if !excludedEsc[e] {
-				other = append(other, gbnfLiteral(e))
+				escs = append(escs, gbnfLiteral(e))
 			}
 		}
 		for r := rune(0); r < 0x20; r++ {
@@ -262,10 +264,17 @@ func (c *converter) keyNotIn(names []string, path string) (string, error) {
 			}
 			e := fmt.Sprintf(`\u%04x`, r)
 			if !excludedEsc[e] {
-				other = append(other, seq(gbnfLiteral(`\u00`+e[4:5]), "["+strings.ToLower(e[5:6])+strings.ToUpper(e[5:6])+"]"))
+				escs = append(escs, seq(gbnfLiteral(`\u00`+e[4:5]), "["+strings.ToLower(e[5:6])+strings.ToUpper(e[5:6])+"]"))
 			}
 		}
-		alts = append(alts, seq(alt(other...), tail))
+		escRule := `"\\" (["\\bfnrt] | "u00" ("0" [0-7bBeEfF] | "1" [0-9a-fA-F]))` // every canonical escape
+		if len(excludedEsc) > 0 {
+			escRule = strings.Join(escs, " | ")
+		}
+		alts = append(alts, seq(cls.String(), tail))
+		if escRule != "" {
+			alts = append(alts, seq(c.define("key-esc", escRule), tail))
+		}
 		id++
 		return c.define(fmt.Sprintf("key-%d", id), strings.Join(alts, " | "))
 	}
