@@ -3,7 +3,6 @@ package engine
 import (
 	"errors"
 	"fmt"
-	"slices"
 )
 
 // ErrNoFreeBlocks is returned when the KV cache has too few free blocks.
@@ -267,7 +266,7 @@ func (m *BlockManager) allocateWith(seq *Sequence, hits []int32) error {
 			seq.id, len(seq.tokens), len(hits), m.numFree, ErrNoFreeBlocks)
 	}
 	n := m.NumBlocksFor(len(seq.tokens))
-	table := make([]int, 0, n+4)
+	table := make([]int, 0, n+m.tableHeadroom(seq))
 	h := rootHash
 	for _, b := range hits {
 		if m.refCount[b] == 0 {
@@ -290,6 +289,17 @@ func (m *BlockManager) allocateWith(seq *Sequence, hits []int32) error {
 		m.stats.NumHitTokens += int64(seq.numCached)
 	}
 	return nil
+}
+
+// tableHeadroom is the block-table capacity reserved past the blocks a
+// sequence holds: those of the output it may still produce (as much of it
+// as NewSequence reserves token room for), plus a few for draft and
+// lookahead slots. Decoding then appends blocks without reallocating the
+// table: otherwise every sequence reallocates it every few blocks, dozens
+// of allocations per step at thousands of running sequences. Cost: O(1).
+func (m *BlockManager) tableHeadroom(seq *Sequence) int {
+	out := min(max(int(seq.maxTokens)-seq.NumOutputTokens(), 0), maxTokenReserve)
+	return min(m.NumBlocksFor(out)+4, m.numBlocks)
 }
 
 // appendNeeds returns the new blocks and the copy-on-write copies needed to
@@ -341,7 +351,7 @@ func (m *BlockManager) AppendSlots(seq *Sequence, n int) ([]BlockCopy, error) {
 	if numCopies > 0 {
 		// Replace the table instead of editing it: published snapshots of
 		// the old table must stay valid.
-		table := append(make([]int, 0, len(seq.blockTable)+numNew+4), seq.blockTable...)
+		table := append(make([]int, 0, len(seq.blockTable)+numNew+m.tableHeadroom(seq)), seq.blockTable...)
 		end := seq.numComputed + n
 		for i := seq.numComputed / m.blockSize; i < len(table) && i*m.blockSize < end; i++ {
 			src := table[i]
@@ -377,7 +387,7 @@ func (m *BlockManager) Trim(seq *Sequence, numTokens int) {
 	for i := len(table) - 1; i >= keep; i-- {
 		m.release(table[i])
 	}
-	seq.setBlockTable(slices.Clone(table[:keep]))
+	seq.setBlockTable(append(make([]int, 0, keep+m.tableHeadroom(seq)), table[:keep]...))
 }
 
 // Free drops the sequence's references to its blocks, last block first (so
@@ -397,7 +407,7 @@ func (m *BlockManager) Free(seq *Sequence) {
 // A shared block is copied when either sequence next writes it (see
 // AppendSlots). Cost: O(blocks).
 func (m *BlockManager) Fork(parent, child *Sequence) {
-	child.setBlockTable(append(make([]int, 0, len(parent.blockTable)+4), parent.blockTable...))
+	child.setBlockTable(append(make([]int, 0, len(parent.blockTable)+m.tableHeadroom(child)), parent.blockTable...))
 	for _, b := range child.blockTable {
 		m.refCount[b]++
 	}

@@ -197,6 +197,50 @@ func TestBlockManagerForkCopyOnWrite(t *testing.T) {
 	}
 }
 
+// A sequence decoding to its max_tokens appends blocks into the table it
+// got at admission: the table is never reallocated (nor its published
+// snapshots touched), so a decode step allocates nothing per sequence.
+func TestBlockTableHeadroom(t *testing.T) {
+	const bs, prompt, maxTokens = 4, 6, 40
+	m, _ := NewBlockManager(64, bs, true)
+	params := DefaultSamplingParams()
+	params.MaxTokens = maxTokens
+	tokens := make([]int, prompt)
+	for i := range tokens {
+		tokens[i] = 1 + i
+	}
+	seq := NewSequence("r", tokens, params, zeroTime)
+	seq.id = 1
+	if err := m.Allocate(seq); err != nil {
+		t.Fatal(err)
+	}
+	first := &seq.blockTable[0]
+	published := seq.BlockTable()
+	want := slices.Clone(published)
+	seq.numComputed = prompt
+	for range maxTokens - 1 {
+		if _, err := m.AppendSlots(seq, 1); err != nil {
+			t.Fatal(err)
+		}
+		seq.numComputed++
+		seq.tokens = append(seq.tokens, 7)
+		seq.lastToken = 7
+		m.commit(seq, seq.numComputed)
+	}
+	if got := len(seq.blockTable); got != m.NumBlocksFor(prompt+maxTokens-1) {
+		t.Fatalf("%d blocks, want %d", got, m.NumBlocksFor(prompt+maxTokens-1))
+	}
+	if &seq.blockTable[0] != first {
+		t.Fatal("the block table was reallocated while decoding")
+	}
+	if !slices.Equal(published, want) {
+		t.Fatalf("snapshot %v changed, want %v", published, want)
+	}
+	if err := m.checkInvariants([]*Sequence{seq}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestPrefixTableRandomOps(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	const capacity = 500

@@ -6,6 +6,11 @@ import (
 	"time"
 )
 
+// maxTokenReserve caps the output tokens a new sequence reserves room for,
+// in its token ids and in its block table (BlockManager.tableHeadroom), so
+// that decoding appends without reallocating either.
+const maxTokenReserve = 1024
+
 // SeqID identifies one sequence inside a Scheduler (ids start at 1).
 type SeqID int64
 
@@ -171,7 +176,7 @@ func (s *Sequence) setBlockTable(t []int) {
 // copied; params is cloned (its maps and slices may change afterwards). The
 // Scheduler assigns the id on Add. Validation happens in Scheduler.Add.
 func NewSequence(requestID string, promptTokenIDs []int, params SamplingParams, arrival time.Time) *Sequence {
-	tokens := make([]int, len(promptTokenIDs), len(promptTokenIDs)+min(max(params.MaxTokens, 0), 1024)+1)
+	tokens := make([]int, len(promptTokenIDs), len(promptTokenIDs)+min(max(params.MaxTokens, 0), maxTokenReserve)+1)
 	copy(tokens, promptTokenIDs)
 	s := &Sequence{
 		requestID:       requestID,
