@@ -1,0 +1,21 @@
+// C kernels of package simd for llama.cpp's block-quantized weights
+// (QuantType): a row of w is dequantized 16 weights at a time in registers
+// and reduced in the canonical order of the package doc, so every output is
+// bit for bit the float32 GEMV over the dequantized matrix.
+#ifndef DEEPINFER_QUANT_AMD64_H
+#define DEEPINFER_QUANT_AMD64_H
+
+#include <stdint.h>
+
+// Quantized types, numbered as ggml numbers them (QuantType).
+enum { DI_Q4_0 = 2, DI_Q8_0 = 8, DI_Q4_K = 12, DI_Q5_K = 13, DI_Q6_K = 14 };
+
+// out[i*n+j] = sum_kk x[i*k+kk] * W[j][kk], i in [0,m), j in [j0,j1), with
+// W's rows of row_bytes bytes at w + j*row_bytes. k is a multiple of the
+// type's block size.
+void di_linear_quant_avx2(int qtype, float *out, const float *x, const uint8_t *w,
+                          int64_t m, int64_t n, int64_t k, int64_t j0, int64_t j1);
+void di_linear_quant_avx512(int qtype, float *out, const float *x, const uint8_t *w,
+                            int64_t m, int64_t n, int64_t k, int64_t j0, int64_t j1);
+
+#endif

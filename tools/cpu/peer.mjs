@@ -1,0 +1,67 @@
+// Runs llama.cpp (through the npm package node-llama-cpp) on a GGUF file:
+// greedy decoding of a fixed prompt for N tokens with a fixed thread count,
+// printing the prompt ids, the generated ids and the prefill and decode
+// rates as one JSON line, so that parity with this engine and the peer
+// benchmark can be built on it.
+//
+//	npm install --prefix DIR node-llama-cpp@3.21.1
+//	NODE_PATH=DIR/node_modules node tools/cpu/peer.mjs -m model.gguf [-p PROMPT | --ids 1,2,3] [-n 32] [-t 2]
+//
+// The prompt is tokenized by llama.cpp from the file's own vocabulary
+// (with BOS when the file says so) unless --ids gives the ids directly.
+import { createRequire } from "node:module";
+import path from "node:path";
+import process from "node:process";
+
+const require = createRequire(path.join(process.cwd(), "noop.js"));
+const { getLlama, LlamaLogLevel } = await import(require.resolve("node-llama-cpp"));
+
+function parseArgs(argv) {
+	const a = { model: "", prompt: "The capital of France is", ids: null, n: 32, threads: 2, ctx: 1024 };
+	for (let i = 0; i < argv.length; i++) {
+		const v = argv[i + 1];
+		switch (argv[i]) {
+			case "-m": a.model = v; i++; break;
+			case "-p": a.prompt = v; i++; break;
+			case "--ids": a.ids = v.split(",").map(Number); i++; break;
+			case "-n": a.n = Number(v); i++; break;
+			case "-t": a.threads = Number(v); i++; break;
+			case "-c": a.ctx = Number(v); i++; break;
+			default: throw new Error(`unknown argument ${argv[i]}`);
+		}
+	}
+	if (!a.model) throw new Error("-m FILE.gguf is required");
+	return a;
+}
+
+const args = parseArgs(process.argv.slice(2));
+const llama = await getLlama({ gpu: false, logLevel: LlamaLogLevel.error, build: "never" });
+const model = await llama.loadModel({ modelPath: args.model, gpuLayers: 0, useMmap: true });
+const context = await model.createContext({ contextSize: args.ctx, threads: args.threads, batchSize: 512 });
+const sequence = context.getSequence();
+const promptIds = args.ids ?? Array.from(model.tokenize(args.prompt, true));
+
+const out = [];
+const t0 = performance.now();
+let tFirst = 0;
+for await (const token of sequence.evaluate(promptIds, { temperature: 0 })) {
+	if (out.length === 0) tFirst = performance.now();
+	out.push(token);
+	if (out.length >= args.n) break;
+}
+const t1 = performance.now();
+const prefillS = (tFirst - t0) / 1000;
+const decodeS = (t1 - tFirst) / 1000;
+console.log(JSON.stringify({
+	model: path.basename(args.model),
+	threads: args.threads,
+	prompt_ids: promptIds,
+	ids: out,
+	text: model.detokenize(out),
+	prefill_tok_s: promptIds.length / prefillS,
+	decode_tok_s: (out.length - 1) / decodeS,
+	cpu: llama.cpuMathCores !== undefined ? llama.cpuMathCores : null,
+}));
+await context.dispose();
+await model.dispose();
+await llama.dispose();
