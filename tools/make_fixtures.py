@@ -2,7 +2,9 @@
 """Build random-weight Hugging Face models from config.json files and dump
 reference outputs of HF transformers for the Go parity tests.
 
-For each input config (default: the five tiny fixtures in tools/configs/):
+For each input config (default: the five tiny fixtures in tools/configs/
+and the four in BUILTIN_CONFIGS below: qwen3-moe, mixtral, deepseek-v3-fp8,
+qwen3-fp8; --only picks some of them, --only new the last four):
 
   1. transformers builds the model (float32, eager attention, eager experts);
      every parameter is re-initialised from a seeded generator (see
@@ -37,6 +39,22 @@ For each input config (default: the five tiny fixtures in tools/configs/):
      max|diff| / max|ref| and "same/positions" top-1). The MTP
      reference is computed in float32 in either case.
 
+The variant fp8 (the default, and only, variant of deepseek-v3-fp8 and
+qwen3-fp8) is a checkpoint laid out as DeepSeek-V3/R1's and Qwen3's FP8
+releases are: OUT/<name>/fp8/model.safetensors holds every linear layer's
+matrix of the decoder layers (attention projections, dense, shared and
+routed expert MLPs; not the embeddings, LM heads, norms, routers or the MTP
+eh_proj) as float8_e4m3fn with "<name>_scale_inv" float32
+[ceil(out/128), ceil(in/128)] (DeepSeek's recipe: scale = amax|block| / 448,
+q = round-to-nearest-even(w / scale)), every other tensor bfloat16
+(e_score_correction_bias float32), and its config.json has
+quantization_config {quant_method: fp8, fmt: e4m3, activation_scheme:
+dynamic, weight_block_size: [128, 128]}. Its reference (fp8.* in
+reference.safetensors, the same keys as above) is HF in float32 over the
+checkpoint dequantized (q * scale per block, every other tensor its bf16
+value); the header also records fp8.hf_fp8_check, how transformers' own FP8
+loader (dequantize=True) reads the file against those weights.
+
 Large real-shape configs (tools/configs/real/) are meant for
   make_fixtures.py --config tools/configs/real/qwen3-0.6b.json --out DIR \
       --no-reference --variants bf16 --device cuda
@@ -68,6 +86,151 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = ["llama", "mistral", "qwen3", "deepseek-v2", "deepseek-v3"]
+# Fixtures whose config lives here rather than in tools/configs/: two MoE
+# families and two FP8 block-quantized checkpoints. The FP8 ones are big
+# enough for 128x128 blocks to mean something (full and partial blocks in
+# both dimensions) and small enough for about 1 MB a folder.
+BUILTIN_CONFIGS = {
+    "qwen3-moe": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "moe_intermediate_size": 24,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "norm_topk_prob": False,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [0],
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "hidden_act": "silu",
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": 2,
+        "router_aux_loss_coef": 0.001,
+        "output_router_logits": False,
+        "bos_token_id": None,
+        "eos_token_id": 1,
+    },
+    "mixtral": {
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 24,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "hidden_act": "silu",
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "router_aux_loss_coef": 0.02,
+        "output_router_logits": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
+    # DeepSeek-V3's architecture at hidden 192 (a full and a partial
+    # 128-column block in every matrix that reads the hidden state), with its
+    # MTP layer, as DeepSeek-V3/R1 ship.
+    "deepseek-v3-fp8": {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "vocab_size": 128,
+        "hidden_size": 192,
+        "intermediate_size": 160,
+        "moe_intermediate_size": 16,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 160,
+        "kv_lora_rank": 64,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 32,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "topk_method": "noaux_tc",
+        "n_group": 4,
+        "topk_group": 2,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+        "scoring_func": "sigmoid",
+        "num_nextn_predict_layers": 1,
+        "hidden_act": "silu",
+        "max_position_embeddings": 163840,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 10000.0,
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": 40.0,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+    },
+    # Qwen3 at hidden 256 (whole 128-column blocks) with an intermediate
+    # size and q/k/v widths that end in partial blocks; untied LM head, as
+    # the larger Qwen3-FP8 checkpoints.
+    "qwen3-fp8": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": 256,
+        "hidden_size": 256,
+        "intermediate_size": 192,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 48,
+        "hidden_act": "silu",
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": 2,
+        "bos_token_id": None,
+        "eos_token_id": 1,
+    },
+}
+NEW = list(BUILTIN_CONFIGS)
+# The variants a fixture gets unless --variants says otherwise.
+DEFAULT_VARIANTS = {"deepseek-v3-fp8": "fp8", "qwen3-fp8": "fp8"}
+# The quantization_config of DeepSeek-V3/R1's and Qwen3's FP8 checkpoints.
+FP8_QUANT_CONFIG = {
+    "activation_scheme": "dynamic",
+    "fmt": "e4m3",
+    "quant_method": "fp8",
+    "weight_block_size": [128, 128],
+}
+FP8_MAX = 448.0
 PROMPT_LENS = (1, 7, 23)
 # --reference-dtype choices.
 REFERENCE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -102,6 +265,31 @@ EXPECT_TENSORS = {
         "model.layers.1.mlp.experts.7.down_proj.weight",
         "model.layers.1.mlp.shared_experts.up_proj.weight",
     ],
+    "qwen3-moe": [
+        "model.layers.0.self_attn.q_norm.weight",
+        "model.layers.0.mlp.gate_proj.weight",
+        "model.layers.1.mlp.gate.weight",
+        "model.layers.1.mlp.experts.7.down_proj.weight",
+        "lm_head.weight",
+    ],
+    "mixtral": [
+        "model.layers.0.block_sparse_moe.gate.weight",
+        "model.layers.1.block_sparse_moe.experts.7.w2.weight",
+        "lm_head.weight",
+    ],
+    "qwen3-fp8": [
+        "model.layers.0.self_attn.q_norm.weight",
+        "model.layers.1.mlp.down_proj.weight",
+        "model.layers.1.mlp.down_proj.weight_scale_inv",
+        "lm_head.weight",
+    ],
+    "deepseek-v3-fp8": [
+        "model.layers.0.self_attn.kv_a_proj_with_mqa.weight_scale_inv",
+        "model.layers.1.mlp.experts.7.gate_proj.weight_scale_inv",
+        "model.layers.1.mlp.gate.e_score_correction_bias",
+        "model.layers.2.eh_proj.weight",
+        "model.layers.2.mlp.shared_experts.down_proj.weight_scale_inv",
+    ],
     "deepseek-v3": [
         "model.layers.0.self_attn.q_a_proj.weight",
         "model.layers.0.self_attn.q_a_layernorm.weight",
@@ -114,7 +302,11 @@ EXPECT_TENSORS = {
         "model.layers.2.self_attn.kv_b_proj.weight",
     ],
 }
-EXPECT_ABSENT = {"qwen3": ["lm_head.weight"]}
+EXPECT_ABSENT = {
+    "qwen3": ["lm_head.weight"],
+    "mixtral": ["model.layers.0.mlp.gate.weight"],
+    "deepseek-v3-fp8": ["model.layers.2.eh_proj.weight_scale_inv", "model.layers.1.mlp.gate.weight_scale_inv"],
+}
 
 
 def prompt_lens_arg(text):
@@ -311,11 +503,216 @@ def variant_dtype(variant):
     return {"f32": torch.float32, "bf16": torch.bfloat16}[variant]
 
 
+def is_fp8_linear(name):
+    """The tensors DeepSeek-V3's and Qwen3's FP8 checkpoints store in
+    float8_e4m3fn: the matrices of a decoder layer's linear layers (attention
+    projections, DeepSeek's kv_a_proj_with_mqa, dense, shared and routed
+    expert MLPs, Mixtral-style w1/w2/w3), not the embeddings, the LM heads,
+    the norms, the MoE routers or the MTP layer's eh_proj."""
+    if layer_index(name) is None or name.endswith(".eh_proj.weight"):
+        return False
+    return (name.endswith("_proj.weight") or name.endswith(".kv_a_proj_with_mqa.weight")
+            or re.search(r"\.w[123]\.weight$", name) is not None)
+
+
+def quantize_fp8_blocks(w, block):
+    """DeepSeek-V3's weight recipe on the float32 matrix w [n, k]: per block
+    of block[0] x block[1] (the last ones partial), scale = amax|block| / 448
+    (1 for an all-zero block), q = round-to-nearest-even(w / scale) in
+    float8_e4m3fn. Returns q [n, k] and the float32 scales
+    [ceil(n/bn), ceil(k/bk)] (the checkpoint's weight_scale_inv: w ~ q * s)."""
+    bn, bk = block
+    w = w.detach().float().cpu()
+    n, k = w.shape
+    nb, kb = -(-n // bn), -(-k // bk)
+    pad = F.pad(w, (0, kb * bk - k, 0, nb * bn - n))
+    blocks = pad.view(nb, bn, kb, bk)
+    amax = blocks.abs().amax(dim=(1, 3))
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax)).float()
+    scaled = (blocks / scale[:, None, :, None]).view(nb * bn, kb * bk)[:n, :k]
+    q = scaled.clamp(-FP8_MAX, FP8_MAX).contiguous().to(torch.float8_e4m3fn)
+    return q, scale.contiguous()
+
+
+def dequantize_fp8_blocks(q, scale, block):
+    """q * scale per block, each product rounded once to float32."""
+    bn, bk = block
+    n, k = q.shape
+    s = scale.repeat_interleave(bn, dim=0)[:n].repeat_interleave(bk, dim=1)[:, :k]
+    return (q.float() * s).contiguous()
+
+
+def to_fp8(tensors, block):
+    """The checkpoint as DeepSeek-V3/R1 and Qwen3-FP8 ship it, and its
+    dequantized float32 twin (the reference's weights): every is_fp8_linear
+    matrix as float8_e4m3fn with "<name>_scale_inv" float32 scales; every
+    other tensor in bfloat16 (e_score_correction_bias float32)."""
+    stored, deq = {}, {}
+    n = 0
+    for k, v in tensors.items():
+        if is_fp8_linear(k) and v.dim() == 2:
+            q, sc = quantize_fp8_blocks(v, block)
+            if not torch.isfinite(q.float()).all():
+                raise RuntimeError(f"{k}: non-finite FP8 values")
+            stored[k] = q
+            stored[k + "_scale_inv"] = sc
+            deq[k] = dequantize_fp8_blocks(q, sc, block)
+            n += 1
+        else:
+            t = v.float() if keep_f32(k) else v.to(torch.bfloat16)
+            stored[k] = t.contiguous()
+            deq[k] = t.float().contiguous()
+    log(f"    fp8: {n} matrices quantized in {block[0]}x{block[1]} blocks, {len(stored) - 2 * n} tensors kept")
+    return stored, deq
+
+
+def safetensors_dtypes(path):
+    """Tensor name -> the dtype string in the file's header."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    return {k: v["dtype"] for k, v in header.items() if k != "__metadata__"}
+
+
+def check_fp8_file(path, stored):
+    """The written FP8 checkpoint holds what the official ones do: F8_E4M3
+    matrices with F32 [ceil(n/128), ceil(k/128)] scales, the rest BF16 (F32
+    for e_score_correction_bias)."""
+    dt = safetensors_dtypes(path)
+    counts = {}
+    for k, d in dt.items():
+        counts[d] = counts.get(d, 0) + 1
+        if k.endswith("_scale_inv"):
+            w = k[: -len("_scale_inv")]
+            if d != "F32" or dt.get(w) != "F8_E4M3":
+                raise RuntimeError(f"{path}: {k} is {d} for {w} of {dt.get(w)}")
+        elif d == "F8_E4M3":
+            if k + "_scale_inv" not in dt:
+                raise RuntimeError(f"{path}: {k} has no scale")
+        elif d != ("F32" if keep_f32(k) else "BF16"):
+            raise RuntimeError(f"{path}: {k} is {d}")
+    if set(dt) != set(stored):
+        raise RuntimeError(f"{path}: tensors differ from those meant to be written")
+    log(f"    wrote {path}: dtypes {dict(sorted(counts.items()))}")
+    return counts
+
+
+def module_tensor_from_hub(hub, name, shape):
+    """The value of the module's state-dict entry `name` (of `shape`) from
+    tensors in the hub layout: the same name, or the fused experts
+    (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I], or
+    transposed) stacked from the per-expert gate/up/down matrices."""
+    shape = tuple(shape)
+    if name in hub and tuple(hub[name].shape) == shape:
+        return hub[name]
+    m = re.match(r"(.*\.experts\.)(gate_up_proj|down_proj)$", name)
+    if m and len(shape) == 3:
+        base, kind = m.groups()
+        if kind == "gate_up_proj":
+            parts = [torch.cat([hub[f"{base}{e}.gate_proj.weight"], hub[f"{base}{e}.up_proj.weight"]], 0)
+                     for e in range(shape[0])]
+        else:
+            parts = [hub[f"{base}{e}.down_proj.weight"] for e in range(shape[0])]
+        t = torch.stack(parts)
+        if tuple(t.shape) != shape:
+            t = t.transpose(1, 2)
+        if tuple(t.shape) == shape:
+            return t.contiguous()
+    raise KeyError(f"{name} {list(shape)}: not in the checkpoint")
+
+
+@torch.no_grad()
+def check_fp8_roundtrip(model, built_sd, deq, num_layers):
+    """Every weight of the model loaded from the dequantized checkpoint
+    equals the dequantized value, and lies within FP8's rounding of the built
+    weight (|deq - built| <= max|built| / 8 per tensor)."""
+    got = model.state_dict()
+    n, worst = 0, 0.0
+    for k, v in got.items():
+        if k not in built_sd:
+            if layer_index(k) is not None and layer_index(k) >= num_layers:
+                continue
+            raise RuntimeError(f"reloaded model has {k}, which the built model lacks")
+        if k == "lm_head.weight" and k not in deq:  # tied
+            want = deq["model.embed_tokens.weight"].float()
+        else:
+            want = module_tensor_from_hub(deq, k, v.shape).float()
+        if not torch.equal(v.float().cpu(), want.cpu()):
+            raise RuntimeError(f"reloaded {k} differs from the dequantized weight")
+        b = built_sd[k].float().cpu()
+        rel = float((want.cpu() - b).abs().max() / b.abs().max().clamp_min(1e-30))
+        if rel > 0.125:
+            raise RuntimeError(f"{k}: dequantized weight {rel:.3g} (relative) from the built one")
+        worst = max(worst, rel)
+        n += 1
+    log(f"    fp8: worst |dequantized - built| / max|built| over {n} weights: {worst:.3g}")
+    return n
+
+
+@torch.no_grad()
+def hf_fp8_check(fp8_dir, ref_sd, num_mtp, prompt, want_logits):
+    """transformers' own reading of the FP8 checkpoint (FineGrainedFP8Config
+    with dequantize=True, on the CPU): how far its weights and logits are
+    from the dequantized reference. Informational; the reason when it fails."""
+    try:
+        from transformers import AutoModelForCausalLM, FineGrainedFP8Config
+
+        qc = call_with_optional(FineGrainedFP8Config, (), dict(weight_block_size=(128, 128), dequantize=True),
+                                ["dequantize"])
+        kwargs = dict(quantization_config=qc, dtype=torch.float32, attn_implementation="eager",
+                      experts_implementation="eager", device_map="cpu")
+        if num_mtp:
+            kwargs["num_nextn_predict_layers"] = 0
+        m = call_with_optional(AutoModelForCausalLM.from_pretrained, (fp8_dir,), kwargs,
+                               ["experts_implementation", "dtype", "device_map"])
+        m = m.eval()
+        force_eager(m)
+        patch_moe(m)
+        worst, n, dtypes, errs = 0.0, 0, set(), []
+        for k, v in m.state_dict().items():
+            if k in ref_sd and tuple(v.shape) == tuple(ref_sd[k].shape) and v.is_floating_point():
+                r = ref_sd[k].float().cpu()
+                e = float((v.float().cpu() - r).abs().max() / r.abs().max().clamp_min(1e-30))
+                worst = max(worst, e)
+                errs.append((e, k, list(v.shape)))
+                n += 1
+                dtypes.add(str(v.dtype).removeprefix("torch."))
+        errs.sort(reverse=True)
+        exact = sum(1 for e, _, _ in errs if e == 0)
+        log(f"    transformers FP8 load: {exact}/{n} weights exact; worst: " +
+            "; ".join(f"{k} {shape} {e:.3g}" for e, k, shape in errs[:4]))
+        m = m.float()
+        lg = m(input_ids=prompt.cpu()[None], use_cache=False).logits[0].float()
+        err, same = worst_err_top1(lg, want_logits.cpu())
+        msg = (f"transformers FP8 load (dequantize=True): {exact}/{n} weights ({'/'.join(sorted(dtypes))}) exact, all within "
+               f"{worst:.3g} (relative) of the dequantized ones; logits err {err:.3g}, top-1 {same}/{lg.shape[0]}")
+    except Exception as e:  # informational only
+        msg = f"transformers FP8 load failed: {type(e).__name__}: {str(e)[:300]}"
+    log(f"    {msg}")
+    return msg
+
+
+def to_hub_names(tensors, arch):
+    """Mixtral's expert and router tensors under the hub's names
+    (block_sparse_moe.gate, block_sparse_moe.experts.<e>.w1/w3/w2 for
+    gate/up/down), whichever names save_pretrained used."""
+    if arch != "MixtralForCausalLM":
+        return tensors
+    out = {}
+    for k, v in tensors.items():
+        k2 = re.sub(r"\.mlp\.gate\.weight$", ".block_sparse_moe.gate.weight", k)
+        m = re.match(r"(.*)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$", k2)
+        if m:
+            k2 = f"{m.group(1)}.block_sparse_moe.experts.{m.group(2)}.{dict(gate='w1', up='w3', down='w2')[m.group(3)]}.weight"
+        out[k2] = v
+    return out
+
+
 def patch_config_json(cfg, variant, num_layers, num_mtp):
     """The config.json transformers wrote, with the dtype of the variant and,
     for MTP models, the main layer count and the MTP layer count restored."""
     cfg = dict(cfg)
-    name = {"f32": "float32", "bf16": "bfloat16"}[variant]
+    name = {"f32": "float32", "bf16": "bfloat16", "fp8": "bfloat16"}[variant]
     cfg["dtype"] = name
     if "torch_dtype" in cfg:
         cfg["torch_dtype"] = name
@@ -496,9 +893,13 @@ def make_prompts(vocab, seed, lens=PROMPT_LENS):
 
 
 @torch.no_grad()
-def reference(name, spec, out_dir, built, num_mtp, seed, device, ref_dtype=torch.float32, prompt_lens=PROMPT_LENS):
+def reference(name, spec, out_dir, built, num_mtp, seed, device, ref_dtype=torch.float32, prompt_lens=PROMPT_LENS,
+              load_dirs=None):
     """HF's outputs for each variant written (see the module comment), in
-    ref_dtype (float32, or bfloat16 as HF runs a bf16 checkpoint)."""
+    ref_dtype (float32, or bfloat16 as HF runs a bf16 checkpoint). load_dirs
+    maps a variant to the folder HF loads in its place (the fp8 variant: its
+    dequantized float32 twin)."""
+    load_dirs = load_dirs or {}
     from safetensors.torch import load_file, save_file
     import transformers
 
@@ -517,13 +918,18 @@ def reference(name, spec, out_dir, built, num_mtp, seed, device, ref_dtype=torch
         "compute": f"{str(ref_dtype).removeprefix('torch.')} on {device}",
     }
     summary = {}
-    for variant in ("f32", "bf16"):
-        vdir = os.path.join(out_dir, variant)
+    for variant in ("f32", "bf16", "fp8"):
+        vdir = load_dirs.get(variant, os.path.join(out_dir, variant))
         if not os.path.isdir(vdir):
             continue
         model, n_unexpected = load_variant(vdir, spec, num_mtp)
+        if variant == "fp8":
+            if ref_dtype != torch.float32:
+                raise RuntimeError("the fp8 variant's reference is the dequantized model in float32")
+            n_checked = check_fp8_roundtrip(model, built["state_dict"], built["deq"], num_layers)
+        else:
+            n_checked = check_roundtrip(model, built["state_dict"], variant, num_layers)
         model.to(device)
-        n_checked = check_roundtrip(model, built["state_dict"], variant, num_layers)
         log(f"  {variant}: {type(model).__name__} reloaded, {n_checked} weights equal the built ones"
             f" ({n_unexpected} MTP tensors left to the engine)")
         if ref_dtype != torch.float32:
@@ -581,6 +987,11 @@ def reference(name, spec, out_dir, built, num_mtp, seed, device, ref_dtype=torch
                 ref[f"{variant}.mtp.{i}.ids"] = nxt.to(torch.int32).cpu().contiguous()
                 ref[f"{variant}.mtp.{i}.logits"] = mtp_logits.float().cpu().contiguous()
         hook.remove()
+        if variant == "fp8":
+            meta["fp8.weights"] = ("the checkpoint in fp8/ dequantized (q * weight_scale_inv per 128x128 block, "
+                                   "float32), every other tensor its bf16 value; computed in float32")
+            meta["fp8.hf_fp8_check"] = hf_fp8_check(os.path.join(out_dir, "fp8"), model.state_dict(), num_mtp,
+                                                    prompts[-1], ref[f"fp8.prompt.{len(prompts) - 1}.logits"])
         if positions:
             # Read by the Go parity test, which prints them beside its own.
             meta[f"{variant}.hf_self_err"] = repr(self_err)
@@ -627,7 +1038,14 @@ def mtp_modules(built, vdir, variant, num_layers, device):
     if key in cache:
         return cache[key]
     block = copy.deepcopy(built["model"].model.layers[num_layers]).float().to(device).eval()
-    if variant == "bf16":
+    if variant == "fp8":
+        # The MTP decoder layer's weights as the FP8 checkpoint holds them,
+        # dequantized (fused experts stacked from the per-expert matrices).
+        prefix = f"model.layers.{num_layers}."
+        sd = block.state_dict()
+        block.load_state_dict({k: module_tensor_from_hub(built["deq"], prefix + k, v.shape).to(v.device, v.dtype)
+                               for k, v in sd.items()})
+    elif variant == "bf16":
         with torch.no_grad():
             for name, p in block.named_parameters():
                 if not keep_f32(name):
@@ -653,7 +1071,10 @@ def make_fixture(name, spec, out_root, args, attempt=0):
     if num_mtp and args.no_reference:
         log(f"  note: {name}: MTP layers are only built with references; writing none")
         num_mtp = 0
-    variants = [v for v in args.variants.split(",") if v]
+    variants = [v for v in (args.variants or DEFAULT_VARIANTS.get(name, "f32,bf16")).split(",") if v]
+    bad = [v for v in variants if v not in ("f32", "bf16", "fp8")]
+    if bad:
+        raise RuntimeError(f"unknown variants {bad}: want f32, bf16, fp8")
 
     # The MTP decoder layer is built as one more decoder layer of the same
     # model, so transformers names and lays out its weights itself.
@@ -663,7 +1084,7 @@ def make_fixture(name, spec, out_root, args, attempt=0):
         build_spec["num_nextn_predict_layers"] = 0
         build_spec["num_mtp_layers"] = 0
     device = args.device
-    build_dtype = torch.float32 if (not args.no_reference or "f32" in variants) else torch.bfloat16
+    build_dtype = torch.float32 if (not args.no_reference or "f32" in variants or "fp8" in variants) else torch.bfloat16
     model = build_model(build_spec, build_dtype, device)
     if type(model).__name__ != spec["architectures"][0]:
         raise RuntimeError(f"transformers built {type(model).__name__}, want {spec['architectures'][0]}")
@@ -676,7 +1097,7 @@ def make_fixture(name, spec, out_root, args, attempt=0):
     try:
         if args.no_reference:
             # Large models: let transformers shard and name the files.
-            for variant in variants:
+            for variant in [v for v in variants if v != "fp8"]:
                 vdir = os.path.join(out_dir, variant)
                 model.to(variant_dtype(variant)).save_pretrained(vdir, max_shard_size="2GB")
                 with open(os.path.join(vdir, "config.json")) as f:
@@ -687,13 +1108,28 @@ def make_fixture(name, spec, out_root, args, attempt=0):
                     if os.path.exists(os.path.join(vdir, extra)):
                         os.remove(os.path.join(vdir, extra))
                 log(f"  wrote {vdir} ({dir_bytes(vdir) / 2**20:.1f} MiB)")
-            return {}
+            if "fp8" not in variants:
+                return {}
+            # The FP8 checkpoint is quantized from the float32 tensors below
+            # (one file).
+            model.float()
+            variants = ["fp8"]
         model.save_pretrained(tmp)
         with open(os.path.join(tmp, "config.json")) as f:
             written_cfg = json.load(f)
-        tensors = unfuse_experts(saved_tensors(tmp), spec["hidden_size"])
+        raw = saved_tensors(tmp)
+        moe_names = sorted(k for k in raw if layer_index(k) == num_layers - 1 and ("expert" in k or "gate." in k))
+        saved_layout = ", ".join(moe_names[:4] + (["..."] if len(moe_names) > 4 else []))
+        if moe_names:
+            log(f"    save_pretrained wrote the MoE layer {num_layers - 1} as {len(moe_names)} tensors: {saved_layout}")
+        tensors = unfuse_experts(raw, spec["hidden_size"])
+        del raw
     finally:
         shutil.rmtree(tmp)
+    renamed = to_hub_names(tensors, spec["architectures"][0])
+    if set(renamed) != set(tensors):
+        log(f"    note: {sum(1 for k in renamed if k not in tensors)} tensors renamed to the hub's layout")
+    tensors = renamed
 
     hidden, vocab = spec["hidden_size"], spec["vocab_size"]
     if num_mtp:
@@ -717,28 +1153,54 @@ def make_fixture(name, spec, out_root, args, attempt=0):
                 else:
                     val = args.std * z
                 tensors[prefix + extra] = val.contiguous()
+    fp8_stored, deq = {}, None
+    if "fp8" in variants:
+        block = tuple(FP8_QUANT_CONFIG["weight_block_size"])
+        fp8_stored, deq = to_fp8(tensors, block)
     for t in EXPECT_TENSORS.get(name, []):
-        if t not in tensors:
+        if t not in tensors and t not in fp8_stored:
             raise RuntimeError(f"checkpoint lacks {t}; has e.g. {sorted(tensors)[:12]}")
     for t in EXPECT_ABSENT.get(name, []):
-        if t in tensors:
+        if t in tensors or t in fp8_stored:
             raise RuntimeError(f"checkpoint holds {t}, which it should not")
-    for variant in variants:
-        vdir = os.path.join(out_dir, variant)
-        os.makedirs(vdir)
-        save_file(to_variant(tensors, variant), os.path.join(vdir, "model.safetensors"), metadata={"format": "pt"})
-        with open(os.path.join(vdir, "config.json"), "w") as f:
-            json.dump(patch_config_json(written_cfg, variant, num_layers, num_mtp), f, indent=2, sort_keys=True)
-            f.write("\n")
+    deq_dir = None
+    try:
+        for variant in variants:
+            vdir = os.path.join(out_dir, variant)
+            os.makedirs(vdir)
+            cfg = patch_config_json(written_cfg, variant, num_layers, num_mtp)
+            path = os.path.join(vdir, "model.safetensors")
+            if variant == "fp8":
+                cfg["quantization_config"] = dict(FP8_QUANT_CONFIG)
+                save_file(fp8_stored, path, metadata={"format": "pt"})
+                check_fp8_file(path, fp8_stored)
+                # The reference's weights: the same checkpoint dequantized,
+                # every tensor float32, no quantization_config.
+                deq_dir = tempfile.mkdtemp()
+                save_file(deq, os.path.join(deq_dir, "model.safetensors"), metadata={"format": "pt"})
+                with open(os.path.join(deq_dir, "config.json"), "w") as f:
+                    json.dump(patch_config_json(written_cfg, "f32", num_layers, num_mtp), f, indent=2, sort_keys=True)
+            else:
+                save_file(to_variant(tensors, variant), path, metadata={"format": "pt"})
+            with open(os.path.join(vdir, "config.json"), "w") as f:
+                json.dump(cfg, f, indent=2, sort_keys=True)
+                f.write("\n")
 
-    summary = {}
-    if not args.no_reference:
-        built = {"model": model, "state_dict": {k: v.detach().float().cpu() for k, v in model.state_dict().items()}}
-        summary = reference(name, spec, out_dir, built, num_mtp, seed, device,
-                            ref_dtype=REFERENCE_DTYPES[args.reference_dtype], prompt_lens=args.prompt_lens)
-        margin = min(s["min_margin"] for s in summary.values())
-        if margin < args.min_margin:
-            raise NearTie(f"{name}: a greedy step has top-2 margin {margin:.1e} < {args.min_margin:g} (seed {seed})")
+        summary = {}
+        if not args.no_reference:
+            built = {"model": model, "state_dict": {k: v.detach().float().cpu() for k, v in model.state_dict().items()},
+                     "deq": deq}
+            summary = reference(name, spec, out_dir, built, num_mtp, seed, device,
+                                ref_dtype=REFERENCE_DTYPES[args.reference_dtype], prompt_lens=args.prompt_lens,
+                                load_dirs={"fp8": deq_dir} if deq_dir else None)
+            margin = min(s["min_margin"] for s in summary.values())
+            if margin < args.min_margin:
+                raise NearTie(f"{name}: a greedy step has top-2 margin {margin:.1e} < {args.min_margin:g} (seed {seed})")
+    finally:
+        if deq_dir:
+            shutil.rmtree(deq_dir, ignore_errors=True)
+    if moe_names:
+        summary["saved_layout"] = saved_layout
     size = dir_bytes(out_dir)
     log(f"  {name}: {len(tensors)} tensors, {size} bytes in {out_dir}, {time.time() - t0:.1f}s")
     if args.max_dir_bytes and size > args.max_dir_bytes:
@@ -756,7 +1218,11 @@ def main():
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--std", type=float, default=0.1, help="std of projection, router and expert weights")
     p.add_argument("--embed-std", type=float, default=0.25, help="std of embeddings and LM heads")
-    p.add_argument("--variants", default="f32,bf16", help="comma-separated: f32, bf16")
+    p.add_argument("--variants", default=None,
+                   help="comma-separated: f32, bf16, fp8 (default: fp8 for the FP8 fixtures, else f32,bf16)")
+    p.add_argument("--only", default=None,
+                   help="comma-separated fixture names to write (default: all of " + ",".join(TINY + NEW) +
+                        "); 'new' means " + ",".join(NEW))
     p.add_argument("--no-reference", action="store_true", help="write weights only (large real-shape configs)")
     p.add_argument("--device", default="cpu", help="where to build and run the models (cpu, cuda)")
     p.add_argument("--max-dir-bytes", type=int, default=2 * 1024 * 1024, help="fail a fixture over this size (0: no limit)")
@@ -778,7 +1244,24 @@ def main():
     if args.no_reference and args.max_dir_bytes == 2 * 1024 * 1024:
         args.max_dir_bytes = 0
 
-    configs = args.config or [os.path.join(HERE, "configs", n + ".json") for n in TINY]
+    if args.config and args.only:
+        p.error("--only picks among the built-in fixtures; not with --config")
+    if args.config:
+        configs = args.config
+    else:
+        names = TINY + NEW
+        if args.only:
+            want = []
+            for n in args.only.split(","):
+                want += NEW if n == "new" else [n] if n else []
+            unknown = [n for n in want if n not in names]
+            if unknown:
+                p.error(f"--only: unknown fixtures {unknown}; known: {names}")
+            names = [n for n in names if n in want]
+        configs = [BUILTIN_CONFIGS[n] if n in BUILTIN_CONFIGS else os.path.join(HERE, "configs", n + ".json")
+                   for n in names]
+        if args.name:
+            p.error("--name needs exactly one --config")
     if args.name and len(configs) != 1:
         p.error("--name needs exactly one --config")
     import transformers
@@ -788,9 +1271,14 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     results, failed = {}, []
     for path in configs:
-        name = args.name or os.path.splitext(os.path.basename(path))[0]
-        with open(path) as f:
-            spec = json.load(f)
+        if isinstance(path, dict):
+            spec = copy.deepcopy(path)
+            name = next(k for k, v in BUILTIN_CONFIGS.items() if v is path)
+            path = "built-in config"
+        else:
+            name = args.name or os.path.splitext(os.path.basename(path))[0]
+            with open(path) as f:
+                spec = json.load(f)
         log(f"== {name} ({path})")
         try:
             for attempt in range(args.max_tries):
@@ -813,16 +1301,18 @@ def main():
         log(f"packed {sorted(results)} into {args.tar} ({os.path.getsize(args.tar)} bytes)")
 
     log("")
-    log(f"{'fixture':<14}{'params':>9}{'bytes':>10}  per variant: min row std / min margin / distinct / cache diff / argmax disagreements")
+    log(f"{'fixture':<16}{'params':>9}{'bytes':>10}  per variant: min row std / min margin / distinct / cache diff / argmax disagreements")
     for name, s in results.items():
         parts = []
-        for v in ("f32", "bf16"):
+        for v in ("f32", "bf16", "fp8"):
             if v in s:
                 r = s[v]
                 parts.append(f"{v}: {r['min_std']:.2f} / {r['min_margin']:.1e} / {r['distinct']} / "
                              f"{r['cache_diff']:.0e} / {r['mismatch']}")
             # weights-only runs have no per-variant figures
-        log(f"{name:<14}{s.get('params', 0):>9}{s.get('bytes', 0):>10}  " + "; ".join(parts))
+        log(f"{name:<16}{s.get('params', 0):>9}{s.get('bytes', 0):>10}  " + "; ".join(parts))
+        if s.get("saved_layout"):
+            log(f"{'':<16}save_pretrained's MoE tensors: {s['saved_layout']}")
     if failed:
         log(f"FAILED: {failed}")
         sys.exit(1)

@@ -19,7 +19,12 @@ import (
 // and <name>/reference.safetensors with HF transformers' outputs.
 const fixtureDir = "../../testdata/models"
 
-var fixtureNames = []string{"llama", "mistral", "qwen3", "deepseek-v2", "deepseek-v3"}
+var fixtureNames = []string{"llama", "mistral", "qwen3", "deepseek-v2", "deepseek-v3", "qwen3-moe", "mixtral", "deepseek-v3-fp8", "qwen3-fp8"}
+
+// fixtureVariants names the variants of the fixtures that do not have the
+// usual f32 and bf16: the FP8 checkpoints, whose reference is HF in float32
+// over their dequantized weights.
+var fixtureVariants = map[string][]string{"deepseek-v3-fp8": {"fp8"}, "qwen3-fp8": {"fp8"}}
 
 // parityTargets returns the fixture root, names and variants to check. The
 // environment can point the same test at other folders of the same layout,
@@ -27,7 +32,7 @@ var fixtureNames = []string{"llama", "mistral", "qwen3", "deepseek-v2", "deepsee
 // machine: DEEPINFER_PARITY_DIR, DEEPINFER_PARITY_NAMES and
 // DEEPINFER_PARITY_VARIANTS (comma-separated).
 func parityTargets() (dir string, names, variants []string) {
-	dir, names, variants = fixtureDir, fixtureNames, []string{"f32", "bf16"}
+	dir, names, variants = fixtureDir, fixtureNames, nil
 	if v := os.Getenv("DEEPINFER_PARITY_DIR"); v != "" {
 		dir = v
 	}
@@ -40,8 +45,22 @@ func parityTargets() (dir string, names, variants []string) {
 	return dir, names, variants
 }
 
+// fixtureVariantsOf returns the variants to check of fixture name: those
+// the environment names, else the fixture's own.
+func fixtureVariantsOf(name string, variants []string) []string {
+	if variants != nil {
+		return variants
+	}
+	if v, ok := fixtureVariants[name]; ok {
+		return v
+	}
+	return []string{"f32", "bf16"}
+}
+
 // fixtureTolerance is the bound on max|logit - ref| / max|ref| per position.
-var fixtureTolerance = map[string]float64{"f32": 1e-4, "bf16": 1e-2}
+// The FP8 checkpoints are held to the float32 bound: their reference runs
+// the dequantized weights in float32.
+var fixtureTolerance = map[string]float64{"f32": 1e-4, "bf16": 1e-2, "fp8": 1e-4}
 
 type fixtureRef struct {
 	f *weights.File
@@ -99,7 +118,7 @@ func TestFixtureParity(t *testing.T) {
 			}
 			defer rf.Close()
 			ref := fixtureRef{rf, t}
-			for _, variant := range variants {
+			for _, variant := range fixtureVariantsOf(name, variants) {
 				t.Run(variant, func(t *testing.T) {
 					m, err := Builtin().Load(ops, filepath.Join(fixtureDir, name, variant), Options{MaxModelLen: 128})
 					if err != nil {
