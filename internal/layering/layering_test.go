@@ -18,7 +18,7 @@ const module = "github.com/deepinfer/deepinfer-go"
 // a folder may import packages of its own folder and of any folder on a
 // lower floor, never one on its own floor (outside its folder) or above.
 var floors = [][]string{
-	{"cmd", "examples"},
+	{"cmd", "examples", "tools"},
 	{"cli"},
 	{"server", "bench"},
 	{"llm"},
