@@ -33,6 +33,14 @@ type walker struct {
 
 	arena []frame
 	tops  []top
+	// frameAt hash-conses the arena: the index where each (pos, parent)
+	// frame was made, valid while it is below len(arena) and holds that
+	// frame (truncation leaves stale entries, which the check skips).
+	// Equal stacks therefore have equal indices, so the dedup of tops by
+	// (pos, rest) merges them: without it, a frame popped and pushed again
+	// in a later step got a new index, and ambiguous nested repetitions
+	// such as (a+)+ kept a stack per way of splitting the input.
+	frameAt map[frame]int32
 
 	// per step
 	visited   []top // (rule, rest) pairs expanded in this step
@@ -43,7 +51,7 @@ type walker struct {
 }
 
 func newWalker(g *Grammar) *walker {
-	return &walker{elems: g.elems, rules: g.rules, classes: g.classes}
+	return &walker{elems: g.elems, rules: g.rules, classes: g.classes, frameAt: make(map[frame]int32)}
 }
 
 func (w *walker) beginStep() {
@@ -74,15 +82,24 @@ func (w *walker) advance(l level, b byte) level {
 	return level{int32(w.topStart), int32(len(w.tops)), int32(len(w.arena)), w.accept}
 }
 
-// intern returns the frame (pos, parent) made in this step, making it once.
+// intern returns the arena index of frame (pos, parent), making it once:
+// a frame made in this step is found by a scan of the step's frames (few),
+// an older one through frameAt. Cost: O(frames made this step) plus one
+// map lookup.
 func (w *walker) intern(pos, parent int32) int32 {
+	f := frame{pos, parent}
 	for i := w.nodeStart; i < len(w.arena); i++ {
-		if w.arena[i] == (frame{pos, parent}) {
+		if w.arena[i] == f {
 			return int32(i)
 		}
 	}
-	w.arena = append(w.arena, frame{pos, parent})
-	return int32(len(w.arena) - 1)
+	if i, ok := w.frameAt[f]; ok && int(i) < len(w.arena) && w.arena[i] == f {
+		return i
+	}
+	w.arena = append(w.arena, f)
+	i := int32(len(w.arena) - 1)
+	w.frameAt[f] = i
+	return i
 }
 
 // closure adds the stacks reachable from position pos with frames rest

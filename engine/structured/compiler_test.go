@@ -3,6 +3,7 @@ package structured
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -255,5 +256,42 @@ func TestCompilerDeadlineStopsWork(t *testing.T) {
 	c.opts.Timeout = time.Minute
 	if _, err := c.Compile(context.Background(), &engine.StructuredOutput{Regex: "[0-9]+"}); err != nil {
 		t.Fatalf("the next constraint on the freed worker: %v", err)
+	}
+}
+
+// Pathological constraints either compile (the engine is an automaton:
+// nested quantifiers do not backtrack) and behave, or fail by their
+// deadline: a catastrophic regex, a huge enum, deep nesting.
+func TestCompilerPathological(t *testing.T) {
+	enum := make([]string, 3000)
+	for i := range enum {
+		enum[i] = fmt.Sprintf("%q", fmt.Sprintf("value-%05d", i))
+	}
+	hugeEnum := `{"enum":[` + strings.Join(enum, ",") + `]}`
+	c, err := NewCompiler(byteVocab(), Options{Workers: 2, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := c.Compile(context.Background(), &engine.StructuredOutput{Regex: `(a+)+(b|a+)*c`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !accepts(t, g, strings.Repeat("a", 200)+"c") || accepts(t, g, strings.Repeat("a", 200)+"d") {
+		t.Fatal("nested quantifiers: wrong language")
+	}
+	g, err = c.Compile(context.Background(), &engine.StructuredOutput{JSONSchema: hugeEnum, Whitespace: "compact"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !accepts(t, g, `"value-02345"`) || accepts(t, g, `"value-03000"`) {
+		t.Fatal("huge enum: wrong language")
+	}
+	// The same constraint under a deadline it cannot meet fails alone.
+	tight, err := NewCompiler(byteVocab(), Options{Workers: 1, Timeout: time.Nanosecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tight.Compile(context.Background(), &engine.StructuredOutput{JSONSchema: hugeEnum}); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("huge enum past its deadline: %v", err)
 	}
 }
