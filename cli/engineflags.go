@@ -46,7 +46,7 @@ func (f *engineFlags) register(cmd *cobra.Command, set engineFlagSet) {
 	fl := cmd.Flags()
 	fl.StringVarP(&f.configPath, "config", "c", "", "engine config (YAML); default: the built-in config (configs/default.yaml) with the shipped model")
 	if set.model {
-		fl.StringVarP(&f.model, "model", "m", "", "model directory (Hugging Face layout); overrides the config's model; default: the shipped deepseek-tiny")
+		fl.StringVarP(&f.model, "model", "m", "", "model directory (Hugging Face layout) or GGUF file; overrides the config's model; default: the shipped deepseek-tiny")
 	}
 	fl.IntVar(&f.maxModelLen, "max-model-len", 0, "prompt + output tokens per sequence (engine.max_model_len); default: the config's, else the model's max_position_embeddings")
 	fl.IntVar(&f.maxNumSeqs, "max-num-seqs", 0, "sequences in one step (engine.max_num_seqs); default: the config's")
@@ -161,6 +161,9 @@ func chatTemplateTokenizer(cfg *config.Config, templatePath string) (string, err
 	src := cfg.Tokenizer
 	if src == "" {
 		src = cfg.Model
+	}
+	if st, err := os.Stat(src); err == nil && !st.IsDir() {
+		return "", fmt.Errorf("--chat-template: the tokenizer comes from the file %s; a replaced chat template needs a tokenizer directory (--config with tokenizer: DIR)", src)
 	}
 	tc := map[string]json.RawMessage{}
 	if data, err := os.ReadFile(filepath.Join(src, "tokenizer_config.json")); err == nil {

@@ -36,7 +36,7 @@ func newServeCmd(reg *pipeline.Registry) *cobra.Command {
 			"generation requests (and /health) get 503 with Retry-After while in-flight ones finish within\n" +
 			"--shutdown-timeout; the rest are then aborted and the exit status is 0. --api-key (or\n" +
 			"$DEEPINFER_API_KEY) requires a bearer token; --allowed-origins opens CORS to browser pages.\n\n" +
-			"MODEL_DIR (as vLLM's serve MODEL) is a Hugging Face model directory; it overrides the config's\n" +
+			"MODEL_DIR (as vLLM's serve MODEL) is a Hugging Face model directory or a GGUF file; it overrides the config's\n" +
 			"model. With neither MODEL_DIR nor --config it serves the shipped model (deepseek-tiny).",
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -13,14 +13,17 @@ type DType uint8
 // Element types. Weights come in F32, BF16 or F16; activations are in the
 // backend's ActivationDType; token ids, positions and attention metadata are
 // I32. F8E4M3 (OCP FP8 E4M3: 4 exponent bits, 3 mantissa bits, largest
-// finite 448, no infinities) only holds KV caches a backend keeps in 8 bits
-// (see KVCacheDTyper).
+// finite 448, no infinities) holds KV caches a backend keeps in 8 bits
+// (see KVCacheDTyper), and FP8 weights of backends with FP8 kernels (see
+// FP8Weighter). Quant is a weight in llama.cpp's block-quantized formats
+// (see QuantWeighter): it has no per-element size.
 const (
 	F32 DType = iota + 1
 	BF16
 	F16
 	I32
 	F8E4M3
+	Quant
 )
 
 // Size is the number of bytes of one element (0 for an invalid DType).
@@ -49,6 +52,8 @@ func (d DType) String() string {
 		return "I32"
 	case F8E4M3:
 		return "F8_E4M3"
+	case Quant:
+		return "QUANT"
 	}
 	return fmt.Sprintf("DType(%d)", uint8(d))
 }

@@ -42,9 +42,12 @@ type ScaledWeight interface {
 	HasWeightScales() bool
 }
 
-// weightTypes are the dtypes weight w may have: FloatTypes, and F8E4M3 for
-// a tensor built by FP8Weighter.
+// weightTypes are the dtypes weight w may have: FloatTypes, F8E4M3 for a
+// tensor built by FP8Weighter, and Quant for one built by QuantWeighter.
 func weightTypes(w Tensor) []DType {
+	if q, ok := w.(BlockWeight); ok && present(w) && q.HasBlocks() {
+		return []DType{Quant}
+	}
 	if s, ok := w.(ScaledWeight); ok && present(w) && s.HasWeightScales() {
 		return []DType{F32, BF16, F16, F8E4M3}
 	}

@@ -348,3 +348,63 @@ func (p RouteParams) Validate(numExperts int) error {
 	}
 	return nil
 }
+
+// RingAttentioner is implemented by backends that keep a sliding-window
+// layer's keys and values in per-sequence ring buffers (state slots)
+// instead of paged blocks: kRing and vRing [num_slots, window,
+// NumKVHeads*HeadDim] (window = p.SlidingWindow) hold, for the sequence in
+// slot s, the key of position pos at row s*window + pos%window.
+//
+// RingAttention is Attention for such a layer: k and v [T,
+// NumKVHeads*HeadDim] are the step's new keys and values (rotated), which
+// are NOT yet in the ring; slots I32 [NumSeqs] names each sequence's
+// slot. Sequence s has q_len = CuSeqlensQ[s+1]-CuSeqlensQ[s] new rows and
+// k_len = SeqlensK[s] keys: its first k_len-q_len keys are history, of
+// which the ring holds the last window; query row j (position
+// k_len-q_len+j) attends to its window most recent keys, reading history
+// from the ring and the step's own keys from k and v, so a chunk longer
+// than the window is one call. m.BlockTables and m.SlotMapping are not
+// read. After the call the caller writes the step's keys and values into
+// the ring with WriteCache through a slot mapping that wraps (RingSlots):
+// a row whose position will be overwritten within the same step is -1.
+// The result is the bits Attention gives for the same keys in paged
+// blocks with SlidingWindow = window. Cost: that of Attention.
+type RingAttentioner interface {
+	RingAttention(out, q, k, v, kRing, vRing, slots Tensor, m *AttentionMetadata, p AttentionParams) error
+}
+
+// RingSlots returns the ring rows a step's new tokens are written to: for
+// each sequence s (slot slots[s], numNew new tokens ending at key count
+// seqlensK[s]), the token at position pos goes to slot*window +
+// pos%window when pos >= seqlensK[s]-window, else -1 (a later token of the
+// same step takes its row). newPerSeq[s] is the sequence's number of new
+// tokens.
+func RingSlots(slots, seqlensK, newPerSeq []int32, window int) []int32 {
+	var out []int32
+	for s := range slots {
+		k, q := int(seqlensK[s]), int(newPerSeq[s])
+		for pos := k - q; pos < k; pos++ {
+			row := int32(-1)
+			if pos >= k-window {
+				row = slots[s]*int32(window) + int32(pos%window)
+			}
+			out = append(out, row)
+		}
+	}
+	return out
+}
+
+// GemmaOpser is implemented by backends with the elementwise operations of
+// the Gemma family that the Llama family does not need.
+type GemmaOpser interface {
+	// Scale computes out = x * s elementwise; out and x of one shape, F32.
+	// out may alias x. Cost: one pass over x.
+	Scale(out, x Tensor, s float32) error
+	// GELUTanhMul is the GeGLU activation with the tanh approximation of
+	// GELU: out[i, j] = gelu_tanh(gateUp[i, j]) * gateUp[i, n+j], with
+	// gateUp [T, 2n] (gate columns first) and out [T, n], F32.
+	GELUTanhMul(out, gateUp Tensor) error
+	// Softcap bounds x in place: x = c * tanh(x / c), c > 0, F32 of any
+	// shape. Cost: one pass over x.
+	Softcap(x Tensor, c float32) error
+}

@@ -655,3 +655,33 @@ func ReshapeShapes(backend string, t Tensor, shape []int) error {
 	}
 	return nil
 }
+
+// RingAttentionShapes checks RingAttentioner.RingAttention's arguments
+// other than its metadata: p as AttentionShapes with SlidingWindow > 0; q
+// F32 [t, NumHeads*HeadDim]; out of one of outTypes; k and v F32 [t,
+// NumKVHeads*HeadDim]; k_ring [slots, SlidingWindow, NumKVHeads*HeadDim]
+// of one of cacheTypes and v_ring of its shape and dtype; slots I32
+// [num_seqs]. It returns t and the number of slots.
+func RingAttentionShapes(backend string, out, q, k, v, kRing, vRing, slots Tensor, p AttentionParams, outTypes, cacheTypes []DType) (t, numSlots int, err error) {
+	const op = "ring_attention"
+	if p.SlidingWindow <= 0 {
+		return 0, 0, fmt.Errorf("%s: %s: sliding window %d, want > 0: %w", backend, op, p.SlidingWindow, ErrShape)
+	}
+	if t, err = AttentionShapes(backend, out, q, kRing, vRing, p, outTypes, cacheTypes); err != nil {
+		return 0, 0, err
+	}
+	kvw := p.NumKVHeads * p.HeadDim
+	if err = CheckShape(backend, op, "k_ring", kRing, []int{-1, p.SlidingWindow, kvw}, orF32(cacheTypes)...); err != nil {
+		return 0, 0, err
+	}
+	if err = CheckShape(backend, op, "k", k, []int{t, kvw}, F32); err != nil {
+		return 0, 0, err
+	}
+	if err = CheckShape(backend, op, "v", v, []int{t, kvw}, F32); err != nil {
+		return 0, 0, err
+	}
+	if err = CheckShape(backend, op, "slots", slots, []int{-1}, I32); err != nil {
+		return 0, 0, err
+	}
+	return t, kRing.Shape()[0], nil
+}

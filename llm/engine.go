@@ -15,6 +15,7 @@ import (
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/config"
+	"github.com/deepinfer/deepinfer-go/engine/gguf"
 	"github.com/deepinfer/deepinfer-go/engine/models"
 	"github.com/deepinfer/deepinfer-go/engine/tokenizer"
 	"github.com/deepinfer/deepinfer-go/engine/weights"
@@ -111,7 +112,8 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	if err := checkModelFiles(cfg); err != nil {
 		return nil, err
 	}
-	model, err := opts.Models.Load(e.ops, cfg.Model, models.Options{MaxModelLen: maxModelLen, Quantization: cfg.Quantization})
+	model, err := opts.Models.Load(e.ops, cfg.Model, models.Options{MaxModelLen: maxModelLen, Quantization: cfg.Quantization,
+		SlidingWindowPaged: cfg.Cache.SlidingWindowPaged})
 	if err != nil {
 		return nil, fmt.Errorf("llm: %w", err)
 	}
@@ -125,7 +127,11 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	if tokDir == "" {
 		tokDir = cfg.Model
 	}
-	if _, err := os.Stat(filepath.Join(tokDir, "tokenizer.json")); err == nil {
+	if cfg.Tokenizer == "" && models.IsGGUF(cfg.Model) {
+		if e.tok, err = ggufTokenizer(cfg.Model); err != nil {
+			return nil, fmt.Errorf("llm: %w", err)
+		}
+	} else if _, err := os.Stat(filepath.Join(tokDir, "tokenizer.json")); err == nil {
 		if e.tok, err = tokenizer.Load(tokDir); err != nil {
 			return nil, fmt.Errorf("llm: %w", err)
 		}
@@ -149,14 +155,19 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	if spec.RingLayers > 0 && drafter.env.NumSpeculativeTokens > 0 {
+		// Rejected drafts would overwrite ring entries the next step needs.
+		return nil, fmt.Errorf("llm: %w: speculative decoding with sliding-window ring buffers (%s) is not supported; "+
+			"set cache.sliding_window_paged: true to keep those layers paged", config.ErrInvalid, mcfg.Architectures)
+	}
 	bytesPerBlock := spec.BytesPerBlock(cfg.Cache.BlockSize)
 	if drafter.cacheSpec != nil {
 		// The drafter's cache shares the target's blocks: each block holds both.
 		bytesPerBlock += drafter.cacheSpec.BytesPerBlock(cfg.Cache.BlockSize)
 	}
 	numBlocks := cfg.Cache.NumBlocks
+	budget := cfg.Cache.CPUMemoryGiB * (1 << 30)
 	if numBlocks == 0 {
-		budget := cfg.Cache.CPUMemoryGiB * (1 << 30)
 		if dev, ok := e.ops.(*cuda.Backend); ok {
 			// A device backend: cache.memory_fraction of the memory free
 			// after the weights, less the activations of the largest step.
@@ -165,9 +176,10 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 				return nil, fmt.Errorf("llm: %w", err)
 			}
 		}
-		numBlocks = int(max(budget, 0) / float64(bytesPerBlock))
-		numBlocks = min(numBlocks, cfg.Engine.MaxNumSeqs*((maxModelLen+cfg.Cache.BlockSize-1)/cfg.Cache.BlockSize)+1)
 	}
+	kv := planKV(spec, budget, bytesPerBlock, cfg.Cache.BlockSize, numBlocks, cfg.Cache.NumStateSlots, cfg.Engine.MaxNumSeqs, maxModelLen)
+	numBlocks = kv.KVBlocks
+	e.memPlan.StateSlots, e.memPlan.StateSlotBytes, e.memPlan.BlockBytes = kv.StateSlots, kv.StateSlotBytes, kv.BlockBytes
 	if err := checkHostMemory(cfg, int64(bytesPerBlock), hostMemoryBytes()); err != nil {
 		return nil, err
 	}
@@ -179,6 +191,9 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	cache, err := model.NewKVCache(numBlocks, cfg.Cache.BlockSize)
 	if err != nil {
 		return nil, fmt.Errorf("llm: kv cache: %w", err)
+	}
+	if err := cache.AllocStateSlots(e.ops, kv.StateSlots); err != nil {
+		return nil, fmt.Errorf("llm: %w", err)
 	}
 	if drafter.newCache != nil {
 		if drafter.env.DraftCache, err = drafter.newCache(numBlocks, cfg.Cache.BlockSize); err != nil {
@@ -193,8 +208,11 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		ChunkSize:            cfg.Engine.PrefillChunkSize,
 		BlockSize:            cfg.Cache.BlockSize,
 		NumBlocks:            numBlocks,
-		EnablePrefixCaching:  cfg.Cache.PrefixCaching,
-		NumStateSlots:        cfg.Cache.NumStateSlots,
+		// A prefix-cache hit skips computing the prefix, but a ring
+		// buffer holds only what its sequence computed: with ring layers
+		// every sequence computes its prompt from the start.
+		EnablePrefixCaching:  cfg.Cache.PrefixCaching && spec.RingLayers == 0,
+		NumStateSlots:        kv.StateSlots,
 		EOSTokenIDs:          mcfg.EOSTokenIDs,
 		VocabSize:            mcfg.VocabSize,
 		NumSpeculativeTokens: drafter.env.NumSpeculativeTokens,
@@ -293,15 +311,22 @@ func maxPromptBytes(maxModelLen, maxTokenBytes int) int {
 // max_position_embeddings (unless engine.allow_long_max_model_len), and
 // negative special-token ids in tokenizer_config.json (negative ids in
 // config.json are refused by weights.ParseConfig). A config.json that does
-// not parse is left to the model loader, which reports it. Cost: reading
-// two small JSON files.
+// not parse is left to the model loader, which reports it. A GGUF file's
+// config comes from its metadata. Cost: reading two small JSON files, or
+// parsing a GGUF file's metadata.
 func checkModelFiles(cfg *config.Config) error {
-	if wc, err := weights.ReadConfig(filepath.Join(cfg.Model, "config.json")); err == nil {
+	configPath := filepath.Join(cfg.Model, "config.json")
+	wc, err := weights.ReadConfig(configPath)
+	if models.IsGGUF(cfg.Model) {
+		configPath = cfg.Model + " (GGUF metadata)"
+		wc, err = ggufConfig(cfg.Model)
+	}
+	if err == nil {
 		if n, limit := cfg.Engine.MaxModelLen, derivedMaxModelLen(wc); n > limit && !cfg.Engine.AllowLongMaxModelLen {
 			return fmt.Errorf("llm: %w: engine.max_model_len %d exceeds the model's max_position_embeddings %d (%s, with its rope scaling): "+
 				"positions past the trained context give garbage; lower engine.max_model_len, or set "+
 				"engine.allow_long_max_model_len: true to serve them anyway",
-				config.ErrInvalid, n, limit, filepath.Join(cfg.Model, "config.json"))
+				config.ErrInvalid, n, limit, configPath)
 		}
 	}
 	tokDir := cfg.Tokenizer
@@ -671,4 +696,34 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 		e.cancel()
 		return errors.Join(ctx.Err(), <-errc)
 	}
+}
+
+// ggufConfig reads the config of the GGUF file at path (see
+// models.GGUFConfig).
+func ggufConfig(path string) (*weights.Config, error) {
+	f, err := gguf.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return models.GGUFConfig(f)
+}
+
+// ggufTokenizer builds the tokenizer (with its chat template) from the
+// metadata of the GGUF file at path; nil, and no error, for a file that
+// stores none. Cost: one parse of the metadata and the tokenizer's build.
+func ggufTokenizer(path string) (*tokenizer.Tokenizer, error) {
+	f, err := gguf.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if _, ok := f.Get("tokenizer.ggml.model"); !ok {
+		return nil, nil
+	}
+	tok, err := tokenizer.FromGGUF(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return tok, nil
 }

@@ -19,6 +19,47 @@ type MemoryPlan struct {
 	// profiling pass (the driver's free memory plus the allocator's cached
 	// blocks); 0 on the CPU.
 	Available uint64
+	// StateSlots is the number of per-sequence state slots; with ring
+	// layers (models.KVCacheSpec.RingLayers) each holds StateSlotBytes of
+	// ring buffers, window tokens a layer, out of the same budget as the
+	// blocks.
+	StateSlots     int
+	StateSlotBytes int
+	// BlockBytes is the footprint of one KV block across the paged layers
+	// (and a drafter's cache sharing the blocks).
+	BlockBytes int
+}
+
+// KVBytesPerSequence is the KV memory a sequence of numTokens tokens
+// takes under spec: whole blocks of the paged layers plus, with ring
+// layers, one state slot (window tokens a ring layer, whatever the
+// context).
+func KVBytesPerSequence(spec models.KVCacheSpec, numTokens, blockSize int) int {
+	return spec.BytesPerSequence(numTokens, blockSize)
+}
+
+// planKV sizes the paged blocks and the state slots. numBlocks > 0
+// (cache.num_blocks) and numSlots > 0 (cache.num_state_slots) are taken as
+// given; otherwise blocks fill budget bytes, less the state slots' ring
+// buffers, up to what maxNumSeqs sequences of maxModelLen tokens can use,
+// and slots default to maxNumSeqs, their ring buffers taking at most half
+// the budget (at least one slot). blockBytes is a block's footprint.
+func planKV(spec models.KVCacheSpec, budget float64, blockBytes, blockSize, numBlocks, numSlots, maxNumSeqs, maxModelLen int) MemoryPlan {
+	p := MemoryPlan{StateSlots: numSlots, StateSlotBytes: spec.BytesPerStateSlot(), BlockBytes: blockBytes}
+	if p.StateSlots <= 0 {
+		p.StateSlots = maxNumSeqs
+		if p.StateSlotBytes > 0 && numBlocks <= 0 {
+			p.StateSlots = max(1, min(p.StateSlots, int(max(budget, 0)/2/float64(p.StateSlotBytes))))
+		}
+	}
+	if numBlocks > 0 {
+		p.KVBlocks = numBlocks
+		return p
+	}
+	left := max(budget-float64(p.StateSlots)*float64(p.StateSlotBytes), 0)
+	p.KVBlocks = int(left / float64(blockBytes))
+	p.KVBlocks = min(p.KVBlocks, maxNumSeqs*((maxModelLen+blockSize-1)/blockSize)+1)
+	return p
 }
 
 // deviceKVBudget returns the bytes the KV cache of a device backend may

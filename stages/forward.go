@@ -187,6 +187,9 @@ func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResu
 	if err := copyBlocks(f.d, step.Outputs.BlockCopies); err != nil {
 		return nil, fmt.Errorf("forward: step %d: %w", step.Outputs.StepID, err)
 	}
+	if err := copyStates(f.d.Ops, f.d.Cache, step.Outputs.StateCopies); err != nil {
+		return nil, fmt.Errorf("forward: step %d: state copies: %w", step.Outputs.StepID, err)
+	}
 	g := f.graphs.pick(step)
 	if g != nil {
 		if err := g.load(f.d, step); err != nil {

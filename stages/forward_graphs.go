@@ -285,3 +285,17 @@ func copyCacheBlocks(ops kernels.Ops, cache *models.KVCache, copies []engine.Blo
 	}
 	return nil
 }
+
+// copyStates performs the scheduler's state copies (a forked sequence
+// starts from its parent's state slot) in the cache's ring buffers;
+// nothing for a cache without state slots.
+func copyStates(ops kernels.Ops, cache *models.KVCache, copies []engine.StateCopy) error {
+	if len(copies) == 0 || cache == nil || cache.NumSlots == 0 {
+		return nil
+	}
+	src, dst := make([]int, len(copies)), make([]int, len(copies))
+	for i, c := range copies {
+		src[i], dst[i] = c.Src, c.Dst
+	}
+	return cache.CopyStateSlots(ops, src, dst)
+}

@@ -29,6 +29,10 @@ type PrepareDeps struct {
 	// next-input table, 1+k entries a sample row.
 	NumSpeculativeTokens int
 	Stats                *Stats
+	// RingWindow is the window of the model's ring-buffer layers
+	// (models.KVCacheSpec.RingWindow; 0: none): the batch then carries
+	// each sequence's state slot and the ring slot mapping.
+	RingWindow int
 }
 
 // RegisterPrepare registers a prepare implementation in r (nil: the
@@ -41,6 +45,7 @@ func RegisterPrepare[O any](r *pipeline.Registry, name string, defaults O, build
 		}
 		if e.Cache != nil {
 			d.BlockSize, d.NumBlocks = e.Cache.BlockSize, e.Cache.NumBlocks
+			d.RingWindow = e.Cache.Spec.RingWindow
 		}
 		return d
 	}, build, nil)
@@ -114,7 +119,7 @@ type PromptRow struct {
 type prepare struct{ d PrepareDeps }
 
 func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep, error) {
-	h := &models.HostBatch{BlockSize: p.d.BlockSize}
+	h := &models.HostBatch{BlockSize: p.d.BlockSize, RingWindow: p.d.RingWindow}
 	numRows := step.Outputs.NumSampleRows
 	rows := make([]RowRef, 0, numRows+step.Outputs.NumDraftTokens)
 	sampleRows := make([]int32, 0, cap(rows))
@@ -159,6 +164,9 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 		if m.Prefill {
 			h.AddSequence(ids, m.PosStart, table)
 			shiftFrom = append(shiftFrom, shift)
+			if h.RingWindow > 0 {
+				h.StateSlots = append(h.StateSlots, int32(m.StateSlot))
+			}
 		} else {
 			// A decode's rows (its last token and the drafts it verifies)
 			// are laid out as decode rows of one token each, every one
@@ -169,6 +177,9 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 			for j := range ids {
 				h.AddSequence(ids[j:j+1:j+1], m.PosStart+j, table)
 				shiftFrom = append(shiftFrom, shift)
+				if h.RingWindow > 0 {
+					h.StateSlots = append(h.StateSlots, int32(m.StateSlot))
+				}
 			}
 		}
 		if !m.Sample {

@@ -82,6 +82,12 @@ type Cache struct {
 	// OCP FP8 E4M3 (lossy, a quarter of float32's bytes; either backend,
 	// GQA models only: MLA models keep their latent cache).
 	KVCacheDType string `yaml:"kv_cache_dtype"`
+	// SlidingWindowPaged is a debug switch for models whose sliding-window
+	// layers keep their keys and values in per-sequence ring buffers of
+	// window tokens (the state slots, e.g. Gemma 3): true keeps those
+	// layers in paged blocks of the whole context instead, as the full
+	// layers (more memory, fewer sequences; prefix caching then applies).
+	SlidingWindowPaged bool `yaml:"sliding_window_paged"`
 }
 
 // KVDType maps KVCacheDType to the element type it asks of the backend: 0

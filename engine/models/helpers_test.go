@@ -152,6 +152,8 @@ func opsOf(m Model) kernels.Ops {
 		return x.ops
 	case *deepseek:
 		return x.ops
+	case *gemma3:
+		return x.ops
 	}
 	panic("unknown model type")
 }

@@ -249,12 +249,16 @@ func newLlama(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, op
 	return m, nil
 }
 
-// computeDType is the 16-bit type a backend may compute attention in for a
-// model whose weights are of type w: BF16 for FP8 weights (their scales
-// come from BF16 checkpoints), w otherwise.
+// computeDType is the type a backend may compute attention in for a model
+// whose weights are of type w: BF16 for FP8 weights (their scales come from
+// BF16 checkpoints), F32 for block-quantized ones (the backends that keep
+// them compute in F32), w otherwise.
 func computeDType(w kernels.DType) kernels.DType {
-	if w == kernels.F8E4M3 {
+	switch w {
+	case kernels.F8E4M3:
 		return kernels.BF16
+	case kernels.Quant:
+		return kernels.F32
 	}
 	return w
 }

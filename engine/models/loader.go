@@ -55,9 +55,9 @@ func toKernelDType(d weights.DType) (kernels.DType, bool) {
 
 // loader copies tensors from a Weights into backend memory, remembering the
 // first error so that a constructor can read many tensors and check once.
-// Matrices keep their stored dtype (F32, BF16, F16, or F8_E4M3 with its
-// block scales); with quantize set, the linear layers' float matrices are
-// quantized to FP8 at load.
+// Matrices keep their stored dtype (F32, BF16, F16, F8_E4M3 with its block
+// scales, or the blocks of a GGUF file's quantized formats); with quantize
+// set, the linear layers' float matrices are quantized to FP8 at load.
 type loader struct {
 	ops kernels.Ops
 	src Weights
@@ -67,9 +67,9 @@ type loader struct {
 	// checkpoint, in blocks of quantBlock (see Options.Quantization).
 	block    [2]int
 	quantize bool
-	// bytes counts the weight bytes loaded per backend dtype (see
-	// WeightFormat).
-	bytes map[kernels.DType]int64
+	// bytes counts the weight bytes loaded per format: a backend dtype's
+	// name, or a block-quantized format's (see WeightFormat).
+	bytes map[string]int64
 }
 
 // newLoader returns the loader of a model of config cfg: FP8 matrices
@@ -82,27 +82,23 @@ func newLoader(ops kernels.Ops, cfg *weights.Config, src Weights, opts Options) 
 	return l
 }
 
-// weightFormat names the dtypes of the loaded weights, the most bytes
+// weightFormat names the formats of the loaded weights, the most bytes
 // first: "F8_E4M3+BF16" (FP8 weights with the embeddings and LM head in
-// BF16), "BF16".
+// BF16), "BF16", "Q4_K+Q6_K+F32" (a GGUF Q4_K_M file).
 func (l *loader) weightFormat() string {
-	dts := make([]kernels.DType, 0, len(l.bytes))
-	for dt := range l.bytes {
-		dts = append(dts, dt)
+	names := make([]string, 0, len(l.bytes))
+	for name := range l.bytes {
+		names = append(names, name)
 	}
-	slices.SortFunc(dts, func(a, b kernels.DType) int {
+	slices.SortFunc(names, func(a, b string) int {
 		if l.bytes[a] != l.bytes[b] {
 			if l.bytes[a] > l.bytes[b] {
 				return -1
 			}
 			return 1
 		}
-		return int(a) - int(b)
+		return strings.Compare(a, b)
 	})
-	names := make([]string, len(dts))
-	for i, dt := range dts {
-		names[i] = dt.String()
-	}
 	return strings.Join(names, "+")
 }
 
@@ -190,6 +186,11 @@ func quantizePart(t weights.Tensor, p part) fp8Part {
 func (l *loader) build(quantize bool, shape []int, parts []part) kernels.Tensor {
 	if l.err != nil {
 		return nil
+	}
+	if qs, ok := l.quantParts(parts); !ok {
+		return nil
+	} else if qs != nil {
+		return l.buildQuant(shape, parts, qs)
 	}
 	ts := make([]weights.Tensor, len(parts))
 	nf8, dtypes := 0, map[kernels.DType]bool{}
@@ -293,11 +294,13 @@ func (l *loader) build(quantize bool, shape []int, parts []part) kernels.Tensor 
 	return dst
 }
 
-func (l *loader) count(dt kernels.DType, n int64) {
+func (l *loader) count(dt kernels.DType, n int64) { l.countName(dt.String(), n) }
+
+func (l *loader) countName(format string, n int64) {
 	if l.bytes == nil {
-		l.bytes = map[kernels.DType]int64{}
+		l.bytes = map[string]int64{}
 	}
-	l.bytes[dt] += n
+	l.bytes[format] += n
 }
 
 // matrix uploads a weight in its stored dtype (FP8 with its scales): the
@@ -310,6 +313,67 @@ func (l *loader) matrix(name string, shape ...int) kernels.Tensor {
 // load when the loader quantizes.
 func (l *loader) linear(name string, shape ...int) kernels.Tensor {
 	return l.weight(true, name, shape...)
+}
+
+// quantParts reads the parts stored block-quantized (a GGUF file's Q8_0,
+// Q4_K, ...). It returns nil when none is, every part when all are, and
+// fails (ok false) when only some are or a part's shape is not its own.
+func (l *loader) quantParts(parts []part) (qs []QuantTensor, ok bool) {
+	src, isBlocks := l.src.(blockSource)
+	if !isBlocks {
+		return nil, true
+	}
+	floatPart := -1
+	for i, p := range parts {
+		q, isQuant, err := src.Blocks(p.name)
+		if err != nil {
+			l.fail(err)
+			return nil, false
+		}
+		if !isQuant {
+			if !l.src.Has(p.name) {
+				l.get(p.name, p.rows, p.cols) // fails naming the tensor
+				return nil, false
+			}
+			floatPart = i
+			continue
+		}
+		if !slices.Equal(q.Shape, []int{p.rows, p.cols}) {
+			l.fail(fmt.Errorf("models: %s: tensor %q has shape %v, want %v: %w", q.File, p.name, q.Shape, []int{p.rows, p.cols}, ErrWeights))
+			return nil, false
+		}
+		qs = append(qs, q)
+	}
+	if len(qs) > 0 && floatPart >= 0 {
+		l.fail(fmt.Errorf("models: %s: tensor %q is stored as floats and %q as %v: a fused weight's parts must all be block-quantized or all floats: %w",
+			qs[0].File, parts[floatPart].name, qs[0].Name, qs[0].Type, ErrWeights))
+		return nil, false
+	}
+	return qs, true
+}
+
+// buildQuant loads a weight whose parts are all block-quantized, kept in
+// their blocks by a backend with their kernels.
+func (l *loader) buildQuant(shape []int, parts []part, qs []QuantTensor) kernels.Tensor {
+	qw, ok := l.ops.(kernels.QuantWeighter)
+	if !ok {
+		l.fail(fmt.Errorf("models: %s: tensor %q is %v: block-quantized weights need a backend with their kernels, and %s has none "+
+			"(run it on the cpu device, or use a GGUF file in F32, F16 or BF16): %w", qs[0].File, qs[0].Name, qs[0].Type, l.ops.Name(), ErrConfig))
+		return nil
+	}
+	w := kernels.QuantWeight{Shape: shape, Parts: make([]kernels.QuantPart, len(parts))}
+	for i, q := range qs {
+		w.Parts[i] = kernels.QuantPart{Type: q.Type, Rows: parts[i].rows, Data: q.Data}
+	}
+	dst, err := qw.QuantWeight(w)
+	if err != nil {
+		l.fail(fmt.Errorf("models: %s: tensor %q: %w", qs[0].File, qs[0].Name, err))
+		return nil
+	}
+	for _, q := range qs {
+		l.countName(q.Type.String(), int64(len(q.Data)))
+	}
+	return dst
 }
 
 // weight loads one stored tensor: a matrix, or a 1-D or 3-D float tensor.

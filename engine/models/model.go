@@ -3,7 +3,9 @@
 // (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM),
 // its sparse MoE variants (Qwen3MoeForCausalLM, MixtralForCausalLM) and
 // DeepSeek V2/V3 (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, with the
-// V3 multi-token-prediction layers loaded as a separate MTP module).
+// V3 multi-token-prediction layers loaded as a separate MTP module) and
+// Gemma 3's text model (Gemma3ForCausalLM, its sliding-window layers in
+// per-sequence ring buffers: KVCacheSpec.RingLayers).
 //
 // A model reads its weights once (Registry.New or Load), copying them into
 // backend memory in their stored dtype, and is then read-only: Forward may run
@@ -80,6 +82,11 @@ type Options struct {
 	// keeps the checkpoint's dtypes; an FP8 checkpoint loads as FP8 either
 	// way.
 	Quantization string
+	// SlidingWindowPaged keeps the keys and values of sliding-window
+	// layers in paged blocks with the full layers' (a debug switch)
+	// instead of per-sequence ring buffers of window tokens in the state
+	// slots (KVCacheSpec.RingLayers), for models that use rings.
+	SlidingWindowPaged bool
 }
 
 // logger returns o.Logger or slog.Default().
@@ -115,9 +122,29 @@ func (l KVLayout) String() string {
 // KVCacheSpec is what the engine needs to size a cache.
 type KVCacheSpec struct {
 	Layout    KVLayout
-	NumLayers int
+	NumLayers int // layers with paged blocks
 	Width     int // elements per token per layer per cached tensor
 	DType     kernels.DType
+	// RingLayers are the model's sliding-window layers whose keys and
+	// values live in per-sequence ring buffers of RingWindow tokens (GQA,
+	// Width and DType as the paged layers), one per state slot, instead of
+	// paged blocks: they hold a window, not the context. 0: none.
+	RingLayers int
+	RingWindow int
+}
+
+// BytesPerStateSlot is the ring buffers' footprint of one state slot (one
+// sequence) across all ring layers: RingWindow keys and values per layer.
+func (s KVCacheSpec) BytesPerStateSlot() int {
+	return s.RingLayers * s.RingWindow * s.BytesPerTokenPerLayer()
+}
+
+// BytesPerSequence is the KV footprint of one sequence of numTokens
+// tokens: its paged blocks (rounded up to whole blocks) and, with ring
+// layers, its state slot.
+func (s KVCacheSpec) BytesPerSequence(numTokens, blockSize int) int {
+	blocks := (numTokens + blockSize - 1) / blockSize
+	return blocks*s.BytesPerBlock(blockSize) + s.BytesPerStateSlot()
 }
 
 // BytesPerTokenPerLayer is the cache footprint of one token in one layer.
@@ -142,6 +169,75 @@ type KVCache struct {
 	BlockSize int
 	K         []kernels.Tensor // per layer: keys (GQA) or latents (MLA)
 	V         []kernels.Tensor // per layer: values (GQA); nil for MLA
+	// NumSlots state slots back RingK and RingV (AllocStateSlots): per
+	// ring layer, [NumSlots, RingWindow, Width]; the sequence in slot s
+	// keeps the key of position p at row s*RingWindow + p%RingWindow.
+	NumSlots     int
+	RingK, RingV []kernels.Tensor
+}
+
+// AllocStateSlots allocates the ring buffers of numSlots state slots for
+// the spec's ring layers (nothing when it has none). Cost: numSlots *
+// Spec.BytesPerStateSlot() bytes.
+func (c *KVCache) AllocStateSlots(ops kernels.Ops, numSlots int) error {
+	if c.Spec.RingLayers == 0 {
+		return nil
+	}
+	if numSlots <= 0 || c.Spec.RingWindow <= 0 || c.Spec.Layout != KVLayoutGQA {
+		return fmt.Errorf("models: %d state slots of ring window %d (%s): %w", numSlots, c.Spec.RingWindow, c.Spec.Layout, ErrConfig)
+	}
+	c.NumSlots, c.RingK, c.RingV = numSlots, nil, nil
+	for range c.Spec.RingLayers {
+		for _, dst := range []*[]kernels.Tensor{&c.RingK, &c.RingV} {
+			t, err := ops.Alloc(c.Spec.DType, numSlots, c.Spec.RingWindow, c.Spec.Width)
+			if err != nil {
+				return fmt.Errorf("models: state slots: %w", err)
+			}
+			*dst = append(*dst, t)
+		}
+	}
+	return nil
+}
+
+// CopyStateSlots copies the state of slot src[i] into slot dst[i] in every
+// ring layer (a forked sequence starts from its parent's state), through
+// the host. Cost: 2 * RingLayers * RingWindow * Width elements a copy.
+func (c *KVCache) CopyStateSlots(ops kernels.Ops, src, dst []int) error {
+	if len(src) != len(dst) {
+		return fmt.Errorf("models: state copies: %d sources, %d destinations: %w", len(src), len(dst), ErrBatch)
+	}
+	var buf []byte
+	for _, layer := range [][]kernels.Tensor{c.RingK, c.RingV} {
+		for _, t := range layer {
+			for i := range src {
+				if src[i] < 0 || src[i] >= c.NumSlots || dst[i] < 0 || dst[i] >= c.NumSlots {
+					return fmt.Errorf("models: state copy %d -> %d of %d slots: %w", src[i], dst[i], c.NumSlots, ErrBatch)
+				}
+				if src[i] == dst[i] {
+					continue
+				}
+				from, err := ops.Rows(t, src[i], src[i]+1)
+				if err != nil {
+					return err
+				}
+				to, err := ops.Rows(t, dst[i], dst[i]+1)
+				if err != nil {
+					return err
+				}
+				n := kernels.NumElements(from) * from.DType().Size()
+				if cap(buf) < n {
+					buf = make([]byte, n)
+				}
+				if err := ops.Download(buf[:n], from); err != nil {
+					return err
+				}
+				if err := ops.Upload(to, buf[:n], from.DType()); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // NewKVCache allocates a zeroed cache for spec on ops.
@@ -171,6 +267,9 @@ func (c *KVCache) check(spec KVCacheSpec) error {
 	if c == nil || c.Spec != spec || len(c.K) != spec.NumLayers {
 		return fmt.Errorf("models: kv cache does not match the model's spec %+v: %w", spec, ErrBatch)
 	}
+	if spec.RingLayers > 0 && len(c.RingK) != spec.RingLayers {
+		return fmt.Errorf("models: kv cache has no state slots for the model's %d ring layers (KVCache.AllocStateSlots): %w", spec.RingLayers, ErrBatch)
+	}
 	return nil
 }
 
@@ -181,6 +280,11 @@ type ForwardBatch struct {
 	InputIDs  kernels.Tensor // I32 [NumTokens]
 	Positions kernels.Tensor // I32 [NumTokens]
 	Attn      kernels.AttentionMetadata
+	// StateSlots (I32 [Attn.NumSeqs]) and RingSlotMapping (I32
+	// [NumTokens], kernels.RingSlots) are set when the batch was laid out
+	// for ring buffers (HostBatch.RingWindow > 0).
+	StateSlots      kernels.Tensor
+	RingSlotMapping kernels.Tensor
 }
 
 // HostBatch is the host-side description of one step, as the engine's prepare
@@ -193,6 +297,11 @@ type HostBatch struct {
 	BlockTables [][]int32 // per sequence, logical -> physical block
 	SlotMapping []int32   // [num_tokens]
 	BlockSize   int
+	// RingWindow > 0 lays the batch out for a model with ring layers
+	// (KVCacheSpec.RingWindow): StateSlots holds each sequence's state
+	// slot, and Upload adds the ring slot mapping.
+	RingWindow int
+	StateSlots []int32 // [num_seqs]
 }
 
 // AddSequence appends the new tokens of one sequence whose first numCached
@@ -311,6 +420,15 @@ func (h *HostBatch) UploadWith(ops kernels.Ops, numBlocks int, extra ...[]int32)
 		{h.SeqlensK, []int{n}, &b.Attn.SeqlensK},
 		{tables, []int{n, maxBlocks}, &b.Attn.BlockTables},
 		{h.SlotMapping, []int{t}, &b.Attn.SlotMapping},
+	}
+	if h.RingWindow > 0 {
+		newPerSeq := make([]int32, n)
+		for s := range n {
+			newPerSeq[s] = h.CuSeqlensQ[s+1] - h.CuSeqlensQ[s]
+		}
+		parts = append(parts,
+			part{h.StateSlots, []int{n}, &b.StateSlots},
+			part{kernels.RingSlots(h.StateSlots, h.SeqlensK, newPerSeq, h.RingWindow), []int{t}, &b.RingSlotMapping})
 	}
 	extras := make([]kernels.Tensor, len(extra))
 	for i, xs := range extra {

@@ -35,7 +35,11 @@ func RandomWeights(cfg *weights.Config, dtype kernels.DType, seed uint64) (MemWe
 	}
 	h := cfg.HiddenSize
 	g.matrix("model.embed_tokens.weight", 1, cfg.VocabSize, h)
-	g.norm("model.norm.weight", h)
+	if arch == "Gemma3ForCausalLM" {
+		g.small("model.norm.weight", h) // Gemma's norms scale by 1 + weight
+	} else {
+		g.norm("model.norm.weight", h)
+	}
 	if !cfg.TieWordEmbeddings {
 		g.matrix("lm_head.weight", h, cfg.VocabSize, h)
 	}
@@ -59,6 +63,10 @@ func RandomWeights(cfg *weights.Config, dtype kernels.DType, seed uint64) (MemWe
 				g.matrix(p+"eh_proj.weight", 2*h, h, 2*h)
 				g.norm(p+"shared_head.norm.weight", h)
 			}
+		}
+	case "Gemma3ForCausalLM":
+		for i := range cfg.NumHiddenLayers {
+			g.gemma3Layer(cfg, fmt.Sprintf("model.layers.%d.", i))
 		}
 	default:
 		return nil, fmt.Errorf("models: random weights for architecture %q: %w", arch, ErrUnknownArchitecture)
@@ -209,4 +217,21 @@ func (g *randGen) deepseekLayer(cfg *weights.Config, p string, i int) {
 	if cfg.NSharedExperts > 0 {
 		g.mlp(p+"mlp.shared_experts.", h, inter*cfg.NSharedExperts, false)
 	}
+}
+
+// gemma3Layer stores a Gemma 3 decoder layer; its norm weights are near 0
+// (Gemma's RMSNorm scales by 1 + weight).
+func (g *randGen) gemma3Layer(cfg *weights.Config, p string) {
+	h, qd, kvd := cfg.HiddenSize, cfg.NumAttentionHeads*cfg.HeadDim, cfg.NumKeyValueHeads*cfg.HeadDim
+	a := p + "self_attn."
+	for _, n := range []string{"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"} {
+		g.small(p+n+".weight", h)
+	}
+	g.matrix(a+"q_proj.weight", h, qd, h)
+	g.matrix(a+"k_proj.weight", h, kvd, h)
+	g.matrix(a+"v_proj.weight", h, kvd, h)
+	g.matrix(a+"o_proj.weight", qd, h, qd)
+	g.small(a+"q_norm.weight", cfg.HeadDim)
+	g.small(a+"k_norm.weight", cfg.HeadDim)
+	g.mlp(p+"mlp.", h, cfg.IntermediateSize, false)
 }

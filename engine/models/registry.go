@@ -3,6 +3,7 @@ package models
 import (
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 
@@ -34,6 +35,7 @@ func Builtin() *Registry {
 	for _, name := range []string{"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"} {
 		r.byName[name] = newDeepseek
 	}
+	r.byName["Gemma3ForCausalLM"] = newGemma3
 	return r
 }
 
@@ -112,6 +114,17 @@ func (r *readRecorder) Tensor(name string) (weights.Tensor, error) {
 
 func (r *readRecorder) Has(name string) bool { return r.src.Has(name) }
 
+// Blocks forwards to a source with block-quantized tensors; ok is false for
+// any other.
+func (r *readRecorder) Blocks(name string) (QuantTensor, bool, error) {
+	src, ok := r.src.(blockSource)
+	if !ok {
+		return QuantTensor{}, false, nil
+	}
+	r.read[name] = true
+	return src.Blocks(name)
+}
+
 // unused lists the source's tensors never read, sorted; nil when the
 // source cannot list its tensors.
 func (r *readRecorder) unused() []string {
@@ -140,10 +153,22 @@ func (r *readRecorder) reportUnused(logger *slog.Logger, arch string) {
 		"architecture", arch, "count", len(unused), "first", unused[:min(len(unused), 4)])
 }
 
-// Load opens the Hugging Face model directory dir and builds its model on
-// ops with the registry r. The weights are copied to the backend, so the
-// directory's files are closed before Load returns.
+// Load opens the Hugging Face model directory dir, or the GGUF file dir
+// names (see GGUFWeights), and builds its model on ops with the registry
+// r. The weights are copied to the backend, so the files are closed before
+// Load returns.
 func (r *Registry) Load(ops kernels.Ops, dir string, opts Options) (Model, error) {
+	if st, err := os.Stat(dir); err == nil && !st.IsDir() {
+		if !IsGGUF(dir) {
+			return nil, fmt.Errorf("models: %s: a file but not a GGUF file; a model is a Hugging Face directory or a .gguf file", dir)
+		}
+		g, err := OpenGGUF(dir)
+		if err != nil {
+			return nil, err
+		}
+		defer g.Close()
+		return r.New(ops, g.Config, g, opts)
+	}
 	ck, err := weights.Open(dir)
 	if err != nil {
 		return nil, err

@@ -72,12 +72,19 @@ type attnPlan struct {
 	blocks    [][]int32
 	tokSeq    []int32 // sequence of each query row
 	maxK      int
+	ring      *ringSrc // ring-buffer keys (RingAttention); nil for paged blocks
 }
 
 // plan validates m against numTokens query rows and a cache of numBlocks
 // blocks (kernels.MetadataShapes, then the values of its tensors); every
 // block a sequence reads must be a valid block index.
 func plan(op string, m *kernels.AttentionMetadata, numTokens, numBlocks, blockSize int) (*attnPlan, error) {
+	return planSeqs(op, m, numTokens, numBlocks, blockSize, true)
+}
+
+// planSeqs is plan; without checkBlocks the block tables are neither
+// checked nor read (ring attention reads no block).
+func planSeqs(op string, m *kernels.AttentionMetadata, numTokens, numBlocks, blockSize int, checkBlocks bool) (*attnPlan, error) {
 	cu, sk, bt, err := kernels.MetadataShapes[*Tensor]("cpu", op, m, numTokens, blockSize)
 	if err != nil {
 		return nil, err
@@ -103,6 +110,14 @@ func plan(op string, m *kernels.AttentionMetadata, numTokens, numBlocks, blockSi
 		if k < hi-lo {
 			return nil, fmt.Errorf("cpu: %s: sequence %d has %d queries but %d keys: %w", op, s, hi-lo, k, kernels.ErrShape)
 		}
+		p.qStart[s], p.qLen[s], p.kLen[s] = lo, hi-lo, k
+		p.maxK = max(p.maxK, k)
+		for i := lo; i < hi; i++ {
+			p.tokSeq[i] = int32(s)
+		}
+		if !checkBlocks {
+			continue
+		}
 		need := (k + blockSize - 1) / blockSize
 		if need > maxBlocks {
 			return nil, fmt.Errorf("cpu: %s: sequence %d needs %d blocks, block table has %d: %w", op, s, need, maxBlocks, kernels.ErrOutOfRange)
@@ -113,11 +128,7 @@ func plan(op string, m *kernels.AttentionMetadata, numTokens, numBlocks, blockSi
 				return nil, fmt.Errorf("cpu: %s: block_tables[%d][%d] = %d, cache has %d blocks: %w", op, s, j, blk, numBlocks, kernels.ErrOutOfRange)
 			}
 		}
-		p.qStart[s], p.qLen[s], p.kLen[s], p.blocks[s] = lo, hi-lo, k, row
-		p.maxK = max(p.maxK, k)
-		for i := lo; i < hi; i++ {
-			p.tokSeq[i] = int32(s)
-		}
+		p.blocks[s] = row
 	}
 	return p, nil
 }
@@ -291,6 +302,10 @@ func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams
 	for t0 := kFirst / keyTile * keyTile; t0 < kEnd; t0 += keyTile {
 		n := min(keyTile, kEnd-t0)
 		for j := range n {
+			if pl.ring != nil {
+				pl.ring.gather(pl, it.seq, t0+j, kvOff, d, kc, vc, kt[j*d:(j+1)*d], vt, j, n)
+				continue
+			}
 			base := pl.slot(it.seq, t0+j)*kvWidth + kvOff
 			if kc.dtype == kernels.F8E4M3 {
 				ks, dst := kc.u8[base:base+d], kt[j*d:(j+1)*d]
@@ -489,6 +504,8 @@ func (b *Backend) attendMLA(it attnItem, pl *attnPlan, p kernels.MLAParams, q, c
 			b.k.linearF16(ov, lat, wuv.u16, rows, vd, kvl, 0, vd)
 		case kernels.F8E4M3:
 			b.k.linearF8(ov, lat, wuv.f8Weights(), rows, vd, kvl, 0, vd)
+		case kernels.Quant:
+			b.linearQuant(ov, lat, wuv.q, rows, vd, kvl, 0, vd)
 		}
 		for i := range rows {
 			copy(out[(it.r0+i)*nh*vd+h*vd:], ov[i*vd:(i+1)*vd])
@@ -498,6 +515,9 @@ func (b *Backend) attendMLA(it attnItem, pl *attnPlan, p kernels.MLAParams, q, c
 
 // rowsView is rows [lo, hi) of a matrix with rows of n elements.
 func rowsView(t *Tensor, lo, hi, n int) *Tensor {
+	if t.q != nil {
+		return t.qRows(lo, hi, []int{hi - lo, n})
+	}
 	if t.fp8 != nil {
 		return t.f8Rows(lo, hi, n, []int{hi - lo, n})
 	}

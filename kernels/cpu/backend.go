@@ -1,6 +1,7 @@
 // Package cpu is the CPU backend of kernels.Ops: f32 compute, weights kept in
-// their stored dtype (F32, BF16, F16, or FP8 E4M3 with block scales, see
-// Backend.FP8Weight) and converted per row tile inside the kernels, work
+// their stored dtype (F32, BF16, F16, FP8 E4M3 with block scales, see
+// Backend.FP8Weight, or llama.cpp's block-quantized formats, see
+// Backend.QuantWeight) and converted per row tile inside the kernels, work
 // spread over a persistent worker pool.
 //
 // Every kernel is batch-invariant by construction: each output element is
@@ -115,6 +116,7 @@ type Tensor struct {
 	i32   []int32
 	u8    []uint8    // F8E4M3
 	fp8   *fp8Scales // F8E4M3 weights: their block scales (nil for caches)
+	q     *quantRows // Quant weights: their blocks
 }
 
 // Shape returns the dimensions; the caller must not modify them.
@@ -281,6 +283,10 @@ func (b *Backend) Rows(t kernels.Tensor, lo, hi int) (kernels.Tensor, error) {
 		return nil, err
 	}
 	r := s.rowLen()
+	if s.q != nil {
+		k := max(s.shape[len(s.shape)-1], 1)
+		return s.qRows(lo*r/k, hi*r/k, append([]int{hi - lo}, s.shape[1:]...)), nil
+	}
 	if s.fp8 != nil {
 		k := s.shape[len(s.shape)-1]
 		if k == 0 {
@@ -311,8 +317,8 @@ func (b *Backend) Reshape(t kernels.Tensor, shape ...int) (kernels.Tensor, error
 	if err := kernels.ReshapeShapes("cpu", s, shape); err != nil {
 		return nil, err
 	}
-	if s.fp8 != nil && (len(shape) == 0 || shape[len(shape)-1] != s.shape[len(s.shape)-1]) {
-		return nil, fmt.Errorf("cpu: reshape: fp8 weight %v to %v changes its rows (last dimension): %w", s, shape, kernels.ErrShape)
+	if (s.fp8 != nil || s.q != nil) && (len(shape) == 0 || shape[len(shape)-1] != s.shape[len(s.shape)-1]) {
+		return nil, fmt.Errorf("cpu: reshape: %v weight %v to %v changes its rows (last dimension): %w", s.dtype, s, shape, kernels.ErrShape)
 	}
 	v := *s
 	v.shape = append([]int(nil), shape...)
@@ -350,6 +356,9 @@ func (b *Backend) rowF32(t *Tensor, i, n int, buf []float32) []float32 {
 		// Row i of n elements: matrix row i when n is the last dimension
 		// (Embedding, MLAAttention's W_UK).
 		t.f8Weights().RowF32(buf[:n], i, n)
+	case kernels.Quant:
+		// Matrix row i (n is the last dimension), dequantized.
+		return t.quantRowF32(buf, i)
 	}
 	return buf[:n]
 }

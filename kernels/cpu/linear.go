@@ -60,6 +60,8 @@ func (b *Backend) linear(out, x []float32, w *Tensor, m, n, k int, bias []float3
 			b.k.linearF16(out, x, w.u16, m, n, k, j0, j1)
 		case kernels.F8E4M3:
 			b.k.linearF8(out, x, w.f8Weights(), m, n, k, j0, j1)
+		case kernels.Quant:
+			b.linearQuant(out, x, w.q, m, n, k, j0, j1)
 		}
 		if bias != nil {
 			for i := range m {

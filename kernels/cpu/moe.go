@@ -161,6 +161,10 @@ func (r *router) route(ids []int32, weights, logits, bias []float32) {
 // expert returns the view of index e of a 3-D weight tensor as a matrix.
 func expert(t *Tensor, e int) *Tensor {
 	r := t.rowLen()
+	if t.q != nil {
+		n := t.shape[1]
+		return t.qRows(e*n, (e+1)*n, t.shape[1:])
+	}
 	if t.fp8 != nil {
 		n, k := t.shape[1], t.shape[2]
 		return t.f8Rows(e*n, (e+1)*n, k, t.shape[1:])

@@ -17,10 +17,12 @@ type kernelSet struct {
 	linearBF16 func(out, x []float32, w []uint16, m, n, k, j0, j1 int)
 	linearF16  func(out, x []float32, w []uint16, m, n, k, j0, j1 int)
 	linearF8   func(out, x []float32, w simd.F8Weights, m, n, k, j0, j1 int)
-	dot        func(a, b []float32) float32
-	axpy       func(a float32, x, y []float32) // y += a*x
-	bf16ToF32  func(dst []float32, src []uint16)
-	f16ToF32   func(dst []float32, src []uint16)
+	// linearQuant is the same with w [n] rows of t's blocks.
+	linearQuant func(out, x []float32, w []byte, t simd.QuantType, m, n, k, j0, j1 int)
+	dot         func(a, b []float32) float32
+	axpy        func(a float32, x, y []float32) // y += a*x
+	bf16ToF32   func(dst []float32, src []uint16)
+	f16ToF32    func(dst []float32, src []uint16)
 }
 
 // selectKernels picks the fastest simd implementation of this CPU, or the
@@ -34,15 +36,16 @@ func selectKernels(pureGo bool, name string) kernelSet {
 		impl = simd.Default()
 	}
 	return kernelSet{
-		name:       impl.Name(),
-		linearF32:  impl.LinearF32,
-		linearBF16: impl.LinearBF16,
-		linearF16:  impl.LinearF16,
-		linearF8:   impl.LinearF8,
-		dot:        impl.Dot,
-		axpy:       impl.Axpy,
-		bf16ToF32:  impl.BF16ToF32,
-		f16ToF32:   impl.F16ToF32,
+		name:        impl.Name(),
+		linearF32:   impl.LinearF32,
+		linearBF16:  impl.LinearBF16,
+		linearF16:   impl.LinearF16,
+		linearF8:    impl.LinearF8,
+		linearQuant: impl.LinearQuant,
+		dot:         impl.Dot,
+		axpy:        impl.Axpy,
+		bf16ToF32:   impl.BF16ToF32,
+		f16ToF32:    impl.F16ToF32,
 	}
 }
 

@@ -5,10 +5,12 @@
 // benchmark can be built on it.
 //
 //	npm install --prefix DIR node-llama-cpp@3.21.1
-//	NODE_PATH=DIR/node_modules node tools/cpu/peer.mjs -m model.gguf [-p PROMPT | --ids 1,2,3] [-n 32] [-t 2]
+//	NODE_PATH=DIR/node_modules node tools/cpu/peer.mjs -m model.gguf [-p PROMPT | --ids 1,2,3] [-n 32] [-t 2] [--kv f32] [--no-fa]
 //
 // The prompt is tokenized by llama.cpp from the file's own vocabulary
 // (with BOS when the file says so) unless --ids gives the ids directly.
+// --kv sets the K and V cache type (llama.cpp's default is f16; f32 keeps
+// them as this engine does), --no-fa turns flash attention off.
 import { createRequire } from "node:module";
 import path from "node:path";
 import process from "node:process";
@@ -17,7 +19,7 @@ const require = createRequire(path.join(process.cwd(), "noop.js"));
 const { getLlama, LlamaLogLevel } = await import(require.resolve("node-llama-cpp"));
 
 function parseArgs(argv) {
-	const a = { model: "", prompt: "The capital of France is", ids: null, n: 32, threads: 2, ctx: 1024 };
+	const a = { model: "", prompt: "The capital of France is", ids: null, n: 32, threads: 2, ctx: 1024, kv: "", fa: "auto" };
 	for (let i = 0; i < argv.length; i++) {
 		const v = argv[i + 1];
 		switch (argv[i]) {
@@ -27,6 +29,8 @@ function parseArgs(argv) {
 			case "-n": a.n = Number(v); i++; break;
 			case "-t": a.threads = Number(v); i++; break;
 			case "-c": a.ctx = Number(v); i++; break;
+			case "--kv": a.kv = v.toUpperCase(); i++; break;
+			case "--no-fa": a.fa = false; break;
 			default: throw new Error(`unknown argument ${argv[i]}`);
 		}
 	}
@@ -37,7 +41,12 @@ function parseArgs(argv) {
 const args = parseArgs(process.argv.slice(2));
 const llama = await getLlama({ gpu: false, logLevel: LlamaLogLevel.error, build: "never" });
 const model = await llama.loadModel({ modelPath: args.model, gpuLayers: 0, useMmap: true });
-const context = await model.createContext({ contextSize: args.ctx, threads: args.threads, batchSize: 512 });
+const contextOptions = { contextSize: args.ctx, threads: args.threads, batchSize: 512, flashAttention: args.fa };
+if (args.kv) {
+	contextOptions.experimentalKvCacheKeyType = args.kv;
+	contextOptions.experimentalKvCacheValueType = args.kv;
+}
+const context = await model.createContext(contextOptions);
 const sequence = context.getSequence();
 const promptIds = args.ids ?? Array.from(model.tokenize(args.prompt, true));
 

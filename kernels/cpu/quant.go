@@ -1,0 +1,168 @@
+package cpu
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+	"github.com/deepinfer/deepinfer-go/kernels/cpu/simd"
+)
+
+var (
+	_ kernels.QuantWeighter = (*Backend)(nil)
+	_ kernels.BlockWeight   = (*Tensor)(nil)
+)
+
+// quantSeg is a run of matrix rows [lo, hi) of a block-quantized weight
+// stored in one format, rb bytes a row.
+type quantSeg struct {
+	lo, hi int
+	typ    simd.QuantType
+	rb     int
+	data   []byte // (hi-lo)*rb bytes
+}
+
+// quantRows are the rows of a block-quantized weight (see
+// kernels.QuantWeight): segments in row order, covering every matrix row.
+// Views slice the segments and share their bytes.
+type quantRows struct {
+	segs []quantSeg
+}
+
+// HasBlocks reports whether t is a block-quantized weight built by
+// QuantWeight.
+func (t *Tensor) HasBlocks() bool { return t != nil && t.q != nil }
+
+// QuantWeight copies a block-quantized weight into Go memory, kept in its
+// blocks: Linear, Logits and MoE dequantize them in registers (LinearQuant:
+// bit for bit as if the weight had been dequantized to float32 first),
+// Embedding and MLAAttention dequantize the rows they read. Formats: Q8_0,
+// Q4_0, Q4_K, Q5_K and Q6_K. Cost: one copy of the bytes.
+func (b *Backend) QuantWeight(w kernels.QuantWeight) (kernels.Tensor, error) {
+	const op = "quant_weight"
+	if len(w.Shape) < 2 || len(w.Shape) > 3 {
+		return nil, fmt.Errorf("cpu: %s: shape %v, want [n, k] or [experts, n, k]: %w", op, w.Shape, kernels.ErrShape)
+	}
+	n, err := kernels.AllocShapes("cpu", kernels.F32, w.Shape)
+	if err != nil {
+		return nil, err
+	}
+	k := w.Shape[len(w.Shape)-1]
+	rows := 0
+	if k > 0 {
+		rows = n / k
+	}
+	size, lo := 0, 0
+	for i, p := range w.Parts {
+		t := simd.QuantType(p.Type)
+		if uint32(t) != uint32(p.Type) || !slices.Contains(simd.QuantTypes, t) {
+			return nil, fmt.Errorf("cpu: %s: part %d is %v (supported: %v): %w", op, i, p.Type, simd.QuantTypes, kernels.ErrDType)
+		}
+		rb, err := t.RowBytes(k)
+		if err != nil {
+			return nil, fmt.Errorf("cpu: %s: part %d: %v: %w", op, i, err, kernels.ErrShape)
+		}
+		if p.Rows < 0 || len(p.Data) != p.Rows*rb {
+			return nil, fmt.Errorf("cpu: %s: part %d: %d bytes for %d %v rows of %d weights, want %d: %w",
+				op, i, len(p.Data), p.Rows, t, k, p.Rows*rb, kernels.ErrShape)
+		}
+		size += len(p.Data)
+		lo += p.Rows
+	}
+	if lo != rows {
+		return nil, fmt.Errorf("cpu: %s: parts hold %d rows, shape %v has %d: %w", op, lo, w.Shape, rows, kernels.ErrShape)
+	}
+	data := make([]byte, 0, size)
+	q := &quantRows{}
+	starts := []int{} // byte offset of each segment in data
+	lo = 0
+	for _, p := range w.Parts {
+		t := simd.QuantType(p.Type)
+		rb, _ := t.RowBytes(k)
+		if n := len(q.segs); n > 0 && q.segs[n-1].typ == t {
+			// Adjacent rows of one format: one segment.
+			q.segs[n-1].hi += p.Rows
+		} else if p.Rows > 0 {
+			q.segs = append(q.segs, quantSeg{lo: lo, hi: lo + p.Rows, typ: t, rb: rb})
+			starts = append(starts, len(data))
+		}
+		data = append(data, p.Data...)
+		lo += p.Rows
+	}
+	for i := range q.segs {
+		s := &q.segs[i]
+		end := starts[i] + (s.hi-s.lo)*s.rb
+		s.data = data[starts[i]:end:end]
+	}
+	return &Tensor{shape: append([]int(nil), w.Shape...), dtype: kernels.Quant, q: q}, nil
+}
+
+// qRows is the view of matrix rows [lo, hi) of a block-quantized weight,
+// shaped shape.
+func (t *Tensor) qRows(lo, hi int, shape []int) *Tensor {
+	v := &quantRows{}
+	for _, s := range t.q.segs {
+		a, z := max(lo, s.lo), min(hi, s.hi)
+		if a >= z {
+			continue
+		}
+		v.segs = append(v.segs, quantSeg{lo: a - lo, hi: z - lo, typ: s.typ, rb: s.rb,
+			data: s.data[(a-s.lo)*s.rb : (z-s.lo)*s.rb : (z-s.lo)*s.rb]})
+	}
+	return &Tensor{shape: shape, dtype: kernels.Quant, q: v}
+}
+
+// quantColumns is the width of the column blocks that a prefill over a
+// part of a weight's rows computes into scratch.
+const quantColumns = 64
+
+// linearQuant computes columns [j0, j1) of out[m, n] = x[m, k] W^T for a
+// block-quantized W of n rows, one LinearQuant call per segment. A weight
+// of one segment is one call; a segment that is a part of the rows is
+// computed as a matrix of its own rows, so its columns of out are written
+// directly for one row of x and through a small scratch block for more
+// (LinearQuant's results do not depend on the rows or columns it is given,
+// so neither does the result here).
+func (b *Backend) linearQuant(out, x []float32, w *quantRows, m, n, k, j0, j1 int) {
+	var scratch []float32
+	for _, s := range w.segs {
+		lo, hi := max(j0, s.lo), min(j1, s.hi)
+		if lo >= hi {
+			continue
+		}
+		if s.lo == 0 && s.hi == n {
+			b.k.linearQuant(out, x, s.data, s.typ, m, n, k, lo, hi)
+			continue
+		}
+		if m == 1 {
+			c := hi - lo
+			b.k.linearQuant(out[lo:hi], x, s.data[(lo-s.lo)*s.rb:(hi-s.lo)*s.rb], s.typ, 1, c, k, 0, c)
+			continue
+		}
+		if scratch == nil {
+			scratch = make([]float32, m*quantColumns)
+		}
+		for c0 := lo; c0 < hi; c0 += quantColumns {
+			c1 := min(c0+quantColumns, hi)
+			c := c1 - c0
+			buf := scratch[:m*c]
+			b.k.linearQuant(buf, x, s.data[(c0-s.lo)*s.rb:(c1-s.lo)*s.rb], s.typ, m, c, k, 0, c)
+			for i := range m {
+				copy(out[i*n+c0:i*n+c1], buf[i*c:(i+1)*c])
+			}
+		}
+	}
+}
+
+// quantRowF32 dequantizes matrix row i of a block-quantized weight into
+// buf (len >= the row length).
+func (t *Tensor) quantRowF32(buf []float32, i int) []float32 {
+	k := t.shape[len(t.shape)-1]
+	for _, s := range t.q.segs {
+		if i >= s.lo && i < s.hi {
+			s.typ.Dequantize(buf[:k], s.data[(i-s.lo)*s.rb:(i-s.lo+1)*s.rb])
+			break
+		}
+	}
+	return buf[:k]
+}

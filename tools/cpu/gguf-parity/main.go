@@ -1,0 +1,293 @@
+// Command gguf-parity checks that this engine and llama.cpp produce the
+// same greedy tokens on the same GGUF files. It writes a random-weight
+// Llama and Qwen3 (Hugging Face directories with the given tokenizer), a
+// GGUF file of each in every weight type asked for (package ggufwrite),
+// then for each file and prompt runs greedy decoding here (the model loaded
+// from the GGUF file on the CPU backend) and in llama.cpp (tools/cpu/peer.mjs
+// through node-llama-cpp, K/V cache in F32, flash attention off), and
+// prints, per run, how many of the first N tokens match and, at the first
+// difference, this engine's logit margin between its token and llama.cpp's:
+//
+//	npm install --prefix .cache/node-llama-cpp node-llama-cpp@3.21.1
+//	go run ./tools/cpu/gguf-parity -out /tmp/parity [-n 32] [-t 2] [-types f32,bf16,q8_0,q4_k_m]
+//
+// Prompts are token ids (llama.cpp evaluates them as given), so the
+// comparison does not depend on either tokenizer. A difference at a
+// near-tie is expected for the quantized types: llama.cpp rounds the
+// activations to 8-bit blocks before its integer dot products, this
+// engine keeps them in float32.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/deepinfer/deepinfer-go/engine/models"
+	"github.com/deepinfer/deepinfer-go/engine/models/ggufwrite"
+	"github.com/deepinfer/deepinfer-go/engine/weights"
+	"github.com/deepinfer/deepinfer-go/kernels"
+	"github.com/deepinfer/deepinfer-go/kernels/cpu"
+)
+
+// configs are the random models: rows of whole 256-weight blocks, so that
+// Q4_K_M's K-quants apply to every matrix. Embeddings are untied: with
+// random tied ones the input token is the top logit and greedy decoding
+// repeats it, which matches trivially.
+var configs = map[string]map[string]any{
+	"llama": {"architectures": []string{"LlamaForCausalLM"}, "model_type": "llama", "vocab_size": 8192,
+		"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
+		"num_key_value_heads": 2, "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+		"max_position_embeddings": 1024, "tie_word_embeddings": false, "bos_token_id": 0, "eos_token_id": 1, "dtype": "float32"},
+	"qwen3": {"architectures": []string{"Qwen3ForCausalLM"}, "model_type": "qwen3", "vocab_size": 8192,
+		"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
+		"num_key_value_heads": 2, "head_dim": 64, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+		"max_position_embeddings": 1024, "tie_word_embeddings": false, "bos_token_id": 0, "eos_token_id": 1, "dtype": "float32"},
+}
+
+func main() {
+	out := flag.String("out", "", "work folder for the model folders and GGUF files")
+	tokDir := flag.String("tokenizer", "assets/deepseek-tiny", "folder of the tokenizer.json the models get (8192 tokens)")
+	nodeModules := flag.String("node-modules", ".cache/node-llama-cpp/node_modules", "node_modules holding node-llama-cpp")
+	n := flag.Int("n", 32, "tokens to generate per prompt")
+	threads := flag.Int("t", 2, "threads, both engines")
+	types := flag.String("types", strings.Join(ggufwrite.Presets, ","), "GGUF weight types")
+	archs := flag.String("models", "llama,qwen3", "models")
+	seed := flag.Uint64("seed", 1, "seed of the weights and prompts")
+	flag.Parse()
+	if *out == "" {
+		flag.Usage()
+		os.Exit(2)
+	}
+	if err := run(*out, *tokDir, *nodeModules, *n, *threads, strings.Split(*types, ","), strings.Split(*archs, ","), *seed); err != nil {
+		fmt.Fprintln(os.Stderr, "gguf-parity:", err)
+		os.Exit(1)
+	}
+}
+
+type result struct {
+	model, typ, prompt string
+	matched, n         int
+	distinct           int // distinct tokens among this engine's n
+	detail             string
+}
+
+func run(out, tokDir, nodeModules string, n, threads int, types, archs []string, seed uint64) error {
+	r := rand.New(rand.NewPCG(seed, 7))
+	prompts := [][]int32{}
+	for _, l := range []int{1, 6, 23, 70} {
+		p := make([]int32, l)
+		for i := range p {
+			p[i] = int32(7 + r.IntN(8192-7)) // past the special tokens
+		}
+		prompts = append(prompts, p)
+	}
+	var results []result
+	for _, arch := range archs {
+		cfgMap, ok := configs[arch]
+		if !ok {
+			return fmt.Errorf("model %q: want llama or qwen3", arch)
+		}
+		dir := filepath.Join(out, arch)
+		if err := writeModel(dir, tokDir, cfgMap, seed); err != nil {
+			return err
+		}
+		for _, typ := range types {
+			var buf bytes.Buffer
+			if err := ggufwrite.Write(&buf, dir, "", typ); err != nil {
+				return err
+			}
+			path := filepath.Join(out, arch+"-"+typ+".gguf")
+			if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+				return err
+			}
+			for pi, prompt := range prompts {
+				ours, logits, format, err := engineGreedy(path, prompt, n, threads)
+				if err != nil {
+					return err
+				}
+				theirs, err := peerGreedy(path, nodeModules, prompt, n, threads)
+				if err != nil {
+					return err
+				}
+				res := result{model: arch, typ: typ + " (" + format + ")", prompt: fmt.Sprintf("#%d (%d ids)", pi, len(prompt)), n: n}
+				seen := map[int32]bool{}
+				for _, id := range ours {
+					seen[id] = true
+				}
+				res.distinct = len(seen)
+				for res.matched < min(len(ours), len(theirs)) && ours[res.matched] == theirs[res.matched] {
+					res.matched++
+				}
+				if res.matched < n && res.matched < len(theirs) {
+					i := res.matched
+					lg := logits[i]
+					a, b := ours[i], theirs[i]
+					sorted := slices.Clone(lg)
+					sort.Slice(sorted, func(x, y int) bool { return sorted[x] > sorted[y] })
+					res.detail = fmt.Sprintf("token %d: ours %d (logit %.5f), llama.cpp %d (our logit %.5f, rank %d): margin %.5f = %.2g of the logit spread",
+						i, a, lg[a], b, lg[b], rank(lg, b), lg[a]-lg[b], float64(lg[a]-lg[b])/float64(sorted[0]-sorted[len(sorted)-1]))
+				}
+				results = append(results, res)
+				fmt.Fprintf(os.Stderr, "%s %s %s: %d/%d (%d distinct) %s\n", res.model, res.typ, res.prompt, res.matched, n, res.distinct, res.detail)
+			}
+		}
+	}
+	fmt.Printf("\n%-6s %-20s %-12s %-8s %-8s %s\n", "model", "type", "prompt", "matched", "distinct", "first difference")
+	for _, res := range results {
+		fmt.Printf("%-6s %-20s %-12s %2d/%-5d %-8d %s\n", res.model, res.typ, res.prompt, res.matched, res.n, res.distinct, res.detail)
+	}
+	return nil
+}
+
+// rank is the number of logits above lg[id].
+func rank(lg []float32, id int32) int {
+	k := 0
+	for _, v := range lg {
+		if v > lg[id] {
+			k++
+		}
+	}
+	return k
+}
+
+// writeModel writes config.json, model.safetensors (random F32 weights)
+// and the tokenizer files into dir.
+func writeModel(dir, tokDir string, cfgMap map[string]any, seed uint64) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(cfgMap, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), data, 0o644); err != nil {
+		return err
+	}
+	cfg, err := weights.ParseConfig(data)
+	if err != nil {
+		return err
+	}
+	w, err := models.RandomWeights(cfg, kernels.F32, seed)
+	if err != nil {
+		return err
+	}
+	var ts []weights.Tensor
+	for _, name := range w.Names() {
+		ts = append(ts, w[name])
+	}
+	if err := weights.WriteFile(filepath.Join(dir, "model.safetensors"), ts, nil); err != nil {
+		return err
+	}
+	for _, name := range []string{"tokenizer.json", "tokenizer_config.json"} {
+		b, err := os.ReadFile(filepath.Join(tokDir, name))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// engineGreedy loads the GGUF file at path and decodes n tokens greedily
+// after prompt, returning them, the logits each was chosen from, and the
+// weight format.
+func engineGreedy(path string, prompt []int32, n, threads int) ([]int32, [][]float32, string, error) {
+	ops := cpu.New(cpu.Options{Threads: threads})
+	defer ops.Close()
+	m, err := models.Builtin().Load(ops, path, models.Options{MaxModelLen: 1024})
+	if err != nil {
+		return nil, nil, "", err
+	}
+	const blockSize = 16
+	numBlocks := (len(prompt)+n)/blockSize + 2
+	cache, err := m.NewKVCache(numBlocks, blockSize)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	table := make([]int32, numBlocks)
+	for i := range table {
+		table[i] = int32(i)
+	}
+	var ids []int32
+	var all [][]float32
+	next, cached := prompt, 0
+	for len(ids) < n {
+		h := models.HostBatch{BlockSize: blockSize}
+		h.AddSequence(next, cached, table[:(cached+len(next)+blockSize-1)/blockSize])
+		b, err := h.Upload(ops, numBlocks)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		hidden, err := m.Forward(context.Background(), cache, b)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		rows, err := ops.Alloc(kernels.I32, 1)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		if err := ops.Upload(rows, kernels.I32Bytes([]int32{int32(len(next) - 1)}), kernels.I32); err != nil {
+			return nil, nil, "", err
+		}
+		lg, err := m.ComputeLogits(hidden, rows)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		v, err := kernels.ToF32(ops, lg)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		best := int32(0)
+		for i, x := range v {
+			if x > v[best] {
+				best = int32(i)
+			}
+		}
+		ids = append(ids, best)
+		all = append(all, v)
+		cached += len(next)
+		next = []int32{best}
+	}
+	return ids, all, models.WeightFormat(m), nil
+}
+
+// peerGreedy runs llama.cpp on the same file and prompt.
+func peerGreedy(path, nodeModules string, prompt []int32, n, threads int) ([]int32, error) {
+	ids := make([]string, len(prompt))
+	for i, id := range prompt {
+		ids[i] = fmt.Sprint(id)
+	}
+	abs, err := filepath.Abs(nodeModules)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command("node", "tools/cpu/peer.mjs", "-m", path, "--ids", strings.Join(ids, ","), "-n", fmt.Sprint(n),
+		"-t", fmt.Sprint(threads), "--kv", "f32", "--no-fa")
+	cmd.Env = append(os.Environ(), "NODE_PATH="+abs)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("peer: %v: %s", err, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(string(stdout)), "\n")
+	var res struct {
+		IDs []int32 `json:"ids"`
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+		return nil, fmt.Errorf("peer output %q: %w", lines[len(lines)-1], err)
+	}
+	return res.IDs, nil
+}
