@@ -269,3 +269,52 @@ func (r *SampleRow) Check(vocab int, seen []bool) error {
 	}
 	return err
 }
+
+// GreedyRow is the sample row of a plain argmax: greedy, nothing edited
+// (the neutral values of the other settings, which SampleRow.Check wants).
+func GreedyRow() SampleRow {
+	return SampleRow{Greedy: true, Temperature: 1, TopP: 1, RepetitionPenalty: 1}
+}
+
+// GreedyTokens returns the highest-scoring token of each of the first n
+// rows of logits (F32 [R, vocab], R >= n), the lowest id on ties: on the
+// device when the backend samples there (a DeviceSampler; only the tokens
+// come back), else from a host copy of the rows. Drafters use it for their
+// greedy proposals. Cost: one sampling call or one download of n rows.
+func GreedyTokens(ops Ops, logits Tensor, n int) ([]int, error) {
+	rows, err := ops.Rows(logits, 0, n)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int, n)
+	if dev, ok := ops.(DeviceSampler); ok {
+		greedy := make([]SampleRow, n)
+		for i := range greedy {
+			greedy[i] = GreedyRow()
+		}
+		_, host, err := dev.SampleTokens(rows, greedy)
+		if err != nil {
+			return nil, err
+		}
+		for i, t := range host {
+			out[i] = int(t)
+		}
+		return out, nil
+	}
+	flat, err := ToF32(ops, rows)
+	if err != nil {
+		return nil, err
+	}
+	vocab := logits.Shape()[1]
+	for r := range out {
+		row := flat[r*vocab : (r+1)*vocab]
+		best := 0
+		for t, x := range row {
+			if x > row[best] {
+				best = t
+			}
+		}
+		out[r] = best
+	}
+	return out, nil
+}

@@ -237,51 +237,13 @@ func chainBatch(d DraftDeps, rows []chainRow) (*models.ForwardBatch, []chainRow,
 	return b, kept, err
 }
 
-// greedyRow is the sample row of a greedy draft: argmax, nothing edited
-// (the neutral values of the other settings, which SampleRow.Check wants).
-func greedyRow() kernels.SampleRow {
-	return kernels.SampleRow{Greedy: true, Temperature: 1, TopP: 1, RepetitionPenalty: 1}
-}
+// greedyRow is the sample row of a greedy draft (kernels.GreedyRow).
+func greedyRow() kernels.SampleRow { return kernels.GreedyRow() }
 
-// greedyTokens returns the highest-scoring token of each of the first n
-// rows of logits (F32 [R, vocab]): on the device when the backend samples
-// there (only the tokens come back), else on the host (lowest id on ties).
+// greedyTokens is kernels.GreedyTokens: the argmax of each of the first n
+// rows of logits.
 func greedyTokens(ops kernels.Ops, logits kernels.Tensor, n int) ([]int, error) {
-	rows, err := ops.Rows(logits, 0, n)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]int, n)
-	if dev, ok := ops.(kernels.DeviceSampler); ok {
-		greedy := make([]kernels.SampleRow, n)
-		for i := range greedy {
-			greedy[i] = greedyRow()
-		}
-		_, host, err := dev.SampleTokens(rows, greedy)
-		if err != nil {
-			return nil, err
-		}
-		for i, t := range host {
-			out[i] = int(t)
-		}
-		return out, nil
-	}
-	flat, err := kernels.ToF32(ops, rows)
-	if err != nil {
-		return nil, err
-	}
-	vocab := logits.Shape()[1]
-	for r := range out {
-		row := flat[r*vocab : (r+1)*vocab]
-		best := 0
-		for t, x := range row {
-			if x > row[best] {
-				best = t
-			}
-		}
-		out[r] = best
-	}
-	return out, nil
+	return kernels.GreedyTokens(ops, logits, n)
 }
 
 // ngramDrafter is prompt lookup (vLLM's ngram method, spec.PromptLookup):

@@ -436,40 +436,9 @@ func (d *DSpark) correct(ctx context.Context, x kernels.Tensor, last []int32, n 
 }
 
 // argmaxRows returns the highest-scoring token of each of the n rows of
-// logits (F32 [n, vocab]): on the device when the backend samples there
-// (only the tokens come back), else on the host (lowest id on ties).
+// logits (F32 [n, vocab]; kernels.GreedyTokens).
 func argmaxRows(ops kernels.Ops, logits kernels.Tensor, n int) ([]int, error) {
-	out := make([]int, n)
-	if dev, ok := ops.(kernels.DeviceSampler); ok {
-		rows := make([]kernels.SampleRow, n)
-		for i := range rows {
-			rows[i] = kernels.SampleRow{Greedy: true, Temperature: 1, TopP: 1, RepetitionPenalty: 1}
-		}
-		_, host, err := dev.SampleTokens(logits, rows)
-		if err != nil {
-			return nil, err
-		}
-		for i, t := range host {
-			out[i] = int(t)
-		}
-		return out, nil
-	}
-	flat, err := kernels.ToF32(ops, logits)
-	if err != nil {
-		return nil, err
-	}
-	vocab := logits.Shape()[1]
-	for r := range out {
-		row := flat[r*vocab : (r+1)*vocab]
-		best := 0
-		for t, v := range row {
-			if v > row[best] {
-				best = t
-			}
-		}
-		out[r] = best
-	}
-	return out, nil
+	return kernels.GreedyTokens(ops, logits, n)
 }
 
 // uploadI32 copies several I32 arrays to the backend in one transfer and
