@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/engine/gguf"
+	"github.com/deepinfer/deepinfer-go/engine/models/ggufwrite"
 	"github.com/deepinfer/deepinfer-go/engine/weights"
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu/simd"
@@ -48,20 +49,7 @@ func writeGGUF(t testing.TB, dir string, cfg *weights.Config, w MemWeights, pres
 	t.Helper()
 	arch := ggufArch(cfg)
 	gw := gguf.NewWriter()
-	p := func(k string) string { return arch + "." + k }
-	gw.Set("general.architecture", gguf.String(arch))
-	gw.Set(p("context_length"), gguf.Uint32(uint32(cfg.MaxPositionEmbeddings)))
-	gw.Set(p("embedding_length"), gguf.Uint32(uint32(cfg.HiddenSize)))
-	gw.Set(p("block_count"), gguf.Uint32(uint32(cfg.NumHiddenLayers)))
-	gw.Set(p("feed_forward_length"), gguf.Uint32(uint32(cfg.IntermediateSize)))
-	gw.Set(p("attention.head_count"), gguf.Uint32(uint32(cfg.NumAttentionHeads)))
-	gw.Set(p("attention.head_count_kv"), gguf.Uint32(uint32(cfg.NumKeyValueHeads)))
-	gw.Set(p("attention.key_length"), gguf.Uint32(uint32(cfg.HeadDim)))
-	gw.Set(p("attention.value_length"), gguf.Uint32(uint32(cfg.HeadDim)))
-	gw.Set(p("rope.dimension_count"), gguf.Uint32(uint32(cfg.HeadDim)))
-	gw.Set(p("rope.freq_base"), gguf.Float32(float32(cfg.Rope.Theta)))
-	gw.Set(p("attention.layer_norm_rms_epsilon"), gguf.Float32(float32(cfg.RMSNormEps)))
-	gw.Set(p("vocab_size"), gguf.Uint32(uint32(cfg.VocabSize)))
+	ggufwrite.SetHyper(gw, arch, cfg)
 	gw.Set("tokenizer.ggml.bos_token_id", gguf.Uint32(uint32(*cfg.BOSTokenID)))
 	gw.Set("tokenizer.ggml.eos_token_id", gguf.Uint32(uint32(cfg.EOSTokenIDs[0])))
 	held := MemWeights{}

@@ -59,23 +59,10 @@ func Write(dst io.Writer, dir, tokDir, preset string) error {
 		return fmt.Errorf("ggufwrite: preset %q: want one of %v", preset, Presets)
 	}
 	w := gguf.NewWriter()
-	p := func(k string) string { return arch + "." + k }
-	w.Set("general.architecture", gguf.String(arch))
+	SetHyper(w, arch, cfg)
 	w.Set("general.name", gguf.String(filepath.Base(filepath.Clean(dir))))
 	w.Set("general.file_type", gguf.Uint32(uint32(ft)))
 	w.Set("general.quantization_version", gguf.Uint32(2))
-	w.Set(p("context_length"), gguf.Uint32(uint32(cfg.MaxPositionEmbeddings)))
-	w.Set(p("embedding_length"), gguf.Uint32(uint32(cfg.HiddenSize)))
-	w.Set(p("block_count"), gguf.Uint32(uint32(cfg.NumHiddenLayers)))
-	w.Set(p("feed_forward_length"), gguf.Uint32(uint32(cfg.IntermediateSize)))
-	w.Set(p("attention.head_count"), gguf.Uint32(uint32(cfg.NumAttentionHeads)))
-	w.Set(p("attention.head_count_kv"), gguf.Uint32(uint32(cfg.NumKeyValueHeads)))
-	w.Set(p("attention.key_length"), gguf.Uint32(uint32(cfg.HeadDim)))
-	w.Set(p("attention.value_length"), gguf.Uint32(uint32(cfg.HeadDim)))
-	w.Set(p("rope.dimension_count"), gguf.Uint32(uint32(cfg.HeadDim)))
-	w.Set(p("rope.freq_base"), gguf.Float32(float32(cfg.Rope.Theta)))
-	w.Set(p("attention.layer_norm_rms_epsilon"), gguf.Float32(float32(cfg.RMSNormEps)))
-	w.Set(p("vocab_size"), gguf.Uint32(uint32(cfg.VocabSize)))
 
 	tj, err := os.ReadFile(filepath.Join(tokDir, "tokenizer.json"))
 	if err != nil {
@@ -240,4 +227,23 @@ func padTokens(toks []string, n int) []string {
 		toks = append(toks, fmt.Sprintf("[PAD%d]", i))
 	}
 	return toks[:n]
+}
+
+// SetHyper writes the hyper-parameters of a llama, qwen2 or qwen3 config as
+// llama.cpp names them under arch (the keys engine/gguf's Config reads).
+func SetHyper(w *gguf.Writer, arch string, cfg *weights.Config) {
+	p := func(k string) string { return arch + "." + k }
+	w.Set("general.architecture", gguf.String(arch))
+	w.Set(p("context_length"), gguf.Uint32(uint32(cfg.MaxPositionEmbeddings)))
+	w.Set(p("embedding_length"), gguf.Uint32(uint32(cfg.HiddenSize)))
+	w.Set(p("block_count"), gguf.Uint32(uint32(cfg.NumHiddenLayers)))
+	w.Set(p("feed_forward_length"), gguf.Uint32(uint32(cfg.IntermediateSize)))
+	w.Set(p("attention.head_count"), gguf.Uint32(uint32(cfg.NumAttentionHeads)))
+	w.Set(p("attention.head_count_kv"), gguf.Uint32(uint32(cfg.NumKeyValueHeads)))
+	w.Set(p("attention.key_length"), gguf.Uint32(uint32(cfg.HeadDim)))
+	w.Set(p("attention.value_length"), gguf.Uint32(uint32(cfg.HeadDim)))
+	w.Set(p("rope.dimension_count"), gguf.Uint32(uint32(cfg.HeadDim)))
+	w.Set(p("rope.freq_base"), gguf.Float32(float32(cfg.Rope.Theta)))
+	w.Set(p("attention.layer_norm_rms_epsilon"), gguf.Float32(float32(cfg.RMSNormEps)))
+	w.Set(p("vocab_size"), gguf.Uint32(uint32(cfg.VocabSize)))
 }
