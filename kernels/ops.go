@@ -218,6 +218,36 @@ type AttentionParams struct {
 	// GPU backend run attention on 16-bit tensor cores. Models set it to
 	// their weights' dtype.
 	InputDType DType
+	// Sinks is F32 [NumHeads] or nil: per query head a learned logit that
+	// joins the softmax denominator and adds no value (gpt-oss), so a row's
+	// probabilities sum to 1 - its sink's share. Only backends that
+	// implement AttentionSinker honour it; models check before setting it.
+	Sinks Tensor
+}
+
+// AttentionSinker is implemented by backends whose Attention (and
+// RingAttention, where they have it) honour AttentionParams.Sinks.
+type AttentionSinker interface {
+	AttentionSinks() bool
+}
+
+// ClampedSwiGLU is the gated activation of gpt-oss's experts, per element
+// with gate g and linear input u: g' = min(g, Limit), u' = clamp(u, -Limit,
+// Limit), act = (u' + 1) * g' * sigmoid(Alpha * g').
+type ClampedSwiGLU struct {
+	Limit, Alpha float32
+}
+
+// BiasedMoEer is implemented by backends that run gpt-oss's experts: MoE
+// with biases on both projections and the clamped SwiGLU.
+type BiasedMoEer interface {
+	// MoEClampedSwiGLU is MoE with out[t] = sum_k weights[t,k] *
+	// (down[e] act(gateUp[e] x[t] + gateUpBias[e]) + downBias[e]), e =
+	// ids[t,k], summed in k order. gateUp [num_experts, 2*inter, hidden]
+	// (gate rows first, then up) and down [num_experts, hidden, inter] in
+	// their stored dtype; gateUpBias F32 [num_experts, 2*inter], downBias F32
+	// [num_experts, hidden]. Cost: MoE's plus the biases.
+	MoEClampedSwiGLU(out, x, ids, weights, gateUp, gateUpBias, down, downBias Tensor, p ClampedSwiGLU) error
 }
 
 // KVCacheDTyper is implemented by backends that can keep a GQA model's K and

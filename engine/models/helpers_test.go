@@ -154,6 +154,8 @@ func opsOf(m Model) kernels.Ops {
 		return x.ops
 	case *gemma3:
 		return x.ops
+	case *gptOss:
+		return x.ops
 	}
 	panic("unknown model type")
 }

@@ -36,6 +36,7 @@ func Builtin() *Registry {
 		r.byName[name] = newDeepseek
 	}
 	r.byName["Gemma3ForCausalLM"] = newGemma3
+	r.byName["GptOssForCausalLM"] = newGptOss
 	return r
 }
 
@@ -72,8 +73,12 @@ func (r *Registry) New(ops kernels.Ops, cfg *weights.Config, src Weights, opts O
 	}
 	switch q := cfg.Quantization.Method; q {
 	case "", "fp8":
+	case "mxfp4": // gpt-oss's experts: read by its loader
+		if arch != "GptOssForCausalLM" {
+			return nil, fmt.Errorf("models: %s: quantization_config.quant_method %q (supported: fp8; mxfp4 for gpt-oss): %w", arch, q, ErrConfig)
+		}
 	default:
-		return nil, fmt.Errorf("models: %s: quantization_config.quant_method %q (supported: fp8): %w", arch, q, ErrConfig)
+		return nil, fmt.Errorf("models: %s: quantization_config.quant_method %q (supported: fp8; mxfp4 for gpt-oss): %w", arch, q, ErrConfig)
 	}
 	switch opts.Quantization {
 	case "", "fp8":

@@ -72,7 +72,38 @@ type attnPlan struct {
 	blocks    [][]int32
 	tokSeq    []int32 // sequence of each query row
 	maxK      int
-	ring      *ringSrc // ring-buffer keys (RingAttention); nil for paged blocks
+	ring      *ringSrc  // ring-buffer keys (RingAttention); nil for paged blocks
+	sinks     []float32 // per query head sink logit (AttentionParams.Sinks); nil for none
+}
+
+// AttentionSinks reports that Attention and RingAttention honour
+// AttentionParams.Sinks; see kernels.AttentionSinker.
+func (b *Backend) AttentionSinks() bool { return true }
+
+// sinkValues checks AttentionParams.Sinks (F32 [NumHeads]) and returns its
+// values, nil when absent.
+func sinkValues(op string, p kernels.AttentionParams) ([]float32, error) {
+	if p.Sinks == nil {
+		return nil, nil
+	}
+	s, err := asCPU(op, "sinks", p.Sinks)
+	if err != nil {
+		return nil, err
+	}
+	if err := kernels.CheckShape("cpu", op, "sinks", s, []int{p.NumHeads}, kernels.F32); err != nil {
+		return nil, err
+	}
+	return s.f32, nil
+}
+
+// sinkScale returns the factor that turns a row's accumulated output
+// (relative to running max m, denominator l) into its attention output
+// when a sink logit joins the denominator: the max is taken over the
+// scores and the sink, as the reference subtracts it before its softmax.
+func sinkScale(m, l, sink float32) float32 {
+	mNew := max(m, sink)
+	a := float32(math.Exp(float64(m - mNew)))
+	return a / (l*a + float32(math.Exp(float64(sink-mNew))))
 }
 
 // plan validates m against numTokens query rows and a cache of numBlocks
@@ -253,6 +284,9 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 	if err != nil {
 		return err
 	}
+	if pl.sinks, err = sinkValues(op, p); err != nil {
+		return err
+	}
 	group := nh / p.NumKVHeads
 	items := pl.items(p.NumKVHeads)
 	b.run.For(len(items), func(lo, hi int) {
@@ -344,6 +378,9 @@ func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams
 	for rr := range r {
 		i, h := it.r0+rr/group, it.kvHead*group+rr%group
 		inv := 1 / sm.l[rr]
+		if pl.sinks != nil {
+			inv = sinkScale(sm.m[rr], sm.l[rr], pl.sinks[h])
+		}
 		dst := out[i*nh*d+h*d : i*nh*d+(h+1)*d]
 		for e, v := range acc[rr*d : (rr+1)*d] {
 			dst[e] = v * inv

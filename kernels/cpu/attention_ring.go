@@ -103,6 +103,9 @@ func (b *Backend) RingAttention(out, q, k, v, kRing, vRing, slots kernels.Tensor
 		r.slot[s] = int(x)
 	}
 	pl.ring = r
+	if pl.sinks, err = sinkValues(op, p); err != nil {
+		return err
+	}
 	d, nh := p.HeadDim, p.NumHeads
 	group := nh / p.NumKVHeads
 	items := pl.items(p.NumKVHeads)

@@ -1,0 +1,98 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// MoEClampedSwiGLU is MoE with biased projections and gpt-oss's clamped
+// SwiGLU; see kernels.BiasedMoEer. Like MoE, every (token, k) pair's expert
+// output is computed alone in its row and the pairs are mixed in k order,
+// so a token's result does not depend on its batch neighbours.
+func (b *Backend) MoEClampedSwiGLU(out, x, ids, weights, gateUp, gateUpBias, down, downBias kernels.Tensor, p kernels.ClampedSwiGLU) error {
+	const op = "moe_clamped_swiglu"
+	if err := b.checkOpen(op); err != nil {
+		return err
+	}
+	var ts [8]*Tensor
+	for i, a := range []struct {
+		name string
+		t    kernels.Tensor
+	}{{"out", out}, {"x", x}, {"ids", ids}, {"weights", weights}, {"gate_up", gateUp},
+		{"down", down}, {"gate_up_bias", gateUpBias}, {"down_bias", downBias}} {
+		c, err := asCPU(op, a.name, a.t)
+		if err != nil {
+			return err
+		}
+		ts[i] = c
+	}
+	o, xs, is, ws, gu, dn, gub, dnb := ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6], ts[7]
+	d, err := kernels.MoEShapes("cpu", o, xs, is, ws, gu, dn)
+	if err != nil {
+		return err
+	}
+	t, hidden, numExperts, inter, topK := d.T, d.Hidden, d.NumExperts, d.Inter, d.TopK
+	if err := kernels.CheckShape("cpu", op, "gate_up_bias", gub, []int{numExperts, 2 * inter}, kernels.F32); err != nil {
+		return err
+	}
+	if err := kernels.CheckShape("cpu", op, "down_bias", dnb, []int{numExperts, hidden}, kernels.F32); err != nil {
+		return err
+	}
+	if !(p.Limit > 0) || math.IsInf(float64(p.Limit), 0) || math.IsNaN(float64(p.Alpha)) {
+		return fmt.Errorf("cpu: %s: limit %g, alpha %g: %w", op, p.Limit, p.Alpha, kernels.ErrShape)
+	}
+	byExpert := make([][]int32, numExperts)
+	for i, e := range is.i32 {
+		if e < 0 || int(e) >= numExperts {
+			return fmt.Errorf("cpu: %s: ids[%d][%d] = %d, %d experts: %w", op, i/topK, i%topK, e, numExperts, kernels.ErrOutOfRange)
+		}
+		byExpert[e] = append(byExpert[e], int32(i))
+	}
+	ys := make([]float32, t*topK*hidden) // expert output per (token, k)
+	for e, pairs := range byExpert {
+		n := len(pairs)
+		if n == 0 {
+			continue
+		}
+		xe := make([]float32, n*hidden)
+		for r, pair := range pairs {
+			tok := int(pair) / topK
+			copy(xe[r*hidden:(r+1)*hidden], xs.f32[tok*hidden:(tok+1)*hidden])
+		}
+		g := make([]float32, n*2*inter)
+		b.linear(g, xe, expert(gu, e), n, 2*inter, hidden, gub.f32[e*2*inter:(e+1)*2*inter])
+		a := make([]float32, n*inter)
+		for r := range n {
+			clampedSwiGLURow(a[r*inter:(r+1)*inter], g[r*2*inter:(r+1)*2*inter], p)
+		}
+		ye := xe // reuse: n*hidden
+		b.linear(ye, a, expert(dn, e), n, hidden, inter, dnb.f32[e*hidden:(e+1)*hidden])
+		for r, pair := range pairs {
+			copy(ys[int(pair)*hidden:(int(pair)+1)*hidden], ye[r*hidden:(r+1)*hidden])
+		}
+	}
+	b.forRows(t, topK*hidden, func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			dst := o.f32[i*hidden : (i+1)*hidden]
+			clear(dst)
+			for k := range topK {
+				b.k.axpy(ws.f32[i*topK+k], ys[(i*topK+k)*hidden:(i*topK+k+1)*hidden], dst)
+			}
+		}
+	})
+	return nil
+}
+
+// clampedSwiGLURow writes act(gate, up) of one row; gateUp holds the gate
+// half then the up half.
+func clampedSwiGLURow(dst, gateUp []float32, p kernels.ClampedSwiGLU) {
+	n := len(dst)
+	for j := range dst {
+		g := min(gateUp[j], p.Limit)
+		u := min(max(gateUp[n+j], -p.Limit), p.Limit)
+		glu := g * float32(1/(1+math.Exp(-float64(p.Alpha*g))))
+		dst[j] = (u + 1) * glu
+	}
+}
