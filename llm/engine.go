@@ -91,7 +91,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		if _, err := simd.Pick(cfg.CPU.SIMD); err != nil && !cfg.CPU.PureGo {
 			return nil, fmt.Errorf("llm: %w: cpu.simd %s: %w", config.ErrInvalid, cfg.CPU.SIMD, err)
 		}
-		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, SIMD: cfg.CPU.SIMD, KVCacheDType: cfg.Cache.KVDType()})
+		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, SIMD: cfg.CPU.SIMD, KVCacheDType: cfg.Cache.KVDType(), LlamaCppActivations: cfg.CPU.LlamaCppActivations()})
 	case "cuda":
 		ops, err := cuda.New(cudaOptions(cfg.CUDA, cfg.Cache.KVDType()))
 		if err != nil {

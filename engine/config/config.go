@@ -117,7 +117,19 @@ type CPU struct {
 	// SIMD names the CPU kernels' inner loops: auto (the fastest this CPU
 	// runs), go, avx2 or avx512. The engine refuses a path the CPU lacks.
 	SIMD string `yaml:"simd"`
+	// ActivationRounding is how activations enter products with GGUF
+	// block-quantized, BF16 and F16 weights: "none" (or empty; the
+	// default) keeps them in float32, the exact product with the stored
+	// weights; "llama_cpp" rounds them as llama.cpp's CPU backend does (to
+	// 8-bit Q8_0/Q8_K blocks with integer dot products, or to the weights'
+	// 16-bit type), so that greedy tokens follow llama.cpp's on the same
+	// file.
+	ActivationRounding string `yaml:"activation_rounding"`
 }
+
+// LlamaCppActivations reports whether ActivationRounding asks for
+// llama.cpp's rounding.
+func (c CPU) LlamaCppActivations() bool { return c.ActivationRounding == "llama_cpp" }
 
 // CUDA configures the CUDA backend (device: cuda): the tuning meant for
 // production runs. The backend's other switches pick between kernels of
@@ -231,7 +243,7 @@ func Default() Config {
 			PrefixCaching:  true,
 			KVCacheDType:   "auto",
 		},
-		CPU:       CPU{SIMD: "auto"},
+		CPU:       CPU{SIMD: "auto", ActivationRounding: "none"},
 		CUDA:      CUDA{GEMM: "round"},
 		CUDAGraph: CUDAGraph{BatchSizes: []int{1, 2, 4, 8, 16, 32, 64}},
 		Speculative: Speculative{

@@ -137,6 +137,29 @@ func TestParse(t *testing.T) {
 			want: []string{"cpu.simd: must be auto, go, avx2 or avx512, got \"sse9\""},
 		},
 		{
+			name: "an unknown activation rounding",
+			yaml: "model: m\ncpu:\n  activation_rounding: q8\n",
+			want: []string{"cpu.activation_rounding: must be none or llama_cpp, got \"q8\""},
+		},
+		{
+			name: "llama.cpp activation rounding",
+			yaml: "model: m\ncpu:\n  activation_rounding: llama_cpp\n",
+			check: func(t *testing.T, c *Config) {
+				if !c.CPU.LlamaCppActivations() {
+					t.Errorf("cpu.activation_rounding %q: LlamaCppActivations false, want true", c.CPU.ActivationRounding)
+				}
+			},
+		},
+		{
+			name: "activations stay float32 by default",
+			yaml: "model: m\n",
+			check: func(t *testing.T, c *Config) {
+				if c.CPU.LlamaCppActivations() {
+					t.Errorf("default config: LlamaCppActivations true, want false")
+				}
+			},
+		},
+		{
 			name: "a simd path",
 			yaml: "model: m\ncpu:\n  simd: go\n",
 			check: func(t *testing.T, c *Config) {

@@ -48,17 +48,28 @@ type Options struct {
 	// KVCacheDType kernels.F8E4M3 keeps GQA models' K and V caches in 8-bit
 	// E4M3 (see Backend.KVCacheDType); 0 (auto) keeps them in float32.
 	KVCacheDType kernels.DType
+	// LlamaCppActivations computes products with block-quantized (GGUF)
+	// weights as llama.cpp's CPU backend does: each activation row is
+	// rounded to 8-bit blocks (Q8_0 for Q8_0/Q4_0 weights, Q8_K for
+	// K-quants) and multiplied with integer dot products, and activations
+	// meeting BF16 or F16 weights are rounded to the weights' type first
+	// (see simd.LinearQuantLlama and simd.Linear16Llama). Greedy tokens
+	// then follow llama.cpp's where float32 activations would break its
+	// near-ties differently. false (the default) keeps activations in
+	// float32: the exact product with the stored weights.
+	LlamaCppActivations bool
 }
 
 // Backend implements kernels.Ops on the host CPU. It is safe for concurrent
 // use by several goroutines as long as they do not write the same tensors.
 type Backend struct {
-	threads int
-	run     runner
-	k       kernelSet
-	kvCache kernels.DType // Options.KVCacheDType
-	closed  atomic.Bool
-	peak    peakOnce
+	threads  int
+	run      runner
+	k        kernelSet
+	kvCache  kernels.DType // Options.KVCacheDType
+	llamaAct bool          // Options.LlamaCppActivations
+	closed   atomic.Bool
+	peak     peakOnce
 }
 
 var _ kernels.Ops = (*Backend)(nil)
@@ -69,7 +80,8 @@ func New(opts Options) *Backend {
 	if n <= 0 {
 		n = runtime.NumCPU()
 	}
-	return &Backend{threads: n, run: newRunner(n), k: selectKernels(opts.PureGo, opts.SIMD), kvCache: opts.KVCacheDType}
+	return &Backend{threads: n, run: newRunner(n), k: selectKernels(opts.PureGo, opts.SIMD), kvCache: opts.KVCacheDType,
+		llamaAct: opts.LlamaCppActivations}
 }
 
 var _ kernels.KVCacheDTyper = (*Backend)(nil)

@@ -49,18 +49,24 @@ func (b *Backend) Linear(out, x, w, bias kernels.Tensor) error {
 // tiling and the number of rows never change a result.
 func (b *Backend) linear(out, x []float32, w *Tensor, m, n, k int, bias []float32) {
 	tiles := (n + linearTile - 1) / linearTile
+	var acts *llamaActs // x rounded once for all tiles (Options.LlamaCppActivations)
+	if b.llamaAct {
+		acts = newLlamaActs(x, w, m, k)
+	}
 	body := func(lo, hi int) {
 		j0, j1 := lo*linearTile, min(hi*linearTile, n)
-		switch w.dtype {
-		case kernels.F32:
+		switch {
+		case acts != nil:
+			acts.linear(out, w, m, n, k, j0, j1)
+		case w.dtype == kernels.F32:
 			b.k.linearF32(out, x, w.f32, m, n, k, j0, j1)
-		case kernels.BF16:
+		case w.dtype == kernels.BF16:
 			b.k.linearBF16(out, x, w.u16, m, n, k, j0, j1)
-		case kernels.F16:
+		case w.dtype == kernels.F16:
 			b.k.linearF16(out, x, w.u16, m, n, k, j0, j1)
-		case kernels.F8E4M3:
+		case w.dtype == kernels.F8E4M3:
 			b.k.linearF8(out, x, w.f8Weights(), m, n, k, j0, j1)
-		case kernels.Quant:
+		case w.dtype == kernels.Quant:
 			b.linearQuant(out, x, w.q, m, n, k, j0, j1)
 		}
 		if bias != nil {

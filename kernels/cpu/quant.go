@@ -124,6 +124,12 @@ const quantColumns = 64
 // (LinearQuant's results do not depend on the rows or columns it is given,
 // so neither does the result here).
 func (b *Backend) linearQuant(out, x []float32, w *quantRows, m, n, k, j0, j1 int) {
+	if b.llamaAct {
+		a := &llamaActs{}
+		a.quantize(x, w, m, k)
+		a.linearQuant(out, w, m, n, k, j0, j1)
+		return
+	}
 	var scratch []float32
 	for _, s := range w.segs {
 		lo, hi := max(j0, s.lo), min(j1, s.hi)
@@ -165,4 +171,81 @@ func (t *Tensor) quantRowF32(buf []float32, i int) []float32 {
 		}
 	}
 	return buf[:k]
+}
+
+// llamaActs are the activation rows of one matrix product rounded as
+// llama.cpp's CPU backend rounds them for the weight's formats
+// (Options.LlamaCppActivations): Q8_0 blocks for Q8_0/Q4_0 rows, Q8_K
+// blocks for K-quant rows, 16-bit values for BF16 and F16 weights.
+type llamaActs struct {
+	q80, q8k []byte   // rows quantized by simd.QuantizeActs, nil if unused
+	h        []uint16 // rows rounded to the weight's 16-bit type
+}
+
+// newLlamaActs rounds the m rows of x for the weight w, or returns nil
+// for weights that multiply float32 activations in llama.cpp too (F32)
+// or have no llama.cpp counterpart (F8E4M3). Cost: one pass over x per
+// format.
+func newLlamaActs(x []float32, w *Tensor, m, k int) *llamaActs {
+	a := &llamaActs{}
+	switch w.dtype {
+	case kernels.Quant:
+		a.quantize(x, w.q, m, k)
+	case kernels.BF16:
+		a.h = make([]uint16, m*k)
+		simd.RoundBF16(a.h, x[:m*k])
+	case kernels.F16:
+		a.h = make([]uint16, m*k)
+		simd.RoundF16(a.h, x[:m*k])
+	default:
+		return nil
+	}
+	return a
+}
+
+// quantize fills q80 and q8k for the formats of w's segments.
+func (a *llamaActs) quantize(x []float32, w *quantRows, m, k int) {
+	for _, s := range w.segs {
+		buf := &a.q80
+		if s.typ.BlockSize() == 256 {
+			buf = &a.q8k
+		}
+		if *buf == nil {
+			rb, _ := simd.ActRowBytes(s.typ, k)
+			*buf = make([]byte, m*rb)
+			simd.QuantizeActs(*buf, x, s.typ, m, k)
+		}
+	}
+}
+
+// linear computes columns [j0, j1) of out[m, n] = x W^T with the rounded
+// activations (w the weight newLlamaActs rounded them for).
+func (a *llamaActs) linear(out []float32, w *Tensor, m, n, k, j0, j1 int) {
+	if w.dtype == kernels.Quant {
+		a.linearQuant(out, w.q, m, n, k, j0, j1)
+		return
+	}
+	simd.Linear16Llama(out, a.h, w.u16, w.dtype == kernels.BF16, m, n, k, j0, j1)
+}
+
+// linearQuant is llama.cpp's product of the quantized rows with each
+// segment's rows, one block dot product per output element.
+func (a *llamaActs) linearQuant(out []float32, w *quantRows, m, n, k, j0, j1 int) {
+	for _, s := range w.segs {
+		lo, hi := max(j0, s.lo), min(j1, s.hi)
+		if lo >= hi {
+			continue
+		}
+		acts := a.q80
+		if s.typ.BlockSize() == 256 {
+			acts = a.q8k
+		}
+		ab, _ := simd.ActRowBytes(s.typ, k)
+		for j := lo; j < hi; j++ {
+			row := s.data[(j-s.lo)*s.rb : (j-s.lo+1)*s.rb]
+			for i := range m {
+				out[i*n+j] = simd.VecDotLlama(s.typ, k, row, acts[i*ab:(i+1)*ab])
+			}
+		}
+	}
 }

@@ -9,13 +9,15 @@
 // difference, this engine's logit margin between its token and llama.cpp's:
 //
 //	npm install --prefix .cache/node-llama-cpp node-llama-cpp@3.21.1
-//	go run ./tools/cpu/gguf-parity -out /tmp/parity [-n 32] [-t 2] [-types f32,bf16,q8_0,q4_k_m]
+//	go run ./tools/cpu/gguf-parity -out /tmp/parity [-n 32] [-t 2] [-types f32,bf16,q8_0,q4_k_m] [-llama-acts]
 //
 // Prompts are token ids (llama.cpp evaluates them as given), so the
 // comparison does not depend on either tokenizer. A difference at a
 // near-tie is expected for the quantized types: llama.cpp rounds the
-// activations to 8-bit blocks before its integer dot products, this
-// engine keeps them in float32.
+// activations to 8-bit blocks before its integer dot products (and to
+// bfloat16 for BF16 weights), this engine keeps them in float32 unless
+// -llama-acts rounds them as llama.cpp does (cpu.activation_rounding:
+// llama_cpp).
 package main
 
 import (
@@ -63,7 +65,9 @@ func main() {
 	types := flag.String("types", strings.Join(ggufwrite.Presets, ","), "GGUF weight types")
 	archs := flag.String("models", "llama,qwen3", "models")
 	seed := flag.Uint64("seed", 1, "seed of the weights and prompts")
+	llamaActs := flag.Bool("llama-acts", false, "round activations as llama.cpp does (cpu.activation_rounding: llama_cpp)")
 	flag.Parse()
+	roundActs = *llamaActs
 	if *out == "" {
 		flag.Usage()
 		os.Exit(2)
@@ -73,6 +77,9 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// roundActs is -llama-acts.
+var roundActs bool
 
 type result struct {
 	model, typ, prompt string
@@ -204,7 +211,7 @@ func writeModel(dir, tokDir string, cfgMap map[string]any, seed uint64) error {
 // after prompt, returning them, the logits each was chosen from, and the
 // weight format.
 func engineGreedy(path string, prompt []int32, n, threads int) ([]int32, [][]float32, string, error) {
-	ops := cpu.New(cpu.Options{Threads: threads})
+	ops := cpu.New(cpu.Options{Threads: threads, LlamaCppActivations: roundActs})
 	defer ops.Close()
 	m, err := models.Builtin().Load(ops, path, models.Options{MaxModelLen: 1024})
 	if err != nil {

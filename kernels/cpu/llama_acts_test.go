@@ -1,0 +1,99 @@
+package cpu
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+	"github.com/deepinfer/deepinfer-go/kernels/cpu/simd"
+)
+
+// TestLlamaCppActivations: with Options.LlamaCppActivations, Linear with a
+// block-quantized weight (formats fused, as Q4_K_M files mix them) gives
+// for every output llama.cpp's block dot product of its weight row and its
+// quantized activation row, and a BF16 weight gives the product over
+// bfloat16-rounded activations; a row computed alone is bit-identical to
+// the same row in a batch split over the workers. Without the option the
+// results are the float32 ones.
+func TestLlamaCppActivations(t *testing.T) {
+	const m, k = 9, 512
+	r := rand.New(rand.NewPCG(11, 12))
+	types := []kernels.QuantType{kernels.QuantQ4_K, kernels.QuantQ6_K, kernels.QuantQ8_0, kernels.QuantQ4_0}
+	rows := []int{70, 30, 20, 40}
+	n := 160
+	qw, _ := randQuant(r, []int{n, k}, types, rows)
+	x := randVals(r, m*k, 1)
+	for _, pure := range []bool{true, false} {
+		b := New(Options{Threads: 2, PureGo: pure, LlamaCppActivations: true})
+		defer b.Close()
+		w := quantTensor(t, b, qw)
+		xt := put(t, b, kernels.F32, x, m, k)
+		out := alloc(t, b, m, n)
+		if err := b.Linear(out, xt, w, nil); err != nil {
+			t.Fatal(err)
+		}
+		got := vals(out)
+		j := 0
+		for pi, p := range qw.Parts {
+			typ := simd.QuantType(p.Type)
+			rb, _ := typ.RowBytes(k)
+			ab, _ := simd.ActRowBytes(typ, k)
+			acts := make([]byte, m*ab)
+			simd.QuantizeActs(acts, x, typ, m, k)
+			for jj := range rows[pi] {
+				for i := range m {
+					want := simd.VecDotLlama(typ, k, p.Data[jj*rb:(jj+1)*rb], acts[i*ab:(i+1)*ab])
+					if g := got[i*n+j]; math.Float32bits(g) != math.Float32bits(want) {
+						t.Fatalf("%s: %v row %d, out[%d,%d] = %g, llama.cpp's dot %g", b.Name(), typ, jj, i, j, g, want)
+					}
+				}
+				j++
+			}
+		}
+		// One row alone: the same bits.
+		one := alloc(t, b, 1, n)
+		if err := b.Linear(one, put(t, b, kernels.F32, x[4*k:5*k], 1, k), w, nil); err != nil {
+			t.Fatal(err)
+		}
+		checkIdentical(t, b.Name()+" row alone", vals(one), got[4*n:5*n])
+
+		// BF16 weights: activations rounded to bfloat16.
+		wf := randVals(r, n*k, 0.1)
+		wb := put(t, b, kernels.BF16, wf, n, k)
+		if err := b.Linear(out, xt, wb, nil); err != nil {
+			t.Fatal(err)
+		}
+		xh, wh := make([]uint16, m*k), make([]uint16, n*k)
+		simd.RoundBF16(xh, x)
+		simd.RoundBF16(wh, roundTo(kernels.BF16, wf))
+		want := make([]float32, m*n)
+		simd.Linear16Llama(want, xh, wh, true, m, n, k, 0, n)
+		checkIdentical(t, b.Name()+" bf16", vals(out), want)
+	}
+
+	// The default keeps float32 activations: other bits.
+	b := New(Options{Threads: 2})
+	defer b.Close()
+	w := quantTensor(t, b, qw)
+	out := alloc(t, b, m, n)
+	if err := b.Linear(out, put(t, b, kernels.F32, x, m, k), w, nil); err != nil {
+		t.Fatal(err)
+	}
+	ref := New(Options{Threads: 1, LlamaCppActivations: true})
+	defer ref.Close()
+	outL := alloc(t, ref, m, n)
+	if err := ref.Linear(outL, put(t, ref, kernels.F32, x, m, k), quantTensor(t, ref, qw), nil); err != nil {
+		t.Fatal(err)
+	}
+	same := 0
+	for i, v := range vals(out) {
+		if v == vals(outL)[i] {
+			same++
+		}
+	}
+	if same == len(vals(out)) {
+		t.Errorf("default and llama.cpp activations gave the same %d outputs", same)
+	}
+	checkClose(t, "default vs llama.cpp activations", vals(out), vals(outL), 0.05)
+}

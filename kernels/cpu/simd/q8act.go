@@ -1,0 +1,366 @@
+package simd
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
+
+// Matrix products as llama.cpp's CPU backend computes them (the scalar
+// "generic" paths of ggml-cpu): the activations are rounded to the type
+// the weight format multiplies with (its vec_dot_type) before the dot
+// products, instead of staying float32 as in LinearQuant and LinearBF16.
+//
+//	weights     activations rounded to          dot product
+//	Q8_0, Q4_0  Q8_0 blocks (quantize_row_q8_0_ref)   ggml_vec_dot_q{8,4}_0_q8_0
+//	K-quants    Q8_K blocks (quantize_row_q8_K_ref)   ggml_vec_dot_q{4,5,6}_K_q8_K
+//	BF16        bfloat16, nearest even               ggml_vec_dot_bf16
+//	F16         IEEE half, nearest even              ggml_vec_dot_f16
+//
+// The block dot products sum integer products exactly and apply the
+// scales with float32 operations in the C code's order, with the fused
+// multiply-adds that the C compiler contracts them into in llama.cpp's
+// shipped x86 CPU libraries (their *_generic functions give these bits);
+// BF16 and F16 products are exact in float32 and are summed in float64,
+// rounded to float32 once. Every output depends only on its own
+// activation row and weight row, so these are batch invariant. llama.cpp
+// runs SIMD versions of the dot products instead, which sum the same
+// integers but apply the scales in another order (a few float32 ulps
+// apart, more where a sum cancels).
+//
+// A Q8_K block (Q8KBlockBytes bytes) is laid out as ggml's block_q8_K:
+// d float32 | qs int8[256] | bsums int16[16] (sums of 16 qs each).
+
+// Q8KBlockBytes is the size of one Q8_K block of 256 activations.
+const Q8KBlockBytes = 4 + 256 + 2*16
+
+// ActRowBytes is the size of a row of k activations quantized for weights
+// of type t (Q8_0 blocks for Q8_0 and Q4_0, Q8_K blocks for K-quants), or
+// an error when t is unknown or k not a whole number of t's blocks.
+func ActRowBytes(t QuantType, k int) (int, error) {
+	if _, err := t.RowBytes(k); err != nil {
+		return 0, err
+	}
+	if t.BlockSize() == 256 {
+		return k / 256 * Q8KBlockBytes, nil
+	}
+	return k / 32 * QuantQ8_0.BlockBytes(), nil
+}
+
+// QuantizeActs writes m rows of k activations x, each quantized as
+// llama.cpp quantizes the activations it multiplies with weights of type t
+// (quantize_row_q8_0_ref or quantize_row_q8_K_ref, bit for bit), into dst
+// at ActRowBytes(t, k) bytes a row, returning the bytes written. It panics
+// on an unknown type, a k that is not a whole number of blocks, or short
+// slices. Cost: a few flops per activation.
+func QuantizeActs(dst []byte, x []float32, t QuantType, m, k int) int {
+	rb, err := ActRowBytes(t, k)
+	if err != nil {
+		panic(err.Error())
+	}
+	if m < 0 || len(x) < m*k || len(dst) < m*rb {
+		panic(fmt.Sprintf("simd: QuantizeActs %s: %d rows of %d: len(x)=%d, len(dst)=%d, want %d and %d",
+			t, m, k, len(x), len(dst), m*k, m*rb))
+	}
+	for i := range m {
+		row := x[i*k : (i+1)*k]
+		if t.BlockSize() == 256 {
+			QuantizeQ8K(dst[i*rb:(i+1)*rb], row)
+		} else {
+			QuantQ8_0.Quantize(dst[i*rb:(i+1)*rb], row)
+		}
+	}
+	return m * rb
+}
+
+// QuantizeQ8K writes src (a whole number of 256-value blocks) into dst as
+// Q8_K blocks, bit for bit as llama.cpp's quantize_row_q8_K_ref: per block
+// the value of largest magnitude max (the first one on ties) gives
+// iscale = -127/max, q = min(127, nearest(iscale*x)), d = 1/iscale; an
+// all-zero block is d = 0 and zeros. It returns the bytes written and
+// panics on a partial block or a short dst.
+func QuantizeQ8K(dst []byte, src []float32) int {
+	if len(src)%256 != 0 {
+		panic(fmt.Sprintf("simd: QuantizeQ8K: %d values is not a whole number of 256-value blocks", len(src)))
+	}
+	nb := len(src) / 256
+	if len(dst) < nb*Q8KBlockBytes {
+		panic(fmt.Sprintf("simd: QuantizeQ8K: len(dst)=%d < %d", len(dst), nb*Q8KBlockBytes))
+	}
+	for b := range nb {
+		x, y := src[b*256:(b+1)*256], dst[b*Q8KBlockBytes:(b+1)*Q8KBlockBytes]
+		var mx, amax float32
+		for _, v := range x {
+			if ax := abs32(v); ax > amax {
+				amax, mx = ax, v
+			}
+		}
+		if amax == 0 {
+			clear(y)
+			continue
+		}
+		iscale := -127 / mx
+		qs := y[4:260]
+		for j, v := range x {
+			q := nearestInt(iscale * v)
+			qs[j] = byte(int8(min(127, q)))
+		}
+		for j := range 16 {
+			s := 0
+			for _, q := range qs[16*j : 16*j+16] {
+				s += int(int8(q))
+			}
+			binary.LittleEndian.PutUint16(y[260+2*j:], uint16(int16(s)))
+		}
+		binary.LittleEndian.PutUint32(y, math.Float32bits(1/iscale))
+	}
+	return nb * Q8KBlockBytes
+}
+
+// VecDotLlama is llama.cpp's generic dot product of a weight row w (k
+// weights of type t, RowBytes(k) bytes) with an activation row a quantized
+// for t by QuantizeActs (ActRowBytes(t, k) bytes): ggml_vec_dot_q8_0_q8_0,
+// _q4_0_q8_0, _q4_K_q8_K, _q5_K_q8_K or _q6_K_q8_K, bit for bit. It panics
+// on an unknown type, a partial block or short slices.
+func VecDotLlama(t QuantType, k int, w, a []byte) float32 {
+	rb, err := t.RowBytes(k)
+	if err != nil {
+		panic(err.Error())
+	}
+	ab, _ := ActRowBytes(t, k)
+	if len(w) < rb || len(a) < ab {
+		panic(fmt.Sprintf("simd: VecDotLlama %s: len(w)=%d, len(a)=%d, want %d and %d", t, len(w), len(a), rb, ab))
+	}
+	return vecDotLlama(t, k/t.BlockSize(), w, a)
+}
+
+func vecDotLlama(t QuantType, nb int, w, a []byte) float32 {
+	switch t {
+	case QuantQ8_0:
+		return dotQ8_0Q8_0(nb, w, a)
+	case QuantQ4_0:
+		return dotQ4_0Q8_0(nb, w, a)
+	case QuantQ4_K, QuantQ5_K, QuantQ6_K:
+		return dotKQ8K(t, nb, w, a)
+	}
+	panic(fmt.Sprintf("simd: unknown quantized type %d", uint8(t)))
+}
+
+// dotQ8_0Q8_0: sumf += sumi*(dw*da) per block.
+func dotQ8_0Q8_0(nb int, w, a []byte) float32 {
+	var sumf float32
+	for b := range nb {
+		wb, ab := w[34*b:34*b+34], a[34*b:34*b+34]
+		sumi := int32(0)
+		for j := 2; j < 34; j++ {
+			sumi += int32(int8(wb[j])) * int32(int8(ab[j]))
+		}
+		d := float32(half(wb) * half(ab))
+		sumf = fma32(float32(sumi), d, sumf)
+	}
+	return sumf
+}
+
+// dotQ4_0Q8_0: sumf += sumi*dw*da per block (left to right).
+func dotQ4_0Q8_0(nb int, w, a []byte) float32 {
+	var sumf float32
+	for b := range nb {
+		wb, ab := w[18*b:18*b+18], a[34*b:34*b+34]
+		var s0, s1 int32
+		for j := range 16 {
+			q := wb[2+j]
+			s0 += (int32(q&0xf) - 8) * int32(int8(ab[2+j]))
+			s1 += (int32(q>>4) - 8) * int32(int8(ab[18+j]))
+		}
+		sumf = fma32(float32(float32(s0+s1)*half(wb)), half(ab), sumf)
+	}
+	return sumf
+}
+
+// dotKQ8K is the K-quant dot product: per 256-weight block, eight integer
+// lane sums aux[l] (l = the index mod 8) of scale * w * a, sums[l] +=
+// (dw*da)*aux[l], and for Q4_K/Q5_K sumf -= (dmin*da) * sum(bsums*mins);
+// at the end sumf += sums[0..7] in order.
+func dotKQ8K(t QuantType, nb int, w, a []byte) float32 {
+	bb := t.BlockBytes()
+	var sums [8]float32
+	var sumf float32
+	var q [256]int8
+	var sc [16]int32 // scale of each 16-weight group
+	for b := range nb {
+		wb, ab := w[bb*b:bb*(b+1)], a[Q8KBlockBytes*b:Q8KBlockBytes*(b+1)]
+		da := math.Float32frombits(binary.LittleEndian.Uint32(ab))
+		qa := ab[4:260]
+		var dw, dmin float32
+		sumi := int32(0)
+		switch t {
+		case QuantQ4_K, QuantQ5_K:
+			dw, dmin = half(wb), half(wb[2:])
+			scales := wb[4:16]
+			for j := range 8 {
+				s, m := scaleMinK4(j, scales)
+				sc[2*j], sc[2*j+1] = int32(s), int32(s)
+				bs0 := int32(int16(binary.LittleEndian.Uint16(ab[260+4*j:])))
+				bs1 := int32(int16(binary.LittleEndian.Uint16(ab[262+4*j:])))
+				sumi += bs0*int32(m) + bs1*int32(m)
+			}
+			if t == QuantQ4_K {
+				unpackQ4K(&q, wb[16:144])
+			} else {
+				unpackQ5K(&q, wb[16:48], wb[48:176])
+			}
+		case QuantQ6_K:
+			dw = half(wb[208:])
+			for j := range 16 {
+				sc[j] = int32(int8(wb[192+j]))
+			}
+			unpackQ6K(&q, wb)
+		}
+		var aux [8]int32
+		for g := range 32 {
+			s := sc[g/2]
+			for l := range 8 {
+				aux[l] += s * (int32(q[8*g+l]) * int32(int8(qa[8*g+l])))
+			}
+		}
+		d := float32(dw * da)
+		for l := range 8 {
+			sums[l] = fma32(d, float32(aux[l]), sums[l])
+		}
+		if t != QuantQ6_K {
+			dm := float32(dmin * da)
+			sumf = fma32(-dm, float32(sumi), sumf)
+		}
+	}
+	for l := range 8 {
+		sumf += sums[l]
+	}
+	return sumf
+}
+
+// unpackQ4K writes the 256 4-bit weights of a Q4_K block in order.
+func unpackQ4K(q *[256]int8, qs []byte) {
+	for c := range 4 {
+		for l := range 32 {
+			v := qs[32*c+l]
+			q[64*c+l] = int8(v & 0xf)
+			q[64*c+32+l] = int8(v >> 4)
+		}
+	}
+}
+
+// unpackQ5K writes the 256 5-bit weights of a Q5_K block in order.
+func unpackQ5K(q *[256]int8, qh, qs []byte) {
+	for c := range 4 {
+		u1, u2 := byte(1)<<(2*c), byte(2)<<(2*c)
+		for l := range 32 {
+			v := qs[32*c+l]
+			lo, hi := int8(v&0xf), int8(v>>4)
+			if qh[l]&u1 != 0 {
+				lo += 16
+			}
+			if qh[l]&u2 != 0 {
+				hi += 16
+			}
+			q[64*c+l], q[64*c+32+l] = lo, hi
+		}
+	}
+}
+
+// unpackQ6K writes the 256 6-bit weights of a Q6_K block, minus 32, in
+// order.
+func unpackQ6K(q *[256]int8, b []byte) {
+	for n := range 2 {
+		ql, qh := b[64*n:64*n+64], b[128+32*n:128+32*n+32]
+		for l := range 32 {
+			q[128*n+l] = int8(ql[l]&0xf|(qh[l]&3)<<4) - 32
+			q[128*n+l+32] = int8(ql[l+32]&0xf|(qh[l]>>2&3)<<4) - 32
+			q[128*n+l+64] = int8(ql[l]>>4|(qh[l]>>4&3)<<4) - 32
+			q[128*n+l+96] = int8(ql[l+32]>>4|(qh[l]>>6&3)<<4) - 32
+		}
+	}
+}
+
+// LinearQuantLlama computes out[i*n+j] = VecDotLlama(t, k, W[j], a[i]) for
+// rows i in [0, m) and columns j in [j0, j1): w is n rows of t's blocks
+// (RowBytes(k) bytes each), a is m activation rows quantized for t by
+// QuantizeActs. llama.cpp's generic CPU matrix product, bit for bit; each
+// output depends only on its own rows. It panics on an unknown type, a k
+// that is not a whole number of blocks, or slices too short for the shape.
+// Cost: 2*m*(j1-j0)*k integer operations plus the weights' unpacking.
+func LinearQuantLlama(out []float32, a, w []byte, t QuantType, m, n, k, j0, j1 int) {
+	rb, err := t.RowBytes(k)
+	if err != nil {
+		panic(err.Error())
+	}
+	ab, _ := ActRowBytes(t, k)
+	if m < 0 || j0 < 0 || j0 > j1 || j1 > n || len(out) < m*n || len(a) < m*ab || len(w) < n*rb {
+		panic(fmt.Sprintf("simd: LinearQuantLlama %s: m=%d n=%d k=%d j=[%d,%d): len(out)=%d len(a)=%d len(w)=%d",
+			t, m, n, k, j0, j1, len(out), len(a), len(w)))
+	}
+	nb := k / t.BlockSize()
+	for j := j0; j < j1; j++ {
+		wr := w[j*rb : (j+1)*rb]
+		for i := range m {
+			out[i*n+j] = vecDotLlama(t, nb, wr, a[i*ab:(i+1)*ab])
+		}
+	}
+}
+
+// RoundBF16 rounds src to bfloat16 into dst (len >= len(src)) as ggml's
+// GGML_FP32_TO_BF16: nearest, ties to even; a NaN stays a quiet NaN.
+func RoundBF16(dst []uint16, src []float32) {
+	dst = dst[:len(src)]
+	for i, f := range src {
+		b := math.Float32bits(f)
+		if b&0x7fffffff > 0x7f800000 {
+			dst[i] = uint16(b>>16) | 64
+			continue
+		}
+		dst[i] = uint16((b + 0x7fff + (b>>16)&1) >> 16)
+	}
+}
+
+// RoundF16 rounds src to IEEE half into dst (len >= len(src)) as ggml's
+// GGML_FP32_TO_FP16 (see F32ToF16).
+func RoundF16(dst []uint16, src []float32) {
+	dst = dst[:len(src)]
+	for i, f := range src {
+		dst[i] = F32ToF16(f)
+	}
+}
+
+// Linear16Llama computes out[i*n+j] = sum_kk x[i][kk] * W[j][kk] with x
+// and W both 16-bit (bfloat16 when bf16, else IEEE half), as llama.cpp's
+// generic ggml_vec_dot_bf16 / ggml_vec_dot_f16: each product is exact in
+// float32, the products are summed in order in float64 and the sum is
+// rounded to float32 once. x is m rows of k values already rounded by
+// RoundBF16 or RoundF16. Rows i in [0, m), columns j in [j0, j1); it panics
+// on slices too short for the shape. Cost: 2*m*(j1-j0)*k flops.
+func Linear16Llama(out []float32, x, w []uint16, bf16 bool, m, n, k, j0, j1 int) {
+	if m < 0 || k < 0 || j0 < 0 || j0 > j1 || j1 > n || len(out) < m*n || len(x) < m*k || len(w) < n*k {
+		panic(fmt.Sprintf("simd: Linear16Llama: m=%d n=%d k=%d j=[%d,%d): len(out)=%d len(x)=%d len(w)=%d",
+			m, n, k, j0, j1, len(out), len(x), len(w)))
+	}
+	widen := f16ToF32
+	if bf16 {
+		widen = bf16ToF32
+	}
+	buf := make([]float32, m*k)
+	for i := range buf {
+		buf[i] = widen(x[i])
+	}
+	wrow := make([]float32, k)
+	for j := j0; j < j1; j++ {
+		for kk, h := range w[j*k : (j+1)*k] {
+			wrow[kk] = widen(h)
+		}
+		for i := range m {
+			var s float64
+			for kk, v := range buf[i*k : (i+1)*k] {
+				s += float64(float32(v * wrow[kk]))
+			}
+			out[i*n+j] = float32(s)
+		}
+	}
+}

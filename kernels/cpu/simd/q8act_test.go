@@ -1,0 +1,398 @@
+package simd
+
+import (
+	"encoding/binary"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// The references below transcribe llama.cpp's scalar formulas statement by
+// statement (quantize_row_q8_K_ref and the ggml_vec_dot_*_generic
+// functions: scales unpacked through the utmp words, weights expanded into
+// aux8, products through aux16 into aux32). Each float32 multiply-add that
+// the C compiler contracts into a fused one in the shipped libraries is
+// written as fma32.
+
+func refQuantQ8K(x []float32) []byte {
+	y := make([]byte, len(x)/256*Q8KBlockBytes)
+	for i := 0; i < len(x)/256; i++ {
+		xb, yb := x[256*i:256*i+256], y[Q8KBlockBytes*i:]
+		var mx, amax float32
+		for j := range 256 {
+			ax := float32(math.Abs(float64(xb[j])))
+			if ax > amax {
+				amax = ax
+				mx = xb[j]
+			}
+		}
+		if amax == 0 {
+			continue
+		}
+		iscale := float32(-127.0) / mx
+		for j := range 256 {
+			v := nearestInt(iscale * xb[j])
+			if v > 127 {
+				v = 127
+			}
+			yb[4+j] = byte(int8(v))
+		}
+		for j := range 16 {
+			sum := 0
+			for ii := range 16 {
+				sum += int(int8(yb[4+16*j+ii]))
+			}
+			binary.LittleEndian.PutUint16(yb[260+2*j:], uint16(int16(sum)))
+		}
+		binary.LittleEndian.PutUint32(yb, math.Float32bits(1/iscale))
+	}
+	return y
+}
+
+func refHalf(b []byte) float32 { return f16ToF32(binary.LittleEndian.Uint16(b)) }
+
+func refDot(t QuantType, k int, w, a []byte) float32 {
+	var sumf float32
+	switch t {
+	case QuantQ8_0:
+		for ib := 0; ib < k/32; ib++ {
+			x, y := w[34*ib:], a[34*ib:]
+			sumi := 0
+			for j := range 32 {
+				sumi += int(int8(x[2+j])) * int(int8(y[2+j]))
+			}
+			sumf = fma32(float32(sumi), refHalf(x)*refHalf(y), sumf)
+		}
+		return sumf
+	case QuantQ4_0:
+		for ib := 0; ib < k/32; ib++ {
+			x, y := w[18*ib:], a[34*ib:]
+			sumi0, sumi1 := 0, 0
+			for j := range 16 {
+				v0 := int(x[2+j]&0x0f) - 8
+				v1 := int(x[2+j]>>4) - 8
+				sumi0 += v0 * int(int8(y[2+j]))
+				sumi1 += v1 * int(int8(y[2+j+16]))
+			}
+			sumf = fma32(float32(sumi0+sumi1)*refHalf(x), refHalf(y), sumf)
+		}
+		return sumf
+	}
+	bb := t.BlockBytes()
+	var sums [8]float32
+	for i := 0; i < k/256; i++ {
+		x, y := w[bb*i:bb*(i+1)], a[Q8KBlockBytes*i:]
+		yd := math.Float32frombits(binary.LittleEndian.Uint32(y))
+		q8 := y[4:260]
+		bsum := func(j int) int { return int(int16(binary.LittleEndian.Uint16(y[260+2*j:]))) }
+		var aux8 [256]int8
+		var scales [16]int
+		var mins [8]int
+		var d, dmin float32
+		switch t {
+		case QuantQ4_K, QuantQ5_K:
+			d, dmin = refHalf(x), refHalf(x[2:])
+			var utmp [4]uint32
+			for u := range 3 {
+				utmp[u] = binary.LittleEndian.Uint32(x[4+4*u:])
+			}
+			const kmask1, kmask2, kmask3 = 0x3f3f3f3f, 0x0f0f0f0f, 0x03030303
+			utmp[3] = ((utmp[2] >> 4) & kmask2) | (((utmp[1] >> 6) & kmask3) << 4)
+			uaux := utmp[1] & kmask1
+			utmp[1] = (utmp[2] & kmask2) | (((utmp[0] >> 6) & kmask3) << 4)
+			utmp[2] = uaux
+			utmp[0] &= kmask1
+			for j := range 8 {
+				sc := int(byte(utmp[j/4] >> (8 * (j % 4))))
+				scales[2*j], scales[2*j+1] = sc, sc // one scale per 32: two groups of 16
+				mins[j] = int(byte(utmp[2+j/4] >> (8 * (j % 4))))
+			}
+			var qs, qh []byte
+			if t == QuantQ4_K {
+				qs = x[16:144]
+			} else {
+				qh, qs = x[16:48], x[48:176]
+			}
+			a, m := 0, byte(1)
+			for j := range 4 {
+				for l := range 32 {
+					aux8[a+l] = int8(qs[32*j+l] & 0xf)
+					if qh != nil && qh[l]&m != 0 {
+						aux8[a+l] += 16
+					}
+				}
+				a += 32
+				m <<= 1
+				for l := range 32 {
+					aux8[a+l] = int8(qs[32*j+l] >> 4)
+					if qh != nil && qh[l]&m != 0 {
+						aux8[a+l] += 16
+					}
+				}
+				a += 32
+				m <<= 1
+			}
+		case QuantQ6_K:
+			d = refHalf(x[208:])
+			for j := range 16 {
+				scales[j] = int(int8(x[192+j]))
+			}
+			for h := range 2 {
+				ql, qh := x[64*h:], x[128+32*h:]
+				for l := range 32 {
+					aux8[128*h+l] = int8(ql[l]&0xf|((qh[l]>>0)&3)<<4) - 32
+					aux8[128*h+l+32] = int8(ql[l+32]&0xf|((qh[l]>>2)&3)<<4) - 32
+					aux8[128*h+l+64] = int8(ql[l]>>4|((qh[l]>>4)&3)<<4) - 32
+					aux8[128*h+l+96] = int8(ql[l+32]>>4|((qh[l]>>6)&3)<<4) - 32
+				}
+			}
+		}
+		sumi := 0
+		if t != QuantQ6_K {
+			for j := range 16 {
+				sumi += bsum(j) * mins[j/2]
+			}
+		}
+		var aux32 [8]int32
+		for g := range 32 { // 8 values at a time, 16 per scale
+			scale := int32(scales[g/2])
+			var aux16 [8]int16
+			for l := range 8 {
+				aux16[l] = int16(int8(q8[8*g+l])) * int16(aux8[8*g+l])
+			}
+			for l := range 8 {
+				aux32[l] += scale * int32(aux16[l])
+			}
+		}
+		dd := d * yd
+		for l := range 8 {
+			sums[l] = fma32(dd, float32(aux32[l]), sums[l])
+		}
+		if t != QuantQ6_K {
+			dm := dmin * yd
+			sumf = fma32(-dm, float32(sumi), sumf)
+		}
+	}
+	for l := range 8 {
+		sumf += sums[l]
+	}
+	return sumf
+}
+
+// actDists are activation rows of different shapes: normal, heavy-tailed
+// (a few large values dominate each block), sparse, a block of zeros, and
+// one with the same magnitude everywhere (ties for the largest value).
+var actDists = map[string]func(r *rand.Rand, i int) float32{
+	"normal": func(r *rand.Rand, i int) float32 { return float32(r.NormFloat64()) },
+	"heavy":  func(r *rand.Rand, i int) float32 { return float32(r.NormFloat64() * math.Exp(2*r.NormFloat64())) },
+	"sparse": func(r *rand.Rand, i int) float32 {
+		if r.IntN(6) == 0 {
+			return float32(r.NormFloat64())
+		}
+		return 0
+	},
+	"zeroblock": func(r *rand.Rand, i int) float32 {
+		if i < 256 {
+			return 0
+		}
+		return float32(r.NormFloat64())
+	},
+	"ties": func(r *rand.Rand, i int) float32 { return float32(1 - 2*(i%2)) },
+}
+
+// randWeightRows returns n rows of k weights of type t: quantized random
+// values, and for the K-quants also raw random bytes with moderate scales
+// (every 6-bit scale, min and code pattern).
+func randWeightRows(r *rand.Rand, t QuantType, n, k int, raw bool) []byte {
+	rb, _ := t.RowBytes(k)
+	w := make([]byte, n*rb)
+	if !raw {
+		x := make([]float32, n*k)
+		for i := range x {
+			x[i] = float32(r.NormFloat64() * 0.05)
+		}
+		t.Quantize(w, x)
+		return w
+	}
+	for i := range w {
+		w[i] = byte(r.Uint32())
+	}
+	bb := t.BlockBytes()
+	for b := 0; b < len(w)/bb; b++ {
+		blk := w[b*bb : (b+1)*bb]
+		s := F32ToF16(float32(r.Float64()*0.01 + 1e-4))
+		switch t {
+		case QuantQ6_K:
+			binary.LittleEndian.PutUint16(blk[208:], s)
+		case QuantQ4_K, QuantQ5_K:
+			binary.LittleEndian.PutUint16(blk, s)
+			binary.LittleEndian.PutUint16(blk[2:], F32ToF16(float32(r.Float64()*0.01)))
+		default:
+			binary.LittleEndian.PutUint16(blk, s)
+		}
+	}
+	return w
+}
+
+// TestQuantizeQ8K: the Q8_K activation blocks are those of the
+// transcribed quantize_row_q8_K_ref, byte for byte, and decode back to
+// within half a step of the input.
+func TestQuantizeQ8K(t *testing.T) {
+	const k = 1024
+	for name, dist := range actDists {
+		r := rand.New(rand.NewPCG(1, uint64(len(name))))
+		for range 20 {
+			x := make([]float32, k)
+			for i := range x {
+				x[i] = dist(r, i)
+			}
+			got := make([]byte, k/256*Q8KBlockBytes)
+			if n := QuantizeQ8K(got, x); n != len(got) {
+				t.Fatalf("%s: wrote %d bytes, want %d", name, n, len(got))
+			}
+			want := refQuantQ8K(x)
+			for i := range got {
+				if got[i] != want[i] {
+					t.Fatalf("%s: byte %d = %#x, reference %#x", name, i, got[i], want[i])
+				}
+			}
+			for b := range k / 256 {
+				blk := got[b*Q8KBlockBytes:]
+				d := math.Float32frombits(binary.LittleEndian.Uint32(blk))
+				for j := range 256 {
+					v := d * float32(int8(blk[4+j]))
+					if diff := math.Abs(float64(v - x[256*b+j])); diff > 0.5001*math.Abs(float64(d)) {
+						t.Fatalf("%s: block %d value %d: %g decodes to %g (d %g)", name, b, j, x[256*b+j], v, d)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestLinearQuantLlama: every output of LinearQuantLlama is the
+// transcribed generic dot product of its weight row and activation row,
+// bit for bit, whatever the number of rows and the column range.
+func TestLinearQuantLlama(t *testing.T) {
+	const m, n, k = 5, 9, 512
+	for _, typ := range QuantTypes {
+		for _, raw := range []bool{false, true} {
+			if raw && typ.BlockSize() != 256 {
+				continue
+			}
+			for name, dist := range actDists {
+				r := rand.New(rand.NewPCG(uint64(typ), uint64(len(name))))
+				w := randWeightRows(r, typ, n, k, raw)
+				x := make([]float32, m*k)
+				for i := range x {
+					x[i] = dist(r, i%k)
+				}
+				ab, _ := ActRowBytes(typ, k)
+				a := make([]byte, m*ab)
+				QuantizeActs(a, x, typ, m, k)
+				rb, _ := typ.RowBytes(k)
+				out := make([]float32, m*n)
+				LinearQuantLlama(out, a, w, typ, m, n, k, 0, n)
+				part := make([]float32, n)
+				for i := range m {
+					// One row, a column range: the same bits.
+					for j := range part {
+						part[j] = float32(math.NaN())
+					}
+					LinearQuantLlama(part, a[i*ab:(i+1)*ab], w, typ, 1, n, k, 2, 7)
+					for j := range n {
+						want := refDot(typ, k, w[j*rb:(j+1)*rb], a[i*ab:(i+1)*ab])
+						if got := out[i*n+j]; math.Float32bits(got) != math.Float32bits(want) {
+							t.Fatalf("%s raw=%v %s: out[%d,%d] = %g, reference %g", typ, raw, name, i, j, got, want)
+						}
+						if j >= 2 && j < 7 && math.Float32bits(part[j]) != math.Float32bits(want) {
+							t.Fatalf("%s %s: row %d alone, column %d = %g, in the batch %g", typ, name, i, j, part[j], want)
+						}
+						if (j < 2 || j >= 7) && !math.IsNaN(float64(part[j])) {
+							t.Fatalf("%s %s: column %d outside [2, 7) written", typ, name, j)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestLinearQuantLlamaAccuracy: rounding the activations costs about 2^-8
+// of each product, so results stay close to LinearQuant's float32 ones.
+func TestLinearQuantLlamaAccuracy(t *testing.T) {
+	const m, n, k = 3, 16, 1024
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, typ := range QuantTypes {
+		w := randWeightRows(r, typ, n, k, false)
+		x := make([]float32, m*k)
+		for i := range x {
+			x[i] = float32(r.NormFloat64())
+		}
+		ab, _ := ActRowBytes(typ, k)
+		a := make([]byte, m*ab)
+		QuantizeActs(a, x, typ, m, k)
+		got, want := make([]float32, m*n), make([]float32, m*n)
+		LinearQuantLlama(got, a, w, typ, m, n, k, 0, n)
+		LinearQuant(want, x, w, typ, m, n, k, 0, n)
+		var num, den float64
+		for i := range got {
+			num += float64(got[i]-want[i]) * float64(got[i]-want[i])
+			den += float64(want[i]) * float64(want[i])
+		}
+		if rel := math.Sqrt(num / den); rel > 0.02 || rel == 0 {
+			t.Errorf("%s: relative RMS difference from the float32 product %.3g, want in (0, 0.02]", typ, rel)
+		}
+	}
+}
+
+// TestLinear16Llama: x rounded to the weights' 16-bit type, exact
+// products summed in float64 and rounded once; one row alone gives the
+// same bits as in a batch.
+func TestLinear16Llama(t *testing.T) {
+	const m, n, k = 4, 6, 300
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, bf16 := range []bool{true, false} {
+		x := make([]float32, m*k)
+		for i := range x {
+			x[i] = float32(r.NormFloat64())
+		}
+		wf := make([]float32, n*k)
+		for i := range wf {
+			wf[i] = float32(r.NormFloat64() * 0.1)
+		}
+		xh, w := make([]uint16, m*k), make([]uint16, n*k)
+		widen := f16ToF32
+		if bf16 {
+			RoundBF16(xh, x)
+			RoundBF16(w, wf)
+			widen = bf16ToF32
+		} else {
+			RoundF16(xh, x)
+			RoundF16(w, wf)
+		}
+		for i, h := range xh {
+			if bf16 && h != f32ToBF16(x[i]) || !bf16 && h != F32ToF16(x[i]) {
+				t.Fatalf("bf16=%v: x[%d] = %g rounded to %#x", bf16, i, x[i], h)
+			}
+		}
+		out := make([]float32, m*n)
+		Linear16Llama(out, xh, w, bf16, m, n, k, 0, n)
+		one := make([]float32, n)
+		for i := range m {
+			Linear16Llama(one, xh[i*k:(i+1)*k], w, bf16, 1, n, k, 1, n)
+			for j := range n {
+				var s float64
+				for kk := range k {
+					s += float64(widen(xh[i*k+kk])) * float64(widen(w[j*k+kk]))
+				}
+				if got := out[i*n+j]; got != float32(s) {
+					t.Fatalf("bf16=%v: out[%d,%d] = %g, want %g", bf16, i, j, got, float32(s))
+				}
+				if j >= 1 && one[j] != out[i*n+j] {
+					t.Fatalf("bf16=%v: row %d alone, column %d = %g, in the batch %g", bf16, i, j, one[j], out[i*n+j])
+				}
+			}
+		}
+	}
+}
