@@ -331,31 +331,7 @@ func (m *gptOss) Forward(ctx context.Context, cache *KVCache, b *ForwardBatch) (
 	if m.numRings > 0 && (b.StateSlots == nil || b.RingSlotMapping == nil) {
 		return nil, fmt.Errorf("models: %s: the batch has no state slots for the ring layers (HostBatch.RingWindow): %w", m.arch, ErrBatch)
 	}
-	ops, t, h := m.ops, b.NumTokens, m.cfg.HiddenSize
-	s := newScratch(ops)
-	resid, delta := s.get("resid", t, h), s.get("delta", t, h)
-	if s.err != nil {
-		return nil, s.err
-	}
-	if err := ops.Embedding(resid, m.embed, b.InputIDs); err != nil {
-		return nil, fmt.Errorf("models: %s: %w", m.arch, err)
-	}
-	for i := range m.layers {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		if err := m.layer(i, s, cache, b, resid, delta); err != nil {
-			return nil, fmt.Errorf("models: %s: layer %d: %w", m.arch, i, err)
-		}
-	}
-	out, err := ops.Alloc(ops.ActivationDType(), t, h)
-	if err != nil {
-		return nil, err
-	}
-	if err := ops.Add(out, resid, delta); err != nil {
-		return nil, fmt.Errorf("models: %s: %w", m.arch, err)
-	}
-	return out, nil
+	return runDecoder(ctx, m.ops, m.arch, cache, b, m.cfg.HiddenSize, len(m.layers), m.embed, nil, m.layer)
 }
 
 // layer runs decoder layer i; resid and delta as in llama.layer.

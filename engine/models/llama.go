@@ -301,29 +301,48 @@ func (m *llama) Forward(ctx context.Context, cache *KVCache, b *ForwardBatch) (k
 	if err := cache.check(m.KVCacheSpec()); err != nil {
 		return nil, err
 	}
-	ops, t, h := m.ops, b.NumTokens, m.cfg.HiddenSize
+	return runDecoder(ctx, m.ops, m.arch, cache, b, m.cfg.HiddenSize, len(m.layers), m.embed, nil, m.layer)
+}
+
+// layerFunc runs decoder layer i over the batch: on entry resid holds the
+// residual stream and, for i > 0, delta the previous layer's output still
+// to be added; on exit delta holds this layer's output.
+type layerFunc func(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid, delta kernels.Tensor) error
+
+// runDecoder runs a decoder stack: the embedding of the batch's ids (then
+// embedded, when not nil, edits it in place, e.g. Gemma's scaling), each of
+// the n layers (checking ctx between them), and the last layer's output
+// added to the residual stream. Errors name arch and the layer.
+func runDecoder(ctx context.Context, ops kernels.Ops, arch string, cache *KVCache, b *ForwardBatch, hidden, n int, embed kernels.Tensor,
+	embedded func(resid kernels.Tensor) error, layer layerFunc) (kernels.Tensor, error) {
+	t := b.NumTokens
 	s := newScratch(ops)
-	resid, delta := s.get("resid", t, h), s.get("delta", t, h)
+	resid, delta := s.get("resid", t, hidden), s.get("delta", t, hidden)
 	if s.err != nil {
 		return nil, s.err
 	}
-	if err := ops.Embedding(resid, m.embed, b.InputIDs); err != nil {
-		return nil, fmt.Errorf("models: %s: %w", m.arch, err)
+	if err := ops.Embedding(resid, embed, b.InputIDs); err != nil {
+		return nil, fmt.Errorf("models: %s: %w", arch, err)
 	}
-	for i := range m.layers {
+	if embedded != nil {
+		if err := embedded(resid); err != nil {
+			return nil, fmt.Errorf("models: %s: %w", arch, err)
+		}
+	}
+	for i := range n {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if err := m.layer(i, s, cache, b, resid, delta); err != nil {
-			return nil, fmt.Errorf("models: %s: layer %d: %w", m.arch, i, err)
+		if err := layer(i, s, cache, b, resid, delta); err != nil {
+			return nil, fmt.Errorf("models: %s: layer %d: %w", arch, i, err)
 		}
 	}
-	out, err := ops.Alloc(ops.ActivationDType(), t, h)
+	out, err := ops.Alloc(ops.ActivationDType(), t, hidden)
 	if err != nil {
 		return nil, err
 	}
 	if err := ops.Add(out, resid, delta); err != nil {
-		return nil, fmt.Errorf("models: %s: %w", m.arch, err)
+		return nil, fmt.Errorf("models: %s: %w", arch, err)
 	}
 	return out, nil
 }
