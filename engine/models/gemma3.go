@@ -359,30 +359,8 @@ func (m *gemma3) layer(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid
 		Cos: rope.cos, Sin: rope.sin, QNorm: ly.qNorm, KNorm: ly.kNorm, Eps: m.eps,
 		NumHeads: m.numHeads, NumKVHeads: m.numKVHeads, HeadDim: m.headDim,
 		RoPE: kernels.RoPEParams{RotaryDim: rope.rotaryDim}}
-	if ly.sliding && m.rings {
-		// The ring gets the step's keys after attention has read the
-		// window before them.
-		kr, vr := cache.RingK[ly.cacheIdx], cache.RingV[ly.cacheIdx]
-		if err := prepareQK(ops, a); err != nil {
-			return err
-		}
-		if err := ops.(kernels.RingAttentioner).RingAttention(attn, q, k, v, kr, vr, b.StateSlots, &b.Attn, ap); err != nil {
-			return err
-		}
-		if err := ops.WriteCache(kr, k, b.RingSlotMapping, 0); err != nil {
-			return err
-		}
-		if err := ops.WriteCache(vr, v, b.RingSlotMapping, 0); err != nil {
-			return err
-		}
-	} else {
-		a.KCache, a.VCache = cache.K[ly.cacheIdx], cache.V[ly.cacheIdx]
-		if err := kernels.PrepareQKV(ops, a); err != nil {
-			return err
-		}
-		if err := ops.Attention(attn, q, a.KCache, a.VCache, &b.Attn, ap); err != nil {
-			return err
-		}
+	if err := attendLayer(ops, cache, b, a, attn, ap, ly.cacheIdx, ly.sliding && m.rings); err != nil {
+		return err
 	}
 	if err := ops.Linear(delta, attn, ly.o, nil); err != nil {
 		return err
@@ -405,11 +383,41 @@ func (m *gemma3) layer(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid
 	return ops.RMSNorm(delta, delta, ly.postFFNorm, m.eps)
 }
 
-// prepareQK is PrepareQKVSteps without the cache writes: a.Q, a.K and a.V
-// split from a.QKV, q and k normalized per head and rotated.
+// attendLayer runs one layer's attention into attn: over the paged cache (q,
+// k, v prepared and the keys written by kernels.PrepareQKV), or, for a
+// sliding-window layer kept in a ring (ring), over the ring and the step's
+// own keys, which go into the ring only after attention has read the
+// window before them.
+func attendLayer(ops kernels.Ops, cache *KVCache, b *ForwardBatch, a kernels.QKV, attn kernels.Tensor, ap kernels.AttentionParams, idx int, ring bool) error {
+	if !ring {
+		a.KCache, a.VCache = cache.K[idx], cache.V[idx]
+		if err := kernels.PrepareQKV(ops, a); err != nil {
+			return err
+		}
+		return ops.Attention(attn, a.Q, a.KCache, a.VCache, &b.Attn, ap)
+	}
+	kr, vr := cache.RingK[idx], cache.RingV[idx]
+	if err := prepareQK(ops, a); err != nil {
+		return err
+	}
+	if err := ops.(kernels.RingAttentioner).RingAttention(attn, a.Q, a.K, a.V, kr, vr, b.StateSlots, &b.Attn, ap); err != nil {
+		return err
+	}
+	if err := ops.WriteCache(kr, a.K, b.RingSlotMapping, 0); err != nil {
+		return err
+	}
+	return ops.WriteCache(vr, a.V, b.RingSlotMapping, 0)
+}
+
+// prepareQK is PrepareQKV without the cache writes: a.Q, a.K and a.V split
+// from a.QKV, q and k normalized per head (when a.QNorm is set) and
+// rotated.
 func prepareQK(ops kernels.Ops, a kernels.QKV) error {
 	if err := ops.SplitColumns(a.QKV, a.Q, a.K, a.V); err != nil {
 		return err
+	}
+	if a.QNorm == nil {
+		return rotateQK(ops, a)
 	}
 	t := a.QKV.Shape()[0]
 	qh, err := ops.Reshape(a.Q, t*a.NumHeads, a.HeadDim)
@@ -426,6 +434,11 @@ func prepareQK(ops kernels.Ops, a kernels.QKV) error {
 	if err := ops.RMSNorm(kh, kh, a.KNorm, a.Eps); err != nil {
 		return err
 	}
+	return rotateQK(ops, a)
+}
+
+// rotateQK applies RoPE to a.Q and a.K.
+func rotateQK(ops kernels.Ops, a kernels.QKV) error {
 	rp := a.RoPE
 	rp.NumHeads, rp.HeadSize = a.NumHeads, a.HeadDim
 	if err := ops.RoPE(a.Q, a.Positions, a.Cos, a.Sin, rp); err != nil {

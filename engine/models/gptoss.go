@@ -367,30 +367,8 @@ func (m *gptOss) layer(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid
 		Cos: m.rope.cos, Sin: m.rope.sin, Eps: m.eps,
 		NumHeads: m.numHeads, NumKVHeads: m.numKVHeads, HeadDim: m.headDim,
 		RoPE: kernels.RoPEParams{RotaryDim: m.rope.rotaryDim}}
-	if ly.sliding && m.rings {
-		// The ring gets the step's keys after attention has read the
-		// window before them.
-		kr, vr := cache.RingK[ly.cacheIdx], cache.RingV[ly.cacheIdx]
-		if err := splitRotate(ops, a); err != nil {
-			return err
-		}
-		if err := ops.(kernels.RingAttentioner).RingAttention(attn, q, k, v, kr, vr, b.StateSlots, &b.Attn, ap); err != nil {
-			return err
-		}
-		if err := ops.WriteCache(kr, k, b.RingSlotMapping, 0); err != nil {
-			return err
-		}
-		if err := ops.WriteCache(vr, v, b.RingSlotMapping, 0); err != nil {
-			return err
-		}
-	} else {
-		a.KCache, a.VCache = cache.K[ly.cacheIdx], cache.V[ly.cacheIdx]
-		if err := kernels.PrepareQKV(ops, a); err != nil {
-			return err
-		}
-		if err := ops.Attention(attn, q, a.KCache, a.VCache, &b.Attn, ap); err != nil {
-			return err
-		}
+	if err := attendLayer(ops, cache, b, a, attn, ap, ly.cacheIdx, ly.sliding && m.rings); err != nil {
+		return err
 	}
 	if err := ops.Linear(delta, attn, ly.o, ly.oBias); err != nil {
 		return err
@@ -409,19 +387,4 @@ func (m *gptOss) layer(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid
 		return err
 	}
 	return m.moeOps.MoEClampedSwiGLU(delta, x, ids, wts, ly.gateUp, ly.gateUpBias, ly.down, ly.downBias, m.act)
-}
-
-// splitRotate splits a.QKV into a.Q, a.K and a.V and rotates q and k: the
-// steps of PrepareQKV before its cache writes, for a model without q/k norms.
-func splitRotate(ops kernels.Ops, a kernels.QKV) error {
-	if err := ops.SplitColumns(a.QKV, a.Q, a.K, a.V); err != nil {
-		return err
-	}
-	rp := a.RoPE
-	rp.NumHeads, rp.HeadSize = a.NumHeads, a.HeadDim
-	if err := ops.RoPE(a.Q, a.Positions, a.Cos, a.Sin, rp); err != nil {
-		return err
-	}
-	rp.NumHeads = a.NumKVHeads
-	return ops.RoPE(a.K, a.Positions, a.Cos, a.Sin, rp)
 }
