@@ -1,8 +1,8 @@
 // Runs llama.cpp (through the npm package node-llama-cpp) on a GGUF file:
 // greedy decoding of a fixed prompt for N tokens with a fixed thread count,
-// printing the prompt ids, the generated ids and the prefill and decode
-// rates as one JSON line, so that parity with this engine and the peer
-// benchmark can be built on it.
+// printing the prompt ids, the generated ids, the prefill and decode rates
+// and the CPU features of the library it loaded as one JSON line, so that
+// parity with this engine and the peer benchmark can be built on it.
 //
 //	npm install --prefix DIR node-llama-cpp@3.21.1
 //	NODE_PATH=DIR/node_modules node tools/cpu/peer.mjs -m model.gguf [-p PROMPT | --ids 1,2,3] [-n 32] [-t 2] [--kv f32] [--no-fa]
@@ -70,6 +70,8 @@ console.log(JSON.stringify({
 	prefill_tok_s: promptIds.length / prefillS,
 	decode_tok_s: (out.length - 1) / decodeS,
 	cpu: llama.cpuMathCores !== undefined ? llama.cpuMathCores : null,
+	// The features of the CPU library llama.cpp loaded (its variant).
+	backend: (llama.systemInfo ?? "").replace(/\s*\|\s*$/, "").trim(),
 }));
 await context.dispose();
 await model.dispose();

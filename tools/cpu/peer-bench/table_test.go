@@ -1,0 +1,77 @@
+package main
+
+import (
+	"bytes"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/deepinfer/deepinfer-go/engine/gguf"
+)
+
+func TestMedian(t *testing.T) {
+	for _, c := range []struct {
+		xs   []float64
+		want float64
+	}{{nil, 0}, {[]float64{3}, 3}, {[]float64{5, 1, 3}, 3}, {[]float64{4, 1, 3, 2}, 2.5}} {
+		if got := median(c.xs); got != c.want {
+			t.Errorf("median(%v) = %v, want %v", c.xs, got, c.want)
+		}
+	}
+}
+
+func TestDecodeBytesPerToken(t *testing.T) {
+	// Untied: one row of the 1000-row embedding, everything else whole.
+	untied := []gguf.TensorInfo{
+		{Name: "token_embd.weight", Dims: []int64{64, 1000}, Size: 64000},
+		{Name: "blk.0.attn_q.weight", Dims: []int64{64, 64}, Size: 4096},
+		{Name: "output_norm.weight", Dims: []int64{64}, Size: 256},
+		{Name: "output.weight", Dims: []int64{64, 1000}, Size: 64000},
+	}
+	if got, want := decodeBytesPerToken(untied), int64(64+4096+256+64000); got != want {
+		t.Errorf("untied: %d bytes, want %d", got, want)
+	}
+	// Tied: the embedding is the LM head, read whole.
+	if got, want := decodeBytesPerToken(untied[:3]), int64(64000+4096+256); got != want {
+		t.Errorf("tied: %d bytes, want %d", got, want)
+	}
+}
+
+func TestRooflineShare(t *testing.T) {
+	// 100 MB a token at 10 GB/s: 100 tok/s is the roof, 80 tok/s is 80%.
+	if got := rooflineShare(80, 100e6, 10e9); math.Abs(got-0.8) > 1e-12 {
+		t.Errorf("share = %v, want 0.8", got)
+	}
+	if got := rooflineShare(80, 0, 10e9); got != 0 {
+		t.Errorf("share without bytes = %v, want 0", got)
+	}
+}
+
+func TestWriteTable(t *testing.T) {
+	fs := []formatRuns{{
+		typ: "q8_0", bytesPerToken: 100e6,
+		peer: side{name: "llama.cpp", runs: []runResult{
+			{IDs: []int32{1, 2, 3}, PrefillTokS: 100, DecodeTokS: 40},
+			{PrefillTokS: 300, DecodeTokS: 60},
+			{PrefillTokS: 200, DecodeTokS: 50},
+		}},
+		engines: []side{{name: "engine", runs: []runResult{
+			{IDs: []int32{1, 2, 4}, PrefillTokS: 240, DecodeTokS: 75, Format: "Q8_0"},
+		}}},
+	}}
+	var buf bytes.Buffer
+	writeTable(&buf, fs, 10e9, 20e9, 3)
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("table:\n%s", buf.String())
+	}
+	// llama.cpp: medians 200 and 50; 50 tok/s of a 100 tok/s copy roof, of
+	// a 200 tok/s read roof.
+	if f := strings.Fields(lines[1]); strings.Join(f, " ") != "q8_0 llama.cpp 200.0 50.00 50% 25%" {
+		t.Errorf("llama.cpp row %q", lines[1])
+	}
+	// The engine: 1.2x the prefill, 1.5x the decode, 2 of 3 tokens agreed.
+	if f := strings.Fields(lines[2]); strings.Join(f, " ") != "q8_0 engine 240.0 1.20 75.00 1.50 75% 38% 2/3 Q8_0" {
+		t.Errorf("engine row %q", lines[2])
+	}
+}
