@@ -3,6 +3,7 @@ package simd
 import (
 	"encoding/binary"
 	"fmt"
+	"sync"
 )
 
 // QuantType is a block-quantized weight format of llama.cpp (ggml), numbered
@@ -209,20 +210,26 @@ func dequantQ6K(y []float32, b []byte) {
 
 // LinearQuant is LinearF32 with w a [n][k] matrix of quantized rows (each
 // row RowBytes(k) bytes, row j at j*RowBytes(k)). Each weight is
-// dequantized in registers exactly as Dequantize gives it and the products
-// are reduced in the canonical order, so the result is bit for bit
-// LinearF32 over the dequantized float32 matrix: batch invariant, the same
-// on every Impl, and independent of the column range. The activations stay
-// float32: llama.cpp instead rounds x to 8-bit blocks (Q8_0 or Q8_K) and
-// sums integer products, so its results differ from these by about that
-// rounding (relative 2^-8 per activation), while these stay within float32
-// rounding of the exact product with the stored weights.
+// dequantized exactly as Dequantize gives it and the products are reduced
+// in the canonical order, so the result is bit for bit LinearF32 over the
+// dequantized float32 matrix: batch invariant, the same on every Impl, and
+// independent of the column range. The activations stay float32: llama.cpp
+// instead rounds x to 8-bit blocks (Q8_0 or Q8_K) and sums integer
+// products, so its results differ from these by about that rounding
+// (relative 2^-8 per activation), while these stay within float32 rounding
+// of the exact product with the stored weights.
 // It panics on an unknown type, a k that is not a whole number of blocks,
 // or slices too short for the shape.
 //
-// Cost: 2*m*(j1-j0)*k flops plus the dequantization. Decode (m < 4) streams
-// RowBytes(k)*(j1-j0) bytes of w once per row of x; prefill dequantizes
-// four rows of w at a time into a small buffer that all rows of x then use.
+// Cost: 2*m*(j1-j0)*k flops plus the dequantization. Below QuantTileRows
+// rows of x (decode), the weights are dequantized in registers: w streams
+// from memory once per four rows of x, RowBytes(k)*(j1-j0) bytes for one
+// row. From QuantTileRows rows on (prefill), the SIMD paths dequantize a
+// tile of weight rows at a time into a float32 scratch sized like one
+// column block of LinearF32 (about 384 KiB, kept in L2) and run LinearF32's
+// blocked GEMM on it: each weight is dequantized once per call and the
+// product runs at the F32 GEMM's speed. Both give the same bits (LinearF32's
+// elements do not depend on its column range or on m).
 func (p *Impl) LinearQuant(out, x []float32, w []byte, t QuantType, m, n, k, j0, j1 int) {
 	rb, err := t.RowBytes(k)
 	if err != nil {
@@ -235,6 +242,32 @@ func (p *Impl) LinearQuant(out, x []float32, w []byte, t QuantType, m, n, k, j0,
 	if m == 0 || j0 == j1 {
 		return
 	}
+	if m >= QuantTileRows && k > 0 && nativeDequant[p.name] != nil {
+		p.linearQuantTiled(out, x, w, t, rb, m, n, k, j0, j1)
+		return
+	}
+	p.linearQuantRows(out, x, w, t, rb, m, n, k, j0, j1)
+}
+
+// QuantTileRows is the number of rows of x from which LinearQuant
+// dequantizes tiles of w and runs the float32 GEMM on them instead of
+// dequantizing in registers (the register path dequantizes once per four
+// rows, so from five rows on it would dequantize every weight twice or
+// more). The result does not depend on it.
+const QuantTileRows = 5
+
+// quantTileBytes is the size of a dequantized tile: LinearF32's column
+// block (L2_BLOCK_BYTES of the C kernels), so that one tile is one block.
+const quantTileBytes = 384 << 10
+
+// quantTileCols is the number of weight rows of one tile for rows of k
+// weights: a multiple of 16 (the kernels' column tiles), at least 16.
+func quantTileCols(k int) int {
+	return max(16, quantTileBytes/(4*max(k, 1))/16*16)
+}
+
+// linearQuantRows is the register path of LinearQuant (arguments checked).
+func (p *Impl) linearQuantRows(out, x []float32, w []byte, t QuantType, rb, m, n, k, j0, j1 int) {
 	if f := nativeQuant[p.name]; f != nil && k > 0 {
 		f(out, x, w, t, m, n, k, j0, j1)
 		return
@@ -244,11 +277,48 @@ func (p *Impl) LinearQuant(out, x []float32, w []byte, t QuantType, m, n, k, j0,
 	})
 }
 
+// quantScratch holds the tiles of linearQuantTiled, one per concurrent
+// call (a worker of the caller's pool), reused across calls.
+var quantScratch sync.Pool
+
+// linearQuantTiled is the tiled path of LinearQuant (arguments checked):
+// for each tile of weight rows [c0, c1), dequantize them once and run
+// LinearF32 for columns [c0, c1) of out. LinearF32 is given out from column
+// c0 on (row stride n) and the tile as a matrix of c1-c0 rows, so it writes
+// exactly out[i*n+j], j in [c0, c1), each the canonical dot product of x's
+// row i with the dequantized row j.
+func (p *Impl) linearQuantTiled(out, x []float32, w []byte, t QuantType, rb, m, n, k, j0, j1 int) {
+	dequant := nativeDequant[p.name]
+	if dequant == nil {
+		dequant = func(dst []float32, w []byte, t QuantType) { t.Dequantize(dst, w) }
+	}
+	cols := min(quantTileCols(k), j1-j0)
+	var buf []float32
+	if v, ok := quantScratch.Get().(*[]float32); ok && cap(*v) >= cols*k {
+		buf = (*v)[:cols*k]
+	} else {
+		buf = make([]float32, max(cols*k, quantTileBytes/4))[:cols*k]
+	}
+	for c0 := j0; c0 < j1; c0 += cols {
+		c1 := min(c0+cols, j1)
+		tile := buf[:(c1-c0)*k]
+		dequant(tile, w[c0*rb:c1*rb], t)
+		// out[c0:] is long enough: its last element written is
+		// (m-1)*n + c1-1-c0 < m*n - c0.
+		p.linearF32(out[c0:], x, tile, m, n, k, 0, c1-c0)
+	}
+	quantScratch.Put(&buf)
+}
+
 // LinearQuant runs Default().LinearQuant.
 func LinearQuant(out, x []float32, w []byte, t QuantType, m, n, k, j0, j1 int) {
 	defaultImpl.LinearQuant(out, x, w, t, m, n, k, j0, j1)
 }
 
-// nativeQuant holds the SIMD paths of LinearQuant by Impl name; set by the
+// nativeQuant holds the SIMD paths of LinearQuant by Impl name, and
+// nativeDequant their Dequantize (whole blocks, same bits); set by the
 // amd64 cgo build.
-var nativeQuant = map[string]func(out, x []float32, w []byte, t QuantType, m, n, k, j0, j1 int){}
+var (
+	nativeQuant   = map[string]func(out, x []float32, w []byte, t QuantType, m, n, k, j0, j1 int){}
+	nativeDequant = map[string]func(dst []float32, w []byte, t QuantType){}
+)

@@ -18,4 +18,10 @@ void di_linear_quant_avx2(int qtype, float *out, const float *x, const uint8_t *
 void di_linear_quant_avx512(int qtype, float *out, const float *x, const uint8_t *w,
                             int64_t m, int64_t n, int64_t k, int64_t j0, int64_t j1);
 
+
+// dst[0 .. nb*block size) = the weights of the nb whole blocks at w, bit for
+// bit as the kernels above compute them in registers (and as Dequantize).
+void di_dequant_avx2(int qtype, float *dst, const uint8_t *w, int64_t nb);
+void di_dequant_avx512(int qtype, float *dst, const uint8_t *w, int64_t nb);
+
 #endif

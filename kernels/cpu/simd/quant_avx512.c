@@ -62,3 +62,31 @@ QTARGET void di_linear_quant_avx512(int qtype, float *out, const float *x, const
 	case DI_Q6_K: linear_q(DI_Q6_K, out, x, w, m, n, k, j0, j1); break;
 	}
 }
+
+// dequant writes the weights of nb whole blocks at w into dst (nb times the
+// block size floats), each group of 16 as d*q - mn with one rounding: the
+// same values rows() multiplies with, and those of Dequantize.
+QINLINE void dequant(const int qt, float *dst, const uint8_t *w, int64_t nb) {
+	const int bs = block_size(qt);
+	const int64_t bb = block_bytes(qt);
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *blk = w + b * bb;
+		float *y = dst + b * bs;
+		for (int g = 0; g < bs / 16; g++) {
+			float d, mn;
+			__m128i q = q16(qt, blk, g, &d, &mn);
+			_mm512_storeu_ps(y + 16 * g, _mm512_fmsub_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
+			                                             _mm512_set1_ps(mn)));
+		}
+	}
+}
+
+QTARGET void di_dequant_avx512(int qtype, float *dst, const uint8_t *w, int64_t nb) {
+	switch (qtype) {
+	case DI_Q8_0: dequant(DI_Q8_0, dst, w, nb); break;
+	case DI_Q4_0: dequant(DI_Q4_0, dst, w, nb); break;
+	case DI_Q4_K: dequant(DI_Q4_K, dst, w, nb); break;
+	case DI_Q5_K: dequant(DI_Q5_K, dst, w, nb); break;
+	case DI_Q6_K: dequant(DI_Q6_K, dst, w, nb); break;
+	}
+}
