@@ -109,11 +109,22 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	}()
 
 	maxModelLen := cfg.Engine.MaxModelLen
-	if err := checkModelFiles(cfg); err != nil {
+	// A GGUF file's metadata (vocabulary included: a tenth of a second for
+	// a 128k vocabulary) is parsed once, for the config check, the weights
+	// and the tokenizer.
+	var gf *gguf.File
+	if models.IsGGUF(cfg.Model) {
+		var err error
+		if gf, err = gguf.Open(cfg.Model); err != nil {
+			return nil, fmt.Errorf("llm: %w", err)
+		}
+		defer gf.Close()
+	}
+	if err := checkModelFiles(cfg, gf); err != nil {
 		return nil, err
 	}
 	model, err := opts.Models.Load(e.ops, cfg.Model, models.Options{MaxModelLen: maxModelLen, Quantization: cfg.Quantization,
-		SlidingWindowPaged: cfg.Cache.SlidingWindowPaged})
+		SlidingWindowPaged: cfg.Cache.SlidingWindowPaged, GGUF: gf})
 	if err != nil {
 		return nil, fmt.Errorf("llm: %w", err)
 	}
@@ -127,8 +138,8 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	if tokDir == "" {
 		tokDir = cfg.Model
 	}
-	if cfg.Tokenizer == "" && models.IsGGUF(cfg.Model) {
-		if e.tok, err = ggufTokenizer(cfg.Model); err != nil {
+	if cfg.Tokenizer == "" && gf != nil {
+		if e.tok, err = ggufTokenizer(cfg.Model, gf); err != nil {
 			return nil, fmt.Errorf("llm: %w", err)
 		}
 	} else if _, err := os.Stat(filepath.Join(tokDir, "tokenizer.json")); err == nil {
@@ -312,14 +323,17 @@ func maxPromptBytes(maxModelLen, maxTokenBytes int) int {
 // negative special-token ids in tokenizer_config.json (negative ids in
 // config.json are refused by weights.ParseConfig). A config.json that does
 // not parse is left to the model loader, which reports it. A GGUF file's
-// config comes from its metadata. Cost: reading two small JSON files, or
-// parsing a GGUF file's metadata.
-func checkModelFiles(cfg *config.Config) error {
+// config comes from its metadata (gf, the parsed file; nil for a
+// directory). Cost: reading two small JSON files.
+func checkModelFiles(cfg *config.Config, gf *gguf.File) error {
 	configPath := filepath.Join(cfg.Model, "config.json")
-	wc, err := weights.ReadConfig(configPath)
-	if models.IsGGUF(cfg.Model) {
+	var wc *weights.Config
+	var err error
+	if gf != nil {
 		configPath = cfg.Model + " (GGUF metadata)"
-		wc, err = ggufConfig(cfg.Model)
+		wc, err = models.GGUFConfig(gf)
+	} else {
+		wc, err = weights.ReadConfig(configPath)
 	}
 	if err == nil {
 		if n, limit := cfg.Engine.MaxModelLen, derivedMaxModelLen(wc); n > limit && !cfg.Engine.AllowLongMaxModelLen {
@@ -698,26 +712,10 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 	}
 }
 
-// ggufConfig reads the config of the GGUF file at path (see
-// models.GGUFConfig).
-func ggufConfig(path string) (*weights.Config, error) {
-	f, err := gguf.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return models.GGUFConfig(f)
-}
-
 // ggufTokenizer builds the tokenizer (with its chat template) from the
-// metadata of the GGUF file at path; nil, and no error, for a file that
-// stores none. Cost: one parse of the metadata and the tokenizer's build.
-func ggufTokenizer(path string) (*tokenizer.Tokenizer, error) {
-	f, err := gguf.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
+// metadata of f, the parsed GGUF file at path; nil, and no error, for a
+// file that stores none. Cost: the tokenizer's build.
+func ggufTokenizer(path string, f *gguf.File) (*tokenizer.Tokenizer, error) {
 	if _, ok := f.Get("tokenizer.ggml.model"); !ok {
 		return nil, nil
 	}

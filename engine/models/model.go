@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/deepinfer/deepinfer-go/engine/gguf"
 	"github.com/deepinfer/deepinfer-go/engine/weights"
 	"github.com/deepinfer/deepinfer-go/kernels"
 )
@@ -87,6 +88,10 @@ type Options struct {
 	// instead of per-sequence ring buffers of window tokens in the state
 	// slots (KVCacheSpec.RingLayers), for models that use rings.
 	SlidingWindowPaged bool
+	// GGUF, when not nil, is the already parsed GGUF file that Registry.Load
+	// was given the path of: it is used instead of parsing the file again
+	// (the caller keeps it open until Load returns).
+	GGUF *gguf.File
 }
 
 // logger returns o.Logger or slog.Default().

@@ -167,7 +167,13 @@ func (r *Registry) Load(ops kernels.Ops, dir string, opts Options) (Model, error
 		if !IsGGUF(dir) {
 			return nil, fmt.Errorf("models: %s: a file but not a GGUF file; a model is a Hugging Face directory or a .gguf file", dir)
 		}
-		g, err := OpenGGUF(dir)
+		var g *GGUFWeights
+		var err error
+		if opts.GGUF != nil {
+			g, err = NewGGUFWeights(dir, opts.GGUF)
+		} else {
+			g, err = OpenGGUF(dir)
+		}
 		if err != nil {
 			return nil, err
 		}
