@@ -14,41 +14,119 @@ QINLINE float qhsum16(__m512 v) {
 	return _mm_cvtss_f32(s1);
 }
 
-// rows computes R (1..4) rows of x against one row of W.
-QINLINE void rows(const int qt, const int R, const float *x, int64_t k, const uint8_t *wr, float *out, int64_t ldo) {
-	__m512 acc[4];
+// tile computes R (1..4) rows of x against NC (1..4) consecutive rows of W
+// (row c at wr + c*rb), out[r*ldo + c]. Each output has its own accumulator
+// and sees the same fused multiply-adds in the same order as with one row
+// and one column: the columns only share the loads of x and the loop.
+QINLINE void tile(const int qt, const int R, const int NC, const float *x, int64_t k, const uint8_t *wr, int64_t rb,
+                  float *out, int64_t ldo) {
+	__m512 acc[4][4];
 	for (int r = 0; r < R; r++)
-		acc[r] = _mm512_setzero_ps();
+		for (int c = 0; c < NC; c++)
+			acc[r][c] = _mm512_setzero_ps();
 	const int bs = block_size(qt);
 	const int64_t bb = block_bytes(qt);
-	for (int64_t kb = 0; kb < k / bs; kb++) {
-		const uint8_t *blk = wr + kb * bb;
-		for (int g = 0; g < bs / 16; g++) {
-			float d, mn;
-			__m128i q = q16(qt, blk, g, &d, &mn);
-			__m512 wv = _mm512_fmsub_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(mn));
-			const int64_t kk = kb * bs + 16 * g;
-			for (int r = 0; r < R; r++)
-				acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * k + kk), wv, acc[r]);
+	const int64_t nb = k / bs;
+	const __m512i m4 = _mm512_set1_epi32(0x0F);
+	for (int64_t kb = 0; kb < nb; kb++) {
+		const float *xb = x + kb * bs;
+		const uint8_t *b0 = wr + kb * bb;
+		if (qt == DI_Q4_0) {
+			const __m512 tab = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+			__m512 w[4][2];
+			for (int c = 0; c < NC; c++) {
+				const uint8_t *b = b0 + c * rb;
+				const __m512 vd = _mm512_set1_ps(qhalf(b));
+				const __m512i v = _mm512_cvtepu8_epi32(load16(b + 2));
+				// The table gives float(q - 8) for the low four bits.
+				w[c][0] = _mm512_fmsub_ps(vd, _mm512_permutexvar_ps(v, tab), _mm512_setzero_ps());
+				w[c][1] = _mm512_fmsub_ps(vd, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tab), _mm512_setzero_ps());
+			}
+			for (int g = 0; g < 2; g++)
+				for (int r = 0; r < R; r++) {
+					const __m512 xv = _mm512_loadu_ps(xb + r * k + 16 * g);
+					for (int c = 0; c < NC; c++)
+						acc[r][c] = _mm512_fmadd_ps(xv, w[c][g], acc[r][c]);
+				}
+		} else if (qt == DI_Q4_K || qt == DI_Q5_K) {
+			float dm[4][16];
+			for (int c = 0; c < NC; c++)
+				k4_scales(b0 + c * rb, dm[c]);
+			for (int ch = 0; ch < 4; ch++) {
+				__m512 w[4][4];
+				for (int c = 0; c < NC; c++) {
+					const uint8_t *b = b0 + c * rb;
+					const uint8_t *qs = b + (qt == DI_Q4_K ? 16 : 48) + 32 * ch;
+					const __m512i v0 = _mm512_cvtepu8_epi32(load16(qs)), v1 = _mm512_cvtepu8_epi32(load16(qs + 16));
+					// Groups 4ch..4ch+3: low nibbles of 32 bytes, then high.
+					__m512i q[4] = {_mm512_and_si512(v0, m4), _mm512_and_si512(v1, m4), _mm512_srli_epi32(v0, 4),
+					                _mm512_srli_epi32(v1, 4)};
+					if (qt == DI_Q5_K) {
+						const __m512i h0 = _mm512_cvtepu8_epi32(load16(b + 16)), h1 = _mm512_cvtepu8_epi32(load16(b + 32));
+						const __m512i lo = _mm512_set1_epi32(1 << (2 * ch)), hi = _mm512_set1_epi32(2 << (2 * ch));
+						const __m512i sixteen = _mm512_set1_epi32(16);
+						q[0] = _mm512_mask_add_epi32(q[0], _mm512_test_epi32_mask(h0, lo), q[0], sixteen);
+						q[1] = _mm512_mask_add_epi32(q[1], _mm512_test_epi32_mask(h1, lo), q[1], sixteen);
+						q[2] = _mm512_mask_add_epi32(q[2], _mm512_test_epi32_mask(h0, hi), q[2], sixteen);
+						q[3] = _mm512_mask_add_epi32(q[3], _mm512_test_epi32_mask(h1, hi), q[3], sixteen);
+					}
+					for (int gi = 0; gi < 4; gi++) {
+						const int j = 2 * ch + gi / 2;
+						w[c][gi] = _mm512_fmsub_ps(_mm512_set1_ps(dm[c][j]), _mm512_cvtepi32_ps(q[gi]),
+						                           _mm512_set1_ps(dm[c][8 + j]));
+					}
+				}
+				for (int gi = 0; gi < 4; gi++)
+					for (int r = 0; r < R; r++) {
+						const __m512 xv = _mm512_loadu_ps(xb + r * k + 64 * ch + 16 * gi);
+						for (int c = 0; c < NC; c++)
+							acc[r][c] = _mm512_fmadd_ps(xv, w[c][gi], acc[r][c]);
+					}
+			}
+		} else {
+			for (int g = 0; g < bs / 16; g++) {
+				__m512 w[4];
+				for (int c = 0; c < NC; c++) {
+					float d, mn;
+					__m128i q = q16(qt, b0 + c * rb, g, &d, &mn);
+					w[c] = _mm512_fmsub_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(mn));
+				}
+				for (int r = 0; r < R; r++) {
+					const __m512 xv = _mm512_loadu_ps(xb + r * k + 16 * g);
+					for (int c = 0; c < NC; c++)
+						acc[r][c] = _mm512_fmadd_ps(xv, w[c], acc[r][c]);
+				}
+			}
 		}
 	}
 	for (int r = 0; r < R; r++)
-		out[r * ldo] = qhsum16(acc[r]);
+		for (int c = 0; c < NC; c++)
+			out[r * ldo + c] = qhsum16(acc[r][c]);
+}
+
+// cols runs tile for R rows over columns [j0, j1): NC at a time, then the
+// rest one by one.
+QINLINE void cols(const int qt, const int R, const int NC, float *out, const float *x, const uint8_t *w,
+                  int64_t n, int64_t k, int64_t rb, int64_t j0, int64_t j1) {
+	int64_t j = j0;
+	for (; j + NC <= j1; j += NC)
+		tile(qt, R, NC, x, k, w + j * rb, rb, out + j, n);
+	for (; j < j1; j++)
+		tile(qt, R, 1, x, k, w + j * rb, rb, out + j, n);
 }
 
 QINLINE void linear_q(const int qt, float *out, const float *x, const uint8_t *w,
                       int64_t m, int64_t n, int64_t k, int64_t j0, int64_t j1) {
 	const int64_t rb = k / block_size(qt) * block_bytes(qt);
-	for (int64_t j = j0; j < j1; j++) {
-		const uint8_t *wr = w + j * rb;
-		int64_t i = 0;
-		for (; i + 4 <= m; i += 4)
-			rows(qt, 4, x + i * k, k, wr, out + i * n + j, n);
-		switch (m - i) {
-		case 3: rows(qt, 3, x + i * k, k, wr, out + i * n + j, n); break;
-		case 2: rows(qt, 2, x + i * k, k, wr, out + i * n + j, n); break;
-		case 1: rows(qt, 1, x + i * k, k, wr, out + i * n + j, n); break;
-		}
+	// Q8_0 and Q6_K keep one column per pass (they gain nothing from more).
+	const int one = qt == DI_Q8_0 || qt == DI_Q6_K;
+	int64_t i = 0;
+	for (; i + 4 <= m; i += 4)
+		cols(qt, 4, one ? 1 : 2, out + i * n, x + i * k, w, n, k, rb, j0, j1);
+	switch (m - i) {
+	case 3: cols(qt, 3, one ? 1 : 2, out + i * n, x + i * k, w, n, k, rb, j0, j1); break;
+	case 2: cols(qt, 2, one ? 1 : 4, out + i * n, x + i * k, w, n, k, rb, j0, j1); break;
+	case 1: cols(qt, 1, one ? 1 : 4, out + i * n, x + i * k, w, n, k, rb, j0, j1); break;
 	}
 }
 

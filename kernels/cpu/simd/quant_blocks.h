@@ -30,6 +30,22 @@ QINLINE void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
 	}
 }
 
+// k4_scales unpacks all eight scales and mins of a Q4_K or Q5_K block at b
+// and writes dm[j] = d*sc_j and dm[8+j] = dmin*m_j (j = 0..7), each one
+// float product as q16 computes it for sub-block j.
+QINLINE void k4_scales(const uint8_t *b, float *dm) {
+	uint32_t u[3], s[4];
+	memcpy(u, b + 4, 12);
+	s[0] = u[0] & 0x3f3f3f3f;
+	s[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+	s[2] = u[1] & 0x3f3f3f3f;
+	s[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+	__m128i v = _mm_loadu_si128((const __m128i *)s);
+	const __m256 d = _mm256_set1_ps(qhalf(b)), dmin = _mm256_set1_ps(qhalf(b + 2));
+	_mm256_storeu_ps(dm, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))));
+	_mm256_storeu_ps(dm + 8, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)))));
+}
+
 static inline int block_size(int qt) { return qt == DI_Q4_0 || qt == DI_Q8_0 ? 32 : 256; }
 
 static inline int64_t block_bytes(int qt) {
