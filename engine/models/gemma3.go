@@ -29,10 +29,8 @@ type gemma3 struct {
 	embedScale                    float32
 	attnScale                     float32
 	finalSoftcap                  float32 // 0: none
-	window                        int
-	rings                         bool // sliding layers in ring buffers
-	numPaged, numRings            int
-	gemmaOps                      kernels.GemmaOpser
+	windowLayers
+	gemmaOps kernels.GemmaOpser
 }
 
 type gemma3Layer struct {
@@ -206,7 +204,7 @@ func newGemma3(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, o
 	cfg.Rope = globalRope
 	m := &gemma3{base: base{arch: arch, cfg: cfg, ops: ops}, gemmaOps: gops,
 		numHeads: cfg.NumAttentionHeads, numKVHeads: cfg.NumKeyValueHeads, headDim: cfg.HeadDim,
-		attnScale: float32(math.Pow(qpas, -0.5)), finalSoftcap: float32(softcap), window: cfg.SlidingWindow}
+		attnScale: float32(math.Pow(qpas, -0.5)), finalSoftcap: float32(softcap), windowLayers: windowLayers{window: cfg.SlidingWindow}}
 	l := newLoader(ops, cfg, src, opts)
 	if err := m.loadCommon(l, opts, cfg.HeadDim); err != nil {
 		return nil, err
@@ -220,13 +218,11 @@ func newGemma3(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, o
 	}
 	m.embedScale = roundTo(float32(math.Sqrt(float64(cfg.HiddenSize))), m.embed.DType())
 	h, qd, kvd := cfg.HiddenSize, m.numHeads*m.headDim, m.numKVHeads*m.headDim
-	anySliding := false
 	for i := range cfg.NumHiddenLayers {
 		sliding, err := gemma3LayerSliding(cfg, i)
 		if err != nil {
 			return nil, err
 		}
-		anySliding = anySliding || sliding
 		p := fmt.Sprintf("model.layers.%d.", i)
 		a := p + "self_attn."
 		ly := gemma3Layer{
@@ -257,26 +253,19 @@ func newGemma3(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, o
 	if l.err != nil {
 		return nil, fmt.Errorf("models: %s: %w", arch, l.err)
 	}
-	if anySliding && m.window <= 0 {
-		return nil, fmt.Errorf("models: %s: sliding layers with sliding_window %d: %w", arch, m.window, ErrConfig)
-	}
 	if m.finalNorm, err = plusOne(ops, m.finalNorm); err != nil {
 		return nil, fmt.Errorf("models: %s: %w", arch, err)
 	}
-	m.rings = anySliding && !opts.SlidingWindowPaged
-	if _, ok := ops.(kernels.RingAttentioner); m.rings && !ok {
-		return nil, fmt.Errorf("models: %s: sliding-window state slots are CPU-only for now (backend %s); "+
-			"cache.sliding_window_paged: true keeps those layers in paged blocks: %w", arch, ops.Name(), ErrConfig)
+	sliding := make([]bool, len(m.layers))
+	for i := range m.layers {
+		sliding[i] = m.layers[i].sliding
+	}
+	idx, err := m.place(ops, arch, sliding, opts.SlidingWindowPaged)
+	if err != nil {
+		return nil, err
 	}
 	for i := range m.layers {
-		ly := &m.layers[i]
-		if ly.sliding && m.rings {
-			ly.cacheIdx = m.numRings
-			m.numRings++
-		} else {
-			ly.cacheIdx = m.numPaged
-			m.numPaged++
-		}
+		m.layers[i].cacheIdx = idx[i]
 	}
 	m.format = l.weightFormat()
 	return m, nil
@@ -285,15 +274,11 @@ func newGemma3(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, o
 func (m *gemma3) MTP() *MTP { return nil }
 
 func (m *gemma3) KVCacheSpec() KVCacheSpec {
-	dt := m.ops.ActivationDType()
-	if k, ok := m.ops.(kernels.KVCacheDTyper); ok && len(m.layers) > 0 {
-		dt = k.KVCacheDType(computeDType(m.layers[0].o.DType()))
+	var o kernels.Tensor
+	if len(m.layers) > 0 {
+		o = m.layers[0].o
 	}
-	s := KVCacheSpec{Layout: KVLayoutGQA, NumLayers: m.numPaged, Width: m.numKVHeads * m.headDim, DType: dt}
-	if m.numRings > 0 {
-		s.RingLayers, s.RingWindow = m.numRings, m.window
-	}
-	return s
+	return m.kvCacheSpec(m.ops, m.numKVHeads*m.headDim, o)
 }
 
 func (m *gemma3) NewKVCache(numBlocks, blockSize int) (*KVCache, error) {
@@ -317,8 +302,8 @@ func (m *gemma3) Forward(ctx context.Context, cache *KVCache, b *ForwardBatch) (
 	if err := cache.check(m.KVCacheSpec()); err != nil {
 		return nil, err
 	}
-	if m.numRings > 0 && (b.StateSlots == nil || b.RingSlotMapping == nil) {
-		return nil, fmt.Errorf("models: %s: the batch has no state slots for the ring layers (HostBatch.RingWindow): %w", m.arch, ErrBatch)
+	if err := m.checkBatch(m.arch, b); err != nil {
+		return nil, err
 	}
 	return runDecoder(ctx, m.ops, m.arch, cache, b, m.cfg.HiddenSize, len(m.layers), m.embed,
 		func(resid kernels.Tensor) error { return m.gemmaOps.Scale(resid, resid, m.embedScale) }, m.layer)

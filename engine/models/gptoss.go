@@ -37,10 +37,8 @@ type gptOss struct {
 	route                         kernels.RouteParams
 	act                           kernels.ClampedSwiGLU
 	layers                        []gptOssLayer
-	window                        int
-	rings                         bool
-	numPaged, numRings            int
-	moeOps                        kernels.BiasedMoEer
+	windowLayers
+	moeOps kernels.BiasedMoEer
 }
 
 type gptOssLayer struct {
@@ -89,7 +87,7 @@ func newGptOss(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, o
 	}
 	m := &gptOss{base: base{arch: arch, cfg: cfg, ops: ops}, moeOps: moeOps,
 		numHeads: cfg.NumAttentionHeads, numKVHeads: cfg.NumKeyValueHeads, headDim: cfg.HeadDim,
-		numExperts: e, window: cfg.SlidingWindow,
+		numExperts: e, windowLayers: windowLayers{window: cfg.SlidingWindow},
 		route: kernels.RouteParams{TopK: topK, Scoring: kernels.ScoringSoftmax, Method: kernels.TopKGreedy,
 			NumGroups: 1, TopKGroups: 1, NormTopKProb: true, ScalingFactor: 1},
 		act: kernels.ClampedSwiGLU{Limit: float32(limit), Alpha: 1.702}}
@@ -98,13 +96,11 @@ func newGptOss(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, o
 		return nil, err
 	}
 	h, qd, kvd, inter := cfg.HiddenSize, m.numHeads*m.headDim, m.numKVHeads*m.headDim, cfg.IntermediateSize
-	anySliding := false
 	for i := range cfg.NumHiddenLayers {
 		sliding, err := gptOssSliding(cfg, i)
 		if err != nil {
 			return nil, err
 		}
-		anySliding = anySliding || sliding
 		p := fmt.Sprintf("model.layers.%d.", i)
 		a := p + "self_attn."
 		ly := gptOssLayer{
@@ -133,23 +129,16 @@ func newGptOss(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, o
 	if l.err != nil {
 		return nil, fmt.Errorf("models: %s: %w", arch, l.err)
 	}
-	if anySliding && m.window <= 0 {
-		return nil, fmt.Errorf("models: %s: sliding layers with sliding_window %d: %w", arch, m.window, ErrConfig)
+	sliding := make([]bool, len(m.layers))
+	for i := range m.layers {
+		sliding[i] = m.layers[i].sliding
 	}
-	m.rings = anySliding && !opts.SlidingWindowPaged
-	if _, ok := ops.(kernels.RingAttentioner); m.rings && !ok {
-		return nil, fmt.Errorf("models: %s: sliding-window state slots are CPU-only for now (backend %s); "+
-			"cache.sliding_window_paged: true keeps those layers in paged blocks: %w", arch, ops.Name(), ErrConfig)
+	idx, err := m.place(ops, arch, sliding, opts.SlidingWindowPaged)
+	if err != nil {
+		return nil, err
 	}
 	for i := range m.layers {
-		ly := &m.layers[i]
-		if ly.sliding && m.rings {
-			ly.cacheIdx = m.numRings
-			m.numRings++
-		} else {
-			ly.cacheIdx = m.numPaged
-			m.numPaged++
-		}
+		m.layers[i].cacheIdx = idx[i]
 	}
 	m.format = l.weightFormat()
 	return m, nil
@@ -308,15 +297,11 @@ func loadMXFP4(l *loader, name string, e, rows, cols int, rowOf func(int) int) k
 func (m *gptOss) MTP() *MTP { return nil }
 
 func (m *gptOss) KVCacheSpec() KVCacheSpec {
-	dt := m.ops.ActivationDType()
-	if k, ok := m.ops.(kernels.KVCacheDTyper); ok && len(m.layers) > 0 {
-		dt = k.KVCacheDType(computeDType(m.layers[0].o.DType()))
+	var o kernels.Tensor
+	if len(m.layers) > 0 {
+		o = m.layers[0].o
 	}
-	s := KVCacheSpec{Layout: KVLayoutGQA, NumLayers: m.numPaged, Width: m.numKVHeads * m.headDim, DType: dt}
-	if m.numRings > 0 {
-		s.RingLayers, s.RingWindow = m.numRings, m.window
-	}
-	return s
+	return m.kvCacheSpec(m.ops, m.numKVHeads*m.headDim, o)
 }
 
 func (m *gptOss) NewKVCache(numBlocks, blockSize int) (*KVCache, error) {
@@ -328,8 +313,8 @@ func (m *gptOss) Forward(ctx context.Context, cache *KVCache, b *ForwardBatch) (
 	if err := cache.check(m.KVCacheSpec()); err != nil {
 		return nil, err
 	}
-	if m.numRings > 0 && (b.StateSlots == nil || b.RingSlotMapping == nil) {
-		return nil, fmt.Errorf("models: %s: the batch has no state slots for the ring layers (HostBatch.RingWindow): %w", m.arch, ErrBatch)
+	if err := m.checkBatch(m.arch, b); err != nil {
+		return nil, err
 	}
 	return runDecoder(ctx, m.ops, m.arch, cache, b, m.cfg.HiddenSize, len(m.layers), m.embed, nil, m.layer)
 }
