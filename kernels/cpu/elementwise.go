@@ -145,7 +145,13 @@ func silu(x float32) float32 { return float32(float64(x) / (1 + math.Exp(-float6
 
 // SiLUMul computes silu(gate) * up from the fused [T, 2n] projection.
 func (b *Backend) SiLUMul(out, gateUp kernels.Tensor) error {
-	const op = "silu_mul"
+	return b.gatedRows("silu_mul", out, gateUp, siluMulRow)
+}
+
+// gatedRows checks out [T, n] and the fused gateUp [T, 2n] and runs
+// row(dst, gu) over each row (gu the row's gate then up halves), the rows
+// split over the workers; op names errors.
+func (b *Backend) gatedRows(op string, out, gateUp kernels.Tensor, row func(dst, gu []float32)) error {
 	if err := b.checkOpen(op); err != nil {
 		return err
 	}
@@ -163,7 +169,7 @@ func (b *Backend) SiLUMul(out, gateUp kernels.Tensor) error {
 	}
 	b.forRows(rows, 2*n, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			siluMulRow(o.f32[i*n:(i+1)*n], g.f32[2*i*n:(2*i+2)*n])
+			row(o.f32[i*n:(i+1)*n], g.f32[2*i*n:(2*i+2)*n])
 		}
 	})
 	return nil

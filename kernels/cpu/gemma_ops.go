@@ -45,31 +45,13 @@ func (b *Backend) Scale(out, x kernels.Tensor, s float32) error {
 
 // GELUTanhMul computes gelu_tanh(gate) * up from the fused [T, 2n] projection.
 func (b *Backend) GELUTanhMul(out, gateUp kernels.Tensor) error {
-	const op = "gelu_tanh_mul"
-	if err := b.checkOpen(op); err != nil {
-		return err
-	}
-	o, err := asCPU(op, "out", out)
-	if err != nil {
-		return err
-	}
-	g, err := asCPU(op, "gate_up", gateUp)
-	if err != nil {
-		return err
-	}
-	rows, n, err := kernels.SiLUMulShapes("cpu", o, g)
-	if err != nil {
-		return err
-	}
-	b.forRows(rows, 2*n, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			dst, gate, up := o.f32[i*n:(i+1)*n], g.f32[2*i*n:(2*i+1)*n], g.f32[(2*i+1)*n:(2*i+2)*n]
-			for j := range dst {
-				dst[j] = geluTanh(gate[j]) * up[j]
-			}
+	return b.gatedRows("gelu_tanh_mul", out, gateUp, func(dst, gu []float32) {
+		n := len(dst)
+		gate, up := gu[:n], gu[n:]
+		for j := range dst {
+			dst[j] = geluTanh(gate[j]) * up[j]
 		}
 	})
-	return nil
 }
 
 // Softcap computes x = c * tanh(x / c) in place.
