@@ -214,12 +214,9 @@ func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 	}
 	t, hidden, numExperts, inter, topK := d.T, d.Hidden, d.NumExperts, d.Inter, d.TopK
 	// Group (token, k) pairs by expert, in token order.
-	byExpert := make([][]int32, numExperts)
-	for i, e := range is.i32 {
-		if e < 0 || int(e) >= numExperts {
-			return fmt.Errorf("cpu: %s: ids[%d][%d] = %d, %d experts: %w", op, i/topK, i%topK, e, numExperts, kernels.ErrOutOfRange)
-		}
-		byExpert[e] = append(byExpert[e], int32(i))
+	byExpert, err := groupByExpert(op, is.i32, numExperts, topK)
+	if err != nil {
+		return err
 	}
 	ys := make([]float32, t*topK*hidden) // expert output per (token, k)
 	for e, pairs := range byExpert {
@@ -227,11 +224,7 @@ func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 		if n == 0 {
 			continue
 		}
-		xe := make([]float32, n*hidden)
-		for r, pair := range pairs {
-			tok := int(pair) / topK
-			copy(xe[r*hidden:(r+1)*hidden], xs.f32[tok*hidden:(tok+1)*hidden])
-		}
+		xe := gatherTokens(xs.f32, pairs, topK, hidden)
 		g := make([]float32, n*2*inter)
 		b.linear(g, xe, expert(gu, e), n, 2*inter, hidden, nil)
 		a := make([]float32, n*inter)
@@ -254,4 +247,29 @@ func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 		}
 	})
 	return nil
+}
+
+// groupByExpert groups the (token, k) pairs of ids ([T, topK], flattened)
+// by expert, in token order; an id outside [0, numExperts) is an error
+// naming op and its place.
+func groupByExpert(op string, ids []int32, numExperts, topK int) ([][]int32, error) {
+	byExpert := make([][]int32, numExperts)
+	for i, e := range ids {
+		if e < 0 || int(e) >= numExperts {
+			return nil, fmt.Errorf("cpu: %s: ids[%d][%d] = %d, %d experts: %w", op, i/topK, i%topK, e, numExperts, kernels.ErrOutOfRange)
+		}
+		byExpert[e] = append(byExpert[e], int32(i))
+	}
+	return byExpert, nil
+}
+
+// gatherTokens copies the hidden rows of the tokens of pairs ((token, k)
+// indices) out of xs, in order.
+func gatherTokens(xs []float32, pairs []int32, topK, hidden int) []float32 {
+	xe := make([]float32, len(pairs)*hidden)
+	for r, pair := range pairs {
+		tok := int(pair) / topK
+		copy(xe[r*hidden:(r+1)*hidden], xs[tok*hidden:(tok+1)*hidden])
+	}
+	return xe
 }

@@ -43,12 +43,9 @@ func (b *Backend) MoEClampedSwiGLU(out, x, ids, weights, gateUp, gateUpBias, dow
 	if !(p.Limit > 0) || math.IsInf(float64(p.Limit), 0) || math.IsNaN(float64(p.Alpha)) {
 		return fmt.Errorf("cpu: %s: limit %g, alpha %g: %w", op, p.Limit, p.Alpha, kernels.ErrShape)
 	}
-	byExpert := make([][]int32, numExperts)
-	for i, e := range is.i32 {
-		if e < 0 || int(e) >= numExperts {
-			return fmt.Errorf("cpu: %s: ids[%d][%d] = %d, %d experts: %w", op, i/topK, i%topK, e, numExperts, kernels.ErrOutOfRange)
-		}
-		byExpert[e] = append(byExpert[e], int32(i))
+	byExpert, err := groupByExpert(op, is.i32, numExperts, topK)
+	if err != nil {
+		return err
 	}
 	ys := make([]float32, t*topK*hidden) // expert output per (token, k)
 	for e, pairs := range byExpert {
@@ -56,11 +53,7 @@ func (b *Backend) MoEClampedSwiGLU(out, x, ids, weights, gateUp, gateUpBias, dow
 		if n == 0 {
 			continue
 		}
-		xe := make([]float32, n*hidden)
-		for r, pair := range pairs {
-			tok := int(pair) / topK
-			copy(xe[r*hidden:(r+1)*hidden], xs.f32[tok*hidden:(tok+1)*hidden])
-		}
+		xe := gatherTokens(xs.f32, pairs, topK, hidden)
 		g := make([]float32, n*2*inter)
 		b.linear(g, xe, expert(gu, e), n, 2*inter, hidden, gub.f32[e*2*inter:(e+1)*2*inter])
 		a := make([]float32, n*inter)
