@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 13u
+#define DI_ABI_VERSION 14u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -418,6 +418,11 @@ typedef struct di_api {
 	 * unchanged and sets DI_CHECK_SAMPLE. */
 	int (*token_mask)(di_ctx *ctx, di_dptr logits, int num_rows, int vocab, di_dptr mask_rows, di_dptr masks,
 	                  int num_masks);
+	/* argmax (greedy drafts chained on the device): out[r] = the id of the
+	 * largest of logits row r (F32 [num_rows, vocab]), the lowest id on
+	 * ties; NaN entries never win; a row with no number above -Inf gives 0.
+	 * out: I32 [num_rows]. */
+	int (*argmax)(di_ctx *ctx, di_dptr out, di_dptr logits, int num_rows, int vocab);
 } di_api;
 
 /* di_get_api fills *out for a caller built against abi_version; it returns

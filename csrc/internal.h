@@ -198,6 +198,7 @@ int di_op_token_mask(di_ctx *ctx, di_dptr logits, int num_rows, int vocab, di_dp
 int di_op_logits(di_ctx *ctx, di_dptr out, di_dptr hidden, di_dptr rows, int num_rows,
                  int num_hidden, di_dptr norm, di_dptr head, int head_dtype, int dim, int vocab,
                  float eps);
+int di_op_argmax(di_ctx *ctx, di_dptr out, di_dptr logits, int num_rows, int vocab);
 int di_op_sample(di_ctx *ctx, di_dptr out, di_dptr logits, int num_rows, int vocab, di_dptr rows,
                  di_dptr edits, int max_candidates);
 int di_op_widen(di_ctx *ctx, float *dst, const void *src, int src_dtype, size_t n);

@@ -696,5 +696,6 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->qkv_prepare = di_op_qkv_prepare;
 	out->shift_accepted = di_op_shift_accepted;
 	out->token_mask = di_op_token_mask;
+	out->argmax = di_op_argmax;
 	return DI_OK;
 }

@@ -71,53 +71,171 @@ func RegisterDraft[O any](r *pipeline.Registry, name string, defaults O, build f
 	}, nil)
 }
 
+// DeviceDrafter is a Drafter that can leave its drafts in backend memory,
+// so that the next step's forward pass is queued before they reach the
+// host.
+type DeviceDrafter interface {
+	Drafter
+	// ProposeOnDevice queues the drafter's work for step and returns
+	// without waiting for it: what Propose returns, as DeviceDrafts.
+	ProposeOnDevice(ctx context.Context, step *SampledStep) (DeviceDrafts, error)
+}
+
+// DeviceDrafts are drafts in backend memory: At[r][j] is the index in
+// Tokens (I32) of draft j of entry r of SampledStep.Verified.
+type DeviceDrafts struct {
+	Tokens kernels.Tensor // nil when no entry has a draft
+	At     [][]int32
+}
+
+// Host brings the drafts to the host (one download).
+func (dd DeviceDrafts) Host(ops kernels.Ops) ([][]int, error) {
+	fetch, err := dd.fetch(ops)
+	if err != nil {
+		return nil, err
+	}
+	return fetch()
+}
+
+// fetch starts bringing the drafts to the host behind the queued work.
+func (dd DeviceDrafts) fetch(ops kernels.Ops) (func() ([][]int, error), error) {
+	out := make([][]int, len(dd.At))
+	if dd.Tokens == nil {
+		return func() ([][]int, error) { return out, nil }, nil
+	}
+	fetch, err := kernels.FetchI32Async(ops, dd.Tokens)
+	if err != nil {
+		return nil, err
+	}
+	return func() ([][]int, error) {
+		all, err := fetch()
+		if err != nil {
+			return nil, err
+		}
+		for r, at := range dd.At {
+			out[r] = make([]int, len(at))
+			for j, i := range at {
+				if int(i) >= len(all) {
+					return nil, fmt.Errorf("draft %d of row %d at %d: %d drafts: %w", j, r, i, len(all), kernels.ErrOutOfRange)
+				}
+				out[r][j] = int(all[i])
+			}
+		}
+		return out, nil
+	}, nil
+}
+
 // draftStage runs a Drafter and publishes its drafts for the next step.
+// With a DeviceDrafter it publishes the next step's inputs early, on the
+// lagged edge to forward, before the drafts reach the host: the device
+// then runs the drafter and the next forward pass back to back while the
+// host waits for the drafts.
 type draftStage struct {
 	d       DraftDeps
 	drafter Drafter
+	early   func(*SampledStep)
 }
+
+// PublishLagged keeps the graph's early publishing (pipeline.LaggedPublisher).
+func (s *draftStage) PublishLagged(p func(*SampledStep)) { s.early = p }
 
 func (s *draftStage) Process(ctx context.Context, step *SampledStep) (*SampledStep, error) {
 	if step.Verified == nil {
 		return nil, fmt.Errorf("draft: step %d: not verified (the verify slot must come before draft)", step.Outputs.StepID)
 	}
-	drafts, err := s.drafter.Propose(ctx, step)
+	id := step.Outputs.StepID
+	var drafts [][]int
+	var dd DeviceDrafts
+	dev, onDevice := s.drafter.(DeviceDrafter)
+	var err error
+	if onDevice {
+		dd, err = dev.ProposeOnDevice(ctx, step)
+	} else {
+		drafts, err = s.drafter.Propose(ctx, step)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("draft: step %d: %w", step.Outputs.StepID, err)
+		return nil, fmt.Errorf("draft: step %d: %w", id, err)
+	}
+	count := func(r int) int {
+		if onDevice {
+			return len(dd.At[r])
+		}
+		return len(drafts[r])
+	}
+	n := len(drafts)
+	if onDevice {
+		n = len(dd.At)
+	}
+	if n != len(step.Verified) {
+		return nil, fmt.Errorf("draft: step %d: %d drafts for %d sample rows", id, n, len(step.Verified))
 	}
 	k := s.d.Speculative.NumSpeculativeTokens
-	if len(drafts) != len(step.Verified) {
-		return nil, fmt.Errorf("draft: step %d: %d drafts for %d sample rows", step.Outputs.StepID, len(drafts), len(step.Verified))
-	}
 	stride := 1 + k
-	next := make([]int32, len(drafts)*stride)
-	accepted := make([]int32, len(drafts))
+	// The next step's input table: per row its last emitted token, then its
+	// drafts (device drafts land through fromRow), padded with that token.
+	next := make([]int32, n*stride)
+	fromRow := make([]int32, n*stride)
+	accepted := make([]int32, n)
 	for r, v := range step.Verified {
-		if len(drafts[r]) > k {
+		if !onDevice && len(drafts[r]) > k {
 			drafts[r] = drafts[r][:k]
 		}
 		last := v.TokenIDs[len(v.TokenIDs)-1]
 		row := next[r*stride : (r+1)*stride]
 		for j := range row {
 			row[j] = int32(last)
-			if j > 0 && j <= len(drafts[r]) {
-				row[j] = int32(drafts[r][j-1])
+			fromRow[r*stride+j] = -1
+			if j > 0 && j <= min(count(r), k) {
+				if onDevice {
+					fromRow[r*stride+j] = dd.At[r][j-1]
+				} else {
+					row[j] = int32(drafts[r][j-1])
+				}
 			}
 		}
 		accepted[r] = int32(len(v.TokenIDs) - 1)
 	}
-	step.Drafts = drafts
 	if len(next) == 0 {
+		step.Drafts = make([][]int, n)
 		return step, nil
 	}
-	both, err := kernels.FromI32(s.d.Ops, append(next, accepted...), len(next)+len(accepted))
+	host := append(next, accepted...)
+	if onDevice && dd.Tokens != nil {
+		host = append(host, fromRow...)
+	}
+	both, err := kernels.FromI32(s.d.Ops, host, len(host))
 	if err == nil {
 		if step.Next, err = s.d.Ops.Rows(both, 0, len(next)); err == nil {
 			step.Accepted, err = s.d.Ops.Rows(both, len(next), len(next)+len(accepted))
 		}
 	}
+	if err == nil && onDevice && dd.Tokens != nil {
+		var from kernels.Tensor
+		if from, err = s.d.Ops.Rows(both, len(next)+len(accepted), len(host)); err == nil {
+			err = s.d.Ops.ResolvePlaceholders(step.Next, from, dd.Tokens)
+		}
+	}
 	if err != nil {
-		return nil, fmt.Errorf("draft: step %d: %w", step.Outputs.StepID, err)
+		return nil, fmt.Errorf("draft: step %d: %w", id, err)
+	}
+	if !onDevice {
+		step.Drafts = drafts
+		return step, nil
+	}
+	fetch, err := dd.fetch(s.d.Ops)
+	if err != nil {
+		return nil, fmt.Errorf("draft: step %d: %w", id, err)
+	}
+	if s.early != nil {
+		s.early(&SampledStep{ForwardResult: step.ForwardResult, Next: step.Next, Accepted: step.Accepted})
+	}
+	if step.Drafts, err = fetch(); err != nil {
+		return nil, fmt.Errorf("draft: step %d: %w", id, err)
+	}
+	for r := range step.Drafts {
+		if len(step.Drafts[r]) > k {
+			step.Drafts[r] = step.Drafts[r][:k]
+		}
 	}
 	return step, nil
 }

@@ -71,7 +71,7 @@ func TestMTPGraphsMatchEager(t *testing.T) {
 		if b.InputIDs, err = kernels.FromI32(ops, next, len(next)); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := p.run(context.Background(), b, hidden, nil, []int32{7}); err != nil {
+		if _, _, err := runMTP(p, b, hidden, nil, []int32{7}); err != nil {
 			t.Fatal(err)
 		}
 		return side{p: p, fake: fake, hidden: hidden}
@@ -94,7 +94,7 @@ func TestMTPGraphsMatchEager(t *testing.T) {
 		for i := range at {
 			at[i] = int32(i)
 		}
-		out, tokens, err := s.p.run(context.Background(), b, hidden, rows, at)
+		out, tokens, err := runMTP(s.p, b, hidden, rows, at)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,4 +131,31 @@ func TestGreedyRowIsValid(t *testing.T) {
 	if err := row.Check(8192, nil); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// runMTP runs one MTP pass and brings its greedy tokens at rows at to the
+// host.
+func runMTP(p *mtpDrafter, b *models.ForwardBatch, hidden kernels.Tensor, hiddenRows, at []int32) (kernels.Tensor, []int, error) {
+	ops := p.d.Ops
+	atT, err := kernels.FromI32(ops, at, len(at))
+	if err != nil {
+		return nil, nil, err
+	}
+	dst, err := ops.Alloc(kernels.I32, len(at))
+	if err != nil {
+		return nil, nil, err
+	}
+	out, err := p.run(context.Background(), b, hidden, hiddenRows, atT, dst)
+	if err != nil {
+		return nil, nil, err
+	}
+	got, err := kernels.ToI32(ops, dst)
+	if err != nil {
+		return nil, nil, err
+	}
+	tokens := make([]int, len(got))
+	for i, x := range got {
+		tokens[i] = int(x)
+	}
+	return out, tokens, nil
 }

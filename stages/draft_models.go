@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/models"
@@ -50,15 +51,28 @@ func newMTPDrafter(d DraftDeps) (*mtpDrafter, error) {
 	return &mtpDrafter{d: d, mtp: mtp}, nil
 }
 
+// Propose is ProposeOnDevice with the drafts brought to the host.
 func (p *mtpDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int, error) {
+	dd, err := p.ProposeOnDevice(ctx, step)
+	if err != nil {
+		return nil, err
+	}
+	return dd.Host(p.d.Ops)
+}
+
+// ProposeOnDevice queues the drafter's passes and returns the drafts in
+// backend memory: the passes chain on the device (each depth's argmax is
+// the next depth's input), so a step costs no host round trip.
+func (p *mtpDrafter) ProposeOnDevice(ctx context.Context, step *SampledStep) (DeviceDrafts, error) {
 	d, ops, res := p.d, p.d.Ops, step.ForwardResult
+	dd := DeviceDrafts{At: make([][]int32, len(step.Verified))}
 	k := draftLimit(d, step)
 	if k == 0 {
-		return make([][]int, len(step.Verified)), nil // see draftLimit
+		return dd, nil // see draftLimit
 	}
 	cache := d.Speculative.DraftCache
 	if err := copyCacheBlocks(ops, cache, step.Outputs.BlockCopies); err != nil {
-		return nil, err
+		return dd, err
 	}
 	b := res.Batch
 	t := b.NumTokens
@@ -87,26 +101,17 @@ func (p *mtpDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int, e
 			}
 		}
 	}
-	idsT, err := kernels.FromI32(ops, ids, t)
-	if err != nil {
-		return nil, err
-	}
-	hidden := res.Hidden
-	if hidden.Shape()[0] != t { // a CUDA graph's static output
-		if hidden, err = ops.Rows(hidden, 0, t); err != nil {
-			return nil, err
-		}
-	}
-	mb := *b
-	mb.InputIDs = idsT
-	// The first draft: the output at each sequence's last emitted token.
-	drafts := make([][]int, len(step.Verified))
 	seqIndex := make(map[engine.SeqID]int, len(step.Seqs))
 	for i := range step.Seqs {
 		seqIndex[step.Seqs[i].SeqID] = i
 	}
+	// The rows that draft, each with how deep its chain can go (its
+	// positions must stay inside its block table and the context), deepest
+	// first: the rows of each depth are then a prefix of the rows of the
+	// depth before, and each depth's inputs a prefix of the last one's
+	// outputs.
 	var rows []chainRow
-	var at []int32
+	var depth []int
 	for r, v := range step.Verified {
 		m := v.Ref.Meta
 		if v.Ref.SeqID != m.SeqID {
@@ -114,49 +119,130 @@ func (p *mtpDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int, e
 		}
 		i := seqIndex[m.SeqID]
 		row := first[i] + m.SeqlenQ - 1 - m.NumDrafts + len(v.TokenIDs) - 1
-		rows = append(rows, chainRow{out: r, meta: m, pos: rowPosition(step, v) + 1, hiddenRow: row})
-		at = append(at, int32(row))
+		c := chainRow{out: r, meta: m, pos: rowPosition(step, v) + 1, hiddenRow: row}
+		n := 1
+		for n < k && chainFits(d, c.meta, c.pos+n-1) {
+			n++
+		}
+		rows = append(rows, c)
+		depth = append(depth, n)
 	}
-	out, tokens, err := p.run(ctx, &mb, hidden, nil, at)
+	if len(rows) == 0 {
+		return dd, nil
+	}
+	order := make([]int, len(rows))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return depth[b] - depth[a] })
+	sorted := make([]chainRow, len(rows))
+	at := make([]int32, len(rows))
+	for i, o := range order {
+		sorted[i] = rows[o]
+		at[i] = int32(rows[o].hiddenRow)
+		d := depth[o]
+		dd.At[rows[o].out] = make([]int32, d)
+		for j := range d {
+			dd.At[rows[o].out][j] = int32(j*len(rows) + i)
+		}
+	}
+	rows = sorted
+	n := len(rows)
+	maxDepth := depth[order[0]]
+	idsT, err := kernels.FromI32(ops, append(ids, at...), t+n)
 	if err != nil {
-		return nil, err
+		return dd, err
 	}
-	for j := 0; len(rows) > 0; j++ {
-		for n := range rows {
-			drafts[rows[n].out] = append(drafts[rows[n].out], tokens[n])
-			rows[n].token = tokens[n]
-		}
-		if j == k-1 {
-			break
-		}
-		// The next depth: one row per sequence, fed its draft and the
-		// layer's output at the row that predicted it.
-		batch, kept, err := chainBatch(d, rows)
-		if err != nil || batch == nil {
-			return drafts, err
-		}
-		rows = kept
-		gather := make([]int32, len(rows))
-		at = make([]int32, len(rows))
-		for n := range rows {
-			gather[n], at[n] = int32(rows[n].hiddenRow), int32(n)
-		}
-		if out, tokens, err = p.run(ctx, batch, out, gather, at); err != nil {
-			return nil, err
-		}
-		for n := range rows {
-			rows[n].hiddenRow = n
-			rows[n].pos++
+	atT, err := ops.Rows(idsT, t, t+n)
+	if err == nil {
+		idsT, err = ops.Rows(idsT, 0, t)
+	}
+	if err != nil {
+		return dd, err
+	}
+	hidden := res.Hidden
+	if hidden.Shape()[0] != t { // a CUDA graph's static output
+		if hidden, err = ops.Rows(hidden, 0, t); err != nil {
+			return dd, err
 		}
 	}
-	return drafts, nil
+	if dd.Tokens, err = ops.Alloc(kernels.I32, maxDepth*n); err != nil {
+		return dd, err
+	}
+	tokens := func(j, rows int) (kernels.Tensor, error) { return ops.Rows(dd.Tokens, j*n, j*n+rows) }
+	mb := *b
+	mb.InputIDs = idsT
+	// The first draft: the layer over the step's rows, read at each
+	// sequence's last emitted token.
+	dst, err := tokens(0, n)
+	if err != nil {
+		return dd, err
+	}
+	out, err := p.run(ctx, &mb, hidden, nil, atT, dst)
+	if err != nil {
+		return dd, err
+	}
+	// Depth j+1: one row per sequence still drafting, fed its draft of
+	// depth j and the layer's output at the row that predicted it.
+	gather := at
+	for j := 1; j < maxDepth; j++ {
+		m := 0
+		for m < n && depth[order[m]] > j {
+			m++
+		}
+		batch, err := chainBatchAt(d, rows[:m], j-1)
+		if err != nil {
+			return dd, err
+		}
+		if batch.InputIDs, err = tokens(j-1, m); err != nil {
+			return dd, err
+		}
+		if dst, err = tokens(j, m); err != nil {
+			return dd, err
+		}
+		self := make([]int32, m)
+		for i := range self {
+			self[i] = int32(i)
+		}
+		selfT, err := kernels.FromI32(ops, self, m)
+		if err != nil {
+			return dd, err
+		}
+		if out, err = p.run(ctx, batch, out, gather[:m], selfT, dst); err != nil {
+			return dd, err
+		}
+		gather = self
+	}
+	return dd, nil
+}
+
+// chainFits reports whether a chained pass of m's sequence may run at
+// position pos: inside the context and its block table.
+func chainFits(d DraftDeps, m *engine.SequenceMetadata, pos int) bool {
+	return pos < d.MaxModelLen && pos/d.BlockSize < len(m.BlockTable)
+}
+
+// chainBatchAt lays rows out as a decode batch of one row each at
+// position pos+offset, and uploads it; the caller sets its input ids (in
+// backend memory). Every row must fit there (chainFits).
+func chainBatchAt(d DraftDeps, rows []chainRow, offset int) (*models.ForwardBatch, error) {
+	h := &models.HostBatch{BlockSize: d.BlockSize}
+	for _, r := range rows {
+		table := make([]int32, len(r.meta.BlockTable))
+		for j, b := range r.meta.BlockTable {
+			table[j] = int32(b)
+		}
+		h.AddSequence([]int32{0}, r.pos+offset, table)
+	}
+	return h.Upload(d.Ops, 0)
 }
 
 // run runs the MTP layer over batch b, fed the rows hiddenRows of hidden
-// (nil: hidden's first b.NumTokens rows), and returns its output and the
-// greedy token of each of its rows at: through a captured graph when the
-// batch is one-token rows that a graph's size holds, eagerly otherwise.
-func (p *mtpDrafter) run(ctx context.Context, b *models.ForwardBatch, hidden kernels.Tensor, hiddenRows []int32, at []int32) (kernels.Tensor, []int, error) {
+// (nil: hidden's first b.NumTokens rows), and writes the greedy token of
+// each of its rows atT (I32, in backend memory) into dst (I32, as many): through a captured graph when the batch is one-token
+// rows that a graph's size holds, eagerly otherwise. It returns the
+// layer's output; nothing waits for the device.
+func (p *mtpDrafter) run(ctx context.Context, b *models.ForwardBatch, hidden kernels.Tensor, hiddenRows []int32, atT, dst kernels.Tensor) (kernels.Tensor, error) {
 	ops, cache := p.d.Ops, p.d.Speculative.DraftCache
 	n := b.NumTokens
 	if hiddenRows == nil {
@@ -167,48 +253,45 @@ func (p *mtpDrafter) run(ctx context.Context, b *models.ForwardBatch, hidden ker
 	}
 	if g := p.graphs.pick(b); g != nil {
 		if err := g.load(ops, b, hidden, hiddenRows); err != nil {
-			return nil, nil, fmt.Errorf("mtp graph inputs: %w", err)
+			return nil, fmt.Errorf("mtp graph inputs: %w", err)
 		}
 		if err := g.graph.Replay(); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		all, err := greedyTokens(ops, g.logits, n)
+		all, err := ops.Alloc(kernels.I32, g.size)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		tokens := make([]int, len(at))
-		for i, r := range at {
-			tokens[i] = all[r]
+		if err := kernels.ArgmaxInto(ops, all, g.logits); err != nil {
+			return nil, err
 		}
-		return g.out, tokens, nil
+		if err := ops.ResolvePlaceholders(dst, atT, all); err != nil {
+			return nil, err
+		}
+		return g.out, nil
 	}
 	h := hidden
 	if hidden.Shape()[0] != n || !isIdentity(hiddenRows) {
 		idx, err := kernels.FromI32(ops, hiddenRows, len(hiddenRows))
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		if h, err = ops.Alloc(hidden.DType(), n, hidden.Shape()[1]); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		if err := ops.Embedding(h, hidden, idx); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	}
 	out, err := p.mtp.Forward(ctx, 0, cache, b, h)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	idx, err := kernels.FromI32(ops, at, len(at))
+	logits, err := p.mtp.ComputeLogits(0, out, atT)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	logits, err := p.mtp.ComputeLogits(0, out, idx)
-	if err != nil {
-		return nil, nil, err
-	}
-	tokens, err := greedyTokens(ops, logits, len(at))
-	return out, tokens, err
+	return out, kernels.ArgmaxInto(ops, dst, logits)
 }
 
 // isIdentity reports whether rows is 0, 1, 2, ...

@@ -95,3 +95,28 @@ func (b *Backend) ShiftAccepted(m *kernels.AttentionMetadata, positions, shiftFr
 	}
 	return nil
 }
+
+// Argmax implements kernels.Argmaxer: out[r] = kernels.ArgmaxRow of
+// logits row r. Cost: one pass over logits.
+func (b *Backend) Argmax(out, logits kernels.Tensor) error {
+	const op = "argmax"
+	if err := b.checkOpen(op); err != nil {
+		return err
+	}
+	rows, vocab, err := kernels.CheckArgmax("cpu", out, logits)
+	if err != nil {
+		return err
+	}
+	o, err := asCPU(op, "out", out)
+	if err != nil {
+		return err
+	}
+	l, err := asCPU(op, "logits", logits)
+	if err != nil {
+		return err
+	}
+	for r := range rows {
+		o.i32[r] = int32(kernels.ArgmaxRow(l.f32[r*vocab : (r+1)*vocab]))
+	}
+	return nil
+}

@@ -126,6 +126,9 @@ static inline int c_token_mask(di_api *a, di_ctx *c, di_dptr logits, int r, int 
                                int num_masks) {
 	return a->token_mask(c, logits, r, vocab, mask_rows, masks, num_masks);
 }
+static inline int c_argmax(di_api *a, di_ctx *c, di_dptr out, di_dptr logits, int r, int vocab) {
+	return a->argmax(c, out, logits, r, vocab);
+}
 static inline int c_sample(di_api *a, di_ctx *c, di_dptr out, di_dptr logits, int r, int vocab, di_dptr rows, di_dptr edits,
                            int max_candidates) {
 	return a->sample(c, out, logits, r, vocab, rows, edits, max_candidates);

@@ -235,19 +235,20 @@ type MemStats struct {
 
 // Backend implements kernels.Ops on one CUDA device.
 type Backend struct {
-	mu      sync.Mutex
-	lib     *library
-	ctx     *C.di_ctx
-	closed  atomic.Bool
-	info    DeviceInfo
-	gcEvery int64
-	sinceGC atomic.Int64
-	gemm    GEMMMode
-	kvCache kernels.DType   // Options.KVCacheDType
-	fetches sampleFetches   // pinned copies of sampled tokens (sample.go)
-	opts    Options         // the options in force (setOptions)
-	prof    *profiler       // per-operation device times; nil unless Options.profile
-	skip    map[string]bool // operations not queued (Options.skip): timing ablations only
+	mu         sync.Mutex
+	lib        *library
+	ctx        *C.di_ctx
+	closed     atomic.Bool
+	info       DeviceInfo
+	gcEvery    int64
+	sinceGC    atomic.Int64
+	gemm       GEMMMode
+	kvCache    kernels.DType   // Options.KVCacheDType
+	fetches    sampleFetches   // pinned copies of sampled tokens (sample.go)
+	i32Fetches sampleFetches   // pinned copies of FetchI32Async (drafts)
+	opts       Options         // the options in force (setOptions)
+	prof       *profiler       // per-operation device times; nil unless Options.profile
+	skip       map[string]bool // operations not queued (Options.skip): timing ablations only
 	// GatedMLP keeps 16-bit intermediates from this many rows (0: never).
 	mlpNarrow int
 	// LinearInputDType reports 16-bit inputs (not Options.DisableNormNarrow).
@@ -376,6 +377,7 @@ func (b *Backend) Close() error {
 		return nil
 	}
 	b.fetches.free(b)
+	b.i32Fetches.free(b)
 	b.prof.close(b)
 	C.c_destroy(b.lib.api, b.ctx)
 	b.ctx = nil

@@ -942,3 +942,42 @@ extern "C" int di_op_token_mask(di_ctx *ctx, di_dptr logits, int num_rows, int v
 	                                                   num_masks, ctx->check);
 	return di_check_launch(ctx, "token_mask");
 }
+
+// ---------------------------------------------------------------- argmax
+
+// di_argmax_k writes the argmax of each logits row (lowest id on ties, NaN
+// skipped): one block a row, each thread a strided span, then a warp and a
+// block reduction of (value, id).
+__global__ void __launch_bounds__(256) di_argmax_k(int *out, const float *logits, int vocab) {
+	__shared__ float sv[8];
+	__shared__ int si[8];
+	const int r = blockIdx.x;
+	const float *z = logits + (size_t)r * vocab;
+	float bv = -CUDART_INF_F;
+	int bi = INT_MAX;
+	for (int t = threadIdx.x; t < vocab; t += blockDim.x) {
+		const float v = z[t];
+		if (v > bv) bv = v, bi = t; // NaN compares false; t ascends per thread
+	}
+	for (int off = 16; off > 0; off >>= 1) {
+		const float ov = __shfl_down_sync(0xffffffffu, bv, off);
+		const int oi = __shfl_down_sync(0xffffffffu, bi, off);
+		if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+	}
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+	if (lane == 0) sv[warp] = bv, si[warp] = bi;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+			if (sv[w] > bv || (sv[w] == bv && si[w] < bi)) bv = sv[w], bi = si[w];
+		out[r] = bi == INT_MAX ? 0 : bi;
+	}
+}
+
+extern "C" int di_op_argmax(di_ctx *ctx, di_dptr out, di_dptr logits, int num_rows, int vocab) {
+	if (num_rows == 0) return DI_OK;
+	if (num_rows < 0 || num_rows > INT_MAX / 2 || vocab <= 0 || !out || !logits)
+		return di_fail(ctx, DI_ERR_INVALID, "argmax: %d rows of %d logits", num_rows, vocab);
+	di_argmax_k<<<num_rows, 256, 0, ctx->stream>>>(DI_PTR(int, out), DI_PTR(const float, logits), vocab);
+	return di_check_launch(ctx, "argmax");
+}

@@ -369,3 +369,51 @@ func packMasks(raw []byte, rows []kernels.SampleRow, words int) {
 		m++
 	}
 }
+
+// Argmax implements kernels.Argmaxer on the device (one block a row).
+func (b *Backend) Argmax(out, logits kernels.Tensor) error {
+	const op = "argmax"
+	o, err := asCUDA(op, "out", out)
+	if err != nil {
+		return err
+	}
+	l, err := asCUDA(op, "logits", logits)
+	if err != nil {
+		return err
+	}
+	rows, vocab, err := kernels.CheckArgmax("cuda", o, l)
+	if err != nil {
+		return err
+	}
+	return b.launch(op, func() C.int {
+		return C.c_argmax(b.lib.api, b.ctx, o.ptr(), l.ptr(), C.int(rows), C.int(vocab))
+	}, o, l)
+}
+
+// FetchI32Async implements kernels.AsyncFetcher with pinned buffers and
+// events of its own (the sampler's two are not shared).
+func (b *Backend) FetchI32Async(t kernels.Tensor) (func() ([]int32, error), error) {
+	const op = "fetch"
+	src, err := asCUDA(op, "t", t)
+	if err != nil {
+		return nil, err
+	}
+	if src.DType() != kernels.I32 {
+		return nil, fmt.Errorf("cuda: fetch: %v is not I32: %w", src, kernels.ErrDType)
+	}
+	n := kernels.NumElements(src)
+	if n == 0 {
+		return func() ([]int32, error) { return []int32{}, nil }, nil
+	}
+	slot, err := b.i32Fetches.start(b, src, 4*n)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: fetch: %w", err)
+	}
+	return func() ([]int32, error) {
+		got, err := b.i32Fetches.wait(b, slot)
+		if err != nil {
+			return nil, fmt.Errorf("cuda: fetch: %w", err)
+		}
+		return got, nil
+	}, nil
+}
