@@ -54,6 +54,10 @@ func NewRootCommand(reg *pipeline.Registry) *cobra.Command {
 		Version:       version(),
 	}
 	root.SetVersionTemplate("deepinfer {{.Version}}\n")
+	prof := &hostProfile{}
+	prof.addFlags(root)
+	root.PersistentPreRunE = func(*cobra.Command, []string) error { return prof.start() }
+	root.PersistentPostRunE = func(*cobra.Command, []string) error { return prof.stop() }
 	root.AddCommand(newGraphCmd(reg), newGenerateCmd(reg), newEvalCmd(reg), newServeCmd(reg), newBenchCmd(reg))
 	return root
 }
