@@ -361,15 +361,22 @@ func (d *DSpark) block(hidden kernels.Tensor, rows, last []int32) (kernels.Tenso
 // correct runs the Markov correction, the shared LM head and the
 // confidence head position by position (each needs the draft before it),
 // filling out; it stops after a position at which every sequence's
-// cumulative confidence is below stopBelow.
+// cumulative confidence is below stopBelow. On a backend that computes
+// asynchronously (kernels.AsyncFetcher: a GPU) each position's argmax
+// feeds the next position on the device and the tokens and confidences
+// come back in one read after all n positions, instead of two reads a
+// position; the same positions are kept, so the drafts are the same. On
+// the others a position's results are read at once, which lets the early
+// stop skip the positions after it.
 func (d *DSpark) correct(ctx context.Context, x kernels.Tensor, last []int32, n int, stopBelow float64, out *DSparkDrafts) error {
 	ops, cfg := d.ops, &d.cfg
 	b, h, r, c := len(last), cfg.HiddenSize, cfg.MarkovRank, cfg.ConfidenceHiddenSize
+	_, chained := ops.(kernels.AsyncFetcher)
 	s := newScratch(ops)
 	m, md := s.get("dspark.m", b, cfg.TargetHiddenSize), s.get("dspark.md", b, 2*r)
 	ma, g := s.get("dspark.ma", b, r), s.get("dspark.g", b, h)
 	gn, f1 := s.get("dspark.gn", b, h), s.get("dspark.f1", b, 2*c)
-	fa, z := s.get("dspark.fa", b, c), s.get("dspark.z", b, 1)
+	fa := s.get("dspark.fa", b, c)
 	if s.err != nil {
 		return s.err
 	}
@@ -377,20 +384,51 @@ func (d *DSpark) correct(ctx context.Context, x kernels.Tensor, last []int32, n 
 	if err != nil {
 		return err
 	}
-	prev := slices.Clone(last)
+	// tokens [n+1, b]: the last tokens, then each position's drafts; z [n,
+	// b]: each position's confidence logits.
+	tokens, err := kernels.FromI32(ops, append(slices.Clone(last), make([]int32, n*b)...), (n+1)*b)
+	if err != nil {
+		return err
+	}
+	z, err := ops.Alloc(kernels.F32, n*b, 1)
+	if err != nil {
+		return err
+	}
 	cum := make([]float64, b)
 	for i := range cum {
 		cum[i] = 1
+	}
+	// take turns position j's tokens and confidence logits into drafts and
+	// reports whether a sequence's cumulative confidence still clears
+	// stopBelow.
+	take := func(j int, ids []int32, zs []float32) bool {
+		live := false
+		for i := range b {
+			p := 1 / (1 + math.Exp(-(cfg.ConfidenceScale*float64(zs[i]) + cfg.ConfidenceBias)))
+			out.Tokens[i] = append(out.Tokens[i], int(ids[i]))
+			out.Confidence[i] = append(out.Confidence[i], p)
+			cum[i] *= p
+			live = live || cum[i] >= stopBelow
+		}
+		return live
 	}
 	for j := range n {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		ids, err := kernels.FromI32(ops, prev, b)
+		ids, err := ops.Rows(tokens, j*b, (j+1)*b)
+		if err != nil {
+			return err
+		}
+		next, err := ops.Rows(tokens, (j+1)*b, (j+2)*b)
 		if err != nil {
 			return err
 		}
 		xj, err := ops.Rows(x, j*b, (j+1)*b)
+		if err != nil {
+			return err
+		}
+		zj, err := ops.Rows(z, j*b, (j+1)*b)
 		if err != nil {
 			return err
 		}
@@ -404,31 +442,42 @@ func (d *DSpark) correct(ctx context.Context, x kernels.Tensor, last []int32, n 
 			func() error { return ops.RMSNorm(gn, g, d.confNorm, d.eps) },
 			func() error { return ops.Linear(f1, gn, d.confFC1, nil) },
 			func() error { return ops.SiLUMul(fa, f1) },
-			func() error { return ops.Linear(z, fa, d.confFC2, d.confBias) },
+			func() error { return ops.Linear(zj, fa, d.confFC2, d.confBias) },
+			func() error { return kernels.ArgmaxInto(ops, next, logits) },
 		}
 		for _, f := range steps {
 			if err := f(); err != nil {
 				return fmt.Errorf("position %d: %w", j, err)
 			}
 		}
-		tokens, err := argmaxRows(ops, logits, b)
+		if chained {
+			continue
+		}
+		got, err := kernels.ToI32(ops, next)
 		if err != nil {
 			return fmt.Errorf("position %d: %w", j, err)
 		}
-		zs, err := kernels.ToF32(ops, z)
+		zs, err := kernels.ToF32(ops, zj)
 		if err != nil {
 			return fmt.Errorf("position %d: %w", j, err)
 		}
-		live := false
-		for i, t := range tokens {
-			p := 1 / (1 + math.Exp(-(cfg.ConfidenceScale*float64(zs[i]) + cfg.ConfidenceBias)))
-			out.Tokens[i] = append(out.Tokens[i], t)
-			out.Confidence[i] = append(out.Confidence[i], p)
-			prev[i] = int32(t)
-			cum[i] *= p
-			live = live || cum[i] >= stopBelow
+		if !take(j, got, zs) {
+			return nil
 		}
-		if !live {
+	}
+	if !chained {
+		return nil
+	}
+	all, err := kernels.ToI32(ops, tokens)
+	if err != nil {
+		return err
+	}
+	zs, err := kernels.ToF32(ops, z)
+	if err != nil {
+		return err
+	}
+	for j := range n {
+		if !take(j, all[(j+1)*b:(j+2)*b], zs[j*b:(j+1)*b]) {
 			break
 		}
 	}

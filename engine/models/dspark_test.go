@@ -296,3 +296,38 @@ func mustOpen(t testing.TB, path string) *weights.File {
 	t.Cleanup(func() { f.Close() })
 	return f
 }
+
+// chainedOps is a backend that says it computes asynchronously
+// (kernels.AsyncFetcher), so that DSpark chains its positions on the
+// "device" and reads them once at the end.
+type chainedOps struct{ kernels.Ops }
+
+func (c chainedOps) FetchI32Async(t kernels.Tensor) (func() ([]int32, error), error) {
+	got, err := kernels.ToI32(c.Ops, t)
+	return func() ([]int32, error) { return got, err }, nil
+}
+
+// Chaining the Markov positions on the device with one read at the end
+// drafts what reading each position at once drafts, early stop included.
+func TestDSparkChainedPositions(t *testing.T) {
+	seqs, plen := dsparkPrompts(t)
+	seqs = seqs[:2]
+	d, hidden, offsets := dsparkSetup(t, seqs)
+	rows := []int32{int32(offsets[0] + plen - 1), int32(offsets[1] + plen + 9)}
+	last := []int32{seqs[0][plen], seqs[1][plen+10]}
+	for _, c := range []float64{0, 0.5, 0.95} {
+		want, err := d.Draft(context.Background(), hidden, rows, last, d.BlockSize(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		chained := *d
+		chained.ops = chainedOps{d.ops}
+		got, err := chained.Draft(context.Background(), hidden, rows, last, d.BlockSize(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("stop below %g: chained %v %v, read each position %v %v", c, got.Tokens, got.Confidence, want.Tokens, want.Confidence)
+		}
+	}
+}
