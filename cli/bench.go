@@ -63,9 +63,18 @@ func newBenchCmd(reg *pipeline.Registry) *cobra.Command {
 			"from a fresh matcher, one timed mask per token of its text until a token is refused; a valid\n" +
 			"instance refused is a validation error, an invalid one accepted an invalidation error. It reports\n" +
 			"the files by outcome (passing, compile errors, timeouts past --timeout, validation and\n" +
-			"invalidation errors) and the TTFM and time-per-mask percentiles in microseconds.",
+			"invalidation errors) and the TTFM and time-per-mask percentiles in microseconds.\n" +
+			"bench --mode memory prints the KV memory a sequence of Gemma 3 and gpt-oss shapes takes at 8k and\n" +
+			"32k tokens with their sliding-window layers in ring buffers and all paged, and how many 8k\n" +
+			"sequences fit at once on an H200 each way (the engine's memory-plan arithmetic; no model is loaded).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if bf.mode == "memory" { // no engine: the memory plan's arithmetic over published shapes
+				out := cmd.OutOrStdout()
+				fmt.Fprintf(out, "KV memory per sequence (BF16 caches, blocks of 16) and concurrent 8k sequences on an H200 (%d GiB less the weights):\n", llm.H200Bytes>>30)
+				llm.PrintWindowKVFigures(out, llm.WindowKVFigures(llm.WindowModelShapes, llm.H200Bytes, 16))
+				return nil
+			}
 			opts, err := bf.options(cmd, time.Now())
 			if err != nil {
 				return err
@@ -258,7 +267,7 @@ var benchMetrics = map[string]string{"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL
 func (f *benchFlags) register(cmd *cobra.Command) {
 	def := bench.DefaultOffline()
 	fl := cmd.Flags()
-	fl.StringVar(&f.mode, "mode", "offline", "offline (engine in this process, as vllm bench throughput), serve (a running server, as vllm bench serve) or grammar (MaskBench's JSON Schema mask benchmark)")
+	fl.StringVar(&f.mode, "mode", "offline", "offline (engine in this process, as vllm bench throughput), serve (a running server, as vllm bench serve), grammar (MaskBench's JSON Schema mask benchmark) or memory (KV memory of sliding-window models, rings vs paged)")
 	fl.IntVar(&f.numPrompts, "num-prompts", 0, fmt.Sprintf("number of requests; default: %d offline (text workloads %d), %d serve", def.NumSeqs, bench.DefaultTextOffline(bench.WorkloadProse).NumSeqs, benchServeNumPrompts))
 	fl.IntVar(&f.inputLen, "random-input-len", 0, fmt.Sprintf("random prompt length in tokens (words for chat); default: %d serve, --min-input-len..--max-input-len offline", benchServeInputLen))
 	fl.IntVar(&f.outputLen, "random-output-len", 0, fmt.Sprintf("max_tokens of every request (ignore_eos); default: %d serve, --min-output-len..--max-output-len offline", benchServeOutputLen))

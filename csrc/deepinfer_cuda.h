@@ -254,6 +254,23 @@ typedef struct di_qkv {
 	float eps;
 } di_qkv;
 
+/* FP8 E4M3 weights with float32 block scales (kernels.FP8Weighter): element
+ * (r, c) of a [rows, k] matrix is e4m3(data[r * k + c]) * scales[scale_row[r]
+ * * scale_cols + c / block_k]. Stacked experts [experts, n, k] are rows =
+ * experts * n, expert e's matrix starting at row e * n. data: E4M3 bytes,
+ * 16-byte aligned, k a multiple of 16; scales F32; scale_row I32 [rows]. */
+typedef struct di_fp8_weight {
+	di_dptr data, scales, scale_row;
+	int scale_cols; /* ceil(k / block_k) */
+	int block_k;    /* a power of two >= 16 (128 in the published checkpoints) */
+} di_fp8_weight;
+
+/* Which kernels an FP8 linear or MoE takes: AUTO (the library's choice),
+ * GEMV (float32 activations, CUDA cores) or GEMM (activations quantized per
+ * row and 128 columns, tensor cores; needs block_k >= 128). The paths differ
+ * in the activations' rounding. */
+enum di_fp8_path { DI_FP8_AUTO = 0, DI_FP8_GEMV = 1, DI_FP8_GEMM = 2 };
+
 typedef struct di_api {
 	uint32_t abi_version;
 	uint32_t size; /* sizeof(di_api) as the library sees it */
@@ -418,11 +435,93 @@ typedef struct di_api {
 	 * unchanged and sets DI_CHECK_SAMPLE. */
 	int (*token_mask)(di_ctx *ctx, di_dptr logits, int num_rows, int vocab, di_dptr mask_rows, di_dptr masks,
 	                  int num_masks);
+
 	/* argmax (greedy drafts chained on the device): out[r] = the id of the
 	 * largest of logits row r (F32 [num_rows, vocab]), the lowest id on
 	 * ties; NaN entries never win; a row with no number above -Inf gives 0.
 	 * out: I32 [num_rows]. */
 	int (*argmax)(di_ctx *ctx, di_dptr out, di_dptr logits, int num_rows, int vocab);
+	/* --- sliding-window ring buffers, attention sinks, Gemma and gpt-oss
+	 * operations (kernels.RingAttentioner, AttentionSinker, GemmaOpser,
+	 * BiasedMoEer) --- */
+	/* attention_sinks: attention with per-head sink logits (sinks: F32
+	 * [num_heads], 0: none) that join each row's softmax denominator and
+	 * add no value. */
+	int (*attention_sinks)(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr q, di_dptr k_cache, di_dptr v_cache,
+	                       const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
+	                       int sliding_window, int input_dtype, int cache_dtype, di_dptr sinks);
+	/* ring_attention: attention of a sliding-window layer whose history is
+	 * in ring buffers k_ring and v_ring (cache_dtype, [num_slots, window,
+	 * num_kv_heads head_dim]; position p of the sequence in slot s at row
+	 * s*window + p%window), the step's keys and values in k and v (F32
+	 * [num_tokens, num_kv_heads head_dim], not yet in the ring). slots: I32
+	 * [num_seqs]. m: cu_seqlens_q, seqlens_k, num_seqs, num_tokens and
+	 * max_seqlen_q are read; the block fields are not. max_seqlen_k bounds
+	 * seqlens_k. Decode rows' keys and values are written into their ring
+	 * rows (as write_cache would write them). sinks as attention_sinks.
+	 * Capturable. */
+	int (*ring_attention)(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr q, di_dptr k, di_dptr v, di_dptr k_ring,
+	                      di_dptr v_ring, di_dptr slots, int num_slots, const di_attn_meta *m, int max_seqlen_k,
+	                      int num_heads, int num_kv_heads, int head_dim, float scale, int window, int input_dtype,
+	                      int cache_dtype, di_dptr sinks);
+	/* scale: out[i] = x[i] * s over n float32 values (out may be x). */
+	int (*scale)(di_ctx *ctx, di_dptr out, di_dptr x, uint64_t n, float s);
+	/* gelu_tanh_mul: out[r, j] = gelu_tanh(gate_up[r, j]) * gate_up[r, n + j]. */
+	int (*gelu_tanh_mul)(di_ctx *ctx, di_dptr out, di_dptr gate_up, int rows, int n);
+	/* softcap: x[i] = c * tanh(x[i] / c) over n float32 values. */
+	int (*softcap)(di_ctx *ctx, di_dptr x, uint64_t n, float c);
+	/* moe_clamped_swiglu: moe with biases (gate_up_bias F32 [num_experts,
+	 * 2 inter], down_bias F32 [num_experts, hidden]) and gpt-oss's clamped
+	 * SwiGLU: g' = min(g, limit), u' = clamp(u, -limit, limit), act = (u' +
+	 * 1) g' sigmoid(alpha g'). Grouped on the device (no host wait, so
+	 * capturable), in token chunks of at most 1024 (token, k) pairs. */
+	int (*moe_clamped_swiglu)(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
+	                          di_dptr gate_up_bias, di_dptr down, di_dptr down_bias, int w_dtype, int num_tokens,
+	                          int top_k, int hidden, int inter, int num_experts, float limit, float alpha);
+	/* --- FP8 block-scaled weights (di_fp8_weight; kernels.FP8Weighter) --- */
+	/* fp8_linear: out[m, n] (F32) = x[m, k] (F32) w^T (+ bias F32 [n]). GEMV
+	 * up to 8 rows (AUTO), else the tensor-core GEMM where block_k >= 128;
+	 * either way a row's bits do not depend on the other rows. */
+	int (*fp8_linear)(di_ctx *ctx, di_dptr out, di_dptr x, const di_fp8_weight *w, di_dptr bias, int m, int n,
+	                  int k, int path);
+	/* fp8_moe: moe with FP8 expert weights (gate_up [experts, 2 inter,
+	 * hidden], down [experts, hidden, inter]). Up to 1024 (token, k) pairs,
+	 * and always while capturing, grouped on the device with the GEMV (no
+	 * host wait); larger batches (AUTO) group on the host (one small copy and
+	 * a wait) and run the GEMM per expert. */
+	int (*fp8_moe)(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, const di_fp8_weight *gate_up,
+	               const di_fp8_weight *down, int num_tokens, int top_k, int hidden, int inter, int num_experts,
+	               int path);
+	/* fp8_dequant: out[rows, k] (F32) = the weight's values. */
+	int (*fp8_dequant)(di_ctx *ctx, di_dptr out, const di_fp8_weight *w, int rows, int k);
+	/* --- MLA over 16- and 8-bit latent caches on tensor cores
+	 * (kernels/cuda/attention_mla_tc.cu; kernels.MLACacher) --- */
+	/* mla_write_cache: row slot_mapping[t] (-1: skip) of cache ([num_slots]
+	 * rows) gets ckv[t] (F32 [num_tokens, kvl]) and kpe[t] (F32
+	 * [num_tokens, rope]): cache_dtype DI_F32, DI_F16 or DI_BF16 rows of kvl
+	 * + rope elements, rounded to nearest; DI_F8E4M3 the packed row of
+	 * kernels.MLAF8RowBytes(kvl, rope) bytes: kvl E4M3 values, each group
+	 * of 128 divided by its float32 scale (amax / 448; 1 for zeros), the
+	 * rope part as F16, then the scales. A slot past the cache sets
+	 * DI_CHECK_WRITE_CACHE. */
+	int (*mla_write_cache)(di_ctx *ctx, di_dptr cache, int cache_dtype, di_dptr ckv, di_dptr kpe,
+	                       di_dptr slot_mapping, int num_tokens, int kvl, int rope, int num_slots);
+	/* mla_attention_tc: mla_attention over a cache of cache_dtype DI_F16,
+	 * DI_BF16 or DI_F8E4M3 (written by mla_write_cache), for kv_lora_rank
+	 * 128 or 512 and rope_dim 16 to 64 in steps of 16; DI_ERR_UNSUPPORTED
+	 * otherwise. The absorbed queries and the probabilities are rounded to
+	 * half (BF16 for a BF16 cache), float32 accumulation; a row's bits
+	 * depend on its own keys only. */
+	int (*mla_attention_tc)(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, int cache_dtype, di_dptr wkvb,
+	                        int w_dtype, const di_attn_meta *m, int num_heads, int nope_dim, int rope_dim,
+	                        int kv_lora_rank, int v_head_dim, float scale);
+	/* mla_latent_attention: the latent half of mla_attention_tc: olat (F32
+	 * [num_tokens, num_heads, kvl]) = softmax(q_lat . cache rows) . c_kv rows
+	 * per head, with q_lat (F16, BF16 for a BF16 cache: [num_tokens,
+	 * num_heads, kvl + rope]) already absorbed and multiplied by the softmax
+	 * scale times log2(e). */
+	int (*mla_latent_attention)(di_ctx *ctx, di_dptr olat, di_dptr q_lat, di_dptr cache, int cache_dtype,
+	                            const di_attn_meta *m, int num_heads, int kvl, int rope);
 } di_api;
 
 /* di_get_api fills *out for a caller built against abi_version; it returns

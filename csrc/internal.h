@@ -202,6 +202,35 @@ int di_op_argmax(di_ctx *ctx, di_dptr out, di_dptr logits, int num_rows, int voc
 int di_op_sample(di_ctx *ctx, di_dptr out, di_dptr logits, int num_rows, int vocab, di_dptr rows,
                  di_dptr edits, int max_candidates);
 int di_op_widen(di_ctx *ctx, float *dst, const void *src, int src_dtype, size_t n);
+// FP8 block-scaled weights (kernels/cuda/fp8.cu, fp8_moe.cu).
+int di_op_fp8_linear(di_ctx *ctx, di_dptr out, di_dptr x, const di_fp8_weight *w, di_dptr bias, int m, int n, int k,
+                     int path);
+int di_op_fp8_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, const di_fp8_weight *gate_up,
+                  const di_fp8_weight *down, int num_tokens, int top_k, int hidden, int inter, int num_experts,
+                  int path);
+// MLA over 16- and 8-bit latent caches (kernels/cuda/attention_mla_tc.cu).
+int di_op_mla_write_cache(di_ctx *ctx, di_dptr cache, int cache_dtype, di_dptr ckv, di_dptr kpe,
+                          di_dptr slot_mapping, int num_tokens, int kvl, int rope, int num_slots);
+int di_op_mla_attention_tc(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, int cache_dtype, di_dptr wkvb,
+                           int w_dtype, const di_attn_meta *m, int num_heads, int nope_dim, int rope_dim,
+                           int kv_lora_rank, int v_head_dim, float scale);
+int di_op_mla_latent_attention(di_ctx *ctx, di_dptr olat, di_dptr q_lat, di_dptr cache, int cache_dtype,
+                               const di_attn_meta *m, int num_heads, int kvl, int rope);
+int di_op_fp8_dequant(di_ctx *ctx, di_dptr out, const di_fp8_weight *w, int rows, int k);
+// Sliding-window rings, attention sinks, Gemma and gpt-oss operations.
+int di_op_attention_sinks(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr q, di_dptr k_cache, di_dptr v_cache,
+                          const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
+                          int sliding_window, int input_dtype, int cache_dtype, di_dptr sinks);
+int di_op_ring_attention(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr q, di_dptr k, di_dptr v, di_dptr k_ring,
+                         di_dptr v_ring, di_dptr slots, int num_slots, const di_attn_meta *m, int max_seqlen_k,
+                         int num_heads, int num_kv_heads, int head_dim, float scale, int window, int input_dtype,
+                         int cache_dtype, di_dptr sinks);
+int di_op_scale(di_ctx *ctx, di_dptr out, di_dptr x, uint64_t n, float s);
+int di_op_gelu_tanh_mul(di_ctx *ctx, di_dptr out, di_dptr gate_up, int rows, int n);
+int di_op_softcap(di_ctx *ctx, di_dptr x, uint64_t n, float c);
+int di_op_moe_clamped_swiglu(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
+                             di_dptr gate_up_bias, di_dptr down, di_dptr down_bias, int w_dtype, int num_tokens,
+                             int top_k, int hidden, int inter, int num_experts, float limit, float alpha);
 // di_add_into computes out[i] += a[i] (+ bias[i % n] when bias is set) over
 // rows*n elements.
 int di_add_into(di_ctx *ctx, float *out, const float *a, const float *bias, size_t rows, int n);

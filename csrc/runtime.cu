@@ -697,5 +697,20 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->shift_accepted = di_op_shift_accepted;
 	out->token_mask = di_op_token_mask;
 	out->argmax = di_op_argmax;
+	/* sliding-window rings, attention sinks, Gemma and gpt-oss operations */
+	out->attention_sinks = di_op_attention_sinks;
+	out->ring_attention = di_op_ring_attention;
+	out->scale = di_op_scale;
+	out->gelu_tanh_mul = di_op_gelu_tanh_mul;
+	out->softcap = di_op_softcap;
+	out->moe_clamped_swiglu = di_op_moe_clamped_swiglu;
+	/* FP8 block-scaled weights */
+	out->fp8_linear = di_op_fp8_linear;
+	out->fp8_moe = di_op_fp8_moe;
+	out->fp8_dequant = di_op_fp8_dequant;
+	// MLA over 16- and 8-bit latent caches.
+	out->mla_write_cache = di_op_mla_write_cache;
+	out->mla_attention_tc = di_op_mla_attention_tc;
+	out->mla_latent_attention = di_op_mla_latent_attention;
 	return DI_OK;
 }

@@ -259,6 +259,42 @@ type KVCacheDTyper interface {
 	KVCacheDType(weights DType) DType
 }
 
+// MLACacher is implemented by backends that can keep an MLA model's latent
+// cache in a narrower type than their activations; the model then writes
+// it with WriteMLACache (instead of two WriteCache calls) and MLAAttention
+// reads it.
+type MLACacher interface {
+	// MLACacheLayout returns the element type and the row width, in
+	// elements, of the latent cache [num_blocks, block_size, width] for a
+	// model whose weights are of type weights: (F32, KVLoraRank+RopeDim)
+	// for the activations' layout, (F16 or BF16, KVLoraRank+RopeDim), or
+	// (F8E4M3, MLAF8RowBytes(KVLoraRank, RopeDim)) for the packed 8-bit
+	// row.
+	MLACacheLayout(weights DType, p MLAParams) (DType, int)
+	// WriteMLACache stores c_kv [T, KVLoraRank] and k_pe [T, RopeDim] (F32)
+	// into the rows of cache given by slotMapping (I32 [T]; -1 skips the
+	// row), in the cache's layout: F32, F16 and BF16 rows hold [c_kv k_pe]
+	// rounded to nearest; an F8E4M3 row is packed as MLAF8RowBytes says. A
+	// slot outside the cache is ErrOutOfRange on backends that check it
+	// cheaply. Cost: T*(KVLoraRank+RopeDim) element writes.
+	WriteMLACache(cache, ckv, kpe, slotMapping Tensor, p MLAParams) error
+}
+
+// MLAF8Group is the number of latent columns that share one scale in the
+// packed 8-bit MLA row.
+const MLAF8Group = 128
+
+// MLAF8RowBytes is the size of the packed 8-bit MLA cache row (FlashMLA's
+// FP8 layout): kvLoraRank E4M3 values, group g of MLAF8Group of them
+// holding x / scale_g, with scale_g = max|x| over the group / 448 (1 for a
+// group of zeros); ropeDim F16 values of k_pe; the kvLoraRank/MLAF8Group
+// scales as F32; zero padding to a multiple of 16 bytes. 656 bytes for
+// DeepSeek's 512 + 64. kvLoraRank must be a multiple of MLAF8Group and
+// ropeDim of 8.
+func MLAF8RowBytes(kvLoraRank, ropeDim int) int {
+	return (kvLoraRank + 2*ropeDim + 4*(kvLoraRank/MLAF8Group) + 15) / 16 * 16
+}
+
 // LinearInputer is implemented by backends whose Linear (and GatedMLP)
 // round a float32 x to a 16-bit type before multiplying, at some row
 // counts. LinearInputDType returns that type for a call of rows rows with
@@ -397,6 +433,9 @@ func (p RouteParams) Validate(numExperts int) error {
 // read. After the call the caller writes the step's keys and values into
 // the ring with WriteCache through a slot mapping that wraps (RingSlots):
 // a row whose position will be overwritten within the same step is -1.
+// A backend may write a decode row's key and value into its ring row
+// itself during the call (the row and the values that WriteCache writes
+// afterwards); nothing else of the rings changes.
 // The result is the bits Attention gives for the same keys in paged
 // blocks with SlidingWindow = window. Cost: that of Attention.
 type RingAttentioner interface {

@@ -101,9 +101,11 @@ func RouteShapes(backend string, ids, weights, logits, bias Tensor, p RouteParam
 }
 
 // MLAShapes checks MLAAttention's arguments against p: q F32 [t,
-// heads*(nope+rope)], out F32 [t, heads*v], cache F32 [blocks, block_size,
-// kv_lora+rope], wkvb [heads*(nope+v), kv_lora] in a float dtype.
-func MLAShapes(backend string, out, q, cache, wkvb Tensor, p MLAParams) (t int, err error) {
+// heads*(nope+rope)], out F32 [t, heads*v], cache [blocks, block_size,
+// kv_lora+rope] of F32 or one of cacheTypes (an F8E4M3 cache's rows are
+// MLAF8RowBytes(kv_lora, rope) wide), wkvb [heads*(nope+v), kv_lora] in a
+// float dtype.
+func MLAShapes(backend string, out, q, cache, wkvb Tensor, p MLAParams, cacheTypes ...DType) (t int, err error) {
 	const op = "mla_attention"
 	if p.NumHeads <= 0 || p.NopeDim <= 0 || p.RopeDim <= 0 || p.KVLoraRank <= 0 || p.VHeadDim <= 0 {
 		return 0, fmt.Errorf("%s: %s: params %+v: %w", backend, op, p, ErrShape)
@@ -116,7 +118,11 @@ func MLAShapes(backend string, out, q, cache, wkvb Tensor, p MLAParams) (t int, 
 	if err = CheckShape(backend, op, "out", out, []int{t, nh * vd}, F32); err != nil {
 		return
 	}
-	if err = CheckShape(backend, op, "cache", cache, []int{-1, -1, kvl + rope}, F32); err != nil {
+	width := kvl + rope
+	if present(cache) && cache.DType() == F8E4M3 {
+		width = MLAF8RowBytes(kvl, rope)
+	}
+	if err = CheckShape(backend, op, "cache", cache, []int{-1, -1, width}, append([]DType{F32}, cacheTypes...)...); err != nil {
 		return
 	}
 	err = CheckShape(backend, op, "wkvb", wkvb, []int{nh * (nope + vd), kvl}, weightTypes(wkvb)...)

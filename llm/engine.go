@@ -292,16 +292,17 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 
 // checkKVCacheDType reports, wrapping config.ErrInvalid, a cache whose
 // element type is not the one cache.kv_cache_dtype asked for: both backends
-// honour fp8 for GQA models, while MLA models keep their latent cache (and
-// a backend that could not keep a cache in 8 bits would keep its own type
-// rather than fail). Auto accepts any type.
+// honour fp8 for GQA models, the CUDA backend also for MLA models of
+// kv_lora_rank 128 or 512 (DeepSeek's), while other MLA models keep their
+// latent cache (and a backend that could not keep a cache in 8 bits would
+// keep its own type rather than fail). Auto accepts any type.
 func checkKVCacheDType(c config.Cache, spec models.KVCacheSpec) error {
 	want := c.KVDType()
 	if want == 0 || spec.DType == want {
 		return nil
 	}
 	return fmt.Errorf("llm: %w: cache.kv_cache_dtype %s asks for %v KV caches, but the model's %s cache got %v: "+
-		"fp8 needs a GQA model (MLA models such as DeepSeek keep their latent cache); use kv_cache_dtype: auto otherwise",
+		"fp8 needs a GQA model, or an MLA model of DeepSeek's latent sizes on the CUDA backend (MLA models such as DeepSeek keep their latent cache on the CPU backend); use kv_cache_dtype: auto otherwise",
 		config.ErrInvalid, c.KVCacheDType, want, spec.Layout, spec.DType)
 }
 

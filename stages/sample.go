@@ -178,22 +178,26 @@ func hostLogits(ops kernels.Ops, res *ForwardResult, buf *[]float32) ([][]float3
 // their host copy arrives, so the next step's forward pass (which resolves
 // its placeholders from them on the device) is queued behind the sampling
 // while this stage waits for the copy: the device does not idle between
-// the two passes for the host's round trip.
+// the two passes for the host's round trip. Without early publishing (a
+// speculative step loop: the draft stage feeds the next pass) the async
+// path still waits for the copy alone, with the backend free for the other
+// stages' work meanwhile.
 func sampleOnDevice(d SampleDeps, early func(*SampledStep), dev kernels.DeviceSampler, res *ForwardResult, rows []kernels.SampleRow, timer *sampleTimer) (*SampledStep, error) {
 	var (
 		tokens kernels.Tensor
 		host   []int32
 		err    error
 	)
-	if a, ok := dev.(kernels.AsyncDeviceSampler); ok && early != nil {
+	if a, ok := dev.(kernels.AsyncDeviceSampler); ok {
 		var fetch func() ([]int32, error)
 		timed := timer.begin(d)
 		if tokens, fetch, err = a.SampleTokensAsync(res.Logits, rows); err == nil {
 			if timed {
 				timer.end()
 			}
-			// The next forward pass can queue behind the sampling now.
-			early(&SampledStep{ForwardResult: res, Tokens: tokens})
+			if early != nil { // the next forward pass can queue behind the sampling now
+				early(&SampledStep{ForwardResult: res, Tokens: tokens})
+			}
 			if host, err = fetch(); err == nil && timed {
 				o := res.Outputs
 				timer.read(d, o.NumPrefillTokens == 0 && o.NumDecodeTokens > 0)

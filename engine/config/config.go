@@ -79,8 +79,10 @@ type Cache struct {
 	NumStateSlots  int     `yaml:"num_state_slots"` // 0 = max_num_seqs
 	// KVCacheDType is the element type of the K and V caches: "auto" (or
 	// empty) keeps the backend's choice; "fp8" or "fp8_e4m3" stores them in
-	// OCP FP8 E4M3 (lossy, a quarter of float32's bytes; either backend,
-	// GQA models only: MLA models keep their latent cache).
+	// OCP FP8 E4M3 (lossy, a quarter of float32's bytes; either backend
+	// for GQA models; MLA models of kv_lora_rank 128 or 512 on the CUDA
+	// backend, as packed rows with a scale per 128 latent values; other
+	// MLA models keep their latent cache).
 	KVCacheDType string `yaml:"kv_cache_dtype"`
 	// SlidingWindowPaged is a debug switch for models whose sliding-window
 	// layers keep their keys and values in per-sequence ring buffers of

@@ -210,9 +210,16 @@ func (m *deepseek) loadExperts(l *loader, prefix string, e, h, inter int) (kerne
 	return loadExpertParts(l, prefix, e, h, inter, "gate_proj", "up_proj", "down_proj")
 }
 
+// KVCacheSpec: the latent cache is in the activations' type, or where the
+// backend narrows latent caches (kernels.MLACacher) in the type and row
+// width it picks for the weights' type (16-bit, or 8-bit rows under
+// cache.kv_cache_dtype fp8).
 func (m *deepseek) KVCacheSpec() KVCacheSpec {
-	return KVCacheSpec{Layout: KVLayoutMLA, NumLayers: len(m.layers), Width: m.dims.KVLoraRank + m.dims.RopeDim,
-		DType: m.ops.ActivationDType()}
+	dt, width := m.ops.ActivationDType(), m.dims.KVLoraRank+m.dims.RopeDim
+	if mc, ok := m.ops.(kernels.MLACacher); ok && len(m.layers) > 0 {
+		dt, width = mc.MLACacheLayout(computeDType(m.layers[0].attn.o.DType()), m.dims)
+	}
+	return KVCacheSpec{Layout: KVLayoutMLA, NumLayers: len(m.layers), Width: width, DType: dt}
 }
 
 func (m *deepseek) NewKVCache(numBlocks, blockSize int) (*KVCache, error) {
@@ -310,11 +317,18 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 	if err := ops.RoPE(kpe, b.Positions, m.rope.cos, m.rope.sin, rp); err != nil {
 		return err
 	}
-	if err := ops.WriteCache(cache, ckv, b.Attn.SlotMapping, 0); err != nil {
-		return err
-	}
-	if err := ops.WriteCache(cache, kpe, b.Attn.SlotMapping, d.KVLoraRank); err != nil {
-		return err
+	if mc, ok := ops.(kernels.MLACacher); ok && cache.DType() != ops.ActivationDType() {
+		// A narrowed latent cache: the backend's writer rounds or packs the row.
+		if err := mc.WriteMLACache(cache, ckv, kpe, b.Attn.SlotMapping, d); err != nil {
+			return err
+		}
+	} else {
+		if err := ops.WriteCache(cache, ckv, b.Attn.SlotMapping, 0); err != nil {
+			return err
+		}
+		if err := ops.WriteCache(cache, kpe, b.Attn.SlotMapping, d.KVLoraRank); err != nil {
+			return err
+		}
 	}
 	if err := ops.MLAAttention(attn, q, cache, w.kvB, &b.Attn, d); err != nil {
 		return err

@@ -204,9 +204,16 @@ func (c *KVCache) AllocStateSlots(ops kernels.Ops, numSlots int) error {
 	return nil
 }
 
+// rectCopier is a backend's device-to-device copy of a 2-D tensor into the
+// top-left corner of another (the CUDA backend's CopyRect).
+type rectCopier interface {
+	CopyRect(dst, src kernels.Tensor) error
+}
+
 // CopyStateSlots copies the state of slot src[i] into slot dst[i] in every
-// ring layer (a forked sequence starts from its parent's state), through
-// the host. Cost: 2 * RingLayers * RingWindow * Width elements a copy.
+// ring layer (a forked sequence starts from its parent's state): on the
+// device where the backend has a device copy (CopyRect), else through the
+// host. Cost: 2 * RingLayers * RingWindow * Width elements a copy.
 func (c *KVCache) CopyStateSlots(ops kernels.Ops, src, dst []int) error {
 	if len(src) != len(dst) {
 		return fmt.Errorf("models: state copies: %d sources, %d destinations: %w", len(src), len(dst), ErrBatch)
@@ -229,6 +236,12 @@ func (c *KVCache) CopyStateSlots(ops kernels.Ops, src, dst []int) error {
 				if err != nil {
 					return err
 				}
+				if rc, ok := ops.(rectCopier); ok {
+					if err := copySlotOnDevice(ops, rc, to, from); err != nil {
+						return err
+					}
+					continue
+				}
 				n := kernels.NumElements(from) * from.DType().Size()
 				if cap(buf) < n {
 					buf = make([]byte, n)
@@ -243,6 +256,21 @@ func (c *KVCache) CopyStateSlots(ops kernels.Ops, src, dst []int) error {
 		}
 	}
 	return nil
+}
+
+// copySlotOnDevice copies one state slot's view [1, window, width] into
+// another on the device.
+func copySlotOnDevice(ops kernels.Ops, rc rectCopier, to, from kernels.Tensor) error {
+	sh := from.Shape()
+	f, err := ops.Reshape(from, sh[1], sh[2])
+	if err != nil {
+		return err
+	}
+	d, err := ops.Reshape(to, sh[1], sh[2])
+	if err != nil {
+		return err
+	}
+	return rc.CopyRect(d, f)
 }
 
 // NewKVCache allocates a zeroed cache for spec on ops.

@@ -134,4 +134,54 @@ static inline int c_sample(di_api *a, di_ctx *c, di_dptr out, di_dptr logits, in
 	return a->sample(c, out, logits, r, vocab, rows, edits, max_candidates);
 }
 
+// Sliding-window rings, attention sinks, Gemma and gpt-oss operations.
+static inline int c_attention_sinks(di_api *a, di_ctx *c, di_dptr out, int odt, di_dptr q, di_dptr k, di_dptr v, di_attn_meta *m,
+                                    int nh, int nkv, int hd, float scale, int window, int input_dtype, int cache_dtype,
+                                    di_dptr sinks) {
+	return a->attention_sinks(c, out, odt, q, k, v, m, nh, nkv, hd, scale, window, input_dtype, cache_dtype, sinks);
+}
+static inline int c_ring_attention(di_api *a, di_ctx *c, di_dptr out, int odt, di_dptr q, di_dptr k, di_dptr v, di_dptr kr,
+                                   di_dptr vr, di_dptr slots, int num_slots, di_attn_meta *m, int max_k, int nh, int nkv,
+                                   int hd, float scale, int window, int input_dtype, int cache_dtype, di_dptr sinks) {
+	return a->ring_attention(c, out, odt, q, k, v, kr, vr, slots, num_slots, m, max_k, nh, nkv, hd, scale, window,
+	                         input_dtype, cache_dtype, sinks);
+}
+static inline int c_scale(di_api *a, di_ctx *c, di_dptr out, di_dptr x, uint64_t n, float s) { return a->scale(c, out, x, n, s); }
+static inline int c_gelu_tanh_mul(di_api *a, di_ctx *c, di_dptr out, di_dptr gu, int rows, int n) {
+	return a->gelu_tanh_mul(c, out, gu, rows, n);
+}
+static inline int c_softcap(di_api *a, di_ctx *c, di_dptr x, uint64_t n, float cap) { return a->softcap(c, x, n, cap); }
+static inline int c_moe_clamped_swiglu(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr ids, di_dptr w, di_dptr gu,
+                                       di_dptr gub, di_dptr dn, di_dptr dnb, int dt, int t, int k, int hidden, int inter,
+                                       int e, float limit, float alpha) {
+	return a->moe_clamped_swiglu(c, out, x, ids, w, gu, gub, dn, dnb, dt, t, k, hidden, inter, e, limit, alpha);
+}
+
+// FP8 block-scaled weights (fp8.go).
+static inline int c_fp8_linear(di_api *a, di_ctx *c, di_dptr out, di_dptr x, const di_fp8_weight *w, di_dptr bias, int m, int n,
+                               int k, int path) {
+	return a->fp8_linear(c, out, x, w, bias, m, n, k, path);
+}
+static inline int c_fp8_moe(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr ids, di_dptr w, const di_fp8_weight *gu,
+                            const di_fp8_weight *dn, int t, int k, int hidden, int inter, int e, int path) {
+	return a->fp8_moe(c, out, x, ids, w, gu, dn, t, k, hidden, inter, e, path);
+}
+static inline int c_fp8_dequant(di_api *a, di_ctx *c, di_dptr out, const di_fp8_weight *w, int rows, int k) {
+	return a->fp8_dequant(c, out, w, rows, k);
+}
+
+// MLA over 16- and 8-bit latent caches (attention_mla_tc.go).
+static inline int c_mla_write_cache(di_api *a, di_ctx *c, di_dptr cache, int cdt, di_dptr ckv, di_dptr kpe, di_dptr sm, int t,
+                                    int kvl, int rope, int slots) {
+	return a->mla_write_cache(c, cache, cdt, ckv, kpe, sm, t, kvl, rope, slots);
+}
+static inline int c_mla_attention_tc(di_api *a, di_ctx *c, di_dptr out, di_dptr q, di_dptr cache, int cdt, di_dptr w, int wdt,
+                                     di_attn_meta *m, int nh, int nope, int rope, int kvl, int vd, float scale) {
+	return a->mla_attention_tc(c, out, q, cache, cdt, w, wdt, m, nh, nope, rope, kvl, vd, scale);
+}
+static inline int c_mla_latent_attention(di_api *a, di_ctx *c, di_dptr olat, di_dptr ql, di_dptr cache, int cdt, di_attn_meta *m,
+                                         int nh, int kvl, int rope) {
+	return a->mla_latent_attention(c, olat, ql, cache, cdt, m, nh, kvl, rope);
+}
+
 #endif

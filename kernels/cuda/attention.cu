@@ -66,7 +66,7 @@ static bool attention_paths_16(const di_ctx *ctx, const di_attn_meta *m, di_dptr
 template <typename T>
 static int attention(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr q, di_dptr k_cache, di_dptr v_cache,
                      const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
-                     int sliding_window, int input_dtype) {
+                     int sliding_window, int input_dtype, const float *sinks) {
 	const int *cu = DI_PTR(const int, m->cu_seqlens_q), *sk = DI_PTR(const int, m->seqlens_k),
 	          *bt = DI_PTR(const int, m->block_tables);
 	const float *qp = DI_PTR(const float, q);
@@ -80,17 +80,18 @@ static int attention(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr q, di_dptr
 	                ((q | k_cache | v_cache) % 16 == 0) && (head_dim == 64 || head_dim == 128);
 	if (split) {
 		const int rc = di_attention_decode<T>(ctx, outp, qp, kp, vp, cu, sk, bt, m, num_heads, num_kv_heads, head_dim,
-		                                      scale, sliding_window, tc, decode_only, vec4);
+		                                      scale, sliding_window, tc, decode_only, vec4, sinks);
 		if (rc != DI_OK) return rc;
 	}
 	if (decode_only && split) return DI_OK;
 	return di_attention_prefill<T>(ctx, outp, q, qp, kp, vp, cu, sk, bt, m, num_heads, num_kv_heads, head_dim, scale,
-	                               sliding_window, tc, split, vec4);
+	                               sliding_window, tc, split, vec4, sinks);
 }
 
-extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr q, di_dptr k_cache, di_dptr v_cache,
-                               const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
-                               int sliding_window, int input_dtype, int cache_dtype) {
+// attention_op is di_op_attention with sink logits (F32 [num_heads] or null).
+static int attention_op(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr q, di_dptr k_cache, di_dptr v_cache,
+                        const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
+                        int sliding_window, int input_dtype, int cache_dtype, const float *sinks) {
 	if (m->num_tokens == 0) return DI_OK;
 	if (out_dtype != DI_F32 && out_dtype != DI_BF16 && out_dtype != DI_F16)
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "attention: out dtype %d (want F32, BF16 or F16)", out_dtype);
@@ -100,8 +101,8 @@ extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr 
 		void *tmp = nullptr;
 		int rc = di_scratch(ctx, n * sizeof(float), &tmp);
 		if (rc != DI_OK) return rc;
-		rc = di_op_attention(ctx, (di_dptr)tmp, DI_F32, q, k_cache, v_cache, m, num_heads, num_kv_heads, head_dim,
-		                     scale, sliding_window, input_dtype, cache_dtype);
+		rc = attention_op(ctx, (di_dptr)tmp, DI_F32, q, k_cache, v_cache, m, num_heads, num_kv_heads, head_dim, scale,
+		                  sliding_window, input_dtype, cache_dtype, sinks);
 		if (rc == DI_OK) rc = di_narrow(ctx, DI_PTR(void, out), out_dtype, (const float *)tmp, n);
 		di_scratch_free(ctx, tmp);
 		return rc;
@@ -114,13 +115,31 @@ extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr 
 	switch (cache_dtype) {
 	case DI_F32:
 		return attention<float>(ctx, out, out_dtype, q, k_cache, v_cache, m, num_heads, num_kv_heads, head_dim, scale,
-		                        sliding_window, input_dtype);
+		                        sliding_window, input_dtype, sinks);
 	case DI_F16:
 		return attention<__half>(ctx, out, out_dtype, q, k_cache, v_cache, m, num_heads, num_kv_heads, head_dim, scale,
-		                         sliding_window, input_dtype);
+		                         sliding_window, input_dtype, sinks);
 	case DI_F8E4M3:
 		return attention<__nv_fp8_e4m3>(ctx, out, out_dtype, q, k_cache, v_cache, m, num_heads, num_kv_heads, head_dim, scale,
-		                                sliding_window, input_dtype);
+		                                sliding_window, input_dtype, sinks);
 	}
 	return di_fail(ctx, DI_ERR_UNSUPPORTED, "attention: cache dtype %d (want F32, F16 or F8E4M3)", cache_dtype);
+}
+
+extern "C" int di_op_attention(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr q, di_dptr k_cache, di_dptr v_cache,
+                               const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,
+                               int sliding_window, int input_dtype, int cache_dtype) {
+	return attention_op(ctx, out, out_dtype, q, k_cache, v_cache, m, num_heads, num_kv_heads, head_dim, scale,
+	                    sliding_window, input_dtype, cache_dtype, nullptr);
+}
+
+// di_op_attention_sinks is di_op_attention with gpt-oss's learned sink
+// logits (sinks: F32 [num_heads]; 0: none): each head's joins the softmax
+// denominator of its rows and adds no value.
+extern "C" int di_op_attention_sinks(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr q, di_dptr k_cache,
+                                     di_dptr v_cache, const di_attn_meta *m, int num_heads, int num_kv_heads,
+                                     int head_dim, float scale, int sliding_window, int input_dtype, int cache_dtype,
+                                     di_dptr sinks) {
+	return attention_op(ctx, out, out_dtype, q, k_cache, v_cache, m, num_heads, num_kv_heads, head_dim, scale,
+	                    sliding_window, input_dtype, cache_dtype, DI_PTR(const float, sinks));
 }

@@ -75,6 +75,26 @@ __device__ __forceinline__ float di_online_update(float *sp, int n, float *m, fl
 	return alpha;
 }
 
+// di_sink_inv is the factor that turns a row's accumulated output into its
+// normalized one: 1/l without a sink (sink -inf; 0 for an empty row), else
+// with the sink's logit joining the denominator and adding no value (gpt-oss,
+// kernels.AttentionParams.Sinks), the max taken over the scores and the
+// sink: a / (l a + exp(sink - max)), a = exp(m - max). m, l and sink are in
+// the units of the kernel's exponentials: natural (exp) or log2 (exp2).
+template <bool LOG2>
+__device__ __forceinline__ float di_sink_inv(float m, float l, float sink) {
+	if (sink == -CUDART_INF_F) return l > 0.f ? 1.f / l : 0.f;
+	const float mx = fmaxf(m, sink);
+	const float a = LOG2 ? exp2f(m - mx) : expf(m - mx), e = LOG2 ? exp2f(sink - mx) : expf(sink - mx);
+	return a / (l * a + e);
+}
+
+// di_sink is head h's sink logit times mul (log2e for kernels in log2
+// units), or -inf when sinks is null.
+__device__ __forceinline__ float di_sink(const float *sinks, int h, float mul) {
+	return sinks ? sinks[h] * mul : -CUDART_INF_F;
+}
+
 // di_outp is an attention output: float32 (dtype DI_F32), or the float32
 // results rounded to nearest into BF16 or F16 (the 16-bit input of the o
 // projection that reads it; kernels.LinearInputer): the bits of a float32
@@ -172,13 +192,15 @@ __host__ __device__ __forceinline__ int di_dec_sub(int head_dim) {
 // chunks into scratch, then di_decode_combine_k. di_attention_prefill runs
 // every other row: the prefill rows, and the decode rows too when split is
 // false (head_dim > DEC_MAX_D; attention_prefill.cu). Both queue their
-// kernels on ctx's stream and return a di_status.
+// kernels on ctx's stream and return a di_status. sinks: F32 [num_heads]
+// sink logits (kernels.AttentionParams.Sinks) or null.
 template <typename T>
 int di_attention_decode(di_ctx *ctx, di_outp outp, const float *qp, const T *kp, const T *vp, const int *cu,
                         const int *sk, const int *bt, const di_attn_meta *m, int num_heads, int num_kv_heads,
-                        int head_dim, float scale, int sliding_window, bool tc, bool decode_only, int vec4);
+                        int head_dim, float scale, int sliding_window, bool tc, bool decode_only, int vec4,
+                        const float *sinks);
 template <typename T>
 int di_attention_prefill(di_ctx *ctx, di_outp outp, di_dptr q, const float *qp, const T *kp, const T *vp,
                          const int *cu, const int *sk, const int *bt, const di_attn_meta *m, int num_heads,
                          int num_kv_heads, int head_dim, float scale, int sliding_window, bool tc, bool split,
-                         int vec4);
+                         int vec4, const float *sinks);

@@ -192,9 +192,10 @@ __global__ void __launch_bounds__(DEC_THREADS, 4)
 }
 
 // One block per (sequence, head): merges the non-empty chunks of a decode row
-// in ascending order and writes the normalized output.
+// in ascending order and writes the normalized output (with head h's sink
+// logit in the denominator when sinks is set).
 __global__ void di_decode_combine_k(di_outp out, const float *part_acc, const float2 *part_ml, const int *cu,
-                                    int num_heads, int head_dim, int nsplit) {
+                                    int num_heads, int head_dim, int nsplit, const float *sinks) {
 	di_pdl_trigger(); // the next kernel (usually a GEMV) streams its weights meanwhile
 	di_pdl_wait();
 	__shared__ float w[DEC_MAX_SPLITS];
@@ -219,7 +220,7 @@ __global__ void di_decode_combine_k(di_outp out, const float *part_acc, const fl
 		if (c == 0) {
 			float l = 0.f;
 			for (int k = 0; k < nsplit; k++) l += sum[k] * w[k];
-			inv_l = l > 0.f ? 1.f / l : 0.f;
+			inv_l = di_sink_inv<false>(mx, l, di_sink(sinks, h, 1.f));
 		}
 	}
 	__syncthreads();
@@ -1113,7 +1114,8 @@ static int di_decode_tc(di_ctx *ctx, float *acc, float2 *ml, const float *qp, co
 template <typename T>
 int di_attention_decode(di_ctx *ctx, di_outp outp, const float *qp, const T *kp, const T *vp, const int *cu,
                         const int *sk, const int *bt, const di_attn_meta *m, int num_heads, int num_kv_heads,
-                        int head_dim, float scale, int sliding_window, bool tc, bool decode_only, int vec4) {
+                        int head_dim, float scale, int sliding_window, bool tc, bool decode_only, int vec4,
+                        const float *sinks) {
 	const int max_keys = m->max_blocks_per_seq * m->block_size;
 	const int min_chunk = ctx->dec_chunk;
 	// Enough chunks for the longest row, short (di_dec_chunk) or not.
@@ -1146,7 +1148,7 @@ int di_attention_decode(di_ctx *ctx, di_outp outp, const float *qp, const T *kp,
 	}
 	if (rc == DI_OK) {
 		di_launch(ctx, di_decode_combine_k, dim3(m->num_seqs, num_heads), head_dim < 128 ? 64 : 128, 0, outp,
-		          (const float *)acc, (const float2 *)ml, cu, num_heads, head_dim, nsplit);
+		          (const float *)acc, (const float2 *)ml, cu, num_heads, head_dim, nsplit, sinks);
 		rc = di_check_launch(ctx, "attention (decode combine)");
 	}
 	di_scratch_free(ctx, acc);
@@ -1157,7 +1159,7 @@ int di_attention_decode(di_ctx *ctx, di_outp outp, const float *qp, const T *kp,
 #define DI_ATTENTION_DECODE(T)                                                                                \
 	template int di_attention_decode<T>(di_ctx *, di_outp, const float *, const T *, const T *, const int *,   \
 	                                    const int *, const int *, const di_attn_meta *, int, int, int, float, int, \
-	                                    bool, bool, int);
+	                                    bool, bool, int, const float *);
 DI_ATTENTION_DECODE(float)
 DI_ATTENTION_DECODE(__half)
 DI_ATTENTION_DECODE(__nv_fp8_e4m3)

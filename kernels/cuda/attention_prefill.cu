@@ -15,7 +15,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
     di_attention_k(float *out, const float *q, const T *kc, const T *vc, const int *cu, const int *seqlens_k,
                    const int *block_tables, int num_seqs, int max_blocks, int block_size, int num_blocks,
                    int num_heads, int num_kv_heads, int head_dim, float scale, int window, int skip_decode,
-                   unsigned *check) {
+                   unsigned *check, const float *sinks) {
 	extern __shared__ float smem[];
 	float *sq = smem;                    // [head_dim]
 	float *sp = sq + head_dim;           // [ATT_TILE]
@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(ATT_THREADS)
 			acc[c] = a;
 		}
 	}
-	const float inv = l > 0.f ? 1.f / l : 0.f;
+	const float inv = di_sink_inv<false>(m, l, di_sink(sinks, h, 1.f));
 #pragma unroll
 	for (int c = 0; c < ATT_MAX_COLS; c++) {
 		const int e = tid + c * ATT_THREADS;
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(PF_THREADS)
     di_prefill_attn_k(float *out, const float *q, const T *kc, const T *vc, const int *cu,
                       const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks, int block_size,
                       int num_blocks, int num_heads, int num_kv_heads, int head_dim, float scale, int window,
-                      int vec4, unsigned *check) {
+                      int vec4, unsigned *check, const float *sinks) {
 	extern __shared__ float smem[];
 	const int ld = head_dim + 1;
 	float *Qs = smem, *KVs = Qs + PF_BQ * ld, *Ps = KVs + PF_BK * ld;
@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(PF_THREADS)
 	for (int i = 0; i < 4; i++) {
 		const int r = ty * 4 + i;
 		if (r >= nq) continue;
-		const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+		const float inv = di_sink_inv<false>(m[i], l[i], di_sink(sinks, h, 1.f));
 		float *orow = out + ((size_t)(q0 + j0 + r) * num_heads + h) * head_dim;
 #pragma unroll
 		for (int k = 0; k < PF_OUT; k++) {
@@ -473,9 +473,10 @@ struct di_tc16_rows {
 
 // di_tc16_store writes a prefill warp's rows r0 and r0+8 (of nq) as o / l
 // (l summed over the quad first): row r at element row0 + r*stride of out.
+// sink: the head's sink logit in log2 units (-inf: none; di_sink_inv).
 template <int D>
 __device__ __forceinline__ void di_tc16_store(di_outp out, size_t row0, size_t stride, const float (&o)[D / 8][4],
-                                              const float (&l)[2], int r0, int nq) {
+                                              const float (&m)[2], const float (&l)[2], int r0, int nq, float sink) {
 	const int t4 = threadIdx.x & 3;
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
@@ -484,7 +485,7 @@ __device__ __forceinline__ void di_tc16_store(di_outp out, size_t row0, size_t s
 		li += __shfl_xor_sync(0xffffffffu, li, 2);
 		const int r = r0 + 8 * i;
 		if (r >= nq) continue;
-		const float inv = li > 0.f ? 1.f / li : 0.f;
+		const float inv = di_sink_inv<true>(m[i], li, sink);
 		const size_t orow = row0 + (size_t)r * stride + 2 * t4;
 #pragma unroll
 		for (int nd = 0; nd < D / 8; nd++) out.put2(orow + nd * 8, o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
@@ -500,7 +501,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     di_prefill_attn_tc_k(di_outp out, const float *q, const T *kc, const T *vc, const int *cu,
                          const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks, int block_size,
                          int num_blocks, int num_heads, int num_kv_heads, float scale_log2, int window,
-                         unsigned *check) {
+                         unsigned *check, const float *sinks) {
 	constexpr int LQ = D + 8, KS = D / 16, ND = D / 8;
 	extern __shared__ __align__(16) unsigned char tc_smem[];
 	__half *Qs = reinterpret_cast<__half *>(tc_smem), *Ks = Qs + TC_BQ * LQ, *Vs = Ks + TC_BK * LQ;
@@ -545,7 +546,8 @@ __global__ void __launch_bounds__(TC_THREADS)
 		__syncthreads();
 		if (rw.sees(t0, n)) di_tc16_tile<D>(o, m, l, qf, Ks, Vs, slots, t0, n, false, rw.first, rw.last, scale_log2);
 	}
-	di_tc16_store<D>(out, ((size_t)(q0 + j0) * num_heads + h) * D, (size_t)num_heads * D, o, l, r0, nq);
+	di_tc16_store<D>(out, ((size_t)(q0 + j0) * num_heads + h) * D, (size_t)num_heads * D, o, m, l, r0, nq,
+	                 di_sink(sinks, h, 1.4426950408889634f));
 }
 
 // di_prefill_attn_tc16_k is di_prefill_attn_tc_k for half caches: the key
@@ -573,7 +575,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     di_prefill_attn_tc16_k(di_outp out, const float *q, const T *kc, const T *vc, const int *cu,
                            const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks,
                            int block_size, int num_blocks, int num_heads, int num_kv_heads, float scale_log2,
-                           int window, unsigned *check) {
+                           int window, unsigned *check, const float *sinks) {
 	constexpr int LQ = D + 8, KS = D / 16, ND = D / 8;
 	constexpr bool F8 = di_is_fp8<T>;
 	constexpr int STAGES = F8 ? 1 : 2, EPC = 16 / sizeof(T), CH = D / EPC; // CH: 16-byte chunks per row
@@ -674,7 +676,8 @@ __global__ void __launch_bounds__(TC_THREADS)
 		if (rw.sees(t0, n)) di_tc16_tile<D>(o, m, l, qf, Ks, Vs, sl, t0, n, full, rw.first, rw.last, scale_log2);
 		__syncthreads(); // stage st is consumed before the next fetch refills it
 	}
-	di_tc16_store<D>(out, ((size_t)(q0 + j0) * num_heads + h) * D, (size_t)num_heads * D, o, l, r0, nq);
+	di_tc16_store<D>(out, ((size_t)(q0 + j0) * num_heads + h) * D, (size_t)num_heads * D, o, m, l, r0, nq,
+	                 di_sink(sinks, h, 1.4426950408889634f));
 }
 
 // di_prefill_attn_gqa_k is di_prefill_attn_tc16_k with the query heads of
@@ -705,7 +708,7 @@ __global__ void __launch_bounds__(GQA_THREADS, 2)
     di_prefill_attn_gqa_k(di_outp out, const float *q, const __half *kc, const __half *vc, const int *cu,
                           const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks,
                           int block_size, int num_blocks, int num_heads, int num_kv_heads, float scale_log2,
-                          int window, unsigned *check) {
+                          int window, unsigned *check, const float *sinks) {
 	constexpr int LQ = D + 8, KS = D / 16, ND = D / 8, CH = D / 8; // CH: 16-byte chunks per row
 	constexpr int RSTEP = GQA_THREADS / CH, PER = TC_BK / RSTEP;  // a thread copies rows crow + j*RSTEP, j < PER
 	extern __shared__ __align__(16) unsigned char tc_smem[];
@@ -805,7 +808,8 @@ __global__ void __launch_bounds__(GQA_THREADS, 2)
 		__syncthreads(); // stage st is consumed before the next fetch refills it
 	}
 	if (bad) atomicOr(check, DI_CHECK_ATTENTION);
-	di_tc16_store<D>(out, ((size_t)(q0 + j0) * num_heads + h) * D, (size_t)num_heads * D, o, l, r0, nq);
+	di_tc16_store<D>(out, ((size_t)(q0 + j0) * num_heads + h) * D, (size_t)num_heads * D, o, m, l, r0, nq,
+	                 di_sink(sinks, h, 1.4426950408889634f));
 }
 
 // ---------------------------------------------------------------- prefill: launch
@@ -814,7 +818,7 @@ __global__ void __launch_bounds__(GQA_THREADS, 2)
 template <int D, typename T>
 static int di_prefill_tc(di_ctx *ctx, di_outp op, const float *qp, const T *kp, const T *vp, const int *cu,
                          const int *sk, const int *bt, const di_attn_meta *m, int num_heads, int num_kv_heads,
-                         float scale, int window) {
+                         float scale, int window, const float *sinks) {
 	const int tiles = (m->num_tokens + TC_BQ - 1) / TC_BQ + m->num_seqs; // bound on the prefill tiles
 	if constexpr (std::is_same<T, __half>::value) {
 		// Head size 128 stays on the one-head kernel: at one block of 8 warps a
@@ -831,7 +835,7 @@ static int di_prefill_tc(di_ctx *ctx, di_outp op, const float *qp, const T *kp, 
 				const int gt = (m->num_tokens + bq - 1) / bq + m->num_seqs;
 				di_prefill_attn_gqa_k<D><<<dim3(num_kv_heads, gt), GQA_THREADS, shmem, ctx->stream>>>(
 				    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks,
-				    num_heads, num_kv_heads, scale * 1.4426950408889634f, window, ctx->check);
+				    num_heads, num_kv_heads, scale * 1.4426950408889634f, window, ctx->check, sinks);
 				return di_check_launch(ctx, "attention (prefill, GQA)");
 			}
 		}
@@ -843,7 +847,7 @@ static int di_prefill_tc(di_ctx *ctx, di_outp op, const float *qp, const T *kp, 
 		if (e != cudaSuccess) return di_cuda_fail(ctx, e, "attention (prefill, tensor cores): cudaFuncSetAttribute");
 		di_prefill_attn_tc16_k<D, T><<<dim3(tiles, num_heads), TC_THREADS, shmem, ctx->stream>>>(
 		    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
-		    num_kv_heads, scale * 1.4426950408889634f, window, ctx->check);
+		    num_kv_heads, scale * 1.4426950408889634f, window, ctx->check, sinks);
 		return di_check_launch(ctx, "attention (prefill, tensor cores)");
 	} else {
 		const size_t shmem = di_prefill_tc_smem<D>();
@@ -854,7 +858,7 @@ static int di_prefill_tc(di_ctx *ctx, di_outp op, const float *qp, const T *kp, 
 		}
 		di_prefill_attn_tc_k<D, T><<<dim3(tiles, num_heads), TC_THREADS, shmem, ctx->stream>>>(
 		    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
-		    num_kv_heads, scale * 1.4426950408889634f, window, ctx->check);
+		    num_kv_heads, scale * 1.4426950408889634f, window, ctx->check, sinks);
 		return di_check_launch(ctx, "attention (prefill, tensor cores)");
 	}
 }
@@ -863,12 +867,14 @@ template <typename T>
 int di_attention_prefill(di_ctx *ctx, di_outp outp, di_dptr q, const float *qp, const T *kp, const T *vp,
                          const int *cu, const int *sk, const int *bt, const di_attn_meta *m, int num_heads,
                          int num_kv_heads, int head_dim, float scale, int sliding_window, bool tc, bool split,
-                         int vec4) {
+                         int vec4, const float *sinks) {
 	float *op = static_cast<float *>(outp.p); // the float32 kernels' output (out_dtype DI_F32)
 	if (tc && head_dim == 64)
-		return di_prefill_tc<64>(ctx, outp, qp, kp, vp, cu, sk, bt, m, num_heads, num_kv_heads, scale, sliding_window);
+		return di_prefill_tc<64>(ctx, outp, qp, kp, vp, cu, sk, bt, m, num_heads, num_kv_heads, scale, sliding_window,
+		                        sinks);
 	if (tc && head_dim == 128)
-		return di_prefill_tc<128>(ctx, outp, qp, kp, vp, cu, sk, bt, m, num_heads, num_kv_heads, scale, sliding_window);
+		return di_prefill_tc<128>(ctx, outp, qp, kp, vp, cu, sk, bt, m, num_heads, num_kv_heads, scale, sliding_window,
+		                        sinks);
 	if (head_dim <= PF_MAX_D) {
 		const size_t shmem = di_prefill_smem(head_dim);
 		if (shmem > 48 * 1024) {
@@ -879,21 +885,21 @@ int di_attention_prefill(di_ctx *ctx, di_outp outp, di_dptr q, const float *qp, 
 		const int tiles = (m->num_tokens + PF_BQ - 1) / PF_BQ + m->num_seqs; // bound on the prefill tiles
 		di_prefill_attn_k<<<dim3(tiles, num_heads), PF_THREADS, shmem, ctx->stream>>>(
 		    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
-		    num_kv_heads, head_dim, scale, sliding_window, vec4 && q % 16 == 0, ctx->check);
+		    num_kv_heads, head_dim, scale, sliding_window, vec4 && q % 16 == 0, ctx->check, sinks);
 		return di_check_launch(ctx, "attention (prefill)");
 	}
 	const size_t shmem = (head_dim + ATT_TILE) * sizeof(float) + ATT_TILE * sizeof(int);
 	dim3 grid(m->num_tokens, num_heads);
 	di_attention_k<<<grid, ATT_THREADS, shmem, ctx->stream>>>(
 	    op, qp, kp, vp, cu, sk, bt, m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, num_heads,
-	    num_kv_heads, head_dim, scale, sliding_window, split ? 1 : 0, ctx->check);
+	    num_kv_heads, head_dim, scale, sliding_window, split ? 1 : 0, ctx->check, sinks);
 	return di_check_launch(ctx, "attention");
 }
 
 #define DI_ATTENTION_PREFILL(T)                                                                                  \
 	template int di_attention_prefill<T>(di_ctx *, di_outp, di_dptr, const float *, const T *, const T *,         \
 	                                     const int *, const int *, const int *, const di_attn_meta *, int, int, int, \
-	                                     float, int, bool, bool, int);
+	                                     float, int, bool, bool, int, const float *);
 DI_ATTENTION_PREFILL(float)
 DI_ATTENTION_PREFILL(__half)
 DI_ATTENTION_PREFILL(__nv_fp8_e4m3)

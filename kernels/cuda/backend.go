@@ -432,6 +432,7 @@ type Tensor struct {
 	dtype kernels.DType
 	buf   *buffer
 	off   uint64
+	fp8   *fp8Scales // an FP8 weight's block scales (fp8.go); nil for other tensors
 }
 
 // Shape returns the dimensions; the caller must not modify them.
@@ -590,8 +591,12 @@ func (b *Backend) Rows(t kernels.Tensor, lo, hi int) (kernels.Tensor, error) {
 	if err := kernels.RowsShapes("cuda", s, lo, hi); err != nil {
 		return nil, err
 	}
-	return &Tensor{shape: append([]int{hi - lo}, s.shape[1:]...), dtype: s.dtype, buf: s.buf,
-		off: s.off + uint64(lo*s.rowLen()*s.dtype.Size())}, nil
+	v := &Tensor{shape: append([]int{hi - lo}, s.shape[1:]...), dtype: s.dtype, buf: s.buf,
+		off: s.off + uint64(lo*s.rowLen()*s.dtype.Size())}
+	if s.fp8 != nil { // the view's first matrix row (last dimension k)
+		v.fp8 = s.fp8.view(lo * s.rowLen() / s.shape[len(s.shape)-1])
+	}
+	return v, nil
 }
 
 // Reshape is a view with a new shape and the same number of elements. No copy.
@@ -603,7 +608,11 @@ func (b *Backend) Reshape(t kernels.Tensor, shape ...int) (kernels.Tensor, error
 	if err := kernels.ReshapeShapes("cuda", s, shape); err != nil {
 		return nil, err
 	}
-	return &Tensor{shape: append([]int(nil), shape...), dtype: s.dtype, buf: s.buf, off: s.off}, nil
+	v := &Tensor{shape: append([]int(nil), shape...), dtype: s.dtype, buf: s.buf, off: s.off}
+	if s.fp8 != nil && len(shape) > 0 && shape[len(shape)-1] == s.shape[len(s.shape)-1] {
+		v.fp8 = s.fp8.view(0) // an FP8 weight stays one while its rows keep their length
+	}
+	return v, nil
 }
 
 // Sync waits for all queued work and reports any index error a kernel met.

@@ -502,6 +502,43 @@ __global__ void di_moe_act_f32_k(float *act, const float *g, size_t rows, int in
 	}
 }
 
+// di_moe_gptoss: gpt-oss's expert extras (di_op_moe_clamped_swiglu): the
+// projections' biases (gate_up_bias [num_experts, 2 inter], down_bias
+// [num_experts, hidden]), the routing ids (the expert of a grouped row r is
+// ids[order[r]]) and the clamped SwiGLU's limit and alpha.
+struct di_moe_gptoss {
+	const float *gate_up_bias, *down_bias;
+	const int *ids;
+	float limit, alpha;
+};
+
+// act[r, j] = clamped_swiglu(g[r, j] + bg, g[r, inter + j] + bu) with the
+// row's expert's biases, in T (float32, or the GEMM dtype with lo parts),
+// as kernels/cpu's clampedSwiGLURow: g' = min(g, limit), u' = clamp(u,
+// -limit, limit), (u' + 1) g' sigmoid(alpha g') with the sigmoid in float64.
+template <typename T>
+__global__ void di_moe_act_clamped_k(T *act, T *act_lo, const float *g, const int *order, size_t rows, int inter,
+                                     di_moe_gptoss gx) {
+	const size_t total = rows * (size_t)inter;
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+		const size_t r = i / inter, j = i % inter;
+		const float *bias = gx.gate_up_bias + (size_t)gx.ids[order[r]] * 2 * inter;
+		const float gate = fminf(g[r * 2 * inter + j] + bias[j], gx.limit);
+		const float up = fminf(fmaxf(g[r * 2 * inter + inter + j] + bias[inter + j], -gx.limit), gx.limit);
+		const float glu = gate * (float)(1.0 / (1.0 + exp(-(double)(gx.alpha * gate))));
+		di_to_gemm(act, act_lo, i, (up + 1.f) * glu);
+	}
+}
+
+// y[r] += down_bias[expert of row r].
+__global__ void di_moe_down_bias_k(float *y, const int *order, size_t rows, int hidden, di_moe_gptoss gx) {
+	const size_t total = rows * (size_t)hidden;
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
+		const size_t r = i / hidden, j = i % hidden;
+		y[i] += gx.down_bias[(size_t)gx.ids[order[r]] * hidden + j];
+	}
+}
+
 template <typename W, typename X>
 static int moe_gemv(di_ctx *ctx, float *out, const X *x, const X *xlo, const int *order, int div, const void *w,
                     const int *offsets, int num_experts, int n, int k) {
@@ -534,11 +571,16 @@ static int moe_gemv(di_ctx *ctx, float *out, const X *x, const X *xlo, const int
 template <typename T>
 static int moe_mlp(di_ctx *ctx, float *gh, void *act, float *yh, const float *x, void *xr, const int *order,
                    const int *offsets, const void *gate_up, const void *down, int num_tokens, int pairs, int top_k,
-                   int hidden, int inter, int num_experts) {
+                   int hidden, int inter, int num_experts, const di_moe_gptoss *gx) {
 	if constexpr (std::is_same_v<T, float>) {
 		int r = moe_gemv<T, float>(ctx, gh, x, nullptr, order, top_k, gate_up, offsets, num_experts, 2 * inter, hidden);
 		if (r != DI_OK) return r;
-		di_moe_act_f32_k<<<di_grid((size_t)pairs * inter, 256), 256, 0, ctx->stream>>>((float *)act, gh, pairs, inter);
+		if (gx)
+			di_moe_act_clamped_k<float><<<di_grid((size_t)pairs * inter, 256), 256, 0, ctx->stream>>>(
+			    (float *)act, nullptr, gh, order, pairs, inter, *gx);
+		else
+			di_moe_act_f32_k<<<di_grid((size_t)pairs * inter, 256), 256, 0, ctx->stream>>>((float *)act, gh, pairs,
+			                                                                               inter);
 		r = di_check_launch(ctx, "moe: silu_mul");
 		if (r != DI_OK) return r;
 		return moe_gemv<T, float>(ctx, yh, (const float *)act, nullptr, nullptr, 1, down, offsets, num_experts, hidden,
@@ -552,7 +594,10 @@ static int moe_mlp(di_ctx *ctx, float *gh, void *act, float *yh, const float *x,
 		if (r == DI_OK)
 			r = moe_gemv<T, T>(ctx, gh, xh, xl, order, top_k, gate_up, offsets, num_experts, 2 * inter, hidden);
 		if (r != DI_OK) return r;
-		di_moe_act_k<T><<<di_grid(na, 256), 256, 0, ctx->stream>>>(ah, al, gh, pairs, inter);
+		if (gx)
+			di_moe_act_clamped_k<T><<<di_grid(na, 256), 256, 0, ctx->stream>>>(ah, al, gh, order, pairs, inter, *gx);
+		else
+			di_moe_act_k<T><<<di_grid(na, 256), 256, 0, ctx->stream>>>(ah, al, gh, pairs, inter);
 		r = di_check_launch(ctx, "moe: silu_mul");
 		if (r != DI_OK) return r;
 		return moe_gemv<T, T>(ctx, yh, ah, al, nullptr, 1, down, offsets, num_experts, hidden, inter);
@@ -560,7 +605,8 @@ static int moe_mlp(di_ctx *ctx, float *gh, void *act, float *yh, const float *x,
 }
 
 static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
-                      di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter, int num_experts) {
+                      di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter, int num_experts,
+                      const di_moe_gptoss *gx = nullptr) {
 	const int pairs = num_tokens * top_k;
 	void *d_index = nullptr, *g = nullptr, *act = nullptr, *ye = nullptr, *xr = nullptr;
 	// [offsets (num_experts + 1) | order (pairs) | row_of (pairs)]
@@ -583,9 +629,15 @@ static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr 
 		DI_DISPATCH_WEIGHT(w_dtype, T, {
 			const int r = moe_mlp<T>(ctx, gh, act, yh, DI_PTR(const float, x), xr, order, offsets,
 			                         (const void *)gate_up, (const void *)down, num_tokens, pairs, top_k, hidden,
-			                         inter, num_experts);
+			                         inter, num_experts, gx);
 			if (r != DI_OK) return r;
 		});
+		if (gx) {
+			di_moe_down_bias_k<<<di_grid((size_t)pairs * hidden, 256), 256, 0, ctx->stream>>>(yh, order, pairs, hidden,
+			                                                                                 *gx);
+			const int r = di_check_launch(ctx, "moe: down bias");
+			if (r != DI_OK) return r;
+		}
 		di_moe_combine_k<<<num_tokens, 256, 0, ctx->stream>>>(DI_PTR(float, out), yh, row_of,
 		                                                     DI_PTR(const float, weights), top_k, hidden);
 		return di_check_launch(ctx, "moe: combine");
@@ -619,4 +671,39 @@ extern "C" int di_op_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dp
 		               "at most %d pairs to run on the device; the host path is not capturable",
 		               hidden, inter, (int)(48 * 1024 / sizeof(int)) - num_experts - 1);
 	return moe_host(ctx, out, x, ids, weights, gate_up, down, w_dtype, num_tokens, top_k, hidden, inter, num_experts);
+}
+
+// di_op_moe_clamped_swiglu is di_op_moe for gpt-oss's experts (biased
+// projections, clamped SwiGLU; kernels.BiasedMoEer). It always takes the
+// device path, in chunks of tokens of at most MOE_DEVICE_MAX_PAIRS (token,
+// k) pairs, so it never waits for the host and is capturable; a chunk
+// reads each of its experts' weights once (correct, not fast, for long
+// prefills).
+extern "C" int di_op_moe_clamped_swiglu(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights,
+                                        di_dptr gate_up, di_dptr gate_up_bias, di_dptr down, di_dptr down_bias,
+                                        int w_dtype, int num_tokens, int top_k, int hidden, int inter,
+                                        int num_experts, float limit, float alpha) {
+	if (num_tokens == 0) return DI_OK;
+	if (top_k < 1 || top_k > MOE_DEVICE_MAX_PAIRS)
+		return di_fail(ctx, DI_ERR_INVALID, "moe_clamped_swiglu: top_k %d", top_k);
+	const bool shape_ok = hidden % 8 == 0 && inter % 8 == 0 && (x % 16) == 0 && (gate_up % 16) == 0 &&
+	                      (down % 16) == 0 &&
+	                      (MOE_DEVICE_MAX_PAIRS + num_experts + 1) * sizeof(int) <= 48 * 1024;
+	if (!shape_ok)
+		return di_fail(ctx, DI_ERR_UNSUPPORTED,
+		               "moe_clamped_swiglu: hidden %d and intermediate %d must be multiples of 8 with 16-byte "
+		               "aligned tensors, and %d experts at most %d",
+		               hidden, inter, num_experts, (int)(48 * 1024 / sizeof(int)) - MOE_DEVICE_MAX_PAIRS - 1);
+	const int chunk = MOE_DEVICE_MAX_PAIRS / top_k;
+	for (int t0 = 0; t0 < num_tokens; t0 += chunk) {
+		const int n = num_tokens - t0 < chunk ? num_tokens - t0 : chunk;
+		const size_t pair0 = (size_t)t0 * top_k, row0 = (size_t)t0 * hidden;
+		const di_moe_gptoss gx{DI_PTR(const float, gate_up_bias), DI_PTR(const float, down_bias),
+		                       DI_PTR(const int, ids) + pair0, limit, alpha};
+		const int rc = moe_device(ctx, out + row0 * sizeof(float), x + row0 * sizeof(float),
+		                          ids + pair0 * sizeof(int), weights + pair0 * sizeof(float), gate_up, down, w_dtype,
+		                          n, top_k, hidden, inter, num_experts, &gx);
+		if (rc != DI_OK) return rc;
+	}
+	return DI_OK;
 }

@@ -51,6 +51,9 @@ func (b *Backend) Embedding(out, table, ids kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
+	if err := fp8Refuse(op, "table", tb); err != nil {
+		return err
+	}
 	return b.launch(op, func() C.int {
 		return C.c_embedding(b.lib.api, b.ctx, o.ptr(), tb.ptr(), C.int(tb.dtype), id.ptr(), C.int(t), C.int(hidden), C.int(vocab))
 	}, o, tb, id)
@@ -153,6 +156,9 @@ func (b *Backend) Linear(out, x, w, bias kernels.Tensor) error {
 	name := op
 	if b.prof != nil {
 		name = fmt.Sprintf("linear %dx%d %s", n, k, sizeClass(m))
+	}
+	if ws.fp8 != nil { // FP8 block-scaled weights (fp8.go)
+		return b.fp8Linear(name, o, xs, ws, bs, m, n, k, fp8Auto)
 	}
 	return b.launch(name, func() C.int {
 		return C.c_linear(b.lib.api, b.ctx, o.ptr(), xs.ptr(), C.int(xs.dtype), ws.ptr(), C.int(ws.dtype), optPtr(bs), C.int(m), C.int(n), C.int(k))
@@ -424,12 +430,23 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 	if err != nil {
 		return err
 	}
+	sinks, err := sinkTensor(op, p)
+	if err != nil {
+		return err
+	}
 	name := op
 	if b.prof != nil {
 		name = "attention prefill/mixed"
 		if m.MaxSeqlenQ == 1 {
 			name = "attention decode"
 		}
+	}
+	if sinks != nil { // gpt-oss's sink logits (AttentionSinks)
+		return b.launch(name, func() C.int {
+			return C.c_attention_sinks(b.lib.api, b.ctx, o.ptr(), C.int(o.dtype), qs.ptr(), kc.ptr(), vc.ptr(), &cm, C.int(nh),
+				C.int(p.NumKVHeads), C.int(d), C.float(p.Scale), C.int(p.SlidingWindow), C.int(p.InputDType), C.int(kc.dtype),
+				sinks.ptr())
+		}, append(keep, o, qs, kc, vc, sinks)...)
 	}
 	return b.launch(name, func() C.int {
 		return C.c_attention(b.lib.api, b.ctx, o.ptr(), C.int(o.dtype), qs.ptr(), kc.ptr(), vc.ptr(), &cm, C.int(nh), C.int(p.NumKVHeads),
@@ -438,6 +455,9 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 }
 
 // MLAAttention is latent attention with weight absorption; see kernels.Ops.
+// A float32 cache runs the CUDA-core kernel (attention_mla.cu); a 16- or
+// 8-bit one (kernels.MLACacher) the tensor-core path (attention_mla_tc.cu),
+// whose absorbed queries and probabilities are rounded to 16 bits.
 func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.AttentionMetadata, p kernels.MLAParams) error {
 	const op = "mla_attention"
 	o, err := asCUDA(op, "out", out)
@@ -456,14 +476,28 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 	if err != nil {
 		return err
 	}
-	t, err := kernels.MLAShapes("cuda", o, qs, c, w, p)
+	t, err := kernels.MLAShapes("cuda", o, qs, c, w, p, mlaCacheDTypes...)
 	if err != nil {
+		return err
+	}
+	if _, err := mlaCache(op, c, p); err != nil {
 		return err
 	}
 	nh, nope, rope, kvl, vd := p.NumHeads, p.NopeDim, p.RopeDim, p.KVLoraRank, p.VHeadDim
 	cm, keep, err := attnMeta(op, m, t, c.shape[0], c.shape[1])
 	if err != nil {
 		return err
+	}
+	if w.fp8 != nil { // an FP8 wkvb: the kernel reads float32 (fp8.go)
+		if w, err = b.fp8Dequant(w); err != nil {
+			return err
+		}
+	}
+	if c.dtype != kernels.F32 { // 16- and 8-bit latent caches: tensor cores (attention_mla_tc.cu)
+		return b.launch(op, func() C.int {
+			return C.c_mla_attention_tc(b.lib.api, b.ctx, o.ptr(), qs.ptr(), c.ptr(), C.int(c.dtype), w.ptr(), C.int(w.dtype), &cm,
+				C.int(nh), C.int(nope), C.int(rope), C.int(kvl), C.int(vd), C.float(p.Scale))
+		}, append(keep, o, qs, c, w)...)
 	}
 	return b.launch(op, func() C.int {
 		return C.c_mla_attention(b.lib.api, b.ctx, o.ptr(), qs.ptr(), c.ptr(), w.ptr(), C.int(w.dtype), &cm, C.int(nh),
@@ -544,6 +578,9 @@ func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 	d, err := kernels.MoEShapes("cuda", o, xs, is, ws, gu, dn)
 	if err != nil {
 		return err
+	}
+	if gu.fp8 != nil || dn.fp8 != nil { // FP8 experts (fp8.go)
+		return b.fp8MoE(o, xs, is, ws, gu, dn, d, fp8Auto)
 	}
 	t, hidden, numExperts, inter, topK := d.T, d.Hidden, d.NumExperts, d.Inter, d.TopK
 	return b.launch(op, func() C.int {
@@ -632,6 +669,9 @@ func (b *Backend) Logits(out, hidden, rows, norm, head kernels.Tensor, eps float
 	}
 	t, r, dim, vocab, err := kernels.LogitsShapes("cuda", o, h, rs, nw, hw)
 	if err != nil {
+		return err
+	}
+	if err := fp8Refuse(op, "head", hw); err != nil {
 		return err
 	}
 	return b.launch(op, func() C.int {

@@ -65,6 +65,28 @@
 #           workload at DSPARK_BATCHES (default 1,8,32,64), k = DSPARK_K
 #           (default 6), confidence_threshold DSPARK_THRESHOLD (default
 #           0.3), DSPARK_PROMPTS requests (default 64).
+#   swa     sliding-window rings, attention sinks, Gemma 3 and gpt-oss:
+#           the GPU tests TestGPU(RingAttention|AttentionSinks|GemmaOps|
+#           MoEClampedSwiGLU|WindowModelFixtures) (ring vs paged bits,
+#           graphs, sinks and the ops against the CPU backend, the tiny
+#           Gemma 3 and gpt-oss fixtures' greedy tokens against the CPU
+#           backend, rings and paged) and deepinfer bench --mode memory
+#           (KV bytes a sequence, rings vs paged, 8k sequences per H200).
+#   fp8     FP8 block-scaled weights: the GPU tests TestGPUFP8 (GEMV and
+#           GEMM against the CPU backend with their stated bounds, batch
+#           invariance, MoE device and host paths, graph replay) and
+#           BenchmarkFP8Kernels once (FP8 vs BF16 decode linears at
+#           Qwen3-0.6B and DeepSeek-V2-Lite shapes in GB/s and share of
+#           the copy bandwidth, 4096-row GEMMs in TFLOP/s against BF16
+#           cuBLAS, DeepSeek-V2-Lite MoE at 1 and 64 tokens); FP8_TIMEOUT.
+#   mla     MLA over 16- and 8-bit latent caches (tensor cores): the
+#           TestGPUMLA tests (against the CPU backend, batch invariance,
+#           the 8-bit writer's bytes), then BenchmarkGPUMLADecode once:
+#           DeepSeek-V2-Lite's layer at 4096 keys, batch 1, 8 and 64, half
+#           and 8-bit caches, the latent kernel alone and the whole
+#           operation, in GB/s of latent bytes against the copy bandwidth
+#           measured in the same run (goal: >= 80% at batch 64);
+#           MLA_TIMEOUT (default 120, each half). mla.log.
 #   bench   the kernel and model benchmarks of bench_gpu_test.go
 #           (Llama-3.2-1B decode and prefill steps, single ops), 10x each;
 #           BENCH (default GPU) is the -test.bench pattern.
@@ -149,9 +171,9 @@ budget=${TOTAL_BUDGET:-470}
 t_start=$(date +%s)
 for p in ${phases//,/ }; do
 	case $p in
-	build | tests | e2e | spec | dspark | structured | parity | engine | bench | profile | ab | ncu) ;;
+	build | tests | e2e | spec | dspark | structured | parity | engine | bench | profile | ab | ncu | swa | fp8 | mla) ;;
 	*)
-		echo "check.sh: unknown phase $p in PHASES=$phases: want build, tests, e2e, spec, dspark, structured, parity, engine, bench, profile, ab, ncu" >&2
+		echo "check.sh: unknown phase $p in PHASES=$phases: want build, tests, e2e, spec, dspark, structured, parity, engine, bench, profile, ab, ncu, swa, fp8, mla" >&2
 		exit 2
 		;;
 	esac
@@ -209,6 +231,54 @@ phase_tests() {
 	(cd kernels/cuda && timeout "$t" "$root/$dir/cuda.test" -test.run TestGPU -test.v -test.timeout "${t}s") >"$logs/tests.log" 2>&1
 	rc=$?
 	status[tests]="rc=$rc pass=$(grep -c -- '^--- PASS' "$logs/tests.log") fail=$(grep -c -- '^--- FAIL' "$logs/tests.log") skip=$(grep -c -- '^--- SKIP' "$logs/tests.log")"
+}
+
+phase_swa() {
+	local t rc
+	t=$(limit "${SWA_TIMEOUT:-150}")
+	((t == 0)) && { status[swa]="skipped: out of time"; return; }
+	need_test || { status[swa]="FAILED: prerequisites missing"; return; }
+	(cd kernels/cuda && timeout "$t" "$root/$dir/cuda.test" -test.run 'TestGPU(RingAttention|AttentionSinks|GemmaOps|MoEClampedSwiGLU|WindowModelFixtures)' \
+		-test.v -test.timeout "${t}s") >"$logs/swa.log" 2>&1
+	rc=$?
+	if [[ -x $dir/deepinfer ]]; then
+		"$dir/deepinfer" bench --mode memory >"$logs/swa_memory.txt" 2>&1
+	fi
+	status[swa]="rc=$rc pass=$(grep -c -- '^--- PASS' "$logs/swa.log") fail=$(grep -c -- '^--- FAIL' "$logs/swa.log")"
+}
+
+phase_fp8() {
+	local t rc rcb
+	t=$(limit "${FP8_TIMEOUT:-180}")
+	((t == 0)) && { status[fp8]="skipped: out of time"; return; }
+	need_test || { status[fp8]="FAILED: prerequisites missing"; return; }
+	(cd kernels/cuda && timeout "$t" "$root/$dir/cuda.test" -test.run 'TestGPUFP8' -test.v -test.timeout "${t}s") >"$logs/fp8.log" 2>&1
+	rc=$?
+	t=$(limit "${FP8_TIMEOUT:-180}")
+	rcb=skipped
+	if ((t > 0)); then
+		(cd kernels/cuda && timeout "$t" "$root/$dir/cuda.test" -test.run XXX -test.bench FP8Kernels -test.benchtime 1x -test.v \
+			-test.timeout "${t}s") >>"$logs/fp8.log" 2>&1
+		rcb=$?
+	fi
+	status[fp8]="tests rc=$rc pass=$(grep -c -- '^--- PASS' "$logs/fp8.log") fail=$(grep -c -- '^--- FAIL' "$logs/fp8.log"), bench rc=$rcb"
+}
+
+phase_mla() {
+	local t rc rcb
+	t=$(limit "${MLA_TIMEOUT:-120}")
+	((t == 0)) && { status[mla]="skipped: out of time"; return; }
+	need_test || { status[mla]="FAILED: prerequisites missing"; return; }
+	(cd kernels/cuda && timeout "$t" "$root/$dir/cuda.test" -test.run 'TestGPUMLA' -test.v -test.timeout "${t}s") >"$logs/mla.log" 2>&1
+	rc=$?
+	t=$(limit "${MLA_TIMEOUT:-120}")
+	rcb=skipped
+	if ((t > 0)); then
+		(cd kernels/cuda && timeout "$t" "$root/$dir/cuda.test" -test.run XXX -test.bench GPUMLADecode -test.benchtime 1x -test.v \
+			-test.timeout "${t}s") >>"$logs/mla.log" 2>&1
+		rcb=$?
+	fi
+	status[mla]="tests rc=$rc pass=$(grep -c -- '^--- PASS' "$logs/mla.log") fail=$(grep -c -- '--- FAIL' "$logs/mla.log"), bench rc=$rcb"
 }
 
 phase_e2e() {
@@ -543,6 +613,25 @@ if [[ -f $logs/bench.log ]]; then
 	echo "-- kernel and model benchmarks (Llama-3.2-1B shape)"
 	grep -E "$figures" "$logs/bench.log" | grep -v 'engine |' | strip | awk '!seen[$0]++'
 	grep -h 'profile |' "$logs/bench.log" | strip | head -50
+fi
+if [[ -f $logs/mla.log ]]; then
+	echo "-- MLA over 16- and 8-bit latent caches (mla): DeepSeek-V2-Lite layer, 4096 keys, GB/s of latent bytes read"
+	grep -h 'mla decode |' "$logs/mla.log" | sed 's/^.*mla decode |/mla decode |/' | awk '!seen[$0]++'
+	echo "worst error against the CPU backend per cache type (of every TestGPUMLATensorCores case):"
+	grep -oE 'mla_attention [A-Za-z0-9_]+: max relative error against the CPU backend: [0-9.e+-]+ \(bound [0-9.e+-]+\)' "$logs/mla.log" |
+		sort -k10,10g | awk '{w[$2] = $0} END {for (k in w) print w[k]}'
+	grep -E 'bit-identical alone' "$logs/mla.log" | strip | awk '!seen[$0]++'
+	grep -E -- '--- FAIL' "$logs/mla.log" | head -10
+fi
+if [[ -f $logs/fp8.log ]]; then
+	echo "-- FP8 block-scaled weights (fp8): tests, then FP8 vs BF16 in one run (copy bandwidth 4.2 TB/s)"
+	grep -E -- '--- FAIL|bit-identical|max \|gpu - cpu\|' "$logs/fp8.log" | grep -v 'path=[0-9]: gemm' | strip | awk '!seen[$0]++' | cut -c1-200 | head -20
+	grep -h 'fp8 |' "$logs/fp8.log" | strip | awk '!seen[$0]++'
+fi
+if [[ -f $logs/swa.log ]]; then
+	echo "-- sliding-window rings, sinks, Gemma 3 and gpt-oss (swa)"
+	grep -E -- '--- FAIL|max relative error|greedy tokens equal|worst prefill' "$logs/swa.log" | strip | awk '!seen[$0]++' | cut -c1-200 | head -40
+	[[ -f $logs/swa_memory.txt ]] && cat "$logs/swa_memory.txt"
 fi
 if [[ -f $logs/gen_cuda.txt ]]; then
 	echo "-- end to end (deepinfer generate, default model, 48 tokens)"

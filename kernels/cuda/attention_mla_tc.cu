@@ -1,0 +1,820 @@
+// attention_mla_tc.cu: multi-head latent attention (MLA, DeepSeek) with
+// weight absorption over a 16-bit (F16 or BF16) or 8-bit latent cache, on
+// tensor cores; attention_mla.cu keeps the float32 path.
+//
+// A call runs four kernels over its rows (in passes of at most
+// di_mla_pass_rows rows, so that the scratch stays bounded):
+//  1. di_mla_absorb_k: q_lat[t,h] = q_nope[t,h] W_UK[h] (float32 on CUDA
+//     cores, fixed order), with q_pe appended, both times scale*log2(e),
+//     rounded to the cache's 16-bit type;
+//  2. di_mla_tc_k: the latent attention, split over keys: one block per
+//     (query row, chunk of its keys, group of 16 heads, slice of the latent
+//     output). Every head of the group shares each staged tile of keys:
+//     scores and outputs are mma.sync m16n8k16 products with the heads as
+//     the tile rows, an online softmax per head, and the chunk's
+//     normalized output stored as half with its (max, sum);
+//  3. di_mla_combine_k: merges a row's chunks in ascending order;
+//  4. di_mla_unabsorb_k: out[t,h] = o_lat[t,h] W_UV[h]^T (float32, fixed
+//     order).
+// A row's chunks are a function of its own visible key count (di_mla_chunk)
+// and each chunk's arithmetic depends on nothing else, so a row's bits are
+// the same alone, in any batch, as a decode row or inside a (chunked)
+// prefill; how many slices of the output a block takes (which follows the
+// grid's size) changes no bit either: every slice's block computes the same
+// scores.
+//
+// The 8-bit cache (cache.kv_cache_dtype fp8) packs a token's row as
+// di_mla_f8_row_bytes says: kv_lora_rank E4M3 values, each group of
+// MLA_F8_GROUP of them with its own float32 scale (amax / 448), the rope
+// part as half, as FlashMLA's FP8 layout does. The tiles are widened to
+// half (value * scale, rounded) in shared memory, so an 8-bit row gives the
+// bits of a half row holding those values.
+#include "attention_tc.cuh"
+
+#define MLA_BK 32       // keys a tile
+#define MLA_TC_THREADS 128
+#define MLA_HG 16       // heads a block: the m16 rows of the tiles
+#define MLA_MAX_SPLITS 32
+#define MLA_SHORT_KEYS 512 // rows of at most this many keys take chunks of MLA_SHORT_CHUNK
+#define MLA_SHORT_CHUNK 128
+#define MLA_F8_GROUP 128 // latent columns per 8-bit scale
+#define MLA_SCRATCH_BYTES (96u << 20) // scratch of one pass at most (di_mla_pass_rows)
+
+// di_mla_chunk is the chunk length, in keys, of a row with `keys` visible
+// keys and num_heads heads: 128 for short rows; else at least 32 keys a
+// head (the chunk's partial output, num_heads * kv_lora_rank halves, stays
+// about a tenth of the keys' bytes) and at most MLA_MAX_SPLITS chunks.
+// A function of the row's key count and the model's head count alone.
+__host__ __device__ __forceinline__ int di_mla_chunk(int keys, int num_heads) {
+	if (keys <= MLA_SHORT_KEYS) return MLA_SHORT_CHUNK;
+	const int mn = (32 * num_heads + 127) / 128 * 128;
+	int c = (keys + MLA_MAX_SPLITS - 1) / MLA_MAX_SPLITS;
+	c = (c + 127) / 128 * 128;
+	return c > mn ? c : (mn > MLA_SHORT_CHUNK ? mn : MLA_SHORT_CHUNK);
+}
+
+// di_mla_nsplit bounds the chunks of any row of at most max_keys keys: at
+// most 4 short chunks, and a long row's chunks are at least the minimum
+// di_mla_chunk gives it.
+static int di_mla_nsplit(int max_keys, int num_heads) {
+	const int short_keys = max_keys < MLA_SHORT_KEYS ? max_keys : MLA_SHORT_KEYS;
+	int n = (short_keys + MLA_SHORT_CHUNK - 1) / MLA_SHORT_CHUNK;
+	if (max_keys > MLA_SHORT_KEYS) {
+		const int mn = (32 * num_heads + 127) / 128 * 128, lo = mn > MLA_SHORT_CHUNK ? mn : MLA_SHORT_CHUNK;
+		const int k = (max_keys + lo - 1) / lo;
+		if (k > n) n = k;
+	}
+	if (n < 1) n = 1;
+	return n > MLA_MAX_SPLITS ? MLA_MAX_SPLITS : n;
+}
+
+// di_mla_f8_row_bytes is the packed 8-bit row: kvl E4M3 bytes, rope halves,
+// kvl / MLA_F8_GROUP float32 scales, padded to 16 bytes (656 for
+// DeepSeek's 512 + 64). Keep in step with kernels.MLAF8RowBytes.
+__host__ __device__ __forceinline__ int di_mla_f8_row_bytes(int kvl, int rope) {
+	return (kvl + 2 * rope + 4 * (kvl / MLA_F8_GROUP) + 15) / 16 * 16;
+}
+
+// di_mla_t16 is the 16-bit type of the tensor-core operands for a cache of
+// element type CT: BF16 for a BF16 cache, half otherwise.
+template <typename CT> struct di_mla_t16 { using type = __half; };
+template <> struct di_mla_t16<__nv_bfloat16> { using type = __nv_bfloat16; };
+
+template <typename T> __device__ __forceinline__ uint32_t di_pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t di_pack2<__half>(float lo, float hi) { return di_half2_bits(lo, hi); }
+template <> __device__ __forceinline__ uint32_t di_pack2<__nv_bfloat16>(float lo, float hi) {
+	__nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+	return *reinterpret_cast<uint32_t *>(&h);
+}
+
+// ---------------------------------------------------------------- cache writes
+
+// One block per token: row slot_mapping[t] of the cache gets c_kv[t] and
+// k_pe[t] in the cache's layout (F32, F16, BF16: [c_kv k_pe] rounded to
+// nearest; F8E4M3: the packed row, each group's scale amax / 448, or 1
+// for a group of zeros, the values x / scale rounded to nearest even and
+// saturated). A slot outside the cache sets DI_CHECK_WRITE_CACHE.
+template <typename CT>
+__global__ void di_mla_write_k(unsigned char *cache, const float *ckv, const float *kpe, const int *slot_mapping,
+                               int num_tokens, int kvl, int rope, int row_bytes, int num_slots, unsigned *check) {
+	di_pdl_wait();
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+	for (int t = blockIdx.x; t < num_tokens; t += gridDim.x) {
+		const int slot = slot_mapping[t];
+		if (slot < 0) continue;
+		if (slot >= num_slots) {
+			if (tid == 0) atomicOr(check, DI_CHECK_WRITE_CACHE);
+			continue;
+		}
+		unsigned char *row = cache + (size_t)slot * row_bytes;
+		const float *x = ckv + (size_t)t * kvl, *xp = kpe + (size_t)t * rope;
+		if constexpr (di_is_fp8<CT>) {
+			// A warp a group of MLA_F8_GROUP columns, four a lane.
+			for (int g = warp; g < kvl / MLA_F8_GROUP; g += nwarps) {
+				const int c0 = g * MLA_F8_GROUP;
+				float v[4], amax = 0.f;
+#pragma unroll
+				for (int u = 0; u < 4; u++) {
+					v[u] = x[c0 + lane + 32 * u];
+					amax = fmaxf(amax, fabsf(v[u]));
+				}
+				amax = di_warp_max(amax);
+				const float scale = amax > 0.f ? __fdiv_rn(amax, 448.f) : 1.f;
+#pragma unroll
+				for (int u = 0; u < 4; u++) row[c0 + lane + 32 * u] = di_from_f32<__nv_fp8_e4m3>(__fdiv_rn(v[u], scale)).__x;
+				if (lane == 0) reinterpret_cast<float *>(row + kvl + 2 * rope)[g] = scale;
+			}
+			__half *rp = reinterpret_cast<__half *>(row + kvl);
+			for (int r = tid; r < rope; r += blockDim.x) rp[r] = __float2half_rn(xp[r]);
+		} else {
+			CT *rp = reinterpret_cast<CT *>(row);
+			for (int c = tid; c < kvl; c += blockDim.x) rp[c] = di_from_f32<CT>(x[c]);
+			for (int r = tid; r < rope; r += blockDim.x) rp[kvl + r] = di_from_f32<CT>(xp[r]);
+		}
+	}
+}
+
+extern "C" int di_op_mla_write_cache(di_ctx *ctx, di_dptr cache, int cache_dtype, di_dptr ckv, di_dptr kpe,
+                                     di_dptr slot_mapping, int num_tokens, int kvl, int rope, int num_slots) {
+	if (num_tokens == 0) return DI_OK;
+	if (kvl <= 0 || rope <= 0)
+		return di_fail(ctx, DI_ERR_INVALID, "mla_write_cache: kv_lora_rank %d, rope dim %d", kvl, rope);
+	const unsigned grid = num_tokens < 65535 ? (unsigned)num_tokens : 65535u;
+	unsigned char *c = DI_PTR(unsigned char, cache);
+	const float *x = DI_PTR(const float, ckv), *xp = DI_PTR(const float, kpe);
+	const int *sm = DI_PTR(const int, slot_mapping);
+	switch (cache_dtype) {
+	case DI_F32:
+		di_launch(ctx, di_mla_write_k<float>, dim3(grid), dim3(128), 0, c, x, xp, sm, num_tokens, kvl, rope,
+		          (kvl + rope) * 4, num_slots, ctx->check);
+		break;
+	case DI_F16:
+		di_launch(ctx, di_mla_write_k<__half>, dim3(grid), dim3(128), 0, c, x, xp, sm, num_tokens, kvl, rope,
+		          (kvl + rope) * 2, num_slots, ctx->check);
+		break;
+	case DI_BF16:
+		di_launch(ctx, di_mla_write_k<__nv_bfloat16>, dim3(grid), dim3(128), 0, c, x, xp, sm, num_tokens, kvl, rope,
+		          (kvl + rope) * 2, num_slots, ctx->check);
+		break;
+	case DI_F8E4M3:
+		if (kvl % MLA_F8_GROUP != 0 || rope % 8 != 0)
+			return di_fail(ctx, DI_ERR_UNSUPPORTED,
+			               "mla_write_cache: 8-bit rows need kv_lora_rank a multiple of %d (got %d) and the rope dim "
+			               "a multiple of 8 (got %d)",
+			               MLA_F8_GROUP, kvl, rope);
+		di_launch(ctx, di_mla_write_k<__nv_fp8_e4m3>, dim3(grid), dim3(128), 0, c, x, xp, sm, num_tokens, kvl, rope,
+		          di_mla_f8_row_bytes(kvl, rope), num_slots, ctx->check);
+		break;
+	default:
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "mla_write_cache: cache dtype %d", cache_dtype);
+	}
+	return di_check_launch(ctx, "mla_write_cache");
+}
+
+// ---------------------------------------------------------------- absorption
+
+#define MLA_AB_COLS 64 // latent columns a block
+#define MLA_AB_ROWS 16 // query rows a pass of a block
+#define MLA_RB 64      // query rows a block
+
+// di_mla_absorb_k: grid (kvl / MLA_AB_COLS, heads, ceil(rows / MLA_RB)),
+// 128 threads. ql[t, h, c] = T16(qscale * sum_d q[t, h, d] W_UK[h][d][c])
+// for c < kvl, where thread (c, half) sums its half of d in order and the
+// two halves are added (a fixed order); ql[t, h, kvl + r] =
+// T16(qscale * q_pe[t, h, r]). The block's slab of W_UK[h] is read once
+// into shared memory for its rows. Shared: nope x 64 + 16 x nope + 2 x 16 x
+// 64 floats.
+template <typename W, typename T16>
+__global__ void __launch_bounds__(128)
+    di_mla_absorb_k(T16 *ql, const float *q, const W *wkvb, int rows, int num_heads, int nope, int rope, int kvl,
+                    int vd, float qscale) {
+	extern __shared__ __align__(16) float ab_smem[];
+	float *sW = ab_smem;                         // [nope][64]
+	float *sQ = sW + nope * MLA_AB_COLS;         // [16][nope]
+	float *sA = sQ + MLA_AB_ROWS * nope;         // [2][16][64]
+	const int tid = threadIdx.x, c = tid & (MLA_AB_COLS - 1), dh = tid >> 6;
+	const int c0 = blockIdx.x * MLA_AB_COLS, h = blockIdx.y;
+	const int width = kvl + rope, qw = num_heads * (nope + rope);
+	const W *w = wkvb + (size_t)h * (nope + vd) * kvl + c0;
+	for (int i = tid; i < nope * MLA_AB_COLS; i += blockDim.x) {
+		const int d = i / MLA_AB_COLS, cc = i - d * MLA_AB_COLS;
+		sW[i] = di_to_f32(w[(size_t)d * kvl + cc]);
+	}
+	di_pdl_wait();
+	const int d_lo = dh * (nope / 2), d_hi = dh ? nope : nope / 2;
+	const int r_end = min(rows, (int)(blockIdx.z + 1) * MLA_RB);
+	for (int r0 = blockIdx.z * MLA_RB; r0 < r_end; r0 += MLA_AB_ROWS) {
+		const int nr = min(MLA_AB_ROWS, r_end - r0);
+		__syncthreads(); // sW is loaded; the previous rows' sQ and sA are consumed
+		for (int i = tid; i < MLA_AB_ROWS * nope; i += blockDim.x) {
+			const int r = i / nope, d = i - r * nope;
+			sQ[i] = r < nr ? q[(size_t)(r0 + r) * qw + (size_t)h * (nope + rope) + d] : 0.f;
+		}
+		__syncthreads();
+		float acc[MLA_AB_ROWS];
+#pragma unroll
+		for (int r = 0; r < MLA_AB_ROWS; r++) acc[r] = 0.f;
+		for (int d = d_lo; d < d_hi; d++) {
+			const float wv = sW[d * MLA_AB_COLS + c];
+#pragma unroll
+			for (int r = 0; r < MLA_AB_ROWS; r++) acc[r] = __fmaf_rn(sQ[r * nope + d], wv, acc[r]);
+		}
+#pragma unroll
+		for (int r = 0; r < MLA_AB_ROWS; r++) sA[(dh * MLA_AB_ROWS + r) * MLA_AB_COLS + c] = acc[r];
+		__syncthreads();
+		for (int i = tid; i < nr * MLA_AB_COLS; i += blockDim.x) {
+			const int r = i / MLA_AB_COLS, cc = i - r * MLA_AB_COLS;
+			const float v = __fadd_rn(sA[r * MLA_AB_COLS + cc], sA[(MLA_AB_ROWS + r) * MLA_AB_COLS + cc]);
+			ql[((size_t)(r0 + r) * num_heads + h) * width + c0 + cc] = di_from_f32<T16>(__fmul_rn(v, qscale));
+		}
+		if (blockIdx.x == 0) {
+			for (int i = tid; i < nr * rope; i += blockDim.x) {
+				const int r = i / rope, e = i - r * rope;
+				const float v = q[(size_t)(r0 + r) * qw + (size_t)h * (nope + rope) + nope + e];
+				ql[((size_t)(r0 + r) * num_heads + h) * width + kvl + e] = di_from_f32<T16>(__fmul_rn(v, qscale));
+			}
+		}
+	}
+}
+
+#define MLA_UA_V 16 // output columns a block
+
+// di_mla_unabsorb_k: grid (ceil(vd / 16), heads, ceil(rows / MLA_RB)), 128
+// threads. out[t, h*vd + v] = sum_c olat[t, h, c] W_UV[h][v][c]: thread
+// (v, p) sums columns c = p + 8k in order, then the eight partial sums of
+// a v are added in a fixed butterfly. Shared: 16 x (kvl + 8) + 16 x kvl
+// floats.
+template <typename W>
+__global__ void __launch_bounds__(128)
+    di_mla_unabsorb_k(float *out, const float *olat, const W *wkvb, int rows, int num_heads, int nope, int kvl,
+                      int vd) {
+	extern __shared__ __align__(16) float ua_smem[];
+	const int ldw = kvl + 8;
+	float *sW = ua_smem;                  // [16][kvl + 8]
+	float *sO = sW + MLA_UA_V * ldw;      // [16][kvl]
+	const int tid = threadIdx.x, v = tid >> 3, p = tid & 7;
+	const int v0 = blockIdx.x * MLA_UA_V, h = blockIdx.y;
+	const W *w = wkvb + ((size_t)h * (nope + vd) + nope) * kvl;
+	for (int i = tid; i < MLA_UA_V * kvl; i += blockDim.x) {
+		const int vv = i / kvl, cc = i - vv * kvl;
+		sW[vv * ldw + cc] = v0 + vv < vd ? di_to_f32(w[(size_t)(v0 + vv) * kvl + cc]) : 0.f;
+	}
+	di_pdl_wait();
+	const int r_end = min(rows, (int)(blockIdx.z + 1) * MLA_RB);
+	for (int r0 = blockIdx.z * MLA_RB; r0 < r_end; r0 += MLA_AB_ROWS) {
+		const int nr = min(MLA_AB_ROWS, r_end - r0);
+		__syncthreads();
+		for (int i = tid; i < MLA_AB_ROWS * kvl; i += blockDim.x) {
+			const int r = i / kvl, cc = i - r * kvl;
+			sO[i] = r < nr ? olat[((size_t)(r0 + r) * num_heads + h) * kvl + cc] : 0.f;
+		}
+		__syncthreads();
+		float acc[MLA_AB_ROWS];
+#pragma unroll
+		for (int r = 0; r < MLA_AB_ROWS; r++) acc[r] = 0.f;
+		for (int cc = p; cc < kvl; cc += 8) {
+			const float wv = sW[v * ldw + cc];
+#pragma unroll
+			for (int r = 0; r < MLA_AB_ROWS; r++) acc[r] = __fmaf_rn(sO[r * kvl + cc], wv, acc[r]);
+		}
+#pragma unroll
+		for (int r = 0; r < MLA_AB_ROWS; r++) {
+#pragma unroll
+			for (int o = 1; o < 8; o <<= 1) acc[r] = __fadd_rn(acc[r], __shfl_xor_sync(0xffffffffu, acc[r], o));
+		}
+		if (v0 + v < vd) {
+#pragma unroll
+			for (int r = 0; r < MLA_AB_ROWS; r++)
+				if ((r & 7) == p && r < nr) out[(size_t)(r0 + r) * num_heads * vd + (size_t)h * vd + v0 + v] = acc[r];
+		}
+	}
+}
+
+// ---------------------------------------------------------------- latent attention
+
+// di_mla_tc_smem is di_mla_tc_k's shared memory: the key tiles (two
+// stages of 16-bit rows, or two stages of raw 8-bit rows and one widened
+// tile), the query tile (then reused for the warps' partial scores and the
+// probabilities), the rescale factors and the slots.
+struct di_mla_layout {
+	int ldk;                    // halves a staged row: kvl + rope + 8
+	size_t tiles, raw, q, total; // byte offsets: key tiles at 0, raw rows, the query / score region, the rest
+};
+__host__ __device__ __forceinline__ di_mla_layout di_mla_tc_layout(int kvl, int rope, bool f8) {
+	di_mla_layout L;
+	L.ldk = kvl + rope + 8;
+	const size_t tile = (size_t)MLA_BK * L.ldk * 2;
+	L.raw = f8 ? tile : 2 * tile;
+	L.q = L.raw + (f8 ? 2 * (size_t)MLA_BK * di_mla_f8_row_bytes(kvl, rope) : 0);
+	const size_t qb = (size_t)MLA_HG * L.ldk * 2;
+	const size_t sp = (size_t)(4 * MLA_HG * (MLA_BK + 8) + MLA_HG * (MLA_BK + 4)) * 4;
+	L.total = L.q + (qb > sp ? qb : sp) + MLA_HG * 4 * 2 + 2 * MLA_BK * 4;
+	return L;
+}
+
+// di_mla_tc_k: grid (rows, nsplit, ceil(heads / 16) * D), MLA_TC_THREADS
+// threads, shared memory di_mla_tc_layout. Block (x, c, z) takes query row
+// row0 + x (its visible keys [0, last)), chunk c of them (di_mla_chunk),
+// heads h0 = (z / D) * 16 .. +16 and latent output columns [(z % D) * kvl /
+// D, ...). ql: T16 [rows, heads, kvl + rope] (scores in log2 units); the
+// cache rows are row_bytes apart (16-bit [kvl + rope], or the packed 8-bit
+// row). Keys come in tiles of MLA_BK, two in flight (cp.async); warp w
+// scores every key of a tile over its quarter of the latent columns and its
+// rope k-step (the quarters added in warp order), thread t runs the online
+// softmax of head t / 8 over keys 4 (t % 8) .. +4, and warp w accumulates
+// output columns [w * kvl / (4 D), ...) of its slice for all 16 heads. The
+// chunk's output, divided by its sum, goes to po (half [rows, heads,
+// nsplit, kvl]) and its (max, sum) to pml ([rows, heads, nsplit]); a chunk
+// without keys writes (-inf, 0).
+template <int KVL, int D, typename CT>
+__global__ void __launch_bounds__(MLA_TC_THREADS, 2)
+    di_mla_tc_k(__half *po, float2 *pml, const typename di_mla_t16<CT>::type *ql, const unsigned char *cache,
+                const int *cu, const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks,
+                int block_size, int num_blocks, int num_heads, int rope, int row_bytes, int row0, int nsplit,
+                unsigned *check) {
+	using T16 = typename di_mla_t16<CT>::type;
+	constexpr bool F8 = di_is_fp8<CT>;
+	constexpr int KSL = KVL / 64;      // latent k-steps a warp
+	constexpr int NT = KVL / (32 * D); // output n8 tiles a warp
+	static_assert(NT >= 2 && NT % 2 == 0, "output slice");
+	extern __shared__ __align__(16) unsigned char mla_smem[];
+	const di_mla_layout L = di_mla_tc_layout(KVL, rope, F8);
+	const int LDK = L.ldk, width = KVL + rope;
+	T16 *sK = reinterpret_cast<T16 *>(mla_smem);                   // [2 or 1][MLA_BK][LDK]
+	unsigned char *sRaw = mla_smem + L.raw;                        // F8: [2][MLA_BK][row_bytes]
+	T16 *sQ = reinterpret_cast<T16 *>(mla_smem + L.q);             // [16][LDK], then:
+	float *sS = reinterpret_cast<float *>(mla_smem + L.q);         // [4][16][MLA_BK + 8]
+	float *sP = sS + 4 * MLA_HG * (MLA_BK + 8);                    // [16][MLA_BK + 4]
+	float *sAlpha = reinterpret_cast<float *>(mla_smem + L.total - MLA_HG * 8 - 2 * MLA_BK * 4); // [16]
+	float *sInvL = sAlpha + MLA_HG;                                                         // [16]
+	int *sSlots = reinterpret_cast<int *>(sInvL + MLA_HG);                                  // [2][MLA_BK]
+
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+	const int x = blockIdx.x, i = row0 + x, c = blockIdx.y;
+	const int hgrp = blockIdx.z / D, ds = blockIdx.z - hgrp * D, h0 = hgrp * MLA_HG;
+	const bool writer = ds == 0;
+	float2 *ml = pml + ((size_t)x * num_heads + h0) * nsplit + c; // head h0 + r at ml[r * nsplit]
+	di_pdl_wait();
+	int s, first, last; // first: 0 (no window)
+	const bool ok = di_seq_window(cu, seqlens_k, num_seqs, max_blocks * block_size, i, 0, &s, &first, &last);
+	(void)first;
+	const int len = ok ? di_mla_chunk(last, num_heads) : 1;
+	const int t_lo = c * len, t_hi = ok ? min(last, (c + 1) * len) : 0;
+	if (!ok || t_lo >= t_hi) {
+		if (!ok && c == 0 && blockIdx.z == 0 && tid == 0) atomicOr(check, DI_CHECK_MLA);
+		if (writer && tid < MLA_HG && h0 + tid < num_heads) ml[(size_t)tid * nsplit] = make_float2(-CUDART_INF_F, 0.f);
+		return;
+	}
+	const int *bt = block_tables + (size_t)s * max_blocks;
+
+	// fetch(t0, st): slots of tile t0 into sSlots[st], then its rows' copies.
+	auto fetch = [&](int t0, int st) {
+		int *sl = sSlots + st * MLA_BK;
+		if (tid < MLA_BK) {
+			const int t = t0 + tid;
+			sl[tid] = t < t_hi ? di_key_slot(bt, t, block_size, num_blocks, check, DI_CHECK_MLA) : -1;
+		}
+		__syncthreads();
+		if constexpr (F8) {
+			const int ch = row_bytes / 16;
+			unsigned char *dst = sRaw + (size_t)st * MLA_BK * row_bytes;
+			for (int k = tid; k < MLA_BK * ch; k += MLA_TC_THREADS) {
+				const int r = k / ch, e = (k - r * ch) * 16, slot = sl[r];
+				di_cp_async16(dst + r * row_bytes + e, cache + (slot >= 0 ? (size_t)slot * row_bytes + e : 0), slot >= 0);
+			}
+		} else {
+			const int ch = width / 8;
+			T16 *dst = sK + (size_t)st * MLA_BK * LDK;
+			for (int k = tid; k < MLA_BK * ch; k += MLA_TC_THREADS) {
+				const int r = k / ch, e = (k - r * ch) * 8, slot = sl[r];
+				di_cp_async16(dst + r * LDK + e, cache + (slot >= 0 ? (size_t)slot * row_bytes + e * 2 : 0), slot >= 0);
+			}
+		}
+		di_cp_async_commit();
+	};
+	fetch(t_lo, 0);
+
+	// The query tile: heads h0.. (zeros past the last head), then each
+	// warp's A fragments: latent k-steps [warp * KSL, +KSL) and rope k-step
+	// warp (when rope / 16 > warp).
+	{
+		const int ch = width / 8;
+		for (int k = tid; k < MLA_HG * ch; k += MLA_TC_THREADS) {
+			const int r = k / ch, e = (k - r * ch) * 8;
+			uint4 v = make_uint4(0, 0, 0, 0);
+			if (h0 + r < num_heads) v = *reinterpret_cast<const uint4 *>(ql + ((size_t)x * num_heads + h0 + r) * width + e);
+			*reinterpret_cast<uint4 *>(sQ + r * LDK + e) = v;
+		}
+	}
+	__syncthreads();
+	const int lm_row = lane & 7, lm_mat = lane >> 3;
+	uint32_t qa[KSL][4], qr[4] = {0, 0, 0, 0};
+	const bool has_rope = warp < rope / 16;
+#pragma unroll
+	for (int k = 0; k < KSL; k++)
+		di_ldmatrix_x4(qa[k], sQ + (lm_row + (lm_mat & 1) * 8) * LDK + (warp * KSL + k) * 16 + (lm_mat >> 1) * 8);
+	if (has_rope) di_ldmatrix_x4(qr, sQ + (lm_row + (lm_mat & 1) * 8) * LDK + KVL + warp * 16 + (lm_mat >> 1) * 8);
+	// (the region of sQ is overwritten by the scores only after the first
+	// tile's barrier below, which every warp reaches after its loads)
+
+	float m_run = -CUDART_INF_F, l_run = 0.f; // head tid / 8: the same in its eight threads
+	float o[NT][4];
+#pragma unroll
+	for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+	const int dbase = ds * (KVL / D) + warp * (KVL / (4 * D)); // this warp's output columns
+	const int sh = tid >> 3, sk0 = (tid & 7) * 4;               // softmax: head sh, keys sk0..+4
+
+	int st = 0;
+	for (int t0 = t_lo; t0 < t_hi; t0 += MLA_BK, st ^= 1) {
+		const bool more = t0 + MLA_BK < t_hi;
+		if (more) fetch(t0 + MLA_BK, st ^ 1);
+		if (more) di_cp_async_wait<1>();
+		else di_cp_async_wait<0>();
+		__syncthreads(); // tile t0 has landed for every thread
+		const int *sl = sSlots + st * MLA_BK;
+		const T16 *Ks;
+		if constexpr (F8) {
+			// Widen the raw rows: value * its group's scale, rounded to half; the rope halves as they are.
+			const unsigned char *raw = sRaw + (size_t)st * MLA_BK * row_bytes;
+			constexpr int CH = KVL / 16;
+			for (int k = tid; k < MLA_BK * CH; k += MLA_TC_THREADS) {
+				const int r = k / CH, e = (k - r * CH) * 16;
+				const unsigned char *rr = raw + r * row_bytes;
+				const float scale = reinterpret_cast<const float *>(rr + KVL + 2 * rope)[e / MLA_F8_GROUP];
+				const uint4 v = *reinterpret_cast<const uint4 *>(rr + e);
+				const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+				uint32_t hv[8];
+#pragma unroll
+				for (int u = 0; u < 4; u++) {
+					const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(wv[u] & 0xffffu), __NV_E4M3);
+					const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(wv[u] >> 16), __NV_E4M3);
+					const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+					hv[2 * u] = di_half2_bits(__fmul_rn(a.x, scale), __fmul_rn(a.y, scale));
+					hv[2 * u + 1] = di_half2_bits(__fmul_rn(b.x, scale), __fmul_rn(b.y, scale));
+				}
+				uint4 *d = reinterpret_cast<uint4 *>(sK + r * LDK + e);
+				d[0] = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+				d[1] = make_uint4(hv[4], hv[5], hv[6], hv[7]);
+			}
+			const int rch = rope / 8;
+			for (int k = tid; k < MLA_BK * rch; k += MLA_TC_THREADS) {
+				const int r = k / rch, e = (k - r * rch) * 8;
+				*reinterpret_cast<uint4 *>(sK + r * LDK + KVL + e) =
+				    *reinterpret_cast<const uint4 *>(raw + r * row_bytes + KVL + 2 * e);
+			}
+			__syncthreads();
+			Ks = sK;
+		} else {
+			Ks = sK + (size_t)st * MLA_BK * LDK;
+		}
+
+		// Scores: this warp's quarter of the latent columns and its rope k-step.
+		float sc[4][4];
+#pragma unroll
+		for (int n = 0; n < 4; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+#pragma unroll
+		for (int k = 0; k < KSL; k++) {
+#pragma unroll
+			for (int np = 0; np < 2; np++) {
+				uint32_t b[4];
+				di_ldmatrix_x4(b, Ks + (np * 16 + (lm_mat >> 1) * 8 + lm_row) * LDK + (warp * KSL + k) * 16 +
+				                      (lm_mat & 1) * 8);
+				di_mma16816<T16>(sc[2 * np], qa[k][0], qa[k][1], qa[k][2], qa[k][3], b[0], b[1]);
+				di_mma16816<T16>(sc[2 * np + 1], qa[k][0], qa[k][1], qa[k][2], qa[k][3], b[2], b[3]);
+			}
+		}
+		if (has_rope) {
+#pragma unroll
+			for (int np = 0; np < 2; np++) {
+				uint32_t b[4];
+				di_ldmatrix_x4(b, Ks + (np * 16 + (lm_mat >> 1) * 8 + lm_row) * LDK + KVL + warp * 16 + (lm_mat & 1) * 8);
+				di_mma16816<T16>(sc[2 * np], qr[0], qr[1], qr[2], qr[3], b[0], b[1]);
+				di_mma16816<T16>(sc[2 * np + 1], qr[0], qr[1], qr[2], qr[3], b[2], b[3]);
+			}
+		}
+		{
+			float *ss = sS + warp * MLA_HG * (MLA_BK + 8);
+#pragma unroll
+			for (int n = 0; n < 4; n++) {
+				*reinterpret_cast<float2 *>(ss + g * (MLA_BK + 8) + n * 8 + 2 * t4) = make_float2(sc[n][0], sc[n][1]);
+				*reinterpret_cast<float2 *>(ss + (g + 8) * (MLA_BK + 8) + n * 8 + 2 * t4) = make_float2(sc[n][2], sc[n][3]);
+			}
+		}
+		__syncthreads();
+
+		// Online softmax: head sh, keys sk0..+4; the warps' quarters added in order.
+		{
+			float sv[4], mx = -CUDART_INF_F;
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				const int j = sk0 + u, at = sh * (MLA_BK + 8) + j;
+				float v = __fadd_rn(__fadd_rn(__fadd_rn(sS[at], sS[MLA_HG * (MLA_BK + 8) + at]),
+				                             sS[2 * MLA_HG * (MLA_BK + 8) + at]),
+				                    sS[3 * MLA_HG * (MLA_BK + 8) + at]);
+				v = sl[j] >= 0 ? v : -CUDART_INF_F;
+				sv[u] = v;
+				mx = fmaxf(mx, v);
+			}
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+			const float m_new = fmaxf(m_run, mx);
+			float alpha = 1.f, sum = 0.f, p[4] = {0.f, 0.f, 0.f, 0.f};
+			if (m_new != -CUDART_INF_F) {
+				alpha = exp2f(__fsub_rn(m_run, m_new));
+#pragma unroll
+				for (int u = 0; u < 4; u++) p[u] = exp2f(__fsub_rn(sv[u], m_new));
+				sum = __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[1]), p[2]), p[3]);
+			}
+			sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
+			sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
+			sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 4));
+			l_run = __fadd_rn(__fmul_rn(l_run, alpha), sum);
+			m_run = m_new;
+			*reinterpret_cast<float4 *>(sP + sh * (MLA_BK + 4) + sk0) = make_float4(p[0], p[1], p[2], p[3]);
+			if ((tid & 7) == 0) sAlpha[sh] = alpha;
+		}
+		__syncthreads();
+
+		// Outputs: rescale, then P (16 heads x 32 keys) times the keys' latent columns of this warp.
+		{
+			const float a_lo = sAlpha[g], a_hi = sAlpha[g + 8];
+#pragma unroll
+			for (int n = 0; n < NT; n++) {
+				o[n][0] = __fmul_rn(o[n][0], a_lo), o[n][1] = __fmul_rn(o[n][1], a_lo);
+				o[n][2] = __fmul_rn(o[n][2], a_hi), o[n][3] = __fmul_rn(o[n][3], a_hi);
+			}
+#pragma unroll
+			for (int kk = 0; kk < MLA_BK / 16; kk++) {
+				const float *p0 = sP + g * (MLA_BK + 4) + kk * 16 + 2 * t4, *p1 = p0 + 8 * (MLA_BK + 4);
+				const float2 x0 = *reinterpret_cast<const float2 *>(p0), x1 = *reinterpret_cast<const float2 *>(p1);
+				const float2 x2 = *reinterpret_cast<const float2 *>(p0 + 8), x3 = *reinterpret_cast<const float2 *>(p1 + 8);
+				const uint32_t a0 = di_pack2<T16>(x0.x, x0.y), a1 = di_pack2<T16>(x1.x, x1.y);
+				const uint32_t a2 = di_pack2<T16>(x2.x, x2.y), a3 = di_pack2<T16>(x3.x, x3.y);
+#pragma unroll
+				for (int n = 0; n < NT; n += 2) {
+					uint32_t b[4];
+					di_ldmatrix_x4_trans(b, Ks + (kk * 16 + (lm_mat & 1) * 8 + lm_row) * LDK + dbase +
+					                            (n + (lm_mat >> 1)) * 8);
+					di_mma16816<T16>(o[n], a0, a1, a2, a3, b[0], b[1]);
+					di_mma16816<T16>(o[n + 1], a0, a1, a2, a3, b[2], b[3]);
+				}
+			}
+		}
+		__syncthreads(); // the tile, the scores and the probabilities are consumed
+	}
+
+	// The chunk's results: (max, sum) per head, the output divided by the sum.
+	if ((tid & 7) == 0) {
+		sInvL[sh] = l_run > 0.f ? __fdiv_rn(1.f, l_run) : 0.f;
+		if (writer && h0 + sh < num_heads) ml[(size_t)sh * nsplit] = make_float2(m_run, l_run);
+	}
+	__syncthreads();
+	const float i_lo = sInvL[g], i_hi = sInvL[g + 8];
+#pragma unroll
+	for (int half = 0; half < 2; half++) {
+		const int h = h0 + g + 8 * half;
+		if (h >= num_heads) continue;
+		const float inv = half ? i_hi : i_lo;
+		__half *dst = po + (((size_t)x * num_heads + h) * nsplit + c) * KVL + dbase + 2 * t4;
+#pragma unroll
+		for (int n = 0; n < NT; n++)
+			*reinterpret_cast<__half2 *>(dst + n * 8) =
+			    __floats2half2_rn(__fmul_rn(o[n][2 * half], inv), __fmul_rn(o[n][2 * half + 1], inv));
+	}
+}
+
+// di_mla_combine_k: grid (rows, heads), 128 threads. Merges row x's
+// chunks in ascending order into olat (float32 [rows, heads, kvl]): weight
+// w_c = l_c * 2^(m_c - max), the chunks with keys only; zeros for a row
+// without keys.
+__global__ void di_mla_combine_k(float *olat, const __half *po, const float2 *pml, int num_heads, int kvl,
+                                 int nsplit) {
+	di_pdl_wait();
+	__shared__ float w[MLA_MAX_SPLITS];
+	__shared__ float inv_l;
+	const int x = blockIdx.x, h = blockIdx.y;
+	const float2 *ml = pml + ((size_t)x * num_heads + h) * nsplit;
+	if (threadIdx.x < 32) {
+		const int c = threadIdx.x;
+		const float2 v = c < nsplit ? ml[c] : make_float2(-CUDART_INF_F, 0.f);
+		float mx = v.y > 0.f ? v.x : -CUDART_INF_F;
+		mx = di_warp_max(mx);
+		const float wc = v.y > 0.f ? __fmul_rn(exp2f(__fsub_rn(v.x, mx)), v.y) : 0.f;
+		if (c < nsplit) w[c] = wc;
+		__syncwarp();
+		if (c == 0) {
+			float l = 0.f;
+			for (int k = 0; k < nsplit; k++) l = __fadd_rn(l, w[k]);
+			inv_l = l > 0.f ? __fdiv_rn(1.f, l) : 0.f;
+		}
+	}
+	__syncthreads();
+	const __half *p = po + ((size_t)x * num_heads + h) * nsplit * kvl;
+	float *o = olat + ((size_t)x * num_heads + h) * kvl;
+	for (int e = threadIdx.x; e < kvl; e += blockDim.x) {
+		float a = 0.f;
+		for (int c = 0; c < nsplit; c++)
+			if (w[c] > 0.f) a = __fmaf_rn(__half2float(p[(size_t)c * kvl + e]), w[c], a);
+		o[e] = __fmul_rn(a, inv_l);
+	}
+}
+
+// ---------------------------------------------------------------- host side
+
+// di_mla_tc_ok reports whether the tensor-core path takes these sizes.
+static bool di_mla_tc_shape(int kvl, int rope) {
+	return (kvl == 128 || kvl == 512) && rope > 0 && rope <= 64 && rope % 16 == 0;
+}
+
+// di_mla_pick_d is how many slices of the latent output a row's chunk is
+// cut into: more for few (row, head group) pairs, so that short batches
+// have blocks for every multiprocessor. It changes no bit.
+static int di_mla_pick_d(int kvl, size_t pairs) {
+	const int d = pairs <= 8 ? 4 : (pairs <= 32 ? 2 : 1);
+	return kvl == 128 && d > 2 ? 2 : d;
+}
+
+template <int KVL, int D, typename CT>
+static int di_mla_tc_launch(di_ctx *ctx, __half *po, float2 *pml, const void *ql, const unsigned char *cache,
+                            const di_attn_meta *m, int rows, int row0, int num_heads, int rope, int row_bytes,
+                            int nsplit) {
+	const di_mla_layout L = di_mla_tc_layout(KVL, rope, di_is_fp8<CT>);
+	auto k = di_mla_tc_k<KVL, D, CT>;
+	cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L.total);
+	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "mla_attention (latent): cudaFuncSetAttribute");
+	const int hg = (num_heads + MLA_HG - 1) / MLA_HG;
+	di_launch(ctx, k, dim3(rows, nsplit, hg * D), dim3(MLA_TC_THREADS), L.total, po, pml,
+	          static_cast<const typename di_mla_t16<CT>::type *>(ql), cache, DI_PTR(const int, m->cu_seqlens_q),
+	          DI_PTR(const int, m->seqlens_k), DI_PTR(const int, m->block_tables), m->num_seqs, m->max_blocks_per_seq,
+	          m->block_size, m->num_blocks, num_heads, rope, row_bytes, row0, nsplit, ctx->check);
+	return di_check_launch(ctx, "mla_attention (latent)");
+}
+
+template <int KVL, typename CT>
+static int di_mla_tc_d(di_ctx *ctx, int d, __half *po, float2 *pml, const void *ql, const unsigned char *cache,
+                       const di_attn_meta *m, int rows, int row0, int num_heads, int rope, int row_bytes, int nsplit) {
+	if constexpr (KVL == 512) {
+		if (d == 4)
+			return di_mla_tc_launch<KVL, 4, CT>(ctx, po, pml, ql, cache, m, rows, row0, num_heads, rope, row_bytes, nsplit);
+	}
+	if (d >= 2)
+		return di_mla_tc_launch<KVL, 2, CT>(ctx, po, pml, ql, cache, m, rows, row0, num_heads, rope, row_bytes, nsplit);
+	return di_mla_tc_launch<KVL, 1, CT>(ctx, po, pml, ql, cache, m, rows, row0, num_heads, rope, row_bytes, nsplit);
+}
+
+// di_mla_latent_pass runs the latent attention (di_mla_tc_k and the
+// combine) for rows [row0, row0 + rows) of the call: ql and olat point at
+// row row0's entries; po and pml are scratch of rows * heads * nsplit
+// entries.
+static int di_mla_latent_pass(di_ctx *ctx, float *olat, const void *ql, const unsigned char *cache, int cache_dtype,
+                              const di_attn_meta *m, int rows, int row0, int num_heads, int kvl, int rope, int nsplit,
+                              __half *po, float2 *pml) {
+	const int hg = (num_heads + MLA_HG - 1) / MLA_HG;
+	const int d = di_mla_pick_d(kvl, (size_t)rows * hg);
+	int rc;
+	const int rb16 = (kvl + rope) * 2, rb8 = di_mla_f8_row_bytes(kvl, rope);
+#define DI_MLA_TC(KVL)                                                                                              \
+	switch (cache_dtype) {                                                                                          \
+	case DI_F16: rc = di_mla_tc_d<KVL, __half>(ctx, d, po, pml, ql, cache, m, rows, row0, num_heads, rope, rb16, nsplit); break; \
+	case DI_BF16:                                                                                                   \
+		rc = di_mla_tc_d<KVL, __nv_bfloat16>(ctx, d, po, pml, ql, cache, m, rows, row0, num_heads, rope, rb16, nsplit); \
+		break;                                                                                                      \
+	default:                                                                                                        \
+		rc = di_mla_tc_d<KVL, __nv_fp8_e4m3>(ctx, d, po, pml, ql, cache, m, rows, row0, num_heads, rope, rb8, nsplit); \
+		break;                                                                                                      \
+	}
+	if (kvl == 512) {
+		DI_MLA_TC(512)
+	} else {
+		DI_MLA_TC(128)
+	}
+#undef DI_MLA_TC
+	if (rc != DI_OK) return rc;
+	di_launch(ctx, di_mla_combine_k, dim3(rows, num_heads), dim3(128), 0, olat, (const __half *)po, (const float2 *)pml,
+	          num_heads, kvl, nsplit);
+	return di_check_launch(ctx, "mla_attention (combine)");
+}
+
+// di_mla_check_tc validates the arguments the tensor-core path shares.
+static int di_mla_check_tc(di_ctx *ctx, const char *op, di_dptr cache, int cache_dtype, int kvl, int rope) {
+	if (cache_dtype != DI_F16 && cache_dtype != DI_BF16 && cache_dtype != DI_F8E4M3)
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "%s: cache dtype %d: want F16, BF16 or F8E4M3", op, cache_dtype);
+	if (!di_mla_tc_shape(kvl, rope))
+		return di_fail(ctx, DI_ERR_UNSUPPORTED,
+		               "%s: kv_lora_rank %d, rope dim %d: the 16- and 8-bit caches take kv_lora_rank 128 or 512 and a "
+		               "rope dim of 16 to 64 in steps of 16",
+		               op, kvl, rope);
+	if (cache % 16 != 0) return di_fail(ctx, DI_ERR_INVALID, "%s: cache not 16-byte aligned", op);
+	return DI_OK;
+}
+
+// di_mla_pass_rows is the most rows one pass takes: the pass's scratch
+// (per row and head: q_lat, o_lat and nsplit partial outputs) within
+// MLA_SCRATCH_BYTES, and at least one row.
+static int di_mla_pass_rows(int num_heads, int kvl, int rope, int nsplit) {
+	const size_t per_row = (size_t)num_heads * ((size_t)(kvl + rope) * 2 + (size_t)kvl * 4 +
+	                                            (size_t)nsplit * ((size_t)kvl * 2 + sizeof(float2)));
+	const size_t r = MLA_SCRATCH_BYTES / per_row;
+	return r < 1 ? 1 : (r > (1u << 30) ? (1 << 30) : (int)r);
+}
+
+extern "C" int di_op_mla_latent_attention(di_ctx *ctx, di_dptr olat, di_dptr ql, di_dptr cache, int cache_dtype,
+                                          const di_attn_meta *m, int num_heads, int kvl, int rope) {
+	if (m->num_tokens == 0) return DI_OK;
+	int rc = di_mla_check_tc(ctx, "mla_latent_attention", cache, cache_dtype, kvl, rope);
+	if (rc != DI_OK) return rc;
+	if (ql % 16 != 0) return di_fail(ctx, DI_ERR_INVALID, "mla_latent_attention: q_lat not 16-byte aligned");
+	const int nsplit = di_mla_nsplit(m->max_blocks_per_seq * m->block_size, num_heads);
+	const int pass = di_mla_pass_rows(num_heads, kvl, rope, nsplit);
+	const int rows_max = m->num_tokens < pass ? m->num_tokens : pass;
+	void *po = nullptr, *pml = nullptr;
+	if ((rc = di_scratch(ctx, (size_t)rows_max * num_heads * nsplit * kvl * 2, &po)) != DI_OK) return rc;
+	if ((rc = di_scratch(ctx, (size_t)rows_max * num_heads * nsplit * sizeof(float2), &pml)) != DI_OK) {
+		di_scratch_free(ctx, po);
+		return rc;
+	}
+	for (int r0 = 0; r0 < m->num_tokens && rc == DI_OK; r0 += pass) {
+		const int rows = m->num_tokens - r0 < pass ? m->num_tokens - r0 : pass;
+		rc = di_mla_latent_pass(ctx, DI_PTR(float, olat) + (size_t)r0 * num_heads * kvl,
+		                        DI_PTR(const unsigned char, ql) + (size_t)r0 * num_heads * (kvl + rope) * 2,
+		                        DI_PTR(const unsigned char, cache), cache_dtype, m, rows, r0, num_heads, kvl, rope, nsplit,
+		                        (__half *)po, (float2 *)pml);
+	}
+	di_scratch_free(ctx, po);
+	di_scratch_free(ctx, pml);
+	return rc;
+}
+
+extern "C" int di_op_mla_attention_tc(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, int cache_dtype,
+                                      di_dptr wkvb, int w_dtype, const di_attn_meta *m, int num_heads, int nope_dim,
+                                      int rope_dim, int kv_lora_rank, int v_head_dim, float scale) {
+	if (m->num_tokens == 0) return DI_OK;
+	const int kvl = kv_lora_rank, rope = rope_dim, nope = nope_dim, vd = v_head_dim;
+	int rc = di_mla_check_tc(ctx, "mla_attention", cache, cache_dtype, kvl, rope);
+	if (rc != DI_OK) return rc;
+	if (w_dtype != DI_F32 && w_dtype != DI_BF16 && w_dtype != DI_F16)
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "mla_attention: weight dtype %d", w_dtype);
+	if (nope <= 0 || nope % 2 != 0 || vd <= 0 || num_heads <= 0)
+		return di_fail(ctx, DI_ERR_INVALID, "mla_attention: nope dim %d (even), v head dim %d, heads %d", nope, vd,
+		               num_heads);
+	const int nsplit = di_mla_nsplit(m->max_blocks_per_seq * m->block_size, num_heads);
+	const int pass = di_mla_pass_rows(num_heads, kvl, rope, nsplit);
+	const int rows_max = m->num_tokens < pass ? m->num_tokens : pass;
+	const size_t n_ql = (size_t)rows_max * num_heads * (kvl + rope) * 2, n_ol = (size_t)rows_max * num_heads * kvl * 4;
+	const size_t n_po = (size_t)rows_max * num_heads * nsplit * kvl * 2,
+	             n_ml = (size_t)rows_max * num_heads * nsplit * sizeof(float2);
+	void *buf = nullptr;
+	if ((rc = di_scratch(ctx, n_ql + n_ol + n_po + n_ml, &buf)) != DI_OK) return rc;
+	unsigned char *qlp = (unsigned char *)buf, *olp = qlp + n_ql, *pop = olp + n_ol, *mlp = pop + n_po;
+	const size_t ab_smem = ((size_t)nope * MLA_AB_COLS + MLA_AB_ROWS * nope + 2 * MLA_AB_ROWS * MLA_AB_COLS) * 4;
+	const size_t ua_smem = ((size_t)MLA_UA_V * (kvl + 8) + (size_t)MLA_AB_ROWS * kvl) * 4;
+	const float qscale = scale * 1.4426950408889634f;
+	const bool bf = cache_dtype == DI_BF16;
+	for (int r0 = 0; r0 < m->num_tokens && rc == DI_OK; r0 += pass) {
+		const int rows = m->num_tokens - r0 < pass ? m->num_tokens - r0 : pass;
+		const float *qr = DI_PTR(const float, q) + (size_t)r0 * num_heads * (nope + rope);
+		const dim3 ag(kvl / MLA_AB_COLS, num_heads, (rows + MLA_RB - 1) / MLA_RB);
+		DI_DISPATCH_WEIGHT(w_dtype, W, {
+			cudaError_t e;
+			if (bf) {
+				e = cudaFuncSetAttribute(di_mla_absorb_k<W, __nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				                         (int)ab_smem);
+				if (e == cudaSuccess)
+					di_launch(ctx, di_mla_absorb_k<W, __nv_bfloat16>, ag, dim3(128), ab_smem, (__nv_bfloat16 *)qlp, qr,
+					          DI_PTR(const W, wkvb), rows, num_heads, nope, rope, kvl, vd, qscale);
+			} else {
+				e = cudaFuncSetAttribute(di_mla_absorb_k<W, __half>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+				                         (int)ab_smem);
+				if (e == cudaSuccess)
+					di_launch(ctx, di_mla_absorb_k<W, __half>, ag, dim3(128), ab_smem, (__half *)qlp, qr,
+					          DI_PTR(const W, wkvb), rows, num_heads, nope, rope, kvl, vd, qscale);
+			}
+			if (e != cudaSuccess) {
+				rc = di_cuda_fail(ctx, e, "mla_attention (absorb): cudaFuncSetAttribute");
+				break;
+			}
+		});
+		if (rc != DI_OK) break;
+		if ((rc = di_check_launch(ctx, "mla_attention (absorb)")) != DI_OK) break;
+		rc = di_mla_latent_pass(ctx, (float *)olp, qlp, DI_PTR(const unsigned char, cache), cache_dtype, m, rows, r0,
+		                        num_heads, kvl, rope, nsplit, (__half *)pop, (float2 *)mlp);
+		if (rc != DI_OK) break;
+		const dim3 ug((vd + MLA_UA_V - 1) / MLA_UA_V, num_heads, (rows + MLA_RB - 1) / MLA_RB);
+		DI_DISPATCH_WEIGHT(w_dtype, W, {
+			cudaError_t e = cudaFuncSetAttribute(di_mla_unabsorb_k<W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+			                                     (int)ua_smem);
+			if (e != cudaSuccess) {
+				rc = di_cuda_fail(ctx, e, "mla_attention (unabsorb): cudaFuncSetAttribute");
+				break;
+			}
+			di_launch(ctx, di_mla_unabsorb_k<W>, ug, dim3(128), ua_smem,
+			          DI_PTR(float, out) + (size_t)r0 * num_heads * vd, (const float *)olp, DI_PTR(const W, wkvb), rows,
+			          num_heads, nope, kvl, vd);
+		});
+		if (rc != DI_OK) break;
+		rc = di_check_launch(ctx, "mla_attention (unabsorb)");
+	}
+	di_scratch_free(ctx, buf);
+	return rc;
+}

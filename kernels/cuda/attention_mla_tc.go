@@ -1,0 +1,155 @@
+package cuda
+
+/*
+#include "api.h"
+*/
+import "C"
+
+import (
+	"fmt"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+var _ kernels.MLACacher = (*Backend)(nil)
+
+// mlaTCShape reports whether the tensor-core MLA kernels take the latent
+// sizes of p: kv_lora_rank 128 or 512 (DeepSeek-V2/V3: 512) and a rope
+// dim of 16 to 64 in steps of 16.
+func mlaTCShape(p kernels.MLAParams) bool {
+	return (p.KVLoraRank == 128 || p.KVLoraRank == 512) && p.RopeDim > 0 && p.RopeDim <= 64 && p.RopeDim%16 == 0
+}
+
+// MLACacheLayout implements kernels.MLACacher with the rule of the GQA
+// caches (KVCacheDType): the packed 8-bit row under Options.KVCacheDType
+// F8E4M3, half rows for 16-bit weights in GEMM mode round, float32 rows
+// otherwise, and for latent sizes the tensor-core kernels do not take
+// (mlaTCShape).
+func (b *Backend) MLACacheLayout(weights kernels.DType, p kernels.MLAParams) (kernels.DType, int) {
+	w := p.KVLoraRank + p.RopeDim
+	if !mlaTCShape(p) {
+		return kernels.F32, w
+	}
+	switch dt := b.KVCacheDType(weights); dt {
+	case kernels.F8E4M3:
+		return dt, kernels.MLAF8RowBytes(p.KVLoraRank, p.RopeDim)
+	case kernels.F16:
+		return dt, w
+	}
+	return kernels.F32, w
+}
+
+// mlaCacheDTypes are the latent caches' element types besides F32.
+var mlaCacheDTypes = []kernels.DType{kernels.F16, kernels.BF16, kernels.F8E4M3}
+
+// mlaCache checks a latent cache [blocks, block_size, width] for p (its
+// width from its dtype, see kernels.MLACacheLayout) and returns its rows.
+func mlaCache(op string, c *Tensor, p kernels.MLAParams) (slots int, err error) {
+	width := p.KVLoraRank + p.RopeDim
+	if c.dtype == kernels.F8E4M3 {
+		width = kernels.MLAF8RowBytes(p.KVLoraRank, p.RopeDim)
+	}
+	if err := kernels.CheckShape("cuda", op, "cache", c, []int{-1, -1, width}, append([]kernels.DType{kernels.F32}, mlaCacheDTypes...)...); err != nil {
+		return 0, err
+	}
+	if c.dtype != kernels.F32 && !mlaTCShape(p) {
+		return 0, fmt.Errorf("cuda: %s: a %v latent cache needs kv_lora_rank 128 or 512 and a rope dim of 16 to 64 in steps of 16, got %+v: %w",
+			op, c.dtype, p, kernels.ErrDType)
+	}
+	return c.shape[0] * c.shape[1], nil
+}
+
+// WriteMLACache implements kernels.MLACacher: one kernel writes c_kv and
+// k_pe into each token's cache row, rounded or packed (8-bit: per 128
+// columns a float32 scale, kernels.MLAF8RowBytes). A slot outside the
+// cache is reported by the next Download or Sync.
+func (b *Backend) WriteMLACache(cache, ckv, kpe, slotMapping kernels.Tensor, p kernels.MLAParams) error {
+	const op = "mla_write_cache"
+	c, err := asCUDA(op, "cache", cache)
+	if err != nil {
+		return err
+	}
+	x, err := asCUDA(op, "ckv", ckv)
+	if err != nil {
+		return err
+	}
+	xp, err := asCUDA(op, "kpe", kpe)
+	if err != nil {
+		return err
+	}
+	sm, err := asCUDA(op, "slot_mapping", slotMapping)
+	if err != nil {
+		return err
+	}
+	if p.KVLoraRank <= 0 || p.RopeDim <= 0 {
+		return fmt.Errorf("cuda: %s: params %+v: %w", op, p, kernels.ErrShape)
+	}
+	slots, err := mlaCache(op, c, p)
+	if err != nil {
+		return err
+	}
+	if err := kernels.CheckShape("cuda", op, "ckv", x, []int{-1, p.KVLoraRank}, kernels.F32); err != nil {
+		return err
+	}
+	t := x.shape[0]
+	if err := kernels.CheckShape("cuda", op, "kpe", xp, []int{t, p.RopeDim}, kernels.F32); err != nil {
+		return err
+	}
+	if err := kernels.CheckShape("cuda", op, "slot_mapping", sm, []int{t}, kernels.I32); err != nil {
+		return err
+	}
+	return b.launch(op, func() C.int {
+		return C.c_mla_write_cache(b.lib.api, b.ctx, c.ptr(), C.int(c.dtype), x.ptr(), xp.ptr(), sm.ptr(), C.int(t),
+			C.int(p.KVLoraRank), C.int(p.RopeDim), C.int(slots))
+	}, c, x, xp, sm)
+}
+
+// MLALatentAttention is the latent half of MLAAttention over a 16- or
+// 8-bit latent cache (FlashMLA's kernel): olat F32 [T, NumHeads,
+// KVLoraRank] gets, per query row and head, the softmax over the row's
+// visible keys (the causal rule of Attention) of q_lat · cache row,
+// applied to the keys' c_kv. qlat [T, NumHeads, KVLoraRank+RopeDim] is F16
+// (BF16 over a BF16 cache): the absorbed query followed by q_pe, already
+// multiplied by Scale * log2(e). A row's bits depend on its own keys only.
+// Cost: one read of each row's visible cache rows per group of 16 heads
+// (MLAAttention's absorptions excluded).
+func (b *Backend) MLALatentAttention(olat, qlat, cache kernels.Tensor, m *kernels.AttentionMetadata, p kernels.MLAParams) error {
+	const op = "mla_latent_attention"
+	o, err := asCUDA(op, "olat", olat)
+	if err != nil {
+		return err
+	}
+	q, err := asCUDA(op, "qlat", qlat)
+	if err != nil {
+		return err
+	}
+	c, err := asCUDA(op, "cache", cache)
+	if err != nil {
+		return err
+	}
+	if _, err := mlaCache(op, c, p); err != nil {
+		return err
+	}
+	if c.dtype == kernels.F32 {
+		return fmt.Errorf("cuda: %s: cache is F32, want F16, BF16 or F8E4M3: %w", op, kernels.ErrDType)
+	}
+	qdt := kernels.F16
+	if c.dtype == kernels.BF16 {
+		qdt = kernels.BF16
+	}
+	nh, kvl, rope := p.NumHeads, p.KVLoraRank, p.RopeDim
+	if err := kernels.CheckShape("cuda", op, "qlat", q, []int{-1, nh, kvl + rope}, qdt); err != nil {
+		return err
+	}
+	t := q.shape[0]
+	if err := kernels.CheckShape("cuda", op, "olat", o, []int{t, nh, kvl}, kernels.F32); err != nil {
+		return err
+	}
+	cm, keep, err := attnMeta(op, m, t, c.shape[0], c.shape[1])
+	if err != nil {
+		return err
+	}
+	return b.launch(op, func() C.int {
+		return C.c_mla_latent_attention(b.lib.api, b.ctx, o.ptr(), q.ptr(), c.ptr(), C.int(c.dtype), &cm, C.int(nh), C.int(kvl), C.int(rope))
+	}, append(keep, o, q, c)...)
+}

@@ -1,0 +1,60 @@
+// fp8.cuh: what fp8.cu (FP8 weight GEMV, activation quantization, FP8
+// tensor-core GEMM, dequantization, the linear entry point) shares with
+// fp8_moe.cu (the FP8 expert MLP). Not part of the ABI.
+#pragma once
+
+#include "common.cuh"
+
+// di_fp8w is an FP8 block-scaled weight on the device (di_fp8_weight with
+// typed pointers): element (r, c) of the [rows, k] matrix is
+// e4m3(data[r*k + c]) * scales[scale_row[r] * scale_cols + (c >> bk_shift)].
+// For stacked experts, rows = experts * n and expert e's matrix starts at
+// row e * n.
+struct di_fp8w {
+	const uint8_t *data;
+	const float *scales;
+	const int *scale_row;
+	int scale_cols; // ceil(k / block_k)
+	int bk_shift;   // log2(block_k), block_k >= 16
+};
+
+// DI_FP8_GROUP is the activation group of the tensor-core GEMM: activations
+// are quantized per row and DI_FP8_GROUP columns, and the GEMM promotes its
+// partial sums to float32 once per DI_FP8_GROUP columns of k.
+#define DI_FP8_GROUP 128
+
+// di_fp8_gemv computes out[r, j] = x(r) . W[e][j] (+ bias[j]) for the rows
+// of each expert e (offsets set: rows offsets[e] .. offsets[e+1] of out,
+// experts grid rows; offsets null: rows 0 .. m of the one matrix) with
+// float32 x; x(r) is x[order[r] / div] when order is set, else x[r]. k is a
+// multiple of 16 and x, w.data 16-byte aligned. Launched with programmatic
+// dependent launch when pdl is set (the Linear path), plainly otherwise.
+// Numerics: each lane sums its 16-weight chunks (a chunk's 16 products in
+// float32 in column order, times the chunk's block scale, added to the
+// lane's sum), lanes and warps are added in a fixed tree that depends on k
+// only: a row's bits do not depend on the other rows, on m, nor on which
+// expert batch it came in.
+int di_fp8_gemv(di_ctx *ctx, float *out, const float *x, const int *order, int div, const di_fp8w &w,
+                const float *bias, const int *offsets, int m, int n, int k, int experts, bool pdl);
+
+// di_fp8_quant quantizes rows of float32 x to E4M3 per group of
+// DI_FP8_GROUP columns: s = amax / 448 (1 for an all-zero group), q =
+// e4m3(x / s) rounded to nearest even (saturating; |x / s| <= 448 anyway),
+// q [rows, k] bytes, qs [rows, ceil(k / DI_FP8_GROUP)] the s values. Row r
+// reads x[order[r] / div] when order is set. k is a multiple of 16.
+int di_fp8_quant(di_ctx *ctx, uint8_t *q, float *qs, const float *x, const int *order, int div, int rows, int k);
+
+// di_fp8_gemm_ok reports whether the tensor-core GEMM serves the weight
+// (block_k >= DI_FP8_GROUP, so that a 128-column k tile has one weight
+// scale a row) and k (a multiple of 16).
+bool di_fp8_gemm_ok(const di_fp8w &w, int k);
+
+// di_fp8_gemm computes out = dequant(aq, as) . W^T (+ bias) on tensor cores
+// (mma.sync m16n8k32 e4m3, float32 accumulation of each 128-column k tile,
+// promoted as acc += partial * (a_scale * w_scale)). aq, as: di_fp8_quant's
+// output. offsets set: expert e's rows offsets[e] .. offsets[e+1] against
+// W[e], with max_rows bounding every expert's count (the grid); offsets
+// null: rows 0 .. max_rows against the one matrix. Every output element is
+// a fixed-order sum over k tiles: its bits do not depend on the other rows.
+int di_fp8_gemm(di_ctx *ctx, float *out, const uint8_t *aq, const float *as, const di_fp8w &w, const float *bias,
+                const int *offsets, int max_rows, int n, int k, int experts);

@@ -1,0 +1,267 @@
+package cuda
+
+/*
+#include "api.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"math"
+	"runtime"
+	"unsafe"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+var (
+	_ kernels.FP8Weighter  = (*Backend)(nil)
+	_ kernels.ScaledWeight = (*Tensor)(nil)
+)
+
+// fp8Path picks the kernels of an FP8 linear or MoE (enum di_fp8_path):
+// the library's choice, or one path forced (tests and benchmarks).
+type fp8Path int
+
+const (
+	fp8Auto fp8Path = C.DI_FP8_AUTO
+	fp8GEMV fp8Path = C.DI_FP8_GEMV
+	fp8GEMM fp8Path = C.DI_FP8_GEMM
+)
+
+// fp8Scales are the block scales of an FP8 weight tensor on the device
+// (kernels.FP8Weight's Scales and ScaleRow); views share the buffers and
+// start at their own first matrix row.
+type fp8Scales struct {
+	scales, scaleRow *buffer
+	rowOff           int // the view's first matrix row: its entry of scaleRow
+	scaleCols        int // ceil(k / blockK)
+	blockK           int
+}
+
+// view is f for a view starting rowOff matrix rows further (nil stays nil).
+func (f *fp8Scales) view(rowOff int) *fp8Scales {
+	if f == nil {
+		return nil
+	}
+	v := *f
+	v.rowOff += rowOff
+	return &v
+}
+
+// HasWeightScales reports whether t is an FP8 weight built by FP8Weight.
+func (t *Tensor) HasWeightScales() bool { return t != nil && t.fp8 != nil }
+
+// fp8Arg is the ABI's description of an FP8 weight tensor.
+func (t *Tensor) fp8Arg() C.di_fp8_weight {
+	return C.di_fp8_weight{
+		data:       t.ptr(),
+		scales:     C.di_dptr(t.fp8.scales.ptr),
+		scale_row:  C.di_dptr(t.fp8.scaleRow.ptr + 4*uint64(t.fp8.rowOff)),
+		scale_cols: C.int(t.fp8.scaleCols),
+		block_k:    C.int(t.fp8.blockK),
+	}
+}
+
+// FP8Weight implements kernels.FP8Weighter: the E4M3 bytes, the float32
+// scales and the scale rows are copied to the device as they are (one byte
+// a weight; Linear and MoE widen them in their kernels, see fp8.cu). The
+// last dimension k must be a multiple of 16 (16-byte loads; every published
+// FP8 checkpoint has k a multiple of 128), else the error wraps
+// ErrUnsupported. Linear, MoE and MLAAttention take the result; Embedding
+// and Logits refuse it (ErrUnsupported: models keep those as stored). Cost:
+// three uploads and one pass over the bytes on the host to check them.
+func (b *Backend) FP8Weight(w kernels.FP8Weight) (kernels.Tensor, error) {
+	const op = "fp8_weight"
+	scaleCols, err := checkFP8Weight(w)
+	if err != nil {
+		return nil, err
+	}
+	data, err := b.uploadBuffer(op, w.Data)
+	if err != nil {
+		return nil, err
+	}
+	scales, err := b.uploadBuffer(op, kernels.F32Bytes(w.Scales))
+	if err != nil {
+		return nil, err
+	}
+	scaleRow, err := b.uploadBuffer(op, kernels.I32Bytes(w.ScaleRow))
+	if err != nil {
+		return nil, err
+	}
+	return &Tensor{shape: append([]int(nil), w.Shape...), dtype: kernels.F8E4M3, buf: data,
+		fp8: &fp8Scales{scales: scales, scaleRow: scaleRow, scaleCols: scaleCols, blockK: w.BlockK}}, nil
+}
+
+// checkFP8Weight checks w against kernels.FP8Weight's contract and this
+// backend's limit (k a multiple of 16) and returns its scales' row length.
+func checkFP8Weight(w kernels.FP8Weight) (scaleCols int, err error) {
+	const op = "fp8_weight"
+	if len(w.Shape) < 2 || len(w.Shape) > 3 {
+		return 0, fmt.Errorf("cuda: %s: shape %v, want [n, k] or [experts, n, k]: %w", op, w.Shape, kernels.ErrShape)
+	}
+	n, err := kernels.AllocShapes("cuda", kernels.F8E4M3, w.Shape)
+	if err != nil {
+		return 0, err
+	}
+	k := w.Shape[len(w.Shape)-1]
+	rows := 0
+	if k > 0 {
+		rows = n / k
+	}
+	if len(w.Data) != n || len(w.ScaleRow) != rows {
+		return 0, fmt.Errorf("cuda: %s: %d bytes and %d scale rows for shape %v: %w", op, len(w.Data), len(w.ScaleRow), w.Shape, kernels.ErrShape)
+	}
+	if w.BlockK < 16 || w.BlockK&(w.BlockK-1) != 0 {
+		return 0, fmt.Errorf("cuda: %s: block of %d columns, want a power of two >= 16: %w", op, w.BlockK, kernels.ErrShape)
+	}
+	if k%16 != 0 {
+		return 0, fmt.Errorf("cuda: %s: last dimension %d is not a multiple of 16: %w", op, k, ErrUnsupported)
+	}
+	scaleCols = max(1, (k+w.BlockK-1)/w.BlockK)
+	if len(w.Scales)%scaleCols != 0 || (rows > 0 && len(w.Scales) == 0) {
+		return 0, fmt.Errorf("cuda: %s: %d scales, not rows of %d: %w", op, len(w.Scales), scaleCols, kernels.ErrShape)
+	}
+	scaleRows := len(w.Scales) / scaleCols
+	for i, r := range w.ScaleRow {
+		if r < 0 || int(r) >= scaleRows {
+			return 0, fmt.Errorf("cuda: %s: row %d takes scale row %d of %d: %w", op, i, r, scaleRows, kernels.ErrShape)
+		}
+	}
+	for i, s := range w.Scales {
+		if !(math.Abs(float64(s)) < 0x1p100) {
+			return 0, fmt.Errorf("cuda: %s: scale %d is %v, want finite and below 2^100: %w", op, i, s, kernels.ErrShape)
+		}
+	}
+	for i, v := range w.Data {
+		if v&0x7f == 0x7f {
+			return 0, fmt.Errorf("cuda: %s: byte %d is an E4M3 NaN (%#02x): %w", op, i, v, kernels.ErrDType)
+		}
+	}
+	return scaleCols, nil
+}
+
+// uploadBuffer copies src into a new device buffer (at least one byte),
+// returned to the allocator's cache when it becomes unreachable.
+func (b *Backend) uploadBuffer(op string, src []byte) (*buffer, error) {
+	bytes := uint64(max(len(src), 1))
+	ptr, err := b.allocBytes(bytes)
+	if err != nil {
+		return nil, fmt.Errorf("cuda: %s: %d bytes: %w", op, bytes, err)
+	}
+	buf := &buffer{ptr: ptr, bytes: bytes}
+	runtime.AddCleanup(buf, b.release, ptr)
+	if len(src) == 0 {
+		return buf, nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.checkOpen(op); err != nil {
+		return nil, err
+	}
+	return buf, b.status(op, C.c_upload(b.lib.api, b.ctx, C.di_dptr(ptr), unsafe.Pointer(&src[0]), C.uint64_t(len(src))))
+}
+
+// fp8Linear is Linear over an FP8 weight (float32 x): fp8.cu's GEMV up to
+// 8 rows, its tensor-core GEMM above (activations quantized per row and 128
+// columns), unless path forces one.
+func (b *Backend) fp8Linear(name string, o, xs, ws, bs *Tensor, m, n, k int, path fp8Path) error {
+	if xs.dtype != kernels.F32 {
+		return fmt.Errorf("cuda: linear: x of dtype %s with FP8 weights: want F32: %w", xs.dtype, kernels.ErrDType)
+	}
+	wa := ws.fp8Arg()
+	return b.launch(name, func() C.int {
+		return C.c_fp8_linear(b.lib.api, b.ctx, o.ptr(), xs.ptr(), &wa, optPtr(bs), C.int(m), C.int(n), C.int(k), C.int(path))
+	}, o, xs, ws, bs)
+}
+
+// linearFP8Path is Linear over an FP8 weight with the path forced (tests
+// and benchmarks compare the GEMV and the GEMM on the same rows).
+func (b *Backend) linearFP8Path(out, x, w, bias kernels.Tensor, path fp8Path) error {
+	const op = "linear"
+	o, err := asCUDA(op, "out", out)
+	if err != nil {
+		return err
+	}
+	xs, err := asCUDA(op, "x", x)
+	if err != nil {
+		return err
+	}
+	ws, err := asCUDA(op, "w", w)
+	if err != nil {
+		return err
+	}
+	bs, err := optCUDA(op, "bias", bias)
+	if err != nil {
+		return err
+	}
+	m, n, k, err := kernels.LinearShapes("cuda", o, xs, ws, bs, kernels.F32)
+	if err != nil {
+		return err
+	}
+	if ws.fp8 == nil {
+		return fmt.Errorf("cuda: linear: weight of dtype %s is not an FP8 weight: %w", ws.dtype, kernels.ErrDType)
+	}
+	return b.fp8Linear(op, o, xs, ws, bs, m, n, k, path)
+}
+
+// fp8MoE is MoE over FP8 expert weights (both projections FP8): see
+// di_api.fp8_moe.
+func (b *Backend) fp8MoE(o, xs, is, ws, gu, dn *Tensor, d kernels.MoEDims, path fp8Path) error {
+	if gu.fp8 == nil || dn.fp8 == nil {
+		return fmt.Errorf("cuda: moe: gate_up %s and down %s: both or neither FP8: %w", gu.dtype, dn.dtype, ErrUnsupported)
+	}
+	ga, da := gu.fp8Arg(), dn.fp8Arg()
+	return b.launch("moe", func() C.int {
+		return C.c_fp8_moe(b.lib.api, b.ctx, o.ptr(), xs.ptr(), is.ptr(), ws.ptr(), &ga, &da, C.int(d.T), C.int(d.TopK),
+			C.int(d.Hidden), C.int(d.Inter), C.int(d.NumExperts), C.int(path))
+	}, o, xs, is, ws, gu, dn)
+}
+
+// moeFP8Path is MoE over FP8 experts with the path forced (tests).
+func (b *Backend) moeFP8Path(out, x, ids, weights, gateUp, down kernels.Tensor, path fp8Path) error {
+	const op = "moe"
+	var ts [6]*Tensor
+	for i, a := range []struct {
+		name string
+		t    kernels.Tensor
+	}{{"out", out}, {"x", x}, {"ids", ids}, {"weights", weights}, {"gate_up", gateUp}, {"down", down}} {
+		var err error
+		if ts[i], err = asCUDA(op, a.name, a.t); err != nil {
+			return err
+		}
+	}
+	d, err := kernels.MoEShapes("cuda", ts[0], ts[1], ts[2], ts[3], ts[4], ts[5])
+	if err != nil {
+		return err
+	}
+	return b.fp8MoE(ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], d, path)
+}
+
+// fp8Dequant returns w's values as a new F32 tensor of w's shape (MLA's
+// absorbed weight, which its kernel reads as float32). Cost: 4 bytes a
+// weight written and the allocation.
+func (b *Backend) fp8Dequant(w *Tensor) (*Tensor, error) {
+	d, err := b.Alloc(kernels.F32, w.shape...)
+	if err != nil {
+		return nil, err
+	}
+	out := d.(*Tensor)
+	k := w.shape[len(w.shape)-1]
+	rows := 0
+	if k > 0 {
+		rows = w.numel() / k
+	}
+	wa := w.fp8Arg()
+	return out, b.launch("fp8_dequant", func() C.int {
+		return C.c_fp8_dequant(b.lib.api, b.ctx, out.ptr(), &wa, C.int(rows), C.int(k))
+	}, out, w)
+}
+
+// fp8Refuse is the error of operations that take no FP8 weights.
+func fp8Refuse(op, name string, t *Tensor) error {
+	if t == nil || t.fp8 == nil {
+		return nil
+	}
+	return fmt.Errorf("cuda: %s: %s is an FP8 weight, which this backend's %s does not take (keep it as stored): %w", op, name, op, ErrUnsupported)
+}

@@ -1,0 +1,108 @@
+package cuda
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// BenchmarkFP8Kernels times FP8 against BF16 weights in one run (device
+// events, back-to-back launches), printing "fp8 |" lines that
+// tools/gpu/check.sh's fp8 phase tabulates:
+//   - decode linears at Qwen3-0.6B and DeepSeek-V2-Lite shapes, 1, 8 and 64
+//     rows: weight bytes over time (GB/s) and its share of the copy
+//     bandwidth (fp8CopyBandwidth, 4.2 TB/s measured on the H200); the FP8
+//     floor is half the BF16 one;
+//   - prefill GEMMs of 4096 rows: FP8 (activation quantization included)
+//     against BF16 on cuBLAS (x already BF16: the GEMM alone), TFLOP/s. The
+//     reference is BF16 cuBLAS, not cuBLASLt's FP8 GEMM: the library links
+//     cuBLAS only;
+//   - DeepSeek-V2-Lite's MoE (64 experts, top 6) at 1 and 64 tokens.
+//
+// Its name keeps it out of the bench phase's default pattern (GPU).
+const fp8CopyBandwidth = 4.2e12 // bytes/s: bench_engine_gpu_test.go's copyBandwidth
+
+func BenchmarkFP8Kernels(b *testing.B) {
+	g := newGPU(b, GEMMRound)
+	r := rand.New(rand.NewPCG(8, 27))
+	bf16 := func(n, k int) kernels.Tensor {
+		return upload(b, g, kernels.BF16, hostBytes(kernels.BF16, randVals(r, n*k, 0.03)), kernels.BF16, n, k)
+	}
+	for _, sh := range []struct {
+		name string
+		n, k int
+	}{
+		{"qwen3/qkv", 4096, 1024}, {"qwen3/o", 1024, 2048}, {"qwen3/gate_up", 6144, 1024}, {"qwen3/down", 1024, 3072},
+		{"v2lite/q", 3072, 2048}, {"v2lite/kv_a", 576, 2048}, {"v2lite/o", 2048, 2048},
+		{"v2lite/dense_gate_up", 21888, 2048}, {"v2lite/dense_down", 2048, 10944},
+	} {
+		wf := newFP8Weight(b, g, makeFP8(r, 1, sh.n, sh.k, 128))
+		wb := bf16(sh.n, sh.k)
+		for _, m := range []int{1, 8, 64} {
+			b.Run(fmt.Sprintf("gemv/%s/m=%d", sh.name, m), func(b *testing.B) {
+				x := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, m*sh.k, 1)), kernels.F32, m, sh.k)
+				out, _ := g.Alloc(kernels.F32, m, sh.n)
+				msF := timeIt(b, g, 100, func() error { return g.Linear(out, x, wf, nil) })
+				msB := timeIt(b, g, 100, func() error { return g.Linear(out, x, wb, nil) })
+				gbF := float64(sh.n*sh.k) / (msF / 1e3) / 1e9
+				gbB := float64(2*sh.n*sh.k) / (msB / 1e3) / 1e9
+				b.ReportMetric(msF*1e3, "fp8-us/op")
+				b.ReportMetric(msB*1e3, "bf16-us/op")
+				b.Logf("fp8 | linear %-22s m=%-3d n=%-5d k=%-5d | fp8 %7.1f us %5.0f GB/s %3.0f%% of copy | bf16 %7.1f us %5.0f GB/s %3.0f%% | fp8 speedup %.2fx",
+					sh.name, m, sh.n, sh.k, msF*1e3, gbF, 100*gbF*1e9/fp8CopyBandwidth, msB*1e3, gbB, 100*gbB*1e9/fp8CopyBandwidth, msB/msF)
+			})
+		}
+	}
+	for _, sh := range []struct {
+		name string
+		n, k int
+	}{{"qwen3/gate_up", 6144, 1024}, {"v2lite/dense_gate_up", 21888, 2048}, {"v2lite/dense_down", 2048, 10944}, {"square", 8192, 8192}} {
+		b.Run(fmt.Sprintf("gemm/%s/m=4096", sh.name), func(b *testing.B) {
+			const m = 4096
+			wf := newFP8Weight(b, g, makeFP8(r, 1, sh.n, sh.k, 128))
+			wb := bf16(sh.n, sh.k)
+			x := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, m*sh.k, 1)), kernels.F32, m, sh.k)
+			xb := upload(b, g, kernels.BF16, hostBytes(kernels.BF16, randVals(r, m*sh.k, 1)), kernels.BF16, m, sh.k)
+			out, _ := g.Alloc(kernels.F32, m, sh.n)
+			flops := 2 * float64(m) * float64(sh.n) * float64(sh.k)
+			msF := timeIt(b, g, 10, func() error { return g.Linear(out, x, wf, nil) })
+			msB := timeIt(b, g, 10, func() error { return g.Linear(out, xb, wb, nil) })
+			b.ReportMetric(flops/(msF/1e3)/1e12, "fp8-TFLOP/s")
+			b.ReportMetric(flops/(msB/1e3)/1e12, "bf16-TFLOP/s")
+			b.Logf("fp8 | gemm   %-22s m=%d n=%-5d k=%-5d | fp8 %7.3f ms %6.1f TFLOP/s | bf16 cuBLAS %7.3f ms %6.1f TFLOP/s | fp8/bf16 %.2fx",
+				sh.name, m, sh.n, sh.k, msF, flops/(msF/1e3)/1e12, msB, flops/(msB/1e3)/1e12, msB/msF)
+		})
+	}
+	// DeepSeek-V2-Lite's routed experts: 64 of hidden 2048, intermediate 1408, top 6.
+	const experts, topK, hidden, inter = 64, 6, 2048, 1408
+	guF := newFP8Weight(b, g, makeFP8(r, experts, 2*inter, hidden, 128))
+	dnF := newFP8Weight(b, g, makeFP8(r, experts, hidden, inter, 128))
+	guB := upload(b, g, kernels.BF16, hostBytes(kernels.BF16, randVals(r, experts*2*inter*hidden, 0.03)), kernels.BF16, experts, 2*inter, hidden)
+	dnB := upload(b, g, kernels.BF16, hostBytes(kernels.BF16, randVals(r, experts*hidden*inter, 0.03)), kernels.BF16, experts, hidden, inter)
+	for _, tokens := range []int{1, 64} {
+		b.Run(fmt.Sprintf("moe/v2lite/tokens=%d", tokens), func(b *testing.B) {
+			ids := make([]int32, tokens*topK)
+			used := map[int32]bool{}
+			for t := range tokens {
+				perm := r.Perm(experts)
+				for k := range topK {
+					ids[t*topK+k] = int32(perm[k])
+					used[int32(perm[k])] = true
+				}
+			}
+			x := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, tokens*hidden, 1)), kernels.F32, tokens, hidden)
+			id := upload(b, g, kernels.I32, kernels.I32Bytes(ids), kernels.I32, tokens, topK)
+			w := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, tokens*topK, 0.3)), kernels.F32, tokens, topK)
+			out, _ := g.Alloc(kernels.F32, tokens, hidden)
+			msF := timeIt(b, g, 50, func() error { return g.MoE(out, x, id, w, guF, dnF) })
+			msB := timeIt(b, g, 50, func() error { return g.MoE(out, x, id, w, guB, dnB) })
+			bytes := float64(len(used)) * 3 * hidden * inter // FP8: one byte a weight of the experts used
+			b.ReportMetric(msF*1e3, "fp8-us/op")
+			b.ReportMetric(msB*1e3, "bf16-us/op")
+			b.Logf("fp8 | moe    v2lite tokens=%-3d (%d experts used) | fp8 %7.1f us %5.0f GB/s %3.0f%% of copy | bf16 %7.1f us %5.0f GB/s | fp8 speedup %.2fx",
+				tokens, len(used), msF*1e3, bytes/(msF/1e3)/1e9, 100*bytes/(msF/1e3)/fp8CopyBandwidth, msB*1e3, 2*bytes/(msB/1e3)/1e9, msB/msF)
+		})
+	}
+}

@@ -1,0 +1,71 @@
+package cuda
+
+import (
+	"errors"
+	"math"
+	"testing"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// TestCheckFP8Weight covers FP8Weight's argument checks, which run before
+// any device work.
+func TestCheckFP8Weight(t *testing.T) {
+	good := func() kernels.FP8Weight {
+		return kernels.FP8Weight{Shape: []int{2, 32}, Data: make([]byte, 64), Scales: []float32{1, 2, 3, 4},
+			ScaleRow: []int32{0, 1}, BlockK: 16}
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*kernels.FP8Weight)
+		want error // nil: accepted
+		cols int
+	}{
+		{"ok", func(*kernels.FP8Weight) {}, nil, 2},
+		{"experts", func(w *kernels.FP8Weight) {
+			w.Shape, w.Data, w.ScaleRow = []int{2, 1, 32}, make([]byte, 64), []int32{1, 0}
+		}, nil, 2},
+		{"one dimension", func(w *kernels.FP8Weight) { w.Shape = []int{64} }, kernels.ErrShape, 0},
+		{"short data", func(w *kernels.FP8Weight) { w.Data = w.Data[:63] }, kernels.ErrShape, 0},
+		{"scale rows", func(w *kernels.FP8Weight) { w.ScaleRow = w.ScaleRow[:1] }, kernels.ErrShape, 0},
+		{"block not a power of two", func(w *kernels.FP8Weight) { w.BlockK = 24 }, kernels.ErrShape, 0},
+		{"block below 16", func(w *kernels.FP8Weight) { w.BlockK = 8 }, kernels.ErrShape, 0},
+		{"k not a multiple of 16", func(w *kernels.FP8Weight) {
+			w.Shape, w.Data, w.BlockK = []int{2, 24}, make([]byte, 48), 16
+		}, ErrUnsupported, 0},
+		{"ragged scales", func(w *kernels.FP8Weight) { w.Scales = w.Scales[:3] }, kernels.ErrShape, 0},
+		{"scale row out of range", func(w *kernels.FP8Weight) { w.ScaleRow[1] = 2 }, kernels.ErrShape, 0},
+		{"negative scale row", func(w *kernels.FP8Weight) { w.ScaleRow[0] = -1 }, kernels.ErrShape, 0},
+		{"infinite scale", func(w *kernels.FP8Weight) { w.Scales[2] = float32(math.Inf(1)) }, kernels.ErrShape, 0},
+		{"NaN scale", func(w *kernels.FP8Weight) { w.Scales[0] = float32(math.NaN()) }, kernels.ErrShape, 0},
+		{"NaN byte", func(w *kernels.FP8Weight) { w.Data[5] = 0xff }, kernels.ErrDType, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := good()
+			tc.edit(&w)
+			cols, err := checkFP8Weight(w)
+			if tc.want == nil {
+				if err != nil || cols != tc.cols {
+					t.Fatalf("got %d, %v; want %d scale columns and no error", cols, err, tc.cols)
+				}
+				return
+			}
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, want an error wrapping %v", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestFP8ScalesView: views of FP8 weights start at their own scale row.
+func TestFP8ScalesView(t *testing.T) {
+	var none *fp8Scales
+	if none.view(3) != nil {
+		t.Fatal("view of no scales is not nil")
+	}
+	f := &fp8Scales{rowOff: 2, scaleCols: 4, blockK: 128}
+	v := f.view(5)
+	if v.rowOff != 7 || f.rowOff != 2 || v.scaleCols != 4 || v.blockK != 128 {
+		t.Fatalf("view(5) of rowOff 2: %+v (original %+v)", v, f)
+	}
+}
