@@ -54,18 +54,24 @@ func windowStep(t *testing.T, m models.Model, ops kernels.Ops, cache *models.KVC
 // MXFP4) on the CUDA backend and on the CPU backend, the window layers in
 // ring buffers (state slots) and in paged blocks: each prompt prefilled in
 // chunks of 6 tokens (longer than the window), logits within 1e-4 of the
-// CPU backend's, then greedy decoding whose tokens equal the CPU backend's
+// CPU backend's (2e-2 for the MXFP4 experts: they load as BF16 weights,
+// whose GEMMs in mode round take activations rounded to BF16, as the BF16
+// parity fixtures' bound allows), then greedy decoding whose tokens equal the CPU backend's
 // (a difference is allowed only where the CPU's two best logits lie within
 // 1e-3). With rings, the prompt's state copied into another slot on the
 // device (KVCache.CopyStateSlots, as the scheduler's state copies do for a
 // fork) gives that slot the same bytes, and decoding from the copy gives
 // the same next token.
 func TestGPUWindowModelFixtures(t *testing.T) {
-	const blockSize, numBlocks, numSlots, maxLen, chunk, tol = 4, 64, 3, 128, 6, 1e-4
+	const blockSize, numBlocks, numSlots, maxLen, chunk = 4, 64, 3, 128, 6
 	cpuOps := cpu.New(cpu.Options{})
 	t.Cleanup(func() { cpuOps.Close() })
 	g := newGPU(t, GEMMRound)
-	for _, fx := range []struct{ name, variant string }{{"gemma3", "f32"}, {"gpt-oss", "f32"}, {"gpt-oss", "mxfp4"}} {
+	for _, fx := range []struct {
+		name, variant string
+		tol           float64
+	}{{"gemma3", "f32", 1e-4}, {"gpt-oss", "f32", 1e-4}, {"gpt-oss", "mxfp4", 2e-2}} {
+		tol := fx.tol
 		dir := filepath.Join("../../testdata/models", fx.name)
 		rf, err := weights.OpenFile(filepath.Join(dir, "reference.safetensors"))
 		if err != nil {
