@@ -13,7 +13,7 @@ import (
 // tools/gpu/check.sh's fp8 phase tabulates:
 //   - decode linears at Qwen3-0.6B and DeepSeek-V2-Lite shapes, 1, 8 and 64
 //     rows: weight bytes over time (GB/s) and its share of the copy
-//     bandwidth (fp8CopyBandwidth, 4.2 TB/s measured on the H200); the FP8
+//     bandwidth (deviceCopyBandwidth, 4.2 TB/s measured on the H200); the FP8
 //     floor is half the BF16 one;
 //   - prefill GEMMs of 4096 rows: FP8 (activation quantization included)
 //     against BF16 on cuBLAS (x already BF16: the GEMM alone), TFLOP/s. The
@@ -22,7 +22,7 @@ import (
 //   - DeepSeek-V2-Lite's MoE (64 experts, top 6) at 1 and 64 tokens.
 //
 // Its name keeps it out of the bench phase's default pattern (GPU).
-const fp8CopyBandwidth = 4.2e12 // bytes/s: bench_engine_gpu_test.go's copyBandwidth
+const deviceCopyBandwidth = 4.2e12 // bytes/s: bench_engine_gpu_test.go's copyBandwidth
 
 func BenchmarkFP8Kernels(b *testing.B) {
 	g := newGPU(b, GEMMRound)
@@ -51,7 +51,7 @@ func BenchmarkFP8Kernels(b *testing.B) {
 				b.ReportMetric(msF*1e3, "fp8-us/op")
 				b.ReportMetric(msB*1e3, "bf16-us/op")
 				b.Logf("fp8 | linear %-22s m=%-3d n=%-5d k=%-5d | fp8 %7.1f us %5.0f GB/s %3.0f%% of copy | bf16 %7.1f us %5.0f GB/s %3.0f%% | fp8 speedup %.2fx",
-					sh.name, m, sh.n, sh.k, msF*1e3, gbF, 100*gbF*1e9/fp8CopyBandwidth, msB*1e3, gbB, 100*gbB*1e9/fp8CopyBandwidth, msB/msF)
+					sh.name, m, sh.n, sh.k, msF*1e3, gbF, 100*gbF*1e9/deviceCopyBandwidth, msB*1e3, gbB, 100*gbB*1e9/deviceCopyBandwidth, msB/msF)
 			})
 		}
 	}
@@ -102,7 +102,7 @@ func BenchmarkFP8Kernels(b *testing.B) {
 			b.ReportMetric(msF*1e3, "fp8-us/op")
 			b.ReportMetric(msB*1e3, "bf16-us/op")
 			b.Logf("fp8 | moe    v2lite tokens=%-3d (%d experts used) | fp8 %7.1f us %5.0f GB/s %3.0f%% of copy | bf16 %7.1f us %5.0f GB/s | fp8 speedup %.2fx",
-				tokens, len(used), msF*1e3, bytes/(msF/1e3)/1e9, 100*bytes/(msF/1e3)/fp8CopyBandwidth, msB*1e3, 2*bytes/(msB/1e3)/1e9, msB/msF)
+				tokens, len(used), msF*1e3, bytes/(msF/1e3)/1e9, 100*bytes/(msF/1e3)/deviceCopyBandwidth, msB*1e3, 2*bytes/(msB/1e3)/1e9, msB/msF)
 		})
 	}
 }
