@@ -58,7 +58,7 @@ func windowStep(t *testing.T, m models.Model, ops kernels.Ops, cache *models.KVC
 // whose GEMMs in mode round take activations rounded to BF16, as the BF16
 // parity fixtures' bound allows), then greedy decoding whose tokens equal the CPU backend's
 // (a difference is allowed only where the CPU's two best logits lie within
-// 1e-3). With rings, the prompt's state copied into another slot on the
+// 1e-3; 2e-2 for the BF16 experts). With rings, the prompt's state copied into another slot on the
 // device (KVCache.CopyStateSlots, as the scheduler's state copies do for a
 // fork) gives that slot the same bytes, and decoding from the copy gives
 // the same next token.
@@ -69,8 +69,8 @@ func TestGPUWindowModelFixtures(t *testing.T) {
 	g := newGPU(t, GEMMRound)
 	for _, fx := range []struct {
 		name, variant string
-		tol           float64
-	}{{"gemma3", "f32", 1e-4}, {"gpt-oss", "f32", 1e-4}, {"gpt-oss", "mxfp4", 2e-2}} {
+		tol, margin   float64 // logits bound; a greedy token may differ where the CPU's two best lie closer than margin
+	}{{"gemma3", "f32", 1e-4, 1e-3}, {"gpt-oss", "f32", 1e-4, 1e-3}, {"gpt-oss", "mxfp4", 2e-2, 2e-2}} {
 		tol := fx.tol
 		dir := filepath.Join("../../testdata/models", fx.name)
 		rf, err := weights.OpenFile(filepath.Join(dir, "reference.safetensors"))
@@ -141,7 +141,7 @@ func TestGPUWindowModelFixtures(t *testing.T) {
 					var greedyG, greedyC []int32
 					for step := 0; step < nGreedy; step++ {
 						if ng != nc {
-							if m := margin(lastC); m < 1e-3 {
+							if m := margin(lastC); m < fx.margin {
 								t.Logf("prompt %d greedy step %d: tokens %d and %d where the CPU's margin is %.3g", i, step, ng, nc, m)
 							} else {
 								t.Errorf("prompt %d greedy step %d: GPU token %d, CPU %d (CPU margin %.3g)", i, step, ng, nc, m)
