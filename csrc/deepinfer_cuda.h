@@ -75,7 +75,8 @@ enum di_check {
 	DI_CHECK_LOGITS = 1u << 6,
 	DI_CHECK_MOE = 1u << 7,
 	DI_CHECK_SAMPLE = 1u << 8, /* a logits row with NaN, +Inf or all -Inf (see di_sample_status) */
-	DI_CHECK_SHIFT = 1u << 9   /* shift_accepted: a row, count, sequence layout or block table */
+	DI_CHECK_SHIFT = 1u << 9,  /* shift_accepted: a row, count, sequence layout or block table */
+	DI_CHECK_ACCEPT = 1u << 10 /* accept_drafts: an entry's token or draft index */
 };
 
 /* How float32 activations enter a GEMM with BF16 or F16 weights. ROUND:
@@ -441,6 +442,15 @@ typedef struct di_api {
 	 * ties; NaN entries never win; a row with no number above -Inf gives 0.
 	 * out: I32 [num_rows]. */
 	int (*argmax)(di_ctx *ctx, di_dptr out, di_dptr logits, int num_rows, int vocab);
+	/* accept_drafts (speculative verification on the device): for each of
+	 * num_entries entries e of layout (I32 [num_entries, 4]: s0, n, d0,
+	 * base), a = the largest a <= n with tokens[s0 + j] == drafts[d0 + j]
+	 * for all j < a; out (I32 [3, num_entries]) gets a, tokens[s0 + a] and
+	 * base + a. An entry whose indexes fall outside tokens (num_tokens) or
+	 * drafts (num_drafts), or whose n is negative, gets zeros and sets
+	 * DI_CHECK_ACCEPT. */
+	int (*accept_drafts)(di_ctx *ctx, di_dptr out, di_dptr tokens, int num_tokens, di_dptr drafts, int num_drafts,
+	                     di_dptr layout, int num_entries);
 	/* --- sliding-window ring buffers, attention sinks, Gemma and gpt-oss
 	 * operations (kernels.RingAttentioner, AttentionSinker, GemmaOpser,
 	 * BiasedMoEer) --- */

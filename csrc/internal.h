@@ -199,6 +199,8 @@ int di_op_logits(di_ctx *ctx, di_dptr out, di_dptr hidden, di_dptr rows, int num
                  int num_hidden, di_dptr norm, di_dptr head, int head_dtype, int dim, int vocab,
                  float eps);
 int di_op_argmax(di_ctx *ctx, di_dptr out, di_dptr logits, int num_rows, int vocab);
+int di_op_accept_drafts(di_ctx *ctx, di_dptr out, di_dptr tokens, int num_tokens, di_dptr drafts, int num_drafts,
+                        di_dptr layout, int num_entries);
 int di_op_sample(di_ctx *ctx, di_dptr out, di_dptr logits, int num_rows, int vocab, di_dptr rows,
                  di_dptr edits, int max_candidates);
 int di_op_widen(di_ctx *ctx, float *dst, const void *src, int src_dtype, size_t n);

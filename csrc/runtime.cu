@@ -490,7 +490,8 @@ static int report_checks(di_ctx *ctx) {
 	                              "mla_attention (sequence layout or block table)",
 	                              "resolve_placeholders (row)", "logits (row)", "moe (expert id)",
 	                              "sample (a logits row with NaN, +Inf or only -Inf)",
-	                              "shift_accepted (row, count, sequence layout or block table)"};
+	                              "shift_accepted (row, count, sequence layout or block table)",
+	                              "accept_drafts (token or draft index)"};
 	for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++) {
 		if (c & (1u << i)) {
 			strncat(buf, buf[0] ? ", " : "", sizeof buf - strlen(buf) - 1);
@@ -697,6 +698,7 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->shift_accepted = di_op_shift_accepted;
 	out->token_mask = di_op_token_mask;
 	out->argmax = di_op_argmax;
+	out->accept_drafts = di_op_accept_drafts;
 	/* sliding-window rings, attention sinks, Gemma and gpt-oss operations */
 	out->attention_sinks = di_op_attention_sinks;
 	out->ring_attention = di_op_ring_attention;

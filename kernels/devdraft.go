@@ -96,3 +96,85 @@ func FetchI32Async(ops Ops, t Tensor) (func() ([]int32, error), error) {
 		return BytesI32(raw), nil
 	}, nil
 }
+
+// DraftAccepter is implemented by backends that verify drafts in backend
+// memory, so that a speculative step's accepted counts reach the next
+// step's inputs without a host round trip.
+type DraftAccepter interface {
+	// AcceptDrafts verifies drafts by sample-and-compare, as the verify
+	// stage does on the host. For each entry r of layout (I32 [R, 4]: s0,
+	// n, d0, base), a is the largest a <= n such that tokens[s0+j] ==
+	// drafts[d0+j] for every j < a; out[0][r] = a, out[1][r] =
+	// tokens[s0+a] (the entry's last emitted token) and out[2][r] = base +
+	// a. out I32 [3, R], tokens I32 [S] (sampled tokens), drafts I32 [D]
+	// (the drafts, e.g. the step's input ids). An entry whose indexes fall
+	// outside tokens or drafts, or whose n is negative, is ErrOutOfRange
+	// (reported by the next Sync or Download on backends that check on
+	// the device) and gets zeros. Cost: sum of n reads; no host round trip.
+	AcceptDrafts(out, tokens, drafts, layout Tensor) error
+}
+
+// AcceptRow is AcceptDrafts for one entry on the host: the accepted count
+// and the last emitted token, or ok false when an index is out of range.
+func AcceptRow(tokens, drafts []int32, s0, n, d0 int) (a int, last int32, ok bool) {
+	if n < 0 || s0 < 0 || d0 < 0 || s0+n >= len(tokens) || (n > 0 && d0+n > len(drafts)) {
+		return 0, 0, false
+	}
+	for a < n && tokens[s0+a] == drafts[d0+a] {
+		a++
+	}
+	return a, tokens[s0+a], true
+}
+
+// CheckAcceptDrafts checks AcceptDrafts' arguments and returns R.
+func CheckAcceptDrafts(backend string, out, tokens, drafts, layout Tensor) (int, error) {
+	for _, t := range []Tensor{out, tokens, drafts, layout} {
+		if t.DType() != I32 {
+			return 0, fmt.Errorf("%s: accept_drafts: %v is not I32: %w", backend, t, ErrDType)
+		}
+	}
+	ls, os := layout.Shape(), out.Shape()
+	if len(ls) != 2 || ls[1] != 4 || len(os) != 2 || os[0] != 3 || os[1] != ls[0] {
+		return 0, fmt.Errorf("%s: accept_drafts: layout %v and out %v: want [R, 4] and [3, R]: %w", backend, ls, os, ErrShape)
+	}
+	return ls[0], nil
+}
+
+// AcceptDraftsInto runs AcceptDrafts on the backend when it is a
+// DraftAccepter, else on host copies (three downloads and an upload).
+func AcceptDraftsInto(ops Ops, out, tokens, drafts, layout Tensor) error {
+	if a, ok := ops.(DraftAccepter); ok {
+		return a.AcceptDrafts(out, tokens, drafts, layout)
+	}
+	if _, err := CheckAcceptDrafts(ops.Name(), out, tokens, drafts, layout); err != nil {
+		return err
+	}
+	var host [3][]int32
+	for i, t := range []Tensor{tokens, drafts, layout} {
+		var err error
+		if host[i], err = ToI32(ops, t); err != nil {
+			return err
+		}
+	}
+	res, err := AcceptHost(host[0], host[1], host[2])
+	if err != nil {
+		return fmt.Errorf("%s: accept_drafts: %w", ops.Name(), err)
+	}
+	return ops.Upload(out, I32Bytes(res), I32)
+}
+
+// AcceptHost is AcceptDrafts over host arrays: it returns out ([3, R]
+// flattened) or ErrOutOfRange naming the first bad entry.
+func AcceptHost(tokens, drafts, layout []int32) ([]int32, error) {
+	r := len(layout) / 4
+	out := make([]int32, 3*r)
+	for i := range r {
+		e := layout[4*i : 4*i+4]
+		a, last, ok := AcceptRow(tokens, drafts, int(e[0]), int(e[1]), int(e[2]))
+		if !ok {
+			return nil, fmt.Errorf("entry %d (s0 %d, n %d, d0 %d) outside %d tokens and %d drafts: %w", i, e[0], e[1], e[2], len(tokens), len(drafts), ErrOutOfRange)
+		}
+		out[i], out[r+i], out[2*r+i] = int32(a), last, e[3]+int32(a)
+	}
+	return out, nil
+}

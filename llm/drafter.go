@@ -4,11 +4,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/deepinfer/deepinfer-go/engine/config"
 	"github.com/deepinfer/deepinfer-go/engine/models"
 	"github.com/deepinfer/deepinfer-go/engine/tokenizer"
 	"github.com/deepinfer/deepinfer-go/kernels"
+	"github.com/deepinfer/deepinfer-go/pipeline"
 	"github.com/deepinfer/deepinfer-go/stages"
 )
 
@@ -36,7 +38,8 @@ func loadDrafter(cfg *config.Config, ops kernels.Ops, model models.Model, tok *t
 		return drafterSetup{}, nil
 	}
 	d := drafterSetup{env: stages.Speculative{NumSpeculativeTokens: sp.NumSpeculativeTokens,
-		PromptLookupMin: sp.PromptLookupMin, PromptLookupMax: sp.PromptLookupMax, DisableBatchSize: sp.DisableByBatchSize, Adaptive: sp.Adaptive}}
+		PromptLookupMin: sp.PromptLookupMin, PromptLookupMax: sp.PromptLookupMax, DisableBatchSize: sp.DisableByBatchSize, Adaptive: sp.Adaptive,
+		VerifyOnDevice: cfg.ZOS.Enabled && !insertsAfter(cfg.Pipeline.Insert, "sample", "verify", "draft")}}
 	switch sp.Method {
 	case "mtp":
 		mtp := model.MTP()
@@ -97,4 +100,15 @@ func sameVocabulary(target, draft models.Model, tok *tokenizer.Tokenizer, dir st
 		}
 	}
 	return nil
+}
+
+// insertsAfter reports whether insert places a stage right after one of
+// slots.
+func insertsAfter(insert []pipeline.Insertion, slots ...string) bool {
+	for _, in := range insert {
+		if slices.Contains(slots, in.After) {
+			return true
+		}
+	}
+	return false
 }

@@ -81,6 +81,20 @@ type DeviceDrafter interface {
 	ProposeOnDevice(ctx context.Context, step *SampledStep) (DeviceDrafts, error)
 }
 
+// DeviceVerifiedDrafter is a DeviceDrafter that can draft from the
+// verify stage's device half (SampledStep.DeviceVerified) before the
+// step's host samples and Verified exist, so that the next step's forward
+// pass is queued while the host still waits for this step's tokens.
+type DeviceVerifiedDrafter interface {
+	DeviceDrafter
+	// ProposeFromDevice is ProposeOnDevice reading the step's outcome
+	// (accepted counts, last tokens, the rows of their hidden states)
+	// from step.DeviceVerified and its sampled tokens from step.Tokens;
+	// it must not read Samples or Verified. ok false: not for this step
+	// (the stage then waits for the host and calls ProposeOnDevice).
+	ProposeFromDevice(ctx context.Context, step *SampledStep) (dd DeviceDrafts, ok bool, err error)
+}
+
 // DeviceDrafts are drafts in backend memory: At[r][j] is the index in
 // Tokens (I32) of draft j of entry r of SampledStep.Verified.
 type DeviceDrafts struct {
@@ -140,6 +154,18 @@ type draftStage struct {
 func (s *draftStage) PublishLagged(p func(*SampledStep)) { s.early = p }
 
 func (s *draftStage) Process(ctx context.Context, step *SampledStep) (*SampledStep, error) {
+	if dv, ok := s.drafter.(DeviceVerifiedDrafter); ok && step.DeviceVerified != nil {
+		done, err := s.fromDevice(ctx, dv, step)
+		if err != nil {
+			return nil, fmt.Errorf("draft: step %d: %w", step.Outputs.StepID, err)
+		}
+		if done {
+			return step, nil
+		}
+	}
+	if err := step.Await(); err != nil {
+		return nil, err
+	}
 	if step.Verified == nil {
 		return nil, fmt.Errorf("draft: step %d: not verified (the verify slot must come before draft)", step.Outputs.StepID)
 	}
@@ -240,6 +266,102 @@ func (s *draftStage) Process(ctx context.Context, step *SampledStep) (*SampledSt
 	return step, nil
 }
 
+// fromDevice drafts from the verify stage's device half: it builds the
+// next step's input table on the device (each row's last emitted token
+// from DeviceVerified, then its drafts, padded with that token),
+// publishes it early with the device accepted counts, then waits for the
+// host half (SampledStep.Await) and checks that the host verification
+// agrees with the device's. done false: the drafter declined the step.
+func (s *draftStage) fromDevice(ctx context.Context, dv DeviceVerifiedDrafter, step *SampledStep) (bool, error) {
+	dd, ok, err := dv.ProposeFromDevice(ctx, step)
+	if err != nil || !ok {
+		return false, err
+	}
+	ops := s.d.Ops
+	n := len(dd.At)
+	if n != step.Outputs.NumSampleRows {
+		return false, fmt.Errorf("%d drafts for %d sample rows", n, step.Outputs.NumSampleRows)
+	}
+	k := s.d.Speculative.NumSpeculativeTokens
+	stride := 1 + k
+	if n == 0 {
+		return false, nil
+	}
+	// One upload: the table (overwritten everywhere), then where each entry
+	// takes its last token from (emitted) and its drafts from (dd.Tokens).
+	host := make([]int32, 3*n*stride)
+	fromLast, fromDraft := host[n*stride:2*n*stride], host[2*n*stride:]
+	for r := range n {
+		for j := range stride {
+			i := r*stride + j
+			fromLast[i], fromDraft[i] = int32(r), -1
+			if j > 0 && j <= min(len(dd.At[r]), k) {
+				fromLast[i], fromDraft[i] = -1, dd.At[r][j-1]
+			}
+		}
+	}
+	all, err := kernels.FromI32(ops, host, len(host))
+	if err != nil {
+		return false, err
+	}
+	part := func(i int) (kernels.Tensor, error) { return ops.Rows(all, i*n*stride, (i+1)*n*stride) }
+	var lastT, draftT, emitted kernels.Tensor
+	if step.Next, err = part(0); err == nil {
+		if lastT, err = part(1); err == nil {
+			draftT, err = part(2)
+		}
+	}
+	if err == nil {
+		if emitted, err = ops.Rows(step.DeviceVerified, 1, 2); err == nil {
+			emitted, err = ops.Reshape(emitted, n)
+		}
+	}
+	if err == nil {
+		if step.Accepted, err = ops.Rows(step.DeviceVerified, 0, 1); err == nil {
+			step.Accepted, err = ops.Reshape(step.Accepted, n)
+		}
+	}
+	if err == nil {
+		err = ops.ResolvePlaceholders(step.Next, lastT, emitted)
+	}
+	if err == nil && dd.Tokens != nil {
+		err = ops.ResolvePlaceholders(step.Next, draftT, dd.Tokens)
+	}
+	if err != nil {
+		return false, err
+	}
+	fetchDrafts, err := dd.fetch(ops)
+	if err != nil {
+		return false, err
+	}
+	fetchVerified, err := kernels.FetchI32Async(ops, step.DeviceVerified)
+	if err != nil {
+		return false, err
+	}
+	if s.early != nil {
+		s.early(&SampledStep{ForwardResult: step.ForwardResult, Next: step.Next, Accepted: step.Accepted})
+	}
+	if err := step.Await(); err != nil {
+		return false, err
+	}
+	dev, err := fetchVerified()
+	if err != nil {
+		return false, err
+	}
+	if step.Drafts, err = fetchDrafts(); err != nil {
+		return false, err
+	}
+	for r, v := range step.Verified {
+		if a := len(v.TokenIDs) - 1; int(dev[r]) != a || int(dev[n+r]) != v.TokenIDs[a] {
+			return false, fmt.Errorf("sample row %d: the device verified %d drafts ending in token %d, the host %d ending in %d", r, dev[r], dev[n+r], a, v.TokenIDs[a])
+		}
+		if len(step.Drafts[r]) > k {
+			step.Drafts[r] = step.Drafts[r][:k]
+		}
+	}
+	return true, nil
+}
+
 // Start starts the drafter when it has device work to do before the loop
 // (graph capture).
 func (s *draftStage) Start(ctx context.Context) error {
@@ -273,8 +395,13 @@ func SequenceHistory(step *SampledStep, v VerifiedRow) []int {
 // last in this step, minus one: the position of the row whose output is
 // that token (the device's, shift included).
 func rowPosition(step *SampledStep, v VerifiedRow) int {
-	m := v.Ref.Meta
-	pos := m.PosStart + m.SeqlenQ - 1 - m.NumDrafts + len(v.TokenIDs) - 1
+	return samplePosition(step, v.Ref.Meta) + len(v.TokenIDs) - 1
+}
+
+// samplePosition is the position of m's first sampling row (the device's,
+// shift included): rowPosition with no draft accepted.
+func samplePosition(step *SampledStep, m *engine.SequenceMetadata) int {
+	pos := m.PosStart + m.SeqlenQ - 1 - m.NumDrafts
 	if m.Shifted {
 		if prev := PendingTokens(step.ForwardResult, m); len(prev) > 0 {
 			pos += len(prev) - 1
@@ -314,7 +441,7 @@ func init() {
 // adaptive controller measures that too); verification stays lossless.
 func draftLimit(d DraftDeps, step *SampledStep) int {
 	n := d.Speculative.DisableBatchSize
-	if n > 0 && len(step.Verified) >= n {
+	if n > 0 && step.Outputs.NumSampleRows >= n {
 		return 0
 	}
 	return min(step.Outputs.DraftLimit, d.Speculative.NumSpeculativeTokens)

@@ -64,8 +64,31 @@ func (p *mtpDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int, e
 // backend memory: the passes chain on the device (each depth's argmax is
 // the next depth's input), so a step costs no host round trip.
 func (p *mtpDrafter) ProposeOnDevice(ctx context.Context, step *SampledStep) (DeviceDrafts, error) {
+	return p.propose(ctx, step, false)
+}
+
+// ProposeFromDevice is ProposeOnDevice from the verify stage's device half:
+// the first pass reads the sampled tokens from step.Tokens, the rows of
+// the last emitted tokens' hidden states from step.DeviceVerified, and the
+// chained passes are laid out as if no draft were accepted and shifted on
+// the device by the accepted counts (kernels.Ops.ShiftAccepted).
+func (p *mtpDrafter) ProposeFromDevice(ctx context.Context, step *SampledStep) (DeviceDrafts, bool, error) {
+	if step.Tokens == nil || step.DeviceVerified == nil {
+		return DeviceDrafts{}, false, nil
+	}
+	dd, err := p.propose(ctx, step, true)
+	return dd, err == nil, err
+}
+
+// propose is ProposeOnDevice (fromDevice false: the step's host samples
+// and Verified) or ProposeFromDevice.
+func (p *mtpDrafter) propose(ctx context.Context, step *SampledStep, fromDevice bool) (DeviceDrafts, error) {
 	d, ops, res := p.d, p.d.Ops, step.ForwardResult
-	dd := DeviceDrafts{At: make([][]int32, len(step.Verified))}
+	refs, counts, err := sampleEntries(step)
+	if err != nil {
+		return DeviceDrafts{}, err
+	}
+	dd := DeviceDrafts{At: make([][]int32, len(refs))}
 	k := draftLimit(d, step)
 	if k == 0 {
 		return dd, nil // see draftLimit
@@ -77,23 +100,31 @@ func (p *mtpDrafter) ProposeOnDevice(ctx context.Context, step *SampledStep) (De
 	b := res.Batch
 	t := b.NumTokens
 	first := tokenRows(step)
-	// Each row's next token: the sampled one for rows that sample, else the
-	// next prompt token.
-	sampled := make(map[[2]int]int, len(step.Rows))
+	// Each row's next token: the sampled one for rows that sample (from
+	// the host samples, or from step.Tokens through fromRow), else the next
+	// prompt token.
+	sampleIndex := make(map[[2]int]int, len(step.Rows))
 	for i, r := range step.Rows {
 		if r.SeqID == r.Meta.SeqID {
-			sampled[[2]int{r.Row, r.Offset}] = step.Samples[i].Token
+			sampleIndex[[2]int{r.Row, r.Offset}] = i
 		}
 	}
 	ids := make([]int32, t)
+	fromRow := make([]int32, t)
 	for i := range step.Seqs {
 		m := &step.Seqs[i]
 		q := m.SeqlenQ
 		from := q - 1 - m.NumDrafts // first sampling row
 		for j := range q {
+			fromRow[first[i]+j] = -1
 			switch {
 			case m.Sample && j >= from:
-				ids[first[i]+j] = int32(sampled[[2]int{m.SampleRow, j - from}])
+				r := sampleIndex[[2]int{m.SampleRow, j - from}]
+				if fromDevice {
+					fromRow[first[i]+j] = int32(r)
+				} else {
+					ids[first[i]+j] = int32(step.Samples[r].Token)
+				}
 			case j+1 < q:
 				ids[first[i]+j] = int32(m.InputTokenIDs[j+1])
 			default:
@@ -105,27 +136,41 @@ func (p *mtpDrafter) ProposeOnDevice(ctx context.Context, step *SampledStep) (De
 	for i := range step.Seqs {
 		seqIndex[step.Seqs[i].SeqID] = i
 	}
-	// The rows that draft, each with how deep its chain can go (its
-	// positions must stay inside its block table and the context), deepest
-	// first: the rows of each depth are then a prefix of the rows of the
-	// depth before, and each depth's inputs a prefix of the last one's
-	// outputs.
+	// The entries that draft, each with how deep its chain can go (its
+	// positions must stay inside its block table and the context; from the
+	// device, for any accepted count), deepest first: the rows of each
+	// depth are then a prefix of the rows of the depth before, and each
+	// depth's inputs a prefix of the last one's outputs.
 	var rows []chainRow
-	var depth []int
-	for r, v := range step.Verified {
-		m := v.Ref.Meta
-		if v.Ref.SeqID != m.SeqID {
+	var depth, entry, shift []int
+	maxShift := 0
+	for r, ref := range refs {
+		m := ref.Meta
+		if ref.SeqID != m.SeqID {
 			continue // a fork
 		}
 		i := seqIndex[m.SeqID]
-		row := first[i] + m.SeqlenQ - 1 - m.NumDrafts + len(v.TokenIDs) - 1
-		c := chainRow{out: r, meta: m, pos: rowPosition(step, v) + 1, hiddenRow: row}
+		base := first[i] + m.SeqlenQ - 1 - m.NumDrafts
+		c := chainRow{out: r, meta: m, pos: samplePosition(step, m) + 1, hiddenRow: base}
+		worst := 0
+		if fromDevice {
+			if counts[r] > 1 {
+				worst = len(StepDrafts(res, m))
+			}
+		} else {
+			a := len(step.Verified[r].TokenIDs) - 1
+			c.pos += a
+			c.hiddenRow += a
+		}
 		n := 1
-		for n < k && chainFits(d, c.meta, c.pos+n-1) {
+		for n < k && chainFits(d, c.meta, c.pos+worst+n-1) {
 			n++
 		}
 		rows = append(rows, c)
 		depth = append(depth, n)
+		entry = append(entry, r)
+		shift = append(shift, worst)
+		maxShift = max(maxShift, worst)
 	}
 	if len(rows) == 0 {
 		return dd, nil
@@ -136,10 +181,13 @@ func (p *mtpDrafter) ProposeOnDevice(ctx context.Context, step *SampledStep) (De
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return depth[b] - depth[a] })
 	sorted := make([]chainRow, len(rows))
-	at := make([]int32, len(rows))
+	at := make([]int32, len(rows)) // host: hidden rows; device: entries
 	for i, o := range order {
 		sorted[i] = rows[o]
 		at[i] = int32(rows[o].hiddenRow)
+		if fromDevice {
+			at[i] = int32(entry[o])
+		}
 		d := depth[o]
 		dd.At[rows[o].out] = make([]int32, d)
 		for j := range d {
@@ -149,13 +197,39 @@ func (p *mtpDrafter) ProposeOnDevice(ctx context.Context, step *SampledStep) (De
 	rows = sorted
 	n := len(rows)
 	maxDepth := depth[order[0]]
-	idsT, err := kernels.FromI32(ops, append(ids, at...), t+n)
+	upload := append(append(ids, at...), fromRow...)
+	all, err := kernels.FromI32(ops, upload, len(upload))
 	if err != nil {
 		return dd, err
 	}
-	atT, err := ops.Rows(idsT, t, t+n)
-	if err == nil {
-		idsT, err = ops.Rows(idsT, 0, t)
+	var idsT, atT, fromT kernels.Tensor
+	if idsT, err = ops.Rows(all, 0, t); err == nil {
+		if atT, err = ops.Rows(all, t, t+n); err == nil {
+			fromT, err = ops.Rows(all, t+n, 2*t+n)
+		}
+	}
+	var accepted kernels.Tensor // the device's accepted counts, by entry
+	if err == nil && fromDevice {
+		// The sampled ids from the device tokens, and the hidden rows of
+		// the last emitted tokens (base + accepted) by entry.
+		err = ops.ResolvePlaceholders(idsT, fromT, step.Tokens)
+		var shifted, rowsT kernels.Tensor
+		if err == nil {
+			if shifted, err = ops.Rows(step.DeviceVerified, 2, 3); err == nil {
+				shifted, err = ops.Reshape(shifted, len(refs))
+			}
+		}
+		if err == nil {
+			if rowsT, err = ops.Alloc(kernels.I32, n); err == nil {
+				err = ops.ResolvePlaceholders(rowsT, atT, shifted)
+			}
+		}
+		atT = rowsT
+		if err == nil {
+			if accepted, err = ops.Rows(step.DeviceVerified, 0, 1); err == nil {
+				accepted, err = ops.Reshape(accepted, len(refs))
+			}
+		}
 	}
 	if err != nil {
 		return dd, err
@@ -183,8 +257,20 @@ func (p *mtpDrafter) ProposeOnDevice(ctx context.Context, step *SampledStep) (De
 		return dd, err
 	}
 	// Depth j+1: one row per sequence still drafting, fed its draft of
-	// depth j and the layer's output at the row that predicted it.
+	// depth j and the layer's output at the row that predicted it (from
+	// the device: laid out as if nothing were accepted, then shifted).
+	self := make([]int32, n)
+	for i := range self {
+		self[i] = int32(i)
+	}
 	gather := at
+	if fromDevice {
+		gather = nil // the first pass's output is read at atT, a device tensor: see below
+	}
+	shiftFrom := make([]int32, n)
+	for i, o := range order {
+		shiftFrom[i] = int32(entry[o])
+	}
 	for j := 1; j < maxDepth; j++ {
 		m := 0
 		for m < n && depth[order[m]] > j {
@@ -197,21 +283,46 @@ func (p *mtpDrafter) ProposeOnDevice(ctx context.Context, step *SampledStep) (De
 		if batch.InputIDs, err = tokens(j-1, m); err != nil {
 			return dd, err
 		}
+		if fromDevice {
+			sf, err := kernels.FromI32(ops, shiftFrom[:m], m)
+			if err != nil {
+				return dd, err
+			}
+			batch.Attn.MaxSeqlenK += maxShift
+			if err := ops.ShiftAccepted(&batch.Attn, batch.Positions, sf, accepted); err != nil {
+				return dd, err
+			}
+		}
 		if dst, err = tokens(j, m); err != nil {
 			return dd, err
 		}
-		self := make([]int32, m)
-		for i := range self {
-			self[i] = int32(i)
-		}
-		selfT, err := kernels.FromI32(ops, self, m)
+		selfT, err := kernels.FromI32(ops, self[:m], m)
 		if err != nil {
 			return dd, err
 		}
-		if out, err = p.run(ctx, batch, out, gather[:m], selfT, dst); err != nil {
+		var hiddenRows []int32
+		src := out
+		switch {
+		case j > 1:
+			hiddenRows = self[:m]
+		case !fromDevice:
+			hiddenRows = gather[:m]
+		default:
+			// The first pass's output at the device rows atT.
+			if src, err = ops.Alloc(out.DType(), m, out.Shape()[1]); err == nil {
+				var idx kernels.Tensor
+				if idx, err = ops.Rows(atT, 0, m); err == nil {
+					err = ops.Embedding(src, out, idx)
+				}
+			}
+			if err != nil {
+				return dd, err
+			}
+			hiddenRows = self[:m]
+		}
+		if out, err = p.run(ctx, batch, src, hiddenRows, selfT, dst); err != nil {
 			return dd, err
 		}
-		gather = self
 	}
 	return dd, nil
 }

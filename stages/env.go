@@ -78,6 +78,14 @@ type Speculative struct {
 	DSpark                 *models.DSpark
 	ConfidenceThreshold    float64
 	MaxVerifyTokensPerStep int
+	// VerifyOnDevice lets the sample stage hand a step on before its host
+	// samples arrive (SampledStep.Await completes it), so that the verify
+	// stage verifies on the device and a DeviceDrafter drafts from that
+	// device verification: the next step's forward pass is then queued
+	// before the host has the step's tokens. Set with zero-overhead
+	// scheduling when no stage is inserted after sample or verify (an
+	// inserted stage expects complete steps).
+	VerifyOnDevice bool
 	// DraftCache is the drafter's own paged KV cache, with the target's
 	// block layout (the same block tables address both): the MTP layers'
 	// or the draft model's; nil for a drafter without one.

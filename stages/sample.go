@@ -30,6 +30,11 @@ type SampleDeps struct {
 	VocabSize   int
 	EOSTokenIDs []int
 	Stats       *Stats // nil: not counted
+	// Defer (Speculative.VerifyOnDevice) hands a step sampled on the device
+	// on before its host samples arrive (SampledStep.Await completes it),
+	// and gives a step sampled on the host its tokens in backend memory
+	// too, for the verify stage's device half.
+	Defer bool
 }
 
 // RegisterSample registers a sample implementation in r (nil: the default
@@ -40,7 +45,7 @@ func RegisterSample[O any](r *pipeline.Registry, name string, defaults O, build 
 		if e.Scheduler != nil {
 			eos = e.Scheduler.Config().EOSTokenIDs
 		}
-		return SampleDeps{Ops: e.Ops, VocabSize: e.vocabSize(), EOSTokenIDs: eos, Stats: e.Stats}
+		return SampleDeps{Ops: e.Ops, VocabSize: e.vocabSize(), EOSTokenIDs: eos, Stats: e.Stats, Defer: e.Speculative.VerifyOnDevice}
 	}, build, func(s SampleStage) *pipeline.Node {
 		// The step before's outputs stay on the result (the verify and draft
 		// stages read them too): a *StepOutputs holds no step, so keeping it
@@ -110,6 +115,15 @@ type SampledStep struct {
 	Tokens kernels.Tensor
 	// PromptLogprobs has one entry per PromptRows row.
 	PromptLogprobs []engine.TokenLogprobs
+	// DeviceVerified, when not nil, is the verify stage's verification on
+	// the device (kernels.DraftAccepter), I32 [3, sample rows of the
+	// scheduler]: per Verified entry the accepted draft count, the last
+	// emitted token and the batch row of that token's hidden state.
+	DeviceVerified kernels.Tensor
+	// pending completes the step's host half (its Samples, then its
+	// Verified) when the sample stage handed the step on before its host
+	// samples arrived (Speculative.VerifyOnDevice); see Await.
+	pending []func() error
 
 	// With speculative decoding the verify stage sets Verified, and the
 	// draft stage Drafts, Next and Accepted (see those slots).
@@ -127,6 +141,32 @@ type SampledStep struct {
 	// accepted draft count, by which the next step's layout shifts
 	// (ShiftAccepted).
 	Next, Accepted kernels.Tensor
+}
+
+// Await completes the step's host half when the sample stage handed it on
+// early (Speculative.VerifyOnDevice): it waits for the host samples and
+// runs the host work the stages deferred, in order. A stage that reads
+// Samples or Verified of such a step calls it first; it is a no-op
+// otherwise and after the first call. Not safe for concurrent use.
+func (s *SampledStep) Await() error {
+	for len(s.pending) > 0 {
+		f := s.pending[0]
+		s.pending = s.pending[1:]
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deferHost adds host work that Await runs after what is already pending, or
+// runs it now when nothing is.
+func (s *SampledStep) deferHost(f func() error) error {
+	if len(s.pending) == 0 {
+		return f()
+	}
+	s.pending = append(s.pending, f)
+	return nil
 }
 
 // VerifiedRow is the outcome of one of the scheduler's sample rows.
@@ -188,6 +228,21 @@ func sampleOnDevice(d SampleDeps, early func(*SampledStep), dev kernels.DeviceSa
 		host   []int32
 		err    error
 	)
+	// finish turns the host tokens (or the sampling's error) into the step.
+	finish := func(out *SampledStep, host []int32, err error) error {
+		if err != nil {
+			var rowErr *kernels.SampleRowError
+			if errors.As(err, &rowErr) && rowErr.Row >= 0 && rowErr.Row < len(res.Rows) {
+				return fmt.Errorf("sample: step %d: request %q: %w", res.Outputs.StepID, res.Rows[rowErr.Row].RequestID, err)
+			}
+			return fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
+		}
+		out.Samples = make([]Sample, len(res.Rows))
+		for r := range out.Samples {
+			out.Samples[r] = Sample{Token: int(host[r])}
+		}
+		return endSample(d, out, tokens)
+	}
 	if a, ok := dev.(kernels.AsyncDeviceSampler); ok {
 		var fetch func() ([]int32, error)
 		timed := timer.begin(d)
@@ -198,26 +253,32 @@ func sampleOnDevice(d SampleDeps, early func(*SampledStep), dev kernels.DeviceSa
 			if early != nil { // the next forward pass can queue behind the sampling now
 				early(&SampledStep{ForwardResult: res, Tokens: tokens})
 			}
-			if host, err = fetch(); err == nil && timed {
-				o := res.Outputs
-				timer.read(d, o.NumPrefillTokens == 0 && o.NumDecodeTokens > 0)
+			wait := func() ([]int32, error) {
+				host, err := fetch()
+				if err == nil && timed {
+					o := res.Outputs
+					timer.read(d, o.NumPrefillTokens == 0 && o.NumDecodeTokens > 0)
+				}
+				return host, err
 			}
+			if d.Defer {
+				out := &SampledStep{ForwardResult: res, Tokens: tokens}
+				out.pending = []func() error{func() error {
+					host, err := wait()
+					return finish(out, host, err)
+				}}
+				return out, nil
+			}
+			host, err = wait()
 		}
 	} else {
 		tokens, host, err = dev.SampleTokens(res.Logits, rows)
 	}
-	if err != nil {
-		var rowErr *kernels.SampleRowError
-		if errors.As(err, &rowErr) && rowErr.Row >= 0 && rowErr.Row < len(res.Rows) {
-			return nil, fmt.Errorf("sample: step %d: request %q: %w", res.Outputs.StepID, res.Rows[rowErr.Row].RequestID, err)
-		}
-		return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
+	out := &SampledStep{ForwardResult: res}
+	if err := finish(out, host, err); err != nil {
+		return nil, err
 	}
-	out := &SampledStep{ForwardResult: res, Samples: make([]Sample, len(res.Rows))}
-	for r := range out.Samples {
-		out.Samples[r] = Sample{Token: int(host[r])}
-	}
-	return out, endSample(d, out, tokens)
+	return out, nil
 }
 
 // startSample starts the step's sample clock.

@@ -125,7 +125,18 @@ func (s *sample) Process(ctx context.Context, res *ForwardResult) (*SampledStep,
 	if onDev {
 		return sampleOnDevice(s.d, s.early, s.dev, res, s.rows, &s.timer)
 	}
-	return out, endSample(s.d, out, nil)
+	var tokens kernels.Tensor
+	if s.d.Defer && n > 0 { // the verify stage's device half reads them
+		ids := make([]int32, n)
+		for r := range ids {
+			ids[r] = int32(out.Samples[r].Token)
+		}
+		var err error
+		if tokens, err = kernels.FromI32(s.d.Ops, ids, n); err != nil {
+			return nil, fmt.Errorf("sample: step %d: %w", res.Outputs.StepID, err)
+		}
+	}
+	return out, endSample(s.d, out, tokens)
 }
 
 // rowHistory returns the tokens a row's sequence has beyond its metadata:

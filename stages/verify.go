@@ -6,6 +6,7 @@ import (
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/spec"
+	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/pipeline"
 )
 
@@ -21,12 +22,20 @@ type VerifyStage = pipeline.Stage[*SampledStep, *SampledStep]
 // VerifyDeps is what a verify stage gets.
 type VerifyDeps struct {
 	Stats *Stats // nil: not counted
+	Ops   kernels.Ops
+	// Device (Speculative.VerifyOnDevice): verify on the device too
+	// (SampledStep.DeviceVerified) when the step's tokens are in backend
+	// memory, and leave the host verification to SampledStep.Await when
+	// the host samples have not arrived.
+	Device bool
 }
 
 // RegisterVerify registers a verify implementation in r (nil: the default
 // registry).
 func RegisterVerify[O any](r *pipeline.Registry, name string, defaults O, build func(VerifyDeps, O) (VerifyStage, error)) {
-	register(r, "verify", name, defaults, func(e *Env) VerifyDeps { return VerifyDeps{Stats: e.Stats} }, build, nil)
+	register(r, "verify", name, defaults, func(e *Env) VerifyDeps {
+		return VerifyDeps{Stats: e.Stats, Ops: e.Ops, Device: e.Speculative.VerifyOnDevice}
+	}, build, nil)
 }
 
 func init() {
@@ -52,17 +61,99 @@ func init() {
 type verify struct{ d VerifyDeps }
 
 func (v *verify) Process(_ context.Context, step *SampledStep) (*SampledStep, error) {
+	if v.d.Device && step.Tokens != nil && step.Batch != nil && step.Outputs.NumSampleRows > 0 {
+		if err := v.onDevice(step); err != nil {
+			return nil, err
+		}
+		return step, step.deferHost(func() error { return v.host(step) })
+	}
+	if err := step.Await(); err != nil {
+		return nil, err
+	}
+	return step, v.host(step)
+}
+
+// sampleEntries groups step's sample rows by the scheduler's sample rows
+// (the entries of Verified, in order): the first row of each and how many
+// rows it has (1 + its drafts; 1 for a fork, which samples one row of its
+// parent's last chunk).
+func sampleEntries(step *SampledStep) ([]RowRef, []int, error) {
 	rows := step.Rows
-	out := make([]VerifiedRow, 0, step.Outputs.NumSampleRows)
+	var refs []RowRef
+	var counts []int
 	for i := 0; i < len(rows); {
 		ref := rows[i]
 		n := 1 + ref.Meta.NumDrafts
 		if ref.SeqID != ref.Meta.SeqID || ref.Offset != 0 {
-			n = 1 // a fork samples one row of its parent's last chunk
+			n = 1
 		}
 		if i+n > len(rows) || rows[i+n-1].Row != ref.Row || rows[i+n-1].Offset != n-1 {
-			return nil, fmt.Errorf("verify: step %d: sample row %d does not have %d logits rows", step.Outputs.StepID, ref.Row, n)
+			return nil, nil, fmt.Errorf("verify: step %d: sample row %d does not have %d logits rows", step.Outputs.StepID, ref.Row, n)
 		}
+		refs = append(refs, ref)
+		counts = append(counts, n)
+		i += n
+	}
+	if len(refs) != step.Outputs.NumSampleRows {
+		return nil, nil, fmt.Errorf("verify: step %d: %d outcomes, the scheduler planned %d sample rows", step.Outputs.StepID, len(refs), step.Outputs.NumSampleRows)
+	}
+	return refs, counts, nil
+}
+
+// onDevice queues the device half: kernels.AcceptDrafts over the step's
+// device tokens and its input ids (where the drafts it verifies sit: row
+// from+1+j of a sequence whose first sampling row is from), into
+// step.DeviceVerified. Cost: one upload of 4 ints an entry and one small
+// kernel; no host round trip.
+func (v *verify) onDevice(step *SampledStep) error {
+	refs, counts, err := sampleEntries(step)
+	if err != nil {
+		return err
+	}
+	first := tokenRows(step)
+	seqIndex := make(map[engine.SeqID]int, len(step.Seqs))
+	for i := range step.Seqs {
+		seqIndex[step.Seqs[i].SeqID] = i
+	}
+	layout := make([]int32, 0, 4*len(refs))
+	s0 := 0
+	for e, ref := range refs {
+		m := ref.Meta
+		n := 0
+		if counts[e] > 1 {
+			n = len(StepDrafts(step.ForwardResult, m))
+		}
+		i, ok := seqIndex[m.SeqID]
+		if !ok {
+			return fmt.Errorf("verify: step %d: sample row %d's sequence is not in the step", step.Outputs.StepID, ref.Row)
+		}
+		from := first[i] + m.SeqlenQ - 1 - m.NumDrafts
+		layout = append(layout, int32(s0), int32(n), int32(from+1), int32(from))
+		s0 += counts[e]
+	}
+	ops := v.d.Ops
+	lt, err := kernels.FromI32(ops, layout, len(refs), 4)
+	if err == nil {
+		if step.DeviceVerified, err = ops.Alloc(kernels.I32, 3, len(refs)); err == nil {
+			err = kernels.AcceptDraftsInto(ops, step.DeviceVerified, step.Tokens, step.Batch.InputIDs, lt)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("verify: step %d: %w", step.Outputs.StepID, err)
+	}
+	return nil
+}
+
+// host verifies on the host from the step's samples (Verified).
+func (v *verify) host(step *SampledStep) error {
+	refs, counts, err := sampleEntries(step)
+	if err != nil {
+		return err
+	}
+	out := make([]VerifiedRow, 0, len(refs))
+	i := 0
+	for e, ref := range refs {
+		n := counts[e]
 		target := make([]int, n)
 		for j := range n {
 			target[j] = step.Samples[i+j].Token
@@ -82,9 +173,6 @@ func (v *verify) Process(_ context.Context, step *SampledStep) (*SampledStep, er
 		out = append(out, vr)
 		i += n
 	}
-	if len(out) != step.Outputs.NumSampleRows {
-		return nil, fmt.Errorf("verify: step %d: %d outcomes, the scheduler planned %d sample rows", step.Outputs.StepID, len(out), step.Outputs.NumSampleRows)
-	}
 	step.Verified = out
-	return step, nil
+	return nil
 }

@@ -120,3 +120,29 @@ func (b *Backend) Argmax(out, logits kernels.Tensor) error {
 	}
 	return nil
 }
+
+// AcceptDrafts implements kernels.DraftAccepter (kernels.AcceptHost over
+// the tensors' memory).
+func (b *Backend) AcceptDrafts(out, tokens, drafts, layout kernels.Tensor) error {
+	const op = "accept_drafts"
+	if err := b.checkOpen(op); err != nil {
+		return err
+	}
+	if _, err := kernels.CheckAcceptDrafts("cpu", out, tokens, drafts, layout); err != nil {
+		return err
+	}
+	ts := make([]*Tensor, 4)
+	for i, x := range []kernels.Tensor{out, tokens, drafts, layout} {
+		t, err := asCPU(op, "arg", x)
+		if err != nil {
+			return err
+		}
+		ts[i] = t
+	}
+	res, err := kernels.AcceptHost(ts[1].i32, ts[2].i32, ts[3].i32)
+	if err != nil {
+		return fmt.Errorf("cpu: %s: %w", op, err)
+	}
+	copy(ts[0].i32, res)
+	return nil
+}

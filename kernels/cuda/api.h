@@ -129,6 +129,10 @@ static inline int c_token_mask(di_api *a, di_ctx *c, di_dptr logits, int r, int 
 static inline int c_argmax(di_api *a, di_ctx *c, di_dptr out, di_dptr logits, int r, int vocab) {
 	return a->argmax(c, out, logits, r, vocab);
 }
+static inline int c_accept_drafts(di_api *a, di_ctx *c, di_dptr out, di_dptr tokens, int nt, di_dptr drafts, int nd,
+                                  di_dptr layout, int ne) {
+	return a->accept_drafts(c, out, tokens, nt, drafts, nd, layout, ne);
+}
 static inline int c_sample(di_api *a, di_ctx *c, di_dptr out, di_dptr logits, int r, int vocab, di_dptr rows, di_dptr edits,
                            int max_candidates) {
 	return a->sample(c, out, logits, r, vocab, rows, edits, max_candidates);

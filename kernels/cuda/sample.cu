@@ -981,3 +981,34 @@ extern "C" int di_op_argmax(di_ctx *ctx, di_dptr out, di_dptr logits, int num_ro
 	di_argmax_k<<<num_rows, 256, 0, ctx->stream>>>(DI_PTR(int, out), DI_PTR(const float, logits), vocab);
 	return di_check_launch(ctx, "argmax");
 }
+
+// ---------------------------------------------------------------- accept_drafts
+
+// di_accept_drafts_k verifies one entry a thread (see di_api.accept_drafts).
+__global__ void di_accept_drafts_k(int *out, const int *tokens, int num_tokens, const int *drafts, int num_drafts,
+                                   const int *layout, int num_entries, unsigned *check) {
+	const int e = blockIdx.x * blockDim.x + threadIdx.x;
+	if (e >= num_entries) return;
+	const int s0 = layout[4 * e], n = layout[4 * e + 1], d0 = layout[4 * e + 2], base = layout[4 * e + 3];
+	if (n < 0 || s0 < 0 || d0 < 0 || s0 + n >= num_tokens || (n > 0 && d0 + n > num_drafts)) {
+		out[e] = 0, out[num_entries + e] = 0, out[2 * num_entries + e] = 0;
+		atomicOr(check, DI_CHECK_ACCEPT);
+		return;
+	}
+	int a = 0;
+	while (a < n && tokens[s0 + a] == drafts[d0 + a]) a++;
+	out[e] = a, out[num_entries + e] = tokens[s0 + a], out[2 * num_entries + e] = base + a;
+}
+
+extern "C" int di_op_accept_drafts(di_ctx *ctx, di_dptr out, di_dptr tokens, int num_tokens, di_dptr drafts,
+                                   int num_drafts, di_dptr layout, int num_entries) {
+	if (num_entries == 0) return DI_OK;
+	if (num_entries < 0 || num_tokens < 0 || num_drafts < 0 || !out || !tokens || !layout || (num_drafts > 0 && !drafts))
+		return di_fail(ctx, DI_ERR_INVALID, "accept_drafts: %d entries, %d tokens, %d drafts", num_entries, num_tokens,
+		               num_drafts);
+	const int threads = 128;
+	di_accept_drafts_k<<<(num_entries + threads - 1) / threads, threads, 0, ctx->stream>>>(
+	    DI_PTR(int, out), DI_PTR(const int, tokens), num_tokens, DI_PTR(const int, drafts), num_drafts,
+	    DI_PTR(const int, layout), num_entries, ctx->check);
+	return di_check_launch(ctx, "accept_drafts");
+}

@@ -417,3 +417,25 @@ func (b *Backend) FetchI32Async(t kernels.Tensor) (func() ([]int32, error), erro
 		return got, nil
 	}, nil
 }
+
+// AcceptDrafts implements kernels.DraftAccepter on the device (a thread an
+// entry); a bad index is reported by the next Sync or Download.
+func (b *Backend) AcceptDrafts(out, tokens, drafts, layout kernels.Tensor) error {
+	const op = "accept_drafts"
+	var ts [4]*Tensor
+	for i, x := range []kernels.Tensor{out, tokens, drafts, layout} {
+		t, err := asCUDA(op, "arg", x)
+		if err != nil {
+			return err
+		}
+		ts[i] = t
+	}
+	r, err := kernels.CheckAcceptDrafts("cuda", out, tokens, drafts, layout)
+	if err != nil {
+		return err
+	}
+	nt, nd := kernels.NumElements(tokens), kernels.NumElements(drafts)
+	return b.launch(op, func() C.int {
+		return C.c_accept_drafts(b.lib.api, b.ctx, ts[0].ptr(), ts[1].ptr(), C.int(nt), ts[2].ptr(), C.int(nd), ts[3].ptr(), C.int(r))
+	}, ts[0], ts[1], ts[2], ts[3])
+}
