@@ -26,7 +26,8 @@ type Config struct {
 	// Quantization "fp8" quantizes a float checkpoint's linear layers at
 	// load to FP8 E4M3 in 128x128 blocks (scale = amax/448, DeepSeek-V3's
 	// recipe; embeddings, LM head and routers stay as stored), so that
-	// decode reads one byte a weight; CPU only for now. "" keeps the
+	// decode reads one byte a weight (both backends: kernels.FP8Weighter;
+	// a backend without it fails the load, naming it). "" keeps the
 	// checkpoint's dtypes (an FP8 checkpoint runs as FP8 either way).
 	Quantization string `yaml:"quantization"`
 	// Seed seeds requests that set no seed of their own.

@@ -3,6 +3,7 @@ package cuda_test
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -12,6 +13,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -805,5 +807,302 @@ func TestGraphBatchSizes(t *testing.T) {
 	t.Setenv(engineBenchEnv+"_GRAPH_STEP", "-3")
 	if _, err := graphBatchSizes(16); err == nil {
 		t.Error("a negative step was accepted")
+	}
+}
+
+// fp8Block is the scale block of the FP8 checkpoints the benchmarks write:
+// DeepSeek-V3's quantization_config.weight_block_size.
+var fp8Block = [2]int{128, 128}
+
+// fp8Checkpoint returns the model of raw and w as DeepSeek ships its FP8
+// checkpoints: config.json with quantization_config {quant_method: fp8,
+// fmt: e4m3, activation_scheme: dynamic, weight_block_size: [128, 128]},
+// every linear layer's matrix (models.IsFP8Linear) stored as F8_E4M3 with
+// its "_scale_inv" F32 tensor of one scale per 128 x 128 block; the
+// embeddings, norms, routers and LM head as they were. The matrices share
+// one buffer of random bytes (uniform values in [-0.03, 0.03], as
+// fastWeights' BF16 ones, at the scale 0.03 / 448 every block shares), so
+// that a 15.7B-parameter model costs one buffer of its largest matrix.
+func fp8Checkpoint(raw []byte, w models.MemWeights) ([]byte, *weights.Config, models.MemWeights, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return nil, nil, nil, fmt.Errorf("fp8 checkpoint: config.json: %w", err)
+	}
+	q, err := json.Marshal(map[string]any{"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+		"weight_block_size": fp8Block[:]})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	obj["quantization_config"] = q
+	rawF, err := json.Marshal(obj)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cfg, err := weights.ParseConfig(rawF)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("fp8 checkpoint: %w", err)
+	}
+	largest, scales := 0, 0
+	for name, t := range w {
+		if models.IsFP8Linear(name) && len(t.Shape) == 2 {
+			n, k := t.Shape[0], t.Shape[1]
+			largest = max(largest, n*k)
+			scales = max(scales, ((n+fp8Block[0]-1)/fp8Block[0])*((k+fp8Block[1]-1)/fp8Block[1]))
+		}
+	}
+	const amax = 0.03
+	data := make([]byte, largest)
+	parts := runtime.NumCPU()
+	var wg sync.WaitGroup
+	for p := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(4, uint64(p)))
+			for i := p * largest / parts; i < (p+1)*largest/parts; i++ {
+				data[i] = kernels.F32ToF8E4M3(float32(r.Float64()*2-1) * 448)
+			}
+		}()
+	}
+	wg.Wait()
+	scaleBytes := make([]byte, 4*scales)
+	for i := range scales {
+		binary.LittleEndian.PutUint32(scaleBytes[4*i:], math.Float32bits(amax/448))
+	}
+	out := make(models.MemWeights, len(w))
+	for name, t := range w {
+		if !models.IsFP8Linear(name) || len(t.Shape) != 2 {
+			out[name] = t
+			continue
+		}
+		n, k := t.Shape[0], t.Shape[1]
+		out[name] = weights.Tensor{Name: name, DType: weights.F8E4M3, Shape: t.Shape, Data: data[:n*k], File: "random"}
+		sn := weights.ScaleInvName(name)
+		sr, sc := (n+fp8Block[0]-1)/fp8Block[0], (k+fp8Block[1]-1)/fp8Block[1]
+		out[sn] = weights.Tensor{Name: sn, DType: weights.F32, Shape: []int{sr, sc}, Data: scaleBytes[:4*sr*sc], File: "random"}
+	}
+	return rawF, cfg, out, nil
+}
+
+// activeFP8Bytes is activeWeightBytes for an FP8 checkpoint of c: the
+// linear layers' weights a byte each plus their float32 scale per 128 x
+// 128 block, the LM head and the MoE routers (kept as stored) two bytes
+// each. It returns the bytes and the experts a MoE layer (as
+// activeWeightBytes).
+func activeFP8Bytes(c *weights.Config, batch int) (bytes, experts float64) {
+	bf16, experts := activeWeightBytes(c, batch)
+	h := float64(c.HiddenSize)
+	other := float64(c.VocabSize) * h // the LM head
+	for i := range c.NumHiddenLayers {
+		if c.IsMoELayer(i) {
+			other += float64(c.NRoutedExperts) * h // the router
+		}
+	}
+	linear := bf16/2 - other
+	return linear*(1+4.0/float64(fp8Block[0]*fp8Block[1])) + 2*other, experts
+}
+
+// prefillFLOPs is the GEMM work of a prefill of tokens tokens on c: two
+// FLOPs a token for each parameter of activeWeightBytes at batch 1 (top_k
+// experts a token), less the LM head (which runs on the last row only).
+// Attention's own products are left out.
+func prefillFLOPs(c *weights.Config, tokens int) float64 {
+	bytes, _ := activeWeightBytes(c, 1)
+	return 2 * float64(tokens) * (bytes/2 - float64(c.VocabSize)*float64(c.HiddenSize))
+}
+
+// BenchmarkFP8EngineDeepSeekV2Lite runs the DeepSeek-V2-Lite shape (all 27
+// layers, random weights) through the engine of configs/cuda.yaml (ZOS and
+// CUDA graphs on) with BF16 weights and then with the same model as an FP8
+// checkpoint (fp8Checkpoint: F8_E4M3 linears with 128 x 128 block scales,
+// as DeepSeek ships V3), each on a fresh engine, and logs "fp8 | engine"
+// lines that tools/gpu/check.sh's fp8 phase tabulates:
+//
+//   - decode at batch 1 and 64 (256 prompt tokens, 64 generated, temperature
+//     0.6, ignore_eos): tokens/s, the device forward pass against the
+//     format's own floor (activeWeightBytes for BF16, activeFP8Bytes for FP8,
+//     over 4.2 TB/s);
+//   - a prefill of 4096 tokens (one prompt, one token generated; the second
+//     of two such prompts, so that the first pays the one-time costs): its
+//     time to first token and TFLOP/s of the linear layers' work
+//     (prefillFLOPs; attention left out, so a lower bound of the rate);
+//   - last, FP8 against BF16: tokens/s at each batch (the goal: >=
+//     1.6x at batch 1) and the prefill rate.
+//
+// Its name keeps it out of the engine phase's default pattern (GPUEngine).
+// DEEPINFER_ENGINE_BENCH=tiny runs it on the CPU backend with the tiny
+// DeepSeek-V2 fixture config (see the top of the file).
+func BenchmarkFP8EngineDeepSeekV2Lite(b *testing.B) {
+	tiny := engineMode(b)
+	raw, mcfg := shapeConfig(b, "deepseek-v2-lite", "deepseek-v2", tiny)
+	w, err := fastWeights(mcfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rawF, cfgF, wF, err := fp8Checkpoint(raw, w)
+	if err != nil {
+		b.Fatal(err)
+	}
+	name, batches := "deepseek-v2-lite", []int{1, 64}
+	promptLen, newTokens, prefillLen := 256, 64, 4096
+	graphs := []int{1, 64}
+	if tiny {
+		name, batches = "deepseek-v2-tiny(cpu)", []int{1, 4}
+		promptLen, newTokens, prefillLen = 16, 8, 64
+		graphs = nil
+	}
+	type figures struct {
+		tokS      map[int]float64 // by batch
+		prefillMS float64
+	}
+	got := map[string]*figures{}
+	for _, v := range []struct {
+		format string
+		raw    []byte
+		cfg    *weights.Config
+		w      models.MemWeights
+		bytes  func(*weights.Config, int) (float64, float64)
+	}{{"bf16", raw, mcfg, w, activeWeightBytes}, {"fp8", rawF, cfgF, wF, activeFP8Bytes}} {
+		b.Run("weights="+v.format, func(b *testing.B) {
+			f := &figures{tokS: map[int]float64{}}
+			got[v.format] = f
+			l := startEngine(b, engineOpts{zos: true, maxSeqs: batches[len(batches)-1], maxBatched: max(8192, prefillLen),
+				maxModelLen: max(promptLen+newTokens, prefillLen+1) + 16, tiny: tiny, name: name + " " + v.format,
+				raw: v.raw, cfg: v.cfg, w: v.w, graphSizes: graphs})
+			defer l.Close()
+			format := "n/a"
+			if wf, ok := l.Model().(interface{ WeightFormat() string }); ok {
+				format = wf.WeightFormat()
+			}
+			for _, batch := range batches {
+				fig := decodeRun(b, l, batch, promptLen, newTokens, uint64(batch))
+				active, experts := v.bytes(v.cfg, batch)
+				floor := time.Duration(active / copyBandwidth * float64(time.Second))
+				tokS := float64(batch) / fig.tpot.Seconds()
+				f.tokS[batch] = tokS
+				d := fig.dev.Decode
+				ratio := "n/a"
+				if d.N > 0 {
+					ratio = fmt.Sprintf("%.2fx", float64(d.MeanBusy())/float64(floor))
+				}
+				b.ReportMetric(tokS, fmt.Sprintf("tok/s/batch=%d", batch))
+				b.Logf("fp8 | engine %s %s decode batch %d, context %d+%d | %.0f tok/s (TPOT %.3f ms) | device forward %.3f ms = %s its floor %.3f ms (%.2f GB active weights, %.1f experts a MoE layer, / 4.2 TB/s) | %d of %d steps on CUDA graphs | weights %s%s",
+					name, v.format, batch, promptLen, newTokens, tokS, millis(fig.tpot), millis(d.MeanBusy()), ratio, millis(floor),
+					active/1e9, experts, fig.graphSteps, fig.steps, format, timelineNote(fig.dev))
+			}
+			// Prefill: the second of two prompts (different tokens, so that
+			// the prefix cache serves none of the second).
+			vocab := min(l.Model().Config().VocabSize, 10000)
+			p := engine.DefaultSamplingParams()
+			p.Temperature, p.MaxTokens, p.IgnoreEOS = 0, 1, true
+			var ttft time.Duration
+			for run := range 2 {
+				r := rand.New(rand.NewPCG(uint64(run), 77))
+				ids := make([]int, prefillLen)
+				for i := range ids {
+					ids[i] = r.IntN(vocab)
+				}
+				res, err := l.Generate(context.Background(), []llm.Prompt{{IDs: ids}}, p, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				o := res[0].Outputs[0]
+				if o.Err != nil {
+					b.Fatal(o.Err)
+				}
+				ttft = o.TTFT
+			}
+			flops := prefillFLOPs(v.cfg, prefillLen)
+			f.prefillMS = millis(ttft)
+			b.ReportMetric(millis(ttft), "prefill-ms")
+			b.Logf("fp8 | engine %s %s prefill %d tokens | TTFT %.2f ms | %.1f TFLOP/s of the linear layers (%.2f TFLOP; attention left out) | weights %s",
+				name, v.format, prefillLen, millis(ttft), flops/ttft.Seconds()/1e12, flops/1e12, format)
+		})
+	}
+	bf, fp := got["bf16"], got["fp8"]
+	if bf == nil || fp == nil || bf.prefillMS == 0 || fp.prefillMS == 0 {
+		return // a run failed or was filtered out: nothing to compare
+	}
+	line := fmt.Sprintf("fp8 | engine %s FP8 vs BF16, same run |", name)
+	for _, batch := range batches {
+		line += fmt.Sprintf(" batch %d: %.0f vs %.0f tok/s = %.2fx;", batch, fp.tokS[batch], bf.tokS[batch], fp.tokS[batch]/bf.tokS[batch])
+	}
+	line += fmt.Sprintf(" prefill %d tokens: %.2f vs %.2f ms = %.2fx | goal: batch 1 >= 1.60x", prefillLen, fp.prefillMS, bf.prefillMS, bf.prefillMS/fp.prefillMS)
+	b.Log(line)
+}
+
+// The FP8 checkpoint of the engine benchmark: config.json declares
+// DeepSeek's quantization_config, every linear matrix is F8_E4M3 with a
+// scale tensor of its block grid, everything else is as it was, the
+// model builds from it on the CPU backend with FP8 linears, and its floor
+// counts a byte a linear weight (checked on DeepSeek-V2-Lite's figures).
+func TestEngineBenchFP8Checkpoint(t *testing.T) {
+	c := cpu.New(cpu.Options{Threads: 2})
+	defer c.Close()
+	for _, name := range []string{"deepseek-v2", "deepseek-v3", "qwen3"} {
+		t.Run(name, func(t *testing.T) {
+			raw, cfg := shapeConfig(t, "", name, true)
+			w, err := fastWeights(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, cfgF, wF, err := fp8Checkpoint(raw, w)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if q := cfgF.Quantization; q.Method != "fp8" || q.WeightBlockSize != fp8Block {
+				t.Fatalf("quantization_config parsed as %+v", q)
+			}
+			if cfgF.HiddenSize != cfg.HiddenSize || cfgF.NumHiddenLayers != cfg.NumHiddenLayers || cfgF.VocabSize != cfg.VocabSize {
+				t.Fatalf("config changed: %+v", cfgF)
+			}
+			nf8 := 0
+			for n, wt := range w {
+				gt := wF[n]
+				if !models.IsFP8Linear(n) || len(wt.Shape) != 2 {
+					if gt.DType != wt.DType || len(gt.Data) != len(wt.Data) {
+						t.Errorf("%s: %v, want it as stored (%v)", n, gt.DType, wt.DType)
+					}
+					continue
+				}
+				nf8++
+				s, ok := wF[weights.ScaleInvName(n)]
+				rows, cols := (wt.Shape[0]+127)/128, (wt.Shape[1]+127)/128
+				if gt.DType != weights.F8E4M3 || len(gt.Data) != wt.Shape[0]*wt.Shape[1] || !ok || s.DType != weights.F32 ||
+					!slices.Equal(s.Shape, []int{rows, cols}) || len(s.Data) != 4*rows*cols {
+					t.Errorf("%s: %v %d bytes, scales %v %v (%d bytes)", n, gt.DType, len(gt.Data), s.DType, s.Shape, len(s.Data))
+				}
+			}
+			if nf8 == 0 || len(wF) != len(w)+nf8 {
+				t.Fatalf("%d FP8 matrices, %d tensors for %d", nf8, len(wF), len(w))
+			}
+			m, err := models.Builtin().New(c, cfgF, wF, models.Options{MaxModelLen: 64})
+			if err != nil {
+				t.Fatalf("building the model from the FP8 checkpoint: %v", err)
+			}
+			if f, ok := m.(interface{ WeightFormat() string }); !ok || !strings.HasPrefix(f.WeightFormat(), "F8_E4M3") {
+				t.Errorf("weight format of %T: want F8_E4M3 first", m)
+			}
+		})
+	}
+	_, ds := shapeConfig(t, "deepseek-v2-lite", "", false)
+	for _, tc := range []struct {
+		batch int
+		gb    float64 // want, to 0.5%
+	}{
+		// 2.451B active parameters less the 209.7M head and 26 x 131k
+		// routers, a byte each and 4 bytes a 128 x 128 block, plus those two
+		// in BF16: 2.2384 + 0.4262 GB.
+		{1, 2.665},
+		// 15.48B active parameters at batch 64: 15.271 + 0.426 GB.
+		{64, 15.70},
+	} {
+		if got, _ := activeFP8Bytes(ds, tc.batch); math.Abs(got/1e9-tc.gb) > 0.005*tc.gb {
+			t.Errorf("activeFP8Bytes(deepseek-v2-lite, %d) = %.3f GB, want %.3f", tc.batch, got/1e9, tc.gb)
+		}
+	}
+	// 2 x 4096 x (2.451B - 209.7M head) = 18.36 TFLOP.
+	if got := prefillFLOPs(ds, 4096); math.Abs(got/1e12-18.36) > 0.005*18.36 {
+		t.Errorf("prefillFLOPs(deepseek-v2-lite, 4096) = %.3f TFLOP, want 18.36", got/1e12)
 	}
 }

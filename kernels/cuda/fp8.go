@@ -6,6 +6,7 @@ package cuda
 import "C"
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"runtime"
@@ -133,12 +134,31 @@ func checkFP8Weight(w kernels.FP8Weight) (scaleCols int, err error) {
 			return 0, fmt.Errorf("cuda: %s: scale %d is %v, want finite and below 2^100: %w", op, i, s, kernels.ErrShape)
 		}
 	}
-	for i, v := range w.Data {
-		if v&0x7f == 0x7f {
-			return 0, fmt.Errorf("cuda: %s: byte %d is an E4M3 NaN (%#02x): %w", op, i, v, kernels.ErrDType)
-		}
+	if i := fp8NaN(w.Data); i >= 0 {
+		return 0, fmt.Errorf("cuda: %s: byte %d is an E4M3 NaN (%#02x): %w", op, i, w.Data[i], kernels.ErrDType)
 	}
 	return scaleCols, nil
+}
+
+// fp8NaN returns the index of the first E4M3 NaN (0x7f or 0xff) in data,
+// or -1. Eight bytes at a time: with x = word & 0x7f7f..., a byte of x + 0x0101...
+// reaches 0x80 exactly where it was 0x7f, and never carries into the next
+// byte. Cost: about a nanosecond per 8 bytes (a DeepSeek-V3 checkpoint's
+// 671 GB is minutes with a byte loop).
+func fp8NaN(data []byte) int {
+	const low7, ones, highs = 0x7f7f7f7f7f7f7f7f, 0x0101010101010101, 0x8080808080808080
+	i := 0
+	for ; i+8 <= len(data); i += 8 {
+		if ((binary.LittleEndian.Uint64(data[i:])&low7)+ones)&highs != 0 {
+			break
+		}
+	}
+	for ; i < len(data); i++ {
+		if data[i]&0x7f == 0x7f {
+			return i
+		}
+	}
+	return -1
 }
 
 // uploadBuffer copies src into a new device buffer (at least one byte),

@@ -106,3 +106,93 @@ func BenchmarkFP8Kernels(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFP8GEMVReal times the FP8 decode linears at sizes where reading
+// the weights, not launching the kernel, sets the time: DeepSeek-V3's dense
+// MLP (gate and up fused, 36864 x 7168; down 7168 x 18432) and one routed
+// expert (4096 x 7168, 7168 x 2048), and DeepSeek-V2-Lite's expert (2816 x
+// 2048, 2048 x 1408), at 1 and 8 rows (the GEMV) and 64 (the GEMM), against
+// BF16 weights of the same shape in the same run. Each call takes the next
+// of several device copies of the weight (together over 128 MiB, more than
+// the H200's 50 MB L2), so that every call reads its weight from memory, as
+// a decode step does. It prints "fp8 | gemv-real" lines: time, GB/s of
+// weight bytes (the FP8 ones include the scales) and the ratio to the FP8
+// floor, the weight bytes over the copy bandwidth (4.2 TB/s).
+//
+// Its name keeps it out of the bench phase's default pattern (GPU);
+// tools/gpu/check.sh's fp8 phase runs it with BenchmarkFP8Kernels. About 3
+// GB of uploads and a few seconds of device time.
+func BenchmarkFP8GEMVReal(b *testing.B) {
+	g := newGPU(b, GEMMRound)
+	r := rand.New(rand.NewPCG(8, 28))
+	// Weights are tiled from one random pattern of 1 MiB + 48 bytes (the
+	// values do not change the time; generating 400M of them would).
+	const patLen = 1<<20 + 48
+	f8pat := make([]byte, patLen)
+	for i := range f8pat {
+		v := byte(r.IntN(256))
+		if v&0x7f == 0x7f { // an E4M3 NaN: its neighbour (448 in magnitude)
+			v--
+		}
+		f8pat[i] = v
+	}
+	bfpat := hostBytes(kernels.BF16, randVals(r, patLen/2, 0.03))
+	tiled := func(pat []byte, n int) []byte {
+		out := make([]byte, n)
+		for i := 0; i < n; i += len(pat) {
+			copy(out[i:], pat)
+		}
+		return out
+	}
+	const copyBytes = 128 << 20 // the copies of a weight together exceed this
+	for _, sh := range []struct {
+		name string
+		n, k int
+	}{
+		{"v3/dense_gate_up", 36864, 7168}, {"v3/dense_down", 7168, 18432},
+		{"v3/expert_gate_up", 4096, 7168}, {"v3/expert_down", 7168, 2048},
+		{"v2lite/expert_gate_up", 2816, 2048}, {"v2lite/expert_down", 2048, 1408},
+	} {
+		b.Run(sh.name, func(b *testing.B) {
+			blocks := ((sh.n + 127) / 128) * ((sh.k + 127) / 128)
+			fw := kernels.FP8Weight{Shape: []int{sh.n, sh.k}, Data: tiled(f8pat, sh.n*sh.k), BlockK: 128,
+				Scales: make([]float32, blocks), ScaleRow: make([]int32, sh.n)}
+			for i := range fw.Scales {
+				fw.Scales[i] = 0.03 / 448
+			}
+			for i := range fw.ScaleRow {
+				fw.ScaleRow[i] = int32(i / 128)
+			}
+			bfBytes := tiled(bfpat, 2*sh.n*sh.k)
+			fp8Bytes := float64(sh.n*sh.k + 4*blocks)
+			copies := max(1, (copyBytes+sh.n*sh.k-1)/(sh.n*sh.k))
+			wf, wb := make([]kernels.Tensor, copies), make([]kernels.Tensor, copies)
+			for c := range copies {
+				wf[c] = newFP8Weight(b, g, fw)
+				wb[c] = upload(b, g, kernels.BF16, bfBytes, kernels.BF16, sh.n, sh.k)
+			}
+			floorUS := fp8Bytes / deviceCopyBandwidth * 1e6
+			for _, m := range []int{1, 8, 64} {
+				x := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, m*sh.k, 1)), kernels.F32, m, sh.k)
+				out, err := g.Alloc(kernels.F32, m, sh.n)
+				if err != nil {
+					b.Fatal(err)
+				}
+				i := 0
+				msF := timeIt(b, g, 50, func() error { i++; return g.Linear(out, x, wf[i%copies], nil) })
+				msB := timeIt(b, g, 50, func() error { i++; return g.Linear(out, x, wb[i%copies], nil) })
+				gbF := fp8Bytes / (msF / 1e3) / 1e9
+				gbB := float64(2*sh.n*sh.k) / (msB / 1e3) / 1e9
+				path := "gemv"
+				if m > 8 {
+					path = "gemm"
+				}
+				b.ReportMetric(msF*1e3, fmt.Sprintf("fp8-us/m=%d", m))
+				b.ReportMetric(msB*1e3, fmt.Sprintf("bf16-us/m=%d", m))
+				b.Logf("fp8 | gemv-real %-22s m=%-2d (%s) n=%-5d k=%-5d x%-2d copies | fp8 %7.1f us %5.0f GB/s %3.0f%% of copy, %.2fx its floor %.1f us | bf16 %7.1f us %5.0f GB/s %3.0f%% | fp8 speedup %.2fx",
+					sh.name, m, path, sh.n, sh.k, copies, msF*1e3, gbF, 100*gbF*1e9/deviceCopyBandwidth, msF*1e3/floorUS, floorUS,
+					msB*1e3, gbB, 100*gbB*1e9/deviceCopyBandwidth, msB/msF)
+			}
+		})
+	}
+}

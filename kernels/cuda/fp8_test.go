@@ -69,3 +69,42 @@ func TestFP8ScalesView(t *testing.T) {
 		t.Fatalf("view(5) of rowOff 2: %+v (original %+v)", v, f)
 	}
 }
+
+// TestFP8NaN: the word-at-a-time scan finds the first NaN byte (0x7f or
+// 0xff) at every offset of lengths around the word size, and only those:
+// every other byte value, at every position of a word, passes.
+func TestFP8NaN(t *testing.T) {
+	for n := range 20 {
+		for pos := range n {
+			for _, nan := range []byte{0x7f, 0xff} {
+				data := make([]byte, n)
+				for i := range data {
+					data[i] = 0x7e // the largest finite magnitude
+				}
+				data[pos] = nan
+				if n > pos+1 {
+					data[n-1] = 0xff // a later NaN is not the first
+				}
+				if got := fp8NaN(data); got != pos {
+					t.Fatalf("%d bytes, NaN %#02x at %d: got %d", n, nan, pos, got)
+				}
+			}
+		}
+	}
+	for v := range 256 {
+		data := make([]byte, 16)
+		for pos := range data {
+			data[pos] = byte(v)
+		}
+		want := -1
+		if v&0x7f == 0x7f {
+			want = 0
+		}
+		if got := fp8NaN(data); got != want {
+			t.Fatalf("16 bytes of %#02x: got %d, want %d", v, got, want)
+		}
+	}
+	if got := fp8NaN(nil); got != -1 {
+		t.Fatalf("no bytes: got %d", got)
+	}
+}

@@ -74,11 +74,23 @@
 #           (KV bytes a sequence, rings vs paged, 8k sequences per H200).
 #   fp8     FP8 block-scaled weights: the GPU tests TestGPUFP8 (GEMV and
 #           GEMM against the CPU backend with their stated bounds, batch
-#           invariance, MoE device and host paths, graph replay) and
+#           invariance, MoE device and host paths, graph replay),
 #           BenchmarkFP8Kernels once (FP8 vs BF16 decode linears at
 #           Qwen3-0.6B and DeepSeek-V2-Lite shapes in GB/s and share of
 #           the copy bandwidth, 4096-row GEMMs in TFLOP/s against BF16
-#           cuBLAS, DeepSeek-V2-Lite MoE at 1 and 64 tokens); FP8_TIMEOUT.
+#           cuBLAS, DeepSeek-V2-Lite MoE at 1 and 64 tokens) and
+#           BenchmarkFP8GEMVReal (DeepSeek-V3 dense and expert, V2-Lite
+#           expert linears, weights rotated past the L2, against the FP8
+#           floor) (FP8_TIMEOUT each, default 180); then
+#           BenchmarkFP8EngineDeepSeekV2Lite (the engine with BF16 weights
+#           and with an FP8 checkpoint written as DeepSeek's: decode at
+#           batch 1 and 64 against each format's floor, a 4096-token
+#           prefill in TFLOP/s, FP8 vs BF16; FP8_ENGINE_TIMEOUT, default
+#           180); then the default model (FP8_BASE_CONFIG, default
+#           configs/cuda.yaml) as stored and with quantization: fp8:
+#           greedy tokens in common of FP8_GEN_TOKENS (default 64), and
+#           deepinfer bench output tok/s at batch 1 and 64, FP8 vs BF16.
+#           fp8.log, fp8_gen_*.txt, fp8_bench_*.txt.
 #   mla     MLA over 16- and 8-bit latent caches (tensor cores): the
 #           TestGPUMLA tests (against the CPU backend, batch invariance,
 #           the 8-bit writer's bytes), then BenchmarkGPUMLADecode once:
@@ -248,7 +260,7 @@ phase_swa() {
 }
 
 phase_fp8() {
-	local t rc rcb
+	local t rc rcb rce
 	t=$(limit "${FP8_TIMEOUT:-180}")
 	((t == 0)) && { status[fp8]="skipped: out of time"; return; }
 	need_test || { status[fp8]="FAILED: prerequisites missing"; return; }
@@ -257,11 +269,73 @@ phase_fp8() {
 	t=$(limit "${FP8_TIMEOUT:-180}")
 	rcb=skipped
 	if ((t > 0)); then
-		(cd kernels/cuda && timeout "$t" "$root/$dir/cuda.test" -test.run XXX -test.bench FP8Kernels -test.benchtime 1x -test.v \
+		(cd kernels/cuda && timeout "$t" "$root/$dir/cuda.test" -test.run XXX -test.bench 'FP8Kernels|FP8GEMVReal' -test.benchtime 1x -test.v \
 			-test.timeout "${t}s") >>"$logs/fp8.log" 2>&1
 		rcb=$?
 	fi
-	status[fp8]="tests rc=$rc pass=$(grep -c -- '^--- PASS' "$logs/fp8.log") fail=$(grep -c -- '^--- FAIL' "$logs/fp8.log"), bench rc=$rcb"
+	t=$(limit "${FP8_ENGINE_TIMEOUT:-180}")
+	rce=skipped
+	if ((t > 0)); then
+		(cd kernels/cuda && timeout "$t" "$root/$dir/cuda.test" -test.run XXX -test.bench FP8EngineDeepSeekV2Lite -test.benchtime 1x -test.v \
+			-test.timeout "${t}s") >>"$logs/fp8.log" 2>&1
+		rce=$?
+	fi
+	fp8_default_model
+	status[fp8]="tests rc=$rc pass=$(grep -c -- '^--- PASS' "$logs/fp8.log") fail=$(grep -c -- '^--- FAIL' "$logs/fp8.log"), kernel bench rc=$rcb, engine bench rc=$rce, default model ${fp8_default_rc:-skipped}"
+}
+
+# fp8_default_model: the default model (FP8_BASE_CONFIG, default
+# configs/cuda.yaml) with its BF16 checkpoint as stored and with
+# quantization: fp8 (quantized at load, 128x128 blocks): deepinfer generate,
+# greedy, FP8_GEN_TOKENS (default 64) tokens with ignore_eos and their ids
+# (--logprobs 0), the number of leading tokens the two agree on; then
+# deepinfer bench (random prompts of 64 tokens, 128 generated) at batch 1
+# (4 requests) and 64 (64 requests) in each format, alternating: output
+# tok/s and FP8 against BF16. Lines "fp8 | default model" in fp8.log,
+# texts and outputs in fp8_gen_*.txt and fp8_bench_*.txt.
+fp8_default_model() {
+	local base=${FP8_BASE_CONFIG:-configs/cuda.yaml} cfg f t fmt batch n=${FP8_GEN_TOKENS:-64} rcs=() same total
+	need "$dir/deepinfer" "build it here with: tools/gpu/check.sh prepare $dir" || { fp8_default_rc="FAILED: no deepinfer binary"; return; }
+	# Beside the base config (its model path is relative to the file);
+	# removed at the end.
+	for fmt in bf16 fp8; do
+		cfg=${base%/*}/.check_fp8_$fmt.yaml
+		if [[ $fmt == fp8 ]]; then
+			grep -v '^quantization:' "$base" >"$cfg"
+			echo 'quantization: fp8' >>"$cfg"
+		else
+			cp "$base" "$cfg"
+		fi
+		t=$(limit 60)
+		((t == 0)) && { rcs+=("gen-$fmt:skipped"); continue; }
+		timeout "$t" "$dir/deepinfer" generate --config "$cfg" -p "The quick brown fox" -n "$n" --ignore-eos --logprobs 0 \
+			>"$logs/fp8_gen_$fmt.txt" 2>&1
+		rcs+=("gen-$fmt:$?")
+	done
+	# Token ids: the second column of the lines after "logprobs:".
+	fp8_ids() { awk '/^logprobs:/ { on = 1; next } on && $1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ { print $2 }' "$1" 2>/dev/null; }
+	total=$(fp8_ids "$logs/fp8_gen_bf16.txt" | wc -l)
+	same=$(paste -d' ' <(fp8_ids "$logs/fp8_gen_bf16.txt") <(fp8_ids "$logs/fp8_gen_fp8.txt") | awk '$1 != $2 { exit } { k++ } END { print k + 0 }')
+	echo "fp8 | default model ($base) greedy, ${n} tokens (ignore_eos): quantization fp8 generates the same first $same of $total tokens as the BF16 checkpoint | $(grep -oE 'decode [0-9.]+ tok/s' "$logs/fp8_gen_bf16.txt" | head -1) bf16, $(grep -oE 'decode [0-9.]+ tok/s' "$logs/fp8_gen_fp8.txt" | head -1) fp8 | $(grep -oE 'weights [^)]*' "$logs/fp8_gen_fp8.txt" | head -1)" >>"$logs/fp8.log"
+	for batch in 1 64; do
+		local prompts=$((batch == 1 ? 4 : 64))
+		for fmt in bf16 fp8; do
+			cfg=${base%/*}/.check_fp8_$fmt.yaml
+			f=$logs/fp8_bench_${fmt}_b$batch.txt
+			t=$(limit 90)
+			((t == 0)) && { rcs+=("bench-$fmt-b$batch:skipped"); : >"$f"; continue; }
+			timeout "$t" "$dir/deepinfer" bench --config "$cfg" --batch "$batch" --num-prompts "$prompts" --min-input-len 64 \
+				--max-input-len 64 --min-output-len 128 --max-output-len 128 >"$f" 2>&1
+			rcs+=("bench-$fmt-b$batch:$?")
+		done
+		local tb tf wf
+		tb=$(grep -oE 'Output token throughput \(tok/s\): *[0-9.]+' "$logs/fp8_bench_bf16_b$batch.txt" | grep -oE '[0-9.]+$')
+		tf=$(grep -oE 'Output token throughput \(tok/s\): *[0-9.]+' "$logs/fp8_bench_fp8_b$batch.txt" | grep -oE '[0-9.]+$')
+		wf=$(grep -oE 'Backend \(weights\): *.*' "$logs/fp8_bench_fp8_b$batch.txt" | sed 's/^Backend (weights): *//')
+		echo "fp8 | default model bench batch $batch ($prompts requests, 64 + 128 tokens) | bf16 ${tb:-n/a} tok/s, fp8 ${tf:-n/a} tok/s ($wf) | fp8/bf16 $(awk -v a="${tf:-0}" -v b="${tb:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "n/a" }')" >>"$logs/fp8.log"
+	done
+	rm -f "${base%/*}"/.check_fp8_bf16.yaml "${base%/*}"/.check_fp8_fp8.yaml
+	fp8_default_rc="rc ${rcs[*]}, same first $same of $total tokens"
 }
 
 phase_mla() {

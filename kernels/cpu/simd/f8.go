@@ -50,24 +50,11 @@ const maxF8Scale = 0x1p100
 
 // Check reports whether w describes a valid [n][k] matrix: lengths, a
 // power-of-two BlockK of at least 16, scale rows in range, and finite scales
-// of magnitude below 2^100. The Linear kernels panic on a w that fails it.
-// Cost: one pass over ScaleRow and Scales.
+// of magnitude below 2^100. Cost: one pass over ScaleRow and Scales; meant
+// for once per weight (kernels/cpu checks at load), not per product.
 func (w F8Weights) Check(n, k int) error {
-	if w.BlockK < 16 || bits.OnesCount(uint(w.BlockK)) != 1 {
-		return fmt.Errorf("simd: fp8 weights: block of %d columns, want a power of two >= 16", w.BlockK)
-	}
-	if len(w.Data) < n*k || len(w.ScaleRow) < n {
-		return fmt.Errorf("simd: fp8 weights: %d bytes and %d scale rows for a [%d][%d] matrix", len(w.Data), len(w.ScaleRow), n, k)
-	}
-	kb := (k + w.BlockK - 1) / w.BlockK
-	rows := 0
-	if kb > 0 {
-		rows = len(w.Scales) / kb
-	}
-	for j, r := range w.ScaleRow[:n] {
-		if kb > 0 && (r < 0 || int(r) >= rows) {
-			return fmt.Errorf("simd: fp8 weights: row %d uses scale row %d of %d", j, r, rows)
-		}
+	if err := w.checkRows(n, k, 0, n); err != nil {
+		return err
 	}
 	for i, s := range w.Scales {
 		if !(math.Abs(float64(s)) < maxF8Scale) {
@@ -77,15 +64,44 @@ func (w F8Weights) Check(n, k int) error {
 	return nil
 }
 
+// checkRows is what a product over rows [j0, j1) needs to stay in bounds:
+// the lengths and block of Check, and the scale rows of rows [j0, j1) in
+// range. Cost: O(j1 - j0).
+func (w F8Weights) checkRows(n, k, j0, j1 int) error {
+	if w.BlockK < 16 || bits.OnesCount(uint(w.BlockK)) != 1 {
+		return fmt.Errorf("simd: fp8 weights: block of %d columns, want a power of two >= 16", w.BlockK)
+	}
+	if len(w.Data) < n*k || len(w.ScaleRow) < n {
+		return fmt.Errorf("simd: fp8 weights: %d bytes and %d scale rows for a [%d][%d] matrix", len(w.Data), len(w.ScaleRow), n, k)
+	}
+	kb := (k + w.BlockK - 1) / w.BlockK
+	if kb == 0 {
+		return nil
+	}
+	rows := len(w.Scales) / kb
+	for j := j0; j < j1; j++ {
+		if r := w.ScaleRow[j]; r < 0 || int(r) >= rows {
+			return fmt.Errorf("simd: fp8 weights: row %d uses scale row %d of %d", j, r, rows)
+		}
+	}
+	return nil
+}
+
 // LinearF8 is LinearF32 with w in FP8 E4M3 with block scales: each weight
-// is widened and multiplied by its scale (one rounding) in registers, then
-// reduced in the canonical order, so the result is bit for bit LinearF32
-// over the dequantized float32 matrix. Decode (m = 1) reads one byte a
-// weight plus 4 bytes a block of BlockK. It panics if w fails Check(n, k)
-// or a slice is too short.
+// is widened and multiplied by its scale (one rounding), then reduced in
+// the canonical order, so the result is bit for bit LinearF32 over the
+// dequantized float32 matrix, on every path. Decode widens in registers
+// (AVX-512: up to 8 rows, AVX2: up to 4) and reads one byte a weight plus
+// 4 bytes a block of BlockK; with more rows the SIMD paths widen a panel of
+// columns once into an L2-sized float32 buffer and run LinearF32's kernel
+// on it, so prefill runs at float32 GEMM speed. It panics if a slice is too short, the block
+// is not a power of two >= 16, or a row in [j0, j1) names a scale row out
+// of range (O(j1 - j0) checks); scales are taken to pass Check, done once
+// per weight: a scale of 2^100 or more may give other bits on the SIMD
+// paths than on the Go path.
 func (p *Impl) LinearF8(out, x []float32, w F8Weights, m, n, k, j0, j1 int) {
 	checkLinear("LinearF8", len(out), len(x), len(w.Data), m, n, k, j0, j1)
-	if err := w.Check(n, k); err != nil {
+	if err := w.checkRows(n, k, j0, j1); err != nil {
 		panic(err.Error())
 	}
 	if m == 0 || j0 == j1 {
@@ -100,13 +116,19 @@ func LinearF8(out, x []float32, w F8Weights, m, n, k, j0, j1 int) {
 }
 
 // RowF32 writes row j of w dequantized into dst[:k] (see F8Weights).
+// Cost: one table look-up and one multiply per element.
 func (w F8Weights) RowF32(dst []float32, j, k int) {
 	kb := (k + w.BlockK - 1) / w.BlockK
 	scales := w.Scales[int(w.ScaleRow[j])*kb : (int(w.ScaleRow[j])+1)*kb]
 	row := w.Data[j*k : (j+1)*k]
 	dst = dst[:k]
-	for kk, b := range row {
-		dst[kk] = f8Table[b] * scales[kk/w.BlockK]
+	for bi, s := range scales {
+		lo := bi * w.BlockK
+		hi := min(lo+w.BlockK, k)
+		d, src := dst[lo:hi], row[lo:hi]
+		for i, b := range src {
+			d[i] = f8Table[b] * s
+		}
 	}
 }
 

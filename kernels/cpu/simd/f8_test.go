@@ -119,6 +119,36 @@ func TestLinearF8(t *testing.T) {
 	}
 }
 
+// TestLinearF8Panels: with more rows than their register tiles take (AVX2:
+// 4, AVX-512: 8) the SIMD paths widen panels of about 384 KiB of float32
+// columns; k = 4100 makes them 16 columns, so n = 70 over [3, 67) crosses
+// several, starting and ending inside one, with a partial last scale
+// block. Bit for bit against the Go path and against LinearF32 over the
+// dequantized matrix, for row counts on both sides of both switches.
+func TestLinearF8Panels(t *testing.T) {
+	const n, k, j0, j1 = 70, 4100, 3, 67
+	r := rand.New(rand.NewPCG(11, 12))
+	w, wf := randF8Weights(r, n, k, 128)
+	for _, p := range Impls() {
+		for _, m := range []int{4, 5, 8, 9} {
+			x := randVec(r, m*k)
+			out, ref, deq := filled(m*n), filled(m*n), filled(m*n)
+			p.LinearF8(out, x, w, m, n, k, j0, j1)
+			goImpl.LinearF8(ref, x, w, m, n, k, j0, j1)
+			p.LinearF32(deq, x, wf, m, n, k, j0, j1)
+			for i, v := range out {
+				if !sameBits(v, ref[i]) || !sameBits(v, deq[i]) {
+					t.Fatalf("%s m=%d: out[%d][%d] = %#08x, go path %#08x, f32 over dequantized %#08x", p, m, i/n, i%n,
+						math.Float32bits(v), math.Float32bits(ref[i]), math.Float32bits(deq[i]))
+				}
+				if j := i % n; (j < j0 || j >= j1) && math.Float32bits(v) != math.Float32bits(sentinel) {
+					t.Fatalf("%s m=%d: out[%d][%d] outside [%d, %d) written", p, m, i/n, j, j0, j1)
+				}
+			}
+		}
+	}
+}
+
 func TestF8Value(t *testing.T) {
 	for _, tc := range []struct {
 		b    uint8

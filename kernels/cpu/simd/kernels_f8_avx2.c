@@ -1,12 +1,16 @@
 //go:build cgo
 
 // AVX2 + FMA + F16C kernel of LinearF8 (see kernels_f8_avx512.c for the
-// widening and kernels_avx2.c for the canonical order on (lo, hi) pairs of
-// ymm registers). The k tail runs on zero-padded copies blended into the
-// lanes it covers.
+// widening and the two paths, kernels_avx2.c for the canonical order on
+// (lo, hi) pairs of ymm registers). The register path widens 16 bytes at a
+// time (one VPMOVSXBW, shift and mask, two conversions); from 5 rows on a
+// panel of columns is widened once and di_linear_avx2's float32 kernel
+// runs on it. The k tail runs on zero-padded copies blended into the lanes
+// it covers.
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "simd_amd64.h"
@@ -19,6 +23,15 @@ AVX2 INLINE __m256 f8_load8(const uint8_t *p) {
 	__m128i h = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)p));
 	h = _mm_and_si128(_mm_slli_epi16(h, 7), _mm_set1_epi16((short)0xBFFF));
 	return _mm256_cvtph_ps(h);
+}
+
+// f8_load16 widens 16 E4M3 bytes into two vectors of 8 floats of 2^-8
+// their value (lo: bytes 0..7, hi: bytes 8..15).
+AVX2 INLINE void f8_load16(const uint8_t *p, __m256 *lo, __m256 *hi) {
+	__m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+	h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBFFF));
+	*lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+	*hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 
 AVX2 INLINE float hsum2_f8(__m256 lo, __m256 hi) {
@@ -70,8 +83,10 @@ AVX2 INLINE void tile_f8(const int R, const int C, const float *x, int nr, const
 			}
 #pragma GCC unroll 4
 			for (int c = 0; c < C; c++) {
-				__m256 wl = _mm256_mul_ps(f8_load8(wc[c] + kk), sv[c]);
-				__m256 wh = _mm256_mul_ps(f8_load8(wc[c] + kk + 8), sv[c]);
+				__m256 wl, wh;
+				f8_load16(wc[c] + kk, &wl, &wh);
+				wl = _mm256_mul_ps(wl, sv[c]);
+				wh = _mm256_mul_ps(wh, sv[c]);
 #pragma GCC unroll 4
 				for (int r = 0; r < R; r++) {
 					lo[r * C + c] = _mm256_fmadd_ps(xl[r], wl, lo[r * C + c]);
@@ -128,9 +143,53 @@ AVX2 INLINE void rows_f8(const int R, const int C, float *out, const float *x, c
 
 #define F8_L2_BLOCK_BYTES (384 * 1024)
 
-AVX2 static void linear_f8(float *out, const float *x, const uint8_t *w, const float *scales,
-                           const int32_t *scale_row, int sh, int64_t m, int64_t n, int64_t k,
-                           int64_t j0, int64_t j1) {
+// Rows from which the panel path runs: per 16 weights of a column, 2-row
+// register tiles cost 7 uops of widening and scaling per tile plus the
+// FMAs, the panel 8 once plus the FMAs (16 ymm registers hold no taller
+// tile than kernels_f8_avx512.c's 8 x 2).
+#define F8_PANEL_MIN_ROWS 5
+
+// f8_widen_rows writes rows [jb, je) of w dequantized into dst ([je-jb][k]
+// float32): the values the register path multiplies in registers.
+AVX2 static void f8_widen_rows(float *dst, const uint8_t *w, const float *scales,
+                               const int32_t *scale_row, int sh, int64_t k, int64_t jb, int64_t je) {
+	const int64_t kb = (k + ((int64_t)1 << sh) - 1) >> sh;
+	for (int64_t j = jb; j < je; j++) {
+		const uint8_t *src = w + j * k;
+		const float *sc = scales + (int64_t)scale_row[j] * kb;
+		float *d = dst + (j - jb) * k;
+		int64_t kk = 0;
+		while (kk < k) {
+			const int64_t bi = kk >> sh;
+			int64_t be = (bi + 1) << sh;
+			if (be > k)
+				be = k;
+			const __m256 s = _mm256_set1_ps(sc[bi] * 256.0f);
+			for (; kk + 16 <= be; kk += 16) {
+				__m256 lo, hi;
+				f8_load16(src + kk, &lo, &hi);
+				_mm256_storeu_ps(d + kk, _mm256_mul_ps(lo, s));
+				_mm256_storeu_ps(d + kk + 8, _mm256_mul_ps(hi, s));
+			}
+			if (kk < be) {
+				uint8_t buf[16] = {0};
+				float tmp[16];
+				int rem = (int)(be - kk);
+				memcpy(buf, src + kk, rem);
+				__m256 lo, hi;
+				f8_load16(buf, &lo, &hi);
+				_mm256_storeu_ps(tmp, _mm256_mul_ps(lo, s));
+				_mm256_storeu_ps(tmp + 8, _mm256_mul_ps(hi, s));
+				memcpy(d + kk, tmp, rem * sizeof(float));
+				kk = be;
+			}
+		}
+	}
+}
+
+AVX2 static void linear_f8_regs(float *out, const float *x, const uint8_t *w, const float *scales,
+                                const int32_t *scale_row, int sh, int64_t m, int64_t n, int64_t k,
+                                int64_t j0, int64_t j1) {
 	int64_t nb = F8_L2_BLOCK_BYTES / (k > 0 ? k : 1);
 	nb = nb < 16 ? 16 : nb / 16 * 16;
 	for (int64_t jb = j0; jb < j1; jb += nb) {
@@ -147,8 +206,32 @@ AVX2 static void linear_f8(float *out, const float *x, const uint8_t *w, const f
 	}
 }
 
+// linear_f8_panel: see kernels_f8_avx512.c.
+AVX2 static int linear_f8_panel(float *out, const float *x, const uint8_t *w, const float *scales,
+                                const int32_t *scale_row, int sh, int64_t m, int64_t n, int64_t k,
+                                int64_t j0, int64_t j1) {
+	int64_t nb = F8_L2_BLOCK_BYTES / (4 * k);
+	nb = nb >= 16 ? nb / 16 * 16 : (nb >= 4 ? nb / 4 * 4 : 4);
+	if (nb > j1 - j0)
+		nb = j1 - j0;
+	size_t bytes = ((size_t)nb * (size_t)k * sizeof(float) + 63) / 64 * 64;
+	float *panel = aligned_alloc(64, bytes);
+	if (!panel)
+		return 0;
+	for (int64_t jb = j0; jb < j1; jb += nb) {
+		int64_t je = j1 - jb < nb ? j1 : jb + nb;
+		f8_widen_rows(panel, w, scales, scale_row, sh, k, jb, je);
+		di_linear_avx2(DI_F32, out + jb, x, panel, m, n, k, 0, je - jb);
+	}
+	free(panel);
+	return 1;
+}
+
 void di_linear_f8_avx2(float *out, const float *x, const uint8_t *w, const float *scales,
                        const int32_t *scale_row, int block_shift, int64_t m, int64_t n, int64_t k,
                        int64_t j0, int64_t j1) {
-	linear_f8(out, x, w, scales, scale_row, block_shift, m, n, k, j0, j1);
+	if (m >= F8_PANEL_MIN_ROWS && k > 0 &&
+	    linear_f8_panel(out, x, w, scales, scale_row, block_shift, m, n, k, j0, j1))
+		return;
+	linear_f8_regs(out, x, w, scales, scale_row, block_shift, m, n, k, j0, j1);
 }
