@@ -210,23 +210,34 @@ func (b *Backend) GatedMLP(out, x, gateUp, down, gu, act kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
+	if gw.dtype == kernels.F8E4M3 || dw.dtype == kernels.F8E4M3 {
+		// FP8 weights (FP8Weight): each linear takes its own FP8 path,
+		// which checks its arguments.
+		return b.unfusedMLP(out, x, gateUp, down, gu, act)
+	}
 	rows, hidden, n, err := kernels.GatedMLPShapes("cuda", o, xs, gw, dw, kernels.F32, kernels.BF16, kernels.F16)
 	if err != nil {
 		return err
 	}
 	narrow := b.mlpNarrow > 0 && rows >= b.mlpNarrow && b.gemm == GEMMRound && (gw.dtype == kernels.BF16 || gw.dtype == kernels.F16)
 	if !narrow {
-		if err := b.Linear(gu, x, gateUp, nil); err != nil {
-			return err
-		}
-		if err := b.SiLUMul(act, gu); err != nil {
-			return err
-		}
-		return b.Linear(out, act, down, nil)
+		return b.unfusedMLP(out, x, gateUp, down, gu, act)
 	}
 	return b.launch(op, func() C.int {
 		return C.c_gated_mlp(b.lib.api, b.ctx, o.ptr(), xs.ptr(), C.int(xs.dtype), gw.ptr(), dw.ptr(), C.int(gw.dtype), C.int(rows), C.int(n), C.int(hidden))
 	}, o, xs, gw, dw)
+}
+
+// unfusedMLP is GatedMLP as its three operations: Linear into gu, SiLUMul
+// into act, Linear into out.
+func (b *Backend) unfusedMLP(out, x, gateUp, down, gu, act kernels.Tensor) error {
+	if err := b.Linear(gu, x, gateUp, nil); err != nil {
+		return err
+	}
+	if err := b.SiLUMul(act, gu); err != nil {
+		return err
+	}
+	return b.Linear(out, act, down, nil)
 }
 
 // Add computes out = a + b elementwise (out may alias a or b).
