@@ -7,7 +7,14 @@ import (
 )
 
 // Architectures lists the general.architecture values Config maps.
-var Architectures = []string{"llama", "qwen2", "qwen3", "deepseek2"}
+var Architectures = []string{"llama", "qwen2", "qwen3", "qwen3moe", "deepseek2"}
+
+// KeyYarnMscale is this engine's key for the mscale of a DeepSeek YaRN
+// config (rope_scaling.mscale) where it differs from mscale_all_dim: llama.cpp
+// stores only mscale_all_dim (as rope.scaling.yarn_log_multiplier, times
+// 0.1) and computes as if both were equal, which DeepSeek's published
+// configs are. llama.cpp ignores the key.
+const KeyYarnMscale = "deepinfer.rope.scaling.yarn_mscale"
 
 // Config maps the file's hyper-parameters to the keys of a Hugging Face
 // config.json for the same model, so that the engine's config.json parser
@@ -21,6 +28,13 @@ var Architectures = []string{"llama", "qwen2", "qwen3", "deepseek2"}
 // except where the tensors have them (qwen2's q/k/v biases), untied
 // embeddings unless output.weight is absent, and for deepseek2 the V3
 // routing (sigmoid scores, noaux_tc) when expert_gating_func is 2, else V2's.
+// A llama file with {arch}.expert_count is Mixtral (MixtralForCausalLM:
+// feed_forward_length is each expert's size). qwen3moe renormalizes the
+// top-k weights unless qwen3moe.expert_weights_norm says false (llama.cpp
+// always does), and its layers without blk.N.ffn_gate_inp.weight are dense
+// (mlp_only_layers; llama.cpp wants every layer sparse). For deepseek2,
+// block_count counts the nextn (MTP) layers as llama.cpp does; they are not
+// decoder layers.
 // A rope_freqs.weight tensor (Llama 3.1-style frequency factors) has no
 // config.json form and is an error.
 func (f *File) Config() (map[string]any, error) {
@@ -33,6 +47,11 @@ func (f *File) Config() (map[string]any, error) {
 	switch arch {
 	case "llama":
 		c["model_type"], c["architectures"] = "llama", []string{"LlamaForCausalLM"}
+		if n, _ := f.optInt(p("expert_count")); n > 0 {
+			c["model_type"], c["architectures"] = "mixtral", []string{"MixtralForCausalLM"}
+		}
+	case "qwen3moe":
+		c["model_type"], c["architectures"] = "qwen3_moe", []string{"Qwen3MoeForCausalLM"}
 	case "qwen2":
 		c["model_type"], c["architectures"] = "qwen2", []string{"Qwen2ForCausalLM"}
 	case "qwen3":
@@ -121,12 +140,67 @@ func (f *File) Config() (map[string]any, error) {
 			c[hf] = v
 		}
 	}
-	if arch == "deepseek2" {
+	switch {
+	case arch == "deepseek2":
 		if err := f.deepseek(c, p); err != nil {
+			return nil, err
+		}
+	case c["model_type"] == "mixtral" || arch == "qwen3moe":
+		if err := f.sparseMoE(arch, c); err != nil {
 			return nil, err
 		}
 	}
 	return c, nil
+}
+
+// sparseMoE maps the experts of a Mixtral (llama) or qwen3moe file.
+func (f *File) sparseMoE(arch string, c map[string]any) error {
+	p := func(k string) string { return arch + "." + k }
+	n, err := f.requireInt(p("expert_count"))
+	if err != nil {
+		return err
+	}
+	used, err := f.requireInt(p("expert_used_count"))
+	if err != nil {
+		return err
+	}
+	if n <= 0 || used <= 0 || used > n {
+		return fmt.Errorf("gguf: keys %q = %d and %q = %d: want 0 < used <= count", p("expert_count"), n, p("expert_used_count"), used)
+	}
+	c["num_experts_per_tok"] = used
+	if arch == "llama" {
+		c["num_local_experts"] = n
+		return nil
+	}
+	c["num_experts"] = n
+	if v, ok, err := f.intKey(p("expert_feed_forward_length")); err != nil {
+		return err
+	} else if ok {
+		c["moe_intermediate_size"] = v
+	}
+	c["norm_topk_prob"] = true
+	if v, ok := f.Get(p("expert_weights_norm")); ok {
+		b, isBool := v.Bool()
+		if !isBool {
+			return fmt.Errorf("gguf: key %q: %s, want a bool", p("expert_weights_norm"), v.Type())
+		}
+		c["norm_topk_prob"] = b
+	}
+	layers, _ := c["num_hidden_layers"].(int64)
+	if layers > int64(len(f.Tensors)) {
+		// Every layer has tensors: a larger count is a lie, and would size
+		// the list below.
+		return fmt.Errorf("gguf: key %q = %d, more layers than the file's %d tensors", p("block_count"), layers, len(f.Tensors))
+	}
+	dense := []int64{}
+	for i := range layers {
+		if _, ok := f.Tensor(fmt.Sprintf("blk.%d.ffn_gate_inp.weight", i)); !ok {
+			dense = append(dense, i)
+		}
+	}
+	c["decoder_sparse_step"] = 1
+	c["mlp_only_layers"] = dense
+	return nil
 }
 
 // ConfigJSON is Config marshalled as config.json bytes.
@@ -165,12 +239,26 @@ func (f *File) ropeScaling(arch string, c map[string]any) error {
 	} else if ok {
 		rs["original_max_position_embeddings"] = v
 	}
-	// convert_hf_to_gguf writes 0.1 * mscale_all_dim for DeepSeek's yarn.
+	for _, k := range []struct{ gguf, hf string }{{"rope.scaling.yarn_beta_fast", "beta_fast"}, {"rope.scaling.yarn_beta_slow", "beta_slow"}} {
+		if v, ok, err := f.floatKey(p(k.gguf)); err != nil {
+			return err
+		} else if ok {
+			rs[k.hf] = v
+		}
+	}
+	// convert_hf_to_gguf writes 0.1 * mscale_all_dim for DeepSeek's yarn,
+	// and llama.cpp takes mscale to be equal unless KeyYarnMscale says.
 	if v, ok, err := f.floatKey(p("rope.scaling.yarn_log_multiplier")); err != nil {
 		return err
 	} else if ok && v != 0 {
-		rs["mscale_all_dim"] = v / 0.1
-		rs["mscale"] = v / 0.1
+		all := shortest32(v / 0.1)
+		rs["mscale_all_dim"] = all
+		rs["mscale"] = all
+		if m, ok, err := f.floatKey(KeyYarnMscale); err != nil {
+			return err
+		} else if ok {
+			rs["mscale"] = m
+		}
 	}
 	c["rope_scaling"] = rs
 	return nil
@@ -197,10 +285,22 @@ func (f *File) deepseek(c map[string]any, p func(string) string) error {
 			c[e.hf] = v
 		}
 	}
+	if nextn, ok := c["num_nextn_predict_layers"].(int64); ok && nextn > 0 {
+		all, _ := c["num_hidden_layers"].(int64)
+		if nextn >= all {
+			return fmt.Errorf("gguf: key %q = %d, not fewer than %q = %d", p("nextn_predict_layers"), nextn, p("block_count"), all)
+		}
+		c["num_hidden_layers"] = all - nextn
+	}
+	// The file describes MLA as multi-query attention (head_count_kv 1);
+	// the checkpoint's config has one kv head per attention head.
+	c["num_key_value_heads"] = c["num_attention_heads"]
 	if _, ok := c["q_lora_rank"]; !ok {
 		c["q_lora_rank"] = nil // DeepSeek-V2-Lite: a plain q_proj
 	}
 	if _, ok := f.Tensor("blk.0.attn_q.weight"); ok {
+		c["q_lora_rank"] = nil
+	} else if r, _ := c["q_lora_rank"].(int64); r == 0 {
 		c["q_lora_rank"] = nil
 	}
 	rope, _ := c["qk_rope_head_dim"].(int64)
@@ -258,6 +358,13 @@ func (f *File) deepseek(c map[string]any, p func(string) string) error {
 		return fmt.Errorf("gguf: key %q: gating function %d, want 1 (softmax) or 2 (sigmoid)", p("expert_gating_func"), g)
 	}
 	return nil
+}
+
+// shortest32 rounds x to float32 and returns the shortest decimal of that
+// (a value stored as float32 and scaled back, 0.0707/0.1, reads as 0.707).
+func shortest32(x float64) float64 {
+	d, _ := strconv.ParseFloat(strconv.FormatFloat(float64(float32(x)), 'g', -1, 32), 64)
+	return d
 }
 
 func (f *File) requireString(key string) (string, error) {

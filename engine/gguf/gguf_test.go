@@ -250,6 +250,9 @@ func TestNames(t *testing.T) {
 		{"blk.1.exp_probs_b.bias", "model.layers.1.mlp.gate.e_score_correction_bias", -1},
 		{"blk.1.ffn_up_shexp.weight", "model.layers.1.mlp.shared_experts.up_proj.weight", -1},
 		{"blk.2.ffn_gate_exps.weight", "model.layers.2.mlp.experts.7.gate_proj.weight", 7},
+		{"blk.3.nextn.eh_proj.weight", "model.layers.3.eh_proj.weight", -1},
+		{"blk.3.nextn.shared_head_head.weight", "model.layers.3.shared_head.head.weight", -1},
+		{"blk.3.nextn.embed_tokens.weight", "model.layers.3.embed_tokens.weight", -1},
 	}
 	for _, tc := range tests {
 		g, e, ok := GGUFName(tc.hf)
@@ -265,7 +268,20 @@ func TestNames(t *testing.T) {
 			t.Errorf("HFName(%q) = %q, %v, %v", tc.gguf, h, experts, ok)
 		}
 	}
-	for _, bad := range []string{"rope_freqs.weight", "blk.x.attn_q.weight", "model.layers.1.foo.weight", "nodot"} {
+	// Mixtral's hub names map one way: HFName answers transformers' names.
+	for hf, want := range map[string]string{
+		"model.layers.1.block_sparse_moe.gate.weight":         "blk.1.ffn_gate_inp.weight",
+		"model.layers.1.block_sparse_moe.experts.5.w1.weight": "blk.1.ffn_gate_exps.weight",
+		"model.layers.1.block_sparse_moe.experts.5.w3.weight": "blk.1.ffn_up_exps.weight",
+		"model.layers.1.block_sparse_moe.experts.5.w2.weight": "blk.1.ffn_down_exps.weight",
+	} {
+		g, e, ok := GGUFName(hf)
+		if !ok || g != want || (e != 5 && strings.Contains(hf, "experts")) {
+			t.Errorf("GGUFName(%q) = %q, %d, %v, want %q", hf, g, e, ok, want)
+		}
+	}
+	for _, bad := range []string{"rope_freqs.weight", "blk.x.attn_q.weight", "model.layers.1.foo.weight", "nodot",
+		"blk.0.attn_k_b.weight", "model.layers.1.block_sparse_moe.experts.x.w1.weight", "model.layers.1.mlp.experts.2.w9.weight"} {
 		if _, _, ok := HFName(bad); ok {
 			t.Errorf("HFName(%q) ok", bad)
 		}
@@ -369,6 +385,49 @@ func TestConfig(t *testing.T) {
 			cfg.FirstKDenseReplace != 1 || cfg.RoutedScalingFactor != 2.5 || !cfg.NormTopKProb || cfg.ScoringFunc != "sigmoid" ||
 			cfg.TopKMethod != "noaux_tc" || cfg.NGroup != 4 || cfg.TopKGroup != 2 || cfg.Rope.Type != "yarn" ||
 			cfg.Rope.Factor != 40 || cfg.Rope.OriginalMaxPositionEmbeddings != 4096 || cfg.Rope.MscaleAllDim != 1 {
+			t.Errorf("%+v", cfg)
+		}
+	})
+	t.Run("mixtral", func(t *testing.T) {
+		kv := append(common("llama"), KeyValue{"llama.expert_count", Uint32(8)}, KeyValue{"llama.expert_used_count", Uint32(2)})
+		cfg := parseHF(t, configFile(t, kv, "output.weight"))
+		if cfg.ModelType != "mixtral" || cfg.Architectures[0] != "MixtralForCausalLM" || cfg.NRoutedExperts != 8 ||
+			cfg.NumExpertsPerTok != 2 || cfg.MoEIntermediateSize != 128 || !cfg.NormTopKProb {
+			t.Errorf("%+v", cfg)
+		}
+	})
+	t.Run("qwen3moe", func(t *testing.T) {
+		kv := append(common("qwen3moe"), KeyValue{"qwen3moe.expert_count", Uint32(8)}, KeyValue{"qwen3moe.expert_used_count", Uint32(2)},
+			KeyValue{"qwen3moe.expert_feed_forward_length", Uint32(24)}, KeyValue{"qwen3moe.attention.key_length", Uint32(32)})
+		// Layer 1 has a router, layer 0 none: layer 0 is dense.
+		cfg := parseHF(t, configFile(t, kv, "output.weight", "blk.1.ffn_gate_inp.weight"))
+		if cfg.ModelType != "qwen3_moe" || cfg.NRoutedExperts != 8 || cfg.MoEIntermediateSize != 24 || !cfg.NormTopKProb ||
+			cfg.HeadDim != 32 || cfg.IsMoELayer(0) || !cfg.IsMoELayer(1) {
+			t.Errorf("%+v", cfg)
+		}
+		kv = append(kv, KeyValue{"qwen3moe.expert_weights_norm", Bool(false)})
+		if cfg := parseHF(t, configFile(t, kv, "blk.0.ffn_gate_inp.weight", "blk.1.ffn_gate_inp.weight")); cfg.NormTopKProb || !cfg.IsMoELayer(0) {
+			t.Errorf("expert_weights_norm false: %+v", cfg)
+		}
+		if _, err := configFile(t, common("qwen3moe")).Config(); err == nil || !strings.Contains(err.Error(), "qwen3moe.expert_count") {
+			t.Errorf("no expert_count: %v", err)
+		}
+	})
+	t.Run("deepseek2 nextn and mscale", func(t *testing.T) {
+		kv := append(common("deepseek2"),
+			KeyValue{"deepseek2.block_count", Uint32(3)}, KeyValue{"deepseek2.nextn_predict_layers", Uint32(1)},
+			KeyValue{"deepseek2.attention.kv_lora_rank", Uint32(32)}, KeyValue{"deepseek2.attention.q_lora_rank", Uint32(0)},
+			KeyValue{"deepseek2.attention.key_length", Uint32(40)}, KeyValue{"deepseek2.attention.value_length", Uint32(32)},
+			KeyValue{"deepseek2.attention.key_length_mla", Uint32(24)}, KeyValue{"deepseek2.attention.value_length_mla", Uint32(12)},
+			KeyValue{"deepseek2.attention.head_count_kv", Uint32(1)},
+			KeyValue{"deepseek2.rope.dimension_count", Uint32(8)}, KeyValue{"deepseek2.expert_gating_func", Uint32(1)},
+			KeyValue{"deepseek2.rope.scaling.type", String("yarn")}, KeyValue{"deepseek2.rope.scaling.factor", Float32(40)},
+			KeyValue{"deepseek2.rope.scaling.yarn_log_multiplier", Float32(0.1 * 0.707)},
+			KeyValue{"deepseek2.rope.scaling.yarn_beta_fast", Float32(16)}, KeyValue{KeyYarnMscale, Float32(1)})
+		cfg := parseHF(t, configFile(t, kv, "output.weight"))
+		if cfg.ModelType != "deepseek_v2" || cfg.NumHiddenLayers != 2 || cfg.NumNextNPredictLayers != 1 || cfg.QLoraRank != 0 ||
+			cfg.NumKeyValueHeads != 4 || cfg.QKNopeHeadDim != 16 || cfg.VHeadDim != 12 || cfg.Rope.MscaleAllDim != 0.707 ||
+			cfg.Rope.Mscale != 1 || cfg.Rope.BetaFast != 16 {
 			t.Errorf("%+v", cfg)
 		}
 	})

@@ -9,8 +9,11 @@ import (
 // Tensor names: llama.cpp names tensors "token_embd.weight",
 // "blk.N.attn_q.weight", ...; Hugging Face checkpoints
 // "model.embed_tokens.weight", "model.layers.N.self_attn.q_proj.weight".
-// The tables below map one to the other for the llama, qwen2, qwen3 and
-// deepseek2 architectures (llama.cpp's convert_hf_to_gguf names).
+// The tables below map one to the other for the llama (Mixtral's experts
+// included), qwen2, qwen3, qwen3moe and deepseek2 architectures (llama.cpp's
+// convert_hf_to_gguf names). DeepSeek's multi-token-prediction layers
+// (blk.N.nextn.*, N past the decoder layers) map to the checkpoint's
+// model.layers.N.{eh_proj,enorm,hnorm,embed_tokens,shared_head.*}.
 
 var globalNames = map[string]string{
 	"token_embd":  "model.embed_tokens",
@@ -42,6 +45,20 @@ var layerNames = map[string]string{
 	"ffn_gate_shexp": "mlp.shared_experts.gate_proj",
 	"ffn_up_shexp":   "mlp.shared_experts.up_proj",
 	"ffn_down_shexp": "mlp.shared_experts.down_proj",
+
+	"nextn.eh_proj":          "eh_proj",
+	"nextn.enorm":            "enorm",
+	"nextn.hnorm":            "hnorm",
+	"nextn.embed_tokens":     "embed_tokens",
+	"nextn.shared_head_head": "shared_head.head",
+	"nextn.shared_head_norm": "shared_head.norm",
+}
+
+// hubLayerNames are the Hugging Face names of Mixtral's hub checkpoints
+// (block_sparse_moe) for GGUFName; HFName answers with the transformers
+// names, which the engine also reads.
+var hubLayerNames = map[string]string{
+	"ffn_gate_inp": "block_sparse_moe.gate",
 }
 
 // expertNames are the merged expert tensors: one GGUF tensor of shape
@@ -52,6 +69,23 @@ var expertNames = map[string]string{
 	"ffn_up_exps":   "up_proj",
 	"ffn_down_exps": "down_proj",
 }
+
+// hubExpertNames are Mixtral's hub names of the experts' matrices
+// (block_sparse_moe.experts.E.w1 / w3 / w2), for GGUFName.
+var hubExpertNames = map[string]string{
+	"ffn_gate_exps": "w1",
+	"ffn_up_exps":   "w3",
+	"ffn_down_exps": "w2",
+}
+
+// Split MLA tensors: newer conversions of deepseek2 store kv_b_proj as
+// attn_k_b ([heads, kv_lora_rank, qk_nope] in GGUF's outermost-first
+// order: each head's k rows transposed) and attn_v_b ([heads, v_head_dim,
+// kv_lora_rank]); HFName does not map them (see SplitMLA).
+const (
+	SplitMLAK = "attn_k_b"
+	SplitMLAV = "attn_v_b"
+)
 
 // HFName maps a GGUF tensor name to its Hugging Face name. For a merged
 // expert tensor it returns the name of expert 0 with "{E}" in place of the
@@ -94,7 +128,10 @@ func HFName(name string) (hf string, experts, ok bool) {
 
 // GGUFName maps a Hugging Face tensor name to its GGUF name; for one
 // expert's tensor it returns the merged tensor's name and the expert index
-// (else expert = -1). ok is false for names without an equivalent.
+// (else expert = -1). Mixtral's hub names (block_sparse_moe.gate,
+// block_sparse_moe.experts.E.w1/w3/w2) map as transformers' do. ok is false
+// for names without an equivalent (kv_b_proj maps to attn_kv_b; a writer
+// that splits it names attn_k_b / attn_v_b itself).
 func GGUFName(hf string) (name string, expert int, ok bool) {
 	base, suffix, found := cutLast(hf)
 	if !found {
@@ -125,12 +162,28 @@ func GGUFName(hf string) (name string, expert int, ok bool) {
 			return prefix + g + "." + suffix, -1, true
 		}
 	}
-	if e, proj, ok := strings.Cut(strings.TrimPrefix(part, "mlp.experts."), "."); ok && strings.HasPrefix(part, "mlp.experts.") {
+	for g, h := range hubLayerNames {
+		if part == h {
+			return prefix + g + "." + suffix, -1, true
+		}
+	}
+	for _, ex := range []struct {
+		prefix string
+		names  map[string]string
+	}{{"mlp.experts.", expertNames}, {"block_sparse_moe.experts.", hubExpertNames}} {
+		rest, ok := strings.CutPrefix(part, ex.prefix)
+		if !ok {
+			continue
+		}
+		e, proj, ok := strings.Cut(rest, ".")
+		if !ok {
+			return "", -1, false
+		}
 		n, err := strconv.Atoi(e)
 		if err != nil || n < 0 {
 			return "", -1, false
 		}
-		for g, h := range expertNames {
+		for g, h := range ex.names {
 			if proj == h {
 				return prefix + g + "." + suffix, n, true
 			}

@@ -123,14 +123,19 @@ var floatTypes = map[gguf.GGMLType]weights.DType{
 type ggufRef struct {
 	name   string
 	expert int // -1: the whole tensor
+	// vName is set for a kv_b_proj assembled from the split MLA tensors:
+	// name is attn_k_b, vName attn_v_b (see splitKVB).
+	vName string
 }
 
 // GGUFWeights serves the tensors of a GGUF file under their Hugging Face
 // names (gguf.HFName): llama's attn_q and attn_k rows are un-permuted
 // (gguf.PermuteQK) to the rotate-half layout of the checkpoint the file
-// was converted from, and merged expert tensors (ffn_*_exps, [experts, n,
+// was converted from, merged expert tensors (ffn_*_exps, [experts, n,
 // k]) are viewed one expert at a time
-// ("model.layers.N.mlp.experts.E.gate_proj.weight"). Float tensors come
+// ("model.layers.N.mlp.experts.E.gate_proj.weight"), and deepseek2's split
+// MLA tensors (attn_k_b, attn_v_b) are served as the kv_b_proj they were
+// split from (a copy; see splitKVB). Float tensors come
 // from Tensor, block-quantized ones from Blocks. Data aliases the file
 // (except un-permuted tensors, copies) and is valid until Close.
 type GGUFWeights struct {
@@ -178,6 +183,16 @@ func NewGGUFWeights(path string, f *gguf.File) (*GGUFWeights, error) {
 	for i := range f.Tensors {
 		t := &f.Tensors[i]
 		hf, experts, ok := gguf.HFName(t.Name)
+		if kvb, vName, isSplit := splitMLAName(t.Name); isSplit {
+			if t.Name != vName { // attn_k_b: kv_b_proj, read with its attn_v_b
+				g.refs[kvb] = ggufRef{name: t.Name, expert: -1, vName: vName}
+				continue
+			}
+			if _, hasK := f.Tensor(strings.Replace(vName, gguf.SplitMLAV, gguf.SplitMLAK, 1)); hasK {
+				continue
+			}
+			// attn_v_b alone: listed under its own name below.
+		}
 		switch {
 		case !ok:
 			// No Hugging Face equivalent: listed under its own name, so
@@ -268,6 +283,9 @@ func (g *GGUFWeights) raw(name string) (*gguf.TensorInfo, []int, []byte, error) 
 // with Blocks).
 func (g *GGUFWeights) Tensor(name string) (weights.Tensor, error) {
 	ref := g.refs[name]
+	if ref.vName != "" {
+		return g.splitKVB(name, ref)
+	}
 	if info, ok := g.File.Tensor(ref.name); ok {
 		if _, ok := floatTypes[info.Type]; !ok {
 			return weights.Tensor{}, g.typeError(name, info)
@@ -284,8 +302,8 @@ func (g *GGUFWeights) Tensor(name string) (weights.Tensor, error) {
 // format; ok is false when it is stored as floats or absent.
 func (g *GGUFWeights) Blocks(name string) (QuantTensor, bool, error) {
 	ref, ok := g.refs[name]
-	if !ok {
-		return QuantTensor{}, false, nil
+	if !ok || ref.vName != "" {
+		return QuantTensor{}, false, nil // a split kv_b_proj is read as floats
 	}
 	info, ok := g.File.Tensor(ref.name)
 	if !ok {

@@ -1,6 +1,7 @@
 // Command gguf-parity checks that this engine and llama.cpp produce the
 // same greedy tokens on the same GGUF files. It writes a random-weight
-// Llama and Qwen3 (Hugging Face directories with the given tokenizer), a
+// Llama and Qwen3 (and with -models the MoE ones: Qwen3-MoE, Mixtral, a
+// DeepSeek V3) as Hugging Face directories with the given tokenizer, a
 // GGUF file of each in every weight type asked for (package ggufwrite),
 // then for each file and prompt runs greedy decoding here (the model loaded
 // from the GGUF file on the CPU backend) and in llama.cpp (tools/cpu/peer.mjs
@@ -54,6 +55,29 @@ var configs = map[string]map[string]any{
 		"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 4,
 		"num_key_value_heads": 2, "head_dim": 64, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
 		"max_position_embeddings": 1024, "tie_word_embeddings": false, "bos_token_id": 0, "eos_token_id": 1, "dtype": "float32"},
+	// The MoE ones are written as llama.cpp can run them: every layer
+	// sparse and the top-k weights renormalized (qwen3moe), DeepSeek V3's
+	// routing (llama.cpp scores expert groups by their two best experts)
+	// and mscale equal to mscale_all_dim.
+	"qwen3moe": {"architectures": []string{"Qwen3MoeForCausalLM"}, "model_type": "qwen3_moe", "vocab_size": 8192,
+		"hidden_size": 256, "intermediate_size": 768, "moe_intermediate_size": 256, "num_experts": 8, "num_experts_per_tok": 2,
+		"norm_topk_prob": true, "num_hidden_layers": 4, "num_attention_heads": 4,
+		"num_key_value_heads": 2, "head_dim": 64, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+		"max_position_embeddings": 1024, "tie_word_embeddings": false, "bos_token_id": 0, "eos_token_id": 1, "dtype": "float32"},
+	"mixtral": {"architectures": []string{"MixtralForCausalLM"}, "model_type": "mixtral", "vocab_size": 8192,
+		"hidden_size": 256, "intermediate_size": 256, "num_local_experts": 8, "num_experts_per_tok": 2,
+		"num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
+		"max_position_embeddings": 1024, "tie_word_embeddings": false, "bos_token_id": 0, "eos_token_id": 1, "dtype": "float32"},
+	"deepseek3": {"architectures": []string{"DeepseekV3ForCausalLM"}, "model_type": "deepseek_v3", "vocab_size": 8192,
+		"hidden_size": 256, "intermediate_size": 768, "moe_intermediate_size": 256, "num_hidden_layers": 4,
+		"num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 256, "kv_lora_rank": 256,
+		"qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64, "n_routed_experts": 8,
+		"num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 4, "topk_group": 2,
+		"topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": true, "routed_scaling_factor": 2.5,
+		"rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 1024, "tie_word_embeddings": false,
+		"rope_scaling": map[string]any{"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "beta_fast": 32,
+			"beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+		"bos_token_id": 0, "eos_token_id": 1, "dtype": "float32"},
 }
 
 func main() {
@@ -63,7 +87,7 @@ func main() {
 	n := flag.Int("n", 32, "tokens to generate per prompt")
 	threads := flag.Int("t", 2, "threads, both engines")
 	types := flag.String("types", strings.Join(ggufwrite.Presets, ","), "GGUF weight types")
-	archs := flag.String("models", "llama,qwen3", "models")
+	archs := flag.String("models", "llama,qwen3", "models: llama, qwen3, qwen3moe, mixtral, deepseek3")
 	seed := flag.Uint64("seed", 1, "seed of the weights and prompts")
 	llamaActs := flag.Bool("llama-acts", false, "round activations as llama.cpp does (cpu.activation_rounding: llama_cpp)")
 	flag.Parse()
@@ -102,7 +126,7 @@ func run(out, tokDir, nodeModules string, n, threads int, types, archs []string,
 	for _, arch := range archs {
 		cfgMap, ok := configs[arch]
 		if !ok {
-			return fmt.Errorf("model %q: want llama or qwen3", arch)
+			return fmt.Errorf("model %q: want one of llama, qwen3, qwen3moe, mixtral, deepseek3", arch)
 		}
 		dir := filepath.Join(out, arch)
 		if err := writeModel(dir, tokDir, cfgMap, seed); err != nil {

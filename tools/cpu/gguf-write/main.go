@@ -5,7 +5,10 @@
 //
 //	go run ./tools/cpu/gguf-write -model DIR [-tokenizer DIR] -type q4_k_m -out model.gguf
 //
-// Types: f32, bf16, q8_0 and q4_k_m.
+// Types: f32, bf16, q8_0 and q4_k_m. Architectures: Llama, Qwen2, Qwen3,
+// Qwen3-MoE, Mixtral (as llama with experts) and DeepSeek V2/V3 (as
+// deepseek2); a model directory without tokenizer.json (and no -tokenizer)
+// gives a file without a vocabulary, which this engine runs on token ids.
 package main
 
 import (
