@@ -16,7 +16,9 @@ type DType uint8
 // finite 448, no infinities) holds KV caches a backend keeps in 8 bits
 // (see KVCacheDTyper), and FP8 weights of backends with FP8 kernels (see
 // FP8Weighter). Quant is a weight in llama.cpp's block-quantized formats
-// (see QuantWeighter): it has no per-element size.
+// (see QuantWeighter): it has no per-element size. MXFP4 is an expert
+// weight in OCP microscaling FP4 (see MXFP4Weighter), half a byte an
+// element plus a scale byte per 32: it has no per-element size either.
 const (
 	F32 DType = iota + 1
 	BF16
@@ -24,6 +26,7 @@ const (
 	I32
 	F8E4M3
 	Quant
+	MXFP4
 )
 
 // Size is the number of bytes of one element (0 for an invalid DType).
@@ -54,6 +57,8 @@ func (d DType) String() string {
 		return "F8_E4M3"
 	case Quant:
 		return "QUANT"
+	case MXFP4:
+		return "MXFP4"
 	}
 	return fmt.Sprintf("DType(%d)", uint8(d))
 }

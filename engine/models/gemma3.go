@@ -158,7 +158,7 @@ func roundTo(x float32, dt kernels.DType) float32 {
 func newGemma3(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, opts Options) (Model, error) {
 	gops, ok := ops.(kernels.GemmaOpser)
 	if !ok {
-		return nil, fmt.Errorf("models: %s: backend %s lacks the Gemma kernels (GELU-tanh, scale, soft cap; CPU only for now): %w", arch, ops.Name(), ErrConfig)
+		return nil, fmt.Errorf("models: %s: backend %s lacks the Gemma kernels (GELU-tanh, scale, soft cap: kernels.GemmaOpser): %w", arch, ops.Name(), ErrConfig)
 	}
 	c := *cfg
 	if _, ok := cfg.Raw["tie_word_embeddings"]; !ok {

@@ -23,9 +23,11 @@ import (
 // [E, hidden, 2*inter] with gate and up columns interleaved, down_proj [E,
 // inter, hidden], their biases) or as the official checkpoints ship them,
 // MXFP4 (*_blocks uint8 [E, rows, cols/32, 16] of 4-bit codes, *_scales
-// uint8 [E, rows, cols/32] E8M0 exponents): those are widened at load into
-// BF16, which holds every MXFP4 value exactly. Either way they are stored
-// in the MoE kernels' layout (gate rows first, then up).
+// uint8 [E, rows, cols/32] E8M0 exponents): those stay MXFP4 on backends
+// that compute with it (kernels.MXFP4Weighter; the CPU widens them in the
+// expert loops) and are widened at load into BF16, which holds every
+// MXFP4 value exactly, for the others. Either way they are stored in the
+// MoE kernels' layout (gate rows first, then up).
 //
 // The sliding-window layers keep their keys and values in per-sequence
 // ring buffers (KVCacheSpec.RingLayers) unless Options.SlidingWindowPaged
@@ -63,11 +65,11 @@ func gptOssSliding(cfg *weights.Config, i int) (bool, error) {
 
 func newGptOss(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, opts Options) (Model, error) {
 	if s, ok := ops.(kernels.AttentionSinker); !ok || !s.AttentionSinks() {
-		return nil, fmt.Errorf("models: %s: backend %s lacks attention sinks (CPU only for now): %w", arch, ops.Name(), ErrConfig)
+		return nil, fmt.Errorf("models: %s: backend %s lacks attention sinks: %w", arch, ops.Name(), ErrConfig)
 	}
 	moeOps, ok := ops.(kernels.BiasedMoEer)
 	if !ok {
-		return nil, fmt.Errorf("models: %s: backend %s lacks the biased clamped-SwiGLU MoE kernel (CPU only for now): %w", arch, ops.Name(), ErrConfig)
+		return nil, fmt.Errorf("models: %s: backend %s lacks the biased clamped-SwiGLU MoE kernel: %w", arch, ops.Name(), ErrConfig)
 	}
 	c := *cfg
 	if _, ok := cfg.Raw["head_dim"]; !ok {
@@ -242,19 +244,18 @@ func loadGptOssExperts(l *loader, prefix string, e, h, inter int) (gateUp, gateU
 	return
 }
 
-// mxfp4Values are the FP4 (E2M1) values of the 16 codes.
-var mxfp4Values = [16]float32{0, 0.5, 1, 1.5, 2, 3, 4, 6, -0, -0.5, -1, -1.5, -2, -3, -4, -6}
-
-// loadMXFP4 widens name_blocks [E, rows, cols/32, 16] and name_scales [E,
-// rows, cols/32] into a BF16 [E, rows, cols] tensor, stored row j at row
-// rowOf(j). Each byte holds two codes, the low nibble first; a block's
-// values are code value * 2^(scale-127).
+// loadMXFP4 reads name_blocks [E, rows, cols/32, 16] (4-bit codes, two a
+// byte, the low nibble first) and name_scales [E, rows, cols/32] (E8M0
+// exponents) into an [E, rows, cols] expert weight, stored row j at row
+// rowOf(j): kept as MXFP4 on backends that compute with it
+// (kernels.MXFP4Weighter), else widened to BF16, which holds each value
+// (kernels.MXFP4ToF32) exactly. A scale of 255 (NaN) is refused.
 func loadMXFP4(l *loader, name string, e, rows, cols int, rowOf func(int) int) kernels.Tensor {
-	if cols%32 != 0 {
-		l.fail(fmt.Errorf("models: %s: %d columns, MXFP4 needs a multiple of 32: %w", name, cols, ErrWeights))
+	if cols%kernels.MXFP4BlockSize != 0 {
+		l.fail(fmt.Errorf("models: %s: %d columns, MXFP4 needs a multiple of %d: %w", name, cols, kernels.MXFP4BlockSize, ErrWeights))
 		return nil
 	}
-	g := cols / 32
+	g := cols / kernels.MXFP4BlockSize
 	blocks, err := l.src.Tensor(name + "_blocks")
 	if err != nil {
 		l.fail(fmt.Errorf("models: %w: %w", ErrWeights, err))
@@ -274,16 +275,40 @@ func loadMXFP4(l *loader, name string, e, rows, cols int, rowOf func(int) int) k
 		l.fail(fmt.Errorf("models: %s: %s_scales is %v %v, want U8 %v: %w", scales.File, name, scales.DType, scales.Shape, want[:3], ErrWeights))
 		return nil
 	}
+	for i, sc := range scales.Data {
+		if sc == 0xff {
+			l.fail(fmt.Errorf("models: %s: %s_scales[%d] is the E8M0 NaN (255): %w", scales.File, name, i, ErrWeights))
+			return nil
+		}
+	}
+	rb := g * 16 // block bytes a row
+	if mx, ok := l.ops.(kernels.MXFP4Weighter); ok {
+		w := kernels.MXFP4Weight{Shape: []int{e, rows, cols}, Blocks: make([]byte, e*rows*rb), Scales: make([]byte, e*rows*g)}
+		for x := range e {
+			for j := range rows {
+				src, dst := x*rows+j, x*rows+rowOf(j)
+				copy(w.Blocks[dst*rb:(dst+1)*rb], blocks.Data[src*rb:(src+1)*rb])
+				copy(w.Scales[dst*g:(dst+1)*g], scales.Data[src*g:(src+1)*g])
+			}
+		}
+		t, err := mx.MXFP4Weight(w)
+		if err != nil {
+			l.fail(fmt.Errorf("models: tensor %q: %w", name, err))
+			return nil
+		}
+		l.count(kernels.MXFP4, int64(len(w.Blocks)+len(w.Scales)))
+		return t
+	}
 	buf := make([]byte, 2*e*rows*cols)
 	for x := range e {
 		for j := range rows {
 			dst := (x*rows + rowOf(j)) * cols
 			for b := range g {
-				sc := int(scales.Data[(x*rows+j)*g+b]) - 127
+				sc := scales.Data[(x*rows+j)*g+b]
 				codes := blocks.Data[((x*rows+j)*g+b)*16 : ((x*rows+j)*g+b+1)*16]
 				for k, c := range codes {
 					for n, code := range [2]byte{c & 0x0f, c >> 4} {
-						v := float32(math.Ldexp(float64(mxfp4Values[code]), sc))
+						v := kernels.MXFP4ToF32(code, sc)
 						binary.LittleEndian.PutUint16(buf[2*(dst+b*32+2*k+n):], kernels.F32ToBF16(v))
 					}
 				}

@@ -31,7 +31,7 @@ func (w *windowLayers) place(ops kernels.Ops, arch string, sliding []bool, paged
 	}
 	w.rings = anySliding && !paged
 	if _, ok := ops.(kernels.RingAttentioner); w.rings && !ok {
-		return nil, fmt.Errorf("models: %s: sliding-window state slots are CPU-only for now (backend %s); "+
+		return nil, fmt.Errorf("models: %s: backend %s has no ring-buffer attention for the sliding-window state slots; "+
 			"cache.sliding_window_paged: true keeps those layers in paged blocks: %w", arch, ops.Name(), ErrConfig)
 	}
 	idx := make([]int, len(sliding))

@@ -129,6 +129,7 @@ type Tensor struct {
 	u8    []uint8    // F8E4M3
 	fp8   *fp8Scales // F8E4M3 weights: their block scales (nil for caches)
 	q     *quantRows // Quant weights: their blocks
+	mx    *mxfp4Rows // MXFP4 weights: their blocks and scales
 }
 
 // Shape returns the dimensions; the caller must not modify them.
@@ -306,6 +307,10 @@ func (b *Backend) Rows(t kernels.Tensor, lo, hi int) (kernels.Tensor, error) {
 		}
 		return s.f8Rows(lo*r/k, hi*r/k, k, append([]int{hi - lo}, s.shape[1:]...)), nil
 	}
+	if s.mx != nil {
+		k := s.shape[len(s.shape)-1]
+		return s.mxRows(lo*r/k, hi*r/k, append([]int{hi - lo}, s.shape[1:]...)), nil
+	}
 	v := &Tensor{shape: append([]int{hi - lo}, s.shape[1:]...), dtype: s.dtype}
 	switch s.dtype {
 	case kernels.F32:
@@ -329,7 +334,7 @@ func (b *Backend) Reshape(t kernels.Tensor, shape ...int) (kernels.Tensor, error
 	if err := kernels.ReshapeShapes("cpu", s, shape); err != nil {
 		return nil, err
 	}
-	if (s.fp8 != nil || s.q != nil) && (len(shape) == 0 || shape[len(shape)-1] != s.shape[len(s.shape)-1]) {
+	if (s.fp8 != nil || s.q != nil || s.mx != nil) && (len(shape) == 0 || shape[len(shape)-1] != s.shape[len(s.shape)-1]) {
 		return nil, fmt.Errorf("cpu: reshape: %v weight %v to %v changes its rows (last dimension): %w", s.dtype, s, shape, kernels.ErrShape)
 	}
 	v := *s

@@ -51,7 +51,7 @@ func (b *Backend) linear(out, x []float32, w *Tensor, m, n, k int, bias []float3
 	tiles := (n + linearTile - 1) / linearTile
 	var acts *llamaActs // x rounded once for all tiles (Options.LlamaCppActivations)
 	if b.llamaAct {
-		acts = newLlamaActs(x, w, m, k)
+		acts = newLlamaActs(x, w, m, k, b.k)
 	}
 	body := func(lo, hi int) {
 		j0, j1 := lo*linearTile, min(hi*linearTile, n)

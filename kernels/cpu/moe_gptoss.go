@@ -10,7 +10,9 @@ import (
 // MoEClampedSwiGLU is MoE with biased projections and gpt-oss's clamped
 // SwiGLU; see kernels.BiasedMoEer. Like MoE, every (token, k) pair's expert
 // output is computed alone in its row and the pairs are mixed in k order,
-// so a token's result does not depend on its batch neighbours.
+// so a token's result does not depend on its batch neighbours. gateUp and
+// down may be MXFP4 weights (MXFP4Weight), widened a tile of rows at a
+// time: the bits of the same call with them widened to BF16.
 func (b *Backend) MoEClampedSwiGLU(out, x, ids, weights, gateUp, gateUpBias, down, downBias kernels.Tensor, p kernels.ClampedSwiGLU) error {
 	const op = "moe_clamped_swiglu"
 	if err := b.checkOpen(op); err != nil {
@@ -29,7 +31,7 @@ func (b *Backend) MoEClampedSwiGLU(out, x, ids, weights, gateUp, gateUpBias, dow
 		ts[i] = c
 	}
 	o, xs, is, ws, gu, dn, gub, dnb := ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6], ts[7]
-	d, err := kernels.MoEShapes("cpu", o, xs, is, ws, gu, dn)
+	d, err := kernels.MXFP4MoEShapes("cpu", o, xs, is, ws, gu, dn)
 	if err != nil {
 		return err
 	}
@@ -55,13 +57,13 @@ func (b *Backend) MoEClampedSwiGLU(out, x, ids, weights, gateUp, gateUpBias, dow
 		}
 		xe := gatherTokens(xs.f32, pairs, topK, hidden)
 		g := make([]float32, n*2*inter)
-		b.linear(g, xe, expert(gu, e), n, 2*inter, hidden, gub.f32[e*2*inter:(e+1)*2*inter])
+		b.expertLinear(g, xe, gu, e, n, 2*inter, hidden, gub.f32[e*2*inter:(e+1)*2*inter])
 		a := make([]float32, n*inter)
 		for r := range n {
 			clampedSwiGLURow(a[r*inter:(r+1)*inter], g[r*2*inter:(r+1)*2*inter], p)
 		}
 		ye := xe // reuse: n*hidden
-		b.linear(ye, a, expert(dn, e), n, hidden, inter, dnb.f32[e*hidden:(e+1)*hidden])
+		b.expertLinear(ye, a, dn, e, n, hidden, inter, dnb.f32[e*hidden:(e+1)*hidden])
 		for r, pair := range pairs {
 			copy(ys[int(pair)*hidden:(int(pair)+1)*hidden], ye[r*hidden:(r+1)*hidden])
 		}

@@ -125,7 +125,7 @@ const quantColumns = 64
 // so neither does the result here).
 func (b *Backend) linearQuant(out, x []float32, w *quantRows, m, n, k, j0, j1 int) {
 	if b.llamaAct {
-		a := &llamaActs{}
+		a := &llamaActs{lq: b.k.linearQuantLlama, l16: b.k.linear16Llama}
 		a.quantize(x, w, m, k)
 		a.linearQuant(out, w, m, n, k, j0, j1)
 		return
@@ -180,14 +180,18 @@ func (t *Tensor) quantRowF32(buf []float32, i int) []float32 {
 type llamaActs struct {
 	q80, q8k []byte   // rows quantized by simd.QuantizeActs, nil if unused
 	h        []uint16 // rows rounded to the weight's 16-bit type
+	// lq and l16 are the backend's simd.LinearQuantLlama and
+	// simd.Linear16Llama.
+	lq  func(out []float32, a, w []byte, t simd.QuantType, m, n, k, j0, j1 int)
+	l16 func(out []float32, x, w []uint16, bf16 bool, m, n, k, j0, j1 int)
 }
 
 // newLlamaActs rounds the m rows of x for the weight w, or returns nil
 // for weights that multiply float32 activations in llama.cpp too (F32)
-// or have no llama.cpp counterpart (F8E4M3). Cost: one pass over x per
-// format.
-func newLlamaActs(x []float32, w *Tensor, m, k int) *llamaActs {
-	a := &llamaActs{}
+// or have no llama.cpp counterpart (F8E4M3); ks computes the products.
+// Cost: one pass over x per format.
+func newLlamaActs(x []float32, w *Tensor, m, k int, ks kernelSet) *llamaActs {
+	a := &llamaActs{lq: ks.linearQuantLlama, l16: ks.linear16Llama}
 	switch w.dtype {
 	case kernels.Quant:
 		a.quantize(x, w.q, m, k)
@@ -225,12 +229,16 @@ func (a *llamaActs) linear(out []float32, w *Tensor, m, n, k, j0, j1 int) {
 		a.linearQuant(out, w.q, m, n, k, j0, j1)
 		return
 	}
-	simd.Linear16Llama(out, a.h, w.u16, w.dtype == kernels.BF16, m, n, k, j0, j1)
+	a.l16(out, a.h, w.u16, w.dtype == kernels.BF16, m, n, k, j0, j1)
 }
 
 // linearQuant is llama.cpp's product of the quantized rows with each
-// segment's rows, one block dot product per output element.
+// segment's rows: a segment of all n rows is one call; a part of the rows
+// is computed as a matrix of its own rows, written directly for one row
+// and through a scratch block for more (each output depends only on its
+// own rows, so the result does not depend on the segmentation).
 func (a *llamaActs) linearQuant(out []float32, w *quantRows, m, n, k, j0, j1 int) {
+	var scratch []float32
 	for _, s := range w.segs {
 		lo, hi := max(j0, s.lo), min(j1, s.hi)
 		if lo >= hi {
@@ -240,11 +248,25 @@ func (a *llamaActs) linearQuant(out []float32, w *quantRows, m, n, k, j0, j1 int
 		if s.typ.BlockSize() == 256 {
 			acts = a.q8k
 		}
-		ab, _ := simd.ActRowBytes(s.typ, k)
-		for j := lo; j < hi; j++ {
-			row := s.data[(j-s.lo)*s.rb : (j-s.lo+1)*s.rb]
+		if s.lo == 0 && s.hi == n {
+			a.lq(out, acts, s.data, s.typ, m, n, k, lo, hi)
+			continue
+		}
+		rows := s.data[(lo-s.lo)*s.rb : (hi-s.lo)*s.rb]
+		if m == 1 {
+			a.lq(out[lo:hi], acts, rows, s.typ, 1, hi-lo, k, 0, hi-lo)
+			continue
+		}
+		if scratch == nil {
+			scratch = make([]float32, m*quantColumns)
+		}
+		for c0 := lo; c0 < hi; c0 += quantColumns {
+			c1 := min(c0+quantColumns, hi)
+			c := c1 - c0
+			buf := scratch[:m*c]
+			a.lq(buf, acts, s.data[(c0-s.lo)*s.rb:(c1-s.lo)*s.rb], s.typ, m, c, k, 0, c)
 			for i := range m {
-				out[i*n+j] = simd.VecDotLlama(s.typ, k, row, acts[i*ab:(i+1)*ab])
+				copy(out[i*n+c0:i*n+c1], buf[i*c:(i+1)*c])
 			}
 		}
 	}

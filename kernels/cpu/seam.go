@@ -23,6 +23,13 @@ type kernelSet struct {
 	axpy        func(a float32, x, y []float32) // y += a*x
 	bf16ToF32   func(dst []float32, src []uint16)
 	f16ToF32    func(dst []float32, src []uint16)
+
+	// linearQuantLlama is llama.cpp's product of activation rows quantized
+	// by simd.QuantizeActs with w's rows (simd.LinearQuantLlama), and
+	// linear16Llama its product of 16-bit activation rows with 16-bit
+	// weights (simd.Linear16Llama).
+	linearQuantLlama func(out []float32, a, w []byte, t simd.QuantType, m, n, k, j0, j1 int)
+	linear16Llama    func(out []float32, x, w []uint16, bf16 bool, m, n, k, j0, j1 int)
 }
 
 // selectKernels picks the fastest simd implementation of this CPU, or the
@@ -46,6 +53,9 @@ func selectKernels(pureGo bool, name string) kernelSet {
 		axpy:        impl.Axpy,
 		bf16ToF32:   impl.BF16ToF32,
 		f16ToF32:    impl.F16ToF32,
+
+		linearQuantLlama: impl.LinearQuantLlama,
+		linear16Llama:    impl.Linear16Llama,
 	}
 }
 

@@ -123,12 +123,19 @@ func shapeConfig(b testing.TB, real, tiny string, isTiny bool) ([]byte, *weights
 }
 
 // weightSpec is one tensor a model reads: a matrix (random), a norm weight
-// (near 1) or a small vector (biases).
+// (near 1) or a small vector (biases), all BF16; or, U8, the blocks of
+// MXFP4 codes (random bytes) or the E8M0 scales (mxfp4Scale) of MXFP4
+// experts.
 type weightSpec struct {
 	name  string
 	shape []int
-	kind  byte // 'm', 'n' or 's'
+	kind  byte // 'm', 'n', 's'; 'b', 'e' (U8)
 }
+
+// mxfp4Scale is the E8M0 exponent of every MXFP4 block fastWeights writes:
+// 2^-7, so that the codes (|value| <= 6) give weights within ±0.047, as the
+// BF16 matrices' ±0.03.
+const mxfp4Scale = 127 - 7
 
 // weightSpecs lists every tensor the architecture of cfg reads, with the
 // names and shapes of models.RandomWeights (checked by
@@ -151,9 +158,19 @@ func weightSpecs(cfg *weights.Config) ([]weightSpec, error) {
 	if len(cfg.Architectures) > 0 {
 		arch = cfg.Architectures[0]
 	}
+	// Gemma's norms scale by 1 + weight (near 0 here, as models.RandomWeights),
+	// and its embeddings are tied unless config.json says otherwise
+	// (Gemma3TextConfig's default, which the model applies).
+	finalNorm, tied := byte('n'), cfg.TieWordEmbeddings
+	if arch == "Gemma3ForCausalLM" {
+		finalNorm = 's'
+		if _, ok := cfg.Raw["tie_word_embeddings"]; !ok {
+			tied = true
+		}
+	}
 	add('m', "model.embed_tokens.weight", cfg.VocabSize, h)
-	add('n', "model.norm.weight", h)
-	if !cfg.TieWordEmbeddings {
+	add(finalNorm, "model.norm.weight", h)
+	if !tied {
 		add('m', "lm_head.weight", cfg.VocabSize, h)
 	}
 	switch arch {
@@ -233,6 +250,53 @@ func weightSpecs(cfg *weights.Config) ([]weightSpec, error) {
 				add('n', p+"shared_head.norm.weight", h)
 			}
 		}
+	case "Gemma3ForCausalLM":
+		qd, kvd := cfg.NumAttentionHeads*cfg.HeadDim, cfg.NumKeyValueHeads*cfg.HeadDim
+		for i := range cfg.NumHiddenLayers {
+			p := fmt.Sprintf("model.layers.%d.", i)
+			a := p + "self_attn."
+			for _, n := range []string{"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"} {
+				add('s', p+n+".weight", h)
+			}
+			add('m', a+"q_proj.weight", qd, h)
+			add('m', a+"k_proj.weight", kvd, h)
+			add('m', a+"v_proj.weight", kvd, h)
+			add('m', a+"o_proj.weight", h, qd)
+			add('s', a+"q_norm.weight", cfg.HeadDim)
+			add('s', a+"k_norm.weight", cfg.HeadDim)
+			mlp(p+"mlp.", h, cfg.IntermediateSize, false)
+		}
+	case "GptOssForCausalLM":
+		// The official checkpoints' layout: experts as MXFP4 (blocks 'b',
+		// E8M0 scales 'e'), everything else as stored.
+		nh, qd, kvd := cfg.NumAttentionHeads, cfg.NumAttentionHeads*cfg.HeadDim, cfg.NumKeyValueHeads*cfg.HeadDim
+		e, inter := cfg.NRoutedExperts, cfg.IntermediateSize
+		if h%32 != 0 || inter%32 != 0 {
+			return nil, fmt.Errorf("engine bench weights: %s: hidden %d, intermediate %d: MXFP4 experts need multiples of 32", arch, h, inter)
+		}
+		for i := range cfg.NumHiddenLayers {
+			p := fmt.Sprintf("model.layers.%d.", i)
+			a, x := p+"self_attn.", p+"mlp.experts."
+			add('n', p+"input_layernorm.weight", h)
+			add('n', p+"post_attention_layernorm.weight", h)
+			add('m', a+"q_proj.weight", qd, h)
+			add('m', a+"k_proj.weight", kvd, h)
+			add('m', a+"v_proj.weight", kvd, h)
+			add('m', a+"o_proj.weight", h, qd)
+			add('s', a+"q_proj.bias", qd)
+			add('s', a+"k_proj.bias", kvd)
+			add('s', a+"v_proj.bias", kvd)
+			add('s', a+"o_proj.bias", h)
+			add('s', a+"sinks", nh)
+			add('m', p+"mlp.router.weight", e, h)
+			add('s', p+"mlp.router.bias", e)
+			add('s', x+"gate_up_proj_bias", e, 2*inter)
+			add('s', x+"down_proj_bias", e, h)
+			add('b', x+"gate_up_proj_blocks", e, 2*inter, h/32, 16)
+			add('e', x+"gate_up_proj_scales", e, 2*inter, h/32)
+			add('b', x+"down_proj_blocks", e, h, inter/32, 16)
+			add('e', x+"down_proj_scales", e, h, inter/32)
+		}
 	default:
 		return nil, fmt.Errorf("engine bench weights: architecture %q: %w", arch, models.ErrUnknownArchitecture)
 	}
@@ -280,13 +344,36 @@ func fastWeights(cfg *weights.Config) (models.MemWeights, error) {
 		'n': fill(largest['n'], 2, func(r *rand.Rand) float32 { return 1 + float32(r.Float64()*2-1)*0.1 }),
 		's': fill(largest['s'], 3, func(r *rand.Rand) float32 { return float32(r.Float64()*2-1) * 0.01 }),
 	}
+	if n := largest['b']; n > 0 { // MXFP4 codes: random bytes
+		bufs['b'] = make([]byte, n)
+		parts := runtime.NumCPU()
+		var wg sync.WaitGroup
+		for p := range parts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := rand.New(rand.NewPCG(5, uint64(p)))
+				for i := p * n / parts; i < (p+1)*n/parts; i++ {
+					bufs['b'][i] = byte(r.Uint32())
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	if n := largest['e']; n > 0 {
+		bufs['e'] = slices.Repeat([]byte{mxfp4Scale}, n)
+	}
 	w := make(models.MemWeights, len(specs))
 	for _, s := range specs {
 		n := 1
 		for _, d := range s.shape {
 			n *= d
 		}
-		w[s.name] = weights.Tensor{Name: s.name, DType: weights.BF16, Shape: s.shape, Data: bufs[s.kind][:2*n], File: "random"}
+		dt, size := weights.BF16, 2
+		if s.kind == 'b' || s.kind == 'e' {
+			dt, size = weights.U8, 1
+		}
+		w[s.name] = weights.Tensor{Name: s.name, DType: dt, Shape: s.shape, Data: bufs[s.kind][:size*n], File: "random"}
 	}
 	return w, nil
 }

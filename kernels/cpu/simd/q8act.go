@@ -23,10 +23,13 @@ import (
 // shipped x86 CPU libraries (their *_generic functions give these bits);
 // BF16 and F16 products are exact in float32 and are summed in float64,
 // rounded to float32 once. Every output depends only on its own
-// activation row and weight row, so these are batch invariant. llama.cpp
-// runs SIMD versions of the dot products instead, which sum the same
-// integers but apply the scales in another order (a few float32 ulps
-// apart, more where a sum cancels).
+// activation row and weight row, so these are batch invariant. The SIMD
+// paths of LinearQuantLlama and Linear16Llama keep these bits: they form
+// the exact integer sums of a block with vector instructions and apply the
+// scales (or add the 16-bit products) per output in the generic order,
+// their vector lanes holding different outputs. llama.cpp's own SIMD dot
+// products sum the same integers but apply the scales in another order (a
+// few float32 ulps apart, more where a sum cancels).
 //
 // A Q8_K block (Q8KBlockBytes bytes) is laid out as ggml's block_q8_K:
 // d float32 | qs int8[256] | bsums int16[16] (sums of 16 qs each).
@@ -281,14 +284,31 @@ func unpackQ6K(q *[256]int8, b []byte) {
 	}
 }
 
+// LinearQuantLlama runs Default().LinearQuantLlama.
+func LinearQuantLlama(out []float32, a, w []byte, t QuantType, m, n, k, j0, j1 int) {
+	defaultImpl.LinearQuantLlama(out, a, w, t, m, n, k, j0, j1)
+}
+
 // LinearQuantLlama computes out[i*n+j] = VecDotLlama(t, k, W[j], a[i]) for
 // rows i in [0, m) and columns j in [j0, j1): w is n rows of t's blocks
 // (RowBytes(k) bytes each), a is m activation rows quantized for t by
-// QuantizeActs. llama.cpp's generic CPU matrix product, bit for bit; each
-// output depends only on its own rows. It panics on an unknown type, a k
-// that is not a whole number of blocks, or slices too short for the shape.
+// QuantizeActs. llama.cpp's generic CPU matrix product, bit for bit, on
+// every Impl: the SIMD paths sum a block's integer products with vector
+// instructions (vpmaddubsw/vpmaddwd; vpdpbusd where the CPU has
+// AVX512-VNNI) and apply the scales with the generic functions' float32
+// operations in their order. Each output depends only on its own rows, so
+// the result is batch invariant. It panics on an unknown type, a k that is
+// not a whole number of blocks, or slices too short for the shape.
+//
 // Cost: 2*m*(j1-j0)*k integer operations plus the weights' unpacking.
-func LinearQuantLlama(out []float32, a, w []byte, t QuantType, m, n, k, j0, j1 int) {
+// Below 16 rows (decode) the SIMD paths unpack weights in registers, once
+// per four rows of a (Q8_0/Q4_0: eight weight rows share each activation
+// load, with AVX512-VNNI two blocks per 512-bit vector; K-quants: four).
+// From 16 rows on (prefill), the AVX512-VNNI path repacks 16 weight rows
+// at a time, once per call, so that each vector lane accumulates one
+// output (vpdpbusd for Q8_0/Q4_0, vpdpwssd over scale-multiplied int16
+// pairs for the K-quants) and no horizontal sums remain.
+func (p *Impl) LinearQuantLlama(out []float32, a, w []byte, t QuantType, m, n, k, j0, j1 int) {
 	rb, err := t.RowBytes(k)
 	if err != nil {
 		panic(err.Error())
@@ -298,6 +318,18 @@ func LinearQuantLlama(out []float32, a, w []byte, t QuantType, m, n, k, j0, j1 i
 		panic(fmt.Sprintf("simd: LinearQuantLlama %s: m=%d n=%d k=%d j=[%d,%d): len(out)=%d len(a)=%d len(w)=%d",
 			t, m, n, k, j0, j1, len(out), len(a), len(w)))
 	}
+	if m == 0 || j0 == j1 || k == 0 {
+		for i := range m {
+			clear(out[i*n+j0 : i*n+j1])
+		}
+		return
+	}
+	if f := nativeQuantLlama[p.name]; f != nil {
+		// out[j0:] holds every element written: the last is
+		// (m-1)*n + j1-1 - j0 < m*n - j0.
+		f(out[j0:], n, a, w[j0*rb:j1*rb], t, m, k, j1-j0)
+		return
+	}
 	nb := k / t.BlockSize()
 	for j := j0; j < j1; j++ {
 		wr := w[j*rb : (j+1)*rb]
@@ -306,6 +338,16 @@ func LinearQuantLlama(out []float32, a, w []byte, t QuantType, m, n, k, j0, j1 i
 		}
 	}
 }
+
+// nativeQuantLlama holds the SIMD paths of LinearQuantLlama by Impl name:
+// out[i*ldo+j] for rows i in [0, m) of a and the ncols rows of w (whole
+// rows, lengths checked by the caller); set by the amd64 cgo build.
+var nativeQuantLlama = map[string]func(out []float32, ldo int, a, w []byte, t QuantType, m, k, ncols int){}
+
+// nativeLinear16Llama holds the SIMD paths of Linear16Llama by Impl name:
+// out[i*ldo+j] for the m rows of x and the ncols rows of w (lengths
+// checked by the caller); false when it computed nothing (no scratch).
+var nativeLinear16Llama = map[string]func(out []float32, ldo int, x, w []uint16, bf16 bool, m, k, ncols int) bool{}
 
 // RoundBF16 rounds src to bfloat16 into dst (len >= len(src)) as ggml's
 // GGML_FP32_TO_BF16: nearest, ties to even; a NaN stays a quiet NaN.
@@ -330,6 +372,11 @@ func RoundF16(dst []uint16, src []float32) {
 	}
 }
 
+// Linear16Llama runs Default().Linear16Llama.
+func Linear16Llama(out []float32, x, w []uint16, bf16 bool, m, n, k, j0, j1 int) {
+	defaultImpl.Linear16Llama(out, x, w, bf16, m, n, k, j0, j1)
+}
+
 // Linear16Llama computes out[i*n+j] = sum_kk x[i][kk] * W[j][kk] with x
 // and W both 16-bit (bfloat16 when bf16, else IEEE half), as llama.cpp's
 // generic ggml_vec_dot_bf16 / ggml_vec_dot_f16: each product is exact in
@@ -337,10 +384,22 @@ func RoundF16(dst []uint16, src []float32) {
 // rounded to float32 once. x is m rows of k values already rounded by
 // RoundBF16 or RoundF16. Rows i in [0, m), columns j in [j0, j1); it panics
 // on slices too short for the shape. Cost: 2*m*(j1-j0)*k flops.
-func Linear16Llama(out []float32, x, w []uint16, bf16 bool, m, n, k, j0, j1 int) {
+//
+// The AVX-512 path keeps the order: its vector lanes are 16 output
+// columns, each summing its own products one after the other (a tile of
+// 16 weight rows is widened and transposed once per call and reused by
+// every row of x).
+func (p *Impl) Linear16Llama(out []float32, x, w []uint16, bf16 bool, m, n, k, j0, j1 int) {
 	if m < 0 || k < 0 || j0 < 0 || j0 > j1 || j1 > n || len(out) < m*n || len(x) < m*k || len(w) < n*k {
 		panic(fmt.Sprintf("simd: Linear16Llama: m=%d n=%d k=%d j=[%d,%d): len(out)=%d len(x)=%d len(w)=%d",
 			m, n, k, j0, j1, len(out), len(x), len(w)))
+	}
+	if m == 0 || j0 == j1 {
+		return
+	}
+	// out[j0:] holds every element written: the last is (m-1)*n + j1-1 - j0.
+	if f := nativeLinear16Llama[p.name]; f != nil && f(out[j0:], n, x, w[j0*k:j1*k], bf16, m, k, j1-j0) {
+		return
 	}
 	widen := f16ToF32
 	if bf16 {

@@ -272,44 +272,58 @@ func TestQuantizeQ8K(t *testing.T) {
 
 // TestLinearQuantLlama: every output of LinearQuantLlama is the
 // transcribed generic dot product of its weight row and activation row,
-// bit for bit, whatever the number of rows and the column range.
+// bit for bit, on every Impl, whatever the number of rows (the SIMD tiles
+// of 1 to 4 rows and their remainders) and the column range (tiles of 4
+// or 8 weight rows and partial ones; the repacked tiles of 16).
 func TestLinearQuantLlama(t *testing.T) {
-	const m, n, k = 5, 9, 512
-	for _, typ := range QuantTypes {
-		for _, raw := range []bool{false, true} {
-			if raw && typ.BlockSize() != 256 {
-				continue
-			}
-			for name, dist := range actDists {
-				r := rand.New(rand.NewPCG(uint64(typ), uint64(len(name))))
-				w := randWeightRows(r, typ, n, k, raw)
-				x := make([]float32, m*k)
-				for i := range x {
-					x[i] = dist(r, i%k)
-				}
-				ab, _ := ActRowBytes(typ, k)
-				a := make([]byte, m*ab)
-				QuantizeActs(a, x, typ, m, k)
-				rb, _ := typ.RowBytes(k)
-				out := make([]float32, m*n)
-				LinearQuantLlama(out, a, w, typ, m, n, k, 0, n)
-				part := make([]float32, n)
-				for i := range m {
-					// One row, a column range: the same bits.
-					for j := range part {
-						part[j] = float32(math.NaN())
+	// From 16 rows on the AVX-512 VNNI path repacks 16 weight rows at a time.
+	shapes := []struct{ m, n, k int }{{5, 9, 512}, {17, 19, 512}, {1, 17, 256}, {2, 3, 768}, {3, 8, 256},
+		{9, 13, 256}, {4, 1, 512}, {16, 33, 256}}
+	if raceEnabled {
+		shapes = shapes[:2]
+	}
+	for _, p := range Impls() {
+		for _, sh := range shapes {
+			m, n, k := sh.m, sh.n, sh.k
+			for _, typ := range QuantTypes {
+				for _, raw := range []bool{false, true} {
+					if raw && typ.BlockSize() != 256 {
+						continue
 					}
-					LinearQuantLlama(part, a[i*ab:(i+1)*ab], w, typ, 1, n, k, 2, 7)
-					for j := range n {
-						want := refDot(typ, k, w[j*rb:(j+1)*rb], a[i*ab:(i+1)*ab])
-						if got := out[i*n+j]; math.Float32bits(got) != math.Float32bits(want) {
-							t.Fatalf("%s raw=%v %s: out[%d,%d] = %g, reference %g", typ, raw, name, i, j, got, want)
+					for name, dist := range actDists {
+						r := rand.New(rand.NewPCG(uint64(typ), uint64(len(name)+n)))
+						w := randWeightRows(r, typ, n, k, raw)
+						x := make([]float32, m*k)
+						for i := range x {
+							x[i] = dist(r, i%k)
 						}
-						if j >= 2 && j < 7 && math.Float32bits(part[j]) != math.Float32bits(want) {
-							t.Fatalf("%s %s: row %d alone, column %d = %g, in the batch %g", typ, name, i, j, part[j], want)
-						}
-						if (j < 2 || j >= 7) && !math.IsNaN(float64(part[j])) {
-							t.Fatalf("%s %s: column %d outside [2, 7) written", typ, name, j)
+						ab, _ := ActRowBytes(typ, k)
+						a := make([]byte, m*ab)
+						QuantizeActs(a, x, typ, m, k)
+						rb, _ := typ.RowBytes(k)
+						out := make([]float32, m*n)
+						p.LinearQuantLlama(out, a, w, typ, m, n, k, 0, n)
+						j0, j1 := min(2, n), min(7, n)
+						part := make([]float32, n)
+						for i := range m {
+							// One row, a column range: the same bits.
+							for j := range part {
+								part[j] = float32(math.NaN())
+							}
+							p.LinearQuantLlama(part, a[i*ab:(i+1)*ab], w, typ, 1, n, k, j0, j1)
+							for j := range n {
+								want := refDot(typ, k, w[j*rb:(j+1)*rb], a[i*ab:(i+1)*ab])
+								if got := out[i*n+j]; math.Float32bits(got) != math.Float32bits(want) {
+									t.Fatalf("%s %dx%dx%d %s raw=%v %s: out[%d,%d] = %g, reference %g",
+										p.Name(), m, n, k, typ, raw, name, i, j, got, want)
+								}
+								if j >= j0 && j < j1 && math.Float32bits(part[j]) != math.Float32bits(want) {
+									t.Fatalf("%s %s %s: row %d alone, column %d = %g, in the batch %g", p.Name(), typ, name, i, j, part[j], want)
+								}
+								if (j < j0 || j >= j1) && !math.IsNaN(float64(part[j])) {
+									t.Fatalf("%s %s %s: column %d outside [%d, %d) written", p.Name(), typ, name, j, j0, j1)
+								}
+							}
 						}
 					}
 				}
@@ -350,48 +364,75 @@ func TestLinearQuantLlamaAccuracy(t *testing.T) {
 // products summed in float64 and rounded once; one row alone gives the
 // same bits as in a batch.
 func TestLinear16Llama(t *testing.T) {
-	const m, n, k = 4, 6, 300
+	shapes := []struct{ m, n, k int }{{4, 6, 300}, {5, 19, 37}, {1, 16, 64}, {9, 33, 24}}
 	r := rand.New(rand.NewPCG(5, 6))
-	for _, bf16 := range []bool{true, false} {
-		x := make([]float32, m*k)
-		for i := range x {
-			x[i] = float32(r.NormFloat64())
-		}
-		wf := make([]float32, n*k)
-		for i := range wf {
-			wf[i] = float32(r.NormFloat64() * 0.1)
-		}
-		xh, w := make([]uint16, m*k), make([]uint16, n*k)
-		widen := f16ToF32
-		if bf16 {
-			RoundBF16(xh, x)
-			RoundBF16(w, wf)
-			widen = bf16ToF32
-		} else {
-			RoundF16(xh, x)
-			RoundF16(w, wf)
-		}
-		for i, h := range xh {
-			if bf16 && h != f32ToBF16(x[i]) || !bf16 && h != F32ToF16(x[i]) {
-				t.Fatalf("bf16=%v: x[%d] = %g rounded to %#x", bf16, i, x[i], h)
+	for _, sh := range shapes {
+		m, n, k := sh.m, sh.n, sh.k
+		for _, bf16 := range []bool{true, false} {
+			x := make([]float32, m*k)
+			for i := range x {
+				x[i] = float32(r.NormFloat64())
+			}
+			wf := make([]float32, n*k)
+			for i := range wf {
+				wf[i] = float32(r.NormFloat64() * 0.1)
+			}
+			xh, w := make([]uint16, m*k), make([]uint16, n*k)
+			widen := f16ToF32
+			if bf16 {
+				RoundBF16(xh, x)
+				RoundBF16(w, wf)
+				widen = bf16ToF32
+			} else {
+				RoundF16(xh, x)
+				RoundF16(w, wf)
+			}
+			for i, h := range xh {
+				if bf16 && h != f32ToBF16(x[i]) || !bf16 && h != F32ToF16(x[i]) {
+					t.Fatalf("bf16=%v: x[%d] = %g rounded to %#x", bf16, i, x[i], h)
+				}
+			}
+			for _, p := range Impls() {
+				out := make([]float32, m*n)
+				p.Linear16Llama(out, xh, w, bf16, m, n, k, 0, n)
+				one := make([]float32, n)
+				for i := range m {
+					p.Linear16Llama(one, xh[i*k:(i+1)*k], w, bf16, 1, n, k, 1, n)
+					for j := range n {
+						var s float64
+						for kk := range k {
+							s += float64(widen(xh[i*k+kk])) * float64(widen(w[j*k+kk]))
+						}
+						if got := out[i*n+j]; got != float32(s) {
+							t.Fatalf("%s %dx%dx%d bf16=%v: out[%d,%d] = %g, want %g", p.Name(), m, n, k, bf16, i, j, got, float32(s))
+						}
+						if j >= 1 && one[j] != out[i*n+j] {
+							t.Fatalf("%s bf16=%v: row %d alone, column %d = %g, in the batch %g", p.Name(), bf16, i, j, one[j], out[i*n+j])
+						}
+					}
+				}
 			}
 		}
-		out := make([]float32, m*n)
-		Linear16Llama(out, xh, w, bf16, m, n, k, 0, n)
-		one := make([]float32, n)
-		for i := range m {
-			Linear16Llama(one, xh[i*k:(i+1)*k], w, bf16, 1, n, k, 1, n)
-			for j := range n {
-				var s float64
-				for kk := range k {
-					s += float64(widen(xh[i*k+kk])) * float64(widen(w[j*k+kk]))
-				}
-				if got := out[i*n+j]; got != float32(s) {
-					t.Fatalf("bf16=%v: out[%d,%d] = %g, want %g", bf16, i, j, got, float32(s))
-				}
-				if j >= 1 && one[j] != out[i*n+j] {
-					t.Fatalf("bf16=%v: row %d alone, column %d = %g, in the batch %g", bf16, i, j, one[j], out[i*n+j])
-				}
+	}
+	// bfloat16 products that overflow or underflow float32 (Inf, NaN,
+	// zeros): every Impl gives the pure-Go bits.
+	const m, n, k = 3, 17, 40
+	xh, w := make([]uint16, m*k), make([]uint16, n*k)
+	vals := []float32{3e30, -3e30, 1e-30, 0, float32(math.Inf(1)), 1, -2.5}
+	for i := range xh {
+		xh[i] = f32ToBF16(vals[r.IntN(len(vals))])
+	}
+	for i := range w {
+		w[i] = f32ToBF16(vals[r.IntN(len(vals))] * float32(r.NormFloat64()))
+	}
+	want := make([]float32, m*n)
+	goImpl.Linear16Llama(want, xh, w, true, m, n, k, 0, n)
+	for _, p := range Impls() {
+		got := make([]float32, m*n)
+		p.Linear16Llama(got, xh, w, true, m, n, k, 0, n)
+		for i := range got {
+			if math.Float32bits(got[i]) != math.Float32bits(want[i]) && !(math.IsNaN(float64(got[i])) && math.IsNaN(float64(want[i]))) {
+				t.Fatalf("%s: extreme values: out[%d] = %g, pure Go %g", p.Name(), i, got[i], want[i])
 			}
 		}
 	}

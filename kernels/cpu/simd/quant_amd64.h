@@ -24,4 +24,23 @@ void di_linear_quant_avx512(int qtype, float *out, const float *x, const uint8_t
 void di_dequant_avx2(int qtype, float *dst, const uint8_t *w, int64_t nb);
 void di_dequant_avx512(int qtype, float *dst, const uint8_t *w, int64_t nb);
 
+// out[i*ldo + j] = llama.cpp's block dot product (ggml_vec_dot_*_q8_0 /
+// _q8_K, generic order) of activation row i (a + i*activation row bytes,
+// Q8_0 or Q8_K blocks) with weight row j (w + j*row_bytes), i in [0,m), j in
+// [0,ncols). k is a multiple of the type's block size. The vnni variant
+// needs AVX512-VNNI with VL and BW.
+void di_linear_qllama_avx2(int qtype, float *out, int64_t ldo, const uint8_t *a, const uint8_t *w, int64_t m,
+                           int64_t k, int64_t ncols);
+void di_linear_qllama_vnni(int qtype, float *out, int64_t ldo, const uint8_t *a, const uint8_t *w, int64_t m,
+                           int64_t k, int64_t ncols);
+
+// out[i*ldo + j] = the sum over kk, in order and in float64, of the
+// float32 products x[i*k+kk] * w[j*k+kk] (bfloat16 values when bf16, else
+// IEEE half), rounded to float32 once: llama.cpp's generic
+// ggml_vec_dot_bf16 / _f16. i in [0,m), j in [0,ncols). Needs AVX-512
+// F/BW/VL/DQ and F16C; returns 0 (nothing computed) when its scratch
+// cannot be allocated.
+int di_linear16_llama_avx512(int bf16, float *out, int64_t ldo, const uint16_t *x, const uint16_t *w, int64_t m,
+                             int64_t k, int64_t ncols);
+
 #endif

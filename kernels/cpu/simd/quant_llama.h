@@ -1,0 +1,737 @@
+// LinearQuantLlama's C kernels, shared by quant_llama_avx2.c and
+// quant_llama_vnni.c; each defines QTARGET (its target attribute) and
+// QVNNI (1 where the int8 dot product is AVX512-VNNI's vpdpbusd) first.
+//
+// Every output is llama.cpp's generic block dot product (vecDotLlama in
+// q8act.go) bit for bit. The integer sums of a block are exact in any
+// order, so SIMD computes them as it likes; the float32 operations that
+// apply the scales are the generic functions' own, in their order:
+//
+//	Q8_0:  sumf = fma(float(sumi), dw*da, sumf) per block
+//	Q4_0:  sumf = fma(float(sumi)*dw, da, sumf) per block
+//	K:     sums[l] = fma(dw*da, float(aux[l]), sums[l]), l = index mod 8,
+//	       Q4_K/Q5_K also sumf = fma(-(dmin*da), float(sumi_mins), sumf);
+//	       at the end sumf += sums[0], ..., sums[7] in order.
+//
+// Q8_0/Q4_0 tiles run 8 weight rows at once, one float lane each (the
+// per-block integer sums of the 8 rows are reduced into one vector); K-quant
+// tiles keep aux[0..7] of one (row, column) in the 8 lanes of a vector,
+// pairing bytes (i, i+8) with a byte shuffle so that vpmaddubsw never adds
+// products of two different lanes l.
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "quant_amd64.h"
+
+#define QL static inline __attribute__((always_inline)) QTARGET
+
+QL float ql_half(const uint8_t *p) {
+	uint16_t h;
+	memcpy(&h, p, 2);
+	return _cvtsh_ss(h);
+}
+
+QL float ql_f32(const uint8_t *p) {
+	float f;
+	memcpy(&f, p, 4);
+	return f;
+}
+
+QL __m256i ql_load(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+
+// ql_dot32 returns 8 int32 lanes summing to sum(w[i]*a[i]) over 32 signed
+// bytes (|values| <= 127), given |w| and a with w's signs.
+QL __m256i ql_dot32(__m256i absw, __m256i sa) {
+	return _mm256_madd_epi16(_mm256_maddubs_epi16(absw, sa), _mm256_set1_epi16(1));
+}
+
+// ql_reduce8 returns the vector whose lane c is the sum of p[c]'s lanes.
+QL __m256i ql_reduce8(const __m256i *p) {
+	__m256i h0 = _mm256_hadd_epi32(p[0], p[1]), h1 = _mm256_hadd_epi32(p[2], p[3]);
+	__m256i h2 = _mm256_hadd_epi32(p[4], p[5]), h3 = _mm256_hadd_epi32(p[6], p[7]);
+	__m256i g0 = _mm256_hadd_epi32(h0, h1), g1 = _mm256_hadd_epi32(h2, h3);
+	return _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20), _mm256_permute2x128_si256(g0, g1, 0x31));
+}
+
+// ql_prefetch asks for the n bytes at p in L1 (one request per line). The
+// decode tiles prefetch the next tile's weights, a share per block, so
+// that the short rows of a quantized matrix keep more memory requests in
+// flight than the hardware prefetcher starts on its own.
+QL void ql_prefetch(const uint8_t *p, int64_t n) {
+	for (int64_t i = 0; i < n; i += 64)
+		_mm_prefetch((const char *)(p + i), _MM_HINT_T0);
+}
+
+// ql_w32 returns the 32 weights of block p of a Q8_0 or Q4_0 row: signed
+// with AVX2 (sign trick), unsigned with VNNI (Q8_0: w+128, Q4_0: the
+// nibble q, weight q-8; ql_base removes the offset).
+QL __m256i ql_w32(const int qt, const uint8_t *p) {
+	if (qt == DI_Q8_0) {
+		const __m256i w = ql_load(p + 2);
+		return QVNNI ? _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80)) : w;
+	}
+	const __m128i v = _mm_loadu_si128((const __m128i *)(p + 2)), m4 = _mm_set1_epi8(0x0F);
+	const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_and_si128(v, m4));
+	return QVNNI ? q : _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+}
+
+#if QVNNI
+// ql_base is the starting accumulator whose lanes sum to -off*sum(a), off
+// the weights' offset (128 for Q8_0, 8 for Q4_0): vpdpbusd on top of it
+// sums the products of the weights themselves.
+QL __m256i ql_base(const int qt, __m256i a) {
+	const __m256i o = _mm256_set1_epi8((char)(qt == DI_Q8_0 ? 0x80 : 8));
+	return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), o, a));
+}
+
+QL __m512i ql_base512(const int qt, __m512i a) {
+	const __m512i o = _mm512_set1_epi8((char)(qt == DI_Q8_0 ? 0x80 : 8));
+	return _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), o, a));
+}
+
+// ql_reduce8x2 returns, for p[c] holding block b's 8 partial sums in
+// lanes 0..7 and block b+1's in 8..15, the vector of the sums of block b
+// for columns 0..7 (lanes 0..7) and of block b+1 (lanes 8..15).
+QL __m512i ql_reduce8x2(const __m512i *p) {
+	__m512i u[4];
+#pragma GCC unroll 4
+	for (int i = 0; i < 4; i++)
+		u[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(p[2 * i], p[2 * i + 1]),
+		                        _mm512_unpackhi_epi32(p[2 * i], p[2 * i + 1]));
+	// v0: columns 0..3 per 128-bit lane, v1: columns 4..7.
+	const __m512i v0 = _mm512_add_epi32(_mm512_unpacklo_epi64(u[0], u[1]), _mm512_unpackhi_epi64(u[0], u[1]));
+	const __m512i v1 = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2], u[3]), _mm512_unpackhi_epi64(u[2], u[3]));
+	const __m512i ix = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), iy = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+	return _mm512_add_epi32(_mm512_permutex2var_epi64(v0, ix, v1), _mm512_permutex2var_epi64(v0, iy, v1));
+}
+#endif
+
+// ql_tile32 computes R activation rows (a + r*ab) against the 8 weight
+// rows wc[0..7] of a Q8_0 or Q4_0 matrix, nb blocks, and writes the first
+// nc columns: out[r*ldo + c]. The VNNI build takes two blocks per 512-bit
+// vector and applies their scales one block after the other.
+QL void ql_tile32(const int qt, const int R, const uint8_t *a, int64_t ab, const uint8_t *const *wc, int64_t nb,
+                  float *out, int64_t ldo, int nc, const uint8_t *pf) {
+	const int64_t bb = qt == DI_Q8_0 ? 34 : 18;
+	__m256 acc[4];
+#pragma GCC unroll 8
+	for (int r = 0; r < R; r++)
+		acc[r] = _mm256_setzero_ps();
+	int64_t b = 0;
+#if QVNNI
+	for (; b + 2 <= nb; b += 2) {
+		if (pf)
+			ql_prefetch(pf + b * 8 * bb, 16 * bb);
+		__m512i w[8];
+		uint16_t hs[16];
+#pragma GCC unroll 8
+		for (int c = 0; c < 8; c++) {
+			const uint8_t *p = wc[c] + b * bb;
+			memcpy(&hs[c], p, 2);
+			memcpy(&hs[8 + c], p + bb, 2);
+			w[c] = _mm512_inserti64x4(_mm512_castsi256_si512(ql_w32(qt, p)), ql_w32(qt, p + bb), 1);
+		}
+		const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)hs));
+#pragma GCC unroll 8
+		for (int r = 0; r < R; r++) {
+			const uint8_t *ap = a + r * ab + b * 34;
+			const __m512i av = _mm512_inserti64x4(_mm512_castsi256_si512(ql_load(ap + 2)), ql_load(ap + 36), 1);
+			const __m512i base = ql_base512(qt, av);
+			__m512i p[8];
+#pragma GCC unroll 8
+			for (int c = 0; c < 8; c++)
+				p[c] = _mm512_dpbusd_epi32(base, w[c], av);
+			const __m512 s = _mm512_cvtepi32_ps(ql_reduce8x2(p));
+			const __m256 da0 = _mm256_set1_ps(ql_half(ap)), da1 = _mm256_set1_ps(ql_half(ap + 34));
+			const __m256 dw0 = _mm512_castps512_ps256(dw), dw1 = _mm512_extractf32x8_ps(dw, 1);
+			const __m256 s0 = _mm512_castps512_ps256(s), s1 = _mm512_extractf32x8_ps(s, 1);
+			if (qt == DI_Q8_0) {
+				acc[r] = _mm256_fmadd_ps(s0, _mm256_mul_ps(dw0, da0), acc[r]);
+				acc[r] = _mm256_fmadd_ps(s1, _mm256_mul_ps(dw1, da1), acc[r]);
+			} else {
+				acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(s0, dw0), da0, acc[r]);
+				acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(s1, dw1), da1, acc[r]);
+			}
+		}
+	}
+#endif
+	for (; b < nb; b++) {
+		if (pf)
+			ql_prefetch(pf + b * 8 * bb, 8 * bb);
+		__m256i w[8];
+#if !QVNNI
+		__m256i aw[8];
+#endif
+		uint16_t hs[8];
+#pragma GCC unroll 8
+		for (int c = 0; c < 8; c++) {
+			const uint8_t *p = wc[c] + b * bb;
+			memcpy(&hs[c], p, 2);
+			w[c] = ql_w32(qt, p);
+#if !QVNNI
+			aw[c] = _mm256_abs_epi8(w[c]);
+#endif
+		}
+		const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)hs));
+#pragma GCC unroll 8
+		for (int r = 0; r < R; r++) {
+			const uint8_t *ap = a + r * ab + b * 34;
+			const __m256i av = ql_load(ap + 2);
+			__m256i p[8];
+#if QVNNI
+			const __m256i base = ql_base(qt, av);
+#pragma GCC unroll 8
+			for (int c = 0; c < 8; c++)
+				p[c] = _mm256_dpbusd_epi32(base, w[c], av);
+#else
+#pragma GCC unroll 8
+			for (int c = 0; c < 8; c++)
+				p[c] = ql_dot32(aw[c], _mm256_sign_epi8(av, w[c]));
+#endif
+			const __m256 s = _mm256_cvtepi32_ps(ql_reduce8(p));
+			const __m256 da = _mm256_set1_ps(ql_half(ap));
+			if (qt == DI_Q8_0)
+				acc[r] = _mm256_fmadd_ps(s, _mm256_mul_ps(dw, da), acc[r]);
+			else
+				acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(s, dw), da, acc[r]);
+		}
+	}
+#pragma GCC unroll 8
+	for (int r = 0; r < R; r++) {
+		float o[8];
+		_mm256_storeu_ps(o, acc[r]);
+		for (int c = 0; c < nc; c++)
+			out[r * ldo + c] = o[c];
+	}
+}
+
+// ql_pair is the byte order within each 16-byte half that puts the bytes
+// i and i+8 (the same lane l = i mod 8) next to each other.
+QL __m256i ql_pair(void) {
+	return _mm256_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13,
+	                        6, 14, 7, 15);
+}
+
+// ql_kscales unpacks the eight 6-bit scales (sc) and mins (mn) of a
+// Q4_K/Q5_K block's 12 bytes (get_scale_min_k4).
+QL void ql_kscales(const uint8_t *q, uint8_t *sc, uint8_t *mn) {
+	uint32_t u[3], s[4];
+	memcpy(u, q, 12);
+	s[0] = u[0] & 0x3f3f3f3f;
+	s[1] = (u[2] & 0x0f0f0f0f) | (((u[0] >> 6) & 0x03030303) << 4);
+	s[2] = u[1] & 0x3f3f3f3f;
+	s[3] = ((u[2] >> 4) & 0x0f0f0f0f) | (((u[1] >> 6) & 0x03030303) << 4);
+	memcpy(sc, s, 8);
+	memcpy(mn, s + 2, 8);
+}
+
+QL int ql_hsum_i32(__m256i v) {
+	__m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+	return _mm_cvtsi128_si32(s);
+}
+
+// ql_tilek computes R activation rows (Q8_K, a + r*ab) against the NC
+// weight rows wc[0..NC-1] of a K-quant matrix, nb blocks, and writes the
+// first nc columns: out[r*ldo + c].
+QL void ql_tilek(const int qt, const int R, const int NC, const uint8_t *a, int64_t ab, const uint8_t *const *wc,
+                 int64_t nb, float *out, int64_t ldo, int nc, const uint8_t *pf) {
+	const int64_t bb = qt == DI_Q4_K ? 144 : qt == DI_Q5_K ? 176 : 210;
+	const __m256i perm = ql_pair(), m4 = _mm256_set1_epi8(0x0F);
+	__m256 sums[4][4];
+	float sumf[4][4];
+	#pragma GCC unroll 8
+	for (int r = 0; r < R; r++)
+		#pragma GCC unroll 8
+		for (int c = 0; c < NC; c++) {
+			sums[r][c] = _mm256_setzero_ps();
+			sumf[r][c] = 0;
+		}
+	for (int64_t b = 0; b < nb; b++) {
+		if (pf)
+			ql_prefetch(pf + b * NC * bb, NC * bb);
+		__m256i lo[4][4], hi[4][4];
+		#pragma GCC unroll 8
+		for (int r = 0; r < R; r++)
+			#pragma GCC unroll 8
+			for (int c = 0; c < NC; c++)
+				lo[r][c] = hi[r][c] = _mm256_setzero_si256();
+		uint8_t sc[4][16], mn[4][8];
+		#pragma GCC unroll 8
+		for (int c = 0; c < NC; c++) {
+			const uint8_t *p = wc[c] + b * bb;
+			if (qt == DI_Q6_K)
+				memcpy(sc[c], p + 192, 16);
+			else
+				ql_kscales(p + 4, sc[c], mn[c]);
+		}
+		#pragma GCC unroll 8
+		for (int pi = 0; pi < 4; pi++) {
+			// The pair of 32-weight chunks (A, B) of this step, and the
+			// scales of their 16-weight halves.
+			int ta, tb;
+			if (qt == DI_Q6_K) {
+				ta = 4 * (pi / 2) + (pi & 1);
+				tb = ta + 2;
+			} else {
+				ta = 2 * pi;
+				tb = ta + 1;
+			}
+			__m256i xa[4], xb[4];
+			#pragma GCC unroll 8
+			for (int r = 0; r < R; r++) {
+				const uint8_t *q8 = a + r * ab + b * 292 + 4;
+				xa[r] = _mm256_shuffle_epi8(ql_load(q8 + 32 * ta), perm);
+				xb[r] = _mm256_shuffle_epi8(ql_load(q8 + 32 * tb), perm);
+			}
+			#pragma GCC unroll 8
+			for (int c = 0; c < NC; c++) {
+				const uint8_t *p = wc[c] + b * bb;
+				__m256i qa, qb, s;
+				if (qt == DI_Q6_K) {
+					const int n = pi / 2, h = pi & 1;
+					const __m256i ql = ql_load(p + 64 * n + 32 * h), qh = ql_load(p + 128 + 32 * n), m3 = _mm256_set1_epi8(3);
+					qa = _mm256_or_si256(_mm256_and_si256(ql, m4),
+					                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * h), m3), 4));
+					qb = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql, 4), m4),
+					                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * h + 4), m3), 4));
+					qa = _mm256_sub_epi8(qa, _mm256_set1_epi8(32));
+					qb = _mm256_sub_epi8(qb, _mm256_set1_epi8(32));
+					const int8_t *s8 = (const int8_t *)sc[c];
+					const uint32_t s0 = (uint16_t)s8[2 * ta] | (uint32_t)(uint16_t)s8[2 * tb] << 16;
+					const uint32_t s1 = (uint16_t)s8[2 * ta + 1] | (uint32_t)(uint16_t)s8[2 * tb + 1] << 16;
+					s = _mm256_set_m128i(_mm_set1_epi32((int)s1), _mm_set1_epi32((int)s0));
+				} else {
+					const __m256i q = ql_load(p + (qt == DI_Q4_K ? 16 : 48) + 32 * pi);
+					qa = _mm256_and_si256(q, m4);
+					qb = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+					if (qt == DI_Q5_K) {
+						const __m256i qh = ql_load(p + 16), one = _mm256_set1_epi8(1);
+						qa = _mm256_or_si256(qa, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * pi), one), 4));
+						qb = _mm256_or_si256(qb,
+						                     _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * pi + 1), one), 4));
+					}
+					s = _mm256_set1_epi32((int)(sc[c][ta] | (uint32_t)sc[c][tb] << 16));
+				}
+				qa = _mm256_shuffle_epi8(qa, perm);
+				qb = _mm256_shuffle_epi8(qb, perm);
+				if (qt == DI_Q6_K) {
+					const __m256i ua = _mm256_abs_epi8(qa), ub = _mm256_abs_epi8(qb);
+					#pragma GCC unroll 8
+					for (int r = 0; r < R; r++) {
+						const __m256i pa = _mm256_maddubs_epi16(ua, _mm256_sign_epi8(xa[r], qa));
+						const __m256i pb = _mm256_maddubs_epi16(ub, _mm256_sign_epi8(xb[r], qb));
+						lo[r][c] = _mm256_add_epi32(lo[r][c], _mm256_madd_epi16(_mm256_unpacklo_epi16(pa, pb), s));
+						hi[r][c] = _mm256_add_epi32(hi[r][c], _mm256_madd_epi16(_mm256_unpackhi_epi16(pa, pb), s));
+					}
+				} else {
+					#pragma GCC unroll 8
+					for (int r = 0; r < R; r++) {
+						const __m256i pa = _mm256_maddubs_epi16(qa, xa[r]);
+						const __m256i pb = _mm256_maddubs_epi16(qb, xb[r]);
+						lo[r][c] = _mm256_add_epi32(lo[r][c], _mm256_madd_epi16(_mm256_unpacklo_epi16(pa, pb), s));
+						hi[r][c] = _mm256_add_epi32(hi[r][c], _mm256_madd_epi16(_mm256_unpackhi_epi16(pa, pb), s));
+					}
+				}
+			}
+		}
+		#pragma GCC unroll 8
+		for (int c = 0; c < NC; c++) {
+			const uint8_t *p = wc[c] + b * bb;
+			const float dw = ql_half(qt == DI_Q6_K ? p + 208 : p);
+			__m256i mins = _mm256_setzero_si256();
+			float dmin = 0;
+			if (qt != DI_Q6_K) {
+				dmin = ql_half(p + 2);
+				const __m128i m8 = _mm_loadl_epi64((const __m128i *)mn[c]);
+				mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+			}
+			#pragma GCC unroll 8
+			for (int r = 0; r < R; r++) {
+				const uint8_t *ap = a + r * ab + b * 292;
+				const float da = ql_f32(ap);
+				// lo holds lanes 0..3 in each half, hi lanes 4..7.
+				const __m256i aux = _mm256_add_epi32(_mm256_permute2x128_si256(lo[r][c], hi[r][c], 0x20),
+				                                     _mm256_permute2x128_si256(lo[r][c], hi[r][c], 0x31));
+				const float d = dw * da;
+				sums[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(aux), sums[r][c]);
+				if (qt != DI_Q6_K) {
+					const int sumi = ql_hsum_i32(_mm256_madd_epi16(ql_load(ap + 260), mins));
+					const float dm = dmin * da;
+					sumf[r][c] = _mm_cvtss_f32(
+					    _mm_fnmadd_ss(_mm_set_ss(dm), _mm_set_ss((float)sumi), _mm_set_ss(sumf[r][c])));
+				}
+			}
+		}
+	}
+	#pragma GCC unroll 8
+	for (int r = 0; r < R; r++)
+		#pragma GCC unroll 8
+		for (int c = 0; c < nc; c++) {
+			float s[8];
+			_mm256_storeu_ps(s, sums[r][c]);
+			float f = sumf[r][c];
+			#pragma GCC unroll 8
+			for (int l = 0; l < 8; l++)
+				f += s[l];
+			out[r * ldo + c] = f;
+		}
+}
+
+// ql_cols runs the tiles of R rows over the ncols weight rows at w (rb
+// bytes each): NC at a time, the last tile's missing rows replaced by the
+// last row (computed, not written).
+QL void ql_cols(const int qt, const int R, const int NC, float *out, int64_t ldo, const uint8_t *a, int64_t ab,
+                const uint8_t *w, int64_t rb, int64_t nb, int64_t ncols) {
+	for (int64_t j = 0; j < ncols; j += NC) {
+		const uint8_t *wc[8];
+		const int nc = ncols - j < NC ? (int)(ncols - j) : NC;
+		for (int c = 0; c < NC; c++)
+			wc[c] = w + (j + (c < nc ? c : nc - 1)) * rb;
+		const uint8_t *pf = R == 1 && j + 2 * NC <= ncols ? w + (j + NC) * rb : 0;
+		if (qt == DI_Q8_0 || qt == DI_Q4_0)
+			ql_tile32(qt, R, a, ab, wc, nb, out + j, ldo, nc, pf);
+		else
+			ql_tilek(qt, R, NC, a, ab, wc, nb, out + j, ldo, nc, pf);
+	}
+}
+
+#if QVNNI
+#include <stdlib.h>
+
+// Prefill from QL_PACK_ROWS activation rows on: 16 weight rows at a time
+// are repacked (once per call) so that one 512-bit vector holds the same
+// weights of 16 rows and each lane accumulates one output column; the
+// activations are broadcast from memory. No horizontal sums remain, and the
+// integer sums per block, and the float operations per output, are those
+// of the tiles above.
+//
+// Q8_0/Q4_0 block of the 16 rows (QP32_BYTES): u8 weights (Q8_0: w+128,
+// Q4_0: q) as [quad g 0..7][row c 0..15][4 bytes], then dw[16] floats.
+// vpdpbusd sums four products per lane from a base of -off*sum(a).
+//
+// K-quant block (QPK_BYTES): int32 [pair p 0..127][row c] holding the two
+// int16 values sc*q of weights i = 16j+l and i+8 (p = 8j+l: both lane l
+// of the generic code), then int32 [j 0..7][c] = (m_j, m_j) for the mins,
+// then dw[16] and dmin[16]. vpdpwssd against the pairs (a[i], a[i+8])
+// accumulates aux[l] of 16 columns in one vector per l.
+#define QL_PACK_ROWS 16
+#define QP32_BYTES (512 + 64)
+#define QPK_BYTES (128 * 64 + 8 * 64 + 128)
+
+QL void qp_pack32(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
+	const int64_t bb = qt == DI_Q8_0 ? 34 : 18;
+	for (int64_t b = 0; b < nb; b++) {
+		uint8_t *d = dst + b * QP32_BYTES;
+		float *dw = (float *)(d + 512);
+		for (int c = 0; c < 16; c++) {
+			const uint8_t *p = w + (c < nc ? c : nc - 1) * rb + b * bb;
+			uint32_t u[8];
+			_mm256_storeu_si256((__m256i *)u, ql_w32(qt, p));
+#pragma GCC unroll 8
+			for (int g = 0; g < 8; g++)
+				memcpy(d + 64 * g + 4 * c, &u[g], 4);
+			dw[c] = ql_half(p);
+		}
+	}
+}
+
+// qp_rows32 computes R rows (activations a + r*ab, block sums asum[r*nb+b])
+// against a packed tile and writes nc columns of out[r*ldo + c].
+QL void qp_rows32(const int qt, const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab,
+                  const int32_t *asum, float *out, int64_t ldo, int nc) {
+	const int off = qt == DI_Q8_0 ? 128 : 8;
+	__m512 acc[4];
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++)
+		acc[r] = _mm512_setzero_ps();
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pb = pk + b * QP32_BYTES;
+		__m512i s[4];
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++)
+			s[r] = _mm512_set1_epi32(-off * asum[r * nb + b]);
+#pragma GCC unroll 8
+		for (int g = 0; g < 8; g++) {
+			const __m512i wv = _mm512_loadu_si512(pb + 64 * g);
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++) {
+				int32_t q;
+				memcpy(&q, a + r * ab + b * 34 + 2 + 4 * g, 4);
+				s[r] = _mm512_dpbusd_epi32(s[r], wv, _mm512_set1_epi32(q));
+			}
+		}
+		const __m512 dw = _mm512_loadu_ps(pb + 512);
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++) {
+			const __m512 da = _mm512_set1_ps(ql_half(a + r * ab + b * 34));
+			const __m512 sf = _mm512_cvtepi32_ps(s[r]);
+			if (qt == DI_Q8_0)
+				acc[r] = _mm512_fmadd_ps(sf, _mm512_mul_ps(dw, da), acc[r]);
+			else
+				acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(sf, dw), da, acc[r]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++)
+		_mm512_mask_storeu_ps(out + r * ldo, (__mmask16)((1u << nc) - 1), acc[r]);
+}
+
+// qp_qk writes the 256 weights of K-quant block p as int8 codes (Q6_K:
+// q-32) in element order and returns them with the scales sc (16, one per
+// 16 weights) and mins mn (8).
+QL void qp_qk(const int qt, const uint8_t *p, int8_t *q, int16_t *sc, int16_t *mn) {
+	const __m256i m4 = _mm256_set1_epi8(0x0F);
+	if (qt == DI_Q6_K) {
+		for (int n = 0; n < 2; n++)
+			for (int h = 0; h < 2; h++) {
+				const __m256i ql = ql_load(p + 64 * n + 32 * h), qh = ql_load(p + 128 + 32 * n), m3 = _mm256_set1_epi8(3);
+				__m256i qa = _mm256_or_si256(_mm256_and_si256(ql, m4),
+				                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * h), m3), 4));
+				__m256i qb = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql, 4), m4),
+				                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * h + 4), m3), 4));
+				_mm256_storeu_si256((__m256i *)(q + 128 * n + 32 * h), _mm256_sub_epi8(qa, _mm256_set1_epi8(32)));
+				_mm256_storeu_si256((__m256i *)(q + 128 * n + 32 * h + 64), _mm256_sub_epi8(qb, _mm256_set1_epi8(32)));
+			}
+		for (int j = 0; j < 16; j++)
+			sc[j] = (int8_t)p[192 + j];
+		return;
+	}
+	uint8_t s8[8], m8[8];
+	ql_kscales(p + 4, s8, m8);
+	for (int j = 0; j < 8; j++) {
+		sc[2 * j] = sc[2 * j + 1] = s8[j];
+		mn[j] = m8[j];
+	}
+	for (int c = 0; c < 4; c++) {
+		const __m256i v = ql_load(p + (qt == DI_Q4_K ? 16 : 48) + 32 * c);
+		__m256i qa = _mm256_and_si256(v, m4), qb = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+		if (qt == DI_Q5_K) {
+			const __m256i qh = ql_load(p + 16), one = _mm256_set1_epi8(1);
+			qa = _mm256_or_si256(qa, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+			qb = _mm256_or_si256(qb, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+		}
+		_mm256_storeu_si256((__m256i *)(q + 64 * c), qa);
+		_mm256_storeu_si256((__m256i *)(q + 64 * c + 32), qb);
+	}
+}
+
+QL void qp_packk(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
+	const int64_t bb = qt == DI_Q4_K ? 144 : qt == DI_Q5_K ? 176 : 210;
+	for (int64_t b = 0; b < nb; b++) {
+		uint8_t *d = dst + b * QPK_BYTES;
+		int32_t *mins = (int32_t *)(d + 128 * 64);
+		float *dw = (float *)(d + 128 * 64 + 8 * 64), *dmin = dw + 16;
+		for (int c = 0; c < 16; c++) {
+			const uint8_t *p = w + (c < nc ? c : nc - 1) * rb + b * bb;
+			int8_t q[256];
+			int16_t sc[16], mn[8] = {0};
+			qp_qk(qt, p, q, sc, mn);
+			for (int j = 0; j < 16; j++) {
+				// Group j: 16 weights times its scale, as (i, i+8) pairs.
+				const __m256i v = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16 * j))),
+				                                     _mm256_set1_epi16(sc[j]));
+				const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+				uint32_t u[8];
+				_mm_storeu_si128((__m128i *)u, _mm_unpacklo_epi16(lo, hi));
+				_mm_storeu_si128((__m128i *)(u + 4), _mm_unpackhi_epi16(lo, hi));
+#pragma GCC unroll 8
+				for (int l = 0; l < 8; l++)
+					memcpy(d + (8 * j + l) * 64 + 4 * c, &u[l], 4);
+			}
+			for (int j = 0; j < 8; j++)
+				mins[16 * j + c] = (int32_t)((uint32_t)(uint16_t)mn[j] | (uint32_t)(uint16_t)mn[j] << 16);
+			if (qt == DI_Q6_K) {
+				dw[c] = ql_half(p + 208);
+				dmin[c] = 0;
+			} else {
+				dw[c] = ql_half(p);
+				dmin[c] = ql_half(p + 2);
+			}
+		}
+	}
+}
+
+// qp_pairs writes the int16 pairs (a[i], a[i+8]), i = 16j+l, of the nb
+// Q8_K blocks at a into dst (128 int32 per block, index 8j+l).
+QL void qp_pairs(const uint8_t *a, int64_t nb, int32_t *dst) {
+	for (int64_t b = 0; b < nb; b++)
+		for (int j = 0; j < 16; j++) {
+			const uint8_t *q = a + b * 292 + 4 + 16 * j;
+			const __m128i lo = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)q));
+			const __m128i hi = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(q + 8)));
+			_mm_storeu_si128((__m128i *)(dst + b * 128 + 8 * j), _mm_unpacklo_epi16(lo, hi));
+			_mm_storeu_si128((__m128i *)(dst + b * 128 + 8 * j + 4), _mm_unpackhi_epi16(lo, hi));
+		}
+}
+
+// qp_rowsk computes R rows (Q8_K activations a + r*ab, their pairs at
+// pairs + r*nb*128) against a packed K-quant tile; nc columns of
+// out[r*ldo + c].
+QL void qp_rowsk(const int qt, const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab,
+                 const int32_t *pairs, float *out, int64_t ldo, int nc) {
+	__m512 sums[2][8], sumf[2];
+#pragma GCC unroll 2
+	for (int r = 0; r < R; r++) {
+		sumf[r] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+		for (int l = 0; l < 8; l++)
+			sums[r][l] = _mm512_setzero_ps();
+	}
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pb = pk + b * QPK_BYTES;
+		__m512i aux[2][8];
+#pragma GCC unroll 2
+		for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+			for (int l = 0; l < 8; l++)
+				aux[r][l] = _mm512_setzero_si512();
+		for (int j = 0; j < 16; j++) {
+#pragma GCC unroll 8
+			for (int l = 0; l < 8; l++) {
+				const __m512i wv = _mm512_loadu_si512(pb + (8 * j + l) * 64);
+#pragma GCC unroll 2
+				for (int r = 0; r < R; r++)
+					aux[r][l] = _mm512_dpwssd_epi32(aux[r][l], wv,
+					                                _mm512_set1_epi32(pairs[(r * nb + b) * 128 + 8 * j + l]));
+			}
+		}
+		const __m512 dw = _mm512_loadu_ps(pb + 128 * 64 + 8 * 64);
+#pragma GCC unroll 2
+		for (int r = 0; r < R; r++) {
+			const uint8_t *ap = a + r * ab + b * 292;
+			const __m512 da = _mm512_set1_ps(ql_f32(ap));
+			const __m512 d = _mm512_mul_ps(dw, da);
+#pragma GCC unroll 8
+			for (int l = 0; l < 8; l++)
+				sums[r][l] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(aux[r][l]), sums[r][l]);
+			if (qt != DI_Q6_K) {
+				const int32_t *mins = (const int32_t *)(pb + 128 * 64);
+				__m512i mi = _mm512_setzero_si512();
+#pragma GCC unroll 8
+				for (int j = 0; j < 8; j++) {
+					int32_t bs;
+					memcpy(&bs, ap + 260 + 4 * j, 4);
+					mi = _mm512_dpwssd_epi32(mi, _mm512_loadu_si512(mins + 16 * j), _mm512_set1_epi32(bs));
+				}
+				const __m512 dm = _mm512_mul_ps(_mm512_loadu_ps(pb + 128 * 64 + 8 * 64 + 64), da);
+				sumf[r] = _mm512_fnmadd_ps(dm, _mm512_cvtepi32_ps(mi), sumf[r]);
+			}
+		}
+	}
+#pragma GCC unroll 2
+	for (int r = 0; r < R; r++) {
+		__m512 f = sumf[r];
+#pragma GCC unroll 8
+		for (int l = 0; l < 8; l++)
+			f = _mm512_add_ps(f, sums[r][l]);
+		_mm512_mask_storeu_ps(out + r * ldo, (__mmask16)((1u << nc) - 1), f);
+	}
+}
+
+// qp_linear is ql_linear through packed tiles; it returns 0 (and computes
+// nothing) when its scratch cannot be allocated.
+QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const uint8_t *w, int64_t m, int64_t k,
+                 int64_t ncols) {
+	const int k32 = qt == DI_Q8_0 || qt == DI_Q4_0;
+	const int64_t nb = k / (k32 ? 32 : 256);
+	const int64_t bb = qt == DI_Q8_0 ? 34 : qt == DI_Q4_0 ? 18 : qt == DI_Q4_K ? 144 : qt == DI_Q5_K ? 176 : 210;
+	const int64_t rb = nb * bb, ab = k32 ? nb * 34 : nb * 292;
+	uint8_t *pk = malloc((size_t)nb * (k32 ? QP32_BYTES : QPK_BYTES));
+	int32_t *side = malloc((size_t)m * nb * (k32 ? 1 : 128) * sizeof(int32_t)); // block sums, or pairs
+	if (!pk || !side) {
+		free(pk);
+		free(side);
+		return 0;
+	}
+	for (int64_t i = 0; i < m; i++) {
+		if (k32) {
+			for (int64_t b = 0; b < nb; b++) {
+				int32_t s = 0;
+				for (int t = 0; t < 32; t++)
+					s += (int8_t)a[i * ab + b * 34 + 2 + t];
+				side[i * nb + b] = s;
+			}
+		} else {
+			qp_pairs(a + i * ab, nb, side + i * nb * 128);
+		}
+	}
+	for (int64_t j = 0; j < ncols; j += 16) {
+		const int nc = ncols - j < 16 ? (int)(ncols - j) : 16;
+		int64_t i = 0;
+		if (k32) {
+			qp_pack32(qt, w + j * rb, rb, nb, nc, pk);
+			for (; i + 4 <= m; i += 4)
+				qp_rows32(qt, 4, pk, nb, a + i * ab, ab, side + i * nb, out + i * ldo + j, ldo, nc);
+			for (; i < m; i++)
+				qp_rows32(qt, 1, pk, nb, a + i * ab, ab, side + i * nb, out + i * ldo + j, ldo, nc);
+		} else {
+			qp_packk(qt, w + j * rb, rb, nb, nc, pk);
+			for (; i + 2 <= m; i += 2)
+				qp_rowsk(qt, 2, pk, nb, a + i * ab, ab, side + i * nb * 128, out + i * ldo + j, ldo, nc);
+			for (; i < m; i++)
+				qp_rowsk(qt, 1, pk, nb, a + i * ab, ab, side + i * nb * 128, out + i * ldo + j, ldo, nc);
+		}
+	}
+	free(pk);
+	free(side);
+	return 1;
+}
+#endif
+
+// ql_linear: out[i*ldo + j] = the block dot product of activation row i
+// (a + i*ab) with weight row j (w + j*rb), i in [0, m), j in [0, ncols).
+// Weight tiles outside, activation rows inside: a tile's weights stay in
+// L1 while the rows stream past them.
+QL void ql_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const uint8_t *w, int64_t m, int64_t k,
+                  int64_t ncols) {
+#if QVNNI
+	if (m >= QL_PACK_ROWS && qp_linear(qt, out, ldo, a, w, m, k, ncols))
+		return;
+#endif
+	const int bs = qt == DI_Q8_0 || qt == DI_Q4_0 ? 32 : 256;
+	const int64_t nb = k / bs;
+	const int64_t bb = qt == DI_Q8_0 ? 34 : qt == DI_Q4_0 ? 18 : qt == DI_Q4_K ? 144 : qt == DI_Q5_K ? 176 : 210;
+	const int64_t rb = nb * bb, ab = bs == 32 ? nb * 34 : nb * 292;
+	const int k32 = bs == 32;
+	const int NC = k32 ? 8 : (m >= 4 ? QL_KCOLS_PREFILL : 4);
+	const int64_t step = k32 ? 8 : 4 * NC; // weight rows per outer step
+	for (int64_t j0 = 0; j0 < ncols; j0 += step) {
+		const int64_t cols = ncols - j0 < step ? ncols - j0 : step;
+		const uint8_t *wj = w + j0 * rb;
+		float *oj = out + j0;
+		int64_t i = 0;
+		if (k32) {
+			for (; i + 4 <= m; i += 4)
+				ql_cols(qt, 4, 8, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols);
+			switch (m - i) {
+			case 3: ql_cols(qt, 3, 8, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols); break;
+			case 2: ql_cols(qt, 2, 8, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols); break;
+			case 1: ql_cols(qt, 1, 8, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols); break;
+			}
+		} else if (m >= 4) {
+			for (; i + 4 <= m; i += 4)
+				ql_cols(qt, 4, QL_KCOLS_PREFILL, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols);
+			for (; i < m; i++)
+				ql_cols(qt, 1, QL_KCOLS_PREFILL, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols);
+		} else {
+			for (; i < m; i++)
+				ql_cols(qt, 1, 4, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols);
+		}
+	}
+}
+
+#define QL_ENTRY(name)                                                                                                \
+	QTARGET void name(int qtype, float *out, int64_t ldo, const uint8_t *a, const uint8_t *w, int64_t m, int64_t k,  \
+	                  int64_t ncols) {                                                                              \
+		switch (qtype) {                                                                                        \
+		case DI_Q8_0: ql_linear(DI_Q8_0, out, ldo, a, w, m, k, ncols); break;                                     \
+		case DI_Q4_0: ql_linear(DI_Q4_0, out, ldo, a, w, m, k, ncols); break;                                     \
+		case DI_Q4_K: ql_linear(DI_Q4_K, out, ldo, a, w, m, k, ncols); break;                                     \
+		case DI_Q5_K: ql_linear(DI_Q5_K, out, ldo, a, w, m, k, ncols); break;                                     \
+		case DI_Q6_K: ql_linear(DI_Q6_K, out, ldo, a, w, m, k, ncols); break;                                     \
+		}                                                                                                       \
+	}

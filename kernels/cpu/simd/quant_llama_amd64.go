@@ -1,0 +1,53 @@
+//go:build amd64 && cgo
+
+package simd
+
+/*
+#include "quant_amd64.h"
+*/
+import "C"
+
+import (
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
+
+func init() {
+	avx2 := func(qtype C.int, out *C.float, ldo C.int64_t, a, w *C.uint8_t, m, k, ncols C.int64_t) {
+		C.di_linear_qllama_avx2(qtype, out, ldo, a, w, m, k, ncols)
+	}
+	vnni := func(qtype C.int, out *C.float, ldo C.int64_t, a, w *C.uint8_t, m, k, ncols C.int64_t) {
+		C.di_linear_qllama_vnni(qtype, out, ldo, a, w, m, k, ncols)
+	}
+	for _, p := range available {
+		var f func(qtype C.int, out *C.float, ldo C.int64_t, a, w *C.uint8_t, m, k, ncols C.int64_t)
+		switch p.name {
+		case "avx2":
+			f = avx2
+		case "avx512":
+			// Every AVX-512 CPU has AVX2; VNNI only changes how the exact
+			// integer sums are formed, never a result.
+			f = avx2
+			if cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL && cpu.X86.HasAVX2 {
+				f = vnni
+			}
+		default:
+			continue
+		}
+		if p.name == "avx512" {
+			nativeLinear16Llama[p.name] = func(out []float32, ldo int, x, w []uint16, bf16 bool, m, k, ncols int) bool {
+				b := C.int(0)
+				if bf16 {
+					b = 1
+				}
+				return C.di_linear16_llama_avx512(b, fptr(out), C.int64_t(ldo), u16ptr(x), u16ptr(w),
+					C.int64_t(m), C.int64_t(k), C.int64_t(ncols)) != 0
+			}
+		}
+		nativeQuantLlama[p.name] = func(out []float32, ldo int, a, w []byte, t QuantType, m, k, ncols int) {
+			f(C.int(t), fptr(out), C.int64_t(ldo), (*C.uint8_t)(unsafe.Pointer(unsafe.SliceData(a))),
+				(*C.uint8_t)(unsafe.Pointer(unsafe.SliceData(w))), C.int64_t(m), C.int64_t(k), C.int64_t(ncols))
+		}
+	}
+}

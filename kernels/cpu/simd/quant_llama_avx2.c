@@ -1,0 +1,11 @@
+//go:build cgo
+
+// LinearQuantLlama for AVX2 + FMA + F16C: int8 products with vpmaddubsw and
+// vpmaddwd.
+
+#define QTARGET __attribute__((target("avx2,fma,f16c")))
+#define QVNNI 0
+#define QL_KCOLS_PREFILL 2
+#include "quant_llama.h"
+
+QL_ENTRY(di_linear_qllama_avx2)

@@ -1,0 +1,126 @@
+package simd
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/deepinfer/deepinfer-go/kernels/cpu/pool"
+)
+
+// BenchmarkQuantLlamaGEMV measures LinearQuantLlama (activations quantized
+// as llama.cpp quantizes them, integer block dot products) on decode
+// shapes with weights rotating through 512 MiB, against the bandwidths
+// measured right before on the same pool, as BenchmarkQuantGEMV does:
+//
+//	go test -run XXX -bench QuantLlamaGEMV -benchtime 200x ./kernels/cpu/simd
+func BenchmarkQuantLlamaGEMV(b *testing.B) {
+	p := pool.New(*benchWorkers)
+	defer p.Close()
+	roof := newRoofline(p)
+	r := rand.New(rand.NewPCG(5, 6))
+	impl := benchImpl(b)
+	for _, typ := range QuantTypes {
+		for _, sh := range gemvShapes {
+			rb, err := typ.RowBytes(sh.k)
+			if err != nil {
+				continue
+			}
+			wbytes := sh.n * rb
+			numCopies := max(1, coldBytes/wbytes)
+			w0, _ := quantRows(typ, r, sh.n, sh.k)
+			ws := make([][]byte, numCopies)
+			for i := range ws {
+				ws[i] = append([]byte(nil), w0...)
+			}
+			for _, m := range []int{1, 4} {
+				b.Run(fmt.Sprintf("%s/%s/%s/m%d", impl, typ, sh.name, m), func(b *testing.B) {
+					ab, _ := ActRowBytes(typ, sh.k)
+					a := make([]byte, m*ab)
+					QuantizeActs(a, randVec(r, m*sh.k), typ, m, sh.k)
+					out := make([]float32, m*sh.n)
+					copyBW, readBW := roof.copyGBps(), roof.readGBps()
+					i := 0
+					win := newBestWindow(max(4, (1<<20)/wbytes))
+					for b.Loop() {
+						w := ws[i%numCopies]
+						i++
+						p.ForGrain(sh.n, 16, func(lo, hi int) {
+							impl.LinearQuantLlama(out, a, w, typ, m, sh.n, sh.k, lo, hi)
+						})
+						win.done()
+					}
+					best := float64(wbytes) / win.bestSec / 1e9
+					b.ReportMetric(float64(wbytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
+					b.ReportMetric(best, "best_GB/s")
+					b.ReportMetric(copyBW, "copy_GB/s")
+					b.ReportMetric(best/copyBW, "best_x_copy")
+					b.ReportMetric(best/readBW, "best_x_read")
+				})
+			}
+		}
+	}
+}
+
+// BenchmarkQuantLlamaGEMM runs LinearQuantLlama on a prefill-shaped product
+// (m = 512 activation rows against 3072 x 768 weights) over all cores;
+// GOP/s counts 2*m*n*k integer operations, tok/s the rows per second of
+// the best window:
+//
+//	go test -run XXX -bench QuantLlamaGEMM -benchtime 20x ./kernels/cpu/simd
+func BenchmarkQuantLlamaGEMM(b *testing.B) {
+	p := pool.New(*benchWorkers)
+	defer p.Close()
+	r := rand.New(rand.NewPCG(8, 9))
+	impl := benchImpl(b)
+	const m, n, k = 512, 3072, 768
+	out := make([]float32, m*n)
+	ops := 2 * float64(m*n*k)
+	for _, typ := range QuantTypes {
+		w, _ := quantRows(typ, r, n, k)
+		ab, _ := ActRowBytes(typ, k)
+		a := make([]byte, m*ab)
+		QuantizeActs(a, randVec(r, m*k), typ, m, k)
+		b.Run(fmt.Sprintf("%s/%s/m%d_%dx%d", impl, typ, m, n, k), func(b *testing.B) {
+			win := newBestWindow(1)
+			for b.Loop() {
+				p.ForGrain(n, 16, func(lo, hi int) { impl.LinearQuantLlama(out, a, w, typ, m, n, k, lo, hi) })
+				win.done()
+			}
+			b.ReportMetric(ops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GOP/s")
+			b.ReportMetric(ops/win.bestSec/1e9, "best_GOP/s")
+			b.ReportMetric(m/win.bestSec, "best_tok/s")
+		})
+	}
+}
+
+// BenchmarkLinear16Llama runs Linear16Llama (bfloat16 activations and
+// weights, llama.cpp's generic float64 order) on one core, weights hot in
+// the caches (768 x 768), for one activation row and for 64; GMAC/s counts
+// m*n*k products per second of the best window:
+//
+//	go test -run XXX -bench Linear16Llama -benchtime 40x ./kernels/cpu/simd
+func BenchmarkLinear16Llama(b *testing.B) {
+	r := rand.New(rand.NewPCG(3, 4))
+	impl := benchImpl(b)
+	const n, k = 768, 768
+	w := make([]uint16, n*k)
+	for i := range w {
+		w[i] = f32ToBF16(float32(r.NormFloat64()))
+	}
+	for _, m := range []int{1, 64} {
+		x := make([]uint16, m*k)
+		for i := range x {
+			x[i] = f32ToBF16(float32(r.NormFloat64()))
+		}
+		out := make([]float32, m*n)
+		b.Run(fmt.Sprintf("%s/m%d_%dx%d", impl, m, n, k), func(b *testing.B) {
+			win := newBestWindow(5)
+			for b.Loop() {
+				impl.Linear16Llama(out, x, w, true, m, n, k, 0, n)
+				win.done()
+			}
+			b.ReportMetric(float64(m*n*k)/win.bestSec/1e9, "best_GMAC/s")
+		})
+	}
+}
