@@ -51,6 +51,14 @@ import (
 //     attention chunks of 512 keys (cuda.decode_attention_chunk, the
 //     throughput setting): output and total tokens/s (goal > 30k output
 //     tok/s) and the device idle share between consecutive decode steps.
+//   - BenchmarkGPUEngineGptOss20BDecode: decode at batch 1 and 64 on the
+//     gpt-oss-20B shape cut to 4 of its 24 layers, experts stored as MXFP4,
+//     against the floor of the bytes the step reads as the backend holds the
+//     experts (gptOssStepBytes; the CUDA backend widens them to BF16), with
+//     the MXFP4 floor beside it.
+//   - BenchmarkGPUEngineGemma3Offline: nano-vllm's offline workload (as
+//     Qwen3's) on the Gemma-3-1B shape, its sliding-window layers in rings
+//     and, for comparison, in paged blocks.
 //
 // The device idle share is 1 - busy/span over pairs of consecutive decode
 // steps, from markers on the stream (stages.DeviceTimes): busy is a step's
@@ -308,7 +316,8 @@ func weightSpecs(cfg *weights.Config) ([]weightSpec, error) {
 // near 1, small vectors in [-0.01, 0.01]), filled once on all cores: a
 // 15.7B-parameter model costs one buffer of its largest matrix (420 MB for
 // DeepSeek-V2-Lite's embedding) and well under a second. Values repeat
-// across tensors, which changes nothing for timing.
+// across tensors, which changes nothing for timing. MXFP4 experts (gpt-oss)
+// share two more U8 buffers: random code bytes and scales of mxfp4Scale.
 func fastWeights(cfg *weights.Config) (models.MemWeights, error) {
 	specs, err := weightSpecs(cfg)
 	if err != nil {
@@ -345,7 +354,7 @@ func fastWeights(cfg *weights.Config) (models.MemWeights, error) {
 		's': fill(largest['s'], 3, func(r *rand.Rand) float32 { return float32(r.Float64()*2-1) * 0.01 }),
 	}
 	if n := largest['b']; n > 0 { // MXFP4 codes: random bytes
-		bufs['b'] = make([]byte, n)
+		buf := make([]byte, n)
 		parts := runtime.NumCPU()
 		var wg sync.WaitGroup
 		for p := range parts {
@@ -354,11 +363,12 @@ func fastWeights(cfg *weights.Config) (models.MemWeights, error) {
 				defer wg.Done()
 				r := rand.New(rand.NewPCG(5, uint64(p)))
 				for i := p * n / parts; i < (p+1)*n/parts; i++ {
-					bufs['b'][i] = byte(r.Uint32())
+					buf[i] = byte(r.Uint32())
 				}
 			}()
 		}
 		wg.Wait()
+		bufs['b'] = buf
 	}
 	if n := largest['e']; n > 0 {
 		bufs['e'] = slices.Repeat([]byte{mxfp4Scale}, n)
@@ -437,6 +447,7 @@ type engineOpts struct {
 	graphSizes          []int  // nil: graphBatchSizes(maxSeqs)
 	kvCache             string // cache.kv_cache_dtype ("": the config's)
 	decodeChunk         int    // cuda.decode_attention_chunk (0: the backend's)
+	slidingPaged        bool   // cache.sliding_window_paged
 }
 
 // startEngine starts the engine of configs/cuda.yaml on a model folder
@@ -478,6 +489,7 @@ func startEngine(b *testing.B, o engineOpts) *llm.LLM {
 	if o.kvCache != "" {
 		cfg.Cache.KVCacheDType = o.kvCache
 	}
+	cfg.Cache.SlidingWindowPaged = o.slidingPaged
 	cfg.Engine.MaxNumSeqs = o.maxSeqs
 	cfg.Engine.MaxNumBatchedTokens = max(o.maxBatched, o.maxSeqs)
 	cfg.Engine.MaxModelLen = o.maxModelLen
@@ -1191,5 +1203,428 @@ func TestEngineBenchFP8Checkpoint(t *testing.T) {
 	// 2 x 4096 x (2.451B - 209.7M head) = 18.36 TFLOP.
 	if got := prefillFLOPs(ds, 4096); math.Abs(got/1e12-18.36) > 0.005*18.36 {
 		t.Errorf("prefillFLOPs(deepseek-v2-lite, 4096) = %.3f TFLOP, want 18.36", got/1e12)
+	}
+}
+
+// gptOss20BConfig is openai/gpt-oss-20b's config.json as published (24
+// layers alternating 128-token windows and full attention, learned sinks,
+// 32 experts top-4 in MXFP4, YaRN).
+const gptOss20BConfig = `{
+  "architectures": ["GptOssForCausalLM"],
+  "attention_bias": true,
+  "attention_dropout": 0.0,
+  "eos_token_id": 200002,
+  "experts_per_token": 4,
+  "head_dim": 64,
+  "hidden_act": "silu",
+  "hidden_size": 2880,
+  "initial_context_length": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 2880,
+  "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+  "max_position_embeddings": 131072,
+  "model_type": "gpt_oss",
+  "num_attention_heads": 64,
+  "num_experts_per_tok": 4,
+  "num_hidden_layers": 24,
+  "num_key_value_heads": 8,
+  "num_local_experts": 32,
+  "output_router_logits": false,
+  "pad_token_id": 199999,
+  "quantization_config": {
+    "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+    "quant_method": "mxfp4"
+  },
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "factor": 32.0,
+    "original_max_position_embeddings": 4096,
+    "rope_type": "yarn",
+    "truncate": false
+  },
+  "rope_theta": 150000,
+  "router_aux_loss_coef": 0.9,
+  "sliding_window": 128,
+  "swiglu_limit": 7.0,
+  "tie_word_embeddings": false,
+  "transformers_version": "4.55.0.dev0",
+  "use_cache": true,
+  "vocab_size": 201088
+}`
+
+// gemma3_1BConfig is google/gemma-3-1b-it's config.json as published (26
+// layers, five of 512-token windows to every global one, tied embeddings
+// by Gemma3TextConfig's default).
+const gemma3_1BConfig = `{
+  "architectures": ["Gemma3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "attn_logit_softcapping": null,
+  "bos_token_id": 2,
+  "cache_implementation": "hybrid",
+  "eos_token_id": [1, 106],
+  "final_logit_softcapping": null,
+  "head_dim": 256,
+  "hidden_activation": "gelu_pytorch_tanh",
+  "hidden_size": 1152,
+  "initializer_range": 0.02,
+  "intermediate_size": 6912,
+  "max_position_embeddings": 32768,
+  "model_type": "gemma3_text",
+  "num_attention_heads": 4,
+  "num_hidden_layers": 26,
+  "num_key_value_heads": 1,
+  "pad_token_id": 0,
+  "query_pre_attn_scalar": 256,
+  "rms_norm_eps": 1e-06,
+  "rope_local_base_freq": 10000,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": 512,
+  "sliding_window_pattern": 6,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.50.0.dev0",
+  "use_cache": true,
+  "vocab_size": 262144
+}`
+
+// gptOssBenchLayers is how many of gpt-oss-20B's 24 layers the decode
+// benchmark builds (a sliding and a full one twice): the experts are
+// widened from MXFP4 at load on backends without MXFP4 kernels, on one
+// core, about 0.8G values a layer.
+const gptOssBenchLayers = 4
+
+// windowShapeConfig returns the config.json raw (a published config above)
+// cut to its first layers (0: all; layer_types cut to match) or, tiny, the
+// parity fixture's testdata/models/<fixture>/config.json.
+func windowShapeConfig(b testing.TB, raw string, layers int, fixture string, tiny bool) ([]byte, *weights.Config) {
+	b.Helper()
+	data := []byte(raw)
+	if tiny {
+		path := filepath.Join("..", "..", "testdata", "models", fixture, "config.json")
+		var err error
+		if data, err = os.ReadFile(path); err != nil {
+			b.Fatal(err)
+		}
+	} else if layers > 0 {
+		var obj map[string]json.RawMessage
+		var types []string
+		if err := json.Unmarshal(data, &obj); err != nil {
+			b.Fatal(err)
+		}
+		if t, ok := obj["layer_types"]; ok {
+			if err := json.Unmarshal(t, &types); err != nil || len(types) < layers {
+				b.Fatalf("layer_types %s: want at least %d (%v)", t, layers, err)
+			}
+			obj["layer_types"], _ = json.Marshal(types[:layers])
+		}
+		obj["num_hidden_layers"], _ = json.Marshal(layers)
+		var err error
+		if data, err = json.Marshal(obj); err != nil {
+			b.Fatal(err)
+		}
+	}
+	cfg, err := weights.ParseConfig(data)
+	if err != nil {
+		b.Fatalf("config of %s: %v", fixture, err)
+	}
+	return data, cfg
+}
+
+// mxfp4Bytes is the bytes an MXFP4 weight takes a parameter: half a byte
+// of code and its share of the E8M0 scale byte of its 32-value block.
+const mxfp4Bytes = 0.5 + 1.0/32
+
+// gptOssStepBytes is the weight bytes one decode step of batch sequences
+// reads on gpt-oss c when its experts take expertBytes a parameter (2 as
+// BF16, mxfp4Bytes as MXFP4) and the rest is BF16:
+//
+//	per layer: attention q, k, v, o + router + U(B) experts' gate, up and
+//	  down (3 x hidden x intermediate each), U(B) as in activeWeightBytes
+//	  (top_k for one token, E (1 - (1 - top_k/E)^B) for B)
+//	+ LM head
+//
+// Biases, sinks, norms and the gathered embedding rows are left out (under
+// 0.1%). It returns the bytes and U(B).
+func gptOssStepBytes(c *weights.Config, batch int, expertBytes float64) (bytes, experts float64) {
+	h := float64(c.HiddenSize)
+	qd, kvd := float64(c.NumAttentionHeads*c.HeadDim), float64(c.NumKeyValueHeads*c.HeadDim)
+	e, k := float64(c.NRoutedExperts), float64(c.NumExpertsPerTok)
+	experts = k
+	if batch > 1 {
+		experts = e * (1 - math.Pow(1-k/e, float64(batch)))
+	}
+	dense := float64(c.VocabSize)*h + float64(c.NumHiddenLayers)*(h*(qd+2*kvd)+qd*h+e*h)
+	expert := 3 * h * float64(c.IntermediateSize)
+	return 2*dense + expertBytes*float64(c.NumHiddenLayers)*experts*expert, experts
+}
+
+// weightFormatOf names the dtypes model m keeps its weights in
+// (models.WeightFormat), or n/a.
+func weightFormatOf(m models.Model) string {
+	if f := models.WeightFormat(m); f != "" {
+		return f
+	}
+	return "n/a"
+}
+
+// BenchmarkGPUEngineGptOss20BDecode runs the gpt-oss-20B shape cut to its
+// first gptOssBenchLayers layers (random weights, experts as MXFP4 as the
+// official checkpoints ship them) through the engine of configs/cuda.yaml
+// (ZOS and CUDA graphs on): decode at batch 1 and 64 with 256 prompt
+// tokens and 128 generated (temperature 0.6, ignore_eos; the context runs
+// past the 128-token window, so the rings wrap), on one engine. Each line
+// gives tokens/s and the device forward pass against the floor of the
+// weight bytes the step reads over 4.2 TB/s (gptOssStepBytes) with the
+// experts as this backend holds them: the CUDA backend has no MXFP4
+// kernels and widens them to BF16 at load (its weight format says BF16),
+// so its floor counts two bytes an expert parameter; the line also gives
+// the floor MXFP4 experts would have. At 4 layers the LM head (1.16 GB) is
+// about half the bytes of a batch-1 step.
+func BenchmarkGPUEngineGptOss20BDecode(b *testing.B) {
+	tiny := engineMode(b)
+	raw, mcfg := windowShapeConfig(b, gptOss20BConfig, gptOssBenchLayers, filepath.Join("gpt-oss", "mxfp4"), tiny)
+	w, err := fastWeights(mcfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	name := fmt.Sprintf("gpt-oss-20b (%d of 24 layers)", mcfg.NumHiddenLayers)
+	batches, promptLen, newTokens := []int{1, 64}, 256, 128
+	if tiny {
+		name, batches, promptLen, newTokens = "gpt-oss-tiny(cpu)", []int{1, 4}, 16, 8
+	}
+	l := startEngine(b, engineOpts{zos: true, maxSeqs: batches[len(batches)-1], maxBatched: 8192, maxModelLen: promptLen + newTokens + 16,
+		tiny: tiny, name: name, raw: raw, cfg: mcfg, w: w})
+	defer l.Close()
+	format := weightFormatOf(l.Model())
+	for _, batch := range batches {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			for range b.N {
+				f := decodeRun(b, l, batch, promptLen, newTokens, uint64(batch))
+				bf16, experts := gptOssStepBytes(mcfg, batch, 2)
+				mx, _ := gptOssStepBytes(mcfg, batch, mxfp4Bytes)
+				read, readAs := bf16, "experts BF16, widened from MXFP4 at load"
+				if strings.Contains(format, "MXFP4") {
+					read, readAs = mx, "experts MXFP4"
+				}
+				floor := time.Duration(read / copyBandwidth * float64(time.Second))
+				mxFloor := time.Duration(mx / copyBandwidth * float64(time.Second))
+				tokS := float64(batch) / f.tpot.Seconds()
+				d := f.dev.Decode
+				b.ReportMetric(tokS, "tok/s")
+				b.ReportMetric(millis(f.tpot), "tpot-ms")
+				ratio := "n/a"
+				if d.N > 0 {
+					ratio = fmt.Sprintf("%.2fx", float64(d.MeanBusy())/float64(floor))
+					b.ReportMetric(millis(d.MeanBusy()), "fwd-ms")
+				}
+				b.Logf("engine | %s decode batch %d, context %d+%d, ZOS on | %.0f tok/s (TPOT %.3f ms) | device step %.3f ms, forward %.3f ms = %s the floor %.3f ms (%.2f GB read a step, %s, %.1f experts a layer, / 4.2 TB/s) | with MXFP4 experts the floor would be %.3f ms (%.2f GB) | device idle between decode steps %s (%d pairs)%s | %d of %d steps on CUDA graphs | weights %s",
+					name, batch, promptLen, newTokens, tokS, millis(f.tpot), millis(d.MeanSpan()), millis(d.MeanBusy()), ratio,
+					millis(floor), read/1e9, readAs, experts, millis(mxFloor), mx/1e9, pct(d), d.N, timelineNote(f.dev),
+					f.graphSteps, f.steps, format)
+				logOpProfile(b, l.Backend())
+			}
+		})
+	}
+}
+
+// BenchmarkGPUEngineGemma3Offline runs nano-vllm's offline workload (as
+// BenchmarkGPUEngineOfflineQwen3: 256 requests, prompt and output lengths
+// uniform in 100..1024, all in flight, 16384 batched tokens) on the whole
+// Gemma-3-1B shape (random weights) through the engine of configs/cuda.yaml
+// (ZOS and CUDA graphs on), each variant on a fresh engine: its
+// sliding-window layers in per-sequence rings of 512 tokens (the default),
+// then in paged blocks of the whole context (cache.sliding_window_paged,
+// the debug switch). Each line gives output and total tokens/s, the device
+// idle share between decode steps, the steps on graphs and the KV bytes of
+// a sequence of the longest length.
+func BenchmarkGPUEngineGemma3Offline(b *testing.B) {
+	tiny := engineMode(b)
+	raw, mcfg := windowShapeConfig(b, gemma3_1BConfig, 0, "gemma3/f32", tiny)
+	w, err := fastWeights(mcfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	opts := bench.DefaultOffline()
+	maxSeqs, maxBatched := 256, 16384
+	name := "gemma-3-1b"
+	if tiny {
+		opts.NumSeqs, opts.MinInputLen, opts.MaxInputLen, opts.MinOutputLen, opts.MaxOutputLen = 8, 8, 32, 4, 16
+		maxSeqs, maxBatched, name = 8, 256, "gemma3-tiny(cpu)"
+	}
+	if v := os.Getenv(engineBenchEnv + "_SEQS"); v != "" {
+		if opts.NumSeqs, err = strconv.Atoi(v); err != nil || opts.NumSeqs < 1 {
+			b.Fatalf("%s_SEQS=%q: want a positive count", engineBenchEnv, v)
+		}
+	}
+	maxLen := opts.MaxInputLen + opts.MaxOutputLen
+	for _, paged := range []bool{false, true} {
+		sub, where := "sliding=ring", "rings"
+		if paged {
+			sub, where = "sliding=paged", "paged blocks (sliding_window_paged)"
+		}
+		b.Run(sub, func(b *testing.B) {
+			for range b.N {
+				b.StopTimer()
+				l := startEngine(b, engineOpts{zos: true, maxSeqs: maxSeqs, maxBatched: maxBatched, maxModelLen: maxLen,
+					tiny: tiny, name: name, raw: raw, cfg: mcfg, w: w, slidingPaged: paged})
+				b.StartTimer()
+				spec := l.Model().KVCacheSpec()
+				st := l.StepStats()
+				before, steps0, graphs0 := st.DeviceTimes(), st.Steps.Load(), st.GraphSteps.Load()
+				r, err := bench.RunOffline(context.Background(), l, opts)
+				if err != nil {
+					b.Fatal(err)
+				}
+				flushTimeline(b, l)
+				logOpProfile(b, l.Backend())
+				dev := l.StepStats().DeviceTimes().Sub(before)
+				if r.Failed > 0 {
+					b.Errorf("%d of %d requests failed", r.Failed, r.NumRequests)
+				}
+				if !paged && spec.RingLayers == 0 {
+					b.Errorf("no ring layers in the cache of %s (%+v)", name, spec)
+				}
+				b.ReportMetric(r.OutputThroughput, "out-tok/s")
+				b.ReportMetric(r.TotalThroughput, "total-tok/s")
+				if f, ok := dev.Decode.IdleFraction(); ok {
+					b.ReportMetric(100*f, "decode-idle-%")
+				}
+				b.Logf("engine | %s offline %d requests, ZOS on, sliding-window layers in %s | output %.0f tok/s, total %.0f tok/s (%d in + %d out tokens in %.2f s) | device idle between decode steps %s of %.3f ms/step (%d pairs), all steps %s%s | %d of %d steps on CUDA graphs | KV of a %d-token sequence %.1f MB (%d paged layers, %d ring layers of %d tokens, %v)",
+					name, r.NumRequests, where, r.OutputThroughput, r.TotalThroughput, r.TotalInputTokens, r.TotalOutputTokens, r.DurationSeconds,
+					pct(dev.Decode), millis(dev.Decode.MeanSpan()), dev.Decode.N, pct(dev.All), timelineNote(dev),
+					st.GraphSteps.Load()-graphs0, st.Steps.Load()-steps0,
+					maxLen, float64(spec.BytesPerSequence(maxLen, l.Config().Cache.BlockSize))/1e6, spec.NumLayers, spec.RingLayers, spec.RingWindow, spec.DType)
+				b.StopTimer()
+				l.Close()
+				b.StartTimer()
+			}
+		})
+	}
+}
+
+// The in-memory weights of the Gemma 3 and gpt-oss benchmarks name, shape
+// and type every tensor as the parity fixtures' checkpoints do (the MXFP4
+// experts U8, the rest BF16 where the fixtures store F32), and build each
+// model on the CPU backend.
+func TestEngineBenchWindowWeights(t *testing.T) {
+	c := cpu.New(cpu.Options{Threads: 2})
+	defer c.Close()
+	for _, fixture := range []string{"gemma3/f32", "gpt-oss/mxfp4"} {
+		t.Run(fixture, func(t *testing.T) {
+			dir := filepath.Join("..", "..", "testdata", "models", fixture)
+			_, cfg := windowShapeConfig(t, "", 0, fixture, true)
+			ck, err := weights.Open(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ck.Close()
+			got, err := fastWeights(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(ck.Names()) {
+				t.Errorf("%d tensors, the fixture has %d", len(got), len(ck.Names()))
+			}
+			for _, n := range ck.Names() {
+				wt, err := ck.Tensor(n)
+				if err != nil {
+					t.Fatal(err)
+				}
+				gt, ok := got[n]
+				want := weights.BF16
+				if wt.DType == weights.U8 {
+					want = weights.U8
+				}
+				switch {
+				case !ok:
+					t.Errorf("tensor %s missing", n)
+				case !slices.Equal(gt.Shape, wt.Shape) || gt.DType != want || len(gt.Data) != len(wt.Data)/wt.DType.Size()*want.Size():
+					t.Errorf("tensor %s: %v %v (%d bytes), want %v %v", n, gt.DType, gt.Shape, len(gt.Data), want, wt.Shape)
+				}
+			}
+			m, err := models.Builtin().New(c, cfg, got, models.Options{MaxModelLen: 64})
+			if err != nil {
+				t.Fatalf("building the model from the bench weights: %v", err)
+			}
+			if spec := m.KVCacheSpec(); spec.RingLayers == 0 || spec.RingWindow != cfg.SlidingWindow {
+				t.Errorf("KV cache %+v: want ring layers of window %d", spec, cfg.SlidingWindow)
+			}
+		})
+	}
+	// The real shapes parse as published, cut as asked.
+	_, g := windowShapeConfig(t, gemma3_1BConfig, 0, "gemma3", false)
+	_, o := windowShapeConfig(t, gptOss20BConfig, 4, "gpt-oss", false)
+	if g.HiddenSize != 1152 || g.NumHiddenLayers != 26 || g.HeadDim != 256 || g.SlidingWindow != 512 || g.VocabSize != 262144 {
+		t.Errorf("gemma-3-1b config parsed as %+v", g)
+	}
+	if o.NumHiddenLayers != 4 || len(o.LayerTypes) != 4 || o.NRoutedExperts != 32 || o.NumExpertsPerTok != 4 ||
+		o.SlidingWindow != 128 || o.Quantization.Method != "mxfp4" {
+		t.Errorf("gpt-oss-20b config cut to 4 layers parsed as %+v", o)
+	}
+	// Their tensors hold the published models' parameter counts (MXFP4
+	// blocks two values a byte, scales not counted).
+	_, o24 := windowShapeConfig(t, gptOss20BConfig, 0, "gpt-oss", false)
+	for _, tc := range []struct {
+		name string
+		cfg  *weights.Config
+		want int
+	}{{"gemma-3-1b", g, 999_885_952}, {"gpt-oss-20b", o24, 20_914_757_184}} {
+		specs, err := weightSpecs(tc.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total := 0
+		for _, s := range specs {
+			n := 1
+			for _, d := range s.shape {
+				n *= d
+			}
+			switch s.kind {
+			case 'b':
+				n *= 2
+			case 'e':
+				n = 0
+			}
+			total += n
+		}
+		if total != tc.want {
+			t.Errorf("%s: %d parameters, want %d", tc.name, total, tc.want)
+		}
+	}
+}
+
+// The gpt-oss floor's formula on gpt-oss-20B: 1.218B dense parameters at 24
+// layers (LM head 579.1M + 24 x (26.54M attention + 92k router)), 24.88M an
+// expert; at batch 1 with all 24 layers, 3.6B active parameters (the
+// published figure).
+func TestGptOssStepBytes(t *testing.T) {
+	_, full := windowShapeConfig(t, gptOss20BConfig, 0, "gpt-oss", false)
+	_, cut := windowShapeConfig(t, gptOss20BConfig, gptOssBenchLayers, "gpt-oss", false)
+	for _, tc := range []struct {
+		name               string
+		cfg                *weights.Config
+		batch              int
+		bf16, mxfp4, nexps float64 // GB, GB, experts; want, to 0.5%
+	}{
+		// 4 layers: 685.7M dense + 4 x 4 x 24.88M experts.
+		{"4 layers batch 1", cut, 1, 2.168, 1.583, 4},
+		// 32 x (1 - (28/32)^64) = 31.99 experts a layer.
+		{"4 layers batch 64", cut, 64, 7.740, 3.063, 31.99},
+		{"24 layers batch 1", full, 1, 7.214, 3.706, 4},
+		{"24 layers batch 64", full, 64, 40.65, 12.59, 31.99},
+	} {
+		bf16, n := gptOssStepBytes(tc.cfg, tc.batch, 2)
+		mx, _ := gptOssStepBytes(tc.cfg, tc.batch, mxfp4Bytes)
+		if math.Abs(bf16/1e9-tc.bf16) > 0.005*tc.bf16 || math.Abs(mx/1e9-tc.mxfp4) > 0.005*tc.mxfp4 || math.Abs(n-tc.nexps) > 0.005*tc.nexps {
+			t.Errorf("%s: BF16 %.3f GB, MXFP4 %.3f GB, %.2f experts; want %.3f, %.3f, %.2f", tc.name, bf16/1e9, mx/1e9, n, tc.bf16, tc.mxfp4, tc.nexps)
+		}
 	}
 }

@@ -71,7 +71,13 @@
 #           graphs, sinks and the ops against the CPU backend, the tiny
 #           Gemma 3 and gpt-oss fixtures' greedy tokens against the CPU
 #           backend, rings and paged) and deepinfer bench --mode memory
-#           (KV bytes a sequence, rings vs paged, 8k sequences per H200).
+#           (KV bytes a sequence, rings vs paged, 8k sequences per H200);
+#           then SWA_BENCH (default GPUEngine(GptOss|Gemma3), within
+#           SWA_BENCH_TIMEOUT, default 150 s) once: gpt-oss-20B-shaped
+#           decode (4 of 24 layers) at batch 1 and 64 against its weight
+#           floor (experts as the backend holds them, and the MXFP4
+#           floor), Gemma-3-1B offline throughput on nano-vllm's workload,
+#           rings and paged (kernels/cuda/bench_engine_gpu_test.go).
 #   fp8     FP8 block-scaled weights: the GPU tests TestGPUFP8 (GEMV and
 #           GEMM against the CPU backend with their stated bounds, batch
 #           invariance, MoE device and host paths, graph replay),
@@ -256,7 +262,14 @@ phase_swa() {
 	if [[ -x $dir/deepinfer ]]; then
 		"$dir/deepinfer" bench --mode memory >"$logs/swa_memory.txt" 2>&1
 	fi
-	status[swa]="rc=$rc pass=$(grep -c -- '^--- PASS' "$logs/swa.log") fail=$(grep -c -- '^--- FAIL' "$logs/swa.log")"
+	local rcb=skipped
+	t=$(limit "${SWA_BENCH_TIMEOUT:-150}")
+	if ((t > 0)); then
+		(cd kernels/cuda && timeout "$t" "$root/$dir/cuda.test" -test.run XXX -test.bench "${SWA_BENCH:-GPUEngine(GptOss|Gemma3)}" \
+			-test.benchtime 1x -test.v -test.timeout "${t}s") >>"$logs/swa.log" 2>&1
+		rcb=$?
+	fi
+	status[swa]="rc=$rc pass=$(grep -c -- '^--- PASS' "$logs/swa.log") fail=$(grep -c -- '^--- FAIL' "$logs/swa.log"), bench rc=$rcb, $(grep -c 'engine |' "$logs/swa.log") figures"
 }
 
 phase_fp8() {
@@ -706,6 +719,8 @@ if [[ -f $logs/swa.log ]]; then
 	echo "-- sliding-window rings, sinks, Gemma 3 and gpt-oss (swa)"
 	grep -E -- '--- FAIL|max relative error|greedy tokens equal|worst prefill' "$logs/swa.log" | strip | awk '!seen[$0]++' | cut -c1-200 | head -40
 	[[ -f $logs/swa_memory.txt ]] && cat "$logs/swa_memory.txt"
+	grep -h 'engine |' "$logs/swa.log" | sed 's/^.*engine |/engine |/' | awk '!seen[$0]++'
+	grep -h ': engine up on' "$logs/swa.log" | strip | cut -c1-160
 fi
 if [[ -f $logs/gen_cuda.txt ]]; then
 	echo "-- end to end (deepinfer generate, default model, 48 tokens)"
