@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"math"
 	"reflect"
 )
 
@@ -179,6 +180,24 @@ func MoEShapes(backend string, out, x, ids, weights, gateUp, down Tensor) (d MoE
 	}
 	err = CheckShape(backend, op, "out", out, []int{d.T, d.Hidden}, F32)
 	return
+}
+
+// ClampedSwiGLUShapes checks the arguments that BiasedMoEer's
+// MoEClampedSwiGLU adds to MoE's, given d, the sizes of its MoE arguments
+// (MoEShapes or MXFP4MoEShapes): gateUpBias F32 [experts, 2*inter],
+// downBias F32 [experts, hidden], p.Limit finite and > 0, p.Alpha not NaN.
+func ClampedSwiGLUShapes(backend string, d MoEDims, gateUpBias, downBias Tensor, p ClampedSwiGLU) error {
+	const op = "moe_clamped_swiglu"
+	if err := CheckShape(backend, op, "gate_up_bias", gateUpBias, []int{d.NumExperts, 2 * d.Inter}, F32); err != nil {
+		return err
+	}
+	if err := CheckShape(backend, op, "down_bias", downBias, []int{d.NumExperts, d.Hidden}, F32); err != nil {
+		return err
+	}
+	if !(p.Limit > 0) || math.IsInf(float64(p.Limit), 0) || math.IsNaN(float64(p.Alpha)) {
+		return fmt.Errorf("%s: %s: limit %g, alpha %g: %w", backend, op, p.Limit, p.Alpha, ErrShape)
+	}
+	return nil
 }
 
 // SplitShapes checks SplitColumns' arguments: x F32 [rows, width], at

@@ -3,6 +3,7 @@ package kernels
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 )
@@ -303,6 +304,28 @@ func TestMatmulShapes(t *testing.T) {
 
 		{name: "moe", call: moe(ten(BF16, 4, 10, 8), ten(BF16, 4, 8, 5)), sizes: []int{4, 5}},
 		{name: "moe down of another dtype", call: moe(ten(BF16, 4, 10, 8), ten(F16, 4, 8, 5)), is: ErrDType, want: "moe: down"},
+	})
+}
+
+// TestClampedSwiGLUShapes: the biases and the activation's parameters that
+// MoEClampedSwiGLU adds to MoE's arguments.
+func TestClampedSwiGLUShapes(t *testing.T) {
+	const be = "be"
+	d := MoEDims{T: 2, Hidden: 8, NumExperts: 4, Inter: 5, TopK: 3}
+	good := ClampedSwiGLU{Limit: 7, Alpha: 1.702}
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	call := func(gub, dnb Tensor, p ClampedSwiGLU) func() ([]int, error) {
+		return func() ([]int, error) { return nil, ClampedSwiGLUShapes(be, d, gub, dnb, p) }
+	}
+	runShapeCases(t, []shapeCase{
+		{name: "good", call: call(ten(F32, 4, 10), ten(F32, 4, 8), good)},
+		{name: "gate_up_bias shape", call: call(ten(F32, 4, 5), ten(F32, 4, 8), good), is: ErrShape, want: "moe_clamped_swiglu: gate_up_bias"},
+		{name: "gate_up_bias dtype", call: call(ten(BF16, 4, 10), ten(F32, 4, 8), good), is: ErrDType, want: "gate_up_bias"},
+		{name: "down_bias shape", call: call(ten(F32, 4, 10), ten(F32, 3, 8), good), is: ErrShape, want: "down_bias"},
+		{name: "limit zero", call: call(ten(F32, 4, 10), ten(F32, 4, 8), ClampedSwiGLU{Alpha: 1}), is: ErrShape, want: "limit 0"},
+		{name: "limit NaN", call: call(ten(F32, 4, 10), ten(F32, 4, 8), ClampedSwiGLU{Limit: nan, Alpha: 1}), is: ErrShape, want: "limit NaN"},
+		{name: "limit infinite", call: call(ten(F32, 4, 10), ten(F32, 4, 8), ClampedSwiGLU{Limit: inf, Alpha: 1}), is: ErrShape, want: "limit +Inf"},
+		{name: "alpha NaN", call: call(ten(F32, 4, 10), ten(F32, 4, 8), ClampedSwiGLU{Limit: 7, Alpha: nan}), is: ErrShape, want: "alpha NaN"},
 	})
 }
 

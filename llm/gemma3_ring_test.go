@@ -135,24 +135,14 @@ func TestGemma3RingSameAsPaged(t *testing.T) {
 				if paged != (spec.RingLayers == 0) || (!paged && (spec.RingLayers != 3 || spec.NumLayers != 1)) {
 					t.Errorf("%s: cache spec %+v", name, spec)
 				}
-				if st.NumFreeBlocks != st.NumBlocks || st.NumFreeStateSlots != st.NumStateSlots {
-					t.Errorf("%s: leaked: %d/%d blocks, %d/%d state slots free", name, st.NumFreeBlocks, st.NumBlocks, st.NumFreeStateSlots, st.NumStateSlots)
-				}
+				checkNoLeak(t, name, st)
 				if small && !paged && st.NumPreemptions > 0 {
 					preempted = true
 				}
 				if len(got) != 12+3 {
 					t.Errorf("%s: %d outputs, want 15", name, len(got))
 				}
-				if want == nil {
-					want = got
-					continue
-				}
-				for k, v := range want {
-					if got[k] != v {
-						t.Errorf("%s: output %s: %s, want %s", name, k, got[k], v)
-					}
-				}
+				sameOutputs(t, name, &want, got)
 			}
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/config"
 )
 
@@ -73,21 +74,11 @@ func TestWindowModelsPrefixSpecZOS(t *testing.T) {
 						case (!prefix || !paged) && hits != 0:
 							t.Errorf("%s: %d prefix-cache hit tokens", name, hits)
 						}
-						if st.NumFreeBlocks != st.NumBlocks || st.NumFreeStateSlots != st.NumStateSlots {
-							t.Errorf("%s: leaked: %d/%d blocks, %d/%d state slots free", name, st.NumFreeBlocks, st.NumBlocks, st.NumFreeStateSlots, st.NumStateSlots)
-						}
+						checkNoLeak(t, name, st)
 						if len(got) != len(w.prompts)+numN2(w) {
 							t.Errorf("%s: %d outputs", name, len(got))
 						}
-						if want == nil {
-							want = got
-							continue
-						}
-						for k, v := range want {
-							if got[k] != v {
-								t.Errorf("%s: output %s: %s, want %s", name, k, got[k], v)
-							}
-						}
+						sameOutputs(t, name, &want, got)
 					}
 				}
 			}
@@ -124,6 +115,30 @@ func TestWindowModelsPrefixSpecZOS(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkNoLeak reports the blocks and state slots that st, the statistics
+// of a closed engine's scheduler, does not count as free.
+func checkNoLeak(t *testing.T, name string, st engine.SchedulerStats) {
+	t.Helper()
+	if st.NumFreeBlocks != st.NumBlocks || st.NumFreeStateSlots != st.NumStateSlots {
+		t.Errorf("%s: leaked: %d/%d blocks, %d/%d state slots free", name, st.NumFreeBlocks, st.NumBlocks, st.NumFreeStateSlots, st.NumStateSlots)
+	}
+}
+
+// sameOutputs sets *want to got on the first run of a comparison and on
+// later runs reports every output of *want that got differs in.
+func sameOutputs(t *testing.T, name string, want *map[string]string, got map[string]string) {
+	t.Helper()
+	if *want == nil {
+		*want = got
+		return
+	}
+	for k, v := range *want {
+		if got[k] != v {
+			t.Errorf("%s: output %s: %s, want %s", name, k, got[k], v)
+		}
 	}
 }
 
@@ -169,24 +184,14 @@ func TestGptOssRingSameAsPaged(t *testing.T) {
 				if paged != (spec.RingLayers == 0) || (!paged && (spec.RingLayers != 1 || spec.NumLayers != 1 || spec.RingWindow != 4)) {
 					t.Errorf("%s: cache spec %+v", name, spec)
 				}
-				if st.NumFreeBlocks != st.NumBlocks || st.NumFreeStateSlots != st.NumStateSlots {
-					t.Errorf("%s: leaked: %d/%d blocks, %d/%d state slots free", name, st.NumFreeBlocks, st.NumBlocks, st.NumFreeStateSlots, st.NumStateSlots)
-				}
+				checkNoLeak(t, name, st)
 				if small && !paged && st.NumPreemptions > 0 {
 					preempted = true
 				}
 				if len(got) != len(w.prompts)+numN2(w) {
 					t.Errorf("%s: %d outputs", name, len(got))
 				}
-				if want == nil {
-					want = got
-					continue
-				}
-				for k, v := range want {
-					if got[k] != v {
-						t.Errorf("%s: output %s: %s, want %s", name, k, got[k], v)
-					}
-				}
+				sameOutputs(t, name, &want, got)
 			}
 		}
 	}

@@ -74,10 +74,19 @@ func checkGGUFModel(t *testing.T, ops kernels.Ops, path string, want Model, ids 
 	if err != nil {
 		t.Fatal(err)
 	}
+	sameGGUFLogits(t, "", got, want, ids)
+	return got
+}
+
+// sameGGUFLogits checks that got (loaded from GGUF) gives want's logits
+// bit for bit: on the prefill of ids (at least 8), then on three decode
+// steps after a cached prefix of 5; what prefixes the failure message.
+func sameGGUFLogits(t *testing.T, what string, got, want Model, ids []int32) {
+	t.Helper()
 	g, h := promptLogits(t, got, ids), promptLogits(t, want, ids)
 	for p := range ids {
 		if !sameBits(g[p], h[p]) {
-			t.Fatalf("prefill position %d: logits from GGUF differ (first: %v vs %v)", p, g[p][:4], h[p][:4])
+			t.Fatalf("%sprefill position %d: logits from GGUF differ from the model of its weights (first: %v vs %v)", what, p, g[p][:4], h[p][:4])
 		}
 	}
 	cg, _ := got.NewKVCache(16, 4)
@@ -89,10 +98,9 @@ func checkGGUFModel(t *testing.T, ops kernels.Ops, path string, want Model, ids 
 		a, _ := step(t, got, cg, seqStep{ids[i : i+1], i, table[:i/4+1]})
 		b, _ := step(t, want, ch, seqStep{ids[i : i+1], i, table[:i/4+1]})
 		if !sameBits(a[0], b[0]) {
-			t.Fatalf("decode position %d: logits from GGUF differ", i)
+			t.Fatalf("%sdecode position %d: logits from GGUF differ", what, i)
 		}
 	}
-	return got
 }
 
 // maxRelDiff is max|a-b| / max|b| over every position.

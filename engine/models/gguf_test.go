@@ -211,25 +211,7 @@ func TestGGUFLoad(t *testing.T) {
 						t.Errorf("WeightFormat = %q, want %q", f, want)
 					}
 					ids := randomIDs(r, 11, cfg.VocabSize)
-					got, want := promptLogits(t, mg, ids), promptLogits(t, mh, ids)
-					for p := range ids {
-						if !sameBits(got[p], want[p]) {
-							t.Fatalf("threads %d, prefill position %d: logits from GGUF differ from the model of its weights", threads, p)
-						}
-					}
-					// Decode: one row at a time after a cached prefix.
-					cg, _ := mg.NewKVCache(16, 4)
-					ch, _ := mh.NewKVCache(16, 4)
-					table := []int32{2, 0, 3, 1}
-					step(t, mg, cg, seqStep{ids[:5], 0, table[:2]})
-					step(t, mh, ch, seqStep{ids[:5], 0, table[:2]})
-					for i := 5; i < 8; i++ {
-						g, _ := step(t, mg, cg, seqStep{ids[i : i+1], i, table[:i/4+1]})
-						h, _ := step(t, mh, ch, seqStep{ids[i : i+1], i, table[:i/4+1]})
-						if !sameBits(g[0], h[0]) {
-							t.Fatalf("threads %d, decode position %d: logits from GGUF differ", threads, i)
-						}
-					}
+					sameGGUFLogits(t, fmt.Sprintf("threads %d, ", threads), mg, mh, ids)
 				}
 			})
 		}

@@ -1,7 +1,6 @@
 package cpu
 
 import (
-	"fmt"
 	"math"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
@@ -36,14 +35,8 @@ func (b *Backend) MoEClampedSwiGLU(out, x, ids, weights, gateUp, gateUpBias, dow
 		return err
 	}
 	t, hidden, numExperts, inter, topK := d.T, d.Hidden, d.NumExperts, d.Inter, d.TopK
-	if err := kernels.CheckShape("cpu", op, "gate_up_bias", gub, []int{numExperts, 2 * inter}, kernels.F32); err != nil {
+	if err := kernels.ClampedSwiGLUShapes("cpu", d, gub, dnb, p); err != nil {
 		return err
-	}
-	if err := kernels.CheckShape("cpu", op, "down_bias", dnb, []int{numExperts, hidden}, kernels.F32); err != nil {
-		return err
-	}
-	if !(p.Limit > 0) || math.IsInf(float64(p.Limit), 0) || math.IsNaN(float64(p.Alpha)) {
-		return fmt.Errorf("cpu: %s: limit %g, alpha %g: %w", op, p.Limit, p.Alpha, kernels.ErrShape)
 	}
 	byExpert, err := groupByExpert(op, is.i32, numExperts, topK)
 	if err != nil {

@@ -130,6 +130,19 @@ func (b *Backend) linearQuant(out, x []float32, w *quantRows, m, n, k, j0, j1 in
 		a.linearQuant(out, w, m, n, k, j0, j1)
 		return
 	}
+	w.bySegment(out, m, n, j0, j1, func(out []float32, rows []byte, typ simd.QuantType, m, n, lo, hi int) {
+		b.k.linearQuant(out, x, rows, typ, m, n, k, lo, hi)
+	})
+}
+
+// bySegment computes columns [j0, j1) of out[m, n] segment by segment:
+// lin(out, rows, typ, m, n, lo, hi) computes columns [lo, hi) of out[m, n]
+// from the weight rows (n rows of type typ). A segment of all n rows is one
+// call; a part of the rows is computed as a matrix of its own rows, its
+// columns of out written directly for m = 1 and through a scratch block of
+// quantColumns columns for more (lin's outputs must depend only on their
+// own rows, so the result does not depend on the segmentation).
+func (w *quantRows) bySegment(out []float32, m, n, j0, j1 int, lin func(out []float32, rows []byte, typ simd.QuantType, m, n, lo, hi int)) {
 	var scratch []float32
 	for _, s := range w.segs {
 		lo, hi := max(j0, s.lo), min(j1, s.hi)
@@ -137,12 +150,12 @@ func (b *Backend) linearQuant(out, x []float32, w *quantRows, m, n, k, j0, j1 in
 			continue
 		}
 		if s.lo == 0 && s.hi == n {
-			b.k.linearQuant(out, x, s.data, s.typ, m, n, k, lo, hi)
+			lin(out, s.data, s.typ, m, n, lo, hi)
 			continue
 		}
 		if m == 1 {
 			c := hi - lo
-			b.k.linearQuant(out[lo:hi], x, s.data[(lo-s.lo)*s.rb:(hi-s.lo)*s.rb], s.typ, 1, c, k, 0, c)
+			lin(out[lo:hi], s.data[(lo-s.lo)*s.rb:(hi-s.lo)*s.rb], s.typ, 1, c, 0, c)
 			continue
 		}
 		if scratch == nil {
@@ -152,7 +165,7 @@ func (b *Backend) linearQuant(out, x []float32, w *quantRows, m, n, k, j0, j1 in
 			c1 := min(c0+quantColumns, hi)
 			c := c1 - c0
 			buf := scratch[:m*c]
-			b.k.linearQuant(buf, x, s.data[(c0-s.lo)*s.rb:(c1-s.lo)*s.rb], s.typ, m, c, k, 0, c)
+			lin(buf, s.data[(c0-s.lo)*s.rb:(c1-s.lo)*s.rb], s.typ, m, c, 0, c)
 			for i := range m {
 				copy(out[i*n+c0:i*n+c1], buf[i*c:(i+1)*c])
 			}
@@ -238,36 +251,11 @@ func (a *llamaActs) linear(out []float32, w *Tensor, m, n, k, j0, j1 int) {
 // and through a scratch block for more (each output depends only on its
 // own rows, so the result does not depend on the segmentation).
 func (a *llamaActs) linearQuant(out []float32, w *quantRows, m, n, k, j0, j1 int) {
-	var scratch []float32
-	for _, s := range w.segs {
-		lo, hi := max(j0, s.lo), min(j1, s.hi)
-		if lo >= hi {
-			continue
-		}
+	w.bySegment(out, m, n, j0, j1, func(out []float32, rows []byte, typ simd.QuantType, m, n, lo, hi int) {
 		acts := a.q80
-		if s.typ.BlockSize() == 256 {
+		if typ.BlockSize() == 256 {
 			acts = a.q8k
 		}
-		if s.lo == 0 && s.hi == n {
-			a.lq(out, acts, s.data, s.typ, m, n, k, lo, hi)
-			continue
-		}
-		rows := s.data[(lo-s.lo)*s.rb : (hi-s.lo)*s.rb]
-		if m == 1 {
-			a.lq(out[lo:hi], acts, rows, s.typ, 1, hi-lo, k, 0, hi-lo)
-			continue
-		}
-		if scratch == nil {
-			scratch = make([]float32, m*quantColumns)
-		}
-		for c0 := lo; c0 < hi; c0 += quantColumns {
-			c1 := min(c0+quantColumns, hi)
-			c := c1 - c0
-			buf := scratch[:m*c]
-			a.lq(buf, acts, s.data[(c0-s.lo)*s.rb:(c1-s.lo)*s.rb], s.typ, m, c, k, 0, c)
-			for i := range m {
-				copy(out[i*n+c0:i*n+c1], buf[i*c:(i+1)*c])
-			}
-		}
-	}
+		a.lq(out, acts, rows, typ, m, n, k, lo, hi)
+	})
 }

@@ -641,6 +641,24 @@ func asCUDA(op, name string, t kernels.Tensor) (*Tensor, error) {
 	return kernels.As[*Tensor]("cuda", op, name, t)
 }
 
+// tensorArg is a tensor argument of an op with its name in errors.
+type tensorArg struct {
+	name string
+	t    kernels.Tensor
+}
+
+// asCUDAs is asCUDA over op's arguments in order, into ts (one per
+// argument): the first foreign tensor's error, or nil.
+func asCUDAs(op string, ts []*Tensor, args ...tensorArg) error {
+	for i, a := range args {
+		var err error
+		if ts[i], err = asCUDA(op, a.name, a.t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // optCUDA is asCUDA for optional arguments: nil stays nil.
 func optCUDA(op, name string, t kernels.Tensor) (*Tensor, error) {
 	return kernels.Opt[*Tensor]("cuda", op, name, t)

@@ -111,6 +111,13 @@ func forward(t *testing.T, m models.Model, ops kernels.Ops, cache *models.KVCach
 	t.Helper()
 	h := models.HostBatch{BlockSize: cache.BlockSize}
 	h.AddSequence(ids, numCached, table)
+	return forwardBatch(t, m, ops, cache, &h)
+}
+
+// forwardBatch uploads h, runs one forward pass of m over it and returns
+// the logits of its rows.
+func forwardBatch(t *testing.T, m models.Model, ops kernels.Ops, cache *models.KVCache, h *models.HostBatch) [][]float32 {
+	t.Helper()
 	b, err := h.Upload(ops, cache.NumBlocks)
 	if err != nil {
 		t.Fatal(err)

@@ -199,23 +199,7 @@ func (b *Backend) fp8Linear(name string, o, xs, ws, bs *Tensor, m, n, k int, pat
 // and benchmarks compare the GEMV and the GEMM on the same rows).
 func (b *Backend) linearFP8Path(out, x, w, bias kernels.Tensor, path fp8Path) error {
 	const op = "linear"
-	o, err := asCUDA(op, "out", out)
-	if err != nil {
-		return err
-	}
-	xs, err := asCUDA(op, "x", x)
-	if err != nil {
-		return err
-	}
-	ws, err := asCUDA(op, "w", w)
-	if err != nil {
-		return err
-	}
-	bs, err := optCUDA(op, "bias", bias)
-	if err != nil {
-		return err
-	}
-	m, n, k, err := kernels.LinearShapes("cuda", o, xs, ws, bs, kernels.F32)
+	o, xs, ws, bs, m, n, k, err := linearArgs(out, x, w, bias, kernels.F32)
 	if err != nil {
 		return err
 	}
@@ -242,14 +226,9 @@ func (b *Backend) fp8MoE(o, xs, is, ws, gu, dn *Tensor, d kernels.MoEDims, path 
 func (b *Backend) moeFP8Path(out, x, ids, weights, gateUp, down kernels.Tensor, path fp8Path) error {
 	const op = "moe"
 	var ts [6]*Tensor
-	for i, a := range []struct {
-		name string
-		t    kernels.Tensor
-	}{{"out", out}, {"x", x}, {"ids", ids}, {"weights", weights}, {"gate_up", gateUp}, {"down", down}} {
-		var err error
-		if ts[i], err = asCUDA(op, a.name, a.t); err != nil {
-			return err
-		}
+	if err := asCUDAs(op, ts[:], tensorArg{"out", out}, tensorArg{"x", x}, tensorArg{"ids", ids}, tensorArg{"weights", weights},
+		tensorArg{"gate_up", gateUp}, tensorArg{"down", down}); err != nil {
+		return err
 	}
 	d, err := kernels.MoEShapes("cuda", ts[0], ts[1], ts[2], ts[3], ts[4], ts[5])
 	if err != nil {

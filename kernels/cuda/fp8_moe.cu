@@ -21,75 +21,9 @@
 #include <vector>
 
 #include "fp8.cuh"
+#include "moe.cuh"
 
 #define FP8_MOE_DEVICE_PAIRS 1024
-
-// di_fp8_moe_group_k: one block. offsets[e] .. offsets[e+1] are expert e's
-// rows; order[row] the pair at that row (an expert's pairs in pair order);
-// row_of[pair] its row, or -1 for an id outside the experts (which sets
-// DI_CHECK_MOE and leaves the pair out).
-__global__ void di_fp8_moe_group_k(int *offsets, int *order, int *row_of, const int *ids, int pairs, int num_experts,
-                                   unsigned *check) {
-	extern __shared__ int sh[]; // [pairs ids | num_experts + 1 offsets]
-	int *sid = sh, *off = sh + pairs;
-	for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-		int v = ids[p];
-		if (v < 0 || v >= num_experts) {
-			atomicOr(check, DI_CHECK_MOE);
-			v = -1;
-			row_of[p] = -1;
-		}
-		sid[p] = v;
-	}
-	__syncthreads();
-	for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
-		int c = 0;
-		for (int p = 0; p < pairs; p++) c += sid[p] == e;
-		off[e + 1] = c;
-	}
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		off[0] = 0;
-		for (int e = 0; e < num_experts; e++) off[e + 1] += off[e];
-	}
-	__syncthreads();
-	for (int e = threadIdx.x; e <= num_experts; e += blockDim.x) offsets[e] = off[e];
-	for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
-		int r = off[e];
-		for (int p = 0; p < pairs; p++)
-			if (sid[p] == e) {
-				order[r] = p;
-				row_of[p] = r;
-				r++;
-			}
-	}
-}
-
-// act[r, j] = silu(g[r, j]) * g[r, inter + j] in float32 (moe.cu's
-// expression: the silu in float64, rounded, times up).
-__global__ void di_fp8_moe_act_k(float *act, const float *g, size_t rows, int inter) {
-	const size_t total = rows * (size_t)inter;
-	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
-		const size_t r = i / inter, j = i % inter;
-		const float gate = g[r * 2 * inter + j], up = g[r * 2 * inter + inter + j];
-		act[i] = (float)((double)gate / (1.0 + exp(-(double)gate))) * up;
-	}
-}
-
-// combine: out[t] = sum_k w[t,k] ye[row_of[t*top_k+k]], in k order.
-__global__ void di_fp8_moe_combine_k(float *out, const float *ye, const int *row_of, const float *w, int top_k,
-                                     int hidden) {
-	const int t = blockIdx.x;
-	for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
-		float a = 0.f;
-		for (int k = 0; k < top_k; k++) {
-			const int r = row_of[t * top_k + k];
-			if (r < 0) continue; // an expert id out of range (reported by the check word)
-			a = fmaf(w[t * top_k + k], ye[(size_t)r * hidden + j], a);
-		}
-		out[(size_t)t * hidden + j] = a;
-	}
-}
 
 // fp8_moe_run runs both projections and the combine once the grouping
 // (offsets, order, row_of on the device) exists. gemm: the host path's
@@ -119,8 +53,7 @@ static int fp8_moe_run(di_ctx *ctx, float *out, const float *x, const float *wei
 		}
 	}
 	if (rc == DI_OK) {
-		di_fp8_moe_act_k<<<di_grid(pairs * inter, 256), 256, 0, ctx->stream>>>(ah, gh, pairs, inter);
-		rc = di_check_launch(ctx, "fp8 moe: silu_mul");
+		rc = di_moe_act_f32(ctx, ah, gh, pairs, inter, "fp8 moe: silu_mul");
 	}
 	if (rc == DI_OK) {
 		if (gemm) {
@@ -130,10 +63,8 @@ static int fp8_moe_run(di_ctx *ctx, float *out, const float *x, const float *wei
 			rc = di_fp8_gemv(ctx, yh, ah, nullptr, 1, dn, nullptr, offsets, 0, hidden, inter, num_experts, false);
 		}
 	}
-	if (rc == DI_OK) {
-		di_fp8_moe_combine_k<<<num_tokens, 256, 0, ctx->stream>>>(out, yh, row_of, weights, top_k, hidden);
-		rc = di_check_launch(ctx, "fp8 moe: combine");
-	}
+	if (rc == DI_OK)
+		rc = di_moe_combine(ctx, out, yh, row_of, weights, num_tokens, top_k, hidden, "fp8 moe: combine");
 	if (q) di_scratch_free(ctx, q);
 	di_scratch_free(ctx, ye);
 	di_scratch_free(ctx, act);
@@ -190,10 +121,8 @@ extern "C" int di_op_fp8_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, d
 	int *offsets = (int *)d_index, *order = offsets + num_experts + 1, *row_of = order + pairs;
 	int max_rows = 0;
 	if (!host) {
-		const size_t shared = (pairs + num_experts + 1) * sizeof(int);
-		di_fp8_moe_group_k<<<1, 512, shared, ctx->stream>>>(offsets, order, row_of, DI_PTR(const int, ids), (int)pairs,
-		                                                    num_experts, ctx->check);
-		rc = di_check_launch(ctx, "fp8 moe: group");
+		rc = di_moe_group(ctx, offsets, order, row_of, DI_PTR(const int, ids), (int)pairs, num_experts,
+		                  "fp8 moe: group");
 	} else {
 		std::vector<int> host_ids(pairs);
 		cudaError_t e = cudaMemcpyAsync(host_ids.data(), DI_PTR(const int, ids), pairs * sizeof(int),

@@ -37,22 +37,9 @@ func (b *Backend) Scale(out, x kernels.Tensor, s float32) error {
 // GELUTanhMul computes gelu_tanh(gate) * up from the fused [T, 2n]
 // projection into out [T, n].
 func (b *Backend) GELUTanhMul(out, gateUp kernels.Tensor) error {
-	const op = "gelu_tanh_mul"
-	o, err := asCUDA(op, "out", out)
-	if err != nil {
-		return err
-	}
-	g, err := asCUDA(op, "gate_up", gateUp)
-	if err != nil {
-		return err
-	}
-	rows, n, err := kernels.SiLUMulShapes("cuda", o, g)
-	if err != nil {
-		return err
-	}
-	return b.launch(op, func() C.int {
+	return b.gatedActivation("gelu_tanh_mul", out, gateUp, func(o, g *Tensor, rows, n int) C.int {
 		return C.c_gelu_tanh_mul(b.lib.api, b.ctx, o.ptr(), g.ptr(), C.int(rows), C.int(n))
-	}, o, g)
+	})
 }
 
 // Softcap computes x = c * tanh(x / c) in place, c > 0.

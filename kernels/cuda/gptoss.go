@@ -7,7 +7,6 @@ import "C"
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
 )
@@ -24,16 +23,9 @@ import (
 func (b *Backend) MoEClampedSwiGLU(out, x, ids, weights, gateUp, gateUpBias, down, downBias kernels.Tensor, p kernels.ClampedSwiGLU) error {
 	const op = "moe_clamped_swiglu"
 	var ts [8]*Tensor
-	for i, a := range []struct {
-		name string
-		t    kernels.Tensor
-	}{{"out", out}, {"x", x}, {"ids", ids}, {"weights", weights}, {"gate_up", gateUp},
-		{"down", down}, {"gate_up_bias", gateUpBias}, {"down_bias", downBias}} {
-		c, err := asCUDA(op, a.name, a.t)
-		if err != nil {
-			return err
-		}
-		ts[i] = c
+	if err := asCUDAs(op, ts[:], tensorArg{"out", out}, tensorArg{"x", x}, tensorArg{"ids", ids}, tensorArg{"weights", weights},
+		tensorArg{"gate_up", gateUp}, tensorArg{"down", down}, tensorArg{"gate_up_bias", gateUpBias}, tensorArg{"down_bias", downBias}); err != nil {
+		return err
 	}
 	o, xs, is, ws, gu, dn, gub, dnb := ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6], ts[7]
 	d, err := kernels.MoEShapes("cuda", o, xs, is, ws, gu, dn)
@@ -41,14 +33,8 @@ func (b *Backend) MoEClampedSwiGLU(out, x, ids, weights, gateUp, gateUpBias, dow
 		return err
 	}
 	t, hidden, numExperts, inter, topK := d.T, d.Hidden, d.NumExperts, d.Inter, d.TopK
-	if err := kernels.CheckShape("cuda", op, "gate_up_bias", gub, []int{numExperts, 2 * inter}, kernels.F32); err != nil {
+	if err := kernels.ClampedSwiGLUShapes("cuda", d, gub, dnb, p); err != nil {
 		return err
-	}
-	if err := kernels.CheckShape("cuda", op, "down_bias", dnb, []int{numExperts, hidden}, kernels.F32); err != nil {
-		return err
-	}
-	if !(p.Limit > 0) || math.IsInf(float64(p.Limit), 0) || math.IsNaN(float64(p.Alpha)) {
-		return fmt.Errorf("cuda: %s: limit %g, alpha %g: %w", op, p.Limit, p.Alpha, kernels.ErrShape)
 	}
 	if dn.dtype != gu.dtype {
 		return fmt.Errorf("cuda: %s: gate_up %s, down %s: one weight dtype expected: %w", op, gu.dtype, dn.dtype, kernels.ErrDType)

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common.cuh"
+#include "moe.cuh"
 
 #define ROUTE_MAX_EXPERTS 512
 #define ROUTE_MAX_GROUPS 64
@@ -181,8 +182,8 @@ template <typename T> __global__ void di_moe_act_k(T *act, T *act_lo, const floa
 }
 
 // combine: out[t] = sum_k w[t,k] ye[row_of[t*top_k+k]], in k order.
-__global__ void di_moe_combine_k(float *out, const float *ye, const int *row_of, const float *w, int top_k,
-                                 int hidden) {
+static __global__ void di_moe_combine_k(float *out, const float *ye, const int *row_of, const float *w, int top_k,
+                                        int hidden) {
 	const int t = blockIdx.x;
 	for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
 		float a = 0.f;
@@ -193,6 +194,12 @@ __global__ void di_moe_combine_k(float *out, const float *ye, const int *row_of,
 		}
 		out[(size_t)t * hidden + j] = a;
 	}
+}
+
+int di_moe_combine(di_ctx *ctx, float *out, const float *ye, const int *row_of, const float *w, int num_tokens,
+                   int top_k, int hidden, const char *op) {
+	di_moe_combine_k<<<num_tokens, 256, 0, ctx->stream>>>(out, ye, row_of, w, top_k, hidden);
+	return di_check_launch(ctx, op);
 }
 
 // expert_gemms runs out[rows of e] = in[rows of e] W[e]^T for every expert
@@ -271,9 +278,8 @@ static int moe_host(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr we
 			if (r == DI_OK && split) r = di_add_into(ctx, yh, yl, nullptr, pairs, hidden);
 			if (r != DI_OK) return r;
 		});
-		di_moe_combine_k<<<num_tokens, 256, 0, ctx->stream>>>(DI_PTR(float, out), (const float *)ye, row_of,
-		                                                     DI_PTR(const float, weights), top_k, hidden);
-		return di_check_launch(ctx, "moe: combine");
+		return di_moe_combine(ctx, DI_PTR(float, out), (const float *)ye, row_of, DI_PTR(const float, weights),
+		                      num_tokens, top_k, hidden, "moe: combine");
 	};
 	if (rc == DI_OK) rc = run();
 	di_scratch_free(ctx, ye);
@@ -290,8 +296,8 @@ static int moe_host(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr we
 // is the pair at that row (pairs of one expert in pair order); row_of[pair]
 // its row, or -1 for an id outside the experts (which sets DI_CHECK_MOE).
 // Thread e scans all ids for expert e: P reads of shared memory each.
-__global__ void di_moe_group_k(int *offsets, int *order, int *row_of, const int *ids, int pairs, int num_experts,
-                               unsigned *check) {
+static __global__ void di_moe_group_k(int *offsets, int *order, int *row_of, const int *ids, int pairs,
+                                      int num_experts, unsigned *check) {
 	extern __shared__ int sh[]; // [pairs ids | num_experts + 1 offsets]
 	int *sid = sh, *off = sh + pairs;
 	for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
@@ -325,6 +331,13 @@ __global__ void di_moe_group_k(int *offsets, int *order, int *row_of, const int 
 				r++;
 			}
 	}
+}
+
+int di_moe_group(di_ctx *ctx, int *offsets, int *order, int *row_of, const int *ids, int pairs, int num_experts,
+                 const char *op) {
+	const size_t shared = (pairs + num_experts + 1) * sizeof(int);
+	di_moe_group_k<<<1, 512, shared, ctx->stream>>>(offsets, order, row_of, ids, pairs, num_experts, ctx->check);
+	return di_check_launch(ctx, op);
 }
 
 // grouped GEMV: out[row, j] = in(row) . W[e][j] for every row of expert e =
@@ -493,13 +506,18 @@ template <typename T> __global__ void di_moe_round_k(T *hi, T *lo, const float *
 }
 
 // act[r, j] = silu(g[r, j]) * g[r, inter + j] in float32 (the GEMV rounds).
-__global__ void di_moe_act_f32_k(float *act, const float *g, size_t rows, int inter) {
+static __global__ void di_moe_act_f32_k(float *act, const float *g, size_t rows, int inter) {
 	const size_t total = rows * (size_t)inter;
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
 		const size_t r = i / inter, j = i % inter;
 		const float gate = g[r * 2 * inter + j], up = g[r * 2 * inter + inter + j];
 		act[i] = (float)((double)gate / (1.0 + exp(-(double)gate))) * up;
 	}
+}
+
+int di_moe_act_f32(di_ctx *ctx, float *act, const float *g, size_t rows, int inter, const char *op) {
+	di_moe_act_f32_k<<<di_grid(rows * inter, 256), 256, 0, ctx->stream>>>(act, g, rows, inter);
+	return di_check_launch(ctx, op);
 }
 
 // di_moe_gptoss: gpt-oss's expert extras (di_op_moe_clamped_swiglu): the
@@ -575,13 +593,13 @@ static int moe_mlp(di_ctx *ctx, float *gh, void *act, float *yh, const float *x,
 	if constexpr (std::is_same_v<T, float>) {
 		int r = moe_gemv<T, float>(ctx, gh, x, nullptr, order, top_k, gate_up, offsets, num_experts, 2 * inter, hidden);
 		if (r != DI_OK) return r;
-		if (gx)
+		if (gx) {
 			di_moe_act_clamped_k<float><<<di_grid((size_t)pairs * inter, 256), 256, 0, ctx->stream>>>(
 			    (float *)act, nullptr, gh, order, pairs, inter, *gx);
-		else
-			di_moe_act_f32_k<<<di_grid((size_t)pairs * inter, 256), 256, 0, ctx->stream>>>((float *)act, gh, pairs,
-			                                                                               inter);
-		r = di_check_launch(ctx, "moe: silu_mul");
+			r = di_check_launch(ctx, "moe: silu_mul");
+		} else {
+			r = di_moe_act_f32(ctx, (float *)act, gh, pairs, inter, "moe: silu_mul");
+		}
 		if (r != DI_OK) return r;
 		return moe_gemv<T, float>(ctx, yh, (const float *)act, nullptr, nullptr, 1, down, offsets, num_experts, hidden,
 		                          inter);
@@ -618,12 +636,8 @@ static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr 
 	// x rounded for 16-bit weights: hi (and lo) parts, at most float32's bytes.
 	if (rc == DI_OK && w_dtype != DI_F32) rc = di_scratch(ctx, (size_t)num_tokens * hidden * sizeof(float), &xr);
 	int *offsets = (int *)d_index, *order = offsets + num_experts + 1, *row_of = order + pairs;
-	if (rc == DI_OK) {
-		const size_t shared = (pairs + num_experts + 1) * sizeof(int);
-		di_moe_group_k<<<1, 512, shared, ctx->stream>>>(offsets, order, row_of, DI_PTR(const int, ids), pairs,
-		                                                num_experts, ctx->check);
-		rc = di_check_launch(ctx, "moe: group");
-	}
+	if (rc == DI_OK)
+		rc = di_moe_group(ctx, offsets, order, row_of, DI_PTR(const int, ids), pairs, num_experts, "moe: group");
 	auto run = [&]() -> int {
 		float *gh = (float *)g, *yh = (float *)ye;
 		DI_DISPATCH_WEIGHT(w_dtype, T, {
@@ -638,9 +652,8 @@ static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr 
 			const int r = di_check_launch(ctx, "moe: down bias");
 			if (r != DI_OK) return r;
 		}
-		di_moe_combine_k<<<num_tokens, 256, 0, ctx->stream>>>(DI_PTR(float, out), yh, row_of,
-		                                                     DI_PTR(const float, weights), top_k, hidden);
-		return di_check_launch(ctx, "moe: combine");
+		return di_moe_combine(ctx, DI_PTR(float, out), yh, row_of, DI_PTR(const float, weights), num_tokens, top_k,
+		                      hidden, "moe: combine");
 	};
 	if (rc == DI_OK) rc = run();
 	if (xr) di_scratch_free(ctx, xr);

@@ -133,23 +133,7 @@ func (b *Backend) AddRMSNorm(out, residual, x, weight kernels.Tensor, eps float3
 // (already rounded, see LinearInputDType: cuBLAS without a narrowing pass).
 func (b *Backend) Linear(out, x, w, bias kernels.Tensor) error {
 	const op = "linear"
-	o, err := asCUDA(op, "out", out)
-	if err != nil {
-		return err
-	}
-	xs, err := asCUDA(op, "x", x)
-	if err != nil {
-		return err
-	}
-	ws, err := asCUDA(op, "w", w)
-	if err != nil {
-		return err
-	}
-	bs, err := optCUDA(op, "bias", bias)
-	if err != nil {
-		return err
-	}
-	m, n, k, err := kernels.LinearShapes("cuda", o, xs, ws, bs, kernels.F32, kernels.BF16, kernels.F16)
+	o, xs, ws, bs, m, n, k, err := linearArgs(out, x, w, bias, kernels.F32, kernels.BF16, kernels.F16)
 	if err != nil {
 		return err
 	}
@@ -165,9 +149,37 @@ func (b *Backend) Linear(out, x, w, bias kernels.Tensor) error {
 	}, o, xs, ws, bs)
 }
 
+// linearArgs converts Linear's arguments (bias optional) and checks them
+// with kernels.LinearShapes, x of one of xTypes.
+func linearArgs(out, x, w, bias kernels.Tensor, xTypes ...kernels.DType) (o, xs, ws, bs *Tensor, m, n, k int, err error) {
+	const op = "linear"
+	if o, err = asCUDA(op, "out", out); err != nil {
+		return
+	}
+	if xs, err = asCUDA(op, "x", x); err != nil {
+		return
+	}
+	if ws, err = asCUDA(op, "w", w); err != nil {
+		return
+	}
+	if bs, err = optCUDA(op, "bias", bias); err != nil {
+		return
+	}
+	m, n, k, err = kernels.LinearShapes("cuda", o, xs, ws, bs, xTypes...)
+	return
+}
+
 // SiLUMul computes silu(gate) * up from the fused [T, 2n] projection.
 func (b *Backend) SiLUMul(out, gateUp kernels.Tensor) error {
-	const op = "silu_mul"
+	return b.gatedActivation("silu_mul", out, gateUp, func(o, g *Tensor, rows, n int) C.int {
+		return C.c_silu_mul(b.lib.api, b.ctx, o.ptr(), g.ptr(), C.int(rows), C.int(n))
+	})
+}
+
+// gatedActivation checks and launches a gated activation op: out [rows, n]
+// from the fused gate_up [rows, 2n] (kernels.SiLUMulShapes), run launching
+// its kernel.
+func (b *Backend) gatedActivation(op string, out, gateUp kernels.Tensor, run func(o, g *Tensor, rows, n int) C.int) error {
 	o, err := asCUDA(op, "out", out)
 	if err != nil {
 		return err
@@ -180,9 +192,7 @@ func (b *Backend) SiLUMul(out, gateUp kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	return b.launch(op, func() C.int {
-		return C.c_silu_mul(b.lib.api, b.ctx, o.ptr(), g.ptr(), C.int(rows), C.int(n))
-	}, o, g)
+	return b.launch(op, func() C.int { return run(o, g, rows, n) }, o, g)
 }
 
 // GatedMLP implements kernels.GatedMLPer. In GEMM mode round with BF16 or
@@ -562,30 +572,12 @@ func (b *Backend) MoERoute(ids, weights, logits, bias kernels.Tensor, p kernels.
 // multiples of 8 always take the host path and cannot be captured.
 func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 	const op = "moe"
-	o, err := asCUDA(op, "out", out)
-	if err != nil {
+	var ts [6]*Tensor
+	if err := asCUDAs(op, ts[:], tensorArg{"out", out}, tensorArg{"x", x}, tensorArg{"ids", ids}, tensorArg{"weights", weights},
+		tensorArg{"gate_up", gateUp}, tensorArg{"down", down}); err != nil {
 		return err
 	}
-	xs, err := asCUDA(op, "x", x)
-	if err != nil {
-		return err
-	}
-	is, err := asCUDA(op, "ids", ids)
-	if err != nil {
-		return err
-	}
-	ws, err := asCUDA(op, "weights", weights)
-	if err != nil {
-		return err
-	}
-	gu, err := asCUDA(op, "gate_up", gateUp)
-	if err != nil {
-		return err
-	}
-	dn, err := asCUDA(op, "down", down)
-	if err != nil {
-		return err
-	}
+	o, xs, is, ws, gu, dn := ts[0], ts[1], ts[2], ts[3], ts[4], ts[5]
 	d, err := kernels.MoEShapes("cuda", o, xs, is, ws, gu, dn)
 	if err != nil {
 		return err
@@ -637,16 +629,10 @@ func (b *Backend) ShiftAccepted(m *kernels.AttentionMetadata, positions, shiftFr
 		return err
 	}
 	var ts [7]*Tensor
-	for i, a := range []struct {
-		name string
-		x    kernels.Tensor
-	}{
-		{"positions", positions}, {"slot_mapping", m.SlotMapping}, {"seqlens_k", m.SeqlensK}, {"cu_seqlens_q", m.CuSeqlensQ},
-		{"block_tables", m.BlockTables}, {"shift_from", shiftFrom}, {"accepted", accepted},
-	} {
-		if ts[i], err = asCUDA(op, a.name, a.x); err != nil {
-			return err
-		}
+	if err := asCUDAs(op, ts[:], tensorArg{"positions", positions}, tensorArg{"slot_mapping", m.SlotMapping},
+		tensorArg{"seqlens_k", m.SeqlensK}, tensorArg{"cu_seqlens_q", m.CuSeqlensQ}, tensorArg{"block_tables", m.BlockTables},
+		tensorArg{"shift_from", shiftFrom}, tensorArg{"accepted", accepted}); err != nil {
+		return err
 	}
 	pos, slots, seqK, cu, tables, from, acc := ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6]
 	return b.launch(op, func() C.int {

@@ -49,15 +49,9 @@ func sinkTensor(op string, p kernels.AttentionParams) (*Tensor, error) {
 func (b *Backend) RingAttention(out, q, k, v, kRing, vRing, slots kernels.Tensor, m *kernels.AttentionMetadata, p kernels.AttentionParams) error {
 	const op = "ring_attention"
 	var ts [7]*Tensor
-	for i, a := range []struct {
-		name string
-		t    kernels.Tensor
-	}{{"out", out}, {"q", q}, {"k", k}, {"v", v}, {"k_ring", kRing}, {"v_ring", vRing}, {"slots", slots}} {
-		c, err := asCUDA(op, a.name, a.t)
-		if err != nil {
-			return err
-		}
-		ts[i] = c
+	if err := asCUDAs(op, ts[:], tensorArg{"out", out}, tensorArg{"q", q}, tensorArg{"k", k}, tensorArg{"v", v},
+		tensorArg{"k_ring", kRing}, tensorArg{"v_ring", vRing}, tensorArg{"slots", slots}); err != nil {
+		return err
 	}
 	o, qs, ks, vs, kr, vr, sl := ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6]
 	t, numSlots, err := kernels.RingAttentionShapes("cuda", o, qs, ks, vs, kr, vr, sl, p, normOutTypes, cacheDTypes)

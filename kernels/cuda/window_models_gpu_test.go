@@ -1,7 +1,6 @@
 package cuda
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -25,28 +24,7 @@ func windowStep(t *testing.T, m models.Model, ops kernels.Ops, cache *models.KVC
 	if h.RingWindow > 0 {
 		h.StateSlots = append(h.StateSlots, slot)
 	}
-	b, err := h.Upload(ops, cache.NumBlocks)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hidden, err := m.Forward(context.Background(), cache, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lg, err := m.ComputeLogits(hidden, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := kernels.ToF32(ops, lg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := lg.Shape()[1]
-	var rows [][]float32
-	for i := 0; i < len(v); i += n {
-		rows = append(rows, v[i:i+n])
-	}
-	return rows
+	return forwardBatch(t, m, ops, cache, &h)
 }
 
 // TestGPUWindowModelFixtures runs the tiny Gemma 3 and gpt-oss fixtures

@@ -15,51 +15,13 @@ import (
 //
 //	go test -run XXX -bench QuantLlamaGEMV -benchtime 200x ./kernels/cpu/simd
 func BenchmarkQuantLlamaGEMV(b *testing.B) {
-	p := pool.New(*benchWorkers)
-	defer p.Close()
-	roof := newRoofline(p)
 	r := rand.New(rand.NewPCG(5, 6))
-	impl := benchImpl(b)
-	for _, typ := range QuantTypes {
-		for _, sh := range gemvShapes {
-			rb, err := typ.RowBytes(sh.k)
-			if err != nil {
-				continue
-			}
-			wbytes := sh.n * rb
-			numCopies := max(1, coldBytes/wbytes)
-			w0, _ := quantRows(typ, r, sh.n, sh.k)
-			ws := make([][]byte, numCopies)
-			for i := range ws {
-				ws[i] = append([]byte(nil), w0...)
-			}
-			for _, m := range []int{1, 4} {
-				b.Run(fmt.Sprintf("%s/%s/%s/m%d", impl, typ, sh.name, m), func(b *testing.B) {
-					ab, _ := ActRowBytes(typ, sh.k)
-					a := make([]byte, m*ab)
-					QuantizeActs(a, randVec(r, m*sh.k), typ, m, sh.k)
-					out := make([]float32, m*sh.n)
-					copyBW, readBW := roof.copyGBps(), roof.readGBps()
-					i := 0
-					win := newBestWindow(max(4, (1<<20)/wbytes))
-					for b.Loop() {
-						w := ws[i%numCopies]
-						i++
-						p.ForGrain(sh.n, 16, func(lo, hi int) {
-							impl.LinearQuantLlama(out, a, w, typ, m, sh.n, sh.k, lo, hi)
-						})
-						win.done()
-					}
-					best := float64(wbytes) / win.bestSec / 1e9
-					b.ReportMetric(float64(wbytes)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GB/s")
-					b.ReportMetric(best, "best_GB/s")
-					b.ReportMetric(copyBW, "copy_GB/s")
-					b.ReportMetric(best/copyBW, "best_x_copy")
-					b.ReportMetric(best/readBW, "best_x_read")
-				})
-			}
-		}
-	}
+	benchQuantGEMV(b, r, func(impl *Impl, typ QuantType, m, k int) quantRowsRun {
+		ab, _ := ActRowBytes(typ, k)
+		a := make([]byte, m*ab)
+		QuantizeActs(a, randVec(r, m*k), typ, m, k)
+		return func(out []float32, w []byte, n, lo, hi int) { impl.LinearQuantLlama(out, a, w, typ, m, n, k, lo, hi) }
+	})
 }
 
 // BenchmarkQuantLlamaGEMM runs LinearQuantLlama on a prefill-shaped product

@@ -213,10 +213,28 @@ func TestLinearQuantPanics(t *testing.T) {
 // the best window with the copy (read + written) figure, best_x_read with
 // the streaming-read one.
 func BenchmarkQuantGEMV(b *testing.B) {
+	r := rand.New(rand.NewPCG(5, 5))
+	benchQuantGEMV(b, r, func(impl *Impl, typ QuantType, m, k int) quantRowsRun {
+		x := randVec(r, m*k)
+		return func(out []float32, w []byte, n, lo, hi int) { impl.LinearQuant(out, x, w, typ, m, n, k, lo, hi) }
+	})
+}
+
+// quantRowsRun computes rows lo..hi of the product of one run's
+// activations with the quantized weights w ([n, k]) into out.
+type quantRowsRun func(out []float32, w []byte, n, lo, hi int)
+
+// benchQuantGEMV is the body of the decode GEMV benchmarks over quantized
+// weights (BenchmarkQuantGEMV, BenchmarkQuantLlamaGEMV): every type and
+// decode shape, weights (drawn from r) rotating through coldBytes, m = 1
+// and 4 activation rows; prep makes one run's activations and its product. It
+// reports the bytes of w read per second (overall and of the best
+// window), the copy bandwidth measured right before on the same pool, the
+// best window against copy and streaming read, and weights per second.
+func benchQuantGEMV(b *testing.B, r *rand.Rand, prep func(impl *Impl, typ QuantType, m, k int) quantRowsRun) {
 	p := pool.New(*benchWorkers)
 	defer p.Close()
 	roof := newRoofline(p)
-	r := rand.New(rand.NewPCG(5, 5))
 	impl := benchImpl(b)
 	for _, typ := range QuantTypes {
 		for _, sh := range gemvShapes {
@@ -233,7 +251,7 @@ func BenchmarkQuantGEMV(b *testing.B) {
 			}
 			for _, m := range []int{1, 4} {
 				b.Run(fmt.Sprintf("%s/%s/%s/m%d", impl, typ, sh.name, m), func(b *testing.B) {
-					x := randVec(r, m*sh.k)
+					run := prep(impl, typ, m, sh.k)
 					out := make([]float32, m*sh.n)
 					copyBW, readBW := roof.copyGBps(), roof.readGBps()
 					i := 0
@@ -241,9 +259,7 @@ func BenchmarkQuantGEMV(b *testing.B) {
 					for b.Loop() {
 						w := ws[i%numCopies]
 						i++
-						p.ForGrain(sh.n, 16, func(lo, hi int) {
-							impl.LinearQuant(out, x, w, typ, m, sh.n, sh.k, lo, hi)
-						})
+						p.ForGrain(sh.n, 16, func(lo, hi int) { run(out, w, sh.n, lo, hi) })
 						win.done()
 					}
 					best := float64(wbytes) / win.bestSec / 1e9
