@@ -82,41 +82,12 @@ func deviceKVBudget(dev *cuda.Backend, model models.Model, fraction float64, max
 	return fraction*float64(plan.Available) - float64(peak), plan, nil
 }
 
-// activationPeak runs one prefill forward pass of maxTokens tokens (in
-// sequences of at most maxModelLen tokens, every key in the one block of a
-// scratch cache: the values are garbage, the work and the buffers are
-// those of a real step) and the LM head on min(maxRows, maxTokens) rows,
-// and returns the allocator's high-water mark above the memory in use
-// before it.
+// activationPeak runs profileForward and returns the allocator's
+// high-water mark above the memory in use before it (the scratch cache
+// and its one state slot excepted).
 func activationPeak(dev *cuda.Backend, model models.Model, maxTokens, maxModelLen, maxRows, blockSize int) (uint64, error) {
-	before := dev.MemStats()
-	cache, err := model.NewKVCache(1, blockSize)
-	if err != nil {
-		return 0, err
-	}
-	h := models.HostBatch{BlockSize: blockSize}
-	for left := maxTokens; left > 0; {
-		n := min(left, max(maxModelLen, 1))
-		h.AddSequence(make([]int32, n), 0, make([]int32, (n+blockSize-1)/blockSize))
-		left -= n
-	}
-	fb, err := h.Upload(dev, 1)
-	if err != nil {
-		return 0, err
-	}
-	hidden, err := model.Forward(context.Background(), cache, fb)
-	if err != nil {
-		return 0, err
-	}
-	rows := make([]int32, min(maxRows, maxTokens))
-	for i := range rows {
-		rows[i] = int32(i)
-	}
-	rt, err := kernels.FromI32(dev, rows, len(rows))
-	if err != nil {
-		return 0, err
-	}
-	if _, err := model.ComputeLogits(hidden, rt); err != nil {
+	var before cuda.MemStats
+	if err := profileForward(dev, model, maxTokens, maxModelLen, maxRows, blockSize, func() { before = dev.MemStats() }); err != nil {
 		return 0, err
 	}
 	if err := dev.Sync(); err != nil {
@@ -127,4 +98,51 @@ func activationPeak(dev *cuda.Backend, model models.Model, maxTokens, maxModelLe
 		return 0, nil
 	}
 	return after.Peak - before.InUse, nil
+}
+
+// profileForward runs one prefill forward pass of maxTokens tokens (in
+// sequences of at most maxModelLen tokens, every key in the one block of a
+// scratch cache and, for a model with ring layers, in its one state slot:
+// the values are garbage, the work and the buffers are those of a real
+// step) and the LM head on min(maxRows, maxTokens) rows. ready is called
+// once the scratch cache exists, right before the pass.
+func profileForward(ops kernels.Ops, model models.Model, maxTokens, maxModelLen, maxRows, blockSize int, ready func()) error {
+	cache, err := model.NewKVCache(1, blockSize)
+	if err != nil {
+		return err
+	}
+	h := models.HostBatch{BlockSize: blockSize}
+	if cache.Spec.RingLayers > 0 {
+		if err := cache.AllocStateSlots(ops, 1); err != nil {
+			return err
+		}
+		h.RingWindow = cache.Spec.RingWindow
+	}
+	for left := maxTokens; left > 0; {
+		n := min(left, max(maxModelLen, 1))
+		h.AddSequence(make([]int32, n), 0, make([]int32, (n+blockSize-1)/blockSize))
+		if h.RingWindow > 0 {
+			h.StateSlots = append(h.StateSlots, 0)
+		}
+		left -= n
+	}
+	fb, err := h.Upload(ops, 1)
+	if err != nil {
+		return err
+	}
+	ready()
+	hidden, err := model.Forward(context.Background(), cache, fb)
+	if err != nil {
+		return err
+	}
+	rows := make([]int32, min(maxRows, maxTokens))
+	for i := range rows {
+		rows[i] = int32(i)
+	}
+	rt, err := kernels.FromI32(ops, rows, len(rows))
+	if err != nil {
+		return err
+	}
+	_, err = model.ComputeLogits(hidden, rt)
+	return err
 }

@@ -1,9 +1,12 @@
 package llm
 
 import (
+	"path/filepath"
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/engine/config"
+	"github.com/deepinfer/deepinfer-go/engine/models"
+	"github.com/deepinfer/deepinfer-go/kernels/cpu"
 )
 
 // On the CPU the KV cache takes cache.num_blocks, or what cache.cpu_memory_gib
@@ -32,5 +35,24 @@ func TestMemoryPlanCPU(t *testing.T) {
 				t.Errorf("plan %+v, want %d blocks and no device figures", p, c.want)
 			}
 		})
+	}
+}
+
+// The profiling pass that sizes a device's KV cache runs on models with
+// ring layers too (it gives their scratch cache a state slot): several
+// sequences, each longer than the window. It runs on the CPU here, as it
+// does on CUDA.
+func TestProfileForwardRingLayers(t *testing.T) {
+	ops := cpu.New(cpu.Options{Threads: 1})
+	defer ops.Close()
+	for _, dir := range []string{"gemma3/f32", "gpt-oss/mxfp4"} {
+		m, err := models.Builtin().Load(ops, filepath.Join("..", "testdata", "models", dir), models.Options{MaxModelLen: 64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ran := false
+		if err := profileForward(ops, m, 100, 40, 8, 16, func() { ran = true }); err != nil || !ran {
+			t.Errorf("%s: profileForward = %v (ready called: %v)", dir, err, ran)
+		}
 	}
 }
