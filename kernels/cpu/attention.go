@@ -3,6 +3,8 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"sync"
+	"unsafe"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
 )
@@ -389,6 +391,11 @@ func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams
 }
 
 // MLAAttention is latent attention with weight absorption; see kernels.Ops.
+// W_UK^T in float32, which absorbing q_nope multiplies by, is built from a
+// BF16, F16, FP8 or block-quantized wkvb at its first call and reused after
+// (see mlaWUKT: 4*NumHeads*KVLoraRank*NopeDim bytes kept per weight), from
+// an F32 wkvb at every call. Scratch buffers are reused across calls
+// (mlaCache.scratch); neither changes any output bit.
 func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.AttentionMetadata, p kernels.MLAParams) error {
 	const op = "mla_attention"
 	if err := b.checkOpen(op); err != nil {
@@ -414,13 +421,38 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 	if err != nil {
 		return err
 	}
-	nh, nope, kvl, vd := p.NumHeads, p.NopeDim, p.KVLoraRank, p.VHeadDim
 	pl, err := plan(op, m, t, c.shape[0], c.shape[1])
 	if err != nil {
 		return err
 	}
-	// W_UK[h]^T, [kvl][nope] per head in float32, so that absorbing q_nope is
-	// one matrix product per head. Cost: one pass over W_UK per call.
+	wukT := b.mlaWUKT(w, p)
+	items := pl.items(1)
+	b.run.For(len(items), func(lo, hi int) {
+		rows := 0
+		for _, it := range items[lo:hi] {
+			rows = max(rows, it.r1-it.r0)
+		}
+		tile := min(keyTile, pl.maxK)
+		s, _ := b.mla.scratch.Get().(*mlaScratch)
+		if s == nil || !s.fits(p, rows, tile) {
+			s = newMLAScratch(p, rows, tile)
+		}
+		for _, it := range items[lo:hi] {
+			b.attendMLA(it, pl, p, qs.f32, c.f32, w, wukT, o.f32, s)
+		}
+		b.mla.scratch.Put(s)
+	})
+	return nil
+}
+
+// buildWUKT returns W_UK[h]^T for every head h of the MLA weight w:
+// [NumHeads][KVLoraRank][NopeDim] float32, the values rowF32 reads from
+// rows h*(NopeDim+VHeadDim)+[0, NopeDim) of w, transposed so that absorbing
+// q_nope is one matrix product per head. Cost: one pass over W_UK (rows
+// widened or dequantized) and 4*NumHeads*KVLoraRank*NopeDim bytes
+// allocated.
+func (b *Backend) buildWUKT(w *Tensor, p kernels.MLAParams) []float32 {
+	nh, nope, kvl, vd := p.NumHeads, p.NopeDim, p.KVLoraRank, p.VHeadDim
 	wukT := make([]float32, nh*kvl*nope)
 	b.run.For(nh, func(lo, hi int) {
 		buf := make([]float32, kvl)
@@ -433,18 +465,99 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 			}
 		}
 	})
-	items := pl.items(1)
-	b.run.For(len(items), func(lo, hi int) {
-		rows := 0
-		for _, it := range items[lo:hi] {
-			rows = max(rows, it.r1-it.r0)
+	return wukT
+}
+
+// mlaWUKT returns buildWUKT(w, p), built once per stored weight: BF16, F16,
+// FP8 and block-quantized weights are written only by Upload (BF16, F16) or
+// never after FP8Weight and QuantWeight, so their W_UK^T is built at their
+// first MLAAttention call and kept on the backend (mlaCache), found again by
+// the address of the stored values (views of the same rows share it) and the
+// MLA dimensions. The values are the ones buildWUKT computes, so cached and
+// uncached calls give bit-identical outputs. F32 weights, which any op may
+// write, are transposed per call. Memory: 4*NumHeads*KVLoraRank*NopeDim
+// bytes per layer's kv_b weight, held until the backend is dropped or Upload
+// writes over the weight (DeepSeek-V3: 32 MiB a layer, twice the BF16 W_UK;
+// the shipped tiny model: 128 KiB a layer). Safe for concurrent calls: the
+// map is guarded by a mutex and each entry is built once, outside it.
+func (b *Backend) mlaWUKT(w *Tensor, p kernels.MLAParams) []float32 {
+	key := mlaKey{dtype: w.dtype, nh: p.NumHeads, nope: p.NopeDim, vd: p.VHeadDim, kvl: p.KVLoraRank}
+	var lo, hi uintptr
+	switch {
+	case w.dtype == kernels.BF16 || w.dtype == kernels.F16:
+		if len(w.u16) > 0 {
+			key.data = unsafe.Pointer(&w.u16[0])
+			lo, hi = uintptr(key.data), uintptr(key.data)+2*uintptr(len(w.u16))
 		}
-		s := newMLAScratch(p, rows, min(keyTile, pl.maxK))
-		for _, it := range items[lo:hi] {
-			b.attendMLA(it, pl, p, qs.f32, c.f32, w, wukT, o.f32, s)
+	case w.fp8 != nil:
+		if len(w.u8) > 0 {
+			key.data = unsafe.Pointer(&w.u8[0])
 		}
-	})
-	return nil
+	case w.q != nil:
+		if len(w.q.segs) > 0 && len(w.q.segs[0].data) > 0 {
+			key.data = unsafe.Pointer(&w.q.segs[0].data[0])
+		}
+	}
+	if key.data == nil {
+		return b.buildWUKT(w, p)
+	}
+	c := &b.mla
+	c.mu.Lock()
+	e := c.m[key]
+	if e == nil {
+		if c.m == nil {
+			c.m = make(map[mlaKey]*mlaEntry)
+		}
+		e = &mlaEntry{lo: lo, hi: hi}
+		c.m[key] = e
+	}
+	c.mu.Unlock()
+	e.once.Do(func() { e.wukT = b.buildWUKT(w, p) })
+	return e.wukT
+}
+
+// mlaCache holds the W_UK^T that mlaWUKT built, per stored MLA weight, and
+// MLAAttention's scratch buffers for reuse across calls (a *mlaScratch may
+// be larger than a call needs: attendMLA reads and writes only the prefixes
+// that it sizes from the call's dimensions, and sets them before reading).
+type mlaCache struct {
+	mu      sync.Mutex
+	m       map[mlaKey]*mlaEntry
+	scratch sync.Pool
+}
+
+// mlaKey names a stored weight and the MLA dimensions its W_UK^T was built
+// for. data is the address of the weight's first stored value (its first
+// BF16/F16 element, FP8 byte or quantized block byte); as a pointer it keeps
+// those values alive, so no other weight can take the address while the
+// entry exists.
+type mlaKey struct {
+	data              unsafe.Pointer
+	dtype             kernels.DType
+	nh, nope, vd, kvl int
+}
+
+type mlaEntry struct {
+	once   sync.Once
+	lo, hi uintptr // the BF16/F16 values' address range (0, 0 for others)
+	wukT   []float32
+}
+
+// forget drops the W_UK^T built from BF16 or F16 values that overlap t's:
+// Upload calls it before writing t.
+func (c *mlaCache) forget(t *Tensor) {
+	if (t.dtype != kernels.BF16 && t.dtype != kernels.F16) || len(t.u16) == 0 {
+		return
+	}
+	lo := uintptr(unsafe.Pointer(&t.u16[0]))
+	hi := lo + 2*uintptr(len(t.u16))
+	c.mu.Lock()
+	for k, e := range c.m {
+		if e.lo < hi && lo < e.hi {
+			delete(c.m, k)
+		}
+	}
+	c.mu.Unlock()
 }
 
 type mlaScratch struct {
@@ -467,6 +580,14 @@ func newMLAScratch(p kernels.MLAParams, rows, tile int) *mlaScratch {
 		ov:   make([]float32, rows*p.VHeadDim),
 		sm:   newOnlineSoftmax(r),
 	}
+}
+
+// fits reports whether s holds what newMLAScratch(p, rows, tile) sizes.
+func (s *mlaScratch) fits(p kernels.MLAParams, rows, tile int) bool {
+	r, width := rows*p.NumHeads, p.KVLoraRank+p.RopeDim
+	return len(s.qn) >= rows*p.NopeDim && len(s.x) >= r*width && len(s.tile) >= tile*width &&
+		len(s.vt) >= p.KVLoraRank*tile && len(s.st) >= r*tile && len(s.pv) >= r*p.KVLoraRank &&
+		len(s.acc) >= r*p.KVLoraRank && len(s.ov) >= rows*p.VHeadDim && len(s.sm.m) >= r
 }
 
 func (b *Backend) attendMLA(it attnItem, pl *attnPlan, p kernels.MLAParams, q, cache []float32, w *Tensor, wukT, out []float32, s *mlaScratch) {

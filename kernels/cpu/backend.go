@@ -70,6 +70,7 @@ type Backend struct {
 	llamaAct bool          // Options.LlamaCppActivations
 	closed   atomic.Bool
 	peak     peakOnce
+	mla      mlaCache // MLAAttention's W_UK^T per weight (see mlaWUKT)
 }
 
 var _ kernels.Ops = (*Backend)(nil)
@@ -196,6 +197,7 @@ func (b *Backend) Upload(dst kernels.Tensor, src []byte, srcDType kernels.DType)
 	if err != nil {
 		return err
 	}
+	b.mla.forget(d) // a BF16/F16 MLA weight's W_UK^T is rebuilt from the new values
 	if srcDType == kernels.F8E4M3 && d.dtype == kernels.F8E4M3 {
 		copy(d.u8[:n], src)
 		return nil
