@@ -2,9 +2,9 @@ package cpu
 
 import (
 	"fmt"
-	"unsafe"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
+	"github.com/deepinfer/deepinfer-go/kernels/cpu/simd"
 )
 
 var (
@@ -71,65 +71,16 @@ func mxExpert(t *Tensor, e int) *Tensor {
 	return t.mxRows(e*n, (e+1)*n, t.shape[1:])
 }
 
-// mxfp4BF16 holds the BF16 bits of every (scale, code) pair at scale<<4 |
-// code: F32ToBF16(MXFP4ToF32(code, scale)), the widening of models for
-// backends without MXFP4 kernels. 8 KiB, read-only after package init.
-var mxfp4BF16 = func() (t [256 * 16]uint16) {
-	for s := range 256 {
-		for c := range 16 {
-			t[s<<4|c] = kernels.F32ToBF16(kernels.MXFP4ToF32(byte(c), byte(s)))
-		}
-	}
-	return t
-}()
-
-// mxfp4Pairs and mxfp4NonZero widen a byte of two codes in one step for
-// the scales 2..252, whose values are all normal BF16 numbers: the BF16
-// exponent field of code c under scale s is that under scale 2 plus s-2
-// (scale 2 is the lowest whose values are all normal), with no carry out
-// of the field, so the pair of BF16 values is mxfp4Pairs[byte] +
-// (s-2)*0x00800080 on the halves whose code is not a
-// zero (mxfp4NonZero[byte] masks them). 2 KiB, read-only after package
-// init.
-var mxfp4Pairs, mxfp4NonZero = func() (p, nz [256]uint32) {
-	for c := range 256 {
-		lo, hi := uint32(mxfp4BF16[2<<4|c&0x0f]), uint32(mxfp4BF16[2<<4|c>>4])
-		p[c] = lo | hi<<16
-		if c&0x07 != 0 {
-			nz[c] |= 0xffff
-		}
-		if c&0x70 != 0 {
-			nz[c] |= 0xffff0000
-		}
-	}
-	return p, nz
-}()
-
-// widenMXFP4 writes the BF16 bits of the MXFP4 elements of blocks (two a
-// byte, low nibble first) and scales (one per 32 elements) into dst,
-// len(dst) = 32*len(scales) = 2*len(blocks): mxfp4BF16's value of each
-// element. Cost: about two table reads a byte.
+// widenMXFP4 is the Go path of simd's WidenMXFP4: the BF16 bits of the
+// MXFP4 elements of blocks and scales into dst[:32*len(scales)] (see
+// simd.MXFP4ToBF16), the widening models apply for backends without MXFP4
+// kernels.
 func widenMXFP4(dst []uint16, blocks, scales []byte) {
-	for b, s := range scales {
-		src := (*[16]byte)(blocks[b*16:])
-		d := (*[32]uint16)(dst[b*32:])
-		if s < 2 || s > 252 {
-			lut := (*[16]uint16)(mxfp4BF16[int(s)<<4:])
-			for i := range 16 {
-				c := src[i]
-				d[2*i] = lut[c&0x0f]
-				d[2*i+1] = lut[c>>4]
-			}
-			continue
-		}
-		add := uint32(s-2) * 0x00800080
-		d32 := (*[16]uint32)(unsafe.Pointer(d))
-		for i := range 16 {
-			c := src[i]
-			d32[i] = mxfp4Pairs[c] + add&mxfp4NonZero[c]
-		}
-	}
+	simdGo.WidenMXFP4(dst, blocks, scales)
 }
+
+// simdGo is the pure-Go simd implementation, always available.
+var simdGo, _ = simd.Lookup("go")
 
 // mxfp4Tile is the number of weight rows widened at a time (and the unit
 // of parallel work): 16 rows of gpt-oss's 2880 columns are 90 KiB of BF16,
@@ -141,9 +92,16 @@ const mxfp4Tile = 16
 // w^T + bias. Each tile of rows is widened to BF16 in scratch and
 // multiplied by the BF16 inner loop (or llama.cpp's, under
 // Options.LlamaCppActivations), so every output element is the one linear
-// gives for w widened to BF16 at load. Memory traffic: the MXFP4 bytes
-// once, plus x once a tile.
+// gives for w widened to BF16 at load. The widening is the backend's simd
+// path's (simd.WidenMXFP4: one VPERMW per 32 weights with AVX-512); for
+// one row of float32 activations (decode) simd.GemvMXFP4 multiplies the
+// blocks directly (fused with AVX-512, no scratch). Every path gives the
+// same bits. Memory traffic: the MXFP4 bytes once, plus x once a tile.
 func (b *Backend) linearMXFP4(out, x []float32, w *Tensor, m, n, k int, bias []float32) {
+	impl, err := simd.Lookup(b.k.name)
+	if err != nil { // b.k came from simd.Pick, so it is available
+		impl = simdGo
+	}
 	tiles := (n + mxfp4Tile - 1) / mxfp4Tile
 	var acts *llamaActs // x rounded once for all tiles
 	if b.llamaAct {
@@ -151,8 +109,21 @@ func (b *Backend) linearMXFP4(out, x []float32, w *Tensor, m, n, k int, bias []f
 	}
 	bk, sk := k/2, k/kernels.MXFP4BlockSize
 	body := func(lo, hi int) {
-		wt := make([]uint16, mxfp4Tile*k)
-		var ot []float32 // a tile's outputs when there are several rows
+		if m == 1 && acts == nil {
+			// Decode: one product over the chunk's rows (fused with
+			// AVX-512, no scratch round trip).
+			j0, j1 := lo*mxfp4Tile, min(hi*mxfp4Tile, n)
+			o := out[j0:j1]
+			impl.GemvMXFP4(o, x, w.mx.blocks[j0*bk:j1*bk], w.mx.scales[j0*sk:j1*sk], j1-j0, k)
+			if bias != nil {
+				for j := range o {
+					o[j] += bias[j0+j]
+				}
+			}
+			return
+		}
+		wt := make([]uint16, mxfp4Tile*k) // a tile widened to BF16
+		var ot []float32                  // a tile's outputs when there are several rows
 		if m > 1 {
 			ot = make([]float32, m*mxfp4Tile)
 		}
@@ -160,7 +131,7 @@ func (b *Backend) linearMXFP4(out, x []float32, w *Tensor, m, n, k int, bias []f
 			j0, j1 := tile*mxfp4Tile, min((tile+1)*mxfp4Tile, n)
 			nt := j1 - j0
 			wn := wt[:nt*k]
-			widenMXFP4(wn, w.mx.blocks[j0*bk:j1*bk], w.mx.scales[j0*sk:j1*sk])
+			impl.WidenMXFP4(wn, w.mx.blocks[j0*bk:j1*bk], w.mx.scales[j0*sk:j1*sk])
 			o := out[j0:j1]
 			if m > 1 {
 				o = ot[:m*nt]

@@ -210,23 +210,28 @@ func TestMXFP4WeightErrors(t *testing.T) {
 	}
 }
 
-// TestWidenMXFP4AllScales: the widening gives F32ToBF16(MXFP4ToF32) for
-// every scale and every byte, on both of its paths (pairs for the scales
-// 2..252, one value at a time for the others).
+// TestWidenMXFP4AllScales: every simd path's widening (the one the
+// backend runs and the Go one behind widenMXFP4) gives
+// F32ToBF16(MXFP4ToF32) for every scale, 255 (E8M0's NaN, refused at load)
+// included, and every byte: the Go path's pairs for the scales 2..252 and
+// its value-at-a-time look-ups for the others, and the SIMD paths' table
+// look-ups.
 func TestWidenMXFP4AllScales(t *testing.T) {
 	blocks := make([]byte, 256)
 	for i := range blocks {
 		blocks[i] = byte(i)
 	}
 	dst := make([]uint16, 512)
-	for s := range 255 {
-		scales := []byte{byte(s), byte(s), byte(s), byte(s), byte(s), byte(s), byte(s), byte(s),
-			byte(s), byte(s), byte(s), byte(s), byte(s), byte(s), byte(s), byte(s)}
-		widenMXFP4(dst, blocks, scales)
-		for i, got := range dst {
-			want := kernels.F32ToBF16(kernels.MXFP4ToF32(blocks[i/2]>>(4*(i%2)), byte(s)))
-			if got != want {
-				t.Fatalf("scale %d, byte %#02x, nibble %d: %#04x, want %#04x", s, blocks[i/2], i%2, got, want)
+	for _, p := range simd.Impls() {
+		for s := range 256 {
+			scales := []byte{byte(s), byte(s), byte(s), byte(s), byte(s), byte(s), byte(s), byte(s),
+				byte(s), byte(s), byte(s), byte(s), byte(s), byte(s), byte(s), byte(s)}
+			p.WidenMXFP4(dst, blocks, scales)
+			for i, got := range dst {
+				want := kernels.F32ToBF16(kernels.MXFP4ToF32(blocks[i/2]>>(4*(i%2)), byte(s)))
+				if got != want {
+					t.Fatalf("%s: scale %d, byte %#02x, nibble %d: %#04x, want %#04x", p.Name(), s, blocks[i/2], i%2, got, want)
+				}
 			}
 		}
 	}
