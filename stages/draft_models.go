@@ -142,7 +142,7 @@ func (p *mtpDrafter) propose(ctx context.Context, step *SampledStep, fromDevice 
 	// depth are then a prefix of the rows of the depth before, and each
 	// depth's inputs a prefix of the last one's outputs.
 	var rows []chainRow
-	var depth, entry, shift []int
+	var depth, entry []int
 	maxShift := 0
 	for r, ref := range refs {
 		m := ref.Meta
@@ -169,7 +169,6 @@ func (p *mtpDrafter) propose(ctx context.Context, step *SampledStep, fromDevice 
 		rows = append(rows, c)
 		depth = append(depth, n)
 		entry = append(entry, r)
-		shift = append(shift, worst)
 		maxShift = max(maxShift, worst)
 	}
 	if len(rows) == 0 {

@@ -484,11 +484,6 @@ func (d *DSpark) correct(ctx context.Context, x kernels.Tensor, last []int32, n 
 	return nil
 }
 
-// argmaxRows returns the highest-scoring token of each of the n rows of
-// logits (F32 [n, vocab]; kernels.GreedyTokens).
-func argmaxRows(ops kernels.Ops, logits kernels.Tensor, n int) ([]int, error) {
-	return kernels.GreedyTokens(ops, logits, n)
-}
 
 // uploadI32 copies several I32 arrays to the backend in one transfer and
 // returns a one-dimensional view of each.
