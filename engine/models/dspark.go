@@ -484,7 +484,6 @@ func (d *DSpark) correct(ctx context.Context, x kernels.Tensor, last []int32, n 
 	return nil
 }
 
-
 // uploadI32 copies several I32 arrays to the backend in one transfer and
 // returns a one-dimensional view of each.
 func uploadI32(ops kernels.Ops, parts [][]int32) ([]kernels.Tensor, error) {
