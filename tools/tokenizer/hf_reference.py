@@ -127,6 +127,12 @@ def load_tokenizers(a):
     toks = {}
     for name in ("qwen3", "llama3"):
         toks[name] = Tokenizer.from_file(os.path.join(a.tokenizers, name, "tokenizer.json"))
+    # Gemma 3 and gpt-oss: committed from js_reference.js; regenerated here
+    # with HF itself when fetched.
+    for name in ("gemma3", "gptoss"):
+        p = os.path.join(a.tokenizers, name, "tokenizer.json")
+        if os.path.exists(p):
+            toks[name] = Tokenizer.from_file(p)
     g = os.path.join(a.tokenizers, "gpt2")
     gpt2 = Tokenizer(models.BPE.from_file(os.path.join(g, "encoder.json"), os.path.join(g, "vocab.bpe")))
     gpt2.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
