@@ -72,7 +72,7 @@ func loadNamed(t testing.TB, name string) *Tokenizer {
 		dir := filepath.Join(tokenizersDir(t), "gpt2")
 		requireFiles(t, filepath.Join(dir, "encoder.json"), filepath.Join(dir, "vocab.bpe"))
 		tk, err = LoadGPT2(filepath.Join(dir, "encoder.json"), filepath.Join(dir, "vocab.bpe"))
-	case "qwen3", "llama3":
+	case "qwen3", "llama3", "gemma3", "gptoss":
 		dir := filepath.Join(tokenizersDir(t), name)
 		requireFiles(t, filepath.Join(dir, "tokenizer.json"), filepath.Join(dir, "tokenizer_config.json"))
 		tk, err = Load(dir)

@@ -2,7 +2,6 @@ package tokenizer
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,20 +25,7 @@ func loadFetchedOrSkip(t testing.TB, name string) *Tokenizer {
 			t.Skipf("%s tokenizer not fetched (%v); %s", name, err, fetchHint)
 		}
 	}
-	loaded.Lock()
-	defer loaded.Unlock()
-	if tk, ok := loaded.m[name]; ok {
-		return tk
-	}
-	tk, err := Load(dir)
-	if err != nil {
-		t.Fatalf("load %s: %v", name, err)
-	}
-	if loaded.m == nil {
-		loaded.m = make(map[string]*Tokenizer)
-	}
-	loaded.m[name] = tk
-	return tk
+	return loadNamed(t, name)
 }
 
 // TestParityModels is TestParity for the Gemma 3 and gpt-oss tokenizers: the
@@ -51,55 +37,7 @@ func TestParityModels(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			tk := loadFetchedOrSkip(t, name)
-			fx := readJSONLines[encodeFixture](t, filepath.Join(testdataDir(t), "fixtures", name+".jsonl.gz"))
-			if len(fx) != len(corpus) {
-				t.Fatalf("%d fixtures for %d corpus cases", len(fx), len(corpus))
-			}
-			var bad []string
-			numEnc, numDec := 0, 0
-			for i, text := range corpus {
-				want := fx[i]
-				if got := tk.Encode(text, true); !slices.Equal(got, want.IDs) {
-					numEnc++
-					bad = append(bad, fmt.Sprintf("case %d %q: encode\n got %v\nwant %v", i, text, got, want.IDs))
-				}
-				wantDec := text
-				if want.Dec != nil {
-					wantDec = *want.Dec
-				}
-				wantSkip := wantDec
-				if want.DecSkip != nil {
-					wantSkip = *want.DecSkip
-				}
-				if d := tk.Decode(want.IDs, false); d != wantDec {
-					numDec++
-					bad = append(bad, fmt.Sprintf("case %d: decode %v\n got %q\nwant %q", i, want.IDs, d, wantDec))
-				}
-				if d := tk.Decode(want.IDs, true); d != wantSkip {
-					numDec++
-					bad = append(bad, fmt.Sprintf("case %d: decode skip special %v\n got %q\nwant %q", i, want.IDs, d, wantSkip))
-				}
-			}
-			rnd := readJSONLines[decodeFixture](t, filepath.Join(testdataDir(t), "fixtures", name+"_random.jsonl.gz"))
-			for i, r := range rnd {
-				if d := tk.Decode(r.IDs, false); d != r.Dec {
-					numDec++
-					bad = append(bad, fmt.Sprintf("random %d: decode %v\n got %q\nwant %q", i, r.IDs, d, r.Dec))
-				}
-				if d := tk.Decode(r.IDs, true); d != r.DecSkip {
-					numDec++
-					bad = append(bad, fmt.Sprintf("random %d: decode skip special %v\n got %q\nwant %q", i, r.IDs, d, r.DecSkip))
-				}
-			}
-			t.Logf("%s: %d corpus cases, %d random decodes: %d encode and %d decode mismatches",
-				name, len(corpus), len(rnd), numEnc, numDec)
-			for i, b := range bad {
-				if i == 10 {
-					t.Errorf("... and %d more", len(bad)-10)
-					break
-				}
-				t.Error(b)
-			}
+			checkCorpusParity(t, tk, name, corpus)
 		})
 	}
 }
