@@ -34,6 +34,8 @@
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
+#include "reduce16_avx512.h"
+
 // f8_widen turns 16 E4M3 bytes (sign-extended to 16 bits) into 16 floats of
 // 2^-8 their value.
 AVX512 INLINE __m512 f8_widen(__m256i h) {
@@ -56,25 +58,6 @@ AVX512 INLINE void f8_load32(const uint8_t *p, __m512 *lo, __m512 *hi) {
 
 AVX512 INLINE __m512 f8_load_mask(const uint8_t *p, __mmask16 mk) {
 	return f8_widen(_mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(mk, p)));
-}
-
-// reduce16_f8 is reduce16 of kernels_avx512.c: r[4c+q] = hsum(a[4q+c]).
-AVX512 INLINE __m512 reduce16_f8(const __m512 a[16]) {
-	__m512 t[8], u[4], v[2];
-#pragma GCC unroll 8
-	for (int i = 0; i < 8; i++)
-		t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-		                     _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-#pragma GCC unroll 4
-	for (int j = 0; j < 4; j++)
-		u[j] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-		                     _mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-#pragma GCC unroll 2
-	for (int h = 0; h < 2; h++)
-		v[h] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * h], u[2 * h + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-		                     _mm512_shuffle_ps(u[2 * h], u[2 * h + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-	return _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
-	                     _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
 // tile_f8 computes an R x C tile (R <= 8, R*C 8 or 16) of out over all of
@@ -181,7 +164,7 @@ AVX512 INLINE void tile_f8(const int R, const int C, const float *x, int nr, con
 	for (int f = 0; f < 16; f++)
 		a[4 * (f % 4) + f / 4] = acc[f % (R * C)];
 	float res[16];
-	_mm512_storeu_ps(res, reduce16_f8(a));
+	_mm512_storeu_ps(res, reduce16(a));
 	for (int r = 0; r < nr; r++)
 		for (int c = 0; c < nc; c++)
 			out[r * ldo + c] = res[r * C + c];

@@ -15,6 +15,8 @@
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2")))
 #define INLINE static inline __attribute__((always_inline))
 
+#include "reduce16_avx512.h"
+
 AVX512 INLINE __m512i mxfp4_block_avx512(const uint8_t *src, const uint16_t *lut) {
 	__m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)src));
 	// (A | B) & C: imm (0xF0 | 0xCC) & 0xAA = 0xA8.
@@ -34,26 +36,6 @@ AVX512 void di_widen_mxfp4_avx512(uint16_t *dst, const uint8_t *blocks, const ui
 	}
 	for (; b < nb; b++)
 		_mm512_storeu_si512((void *)(dst + 32 * b), mxfp4_block_avx512(blocks + 16 * b, table + 16 * (int)scales[b]));
-}
-
-// reduce16_mx is reduce16 of kernels_avx512.c: r[4c+q] = hsum(a[4q+c]),
-// each hsum in the canonical order.
-AVX512 INLINE __m512 reduce16_mx(const __m512 a[16]) {
-	__m512 t[8], u[4], v[2];
-#pragma GCC unroll 8
-	for (int i = 0; i < 8; i++)
-		t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-		                     _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-#pragma GCC unroll 4
-	for (int j = 0; j < 4; j++)
-		u[j] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-		                     _mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-#pragma GCC unroll 2
-	for (int h = 0; h < 2; h++)
-		v[h] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * h], u[2 * h + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-		                     _mm512_shuffle_ps(u[2 * h], u[2 * h + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-	return _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
-	                     _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
 // MX_GEMV_COLS is the number of weight rows one pass of the fused GEMV
@@ -104,7 +86,7 @@ AVX512 void di_gemv_mxfp4_avx512(float *out, const float *x, const uint8_t *bloc
 		for (int f = 0; f < 16; f++)
 			a[4 * (f % 4) + f / 4] = acc[f % C];
 		float res[16];
-		_mm512_storeu_ps(res, reduce16_mx(a));
+		_mm512_storeu_ps(res, reduce16(a));
 		for (int c = 0; c < nc; c++)
 			out[j + c] = res[c];
 	}

@@ -1,0 +1,32 @@
+// reduce16_avx512.h: the canonical reduction tree of 16 AVX-512
+// accumulators, shared by the AVX-512 kernel files (each is compiled on its
+// own, so the function is static inline here). The includer defines AVX512
+// (its target attribute) and INLINE first.
+#ifndef DEEPINFER_REDUCE16_AVX512_H
+#define DEEPINFER_REDUCE16_AVX512_H
+
+#include <immintrin.h>
+
+// reduce16 runs the canonical tree on 16 accumulators at once and returns
+// r with r[4c+q] = hsum(a[4q+c]): the same additions as hsum, batched into
+// full-width shuffles and adds.
+AVX512 INLINE __m512 reduce16(const __m512 a[16]) {
+	__m512 t[8], u[4], v[2];
+#pragma GCC unroll 8
+	for (int i = 0; i < 8; i++) // lanes l + l+8: t[i] = [s8(a[2i]) | s8(a[2i+1])]
+		t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+		                     _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+#pragma GCC unroll 4
+	for (int j = 0; j < 4; j++) // l + l+4: u[j] chunk c = s4(a[4j+c])
+		u[j] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+		                     _mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+#pragma GCC unroll 2
+	for (int h = 0; h < 2; h++) // l + l+2: v[h] chunk c = [s2(a[8h+c]), s2(a[8h+4+c])]
+		v[h] = _mm512_add_ps(_mm512_shuffle_ps(u[2 * h], u[2 * h + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+		                     _mm512_shuffle_ps(u[2 * h], u[2 * h + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+	// l + l+1: chunk c = [s1(a[c]), s1(a[4+c]), s1(a[8+c]), s1(a[12+c])]
+	return _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+	                     _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+#endif
