@@ -462,23 +462,16 @@ type chainRow struct {
 // it. A row whose position falls outside its block table or the context
 // is dropped: rows keeps the ones laid out.
 func chainBatch(d DraftDeps, rows []chainRow) (*models.ForwardBatch, []chainRow, error) {
-	h := &models.HostBatch{BlockSize: d.BlockSize}
 	kept := rows[:0]
 	for _, r := range rows {
-		if r.pos >= d.MaxModelLen || r.pos/d.BlockSize >= len(r.meta.BlockTable) {
-			continue
+		if chainFits(d, r.meta, r.pos) {
+			kept = append(kept, r)
 		}
-		table := make([]int32, len(r.meta.BlockTable))
-		for j, b := range r.meta.BlockTable {
-			table[j] = int32(b)
-		}
-		h.AddSequence([]int32{int32(r.token)}, r.pos, table)
-		kept = append(kept, r)
 	}
 	if len(kept) == 0 {
 		return nil, nil, nil
 	}
-	b, err := h.Upload(d.Ops, 0)
+	b, err := chainBatchAt(d, kept, 0)
 	return b, kept, err
 }
 

@@ -332,9 +332,10 @@ func chainFits(d DraftDeps, m *engine.SequenceMetadata, pos int) bool {
 	return pos < d.MaxModelLen && pos/d.BlockSize < len(m.BlockTable)
 }
 
-// chainBatchAt lays rows out as a decode batch of one row each at
-// position pos+offset, and uploads it; the caller sets its input ids (in
-// backend memory). Every row must fit there (chainFits).
+// chainBatchAt lays rows out as a decode batch of one row each, token
+// r.token at position r.pos+offset, and uploads it (the MTP drafter then
+// sets the input ids from backend memory). Every row must fit there
+// (chainFits).
 func chainBatchAt(d DraftDeps, rows []chainRow, offset int) (*models.ForwardBatch, error) {
 	h := &models.HostBatch{BlockSize: d.BlockSize}
 	for _, r := range rows {
@@ -342,7 +343,7 @@ func chainBatchAt(d DraftDeps, rows []chainRow, offset int) (*models.ForwardBatc
 		for j, b := range r.meta.BlockTable {
 			table[j] = int32(b)
 		}
-		h.AddSequence([]int32{0}, r.pos+offset, table)
+		h.AddSequence([]int32{int32(r.token)}, r.pos+offset, table)
 	}
 	return h.Upload(d.Ops, 0)
 }
