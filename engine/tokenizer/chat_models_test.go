@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -172,4 +173,108 @@ func TestChatTemplateFile(t *testing.T) {
 	if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "chat_template") {
 		t.Errorf("bad chat_template.jinja: err = %v", err)
 	}
+}
+
+// TestChatTemplateParityGptOss renders every conversation of
+// chat_conversations.json and chat_conversations_harmony.json with gpt-oss's
+// harmony template, read by Load from a chat_template.jinja beside the
+// fetched tokenizer as upstream ships it, and compares with transformers'
+// renders of the same template (chat/gptoss.json and the template itself
+// from tools/tokenizer/harmony_reference.py). The template writes the day's
+// date, so "Current date: YYYY-MM-DD" is masked on both sides. Conversations
+// the template rejects (raise_exception) must fail here too. The rendered
+// prompts then encode with every harmony marker as its one special token.
+func TestChatTemplateParityGptOss(t *testing.T) {
+	fetched := filepath.Join(tokenizersDir(t), "gptoss")
+	loadFetchedOrSkip(t, "gptoss")
+	chatDir := filepath.Join(testdataDir(t), "chat")
+	tmpl, err := os.ReadFile(filepath.Join(chatDir, "gptoss_chat_template.jinja"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, f := range []string{"tokenizer.json", "tokenizer_config.json"} {
+		if err := os.Symlink(filepath.Join(fetched, f), filepath.Join(dir, f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "chat_template.jinja"), tmpl, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tk, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var convs []chatConversation
+	for _, name := range []string{"chat_conversations.json", "chat_conversations_harmony.json"} {
+		raw, err := os.ReadFile(filepath.Join(testdataDir(t), name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cs []chatConversation
+		if err := json.Unmarshal(raw, &cs); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		convs = append(convs, cs...)
+	}
+	raw, err := os.ReadFile(filepath.Join(chatDir, "gptoss.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ref chatReference
+	if err := json.Unmarshal(raw, &ref); err != nil {
+		t.Fatal(err)
+	}
+	if len(ref.Renders) != len(convs) {
+		t.Fatalf("%d references for %d conversations", len(ref.Renders), len(convs))
+	}
+	date := regexp.MustCompile(`Current date: \d{4}-\d{2}-\d{2}`)
+	mask := func(s string) string { return date.ReplaceAllString(s, "Current date: DATE") }
+	markers := []string{"<|start|>", "<|message|>", "<|end|>", "<|channel|>", "<|return|>", "<|call|>", "<|constrain|>"}
+	ok, rejected := 0, 0
+	for i, c := range convs {
+		want := ref.Renders[i]
+		if want.Name != c.Name {
+			t.Fatalf("reference %d is %q, conversation %q", i, want.Name, c.Name)
+		}
+		got, err := renderConversation(tk, c)
+		switch {
+		case want.Text == nil:
+			if err == nil {
+				t.Errorf("%s: transformers failed (%s) but got %q", c.Name, want.Error, got)
+				continue
+			}
+			rejected++
+		case err != nil:
+			t.Errorf("%s: %v", c.Name, err)
+			continue
+		case mask(got) != mask(*want.Text):
+			t.Errorf("%s:\n got %q\nwant %q", c.Name, mask(got), mask(*want.Text))
+			continue
+		default:
+			ids := tk.Encode(got, false)
+			for _, m := range markers {
+				id, _ := tk.TokenToID(m)
+				if n := strings.Count(got, m); n != countID(ids, id) {
+					t.Errorf("%s: %s appears %d times in the text, its id %d times in the encoding", c.Name, m, n, countID(ids, id))
+				}
+			}
+		}
+		ok++
+	}
+	if rejected == 0 {
+		t.Error("no conversation was rejected: the template's raise_exception paths went untested")
+	}
+	t.Logf("gptoss: %d/%d conversations render as transformers (%d rejected by both; %s, %s)", ok, len(convs), rejected, ref.Method, ref.Source)
+}
+
+// countID is how many times id occurs in ids.
+func countID(ids []int, id int) int {
+	n := 0
+	for _, x := range ids {
+		if x == id {
+			n++
+		}
+	}
+	return n
 }

@@ -23,6 +23,7 @@ type chatConversation struct {
 
 type chatReference struct {
 	Method  string `json:"method"`
+	Source  string `json:"source"` // where the template came from, when not the tokenizer
 	Renders []struct {
 		Name  string  `json:"name"`
 		Text  *string `json:"text"`
