@@ -29,12 +29,17 @@ import (
 // output, into the lookahead slots the scheduler reserved. Greedy (argmax)
 // drafts make q one-hot, which the verify stage relies on. A fork's first
 // step gets no draft (its parent's MTP row saw the parent's token).
+//
+// The host lays a step out once (mtpPlan) and sends it up in one upload
+// (mtpLayout); the passes, argmaxes, gathers and shifts then queue as one
+// program (runChain), eagerly, or, when the engine captures CUDA graphs
+// and the step's shapes fit, as two graph replays (mtpGraphs).
 // Cost: one MTP layer over the step's tokens, then k-1 passes of one row
 // per sequence, each with a logits row per sequence.
 type mtpDrafter struct {
 	d      DraftDeps
 	mtp    *models.MTP
-	graphs *mtpGraphs // nil: every pass eager
+	graphs *mtpGraphs // nil: every step eager
 }
 
 func newMTPDrafter(d DraftDeps) (*mtpDrafter, error) {
@@ -62,7 +67,9 @@ func (p *mtpDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int, e
 
 // ProposeOnDevice queues the drafter's passes and returns the drafts in
 // backend memory: the passes chain on the device (each depth's argmax is
-// the next depth's input), so a step costs no host round trip.
+// the next depth's input), so a step costs no host round trip. Drafts
+// from the graphs are the graphs' static output: they hold until the
+// drafter's next step is queued.
 func (p *mtpDrafter) ProposeOnDevice(ctx context.Context, step *SampledStep) (DeviceDrafts, error) {
 	return p.propose(ctx, step, false)
 }
@@ -83,7 +90,7 @@ func (p *mtpDrafter) ProposeFromDevice(ctx context.Context, step *SampledStep) (
 // propose is ProposeOnDevice (fromDevice false: the step's host samples
 // and Verified) or ProposeFromDevice.
 func (p *mtpDrafter) propose(ctx context.Context, step *SampledStep, fromDevice bool) (DeviceDrafts, error) {
-	d, ops, res := p.d, p.d.Ops, step.ForwardResult
+	d := p.d
 	refs, counts, err := sampleEntries(step)
 	if err != nil {
 		return DeviceDrafts{}, err
@@ -93,13 +100,61 @@ func (p *mtpDrafter) propose(ctx context.Context, step *SampledStep, fromDevice 
 	if k == 0 {
 		return dd, nil // see draftLimit
 	}
-	cache := d.Speculative.DraftCache
-	if err := copyCacheBlocks(ops, cache, step.Outputs.BlockCopies); err != nil {
+	if err := copyCacheBlocks(d.Ops, d.Speculative.DraftCache, step.Outputs.BlockCopies); err != nil {
 		return dd, err
 	}
-	b := res.Batch
-	t := b.NumTokens
+	s := p.plan(step, refs, counts, k, fromDevice)
+	if len(s.rows) == 0 {
+		return dd, nil
+	}
+	tokens, stride, ok, err := p.graphs.draft(step, s)
+	if err == nil && !ok {
+		tokens, stride, err = p.eager(ctx, step, s)
+	}
+	if err != nil {
+		return dd, err
+	}
+	dd.Tokens = tokens
+	for i, r := range s.rows {
+		at := make([]int32, s.depth[i])
+		for j := range at {
+			at[j] = int32(j*stride + i)
+		}
+		dd.At[r.out] = at
+	}
+	return dd, nil
+}
+
+// mtpPlan is a drafting step as the host lays it out, before any upload.
+type mtpPlan struct {
+	fromDevice bool
+	// ids and fromRow, per row of the step: the first pass's input (each
+	// row's next token), or, from the device, the sample row of
+	// step.Tokens that gives it (fromRow >= 0; -1 elsewhere).
+	ids, fromRow []int32
+	placeholders bool // some fromRow >= 0
+	// rows are the entries that draft, deepest first, each with how many
+	// drafts it gets (depth) and its entry in step.Verified (entry). On the
+	// host path rows[i].hiddenRow is the row of the first pass's output
+	// that predicts its first draft and rows[i].pos already counts its
+	// accepted drafts; from the device both are the device's to shift.
+	rows     []chainRow
+	depth    []int
+	entry    []int32
+	maxDepth int
+	maxShift int // the largest accepted count a row may be shifted by (from the device)
+	entries  int // entries of the step: the columns of step.DeviceVerified
+}
+
+// plan lays step out on the host. The drafting rows are sorted deepest
+// first, so that the rows of each depth are a prefix of the rows of the
+// depth before, and each depth's inputs a prefix of the last one's
+// outputs.
+func (p *mtpDrafter) plan(step *SampledStep, refs []RowRef, counts []int, k int, fromDevice bool) *mtpPlan {
+	d, res := p.d, step.ForwardResult
+	t := res.Batch.NumTokens
 	first := tokenRows(step)
+	s := &mtpPlan{fromDevice: fromDevice, ids: make([]int32, t), fromRow: make([]int32, t), entries: len(refs)}
 	// Each row's next token: the sampled one for rows that sample (from
 	// the host samples, or from step.Tokens through fromRow), else the next
 	// prompt token.
@@ -109,26 +164,25 @@ func (p *mtpDrafter) propose(ctx context.Context, step *SampledStep, fromDevice 
 			sampleIndex[[2]int{r.Row, r.Offset}] = i
 		}
 	}
-	ids := make([]int32, t)
-	fromRow := make([]int32, t)
 	for i := range step.Seqs {
 		m := &step.Seqs[i]
 		q := m.SeqlenQ
 		from := q - 1 - m.NumDrafts // first sampling row
 		for j := range q {
-			fromRow[first[i]+j] = -1
+			s.fromRow[first[i]+j] = -1
 			switch {
 			case m.Sample && j >= from:
 				r := sampleIndex[[2]int{m.SampleRow, j - from}]
 				if fromDevice {
-					fromRow[first[i]+j] = int32(r)
+					s.fromRow[first[i]+j] = int32(r)
+					s.placeholders = true
 				} else {
-					ids[first[i]+j] = int32(step.Samples[r].Token)
+					s.ids[first[i]+j] = int32(step.Samples[r].Token)
 				}
 			case j+1 < q:
-				ids[first[i]+j] = int32(m.InputTokenIDs[j+1])
+				s.ids[first[i]+j] = int32(m.InputTokenIDs[j+1])
 			default:
-				ids[first[i]+j] = int32(m.TokenIDs[m.PosStart+q])
+				s.ids[first[i]+j] = int32(m.TokenIDs[m.PosStart+q])
 			}
 		}
 	}
@@ -138,20 +192,17 @@ func (p *mtpDrafter) propose(ctx context.Context, step *SampledStep, fromDevice 
 	}
 	// The entries that draft, each with how deep its chain can go (its
 	// positions must stay inside its block table and the context; from the
-	// device, for any accepted count), deepest first: the rows of each
-	// depth are then a prefix of the rows of the depth before, and each
-	// depth's inputs a prefix of the last one's outputs.
+	// device, for any accepted count).
 	var rows []chainRow
-	var depth, entry []int
-	maxShift := 0
+	var depth []int
+	var entry []int32
 	for r, ref := range refs {
 		m := ref.Meta
 		if ref.SeqID != m.SeqID {
 			continue // a fork
 		}
 		i := seqIndex[m.SeqID]
-		base := first[i] + m.SeqlenQ - 1 - m.NumDrafts
-		c := chainRow{out: r, meta: m, pos: samplePosition(step, m) + 1, hiddenRow: base}
+		c := chainRow{out: r, meta: m, pos: samplePosition(step, m) + 1, hiddenRow: first[i] + m.SeqlenQ - 1 - m.NumDrafts}
 		worst := 0
 		if fromDevice {
 			if counts[r] > 1 {
@@ -168,162 +219,357 @@ func (p *mtpDrafter) propose(ctx context.Context, step *SampledStep, fromDevice 
 		}
 		rows = append(rows, c)
 		depth = append(depth, n)
-		entry = append(entry, r)
-		maxShift = max(maxShift, worst)
-	}
-	if len(rows) == 0 {
-		return dd, nil
+		entry = append(entry, int32(r))
+		s.maxShift = max(s.maxShift, worst)
 	}
 	order := make([]int, len(rows))
 	for i := range order {
 		order[i] = i
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return depth[b] - depth[a] })
-	sorted := make([]chainRow, len(rows))
-	at := make([]int32, len(rows)) // host: hidden rows; device: entries
-	for i, o := range order {
-		sorted[i] = rows[o]
-		at[i] = int32(rows[o].hiddenRow)
-		if fromDevice {
-			at[i] = int32(entry[o])
-		}
-		d := depth[o]
-		dd.At[rows[o].out] = make([]int32, d)
+	for _, o := range order {
+		s.rows = append(s.rows, rows[o])
+		s.depth = append(s.depth, depth[o])
+		s.entry = append(s.entry, entry[o])
+	}
+	if len(s.rows) > 0 {
+		s.maxDepth = s.depth[0]
+	}
+	return s
+}
+
+// depthRows returns how many rows each depth has (rows[0]: every drafting
+// row).
+func (s *mtpPlan) depthRows() []int {
+	rows := make([]int, s.maxDepth)
+	for _, d := range s.depth {
 		for j := range d {
-			dd.At[rows[o].out][j] = int32(j*len(rows) + i)
+			rows[j]++
 		}
 	}
-	rows = sorted
-	n := len(rows)
-	maxDepth := depth[order[0]]
-	upload := append(append(ids, at...), fromRow...)
-	all, err := kernels.FromI32(ops, upload, len(upload))
+	return rows
+}
+
+// mtpLayout places a drafting step's host arrays in its one upload, as I32
+// offsets, each array 16-byte aligned: the first pass's over T rows (the
+// step's t, then padding), and from chain on the chain's over N rows (the
+// drafting rows, then padding), D depths and block tables W wide. The
+// first pass's offsets depend on T only, and the chain's on N, W and chain
+// only (depth j's on j, not on D), so that the graphs of each part, keyed
+// by T and by (N, D), read a step laid out for both.
+type mtpLayout struct {
+	T, N, D, W int
+	// The first pass, [T] each: input ids, positions, slots and key
+	// counts (the static batch of a graph; the device copies the step's
+	// own over its t rows), and the placeholders' sample rows.
+	ids, positions, slots, seqlensK, fromRow int
+	chain                                    int
+	verified                                 int // [3, N]: a verification as kernels.DraftAccepter writes it (accepted counts, last tokens, hidden rows), by column
+	entries                                  int // [N]: each row's column of the verification
+	cu                                       int // [N+1]: 0, 1, ..., N
+	tables                                   int // [N, W]: each row's block table, -1 past it
+	depths                                   []mtpDepthLayout
+	size                                     int
+}
+
+// mtpDepthLayout is where depth j's one-token rows lie ([N] each):
+// positions, slots and key counts as if nothing were accepted, and the
+// column whose accepted count shifts each (-1: none).
+type mtpDepthLayout struct{ positions, slots, seqlensK, shiftFrom int }
+
+// newMTPLayout lays out T first-pass rows and N chain rows of D depths
+// with tables w wide; the chain starts at chainAt or right after the
+// first pass, whichever is later.
+func newMTPLayout(T, N, D, W, chainAt int) mtpLayout {
+	l := mtpLayout{T: T, N: N, D: D, W: W}
+	at := 0
+	next := func(n int) int {
+		o := at
+		at += (n + 3) &^ 3
+		return o
+	}
+	l.ids, l.positions, l.slots, l.seqlensK, l.fromRow = next(T), next(T), next(T), next(T), next(T)
+	at = max(at, chainAt)
+	l.chain = at
+	l.verified, l.entries, l.cu, l.tables = next(3*N), next(N), next(N+1), next(N*W)
+	for j := 1; j < D; j++ {
+		l.depths = append(l.depths, mtpDepthLayout{next(N), next(N), next(N), next(N)})
+	}
+	l.size = at
+	return l
+}
+
+// firstExtent is where a layout of T first-pass rows may start its chain.
+func firstExtent(T int) int { return newMTPLayout(T, 0, 1, 0, 0).chain }
+
+// fill writes s laid out by l into host (l.size elements; every array l
+// places is written). Rows past the step's are padding, as in the decode
+// graphs: token 0 at position 0 with one key, written nowhere (slot -1),
+// shifted by nothing, a block table of block 0 (then -1, as past a real
+// row's table), column 0 of the verification. On the host path the
+// verification holds, in column i, row i's hidden row, and nothing is
+// shifted. s nil: padding only. Every row's block table must fit in W.
+func (l *mtpLayout) fill(host []int32, s *mtpPlan, blockSize int) {
+	var t, n int
+	if s != nil {
+		t, n = len(s.ids), len(s.rows)
+	}
+	for i := range l.T {
+		id, from := int32(0), int32(-1)
+		if i < t {
+			id, from = s.ids[i], s.fromRow[i]
+		}
+		host[l.ids+i], host[l.positions+i], host[l.slots+i], host[l.seqlensK+i], host[l.fromRow+i] = id, 0, -1, 1, from
+	}
+	verified := host[l.verified : l.verified+3*l.N]
+	clear(verified)
+	for i := 0; i <= l.N; i++ {
+		host[l.cu+i] = int32(i)
+	}
+	for i := range l.N {
+		table := host[l.tables+i*l.W : l.tables+(i+1)*l.W]
+		for b := range table {
+			table[b] = -1
+		}
+		host[l.entries+i] = 0
+		if i >= n {
+			table[0] = 0
+			continue
+		}
+		r := s.rows[i]
+		for b, blk := range r.meta.BlockTable {
+			table[b] = int32(blk)
+		}
+		if s.fromDevice {
+			host[l.entries+i] = s.entry[i]
+		} else {
+			host[l.entries+i] = int32(i)
+			verified[2*l.N+i] = int32(r.hiddenRow)
+		}
+	}
+	for j := 1; j < l.D; j++ {
+		dl := l.depths[j-1]
+		for i := range l.N {
+			pos, slot, keys, from := int32(0), int32(-1), int32(1), int32(-1)
+			if i < n && s.depth[i] > j {
+				r := s.rows[i]
+				p := r.pos + j - 1
+				pos, keys = int32(p), int32(p+1)
+				slot = int32(r.meta.BlockTable[p/blockSize]*blockSize + p%blockSize)
+				if s.fromDevice {
+					from = s.entry[i]
+				}
+			}
+			host[dl.positions+i], host[dl.slots+i], host[dl.seqlensK+i], host[dl.shiftFrom+i] = pos, slot, keys, from
+		}
+	}
+}
+
+// mtpViews are a layout's arrays in backend memory: views of the one
+// buffer its step was uploaded into.
+type mtpViews struct {
+	ids, positions, slots, seqlensK, fromRow kernels.Tensor // I32 [T]
+	verified                                 kernels.Tensor // I32 [3, N]
+	entries, cu                              kernels.Tensor // I32 [N], [N+1]
+	tables                                   kernels.Tensor // I32 [N, W]
+	depths                                   []mtpDepthViews
+}
+
+// mtpDepthViews are depth j's arrays, I32 [N] each.
+type mtpDepthViews struct{ positions, slots, seqlensK, shiftFrom kernels.Tensor }
+
+// views returns l's arrays in buf (I32, one dimension, laid out by l):
+// the first pass's when first, the chain's when chain. No copy.
+func (l *mtpLayout) views(ops kernels.Ops, buf kernels.Tensor, first, chain bool) (*mtpViews, error) {
+	var err error
+	view := func(off, n int, shape ...int) kernels.Tensor {
+		if err != nil {
+			return nil
+		}
+		var t kernels.Tensor
+		if t, err = ops.Rows(buf, off, off+n); err == nil && len(shape) > 0 {
+			t, err = ops.Reshape(t, shape...)
+		}
+		return t
+	}
+	v := &mtpViews{}
+	if first {
+		v.ids, v.positions, v.slots, v.seqlensK, v.fromRow = view(l.ids, l.T), view(l.positions, l.T), view(l.slots, l.T), view(l.seqlensK, l.T), view(l.fromRow, l.T)
+	}
+	if chain {
+		v.verified, v.entries, v.cu, v.tables = view(l.verified, 3*l.N, 3, l.N), view(l.entries, l.N), view(l.cu, l.N+1), view(l.tables, l.N*l.W, l.N, l.W)
+		for _, dl := range l.depths {
+			v.depths = append(v.depths, mtpDepthViews{view(dl.positions, l.N), view(dl.slots, l.N), view(dl.seqlensK, l.N), view(dl.shiftFrom, l.N)})
+		}
+	}
 	if err != nil {
-		return dd, err
+		return nil, fmt.Errorf("mtp layout: %w", err)
 	}
-	var idsT, atT, fromT kernels.Tensor
-	if idsT, err = ops.Rows(all, 0, t); err == nil {
-		if atT, err = ops.Rows(all, t, t+n); err == nil {
-			fromT, err = ops.Rows(all, t+n, 2*t+n)
+	return v, nil
+}
+
+// mtpChain is what the chained passes read: a layout's chain views and
+// what the step holds on the device.
+type mtpChain struct {
+	v      *mtpViews
+	stride int // depth j's drafts start at j*stride of tokens
+	// first is the first pass's output, its rows those of the step's batch.
+	first kernels.Tensor
+	// verified (I32 [3, R]) gives, at a row's column (v.entries), its
+	// accepted count (row 0) and its hidden row in first (row 2).
+	verified   kernels.Tensor
+	tokens     kernels.Tensor // I32 [D*stride]: the drafts
+	rows       []int          // rows of each depth (stride each in a graph: padding past a step's)
+	maxSeqlenK []int          // bound on the key counts of depth j's batch (j >= 1), shifts included
+	blockSize  int
+	shift      bool // shift each depth's rows by their accepted counts (from the device, and in a graph)
+}
+
+// runChain queues the drafts of every depth: depth 0 is the argmax of the
+// MTP head over the first pass's output at each row's hidden row; depth j
+// >= 1 runs the MTP layer over one token a row (depth j-1's draft) at the
+// positions laid out for it, shifted by the row's accepted count when
+// c.shift, fed the first pass's output at the hidden row (j = 1) or depth
+// j-1's output, and takes the argmax. It only queues device work, so that
+// a graph can capture it.
+func (p *mtpDrafter) runChain(ctx context.Context, c *mtpChain) error {
+	ops, cache := p.d.Ops, p.d.Speculative.DraftCache
+	var err error
+	verifiedRow := func(i int) kernels.Tensor {
+		var t kernels.Tensor
+		if err == nil {
+			if t, err = ops.Rows(c.verified, i, i+1); err == nil {
+				t, err = ops.Reshape(t, c.verified.Shape()[1])
+			}
 		}
+		return t
 	}
-	var accepted kernels.Tensor // the device's accepted counts, by entry
-	if err == nil && fromDevice {
-		// The sampled ids from the device tokens, and the hidden rows of
-		// the last emitted tokens (base + accepted) by entry.
-		err = ops.ResolvePlaceholders(idsT, fromT, step.Tokens)
-		var shifted, rowsT kernels.Tensor
+	prefix := func(t kernels.Tensor, lo, n int) kernels.Tensor {
+		var v kernels.Tensor
 		if err == nil {
-			if shifted, err = ops.Rows(step.DeviceVerified, 2, 3); err == nil {
-				shifted, err = ops.Reshape(shifted, len(refs))
-			}
+			v, err = ops.Rows(t, lo, lo+n)
 		}
-		if err == nil {
-			if rowsT, err = ops.Alloc(kernels.I32, n); err == nil {
-				err = ops.ResolvePlaceholders(rowsT, atT, shifted)
-			}
-		}
-		atT = rowsT
-		if err == nil {
-			if accepted, err = ops.Rows(step.DeviceVerified, 0, 1); err == nil {
-				accepted, err = ops.Reshape(accepted, len(refs))
-			}
-		}
+		return v
+	}
+	accepted, hiddenRows := verifiedRow(0), verifiedRow(2)
+	n := c.rows[0]
+	entries := prefix(c.v.entries, 0, n)
+	if err != nil {
+		return err
+	}
+	// Each row's hidden row, by its column of the verification.
+	at, err := ops.Alloc(kernels.I32, n)
+	if err != nil {
+		return err
+	}
+	if err := ops.ResolvePlaceholders(at, entries, hiddenRows); err != nil {
+		return err
+	}
+	logits, err := p.mtp.ComputeLogits(0, c.first, at)
+	if err != nil {
+		return err
+	}
+	if dst := prefix(c.tokens, 0, n); err == nil {
+		err = kernels.ArgmaxInto(ops, dst, logits)
+	}
+	if err != nil || len(c.rows) == 1 {
+		return err
+	}
+	// Depth 1 is fed the first pass's output at the hidden rows.
+	m := c.rows[1]
+	out, err := ops.Alloc(c.first.DType(), m, c.first.Shape()[1])
+	if idx := prefix(at, 0, m); err == nil {
+		err = ops.Embedding(out, c.first, idx)
 	}
 	if err != nil {
-		return dd, err
+		return err
+	}
+	for j := 1; j < len(c.rows); j++ {
+		m := c.rows[j]
+		dv := c.v.depths[j-1]
+		b := &models.ForwardBatch{NumTokens: m, InputIDs: prefix(c.tokens, (j-1)*c.stride, m), Positions: prefix(dv.positions, 0, m),
+			Attn: kernels.AttentionMetadata{NumSeqs: m, NumTokens: m, MaxSeqlenQ: 1, MaxSeqlenK: c.maxSeqlenK[j], BlockSize: c.blockSize,
+				CuSeqlensQ: prefix(c.v.cu, 0, m+1), SeqlensK: prefix(dv.seqlensK, 0, m), BlockTables: prefix(c.v.tables, 0, m),
+				SlotMapping: prefix(dv.slots, 0, m)}}
+		shiftFrom, hidden := prefix(dv.shiftFrom, 0, m), prefix(out, 0, m)
+		dst := prefix(c.tokens, j*c.stride, m)
+		if err != nil {
+			return err
+		}
+		if c.shift {
+			if err := ops.ShiftAccepted(&b.Attn, b.Positions, shiftFrom, accepted); err != nil {
+				return err
+			}
+		}
+		if out, err = p.mtp.Forward(ctx, 0, cache, b, hidden); err != nil {
+			return err
+		}
+		if logits, err = p.mtp.ComputeLogits(0, out, nil); err != nil {
+			return err
+		}
+		if err := kernels.ArgmaxInto(ops, dst, logits); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// eager runs a drafting step without graphs: its layout (no padding) in
+// one upload, the first pass over the step's own batch, then the chain. It
+// returns the drafts and their stride (the drafting rows).
+func (p *mtpDrafter) eager(ctx context.Context, step *SampledStep, s *mtpPlan) (kernels.Tensor, int, error) {
+	ops, res := p.d.Ops, step.ForwardResult
+	t, n := len(s.ids), len(s.rows)
+	w := 1
+	for _, r := range s.rows {
+		w = max(w, len(r.meta.BlockTable))
+	}
+	l := newMTPLayout(t, n, s.maxDepth, w, 0)
+	host := make([]int32, l.size)
+	l.fill(host, s, p.d.BlockSize)
+	buf, err := kernels.FromI32(ops, host, l.size)
+	if err != nil {
+		return nil, 0, err
+	}
+	v, err := l.views(ops, buf, true, true)
+	if err != nil {
+		return nil, 0, err
+	}
+	if s.placeholders {
+		if err := ops.ResolvePlaceholders(v.ids, v.fromRow, step.Tokens); err != nil {
+			return nil, 0, err
+		}
 	}
 	hidden := res.Hidden
 	if hidden.Shape()[0] != t { // a CUDA graph's static output
 		if hidden, err = ops.Rows(hidden, 0, t); err != nil {
-			return dd, err
+			return nil, 0, err
 		}
 	}
-	if dd.Tokens, err = ops.Alloc(kernels.I32, maxDepth*n); err != nil {
-		return dd, err
-	}
-	tokens := func(j, rows int) (kernels.Tensor, error) { return ops.Rows(dd.Tokens, j*n, j*n+rows) }
-	mb := *b
-	mb.InputIDs = idsT
-	// The first draft: the layer over the step's rows, read at each
-	// sequence's last emitted token.
-	dst, err := tokens(0, n)
+	mb := *res.Batch
+	mb.InputIDs = v.ids
+	out, err := p.mtp.Forward(ctx, 0, p.d.Speculative.DraftCache, &mb, hidden)
 	if err != nil {
-		return dd, err
+		return nil, 0, err
 	}
-	out, err := p.run(ctx, &mb, hidden, nil, atT, dst)
+	tokens, err := ops.Alloc(kernels.I32, s.maxDepth*n)
 	if err != nil {
-		return dd, err
+		return nil, 0, err
 	}
-	// Depth j+1: one row per sequence still drafting, fed its draft of
-	// depth j and the layer's output at the row that predicted it (from
-	// the device: laid out as if nothing were accepted, then shifted).
-	self := make([]int32, n)
-	for i := range self {
-		self[i] = int32(i)
+	c := &mtpChain{v: v, stride: n, first: out, verified: v.verified, tokens: tokens, rows: s.depthRows(),
+		maxSeqlenK: make([]int, s.maxDepth), blockSize: p.d.BlockSize, shift: s.fromDevice}
+	if s.fromDevice {
+		c.verified = step.DeviceVerified
 	}
-	gather := at
-	if fromDevice {
-		gather = nil // the first pass's output is read at atT, a device tensor: see below
-	}
-	shiftFrom := make([]int32, n)
-	for i, o := range order {
-		shiftFrom[i] = int32(entry[o])
-	}
-	for j := 1; j < maxDepth; j++ {
-		m := 0
-		for m < n && depth[order[m]] > j {
-			m++
+	for j := 1; j < s.maxDepth; j++ {
+		for i := range c.rows[j] {
+			c.maxSeqlenK[j] = max(c.maxSeqlenK[j], s.rows[i].pos+j)
 		}
-		batch, err := chainBatchAt(d, rows[:m], j-1)
-		if err != nil {
-			return dd, err
-		}
-		if batch.InputIDs, err = tokens(j-1, m); err != nil {
-			return dd, err
-		}
-		if fromDevice {
-			sf, err := kernels.FromI32(ops, shiftFrom[:m], m)
-			if err != nil {
-				return dd, err
-			}
-			batch.Attn.MaxSeqlenK += maxShift
-			if err := ops.ShiftAccepted(&batch.Attn, batch.Positions, sf, accepted); err != nil {
-				return dd, err
-			}
-		}
-		if dst, err = tokens(j, m); err != nil {
-			return dd, err
-		}
-		selfT, err := kernels.FromI32(ops, self[:m], m)
-		if err != nil {
-			return dd, err
-		}
-		var hiddenRows []int32
-		src := out
-		switch {
-		case j > 1:
-			hiddenRows = self[:m]
-		case !fromDevice:
-			hiddenRows = gather[:m]
-		default:
-			// The first pass's output at the device rows atT.
-			if src, err = ops.Alloc(out.DType(), m, out.Shape()[1]); err == nil {
-				var idx kernels.Tensor
-				if idx, err = ops.Rows(atT, 0, m); err == nil {
-					err = ops.Embedding(src, out, idx)
-				}
-			}
-			if err != nil {
-				return dd, err
-			}
-			hiddenRows = self[:m]
-		}
-		if out, err = p.run(ctx, batch, src, hiddenRows, selfT, dst); err != nil {
-			return dd, err
+		if s.fromDevice {
+			c.maxSeqlenK[j] += s.maxShift
 		}
 	}
-	return dd, nil
+	return tokens, n, p.runChain(ctx, c)
 }
 
 // chainFits reports whether a chained pass of m's sequence may run at
@@ -348,81 +594,14 @@ func chainBatchAt(d DraftDeps, rows []chainRow, offset int) (*models.ForwardBatc
 	return h.Upload(d.Ops, 0)
 }
 
-// run runs the MTP layer over batch b, fed the rows hiddenRows of hidden
-// (nil: hidden's first b.NumTokens rows), and writes the greedy token of
-// each of its rows atT (I32, in backend memory) into dst (I32, as many): through a captured graph when the batch is one-token
-// rows that a graph's size holds, eagerly otherwise. It returns the
-// layer's output; nothing waits for the device.
-func (p *mtpDrafter) run(ctx context.Context, b *models.ForwardBatch, hidden kernels.Tensor, hiddenRows []int32, atT, dst kernels.Tensor) (kernels.Tensor, error) {
-	ops, cache := p.d.Ops, p.d.Speculative.DraftCache
-	n := b.NumTokens
-	if hiddenRows == nil {
-		hiddenRows = make([]int32, n)
-		for i := range hiddenRows {
-			hiddenRows[i] = int32(i)
-		}
-	}
-	if g := p.graphs.pick(b); g != nil {
-		if err := g.load(ops, b, hidden, hiddenRows); err != nil {
-			return nil, fmt.Errorf("mtp graph inputs: %w", err)
-		}
-		if err := g.graph.Replay(); err != nil {
-			return nil, err
-		}
-		all, err := ops.Alloc(kernels.I32, g.size)
-		if err != nil {
-			return nil, err
-		}
-		if err := kernels.ArgmaxInto(ops, all, g.logits); err != nil {
-			return nil, err
-		}
-		if err := ops.ResolvePlaceholders(dst, atT, all); err != nil {
-			return nil, err
-		}
-		return g.out, nil
-	}
-	h := hidden
-	if hidden.Shape()[0] != n || !isIdentity(hiddenRows) {
-		idx, err := kernels.FromI32(ops, hiddenRows, len(hiddenRows))
-		if err != nil {
-			return nil, err
-		}
-		if h, err = ops.Alloc(hidden.DType(), n, hidden.Shape()[1]); err != nil {
-			return nil, err
-		}
-		if err := ops.Embedding(h, hidden, idx); err != nil {
-			return nil, err
-		}
-	}
-	out, err := p.mtp.Forward(ctx, 0, cache, b, h)
-	if err != nil {
-		return nil, err
-	}
-	logits, err := p.mtp.ComputeLogits(0, out, atT)
-	if err != nil {
-		return nil, err
-	}
-	return out, kernels.ArgmaxInto(ops, dst, logits)
-}
-
-// isIdentity reports whether rows is 0, 1, 2, ...
-func isIdentity(rows []int32) bool {
-	for i, r := range rows {
-		if int(r) != i {
-			return false
-		}
-	}
-	return true
-}
-
-// Start captures the MTP layer's graphs when the engine runs decode steps
-// on CUDA graphs (before the loop starts; see mtpGraphs).
-func (p *mtpDrafter) Start(context.Context) error {
+// Start captures the MTP drafter's graphs when the engine runs decode
+// steps on CUDA graphs (before the loop starts; see mtpGraphs).
+func (p *mtpDrafter) Start(ctx context.Context) error {
 	if p.mtp == nil || !p.d.CUDAGraph.Enabled {
 		return nil
 	}
 	var err error
-	if p.graphs, err = newMTPGraphs(p.d, p.mtp); err != nil {
+	if p.graphs, err = newMTPGraphs(ctx, p); err != nil {
 		return fmt.Errorf("draft=mtp: cuda_graph: %w", err)
 	}
 	return nil

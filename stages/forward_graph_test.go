@@ -74,6 +74,11 @@ func graphTestRuntime(t *testing.T, dir string, withGraphs bool) (*ForwardDeps, 
 	if err != nil {
 		t.Fatal(err)
 	}
+	if cache.Spec.RingLayers > 0 { // a state slot for each of graphSeq's ids 1..8
+		if err := cache.AllocStateSlots(c, 8); err != nil {
+			t.Fatal(err)
+		}
+	}
 	rt := &ForwardDeps{Model: m, Ops: c, Cache: cache, Stats: &Stats{}}
 	var fake *fakeGraphOps
 	if withGraphs {
@@ -95,7 +100,7 @@ func (s *graphSeq) meta(row int) engine.SequenceMetadata {
 	in := s.tokens[s.cached:]
 	return engine.SequenceMetadata{SeqID: s.id, RequestID: "r", SeqlenQ: len(in), SeqlenK: len(s.tokens),
 		PosStart: s.cached, InputTokenIDs: in, InputFromRow: -1, BlockTable: s.table,
-		Prefill: s.cached == 0, Sample: true, SampleRow: row}
+		Prefill: s.cached == 0, Sample: true, SampleRow: row, StateSlot: int(s.id) - 1}
 }
 
 // runStep prepares and forwards one step over seqs and returns the logits
@@ -124,13 +129,25 @@ func runStep(t *testing.T, f *forward, id engine.StepID, seqs []*graphSeq) []flo
 }
 
 // The decode steps that replay a graph (padded to 2 or 4 rows) give the
-// logits of eager steps bit for bit, padding rows write no cache entry, and
-// steps the graphs cannot serve (prefill, 5 sequences) run eagerly.
+// logits of eager steps bit for bit, padding rows write no cache entry (nor
+// ring row), and steps the graphs cannot serve (prefill, 5 sequences) run
+// eagerly: for a Llama, and for Gemma 3's fixture, whose window layers
+// keep their keys in per-sequence rings (window 4: the decodes wrap them)
+// that the graphs' static batch carries the state slots of.
 func TestForwardGraphsMatchEager(t *testing.T) {
-	dir := t.TempDir()
-	if err := random.WriteLlama(dir, random.TinyLlama, 11); err != nil {
+	llama := t.TempDir()
+	if err := random.WriteLlama(llama, random.TinyLlama, 11); err != nil {
 		t.Fatal(err)
 	}
+	for _, c := range []struct{ name, dir string }{
+		{"llama", llama},
+		{"gemma3-rings", "../testdata/models/gemma3/f32"},
+	} {
+		t.Run(c.name, func(t *testing.T) { checkGraphsMatchEager(t, c.dir) })
+	}
+}
+
+func checkGraphsMatchEager(t *testing.T, dir string) {
 	eager, _ := graphTestRuntime(t, dir, false)
 	graphed, fake := graphTestRuntime(t, dir, true)
 	graphs, err := newDecodeGraphs(*graphed, []int{2, 4})
@@ -168,7 +185,7 @@ func TestForwardGraphsMatchEager(t *testing.T) {
 		{1, 3},          // exactly 2
 		{0, 1, 2, 3},    // exactly 4
 	}
-	vocab := random.TinyLlama.Vocab
+	vocab := eager.Model.Config().VocabSize
 	wantReplays := 0
 	for k, idx := range schedule {
 		if k > 0 && len(idx) <= 4 {
@@ -206,8 +223,18 @@ func TestForwardGraphsMatchEager(t *testing.T) {
 	if got := eager.Stats.GraphSteps.Load(); got != 0 {
 		t.Errorf("eager runtime: Stats.GraphSteps = %d, want 0", got)
 	}
+	if rings := eager.Cache.Spec.RingLayers; rings > 0 && (len(eager.Cache.RingK) != rings || fake.replays == 0) {
+		t.Fatalf("%d ring layers, %d ring tensors, %d replays", rings, len(eager.Cache.RingK), fake.replays)
+	}
+	var pairs [][2]kernels.Tensor
 	for l := range eager.Cache.K {
-		for _, pair := range [][2]kernels.Tensor{{eager.Cache.K[l], graphed.Cache.K[l]}, {eager.Cache.V[l], graphed.Cache.V[l]}} {
+		pairs = append(pairs, [2]kernels.Tensor{eager.Cache.K[l], graphed.Cache.K[l]}, [2]kernels.Tensor{eager.Cache.V[l], graphed.Cache.V[l]})
+	}
+	for l := range eager.Cache.RingK {
+		pairs = append(pairs, [2]kernels.Tensor{eager.Cache.RingK[l], graphed.Cache.RingK[l]}, [2]kernels.Tensor{eager.Cache.RingV[l], graphed.Cache.RingV[l]})
+	}
+	for l, pair := range pairs {
+		{
 			a, err := kernels.ToF32(eager.Ops, pair[0])
 			if err != nil {
 				t.Fatal(err)
@@ -218,7 +245,7 @@ func TestForwardGraphsMatchEager(t *testing.T) {
 			}
 			for i := range a {
 				if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
-					t.Fatalf("layer %d: cache element %d is %v with graphs, %v eager (a padding row wrote it?)", l, i, b[i], a[i])
+					t.Fatalf("cache tensor %d: element %d is %v with graphs, %v eager (a padding row wrote it?)", l, i, b[i], a[i])
 				}
 			}
 		}
@@ -330,7 +357,8 @@ func TestGraphTableBlocks(t *testing.T) {
 
 // prepareFor is the prepare stage over d's backend and cache.
 func prepareFor(d ForwardDeps) *prepare {
-	return &prepare{d: PrepareDeps{Ops: d.Ops, BlockSize: d.Cache.BlockSize, NumBlocks: d.Cache.NumBlocks, Stats: d.Stats}}
+	return &prepare{d: PrepareDeps{Ops: d.Ops, BlockSize: d.Cache.BlockSize, NumBlocks: d.Cache.NumBlocks, Stats: d.Stats,
+		RingWindow: d.Cache.Spec.RingWindow}}
 }
 
 // A speculative verify step (a decode with drafts: prepare lays out each of

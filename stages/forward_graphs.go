@@ -48,21 +48,30 @@ type decodeGraph struct {
 // Rows past a pass's own are padding: token 0 at position 0 with one key,
 // slot -1 (their keys and values are written nowhere), their block-table
 // row left as it was (its first block is a valid one), so they change no
-// real row and no cache entry.
+// real row and no cache entry. For a model with ring-buffer layers the
+// batch also holds each row's state slot and ring slot (the padding reads
+// state slot 0's ring and writes no ring row: ring slot -1).
 type staticBatch struct {
 	size   int
-	inputs kernels.Tensor // I32 [4, size]: input ids, positions, slot mapping, seqlens_k
+	ring   bool           // rows 4 and 5 of inputs: state slots, ring slot mapping
+	inputs kernels.Tensor // I32 [4 or 6, size]: input ids, positions, slot mapping, seqlens_k (, state slots, ring slots)
 	tables kernels.Tensor // I32 [size, maxBlocks]
 	batch  *models.ForwardBatch
 	host   []int32 // padding staging for inputs
 }
 
 // newStaticBatch allocates a static batch of n rows whose block tables
-// are maxBlocks wide, filled with padding.
-func newStaticBatch(ops kernels.Ops, n, maxBlocks, blockSize int) (staticBatch, error) {
-	sb := staticBatch{size: n, host: make([]int32, 4*n)}
+// are maxBlocks wide, filled with padding; ring adds the rows of a model
+// with ring-buffer layers (models.ForwardBatch.StateSlots and
+// RingSlotMapping).
+func newStaticBatch(ops kernels.Ops, n, maxBlocks, blockSize int, ring bool) (staticBatch, error) {
+	rows := 4
+	if ring {
+		rows = 6
+	}
+	sb := staticBatch{size: n, ring: ring, host: make([]int32, rows*n)}
 	var err error
-	if sb.inputs, err = ops.Alloc(kernels.I32, 4, n); err != nil {
+	if sb.inputs, err = ops.Alloc(kernels.I32, rows, n); err != nil {
 		return sb, err
 	}
 	if sb.tables, err = ops.Alloc(kernels.I32, n, maxBlocks); err != nil {
@@ -89,12 +98,21 @@ func newStaticBatch(ops kernels.Ops, n, maxBlocks, blockSize int) (staticBatch, 
 	sb.batch = &models.ForwardBatch{NumTokens: n, InputIDs: row(0), Positions: row(1), Attn: kernels.AttentionMetadata{
 		NumSeqs: n, NumTokens: n, MaxSeqlenQ: 1, MaxSeqlenK: maxBlocks * blockSize, BlockSize: blockSize,
 		CuSeqlensQ: cuT, SeqlensK: row(3), BlockTables: sb.tables, SlotMapping: row(2)}}
+	if ring {
+		sb.batch.StateSlots, sb.batch.RingSlotMapping = row(4), row(5)
+	}
 	if err != nil {
 		return sb, err
 	}
-	ids, pos, slots, seqlensK := sb.host[:n], sb.host[n:2*n], sb.host[2*n:3*n], sb.host[3*n:]
+	ids, pos, slots, seqlensK := sb.host[:n], sb.host[n:2*n], sb.host[2*n:3*n], sb.host[3*n:4*n]
 	for i := range n {
 		ids[i], pos[i], slots[i], seqlensK[i] = 0, 0, -1, 1
+	}
+	if ring {
+		ringSlots := sb.host[5*n:]
+		for i := range n {
+			ringSlots[i] = -1 // state slot (row 4) 0
+		}
 	}
 	return sb, ops.Upload(sb.inputs, kernels.I32Bytes(sb.host), kernels.I32)
 }
@@ -105,20 +123,27 @@ func (sb *staticBatch) fits(b *models.ForwardBatch, maxBlocks int) bool {
 	if n == 0 || n > sb.size || b.Attn.NumSeqs != n {
 		return false
 	}
+	if sb.ring && (b.StateSlots == nil || b.RingSlotMapping == nil) {
+		return false
+	}
 	bt := b.Attn.BlockTables
 	return bt != nil && len(bt.Shape()) == 2 && bt.Shape()[1] <= maxBlocks
 }
 
 // load copies b (one-token rows, in backend memory) into the static
 // batch on the device, padding the rows past its own. Cost: one small
-// upload (the padding), five copies on the device.
+// upload (the padding), five copies on the device (seven with rings).
 func (sb *staticBatch) load(ops kernels.Ops, b *models.ForwardBatch) error {
 	if err := ops.Upload(sb.inputs, kernels.I32Bytes(sb.host), kernels.I32); err != nil {
 		return err
 	}
 	n := b.NumTokens
 	gops := ops.(graphOps)
-	for i, src := range []kernels.Tensor{b.InputIDs, b.Positions, b.Attn.SlotMapping, b.Attn.SeqlensK} {
+	srcs := []kernels.Tensor{b.InputIDs, b.Positions, b.Attn.SlotMapping, b.Attn.SeqlensK}
+	if sb.ring {
+		srcs = append(srcs, b.StateSlots, b.RingSlotMapping)
+	}
+	for i, src := range srcs {
 		dst, err := ops.Rows(sb.inputs, i, i+1)
 		if err != nil {
 			return err
@@ -177,7 +202,7 @@ func graphTableBlocks(numBlocks, blockSize, maxPositions, maxModelLen int) int {
 }
 
 func (d *decodeGraphs) capture(rt ForwardDeps, n int) (*decodeGraph, error) {
-	sb, err := newStaticBatch(rt.Ops, n, d.maxBlocks, rt.Cache.BlockSize)
+	sb, err := newStaticBatch(rt.Ops, n, d.maxBlocks, rt.Cache.BlockSize, rt.Cache.Spec.RingLayers > 0)
 	if err != nil {
 		return nil, err
 	}
