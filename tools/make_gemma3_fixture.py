@@ -18,20 +18,44 @@ output folder most simply as one archive, e.g.
 f32 variant: f32.prompt.<i>.ids / .logits, f32.greedy.<i>.ids / .margin
 (32 greedy tokens with the KV cache, EOS not special), prompts of lengths
 1, 7 and 23.
+
+Real-shape mode, on the GPU machine (tools/gpu/check.sh, phase parity):
+
+  make_gemma3_fixture.py --config tools/configs/real/gemma-3-1b.json --out DIR
+
+writes DIR/gemma-3-1b/bf16/{config.json, model.safetensors} (Gemma-3-1B's
+published text config: 26 layers, 22 of them in 512-token windows, 4 query
+/ 1 KV heads of 256, query_pre_attn_scalar 256, local RoPE base 10000 and
+global 1e6, tied embeddings of 262144 tokens; random weights, see
+init_real) and DIR/gemma-3-1b/reference.safetensors: HF in bfloat16 on the
+GPU over prompts of 1, 7, 23, 300 and 600 tokens (the last crosses the
+window) with the keys and metadata of tools/window_fixtures.py. About a
+minute on an H200 (4 GB of GPU memory, 2 GB of files, a 1 GB reference).
 """
 import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
+import traceback
+
+# Every model here is built locally: never reach for the hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+import make_fixtures as mf
+import window_fixtures as wf
+
 SEED = 30301
 PROMPT_LENS = [1, 7, 23]
 GREEDY = 32
+# The real-shape reference's prompts: the last two cross Gemma-3-1B's
+# 512-token window once and 88 tokens deep.
+REAL_PROMPT_LENS = (1, 7, 23, 300, 600)
 
 
 def build_config():
@@ -78,10 +102,67 @@ def init_weights(model, gen):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
 
 
+@torch.no_grad()
+def init_real(model, seed, std, embed_std):
+    """Real-shape weights, in name order from a generator on the model's
+    device seeded with seed: RMSNorm weights N(0, 0.1) (Gemma scales by
+    1 + weight), the tied embedding N(0, embed_std) (scaled by
+    sqrt(hidden) = 34 in the model), every projection N(0, std), all
+    rounded to bf16 once."""
+    dev = next(model.parameters()).device
+    g = torch.Generator(device=dev).manual_seed(seed)
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        z = torch.randn(tuple(p.shape), generator=g, device=dev, dtype=torch.float32)
+        if name.endswith("norm.weight"):
+            p.copy_(0.1 * z)
+        elif "embed_tokens" in name or name.startswith("lm_head"):
+            p.copy_(embed_std * z)
+        elif p.dim() == 2:
+            p.copy_(std * z)
+        else:
+            raise RuntimeError(f"init_real: no rule for {name} {list(p.shape)}")
+
+
+def real_main(args):
+    """The real-shape mode (see the module comment)."""
+    spec, name, out_dir = wf.setup(args)
+    try:
+        if spec.get("architectures") != ["Gemma3ForCausalLM"]:
+            raise RuntimeError(f"{args.config}: architectures {spec.get('architectures')}, want Gemma3ForCausalLM")
+        model = wf.build(spec, args.device)
+        init_real(model, args.seed, args.std, args.embed_std)
+        tied = bool(getattr(model.config, "tie_word_embeddings", True))
+        sliding = [t == "sliding_attention" for t in model.config.layer_types]
+        mf.log(f"  {sum(sliding)} of {len(sliding)} layers in windows of {model.config.sliding_window}, "
+               f"tied embeddings {tied}")
+        built = wf.state_dict_cpu(model)
+        conf = wf.config_json(model)
+        conf.setdefault("tie_word_embeddings", tied)
+        del model
+        if args.device != "cpu":
+            torch.cuda.empty_cache()
+        vdir = os.path.join(out_dir, "bf16")
+        wf.write_checkpoint(vdir, conf, {k: v for k, v in built.items() if not (tied and k == "lm_head.weight")})
+        ref, meta = wf.reference(spec, vdir, built, args.prompt_lens, args.seed, args.device)
+        meta["init"] = (f"tools/make_gemma3_fixture.py init_real: norms N(0, 0.1), embedding N(0, {args.embed_std}), "
+                        f"projections N(0, {args.std}), seed {args.seed}")
+        wf.save(out_dir, ref, meta, args.prompt_lens, spec["vocab_size"])
+    except Exception as e:
+        traceback.print_exc()
+        shutil.rmtree(out_dir, ignore_errors=True)
+        print(f"FAILED: {name}: {type(e).__name__}: {e}", flush=True)
+        sys.exit(1)
+    print(f"{name}: OK", flush=True)
+
+
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    wf.add_args(ap, REAL_PROMPT_LENS)
     args = ap.parse_args()
+    if args.config:
+        real_main(args)
+        return
     torch.manual_seed(SEED)
     gen = torch.Generator().manual_seed(SEED)
     cfg = build_config()

@@ -39,7 +39,7 @@ import (
 //     tokens of context on the Llama-3.2-1B shape, ZOS on and off: the
 //     device idle share between consecutive decode steps (goal < 2% with
 //     ZOS), and the step against its floor.
-//   - BenchmarkGPUEngineDecodeDeepSeekV2Lite: the same at batch 1 and 64 on
+//   - BenchmarkGPUEngineDecodeDeepSeekV2Lite: the same at batch 1, 8, 64 and 256 on
 //     the DeepSeek-V2-Lite shape (all 27 layers, 15.7B parameters), ZOS on,
 //     against the floor of the active weight bytes of a step over 4.2 TB/s
 //     (activeWeightBytes).
@@ -51,11 +51,14 @@ import (
 //     attention chunks of 512 keys (cuda.decode_attention_chunk, the
 //     throughput setting): output and total tokens/s (goal > 30k output
 //     tok/s) and the device idle share between consecutive decode steps.
+//   - BenchmarkGPUEngineOfflineDeepSeekV2Lite: the same workload on the
+//     DeepSeek-V2-Lite shape, ZOS on, 16-bit and 8-bit latent caches.
 //   - BenchmarkGPUEngineGptOss20BDecode: decode at batch 1 and 64 on the
 //     gpt-oss-20B shape cut to 4 of its 24 layers, experts stored as MXFP4,
 //     against the floor of the bytes the step reads as the backend holds the
-//     experts (gptOssStepBytes; the CUDA backend widens them to BF16), with
-//     the MXFP4 floor beside it.
+//     experts (gptOssStepBytes: MXFP4 on backends with MXFP4 kernels, as
+//     the CUDA backend now is, BF16 on the others), with the other floor
+//     beside it.
 //   - BenchmarkGPUEngineGemma3Offline: nano-vllm's offline workload (as
 //     Qwen3's) on the Gemma-3-1B shape, its sliding-window layers in rings
 //     and, for comparison, in paged blocks.
@@ -728,7 +731,7 @@ func BenchmarkGPUEngineDecodeLlama1B(b *testing.B) {
 func BenchmarkGPUEngineDecodeDeepSeekV2Lite(b *testing.B) {
 	tiny := engineMode(b)
 	raw, mcfg := shapeConfig(b, "deepseek-v2-lite", "deepseek-v2", tiny)
-	batches := []int{1, 64}
+	batches := []int{1, 8, 64, 256}
 	if tiny {
 		batches = []int{1, 4}
 	}
@@ -739,6 +742,31 @@ func BenchmarkGPUEngineDecodeDeepSeekV2Lite(b *testing.B) {
 func BenchmarkGPUEngineOfflineQwen3(b *testing.B) {
 	tiny := engineMode(b)
 	raw, mcfg := shapeConfig(b, "qwen3-0.6b", "qwen3", tiny)
+	variants := []offlineVariant{{false, "", 0}, {true, "", 0}, {true, "fp8", 0}, {true, "fp8", 512}}
+	offlineBench(b, tiny, "qwen3-0.6b", raw, mcfg, variants)
+}
+
+// BenchmarkGPUEngineOfflineDeepSeekV2Lite is nano-vllm's offline workload
+// (as BenchmarkGPUEngineOfflineQwen3) on the DeepSeek-V2-Lite shape (all
+// 27 layers), ZOS on, with 16-bit and 8-bit latent caches.
+func BenchmarkGPUEngineOfflineDeepSeekV2Lite(b *testing.B) {
+	tiny := engineMode(b)
+	raw, mcfg := shapeConfig(b, "deepseek-v2-lite", "deepseek-v2", tiny)
+	offlineBench(b, tiny, "deepseek-v2-lite", raw, mcfg, []offlineVariant{{true, "", 0}, {true, "fp8", 0}})
+}
+
+// offlineVariant is one engine setting of offlineBench.
+type offlineVariant struct {
+	zos   bool
+	kv    string // cache.kv_cache_dtype; "" the default
+	chunk int    // cuda.decode_attention_chunk; 0 the backend's
+}
+
+// offlineBench runs nano-vllm's offline workload (bench.DefaultOffline,
+// all requests in flight at once) on a fresh engine per variant and run.
+// In tiny mode (the CPU backend) only the variants without an 8-bit cache
+// run.
+func offlineBench(b *testing.B, tiny bool, name string, raw []byte, mcfg *weights.Config, variants []offlineVariant) {
 	w, err := fastWeights(mcfg)
 	if err != nil {
 		b.Fatal(err)
@@ -754,17 +782,19 @@ func BenchmarkGPUEngineOfflineQwen3(b *testing.B) {
 			b.Fatalf("%s_SEQS=%q: want a positive count", engineBenchEnv, v)
 		}
 	}
-	name := "qwen3-0.6b"
 	if tiny {
-		name = "qwen3-tiny(cpu)"
+		name += "-tiny(cpu)"
+		var cpuVariants []offlineVariant
+		for _, v := range variants {
+			if v.kv == "" { // the CPU backend keeps float32 caches
+				cpuVariants = append(cpuVariants, v)
+			}
+		}
+		variants = cpuVariants
 	}
-	variants := []struct {
-		zos   bool
-		kv    string
-		chunk int // cuda.decode_attention_chunk
-	}{{false, "", 0}, {true, "", 0}, {true, "fp8", 0}, {true, "fp8", 512}}
-	if tiny {
-		variants = variants[:2] // the CPU backend keeps float32 caches
+	goals := "idle < 2% with ZOS"
+	if strings.HasPrefix(name, "qwen3-0.6b") {
+		goals = "output > 30000 tok/s, " + goals
 	}
 	for _, v := range variants {
 		zos, sub := v.zos, "zos="+onOff(v.zos)
@@ -805,10 +835,10 @@ func BenchmarkGPUEngineOfflineQwen3(b *testing.B) {
 				if v.chunk != 0 {
 					chunk = strconv.Itoa(v.chunk)
 				}
-				b.Logf("engine | %s offline %d requests, ZOS %s, KV cache %s, decode chunk %s | output %.0f tok/s, total %.0f tok/s (%d in + %d out tokens in %.2f s) | device idle between decode steps %s of %.3f ms/step (%d pairs), all steps %s%s | %d of %d steps on CUDA graphs | goals: output > 30000 tok/s, idle < 2%% with ZOS",
+				b.Logf("engine | %s offline %d requests, ZOS %s, KV cache %s, decode chunk %s | output %.0f tok/s, total %.0f tok/s (%d in + %d out tokens in %.2f s) | device idle between decode steps %s of %.3f ms/step (%d pairs), all steps %s%s | %d of %d steps on CUDA graphs | goals: %s",
 					name, r.NumRequests, onOff(zos), kvName(v.kv), chunk, r.OutputThroughput, r.TotalThroughput, r.TotalInputTokens, r.TotalOutputTokens, r.DurationSeconds,
 					pct(dev.Decode), millis(dev.Decode.MeanSpan()), dev.Decode.N, pct(dev.All), timelineNote(dev),
-					st.GraphSteps.Load()-graphs0, st.Steps.Load()-steps0)
+					st.GraphSteps.Load()-graphs0, st.Steps.Load()-steps0, goals)
 				b.StopTimer()
 				l.Close()
 				b.StartTimer()
@@ -1088,6 +1118,7 @@ func BenchmarkFP8EngineDeepSeekV2Lite(b *testing.B) {
 				b.Logf("fp8 | engine %s %s decode batch %d, context %d+%d | %.0f tok/s (TPOT %.3f ms) | device forward %.3f ms = %s its floor %.3f ms (%.2f GB active weights, %.1f experts a MoE layer, / 4.2 TB/s) | %d of %d steps on CUDA graphs | weights %s%s",
 					name, v.format, batch, promptLen, newTokens, tokS, millis(fig.tpot), millis(d.MeanBusy()), ratio, millis(floor),
 					active/1e9, experts, fig.graphSteps, fig.steps, format, timelineNote(fig.dev))
+				logOpProfile(b, l.Backend()) // with DEEPINFER_CUDA_PROFILE=1: this batch's device time per operation
 			}
 			// Prefill: the second of two prompts (different tokens, so that
 			// the prefix cache serves none of the second).
@@ -1383,10 +1414,11 @@ func weightFormatOf(m models.Model) string {
 // past the 128-token window, so the rings wrap), on one engine. Each line
 // gives tokens/s and the device forward pass against the floor of the
 // weight bytes the step reads over 4.2 TB/s (gptOssStepBytes) with the
-// experts as this backend holds them: the CUDA backend has no MXFP4
-// kernels and widens them to BF16 at load (its weight format says BF16),
-// so its floor counts two bytes an expert parameter; the line also gives
-// the floor MXFP4 experts would have. At 4 layers the LM head (1.16 GB) is
+// experts as this backend holds them (its weight format says which): MXFP4
+// where the backend computes with it (kernels.MXFP4Weighter: the CUDA and
+// CPU backends keep the blocks and widen them in the expert kernels), 4.25
+// bits an expert parameter; BF16, two bytes, where the model widened them
+// at load. The line also gives the MXFP4 floor. At 4 layers the LM head (1.16 GB) is
 // about half the bytes of a batch-1 step.
 func BenchmarkGPUEngineGptOss20BDecode(b *testing.B) {
 	tiny := engineMode(b)

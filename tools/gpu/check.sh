@@ -41,6 +41,21 @@
 #           stricter (1e-2, greedy equal to HF in split mode) and meant for a
 #           float32 reference: its FAIL lines here are expected; the verdict
 #           is the table's.
+#           Then the sliding-window models (PARITY_WINDOW_NAMES, default
+#           gemma-3-1b,gpt-oss-20b-2layers; empty skips them, as an empty
+#           PARITY_NAMES skips the three above): tools/make_gemma3_fixture.py
+#           and tools/make_gptoss_fixture.py --config, at once, write random
+#           BF16 weights (Gemma-3-1B whole; gpt-oss-20B with its first two
+#           layers, a 128-token window and a full one, the experts also as
+#           MXFP4 in the official layout) and HF's bf16 references over
+#           prompts that cross the window (1,7,23,300,600 and
+#           1,7,23,200,300); then TestGPUWindowFixtureParity
+#           (window_parity_gpu_test.go) runs Gemma's bf16/ and gpt-oss's
+#           mxfp4/ (PARITY_GPTOSS_BF16=1 adds its bf16/) in GEMM round with
+#           the window layers in rings and paged (the same bits, checked) and
+#           in GEMM split, against HF (rows below, the same bounds) and the
+#           CPU backend, with its own bounds relative to HF's spread.
+#           make_window_<name>.log, parity_window.log.
 #   engine  BenchmarkGPUEngine* (kernels/cuda/bench_engine_gpu_test.go):
 #           Qwen3-0.6B offline throughput (nano-vllm's workload, ZOS off,
 #           on, on with cache.kv_cache_dtype fp8, and that with
@@ -67,10 +82,13 @@
 #           0.3), DSPARK_PROMPTS requests (default 64).
 #   swa     sliding-window rings, attention sinks, Gemma 3 and gpt-oss:
 #           the GPU tests TestGPU(RingAttention|AttentionSinks|GemmaOps|
-#           MoEClampedSwiGLU|WindowModelFixtures) (ring vs paged bits,
+#           MoEClampedSwiGLU|WindowModelFixtures|WindowModelsRingSameAsPaged)
+#           (ring vs paged bits,
 #           graphs, sinks and the ops against the CPU backend, the tiny
 #           Gemma 3 and gpt-oss fixtures' greedy tokens against the CPU
-#           backend, rings and paged) and deepinfer bench --mode memory
+#           backend, rings and paged; the engine over those fixtures with
+#           prompts of 6-12 windows, chunked prefill and preemption: rings
+#           give the tokens of paged window layers) and deepinfer bench --mode memory
 #           (KV bytes a sequence, rings vs paged, 8k sequences per H200);
 #           then SWA_BENCH (default GPUEngine(GptOss|Gemma3), within
 #           SWA_BENCH_TIMEOUT, default 150 s) once: gpt-oss-20B-shaped
@@ -146,11 +164,13 @@
 # what is left (and skipped under 15 s), so the table always comes. Phase
 # limits, in seconds: BUILD_TIMEOUT 120, TESTS_TIMEOUT 120, E2E_TIMEOUT 30
 # (each of three runs), PARITY_MAKE_TIMEOUT 180, PARITY_TEST_TIMEOUT 120,
+# PARITY_WINDOW_MAKE_TIMEOUT 240, PARITY_WINDOW_TEST_TIMEOUT 300,
 # ENGINE_TIMEOUT 240, BENCH_TIMEOUT 120, PROFILE_TIMEOUT 120, AB_TIMEOUT 240,
 # NCU_TIMEOUT 180.
 #
 # Logs in $OUT (default /tmp/gpu-check): gpu.txt, build.log, tests.log,
-# gen_*.txt, spec_*.txt, dspark_*.txt, make_fixtures.log, parity.log, engine.log, bench.log, profile.log,
+# gen_*.txt, spec_*.txt, dspark_*.txt, make_fixtures.log, parity.log, make_window_*.log, parity_window.log,
+# engine.log, bench.log, profile.log,
 # profile_ops.txt, ab.log, ab_build_<REV>.log, ncu.txt. The -test.bench patterns (BENCH, ENGINE_BENCH,
 # PROFILE_BENCH, NCU_BENCH) are Go's: a slash separates sub-benchmark levels.
 set -uo pipefail
@@ -256,7 +276,7 @@ phase_swa() {
 	t=$(limit "${SWA_TIMEOUT:-150}")
 	((t == 0)) && { status[swa]="skipped: out of time"; return; }
 	need_test || { status[swa]="FAILED: prerequisites missing"; return; }
-	(cd kernels/cuda && timeout "$t" "$root/$dir/cuda.test" -test.run 'TestGPU(RingAttention|AttentionSinks|GemmaOps|MoEClampedSwiGLU|WindowModelFixtures)' \
+	(cd kernels/cuda && timeout "$t" "$root/$dir/cuda.test" -test.run 'TestGPU(RingAttention|AttentionSinks|GemmaOps|MoEClampedSwiGLU|WindowModelFixtures|WindowModelsRingSameAsPaged)' \
 		-test.v -test.timeout "${t}s") >"$logs/swa.log" 2>&1
 	rc=$?
 	if [[ -x $dir/deepinfer ]]; then
@@ -502,9 +522,21 @@ phase_structured() {
 	status[structured]="rc ${rc[*]}; $same; $(grep -o 'step rate, constrained / unconstrained: [0-9.]* (throughput [0-9.]*)' "$logs/structured_bench.txt")"
 }
 
-parity_names=qwen3-0.6b,llama-3.2-1b,deepseek-v2-lite-4layers
+parity_names=${PARITY_NAMES-qwen3-0.6b,llama-3.2-1b,deepseek-v2-lite-4layers}
+parity_window_names=${PARITY_WINDOW_NAMES-gemma-3-1b,gpt-oss-20b-2layers}
 
+# phase_parity: the dense models (parity_dense), then the sliding-window
+# ones (parity_window); an empty name list skips its part.
 phase_parity() {
+	[[ -n $parity_names ]] && parity_dense
+	[[ -n $parity_window_names ]] && parity_window
+	[[ -n ${status[parity]:-} ]] || status[parity]="nothing to run: PARITY_NAMES and PARITY_WINDOW_NAMES are empty"
+}
+
+# parity_status appends a part's status to the phase's.
+parity_status() { status[parity]="${status[parity]:-}${status[parity]:+; }$1"; }
+
+parity_dense() {
 	local t out=${PARITY_DIR:-/tmp/real-shapes} args=() rc
 	need_test || { status[parity]="FAILED: prerequisites missing"; return; }
 	t=$(limit "${PARITY_MAKE_TIMEOUT:-180}")
@@ -535,12 +567,67 @@ phase_parity() {
 	status[parity]="${status[parity]:-}${status[parity]:+; }test rc=$rc (FAIL lines expected, see above); ${verdicts:-no figures}"
 }
 
+# parity_window: the sliding-window models at real shapes (see the header):
+# both fixture scripts at once (half the cores each), then
+# TestGPUWindowFixtureParity over the models written. Unlike
+# TestGPUFixtureParity's, its FAIL lines are findings: its bounds allow
+# for the bf16 reference's own spread.
+parity_window() {
+	local t out=${PARITY_DIR:-/tmp/real-shapes} n script rc i pids=() names=() targets="" notes=""
+	need_test || { parity_status "window: FAILED: prerequisites missing"; return; }
+	t=$(limit "${PARITY_WINDOW_MAKE_TIMEOUT:-240}")
+	((t == 0)) && { parity_status "window: skipped: out of time"; return; }
+	for n in ${parity_window_names//,/ }; do
+		case $n in
+		gemma*) script=tools/make_gemma3_fixture.py ;;
+		gpt-oss*) script=tools/make_gptoss_fixture.py ;;
+		*)
+			notes+="$n: no fixture script (want gemma* or gpt-oss*); "
+			continue
+			;;
+		esac
+		timeout "$t" python3 "$script" --config "tools/configs/real/$n.json" --out "$out" --device cuda \
+			--std "${PARITY_STD:-0.02}" --embed-std "${PARITY_STD:-0.02}" --threads "$(($(nproc) / 2 + 1))" \
+			>"$logs/make_window_$n.log" 2>&1 &
+		pids+=($!)
+		names+=("$n")
+	done
+	for i in "${!pids[@]}"; do
+		wait "${pids[$i]}"
+		rc=$?
+		n=${names[$i]}
+		if ((rc != 0)); then
+			tail -20 "$logs/make_window_$n.log"
+			notes+="make $n rc=$rc (make_window_$n.log); "
+		fi
+		[[ -f $out/$n/reference.safetensors ]] || continue
+		case $n in
+		gpt-oss*)
+			targets+="${targets:+,}$n/mxfp4=bf16"
+			[[ ${PARITY_GPTOSS_BF16:-0} == 1 ]] && targets+=",$n/bf16"
+			;;
+		*) targets+="${targets:+,}$n/bf16" ;;
+		esac
+	done
+	[[ -n $targets ]] || { parity_status "window: ${notes}no model written"; return; }
+	t=$(limit "${PARITY_WINDOW_TEST_TIMEOUT:-300}")
+	((t == 0)) && { parity_status "window: ${notes}test skipped: out of time"; return; }
+	(cd kernels/cuda && DEEPINFER_WINDOW_PARITY_DIR="$out" DEEPINFER_WINDOW_PARITY="$targets" \
+		timeout "$t" "$root/$dir/cuda.test" -test.run 'TestGPUWindowFixtureParity$' -test.v -test.timeout "${t}s") >"$logs/parity_window.log" 2>&1
+	rc=$?
+	local verdicts
+	verdicts=$(parity_rows "$logs/parity_window.log" | grep -oE '(PASS|FAIL)' | sort | uniq -c | awk '{printf "%s%s %s", sep, $1, $2; sep = ", "}')
+	parity_status "window ($targets): ${notes}test rc=$rc, $(grep -c -- '--- FAIL' "$logs/parity_window.log") FAIL lines (its own bounds); issue bounds: ${verdicts:-no figures}"
+}
+
 # parity_rows prints one row per (gemm, model): error, top-1 and the verdict
 # against the issue's bounds, then HF's own spread: HF in bf16 again with
 # float32 GEMM order (make_fixtures.py f32_gemm_order), against HF in bf16.
+# The log is parity.log unless given.
 parity_rows() {
-	[[ -f $logs/parity.log ]] || return 0
-	grep -oE '(round|split) +[a-z0-9.-]+ +bf16 +err_vs_hf.*' "$logs/parity.log" | awk '!seen[$0]++' | awk '{
+	local f=${1:-$logs/parity.log}
+	[[ -f $f ]] || return 0
+	grep -oE '(round|split) +[a-z0-9.-]+ +(bf16|mxfp4) +err_vs_hf.*' "$f" | awk '!seen[$0]++' | awk '{
 		split($9, t, "/"); frac = (t[2] > 0) ? t[1] / t[2] : 0
 		ok = ($5 + 0 <= 3e-2 && frac >= 0.99) ? "PASS" : "FAIL"
 		self = ""
@@ -673,6 +760,7 @@ for f in tests engine bench; do
 	[[ -f $logs/$f.log ]] && grep -E -- '--- FAIL|^FAIL|panic:' "$logs/$f.log" | sed "s/^/$f: /" | head -20
 done
 [[ -f $logs/parity.log ]] && grep -E -- 'panic:|no such file|cannot' "$logs/parity.log" | sed 's/^/parity: /' | head -10
+[[ -f $logs/parity_window.log ]] && grep -E -- '--- FAIL|panic:|no such file|cannot' "$logs/parity_window.log" | sed 's/^/parity_window: /' | head -10
 if [[ -f $logs/gen_cuda.txt ]]; then
 	echo "==================== end to end texts (greedy, 48 tokens) ===================="
 	for run in cuda cuda_split cpu; do
@@ -690,6 +778,13 @@ fi
 if [[ -f $logs/parity.log ]]; then
 	echo "-- real-shape parity through CUDA, BF16 weights, against HF in bfloat16 ($parity_names)"
 	parity_rows
+fi
+if [[ -f $logs/parity_window.log ]] || compgen -G "$logs/make_window_*.log" >/dev/null; then
+	echo "-- real-shape parity of the sliding-window models through CUDA against HF in bfloat16 ($parity_window_names): rows with rings (.ring) and paged window layers (.paged)"
+	parity_rows "$logs/parity_window.log"
+	[[ -f $logs/parity_window.log ]] && grep -E -- '--- FAIL|positions bit-identical|of positions within' "$logs/parity_window.log" | strip | awk '!seen[$0]++' | cut -c1-240 | head -24
+	grep -H -E 'reference: HF with float32|convert_moe_packed_tensors|from_pretrained\(mxfp4|FAILED' "$logs"/make_window_*.log 2>/dev/null |
+		sed "s#^$logs/make_window_##; s#\.log: *#: #" | cut -c1-300
 fi
 if [[ -f $logs/engine.log ]]; then
 	echo "-- engine (random BF16 weights, configs/cuda.yaml: CUDA graphs on)"
