@@ -4,10 +4,12 @@
 // ggml_vec_dot_bf16 / ggml_vec_dot_f16 order, bit for bit. Each output is
 // one sequential float64 sum over kk of the float32 product x[kk]*w[kk];
 // the vector lanes hold 16 different weight rows (output columns), never
-// two terms of one sum. A tile of 16 weight rows is widened to float32
-// once per call and stored transposed ([kk][16]) in a scratch buffer, so
-// that every activation row then costs one float32 multiply, two
-// widenings and two float64 adds per 16 products.
+// two terms of one sum. From 4 activation rows on, a tile of 16 weight
+// rows is widened to float32 once per call and stored transposed
+// ([kk][16]) in a scratch buffer, so that every activation row then costs
+// one float32 multiply, two widenings and two float64 adds per 16
+// products; below 4 rows (decode) the tile is transposed in registers as
+// it streams from memory (l16_direct).
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -102,8 +104,131 @@ L16 void l16_rows(const int R, const float *t, const float *xf, int64_t k, float
 	}
 }
 
+// l16_direct computes R (<= 3) rows of xf (float32, stride k) against the
+// 16 weight rows w + c*k (rows past nc repeat the last) without a packed
+// tile: each step loads 8 values of each of the 16 rows, transposes them
+// in registers (16-bit unpacks, lanes = columns) and widens them, then adds
+// the products of the 8 k-positions in order; out[r*ldo + c], c < nc. For
+// decode, where a packed tile would be written and read back once per
+// row: the weights stream from memory, and pf (the weights of a later
+// tile, or NULL) is prefetched into L2 a share per step.
+L16 void l16_direct(const int bf16, const int R, const uint16_t *w, int64_t k, int nc, const float *xf, float *out,
+                    int64_t ldo, const uint16_t *pf) {
+	const uint16_t *rw[16];
+#pragma GCC unroll 16
+	for (int c = 0; c < 16; c++)
+		rw[c] = w + (c < nc ? c : nc - 1) * k;
+	__m512d lo[3], hi[3];
+#pragma GCC unroll 3
+	for (int r = 0; r < R; r++)
+		lo[r] = hi[r] = _mm512_setzero_pd();
+	int64_t kk = 0;
+	for (; kk + 8 <= k; kk += 8) {
+		if (pf) {
+			// 16 rows x 16 bytes a step: the next tiles' rows, in order.
+			const char *p = (const char *)(pf + kk * 16);
+#pragma GCC unroll 4
+			for (int q = 0; q < 256; q += 64)
+				_mm_prefetch(p + q, _MM_HINT_T1);
+		}
+		__m256i v[8], a[8], b[8], t[8];
+#pragma GCC unroll 8
+		for (int i = 0; i < 8; i++)
+			v[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(rw[i] + kk))),
+			                               _mm_loadu_si128((const __m128i *)(rw[i + 8] + kk)), 1);
+#pragma GCC unroll 4
+		for (int i = 0; i < 4; i++) {
+			a[2 * i] = _mm256_unpacklo_epi16(v[2 * i], v[2 * i + 1]);
+			a[2 * i + 1] = _mm256_unpackhi_epi16(v[2 * i], v[2 * i + 1]);
+		}
+		// b: rows 0-3 (low half: 0-3, high half: 8-11) at k-pairs (0,1),
+		// (2,3), (4,5), (6,7), then rows 4-7 (12-15).
+#pragma GCC unroll 2
+		for (int h = 0; h < 2; h++) {
+			b[4 * h + 0] = _mm256_unpacklo_epi32(a[4 * h + 0], a[4 * h + 2]);
+			b[4 * h + 1] = _mm256_unpackhi_epi32(a[4 * h + 0], a[4 * h + 2]);
+			b[4 * h + 2] = _mm256_unpacklo_epi32(a[4 * h + 1], a[4 * h + 3]);
+			b[4 * h + 3] = _mm256_unpackhi_epi32(a[4 * h + 1], a[4 * h + 3]);
+		}
+		// t[i]: the 16 columns at kk + i (low half columns 0-7).
+#pragma GCC unroll 4
+		for (int i = 0; i < 4; i++) {
+			t[2 * i] = _mm256_unpacklo_epi64(b[i], b[i + 4]);
+			t[2 * i + 1] = _mm256_unpackhi_epi64(b[i], b[i + 4]);
+		}
+#pragma GCC unroll 8
+		for (int i = 0; i < 8; i++) {
+			const __m512 wv = bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(t[i]), 16))
+			                       : _mm512_cvtph_ps(t[i]);
+#pragma GCC unroll 3
+			for (int r = 0; r < R; r++) {
+				const __m512 p = _mm512_mul_ps(wv, _mm512_set1_ps(xf[r * k + kk + i]));
+				lo[r] = _mm512_add_pd(lo[r], _mm512_cvtps_pd(_mm512_castps512_ps256(p)));
+				hi[r] = _mm512_add_pd(hi[r], _mm512_cvtps_pd(_mm512_extractf32x8_ps(p, 1)));
+			}
+		}
+	}
+	for (; kk < k; kk++) {
+		float wt[16];
+#pragma GCC unroll 16
+		for (int c = 0; c < 16; c++)
+			wt[c] = l16_one(bf16, rw[c][kk]);
+		const __m512 wv = _mm512_loadu_ps(wt);
+#pragma GCC unroll 3
+		for (int r = 0; r < R; r++) {
+			const __m512 p = _mm512_mul_ps(wv, _mm512_set1_ps(xf[r * k + kk]));
+			lo[r] = _mm512_add_pd(lo[r], _mm512_cvtps_pd(_mm512_castps512_ps256(p)));
+			hi[r] = _mm512_add_pd(hi[r], _mm512_cvtps_pd(_mm512_extractf32x8_ps(p, 1)));
+		}
+	}
+	const __mmask16 mk = (__mmask16)((1u << nc) - 1);
+#pragma GCC unroll 3
+	for (int r = 0; r < R; r++) {
+		const __m512 f = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo[r])), _mm512_cvtpd_ps(hi[r]), 1);
+		_mm512_mask_storeu_ps(out + r * ldo, mk, f);
+	}
+}
+
+// L16_PF_TILES is how many 16-row tiles ahead l16_direct prefetches.
+#define L16_PF_TILES 2
+
+// l16_decode runs l16_direct over the ncols weight rows for the m < 4
+// rows of xf.
+L16 void l16_decode(const int bf16, const int R, const float *xf, const uint16_t *w, int64_t k, int64_t ncols,
+                    float *out, int64_t ldo) {
+	for (int64_t j = 0; j < ncols; j += 16) {
+		const int nc = ncols - j < 16 ? (int)(ncols - j) : 16;
+		const uint16_t *pf = j + 16 * (L16_PF_TILES + 1) <= ncols ? w + (j + 16 * L16_PF_TILES) * k : 0;
+		l16_direct(bf16, R, w + j * k, k, nc, xf, out + j, ldo, pf);
+	}
+}
+
 L16TARGET int di_linear16_llama_avx512(int bf16, float *out, int64_t ldo, const uint16_t *x, const uint16_t *w,
                                        int64_t m, int64_t k, int64_t ncols) {
+	if (m < 4) {
+		// Decode: no packed tile; x widened on the stack when it fits.
+		float small[4096];
+		float *xf = m * k <= 4096 ? small : malloc((size_t)(m * k) * sizeof(float));
+		if (!xf)
+			return 0;
+		for (int64_t i = 0; i < m * k; i++)
+			xf[i] = l16_one(bf16, x[i]);
+		if (m == 1 && bf16)
+			l16_decode(1, 1, xf, w, k, ncols, out, ldo);
+		else if (m == 1)
+			l16_decode(0, 1, xf, w, k, ncols, out, ldo);
+		else if (m == 2 && bf16)
+			l16_decode(1, 2, xf, w, k, ncols, out, ldo);
+		else if (m == 2)
+			l16_decode(0, 2, xf, w, k, ncols, out, ldo);
+		else if (bf16)
+			l16_decode(1, 3, xf, w, k, ncols, out, ldo);
+		else
+			l16_decode(0, 3, xf, w, k, ncols, out, ldo);
+		if (xf != small)
+			free(xf);
+		return 1;
+	}
 	float *t = malloc((size_t)k * 16 * sizeof(float));
 	float *xf = malloc((size_t)(m * k > 0 ? m * k : 1) * sizeof(float));
 	if (!t || !xf) {

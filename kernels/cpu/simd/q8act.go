@@ -386,9 +386,13 @@ func Linear16Llama(out []float32, x, w []uint16, bf16 bool, m, n, k, j0, j1 int)
 // on slices too short for the shape. Cost: 2*m*(j1-j0)*k flops.
 //
 // The AVX-512 path keeps the order: its vector lanes are 16 output
-// columns, each summing its own products one after the other (a tile of
-// 16 weight rows is widened and transposed once per call and reused by
-// every row of x).
+// columns, each summing its own products one after the other. From 4 rows
+// of x on, a tile of 16 weight rows is widened and transposed once per
+// call into a scratch tile and reused by every row; below (decode), each
+// step transposes 8 values of the 16 rows in registers, so the weights are
+// read once, from memory, with no scratch. The AVX2 path transposes 8
+// weight rows in registers for every row count (8 output columns a
+// vector, up to 4 rows of x per pass over a tile).
 func (p *Impl) Linear16Llama(out []float32, x, w []uint16, bf16 bool, m, n, k, j0, j1 int) {
 	if m < 0 || k < 0 || j0 < 0 || j0 > j1 || j1 > n || len(out) < m*n || len(x) < m*k || len(w) < n*k {
 		panic(fmt.Sprintf("simd: Linear16Llama: m=%d n=%d k=%d j=[%d,%d): len(out)=%d len(x)=%d len(w)=%d",

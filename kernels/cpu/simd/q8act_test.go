@@ -277,8 +277,11 @@ func TestQuantizeQ8K(t *testing.T) {
 // or 8 weight rows and partial ones; the repacked tiles of 16).
 func TestLinearQuantLlama(t *testing.T) {
 	// From 16 rows on the AVX-512 VNNI path repacks 16 weight rows at a time.
+	// k = 96 and 352 are odd numbers of 32-weight blocks (the VNNI decode
+	// tile's last block alone; Q8_0/Q4_0 only), 40 weight rows let one row
+	// prefetch tiles ahead.
 	shapes := []struct{ m, n, k int }{{5, 9, 512}, {17, 19, 512}, {1, 17, 256}, {2, 3, 768}, {3, 8, 256},
-		{9, 13, 256}, {4, 1, 512}, {16, 33, 256}}
+		{9, 13, 256}, {4, 1, 512}, {16, 33, 256}, {3, 27, 96}, {1, 40, 352}}
 	if raceEnabled {
 		shapes = shapes[:2]
 	}
@@ -286,6 +289,9 @@ func TestLinearQuantLlama(t *testing.T) {
 		for _, sh := range shapes {
 			m, n, k := sh.m, sh.n, sh.k
 			for _, typ := range QuantTypes {
+				if k%typ.BlockSize() != 0 {
+					continue
+				}
 				for _, raw := range []bool{false, true} {
 					if raw && typ.BlockSize() != 256 {
 						continue
@@ -364,7 +370,8 @@ func TestLinearQuantLlamaAccuracy(t *testing.T) {
 // products summed in float64 and rounded once; one row alone gives the
 // same bits as in a batch.
 func TestLinear16Llama(t *testing.T) {
-	shapes := []struct{ m, n, k int }{{4, 6, 300}, {5, 19, 37}, {1, 16, 64}, {9, 33, 24}}
+	// Below 4 rows the AVX-512 path transposes in registers (m = 1, 2, 3).
+	shapes := []struct{ m, n, k int }{{4, 6, 300}, {5, 19, 37}, {1, 16, 64}, {9, 33, 24}, {2, 21, 45}, {3, 50, 19}}
 	r := rand.New(rand.NewPCG(5, 6))
 	for _, sh := range shapes {
 		m, n, k := sh.m, sh.n, sh.k

@@ -42,5 +42,8 @@ void di_linear_qllama_vnni(int qtype, float *out, int64_t ldo, const uint8_t *a,
 // cannot be allocated.
 int di_linear16_llama_avx512(int bf16, float *out, int64_t ldo, const uint16_t *x, const uint16_t *w, int64_t m,
                              int64_t k, int64_t ncols);
+// The same for AVX2 + FMA + F16C.
+int di_linear16_llama_avx2(int bf16, float *out, int64_t ldo, const uint16_t *x, const uint16_t *w, int64_t m,
+                           int64_t k, int64_t ncols);
 
 #endif

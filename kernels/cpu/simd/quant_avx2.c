@@ -20,9 +20,11 @@ QINLINE float qhsum2(__m256 lo, __m256 hi) {
 // and sees the same fused multiply-adds in the same order as with one row
 // and one column: the columns only share the loads of x and the loop.
 QINLINE void tile(const int qt, const int R, const int NC, const float *x, int64_t k, const uint8_t *wr, int64_t rb,
-                  float *out, int64_t ldo) {
+                  float *out, int64_t ldo, const uint8_t *pf) {
 	__m256 lo[4][2], hi[4][2];
+	#pragma GCC unroll 16
 	for (int r = 0; r < R; r++)
+		#pragma GCC unroll 16
 		for (int c = 0; c < NC; c++)
 			lo[r][c] = hi[r][c] = _mm256_setzero_ps();
 	const int bs = block_size(qt);
@@ -32,12 +34,18 @@ QINLINE void tile(const int qt, const int R, const int NC, const float *x, int64
 	for (int64_t kb = 0; kb < nb; kb++) {
 		const float *xb = x + kb * bs;
 		const uint8_t *b0 = wr + kb * bb;
+		if (pf)
+			qprefetch_l2(pf + kb * NC * bb, NC * bb);
 		float dm[2][16];
-		if (qt == DI_Q4_K || qt == DI_Q5_K)
+		if (qt == DI_Q4_K || qt == DI_Q5_K) {
+			#pragma GCC unroll 16
 			for (int c = 0; c < NC; c++)
 				k4_scales(b0 + c * rb, dm[c]);
+		}
+		#pragma GCC unroll 16
 		for (int g = 0; g < bs / 16; g++) {
 			__m256 wl[2], wh[2];
+			#pragma GCC unroll 16
 			for (int c = 0; c < NC; c++) {
 				const uint8_t *b = b0 + c * rb;
 				if (qt == DI_Q4_0) {
@@ -79,8 +87,10 @@ QINLINE void tile(const int qt, const int R, const int NC, const float *x, int64
 					wh[c] = _mm256_fmsub_ps(vd, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), vm);
 				}
 			}
+			#pragma GCC unroll 16
 			for (int r = 0; r < R; r++) {
 				const __m256 xl = _mm256_loadu_ps(xb + r * k + 16 * g), xh = _mm256_loadu_ps(xb + r * k + 16 * g + 8);
+				#pragma GCC unroll 16
 				for (int c = 0; c < NC; c++) {
 					lo[r][c] = _mm256_fmadd_ps(xl, wl[c], lo[r][c]);
 					hi[r][c] = _mm256_fmadd_ps(xh, wh[c], hi[r][c]);
@@ -88,7 +98,9 @@ QINLINE void tile(const int qt, const int R, const int NC, const float *x, int64
 			}
 		}
 	}
+	#pragma GCC unroll 16
 	for (int r = 0; r < R; r++)
+		#pragma GCC unroll 16
 		for (int c = 0; c < NC; c++)
 			out[r * ldo + c] = qhsum2(lo[r][c], hi[r][c]);
 }
@@ -98,10 +110,12 @@ QINLINE void tile(const int qt, const int R, const int NC, const float *x, int64
 QINLINE void cols(const int qt, const int R, const int NC, float *out, const float *x, const uint8_t *w,
                   int64_t n, int64_t k, int64_t rb, int64_t j0, int64_t j1) {
 	int64_t j = j0;
-	for (; j + NC <= j1; j += NC)
-		tile(qt, R, NC, x, k, w + j * rb, rb, out + j, n);
+	for (; j + NC <= j1; j += NC) {
+		const int64_t ahead = qpf_rows(NC, rb);
+		tile(qt, R, NC, x, k, w + j * rb, rb, out + j, n, j + NC + ahead <= j1 ? w + (j + ahead) * rb : 0);
+	}
 	for (; j < j1; j++)
-		tile(qt, R, 1, x, k, w + j * rb, rb, out + j, n);
+		tile(qt, R, 1, x, k, w + j * rb, rb, out + j, n, 0);
 }
 
 QINLINE void linear_q(const int qt, float *out, const float *x, const uint8_t *w,

@@ -35,15 +35,18 @@ func init() {
 		default:
 			continue
 		}
-		if p.name == "avx512" {
-			nativeLinear16Llama[p.name] = func(out []float32, ldo int, x, w []uint16, bf16 bool, m, k, ncols int) bool {
-				b := C.int(0)
-				if bf16 {
-					b = 1
-				}
+		avx512 := p.name == "avx512"
+		nativeLinear16Llama[p.name] = func(out []float32, ldo int, x, w []uint16, bf16 bool, m, k, ncols int) bool {
+			b := C.int(0)
+			if bf16 {
+				b = 1
+			}
+			if avx512 {
 				return C.di_linear16_llama_avx512(b, fptr(out), C.int64_t(ldo), u16ptr(x), u16ptr(w),
 					C.int64_t(m), C.int64_t(k), C.int64_t(ncols)) != 0
 			}
+			return C.di_linear16_llama_avx2(b, fptr(out), C.int64_t(ldo), u16ptr(x), u16ptr(w),
+				C.int64_t(m), C.int64_t(k), C.int64_t(ncols)) != 0
 		}
 		nativeQuantLlama[p.name] = func(out []float32, ldo int, a, w []byte, t QuantType, m, k, ncols int) {
 			f(C.int(t), fptr(out), C.int64_t(ldo), (*C.uint8_t)(unsafe.Pointer(unsafe.SliceData(a))),
