@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 14u
+#define DI_ABI_VERSION 15u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -271,6 +271,35 @@ typedef struct di_fp8_weight {
  * row and 128 columns, tensor cores; needs block_k >= 128). The paths differ
  * in the activations' rounding. */
 enum di_fp8_path { DI_FP8_AUTO = 0, DI_FP8_GEMV = 1, DI_FP8_GEMM = 2 };
+
+/* Block-quantized weights in llama.cpp's formats (kernels.QuantWeighter),
+ * numbered as ggml numbers them. A [rows, k] matrix (stacked experts
+ * [experts, n, k] are rows = experts * n) whose row r starts at data +
+ * (rows[r] & (2^56 - 1)), 16-byte aligned, in format rows[r] >> 56: the
+ * rows of one weight may differ in format (a fused Q4_K_M weight mixes
+ * Q4_K and Q6_K rows). A row is k / 32 (Q8_0, Q4_0) or k / 256 (K-quants)
+ * blocks in ggml's layout (ggml-common.h), except that the f16 scale d of
+ * Q8_0, Q4_0 and Q6_K blocks is moved behind the row's blocks:
+ *   Q8_0: qs[32] a block, then the blocks' d;
+ *   Q4_0: qs[16] a block, then the blocks' d;
+ *   Q4_K: the 144-byte blocks as stored (d, dmin, scales[12], qs[128]);
+ *   Q5_K: the 176-byte blocks as stored (d, dmin, scales[12], qh[32], qs[128]);
+ *   Q6_K: ql[128], qh[64], scales[16] a block, then the blocks' d.
+ * rows: U64 [rows] (a view's table starts at its own first row); format:
+ * the format of every row, or 0 when they differ (the kernels then read
+ * each row's). */
+enum di_quant_type { DI_Q4_0 = 2, DI_Q8_0 = 8, DI_Q4_K = 12, DI_Q5_K = 13, DI_Q6_K = 14 };
+typedef struct di_quant_weight {
+	di_dptr data, rows;
+	int format;
+} di_quant_weight;
+
+/* Which kernels a linear over block-quantized weights takes: AUTO (GEMV up
+ * to 8 rows, else GEMM), GEMV (the blocks widened in registers, float32
+ * activations) or GEMM (the weight dequantized per call into scratch, then
+ * cuBLAS: BF16 weights and activations in DI_GEMM_ROUND, float32 in
+ * DI_GEMM_SPLIT). */
+enum di_quant_path { DI_QUANT_AUTO = 0, DI_QUANT_GEMV = 1, DI_QUANT_GEMM = 2 };
 
 typedef struct di_api {
 	uint32_t abi_version;
@@ -532,6 +561,50 @@ typedef struct di_api {
 	 * scale times log2(e). */
 	int (*mla_latent_attention)(di_ctx *ctx, di_dptr olat, di_dptr q_lat, di_dptr cache, int cache_dtype,
 	                            const di_attn_meta *m, int num_heads, int kvl, int rope);
+	/* --- MXFP4 expert weights (kernels.MXFP4Weighter; kernels/cuda/mxfp4.go,
+	 * mxfp4.cuh) --- */
+	/* moe_clamped_swiglu_mxfp4: moe_clamped_swiglu with MXFP4 gate_up
+	 * ([num_experts, 2 inter, hidden]) and down ([num_experts, hidden,
+	 * inter]) weights: *_blocks the 4-bit codes (k/2 bytes a row of k
+	 * columns, 16-byte aligned, each row's rearranged into the device layout
+	 * of kernels/cuda/mxfp4.cuh, as MXFP4Weight uploads them; as stored,
+	 * element c is the low nibble of byte c/2 for even c, the high one for
+	 * odd c), *_scales the E8M0 exponents (k/32
+	 * bytes a row, element c under scale c/32; 255 is not a valid scale),
+	 * element = E2M1(code) * 2^(scale - 127). hidden and inter multiples of
+	 * 32. The codes are widened to BF16 in the kernels' registers: the
+	 * result is moe_clamped_swiglu's with w_dtype DI_BF16 over the weights
+	 * widened to BF16, bit for bit. Capturable. */
+	int (*moe_clamped_swiglu_mxfp4)(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights,
+	                                di_dptr gate_up_blocks, di_dptr gate_up_scales, di_dptr gate_up_bias,
+	                                di_dptr down_blocks, di_dptr down_scales, di_dptr down_bias, int num_tokens,
+	                                int top_k, int hidden, int inter, int num_experts, float limit, float alpha);
+	/* --- block-quantized weights (di_quant_weight; kernels.QuantWeighter) --- */
+	/* quant_linear: out[m, n] (F32) = x[m, k] (F32, 16-byte aligned) w^T (+
+	 * bias F32 [n]), the path as di_quant_path says; on the GEMV a row's bits
+	 * do not depend on the other rows. */
+	int (*quant_linear)(di_ctx *ctx, di_dptr out, di_dptr x, const di_quant_weight *w, di_dptr bias, int m, int n,
+	                    int k, int path);
+	/* quant_logits: logits with a block-quantized head: the rows gathered and
+	 * normalized in float32 (as logits does for an F32 head), then
+	 * quant_linear's AUTO path. */
+	int (*quant_logits)(di_ctx *ctx, di_dptr out, di_dptr hidden, di_dptr rows, int num_rows, int num_hidden,
+	                    di_dptr norm, const di_quant_weight *head, int dim, int vocab, float eps);
+	/* quant_embedding: out[t] (F32 [num_tokens, hidden]) = row ids[t] of the
+	 * table dequantized, bit for bit as ggml's dequantize_row_*; an id outside
+	 * [0, vocab) gives zeros and sets DI_CHECK_EMBEDDING. */
+	int (*quant_embedding)(di_ctx *ctx, di_dptr out, const di_quant_weight *table, di_dptr ids, int num_tokens,
+	                       int hidden, int vocab);
+	/* quant_moe: moe over block-quantized experts (gate_up [experts, 2 inter,
+	 * hidden], down [experts, hidden, inter]), grouped on the device in token
+	 * chunks of at most 1024 (token, k) pairs: no host wait, capturable. An
+	 * id outside the experts sets DI_CHECK_MOE. */
+	int (*quant_moe)(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, const di_quant_weight *gate_up,
+	                 const di_quant_weight *down, int num_tokens, int top_k, int hidden, int inter, int num_experts);
+	/* quant_dequant: out[rows, k] = the weight's values: out_dtype DI_F32
+	 * bit for bit as dequantize_row_*, DI_BF16 those values rounded to
+	 * nearest. */
+	int (*quant_dequant)(di_ctx *ctx, di_dptr out, int out_dtype, const di_quant_weight *w, int rows, int k);
 } di_api;
 
 /* di_get_api fills *out for a caller built against abi_version; it returns

@@ -233,6 +233,27 @@ int di_op_softcap(di_ctx *ctx, di_dptr x, uint64_t n, float c);
 int di_op_moe_clamped_swiglu(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
                              di_dptr gate_up_bias, di_dptr down, di_dptr down_bias, int w_dtype, int num_tokens,
                              int top_k, int hidden, int inter, int num_experts, float limit, float alpha);
+// MXFP4 expert weights (kernels/cuda/moe.cu, mxfp4.cuh).
+int di_op_moe_clamped_swiglu_mxfp4(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights,
+                                   di_dptr gate_up_blocks, di_dptr gate_up_scales, di_dptr gate_up_bias,
+                                   di_dptr down_blocks, di_dptr down_scales, di_dptr down_bias, int num_tokens,
+                                   int top_k, int hidden, int inter, int num_experts, float limit, float alpha);
+// Block-quantized weights (kernels/cuda/quant.cu, quant_moe.cu).
+int di_op_quant_linear(di_ctx *ctx, di_dptr out, di_dptr x, const di_quant_weight *w, di_dptr bias, int m, int n,
+                       int k, int path);
+int di_op_quant_logits(di_ctx *ctx, di_dptr out, di_dptr hidden, di_dptr rows, int num_rows, int num_hidden,
+                       di_dptr norm, const di_quant_weight *head, int dim, int vocab, float eps);
+int di_op_quant_embedding(di_ctx *ctx, di_dptr out, const di_quant_weight *table, di_dptr ids, int num_tokens,
+                          int hidden, int vocab);
+int di_op_quant_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, const di_quant_weight *gate_up,
+                    const di_quant_weight *down, int num_tokens, int top_k, int hidden, int inter, int num_experts);
+int di_op_quant_dequant(di_ctx *ctx, di_dptr out, int out_dtype, const di_quant_weight *w, int rows, int k);
+// di_gather_norm writes rows of hidden (rows[i], or row i when rows is
+// null; a row outside [0, num_hidden) gives zeros and sets DI_CHECK_LOGITS)
+// into dst [num_rows, dim] as float32, normalized as logits normalizes them
+// when norm is set: logits' first step (kernels/cuda/ops.cu).
+int di_gather_norm(di_ctx *ctx, float *dst, const float *hidden, const int *rows, int num_rows, int num_hidden,
+                   const float *norm, int dim, float eps);
 // di_add_into computes out[i] += a[i] (+ bias[i % n] when bias is set) over
 // rows*n elements.
 int di_add_into(di_ctx *ctx, float *out, const float *a, const float *bias, size_t rows, int n);

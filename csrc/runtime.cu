@@ -714,5 +714,13 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->mla_write_cache = di_op_mla_write_cache;
 	out->mla_attention_tc = di_op_mla_attention_tc;
 	out->mla_latent_attention = di_op_mla_latent_attention;
+	/* MXFP4 expert weights */
+	out->moe_clamped_swiglu_mxfp4 = di_op_moe_clamped_swiglu_mxfp4;
+	/* block-quantized weights */
+	out->quant_linear = di_op_quant_linear;
+	out->quant_logits = di_op_quant_logits;
+	out->quant_embedding = di_op_quant_embedding;
+	out->quant_moe = di_op_quant_moe;
+	out->quant_dequant = di_op_quant_dequant;
 	return DI_OK;
 }

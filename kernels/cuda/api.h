@@ -188,4 +188,32 @@ static inline int c_mla_latent_attention(di_api *a, di_ctx *c, di_dptr olat, di_
 	return a->mla_latent_attention(c, olat, ql, cache, cdt, m, nh, kvl, rope);
 }
 
+// MXFP4 expert weights (mxfp4.go).
+static inline int c_moe_clamped_swiglu_mxfp4(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr ids, di_dptr w, di_dptr gub,
+                                             di_dptr gus, di_dptr gubias, di_dptr dnb, di_dptr dns, di_dptr dnbias, int t, int k,
+                                             int hidden, int inter, int e, float limit, float alpha) {
+	return a->moe_clamped_swiglu_mxfp4(c, out, x, ids, w, gub, gus, gubias, dnb, dns, dnbias, t, k, hidden, inter, e, limit, alpha);
+}
+
+// Block-quantized weights (quant.go).
+static inline int c_quant_linear(di_api *a, di_ctx *c, di_dptr out, di_dptr x, const di_quant_weight *w, di_dptr bias, int m, int n,
+                                 int k, int path) {
+	return a->quant_linear(c, out, x, w, bias, m, n, k, path);
+}
+static inline int c_quant_logits(di_api *a, di_ctx *c, di_dptr out, di_dptr hidden, di_dptr rows, int r, int t, di_dptr norm,
+                                 const di_quant_weight *head, int dim, int vocab, float eps) {
+	return a->quant_logits(c, out, hidden, rows, r, t, norm, head, dim, vocab, eps);
+}
+static inline int c_quant_embedding(di_api *a, di_ctx *c, di_dptr out, const di_quant_weight *table, di_dptr ids, int t, int hidden,
+                                    int vocab) {
+	return a->quant_embedding(c, out, table, ids, t, hidden, vocab);
+}
+static inline int c_quant_moe(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr ids, di_dptr w, const di_quant_weight *gu,
+                              const di_quant_weight *dn, int t, int k, int hidden, int inter, int e) {
+	return a->quant_moe(c, out, x, ids, w, gu, dn, t, k, hidden, inter, e);
+}
+static inline int c_quant_dequant(di_api *a, di_ctx *c, di_dptr out, int odt, const di_quant_weight *w, int rows, int k) {
+	return a->quant_dequant(c, out, odt, w, rows, k);
+}
+
 #endif

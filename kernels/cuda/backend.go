@@ -432,7 +432,9 @@ type Tensor struct {
 	dtype kernels.DType
 	buf   *buffer
 	off   uint64
-	fp8   *fp8Scales // an FP8 weight's block scales (fp8.go); nil for other tensors
+	fp8   *fp8Scales   // an FP8 weight's block scales (fp8.go); nil for other tensors
+	mx    *mxfp4Scales // an MXFP4 weight's scales (mxfp4.go; buf holds its codes); nil for other tensors
+	q     *quantRows   // a block-quantized weight's row table (quant.go; buf holds its blocks); nil for other tensors
 }
 
 // Shape returns the dimensions; the caller must not modify them.
@@ -591,6 +593,14 @@ func (b *Backend) Rows(t kernels.Tensor, lo, hi int) (kernels.Tensor, error) {
 	if err := kernels.RowsShapes("cuda", s, lo, hi); err != nil {
 		return nil, err
 	}
+	if s.mx != nil { // codes and scales from the view's first matrix row (mxfp4.go)
+		k := s.shape[len(s.shape)-1]
+		return s.mxRows(lo*s.rowLen()/k, append([]int{hi - lo}, s.shape[1:]...)), nil
+	}
+	if s.q != nil { // the row table from the view's first matrix row (quant.go)
+		k, r := max(s.shape[len(s.shape)-1], 1), s.rowLen()
+		return s.qRows(lo*r/k, hi*r/k, append([]int{hi - lo}, s.shape[1:]...)), nil
+	}
 	v := &Tensor{shape: append([]int{hi - lo}, s.shape[1:]...), dtype: s.dtype, buf: s.buf,
 		off: s.off + uint64(lo*s.rowLen()*s.dtype.Size())}
 	if s.fp8 != nil { // the view's first matrix row (last dimension k)
@@ -608,7 +618,10 @@ func (b *Backend) Reshape(t kernels.Tensor, shape ...int) (kernels.Tensor, error
 	if err := kernels.ReshapeShapes("cuda", s, shape); err != nil {
 		return nil, err
 	}
-	v := &Tensor{shape: append([]int(nil), shape...), dtype: s.dtype, buf: s.buf, off: s.off}
+	if (s.mx != nil || s.q != nil) && (len(shape) == 0 || shape[len(shape)-1] != s.shape[len(s.shape)-1]) {
+		return nil, fmt.Errorf("cuda: reshape: %v weight %v to %v changes its rows (last dimension): %w", s.dtype, s, shape, kernels.ErrShape)
+	}
+	v := &Tensor{shape: append([]int(nil), shape...), dtype: s.dtype, buf: s.buf, off: s.off, mx: s.mx, q: s.q}
 	if s.fp8 != nil && len(shape) > 0 && shape[len(shape)-1] == s.shape[len(s.shape)-1] {
 		v.fp8 = s.fp8.view(0) // an FP8 weight stays one while its rows keep their length
 	}

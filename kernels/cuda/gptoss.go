@@ -20,6 +20,11 @@ import (
 // once (correct, not tuned for long prefills). Never waits for the host, so
 // it can be captured. Hidden and intermediate sizes must be multiples of 8.
 // An id outside the experts is reported by the next Download or Sync.
+// gateUp and down may be MXFP4 weights (MXFP4Weight; both or neither,
+// hidden and intermediate sizes multiples of 32): MXFP4 expert kernels read
+// their 4-bit codes and scales (4.25 bits a weight), widen them to BF16 in
+// registers and multiply in the BF16 kernels' order, so the result is that
+// of the call with the weights widened to BF16, bit for bit.
 func (b *Backend) MoEClampedSwiGLU(out, x, ids, weights, gateUp, gateUpBias, down, downBias kernels.Tensor, p kernels.ClampedSwiGLU) error {
 	const op = "moe_clamped_swiglu"
 	var ts [8]*Tensor
@@ -28,13 +33,16 @@ func (b *Backend) MoEClampedSwiGLU(out, x, ids, weights, gateUp, gateUpBias, dow
 		return err
 	}
 	o, xs, is, ws, gu, dn, gub, dnb := ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6], ts[7]
-	d, err := kernels.MoEShapes("cuda", o, xs, is, ws, gu, dn)
+	d, err := kernels.MXFP4MoEShapes("cuda", o, xs, is, ws, gu, dn)
 	if err != nil {
 		return err
 	}
 	t, hidden, numExperts, inter, topK := d.T, d.Hidden, d.NumExperts, d.Inter, d.TopK
 	if err := kernels.ClampedSwiGLUShapes("cuda", d, gub, dnb, p); err != nil {
 		return err
+	}
+	if gu.mx != nil { // and dn.mx: MXFP4MoEShapes takes both or neither
+		return b.moeClampedSwiGLUMXFP4(o, xs, is, ws, gu, gub, dn, dnb, d, p)
 	}
 	if dn.dtype != gu.dtype {
 		return fmt.Errorf("cuda: %s: gate_up %s, down %s: one weight dtype expected: %w", op, gu.dtype, dn.dtype, kernels.ErrDType)

@@ -108,6 +108,9 @@ func (b *Backend) CopyRect(dst, src kernels.Tensor) error {
 	if len(d.shape) != 2 || len(s.shape) != 2 || s.shape[0] > d.shape[0] || s.shape[1] > d.shape[1] || s.dtype != d.dtype {
 		return fmt.Errorf("cuda: %s: %v into %v: %w", op, s, d, kernels.ErrShape)
 	}
+	if d.dtype.Size() == 0 { // MXFP4 weights (mxfp4.go): no per-element size
+		return fmt.Errorf("cuda: %s: %v into %v: not a dense dtype: %w", op, s, d, kernels.ErrDType)
+	}
 	es := uint64(d.dtype.Size())
 	return b.launch(op, func() C.int {
 		return C.c_copy_2d(b.lib.api, b.ctx, d.ptr(), C.uint64_t(uint64(d.shape[1])*es), s.ptr(), C.uint64_t(uint64(s.shape[1])*es),

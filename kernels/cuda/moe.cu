@@ -20,6 +20,15 @@
 // Larger batches (prefill) copy the routing ids to the host (one small
 // transfer and a wait), group there, and run two cuBLAS GEMMs per selected
 // expert.
+//
+// gpt-oss's experts (di_op_moe_clamped_swiglu) always take the device path,
+// in chunks of at most MOE_DEVICE_MAX_PAIRS pairs, over 16-bit or float32
+// weights or over MXFP4 weights (di_op_moe_clamped_swiglu_mxfp4, mxfp4.cuh).
+// MXFP4 has kernels of its own (di_mx_mma_k, di_mx_gemv_k: the MXFP4
+// section below) that read the 4-bit codes and E8M0 scales (4.25 bits a
+// weight), widen them to BF16 in registers and multiply them in the order of
+// the 16-bit kernels above, so the result is that of the BF16 weights they
+// widen to, bit for bit.
 #include <math_constants.h>
 
 #include <type_traits>
@@ -27,6 +36,7 @@
 
 #include "common.cuh"
 #include "moe.cuh"
+#include "mxfp4.cuh"
 
 #define ROUTE_MAX_EXPERTS 512
 #define ROUTE_MAX_GROUPS 64
@@ -622,14 +632,513 @@ static int moe_mlp(di_ctx *ctx, float *gh, void *act, float *yh, const float *x,
 	}
 }
 
+// ---------------------------------------------------------------- MXFP4 experts
+
+// The MXFP4 expert MLP (di_op_moe_clamped_swiglu_mxfp4) shares moe_device's
+// grouping (di_moe_group), x rounded to BF16 (di_moe_round_k) and combine,
+// and runs each projection as one kernel of its own: gate_up with the biased
+// clamped SwiGLU in its epilogue (writing the BF16 activations the down
+// projection reads), down with its bias added in its epilogue. Either kernel
+// is a tensor-core one (di_mx_mma_k, where the 16-bit call takes
+// di_moe_mma_k: ctx->moe_mma) or a GEMV (di_mx_gemv_k, where it takes
+// di_moe_gemv_k), and multiplies the widened weights (mxfp4.cuh) in that
+// kernel's order, then adds the bias or applies the activation as
+// di_moe_down_bias_k and di_moe_act_clamped_k do: the bits of the BF16 call.
+//
+// Both kernels have MX_WARPS = 8 warps a block in two halves of four, each
+// half 16 weight rows of one expert: gate_up's block x takes rows 16 x ..
+// 16 x + 15 of the gate (half 0) and the same rows of the up projection
+// (half 1, rows inter + 16 x ..), so that its epilogue holds both inputs of
+// the activation; down's block x takes rows 32 x .. 32 x + 31. The grid's y
+// is a slot per expert that can have rows (min(num_experts, pairs)): block
+// y works for the y-th expert with rows, in expert order (di_mx_expert), so
+// that a decode step launches blocks for its few experts only (the 16-bit
+// kernels launch a column of blocks for every expert, most of which return
+// at once). Each warp streams its weight rows' codes through a copy ring of
+// its own in shared memory (MX_STAGES segments of 1 KB in flight: a lane
+// copies with cp.async what it alone reads back, so no barrier is needed),
+// the block's scales staged once (32 rows of k/32 bytes). They are launched
+// with programmatic dependent launch (di_launch): their launch overlaps the
+// previous kernel's tail, and they touch no input before di_pdl_wait.
+#define MX_WARPS 8
+#define MX_STAGES 4 // a power of two, at least 4 (di_mx_mma_k keeps its sums in the ring)
+#define MX_RING (MX_WARPS * MX_STAGES * 1024)
+enum { MX_GATE_UP = 0, MX_DOWN = 1 };
+
+// di_mx_weight is one MXFP4 projection's codes (device layout, mxfp4.cuh)
+// and scales, [num_experts * n, k].
+struct di_mx_weight {
+	const uint8_t *codes, *scales;
+};
+
+// di_mx_proj is one MXFP4 projection call: weight w of n rows an expert
+// and k columns; offsets the grouping's; x the BF16 inputs (and xlo, the
+// remainders in split mode) of k columns, grouped row r's being row
+// order[r] / div (order set) or r; bias [num_experts, n]. MX_GATE_UP (n =
+// 2 inter) writes act (and act_lo) [rows, inter] in BF16, MX_DOWN y [rows,
+// n] in float32.
+struct di_mx_proj {
+	di_mx_weight w;
+	int n, k;
+	const int *offsets;
+	int num_experts;
+	const __nv_bfloat16 *x, *xlo;
+	const int *order;
+	int div;
+	__nv_bfloat16 *act, *act_lo;
+	float *y;
+	const float *bias;
+	float limit, alpha;
+};
+
+// di_mx_row0 is the first weight row (within the expert) of half h of this
+// block.
+template <int MODE> __device__ __forceinline__ int di_mx_row0(int h, int n) {
+	return MODE == MX_GATE_UP ? (h ? n / 2 : 0) + 16 * (int)blockIdx.x : 32 * (int)blockIdx.x + 16 * h;
+}
+
+// di_mx_expert is the slot-th expert (in expert order) with rows, or -1
+// when fewer have rows; every warp finds it on its own (one round of loads
+// per 128 experts).
+__device__ int di_mx_expert(const int *offsets, int num_experts, int slot) {
+	const int lane = threadIdx.x & 31;
+	int seen = 0;
+	for (int e0 = 0; e0 < num_experts; e0 += 128) {
+		bool has[4];
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			const int e = e0 + 32 * u + lane;
+			has[u] = e < num_experts && offsets[e + 1] > offsets[e];
+		}
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			const unsigned b = __ballot_sync(0xffffffffu, has[u]);
+			const int c = __popc(b);
+			if (slot < seen + c) {
+				const unsigned hit =
+				    __ballot_sync(0xffffffffu, has[u] && __popc(b & ((1u << lane) - 1u)) == slot - seen);
+				return e0 + 32 * u + __ffs(hit) - 1;
+			}
+			seen += c;
+		}
+	}
+	return -1;
+}
+
+// di_mx_stage_scales copies the block's 32 rows' scales (row i of half h at
+// sc + (16 h + i) * rs) into shared memory, scale b of a row at pos(b), and
+// reports whether any exceeds 128 (block-wide; also the barrier after which
+// sc may be read).
+template <int MODE, typename Pos>
+__device__ bool di_mx_stage_scales(unsigned char *sc, int rs, const di_mx_proj &p, int ex, int nb, Pos pos) {
+	const size_t base0 = ((size_t)ex * p.n + di_mx_row0<MODE>(0, p.n)) * nb;
+	const size_t base1 = ((size_t)ex * p.n + di_mx_row0<MODE>(1, p.n)) * nb;
+	const int total = 32 * nb;
+	bool big = false;
+	// 16 loads a thread in flight at once: one round trip up to k = 4096.
+	for (int i0 = threadIdx.x; i0 < total; i0 += 16 * blockDim.x) {
+		unsigned v[16];
+#pragma unroll
+		for (int u = 0; u < 16; u++) {
+			const int i = i0 + u * blockDim.x, br = i / nb, b = i - br * nb;
+			v[u] = i < total ? p.w.scales[(br < 16 ? base0 : base1) + (size_t)(br & 15) * nb + b] : 0u;
+		}
+#pragma unroll
+		for (int u = 0; u < 16; u++) {
+			const int i = i0 + u * blockDim.x, br = i / nb, b = i - br * nb;
+			if (i < total) sc[br * rs + pos(b)] = (unsigned char)v[u];
+			big |= v[u] > 128;
+		}
+	}
+	return __syncthreads_or(big);
+}
+
+// di_mx_epilogue finishes a pass of m rows from r0 of expert ex (grouped
+// rows lo + r0 ..): value(h, i, c) is the projection of weight row i of half
+// h with the pass's row c, the bits di_moe_mma_k or di_moe_gemv_k stores.
+// MX_GATE_UP: act = di_moe_act_clamped_k's clamped SwiGLU of the gate (half
+// 0) and up (half 1) values plus their biases, in BF16 (and lo parts);
+// MX_DOWN: y = value + bias, as di_moe_down_bias_k adds it.
+template <int MODE, typename V>
+__device__ __forceinline__ void di_mx_epilogue(const di_mx_proj &p, int ex, int lo, int r0, int m, V value) {
+	const float *bias = p.bias + (size_t)ex * p.n;
+	if (MODE == MX_GATE_UP) {
+		const int inter = p.n >> 1, j0 = 16 * blockIdx.x;
+		for (int i = threadIdx.x; i < 16 * m; i += blockDim.x) {
+			const int wr = i & 15, c = i >> 4, j = j0 + wr;
+			const float gate = fminf(value(0, wr, c) + bias[j], p.limit);
+			const float up = fminf(fmaxf(value(1, wr, c) + bias[inter + j], -p.limit), p.limit);
+			const float glu = gate * (float)(1.0 / (1.0 + exp(-(double)(p.alpha * gate))));
+			di_to_gemm(p.act, p.act_lo, (size_t)(lo + r0 + c) * inter + j, (up + 1.f) * glu);
+		}
+	} else {
+		const int j0 = 32 * blockIdx.x;
+		for (int i = threadIdx.x; i < 32 * m; i += blockDim.x) {
+			const int wr = i & 31, c = i >> 5;
+			p.y[(size_t)(lo + r0 + c) * p.n + j0 + wr] = value(wr >> 4, wr & 15, c) + bias[j0 + wr];
+		}
+	}
+}
+
+// di_mx_pi is the place of step si's word among the four of a chain's 16
+// bytes in a full segment (mxfp4.cuh).
+__device__ __forceinline__ int di_mx_pi(int si) { return ((si & 1) << 1) | (si >> 1); }
+
+// di_mx_mma_k is di_moe_mma_k over MXFP4 weights, T tiles of 8 rows a pass
+// (T <= 4). Half h's four warps are di_moe_mma_k's four warps of the 16
+// weight rows: warp c (chain c) takes the 32-column steps kb = 32 c + 128 s
+// in ascending s, and lane (g, t4) widens, for rows g and g + 8 of the tile,
+// the words of columns kb + 8 t4 .. + 7 into the BF16 fragments the 16-bit
+// kernel loads, and multiplies them with the same mma.sync calls on the same
+// x fragments; the four chains' sums are added in chain order. A warp's
+// ring slot holds, for each lane, the 16 bytes of its two rows' codes in a
+// segment (the words of its four steps there, one 16-byte copy each). At
+// the end of a pass each lane leaves its accumulators in its own ring bytes
+// for the epilogue. smem: MX_RING + 32 (4 cs + 4) bytes, cs = 4 ceil(k /
+// 512) (the scales, a row's ordered by chain).
+template <int T, bool SPLIT, int MODE>
+__global__ void __launch_bounds__(MX_WARPS * 32, T == 1 ? 3 : 2) di_mx_mma_k(di_mx_proj p) {
+	extern __shared__ __align__(16) unsigned char mx_smem[];
+	di_pdl_wait();
+	const int ex = di_mx_expert(p.offsets, p.num_experts, blockIdx.y);
+	if (ex < 0) return;
+	const int lo = p.offsets[ex], rows = p.offsets[ex + 1] - lo;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+	const int half = warp >> 2, chain = warp & 3;
+	const int k = p.k, nb = k >> 5, nfull = nb >> 4, nt = nb & 15, ns = nfull + (nt > 0);
+	const size_t rowb = (size_t)(k >> 1);
+	const uint8_t *ra = p.w.codes + ((size_t)ex * p.n + di_mx_row0<MODE>(half, p.n) + g) * rowb, *rb = ra + 8 * rowb;
+	unsigned char *ring = mx_smem + warp * (MX_STAGES * 1024), *sc = mx_smem + MX_RING;
+	const int cs = 4 * ((nb + 15) >> 4), rs = 4 * cs + 4;
+	auto issue = [&](int G) {
+		if (G < ns) {
+			unsigned char *slot = ring + (G & (MX_STAGES - 1)) * 1024 + lane * 16;
+			if (G < nfull) {
+				const size_t o = 256 * (size_t)G + 64 * chain + 16 * t4;
+				di_cp_async16(slot, ra + o, true);
+				di_cp_async16(slot + 512, rb + o, true);
+			} else {
+#pragma unroll
+				for (int si = 0; si < 4; si++) {
+					const int lb = 4 * si + chain;
+					if (lb < nt) {
+						const size_t o = 256 * (size_t)nfull + 16 * lb + 4 * t4;
+						di_cp_async4(slot + 4 * di_mx_pi(si), ra + o);
+						di_cp_async4(slot + 512 + 4 * di_mx_pi(si), rb + o);
+					}
+				}
+			}
+		}
+		di_cp_async_commit();
+	};
+#pragma unroll
+	for (int s = 0; s < MX_STAGES; s++) issue(s);
+	const bool big = di_mx_stage_scales<MODE>(sc, rs, p, ex, nb, [cs](int b) { return (b & 3) * cs + (b >> 2); });
+	const unsigned char *sa = sc + (16 * half + g) * rs + chain * cs, *sb = sa + 8 * rs;
+	// A lane's float i in its ring bytes: stage i / 8, row half (i / 4) % 2.
+	auto part = [&](int w, int ln, int i) -> float * {
+		return reinterpret_cast<float *>(mx_smem + w * (MX_STAGES * 1024) + (i >> 3) * 1024 + ((i >> 2) & 1) * 512 +
+		                                 ln * 16 + (i & 3) * 4);
+	};
+	for (int r0 = 0; r0 < rows; r0 += 8 * T) {
+		const int m = min(8 * T, rows - r0), tiles = (m + 7) >> 3;
+		if (r0 > 0) {
+			__syncthreads(); // the previous epilogue has read the sums in the rings
+#pragma unroll
+			for (int s = 0; s < MX_STAGES; s++) issue(s);
+		}
+		int xo[T];
+#pragma unroll
+		for (int tl = 0; tl < T; tl++) {
+			const int r = tl * 8 + g, row = lo + r0 + (r < m ? r : 0);
+			xo[tl] = (p.order ? p.order[row] / p.div : row) * k + 8 * t4;
+		}
+		float acc[T][4], acc_lo[T][4];
+#pragma unroll
+		for (int tl = 0; tl < T; tl++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) acc[tl][e] = acc_lo[tl][e] = 0.f;
+		auto pass = [&](auto big_tag) {
+			constexpr bool BIG = decltype(big_tag)::value;
+			for (int G = 0; G < ns; G++) {
+				di_cp_async_wait<MX_STAGES - 1>(); // segment G's copies (this lane's) have landed
+				const unsigned char *slot = ring + (G & (MX_STAGES - 1)) * 1024 + lane * 16;
+				const uint4 ca = *reinterpret_cast<const uint4 *>(slot), cb = *reinterpret_cast<const uint4 *>(slot + 512);
+				const uint32_t s4a = *reinterpret_cast<const uint32_t *>(sa + 4 * G);
+				const uint32_t s4b = *reinterpret_cast<const uint32_t *>(sb + 4 * G);
+				const int steps = G < nfull ? 4 : (nt - chain + 3) >> 2;
+#pragma unroll
+				for (int si = 0; si < 4; si++) {
+					if (si < steps) {
+						const int kb = 512 * G + 128 * si + 32 * chain;
+						uint4 xv[T], xl[T];
+#pragma unroll
+						for (int tl = 0; tl < T; tl++) {
+							if (tl < tiles) {
+								xv[tl] = *reinterpret_cast<const uint4 *>(p.x + xo[tl] + kb);
+								if (SPLIT) xl[tl] = *reinterpret_cast<const uint4 *>(p.xlo + xo[tl] + kb);
+							}
+						}
+						const uint4 a = di_mx_widen<BIG>(di_mx_word(ca, di_mx_pi(si)), di_mx_byte(s4a, si));
+						const uint4 b = di_mx_widen<BIG>(di_mx_word(cb, di_mx_pi(si)), di_mx_byte(s4b, si));
+#pragma unroll
+						for (int tl = 0; tl < T; tl++) {
+							if (tl < tiles) {
+								di_mma16816<__nv_bfloat16>(acc[tl], a.x, b.x, a.y, b.y, xv[tl].x, xv[tl].y);
+								di_mma16816<__nv_bfloat16>(acc[tl], a.z, b.z, a.w, b.w, xv[tl].z, xv[tl].w);
+								if (SPLIT) {
+									di_mma16816<__nv_bfloat16>(acc_lo[tl], a.x, b.x, a.y, b.y, xl[tl].x, xl[tl].y);
+									di_mma16816<__nv_bfloat16>(acc_lo[tl], a.z, b.z, a.w, b.w, xl[tl].z, xl[tl].w);
+								}
+							}
+						}
+					}
+				}
+				issue(G + MX_STAGES); // into the slot just read (its words are used above)
+			}
+		};
+		if (big) pass(std::true_type{});
+		else pass(std::false_type{});
+		di_cp_async_wait<0>();
+#pragma unroll
+		for (int tl = 0; tl < T; tl++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				*part(warp, lane, tl * 4 + e) = acc[tl][e];
+				if (SPLIT) *part(warp, lane, 4 * T + tl * 4 + e) = acc_lo[tl][e];
+			}
+		__syncthreads();
+		// di_moe_mma_k's sum of weight row i (of a half) and the pass's row c.
+		di_mx_epilogue<MODE>(p, ex, lo, r0, m, [&](int h, int i, int c) {
+			const int ln = (i & 7) * 4 + ((c & 7) >> 1), e = (c >> 3) * 4 + ((i >> 3) << 1) + (c & 1);
+			const int w0 = 4 * h;
+			float v = *part(w0, ln, e), vl = 0.f;
+			if (SPLIT) vl = *part(w0, ln, 4 * T + e);
+#pragma unroll
+			for (int wi = 1; wi < 4; wi++) {
+				v += *part(w0 + wi, ln, e);
+				if (SPLIT) vl += *part(w0 + wi, ln, 4 * T + e);
+			}
+			return SPLIT ? v + vl : v;
+		});
+	}
+}
+
+// di_mx_gemv_k is di_moe_gemv_k over MXFP4 weights, RP rows a pass (RP <=
+// 4; di_moe_gemv_k's passes of MOE_ROWS rows give the same bits, each
+// (column, row) sum being its own). Warp q of half h computes weight rows
+// 4 q .. 4 q + 3 of the half (four columns of di_moe_gemv_k, one warp
+// each there): lane L sums each column's 8-element chunks at 8 L + 256 s in
+// ascending s, as di_moe_gemv_k's lane L does, with the chunk's widened
+// values as float32, and the warp adds the lanes in di_warp_sum's tree. A
+// warp's ring slot holds, for each lane, the 8 bytes of each of its four
+// rows' codes in a segment (the words of its two 256-column steps there,
+// one 8-byte copy each). smem: MX_RING + 32 * 16 ceil(k / 512) (the scales,
+// the two a lane reads in a segment side by side) + 128 RP bytes.
+template <int RP, bool SPLIT, int MODE>
+__global__ void __launch_bounds__(MX_WARPS * 32, 2) di_mx_gemv_k(di_mx_proj p) {
+	extern __shared__ __align__(16) unsigned char mx_smem[];
+	di_pdl_wait();
+	const int ex = di_mx_expert(p.offsets, p.num_experts, blockIdx.y);
+	if (ex < 0) return;
+	const int lo = p.offsets[ex], rows = p.offsets[ex + 1] - lo;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, half = warp >> 2, q = warp & 3;
+	const int k = p.k, nb = k >> 5, nfull = nb >> 4, nt = nb & 15, ns = nfull + (nt > 0);
+	const size_t rowb = (size_t)(k >> 1);
+	const uint8_t *r0c = p.w.codes + ((size_t)ex * p.n + di_mx_row0<MODE>(half, p.n) + 4 * q) * rowb;
+	unsigned char *ring = mx_smem + warp * (MX_STAGES * 1024), *sc = mx_smem + MX_RING;
+	const int rs = 16 * ((nb + 15) >> 4);
+	float *res = reinterpret_cast<float *>(sc + 32 * rs); // [2 halves][16 rows][RP]
+	// This lane's bytes of a full segment: chain (L / 4) % 4, word L % 4, half L / 16 of the 16.
+	const int off = 64 * ((lane >> 2) & 3) + 16 * (lane & 3) + 8 * (lane >> 4);
+	auto issue = [&](int G) {
+		if (G < ns) {
+			unsigned char *slot = ring + (G & (MX_STAGES - 1)) * 1024 + lane * 8;
+#pragma unroll
+			for (int c = 0; c < 4; c++) {
+				const uint8_t *row = r0c + c * rowb;
+				if (G < nfull) {
+					di_cp_async8(slot + c * 256, row + 256 * (size_t)G + off);
+				} else { // the tail: steps 2G (block lane / 4) and 2G + 1 (block 8 + lane / 4)
+					if ((lane >> 2) < nt) di_cp_async4(slot + c * 256, row + 256 * (size_t)nfull + 4 * lane);
+					if (8 + (lane >> 2) < nt) di_cp_async4(slot + c * 256 + 4, row + 256 * (size_t)nfull + 128 + 4 * lane);
+				}
+			}
+		}
+		di_cp_async_commit();
+	};
+#pragma unroll
+	for (int s = 0; s < MX_STAGES; s++) issue(s);
+	// Block b = 16 G + 8 h + i of a row at 16 G + 2 i + h: lane L's two in a segment side by side.
+	const bool big = di_mx_stage_scales<MODE>(sc, rs, p, ex, nb,
+	                                          [](int b) { return (b & ~15) | ((b & 7) << 1) | ((b >> 3) & 1); });
+	const unsigned char *srow = sc + (16 * half + 4 * q) * rs + 2 * (lane >> 2);
+	for (int r0 = 0; r0 < rows; r0 += RP) {
+		const int m = min(RP, rows - r0);
+		if (r0 > 0) {
+			__syncthreads(); // the previous epilogue has read res
+#pragma unroll
+			for (int s = 0; s < MX_STAGES; s++) issue(s);
+		}
+		int xo[RP];
+#pragma unroll
+		for (int r = 0; r < RP; r++) {
+			const int row = lo + r0 + (r < m ? r : 0);
+			xo[r] = (p.order ? p.order[row] / p.div : row) * k + 8 * lane;
+		}
+		float acc[4][RP], acc_lo[4][RP];
+#pragma unroll
+		for (int c = 0; c < 4; c++)
+#pragma unroll
+			for (int r = 0; r < RP; r++) acc[c][r] = acc_lo[c][r] = 0.f;
+		auto pass = [&](auto big_tag) {
+			constexpr bool BIG = decltype(big_tag)::value;
+			for (int G = 0; G < ns; G++) {
+				di_cp_async_wait<MX_STAGES - 1>(); // segment G's copies (this lane's) have landed
+				const unsigned char *slot = ring + (G & (MX_STAGES - 1)) * 1024 + lane * 8;
+				uint2 cw[4];
+				uint32_t s2[4];
+#pragma unroll
+				for (int c = 0; c < 4; c++) {
+					cw[c] = *reinterpret_cast<const uint2 *>(slot + c * 256);
+					s2[c] = *reinterpret_cast<const uint16_t *>(srow + c * rs + 16 * G);
+				}
+#pragma unroll
+				for (int h = 0; h < 2; h++) {
+					const int col = 512 * G + 256 * h + 8 * lane;
+					if (col < k) {
+						float wv[4][8];
+#pragma unroll
+						for (int c = 0; c < 4; c++)
+							di_mx_f32(di_mx_widen<BIG>(h ? cw[c].y : cw[c].x, di_mx_byte(s2[c], h)), wv[c]);
+#pragma unroll
+						for (int r = 0; r < RP; r++) {
+							if (r < m) {
+								float xv[8];
+								di_load8(p.x + xo[r] + 512 * G + 256 * h, xv);
+#pragma unroll
+								for (int c = 0; c < 4; c++) {
+									float a = acc[c][r];
+#pragma unroll
+									for (int e = 0; e < 8; e++) a += wv[c][e] * xv[e];
+									acc[c][r] = a;
+								}
+								if (SPLIT) {
+									di_load8(p.xlo + xo[r] + 512 * G + 256 * h, xv);
+#pragma unroll
+									for (int c = 0; c < 4; c++) {
+										float b = acc_lo[c][r];
+#pragma unroll
+										for (int e = 0; e < 8; e++) b += wv[c][e] * xv[e];
+										acc_lo[c][r] = b;
+									}
+								}
+							}
+						}
+					}
+				}
+				issue(G + MX_STAGES); // into the slot just read (its words are used above)
+			}
+		};
+		if (big) pass(std::true_type{});
+		else pass(std::false_type{});
+#pragma unroll
+		for (int c = 0; c < 4; c++) {
+#pragma unroll
+			for (int r = 0; r < RP; r++) {
+				if (r < m) {
+					float v = di_warp_sum(acc[c][r]);
+					if (SPLIT) v += di_warp_sum(acc_lo[c][r]);
+					if (lane == 0) res[(16 * half + 4 * q + c) * RP + r] = v;
+				}
+			}
+		}
+		__syncthreads();
+		di_mx_epilogue<MODE>(p, ex, lo, r0, m, [&](int h, int i, int c) { return res[(16 * h + i) * RP + c]; });
+	}
+	di_cp_async_wait<0>();
+}
+
+// di_mx_smem is the shared memory of di_mx_mma_k (mma) or di_mx_gemv_k with
+// rp rows a pass, for k columns.
+static size_t di_mx_smem(bool mma, int rp, int k) {
+	const int nb = k / 32;
+	return mma ? MX_RING + 32 * (16 * ((nb + 15) / 16) + 4) : MX_RING + 32 * 16 * ((nb + 15) / 16) + 128 * rp;
+}
+
+// di_mx_start launches kernel with smem bytes of dynamic shared memory
+// (opting in above 48 KB).
+template <typename K> static int di_mx_start(di_ctx *ctx, K kernel, dim3 grid, size_t smem, const di_mx_proj &p) {
+	if (smem > 48 * 1024) {
+		const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+		if (e != cudaSuccess) return di_cuda_fail(ctx, e, "moe (mxfp4): cudaFuncSetAttribute");
+	}
+	di_launch(ctx, kernel, grid, dim3(MX_WARPS * 32), smem, p);
+	return di_check_launch(ctx, "moe (mxfp4): projection");
+}
+
+// di_mx_project runs projection p (mode MODE) for a chunk of num_tokens
+// tokens over slots expert slots: on tensor cores where the 16-bit call
+// would be (ctx->moe_mma), passes of as many rows as an expert of the chunk
+// can have up to 8, 16 or 32 (GEMV: 1, 2 or 4).
+template <int MODE, bool SPLIT>
+static int di_mx_project(di_ctx *ctx, const di_mx_proj &p, int slots, int num_tokens) {
+	const dim3 grid((unsigned)(p.n / 32), (unsigned)slots); // gate_up: inter / 16 blocks; down: n / 32
+	const bool mma = ctx->moe_mma != 0;
+	const int rp = num_tokens <= 1 ? 1 : num_tokens <= 2 ? 2 : 4;
+	const size_t smem = di_mx_smem(mma, rp, p.k);
+	if (smem > 227 * 1024)
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "moe (mxfp4): k %d needs %zu bytes of shared memory", p.k, smem);
+	if (mma) {
+		if (num_tokens <= 8) return di_mx_start(ctx, di_mx_mma_k<1, SPLIT, MODE>, grid, smem, p);
+		if (num_tokens <= 16) return di_mx_start(ctx, di_mx_mma_k<2, SPLIT, MODE>, grid, smem, p);
+		return di_mx_start(ctx, di_mx_mma_k<4, SPLIT, MODE>, grid, smem, p);
+	}
+	if (rp == 1) return di_mx_start(ctx, di_mx_gemv_k<1, SPLIT, MODE>, grid, smem, p);
+	if (rp == 2) return di_mx_start(ctx, di_mx_gemv_k<2, SPLIT, MODE>, grid, smem, p);
+	return di_mx_start(ctx, di_mx_gemv_k<4, SPLIT, MODE>, grid, smem, p);
+}
+
+// di_moe_mx are MXFP4 expert weights for moe_device.
+struct di_moe_mx {
+	di_mx_weight gate_up, down;
+};
+
+// moe_mx_mlp is moe_mlp with gx's bias and activation over MXFP4 experts,
+// the down bias included: x (num_tokens rows) rounded to BF16 once (hi and
+// lo in split mode) into xr, the activations (BF16, hi and lo) into act, the
+// expert outputs into yh (grouped rows).
+static int moe_mx_mlp(di_ctx *ctx, void *act, float *yh, const float *x, void *xr, const int *order,
+                      const int *offsets, const di_moe_mx &mx, int num_tokens, int pairs, int top_k, int hidden,
+                      int inter, int num_experts, const di_moe_gptoss &gx) {
+	using B = __nv_bfloat16;
+	const bool split = ctx->gemm_mode == DI_GEMM_SPLIT;
+	const size_t nx = (size_t)num_tokens * hidden, na = (size_t)pairs * inter;
+	B *xh = (B *)xr, *xl = split ? xh + nx : nullptr, *ah = (B *)act, *al = split ? ah + na : nullptr;
+	di_moe_round_k<B><<<di_grid(nx, 256), 256, 0, ctx->stream>>>(xh, xl, x, nx);
+	int r = di_check_launch(ctx, "moe (mxfp4): round");
+	if (r != DI_OK) return r;
+	const int slots = num_experts < pairs ? num_experts : pairs;
+	const di_mx_proj gu{mx.gate_up, 2 * inter, hidden, offsets, num_experts, xh, xl, order, top_k, ah, al,
+	                    nullptr, gx.gate_up_bias, gx.limit, gx.alpha};
+	r = split ? di_mx_project<MX_GATE_UP, true>(ctx, gu, slots, num_tokens)
+	          : di_mx_project<MX_GATE_UP, false>(ctx, gu, slots, num_tokens);
+	if (r != DI_OK) return r;
+	const di_mx_proj dn{mx.down, hidden, inter, offsets, num_experts, ah, al, nullptr, 1, nullptr, nullptr,
+	                    yh, gx.down_bias, gx.limit, gx.alpha};
+	return split ? di_mx_project<MX_DOWN, true>(ctx, dn, slots, num_tokens)
+	             : di_mx_project<MX_DOWN, false>(ctx, dn, slots, num_tokens);
+}
+
 static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
                       di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter, int num_experts,
-                      const di_moe_gptoss *gx = nullptr) {
+                      const di_moe_gptoss *gx = nullptr, const di_moe_mx *mx = nullptr) {
 	const int pairs = num_tokens * top_k;
 	void *d_index = nullptr, *g = nullptr, *act = nullptr, *ye = nullptr, *xr = nullptr;
 	// [offsets (num_experts + 1) | order (pairs) | row_of (pairs)]
 	int rc = di_scratch(ctx, (num_experts + 1 + 2 * (size_t)pairs) * sizeof(int), &d_index);
-	if (rc == DI_OK) rc = di_scratch(ctx, (size_t)pairs * 2 * inter * sizeof(float), &g);
+	// The gate/up outputs (MXFP4 experts apply the activation in the gate/up kernel).
+	if (rc == DI_OK && !mx) rc = di_scratch(ctx, (size_t)pairs * 2 * inter * sizeof(float), &g);
 	// Activations: float32, or 16-bit hi (and lo) parts in the same bytes.
 	if (rc == DI_OK) rc = di_scratch(ctx, (size_t)pairs * inter * sizeof(float), &act);
 	if (rc == DI_OK) rc = di_scratch(ctx, (size_t)pairs * hidden * sizeof(float), &ye);
@@ -640,6 +1149,13 @@ static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr 
 		rc = di_moe_group(ctx, offsets, order, row_of, DI_PTR(const int, ids), pairs, num_experts, "moe: group");
 	auto run = [&]() -> int {
 		float *gh = (float *)g, *yh = (float *)ye;
+		if (mx) { // gx is set: the MXFP4 experts are gpt-oss's (di_op_moe_clamped_swiglu_mxfp4)
+			const int r = moe_mx_mlp(ctx, act, yh, DI_PTR(const float, x), xr, order, offsets, *mx, num_tokens, pairs,
+			                         top_k, hidden, inter, num_experts, *gx);
+			if (r != DI_OK) return r;
+			return di_moe_combine(ctx, DI_PTR(float, out), yh, row_of, DI_PTR(const float, weights), num_tokens,
+			                      top_k, hidden, "moe: combine");
+		}
 		DI_DISPATCH_WEIGHT(w_dtype, T, {
 			const int r = moe_mlp<T>(ctx, gh, act, yh, DI_PTR(const float, x), xr, order, offsets,
 			                         (const void *)gate_up, (const void *)down, num_tokens, pairs, top_k, hidden,
@@ -659,7 +1175,7 @@ static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr 
 	if (xr) di_scratch_free(ctx, xr);
 	di_scratch_free(ctx, ye);
 	di_scratch_free(ctx, act);
-	di_scratch_free(ctx, g);
+	if (g) di_scratch_free(ctx, g);
 	di_scratch_free(ctx, d_index);
 	return rc;
 }
@@ -686,27 +1202,28 @@ extern "C" int di_op_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dp
 	return moe_host(ctx, out, x, ids, weights, gate_up, down, w_dtype, num_tokens, top_k, hidden, inter, num_experts);
 }
 
-// di_op_moe_clamped_swiglu is di_op_moe for gpt-oss's experts (biased
-// projections, clamped SwiGLU; kernels.BiasedMoEer). It always takes the
+// moe_clamped_swiglu is di_op_moe for gpt-oss's experts (biased
+// projections, clamped SwiGLU; kernels.BiasedMoEer), over dense weights
+// (gate_up and down of w_dtype) or MXFP4 ones (mx; gate_up and down are
+// then the code blocks, for the alignment check). It always takes the
 // device path, in chunks of tokens of at most MOE_DEVICE_MAX_PAIRS (token,
 // k) pairs, so it never waits for the host and is capturable; a chunk
 // reads each of its experts' weights once (correct, not fast, for long
 // prefills).
-extern "C" int di_op_moe_clamped_swiglu(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights,
-                                        di_dptr gate_up, di_dptr gate_up_bias, di_dptr down, di_dptr down_bias,
-                                        int w_dtype, int num_tokens, int top_k, int hidden, int inter,
-                                        int num_experts, float limit, float alpha) {
+static int moe_clamped_swiglu(di_ctx *ctx, const char *op, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights,
+                              di_dptr gate_up, di_dptr gate_up_bias, di_dptr down, di_dptr down_bias, int w_dtype,
+                              int num_tokens, int top_k, int hidden, int inter, int num_experts, float limit,
+                              float alpha, const di_moe_mx *mx) {
 	if (num_tokens == 0) return DI_OK;
-	if (top_k < 1 || top_k > MOE_DEVICE_MAX_PAIRS)
-		return di_fail(ctx, DI_ERR_INVALID, "moe_clamped_swiglu: top_k %d", top_k);
+	if (top_k < 1 || top_k > MOE_DEVICE_MAX_PAIRS) return di_fail(ctx, DI_ERR_INVALID, "%s: top_k %d", op, top_k);
 	const bool shape_ok = hidden % 8 == 0 && inter % 8 == 0 && (x % 16) == 0 && (gate_up % 16) == 0 &&
 	                      (down % 16) == 0 &&
 	                      (MOE_DEVICE_MAX_PAIRS + num_experts + 1) * sizeof(int) <= 48 * 1024;
 	if (!shape_ok)
 		return di_fail(ctx, DI_ERR_UNSUPPORTED,
-		               "moe_clamped_swiglu: hidden %d and intermediate %d must be multiples of 8 with 16-byte "
+		               "%s: hidden %d and intermediate %d must be multiples of 8 with 16-byte "
 		               "aligned tensors, and %d experts at most %d",
-		               hidden, inter, num_experts, (int)(48 * 1024 / sizeof(int)) - MOE_DEVICE_MAX_PAIRS - 1);
+		               op, hidden, inter, num_experts, (int)(48 * 1024 / sizeof(int)) - MOE_DEVICE_MAX_PAIRS - 1);
 	const int chunk = MOE_DEVICE_MAX_PAIRS / top_k;
 	for (int t0 = 0; t0 < num_tokens; t0 += chunk) {
 		const int n = num_tokens - t0 < chunk ? num_tokens - t0 : chunk;
@@ -715,8 +1232,38 @@ extern "C" int di_op_moe_clamped_swiglu(di_ctx *ctx, di_dptr out, di_dptr x, di_
 		                       DI_PTR(const int, ids) + pair0, limit, alpha};
 		const int rc = moe_device(ctx, out + row0 * sizeof(float), x + row0 * sizeof(float),
 		                          ids + pair0 * sizeof(int), weights + pair0 * sizeof(float), gate_up, down, w_dtype,
-		                          n, top_k, hidden, inter, num_experts, &gx);
+		                          n, top_k, hidden, inter, num_experts, &gx, mx);
 		if (rc != DI_OK) return rc;
 	}
 	return DI_OK;
+}
+
+extern "C" int di_op_moe_clamped_swiglu(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights,
+                                        di_dptr gate_up, di_dptr gate_up_bias, di_dptr down, di_dptr down_bias,
+                                        int w_dtype, int num_tokens, int top_k, int hidden, int inter,
+                                        int num_experts, float limit, float alpha) {
+	return moe_clamped_swiglu(ctx, "moe_clamped_swiglu", out, x, ids, weights, gate_up, gate_up_bias, down, down_bias,
+	                          w_dtype, num_tokens, top_k, hidden, inter, num_experts, limit, alpha, nullptr);
+}
+
+// di_op_moe_clamped_swiglu_mxfp4 is di_op_moe_clamped_swiglu over MXFP4
+// expert weights (codes in mxfp4.cuh's device layout): the MXFP4 kernels
+// (moe_mx_mlp) read the 4-bit codes and E8M0 scales, widen them to BF16 in
+// registers and multiply them in the 16-bit kernels' order, so the result
+// is the BF16 call's for the widened weights, bit for bit (GEMM mode and
+// di_options.disable_moe_mma as that call's).
+extern "C" int di_op_moe_clamped_swiglu_mxfp4(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights,
+                                              di_dptr gate_up_blocks, di_dptr gate_up_scales, di_dptr gate_up_bias,
+                                              di_dptr down_blocks, di_dptr down_scales, di_dptr down_bias,
+                                              int num_tokens, int top_k, int hidden, int inter, int num_experts,
+                                              float limit, float alpha) {
+	const char *op = "moe_clamped_swiglu_mxfp4";
+	if (hidden % 32 != 0 || inter % 32 != 0)
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "%s: hidden %d and intermediate %d must be multiples of 32", op,
+		               hidden, inter);
+	if (!gate_up_scales || !down_scales) return di_fail(ctx, DI_ERR_INVALID, "%s: missing scales", op);
+	const di_moe_mx mx{{DI_PTR(const uint8_t, gate_up_blocks), DI_PTR(const uint8_t, gate_up_scales)},
+	                   {DI_PTR(const uint8_t, down_blocks), DI_PTR(const uint8_t, down_scales)}};
+	return moe_clamped_swiglu(ctx, op, out, x, ids, weights, gate_up_blocks, gate_up_bias, down_blocks, down_bias,
+	                          DI_BF16, num_tokens, top_k, hidden, inter, num_experts, limit, alpha, &mx);
 }

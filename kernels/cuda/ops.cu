@@ -1003,6 +1003,14 @@ __global__ void di_gather_norm_k(T *dst, const float *hidden, const int *rows, i
 	for (int j = threadIdx.x; j < dim; j += blockDim.x) d[j] = di_from_f32<T>(norm ? (x[j] * scale) * norm[j] : x[j]);
 }
 
+int di_gather_norm(di_ctx *ctx, float *dst, const float *hidden, const int *rows, int num_rows, int num_hidden,
+                   const float *norm, int dim, float eps) {
+	if (num_rows == 0) return DI_OK;
+	di_launch(ctx, di_gather_norm_k<float>, num_rows, norm_threads(dim), 0, dst, hidden, rows, num_hidden, norm, dim, eps,
+	          ctx->check);
+	return di_check_launch(ctx, "logits: gather");
+}
+
 extern "C" int di_op_logits(di_ctx *ctx, di_dptr out, di_dptr hidden, di_dptr rows, int num_rows, int num_hidden,
                             di_dptr norm, di_dptr head, int head_dtype, int dim, int vocab, float eps) {
 	if (num_rows == 0) return DI_OK;

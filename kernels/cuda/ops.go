@@ -54,6 +54,9 @@ func (b *Backend) Embedding(out, table, ids kernels.Tensor) error {
 	if err := fp8Refuse(op, "table", tb); err != nil {
 		return err
 	}
+	if tb.q != nil { // a block-quantized table (quant.go)
+		return b.quantEmbedding(o, tb, id, t, hidden, vocab)
+	}
 	return b.launch(op, func() C.int {
 		return C.c_embedding(b.lib.api, b.ctx, o.ptr(), tb.ptr(), C.int(tb.dtype), id.ptr(), C.int(t), C.int(hidden), C.int(vocab))
 	}, o, tb, id)
@@ -131,8 +134,13 @@ func (b *Backend) AddRMSNorm(out, residual, x, weight kernels.Tensor, eps float3
 
 // Linear computes out = x W^T (+ bias). x is F32, or of w's 16-bit dtype
 // (already rounded, see LinearInputDType: cuBLAS without a narrowing pass).
+// FP8 and block-quantized weights take F32 x (fp8.go, quant.go).
 func (b *Backend) Linear(out, x, w, bias kernels.Tensor) error {
 	const op = "linear"
+	if wq, ok := w.(*Tensor); ok && wq.q != nil && x != nil && x.DType() != kernels.F32 {
+		// The CPU backend's refusal: block-quantized weights take F32 x.
+		return kernels.CheckShape("cuda", op, "x", x, x.Shape(), kernels.F32)
+	}
 	o, xs, ws, bs, m, n, k, err := linearArgs(out, x, w, bias, kernels.F32, kernels.BF16, kernels.F16)
 	if err != nil {
 		return err
@@ -143,6 +151,9 @@ func (b *Backend) Linear(out, x, w, bias kernels.Tensor) error {
 	}
 	if ws.fp8 != nil { // FP8 block-scaled weights (fp8.go)
 		return b.fp8Linear(name, o, xs, ws, bs, m, n, k, fp8Auto)
+	}
+	if ws.q != nil { // block-quantized weights (quant.go)
+		return b.quantLinear(name, o, xs, ws, bs, m, n, k, quantAuto)
 	}
 	return b.launch(name, func() C.int {
 		return C.c_linear(b.lib.api, b.ctx, o.ptr(), xs.ptr(), C.int(xs.dtype), ws.ptr(), C.int(ws.dtype), optPtr(bs), C.int(m), C.int(n), C.int(k))
@@ -220,9 +231,9 @@ func (b *Backend) GatedMLP(out, x, gateUp, down, gu, act kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	if gw.dtype == kernels.F8E4M3 || dw.dtype == kernels.F8E4M3 {
-		// FP8 weights (FP8Weight): each linear takes its own FP8 path,
-		// which checks its arguments.
+	if gw.dtype == kernels.F8E4M3 || dw.dtype == kernels.F8E4M3 || gw.q != nil || dw.q != nil {
+		// FP8 weights (FP8Weight) and block-quantized ones (QuantWeight):
+		// each linear takes its own path, which checks its arguments.
 		return b.unfusedMLP(out, x, gateUp, down, gu, act)
 	}
 	rows, hidden, n, err := kernels.GatedMLPShapes("cuda", o, xs, gw, dw, kernels.F32, kernels.BF16, kernels.F16)
@@ -514,6 +525,11 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 			return err
 		}
 	}
+	if w.q != nil { // a block-quantized wkvb: dequantized to float32 (quant.go)
+		if w, err = b.quantDequant(w); err != nil {
+			return err
+		}
+	}
 	if c.dtype != kernels.F32 { // 16- and 8-bit latent caches: tensor cores (attention_mla_tc.cu)
 		return b.launch(op, func() C.int {
 			return C.c_mla_attention_tc(b.lib.api, b.ctx, o.ptr(), qs.ptr(), c.ptr(), C.int(c.dtype), w.ptr(), C.int(w.dtype), &cm,
@@ -570,6 +586,8 @@ func (b *Backend) MoERoute(ids, weights, logits, bias kernels.Tensor, p kernels.
 // a wait) and run cuBLAS GEMMs per selected expert; a bad id is then an
 // error from MoE itself. Hidden and intermediate sizes that are not
 // multiples of 8 always take the host path and cannot be captured.
+// Block-quantized experts (QuantWeight) always take the device path, in
+// token chunks of at most 1024 pairs (quant_moe.cu).
 func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 	const op = "moe"
 	var ts [6]*Tensor
@@ -584,6 +602,9 @@ func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 	}
 	if gu.fp8 != nil || dn.fp8 != nil { // FP8 experts (fp8.go)
 		return b.fp8MoE(o, xs, is, ws, gu, dn, d, fp8Auto)
+	}
+	if gu.q != nil || dn.q != nil { // block-quantized experts (quant.go)
+		return b.quantMoE(o, xs, is, ws, gu, dn, d)
 	}
 	t, hidden, numExperts, inter, topK := d.T, d.Hidden, d.NumExperts, d.Inter, d.TopK
 	return b.launch(op, func() C.int {
@@ -670,6 +691,9 @@ func (b *Backend) Logits(out, hidden, rows, norm, head kernels.Tensor, eps float
 	}
 	if err := fp8Refuse(op, "head", hw); err != nil {
 		return err
+	}
+	if hw.q != nil { // a block-quantized head (quant.go)
+		return b.quantLogits(o, h, rs, nw, hw, t, r, dim, vocab, eps)
 	}
 	return b.launch(op, func() C.int {
 		return C.c_logits(b.lib.api, b.ctx, o.ptr(), h.ptr(), optPtr(rs), C.int(r), C.int(t), optPtr(nw), hw.ptr(),
