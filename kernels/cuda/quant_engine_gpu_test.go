@@ -51,7 +51,11 @@ func TestGPUQuantEngine(t *testing.T) {
 			t.Fatal(err)
 		}
 		run := func(device string) [][]int {
-			l := newLLM(t, fmt.Sprintf("model: %s\ndevice: %s\ncpu: {threads: 4}\ncuda: {gemm: split}\ncache: {num_blocks: 256, block_size: 16}\npipeline:\n  sample: greedy\n", path, device))
+			extra := ""
+			if device == "cuda" {
+				extra = "cuda: {gemm: split}\n"
+			}
+			l := newLLM(t, fmt.Sprintf("model: %s\ndevice: %s\ncpu: {threads: 4}\n%scache: {num_blocks: 256, block_size: 16}\npipeline:\n  sample: greedy\n", path, device, extra))
 			defer l.Close()
 			out, _ := generateTimed(t, l, prompts, params)
 			return out

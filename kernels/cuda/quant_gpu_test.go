@@ -470,10 +470,11 @@ func TestGPUQuantMLA(t *testing.T) {
 }
 
 // TestGPUQuantOps: GatedMLP with block-quantized weights runs its linears
-// (agreeing with the CPU), x of a 16-bit dtype with a block-quantized
-// weight is refused as on the CPU (ErrShape), and Alloc refuses the dtype.
+// (agreeing with the CPU in GEMM mode split, whose dequantizing GEMM is
+// float32), x of a 16-bit dtype with a block-quantized weight is refused
+// as on the CPU (ErrDType), and Alloc refuses the dtype.
 func TestGPUQuantOps(t *testing.T) {
-	p := newPair(t, GEMMRound)
+	p := newPair(t, GEMMSplit)
 	const rows, hidden, inter = 5, 256, 512
 	guW, _ := randQuantWeight(p.r, []int{2 * inter, hidden}, []kernels.QuantType{kernels.QuantQ4_K, kernels.QuantQ6_K}, []int{inter, inter}, 0.1)
 	dnW, _ := randQuantWeight(p.r, []int{hidden, inter}, []kernels.QuantType{kernels.QuantQ6_K}, []int{hidden}, 0.1)
