@@ -182,6 +182,28 @@ __device__ __forceinline__ void di_qk_dot(const float *lo, const float *hi, int 
 	}
 }
 
+// di_qk4_scaled_dot finishes a Q4_K or Q5_K unit u (see di_qf_q4_k) whose
+// codes lo (sub-block 2c) and hi (2c + 1) are widened to floats: each
+// becomes d sc q - dmin m (one fused rounding) with the block header hdr's
+// scales, then the unit's products are accumulated (di_qk_dot).
+template <int R>
+__device__ __forceinline__ void di_qk4_scaled_dot(const uint4 &hdr, int u, float *lo, float *hi, const float *const *xr,
+                                                  int mm, float *acc) {
+	const int c = (u >> 1) & 3, h = u & 1;
+	float sc1, m1, sc2, m2;
+	di_qsm_k4(2 * c, hdr.y, hdr.z, hdr.w, sc1, m1);
+	di_qsm_k4(2 * c + 1, hdr.y, hdr.z, hdr.w, sc2, m2);
+	const float d = di_hbits(hdr.x), dmin = di_hbits(hdr.x >> 16);
+	const float d1 = __fmul_rn(d, sc1), n1 = -__fmul_rn(dmin, m1);
+	const float d2 = __fmul_rn(d, sc2), n2 = -__fmul_rn(dmin, m2);
+#pragma unroll
+	for (int i = 0; i < 16; i++) {
+		lo[i] = __fmaf_rn(d1, lo[i], n1);
+		hi[i] = __fmaf_rn(d2, hi[i], n2);
+	}
+	di_qk_dot<R>(lo, hi, 256 * (u >> 3) + 64 * c + 16 * h, xr, mm, acc);
+}
+
 // Q4_K: unit u is block u / 8, chunk c = (u / 2) % 4 of its qs (32 bytes:
 // sub-block 2c in the low nibbles, 2c + 1 in the high ones), half h = u % 2
 // of the chunk: 16 bytes, weights 64c + 16h + (0..15) and 64c + 32 + 16h +
@@ -200,13 +222,6 @@ struct di_qf_q4_k {
 	}
 	template <int R>
 	static __device__ __forceinline__ void dot(const Raw &w, int u, const float *const *xr, int mm, float *acc) {
-		const int c = (u >> 1) & 3, h = u & 1;
-		float sc1, m1, sc2, m2;
-		di_qsm_k4(2 * c, w.hdr.y, w.hdr.z, w.hdr.w, sc1, m1);
-		di_qsm_k4(2 * c + 1, w.hdr.y, w.hdr.z, w.hdr.w, sc2, m2);
-		const float d = di_hbits(w.hdr.x), dmin = di_hbits(w.hdr.x >> 16);
-		const float d1 = __fmul_rn(d, sc1), n1 = -__fmul_rn(dmin, m1);
-		const float d2 = __fmul_rn(d, sc2), n2 = -__fmul_rn(dmin, m2);
 		const uint32_t v[4] = {w.q.x, w.q.y, w.q.z, w.q.w};
 		float lo[16], hi[16];
 #pragma unroll
@@ -214,12 +229,7 @@ struct di_qf_q4_k {
 			di_q4f(v[i] & 0x0F0F0F0Fu, DI_Q_MAGIC, lo + 4 * i);
 			di_q4f((v[i] >> 4) & 0x0F0F0F0Fu, DI_Q_MAGIC, hi + 4 * i);
 		}
-#pragma unroll
-		for (int i = 0; i < 16; i++) {
-			lo[i] = __fmaf_rn(d1, lo[i], n1);
-			hi[i] = __fmaf_rn(d2, hi[i], n2);
-		}
-		di_qk_dot<R>(lo, hi, 256 * (u >> 3) + 64 * c + 16 * h, xr, mm, acc);
+		di_qk4_scaled_dot<R>(w.hdr, u, lo, hi, xr, mm, acc);
 	}
 };
 
@@ -241,13 +251,7 @@ struct di_qf_q5_k {
 	}
 	template <int R>
 	static __device__ __forceinline__ void dot(const Raw &w, int u, const float *const *xr, int mm, float *acc) {
-		const int c = (u >> 1) & 3, h = u & 1;
-		float sc1, m1, sc2, m2;
-		di_qsm_k4(2 * c, w.hdr.y, w.hdr.z, w.hdr.w, sc1, m1);
-		di_qsm_k4(2 * c + 1, w.hdr.y, w.hdr.z, w.hdr.w, sc2, m2);
-		const float d = di_hbits(w.hdr.x), dmin = di_hbits(w.hdr.x >> 16);
-		const float d1 = __fmul_rn(d, sc1), n1 = -__fmul_rn(dmin, m1);
-		const float d2 = __fmul_rn(d, sc2), n2 = -__fmul_rn(dmin, m2);
+		const int c = (u >> 1) & 3;
 		const uint32_t v[4] = {w.q.x, w.q.y, w.q.z, w.q.w}, b[4] = {w.qh.x, w.qh.y, w.qh.z, w.qh.w};
 		float lo[16], hi[16];
 #pragma unroll
@@ -257,12 +261,7 @@ struct di_qf_q5_k {
 			di_q4f(l5, DI_Q_MAGIC, lo + 4 * i);
 			di_q4f(h5, DI_Q_MAGIC, hi + 4 * i);
 		}
-#pragma unroll
-		for (int i = 0; i < 16; i++) {
-			lo[i] = __fmaf_rn(d1, lo[i], n1);
-			hi[i] = __fmaf_rn(d2, hi[i], n2);
-		}
-		di_qk_dot<R>(lo, hi, 256 * (u >> 3) + 64 * c + 16 * h, xr, mm, acc);
+		di_qk4_scaled_dot<R>(w.hdr, u, lo, hi, xr, mm, acc);
 	}
 };
 
