@@ -43,14 +43,7 @@ AVX2 INLINE void load_w(const int dt, const void *w, int64_t i, __m256 *lo, __m2
 	}
 }
 
-// hsum2 is the canonical tree of one accumulator held as (lo, hi).
-AVX2 INLINE float hsum2(__m256 lo, __m256 hi) {
-	__m256 s8 = _mm256_add_ps(lo, hi);
-	__m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-	__m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-	__m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-	return _mm_cvtss_f32(s1);
-}
+#include "hsum2_avx2.h"
 
 // tail_masks returns the blend masks of lanes [0, rem) for lo and hi.
 AVX2 INLINE void tail_masks(int rem, __m256 *mlo, __m256 *mhi) {

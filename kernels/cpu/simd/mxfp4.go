@@ -135,10 +135,11 @@ var mxfp4TableF32 = func() (t [256 * 16]float32) {
 // [0, n), w the [n][k] MXFP4 matrix of blocks (k/2 bytes a row) and scales
 // (k/32 a row), k a positive multiple of 32: bit for bit LinearBF16 with
 // m = 1 over the rows widened by WidenMXFP4, on every path. The avx512
-// path fuses the widening into the product (two VPERMPS look-ups per 32
-// weights, no scratch; weights read once, 17 bytes a block); the others
-// widen 16 rows at a time into a buffer (allocated once a call) and run
-// LinearBF16 on them, so callers should pass many rows a call. It panics if k is not a positive multiple of 32 or a slice is
+// and avx2 paths fuse the widening into the product (VPERMPS look-ups of
+// the codes in the scale's row of mxfp4TableF32, no scratch; weights read
+// once, 17 bytes a block); the Go path widens 16 rows at a time into a
+// buffer (allocated once a call) and runs LinearBF16 on them, so callers
+// should pass many rows a call. It panics if k is not a positive multiple of 32 or a slice is
 // too short.
 func (p *Impl) GemvMXFP4(out, x []float32, blocks, scales []byte, n, k int) {
 	if k <= 0 || k%32 != 0 || n < 0 {

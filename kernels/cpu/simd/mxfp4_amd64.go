@@ -30,13 +30,18 @@ func widenMXFP4Native(name string, dst []uint16, blocks, scales []byte) bool {
 }
 
 // gemvMXFP4Native runs the fused C GEMV of the implementation named name
-// (only "avx512" has one) and reports whether there was one. Lengths are
+// ("avx512" or "avx2") and reports whether there was one. Lengths are
 // checked by the caller.
 func gemvMXFP4Native(name string, out, x []float32, blocks, scales []byte, n, k int) bool {
-	if name != "avx512" {
+	b, s := (*C.uint8_t)(unsafe.SliceData(blocks)), (*C.uint8_t)(unsafe.SliceData(scales))
+	table := (*C.float)(unsafe.Pointer(&mxfp4TableF32[0]))
+	switch name {
+	case "avx512":
+		C.di_gemv_mxfp4_avx512(fptr(out), fptr(x), b, s, C.int64_t(n), C.int64_t(k), table)
+	case "avx2":
+		C.di_gemv_mxfp4_avx2(fptr(out), fptr(x), b, s, C.int64_t(n), C.int64_t(k), table)
+	default:
 		return false
 	}
-	C.di_gemv_mxfp4_avx512(fptr(out), fptr(x), (*C.uint8_t)(unsafe.SliceData(blocks)), (*C.uint8_t)(unsafe.SliceData(scales)),
-		C.int64_t(n), C.int64_t(k), (*C.float)(unsafe.Pointer(&mxfp4TableF32[0])))
 	return true
 }

@@ -21,5 +21,8 @@ void di_widen_mxfp4_avx2(uint16_t *dst, const uint8_t *blocks, const uint8_t *sc
 // the canonical order of LinearF32.
 void di_gemv_mxfp4_avx512(float *out, const float *x, const uint8_t *blocks, const uint8_t *scales, int64_t n,
                           int64_t k, const float *table_f32);
+// The same on AVX2 + FMA, the canonical accumulator as two ymm registers.
+void di_gemv_mxfp4_avx2(float *out, const float *x, const uint8_t *blocks, const uint8_t *scales, int64_t n,
+                        int64_t k, const float *table_f32);
 
 #endif
