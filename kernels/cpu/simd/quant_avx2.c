@@ -6,14 +6,9 @@
 #define QTARGET __attribute__((target("avx2,fma,f16c")))
 #include "quant_blocks.h"
 
-// hsum is the canonical tree of one accumulator held as (lo, hi).
-QINLINE float qhsum2(__m256 lo, __m256 hi) {
-	__m256 s8 = _mm256_add_ps(lo, hi);
-	__m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-	__m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-	__m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-	return _mm_cvtss_f32(s1);
-}
+#define AVX2 QTARGET
+#define INLINE static inline __attribute__((always_inline))
+#include "hsum2_avx2.h"
 
 // tile computes R (1..4) rows of x against NC (1..2) consecutive rows of W
 // (row c at wr + c*rb), out[r*ldo + c]. Each output has its own accumulator
@@ -102,7 +97,7 @@ QINLINE void tile(const int qt, const int R, const int NC, const float *x, int64
 	for (int r = 0; r < R; r++)
 		#pragma GCC unroll 16
 		for (int c = 0; c < NC; c++)
-			out[r * ldo + c] = qhsum2(lo[r][c], hi[r][c]);
+			out[r * ldo + c] = hsum2(lo[r][c], hi[r][c]);
 }
 
 // cols runs tile for R rows over columns [j0, j1): NC at a time, then the
