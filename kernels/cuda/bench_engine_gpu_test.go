@@ -762,6 +762,26 @@ type offlineVariant struct {
 	chunk int    // cuda.decode_attention_chunk; 0 the backend's
 }
 
+// offlineWorkload is nano-vllm's offline workload (bench.DefaultOffline,
+// or a small one in tiny mode; the request count from the environment's
+// _SEQS when set) and the engine limits that keep all of it in flight at
+// once, as nano-vllm does (512 sequences, 16384 tokens).
+func offlineWorkload(b *testing.B, tiny bool) (opts bench.OfflineOptions, maxSeqs, maxBatched int) {
+	opts = bench.DefaultOffline()
+	maxSeqs, maxBatched = 256, 16384
+	if tiny {
+		opts.NumSeqs, opts.MinInputLen, opts.MaxInputLen, opts.MinOutputLen, opts.MaxOutputLen = 8, 8, 32, 4, 16
+		maxSeqs, maxBatched = 8, 256
+	}
+	if v := os.Getenv(engineBenchEnv + "_SEQS"); v != "" {
+		var err error
+		if opts.NumSeqs, err = strconv.Atoi(v); err != nil || opts.NumSeqs < 1 {
+			b.Fatalf("%s_SEQS=%q: want a positive count", engineBenchEnv, v)
+		}
+	}
+	return opts, maxSeqs, maxBatched
+}
+
 // offlineBench runs nano-vllm's offline workload (bench.DefaultOffline,
 // all requests in flight at once) on a fresh engine per variant and run.
 // In tiny mode (the CPU backend) only the variants without an 8-bit cache
@@ -771,17 +791,7 @@ func offlineBench(b *testing.B, tiny bool, name string, raw []byte, mcfg *weight
 	if err != nil {
 		b.Fatal(err)
 	}
-	opts := bench.DefaultOffline()
-	maxSeqs, maxBatched := 256, 16384 // all requests at once, as nano-vllm (512 sequences, 16384 tokens)
-	if tiny {
-		opts.NumSeqs, opts.MinInputLen, opts.MaxInputLen, opts.MinOutputLen, opts.MaxOutputLen = 8, 8, 32, 4, 16
-		maxSeqs, maxBatched = 8, 256
-	}
-	if v := os.Getenv(engineBenchEnv + "_SEQS"); v != "" {
-		if opts.NumSeqs, err = strconv.Atoi(v); err != nil || opts.NumSeqs < 1 {
-			b.Fatalf("%s_SEQS=%q: want a positive count", engineBenchEnv, v)
-		}
-	}
+	opts, maxSeqs, maxBatched := offlineWorkload(b, tiny)
 	if tiny {
 		name += "-tiny(cpu)"
 		var cpuVariants []offlineVariant
@@ -1484,17 +1494,10 @@ func BenchmarkGPUEngineGemma3Offline(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	opts := bench.DefaultOffline()
-	maxSeqs, maxBatched := 256, 16384
+	opts, maxSeqs, maxBatched := offlineWorkload(b, tiny)
 	name := "gemma-3-1b"
 	if tiny {
-		opts.NumSeqs, opts.MinInputLen, opts.MaxInputLen, opts.MinOutputLen, opts.MaxOutputLen = 8, 8, 32, 4, 16
-		maxSeqs, maxBatched, name = 8, 256, "gemma3-tiny(cpu)"
-	}
-	if v := os.Getenv(engineBenchEnv + "_SEQS"); v != "" {
-		if opts.NumSeqs, err = strconv.Atoi(v); err != nil || opts.NumSeqs < 1 {
-			b.Fatalf("%s_SEQS=%q: want a positive count", engineBenchEnv, v)
-		}
+		name = "gemma3-tiny(cpu)"
 	}
 	maxLen := opts.MaxInputLen + opts.MaxOutputLen
 	for _, paged := range []bool{false, true} {
