@@ -46,6 +46,20 @@ func newLLM(t *testing.T, yaml string) *llm.LLM {
 	return l
 }
 
+// randomPrompts returns n prompts of minLen + r.IntN(spread) token ids in
+// [3, vocab) (past the fixtures' special ids), drawn from r in order.
+func randomPrompts(r *rand.Rand, n, minLen, spread, vocab int) []llm.Prompt {
+	prompts := make([]llm.Prompt, n)
+	for i := range prompts {
+		ids := make([]int, minLen+r.IntN(spread))
+		for j := range ids {
+			ids[j] = 3 + r.IntN(vocab-3)
+		}
+		prompts[i] = llm.Prompt{IDs: ids}
+	}
+	return prompts
+}
+
 // The engine on the GPU with CUDA graphs on and off (and ZOS on): the same
 // greedy tokens for a request alone, and the agreement over 64 requests
 // whose decode batches pad to the captured sizes.
@@ -58,14 +72,7 @@ func TestGPUEngineGraphs(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(4, 4))
-	prompts := make([]llm.Prompt, 64)
-	for i := range prompts {
-		ids := make([]int, 5+r.IntN(100))
-		for j := range ids {
-			ids[j] = 3 + r.IntN(spec.Vocab-3)
-		}
-		prompts[i] = llm.Prompt{IDs: ids}
-	}
+	prompts := randomPrompts(r, 64, 5, 100, spec.Vocab)
 	params := engine.DefaultSamplingParams()
 	params.Temperature = 0
 	params.MaxTokens = 32
@@ -124,14 +131,7 @@ func TestGPUEngineGraphsDefaultModel(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(5, 5))
-	prompts := make([]llm.Prompt, 32)
-	for i := range prompts {
-		ids := make([]int, 4+r.IntN(60))
-		for j := range ids {
-			ids[j] = 3 + r.IntN(8192-3)
-		}
-		prompts[i] = llm.Prompt{IDs: ids}
-	}
+	prompts := randomPrompts(r, 32, 4, 60, 8192)
 	run := func(graphs bool, ps []llm.Prompt, maxTokens int) ([][]int, time.Duration) {
 		t.Helper()
 		params := engine.DefaultSamplingParams()

@@ -12,7 +12,6 @@ import (
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/models/ggufwrite"
 	"github.com/deepinfer/deepinfer-go/engine/models/random"
-	"github.com/deepinfer/deepinfer-go/llm"
 )
 
 // A GGUF file (a random Llama written as Q8_0 and as Q4_K_M: Q4_K with
@@ -29,14 +28,7 @@ func TestGPUQuantEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(8, 1))
-	prompts := make([]llm.Prompt, 4)
-	for i := range prompts {
-		ids := make([]int, 5+r.IntN(60))
-		for j := range ids {
-			ids[j] = 3 + r.IntN(spec.Vocab-3)
-		}
-		prompts[i] = llm.Prompt{IDs: ids}
-	}
+	prompts := randomPrompts(r, 4, 5, 60, spec.Vocab)
 	params := engine.DefaultSamplingParams()
 	params.Temperature = 0
 	params.MaxTokens = 16
