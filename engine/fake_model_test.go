@@ -16,13 +16,26 @@ type fakeModel struct {
 	blockSize int
 	vocab     int
 	kv        []kvEntry
-	// state per slot: the number of tokens folded in; checked only when
-	// checkState (no prefix cache: a hit skips positions).
-	state      []int
+	// state per slot (sequences' slots, then checkpoints): the tokens
+	// folded in, counted and hashed; checked only when checkState (no
+	// prefix cache, or one with state checkpoints: a plain hit skips
+	// positions).
+	state      []foldedState
 	checkState bool
 	// prevSampled holds the previous step's sample rows, for placeholders.
 	prevSampled []int
 	prevStep    StepID
+}
+
+// foldedState is what a fake state slot has seen: n tokens whose running
+// hash is h.
+type foldedState struct {
+	n int
+	h uint64
+}
+
+func (f foldedState) fold(t int) foldedState {
+	return foldedState{f.n + 1, (f.h ^ uint64(t+1)) * 1099511628211}
 }
 
 type kvEntry struct {
@@ -39,8 +52,8 @@ func newFakeModel(cfg SchedulerConfig, vocab int) *fakeModel {
 		blockSize:  cfg.BlockSize,
 		vocab:      vocab,
 		kv:         make([]kvEntry, cfg.NumBlocks*cfg.BlockSize),
-		state:      make([]int, slots),
-		checkState: !cfg.EnablePrefixCaching,
+		state:      make([]foldedState, slots+cfg.NumStateCheckpoints),
+		checkState: !cfg.EnablePrefixCaching || cfg.NumStateCheckpoints > 0,
 	}
 }
 
@@ -88,12 +101,21 @@ func (f *fakeModel) run(out *SchedulerOutputs, metas []SequenceMetadata) ([]Samp
 		}
 		if f.checkState && m.StateSlot >= 0 {
 			if m.PosStart == 0 {
-				f.state[m.StateSlot] = 0
+				f.state[m.StateSlot] = foldedState{}
 			}
-			if f.state[m.StateSlot] != m.PosStart {
-				return nil, fmt.Errorf("seq %d: state slot %d holds %d tokens, step starts at %d", m.SeqID, m.StateSlot, f.state[m.StateSlot], m.PosStart)
+			// The slot must hold exactly the tokens before the step: those
+			// the KV cache holds at positions 0..PosStart-1.
+			var want foldedState
+			for pos := range m.PosStart {
+				want = want.fold(f.kv[Slot(m.BlockTable, bs, pos)].token)
 			}
-			f.state[m.StateSlot] += m.SeqlenQ
+			if got := f.state[m.StateSlot]; got != want {
+				return nil, fmt.Errorf("seq %d: state slot %d holds %d tokens (hash %x), step starts at %d (hash %x)",
+					m.SeqID, m.StateSlot, got.n, got.h, m.PosStart, want.h)
+			}
+			for j := range m.SeqlenQ {
+				f.state[m.StateSlot] = f.state[m.StateSlot].fold(f.kv[m.SlotMapping[j]].token)
+			}
 		}
 	}
 	var sampled []SampledTokens

@@ -58,6 +58,16 @@ type SchedulerConfig struct {
 	// NumStateSlots is the number of per-sequence state slots (0:
 	// MaxNumSeqs).
 	NumStateSlots int
+	// NumStateCheckpoints > 0, with EnablePrefixCaching, makes prefix
+	// caching serve models whose sequences carry state in their slots
+	// (ring buffers of sliding-window layers): that many more state slots,
+	// numbered from NumStateSlots, hold checkpoints of a sequence's state
+	// at block boundaries, and a hit reaches only as far as the deepest
+	// checkpoint its cached blocks cover (see stateCheckpoints); chunk
+	// ends are then aligned to blocks (ChunkAlign becomes BlockSize unless
+	// it is a multiple of it). 0 with such a model: no hits at all (the
+	// caller turns prefix caching off).
+	NumStateCheckpoints int
 	// EOSTokenIDs end a sequence (unless ignore_eos) once min_tokens are
 	// out.
 	EOSTokenIDs []int
@@ -103,6 +113,8 @@ func (c *SchedulerConfig) Validate() error {
 		return bad("num_blocks must be >= 1, got %d", c.NumBlocks)
 	case c.NumStateSlots < 0:
 		return bad("num_state_slots must be >= 0, got %d", c.NumStateSlots)
+	case c.NumStateCheckpoints < 0:
+		return bad("num_state_checkpoints must be >= 0, got %d", c.NumStateCheckpoints)
 	case c.VocabSize < 0:
 		return bad("vocab_size must be >= 0, got %d", c.VocabSize)
 	case c.NumSpeculativeTokens < 0:
@@ -282,6 +294,9 @@ type SchedulerStats struct {
 	NumStateSlots        int
 	NumFreeStateSlots    int
 	PrefixCache          PrefixCacheStats
+	// Checkpoints counts prefix caching's state checkpoints (zero unless
+	// SchedulerConfig.NumStateCheckpoints is in use).
+	Checkpoints CheckpointStats
 }
 
 // stepEntry is one sequence of a step in flight.
@@ -415,6 +430,12 @@ type Scheduler struct {
 	abortedIDs         []SeqID
 	pendingStateCopies []pendingStateCopy
 	numPreemptions     int64
+
+	// ckpt keeps state checkpoints for prefix caching (nil unless
+	// NumStateCheckpoints and prefix caching are on); carried are state
+	// copies of an empty step, due before the next step that runs.
+	ckpt    *stateCheckpoints
+	carried []StateCopy
 }
 
 // pendingStateCopy is a fork's state copy, due before the step after the
@@ -445,7 +466,15 @@ func NewScheduler(cfg SchedulerConfig) (*Scheduler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}
+	var ckpt *stateCheckpoints
+	if cfg.NumStateCheckpoints > 0 && cfg.EnablePrefixCaching {
+		ckpt = newStateCheckpoints(cfg.NumStateCheckpoints, cfg.NumStateSlots, cfg.BlockSize)
+		if cfg.ChunkAlign <= 1 || cfg.ChunkAlign%cfg.BlockSize != 0 {
+			cfg.ChunkAlign = cfg.BlockSize // every chunk may leave a checkpoint
+		}
+	}
 	return &Scheduler{
+		ckpt:       ckpt,
 		draftLimit: cfg.NumSpeculativeTokens,
 		cfg:        cfg,
 		eos:        cfg.EOSTokenIDs,
@@ -595,6 +624,9 @@ func (s *Scheduler) Stats() SchedulerStats {
 		NumStateSlots:        s.sm.NumSlots(),
 		NumFreeStateSlots:    s.sm.NumFree(),
 		PrefixCache:          s.bm.PrefixCacheStats(),
+	}
+	if s.ckpt != nil {
+		st.Checkpoints = s.ckpt.stats
 	}
 	for _, q := range s.waiting {
 		if q.status == StatusWaiting || q.status == StatusPreempted {
@@ -822,6 +854,15 @@ func (s *Scheduler) chunkFor(numComputed, numTokens, budget int) int {
 			q = aligned - numComputed
 		}
 	}
+	if s.ckpt != nil {
+		// End a chunk at the last block boundary before the final token,
+		// where the deepest hit a repeat of these tokens can take needs a
+		// checkpoint (stateCheckpoints).
+		bs := s.cfg.BlockSize
+		if last := (numTokens - 1) / bs * bs; numComputed < last && last < numComputed+q {
+			q = last - numComputed
+		}
+	}
 	return q
 }
 
@@ -849,6 +890,13 @@ func (s *Scheduler) ScheduleInto(buf []SequenceMetadata) (*SchedulerOutputs, []S
 	id := b.id
 	out := b.out
 	out.DraftLimit = s.stepDraftLimit()
+	// State copies run in this order: an empty step's, checkpoints taken,
+	// copies out of checkpoints (admissions), forks'.
+	out.StateCopies = append(out.StateCopies, s.carried...)
+	s.carried = s.carried[:0]
+	if s.ckpt != nil {
+		out.StateCopies = s.ckpt.takeDue(id, out.StateCopies)
+	}
 
 	// 1. Decodes, oldest first; preempt the youngest when blocks run out.
 	for i := 0; i < len(s.running); i++ {
@@ -1087,6 +1135,8 @@ func (s *Scheduler) finishStep(b *stepBuilder) []SequenceMetadata {
 	out := b.out
 	if len(b.metas) == 0 {
 		out.Kind = StepEmpty
+		s.carried = append(s.carried, out.StateCopies...) // nothing runs this step
+		out.StateCopies = nil
 		s.spare = append(s.spare, b.rec)
 		*b = stepBuilder{}
 		return nil
@@ -1158,6 +1208,12 @@ func (s *Scheduler) admit(b *stepBuilder) {
 			break
 		}
 		hits := s.bm.lookup(seq)
+		from := -1 // the checkpoint slot the sequence's state starts from
+		if s.ckpt != nil {
+			var n int
+			n, from = s.ckpt.deepest(hits, s.bm.hash)
+			hits = hits[:n]
+		}
 		q := s.chunkFor(len(hits)*s.bm.BlockSize(), len(seq.tokens), b.budget)
 		if q == 0 || !s.bm.canAllocateWith(seq, hits) {
 			break
@@ -1168,6 +1224,10 @@ func (s *Scheduler) admit(b *stepBuilder) {
 		if err := s.sm.Allocate(seq); err != nil {
 			s.bm.Free(seq)
 			break // unreachable after the NumFree check
+		}
+		if from >= 0 {
+			b.out.StateCopies = append(b.out.StateCopies, StateCopy{Src: from, Dst: int(seq.stateSlot)})
+			s.ckpt.stats.NumHits++
 		}
 		s.numLive++
 		s.numReserved += seq.numForks
@@ -1208,6 +1268,9 @@ func (s *Scheduler) addChunk(b *stepBuilder, seq *Sequence, q int) {
 		forks = s.fork(seq, b.id, pos+q)
 	}
 	s.add1(b, seq, q, true, last, forks, plFrom, plTo)
+	if s.ckpt != nil {
+		s.ckpt.schedule(seq, seq.numComputed, b.id)
+	}
 }
 
 // fork creates the children of an n > 1 request at its last prefill chunk:

@@ -101,6 +101,7 @@ type runResult struct {
 	reasons        map[string]map[int]FinishReason
 	numPreemptions int64
 	prefix         PrefixCacheStats
+	checkpoints    CheckpointStats
 	steps          int
 	sawPlaceholder bool
 	sawCopies      bool
@@ -230,6 +231,7 @@ func runWorkload(t *testing.T, cfg SchedulerConfig, reqs []testRequest, opt runO
 	}
 	res.numPreemptions = st.NumPreemptions
 	res.prefix = st.PrefixCache
+	res.checkpoints = st.Checkpoints
 	return res
 }
 
@@ -416,6 +418,22 @@ func TestSchedulerRandomWorkloads(t *testing.T) {
 			c.ChunkSize = 5
 			c.ChunkAlign = 0
 		}},
+		// State checkpoints (prefix caching for models with state slots):
+		// the fake model then checks every slot's content.
+		{name: "large-checkpoints", mod: func(c *SchedulerConfig) { c.NumStateCheckpoints = 6 }},
+		{name: "large-no-chunk-checkpoints", mod: func(c *SchedulerConfig) {
+			c.EnableChunkedPrefill = false
+			c.MaxNumBatchedTokens = 96
+			c.NumStateCheckpoints = 6
+		}},
+		{name: "tiny-kv-zos-checkpoints", zos: true, wantPreempt: true, mod: func(c *SchedulerConfig) {
+			c.NumBlocks = 26
+			c.NumStateCheckpoints = 2
+		}},
+		{name: "tiny-kv-checkpoints", wantPreempt: true, mod: func(c *SchedulerConfig) {
+			c.NumBlocks = 26
+			c.NumStateCheckpoints = 1
+		}},
 		{name: "few-seqs-small-budget", mod: func(c *SchedulerConfig) {
 			c.MaxNumSeqs = 4
 			c.MaxNumBatchedTokens = 6
@@ -426,13 +444,17 @@ func TestSchedulerRandomWorkloads(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := baseConfig()
 			c.mod(&cfg)
-			var preemptions int64
+			var preemptions, ckptHits int64
 			for seed := range uint64(3) {
 				rng := rand.New(rand.NewPCG(seed, 7))
 				reqs := genWorkload(rng, 50, 48, 3, true)
 				res := runWorkload(t, cfg, reqs, runOptions{zos: c.zos, reuse: c.reuse})
 				checkAgainstReference(t, cfg, reqs, res)
 				preemptions += res.numPreemptions
+				ckptHits += res.checkpoints.NumHits
+				if cfg.NumStateCheckpoints > 0 && cfg.EnableChunkedPrefill && res.prefix.NumHitTokens == 0 {
+					t.Errorf("seed %d: no prefix-cache hit with state checkpoints", seed)
+				}
 				if c.zos && !res.sawPlaceholder {
 					t.Errorf("seed %d: overlapped run planned no placeholder", seed)
 				}
@@ -446,7 +468,10 @@ func TestSchedulerRandomWorkloads(t *testing.T) {
 			if c.wantPreempt && preemptions == 0 {
 				t.Errorf("no preemption with a tiny KV cache")
 			}
-			t.Logf("preemptions: %d", preemptions)
+			if cfg.NumStateCheckpoints > 0 && cfg.EnableChunkedPrefill && ckptHits == 0 {
+				t.Errorf("no sequence started from a state checkpoint")
+			}
+			t.Logf("preemptions: %d, checkpoint hits: %d", preemptions, ckptHits)
 		})
 	}
 }

@@ -188,9 +188,11 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 			}
 		}
 	}
-	kv := planKV(spec, budget, bytesPerBlock, cfg.Cache.BlockSize, numBlocks, cfg.Cache.NumStateSlots, cfg.Engine.MaxNumSeqs, maxModelLen)
+	kv := planKV(spec, budget, bytesPerBlock, cfg.Cache.BlockSize, numBlocks, cfg.Cache.NumStateSlots,
+		stateCheckpoints(cfg, spec), cfg.Engine.MaxNumSeqs, maxModelLen)
 	numBlocks = kv.KVBlocks
 	e.memPlan.StateSlots, e.memPlan.StateSlotBytes, e.memPlan.BlockBytes = kv.StateSlots, kv.StateSlotBytes, kv.BlockBytes
+	e.memPlan.StateCheckpoints = kv.StateCheckpoints
 	if err := checkHostMemory(cfg, int64(bytesPerBlock), hostMemoryBytes()); err != nil {
 		return nil, err
 	}
@@ -203,7 +205,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("llm: kv cache: %w", err)
 	}
-	if err := cache.AllocStateSlots(e.ops, kv.StateSlots); err != nil {
+	if err := cache.AllocStateSlots(e.ops, kv.StateSlots+kv.StateCheckpoints); err != nil {
 		return nil, fmt.Errorf("llm: %w", err)
 	}
 	if drafter.newCache != nil {
@@ -221,9 +223,11 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		NumBlocks:            numBlocks,
 		// A prefix-cache hit skips computing the prefix, but a ring
 		// buffer holds only what its sequence computed: with ring layers
-		// every sequence computes its prompt from the start.
-		EnablePrefixCaching:  cfg.Cache.PrefixCaching && spec.RingLayers == 0,
+		// a hit needs a checkpoint of the rings, and without checkpoint
+		// slots every sequence computes its prompt from the start.
+		EnablePrefixCaching:  cfg.Cache.PrefixCaching && (spec.RingLayers == 0 || kv.StateCheckpoints > 0),
 		NumStateSlots:        kv.StateSlots,
+		NumStateCheckpoints:  kv.StateCheckpoints,
 		EOSTokenIDs:          mcfg.EOSTokenIDs,
 		VocabSize:            mcfg.VocabSize,
 		NumSpeculativeTokens: drafter.env.NumSpeculativeTokens,

@@ -100,8 +100,8 @@ func longWorkload(seed uint64, n int) workload {
 // tokens of the same model with every layer paged (the debug switch
 // cache.sliding_window_paged), with prompts several windows long in chunks
 // longer than the window, preemption by recompute (a small cache), ZOS on
-// and off, n = 2 (state copies) and prefix caching (hits in paged mode
-// only), and leak no block or slot.
+// and off, n = 2 (state copies) and prefix caching (in ring mode through
+// state checkpoints), and leak no block or slot.
 func TestGemma3RingSameAsPaged(t *testing.T) {
 	dir := tinyGemma3(t)
 	w := longWorkload(1, 12)
@@ -207,7 +207,7 @@ func TestRingMemoryPlan(t *testing.T) {
 	admitted := map[bool]int{}
 	for _, rings := range []bool{false, true} {
 		spec := gemma3OneB(rings)
-		p := planKV(spec, budget, spec.BytesPerBlock(blockSize), blockSize, 0, 0, maxSeqs, ctx+16)
+		p := planKV(spec, budget, spec.BytesPerBlock(blockSize), blockSize, 0, 0, 0, maxSeqs, ctx+16)
 		if used := float64(p.KVBlocks)*float64(p.BlockBytes) + float64(p.StateSlots)*float64(p.StateSlotBytes); used > budget {
 			t.Errorf("rings %v: plan %+v uses %.0f bytes of %.0f", rings, p, used, budget)
 		}

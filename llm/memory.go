@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/deepinfer/deepinfer-go/engine/config"
 	"github.com/deepinfer/deepinfer-go/engine/models"
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cuda"
@@ -25,6 +26,10 @@ type MemoryPlan struct {
 	// blocks.
 	StateSlots     int
 	StateSlotBytes int
+	// StateCheckpoints are state slots beyond StateSlots that prefix
+	// caching keeps as checkpoints of ring buffers (engine's
+	// SchedulerConfig.NumStateCheckpoints), StateSlotBytes each.
+	StateCheckpoints int
 	// BlockBytes is the footprint of one KV block across the paged layers
 	// (and a drafter's cache sharing the blocks).
 	BlockBytes int
@@ -43,23 +48,43 @@ func KVBytesPerSequence(spec models.KVCacheSpec, numTokens, blockSize int) int {
 // given; otherwise blocks fill budget bytes, less the state slots' ring
 // buffers, up to what maxNumSeqs sequences of maxModelLen tokens can use,
 // and slots default to maxNumSeqs, their ring buffers taking at most half
-// the budget (at least one slot). blockBytes is a block's footprint.
-func planKV(spec models.KVCacheSpec, budget float64, blockBytes, blockSize, numBlocks, numSlots, maxNumSeqs, maxModelLen int) MemoryPlan {
-	p := MemoryPlan{StateSlots: numSlots, StateSlotBytes: spec.BytesPerStateSlot(), BlockBytes: blockBytes}
+// the budget (at least one slot). checkpoints more slots are asked for
+// prefix caching's state checkpoints: as many as the half of the budget
+// left to slots holds when the plan derives the slots, else as asked.
+// blockBytes is a block's footprint.
+func planKV(spec models.KVCacheSpec, budget float64, blockBytes, blockSize, numBlocks, numSlots, checkpoints, maxNumSeqs, maxModelLen int) MemoryPlan {
+	p := MemoryPlan{StateSlots: numSlots, StateSlotBytes: spec.BytesPerStateSlot(), BlockBytes: blockBytes,
+		StateCheckpoints: checkpoints}
 	if p.StateSlots <= 0 {
 		p.StateSlots = maxNumSeqs
 		if p.StateSlotBytes > 0 && numBlocks <= 0 {
-			p.StateSlots = max(1, min(p.StateSlots, int(max(budget, 0)/2/float64(p.StateSlotBytes))))
+			fit := int(max(budget, 0) / 2 / float64(p.StateSlotBytes))
+			p.StateSlots = max(1, min(p.StateSlots, fit))
+			p.StateCheckpoints = min(checkpoints, max(fit-p.StateSlots, 0))
 		}
 	}
 	if numBlocks > 0 {
 		p.KVBlocks = numBlocks
 		return p
 	}
-	left := max(budget-float64(p.StateSlots)*float64(p.StateSlotBytes), 0)
+	left := max(budget-float64(p.StateSlots+p.StateCheckpoints)*float64(p.StateSlotBytes), 0)
 	p.KVBlocks = int(left / float64(blockBytes))
 	p.KVBlocks = min(p.KVBlocks, maxNumSeqs*((maxModelLen+blockSize-1)/blockSize)+1)
 	return p
+}
+
+// stateCheckpoints is how many state checkpoints to ask of the memory
+// plan (cache.state_checkpoints): none without prefix caching or ring
+// layers, or when set to -1; a quarter of max_num_seqs (at least one) when
+// 0.
+func stateCheckpoints(cfg *config.Config, spec models.KVCacheSpec) int {
+	switch {
+	case !cfg.Cache.PrefixCaching || spec.RingLayers == 0 || cfg.Cache.StateCheckpoints < 0:
+		return 0
+	case cfg.Cache.StateCheckpoints > 0:
+		return cfg.Cache.StateCheckpoints
+	}
+	return max(1, cfg.Engine.MaxNumSeqs/4)
 }
 
 // deviceKVBudget returns the bytes the KV cache of a device backend may

@@ -69,7 +69,7 @@ func WindowKVFigures(shapes []WindowModelShape, deviceBytes float64, blockSize i
 			if rings {
 				slots = f.Fit8K
 			}
-			f.Plan = planKV(spec, f.Budget, spec.BytesPerBlock(blockSize), blockSize, 0, slots, f.Fit8K, ctx8)
+			f.Plan = planKV(spec, f.Budget, spec.BytesPerBlock(blockSize), blockSize, 0, slots, 0, f.Fit8K, ctx8)
 			f.PlanAdmits8 = f.Plan.KVBlocks / ((ctx8 + blockSize - 1) / blockSize)
 			if rings {
 				f.PlanAdmits8 = min(f.PlanAdmits8, f.Plan.StateSlots)

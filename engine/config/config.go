@@ -78,6 +78,14 @@ type Cache struct {
 	CPUMemoryGiB   float64 `yaml:"cpu_memory_gib"`  // cpu: KV cache budget when num_blocks is 0
 	PrefixCaching  bool    `yaml:"prefix_caching"`  // reuse full blocks with the same prefix
 	NumStateSlots  int     `yaml:"num_state_slots"` // 0 = max_num_seqs
+	// StateCheckpoints is, for models whose sliding-window layers keep
+	// ring buffers in state slots, how many more state slots prefix
+	// caching keeps as checkpoints of a sequence's rings at block
+	// boundaries (a hit reaches the deepest checkpoint its cached blocks
+	// cover; each costs a state slot of memory). 0 = auto (a quarter of
+	// max_num_seqs, at least one, within the memory budget); -1 = none,
+	// which turns prefix caching off for such models.
+	StateCheckpoints int `yaml:"state_checkpoints"`
 	// KVCacheDType is the element type of the K and V caches: "auto" (or
 	// empty) keeps the backend's choice; "fp8" or "fp8_e4m3" stores them in
 	// OCP FP8 E4M3 (lossy, a quarter of float32's bytes; either backend

@@ -63,6 +63,9 @@ func (c *Config) Validate() error {
 	if k.NumStateSlots < 0 {
 		bad("cache.num_state_slots", "must be 0 (max_num_seqs) or positive, got %d", k.NumStateSlots)
 	}
+	if k.StateCheckpoints < -1 {
+		bad("cache.state_checkpoints", "must be -1 (none), 0 (auto) or positive, got %d", k.StateCheckpoints)
+	}
 	if _, ok := parseKVCacheDType(k.KVCacheDType); !ok {
 		bad("cache.kv_cache_dtype", "must be auto (or empty), fp8 or fp8_e4m3, got %q", k.KVCacheDType)
 	}

@@ -196,3 +196,64 @@ speculative: {adaptive: false}
 		})
 	}
 }
+
+// TestGPURingPrefixCheckpoints: prefix caching with the window layers in
+// ring buffers on the CUDA backend. Each prompt (6 to 12 windows, prefill
+// chunks of 13 tokens) runs alone, then again alone: the repeat resumes
+// from the checkpoint of the rings taken at the prompt's last block
+// boundary before its final token (a state-slot copy on the device) and
+// shares the cached blocks below it, and computes the same last chunk and
+// decode steps, alone, as the first run did after its own chunk ended
+// there, so its tokens (greedy and seeded sampling) must be the first
+// run's bit for bit. ZOS on and off; every repeat must hit a checkpoint.
+func TestGPURingPrefixCheckpoints(t *testing.T) {
+	skipWithoutGPU(t)
+	const window, blockSize = 4, 4
+	for _, fx := range []struct{ name, dir, gemm string }{
+		{"gemma3", "gemma3/f32", "round"},
+		{"gpt-oss", "gpt-oss/mxfp4", "split"},
+	} {
+		t.Run(fx.name, func(t *testing.T) {
+			dir, err := filepath.Abs(filepath.Join("../../testdata/models", fx.dir))
+			if err != nil {
+				t.Fatal(err)
+			}
+			prompts, params := ringWorkload(7, 4, window)
+			for _, zos := range []bool{false, true} {
+				name := fmt.Sprintf("zos=%v", zos)
+				l := newLLM(t, fmt.Sprintf(`model: %s
+device: cuda
+cache: {num_blocks: 160, block_size: %d, prefix_caching: true, state_checkpoints: 4}
+engine: {max_num_seqs: 8, max_num_batched_tokens: 40, prefill_chunk_size: 13}
+zos: {enabled: %v}
+cuda: {gemm: %s}
+speculative: {adaptive: false}
+`, dir, blockSize, zos, fx.gemm))
+				wantHit := int64(0)
+				for i := range prompts {
+					p := params[i]
+					p.N = 1
+					one := [][]int{prompts[i]}
+					first := runRequests(t, l, one, []engine.SamplingParams{p})
+					again := runRequests(t, l, one, []engine.SamplingParams{p})
+					if first["0/0"] == "" || first["0/0"] != again["0/0"] {
+						t.Errorf("%s: prompt %d: %s, then from its checkpoint %s", name, i, first["0/0"], again["0/0"])
+					}
+					wantHit += int64((len(prompts[i]) - 1) / blockSize * blockSize)
+				}
+				st := l.SchedulerStats()
+				if err := l.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if st.Checkpoints.NumHits != int64(len(prompts)) || st.PrefixCache.NumHitTokens != wantHit {
+					t.Errorf("%s: %d checkpoint hits and %d hit tokens, want %d and %d (%+v)", name,
+						st.Checkpoints.NumHits, st.PrefixCache.NumHitTokens, len(prompts), wantHit, st.Checkpoints)
+				}
+				if st.NumFreeBlocks != st.NumBlocks || st.NumFreeStateSlots != st.NumStateSlots {
+					t.Errorf("%s: leaked: %d/%d blocks, %d/%d state slots free", name, st.NumFreeBlocks, st.NumBlocks, st.NumFreeStateSlots, st.NumStateSlots)
+				}
+				t.Logf("%s: %d repeats from checkpoints, %d hit tokens, %+v", name, len(prompts), st.PrefixCache.NumHitTokens, st.Checkpoints)
+			}
+		})
+	}
+}

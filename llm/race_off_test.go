@@ -1,0 +1,6 @@
+//go:build !race
+
+package llm
+
+// raceEnabled is true when tests run with the race detector.
+const raceEnabled = false
