@@ -580,6 +580,32 @@ func flushTimeline(b *testing.B, l *llm.LLM) {
 	}
 }
 
+// prefillProfile, when the backend profiles (DEEPINFER_CUDA_PROFILE=1),
+// runs batch prompts of promptLen tokens to their second token (the
+// prefill, one decode step and the timeline flush of decodeRun) and
+// returns that run's profile, resetting it, for the decode run's profile
+// to subtract; nil otherwise. The prompts differ from decodeRun's (another
+// seed) so that no prefix cache makes the two prefills differ.
+func prefillProfile(b *testing.B, l *llm.LLM, batch, promptLen int, seed uint64) []cuda.OpTime {
+	b.Helper()
+	g, ok := l.Backend().(*cuda.Backend)
+	if !ok {
+		return nil
+	}
+	if prof, err := g.OpProfile(false); err != nil || prof == nil {
+		return nil
+	}
+	if _, err := g.OpProfile(true); err != nil {
+		b.Fatal(err)
+	}
+	decodeRun(b, l, batch, promptLen, 2, seed+1<<20)
+	prof, err := g.OpProfile(true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return prof
+}
+
 // logOpProfile logs the per-operation device times of a CUDA backend opened
 // with the profile on (DEEPINFER_CUDA_PROFILE=1; nothing otherwise), largest
 // first, and resets them.
@@ -683,6 +709,7 @@ func decodeBench(b *testing.B, tiny bool, name string, raw []byte, mcfg *weights
 			for _, batch := range batches {
 				b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
 					for range b.N {
+						base := prefillProfile(b, l, batch, promptLen, uint64(batch))
 						f := decodeRun(b, l, batch, promptLen, newTokens, uint64(batch))
 						active, experts := activeWeightBytes(mcfg, batch)
 						floor := time.Duration(active / copyBandwidth * float64(time.Second))
@@ -707,7 +734,9 @@ func decodeBench(b *testing.B, tiny bool, name string, raw []byte, mcfg *weights
 						b.Logf("engine | %s decode batch %d, context %d+%d, ZOS %s | %.0f tok/s (TPOT %.3f ms) | device step %.3f ms, forward %.3f ms = %s the floor %.3f ms (%.2f GB active weights%s / 4.2 TB/s; KV read %.2f GB more) | device idle between decode steps %s (%d pairs)%s | %d of %d steps on CUDA graphs",
 							name, batch, promptLen, newTokens, onOff(zos), wall, millis(f.tpot), millis(d.MeanSpan()), millis(d.MeanBusy()), ratio,
 							millis(floor), active/1e9, expertNote, kv/1e9, pct(d), d.N, timelineNote(f.dev), f.graphSteps, f.steps)
-						logOpProfile(b, l.Backend())
+						if g, ok := l.Backend().(*cuda.Backend); ok {
+							cuda.LogProfileLess(b, g, base) // the decode steps alone
+						}
 					}
 				})
 			}

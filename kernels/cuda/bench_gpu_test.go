@@ -1,12 +1,14 @@
 package cuda
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -168,13 +170,43 @@ func (bm *benchModel) forward(b *testing.B, fb *models.ForwardBatch) kernels.Ten
 // otherwise), largest first, and resets them.
 func logProfile(b *testing.B, g *Backend) {
 	b.Helper()
+	logProfileLess(b, g, nil)
+}
+
+// logProfileLess is logProfile less a baseline profile (a run of the same
+// prompts that stops after their prefill), so that what is logged is the
+// decode steps' share alone; it resets the profile.
+func logProfileLess(b *testing.B, g *Backend, base []OpTime) {
+	b.Helper()
 	prof, err := g.OpProfile(true)
 	if err != nil {
 		b.Errorf("op profile: %v", err)
 	}
+	if base != nil {
+		prof = subtractProfile(prof, base)
+	}
 	for _, line := range FormatOpProfile(prof, 25) {
 		b.Logf("profile | %s", line)
 	}
+}
+
+// subtractProfile is prof less base, operation by operation (entries with
+// no calls left dropped), largest first.
+func subtractProfile(prof, base []OpTime) []OpTime {
+	less := make(map[string]OpTime, len(base))
+	for _, t := range base {
+		less[t.Op] = t
+	}
+	var out []OpTime
+	for _, t := range prof {
+		t.Calls -= less[t.Op].Calls
+		t.Millis -= less[t.Op].Millis
+		if t.Calls > 0 && t.Millis > 0 {
+			out = append(out, t)
+		}
+	}
+	slices.SortFunc(out, func(x, y OpTime) int { return cmp.Compare(y.Millis, x.Millis) })
+	return out
 }
 
 // BenchmarkGPUDecodeLlama1B times decode steps at batch 1 and 32 with 256

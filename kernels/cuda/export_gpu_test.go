@@ -3,6 +3,9 @@ package cuda
 // LogProfile is logProfile for the external test package's benchmarks.
 var LogProfile = logProfile
 
+// LogProfileLess is logProfileLess for the external test package.
+var LogProfileLess = logProfileLess
+
 // ApplyTestEnv adds the test environment's DEEPINFER_CUDA_* switches
 // (optionsFromTestEnv) to the options of a backend that something else
 // opened: the engine benchmarks' backend, which llm opens from the config.
