@@ -77,7 +77,10 @@ func RegisterDraft[O any](r *pipeline.Registry, name string, defaults O, build f
 type DeviceDrafter interface {
 	Drafter
 	// ProposeOnDevice queues the drafter's work for step and returns
-	// without waiting for it: what Propose returns, as DeviceDrafts.
+	// without waiting for it: what Propose returns, as DeviceDrafts. A
+	// drafter that must read part of its own work back to decide its
+	// drafts' lengths (DSpark's confidence gate) waits for that work only,
+	// never for the step's host samples.
 	ProposeOnDevice(ctx context.Context, step *SampledStep) (DeviceDrafts, error)
 }
 

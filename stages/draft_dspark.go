@@ -6,7 +6,9 @@ import (
 	"fmt"
 
 	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/engine/models"
 	"github.com/deepinfer/deepinfer-go/engine/spec"
+	"github.com/deepinfer/deepinfer-go/kernels"
 )
 
 func init() {
@@ -32,23 +34,53 @@ func init() {
 //     most that many draft tokens, dealt to the drafts with the highest
 //     expected accepted tokens per verified token (spec.GateBudget).
 //
-// The CPU fixes these lengths; the scheduler then verifies each
-// sequence's drafts. Without ZOS a sequence's next step holds exactly its
-// drafts, so fewer drafts are fewer rows in the verify forward pass. With
-// ZOS the next step was laid out before the drafts existed, with k
-// placeholder rows per sequence: the rows past a shorter draft are
-// padding, verified against nothing (the outputs are the same; the rows
-// are computed anyway: the device-side batch remap that would drop them
-// is not built yet).
+// The drafter is a DeviceVerifiedDrafter: under ZOS it drafts from the
+// verify stage's device half (each sequence's last emitted token and the
+// row of its hidden state, SampledStep.DeviceVerified), so no host wait
+// sits between the verification and the drafts, and the draft stage
+// builds the next step's inputs from the drafts on the device. The host
+// lays a step out (dsparkPlan) and sends it in one upload; the device
+// gathers each sequence's token and hidden row, runs the pass (eagerly,
+// or, when the engine captures CUDA graphs and the step's rows fit, as one
+// graph replay: dsparkGraphs) and the host reads the confidences back.
+//
+// The gate runs on the host, and so sits one host round trip, a read of
+// the pass's confidence logits (positions x sequences floats), between
+// the drafter's pass and the next step's forward pass. Both GatePrefix
+// and GateBudget stay there: the backends have no kernel for GatePrefix's sigmoid,
+// running product and threshold (no composition of kernels.Ops gives the
+// float64 decisions of the host exactly), nor for GateBudget's sort across
+// the batch; and the host needs the gated lengths anyway, since the next
+// step's verification takes each row's draft count from them (its device
+// half's layout and its host half: StepDrafts), and the scheduler, stats
+// and adaptive controller count them. Gating before the next step's
+// inputs are built keeps them the host-gated run's exactly. Without ZOS a
+// sequence's next step holds exactly its drafts, so fewer drafts are
+// fewer rows in the verify forward pass. With ZOS the next step was laid
+// out before the drafts existed, with k placeholder rows per sequence:
+// the rows past a shorter draft hold the sequence's last token and are
+// padding that the verification ignores (its count is the gated length);
+// they are computed anyway (the device-side batch remap that would drop
+// them is not built). An asynchronous read of F32 values would take the
+// round trip off the device's path (kernels.AsyncFetcher reads I32 only,
+// and the draft stage holds its two outstanding reads): the next step's
+// inputs could then be published with every draft, the rows past the
+// gated length padding as above, and the gate applied once the
+// confidences land.
 //
 // The drafter writes no KV cache, so a rejection rolls nothing back.
 // Drafts are deterministic (q one-hot), as the verify stage requires.
 // Cost per step: the DSpark pass (block layers over block-size rows per
-// sequence, then one LM-head row per sequence and drafted position; the
-// positions stop once no sequence's cumulative confidence clears the
-// threshold) and the host work of gating, O(D log D) for D drafts.
+// sequence, then one LM-head row per sequence and drafted position; on a
+// synchronous backend such as the CPU's, eagerly, the positions stop once
+// no sequence's cumulative confidence clears the threshold), the read of
+// the confidences and the host work of gating, O(D log D) for D drafts.
+// On graphs a step costs the host one upload, the gathers of its tokens
+// and hidden rows (two from the device), one replay and the read.
 type dsparkDrafter struct {
-	d DraftDeps
+	d      DraftDeps
+	ds     *models.DSpark
+	graphs *dsparkGraphs // nil: every step eager
 }
 
 func newDSparkDrafter(d DraftDeps) (*dsparkDrafter, error) {
@@ -58,13 +90,18 @@ func newDSparkDrafter(d DraftDeps) (*dsparkDrafter, error) {
 	if d.Speculative.DSpark == nil {
 		return nil, errors.New("draft=dspark: no DSpark drafter loaded (speculative.draft_model)")
 	}
-	return &dsparkDrafter{d: d}, nil
+	return &dsparkDrafter{d: d, ds: d.Speculative.DSpark}, nil
 }
 
+// Propose drafts on the host's verification through models.DSpark.Draft,
+// which reads the drafts back itself (at once on a synchronous backend,
+// stopping early), then gates them: the reference that the device paths
+// (ProposeOnDevice, ProposeFromDevice) reproduce. The draft stage takes
+// the device paths.
 func (p *dsparkDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int, error) {
 	d := p.d
 	drafts := make([][]int, len(step.Verified))
-	k := min(draftLimit(d, step), d.Speculative.DSpark.BlockSize())
+	k := min(draftLimit(d, step), p.ds.BlockSize())
 	if k == 0 || len(step.Verified) == 0 {
 		return drafts, nil
 	}
@@ -72,41 +109,491 @@ func (p *dsparkDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int
 	if res.Hidden == nil {
 		return nil, fmt.Errorf("draft=dspark: step %d: the forward stage kept no hidden states", step.Outputs.StepID)
 	}
+	s := p.plan(step, sampleRefs(step.Verified), false)
+	if len(s.cols) == 0 {
+		return drafts, nil
+	}
+	got, err := p.ds.Draft(ctx, res.Hidden, s.rows, s.last, k, d.Speculative.ConfidenceThreshold)
+	if err != nil {
+		return nil, err
+	}
+	lengths := p.gate(got.Confidence)
+	for i, r := range s.cols {
+		drafts[r] = got.Tokens[i][:lengths[i]]
+	}
+	return drafts, nil
+}
+
+// ProposeOnDevice drafts on the host's verification (Verified) and returns
+// the gated drafts in backend memory.
+func (p *dsparkDrafter) ProposeOnDevice(ctx context.Context, step *SampledStep) (DeviceDrafts, error) {
+	return p.propose(ctx, step, false)
+}
+
+// ProposeFromDevice drafts on the verify stage's device half: each
+// sequence's last emitted token and hidden row come from
+// step.DeviceVerified on the device. It waits for its own pass only (the
+// read of the confidences, for the gate).
+func (p *dsparkDrafter) ProposeFromDevice(ctx context.Context, step *SampledStep) (DeviceDrafts, bool, error) {
+	if p.ds == nil || step.Tokens == nil || step.DeviceVerified == nil {
+		return DeviceDrafts{}, false, nil
+	}
+	dd, err := p.propose(ctx, step, true)
+	return dd, err == nil, err
+}
+
+// sampleRefs are the entries of verified.
+func sampleRefs(verified []VerifiedRow) []RowRef {
+	refs := make([]RowRef, len(verified))
+	for i, v := range verified {
+		refs[i] = v.Ref
+	}
+	return refs
+}
+
+// gate returns how many of its drafts each sequence verifies, given the
+// confidences of its drafts: spec.GatePrefix at the threshold, then the
+// step's budget (spec.GateBudget).
+func (p *dsparkDrafter) gate(conf [][]float64) []int {
+	sp := p.d.Speculative
+	limits := make([]int, len(conf))
+	for i, c := range conf {
+		limits[i] = spec.GatePrefix(c, sp.ConfidenceThreshold)
+	}
+	budget := -1
+	if sp.MaxVerifyTokensPerStep > 0 {
+		budget = sp.MaxVerifyTokensPerStep
+	}
+	return spec.GateBudget(conf, limits, budget)
+}
+
+// dsparkPlan is a drafting step as the host lays it out: the entries that
+// draft (cols: their column of the step's verification, in order) and,
+// on the host path, each one's hidden row and last token.
+type dsparkPlan struct {
+	fromDevice bool
+	cols       []int32
+	rows, last []int32 // host path only
+}
+
+// plan lays out the entries refs of step (forks excepted). On the host
+// path it reads step.Verified; from the device the rows and tokens are
+// the device's (columns of step.DeviceVerified).
+func (p *dsparkDrafter) plan(step *SampledStep, refs []RowRef, fromDevice bool) *dsparkPlan {
+	s := &dsparkPlan{fromDevice: fromDevice}
 	first := tokenRows(step)
 	seqIndex := make(map[engine.SeqID]int, len(step.Seqs))
 	for i := range step.Seqs {
 		seqIndex[step.Seqs[i].SeqID] = i
 	}
-	var outs []int
-	var rows, last []int32
-	for r, v := range step.Verified {
-		m := v.Ref.Meta
-		if v.Ref.SeqID != m.SeqID {
+	for r, ref := range refs {
+		m := ref.Meta
+		if ref.SeqID != m.SeqID {
 			continue // a fork
 		}
-		i := seqIndex[m.SeqID]
-		outs = append(outs, r)
-		rows = append(rows, int32(first[i]+m.SeqlenQ-1-m.NumDrafts+len(v.TokenIDs)-1))
-		last = append(last, int32(v.TokenIDs[len(v.TokenIDs)-1]))
+		s.cols = append(s.cols, int32(r))
+		if !fromDevice {
+			v := step.Verified[r]
+			i := seqIndex[m.SeqID]
+			s.rows = append(s.rows, int32(first[i]+m.SeqlenQ-1-m.NumDrafts+len(v.TokenIDs)-1))
+			s.last = append(s.last, int32(v.TokenIDs[len(v.TokenIDs)-1]))
+		}
 	}
-	if len(outs) == 0 {
-		return drafts, nil
+	return s
+}
+
+// dsparkInputs places a step's per-row inputs in an I32 buffer of a pass
+// over size rows: each row's hidden row, last token and verification
+// column (the device's gathers read it), each 16-byte aligned, then the
+// pass's layout (models.DSpark.FillLayout).
+type dsparkInputs struct{ size, rows, last, cols, layout, total int }
+
+func newDSparkInputs(ds *models.DSpark, size int) dsparkInputs {
+	a := (size + 3) &^ 3
+	return dsparkInputs{size: size, rows: 0, last: a, cols: 2 * a, layout: 3 * a, total: 3*a + ds.LayoutSize(size)}
+}
+
+// fill writes s's rows into host[:l.layout]: from the host, each row's
+// hidden row and token (column -1: nothing to gather); from the device,
+// row 0 and token 0 to be replaced by the gathers from its column. Rows
+// past s's are padding: hidden row 0, token 0, column -1. s nil: padding
+// only.
+func (l dsparkInputs) fill(host []int32, s *dsparkPlan) {
+	n := 0
+	if s != nil {
+		n = len(s.cols)
 	}
-	got, err := d.Speculative.DSpark.Draft(ctx, res.Hidden, rows, last, k, d.Speculative.ConfidenceThreshold)
+	clear(host[:l.layout])
+	for i := range l.size {
+		host[l.cols+i] = -1
+		if i >= n {
+			continue
+		}
+		if s.fromDevice {
+			host[l.cols+i] = s.cols[i]
+		} else {
+			host[l.rows+i], host[l.last+i] = s.rows[i], s.last[i]
+		}
+	}
+}
+
+// dsparkViews are an input buffer's arrays in backend memory.
+type dsparkViews struct{ rows, last, cols, layout kernels.Tensor }
+
+func (l dsparkInputs) views(ops kernels.Ops, buf kernels.Tensor) (dsparkViews, error) {
+	var err error
+	view := func(off, n int) kernels.Tensor {
+		var t kernels.Tensor
+		if err == nil {
+			t, err = ops.Rows(buf, off, off+n)
+		}
+		return t
+	}
+	v := dsparkViews{rows: view(l.rows, l.size), last: view(l.last, l.size), cols: view(l.cols, l.size), layout: view(l.layout, l.total-l.layout)}
+	if err != nil {
+		return v, fmt.Errorf("dspark inputs: %w", err)
+	}
+	return v, nil
+}
+
+// gather queues what a pass needs from the step: from the device, each
+// drafting row's hidden row and last token from its column of the
+// device's verification; then the features (the hidden states at those
+// rows) into feat.
+func gatherDSpark(ops kernels.Ops, step *SampledStep, v dsparkViews, feat kernels.Tensor, fromDevice bool) error {
+	if fromDevice {
+		dv := step.DeviceVerified
+		r := dv.Shape()[1]
+		for _, c := range []struct {
+			dst kernels.Tensor
+			row int
+		}{{v.rows, 2}, {v.last, 1}} {
+			src, err := ops.Rows(dv, c.row, c.row+1)
+			if err == nil {
+				src, err = ops.Reshape(src, r)
+			}
+			if err == nil {
+				err = ops.ResolvePlaceholders(c.dst, v.cols, src)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	return ops.Embedding(feat, step.Hidden, v.rows)
+}
+
+// propose runs a drafting step (from the device, or from the host's
+// Verified) and gates its drafts.
+func (p *dsparkDrafter) propose(ctx context.Context, step *SampledStep, fromDevice bool) (DeviceDrafts, error) {
+	d := p.d
+	refs, _, err := sampleEntries(step)
+	if err != nil {
+		return DeviceDrafts{}, err
+	}
+	dd := DeviceDrafts{At: make([][]int32, len(refs))}
+	n := min(draftLimit(d, step), p.ds.BlockSize())
+	if n == 0 {
+		return dd, nil
+	}
+	if step.Hidden == nil {
+		return dd, fmt.Errorf("draft=dspark: step %d: the forward stage kept no hidden states", step.Outputs.StepID)
+	}
+	s := p.plan(step, refs, fromDevice)
+	if len(s.cols) == 0 {
+		return dd, nil
+	}
+	tokens, conf, stride, ok, err := p.graphs.draft(step, s, n, p.ds)
+	if err == nil && !ok {
+		tokens, conf, stride, err = p.eager(ctx, step, s, n)
+	}
+	if err != nil {
+		return dd, fmt.Errorf("draft=dspark: %w", err)
+	}
+	dd.Tokens = tokens
+	lengths := p.gate(conf)
+	for i, r := range s.cols {
+		at := make([]int32, lengths[i])
+		for j := range at {
+			at[j] = int32(j*stride + i)
+		}
+		dd.At[r] = at
+	}
+	return dd, nil
+}
+
+// eager runs a drafting step without graphs: its inputs and layout in one
+// upload, the gathers, the pass, and the confidences read back: once at
+// the end on an asynchronous backend, after each position on the others
+// (which stops the pass once no row's cumulative confidence clears the
+// threshold, as models.DSpark.Draft does). It returns the drafts, the
+// confidences of the positions it ran (per row) and the drafts' stride
+// (the rows).
+func (p *dsparkDrafter) eager(ctx context.Context, step *SampledStep, s *dsparkPlan, n int) (kernels.Tensor, [][]float64, int, error) {
+	ops, ds := p.d.Ops, p.ds
+	b := len(s.cols)
+	l := newDSparkInputs(ds, b)
+	host := make([]int32, l.total)
+	l.fill(host, s)
+	ds.FillLayout(host[l.layout:], b)
+	buf, err := kernels.FromI32(ops, host, l.total)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	v, err := l.views(ops, buf)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	pass := &models.DSparkPass{Last: v.last, Layout: v.layout}
+	if pass.Feat, err = ops.Alloc(ops.ActivationDType(), b, ds.Config().TargetHiddenSize); err != nil {
+		return nil, nil, 0, err
+	}
+	if err := gatherDSpark(ops, step, v, pass.Feat, s.fromDevice); err != nil {
+		return nil, nil, 0, err
+	}
+	if pass.Tokens, err = ops.Alloc(kernels.I32, n*b); err != nil {
+		return nil, nil, 0, err
+	}
+	if pass.Z, err = ops.Alloc(kernels.F32, n*b, 1); err != nil {
+		return nil, nil, 0, err
+	}
+	thr := p.d.Speculative.ConfidenceThreshold
+	_, async := ops.(kernels.AsyncFetcher)
+	if async || thr <= 0 {
+		if err := ds.Queue(ctx, pass, n, nil); err != nil {
+			return nil, nil, 0, err
+		}
+		conf, err := readConfidence(ops, ds, pass.Z, b, n)
+		return pass.Tokens, conf, b, err
+	}
+	conf := make([][]float64, b)
+	cum := make([]float64, b)
+	for i := range cum {
+		cum[i] = 1
+	}
+	err = ds.Queue(ctx, pass, n, func(j int) (bool, error) {
+		zj, err := ops.Rows(pass.Z, j*b, (j+1)*b)
+		if err != nil {
+			return false, err
+		}
+		zs, err := kernels.ToF32(ops, zj)
+		if err != nil {
+			return false, err
+		}
+		live := false
+		for i := range b {
+			c := ds.Confidence(zs[i])
+			conf[i] = append(conf[i], c)
+			cum[i] *= c
+			live = live || cum[i] >= thr
+		}
+		return !live, nil
+	})
+	return pass.Tokens, conf, b, err
+}
+
+// readConfidence reads the confidence logits z of n positions over stride
+// rows (F32 [>= n*stride], position-major) and returns the confidences of
+// the first b rows. Cost: one download.
+func readConfidence(ops kernels.Ops, ds *models.DSpark, z kernels.Tensor, b, n int) ([][]float64, error) {
+	stride := kernels.NumElements(z) / n
+	zs, err := kernels.ToF32(ops, z)
 	if err != nil {
 		return nil, err
 	}
-	limits := make([]int, len(outs))
-	for n, conf := range got.Confidence {
-		limits[n] = spec.GatePrefix(conf, d.Speculative.ConfidenceThreshold)
+	conf := make([][]float64, b)
+	for i := range conf {
+		conf[i] = make([]float64, n)
+		for j := range n {
+			conf[i][j] = ds.Confidence(zs[j*stride+i])
+		}
 	}
-	budget := -1
-	if b := d.Speculative.MaxVerifyTokensPerStep; b > 0 {
-		budget = b
+	return conf, nil
+}
+
+// Start captures the DSpark drafter's graphs when the engine runs decode
+// steps on CUDA graphs (before the loop starts; see dsparkGraphs).
+func (p *dsparkDrafter) Start(ctx context.Context) error {
+	if p.ds == nil || !p.d.CUDAGraph.Enabled {
+		return nil
 	}
-	lengths := spec.GateBudget(got.Confidence, limits, budget)
-	for n, r := range outs {
-		drafts[r] = got.Tokens[n][:lengths[n]]
+	var err error
+	if p.graphs, err = newDSparkGraphs(ctx, p); err != nil {
+		return fmt.Errorf("draft=dspark: cuda_graph: %w", err)
 	}
-	return drafts, nil
+	return nil
+}
+
+// Close releases the captured graphs.
+func (p *dsparkDrafter) Close() error { return p.graphs.close() }
+
+// dsparkGraphs holds the DSpark pass captured as CUDA graphs, one per
+// size (the engine's decode graph sizes) and depth (1 to min(k, block
+// size) positions), over static inputs: per size its input buffer (the
+// step's rows, tokens and columns, then the pass's layout, uploaded once)
+// and one buffer of features that all sizes share. A step whose drafting
+// rows fit a size costs the host one upload (its rows, straight into the
+// static inputs), from the device the two gathers of its rows and
+// tokens, the gather of its features, one replay and the read of the
+// confidences; rows past the step's are padding (hidden row 0, token 0),
+// which changes no real row.
+type dsparkGraphs struct {
+	ops   kernels.Ops
+	gops  graphOps
+	feat  kernels.Tensor      // [largest size, target hidden]: the passes' features
+	sizes []*dsparkSizeGraphs // ascending by size
+}
+
+// dsparkSizeGraphs are the graphs of one size.
+type dsparkSizeGraphs struct {
+	l      dsparkInputs
+	inputs kernels.Tensor // I32 [l.total]
+	views  dsparkViews
+	feat   kernels.Tensor // the first size rows of the shared features
+	depths []*dsparkGraph // depth j+1 at j
+}
+
+// dsparkGraph is the pass over its size's rows and depth positions.
+type dsparkGraph struct {
+	tokens, z kernels.Tensor // I32 [depth*size], F32 [depth*size, 1]: its static outputs
+	graph     interface {
+		Replay() error
+		Close() error
+	}
+}
+
+// newDSparkGraphs allocates the static inputs and captures the pass for
+// each of the engine's graph sizes and each depth, each after one eager
+// run over padding (which lets libraries initialize outside the capture).
+// It runs before the step loop starts, when nothing else uses the
+// backend's stream. Cost per graph: one run and one capture.
+func newDSparkGraphs(ctx context.Context, p *dsparkDrafter) (*dsparkGraphs, error) {
+	d, ds := p.d, p.ds
+	gops, ok := d.Ops.(graphOps)
+	if !ok {
+		return nil, fmt.Errorf("backend %s cannot capture graphs", d.Ops.Name())
+	}
+	sizes := d.CUDAGraph.BatchSizes
+	if len(sizes) == 0 {
+		return nil, errors.New("no graph sizes")
+	}
+	ops := d.Ops
+	g := &dsparkGraphs{ops: ops, gops: gops}
+	var err error
+	if g.feat, err = ops.Alloc(ops.ActivationDType(), sizes[len(sizes)-1], ds.Config().TargetHiddenSize); err != nil {
+		return nil, err
+	}
+	depth := min(d.Speculative.NumSpeculativeTokens, ds.BlockSize())
+	for _, size := range sizes {
+		sg, err := g.captureSize(ctx, ds, size, depth)
+		if sg != nil {
+			g.sizes = append(g.sizes, sg) // closed with the others, even when partial
+		}
+		if err != nil {
+			g.close()
+			return nil, fmt.Errorf("dspark pass of %d rows: %w", size, err)
+		}
+	}
+	return g, nil
+}
+
+// captureSize uploads size's padding and layout and captures its graphs
+// of depths 1..depth. On an error it returns the graphs captured so far
+// (nil when none), for the caller to close.
+func (g *dsparkGraphs) captureSize(ctx context.Context, ds *models.DSpark, size, depth int) (*dsparkSizeGraphs, error) {
+	ops := g.ops
+	sg := &dsparkSizeGraphs{l: newDSparkInputs(ds, size)}
+	host := make([]int32, sg.l.total)
+	sg.l.fill(host, nil)
+	ds.FillLayout(host[sg.l.layout:], size)
+	var err error
+	if sg.inputs, err = kernels.FromI32(ops, host, sg.l.total); err != nil {
+		return nil, err
+	}
+	if sg.views, err = sg.l.views(ops, sg.inputs); err != nil {
+		return nil, err
+	}
+	if sg.feat, err = ops.Rows(g.feat, 0, size); err != nil {
+		return nil, err
+	}
+	for n := 1; n <= depth; n++ {
+		dg := &dsparkGraph{}
+		if dg.tokens, err = ops.Alloc(kernels.I32, n*size); err != nil {
+			return sg, err
+		}
+		if dg.z, err = ops.Alloc(kernels.F32, n*size, 1); err != nil {
+			return sg, err
+		}
+		pass := &models.DSparkPass{Feat: sg.feat, Last: sg.views.last, Layout: sg.views.layout, Tokens: dg.tokens, Z: dg.z}
+		fn := func() error { return ds.Queue(ctx, pass, n, nil) }
+		if err := fn(); err != nil {
+			return sg, err
+		}
+		if err := ops.Sync(); err != nil {
+			return sg, err
+		}
+		if dg.graph, err = g.gops.CaptureGraph(fn); err != nil {
+			return sg, fmt.Errorf("depth %d: %w", n, err)
+		}
+		sg.depths = append(sg.depths, dg)
+	}
+	return sg, nil
+}
+
+// draft queues a drafting step of n positions on the graphs and returns
+// its drafts (the graph's static output: valid until the drafter's next
+// step is queued), the confidences of its rows and the drafts' stride;
+// ok false (nothing queued) when its rows fit no size.
+func (g *dsparkGraphs) draft(step *SampledStep, s *dsparkPlan, n int, ds *models.DSpark) (kernels.Tensor, [][]float64, int, bool, error) {
+	if g == nil {
+		return nil, nil, 0, false, nil
+	}
+	var sg *dsparkSizeGraphs
+	for _, c := range g.sizes {
+		if c.l.size >= len(s.cols) {
+			sg = c
+			break
+		}
+	}
+	if sg == nil || n > len(sg.depths) {
+		return nil, nil, 0, false, nil
+	}
+	ops, l := g.ops, sg.l
+	host := make([]int32, l.layout)
+	l.fill(host, s)
+	dst, err := ops.Rows(sg.inputs, 0, l.layout)
+	if err == nil {
+		err = ops.Upload(dst, kernels.I32Bytes(host), kernels.I32)
+	}
+	if err == nil {
+		err = gatherDSpark(ops, step, sg.views, sg.feat, s.fromDevice)
+	}
+	dg := sg.depths[n-1]
+	if err == nil {
+		err = dg.graph.Replay()
+	}
+	var conf [][]float64
+	if err == nil {
+		conf, err = readConfidence(ops, ds, dg.z, len(s.cols), n)
+	}
+	if err != nil {
+		return nil, nil, 0, false, fmt.Errorf("dspark graphs: %w", err)
+	}
+	return dg.tokens, conf, l.size, true, nil
+}
+
+func (g *dsparkGraphs) close() error {
+	if g == nil {
+		return nil
+	}
+	var first error
+	for _, sg := range g.sizes {
+		for _, dg := range sg.depths {
+			if err := dg.graph.Close(); err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	g.sizes = nil
+	return first
 }

@@ -203,6 +203,22 @@ type DSparkDrafts struct {
 	Confidence [][]float64
 }
 
+// WithOps returns a copy of d that queues its work on ops, which must
+// reach d's backend (a wrapper that counts or times its operations): the
+// weights stay where they are.
+func (d *DSpark) WithOps(ops kernels.Ops) *DSpark {
+	c := *d
+	c.ops = ops
+	return &c
+}
+
+// Confidence is the calibrated probability of a confidence logit z (the
+// Z of a DSparkPass): sigmoid(ConfidenceScale*z + ConfidenceBias), in
+// float64.
+func (d *DSpark) Confidence(z float32) float64 {
+	return 1 / (1 + math.Exp(-(d.cfg.ConfidenceScale*float64(z) + d.cfg.ConfidenceBias)))
+}
+
 // Draft proposes n <= BlockSize tokens for each of len(rows) sequences:
 // sequence s continues token last[s], and rows[s] is the row of hidden
 // (the target's Forward output, [R, hidden]) computed at the position
@@ -211,10 +227,14 @@ type DSparkDrafts struct {
 // sequence, after the first position at which every sequence's
 // cumulative confidence (the product of its confidences so far) is below
 // stopBelow: drafts past it would not be verified at that threshold
-// (spec.GatePrefix); 0 drafts all n. Cost: the block's layers over
-// BlockSize rows per sequence, then per drafted position one LM-head row
-// per sequence (2*len(rows)*vocab*hidden flops) and one host read of the
-// tokens and confidences.
+// (spec.GatePrefix); 0 drafts all n. It is Queue over one upload of its
+// index arrays, with the drafts and confidences read back: on a backend
+// that computes asynchronously (kernels.AsyncFetcher: a GPU) once after
+// all n positions (the same positions are kept, so the drafts are the
+// same), on the others after each position, which lets the early stop
+// skip the positions after it. Cost: the block's layers over BlockSize
+// rows per sequence, then per drafted position one LM-head row per
+// sequence (2*len(rows)*vocab*hidden flops), and those reads.
 func (d *DSpark) Draft(ctx context.Context, hidden kernels.Tensor, rows, last []int32, n int, stopBelow float64) (*DSparkDrafts, error) {
 	b, k := len(rows), d.cfg.BlockSize
 	switch {
@@ -235,54 +255,229 @@ func (d *DSpark) Draft(ctx context.Context, hidden kernels.Tensor, rows, last []
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	x, err := d.block(hidden, rows, last)
-	if err != nil {
-		return nil, fmt.Errorf("models: dspark: %w", err)
-	}
-	if err := d.correct(ctx, x, last, n, stopBelow, out); err != nil {
+	if err := d.draft(ctx, hidden, rows, last, n, stopBelow, out); err != nil {
 		return nil, fmt.Errorf("models: dspark: %w", err)
 	}
 	return out, nil
 }
 
+func (d *DSpark) draft(ctx context.Context, hidden kernels.Tensor, rows, last []int32, n int, stopBelow float64, out *DSparkDrafts) error {
+	ops, b := d.ops, len(rows)
+	layout := make([]int32, d.LayoutSize(b))
+	d.FillLayout(layout, b)
+	ts, err := uploadI32(ops, [][]int32{rows, last, layout})
+	if err != nil {
+		return err
+	}
+	p := &DSparkPass{Last: ts[1], Layout: ts[2]}
+	if p.Feat, err = ops.Alloc(ops.ActivationDType(), b, d.cfg.TargetHiddenSize); err != nil {
+		return err
+	}
+	if err := ops.Embedding(p.Feat, hidden, ts[0]); err != nil {
+		return err
+	}
+	if p.Tokens, err = ops.Alloc(kernels.I32, n*b); err != nil {
+		return err
+	}
+	if p.Z, err = ops.Alloc(kernels.F32, n*b, 1); err != nil {
+		return err
+	}
+	cum := make([]float64, b)
+	for i := range cum {
+		cum[i] = 1
+	}
+	// take turns position j's tokens and confidence logits into drafts and
+	// reports whether a sequence's cumulative confidence still clears
+	// stopBelow.
+	take := func(j int, ids []int32, zs []float32) bool {
+		live := false
+		for i := range b {
+			c := d.Confidence(zs[i])
+			out.Tokens[i] = append(out.Tokens[i], int(ids[i]))
+			out.Confidence[i] = append(out.Confidence[i], c)
+			cum[i] *= c
+			live = live || cum[i] >= stopBelow
+		}
+		return live
+	}
+	_, chained := ops.(kernels.AsyncFetcher)
+	var after func(int) (bool, error)
+	if !chained {
+		after = func(j int) (bool, error) {
+			ids, err := ops.Rows(p.Tokens, j*b, (j+1)*b)
+			if err != nil {
+				return false, err
+			}
+			zj, err := ops.Rows(p.Z, j*b, (j+1)*b)
+			if err != nil {
+				return false, err
+			}
+			got, err := kernels.ToI32(ops, ids)
+			if err != nil {
+				return false, fmt.Errorf("position %d: %w", j, err)
+			}
+			zs, err := kernels.ToF32(ops, zj)
+			if err != nil {
+				return false, fmt.Errorf("position %d: %w", j, err)
+			}
+			return !take(j, got, zs), nil
+		}
+	}
+	if err := d.Queue(ctx, p, n, after); err != nil || !chained {
+		return err
+	}
+	all, err := kernels.ToI32(ops, p.Tokens)
+	if err != nil {
+		return err
+	}
+	zs, err := kernels.ToF32(ops, p.Z)
+	if err != nil {
+		return err
+	}
+	for j := range n {
+		if !take(j, all[j*b:(j+1)*b], zs[j*b:(j+1)*b]) {
+			break
+		}
+	}
+	return nil
+}
+
+// dsparkLayout is where a pass over b sequences finds its index arrays in
+// its layout buffer (I32 offsets, each array 16-byte aligned), for nt =
+// BlockSize*b block rows: each block row's position [nt], KV slot [nt],
+// each sequence's context slot [b], and the attention layout in which
+// each block row is a one-query sequence over its own sequence's k+1 keys
+// (the context, then the block): cu_seqlens_q [nt+1], seqlens_k [nt],
+// block tables [nt] (one "block" of k+1 slots per sequence).
+type dsparkLayout struct{ pos, slots, ctxSlots, cu, seqK, tables, size int }
+
+func (d *DSpark) layout(b int) dsparkLayout {
+	nt := d.cfg.BlockSize * b
+	var l dsparkLayout
+	at := 0
+	next := func(n int) int {
+		o := at
+		at += (n + 3) &^ 3
+		return o
+	}
+	l.pos, l.slots, l.ctxSlots, l.cu, l.seqK, l.tables = next(nt), next(nt), next(b), next(nt+1), next(nt), next(nt)
+	l.size = at
+	return l
+}
+
+// LayoutSize is the length (I32 elements) of the layout buffer of a pass
+// over b sequences (DSparkPass.Layout).
+func (d *DSpark) LayoutSize(b int) int { return d.layout(b).size }
+
+// FillLayout writes the index arrays of a pass over b sequences into
+// host[:LayoutSize(b)]: each block row's position and KV slot in the
+// pass's own small cache, each sequence's context slot, and the
+// attention layout that makes the block bidirectional. They depend on b
+// and the block size only, so a caller that replays passes of b
+// sequences uploads them once.
+func (d *DSpark) FillLayout(host []int32, b int) {
+	l, k := d.layout(b), d.cfg.BlockSize
+	stride := k + 1
+	clear(host[:l.size])
+	for s := range b {
+		host[l.ctxSlots+s] = int32(s * stride)
+		for j := range k {
+			r := j*b + s
+			host[l.pos+r], host[l.slots+r], host[l.tables+r] = int32(j), int32(s*stride+1+j), int32(s)
+			host[l.cu+r+1], host[l.seqK+r] = int32(r+1), int32(stride)
+		}
+	}
+}
+
+// DSparkPass is one drafting pass over B sequences in backend memory.
+type DSparkPass struct {
+	// Feat [B, target hidden] (the activation dtype) is each sequence's
+	// conditioning state: the target's Forward output at the row before
+	// its last token. The pass normalizes it in place.
+	Feat   kernels.Tensor
+	Last   kernels.Tensor // I32 [B]: each sequence's last token
+	Layout kernels.Tensor // I32 [LayoutSize(B)]: FillLayout's arrays
+	// Tokens (I32 [>= n*B]) and Z (F32 [>= n*B, 1]) receive draft j of
+	// sequence s and its confidence logit (Confidence) at j*B+s.
+	Tokens, Z kernels.Tensor
+}
+
+// Queue queues a drafting pass of n <= BlockSize positions over p: the
+// block's layers over BlockSize rows a sequence, then position by
+// position the Markov correction, the argmax of the shared final norm
+// and LM head (each position's drafts feed the next position on the
+// device) and the confidence head. It uploads and reads nothing, so a
+// CUDA graph can capture it; rows of p are independent, so padding rows
+// (any finite Feat, any token of the vocabulary) change no other row.
+// after, when not nil, is called once position j is queued, and a true
+// return ends the pass there (a caller that reads each position's
+// confidences on a synchronous backend skips the positions no gate would
+// keep). Cost: the block's layers over BlockSize*B rows, then per
+// position one LM-head row a sequence (2*B*vocab*hidden flops).
+func (d *DSpark) Queue(ctx context.Context, p *DSparkPass, n int, after func(j int) (stop bool, err error)) error {
+	b := 0
+	if p.Last != nil {
+		b = kernels.NumElements(p.Last)
+	}
+	switch {
+	case n < 0 || n > d.cfg.BlockSize:
+		return fmt.Errorf("models: dspark: %d positions, block size %d: %w", n, d.cfg.BlockSize, ErrBatch)
+	case b == 0 || p.Feat == nil || len(p.Feat.Shape()) != 2 || p.Feat.Shape()[0] != b || p.Feat.Shape()[1] != d.cfg.TargetHiddenSize:
+		return fmt.Errorf("models: dspark: features %v for %d sequences of target hidden size %d: %w", shapeOf(p.Feat), b, d.cfg.TargetHiddenSize, ErrBatch)
+	case p.Layout == nil || kernels.NumElements(p.Layout) != d.LayoutSize(b):
+		return fmt.Errorf("models: dspark: layout %v, want %d elements for %d sequences: %w", shapeOf(p.Layout), d.LayoutSize(b), b, ErrBatch)
+	case p.Tokens == nil || kernels.NumElements(p.Tokens) < n*b || p.Z == nil || kernels.NumElements(p.Z) < n*b:
+		return fmt.Errorf("models: dspark: tokens %v and z %v for %d positions of %d sequences: %w", shapeOf(p.Tokens), shapeOf(p.Z), n, b, ErrBatch)
+	}
+	if n == 0 {
+		return nil
+	}
+	x, err := d.block(p, b)
+	if err != nil {
+		return fmt.Errorf("models: dspark: %w", err)
+	}
+	if err := d.correct(ctx, p, x, b, n, after); err != nil {
+		return fmt.Errorf("models: dspark: %w", err)
+	}
+	return nil
+}
+
+func shapeOf(t kernels.Tensor) any {
+	if t == nil {
+		return "nil"
+	}
+	return t.Shape()
+}
+
 // block runs the parallel pass and returns the block's rows before the
 // Markov correction, [k*b, hidden], position-major (row j*b+s is position
 // j of sequence s).
-func (d *DSpark) block(hidden kernels.Tensor, rows, last []int32) (kernels.Tensor, error) {
+func (d *DSpark) block(p *DSparkPass, b int) (kernels.Tensor, error) {
 	ops, cfg := d.ops, &d.cfg
-	b, k, h := len(rows), cfg.BlockSize, cfg.HiddenSize
+	k, h := cfg.BlockSize, cfg.HiddenSize
 	att, nt := cfg.NumAttentionHeads*cfg.HeadDim, k*b
-	// Every index array of the pass in one upload: the gathered hidden
-	// rows, the last tokens, each block row's position, the KV slots of the
-	// block rows and of the contexts, and the attention layout in which
-	// each block row is a one-query sequence over its own sequence's k+1
-	// keys (the context, then the block): bidirectional inside the block.
 	stride := k + 1
-	pos, slots, tables := make([]int32, nt), make([]int32, nt), make([]int32, nt)
-	cu, seqK := make([]int32, nt+1), make([]int32, nt)
-	ctxSlots := make([]int32, b)
-	for s := range b {
-		ctxSlots[s] = int32(s * stride)
-		for j := range k {
-			r := j*b + s
-			pos[r], slots[r], tables[r] = int32(j), int32(s*stride+1+j), int32(s)
-			cu[r+1], seqK[r] = int32(r+1), int32(stride)
+	l := d.layout(b)
+	var err error
+	view := func(off, n int) kernels.Tensor {
+		var t kernels.Tensor
+		if err == nil {
+			t, err = ops.Rows(p.Layout, off, off+n)
 		}
+		return t
 	}
-	parts := [][]int32{rows, last, pos, slots, ctxSlots, cu, seqK, tables}
-	ts, err := uploadI32(ops, parts)
-	if err != nil {
-		return nil, err
-	}
-	rowsT, lastT, posT, slotsT, ctxSlotsT := ts[0], ts[1], ts[2], ts[3], ts[4]
+	posT, slotsT, ctxSlotsT := view(l.pos, nt), view(l.slots, nt), view(l.ctxSlots, b)
 	meta := kernels.AttentionMetadata{NumSeqs: nt, NumTokens: nt, MaxSeqlenQ: 1, MaxSeqlenK: stride, BlockSize: stride,
-		CuSeqlensQ: ts[5], SeqlensK: ts[6], SlotMapping: slotsT}
-	if meta.BlockTables, err = ops.Reshape(ts[7], nt, 1); err != nil {
+		CuSeqlensQ: view(l.cu, nt+1), SeqlensK: view(l.seqK, nt), SlotMapping: slotsT}
+	if tables := view(l.tables, nt); err == nil {
+		meta.BlockTables, err = ops.Reshape(tables, nt, 1)
+	}
+	if err != nil {
 		return nil, err
 	}
 
 	s := newScratch(ops)
-	feat, c := s.get("dspark.feat", b, cfg.TargetHiddenSize), s.get("dspark.c", b, h)
+	c := s.get("dspark.c", b, h)
 	x, e := s.get("dspark.x", nt, h), s.get("dspark.e", b, h)
 	xn, cn := s.get("dspark.xn", nt, h), s.get("dspark.cn", b, h)
 	q, kb, vb := s.get("dspark.q", nt, att), s.get("dspark.k", nt, att), s.get("dspark.v", nt, att)
@@ -305,11 +500,10 @@ func (d *DSpark) block(hidden kernels.Tensor, rows, last []int32) (kernels.Tenso
 		return nil, err
 	}
 	steps := []func() error{
-		func() error { return ops.Embedding(feat, hidden, rowsT) },
-		func() error { return ops.RMSNorm(feat, feat, d.ctxNorm, d.eps) },
-		func() error { return ops.Linear(c, feat, d.ctxProj, nil) },
+		func() error { return ops.RMSNorm(p.Feat, p.Feat, d.ctxNorm, d.eps) },
+		func() error { return ops.Linear(c, p.Feat, d.ctxProj, nil) },
 		func() error { return ops.Embedding(x, d.blockEmbed, posT) },
-		func() error { return ops.Embedding(e, d.target.embed, lastT) },
+		func() error { return ops.Embedding(e, d.target.embed, p.Last) },
 	}
 	for _, f := range steps {
 		if err := f(); err != nil {
@@ -358,20 +552,13 @@ func (d *DSpark) block(hidden kernels.Tensor, rows, last []int32) (kernels.Tenso
 	return x, nil
 }
 
-// correct runs the Markov correction, the shared LM head and the
-// confidence head position by position (each needs the draft before it),
-// filling out; it stops after a position at which every sequence's
-// cumulative confidence is below stopBelow. On a backend that computes
-// asynchronously (kernels.AsyncFetcher: a GPU) each position's argmax
-// feeds the next position on the device and the tokens and confidences
-// come back in one read after all n positions, instead of two reads a
-// position; the same positions are kept, so the drafts are the same. On
-// the others a position's results are read at once, which lets the early
-// stop skip the positions after it.
-func (d *DSpark) correct(ctx context.Context, x kernels.Tensor, last []int32, n int, stopBelow float64, out *DSparkDrafts) error {
+// correct queues the Markov correction, the shared LM head and the
+// confidence head position by position (each needs the draft before it)
+// into p.Tokens and p.Z, calling after (when not nil) once each position
+// is queued and stopping when it says so.
+func (d *DSpark) correct(ctx context.Context, p *DSparkPass, x kernels.Tensor, b, n int, after func(int) (bool, error)) error {
 	ops, cfg := d.ops, &d.cfg
-	b, h, r, c := len(last), cfg.HiddenSize, cfg.MarkovRank, cfg.ConfidenceHiddenSize
-	_, chained := ops.(kernels.AsyncFetcher)
+	h, r, c := cfg.HiddenSize, cfg.MarkovRank, cfg.ConfidenceHiddenSize
 	s := newScratch(ops)
 	m, md := s.get("dspark.m", b, cfg.TargetHiddenSize), s.get("dspark.md", b, 2*r)
 	ma, g := s.get("dspark.ma", b, r), s.get("dspark.g", b, h)
@@ -384,43 +571,19 @@ func (d *DSpark) correct(ctx context.Context, x kernels.Tensor, last []int32, n 
 	if err != nil {
 		return err
 	}
-	// tokens [n+1, b]: the last tokens, then each position's drafts; z [n,
-	// b]: each position's confidence logits.
-	tokens, err := kernels.FromI32(ops, append(slices.Clone(last), make([]int32, n*b)...), (n+1)*b)
-	if err != nil {
-		return err
-	}
-	z, err := ops.Alloc(kernels.F32, n*b, 1)
-	if err != nil {
-		return err
-	}
-	cum := make([]float64, b)
-	for i := range cum {
-		cum[i] = 1
-	}
-	// take turns position j's tokens and confidence logits into drafts and
-	// reports whether a sequence's cumulative confidence still clears
-	// stopBelow.
-	take := func(j int, ids []int32, zs []float32) bool {
-		live := false
-		for i := range b {
-			p := 1 / (1 + math.Exp(-(cfg.ConfidenceScale*float64(zs[i]) + cfg.ConfidenceBias)))
-			out.Tokens[i] = append(out.Tokens[i], int(ids[i]))
-			out.Confidence[i] = append(out.Confidence[i], p)
-			cum[i] *= p
-			live = live || cum[i] >= stopBelow
-		}
-		return live
-	}
 	for j := range n {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		ids, err := ops.Rows(tokens, j*b, (j+1)*b)
-		if err != nil {
-			return err
+		// Position j's Markov input is the draft at j-1 (the last token
+		// at 0).
+		ids := p.Last
+		if j > 0 {
+			if ids, err = ops.Rows(p.Tokens, (j-1)*b, j*b); err != nil {
+				return err
+			}
 		}
-		next, err := ops.Rows(tokens, (j+1)*b, (j+2)*b)
+		next, err := ops.Rows(p.Tokens, j*b, (j+1)*b)
 		if err != nil {
 			return err
 		}
@@ -428,7 +591,7 @@ func (d *DSpark) correct(ctx context.Context, x kernels.Tensor, last []int32, n 
 		if err != nil {
 			return err
 		}
-		zj, err := ops.Rows(z, j*b, (j+1)*b)
+		zj, err := ops.Rows(p.Z, j*b, (j+1)*b)
 		if err != nil {
 			return err
 		}
@@ -450,35 +613,11 @@ func (d *DSpark) correct(ctx context.Context, x kernels.Tensor, last []int32, n 
 				return fmt.Errorf("position %d: %w", j, err)
 			}
 		}
-		if chained {
-			continue
-		}
-		got, err := kernels.ToI32(ops, next)
-		if err != nil {
-			return fmt.Errorf("position %d: %w", j, err)
-		}
-		zs, err := kernels.ToF32(ops, zj)
-		if err != nil {
-			return fmt.Errorf("position %d: %w", j, err)
-		}
-		if !take(j, got, zs) {
-			return nil
-		}
-	}
-	if !chained {
-		return nil
-	}
-	all, err := kernels.ToI32(ops, tokens)
-	if err != nil {
-		return err
-	}
-	zs, err := kernels.ToF32(ops, z)
-	if err != nil {
-		return err
-	}
-	for j := range n {
-		if !take(j, all[(j+1)*b:(j+2)*b], zs[j*b:(j+1)*b]) {
-			break
+		if after != nil {
+			stop, err := after(j)
+			if err != nil || stop {
+				return err
+			}
 		}
 	}
 	return nil

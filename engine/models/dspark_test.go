@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/engine/spec"
@@ -329,5 +330,131 @@ func TestDSparkChainedPositions(t *testing.T) {
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("stop below %g: chained %v %v, read each position %v %v", c, got.Tokens, got.Confidence, want.Tokens, want.Confidence)
 		}
+	}
+}
+
+// queuePass runs Queue over the hidden rows rows and tokens last, as a
+// caller with its own buffers does (graphs), and reads the drafts and
+// confidence logits back.
+func queuePass(t *testing.T, d *DSpark, hidden kernels.Tensor, rows, last []int32, n int) ([]int32, []float32) {
+	t.Helper()
+	ops, b := d.ops, len(rows)
+	layout := make([]int32, d.LayoutSize(b))
+	d.FillLayout(layout, b)
+	ts, err := uploadI32(ops, [][]int32{rows, last, layout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &DSparkPass{Last: ts[1], Layout: ts[2]}
+	var errs []error
+	alloc := func(dt kernels.DType, shape ...int) kernels.Tensor {
+		x, err := ops.Alloc(dt, shape...)
+		errs = append(errs, err)
+		return x
+	}
+	p.Feat, p.Tokens, p.Z = alloc(ops.ActivationDType(), b, d.cfg.TargetHiddenSize), alloc(kernels.I32, n*b), alloc(kernels.F32, n*b, 1)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := ops.Embedding(p.Feat, hidden, ts[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Queue(context.Background(), p, n, nil); err != nil {
+		t.Fatal(err)
+	}
+	tokens, err := kernels.ToI32(ops, p.Tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	z, err := kernels.ToF32(ops, p.Z)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tokens, z
+}
+
+// A pass queued over a caller's buffers (as a CUDA graph replays it)
+// drafts what Draft drafts, and rows of padding after the real ones
+// (hidden row 0, token 0, as the graphs pad) change none of the real
+// rows' drafts or confidence logits.
+func TestDSparkQueuePadding(t *testing.T) {
+	seqs, plen := dsparkPrompts(t)
+	seqs = seqs[:2]
+	d, hidden, offsets := dsparkSetup(t, seqs)
+	rows := []int32{int32(offsets[0] + plen - 1), int32(offsets[1] + plen + 9), int32(offsets[0] + plen + 30)}
+	last := []int32{seqs[0][plen], seqs[1][plen+10], seqs[0][plen+31]}
+	k, b := d.BlockSize(), len(rows)
+	want, err := d.Draft(context.Background(), hidden, rows, last, k, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens, z := queuePass(t, d, hidden, rows, last, k)
+	for s := range b {
+		for j := range k {
+			if int(tokens[j*b+s]) != want.Tokens[s][j] || d.Confidence(z[j*b+s]) != want.Confidence[s][j] {
+				t.Errorf("row %d position %d: queued %d (%g), Draft %d (%g)", s, j, tokens[j*b+s], d.Confidence(z[j*b+s]), want.Tokens[s][j], want.Confidence[s][j])
+			}
+		}
+	}
+	const pad = 5
+	pr, pl := append(slices.Clone(rows), make([]int32, pad)...), append(slices.Clone(last), make([]int32, pad)...)
+	ptok, pz := queuePass(t, d, hidden, pr, pl, k)
+	for s := range b {
+		for j := range k {
+			if ptok[j*(b+pad)+s] != tokens[j*b+s] || pz[j*(b+pad)+s] != z[j*b+s] {
+				t.Errorf("row %d position %d: padded %d %g, alone %d %g", s, j, ptok[j*(b+pad)+s], pz[j*(b+pad)+s], tokens[j*b+s], z[j*b+s])
+			}
+		}
+	}
+}
+
+// Queue refuses buffers that do not fit its rows and positions, and stops
+// where after says.
+func TestDSparkQueueArgs(t *testing.T) {
+	seqs, plen := dsparkPrompts(t)
+	d, hidden, _ := dsparkSetup(t, seqs[:1])
+	ops, k := d.ops, d.BlockSize()
+	const b = 2
+	layout := make([]int32, d.LayoutSize(b))
+	d.FillLayout(layout, b)
+	ts, err := uploadI32(ops, [][]int32{{int32(plen - 1), int32(plen)}, {seqs[0][plen], seqs[0][plen+1]}, layout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	feat, _ := ops.Alloc(ops.ActivationDType(), b, d.cfg.TargetHiddenSize)
+	if err := ops.Embedding(feat, hidden, ts[0]); err != nil {
+		t.Fatal(err)
+	}
+	tokens, _ := ops.Alloc(kernels.I32, k*b)
+	z, _ := ops.Alloc(kernels.F32, k*b, 1)
+	short, _ := ops.Alloc(kernels.F32, k*b-1, 1)
+	good := DSparkPass{Feat: feat, Last: ts[1], Layout: ts[2], Tokens: tokens, Z: z}
+	for _, c := range []struct {
+		name string
+		edit func(*DSparkPass)
+		n    int
+	}{
+		{"positions past the block", func(*DSparkPass) {}, k + 1},
+		{"no features", func(p *DSparkPass) { p.Feat = nil }, k},
+		{"features of other rows", func(p *DSparkPass) { p.Feat = hidden }, k},
+		{"layout of other rows", func(p *DSparkPass) { p.Layout = ts[0] }, k},
+		{"short confidences", func(p *DSparkPass) { p.Z = short }, k},
+	} {
+		p := good
+		c.edit(&p)
+		if err := d.Queue(context.Background(), &p, c.n, nil); !errors.Is(err, ErrBatch) {
+			t.Errorf("%s: %v, want ErrBatch", c.name, err)
+		}
+	}
+	var seen []int
+	p := good
+	if err := d.Queue(context.Background(), &p, k, func(j int) (bool, error) {
+		seen = append(seen, j)
+		return j == 1, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(seen, []int{0, 1}) {
+		t.Errorf("after saw positions %v, want [0 1]", seen)
 	}
 }
