@@ -1,7 +1,6 @@
 package stages_test
 
 import (
-	"context"
 	"fmt"
 	"path/filepath"
 	"reflect"
@@ -93,19 +92,7 @@ zos: {enabled: %v}
 			t.Fatal(err)
 		}
 	}
-	got := map[string][]int{}
-	for steps := 0; e.HasUnfinished(); steps++ {
-		out, err := e.Step(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, o := range out {
-			got[o.RequestID] = append(got[o.RequestID], o.TokenIDs...)
-		}
-		if steps > 100 {
-			t.Fatal("too many steps")
-		}
-	}
+	got := stepUntilDone(t, e)
 	return dsparkRun{outputs: got, spec: e.StepStats().Spec(), steps: rec.Steps}
 }
 

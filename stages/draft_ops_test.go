@@ -64,19 +64,7 @@ speculative: {method: mtp, num_speculative_tokens: %d, adaptive: false}
 			t.Fatal(err)
 		}
 	}
-	got := map[string][]int{}
-	for steps := 0; e.HasUnfinished(); steps++ {
-		out, err := e.Step(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, o := range out {
-			got[o.RequestID] = append(got[o.RequestID], o.TokenIDs...)
-		}
-		if steps > 100 {
-			t.Fatal("too many steps")
-		}
-	}
+	got := stepUntilDone(t, e)
 	return mtpRun{outputs: got, spec: e.StepStats().Spec(), steps: rec.Steps}
 }
 
@@ -166,4 +154,24 @@ func TestMTPDraftStepOps(t *testing.T) {
 			}
 		}
 	}
+}
+
+// stepUntilDone steps a manual-steps engine until every request has
+// finished (at most 100 steps) and returns each request's tokens.
+func stepUntilDone(t *testing.T, e *llm.Engine) map[string][]int {
+	t.Helper()
+	got := map[string][]int{}
+	for steps := 0; e.HasUnfinished(); steps++ {
+		out, err := e.Step(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range out {
+			got[o.RequestID] = append(got[o.RequestID], o.TokenIDs...)
+		}
+		if steps > 100 {
+			t.Fatal("too many steps")
+		}
+	}
+	return got
 }
