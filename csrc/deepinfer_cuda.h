@@ -42,10 +42,14 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 15u
+#define DI_ABI_VERSION 16u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
+
+/* mla_attention_pf: a sequence with at least this many query rows in a
+ * call takes the non-absorbed prefill kernels. */
+#define DI_MLA_PREFILL_MIN_ROWS 16
 
 /* Element types; the values equal kernels.DType's. */
 enum di_dtype { DI_F32 = 1, DI_BF16 = 2, DI_F16 = 3, DI_I32 = 4, DI_F8E4M3 = 5 };
@@ -153,6 +157,12 @@ typedef struct di_options {
 	 * sample_min_chunks chunks a row (0: 4). The tokens do not depend on it. */
 	int32_t sample_split_rows;
 	int32_t sample_min_chunks;
+	/* MoE over 16-bit experts (hidden and inter multiples of 32) from this
+	 * many (token, k) pairs runs the grouped tensor-core GEMM on the device
+	 * (the bits of the smaller batches' kernels): 0: 1025 (above the grouped
+	 * GEMV path's 1024); negative: never (larger batches group on the host
+	 * and run cuBLAS). */
+	int32_t moe_gemm_pairs;
 } di_options;
 
 enum di_scoring { DI_SCORING_SOFTMAX = 1, DI_SCORING_SIGMOID = 2 };
@@ -267,9 +277,10 @@ typedef struct di_fp8_weight {
 } di_fp8_weight;
 
 /* Which kernels an FP8 linear or MoE takes: AUTO (the library's choice),
- * GEMV (float32 activations, CUDA cores) or GEMM (activations quantized per
- * row and 128 columns, tensor cores; needs block_k >= 128). The paths differ
- * in the activations' rounding. */
+ * GEMV (float32 activations, CUDA cores; for MoE the device path, whose
+ * tensor-core kernels carry float32-accurate activations) or GEMM
+ * (activations quantized per row and 128 columns, tensor cores; needs
+ * block_k >= 128). The paths differ in the activations' rounding. */
 enum di_fp8_path { DI_FP8_AUTO = 0, DI_FP8_GEMV = 1, DI_FP8_GEMM = 2 };
 
 /* Block-quantized weights in llama.cpp's formats (kernels.QuantWeighter),
@@ -417,7 +428,10 @@ typedef struct di_api {
 	int (*moe_route)(di_ctx *ctx, di_dptr ids, di_dptr weights, di_dptr logits, di_dptr bias,
 	                 int num_tokens, int num_experts, int top_k, int scoring, int method, int num_groups,
 	                 int topk_groups, int norm_topk_prob, float scaling_factor);
-	/* moe: waits for the routing ids (one small device-to-host copy). */
+	/* moe: groups on the device and never waits for the host up to 1024
+	 * pairs, while capturing, and for 16-bit experts (hidden and inter
+	 * multiples of 32) from di_options.moe_gemm_pairs pairs; otherwise waits
+	 * for the routing ids (one small device-to-host copy). */
 	int (*moe)(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
 	           di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter,
 	           int num_experts);
@@ -525,9 +539,11 @@ typedef struct di_api {
 	                  int k, int path);
 	/* fp8_moe: moe with FP8 expert weights (gate_up [experts, 2 inter,
 	 * hidden], down [experts, hidden, inter]). Up to 1024 (token, k) pairs,
-	 * and always while capturing, grouped on the device with the GEMV (no
-	 * host wait); larger batches (AUTO) group on the host (one small copy and
-	 * a wait) and run the GEMM per expert. */
+	 * and always while capturing (and GEMV forced), grouped on the device
+	 * with no host wait: tensor-core projections over float32-accurate
+	 * activations where block_k >= 128 and hidden and inter are multiples of
+	 * 128, the GEMV otherwise (fp8_moe.cu); larger batches (AUTO) group on
+	 * the host (one small copy and a wait) and run the GEMM per expert. */
 	int (*fp8_moe)(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, const di_fp8_weight *gate_up,
 	               const di_fp8_weight *down, int num_tokens, int top_k, int hidden, int inter, int num_experts,
 	               int path);
@@ -605,6 +621,22 @@ typedef struct di_api {
 	 * bit for bit as dequantize_row_*, DI_BF16 those values rounded to
 	 * nearest. */
 	int (*quant_dequant)(di_ctx *ctx, di_dptr out, int out_dtype, const di_quant_weight *w, int rows, int k);
+	/* --- MLA prefill in the non-absorbed form (kernels/cuda/attention_mla_prefill.cu) --- */
+	/* mla_attention_pf: mla_attention_tc, except that the sequences with at
+	 * least DI_MLA_PREFILL_MIN_ROWS query rows run FlashAttention-style on
+	 * tensor cores without absorption, for nope_dim 128, rope_dim 64,
+	 * v_head_dim 128, kv_lora_rank 128 or 512 over a DI_F16 or DI_BF16
+	 * cache: their visible keys' latents are expanded to per-head K_nope and
+	 * V (wkvb's rows, a fixed-order product, rounded to the cache's type)
+	 * and attended in key tiles aligned to absolute positions (a row's bits
+	 * do not depend on its batch or on how its prompt is chunked). Every
+	 * other row, and every row for other sizes, an 8-bit cache or a call of
+	 * several sequences during graph capture, takes mla_attention_tc. With
+	 * prefill rows and more than one sequence the host waits for three
+	 * counts of the call's plan (one small copy). */
+	int (*mla_attention_pf)(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, int cache_dtype, di_dptr wkvb,
+	                        int w_dtype, const di_attn_meta *m, int num_heads, int nope_dim, int rope_dim,
+	                        int kv_lora_rank, int v_head_dim, float scale);
 } di_api;
 
 /* di_get_api fills *out for a caller built against abi_version; it returns

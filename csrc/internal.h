@@ -34,6 +34,7 @@ struct di_stage {
 #define DI_DEFAULT_DEC_BLOCKS_PER_SM 32
 #define DI_DEFAULT_SAMPLE_SPLIT (1 << 30)
 #define DI_DEFAULT_SAMPLE_MIN_CHUNKS 4
+#define DI_DEFAULT_MOE_GEMM_PAIRS 1025
 
 struct di_ctx {
 	int device = 0;
@@ -108,6 +109,9 @@ struct di_ctx {
 	// (di_moe_mma_k) where k is a multiple of 32; !disable_moe_mma (0 keeps
 	// the CUDA-core GEMV).
 	int moe_mma = 1;
+	// MoE over 16-bit experts from this many (token, k) pairs runs the
+	// grouped GEMM (di_moe_gemm_k); 0: never; moe_gemm_pairs.
+	int moe_gemm_pairs = DI_DEFAULT_MOE_GEMM_PAIRS;
 	// Attention kernels round a 16-bit output as they store it (1), or
 	// every 16-bit output goes through float32 scratch and a narrowing pass
 	// (0, the same bits); !disable_attn_out16.
@@ -218,6 +222,10 @@ int di_op_mla_attention_tc(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, i
                            int kv_lora_rank, int v_head_dim, float scale);
 int di_op_mla_latent_attention(di_ctx *ctx, di_dptr olat, di_dptr q_lat, di_dptr cache, int cache_dtype,
                                const di_attn_meta *m, int num_heads, int kvl, int rope);
+// MLA prefill rows in the non-absorbed form (kernels/cuda/attention_mla_prefill.cu).
+int di_op_mla_attention_pf(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, int cache_dtype, di_dptr wkvb,
+                           int w_dtype, const di_attn_meta *m, int num_heads, int nope_dim, int rope_dim,
+                           int kv_lora_rank, int v_head_dim, float scale);
 int di_op_fp8_dequant(di_ctx *ctx, di_dptr out, const di_fp8_weight *w, int rows, int k);
 // Sliding-window rings, attention sinks, Gemma and gpt-oss operations.
 int di_op_attention_sinks(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr q, di_dptr k_cache, di_dptr v_cache,

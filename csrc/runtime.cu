@@ -409,6 +409,8 @@ static int api_set_options(di_ctx *ctx, const di_options *o) {
 	ctx->sample_split =
 	    o->sample_split_rows > 0 ? o->sample_split_rows : (o->sample_split_rows < 0 ? 0 : DI_DEFAULT_SAMPLE_SPLIT);
 	ctx->sample_min_chunks = o->sample_min_chunks > 0 ? o->sample_min_chunks : DI_DEFAULT_SAMPLE_MIN_CHUNKS;
+	ctx->moe_gemm_pairs =
+	    o->moe_gemm_pairs > 0 ? o->moe_gemm_pairs : (o->moe_gemm_pairs < 0 ? 0 : DI_DEFAULT_MOE_GEMM_PAIRS);
 	return DI_OK;
 }
 
@@ -722,5 +724,7 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->quant_embedding = di_op_quant_embedding;
 	out->quant_moe = di_op_quant_moe;
 	out->quant_dequant = di_op_quant_dequant;
+	/* MLA prefill rows in the non-absorbed form */
+	out->mla_attention_pf = di_op_mla_attention_pf;
 	return DI_OK;
 }

@@ -181,6 +181,11 @@ type Options struct {
 	// MLAStagedMax is the largest MLA grid (rows x heads) that stages its
 	// keys in shared memory: 0: the multiprocessors' count; negative: none.
 	MLAStagedMax int
+	// DisableMLAPrefill makes MLA over 16-bit latent caches run every row
+	// in the absorbed form, prefill rows too, instead of the non-absorbed
+	// prefill kernels for sequences of at least 16 query rows; changes
+	// those rows' results by rounding.
+	DisableMLAPrefill bool
 	// DisableMoEMMA keeps MoE expert GEMVs of 16-bit weights on CUDA cores
 	// instead of tensor cores; changes results by summation order.
 	DisableMoEMMA bool
@@ -204,6 +209,13 @@ type Options struct {
 	// rounding. 0: 64 (prefill chunks, large decode batches); negative:
 	// never.
 	MLPNarrowRows int
+	// MoEGEMMPairs is the least number of (token, k) pairs for which MoE
+	// over 16-bit experts (hidden and intermediate sizes multiples of 32)
+	// runs the grouped tensor-core GEMM on the device, which gives the bits
+	// of the smaller batches' kernels: 0: 1025 (above the grouped GEMV
+	// path's 1024 pairs); negative: never (larger batches group on the host
+	// and run cuBLAS per expert, as before the GEMM).
+	MoEGEMMPairs int
 
 	// profile and skip are measurement switches that only this package's
 	// tests set (optionsFromTestEnv): profile brackets every eager

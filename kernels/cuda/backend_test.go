@@ -151,7 +151,7 @@ func TestCOptions(t *testing.T) {
 		DisablePDL: true, DisableGEMVWide: true, DisablePrefillGQA: true, DisableDecodeKM: true, DecodeStages: 3,
 		DecodeF8Stages: 4, DecodeF8Direct: -3, DecodeChunksPerBlock: 1 << 40, DecodeBlocksPerSM: 8,
 		DecodeKMBlockPerChunk: true, MLAStagedMax: -1, DisableMoEMMA: true, DisableAttnOut16: true,
-		SampleSplitRows: 300, SampleMinChunks: 2}.cOptions()
+		SampleSplitRows: 300, SampleMinChunks: 2, MoEGEMMPairs: -5}.cOptions()
 	for name, got := range map[string][2]int64{
 		"gemm_mode":                 {int64(o.gemm_mode), 1},
 		"decode_chunk":              {int64(o.decode_chunk), 512},
@@ -173,6 +173,7 @@ func TestCOptions(t *testing.T) {
 		"disable_attn_out16":        {int64(o.disable_attn_out16), 1},
 		"sample_split_rows":         {int64(o.sample_split_rows), 300},
 		"sample_min_chunks":         {int64(o.sample_min_chunks), 2},
+		"moe_gemm_pairs":            {int64(o.moe_gemm_pairs), -1},
 	} {
 		if got[0] != got[1] {
 			t.Errorf("%s = %d, want %d", name, got[0], got[1])
@@ -221,17 +222,17 @@ func TestOptionsFromTestEnv(t *testing.T) {
 			"DEEPINFER_CUDA_DEC_F8_DIRECT": "0", "DEEPINFER_CUDA_DEC_CPB": "2", "DEEPINFER_CUDA_DEC_BPS": "8",
 			"DEEPINFER_CUDA_DEC_KM_CPB": "0", "DEEPINFER_CUDA_MLA_STAGED_MAX": "0", "DEEPINFER_CUDA_MOE_MMA": "0",
 			"DEEPINFER_CUDA_ATTN_OUT16": "0", "DEEPINFER_CUDA_SAMPLE_SPLIT": "0",
-			"DEEPINFER_CUDA_SAMPLE_MIN_CHUNKS": "6", "DEEPINFER_CUDA_NORM_NARROW": "0",
+			"DEEPINFER_CUDA_SAMPLE_MIN_CHUNKS": "6", "DEEPINFER_CUDA_NORM_NARROW": "0", "DEEPINFER_CUDA_MOE_GEMM": "0",
 			"DEEPINFER_CUDA_MLP_NARROW": "0", profileEnv: "1", skipEnv: "silu_mul, add_rms_norm"},
 			want: Options{GEMM: GEMMSplit, DecodeChunk: 512, SkinnyRows: 64, GEMVRows: -1, GEMVMaxElems: 1024 << 20,
 				DisablePDL: true, DisableGEMVWide: true, DisablePrefillGQA: true, DisableDecodeKM: true,
 				DecodeStages: 3, DecodeF8Stages: 4, DecodeF8Direct: -1, DecodeChunksPerBlock: 2,
 				DecodeBlocksPerSM: 8, DecodeKMBlockPerChunk: true, MLAStagedMax: -1, DisableMoEMMA: true,
 				DisableAttnOut16: true, SampleSplitRows: -1, SampleMinChunks: 6, DisableNormNarrow: true,
-				MLPNarrowRows: -1, profile: true, skip: []string{"silu_mul", "add_rms_norm"}}},
+				MLPNarrowRows: -1, MoEGEMMPairs: -1, profile: true, skip: []string{"silu_mul", "add_rms_norm"}}},
 		{env: map[string]string{"DEEPINFER_CUDA_GEMV": "8", "DEEPINFER_CUDA_GEMV_MAX": "0", "DEEPINFER_CUDA_PDL": "1",
-			"DEEPINFER_CUDA_MLA_STAGED_MAX": "1000000", "DEEPINFER_CUDA_GEMM": "round"},
-			want: Options{GEMVRows: 8, GEMVMaxElems: -1, MLAStagedMax: 1000000}},
+			"DEEPINFER_CUDA_MLA_STAGED_MAX": "1000000", "DEEPINFER_CUDA_GEMM": "round", "DEEPINFER_CUDA_MOE_GEMM": "1"},
+			want: Options{GEMVRows: 8, GEMVMaxElems: -1, MLAStagedMax: 1000000, MoEGEMMPairs: 1}},
 		{env: map[string]string{"DEEPINFER_CUDA_DEC_CHUNK": "512", "DEEPINFER_CUDA_GEMV": "0"},
 			base: Options{DecodeChunk: 256, GEMVRows: 2}, want: Options{DecodeChunk: 256, GEMVRows: 2}},
 		{env: map[string]string{"DEEPINFER_CUDA_GEMM": "fast"}, wantErr: `DEEPINFER_CUDA_GEMM="fast"`},

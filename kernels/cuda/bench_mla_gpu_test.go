@@ -28,10 +28,11 @@ func BenchmarkGPUMLADecode(b *testing.B) {
 	b.Logf("mla decode | copy bandwidth %.0f GB/s (cudaMemcpy device to device, read + written); CopyRect on 1 GiB in this run: %.0f GB/s", copyGBs, benchCopyBandwidth(b, g))
 	mp := kernels.MLAParams{NumHeads: 16, NopeDim: 128, RopeDim: 64, KVLoraRank: 512, VHeadDim: 128}
 	mp.Scale = float32(1 / math.Sqrt(float64(mp.NopeDim+mp.RopeDim)))
-	const ctx, blockSize = 4096, 64
+	const blockSize = 64
 	for _, cdt := range []kernels.DType{kernels.F16, kernels.F8E4M3} {
-		for _, batch := range []int{1, 8, 64} {
-			b.Run(fmt.Sprintf("cache=%s/batch=%d", cdt, batch), func(b *testing.B) {
+		for _, bc := range []struct{ batch, ctx int }{{1, 4096}, {8, 4096}, {64, 4096}, {1, 320}, {64, 320}} {
+			batch, ctx := bc.batch, bc.ctx
+			b.Run(fmt.Sprintf("cache=%s/batch=%d/ctx=%d", cdt, batch, ctx), func(b *testing.B) {
 				width := mp.KVLoraRank + mp.RopeDim
 				if cdt == kernels.F8E4M3 {
 					width = kernels.MLAF8RowBytes(mp.KVLoraRank, mp.RopeDim)
@@ -59,7 +60,7 @@ func BenchmarkGPUMLADecode(b *testing.B) {
 				cu, sk, bt := make([]int32, batch+1), make([]int32, batch), make([]int32, batch*per)
 				for s := range batch {
 					cu[s+1] = int32(s + 1)
-					sk[s] = ctx
+					sk[s] = int32(ctx)
 					for j := range per {
 						bt[s*per+j] = int32(s*per + j)
 					}
@@ -76,7 +77,7 @@ func BenchmarkGPUMLADecode(b *testing.B) {
 				q := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, batch*mp.NumHeads*(mp.NopeDim+mp.RopeDim), 1)), kernels.F32,
 					batch, mp.NumHeads*(mp.NopeDim+mp.RopeDim))
 				out, _ := g.Alloc(kernels.F32, batch, mp.NumHeads*mp.VHeadDim)
-				latent := float64(batch) * ctx * float64(rowBytes)
+				latent := float64(batch) * float64(ctx) * float64(rowBytes)
 				msL := timeIt(b, g, 50, func() error { return g.MLALatentAttention(olat, ql, cache, &m, mp) })
 				msW := timeIt(b, g, 50, func() error { return g.MLAAttention(out, q, cache, w, &m, mp) })
 				gbL, gbW := latent/(msL/1e3)/1e9, latent/(msW/1e3)/1e9

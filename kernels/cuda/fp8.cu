@@ -287,11 +287,6 @@ __device__ __forceinline__ void di_ldmatrix_x4(unsigned &d0, unsigned &d1, unsig
 #define DI_FP8_MMA 0
 #endif
 
-__device__ __forceinline__ unsigned di_e4m3x2_to_h2(unsigned v) {
-	const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
-	return (unsigned)h.x | ((unsigned)h.y << 16);
-}
-
 __device__ __forceinline__ void di_mma_e4m3(float *d, const unsigned *a, unsigned b0, unsigned b1) {
 #if DI_FP8_MMA
 	asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "

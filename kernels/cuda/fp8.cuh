@@ -18,6 +18,28 @@ struct di_fp8w {
 	int bk_shift;   // log2(block_k), block_k >= 16
 };
 
+// di_e4m3x2_to_h2 widens the two E4M3 values in the low 16 bits of v (the
+// lower byte first) to a half2 in mma.sync's register order (the first value
+// in the low half): exact, E4M3 being a subset of half.
+__device__ __forceinline__ unsigned di_e4m3x2_to_h2(unsigned v) {
+	const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3);
+	return (unsigned)h.x | ((unsigned)h.y << 16);
+}
+
+// di_e4m3x4_to_h2x2 widens the four E4M3 values of v (bytes 0..3) to two
+// half2 in the same order: lo holds bytes 0 and 1, hi bytes 2 and 3. On
+// sm_89+ two cvt instructions, with no repacking.
+__device__ __forceinline__ void di_e4m3x4_to_h2x2(unsigned v, unsigned &lo, unsigned &hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+	asm("{\n\t.reg .b16 a, b;\n\tmov.b32 {a, b}, %2;\n\tcvt.rn.f16x2.e4m3x2 %0, a;\n\tcvt.rn.f16x2.e4m3x2 %1, b;\n\t}"
+	    : "=r"(lo), "=r"(hi)
+	    : "r"(v));
+#else
+	lo = di_e4m3x2_to_h2(v);
+	hi = di_e4m3x2_to_h2(v >> 16);
+#endif
+}
+
 // DI_FP8_GROUP is the activation group of the tensor-core GEMM: activations
 // are quantized per row and DI_FP8_GROUP columns, and the GEMM promotes its
 // partial sums to float32 once per DI_FP8_GROUP columns of k.

@@ -7,9 +7,11 @@ import "C"
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"runtime"
+	"sync"
 	"unsafe"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
@@ -38,6 +40,7 @@ type fp8Scales struct {
 	rowOff           int // the view's first matrix row: its entry of scaleRow
 	scaleCols        int // ceil(k / blockK)
 	blockK           int
+	deq              *fp8DeqCache // float32 copies for MLAAttention, shared by the weight's views
 }
 
 // view is f for a view starting rowOff matrix rows further (nil stays nil).
@@ -91,7 +94,7 @@ func (b *Backend) FP8Weight(w kernels.FP8Weight) (kernels.Tensor, error) {
 		return nil, err
 	}
 	return &Tensor{shape: append([]int(nil), w.Shape...), dtype: kernels.F8E4M3, buf: data,
-		fp8: &fp8Scales{scales: scales, scaleRow: scaleRow, scaleCols: scaleCols, blockK: w.BlockK}}, nil
+		fp8: &fp8Scales{scales: scales, scaleRow: scaleRow, scaleCols: scaleCols, blockK: w.BlockK, deq: &fp8DeqCache{}}}, nil
 }
 
 // checkFP8Weight checks w against kernels.FP8Weight's contract and this
@@ -241,20 +244,103 @@ func (b *Backend) moeFP8Path(out, x, ids, weights, gateUp, down kernels.Tensor, 
 // absorbed weight, which its kernel reads as float32). Cost: 4 bytes a
 // weight written and the allocation.
 func (b *Backend) fp8Dequant(w *Tensor) (*Tensor, error) {
+	out, _, err := b.fp8DequantProbe(w, false)
+	return out, err
+}
+
+// fp8DequantProbe is fp8Dequant; with probe set it also reports whether the
+// values were written eagerly (eager false: a graph is being captured, so
+// they are written at the graph's replays into the graphs' memory pool,
+// and the tensor must not outlive the call). The probe is an upload of 4
+// zero bytes to the new tensor, ahead of the dequantization that
+// overwrites them: the library refuses uploads during a capture
+// (ErrCapturing) before touching the stream.
+func (b *Backend) fp8DequantProbe(w *Tensor, probe bool) (out *Tensor, eager bool, err error) {
 	d, err := b.Alloc(kernels.F32, w.shape...)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	out := d.(*Tensor)
+	out = d.(*Tensor)
 	k := w.shape[len(w.shape)-1]
 	rows := 0
 	if k > 0 {
 		rows = w.numel() / k
 	}
+	if probe && rows > 0 {
+		var zero [4]byte
+		b.mu.Lock()
+		err = b.checkOpen("fp8_dequant")
+		if err == nil {
+			err = b.status("fp8_dequant", C.c_upload(b.lib.api, b.ctx, out.ptr(), unsafe.Pointer(&zero[0]), 4))
+		}
+		b.mu.Unlock()
+		runtime.KeepAlive(out)
+		eager = err == nil
+		if errors.Is(err, ErrCapturing) {
+			err = nil
+		}
+		if err != nil {
+			return nil, false, err
+		}
+	}
 	wa := w.fp8Arg()
-	return out, b.launch("fp8_dequant", func() C.int {
+	return out, eager, b.launch("fp8_dequant", func() C.int {
 		return C.c_fp8_dequant(b.lib.api, b.ctx, out.ptr(), &wa, C.int(rows), C.int(k))
 	}, out, w)
+}
+
+// fp8DeqCache holds the float32 values of an FP8 weight's views that
+// MLAAttention has read (fp8Dequantized), one entry per view (its offset,
+// first scale row and size); the weight's fp8Scales and every view of it
+// share one cache, which goes away with them.
+type fp8DeqCache struct {
+	mu sync.Mutex
+	m  map[fp8DeqKey]*Tensor
+}
+
+type fp8DeqKey struct {
+	off           uint64 // the view's byte offset in the weight's buffer
+	rowOff        int    // its first scale row
+	rows, k, cols int
+}
+
+// fp8Dequantized returns fp8Dequant(w), computed once per view of an FP8
+// weight and kept with the weight: MLAAttention's kernels read wkv_b in
+// float32, and dequantizing it at every call cost a kernel and a 4-byte
+// write per weight each time (13.8 us a call, 27 calls a DeepSeek-V2-Lite
+// step). The values are fp8Dequant's, so cached and uncached calls give the
+// same bits. The cache relies on FP8 weights not being written after
+// FP8Weight (no operation of this backend writes one; an Upload over one
+// would leave the copy stale). A call while a graph is being captured
+// dequantizes into the graph as before and caches nothing (the copy would
+// hold its values only after the graph's replays); the first eager call
+// fills the cache. Memory: 4 bytes a weight of each cached view, held until
+// the weight and its views are unreachable or the backend is closed
+// (DeepSeek-V2-Lite's kv_b, 4096 x 512: 8 MiB a layer, 216 MiB for 27
+// layers; DeepSeek-V3's, 32768 x 512: 64 MiB a layer, 3.8 GiB for 61 layers,
+// four times the FP8 bytes). Safe for concurrent calls: the cache's mutex
+// is held while an entry is built.
+func (b *Backend) fp8Dequantized(w *Tensor) (*Tensor, error) {
+	c := w.fp8.deq
+	k := w.shape[len(w.shape)-1]
+	if c == nil || k == 0 {
+		return b.fp8Dequant(w)
+	}
+	key := fp8DeqKey{off: w.off, rowOff: w.fp8.rowOff, rows: w.numel() / k, k: k, cols: w.fp8.scaleCols}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if d := c.m[key]; d != nil {
+		return &Tensor{shape: append([]int(nil), w.shape...), dtype: d.dtype, buf: d.buf, off: d.off}, nil
+	}
+	d, eager, err := b.fp8DequantProbe(w, true)
+	if err != nil || !eager {
+		return d, err
+	}
+	if c.m == nil {
+		c.m = make(map[fp8DeqKey]*Tensor)
+	}
+	c.m[key] = d
+	return d, nil
 }
 
 // fp8Refuse is the error of operations that take no FP8 weights.

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -213,14 +214,43 @@ func TestGPUFP8LinearInvariance(t *testing.T) {
 	}
 }
 
-// moeCase builds an FP8 MoE problem on both backends: tokens rows of x,
-// top-k distinct experts a token, random mixing weights.
-type moeCase struct {
-	x, ids, w, out, gu, dn dual
-	guW, dnW               kernels.FP8Weight
+// makeFP8Varied is makeFP8 with each block of 128 rows by blockK columns
+// (and each expert) multiplied by its own power of two from 2^-4 to 2^4
+// before quantization, so that the block scales differ by up to 2^8 from
+// block to block: a kernel that applies a neighbouring block's scale, or
+// another expert's, is off by a factor of 2 or more there.
+func makeFP8Varied(r *rand.Rand, experts, n, k, blockK int) kernels.FP8Weight {
+	w := kernels.FP8Weight{Shape: []int{experts, n, k}, BlockK: blockK}
+	cols := (k + blockK - 1) / blockK
+	for e := range experts {
+		vals := randVals(r, n*k, 0.05)
+		for j := range n {
+			for c := range k {
+				vals[j*k+c] *= float32(math.Ldexp(1, (e*5+(j/128)*3+(c/blockK)*7)%9-4))
+			}
+		}
+		data, scales := weights.QuantizeFP8Blocks(vals, n, k, 128, blockK)
+		base := int32(len(w.Scales) / cols)
+		w.Data = append(w.Data, data...)
+		w.Scales = append(w.Scales, scales...)
+		for row := range n {
+			w.ScaleRow = append(w.ScaleRow, base+int32(row/128))
+		}
+	}
+	return w
 }
 
-func newMoECase(p *pair, tokens, experts, topK, hidden, inter int, gu, dn kernels.FP8Weight, guT, dnT dual) moeCase {
+// moeCase builds an FP8 MoE problem on both backends: tokens rows of x
+// (row t scaled by moeRowScale(t), so that rows span 10 decades and the
+// activations of some exceed F16's range), top-k distinct experts a token,
+// random mixing weights.
+type moeCase struct {
+	x, ids, w, out dual
+}
+
+func moeRowScale(t int) float32 { return []float32{1, 3e4, 1e-5, 1, 2e5}[t%5] }
+
+func newMoECase(p *pair, tokens, experts, topK, hidden int) moeCase {
 	ids := make([]int32, tokens*topK)
 	for t := range tokens {
 		perm := p.r.Perm(experts)
@@ -228,93 +258,176 @@ func newMoECase(p *pair, tokens, experts, topK, hidden, inter int, gu, dn kernel
 			ids[t*topK+k] = int32(perm[k])
 		}
 	}
-	return moeCase{x: p.rand(kernels.F32, 1, tokens, hidden), ids: p.ints(ids, tokens, topK), w: p.rand(kernels.F32, 1, tokens, topK),
-		out: p.zeros(kernels.F32, tokens, hidden), gu: guT, dn: dnT, guW: gu, dnW: dn}
+	xs := randVals(p.r, tokens*hidden, 1)
+	for t := range tokens {
+		for c := range hidden {
+			xs[t*hidden+c] *= moeRowScale(t)
+		}
+	}
+	return moeCase{x: p.put(kernels.F32, xs, tokens, hidden), ids: p.ints(ids, tokens, topK), w: p.rand(kernels.F32, 1, tokens, topK),
+		out: p.zeros(kernels.F32, tokens, hidden)}
 }
 
-// TestGPUFP8MoE compares MoE over FP8 experts with the CPU backend on the
-// device path (grouped GEMV, float32 activations: max |diff| <= 1e-4 max
-// |cpu|) and the host path (grouped GEMM over activations quantized per 128
-// columns: <= 0.1 max |cpu|; the activation rounding's bound per element is
-// stated in TestGPUFP8Linear), checks that a token's bits do not depend on
-// the batch on either path, and that a captured graph replays the eager
-// device path's bits.
+// rowRelErr is the largest over rows of max_j |got - want| / max_j |want|
+// (rows of n values; NaN when got has a NaN).
+func rowRelErr(got, want []float32, n int) float64 {
+	var worst float64
+	for r := 0; r*n < len(want); r++ {
+		e := maxRelErr(got[r*n:(r+1)*n], want[r*n:(r+1)*n])
+		if math.IsNaN(e) {
+			return e
+		}
+		worst = max(worst, e)
+	}
+	return worst
+}
+
+// moeRows runs MoE over rows lo..hi of c on the GPU (path forced unless
+// fp8Auto) and returns the output.
+func (p *pair) moeRows(c moeCase, lo, hi int, gu, dn kernels.Tensor, path fp8Path) []float32 {
+	p.t.Helper()
+	xr, _ := p.g.Rows(c.x.g, lo, hi)
+	ir, _ := p.g.Rows(c.ids.g, lo, hi)
+	wr, _ := p.g.Rows(c.w.g, lo, hi)
+	o, err := p.g.Alloc(kernels.F32, hi-lo, kernels.NumElements(c.x.g)/c.x.g.Shape()[0])
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	if path == fp8Auto {
+		err = p.g.MoE(o, xr, ir, wr, gu, dn)
+	} else {
+		err = p.g.moeFP8Path(o, xr, ir, wr, gu, dn, path)
+	}
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return p.f32(p.g, o)
+}
+
+// TestGPUFP8MoE compares MoE over FP8 experts with the CPU backend (x
+// times the dequantized weights in float32) on every path, at 1, 8, 64 and
+// 1024 (token, k) pairs and more:
+//   - the device path on tensor cores (fp8_moe.cu's f8m_mma_k: block_k >=
+//     128, sizes multiples of 128) carries activations as F16 hi + lo parts
+//     per 128 columns scaled by a power of two (within 2^-22 of the value or
+//     2^-39 of its block's largest), and the device GEMV (the other shapes)
+//     float32 ones: both differ from the CPU by float32 summation order, so
+//     each token row's max |gpu - cpu| must be <= 1e-4 of that row's max
+//     |cpu| (rows span 10 decades and some activations exceed F16's range;
+//     about 1e-6 seen in float32);
+//   - the host path (grouped GEMM over activations quantized to E4M3 per
+//     128 columns): <= 0.1 max |cpu| (the activation rounding's bound per
+//     element is stated in TestGPUFP8Linear).
+//
+// Weights take block scales that differ by up to 2^8 from block to block
+// (makeFP8Varied), so that a wrong block, row or expert in the scale
+// indexing fails the bound; block_k 256 takes one scale per two 128-column
+// units. Hidden and intermediate sizes of 5 and 9 units deal uneven shares
+// to the kernel's four warps; 1024 pairs on 4 experts make passes of 32
+// rows over each expert's weights. On each path a token's bits are the same
+// alone, among the first 32 tokens and in the whole batch, and a captured
+// graph replays the eager bits.
 func TestGPUFP8MoE(t *testing.T) {
 	p := newPair(t, GEMMRound)
-	const experts, topK, hidden, inter = 8, 2, 256, 384
-	guW, dnW := makeFP8(p.r, experts, 2*inter, hidden, 128), makeFP8(p.r, experts, hidden, inter, 128)
-	gu := dual{newFP8Weight(t, p.c, guW), newFP8Weight(t, p.g, guW)}
-	dn := dual{newFP8Weight(t, p.c, dnW), newFP8Weight(t, p.g, dnW)}
-	for _, tokens := range []int{1, 7, 600} {
-		c := newMoECase(p, tokens, experts, topK, hidden, inter, guW, dnW, gu, dn)
-		if err := p.c.MoE(c.out.c, c.x.c, c.ids.c, c.w.c, gu.c, dn.c); err != nil {
-			t.Fatal(err)
-		}
-		cpu := p.f32(p.c, c.out.c)
-		for _, path := range []fp8Path{fp8Auto, fp8GEMV, fp8GEMM} {
-			name := fmt.Sprintf("tokens=%d/path=%d", tokens, path)
-			p.poison(c.out)
-			var err error
-			if path == fp8Auto {
-				err = p.g.MoE(c.out.g, c.x.g, c.ids.g, c.w.g, gu.g, dn.g)
-			} else {
-				err = p.g.moeFP8Path(c.out.g, c.x.g, c.ids.g, c.w.g, gu.g, dn.g, path)
-			}
-			if err != nil {
-				t.Fatalf("%s: %v", name, err)
-			}
-			got := p.f32(p.g, c.out.g)
-			gemm := path == fp8GEMM || (path == fp8Auto && tokens*topK > 1024)
-			tol := 1e-4
-			if gemm {
-				tol = 0.1
-			}
-			e := maxRelErr(got, cpu)
-			if !(e <= tol) {
-				t.Fatalf("%s: max |gpu - cpu| / max |cpu| = %.3g, want <= %g", name, e, tol)
-			}
-			t.Logf("fp8 moe %s (gemm %v): max |gpu - cpu| / max |cpu| = %.3g", name, gemm, e)
-			if tokens < 7 {
-				continue
-			}
-			// Token 3 alone: the same bits.
-			x3, _ := p.g.Rows(c.x.g, 3, 4)
-			id3, _ := p.g.Rows(c.ids.g, 3, 4)
-			w3, _ := p.g.Rows(c.w.g, 3, 4)
-			o3, _ := p.g.Alloc(kernels.F32, 1, hidden)
-			if err := p.g.moeFP8Path(o3, x3, id3, w3, gu.g, dn.g, map[bool]fp8Path{true: fp8GEMM, false: fp8GEMV}[gemm]); err != nil {
+	for _, sh := range []struct {
+		name                              string
+		experts, topK, hidden, inter, blk int
+		tokens                            []int
+	}{
+		{"tc/top1", 4, 1, 256, 256, 128, []int{1, 8, 64, 1024}},
+		{"tc/uneven", 16, 4, 640, 1152, 128, []int{1, 2, 16, 256}},
+		{"tc/top2", 8, 2, 256, 384, 128, []int{7, 600}},
+		{"tc/block256", 8, 6, 512, 384, 256, []int{1, 40}},
+		{"gemv/block64", 8, 2, 256, 384, 64, []int{1, 7, 64}},
+		{"gemv/k272", 8, 2, 272, 400, 128, []int{1, 7, 600}},
+	} {
+		guW, dnW := makeFP8Varied(p.r, sh.experts, 2*sh.inter, sh.hidden, sh.blk), makeFP8Varied(p.r, sh.experts, sh.hidden, sh.inter, sh.blk)
+		gu := dual{newFP8Weight(t, p.c, guW), newFP8Weight(t, p.g, guW)}
+		dn := dual{newFP8Weight(t, p.c, dnW), newFP8Weight(t, p.g, dnW)}
+		gemmOK := sh.blk >= 128
+		for _, tokens := range sh.tokens {
+			c := newMoECase(p, tokens, sh.experts, sh.topK, sh.hidden)
+			if err := p.c.MoE(c.out.c, c.x.c, c.ids.c, c.w.c, gu.c, dn.c); err != nil {
 				t.Fatal(err)
 			}
-			alone := p.f32(p.g, o3)
-			for j := range hidden {
-				if math.Float32bits(alone[j]) != math.Float32bits(got[3*hidden+j]) {
-					t.Fatalf("%s: token 3 alone out[%d] = %v, in the batch %v", name, j, alone[j], got[3*hidden+j])
+			cpu := p.f32(p.c, c.out.c)
+			pairs := tokens * sh.topK
+			for _, path := range []fp8Path{fp8Auto, fp8GEMV, fp8GEMM} {
+				name := fmt.Sprintf("%s/tokens=%d/pairs=%d/path=%d", sh.name, tokens, pairs, path)
+				p.poison(c.out)
+				var err error
+				if path == fp8Auto {
+					err = p.g.MoE(c.out.g, c.x.g, c.ids.g, c.w.g, gu.g, dn.g)
+				} else {
+					err = p.g.moeFP8Path(c.out.g, c.x.g, c.ids.g, c.w.g, gu.g, dn.g, path)
+				}
+				if path == fp8GEMM && !gemmOK {
+					if !errors.Is(err, ErrUnsupported) {
+						t.Fatalf("%s: got %v, want ErrUnsupported", name, err)
+					}
+					continue
+				}
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				got := p.f32(p.g, c.out.g)
+				gemm := path == fp8GEMM || (path == fp8Auto && pairs > 1024)
+				if gemm {
+					if e := maxRelErr(got, cpu); !(e <= 0.1) {
+						t.Fatalf("%s: max |gpu - cpu| / max |cpu| = %.3g, want <= 0.1", name, e)
+					} else {
+						t.Logf("fp8 moe %s (host GEMM): max |gpu - cpu| / max |cpu| = %.3g", name, e)
+					}
+				} else {
+					e := rowRelErr(got, cpu, sh.hidden)
+					if !(e <= 1e-4) {
+						t.Fatalf("%s: max over token rows of max |gpu - cpu| / max |cpu| = %.3g, want <= 1e-4", name, e)
+					}
+					t.Logf("fp8 moe %s (device): max over token rows of max |gpu - cpu| / max |cpu| = %.3g", name, e)
+				}
+				if tokens < 7 {
+					continue
+				}
+				// The same bits for token 3 alone, for the first 32 tokens as a batch.
+				forced := map[bool]fp8Path{true: fp8GEMM, false: fp8GEMV}[gemm]
+				same := func(what string, part []float32, lo int) {
+					for i, v := range part {
+						if math.Float32bits(v) != math.Float32bits(got[lo*sh.hidden+i]) {
+							t.Fatalf("%s: %s: token %d out[%d] = %v, in the whole batch %v", name, what, lo+i/sh.hidden, i%sh.hidden, v, got[lo*sh.hidden+i])
+						}
+					}
+				}
+				same("token 3 alone", p.moeRows(c, 3, 4, gu.g, dn.g, forced), 3)
+				if tokens > 32 {
+					same("the first 32 tokens", p.moeRows(c, 0, 32, gu.g, dn.g, forced), 0)
 				}
 			}
 		}
-	}
-	// Graph: the device path captured and replayed gives the eager bits.
-	c := newMoECase(p, 4, experts, topK, hidden, inter, guW, dnW, gu, dn)
-	if err := p.g.MoE(c.out.g, c.x.g, c.ids.g, c.w.g, gu.g, dn.g); err != nil {
-		t.Fatal(err)
-	}
-	eager := p.f32(p.g, c.out.g)
-	p.poison(c.out)
-	graph, err := p.g.CaptureGraph(func() error { return p.g.MoE(c.out.g, c.x.g, c.ids.g, c.w.g, gu.g, dn.g) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer graph.Close()
-	if err := graph.Replay(); err != nil {
-		t.Fatal(err)
-	}
-	replayed := p.f32(p.g, c.out.g)
-	for j := range eager {
-		if math.Float32bits(eager[j]) != math.Float32bits(replayed[j]) {
-			t.Fatalf("graph replay out[%d] = %v, eager %v", j, replayed[j], eager[j])
+		// Graphs: the device path captured and replayed gives the eager bits.
+		for _, tokens := range []int{4, 1024 / sh.topK} {
+			c := newMoECase(p, tokens, sh.experts, sh.topK, sh.hidden)
+			if err := p.g.MoE(c.out.g, c.x.g, c.ids.g, c.w.g, gu.g, dn.g); err != nil {
+				t.Fatal(err)
+			}
+			eager := p.f32(p.g, c.out.g)
+			p.poison(c.out)
+			graph, err := p.g.CaptureGraph(func() error { return p.g.MoE(c.out.g, c.x.g, c.ids.g, c.w.g, gu.g, dn.g) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := graph.Replay(); err != nil {
+				t.Fatal(err)
+			}
+			replayed := p.f32(p.g, c.out.g)
+			graph.Close()
+			for j := range eager {
+				if math.Float32bits(eager[j]) != math.Float32bits(replayed[j]) {
+					t.Fatalf("%s: %d tokens: graph replay out[%d] = %v, eager %v", sh.name, tokens, j, replayed[j], eager[j])
+				}
+			}
+			t.Logf("fp8 moe %s: %d tokens: graph replay bit-identical to eager", sh.name, tokens)
 		}
 	}
-	t.Log("fp8 moe: graph replay bit-identical to eager")
 }
 
 // TestGPUFP8Views: Linear over Rows (and Reshape) views of stacked FP8
@@ -347,5 +460,98 @@ func TestGPUFP8Views(t *testing.T) {
 			t.Fatalf("expert %d: %v", e, err)
 		}
 		p.check(fmt.Sprintf("fp8 linear of expert %d's rows view", e), out, 1e-5)
+	}
+}
+
+// fp8CachedCopies is the number of float32 copies MLAAttention keeps for
+// the FP8 weight w and its views (fp8Dequantized).
+func fp8CachedCopies(w kernels.Tensor) int {
+	t := w.(*Tensor)
+	if t.fp8 == nil || t.fp8.deq == nil {
+		return 0
+	}
+	t.fp8.deq.mu.Lock()
+	defer t.fp8.deq.mu.Unlock()
+	return len(t.fp8.deq.m)
+}
+
+// TestGPUFP8MLA: MLAAttention over an FP8 wkv_b gives the bits of the same
+// call over the weight's float32 values (fp8Dequant) and agrees with the CPU
+// backend (2e-5, as TestGPUMLAAttention); the float32 copy is made once per
+// weight, at the first eager call (a second call and a Reshape view of the
+// same rows reuse it), and a first call made while a graph is captured
+// caches nothing yet still replays the same bits.
+func TestGPUFP8MLA(t *testing.T) {
+	p := newPair(t, GEMMRound)
+	for _, mp := range mlaShapes {
+		mp.Scale = float32(1 / math.Sqrt(float64(mp.NopeDim+mp.RopeDim)))
+		name := fmt.Sprintf("kvl%d", mp.KVLoraRank)
+		const blockSize, numBlocks = 16, 40
+		b := p.pagedBatch(blockSize, numBlocks, [][2]int{{1, 17}, {1, 200}, {5, 5}})
+		cache := p.rand(kernels.F32, 1, numBlocks, blockSize, mp.KVLoraRank+mp.RopeDim)
+		q := p.rand(kernels.F32, 1, b.numTokens, mp.NumHeads*(mp.NopeDim+mp.RopeDim))
+		out := p.zeros(kernels.F32, b.numTokens, mp.NumHeads*mp.VHeadDim)
+		rows := mp.NumHeads * (mp.NopeDim + mp.VHeadDim)
+		fw := makeFP8Varied(p.r, 1, rows, mp.KVLoraRank, 128)
+		fw.Shape = []int{rows, mp.KVLoraRank}
+		w := dual{newFP8Weight(t, p.c, fw), newFP8Weight(t, p.g, fw)}
+		run := func(wg kernels.Tensor) []byte {
+			t.Helper()
+			p.poison(out)
+			if err := p.g.MLAAttention(out.g, q.g, cache.g, wg, &b.gpuMeta, mp); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return p.raw(p.g, out.g)
+		}
+		deq, err := p.g.fp8Dequant(w.g.(*Tensor))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := run(deq)
+		if n := fp8CachedCopies(w.g); n != 0 {
+			t.Fatalf("%s: %d cached copies before any call over the FP8 weight", name, n)
+		}
+		for i := range 2 {
+			if got := run(w.g); !bytes.Equal(got, want) {
+				t.Fatalf("%s: call %d over the FP8 weight: bits differ from the call over its float32 values", name, i)
+			}
+			if n := fp8CachedCopies(w.g); n != 1 {
+				t.Fatalf("%s: after call %d: %d cached copies, want 1", name, i, n)
+			}
+		}
+		view, err := p.g.Reshape(w.g, rows, mp.KVLoraRank)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := run(view); !bytes.Equal(got, want) || fp8CachedCopies(w.g) != 1 {
+			t.Fatalf("%s: a Reshape view: bits equal %v, %d cached copies (want the bits and 1)", name, bytes.Equal(got, want), fp8CachedCopies(w.g))
+		}
+		if err := p.c.MLAAttention(out.c, q.c, cache.c, w.c, &b.cpuMeta, mp); err != nil {
+			t.Fatal(err)
+		}
+		p.check(name+": fp8 mla_attention", out, 2e-5)
+
+		// A fresh weight whose first call is captured: nothing cached, the replay gives the bits.
+		w2 := newFP8Weight(t, p.g, fw)
+		p.poison(out)
+		graph, err := p.g.CaptureGraph(func() error { return p.g.MLAAttention(out.g, q.g, cache.g, w2, &b.gpuMeta, mp) })
+		if err != nil {
+			t.Fatalf("%s: capture: %v", name, err)
+		}
+		if n := fp8CachedCopies(w2); n != 0 {
+			t.Fatalf("%s: a call while capturing cached %d copies, want 0", name, n)
+		}
+		if err := graph.Replay(); err != nil {
+			t.Fatal(err)
+		}
+		got := p.raw(p.g, out.g)
+		graph.Close()
+		if !bytes.Equal(got, want) {
+			t.Fatalf("%s: graph replay of the first call: bits differ", name)
+		}
+		if got := run(w2); !bytes.Equal(got, want) || fp8CachedCopies(w2) != 1 {
+			t.Fatalf("%s: eager call after the capture: bits equal %v, %d cached copies (want the bits and 1)", name, bytes.Equal(got, want), fp8CachedCopies(w2))
+		}
+		t.Logf("fp8 mla %s: the float32 copy made once (eagerly), calls bit-identical to the float32 weight's", name)
 	}
 }

@@ -57,16 +57,20 @@ func TestCheckFP8Weight(t *testing.T) {
 	}
 }
 
-// TestFP8ScalesView: views of FP8 weights start at their own scale row.
+// TestFP8ScalesView: views of FP8 weights start at their own scale row and
+// share the weight's cache of float32 copies (fp8Dequantized).
 func TestFP8ScalesView(t *testing.T) {
 	var none *fp8Scales
 	if none.view(3) != nil {
 		t.Fatal("view of no scales is not nil")
 	}
-	f := &fp8Scales{rowOff: 2, scaleCols: 4, blockK: 128}
+	f := &fp8Scales{rowOff: 2, scaleCols: 4, blockK: 128, deq: &fp8DeqCache{}}
 	v := f.view(5)
 	if v.rowOff != 7 || f.rowOff != 2 || v.scaleCols != 4 || v.blockK != 128 {
 		t.Fatalf("view(5) of rowOff 2: %+v (original %+v)", v, f)
+	}
+	if v.deq != f.deq { // MLAAttention's float32 copies live with the weight, keyed per view
+		t.Fatal("a view does not share its weight's dequantized-copy cache")
 	}
 }
 

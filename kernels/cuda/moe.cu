@@ -17,9 +17,17 @@
 // cores (di_moe_gemv_k); 16-bit inputs are rounded once before either.
 // Every output element is a fixed-order dot product, so a token's result
 // does not depend on the other tokens (batch-invariant).
-// Larger batches (prefill) copy the routing ids to the host (one small
-// transfer and a wait), group there, and run two cuBLAS GEMMs per selected
-// expert.
+// Larger batches of 16-bit experts (prefill; from ctx->moe_gemm_pairs
+// pairs, by default above MOE_DEVICE_MAX_PAIRS) stay on the device too: the
+// grouping runs over segments of pairs in three launches, and each
+// projection is one grouped tensor-core GEMM launch (di_moe_gemm_k: tiles
+// of 128 weight rows by 128 rows of one expert, the SiLU-mul fused into the
+// gate/up epilogue) over a grid that does not depend on the routing, so the
+// whole MoE is capturable at any batch size. It sums every output element
+// in di_moe_mma_k's order: the same bits at every batch size.
+// Other larger batches (float32 experts, sizes that are not multiples of 32)
+// copy the routing ids to the host (one small transfer and a wait), group
+// there, and run two cuBLAS GEMMs per selected expert.
 //
 // gpt-oss's experts (di_op_moe_clamped_swiglu) always take the device path,
 // in chunks of at most MOE_DEVICE_MAX_PAIRS pairs, over 16-bit or float32
@@ -40,7 +48,7 @@
 
 #define ROUTE_MAX_EXPERTS 512
 #define ROUTE_MAX_GROUPS 64
-#define MOE_DEVICE_MAX_PAIRS 1024 // larger batches group on the host and run cuBLAS
+#define MOE_DEVICE_MAX_PAIRS 1024 // larger batches: the grouped GEMM (16-bit experts) or the host path
 #define MOE_WARPS 8
 #define MOE_ROWS 8 // rows of one expert a warp carries at once
 
@@ -181,13 +189,22 @@ __global__ void di_moe_gather_k(T *xe, T *xe_lo, const float *x, const int *pair
 	for (int j = threadIdx.x; j < hidden; j += blockDim.x) di_to_gemm(xe, xe_lo, (size_t)r * hidden + j, src[j]);
 }
 
+// di_moe_silu_mul is silu(gate) * up: the silu in float64, rounded to
+// float32, times up (the value di_moe_act_k and the grouped GEMM's epilogue
+// both round to the GEMM dtype). The product is rounded on its own
+// (__fmul_rn), so that no caller's split mode fuses it into the remainder's
+// subtraction.
+__device__ __forceinline__ float di_moe_silu_mul(float gate, float up) {
+	return __fmul_rn((float)((double)gate / (1.0 + exp(-(double)gate))), up);
+}
+
 // act[r, j] = silu(g[r, j]) * g[r, inter + j], in the GEMM dtype.
 template <typename T> __global__ void di_moe_act_k(T *act, T *act_lo, const float *g, size_t rows, int inter) {
 	const size_t total = rows * (size_t)inter;
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
 		const size_t r = i / inter, j = i % inter;
 		const float gate = g[r * 2 * inter + j], up = g[r * 2 * inter + inter + j];
-		di_to_gemm(act, act_lo, i, (float)((double)gate / (1.0 + exp(-(double)gate))) * up);
+		di_to_gemm(act, act_lo, i, di_moe_silu_mul(gate, up));
 	}
 }
 
@@ -343,11 +360,143 @@ static __global__ void di_moe_group_k(int *offsets, int *order, int *row_of, con
 	}
 }
 
+// The grouping of larger batches: the pairs cut into segments of
+// MOE_GROUP_SEG, one warp a segment (MOE_GROUP_WARPS warps a block, each
+// with num_experts counters in shared memory).
+#define MOE_GROUP_SEG 256
+#define MOE_GROUP_WARPS 4
+
+// count: counts[e * segs + s] = the pairs of segment s routed to expert e;
+// an id outside the experts sets DI_CHECK_MOE and row_of[pair] = -1.
+static __global__ void __launch_bounds__(MOE_GROUP_WARPS * 32)
+    di_moe_count_k(int *counts, int *row_of, const int *ids, int pairs, int num_experts, int segs, unsigned *check) {
+	extern __shared__ int cnt_sh[]; // [MOE_GROUP_WARPS][num_experts]
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, seg = blockIdx.x * MOE_GROUP_WARPS + warp;
+	int *cnt = cnt_sh + warp * num_experts;
+	for (int e = lane; e < num_experts; e += 32) cnt[e] = 0;
+	__syncwarp();
+	if (seg >= segs) return;
+	const int p1 = min(pairs, (seg + 1) * MOE_GROUP_SEG);
+	for (int p = seg * MOE_GROUP_SEG + lane; p < p1; p += 32) {
+		const int v = ids[p];
+		if (v < 0 || v >= num_experts) {
+			atomicOr(check, DI_CHECK_MOE);
+			row_of[p] = -1;
+		} else {
+			atomicAdd(&cnt[v], 1);
+		}
+	}
+	__syncwarp();
+	for (int e = lane; e < num_experts; e += 32) counts[(size_t)e * segs + seg] = cnt[e];
+}
+
+// scan (one block): base[e * segs + s] becomes the pairs of expert e in the
+// segments before s (a warp an expert), offsets[e] the pairs of the experts
+// before e, offsets[num_experts] the pairs with a valid id.
+static __global__ void __launch_bounds__(1024) di_moe_scan_k(int *offsets, int *base, int num_experts, int segs) {
+	extern __shared__ int tot[]; // [num_experts]
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+	for (int e = warp; e < num_experts; e += nw) {
+		int *b = base + (size_t)e * segs, run = 0;
+		for (int s0 = 0; s0 < segs; s0 += 32) {
+			const int s = s0 + lane, v = s < segs ? b[s] : 0;
+			int incl = v;
+#pragma unroll
+			for (int off = 1; off < 32; off <<= 1) {
+				const int o = __shfl_up_sync(0xffffffffu, incl, off);
+				if (lane >= off) incl += o;
+			}
+			if (s < segs) b[s] = run + incl - v;
+			run += __shfl_sync(0xffffffffu, incl, 31);
+		}
+		if (lane == 0) tot[e] = run;
+	}
+	__syncthreads();
+	if (warp == 0) {
+		int run = 0;
+		for (int e0 = 0; e0 < num_experts; e0 += 32) {
+			const int e = e0 + lane, v = e < num_experts ? tot[e] : 0;
+			int incl = v;
+#pragma unroll
+			for (int off = 1; off < 32; off <<= 1) {
+				const int o = __shfl_up_sync(0xffffffffu, incl, off);
+				if (lane >= off) incl += o;
+			}
+			if (e < num_experts) offsets[e] = run + incl - v;
+			run += __shfl_sync(0xffffffffu, incl, 31);
+		}
+		if (lane == 0) offsets[num_experts] = run;
+	}
+}
+
+// place: a warp walks its segment 32 pairs at a time in pair order; a
+// pair's row is its expert's offset, the expert's pairs in earlier segments
+// and earlier in this one (the lanes before it with the same expert:
+// __match_any_sync), so an expert's rows keep pair order.
+static __global__ void __launch_bounds__(MOE_GROUP_WARPS * 32)
+    di_moe_place_k(int *order, int *row_of, const int *ids, const int *offsets, const int *base, int pairs,
+                   int num_experts, int segs) {
+	extern __shared__ int next_sh[]; // [MOE_GROUP_WARPS][num_experts]
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, seg = blockIdx.x * MOE_GROUP_WARPS + warp;
+	if (seg >= segs) return;
+	int *next = next_sh + warp * num_experts;
+	for (int e = lane; e < num_experts; e += 32) next[e] = offsets[e] + base[(size_t)e * segs + seg];
+	__syncwarp();
+	const unsigned below = (1u << lane) - 1u;
+	const int p1 = min(pairs, (seg + 1) * MOE_GROUP_SEG);
+	for (int p0 = seg * MOE_GROUP_SEG; p0 < p1; p0 += 32) {
+		const int p = p0 + lane;
+		const int v = p < p1 ? ids[p] : -1;
+		const bool ok = v >= 0 && v < num_experts;
+		const unsigned peers = __match_any_sync(0xffffffffu, ok ? v : -1);
+		if (ok) {
+			const int r = next[v] + __popc(peers & below);
+			order[r] = p;
+			row_of[p] = r;
+		}
+		__syncwarp();
+		if (ok && (peers & below) == 0) next[v] += __popc(peers);
+		__syncwarp();
+	}
+}
+
+bool di_moe_group_ok(size_t pairs, int num_experts) {
+	if (num_experts < 1 || pairs > (size_t)0x7fffffff - MOE_GROUP_SEG) return false;
+	if (pairs <= MOE_DEVICE_MAX_PAIRS && (pairs + num_experts + 1) * sizeof(int) <= 48 * 1024) return true;
+	return num_experts <= MOE_GROUP_MAX_EXPERTS;
+}
+
 int di_moe_group(di_ctx *ctx, int *offsets, int *order, int *row_of, const int *ids, int pairs, int num_experts,
                  const char *op) {
-	const size_t shared = (pairs + num_experts + 1) * sizeof(int);
-	di_moe_group_k<<<1, 512, shared, ctx->stream>>>(offsets, order, row_of, ids, pairs, num_experts, ctx->check);
-	return di_check_launch(ctx, op);
+	if (!di_moe_group_ok((size_t)pairs, num_experts))
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "%s: %d pairs over %d experts: at most %d experts", op, pairs,
+		               num_experts, MOE_GROUP_MAX_EXPERTS);
+	if (pairs <= MOE_DEVICE_MAX_PAIRS && (pairs + num_experts + 1) * sizeof(int) <= 48 * 1024) {
+		const size_t shared = (pairs + num_experts + 1) * sizeof(int);
+		di_moe_group_k<<<1, 512, shared, ctx->stream>>>(offsets, order, row_of, ids, pairs, num_experts, ctx->check);
+		return di_check_launch(ctx, op);
+	}
+	const int segs = (pairs + MOE_GROUP_SEG - 1) / MOE_GROUP_SEG;
+	const unsigned blocks = (unsigned)((segs + MOE_GROUP_WARPS - 1) / MOE_GROUP_WARPS);
+	const size_t counters = (size_t)MOE_GROUP_WARPS * num_experts * sizeof(int);
+	void *base = nullptr;
+	int rc = di_scratch(ctx, (size_t)num_experts * segs * sizeof(int), &base);
+	if (rc != DI_OK) return rc;
+	di_moe_count_k<<<blocks, MOE_GROUP_WARPS * 32, counters, ctx->stream>>>((int *)base, row_of, ids, pairs,
+	                                                                         num_experts, segs, ctx->check);
+	rc = di_check_launch(ctx, op);
+	if (rc == DI_OK) {
+		di_moe_scan_k<<<1, 1024, num_experts * sizeof(int), ctx->stream>>>(offsets, (int *)base, num_experts, segs);
+		rc = di_check_launch(ctx, op);
+	}
+	if (rc == DI_OK) {
+		di_moe_place_k<<<blocks, MOE_GROUP_WARPS * 32, counters, ctx->stream>>>(order, row_of, ids, offsets,
+		                                                                         (const int *)base, pairs,
+		                                                                         num_experts, segs);
+		rc = di_check_launch(ctx, op);
+	}
+	di_scratch_free(ctx, base);
+	return rc;
 }
 
 // grouped GEMV: out[row, j] = in(row) . W[e][j] for every row of expert e =
@@ -592,14 +741,333 @@ static int moe_gemv(di_ctx *ctx, float *out, const X *x, const X *xlo, const int
 	return di_check_launch(ctx, "moe: grouped gemv");
 }
 
+// ---------------------------------------------------------------- grouped GEMM (large batches)
+
+// di_moe_gemm_k is the grouped projection of 16-bit experts for large
+// batches (from ctx->moe_gemm_pairs pairs, by default above
+// MOE_DEVICE_MAX_PAIRS): a tensor-core GEMM over the rows grouped by expert
+// that reads an expert's weights once per MG_BN of its rows where
+// di_moe_mma_k reads them once per 32, and stages both operands in shared
+// memory. Block (blockIdx.x, blockIdx.y) computes MG_BM weight rows (output
+// columns) by MG_BN grouped rows of one expert: its tile is the
+// blockIdx.y-th of all experts' row tiles (ceil(rows / MG_BN) an expert,
+// in expert order), which every warp finds from the grouping's offsets on
+// the device, so the grid is an upper bound that does not depend on the
+// routing (graph capture; the blocks past the last tile return at once).
+// Its eight warps (2 over the weight rows by 4 over the grouped rows) each
+// hold 64 x 32 float32 sums; a three-stage cp.async ring stages 32 columns
+// of k a stage (8 KB of weight rows, 8 KB of input rows, gathered through
+// the grouping's order for gate/up), read back with 16-byte loads.
+//
+// Numerics: every output element is summed in di_moe_mma_k's order, so the
+// two give the same bits and a token's result does not depend on which
+// kernel its batch size selects. di_moe_mma_k deals the 32-column blocks of
+// k to four warps (warp w: blocks w, w + 4, ...), each summing its blocks
+// in ascending order into a float32 accumulator (two mma.sync a block, a
+// lane's 8 columns of a block split 4 + 4 between them as in
+// gemm_skinny.cu), and adds the four sums in warp order. This kernel walks
+// the blocks in that order (the stages take blocks 0, 4, 8, ..., then 1, 5,
+// ..., then 2, ..., then 3, ...), feeds each mma the same fragments, and
+// keeps the sum of the finished passes (((S0 + S1) + S2), 64 floats a
+// thread, 64 KB a block) in shared memory while the next pass accumulates
+// in registers from zero; a pass without blocks adds zero, as di_moe_mma_k's
+// idle warp does. The weights are mma's A operand (16 rows) and the grouped
+// rows its B operand (8 rows), as there. Each element of an mma tile is its
+// own dot product and rows past the expert's count are never stored, so the
+// result is batch-invariant.
+//
+// Epilogues (MODE): MG_STORE y = v, MG_ADD y += v (split mode's remainder
+// pass: y + v is di_moe_mma_k's hi + lo), MG_ACT act = silu(gate) * up
+// rounded to T (di_moe_act_k's value: the gate/up projection with the
+// SiLU-mul fused, no float32 intermediates), MG_ADD_ACT the same with gate
+// and up the sums in y plus v. In the paired modes (inter > 0: the gate/up
+// weight, n = 2 inter) block x takes gate rows 64 x .. 64 x + 63 and the up
+// rows inter + 64 x .. of the same columns, so that a thread holds both
+// inputs of each activation it writes; otherwise rows 128 x .. 128 x + 127.
+//
+// Cost: 2 * rows * n * k flops on mma.sync; an expert's weights read once
+// per 128 of its rows, the inputs once per 128 output columns (64 for
+// gate/up); 112 KB of shared memory and at most 128 registers a thread, two
+// blocks a multiprocessor.
+#define MG_BM 128 // weight rows (output columns) a block
+#define MG_BN 128 // grouped rows a block
+#define MG_BK 32  // columns of k a stage: one of di_moe_mma_k's blocks
+#define MG_STAGES 3
+#define MG_THREADS 256
+#define MG_SMEM ((size_t)MG_STAGES * (MG_BM + MG_BN) * MG_BK * 2 + (size_t)MG_THREADS * 64 * sizeof(float))
+enum { MG_STORE = 0, MG_ADD = 1, MG_ACT = 2, MG_ADD_ACT = 3 };
+
+// di_moe_gemm_args is one projection: w [num_experts, n, k] of T; grouped
+// row r's input is x[order[r] / div] (order set) or x[r], k elements of T;
+// inter > 0 for the paired (gate/up) layout; y float32 [rows, n]; act (and
+// act_lo in split mode) [rows, inter] of T.
+template <typename T> struct di_moe_gemm_args {
+	const T *w, *x;
+	const int *order;
+	int div;
+	const int *offsets;
+	int num_experts, n, k, inter;
+	float *y;
+	T *act, *act_lo;
+};
+
+// di_mg_row is the weight row (within the expert) that the block's shared
+// row r holds, clamped into the weight (ok false for a row past its end,
+// which is computed but never stored).
+template <typename T> __device__ __forceinline__ int di_mg_row(const di_moe_gemm_args<T> &p, int r, bool &ok) {
+	if (p.inter > 0) {
+		const int j = 64 * (int)blockIdx.x + (r & 63);
+		ok = j < p.inter;
+		return (r < 64 ? 0 : p.inter) + min(j, p.inter - 1);
+	}
+	const int f = MG_BM * (int)blockIdx.x + r;
+	ok = f < p.n;
+	return min(f, p.n - 1);
+}
+
+// di_mg_kblock is the 32-column block of k that stage s takes: pass w's
+// blocks w, w + 4, ... (di_moe_mma_k's warp w), the passes in turn.
+__device__ __forceinline__ int di_mg_kblock(int s, int nb) {
+#pragma unroll
+	for (int w = 0; w < 4; w++) {
+		const int c = (nb - w + 3) >> 2;
+		if (s < c) return w + 4 * s;
+		s -= c;
+	}
+	return 0;
+}
+
+template <typename T, int MODE>
+__global__ void __launch_bounds__(MG_THREADS, 2) di_moe_gemm_k(const di_moe_gemm_args<T> p) {
+	extern __shared__ __align__(16) unsigned char mg_sh[];
+	T *sa = reinterpret_cast<T *>(mg_sh);                               // [MG_STAGES][MG_BM][MG_BK]
+	T *sb = sa + MG_STAGES * MG_BM * MG_BK;                             // [MG_STAGES][MG_BN][MG_BK]
+	float *st = reinterpret_cast<float *>(sb + MG_STAGES * MG_BN * MG_BK); // [64][MG_THREADS]: finished passes
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+	// The block's tile: the blockIdx.y-th row tile over the experts.
+	int ex = -1, r0 = 0;
+	{
+		const int want = blockIdx.y;
+		int seen = 0;
+		for (int e0 = 0; e0 < p.num_experts && ex < 0; e0 += 32) {
+			const int e = e0 + lane;
+			const int nt = e < p.num_experts ? (p.offsets[e + 1] - p.offsets[e] + MG_BN - 1) / MG_BN : 0;
+			int incl = nt;
+#pragma unroll
+			for (int off = 1; off < 32; off <<= 1) {
+				const int o = __shfl_up_sync(0xffffffffu, incl, off);
+				if (lane >= off) incl += o;
+			}
+			const unsigned hit = __ballot_sync(0xffffffffu, want < seen + incl);
+			if (hit) {
+				const int l = __ffs(hit) - 1;
+				const int before = __shfl_sync(0xffffffffu, seen + incl - nt, l);
+				ex = e0 + l;
+				r0 = (want - before) * MG_BN;
+			}
+			seen += __shfl_sync(0xffffffffu, incl, 31);
+		}
+	}
+	if (ex < 0) return;
+	const int lo = p.offsets[ex] + r0, m = min(MG_BN, p.offsets[ex + 1] - lo);
+	const int nb = p.k / MG_BK;
+	// This thread's copies: 16 bytes of two weight rows and two input rows a stage.
+	const T *asrc[2], *bsrc[2];
+	int dst[2];
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		const int c = tid + MG_THREADS * i, r = c >> 2, part = c & 3;
+		bool ok;
+		asrc[i] = p.w + ((size_t)ex * p.n + di_mg_row(p, r, ok)) * p.k + 8 * part;
+		const int row = lo + (r < m ? r : 0);
+		bsrc[i] = p.x + (size_t)(p.order ? p.order[row] / p.div : row) * p.k + 8 * part;
+		dst[i] = r * MG_BK + 8 * part;
+	}
+	auto issue = [&](int s) {
+		const int kb = di_mg_kblock(s, nb) * MG_BK, slot = s % MG_STAGES;
+		T *a = sa + slot * MG_BM * MG_BK, *b = sb + slot * MG_BN * MG_BK;
+#pragma unroll
+		for (int i = 0; i < 2; i++) {
+			di_cp_async16(a + dst[i], asrc[i] + kb, true);
+			di_cp_async16(b + dst[i], bsrc[i] + kb, true);
+		}
+	};
+	const int wf = warp & 1, wt = warp >> 1;
+	// Shared weight row of m16 tile mi's first row: gate tiles 0, 1 and their up tiles 2, 3 (paired).
+	auto arow = [&](int mi) { return (mi < 2 ? 0 : 64) + 32 * wf + 16 * (mi & 1); };
+	float acc[4][4][4];
+#pragma unroll
+	for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+		for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+			for (int q = 0; q < 4; q++) acc[mi][ni][q] = 0.f;
+#pragma unroll
+	for (int s = 0; s < MG_STAGES - 1; s++) {
+		if (s < nb) issue(s);
+		di_cp_async_commit();
+	}
+	int s = 0;
+#pragma unroll 1
+	for (int w = 0; w < 4; w++) {
+		const int c = (nb - w + 3) >> 2;
+#pragma unroll 1
+		for (int i = 0; i < c; i++, s++) {
+			di_cp_async_wait<MG_STAGES - 2>();
+			__syncthreads(); // stage s has landed for every thread; stage s - 1's slot is free
+			if (s + MG_STAGES - 1 < nb) issue(s + MG_STAGES - 1);
+			di_cp_async_commit();
+			const T *a = sa + (s % MG_STAGES) * MG_BM * MG_BK, *b = sb + (s % MG_STAGES) * MG_BN * MG_BK;
+			uint4 xb[4];
+#pragma unroll
+			for (int ni = 0; ni < 4; ni++)
+				xb[ni] = *reinterpret_cast<const uint4 *>(b + (32 * wt + 8 * ni + g) * MG_BK + 8 * t4);
+#pragma unroll
+			for (int mi = 0; mi < 4; mi++) {
+				const uint4 wa = *reinterpret_cast<const uint4 *>(a + (arow(mi) + g) * MG_BK + 8 * t4);
+				const uint4 wb = *reinterpret_cast<const uint4 *>(a + (arow(mi) + g + 8) * MG_BK + 8 * t4);
+#pragma unroll
+				for (int ni = 0; ni < 4; ni++) {
+					di_mma16816<T>(acc[mi][ni], wa.x, wb.x, wa.y, wb.y, xb[ni].x, xb[ni].y);
+					di_mma16816<T>(acc[mi][ni], wa.z, wb.z, wa.w, wb.w, xb[ni].z, xb[ni].w);
+				}
+			}
+		}
+		if (w < 3) { // the finished passes' sum: S0, then (S0 + S1), then ((S0 + S1) + S2)
+#pragma unroll
+			for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+				for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+					for (int q = 0; q < 4; q++) {
+						float &t = st[((mi * 4 + ni) * 4 + q) * MG_THREADS + tid];
+						t = w == 0 ? acc[mi][ni][q] : t + acc[mi][ni][q];
+						acc[mi][ni][q] = 0.f;
+					}
+		}
+	}
+	di_cp_async_wait<0>();
+#pragma unroll
+	for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+		for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+			for (int q = 0; q < 4; q++)
+				acc[mi][ni][q] = st[((mi * 4 + ni) * 4 + q) * MG_THREADS + tid] + acc[mi][ni][q];
+	// Element q of tile (mi, ni): weight row arow(mi) + g + 8 (q >> 1), grouped row 32 wt + 8 ni + 2 t4 + (q & 1).
+	if constexpr (MODE == MG_STORE || MODE == MG_ADD) {
+#pragma unroll
+		for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				bool ok;
+				const int f = di_mg_row(p, arow(mi) + g + 8 * h, ok);
+				if (!ok) continue;
+#pragma unroll
+				for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+					for (int e = 0; e < 2; e++) {
+						const int r = 32 * wt + 8 * ni + 2 * t4 + e;
+						if (r < m) {
+							float *y = p.y + (size_t)(lo + r) * p.n + f;
+							if constexpr (MODE == MG_ADD) *y = *y + acc[mi][ni][2 * h + e];
+							else *y = acc[mi][ni][2 * h + e];
+						}
+					}
+			}
+	} else {
+#pragma unroll
+		for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				const int j = 64 * (int)blockIdx.x + arow(mi) + g + 8 * h;
+				if (j >= p.inter) continue;
+#pragma unroll
+				for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+					for (int e = 0; e < 2; e++) {
+						const int r = 32 * wt + 8 * ni + 2 * t4 + e;
+						if (r < m) {
+							const size_t row = (size_t)(lo + r);
+							float gate = acc[mi][ni][2 * h + e], up = acc[mi + 2][ni][2 * h + e];
+							if constexpr (MODE == MG_ADD_ACT) {
+								gate = p.y[row * 2 * p.inter + j] + gate;
+								up = p.y[row * 2 * p.inter + p.inter + j] + up;
+							}
+							di_to_gemm(p.act, p.act_lo, row * p.inter + j, di_moe_silu_mul(gate, up));
+						}
+					}
+			}
+	}
+}
+
+// di_moe_gemm_grid is the grid of a projection over pairs grouped rows:
+// paired (gate/up) column tiles of 64 or plain ones of 128, and an upper
+// bound of the experts' row tiles (sum of ceil(rows / MG_BN) over at most
+// min(experts, pairs) experts with rows).
+static dim3 di_moe_gemm_grid(size_t pairs, int num_experts, int n, int inter) {
+	const size_t busy = pairs < (size_t)num_experts ? pairs : (size_t)num_experts;
+	const size_t tiles = (pairs + (MG_BN - 1) * busy) / MG_BN;
+	const unsigned x = inter > 0 ? (unsigned)((inter + 63) / 64) : (unsigned)((n + MG_BM - 1) / MG_BM);
+	return dim3(x, (unsigned)(tiles > 0 ? tiles : 1));
+}
+
+// di_moe_gemm_ok says whether di_moe_gemm_k serves an MoE call: 16-bit
+// weights, hidden and inter multiples of MG_BK, and a grid within CUDA's
+// limits (the alignment is the caller's check).
+static bool di_moe_gemm_ok(int w_dtype, size_t pairs, int num_experts, int hidden, int inter) {
+	if ((w_dtype != DI_BF16 && w_dtype != DI_F16) || hidden % MG_BK != 0 || inter % MG_BK != 0) return false;
+	return di_moe_gemm_grid(pairs, num_experts, hidden, 0).y <= 65535u;
+}
+
+template <typename T, int MODE>
+static int di_moe_gemm(di_ctx *ctx, const di_moe_gemm_args<T> &p, size_t pairs) {
+	auto kernel = di_moe_gemm_k<T, MODE>;
+	// Two blocks a multiprocessor need 2 x (112 + 1) KB of its 228: the whole carveout as shared memory.
+	cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)MG_SMEM);
+	if (e == cudaSuccess)
+		e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "moe: grouped gemm: cudaFuncSetAttribute");
+	kernel<<<di_moe_gemm_grid(pairs, p.num_experts, p.n, p.inter), MG_THREADS, MG_SMEM, ctx->stream>>>(p);
+	return di_check_launch(ctx, "moe: grouped gemm");
+}
+
+// moe_gemm_mlp is moe_mlp's 16-bit path on di_moe_gemm_k: xh (and xl) are
+// x rounded to T; in GEMM mode round two launches (gate/up with the
+// SiLU-mul fused into ah, then down into yh); in split mode gate/up's hi
+// and lo passes through gh (float32 [pairs, 2 inter]) into ah and al, and
+// down's into yh.
+template <typename T>
+static int moe_gemm_mlp(di_ctx *ctx, float *gh, T *ah, T *al, float *yh, const T *xh, const T *xl, const int *order,
+                        const int *offsets, const T *gate_up, const T *down, size_t pairs, int top_k, int hidden,
+                        int inter, int num_experts) {
+	di_moe_gemm_args<T> gu{gate_up, xh, order, top_k, offsets, num_experts, 2 * inter, hidden, inter, gh, ah, nullptr};
+	di_moe_gemm_args<T> dn{down, ah, nullptr, 1, offsets, num_experts, hidden, inter, 0, yh, nullptr, nullptr};
+	int r;
+	if (!xl) {
+		r = di_moe_gemm<T, MG_ACT>(ctx, gu, pairs);
+		if (r == DI_OK) r = di_moe_gemm<T, MG_STORE>(ctx, dn, pairs);
+		return r;
+	}
+	r = di_moe_gemm<T, MG_STORE>(ctx, gu, pairs);
+	gu.x = xl, gu.act_lo = al;
+	if (r == DI_OK) r = di_moe_gemm<T, MG_ADD_ACT>(ctx, gu, pairs);
+	if (r == DI_OK) r = di_moe_gemm<T, MG_STORE>(ctx, dn, pairs);
+	dn.x = al;
+	if (r == DI_OK) r = di_moe_gemm<T, MG_ADD>(ctx, dn, pairs);
+	return r;
+}
+
 // moe_mlp runs the grouped gate/up GEMV, SiLU-mul and the down GEMV of
 // moe_device for weights of type T: x (num_tokens rows) and the activations
 // go to the GEMVs rounded to T once (hi and lo in split mode), or as float32
-// for float32 weights.
+// for float32 weights. gemm (16-bit weights, di_moe_gemm_ok, no gx) runs
+// both projections on the grouped GEMM instead (moe_gemm_mlp: the same
+// bits as di_moe_mma_k).
 template <typename T>
 static int moe_mlp(di_ctx *ctx, float *gh, void *act, float *yh, const float *x, void *xr, const int *order,
                    const int *offsets, const void *gate_up, const void *down, int num_tokens, int pairs, int top_k,
-                   int hidden, int inter, int num_experts, const di_moe_gptoss *gx) {
+                   int hidden, int inter, int num_experts, const di_moe_gptoss *gx, bool gemm) {
 	if constexpr (std::is_same_v<T, float>) {
 		int r = moe_gemv<T, float>(ctx, gh, x, nullptr, order, top_k, gate_up, offsets, num_experts, 2 * inter, hidden);
 		if (r != DI_OK) return r;
@@ -619,6 +1087,9 @@ static int moe_mlp(di_ctx *ctx, float *gh, void *act, float *yh, const float *x,
 		T *xh = (T *)xr, *xl = split ? xh + nx : nullptr, *ah = (T *)act, *al = split ? ah + na : nullptr;
 		di_moe_round_k<T><<<di_grid(nx, 256), 256, 0, ctx->stream>>>(xh, xl, x, nx);
 		int r = di_check_launch(ctx, "moe: round");
+		if (r == DI_OK && gemm && !gx)
+			return moe_gemm_mlp<T>(ctx, gh, ah, al, yh, xh, xl, order, offsets, (const T *)gate_up, (const T *)down,
+			                       (size_t)pairs, top_k, hidden, inter, num_experts);
 		if (r == DI_OK)
 			r = moe_gemv<T, T>(ctx, gh, xh, xl, order, top_k, gate_up, offsets, num_experts, 2 * inter, hidden);
 		if (r != DI_OK) return r;
@@ -1130,15 +1601,21 @@ static int moe_mx_mlp(di_ctx *ctx, void *act, float *yh, const float *x, void *x
 	             : di_mx_project<MX_DOWN, false>(ctx, dn, slots, num_tokens);
 }
 
+// moe_device is the MoE without the host: the grouping on the device, then
+// the grouped projections (gemm: di_moe_gemm_k for 16-bit weights, see
+// moe_mlp; else di_moe_mma_k or di_moe_gemv_k), the combine.
 static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
                       di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter, int num_experts,
-                      const di_moe_gptoss *gx = nullptr, const di_moe_mx *mx = nullptr) {
+                      const di_moe_gptoss *gx = nullptr, const di_moe_mx *mx = nullptr, bool gemm = false) {
 	const int pairs = num_tokens * top_k;
+	gemm = gemm && !gx && !mx;
 	void *d_index = nullptr, *g = nullptr, *act = nullptr, *ye = nullptr, *xr = nullptr;
 	// [offsets (num_experts + 1) | order (pairs) | row_of (pairs)]
 	int rc = di_scratch(ctx, (num_experts + 1 + 2 * (size_t)pairs) * sizeof(int), &d_index);
-	// The gate/up outputs (MXFP4 experts apply the activation in the gate/up kernel).
-	if (rc == DI_OK && !mx) rc = di_scratch(ctx, (size_t)pairs * 2 * inter * sizeof(float), &g);
+	// The gate/up outputs (MXFP4 experts, and the grouped GEMM in GEMM mode
+	// round, apply the activation in the gate/up kernel).
+	const bool need_g = !mx && !(gemm && ctx->gemm_mode != DI_GEMM_SPLIT);
+	if (rc == DI_OK && need_g) rc = di_scratch(ctx, (size_t)pairs * 2 * inter * sizeof(float), &g);
 	// Activations: float32, or 16-bit hi (and lo) parts in the same bytes.
 	if (rc == DI_OK) rc = di_scratch(ctx, (size_t)pairs * inter * sizeof(float), &act);
 	if (rc == DI_OK) rc = di_scratch(ctx, (size_t)pairs * hidden * sizeof(float), &ye);
@@ -1159,7 +1636,7 @@ static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr 
 		DI_DISPATCH_WEIGHT(w_dtype, T, {
 			const int r = moe_mlp<T>(ctx, gh, act, yh, DI_PTR(const float, x), xr, order, offsets,
 			                         (const void *)gate_up, (const void *)down, num_tokens, pairs, top_k, hidden,
-			                         inter, num_experts, gx);
+			                         inter, num_experts, gx, gemm);
 			if (r != DI_OK) return r;
 		});
 		if (gx) {
@@ -1190,15 +1667,18 @@ extern "C" int di_op_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dp
 	const size_t pairs = (size_t)num_tokens * top_k;
 	// The GEMV reads 16-byte chunks: rows of a multiple of 8 elements, aligned.
 	const bool shape_ok = hidden % 8 == 0 && inter % 8 == 0 && (x % 16) == 0 && (gate_up % 16) == 0 &&
-	                      (down % 16) == 0 && (pairs + num_experts + 1) * sizeof(int) <= 48 * 1024;
-	if (shape_ok && (capturing || pairs <= MOE_DEVICE_MAX_PAIRS))
+	                      (down % 16) == 0 && di_moe_group_ok(pairs, num_experts);
+	// 16-bit experts from ctx->moe_gemm_pairs pairs: the grouped GEMM (the bits of di_moe_mma_k).
+	const bool gemm = shape_ok && ctx->moe_gemm_pairs > 0 && pairs >= (size_t)ctx->moe_gemm_pairs &&
+	                  di_moe_gemm_ok(w_dtype, pairs, num_experts, hidden, inter);
+	if (shape_ok && (gemm || capturing || pairs <= MOE_DEVICE_MAX_PAIRS))
 		return moe_device(ctx, out, x, ids, weights, gate_up, down, w_dtype, num_tokens, top_k, hidden, inter,
-		                  num_experts);
+		                  num_experts, nullptr, nullptr, gemm);
 	if (capturing)
 		return di_fail(ctx, DI_ERR_CAPTURING,
 		               "moe: hidden %d and intermediate %d must be multiples of 8 with 16-byte aligned tensors and "
-		               "at most %d pairs to run on the device; the host path is not capturable",
-		               hidden, inter, (int)(48 * 1024 / sizeof(int)) - num_experts - 1);
+		               "at most %d experts to run on the device; the host path is not capturable",
+		               hidden, inter, MOE_GROUP_MAX_EXPERTS);
 	return moe_host(ctx, out, x, ids, weights, gate_up, down, w_dtype, num_tokens, top_k, hidden, inter, num_experts);
 }
 

@@ -8,13 +8,20 @@
 
 #include "common.cuh"
 
-// di_moe_group groups pairs routing ids by expert in one block (a stable
+// di_moe_group groups pairs routing ids by expert on the device (a stable
 // counting sort, no host wait): offsets[e] .. offsets[e+1] are expert e's
 // rows (num_experts + 1 ints), order[row] the pair at that row (an expert's
 // pairs in pair order), row_of[pair] its row, or -1 for an id outside
 // [0, num_experts) (which sets DI_CHECK_MOE in ctx->check and leaves the
-// pair out). Needs (pairs + num_experts + 1) ints of shared memory, at most
-// 48 KiB; each of num_experts threads scans all pairs ids.
+// pair out). The result is the unique stable grouping, whichever kernels
+// compute it: up to 1024 pairs (with (pairs + num_experts + 1) ints within
+// 48 KiB of shared memory) one block in which each of num_experts threads
+// scans all pairs ids; above, three launches over segments of 256 pairs a
+// warp (count per segment and expert, prefix sums, placement), at most
+// MOE_GROUP_MAX_EXPERTS experts, with num_experts * segments ints of
+// scratch. di_moe_group_ok says whether a call can be grouped.
+#define MOE_GROUP_MAX_EXPERTS 3072
+bool di_moe_group_ok(size_t pairs, int num_experts);
 int di_moe_group(di_ctx *ctx, int *offsets, int *order, int *row_of, const int *ids, int pairs, int num_experts,
                  const char *op);
 

@@ -489,7 +489,9 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 // MLAAttention is latent attention with weight absorption; see kernels.Ops.
 // A float32 cache runs the CUDA-core kernel (attention_mla.cu); a 16- or
 // 8-bit one (kernels.MLACacher) the tensor-core path (attention_mla_tc.cu),
-// whose absorbed queries and probabilities are rounded to 16 bits.
+// whose absorbed queries and probabilities are rounded to 16 bits. An FP8
+// wkvb is dequantized to float32 at its first eager call and kept with the
+// weight (fp8Dequantized: 4 bytes a weight).
 func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.AttentionMetadata, p kernels.MLAParams) error {
 	const op = "mla_attention"
 	o, err := asCUDA(op, "out", out)
@@ -520,8 +522,8 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 	if err != nil {
 		return err
 	}
-	if w.fp8 != nil { // an FP8 wkvb: the kernel reads float32 (fp8.go)
-		if w, err = b.fp8Dequant(w); err != nil {
+	if w.fp8 != nil { // an FP8 wkvb: the kernel reads float32, dequantized once per weight (fp8.go)
+		if w, err = b.fp8Dequantized(w); err != nil {
 			return err
 		}
 	}
@@ -530,11 +532,8 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 			return err
 		}
 	}
-	if c.dtype != kernels.F32 { // 16- and 8-bit latent caches: tensor cores (attention_mla_tc.cu)
-		return b.launch(op, func() C.int {
-			return C.c_mla_attention_tc(b.lib.api, b.ctx, o.ptr(), qs.ptr(), c.ptr(), C.int(c.dtype), w.ptr(), C.int(w.dtype), &cm,
-				C.int(nh), C.int(nope), C.int(rope), C.int(kvl), C.int(vd), C.float(p.Scale))
-		}, append(keep, o, qs, c, w)...)
+	if c.dtype != kernels.F32 { // 16- and 8-bit latent caches: tensor cores (attention_mla_tc.cu; prefill rows: mlaTC)
+		return b.mlaTC(op, o, qs, c, w, &cm, keep, p)
 	}
 	return b.launch(op, func() C.int {
 		return C.c_mla_attention(b.lib.api, b.ctx, o.ptr(), qs.ptr(), c.ptr(), w.ptr(), C.int(w.dtype), &cm, C.int(nh),
@@ -579,12 +578,18 @@ func (b *Backend) MoERoute(ids, weights, logits, bias kernels.Tensor, p kernels.
 // MoE runs the selected experts on their tokens and mixes the results.
 // Up to 1024 (token, k) pairs (decode batches), and always while a graph is
 // captured, it never waits for the host: the pairs are grouped by expert on
-// the device and two grouped GEMV launches read each expert's weights once
-// per 8 of its rows; every output is batch-invariant. An id outside the
-// experts there is reported by the next Sync (kernels.ErrOutOfRange, naming
-// moe). Larger batches copy the routing ids to the host (one small copy and
-// a wait) and run cuBLAS GEMMs per selected expert; a bad id is then an
-// error from MoE itself. Hidden and intermediate sizes that are not
+// the device and two grouped launches (tensor cores for 16-bit weights,
+// else GEMVs) read each expert's weights once per 32 (or 8) of its rows;
+// every output is batch-invariant. 16-bit experts with hidden and
+// intermediate sizes multiples of 32 stay on the device at every batch
+// size: above 1024 pairs (Options.MoEGEMMPairs) a grouped tensor-core GEMM
+// over the rows sorted by expert, whose every output element is summed in
+// the order of the smaller batches' kernel, so a token's bits do not depend
+// on its batch. An id outside the experts there is reported by the next
+// Sync (kernels.ErrOutOfRange, naming moe). Other large batches (float32
+// experts, other sizes) copy the routing ids to the host (one small copy
+// and a wait) and run cuBLAS GEMMs per selected expert; a bad id is then
+// an error from MoE itself. Hidden and intermediate sizes that are not
 // multiples of 8 always take the host path and cannot be captured.
 // Block-quantized experts (QuantWeight) always take the device path, in
 // token chunks of at most 1024 pairs (quant_moe.cu).

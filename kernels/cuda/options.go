@@ -112,6 +112,7 @@ func (o Options) cOptions() C.di_options {
 		disable_attn_out16:        flag(o.DisableAttnOut16),
 		sample_split_rows:         i32(o.SampleSplitRows),
 		sample_min_chunks:         i32(o.SampleMinChunks),
+		moe_gemm_pairs:            i32(o.MoEGEMMPairs),
 	}
 }
 

@@ -121,7 +121,10 @@
 #           DeepSeek-V2-Lite's layer at 4096 keys, batch 1, 8 and 64, half
 #           and 8-bit caches, the latent kernel alone and the whole
 #           operation, in GB/s of latent bytes against the copy bandwidth
-#           measured in the same run (goal: >= 80% at batch 64);
+#           measured in the same run (goal: >= 80% at batch 64), and
+#           BenchmarkGPUMLAPrefill once: a 4096-token prompt at the same
+#           sizes, the non-absorbed prefill path against the absorbed one,
+#           in TFLOP/s of causal attention;
 #           MLA_TIMEOUT (default 120, each half). mla.log.
 #   bench   the kernel and model benchmarks of bench_gpu_test.go
 #           (Llama-3.2-1B decode and prefill steps, single ops), 10x each;
@@ -381,7 +384,7 @@ phase_mla() {
 	t=$(limit "${MLA_TIMEOUT:-120}")
 	rcb=skipped
 	if ((t > 0)); then
-		(cd kernels/cuda && timeout "$t" "$root/$dir/cuda.test" -test.run XXX -test.bench GPUMLADecode -test.benchtime 1x -test.v \
+		(cd kernels/cuda && timeout "$t" "$root/$dir/cuda.test" -test.run XXX -test.bench 'GPUMLA(Decode|Prefill)' -test.benchtime 1x -test.v \
 			-test.timeout "${t}s") >>"$logs/mla.log" 2>&1
 		rcb=$?
 	fi
@@ -799,6 +802,9 @@ fi
 if [[ -f $logs/mla.log ]]; then
 	echo "-- MLA over 16- and 8-bit latent caches (mla): DeepSeek-V2-Lite layer, 4096 keys, GB/s of latent bytes read"
 	grep -h 'mla decode |' "$logs/mla.log" | sed 's/^.*mla decode |/mla decode |/' | awk '!seen[$0]++'
+	grep -h 'mla prefill |' "$logs/mla.log" | sed 's/^.*mla prefill |/mla prefill |/' | awk '!seen[$0]++'
+	grep -oE 'mla_prefill [A-Za-z0-9_]+: max relative error against the CPU backend: [0-9.e+-]+ \(bound [0-9.e+-]+\)' "$logs/mla.log" |
+		sort -k10,10g | awk '{w[$2] = $0} END {for (k in w) print w[k]}'
 	echo "worst error against the CPU backend per cache type (of every TestGPUMLATensorCores case):"
 	grep -oE 'mla_attention [A-Za-z0-9_]+: max relative error against the CPU backend: [0-9.e+-]+ \(bound [0-9.e+-]+\)' "$logs/mla.log" |
 		sort -k10,10g | awk '{w[$2] = $0} END {for (k in w) print w[k]}'

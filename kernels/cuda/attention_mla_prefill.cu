@@ -1,0 +1,672 @@
+// attention_mla_prefill.cu: MLA (DeepSeek's multi-head latent attention)
+// for prefill rows in the non-absorbed form, FlashAttention-style on tensor
+// cores, over 16-bit (F16 or BF16) latent caches. attention_mla_tc.cu keeps
+// the absorbed form, which every other row takes.
+//
+// Which rows take which path (di_op_mla_attention_pf): a sequence with at
+// least DI_MLA_PREFILL_MIN_ROWS (16) query rows in the call takes this
+// path, every other sequence (decode rows, speculative verification rows,
+// short chunks) the absorbed kernels; the rule reads nothing but the
+// sequence's own query count, so a row's path does not depend on its batch.
+// Only the layer sizes of DeepSeek-V2/V3 (qk_nope 128, qk_rope 64, v head
+// 128, kv_lora_rank 128 or 512) over F16 and BF16 caches take it; other
+// sizes and the 8-bit cache keep the absorbed form for every row, and so
+// does a call of several sequences made while the stream is captured into
+// a graph (the split needs the host to read three counts, see below).
+//
+// A call with prefill rows runs:
+//  1. di_mpf_plan_k (one block): per sequence, its expanded rows (its
+//     visible keys rounded up to MPF_BK; prefill sequences only), its
+//     query tiles (prefill) and its absorbed rows (the others), as prefix
+//     sums, and the three totals. With more than one sequence the host
+//     reads the totals (one small copy and a wait) to size the scratch and
+//     the grids; a single sequence needs no wait (its block table's reach
+//     bounds its keys), unless that bound would cost more passes over the
+//     heads than its query rows do.
+//  2. di_mpf_expand_k, per group of heads: K_nope and V of every visible key
+//     of every prefill sequence, [c_kv] x [W_UK; W_UV]^T (wkvb's rows of the
+//     head), on mma.sync with a fixed order over kv_lora_rank, rounded to
+//     the cache's 16-bit type into scratch [head][row][256]; and each key's
+//     k_pe, copied once. A row's values depend on its c_kv and the weight
+//     alone, never on how many rows a call expands.
+//  3. di_mpf_attn_k: causal FlashAttention, one block per (query tile of 64
+//     rows, head), qk dim 192 (K_nope of the head and the shared k_pe), v
+//     dim 128, key tiles of MPF_BK aligned to absolute positions, online
+//     softmax in float32 (log2 units), q and the probabilities rounded to
+//     the cache's 16-bit type.
+//  4. The absorbed rows, if any: gathered into a compact batch (prefill
+//     sequences given zero rows), run through di_op_mla_attention_tc and
+//     scattered back: the absorbed path's bits.
+// A prefill row's result is a fixed sequence of operations on its own
+// sequence's keys: the same bits alone or in any batch, and a prompt
+// prefilled in chunks (each of at least 16 rows) gives the bits of the
+// whole prompt. A row computed by this path and the same row computed as
+// a decode row (absorbed form) agree to rounding only.
+//
+// Scratch: G heads x expanded rows x 512 bytes (G = as many heads as fit
+// MPF_SCRATCH_BYTES, at least one; more heads take more passes), 128
+// bytes a row for k_pe, and wkvb converted to the cache's 16-bit type
+// when it is stored otherwise. Cost: 2 x rows x kv_lora_rank x heads x 256
+// FLOPs for the expansion (rows: the prefill sequences' visible keys) plus
+// 2 x (192 + 128) FLOPs per (query, visible key, head) for attention.
+#include "attention_tc.cuh"
+
+#define MPF_MIN_Q DI_MLA_PREFILL_MIN_ROWS
+#define MPF_BQ 64 // query rows a block: 4 warps of 16
+#define MPF_BK 64 // keys a tile; a sequence's expanded rows are padded to a multiple
+#define MPF_THREADS 128
+#define MPF_NOPE 128
+#define MPF_ROPE 64
+#define MPF_VD 128
+#define MPF_DQK (MPF_NOPE + MPF_ROPE) // 192
+#define MPF_KV (MPF_NOPE + MPF_VD)     // an expanded row of one head: K_nope then V
+#define MPF_LK (MPF_DQK + 8)           // a staged K row, elements (ldmatrix without bank conflicts)
+#define MPF_LV (MPF_VD + 8)            // a staged V row
+#define MPF_SCRATCH_BYTES ((size_t)256 << 20) // expanded K_nope and V of one pass at most (one head always fits)
+#define MPF_PLAN_THREADS 1024
+
+// Expansion GEMM tiles: MPF_EBM rows x MPF_EBN columns (half a head's 256),
+// kv_lora_rank in steps of MPF_EBK through MPF_ESTAGES copy stages.
+#define MPF_EBM 64
+#define MPF_EBN 128
+#define MPF_EBK 64
+#define MPF_ESTAGES 3
+#define MPF_ELD (MPF_EBK + 8)
+
+// di_mpf_pack rounds two floats to the 16-bit type T (lo in the low half).
+template <typename T> __device__ __forceinline__ uint32_t di_mpf_pack(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t di_mpf_pack<__half>(float lo, float hi) { return di_half2_bits(lo, hi); }
+template <> __device__ __forceinline__ uint32_t di_mpf_pack<__nv_bfloat16>(float lo, float hi) {
+	__nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+	return *reinterpret_cast<uint32_t *>(&h);
+}
+
+// ---------------------------------------------------------------- the plan
+
+// di_mpf_plan_k: one block of MPF_PLAN_THREADS threads. For sequence s
+// (ql query rows, kl keys): a prefill sequence (ql >= MPF_MIN_Q) has
+// ceil(ql / MPF_BQ) query tiles and, when its metadata is valid (ql <= kl
+// <= max_keys), its kl keys rounded up to MPF_BK expanded rows; any other
+// sequence has ql absorbed rows. base_r, base_t and cu_dec ([num_seqs + 1]
+// each) get the exclusive prefix sums of the three, counts[0..2] their
+// totals (the rows' total clamped to 2^30). Offsets that do not cover
+// the call's num_tokens rows set DI_CHECK_MLA.
+__global__ void __launch_bounds__(MPF_PLAN_THREADS)
+    di_mpf_plan_k(int *base_r, int *base_t, int *cu_dec, int *counts, const int *cu, const int *seqlens_k,
+                  int num_seqs, int num_tokens, int max_keys, unsigned *check) {
+	__shared__ long long ws[3][32];
+	__shared__ long long carry[3];
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+	di_pdl_wait();
+	if (tid < 3) carry[tid] = 0;
+	__syncthreads();
+	for (int s0 = 0; s0 < num_seqs; s0 += blockDim.x) {
+		const int s = s0 + tid;
+		long long v[3] = {0, 0, 0};
+		if (s < num_seqs) {
+			const int ql = cu[s + 1] - cu[s], kl = seqlens_k[s];
+			if (ql >= MPF_MIN_Q) {
+				v[1] = (ql + MPF_BQ - 1) / MPF_BQ;
+				if (kl >= ql && kl <= max_keys) v[0] = (long long)(kl + MPF_BK - 1) / MPF_BK * MPF_BK;
+			} else {
+				v[2] = ql > 0 ? ql : 0;
+			}
+		}
+		long long inc[3];
+#pragma unroll
+		for (int k = 0; k < 3; k++) {
+			inc[k] = v[k];
+#pragma unroll
+			for (int o = 1; o < 32; o <<= 1) {
+				const long long t = __shfl_up_sync(0xffffffffu, inc[k], o);
+				if (lane >= o) inc[k] += t;
+			}
+			if (lane == 31) ws[k][warp] = inc[k];
+		}
+		__syncthreads();
+		if (warp == 0) {
+#pragma unroll
+			for (int k = 0; k < 3; k++) {
+				long long x = lane < nwarps ? ws[k][lane] : 0;
+#pragma unroll
+				for (int o = 1; o < 32; o <<= 1) {
+					const long long t = __shfl_up_sync(0xffffffffu, x, o);
+					if (lane >= o) x += t;
+				}
+				ws[k][lane] = x; // inclusive over the warps
+			}
+		}
+		__syncthreads();
+		if (s < num_seqs) {
+			long long e[3];
+#pragma unroll
+			for (int k = 0; k < 3; k++) e[k] = carry[k] + (warp > 0 ? ws[k][warp - 1] : 0) + inc[k] - v[k];
+			base_r[s] = (int)min(e[0], (long long)1 << 30);
+			base_t[s] = (int)e[1];
+			cu_dec[s] = (int)e[2];
+		}
+		__syncthreads(); // carry and ws are read
+		if (tid < 3) carry[tid] += ws[tid][nwarps - 1];
+		__syncthreads();
+	}
+	if (tid == 0) {
+		if (cu[0] != 0 || cu[num_seqs] != num_tokens) atomicOr(check, DI_CHECK_MLA);
+		const int r = (int)min(carry[0], (long long)1 << 30);
+		base_r[num_seqs] = r, base_t[num_seqs] = (int)carry[1], cu_dec[num_seqs] = (int)carry[2];
+		counts[0] = r, counts[1] = (int)carry[1], counts[2] = (int)carry[2];
+	}
+}
+
+// ---------------------------------------------------------------- expansion
+
+// di_mpf_convert_k rounds n weights to the 16-bit type T.
+template <typename W, typename T>
+__global__ void di_mpf_convert_k(T *dst, const W *src, size_t n) {
+	di_pdl_wait();
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+		dst[i] = di_from_f32<T>(di_to_f32(src[i]));
+}
+
+static size_t di_mpf_expand_smem() {
+	return (size_t)MPF_ESTAGES * (MPF_EBM + MPF_EBN) * MPF_ELD * 2 + MPF_EBM * sizeof(int);
+}
+
+// di_mpf_expand_k: grid (2 x heads of the pass, expanded rows / MPF_EBM),
+// MPF_THREADS threads, shared memory di_mpf_expand_smem. Block (x, y)
+// computes expanded rows [64 y, 64 y + 64) (all of one sequence: each
+// sequence's rows are padded to MPF_BK) times columns [128 (x & 1), +128)
+// of head h0 + x / 2 (K_nope, then V): kv[x / 2][r][c] = T(sum over k in
+// order of c_kv[r][k] wb[x * 128 + c][k]) in float32, where wb is wkvb's
+// rows from head h0 on, in T; rows past the sequence's keys are zero.
+// Warp w owns rows 32 (w & 1) .. +32 and columns 64 (w >> 1) .. +64 of the
+// tile (2 x 8 m16n8 accumulators). With write_kpe, the blocks of x = 0 also
+// copy each row's k_pe into kpe [rows][MPF_ROPE]. Blocks past the plan's
+// total rows (counts[0]) return at once. A block table entry outside the
+// cache sets DI_CHECK_MLA and reads zeros.
+template <typename T>
+__global__ void __launch_bounds__(MPF_THREADS, 2)
+    di_mpf_expand_k(T *kv, T *kpe, const T *cache, const T *wb, const int *base_r, const int *counts,
+                    const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks, int block_size,
+                    int num_blocks, int kvl, int width, size_t r_stride, int write_kpe, unsigned *check) {
+	extern __shared__ __align__(16) unsigned char mpf_esmem[];
+	T *sA = reinterpret_cast<T *>(mpf_esmem);                      // [STAGES][EBM][ELD]
+	T *sB = sA + MPF_ESTAGES * MPF_EBM * MPF_ELD;                  // [STAGES][EBN][ELD]
+	int *sl = reinterpret_cast<int *>(sB + MPF_ESTAGES * MPF_EBN * MPF_ELD); // [EBM]
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+	const int lm_row = lane & 7, lm_mat = lane >> 3;
+	const int m0 = blockIdx.y * MPF_EBM;
+	di_pdl_wait();
+	if (m0 >= counts[0]) return;
+	const int s = di_find_seq(base_r, num_seqs, m0);
+	const int kl = seqlens_k[s], p0 = m0 - base_r[s];
+	if (tid < MPF_EBM) {
+		const int t = p0 + tid;
+		sl[tid] = t < kl ? di_key_slot(block_tables + (size_t)s * max_blocks, t, block_size, num_blocks, check, DI_CHECK_MLA)
+		                 : -1;
+	}
+	__syncthreads();
+	const T *wblk = wb + (size_t)blockIdx.x * MPF_EBN * kvl;
+	auto load = [&](int kt, int st) {
+		const int k0 = kt * MPF_EBK;
+		T *a = sA + st * MPF_EBM * MPF_ELD, *b = sB + st * MPF_EBN * MPF_ELD;
+		constexpr int CH = MPF_EBK / 8; // 16-byte chunks a row
+		for (int c = tid; c < MPF_EBM * CH; c += MPF_THREADS) {
+			const int r = c / CH, e = (c - r * CH) * 8, slot = sl[r];
+			di_cp_async16(a + r * MPF_ELD + e, cache + (slot >= 0 ? (size_t)slot * width + k0 + e : 0), slot >= 0);
+		}
+		for (int c = tid; c < MPF_EBN * CH; c += MPF_THREADS) {
+			const int r = c / CH, e = (c - r * CH) * 8;
+			di_cp_async16(b + r * MPF_ELD + e, wblk + (size_t)r * kvl + k0 + e, true);
+		}
+		di_cp_async_commit();
+	};
+	const int nk = kvl / MPF_EBK;
+#pragma unroll
+	for (int i = 0; i < MPF_ESTAGES - 1; i++) {
+		if (i < nk) load(i, i);
+		else di_cp_async_commit();
+	}
+	if (write_kpe && blockIdx.x == 0) {
+		constexpr int RCH = MPF_ROPE / 8;
+		for (int c = tid; c < MPF_EBM * RCH; c += MPF_THREADS) {
+			const int r = c / RCH, e = (c - r * RCH) * 8, slot = sl[r];
+			uint4 v = make_uint4(0, 0, 0, 0);
+			if (slot >= 0) v = *reinterpret_cast<const uint4 *>(cache + (size_t)slot * width + kvl + e);
+			*reinterpret_cast<uint4 *>(kpe + (size_t)(m0 + r) * MPF_ROPE + e) = v;
+		}
+	}
+	const int wm = (warp & 1) * 32, wn = (warp >> 1) * 64;
+	float acc[2][8][4];
+#pragma unroll
+	for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+		for (int nj = 0; nj < 8; nj++) acc[mi][nj][0] = acc[mi][nj][1] = acc[mi][nj][2] = acc[mi][nj][3] = 0.f;
+	for (int kt = 0; kt < nk; kt++) {
+		di_cp_async_wait<MPF_ESTAGES - 2>(); // this thread's copies of tile kt have landed
+		__syncthreads();                     // everyone's; and the stage refilled below is consumed
+		{
+			const int nx = kt + MPF_ESTAGES - 1;
+			if (nx < nk) load(nx, nx % MPF_ESTAGES);
+			else di_cp_async_commit();
+		}
+		const T *a = sA + (kt % MPF_ESTAGES) * MPF_EBM * MPF_ELD, *b = sB + (kt % MPF_ESTAGES) * MPF_EBN * MPF_ELD;
+#pragma unroll
+		for (int ks = 0; ks < MPF_EBK / 16; ks++) {
+			uint32_t af[2][4];
+#pragma unroll
+			for (int mi = 0; mi < 2; mi++)
+				di_ldmatrix_x4(af[mi], a + (wm + mi * 16 + lm_row + (lm_mat & 1) * 8) * MPF_ELD + ks * 16 + (lm_mat >> 1) * 8);
+#pragma unroll
+			for (int nj = 0; nj < 8; nj += 2) {
+				uint32_t bf[4];
+				di_ldmatrix_x4(bf, b + (wn + (nj + (lm_mat >> 1)) * 8 + lm_row) * MPF_ELD + ks * 16 + (lm_mat & 1) * 8);
+#pragma unroll
+				for (int mi = 0; mi < 2; mi++) {
+					di_mma16816<T>(acc[mi][nj], af[mi][0], af[mi][1], af[mi][2], af[mi][3], bf[0], bf[1]);
+					di_mma16816<T>(acc[mi][nj + 1], af[mi][0], af[mi][1], af[mi][2], af[mi][3], bf[2], bf[3]);
+				}
+			}
+		}
+	}
+	di_cp_async_wait<0>();
+	T *o = kv + ((size_t)(blockIdx.x >> 1) * r_stride + m0) * MPF_KV + (blockIdx.x & 1) * MPF_EBN;
+#pragma unroll
+	for (int mi = 0; mi < 2; mi++) {
+		const int row = wm + mi * 16 + g;
+#pragma unroll
+		for (int nj = 0; nj < 8; nj++) {
+			const int col = wn + nj * 8 + 2 * t4;
+			*reinterpret_cast<uint32_t *>(o + (size_t)row * MPF_KV + col) = di_mpf_pack<T>(acc[mi][nj][0], acc[mi][nj][1]);
+			*reinterpret_cast<uint32_t *>(o + (size_t)(row + 8) * MPF_KV + col) =
+			    di_mpf_pack<T>(acc[mi][nj][2], acc[mi][nj][3]);
+		}
+	}
+}
+
+// ---------------------------------------------------------------- attention
+
+static size_t di_mpf_attn_smem() { return (size_t)2 * MPF_BK * (MPF_LK + MPF_LV) * 2; }
+
+// di_mpf_tile runs one key tile of a warp (16 query rows of one head,
+// fragments qf) against the staged K ([MPF_BK][MPF_LK]) and V
+// ([MPF_BK][MPF_LV]) tiles: the scores, the online-softmax update of (m,
+// l) and o, and the products with V, in a fixed order (di_tc16_tile's,
+// with qk dim 192 and v dim 128). n: the tile's keys below the block's
+// last; full: every key of the tile is visible to every row of the warp;
+// last: this thread's rows see keys [0, last).
+template <typename T>
+__device__ __forceinline__ void di_mpf_tile(float (&o)[MPF_VD / 8][4], float (&m)[2], float (&l)[2],
+                                            const uint32_t (&qf)[MPF_DQK / 16][4], const T *Ks, const T *Vs, int t0,
+                                            int n, bool full, const int (&last)[2], float scale_log2) {
+	const int lane = threadIdx.x & 31, t4 = lane & 3, lm_row = lane & 7, lm_mat = lane >> 3;
+	float sc[8][4];
+#pragma unroll
+	for (int nt = 0; nt < 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+	for (int ks = 0; ks < MPF_DQK / 16; ks++) {
+#pragma unroll
+		for (int nt = 0; nt < 8; nt += 2) {
+			// matrices: (keys nt, d lo), (keys nt, d hi), (keys nt+1, d lo), (keys nt+1, d hi)
+			uint32_t b[4];
+			di_ldmatrix_x4(b, Ks + ((nt + (lm_mat >> 1)) * 8 + lm_row) * MPF_LK + ks * 16 + (lm_mat & 1) * 8);
+			di_mma16816<T>(sc[nt], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[0], b[1]);
+			di_mma16816<T>(sc[nt + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[2], b[3]);
+		}
+	}
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		float mx = -CUDART_INF_F;
+		if (full) {
+#pragma unroll
+			for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+				for (int c = 0; c < 2; c++) {
+					const float v = sc[nt][2 * i + c] * scale_log2;
+					sc[nt][2 * i + c] = v;
+					mx = fmaxf(mx, v);
+				}
+			}
+		} else {
+#pragma unroll
+			for (int nt = 0; nt < 8; nt++) {
+#pragma unroll
+				for (int c = 0; c < 2; c++) {
+					const int kk = nt * 8 + 2 * t4 + c;
+					const bool vis = kk < n && t0 + kk < last[i];
+					const float v = vis ? sc[nt][2 * i + c] * scale_log2 : -CUDART_INF_F;
+					sc[nt][2 * i + c] = v;
+					mx = fmaxf(mx, v);
+				}
+			}
+		}
+		di_softmax_update<true>(sc, m, l, o, i, mx);
+	}
+#pragma unroll
+	for (int kk = 0; kk < MPF_BK / 16; kk++) {
+		const uint32_t a0 = di_mpf_pack<T>(sc[2 * kk][0], sc[2 * kk][1]), a1 = di_mpf_pack<T>(sc[2 * kk][2], sc[2 * kk][3]);
+		const uint32_t a2 = di_mpf_pack<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+		const uint32_t a3 = di_mpf_pack<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+#pragma unroll
+		for (int nd = 0; nd < MPF_VD / 8; nd += 2) {
+			// matrices: (keys lo, d nd), (keys hi, d nd), (keys lo, d nd+1), (keys hi, d nd+1)
+			uint32_t b[4];
+			di_ldmatrix_x4_trans(b, Vs + (kk * 16 + (lm_mat & 1) * 8 + lm_row) * MPF_LV + (nd + (lm_mat >> 1)) * 8);
+			di_mma16816<T>(o[nd], a0, a1, a2, a3, b[0], b[1]);
+			di_mma16816<T>(o[nd + 1], a0, a1, a2, a3, b[2], b[3]);
+		}
+	}
+}
+
+// di_mpf_attn_k: grid (heads of the pass, query tiles), MPF_THREADS
+// threads, shared memory di_mpf_attn_smem. Block (x, y) takes head h0 + x
+// and query tile y of the plan (base_t; a sequence's tiles last first, so
+// the longest run first); warp w its rows 16 w .. +16. The keys come from
+// the expanded scratch of the head (kv: [heads of the pass][r_stride][256],
+// the sequence's rows from base_r[s]) and kpe, in tiles of MPF_BK aligned to
+// positions 0, 64, ..., two in flight (cp.async). out (F32 [rows, heads,
+// 128]) gets o / l. A sequence whose metadata does not fit (kl < ql or kl >
+// max_keys) sets DI_CHECK_MLA and gets zeros.
+template <typename T>
+__global__ void __launch_bounds__(MPF_THREADS, 2)
+    di_mpf_attn_k(float *out, const float *q, const T *kv, const T *kpe, const int *cu, const int *seqlens_k,
+                  const int *base_r, const int *base_t, int num_seqs, int max_keys, int num_heads, int h0,
+                  size_t r_stride, float scale_log2, unsigned *check) {
+	constexpr int KS = MPF_DQK / 16, ND = MPF_VD / 8;
+	extern __shared__ __align__(16) unsigned char mpf_asmem[];
+	T *Kst = reinterpret_cast<T *>(mpf_asmem); // [2][MPF_BK][MPF_LK]
+	T *Vst = Kst + 2 * MPF_BK * MPF_LK;         // [2][MPF_BK][MPF_LV]
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+	const int hx = blockIdx.x, h = h0 + hx, b = blockIdx.y;
+	di_pdl_wait();
+	if (b >= base_t[num_seqs]) return;
+	const int s = di_find_seq(base_t, num_seqs, b);
+	const int q0 = cu[s], ql = cu[s + 1] - q0, kl = seqlens_k[s];
+	const int nts = base_t[s + 1] - base_t[s];
+	const int j0 = (nts - 1 - (b - base_t[s])) * MPF_BQ, nq = min(MPF_BQ, ql - j0);
+	if (kl < ql || kl > max_keys) {
+		if (tid == 0 && hx == 0) atomicOr(check, DI_CHECK_MLA);
+		for (int idx = tid; idx < nq * MPF_VD; idx += MPF_THREADS) {
+			const int r = idx / MPF_VD;
+			out[((size_t)(q0 + j0 + r) * num_heads + h) * MPF_VD + idx - r * MPF_VD] = 0.f;
+		}
+		return;
+	}
+	const int off = kl - ql + j0; // keys before the tile's first row
+	const int k_hi = off + nq;    // keys any row of the block sees
+	const T *kb = kv + ((size_t)hx * r_stride + base_r[s]) * MPF_KV;
+	const T *pb = kpe + (size_t)base_r[s] * MPF_ROPE;
+	// fetch queues the copies of key tile t0 into stage st: per key 16
+	// chunks of K_nope, 8 of k_pe and 16 of V (every row below the
+	// sequence's padded end exists in the scratch).
+	auto fetch = [&](int t0, int st) {
+		T *kd = Kst + st * MPF_BK * MPF_LK, *vd = Vst + st * MPF_BK * MPF_LV;
+		constexpr int CH = (MPF_NOPE + MPF_ROPE + MPF_VD) / 8;
+		for (int c = tid; c < MPF_BK * CH; c += MPF_THREADS) {
+			const int r = c / CH, e = c - r * CH;
+			const T *src;
+			T *dst;
+			if (e < MPF_NOPE / 8) {
+				src = kb + (size_t)(t0 + r) * MPF_KV + e * 8;
+				dst = kd + r * MPF_LK + e * 8;
+			} else if (e < (MPF_NOPE + MPF_ROPE) / 8) {
+				src = pb + (size_t)(t0 + r) * MPF_ROPE + (e - MPF_NOPE / 8) * 8;
+				dst = kd + r * MPF_LK + e * 8;
+			} else {
+				const int ev = e - (MPF_NOPE + MPF_ROPE) / 8;
+				src = kb + (size_t)(t0 + r) * MPF_KV + MPF_NOPE + ev * 8;
+				dst = vd + r * MPF_LV + ev * 8;
+			}
+			di_cp_async16(dst, src, true);
+		}
+		di_cp_async_commit();
+	};
+	fetch(0, 0);
+	// Q fragments straight from the float32 rows, rounded to T.
+	const int rbase = warp * 16, r0 = rbase + g;
+	uint32_t qf[KS][4];
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		const int r = r0 + 8 * i;
+		const float *qrow = q + ((size_t)(q0 + j0 + r) * num_heads + h) * MPF_DQK + 2 * t4;
+#pragma unroll
+		for (int ks = 0; ks < KS; ks++) {
+			float2 lo = make_float2(0.f, 0.f), hi = lo;
+			if (r < nq) {
+				lo = *reinterpret_cast<const float2 *>(qrow + ks * 16);
+				hi = *reinterpret_cast<const float2 *>(qrow + ks * 16 + 8);
+			}
+			qf[ks][i] = di_mpf_pack<T>(lo.x, lo.y);
+			qf[ks][2 + i] = di_mpf_pack<T>(hi.x, hi.y);
+		}
+	}
+	// This thread's rows see keys [0, last); the warp's rows, keys below
+	// w_hi; every row of the warp (all 16 real), keys below w_full.
+	int last[2];
+#pragma unroll
+	for (int i = 0; i < 2; i++) last[i] = r0 + 8 * i < nq ? off + r0 + 8 * i + 1 : 0;
+	const int w_hi = rbase < nq ? off + min(rbase + 15, nq - 1) + 1 : 0;
+	const int w_full = rbase + 16 <= nq ? off + rbase + 1 : 0;
+	float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.f, 0.f}, o[ND][4];
+#pragma unroll
+	for (int nd = 0; nd < ND; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+	int st = 0;
+	for (int t0 = 0; t0 < k_hi; t0 += MPF_BK, st ^= 1) {
+		const int n = min(MPF_BK, k_hi - t0);
+		if (t0 + MPF_BK < k_hi) {
+			fetch(t0 + MPF_BK, st ^ 1);
+			di_cp_async_wait<1>();
+		} else {
+			di_cp_async_wait<0>();
+		}
+		__syncthreads(); // tile t0 has landed for every thread
+		if (t0 < w_hi) {
+			const bool full = n == MPF_BK && t0 + MPF_BK <= w_full;
+			di_mpf_tile<T>(o, m, l, qf, Kst + st * MPF_BK * MPF_LK, Vst + st * MPF_BK * MPF_LV, t0, n, full, last,
+			               scale_log2);
+		}
+		__syncthreads(); // stage st is consumed before the next fetch refills it
+	}
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		float li = l[i];
+		li += __shfl_xor_sync(0xffffffffu, li, 1);
+		li += __shfl_xor_sync(0xffffffffu, li, 2);
+		const int r = r0 + 8 * i;
+		if (r >= nq) continue;
+		const float inv = li > 0.f ? 1.f / li : 0.f;
+		float *orow = out + ((size_t)(q0 + j0 + r) * num_heads + h) * MPF_VD + 2 * t4;
+#pragma unroll
+		for (int nd = 0; nd < ND; nd++)
+			*reinterpret_cast<float2 *>(orow + nd * 8) = make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
+	}
+}
+
+// ---------------------------------------------------------------- the absorbed rows
+
+// di_mpf_rows_k: grid (absorbed rows), 128 threads. Row i of the compact
+// batch (cu_dec) is row cu[s] + i - cu_dec[s] of the call, s the sequence
+// holding it; gather copies that row of src into row i of dst, scatter row
+// i of src into that row of dst. width: floats a row, a multiple of 4,
+// rows 16-byte aligned.
+__global__ void di_mpf_rows_k(float *dst, const float *src, const int *cu, const int *cu_dec, int num_seqs, int width,
+                              int gather) {
+	di_pdl_wait();
+	const int i = blockIdx.x;
+	const int s = di_find_seq(cu_dec, num_seqs, i);
+	const size_t orig = (size_t)cu[s] + (i - cu_dec[s]);
+	const size_t from = gather ? orig : (size_t)i, to = gather ? (size_t)i : orig;
+	const float4 *sp = reinterpret_cast<const float4 *>(src + from * width);
+	float4 *dp = reinterpret_cast<float4 *>(dst + to * width);
+	for (int e = threadIdx.x; e < width / 4; e += blockDim.x) dp[e] = sp[e];
+}
+
+// ---------------------------------------------------------------- host side
+
+template <typename T> struct di_mpf_dtype;
+template <> struct di_mpf_dtype<__half> { static constexpr int value = DI_F16; };
+template <> struct di_mpf_dtype<__nv_bfloat16> { static constexpr int value = DI_BF16; };
+
+// di_mpf_passes is the number of passes over the heads for rows expanded
+// rows: as many heads a pass as fit MPF_SCRATCH_BYTES, at least one.
+static int di_mpf_passes(int num_heads, size_t rows) {
+	const size_t per_head = rows * MPF_KV * 2;
+	size_t g = per_head > 0 ? MPF_SCRATCH_BYTES / per_head : (size_t)num_heads;
+	g = g < 1 ? 1 : (g > (size_t)num_heads ? (size_t)num_heads : g);
+	return (int)((num_heads + g - 1) / g);
+}
+
+// di_mpf_prefill runs steps 2 and 3 for a plan with nt query tiles and
+// rows expanded rows (an upper bound when the plan's counts were not read):
+// the heads in di_mpf_passes passes of G heads.
+template <typename T>
+static int di_mpf_prefill(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, di_dptr wkvb, int w_dtype,
+                          const di_attn_meta *m, const int *base_r, const int *base_t, const int *counts, int num_heads,
+                          int kvl, float scale, size_t rows, int nt) {
+	const int H = num_heads, width = kvl + MPF_ROPE;
+	const int passes = di_mpf_passes(H, rows);
+	const size_t G = (size_t)((H + passes - 1) / passes);
+	const bool convert = w_dtype != di_mpf_dtype<T>::value || wkvb % 16 != 0;
+	const size_t n_w = (size_t)H * MPF_KV * kvl;
+	const size_t n_kv = G * rows * MPF_KV, n_pe = rows * MPF_ROPE;
+	void *buf = nullptr;
+	int rc = di_scratch(ctx, (n_kv + n_pe + (convert ? n_w : 0)) * sizeof(T) + 16, &buf);
+	if (rc != DI_OK) return rc;
+	T *kvp = static_cast<T *>(buf), *pep = kvp + n_kv, *wc = pep + n_pe;
+	const T *wb = DI_PTR(const T, wkvb);
+	if (convert) {
+		DI_DISPATCH_WEIGHT(w_dtype, W, {
+			di_launch(ctx, di_mpf_convert_k<W, T>, dim3(di_grid(n_w, 256)), dim3(256), 0, wc, DI_PTR(const W, wkvb), n_w);
+		});
+		if ((rc = di_check_launch(ctx, "mla_attention (prefill, weight)")) != DI_OK) {
+			di_scratch_free(ctx, buf);
+			return rc;
+		}
+		wb = wc;
+	}
+	const size_t es = di_mpf_expand_smem(), as = di_mpf_attn_smem();
+	cudaError_t e = cudaFuncSetAttribute(di_mpf_expand_k<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)es);
+	if (e == cudaSuccess)
+		e = cudaFuncSetAttribute(di_mpf_attn_k<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)as);
+	if (e != cudaSuccess) {
+		di_scratch_free(ctx, buf);
+		return di_cuda_fail(ctx, e, "mla_attention (prefill): cudaFuncSetAttribute");
+	}
+	const int *cu = DI_PTR(const int, m->cu_seqlens_q), *sk = DI_PTR(const int, m->seqlens_k),
+	          *bt = DI_PTR(const int, m->block_tables);
+	const int max_keys = m->max_blocks_per_seq * m->block_size;
+	const float scale_log2 = scale * 1.4426950408889634f;
+	for (int p = 0; p < passes && rc == DI_OK; p++) {
+		const int h0 = p * (int)G, gn = H - h0 < (int)G ? H - h0 : (int)G;
+		if (rows > 0) {
+			di_launch(ctx, di_mpf_expand_k<T>, dim3(2 * gn, (unsigned)(rows / MPF_EBM)), dim3(MPF_THREADS), es, kvp, pep,
+			          DI_PTR(const T, cache), wb + (size_t)h0 * MPF_KV * kvl, base_r, counts, sk, bt, m->num_seqs,
+			          m->max_blocks_per_seq, m->block_size, m->num_blocks, kvl, width, rows, p == 0 ? 1 : 0, ctx->check);
+			if ((rc = di_check_launch(ctx, "mla_attention (prefill, expansion)")) != DI_OK) break;
+		}
+		di_launch(ctx, di_mpf_attn_k<T>, dim3(gn, nt), dim3(MPF_THREADS), as, DI_PTR(float, out), DI_PTR(const float, q),
+		          (const T *)kvp, (const T *)pep, cu, sk, base_r, base_t, m->num_seqs, max_keys, H, h0, rows, scale_log2,
+		          ctx->check);
+		rc = di_check_launch(ctx, "mla_attention (prefill)");
+	}
+	di_scratch_free(ctx, buf);
+	return rc;
+}
+
+extern "C" int di_op_mla_attention_pf(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, int cache_dtype,
+                                      di_dptr wkvb, int w_dtype, const di_attn_meta *m, int num_heads, int nope_dim,
+                                      int rope_dim, int kv_lora_rank, int v_head_dim, float scale) {
+	auto absorbed = [&](di_dptr o, di_dptr qq, const di_attn_meta *mm) {
+		return di_op_mla_attention_tc(ctx, o, qq, cache, cache_dtype, wkvb, w_dtype, mm, num_heads, nope_dim, rope_dim,
+		                              kv_lora_rank, v_head_dim, scale);
+	};
+	if (m->num_tokens == 0) return DI_OK;
+	const int T = m->num_tokens, S = m->num_seqs, H = num_heads, kvl = kv_lora_rank;
+	const bool sizes = (cache_dtype == DI_F16 || cache_dtype == DI_BF16) && nope_dim == MPF_NOPE &&
+	                   rope_dim == MPF_ROPE && v_head_dim == MPF_VD && (kvl == 128 || kvl == 512) && H > 0 &&
+	                   H <= 65535 && (w_dtype == DI_F32 || w_dtype == DI_BF16 || w_dtype == DI_F16) &&
+	                   (q | out | cache) % 16 == 0;
+	const bool rows = T >= MPF_MIN_Q && (m->max_seqlen_q == 0 || m->max_seqlen_q >= MPF_MIN_Q);
+	if (!sizes || !rows || S <= 0) return absorbed(out, q, m);
+	if (S > 1) { // the split needs the plan's counts on the host: not while capturing
+		cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+		if (cudaStreamIsCapturing(ctx->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone)
+			return absorbed(out, q, m);
+	}
+	const int max_keys = m->max_blocks_per_seq * m->block_size;
+	void *pbuf = nullptr;
+	int rc = di_scratch(ctx, ((size_t)3 * (S + 1) + 4) * sizeof(int), &pbuf);
+	if (rc != DI_OK) return rc;
+	int *base_r = static_cast<int *>(pbuf), *base_t = base_r + (S + 1), *cu_dec = base_t + (S + 1),
+	    *counts = cu_dec + (S + 1);
+	const int *cu = DI_PTR(const int, m->cu_seqlens_q), *sk = DI_PTR(const int, m->seqlens_k);
+	di_launch(ctx, di_mpf_plan_k, dim3(1), dim3(MPF_PLAN_THREADS), 0, base_r, base_t, cu_dec, counts, cu, sk, S, T,
+	          max_keys, ctx->check);
+	if ((rc = di_check_launch(ctx, "mla_attention (prefill plan)")) != DI_OK) {
+		di_scratch_free(ctx, pbuf);
+		return rc;
+	}
+	// One sequence of T >= MPF_MIN_Q rows is a prefill sequence with
+	// nothing absorbed, and its expanded rows are bounded by its block
+	// table's reach; the host reads the plan's counts only where that bound
+	// would cost passes over the heads that the sequence's own rows (at
+	// least T) might not, and never while capturing.
+	size_t rows_x = ((size_t)max_keys + MPF_BK - 1) / MPF_BK * MPF_BK; // expanded rows: a bound, or the plan's total
+	int nt = (T + MPF_BQ - 1) / MPF_BQ, nd = 0;
+	bool read = S > 1;
+	if (!read && di_mpf_passes(H, rows_x) > di_mpf_passes(H, ((size_t)T + MPF_BK - 1) / MPF_BK * MPF_BK)) {
+		cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+		read = cudaStreamIsCapturing(ctx->stream, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone;
+	}
+	if (read) {
+		int hc[3] = {0, 0, 0};
+		cudaError_t e = cudaMemcpyAsync(hc, counts, sizeof(hc), cudaMemcpyDeviceToHost, ctx->stream);
+		if (e == cudaSuccess) e = cudaStreamSynchronize(ctx->stream);
+		if (e != cudaSuccess) {
+			di_scratch_free(ctx, pbuf);
+			return di_cuda_fail(ctx, e, "mla_attention (prefill plan): reading the counts");
+		}
+		rows_x = (size_t)hc[0], nt = hc[1], nd = hc[2];
+		if (nt == 0) { // no prefill sequence after all: every row absorbed, as stored
+			di_scratch_free(ctx, pbuf);
+			return absorbed(out, q, m);
+		}
+	}
+	if (nt > 65535 || rows_x / MPF_EBM > 65535) {
+		di_scratch_free(ctx, pbuf);
+		return di_fail(ctx, DI_ERR_UNSUPPORTED,
+		               "mla_attention (prefill): %d query tiles and %zu expanded rows; at most 65535 tiles and %d rows",
+		               nt, rows_x, 65535 * MPF_EBM);
+	}
+	if (cache_dtype == DI_BF16)
+		rc = di_mpf_prefill<__nv_bfloat16>(ctx, out, q, cache, wkvb, w_dtype, m, base_r, base_t, counts, H, kvl, scale,
+		                                   rows_x, nt);
+	else
+		rc = di_mpf_prefill<__half>(ctx, out, q, cache, wkvb, w_dtype, m, base_r, base_t, counts, H, kvl, scale, rows_x,
+		                            nt);
+	if (rc == DI_OK && nd > 0) {
+		// The absorbed rows as a compact batch: the prefill sequences with no rows.
+		const int qw = H * MPF_DQK, ow = H * MPF_VD;
+		void *dbuf = nullptr;
+		rc = di_scratch(ctx, (size_t)nd * (qw + ow) * sizeof(float), &dbuf);
+		if (rc == DI_OK) {
+			float *qd = static_cast<float *>(dbuf), *od = qd + (size_t)nd * qw;
+			di_launch(ctx, di_mpf_rows_k, dim3(nd), dim3(128), 0, qd, DI_PTR(const float, q), cu, (const int *)cu_dec, S,
+			          qw, 1);
+			rc = di_check_launch(ctx, "mla_attention (absorbed rows: gather)");
+			if (rc == DI_OK) {
+				di_attn_meta md = *m;
+				md.num_tokens = nd;
+				md.cu_seqlens_q = (di_dptr)(uintptr_t)cu_dec;
+				rc = absorbed((di_dptr)(uintptr_t)od, (di_dptr)(uintptr_t)qd, &md);
+			}
+			if (rc == DI_OK) {
+				di_launch(ctx, di_mpf_rows_k, dim3(nd), dim3(128), 0, DI_PTR(float, out), (const float *)od, cu,
+				          (const int *)cu_dec, S, ow, 0);
+				rc = di_check_launch(ctx, "mla_attention (absorbed rows: scatter)");
+			}
+			di_scratch_free(ctx, dbuf);
+		}
+	}
+	di_scratch_free(ctx, pbuf);
+	return rc;
+}

@@ -1,0 +1,394 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
+)
+
+// GPU tests of MoE over 16-bit experts at prefill sizes: the grouped
+// tensor-core GEMM (di_moe_gemm_k, from Options.MoEGEMMPairs pairs, by
+// default above 1024) after the device grouping of any number of pairs.
+
+// moeData is one MoE call's inputs as host bytes, to upload to any backend.
+type moeData struct {
+	tokens, topK, experts, hidden, inter int
+	dt                                   kernels.DType
+	x, gu, dn, w                         []byte
+	ids                                  []int32
+}
+
+// newMoEData draws x in [-1, 1), weights in [-0.2, 0.2) rounded to dt and
+// routing weights in [-1, 1); ids are the routing ([tokens, topK]).
+func newMoEData(r *rand.Rand, dt kernels.DType, tokens, topK, experts, hidden, inter int, ids []int32) moeData {
+	return moeData{tokens: tokens, topK: topK, experts: experts, hidden: hidden, inter: inter, dt: dt,
+		x:   kernels.F32Bytes(randVals(r, tokens*hidden, 1)),
+		gu:  hostBytes(dt, randVals(r, experts*2*inter*hidden, 0.2)),
+		dn:  hostBytes(dt, randVals(r, experts*hidden*inter, 0.2)),
+		w:   kernels.F32Bytes(randVals(r, tokens*topK, 1)),
+		ids: ids}
+}
+
+// moeTensors are moeData's inputs on one backend, with an output.
+type moeTensors struct{ out, x, gu, dn, ids, w kernels.Tensor }
+
+func (d moeData) upload(t testing.TB, ops kernels.Ops) moeTensors {
+	t.Helper()
+	out, err := ops.Alloc(kernels.F32, d.tokens, d.hidden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return moeTensors{out: out,
+		x:   upload(t, ops, kernels.F32, d.x, kernels.F32, d.tokens, d.hidden),
+		gu:  upload(t, ops, d.dt, d.gu, d.dt, d.experts, 2*d.inter, d.hidden),
+		dn:  upload(t, ops, d.dt, d.dn, d.dt, d.experts, d.hidden, d.inter),
+		ids: upload(t, ops, kernels.I32, kernels.I32Bytes(d.ids), kernels.I32, d.tokens, d.topK),
+		w:   upload(t, ops, kernels.F32, d.w, kernels.F32, d.tokens, d.topK)}
+}
+
+func (m moeTensors) run(ops kernels.Ops) error { return ops.MoE(m.out, m.x, m.ids, m.w, m.gu, m.dn) }
+
+// moeDownload returns ten's float32 values.
+func moeDownload(t testing.TB, ops kernels.Ops, ten kernels.Tensor) []float32 {
+	t.Helper()
+	v, err := kernels.ToF32(ops, ten)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// replayed runs m once in a captured graph (which only the device path
+// allows) and returns its output.
+func (m moeTensors) replayed(t testing.TB, g *Backend) []float32 {
+	t.Helper()
+	graph, err := g.CaptureGraph(func() error { return m.run(g) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer graph.Close()
+	if err := graph.Replay(); err != nil {
+		t.Fatal(err)
+	}
+	return moeDownload(t, g, m.out)
+}
+
+// moeRouting draws ids [tokens, topK]: "random" top_k distinct experts a
+// token; "two" experts 3 and experts-4 only (top_k 2, in random k order),
+// so that every other expert has no rows; "one" expert 5 for every pair.
+func moeRouting(r *rand.Rand, kind string, tokens, topK, experts int) []int32 {
+	switch kind {
+	case "two":
+		ids := make([]int32, tokens*topK)
+		for i := range tokens {
+			a, b := int32(3), int32(experts-4)
+			if r.IntN(2) == 1 {
+				a, b = b, a
+			}
+			ids[i*topK], ids[i*topK+1] = a, b
+		}
+		return ids
+	case "one":
+		ids := make([]int32, tokens*topK)
+		for i := range ids {
+			ids[i] = 5
+		}
+		return ids
+	}
+	return randExpertIDs(r, tokens, topK, experts)
+}
+
+// moeEqual reports the first element where got and want differ in bits.
+func moeEqual(got, want []float32) (int, bool) {
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			return i, false
+		}
+	}
+	return -1, true
+}
+
+// MoE at prefill sizes against the CPU backend: 1500 pairs (500 tokens x
+// 3, 8 experts), 4096 tokens x 6 (64 experts, 24576 pairs), 24576 pairs as
+// 12288 tokens x 2 (16 experts, about 1536 rows an expert: 12 row tiles),
+// experts without rows (only 2 of 16 used) and one expert with every row
+// (top 1). hidden 288 and intermediate 160 leave partial column tiles (288
+// = 2 x 128 + 32 output columns of down; 160 = 2 x 64 + 32 of gate/up) and
+// uneven passes over k (9 and 5 blocks of 32). The bound is TestGPUMoE's,
+// twice the linear's. The eager output must also equal, bit for bit, the
+// same call replayed from a graph, which shows that the eager call ran on
+// the device (the host path, cuBLAS per expert, cannot be captured and sums
+// in another order).
+func TestGPUMoEPrefill(t *testing.T) {
+	const hidden, inter = 288, 160
+	cases := []struct {
+		name                  string
+		tokens, topK, experts int
+		route                 string
+	}{
+		{"pairs=1500", 500, 3, 8, "random"},
+		{"pairs=4096x6", 4096, 6, 64, "random"},
+		{"pairs=24576_top2", 12288, 2, 16, "random"},
+		{"zero_rows", 1200, 2, 16, "two"},
+		{"one_expert", 1500, 1, 8, "one"},
+	}
+	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
+		p := newPair(t, mode)
+		for _, dt := range []kernels.DType{kernels.BF16, kernels.F16} {
+			if mode == GEMMSplit && dt == kernels.F16 {
+				continue // split mode's path is dtype-generic; BF16 covers it
+			}
+			for _, tc := range cases {
+				t.Run(fmt.Sprintf("%s/%s/%s", mode, dt, tc.name), func(t *testing.T) {
+					ids := moeRouting(p.r, tc.route, tc.tokens, tc.topK, tc.experts)
+					d := newMoEData(p.r, dt, tc.tokens, tc.topK, tc.experts, hidden, inter, ids)
+					c, g := d.upload(t, p.c), d.upload(t, p.g)
+					p.poison(dual{g: g.out})
+					if err := c.run(p.c); err != nil {
+						t.Fatal(err)
+					}
+					if err := g.run(p.g); err != nil {
+						t.Fatal(err)
+					}
+					e := p.check("moe", dual{c: c.out, g: g.out}, 2*linearTol(dt, mode))
+					eager := moeDownload(t, p.g, g.out)
+					p.poison(dual{g: g.out})
+					if i, ok := moeEqual(g.replayed(t, p.g), eager); !ok {
+						t.Fatalf("graph replay out[%d] differs from the eager call's bits", i)
+					}
+					t.Logf("%d pairs: max relative error %.3g against the CPU backend; eager = graph replay", tc.tokens*tc.topK, e)
+				})
+			}
+		}
+	}
+}
+
+// The grouped GEMM gives di_moe_mma_k's bits: the same call on a backend
+// that takes the GEMM at every size (MoEGEMMPairs 1, eager) and on one that
+// never does (MoEGEMMPairs -1) inside a graph, where the device path runs
+// the smaller batches' kernels at any size. Shapes: one token, a small
+// batch, two row tiles of an expert (900 pairs on 4 experts), k of one and
+// two blocks of 32 (passes without blocks add zero), and 12000 pairs.
+func TestGPUMoEPrefillBits(t *testing.T) {
+	shapes := []struct{ tokens, topK, experts, hidden, inter int }{
+		{1, 6, 64, 288, 160}, {37, 3, 8, 288, 160}, {300, 3, 4, 288, 160}, {700, 2, 4, 64, 32}, {2000, 6, 64, 288, 160},
+	}
+	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
+		gemm := newGPUOpts(t, Options{GEMM: mode, MoEGEMMPairs: 1})
+		small := newGPUOpts(t, Options{GEMM: mode, MoEGEMMPairs: -1})
+		r := rand.New(rand.NewPCG(28, uint64(mode)))
+		for _, dt := range []kernels.DType{kernels.BF16, kernels.F16} {
+			for _, sh := range shapes {
+				t.Run(fmt.Sprintf("%s/%s/tokens=%d_top%d_e%d_h%d_i%d", mode, dt, sh.tokens, sh.topK, sh.experts, sh.hidden, sh.inter), func(t *testing.T) {
+					d := newMoEData(r, dt, sh.tokens, sh.topK, sh.experts, sh.hidden, sh.inter,
+						randExpertIDs(r, sh.tokens, sh.topK, sh.experts))
+					a := d.upload(t, gemm)
+					if err := a.run(gemm); err != nil {
+						t.Fatal(err)
+					}
+					got := moeDownload(t, gemm, a.out)
+					want := d.upload(t, small).replayed(t, small)
+					if i, ok := moeEqual(got, want); !ok {
+						t.Fatalf("grouped GEMM out[%d] = %v, the small-batch kernels' %v", i, got[i], want[i])
+					}
+				})
+			}
+		}
+	}
+}
+
+// A token alone gives the bits it gives among 4096 tokens (64 experts, top
+// 6: 24576 pairs through the grouped GEMM): alone through the GEMM too
+// (MoEGEMMPairs 1), and alone through the small batches' kernel (the
+// default at 6 pairs), which sums in the GEMM's order.
+func TestGPUMoEPrefillInvariance(t *testing.T) {
+	const tokens, topK, experts, hidden, inter = 4096, 6, 64, 512, 384
+	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
+		def := newGPUOpts(t, Options{GEMM: mode})
+		gemm := newGPUOpts(t, Options{GEMM: mode, MoEGEMMPairs: 1})
+		r := rand.New(rand.NewPCG(4096, uint64(mode)))
+		d := newMoEData(r, kernels.BF16, tokens, topK, experts, hidden, inter, randExpertIDs(r, tokens, topK, experts))
+		crowdT := d.upload(t, def)
+		if err := crowdT.run(def); err != nil {
+			t.Fatal(err)
+		}
+		crowd := moeDownload(t, def, crowdT.out)
+		for _, path := range []struct {
+			name string
+			g    *Backend
+		}{{"gemm_alone", gemm}, {"small_batch_kernel_alone", def}} {
+			t.Run(fmt.Sprintf("%s/%s", mode, path.name), func(t *testing.T) {
+				all := d.upload(t, path.g)
+				for _, row := range []int{0, 1777, tokens - 1} {
+					view := func(ten kernels.Tensor) kernels.Tensor {
+						v, err := path.g.Rows(ten, row, row+1)
+						if err != nil {
+							t.Fatal(err)
+						}
+						return v
+					}
+					one, err := path.g.Alloc(kernels.F32, 1, hidden)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := path.g.MoE(one, view(all.x), view(all.ids), view(all.w), all.gu, all.dn); err != nil {
+						t.Fatal(err)
+					}
+					want := crowd[row*hidden : (row+1)*hidden]
+					if i, ok := moeEqual(moeDownload(t, path.g, one), want); !ok {
+						t.Fatalf("token %d alone: out[%d] differs from the same token among %d", row, i, tokens)
+					}
+				}
+			})
+		}
+	}
+}
+
+// MoE over more than 1024 pairs is capturable: a graph of 600 tokens x 6
+// (3600 pairs) replays to the eager bits, also after the routing ids
+// changed between replays (including a routing with most experts empty).
+func TestGPUMoEPrefillGraph(t *testing.T) {
+	const tokens, topK, experts, hidden, inter = 600, 6, 64, 256, 192
+	g := newGPU(t, GEMMRound)
+	r := rand.New(rand.NewPCG(600, 6))
+	d := newMoEData(r, kernels.BF16, tokens, topK, experts, hidden, inter, randExpertIDs(r, tokens, topK, experts))
+	m := d.upload(t, g)
+	graph, err := g.CaptureGraph(func() error { return m.run(g) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer graph.Close()
+	// The third routing puts slots 0 and 1 of every token on two experts
+	// and the other four on expert 0: 61 experts without rows.
+	two := moeRouting(r, "two", tokens, 2, experts)
+	crowded := make([]int32, tokens*topK)
+	for tok := range tokens {
+		copy(crowded[tok*topK:], two[tok*2:tok*2+2])
+	}
+	for i, ids := range [][]int32{d.ids, randExpertIDs(r, tokens, topK, experts), crowded} {
+		if err := g.Upload(m.ids, kernels.I32Bytes(ids), kernels.I32); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.run(g); err != nil {
+			t.Fatal(err)
+		}
+		eager := moeDownload(t, g, m.out)
+		nan := make([]float32, tokens*hidden)
+		for j := range nan {
+			nan[j] = float32(math.NaN())
+		}
+		if err := g.Upload(m.out, kernels.F32Bytes(nan), kernels.F32); err != nil {
+			t.Fatal(err)
+		}
+		if err := graph.Replay(); err != nil {
+			t.Fatal(err)
+		}
+		if j, ok := moeEqual(moeDownload(t, g, m.out), eager); !ok {
+			t.Fatalf("routing %d: replayed out[%d] differs from the eager call's bits", i, j)
+		}
+	}
+}
+
+// A routing id outside the experts in a batch over 1024 pairs (the grouped
+// GEMM's path) is reported as on the small batches' device path: MoE
+// returns nil and the next Sync kernels.ErrOutOfRange naming moe; the
+// backend stays usable.
+func TestGPUMoEPrefillBadID(t *testing.T) {
+	g := newGPU(t, GEMMRound)
+	r := rand.New(rand.NewPCG(1200, 1))
+	const tokens, topK, experts, hidden, inter = 1200, 1, 2, 32, 32
+	for _, bad := range []int32{experts, -1} {
+		t.Run(fmt.Sprint(bad), func(t *testing.T) {
+			ids := randExpertIDs(r, tokens, topK, experts)
+			ids[tokens/2] = bad
+			m := newMoEData(r, kernels.BF16, tokens, topK, experts, hidden, inter, ids).upload(t, g)
+			if err := m.run(g); err != nil {
+				t.Fatalf("MoE: %v, want the error at the next Sync (device path)", err)
+			}
+			err := g.Sync()
+			if !errors.Is(err, kernels.ErrOutOfRange) || !strings.Contains(err.Error(), "moe") {
+				t.Fatalf("Sync after expert id %d of %d: %v, want ErrOutOfRange naming moe", bad, experts, err)
+			}
+			if err := g.Sync(); err != nil {
+				t.Fatalf("second Sync: %v", err)
+			}
+		})
+	}
+}
+
+// BenchmarkMoEPrefill times DeepSeek-V2-Lite's routed experts (64 of
+// hidden 2048, intermediate 1408, top 6; random BF16 weights and routing)
+// at 256, 1024 and 4096 tokens (1536, 6144 and 24576 pairs) in GEMM mode
+// round, three ways in the same run: "gemm", the default (the grouping on
+// the device and the grouped GEMM, eager); "host", Options.MoEGEMMPairs -1
+// (the routing ids copied to the host, a wait, two cuBLAS GEMMs per
+// expert); "small", the small batches' device kernels (di_moe_mma_k: each
+// expert's weights read once per 32 of its rows), which a backend without
+// the GEMM runs for any batch inside a graph (timed as graph replays). The
+// gemm and small paths give the same bits (checked here too); TFLOP/s
+// count 2 * 3 * pairs * hidden * inter. Two backends with 1.1 GB of weights
+// each; its name keeps it out of the bench phase's default pattern (GPU):
+// run it with -test.bench MoEPrefill.
+func BenchmarkMoEPrefill(b *testing.B) {
+	const experts, topK, hidden, inter = 64, 6, 2048, 1408
+	guRaw, dnRaw := randomBF16(experts*2*inter*hidden, 1), randomBF16(experts*hidden*inter, 2)
+	type backend struct {
+		g      *Backend
+		gu, dn kernels.Tensor
+	}
+	openBackend := func(pairs int) backend {
+		g := newGPUOpts(b, Options{GEMM: GEMMRound, MoEGEMMPairs: pairs})
+		return backend{g, upload(b, g, kernels.BF16, guRaw, kernels.BF16, experts, 2*inter, hidden),
+			upload(b, g, kernels.BF16, dnRaw, kernels.BF16, experts, hidden, inter)}
+	}
+	def, noGEMM := openBackend(0), openBackend(-1)
+	r := rand.New(rand.NewPCG(2048, 1408))
+	for _, tokens := range []int{256, 1024, 4096} {
+		b.Run(fmt.Sprintf("v2lite/tokens=%d", tokens), func(b *testing.B) {
+			pairs := tokens * topK
+			x := kernels.F32Bytes(randVals(r, tokens*hidden, 1))
+			ids := kernels.I32Bytes(randExpertIDs(r, tokens, topK, experts))
+			w := kernels.F32Bytes(randVals(r, pairs, 0.3))
+			flops := 2 * 3 * float64(pairs) * hidden * inter
+			call := func(be backend) (kernels.Tensor, func() error) {
+				g := be.g
+				xt := upload(b, g, kernels.F32, x, kernels.F32, tokens, hidden)
+				it := upload(b, g, kernels.I32, ids, kernels.I32, tokens, topK)
+				wt := upload(b, g, kernels.F32, w, kernels.F32, tokens, topK)
+				out, err := g.Alloc(kernels.F32, tokens, hidden)
+				if err != nil {
+					b.Fatal(err)
+				}
+				return out, func() error { return g.MoE(out, xt, it, wt, be.gu, be.dn) }
+			}
+			outG, runG := call(def)
+			msG := timeIt(b, def.g, 10, runG)
+			gemm := moeDownload(b, def.g, outG)
+			outH, runH := call(noGEMM)
+			msH := timeIt(b, noGEMM.g, 10, runH)
+			host := moeDownload(b, noGEMM.g, outH)
+			graph, err := noGEMM.g.CaptureGraph(runH) // inside a graph: the small batches' kernels
+			if err != nil {
+				b.Fatal(err)
+			}
+			msS := timeIt(b, noGEMM.g, 10, graph.Replay)
+			small := moeDownload(b, noGEMM.g, outH)
+			graph.Close()
+			same := "same bits as gemm"
+			if i, ok := moeEqual(small, gemm); !ok {
+				same = fmt.Sprintf("BITS DIFFER from gemm at %d", i)
+			}
+			tf := func(ms float64) float64 { return flops / (ms / 1e3) / 1e12 }
+			b.ReportMetric(tf(msG), "gemm-TFLOP/s")
+			b.ReportMetric(tf(msH), "host-TFLOP/s")
+			b.ReportMetric(tf(msS), "small-TFLOP/s")
+			b.Logf("moe prefill | v2lite tokens=%d pairs=%d | gemm %.3f ms %.1f TFLOP/s | host (cuBLAS per expert) %.3f ms %.1f TFLOP/s (gemm %.2fx faster; max rel diff %.2g) | small kernels (graph) %.3f ms %.1f TFLOP/s, %s",
+				tokens, pairs, msG, tf(msG), msH, tf(msH), msH/msG, maxRelErr(host, gemm), msS, tf(msS), same)
+		})
+	}
+}
