@@ -173,6 +173,49 @@ extern "C" int di_op_mla_write_cache(di_ctx *ctx, di_dptr cache, int cache_dtype
 
 // ---------------------------------------------------------------- absorption
 
+// di_mla_stage_w copies rows x cols elements of a weight (row stride lds
+// elements) into float shared memory dst (row stride ldd) as di_to_f32
+// gives them. With 16-byte aligned rows of whole 16-byte chunks it issues
+// each thread's 16-byte loads eight at a time before converting any: at
+// batch 1 the kernels below are bound by how many weight loads are in
+// flight, and one scalar load after another left them at tens of GB/s.
+// Otherwise element by element. The values are the same either way.
+template <typename W>
+__device__ __forceinline__ void di_mla_stage_w(float *dst, int ldd, const W *src, size_t lds, int rows, int cols) {
+	constexpr int V = 16 / sizeof(W), B = 8;
+	const int tid = threadIdx.x, nt = blockDim.x;
+	const bool vec = cols % V == 0 && lds % V == 0 && reinterpret_cast<size_t>(src) % 16 == 0;
+	if (!vec) {
+		for (int i = tid; i < rows * cols; i += nt) {
+			const int r = i / cols, c = i - r * cols;
+			dst[r * ldd + c] = di_to_f32(src[(size_t)r * lds + c]);
+		}
+		return;
+	}
+	const int per_row = cols / V, total = rows * per_row;
+	for (int base = tid; base < total; base += B * nt) {
+		uint4 v[B];
+#pragma unroll
+		for (int u = 0; u < B; u++) {
+			const int k = base + u * nt;
+			if (k < total) {
+				const int r = k / per_row, e = (k - r * per_row) * V;
+				v[u] = *reinterpret_cast<const uint4 *>(src + (size_t)r * lds + e);
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < B; u++) {
+			const int k = base + u * nt;
+			if (k < total) {
+				const int r = k / per_row, e = (k - r * per_row) * V;
+				const W *pv = reinterpret_cast<const W *>(&v[u]);
+#pragma unroll
+				for (int j = 0; j < V; j++) dst[r * ldd + e + j] = di_to_f32(pv[j]);
+			}
+		}
+	}
+}
+
 #define MLA_AB_COLS 64 // latent columns a block
 #define MLA_AB_ROWS 16 // query rows a pass of a block
 #define MLA_RB 64      // query rows a block
@@ -196,10 +239,7 @@ __global__ void __launch_bounds__(128)
 	const int c0 = blockIdx.x * MLA_AB_COLS, h = blockIdx.y;
 	const int width = kvl + rope, qw = num_heads * (nope + rope);
 	const W *w = wkvb + (size_t)h * (nope + vd) * kvl + c0;
-	for (int i = tid; i < nope * MLA_AB_COLS; i += blockDim.x) {
-		const int d = i / MLA_AB_COLS, cc = i - d * MLA_AB_COLS;
-		sW[i] = di_to_f32(w[(size_t)d * kvl + cc]);
-	}
+	di_mla_stage_w(sW, MLA_AB_COLS, w, kvl, nope, MLA_AB_COLS);
 	di_pdl_wait();
 	const int d_lo = dh * (nope / 2), d_hi = dh ? nope : nope / 2;
 	const int r_end = min(rows, (int)(blockIdx.z + 1) * MLA_RB);
@@ -255,9 +295,11 @@ __global__ void __launch_bounds__(128)
 	const int tid = threadIdx.x, v = tid >> 3, p = tid & 7;
 	const int v0 = blockIdx.x * MLA_UA_V, h = blockIdx.y;
 	const W *w = wkvb + ((size_t)h * (nope + vd) + nope) * kvl;
-	for (int i = tid; i < MLA_UA_V * kvl; i += blockDim.x) {
+	const int nv = min(MLA_UA_V, vd - v0); // weight rows past vd stage as zeros
+	di_mla_stage_w(sW, ldw, w + (size_t)v0 * kvl, kvl, nv, kvl);
+	for (int i = nv * kvl + tid; i < MLA_UA_V * kvl; i += blockDim.x) {
 		const int vv = i / kvl, cc = i - vv * kvl;
-		sW[vv * ldw + cc] = v0 + vv < vd ? di_to_f32(w[(size_t)(v0 + vv) * kvl + cc]) : 0.f;
+		sW[vv * ldw + cc] = 0.f;
 	}
 	di_pdl_wait();
 	const int r_end = min(rows, (int)(blockIdx.z + 1) * MLA_RB);
