@@ -118,7 +118,8 @@
 #   mla     MLA over 16- and 8-bit latent caches (tensor cores): the
 #           TestGPUMLA tests (against the CPU backend, batch invariance,
 #           the 8-bit writer's bytes), then BenchmarkGPUMLADecode once:
-#           DeepSeek-V2-Lite's layer at 4096 keys, batch 1, 8 and 64, half
+#           DeepSeek-V2-Lite's layer at 4096 keys, batch 1, 8 and 64 (and
+#           at 320 keys, batch 1 and 64, where the absorption dominates), half
 #           and 8-bit caches, the latent kernel alone and the whole
 #           operation, in GB/s of latent bytes against the copy bandwidth
 #           measured in the same run (goal: >= 80% at batch 64), and
