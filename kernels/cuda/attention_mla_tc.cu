@@ -4,9 +4,11 @@
 //
 // A call runs four kernels over its rows (in passes of at most
 // di_mla_pass_rows rows, so that the scratch stays bounded):
-//  1. di_mla_absorb_k: q_lat[t,h] = q_nope[t,h] W_UK[h] (float32 on CUDA
-//     cores, fixed order), with q_pe appended, both times scale*log2(e),
-//     rounded to the cache's 16-bit type;
+//  1. di_mla_absorb_tc_k: q_lat[t,h] = q_nope[t,h] W_UK[h] (16-bit
+//     weights: tensor cores, q_nope split into two 16-bit parts; float32
+//     weights: di_mla_absorb_k, float32 on CUDA cores; fixed order either
+//     way), with q_pe appended, both times scale*log2(e), rounded to the
+//     cache's 16-bit type;
 //  2. di_mla_tc_k: the latent attention, split over keys: one block per
 //     (query row, chunk of its keys, group of 16 heads, slice of the latent
 //     output). Every head of the group shares each staged tile of keys:
@@ -14,8 +16,9 @@
 //     the tile rows, an online softmax per head, and the chunk's
 //     normalized output stored as half with its (max, sum);
 //  3. di_mla_combine_k: merges a row's chunks in ascending order;
-//  4. di_mla_unabsorb_k: out[t,h] = o_lat[t,h] W_UV[h]^T (float32, fixed
-//     order).
+//  4. di_mla_unabsorb_tc_k: out[t,h] = o_lat[t,h] W_UV[h]^T (as step 1:
+//     tensor cores with o_lat split for 16-bit weights, di_mla_unabsorb_k
+//     for float32 ones; fixed order).
 // A row's chunks are a function of its own visible key count (di_mla_chunk)
 // and each chunk's arithmetic depends on nothing else, so a row's bits are
 // the same alone, in any batch, as a decode row or inside a (chunked)
@@ -328,6 +331,238 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
 			for (int r = 0; r < MLA_AB_ROWS; r++)
 				if ((r & 7) == p && r < nr) out[(size_t)(r0 + r) * num_heads * vd + (size_t)h * vd + v0 + v] = acc[r];
+		}
+	}
+}
+
+// ---------------------------------------------------------------- absorption on tensor cores
+
+// The absorption products for 16-bit weights (BF16 or F16) on tensor
+// cores: mma.sync m16n8k16 in the weight's own type W, 16 query rows as the
+// A operand and the weights as B. Each float32 input x is split into two W
+// parts, hi = W(x) and lo = W(x - hi) (x - hi is exact), both multiplied
+// by the weight in their own float32 accumulators, added at the end: x is
+// kept to about 16 significant bits with BF16 parts (F16 parts: 22 bits,
+// or an absolute error of at most 2^-25 where the low part is subnormal;
+// they take |x| < 65504, as F16 weights' activations are), the products
+// are exact and the sums float32. Each output element is
+// its own dot product in a fixed order (ascending k-steps; in
+// di_mla_unabsorb_tc_k the warps' quarters of k added in warp order), the
+// rows of a tile do not mix, and rows past the call are zeros that are
+// never stored: a row's bits do not depend on the call's other rows nor
+// on its place in its tile.
+
+// di_mla_tc_absorb reports whether the tensor-core absorption kernels take
+// weights of dtype w_dtype at wkvb for these sizes (16-bit weights, 16-byte
+// aligned; nope and vd multiples of 16, kvl a multiple of 64); otherwise
+// the float32 kernels above run.
+static bool di_mla_tc_absorb(int w_dtype, di_dptr wkvb, int nope, int kvl, int vd) {
+	return (w_dtype == DI_BF16 || w_dtype == DI_F16) && wkvb % 16 == 0 && nope % 16 == 0 && vd % 16 == 0 &&
+	       kvl % 64 == 0;
+}
+
+// di_mla_split2 splits x0, x1 into W parts: hi holds W(x0), W(x1), lo
+// W(x0 - hi0), W(x1 - hi1) (x0's part in the low half).
+template <typename W> __device__ __forceinline__ void di_mla_split2(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+	const W h0 = di_from_f32<W>(x0), h1 = di_from_f32<W>(x1);
+	const W l0 = di_from_f32<W>(__fsub_rn(x0, di_to_f32(h0))), l1 = di_from_f32<W>(__fsub_rn(x1, di_to_f32(h1)));
+	hi = di_bits16(h0) | (di_bits16(h1) << 16);
+	lo = di_bits16(l0) | (di_bits16(l1) << 16);
+}
+
+// di_mla_stage_split stages rows x cols floats (row r at src + r * lds)
+// into shared memory as their W parts, hi and lo (row r at + r * ldd; ldd
+// a multiple of 4, hi and lo 8-byte aligned), zeros for rows at or past
+// valid. float4 loads, eight a thread issued before any is converted,
+// where the rows allow (cols and lds multiples of 4, src 16-byte aligned),
+// else element by element; the values are the same either way.
+template <typename W>
+__device__ __forceinline__ void di_mla_stage_split(W *hi, W *lo, int ldd, const float *src, size_t lds, int valid,
+                                                   int rows, int cols) {
+	const int tid = threadIdx.x, nt = blockDim.x;
+	if (cols % 4 == 0 && lds % 4 == 0 && reinterpret_cast<size_t>(src) % 16 == 0) {
+		constexpr int B = 8; // loads a thread has in flight
+		const int per_row = cols / 4, total = rows * per_row;
+		for (int base = tid; base < total; base += B * nt) {
+			float4 v[B];
+#pragma unroll
+			for (int u = 0; u < B; u++) {
+				const int k = base + u * nt, r = k / per_row, e = (k - r * per_row) * 4;
+				v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+				if (k < total && r < valid) v[u] = *reinterpret_cast<const float4 *>(src + (size_t)r * lds + e);
+			}
+#pragma unroll
+			for (int u = 0; u < B; u++) {
+				const int k = base + u * nt, r = k / per_row, e = (k - r * per_row) * 4;
+				if (k < total) {
+					uint2 h, l;
+					di_mla_split2<W>(v[u].x, v[u].y, h.x, l.x);
+					di_mla_split2<W>(v[u].z, v[u].w, h.y, l.y);
+					*reinterpret_cast<uint2 *>(hi + r * ldd + e) = h;
+					*reinterpret_cast<uint2 *>(lo + r * ldd + e) = l;
+				}
+			}
+		}
+		return;
+	}
+	for (int k = tid; k < rows * cols; k += nt) {
+		const int r = k / cols, e = k - r * cols;
+		const float x = r < valid ? src[(size_t)r * lds + e] : 0.f;
+		const W h = di_from_f32<W>(x);
+		hi[r * ldd + e] = h;
+		lo[r * ldd + e] = di_from_f32<W>(__fsub_rn(x, di_to_f32(h)));
+	}
+}
+
+#define MLA_TC_AB_COLS 64 // latent columns a block of di_mla_absorb_tc_k: 16 a warp
+
+// di_mla_absorb_tc_k: di_mla_absorb_k for 16-bit weights W on tensor
+// cores. Grid (kvl / 64, heads, ceil(rows / MLA_RB)), 128 threads. Block
+// (x, h, z) stages W_UK[h]'s columns [64 x, +64) (nope x 64 W, cp.async,
+// issued before di_pdl_wait) and its query rows [MLA_RB z, +MLA_RB) split
+// into W parts; warp w computes latent columns +16 w .. +16 for the rows in
+// tiles of 16: ql[t, h, c] = T16(qscale * (sum_d hi[t, d] W_UK[h][d][c] +
+// sum_d lo[t, d] W_UK[h][d][c])), each sum over the nope / 16 k-steps in
+// ascending order; block x == 0 also writes T16(qscale * q_pe). Shared:
+// nope x 72 + 2 x MLA_RB x (nope + 8) W elements (53 KB for nope 128).
+template <typename W, typename T16>
+__global__ void __launch_bounds__(128)
+    di_mla_absorb_tc_k(T16 *ql, const float *q, const W *wkvb, int rows, int num_heads, int nope, int rope, int kvl,
+                       int vd, float qscale) {
+	extern __shared__ __align__(16) unsigned char abt_smem[];
+	const int ldw = MLA_TC_AB_COLS + 8, ldq = nope + 8;
+	W *sW = reinterpret_cast<W *>(abt_smem); // [nope][ldw]
+	W *sQh = sW + nope * ldw;                // [MLA_RB][ldq]
+	W *sQl = sQh + MLA_RB * ldq;             // [MLA_RB][ldq]
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+	const int lm_row = lane & 7, lm_mat = lane >> 3;
+	const int c0 = blockIdx.x * MLA_TC_AB_COLS, h = blockIdx.y;
+	const int width = kvl + rope, qw = num_heads * (nope + rope);
+	{
+		constexpr int CH = MLA_TC_AB_COLS / 8; // 16-byte chunks a weight row
+		const W *w = wkvb + (size_t)h * (nope + vd) * kvl + c0;
+		for (int k = tid; k < nope * CH; k += blockDim.x) {
+			const int r = k / CH, e = (k - r * CH) * 8;
+			di_cp_async16(sW + r * ldw + e, w + (size_t)r * kvl + e, true);
+		}
+		di_cp_async_commit();
+	}
+	di_pdl_wait();
+	const int rb = blockIdx.z * MLA_RB, nr = min(MLA_RB, rows - rb), ntl = (nr + 15) / 16;
+	const float *qb = q + (size_t)rb * qw + (size_t)h * (nope + rope);
+	di_mla_stage_split(sQh, sQl, ldq, qb, (size_t)qw, nr, ntl * 16, nope);
+	di_cp_async_wait<0>();
+	__syncthreads();
+	for (int tl = 0; tl < ntl; tl++) {
+		float hi[2][4], lo[2][4];
+#pragma unroll
+		for (int n = 0; n < 2; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) hi[n][e] = lo[n][e] = 0.f;
+		for (int ks = 0; ks < nope / 16; ks++) {
+			uint32_t b[4], ah[4], al[4];
+			di_ldmatrix_x4_trans(b, sW + (ks * 16 + (lm_mat & 1) * 8 + lm_row) * ldw + warp * 16 + (lm_mat >> 1) * 8);
+			const int ao = (tl * 16 + lm_row + (lm_mat & 1) * 8) * ldq + ks * 16 + (lm_mat >> 1) * 8;
+			di_ldmatrix_x4(ah, sQh + ao);
+			di_ldmatrix_x4(al, sQl + ao);
+			di_mma16816<W>(hi[0], ah[0], ah[1], ah[2], ah[3], b[0], b[1]);
+			di_mma16816<W>(hi[1], ah[0], ah[1], ah[2], ah[3], b[2], b[3]);
+			di_mma16816<W>(lo[0], al[0], al[1], al[2], al[3], b[0], b[1]);
+			di_mma16816<W>(lo[1], al[0], al[1], al[2], al[3], b[2], b[3]);
+		}
+#pragma unroll
+		for (int half = 0; half < 2; half++) {
+			const int r = tl * 16 + g + 8 * half;
+			if (r >= nr) continue;
+			T16 *dst = ql + ((size_t)(rb + r) * num_heads + h) * width + c0 + warp * 16 + 2 * t4;
+#pragma unroll
+			for (int n = 0; n < 2; n++) {
+				const float v0 = __fadd_rn(hi[n][2 * half], lo[n][2 * half]);
+				const float v1 = __fadd_rn(hi[n][2 * half + 1], lo[n][2 * half + 1]);
+				*reinterpret_cast<uint32_t *>(dst + n * 8) = di_pack2<T16>(__fmul_rn(v0, qscale), __fmul_rn(v1, qscale));
+			}
+		}
+	}
+	if (blockIdx.x == 0) {
+		for (int i = tid; i < nr * rope; i += blockDim.x) {
+			const int r = i / rope, e = i - r * rope;
+			const float v = qb[(size_t)r * qw + nope + e];
+			ql[((size_t)(rb + r) * num_heads + h) * width + kvl + e] = di_from_f32<T16>(__fmul_rn(v, qscale));
+		}
+	}
+}
+
+// di_mla_unabsorb_tc_k: di_mla_unabsorb_k for 16-bit weights W on tensor
+// cores. Grid (vd / 16, heads, ceil(rows / MLA_RB)), 128 threads. Block
+// (x, h, z) stages W_UV[h]'s rows [16 x, +16) (16 x kvl W, cp.async,
+// issued before di_pdl_wait), then takes its rows [MLA_RB z, +MLA_RB) in
+// tiles of 16, each staged split into W parts: warp w sums its quarter of
+// the latent columns (k-steps [w kvl / 64, +kvl / 64) in ascending order,
+// hi and lo products in their own accumulators, then hi + lo), and
+// out[t, h*vd + v] = ((s0 + s1) + s2) + s3 over the warps' sums. Shared:
+// 3 x 16 x (kvl + 8) W elements and 4 x 16 x 16 floats (53 KB for kvl 512).
+template <typename W>
+__global__ void __launch_bounds__(128)
+    di_mla_unabsorb_tc_k(float *out, const float *olat, const W *wkvb, int rows, int num_heads, int nope, int kvl,
+                         int vd) {
+	extern __shared__ __align__(16) unsigned char uat_smem[];
+	const int ld = kvl + 8;
+	W *sW = reinterpret_cast<W *>(uat_smem);                       // [16][ld]
+	W *sOh = sW + MLA_UA_V * ld;                                   // [16][ld]
+	W *sOl = sOh + MLA_AB_ROWS * ld;                               // [16][ld]
+	float *sP = reinterpret_cast<float *>(sOl + MLA_AB_ROWS * ld); // [4 warps][16 rows][16 v]
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+	const int lm_row = lane & 7, lm_mat = lane >> 3;
+	const int v0 = blockIdx.x * MLA_UA_V, h = blockIdx.y;
+	{
+		const int ch = kvl / 8; // 16-byte chunks a weight row
+		const W *w = wkvb + ((size_t)h * (nope + vd) + nope + v0) * kvl;
+		for (int k = tid; k < MLA_UA_V * ch; k += blockDim.x) {
+			const int r = k / ch, e = (k - r * ch) * 8;
+			di_cp_async16(sW + r * ld + e, w + (size_t)r * kvl + e, true);
+		}
+		di_cp_async_commit();
+	}
+	di_pdl_wait();
+	const int nks = kvl / 64, ks0 = warp * nks; // this warp's k-steps
+	const size_t lds = (size_t)num_heads * kvl;
+	const int r_end = min(rows, (int)(blockIdx.z + 1) * MLA_RB);
+	for (int r0 = blockIdx.z * MLA_RB; r0 < r_end; r0 += MLA_AB_ROWS) {
+		const int nr = min(MLA_AB_ROWS, r_end - r0);
+		__syncthreads(); // the previous tile's parts and sums are consumed
+		di_mla_stage_split(sOh, sOl, ld, olat + ((size_t)r0 * num_heads + h) * kvl, lds, nr, MLA_AB_ROWS, kvl);
+		di_cp_async_wait<0>();
+		__syncthreads();
+		float hi[2][4], lo[2][4];
+#pragma unroll
+		for (int n = 0; n < 2; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) hi[n][e] = lo[n][e] = 0.f;
+		for (int ks = ks0; ks < ks0 + nks; ks++) {
+			uint32_t b[4], ah[4], al[4];
+			di_ldmatrix_x4(b, sW + ((lm_mat >> 1) * 8 + lm_row) * ld + ks * 16 + (lm_mat & 1) * 8);
+			const int ao = (lm_row + (lm_mat & 1) * 8) * ld + ks * 16 + (lm_mat >> 1) * 8;
+			di_ldmatrix_x4(ah, sOh + ao);
+			di_ldmatrix_x4(al, sOl + ao);
+			di_mma16816<W>(hi[0], ah[0], ah[1], ah[2], ah[3], b[0], b[1]);
+			di_mma16816<W>(hi[1], ah[0], ah[1], ah[2], ah[3], b[2], b[3]);
+			di_mma16816<W>(lo[0], al[0], al[1], al[2], al[3], b[0], b[1]);
+			di_mma16816<W>(lo[1], al[0], al[1], al[2], al[3], b[2], b[3]);
+		}
+		float *pw = sP + warp * MLA_AB_ROWS * MLA_UA_V;
+#pragma unroll
+		for (int half = 0; half < 2; half++)
+#pragma unroll
+			for (int n = 0; n < 2; n++)
+				*reinterpret_cast<float2 *>(pw + (g + 8 * half) * MLA_UA_V + n * 8 + 2 * t4) =
+				    make_float2(__fadd_rn(hi[n][2 * half], lo[n][2 * half]),
+				                __fadd_rn(hi[n][2 * half + 1], lo[n][2 * half + 1]));
+		__syncthreads();
+		constexpr int P = MLA_AB_ROWS * MLA_UA_V;
+		for (int i = tid; i < nr * MLA_UA_V; i += blockDim.x) {
+			const int r = i / MLA_UA_V, vv = i - r * MLA_UA_V;
+			const float s = __fadd_rn(__fadd_rn(__fadd_rn(sP[i], sP[P + i]), sP[2 * P + i]), sP[3 * P + i]);
+			out[(size_t)(r0 + r) * num_heads * vd + (size_t)h * vd + v0 + vv] = s;
 		}
 	}
 }
@@ -788,6 +1023,62 @@ extern "C" int di_op_mla_latent_attention(di_ctx *ctx, di_dptr olat, di_dptr ql,
 	return rc;
 }
 
+// di_mla_absorb queues the absorption of rows query rows into ql: on
+// tensor cores (di_mla_absorb_tc_k) when tc (di_mla_tc_absorb) and W is a
+// 16-bit type, else di_mla_absorb_k. Returns the error of raising the
+// kernel's shared-memory limit; launch errors surface in di_check_launch.
+template <typename W, typename T16>
+static cudaError_t di_mla_absorb(di_ctx *ctx, T16 *ql, const float *q, const W *wkvb, int rows, int num_heads,
+                                 int nope, int rope, int kvl, int vd, float qscale, bool tc) {
+	if constexpr (!std::is_same<W, float>::value) {
+		if (tc) {
+			const dim3 grid(kvl / MLA_TC_AB_COLS, num_heads, (rows + MLA_RB - 1) / MLA_RB);
+			const size_t smem = ((size_t)nope * (MLA_TC_AB_COLS + 8) + 2 * (size_t)MLA_RB * (nope + 8)) * sizeof(W);
+			const cudaError_t e = cudaFuncSetAttribute(di_mla_absorb_tc_k<W, T16>,
+			                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+			if (e == cudaSuccess)
+				di_launch(ctx, di_mla_absorb_tc_k<W, T16>, grid, dim3(128), smem, ql, q, wkvb, rows, num_heads, nope,
+				          rope, kvl, vd, qscale);
+			return e;
+		}
+	}
+	const dim3 grid(kvl / MLA_AB_COLS, num_heads, (rows + MLA_RB - 1) / MLA_RB);
+	const size_t smem = ((size_t)nope * MLA_AB_COLS + MLA_AB_ROWS * nope + 2 * MLA_AB_ROWS * MLA_AB_COLS) * 4;
+	const cudaError_t e =
+	    cudaFuncSetAttribute(di_mla_absorb_k<W, T16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+	if (e == cudaSuccess)
+		di_launch(ctx, di_mla_absorb_k<W, T16>, grid, dim3(128), smem, ql, q, wkvb, rows, num_heads, nope, rope, kvl,
+		          vd, qscale);
+	return e;
+}
+
+// di_mla_unabsorb queues out = o_lat W_UV^T for rows rows: on tensor cores
+// (di_mla_unabsorb_tc_k) when tc and W is a 16-bit type, else
+// di_mla_unabsorb_k. Errors as di_mla_absorb's.
+template <typename W>
+static cudaError_t di_mla_unabsorb(di_ctx *ctx, float *out, const float *olat, const W *wkvb, int rows, int num_heads,
+                                   int nope, int kvl, int vd, bool tc) {
+	const dim3 grid((vd + MLA_UA_V - 1) / MLA_UA_V, num_heads, (rows + MLA_RB - 1) / MLA_RB);
+	if constexpr (!std::is_same<W, float>::value) {
+		if (tc) {
+			const size_t smem = (size_t)(MLA_UA_V + 2 * MLA_AB_ROWS) * (kvl + 8) * sizeof(W) +
+			                    (size_t)4 * MLA_AB_ROWS * MLA_UA_V * sizeof(float);
+			const cudaError_t e =
+			    cudaFuncSetAttribute(di_mla_unabsorb_tc_k<W>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+			if (e == cudaSuccess)
+				di_launch(ctx, di_mla_unabsorb_tc_k<W>, grid, dim3(128), smem, out, olat, wkvb, rows, num_heads, nope,
+				          kvl, vd);
+			return e;
+		}
+	}
+	const size_t smem = ((size_t)MLA_UA_V * (kvl + 8) + (size_t)MLA_AB_ROWS * kvl) * 4;
+	const cudaError_t e =
+	    cudaFuncSetAttribute(di_mla_unabsorb_k<W>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+	if (e == cudaSuccess)
+		di_launch(ctx, di_mla_unabsorb_k<W>, grid, dim3(128), smem, out, olat, wkvb, rows, num_heads, nope, kvl, vd);
+	return e;
+}
+
 extern "C" int di_op_mla_attention_tc(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, int cache_dtype,
                                       di_dptr wkvb, int w_dtype, const di_attn_meta *m, int num_heads, int nope_dim,
                                       int rope_dim, int kv_lora_rank, int v_head_dim, float scale) {
@@ -809,29 +1100,17 @@ extern "C" int di_op_mla_attention_tc(di_ctx *ctx, di_dptr out, di_dptr q, di_dp
 	void *buf = nullptr;
 	if ((rc = di_scratch(ctx, n_ql + n_ol + n_po + n_ml, &buf)) != DI_OK) return rc;
 	unsigned char *qlp = (unsigned char *)buf, *olp = qlp + n_ql, *pop = olp + n_ol, *mlp = pop + n_po;
-	const size_t ab_smem = ((size_t)nope * MLA_AB_COLS + MLA_AB_ROWS * nope + 2 * MLA_AB_ROWS * MLA_AB_COLS) * 4;
-	const size_t ua_smem = ((size_t)MLA_UA_V * (kvl + 8) + (size_t)MLA_AB_ROWS * kvl) * 4;
+	const bool tc = di_mla_tc_absorb(w_dtype, wkvb, nope, kvl, vd);
 	const float qscale = scale * 1.4426950408889634f;
 	const bool bf = cache_dtype == DI_BF16;
 	for (int r0 = 0; r0 < m->num_tokens && rc == DI_OK; r0 += pass) {
 		const int rows = m->num_tokens - r0 < pass ? m->num_tokens - r0 : pass;
 		const float *qr = DI_PTR(const float, q) + (size_t)r0 * num_heads * (nope + rope);
-		const dim3 ag(kvl / MLA_AB_COLS, num_heads, (rows + MLA_RB - 1) / MLA_RB);
 		DI_DISPATCH_WEIGHT(w_dtype, W, {
-			cudaError_t e;
-			if (bf) {
-				e = cudaFuncSetAttribute(di_mla_absorb_k<W, __nv_bfloat16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-				                         (int)ab_smem);
-				if (e == cudaSuccess)
-					di_launch(ctx, di_mla_absorb_k<W, __nv_bfloat16>, ag, dim3(128), ab_smem, (__nv_bfloat16 *)qlp, qr,
-					          DI_PTR(const W, wkvb), rows, num_heads, nope, rope, kvl, vd, qscale);
-			} else {
-				e = cudaFuncSetAttribute(di_mla_absorb_k<W, __half>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-				                         (int)ab_smem);
-				if (e == cudaSuccess)
-					di_launch(ctx, di_mla_absorb_k<W, __half>, ag, dim3(128), ab_smem, (__half *)qlp, qr,
-					          DI_PTR(const W, wkvb), rows, num_heads, nope, rope, kvl, vd, qscale);
-			}
+			const cudaError_t e = bf ? di_mla_absorb<W, __nv_bfloat16>(ctx, (__nv_bfloat16 *)qlp, qr, DI_PTR(const W, wkvb),
+			                                                           rows, num_heads, nope, rope, kvl, vd, qscale, tc)
+			                         : di_mla_absorb<W, __half>(ctx, (__half *)qlp, qr, DI_PTR(const W, wkvb), rows,
+			                                                    num_heads, nope, rope, kvl, vd, qscale, tc);
 			if (e != cudaSuccess) {
 				rc = di_cuda_fail(ctx, e, "mla_attention (absorb): cudaFuncSetAttribute");
 				break;
@@ -842,17 +1121,14 @@ extern "C" int di_op_mla_attention_tc(di_ctx *ctx, di_dptr out, di_dptr q, di_dp
 		rc = di_mla_latent_pass(ctx, (float *)olp, qlp, DI_PTR(const unsigned char, cache), cache_dtype, m, rows, r0,
 		                        num_heads, kvl, rope, nsplit, (__half *)pop, (float2 *)mlp);
 		if (rc != DI_OK) break;
-		const dim3 ug((vd + MLA_UA_V - 1) / MLA_UA_V, num_heads, (rows + MLA_RB - 1) / MLA_RB);
 		DI_DISPATCH_WEIGHT(w_dtype, W, {
-			cudaError_t e = cudaFuncSetAttribute(di_mla_unabsorb_k<W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-			                                     (int)ua_smem);
+			const cudaError_t e = di_mla_unabsorb<W>(ctx, DI_PTR(float, out) + (size_t)r0 * num_heads * vd,
+			                                         (const float *)olp, DI_PTR(const W, wkvb), rows, num_heads, nope,
+			                                         kvl, vd, tc);
 			if (e != cudaSuccess) {
 				rc = di_cuda_fail(ctx, e, "mla_attention (unabsorb): cudaFuncSetAttribute");
 				break;
 			}
-			di_launch(ctx, di_mla_unabsorb_k<W>, ug, dim3(128), ua_smem,
-			          DI_PTR(float, out) + (size_t)r0 * num_heads * vd, (const float *)olp, DI_PTR(const W, wkvb), rows,
-			          num_heads, nope, kvl, vd);
 		});
 		if (rc != DI_OK) break;
 		rc = di_check_launch(ctx, "mla_attention (unabsorb)");

@@ -138,10 +138,10 @@ func (p *pair) mlaWriteAll(t *testing.T, cache kernels.Tensor, mp kernels.MLAPar
 }
 
 // mlaTC runs MLAAttention over a narrowed cache of dtype cdt (every row
-// written by WriteMLACache) on the GPU, and the CPU backend over a float32
-// cache of the same values; checks them within mlaTCTol and returns the
-// GPU output's bytes.
-func (p *pair) mlaTC(t *testing.T, mp kernels.MLAParams, cdt kernels.DType, seqs [][2]int) []byte {
+// written by WriteMLACache) and wkvb of dtype wdt on the GPU, and the CPU
+// backend over a float32 cache of the same values; checks them within
+// mlaTCTol and returns the GPU output's bytes.
+func (p *pair) mlaTC(t *testing.T, mp kernels.MLAParams, cdt, wdt kernels.DType, seqs [][2]int) []byte {
 	t.Helper()
 	const blockSize, numBlocks = 16, 300 // the long case's sequences take 272 blocks
 	slots := blockSize * numBlocks
@@ -156,7 +156,7 @@ func (p *pair) mlaTC(t *testing.T, mp kernels.MLAParams, cdt kernels.DType, seqs
 	}
 	vals := mlaHostValues(cdt, p.mlaWriteAll(t, gc, mp, slots), mp, slots)
 	cc := upload(t, p.c, kernels.F32, kernels.F32Bytes(vals), kernels.F32, numBlocks, blockSize, mp.KVLoraRank+mp.RopeDim)
-	w := p.rand(kernels.BF16, 0.2, mp.NumHeads*(mp.NopeDim+mp.VHeadDim), mp.KVLoraRank)
+	w := p.rand(wdt, 0.2, mp.NumHeads*(mp.NopeDim+mp.VHeadDim), mp.KVLoraRank)
 	q := p.rand(kernels.F32, 1, b.numTokens, mp.NumHeads*(mp.NopeDim+mp.RopeDim))
 	out := p.zeros(kernels.F32, b.numTokens, mp.NumHeads*mp.VHeadDim)
 	p.poison(out)
@@ -166,8 +166,8 @@ func (p *pair) mlaTC(t *testing.T, mp kernels.MLAParams, cdt kernels.DType, seqs
 	if err := p.g.MLAAttention(out.g, q.g, gc, w.g, &b.gpuMeta, mp); err != nil {
 		t.Fatal(err)
 	}
-	e := p.check("mla_attention "+cdt.String(), out, mlaTCTol(cdt))
-	t.Logf("mla_attention %v: max relative error against the CPU backend: %.3g (bound %.3g)", cdt, e, mlaTCTol(cdt))
+	e := p.check("mla_attention "+cdt.String()+" w"+wdt.String(), out, mlaTCTol(cdt))
+	t.Logf("mla_attention %v, wkvb %v: max relative error against the CPU backend: %.3g (bound %.3g)", cdt, wdt, e, mlaTCTol(cdt))
 	return p.raw(p.g, out.g)
 }
 
@@ -187,9 +187,70 @@ func TestGPUMLATensorCores(t *testing.T) {
 		for _, cdt := range []kernels.DType{kernels.F16, kernels.BF16, kernels.F8E4M3} {
 			for _, tc := range mlaTCCases {
 				t.Run(fmt.Sprintf("%s/%s/h%d/kvl%d", tc.name, cdt, mp.NumHeads, mp.KVLoraRank), func(t *testing.T) {
-					p.mlaTC(t, mp, cdt, tc.seqs)
+					p.mlaTC(t, mp, cdt, kernels.BF16, tc.seqs)
 				})
 			}
+		}
+	}
+}
+
+// The absorption products (q_nope W_UK, o_lat W_UV^T) run on tensor cores
+// for 16-bit wkvb (the float32 inputs split into two parts of the weight's
+// type) and on CUDA cores for float32 wkvb. MLAAttention with F16 and F32
+// wkvb (BF16: TestGPUMLATensorCores) against the CPU backend within
+// mlaTCTol; and for each of the three, decode rows at several places of a
+// 70-row batch (other places in the kernels' tiles of 16 rows and blocks
+// of 64) give the bits they get alone.
+func TestGPUMLAAbsorbWeights(t *testing.T) {
+	p := newPair(t, GEMMRound)
+	for _, mp := range []kernels.MLAParams{mlaTCShapes[1], mlaTCShapes[3]} {
+		mp = mlaScaled(mp)
+		for _, wdt := range []kernels.DType{kernels.F16, kernels.F32} {
+			for _, tc := range mlaTCCases {
+				t.Run(fmt.Sprintf("cpu/%s/w%s/h%d/kvl%d", tc.name, wdt, mp.NumHeads, mp.KVLoraRank), func(t *testing.T) {
+					p.mlaTC(t, mp, kernels.F16, wdt, tc.seqs)
+				})
+			}
+		}
+		for _, wdt := range []kernels.DType{kernels.BF16, kernels.F16, kernels.F32} {
+			t.Run(fmt.Sprintf("alone/w%s/h%d/kvl%d", wdt, mp.NumHeads, mp.KVLoraRank), func(t *testing.T) {
+				mlaAbsorbAlone(t, p, mp, wdt)
+			})
+		}
+	}
+}
+
+// mlaAbsorbAlone checks that decode rows 0, 21, 63, 64 and 69 of a batch
+// of 70 (keys 1 to 300 each, F16 cache, wkvb of dtype wdt) give, alone,
+// the bits they get in the batch.
+func mlaAbsorbAlone(t *testing.T, p *pair, mp kernels.MLAParams, wdt kernels.DType) {
+	const blockSize, numBlocks, rows = 16, 256, 70
+	cache, err := p.g.Alloc(kernels.F16, numBlocks, blockSize, mp.KVLoraRank+mp.RopeDim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.mlaWriteAll(t, cache, mp, blockSize*numBlocks)
+	w := p.rand(wdt, 0.2, mp.NumHeads*(mp.NopeDim+mp.VHeadDim), mp.KVLoraRank)
+	r := mlaRunner{t: t, g: p.g, mp: mp, cache: cache, w: w.g, blockSize: blockSize}
+	qw := mp.NumHeads * (mp.NopeDim + mp.RopeDim)
+	ow := mp.NumHeads * mp.VHeadDim * 4
+	const width = (300 + blockSize - 1) / blockSize
+	var seqs [][2]int
+	var tables [][]int32
+	for s := range rows {
+		k := 1 + p.r.IntN(300)
+		tb := make([]int32, (k+blockSize-1)/blockSize)
+		for i := range tb {
+			tb[i] = int32((3*s + 7*i) % numBlocks)
+		}
+		seqs, tables = append(seqs, [2]int{1, k}), append(tables, tb)
+	}
+	qs := randVals(p.r, rows*qw, 1)
+	batch := r.run(seqs, tables, width, qs)
+	for _, i := range []int{0, 21, 63, 64, 69} {
+		alone := r.run([][2]int{seqs[i]}, [][]int32{tables[i]}, width, qs[i*qw:(i+1)*qw])
+		if !bytes.Equal(alone, batch[i*ow:(i+1)*ow]) {
+			t.Errorf("wkvb %v: decode row %d of %d alone: bits differ from the batch's", wdt, i, rows)
 		}
 	}
 }

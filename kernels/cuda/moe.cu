@@ -610,7 +610,7 @@ __global__ void __launch_bounds__(MOE_MMA_WARPS * 32)
 		for (int tl = 0; tl < 4; tl++)
 #pragma unroll
 			for (int e = 0; e < 4; e++) acc[tl][e] = acc_lo[tl][e] = 0.f;
-#pragma unroll 2
+#pragma unroll 4
 		for (int kb = warp * 32; kb < k; kb += MOE_MMA_WARPS * 32) {
 			const uint4 a = *reinterpret_cast<const uint4 *>(wa + kb), b = *reinterpret_cast<const uint4 *>(wb + kb);
 #pragma unroll
