@@ -222,19 +222,7 @@ func TestDSparkDraftStepOps(t *testing.T) {
 					eager := runCountedDSpark(t, v)
 					v.mode = dsparkGraphs
 					graphed := runCountedDSpark(t, v)
-					if !reflect.DeepEqual(eager.outputs, graphed.outputs) {
-						t.Errorf("outputs eager %v, graphs %v", eager.outputs, graphed.outputs)
-					}
-					if eager.spec.NumDraftTokens != graphed.spec.NumDraftTokens || eager.spec.NumAcceptedTokens != graphed.spec.NumAcceptedTokens {
-						t.Errorf("eager drafted %d and accepted %d, graphs %d and %d", eager.spec.NumDraftTokens, eager.spec.NumAcceptedTokens,
-							graphed.spec.NumDraftTokens, graphed.spec.NumAcceptedTokens)
-					}
-					if eager.spec.NumAcceptedTokens == 0 {
-						t.Error("no draft accepted")
-					}
-					if len(eager.steps) != len(graphed.steps) {
-						t.Fatalf("%d drafting steps eager, %d with graphs", len(eager.steps), len(graphed.steps))
-					}
+					sameEagerAndGraphs(t, eager.outputs, graphed.outputs, eager.spec, graphed.spec, len(eager.steps), len(graphed.steps))
 					for i := range eager.steps {
 						e, g := eager.steps[i], graphed.steps[i]
 						if !reflect.DeepEqual(e.Drafts, g.Drafts) || !reflect.DeepEqual(e.Drafts, e.Reference) {

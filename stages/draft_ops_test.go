@@ -87,19 +87,7 @@ func TestMTPDraftStepOps(t *testing.T) {
 					t.Parallel()
 					eager := runCountedMTP(t, batch, k, zos, nil)
 					graphed := runCountedMTP(t, batch, k, zos, []int{1, 4, 8, 32})
-					if !reflect.DeepEqual(eager.outputs, graphed.outputs) {
-						t.Errorf("outputs eager %v, graphs %v", eager.outputs, graphed.outputs)
-					}
-					if eager.spec.NumDraftTokens != graphed.spec.NumDraftTokens || eager.spec.NumAcceptedTokens != graphed.spec.NumAcceptedTokens {
-						t.Errorf("eager drafted %d and accepted %d, graphs %d and %d", eager.spec.NumDraftTokens, eager.spec.NumAcceptedTokens,
-							graphed.spec.NumDraftTokens, graphed.spec.NumAcceptedTokens)
-					}
-					if eager.spec.NumAcceptedTokens == 0 {
-						t.Error("no draft accepted")
-					}
-					if len(eager.steps) != len(graphed.steps) {
-						t.Fatalf("%d drafting steps eager, %d with graphs", len(eager.steps), len(graphed.steps))
-					}
+					sameEagerAndGraphs(t, eager.outputs, graphed.outputs, eager.spec, graphed.spec, len(eager.steps), len(graphed.steps))
 					for i := range eager.steps {
 						if !reflect.DeepEqual(eager.steps[i].Drafts, graphed.steps[i].Drafts) {
 							t.Errorf("step %d: drafts eager %v, graphs %v", eager.steps[i].StepID, eager.steps[i].Drafts, graphed.steps[i].Drafts)
@@ -174,4 +162,25 @@ func stepUntilDone(t *testing.T, e *llm.Engine) map[string][]int {
 		}
 	}
 	return got
+}
+
+// sameEagerAndGraphs checks a drafter's eager run against its run on
+// graphs: the same outputs, draft and acceptance counts (some accepted)
+// and number of drafting steps (fatal otherwise, before the caller
+// compares them step by step).
+func sameEagerAndGraphs(t *testing.T, eagerOut, graphOut map[string][]int, eager, graphed stages.SpecStats, eagerSteps, graphSteps int) {
+	t.Helper()
+	if !reflect.DeepEqual(eagerOut, graphOut) {
+		t.Errorf("outputs eager %v, graphs %v", eagerOut, graphOut)
+	}
+	if eager.NumDraftTokens != graphed.NumDraftTokens || eager.NumAcceptedTokens != graphed.NumAcceptedTokens {
+		t.Errorf("eager drafted %d and accepted %d, graphs %d and %d", eager.NumDraftTokens, eager.NumAcceptedTokens,
+			graphed.NumDraftTokens, graphed.NumAcceptedTokens)
+	}
+	if eager.NumAcceptedTokens == 0 {
+		t.Error("no draft accepted")
+	}
+	if eagerSteps != graphSteps {
+		t.Fatalf("%d drafting steps eager, %d with graphs", eagerSteps, graphSteps)
+	}
 }
