@@ -418,7 +418,8 @@ func isTerminal(w io.Writer) bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
-// statsLine summarizes a run: throughput over the wall time, speculative
+// statsLine summarizes a run: throughput over the wall time (decode: the
+// tokens emitted, not the rows verified), speculative
 // decoding's acceptance (when drafts were verified), queues, KV usage,
 // preemptions, and the model FLOPs rate.
 func statsLine(l *llm.LLM, wall time.Duration) string {
@@ -448,7 +449,7 @@ func statsLine(l *llm.LLM, wall time.Duration) string {
 	}
 	return fmt.Sprintf("stats: %.2fs, %s | prefill %.1f tok/s, decode %.1f tok/s%s | host time exposed between forwards %s (ZOS %s)%s | running %d, waiting %d | KV %.1f%% of %d blocks | preemptions %d | prefix cache %d/%d tokens | %.2f GFLOP/s in forward, %s (%s, weights %s)",
 		secs, steps,
-		float64(st.PrefillTokens.Load())/secs, float64(st.DecodeTokens.Load())/secs, specPart(st.Spec()),
+		float64(st.PrefillTokens.Load())/secs, float64(st.DecodeOutputTokens())/secs, specPart(st.Spec()),
 		st.MeanExposedHost().Round(time.Microsecond), zos, device, ss.NumRunning, ss.NumWaiting, 100*ss.BlockUsage, ss.NumBlocks, ss.NumPreemptions,
 		ss.PrefixCache.NumHitTokens, ss.PrefixCache.NumQueryTokens, gflops, mfu, l.Backend().Name(), models.WeightFormat(l.Model()))
 }

@@ -297,6 +297,15 @@ func (s *Stats) RecordSpec(numDrafts, numAccepted int) {
 	s.specAccepted.Add(int64(numAccepted))
 }
 
+// DecodeOutputTokens is the number of tokens decode steps emitted:
+// DecodeTokens counts every row a decode step computed, a speculative
+// step's draft rows among them, so the drafts verification rejected are
+// taken off. Without speculative decoding it equals DecodeTokens.
+func (s *Stats) DecodeOutputTokens() int64 {
+	rejected := s.specDraftTokens.Load() - s.specAccepted.Load()
+	return s.DecodeTokens.Load() - rejected
+}
+
 // SpecStats is a snapshot of the speculative-decoding counters (Stats.Spec),
 // vLLM's spec-decode metrics.
 type SpecStats struct {

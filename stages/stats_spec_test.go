@@ -209,3 +209,33 @@ func TestRecordSpecConcurrent(t *testing.T) {
 		t.Errorf("Spec = %+v, want %+v", got, want)
 	}
 }
+
+// DecodeOutputTokens counts what decode steps emitted: every computed row
+// but the drafts verification rejected.
+func TestDecodeOutputTokens(t *testing.T) {
+	tests := []struct {
+		name   string
+		rows   int64       // decode rows computed (a speculative step's drafts among them)
+		drafts []specDraft // the verify stage's reports
+		want   int64
+	}{
+		{name: "no speculation", rows: 40, want: 40},
+		// Two sequences verifying 3 drafts each: 8 rows, 1+2 accepted, so
+		// each emits its accepted drafts and one token of its own: 2+3.
+		{name: "one step, two sequences", rows: 8, drafts: []specDraft{{3, 1}, {3, 2}}, want: 5},
+		{name: "all accepted", rows: 5, drafts: []specDraft{{4, 4}}, want: 5},
+		{name: "none accepted", rows: 5, drafts: []specDraft{{4, 0}}, want: 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var s Stats
+			s.DecodeTokens.Add(tc.rows)
+			for _, d := range tc.drafts {
+				s.RecordSpec(d.drafts, d.accepted)
+			}
+			if got := s.DecodeOutputTokens(); got != tc.want {
+				t.Errorf("DecodeOutputTokens() = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}

@@ -9,27 +9,35 @@ import (
 // off) to K, by measuring: for each batch size class (the running
 // sequences' count rounded down to a power of two) it keeps the decode
 // throughput (tokens emitted per second of wall time between step
-// completions) of every draft length it tried, and runs the fastest. Each
-// choice runs for a window of steps (a quarter window for a length's first
-// measurement). Unmeasured lengths in a class are
-// tried first (K, 0 and 1, then 2..K-1 once some length beat none); every
-// ExploreEvery windows one other length is measured, in turn, so a class
-// whose balance changes
-// (longer contexts, another workload) is noticed. The draft length never
-// changes a token: verification is lossless at any length.
+// completions) of the draft lengths it tried, and runs the fastest. Each
+// choice runs for a window of steps (a quarter window, at least 2 steps,
+// for a length's first measurement in a class).
+//
+// It searches by hill climbing: throughput over the draft length rises
+// while a longer draft earns more than it costs and falls after, so only
+// the best length's neighbours are measured (best-1 and best+1, each once,
+// then the climb moves to whichever beat it). A class starts at the best
+// length of the nearest class measured (1 in a fresh engine): a batch
+// whose size moves through classes, as one does while its requests
+// finish, does not pay for lengths its neighbour class already found
+// slow. Every ExploreEvery windows one neighbour of the best is measured
+// again, down and up in turn, so a class whose balance changes (longer
+// contexts, another workload) is followed. The draft length never changes
+// a token: verification is lossless at any length.
 //
 // It decides from measurements rather than from a cost model, because
 // what a draft costs and earns depends on the backend, the drafter, the
 // workload and the batch (on a GPU a verify step of 64 sequences is no
 // longer bound by reading the weights; an MTP layer trained one token ahead
 // is seldom right four tokens ahead), and the engine may run on any of
-// them. The cost: a slower length runs one window in ExploreEvery.
+// them. The cost: one window of a neighbouring length in ExploreEvery, and
+// in a new class the quarter windows of its start and its neighbours.
 //
 // Not safe for concurrent use: the schedule stage owns it.
 type Controller struct {
 	// K is the longest draft (num_speculative_tokens). Window is the
 	// number of decode steps per measurement; ExploreEvery re-measures
-	// another length once in that many windows.
+	// a neighbour of the best length once in that many windows.
 	K, Window, ExploreEvery int
 
 	classes map[int]*classStats
@@ -39,13 +47,13 @@ type Controller struct {
 // classStats are one batch size class's throughputs per draft length
 // (tokens per second; 0: not measured), the window in progress (its draft
 // length and what it measured so far), the windows run since the last
-// exploration and the length explored last. Each class keeps its own
+// exploration and the direction of the next one. Each class keeps its own
 // window, so a batch that moves between two classes measures both.
 type classStats struct {
-	rate     []float64
-	cur      window
-	since    int
-	explored int
+	rate  []float64
+	cur   window
+	since int
+	up    bool
 }
 
 type window struct {
@@ -54,8 +62,8 @@ type window struct {
 }
 
 // NewController returns a Controller for drafts of up to k tokens with
-// windows of window steps that re-measures another length once in
-// exploreEvery windows.
+// windows of window steps that re-measures a neighbour of the best length
+// once in exploreEvery windows.
 func NewController(k, window, exploreEvery int) *Controller {
 	return &Controller{K: max(k, 1), Window: max(window, 1), ExploreEvery: max(exploreEvery, 2), classes: map[int]*classStats{}}
 }
@@ -64,7 +72,8 @@ func NewController(k, window, exploreEvery int) *Controller {
 func class(numRunning int) int { return bits.Len(uint(max(numRunning, 1))) }
 
 // Decide returns the longest draft the step about to be planned, with
-// numRunning sequences running, should verify (0: none). Cost: O(K).
+// numRunning sequences running, should verify (0: none). Cost: O(K) when
+// a window ends, O(classes) when a class is first seen.
 func (c *Controller) Decide(numRunning int) int {
 	st := c.stats(class(numRunning))
 	if st.cur.steps < st.cur.length {
@@ -79,15 +88,14 @@ func (c *Controller) Decide(numRunning int) int {
 		}
 		st.since++
 	}
-	c.next(st)
+	c.start(st, c.choose(st))
 	return st.cur.k
 }
 
-// next starts a class's next window: a first measurement of a length is a
-// quarter window (at least 2 steps), so that trying every length costs
-// little even in a short run; the others are whole windows.
-func (c *Controller) next(st *classStats) {
-	k := c.choose(st)
+// start begins a class's window at draft length k: a first measurement
+// of a length is a quarter window (at least 2 steps), so that trying a
+// length costs little even in a short run; the others are whole windows.
+func (c *Controller) start(st *classStats, k int) {
 	length := c.Window
 	if st.rate[k] == 0 {
 		length = max(c.Window/4, 2)
@@ -95,39 +103,42 @@ func (c *Controller) next(st *classStats) {
 	st.cur = window{k: k, length: length}
 }
 
-// choose returns the draft length of a class's next window.
-func (c *Controller) choose(st *classStats) int {
-	// Unmeasured lengths first: K, 0 and 1; the others only once some
-	// draft length has beaten none (drafts that lose at both ends seldom
-	// win in the middle, and each try costs a window).
-	best := 0
+// best is the class's fastest measured length (0 when none is measured).
+func (st *classStats) best() int {
+	b := 0
 	for k, r := range st.rate {
-		if r > st.rate[best] {
-			best = k
+		if r > st.rate[b] {
+			b = k
 		}
 	}
-	order := []int{c.K, 0, 1}
-	if best > 0 {
-		for k := 2; k < c.K; k++ {
-			order = append(order, k)
-		}
-	}
-	for _, k := range order {
-		if st.rate[k] == 0 {
-			return k // not measured yet
+	return b
+}
+
+// choose returns the draft length of a class's next window: an unmeasured
+// neighbour of the best length first (the climb), else the best, except
+// once in ExploreEvery windows, when a neighbour is measured again.
+func (c *Controller) choose(st *classStats) int {
+	b := st.best()
+	for _, k := range []int{b - 1, b + 1} {
+		if k >= 0 && k <= c.K && st.rate[k] == 0 {
+			return k
 		}
 	}
 	if st.since < c.ExploreEvery {
-		return best
+		return b
 	}
 	st.since = 0
-	for range c.K + 1 { // the next length in turn, other than the best
-		st.explored = (st.explored + 1) % (c.K + 1)
-		if st.explored != best {
-			return st.explored
-		}
+	st.up = !st.up
+	switch {
+	case b == 0:
+		return 1
+	case b == c.K:
+		return c.K - 1
+	case st.up:
+		return b + 1
+	default:
+		return b - 1
 	}
-	return best
 }
 
 // Observe records a decode step planned with numRunning sequences
@@ -159,12 +170,29 @@ func (c *Controller) Rates(numRunning int) []float64 {
 	return append([]float64(nil), st.rate...)
 }
 
-func (c *Controller) stats(k int) *classStats {
-	st := c.classes[k]
-	if st == nil {
-		st = &classStats{rate: make([]float64, c.K+1)}
-		c.next(st)
-		c.classes[k] = st
+// stats returns class cl's statistics, starting a new class at the best
+// length of the nearest class with a measurement (the smaller on a tie;
+// 1 when there is none).
+func (c *Controller) stats(cl int) *classStats {
+	st := c.classes[cl]
+	if st != nil {
+		return st
 	}
+	k, dist := 1, -1
+	for other, o := range c.classes {
+		d := other - cl
+		if d < 0 {
+			d = -d
+		}
+		if o.best() == 0 && o.rate[0] == 0 {
+			continue // nothing measured there yet
+		}
+		if dist < 0 || d < dist || (d == dist && other < cl) {
+			k, dist = o.best(), d
+		}
+	}
+	st = &classStats{rate: make([]float64, c.K+1)}
+	c.start(st, min(k, c.K))
+	c.classes[cl] = st
 	return st
 }
