@@ -81,6 +81,11 @@ type BlockManager struct {
 	stats       PrefixCacheStats
 
 	hits []int32 // scratch for lookup
+	// commitLater's queue and flushCommits' scratch; touch keeps the
+	// values of flushCommits' cache-warming loads.
+	queued   []queuedCommit
+	toInsert []hashedBlock
+	touch    int
 }
 
 // NewBlockManager returns a manager of numBlocks blocks of blockSize tokens.
@@ -422,23 +427,111 @@ func (m *BlockManager) Fork(parent, child *Sequence) {
 // content is already cached under another block id stays private.
 // Cost: O(tokens newly covered).
 func (m *BlockManager) commit(seq *Sequence, upTo int) {
-	bs := m.blockSize
+	m.commitLater(seq, upTo)
+	m.flushCommits()
+}
+
+// commitLater is commit queued: the caller must call flushCommits before
+// any other use of the BlockManager or of the sequence's blocks (the
+// queue also flushes itself when full). The common decode step, which
+// fills no block, is an inlined comparison.
+//
+// Why queue: at thousands of running sequences a decode step commits one
+// block for every block_size sequences, and each commit misses the cache
+// three times, one after the other: the block's tokens (written a step
+// or more ago, one page per sequence), then, once they are hashed, the
+// prefix table's slot (a random one among thousands of blocks), then the
+// block's cached copy. Queued, each kind of miss is taken for the whole
+// queue in one tight pass, where they overlap.
+func (m *BlockManager) commitLater(seq *Sequence, upTo int) {
 	upTo = min(upTo, len(seq.tokens))
-	if (int(seq.numHashedBlocks)+1)*bs > upTo || !m.prefixCaching || seq.params.PromptLogprobs != nil {
-		return // the common decode step: no block filled
+	if (int(seq.numHashedBlocks)+1)*m.blockSize <= upTo {
+		m.queue(seq, upTo)
 	}
-	for i := int(seq.numHashedBlocks); (i+1)*bs <= upTo && i < len(seq.blockTable); i++ {
-		ids := seq.tokens[i*bs : (i+1)*bs]
-		h := hashBlock(seq.lastHash, ids)
-		b := seq.blockTable[i]
-		if !m.hashed[b] && fitInt32(ids) && m.hashToBlock.insert(h, int32(b)) {
+}
+
+// queue adds commit(seq, upTo) to commitLater's queue. It stays out of
+// line so that commitLater, called for every decoded token, inlines.
+//
+//go:noinline
+func (m *BlockManager) queue(seq *Sequence, upTo int) {
+	if !m.prefixCaching || seq.params.PromptLogprobs != nil {
+		return // nothing to commit
+	}
+	if len(m.queued) == maxQueuedCommits {
+		m.flushCommits()
+	}
+	m.queued = append(m.queued, queuedCommit{seq: seq, upTo: upTo})
+}
+
+// maxQueuedCommits bounds the commits commitLater queues.
+const maxQueuedCommits = 64
+
+// queuedCommit is a commitLater call: commit(seq, upTo).
+type queuedCommit struct {
+	seq  *Sequence
+	upTo int
+}
+
+// hashedBlock is a block hashed by flushCommits, before its insert.
+type hashedBlock struct {
+	hash, parent uint64
+	block        int32
+	ids          []int // the block's tokens
+}
+
+// flushCommits runs the queued commits, in order, as commit would have one
+// by one. Cost: O(tokens newly covered).
+func (m *BlockManager) flushCommits() {
+	if len(m.queued) == 0 {
+		return
+	}
+	bs := m.blockSize
+	// Loads whose values only feed touch: they bring each commit's first
+	// block into the cache, all of them in flight at once.
+	touch := 0
+	for _, c := range m.queued {
+		if i := int(c.seq.numHashedBlocks); i < len(c.seq.blockTable) {
+			touch += c.seq.tokens[i*bs] + c.seq.tokens[i*bs+bs-1] + c.seq.blockTable[i]
+		}
+	}
+	for _, c := range m.queued {
+		m.hashBlocks(c.seq, c.upTo)
+	}
+	clear(m.queued) // drop the sequences
+	m.queued = m.queued[:0]
+	for k := range m.toInsert {
+		touch += int(m.hashToBlock.slots[m.hashToBlock.home(m.toInsert[k].hash)].block)
+	}
+	for k := range m.toInsert {
+		h := &m.toInsert[k]
+		b := h.block
+		if !m.hashed[b] && m.hashToBlock.insert(h.hash, b) {
 			m.hashed[b] = true
-			m.hash[b] = h
-			m.parentHash[b] = seq.lastHash
-			dst := m.tokenIDs[b*bs : (b+1)*bs]
-			for j, t := range ids {
+			m.hash[b] = h.hash
+			m.parentHash[b] = h.parent
+			dst := m.tokenIDs[int(b)*bs : (int(b)+1)*bs]
+			for j, t := range h.ids {
 				dst[j] = int32(t)
 			}
+		}
+	}
+	clear(m.toInsert) // drop the token views
+	m.toInsert = m.toInsert[:0]
+	m.touch = touch
+}
+
+// hashBlocks hashes the sequence's full blocks before upTo (<= len(tokens))
+// that have none yet, for flushCommits to insert (blocks whose tokens do
+// not fit the cache's int32 copy are hashed, not cached). queue checked
+// that the sequence's blocks may be cached.
+func (m *BlockManager) hashBlocks(seq *Sequence, upTo int) {
+	bs := m.blockSize
+	for i := int(seq.numHashedBlocks); (i+1)*bs <= upTo && i < len(seq.blockTable); i++ {
+		ids := seq.tokens[i*bs : (i+1)*bs : (i+1)*bs]
+		h := hashBlock(seq.lastHash, ids)
+		if fitInt32(ids) {
+			m.toInsert = append(m.toInsert, hashedBlock{hash: h, parent: seq.lastHash, block: int32(seq.blockTable[i]), ids: ids})
 		}
 		seq.lastHash = h
 		seq.numHashedBlocks = int32(i + 1)
@@ -454,7 +547,7 @@ func (m *BlockManager) checkInvariants(live []*Sequence) error {
 		if len(s.blockTable) < m.NumBlocksFor(s.numComputed) {
 			return fmt.Errorf("seq %d: %d blocks for %d computed tokens", s.id, len(s.blockTable), s.numComputed)
 		}
-		if len(s.blockTable) > 0 && s.lastBlock != s.blockTable[len(s.blockTable)-1] {
+		if len(s.blockTable) > 0 && int(s.lastBlock) != s.blockTable[len(s.blockTable)-1] {
 			return fmt.Errorf("seq %d: last block %d, table ends with %d", s.id, s.lastBlock, s.blockTable[len(s.blockTable)-1])
 		}
 		for _, b := range s.blockTable {

@@ -149,18 +149,18 @@ func (k StepKind) String() string {
 // SequenceMetadata is the Scheduler's promise for one sequence in one step:
 // which tokens it computes, where their KV goes, and whether its last row
 // samples. Slices are read-only and never overwritten by later steps.
+//
+// Layout: the fields a decode step changes from one step to the next come
+// first, in 128 bytes (with SeqID, Sample and SampleRow, which a reader of
+// every row looks at). A recycled element (ScheduleInto) that already
+// holds the same sequence's previous plain decode gets only those bytes
+// rewritten, and the fields after them are neither written nor read.
 type SequenceMetadata struct {
-	SeqID     SeqID
-	RequestID string
-	// Params are the request's sampling params (shared, read-only).
-	Params *SamplingParams
-	// SampleIndex is 0 for a request's first sequence, i for its i-th fork.
-	SampleIndex int
+	SeqID SeqID
 
 	// SeqlenQ is the number of tokens computed this step, SeqlenK the
 	// context length after it; positions run PosStart..PosStart+SeqlenQ-1
 	// and PosStart = SeqlenK - SeqlenQ.
-	SeqlenQ  int
 	SeqlenK  int
 	PosStart int
 	// InputTokenIDs are this step's tokens (length SeqlenQ). A decode
@@ -172,11 +172,30 @@ type SequenceMetadata struct {
 	// previous step's next-input table (its bonus token, then its drafts).
 	InputTokenIDs []int
 	InputFromRow  int
-	// NumDrafts is the number of draft tokens this decode step verifies
-	// (speculative decoding): InputTokenIDs are the last known token then
-	// the drafts, every row samples, and the row's outcome is 1..NumDrafts+1
-	// tokens. 0 for a plain decode and for prefill chunks.
-	NumDrafts int
+	// SampleRow is the index of the sampling row (see Sample) among the
+	// step's sample rows (-1 when not sampling).
+	SampleRow int
+	// SlotMapping holds the KV slot of each input token.
+	SlotMapping []int
+	// TokenIDs are the sequence's known tokens (prompt then output), for
+	// penalties; NumPromptTokens splits them.
+	TokenIDs []int
+
+	// src and gen say which sequence, as of which of its changes (its
+	// metaGen), wrote the fields past these first 128 bytes for a plain
+	// decode (src nil otherwise): see Scheduler.addPlainDecode.
+	src *Sequence
+	gen uint32
+
+	// Sample is true when the last row samples a token: a decode step, or
+	// the last chunk of a prefill (an earlier chunk does not sample).
+	// ForkSeqIDs are sequences forked at this step (n > 1) that sample
+	// from the same logits row: ForkSeqIDs[j] takes row SampleRow+1+j and
+	// has SampleIndex j+1.
+	Sample bool
+	// Prefill is true for a prompt (or recompute) chunk, false for a
+	// decode step.
+	Prefill bool
 	// Shifted (speculative decoding with placeholder inputs) says that
 	// PosStart, SlotMapping and SeqlenK assume the previous step's sample
 	// row InputFromRow accepted no draft: the device adds that row's
@@ -184,24 +203,22 @@ type SequenceMetadata struct {
 	// the slots from BlockTable (kernels.Ops.ShiftAccepted), which covers
 	// every shift. False: the layout is exact.
 	Shifted bool
-	// BlockTable covers at least SeqlenK positions; SlotMapping holds the
-	// KV slot of each input token.
-	BlockTable  []int
-	SlotMapping []int
-	// StateSlot is the sequence's state slot.
-	StateSlot int
 
-	// Prefill is true for a prompt (or recompute) chunk, false for a
-	// decode step.
-	Prefill bool
-	// Sample is true when the last row samples a token: a decode step, or
-	// the last chunk of a prefill (an earlier chunk does not sample).
-	// SampleRow is its index among the step's sample rows (-1 when not
-	// sampling). ForkSeqIDs are sequences forked at this step (n > 1) that
-	// sample from the same logits row: ForkSeqIDs[j] takes row
-	// SampleRow+1+j and has SampleIndex j+1.
-	Sample     bool
-	SampleRow  int
+	SeqlenQ   int // see SeqlenK
+	RequestID string
+	// Params are the request's sampling params (shared, read-only).
+	Params *SamplingParams
+	// SampleIndex is 0 for a request's first sequence, i for its i-th fork.
+	SampleIndex int
+	// NumDrafts is the number of draft tokens this decode step verifies
+	// (speculative decoding): InputTokenIDs are the last known token then
+	// the drafts, every row samples, and the row's outcome is 1..NumDrafts+1
+	// tokens. 0 for a plain decode and for prefill chunks.
+	NumDrafts int
+	// BlockTable covers at least SeqlenK positions.
+	BlockTable []int
+	// StateSlot is the sequence's state slot.
+	StateSlot  int
 	ForkSeqIDs []SeqID
 	// Grammar is the sequence's structured-output matcher (nil: none), and
 	// ForkGrammars[j] ForkSeqIDs[j]'s (nil when Grammar is). The sample
@@ -216,9 +233,6 @@ type SequenceMetadata struct {
 	PromptLogprobsFrom int
 	PromptLogprobsTo   int
 
-	// TokenIDs are the sequence's known tokens (prompt then output), for
-	// penalties; NumPromptTokens splits them.
-	TokenIDs        []int
 	NumPromptTokens int
 }
 
@@ -314,6 +328,17 @@ type stepRecord struct {
 	id      StepID
 	entries []stepEntry // scheduled sequences, then forks, each once
 	numRows int
+}
+
+// next appends an entry and returns it for the caller to fill in (its
+// previous content, when recycled, is stale).
+func (r *stepRecord) next() *stepEntry {
+	if n := len(r.entries); n < cap(r.entries) {
+		r.entries = r.entries[:n+1]
+	} else {
+		r.entries = append(r.entries, stepEntry{})
+	}
+	return &r.entries[len(r.entries)-1]
 }
 
 // Scheduler decides, step by step, which sequences compute how many tokens,
@@ -416,6 +441,10 @@ type Scheduler struct {
 
 	numLive     int // prompted + running
 	numReserved int // state slots and live places reserved for forks
+	// runningLeft is set when a running sequence leaves that status
+	// (finish, preemption): only then does running hold sequences to
+	// drop, a pass over all of them.
+	runningLeft bool
 
 	nextSeqID    SeqID
 	nextPriority uint64
@@ -521,6 +550,7 @@ func (s *Scheduler) add(seq *Sequence, waitGrammar bool) (SeqID, error) {
 	seq.id = s.nextSeqID
 	seq.priority = s.nextPriority
 	seq.numForks = seq.params.N - 1
+	seq.quietLen = s.quietLen(seq)
 	s.seqs[seq.id] = seq
 	s.requests[seq.requestID] = []*Sequence{seq}
 	if waitGrammar {
@@ -573,6 +603,7 @@ func (s *Scheduler) GrammarReady(id SeqID, g Grammar, compileErr error) error {
 		return nil
 	}
 	seq.grammar, seq.matcher = g, g.NewMatcher()
+	seq.metaGen++
 	seq.status = StatusWaiting
 	s.insertWaiting(seq)
 	return nil
@@ -700,6 +731,7 @@ func (s *Scheduler) release(seq *Sequence) {
 // finish ends a sequence. Queue slices drop it lazily (by status).
 func (s *Scheduler) finish(seq *Sequence, reason FinishReason, err error) FinishedSequence {
 	s.release(seq)
+	s.runningLeft = s.runningLeft || seq.status == StatusRunning
 	seq.status = StatusFinished
 	seq.finishReason = reason
 	seq.finishErr = err
@@ -737,9 +769,11 @@ func insertSorted(q []*Sequence, seq *Sequence) []*Sequence {
 // keepStatus drops the sequences whose status is not one of want.
 func keepStatus(q []*Sequence, want ...SequenceStatus) []*Sequence {
 	n := 0
-	for _, seq := range q {
-		if slices.Contains(want, seq.status) {
-			q[n] = seq
+	for i, seq := range q {
+		if seq.status == want[0] || len(want) > 1 && slices.Contains(want[1:], seq.status) {
+			if n != i {
+				q[n] = seq
+			}
 			n++
 		}
 	}
@@ -751,6 +785,7 @@ func keepStatus(q []*Sequence, want ...SequenceStatus) []*Sequence {
 // recompute.
 func (s *Scheduler) preempt(out *SchedulerOutputs, seq *Sequence) {
 	s.release(seq)
+	s.runningLeft = s.runningLeft || seq.status == StatusRunning
 	seq.status = StatusPreempted
 	seq.epoch++
 	seq.numComputed = 0
@@ -762,20 +797,19 @@ func (s *Scheduler) preempt(out *SchedulerOutputs, seq *Sequence) {
 }
 
 // decodeReady reports whether a running sequence can decode in step id.
+// It is small enough to inline: the decode loop calls it for every
+// running sequence.
 func (s *Scheduler) decodeReady(seq *Sequence, id StepID) bool {
-	switch {
-	case seq.numPending > 1, seq.numPending == 1 && seq.pendingStep != id-1:
-		return false // its input token is not from the previous step
-	case seq.numComputed != seq.totalLen()-1:
-		return false
-	case len(seq.tokens)-seq.numPromptTokens+int(seq.numPending) >= int(seq.maxTokens):
-		return false // a token in flight ends it by length
-	case seq.totalLen() >= s.cfg.MaxModelLen:
-		return false
-	case seq.numComputed+int(seq.numPendingDrafts) >= s.cfg.MaxModelLen:
-		return false // its step in flight may reach the end of the context
-	}
-	return true
+	// Its input token is from the previous step at the latest; its
+	// known tokens and those in flight are all computed but the last; no
+	// token in flight ends it by length; nor may its step in flight reach
+	// the end of the context.
+	n := seq.totalLen()
+	return (seq.numPending < 1 || seq.numPending == 1 && seq.pendingStep == id-1) &&
+		seq.numComputed == n-1 &&
+		n-seq.numPromptTokens < int(seq.maxTokens) &&
+		n < s.cfg.MaxModelLen &&
+		seq.numComputed+int(seq.numPendingDrafts) < s.cfg.MaxModelLen
 }
 
 // victim returns the youngest live sequence not scheduled in step id among
@@ -875,15 +909,22 @@ func (s *Scheduler) chunkFor(numComputed, numTokens, budget int) int {
 func (s *Scheduler) Schedule() (*SchedulerOutputs, []SequenceMetadata) { return s.ScheduleInto(nil) }
 
 // ScheduleInto is Schedule writing the metadata into buf when it has the
-// capacity (every field is overwritten) and returning it. A caller that
-// knows when a step's metadata is no longer read recycles it here: at
-// thousands of sequences the per-step allocation is the Scheduler's largest
-// cost.
+// capacity, and returning it. A caller that knows when a step's metadata is
+// no longer read recycles it here: at thousands of sequences the per-step
+// allocation is the Scheduler's largest cost. buf must hold metadata as
+// Schedule or ScheduleInto returned it (or zeroed elements): the caller
+// must not have modified its elements, because an element that already
+// holds the same sequence's previous plain decode keeps the fields that did
+// not change (see SequenceMetadata, Layout). The result is the same as
+// Schedule's.
 func (s *Scheduler) ScheduleInto(buf []SequenceMetadata) (*SchedulerOutputs, []SequenceMetadata) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
-	s.running = keepStatus(s.running, StatusRunning)
+	if s.runningLeft {
+		s.running = keepStatus(s.running, StatusRunning)
+		s.runningLeft = false
+	}
 	s.prompted = keepStatus(s.prompted, StatusPrompted)
 	s.waiting = keepStatus(s.waiting, StatusWaiting, StatusPreempted)
 	b := s.newBuilder(buf)
@@ -899,6 +940,7 @@ func (s *Scheduler) ScheduleInto(buf []SequenceMetadata) (*SchedulerOutputs, []S
 	}
 
 	// 1. Decodes, oldest first; preempt the youngest when blocks run out.
+	k, bs := s.cfg.NumSpeculativeTokens, s.bm.BlockSize()
 	for i := 0; i < len(s.running); i++ {
 		seq := s.running[i]
 		if seq.status != StatusRunning || !s.decodeReady(seq, id) {
@@ -907,7 +949,13 @@ func (s *Scheduler) ScheduleInto(buf []SequenceMetadata) (*SchedulerOutputs, []S
 		if b.numSeqs >= s.cfg.MaxNumSeqs || b.budget < 1 {
 			break
 		}
-		if s.bm.NumBlocksFor(seq.numComputed+1) > s.bm.NumBlocks() {
+		if k == 0 && !seq.mayShare && seq.numComputed < len(seq.blockTable)*bs {
+			// The common decode: its one slot is in a block it holds,
+			// privately (AppendSlots would do nothing).
+			s.addPlainDecode(b, seq)
+			continue
+		}
+		if seq.numComputed >= s.bm.NumBlocks()*bs { // NumBlocksFor(numComputed+1) > NumBlocks
 			out.Finished = append(out.Finished, s.finish(seq, FinishLength, nil))
 			continue
 		}
@@ -1045,9 +1093,10 @@ func (s *Scheduler) addRows(b *stepBuilder, seq *Sequence, q, drafts int, prefil
 			b.tokens = append(b.tokens, PlaceholderToken)
 			fromRow = int(seq.pendingRow)
 		}
-		if blk := p / bs; blk == len(seq.blockTable)-1 {
-			b.slots = append(b.slots, seq.lastBlock*bs+p%bs)
+		if off := p - (len(seq.blockTable)-1)*bs; off >= 0 && off < bs { // in the last block
+			b.slots = append(b.slots, int(seq.lastBlock)*bs+off)
 		} else {
+			blk := p / bs
 			b.slots = append(b.slots, seq.blockTable[blk]*bs+p%bs)
 		}
 	}
@@ -1064,6 +1113,7 @@ func (s *Scheduler) addRows(b *stepBuilder, seq *Sequence, q, drafts int, prefil
 		b.metas = append(b.metas, SequenceMetadata{})
 	}
 	m := &b.metas[len(b.metas)-1]
+	m.src = nil // not a plain decode's (see addPlainDecode)
 	m.SeqID = seq.id
 	m.RequestID = seq.requestID
 	m.Params = seq.params
@@ -1090,7 +1140,11 @@ func (s *Scheduler) addRows(b *stepBuilder, seq *Sequence, q, drafts int, prefil
 	// Drafts count as computed only once accepted (ProcessOutputs).
 	seq.numComputed += q - drafts
 	seq.numPendingDrafts += int32(drafts)
-	e := stepEntry{seq: seq, id: seq.id, epoch: seq.epoch, row: -1, drafts: int32(drafts), computedAfter: seq.numComputed}
+	// The entry too is written in place: a stepEntry built on the stack
+	// and appended is copied back in 16-byte loads, which stall on the
+	// narrower stores that built it.
+	e := b.rec.next()
+	e.seq, e.id, e.epoch, e.row, e.drafts, e.computedAfter = seq, seq.id, seq.epoch, -1, int32(drafts), seq.numComputed
 	if sample {
 		m.SampleRow = b.row
 		seq.numPending++
@@ -1099,7 +1153,6 @@ func (s *Scheduler) addRows(b *stepBuilder, seq *Sequence, q, drafts int, prefil
 		e.row = int32(b.row)
 		b.row++
 	}
-	b.rec.entries = append(b.rec.entries, e)
 	m.Grammar = seq.matcher
 	m.ForkSeqIDs, m.ForkGrammars = nil, nil
 	if len(forks) > 0 {
@@ -1113,7 +1166,8 @@ func (s *Scheduler) addRows(b *stepBuilder, seq *Sequence, q, drafts int, prefil
 				m.ForkGrammars[j] = c.matcher
 			}
 			c.pendingRow = int32(b.row)
-			b.rec.entries = append(b.rec.entries, stepEntry{seq: c, id: c.id, epoch: c.epoch, row: int32(b.row), computedAfter: c.numComputed})
+			e := b.rec.next()
+			e.seq, e.id, e.epoch, e.row, e.drafts, e.computedAfter = c, c.id, c.epoch, int32(b.row), 0, c.numComputed
 			b.row++
 		}
 	}
@@ -1127,6 +1181,83 @@ func (s *Scheduler) addRows(b *stepBuilder, seq *Sequence, q, drafts int, prefil
 	}
 	b.numSeqs++
 	b.budget -= q
+}
+
+// addPlainDecode is addDecode(b, seq, 0) for a sequence whose slot is in
+// a block it holds privately, without speculative decoding: the step of
+// every running sequence at almost every step. Its metadata differs from
+// the sequence's previous plain decode only in positions, inputs, slots,
+// sample row and token count, so a recycled element that holds that
+// previous decode (same sequence, same metaGen: no block, state slot or
+// matcher changed since) gets only those fields rewritten, the first 128
+// bytes (SequenceMetadata, Layout): at thousands of sequences per step the
+// metadata is most of the bytes a step writes. The result is the same as
+// addRows' (TestPlainDecodeMatchesAddRows, TestRecycledMetadata).
+func (s *Scheduler) addPlainDecode(b *stepBuilder, seq *Sequence) {
+	pos := seq.numComputed
+	bs := s.bm.blockSize
+	start := len(b.tokens)
+	capBefore := cap(b.tokens)
+	if pos == len(seq.tokens)-1 {
+		b.tokens = append(b.tokens, seq.lastToken)
+	} else { // its last token is in flight (zero-overhead scheduling)
+		b.tokens = append(b.tokens, PlaceholderToken)
+	}
+	if off := pos - (len(seq.blockTable)-1)*bs; off >= 0 { // in the last block
+		b.slots = append(b.slots, int(seq.lastBlock)*bs+off)
+	} else {
+		b.slots = append(b.slots, seq.blockTable[pos/bs]*bs+pos%bs)
+	}
+	if cap(b.tokens) != capBefore {
+		b.grew = true
+	}
+	end := start + 1
+
+	if n := len(b.metas); n < cap(b.metas) {
+		b.metas = b.metas[:n+1]
+	} else {
+		b.metas = append(b.metas, SequenceMetadata{})
+	}
+	m := &b.metas[len(b.metas)-1]
+	if m.src != seq || m.gen != seq.metaGen {
+		m.src, m.gen = seq, seq.metaGen
+		m.SeqID = seq.id
+		m.Sample, m.Prefill, m.Shifted = true, false, false
+		m.SeqlenQ = 1
+		m.RequestID = seq.requestID
+		m.Params = seq.params
+		m.SampleIndex = seq.sampleIndex
+		m.NumDrafts = 0
+		m.BlockTable = seq.blockTable[:len(seq.blockTable):len(seq.blockTable)]
+		m.StateSlot = int(seq.stateSlot)
+		m.ForkSeqIDs, m.ForkGrammars = nil, nil
+		m.Grammar = seq.matcher
+		m.PromptLogprobsFrom, m.PromptLogprobsTo = -1, -1
+		m.NumPromptTokens = seq.numPromptTokens
+	}
+	m.SeqlenK = pos + 1
+	m.PosStart = pos
+	m.InputTokenIDs = b.tokens[start:end:end]
+	m.InputFromRow = -1
+	if pos != len(seq.tokens)-1 {
+		m.InputFromRow = int(seq.pendingRow)
+	}
+	m.SampleRow = b.row
+	m.SlotMapping = b.slots[start:end:end]
+	m.TokenIDs = seq.tokens[:len(seq.tokens):len(seq.tokens)]
+
+	seq.scheduledStep = b.id
+	seq.numComputed++
+	seq.numPending++
+	seq.pendingStep = b.id
+	seq.pendingRow = int32(b.row)
+	e := b.rec.next()
+	e.seq, e.id, e.epoch, e.row, e.drafts, e.computedAfter = seq, seq.id, seq.epoch, int32(b.row), 0, seq.numComputed
+	b.row++
+	b.out.NumDecodeSeqs++
+	b.out.NumDecodeTokens++
+	b.numSeqs++
+	b.budget--
 }
 
 // finishStep completes the outputs, records the step in flight and returns
@@ -1362,6 +1493,7 @@ func (s *Scheduler) ProcessOutputs(step StepID, sampled []SampledTokens) ([]Fini
 	s.inflight = s.inflight[:len(s.inflight)-1]
 
 	var finished []FinishedSequence
+	spec := s.cfg.NumSpeculativeTokens > 0
 	for i := range rec.entries {
 		e := &rec.entries[i]
 		seq := e.seq
@@ -1369,39 +1501,27 @@ func (s *Scheduler) ProcessOutputs(step StepID, sampled []SampledTokens) ([]Fini
 			continue // its row is discarded
 		}
 		if seq.isLive() && seq.epoch == e.epoch {
-			s.bm.commit(seq, e.computedAfter)
+			s.bm.commitLater(seq, e.computedAfter) // flushed before the blocks change hands
 		}
 		if e.row < 0 {
 			continue
 		}
 		seq.numPending--
-		seq.numPendingDrafts -= e.drafts
 		st := &sampled[e.row]
-		if s.cfg.NumSpeculativeTokens > 0 {
-			seq.drafts = append(seq.drafts[:0], st.Drafts...)
-		}
-		reason := FinishNone
-		for _, t := range st.TokenIDs {
+		var reason FinishReason
+		if spec {
+			reason = s.appendVerified(seq, e, st)
+		} else { // one token, as checked above
+			t := st.TokenIDs[0]
 			seq.tokens = append(seq.tokens, t)
 			seq.lastToken = t
-			if reason = s.checkStop(seq, t); reason != FinishNone {
-				break
-			}
-		}
-		if e.drafts > 0 && seq.isLive() && seq.epoch == e.epoch {
-			// The accepted drafts' KV is valid (each step still in flight
-			// counts its first input only); the rejected ones' slots are
-			// rewritten by later steps, and blocks only they used go back.
-			seq.numComputed += len(st.TokenIDs) - 1
-			s.bm.commit(seq, seq.numComputed-int(seq.numPending))
-			if reason == FinishNone {
-				s.bm.Trim(seq, seq.numComputed+int(seq.numPendingDrafts)+s.cfg.NumLookaheadSlots)
-			}
+			reason = s.tokenEnds(seq, t)
 		}
 		if reason != FinishNone {
-			finished = append(finished, s.finish(seq, reason, nil))
+			finished = s.finishRow(finished, seq, reason)
 		}
 	}
+	s.bm.flushCommits()
 
 	clear(rec.entries)
 	rec.entries = rec.entries[:0]
@@ -1409,12 +1529,76 @@ func (s *Scheduler) ProcessOutputs(step StepID, sampled []SampledTokens) ([]Fini
 	return finished, nil
 }
 
-// checkStop applies the token-level finish checks to a just-appended token.
+// appendVerified applies a speculative step's row to its sequence: the
+// drafter's next proposal, the tokens up to the first that ends the
+// sequence, and, with the step's layout still current, the commits of the
+// accepted drafts and the release of the blocks only rejected ones used.
+// It returns why the sequence ends (FinishNone: it goes on).
+func (s *Scheduler) appendVerified(seq *Sequence, e *stepEntry, st *SampledTokens) FinishReason {
+	seq.numPendingDrafts -= e.drafts
+	seq.drafts = append(seq.drafts[:0], st.Drafts...)
+	reason := FinishNone
+	for _, t := range st.TokenIDs {
+		seq.tokens = append(seq.tokens, t)
+		seq.lastToken = t
+		if reason = s.tokenEnds(seq, t); reason != FinishNone {
+			break
+		}
+	}
+	if e.drafts > 0 && seq.isLive() && seq.epoch == e.epoch {
+		// The accepted drafts' KV is valid (each step still in flight
+		// counts its first input only); the rejected ones' slots are
+		// rewritten by later steps, and blocks only they used go back.
+		seq.numComputed += len(st.TokenIDs) - 1
+		s.bm.commitLater(seq, seq.numComputed-int(seq.numPending))
+		if reason == FinishNone {
+			s.bm.flushCommits()
+			s.bm.Trim(seq, seq.numComputed+int(seq.numPendingDrafts)+s.cfg.NumLookaheadSlots)
+		}
+	}
+	return reason
+}
+
+// finishRow ends a sequence for its row's token and appends the result.
+func (s *Scheduler) finishRow(finished []FinishedSequence, seq *Sequence, reason FinishReason) []FinishedSequence {
+	s.bm.flushCommits() // before its blocks are released
+	return append(finished, s.finish(seq, reason, nil))
+}
+
+// tokenEnds is checkStop with its usual outcome inlined: no check can
+// end the sequence yet (see quietLen).
+func (s *Scheduler) tokenEnds(seq *Sequence, t int) FinishReason {
+	if len(seq.tokens) < seq.quietLen {
+		return FinishNone
+	}
+	return s.checkStop(seq, t)
+}
+
+// quietLen returns the token count below which checkStop cannot end the
+// sequence: max_tokens and the context are not reached, and EOS and stop
+// ids do not count yet (min_tokens) or at all (ignore_eos, no stop ids).
+func (s *Scheduler) quietLen(seq *Sequence) int {
+	n := min(int(seq.numPromptTokens)+int(seq.maxTokens), s.cfg.MaxModelLen)
+	if !seq.ignoreEOS || len(seq.stopTokenIDs) > 0 {
+		n = min(n, seq.numPromptTokens+max(int(seq.minTokens), 0))
+	}
+	return n
+}
+
+// checkStop applies the token-level finish checks to a just-appended
+// token: CheckFinish with the copies of the rule the sequence keeps, spelt
+// out so that the per-token call builds no FinishRule (TestTokenEnds pins
+// the two together).
 func (s *Scheduler) checkStop(seq *Sequence, t int) FinishReason {
-	return CheckFinish(FinishRule{
-		MinTokens: int(seq.minTokens), MaxTokens: int(seq.maxTokens), IgnoreEOS: seq.ignoreEOS,
-		StopTokenIDs: seq.stopTokenIDs, EOSTokenIDs: s.eos, MaxModelLen: s.cfg.MaxModelLen,
-	}, len(seq.tokens)-seq.numPromptTokens, len(seq.tokens), t)
+	numOut := len(seq.tokens) - seq.numPromptTokens
+	if numOut >= int(seq.minTokens) &&
+		(!seq.ignoreEOS && slices.Contains(s.eos, t) || len(seq.stopTokenIDs) > 0 && slices.Contains(seq.stopTokenIDs, t)) {
+		return FinishStop
+	}
+	if numOut >= int(seq.maxTokens) || len(seq.tokens) >= s.cfg.MaxModelLen {
+		return FinishLength
+	}
+	return FinishNone
 }
 
 // FinishRule holds what the token-level finish checks of one sequence read.

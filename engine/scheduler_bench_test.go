@@ -15,48 +15,51 @@ import (
 // the process CPU time per step (GC included), which a busy machine does
 // not inflate the way it inflates ns/op.
 //
-//	go test -run '^$' -bench SchedulerDecode -benchmem ./engine
+//	go test -run '^$' -bench SchedulerDecode -benchtime 2000x -count 3 -benchmem ./engine
 //
-// Scaling (reuse=true, cpu-ns/op, best of 3 interleaved runs on a 2-core
-// machine with 2 MB of L2 per core):
+// Figures (reuse=true, cpu-ns/op, range of 8 runs of each test binary,
+// old and new interleaved, on a 2-core AMD EPYC virtual machine, AVX-512,
+// 1 MiB of L2 per core, 32 MiB of L3, another process busy on the other
+// core):
 //
-//	running   before                  after
-//	256        20 µs   4 allocs/op     20 µs   2 allocs/op
-//	1024      104 µs  10 allocs/op     99 µs   2 allocs/op
-//	4096      681 µs  35 allocs/op    602 µs   2 allocs/op
+//	running   before         after          after/before
+//	256        20-30 µs       10-18 µs      ~0.55
+//	1024       83-95 µs       36-52 µs      ~0.46
+//	4096      339-417 µs     158-190 µs     ~0.45
 //
-// Prediction: a superlinear data structure on the decode path (a sort, a
-// queue insert or delete, a per-step rebuild). Outcome: there is none;
-// every pass is O(running), and the cost per sequence (about 80 ns at 256,
-// 100 at 1,024, 160 at 4,096) rises with the bytes a step touches, not
-// with work: per sequence, 296 bytes of SequenceMetadata written, the hot
-// lines of its Sequence read in Schedule and again in ProcessOutputs, one
-// line of its token array (one page per sequence at these lengths) and,
-// every block_size steps, a random prefix-table slot. At 256 sequences
-// that fits in L2; at 4,096 it is several MB a step. Measured by phase at
-// 4,096: Schedule ~215 µs, the benchmark's own pass over the metadata ~60
-// µs, ProcessOutputs ~395 µs, of which the token append alone (one store
-// per sequence, to a distinct page) is ~190 µs and the prefix-cache
-// commits ~100 µs. Tried and dropped, no gain beyond the noise: Sequence
-// fields regrouped by pass into line-aligned 64-byte groups, token arrays
-// staggered so that sequences of equal length do not write the same cache
-// sets, prefix commits hoisted into a pass of their own for overlapped
-// misses, and loads issued 8-16 sequences ahead in ProcessOutputs (of the
-// next Sequence, of its token slot, of the prefix-table slot its commit
-// probes) so that misses overlap. What one token store costs: replacing
-// the append in ProcessOutputs by a length bump (measurement only) takes
-// ProcessOutputs at 4,096 from ~380 to ~185 µs, ~49 ns for one 8-byte
-// store per sequence. Each token array (prompt + reserved output, 3.6 KB
-// here) lies on a page of its own, and a standalone loop storing one word
-// into each of 4,096 distinct pages after a 5 MB pass costs ~24 ns a
-// store against ~2.4 ns for 4,096 adjacent lines: the cost is the page
-// spread (TLB), which touch-ahead loads do not hide. Kept: block tables
-// get room for the sequence's remaining output at admission
-// (BlockManager.tableHeadroom), so decoding no longer
-// reallocates them every few blocks (the allocations that grew with the
-// running count). The ≤200 µs goal at 4,096 needs fewer bytes per
-// sequence per step (a smaller metadata record or per-step deltas),
-// which changes what the stages downstream read.
+// Allocations per step are unchanged (2 with reuse, 3 without, same bytes).
+// Part of the gain at 4,096 is the benchmark's own: processAll used to
+// range over the metadata by value (a copy of every field of every
+// element) and build each row on the stack; with that processAll the new
+// Scheduler takes 184-216 µs (~0.53), the old one with the new processAll
+// 317-403 µs (~0.92).
+//
+// Where a step went (4,096 sequences): the per-sequence work of the decode
+// loop more than the misses. Kept, by measured effect (medians of
+// interleaved runs, ±10% noise):
+//   - a plain decode (its slot in a block it holds privately, no drafts)
+//     skips draftsFor, CanAppendSlots and AppendSlots (three calls, two
+//     block-count divisions): ~0.75 at 4,096, ~0.8 at 256;
+//   - prefix-cache commits queued and run in passes (commitLater,
+//     flushCommits), so that the misses on the blocks' tokens and on the
+//     prefix table's slots overlap: their share of a step's profile from
+//     ~27% to ~15%;
+//   - a recycled element that holds the same sequence's previous plain
+//     decode gets only its first 128 bytes rewritten (addPlainDecode,
+//     Sequence.metaGen): ~0.92;
+//   - running is compacted only after a running sequence left it, the
+//     per-token finish checks are a single inlined comparison until one
+//     can apply (Scheduler.quietLen), and a plain step's row skips the
+//     speculative path: ~0.9;
+//   - step entries written in place, not built on the stack and appended
+//     (the 16-byte copy stalled on the narrower stores that built it).
+//
+// Tried and dropped, no gain beyond the noise: Sequence padded to 384
+// bytes and SequenceMetadata to 320 so that each starts on a cache line;
+// ProcessOutputs' fields of a Sequence packed into one line; loads of the
+// Sequence 6 entries ahead in both loops. Earlier, also without gain:
+// token arrays staggered across cache sets, loads 8-16 sequences ahead in
+// ProcessOutputs.
 func BenchmarkSchedulerDecode(b *testing.B) {
 	const (
 		promptLen = 64
@@ -148,17 +151,23 @@ func BenchmarkSchedulerDecode(b *testing.B) {
 	}
 }
 
-// processAll reports one token per sample row.
+// processAll reports one token per sample row. It reads the metadata and
+// writes the rows in place, as a stage does: ranging over the metadata by
+// value would copy every field of every element, several times the bytes
+// the step reads.
 func processAll(s *Scheduler, out *SchedulerOutputs, metas []SequenceMetadata, sampled []SampledTokens, tokens []int) error {
 	if out.StepID == 0 {
 		return nil
 	}
-	sampled = sampled[:0]
-	for _, m := range metas {
-		if m.Sample {
-			sampled = append(sampled, SampledTokens{SeqID: m.SeqID, TokenIDs: tokens[m.SampleRow : m.SampleRow+1]})
+	n := 0
+	for i := range metas {
+		if m := &metas[i]; m.Sample {
+			st := &sampled[n]
+			st.SeqID, st.TokenIDs = m.SeqID, tokens[m.SampleRow:m.SampleRow+1]
+			n++
 		}
 	}
+	sampled = sampled[:n]
 	_, err := s.ProcessOutputs(out.StepID, sampled)
 	return err
 }

@@ -83,92 +83,110 @@ func (r FinishReason) String() string {
 // runs. Steps publish what downstream stages need as SequenceMetadata,
 // whose slices are read-only snapshots that later steps never overwrite.
 type Sequence struct {
-	// The fields up to sampleIndex are read or written for every scheduled
-	// sequence in every step; they come first and small to share cache
-	// lines (thousands of sequences per step).
+	// Layout: a decode step touches every running sequence twice (Schedule,
+	// then ProcessOutputs), thousands of them per step, so the fields it
+	// reads or writes come first, grouped by pass: a decode's
+	// ProcessOutputs touches the first 64 bytes only, its Schedule the
+	// first 192 (more when its metadata is written in full).
+	// TestSequenceLayout pins this.
 
-	id     SeqID
-	status SequenceStatus
-	// mayShare is set while the block the next write lands in may be
-	// shared (after a fork); otherwise the write needs no ref-count check.
-	mayShare  bool
-	ignoreEOS bool
-	// epoch counts the times the sequence lost its blocks (preemption), so
-	// that outputs of a step planned before the loss do not commit blocks.
-	epoch uint32
+	// Both passes.
 
 	// tokens holds prompt then output token ids; it only grows, and
 	// elements below len are never overwritten (snapshots share it).
-	tokens          []int
-	numPromptTokens int
-	lastToken       int // tokens[len(tokens)-1]
-
-	// numComputed counts the tokens whose KV is written or scheduled to be
-	// written: after a step is planned it counts that step's tokens.
-	numComputed int
+	tokens    []int
+	lastToken int // tokens[len(tokens)-1]
+	// quietLen is the token count below which no token-level check can
+	// end the sequence (Scheduler.quietLen; 0 until added).
+	quietLen int
+	// epoch counts the times the sequence lost its blocks (preemption), so
+	// that outputs of a step planned before the loss do not commit blocks.
+	epoch uint32
 	// numPending counts the tokens sampled by steps still in flight (not
 	// reported to ProcessOutputs yet); pendingStep and pendingRow locate
 	// the last of them.
-	pendingStep StepID
-	numPending  int32
-	pendingRow  int32
-	// scheduledStep is the last step that scheduled the sequence.
-	scheduledStep StepID
-	// drafts are the drafter's proposals for the next step (speculative
-	// decoding); numPendingDrafts counts the drafts of steps in flight,
-	// whose accepted count is not known yet (numComputed leaves them out).
-	drafts           []int
-	numPendingDrafts int32
-
-	// Copies of the params the per-token checks read.
-	maxTokens    int32
-	minTokens    int32
-	stopTokenIDs []int
-
-	// blockTable lists the KV blocks of positions 0, bs, 2bs, ...; it only
-	// grows while the sequence holds blocks, and is replaced (never edited
-	// in place) on copy-on-write or when freed. lastBlock is its last
-	// element (-1 when empty).
-	blockTable []int
-	lastBlock  int
+	numPending int32
 	// numHashedBlocks leading blocks have a known prefix hash; lastHash is
 	// the hash of the last of them.
 	numHashedBlocks int32
-	stateSlot       int32 // -1 when none
-	lastHash        uint64
+	// numPendingDrafts counts the drafts of steps in flight (speculative
+	// decoding), whose accepted count is not known yet (numComputed leaves
+	// them out).
+	numPendingDrafts int32
+	status           SequenceStatus
+	// mayShare is set while the block the next write lands in may be
+	// shared (after a fork); otherwise the write needs no ref-count check.
+	mayShare bool
+	// ignoreEOS, maxTokens, minTokens and stopTokenIDs copy the params the
+	// per-token checks read.
+	ignoreEOS    bool
+	finishReason FinishReason
+	maxTokens    int32
 
+	// Schedule.
+
+	// numComputed counts the tokens whose KV is written or scheduled to be
+	// written: after a step is planned it counts that step's tokens.
+	numComputed     int
+	numPromptTokens int
+	// blockTable lists the KV blocks of positions 0, bs, 2bs, ...; it only
+	// grows while the sequence holds blocks, and is replaced (never edited
+	// in place) on copy-on-write or when freed.
+	blockTable []int
+	// lastBlock is blockTable's last element (-1 when empty).
+	lastBlock     int32
+	pendingRow    int32
+	pendingStep   StepID
+	scheduledStep StepID // the last step that scheduled the sequence
+	id            SeqID
+	// metaGen counts the changes of what a plain decode's metadata copies
+	// from the sequence besides its tokens (block table, state slot,
+	// matcher): see Scheduler.addPlainDecode.
+	metaGen     uint32
+	stateSlot   int32 // -1 when none
 	requestID   string
 	params      *SamplingParams
 	sampleIndex int // 0 for the first sequence of a request, i for its i-th fork
+	minTokens   int32
+	priority    uint64 // arrival order inside the Scheduler: lower is older
 
-	priority uint64 // arrival order inside the Scheduler: lower is older
-	arrival  time.Time
+	// Schedule's full metadata writes, speculative decoding (drafts) and
+	// the blocks' commits (lastHash).
 
-	finishReason FinishReason
-	finishErr    error
-
+	// matcher is the sequence's position in its grammar (nil without one).
+	matcher GrammarMatcher
+	// drafts are the drafter's proposals for the next step (speculative
+	// decoding).
+	drafts   []int
+	lastHash uint64
 	// numCached counts the tokens found in the prefix cache at the last
 	// admission.
 	numCached int
+
+	// Cold: admission, forks, finish, the per-token checks that can end
+	// the sequence.
+
+	stopTokenIDs []int
+	arrival      time.Time
+	finishErr    error
 	// numForks is how many children the sequence forks when its prefill's
 	// last chunk is scheduled (n - 1 for a fresh request with n > 1).
 	numForks int
 	// promptLogprobsDone counts the prompt positions whose prompt logprobs
 	// were already scheduled, so a recompute does not ask again.
 	promptLogprobsDone int
-
-	// grammar is the request's compiled structured-output constraint and
-	// matcher the sequence's position in it (nil without one).
+	// grammar is the request's compiled structured-output constraint (nil
+	// without one).
 	grammar Grammar
-	matcher GrammarMatcher
 }
 
 // setBlockTable replaces the block table and caches its last block.
 func (s *Sequence) setBlockTable(t []int) {
+	s.metaGen++
 	s.blockTable = t
 	s.lastBlock = -1
 	if len(t) > 0 {
-		s.lastBlock = t[len(t)-1]
+		s.lastBlock = int32(t[len(t)-1])
 	}
 }
 
@@ -294,6 +312,7 @@ func (s *Sequence) fork(id SeqID, sampleIndex int) *Sequence {
 		minTokens:          s.minTokens,
 		ignoreEOS:          s.ignoreEOS,
 		stopTokenIDs:       s.stopTokenIDs,
+		quietLen:           s.quietLen,
 		stateSlot:          -1,
 		pendingRow:         -1,
 		lastBlock:          -1,
@@ -304,6 +323,7 @@ func (s *Sequence) fork(id SeqID, sampleIndex int) *Sequence {
 		// A fork happens before its parent's first output token: the
 		// child starts at the grammar's start too.
 		c.matcher = s.grammar.NewMatcher()
+		c.metaGen++
 	}
 	return c
 }

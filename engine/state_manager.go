@@ -60,6 +60,7 @@ func (m *StateManager) Allocate(seq *Sequence) error {
 	m.free = m.free[:len(m.free)-1]
 	m.owner[slot] = seq.id
 	seq.stateSlot = int32(slot)
+	seq.metaGen++
 	return nil
 }
 
@@ -71,6 +72,7 @@ func (m *StateManager) Free(seq *Sequence) {
 	m.owner[seq.stateSlot] = 0
 	m.free = append(m.free, int(seq.stateSlot))
 	seq.stateSlot = -1
+	seq.metaGen++
 }
 
 // Fork gives child a slot and returns the copy of parent's state into it,
