@@ -180,12 +180,16 @@ func (p *attnPlan) slot(s, t int) int {
 
 // Tiling of attention. Keys are processed in tiles of keyTile keys aligned
 // on absolute key positions, query rows in chunks of up to rowChunk rows of
-// one sequence. Every dot product (q·k over the head dimension, p·v over a
-// tile) is one call of the canonical SIMD reduction, and a row's softmax
-// state is updated tile by tile in key order. Keys a row cannot see enter as
-// exact zeros, so a row's result is the same bits whether it is computed
-// alone (decode) or with the rows of a prefill chunk, and whatever the thread
-// split: only the tile boundaries, fixed in key positions, shape the order.
+// one sequence. Every score (q·k over the head dimension) is one canonical
+// SIMD dot product; a row's softmax state is updated tile by tile in key
+// order (simd.Impl.OnlineSoftmax, its sum in the canonical lanes of the key's
+// position in the tile); and p·v adds each key's value row in key order with
+// one fused multiply-add per element into a per-tile sum that starts at +0
+// (simd.Impl.AccumRows), which then joins the row's output. Keys a row
+// cannot see get probability +0, which changes no bit of the sums, so a
+// row's result is the same bits whether it is computed alone (decode) or
+// with the rows of a prefill chunk, and whatever the thread split: only the
+// tile boundaries, fixed in key positions, shape the order.
 const (
 	keyTile  = 128
 	rowChunk = 32
@@ -209,13 +213,16 @@ func (p *attnPlan) items(kvHeads int) []attnItem {
 	return out
 }
 
-// onlineSoftmax is the running softmax state of R query rows.
+// onlineSoftmax is the running softmax state of R query rows and the key
+// range [lo, hi) each row sees in the current tile.
 type onlineSoftmax struct {
 	m, l, alpha []float32
+	lo, hi      []int32
 }
 
 func newOnlineSoftmax(r int) *onlineSoftmax {
-	o := &onlineSoftmax{m: make([]float32, r), l: make([]float32, r), alpha: make([]float32, r)}
+	o := &onlineSoftmax{m: make([]float32, r), l: make([]float32, r), alpha: make([]float32, r),
+		lo: make([]int32, r), hi: make([]int32, r)}
 	o.reset(r)
 	return o
 }
@@ -226,34 +233,28 @@ func (o *onlineSoftmax) reset(r int) {
 	}
 }
 
-// update turns row r's scores over one tile (keys [lo, hi) visible, the rest
-// masked) into probabilities relative to the running max, in place, and
-// records the factor that rescales the row's previous output.
-func (o *onlineSoftmax) update(r int, scores []float32, lo, hi int) {
-	if lo >= hi { // nothing visible in this tile: an exact no-op
-		clear(scores)
-		o.alpha[r] = 1
-		return
-	}
-	tmax := scores[lo]
-	for _, v := range scores[lo+1 : hi] {
-		tmax = max(tmax, v)
-	}
-	mNew := max(o.m[r], tmax)
-	o.alpha[r] = float32(math.Exp(float64(o.m[r] - mNew)))
-	var sum float32
-	for j := range scores {
-		if j < lo || j >= hi {
-			scores[j] = 0
-			continue
-		}
-		e := float32(math.Exp(float64(scores[j] - mNew)))
-		scores[j] = e
-		sum += e
-	}
-	o.l[r] = o.l[r]*o.alpha[r] + sum
-	o.m[r] = mNew
+// see records that row r sees the keys [first-t0, last-t0) of the tile of n
+// keys starting at key t0, clipped to the tile.
+func (o *onlineSoftmax) see(r, first, last, t0, n int) {
+	o.lo[r], o.hi[r] = int32(min(max(first-t0, 0), n)), int32(min(max(last-t0, 0), n))
 }
+
+// update turns the scores of rows [0, r) over one tile of n keys (row rr
+// seeing keys [lo[rr], hi[rr]), the rest masked) into probabilities
+// relative to the running max, in place (simd.Impl.OnlineSoftmax: the
+// scores are scaled inside, exponentials are simd.Impl.Exp's), and records
+// in alpha the factor that rescales each row's previous output.
+func (o *onlineSoftmax) update(k *kernelSet, scores []float32, r, n int, scale float32) {
+	k.onlineSoftmax(scores, r, n, scale, o.lo, o.hi, o.m, o.l, o.alpha)
+}
+
+// tileRows[j] = j: the rows of a dense key tile for simd.Impl.AccumRows.
+var tileRows = func() (t [keyTile]int32) {
+	for j := range t {
+		t[j] = int32(j)
+	}
+	return t
+}()
 
 // Attention is paged causal GQA attention; see kernels.Ops.
 func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.AttentionMetadata, p kernels.AttentionParams) error {
@@ -296,15 +297,9 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 		for _, it := range items[lo:hi] {
 			maxR = max(maxR, (it.r1-it.r0)*group)
 		}
-		qt := make([]float32, maxR*d)
-		kt := make([]float32, maxN*d)
-		vt := make([]float32, d*maxN)
-		st := make([]float32, maxR*maxN)
-		pv := make([]float32, maxR*d)
-		acc := make([]float32, maxR*d)
-		sm := newOnlineSoftmax(maxR)
+		s := newGQAScratch(maxR, maxN, d)
 		for _, it := range items[lo:hi] {
-			b.attendGQA(it, pl, p, qs.f32, kc, vc, o.f32, qt, kt, vt, st, pv, acc, sm, group)
+			b.attendGQA(it, pl, p, qs.f32, kc, vc, o.f32, s, group)
 		}
 	})
 	return nil
@@ -319,7 +314,37 @@ func (p *attnPlan) window(i, slidingWindow int) (first, last int) {
 	return first, last
 }
 
-func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams, q []float32, kc, vc *Tensor, out, qt, kt, vt, st, pv, acc []float32, sm *onlineSoftmax, group int) {
+// gqaScratch holds attendGQA's buffers, sized for its worker's items: qt
+// the query rows of a KV head, kt and vt a tile's keys and values (row j at
+// j*d) where they are copied, st the scores, acc the outputs, slots the
+// cache slots of a tile's keys where they are read in place.
+type gqaScratch struct {
+	qt, kt, vt, st, acc []float32
+	slots               []int32
+	sm                  *onlineSoftmax
+}
+
+// newGQAScratch sizes buffers for up to r query rows (of one KV head) and
+// tiles of up to n keys of head dimension d.
+func newGQAScratch(r, n, d int) *gqaScratch {
+	return &gqaScratch{
+		qt:    make([]float32, r*d),
+		kt:    make([]float32, n*d),
+		vt:    make([]float32, n*d),
+		st:    make([]float32, r*n),
+		acc:   make([]float32, r*d),
+		slots: make([]int32, n),
+		sm:    newOnlineSoftmax(r),
+	}
+}
+
+// attendGQA runs the query rows of one item over their keys, tile by tile.
+// Keys and values of a float32 paged cache are read in place (their cache
+// slots gathered); ring and 8-bit caches are copied (widened) into kt and
+// vt first. Either way every score is the canonical dot product of the
+// query and key rows and every output the same AccumRows sum, so the two
+// give the same bits.
+func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams, q []float32, kc, vc *Tensor, out []float32, s *gqaScratch, group int) {
 	d, nh, kvWidth := p.HeadDim, p.NumHeads, p.NumKVHeads*p.HeadDim
 	rows := it.r1 - it.r0
 	r := rows * group
@@ -327,54 +352,51 @@ func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams
 	for i := it.r0; i < it.r1; i++ {
 		for hh := range group {
 			h := it.kvHead*group + hh
-			copy(qt[((i-it.r0)*group+hh)*d:], q[i*nh*d+h*d:i*nh*d+(h+1)*d])
+			copy(s.qt[((i-it.r0)*group+hh)*d:], q[i*nh*d+h*d:i*nh*d+(h+1)*d])
 		}
 	}
 	kFirst, _ := pl.window(it.r0, p.SlidingWindow)
 	_, kEnd := pl.window(it.r1-1, p.SlidingWindow)
+	sm := s.sm
 	sm.reset(r)
-	clear(acc[:r*d])
+	clear(s.acc[:r*d])
 	kvOff := it.kvHead * d
+	inPlace := pl.ring == nil && kc.dtype == kernels.F32
 	for t0 := kFirst / keyTile * keyTile; t0 < kEnd; t0 += keyTile {
 		n := min(keyTile, kEnd-t0)
-		for j := range n {
-			if pl.ring != nil {
-				pl.ring.gather(pl, it.seq, t0+j, kvOff, d, kc, vc, kt[j*d:(j+1)*d], vt, j, n)
-				continue
+		scores := s.st[:r*n]
+		if inPlace {
+			slots := s.slots[:n]
+			for j := range slots {
+				slots[j] = int32(pl.slot(it.seq, t0+j))
 			}
-			base := pl.slot(it.seq, t0+j)*kvWidth + kvOff
-			if kc.dtype == kernels.F8E4M3 {
-				ks, dst := kc.u8[base:base+d], kt[j*d:(j+1)*d]
-				for e := range dst {
-					dst[e] = f8e4m3Values[ks[e]]
+			b.k.linearF32Gather(scores, s.qt[:r*d], kc.f32[kvOff:], slots, kvWidth, r, d)
+		} else {
+			for j := range n {
+				kt, vt := s.kt[j*d:(j+1)*d], s.vt[j*d:(j+1)*d]
+				if pl.ring != nil {
+					pl.ring.gather(pl, it.seq, t0+j, kvOff, d, kc, vc, kt, vt)
+					continue
+				}
+				base := pl.slot(it.seq, t0+j)*kvWidth + kvOff
+				for e, x := range kc.u8[base : base+d] {
+					kt[e] = f8e4m3Values[x]
 				}
 				for e, x := range vc.u8[base : base+d] {
-					vt[e*n+j] = f8e4m3Values[x]
+					vt[e] = f8e4m3Values[x]
 				}
-				continue
 			}
-			copy(kt[j*d:(j+1)*d], kc.f32[base:base+d])
-			for e, v := range vc.f32[base : base+d] {
-				vt[e*n+j] = v
-			}
+			b.k.linearF32(scores, s.qt[:r*d], s.kt[:n*d], r, n, d, 0, n)
 		}
-		scores := st[:r*n]
-		b.k.linearF32(scores, qt[:r*d], kt[:n*d], r, n, d, 0, n)
 		for rr := range r {
 			first, last := pl.window(it.r0+rr/group, p.SlidingWindow)
-			row := scores[rr*n : (rr+1)*n]
-			for j := range row {
-				row[j] *= p.Scale
-			}
-			sm.update(rr, row, min(max(first-t0, 0), n), min(max(last-t0, 0), n))
+			sm.see(rr, first, last, t0, n)
 		}
-		b.k.linearF32(pv[:r*d], scores, vt[:d*n], r, d, n, 0, d)
-		for rr := range r {
-			a := sm.alpha[rr]
-			dst, src := acc[rr*d:(rr+1)*d], pv[rr*d:(rr+1)*d]
-			for e := range dst {
-				dst[e] = dst[e]*a + src[e]
-			}
+		sm.update(&b.k, scores, r, n, p.Scale)
+		if inPlace {
+			b.k.accumRows(s.acc[:r*d], sm.alpha, scores, vc.f32[kvOff:], s.slots[:n], kvWidth, r, d)
+		} else {
+			b.k.accumRows(s.acc[:r*d], sm.alpha, scores, s.vt[:n*d], tileRows[:n], d, r, d)
 		}
 	}
 	for rr := range r {
@@ -384,7 +406,7 @@ func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams
 			inv = sinkScale(sm.m[rr], sm.l[rr], pl.sinks[h])
 		}
 		dst := out[i*nh*d+h*d : i*nh*d+(h+1)*d]
-		for e, v := range acc[rr*d : (rr+1)*d] {
+		for e, v := range s.acc[rr*d : (rr+1)*d] {
 			dst[e] = v * inv
 		}
 	}
@@ -560,9 +582,14 @@ func (c *mlaCache) forget(t *Tensor) {
 	c.mu.Unlock()
 }
 
+// mlaScratch holds attendMLA's buffers: qn the q_nope rows of a head, x the
+// absorbed query rows [q_nope W_UK, q_pe], st a tile's scores, acc the
+// latent outputs, ov the value rows of a head, slots the cache slots of a
+// tile's keys.
 type mlaScratch struct {
-	qn, x, tile, vt, st, pv, acc, ov []float32
-	sm                               *onlineSoftmax
+	qn, x, st, acc, ov []float32
+	slots              []int32
+	sm                 *onlineSoftmax
 }
 
 // newMLAScratch sizes buffers for chunks of up to rows query rows and key
@@ -570,26 +597,32 @@ type mlaScratch struct {
 func newMLAScratch(p kernels.MLAParams, rows, tile int) *mlaScratch {
 	r, width := rows*p.NumHeads, p.KVLoraRank+p.RopeDim
 	return &mlaScratch{
-		qn:   make([]float32, rows*p.NopeDim),
-		x:    make([]float32, r*width),
-		tile: make([]float32, tile*width),
-		vt:   make([]float32, p.KVLoraRank*tile),
-		st:   make([]float32, r*tile),
-		pv:   make([]float32, r*p.KVLoraRank),
-		acc:  make([]float32, r*p.KVLoraRank),
-		ov:   make([]float32, rows*p.VHeadDim),
-		sm:   newOnlineSoftmax(r),
+		qn:    make([]float32, rows*p.NopeDim),
+		x:     make([]float32, r*width),
+		st:    make([]float32, r*tile),
+		acc:   make([]float32, r*p.KVLoraRank),
+		ov:    make([]float32, rows*p.VHeadDim),
+		slots: make([]int32, tile),
+		sm:    newOnlineSoftmax(r),
 	}
 }
 
 // fits reports whether s holds what newMLAScratch(p, rows, tile) sizes.
 func (s *mlaScratch) fits(p kernels.MLAParams, rows, tile int) bool {
 	r, width := rows*p.NumHeads, p.KVLoraRank+p.RopeDim
-	return len(s.qn) >= rows*p.NopeDim && len(s.x) >= r*width && len(s.tile) >= tile*width &&
-		len(s.vt) >= p.KVLoraRank*tile && len(s.st) >= r*tile && len(s.pv) >= r*p.KVLoraRank &&
-		len(s.acc) >= r*p.KVLoraRank && len(s.ov) >= rows*p.VHeadDim && len(s.sm.m) >= r
+	return len(s.qn) >= rows*p.NopeDim && len(s.x) >= r*width && len(s.st) >= r*tile &&
+		len(s.acc) >= r*p.KVLoraRank && len(s.ov) >= rows*p.VHeadDim && len(s.slots) >= tile &&
+		len(s.sm.m) >= r
 }
 
+// attendMLA runs the query rows of one item: absorbs q_nope into the latent
+// space per head, then attends over the latent cache tile by tile, reading
+// the cache rows in place (their slots gathered): scores are canonical dot
+// products of the absorbed query rows and the cache rows (LinearF32Gather),
+// probabilities come from OnlineSoftmax, and the latent outputs accumulate
+// the probability-weighted cache rows (AccumRows, in key order, no copy or
+// transpose of V), all of it independent of the other rows of the call.
+// Last, out = o_lat W_UV^T per head.
 func (b *Backend) attendMLA(it attnItem, pl *attnPlan, p kernels.MLAParams, q, cache []float32, w *Tensor, wukT, out []float32, s *mlaScratch) {
 	nh, nope, rope, kvl, vd := p.NumHeads, p.NopeDim, p.RopeDim, p.KVLoraRank, p.VHeadDim
 	qd, width := nope+rope, kvl+rope
@@ -600,7 +633,7 @@ func (b *Backend) attendMLA(it attnItem, pl *attnPlan, p kernels.MLAParams, q, c
 		for i := it.r0; i < it.r1; i++ {
 			copy(s.qn[(i-it.r0)*nope:], q[i*nh*qd+h*qd:i*nh*qd+h*qd+nope])
 		}
-		lat := s.pv[:rows*kvl]
+		lat := s.acc[:rows*kvl]
 		b.k.linearF32(lat, s.qn[:rows*nope], wukT[h*kvl*nope:(h+1)*kvl*nope], rows, kvl, nope, 0, kvl)
 		for i := range rows {
 			row := s.x[(i*nh+h)*width : (i*nh+h+1)*width]
@@ -609,38 +642,26 @@ func (b *Backend) attendMLA(it attnItem, pl *attnPlan, p kernels.MLAParams, q, c
 		}
 	}
 	_, kEnd := pl.visible(it.r1 - 1)
-	s.sm.reset(r)
+	sm := s.sm
+	sm.reset(r)
 	clear(s.acc[:r*kvl])
 	for t0 := 0; t0 < kEnd; t0 += keyTile {
 		n := min(keyTile, kEnd-t0)
-		for j := range n {
-			row := cache[pl.slot(it.seq, t0+j)*width : (pl.slot(it.seq, t0+j)+1)*width]
-			copy(s.tile[j*width:], row)
-			for cc, v := range row[:kvl] {
-				s.vt[cc*n+j] = v
-			}
+		slots := s.slots[:n]
+		for j := range slots {
+			slots[j] = int32(pl.slot(it.seq, t0+j))
 		}
 		scores := s.st[:r*n]
-		b.k.linearF32(scores, s.x[:r*width], s.tile[:n*width], r, n, width, 0, n)
+		b.k.linearF32Gather(scores, s.x[:r*width], cache, slots, width, r, width)
 		for rr := range r {
 			_, last := pl.visible(it.r0 + rr/nh)
-			row := scores[rr*n : (rr+1)*n]
-			for j := range row {
-				row[j] *= p.Scale
-			}
-			s.sm.update(rr, row, 0, min(max(last-t0, 0), n))
+			sm.see(rr, 0, last, t0, n)
 		}
-		b.k.linearF32(s.pv[:r*kvl], scores, s.vt[:kvl*n], r, kvl, n, 0, kvl)
-		for rr := range r {
-			a := s.sm.alpha[rr]
-			dst, src := s.acc[rr*kvl:(rr+1)*kvl], s.pv[rr*kvl:(rr+1)*kvl]
-			for e := range dst {
-				dst[e] = dst[e]*a + src[e]
-			}
-		}
+		sm.update(&b.k, scores, r, n, p.Scale)
+		b.k.accumRows(s.acc[:r*kvl], sm.alpha, scores, cache, slots, width, r, kvl)
 	}
 	for rr := range r {
-		inv := 1 / s.sm.l[rr]
+		inv := 1 / sm.l[rr]
 		for e := range kvl {
 			s.acc[rr*kvl+e] *= inv
 		}

@@ -15,10 +15,10 @@ type ringSrc struct {
 }
 
 // gather copies key pos of sequence s (head columns [kvOff, kvOff+d)) into
-// kt and its value into column j of vt (n columns). Positions before the
-// ring's oldest entry are outside every window of the step: they enter as
-// zeros (masked like the rest of the tile).
-func (r *ringSrc) gather(pl *attnPlan, s, pos, kvOff, d int, kc, vc *Tensor, kt, vt []float32, j, n int) {
+// kt and its value into vt (d elements each). Positions before the ring's
+// oldest entry are outside every window of the step: they enter as zeros
+// (masked like the rest of the tile).
+func (r *ringSrc) gather(pl *attnPlan, s, pos, kvOff, d int, kc, vc *Tensor, kt, vt []float32) {
 	hist := pl.kLen[s] - pl.qLen[s]
 	kvWidth := r.k.shape[1]
 	switch {
@@ -29,14 +29,12 @@ func (r *ringSrc) gather(pl *attnPlan, s, pos, kvOff, d int, kc, vc *Tensor, kt,
 				kt[e] = f8e4m3Values[kernels.F32ToF8E4M3(x)]
 			}
 			for e, x := range r.v.f32[base : base+d] {
-				vt[e*n+j] = f8e4m3Values[kernels.F32ToF8E4M3(x)]
+				vt[e] = f8e4m3Values[kernels.F32ToF8E4M3(x)]
 			}
 			return
 		}
 		copy(kt, r.k.f32[base:base+d])
-		for e, x := range r.v.f32[base : base+d] {
-			vt[e*n+j] = x
-		}
+		copy(vt, r.v.f32[base:base+d])
 	case pos >= hist-r.window && pos >= 0: // in the ring
 		base := (r.slot[s]*r.window+pos%r.window)*kvWidth + kvOff
 		if kc.dtype == kernels.F8E4M3 {
@@ -44,19 +42,15 @@ func (r *ringSrc) gather(pl *attnPlan, s, pos, kvOff, d int, kc, vc *Tensor, kt,
 				kt[e] = f8e4m3Values[x]
 			}
 			for e, x := range vc.u8[base : base+d] {
-				vt[e*n+j] = f8e4m3Values[x]
+				vt[e] = f8e4m3Values[x]
 			}
 			return
 		}
 		copy(kt, kc.f32[base:base+d])
-		for e, x := range vc.f32[base : base+d] {
-			vt[e*n+j] = x
-		}
+		copy(vt, vc.f32[base:base+d])
 	default:
 		clear(kt)
-		for e := range d {
-			vt[e*n+j] = 0
-		}
+		clear(vt)
 	}
 }
 
@@ -114,15 +108,9 @@ func (b *Backend) RingAttention(out, q, k, v, kRing, vRing, slots kernels.Tensor
 		for _, it := range items[lo:hi] {
 			maxR = max(maxR, (it.r1-it.r0)*group)
 		}
-		qt := make([]float32, maxR*d)
-		kt := make([]float32, maxN*d)
-		vt := make([]float32, d*maxN)
-		st := make([]float32, maxR*maxN)
-		pv := make([]float32, maxR*d)
-		acc := make([]float32, maxR*d)
-		sm := newOnlineSoftmax(maxR)
+		s := newGQAScratch(maxR, maxN, d)
 		for _, it := range items[lo:hi] {
-			b.attendGQA(it, pl, p, qs.f32, kc, vc, o.f32, qt, kt, vt, st, pv, acc, sm, group)
+			b.attendGQA(it, pl, p, qs.f32, kc, vc, o.f32, s, group)
 		}
 	})
 	return nil

@@ -101,7 +101,8 @@ func TestErrors(t *testing.T) {
 }
 
 // TestPureGoMatchesDefault: the portable path and the vectorized one give the
-// same bits for linear and attention.
+// same bits for linear, attention (GQA over both cache types, MLA) and
+// SiLUMul.
 func TestPureGoMatchesDefault(t *testing.T) {
 	fast, slow := New(Options{Threads: 2}), New(Options{Threads: 2, PureGo: true})
 	defer fast.Close()
@@ -119,4 +120,52 @@ func TestPureGoMatchesDefault(t *testing.T) {
 		outs[i] = vals(out)
 	}
 	checkIdentical(t, "linear go vs "+fast.k.name, outs[1], outs[0])
+
+	// Attention (a float32 cache read in place, an 8-bit one copied), MLA
+	// attention and SiLUMul, over a prefill chunk and decode rows.
+	specs := []seqSpec{{3, 3}, {1, 140}, {37, 300}}
+	const nh, nkv, d, bs, numBlocks = 4, 2, 24, 8, 64
+	const nope, rope, kvl, vd = 8, 4, 20, 6
+	var att [2][][]float32
+	for i, b := range []*Backend{fast, slow} {
+		r := rand.New(rand.NewPCG(12, 12))
+		m, slots := pagedBatch(t, b, r, specs, bs, numBlocks)
+		q := put(t, b, kernels.F32, randVals(r, m.NumTokens*nh*d, 1), m.NumTokens, nh*d)
+		for _, dt := range []kernels.DType{kernels.F32, kernels.F8E4M3} {
+			kc, vc := allocDT(t, b, dt, numBlocks, bs, nkv*d), allocDT(t, b, dt, numBlocks, bs, nkv*d)
+			for s, sp := range specs {
+				for _, c := range []kernels.Tensor{kc, vc} {
+					if err := b.WriteCache(c, put(t, b, kernels.F32, randVals(r, sp.kLen*nkv*d, 2), sp.kLen, nkv*d), putI32(t, b, slots[s], sp.kLen), 0); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			out := alloc(t, b, m.NumTokens, nh*d)
+			if err := b.Attention(out, q, kc, vc, m, kernels.AttentionParams{NumHeads: nh, NumKVHeads: nkv, HeadDim: d, Scale: 0.4}); err != nil {
+				t.Fatal(err)
+			}
+			att[i] = append(att[i], vals(out))
+		}
+		cache := alloc(t, b, numBlocks, bs, kvl+rope)
+		for s, sp := range specs {
+			if err := b.WriteCache(cache, put(t, b, kernels.F32, randVals(r, sp.kLen*(kvl+rope), 1), sp.kLen, kvl+rope), putI32(t, b, slots[s], sp.kLen), 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		wkvb := put(t, b, kernels.BF16, randVals(r, nh*(nope+vd)*kvl, 0.5), nh*(nope+vd), kvl)
+		out := alloc(t, b, m.NumTokens, nh*vd)
+		mp := kernels.MLAParams{NumHeads: nh, NopeDim: nope, RopeDim: rope, KVLoraRank: kvl, VHeadDim: vd, Scale: 0.3}
+		if err := b.MLAAttention(out, put(t, b, kernels.F32, randVals(r, m.NumTokens*nh*(nope+rope), 1), m.NumTokens, nh*(nope+rope)), cache, wkvb, m, mp); err != nil {
+			t.Fatal(err)
+		}
+		att[i] = append(att[i], vals(out))
+		act := alloc(t, b, 3, 70)
+		if err := b.SiLUMul(act, put(t, b, kernels.F32, randVals(r, 3*140, 12), 3, 140)); err != nil {
+			t.Fatal(err)
+		}
+		att[i] = append(att[i], vals(act))
+	}
+	for j, what := range []string{"attention, f32 cache", "attention, 8-bit cache", "mla attention", "silu_mul"} {
+		checkIdentical(t, what+": go vs "+fast.k.name, att[1][j], att[0][j])
+	}
 }

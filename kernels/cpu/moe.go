@@ -229,7 +229,7 @@ func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 		b.linear(g, xe, expert(gu, e), n, 2*inter, hidden, nil)
 		a := make([]float32, n*inter)
 		for r := range n {
-			siluMulRow(a[r*inter:(r+1)*inter], g[r*2*inter:(r+1)*2*inter])
+			b.k.siluMulRow(a[r*inter:(r+1)*inter], g[r*2*inter:(r+1)*2*inter])
 		}
 		ye := xe // reuse: n*hidden
 		b.linear(ye, a, expert(dn, e), n, hidden, inter, nil)

@@ -24,6 +24,14 @@ type kernelSet struct {
 	bf16ToF32   func(dst []float32, src []uint16)
 	f16ToF32    func(dst []float32, src []uint16)
 
+	// Attention's building blocks (simd.Impl.OnlineSoftmax,
+	// LinearF32Gather, AccumRows): a row's bits never depend on the other
+	// rows of a call.
+	onlineSoftmax   func(s []float32, m, n int, scale float32, lo, hi []int32, rowMax, rowSum, alpha []float32)
+	linearF32Gather func(out, x, w []float32, rows []int32, ldw, m, k int)
+	accumRows       func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int)
+	siluMul         func(dst, gate, up []float32) // simd.Impl.SiLUMul
+
 	// linearQuantLlama is llama.cpp's product of activation rows quantized
 	// by simd.QuantizeActs with w's rows (simd.LinearQuantLlama), and
 	// linear16Llama its product of 16-bit activation rows with 16-bit
@@ -53,6 +61,11 @@ func selectKernels(pureGo bool, name string) kernelSet {
 		axpy:        impl.Axpy,
 		bf16ToF32:   impl.BF16ToF32,
 		f16ToF32:    impl.F16ToF32,
+
+		onlineSoftmax:   impl.OnlineSoftmax,
+		linearF32Gather: impl.LinearF32Gather,
+		accumRows:       impl.AccumRows,
+		siluMul:         impl.SiLUMul,
 
 		linearQuantLlama: impl.LinearQuantLlama,
 		linear16Llama:    impl.Linear16Llama,

@@ -1,7 +1,8 @@
 // Package simd holds the vectorized loops of the CPU backend: matrix-vector
 // and matrix-matrix products against float32, bfloat16, float16 and FP8 E4M3
 // (block-scaled, see F8Weights) weights,
-// dot, axpy, scale and dtype conversions.
+// dot, axpy, scale and dtype conversions, and attention's building blocks
+// (Exp, OnlineSoftmax, LinearF32Gather, AccumRows) and SiLUMul: see attn.go.
 //
 // # Canonical reduction order
 //

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "simd_amd64.h"
+#include "attn_amd64.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -52,19 +53,13 @@ AVX2 INLINE void tail_masks(int rem, __m256 *mlo, __m256 *mhi) {
 	*mhi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(r, _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15)));
 }
 
-// tile computes an R x C block (R*C <= 4) of out as in the AVX-512 path:
-// rows and columns past nr, nc repeat the last valid one and are not stored.
-AVX2 INLINE void tile(const int dt, const int R, const int C, const float *x, int nr,
-                      const void *w, int nc, int64_t k, float *out, int64_t ldo) {
-	const float *xr[4];
-	const char *wc[4];
+// tile_rows computes an R x C block (R*C <= 4) of out as in the AVX-512
+// path from the rows xr[r] of x (r < R) and the columns wc[c] of w (c < C),
+// each valid for k elements; only rows r < nr and columns c < nc are
+// stored (tile repeats the last valid one past them).
+AVX2 INLINE void tile_rows(const int dt, const int R, const int C, const float *const xr[4], int nr,
+                           const char *const wc[4], int nc, int64_t k, float *out, int64_t ldo) {
 	__m256 lo[4], hi[4];
-#pragma GCC unroll 4
-	for (int r = 0; r < R; r++)
-		xr[r] = x + (r < nr ? r : nr - 1) * k;
-#pragma GCC unroll 4
-	for (int c = 0; c < C; c++)
-		wc[c] = (const char *)w + (c < nc ? c : nc - 1) * k * esize(dt);
 #pragma GCC unroll 4
 	for (int f = 0; f < R * C; f++)
 		lo[f] = hi[f] = _mm256_setzero_ps();
@@ -114,6 +109,21 @@ AVX2 INLINE void tile(const int dt, const int R, const int C, const float *x, in
 	for (int r = 0; r < nr; r++)
 		for (int c = 0; c < nc; c++)
 			out[r * ldo + c] = hsum2(lo[r * C + c], hi[r * C + c]);
+}
+
+// tile computes an R x C block (R*C <= 4) of out as in the AVX-512 path:
+// rows and columns past nr, nc repeat the last valid one and are not stored.
+AVX2 INLINE void tile(const int dt, const int R, const int C, const float *x, int nr,
+                      const void *w, int nc, int64_t k, float *out, int64_t ldo) {
+	const float *xr[4];
+	const char *wc[4];
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++)
+		xr[r] = x + (r < nr ? r : nr - 1) * k;
+#pragma GCC unroll 4
+	for (int c = 0; c < C; c++)
+		wc[c] = (const char *)w + (c < nc ? c : nc - 1) * k * esize(dt);
+	tile_rows(dt, R, C, xr, nr, wc, nc, k, out, ldo);
 }
 
 AVX2 INLINE void linear_rows(const int dt, const int R, const int C, float *out, const float *x,
@@ -167,6 +177,28 @@ void di_linear_avx2(int dtype, float *out, const float *x, const void *w, int64_
 		break;
 	default:
 		linear_f32(out, x, w, m, n, k, j0, j1);
+	}
+}
+
+// di_linear_gather_avx2 is LinearF32Gather: linear's tiles with column c
+// of a tile at w + rows[j+c]*ldw.
+AVX2 void di_linear_gather_avx2(float *out, const float *x, const float *w, const int32_t *rows, int64_t ldw,
+                                int64_t m, int64_t n, int64_t k) {
+	for (int64_t i = 0; i < m;) {
+		const int two = m - i >= 2;
+		const int R = two ? 2 : 1, C = two ? 2 : 4;
+		const float *xr[4] = {x + i * k, x + (i + R - 1) * k, 0, 0};
+		for (int64_t j = 0; j < n; j += C) {
+			int nc = n - j < C ? (int)(n - j) : C;
+			const char *wc[4];
+			for (int c = 0; c < C; c++)
+				wc[c] = (const char *)(w + (int64_t)rows[j + (c < nc ? c : nc - 1)] * ldw);
+			if (two)
+				tile_rows(DI_F32, 2, 2, xr, 2, wc, nc, k, out + i * n + j, n);
+			else
+				tile_rows(DI_F32, 1, 4, xr, 1, wc, nc, k, out + i * n + j, n);
+		}
+		i += R;
 	}
 }
 

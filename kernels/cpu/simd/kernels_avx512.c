@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "simd_amd64.h"
+#include "attn_amd64.h"
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -259,6 +260,50 @@ void di_linear_avx512(int dtype, float *out, const float *x, const void *w, int6
 		break;
 	default:
 		linear_f32(out, x, w, m, n, k, j0, j1);
+	}
+}
+
+// gather_rows runs rows [i0, i0+nr) of LinearF32Gather with R x C tiles:
+// column c of a tile is row rows[j+c] of w (stride ldw), the last valid one
+// repeated past nc as in tile_ptrs. k is not cut into chunks: the tiles of
+// attention are small enough to stay in L1 over the whole of k.
+AVX512 INLINE void gather_rows(const int R, const int C, float *out, const float *x, const float *w,
+                               const int32_t *rows, int64_t ldw, int64_t n, int64_t k, int64_t i0,
+                               int nr) {
+	const float *xr[4];
+	const char *wc[16];
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++)
+		xr[r] = x + (i0 + (r < nr ? r : nr - 1)) * k;
+	for (int64_t j = 0; j < n; j += C) {
+		int nc = n - j < C ? (int)(n - j) : C;
+#pragma GCC unroll 16
+		for (int c = 0; c < C; c++)
+			wc[c] = (const char *)(w + (int64_t)rows[j + (c < nc ? c : nc - 1)] * ldw);
+		__m512 acc[16];
+#pragma GCC unroll 16
+		for (int f = 0; f < 16; f++)
+			acc[f] = _mm512_setzero_ps();
+		tile_steps(DI_F32, R, C, xr, wc, 0, k, k, acc, 0);
+		tile_store(R, C, acc, nr, nc, out + i0 * n + j, n);
+	}
+}
+
+AVX512 void di_linear_gather_avx512(float *out, const float *x, const float *w, const int32_t *rows,
+                                    int64_t ldw, int64_t m, int64_t n, int64_t k) {
+	for (int64_t i = 0; i < m;) {
+		int64_t left = m - i;
+		if (left >= 3) {
+			int nr = left < 4 ? (int)left : 4;
+			gather_rows(4, 4, out, x, w, rows, ldw, n, k, i, nr);
+			i += nr;
+		} else if (left == 2) {
+			gather_rows(2, 8, out, x, w, rows, ldw, n, k, i, 2);
+			i += 2;
+		} else {
+			gather_rows(1, 8, out, x, w, rows, ldw, n, k, i, 1);
+			i += 1;
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ package simd
 /*
 #cgo CFLAGS: -O2
 #include "simd_amd64.h"
+#include "attn_amd64.h"
 */
 import "C"
 
@@ -61,6 +62,12 @@ type cFuncs struct {
 	bf16ToF32 func(dst *C.float, src *C.uint16_t, n C.int64_t)
 	f16ToF32  func(dst *C.float, src *C.uint16_t, n C.int64_t)
 	f32ToBF16 func(dst *C.uint16_t, src *C.float, n C.int64_t)
+
+	exp           func(dst, src *C.float, n C.int64_t)
+	onlineSoftmax func(s *C.float, m, n C.int64_t, scale C.float, lo, hi *C.int32_t, rowMax, rowSum, alpha *C.float)
+	linearGather  func(out, x, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t)
+	accumRows     func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t)
+	siluMul       func(dst, gate, up *C.float, n C.int64_t)
 }
 
 var avx512Funcs = cFuncs{
@@ -76,6 +83,18 @@ var avx512Funcs = cFuncs{
 	bf16ToF32: func(dst *C.float, src *C.uint16_t, n C.int64_t) { C.di_bf16_to_f32_avx512(dst, src, n) },
 	f16ToF32:  func(dst *C.float, src *C.uint16_t, n C.int64_t) { C.di_f16_to_f32_avx512(dst, src, n) },
 	f32ToBF16: func(dst *C.uint16_t, src *C.float, n C.int64_t) { C.di_f32_to_bf16_avx512(dst, src, n) },
+
+	exp: func(dst, src *C.float, n C.int64_t) { C.di_exp_avx512(dst, src, n) },
+	onlineSoftmax: func(s *C.float, m, n C.int64_t, scale C.float, lo, hi *C.int32_t, rowMax, rowSum, alpha *C.float) {
+		C.di_online_softmax_avx512(s, m, n, scale, lo, hi, rowMax, rowSum, alpha)
+	},
+	linearGather: func(out, x, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t) {
+		C.di_linear_gather_avx512(out, x, w, rows, ldw, m, n, k)
+	},
+	accumRows: func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t) {
+		C.di_accum_rows_avx512(acc, alpha, p, w, rows, ldw, m, n, k)
+	},
+	siluMul: func(dst, gate, up *C.float, n C.int64_t) { C.di_silu_mul_avx512(dst, gate, up, n) },
 }
 
 var avx2Funcs = cFuncs{
@@ -91,9 +110,22 @@ var avx2Funcs = cFuncs{
 	bf16ToF32: func(dst *C.float, src *C.uint16_t, n C.int64_t) { C.di_bf16_to_f32_avx2(dst, src, n) },
 	f16ToF32:  func(dst *C.float, src *C.uint16_t, n C.int64_t) { C.di_f16_to_f32_avx2(dst, src, n) },
 	f32ToBF16: func(dst *C.uint16_t, src *C.float, n C.int64_t) { C.di_f32_to_bf16_avx2(dst, src, n) },
+
+	exp: func(dst, src *C.float, n C.int64_t) { C.di_exp_avx2(dst, src, n) },
+	onlineSoftmax: func(s *C.float, m, n C.int64_t, scale C.float, lo, hi *C.int32_t, rowMax, rowSum, alpha *C.float) {
+		C.di_online_softmax_avx2(s, m, n, scale, lo, hi, rowMax, rowSum, alpha)
+	},
+	linearGather: func(out, x, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t) {
+		C.di_linear_gather_avx2(out, x, w, rows, ldw, m, n, k)
+	},
+	accumRows: func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t) {
+		C.di_accum_rows_avx2(acc, alpha, p, w, rows, ldw, m, n, k)
+	},
+	siluMul: func(dst, gate, up *C.float, n C.int64_t) { C.di_silu_mul_avx2(dst, gate, up, n) },
 }
 
 func fptr(s []float32) *C.float     { return (*C.float)(unsafe.Pointer(unsafe.SliceData(s))) }
+func i32ptr(s []int32) *C.int32_t   { return (*C.int32_t)(unsafe.Pointer(unsafe.SliceData(s))) }
 func u16ptr(s []uint16) *C.uint16_t { return (*C.uint16_t)(unsafe.Pointer(unsafe.SliceData(s))) }
 
 // newNative wraps one instruction set's C functions. The Impl methods have
@@ -159,6 +191,30 @@ func newNative(name string, f cFuncs) *Impl {
 				return
 			}
 			f.f32ToBF16(u16ptr(dst), fptr(src), C.int64_t(len(src)))
+		},
+		exp: func(dst, src []float32) {
+			if len(src) < minNative {
+				expSliceGo(dst, src)
+				return
+			}
+			f.exp(fptr(dst), fptr(src), C.int64_t(len(src)))
+		},
+		onlineSoftmax: func(s []float32, m, n int, scale float32, lo, hi []int32, rowMax, rowSum, alpha []float32) {
+			f.onlineSoftmax(fptr(s), C.int64_t(m), C.int64_t(n), C.float(scale), i32ptr(lo), i32ptr(hi),
+				fptr(rowMax), fptr(rowSum), fptr(alpha))
+		},
+		linearF32Gather: func(out, x, w []float32, rows []int32, ldw, m, k int) {
+			f.linearGather(fptr(out), fptr(x), fptr(w), i32ptr(rows), C.int64_t(ldw), C.int64_t(m), C.int64_t(len(rows)), C.int64_t(k))
+		},
+		accumRows: func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int) {
+			f.accumRows(fptr(acc), fptr(alpha), fptr(p), fptr(w), i32ptr(rows), C.int64_t(ldw), C.int64_t(m), C.int64_t(len(rows)), C.int64_t(k))
+		},
+		siluMul: func(dst, gate, up []float32) {
+			if len(gate) < minNative {
+				siluMulGo(dst, gate, up)
+				return
+			}
+			f.siluMul(fptr(dst), fptr(gate), fptr(up), C.int64_t(len(gate)))
 		},
 	}
 }

@@ -26,6 +26,13 @@ type Impl struct {
 	bf16ToF32  func(dst []float32, src []uint16)
 	f16ToF32   func(dst []float32, src []uint16)
 	f32ToBF16  func(dst []uint16, src []float32)
+
+	// The attention building blocks of attn.go.
+	exp             func(dst, src []float32)
+	onlineSoftmax   func(s []float32, m, n int, scale float32, lo, hi []int32, rowMax, rowSum, alpha []float32)
+	linearF32Gather func(out, x, w []float32, rows []int32, ldw, m, k int)
+	accumRows       func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int)
+	siluMul         func(dst, gate, up []float32)
 }
 
 // goImpl is the pure-Go implementation.
@@ -41,6 +48,12 @@ var goImpl = &Impl{
 	bf16ToF32:  bf16ToF32Go,
 	f16ToF32:   f16ToF32Go,
 	f32ToBF16:  f32ToBF16Go,
+
+	exp:             expSliceGo,
+	onlineSoftmax:   onlineSoftmaxGo,
+	linearF32Gather: linearF32GatherGo,
+	accumRows:       accumRowsGo,
+	siluMul:         siluMulGo,
 }
 
 // available lists the implementations this CPU runs, pure Go first and the

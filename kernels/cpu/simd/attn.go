@@ -1,0 +1,267 @@
+package simd
+
+import (
+	"fmt"
+	"math"
+)
+
+// Attention building blocks: a vectorized exponential, the online-softmax
+// step of one key tile, and the two products of a tile whose key and value
+// rows are gathered by index (a paged cache read in place). Every path
+// computes the same operations in the same order, so all of them return the
+// same bits (NaN payloads aside), and a row's results never depend on the
+// other rows of a call.
+
+// The exponential: n = round(x*log2(e)) (nearest, ties to even), r = x -
+// n*ln2 in two fused steps (Cody-Waite, ln2 = expLn2Hi + expLn2Lo), e^r =
+// 1 + r + r^2*P(r) with P of degree 5 in Horner form, one fused
+// multiply-add a step, and the result scaled by 2^n with one rounding (which
+// also rounds subnormal results correctly). x is first clamped to
+// [expMin, expMax]: e^expMin rounds to +0 and e^expMax overflows to +Inf.
+// Error: at most 1 ulp against float32(math.Exp(float64(x))), measured over
+// every float32 in [-110, 89] (TestExpAccuracy repeats it on a sweep).
+const (
+	expMin   = -110
+	expMax   = 89
+	expLog2E = float32(1.44269504088896341)
+	expLn2Hi = float32(0.693359375)
+	expLn2Lo = float32(-2.12194440e-4)
+	expP0    = float32(1.9875691500e-4)
+	expP1    = float32(1.3981999507e-3)
+	expP2    = float32(8.3334519073e-3)
+	expP3    = float32(4.1665795894e-2)
+	expP4    = float32(1.6666665459e-1)
+	expP5    = float32(5.0000001201e-1)
+)
+
+// expGo is the reference of the exponential above; the SIMD paths compute
+// the same operations lane by lane.
+func expGo(x float32) float32 {
+	if x != x {
+		return x
+	}
+	x = min(max(x, expMin), expMax)
+	n := float32(math.RoundToEven(float64(float32(x * expLog2E))))
+	r := fma32(-n, expLn2Hi, x)
+	r = fma32(-n, expLn2Lo, r)
+	q := fma32(expP0, r, expP1)
+	q = fma32(q, r, expP2)
+	q = fma32(q, r, expP3)
+	q = fma32(q, r, expP4)
+	q = fma32(q, r, expP5)
+	y := fma32(q, float32(r*r), r) + 1
+	// y * 2^n is exact in float64 (n in [-159, 129]); the conversion rounds
+	// once, to nearest even, subnormals included.
+	return float32(float64(y) * math.Float64frombits(uint64(int64(n)+1023)<<52))
+}
+
+func expSliceGo(dst, src []float32) {
+	dst = dst[:len(src)]
+	for i, x := range src {
+		dst[i] = expGo(x)
+	}
+}
+
+// onlineSoftmaxGo is the reference of Impl.OnlineSoftmax.
+func onlineSoftmaxGo(s []float32, m, n int, scale float32, lo, hi []int32, rowMax, rowSum, alpha []float32) {
+	for i := range m {
+		row := s[i*n : (i+1)*n]
+		a, b := int(lo[i]), int(hi[i])
+		if a >= b {
+			clear(row)
+			alpha[i] = 1
+			continue
+		}
+		tmax := row[a] * scale
+		for _, v := range row[a+1 : b] {
+			tmax = maxOrdered(tmax, v*scale)
+		}
+		mOld := rowMax[i]
+		mNew := maxOrdered(mOld, tmax)
+		var acc [lanes]float32
+		for j, v := range row {
+			e := float32(0)
+			if j >= a && j < b {
+				e = expGo(fma32(v, scale, -mNew))
+			}
+			row[j] = e
+			acc[j%lanes] += e
+		}
+		alpha[i] = expGo(mOld - mNew)
+		rowSum[i] = fma32(rowSum[i], alpha[i], reduce16(&acc))
+		rowMax[i] = mNew
+	}
+}
+
+// maxOrdered is max(a, b) as the SIMD max instructions compute it with b
+// as their second operand: b unless a > b (so NaN in either gives b, and
+// equal zeros give b).
+func maxOrdered(a, b float32) float32 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// linearF32GatherGo is the reference of Impl.LinearF32Gather.
+func linearF32GatherGo(out, x, w []float32, rows []int32, ldw, m, k int) {
+	n := len(rows)
+	for j, rw := range rows {
+		wr := w[int(rw)*ldw : int(rw)*ldw+k]
+		for i := range m {
+			out[i*n+j] = dotGo(x[i*k:i*k+k], wr)
+		}
+	}
+}
+
+// accumRowsGo is the reference of Impl.AccumRows.
+func accumRowsGo(acc, alpha, p, w []float32, rows []int32, ldw, m, k int) {
+	n := len(rows)
+	for i := range m {
+		pr, dst := p[i*n:(i+1)*n], acc[i*k:(i+1)*k]
+		for c := range dst {
+			var s float32
+			for j, rw := range rows {
+				if pr[j] != 0 {
+					s = fma32(pr[j], w[int(rw)*ldw+c], s)
+				}
+			}
+			dst[c] = fma32(dst[c], alpha[i], s)
+		}
+	}
+}
+
+// Exp sets dst[i] = e^src[i] for i < len(src): within 1 ulp of the
+// correctly rounded value (see expMin), subnormal results included; e^x is
+// +0 for x <= -104 (and -Inf), +Inf past float32's range, NaN for NaN.
+// It panics if dst is shorter than src. Cost: about 15 vector instructions
+// per 16 (AVX-512) or 8 (AVX2) elements.
+func (p *Impl) Exp(dst, src []float32) {
+	if len(dst) < len(src) {
+		panic(fmt.Sprintf("simd: Exp: len(dst)=%d < len(src)=%d", len(dst), len(src)))
+	}
+	p.exp(dst, src)
+}
+
+// OnlineSoftmax runs one key tile of the online softmax of m rows: row i of
+// s (n scores, s[i*n:(i+1)*n]) sees the keys [lo[i], hi[i]) of the tile and
+// carries the running max rowMax[i] (-Inf before the first tile) and
+// denominator rowSum[i] (0 before the first tile). For a row that sees some
+// key, with mNew = max(rowMax[i], max over seen j of s[j]*scale):
+//
+//	s[j]      = exp(fma(s[j], scale, -mNew)) for seen j, +0 for the others
+//	alpha[i]  = exp(rowMax[i] - mNew), the factor of the row's previous output
+//	rowSum[i] = fma(rowSum[i], alpha[i], sum of the new s[j])
+//	rowMax[i] = mNew
+//
+// exp is Exp's; the sum runs in the canonical order of Dot (lane j%16, then
+// the tree), so the keys a row does not see, being +0, change no bit. A row
+// that sees no key is set to +0 with alpha 1 and its state unchanged. It
+// panics unless 0 <= lo[i], hi[i] <= n and the slices hold m rows. Cost: two
+// passes over the m*n scores and one exponential per seen score.
+func (p *Impl) OnlineSoftmax(s []float32, m, n int, scale float32, lo, hi []int32, rowMax, rowSum, alpha []float32) {
+	switch {
+	case m < 0 || n < 0 || len(s) < m*n:
+		panic(fmt.Sprintf("simd: OnlineSoftmax: len(s)=%d for m=%d n=%d", len(s), m, n))
+	case len(lo) < m || len(hi) < m || len(rowMax) < m || len(rowSum) < m || len(alpha) < m:
+		panic(fmt.Sprintf("simd: OnlineSoftmax: row slices shorter than m=%d", m))
+	}
+	for i := range m {
+		if lo[i] < 0 || hi[i] > int32(n) {
+			panic(fmt.Sprintf("simd: OnlineSoftmax: row %d sees [%d, %d), tile has %d keys", i, lo[i], hi[i], n))
+		}
+	}
+	if m == 0 {
+		return
+	}
+	p.onlineSoftmax(s, m, n, scale, lo, hi, rowMax, rowSum, alpha)
+}
+
+// checkGather panics unless every row index r gives w[r*ldw : r*ldw+k].
+func checkGather(op string, w []float32, rows []int32, ldw, k int) {
+	if ldw < 0 || k < 0 {
+		panic(fmt.Sprintf("simd: %s: negative ldw=%d or k=%d", op, ldw, k))
+	}
+	for j, r := range rows {
+		if r < 0 || int(r)*ldw+k > len(w) {
+			panic(fmt.Sprintf("simd: %s: rows[%d]=%d: w[%d:%d] outside len(w)=%d", op, j, r, int(r)*ldw, int(r)*ldw+k, len(w)))
+		}
+	}
+}
+
+// LinearF32Gather is LinearF32 over the rows of w that rows names:
+// out[i*n+j] = Dot(x[i*k:(i+1)*k], w[rows[j]*ldw:][:k]) for i < m, j < n =
+// len(rows), bit for bit what LinearF32 gives on those rows copied into a
+// dense [n][k] matrix. out must not overlap x or w. It panics if a slice is
+// too short or a row falls outside w. Cost: 2*m*n*k flops, each gathered
+// row read from cache once per 4 rows of x.
+func (p *Impl) LinearF32Gather(out, x, w []float32, rows []int32, ldw, m, k int) {
+	n := len(rows)
+	if m < 0 || len(out) < m*n || len(x) < m*k {
+		panic(fmt.Sprintf("simd: LinearF32Gather: len(out)=%d, len(x)=%d for m=%d n=%d k=%d", len(out), len(x), m, n, k))
+	}
+	checkGather("LinearF32Gather", w, rows, ldw, k)
+	if m == 0 || n == 0 {
+		return
+	}
+	p.linearF32Gather(out, x, w, rows, ldw, m, k)
+}
+
+// AccumRows adds a probability-weighted sum of gathered rows of w into each
+// of m accumulator rows: with n = len(rows), for i < m and c < k,
+//
+//	pv = sum over j < n of p[i*n+j] * w[rows[j]*ldw + c]
+//	acc[i*k+c] = fma(acc[i*k+c], alpha[i], pv)
+//
+// where pv starts at +0 and takes one fused multiply-add per j in
+// increasing j, skipping the j with p[i*n+j] == 0 (an exact no-op
+// otherwise, so a row's bits do not depend on trailing or masked keys). It
+// is attention's P·V step without transposing V. out must not overlap the
+// inputs. It panics if a slice is too short or a row falls outside w. Cost:
+// 2*m*n*k flops; each gathered row is read once per 4 rows of acc.
+func (p *Impl) AccumRows(acc, alpha, probs, w []float32, rows []int32, ldw, m, k int) {
+	n := len(rows)
+	if m < 0 || len(acc) < m*k || len(alpha) < m || len(probs) < m*n {
+		panic(fmt.Sprintf("simd: AccumRows: len(acc)=%d, len(alpha)=%d, len(p)=%d for m=%d n=%d k=%d",
+			len(acc), len(alpha), len(probs), m, n, k))
+	}
+	checkGather("AccumRows", w, rows, ldw, k)
+	if m == 0 || k == 0 {
+		return
+	}
+	p.accumRows(acc, alpha, probs, w, rows, ldw, m, k)
+}
+
+// siluMulGo is the reference of Impl.SiLUMul.
+func siluMulGo(dst, gate, up []float32) {
+	dst, up = dst[:len(gate)], up[:len(gate)]
+	for i, g := range gate {
+		dst[i] = siluGo(g) * up[i]
+	}
+}
+
+// siluGo is x*sigmoid(x) with e = exp(-|x|) in (0, 1]: x/(1+e) for x >= 0,
+// x*e/(1+e) below (so e never overflows); NaN stays NaN.
+func siluGo(x float32) float32 {
+	e := expGo(-abs32(x))
+	num := x
+	if x < 0 {
+		num = x * e
+	}
+	return num / (1 + e)
+}
+
+// SiLUMul sets dst[i] = silu(gate[i]) * up[i] for i < len(gate), silu(x) =
+// x*sigmoid(x) computed as siluGo: Exp's e^-|x|, then one division, so
+// within a few ulp of the exact value for every x, with no overflow for
+// large |x|. It panics if dst or up is shorter than gate. Cost: one Exp, a
+// division and two multiplies per element, vectorized.
+func (p *Impl) SiLUMul(dst, gate, up []float32) {
+	if len(dst) < len(gate) || len(up) < len(gate) {
+		panic(fmt.Sprintf("simd: SiLUMul: len(dst)=%d, len(up)=%d < len(gate)=%d", len(dst), len(up), len(gate)))
+	}
+	p.siluMul(dst, gate, up)
+}
+
+// Exp runs Default().Exp.
+func Exp(dst, src []float32) { defaultImpl.Exp(dst, src) }

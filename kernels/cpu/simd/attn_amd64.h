@@ -1,0 +1,49 @@
+// C kernels of package simd's attention building blocks (attn.go). Each must
+// only be called when the CPU has its instruction set; each computes its Go
+// reference's operations lane by lane, so all paths give the same bits.
+#ifndef DEEPINFER_ATTN_AMD64_H
+#define DEEPINFER_ATTN_AMD64_H
+
+#include <stdint.h>
+
+// The constants of expGo (attn.go), the same literals rounded to float.
+#define DI_EXP_MIN (-110.0f)
+#define DI_EXP_MAX 89.0f
+#define DI_EXP_LOG2E 1.44269504088896341f
+#define DI_EXP_LN2_HI 0.693359375f
+#define DI_EXP_LN2_LO (-2.12194440e-4f)
+#define DI_EXP_P0 1.9875691500e-4f
+#define DI_EXP_P1 1.3981999507e-3f
+#define DI_EXP_P2 8.3334519073e-3f
+#define DI_EXP_P3 4.1665795894e-2f
+#define DI_EXP_P4 1.6666665459e-1f
+#define DI_EXP_P5 5.0000001201e-1f
+
+// dst[i] = exp(src[i]), i < n.
+void di_exp_avx512(float *dst, const float *src, int64_t n);
+void di_exp_avx2(float *dst, const float *src, int64_t n);
+
+// dst[i] = silu(gate[i]) * up[i], i < n (Impl.SiLUMul).
+void di_silu_mul_avx512(float *dst, const float *gate, const float *up, int64_t n);
+void di_silu_mul_avx2(float *dst, const float *gate, const float *up, int64_t n);
+
+// One key tile of the online softmax of m rows of n scores (Impl.OnlineSoftmax).
+void di_online_softmax_avx512(float *s, int64_t m, int64_t n, float scale, const int32_t *lo,
+                              const int32_t *hi, float *row_max, float *row_sum, float *alpha);
+void di_online_softmax_avx2(float *s, int64_t m, int64_t n, float scale, const int32_t *lo,
+                            const int32_t *hi, float *row_max, float *row_sum, float *alpha);
+
+// acc[i*k+c] = fma(acc[i*k+c], alpha[i], sum_j p[i*n+j] * w[rows[j]*ldw+c]) (Impl.AccumRows).
+void di_accum_rows_avx512(float *acc, const float *alpha, const float *p, const float *w,
+                          const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k);
+void di_accum_rows_avx2(float *acc, const float *alpha, const float *p, const float *w,
+                        const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k);
+
+// out[i*n+j] = canonical dot of x[i*k..] and w[rows[j]*ldw..], i < m, j < n
+// (Impl.LinearF32Gather); in the kernels_*.c files, next to LinearF32.
+void di_linear_gather_avx512(float *out, const float *x, const float *w, const int32_t *rows,
+                             int64_t ldw, int64_t m, int64_t n, int64_t k);
+void di_linear_gather_avx2(float *out, const float *x, const float *w, const int32_t *rows,
+                           int64_t ldw, int64_t m, int64_t n, int64_t k);
+
+#endif

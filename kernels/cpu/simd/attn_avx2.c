@@ -1,0 +1,222 @@
+//go:build cgo
+
+// AVX2 + FMA attention kernels (attn.go), the AVX-512 ones on 8-lane
+// registers: a canonical 16-lane accumulator is the pair (lo: lanes 0..7,
+// hi: 8..15), as in kernels_avx2.c. Each computes its Go reference's
+// operations lane by lane, never letting a product feed an addition the
+// compiler could contract.
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "attn_amd64.h"
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+#include "hsum2_avx2.h"
+
+// pow2 is 2^n for integer lanes n in [-126, 127].
+AVX2 INLINE __m256 pow2(__m256i n) {
+	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n, _mm256_set1_epi32(127)), 23));
+}
+
+// exp8 is expGo on 8 lanes (see exp16 of attn_avx512.c). y * 2^n, n in
+// [-159, 129], is (y * 2^(n>>1)) * 2^(n - (n>>1)): the first product is
+// exact (a normal float), the second rounds once, as scalef does.
+AVX2 INLINE __m256 exp8(__m256 x) {
+	x = _mm256_max_ps(_mm256_set1_ps(DI_EXP_MIN), x);
+	x = _mm256_min_ps(_mm256_set1_ps(DI_EXP_MAX), x);
+	__m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(DI_EXP_LOG2E)),
+	                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(DI_EXP_LN2_HI), x);
+	r = _mm256_fnmadd_ps(n, _mm256_set1_ps(DI_EXP_LN2_LO), r);
+	__m256 q = _mm256_fmadd_ps(_mm256_set1_ps(DI_EXP_P0), r, _mm256_set1_ps(DI_EXP_P1));
+	q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(DI_EXP_P2));
+	q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(DI_EXP_P3));
+	q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(DI_EXP_P4));
+	q = _mm256_fmadd_ps(q, r, _mm256_set1_ps(DI_EXP_P5));
+	__m256 y = _mm256_add_ps(_mm256_fmadd_ps(q, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+	__m256i ni = _mm256_cvtps_epi32(n);
+	__m256i n1 = _mm256_srai_epi32(ni, 1);
+	// A NaN lane has y NaN (and a garbage n): the products stay NaN.
+	__m256 e = _mm256_mul_ps(_mm256_mul_ps(y, pow2(n1)), pow2(_mm256_sub_epi32(ni, n1)));
+	// The result is a register the compiler knows nothing of: an addition
+	// of it can never be contracted with the product into one FMA.
+	__asm__("" : "+x"(e));
+	return e;
+}
+
+// lane_mask is the lanes j0+l (l < 8) with a <= j0+l < b, as a blend mask.
+AVX2 INLINE __m256 lane_mask(int64_t j0, int64_t a, int64_t b) {
+	__m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int32_t)j0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+	__m256i ge = _mm256_cmpgt_epi32(idx, _mm256_set1_epi32((int32_t)a - 1));
+	__m256i lt = _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)b), idx);
+	return _mm256_castsi256_ps(_mm256_and_si256(ge, lt));
+}
+
+// load8 reads x[j, j+8) clipped to j < n, zeros past n.
+AVX2 INLINE __m256 load8(const float *x, int64_t j, int64_t n) {
+	if (j + 8 <= n)
+		return _mm256_loadu_ps(x + j);
+	float buf[8] = {0};
+	if (j < n)
+		memcpy(buf, x + j, (n - j) * sizeof(float));
+	return _mm256_loadu_ps(buf);
+}
+
+// store8 writes v to x[j, j+8) clipped to j < n.
+AVX2 INLINE void store8(float *x, int64_t j, int64_t n, __m256 v) {
+	if (j + 8 <= n) {
+		_mm256_storeu_ps(x + j, v);
+		return;
+	}
+	if (j < n) {
+		float buf[8];
+		_mm256_storeu_ps(buf, v);
+		memcpy(x + j, buf, (n - j) * sizeof(float));
+	}
+}
+
+AVX2 void di_exp_avx2(float *dst, const float *src, int64_t n) {
+	for (int64_t i = 0; i < n; i += 8)
+		store8(dst, i, n, exp8(load8(src, i, n)));
+}
+
+// silu8 is siluGo on 8 lanes.
+AVX2 INLINE __m256 silu8(__m256 x) {
+	__m256 ax = _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+	__m256 e = exp8(_mm256_xor_ps(ax, _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000))));
+	__m256 num = _mm256_blendv_ps(x, _mm256_mul_ps(x, e), _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ));
+	return _mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+AVX2 void di_silu_mul_avx2(float *dst, const float *gate, const float *up, int64_t n) {
+	for (int64_t i = 0; i < n; i += 8)
+		store8(dst, i, n, _mm256_mul_ps(silu8(load8(gate, i, n)), load8(up, i, n)));
+}
+
+// max_ordered is maxOrdered: b unless a > b (MAXSS with b second).
+AVX2 INLINE float max_ordered(float a, float b) {
+	return _mm_cvtss_f32(_mm_max_ss(_mm_set_ss(a), _mm_set_ss(b)));
+}
+
+AVX2 void di_online_softmax_avx2(float *s, int64_t m, int64_t n, float scale, const int32_t *lo,
+                                 const int32_t *hi, float *row_max, float *row_sum, float *alpha) {
+	const __m256 sc = _mm256_set1_ps(scale);
+	for (int64_t i = 0; i < m; i++) {
+		float *row = s + i * n;
+		const int64_t a = lo[i], b = hi[i];
+		if (a >= b) {
+			memset(row, 0, n * sizeof(float));
+			alpha[i] = 1.0f;
+			continue;
+		}
+		float tmax = row[a] * scale;
+		{
+			__m256 mv = _mm256_set1_ps(tmax);
+			for (int64_t j = a; j < b; j += 8) {
+				__m256 v = _mm256_mul_ps(load8(row, j, b), sc);
+				// Lanes past b repeat the current max: they change nothing.
+				v = _mm256_blendv_ps(mv, v, lane_mask(j, a, b));
+				mv = _mm256_max_ps(mv, v);
+			}
+			float lanes[8];
+			_mm256_storeu_ps(lanes, mv);
+			for (int l = 0; l < 8; l++)
+				tmax = max_ordered(tmax, lanes[l]);
+		}
+		const float m_old = row_max[i];
+		const float m_new = max_ordered(m_old, tmax);
+		const __m256 neg_m = _mm256_set1_ps(-m_new);
+		__m256 acc_lo = _mm256_setzero_ps(), acc_hi = _mm256_setzero_ps();
+		for (int64_t j = 0; j < n; j += 16) {
+			__m256 e0 = _mm256_and_ps(lane_mask(j, a, b), exp8(_mm256_fmadd_ps(load8(row, j, n), sc, neg_m)));
+			__m256 e1 = _mm256_and_ps(lane_mask(j + 8, a, b), exp8(_mm256_fmadd_ps(load8(row, j + 8, n), sc, neg_m)));
+			store8(row, j, n, e0);
+			store8(row, j + 8, n, e1);
+			acc_lo = _mm256_add_ps(acc_lo, e0);
+			acc_hi = _mm256_add_ps(acc_hi, e1);
+		}
+		float al = _mm256_cvtss_f32(exp8(_mm256_set1_ps(m_old - m_new)));
+		alpha[i] = al;
+		row_sum[i] = __builtin_fmaf(row_sum[i], al, hsum2(acc_lo, acc_hi));
+		row_max[i] = m_new;
+	}
+}
+
+// accum_block is the AVX-512 path's accum_block on 8-column registers:
+// rows [0, R) over columns [c0, c0+8*V), V full registers.
+AVX2 INLINE void accum_block(const int R, const int V, float *const acc[4], const float *const pr[4],
+                             const float *alpha, const float *w, const int32_t *rows, int64_t ldw,
+                             int64_t n, int64_t c0) {
+	__m256 pv[4][4];
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+		for (int v = 0; v < V; v++)
+			pv[r][v] = _mm256_setzero_ps();
+	for (int64_t j = 0; j < n; j++) {
+		const float *wr = w + (int64_t)rows[j] * ldw + c0;
+		__m256 wv[4];
+#pragma GCC unroll 4
+		for (int v = 0; v < V; v++)
+			wv[v] = _mm256_loadu_ps(wr + 8 * v);
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++) {
+			const float p = pr[r][j];
+			if (p != 0.0f) {
+				const __m256 pb = _mm256_set1_ps(p);
+#pragma GCC unroll 4
+				for (int v = 0; v < V; v++)
+					pv[r][v] = _mm256_fmadd_ps(pb, wv[v], pv[r][v]);
+			}
+		}
+	}
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++) {
+		const __m256 al = _mm256_set1_ps(alpha[r]);
+#pragma GCC unroll 4
+		for (int v = 0; v < V; v++) {
+			float *d = acc[r] + c0 + 8 * v;
+			_mm256_storeu_ps(d, _mm256_fmadd_ps(_mm256_loadu_ps(d), al, pv[r][v]));
+		}
+	}
+}
+
+// accum_rows runs R rows from i0: blocks of 32 columns, then of 8, then the
+// last k%8 columns one at a time with scalar fused multiply-adds.
+AVX2 INLINE void accum_rows(const int R, float *acc, const float *alpha, const float *p, const float *w,
+                            const int32_t *rows, int64_t ldw, int64_t n, int64_t k, int64_t i0) {
+	float *ar[4];
+	const float *pr[4];
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++) {
+		ar[r] = acc + (i0 + r) * k;
+		pr[r] = p + (i0 + r) * n;
+	}
+	int64_t c = 0;
+	for (; c + 32 <= k; c += 32)
+		accum_block(R, 4, ar, pr, alpha + i0, w, rows, ldw, n, c);
+	for (; c + 8 <= k; c += 8)
+		accum_block(R, 1, ar, pr, alpha + i0, w, rows, ldw, n, c);
+	for (; c < k; c++) {
+		for (int r = 0; r < R; r++) {
+			float pv = 0.0f;
+			for (int64_t j = 0; j < n; j++)
+				if (pr[r][j] != 0.0f)
+					pv = __builtin_fmaf(pr[r][j], w[(int64_t)rows[j] * ldw + c], pv);
+			ar[r][c] = __builtin_fmaf(ar[r][c], alpha[i0 + r], pv);
+		}
+	}
+}
+
+AVX2 void di_accum_rows_avx2(float *acc, const float *alpha, const float *p, const float *w,
+                             const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k) {
+	int64_t i = 0;
+	for (; i + 2 <= m; i += 2)
+		accum_rows(2, acc, alpha, p, w, rows, ldw, n, k, i);
+	if (i < m)
+		accum_rows(1, acc, alpha, p, w, rows, ldw, n, k, i);
+}
