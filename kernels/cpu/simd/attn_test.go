@@ -121,13 +121,13 @@ func TestExpMatchesGo(t *testing.T) {
 // softmaxCase is one OnlineSoftmax call: m rows of n scores, row i seeing
 // [lo[i], hi[i]), with a running state.
 type softmaxCase struct {
-	s                []float32
-	m, n             int
-	scale            float32
-	lo, hi           []int32
-	rowMax, rowSum   []float32
-	alpha            []float32
-	firstTile, noRow bool
+	s              []float32
+	m, n           int
+	scale          float32
+	lo, hi         []int32
+	rowMax, rowSum []float32
+	alpha          []float32
+	firstTile      bool
 }
 
 func newSoftmaxCase(r *rand.Rand, m, n int, firstTile bool) *softmaxCase {
