@@ -372,10 +372,7 @@ func TestAttnPanicsOnBadShapes(t *testing.T) {
 	p := Default()
 	f := func(n int) []float32 { return make([]float32, n) }
 	i32 := func(v ...int32) []int32 { return v }
-	tests := []struct {
-		name string
-		call func()
-	}{
+	tests := []panicCase{
 		{"exp short dst", func() { p.Exp(f(3), f(4)) }},
 		{"softmax short s", func() { p.OnlineSoftmax(f(7), 2, 4, 1, i32(0, 0), i32(4, 4), f(2), f(2), f(2)) }},
 		{"softmax short state", func() { p.OnlineSoftmax(f(8), 2, 4, 1, i32(0, 0), i32(4, 4), f(2), f(1), f(2)) }},
@@ -388,16 +385,7 @@ func TestAttnPanicsOnBadShapes(t *testing.T) {
 		{"accum short p", func() { p.AccumRows(f(8), f(2), f(3), f(16), i32(0, 1), 4, 2, 4) }},
 		{"accum row past w", func() { p.AccumRows(f(8), f(2), f(4), f(16), i32(0, 4), 4, 2, 4) }},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			defer func() {
-				if recover() == nil {
-					t.Fatal("no panic")
-				}
-			}()
-			tc.call()
-		})
-	}
+	expectPanics(t, tests)
 }
 
 // BenchmarkExp: the exponential over a softmax tile's worth of scores

@@ -368,10 +368,7 @@ func TestConversionsExhaustive(t *testing.T) {
 
 func TestPanicsOnBadShapes(t *testing.T) {
 	p := Default()
-	tests := []struct {
-		name string
-		call func()
-	}{
+	tests := []panicCase{
 		{"short out", func() { p.LinearF32(make([]float32, 3), make([]float32, 8), make([]float32, 8), 2, 2, 4, 0, 2) }},
 		{"short x", func() { p.LinearF32(make([]float32, 4), make([]float32, 7), make([]float32, 8), 2, 2, 4, 0, 2) }},
 		{"short w", func() { p.LinearBF16(make([]float32, 4), make([]float32, 8), make([]uint16, 7), 2, 2, 4, 0, 2) }},
@@ -381,16 +378,7 @@ func TestPanicsOnBadShapes(t *testing.T) {
 		{"axpy lengths", func() { p.Axpy(1, make([]float32, 3), make([]float32, 4)) }},
 		{"short dst", func() { p.BF16ToF32(make([]float32, 3), make([]uint16, 4)) }},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			defer func() {
-				if recover() == nil {
-					t.Fatal("no panic")
-				}
-			}()
-			tc.call()
-		})
-	}
+	expectPanics(t, tests)
 }
 
 func TestLookup(t *testing.T) {
@@ -437,5 +425,26 @@ func TestPeakFLOPS(t *testing.T) {
 	// Between 1 GFLOP/s and 10 TFLOP/s for two workers: a sanity range, not a timing.
 	if ok && (peak < 1e9 || peak > 1e13) {
 		t.Errorf("peak %.3g FLOP/s is not plausible", peak)
+	}
+}
+
+// panicCase is a call that must panic (a contract violation).
+type panicCase struct {
+	name string
+	call func()
+}
+
+// expectPanics runs each case in a subtest and fails the ones that return.
+func expectPanics(t *testing.T, cases []panicCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("no panic")
+				}
+			}()
+			tc.call()
+		})
 	}
 }
