@@ -14,6 +14,8 @@
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
+#include "reduce16_avx512.h"
+
 // exp16 is expGo on 16 lanes. The max and min take x second, so a NaN lane
 // stays NaN; scalef rounds y * 2^n once, as expGo's float64 product and
 // conversion do.
@@ -65,15 +67,6 @@ AVX512 void di_silu_mul_avx512(float *dst, const float *gate, const float *up, i
 		_mm512_mask_storeu_ps(dst + i, mk,
 		                      _mm512_mul_ps(silu16(_mm512_maskz_loadu_ps(mk, gate + i)), _mm512_maskz_loadu_ps(mk, up + i)));
 	}
-}
-
-// hsum is the canonical tree of one accumulator.
-AVX512 INLINE float hsum(__m512 v) {
-	__m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-	__m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-	__m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-	__m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-	return _mm_cvtss_f32(s1);
 }
 
 // max_ordered is maxOrdered: b unless a > b (MAXSS with b second).

@@ -55,15 +55,6 @@ AVX512 INLINE __m512 load_w_mask(const int dt, const void *w, int64_t i, __mmask
 
 static inline int64_t esize(int dt) { return dt == DI_F32 ? 4 : 2; }
 
-// hsum is the canonical tree of one accumulator.
-AVX512 INLINE float hsum(__m512 v) {
-	__m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-	__m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-	__m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-	__m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
-	return _mm_cvtss_f32(s1);
-}
-
 // tile_ptrs sets the row pointers of an R x C tile over rows x[0..nr) and
 // columns w[0..nc) (both stride k). Rows and columns past nr, nc repeat the
 // last valid one, so a partial tile runs the full-tile code: every

@@ -1,11 +1,21 @@
-// reduce16_avx512.h: the canonical reduction tree of 16 AVX-512
-// accumulators, shared by the AVX-512 kernel files (each is compiled on its
-// own, so the function is static inline here). The includer defines AVX512
-// (its target attribute) and INLINE first.
+// reduce16_avx512.h: the canonical reduction tree of one AVX-512
+// accumulator (hsum) and of 16 at once (reduce16), shared by the AVX-512
+// kernel files (each is compiled on its own, so the functions are static
+// inline here). The includer defines AVX512 (its target attribute) and
+// INLINE first.
 #ifndef DEEPINFER_REDUCE16_AVX512_H
 #define DEEPINFER_REDUCE16_AVX512_H
 
 #include <immintrin.h>
+
+// hsum is the canonical tree of one accumulator.
+AVX512 INLINE float hsum(__m512 v) {
+	__m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+	__m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+	__m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+	__m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+	return _mm_cvtss_f32(s1);
+}
 
 // reduce16 runs the canonical tree on 16 accumulators at once and returns
 // r with r[4c+q] = hsum(a[4q+c]): the same additions as hsum, batched into
