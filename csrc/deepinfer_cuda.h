@@ -158,10 +158,10 @@ typedef struct di_options {
 	int32_t sample_split_rows;
 	int32_t sample_min_chunks;
 	/* MoE over 16-bit experts (hidden and inter multiples of 32) from this
-	 * many (token, k) pairs runs the grouped tensor-core GEMM on the device
-	 * (the bits of the smaller batches' kernels): 0: 1025 (above the grouped
-	 * GEMV path's 1024); negative: never (larger batches group on the host
-	 * and run cuBLAS). */
+	 * many (token, k) pairs runs the grouped tensor-core GEMM on the device,
+	 * below it the smaller batches' grouped kernels (the same bits; both on
+	 * the device): 0: 2048; negative: never (above 1024 pairs the batch
+	 * groups on the host and runs cuBLAS per expert). */
 	int32_t moe_gemm_pairs;
 } di_options;
 
@@ -430,8 +430,8 @@ typedef struct di_api {
 	                 int topk_groups, int norm_topk_prob, float scaling_factor);
 	/* moe: groups on the device and never waits for the host up to 1024
 	 * pairs, while capturing, and for 16-bit experts (hidden and inter
-	 * multiples of 32) from di_options.moe_gemm_pairs pairs; otherwise waits
-	 * for the routing ids (one small device-to-host copy). */
+	 * multiples of 32) unless di_options.moe_gemm_pairs is negative;
+	 * otherwise waits for the routing ids (one small device-to-host copy). */
 	int (*moe)(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
 	           di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter,
 	           int num_experts);

@@ -34,7 +34,7 @@ struct di_stage {
 #define DI_DEFAULT_DEC_BLOCKS_PER_SM 32
 #define DI_DEFAULT_SAMPLE_SPLIT (1 << 30)
 #define DI_DEFAULT_SAMPLE_MIN_CHUNKS 4
-#define DI_DEFAULT_MOE_GEMM_PAIRS 1025
+#define DI_DEFAULT_MOE_GEMM_PAIRS 2048
 
 struct di_ctx {
 	int device = 0;

@@ -212,9 +212,11 @@ type Options struct {
 	// MoEGEMMPairs is the least number of (token, k) pairs for which MoE
 	// over 16-bit experts (hidden and intermediate sizes multiples of 32)
 	// runs the grouped tensor-core GEMM on the device, which gives the bits
-	// of the smaller batches' kernels: 0: 1025 (above the grouped GEMV
-	// path's 1024 pairs); negative: never (larger batches group on the host
-	// and run cuBLAS per expert, as before the GEMM).
+	// of the smaller batches' grouped kernels (those run below it, also on
+	// the device): 0: 2048 (on an H200 at DeepSeek-V2-Lite's expert shapes
+	// the grouped kernels win at 1536 pairs, the GEMM at 6144); negative:
+	// never (above 1024 pairs the batch groups on the host and runs cuBLAS
+	// per expert, as before the GEMM).
 	MoEGEMMPairs int
 
 	// profile and skip are measurement switches that only this package's

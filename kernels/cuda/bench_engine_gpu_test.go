@@ -317,10 +317,14 @@ func weightSpecs(cfg *weights.Config) ([]weightSpec, error) {
 // fastWeights serves every tensor of cfg's model from three shared buffers
 // of random BF16 values (matrices uniform in [-0.03, 0.03], norm weights
 // near 1, small vectors in [-0.01, 0.01]), filled once on all cores: a
-// 15.7B-parameter model costs one buffer of its largest matrix (420 MB for
-// DeepSeek-V2-Lite's embedding) and well under a second. Values repeat
-// across tensors, which changes nothing for timing. MXFP4 experts (gpt-oss)
-// share two more U8 buffers: random code bytes and scales of mxfp4Scale.
+// 15.7B-parameter model costs one buffer of its largest matrix plus
+// matrixSlack (420 + 64 MB for DeepSeek-V2-Lite) and well under a second.
+// Each matrix is a window of its buffer starting at an offset of its own,
+// so no two matrices hold the same values: with one start for all, every
+// layer, expert and router was the same matrix, and MoE routing, which
+// follows the values, was far from what a trained model's is. MXFP4
+// experts (gpt-oss) share two more U8 buffers: random code bytes and
+// scales of mxfp4Scale.
 func fastWeights(cfg *weights.Config) (models.MemWeights, error) {
 	specs, err := weightSpecs(cfg)
 	if err != nil {
@@ -352,7 +356,7 @@ func fastWeights(cfg *weights.Config) (models.MemWeights, error) {
 		return buf
 	}
 	bufs := map[byte][]byte{
-		'm': fill(largest['m'], 1, func(r *rand.Rand) float32 { return float32(r.Float64()*2-1) * 0.03 }),
+		'm': fill(largest['m']+matrixSlack, 1, func(r *rand.Rand) float32 { return float32(r.Float64()*2-1) * 0.03 }),
 		'n': fill(largest['n'], 2, func(r *rand.Rand) float32 { return 1 + float32(r.Float64()*2-1)*0.1 }),
 		's': fill(largest['s'], 3, func(r *rand.Rand) float32 { return float32(r.Float64()*2-1) * 0.01 }),
 	}
@@ -377,19 +381,31 @@ func fastWeights(cfg *weights.Config) (models.MemWeights, error) {
 		bufs['e'] = slices.Repeat([]byte{mxfp4Scale}, n)
 	}
 	w := make(models.MemWeights, len(specs))
-	for _, s := range specs {
+	for i, s := range specs {
 		n := 1
 		for _, d := range s.shape {
 			n *= d
 		}
-		dt, size := weights.BF16, 2
+		dt, size, off := weights.BF16, 2, 0
 		if s.kind == 'b' || s.kind == 'e' {
 			dt, size = weights.U8, 1
 		}
-		w[s.name] = weights.Tensor{Name: s.name, DType: dt, Shape: s.shape, Data: bufs[s.kind][:size*n], File: "random"}
+		if s.kind == 'm' {
+			off = matrixOffset(i)
+		}
+		w[s.name] = weights.Tensor{Name: s.name, DType: dt, Shape: s.shape, Data: bufs[s.kind][size*off : size*(off+n)], File: "random"}
 	}
 	return w, nil
 }
+
+// matrixSlack is the elements of fastWeights' matrix buffer past its
+// largest matrix: the room for the matrices' distinct starts.
+const matrixSlack = 1 << 25
+
+// matrixOffset is the start, in elements, of fastWeights' i-th tensor in
+// the matrix buffer: i*4099 mod matrixSlack, distinct for every i below
+// matrixSlack (4099 is odd, so the map is a bijection).
+func matrixOffset(i int) int { return i * 4099 % matrixSlack }
 
 // activeWeightBytes is the weight bytes one decode step of batch sequences
 // reads (BF16, 2 bytes a parameter), the numerator of its floor:
@@ -915,6 +931,18 @@ func TestEngineBenchWeights(t *testing.T) {
 				if fmt.Sprint(gt.Shape) != fmt.Sprint(wt.Shape) || gt.DType != weights.BF16 || len(gt.Data) != len(wt.Data) {
 					t.Errorf("tensor %s: %v %v (%d bytes), want %v %v (%d bytes)", n, gt.DType, gt.Shape, len(gt.Data), weights.BF16, wt.Shape, len(wt.Data))
 				}
+			}
+			// No two matrices of the same size hold the same values.
+			seen := map[string]string{}
+			for n, gt := range got {
+				if strings.HasSuffix(n, "norm.weight") || len(gt.Shape) != 2 {
+					continue
+				}
+				key := fmt.Sprint(gt.Shape, gt.Data[:min(len(gt.Data), 64)])
+				if other, dup := seen[key]; dup {
+					t.Errorf("matrices %s and %s hold the same values", n, other)
+				}
+				seen[key] = n
 			}
 			if _, err := models.Builtin().New(c, cfg, got, models.Options{MaxModelLen: 64}); err != nil {
 				t.Fatalf("building the model from the bench weights: %v", err)

@@ -17,10 +17,11 @@
 // cores (di_moe_gemv_k); 16-bit inputs are rounded once before either.
 // Every output element is a fixed-order dot product, so a token's result
 // does not depend on the other tokens (batch-invariant).
-// Larger batches of 16-bit experts (prefill; from ctx->moe_gemm_pairs
-// pairs, by default above MOE_DEVICE_MAX_PAIRS) stay on the device too: the
-// grouping runs over segments of pairs in three launches, and each
-// projection is one grouped tensor-core GEMM launch (di_moe_gemm_k: tiles
+// Larger batches of 16-bit experts stay on the device too: the grouping
+// runs over segments of pairs in three launches, then up to
+// ctx->moe_gemm_pairs pairs (2048 by default) the same grouped projections,
+// and from there (prefill) each projection is one grouped tensor-core GEMM
+// launch (di_moe_gemm_k: tiles
 // of 128 weight rows by 128 rows of one expert, the SiLU-mul fused into the
 // gate/up epilogue) over a grid that does not depend on the routing, so the
 // whole MoE is capturable at any batch size. It sums every output element
@@ -565,90 +566,140 @@ __global__ void __launch_bounds__(MOE_WARPS * 32)
 
 // di_moe_mma_k is di_moe_gemv_k on tensor cores for 16-bit weights and k a
 // multiple of 32: block (blockIdx.x, expert blockIdx.y) computes output
-// columns j0 .. j0+15 (j0 = 16 blockIdx.x; the weight rows are mma.sync
-// m16n8k16's A operand) for the expert's rows in tiles of 8 (the B operand;
-// up to four tiles, 32 rows, a pass over the weights). Its four warps deal
-// the 32-column blocks of k among them (warp w takes blocks w, w + 4, ...),
-// so that at batch 1 a column's weights are read by four warps at once;
-// each warp keeps float32 accumulators in registers, and warp 0 adds the
-// four warps' sums in warp order. Per 32 columns of k a lane reads 16 bytes
-// of weight rows g and g+8 and 16 bytes of each tile's row g, straight from
+// columns j0 .. j0+16*CT-1 (j0 = 16 CT blockIdx.x; each 16 columns are the
+// weight rows of an mma.sync m16n8k16's A operand) for the expert's rows in
+// tiles of 8 (the B operand; up to RT tiles, 8 RT rows, a pass over the
+// weights). Its four warps deal the 32-column blocks of k among them (warp w
+// takes blocks w, w + 4, ...), so that at batch 1 a column's weights are
+// read by four warps at once; each warp keeps float32 accumulators in
+// registers, and warp c adds the four warps' sums of column tile c in warp
+// order. Per 32 columns of k a lane reads 16 bytes of weight rows g and g+8
+// of each column tile and 16 bytes of each row tile's row g, straight from
 // global memory, and feeds the first four of its eight columns to one mma
 // and the last four to a second (the same permutation of the reduction
-// index for A and B; as gemm_skinny.cu's di_skinny_k). In split mode the lo
-// parts go to accumulators of their own, added at the end.
+// index for A and B; as gemm_skinny.cu's di_skinny_k). PF loads the next
+// block's weights before the current block's mma (registers for loads in
+// flight). In split mode the lo parts go to accumulators of their own,
+// added at the end.
+// Shapes (moe_gemv picks them from the mean rows per expert; all give the
+// same bits): the kernel is bound by reading the weights, and what limits it
+// is the bytes in flight per SM, so fewer registers (smaller RT: more blocks
+// per SM) win while experts hold few rows, and larger RT (fewer passes over
+// the weights) once they hold many. Measured on an H200 at
+// DeepSeek-V2-Lite's shapes (64 experts, 2048 x 1408, top 6), share of the
+// copy bandwidth, gate_up / down: 1 token CT 2 RT 1 PF 77% / 85% (CT 1 RT 4,
+// the earlier kernel, 49% / 59%); 8 tokens 99% / 94% (83% / 75%); 64
+// tokens CT 2 RT 2 98% / 93% (80% / 73%); 256 tokens CT 2 RT 3 PF 64% / 58%
+// (56% / 53%).
 // Batch invariance: out[row][j] is a fixed-order sum of the tensor-core
 // products of weight row j with that row (each warp's blocks in ascending
 // k, then the warps in order); each element of an mma tile is its own dot
 // product, and rows past the expert's count are never stored, so a token's
-// result does not depend on the other tokens.
-// Cost: the expert's weights read once per 32 of its rows; 8 KB of shared
-// memory (16 KB in split mode) for the warps' sums.
+// result does not depend on the other tokens, nor on CT, RT or PF.
+// Cost: the expert's weights read once per 8 RT of its rows; 2 KB CT RT of
+// shared memory (twice that in split mode) for the warps' sums.
 #define MOE_MMA_WARPS 4
-template <typename T, bool SPLIT>
+template <typename T, bool SPLIT, int CT, int RT, bool PF>
 __global__ void __launch_bounds__(MOE_MMA_WARPS * 32)
     di_moe_mma_k(float *out, const T *x, const T *xlo, const int *order, int div, const T *w, const int *offsets,
                  int n, int k) {
-	__shared__ float part[SPLIT ? 2 : 1][MOE_MMA_WARPS][32][16];
+	static_assert(CT >= 1 && CT <= MOE_MMA_WARPS && RT >= 1 && RT <= 4, "di_moe_mma_k: CT in 1..4, RT in 1..4");
+	__shared__ float part[SPLIT ? 2 : 1][MOE_MMA_WARPS][32][CT * RT * 4];
 	const int ex = blockIdx.y;
 	const int lo = offsets[ex], rows = offsets[ex + 1] - lo;
 	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
-	const int j0 = blockIdx.x * 16;
+	const int j0 = blockIdx.x * 16 * CT;
 	if (rows <= 0 || j0 >= n) return;
-	const T *wa = w + ((size_t)ex * n + min(j0 + g, n - 1)) * k + 8 * t4;
-	const T *wb = w + ((size_t)ex * n + min(j0 + g + 8, n - 1)) * k + 8 * t4;
-	for (int r0 = 0; r0 < rows; r0 += 32) {
-		const int m = min(32, rows - r0), tiles = (m + 7) / 8;
-		size_t xo[4];
+	const T *wa[CT], *wb[CT];
 #pragma unroll
-		for (int tl = 0; tl < 4; tl++) {
+	for (int c = 0; c < CT; c++) {
+		wa[c] = w + ((size_t)ex * n + min(j0 + 16 * c + g, n - 1)) * k + 8 * t4;
+		wb[c] = w + ((size_t)ex * n + min(j0 + 16 * c + g + 8, n - 1)) * k + 8 * t4;
+	}
+	for (int r0 = 0; r0 < rows; r0 += 8 * RT) {
+		const int m = min(8 * RT, rows - r0), tiles = (m + 7) / 8;
+		size_t xo[RT];
+#pragma unroll
+		for (int tl = 0; tl < RT; tl++) {
 			const int r = tl * 8 + g, row = lo + r0 + (r < m ? r : 0);
 			xo[tl] = (size_t)(order ? order[row] / div : row) * k + 8 * t4;
 		}
-		float acc[4][4], acc_lo[4][4];
+		float acc[CT][RT][4], acc_lo[CT][RT][4];
 #pragma unroll
-		for (int tl = 0; tl < 4; tl++)
+		for (int c = 0; c < CT; c++)
 #pragma unroll
-			for (int e = 0; e < 4; e++) acc[tl][e] = acc_lo[tl][e] = 0.f;
-#pragma unroll 4
-		for (int kb = warp * 32; kb < k; kb += MOE_MMA_WARPS * 32) {
-			const uint4 a = *reinterpret_cast<const uint4 *>(wa + kb), b = *reinterpret_cast<const uint4 *>(wb + kb);
+			for (int tl = 0; tl < RT; tl++)
 #pragma unroll
-			for (int tl = 0; tl < 4; tl++) {
+				for (int e = 0; e < 4; e++) acc[c][tl][e] = acc_lo[c][tl][e] = 0.f;
+		uint4 a[CT], b[CT];
+		int kb = warp * 32;
+		if (PF && kb < k) {
+#pragma unroll
+			for (int c = 0; c < CT; c++) {
+				a[c] = *reinterpret_cast<const uint4 *>(wa[c] + kb);
+				b[c] = *reinterpret_cast<const uint4 *>(wb[c] + kb);
+			}
+		}
+#pragma unroll 2
+		for (; kb < k; kb += MOE_MMA_WARPS * 32) {
+			uint4 an[CT], bn[CT];
+#pragma unroll
+			for (int c = 0; c < CT; c++) {
+				// PF: the next block's (the last block reloads itself);
+				// else this block's.
+				const int kl = !PF ? kb : (kb + MOE_MMA_WARPS * 32 < k ? kb + MOE_MMA_WARPS * 32 : kb);
+				an[c] = *reinterpret_cast<const uint4 *>(wa[c] + kl);
+				bn[c] = *reinterpret_cast<const uint4 *>(wb[c] + kl);
+				if (!PF) a[c] = an[c], b[c] = bn[c];
+			}
+#pragma unroll
+			for (int tl = 0; tl < RT; tl++) {
 				if (tl < tiles) {
 					const uint4 xv = *reinterpret_cast<const uint4 *>(x + xo[tl] + kb);
-					di_mma16816<T>(acc[tl], a.x, b.x, a.y, b.y, xv.x, xv.y);
-					di_mma16816<T>(acc[tl], a.z, b.z, a.w, b.w, xv.z, xv.w);
-					if (SPLIT) {
-						const uint4 xl = *reinterpret_cast<const uint4 *>(xlo + xo[tl] + kb);
-						di_mma16816<T>(acc_lo[tl], a.x, b.x, a.y, b.y, xl.x, xl.y);
-						di_mma16816<T>(acc_lo[tl], a.z, b.z, a.w, b.w, xl.z, xl.w);
+					uint4 xl;
+					if (SPLIT) xl = *reinterpret_cast<const uint4 *>(xlo + xo[tl] + kb);
+#pragma unroll
+					for (int c = 0; c < CT; c++) {
+						di_mma16816<T>(acc[c][tl], a[c].x, b[c].x, a[c].y, b[c].y, xv.x, xv.y);
+						di_mma16816<T>(acc[c][tl], a[c].z, b[c].z, a[c].w, b[c].w, xv.z, xv.w);
+						if (SPLIT) {
+							di_mma16816<T>(acc_lo[c][tl], a[c].x, b[c].x, a[c].y, b[c].y, xl.x, xl.y);
+							di_mma16816<T>(acc_lo[c][tl], a[c].z, b[c].z, a[c].w, b[c].w, xl.z, xl.w);
+						}
 					}
 				}
 			}
-		}
-		if (r0 > 0) __syncthreads(); // warp 0 has read the previous pass's sums
+			if (PF) {
 #pragma unroll
-		for (int tl = 0; tl < 4; tl++)
-#pragma unroll
-			for (int e = 0; e < 4; e++) {
-				part[0][warp][lane][tl * 4 + e] = acc[tl][e];
-				if (SPLIT) part[SPLIT ? 1 : 0][warp][lane][tl * 4 + e] = acc_lo[tl][e];
+				for (int c = 0; c < CT; c++) a[c] = an[c], b[c] = bn[c];
 			}
-		__syncthreads();
-		if (warp == 0) {
+		}
+		if (r0 > 0) __syncthreads(); // the adders have read the previous pass's sums
 #pragma unroll
-			for (int tl = 0; tl < 4; tl++) {
+		for (int c = 0; c < CT; c++)
+#pragma unroll
+			for (int tl = 0; tl < RT; tl++)
 #pragma unroll
 				for (int e = 0; e < 4; e++) {
-					const int r = tl * 8 + 2 * t4 + (e & 1), j = j0 + g + 8 * (e >> 1);
+					const int f = (c * RT + tl) * 4 + e;
+					part[0][warp][lane][f] = acc[c][tl][e];
+					if (SPLIT) part[SPLIT ? 1 : 0][warp][lane][f] = acc_lo[c][tl][e];
+				}
+		__syncthreads();
+		for (int c = warp; c < CT; c += MOE_MMA_WARPS) {
+#pragma unroll
+			for (int tl = 0; tl < RT; tl++) {
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					const int r = tl * 8 + 2 * t4 + (e & 1), j = j0 + 16 * c + g + 8 * (e >> 1);
 					if (tl < tiles && r < m && j < n) {
-						float v = part[0][0][lane][tl * 4 + e], vl = 0.f;
-						if (SPLIT) vl = part[SPLIT ? 1 : 0][0][lane][tl * 4 + e];
+						const int f = (c * RT + tl) * 4 + e;
+						float v = part[0][0][lane][f], vl = 0.f;
+						if (SPLIT) vl = part[SPLIT ? 1 : 0][0][lane][f];
 #pragma unroll
 						for (int wi = 1; wi < MOE_MMA_WARPS; wi++) {
-							v += part[0][wi][lane][tl * 4 + e];
-							if (SPLIT) vl += part[SPLIT ? 1 : 0][wi][lane][tl * 4 + e];
+							v += part[0][wi][lane][f];
+							if (SPLIT) vl += part[SPLIT ? 1 : 0][wi][lane][f];
 						}
 						out[(size_t)(lo + r0 + r) * n + j] = SPLIT ? v + vl : v;
 					}
@@ -656,6 +707,24 @@ __global__ void __launch_bounds__(MOE_MMA_WARPS * 32)
 			}
 		}
 	}
+}
+
+// moe_mma launches di_moe_mma_k in the shape for rows (token, k) pairs over
+// num_experts experts (see di_moe_mma_k: the mean rows per expert decides;
+// every shape gives the same bits).
+template <typename T, bool SPLIT>
+static void moe_mma(di_ctx *ctx, float *out, const T *x, const T *xlo, const int *order, int div, const T *w,
+                    const int *offsets, int num_experts, int rows, int n, int k) {
+	const auto launch = [&](auto kernel, int ct) {
+		const dim3 grid((unsigned)((n + 16 * ct - 1) / (16 * ct)), (unsigned)num_experts);
+		kernel<<<grid, MOE_MMA_WARPS * 32, 0, ctx->stream>>>(out, x, xlo, order, div, w, offsets, n, k);
+	};
+	if (rows < 2 * num_experts)
+		launch(di_moe_mma_k<T, SPLIT, 2, 1, true>, 2);
+	else if (rows < 12 * num_experts)
+		launch(di_moe_mma_k<T, SPLIT, 2, 2, false>, 2);
+	else
+		launch(di_moe_mma_k<T, SPLIT, 2, 3, true>, 2);
 }
 
 // x rounded to T once (and the remainders into lo when set).
@@ -718,16 +787,13 @@ __global__ void di_moe_down_bias_k(float *y, const int *order, size_t rows, int 
 
 template <typename W, typename X>
 static int moe_gemv(di_ctx *ctx, float *out, const X *x, const X *xlo, const int *order, int div, const void *w,
-                    const int *offsets, int num_experts, int n, int k) {
+                    const int *offsets, int num_experts, int rows, int n, int k) {
 	if constexpr (std::is_same_v<W, X> && !std::is_same_v<W, float>) {
 		if (ctx->moe_mma && k % 32 == 0) {
-			const dim3 grid((unsigned)((n + 15) / 16), (unsigned)num_experts);
 			if (xlo)
-				di_moe_mma_k<W, true><<<grid, MOE_MMA_WARPS * 32, 0, ctx->stream>>>(out, x, xlo, order, div,
-				                                                                    (const W *)w, offsets, n, k);
+				moe_mma<W, true>(ctx, out, x, xlo, order, div, (const W *)w, offsets, num_experts, rows, n, k);
 			else
-				di_moe_mma_k<W, false><<<grid, MOE_MMA_WARPS * 32, 0, ctx->stream>>>(out, x, xlo, order, div,
-				                                                                     (const W *)w, offsets, n, k);
+				moe_mma<W, false>(ctx, out, x, xlo, order, div, (const W *)w, offsets, num_experts, rows, n, k);
 			return di_check_launch(ctx, "moe: grouped mma");
 		}
 	}
@@ -1069,7 +1135,8 @@ static int moe_mlp(di_ctx *ctx, float *gh, void *act, float *yh, const float *x,
                    const int *offsets, const void *gate_up, const void *down, int num_tokens, int pairs, int top_k,
                    int hidden, int inter, int num_experts, const di_moe_gptoss *gx, bool gemm) {
 	if constexpr (std::is_same_v<T, float>) {
-		int r = moe_gemv<T, float>(ctx, gh, x, nullptr, order, top_k, gate_up, offsets, num_experts, 2 * inter, hidden);
+		int r = moe_gemv<T, float>(ctx, gh, x, nullptr, order, top_k, gate_up, offsets, num_experts, pairs, 2 * inter,
+		                           hidden);
 		if (r != DI_OK) return r;
 		if (gx) {
 			di_moe_act_clamped_k<float><<<di_grid((size_t)pairs * inter, 256), 256, 0, ctx->stream>>>(
@@ -1079,8 +1146,8 @@ static int moe_mlp(di_ctx *ctx, float *gh, void *act, float *yh, const float *x,
 			r = di_moe_act_f32(ctx, (float *)act, gh, pairs, inter, "moe: silu_mul");
 		}
 		if (r != DI_OK) return r;
-		return moe_gemv<T, float>(ctx, yh, (const float *)act, nullptr, nullptr, 1, down, offsets, num_experts, hidden,
-		                          inter);
+		return moe_gemv<T, float>(ctx, yh, (const float *)act, nullptr, nullptr, 1, down, offsets, num_experts, pairs,
+		                          hidden, inter);
 	} else {
 		const bool split = ctx->gemm_mode == DI_GEMM_SPLIT;
 		const size_t nx = (size_t)num_tokens * hidden, na = (size_t)pairs * inter;
@@ -1091,7 +1158,8 @@ static int moe_mlp(di_ctx *ctx, float *gh, void *act, float *yh, const float *x,
 			return moe_gemm_mlp<T>(ctx, gh, ah, al, yh, xh, xl, order, offsets, (const T *)gate_up, (const T *)down,
 			                       (size_t)pairs, top_k, hidden, inter, num_experts);
 		if (r == DI_OK)
-			r = moe_gemv<T, T>(ctx, gh, xh, xl, order, top_k, gate_up, offsets, num_experts, 2 * inter, hidden);
+			r = moe_gemv<T, T>(ctx, gh, xh, xl, order, top_k, gate_up, offsets, num_experts, pairs, 2 * inter,
+			                   hidden);
 		if (r != DI_OK) return r;
 		if (gx)
 			di_moe_act_clamped_k<T><<<di_grid(na, 256), 256, 0, ctx->stream>>>(ah, al, gh, order, pairs, inter, *gx);
@@ -1099,7 +1167,7 @@ static int moe_mlp(di_ctx *ctx, float *gh, void *act, float *yh, const float *x,
 			di_moe_act_k<T><<<di_grid(na, 256), 256, 0, ctx->stream>>>(ah, al, gh, pairs, inter);
 		r = di_check_launch(ctx, "moe: silu_mul");
 		if (r != DI_OK) return r;
-		return moe_gemv<T, T>(ctx, yh, ah, al, nullptr, 1, down, offsets, num_experts, hidden, inter);
+		return moe_gemv<T, T>(ctx, yh, ah, al, nullptr, 1, down, offsets, num_experts, pairs, hidden, inter);
 	}
 }
 
@@ -1668,10 +1736,13 @@ extern "C" int di_op_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dp
 	// The GEMV reads 16-byte chunks: rows of a multiple of 8 elements, aligned.
 	const bool shape_ok = hidden % 8 == 0 && inter % 8 == 0 && (x % 16) == 0 && (gate_up % 16) == 0 &&
 	                      (down % 16) == 0 && di_moe_group_ok(pairs, num_experts);
-	// 16-bit experts from ctx->moe_gemm_pairs pairs: the grouped GEMM (the bits of di_moe_mma_k).
-	const bool gemm = shape_ok && ctx->moe_gemm_pairs > 0 && pairs >= (size_t)ctx->moe_gemm_pairs &&
-	                  di_moe_gemm_ok(w_dtype, pairs, num_experts, hidden, inter);
-	if (shape_ok && (gemm || capturing || pairs <= MOE_DEVICE_MAX_PAIRS))
+	// 16-bit experts stay on the device at every size (unless moe_gemm_pairs
+	// is negative): from ctx->moe_gemm_pairs pairs the grouped GEMM (the
+	// bits of di_moe_mma_k), below it di_moe_mma_k itself.
+	const bool device16 =
+	    shape_ok && ctx->moe_gemm_pairs > 0 && di_moe_gemm_ok(w_dtype, pairs, num_experts, hidden, inter);
+	const bool gemm = device16 && pairs >= (size_t)ctx->moe_gemm_pairs;
+	if (shape_ok && (device16 || capturing || pairs <= MOE_DEVICE_MAX_PAIRS))
 		return moe_device(ctx, out, x, ids, weights, gate_up, down, w_dtype, num_tokens, top_k, hidden, inter,
 		                  num_experts, nullptr, nullptr, gemm);
 	if (capturing)

@@ -171,12 +171,21 @@ func TestGPUMoEPrefill(t *testing.T) {
 // The grouped GEMM gives di_moe_mma_k's bits: the same call on a backend
 // that takes the GEMM at every size (MoEGEMMPairs 1, eager) and on one that
 // never does (MoEGEMMPairs -1) inside a graph, where the device path runs
-// the smaller batches' kernels at any size. Shapes: one token, a small
-// batch, two row tiles of an expert (900 pairs on 4 experts), k of one and
-// two blocks of 32 (passes without blocks add zero), and 12000 pairs.
+// the smaller batches' kernels at any size. Shapes: one token, the three
+// shapes of di_moe_mma_k (under 2, under 12 and from 12 rows per expert on
+// average: 24 pairs on 16 experts and 160 on 16, both crowded onto the
+// first experts so that those take several passes, then the larger ones), a
+// small batch, two row tiles of an expert (900 pairs on 4 experts), k of
+// one and two blocks of 32 (passes without blocks add zero), and 12000
+// pairs.
 func TestGPUMoEPrefillBits(t *testing.T) {
-	shapes := []struct{ tokens, topK, experts, hidden, inter int }{
-		{1, 6, 64, 288, 160}, {37, 3, 8, 288, 160}, {300, 3, 4, 288, 160}, {700, 2, 4, 64, 32}, {2000, 6, 64, 288, 160},
+	shapes := []struct {
+		tokens, topK, experts, hidden, inter int
+		crowded                              bool // every token picks experts 0..topK-1
+	}{
+		{1, 6, 64, 288, 160, false}, {12, 2, 16, 288, 160, true}, {40, 4, 16, 288, 160, true},
+		{37, 3, 8, 288, 160, false}, {300, 3, 4, 288, 160, false}, {700, 2, 4, 64, 32, false},
+		{2000, 6, 64, 288, 160, false},
 	}
 	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
 		gemm := newGPUOpts(t, Options{GEMM: mode, MoEGEMMPairs: 1})
@@ -185,8 +194,13 @@ func TestGPUMoEPrefillBits(t *testing.T) {
 		for _, dt := range []kernels.DType{kernels.BF16, kernels.F16} {
 			for _, sh := range shapes {
 				t.Run(fmt.Sprintf("%s/%s/tokens=%d_top%d_e%d_h%d_i%d", mode, dt, sh.tokens, sh.topK, sh.experts, sh.hidden, sh.inter), func(t *testing.T) {
-					d := newMoEData(r, dt, sh.tokens, sh.topK, sh.experts, sh.hidden, sh.inter,
-						randExpertIDs(r, sh.tokens, sh.topK, sh.experts))
+					ids := randExpertIDs(r, sh.tokens, sh.topK, sh.experts)
+					if sh.crowded {
+						for i := range ids {
+							ids[i] = int32(i % sh.topK)
+						}
+					}
+					d := newMoEData(r, dt, sh.tokens, sh.topK, sh.experts, sh.hidden, sh.inter, ids)
 					a := d.upload(t, gemm)
 					if err := a.run(gemm); err != nil {
 						t.Fatal(err)
@@ -323,15 +337,16 @@ func TestGPUMoEPrefillBadID(t *testing.T) {
 
 // BenchmarkMoEPrefill times DeepSeek-V2-Lite's routed experts (64 of
 // hidden 2048, intermediate 1408, top 6; random BF16 weights and routing)
-// at 256, 1024 and 4096 tokens (1536, 6144 and 24576 pairs) in GEMM mode
-// round, three ways in the same run: "gemm", the default (the grouping on
-// the device and the grouped GEMM, eager); "host", Options.MoEGEMMPairs -1
-// (the routing ids copied to the host, a wait, two cuBLAS GEMMs per
-// expert); "small", the small batches' device kernels (di_moe_mma_k: each
+// at 1 to 4096 tokens (6 to 24576 pairs) in GEMM mode round, three ways in
+// the same run: "gemm", the grouping on the device and the grouped GEMM at
+// every size (Options.MoEGEMMPairs 1), eager; "host", Options.MoEGEMMPairs
+// -1 (up to 1024 pairs the small kernels, eager; above, the routing ids
+// copied to the host, a wait, two cuBLAS GEMMs per expert); "small", the small batches' device kernels (di_moe_mma_k: each
 // expert's weights read once per 32 of its rows), which a backend without
 // the GEMM runs for any batch inside a graph (timed as graph replays). The
 // gemm and small paths give the same bits (checked here too); TFLOP/s
-// count 2 * 3 * pairs * hidden * inter. Two backends with 1.1 GB of weights
+// count 2 * 3 * pairs * hidden * inter; the floor is the weight bytes of
+// the experts the routing uses, read once at deviceCopyBandwidth. Two backends with 1.1 GB of weights
 // each; its name keeps it out of the bench phase's default pattern (GPU):
 // run it with -test.bench MoEPrefill.
 func BenchmarkMoEPrefill(b *testing.B) {
@@ -346,9 +361,9 @@ func BenchmarkMoEPrefill(b *testing.B) {
 		return backend{g, upload(b, g, kernels.BF16, guRaw, kernels.BF16, experts, 2*inter, hidden),
 			upload(b, g, kernels.BF16, dnRaw, kernels.BF16, experts, hidden, inter)}
 	}
-	def, noGEMM := openBackend(0), openBackend(-1)
+	def, noGEMM := openBackend(1), openBackend(-1)
 	r := rand.New(rand.NewPCG(2048, 1408))
-	for _, tokens := range []int{256, 1024, 4096} {
+	for _, tokens := range []int{1, 8, 64, 256, 1024, 4096} {
 		b.Run(fmt.Sprintf("v2lite/tokens=%d", tokens), func(b *testing.B) {
 			pairs := tokens * topK
 			x := kernels.F32Bytes(randVals(r, tokens*hidden, 1))
@@ -387,8 +402,15 @@ func BenchmarkMoEPrefill(b *testing.B) {
 			b.ReportMetric(tf(msG), "gemm-TFLOP/s")
 			b.ReportMetric(tf(msH), "host-TFLOP/s")
 			b.ReportMetric(tf(msS), "small-TFLOP/s")
-			b.Logf("moe prefill | v2lite tokens=%d pairs=%d | gemm %.3f ms %.1f TFLOP/s | host (cuBLAS per expert) %.3f ms %.1f TFLOP/s (gemm %.2fx faster; max rel diff %.2g) | small kernels (graph) %.3f ms %.1f TFLOP/s, %s",
-				tokens, pairs, msG, tf(msG), msH, tf(msH), msH/msG, maxRelErr(host, gemm), msS, tf(msS), same)
+			// The floor: every expert with a pair read once at the copy bandwidth.
+			used := map[int32]bool{}
+			for _, id := range kernels.BytesI32(ids) {
+				used[id] = true
+			}
+			floorMs := float64(len(used)) * 3 * hidden * inter * 2 / deviceCopyBandwidth * 1e3
+			b.ReportMetric(msS/floorMs, "small-x-floor")
+			b.Logf("moe prefill | v2lite tokens=%d pairs=%d experts used %d (floor %.3f ms) | gemm %.3f ms %.1f TFLOP/s %.2fx floor | eager default path (host above 1024 pairs) %.3f ms %.1f TFLOP/s (gemm %.2fx faster; max rel diff %.2g) | small kernels (graph) %.3f ms %.1f TFLOP/s %.2fx floor, %s",
+				tokens, pairs, len(used), floorMs, msG, tf(msG), msG/floorMs, msH, tf(msH), msH/msG, maxRelErr(host, gemm), msS, tf(msS), msS/floorMs, same)
 		})
 	}
 }

@@ -582,10 +582,10 @@ func (b *Backend) MoERoute(ids, weights, logits, bias kernels.Tensor, p kernels.
 // else GEMVs) read each expert's weights once per 32 (or 8) of its rows;
 // every output is batch-invariant. 16-bit experts with hidden and
 // intermediate sizes multiples of 32 stay on the device at every batch
-// size: above 1024 pairs (Options.MoEGEMMPairs) a grouped tensor-core GEMM
+// size: from 2048 pairs (Options.MoEGEMMPairs) a grouped tensor-core GEMM
 // over the rows sorted by expert, whose every output element is summed in
-// the order of the smaller batches' kernel, so a token's bits do not depend
-// on its batch. An id outside the experts there is reported by the next
+// the order of the smaller batches' kernel (which runs below it), so a
+// token's bits do not depend on its batch. An id outside the experts there is reported by the next
 // Sync (kernels.ErrOutOfRange, naming moe). Other large batches (float32
 // experts, other sizes) copy the routing ids to the host (one small copy
 // and a wait) and run cuBLAS GEMMs per selected expert; a bad id is then
