@@ -449,22 +449,68 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 	}
 	wukT := b.mlaWUKT(w, p)
 	items := pl.items(1)
-	b.run.For(len(items), func(lo, hi int) {
-		rows := 0
-		for _, it := range items[lo:hi] {
-			rows = max(rows, it.r1-it.r0)
+	limit := mlaGroupFloats
+	if b.mla.groupFloats > 0 {
+		limit = b.mla.groupFloats
+	}
+	groupRows := max(rowChunk, limit/(p.NumHeads*(p.KVLoraRank+p.RopeDim)))
+	g, _ := b.mla.groups.Get().(*mlaGroup)
+	if g == nil {
+		g = &mlaGroup{}
+	}
+	for a := 0; a < len(items); {
+		lo, hi, e := items[a].r0, items[a].r1, a+1
+		for e < len(items) && items[e].r0 == hi && items[e].r1-lo <= groupRows {
+			hi = items[e].r1
+			e++
 		}
-		tile := min(keyTile, pl.maxK)
-		s, _ := b.mla.scratch.Get().(*mlaScratch)
-		if s == nil || !s.fits(p, rows, tile) {
-			s = newMLAScratch(p, rows, tile)
-		}
-		for _, it := range items[lo:hi] {
-			b.attendMLA(it, pl, p, qs.f32, c.f32, w, wukT, o.f32, s)
-		}
-		b.mla.scratch.Put(s)
-	})
+		g.size(p, hi-lo)
+		b.run.For(p.NumHeads, func(h0, h1 int) { b.absorbMLA(g, p, qs.f32, wukT, lo, hi, h0, h1) })
+		b.run.For(e-a, func(i0, i1 int) {
+			rows := 0
+			for _, it := range items[a+i0 : a+i1] {
+				rows = max(rows, it.r1-it.r0)
+			}
+			tile := min(keyTile, pl.maxK)
+			s, _ := b.mla.scratch.Get().(*mlaScratch)
+			if s == nil || !s.fits(p, rows, tile) {
+				s = newMLAScratch(p, rows, tile)
+			}
+			for _, it := range items[a+i0 : a+i1] {
+				b.attendMLA(it, pl, p, c.f32, g, lo, s)
+			}
+			b.mla.scratch.Put(s)
+		})
+		b.run.For(p.NumHeads, func(h0, h1 int) { b.projectMLA(g, p, w, o.f32, lo, hi, h0, h1) })
+		a = e
+	}
+	b.mla.groups.Put(g)
 	return nil
+}
+
+// mlaGroupFloats bounds the absorbed query rows MLAAttention keeps at once
+// (float32 elements; 8 MiB): consecutive items are absorbed and projected
+// together up to this many, at least one item (rowChunk rows) at a time.
+const mlaGroupFloats = 2 << 20
+
+// mlaGroup holds the rows of a group of items, shared by the three passes
+// of MLAAttention: x the absorbed query rows [q_nope W_UK, q_pe] and olat
+// the latent outputs, both [rows][heads][...] with rows counted from the
+// group's first.
+type mlaGroup struct {
+	x, olat []float32
+}
+
+// size makes g hold rows query rows of p's dimensions.
+func (g *mlaGroup) size(p kernels.MLAParams, rows int) {
+	nx, no := rows*p.NumHeads*(p.KVLoraRank+p.RopeDim), rows*p.NumHeads*p.KVLoraRank
+	if cap(g.x) < nx {
+		g.x = make([]float32, nx)
+	}
+	if cap(g.olat) < no {
+		g.olat = make([]float32, no)
+	}
+	g.x, g.olat = g.x[:nx], g.olat[:no]
 }
 
 // buildWUKT returns W_UK[h]^T for every head h of the MLA weight w:
@@ -545,7 +591,23 @@ func (b *Backend) mlaWUKT(w *Tensor, p kernels.MLAParams) []float32 {
 type mlaCache struct {
 	mu      sync.Mutex
 	m       map[mlaKey]*mlaEntry
-	scratch sync.Pool
+	scratch sync.Pool // *mlaScratch
+	groups  sync.Pool // *mlaGroup
+	work    sync.Pool // *[]float32: absorbMLA's and projectMLA's rows of a head
+	// groupFloats replaces mlaGroupFloats when positive (tests: groups of
+	// a few items).
+	groupFloats int
+}
+
+// floats returns a buffer of n float32 from the pool (contents unset) and
+// the function that gives it back.
+func (c *mlaCache) floats(n int) ([]float32, func()) {
+	v, _ := c.work.Get().(*[]float32)
+	if v == nil || cap(*v) < n {
+		buf := make([]float32, n)
+		v = &buf
+	}
+	return (*v)[:n], func() { c.work.Put(v) }
 }
 
 // mlaKey names a stored weight and the MLA dimensions its W_UK^T was built
@@ -582,69 +644,76 @@ func (c *mlaCache) forget(t *Tensor) {
 	c.mu.Unlock()
 }
 
-// mlaScratch holds attendMLA's buffers: qn the q_nope rows of a head, x the
-// absorbed query rows [q_nope W_UK, q_pe], st a tile's scores, acc the
-// latent outputs, ov the value rows of a head, slots the cache slots of a
-// tile's keys.
+// mlaScratch holds attendMLA's buffers: st a tile's scores, slots the
+// cache slots of a tile's keys, sm the running softmax of the item's rows.
 type mlaScratch struct {
-	qn, x, st, acc, ov []float32
-	slots              []int32
-	sm                 *onlineSoftmax
+	st    []float32
+	slots []int32
+	sm    *onlineSoftmax
 }
 
-// newMLAScratch sizes buffers for chunks of up to rows query rows and key
+// newMLAScratch sizes buffers for items of up to rows query rows and key
 // tiles of up to tile keys.
 func newMLAScratch(p kernels.MLAParams, rows, tile int) *mlaScratch {
-	r, width := rows*p.NumHeads, p.KVLoraRank+p.RopeDim
-	return &mlaScratch{
-		qn:    make([]float32, rows*p.NopeDim),
-		x:     make([]float32, r*width),
-		st:    make([]float32, r*tile),
-		acc:   make([]float32, r*p.KVLoraRank),
-		ov:    make([]float32, rows*p.VHeadDim),
-		slots: make([]int32, tile),
-		sm:    newOnlineSoftmax(r),
-	}
+	r := rows * p.NumHeads
+	return &mlaScratch{st: make([]float32, r*tile), slots: make([]int32, tile), sm: newOnlineSoftmax(r)}
 }
 
 // fits reports whether s holds what newMLAScratch(p, rows, tile) sizes.
 func (s *mlaScratch) fits(p kernels.MLAParams, rows, tile int) bool {
-	r, width := rows*p.NumHeads, p.KVLoraRank+p.RopeDim
-	return len(s.qn) >= rows*p.NopeDim && len(s.x) >= r*width && len(s.st) >= r*tile &&
-		len(s.acc) >= r*p.KVLoraRank && len(s.ov) >= rows*p.VHeadDim && len(s.slots) >= tile &&
-		len(s.sm.m) >= r
+	r := rows * p.NumHeads
+	return len(s.st) >= r*tile && len(s.slots) >= tile && len(s.sm.m) >= r
 }
 
-// attendMLA runs the query rows of one item: absorbs q_nope into the latent
-// space per head, then attends over the latent cache tile by tile, reading
-// the cache rows in place (their slots gathered): scores are canonical dot
-// products of the absorbed query rows and the cache rows (LinearF32Gather),
-// probabilities come from OnlineSoftmax, and the latent outputs accumulate
-// the probability-weighted cache rows (AccumRows, in key order, no copy or
-// transpose of V), all of it independent of the other rows of the call.
-// Last, out = o_lat W_UV^T per head.
-func (b *Backend) attendMLA(it attnItem, pl *attnPlan, p kernels.MLAParams, q, cache []float32, w *Tensor, wukT, out []float32, s *mlaScratch) {
-	nh, nope, rope, kvl, vd := p.NumHeads, p.NopeDim, p.RopeDim, p.KVLoraRank, p.VHeadDim
-	qd, width := nope+rope, kvl+rope
-	rows := it.r1 - it.r0
-	r := rows * nh
-	// x row (i, h) = [q_nope W_UK[h], q_pe]: absorb per head, one product each.
-	for h := range nh {
-		for i := it.r0; i < it.r1; i++ {
-			copy(s.qn[(i-it.r0)*nope:], q[i*nh*qd+h*qd:i*nh*qd+h*qd+nope])
-		}
-		lat := s.acc[:rows*kvl]
-		b.k.linearF32(lat, s.qn[:rows*nope], wukT[h*kvl*nope:(h+1)*kvl*nope], rows, kvl, nope, 0, kvl)
+// The three passes of MLAAttention over a group of items, rows [lo, hi)
+// of q: absorbMLA (per head, every row of the group in one product),
+// attendMLA (per item) and projectMLA (per head, every row of the group in
+// one product). Each product's rows do not depend on the other rows it is
+// given (LinearF32 and the weight kernels are batch invariant), so a row's
+// bits do not depend on its group, and they are those of the item alone.
+// Batching the rows of a decode batch makes each head's absorption and
+// projection one product of up to the group's rows rather than one
+// one-row product per sequence.
+
+// absorbMLA writes the absorbed query rows of heads [h0, h1) for rows [lo,
+// hi) of q into g.x: row (i, h) = [q_nope W_UK[h], q_pe].
+func (b *Backend) absorbMLA(g *mlaGroup, p kernels.MLAParams, q, wukT []float32, lo, hi, h0, h1 int) {
+	nh, nope, rope, kvl := p.NumHeads, p.NopeDim, p.RopeDim, p.KVLoraRank
+	qd, width, rows := nope+rope, kvl+rope, hi-lo
+	buf, done := b.mla.floats(rows * (nope + kvl))
+	defer done()
+	qn, lat := buf[:rows*nope], buf[rows*nope:]
+	for h := h0; h < h1; h++ {
 		for i := range rows {
-			row := s.x[(i*nh+h)*width : (i*nh+h+1)*width]
+			copy(qn[i*nope:(i+1)*nope], q[(lo+i)*nh*qd+h*qd:])
+		}
+		b.k.linearF32(lat, qn, wukT[h*kvl*nope:(h+1)*kvl*nope], rows, kvl, nope, 0, kvl)
+		for i := range rows {
+			row := g.x[(i*nh+h)*width : (i*nh+h+1)*width]
 			copy(row, lat[i*kvl:(i+1)*kvl])
-			copy(row[kvl:], q[(it.r0+i)*nh*qd+h*qd+nope:(it.r0+i)*nh*qd+(h+1)*qd])
+			copy(row[kvl:], q[(lo+i)*nh*qd+h*qd+nope:(lo+i)*nh*qd+(h+1)*qd])
 		}
 	}
+}
+
+// attendMLA attends the absorbed rows of one item (g.x, the group starting
+// at row lo) over the latent cache tile by tile, reading the cache rows in
+// place (their slots gathered): scores are canonical dot products of the
+// absorbed query rows and the cache rows (LinearF32Gather), probabilities
+// come from OnlineSoftmax, and the latent outputs accumulate the
+// probability-weighted cache rows (AccumRows, in key order, no copy or
+// transpose of V) into g.olat, all of it independent of the other rows of
+// the call.
+func (b *Backend) attendMLA(it attnItem, pl *attnPlan, p kernels.MLAParams, cache []float32, g *mlaGroup, lo int, s *mlaScratch) {
+	nh, kvl := p.NumHeads, p.KVLoraRank
+	width := kvl + p.RopeDim
+	r := (it.r1 - it.r0) * nh
+	x := g.x[(it.r0-lo)*nh*width : (it.r0-lo)*nh*width+r*width]
+	acc := g.olat[(it.r0-lo)*nh*kvl : (it.r0-lo)*nh*kvl+r*kvl]
 	_, kEnd := pl.visible(it.r1 - 1)
 	sm := s.sm
 	sm.reset(r)
-	clear(s.acc[:r*kvl])
+	clear(acc)
 	for t0 := 0; t0 < kEnd; t0 += keyTile {
 		n := min(keyTile, kEnd-t0)
 		slots := s.slots[:n]
@@ -652,28 +721,35 @@ func (b *Backend) attendMLA(it attnItem, pl *attnPlan, p kernels.MLAParams, q, c
 			slots[j] = int32(pl.slot(it.seq, t0+j))
 		}
 		scores := s.st[:r*n]
-		b.k.linearF32Gather(scores, s.x[:r*width], cache, slots, width, r, width)
+		b.k.linearF32Gather(scores, x, cache, slots, width, r, width)
 		for rr := range r {
 			_, last := pl.visible(it.r0 + rr/nh)
 			sm.see(rr, 0, last, t0, n)
 		}
 		sm.update(&b.k, scores, r, n, p.Scale)
-		b.k.accumRows(s.acc[:r*kvl], sm.alpha, scores, cache, slots, width, r, kvl)
+		b.k.accumRows(acc, sm.alpha, scores, cache, slots, width, r, kvl)
 	}
 	for rr := range r {
 		inv := 1 / sm.l[rr]
 		for e := range kvl {
-			s.acc[rr*kvl+e] *= inv
+			acc[rr*kvl+e] *= inv
 		}
 	}
-	// out[i, h] = o_lat[i, h] W_UV[h]^T: rows (i, h) of acc are strided by nh.
-	lat := s.x[:rows*kvl]
-	for h := range nh {
+}
+
+// projectMLA writes out[i, h] = o_lat[i, h] W_UV[h]^T for heads [h0, h1)
+// and rows [lo, hi) (g.olat rows (i, h) are strided by the heads).
+func (b *Backend) projectMLA(g *mlaGroup, p kernels.MLAParams, w *Tensor, out []float32, lo, hi, h0, h1 int) {
+	nh, nope, kvl, vd := p.NumHeads, p.NopeDim, p.KVLoraRank, p.VHeadDim
+	rows := hi - lo
+	buf, done := b.mla.floats(rows * (kvl + vd))
+	defer done()
+	lat, ov := buf[:rows*kvl], buf[rows*kvl:]
+	for h := h0; h < h1; h++ {
 		for i := range rows {
-			copy(lat[i*kvl:(i+1)*kvl], s.acc[(i*nh+h)*kvl:(i*nh+h+1)*kvl])
+			copy(lat[i*kvl:(i+1)*kvl], g.olat[(i*nh+h)*kvl:(i*nh+h+1)*kvl])
 		}
 		wuv := rowsView(w, h*(nope+vd)+nope, h*(nope+vd)+nope+vd, kvl)
-		ov := s.ov[:rows*vd]
 		switch w.dtype {
 		case kernels.F32:
 			b.k.linearF32(ov, lat, wuv.f32, rows, vd, kvl, 0, vd)
@@ -687,7 +763,7 @@ func (b *Backend) attendMLA(it attnItem, pl *attnPlan, p kernels.MLAParams, q, c
 			b.linearQuant(ov, lat, wuv.q, rows, vd, kvl, 0, vd)
 		}
 		for i := range rows {
-			copy(out[(it.r0+i)*nh*vd+h*vd:], ov[i*vd:(i+1)*vd])
+			copy(out[(lo+i)*nh*vd+h*vd:], ov[i*vd:(i+1)*vd])
 		}
 	}
 }

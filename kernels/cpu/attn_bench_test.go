@@ -71,6 +71,11 @@ func BenchmarkMLAAttention(b *testing.B) {
 			})
 		}
 	}
+	// A batched decode step of short sequences, where each head's
+	// absorption and projection weigh more than the keys.
+	b.Run("batch64/q1-k128", func(b *testing.B) {
+		benchMLA(b, 64, seqSpec{1, 128}, (*Backend).MLAAttention)
+	})
 }
 
 // mlaFunc is an MLA attention entry point of the backend.

@@ -580,6 +580,15 @@ func TestMLAAttention(t *testing.T) {
 			t.Fatal(err)
 		}
 		checkClose(t, fmt.Sprintf("mla %v", dt), vals(out), want, 1e-5)
+		// Items absorbed and projected in groups of at most rowChunk rows
+		// (here 7, 32 and 13 rows) give the bits of one group.
+		b.mla.groupFloats = rowChunk * nh * (kvl + rope)
+		grouped := alloc(t, b, m.NumTokens, nh*vd)
+		if err := b.MLAAttention(grouped, put(t, b, kernels.F32, qAll, m.NumTokens, nh*(nope+rope)), cache, wt, m, p); err != nil {
+			t.Fatal(err)
+		}
+		b.mla.groupFloats = 0
+		checkIdentical(t, fmt.Sprintf("mla %v in groups", dt), vals(grouped), vals(out))
 		// Rows decoded alone are bit-identical to their batch rows.
 		row := 0
 		for s, sp := range specs {
