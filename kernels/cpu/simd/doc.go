@@ -29,11 +29,12 @@
 //
 // # Speed
 //
-// Linear* run register-blocked micro-kernels (4 rows x 4 columns, 2 x 8 or
-// 1 x 8 for one or two rows) whose accumulators are exactly the canonical
-// lanes; 16-bit weights are widened in registers, never copied. On the
-// 2-core Zen 5 of BENCH.md, prefill GEMM (m=512) runs at 70-90% of the
-// measured FMA peak and decode GEMV streams f32 weights at about the
-// machine's read bandwidth, bf16 weights at about 70% of that; BENCH.md has
-// the figures and the commands.
+// Linear* run register-blocked micro-kernels whose accumulators are
+// exactly the canonical lanes: from 5 rows of x on (prefill), 6 rows x 4
+// columns with AVX-512 and 3 x 2 with AVX2; below, 4 x 4, 2 x 8 or 1 x 8
+// (AVX2: 2 x 2, 1 x 4). 16-bit weights are widened in registers, never
+// copied. On one core of the 2-core Zen 5 of BENCH.md, prefill GEMM
+// (m=512) runs at 76-92% of the measured FMA peak (AVX-512) and decode
+// GEMV streams f32 weights at about the machine's read bandwidth, bf16
+// weights at about 70% of that; BENCH.md has the figures and the commands.
 package simd

@@ -111,6 +111,82 @@ AVX2 INLINE void tile_rows(const int dt, const int R, const int C, const float *
 			out[r * ldo + c] = hsum2(lo[r * C + c], hi[r * C + c]);
 }
 
+// load_w_half reads the 8 weights w[i+8h .. i+8h+8): lo (h = 0) or hi (h = 1)
+// of load_w.
+AVX2 INLINE __m256 load_w_half(const int dt, const void *w, int64_t i, int h) {
+	switch (dt) {
+	case DI_BF16:
+		return _mm256_castsi256_ps(_mm256_slli_epi32(
+		    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i + 8 * h))), 16));
+	case DI_F16:
+		return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i + 8 * h)));
+	default:
+		return _mm256_loadu_ps((const float *)w + i + 8 * h);
+	}
+}
+
+// tile_rows_big is tile_rows for the GEMM tile of 3 rows by 2 columns
+// (R*C <= 6): 12 accumulators, and each k-step runs its lo lanes, then its
+// hi lanes, with the C weight vectors of the half and one row of x at a
+// time in registers (15 ymm). Per 16 lanes that is 10 loads for 12
+// fused multiply-adds, against 8 for 8 with the 2 x 2 tile. The FMAs of
+// every lane are those of tile_rows, in the same order. One core of the
+// Zen 5 VM of BENCH.md, m = 512: 72-78 -> 103-116 GFLOP/s (alternating
+// builds; predicted +20% from the loads alone).
+AVX2 INLINE void tile_rows_big(const int dt, const int R, const int C, const float *const xr[4], int nr,
+                               const char *const wc[4], int nc, int64_t k, float *out, int64_t ldo) {
+	__m256 acc[2][6];
+#pragma GCC unroll 6
+	for (int f = 0; f < R * C; f++)
+		acc[0][f] = acc[1][f] = _mm256_setzero_ps();
+	int64_t kk = 0;
+	for (; kk + 16 <= k; kk += 16) {
+#pragma GCC unroll 2
+		for (int h = 0; h < 2; h++) {
+			__m256 wv[3];
+#pragma GCC unroll 3
+			for (int c = 0; c < C; c++)
+				wv[c] = load_w_half(dt, wc[c], kk, h);
+#pragma GCC unroll 3
+			for (int r = 0; r < R; r++) {
+				__m256 xv = _mm256_loadu_ps(xr[r] + kk + 8 * h);
+				// Keep the row in a register (GCC would fold it into
+				// each FMA as a memory operand, one load per column).
+				__asm__("" : "+x"(xv));
+#pragma GCC unroll 3
+				for (int c = 0; c < C; c++)
+					acc[h][r * C + c] = _mm256_fmadd_ps(xv, wv[c], acc[h][r * C + c]);
+			}
+		}
+	}
+	if (kk < k) {
+		int rem = (int)(k - kk);
+		__m256 mlo, mhi, wl[3], wh[3];
+		tail_masks(rem, &mlo, &mhi);
+#pragma GCC unroll 3
+		for (int c = 0; c < C; c++) {
+			char buf[64] = {0};
+			memcpy(buf, wc[c] + kk * esize(dt), rem * esize(dt));
+			load_w(dt, buf, 0, &wl[c], &wh[c]);
+		}
+#pragma GCC unroll 3
+		for (int r = 0; r < R; r++) {
+			float xb[16] = {0};
+			memcpy(xb, xr[r] + kk, rem * sizeof(float));
+			__m256 xl = _mm256_loadu_ps(xb), xh = _mm256_loadu_ps(xb + 8);
+#pragma GCC unroll 3
+			for (int c = 0; c < C; c++) {
+				int f = r * C + c;
+				acc[0][f] = _mm256_blendv_ps(acc[0][f], _mm256_fmadd_ps(xl, wl[c], acc[0][f]), mlo);
+				acc[1][f] = _mm256_blendv_ps(acc[1][f], _mm256_fmadd_ps(xh, wh[c], acc[1][f]), mhi);
+			}
+		}
+	}
+	for (int r = 0; r < nr; r++)
+		for (int c = 0; c < nc; c++)
+			out[r * ldo + c] = hsum2(acc[0][r * C + c], acc[1][r * C + c]);
+}
+
 // tile computes an R x C block (R*C <= 4) of out as in the AVX-512 path:
 // rows and columns past nr, nc repeat the last valid one and are not stored.
 AVX2 INLINE void tile(const int dt, const int R, const int C, const float *x, int nr,
@@ -123,7 +199,10 @@ AVX2 INLINE void tile(const int dt, const int R, const int C, const float *x, in
 #pragma GCC unroll 4
 	for (int c = 0; c < C; c++)
 		wc[c] = (const char *)w + (c < nc ? c : nc - 1) * k * esize(dt);
-	tile_rows(dt, R, C, xr, nr, wc, nc, k, out, ldo);
+	if (R * C > 4)
+		tile_rows_big(dt, R, C, xr, nr, wc, nc, k, out, ldo);
+	else
+		tile_rows(dt, R, C, xr, nr, wc, nc, k, out, ldo);
 }
 
 AVX2 INLINE void linear_rows(const int dt, const int R, const int C, float *out, const float *x,
@@ -142,7 +221,10 @@ AVX2 INLINE void linear(const int dt, float *out, const float *x, const void *w,
 	for (int64_t jb = j0; jb < j1; jb += nb) {
 		int64_t je = j1 - jb < nb ? j1 : jb + nb;
 		for (int64_t i = 0; i < m;) {
-			if (m - i >= 2) {
+			if (m >= 5 && m - i >= 3) {
+				linear_rows(dt, 3, 2, out, x, w, n, k, i, 3, jb, je);
+				i += 3;
+			} else if (m - i >= 2) {
 				linear_rows(dt, 2, 2, out, x, w, n, k, i, 2, jb, je);
 				i += 2;
 			} else {

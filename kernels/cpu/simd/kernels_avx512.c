@@ -203,6 +203,136 @@ AVX512 INLINE void linear_rows(const int dt, const int R, const int C, float *ou
 	}
 }
 
+// GEMM tiles (m >= 5, weights from L2): BIG_R rows of x by BIG_C columns
+// of w, 24 accumulators plus BIG_C weight vectors and one row of x in
+// registers (29 zmm). Per k-step of 16 that is 6 loads of x (L1) and 4 of
+// w (streamed from L2) for 24 fused multiply-adds, against 4 + 4 for 16
+// with the 4 x 4 tile: the L2 stream of w per FMA falls by a third.
+// Measured on the Zen 5 VM of BENCH.md (one worker, best window over the
+// FMA peak probe, alternating builds): f32 768x768 0.84 -> 0.90-0.91,
+// 2048x768 0.81-0.83 -> 0.88-0.90, 768x2048 0.73-0.75 -> 0.76-0.79; bf16
+// 0.82-0.91 -> 0.89-0.95. 8 x 3, 4 x 6 and 5 x 5 tiles gave less (BENCH.md).
+#define BIG_R 6
+#define BIG_C 4
+
+// L1 bytes for the k-range of one big tile's rows and columns (see
+// big_rows). 32 KiB and 48-64 KiB measured no better, or worse, for k = 2048
+// and 3072.
+#define L1_BIG_BYTES (40 * 1024)
+
+// Tiles a k-chunked group of big_rows runs before moving to the next k
+// chunk (their accumulators wait in a spill area between chunks).
+#define BIG_GROUP 8
+
+// big_steps runs the canonical FMAs of the k-steps [kb, ke) of an R x C
+// tile (R*C <= 32, C <= 8) into acc[r*C + c]: whole steps of 16, and the
+// masked tail when ke == k. The C weight vectors of a step are loaded once
+// and each row of x is loaded into a register once per step.
+AVX512 INLINE void big_steps(const int dt, const int R, const int C, const float *xr[8],
+                             const char *wc[8], int64_t kb, int64_t ke, int64_t k, __m512 acc[32]) {
+	int64_t kk = kb;
+	for (; kk + 16 <= ke; kk += 16) {
+		__m512 wv[8];
+#pragma GCC unroll 8
+		for (int c = 0; c < C; c++)
+			wv[c] = load_w(dt, wc[c], kk);
+#pragma GCC unroll 8
+		for (int r = 0; r < R; r++) {
+			__m512 xv = _mm512_loadu_ps(xr[r] + kk);
+			// Keep the row in a register: without this GCC folds it into
+			// every FMA as a memory operand (C loads a row instead of
+			// one), which ran 6-15% slower than the 4 x 4 tile (8 x 3).
+			__asm__("" : "+v"(xv));
+#pragma GCC unroll 8
+			for (int c = 0; c < C; c++)
+				acc[r * C + c] = _mm512_fmadd_ps(xv, wv[c], acc[r * C + c]);
+		}
+	}
+	if (ke == k && kk < k) {
+		__mmask16 mk = (__mmask16)((1u << (k - kk)) - 1);
+		__m512 wv[8];
+#pragma GCC unroll 8
+		for (int c = 0; c < C; c++)
+			wv[c] = load_w_mask(dt, wc[c], kk, mk);
+#pragma GCC unroll 8
+		for (int r = 0; r < R; r++) {
+			__m512 xv = _mm512_maskz_loadu_ps(mk, xr[r] + kk);
+#pragma GCC unroll 8
+			for (int c = 0; c < C; c++)
+				acc[r * C + c] = _mm512_mask3_fmadd_ps(xv, wv[c], acc[r * C + c], mk);
+		}
+	}
+}
+
+// big_store reduces an R x C tile's accumulators, 16 at a time with
+// reduce16 (the last group padded with copies that are not stored), and
+// writes out[r*ldo + c] for r < nr, c < nc.
+AVX512 INLINE void big_store(const int R, const int C, const __m512 acc[32], int nr, int nc,
+                             float *out, int64_t ldo) {
+	float res[32];
+#pragma GCC unroll 2
+	for (int g = 0; g < (R * C + 15) / 16; g++) {
+		__m512 a[16];
+#pragma GCC unroll 16
+		for (int f = 0; f < 16; f++)
+			a[4 * (f % 4) + f / 4] = acc[16 * g + f < R * C ? 16 * g + f : R * C - 1];
+		_mm512_storeu_ps(res + 16 * g, reduce16(a));
+	}
+	for (int r = 0; r < nr; r++)
+		for (int c = 0; c < nc; c++)
+			out[r * ldo + c] = res[r * C + c];
+}
+
+// big_rows runs the rows [i0, i0+nr) (nr <= R; rows past nr repeat the
+// last one, as in tile_ptrs) against columns [jb, je) with R x C tiles.
+// When a tile's rows and columns over the whole of k would not fit in
+// L1_BIG_BYTES, k is cut into chunks of kc and each group of BIG_GROUP
+// tiles runs chunk by chunk, its accumulators kept in a spill area between
+// chunks: the FMAs per lane are the same, in the same order.
+AVX512 INLINE void big_rows(const int dt, const int R, const int C, float *out, const float *x,
+                            const void *w, int64_t n, int64_t k, int64_t i0, int nr,
+                            int64_t jb, int64_t je) {
+	const int64_t bytes_per_step = R * 4 + C * esize(dt); // per element of k
+	int64_t kc = L1_BIG_BYTES / bytes_per_step / 16 * 16;
+	if (k <= kc)
+		kc = k;
+	const float *xr[8];
+	const char *wc[8];
+#pragma GCC unroll 8
+	for (int r = 0; r < R; r++)
+		xr[r] = x + (i0 + (r < nr ? r : nr - 1)) * k;
+	__m512 spill[BIG_GROUP][32];
+	for (int64_t jg = jb; jg < je; jg += BIG_GROUP * C) {
+		int64_t jge = je - jg < BIG_GROUP * C ? je : jg + BIG_GROUP * C;
+		for (int64_t kb = 0; kb < k; kb += kc) {
+			int64_t ke = k - kb < kc ? k : kb + kc;
+			for (int64_t j = jg, t = 0; j < jge; j += C, t++) {
+				int nc = jge - j < C ? (int)(jge - j) : C;
+#pragma GCC unroll 8
+				for (int c = 0; c < C; c++)
+					wc[c] = (const char *)w + (j + (c < nc ? c : nc - 1)) * k * esize(dt);
+				__m512 acc[32];
+#pragma GCC unroll 32
+				for (int f = 0; f < R * C; f++)
+					acc[f] = kb == 0 ? _mm512_setzero_ps() : spill[t][f];
+				big_steps(dt, R, C, xr, wc, kb, ke, k, acc);
+				if (ke == k) {
+					big_store(R, C, acc, nr, nc, out + i0 * n + j, n);
+				} else {
+#pragma GCC unroll 32
+					for (int f = 0; f < R * C; f++)
+						spill[t][f] = acc[f];
+				}
+			}
+		}
+	}
+}
+
+// linear runs columns [j0, j1) of out = x w^T in column blocks of
+// L2_BLOCK_BYTES of w. From 5 rows on (the GEMM), each block runs BIG_R
+// rows at a time with big tiles and the rows left with the 4 x 4, 2 x 8
+// and 1 x 8 tiles; below 5 rows (decode) w streams from memory once. Every
+// output's FMAs are the same whichever tile computes it.
 AVX512 INLINE void linear(const int dt, float *out, const float *x, const void *w, int64_t m,
                           int64_t n, int64_t k, int64_t j0, int64_t j1) {
 	int64_t nb = L2_BLOCK_BYTES / ((k > 0 ? k : 1) * esize(dt));
@@ -212,7 +342,10 @@ AVX512 INLINE void linear(const int dt, float *out, const float *x, const void *
 		int64_t je = j1 - jb < nb ? j1 : jb + nb;
 		for (int64_t i = 0; i < m;) {
 			int64_t left = m - i;
-			if (left >= 3) {
+			if (!stream && left >= BIG_R) {
+				big_rows(dt, BIG_R, BIG_C, out, x, w, n, k, i, BIG_R, jb, je);
+				i += BIG_R;
+			} else if (left >= 3) {
 				int nr = left < 4 ? (int)left : 4;
 				linear_rows(dt, 4, 4, out, x, w, n, k, i, nr, jb, je, stream);
 				i += nr;

@@ -95,8 +95,10 @@ var linearShapes = []struct{ m, n, k int }{
 	{1, 1, 1}, {1, 1, 0}, {1, 1, 17}, {1, 5, 15}, {2, 3, 16}, {3, 7, 31},
 	{4, 9, 33}, {5, 17, 100}, {7, 33, 64}, {8, 20, 257}, {9, 5, 48},
 	{13, 19, 130}, {17, 37, 200}, {64, 24, 96}, {70, 12, 1000},
-	// k past the L1 chunk of the SIMD tiles (1024 f32, 1360 bf16/f16 for
-	// 4 rows; 816..910 for 1-2 rows), n past a group of 16 tiles.
+	// k past the L1 chunk of the SIMD tiles (AVX-512: 1024 f32, 1280
+	// bf16/f16 for the 6 x 4 tiles of 6 rows and more, 1024/1360 for 4
+	// rows, 816..910 for 1-2 rows), n past a group of tiles (8 tiles of 4
+	// columns, 16 of 4 or 8).
 	{9, 70, 2100}, {2, 140, 1700}, {1, 20, 4111}, {6, 67, 1373},
 }
 
