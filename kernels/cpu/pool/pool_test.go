@@ -196,8 +196,25 @@ func workerGoroutines() int {
 	return strings.Count(string(buf), "pool.(*Pool).work(")
 }
 
+// settledWorkerGoroutines is workerGoroutines once two counts 10 ms apart
+// agree: a worker of a pool closed by an earlier test has called Done but
+// may not have exited yet, and must not count in a baseline.
+func settledWorkerGoroutines(t *testing.T) int {
+	n := workerGoroutines()
+	for start := time.Now(); time.Since(start) < 5*time.Second; {
+		time.Sleep(10 * time.Millisecond)
+		m := workerGoroutines()
+		if m == n {
+			return n
+		}
+		n = m
+	}
+	t.Fatalf("worker goroutine count still changing after 5 s (%d)", n)
+	return 0
+}
+
 func TestCloseStopsWorkers(t *testing.T) {
-	base := workerGoroutines()
+	base := settledWorkerGoroutines(t)
 	pools := []*Pool{New(4), New(2), New(1)}
 	// A goroutine just started may not be in the stack dump yet.
 	for start := time.Now(); workerGoroutines()-base != 3+1; time.Sleep(time.Millisecond) {
@@ -286,4 +303,32 @@ func BenchmarkFor(b *testing.B) {
 			wg.Wait()
 		}
 	})
+}
+
+// busy spins for about d on the calling goroutine without blocking.
+func busy(d time.Duration) {
+	for start := time.Now(); time.Since(start) < d; {
+	}
+}
+
+// BenchmarkForGap measures a loop as a decode step runs it: each call's
+// chunks hold a few microseconds of work, and the caller does serial work
+// between calls, long enough for an idle worker to block. One op is one
+// call plus its gap; compare with the same body run on one worker.
+func BenchmarkForGap(b *testing.B) {
+	const work = 40 * time.Microsecond // of the whole loop, on one worker
+	for _, gap := range []time.Duration{2 * time.Microsecond, 20 * time.Microsecond} {
+		for _, workers := range []int{1, runtime.NumCPU()} {
+			b.Run(fmt.Sprintf("gap=%v/workers=%d", gap, workers), func(b *testing.B) {
+				p := New(workers)
+				defer p.Close()
+				n := chunksPerWorker * runtime.NumCPU()
+				fn := func(lo, hi int) { busy(work * time.Duration(hi-lo) / time.Duration(n)) }
+				for b.Loop() {
+					p.For(n, fn)
+					busy(gap)
+				}
+			})
+		}
+	}
 }
