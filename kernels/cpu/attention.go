@@ -297,10 +297,11 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 		for _, it := range items[lo:hi] {
 			maxR = max(maxR, (it.r1-it.r0)*group)
 		}
-		s := newGQAScratch(maxR, maxN, d)
+		s := b.gqaScratchFor(maxR, maxN, d, !(pl.ring == nil && kc.dtype == kernels.F32))
 		for _, it := range items[lo:hi] {
 			b.attendGQA(it, pl, p, qs.f32, kc, vc, o.f32, s, group)
 		}
+		b.gqa.Put(s)
 	})
 	return nil
 }
@@ -324,13 +325,26 @@ type gqaScratch struct {
 	sm                  *onlineSoftmax
 }
 
-// newGQAScratch sizes buffers for up to r query rows (of one KV head) and
-// tiles of up to n keys of head dimension d.
-func newGQAScratch(r, n, d int) *gqaScratch {
+// gqaScratchFor returns buffers for up to r query rows (of one KV head) and
+// tiles of up to n keys of head dimension d, from the backend's pool when
+// one there is large enough (attendGQA reads only prefixes it sets first);
+// tiles: kt and vt too (ring and 8-bit caches, which are copied; a float32
+// paged cache is read in place and needs neither). Give it back with
+// b.gqa.Put. Allocating kt and vt (2 x 32 KiB at head size 64) for every
+// worker of every call cost a third of a one-row call over 129 keys.
+func (b *Backend) gqaScratchFor(r, n, d int, tiles bool) *gqaScratch {
+	nt := 0
+	if tiles {
+		nt = n * d
+	}
+	if s, _ := b.gqa.Get().(*gqaScratch); s != nil && len(s.qt) >= r*d && len(s.kt) >= nt && len(s.vt) >= nt &&
+		len(s.st) >= r*n && len(s.acc) >= r*d && len(s.slots) >= n && len(s.sm.m) >= r {
+		return s
+	}
 	return &gqaScratch{
 		qt:    make([]float32, r*d),
-		kt:    make([]float32, n*d),
-		vt:    make([]float32, n*d),
+		kt:    make([]float32, nt),
+		vt:    make([]float32, nt),
 		st:    make([]float32, r*n),
 		acc:   make([]float32, r*d),
 		slots: make([]int32, n),

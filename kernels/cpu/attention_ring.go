@@ -108,10 +108,11 @@ func (b *Backend) RingAttention(out, q, k, v, kRing, vRing, slots kernels.Tensor
 		for _, it := range items[lo:hi] {
 			maxR = max(maxR, (it.r1-it.r0)*group)
 		}
-		s := newGQAScratch(maxR, maxN, d)
+		s := b.gqaScratchFor(maxR, maxN, d, true)
 		for _, it := range items[lo:hi] {
 			b.attendGQA(it, pl, p, qs.f32, kc, vc, o.f32, s, group)
 		}
+		b.gqa.Put(s)
 	})
 	return nil
 }

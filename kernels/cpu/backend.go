@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -70,7 +71,8 @@ type Backend struct {
 	llamaAct bool          // Options.LlamaCppActivations
 	closed   atomic.Bool
 	peak     peakOnce
-	mla      mlaCache // MLAAttention's W_UK^T per weight (see mlaWUKT)
+	mla      mlaCache  // MLAAttention's W_UK^T per weight (see mlaWUKT)
+	gqa      sync.Pool // *gqaScratch: Attention's buffers, reused across calls (see gqaScratchFor)
 }
 
 var _ kernels.Ops = (*Backend)(nil)
