@@ -53,6 +53,34 @@ AVX2 INLINE void tail_masks(int rem, __m256 *mlo, __m256 *mhi) {
 	*mhi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(r, _mm256_setr_epi32(8, 9, 10, 11, 12, 13, 14, 15)));
 }
 
+// tail_step runs the masked last k-step [kk, k) (k - kk < 16) of an R x C
+// tile (C <= 4, R*C <= 6)
+// into lo[r*C + c] and hi[r*C + c]: lanes past k keep their sums.
+AVX2 INLINE void tail_step(const int dt, const int R, const int C, const float *const xr[4],
+                           const char *const wc[4], int64_t kk, int64_t k, __m256 *lo, __m256 *hi) {
+	int rem = (int)(k - kk);
+	__m256 mlo, mhi, wl[4], wh[4];
+	tail_masks(rem, &mlo, &mhi);
+#pragma GCC unroll 4
+	for (int c = 0; c < C; c++) {
+		char buf[64] = {0};
+		memcpy(buf, wc[c] + kk * esize(dt), rem * esize(dt));
+		load_w(dt, buf, 0, &wl[c], &wh[c]);
+	}
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++) {
+		float xb[16] = {0};
+		memcpy(xb, xr[r] + kk, rem * sizeof(float));
+		__m256 xl = _mm256_loadu_ps(xb), xh = _mm256_loadu_ps(xb + 8);
+#pragma GCC unroll 4
+		for (int c = 0; c < C; c++) {
+			int f = r * C + c;
+			lo[f] = _mm256_blendv_ps(lo[f], _mm256_fmadd_ps(xl, wl[c], lo[f]), mlo);
+			hi[f] = _mm256_blendv_ps(hi[f], _mm256_fmadd_ps(xh, wh[c], hi[f]), mhi);
+		}
+	}
+}
+
 // tile_rows computes an R x C block (R*C <= 4) of out as in the AVX-512
 // path from the rows xr[r] of x (r < R) and the columns wc[c] of w (c < C),
 // each valid for k elements; only rows r < nr and columns c < nc are
@@ -83,29 +111,8 @@ AVX2 INLINE void tile_rows(const int dt, const int R, const int C, const float *
 			}
 		}
 	}
-	if (kk < k) {
-		int rem = (int)(k - kk);
-		__m256 mlo, mhi, wl[4], wh[4];
-		tail_masks(rem, &mlo, &mhi);
-#pragma GCC unroll 4
-		for (int c = 0; c < C; c++) {
-			char buf[64] = {0};
-			memcpy(buf, wc[c] + kk * esize(dt), rem * esize(dt));
-			load_w(dt, buf, 0, &wl[c], &wh[c]);
-		}
-#pragma GCC unroll 4
-		for (int r = 0; r < R; r++) {
-			float xb[16] = {0};
-			memcpy(xb, xr[r] + kk, rem * sizeof(float));
-			__m256 xl = _mm256_loadu_ps(xb), xh = _mm256_loadu_ps(xb + 8);
-#pragma GCC unroll 4
-			for (int c = 0; c < C; c++) {
-				int f = r * C + c;
-				lo[f] = _mm256_blendv_ps(lo[f], _mm256_fmadd_ps(xl, wl[c], lo[f]), mlo);
-				hi[f] = _mm256_blendv_ps(hi[f], _mm256_fmadd_ps(xh, wh[c], hi[f]), mhi);
-			}
-		}
-	}
+	if (kk < k)
+		tail_step(dt, R, C, xr, wc, kk, k, lo, hi);
 	for (int r = 0; r < nr; r++)
 		for (int c = 0; c < nc; c++)
 			out[r * ldo + c] = hsum2(lo[r * C + c], hi[r * C + c]);
@@ -159,29 +166,8 @@ AVX2 INLINE void tile_rows_big(const int dt, const int R, const int C, const flo
 			}
 		}
 	}
-	if (kk < k) {
-		int rem = (int)(k - kk);
-		__m256 mlo, mhi, wl[3], wh[3];
-		tail_masks(rem, &mlo, &mhi);
-#pragma GCC unroll 3
-		for (int c = 0; c < C; c++) {
-			char buf[64] = {0};
-			memcpy(buf, wc[c] + kk * esize(dt), rem * esize(dt));
-			load_w(dt, buf, 0, &wl[c], &wh[c]);
-		}
-#pragma GCC unroll 3
-		for (int r = 0; r < R; r++) {
-			float xb[16] = {0};
-			memcpy(xb, xr[r] + kk, rem * sizeof(float));
-			__m256 xl = _mm256_loadu_ps(xb), xh = _mm256_loadu_ps(xb + 8);
-#pragma GCC unroll 3
-			for (int c = 0; c < C; c++) {
-				int f = r * C + c;
-				acc[0][f] = _mm256_blendv_ps(acc[0][f], _mm256_fmadd_ps(xl, wl[c], acc[0][f]), mlo);
-				acc[1][f] = _mm256_blendv_ps(acc[1][f], _mm256_fmadd_ps(xh, wh[c], acc[1][f]), mhi);
-			}
-		}
-	}
+	if (kk < k)
+		tail_step(dt, R, C, xr, wc, kk, k, acc[0], acc[1]);
 	for (int r = 0; r < nr; r++)
 		for (int c = 0; c < nc; c++)
 			out[r * ldo + c] = hsum2(acc[0][r * C + c], acc[1][r * C + c]);
