@@ -81,7 +81,10 @@ func QuantizeActs(dst []byte, x []float32, t QuantType, m, k int) int {
 // the value of largest magnitude max (the first one on ties) gives
 // iscale = -127/max, q = min(127, nearest(iscale*x)), d = 1/iscale; an
 // all-zero block is d = 0 and zeros. It returns the bytes written and
-// panics on a partial block or a short dst.
+// panics on a partial block or a short dst. Cost: two passes over src; on
+// amd64 with cgo the default Impl's SIMD path (the same bytes, NaNs and
+// infinities included) takes about 0.25 ns a value on a Zen 5 core, the
+// Go loop 2.4 (BenchmarkQuantizeQ8K).
 func QuantizeQ8K(dst []byte, src []float32) int {
 	if len(src)%256 != 0 {
 		panic(fmt.Sprintf("simd: QuantizeQ8K: %d values is not a whole number of 256-value blocks", len(src)))
@@ -90,6 +93,21 @@ func QuantizeQ8K(dst []byte, src []float32) int {
 	if len(dst) < nb*Q8KBlockBytes {
 		panic(fmt.Sprintf("simd: QuantizeQ8K: len(dst)=%d < %d", len(dst), nb*Q8KBlockBytes))
 	}
+	if f := nativeQuantizeQ8K[defaultImpl.name]; f != nil && nb > 0 {
+		f(dst, src)
+		return nb * Q8KBlockBytes
+	}
+	return quantizeQ8KGo(dst, src)
+}
+
+// nativeQuantizeQ8K holds the SIMD paths of QuantizeQ8K by Impl name (the
+// default Impl's runs): whole blocks, lengths checked by the caller; set
+// by the amd64 cgo build.
+var nativeQuantizeQ8K = map[string]func(dst []byte, src []float32){}
+
+// quantizeQ8KGo is QuantizeQ8K in Go, the reference of the SIMD paths.
+func quantizeQ8KGo(dst []byte, src []float32) int {
+	nb := len(src) / 256
 	for b := range nb {
 		x, y := src[b*256:(b+1)*256], dst[b*Q8KBlockBytes:(b+1)*Q8KBlockBytes]
 		var mx, amax float32
@@ -105,7 +123,9 @@ func QuantizeQ8K(dst []byte, src []float32) int {
 		iscale := -127 / mx
 		qs := y[4:260]
 		for j, v := range x {
-			q := nearestInt(iscale * v)
+			// The conversion keeps the product rounded (never fused
+			// into the add of nearestInt).
+			q := nearestInt(float32(iscale * v))
 			qs[j] = byte(int8(min(127, q)))
 		}
 		for j := range 16 {
@@ -306,8 +326,10 @@ func LinearQuantLlama(out []float32, a, w []byte, t QuantType, m, n, k, j0, j1 i
 // load, with AVX512-VNNI two blocks per 512-bit vector; K-quants: four).
 // From 16 rows on (prefill), the AVX512-VNNI path repacks 16 weight rows
 // at a time, once per call, so that each vector lane accumulates one
-// output (vpdpbusd for Q8_0/Q4_0, vpdpwssd over scale-multiplied int16
-// pairs for the K-quants) and no horizontal sums remain.
+// output: vpdpbusd for Q8_0/Q4_0; for Q4_K/Q5_K vpdpbusd over the four
+// codes of a lane that share a scale, then vpdpwssd by the scale; for Q6_K
+// vpdpwssd over scale-multiplied int16 pairs against 128-bit broadcasts of
+// four activation pairs.
 func (p *Impl) LinearQuantLlama(out []float32, a, w []byte, t QuantType, m, n, k, j0, j1 int) {
 	rb, err := t.RowBytes(k)
 	if err != nil {

@@ -234,38 +234,75 @@ func randWeightRows(r *rand.Rand, t QuantType, n, k int, raw bool) []byte {
 	return w
 }
 
-// TestQuantizeQ8K: the Q8_K activation blocks are those of the
-// transcribed quantize_row_q8_K_ref, byte for byte, and decode back to
-// within half a step of the input.
+// TestQuantizeQ8K: the Q8_K activation blocks of QuantizeQ8K (the SIMD
+// path of the default Impl) and of each path alone (the pure-Go one and
+// every native one) are those of the transcribed quantize_row_q8_K_ref,
+// byte for byte, and decode back to within half a step of the input.
+// Blocks with NaNs, infinities, subnormals and values beyond nearest_int's
+// range give the scalar code's bytes too.
 func TestQuantizeQ8K(t *testing.T) {
 	const k = 1024
-	for name, dist := range actDists {
-		r := rand.New(rand.NewPCG(1, uint64(len(name))))
-		for range 20 {
-			x := make([]float32, k)
-			for i := range x {
-				x[i] = dist(r, i)
+	paths := map[string]func(dst []byte, src []float32){
+		"QuantizeQ8K": func(dst []byte, src []float32) {
+			if n := QuantizeQ8K(dst, src); n != len(dst) {
+				t.Fatalf("wrote %d bytes, want %d", n, len(dst))
 			}
-			got := make([]byte, k/256*Q8KBlockBytes)
-			if n := QuantizeQ8K(got, x); n != len(got) {
-				t.Fatalf("%s: wrote %d bytes, want %d", name, n, len(got))
-			}
-			want := refQuantQ8K(x)
-			for i := range got {
-				if got[i] != want[i] {
-					t.Fatalf("%s: byte %d = %#x, reference %#x", name, i, got[i], want[i])
-				}
-			}
-			for b := range k / 256 {
-				blk := got[b*Q8KBlockBytes:]
-				d := math.Float32frombits(binary.LittleEndian.Uint32(blk))
-				for j := range 256 {
-					v := d * float32(int8(blk[4+j]))
-					if diff := math.Abs(float64(v - x[256*b+j])); diff > 0.5001*math.Abs(float64(d)) {
-						t.Fatalf("%s: block %d value %d: %g decodes to %g (d %g)", name, b, j, x[256*b+j], v, d)
+		},
+		"go": func(dst []byte, src []float32) { quantizeQ8KGo(dst, src) },
+	}
+	for name, f := range nativeQuantizeQ8K {
+		paths[name] = f
+	}
+	inf, nan := float32(math.Inf(1)), float32(math.NaN())
+	edges := map[string]func(r *rand.Rand, i int) float32{
+		"nan":    func(r *rand.Rand, i int) float32 { return [...]float32{float32(r.NormFloat64()), nan}[min(1, i%97)^1] },
+		"allnan": func(r *rand.Rand, i int) float32 { return nan },
+		"inf": func(r *rand.Rand, i int) float32 {
+			return [...]float32{float32(r.NormFloat64()), -inf}[min(1, i%131)^1]
+		},
+		"subnormal": func(r *rand.Rand, i int) float32 { return float32(r.NormFloat64()) * 1e-39 },
+		"negzero":   func(r *rand.Rand, i int) float32 { return float32(math.Copysign(0, -1)) },
+		"huge":      func(r *rand.Rand, i int) float32 { return float32(r.NormFloat64()) * 3e38 },
+	}
+	for pname, f := range paths {
+		for _, dists := range []map[string]func(r *rand.Rand, i int) float32{actDists, edges} {
+			for name, dist := range dists {
+				_, edge := edges[name]
+				r := rand.New(rand.NewPCG(1, uint64(len(name))))
+				for range 20 {
+					x := make([]float32, k)
+					for i := range x {
+						x[i] = dist(r, i)
+					}
+					got := make([]byte, k/256*Q8KBlockBytes)
+					f(got, x)
+					want := refQuantQ8K(x)
+					for i := range got {
+						if got[i] != want[i] {
+							t.Fatalf("%s %s: byte %d = %#x, reference %#x", pname, name, i, got[i], want[i])
+						}
+					}
+					if edge {
+						continue
+					}
+					for b := range k / 256 {
+						blk := got[b*Q8KBlockBytes:]
+						d := math.Float32frombits(binary.LittleEndian.Uint32(blk))
+						for j := range 256 {
+							v := d * float32(int8(blk[4+j]))
+							if diff := math.Abs(float64(v - x[256*b+j])); diff > 0.5001*math.Abs(float64(d)) {
+								t.Fatalf("%s %s: block %d value %d: %g decodes to %g (d %g)", pname, name, b, j, x[256*b+j], v, d)
+							}
+						}
 					}
 				}
 			}
+		}
+	}
+	// Every native Impl of an amd64 cgo build has one.
+	for _, p := range Impls() {
+		if _, ok := nativeQuantizeQ8K[p.Name()]; !ok && len(nativeQuantLlama) > 0 && p.Name() != "go" {
+			t.Errorf("%s: no native QuantizeQ8K", p.Name())
 		}
 	}
 }

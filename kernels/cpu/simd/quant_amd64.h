@@ -46,4 +46,9 @@ int di_linear16_llama_avx512(int bf16, float *out, int64_t ldo, const uint16_t *
 int di_linear16_llama_avx2(int bf16, float *out, int64_t ldo, const uint16_t *x, const uint16_t *w, int64_t m,
                            int64_t k, int64_t ncols);
 
+// QuantizeQ8K of nb blocks of 256 values of x into y (the same bytes as the
+// Go loop): AVX2 + FMA, and AVX-512 F/BW/VL.
+void di_quantize_q8k_avx2(const float *x, uint8_t *y, int64_t nb);
+void di_quantize_q8k_vnni(const float *x, uint8_t *y, int64_t nb);
+
 #endif

@@ -435,23 +435,23 @@ QL void ql_cols(const int qt, const int R, const int NC, float *out, int64_t ldo
 
 // Prefill from QL_PACK_ROWS activation rows on: 16 weight rows at a time
 // are repacked (once per call) so that one 512-bit vector holds the same
-// weights of 16 rows and each lane accumulates one output column; the
-// activations are broadcast from memory. No horizontal sums remain, and the
-// integer sums per block, and the float operations per output, are those
-// of the tiles above.
+// weights of 16 rows and each lane accumulates one output (a column; for
+// Q6_K a column and one of the generic code's lanes l); the activations
+// are broadcast. The integer sums per block, and the float operations per
+// output, are those of the tiles above.
 //
 // Q8_0/Q4_0 block of the 16 rows (QP32_BYTES): u8 weights (Q8_0: w+128,
 // Q4_0: q) as [quad g 0..7][row c 0..15][4 bytes], then dw[16] floats.
 // vpdpbusd sums four products per lane from a base of -off*sum(a).
 //
-// K-quant block (QPK_BYTES): int32 [pair p 0..127][row c] holding the two
-// int16 values sc*q of weights i = 16j+l and i+8 (p = 8j+l: both lane l
-// of the generic code), then int32 [j 0..7][c] = (m_j, m_j) for the mins,
-// then dw[16] and dmin[16]. vpdpwssd against the pairs (a[i], a[i+8])
-// accumulates aux[l] of 16 columns in one vector per l.
+// The K-quant layouts (QPK4_BYTES for Q4_K/Q5_K, QPK6_BYTES for Q6_K) are
+// described with their kernels below. The kernels' inner products go
+// through qp_dpbusd_b, qp_dpwssd and qp_dpwssd_b (inline assembly): with
+// the intrinsics GCC 12 copied every accumulator to a fresh register and
+// back around each instruction, which had the K-quant kernels at half
+// their speed.
 #define QL_PACK_ROWS 16
 #define QP32_BYTES (512 + 64)
-#define QPK_BYTES (128 * 64 + 8 * 64 + 128)
 
 QL void qp_pack32(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
 	const int64_t bb = qt == DI_Q8_0 ? 34 : 18;
@@ -550,40 +550,22 @@ QL void qp_qk(const int qt, const uint8_t *p, int8_t *q, int16_t *sc, int16_t *m
 	}
 }
 
-QL void qp_packk(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
-	const int64_t bb = qt == DI_Q4_K ? 144 : qt == DI_Q5_K ? 176 : 210;
-	for (int64_t b = 0; b < nb; b++) {
-		uint8_t *d = dst + b * QPK_BYTES;
-		int32_t *mins = (int32_t *)(d + 128 * 64);
-		float *dw = (float *)(d + 128 * 64 + 8 * 64), *dmin = dw + 16;
-		for (int c = 0; c < 16; c++) {
-			const uint8_t *p = w + (c < nc ? c : nc - 1) * rb + b * bb;
-			int8_t q[256];
-			int16_t sc[16], mn[8] = {0};
-			qp_qk(qt, p, q, sc, mn);
-			for (int j = 0; j < 16; j++) {
-				// Group j: 16 weights times its scale, as (i, i+8) pairs.
-				const __m256i v = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16 * j))),
-				                                     _mm256_set1_epi16(sc[j]));
-				const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
-				uint32_t u[8];
-				_mm_storeu_si128((__m128i *)u, _mm_unpacklo_epi16(lo, hi));
-				_mm_storeu_si128((__m128i *)(u + 4), _mm_unpackhi_epi16(lo, hi));
-#pragma GCC unroll 8
-				for (int l = 0; l < 8; l++)
-					memcpy(d + (8 * j + l) * 64 + 4 * c, &u[l], 4);
-			}
-			for (int j = 0; j < 8; j++)
-				mins[16 * j + c] = (int32_t)((uint32_t)(uint16_t)mn[j] | (uint32_t)(uint16_t)mn[j] << 16);
-			if (qt == DI_Q6_K) {
-				dw[c] = ql_half(p + 208);
-				dmin[c] = 0;
-			} else {
-				dw[c] = ql_half(p);
-				dmin[c] = ql_half(p + 2);
-			}
-		}
-	}
+// qp_dpbusd_b, qp_dpwssd and qp_dpwssd_b are vpdpbusd/vpdpwssd with the
+// accumulator tied to the destination register (the _b forms broadcast a
+// 32-bit activation group from memory).
+QL __m512i qp_dpbusd_b(__m512i acc, __m512i w, const int32_t *x) {
+	__asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
+	return acc;
+}
+
+QL __m512i qp_dpwssd(__m512i acc, __m512i x, __m512i y) {
+	__asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(y));
+	return acc;
+}
+
+QL __m512i qp_dpwssd_b(__m512i acc, __m512i w, const int32_t *x) {
+	__asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*x));
+	return acc;
 }
 
 // qp_pairs writes the int16 pairs (a[i], a[i+8]), i = 16j+l, of the nb
@@ -599,13 +581,173 @@ QL void qp_pairs(const uint8_t *a, int64_t nb, int32_t *dst) {
 		}
 }
 
-// qp_rowsk computes R rows (Q8_K activations a + r*ab, their pairs at
-// pairs + r*nb*128) against a packed K-quant tile; nc columns of
-// out[r*ldo + c].
-QL void qp_rowsk(const int qt, const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab,
-                 const int32_t *pairs, float *out, int64_t ldo, int nc) {
-	__m512 sums[2][8], sumf[2];
+// Q6_K block of the 16 rows (QPK6_BYTES): int32 pairs of the int16 values
+// sc*q of weights i = 16j+l and i+8 (both lane l of the generic code,
+// both under scale j; vpdpwssd against the activation pairs (a[i],
+// a[i+8]) adds them to aux[l]), laid out for 128-bit broadcasts of four
+// activation pairs: vector [j 0..15][h 0..1][g 0..3] holds in lane
+// 4cc+ll the pair of row 4g+cc, lane l = 4h+ll; then dw of row 4g+cc in
+// lane 4cc+ll of vector g (4 vectors). One broadcast of the pairs
+// l = 4h..4h+3 of a row serves the four vectors g: a quarter of the loads
+// of one 32-bit broadcast per vector.
+#define QPK6_BYTES (128 * 64 + 4 * 64)
+
+QL void qp_pack6k(const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
+	for (int64_t b = 0; b < nb; b++) {
+		uint8_t *d = dst + b * QPK6_BYTES;
+		float *dw = (float *)(d + 128 * 64);
+		for (int c = 0; c < 16; c++) {
+			const int g = c / 4, cc = c % 4;
+			const uint8_t *p = w + (c < nc ? c : nc - 1) * rb + b * 210;
+			int8_t q[256];
+			int16_t sc[16], mn[8];
+			qp_qk(DI_Q6_K, p, q, sc, mn);
+			for (int j = 0; j < 16; j++) {
+				const __m256i v = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16 * j))),
+				                                     _mm256_set1_epi16(sc[j]));
+				const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+				_mm_storeu_si128((__m128i *)(d + ((2 * j + 0) * 4 + g) * 64 + 16 * cc), _mm_unpacklo_epi16(lo, hi));
+				_mm_storeu_si128((__m128i *)(d + ((2 * j + 1) * 4 + g) * 64 + 16 * cc), _mm_unpackhi_epi16(lo, hi));
+			}
+			const float s = ql_half(p + 208);
+			for (int ll = 0; ll < 4; ll++)
+				dw[16 * g + 4 * cc + ll] = s;
+		}
+	}
+}
+
+// qp_rows6k computes R rows (Q8_K activations a + r*ab, their pairs at
+// pairs + r*nb*128) against a packed Q6_K tile; nc columns of
+// out[r*ldo + c]. aux[r][g][h] lane 4cc+ll is the generic aux[4h+ll] of
+// row r and column 4g+cc; the float operations per output are the
+// generic code's.
+QL void qp_rows6k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab, const int32_t *pairs,
+                  float *out, int64_t ldo, int nc) {
+	__m512 sums[3][4][2];
+#pragma GCC unroll 3
+	for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+		for (int g = 0; g < 4; g++)
+			sums[r][g][0] = sums[r][g][1] = _mm512_setzero_ps();
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pb = pk + b * QPK6_BYTES;
+		__m512i aux[3][4][2];
+#pragma GCC unroll 3
+		for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+			for (int g = 0; g < 4; g++)
+				aux[r][g][0] = aux[r][g][1] = _mm512_setzero_si512();
+		for (int j = 0; j < 16; j++) {
 #pragma GCC unroll 2
+			for (int h = 0; h < 2; h++) {
+				__m512i x[3];
+#pragma GCC unroll 3
+				for (int r = 0; r < R; r++)
+					x[r] = _mm512_broadcast_i32x4(
+					    _mm_loadu_si128((const __m128i *)(pairs + (r * nb + b) * 128 + 8 * j + 4 * h)));
+#pragma GCC unroll 4
+				for (int g = 0; g < 4; g++) {
+					const __m512i wv = _mm512_loadu_si512(pb + ((2 * j + h) * 4 + g) * 64);
+#pragma GCC unroll 3
+					for (int r = 0; r < R; r++)
+						aux[r][g][h] = qp_dpwssd(aux[r][g][h], wv, x[r]);
+				}
+			}
+		}
+#pragma GCC unroll 3
+		for (int r = 0; r < R; r++) {
+			const __m512 da = _mm512_set1_ps(ql_f32(a + r * ab + b * 292));
+#pragma GCC unroll 4
+			for (int g = 0; g < 4; g++) {
+				const __m512 d = _mm512_mul_ps(_mm512_loadu_ps(pb + 128 * 64 + 64 * g), da);
+				sums[r][g][0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(aux[r][g][0]), sums[r][g][0]);
+				sums[r][g][1] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(aux[r][g][1]), sums[r][g][1]);
+			}
+		}
+	}
+	// Lane c = 4g+cc of column vector l gathers lane 4cc+ll of sums[g][h].
+	const __m512i ix[4] = {
+	    _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0),
+	    _mm512_setr_epi32(1, 5, 9, 13, 17, 21, 25, 29, 0, 0, 0, 0, 0, 0, 0, 0),
+	    _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 0, 0, 0, 0, 0, 0, 0, 0),
+	    _mm512_setr_epi32(3, 7, 11, 15, 19, 23, 27, 31, 0, 0, 0, 0, 0, 0, 0, 0),
+	};
+#pragma GCC unroll 3
+	for (int r = 0; r < R; r++) {
+		__m512 f = _mm512_setzero_ps(); // the generic sumf: no mins in Q6_K
+#pragma GCC unroll 8
+		for (int l = 0; l < 8; l++) {
+			const int h = l / 4, ll = l % 4;
+			const __m512 lo = _mm512_permutex2var_ps(sums[r][0][h], ix[ll], sums[r][1][h]);
+			const __m512 hi = _mm512_permutex2var_ps(sums[r][2][h], ix[ll], sums[r][3][h]);
+			f = _mm512_add_ps(f, _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(1, 0, 1, 0)));
+		}
+		_mm512_mask_storeu_ps(out + r * ldo, (__mmask16)((1u << nc) - 1), f);
+	}
+}
+
+// Q4_K/Q5_K block of the 16 rows (QPK4_BYTES): u8 codes as [quad p =
+// 8j+l][row c][4 bytes] holding the weights i = 32j+l, +8, +16, +24 (all
+// four lane l of the generic code, all four under sub-block j's scale),
+// then int32 [j 0..7][c] = the scale s_j (high half zero), then int32
+// [j 0..7][c] = (m_j, m_j) for the mins, then dw[16] and dmin[16].
+// vpdpbusd sums the four products of a quad exactly (|t| <= 4*31*127 <
+// 2^15) and vpdpwssd against (s_j, 0) adds s_j*t to aux[l]: the same
+// number of instructions as int16 pairs sc*q against activation pairs,
+// but half the broadcasts and half the packed bytes (measured 2x).
+#define QPK4_BYTES (64 * 64 + 8 * 64 + 8 * 64 + 128)
+
+// ql_quads4 returns the 8 dwords (l = 0..7) of the bytes l, l+8, l+16,
+// l+24 of the 32 bytes at q.
+QL __m256i ql_quads4(const uint8_t *q) {
+	const __m128i r0 = _mm_loadl_epi64((const __m128i *)q), r1 = _mm_loadl_epi64((const __m128i *)(q + 8));
+	const __m128i r2 = _mm_loadl_epi64((const __m128i *)(q + 16)), r3 = _mm_loadl_epi64((const __m128i *)(q + 24));
+	const __m128i p01 = _mm_unpacklo_epi8(r0, r1), p23 = _mm_unpacklo_epi8(r2, r3);
+	return _mm256_set_m128i(_mm_unpackhi_epi16(p01, p23), _mm_unpacklo_epi16(p01, p23));
+}
+
+QL void qp_pack4k(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
+	const int64_t bb = qt == DI_Q4_K ? 144 : 176;
+	for (int64_t b = 0; b < nb; b++) {
+		uint8_t *d = dst + b * QPK4_BYTES;
+		int32_t *scl = (int32_t *)(d + 64 * 64), *mins = scl + 128;
+		float *dw = (float *)(d + 64 * 64 + 8 * 64 + 8 * 64), *dmin = dw + 16;
+		for (int c = 0; c < 16; c++) {
+			const uint8_t *p = w + (c < nc ? c : nc - 1) * rb + b * bb;
+			int8_t q[256];
+			int16_t sc[16], mn[8];
+			qp_qk(qt, p, q, sc, mn);
+			for (int j = 0; j < 8; j++) {
+				uint32_t u[8];
+				_mm256_storeu_si256((__m256i *)u, ql_quads4((const uint8_t *)q + 32 * j));
+#pragma GCC unroll 8
+				for (int l = 0; l < 8; l++)
+					memcpy(d + (8 * j + l) * 64 + 4 * c, &u[l], 4);
+				scl[16 * j + c] = sc[2 * j];
+				mins[16 * j + c] = (int32_t)((uint32_t)(uint16_t)mn[j] | (uint32_t)(uint16_t)mn[j] << 16);
+			}
+			dw[c] = ql_half(p);
+			dmin[c] = ql_half(p + 2);
+		}
+	}
+}
+
+// qp_quads writes the quads of bytes (a[i], a[i+8], a[i+16], a[i+24]),
+// i = 32j+l, of the nb Q8_K blocks at a into dst (64 int32 per block,
+// index 8j+l).
+QL void qp_quads(const uint8_t *a, int64_t nb, int32_t *dst) {
+	for (int64_t b = 0; b < nb; b++)
+		for (int j = 0; j < 8; j++)
+			_mm256_storeu_si256((__m256i *)(dst + b * 64 + 8 * j), ql_quads4(a + b * 292 + 4 + 32 * j));
+}
+
+// qp_rows4k computes R rows (Q8_K activations a + r*ab, their quads at
+// quads + r*nb*64) against a packed Q4_K/Q5_K tile; nc columns of
+// out[r*ldo + c]. The float operations per output are the generic code's.
+QL void qp_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab, const int32_t *quads,
+                  float *out, int64_t ldo, int nc) {
+	__m512 sums[3][8], sumf[3];
+#pragma GCC unroll 3
 	for (int r = 0; r < R; r++) {
 		sumf[r] = _mm512_setzero_ps();
 #pragma GCC unroll 8
@@ -613,25 +755,37 @@ QL void qp_rowsk(const int qt, const int R, const uint8_t *pk, int64_t nb, const
 			sums[r][l] = _mm512_setzero_ps();
 	}
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = pk + b * QPK_BYTES;
-		__m512i aux[2][8];
-#pragma GCC unroll 2
-		for (int r = 0; r < R; r++)
+		const uint8_t *pb = pk + b * QPK4_BYTES;
+		const int32_t *mins = (const int32_t *)(pb + 64 * 64 + 8 * 64);
+		__m512i aux[3][8], mi[3];
+#pragma GCC unroll 3
+		for (int r = 0; r < R; r++) {
+			mi[r] = _mm512_setzero_si512();
 #pragma GCC unroll 8
 			for (int l = 0; l < 8; l++)
 				aux[r][l] = _mm512_setzero_si512();
-		for (int j = 0; j < 16; j++) {
+		}
+		for (int j = 0; j < 8; j++) {
+			// The mins term of sub-block j (bsums 2j, 2j+1 against m_j),
+			// here rather than after the block: a chain of eight there
+			// stalled every block.
+			const __m512i mv = _mm512_loadu_si512(mins + 16 * j);
+#pragma GCC unroll 3
+			for (int r = 0; r < R; r++)
+				mi[r] = qp_dpwssd_b(mi[r], mv, (const int32_t *)(a + r * ab + b * 292 + 260 + 4 * j));
+			const __m512i sv = _mm512_loadu_si512(pb + 64 * 64 + 64 * j);
 #pragma GCC unroll 8
 			for (int l = 0; l < 8; l++) {
 				const __m512i wv = _mm512_loadu_si512(pb + (8 * j + l) * 64);
-#pragma GCC unroll 2
-				for (int r = 0; r < R; r++)
-					aux[r][l] = _mm512_dpwssd_epi32(aux[r][l], wv,
-					                                _mm512_set1_epi32(pairs[(r * nb + b) * 128 + 8 * j + l]));
+#pragma GCC unroll 3
+				for (int r = 0; r < R; r++) {
+					const __m512i t = qp_dpbusd_b(_mm512_setzero_si512(), wv, quads + (r * nb + b) * 64 + 8 * j + l);
+					aux[r][l] = qp_dpwssd(aux[r][l], t, sv);
+				}
 			}
 		}
-		const __m512 dw = _mm512_loadu_ps(pb + 128 * 64 + 8 * 64);
-#pragma GCC unroll 2
+		const __m512 dw = _mm512_loadu_ps(pb + 64 * 64 + 8 * 64 + 8 * 64);
+#pragma GCC unroll 3
 		for (int r = 0; r < R; r++) {
 			const uint8_t *ap = a + r * ab + b * 292;
 			const __m512 da = _mm512_set1_ps(ql_f32(ap));
@@ -639,21 +793,11 @@ QL void qp_rowsk(const int qt, const int R, const uint8_t *pk, int64_t nb, const
 #pragma GCC unroll 8
 			for (int l = 0; l < 8; l++)
 				sums[r][l] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(aux[r][l]), sums[r][l]);
-			if (qt != DI_Q6_K) {
-				const int32_t *mins = (const int32_t *)(pb + 128 * 64);
-				__m512i mi = _mm512_setzero_si512();
-#pragma GCC unroll 8
-				for (int j = 0; j < 8; j++) {
-					int32_t bs;
-					memcpy(&bs, ap + 260 + 4 * j, 4);
-					mi = _mm512_dpwssd_epi32(mi, _mm512_loadu_si512(mins + 16 * j), _mm512_set1_epi32(bs));
-				}
-				const __m512 dm = _mm512_mul_ps(_mm512_loadu_ps(pb + 128 * 64 + 8 * 64 + 64), da);
-				sumf[r] = _mm512_fnmadd_ps(dm, _mm512_cvtepi32_ps(mi), sumf[r]);
-			}
+			const __m512 dm = _mm512_mul_ps(_mm512_loadu_ps(pb + 64 * 64 + 8 * 64 + 8 * 64 + 64), da);
+			sumf[r] = _mm512_fnmadd_ps(dm, _mm512_cvtepi32_ps(mi[r]), sumf[r]);
 		}
 	}
-#pragma GCC unroll 2
+#pragma GCC unroll 3
 	for (int r = 0; r < R; r++) {
 		__m512 f = sumf[r];
 #pragma GCC unroll 8
@@ -671,8 +815,10 @@ QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 	const int64_t nb = k / (k32 ? 32 : 256);
 	const int64_t bb = qt == DI_Q8_0 ? 34 : qt == DI_Q4_0 ? 18 : qt == DI_Q4_K ? 144 : qt == DI_Q5_K ? 176 : 210;
 	const int64_t rb = nb * bb, ab = k32 ? nb * 34 : nb * 292;
-	uint8_t *pk = malloc((size_t)nb * (k32 ? QP32_BYTES : QPK_BYTES));
-	int32_t *side = malloc((size_t)m * nb * (k32 ? 1 : 128) * sizeof(int32_t)); // block sums, or pairs
+	const int k4 = qt == DI_Q4_K || qt == DI_Q5_K;
+	uint8_t *pk = malloc((size_t)nb * (k32 ? QP32_BYTES : k4 ? QPK4_BYTES : QPK6_BYTES));
+	// Block sums (Q8_0/Q4_0), quads (Q4_K/Q5_K) or pairs (Q6_K) of a.
+	int32_t *side = malloc((size_t)m * nb * (k32 ? 1 : k4 ? 64 : 128) * sizeof(int32_t));
 	if (!pk || !side) {
 		free(pk);
 		free(side);
@@ -686,6 +832,8 @@ QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 					s += (int8_t)a[i * ab + b * 34 + 2 + t];
 				side[i * nb + b] = s;
 			}
+		} else if (k4) {
+			qp_quads(a + i * ab, nb, side + i * nb * 64);
 		} else {
 			qp_pairs(a + i * ab, nb, side + i * nb * 128);
 		}
@@ -699,12 +847,18 @@ QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 				qp_rows32(qt, 4, pk, nb, a + i * ab, ab, side + i * nb, out + i * ldo + j, ldo, nc);
 			for (; i < m; i++)
 				qp_rows32(qt, 1, pk, nb, a + i * ab, ab, side + i * nb, out + i * ldo + j, ldo, nc);
-		} else {
-			qp_packk(qt, w + j * rb, rb, nb, nc, pk);
-			for (; i + 2 <= m; i += 2)
-				qp_rowsk(qt, 2, pk, nb, a + i * ab, ab, side + i * nb * 128, out + i * ldo + j, ldo, nc);
+		} else if (k4) {
+			qp_pack4k(qt, w + j * rb, rb, nb, nc, pk);
+			for (; i + 3 <= m; i += 3)
+				qp_rows4k(3, pk, nb, a + i * ab, ab, side + i * nb * 64, out + i * ldo + j, ldo, nc);
 			for (; i < m; i++)
-				qp_rowsk(qt, 1, pk, nb, a + i * ab, ab, side + i * nb * 128, out + i * ldo + j, ldo, nc);
+				qp_rows4k(1, pk, nb, a + i * ab, ab, side + i * nb * 64, out + i * ldo + j, ldo, nc);
+		} else {
+			qp_pack6k(w + j * rb, rb, nb, nc, pk);
+			for (; i + 3 <= m; i += 3)
+				qp_rows6k(3, pk, nb, a + i * ab, ab, side + i * nb * 128, out + i * ldo + j, ldo, nc);
+			for (; i < m; i++)
+				qp_rows6k(1, pk, nb, a + i * ab, ab, side + i * nb * 128, out + i * ldo + j, ldo, nc);
 		}
 	}
 	free(pk);
@@ -756,6 +910,74 @@ QL void ql_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const
 		}
 	}
 }
+
+// ql_quantize_q8k writes the nb blocks of 256 floats at x as Q8_K blocks
+// (QuantizeQ8K in q8act.go, bit for bit): the first value of largest
+// magnitude mx (NaNs never count, as in the scalar comparison),
+// iscale = -127/mx, q = min(127, nearest(iscale*x)) by ggml's nearest_int
+// (the float add of 1.5*2^23 and the low mantissa bits, kept here so that
+// NaN and out-of-range values give the scalar code's bytes), the low byte
+// of q, d = 1/iscale, and bsums of the stored bytes.
+QL void ql_quantize_q8k(const float *x, uint8_t *y, int64_t nb) {
+	const __m256 sign = _mm256_set1_ps(-0.0f);
+	for (int64_t b = 0; b < nb; b++, x += 256, y += 292) {
+		__m256 mx8 = _mm256_setzero_ps();
+#pragma GCC unroll 4
+		for (int i = 0; i < 256; i += 8)
+			// max(a, b) returns b when a is a NaN.
+			mx8 = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), mx8);
+		__m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx8), _mm256_extractf128_ps(mx8, 1));
+		m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+		m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+		const float amax = _mm_cvtss_f32(m4);
+		if (!(amax > 0)) {
+			memset(y, 0, 292);
+			continue;
+		}
+		const __m256 am = _mm256_set1_ps(amax);
+		int idx = 0;
+		for (int i = 0; i < 256; i += 8) {
+			const int mask =
+			    _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), am, _CMP_EQ_OQ));
+			if (mask) {
+				idx = i + __builtin_ctz((unsigned)mask);
+				break;
+			}
+		}
+		const float iscale = -127.0f / x[idx];
+		const __m256 is = _mm256_set1_ps(iscale), magic = _mm256_set1_ps(12582912.0f);
+		const __m256i lowm = _mm256_set1_epi32(0x007fffff), bias = _mm256_set1_epi32(0x00400000);
+		const __m256i m127 = _mm256_set1_epi32(127), mff = _mm256_set1_epi32(0xff);
+		const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+		int16_t bs[16];
+		for (int i = 0; i < 256; i += 32) {
+			__m256i q[4];
+#pragma GCC unroll 4
+			for (int t = 0; t < 4; t++) {
+				__m256 f = _mm256_mul_ps(is, _mm256_loadu_ps(x + i + 8 * t));
+				// Keep the product rounded: no fused multiply-add.
+				__asm__("" : "+x"(f));
+				const __m256i v = _mm256_castps_si256(_mm256_add_ps(f, magic));
+				const __m256i n = _mm256_sub_epi32(_mm256_and_si256(v, lowm), bias);
+				q[t] = _mm256_and_si256(_mm256_min_epi32(n, m127), mff);
+			}
+			const __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(q[0], q[1]), _mm256_packus_epi32(q[2], q[3]));
+			const __m256i bytes = _mm256_permutevar8x32_epi32(p, order);
+			_mm256_storeu_si256((__m256i *)(y + 4 + i), bytes);
+			const __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), bytes), _mm256_set1_epi16(1));
+			int32_t u[8];
+			_mm256_storeu_si256((__m256i *)u, s4);
+			bs[i / 16] = (int16_t)(u[0] + u[1] + u[2] + u[3]);
+			bs[i / 16 + 1] = (int16_t)(u[4] + u[5] + u[6] + u[7]);
+		}
+		memcpy(y + 260, bs, 32);
+		const float d = 1.0f / iscale;
+		memcpy(y, &d, 4);
+	}
+}
+
+#define QL_QUANT_ENTRY(name)                                                                                          \
+	QTARGET void name(const float *x, uint8_t *y, int64_t nb) { ql_quantize_q8k(x, y, nb); }
 
 #define QL_ENTRY(name)                                                                                                \
 	QTARGET void name(int qtype, float *out, int64_t ldo, const uint8_t *a, const uint8_t *w, int64_t m, int64_t k,  \

@@ -20,6 +20,7 @@ func init() {
 	vnni := func(qtype C.int, out *C.float, ldo C.int64_t, a, w *C.uint8_t, m, k, ncols C.int64_t) {
 		C.di_linear_qllama_vnni(qtype, out, ldo, a, w, m, k, ncols)
 	}
+	hasVNNI := cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL && cpu.X86.HasAVX2
 	for _, p := range available {
 		var f func(qtype C.int, out *C.float, ldo C.int64_t, a, w *C.uint8_t, m, k, ncols C.int64_t)
 		switch p.name {
@@ -29,13 +30,22 @@ func init() {
 			// Every AVX-512 CPU has AVX2; VNNI only changes how the exact
 			// integer sums are formed, never a result.
 			f = avx2
-			if cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL && cpu.X86.HasAVX2 {
+			if hasVNNI {
 				f = vnni
 			}
 		default:
 			continue
 		}
 		avx512 := p.name == "avx512"
+		q8k := func(dst []byte, src []float32) {
+			C.di_quantize_q8k_avx2(fptr(src), (*C.uint8_t)(unsafe.Pointer(unsafe.SliceData(dst))), C.int64_t(len(src)/256))
+		}
+		if avx512 && hasVNNI { // built for the VNNI target: only where the CPU has it
+			q8k = func(dst []byte, src []float32) {
+				C.di_quantize_q8k_vnni(fptr(src), (*C.uint8_t)(unsafe.Pointer(unsafe.SliceData(dst))), C.int64_t(len(src)/256))
+			}
+		}
+		nativeQuantizeQ8K[p.name] = q8k
 		nativeLinear16Llama[p.name] = func(out []float32, ldo int, x, w []uint16, bf16 bool, m, k, ncols int) bool {
 			b := C.int(0)
 			if bf16 {

@@ -9,3 +9,4 @@
 #include "quant_llama.h"
 
 QL_ENTRY(di_linear_qllama_avx2)
+QL_QUANT_ENTRY(di_quantize_q8k_avx2)

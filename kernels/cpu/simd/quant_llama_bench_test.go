@@ -24,10 +24,11 @@ func BenchmarkQuantLlamaGEMV(b *testing.B) {
 	})
 }
 
-// BenchmarkQuantLlamaGEMM runs LinearQuantLlama on a prefill-shaped product
-// (m = 512 activation rows against 3072 x 768 weights) over all cores;
-// GOP/s counts 2*m*n*k integer operations, tok/s the rows per second of
-// the best window:
+// BenchmarkQuantLlamaGEMM runs LinearQuantLlama on prefill-shaped products
+// of the 153M Llama (m = 512 activation rows against the 3072 x 768 up
+// projection and the 768 x 3072 down projection) over all cores; GOP/s
+// counts 2*m*n*k integer operations, tok/s the rows per second of the best
+// window:
 //
 //	go test -run XXX -bench QuantLlamaGEMM -benchtime 20x ./kernels/cpu/simd
 func BenchmarkQuantLlamaGEMM(b *testing.B) {
@@ -35,25 +36,31 @@ func BenchmarkQuantLlamaGEMM(b *testing.B) {
 	defer p.Close()
 	r := rand.New(rand.NewPCG(8, 9))
 	impl := benchImpl(b)
-	const m, n, k = 512, 3072, 768
+	const m = 512
+	for _, typ := range QuantTypes {
+		for _, sh := range []struct{ n, k int }{{3072, 768}, {768, 3072}} {
+			benchQuantLlamaGEMM(b, p, r, impl, typ, m, sh.n, sh.k)
+		}
+	}
+}
+
+func benchQuantLlamaGEMM(b *testing.B, p *pool.Pool, r *rand.Rand, impl *Impl, typ QuantType, m, n, k int) {
 	out := make([]float32, m*n)
 	ops := 2 * float64(m*n*k)
-	for _, typ := range QuantTypes {
-		w, _ := quantRows(typ, r, n, k)
-		ab, _ := ActRowBytes(typ, k)
-		a := make([]byte, m*ab)
-		QuantizeActs(a, randVec(r, m*k), typ, m, k)
-		b.Run(fmt.Sprintf("%s/%s/m%d_%dx%d", impl, typ, m, n, k), func(b *testing.B) {
-			win := newBestWindow(1)
-			for b.Loop() {
-				p.ForGrain(n, 16, func(lo, hi int) { impl.LinearQuantLlama(out, a, w, typ, m, n, k, lo, hi) })
-				win.done()
-			}
-			b.ReportMetric(ops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GOP/s")
-			b.ReportMetric(ops/win.bestSec/1e9, "best_GOP/s")
-			b.ReportMetric(m/win.bestSec, "best_tok/s")
-		})
-	}
+	w, _ := quantRows(typ, r, n, k)
+	ab, _ := ActRowBytes(typ, k)
+	a := make([]byte, m*ab)
+	QuantizeActs(a, randVec(r, m*k), typ, m, k)
+	b.Run(fmt.Sprintf("%s/%s/m%d_%dx%d", impl, typ, m, n, k), func(b *testing.B) {
+		win := newBestWindow(1)
+		for b.Loop() {
+			p.ForGrain(n, 16, func(lo, hi int) { impl.LinearQuantLlama(out, a, w, typ, m, n, k, lo, hi) })
+			win.done()
+		}
+		b.ReportMetric(ops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GOP/s")
+		b.ReportMetric(ops/win.bestSec/1e9, "best_GOP/s")
+		b.ReportMetric(float64(m)/win.bestSec, "best_tok/s")
+	})
 }
 
 // BenchmarkLinear16Llama runs Linear16Llama (bfloat16 activations and
@@ -83,6 +90,30 @@ func BenchmarkLinear16Llama(b *testing.B) {
 				win.done()
 			}
 			b.ReportMetric(float64(m*n*k)/win.bestSec/1e9, "best_GMAC/s")
+		})
+	}
+}
+
+// BenchmarkQuantizeQ8K rounds 512 activation rows of 768 values to Q8_K
+// blocks (the activations of one prefill product of the 153M Llama) with
+// the pure-Go loop and with each SIMD path; ns/value per row set:
+//
+//	go test -run XXX -bench QuantizeQ8K ./kernels/cpu/simd
+func BenchmarkQuantizeQ8K(b *testing.B) {
+	r := rand.New(rand.NewPCG(10, 11))
+	const m, k = 512, 768
+	x := randVec(r, m*k)
+	dst := make([]byte, m*k/256*Q8KBlockBytes)
+	paths := map[string]func(dst []byte, src []float32){"go": func(dst []byte, src []float32) { quantizeQ8KGo(dst, src) }}
+	for name, f := range nativeQuantizeQ8K {
+		paths[name] = f
+	}
+	for name, f := range paths {
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				f(dst, x)
+			}
+			b.ReportMetric(b.Elapsed().Seconds()*1e9/float64(b.N)/(m*k), "ns/value")
 		})
 	}
 }

@@ -10,3 +10,4 @@
 #include "quant_llama.h"
 
 QL_ENTRY(di_linear_qllama_vnni)
+QL_QUANT_ENTRY(di_quantize_q8k_vnni)
