@@ -62,5 +62,5 @@ if [[ -z $libdir ]]; then
 	echo "build.sh: libcublas.so not found under $cuda_home" >&2
 	exit 1
 fi
-"$nvcc" -shared "$gencode" -o "$out" "$objdir"/*.o -L"$libdir" -lcublas -Xlinker -rpath -Xlinker "$libdir"
+"$nvcc" -shared "$gencode" -o "$out" "$objdir"/*.o -L"$libdir" -lcublas -lcublasLt -Xlinker -rpath -Xlinker "$libdir"
 echo "built $out for sm_${arch} with $("$nvcc" --version | tail -1)"

@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 16u
+#define DI_ABI_VERSION 17u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -163,6 +163,9 @@ typedef struct di_options {
 	 * the device): 0: 2048; negative: never (above 1024 pairs the batch
 	 * groups on the host and runs cuBLAS per expert). */
 	int32_t moe_gemm_pairs;
+	/* 1: FP8 linears above 8 rows run the library's tensor-core GEMM (a
+	 * row's bits independent of the batch) instead of cuBLASLt's. */
+	int32_t disable_fp8_lt;
 } di_options;
 
 enum di_scoring { DI_SCORING_SOFTMAX = 1, DI_SCORING_SIGMOID = 2 };
@@ -274,14 +277,25 @@ typedef struct di_fp8_weight {
 	di_dptr data, scales, scale_row;
 	int scale_cols; /* ceil(k / block_k) */
 	int block_k;    /* a power of two >= 16 (128 in the published checkpoints) */
+	/* The same scales in cuBLASLt's 128x128 block layout, or 0 where the
+	 * weight has no such layout (block_k not 128, or rows of one 128-row
+	 * block on different scale rows): F32 [ceil(rows / 128), lt_ld], block
+	 * (rb, kb) at rb * lt_ld + kb; lt_ld = ceil(k / 128) rounded up to a
+	 * multiple of 4. */
+	di_dptr lt_scales;
+	int lt_ld;
 } di_fp8_weight;
 
 /* Which kernels an FP8 linear or MoE takes: AUTO (the library's choice),
  * GEMV (float32 activations, CUDA cores; for MoE the device path, whose
  * tensor-core kernels carry float32-accurate activations) or GEMM
  * (activations quantized per row and 128 columns, tensor cores; needs
- * block_k >= 128). The paths differ in the activations' rounding. */
-enum di_fp8_path { DI_FP8_AUTO = 0, DI_FP8_GEMV = 1, DI_FP8_GEMM = 2 };
+ * block_k >= 128) or LT (the same quantized activations, cuBLASLt's FP8
+ * GEMM with 128x128 weight and 1x128 activation block scales, DeepSeek-V3's
+ * recipe; needs lt_scales; linears only). The paths differ in the
+ * activations' rounding (GEMV against the others) and in the tensor cores'
+ * accumulation order (GEMM against LT). */
+enum di_fp8_path { DI_FP8_AUTO = 0, DI_FP8_GEMV = 1, DI_FP8_GEMM = 2, DI_FP8_LT = 3 };
 
 /* Block-quantized weights in llama.cpp's formats (kernels.QuantWeighter),
  * numbered as ggml numbers them. A [rows, k] matrix (stacked experts
@@ -532,9 +546,13 @@ typedef struct di_api {
 	                          di_dptr gate_up_bias, di_dptr down, di_dptr down_bias, int w_dtype, int num_tokens,
 	                          int top_k, int hidden, int inter, int num_experts, float limit, float alpha);
 	/* --- FP8 block-scaled weights (di_fp8_weight; kernels.FP8Weighter) --- */
-	/* fp8_linear: out[m, n] (F32) = x[m, k] (F32) w^T (+ bias F32 [n]). GEMV
-	 * up to 8 rows (AUTO), else the tensor-core GEMM where block_k >= 128;
-	 * either way a row's bits do not depend on the other rows. */
+	/* fp8_linear: out[m, n] (F32) = x[m, k] (F32) w^T (+ bias F32 [n]). AUTO:
+	 * the GEMV up to 8 rows, else cuBLASLt's block-scaled FP8 GEMM where the
+	 * weight has lt_scales (unless di_options.disable_fp8_lt; cuBLASLt may
+	 * pick another algorithm for another row count, so those rows are not
+	 * batch-invariant, as cuBLAS's 16-bit GEMMs are not), else the library's
+	 * tensor-core GEMM where block_k >= 128 (a row's bits do not depend on
+	 * the other rows there, nor on the GEMV). */
 	int (*fp8_linear)(di_ctx *ctx, di_dptr out, di_dptr x, const di_fp8_weight *w, di_dptr bias, int m, int n,
 	                  int k, int path);
 	/* fp8_moe: moe with FP8 expert weights (gate_up [experts, 2 inter,
@@ -547,8 +565,16 @@ typedef struct di_api {
 	int (*fp8_moe)(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, const di_fp8_weight *gate_up,
 	               const di_fp8_weight *down, int num_tokens, int top_k, int hidden, int inter, int num_experts,
 	               int path);
-	/* fp8_dequant: out[rows, k] (F32) = the weight's values. */
-	int (*fp8_dequant)(di_ctx *ctx, di_dptr out, const di_fp8_weight *w, int rows, int k);
+	/* fp8_dequant: out[rows, k] = the weight's values, out_dtype DI_F32
+	 * (exact) or DI_BF16 (the float32 value rounded to nearest even). */
+	int (*fp8_dequant)(di_ctx *ctx, di_dptr out, int out_dtype, const di_fp8_weight *w, int rows, int k);
+	/* fp8_lt_peak: the time of cuBLASLt's FP8 GEMM with one scale a tensor
+	 * (its fastest FP8 form: the reference peak of benchmarks), m x n x k,
+	 * E4M3 inputs of hashed bytes, BF16 out, iters back-to-back launches
+	 * after one warm-up; *ms the mean. Allocates and frees its own buffers
+	 * (not for use during a capture). DI_ERR_UNSUPPORTED where cuBLASLt has
+	 * no algorithm. */
+	int (*fp8_lt_peak)(di_ctx *ctx, int m, int n, int k, int iters, float *ms);
 	/* --- MLA over 16- and 8-bit latent caches on tensor cores
 	 * (kernels/cuda/attention_mla_tc.cu; kernels.MLACacher) --- */
 	/* mla_write_cache: row slot_mapping[t] (-1: skip) of cache ([num_slots]

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
+#include <cublasLt.h>
 
 #include <cstdarg>
 #include <cstdio>
@@ -40,7 +41,10 @@ struct di_ctx {
 	int device = 0;
 	cudaStream_t stream = nullptr;
 	cublasHandle_t cublas = nullptr;
-	void *cublas_workspace = nullptr;
+	void *cublas_workspace = nullptr; // also cuBLASLt's (the same stream)
+	size_t cublas_workspace_bytes = 0;
+	cublasLtHandle_t lt = nullptr;
+	struct di_fp8_lt_cache *fp8_lt = nullptr; // fp8.cu's plans of cuBLASLt FP8 GEMMs
 	unsigned *check = nullptr;      // device check word (DI_CHECK_* bits)
 	unsigned *check_host = nullptr; // pinned mirror for reading it back
 	std::vector<di_stage> stages;
@@ -112,6 +116,9 @@ struct di_ctx {
 	// MoE over 16-bit experts from this many (token, k) pairs runs the
 	// grouped GEMM (di_moe_gemm_k); 0: never; moe_gemm_pairs.
 	int moe_gemm_pairs = DI_DEFAULT_MOE_GEMM_PAIRS;
+	// FP8 linears above the GEMV's rows on cuBLASLt where the weight allows
+	// it; !disable_fp8_lt.
+	int fp8_lt_on = 1;
 	// Attention kernels round a 16-bit output as they store it (1), or
 	// every 16-bit output goes through float32 scratch and a narrowing pass
 	// (0, the same bits); !disable_attn_out16.
@@ -226,7 +233,10 @@ int di_op_mla_latent_attention(di_ctx *ctx, di_dptr olat, di_dptr q_lat, di_dptr
 int di_op_mla_attention_pf(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, int cache_dtype, di_dptr wkvb,
                            int w_dtype, const di_attn_meta *m, int num_heads, int nope_dim, int rope_dim,
                            int kv_lora_rank, int v_head_dim, float scale);
-int di_op_fp8_dequant(di_ctx *ctx, di_dptr out, const di_fp8_weight *w, int rows, int k);
+int di_op_fp8_dequant(di_ctx *ctx, di_dptr out, int out_dtype, const di_fp8_weight *w, int rows, int k);
+int di_op_fp8_lt_peak(di_ctx *ctx, int m, int n, int k, int iters, float *ms);
+// di_fp8_lt_free releases fp8.cu's cached cuBLASLt plans (context teardown).
+void di_fp8_lt_free(di_ctx *ctx);
 // Sliding-window rings, attention sinks, Gemma and gpt-oss operations.
 int di_op_attention_sinks(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr q, di_dptr k_cache, di_dptr v_cache,
                           const di_attn_meta *m, int num_heads, int num_kv_heads, int head_dim, float scale,

@@ -224,6 +224,8 @@ static void destroy_impl(di_ctx *ctx) {
 		for (auto &kv : ctx->live) cudaFree(kv.first);
 		ctx->live.clear();
 	}
+	di_fp8_lt_free(ctx);
+	if (ctx->lt) cublasLtDestroy(ctx->lt);
 	if (ctx->cublas) cublasDestroy(ctx->cublas);
 	if (ctx->cublas_workspace) cudaFree(ctx->cublas_workspace);
 	if (ctx->check) cudaFree(ctx->check);
@@ -304,6 +306,8 @@ static int api_create(int device, di_ctx **out, char *err, int errlen) {
 		return fail(di_cuda_fail(ctx, e, "cudaMalloc (cuBLAS workspace)"));
 	if ((s = cublasSetWorkspace(ctx->cublas, ctx->cublas_workspace, ws)) != CUBLAS_STATUS_SUCCESS)
 		return fail(cublas_fail(ctx, s, "cublasSetWorkspace"));
+	ctx->cublas_workspace_bytes = ws;
+	if ((s = cublasLtCreate(&ctx->lt)) != CUBLAS_STATUS_SUCCESS) return fail(cublas_fail(ctx, s, "cublasLtCreate"));
 	// Float32 GEMMs stay in float32 (no TF32), so the F32 path is exact enough
 	// for 1e-4 parity; BF16/F16 GEMMs use the tensor cores either way.
 	if ((s = cublasSetMathMode(ctx->cublas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS)
@@ -411,6 +415,7 @@ static int api_set_options(di_ctx *ctx, const di_options *o) {
 	ctx->sample_min_chunks = o->sample_min_chunks > 0 ? o->sample_min_chunks : DI_DEFAULT_SAMPLE_MIN_CHUNKS;
 	ctx->moe_gemm_pairs =
 	    o->moe_gemm_pairs > 0 ? o->moe_gemm_pairs : (o->moe_gemm_pairs < 0 ? 0 : DI_DEFAULT_MOE_GEMM_PAIRS);
+	ctx->fp8_lt_on = o->disable_fp8_lt ? 0 : 1;
 	return DI_OK;
 }
 
@@ -712,6 +717,7 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->fp8_linear = di_op_fp8_linear;
 	out->fp8_moe = di_op_fp8_moe;
 	out->fp8_dequant = di_op_fp8_dequant;
+	out->fp8_lt_peak = di_op_fp8_lt_peak;
 	// MLA over 16- and 8-bit latent caches.
 	out->mla_write_cache = di_op_mla_write_cache;
 	out->mla_attention_tc = di_op_mla_attention_tc;

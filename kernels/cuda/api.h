@@ -170,8 +170,11 @@ static inline int c_fp8_moe(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dpt
                             const di_fp8_weight *dn, int t, int k, int hidden, int inter, int e, int path) {
 	return a->fp8_moe(c, out, x, ids, w, gu, dn, t, k, hidden, inter, e, path);
 }
-static inline int c_fp8_dequant(di_api *a, di_ctx *c, di_dptr out, const di_fp8_weight *w, int rows, int k) {
-	return a->fp8_dequant(c, out, w, rows, k);
+static inline int c_fp8_dequant(di_api *a, di_ctx *c, di_dptr out, int odt, const di_fp8_weight *w, int rows, int k) {
+	return a->fp8_dequant(c, out, odt, w, rows, k);
+}
+static inline int c_fp8_lt_peak(di_api *a, di_ctx *c, int m, int n, int k, int iters, float *ms) {
+	return a->fp8_lt_peak(c, m, n, k, iters, ms);
 }
 
 // MLA over 16- and 8-bit latent caches (attention_mla_tc.go).

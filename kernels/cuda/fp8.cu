@@ -26,6 +26,8 @@
 // row of x in an order fixed by k and block_k alone, so a row's bits do not
 // depend on the other rows of the call; a row computed by the GEMV and the
 // same row computed by the GEMM differ (the activation rounding).
+#include <initializer_list>
+
 #include "fp8.cuh"
 
 #define DI_FP8_GEMV_ROWS 8 // Linear's auto path: GEMV up to this many rows, the GEMM above
@@ -221,22 +223,22 @@ int di_fp8_gemv(di_ctx *ctx, float *out, const float *x, const int *order, int d
 
 // One warp per (row, group of 128 columns): lane l holds columns 4l..4l+3
 // of the group (a multiple of 16 columns is whole or absent).
-__global__ void di_fp8_quant_k(uint8_t *q, float *qs, const float *x, const int *order, int div, int rows, int k) {
+__global__ void di_fp8_quant_k(uint8_t *q, float *qs, const float *x, const int *order, int div, int rows,
+                               int rows_pad, int k, bool group_major) {
 	const int groups = (k + DI_FP8_GROUP - 1) / DI_FP8_GROUP;
 	const size_t item = (size_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
 	const int lane = threadIdx.x & 31;
 	di_pdl_wait();
-	if (item >= (size_t)rows * groups) return;
+	if (item >= (size_t)rows_pad * groups) return;
 	const int r = (int)(item / groups), g = (int)(item % groups);
 	const int c = g * DI_FP8_GROUP + 4 * lane;
-	const float *src = x + (size_t)(order ? order[r] / div : r) * k;
 	float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-	if (c < k) v = *reinterpret_cast<const float4 *>(src + c);
+	if (c < k && r < rows) v = *reinterpret_cast<const float4 *>(x + (size_t)(order ? order[r] / div : r) * k + c);
 	float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
 	for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
 	const float s = amax > 0.f ? __fdiv_rn(amax, 448.f) : 1.f;
-	if (lane == 0) qs[(size_t)r * groups + g] = s;
+	if (lane == 0) qs[group_major ? (size_t)g * rows_pad + r : (size_t)r * groups + g] = s;
 	if (c < k) {
 		const __nv_fp8x2_storage_t a = __nv_cvt_float2_to_fp8x2(make_float2(__fdiv_rn(v.x, s), __fdiv_rn(v.y, s)),
 		                                                         __NV_SATFINITE, __NV_E4M3);
@@ -246,10 +248,13 @@ __global__ void di_fp8_quant_k(uint8_t *q, float *qs, const float *x, const int 
 	}
 }
 
-int di_fp8_quant(di_ctx *ctx, uint8_t *q, float *qs, const float *x, const int *order, int div, int rows, int k) {
-	if (rows == 0 || k == 0) return DI_OK;
-	const size_t items = (size_t)rows * ((k + DI_FP8_GROUP - 1) / DI_FP8_GROUP);
-	di_launch(ctx, di_fp8_quant_k, (unsigned)((items + 7) / 8), 256, 0, q, qs, x, order, div, rows, k);
+int di_fp8_quant(di_ctx *ctx, uint8_t *q, float *qs, const float *x, const int *order, int div, int rows, int k,
+                 bool group_major, int rows_pad) {
+	rows_pad = rows_pad > rows ? rows_pad : rows;
+	if (rows_pad == 0 || k == 0) return DI_OK;
+	const size_t items = (size_t)rows_pad * ((k + DI_FP8_GROUP - 1) / DI_FP8_GROUP);
+	di_launch(ctx, di_fp8_quant_k, (unsigned)((items + 7) / 8), 256, 0, q, qs, x, order, div, rows, rows_pad, k,
+	          group_major);
 	return di_check_launch(ctx, "fp8 quantize activations");
 }
 
@@ -478,6 +483,132 @@ int di_fp8_gemm(di_ctx *ctx, float *out, const uint8_t *aq, const float *as, con
 	return fp8_gemm_launch<4>(ctx, out, aq, as, w, bias, offsets, max_rows, n, k, experts);
 }
 
+// ---------------------------------------------------------------- cuBLASLt GEMM
+
+// DeepSeek-V3's recipe on cuBLASLt (12.9 and later, sm_90): D[n, m]
+// (column-major, so the row-major out[m, n]) = W^T-op(A) x X(B), A the
+// weight's E4M3 bytes ([n, k] row-major: k x n column-major, transposed)
+// with one float32 scale a 128x128 block (lt_scales), B the quantized
+// activations ([m, k] row-major: k x m column-major) with one a row and
+// 128 columns in group-major order (di_fp8_quant's group_major), float32
+// accumulation and output. cuBLASLt picks the algorithm per shape, so a
+// row's bits may depend on m.
+
+// di_fp8_lt_plan is cuBLASLt's descriptors and algorithm for one shape and
+// pointer alignment (cuBLASLt's algorithms assume an alignment).
+struct di_fp8_lt_plan {
+	int m = 0, n = 0, k = 0, align = 0;
+	bool ok = false; // false: cuBLASLt has no algorithm for it
+	cublasLtMatmulDesc_t op = nullptr;
+	cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+	cublasLtMatmulAlgo_t algo = {};
+};
+
+#define DI_FP8_LT_PLANS 64 // plans kept: shapes past it replace the oldest
+
+struct di_fp8_lt_cache {
+	di_fp8_lt_plan plans[DI_FP8_LT_PLANS];
+	int used = 0, next = 0;
+};
+
+static void lt_plan_clear(di_fp8_lt_plan &p) {
+	if (p.op) cublasLtMatmulDescDestroy(p.op);
+	if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+	if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+	if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+	p = di_fp8_lt_plan();
+}
+
+void di_fp8_lt_free(di_ctx *ctx) {
+	if (!ctx->fp8_lt) return;
+	for (auto &p : ctx->fp8_lt->plans) lt_plan_clear(p);
+	delete ctx->fp8_lt;
+	ctx->fp8_lt = nullptr;
+}
+
+// lt_align is the largest power of two up to 256 dividing every pointer.
+static int lt_align(std::initializer_list<const void *> ptrs) {
+	uintptr_t bits = 256;
+	for (const void *p : ptrs) bits |= (uintptr_t)p;
+	return (int)(bits & (~bits + 1));
+}
+
+#define LT_OK(call) ((call) == CUBLAS_STATUS_SUCCESS)
+
+// lt_set_scales points the plan's descriptor at the call's scales.
+static bool lt_set_scales(di_fp8_lt_plan &p, const float *ws, const float *xs) {
+	return LT_OK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws, sizeof ws)) &&
+	       LT_OK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof xs));
+}
+
+// lt_plan returns the plan of (m, n, k, align), made on first use (one
+// heuristic query, some microseconds of host time), or null without a
+// cuBLASLt handle.
+static di_fp8_lt_plan *lt_plan(di_ctx *ctx, int m, int n, int k, int align, const float *ws, const float *xs) {
+	if (!ctx->lt) return nullptr;
+	if (!ctx->fp8_lt) ctx->fp8_lt = new di_fp8_lt_cache();
+	di_fp8_lt_cache *c = ctx->fp8_lt;
+	for (int i = 0; i < c->used; i++) {
+		di_fp8_lt_plan &p = c->plans[i];
+		if (p.m == m && p.n == n && p.k == k && p.align == align) return &p;
+	}
+	const int slot = c->used < DI_FP8_LT_PLANS ? c->used++ : (c->next++ % DI_FP8_LT_PLANS);
+	di_fp8_lt_plan &p = c->plans[slot];
+	lt_plan_clear(p);
+	p.m = m, p.n = n, p.k = k, p.align = align;
+	const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+	const cublasLtMatmulMatrixScale_t am = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+	                                  bm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+	bool good = LT_OK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
+	            LT_OK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) &&
+	            LT_OK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) &&
+	            LT_OK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am)) &&
+	            LT_OK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm)) &&
+	            lt_set_scales(p, ws, xs) && LT_OK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, k, n, k)) &&
+	            LT_OK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, k, m, k)) &&
+	            LT_OK(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, n, m, n));
+	if (good) {
+		cublasLtMatmulPreference_t pref = nullptr;
+		const size_t wsb = ctx->cublas_workspace_bytes;
+		const uint32_t al = (uint32_t)align;
+		cublasLtMatmulHeuristicResult_t h = {};
+		int found = 0;
+		good = LT_OK(cublasLtMatmulPreferenceCreate(&pref)) &&
+		       LT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+		for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+		                  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+			good = good && LT_OK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof al));
+		good = good && LT_OK(cublasLtMatmulAlgoGetHeuristic(ctx->lt, p.op, p.a, p.b, p.d, p.d, pref, 1, &h, &found)) &&
+		       found > 0;
+		if (pref) cublasLtMatmulPreferenceDestroy(pref);
+		if (good) p.algo = h.algo;
+	}
+	p.ok = good;
+	return &p;
+}
+
+__global__ void di_fp8_add_bias_k(float *out, const float *bias, int m, int n) {
+	di_pdl_wait();
+	const size_t total = (size_t)m * n;
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+		out[i] = __fadd_rn(out[i], bias[i % n]);
+}
+
+static int fp8_gemm_lt(di_ctx *ctx, di_fp8_lt_plan &p, float *out, const uint8_t *q, const float *qs,
+                       const di_fp8w &w, const float *bias) {
+	if (!lt_set_scales(p, w.lt_scales, qs))
+		return di_fail(ctx, DI_ERR_CUBLAS, "fp8 linear: cuBLASLt scale pointers (m=%d n=%d k=%d)", p.m, p.n, p.k);
+	const float alpha = 1.f, beta = 0.f;
+	const cublasStatus_t s = cublasLtMatmul(ctx->lt, p.op, &alpha, w.data, p.a, q, p.b, &beta, out, p.d, out, p.d,
+	                                        &p.algo, ctx->cublas_workspace, ctx->cublas_workspace_bytes, ctx->stream);
+	if (s != CUBLAS_STATUS_SUCCESS)
+		return di_fail(ctx, DI_ERR_CUBLAS, "cublasLtMatmul (fp8 block scales, m=%d n=%d k=%d): status %d", p.m, p.n,
+		               p.k, (int)s);
+	if (!bias) return DI_OK;
+	di_launch(ctx, di_fp8_add_bias_k, di_grid((size_t)p.m * p.n, 256), 256, 0, out, bias, p.m, p.n);
+	return di_check_launch(ctx, "fp8 linear bias");
+}
+
 // ---------------------------------------------------------------- entry points
 
 static int fp8_weight(di_ctx *ctx, const di_fp8_weight *src, di_fp8w *w) {
@@ -486,11 +617,16 @@ static int fp8_weight(di_ctx *ctx, const di_fp8_weight *src, di_fp8w *w) {
 	const int bk = src->block_k;
 	if (bk < 16 || (bk & (bk - 1)) != 0)
 		return di_fail(ctx, DI_ERR_INVALID, "fp8 weight: block_k %d, want a power of two >= 16", bk);
+	if (src->lt_scales && (bk != 128 || src->lt_ld < src->scale_cols || src->lt_ld % 4 != 0))
+		return di_fail(ctx, DI_ERR_INVALID, "fp8 weight: cuBLASLt scales with block_k %d and lt_ld %d (%d scale columns)",
+		               bk, src->lt_ld, src->scale_cols);
 	w->data = DI_PTR(const uint8_t, src->data);
 	w->scales = DI_PTR(const float, src->scales);
 	w->scale_row = DI_PTR(const int, src->scale_row);
 	w->scale_cols = src->scale_cols;
 	w->bk_shift = __builtin_ctz((unsigned)bk);
+	w->lt_scales = DI_PTR(const float, src->lt_scales);
+	w->lt_ld = src->lt_ld;
 	return DI_OK;
 }
 
@@ -501,43 +637,183 @@ extern "C" int di_op_fp8_linear(di_ctx *ctx, di_dptr out, di_dptr x, const di_fp
 	if (rc != DI_OK || m == 0 || n == 0) return rc;
 	if (k % 16 != 0 || (x % 16) != 0 || (wt->data % 16) != 0)
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "fp8 linear: k %d must be a multiple of 16 with 16-byte aligned x and w", k);
+	if (path == DI_FP8_LT && (!w.lt_scales || !ctx->lt))
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "fp8 linear: cuBLASLt needs the weight's 128x128 block scales (lt_scales)");
 	const bool gemm_ok = di_fp8_gemm_ok(w, k);
+	bool lt = path == DI_FP8_LT || (path == DI_FP8_AUTO && m > DI_FP8_GEMV_ROWS && w.lt_scales && ctx->fp8_lt_on);
 	bool gemm = path == DI_FP8_GEMM || (path == DI_FP8_AUTO && m > DI_FP8_GEMV_ROWS && gemm_ok);
-	if (gemm && !gemm_ok)
+	if (gemm && !gemm_ok && !lt)
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "fp8 linear: the GEMM needs block_k >= %d (have %d)", DI_FP8_GROUP,
 		               1 << w.bk_shift);
-	if (!gemm)
+	if (!gemm && !lt)
 		return di_fp8_gemv(ctx, DI_PTR(float, out), DI_PTR(const float, x), nullptr, 1, w, DI_PTR(const float, bias),
 		                   nullptr, m, n, k, 1, true);
+	// cuBLASLt refuses some row counts (on an H200 with CUDA 13.0, 9 rows);
+	// those run padded to the next multiple of 4, else of 16 rows (zeros,
+	// their outputs dropped) into scratch, whose first m rows are copied out.
+	const int m_pad = lt ? ((m + 15) & ~15) : m;
 	const size_t groups = (k + DI_FP8_GROUP - 1) / DI_FP8_GROUP;
+	const size_t qbytes = ((size_t)m_pad * k + 255) & ~(size_t)255;
+	const size_t sbytes = ((size_t)m_pad * groups * sizeof(float) + 255) & ~(size_t)255;
+	const size_t dbytes = lt && m_pad > m ? (size_t)m_pad * n * sizeof(float) : 0;
 	void *scratch = nullptr;
-	const size_t qbytes = ((size_t)m * k + 15) & ~(size_t)15;
-	rc = di_scratch(ctx, qbytes + (size_t)m * groups * sizeof(float), &scratch);
+	rc = di_scratch(ctx, qbytes + sbytes + dbytes, &scratch);
 	if (rc != DI_OK) return rc;
 	uint8_t *q = (uint8_t *)scratch;
 	float *qs = (float *)(q + qbytes);
-	rc = di_fp8_quant(ctx, q, qs, DI_PTR(const float, x), nullptr, 1, m, k);
-	if (rc == DI_OK)
-		rc = di_fp8_gemm(ctx, DI_PTR(float, out), q, qs, w, DI_PTR(const float, bias), nullptr, m, n, k, 1);
+	float *padded_out = dbytes ? (float *)(q + qbytes + sbytes) : nullptr;
+	di_fp8_lt_plan *plan = nullptr;
+	int rows = m;
+	if (lt) {
+		for (int mp : {m, (m + 3) & ~3, m_pad}) {
+			if (plan && mp == rows) continue;
+			float *d = mp == m ? DI_PTR(float, out) : padded_out;
+			plan = lt_plan(ctx, mp, n, k, lt_align({q, qs, w.data, d}), w.lt_scales, qs);
+			rows = mp;
+			if (plan && plan->ok) break;
+			if (!plan) break;
+		}
+		if (!plan || !plan->ok) {
+			plan = nullptr;
+			if (path == DI_FP8_LT || !gemm_ok) {
+				di_scratch_free(ctx, scratch);
+				return di_fail(ctx, DI_ERR_UNSUPPORTED,
+				               "fp8 linear: cuBLASLt has no block-scaled FP8 algorithm for m=%d (or padded to %d) n=%d k=%d", m,
+				               m_pad, n, k);
+			}
+		}
+	}
+	if (!plan) {
+		rc = di_fp8_quant(ctx, q, qs, DI_PTR(const float, x), nullptr, 1, m, k);
+		if (rc == DI_OK) rc = di_fp8_gemm(ctx, DI_PTR(float, out), q, qs, w, DI_PTR(const float, bias), nullptr, m, n, k, 1);
+		di_scratch_free(ctx, scratch);
+		return rc;
+	}
+	rc = di_fp8_quant(ctx, q, qs, DI_PTR(const float, x), nullptr, 1, m, k, true, rows);
+	if (rc == DI_OK && rows == m) rc = fp8_gemm_lt(ctx, *plan, DI_PTR(float, out), q, qs, w, DI_PTR(const float, bias));
+	if (rc == DI_OK && rows > m) {
+		rc = fp8_gemm_lt(ctx, *plan, padded_out, q, qs, w, nullptr);
+		cudaError_t e = rc == DI_OK ? cudaMemcpyAsync(DI_PTR(void, out), padded_out, (size_t)m * n * sizeof(float),
+		                                              cudaMemcpyDeviceToDevice, ctx->stream)
+		                            : cudaSuccess;
+		if (e != cudaSuccess) rc = di_cuda_fail(ctx, e, "fp8 linear: copy of the padded rows");
+		if (rc == DI_OK && bias) {
+			di_launch(ctx, di_fp8_add_bias_k, di_grid((size_t)m * n, 256), 256, 0, DI_PTR(float, out),
+			          DI_PTR(const float, bias), m, n);
+			rc = di_check_launch(ctx, "fp8 linear bias");
+		}
+	}
 	di_scratch_free(ctx, scratch);
 	return rc;
 }
 
-__global__ void di_fp8_dequant_k(float *out, di_fp8w w, int rows, int k) {
+// di_fp8_fill_k fills n bytes with hashed E4M3 values (no NaN).
+__global__ void di_fp8_fill_k(uint8_t *p, size_t n, uint32_t seed) {
+	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+		uint32_t h = (uint32_t)i * 0x9e3779b1u ^ seed;
+		h ^= h >> 15, h *= 0x85ebca6bu, h ^= h >> 13;
+		uint8_t b = (uint8_t)h;
+		if ((b & 0x7f) == 0x7f) b ^= 1;
+		p[i] = b;
+	}
+}
+
+extern "C" int di_op_fp8_lt_peak(di_ctx *ctx, int m, int n, int k, int iters, float *ms) {
+	*ms = 0;
+	if (!ctx->lt) return di_fail(ctx, DI_ERR_UNSUPPORTED, "fp8_lt_peak: no cuBLASLt handle");
+	if (m <= 0 || n <= 0 || k <= 0 || k % 16 != 0 || iters <= 0)
+		return di_fail(ctx, DI_ERR_INVALID, "fp8_lt_peak: m %d n %d k %d iters %d", m, n, k, iters);
+	uint8_t *a = nullptr, *b = nullptr;
+	void *d = nullptr;
+	cudaEvent_t e0 = nullptr, e1 = nullptr;
+	cublasLtMatmulDesc_t op = nullptr;
+	cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+	cublasLtMatmulPreference_t pref = nullptr;
+	cublasLtMatmulHeuristicResult_t h = {};
+	int found = 0, rc = DI_OK;
+	const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+	const size_t wsb = ctx->cublas_workspace_bytes;
+	const float alpha = 1.f, beta = 0.f;
+	cudaError_t e = cudaMalloc((void **)&a, (size_t)n * k);
+	if (e == cudaSuccess) e = cudaMalloc((void **)&b, (size_t)m * k);
+	if (e == cudaSuccess) e = cudaMalloc(&d, (size_t)m * n * 2);
+	if (e == cudaSuccess) e = cudaEventCreate(&e0);
+	if (e == cudaSuccess) e = cudaEventCreate(&e1);
+	if (e != cudaSuccess) {
+		rc = di_cuda_fail(ctx, e, "fp8_lt_peak: buffers");
+		goto done;
+	}
+	di_fp8_fill_k<<<1024, 256, 0, ctx->stream>>>(a, (size_t)n * k, 1u);
+	di_fp8_fill_k<<<1024, 256, 0, ctx->stream>>>(b, (size_t)m * k, 2u);
+	if (!(LT_OK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
+	      LT_OK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) &&
+	      LT_OK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) &&
+	      LT_OK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, n, k)) &&
+	      LT_OK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, m, k)) &&
+	      LT_OK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, n, m, n)) && LT_OK(cublasLtMatmulPreferenceCreate(&pref)) &&
+	      LT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb)) &&
+	      LT_OK(cublasLtMatmulAlgoGetHeuristic(ctx->lt, op, la, lb, ld, ld, pref, 1, &h, &found)) && found > 0)) {
+		rc = di_fail(ctx, DI_ERR_UNSUPPORTED, "fp8_lt_peak: cuBLASLt has no FP8 algorithm for m=%d n=%d k=%d", m, n, k);
+		goto done;
+	}
+	for (int i = 0; i <= iters; i++) {
+		if (i == 1) cudaEventRecord(e0, ctx->stream);
+		const cublasStatus_t s = cublasLtMatmul(ctx->lt, op, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &h.algo,
+		                                        ctx->cublas_workspace, wsb, ctx->stream);
+		if (s != CUBLAS_STATUS_SUCCESS) {
+			rc = di_fail(ctx, DI_ERR_CUBLAS, "fp8_lt_peak: cublasLtMatmul status %d", (int)s);
+			goto done;
+		}
+	}
+	cudaEventRecord(e1, ctx->stream);
+	if ((e = cudaEventSynchronize(e1)) != cudaSuccess) {
+		rc = di_cuda_fail(ctx, e, "fp8_lt_peak: cudaEventSynchronize");
+		goto done;
+	}
+	cudaEventElapsedTime(ms, e0, e1);
+	*ms /= iters;
+done:
+	cudaStreamSynchronize(ctx->stream);
+	if (pref) cublasLtMatmulPreferenceDestroy(pref);
+	if (la) cublasLtMatrixLayoutDestroy(la);
+	if (lb) cublasLtMatrixLayoutDestroy(lb);
+	if (ld) cublasLtMatrixLayoutDestroy(ld);
+	if (op) cublasLtMatmulDescDestroy(op);
+	if (e0) cudaEventDestroy(e0);
+	if (e1) cudaEventDestroy(e1);
+	cudaFree(a);
+	cudaFree(b);
+	cudaFree(d);
+	return rc;
+}
+
+template <typename T>
+__global__ void di_fp8_dequant_k(T *out, di_fp8w w, int rows, int k) {
 	di_pdl_wait();
 	const size_t total = (size_t)rows * k;
 	for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x) {
 		const size_t r = i / k, c = i % k;
 		__nv_fp8_e4m3 v;
 		v.__x = w.data[i];
-		out[i] = __fmul_rn(static_cast<float>(v), w.scales[(size_t)w.scale_row[r] * w.scale_cols + (c >> w.bk_shift)]);
+		const float f =
+		    __fmul_rn(static_cast<float>(v), w.scales[(size_t)w.scale_row[r] * w.scale_cols + (c >> w.bk_shift)]);
+		if constexpr (std::is_same<T, float>::value)
+			out[i] = f;
+		else
+			out[i] = __float2bfloat16_rn(f);
 	}
 }
 
-extern "C" int di_op_fp8_dequant(di_ctx *ctx, di_dptr out, const di_fp8_weight *wt, int rows, int k) {
+extern "C" int di_op_fp8_dequant(di_ctx *ctx, di_dptr out, int out_dtype, const di_fp8_weight *wt, int rows, int k) {
 	di_fp8w w;
 	int rc = fp8_weight(ctx, wt, &w);
 	if (rc != DI_OK || rows == 0 || k == 0) return rc;
-	di_launch(ctx, di_fp8_dequant_k, di_grid((size_t)rows * k, 256), 256, 0, DI_PTR(float, out), w, rows, k);
+	const unsigned grid = di_grid((size_t)rows * k, 256);
+	if (out_dtype == DI_F32)
+		di_launch(ctx, di_fp8_dequant_k<float>, grid, 256, 0, DI_PTR(float, out), w, rows, k);
+	else if (out_dtype == DI_BF16)
+		di_launch(ctx, di_fp8_dequant_k<__nv_bfloat16>, grid, 256, 0, DI_PTR(__nv_bfloat16, out), w, rows, k);
+	else
+		return di_fail(ctx, DI_ERR_INVALID, "fp8 dequantize: output dtype %d, want F32 or BF16", out_dtype);
 	return di_check_launch(ctx, "fp8 dequantize");
 }

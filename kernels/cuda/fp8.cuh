@@ -16,6 +16,8 @@ struct di_fp8w {
 	const int *scale_row;
 	int scale_cols; // ceil(k / block_k)
 	int bk_shift;   // log2(block_k), block_k >= 16
+	const float *lt_scales; // di_fp8_weight.lt_scales (null: none)
+	int lt_ld;
 };
 
 // di_e4m3x2_to_h2 widens the two E4M3 values in the low 16 bits of v (the
@@ -62,9 +64,13 @@ int di_fp8_gemv(di_ctx *ctx, float *out, const float *x, const int *order, int d
 // di_fp8_quant quantizes rows of float32 x to E4M3 per group of
 // DI_FP8_GROUP columns: s = amax / 448 (1 for an all-zero group), q =
 // e4m3(x / s) rounded to nearest even (saturating; |x / s| <= 448 anyway),
-// q [rows, k] bytes, qs [rows, ceil(k / DI_FP8_GROUP)] the s values. Row r
-// reads x[order[r] / div] when order is set. k is a multiple of 16.
-int di_fp8_quant(di_ctx *ctx, uint8_t *q, float *qs, const float *x, const int *order, int div, int rows, int k);
+// q [rows, k] bytes, qs [rows, ceil(k / DI_FP8_GROUP)] the s values (with
+// group_major: [ceil(k / DI_FP8_GROUP), rows], cuBLASLt's layout of 1x128
+// scales). Row r reads x[order[r] / div] when order is set. k is a
+// multiple of 16. rows_pad > rows writes rows_pad rows, the ones past rows
+// as zeros (q 0, s 1), and lays qs out with rows_pad rows.
+int di_fp8_quant(di_ctx *ctx, uint8_t *q, float *qs, const float *x, const int *order, int div, int rows, int k,
+                 bool group_major = false, int rows_pad = 0);
 
 // di_fp8_gemm_ok reports whether the tensor-core GEMM serves the weight
 // (block_k >= DI_FP8_GROUP, so that a 128-column k tile has one weight

@@ -30,6 +30,7 @@ const (
 	fp8Auto fp8Path = C.DI_FP8_AUTO
 	fp8GEMV fp8Path = C.DI_FP8_GEMV
 	fp8GEMM fp8Path = C.DI_FP8_GEMM
+	fp8LT   fp8Path = C.DI_FP8_LT
 )
 
 // fp8Scales are the block scales of an FP8 weight tensor on the device
@@ -41,6 +42,10 @@ type fp8Scales struct {
 	scaleCols        int // ceil(k / blockK)
 	blockK           int
 	deq              *fp8DeqCache // float32 copies for MLAAttention, shared by the weight's views
+	// lt holds the scales in cuBLASLt's 128x128 block layout (ltScales),
+	// nil where the weight has none; ltLD is its row length.
+	lt   *buffer
+	ltLD int
 }
 
 // view is f for a view starting rowOff matrix rows further (nil stays nil).
@@ -57,14 +62,48 @@ func (f *fp8Scales) view(rowOff int) *fp8Scales {
 func (t *Tensor) HasWeightScales() bool { return t != nil && t.fp8 != nil }
 
 // fp8Arg is the ABI's description of an FP8 weight tensor.
+// A view whose first row starts a 128-row block keeps the cuBLASLt scales.
 func (t *Tensor) fp8Arg() C.di_fp8_weight {
-	return C.di_fp8_weight{
+	a := C.di_fp8_weight{
 		data:       t.ptr(),
 		scales:     C.di_dptr(t.fp8.scales.ptr),
 		scale_row:  C.di_dptr(t.fp8.scaleRow.ptr + 4*uint64(t.fp8.rowOff)),
 		scale_cols: C.int(t.fp8.scaleCols),
 		block_k:    C.int(t.fp8.blockK),
 	}
+	if f := t.fp8; f.lt != nil && f.rowOff%ltBlock == 0 {
+		a.lt_scales = C.di_dptr(f.lt.ptr + 4*uint64(f.rowOff/ltBlock*f.ltLD))
+		a.lt_ld = C.int(f.ltLD)
+	}
+	return a
+}
+
+// ltBlock is the rows and columns of one cuBLASLt weight scale.
+const ltBlock = 128
+
+// ltScales lays w's scales out as cuBLASLt's 128x128 block scales: row rb
+// of ceil(rows / 128) holds block (rb, kb) at kb, padded to ld =
+// ceil(k / 128) rounded up to 4 columns. ok is false where w has no such
+// layout: block_k other than 128, or stacked experts (3-D), or rows of one
+// 128-row block on different scale rows.
+func ltScales(w kernels.FP8Weight, scaleCols int) (lt []float32, ld int, ok bool) {
+	if w.BlockK != ltBlock || len(w.Shape) != 2 {
+		return nil, 0, false
+	}
+	rows := len(w.ScaleRow)
+	for r, s := range w.ScaleRow {
+		if s != w.ScaleRow[r-r%ltBlock] {
+			return nil, 0, false
+		}
+	}
+	ld = (scaleCols + 3) &^ 3
+	blocks := (rows + ltBlock - 1) / ltBlock
+	lt = make([]float32, blocks*ld)
+	for rb := range blocks {
+		src := int(w.ScaleRow[rb*ltBlock]) * scaleCols
+		copy(lt[rb*ld:rb*ld+scaleCols], w.Scales[src:src+scaleCols])
+	}
+	return lt, ld, true
 }
 
 // FP8Weight implements kernels.FP8Weighter: the E4M3 bytes, the float32
@@ -93,8 +132,14 @@ func (b *Backend) FP8Weight(w kernels.FP8Weight) (kernels.Tensor, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Tensor{shape: append([]int(nil), w.Shape...), dtype: kernels.F8E4M3, buf: data,
-		fp8: &fp8Scales{scales: scales, scaleRow: scaleRow, scaleCols: scaleCols, blockK: w.BlockK, deq: &fp8DeqCache{}}}, nil
+	f := &fp8Scales{scales: scales, scaleRow: scaleRow, scaleCols: scaleCols, blockK: w.BlockK, deq: &fp8DeqCache{}}
+	if lt, ld, ok := ltScales(w, scaleCols); ok {
+		if f.lt, err = b.uploadBuffer(op, kernels.F32Bytes(lt)); err != nil {
+			return nil, err
+		}
+		f.ltLD = ld
+	}
+	return &Tensor{shape: append([]int(nil), w.Shape...), dtype: kernels.F8E4M3, buf: data, fp8: f}, nil
 }
 
 // checkFP8Weight checks w against kernels.FP8Weight's contract and this
@@ -186,8 +231,9 @@ func (b *Backend) uploadBuffer(op string, src []byte) (*buffer, error) {
 }
 
 // fp8Linear is Linear over an FP8 weight (float32 x): fp8.cu's GEMV up to
-// 8 rows, its tensor-core GEMM above (activations quantized per row and 128
-// columns), unless path forces one.
+// 8 rows; above, activations quantized per row and 128 columns into
+// cuBLASLt's block-scaled FP8 GEMM where the weight (view) has 128x128 block
+// scales, else into fp8.cu's tensor-core GEMM; unless path forces one.
 func (b *Backend) fp8Linear(name string, o, xs, ws, bs *Tensor, m, n, k int, path fp8Path) error {
 	if xs.dtype != kernels.F32 {
 		return fmt.Errorf("cuda: linear: x of dtype %s with FP8 weights: want F32: %w", xs.dtype, kernels.ErrDType)
@@ -196,6 +242,22 @@ func (b *Backend) fp8Linear(name string, o, xs, ws, bs *Tensor, m, n, k int, pat
 	return b.launch(name, func() C.int {
 		return C.c_fp8_linear(b.lib.api, b.ctx, o.ptr(), xs.ptr(), &wa, optPtr(bs), C.int(m), C.int(n), C.int(k), C.int(path))
 	}, o, xs, ws, bs)
+}
+
+// fp8LTPeak times cuBLASLt's FP8 GEMM with one scale a tensor (its fastest
+// FP8 form) at m x n x k, iters launches: the benchmarks' reference peak,
+// in milliseconds a launch. Not during a capture.
+func (b *Backend) fp8LTPeak(m, n, k, iters int) (float64, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.checkOpen("fp8_lt_peak"); err != nil {
+		return 0, err
+	}
+	var ms C.float
+	if err := b.status("fp8_lt_peak", C.c_fp8_lt_peak(b.lib.api, b.ctx, C.int(m), C.int(n), C.int(k), C.int(iters), &ms)); err != nil {
+		return 0, err
+	}
+	return float64(ms), nil
 }
 
 // linearFP8Path is Linear over an FP8 weight with the path forced (tests
@@ -240,11 +302,11 @@ func (b *Backend) moeFP8Path(out, x, ids, weights, gateUp, down kernels.Tensor, 
 	return b.fp8MoE(ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], d, path)
 }
 
-// fp8Dequant returns w's values as a new F32 tensor of w's shape (MLA's
-// absorbed weight, which its kernel reads as float32). Cost: 4 bytes a
+// fp8Dequant returns w's values as a new tensor of w's shape and dtype dt:
+// F32 (exact) or BF16 (rounded to nearest even). Cost: 4 or 2 bytes a
 // weight written and the allocation.
-func (b *Backend) fp8Dequant(w *Tensor) (*Tensor, error) {
-	out, _, err := b.fp8DequantProbe(w, false)
+func (b *Backend) fp8Dequant(w *Tensor, dt kernels.DType) (*Tensor, error) {
+	out, _, err := b.fp8DequantProbe(w, dt, false)
 	return out, err
 }
 
@@ -255,8 +317,8 @@ func (b *Backend) fp8Dequant(w *Tensor) (*Tensor, error) {
 // zero bytes to the new tensor, ahead of the dequantization that
 // overwrites them: the library refuses uploads during a capture
 // (ErrCapturing) before touching the stream.
-func (b *Backend) fp8DequantProbe(w *Tensor, probe bool) (out *Tensor, eager bool, err error) {
-	d, err := b.Alloc(kernels.F32, w.shape...)
+func (b *Backend) fp8DequantProbe(w *Tensor, dt kernels.DType, probe bool) (out *Tensor, eager bool, err error) {
+	d, err := b.Alloc(dt, w.shape...)
 	if err != nil {
 		return nil, false, err
 	}
@@ -285,14 +347,14 @@ func (b *Backend) fp8DequantProbe(w *Tensor, probe bool) (out *Tensor, eager boo
 	}
 	wa := w.fp8Arg()
 	return out, eager, b.launch("fp8_dequant", func() C.int {
-		return C.c_fp8_dequant(b.lib.api, b.ctx, out.ptr(), &wa, C.int(rows), C.int(k))
+		return C.c_fp8_dequant(b.lib.api, b.ctx, out.ptr(), C.int(dt), &wa, C.int(rows), C.int(k))
 	}, out, w)
 }
 
-// fp8DeqCache holds the float32 values of an FP8 weight's views that
+// fp8DeqCache holds the dequantized values of an FP8 weight's views that
 // MLAAttention has read (fp8Dequantized), one entry per view (its offset,
-// first scale row and size); the weight's fp8Scales and every view of it
-// share one cache, which goes away with them.
+// first scale row and size) and dtype; the weight's fp8Scales and every
+// view of it share one cache, which goes away with them.
 type fp8DeqCache struct {
 	mu sync.Mutex
 	m  map[fp8DeqKey]*Tensor
@@ -302,13 +364,15 @@ type fp8DeqKey struct {
 	off           uint64 // the view's byte offset in the weight's buffer
 	rowOff        int    // its first scale row
 	rows, k, cols int
+	dt            kernels.DType
 }
 
-// fp8Dequantized returns fp8Dequant(w), computed once per view of an FP8
-// weight and kept with the weight: MLAAttention's kernels read wkv_b in
-// float32, and dequantizing it at every call cost a kernel and a 4-byte
-// write per weight each time (13.8 us a call, 27 calls a DeepSeek-V2-Lite
-// step). The values are fp8Dequant's, so cached and uncached calls give the
+// fp8Dequantized returns fp8Dequant(w, dt), computed once per view of an
+// FP8 weight and dtype and kept with the weight: MLAAttention's kernels
+// read wkv_b in float32 (CUDA-core absorption, float32 caches) or BF16
+// (tensor-core absorption, 16- and 8-bit caches), and dequantizing it at
+// every call cost a kernel and a 4-byte write per weight each time (13.8 us
+// a call, 27 calls a DeepSeek-V2-Lite step). The values are fp8Dequant's, so cached and uncached calls give the
 // same bits. The cache relies on FP8 weights not being written after
 // FP8Weight (no operation of this backend writes one; an Upload over one
 // would leave the copy stale). A call while a graph is being captured
@@ -316,23 +380,23 @@ type fp8DeqKey struct {
 // hold its values only after the graph's replays); the first eager call
 // fills the cache. Memory: 4 bytes a weight of each cached view, held until
 // the weight and its views are unreachable or the backend is closed
-// (DeepSeek-V2-Lite's kv_b, 4096 x 512: 8 MiB a layer, 216 MiB for 27
-// layers; DeepSeek-V3's, 32768 x 512: 64 MiB a layer, 3.8 GiB for 61 layers,
-// four times the FP8 bytes). Safe for concurrent calls: the cache's mutex
+// (float32: DeepSeek-V2-Lite's kv_b, 4096 x 512: 8 MiB a layer, 216 MiB for
+// 27 layers; DeepSeek-V3's, 32768 x 512: 64 MiB a layer, 3.8 GiB for 61
+// layers, four times the FP8 bytes; BF16 half that). Safe for concurrent calls: the cache's mutex
 // is held while an entry is built.
-func (b *Backend) fp8Dequantized(w *Tensor) (*Tensor, error) {
+func (b *Backend) fp8Dequantized(w *Tensor, dt kernels.DType) (*Tensor, error) {
 	c := w.fp8.deq
 	k := w.shape[len(w.shape)-1]
 	if c == nil || k == 0 {
-		return b.fp8Dequant(w)
+		return b.fp8Dequant(w, dt)
 	}
-	key := fp8DeqKey{off: w.off, rowOff: w.fp8.rowOff, rows: w.numel() / k, k: k, cols: w.fp8.scaleCols}
+	key := fp8DeqKey{off: w.off, rowOff: w.fp8.rowOff, rows: w.numel() / k, k: k, cols: w.fp8.scaleCols, dt: dt}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if d := c.m[key]; d != nil {
 		return &Tensor{shape: append([]int(nil), w.shape...), dtype: d.dtype, buf: d.buf, off: d.off}, nil
 	}
-	d, eager, err := b.fp8DequantProbe(w, true)
+	d, eager, err := b.fp8DequantProbe(w, dt, true)
 	if err != nil || !eager {
 		return d, err
 	}

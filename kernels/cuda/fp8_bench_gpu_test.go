@@ -15,10 +15,12 @@ import (
 //     rows: weight bytes over time (GB/s) and its share of the copy
 //     bandwidth (deviceCopyBandwidth, 4.2 TB/s measured on the H200); the FP8
 //     floor is half the BF16 one;
-//   - prefill GEMMs of 4096 rows: FP8 (activation quantization included)
-//     against BF16 on cuBLAS (x already BF16: the GEMM alone), TFLOP/s. The
-//     reference is BF16 cuBLAS, not cuBLASLt's FP8 GEMM: the library links
-//     cuBLAS only;
+//   - prefill GEMMs of 4096 rows: FP8 as Linear runs it (cuBLASLt's
+//     block-scaled GEMM, activation quantization included) and on the
+//     library's own mma.sync GEMM, against the FP8 peak that cuBLASLt
+//     reaches with one scale a tensor at the same shape (fp8LTPeak: no
+//     quantization, no block scales) and BF16 on cuBLAS (x already BF16:
+//     the GEMM alone), TFLOP/s;
 //   - DeepSeek-V2-Lite's MoE (64 experts, top 6) at 1 and 64 tokens, FP8
 //     and BF16 experts, each against its floor (the used experts' weight
 //     bytes over the copy bandwidth: 12.4 and 24.7 us at one token), with
@@ -72,11 +74,19 @@ func BenchmarkFP8Kernels(b *testing.B) {
 			out, _ := g.Alloc(kernels.F32, m, sh.n)
 			flops := 2 * float64(m) * float64(sh.n) * float64(sh.k)
 			msF := timeIt(b, g, 10, func() error { return g.Linear(out, x, wf, nil) })
+			msG := timeIt(b, g, 10, func() error { return g.linearFP8Path(out, x, wf, nil, fp8GEMM) })
 			msB := timeIt(b, g, 10, func() error { return g.Linear(out, xb, wb, nil) })
-			b.ReportMetric(flops/(msF/1e3)/1e12, "fp8-TFLOP/s")
-			b.ReportMetric(flops/(msB/1e3)/1e12, "bf16-TFLOP/s")
-			b.Logf("fp8 | gemm   %-22s m=%d n=%-5d k=%-5d | fp8 %7.3f ms %6.1f TFLOP/s | bf16 cuBLAS %7.3f ms %6.1f TFLOP/s | fp8/bf16 %.2fx",
-				sh.name, m, sh.n, sh.k, msF, flops/(msF/1e3)/1e12, msB, flops/(msB/1e3)/1e12, msB/msF)
+			msP, err := g.fp8LTPeak(m, sh.n, sh.k, 10)
+			if err != nil {
+				b.Fatal(err)
+			}
+			tf := func(ms float64) float64 { return flops / (ms / 1e3) / 1e12 }
+			b.ReportMetric(tf(msF), "fp8-TFLOP/s")
+			b.ReportMetric(tf(msG), "fp8-mma-TFLOP/s")
+			b.ReportMetric(tf(msP), "fp8-peak-TFLOP/s")
+			b.ReportMetric(tf(msB), "bf16-TFLOP/s")
+			b.Logf("fp8 | gemm   %-22s m=%d n=%-5d k=%-5d | fp8 %7.3f ms %6.1f TFLOP/s %3.0f%% of peak | mma.sync %6.1f TFLOP/s | cuBLASLt fp8 peak %6.1f | bf16 cuBLAS %6.1f TFLOP/s | fp8/bf16 %.2fx",
+				sh.name, m, sh.n, sh.k, msF, tf(msF), 100*msP/msF, tf(msG), tf(msP), tf(msB), msB/msF)
 		})
 	}
 	// DeepSeek-V2-Lite's routed experts: 64 of hidden 2048, intermediate 1408, top 6.

@@ -503,7 +503,7 @@ func TestGPUFP8MLA(t *testing.T) {
 			}
 			return p.raw(p.g, out.g)
 		}
-		deq, err := p.g.fp8Dequant(w.g.(*Tensor))
+		deq, err := p.g.fp8Dequant(w.g.(*Tensor), kernels.F32)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -112,3 +112,50 @@ func TestFP8NaN(t *testing.T) {
 		t.Fatalf("no bytes: got %d", got)
 	}
 }
+
+// TestLTScales checks the cuBLASLt layout of block scales: block (rb, kb)
+// at rb * ld + kb, ld the scale columns rounded up to 4, the padding zero;
+// and the weights that have no such layout.
+func TestLTScales(t *testing.T) {
+	// 300 rows (3 row blocks, the last partial), k 1344 (11 column blocks,
+	// the last partial): ld 12. Row block rb takes scale row 2 - rb, so the
+	// copy must follow ScaleRow, not the row block's index.
+	const rows, k, cols = 300, 1344, 11
+	w := kernels.FP8Weight{Shape: []int{rows, k}, Data: make([]byte, rows*k), BlockK: 128}
+	for i := range 3 * cols {
+		w.Scales = append(w.Scales, float32(i+1))
+	}
+	for r := range rows {
+		w.ScaleRow = append(w.ScaleRow, int32(2-r/128))
+	}
+	lt, ld, ok := ltScales(w, cols)
+	if !ok || ld != 12 || len(lt) != 3*12 {
+		t.Fatalf("ltScales: ok %v, ld %d, %d scales; want true, 12, 36", ok, ld, len(lt))
+	}
+	for rb := range 3 {
+		for kb := range ld {
+			want := float32(0)
+			if kb < cols {
+				want = w.Scales[(2-rb)*cols+kb]
+			}
+			if got := lt[rb*ld+kb]; got != want {
+				t.Fatalf("block (%d, %d) = %v, want %v", rb, kb, got, want)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(*kernels.FP8Weight)
+	}{
+		{"block 64", func(w *kernels.FP8Weight) { w.BlockK = 64 }},
+		{"stacked experts", func(w *kernels.FP8Weight) { w.Shape = []int{1, rows, k} }},
+		{"a row block on two scale rows", func(w *kernels.FP8Weight) { w.ScaleRow[200] = 0 }},
+	} {
+		v := w
+		v.ScaleRow = append([]int32(nil), w.ScaleRow...)
+		tc.edit(&v)
+		if _, _, ok := ltScales(v, cols); ok {
+			t.Errorf("%s: ltScales accepted it", tc.name)
+		}
+	}
+}

@@ -490,8 +490,13 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 // A float32 cache runs the CUDA-core kernel (attention_mla.cu); a 16- or
 // 8-bit one (kernels.MLACacher) the tensor-core path (attention_mla_tc.cu),
 // whose absorbed queries and probabilities are rounded to 16 bits. An FP8
-// wkvb is dequantized to float32 at its first eager call and kept with the
-// weight (fp8Dequantized: 4 bytes a weight).
+// wkvb is dequantized at its first eager call and kept with the weight
+// (fp8Dequantized): to float32 for a float32 cache (4 bytes a weight, the
+// CUDA-core kernel's exact values), to BF16 for the tensor-core path (2
+// bytes a weight; each value rounded once, relative error at most 2^-9,
+// as the path's own rounding of queries and probabilities), which takes
+// 16-bit weights on tensor cores and float32 ones on CUDA cores (several
+// times slower a layer).
 func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.AttentionMetadata, p kernels.MLAParams) error {
 	const op = "mla_attention"
 	o, err := asCUDA(op, "out", out)
@@ -522,8 +527,12 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 	if err != nil {
 		return err
 	}
-	if w.fp8 != nil { // an FP8 wkvb: the kernel reads float32, dequantized once per weight (fp8.go)
-		if w, err = b.fp8Dequantized(w); err != nil {
+	if w.fp8 != nil { // an FP8 wkvb: dequantized once per weight and dtype (fp8.go)
+		dt := kernels.F32
+		if c.dtype != kernels.F32 {
+			dt = kernels.BF16
+		}
+		if w, err = b.fp8Dequantized(w, dt); err != nil {
 			return err
 		}
 	}

@@ -113,6 +113,7 @@ func (o Options) cOptions() C.di_options {
 		sample_split_rows:         i32(o.SampleSplitRows),
 		sample_min_chunks:         i32(o.SampleMinChunks),
 		moe_gemm_pairs:            i32(o.MoEGEMMPairs),
+		disable_fp8_lt:            flag(o.DisableFP8LT),
 	}
 }
 
