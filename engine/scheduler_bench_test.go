@@ -16,6 +16,7 @@ import (
 // not inflate the way it inflates ns/op.
 //
 //	go test -run '^$' -bench SchedulerDecode -benchtime 2000x -count 3 -benchmem ./engine
+//	go test -run '^$' -bench 'SchedulerDecode/.*/reuse=true' -benchtime 2000x -count 3 -benchmem ./engine
 //
 // Figures (reuse=true, cpu-ns/op, range of 8 runs of each test binary,
 // old and new interleaved, on a 2-core AMD EPYC virtual machine, AVX-512,
@@ -60,6 +61,36 @@ import (
 // Sequence 6 entries ahead in both loops. Earlier, also without gain:
 // token arrays staggered across cache sets, loads 8-16 sequences ahead in
 // ProcessOutputs.
+//
+// On an Intel Xeon (Sapphire Rapids class) VM, 2 vCPUs, 2 MiB L2, 105 MiB
+// L3 shared with other tenants, the same code takes (reuse=true,
+// cpu-ns/op, ranges over runs spread across an hour; a run's figure moves
+// by ±15% with the host's load, so compare binaries in alternating runs):
+//
+//	running   cpu time        per sequence
+//	256        15-26 µs        60-100 ns
+//	1024       74-109 µs       72-106 ns
+//	4096      394-680 µs       96-166 ns
+//
+// At 4,096 a step's working set (about 10 cache lines per sequence:
+// three or four of its Sequence, three of its recycled metadata, which
+// come back only every other step, the token tail, the step entry, the
+// sampled row) is several MiB, past L2; the same code takes ~40 ns per
+// sequence on the EPYC, so a miss to this L3 seems to cost far more. The
+// token tail alone (a store into a line of its own per sequence, every
+// tail at the same offset in a 4 KiB-strided array when the sequences
+// have one length) is 13-22% of the step: with that store removed (an
+// experiment, not a fix) a step took 360-534 µs against 413-680 µs.
+// Tried on this machine, no gain beyond the noise (medians of 4-7
+// alternating pairs within ±6%): SequenceMetadata padded to 320 bytes;
+// every field of a plain decode in a Sequence's first two cache lines,
+// Sequence padded to 384 bytes (line-aligned objects), scheduledStep left
+// alone by plain decodes; the plain decodes planned in one loop with the
+// builder's slices in locals (the compiler spills them: no fewer
+// instructions); token arrays staggered 0-7 lines by request id (-4% at
+// 4,096, inside the range); a pass in ProcessOutputs' validation loop
+// loading each token tail first (+10%: the loads stall where the stores
+// drained).
 func BenchmarkSchedulerDecode(b *testing.B) {
 	const (
 		promptLen = 64
