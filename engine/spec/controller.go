@@ -22,16 +22,23 @@ import (
 // finish, does not pay for lengths its neighbour class already found
 // slow. Every ExploreEvery windows one neighbour of the best is measured
 // again, down and up in turn, so a class whose balance changes (longer
-// contexts, another workload) is followed. The draft length never changes
-// a token: verification is lossless at any length.
+// contexts, another workload) is followed; each such measurement that
+// leaves the best length where it was doubles the class's interval, up to
+// MaxExploreFactor times ExploreEvery, and one that moves it sets the
+// interval back to ExploreEvery. So on a steady workload where a
+// neighbour is much slower (a draft that costs a decode row, on a CPU)
+// the measurements of it cost less and less: 1/9 of the windows at first,
+// 1/65 once backed off. The draft length never changes a token:
+// verification is lossless at any length.
 //
 // It decides from measurements rather than from a cost model, because
 // what a draft costs and earns depends on the backend, the drafter, the
 // workload and the batch (on a GPU a verify step of 64 sequences is no
 // longer bound by reading the weights; an MTP layer trained one token ahead
 // is seldom right four tokens ahead), and the engine may run on any of
-// them. The cost: one window of a neighbouring length in ExploreEvery, and
-// in a new class the quarter windows of its start and its neighbours.
+// them. The cost: one window of a neighbouring length in ExploreEvery to
+// MaxExploreFactor*ExploreEvery, and in a new class the quarter windows of
+// its start and its neighbours.
 //
 // Not safe for concurrent use: the schedule stage owns it.
 type Controller struct {
@@ -54,7 +61,17 @@ type classStats struct {
 	cur   window
 	since int
 	up    bool
+	// every is the windows between two re-measurements (ExploreEvery to
+	// MaxExploreFactor*ExploreEvery); exploring is set while the window in
+	// progress re-measures a neighbour of the length best was then.
+	every     int
+	exploring bool
+	from      int
 }
+
+// MaxExploreFactor bounds how far a class's re-measurements back off: at
+// most one window in MaxExploreFactor*ExploreEvery + 1.
+const MaxExploreFactor = 8
 
 type window struct {
 	k, length, steps, tokens int
@@ -87,6 +104,14 @@ func (c *Controller) Decide(numRunning int) int {
 			*r = (*r + rate) / 2
 		}
 		st.since++
+		if st.exploring {
+			st.exploring = false
+			if st.best() == st.from {
+				st.every = min(2*st.every, MaxExploreFactor*c.ExploreEvery)
+			} else {
+				st.every = c.ExploreEvery
+			}
+		}
 	}
 	c.start(st, c.choose(st))
 	return st.cur.k
@@ -116,7 +141,8 @@ func (st *classStats) best() int {
 
 // choose returns the draft length of a class's next window: an unmeasured
 // neighbour of the best length first (the climb), else the best, except
-// once in ExploreEvery windows, when a neighbour is measured again.
+// once in the class's interval (ExploreEvery, backed off while the best
+// holds), when a neighbour is measured again.
 func (c *Controller) choose(st *classStats) int {
 	b := st.best()
 	for _, k := range []int{b - 1, b + 1} {
@@ -124,11 +150,15 @@ func (c *Controller) choose(st *classStats) int {
 			return k
 		}
 	}
-	if st.since < c.ExploreEvery {
+	if st.every == 0 {
+		st.every = c.ExploreEvery
+	}
+	if st.since < st.every {
 		return b
 	}
 	st.since = 0
 	st.up = !st.up
+	st.exploring, st.from = true, b
 	switch {
 	case b == 0:
 		return 1

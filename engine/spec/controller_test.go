@@ -162,3 +162,35 @@ func TestControllerAttributesSteps(t *testing.T) {
 		t.Errorf("measured %v tok/s, want 3000", r)
 	}
 }
+
+// On a steady workload where the best length's neighbour is much slower,
+// the re-measurements of it back off (one window in 9, 17, ... up to one in
+// MaxExploreFactor*8+1), and a change in balance is still followed: once
+// the neighbour turns faster, the next re-measurement finds it and the
+// interval starts over.
+func TestControllerBacksOff(t *testing.T) {
+	ms := time.Millisecond
+	// tokens/s: 1000, 650, 500: drafts cost.
+	slow := model{[]int{1, 2, 2}, []time.Duration{ms, 40 * ms / 13, 4 * ms}}
+	c := NewController(2, 16, 8)
+	now := time.Unix(0, 0)
+	c.Skip(now)
+	const windows = 400
+	count := slow.run(c, &now, 1, 16*windows)
+	// Without the back-off a neighbour takes one window in 9: about 44
+	// windows here. With it: the first quarter window, then about 8.
+	if count[1] == 0 || count[1] > 16*12 {
+		t.Errorf("draft length 1 ran %d steps of %d; want it measured again, but in at most 12 windows (%v)", count[1], 16*windows, count)
+	}
+	if count[2] != 0 {
+		t.Errorf("length 2 ran %d steps past a slower neighbour (%v)", count[2], count)
+	}
+	// Now one draft pays: 1000 against 1500 tokens/s.
+	fast := model{[]int{1, 3, 2}, []time.Duration{ms, 2 * ms, 4 * ms}}
+	steps := 16 * (MaxExploreFactor*8 + 2)
+	fast.run(c, &now, 1, steps)
+	after := fast.run(c, &now, 1, 16*50)
+	if share := float64(after[1]) / float64(16*50); share < 0.8 {
+		t.Errorf("after the change length 1 ran %.2f of the steps (%v); want the change followed within %d windows", share, after, MaxExploreFactor*8+2)
+	}
+}
