@@ -9,6 +9,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "simd_amd64.h"
@@ -200,24 +201,76 @@ AVX2 INLINE void linear_rows(const int dt, const int R, const int C, float *out,
 	}
 }
 
+// linear_block runs rows [0, m) of out against the columns [jb, je) of w.
+AVX2 INLINE void linear_block(const int dt, float *out, const float *x, const void *w, int64_t m,
+                              int64_t n, int64_t k, int64_t jb, int64_t je) {
+	for (int64_t i = 0; i < m;) {
+		if (m >= 5 && m - i >= 3) {
+			linear_rows(dt, 3, 2, out, x, w, n, k, i, 3, jb, je);
+			i += 3;
+		} else if (m - i >= 2) {
+			linear_rows(dt, 2, 2, out, x, w, n, k, i, 2, jb, je);
+			i += 2;
+		} else {
+			linear_rows(dt, 1, 4, out, x, w, n, k, i, 1, jb, je);
+			i += 1;
+		}
+	}
+}
+
+// widen_block writes columns [jb, je) of the 16-bit w (rows of k) to dst
+// as float32 with the same stride k: exact, so the float32 tiles over dst
+// run the very FMAs of the 16-bit tiles over w.
+AVX2 INLINE void widen_block(const int dt, float *dst, const void *w, int64_t k, int64_t jb, int64_t je) {
+	const int64_t total = (je - jb) * k, base = jb * k;
+	const uint16_t *src = (const uint16_t *)w + base;
+	int64_t i = 0;
+	for (; i + 8 <= total; i += 8) {
+		__m128i h = _mm_loadu_si128((const __m128i *)(src + i));
+		__m256 v = dt == DI_BF16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+		                         : _mm256_cvtph_ps(h);
+		_mm256_storeu_ps(dst + i, v);
+	}
+	for (; i < total; i++) {
+		if (dt == DI_BF16) {
+			uint32_t b = (uint32_t)src[i] << 16;
+			memcpy(dst + i, &b, 4);
+		} else {
+			dst[i] = _cvtsh_ss(src[i]);
+		}
+	}
+}
+
+// The per-thread float32 panel of widen_block, allocated on a thread's
+// first GEMM over 16-bit weights and kept for the thread's life.
+#define WIDEN_BYTES (L2_BLOCK_BYTES)
+static __thread float *widen_panel;
+
+// linear runs columns [j0, j1) of out = x w^T in column blocks of
+// L2_BLOCK_BYTES of w. A GEMM (5 rows or more) over 16-bit weights widens
+// each column block to float32 once and runs the float32 tiles over it,
+// instead of widening every weight vector again for each group of 3 rows.
 AVX2 INLINE void linear(const int dt, float *out, const float *x, const void *w, int64_t m,
                         int64_t n, int64_t k, int64_t j0, int64_t j1) {
+	if (dt != DI_F32 && m >= 5 && k > 0) {
+		if (!widen_panel && posix_memalign((void **)&widen_panel, 64, WIDEN_BYTES) != 0)
+			widen_panel = 0;
+		int64_t nb = WIDEN_BYTES / (k * 4);
+		if (widen_panel && nb >= 16) {
+			nb = nb / 16 * 16;
+			for (int64_t jb = j0; jb < j1; jb += nb) {
+				int64_t je = j1 - jb < nb ? j1 : jb + nb;
+				widen_block(dt, widen_panel, w, k, jb, je);
+				linear_block(DI_F32, out + jb, x, widen_panel, m, n, k, 0, je - jb);
+			}
+			return;
+		}
+	}
 	int64_t nb = L2_BLOCK_BYTES / ((k > 0 ? k : 1) * esize(dt));
 	nb = nb < 16 ? 16 : nb / 16 * 16;
 	for (int64_t jb = j0; jb < j1; jb += nb) {
 		int64_t je = j1 - jb < nb ? j1 : jb + nb;
-		for (int64_t i = 0; i < m;) {
-			if (m >= 5 && m - i >= 3) {
-				linear_rows(dt, 3, 2, out, x, w, n, k, i, 3, jb, je);
-				i += 3;
-			} else if (m - i >= 2) {
-				linear_rows(dt, 2, 2, out, x, w, n, k, i, 2, jb, je);
-				i += 2;
-			} else {
-				linear_rows(dt, 1, 4, out, x, w, n, k, i, 1, jb, je);
-				i += 1;
-			}
-		}
+		linear_block(dt, out, x, w, m, n, k, jb, je);
 	}
 }
 

@@ -12,6 +12,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "simd_amd64.h"
@@ -328,35 +329,88 @@ AVX512 INLINE void big_rows(const int dt, const int R, const int C, float *out, 
 	}
 }
 
+// linear_block runs rows [0, m) of out against the columns [jb, je) of w
+// (BIG_R-row big tiles from 5 rows on, the small tiles for the rows left);
+// stream as in linear_rows.
+AVX512 INLINE void linear_block(const int dt, float *out, const float *x, const void *w, int64_t m,
+                                int64_t n, int64_t k, int64_t jb, int64_t je, int stream) {
+	for (int64_t i = 0; i < m;) {
+		int64_t left = m - i;
+		if (!stream && left >= BIG_R) {
+			big_rows(dt, BIG_R, BIG_C, out, x, w, n, k, i, BIG_R, jb, je);
+			i += BIG_R;
+		} else if (left >= 3) {
+			int nr = left < 4 ? (int)left : 4;
+			linear_rows(dt, 4, 4, out, x, w, n, k, i, nr, jb, je, stream);
+			i += nr;
+		} else if (left == 2) {
+			linear_rows(dt, 2, 8, out, x, w, n, k, i, 2, jb, je, stream);
+			i += 2;
+		} else {
+			linear_rows(dt, 1, 8, out, x, w, n, k, i, 1, jb, je, stream);
+			i += 1;
+		}
+	}
+}
+
+// widen_block writes columns [jb, je) of the 16-bit w (rows of k) to dst
+// as float32, row by row with the same stride k: exact, so the float32
+// tiles over dst run the very FMAs of the 16-bit tiles over w.
+AVX512 INLINE void widen_block(const int dt, float *dst, const void *w, int64_t k, int64_t jb,
+                               int64_t je) {
+	const int64_t total = (je - jb) * k, base = jb * k;
+	int64_t i = 0;
+	for (; i + 16 <= total; i += 16)
+		_mm512_storeu_ps(dst + i, load_w(dt, w, base + i));
+	if (i < total) {
+		__mmask16 mk = (__mmask16)((1u << (total - i)) - 1);
+		_mm512_mask_storeu_ps(dst + i, mk, load_w_mask(dt, w, base + i, mk));
+	}
+}
+
+// The per-thread float32 panel of widen_block: WIDEN_BYTES, allocated on
+// a thread's first GEMM over 16-bit weights and kept for the thread's life
+// (the pool's threads live as long as the process).
+#define WIDEN_BYTES (L2_BLOCK_BYTES)
+static __thread float *widen_panel;
+
 // linear runs columns [j0, j1) of out = x w^T in column blocks of
 // L2_BLOCK_BYTES of w. From 5 rows on (the GEMM), each block runs BIG_R
 // rows at a time with big tiles and the rows left with the 4 x 4, 2 x 8
 // and 1 x 8 tiles; below 5 rows (decode) w streams from memory once. Every
 // output's FMAs are the same whichever tile computes it.
+//
+// A GEMM over 16-bit weights widens each column block to float32 once
+// (widen_block) and runs the float32 tiles over it: the tiles would
+// otherwise widen every weight vector again for each group of BIG_R rows,
+// two shuffle-port instructions a vector against the 6 FMAs it feeds.
+// Measured (BenchmarkLinearBatchDecode, the default model's batch-64
+// shapes, one worker, best window over the FMA probe) on a 2-vCPU AVX-512
+// Xeon: see BENCH.md.
 AVX512 INLINE void linear(const int dt, float *out, const float *x, const void *w, int64_t m,
                           int64_t n, int64_t k, int64_t j0, int64_t j1) {
-	int64_t nb = L2_BLOCK_BYTES / ((k > 0 ? k : 1) * esize(dt));
-	nb = nb < 16 ? 16 : nb / 16 * 16;
 	const int stream = m <= 4; // one block of rows: w streams from memory once
-	for (int64_t jb = j0; jb < j1; jb += nb) {
-		int64_t je = j1 - jb < nb ? j1 : jb + nb;
-		for (int64_t i = 0; i < m;) {
-			int64_t left = m - i;
-			if (!stream && left >= BIG_R) {
-				big_rows(dt, BIG_R, BIG_C, out, x, w, n, k, i, BIG_R, jb, je);
-				i += BIG_R;
-			} else if (left >= 3) {
-				int nr = left < 4 ? (int)left : 4;
-				linear_rows(dt, 4, 4, out, x, w, n, k, i, nr, jb, je, stream);
-				i += nr;
-			} else if (left == 2) {
-				linear_rows(dt, 2, 8, out, x, w, n, k, i, 2, jb, je, stream);
-				i += 2;
-			} else {
-				linear_rows(dt, 1, 8, out, x, w, n, k, i, 1, jb, je, stream);
-				i += 1;
+	if (dt != DI_F32 && !stream && k > 0) {
+		if (!widen_panel && posix_memalign((void **)&widen_panel, 64, WIDEN_BYTES) != 0)
+			widen_panel = 0;
+		if (widen_panel) {
+			int64_t nb = WIDEN_BYTES / (k * 4);
+			if (nb >= 16) {
+				nb = nb / 16 * 16;
+				for (int64_t jb = j0; jb < j1; jb += nb) {
+					int64_t je = j1 - jb < nb ? j1 : jb + nb;
+					widen_block(dt, widen_panel, w, k, jb, je);
+					linear_block(DI_F32, out + jb, x, widen_panel, m, n, k, 0, je - jb, 0);
+				}
+				return;
 			}
 		}
+	}
+	int64_t nb = L2_BLOCK_BYTES / ((k > 0 ? k : 1) * esize(dt));
+	nb = nb < 16 ? 16 : nb / 16 * 16;
+	for (int64_t jb = j0; jb < j1; jb += nb) {
+		int64_t je = j1 - jb < nb ? j1 : jb + nb;
+		linear_block(dt, out, x, w, m, n, k, jb, je, stream);
 	}
 }
 
