@@ -2,8 +2,13 @@ package models
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -176,4 +181,90 @@ func BenchmarkPrefill512(b *testing.B) {
 	b.ReportMetric(n/sec, "tok/s")
 	b.ReportMetric(flops/sec/1e9, "GFLOP/s")
 	b.Logf("%s: %.1f M params", bm.ops.Name(), float64(bm.numParams)/1e6)
+}
+
+// BenchmarkDecodeBatch64Default: one decode step of 64 sequences (each
+// with benchContext tokens cached) through the shipped default model's
+// shapes (assets/deepseek-tiny's config, random BF16 weights: MLA, 8
+// experts, vocabulary 8192), forward plus the 64 rows of logits: the work
+// of one step of `deepinfer generate --file` with 64 prompts. Reports
+// tokens/s and GFLOP/s counting 2 flops a multiply-add of the linears, the
+// LM head and the absorbed MLA attention as the CPU backend runs it
+// (scores over kv_lora_rank + rope, outputs over kv_lora_rank, per head
+// and visible key). DEEPINFER_BENCH_THREADS sets the backend's threads.
+func BenchmarkDecodeBatch64Default(b *testing.B) {
+	js, err := os.ReadFile(filepath.Join("..", "..", "assets", "deepseek-tiny", "config.json"))
+	if err != nil {
+		b.Skip("no default model config:", err)
+	}
+	cfg := parseConfig(b, string(js))
+	w, err := RandomWeights(cfg, kernels.BF16, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	threads, _ := strconv.Atoi(os.Getenv("DEEPINFER_BENCH_THREADS")) // 0: all cores
+	ops := cpu.New(cpu.Options{Threads: threads})
+	b.Cleanup(func() { ops.Close() })
+	m, err := Builtin().New(ops, cfg, w, Options{MaxModelLen: 1024})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const batch, blockSize = 64, 16
+	r := rand.New(rand.NewPCG(4, 4))
+	blocksPerSeq := (benchContext + 1 + blockSize - 1) / blockSize
+	cache, err := m.NewKVCache(batch*blocksPerSeq, blockSize)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pool := newBlockPool(r, batch*blocksPerSeq)
+	h := HostBatch{BlockSize: blockSize}
+	for range batch {
+		table := pool.table(blockSize, benchContext+1)
+		step(b, m, cache, seqStep{randomIDs(r, benchContext, cfg.VocabSize), 0, table})
+		h.AddSequence([]int32{int32(r.IntN(cfg.VocabSize))}, benchContext, table)
+	}
+	fb, err := h.Upload(ops, cache.NumBlocks)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ids := make([]int32, batch)
+	for i := range ids {
+		ids[i] = int32(i)
+	}
+	rows, _ := kernels.FromI32(ops, ids, batch)
+	// Linear parameters a token multiplies: the decoder layers' matrices
+	// (not the MTP layers past num_hidden_layers), the LM head, and of the
+	// routed experts the num_experts_per_tok a token runs.
+	var linParams float64
+	for name, t := range w {
+		var layer int
+		inLayers := false
+		if _, err := fmt.Sscanf(name, "model.layers.%d.", &layer); err == nil {
+			inLayers = layer < cfg.NumHiddenLayers
+		}
+		if (inLayers || strings.HasPrefix(name, "lm_head")) && len(t.Shape) == 2 && !strings.Contains(name, "mlp.experts.") {
+			linParams += float64(t.NumElements())
+		}
+	}
+	moeLayers := cfg.NumHiddenLayers - cfg.FirstKDenseReplace
+	linParams += float64(moeLayers * cfg.NumExpertsPerTok * 3 * cfg.HiddenSize * cfg.MoEIntermediateSize)
+	attn := float64(cfg.NumHiddenLayers*cfg.NumAttentionHeads) * float64(2*cfg.KVLoraRank+cfg.QKRopeHeadDim) * (benchContext + 1)
+	flops := 2 * batch * (linParams + attn)
+	ctx := context.Background()
+	peak := ops.PeakFLOPS()
+	for b.Loop() {
+		hidden, err := m.Forward(ctx, cache, fb)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := m.ComputeLogits(hidden, rows); err != nil {
+			b.Fatal(err)
+		}
+	}
+	sec := b.Elapsed().Seconds() / float64(b.N)
+	b.ReportMetric(batch/sec, "tok/s")
+	b.ReportMetric(flops/sec/1e9, "GFLOP/s")
+	if peak > 0 {
+		b.ReportMetric(flops/sec/peak, "x_peak")
+	}
 }

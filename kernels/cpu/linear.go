@@ -48,6 +48,13 @@ func (b *Backend) Linear(out, x, w, bias kernels.Tensor) error {
 // parallel. Each output element is one call of the dtype's dot loop, so the
 // tiling and the number of rows never change a result.
 func (b *Backend) linear(out, x []float32, w *Tensor, m, n, k int, bias []float32) {
+	b.linearOn(out, x, w, m, n, k, bias, true)
+}
+
+// linearOn is linear, over the pool's workers when parallel is set and on
+// the caller alone otherwise (for callers that already run on a worker of
+// the pool). The result is the same either way.
+func (b *Backend) linearOn(out, x []float32, w *Tensor, m, n, k int, bias []float32, parallel bool) {
 	tiles := (n + linearTile - 1) / linearTile
 	var acts *llamaActs // x rounded once for all tiles (Options.LlamaCppActivations)
 	if b.llamaAct {
@@ -78,7 +85,7 @@ func (b *Backend) linear(out, x []float32, w *Tensor, m, n, k int, bias []float3
 			}
 		}
 	}
-	if m*n*k < 4*minParallelElems || tiles < 2 {
+	if !parallel || m*n*k < 4*minParallelElems || tiles < 2 {
 		body(0, tiles)
 		return
 	}

@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
 )
@@ -219,22 +220,38 @@ func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 		return err
 	}
 	ys := make([]float32, t*topK*hidden) // expert output per (token, k)
-	for e, pairs := range byExpert {
+	// run computes expert e's rows of ys; parallel splits its products
+	// over the pool. Experts write disjoint rows of ys.
+	run := func(e int, parallel bool) {
+		pairs := byExpert[e]
 		n := len(pairs)
-		if n == 0 {
-			continue
-		}
 		xe := gatherTokens(xs.f32, pairs, topK, hidden)
 		g := make([]float32, n*2*inter)
-		b.linear(g, xe, expert(gu, e), n, 2*inter, hidden, nil)
+		b.linearOn(g, xe, expert(gu, e), n, 2*inter, hidden, nil, parallel)
 		a := make([]float32, n*inter)
 		for r := range n {
 			b.k.siluMulRow(a[r*inter:(r+1)*inter], g[r*2*inter:(r+1)*2*inter])
 		}
 		ye := xe // reuse: n*hidden
-		b.linear(ye, a, expert(dn, e), n, hidden, inter, nil)
+		b.linearOn(ye, a, expert(dn, e), n, hidden, inter, nil, parallel)
 		for r, pair := range pairs {
 			copy(ys[int(pair)*hidden:(int(pair)+1)*hidden], ye[r*hidden:(r+1)*hidden])
+		}
+	}
+	if order := expertsByLoad(byExpert, b.threads); order != nil {
+		// Many small experts: one worker an expert, busiest first, so that
+		// the gathers, activations and scatters run in parallel too and
+		// each expert costs one hand-off instead of two parallel loops.
+		b.run.For(len(order), func(lo, hi int) {
+			for _, e := range order[lo:hi] {
+				run(e, false)
+			}
+		})
+	} else {
+		for e, pairs := range byExpert {
+			if len(pairs) > 0 {
+				run(e, true)
+			}
 		}
 	}
 	b.forRows(t, topK*hidden, func(lo, hi int) {
@@ -247,6 +264,31 @@ func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 		}
 	})
 	return nil
+}
+
+// expertsByLoad returns the experts that have pairs, busiest first, when
+// running one expert a worker pays: at least two such experts a worker, and
+// none with more than a worker's fair share of the pairs (the busiest
+// expert bounds the time of the parallel loop). Otherwise nil: each
+// expert's products are split over the workers instead.
+func expertsByLoad(byExpert [][]int32, workers int) []int {
+	if workers < 2 {
+		return nil
+	}
+	var order []int
+	total, busiest := 0, 0
+	for e, pairs := range byExpert {
+		if n := len(pairs); n > 0 {
+			order = append(order, e)
+			total += n
+			busiest = max(busiest, n)
+		}
+	}
+	if len(order) < 2*workers || busiest*workers > total {
+		return nil
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return len(byExpert[b]) - len(byExpert[a]) })
+	return order
 }
 
 // groupByExpert groups the (token, k) pairs of ids ([T, topK], flattened)

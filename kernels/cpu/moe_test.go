@@ -190,11 +190,25 @@ func refExpert(x, gateUp, down []float32, hidden, inter int) []float64 {
 }
 
 func TestMoE(t *testing.T) {
-	const e, hidden, inter, tokens, topK = 5, 16, 12, 7, 2
+	// The first shape splits each expert's products over the workers; the
+	// second runs one expert a worker (expertsByLoad), as a batched decode
+	// step of the default model does.
+	for _, sh := range []struct {
+		e, tokens, threads int
+		perExpert          bool
+	}{{5, 7, 3, false}, {8, 40, 2, true}} {
+		t.Run(fmt.Sprintf("e%d_t%d_threads%d", sh.e, sh.tokens, sh.threads), func(t *testing.T) {
+			testMoE(t, sh.e, sh.tokens, sh.threads, sh.perExpert)
+		})
+	}
+}
+
+func testMoE(t *testing.T, e, tokens, threads int, perExpert bool) {
+	const hidden, inter, topK = 16, 12, 2
 	r := rand.New(rand.NewPCG(10, 10))
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 		t.Run(dt.String(), func(t *testing.T) {
-			b := newTestBackend(t, 3)
+			b := newTestBackend(t, threads)
 			gu := roundTo(dt, randVals(r, e*2*inter*hidden, 0.5))
 			dn := roundTo(dt, randVals(r, e*hidden*inter, 0.5))
 			x := randVals(r, tokens*hidden, 1)
@@ -202,6 +216,13 @@ func TestMoE(t *testing.T) {
 			for i := range tokens {
 				p := r.Perm(e)
 				ids[i*topK], ids[i*topK+1] = int32(p[0]), int32(p[1])
+			}
+			by, err := groupByExpert("moe", ids, e, topK)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := expertsByLoad(by, threads) != nil; got != perExpert {
+				t.Fatalf("one expert a worker: %v, want %v", got, perExpert)
 			}
 			w := randVals(r, tokens*topK, 1)
 			gut, dnt := put(t, b, dt, gu, e, 2*inter, hidden), put(t, b, dt, dn, e, hidden, inter)
@@ -237,6 +258,33 @@ func TestMoE(t *testing.T) {
 					t.Fatal(err)
 				}
 				checkIdentical(t, fmt.Sprintf("token %d alone vs batch", i), vals(o1), vals(out)[i*hidden:(i+1)*hidden])
+			}
+		})
+	}
+}
+
+func TestExpertsByLoad(t *testing.T) {
+	pairs := func(n int) []int32 { return make([]int32, n) }
+	for _, tc := range []struct {
+		name     string
+		loads    []int
+		workers  int
+		want     []int
+		parallel bool
+	}{
+		{"one worker", []int{3, 3, 3, 3}, 1, nil, false},
+		{"too few experts", []int{5, 0, 5, 5}, 2, nil, false},
+		{"busiest past a fair share", []int{20, 1, 1, 1, 1}, 2, nil, false},
+		{"busiest first", []int{2, 0, 5, 3, 5, 1}, 2, []int{2, 4, 3, 0, 5}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			by := make([][]int32, len(tc.loads))
+			for i, n := range tc.loads {
+				by[i] = pairs(n)
+			}
+			got := expertsByLoad(by, tc.workers)
+			if (got != nil) != tc.parallel || !slices.Equal(got, tc.want) {
+				t.Fatalf("expertsByLoad(%v, %d) = %v, want %v", tc.loads, tc.workers, got, tc.want)
 			}
 		})
 	}

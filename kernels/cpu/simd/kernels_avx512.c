@@ -447,7 +447,7 @@ void di_linear_avx512(int dtype, float *out, const float *x, const void *w, int6
 // attention are small enough to stay in L1 over the whole of k.
 AVX512 INLINE void gather_rows(const int R, const int C, float *out, const float *x, const float *w,
                                const int32_t *rows, int64_t ldw, int64_t n, int64_t k, int64_t i0,
-                               int nr) {
+                               int nr, int prefetch) {
 	const float *xr[4];
 	const char *wc[16];
 #pragma GCC unroll 4
@@ -458,6 +458,15 @@ AVX512 INLINE void gather_rows(const int R, const int C, float *out, const float
 #pragma GCC unroll 16
 		for (int c = 0; c < C; c++)
 			wc[c] = (const char *)(w + (int64_t)rows[j + (c < nc ? c : nc - 1)] * ldw);
+		if (prefetch && j + 2 * C <= n) {
+			// The next tile's rows: gathered rows (paged KV) defeat
+			// the hardware prefetcher's stride detection.
+			for (int c = 0; c < C; c++) {
+				const char *pr = (const char *)(w + (int64_t)rows[j + C + c] * ldw);
+				for (int64_t q = 0; q < k * 4; q += 64)
+					_mm_prefetch(pr + q, _MM_HINT_T0);
+			}
+		}
 		__m512 acc[16];
 #pragma GCC unroll 16
 		for (int f = 0; f < 16; f++)
@@ -473,13 +482,13 @@ AVX512 void di_linear_gather_avx512(float *out, const float *x, const float *w, 
 		int64_t left = m - i;
 		if (left >= 3) {
 			int nr = left < 4 ? (int)left : 4;
-			gather_rows(4, 4, out, x, w, rows, ldw, n, k, i, nr);
+			gather_rows(4, 4, out, x, w, rows, ldw, n, k, i, nr, i == 0);
 			i += nr;
 		} else if (left == 2) {
-			gather_rows(2, 8, out, x, w, rows, ldw, n, k, i, 2);
+			gather_rows(2, 8, out, x, w, rows, ldw, n, k, i, 2, i == 0);
 			i += 2;
 		} else {
-			gather_rows(1, 8, out, x, w, rows, ldw, n, k, i, 1);
+			gather_rows(1, 8, out, x, w, rows, ldw, n, k, i, 1, i == 0);
 			i += 1;
 		}
 	}
