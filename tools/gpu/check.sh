@@ -28,7 +28,9 @@
 #           through a copy with cuda.gemm: split) and on the CPU: 48 greedy
 #           tokens each; the stats lines.
 #   parity  real shapes (Qwen3-0.6B, Llama-3.2-1B, DeepSeek-V2-Lite with 4
-#           of its layers): tools/make_fixtures.py writes random BF16 weights
+#           of its layers; then V2-Lite with all 27 layers against the CPU
+#           backend, TestGPUDeepSeekV2LiteFullParity, unless
+#           PARITY_V2LITE_FULL=0): tools/make_fixtures.py writes random BF16 weights
 #           and HF's bf16 references (prompts PARITY_PROMPT_LENS, default
 #           1,7,23,100,250; weights of std PARITY_STD, default 0.02, the
 #           initializer_range of these models: with make_fixtures' default
@@ -533,6 +535,7 @@ parity_window_names=${PARITY_WINDOW_NAMES-gemma-3-1b,gpt-oss-20b-2layers}
 # ones (parity_window); an empty name list skips its part.
 phase_parity() {
 	[[ -n $parity_names ]] && parity_dense
+	[[ ${PARITY_V2LITE_FULL:-1} == 1 ]] && parity_v2lite_full
 	[[ -n $parity_window_names ]] && parity_window
 	[[ -n ${status[parity]:-} ]] || status[parity]="nothing to run: PARITY_NAMES and PARITY_WINDOW_NAMES are empty"
 }
@@ -569,6 +572,21 @@ parity_dense() {
 	local verdicts
 	verdicts=$(parity_rows | grep -oE '(PASS|FAIL)' | sort | uniq -c | awk '{printf "%s%s %s", sep, $1, $2; sep = ", "}')
 	status[parity]="${status[parity]:-}${status[parity]:+; }test rc=$rc (FAIL lines expected, see above); ${verdicts:-no figures}"
+}
+
+# parity_v2lite_full: the DeepSeek-V2-Lite shape with all 27 layers, random
+# weights in memory, CUDA in GEMM split against the CPU backend
+# (TestGPUDeepSeekV2LiteFullParity; no HF reference at this depth).
+parity_v2lite_full() {
+	local t rc line
+	need_test || { parity_status "v2-lite 27 layers: FAILED: prerequisites missing"; return; }
+	t=$(limit "${PARITY_V2LITE_TIMEOUT:-300}")
+	((t == 0)) && { parity_status "v2-lite 27 layers: skipped: out of time"; return; }
+	(cd kernels/cuda && DEEPINFER_V2LITE_FULL_PARITY=1 timeout "$t" "$root/$dir/cuda.test" \
+		-test.run 'TestGPUDeepSeekV2LiteFullParity$' -test.v -test.timeout "${t}s") >"$logs/parity_v2lite_full.log" 2>&1
+	rc=$?
+	line=$(grep -oE 'deepseek-v2-lite 27 layers.*' "$logs/parity_v2lite_full.log" | tail -1)
+	parity_status "v2-lite 27 layers vs cpu: rc=$rc ${line#*: }"
 }
 
 # parity_window: the sliding-window models at real shapes (see the header):

@@ -1,0 +1,182 @@
+package cuda_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"testing"
+
+	"github.com/deepinfer/deepinfer-go/engine/models"
+	"github.com/deepinfer/deepinfer-go/kernels"
+	"github.com/deepinfer/deepinfer-go/kernels/cpu"
+	"github.com/deepinfer/deepinfer-go/kernels/cuda"
+)
+
+// V2LiteFullParityEnv, set to 1, runs TestGPUDeepSeekV2LiteFullParity
+// (tools/gpu/check.sh's parity phase sets it): the whole 27-layer
+// DeepSeek-V2-Lite shape takes 31 GB of device memory and the CPU
+// backend's share of host memory, so the plain TestGPU run leaves it out.
+const V2LiteFullParityEnv = "DEEPINFER_V2LITE_FULL_PARITY"
+
+// v2LiteFullTol bounds max|logit-cpu|/max|cpu| at every position of the
+// whole-depth V2-Lite shape in GEMM split (activations split into two
+// 16-bit halves: about float32 accuracy) against the CPU backend (float32
+// arithmetic over the same BF16 weights). Both keep float32 latent caches
+// here, so what differs is the order of the sums, compounded over 27
+// layers; the 4-layer fixtures of TestGPUFixtureParity meet 1e-2 in split
+// mode against HF's float32 reference, and the same bound holds here.
+const v2LiteFullTol = 1e-2
+
+// TestGPUDeepSeekV2LiteFullParity runs the DeepSeek-V2-Lite shape with all
+// 27 layers (tools/configs/real/deepseek-v2-lite.json: MLA with rank 512,
+// 64 routed experts of which 6 a token plus 2 shared, the first layer
+// dense) on random BF16 weights (fastWeights, each matrix its own values)
+// through the CUDA backend in GEMM split and through the CPU backend, and
+// compares them: the logits of two prompts at every position, then 16
+// greedy tokens of each, decoded one step at a time over the paged caches
+// with the CPU fed the GPU's tokens (teacher forcing), so that a near tie
+// flipped once does not make every later position a mismatch. Bounds: the
+// relative error v2LiteFullTol at every position, and the same top-1 at
+// 98% of positions or more (random weights leave near ties among 102400
+// logits). The summary line gives the worst error and the agreement.
+func TestGPUDeepSeekV2LiteFullParity(t *testing.T) {
+	if os.Getenv(V2LiteFullParityEnv) != "1" {
+		t.Skipf("set %s=1 to run the 27-layer DeepSeek-V2-Lite shape against the CPU backend (31 GB of device memory)", V2LiteFullParityEnv)
+	}
+	_, cfg := shapeConfig(t, "deepseek-v2-lite", "deepseek-v2", false)
+	if cfg.NumHiddenLayers != 27 {
+		t.Fatalf("deepseek-v2-lite.json has %d layers, want 27", cfg.NumHiddenLayers)
+	}
+	w, err := fastWeights(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := cuda.New(cuda.Options{GEMM: cuda.GEMMSplit})
+	if err != nil {
+		if os.Getenv(cuda.LibraryEnv) == "" && (errors.Is(err, cuda.ErrNoLibrary) || errors.Is(err, cuda.ErrNoDevice)) {
+			t.Skipf("GPU test skipped: %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	cpuOps := cpu.New(cpu.Options{})
+	t.Cleanup(func() { cpuOps.Close() })
+	const blockSize, numBlocks, maxLen, greedyN = 16, 64, 512, 16
+	mg, err := models.Builtin().New(g, cfg, w, models.Options{MaxModelLen: maxLen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mc, err := models.Builtin().New(cpuOps, cfg, w, models.Options{MaxModelLen: maxLen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(27, 27))
+	worst, top1, positions := 0.0, 0, 0
+	check := func(what string, got, want []float32) {
+		t.Helper()
+		e := relErrMax(got, want)
+		worst = math.Max(worst, e)
+		if e > v2LiteFullTol || math.IsNaN(e) {
+			t.Errorf("%s: max|logit-cpu|/max|cpu| = %.3g > %g", what, e, v2LiteFullTol)
+		}
+		if argmaxF32(got) == argmaxF32(want) {
+			top1++
+		}
+		positions++
+	}
+	for pi, n := range []int{7, 100} {
+		ids := make([]int32, n)
+		for i := range ids {
+			ids[i] = int32(r.IntN(cfg.VocabSize))
+		}
+		need := (n + greedyN + blockSize - 1) / blockSize
+		table := make([]int32, need)
+		for j, b := range r.Perm(numBlocks)[:need] {
+			table[j] = int32(b)
+		}
+		cg, err := mg.NewKVCache(numBlocks, blockSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cc, err := mc.NewKVCache(numBlocks, blockSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := stepLogits(t, mg, g, cg, ids, 0, table)
+		want := stepLogits(t, mc, cpuOps, cc, ids, 0, table)
+		for p := range ids {
+			check(fmt.Sprintf("prompt %d position %d", pi, p), got[p], want[p])
+		}
+		next := int32(argmaxF32(got[n-1]))
+		for s := range greedyN {
+			lg := stepLogits(t, mg, g, cg, []int32{next}, n+s, table)
+			lc := stepLogits(t, mc, cpuOps, cc, []int32{next}, n+s, table)
+			check(fmt.Sprintf("prompt %d greedy step %d", pi, s), lg[0], lc[0])
+			next = int32(argmaxF32(lg[0]))
+		}
+	}
+	t.Logf("deepseek-v2-lite 27 layers, GEMM split vs the CPU backend (%s): worst max|logit-cpu|/max|cpu| %.2e, top-1 %d/%d",
+		cpuOps.Name(), worst, top1, positions)
+	if top1*100 < positions*98 {
+		t.Errorf("top-1 agrees at %d of %d positions, want 98%% or more", top1, positions)
+	}
+}
+
+// stepLogits runs one forward pass of one sequence (ids after numCached
+// cached tokens, blocks of table) and returns the logits of its rows.
+func stepLogits(t *testing.T, m models.Model, ops kernels.Ops, cache *models.KVCache, ids []int32, numCached int, table []int32) [][]float32 {
+	t.Helper()
+	h := models.HostBatch{BlockSize: cache.BlockSize}
+	h.AddSequence(ids, numCached, table)
+	b, err := h.Upload(ops, cache.NumBlocks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hidden, err := m.Forward(context.Background(), cache, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lg, err := m.ComputeLogits(hidden, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := kernels.ToF32(ops, lg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := lg.Shape()[1]
+	rows := make([][]float32, 0, len(v)/n)
+	for i := 0; i < len(v); i += n {
+		rows = append(rows, v[i:i+n])
+	}
+	return rows
+}
+
+// relErrMax is max|got-want| / max|want| (NaN if any difference is NaN).
+func relErrMax(got, want []float32) float64 {
+	var num, den float64
+	for i := range want {
+		d := math.Abs(float64(got[i]) - float64(want[i]))
+		if math.IsNaN(d) {
+			return math.NaN()
+		}
+		num, den = math.Max(num, d), math.Max(den, math.Abs(float64(want[i])))
+	}
+	if den == 0 {
+		return num
+	}
+	return num / den
+}
+
+func argmaxF32(xs []float32) int {
+	best := 0
+	for i, x := range xs {
+		if x > xs[best] {
+			best = i
+		}
+	}
+	return best
+}
