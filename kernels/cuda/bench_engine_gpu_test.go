@@ -1208,7 +1208,13 @@ func BenchmarkFP8EngineDeepSeekV2Lite(b *testing.B) {
 					b.Fatal(o.Err)
 				}
 				ttft = o.TTFT
+				if g, ok := l.Backend().(*cuda.Backend); ok && run == 0 {
+					if _, err := g.OpProfile(true); err != nil { // the second prompt's profile alone
+						b.Fatal(err)
+					}
+				}
 			}
+			logOpProfile(b, l.Backend()) // with DEEPINFER_CUDA_PROFILE=1: the second prefill's device time per operation
 			flops := prefillFLOPs(v.cfg, prefillLen)
 			f.prefillMS = millis(ttft)
 			b.ReportMetric(millis(ttft), "prefill-ms")
