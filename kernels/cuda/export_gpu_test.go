@@ -18,3 +18,12 @@ func ApplyTestEnv(b *Backend) error {
 	}
 	return b.setOptions(o)
 }
+
+// Forward, MaxRelErr and Argmax are forward, maxRelErr and argmax (the
+// fixture tests' one-sequence step, error and top-1) for the external test
+// package.
+var (
+	Forward   = forward
+	MaxRelErr = maxRelErr
+	Argmax    = argmax
+)

@@ -1,7 +1,6 @@
 package cuda_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -10,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/engine/models"
-	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu"
 	"github.com/deepinfer/deepinfer-go/kernels/cuda"
 )
@@ -77,12 +75,12 @@ func TestGPUDeepSeekV2LiteFullParity(t *testing.T) {
 	worst, top1, positions := 0.0, 0, 0
 	check := func(what string, got, want []float32) {
 		t.Helper()
-		e := relErrMax(got, want)
+		e := cuda.MaxRelErr(got, want)
 		worst = math.Max(worst, e)
 		if e > v2LiteFullTol || math.IsNaN(e) {
 			t.Errorf("%s: max|logit-cpu|/max|cpu| = %.3g > %g", what, e, v2LiteFullTol)
 		}
-		if argmaxF32(got) == argmaxF32(want) {
+		if cuda.Argmax(got) == cuda.Argmax(want) {
 			top1++
 		}
 		positions++
@@ -105,17 +103,17 @@ func TestGPUDeepSeekV2LiteFullParity(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := stepLogits(t, mg, g, cg, ids, 0, table)
-		want := stepLogits(t, mc, cpuOps, cc, ids, 0, table)
+		got := cuda.Forward(t, mg, g, cg, ids, 0, table)
+		want := cuda.Forward(t, mc, cpuOps, cc, ids, 0, table)
 		for p := range ids {
 			check(fmt.Sprintf("prompt %d position %d", pi, p), got[p], want[p])
 		}
-		next := int32(argmaxF32(got[n-1]))
+		next := int32(cuda.Argmax(got[n-1]))
 		for s := range greedyN {
-			lg := stepLogits(t, mg, g, cg, []int32{next}, n+s, table)
-			lc := stepLogits(t, mc, cpuOps, cc, []int32{next}, n+s, table)
+			lg := cuda.Forward(t, mg, g, cg, []int32{next}, n+s, table)
+			lc := cuda.Forward(t, mc, cpuOps, cc, []int32{next}, n+s, table)
 			check(fmt.Sprintf("prompt %d greedy step %d", pi, s), lg[0], lc[0])
-			next = int32(argmaxF32(lg[0]))
+			next = int32(cuda.Argmax(lg[0]))
 		}
 	}
 	t.Logf("deepseek-v2-lite 27 layers, GEMM split vs the CPU backend (%s): worst max|logit-cpu|/max|cpu| %.2e, top-1 %d/%d",
@@ -123,60 +121,4 @@ func TestGPUDeepSeekV2LiteFullParity(t *testing.T) {
 	if top1*100 < positions*98 {
 		t.Errorf("top-1 agrees at %d of %d positions, want 98%% or more", top1, positions)
 	}
-}
-
-// stepLogits runs one forward pass of one sequence (ids after numCached
-// cached tokens, blocks of table) and returns the logits of its rows.
-func stepLogits(t *testing.T, m models.Model, ops kernels.Ops, cache *models.KVCache, ids []int32, numCached int, table []int32) [][]float32 {
-	t.Helper()
-	h := models.HostBatch{BlockSize: cache.BlockSize}
-	h.AddSequence(ids, numCached, table)
-	b, err := h.Upload(ops, cache.NumBlocks)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hidden, err := m.Forward(context.Background(), cache, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lg, err := m.ComputeLogits(hidden, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v, err := kernels.ToF32(ops, lg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := lg.Shape()[1]
-	rows := make([][]float32, 0, len(v)/n)
-	for i := 0; i < len(v); i += n {
-		rows = append(rows, v[i:i+n])
-	}
-	return rows
-}
-
-// relErrMax is max|got-want| / max|want| (NaN if any difference is NaN).
-func relErrMax(got, want []float32) float64 {
-	var num, den float64
-	for i := range want {
-		d := math.Abs(float64(got[i]) - float64(want[i]))
-		if math.IsNaN(d) {
-			return math.NaN()
-		}
-		num, den = math.Max(num, d), math.Max(den, math.Abs(float64(want[i])))
-	}
-	if den == 0 {
-		return num
-	}
-	return num / den
-}
-
-func argmaxF32(xs []float32) int {
-	best := 0
-	for i, x := range xs {
-		if x > xs[best] {
-			best = i
-		}
-	}
-	return best
 }
