@@ -11,9 +11,10 @@
 //     cache's 16-bit type;
 //  2. di_mla_tc_k: the latent attention, split over keys: one block per
 //     (query row, chunk of its keys, group of 16 heads, slice of the latent
-//     output). Every head of the group shares each staged tile of keys:
-//     scores and outputs are mma.sync m16n8k16 products with the heads as
-//     the tile rows, an online softmax per head, and the chunk's
+//     output). Every head of the group shares each staged tile of keys
+//     (copied a key row at a time by the bulk copy engine, several tiles in
+//     flight): scores and outputs are mma.sync m16n8k16 products with the
+//     heads as the tile rows, an online softmax per head, and the chunk's
 //     normalized output stored as half with its (max, sum);
 //  3. di_mla_combine_k: merges a row's chunks in ascending order;
 //  4. di_mla_unabsorb_tc_k: out[t,h] = o_lat[t,h] W_UV[h]^T (as step 1:
@@ -34,8 +35,6 @@
 // bits of a half row holding those values.
 #include "attention_tc.cuh"
 
-#define MLA_BK 32       // keys a tile
-#define MLA_TC_THREADS 128
 #define MLA_HG 16       // heads a block: the m16 rows of the tiles
 #define MLA_MAX_SPLITS 32
 #define MLA_SHORT_KEYS 512 // rows of at most this many keys take chunks of MLA_SHORT_CHUNK
@@ -569,62 +568,187 @@ __global__ void __launch_bounds__(128)
 
 // ---------------------------------------------------------------- latent attention
 
-// di_mla_tc_smem is di_mla_tc_k's shared memory: the key tiles (two
-// stages of 16-bit rows, or two stages of raw 8-bit rows and one widened
-// tile), the query tile (then reused for the warps' partial scores and the
-// probabilities), the rescale factors and the slots.
+// The shape of di_mla_tc_k (compile-time; tools/gpu/mla_sweep times the
+// alternatives against each other and a device copy): MLA_TC_BK keys a
+// tile, MLA_TC_WARPS warps a block, MLA_TC_STAGES (16-bit caches) or
+// MLA_TC_STAGES_F8 (8-bit) copy stages, and the copies on the bulk copy
+// engine (MLA_TC_BULK 1: one cp.async.bulk a key row, completing on an
+// mbarrier) or as 16-byte cp.async (0). The tile and the warps fix the
+// arithmetic's order (the same for both cache types, so that an 8-bit row
+// gives the bits of a half row holding its values); the stages and the
+// copy engine change no bit.
+#ifndef MLA_TC_BK
+#define MLA_TC_BK 32
+#endif
+#ifndef MLA_TC_WARPS
+#define MLA_TC_WARPS 8
+#endif
+#ifndef MLA_TC_STAGES
+#define MLA_TC_STAGES 2
+#endif
+#ifndef MLA_TC_STAGES_F8
+#define MLA_TC_STAGES_F8 2
+#endif
+#ifndef MLA_TC_BULK
+#define MLA_TC_BULK 1
+#endif
+
+// di_smem_u32 is p's shared-memory address.
+__device__ __forceinline__ unsigned di_smem_u32(const void *p) {
+	return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+// mbarriers (sm_90): init with an arrival count (then fence.mbarrier_init
+// and a barrier before other threads use it), expect_tx adds bytes that
+// bulk copies will complete, arrive counts one arrival, wait spins until
+// the phase of the given parity has completed (acquire: the copies' bytes
+// and the arriving threads' earlier writes are visible).
+__device__ __forceinline__ void di_mbar_init(uint64_t *bar, unsigned count) {
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(di_smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void di_mbar_init_fence() {
+	asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void di_mbar_expect_tx(uint64_t *bar, unsigned bytes) {
+	asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;\n" ::"r"(di_smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void di_mbar_arrive(uint64_t *bar) {
+	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(di_smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void di_mbar_wait(uint64_t *bar, unsigned parity) {
+	asm volatile("{\n"
+	             ".reg .pred P1;\n"
+	             "LAB_WAIT:\n"
+	             "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+	             "@P1 bra DONE;\n"
+	             "bra LAB_WAIT;\n"
+	             "DONE:\n"
+	             "}\n" ::"r"(di_smem_u32(bar)),
+	             "r"(parity)
+	             : "memory");
+}
+// di_bulk_g2s queues a copy of bytes (a multiple of 16; both addresses
+// 16-byte aligned) from global to shared memory on the bulk copy engine,
+// completing bytes on bar.
+__device__ __forceinline__ void di_bulk_g2s(void *dst, const void *src, unsigned bytes, uint64_t *bar) {
+	asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+	                 di_smem_u32(dst)),
+	             "l"(src), "r"(bytes), "r"(di_smem_u32(bar))
+	             : "memory");
+}
+// di_fence_proxy_async orders this thread's earlier shared-memory writes
+// before later bulk copies into the same bytes.
+__device__ __forceinline__ void di_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// di_mla_seq_window is di_seq_window without a window (row i's sequence
+// and its visible keys [0, last)), trying first the sequence of index i
+// (a decode batch's layout), which one check of cu confirms, before the
+// binary search: the same sequence either way (the only non-empty one
+// holding row i), two independent loads instead of a chain of them.
+__device__ __forceinline__ bool di_mla_seq_window(const int *cu, const int *seqlens_k, int num_seqs, int max_keys,
+                                                  int i, int *seq, int *last) {
+	int s = max(0, min(i, num_seqs - 1));
+	if (!(cu[s] <= i && i < cu[s + 1])) s = di_find_seq(cu, num_seqs, i);
+	const int q0 = cu[s], ql = cu[s + 1] - q0, kl = seqlens_k[s];
+	const int j = i - q0;
+	if (j < 0 || j >= ql || kl < ql || kl > max_keys) return false;
+	*seq = s;
+	*last = kl - ql + j + 1;
+	return true;
+}
+
+// di_mla_layout is di_mla_tc_k's shared memory (byte offsets): ns copy
+// stages of bk key rows (16-bit: rows of ldk halves, as the tensor cores
+// read them; 8-bit: the raw rows of rb bytes, then one widened tile of bk x
+// ldk halves), the warps' partial scores [4][16][bk + 8] floats, the
+// probabilities [16][bk + 4], the rescale factors and inverse sums [16]
+// each, a mask of the valid keys and an mbarrier a stage. The query tile
+// (16 x ldk halves) is staged, before the keys need it, in the last stage
+// (16-bit) or the widened tile (8-bit).
 struct di_mla_layout {
-	int ldk;                    // halves a staged row: kvl + rope + 8
-	size_t tiles, raw, q, total; // byte offsets: key tiles at 0, raw rows, the query / score region, the rest
+	int ldk, rb;
+	size_t stage, wide, s, p, alpha, inv, mask, bar, total;
 };
-__host__ __device__ __forceinline__ di_mla_layout di_mla_tc_layout(int kvl, int rope, bool f8) {
+__host__ __device__ __forceinline__ di_mla_layout di_mla_tc_layout(int kvl, int rope, bool f8, int bk, int ns) {
 	di_mla_layout L;
 	L.ldk = kvl + rope + 8;
-	const size_t tile = (size_t)MLA_BK * L.ldk * 2;
-	L.raw = f8 ? tile : 2 * tile;
-	L.q = L.raw + (f8 ? 2 * (size_t)MLA_BK * di_mla_f8_row_bytes(kvl, rope) : 0);
-	const size_t qb = (size_t)MLA_HG * L.ldk * 2;
-	const size_t sp = (size_t)(4 * MLA_HG * (MLA_BK + 8) + MLA_HG * (MLA_BK + 4)) * 4;
-	L.total = L.q + (qb > sp ? qb : sp) + MLA_HG * 4 * 2 + 2 * MLA_BK * 4;
+	L.rb = f8 ? di_mla_f8_row_bytes(kvl, rope) : (kvl + rope) * 2;
+	const size_t tile = (size_t)bk * L.ldk * 2;
+	L.stage = f8 ? (size_t)bk * L.rb : tile;
+	L.wide = (size_t)ns * L.stage;
+	L.s = L.wide + (f8 ? tile : 0);
+	L.p = L.s + (size_t)4 * MLA_HG * (bk + 8) * 4;
+	L.alpha = L.p + (size_t)MLA_HG * (bk + 4) * 4;
+	L.inv = L.alpha + MLA_HG * 4;
+	L.mask = L.inv + MLA_HG * 4;
+	L.bar = L.mask + (size_t)ns * 8;
+	L.total = L.bar + (size_t)ns * 8;
 	return L;
 }
 
-// di_mla_tc_k: grid (rows, nsplit, ceil(heads / 16) * D), MLA_TC_THREADS
-// threads, shared memory di_mla_tc_layout. Block (x, c, z) takes query row
-// row0 + x (its visible keys [0, last)), chunk c of them (di_mla_chunk),
-// heads h0 = (z / D) * 16 .. +16 and latent output columns [(z % D) * kvl /
-// D, ...). ql: T16 [rows, heads, kvl + rope] (scores in log2 units); the
-// cache rows are row_bytes apart (16-bit [kvl + rope], or the packed 8-bit
-// row). Keys come in tiles of MLA_BK, two in flight (cp.async); warp w
-// scores every key of a tile over its quarter of the latent columns and its
-// rope k-step (the quarters added in warp order), thread t runs the online
-// softmax of head t / 8 over keys 4 (t % 8) .. +4, and warp w accumulates
-// output columns [w * kvl / (4 D), ...) of its slice for all 16 heads. The
+// di_mla_tc_minb is the blocks a multiprocessor of di_mla_tc_k<KVL, ..>
+// over the largest rope dim (64): 2 where two blocks' shared memory fits
+// an H100/H200 multiprocessor (227 KB), else 1; the launch bounds' second
+// figure (with 8 warps: the register budget).
+template <int KVL, bool F8, int BK, int NS> constexpr int di_mla_tc_minb() {
+	constexpr int ldk = KVL + 72, rb = F8 ? (KVL + 128 + 4 * (KVL / MLA_F8_GROUP) + 15) / 16 * 16 : (KVL + 64) * 2;
+	constexpr size_t tile = (size_t)BK * ldk * 2;
+	constexpr size_t total = NS * (F8 ? (size_t)BK * rb : tile) + (F8 ? tile : 0) + (size_t)4 * MLA_HG * (BK + 8) * 4 +
+	                         (size_t)MLA_HG * (BK + 4) * 4 + MLA_HG * 8 + (size_t)NS * 16;
+	return 2 * (total + 1024) <= 228 * 1024 ? 2 : 1;
+}
+
+// di_mla_tc_k: grid (rows, nsplit, ceil(heads / 16) * D), 32 W threads,
+// shared memory di_mla_tc_layout(KVL, rope, F8, BK, NS). Block (x, c, z)
+// takes query row row0 + x (its visible keys [0, last)), chunk c of them
+// (di_mla_chunk), heads h0 = (z / D) * 16 .. +16 and latent output columns
+// [(z % D) * KVL / D, ...). ql: T16 [rows, heads, KVL + rope] (scores in
+// log2 units); the cache rows are di_mla_layout's rb bytes apart (16-bit
+// [KVL + rope], or the packed 8-bit row). Keys come in tiles of BK, NS - 1
+// tiles in flight ahead of the one in use (8-bit: NS raw tiles, the one in
+// use widened to half first): with BULK warp 0 issues one bulk copy a key
+// row and the tile's mbarrier completes when its bytes have landed;
+// otherwise every warp copies its rows with cp.async. Keys past the chunk
+// or in a block outside the cache are zeros and masked. Warp w scores
+// keys [(w / 4) * 4 BK / W, +4 BK / W) of a tile over latent k-steps [(w %
+// 4) KVL / 64, +KVL / 64) and rope k-step w % 4 (the four quarters added in
+// order: ((q0 + q1) + q2) + q3); 32 W / 16 threads run the online softmax
+// of a head, each over consecutive keys of the tile (summed in key order,
+// then across the threads by xor-butterfly), and warp w accumulates
+// output columns [w KVL / (W D), ...) of its slice for all 16 heads. The
 // chunk's output, divided by its sum, goes to po (half [rows, heads,
-// nsplit, kvl]) and its (max, sum) to pml ([rows, heads, nsplit]); a chunk
-// without keys writes (-inf, 0).
-template <int KVL, int D, typename CT>
-__global__ void __launch_bounds__(MLA_TC_THREADS, 2)
+// nsplit, KVL]) and its (max, sum) to pml ([rows, heads, nsplit]); a
+// chunk without keys writes (-inf, 0). Barriers a tile: two (16-bit, bulk
+// copies), three (16-bit, cp.async), four (8-bit).
+template <int KVL, int D, typename CT, int BK, int W, int NS, bool BULK, int MINB>
+__global__ void __launch_bounds__(32 * W, MINB)
     di_mla_tc_k(__half *po, float2 *pml, const typename di_mla_t16<CT>::type *ql, const unsigned char *cache,
                 const int *cu, const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks,
-                int block_size, int num_blocks, int num_heads, int rope, int row_bytes, int row0, int nsplit,
-                unsigned *check) {
+                int block_size, int num_blocks, int num_heads, int rope, int row0, int nsplit, unsigned *check) {
 	using T16 = typename di_mla_t16<CT>::type;
 	constexpr bool F8 = di_is_fp8<CT>;
-	constexpr int KSL = KVL / 64;      // latent k-steps a warp
-	constexpr int NT = KVL / (32 * D); // output n8 tiles a warp
-	static_assert(NT >= 2 && NT % 2 == 0, "output slice");
+	constexpr int NTH = 32 * W;
+	constexpr int KSL = KVL / 64;             // latent k-steps of a warp's quarter
+	constexpr int KPW = BK * 4 / W;           // keys a warp scores
+	constexpr int NTS = KPW / 8;              // their n8 tiles
+	constexpr int NT = KVL / (8 * W * D);     // output n8 tiles a warp
+	constexpr int TPH = NTH / MLA_HG;         // softmax threads a head
+	constexpr int KPT = BK / TPH;             // keys a softmax thread
+	constexpr int LDS = BK + 8, LDP = BK + 4; // floats a row of the scores, of the probabilities
+	constexpr int PRE = F8 ? NS : NS - 1;     // tiles issued before the first is used
+	static_assert((W == 4 || W == 8) && BK % 16 == 0 && BK <= 64 && NS >= 2, "di_mla_tc_k shape");
+	static_assert(NTS >= 2 && NTS % 2 == 0 && NT >= 2 && NT % 2 == 0, "di_mla_tc_k tiles");
+	static_assert(KPT == 2 || KPT == 4 || KPT == 8, "di_mla_tc_k softmax split");
 	extern __shared__ __align__(16) unsigned char mla_smem[];
-	const di_mla_layout L = di_mla_tc_layout(KVL, rope, F8);
-	const int LDK = L.ldk, width = KVL + rope;
-	T16 *sK = reinterpret_cast<T16 *>(mla_smem);                   // [2 or 1][MLA_BK][LDK]
-	unsigned char *sRaw = mla_smem + L.raw;                        // F8: [2][MLA_BK][row_bytes]
-	T16 *sQ = reinterpret_cast<T16 *>(mla_smem + L.q);             // [16][LDK], then:
-	float *sS = reinterpret_cast<float *>(mla_smem + L.q);         // [4][16][MLA_BK + 8]
-	float *sP = sS + 4 * MLA_HG * (MLA_BK + 8);                    // [16][MLA_BK + 4]
-	float *sAlpha = reinterpret_cast<float *>(mla_smem + L.total - MLA_HG * 8 - 2 * MLA_BK * 4); // [16]
-	float *sInvL = sAlpha + MLA_HG;                                                         // [16]
-	int *sSlots = reinterpret_cast<int *>(sInvL + MLA_HG);                                  // [2][MLA_BK]
+	const di_mla_layout L = di_mla_tc_layout(KVL, rope, F8, BK, NS);
+	const int LDK = L.ldk, RB = L.rb, width = KVL + rope;
+	const int dst_ld = F8 ? RB : LDK * 2; // bytes between a stage's rows
+	float *sS = reinterpret_cast<float *>(mla_smem + L.s);
+	float *sP = reinterpret_cast<float *>(mla_smem + L.p);
+	float *sAlpha = reinterpret_cast<float *>(mla_smem + L.alpha);
+	float *sInvL = reinterpret_cast<float *>(mla_smem + L.inv);
+	unsigned long long *sMask = reinterpret_cast<unsigned long long *>(mla_smem + L.mask);
+	uint64_t *sBar = reinterpret_cast<uint64_t *>(mla_smem + L.bar);
+	T16 *sWide = reinterpret_cast<T16 *>(mla_smem + L.wide);
 
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
 	const int x = blockIdx.x, i = row0 + x, c = blockIdx.y;
@@ -632,9 +756,8 @@ __global__ void __launch_bounds__(MLA_TC_THREADS, 2)
 	const bool writer = ds == 0;
 	float2 *ml = pml + ((size_t)x * num_heads + h0) * nsplit + c; // head h0 + r at ml[r * nsplit]
 	di_pdl_wait();
-	int s, first, last; // first: 0 (no window)
-	const bool ok = di_seq_window(cu, seqlens_k, num_seqs, max_blocks * block_size, i, 0, &s, &first, &last);
-	(void)first;
+	int s, last;
+	const bool ok = di_mla_seq_window(cu, seqlens_k, num_seqs, max_blocks * block_size, i, &s, &last);
 	const int len = ok ? di_mla_chunk(last, num_heads) : 1;
 	const int t_lo = c * len, t_hi = ok ? min(last, (c + 1) * len) : 0;
 	if (!ok || t_lo >= t_hi) {
@@ -643,80 +766,147 @@ __global__ void __launch_bounds__(MLA_TC_THREADS, 2)
 		return;
 	}
 	const int *bt = block_tables + (size_t)s * max_blocks;
+	const di_block_div bdiv(block_size);
+	const int ntiles = (t_hi - t_lo + BK - 1) / BK;
+	const bool producer = BULK ? warp == 0 : true; // the threads that issue copies
 
-	// fetch(t0, st): slots of tile t0 into sSlots[st], then its rows' copies.
-	auto fetch = [&](int t0, int st) {
-		int *sl = sSlots + st * MLA_BK;
-		if (tid < MLA_BK) {
-			const int t = t0 + tid;
-			sl[tid] = t < t_hi ? di_key_slot(bt, t, block_size, num_blocks, check, DI_CHECK_MLA) : -1;
+	// tile_slots(j, a, b): the cache slots of tile j's keys lane and 32 +
+	// lane (-1 past the tile, past the chunk or for a block outside the cache).
+	auto slot_of = [&](int t) {
+		if (t >= t_hi) return -1;
+		const int blk = bt[bdiv.block(t)];
+		if (blk < 0 || blk >= num_blocks) {
+			atomicOr(check, DI_CHECK_MLA);
+			return -1;
 		}
-		__syncthreads();
-		if constexpr (F8) {
-			const int ch = row_bytes / 16;
-			unsigned char *dst = sRaw + (size_t)st * MLA_BK * row_bytes;
-			for (int k = tid; k < MLA_BK * ch; k += MLA_TC_THREADS) {
-				const int r = k / ch, e = (k - r * ch) * 16, slot = sl[r];
-				di_cp_async16(dst + r * row_bytes + e, cache + (slot >= 0 ? (size_t)slot * row_bytes + e : 0), slot >= 0);
-			}
-		} else {
-			const int ch = width / 8;
-			T16 *dst = sK + (size_t)st * MLA_BK * LDK;
-			for (int k = tid; k < MLA_BK * ch; k += MLA_TC_THREADS) {
-				const int r = k / ch, e = (k - r * ch) * 8, slot = sl[r];
-				di_cp_async16(dst + r * LDK + e, cache + (slot >= 0 ? (size_t)slot * row_bytes + e * 2 : 0), slot >= 0);
-			}
-		}
-		di_cp_async_commit();
+		return bdiv.slot(blk, t);
 	};
-	fetch(t_lo, 0);
+	auto tile_slots = [&](int j, int &a, int &b) {
+		const int t0 = t_lo + j * BK;
+		a = lane < BK ? slot_of(t0 + lane) : -1;
+		b = BK > 32 ? slot_of(t0 + 32 + lane) : -1;
+	};
+	// issue(j, a, b): tile j's copies into stage j % NS (called by the
+	// producer threads, warp-uniformly; cp.async: the caller commits).
+	auto issue = [&](int j, int a, int b) {
+		const int st = j % NS;
+		unsigned char *dst = mla_smem + (size_t)st * L.stage;
+		const unsigned ma = __ballot_sync(0xffffffffu, a >= 0), mb = __ballot_sync(0xffffffffu, b >= 0);
+		if constexpr (BULK) {
+			uint64_t *bar = sBar + st;
+			if (lane == 0) {
+				sMask[st] = (unsigned long long)ma | ((unsigned long long)mb << 32);
+				di_mbar_expect_tx(bar, (unsigned)(__popc(ma) + __popc(mb)) * (unsigned)RB);
+			}
+			__syncwarp();
+#pragma unroll
+			for (int h = 0; h < (BK > 32 ? 2 : 1); h++) {
+				const int r = lane + 32 * h, sl = h ? b : a;
+				if (r < BK) {
+					unsigned char *d = dst + (size_t)r * dst_ld;
+					if (sl >= 0) {
+						di_bulk_g2s(d, cache + (size_t)sl * RB, (unsigned)RB, bar);
+					} else {
+						for (int e = 0; e < RB; e += 16) *reinterpret_cast<uint4 *>(d + e) = make_uint4(0, 0, 0, 0);
+						di_fence_proxy_async();
+					}
+				}
+			}
+			di_mbar_arrive(bar);
+		} else {
+			if (tid == 0) sMask[st] = (unsigned long long)ma | ((unsigned long long)mb << 32);
+			for (int r = warp; r < BK; r += W) {
+				const int sl = __shfl_sync(0xffffffffu, r < 32 ? a : b, r & 31);
+				const unsigned char *src = cache + (sl >= 0 ? (size_t)sl * RB : 0);
+				for (int e = lane * 16; e < RB; e += 32 * 16)
+					di_cp_async16(dst + (size_t)r * dst_ld + e, src + e, sl >= 0);
+			}
+		}
+	};
+
+	if constexpr (BULK) {
+		if (tid == 0) {
+#pragma unroll
+			for (int k = 0; k < NS; k++) di_mbar_init(sBar + k, 32);
+			di_mbar_init_fence();
+		}
+		__syncwarp();
+	}
+	int nsa = -1, nsb = -1; // the slots of the next tile to issue (producers)
+	if (producer) {
+#pragma unroll
+		for (int k = 0; k < PRE; k++) {
+			if (k < ntiles) {
+				int a, b;
+				tile_slots(k, a, b);
+				issue(k, a, b);
+			}
+			if constexpr (!BULK) di_cp_async_commit();
+		}
+		if (PRE < ntiles) tile_slots(PRE, nsa, nsb);
+	}
+	// next(j): issue tile j (if any) from the prefetched slots, prefetch tile j + 1's.
+	auto issue_next = [&](int j) {
+		if (j < ntiles) issue(j, nsa, nsb);
+		if constexpr (!BULK) di_cp_async_commit();
+		if (j + 1 < ntiles) tile_slots(j + 1, nsa, nsb);
+	};
 
 	// The query tile: heads h0.. (zeros past the last head), then each
-	// warp's A fragments: latent k-steps [warp * KSL, +KSL) and rope k-step
-	// warp (when rope / 16 > warp).
+	// warp's A fragments: latent k-steps [(warp % 4) * KSL, +KSL) and rope
+	// k-step warp % 4 (when rope / 16 > warp % 4).
+	T16 *sQ = F8 ? sWide : reinterpret_cast<T16 *>(mla_smem + (size_t)(NS - 1) * L.stage);
 	{
 		const int ch = width / 8;
-		for (int k = tid; k < MLA_HG * ch; k += MLA_TC_THREADS) {
-			const int r = k / ch, e = (k - r * ch) * 8;
-			uint4 v = make_uint4(0, 0, 0, 0);
-			if (h0 + r < num_heads) v = *reinterpret_cast<const uint4 *>(ql + ((size_t)x * num_heads + h0 + r) * width + e);
-			*reinterpret_cast<uint4 *>(sQ + r * LDK + e) = v;
+		for (int r = warp; r < MLA_HG; r += W) {
+			const T16 *src = ql + ((size_t)x * num_heads + h0 + r) * width;
+			for (int e = lane; e < ch; e += 32) {
+				uint4 v = make_uint4(0, 0, 0, 0);
+				if (h0 + r < num_heads) v = *reinterpret_cast<const uint4 *>(src + e * 8);
+				*reinterpret_cast<uint4 *>(sQ + r * LDK + e * 8) = v;
+			}
 		}
+		if constexpr (BULK && !F8) di_fence_proxy_async(); // a bulk copy refills this stage later
 	}
 	__syncthreads();
-	const int lm_row = lane & 7, lm_mat = lane >> 3;
+	const int lm_row = lane & 7, lm_mat = lane >> 3, qq = warp & 3, kbase = (warp >> 2) * KPW;
 	uint32_t qa[KSL][4], qr[4] = {0, 0, 0, 0};
-	const bool has_rope = warp < rope / 16;
+	const bool has_rope = qq < rope / 16;
 #pragma unroll
 	for (int k = 0; k < KSL; k++)
-		di_ldmatrix_x4(qa[k], sQ + (lm_row + (lm_mat & 1) * 8) * LDK + (warp * KSL + k) * 16 + (lm_mat >> 1) * 8);
-	if (has_rope) di_ldmatrix_x4(qr, sQ + (lm_row + (lm_mat & 1) * 8) * LDK + KVL + warp * 16 + (lm_mat >> 1) * 8);
-	// (the region of sQ is overwritten by the scores only after the first
-	// tile's barrier below, which every warp reaches after its loads)
+		di_ldmatrix_x4(qa[k], sQ + (lm_row + (lm_mat & 1) * 8) * LDK + (qq * KSL + k) * 16 + (lm_mat >> 1) * 8);
+	if (has_rope) di_ldmatrix_x4(qr, sQ + (lm_row + (lm_mat & 1) * 8) * LDK + KVL + qq * 16 + (lm_mat >> 1) * 8);
+	// (the query's stage is refilled only after the first tile's first
+	// barrier, which every warp reaches after these loads)
 
-	float m_run = -CUDART_INF_F, l_run = 0.f; // head tid / 8: the same in its eight threads
+	float m_run = -CUDART_INF_F, l_run = 0.f; // head sh: the same in its TPH threads
 	float o[NT][4];
 #pragma unroll
 	for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-	const int dbase = ds * (KVL / D) + warp * (KVL / (4 * D)); // this warp's output columns
-	const int sh = tid >> 3, sk0 = (tid & 7) * 4;               // softmax: head sh, keys sk0..+4
+	const int dbase = ds * (KVL / D) + warp * (KVL / (W * D)); // this warp's output columns
+	const int sh = tid / TPH, sk0 = (tid % TPH) * KPT;          // softmax: head sh, keys sk0..+KPT
 
-	int st = 0;
-	for (int t0 = t_lo; t0 < t_hi; t0 += MLA_BK, st ^= 1) {
-		const bool more = t0 + MLA_BK < t_hi;
-		if (more) fetch(t0 + MLA_BK, st ^ 1);
-		if (more) di_cp_async_wait<1>();
-		else di_cp_async_wait<0>();
-		__syncthreads(); // tile t0 has landed for every thread
-		const int *sl = sSlots + st * MLA_BK;
+	for (int j = 0; j < ntiles; j++) {
+		const int st = j % NS;
+		if constexpr (BULK) {
+			di_mbar_wait(sBar + st, (unsigned)(j / NS) & 1u);
+			if constexpr (F8) __syncthreads(); // the widened tile's readers (tile j - 1) are done
+		} else {
+			di_cp_async_wait<PRE - 1>();
+			__syncthreads(); // tile j has landed for every thread; tile j - 1 is consumed
+			if constexpr (!F8) {
+				if (producer) issue_next(j + PRE); // into stage (j - 1) % NS
+			}
+		}
+		const unsigned long long km = sMask[st]; // read before the stage's next copies are issued
 		const T16 *Ks;
 		if constexpr (F8) {
 			// Widen the raw rows: value * its group's scale, rounded to half; the rope halves as they are.
-			const unsigned char *raw = sRaw + (size_t)st * MLA_BK * row_bytes;
+			const unsigned char *raw = mla_smem + (size_t)st * L.stage;
 			constexpr int CH = KVL / 16;
-			for (int k = tid; k < MLA_BK * CH; k += MLA_TC_THREADS) {
+			for (int k = tid; k < BK * CH; k += NTH) {
 				const int r = k / CH, e = (k - r * CH) * 16;
-				const unsigned char *rr = raw + r * row_bytes;
+				const unsigned char *rr = raw + r * RB;
 				const float scale = reinterpret_cast<const float *>(rr + KVL + 2 * rope)[e / MLA_F8_GROUP];
 				const uint4 v = *reinterpret_cast<const uint4 *>(rr + e);
 				const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
@@ -725,36 +915,37 @@ __global__ void __launch_bounds__(MLA_TC_THREADS, 2)
 				for (int u = 0; u < 4; u++) {
 					const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(wv[u] & 0xffffu), __NV_E4M3);
 					const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(wv[u] >> 16), __NV_E4M3);
-					const float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
-					hv[2 * u] = di_half2_bits(__fmul_rn(a.x, scale), __fmul_rn(a.y, scale));
-					hv[2 * u + 1] = di_half2_bits(__fmul_rn(b.x, scale), __fmul_rn(b.y, scale));
+					const float2 fa = __half22float2(__half2(lo)), fb = __half22float2(__half2(hi));
+					hv[2 * u] = di_half2_bits(__fmul_rn(fa.x, scale), __fmul_rn(fa.y, scale));
+					hv[2 * u + 1] = di_half2_bits(__fmul_rn(fb.x, scale), __fmul_rn(fb.y, scale));
 				}
-				uint4 *d = reinterpret_cast<uint4 *>(sK + r * LDK + e);
+				uint4 *d = reinterpret_cast<uint4 *>(sWide + r * LDK + e);
 				d[0] = make_uint4(hv[0], hv[1], hv[2], hv[3]);
 				d[1] = make_uint4(hv[4], hv[5], hv[6], hv[7]);
 			}
 			const int rch = rope / 8;
-			for (int k = tid; k < MLA_BK * rch; k += MLA_TC_THREADS) {
+			for (int k = tid; k < BK * rch; k += NTH) {
 				const int r = k / rch, e = (k - r * rch) * 8;
-				*reinterpret_cast<uint4 *>(sK + r * LDK + KVL + e) =
-				    *reinterpret_cast<const uint4 *>(raw + r * row_bytes + KVL + 2 * e);
+				*reinterpret_cast<uint4 *>(sWide + r * LDK + KVL + e) =
+				    *reinterpret_cast<const uint4 *>(raw + r * RB + KVL + 2 * e);
 			}
-			__syncthreads();
-			Ks = sK;
+			__syncthreads(); // the widened tile is complete; raw stage st is consumed
+			if (producer) issue_next(j + PRE); // into stage st
+			Ks = sWide;
 		} else {
-			Ks = sK + (size_t)st * MLA_BK * LDK;
+			Ks = reinterpret_cast<const T16 *>(mla_smem + (size_t)st * L.stage);
 		}
 
-		// Scores: this warp's quarter of the latent columns and its rope k-step.
-		float sc[4][4];
+		// Scores: this warp's keys over its quarter of the latent columns and its rope k-step.
+		float sc[NTS][4];
 #pragma unroll
-		for (int n = 0; n < 4; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+		for (int n = 0; n < NTS; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
 #pragma unroll
 		for (int k = 0; k < KSL; k++) {
 #pragma unroll
-			for (int np = 0; np < 2; np++) {
+			for (int np = 0; np < NTS / 2; np++) {
 				uint32_t b[4];
-				di_ldmatrix_x4(b, Ks + (np * 16 + (lm_mat >> 1) * 8 + lm_row) * LDK + (warp * KSL + k) * 16 +
+				di_ldmatrix_x4(b, Ks + (kbase + np * 16 + (lm_mat >> 1) * 8 + lm_row) * LDK + (qq * KSL + k) * 16 +
 				                      (lm_mat & 1) * 8);
 				di_mma16816<T16>(sc[2 * np], qa[k][0], qa[k][1], qa[k][2], qa[k][3], b[0], b[1]);
 				di_mma16816<T16>(sc[2 * np + 1], qa[k][0], qa[k][1], qa[k][2], qa[k][3], b[2], b[3]);
@@ -762,58 +953,70 @@ __global__ void __launch_bounds__(MLA_TC_THREADS, 2)
 		}
 		if (has_rope) {
 #pragma unroll
-			for (int np = 0; np < 2; np++) {
+			for (int np = 0; np < NTS / 2; np++) {
 				uint32_t b[4];
-				di_ldmatrix_x4(b, Ks + (np * 16 + (lm_mat >> 1) * 8 + lm_row) * LDK + KVL + warp * 16 + (lm_mat & 1) * 8);
+				di_ldmatrix_x4(b, Ks + (kbase + np * 16 + (lm_mat >> 1) * 8 + lm_row) * LDK + KVL + qq * 16 +
+				                      (lm_mat & 1) * 8);
 				di_mma16816<T16>(sc[2 * np], qr[0], qr[1], qr[2], qr[3], b[0], b[1]);
 				di_mma16816<T16>(sc[2 * np + 1], qr[0], qr[1], qr[2], qr[3], b[2], b[3]);
 			}
 		}
 		{
-			float *ss = sS + warp * MLA_HG * (MLA_BK + 8);
+			float *ss = sS + qq * MLA_HG * LDS + kbase;
 #pragma unroll
-			for (int n = 0; n < 4; n++) {
-				*reinterpret_cast<float2 *>(ss + g * (MLA_BK + 8) + n * 8 + 2 * t4) = make_float2(sc[n][0], sc[n][1]);
-				*reinterpret_cast<float2 *>(ss + (g + 8) * (MLA_BK + 8) + n * 8 + 2 * t4) = make_float2(sc[n][2], sc[n][3]);
+			for (int n = 0; n < NTS; n++) {
+				*reinterpret_cast<float2 *>(ss + g * LDS + n * 8 + 2 * t4) = make_float2(sc[n][0], sc[n][1]);
+				*reinterpret_cast<float2 *>(ss + (g + 8) * LDS + n * 8 + 2 * t4) = make_float2(sc[n][2], sc[n][3]);
 			}
 		}
 		__syncthreads();
+		if constexpr (BULK && !F8) {
+			if (producer) issue_next(j + PRE); // into stage (j - 1) % NS, whose readers are past this barrier
+		}
 
-		// Online softmax: head sh, keys sk0..+4; the warps' quarters added in order.
+		// Online softmax: head sh, keys sk0..+KPT; the warps' quarters added in order.
 		{
-			float sv[4], mx = -CUDART_INF_F;
+			float sv[KPT], mx = -CUDART_INF_F;
 #pragma unroll
-			for (int u = 0; u < 4; u++) {
-				const int j = sk0 + u, at = sh * (MLA_BK + 8) + j;
-				float v = __fadd_rn(__fadd_rn(__fadd_rn(sS[at], sS[MLA_HG * (MLA_BK + 8) + at]),
-				                             sS[2 * MLA_HG * (MLA_BK + 8) + at]),
-				                    sS[3 * MLA_HG * (MLA_BK + 8) + at]);
-				v = sl[j] >= 0 ? v : -CUDART_INF_F;
+			for (int u = 0; u < KPT; u++) {
+				const int jj = sk0 + u, at = sh * LDS + jj;
+				float v = __fadd_rn(__fadd_rn(__fadd_rn(sS[at], sS[MLA_HG * LDS + at]), sS[2 * MLA_HG * LDS + at]),
+				                    sS[3 * MLA_HG * LDS + at]);
+				v = (km >> jj) & 1ull ? v : -CUDART_INF_F;
 				sv[u] = v;
 				mx = fmaxf(mx, v);
 			}
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+#pragma unroll
+			for (int o2 = 1; o2 < TPH; o2 <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
 			const float m_new = fmaxf(m_run, mx);
-			float alpha = 1.f, sum = 0.f, p[4] = {0.f, 0.f, 0.f, 0.f};
+			float alpha = 1.f, sum = 0.f, p[KPT];
+#pragma unroll
+			for (int u = 0; u < KPT; u++) p[u] = 0.f;
 			if (m_new != -CUDART_INF_F) {
 				alpha = exp2f(__fsub_rn(m_run, m_new));
 #pragma unroll
-				for (int u = 0; u < 4; u++) p[u] = exp2f(__fsub_rn(sv[u], m_new));
-				sum = __fadd_rn(__fadd_rn(__fadd_rn(p[0], p[1]), p[2]), p[3]);
+				for (int u = 0; u < KPT; u++) p[u] = exp2f(__fsub_rn(sv[u], m_new));
+				sum = p[0];
+#pragma unroll
+				for (int u = 1; u < KPT; u++) sum = __fadd_rn(sum, p[u]);
 			}
-			sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
-			sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
-			sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 4));
+#pragma unroll
+			for (int o2 = 1; o2 < TPH; o2 <<= 1) sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, o2));
 			l_run = __fadd_rn(__fmul_rn(l_run, alpha), sum);
 			m_run = m_new;
-			*reinterpret_cast<float4 *>(sP + sh * (MLA_BK + 4) + sk0) = make_float4(p[0], p[1], p[2], p[3]);
-			if ((tid & 7) == 0) sAlpha[sh] = alpha;
+			float *pp = sP + sh * LDP + sk0;
+			if constexpr (KPT == 2) {
+				*reinterpret_cast<float2 *>(pp) = make_float2(p[0], p[1]);
+			} else {
+#pragma unroll
+				for (int u = 0; u < KPT; u += 4)
+					*reinterpret_cast<float4 *>(pp + u) = make_float4(p[u], p[u + 1], p[u + 2], p[u + 3]);
+			}
+			if (tid % TPH == 0) sAlpha[sh] = alpha;
 		}
 		__syncthreads();
 
-		// Outputs: rescale, then P (16 heads x 32 keys) times the keys' latent columns of this warp.
+		// Outputs: rescale, then P (16 heads x BK keys) times the keys' latent columns of this warp.
 		{
 			const float a_lo = sAlpha[g], a_hi = sAlpha[g + 8];
 #pragma unroll
@@ -822,8 +1025,8 @@ __global__ void __launch_bounds__(MLA_TC_THREADS, 2)
 				o[n][2] = __fmul_rn(o[n][2], a_hi), o[n][3] = __fmul_rn(o[n][3], a_hi);
 			}
 #pragma unroll
-			for (int kk = 0; kk < MLA_BK / 16; kk++) {
-				const float *p0 = sP + g * (MLA_BK + 4) + kk * 16 + 2 * t4, *p1 = p0 + 8 * (MLA_BK + 4);
+			for (int kk = 0; kk < BK / 16; kk++) {
+				const float *p0 = sP + g * LDP + kk * 16 + 2 * t4, *p1 = p0 + 8 * LDP;
 				const float2 x0 = *reinterpret_cast<const float2 *>(p0), x1 = *reinterpret_cast<const float2 *>(p1);
 				const float2 x2 = *reinterpret_cast<const float2 *>(p0 + 8), x3 = *reinterpret_cast<const float2 *>(p1 + 8);
 				const uint32_t a0 = di_pack2<T16>(x0.x, x0.y), a1 = di_pack2<T16>(x1.x, x1.y);
@@ -838,11 +1041,12 @@ __global__ void __launch_bounds__(MLA_TC_THREADS, 2)
 				}
 			}
 		}
-		__syncthreads(); // the tile, the scores and the probabilities are consumed
+		// (no barrier here: the next tile's first barrier comes before anyone
+		// overwrites the probabilities, and its copies go to another stage)
 	}
 
 	// The chunk's results: (max, sum) per head, the output divided by the sum.
-	if ((tid & 7) == 0) {
+	if (tid % TPH == 0) {
 		sInvL[sh] = l_run > 0.f ? __fdiv_rn(1.f, l_run) : 0.f;
 		if (writer && h0 + sh < num_heads) ml[(size_t)sh * nsplit] = make_float2(m_run, l_run);
 	}
@@ -862,9 +1066,11 @@ __global__ void __launch_bounds__(MLA_TC_THREADS, 2)
 }
 
 // di_mla_combine_k: grid (rows, heads), 128 threads. Merges row x's
-// chunks in ascending order into olat (float32 [rows, heads, kvl]): weight
-// w_c = l_c * 2^(m_c - max), the chunks with keys only; zeros for a row
-// without keys.
+// chunks in ascending order into olat (float32 [rows, heads, kvl], kvl a
+// multiple of 4): weight w_c = l_c * 2^(m_c - max), the chunks with keys
+// only; zeros for a row without keys. Thread t takes columns 4t.. +4
+// (8-byte loads of the partial outputs), each summed over the chunks in
+// order.
 __global__ void di_mla_combine_k(float *olat, const __half *po, const float2 *pml, int num_heads, int kvl,
                                  int nsplit) {
 	di_pdl_wait();
@@ -889,11 +1095,20 @@ __global__ void di_mla_combine_k(float *olat, const __half *po, const float2 *pm
 	__syncthreads();
 	const __half *p = po + ((size_t)x * num_heads + h) * nsplit * kvl;
 	float *o = olat + ((size_t)x * num_heads + h) * kvl;
-	for (int e = threadIdx.x; e < kvl; e += blockDim.x) {
-		float a = 0.f;
-		for (int c = 0; c < nsplit; c++)
-			if (w[c] > 0.f) a = __fmaf_rn(__half2float(p[(size_t)c * kvl + e]), w[c], a);
-		o[e] = __fmul_rn(a, inv_l);
+	for (int e = 4 * threadIdx.x; e < kvl; e += 4 * blockDim.x) {
+		float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+		for (int c = 0; c < nsplit; c++) {
+			const float wc = w[c];
+			if (wc > 0.f) {
+				const uint2 u = *reinterpret_cast<const uint2 *>(p + (size_t)c * kvl + e);
+				const float2 f0 = __half22float2(*reinterpret_cast<const __half2 *>(&u.x));
+				const float2 f1 = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
+				a0 = __fmaf_rn(f0.x, wc, a0), a1 = __fmaf_rn(f0.y, wc, a1);
+				a2 = __fmaf_rn(f1.x, wc, a2), a3 = __fmaf_rn(f1.y, wc, a3);
+			}
+		}
+		o[e] = __fmul_rn(a0, inv_l), o[e + 1] = __fmul_rn(a1, inv_l);
+		o[e + 2] = __fmul_rn(a2, inv_l), o[e + 3] = __fmul_rn(a3, inv_l);
 	}
 }
 
@@ -906,38 +1121,41 @@ static bool di_mla_tc_shape(int kvl, int rope) {
 
 // di_mla_pick_d is how many slices of the latent output a row's chunk is
 // cut into: more for few (row, head group) pairs, so that short batches
-// have blocks for every multiprocessor. It changes no bit.
+// have blocks for every multiprocessor, and at most what leaves a warp two
+// n8 tiles of output columns. It changes no bit.
 static int di_mla_pick_d(int kvl, size_t pairs) {
-	const int d = pairs <= 8 ? 4 : (pairs <= 32 ? 2 : 1);
-	return kvl == 128 && d > 2 ? 2 : d;
+	const int d = pairs <= 8 ? 4 : (pairs <= 32 ? 2 : 1), dmax = kvl / (16 * MLA_TC_WARPS);
+	return d > dmax ? dmax : d;
 }
 
 template <int KVL, int D, typename CT>
 static int di_mla_tc_launch(di_ctx *ctx, __half *po, float2 *pml, const void *ql, const unsigned char *cache,
-                            const di_attn_meta *m, int rows, int row0, int num_heads, int rope, int row_bytes,
-                            int nsplit) {
-	const di_mla_layout L = di_mla_tc_layout(KVL, rope, di_is_fp8<CT>);
-	auto k = di_mla_tc_k<KVL, D, CT>;
+                            const di_attn_meta *m, int rows, int row0, int num_heads, int rope, int nsplit) {
+	constexpr bool F8 = di_is_fp8<CT>;
+	constexpr int BK = MLA_TC_BK, W = MLA_TC_WARPS, NS = F8 ? MLA_TC_STAGES_F8 : MLA_TC_STAGES;
+	const di_mla_layout L = di_mla_tc_layout(KVL, rope, F8, BK, NS);
+	auto k = di_mla_tc_k<KVL, D, CT, BK, W, NS, MLA_TC_BULK != 0, di_mla_tc_minb<KVL, F8, BK, NS>()>;
 	cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L.total);
 	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "mla_attention (latent): cudaFuncSetAttribute");
 	const int hg = (num_heads + MLA_HG - 1) / MLA_HG;
-	di_launch(ctx, k, dim3(rows, nsplit, hg * D), dim3(MLA_TC_THREADS), L.total, po, pml,
+	di_launch(ctx, k, dim3(rows, nsplit, hg * D), dim3(32 * W), L.total, po, pml,
 	          static_cast<const typename di_mla_t16<CT>::type *>(ql), cache, DI_PTR(const int, m->cu_seqlens_q),
 	          DI_PTR(const int, m->seqlens_k), DI_PTR(const int, m->block_tables), m->num_seqs, m->max_blocks_per_seq,
-	          m->block_size, m->num_blocks, num_heads, rope, row_bytes, row0, nsplit, ctx->check);
+	          m->block_size, m->num_blocks, num_heads, rope, row0, nsplit, ctx->check);
 	return di_check_launch(ctx, "mla_attention (latent)");
 }
 
 template <int KVL, typename CT>
 static int di_mla_tc_d(di_ctx *ctx, int d, __half *po, float2 *pml, const void *ql, const unsigned char *cache,
-                       const di_attn_meta *m, int rows, int row0, int num_heads, int rope, int row_bytes, int nsplit) {
-	if constexpr (KVL == 512) {
-		if (d == 4)
-			return di_mla_tc_launch<KVL, 4, CT>(ctx, po, pml, ql, cache, m, rows, row0, num_heads, rope, row_bytes, nsplit);
+                       const di_attn_meta *m, int rows, int row0, int num_heads, int rope, int nsplit) {
+	constexpr int dmax = KVL / (16 * MLA_TC_WARPS);
+	if constexpr (dmax >= 4) {
+		if (d == 4) return di_mla_tc_launch<KVL, 4, CT>(ctx, po, pml, ql, cache, m, rows, row0, num_heads, rope, nsplit);
 	}
-	if (d >= 2)
-		return di_mla_tc_launch<KVL, 2, CT>(ctx, po, pml, ql, cache, m, rows, row0, num_heads, rope, row_bytes, nsplit);
-	return di_mla_tc_launch<KVL, 1, CT>(ctx, po, pml, ql, cache, m, rows, row0, num_heads, rope, row_bytes, nsplit);
+	if constexpr (dmax >= 2) {
+		if (d >= 2) return di_mla_tc_launch<KVL, 2, CT>(ctx, po, pml, ql, cache, m, rows, row0, num_heads, rope, nsplit);
+	}
+	return di_mla_tc_launch<KVL, 1, CT>(ctx, po, pml, ql, cache, m, rows, row0, num_heads, rope, nsplit);
 }
 
 // di_mla_latent_pass runs the latent attention (di_mla_tc_k and the
@@ -950,15 +1168,14 @@ static int di_mla_latent_pass(di_ctx *ctx, float *olat, const void *ql, const un
 	const int hg = (num_heads + MLA_HG - 1) / MLA_HG;
 	const int d = di_mla_pick_d(kvl, (size_t)rows * hg);
 	int rc;
-	const int rb16 = (kvl + rope) * 2, rb8 = di_mla_f8_row_bytes(kvl, rope);
 #define DI_MLA_TC(KVL)                                                                                              \
 	switch (cache_dtype) {                                                                                          \
-	case DI_F16: rc = di_mla_tc_d<KVL, __half>(ctx, d, po, pml, ql, cache, m, rows, row0, num_heads, rope, rb16, nsplit); break; \
+	case DI_F16: rc = di_mla_tc_d<KVL, __half>(ctx, d, po, pml, ql, cache, m, rows, row0, num_heads, rope, nsplit); break; \
 	case DI_BF16:                                                                                                   \
-		rc = di_mla_tc_d<KVL, __nv_bfloat16>(ctx, d, po, pml, ql, cache, m, rows, row0, num_heads, rope, rb16, nsplit); \
+		rc = di_mla_tc_d<KVL, __nv_bfloat16>(ctx, d, po, pml, ql, cache, m, rows, row0, num_heads, rope, nsplit);    \
 		break;                                                                                                      \
 	default:                                                                                                        \
-		rc = di_mla_tc_d<KVL, __nv_fp8_e4m3>(ctx, d, po, pml, ql, cache, m, rows, row0, num_heads, rope, rb8, nsplit); \
+		rc = di_mla_tc_d<KVL, __nv_fp8_e4m3>(ctx, d, po, pml, ql, cache, m, rows, row0, num_heads, rope, nsplit);    \
 		break;                                                                                                      \
 	}
 	if (kvl == 512) {
