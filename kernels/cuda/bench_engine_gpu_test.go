@@ -467,6 +467,7 @@ type engineOpts struct {
 	kvCache             string // cache.kv_cache_dtype ("": the config's)
 	decodeChunk         int    // cuda.decode_attention_chunk (0: the backend's)
 	slidingPaged        bool   // cache.sliding_window_paged
+	prefillChunk        int    // engine.prefill_chunk_size (0: the config's)
 }
 
 // startEngine starts the engine of configs/cuda.yaml on a model folder
@@ -511,6 +512,9 @@ func startEngine(b *testing.B, o engineOpts) *llm.LLM {
 	cfg.Cache.SlidingWindowPaged = o.slidingPaged
 	cfg.Engine.MaxNumSeqs = o.maxSeqs
 	cfg.Engine.MaxNumBatchedTokens = max(o.maxBatched, o.maxSeqs)
+	if o.prefillChunk > 0 {
+		cfg.Engine.PrefillChunkSize = o.prefillChunk
+	}
 	cfg.Engine.MaxModelLen = o.maxModelLen
 	cfg.CUDAGraph.BatchSizes = o.graphSizes
 	if cfg.CUDAGraph.BatchSizes == nil {
@@ -1162,9 +1166,16 @@ func BenchmarkFP8EngineDeepSeekV2Lite(b *testing.B) {
 		b.Run("weights="+v.format, func(b *testing.B) {
 			f := &figures{tokS: map[int]float64{}}
 			got[v.format] = f
+			// The 4096-token prompt is prefilled in one step (one chunk), as
+			// a prefill benchmark measures it; DEEPINFER_ENGINE_BENCH_PREFILL_CHUNK
+			// sets another chunk (the default config's is 512: eight steps).
+			chunk := prefillLen
+			if c, err := strconv.Atoi(os.Getenv(engineBenchEnv + "_PREFILL_CHUNK")); err == nil && c > 0 {
+				chunk = c
+			}
 			l := startEngine(b, engineOpts{zos: true, maxSeqs: batches[len(batches)-1], maxBatched: max(8192, prefillLen),
 				maxModelLen: max(promptLen+newTokens, prefillLen+1) + 16, tiny: tiny, name: name + " " + v.format,
-				raw: v.raw, cfg: v.cfg, w: v.w, graphSizes: graphs})
+				raw: v.raw, cfg: v.cfg, w: v.w, graphSizes: graphs, prefillChunk: chunk})
 			defer l.Close()
 			format := "n/a"
 			if wf, ok := l.Model().(interface{ WeightFormat() string }); ok {
@@ -1218,8 +1229,8 @@ func BenchmarkFP8EngineDeepSeekV2Lite(b *testing.B) {
 			flops := prefillFLOPs(v.cfg, prefillLen)
 			f.prefillMS = millis(ttft)
 			b.ReportMetric(millis(ttft), "prefill-ms")
-			b.Logf("fp8 | engine %s %s prefill %d tokens | TTFT %.2f ms | %.1f TFLOP/s of the linear layers (%.2f TFLOP; attention left out) | weights %s",
-				name, v.format, prefillLen, millis(ttft), flops/ttft.Seconds()/1e12, flops/1e12, format)
+			b.Logf("fp8 | engine %s %s prefill %d tokens in chunks of %d | TTFT %.2f ms | %.1f TFLOP/s of the linear layers (%.2f TFLOP; attention left out) | weights %s",
+				name, v.format, prefillLen, chunk, millis(ttft), flops/ttft.Seconds()/1e12, flops/1e12, format)
 		})
 	}
 	bf, fp := got["bf16"], got["fp8"]
