@@ -514,6 +514,8 @@ func startEngine(b *testing.B, o engineOpts) *llm.LLM {
 	cfg.Engine.MaxNumBatchedTokens = max(o.maxBatched, o.maxSeqs)
 	if o.prefillChunk > 0 {
 		cfg.Engine.PrefillChunkSize = o.prefillChunk
+	} else if c, err := strconv.Atoi(os.Getenv(engineBenchEnv + "_PREFILL_CHUNK")); err == nil && c > 0 {
+		cfg.Engine.PrefillChunkSize = c // any benchmark's, for comparisons in one call
 	}
 	cfg.Engine.MaxModelLen = o.maxModelLen
 	cfg.CUDAGraph.BatchSizes = o.graphSizes
