@@ -470,6 +470,17 @@ type engineOpts struct {
 	prefillChunk        int    // engine.prefill_chunk_size (0: the config's)
 }
 
+// envPrefillChunk is DEEPINFER_ENGINE_BENCH_PREFILL_CHUNK, the
+// engine.prefill_chunk_size every engine benchmark then runs with (0 when
+// unset or not a positive count).
+func envPrefillChunk() int {
+	c, err := strconv.Atoi(os.Getenv(engineBenchEnv + "_PREFILL_CHUNK"))
+	if err != nil || c < 1 {
+		return 0
+	}
+	return c
+}
+
 // startEngine starts the engine of configs/cuda.yaml on a model folder
 // holding only config.json and an empty weights file; the architecture's
 // constructor is given o.w instead of the folder's tensors.
@@ -512,10 +523,10 @@ func startEngine(b *testing.B, o engineOpts) *llm.LLM {
 	cfg.Cache.SlidingWindowPaged = o.slidingPaged
 	cfg.Engine.MaxNumSeqs = o.maxSeqs
 	cfg.Engine.MaxNumBatchedTokens = max(o.maxBatched, o.maxSeqs)
-	if o.prefillChunk > 0 {
-		cfg.Engine.PrefillChunkSize = o.prefillChunk
-	} else if c, err := strconv.Atoi(os.Getenv(engineBenchEnv + "_PREFILL_CHUNK")); err == nil && c > 0 {
+	if c := envPrefillChunk(); c > 0 {
 		cfg.Engine.PrefillChunkSize = c // any benchmark's, for comparisons in one call
+	} else if o.prefillChunk > 0 {
+		cfg.Engine.PrefillChunkSize = o.prefillChunk
 	}
 	cfg.Engine.MaxModelLen = o.maxModelLen
 	cfg.CUDAGraph.BatchSizes = o.graphSizes
@@ -1170,10 +1181,10 @@ func BenchmarkFP8EngineDeepSeekV2Lite(b *testing.B) {
 			got[v.format] = f
 			// The 4096-token prompt is prefilled in one step (one chunk), as
 			// a prefill benchmark measures it; DEEPINFER_ENGINE_BENCH_PREFILL_CHUNK
-			// sets another chunk (the default config's is 512: eight steps).
-			chunk := prefillLen
-			if c, err := strconv.Atoi(os.Getenv(engineBenchEnv + "_PREFILL_CHUNK")); err == nil && c > 0 {
-				chunk = c
+			// sets another chunk (reference.yaml's 512: eight steps).
+			chunk := envPrefillChunk()
+			if chunk == 0 {
+				chunk = prefillLen
 			}
 			l := startEngine(b, engineOpts{zos: true, maxSeqs: batches[len(batches)-1], maxBatched: max(8192, prefillLen),
 				maxModelLen: max(promptLen+newTokens, prefillLen+1) + 16, tiny: tiny, name: name + " " + v.format,

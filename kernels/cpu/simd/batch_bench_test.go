@@ -49,22 +49,9 @@ func BenchmarkLinearBatchDecode(b *testing.B) {
 		x := randVec(r, sh.m*sh.k)
 		out := make([]float32, sh.m*sh.n)
 		b.Run(fmt.Sprintf("%s/%s/%s_m%d_%dx%d", impl, dt.name, sh.name, sh.m, sh.n, sh.k), func(b *testing.B) {
-			peak := roof.peakGFLOPs()
-			win := newBestWindow(16)
-			for b.Loop() {
-				p.ForGrain(sh.n, 16, func(lo, hi int) {
-					dt.run(impl, out, x, w, sh.m, sh.n, sh.k, lo, hi)
-				})
-				win.done()
-			}
-			flops := 2 * float64(sh.m*sh.n*sh.k)
-			b.ReportMetric(flops*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
-			best := flops / win.bestSec / 1e9
-			b.ReportMetric(best, "best_GFLOP/s")
-			if peak > 0 {
-				b.ReportMetric(peak, "peak_GFLOP/s")
-				b.ReportMetric(best/peak, "best_x_peak")
-			}
+			benchGEMMCase(b, p, roof, 16, sh.m, sh.n, sh.k, func(lo, hi int) {
+				dt.run(impl, out, x, w, sh.m, sh.n, sh.k, lo, hi)
+			})
 		})
 	}
 }
