@@ -91,7 +91,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		if _, err := simd.Pick(cfg.CPU.SIMD); err != nil && !cfg.CPU.PureGo {
 			return nil, fmt.Errorf("llm: %w: cpu.simd %s: %w", config.ErrInvalid, cfg.CPU.SIMD, err)
 		}
-		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, SIMD: cfg.CPU.SIMD, KVCacheDType: cfg.Cache.KVDType(), LlamaCppActivations: cfg.CPU.LlamaCppActivations()})
+		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, SIMD: cfg.CPU.SIMD, KVCacheDType: cfg.Cache.KVDType(), Activations: cpuActivations(cfg.CPU.ActivationRounding)})
 	case "cuda":
 		ops, err := cuda.New(cudaOptions(cfg.CUDA, cfg.Cache.KVDType()))
 		if err != nil {
@@ -729,4 +729,16 @@ func ggufTokenizer(path string, f *gguf.File) (*tokenizer.Tokenizer, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return tok, nil
+}
+
+// cpuActivations is the CPU backend's mode for cpu.activation_rounding
+// (validated: auto or empty, none, llama_cpp).
+func cpuActivations(rounding string) cpu.ActRounding {
+	switch rounding {
+	case "none":
+		return cpu.ActFloat32
+	case "llama_cpp":
+		return cpu.ActLlamaCpp
+	}
+	return cpu.ActLlamaCppQuantized
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/deepinfer/deepinfer-go/engine/config"
 	"github.com/deepinfer/deepinfer-go/engine/models"
 	"github.com/deepinfer/deepinfer-go/kernels"
+	"github.com/deepinfer/deepinfer-go/kernels/cpu"
 )
 
 func TestCheckKVCacheDType(t *testing.T) {
@@ -168,5 +169,24 @@ func TestCPUSIMDSetting(t *testing.T) {
 	defer e.Close()
 	if name := e.Backend().Name(); !strings.Contains(name, "go") {
 		t.Errorf("backend %q: want the pure-Go path", name)
+	}
+}
+
+// TestCPUActivations: every cpu.activation_rounding the config accepts
+// maps to its CPU backend mode, auto (and the empty default) to llama.cpp's
+// rounding for GGUF quantized weights only.
+func TestCPUActivations(t *testing.T) {
+	for _, tc := range []struct {
+		rounding string
+		want     cpu.ActRounding
+	}{
+		{"", cpu.ActLlamaCppQuantized},
+		{"auto", cpu.ActLlamaCppQuantized},
+		{"none", cpu.ActFloat32},
+		{"llama_cpp", cpu.ActLlamaCpp},
+	} {
+		if got := cpuActivations(tc.rounding); got != tc.want {
+			t.Errorf("cpu.activation_rounding %q: mode %d, want %d", tc.rounding, got, tc.want)
+		}
 	}
 }

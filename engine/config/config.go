@@ -129,18 +129,20 @@ type CPU struct {
 	// runs), go, avx2 or avx512. The engine refuses a path the CPU lacks.
 	SIMD string `yaml:"simd"`
 	// ActivationRounding is how activations enter products with GGUF
-	// block-quantized, BF16 and F16 weights: "none" (or empty; the
-	// default) keeps them in float32, the exact product with the stored
-	// weights; "llama_cpp" rounds them as llama.cpp's CPU backend does (to
-	// 8-bit Q8_0/Q8_K blocks with integer dot products, or to the weights'
-	// 16-bit type), so that greedy tokens follow llama.cpp's on the same
-	// file.
+	// block-quantized, BF16 and F16 weights:
+	//   - "auto" (or empty; the default): GGUF block-quantized weights (Q8_0,
+	//     Q4_0, the K-quants) meet activations rounded as llama.cpp's CPU
+	//     backend rounds them, to 8-bit Q8_0/Q8_K blocks multiplied with
+	//     integer dot products (the arithmetic of llama.cpp, ollama and
+	//     vLLM's GGUF kernels, so a GGUF file gives llama.cpp's tokens);
+	//     every other weight format meets float32 activations;
+	//   - "none": float32 activations everywhere, the exact product with the
+	//     stored weights;
+	//   - "llama_cpp": llama.cpp's rounding for BF16 and F16 weights too
+	//     (activations rounded to the weights' 16-bit type), so that greedy
+	//     tokens follow llama.cpp's on 16-bit GGUF files as well.
 	ActivationRounding string `yaml:"activation_rounding"`
 }
-
-// LlamaCppActivations reports whether ActivationRounding asks for
-// llama.cpp's rounding.
-func (c CPU) LlamaCppActivations() bool { return c.ActivationRounding == "llama_cpp" }
 
 // CUDA configures the CUDA backend (device: cuda): the tuning meant for
 // production runs. The backend's other switches pick between kernels of
@@ -254,7 +256,7 @@ func Default() Config {
 			PrefixCaching:  true,
 			KVCacheDType:   "auto",
 		},
-		CPU:       CPU{SIMD: "auto", ActivationRounding: "none"},
+		CPU:       CPU{SIMD: "auto", ActivationRounding: "auto"},
 		CUDA:      CUDA{GEMM: "round"},
 		CUDAGraph: CUDAGraph{BatchSizes: []int{1, 2, 4, 8, 16, 32, 64}},
 		Speculative: Speculative{

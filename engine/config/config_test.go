@@ -139,23 +139,23 @@ func TestParse(t *testing.T) {
 		{
 			name: "an unknown activation rounding",
 			yaml: "model: m\ncpu:\n  activation_rounding: q8\n",
-			want: []string{"cpu.activation_rounding: must be none or llama_cpp, got \"q8\""},
+			want: []string{"cpu.activation_rounding: must be auto, none or llama_cpp, got \"q8\""},
 		},
 		{
 			name: "llama.cpp activation rounding",
 			yaml: "model: m\ncpu:\n  activation_rounding: llama_cpp\n",
 			check: func(t *testing.T, c *Config) {
-				if !c.CPU.LlamaCppActivations() {
-					t.Errorf("cpu.activation_rounding %q: LlamaCppActivations false, want true", c.CPU.ActivationRounding)
+				if c.CPU.ActivationRounding != "llama_cpp" {
+					t.Errorf("cpu.activation_rounding = %q, want llama_cpp", c.CPU.ActivationRounding)
 				}
 			},
 		},
 		{
-			name: "activations stay float32 by default",
+			name: "activation rounding follows the weights by default",
 			yaml: "model: m\n",
 			check: func(t *testing.T, c *Config) {
-				if c.CPU.LlamaCppActivations() {
-					t.Errorf("default config: LlamaCppActivations true, want false")
+				if c.CPU.ActivationRounding != "auto" {
+					t.Errorf("default cpu.activation_rounding = %q, want auto", c.CPU.ActivationRounding)
 				}
 			},
 		},

@@ -77,8 +77,10 @@ func (c *Config) Validate() error {
 	default:
 		bad("cpu.simd", "must be auto, go, avx2 or avx512, got %q", c.CPU.SIMD)
 	}
-	if r := c.CPU.ActivationRounding; r != "" && r != "none" && r != "llama_cpp" {
-		bad("cpu.activation_rounding", "must be none or llama_cpp, got %q", r)
+	switch c.CPU.ActivationRounding {
+	case "", "auto", "none", "llama_cpp":
+	default:
+		bad("cpu.activation_rounding", "must be auto, none or llama_cpp, got %q", c.CPU.ActivationRounding)
 	}
 	if m := c.CUDA.GEMM; m != "" && m != "round" && m != "split" {
 		bad("cuda.gemm", "must be round or split, got %q", m)

@@ -49,30 +49,58 @@ type Options struct {
 	// KVCacheDType kernels.F8E4M3 keeps GQA models' K and V caches in 8-bit
 	// E4M3 (see Backend.KVCacheDType); 0 (auto) keeps them in float32.
 	KVCacheDType kernels.DType
-	// LlamaCppActivations computes products with block-quantized (GGUF)
-	// weights as llama.cpp's CPU backend does: each activation row is
-	// rounded to 8-bit blocks (Q8_0 for Q8_0/Q4_0 weights, Q8_K for
-	// K-quants) and multiplied with integer dot products, and activations
-	// meeting BF16 or F16 weights are rounded to the weights' type first
-	// (see simd.LinearQuantLlama and simd.Linear16Llama). Greedy tokens
-	// then follow llama.cpp's where float32 activations would break its
-	// near-ties differently. false (the default) keeps activations in
-	// float32: the exact product with the stored weights.
-	LlamaCppActivations bool
+	// Activations says which products round their activations as
+	// llama.cpp's CPU backend does (see ActRounding); the zero value keeps
+	// every activation in float32.
+	Activations ActRounding
+}
+
+// ActRounding is how activations enter products with weights that are not
+// float32 (Options.Activations).
+type ActRounding uint8
+
+const (
+	// ActFloat32 keeps activations in float32: the exact product with the
+	// stored weights, whatever their format.
+	ActFloat32 ActRounding = iota
+	// ActLlamaCppQuantized rounds the activations meeting GGUF
+	// block-quantized weights as llama.cpp's CPU backend does: each row to
+	// 8-bit blocks (Q8_0 for Q8_0/Q4_0 weights, Q8_K for K-quants),
+	// multiplied with integer dot products (simd.LinearQuantLlama), the
+	// arithmetic llama.cpp and vLLM's GGUF kernels use for these formats.
+	// BF16, F16, F8E4M3 and MXFP4 weights keep float32 activations.
+	ActLlamaCppQuantized
+	// ActLlamaCpp also rounds activations meeting BF16 or F16 weights to
+	// the weights' type (simd.Linear16Llama), and those meeting MXFP4
+	// weights to BF16, so that greedy tokens follow llama.cpp's wherever
+	// float32 activations would break its near-ties differently.
+	ActLlamaCpp
+)
+
+// roundsFor reports whether activations meeting weights of type dt are
+// rounded under r.
+func (r ActRounding) roundsFor(dt kernels.DType) bool {
+	switch dt {
+	case kernels.Quant:
+		return r >= ActLlamaCppQuantized
+	case kernels.BF16, kernels.F16, kernels.MXFP4:
+		return r == ActLlamaCpp
+	}
+	return false
 }
 
 // Backend implements kernels.Ops on the host CPU. It is safe for concurrent
 // use by several goroutines as long as they do not write the same tensors.
 type Backend struct {
-	threads  int
-	run      runner
-	k        kernelSet
-	kvCache  kernels.DType // Options.KVCacheDType
-	llamaAct bool          // Options.LlamaCppActivations
-	closed   atomic.Bool
-	peak     peakOnce
-	mla      mlaCache  // MLAAttention's W_UK^T per weight (see mlaWUKT)
-	gqa      sync.Pool // *gqaScratch: Attention's buffers, reused across calls (see gqaScratchFor)
+	threads int
+	run     runner
+	k       kernelSet
+	kvCache kernels.DType // Options.KVCacheDType
+	acts    ActRounding   // Options.Activations
+	closed  atomic.Bool
+	peak    peakOnce
+	mla     mlaCache  // MLAAttention's W_UK^T per weight (see mlaWUKT)
+	gqa     sync.Pool // *gqaScratch: Attention's buffers, reused across calls (see gqaScratchFor)
 }
 
 var _ kernels.Ops = (*Backend)(nil)
@@ -84,7 +112,7 @@ func New(opts Options) *Backend {
 		n = runtime.NumCPU()
 	}
 	return &Backend{threads: n, run: newRunner(n), k: selectKernels(opts.PureGo, opts.SIMD), kvCache: opts.KVCacheDType,
-		llamaAct: opts.LlamaCppActivations}
+		acts: opts.Activations}
 }
 
 var _ kernels.KVCacheDTyper = (*Backend)(nil)

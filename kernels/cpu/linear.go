@@ -56,8 +56,8 @@ func (b *Backend) linear(out, x []float32, w *Tensor, m, n, k int, bias []float3
 // the pool). The result is the same either way.
 func (b *Backend) linearOn(out, x []float32, w *Tensor, m, n, k int, bias []float32, parallel bool) {
 	tiles := (n + linearTile - 1) / linearTile
-	var acts *llamaActs // x rounded once for all tiles (Options.LlamaCppActivations)
-	if b.llamaAct {
+	var acts *llamaActs // x rounded once for all tiles (Options.Activations)
+	if b.acts.roundsFor(w.dtype) {
 		acts = newLlamaActs(x, w, m, k, b.k)
 	}
 	body := func(lo, hi int) {

@@ -3,13 +3,14 @@ package cpu
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu/simd"
 )
 
-// TestLlamaCppActivations: with Options.LlamaCppActivations, Linear with a
+// TestLlamaCppActivations: with Options.Activations ActLlamaCpp, Linear with a
 // block-quantized weight (formats fused, as Q4_K_M files mix them) gives
 // for every output llama.cpp's block dot product of its weight row and its
 // quantized activation row, and a BF16 weight gives the product over
@@ -25,7 +26,7 @@ func TestLlamaCppActivations(t *testing.T) {
 	qw, _ := randQuant(r, []int{n, k}, types, rows)
 	x := randVals(r, m*k, 1)
 	for _, pure := range []bool{true, false} {
-		b := New(Options{Threads: 2, PureGo: pure, LlamaCppActivations: true})
+		b := New(Options{Threads: 2, PureGo: pure, Activations: ActLlamaCpp})
 		defer b.Close()
 		w := quantTensor(t, b, qw)
 		xt := put(t, b, kernels.F32, x, m, k)
@@ -80,7 +81,7 @@ func TestLlamaCppActivations(t *testing.T) {
 	if err := b.Linear(out, put(t, b, kernels.F32, x, m, k), w, nil); err != nil {
 		t.Fatal(err)
 	}
-	ref := New(Options{Threads: 1, LlamaCppActivations: true})
+	ref := New(Options{Threads: 1, Activations: ActLlamaCpp})
 	defer ref.Close()
 	outL := alloc(t, ref, m, n)
 	if err := ref.Linear(outL, put(t, ref, kernels.F32, x, m, k), quantTensor(t, ref, qw), nil); err != nil {
@@ -96,4 +97,41 @@ func TestLlamaCppActivations(t *testing.T) {
 		t.Errorf("default and llama.cpp activations gave the same %d outputs", same)
 	}
 	checkClose(t, "default vs llama.cpp activations", vals(out), vals(outL), 0.05)
+}
+
+// TestActRoundingModes: each Options.Activations mode rounds the
+// activations of exactly the weight formats it names: ActLlamaCppQuantized
+// gives ActLlamaCpp's bits with a block-quantized weight and ActFloat32's
+// with a BF16 one.
+func TestActRoundingModes(t *testing.T) {
+	const m, k, n = 5, 256, 48
+	r := rand.New(rand.NewPCG(13, 14))
+	qw, _ := randQuant(r, []int{n, k}, []kernels.QuantType{kernels.QuantQ4_K, kernels.QuantQ8_0}, []int{32, 16})
+	x := randVals(r, m*k, 1)
+	wf := randVals(r, n*k, 0.1)
+	run := func(mode ActRounding) (quant, bf16 []float32) {
+		b := New(Options{Threads: 2, Activations: mode})
+		defer b.Close()
+		xt := put(t, b, kernels.F32, x, m, k)
+		for _, w := range []kernels.Tensor{quantTensor(t, b, qw), put(t, b, kernels.BF16, wf, n, k)} {
+			out := alloc(t, b, m, n)
+			if err := b.Linear(out, xt, w, nil); err != nil {
+				t.Fatal(err)
+			}
+			if quant == nil {
+				quant = vals(out)
+			} else {
+				bf16 = vals(out)
+			}
+		}
+		return quant, bf16
+	}
+	fq, fb := run(ActFloat32)
+	lq, lb := run(ActLlamaCpp)
+	if slices.Equal(fq, lq) || slices.Equal(fb, lb) {
+		t.Fatal("float32 and llama.cpp activations gave the same bits: the modes cannot be told apart")
+	}
+	qq, qb := run(ActLlamaCppQuantized)
+	checkIdentical(t, "quantized-only mode, Q4_K/Q8_0 weight", qq, lq)
+	checkIdentical(t, "quantized-only mode, BF16 weight", qb, fb)
 }

@@ -91,7 +91,7 @@ const mxfp4Tile = 16
 // linearMXFP4 is linear for an MXFP4 weight w [n, k]: out[m, n] = x[m, k]
 // w^T + bias. Each tile of rows is widened to BF16 in scratch and
 // multiplied by the BF16 inner loop (or llama.cpp's, under
-// Options.LlamaCppActivations), so every output element is the one linear
+// Options.Activations), so every output element is the one linear
 // gives for w widened to BF16 at load. The widening is the backend's simd
 // path's (simd.WidenMXFP4: one VPERMW per 32 weights with AVX-512); for
 // one row of float32 activations (decode) simd.GemvMXFP4 multiplies the
@@ -104,7 +104,7 @@ func (b *Backend) linearMXFP4(out, x []float32, w *Tensor, m, n, k int, bias []f
 	}
 	tiles := (n + mxfp4Tile - 1) / mxfp4Tile
 	var acts *llamaActs // x rounded once for all tiles
-	if b.llamaAct {
+	if b.acts.roundsFor(kernels.MXFP4) {
 		acts = newLlamaActs(x, &Tensor{dtype: kernels.BF16}, m, k, b.k)
 	}
 	bk, sk := k/2, k/kernels.MXFP4BlockSize

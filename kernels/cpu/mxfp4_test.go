@@ -103,10 +103,10 @@ func TestMXFP4MoEMatchesBF16(t *testing.T) {
 		sets = append(sets, impl.Name())
 	}
 	for _, set := range sets {
-		for _, llama := range []bool{false, true} {
+		for _, acts := range []ActRounding{ActFloat32, ActLlamaCpp} {
 			for _, tc := range []struct{ tokens, threads int }{{1, 1}, {1, 3}, {9, 1}, {9, 3}} {
-				name := fmt.Sprintf("%s llama=%v tokens=%d threads=%d", set, llama, tc.tokens, tc.threads)
-				b := New(Options{Threads: tc.threads, SIMD: set, PureGo: set == "go", LlamaCppActivations: llama})
+				name := fmt.Sprintf("%s acts=%d tokens=%d threads=%d", set, acts, tc.tokens, tc.threads)
+				b := New(Options{Threads: tc.threads, SIMD: set, PureGo: set == "go", Activations: acts})
 				x := randVals(r, tc.tokens*hidden, 2)
 				ids := make([]int32, tc.tokens*topK)
 				for i := range tc.tokens {

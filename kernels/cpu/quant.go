@@ -124,7 +124,7 @@ const quantColumns = 64
 // (LinearQuant's results do not depend on the rows or columns it is given,
 // so neither does the result here).
 func (b *Backend) linearQuant(out, x []float32, w *quantRows, m, n, k, j0, j1 int) {
-	if b.llamaAct {
+	if b.acts.roundsFor(kernels.Quant) {
 		a := &llamaActs{lq: b.k.linearQuantLlama, l16: b.k.linear16Llama}
 		a.quantize(x, w, m, k)
 		a.linearQuant(out, w, m, n, k, j0, j1)
@@ -188,7 +188,7 @@ func (t *Tensor) quantRowF32(buf []float32, i int) []float32 {
 
 // llamaActs are the activation rows of one matrix product rounded as
 // llama.cpp's CPU backend rounds them for the weight's formats
-// (Options.LlamaCppActivations): Q8_0 blocks for Q8_0/Q4_0 rows, Q8_K
+// (Options.Activations): Q8_0 blocks for Q8_0/Q4_0 rows, Q8_K
 // blocks for K-quant rows, 16-bit values for BF16 and F16 weights.
 type llamaActs struct {
 	q80, q8k []byte   // rows quantized by simd.QuantizeActs, nil if unused

@@ -10,15 +10,16 @@
 // difference, this engine's logit margin between its token and llama.cpp's:
 //
 //	npm install --prefix .cache/node-llama-cpp node-llama-cpp@3.21.1
-//	go run ./tools/cpu/gguf-parity -out /tmp/parity [-n 32] [-t 2] [-types f32,bf16,q8_0,q4_k_m] [-llama-acts]
+//	go run ./tools/cpu/gguf-parity -out /tmp/parity [-n 32] [-t 2] [-types f32,bf16,q8_0,q4_k_m] [-acts auto|none|llama_cpp]
 //
 // Prompts are token ids (llama.cpp evaluates them as given), so the
 // comparison does not depend on either tokenizer. A difference at a
 // near-tie is expected for the quantized types: llama.cpp rounds the
 // activations to 8-bit blocks before its integer dot products (and to
-// bfloat16 for BF16 weights), this engine keeps them in float32 unless
-// -llama-acts rounds them as llama.cpp does (cpu.activation_rounding:
-// llama_cpp).
+// bfloat16 for BF16 weights). -acts is the engine's
+// cpu.activation_rounding: auto (the default) rounds activations as
+// llama.cpp does for the quantized weights, none keeps them in float32,
+// llama_cpp rounds them for BF16 and F16 weights too.
 package main
 
 import (
@@ -89,21 +90,23 @@ func main() {
 	types := flag.String("types", strings.Join(ggufwrite.Presets, ","), "GGUF weight types")
 	archs := flag.String("models", "llama,qwen3", "models: llama, qwen3, qwen3moe, mixtral, deepseek3")
 	seed := flag.Uint64("seed", 1, "seed of the weights and prompts")
-	llamaActs := flag.Bool("llama-acts", false, "round activations as llama.cpp does (cpu.activation_rounding: llama_cpp)")
+	acts := flag.String("acts", "auto", "the engine's cpu.activation_rounding: auto, none or llama_cpp")
 	flag.Parse()
-	roundActs = *llamaActs
+	modes := map[string]cpu.ActRounding{"auto": cpu.ActLlamaCppQuantized, "none": cpu.ActFloat32, "llama_cpp": cpu.ActLlamaCpp}
+	mode, ok := modes[*acts]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "gguf-parity: -acts %q is not auto, none or llama_cpp\n", *acts)
+		os.Exit(2)
+	}
 	if *out == "" {
 		flag.Usage()
 		os.Exit(2)
 	}
-	if err := run(*out, *tokDir, *nodeModules, *n, *threads, strings.Split(*types, ","), strings.Split(*archs, ","), *seed); err != nil {
+	if err := run(*out, *tokDir, *nodeModules, *n, *threads, mode, strings.Split(*types, ","), strings.Split(*archs, ","), *seed); err != nil {
 		fmt.Fprintln(os.Stderr, "gguf-parity:", err)
 		os.Exit(1)
 	}
 }
-
-// roundActs is -llama-acts.
-var roundActs bool
 
 type result struct {
 	model, typ, prompt string
@@ -112,7 +115,7 @@ type result struct {
 	detail             string
 }
 
-func run(out, tokDir, nodeModules string, n, threads int, types, archs []string, seed uint64) error {
+func run(out, tokDir, nodeModules string, n, threads int, acts cpu.ActRounding, types, archs []string, seed uint64) error {
 	r := rand.New(rand.NewPCG(seed, 7))
 	prompts := [][]int32{}
 	for _, l := range []int{1, 6, 23, 70} {
@@ -142,7 +145,7 @@ func run(out, tokDir, nodeModules string, n, threads int, types, archs []string,
 				return err
 			}
 			for pi, prompt := range prompts {
-				ours, logits, format, err := engineGreedy(path, prompt, n, threads)
+				ours, logits, format, err := engineGreedy(path, prompt, n, threads, acts)
 				if err != nil {
 					return err
 				}
@@ -234,8 +237,8 @@ func writeModel(dir, tokDir string, cfgMap map[string]any, seed uint64) error {
 // engineGreedy loads the GGUF file at path and decodes n tokens greedily
 // after prompt, returning them, the logits each was chosen from, and the
 // weight format.
-func engineGreedy(path string, prompt []int32, n, threads int) ([]int32, [][]float32, string, error) {
-	ops := cpu.New(cpu.Options{Threads: threads, LlamaCppActivations: roundActs})
+func engineGreedy(path string, prompt []int32, n, threads int, acts cpu.ActRounding) ([]int32, [][]float32, string, error) {
+	ops := cpu.New(cpu.Options{Threads: threads, Activations: acts})
 	defer ops.Close()
 	m, err := models.Builtin().Load(ops, path, models.Options{MaxModelLen: 1024})
 	if err != nil {

@@ -11,7 +11,7 @@
 // thread count over buffers far larger than the caches.
 //
 //	npm install --prefix .cache/node-llama-cpp node-llama-cpp@3.21.1
-//	go run ./tools/cpu/peer-bench [-t 2] [-p 512] [-n 64] [-r 3] [-types f32,bf16,q8_0,q4_k_m] [-llama-acts] [-model DIR] [-out DIR]
+//	go run ./tools/cpu/peer-bench [-t 2] [-p 512] [-n 64] [-r 3] [-types f32,bf16,q8_0,q4_k_m] [-acts auto,none,llama_cpp] [-model DIR] [-out DIR]
 //
 // It prints, per format, the medians over the rounds of each side's
 // prefill and decode rates (prompt tokens over the time to the first
@@ -19,8 +19,10 @@
 // engine's ratios to llama.cpp, decode as a share of the DRAM roofline
 // (the weight bytes one decode token reads, over the median copy and read
 // bandwidths), how many generated tokens both sides agreed on, and the SIMD
-// path each side ran. -llama-acts adds an engine row per format that rounds
-// activations as llama.cpp does (cpu.activation_rounding: llama_cpp).
+// path each side ran. -acts lists the engine's activation roundings to run
+// (cpu.activation_rounding: auto, the default, rounds activations as
+// llama.cpp does for quantized weights only; none keeps float32 everywhere;
+// llama_cpp rounds for 16-bit weights too), an engine row per format each.
 // llama.cpp keeps its own defaults (F16 K/V cache, flash attention auto)
 // unless -peer-kv sets the cache type; this engine keeps K/V in float32.
 package main
@@ -62,7 +64,7 @@ type options struct {
 	model, tokenizer, out, nodeModules, peerScript, peerKV string
 	types                                                  []string
 	threads, prompt, gen, rounds, bwMiB                    int
-	llamaActs                                              bool
+	acts                                                   []string
 	seed                                                   uint64
 }
 
@@ -82,12 +84,19 @@ func main() {
 	flag.IntVar(&o.gen, "n", 64, "generated tokens (greedy, EOS ignored)")
 	flag.IntVar(&o.rounds, "r", 3, "rounds; the table gives the median")
 	flag.IntVar(&o.bwMiB, "bw-mib", 1024, "size of each bandwidth buffer, MiB (far above the last-level cache)")
-	flag.BoolVar(&o.llamaActs, "llama-acts", false, "also run the engine with activations rounded as llama.cpp does (cpu.activation_rounding: llama_cpp)")
+	acts := flag.String("acts", "auto", "the engine's cpu.activation_rounding settings to run, comma-separated: auto, none, llama_cpp (an engine row each)")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the random weights and the prompt")
 	flag.Parse()
 	o.types = strings.Split(*types, ",")
+	o.acts = strings.Split(*acts, ",")
+	for _, a := range o.acts {
+		if a != "auto" && a != "none" && a != "llama_cpp" {
+			fmt.Fprintf(os.Stderr, "peer-bench: -acts: %q is not auto, none or llama_cpp\n", a)
+			os.Exit(2)
+		}
+	}
 	if *child != "" {
-		if err := engineChild(*child, *ids, o.threads, o.gen, o.llamaActs); err != nil {
+		if err := engineChild(*child, *ids, o.threads, o.gen, o.acts[0]); err != nil {
 			fmt.Fprintln(os.Stderr, "peer-bench engine:", err)
 			os.Exit(1)
 		}
@@ -162,10 +171,9 @@ func run(o options) error {
 			return err
 		}
 		files[typ] = path
-		f0 := formatRuns{typ: typ, bytesPerToken: decodeBytesPerToken(f.Tensors), peer: side{name: "llama.cpp"},
-			engines: []side{{name: "engine"}}}
-		if o.llamaActs {
-			f0.engines = append(f0.engines, side{name: "engine llama-acts"})
+		f0 := formatRuns{typ: typ, bytesPerToken: decodeBytesPerToken(f.Tensors), peer: side{name: "llama.cpp"}}
+		for _, a := range o.acts {
+			f0.engines = append(f0.engines, side{name: "engine " + a, acts: a})
 		}
 		fs = append(fs, f0)
 	}
@@ -325,10 +333,8 @@ func runPeer(o options, f *formatRuns, path, nodeModules, ids string, round int)
 func runEngines(o options, f *formatRuns, self, path, ids string, round int) error {
 	for i := range f.engines {
 		s := &f.engines[i]
-		args := []string{"-engine-child", path, "-ids", ids, "-n", strconv.Itoa(o.gen), "-t", strconv.Itoa(o.threads)}
-		if strings.Contains(s.name, "llama-acts") {
-			args = append(args, "-llama-acts")
-		}
+		args := []string{"-engine-child", path, "-ids", ids, "-n", strconv.Itoa(o.gen), "-t", strconv.Itoa(o.threads),
+			"-acts", s.acts}
 		res, err := runJSON(exec.Command(self, args...))
 		if err != nil {
 			return fmt.Errorf("%s on %s: %w", s.name, filepath.Base(path), err)
@@ -378,7 +384,7 @@ func runJSON(cmd *exec.Cmd) (runResult, error) {
 // a runResult line. Prefill is the prompt over the time from submitting
 // the request to the first generated token; decode the other n-1 tokens
 // over the time after it, as peer.mjs times llama.cpp.
-func engineChild(path, ids string, threads, n int, llamaActs bool) error {
+func engineChild(path, ids string, threads, n int, acts string) error {
 	var prompt []int
 	for s := range strings.SplitSeq(ids, ",") {
 		id, err := strconv.Atoi(s)
@@ -395,9 +401,7 @@ func engineChild(path, ids string, threads, n int, llamaActs bool) error {
 	cfg.Model = abs
 	cfg.Device = "cpu"
 	cfg.CPU.Threads = threads
-	if llamaActs {
-		cfg.CPU.ActivationRounding = "llama_cpp"
-	}
+	cfg.CPU.ActivationRounding = acts
 	cfg.Engine.MaxNumSeqs = 1
 	cfg.Engine.MaxModelLen = len(prompt) + n
 	cfg.Cache.NumBlocks = (len(prompt)+n+cfg.Cache.BlockSize-1)/cfg.Cache.BlockSize + 1

@@ -77,7 +77,8 @@ func ratio(a, b float64) float64 {
 
 // side is one engine's runs of one format.
 type side struct {
-	name string // "llama.cpp", "engine", "engine (llama-acts)"
+	name string // "llama.cpp", "engine auto", "engine llama_cpp", ...
+	acts string // the engine's cpu.activation_rounding; "" for llama.cpp
 	runs []runResult
 }
 
@@ -102,7 +103,7 @@ type formatRuns struct {
 	typ           string // preset: f32, bf16, q8_0, q4_k_m
 	bytesPerToken int64
 	peer          side
-	engines       []side // the exact path, then -llama-acts when asked
+	engines       []side // one per -acts setting
 }
 
 // matched is the number of leading tokens a and b share.
