@@ -481,3 +481,62 @@ func TestLinear16Llama(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantizeQ8_0Acts: the activations' Q8_0 quantization on every SIMD
+// path gives QuantQ8_0.Quantize's bytes (llama.cpp's
+// quantize_row_q8_0_ref): random rows, rows whose products land on ties
+// (amax 127, so that id is 1 and x.5 rounds away from zero), and rows with
+// NaNs, infinities, subnormals, zeros and huge values, which the SIMD
+// paths hand to the Go code block by block.
+func TestQuantizeQ8_0Acts(t *testing.T) {
+	const k = 1024
+	paths := map[string]func(dst []byte, src []float32){"quantizeQ8_0Acts": quantizeQ8_0Acts}
+	for name, f := range nativeQuantizeQ8_0 {
+		paths[name] = func(dst []byte, src []float32) { quantizeQ8_0With(f, dst, src) }
+	}
+	inf, nan := float32(math.Inf(1)), float32(math.NaN())
+	dists := map[string]func(r *rand.Rand, i int) float32{
+		"ties": func(r *rand.Rand, i int) float32 {
+			if i%32 == 0 {
+				return 127
+			}
+			return float32(r.IntN(254)-127) + 0.5
+		},
+		"nan":    func(r *rand.Rand, i int) float32 { return [...]float32{float32(r.NormFloat64()), nan}[min(1, i%97)^1] },
+		"allnan": func(r *rand.Rand, i int) float32 { return nan },
+		"inf": func(r *rand.Rand, i int) float32 {
+			return [...]float32{float32(r.NormFloat64()), -inf}[min(1, i%131)^1]
+		},
+		"subnormal": func(r *rand.Rand, i int) float32 { return float32(r.NormFloat64()) * 1e-39 },
+		"negzero":   func(r *rand.Rand, i int) float32 { return float32(math.Copysign(0, -1)) },
+		"huge":      func(r *rand.Rand, i int) float32 { return float32(r.NormFloat64()) * 3e38 },
+	}
+	for name, dist := range actDists {
+		dists[name] = dist
+	}
+	for pname, f := range paths {
+		for name, dist := range dists {
+			r := rand.New(rand.NewPCG(2, uint64(len(name))))
+			for range 20 {
+				x := make([]float32, k)
+				for i := range x {
+					x[i] = dist(r, i)
+				}
+				got, want := make([]byte, k/32*34), make([]byte, k/32*34)
+				f(got, x)
+				QuantQ8_0.Quantize(want, x)
+				for i := range got {
+					if got[i] != want[i] {
+						t.Fatalf("%s %s: byte %d (block %d) = %#x, reference %#x", pname, name, i, i/34, got[i], want[i])
+					}
+				}
+			}
+		}
+	}
+	// Every native Impl of an amd64 cgo build has one.
+	for _, p := range Impls() {
+		if _, ok := nativeQuantizeQ8_0[p.Name()]; !ok && len(nativeQuantLlama) > 0 && p.Name() != "go" {
+			t.Errorf("%s: no native Q8_0 activation quantization", p.Name())
+		}
+	}
+}

@@ -50,5 +50,7 @@ int di_linear16_llama_avx2(int bf16, float *out, int64_t ldo, const uint16_t *x,
 // Go loop): AVX2 + FMA, and AVX-512 F/BW/VL.
 void di_quantize_q8k_avx2(const float *x, uint8_t *y, int64_t nb);
 void di_quantize_q8k_vnni(const float *x, uint8_t *y, int64_t nb);
+int64_t di_quantize_q8_0_avx2(const float *x, uint8_t *y, int64_t nb);
+int64_t di_quantize_q8_0_vnni(const float *x, uint8_t *y, int64_t nb);
 
 #endif

@@ -976,8 +976,63 @@ QL void ql_quantize_q8k(const float *x, uint8_t *y, int64_t nb) {
 	}
 }
 
+// ql_quantize_q8_0 writes the nb blocks of 32 floats at x as Q8_0 blocks
+// (quantQ8_0 in quant_ref.go, bit for bit): amax the largest |x|,
+// d = amax/127 stored as a half (F16C, ties to even, as F32ToF16 for
+// finite d), id = 1/d (0 when d is 0), q = round(x*id) with ties away from
+// zero (the product rounded first). It returns nb, or the index of the
+// first block holding a NaN or an infinity (or whose d is so small that
+// id overflows), where it stops: the scalar code's sequential maximum and
+// float-to-int conversions decide those blocks, so the caller quantizes
+// them with it. Cost: about two passes of
+// 8-wide operations over the block, in registers.
+QL int64_t ql_quantize_q8_0(const float *x, uint8_t *y, int64_t nb) {
+	const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+	const __m256 inf = _mm256_set1_ps(__builtin_inff());
+	const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+	for (int64_t b = 0; b < nb; b++, x += 32, y += 34) {
+		__m256 v[4], mx = _mm256_setzero_ps();
+		int bad = 0;
+		for (int t = 0; t < 4; t++) {
+			v[t] = _mm256_loadu_ps(x + 8 * t);
+			const __m256 a = _mm256_andnot_ps(sign, v[t]);
+			// |x| >= inf, or unordered (NaN).
+			bad |= _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_NLT_UQ));
+			mx = _mm256_max_ps(a, mx);
+		}
+		if (bad) return b;
+		__m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+		m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+		m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+		const float d = _mm_cvtss_f32(m4) / 127.0f;
+		const float id = d != 0.0f ? 1.0f / d : 0.0f;
+		// A tiny subnormal d overflows id: the products are then infinite
+		// or NaN, which the scalar code converts.
+		if (!(id < __builtin_inff())) return b;
+		const uint16_t h = (uint16_t)_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+		memcpy(y, &h, 2);
+		const __m256 idv = _mm256_set1_ps(id);
+		__m256i q[4];
+		for (int t = 0; t < 4; t++) {
+			__m256 f = _mm256_mul_ps(v[t], idv);
+			// Keep the product rounded: no fused multiply-add.
+			__asm__("" : "+x"(f));
+			const __m256 tr = _mm256_round_ps(f, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+			const __m256 up = _mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_sub_ps(f, tr)), half, _CMP_GE_OQ);
+			const __m256 step = _mm256_or_ps(_mm256_and_ps(f, sign), one); // copysign(1, f)
+			q[t] = _mm256_cvttps_epi32(_mm256_add_ps(tr, _mm256_and_ps(up, step)));
+		}
+		const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+		_mm256_storeu_si256((__m256i *)(y + 2), _mm256_permutevar8x32_epi32(p, order));
+	}
+	return nb;
+}
+
 #define QL_QUANT_ENTRY(name)                                                                                          \
 	QTARGET void name(const float *x, uint8_t *y, int64_t nb) { ql_quantize_q8k(x, y, nb); }
+
+#define QL_QUANT_Q8_0_ENTRY(name)                                                                                     \
+	QTARGET int64_t name(const float *x, uint8_t *y, int64_t nb) { return ql_quantize_q8_0(x, y, nb); }
 
 #define QL_ENTRY(name)                                                                                                \
 	QTARGET void name(int qtype, float *out, int64_t ldo, const uint8_t *a, const uint8_t *w, int64_t m, int64_t k,  \

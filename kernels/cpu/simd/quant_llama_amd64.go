@@ -46,6 +46,15 @@ func init() {
 			}
 		}
 		nativeQuantizeQ8K[p.name] = q8k
+		q80 := func(dst []byte, src []float32) int {
+			return int(C.di_quantize_q8_0_avx2(fptr(src), (*C.uint8_t)(unsafe.Pointer(unsafe.SliceData(dst))), C.int64_t(len(src)/32)))
+		}
+		if avx512 && hasVNNI {
+			q80 = func(dst []byte, src []float32) int {
+				return int(C.di_quantize_q8_0_vnni(fptr(src), (*C.uint8_t)(unsafe.Pointer(unsafe.SliceData(dst))), C.int64_t(len(src)/32)))
+			}
+		}
+		nativeQuantizeQ8_0[p.name] = q80
 		nativeLinear16Llama[p.name] = func(out []float32, ldo int, x, w []uint16, bf16 bool, m, k, ncols int) bool {
 			b := C.int(0)
 			if bf16 {

@@ -10,3 +10,4 @@
 
 QL_ENTRY(di_linear_qllama_avx2)
 QL_QUANT_ENTRY(di_quantize_q8k_avx2)
+QL_QUANT_Q8_0_ENTRY(di_quantize_q8_0_avx2)

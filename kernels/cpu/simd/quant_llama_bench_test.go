@@ -117,3 +117,27 @@ func BenchmarkQuantizeQ8K(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkQuantizeQ8_0 rounds 512 activation rows of 768 values to Q8_0
+// blocks (what Q8_0 and Q4_0 weights multiply) with the Go reference and
+// with each SIMD path; ns/value:
+//
+//	go test -run XXX -bench QuantizeQ8_0 ./kernels/cpu/simd
+func BenchmarkQuantizeQ8_0(b *testing.B) {
+	r := rand.New(rand.NewPCG(10, 11))
+	const m, k = 512, 768
+	x := randVec(r, m*k)
+	dst := make([]byte, m*k/32*34)
+	paths := map[string]func(dst []byte, src []float32){"go": func(dst []byte, src []float32) { QuantQ8_0.Quantize(dst, src) }}
+	for name, f := range nativeQuantizeQ8_0 {
+		paths[name] = func(dst []byte, src []float32) { quantizeQ8_0With(f, dst, src) }
+	}
+	for name, f := range paths {
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				f(dst, x)
+			}
+			b.ReportMetric(b.Elapsed().Seconds()*1e9/float64(b.N)/(m*k), "ns/value")
+		})
+	}
+}

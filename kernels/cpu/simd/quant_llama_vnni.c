@@ -11,3 +11,4 @@
 
 QL_ENTRY(di_linear_qllama_vnni)
 QL_QUANT_ENTRY(di_quantize_q8k_vnni)
+QL_QUANT_Q8_0_ENTRY(di_quantize_q8_0_vnni)
