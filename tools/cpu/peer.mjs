@@ -5,12 +5,17 @@
 // parity with this engine and the peer benchmark can be built on it.
 //
 //	npm install --prefix DIR node-llama-cpp@3.21.1
-//	NODE_PATH=DIR/node_modules node tools/cpu/peer.mjs -m model.gguf [-p PROMPT | --ids 1,2,3] [-n 32] [-t 2] [--kv f32] [--no-fa]
+//	NODE_PATH=DIR/node_modules node tools/cpu/peer.mjs -m model.gguf [-p PROMPT | --ids 1,2,3] [-n 32] [-t 2] [--kv f32] [--no-fa] [--ppl]
 //
 // The prompt is tokenized by llama.cpp from the file's own vocabulary
 // (with BOS when the file says so) unless --ids gives the ids directly.
 // --kv sets the K and V cache type (llama.cpp's default is f16; f32 keeps
-// them as this engine does), --no-fa turns flash attention off.
+// them as this engine does), --no-fa turns flash attention off. --ppl
+// generates nothing: it evaluates the prompt in one pass and prints, for
+// every prompt token after the first, its negative log-probability under
+// the full softmax of the logits before it (temperature 1, no truncation),
+// as "nll", and the smallest number of candidates a position reported, as
+// "candidates" (the vocabulary size when no sampler truncated them).
 import { createRequire } from "node:module";
 import path from "node:path";
 import process from "node:process";
@@ -19,7 +24,7 @@ const require = createRequire(path.join(process.cwd(), "noop.js"));
 const { getLlama, LlamaLogLevel } = await import(require.resolve("node-llama-cpp"));
 
 function parseArgs(argv) {
-	const a = { model: "", prompt: "The capital of France is", ids: null, n: 32, threads: 2, ctx: 1024, kv: "", fa: "auto" };
+	const a = { model: "", prompt: "The capital of France is", ids: null, n: 32, threads: 2, ctx: 1024, kv: "", fa: "auto", ppl: false };
 	for (let i = 0; i < argv.length; i++) {
 		const v = argv[i + 1];
 		switch (argv[i]) {
@@ -31,6 +36,7 @@ function parseArgs(argv) {
 			case "-c": a.ctx = Number(v); i++; break;
 			case "--kv": a.kv = v.toUpperCase(); i++; break;
 			case "--no-fa": a.fa = false; break;
+			case "--ppl": a.ppl = true; break;
 			default: throw new Error(`unknown argument ${argv[i]}`);
 		}
 	}
@@ -49,6 +55,27 @@ if (args.kv) {
 const context = await model.createContext(contextOptions);
 const sequence = context.getSequence();
 const promptIds = args.ids ?? Array.from(model.tokenize(args.prompt, true));
+
+if (args.ppl) {
+	// The softmax at temperature 1 over every candidate.
+	const next = { probabilities: true, options: { temperature: 1, topK: 0, topP: 1, minP: 0 } };
+	const input = promptIds.map((id, i) => (i + 1 < promptIds.length ? [id, { generateNext: next }] : id));
+	const res = await sequence.controlledEvaluate(input);
+	const nll = [];
+	let candidates = Infinity;
+	for (let i = 0; i + 1 < promptIds.length; i++) {
+		const probs = res[i].next.probabilities;
+		candidates = Math.min(candidates, probs.size);
+		const p = probs.get(promptIds[i + 1]);
+		if (!(p > 0)) throw new Error(`--ppl: token ${promptIds[i + 1]} at ${i + 1} has no probability (${p}) among ${probs.size} candidates`);
+		nll.push(-Math.log(p));
+	}
+	console.log(JSON.stringify({ model: path.basename(args.model), prompt_ids: promptIds, nll, candidates }));
+	await context.dispose();
+	await model.dispose();
+	await llama.dispose();
+	process.exit(0);
+}
 
 const out = [];
 const t0 = performance.now();

@@ -28,6 +28,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -91,6 +92,7 @@ func main() {
 	archs := flag.String("models", "llama,qwen3", "models: llama, qwen3, qwen3moe, mixtral, deepseek3")
 	seed := flag.Uint64("seed", 1, "seed of the weights and prompts")
 	acts := flag.String("acts", "auto", "the engine's cpu.activation_rounding: auto, none or llama_cpp")
+	ppl := flag.Int("ppl", 256, "tokens of the fixed text whose perplexity both engines compute per file (0: none)")
 	flag.Parse()
 	modes := map[string]cpu.ActRounding{"auto": cpu.ActLlamaCppQuantized, "none": cpu.ActFloat32, "llama_cpp": cpu.ActLlamaCpp}
 	mode, ok := modes[*acts]
@@ -102,7 +104,7 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
-	if err := run(*out, *tokDir, *nodeModules, *n, *threads, mode, strings.Split(*types, ","), strings.Split(*archs, ","), *seed); err != nil {
+	if err := run(*out, *tokDir, *nodeModules, *n, *threads, *ppl, mode, strings.Split(*types, ","), strings.Split(*archs, ","), *seed); err != nil {
 		fmt.Fprintln(os.Stderr, "gguf-parity:", err)
 		os.Exit(1)
 	}
@@ -115,7 +117,7 @@ type result struct {
 	detail             string
 }
 
-func run(out, tokDir, nodeModules string, n, threads int, acts cpu.ActRounding, types, archs []string, seed uint64) error {
+func run(out, tokDir, nodeModules string, n, threads, pplLen int, acts cpu.ActRounding, types, archs []string, seed uint64) error {
 	r := rand.New(rand.NewPCG(seed, 7))
 	prompts := [][]int32{}
 	for _, l := range []int{1, 6, 23, 70} {
@@ -125,7 +127,13 @@ func run(out, tokDir, nodeModules string, n, threads int, acts cpu.ActRounding, 
 		}
 		prompts = append(prompts, p)
 	}
+	// The perplexity text: fixed random ids past the special tokens.
+	text := make([]int32, pplLen)
+	for i := range text {
+		text[i] = int32(7 + r.IntN(8192-7))
+	}
 	var results []result
+	var ppls []pplResult
 	for _, arch := range archs {
 		cfgMap, ok := configs[arch]
 		if !ok {
@@ -143,6 +151,19 @@ func run(out, tokDir, nodeModules string, n, threads int, acts cpu.ActRounding, 
 			path := filepath.Join(out, arch+"-"+typ+".gguf")
 			if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
 				return err
+			}
+			if pplLen > 1 {
+				ours, err := enginePPL(path, text, threads, acts)
+				if err != nil {
+					return err
+				}
+				theirs, err := peerPPL(path, nodeModules, text, threads)
+				if err != nil {
+					return err
+				}
+				pr := pplResult{model: arch, typ: typ, ours: ours, theirs: theirs}
+				ppls = append(ppls, pr)
+				fmt.Fprintf(os.Stderr, "%s %s perplexity over %d tokens: %.4f here, %.4f llama.cpp (%+.3f%%)\n", arch, typ, len(text), ours, theirs, pr.diff())
 			}
 			for pi, prompt := range prompts {
 				ours, logits, format, err := engineGreedy(path, prompt, n, threads, acts)
@@ -180,7 +201,107 @@ func run(out, tokDir, nodeModules string, n, threads int, acts cpu.ActRounding, 
 	for _, res := range results {
 		fmt.Printf("%-6s %-20s %-12s %2d/%-5d %-8d %s\n", res.model, res.typ, res.prompt, res.matched, res.n, res.distinct, res.detail)
 	}
+	if len(ppls) > 0 {
+		fmt.Printf("\nperplexity over %d fixed random tokens (the first one not scored)\n%-6s %-8s %-12s %-12s %s\n", len(text), "model", "type", "engine", "llama.cpp", "difference")
+		for _, p := range ppls {
+			fmt.Printf("%-6s %-8s %-12.4f %-12.4f %+.3f%%\n", p.model, p.typ, p.ours, p.theirs, p.diff())
+		}
+	}
 	return nil
+}
+
+// pplResult is the perplexity of the fixed text under one file, here and
+// in llama.cpp.
+type pplResult struct {
+	model, typ   string
+	ours, theirs float64
+}
+
+// diff is the engine's perplexity over llama.cpp's, minus one, in percent.
+func (p pplResult) diff() float64 { return 100 * (p.ours/p.theirs - 1) }
+
+// enginePPL loads the GGUF file at path and returns the perplexity of
+// text: exp of the mean over i >= 1 of -log softmax(logits after
+// text[:i])[text[i]], from one forward pass over the whole text, the
+// log-softmax in float64.
+func enginePPL(path string, text []int32, threads int, acts cpu.ActRounding) (float64, error) {
+	ops := cpu.New(cpu.Options{Threads: threads, Activations: acts})
+	defer ops.Close()
+	m, err := models.Builtin().Load(ops, path, models.Options{MaxModelLen: max(1024, len(text))})
+	if err != nil {
+		return 0, err
+	}
+	const blockSize = 16
+	numBlocks := len(text)/blockSize + 2
+	cache, err := m.NewKVCache(numBlocks, blockSize)
+	if err != nil {
+		return 0, err
+	}
+	table := make([]int32, numBlocks)
+	for i := range table {
+		table[i] = int32(i)
+	}
+	h := models.HostBatch{BlockSize: blockSize}
+	h.AddSequence(text, 0, table[:(len(text)+blockSize-1)/blockSize])
+	b, err := h.Upload(ops, numBlocks)
+	if err != nil {
+		return 0, err
+	}
+	hidden, err := m.Forward(context.Background(), cache, b)
+	if err != nil {
+		return 0, err
+	}
+	rowIDs := make([]int32, len(text)-1)
+	for i := range rowIDs {
+		rowIDs[i] = int32(i)
+	}
+	rows, err := ops.Alloc(kernels.I32, len(rowIDs))
+	if err != nil {
+		return 0, err
+	}
+	if err := ops.Upload(rows, kernels.I32Bytes(rowIDs), kernels.I32); err != nil {
+		return 0, err
+	}
+	lg, err := m.ComputeLogits(hidden, rows)
+	if err != nil {
+		return 0, err
+	}
+	v, err := kernels.ToF32(ops, lg)
+	if err != nil {
+		return 0, err
+	}
+	vocab := len(v) / len(rowIDs)
+	var nll float64
+	for i := range rowIDs {
+		row := v[i*vocab : (i+1)*vocab]
+		mx := float64(slices.Max(row))
+		var sum float64
+		for _, x := range row {
+			sum += math.Exp(float64(x) - mx)
+		}
+		nll += mx + math.Log(sum) - float64(row[text[i+1]])
+	}
+	return math.Exp(nll / float64(len(rowIDs))), nil
+}
+
+// peerPPL is enginePPL in llama.cpp (peer.mjs --ppl, K/V in F32, flash
+// attention off).
+func peerPPL(path, nodeModules string, text []int32, threads int) (float64, error) {
+	var res struct {
+		NLL        []float64 `json:"nll"`
+		Candidates int       `json:"candidates"`
+	}
+	if err := runPeer(path, nodeModules, text, &res, "-t", fmt.Sprint(threads), "--kv", "f32", "--no-fa", "--ppl"); err != nil {
+		return 0, err
+	}
+	if len(res.NLL) != len(text)-1 {
+		return 0, fmt.Errorf("peer: %d log-probabilities for %d tokens", len(res.NLL), len(text))
+	}
+	var nll float64
+	for _, x := range res.NLL {
+		nll += x
+	}
+	return math.Exp(nll / float64(len(res.NLL))), nil
 }
 
 // rank is the number of logits above lg[id].
@@ -299,29 +420,36 @@ func engineGreedy(path string, prompt []int32, n, threads int, acts cpu.ActRound
 
 // peerGreedy runs llama.cpp on the same file and prompt.
 func peerGreedy(path, nodeModules string, prompt []int32, n, threads int) ([]int32, error) {
-	ids := make([]string, len(prompt))
-	for i, id := range prompt {
-		ids[i] = fmt.Sprint(id)
+	var res struct {
+		IDs []int32 `json:"ids"`
+	}
+	err := runPeer(path, nodeModules, prompt, &res, "-n", fmt.Sprint(n), "-t", fmt.Sprint(threads), "--kv", "f32", "--no-fa")
+	return res.IDs, err
+}
+
+// runPeer runs tools/cpu/peer.mjs on the GGUF file at path with ids as the
+// prompt and the extra arguments, and decodes its last output line into
+// res.
+func runPeer(path, nodeModules string, ids []int32, res any, args ...string) error {
+	s := make([]string, len(ids))
+	for i, id := range ids {
+		s[i] = fmt.Sprint(id)
 	}
 	abs, err := filepath.Abs(nodeModules)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	cmd := exec.Command("node", "tools/cpu/peer.mjs", "-m", path, "--ids", strings.Join(ids, ","), "-n", fmt.Sprint(n),
-		"-t", fmt.Sprint(threads), "--kv", "f32", "--no-fa")
+	cmd := exec.Command("node", append([]string{"tools/cpu/peer.mjs", "-m", path, "--ids", strings.Join(s, ",")}, args...)...)
 	cmd.Env = append(os.Environ(), "NODE_PATH="+abs)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("peer: %v: %s", err, stderr.String())
+		return fmt.Errorf("peer: %v: %s", err, stderr.String())
 	}
 	lines := strings.Split(strings.TrimSpace(string(stdout)), "\n")
-	var res struct {
-		IDs []int32 `json:"ids"`
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), res); err != nil {
+		return fmt.Errorf("peer output %q: %w", lines[len(lines)-1], err)
 	}
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
-		return nil, fmt.Errorf("peer output %q: %w", lines[len(lines)-1], err)
-	}
-	return res.IDs, nil
+	return nil
 }
