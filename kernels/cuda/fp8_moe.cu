@@ -6,13 +6,14 @@
 //     every decode batch, and always while a graph is captured, where
 //     block_k >= 128 and hidden and intermediate are multiples of 128, as in
 //     every published FP8 checkpoint): the pairs are grouped by expert on
-//     the device (di_moe_group: one block, a stable counting sort), then
-//     f8m_split_k carries x to the tensor cores (F16 hi and lo parts, below),
+//     the device (di_moe_group_block: one block, a stable counting sort, run
+//     by the last block of f8m_prep_k, whose other blocks are f8m_split_k's:
+//     they carry x to the tensor cores, F16 hi and lo parts, below),
 //     f8m_mma_k runs the gate/up projection, f8m_split_k<act> applies the
 //     SiLU-mul in float32 (di_moe_act_f32's formula) and splits its result
 //     the same way, f8m_mma_k runs the down projection, and di_moe_combine
-//     sums each token's k outputs in k order. No host wait; the four kernels
-//     of this file start with programmatic dependent launch (di_launch).
+//     sums each token's k outputs in k order. No host wait; all five kernels
+//     start with programmatic dependent launch (di_launch).
 //   - device, GEMV (the same batches where block_k < 128 or a size is not a
 //     multiple of 128): the same grouping, the projections as grouped FP8
 //     GEMVs over float32 activations (di_fp8_gemv with the expert offsets:
@@ -110,11 +111,13 @@ __device__ __forceinline__ float f8m_pow2(int e) { return __int_as_float((127 + 
 // and 2^e into f [rows, k / 128]. v is src[r, c] (src [rows, k]), or with
 // ACT the SiLU-mul of the gate/up outputs src [rows, 2k]: (float)(gate /
 // (1 + exp(-gate)) in float64) * up, di_moe_act_f32's value.
+//
+// f8m_split_item is one warp's item (row item / (k / 128), unit item % (k /
+// 128)); f8m_split_k runs 8 items a block.
 template <bool ACT>
-__global__ void __launch_bounds__(256) f8m_split_k(__half *hi, __half *lo, float *f, const float *src, int rows, int k) {
-	di_pdl_wait();
+__device__ __forceinline__ void f8m_split_item(__half *hi, __half *lo, float *f, const float *src, int rows, int k,
+                                               size_t item) {
 	const int nu = k / F8M_UNIT, lane = threadIdx.x & 31;
-	const size_t item = (size_t)blockIdx.x * 8 + (threadIdx.x >> 5);
 	if (item >= (size_t)rows * nu) return;
 	const int r = (int)(item / nu), u = (int)(item % nu), c = u * F8M_UNIT + 4 * lane;
 	float v[4];
@@ -149,6 +152,28 @@ __global__ void __launch_bounds__(256) f8m_split_k(__half *hi, __half *lo, float
 	    make_uint2((unsigned)__half_as_ushort(l[0]) | ((unsigned)__half_as_ushort(l[1]) << 16),
 	               (unsigned)__half_as_ushort(l[2]) | ((unsigned)__half_as_ushort(l[3]) << 16));
 	if (lane == 0) f[(size_t)r * nu + u] = f8m_pow2(e);
+}
+
+template <bool ACT>
+__global__ void __launch_bounds__(256) f8m_split_k(__half *hi, __half *lo, float *f, const float *src, int rows, int k) {
+	di_pdl_wait();
+	f8m_split_item<ACT>(hi, lo, f, src, rows, k, (size_t)blockIdx.x * 8 + (threadIdx.x >> 5));
+}
+
+// f8m_prep_k is the decode path's first kernel: blocks 0 .. split_blocks - 1
+// are f8m_split_k<false> over x, block split_blocks groups the pairs
+// (di_moe_group_block, di_moe_group_smem bytes of dynamic shared memory):
+// one launch where di_moe_group and f8m_split took two.
+__global__ void __launch_bounds__(256)
+    f8m_prep_k(__half *hi, __half *lo, float *f, const float *x, int rows, int k, unsigned split_blocks, int *offsets,
+               int *order, int *row_of, const int *ids, int pairs, int num_experts, unsigned *check) {
+	extern __shared__ int f8m_group_sh[];
+	di_pdl_wait();
+	if (blockIdx.x == split_blocks) {
+		di_moe_group_block(f8m_group_sh, offsets, order, row_of, ids, pairs, num_experts, check);
+		return;
+	}
+	f8m_split_item<false>(hi, lo, f, x, rows, k, (size_t)blockIdx.x * 8 + (threadIdx.x >> 5));
 }
 
 template <bool ACT>
@@ -382,12 +407,14 @@ static int f8m_project(di_ctx *ctx, const f8m_proj &p, int slots, int num_tokens
 // over k columns.
 static bool f8m_ok(const di_fp8w &w, int k) { return (1 << w.bk_shift) >= F8M_UNIT && k % F8M_UNIT == 0; }
 
-// fp8_moe_tc runs the tensor-core device path once the grouping exists:
-// split x, gate/up, SiLU-mul and split, down, combine. Scratch: 4 bytes a
-// value of x and of the activations (hi and lo), 8 of the gate/up outputs,
-// 4 of the down outputs, and the scales.
+// fp8_moe_tc runs the tensor-core device path: the grouping and split x
+// (one f8m_prep_k where one block groups the pairs, else di_moe_group and
+// f8m_split), gate/up, SiLU-mul and split, down, combine: five launches, all
+// with programmatic dependent launch. Scratch: 4 bytes a value of x and of
+// the activations (hi and lo), 8 of the gate/up outputs, 4 of the down
+// outputs, and the scales.
 static int fp8_moe_tc(di_ctx *ctx, float *out, const float *x, const float *weights, const di_fp8w &gu,
-                      const di_fp8w &dn, const int *offsets, const int *order, const int *row_of, int num_tokens,
+                      const di_fp8w &dn, const int *ids, int *offsets, int *order, int *row_of, int num_tokens,
                       int top_k, int hidden, int inter, int num_experts) {
 	const size_t pairs = (size_t)num_tokens * top_k, nx = (size_t)num_tokens * hidden, na = pairs * inter;
 	auto align = [](size_t b) { return (b + 255) & ~(size_t)255; };
@@ -405,7 +432,16 @@ static int fp8_moe_tc(di_ctx *ctx, float *out, const float *x, const float *weig
 	__half *ah = (__half *)c, *al = (__half *)(c + b_ah);
 	float *af = (float *)(c + 2 * b_ah), *ye = (float *)(c + 2 * b_ah + b_af);
 	const int slots = (size_t)num_experts < pairs ? num_experts : (int)pairs;
-	rc = f8m_split<false>(ctx, xh, xl, xf, x, num_tokens, hidden);
+	if (di_moe_group_one(pairs, num_experts)) {
+		const unsigned split_blocks = (unsigned)((nx / F8M_UNIT + 7) / 8);
+		const size_t shared = di_moe_group_smem(pairs, num_experts);
+		di_launch(ctx, f8m_prep_k, dim3(split_blocks + 1), dim3(256), shared, xh, xl, xf, x, num_tokens, hidden,
+		          split_blocks, offsets, order, row_of, ids, (int)pairs, num_experts, ctx->check);
+		rc = di_check_launch(ctx, "fp8 moe: group");
+	} else {
+		rc = di_moe_group(ctx, offsets, order, row_of, ids, (int)pairs, num_experts, "fp8 moe: group");
+		if (rc == DI_OK) rc = f8m_split<false>(ctx, xh, xl, xf, x, num_tokens, hidden);
+	}
 	if (rc == DI_OK)
 		rc = f8m_project(ctx, f8m_proj{gu, 2 * inter, hidden, offsets, num_experts, xh, xl, xf, order, top_k, g}, slots,
 		                 num_tokens, pairs);
@@ -513,10 +549,11 @@ extern "C" int di_op_fp8_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, d
 	if (rc != DI_OK) return rc;
 	int *offsets = (int *)d_index, *order = offsets + num_experts + 1, *row_of = order + pairs;
 	int max_rows = 0;
-	if (!host) {
+	const bool tc = !host && f8m_ok(gu, hidden) && f8m_ok(dn, inter); // fp8_moe_tc groups on its own
+	if (!host && !tc) {
 		rc = di_moe_group(ctx, offsets, order, row_of, DI_PTR(const int, ids), (int)pairs, num_experts,
 		                  "fp8 moe: group");
-	} else {
+	} else if (host) {
 		std::vector<int> host_ids(pairs);
 		cudaError_t e = cudaMemcpyAsync(host_ids.data(), DI_PTR(const int, ids), pairs * sizeof(int),
 		                                cudaMemcpyDeviceToHost, ctx->stream);
@@ -549,9 +586,9 @@ extern "C" int di_op_fp8_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, d
 			if (e != cudaSuccess) rc = di_cuda_fail(ctx, e, "fp8 moe: upload grouping");
 		}
 	}
-	if (rc == DI_OK && !host && f8m_ok(gu, hidden) && f8m_ok(dn, inter))
-		rc = fp8_moe_tc(ctx, DI_PTR(float, out), DI_PTR(const float, x), DI_PTR(const float, weights), gu, dn, offsets,
-		                order, row_of, num_tokens, top_k, hidden, inter, num_experts);
+	if (rc == DI_OK && tc)
+		rc = fp8_moe_tc(ctx, DI_PTR(float, out), DI_PTR(const float, x), DI_PTR(const float, weights), gu, dn,
+		                DI_PTR(const int, ids), offsets, order, row_of, num_tokens, top_k, hidden, inter, num_experts);
 	else if (rc == DI_OK)
 		rc = fp8_moe_run(ctx, DI_PTR(float, out), DI_PTR(const float, x), DI_PTR(const float, weights), gu, dn, offsets,
 		                 order, row_of, num_tokens, top_k, hidden, inter, num_experts, host, max_rows);

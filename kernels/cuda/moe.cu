@@ -15,6 +15,14 @@
 // each token in k order. A projection of 16-bit weights with k a multiple
 // of 32 runs on tensor cores (di_moe_mma_k), the others as a GEMV on CUDA
 // cores (di_moe_gemv_k); 16-bit inputs are rounded once before either.
+// Where both projections would run on di_moe_mma_k (16-bit experts without
+// gpt-oss's extras, hidden and intermediate multiples of 32: every decode
+// batch of DeepSeek's MoE), the decode path (moe_dec) runs the same sums in
+// four launches instead of six: the grouping and the rounding of x in one
+// kernel, the gate/up projection with the SiLU-mul in its epilogue, the down
+// projection (both di_moe_dec_k: blocks for the experts with rows only,
+// weights streamed through a copy ring), the combine; all four start with
+// programmatic dependent launch.
 // Every output element is a fixed-order dot product, so a token's result
 // does not depend on the other tokens (batch-invariant).
 // Larger batches of 16-bit experts stay on the device too: the grouping
@@ -61,6 +69,8 @@
 // a warp reduction that keeps the larger value and, on equal values, the
 // lower index: the CPU's first maximum in index order. Round 13: one thread a
 // token took 38 us a call at 64 experts (DeepSeek-V2-Lite, batch 1).
+// Launched with programmatic dependent launch (di_launch): its launch
+// overlaps the router projection's tail.
 __device__ __forceinline__ void di_route_pick(float &v, int &i) {
 #pragma unroll
 	for (int off = 16; off > 0; off >>= 1) {
@@ -75,6 +85,7 @@ __global__ void __launch_bounds__(32)
                    int method, int num_groups, int topk_groups, int norm_topk, float scaling) {
 	__shared__ float sc[ROUTE_MAX_EXPERTS], ch[ROUTE_MAX_EXPERTS], gs[ROUTE_MAX_GROUPS];
 	__shared__ double ex[ROUTE_MAX_EXPERTS];
+	di_pdl_wait();
 	const int t = blockIdx.x, lane = threadIdx.x;
 	const float *lg = logits + (size_t)t * e;
 	if (scoring == DI_SCORING_SOFTMAX) {
@@ -165,10 +176,9 @@ extern "C" int di_op_moe_route(di_ctx *ctx, di_dptr ids, di_dptr weights, di_dpt
 	if (top_k > num_experts || (method != DI_TOPK_GREEDY && topk_groups > num_groups))
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "moe_route: top_k %d of %d experts, %d of %d groups", top_k,
 		               num_experts, topk_groups, num_groups);
-	di_moe_route_k<<<num_tokens, 32, 0, ctx->stream>>>(DI_PTR(int, ids), DI_PTR(float, weights),
-	                                                   DI_PTR(const float, logits), DI_PTR(const float, bias),
-	                                                   num_experts, top_k, scoring, method, num_groups, topk_groups,
-	                                                   norm_topk_prob, scaling_factor);
+	di_launch(ctx, di_moe_route_k, dim3((unsigned)num_tokens), dim3(32), 0, DI_PTR(int, ids), DI_PTR(float, weights),
+	          DI_PTR(const float, logits), DI_PTR(const float, bias), num_experts, top_k, scoring, method, num_groups,
+	          topk_groups, norm_topk_prob, scaling_factor);
 	return di_check_launch(ctx, "moe_route");
 }
 
@@ -209,16 +219,60 @@ template <typename T> __global__ void di_moe_act_k(T *act, T *act_lo, const floa
 	}
 }
 
-// combine: out[t] = sum_k w[t,k] ye[row_of[t*top_k+k]], in k order.
-static __global__ void di_moe_combine_k(float *out, const float *ye, const int *row_of, const float *w, int top_k,
-                                        int hidden) {
+// combine: out[t] = sum_k w[t,k] ye[row_of[t*top_k+k]], in k order (a
+// fused multiply-add per k, from zero; a pair with row_of -1, an expert id
+// out of range reported by the check word, is left out). Block (t, y) does
+// token t's columns 4 (128 y + thread) .. + 3 (one float4 of ye per pair:
+// VEC, where hidden is a multiple of 4 and out and ye are 16-byte aligned)
+// or column 128 y + thread, with the token's rows and weights staged in
+// shared memory first, so that a thread's top_k loads are independent and
+// in flight together. The kernel it replaced (one block a token, each
+// thread walking its columns with row_of and w reloaded for every column)
+// took 13.6 us at one token of V2-Lite (2048 columns, top 6) and 14.8 at 64,
+// bound by chains of dependent loads. Top_k above MOE_COMBINE_MAX_K takes
+// the rows from global memory.
+#define MOE_COMBINE_THREADS 128
+#define MOE_COMBINE_MAX_K 64
+template <bool VEC>
+static __global__ void __launch_bounds__(MOE_COMBINE_THREADS)
+    di_moe_combine_k(float *out, const float *ye, const int *row_of, const float *w, int top_k, int hidden) {
+	__shared__ int rs[MOE_COMBINE_MAX_K];
+	__shared__ float ws[MOE_COMBINE_MAX_K];
+	di_pdl_wait();
 	const int t = blockIdx.x;
-	for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
-		float a = 0.f;
+	const bool staged = top_k <= MOE_COMBINE_MAX_K;
+	if (staged) {
+		for (int k = threadIdx.x; k < top_k; k += blockDim.x) {
+			rs[k] = row_of[(size_t)t * top_k + k];
+			ws[k] = w[(size_t)t * top_k + k];
+		}
+		__syncthreads();
+	}
+	const int j = blockIdx.y * MOE_COMBINE_THREADS + threadIdx.x; // float4 (VEC) or float index
+	if (VEC) {
+		if (4 * j >= hidden) return;
+		float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
 		for (int k = 0; k < top_k; k++) {
-			const int r = row_of[t * top_k + k];
-			if (r < 0) continue; // an expert id out of range (reported by the check word)
-			a = fmaf(w[t * top_k + k], ye[(size_t)r * hidden + j], a);
+			const int r = staged ? rs[k] : row_of[(size_t)t * top_k + k];
+			if (r < 0) continue;
+			const float wk = staged ? ws[k] : w[(size_t)t * top_k + k];
+			const float4 v = __ldg(reinterpret_cast<const float4 *>(ye + (size_t)r * hidden) + j);
+			a.x = fmaf(wk, v.x, a.x);
+			a.y = fmaf(wk, v.y, a.y);
+			a.z = fmaf(wk, v.z, a.z);
+			a.w = fmaf(wk, v.w, a.w);
+		}
+		reinterpret_cast<float4 *>(out + (size_t)t * hidden)[j] = a;
+	} else {
+		if (j >= hidden) return;
+		float a = 0.f;
+#pragma unroll 8
+		for (int k = 0; k < top_k; k++) {
+			const int r = staged ? rs[k] : row_of[(size_t)t * top_k + k];
+			if (r < 0) continue;
+			const float wk = staged ? ws[k] : w[(size_t)t * top_k + k];
+			a = fmaf(wk, __ldg(ye + (size_t)r * hidden + j), a);
 		}
 		out[(size_t)t * hidden + j] = a;
 	}
@@ -226,7 +280,13 @@ static __global__ void di_moe_combine_k(float *out, const float *ye, const int *
 
 int di_moe_combine(di_ctx *ctx, float *out, const float *ye, const int *row_of, const float *w, int num_tokens,
                    int top_k, int hidden, const char *op) {
-	di_moe_combine_k<<<num_tokens, 256, 0, ctx->stream>>>(out, ye, row_of, w, top_k, hidden);
+	const bool vec = hidden % 4 == 0 && ((uintptr_t)out | (uintptr_t)ye) % 16 == 0;
+	const int cols = vec ? hidden / 4 : hidden;
+	const dim3 grid((unsigned)num_tokens, (unsigned)((cols + MOE_COMBINE_THREADS - 1) / MOE_COMBINE_THREADS));
+	if (vec)
+		di_launch(ctx, di_moe_combine_k<true>, grid, dim3(MOE_COMBINE_THREADS), 0, out, ye, row_of, w, top_k, hidden);
+	else
+		di_launch(ctx, di_moe_combine_k<false>, grid, dim3(MOE_COMBINE_THREADS), 0, out, ye, row_of, w, top_k, hidden);
 	return di_check_launch(ctx, op);
 }
 
@@ -320,45 +380,14 @@ static int moe_host(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr we
 
 // ---------------------------------------------------------------- device path
 
-// group: one block. offsets[e]..offsets[e+1] are expert e's rows; order[row]
-// is the pair at that row (pairs of one expert in pair order); row_of[pair]
-// its row, or -1 for an id outside the experts (which sets DI_CHECK_MOE).
-// Thread e scans all ids for expert e: P reads of shared memory each.
+// group: one block (di_moe_group_block, moe.cuh). offsets[e]..offsets[e+1]
+// are expert e's rows; order[row] is the pair at that row (pairs of one
+// expert in pair order); row_of[pair] its row, or -1 for an id outside the
+// experts (which sets DI_CHECK_MOE).
 static __global__ void di_moe_group_k(int *offsets, int *order, int *row_of, const int *ids, int pairs,
                                       int num_experts, unsigned *check) {
-	extern __shared__ int sh[]; // [pairs ids | num_experts + 1 offsets]
-	int *sid = sh, *off = sh + pairs;
-	for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-		int v = ids[p];
-		if (v < 0 || v >= num_experts) {
-			atomicOr(check, DI_CHECK_MOE);
-			v = -1;
-			row_of[p] = -1;
-		}
-		sid[p] = v;
-	}
-	__syncthreads();
-	for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
-		int c = 0;
-		for (int p = 0; p < pairs; p++) c += sid[p] == e;
-		off[e + 1] = c;
-	}
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		off[0] = 0;
-		for (int e = 0; e < num_experts; e++) off[e + 1] += off[e];
-	}
-	__syncthreads();
-	for (int e = threadIdx.x; e <= num_experts; e += blockDim.x) offsets[e] = off[e];
-	for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
-		int r = off[e];
-		for (int p = 0; p < pairs; p++)
-			if (sid[p] == e) {
-				order[r] = p;
-				row_of[p] = r;
-				r++;
-			}
-	}
+	extern __shared__ int sh[]; // di_moe_group_smem
+	di_moe_group_block(sh, offsets, order, row_of, ids, pairs, num_experts, check);
 }
 
 // The grouping of larger batches: the pairs cut into segments of
@@ -461,9 +490,13 @@ static __global__ void __launch_bounds__(MOE_GROUP_WARPS * 32)
 	}
 }
 
+bool di_moe_group_one(size_t pairs, int num_experts) {
+	return num_experts >= 1 && pairs <= MOE_DEVICE_MAX_PAIRS && di_moe_group_smem(pairs, num_experts) <= 48 * 1024;
+}
+
 bool di_moe_group_ok(size_t pairs, int num_experts) {
 	if (num_experts < 1 || pairs > (size_t)0x7fffffff - MOE_GROUP_SEG) return false;
-	if (pairs <= MOE_DEVICE_MAX_PAIRS && (pairs + num_experts + 1) * sizeof(int) <= 48 * 1024) return true;
+	if (di_moe_group_one(pairs, num_experts)) return true;
 	return num_experts <= MOE_GROUP_MAX_EXPERTS;
 }
 
@@ -472,8 +505,8 @@ int di_moe_group(di_ctx *ctx, int *offsets, int *order, int *row_of, const int *
 	if (!di_moe_group_ok((size_t)pairs, num_experts))
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "%s: %d pairs over %d experts: at most %d experts", op, pairs,
 		               num_experts, MOE_GROUP_MAX_EXPERTS);
-	if (pairs <= MOE_DEVICE_MAX_PAIRS && (pairs + num_experts + 1) * sizeof(int) <= 48 * 1024) {
-		const size_t shared = (pairs + num_experts + 1) * sizeof(int);
+	if (di_moe_group_one((size_t)pairs, num_experts)) {
+		const size_t shared = di_moe_group_smem((size_t)pairs, num_experts);
 		di_moe_group_k<<<1, 512, shared, ctx->stream>>>(offsets, order, row_of, ids, pairs, num_experts, ctx->check);
 		return di_check_launch(ctx, op);
 	}
@@ -498,6 +531,36 @@ int di_moe_group(di_ctx *ctx, int *offsets, int *order, int *row_of, const int *
 	}
 	di_scratch_free(ctx, base);
 	return rc;
+}
+
+// di_mx_expert is the slot-th expert (in expert order) with rows, or -1
+// when fewer have rows; every warp finds it on its own (one round of loads
+// per 128 experts). The kernels whose grid has a row of blocks a slot
+// (min(num_experts, pairs) slots: the MXFP4 ones, di_moe_dec_k) use it, so
+// that a decode step launches blocks for its few experts only.
+__device__ int di_mx_expert(const int *offsets, int num_experts, int slot) {
+	const int lane = threadIdx.x & 31;
+	int seen = 0;
+	for (int e0 = 0; e0 < num_experts; e0 += 128) {
+		bool has[4];
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			const int e = e0 + 32 * u + lane;
+			has[u] = e < num_experts && offsets[e + 1] > offsets[e];
+		}
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			const unsigned b = __ballot_sync(0xffffffffu, has[u]);
+			const int c = __popc(b);
+			if (slot < seen + c) {
+				const unsigned hit =
+				    __ballot_sync(0xffffffffu, has[u] && __popc(b & ((1u << lane) - 1u)) == slot - seen);
+				return e0 + 32 * u + __ffs(hit) - 1;
+			}
+			seen += c;
+		}
+	}
+	return -1;
 }
 
 // grouped GEMV: out[row, j] = in(row) . W[e][j] for every row of expert e =
@@ -747,6 +810,283 @@ int di_moe_act_f32(di_ctx *ctx, float *act, const float *g, size_t rows, int int
 	di_moe_act_f32_k<<<di_grid(rows * inter, 256), 256, 0, ctx->stream>>>(act, g, rows, inter);
 	return di_check_launch(ctx, op);
 }
+
+// ---------------------------------------------------------------- decode path (16-bit experts)
+
+// The small batches' path for 16-bit experts (moe_device's dec: di_moe_mma_k
+// would serve both projections, no gpt-oss extras) runs four kernels, each
+// launched with programmatic dependent launch (di_launch: its launch and
+// ramp overlap the previous kernel's tail, under graphs too): di_moe_prep_k
+// (the grouping and x rounded to T in one launch), di_moe_dec_k over the
+// gate/up weight with the SiLU-mul in its epilogue (it writes the rounded
+// activations, no float32 gate/up outputs), di_moe_dec_k over the down
+// weight, and di_moe_combine. It replaced group, round, grouped mma, act,
+// grouped mma and combine (six launches, none overlapped, the projections'
+// grids a column of blocks for every expert).
+
+// di_moe_prep_k: block 0 groups the pairs (di_moe_group_block; dynamic
+// shared memory of di_moe_group_smem bytes), the other blocks round x
+// (nx floats) to T, hi and lo (lo set: split mode), as di_moe_round_k.
+template <typename T>
+__global__ void __launch_bounds__(256)
+    di_moe_prep_k(int *offsets, int *order, int *row_of, const int *ids, int pairs, int num_experts,
+                  unsigned *check, T *xh, T *xl, const float *x, size_t nx) {
+	extern __shared__ int prep_sh[];
+	di_pdl_wait();
+	if (blockIdx.x == 0) {
+		di_moe_group_block(prep_sh, offsets, order, row_of, ids, pairs, num_experts, check);
+		return;
+	}
+	const size_t stride = (size_t)(gridDim.x - 1) * blockDim.x;
+	for (size_t i = (size_t)(blockIdx.x - 1) * blockDim.x + threadIdx.x; i < nx; i += stride)
+		di_to_gemm(xh, xl, i, x[i]);
+}
+
+// di_moe_dec_args is one projection of di_moe_dec_k: weight w [num_experts,
+// n, k] of T; grouped row r's input is x[order[r] / div] (order set) or
+// x[r], k elements of T (xlo: the remainders in split mode); out float32
+// [rows, n] (down), or act and act_lo [rows, n / 2] of T (gate/up, n = 2
+// inter: the SiLU-mul of the gate and up outputs, rounded as di_moe_act_k).
+template <typename T> struct di_moe_dec_args {
+	const T *w, *x, *xlo;
+	const int *order;
+	int div;
+	const int *offsets;
+	int num_experts, n, k;
+	float *out;
+	T *act, *act_lo;
+};
+
+#define MOE_DEC_CT 2     // 16-row column tiles a block
+#define MOE_DEC_STAGES 4 // 32-column blocks of k a warp has in flight
+
+// di_moe_dec_k is di_moe_mma_k (CT = 2) with three changes that keep its
+// bits: (1) block y works for the y-th expert with rows (di_mx_expert; the
+// grid has min(num_experts, pairs) rows of blocks, so a decode step launches
+// blocks for the experts it uses only, where di_moe_mma_k's grid has a
+// column for every expert); (2) each warp streams its weight blocks through
+// a copy ring of its own in shared memory (MOE_DEC_STAGES blocks of 32
+// columns in flight, 1 KB a block and column tile: a lane copies with
+// cp.async the 16 bytes of rows g and g + 8 it alone reads back, so no
+// barrier is needed), where di_moe_mma_k keeps one block in registers ahead
+// (at one token that left about 32 KB in flight a multiprocessor and 77% /
+// 85% of the copy bandwidth on V2-Lite's gate/up / down); (3) PAIRED (the
+// gate/up weight, n = 2 inter): column tile 0 is gate rows 16 x .. 16 x +
+// 15 and tile 1 the up rows inter + 16 x .., so the epilogue holds both
+// inputs of each activation and writes silu(gate) * up rounded to T (hi and
+// lo in split mode): di_moe_act_k's value of di_moe_mma_k's float32 outputs.
+// The mma.sync calls, their operands and order, and the warp-order sum of
+// the four warps' partial sums (hi + lo last in split mode) are
+// di_moe_mma_k's, so every output has its bits, whatever the batch.
+// Cost: 32 KB of shared memory a block (the rings, which also take the
+// warps' sums at the end of a pass); an expert's weights read once per 8 RT
+// of its rows.
+template <typename T, bool SPLIT, int RT, bool PAIRED>
+__global__ void __launch_bounds__(MOE_MMA_WARPS * 32) di_moe_dec_k(di_moe_dec_args<T> p) {
+	constexpr int CT = MOE_DEC_CT, ST = MOE_DEC_STAGES;
+	constexpr int WS = ST * 2 * CT * 32 * 4; // floats in a warp's ring
+	static_assert(RT >= 1 && RT <= 4, "di_moe_dec_k: RT in 1..4");
+	static_assert((SPLIT ? 2 : 1) * CT * RT * 4 * 32 <= WS, "di_moe_dec_k: a warp's sums fit its ring");
+	// ring[warp][stage][2 c + h][lane]: lane's 16 bytes of weight row g + 8 h
+	// of column tile c (16-byte reads and copies conflict-free).
+	__shared__ __align__(16) uint4 ring[MOE_MMA_WARPS][ST][2 * CT][32];
+	di_pdl_wait();
+	const int ex = di_mx_expert(p.offsets, p.num_experts, blockIdx.y);
+	if (ex < 0) return;
+	const int lo = p.offsets[ex], rows = p.offsets[ex + 1] - lo;
+	const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+	const int n = p.n, k = p.k, inter = n >> 1;
+	const int j0 = PAIRED ? 16 * (int)blockIdx.x : 16 * CT * (int)blockIdx.x;
+	const T *wa[CT], *wb[CT];
+#pragma unroll
+	for (int c = 0; c < CT; c++) {
+		int ra, rb; // weight rows g and g + 8 of column tile c, clamped into the weight
+		if (PAIRED) {
+			ra = (c ? inter : 0) + min(j0 + g, inter - 1);
+			rb = (c ? inter : 0) + min(j0 + g + 8, inter - 1);
+		} else {
+			ra = min(j0 + 16 * c + g, n - 1);
+			rb = min(j0 + 16 * c + g + 8, n - 1);
+		}
+		wa[c] = p.w + ((size_t)ex * n + ra) * k + 8 * t4;
+		wb[c] = p.w + ((size_t)ex * n + rb) * k + 8 * t4;
+	}
+	const int nb = k >> 5; // 32-column blocks of k; warp w takes w, w + 4, ...
+	const int steps = warp < nb ? (nb - 1 - warp) / MOE_MMA_WARPS + 1 : 0;
+	uint4(*slots)[2 * CT][32] = ring[warp];
+	// issue queues step t's copies into slot t % ST (an empty group past the last step).
+	auto issue = [&](int t) {
+		if (t < steps) {
+			const int kb = (warp + MOE_MMA_WARPS * t) * 32;
+#pragma unroll
+			for (int c = 0; c < CT; c++) {
+				di_cp_async16(&slots[t % ST][2 * c][lane], wa[c] + kb, true);
+				di_cp_async16(&slots[t % ST][2 * c + 1][lane], wb[c] + kb, true);
+			}
+		}
+		di_cp_async_commit();
+	};
+	for (int r0 = 0; r0 < rows; r0 += 8 * RT) {
+		const int m = min(8 * RT, rows - r0), tiles = (m + 7) / 8;
+		if (r0 > 0) __syncthreads(); // the previous pass's sums in the rings have been read
+#pragma unroll
+		for (int t = 0; t < ST; t++) issue(t);
+		size_t xo[RT];
+#pragma unroll
+		for (int tl = 0; tl < RT; tl++) {
+			const int r = tl * 8 + g, row = lo + r0 + (r < m ? r : 0);
+			xo[tl] = (size_t)(p.order ? p.order[row] / p.div : row) * k + 8 * t4;
+		}
+		float acc[CT][RT][4], acc_lo[CT][RT][4];
+#pragma unroll
+		for (int c = 0; c < CT; c++)
+#pragma unroll
+			for (int tl = 0; tl < RT; tl++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) acc[c][tl][e] = acc_lo[c][tl][e] = 0.f;
+		for (int t = 0; t < steps; t++) {
+			di_cp_async_wait<ST - 1>(); // step t's copies (this lane's) have landed
+			const int kb = (warp + MOE_MMA_WARPS * t) * 32;
+			uint4 a[CT], b[CT];
+#pragma unroll
+			for (int c = 0; c < CT; c++) {
+				a[c] = slots[t % ST][2 * c][lane];
+				b[c] = slots[t % ST][2 * c + 1][lane];
+			}
+			issue(t + ST); // into the slot just read (its words are in a and b)
+#pragma unroll
+			for (int tl = 0; tl < RT; tl++) {
+				if (tl < tiles) {
+					const uint4 xv = *reinterpret_cast<const uint4 *>(p.x + xo[tl] + kb);
+					uint4 xl;
+					if (SPLIT) xl = *reinterpret_cast<const uint4 *>(p.xlo + xo[tl] + kb);
+#pragma unroll
+					for (int c = 0; c < CT; c++) {
+						di_mma16816<T>(acc[c][tl], a[c].x, b[c].x, a[c].y, b[c].y, xv.x, xv.y);
+						di_mma16816<T>(acc[c][tl], a[c].z, b[c].z, a[c].w, b[c].w, xv.z, xv.w);
+						if (SPLIT) {
+							di_mma16816<T>(acc_lo[c][tl], a[c].x, b[c].x, a[c].y, b[c].y, xl.x, xl.y);
+							di_mma16816<T>(acc_lo[c][tl], a[c].z, b[c].z, a[c].w, b[c].w, xl.z, xl.w);
+						}
+					}
+				}
+			}
+		}
+		di_cp_async_wait<0>();
+		__syncwarp(); // every lane's copies have landed: the sums may go over any of them
+		float *mine = reinterpret_cast<float *>(ring[warp]);
+#pragma unroll
+		for (int c = 0; c < CT; c++)
+#pragma unroll
+			for (int tl = 0; tl < RT; tl++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					const int f = (c * RT + tl) * 4 + e;
+					mine[f * 32 + lane] = acc[c][tl][e];
+					if (SPLIT) mine[(CT * RT * 4 + f) * 32 + lane] = acc_lo[c][tl][e];
+				}
+		__syncthreads();
+		// sum is output f of lane ln: the four warps' sums in warp order (and
+		// their lo sums the same way, added last), as di_moe_mma_k adds them.
+		const float *all = reinterpret_cast<const float *>(ring[0]);
+		auto sum = [&](int f, int ln) -> float {
+			float v = all[f * 32 + ln], vl = 0.f;
+			if (SPLIT) vl = all[(CT * RT * 4 + f) * 32 + ln];
+#pragma unroll
+			for (int wi = 1; wi < MOE_MMA_WARPS; wi++) {
+				v += all[wi * WS + f * 32 + ln];
+				if (SPLIT) vl += all[wi * WS + (CT * RT * 4 + f) * 32 + ln];
+			}
+			return SPLIT ? v + vl : v;
+		};
+		if (PAIRED) {
+			const int e = warp; // warp w finishes accumulator w of each tile: one activation a lane
+#pragma unroll
+			for (int tl = 0; tl < RT; tl++) {
+				const int r = tl * 8 + 2 * t4 + (e & 1), j = j0 + g + 8 * (e >> 1);
+				if (tl < tiles && r < m && j < inter) {
+					const float gate = sum(tl * 4 + e, lane), up = sum((RT + tl) * 4 + e, lane);
+					di_to_gemm(p.act, p.act_lo, (size_t)(lo + r0 + r) * inter + j, di_moe_silu_mul(gate, up));
+				}
+			}
+		} else {
+			for (int q = warp; q < CT * 4; q += MOE_MMA_WARPS) {
+				const int c = q >> 2, e = q & 3;
+#pragma unroll
+				for (int tl = 0; tl < RT; tl++) {
+					const int r = tl * 8 + 2 * t4 + (e & 1), j = j0 + 16 * c + g + 8 * (e >> 1);
+					if (tl < tiles && r < m && j < n) p.out[(size_t)(lo + r0 + r) * n + j] = sum((c * RT + tl) * 4 + e, lane);
+				}
+			}
+		}
+	}
+}
+
+// moe_dec_project launches di_moe_dec_k over slots expert slots, RT by the
+// mean rows per expert as moe_mma (every RT gives the same bits).
+template <typename T, bool SPLIT, bool PAIRED>
+static int moe_dec_project(di_ctx *ctx, const di_moe_dec_args<T> &p, int slots, int rows) {
+	const unsigned gx = PAIRED ? (unsigned)((p.n / 2 + 15) / 16)
+	                           : (unsigned)((p.n + 16 * MOE_DEC_CT - 1) / (16 * MOE_DEC_CT));
+	const dim3 grid(gx, (unsigned)slots), block(MOE_MMA_WARPS * 32);
+	if (rows < 2 * p.num_experts)
+		di_launch(ctx, di_moe_dec_k<T, SPLIT, 1, PAIRED>, grid, block, 0, p);
+	else if (rows < 12 * p.num_experts)
+		di_launch(ctx, di_moe_dec_k<T, SPLIT, 2, PAIRED>, grid, block, 0, p);
+	else
+		di_launch(ctx, di_moe_dec_k<T, SPLIT, 3, PAIRED>, grid, block, 0, p);
+	return di_check_launch(ctx, PAIRED ? "moe: gate_up" : "moe: down");
+}
+
+// moe_dec_prep groups the pairs and rounds x (nx floats) to T into xh (and
+// xl in split mode): one di_moe_prep_k where one block groups them
+// (di_moe_group_one), else di_moe_group and di_moe_round_k.
+template <typename T>
+static int moe_dec_prep(di_ctx *ctx, int *offsets, int *order, int *row_of, const int *ids, int pairs,
+                        int num_experts, T *xh, T *xl, const float *x, size_t nx) {
+	if (di_moe_group_one((size_t)pairs, num_experts)) {
+		const size_t shared = di_moe_group_smem((size_t)pairs, num_experts);
+		unsigned blocks = di_grid(nx, 256);
+		if (blocks > 1024) blocks = 1024;
+		di_launch(ctx, di_moe_prep_k<T>, dim3(1 + blocks), dim3(256), shared, offsets, order, row_of, ids, pairs,
+		          num_experts, ctx->check, xh, xl, x, nx);
+		return di_check_launch(ctx, "moe: group");
+	}
+	int r = di_moe_group(ctx, offsets, order, row_of, ids, pairs, num_experts, "moe: group");
+	if (r != DI_OK) return r;
+	di_moe_round_k<T><<<di_grid(nx, 256), 256, 0, ctx->stream>>>(xh, xl, x, nx);
+	return di_check_launch(ctx, "moe: round");
+}
+
+// moe_dec runs the decode path after nothing (see above): prep, gate/up
+// with the SiLU-mul into act (T hi [pairs, inter], then lo in split mode),
+// down into yh [pairs, hidden]; the caller combines. xr holds x rounded
+// (hi, then lo: num_tokens * hidden each).
+template <typename T>
+static int moe_dec(di_ctx *ctx, void *act, float *yh, void *xr, const float *x, const int *ids, int *offsets,
+                   int *order, int *row_of, const void *gate_up, const void *down, int num_tokens, int pairs,
+                   int top_k, int hidden, int inter, int num_experts) {
+	if constexpr (std::is_same_v<T, float>) {
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "moe: the decode path takes 16-bit experts");
+	} else {
+		const bool split = ctx->gemm_mode == DI_GEMM_SPLIT;
+		const size_t nx = (size_t)num_tokens * hidden, na = (size_t)pairs * inter;
+		T *xh = (T *)xr, *xl = split ? xh + nx : nullptr, *ah = (T *)act, *al = split ? ah + na : nullptr;
+		int r = moe_dec_prep<T>(ctx, offsets, order, row_of, ids, pairs, num_experts, xh, xl, x, nx);
+		if (r != DI_OK) return r;
+		const int slots = num_experts < pairs ? num_experts : pairs;
+		const di_moe_dec_args<T> gu{(const T *)gate_up, xh, xl, order, top_k, offsets, num_experts, 2 * inter, hidden,
+		                            nullptr, ah, al};
+		const di_moe_dec_args<T> dn{(const T *)down, ah, al, nullptr, 1, offsets, num_experts, hidden, inter,
+		                            yh, nullptr, nullptr};
+		r = split ? moe_dec_project<T, true, true>(ctx, gu, slots, pairs)
+		          : moe_dec_project<T, false, true>(ctx, gu, slots, pairs);
+		if (r != DI_OK) return r;
+		return split ? moe_dec_project<T, true, false>(ctx, dn, slots, pairs)
+		             : moe_dec_project<T, false, false>(ctx, dn, slots, pairs);
+	}
+}
+
 
 // di_moe_gptoss: gpt-oss's expert extras (di_op_moe_clamped_swiglu): the
 // projections' biases (gate_up_bias [num_experts, 2 inter], down_bias
@@ -1236,34 +1576,6 @@ template <int MODE> __device__ __forceinline__ int di_mx_row0(int h, int n) {
 	return MODE == MX_GATE_UP ? (h ? n / 2 : 0) + 16 * (int)blockIdx.x : 32 * (int)blockIdx.x + 16 * h;
 }
 
-// di_mx_expert is the slot-th expert (in expert order) with rows, or -1
-// when fewer have rows; every warp finds it on its own (one round of loads
-// per 128 experts).
-__device__ int di_mx_expert(const int *offsets, int num_experts, int slot) {
-	const int lane = threadIdx.x & 31;
-	int seen = 0;
-	for (int e0 = 0; e0 < num_experts; e0 += 128) {
-		bool has[4];
-#pragma unroll
-		for (int u = 0; u < 4; u++) {
-			const int e = e0 + 32 * u + lane;
-			has[u] = e < num_experts && offsets[e + 1] > offsets[e];
-		}
-#pragma unroll
-		for (int u = 0; u < 4; u++) {
-			const unsigned b = __ballot_sync(0xffffffffu, has[u]);
-			const int c = __popc(b);
-			if (slot < seen + c) {
-				const unsigned hit =
-				    __ballot_sync(0xffffffffu, has[u] && __popc(b & ((1u << lane) - 1u)) == slot - seen);
-				return e0 + 32 * u + __ffs(hit) - 1;
-			}
-			seen += c;
-		}
-	}
-	return -1;
-}
-
 // di_mx_stage_scales copies the block's 32 rows' scales (row i of half h at
 // sc + (16 h + i) * rs) into shared memory, scale b of a row at pos(b), and
 // reports whether any exceeds 128 (block-wide; also the barrier after which
@@ -1671,18 +1983,22 @@ static int moe_mx_mlp(di_ctx *ctx, void *act, float *yh, const float *x, void *x
 
 // moe_device is the MoE without the host: the grouping on the device, then
 // the grouped projections (gemm: di_moe_gemm_k for 16-bit weights, see
-// moe_mlp; else di_moe_mma_k or di_moe_gemv_k), the combine.
+// moe_mlp; dec: the decode path of 16-bit weights, moe_dec; else
+// di_moe_mma_k or di_moe_gemv_k), the combine.
 static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
                       di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter, int num_experts,
                       const di_moe_gptoss *gx = nullptr, const di_moe_mx *mx = nullptr, bool gemm = false) {
 	const int pairs = num_tokens * top_k;
 	gemm = gemm && !gx && !mx;
+	// The decode path: where di_moe_mma_k would run both projections (16-bit
+	// weights, k of both a multiple of 32) without gpt-oss's extras.
+	const bool dec = !gemm && !gx && !mx && w_dtype != DI_F32 && ctx->moe_mma && hidden % 32 == 0 && inter % 32 == 0;
 	void *d_index = nullptr, *g = nullptr, *act = nullptr, *ye = nullptr, *xr = nullptr;
 	// [offsets (num_experts + 1) | order (pairs) | row_of (pairs)]
 	int rc = di_scratch(ctx, (num_experts + 1 + 2 * (size_t)pairs) * sizeof(int), &d_index);
-	// The gate/up outputs (MXFP4 experts, and the grouped GEMM in GEMM mode
-	// round, apply the activation in the gate/up kernel).
-	const bool need_g = !mx && !(gemm && ctx->gemm_mode != DI_GEMM_SPLIT);
+	// The gate/up outputs (MXFP4 experts, the decode path, and the grouped
+	// GEMM in GEMM mode round, apply the activation in the gate/up kernel).
+	const bool need_g = !mx && !dec && !(gemm && ctx->gemm_mode != DI_GEMM_SPLIT);
 	if (rc == DI_OK && need_g) rc = di_scratch(ctx, (size_t)pairs * 2 * inter * sizeof(float), &g);
 	// Activations: float32, or 16-bit hi (and lo) parts in the same bytes.
 	if (rc == DI_OK) rc = di_scratch(ctx, (size_t)pairs * inter * sizeof(float), &act);
@@ -1690,10 +2006,20 @@ static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr 
 	// x rounded for 16-bit weights: hi (and lo) parts, at most float32's bytes.
 	if (rc == DI_OK && w_dtype != DI_F32) rc = di_scratch(ctx, (size_t)num_tokens * hidden * sizeof(float), &xr);
 	int *offsets = (int *)d_index, *order = offsets + num_experts + 1, *row_of = order + pairs;
-	if (rc == DI_OK)
+	if (rc == DI_OK && !dec)
 		rc = di_moe_group(ctx, offsets, order, row_of, DI_PTR(const int, ids), pairs, num_experts, "moe: group");
 	auto run = [&]() -> int {
 		float *gh = (float *)g, *yh = (float *)ye;
+		if (dec) {
+			DI_DISPATCH_WEIGHT(w_dtype, T, {
+				const int r = moe_dec<T>(ctx, act, yh, xr, DI_PTR(const float, x), DI_PTR(const int, ids), offsets,
+				                         order, row_of, (const void *)gate_up, (const void *)down, num_tokens, pairs,
+				                         top_k, hidden, inter, num_experts);
+				if (r != DI_OK) return r;
+			});
+			return di_moe_combine(ctx, DI_PTR(float, out), yh, row_of, DI_PTR(const float, weights), num_tokens,
+			                      top_k, hidden, "moe: combine");
+		}
 		if (mx) { // gx is set: the MXFP4 experts are gpt-oss's (di_op_moe_clamped_swiglu_mxfp4)
 			const int r = moe_mx_mlp(ctx, act, yh, DI_PTR(const float, x), xr, order, offsets, *mx, num_tokens, pairs,
 			                         top_k, hidden, inter, num_experts, *gx);
