@@ -141,6 +141,9 @@ type CPU struct {
 	//   - "llama_cpp": llama.cpp's rounding for BF16 and F16 weights too
 	//     (activations rounded to the weights' 16-bit type), so that greedy
 	//     tokens follow llama.cpp's on 16-bit GGUF files as well.
+	// The CUDA backend multiplies GGUF blocks with float32 activations (as
+	// "none" does here), so comparing a quantized GGUF file's tokens across
+	// the two backends takes "none" on the CPU.
 	ActivationRounding string `yaml:"activation_rounding"`
 }
 

@@ -18,7 +18,9 @@ import (
 // Q6_K for the LM head and some layers' v and down projections) runs on
 // the CUDA backend from its blocks and gives the CPU backend's greedy
 // tokens for each of a few prompts (prefill and the four-row decode steps
-// on the dequantizing GEMM, in GEMM mode split: float32, as the CPU).
+// on the dequantizing GEMM, in GEMM mode split: float32, as the CPU with
+// cpu.activation_rounding none; the CPU's default rounds the activations
+// of quantized weights to 8-bit blocks, which CUDA does not).
 func TestGPUQuantEngine(t *testing.T) {
 	skipWithoutGPU(t)
 	dir := t.TempDir()
@@ -47,7 +49,7 @@ func TestGPUQuantEngine(t *testing.T) {
 			if device == "cuda" {
 				extra = "cuda: {gemm: split}\n"
 			}
-			l := newLLM(t, fmt.Sprintf("model: %s\ndevice: %s\ncpu: {threads: 4}\n%scache: {num_blocks: 256, block_size: 16}\npipeline:\n  sample: greedy\n", path, device, extra))
+			l := newLLM(t, fmt.Sprintf("model: %s\ndevice: %s\ncpu: {threads: 4, activation_rounding: none}\n%scache: {num_blocks: 256, block_size: 16}\npipeline:\n  sample: greedy\n", path, device, extra))
 			defer l.Close()
 			out, _ := generateTimed(t, l, prompts, params)
 			return out
