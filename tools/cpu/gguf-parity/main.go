@@ -28,6 +28,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -104,7 +105,9 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
-	if err := run(*out, *tokDir, *nodeModules, *n, *threads, *ppl, mode, strings.Split(*types, ","), strings.Split(*archs, ","), *seed); err != nil {
+	o := options{out: *out, tokDir: *tokDir, nodeModules: *nodeModules, peerScript: "tools/cpu/peer.mjs", n: *n, threads: *threads,
+		pplLen: *ppl, acts: mode, types: strings.Split(*types, ","), archs: strings.Split(*archs, ","), seed: *seed, log: os.Stderr}
+	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "gguf-parity:", err)
 		os.Exit(1)
 	}
@@ -117,7 +120,42 @@ type result struct {
 	detail             string
 }
 
-func run(out, tokDir, nodeModules string, n, threads, pplLen int, acts cpu.ActRounding, types, archs []string, seed uint64) error {
+// options are a parity run's settings (the flags).
+type options struct {
+	out, tokDir, nodeModules string
+	peerScript               string // tools/cpu/peer.mjs, from the working directory
+	n, threads               int    // greedy tokens per prompt (0: no greedy runs), threads of both engines
+	pplLen                   int    // tokens of the perplexity text (0 or 1: none)
+	acts                     cpu.ActRounding
+	types, archs             []string
+	seed                     uint64
+	log                      io.Writer // a line per run as it finishes
+}
+
+// run measures and prints both tables.
+func run(o options) error {
+	results, ppls, err := measure(o)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\n%-6s %-20s %-12s %-8s %-8s %s\n", "model", "type", "prompt", "matched", "distinct", "first difference")
+	for _, res := range results {
+		fmt.Printf("%-6s %-20s %-12s %2d/%-5d %-8d %s\n", res.model, res.typ, res.prompt, res.matched, res.n, res.distinct, res.detail)
+	}
+	if len(ppls) > 0 {
+		fmt.Printf("\nperplexity over %d fixed random tokens (the first one not scored)\n%-6s %-8s %-12s %-12s %s\n", o.pplLen, "model", "type", "engine", "llama.cpp", "difference")
+		for _, p := range ppls {
+			fmt.Printf("%-6s %-8s %-12.4f %-12.4f %+.3f%%\n", p.model, p.typ, p.ours, p.theirs, p.diff())
+		}
+	}
+	return nil
+}
+
+// measure writes the models and their GGUF files into o.out and runs both
+// engines on each file: greedy decoding of the fixed prompts and the
+// perplexity of the fixed text.
+func measure(o options) ([]result, []pplResult, error) {
+	out, tokDir, nodeModules, n, threads, pplLen, acts, types, archs, seed := o.out, o.tokDir, o.nodeModules, o.n, o.threads, o.pplLen, o.acts, o.types, o.archs, o.seed
 	r := rand.New(rand.NewPCG(seed, 7))
 	prompts := [][]int32{}
 	for _, l := range []int{1, 6, 23, 70} {
@@ -137,42 +175,42 @@ func run(out, tokDir, nodeModules string, n, threads, pplLen int, acts cpu.ActRo
 	for _, arch := range archs {
 		cfgMap, ok := configs[arch]
 		if !ok {
-			return fmt.Errorf("model %q: want one of llama, qwen3, qwen3moe, mixtral, deepseek3", arch)
+			return nil, nil, fmt.Errorf("model %q: want one of llama, qwen3, qwen3moe, mixtral, deepseek3", arch)
 		}
 		dir := filepath.Join(out, arch)
 		if err := writeModel(dir, tokDir, cfgMap, seed); err != nil {
-			return err
+			return nil, nil, err
 		}
 		for _, typ := range types {
 			var buf bytes.Buffer
 			if err := ggufwrite.Write(&buf, dir, "", typ); err != nil {
-				return err
+				return nil, nil, err
 			}
 			path := filepath.Join(out, arch+"-"+typ+".gguf")
 			if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
-				return err
+				return nil, nil, err
 			}
 			if pplLen > 1 {
 				ours, err := enginePPL(path, text, threads, acts)
 				if err != nil {
-					return err
+					return nil, nil, err
 				}
-				theirs, err := peerPPL(path, nodeModules, text, threads)
+				theirs, err := peerPPL(o.peerScript, path, nodeModules, text, threads)
 				if err != nil {
-					return err
+					return nil, nil, err
 				}
 				pr := pplResult{model: arch, typ: typ, ours: ours, theirs: theirs}
 				ppls = append(ppls, pr)
-				fmt.Fprintf(os.Stderr, "%s %s perplexity over %d tokens: %.4f here, %.4f llama.cpp (%+.3f%%)\n", arch, typ, len(text), ours, theirs, pr.diff())
+				fmt.Fprintf(o.log, "%s %s perplexity over %d tokens: %.4f here, %.4f llama.cpp (%+.3f%%)\n", arch, typ, len(text), ours, theirs, pr.diff())
 			}
-			for pi, prompt := range prompts {
+			for pi, prompt := range prompts[:len(prompts)*min(n, 1)] {
 				ours, logits, format, err := engineGreedy(path, prompt, n, threads, acts)
 				if err != nil {
-					return err
+					return nil, nil, err
 				}
-				theirs, err := peerGreedy(path, nodeModules, prompt, n, threads)
+				theirs, err := peerGreedy(o.peerScript, path, nodeModules, prompt, n, threads)
 				if err != nil {
-					return err
+					return nil, nil, err
 				}
 				res := result{model: arch, typ: typ + " (" + format + ")", prompt: fmt.Sprintf("#%d (%d ids)", pi, len(prompt)), n: n}
 				seen := map[int32]bool{}
@@ -193,21 +231,11 @@ func run(out, tokDir, nodeModules string, n, threads, pplLen int, acts cpu.ActRo
 						i, a, lg[a], b, lg[b], rank(lg, b), lg[a]-lg[b], float64(lg[a]-lg[b])/float64(sorted[0]-sorted[len(sorted)-1]))
 				}
 				results = append(results, res)
-				fmt.Fprintf(os.Stderr, "%s %s %s: %d/%d (%d distinct) %s\n", res.model, res.typ, res.prompt, res.matched, n, res.distinct, res.detail)
+				fmt.Fprintf(o.log, "%s %s %s: %d/%d (%d distinct) %s\n", res.model, res.typ, res.prompt, res.matched, n, res.distinct, res.detail)
 			}
 		}
 	}
-	fmt.Printf("\n%-6s %-20s %-12s %-8s %-8s %s\n", "model", "type", "prompt", "matched", "distinct", "first difference")
-	for _, res := range results {
-		fmt.Printf("%-6s %-20s %-12s %2d/%-5d %-8d %s\n", res.model, res.typ, res.prompt, res.matched, res.n, res.distinct, res.detail)
-	}
-	if len(ppls) > 0 {
-		fmt.Printf("\nperplexity over %d fixed random tokens (the first one not scored)\n%-6s %-8s %-12s %-12s %s\n", len(text), "model", "type", "engine", "llama.cpp", "difference")
-		for _, p := range ppls {
-			fmt.Printf("%-6s %-8s %-12.4f %-12.4f %+.3f%%\n", p.model, p.typ, p.ours, p.theirs, p.diff())
-		}
-	}
-	return nil
+	return results, ppls, nil
 }
 
 // pplResult is the perplexity of the fixed text under one file, here and
@@ -286,12 +314,12 @@ func enginePPL(path string, text []int32, threads int, acts cpu.ActRounding) (fl
 
 // peerPPL is enginePPL in llama.cpp (peer.mjs --ppl, K/V in F32, flash
 // attention off).
-func peerPPL(path, nodeModules string, text []int32, threads int) (float64, error) {
+func peerPPL(script, path, nodeModules string, text []int32, threads int) (float64, error) {
 	var res struct {
 		NLL        []float64 `json:"nll"`
 		Candidates int       `json:"candidates"`
 	}
-	if err := runPeer(path, nodeModules, text, &res, "-t", fmt.Sprint(threads), "--kv", "f32", "--no-fa", "--ppl"); err != nil {
+	if err := runPeer(script, path, nodeModules, text, &res, "-t", fmt.Sprint(threads), "--kv", "f32", "--no-fa", "--ppl"); err != nil {
 		return 0, err
 	}
 	if len(res.NLL) != len(text)-1 {
@@ -419,18 +447,18 @@ func engineGreedy(path string, prompt []int32, n, threads int, acts cpu.ActRound
 }
 
 // peerGreedy runs llama.cpp on the same file and prompt.
-func peerGreedy(path, nodeModules string, prompt []int32, n, threads int) ([]int32, error) {
+func peerGreedy(script, path, nodeModules string, prompt []int32, n, threads int) ([]int32, error) {
 	var res struct {
 		IDs []int32 `json:"ids"`
 	}
-	err := runPeer(path, nodeModules, prompt, &res, "-n", fmt.Sprint(n), "-t", fmt.Sprint(threads), "--kv", "f32", "--no-fa")
+	err := runPeer(script, path, nodeModules, prompt, &res, "-n", fmt.Sprint(n), "-t", fmt.Sprint(threads), "--kv", "f32", "--no-fa")
 	return res.IDs, err
 }
 
-// runPeer runs tools/cpu/peer.mjs on the GGUF file at path with ids as the
-// prompt and the extra arguments, and decodes its last output line into
-// res.
-func runPeer(path, nodeModules string, ids []int32, res any, args ...string) error {
+// runPeer runs script (tools/cpu/peer.mjs) on the GGUF file at path with
+// ids as the prompt and the extra arguments, and decodes its last output
+// line into res.
+func runPeer(script, path, nodeModules string, ids []int32, res any, args ...string) error {
 	s := make([]string, len(ids))
 	for i, id := range ids {
 		s[i] = fmt.Sprint(id)
@@ -439,7 +467,7 @@ func runPeer(path, nodeModules string, ids []int32, res any, args ...string) err
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command("node", append([]string{"tools/cpu/peer.mjs", "-m", path, "--ids", strings.Join(s, ",")}, args...)...)
+	cmd := exec.Command("node", append([]string{script, "-m", path, "--ids", strings.Join(s, ",")}, args...)...)
 	cmd.Env = append(os.Environ(), "NODE_PATH="+abs)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
