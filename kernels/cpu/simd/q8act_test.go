@@ -200,6 +200,22 @@ var actDists = map[string]func(r *rand.Rand, i int) float32{
 	"ties": func(r *rand.Rand, i int) float32 { return float32(1 - 2*(i%2)) },
 }
 
+// edgeDists are activation rows the SIMD quantizers hand to the scalar
+// code or must round as it does: NaNs, infinities, subnormals, negative
+// zeros and values near float32's largest.
+var edgeDists = map[string]func(r *rand.Rand, i int) float32{
+	"nan": func(r *rand.Rand, i int) float32 {
+		return [...]float32{float32(r.NormFloat64()), float32(math.NaN())}[min(1, i%97)^1]
+	},
+	"allnan": func(r *rand.Rand, i int) float32 { return float32(math.NaN()) },
+	"inf": func(r *rand.Rand, i int) float32 {
+		return [...]float32{float32(r.NormFloat64()), float32(math.Inf(-1))}[min(1, i%131)^1]
+	},
+	"subnormal": func(r *rand.Rand, i int) float32 { return float32(r.NormFloat64()) * 1e-39 },
+	"negzero":   func(r *rand.Rand, i int) float32 { return float32(math.Copysign(0, -1)) },
+	"huge":      func(r *rand.Rand, i int) float32 { return float32(r.NormFloat64()) * 3e38 },
+}
+
 // randWeightRows returns n rows of k weights of type t: quantized random
 // values, and for the K-quants also raw random bytes with moderate scales
 // (every 6-bit scale, min and code pattern).
@@ -253,17 +269,7 @@ func TestQuantizeQ8K(t *testing.T) {
 	for name, f := range nativeQuantizeQ8K {
 		paths[name] = f
 	}
-	inf, nan := float32(math.Inf(1)), float32(math.NaN())
-	edges := map[string]func(r *rand.Rand, i int) float32{
-		"nan":    func(r *rand.Rand, i int) float32 { return [...]float32{float32(r.NormFloat64()), nan}[min(1, i%97)^1] },
-		"allnan": func(r *rand.Rand, i int) float32 { return nan },
-		"inf": func(r *rand.Rand, i int) float32 {
-			return [...]float32{float32(r.NormFloat64()), -inf}[min(1, i%131)^1]
-		},
-		"subnormal": func(r *rand.Rand, i int) float32 { return float32(r.NormFloat64()) * 1e-39 },
-		"negzero":   func(r *rand.Rand, i int) float32 { return float32(math.Copysign(0, -1)) },
-		"huge":      func(r *rand.Rand, i int) float32 { return float32(r.NormFloat64()) * 3e38 },
-	}
+	edges := edgeDists
 	for pname, f := range paths {
 		for _, dists := range []map[string]func(r *rand.Rand, i int) float32{actDists, edges} {
 			for name, dist := range dists {
@@ -494,7 +500,6 @@ func TestQuantizeQ8_0Acts(t *testing.T) {
 	for name, f := range nativeQuantizeQ8_0 {
 		paths[name] = func(dst []byte, src []float32) { quantizeQ8_0With(f, dst, src) }
 	}
-	inf, nan := float32(math.Inf(1)), float32(math.NaN())
 	dists := map[string]func(r *rand.Rand, i int) float32{
 		"ties": func(r *rand.Rand, i int) float32 {
 			if i%32 == 0 {
@@ -502,17 +507,11 @@ func TestQuantizeQ8_0Acts(t *testing.T) {
 			}
 			return float32(r.IntN(254)-127) + 0.5
 		},
-		"nan":    func(r *rand.Rand, i int) float32 { return [...]float32{float32(r.NormFloat64()), nan}[min(1, i%97)^1] },
-		"allnan": func(r *rand.Rand, i int) float32 { return nan },
-		"inf": func(r *rand.Rand, i int) float32 {
-			return [...]float32{float32(r.NormFloat64()), -inf}[min(1, i%131)^1]
-		},
-		"subnormal": func(r *rand.Rand, i int) float32 { return float32(r.NormFloat64()) * 1e-39 },
-		"negzero":   func(r *rand.Rand, i int) float32 { return float32(math.Copysign(0, -1)) },
-		"huge":      func(r *rand.Rand, i int) float32 { return float32(r.NormFloat64()) * 3e38 },
 	}
-	for name, dist := range actDists {
-		dists[name] = dist
+	for _, ds := range []map[string]func(r *rand.Rand, i int) float32{actDists, edgeDists} {
+		for name, dist := range ds {
+			dists[name] = dist
+		}
 	}
 	for pname, f := range paths {
 		for name, dist := range dists {
