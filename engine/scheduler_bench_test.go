@@ -91,6 +91,76 @@ import (
 // 4,096, inside the range); a pass in ProcessOutputs' validation loop
 // loading each token tail first (+10%: the loads stall where the stores
 // drained).
+//
+// Where a step goes on that Xeon VM, measured to decide on a
+// structure-of-arrays layout (the plain-decode fields of every running
+// sequence in dense arrays). Per sequence, timing Schedule, the reader
+// pass (processAll's loop) and ProcessOutputs apart:
+//
+//	running   Schedule    reader    ProcessOutputs   ProcessOutputs, token tail not stored
+//	256       40-50 ns    6-7 ns    25-33 ns         27 ns
+//	1024      34-41 ns    5-6 ns    34-36 ns         22-26 ns
+//	2048      38-46 ns    6-7 ns    37-46 ns         26-29 ns
+//	4096      40-47 ns    8-10 ns   42-48 ns         24-31 ns
+//
+// Schedule costs the same per sequence at 256 (everything cached) as at
+// 4,096: it is bound by its instructions, not by misses. Nor is
+// ProcessOutputs, once the token tail's store is taken out (an
+// experiment, not a fix): what grows with the batch is that one store,
+// ~18 ns a sequence at 4,096 (~75 µs a step). Counted with callgrind
+// (256 running), a plain decode step executes about 450 instructions per
+// sequence: addPlainDecode ~175, the decode loop ~65, ProcessOutputs
+// ~115, the commits ~60 (a block every 16 steps, ~950 each), the reader
+// ~35, for the ~80 ns a sequence takes at 256 (the VM exposes no
+// hardware counters to split that further). A structure-of-arrays
+// layout removes misses these figures do not show, so it was not built:
+// 200 µs at 4,096 is 49 ns a sequence, and the tail store alone takes 18
+// of them.
+//
+// The tail store, apart (4,096 []int of capacity 100 or 513, one append
+// to each per step, nothing else): 7-10 ns an append, about the same
+// with 100 tokens of capacity (four or five arrays to a page; the 4,096
+// tail lines, 256 KiB, fit L2) as with 513, with the heap in huge pages (MADV_COLLAPSE) or
+// not, and slower with the tails prefetched first (PREFETCHT0 or
+// PREFETCHW 32 or 64 ahead, or all 4,096 before the stores: 54-81 µs
+// against 38-42): on this VM a store to a line of its own costs ~10 ns
+// and does not overlap. The API keeps each sequence's tokens in one
+// array that the next step's metadata shows, so each step writes one
+// such line per sequence.
+//
+// Tried on this VM against that picture, prediction then outcome
+// (medians of alternating runs at 4,096, cpu-ns/op; none kept):
+//   - Sequence.uncached, a copy of PromptLogprobs != nil in the first
+//     cache line, so that a filled block's commit check does not load the
+//     params (2% of the profile): -2% predicted; 443 against 444 µs.
+//   - SeqID, Sample and SampleRow in the metadata's first 24 bytes (one
+//     line for most elements; two or three when spread over 128): the
+//     reader pass -20% and the step -2% predicted; the reader pass took
+//     29-30 µs against 36-38 (4 pairs), the step 440 against 444 µs,
+//     within the noise.
+//   - ProcessOutputs' token stores gathered in a tight pass after its
+//     loop, so that their misses overlap: -15% predicted; 427 against
+//     411 µs (5 pairs), as the tail experiment above says.
+//   - Each 32 entries' token tails prefetched (PREFETCHT0, assembly)
+//     before ProcessOutputs handles them: -15% predicted; 380 against
+//     373 µs; ProcessOutputs alone 184-204 against 177-194 µs.
+//   - The heap collapsed into huge pages after the fill (an experiment):
+//     ProcessOutputs unchanged (177-188 µs with, 187-230 without): the
+//     tails' cost is not TLB misses.
+//   - stepEntry at 32 bytes (computedAfter an int32): 369 against 380 µs
+//     without it and 372 for the old code (11 alternating triples).
+//   - Fewer instructions: commit hashing that checks the int32 fit in the
+//     same pass, the int32 copy's bounds check hoisted, the decode counts
+//     derived in finishStep: callgrind at 4,096 counts hashBlocks -17%,
+//     flushCommits -18%, addPlainDecode -5%, the step's scheduler
+//     functions -5% in all; the step time did not move (4,096: 343
+//     against 328 µs, 1,024: 70.9 against 70.9, 256: 17.9 against 17.7;
+//     9 pairs each).
+//
+// Left for an API change: the step writes 13 words of metadata per
+// sequence (positions, three slices) and its own 64 KiB token and slot
+// arrays (with 3-4 page faults a step at 4,096), which a caller that
+// recycles its metadata could recycle too.
 func BenchmarkSchedulerDecode(b *testing.B) {
 	const (
 		promptLen = 64
