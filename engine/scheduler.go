@@ -183,7 +183,7 @@ type SequenceMetadata struct {
 
 	// src and gen say which sequence, as of which of its changes (its
 	// metaGen), wrote the fields past these first 128 bytes for a plain
-	// decode (src nil otherwise): see Scheduler.addPlainDecode.
+	// decode (src nil otherwise): see Scheduler.planPlainDecodes.
 	src *Sequence
 	gen uint32
 
@@ -942,18 +942,19 @@ func (s *Scheduler) ScheduleInto(buf []SequenceMetadata) (*SchedulerOutputs, []S
 	// 1. Decodes, oldest first; preempt the youngest when blocks run out.
 	k, bs := s.cfg.NumSpeculativeTokens, s.bm.BlockSize()
 	for i := 0; i < len(s.running); i++ {
+		if k == 0 {
+			// The common decodes first, in a run (planPlainDecodes);
+			// running[i] is one it left to the general path.
+			if i = s.planPlainDecodes(b, i); i == len(s.running) {
+				break
+			}
+		}
 		seq := s.running[i]
 		if seq.status != StatusRunning || !s.decodeReady(seq, id) {
 			continue
 		}
 		if b.numSeqs >= s.cfg.MaxNumSeqs || b.budget < 1 {
 			break
-		}
-		if k == 0 && !seq.mayShare && seq.numComputed < len(seq.blockTable)*bs {
-			// The common decode: its one slot is in a block it holds,
-			// privately (AppendSlots would do nothing).
-			s.addPlainDecode(b, seq)
-			continue
 		}
 		if seq.numComputed >= s.bm.NumBlocks()*bs { // NumBlocksFor(numComputed+1) > NumBlocks
 			out.Finished = append(out.Finished, s.finish(seq, FinishLength, nil))
@@ -1113,7 +1114,7 @@ func (s *Scheduler) addRows(b *stepBuilder, seq *Sequence, q, drafts int, prefil
 		b.metas = append(b.metas, SequenceMetadata{})
 	}
 	m := &b.metas[len(b.metas)-1]
-	m.src = nil // not a plain decode's (see addPlainDecode)
+	m.src = nil // not a plain decode's (see planPlainDecodes)
 	m.SeqID = seq.id
 	m.RequestID = seq.requestID
 	m.Params = seq.params
@@ -1174,90 +1175,113 @@ func (s *Scheduler) addRows(b *stepBuilder, seq *Sequence, q, drafts int, prefil
 	if prefill {
 		b.out.NumPrefillSeqs++
 		b.out.NumPrefillTokens += q
-	} else {
-		b.out.NumDecodeSeqs++
-		b.out.NumDecodeTokens += q
+	} else { // NumDecodeSeqs and NumDecodeTokens: finishStep
 		b.out.NumDraftTokens += drafts
 	}
 	b.numSeqs++
 	b.budget -= q
 }
 
-// addPlainDecode is addDecode(b, seq, 0) for a sequence whose slot is in
-// a block it holds privately, without speculative decoding: the step of
-// every running sequence at almost every step. Its metadata differs from
-// the sequence's previous plain decode only in positions, inputs, slots,
-// sample row and token count, so a recycled element that holds that
-// previous decode (same sequence, same metaGen: no block, state slot or
-// matcher changed since) gets only those fields rewritten, the first 128
-// bytes (SequenceMetadata, Layout): at thousands of sequences per step the
-// metadata is most of the bytes a step writes. The result is the same as
-// addRows' (TestPlainDecodeMatchesAddRows, TestRecycledMetadata).
-func (s *Scheduler) addPlainDecode(b *stepBuilder, seq *Sequence) {
-	pos := seq.numComputed
-	bs := s.bm.blockSize
-	start := len(b.tokens)
-	capBefore := cap(b.tokens)
-	if pos == len(seq.tokens)-1 {
-		b.tokens = append(b.tokens, seq.lastToken)
-	} else { // its last token is in flight (zero-overhead scheduling)
-		b.tokens = append(b.tokens, PlaceholderToken)
+// planPlainDecodes plans running[i:] while each sequence is a plain
+// decode, skipping those that do not decode in this step, and returns
+// the index of the first it leaves to the general path (len(running)
+// when none). A plain decode is addDecode(b, seq, 0) for a sequence whose
+// slot is in a block it holds privately, without speculative decoding:
+// the step of every running sequence at almost every step. It stops too
+// where the step's arrays would have to grow, or the step is full.
+//
+// Its metadata differs from the sequence's previous plain decode only in
+// positions, inputs, slots, sample row and token count, so a recycled
+// element that holds that previous decode (same sequence, same metaGen:
+// no block, state slot or matcher changed since) gets only those fields
+// rewritten, the first 128 bytes (SequenceMetadata, Layout): at thousands
+// of sequences per step the metadata is most of the bytes a step writes.
+// The loop writes by index into the builder's arrays, sliced to the room
+// left, with no append and no call on its usual path. The result is the
+// same as addRows' (TestPlainDecodeMatchesAddRows, TestRecycledMetadata).
+func (s *Scheduler) planPlainDecodes(b *stepBuilder, i int) int {
+	rec := b.rec
+	room := min(s.cfg.MaxNumSeqs-b.numSeqs, b.budget,
+		cap(b.tokens)-len(b.tokens), cap(b.slots)-len(b.slots), cap(b.metas)-len(b.metas))
+	if room <= 0 {
+		return i
 	}
-	if off := pos - (len(seq.blockTable)-1)*bs; off >= 0 { // in the last block
-		b.slots = append(b.slots, int(seq.lastBlock)*bs+off)
-	} else {
-		b.slots = append(b.slots, seq.blockTable[pos/bs]*bs+pos%bs)
-	}
-	if cap(b.tokens) != capBefore {
-		b.grew = true
-	}
-	end := start + 1
+	rec.entries = slices.Grow(rec.entries, room)
+	t0, m0, e0 := len(b.tokens), len(b.metas), len(rec.entries)
+	tokens := b.tokens[t0 : t0+room]
+	slots := b.slots[t0 : t0+room]
+	metas := b.metas[m0 : m0+room]
+	entries := rec.entries[e0 : e0+room]
+	id, bs, row := b.id, s.bm.blockSize, b.row
+	running := s.running
+	j := 0
+	for ; i < len(running) && j < len(tokens); i++ {
+		seq := running[i]
+		if seq.status != StatusRunning || !s.decodeReady(seq, id) {
+			continue
+		}
+		// Slice headers in locals: the stores below would otherwise
+		// make the compiler load them again.
+		pos, t, table := seq.numComputed, seq.tokens, seq.blockTable
+		if seq.mayShare || pos >= len(table)*bs {
+			break
+		}
+		tok, from := seq.lastToken, -1
+		if pos != len(t)-1 { // its last token is in flight (zero-overhead scheduling)
+			tok, from = PlaceholderToken, int(seq.pendingRow)
+		}
+		slot := int(seq.lastBlock)*bs + pos - (len(table)-1)*bs
+		if pos < (len(table)-1)*bs { // not in the last block
+			slot = table[pos/bs]*bs + pos%bs
+		}
+		tokens[j], slots[j] = tok, slot
+		m := &metas[j]
+		if m.src != seq || m.gen != seq.metaGen {
+			setPlainMetadata(m, seq)
+		}
+		m.SeqlenK, m.PosStart = pos+1, pos
+		m.InputTokenIDs = tokens[j : j+1 : j+1]
+		m.InputFromRow = from
+		m.SampleRow = row + j
+		m.SlotMapping = slots[j : j+1 : j+1]
+		m.TokenIDs = t[:len(t):len(t)]
 
-	if n := len(b.metas); n < cap(b.metas) {
-		b.metas = b.metas[:n+1]
-	} else {
-		b.metas = append(b.metas, SequenceMetadata{})
+		seq.scheduledStep = id
+		seq.numComputed = pos + 1
+		seq.numPending++
+		seq.pendingStep = id
+		seq.pendingRow = int32(row + j)
+		e := &entries[j]
+		e.seq, e.id, e.epoch, e.row, e.drafts, e.computedAfter = seq, seq.id, seq.epoch, int32(row+j), 0, pos+1
+		j++
 	}
-	m := &b.metas[len(b.metas)-1]
-	if m.src != seq || m.gen != seq.metaGen {
-		m.src, m.gen = seq, seq.metaGen
-		m.SeqID = seq.id
-		m.Sample, m.Prefill, m.Shifted = true, false, false
-		m.SeqlenQ = 1
-		m.RequestID = seq.requestID
-		m.Params = seq.params
-		m.SampleIndex = seq.sampleIndex
-		m.NumDrafts = 0
-		m.BlockTable = seq.blockTable[:len(seq.blockTable):len(seq.blockTable)]
-		m.StateSlot = int(seq.stateSlot)
-		m.ForkSeqIDs, m.ForkGrammars = nil, nil
-		m.Grammar = seq.matcher
-		m.PromptLogprobsFrom, m.PromptLogprobsTo = -1, -1
-		m.NumPromptTokens = seq.numPromptTokens
-	}
-	m.SeqlenK = pos + 1
-	m.PosStart = pos
-	m.InputTokenIDs = b.tokens[start:end:end]
-	m.InputFromRow = -1
-	if pos != len(seq.tokens)-1 {
-		m.InputFromRow = int(seq.pendingRow)
-	}
-	m.SampleRow = b.row
-	m.SlotMapping = b.slots[start:end:end]
-	m.TokenIDs = seq.tokens[:len(seq.tokens):len(seq.tokens)]
+	b.tokens, b.slots = b.tokens[:t0+j], b.slots[:t0+j]
+	b.metas = b.metas[:m0+j]
+	rec.entries = rec.entries[:e0+j]
+	b.row += j
+	b.numSeqs += j
+	b.budget -= j
+	return i
+}
 
-	seq.scheduledStep = b.id
-	seq.numComputed++
-	seq.numPending++
-	seq.pendingStep = b.id
-	seq.pendingRow = int32(b.row)
-	e := b.rec.next()
-	e.seq, e.id, e.epoch, e.row, e.drafts, e.computedAfter = seq, seq.id, seq.epoch, int32(b.row), 0, seq.numComputed
-	b.row++
-	b.out.NumDecodeSeqs++
-	b.out.NumDecodeTokens++
-	b.numSeqs++
-	b.budget--
+// setPlainMetadata writes the fields of a plain decode's metadata that
+// stay the same from one of the sequence's plain decodes to the next
+// (see planPlainDecodes), and marks the element as holding them.
+func setPlainMetadata(m *SequenceMetadata, seq *Sequence) {
+	m.src, m.gen = seq, seq.metaGen
+	m.SeqID = seq.id
+	m.Sample, m.Prefill, m.Shifted = true, false, false
+	m.SeqlenQ = 1
+	m.RequestID = seq.requestID
+	m.Params = seq.params
+	m.SampleIndex = seq.sampleIndex
+	m.NumDrafts = 0
+	m.BlockTable = seq.blockTable[:len(seq.blockTable):len(seq.blockTable)]
+	m.StateSlot = int(seq.stateSlot)
+	m.ForkSeqIDs, m.ForkGrammars = nil, nil
+	m.Grammar = seq.matcher
+	m.PromptLogprobsFrom, m.PromptLogprobsTo = -1, -1
+	m.NumPromptTokens = seq.numPromptTokens
 }
 
 // finishStep completes the outputs, records the step in flight and returns
@@ -1288,6 +1312,9 @@ func (s *Scheduler) finishStep(b *stepBuilder) []SequenceMetadata {
 	out.SlotMapping = b.slots
 	out.NumSeqs = len(b.metas)
 	out.NumBatchedTokens = len(b.tokens)
+	// Every scheduled sequence and token is a prefill's or a decode's.
+	out.NumDecodeSeqs = out.NumSeqs - out.NumPrefillSeqs
+	out.NumDecodeTokens = out.NumBatchedTokens - out.NumPrefillTokens
 	out.NumSampleRows = b.row
 	switch {
 	case out.NumPrefillSeqs > 0 && out.NumDecodeSeqs > 0:

@@ -46,7 +46,7 @@ import (
 //     prefix table's slots overlap: their share of a step's profile from
 //     ~27% to ~15%;
 //   - a recycled element that holds the same sequence's previous plain
-//     decode gets only its first 128 bytes rewritten (addPlainDecode,
+//     decode gets only its first 128 bytes rewritten (planPlainDecodes,
 //     Sequence.metaGen): ~0.92;
 //   - running is compacted only after a running sequence left it, the
 //     per-token finish checks are a single inlined comparison until one
@@ -108,8 +108,9 @@ import (
 // ProcessOutputs, once the token tail's store is taken out (an
 // experiment, not a fix): what grows with the batch is that one store,
 // ~18 ns a sequence at 4,096 (~75 µs a step). Counted with callgrind
-// (256 running), a plain decode step executes about 450 instructions per
-// sequence: addPlainDecode ~175, the decode loop ~65, ProcessOutputs
+// (256 running), a plain decode step executed, before the changes kept
+// below, about 450 instructions per sequence: addPlainDecode (the plain
+// decode then) ~175, the decode loop ~65, ProcessOutputs
 // ~115, the commits ~60 (a block every 16 steps, ~950 each), the reader
 // ~35, for the ~80 ns a sequence takes at 256 (the VM exposes no
 // hardware counters to split that further). A structure-of-arrays
@@ -129,7 +130,8 @@ import (
 // such line per sequence.
 //
 // Tried on this VM against that picture, prediction then outcome
-// (medians of alternating runs at 4,096, cpu-ns/op; none kept):
+// (medians of alternating runs at 4,096, cpu-ns/op; all but the last
+// dropped):
 //   - Sequence.uncached, a copy of PromptLogprobs != nil in the first
 //     cache line, so that a filled block's commit check does not load the
 //     params (2% of the profile): -2% predicted; 443 against 444 µs.
@@ -149,13 +151,31 @@ import (
 //     tails' cost is not TLB misses.
 //   - stepEntry at 32 bytes (computedAfter an int32): 369 against 380 µs
 //     without it and 372 for the old code (11 alternating triples).
-//   - Fewer instructions: commit hashing that checks the int32 fit in the
-//     same pass, the int32 copy's bounds check hoisted, the decode counts
-//     derived in finishStep: callgrind at 4,096 counts hashBlocks -17%,
-//     flushCommits -18%, addPlainDecode -5%, the step's scheduler
-//     functions -5% in all; the step time did not move (4,096: 343
+//   - Commit hashing that checks the int32 fit in the same pass, the
+//     int32 copy's bounds check hoisted and the decode counts derived in
+//     finishStep, alone: callgrind counts hashBlocks -17%, flushCommits
+//     -18%, addPlainDecode -5%; the step time did not move (4,096: 343
 //     against 328 µs, 1,024: 70.9 against 70.9, 256: 17.9 against 17.7;
-//     9 pairs each).
+//     9 pairs each). Kept with the change below.
+//
+// Kept, for fewer instructions: the plain decodes planned in runs
+// (planPlainDecodes), written by index into the builder's arrays sliced
+// to the room left, with no append and no call on the usual path, with
+// the commit and counter changes above. (The one-loop attempt listed
+// earlier kept the builder's slices in locals and counted no fewer
+// instructions.) Callgrind (4,096 running, 300 steps) counts
+// ScheduleInto's own instructions and its plain decodes' at 219 M
+// against 293 M (-25%), the commits' hashing and inserts at 57 M against
+// 69 M. Time, as the median of new/old ratios over alternating pairs (a
+// run's figure moves by ±15% with the host; pairing takes most of that
+// out), each set of pairs a row's figure; allocations unchanged:
+//
+//	running   pairs each   new/old
+//	256       15           0.837, 0.914
+//	1024      11           0.973, 0.975
+//	4096      15           0.959, 0.971, 0.989
+//
+// A few per cent at 4,096: far from 200 µs, for the reasons above.
 //
 // Left for an API change: the step writes 13 words of metadata per
 // sequence (positions, three slices) and its own 64 KiB token and slot

@@ -141,7 +141,7 @@ type Sequence struct {
 	id            SeqID
 	// metaGen counts the changes of what a plain decode's metadata copies
 	// from the sequence besides its tokens (block table, state slot,
-	// matcher): see Scheduler.addPlainDecode.
+	// matcher): see Scheduler.planPlainDecodes.
 	metaGen     uint32
 	stateSlot   int32 // -1 when none
 	requestID   string
