@@ -201,7 +201,7 @@ func lockstep(t *testing.T, cfg SchedulerConfig, reqs []testRequest, grammar map
 	t.Fatal("workload not done")
 }
 
-// TestPlainDecodeMatchesAddRows checks addPlainDecode, the decode fast
+// TestPlainDecodeMatchesAddRows checks planPlainDecodes, the decode fast
 // path, against the general addRows for every plain decode of a run:
 // same metadata, same step record entry, same sequence state after.
 func TestPlainDecodeMatchesAddRows(t *testing.T) {
