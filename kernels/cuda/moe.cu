@@ -857,38 +857,33 @@ template <typename T> struct di_moe_dec_args {
 	T *act, *act_lo;
 };
 
-// Column tiles (16 weight rows each) a block: 2 for gate/up, and for down
-// below 2 rows an expert on average; 4 for down from there (moe_dec_project).
-// The ring (32-column blocks of k a warp has in flight) is 4 stages deep at
-// 2 tiles and 3 at 4: 32 or 48 KB of static shared memory a block.
-#define MOE_DEC_STAGES(CT) ((CT) == 2 ? 4 : 3)
+#define MOE_DEC_CT 2     // 16-row column tiles a block
+#define MOE_DEC_STAGES 4 // 32-column blocks of k a warp has in flight
 
-// di_moe_dec_k is di_moe_mma_k (CT = 2, or 4 for down) with three changes
-// that keep its bits: (1) block y works for the y-th expert with rows
-// (di_mx_expert; the grid has min(num_experts, pairs) rows of blocks, so a
-// decode step launches blocks for the experts it uses only, where
-// di_moe_mma_k's grid has a column for every expert); (2) each warp streams
-// its weight blocks through a copy ring of its own in shared memory
-// (MOE_DEC_STAGES(CT) blocks of 32 columns in flight, 1 KB a block and column
-// tile: a lane copies with cp.async the 16 bytes of rows g and g + 8 it alone
-// reads back, so no barrier is needed), where di_moe_mma_k keeps one block in
-// registers ahead (at one token that left about 32 KB in flight a
-// multiprocessor and 77% / 85% of the copy bandwidth on V2-Lite's gate/up /
-// down); (3) PAIRED (the gate/up weight, n = 2 inter): column tile 0 is gate
-// rows 16 x .. 16 x + 15 and tile 1 the up rows inter + 16 x .., so the
-// epilogue holds both inputs of each activation and writes silu(gate) * up
-// rounded to T (hi and lo in split mode): di_moe_act_k's value of
-// di_moe_mma_k's float32 outputs. The mma.sync calls, their operands and
-// order, and the warp-order sum of the four warps' partial sums (hi + lo last
-// in split mode) are di_moe_mma_k's, so every output has its bits, whatever
-// the batch.
-// Cost: 32 KB (CT 2) or 48 KB (CT 4) of shared memory a block (the rings,
-// which also take the warps' sums at the end of a pass); an expert's
-// weights read once per 8 RT of its rows.
-template <typename T, bool SPLIT, int RT, bool PAIRED, int CT>
+// di_moe_dec_k is di_moe_mma_k (CT = 2) with three changes that keep its
+// bits: (1) block y works for the y-th expert with rows (di_mx_expert; the
+// grid has min(num_experts, pairs) rows of blocks, so a decode step launches
+// blocks for the experts it uses only, where di_moe_mma_k's grid has a
+// column for every expert); (2) each warp streams its weight blocks through
+// a copy ring of its own in shared memory (MOE_DEC_STAGES blocks of 32
+// columns in flight, 1 KB a block and column tile: a lane copies with
+// cp.async the 16 bytes of rows g and g + 8 it alone reads back, so no
+// barrier is needed), where di_moe_mma_k keeps one block in registers ahead
+// (at one token that left about 32 KB in flight a multiprocessor and 77% /
+// 85% of the copy bandwidth on V2-Lite's gate/up / down); (3) PAIRED (the
+// gate/up weight, n = 2 inter): column tile 0 is gate rows 16 x .. 16 x +
+// 15 and tile 1 the up rows inter + 16 x .., so the epilogue holds both
+// inputs of each activation and writes silu(gate) * up rounded to T (hi and
+// lo in split mode): di_moe_act_k's value of di_moe_mma_k's float32 outputs.
+// The mma.sync calls, their operands and order, and the warp-order sum of
+// the four warps' partial sums (hi + lo last in split mode) are
+// di_moe_mma_k's, so every output has its bits, whatever the batch.
+// Cost: 32 KB of shared memory a block (the rings, which also take the
+// warps' sums at the end of a pass); an expert's weights read once per 8 RT
+// of its rows.
+template <typename T, bool SPLIT, int RT, bool PAIRED>
 __global__ void __launch_bounds__(MOE_MMA_WARPS * 32) di_moe_dec_k(di_moe_dec_args<T> p) {
-	static_assert(CT == 2 || (CT == 4 && !PAIRED), "di_moe_dec_k: 2 column tiles (gate/up: gate and up), or 4 (down)");
-	constexpr int ST = MOE_DEC_STAGES(CT);
+	constexpr int CT = MOE_DEC_CT, ST = MOE_DEC_STAGES;
 	constexpr int WS = ST * 2 * CT * 32 * 4; // floats in a warp's ring
 	static_assert(RT >= 1 && RT <= 4, "di_moe_dec_k: RT in 1..4");
 	static_assert((SPLIT ? 2 : 1) * CT * RT * 4 * 32 <= WS, "di_moe_dec_k: a warp's sums fit its ring");
@@ -1027,35 +1022,19 @@ __global__ void __launch_bounds__(MOE_MMA_WARPS * 32) di_moe_dec_k(di_moe_dec_ar
 	}
 }
 
-// moe_dec_launch launches di_moe_dec_k with CT column tiles a block over
-// slots expert slots, RT by the mean rows per expert as moe_mma (every RT
-// and CT gives the same bits).
-template <typename T, bool SPLIT, bool PAIRED, int CT>
-static void moe_dec_launch(di_ctx *ctx, const di_moe_dec_args<T> &p, int slots, int rows) {
-	const unsigned gx = PAIRED ? (unsigned)((p.n / 2 + 15) / 16) : (unsigned)((p.n + 16 * CT - 1) / (16 * CT));
-	const dim3 grid(gx, (unsigned)slots), block(MOE_MMA_WARPS * 32);
-	if (rows < 2 * p.num_experts)
-		di_launch(ctx, di_moe_dec_k<T, SPLIT, 1, PAIRED, CT>, grid, block, 0, p);
-	else if (rows < 12 * p.num_experts)
-		di_launch(ctx, di_moe_dec_k<T, SPLIT, 2, PAIRED, CT>, grid, block, 0, p);
-	else
-		di_launch(ctx, di_moe_dec_k<T, SPLIT, 3, PAIRED, CT>, grid, block, 0, p);
-}
-
-// moe_dec_project launches one projection: the down projection from 2 rows
-// an expert on average in blocks of 4 column tiles (64 output columns, half
-// the blocks, each streaming twice the weight bytes a step: at V2-Lite's
-// batch 64 the MoE took 300.0 us a call against 305.8 with 2 tiles, at
-// batch 1 38.9 against 37.4, too few blocks for the GPU), else 2.
+// moe_dec_project launches di_moe_dec_k over slots expert slots, RT by the
+// mean rows per expert as moe_mma (every RT gives the same bits).
 template <typename T, bool SPLIT, bool PAIRED>
 static int moe_dec_project(di_ctx *ctx, const di_moe_dec_args<T> &p, int slots, int rows) {
-	if constexpr (!PAIRED) {
-		if (rows >= 2 * p.num_experts) {
-			moe_dec_launch<T, SPLIT, PAIRED, 4>(ctx, p, slots, rows);
-			return di_check_launch(ctx, "moe: down");
-		}
-	}
-	moe_dec_launch<T, SPLIT, PAIRED, 2>(ctx, p, slots, rows);
+	const unsigned gx = PAIRED ? (unsigned)((p.n / 2 + 15) / 16)
+	                           : (unsigned)((p.n + 16 * MOE_DEC_CT - 1) / (16 * MOE_DEC_CT));
+	const dim3 grid(gx, (unsigned)slots), block(MOE_MMA_WARPS * 32);
+	if (rows < 2 * p.num_experts)
+		di_launch(ctx, di_moe_dec_k<T, SPLIT, 1, PAIRED>, grid, block, 0, p);
+	else if (rows < 12 * p.num_experts)
+		di_launch(ctx, di_moe_dec_k<T, SPLIT, 2, PAIRED>, grid, block, 0, p);
+	else
+		di_launch(ctx, di_moe_dec_k<T, SPLIT, 3, PAIRED>, grid, block, 0, p);
 	return di_check_launch(ctx, PAIRED ? "moe: gate_up" : "moe: down");
 }
 
