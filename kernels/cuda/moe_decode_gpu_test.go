@@ -5,7 +5,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
-	"sync"
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
@@ -17,23 +16,13 @@ import (
 // quantization pass.
 func randomFP8(experts, n, k int, seed uint64) kernels.FP8Weight {
 	data := make([]byte, experts*n*k)
-	var wg sync.WaitGroup
-	const parts = 16
-	for p := range parts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := rand.New(rand.NewPCG(uint64(p), seed))
-			for i := p * len(data) / parts; i < (p+1)*len(data)/parts; i++ {
-				v := byte(r.Uint32())
-				if v&0x7f == 0x7f { // E4M3's NaN codes
-					v ^= 1
-				}
-				data[i] = v
-			}
-		}()
-	}
-	wg.Wait()
+	fillParallel(len(data), seed, func(r *rand.Rand, i int) {
+		v := byte(r.Uint32())
+		if v&0x7f == 0x7f { // E4M3's NaN codes
+			v ^= 1
+		}
+		data[i] = v
+	})
 	cols, blockRows := (k+127)/128, (n+127)/128
 	w := kernels.FP8Weight{Shape: []int{experts, n, k}, Data: data, BlockK: 128,
 		Scales: make([]float32, experts*blockRows*cols), ScaleRow: make([]int32, experts*n)}
