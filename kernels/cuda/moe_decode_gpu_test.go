@@ -49,7 +49,8 @@ func randomFP8(experts, n, k int, seed uint64) kernels.FP8Weight {
 // deviceCopyBandwidth); the graph's output must have the eager call's bits.
 // DEEPINFER_MOE_BENCH_REPS sets the graph replays (default 50) and runs
 // the eager calls once, untimed (for a profiler: DEEPINFER_MOE_BENCH_REPS=1
-// shows it the eager calls, a warm-up replay and one timed replay). Its name
+// shows it the eager calls, timeIt's three warm-up replays and one timed
+// replay). Its name
 // keeps it out of the bench phase's default pattern (GPU): run it with
 // -test.bench MoEDecode. Weights: 1.1 GB BF16, 0.55 GB FP8.
 func BenchmarkMoEDecode(b *testing.B) {
@@ -118,25 +119,7 @@ func BenchmarkMoEDecode(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer graph.Close()
-				if err := graph.Replay(); err != nil { // warm-up
-					b.Fatal(err)
-				}
-				e0, _ := g.NewEvent()
-				e1, _ := g.NewEvent()
-				defer e0.Close()
-				defer e1.Close()
-				e0.Record()
-				for range reps {
-					if err := graph.Replay(); err != nil {
-						b.Fatal(err)
-					}
-				}
-				e1.Record()
-				ms, err := e0.Elapsed(e1)
-				if err != nil {
-					b.Fatal(err)
-				}
-				msGraph := ms / float64(reps*calls)
+				msGraph := timeIt(b, g, reps, graph.Replay) / calls
 				same := "graph = eager bits"
 				if i, ok := moeEqual(moeDownload(b, g, out), eager); !ok {
 					b.Fatalf("%s tokens=%d: graph replay out[%d] differs from the eager call's bits", format, tokens, i)
