@@ -12,9 +12,10 @@ type peakOnce struct {
 	v    float64
 }
 
-// PeakFLOPS is the float32 FMA throughput of this backend's threads,
-// measured once on first use (simd.PeakFLOPS, a few milliseconds); 0 when
-// the CPU offers no measurable ceiling. MFU figures divide by it.
+// PeakFLOPS is the float32 FMA throughput of this backend's threads
+// (AVX-512, else AVX2 with FMA), measured once on first use
+// (simd.PeakFLOPS, a few tens of milliseconds); 0 when the CPU offers
+// neither. MFU figures divide by it.
 func (b *Backend) PeakFLOPS() float64 {
 	b.peak.once.Do(func() {
 		if v, ok := simd.PeakFLOPS(b.threads); ok {

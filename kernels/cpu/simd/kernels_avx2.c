@@ -394,3 +394,25 @@ AVX2 void di_f32_to_bf16_avx2(uint16_t *dst, const float *src, int64_t n) {
 		memcpy(dst + i, o, (n - i) * 2);
 	}
 }
+
+// di_fma_peak_avx2 runs iters rounds of 12 independent 8-lane FMAs from
+// registers (192 flops a round; 12 chains cover two FMA ports of four
+// cycles' latency): the AVX2 machines' compute ceiling for MFU figures.
+// Returns a value derived from the accumulators so the loop is not removed.
+AVX2 float di_fma_peak_avx2(int64_t iters) {
+	__m256 acc[12];
+	const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+#pragma GCC unroll 12
+	for (int i = 0; i < 12; i++)
+		acc[i] = _mm256_set1_ps((float)i);
+	for (int64_t it = 0; it < iters; it++) {
+#pragma GCC unroll 12
+		for (int i = 0; i < 12; i++)
+			acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+	}
+	__m256 s = acc[0];
+#pragma GCC unroll 12
+	for (int i = 1; i < 12; i++)
+		s = _mm256_add_ps(s, acc[i]);
+	return hsum2(s, _mm256_setzero_ps());
+}

@@ -52,6 +52,17 @@ func fmaPeak(iters int) (v float32, ok bool) {
 	return float32(C.di_fma_peak_avx512(C.int64_t(iters))), true
 }
 
+// fmaPeakAVX2 runs iters rounds of 12 independent 8-lane FMAs (192 flops
+// per round) with AVX2 and returns a value that depends on all of them; ok
+// is false where the CPU lacks AVX2 with FMA. For the compute ceiling of
+// machines without AVX-512.
+func fmaPeakAVX2(iters int) (v float32, ok bool) {
+	if x := &cpu.X86; !x.HasAVX2 || !x.HasFMA || !x.HasF16C {
+		return 0, false
+	}
+	return float32(C.di_fma_peak_avx2(C.int64_t(iters))), true
+}
+
 // cFuncs are one instruction set's C entry points.
 type cFuncs struct {
 	linear    func(dtype C.int, out *C.float, x *C.float, w unsafe.Pointer, m, n, k, j0, j1 C.int64_t)

@@ -6,34 +6,40 @@ import (
 )
 
 // PeakFLOPS measures the float32 FMA throughput of workers goroutines
-// running register-resident AVX-512 FMA chains at once: the practical
-// compute ceiling that MFU figures divide by. It takes the best of 12
-// short windows (about 1-2 ms each): a ceiling read low overstates every
-// MFU figure divided by it, and on a shared 2-vCPU VM one run in a few of
-// 4 windows read 176 GFLOP/s where the others read 305-346. ok is false
-// where the CPU lacks AVX-512 (no ceiling is claimed). Cost: 12-25 ms of
-// all workers, once per backend.
+// running register-resident FMA chains (AVX-512 where the CPU has it, else
+// AVX2 with FMA): the compute ceiling that MFU figures divide by. It is the
+// larger of two readings, each the best of 12 short windows (about 1-2 ms
+// each): all workers at once, and one worker alone times workers. A
+// ceiling read low overstates every MFU figure divided by it: on a shared
+// 2-vCPU VM the all-workers reading fell to 176 GFLOP/s, where others read
+// 305-346, whenever the second vCPU was away for the whole probe, and the
+// one-worker reading does not depend on it. ok is false where the CPU
+// has neither (no ceiling is claimed). Cost: 25-50 ms of the workers,
+// once per backend.
 func PeakFLOPS(workers int) (flopsPerSecond float64, ok bool) {
-	if _, ok := fmaPeak(1); !ok || workers < 1 {
+	probe, flopsPerRound, iters := fmaPeak, 768.0, 250_000 // rounds of 24 independent 16-lane FMAs
+	if _, ok := fmaPeak(1); !ok {
+		probe, flopsPerRound, iters = fmaPeakAVX2, 192, 1_000_000 // 12 independent 8-lane FMAs
+	}
+	if _, ok := probe(1); !ok || workers < 1 {
 		return 0, false
 	}
-	const iters = 250_000     // rounds of 24 independent 16-lane FMAs
-	const flopsPerRound = 768 // 24 FMAs x 16 lanes x 2 flops
-	best := 0.0
-	for range 12 {
-		var wg sync.WaitGroup
-		start := time.Now()
-		for range workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				fmaPeak(iters)
-			}()
+	// best is the highest rate of n goroutines running the probe at once.
+	best := func(n int) float64 {
+		b := 0.0
+		for range 12 {
+			var wg sync.WaitGroup
+			start := time.Now()
+			for range n {
+				wg.Go(func() { probe(iters) })
+			}
+			wg.Wait()
+			if s := time.Since(start).Seconds(); s > 0 {
+				b = max(b, float64(n)*float64(iters)*flopsPerRound/s)
+			}
 		}
-		wg.Wait()
-		if s := time.Since(start).Seconds(); s > 0 {
-			best = max(best, float64(workers)*iters*flopsPerRound/s)
-		}
+		return b
 	}
-	return best, best > 0
+	peak := max(best(workers), float64(workers)*best(1))
+	return peak, peak > 0
 }

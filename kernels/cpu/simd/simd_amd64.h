@@ -34,6 +34,7 @@ void di_f32_to_bf16_avx512(uint16_t *dst, const float *src, int64_t n);
 
 // Throughput probe for benchmarks: iters rounds of 24 independent FMAs.
 float di_fma_peak_avx512(int64_t iters);
+float di_fma_peak_avx2(int64_t iters);
 
 float di_dot_avx2(const float *a, const float *b, int64_t n);
 void di_axpy_avx2(float a, const float *x, float *y, int64_t n);

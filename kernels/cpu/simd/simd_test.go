@@ -419,10 +419,17 @@ func ExampleLinearBF16() {
 	// Output: [9 0]
 }
 
+// TestPeakFLOPS: a ceiling is claimed wherever AVX-512 or AVX2 with FMA
+// runs, and it is plausible; the AVX2 probe runs on AVX-512 machines too.
 func TestPeakFLOPS(t *testing.T) {
 	peak, ok := PeakFLOPS(2)
-	if _, has := fmaPeak(1); has != ok {
-		t.Fatalf("PeakFLOPS ok = %v on a machine where AVX-512 is %v", ok, has)
+	_, has512 := fmaPeak(1)
+	_, has2 := fmaPeakAVX2(1)
+	if has := has512 || has2; has != ok {
+		t.Fatalf("PeakFLOPS ok = %v on a machine where AVX-512 is %v and AVX2 %v", ok, has512, has2)
+	}
+	if v, ok := fmaPeakAVX2(1000); ok && (math.IsNaN(float64(v)) || math.IsInf(float64(v), 0)) {
+		t.Errorf("AVX2 probe returned %v", v)
 	}
 	// Between 1 GFLOP/s and 10 TFLOP/s for two workers: a sanity range, not a timing.
 	if ok && (peak < 1e9 || peak > 1e13) {
