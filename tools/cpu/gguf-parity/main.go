@@ -155,8 +155,7 @@ func run(o options) error {
 // engines on each file: greedy decoding of the fixed prompts and the
 // perplexity of the fixed text.
 func measure(o options) ([]result, []pplResult, error) {
-	out, tokDir, nodeModules, n, threads, pplLen, acts, types, archs, seed := o.out, o.tokDir, o.nodeModules, o.n, o.threads, o.pplLen, o.acts, o.types, o.archs, o.seed
-	r := rand.New(rand.NewPCG(seed, 7))
+	r := rand.New(rand.NewPCG(o.seed, 7))
 	prompts := [][]int32{}
 	for _, l := range []int{1, 6, 23, 70} {
 		p := make([]int32, l)
@@ -166,36 +165,36 @@ func measure(o options) ([]result, []pplResult, error) {
 		prompts = append(prompts, p)
 	}
 	// The perplexity text: fixed random ids past the special tokens.
-	text := make([]int32, pplLen)
+	text := make([]int32, o.pplLen)
 	for i := range text {
 		text[i] = int32(7 + r.IntN(8192-7))
 	}
 	var results []result
 	var ppls []pplResult
-	for _, arch := range archs {
+	for _, arch := range o.archs {
 		cfgMap, ok := configs[arch]
 		if !ok {
 			return nil, nil, fmt.Errorf("model %q: want one of llama, qwen3, qwen3moe, mixtral, deepseek3", arch)
 		}
-		dir := filepath.Join(out, arch)
-		if err := writeModel(dir, tokDir, cfgMap, seed); err != nil {
+		dir := filepath.Join(o.out, arch)
+		if err := writeModel(dir, o.tokDir, cfgMap, o.seed); err != nil {
 			return nil, nil, err
 		}
-		for _, typ := range types {
+		for _, typ := range o.types {
 			var buf bytes.Buffer
 			if err := ggufwrite.Write(&buf, dir, "", typ); err != nil {
 				return nil, nil, err
 			}
-			path := filepath.Join(out, arch+"-"+typ+".gguf")
+			path := filepath.Join(o.out, arch+"-"+typ+".gguf")
 			if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
 				return nil, nil, err
 			}
-			if pplLen > 1 {
-				ours, err := enginePPL(path, text, threads, acts)
+			if o.pplLen > 1 {
+				ours, err := enginePPL(path, text, o.threads, o.acts)
 				if err != nil {
 					return nil, nil, err
 				}
-				theirs, err := peerPPL(o.peerScript, path, nodeModules, text, threads)
+				theirs, err := peerPPL(o.peerScript, path, o.nodeModules, text, o.threads)
 				if err != nil {
 					return nil, nil, err
 				}
@@ -203,16 +202,19 @@ func measure(o options) ([]result, []pplResult, error) {
 				ppls = append(ppls, pr)
 				fmt.Fprintf(o.log, "%s %s perplexity over %d tokens: %.4f here, %.4f llama.cpp (%+.3f%%)\n", arch, typ, len(text), ours, theirs, pr.diff())
 			}
-			for pi, prompt := range prompts[:len(prompts)*min(n, 1)] {
-				ours, logits, format, err := engineGreedy(path, prompt, n, threads, acts)
+			if o.n == 0 { // perplexity only
+				continue
+			}
+			for pi, prompt := range prompts {
+				ours, logits, format, err := engineGreedy(path, prompt, o.n, o.threads, o.acts)
 				if err != nil {
 					return nil, nil, err
 				}
-				theirs, err := peerGreedy(o.peerScript, path, nodeModules, prompt, n, threads)
+				theirs, err := peerGreedy(o.peerScript, path, o.nodeModules, prompt, o.n, o.threads)
 				if err != nil {
 					return nil, nil, err
 				}
-				res := result{model: arch, typ: typ + " (" + format + ")", prompt: fmt.Sprintf("#%d (%d ids)", pi, len(prompt)), n: n}
+				res := result{model: arch, typ: typ + " (" + format + ")", prompt: fmt.Sprintf("#%d (%d ids)", pi, len(prompt)), n: o.n}
 				seen := map[int32]bool{}
 				for _, id := range ours {
 					seen[id] = true
@@ -221,7 +223,7 @@ func measure(o options) ([]result, []pplResult, error) {
 				for res.matched < min(len(ours), len(theirs)) && ours[res.matched] == theirs[res.matched] {
 					res.matched++
 				}
-				if res.matched < n && res.matched < len(theirs) {
+				if res.matched < o.n && res.matched < len(theirs) {
 					i := res.matched
 					lg := logits[i]
 					a, b := ours[i], theirs[i]
@@ -231,7 +233,7 @@ func measure(o options) ([]result, []pplResult, error) {
 						i, a, lg[a], b, lg[b], rank(lg, b), lg[a]-lg[b], float64(lg[a]-lg[b])/float64(sorted[0]-sorted[len(sorted)-1]))
 				}
 				results = append(results, res)
-				fmt.Fprintf(o.log, "%s %s %s: %d/%d (%d distinct) %s\n", res.model, res.typ, res.prompt, res.matched, n, res.distinct, res.detail)
+				fmt.Fprintf(o.log, "%s %s %s: %d/%d (%d distinct) %s\n", res.model, res.typ, res.prompt, res.matched, o.n, res.distinct, res.detail)
 			}
 		}
 	}
@@ -253,54 +255,22 @@ func (p pplResult) diff() float64 { return 100 * (p.ours/p.theirs - 1) }
 // text[:i])[text[i]], from one forward pass over the whole text, the
 // log-softmax in float64.
 func enginePPL(path string, text []int32, threads int, acts cpu.ActRounding) (float64, error) {
-	ops := cpu.New(cpu.Options{Threads: threads, Activations: acts})
-	defer ops.Close()
-	m, err := models.Builtin().Load(ops, path, models.Options{MaxModelLen: max(1024, len(text))})
+	e, err := openEngine(path, threads, acts, len(text))
 	if err != nil {
 		return 0, err
 	}
-	const blockSize = 16
-	numBlocks := len(text)/blockSize + 2
-	cache, err := m.NewKVCache(numBlocks, blockSize)
+	defer e.close()
+	rows := make([]int32, len(text)-1)
+	for i := range rows {
+		rows[i] = int32(i)
+	}
+	v, err := e.logits(text, 0, rows)
 	if err != nil {
 		return 0, err
 	}
-	table := make([]int32, numBlocks)
-	for i := range table {
-		table[i] = int32(i)
-	}
-	h := models.HostBatch{BlockSize: blockSize}
-	h.AddSequence(text, 0, table[:(len(text)+blockSize-1)/blockSize])
-	b, err := h.Upload(ops, numBlocks)
-	if err != nil {
-		return 0, err
-	}
-	hidden, err := m.Forward(context.Background(), cache, b)
-	if err != nil {
-		return 0, err
-	}
-	rowIDs := make([]int32, len(text)-1)
-	for i := range rowIDs {
-		rowIDs[i] = int32(i)
-	}
-	rows, err := ops.Alloc(kernels.I32, len(rowIDs))
-	if err != nil {
-		return 0, err
-	}
-	if err := ops.Upload(rows, kernels.I32Bytes(rowIDs), kernels.I32); err != nil {
-		return 0, err
-	}
-	lg, err := m.ComputeLogits(hidden, rows)
-	if err != nil {
-		return 0, err
-	}
-	v, err := kernels.ToF32(ops, lg)
-	if err != nil {
-		return 0, err
-	}
-	vocab := len(v) / len(rowIDs)
+	vocab := len(v) / len(rows)
 	var nll float64
-	for i := range rowIDs {
+	for i := range rows {
 		row := v[i*vocab : (i+1)*vocab]
 		mx := float64(slices.Max(row))
 		var sum float64
@@ -309,7 +279,7 @@ func enginePPL(path string, text []int32, threads int, acts cpu.ActRounding) (fl
 		}
 		nll += mx + math.Log(sum) - float64(row[text[i+1]])
 	}
-	return math.Exp(nll / float64(len(rowIDs))), nil
+	return math.Exp(nll / float64(len(rows))), nil
 }
 
 // peerPPL is enginePPL in llama.cpp (peer.mjs --ppl, K/V in F32, flash
@@ -387,48 +357,16 @@ func writeModel(dir, tokDir string, cfgMap map[string]any, seed uint64) error {
 // after prompt, returning them, the logits each was chosen from, and the
 // weight format.
 func engineGreedy(path string, prompt []int32, n, threads int, acts cpu.ActRounding) ([]int32, [][]float32, string, error) {
-	ops := cpu.New(cpu.Options{Threads: threads, Activations: acts})
-	defer ops.Close()
-	m, err := models.Builtin().Load(ops, path, models.Options{MaxModelLen: 1024})
+	e, err := openEngine(path, threads, acts, len(prompt)+n)
 	if err != nil {
 		return nil, nil, "", err
 	}
-	const blockSize = 16
-	numBlocks := (len(prompt)+n)/blockSize + 2
-	cache, err := m.NewKVCache(numBlocks, blockSize)
-	if err != nil {
-		return nil, nil, "", err
-	}
-	table := make([]int32, numBlocks)
-	for i := range table {
-		table[i] = int32(i)
-	}
+	defer e.close()
 	var ids []int32
 	var all [][]float32
 	next, cached := prompt, 0
 	for len(ids) < n {
-		h := models.HostBatch{BlockSize: blockSize}
-		h.AddSequence(next, cached, table[:(cached+len(next)+blockSize-1)/blockSize])
-		b, err := h.Upload(ops, numBlocks)
-		if err != nil {
-			return nil, nil, "", err
-		}
-		hidden, err := m.Forward(context.Background(), cache, b)
-		if err != nil {
-			return nil, nil, "", err
-		}
-		rows, err := ops.Alloc(kernels.I32, 1)
-		if err != nil {
-			return nil, nil, "", err
-		}
-		if err := ops.Upload(rows, kernels.I32Bytes([]int32{int32(len(next) - 1)}), kernels.I32); err != nil {
-			return nil, nil, "", err
-		}
-		lg, err := m.ComputeLogits(hidden, rows)
-		if err != nil {
-			return nil, nil, "", err
-		}
-		v, err := kernels.ToF32(ops, lg)
+		v, err := e.logits(next, cached, []int32{int32(len(next) - 1)})
 		if err != nil {
 			return nil, nil, "", err
 		}
@@ -443,7 +381,68 @@ func engineGreedy(path string, prompt []int32, n, threads int, acts cpu.ActRound
 		cached += len(next)
 		next = []int32{best}
 	}
-	return ids, all, models.WeightFormat(m), nil
+	return ids, all, models.WeightFormat(e.m), nil
+}
+
+// engine is a GGUF file loaded on a CPU backend with a paged KV cache for
+// one sequence.
+type engine struct {
+	ops       *cpu.Backend
+	m         models.Model
+	cache     *models.KVCache
+	table     []int32 // the sequence's block table: blocks 0, 1, 2, ...
+	blockSize int
+}
+
+// openEngine loads the GGUF file at path with room for tokens tokens.
+func openEngine(path string, threads int, acts cpu.ActRounding, tokens int) (*engine, error) {
+	ops := cpu.New(cpu.Options{Threads: threads, Activations: acts})
+	m, err := models.Builtin().Load(ops, path, models.Options{MaxModelLen: max(1024, tokens)})
+	if err != nil {
+		ops.Close()
+		return nil, err
+	}
+	const blockSize = 16
+	numBlocks := tokens/blockSize + 2
+	cache, err := m.NewKVCache(numBlocks, blockSize)
+	if err != nil {
+		ops.Close()
+		return nil, err
+	}
+	table := make([]int32, numBlocks)
+	for i := range table {
+		table[i] = int32(i)
+	}
+	return &engine{ops: ops, m: m, cache: cache, table: table, blockSize: blockSize}, nil
+}
+
+func (e *engine) close() { e.ops.Close() }
+
+// logits runs ids after cached tokens of the sequence through the model
+// and returns the logits of the given rows of ids, row after row.
+func (e *engine) logits(ids []int32, cached int, rows []int32) ([]float32, error) {
+	h := models.HostBatch{BlockSize: e.blockSize}
+	h.AddSequence(ids, cached, e.table[:(cached+len(ids)+e.blockSize-1)/e.blockSize])
+	b, err := h.Upload(e.ops, len(e.table))
+	if err != nil {
+		return nil, err
+	}
+	hidden, err := e.m.Forward(context.Background(), e.cache, b)
+	if err != nil {
+		return nil, err
+	}
+	r, err := e.ops.Alloc(kernels.I32, len(rows))
+	if err != nil {
+		return nil, err
+	}
+	if err := e.ops.Upload(r, kernels.I32Bytes(rows), kernels.I32); err != nil {
+		return nil, err
+	}
+	lg, err := e.m.ComputeLogits(hidden, r)
+	if err != nil {
+		return nil, err
+	}
+	return kernels.ToF32(e.ops, lg)
 }
 
 // peerGreedy runs llama.cpp on the same file and prompt.
