@@ -2,28 +2,37 @@
 // of kernels.Ops with weights built by kernels.FP8Weighter).
 //
 // Three paths:
-//   - device, tensor cores (up to FP8_MOE_DEVICE_PAIRS (token, k) pairs,
-//     every decode batch, and always while a graph is captured, where
-//     block_k >= 128 and hidden and intermediate are multiples of 128, as in
-//     every published FP8 checkpoint): the pairs are grouped by expert on
-//     the device (di_moe_group_block: one block, a stable counting sort, run
-//     by the last block of f8m_prep_k, whose other blocks are f8m_split_k's:
-//     they carry x to the tensor cores, F16 hi and lo parts, below),
-//     f8m_mma_k runs the gate/up projection, f8m_split_k<act> applies the
-//     SiLU-mul in float32 (di_moe_act_f32's formula) and splits its result
-//     the same way, f8m_mma_k runs the down projection, and di_moe_combine
-//     sums each token's k outputs in k order. No host wait; all five kernels
-//     start with programmatic dependent launch (di_launch).
-//   - device, GEMV (the same batches where block_k < 128 or a size is not a
-//     multiple of 128): the same grouping, the projections as grouped FP8
-//     GEMVs over float32 activations (di_fp8_gemv with the expert offsets:
-//     each expert's weights read once per 8 of its rows), SiLU-mul in
-//     float32 between them, the same combine.
-//   - host (larger batches, prefill; block_k >= 128): the routing ids are
-//     copied to the host and grouped there (one small copy and a wait), the
-//     gathered rows are quantized per 128 columns (di_fp8_quant) and both
-//     projections run as one grouped tensor-core GEMM launch each
-//     (di_fp8_gemm over the experts' offsets).
+//   - device, tensor cores (block_k >= 128 and hidden and intermediate
+//     multiples of 128, as in every published FP8 checkpoint; at every
+//     batch size unless Options.MoEGEMMPairs is negative, and always while
+//     a graph is captured): the pairs are grouped by expert on the device
+//     (up to FP8_MOE_DEVICE_PAIRS pairs di_moe_group_block: one block, a
+//     stable counting sort, run by the last block of f8m_prep_k, whose other
+//     blocks are f8m_split_k's: they carry x to the tensor cores, F16 hi and
+//     lo parts, below; above, di_moe_group's three launches, the same
+//     grouping, and f8m_split_k), the gate/up projection runs,
+//     f8m_split_k<act> applies the SiLU-mul in float32 (di_moe_act_f32's
+//     formula) and splits its result the same way, the down projection
+//     runs, and di_moe_combine sums each token's k outputs in k order. Each
+//     projection is f8m_mma_k (each expert's weights streamed once per 32
+//     of its rows; decode) or, from ctx->moe_gemm_pairs pairs (2048 by
+//     default), f8m_gemm_k (a grouped GEMM over tiles of 128 weight rows by
+//     64 rows of one expert, both operands staged in shared memory; prefill),
+//     which sums every output in f8m_mma_k's order: the same bits. No host
+//     wait at any size; all kernels start with programmatic dependent launch
+//     (di_launch).
+//   - device, GEMV (the batches up to about 12k pairs where block_k < 128
+//     or a size is not a multiple of 128): the same grouping, the projections
+//     as grouped FP8 GEMVs over float32 activations (di_fp8_gemv with the
+//     expert offsets: each expert's weights read once per 8 of its rows),
+//     SiLU-mul in float32 between them, the same combine.
+//   - host (DI_FP8_GEMM forced; AUTO above FP8_MOE_DEVICE_PAIRS pairs where
+//     block_k >= 128 but a size is not a multiple of 128, or with
+//     Options.MoEGEMMPairs negative): the routing ids are copied to the host
+//     and grouped there (one small copy and a wait), the gathered rows are
+//     quantized per 128 columns (di_fp8_quant) and both projections run as
+//     one grouped tensor-core GEMM launch each (di_fp8_gemm over the
+//     experts' offsets).
 //
 // f8m_mma_k, block (x, y): the y-th expert that has rows (in expert order;
 // the grid has min(experts, pairs) rows of blocks, so that a decode step
@@ -77,10 +86,13 @@
 //
 // Numerics and batch invariance: on every path each output element is a
 // fixed-order sum over its own token's values (the split of a row depends on
-// that row alone; T and a block's slot change no sum), so a token alone gives
-// the bits it has in any batch. The device paths differ from each other by
-// rounding (which one runs depends on the weights' shape and block size
-// only), and from the host path by its activations' E4M3 rounding.
+// that row alone; T, a block's slot and the choice between f8m_mma_k and
+// f8m_gemm_k change no sum), so a token alone gives the bits it has in any
+// batch, of any size, on the tensor-core device path. The device paths
+// differ from each other by rounding (which one runs depends on the
+// weights' shape and block size only), and from the host path by its
+// activations' E4M3 rounding (which is why the host path, before the
+// grouped GEMM, gave a token other bits above 1024 pairs than below).
 #include <vector>
 
 #include "fp8.cuh"
@@ -407,15 +419,359 @@ static int f8m_project(di_ctx *ctx, const f8m_proj &p, int slots, int num_tokens
 // over k columns.
 static bool f8m_ok(const di_fp8w &w, int k) { return (1 << w.bk_shift) >= F8M_UNIT && k % F8M_UNIT == 0; }
 
+// ---------------------------------------------------------------- tensor-core GEMM (large batches)
+
+// f8m_gemm_k is f8m_mma_k for large batches (from ctx->moe_gemm_pairs
+// pairs, Options.MoEGEMMPairs): the same projection as a grouped GEMM that
+// stages both operands in shared memory and reads an expert's weights once
+// per F8G_BN of its rows (f8m_mma_k: once per 8 T), its activations once
+// per F8G_BM weight rows (f8m_mma_k: once per 32). Block (blockIdx.x,
+// blockIdx.y) computes F8G_BM weight rows (output columns) by F8G_BN
+// grouped rows of one expert: the blockIdx.y-th of all experts' row tiles
+// (ceil(rows / F8G_BN) an expert, in expert order), found from the
+// grouping's offsets on the device, so the grid is an upper bound that does
+// not depend on the routing (graph capture; blocks past the last tile
+// return at once), as di_moe_gemm_k's. Eight warps, 4 over the weight rows
+// by 2 over the grouped rows, each hold 32 x 32 sums; a three-stage
+// cp.async ring stages 64 columns of k a stage (8 KB of weight bytes, 16 KB
+// of the 64 rows' hi and lo parts, their 16-byte chunks permuted by row so
+// that the fragment reads are conflict-free).
+//
+// Numerics: every output element is f8m_mma_k's sum, bit for bit, so a
+// token's result does not depend on which kernel its batch size selects.
+// f8m_mma_k deals the 128-column units of k to four warps (warp w: units
+// w, w + 4, ...), each summing a unit's products from zero on the tensor
+// cores (two 64-column steps, in each the four m16n8k16 mmas hi then lo,
+// over the lane's 4-byte words in order), promoting it as acc =
+// fma(part * 2^e, block scale, acc) in unit order, and adds the four
+// accumulators in warp order. This kernel walks the 64-column steps in
+// that order (the stages take units 0, 4, 8, ..., then 1, 5, ..., then 2,
+// ..., then 3, ...), feeds each mma the same fragments (E4M3 weights widened
+// to F16 with the same cvt, the same words of the activations' parts),
+// applies the same promotion at each unit's end, and keeps the sum of the
+// finished passes (((S0 + S1) + S2), 32 floats a thread, 32 KB a block) in
+// shared memory while the next pass accumulates in registers from zero; a
+// pass without units adds zero, as f8m_mma_k's idle warp does. The weights
+// are mma's A operand and the grouped rows its B operand, as there; each
+// element of an mma tile is its own dot product and rows past the expert's
+// count are never stored, so the result is batch-invariant.
+//
+// Cost: 2 * 2 * rows * n * k flops on mma.sync (hi and lo), an expert's
+// weights read once per 64 of its rows, the activations (4 bytes a value:
+// hi and lo) once per 128 output columns; 104 KB of shared memory and at
+// most 128 registers a thread (some accumulators spill around a unit's
+// promotion), two blocks a multiprocessor. On an H200 at DeepSeek-V2-Lite's
+// shapes it runs at about 40% of the tensor pipe (latency-bound: NOTES.md),
+// and the hi + lo parts double the mma work of one 16-bit operand.
+// F8G_PREFETCH 1 (the default) loads each unit's scales one unit ahead
+// into shared memory; 0 loads them from global memory at the unit's start
+// (V2-Lite at 4096 tokens: 3.35 against 3.41 ms a MoE call; NOTES.md).
+#ifndef F8G_PREFETCH
+#define F8G_PREFETCH 1
+#endif
+#define F8G_BM 128 // weight rows (output columns) a block
+#define F8G_WARPS 8
+#define F8G_STAGES 3
+#define F8G_MINB 2 // blocks a multiprocessor
+#define F8G_BN 64 // grouped rows a block
+#define F8G_BK 64 // columns of k a stage: one of f8m_mma_k's steps
+#define F8G_THREADS (F8G_WARPS * 32)
+#define F8G_WM (F8G_BM / 32)                // warps over the weight rows (32 each); 2 over the grouped rows
+#define F8G_A_BYTES (F8G_BM * F8G_BK)       // a stage's weight bytes
+#define F8G_B_BYTES (F8G_BN * F8G_BK * 2)   // a stage's hi (or lo) part
+#define F8G_STAGE_BYTES (F8G_A_BYTES + 2 * F8G_B_BYTES)
+#define F8G_SMEM ((size_t)F8G_STAGES * F8G_STAGE_BYTES + (size_t)F8G_THREADS * 32 * sizeof(float))
+#define F8G_BCOPIES (F8G_BN * 8 / F8G_THREADS) // 16-byte copies of each part a thread a stage
+
+// f8g_unit is the t-th 128-column unit of k in f8m_mma_k's order: pass
+// w's units w, w + 4, ... (f8m_mma_k's warp w), the passes in turn. Stage s
+// takes unit f8g_unit(s / 2), its half s % 2.
+__device__ __forceinline__ int f8g_unit(int t, int nu) {
+#pragma unroll
+	for (int w = 0; w < F8M_WARPS; w++) {
+		const int c = (nu - w + 3) >> 2;
+		if (t < c) return w + F8M_WARPS * t;
+		t -= c;
+	}
+	return 0;
+}
+
+// f8g_bidx is the staged position of an activation part's 16-byte chunk ch
+// (8 halves) of row r: rows of 64 halves, the chunks of row r permuted by
+// r % 8, so that a warp's reads (8 rows, chunks 2 t4 + q2) hit every bank once.
+__device__ __forceinline__ int f8g_bidx(int r, int ch) { return r * F8G_BK + ((ch ^ (r & 7)) << 3); }
+
+__global__ void __launch_bounds__(F8G_THREADS, F8G_MINB) f8m_gemm_k(const f8m_proj p) {
+	extern __shared__ __align__(16) unsigned char f8g_sh[];
+	__shared__ int xrow[F8G_BN]; // the block's activation rows (clamped into the tile's rows)
+#if F8G_PREFETCH
+	__shared__ float sws[2][F8G_BM], sxs[2][F8G_BN]; // units' block and activation scales, by unit parity
+#endif
+	float *st = reinterpret_cast<float *>(f8g_sh + (size_t)F8G_STAGES * F8G_STAGE_BYTES); // [32][F8G_THREADS]
+	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+	di_pdl_wait();
+	// The block's tile: the blockIdx.y-th row tile over the experts.
+	int ex = -1, r0 = 0;
+	{
+		const int want = blockIdx.y;
+		int seen = 0;
+		for (int e0 = 0; e0 < p.num_experts && ex < 0; e0 += 32) {
+			const int e = e0 + lane;
+			const int nt = e < p.num_experts ? (p.offsets[e + 1] - p.offsets[e] + F8G_BN - 1) / F8G_BN : 0;
+			int incl = nt;
+#pragma unroll
+			for (int off = 1; off < 32; off <<= 1) {
+				const int o = __shfl_up_sync(0xffffffffu, incl, off);
+				if (lane >= off) incl += o;
+			}
+			const unsigned hit = __ballot_sync(0xffffffffu, want < seen + incl);
+			if (hit) {
+				const int l = __ffs(hit) - 1;
+				const int before = __shfl_sync(0xffffffffu, seen + incl - nt, l);
+				ex = e0 + l;
+				r0 = (want - before) * F8G_BN;
+			}
+			seen += __shfl_sync(0xffffffffu, incl, 31);
+		}
+	}
+	if (ex < 0) return;
+	const int lo = p.offsets[ex] + r0, m = min(F8G_BN, p.offsets[ex + 1] - lo);
+	const int k = p.k, nu = k / F8M_UNIT, n = p.n, j0 = F8G_BM * (int)blockIdx.x;
+	if (tid < F8G_BN) {
+		const int row = lo + (tid < m ? tid : 0);
+		xrow[tid] = p.order ? p.order[row] / p.div : row;
+	}
+	__syncthreads();
+	// This thread's copies a stage: 16 bytes of two weight rows, of one or two rows' hi and lo parts.
+	const uint8_t *asrc[2];
+	int adst[2];
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		const int c = tid + F8G_THREADS * i, r = c >> 2, part = c & 3;
+		asrc[i] = p.w.data + ((size_t)ex * n + min(j0 + r, n - 1)) * k + 16 * part;
+		adst[i] = r * F8G_BK + 16 * part;
+	}
+	size_t boff[F8G_BCOPIES];
+	int bdst[F8G_BCOPIES];
+#pragma unroll
+	for (int i = 0; i < F8G_BCOPIES; i++) {
+		const int c = tid + F8G_THREADS * i, r = c >> 3, ch = c & 7;
+		boff[i] = (size_t)xrow[r] * k + 8 * ch;
+		bdst[i] = f8g_bidx(r, ch);
+	}
+	auto issue = [&](int s) {
+		const int kc = f8g_unit(s >> 1, nu) * F8M_UNIT + 64 * (s & 1);
+		unsigned char *stage = f8g_sh + (size_t)(s % F8G_STAGES) * F8G_STAGE_BYTES;
+		__half *bh = reinterpret_cast<__half *>(stage + F8G_A_BYTES), *bl = bh + F8G_BN * F8G_BK;
+#pragma unroll
+		for (int i = 0; i < 2; i++) di_cp_async16(stage + adst[i], asrc[i] + kc, true);
+#pragma unroll
+		for (int i = 0; i < F8G_BCOPIES; i++) {
+			di_cp_async16(bh + bdst[i], p.xh + boff[i] + kc, true);
+			di_cp_async16(bl + bdst[i], p.xl + boff[i] + kc, true);
+		}
+	};
+	const int wm = warp % F8G_WM, wn = warp / F8G_WM;
+	const int steps = 2 * nu;
+#pragma unroll
+	for (int s = 0; s < F8G_STAGES - 1; s++) {
+		if (s < steps) issue(s);
+		di_cp_async_commit();
+	}
+#if F8G_PREFETCH
+	// The scale this thread fetches for each unit: block scale of weight row
+	// tid (tid < F8G_BM) or activation scale of grouped row tid - F8G_BM.
+	const bool fw = tid < F8G_BM, fx = !fw && tid < F8G_BM + F8G_BN;
+	size_t fbase = 0;
+	if (fw) fbase = (size_t)p.w.scale_row[(size_t)ex * n + min(j0 + tid, n - 1)] * p.w.scale_cols;
+	if (fx) fbase = (size_t)xrow[tid - F8G_BM] * nu;
+	auto fetch = [&](int u) {
+		return fw ? p.w.scales[fbase + ((u * F8M_UNIT) >> p.w.bk_shift)] : fx ? p.xf[fbase + u] : 0.f;
+	};
+	auto put = [&](int buf, float v) {
+		if (fw) sws[buf][tid] = v;
+		if (fx) sxs[buf][tid - F8G_BM] = v;
+	};
+	put(0, fetch(0)); // unit 0 (read after the first stage's barrier)
+#else
+	// The scale offsets of this lane's weight rows (A tile mi, rows g and g + 8).
+	int wsr[2][2];
+#pragma unroll
+	for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+		for (int h = 0; h < 2; h++)
+			wsr[mi][h] = p.w.scale_row[(size_t)ex * n + min(j0 + 32 * wm + 16 * mi + g + 8 * h, n - 1)] * p.w.scale_cols;
+#endif
+	float acc[2][4][4], part[2][4][4];
+#pragma unroll
+	for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+		for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+			for (int q = 0; q < 4; q++) acc[mi][ni][q] = 0.f;
+	int s = 0, t = 0;
+#pragma unroll 1
+	for (int w = 0; w < F8M_WARPS; w++) {
+		const int c = (nu - w + 3) >> 2;
+#pragma unroll 1
+		for (int i = 0; i < c; i++, t++) {
+			const int u = w + F8M_WARPS * i;
+#if F8G_PREFETCH
+			// The next unit's scale, loaded now and stored after this unit's first half.
+			const bool more = t + 1 < nu;
+			const float next = more ? fetch(f8g_unit(t + 1, nu)) : 0.f;
+#else
+			// The unit's block scales (this lane's weight rows) and activation scales (its grouped rows).
+			const int sc = (u * F8M_UNIT) >> p.w.bk_shift;
+			float ws[2][2], xs[4][2];
+#pragma unroll
+			for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+				for (int h = 0; h < 2; h++) ws[mi][h] = p.w.scales[wsr[mi][h] + sc];
+#pragma unroll
+			for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+				for (int e = 0; e < 2; e++) xs[ni][e] = p.xf[(size_t)xrow[32 * wn + 8 * ni + 2 * t4 + e] * nu + u];
+#endif
+			(void)u;
+#pragma unroll
+			for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+				for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+					for (int q = 0; q < 4; q++) part[mi][ni][q] = 0.f;
+#pragma unroll 1
+			for (int half = 0; half < 2; half++, s++) {
+				di_cp_async_wait<F8G_STAGES - 2>();
+				__syncthreads(); // stage s has landed for every thread; stage s - 1's slot is free
+				if (s + F8G_STAGES - 1 < steps) issue(s + F8G_STAGES - 1);
+				di_cp_async_commit();
+				const unsigned char *stage = f8g_sh + (size_t)(s % F8G_STAGES) * F8G_STAGE_BYTES;
+				const __half *bh = reinterpret_cast<const __half *>(stage + F8G_A_BYTES), *bl = bh + F8G_BN * F8G_BK;
+				// The lane's 16 weight bytes of rows g and g + 8 of A tile mi (columns 16 t4 ..).
+				uint4 aw[2][2];
+#pragma unroll
+				for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+					for (int h = 0; h < 2; h++)
+						aw[mi][h] =
+						    *reinterpret_cast<const uint4 *>(stage + (32 * wm + 16 * mi + g + 8 * h) * F8G_BK + 16 * t4);
+#pragma unroll
+				for (int q2 = 0; q2 < 2; q2++) {
+					// mmas qq = 2 q2 and 2 q2 + 1: words qq of the lane's weight bytes, widened as f8m_mma_k does.
+					unsigned af[2][2][4];
+#pragma unroll
+					for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+						for (int qv = 0; qv < 2; qv++) {
+							const int qq = 2 * q2 + qv;
+							const unsigned r0w[4] = {aw[mi][0].x, aw[mi][0].y, aw[mi][0].z, aw[mi][0].w};
+							const unsigned r8w[4] = {aw[mi][1].x, aw[mi][1].y, aw[mi][1].z, aw[mi][1].w};
+							di_e4m3x4_to_h2x2(r0w[qq], af[mi][qv][0], af[mi][qv][2]);
+							di_e4m3x4_to_h2x2(r8w[qq], af[mi][qv][1], af[mi][qv][3]);
+						}
+#pragma unroll
+					for (int ni = 0; ni < 4; ni++) {
+						// Grouped row 32 wn + 8 ni + g, halves 16 t4 + 8 q2 .. + 7: words 2 qq, 2 qq + 1 of mma qq.
+						const int o = f8g_bidx(32 * wn + 8 * ni + g, 2 * t4 + q2);
+						const uint4 hb = *reinterpret_cast<const uint4 *>(bh + o);
+						const uint4 lb = *reinterpret_cast<const uint4 *>(bl + o);
+#pragma unroll
+						for (int mi = 0; mi < 2; mi++) {
+							const unsigned *f0 = af[mi][0], *f1 = af[mi][1];
+							float *d = part[mi][ni];
+							di_mma16816<__half>(d, f0[0], f0[1], f0[2], f0[3], hb.x, hb.y);
+							di_mma16816<__half>(d, f0[0], f0[1], f0[2], f0[3], lb.x, lb.y);
+							di_mma16816<__half>(d, f1[0], f1[1], f1[2], f1[3], hb.z, hb.w);
+							di_mma16816<__half>(d, f1[0], f1[1], f1[2], f1[3], lb.z, lb.w);
+						}
+					}
+				}
+#if F8G_PREFETCH
+				if (half == 0 && more) put((t + 1) & 1, next);
+#endif
+			}
+			// The unit's end: acc += part 2^e (the grouped row's scale) * block scale (the weight row's).
+#if F8G_PREFETCH
+			float ws[2][2], xs[4][2];
+#pragma unroll
+			for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+				for (int h = 0; h < 2; h++) ws[mi][h] = sws[t & 1][32 * wm + 16 * mi + g + 8 * h];
+#pragma unroll
+			for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+				for (int e = 0; e < 2; e++) xs[ni][e] = sxs[t & 1][32 * wn + 8 * ni + 2 * t4 + e];
+#endif
+#pragma unroll
+			for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+				for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+					for (int q = 0; q < 4; q++)
+						acc[mi][ni][q] = __fmaf_rn(__fmul_rn(part[mi][ni][q], xs[ni][q & 1]), ws[mi][q >> 1], acc[mi][ni][q]);
+		}
+		if (w < F8M_WARPS - 1) { // the finished passes' sum: S0, then (S0 + S1), then ((S0 + S1) + S2)
+#pragma unroll
+			for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+				for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+					for (int q = 0; q < 4; q++) {
+						float &v = st[((mi * 4 + ni) * 4 + q) * F8G_THREADS + tid];
+						v = w == 0 ? acc[mi][ni][q] : __fadd_rn(v, acc[mi][ni][q]);
+						acc[mi][ni][q] = 0.f;
+					}
+		}
+	}
+	di_cp_async_wait<0>();
+	// Element q of tile (mi, ni): weight row 32 wm + 16 mi + g + 8 (q >> 1), grouped row 32 wn + 8 ni + 2 t4 + (q & 1).
+#pragma unroll
+	for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+		for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+			for (int q = 0; q < 4; q++) {
+				const int j = j0 + 32 * wm + 16 * mi + g + 8 * (q >> 1), r = 32 * wn + 8 * ni + 2 * t4 + (q & 1);
+				if (j < n && r < m)
+					p.out[(size_t)(lo + r) * n + j] =
+					    __fadd_rn(st[((mi * 4 + ni) * 4 + q) * F8G_THREADS + tid], acc[mi][ni][q]);
+			}
+}
+
+// f8g_grid is the grid of a projection of n weight rows over pairs grouped
+// rows: column tiles of F8G_BM, and an upper bound of the experts' row tiles
+// (sum of ceil(rows / F8G_BN) over at most min(experts, pairs) experts with
+// rows).
+static dim3 f8g_grid(size_t pairs, int num_experts, int n) {
+	const size_t busy = pairs < (size_t)num_experts ? pairs : (size_t)num_experts;
+	const size_t tiles = (pairs + (F8G_BN - 1) * busy) / F8G_BN;
+	return dim3((unsigned)((n + F8G_BM - 1) / F8G_BM), (unsigned)(tiles > 0 ? tiles : 1));
+}
+
+// f8g_ok says whether f8m_gemm_k's grid fits CUDA's limits for pairs rows.
+static bool f8g_ok(size_t pairs, int num_experts) { return f8g_grid(pairs, num_experts, 1).y <= 65535u; }
+
+static int f8g_launch(di_ctx *ctx, const f8m_proj &p, size_t pairs) {
+	cudaError_t e = cudaFuncSetAttribute(f8m_gemm_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)F8G_SMEM);
+	if (e == cudaSuccess)
+		e = cudaFuncSetAttribute(f8m_gemm_k, cudaFuncAttributePreferredSharedMemoryCarveout,
+		                         cudaSharedmemCarveoutMaxShared);
+	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "fp8 moe: grouped gemm: cudaFuncSetAttribute");
+	di_launch(ctx, f8m_gemm_k, f8g_grid(pairs, p.num_experts, p.n), dim3(F8G_THREADS), F8G_SMEM, p);
+	return di_check_launch(ctx, "fp8 moe: grouped gemm");
+}
+
 // fp8_moe_tc runs the tensor-core device path: the grouping and split x
 // (one f8m_prep_k where one block groups the pairs, else di_moe_group and
 // f8m_split), gate/up, SiLU-mul and split, down, combine: five launches, all
-// with programmatic dependent launch. Scratch: 4 bytes a value of x and of
+// with programmatic dependent launch. The projections run on f8m_mma_k, or
+// with gemm on f8m_gemm_k (the same bits). Scratch: 4 bytes a value of x and of
 // the activations (hi and lo), 8 of the gate/up outputs, 4 of the down
 // outputs, and the scales.
 static int fp8_moe_tc(di_ctx *ctx, float *out, const float *x, const float *weights, const di_fp8w &gu,
                       const di_fp8w &dn, const int *ids, int *offsets, int *order, int *row_of, int num_tokens,
-                      int top_k, int hidden, int inter, int num_experts) {
+                      int top_k, int hidden, int inter, int num_experts, bool gemm) {
 	const size_t pairs = (size_t)num_tokens * top_k, nx = (size_t)num_tokens * hidden, na = pairs * inter;
 	auto align = [](size_t b) { return (b + 255) & ~(size_t)255; };
 	const size_t b_xh = align(nx * sizeof(__half)), b_xf = align(nx / F8M_UNIT * sizeof(float));
@@ -442,13 +798,11 @@ static int fp8_moe_tc(di_ctx *ctx, float *out, const float *x, const float *weig
 		rc = di_moe_group(ctx, offsets, order, row_of, ids, (int)pairs, num_experts, "fp8 moe: group");
 		if (rc == DI_OK) rc = f8m_split<false>(ctx, xh, xl, xf, x, num_tokens, hidden);
 	}
-	if (rc == DI_OK)
-		rc = f8m_project(ctx, f8m_proj{gu, 2 * inter, hidden, offsets, num_experts, xh, xl, xf, order, top_k, g}, slots,
-		                 num_tokens, pairs);
+	const f8m_proj pgu{gu, 2 * inter, hidden, offsets, num_experts, xh, xl, xf, order, top_k, g};
+	const f8m_proj pdn{dn, hidden, inter, offsets, num_experts, ah, al, af, nullptr, 1, ye};
+	if (rc == DI_OK) rc = gemm ? f8g_launch(ctx, pgu, pairs) : f8m_project(ctx, pgu, slots, num_tokens, pairs);
 	if (rc == DI_OK) rc = f8m_split<true>(ctx, ah, al, af, g, (int)pairs, inter);
-	if (rc == DI_OK)
-		rc = f8m_project(ctx, f8m_proj{dn, hidden, inter, offsets, num_experts, ah, al, af, nullptr, 1, ye}, slots,
-		                 num_tokens, pairs);
+	if (rc == DI_OK) rc = gemm ? f8g_launch(ctx, pdn, pairs) : f8m_project(ctx, pdn, slots, num_tokens, pairs);
 	if (rc == DI_OK) rc = di_moe_combine(ctx, out, ye, row_of, weights, num_tokens, top_k, hidden, "fp8 moe: combine");
 	di_scratch_free(ctx, buf);
 	return rc;
@@ -530,8 +884,17 @@ extern "C" int di_op_fp8_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, d
 	const bool capturing = cap != cudaStreamCaptureStatusNone;
 	const size_t pairs = (size_t)num_tokens * top_k;
 	const bool gemm_ok = di_fp8_gemm_ok(gu, hidden) && di_fp8_gemm_ok(dn, inter);
-	const bool device_fits = (pairs + num_experts + 1) * sizeof(int) <= 48 * 1024;
-	bool host = !capturing && (path == DI_FP8_GEMM || (path == DI_FP8_AUTO && pairs > FP8_MOE_DEVICE_PAIRS && gemm_ok) ||
+	// Tensor-core shapes group on the device at any size (di_moe_group) and,
+	// unless moe_gemm_pairs is 0 (Options.MoEGEMMPairs negative), stay there
+	// above FP8_MOE_DEVICE_PAIRS too: from moe_gemm_pairs pairs on
+	// f8m_gemm_k, below on f8m_mma_k, the same bits. The GEMV path keeps the
+	// one-block grouping's limit.
+	const bool tc_shape = f8m_ok(gu, hidden) && f8m_ok(dn, inter);
+	const bool group_ok = di_moe_group_ok(pairs, num_experts);
+	const bool tc_device = tc_shape && group_ok && ctx->moe_gemm_pairs > 0;
+	const bool device_fits = tc_shape ? group_ok : (pairs + num_experts + 1) * sizeof(int) <= 48 * 1024;
+	bool host = !capturing && (path == DI_FP8_GEMM ||
+	                           (path == DI_FP8_AUTO && pairs > FP8_MOE_DEVICE_PAIRS && gemm_ok && !tc_device) ||
 	                           (path == DI_FP8_AUTO && !device_fits));
 	if (path == DI_FP8_GEMM && (capturing || !gemm_ok))
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "fp8 moe: the GEMM path needs block_k >= %d and no graph capture",
@@ -541,15 +904,14 @@ extern "C" int di_op_fp8_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, d
 		               pairs, DI_FP8_GROUP);
 	if (!host && !device_fits)
 		return di_fail(ctx, capturing ? DI_ERR_CAPTURING : DI_ERR_UNSUPPORTED,
-		               "fp8 moe: %zu pairs over %d experts do not fit the device grouping (at most %d)", pairs,
-		               num_experts, (int)(48 * 1024 / sizeof(int)) - num_experts - 1);
+		               "fp8 moe: %zu pairs over %d experts do not fit the device grouping", pairs, num_experts);
 	void *d_index = nullptr;
 	// [offsets (num_experts + 1) | order (pairs) | row_of (pairs)]
 	rc = di_scratch(ctx, (num_experts + 1 + 2 * pairs) * sizeof(int), &d_index);
 	if (rc != DI_OK) return rc;
 	int *offsets = (int *)d_index, *order = offsets + num_experts + 1, *row_of = order + pairs;
 	int max_rows = 0;
-	const bool tc = !host && f8m_ok(gu, hidden) && f8m_ok(dn, inter); // fp8_moe_tc groups on its own
+	const bool tc = !host && tc_shape; // fp8_moe_tc groups on its own
 	if (!host && !tc) {
 		rc = di_moe_group(ctx, offsets, order, row_of, DI_PTR(const int, ids), (int)pairs, num_experts,
 		                  "fp8 moe: group");
@@ -586,9 +948,12 @@ extern "C" int di_op_fp8_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, d
 			if (e != cudaSuccess) rc = di_cuda_fail(ctx, e, "fp8 moe: upload grouping");
 		}
 	}
-	if (rc == DI_OK && tc)
+	if (rc == DI_OK && tc) {
+		const bool gemm = ctx->moe_gemm_pairs > 0 && pairs >= (size_t)ctx->moe_gemm_pairs && f8g_ok(pairs, num_experts);
 		rc = fp8_moe_tc(ctx, DI_PTR(float, out), DI_PTR(const float, x), DI_PTR(const float, weights), gu, dn,
-		                DI_PTR(const int, ids), offsets, order, row_of, num_tokens, top_k, hidden, inter, num_experts);
+		                DI_PTR(const int, ids), offsets, order, row_of, num_tokens, top_k, hidden, inter, num_experts,
+		                gemm);
+	}
 	else if (rc == DI_OK)
 		rc = fp8_moe_run(ctx, DI_PTR(float, out), DI_PTR(const float, x), DI_PTR(const float, weights), gu, dn, offsets,
 		                 order, row_of, num_tokens, top_k, hidden, inter, num_experts, host, max_rows);

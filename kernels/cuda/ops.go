@@ -600,6 +600,13 @@ func (b *Backend) MoERoute(ids, weights, logits, bias kernels.Tensor, p kernels.
 // and a wait) and run cuBLAS GEMMs per selected expert; a bad id is then
 // an error from MoE itself. Hidden and intermediate sizes that are not
 // multiples of 8 always take the host path and cannot be captured.
+// FP8 experts (FP8Weight) whose hidden and intermediate sizes are
+// multiples of 128 with blocks of at least 128 columns (every published FP8
+// checkpoint) stay on the device at every batch size too, unless
+// Options.MoEGEMMPairs is negative: from Options.MoEGEMMPairs pairs a
+// grouped tensor-core GEMM (fp8_moe.cu's f8m_gemm_k) that gives the bits of
+// the smaller batches' kernel, so a token's result does not depend on its
+// batch; other FP8 shapes above 1024 pairs group on the host.
 // Block-quantized experts (QuantWeight) always take the device path, in
 // token chunks of at most 1024 pairs (quant_moe.cu).
 func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
