@@ -2,85 +2,166 @@ package spec
 
 import (
 	"math/bits"
+	"slices"
 	"time"
 )
 
 // Controller picks how many drafts a decode step verifies, 0 (speculation
 // off) to K, by measuring: for each batch size class (the running
-// sequences' count rounded down to a power of two) it keeps the decode
-// throughput (tokens emitted per second of wall time between step
-// completions) of the draft lengths it tried, and runs the fastest. Each
-// choice runs for a window of steps (a quarter window, at least 2 steps,
-// for a length's first measurement in a class).
+// sequences' count rounded down to a power of two) it runs one length, the
+// class's best, and now and then compares a neighbour of it (best-1 or
+// best+1) against it.
+//
+// A comparison runs the neighbour for half a window, then the best for
+// half a window, right after it; the ratio is the neighbour's rate over
+// the mean of the best's rates in its windows just before and just after
+// (only the one after when the best has none before: a new class, a new
+// best). A window's rate is the tokens its steps emitted over the wall
+// time they took (each step's time runs from the completion of the step
+// before), without its slowest step when it has four or more; its first
+// step after a change of length is not measured (it still carries the
+// old length's drafts or lacks the new one's). A machine whose speed
+// drifts (a shared host, a vCPU away for a while, another process) slows
+// the windows around the neighbour's alike, and a stall in one step does
+// not count, so the ratio holds where rates measured far apart would not;
+// a comparison whose two windows of the best disagree by more than Drift
+// is void and runs again. The neighbour replaces the best after two wins
+// in a row by more than Margin, or one by more than 4 Margins between two
+// windows of the best. A window spans at least WindowSequences
+// sequence-steps (64 steps at one sequence), since the tokens a step
+// emits vary with the drafts its sequences happen to get accepted.
 //
 // It searches by hill climbing: throughput over the draft length rises
 // while a longer draft earns more than it costs and falls after, so only
-// the best length's neighbours are measured (best-1 and best+1, each once,
-// then the climb moves to whichever beat it). A class starts at the best
-// length of the nearest class measured (1 in a fresh engine): a batch
-// whose size moves through classes, as one does while its requests
-// finish, does not pay for lengths its neighbour class already found
-// slow. Every ExploreEvery windows one neighbour of the best is measured
-// again, down and up in turn, so a class whose balance changes (longer
-// contexts, another workload) is followed; each such measurement that
-// leaves the best length where it was doubles the class's interval, up to
-// MaxExploreFactor times ExploreEvery, and one that moves it sets the
-// interval back to ExploreEvery. So on a steady workload where a
-// neighbour is much slower (a draft that costs a decode row, on a CPU)
-// the measurements of it cost less and less: 1/9 of the windows at first,
-// 1/65 once backed off. The draft length never changes a token:
-// verification is lossless at any length.
+// the best length's neighbours are compared, each once, and the climb
+// moves to one that wins. Every ExploreEvery windows of the best one
+// neighbour is compared again, down and up in turn, so a class whose
+// balance changes (longer contexts, another workload) is followed; each
+// comparison that leaves the best where it was doubles the class's
+// interval, up to MaxExploreFactor times ExploreEvery, and one that moves
+// it sets the interval back.
+//
+// A class first seen starts from its nearest compared class: at its best
+// length, with the lengths that lost there by more than Inherit counted
+// as lost here too until the class's first re-comparison. A batch
+// draining through classes as its requests finish (64 running, then 63,
+// 31, 15, ...) thus does not pay in every class for drafts its neighbour
+// found much slower, and a length near the best is still compared. A
+// class is seeded again until one of its steps is measured, so a class
+// passed through during a prefill (whose steps are not measured) takes
+// its seed when it is really used. A fresh engine starts at 1 draft, so
+// that the prompts of its first requests pass through drafters with a KV
+// cache of their own (MTP, a draft model).
 //
 // It decides from measurements rather than from a cost model, because
 // what a draft costs and earns depends on the backend, the drafter, the
 // workload and the batch (on a GPU a verify step of 64 sequences is no
-// longer bound by reading the weights; an MTP layer trained one token ahead
-// is seldom right four tokens ahead), and the engine may run on any of
-// them. The cost: one window of a neighbouring length in ExploreEvery to
-// MaxExploreFactor*ExploreEvery, and in a new class the quarter windows of
-// its start and its neighbours.
+// longer bound by reading the weights; on a CPU a verify row costs about
+// a decode row at any batch; an MTP layer trained one token ahead is
+// seldom right four tokens ahead), and the engine may run on any of them.
+// The cost: in a new class one or two comparisons of each neighbour, and
+// afterwards half a window of a neighbour every ExploreEvery to
+// MaxExploreFactor*ExploreEvery windows. The draft length never changes a
+// token: verification is lossless at any length.
 //
 // Not safe for concurrent use: the schedule stage owns it.
 type Controller struct {
 	// K is the longest draft (num_speculative_tokens). Window is the
-	// number of decode steps per measurement; ExploreEvery re-measures
-	// a neighbour of the best length once in that many windows.
+	// number of decode steps the best length runs between decisions;
+	// ExploreEvery compares a neighbour of the best again once in that
+	// many windows.
 	K, Window, ExploreEvery int
 
 	classes map[int]*classStats
 	last    time.Time
 }
 
-// classStats are one batch size class's throughputs per draft length
-// (tokens per second; 0: not measured), the window in progress (its draft
-// length and what it measured so far), the windows run since the last
-// exploration and the direction of the next one. Each class keeps its own
-// window, so a batch that moves between two classes measures both.
-type classStats struct {
-	rate  []float64
-	cur   window
-	since int
-	up    bool
-	// every is the windows between two re-measurements (ExploreEvery to
-	// MaxExploreFactor*ExploreEvery); exploring is set while the window in
-	// progress re-measures a neighbour of the length best was then.
-	every     int
-	exploring bool
-	from      int
-}
+// Margin is how much faster a neighbour must be than the best, in each of
+// two comparisons in a row, to replace it (a ratio above 1+Margin).
+const Margin = 0.02
 
-// MaxExploreFactor bounds how far a class's re-measurements back off: at
-// most one window in MaxExploreFactor*ExploreEvery + 1.
+// Drift: a comparison whose two windows of the best (before and after the
+// neighbour's) differ by more than this share of the faster is void and
+// runs again: the machine's speed moved under it.
+const Drift = 0.25
+
+// Inherit: a new class counts as lost the lengths that its nearest
+// compared class measured below 1-Inherit of that class's best.
+const Inherit = 0.15
+
+// WindowSequences is the least number of sequence-steps a window of the
+// best spans (a neighbour's, half of it): a step's tokens vary with the
+// drafts accepted, and at one sequence a window of Window steps would
+// measure that luck more than the rate.
+const WindowSequences = 64
+
+// MaxExploreFactor bounds how far a class's re-comparisons back off: at
+// most one in MaxExploreFactor*ExploreEvery windows of the best.
 const MaxExploreFactor = 8
 
+// classStats are one batch size class's state: its best length, each
+// length's rate relative to the best in its last comparison (0: not
+// compared), the window in progress and the comparison it belongs to.
+// Each class keeps its own window, so a batch that moves between two
+// classes measures both.
+type classStats struct {
+	window   int // steps of a window of the best: Window, more for small batches
+	best     int
+	ratio    []float64
+	measured bool // a step of this class has been measured
+	cur      window
+	before   float64 // the rate of the best's last window (0: none since the best changed)
+
+	trial    bool    // the window in progress runs the neighbour cand
+	pending  bool    // cand's window is done; the best's next window decides
+	cand     int     // the neighbour being compared
+	candRate float64 // its rate
+	wins     int     // comparisons in a row the neighbour won
+	void     bool    // the last comparison is void (the best's windows disagreed)
+
+	since, every int // windows of the best since the last comparison; the interval
+	up           bool
+	exploring    bool // the comparison in progress is a re-comparison
+}
+
+// window is a run of steps at draft length k: length measured steps after
+// skip unmeasured ones, and what the measured ones emitted and took.
 type window struct {
-	k, length, steps, tokens int
-	time                     time.Duration
+	k, length, skip int
+	tokens          []int
+	times           []time.Duration
+}
+
+// rate is the window's tokens per second: emitted tokens over the time
+// taken, both without the slowest step when there are four or more (a
+// stall, or a vCPU away, in one step does not move the figure).
+func (w *window) rate() float64 {
+	slow := -1
+	if len(w.times) >= 4 {
+		slow = 0
+		for i, d := range w.times {
+			if d > w.times[slow] {
+				slow = i
+			}
+		}
+	}
+	var tokens int
+	var took time.Duration
+	for i, d := range w.times {
+		if i != slow {
+			tokens += w.tokens[i]
+			took += d
+		}
+	}
+	if took <= 0 {
+		return 0
+	}
+	return float64(tokens) / took.Seconds()
 }
 
 // NewController returns a Controller for drafts of up to k tokens with
-// windows of window steps that re-measures a neighbour of the best length
-// once in exploreEvery windows.
+// windows of window steps that compares a neighbour of the best length
+// again once in exploreEvery windows.
 func NewController(k, window, exploreEvery int) *Controller {
 	return &Controller{K: max(k, 1), Window: max(window, 1), ExploreEvery: max(exploreEvery, 2), classes: map[int]*classStats{}}
 }
@@ -89,99 +170,161 @@ func NewController(k, window, exploreEvery int) *Controller {
 func class(numRunning int) int { return bits.Len(uint(max(numRunning, 1))) }
 
 // Decide returns the longest draft the step about to be planned, with
-// numRunning sequences running, should verify (0: none). Cost: O(K) when
-// a window ends, O(classes) when a class is first seen.
+// numRunning sequences running, should verify (0: none). Cost: O(K +
+// Window) when a window ends, O(classes * K) while a class has no
+// measured step.
 func (c *Controller) Decide(numRunning int) int {
 	st := c.stats(class(numRunning))
-	if st.cur.steps < st.cur.length {
+	if len(st.cur.times) < st.cur.length {
 		return st.cur.k
 	}
-	if st.cur.time > 0 {
-		rate := float64(st.cur.tokens) / st.cur.time.Seconds()
-		if r := &st.rate[st.cur.k]; *r == 0 {
-			*r = rate
-		} else {
-			*r = (*r + rate) / 2
-		}
-		st.since++
-		if st.exploring {
-			st.exploring = false
-			if st.best() == st.from {
-				st.every = min(2*st.every, MaxExploreFactor*c.ExploreEvery)
-			} else {
-				st.every = c.ExploreEvery
-			}
-		}
-	}
-	c.start(st, c.choose(st))
+	c.finish(st)
+	c.next(st)
 	return st.cur.k
 }
 
-// start begins a class's window at draft length k: a first measurement
-// of a length is a quarter window (at least 2 steps), so that trying a
-// length costs little even in a short run; the others are whole windows.
-func (c *Controller) start(st *classStats, k int) {
-	length := c.Window
-	if st.rate[k] == 0 {
-		length = max(c.Window/4, 2)
+// finish closes a class's completed window: a neighbour's window waits
+// for the best's next one; a best window decides a comparison waiting
+// for it, against the mean of the best's windows before and after the
+// neighbour's.
+func (c *Controller) finish(st *classStats) {
+	rate := st.cur.rate()
+	if st.trial {
+		st.trial, st.pending, st.candRate = false, true, rate
+		return
 	}
-	st.cur = window{k: k, length: length}
-}
-
-// best is the class's fastest measured length (0 when none is measured).
-func (st *classStats) best() int {
-	b := 0
-	for k, r := range st.rate {
-		if r > st.rate[b] {
-			b = k
+	st.since++
+	before := st.before
+	st.before = rate
+	if !st.pending {
+		return
+	}
+	st.pending = false
+	if before > 0 {
+		if min(before, rate) < (1-Drift)*max(before, rate) {
+			st.void = true // the machine's speed moved: compare again
+			return
 		}
+		rate = (before + rate) / 2
 	}
-	return b
+	r := 0.0
+	if rate > 0 {
+		r = st.candRate / rate
+	}
+	st.ratio[st.cand] = r
+	if r > 1+Margin {
+		st.wins++
+	} else {
+		st.wins = 0
+	}
+	switch {
+	case st.wins >= 2 || (before > 0 && r > 1+4*Margin):
+		// The neighbour is the new best: every ratio was relative to the
+		// old one, and the best's last rate is not its own.
+		for k := range st.ratio {
+			st.ratio[k] /= r
+		}
+		st.best, st.ratio[st.cand], st.before = st.cand, 1, 0
+		st.endComparison(c, true)
+	case st.wins == 1:
+		// Compare once more to confirm.
+	default:
+		st.endComparison(c, false)
+	}
 }
 
-// choose returns the draft length of a class's next window: an unmeasured
-// neighbour of the best length first (the climb), else the best, except
-// once in the class's interval (ExploreEvery, backed off while the best
-// holds), when a neighbour is measured again.
-func (c *Controller) choose(st *classStats) int {
-	b := st.best()
+// endComparison ends a comparison; a re-comparison that moved the best
+// resets the interval, one that did not doubles it.
+func (st *classStats) endComparison(c *Controller, moved bool) {
+	st.wins = 0
+	if !st.exploring {
+		return
+	}
+	st.exploring = false
+	if moved {
+		st.every = c.ExploreEvery
+	} else {
+		st.every = min(2*st.every, MaxExploreFactor*c.ExploreEvery)
+	}
+}
+
+// next starts a class's next window: the best's for half a window after
+// a neighbour's (the comparison's second half), a neighbour's again to
+// confirm a win, a neighbour of the best not compared yet (the climb),
+// else the best, except once in the class's interval, when a neighbour
+// is compared again.
+func (c *Controller) next(st *classStats) {
+	b := st.best
+	switch {
+	case st.pending:
+		c.run(st, b, max(st.window/2, 2))
+		return
+	case st.wins == 1 || st.void:
+		st.void = false
+		c.compare(st, st.cand)
+		return
+	}
 	for _, k := range []int{b - 1, b + 1} {
-		if k >= 0 && k <= c.K && st.rate[k] == 0 {
-			return k
+		if k >= 0 && k <= c.K && st.ratio[k] == 0 {
+			c.compare(st, k)
+			return
 		}
 	}
 	if st.every == 0 {
 		st.every = c.ExploreEvery
 	}
 	if st.since < st.every {
-		return b
+		c.run(st, b, st.window)
+		return
 	}
 	st.since = 0
 	st.up = !st.up
-	st.exploring, st.from = true, b
+	st.exploring = true
 	switch {
 	case b == 0:
-		return 1
+		c.compare(st, 1)
 	case b == c.K:
-		return c.K - 1
+		c.compare(st, c.K-1)
 	case st.up:
-		return b + 1
+		c.compare(st, b+1)
 	default:
-		return b - 1
+		c.compare(st, b-1)
 	}
+}
+
+// compare runs neighbour k for half a window (at least 2 steps).
+func (c *Controller) compare(st *classStats, k int) {
+	st.cand, st.trial = k, true
+	c.run(st, k, max(st.window/2, 2))
+}
+
+// run starts a window of length measured steps at draft length k; after
+// a window of another length its first step is not measured (it still
+// carries the old length's drafts, or lacks the new one's).
+func (c *Controller) run(st *classStats, k, length int) {
+	skip := 0
+	if k != st.cur.k || st.cur.length == 0 {
+		skip = 1
+	}
+	st.cur = window{k: k, length: length, skip: skip, tokens: st.cur.tokens[:0], times: st.cur.times[:0]}
 }
 
 // Observe records a decode step planned with numRunning sequences
 // running and a draft limit of k (Decide's answer) that emitted tokens and
 // completed at done. It counts toward its class's window when that window
-// measures k (a step planned before the window began is not its own).
+// runs k (a step planned before the window began is not its own).
 // Steps of other kinds (a prefill in the batch) go to Skip: they would
 // measure the prompts.
 func (c *Controller) Observe(numRunning, k, tokens int, done time.Time) {
-	if st := c.stats(class(numRunning)); !c.last.IsZero() && done.After(c.last) && st.cur.k == k {
-		st.cur.time += done.Sub(c.last)
-		st.cur.tokens += tokens
-		st.cur.steps++
+	st := c.stats(class(numRunning))
+	if !c.last.IsZero() && done.After(c.last) && st.cur.k == k && len(st.cur.times) < st.cur.length {
+		st.measured = true
+		if st.cur.skip > 0 {
+			st.cur.skip--
+		} else {
+			st.cur.tokens = append(st.cur.tokens, tokens)
+			st.cur.times = append(st.cur.times, done.Sub(c.last))
+		}
 	}
 	c.last = done
 }
@@ -190,39 +333,75 @@ func (c *Controller) Observe(numRunning, k, tokens int, done time.Time) {
 // next observed step's time starts at its completion.
 func (c *Controller) Skip(done time.Time) { c.last = done }
 
-// Rates returns the measured throughputs (tokens/s; 0 when not measured)
-// of draft lengths 0..K for the class of numRunning sequences.
-func (c *Controller) Rates(numRunning int) []float64 {
+// Best returns the draft length the class of numRunning sequences runs
+// between comparisons (1 for a class never seen).
+func (c *Controller) Best(numRunning int) int {
+	if st := c.classes[class(numRunning)]; st != nil {
+		return st.best
+	}
+	return min(1, c.K)
+}
+
+// Ratios returns, for draft lengths 0..K, each one's rate relative to the
+// best length's in its last comparison in the class of numRunning
+// sequences (1 for the best; 0: not compared).
+func (c *Controller) Ratios(numRunning int) []float64 {
 	st := c.classes[class(numRunning)]
 	if st == nil {
 		return make([]float64, c.K+1)
 	}
-	return append([]float64(nil), st.rate...)
+	return slices.Clone(st.ratio)
 }
 
-// stats returns class cl's statistics, starting a new class at the best
-// length of the nearest class with a measurement (the smaller on a tie;
-// 1 when there is none).
+// stats returns class cl's state, (re)seeding it from the nearest class
+// with a completed comparison (the smaller on a tie) while none of its
+// own steps has been measured.
 func (c *Controller) stats(cl int) *classStats {
 	st := c.classes[cl]
-	if st != nil {
+	if st != nil && st.measured {
 		return st
 	}
-	k, dist := 1, -1
+	var from *classStats
+	dist := -1
 	for other, o := range c.classes {
+		if other == cl || !o.compared() {
+			continue
+		}
 		d := other - cl
 		if d < 0 {
 			d = -d
 		}
-		if o.best() == 0 && o.rate[0] == 0 {
-			continue // nothing measured there yet
-		}
 		if dist < 0 || d < dist || (d == dist && other < cl) {
-			k, dist = o.best(), d
+			from, dist = o, d
 		}
 	}
-	st = &classStats{rate: make([]float64, c.K+1)}
-	c.start(st, min(k, c.K))
-	c.classes[cl] = st
+	if st == nil {
+		st = &classStats{ratio: make([]float64, c.K+1), window: max(c.Window, WindowSequences>>(cl-1))}
+		c.classes[cl] = st
+	}
+	st.best = min(1, c.K)
+	clear(st.ratio)
+	if from != nil {
+		st.best = from.best
+		for k, r := range from.ratio {
+			if r > 0 && r < 1-Inherit {
+				st.ratio[k] = r
+			}
+		}
+	}
+	st.ratio[st.best] = 1
+	st.trial, st.pending, st.wins, st.before = false, false, 0, 0
+	st.cur = window{}
+	c.next(st)
 	return st
+}
+
+// compared reports whether a comparison has completed in the class.
+func (st *classStats) compared() bool {
+	for k, r := range st.ratio {
+		if r > 0 && k != st.best {
+			return true
+		}
+	}
+	return false
 }
