@@ -556,12 +556,16 @@ typedef struct di_api {
 	int (*fp8_linear)(di_ctx *ctx, di_dptr out, di_dptr x, const di_fp8_weight *w, di_dptr bias, int m, int n,
 	                  int k, int path);
 	/* fp8_moe: moe with FP8 expert weights (gate_up [experts, 2 inter,
-	 * hidden], down [experts, hidden, inter]). Up to 1024 (token, k) pairs,
-	 * and always while capturing (and GEMV forced), grouped on the device
-	 * with no host wait: tensor-core projections over float32-accurate
-	 * activations where block_k >= 128 and hidden and inter are multiples of
-	 * 128, the GEMV otherwise (fp8_moe.cu); larger batches (AUTO) group on
-	 * the host (one small copy and a wait) and run the GEMM per expert. */
+	 * hidden], down [experts, hidden, inter]), grouped on the device with
+	 * no host wait at every batch where block_k >= 128 and hidden and inter
+	 * are multiples of 128: tensor-core projections over float32-accurate
+	 * activations, the small-batch kernel below moe_gemm_pairs pairs and
+	 * the grouped GEMM (the same bits) from it (fp8_moe.cu). Other shapes
+	 * group on the device with GEMV projections up to 1024 pairs (while
+	 * capturing, up to about 12k); larger batches of them (AUTO), and
+	 * tensor-core shapes above 1024 pairs with moe_gemm_pairs negative,
+	 * group on the host (one small copy and a wait) and run one grouped
+	 * GEMM launch per projection. */
 	int (*fp8_moe)(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, const di_fp8_weight *gate_up,
 	               const di_fp8_weight *down, int num_tokens, int top_k, int hidden, int inter, int num_experts,
 	               int path);

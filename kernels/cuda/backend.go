@@ -216,7 +216,10 @@ type Options struct {
 	// the device): 0: 2048 (on an H200 at DeepSeek-V2-Lite's expert shapes
 	// the grouped kernels win at 1536 pairs, the GEMM at 6144); negative:
 	// never (above 1024 pairs the batch groups on the host and runs cuBLAS
-	// per expert, as before the GEMM).
+	// per expert, as before the GEMM). The same threshold moves FP8 experts
+	// (block-scaled, tensor-core shapes) from the small-batch kernel to
+	// their grouped GEMM (the same bits); negative sends their batches of
+	// more than 1024 pairs to the host grouping too.
 	MoEGEMMPairs int
 	// DisableFP8LT sends FP8 linears of more than 8 rows to the library's
 	// own tensor-core GEMM, whose rows' bits do not depend on the batch,
