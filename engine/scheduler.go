@@ -260,6 +260,12 @@ type SchedulerOutputs struct {
 	// SpecDisableBatchSize) or speculative decoding is not configured. A
 	// drafter may draft no more than it for the step after.
 	DraftLimit int
+	// PlaceholdersFromSamples: the step's placeholder inputs come from a
+	// step that verified no drafts and drafted none (planned with
+	// DraftLimit 0): each InputFromRow is that step's sample row, whose
+	// sampled token it is, with no shift (speculative decoding; without
+	// it placeholders always index the sample rows).
+	PlaceholdersFromSamples bool
 
 	InputTokenIDs []int
 	SlotMapping   []int
@@ -417,8 +423,14 @@ func (r *stepRecord) next() *stepEntry {
 // drafts, laid out as if that step accepted nothing (Shifted); its
 // slots cover any outcome, and the device shifts positions, slots and
 // sequence lengths by the accepted count before the forward pass, so no
-// host round trip sits between the two steps. Drafts a step could not use
-// (max_tokens, max_model_len, the token budget) are cut, never reserved.
+// host round trip sits between the two steps. When the step in flight was
+// planned with drafts off (a draft limit of 0: SetDraftLimit(0),
+// SpecDisableBatchSize), it verifies none and its drafter proposes none, so
+// the next decode has one placeholder, its sampled token, laid out exactly
+// (no shift) and read from the sample rows as without speculation
+// (SchedulerOutputs.PlaceholdersFromSamples): with drafts off a step costs
+// what a plain one does. Drafts a step could not use (max_tokens,
+// max_model_len, the token budget) are cut, never reserved.
 //
 // Methods are safe for concurrent use (one mutex). Schedule and
 // ProcessOutputs cost O(live sequences + tokens scheduled) plus hashing of
@@ -454,7 +466,11 @@ type Scheduler struct {
 	builder      stepBuilder
 	newRunning   []*Sequence
 
-	draftLimit         int // SetDraftLimit; NumSpeculativeTokens until set
+	draftLimit int // SetDraftLimit; NumSpeculativeTokens until set
+	// draftFree: the step planned last (in flight, with zero-overhead
+	// scheduling, while the next is planned) had a draft limit of 0, so it
+	// verifies no drafts and its drafter proposes none.
+	draftFree          bool
 	finishedIDs        []SeqID
 	abortedIDs         []SeqID
 	pendingStateCopies []pendingStateCopy
@@ -850,6 +866,9 @@ func (s *Scheduler) draftsFor(seq *Sequence, budget int) (q, slots int) {
 	q = len(seq.drafts)
 	if seq.numPending > 0 {
 		q = k
+		if s.draftFree { // the step in flight drafts nothing
+			q = 0
+		}
 	}
 	shift := int(seq.numPendingDrafts)
 	numOut := len(seq.tokens) + int(seq.numPending) - seq.numPromptTokens
@@ -931,6 +950,7 @@ func (s *Scheduler) ScheduleInto(buf []SequenceMetadata) (*SchedulerOutputs, []S
 	id := b.id
 	out := b.out
 	out.DraftLimit = s.stepDraftLimit()
+	out.PlaceholdersFromSamples = s.draftFree
 	// State copies run in this order: an empty step's, checkpoints taken,
 	// copies out of checkpoints (admissions), forks'.
 	out.StateCopies = append(out.StateCopies, s.carried...)
@@ -1079,6 +1099,9 @@ func (s *Scheduler) addRows(b *stepBuilder, seq *Sequence, q, drafts int, prefil
 	fromRow, shiftFrom := -1, -1
 	if s.cfg.NumSpeculativeTokens > 0 && !prefill && seq.numPending > 0 {
 		fromRow, shiftFrom = int(seq.pendingRow), int(seq.pendingRow)
+		if s.draftFree { // its step in flight verifies no drafts: no shift
+			shiftFrom = -1
+		}
 	}
 	for p := pos; p < pos+q; p++ {
 		switch {
@@ -1307,6 +1330,7 @@ func (s *Scheduler) finishStep(b *stepBuilder) []SequenceMetadata {
 		}
 	}
 	s.lastStep = b.id
+	s.draftFree = s.cfg.NumSpeculativeTokens > 0 && out.DraftLimit == 0
 	out.StepID = b.id
 	out.InputTokenIDs = b.tokens
 	out.SlotMapping = b.slots

@@ -978,9 +978,10 @@ type specDevice struct {
 	rng   *rand.Rand
 	pGood float64
 
-	prevStep StepID
-	prevNext []int // (1+k) per sample row of prevStep: bonus, drafts, padding
-	prevAcc  []int // accepted drafts per sample row of prevStep
+	prevStep    StepID
+	fromSamples int   // decodes whose input was the step before's sampled token, unshifted
+	prevNext    []int // (1+k) per sample row of prevStep: bonus, drafts, padding
+	prevAcc     []int // accepted drafts per sample row of prevStep
 }
 
 func newSpecDevice(cfg SchedulerConfig, rng *rand.Rand, pGood float64) *specDevice {
@@ -1008,7 +1009,8 @@ func (d *specDevice) run(out *SchedulerOutputs, metas []SequenceMetadata) ([]Sam
 		if len(m.BlockTable) > (M+bs-1)/bs {
 			return nil, fmt.Errorf("seq %d: %d blocks, max_model_len %d", m.SeqID, len(m.BlockTable), M)
 		}
-		if m.Prefill && (m.NumDrafts != 0 || m.Shifted) || !m.Prefill && (m.SeqlenQ != 1+m.NumDrafts || !m.Sample || m.NumDrafts > k) {
+		if m.Prefill && (m.NumDrafts != 0 || m.Shifted) || !m.Prefill && (m.SeqlenQ != 1+m.NumDrafts || !m.Sample || m.NumDrafts > out.DraftLimit) ||
+			m.Shifted && out.PlaceholdersFromSamples {
 			return nil, fmt.Errorf("seq %d: prefill %v, q %d, %d drafts, shifted %v", m.SeqID, m.Prefill, m.SeqlenQ, m.NumDrafts, m.Shifted)
 		}
 		in := make([]int, m.SeqlenQ)
@@ -1025,6 +1027,16 @@ func (d *specDevice) run(out *SchedulerOutputs, metas []SequenceMetadata) ([]Sam
 				}
 				in[j] = d.prevNext[m.InputFromRow*(1+k)+j]
 			}
+		} else if out.PlaceholdersFromSamples && m.InputFromRow >= 0 {
+			// The step before verified and drafted nothing: its sampled
+			// token, unshifted.
+			if out.StepID != d.prevStep+1 || m.InputFromRow >= len(d.prevAcc) || d.prevAcc[m.InputFromRow] != 0 ||
+				m.SeqlenQ != 1 || m.InputTokenIDs[0] != PlaceholderToken {
+				return nil, fmt.Errorf("seq %d: %d inputs %v from sample row %d of step %d (%d rows), in step %d", m.SeqID, m.SeqlenQ,
+					m.InputTokenIDs, m.InputFromRow, d.prevStep, len(d.prevAcc), out.StepID)
+			}
+			in[0] = d.prevNext[m.InputFromRow*(1+k)]
+			d.fromSamples++
 		} else {
 			if m.InputFromRow != -1 {
 				return nil, fmt.Errorf("seq %d: input from row %d, not shifted", m.SeqID, m.InputFromRow)
@@ -1057,7 +1069,7 @@ func (d *specDevice) run(out *SchedulerOutputs, metas []SequenceMetadata) ([]Sam
 		h := append(d.hist[id], toks...)
 		d.hist[id] = h
 		var drafts []int
-		for range d.rng.IntN(k + 1) {
+		for range d.rng.IntN(min(k, out.DraftLimit) + 1) { // a drafter drafts no more than the step's limit
 			t := d.rng.IntN(testVocab)
 			if d.rng.Float64() < d.pGood {
 				t = nextToken(append(slices.Clone(h), drafts...), sampleIndex, testVocab)
@@ -1211,10 +1223,11 @@ func specWorkload(rng *rand.Rand, cfg SchedulerConfig, numReqs, maxPrompt int, m
 
 // runSpecWorkload drives a Scheduler and a specDevice: inflight 0 is the
 // strict mode, 1 keeps one step in flight (ZOS), -1 picks either at random
-// each step. After every call it checks the invariants; at the end, that
+// each step; limits sets a random draft limit (0..k) before a third of the
+// steps. After every call it checks the invariants; at the end, that
 // nothing is held and that every sequence's outputs are both the tokens
 // the device emitted for it (cut by the stop rules) and the reference's.
-func runSpecWorkload(t *testing.T, cfg SchedulerConfig, reqs []testRequest, seed uint64, inflight int) (preemptions int64, drafts, steps, forks int) {
+func runSpecWorkload(t *testing.T, cfg SchedulerConfig, reqs []testRequest, seed uint64, inflight int, limits bool) (preemptions int64, drafts, steps, forks, fromSamples int) {
 	t.Helper()
 	s := newSpecScheduler(t, cfg)
 	rng := rand.New(rand.NewPCG(seed, 99))
@@ -1284,6 +1297,11 @@ func runSpecWorkload(t *testing.T, cfg SchedulerConfig, reqs []testRequest, seed
 				record(s.Abort(r.id))
 				check(fmt.Sprintf("after aborting %s", r.id))
 			}
+		}
+		if limits && rng.IntN(3) == 0 {
+			// The adaptive controller's choice: drafts off (0) as often as
+			// any other length, changed with steps in flight.
+			s.SetDraftLimit(rng.IntN(cfg.NumSpeculativeTokens + 1))
 		}
 		out, metas := s.Schedule()
 		record(out.Finished)
@@ -1387,7 +1405,7 @@ func runSpecWorkload(t *testing.T, cfg SchedulerConfig, reqs []testRequest, seed
 			}
 		}
 	}
-	return preemptions, drafts, steps, forks
+	return preemptions, drafts, steps, forks, dev.fromSamples
 }
 
 // 6. Randomized: several sequences, random drafts (0..k, right or wrong),
@@ -1399,6 +1417,7 @@ func TestSpecRandomWorkloads(t *testing.T) {
 		inflight  int
 		bs        int
 		reachLen  bool // requests may run into max_model_len
+		limits    bool // random draft limits, 0 included (SetDraftLimit)
 		knownBug  string
 		noPreempt bool
 	}
@@ -1411,6 +1430,8 @@ func TestSpecRandomWorkloads(t *testing.T) {
 		{name: "mixed-k3-lookahead2", k: 3, L: 2, inflight: -1, bs: 2, reachLen: true},
 		{name: "mixed-k1", k: 1, L: 0, inflight: -1, bs: 4},
 		{name: "zos-k3-maxlen", k: 3, L: 0, inflight: 1, bs: 2, reachLen: true},
+		{name: "zos-k3-limits", k: 3, L: 2, inflight: 1, bs: 2, reachLen: true, limits: true},
+		{name: "mixed-k2-limits", k: 2, L: 0, inflight: -1, bs: 4, limits: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -1432,12 +1453,15 @@ func TestSpecRandomWorkloads(t *testing.T) {
 				maxOut = func(prompt int) int { return max(cfg.MaxModelLen-prompt-2*c.k-2, 1) }
 			}
 			var preemptions int64
-			var drafts, steps, forks int
+			var drafts, steps, forks, fromSamples int
 			for seed := range uint64(8) {
 				rng := rand.New(rand.NewPCG(seed, 5))
 				reqs := specWorkload(rng, cfg, 16, 16, maxOut)
-				p, d, n, f := runSpecWorkload(t, cfg, reqs, seed, c.inflight)
-				preemptions, drafts, steps, forks = preemptions+p, drafts+d, steps+n, forks+f
+				p, d, n, f, fs := runSpecWorkload(t, cfg, reqs, seed, c.inflight, c.limits)
+				preemptions, drafts, steps, forks, fromSamples = preemptions+p, drafts+d, steps+n, forks+f, fromSamples+fs
+			}
+			if c.limits && fromSamples == 0 {
+				t.Errorf("no decode after a step planned with drafts off took its input from that step's samples (%d steps)", steps)
 			}
 			if preemptions == 0 {
 				t.Errorf("no preemption in %d steps", steps)
@@ -1445,7 +1469,8 @@ func TestSpecRandomWorkloads(t *testing.T) {
 			if drafts == 0 || forks == 0 {
 				t.Errorf("%d drafts verified, %d requests with n = 2 in %d steps", drafts, forks, steps)
 			}
-			t.Logf("%d steps, %d drafts verified, %d preemptions, %d forked requests", steps, drafts, preemptions, forks)
+			t.Logf("%d steps, %d drafts verified, %d preemptions, %d forked requests, %d decodes from the samples of a step without drafts",
+				steps, drafts, preemptions, forks, fromSamples)
 		})
 	}
 }

@@ -95,31 +95,45 @@ func testSpeculativeSameTokens(t *testing.T, dir string, methods []struct{ metho
 }
 
 // speculative.disable_by_batch_size turns drafts off while that many
-// sequences run: nothing is verified at 1, drafts are at 64, and the
-// tokens are the same either way.
+// sequences run: nothing is verified at 1, drafts are at 64, and at 8 they
+// turn on and off as the batch of 8 requests (some with n = 2) fills and
+// drains, so that,
+// with ZOS, steps planned with drafts off are in flight while drafting
+// steps are planned after them and the other way round (the scheduler's
+// PlaceholdersFromSamples, the stages' DraftFree path). The tokens are the
+// same in every case, ZOS off and on.
 func TestSpeculativeDisableByBatchSize(t *testing.T) {
 	dir := filepath.Join("..", "assets", "deepseek-tiny")
 	w := randomWorkload(3, 8)
 	clear(w.abortAt)
-	var outs []map[string]string
-	for _, limit := range []int{1, 64} {
-		l, err := NewLLM(tinyConfig(t, dir, func(c *config.Config) {
-			c.Pipeline.Impl = nil
-			c.Speculative.Method = "mtp"
-			c.Speculative.DisableByBatchSize = limit
-		}), Options{})
-		if err != nil {
-			t.Fatal(err)
+	var want map[string]string
+	for _, zos := range []bool{false, true} {
+		for _, limit := range []int{64, 1, 8} {
+			l, err := NewLLM(tinyConfig(t, dir, func(c *config.Config) {
+				c.Pipeline.Impl = nil
+				c.ZOS.Enabled = zos
+				c.Speculative.Method = "mtp"
+				c.Speculative.DisableByBatchSize = limit
+			}), Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := runWorkload(t, l, w)
+			sp := l.StepStats().Spec()
+			st := l.SchedulerStats()
+			l.Close()
+			if (sp.NumDraftTokens == 0) != (limit == 1) {
+				t.Errorf("zos %v, disable_by_batch_size %d: %d draft tokens verified", zos, limit, sp.NumDraftTokens)
+			}
+			if st.NumFreeBlocks != st.NumBlocks {
+				t.Errorf("zos %v, disable_by_batch_size %d: %d of %d blocks free at the end", zos, limit, st.NumFreeBlocks, st.NumBlocks)
+			}
+			if want == nil {
+				want = got
+			} else if !reflect.DeepEqual(want, got) {
+				t.Errorf("zos %v, disable_by_batch_size %d: outputs differ from drafts always on without ZOS", zos, limit)
+			}
 		}
-		outs = append(outs, runWorkload(t, l, w))
-		sp := l.StepStats().Spec()
-		l.Close()
-		if (sp.NumDraftTokens == 0) != (limit == 1) {
-			t.Errorf("disable_by_batch_size %d: %d draft tokens verified", limit, sp.NumDraftTokens)
-		}
-	}
-	if !reflect.DeepEqual(outs[0], outs[1]) {
-		t.Error("outputs differ with drafts off and on")
 	}
 }
 

@@ -157,6 +157,9 @@ type draftStage struct {
 func (s *draftStage) PublishLagged(p func(*SampledStep)) { s.early = p }
 
 func (s *draftStage) Process(ctx context.Context, step *SampledStep) (*SampledStep, error) {
+	if DraftFree(step) {
+		return s.draftFree(step)
+	}
 	if dv, ok := s.drafter.(DeviceVerifiedDrafter); ok && step.DeviceVerified != nil {
 		done, err := s.fromDevice(ctx, dv, step)
 		if err != nil {
@@ -266,6 +269,25 @@ func (s *draftStage) Process(ctx context.Context, step *SampledStep) (*SampledSt
 			step.Drafts[r] = step.Drafts[r][:k]
 		}
 	}
+	return step, nil
+}
+
+// draftFree passes on a step planned with speculation off (DraftFree):
+// no drafts, no input table, no accepted counts; the next step reads its
+// placeholders from the step's sampled tokens, as without speculation, so
+// the step is published as soon as they are queued (with zero-overhead
+// scheduling), before its host samples arrive. Cost: no backend call.
+func (s *draftStage) draftFree(step *SampledStep) (*SampledStep, error) {
+	if s.early != nil && step.Tokens != nil {
+		s.early(&SampledStep{ForwardResult: step.ForwardResult, Tokens: step.Tokens})
+	}
+	if err := step.Await(); err != nil {
+		return nil, err
+	}
+	if step.Verified == nil {
+		return nil, fmt.Errorf("draft: step %d: not verified (the verify slot must come before draft)", step.Outputs.StepID)
+	}
+	step.Drafts = make([][]int, len(step.Verified))
 	return step, nil
 }
 

@@ -45,7 +45,7 @@ func TestDraftStageDeviceDrafts(t *testing.T) {
 	var early *SampledStep
 	s.PublishLagged(func(v *SampledStep) { early = v })
 	step := &SampledStep{
-		ForwardResult: &ForwardResult{PreparedStep: &PreparedStep{ScheduledStep: &ScheduledStep{Outputs: &engine.SchedulerOutputs{StepID: 7}}}},
+		ForwardResult: &ForwardResult{PreparedStep: &PreparedStep{ScheduledStep: &ScheduledStep{Outputs: &engine.SchedulerOutputs{StepID: 7, DraftLimit: k}}}},
 		Verified:      []VerifiedRow{{TokenIDs: []int{5}}, {TokenIDs: []int{6, 7}}, {TokenIDs: []int{8, 9, 10}}},
 	}
 	got, err := s.Process(context.Background(), step)
@@ -116,5 +116,70 @@ func TestArgmaxCPU(t *testing.T) {
 	}
 	if err := kernels.ArgmaxInto(ops, l, l); err == nil {
 		t.Error("F32 out accepted")
+	}
+}
+
+// A step planned with drafts off (DraftFree: DraftLimit 0, nothing to
+// verify) passes through verify and draft without a backend call: both
+// stages get nil Ops, which any call would dereference. The verify stage
+// leaves the host verification for Await; the draft stage publishes the
+// step at once with its device tokens and no input table or accepted
+// counts (the next step reads its placeholders from those tokens,
+// unshifted), then waits for the host and proposes nothing.
+func TestDraftFreeStepPassesThrough(t *testing.T) {
+	ops := cpu.New(cpu.Options{Threads: 1})
+	defer ops.Close()
+	tokens, err := kernels.FromI32(ops, []int32{7, 9}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metas := []engine.SequenceMetadata{{SeqID: 1, SeqlenQ: 1, Sample: true, InputFromRow: -1}, {SeqID: 2, SeqlenQ: 1, Sample: true, InputFromRow: -1}}
+	out := &engine.SchedulerOutputs{StepID: 5, NumSampleRows: 2, DraftLimit: 0}
+	step := &SampledStep{
+		ForwardResult: &ForwardResult{PreparedStep: &PreparedStep{ScheduledStep: &ScheduledStep{Outputs: out, Seqs: metas},
+			Rows: []RowRef{{Meta: &metas[0], SeqID: 1, Row: 0}, {Meta: &metas[1], SeqID: 2, Row: 1}}}},
+		Tokens: tokens,
+	}
+	sampled := false
+	step.pending = []func() error{func() error { // the host samples, arriving later
+		sampled = true
+		step.Samples = []Sample{{Token: 7}, {Token: 9}}
+		return nil
+	}}
+	if !DraftFree(step) {
+		t.Fatal("a step with draft limit 0 and no drafts is not draft-free")
+	}
+	v := &verify{d: VerifyDeps{Device: true}}
+	if _, err := v.Process(context.Background(), step); err != nil {
+		t.Fatal(err)
+	}
+	if sampled || step.DeviceVerified != nil {
+		t.Fatalf("verify waited for the host (%v) or verified on the device (%v)", sampled, step.DeviceVerified != nil)
+	}
+	var early *SampledStep
+	s := &draftStage{d: DraftDeps{Speculative: Speculative{NumSpeculativeTokens: 3}}, drafter: &ngramDrafter{}}
+	s.PublishLagged(func(p *SampledStep) {
+		if sampled {
+			t.Error("published after the host samples arrived")
+		}
+		early = p
+	})
+	got, err := s.Process(context.Background(), step)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if early == nil || early.Tokens != tokens || early.Next != nil || early.Accepted != nil {
+		t.Fatalf("early publish %+v: want the device tokens, no table, no accepted counts", early)
+	}
+	if got.Next != nil || got.Accepted != nil || len(got.Drafts) != 2 || len(got.Drafts[0])+len(got.Drafts[1]) != 0 {
+		t.Errorf("draft-free step: next %v, accepted %v, drafts %v", got.Next, got.Accepted, got.Drafts)
+	}
+	if len(got.Verified) != 2 || got.Verified[0].TokenIDs[0] != 7 || got.Verified[1].TokenIDs[0] != 9 {
+		t.Errorf("verified %+v, want one token each, the samples", got.Verified)
+	}
+	// With a draft limit the same step is not draft-free.
+	out.DraftLimit = 3
+	if DraftFree(step) {
+		t.Error("a step with draft limit 3 is draft-free")
 	}
 }

@@ -128,7 +128,12 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 	fromRow := make([]int32, 0, step.Outputs.NumBatchedTokens)
 	shiftFrom := make([]int32, 0, len(step.Seqs)+step.Outputs.NumDraftTokens)
 	placeholders, shifted := false, false
+	// Placeholders index the draft stage's table of the step before (1 + k
+	// entries a sample row), or its sampled tokens when it drafted nothing.
 	stride := 1 + p.d.NumSpeculativeTokens
+	if step.Outputs.PlaceholdersFromSamples {
+		stride = 1
+	}
 	nextRow := 0
 	for i := range step.Seqs {
 		m := &step.Seqs[i]

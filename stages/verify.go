@@ -61,6 +61,11 @@ func init() {
 type verify struct{ d VerifyDeps }
 
 func (v *verify) Process(_ context.Context, step *SampledStep) (*SampledStep, error) {
+	if v.d.Device && step.Tokens != nil && DraftFree(step) {
+		// Nothing to verify, and no drafter reads a device outcome: the
+		// host half only, deferred as below.
+		return step, step.deferHost(func() error { return v.host(step) })
+	}
 	if v.d.Device && step.Tokens != nil && step.Batch != nil && step.Outputs.NumSampleRows > 0 {
 		if err := v.onDevice(step); err != nil {
 			return nil, err
@@ -71,6 +76,16 @@ func (v *verify) Process(_ context.Context, step *SampledStep) (*SampledStep, er
 		return nil, err
 	}
 	return step, v.host(step)
+}
+
+// DraftFree reports whether step was planned with speculation off
+// (SchedulerOutputs.DraftLimit 0: SetDraftLimit(0), disable_by_batch_size):
+// it verifies no drafts, and its drafter proposes none, so its verify and
+// draft stages pass it on without device work and the next step takes its
+// placeholders from its sampled tokens, unshifted
+// (SchedulerOutputs.PlaceholdersFromSamples).
+func DraftFree(step *SampledStep) bool {
+	return step.Outputs.DraftLimit == 0 && step.Outputs.NumDraftTokens == 0
 }
 
 // sampleEntries groups step's sample rows by the scheduler's sample rows
