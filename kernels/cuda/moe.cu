@@ -1251,29 +1251,8 @@ __global__ void __launch_bounds__(MG_THREADS, 2) di_moe_gemm_k(const di_moe_gemm
 	float *st = reinterpret_cast<float *>(sb + MG_STAGES * MG_BN * MG_BK); // [64][MG_THREADS]: finished passes
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	// The block's tile: the blockIdx.y-th row tile over the experts.
-	int ex = -1, r0 = 0;
-	{
-		const int want = blockIdx.y;
-		int seen = 0;
-		for (int e0 = 0; e0 < p.num_experts && ex < 0; e0 += 32) {
-			const int e = e0 + lane;
-			const int nt = e < p.num_experts ? (p.offsets[e + 1] - p.offsets[e] + MG_BN - 1) / MG_BN : 0;
-			int incl = nt;
-#pragma unroll
-			for (int off = 1; off < 32; off <<= 1) {
-				const int o = __shfl_up_sync(0xffffffffu, incl, off);
-				if (lane >= off) incl += o;
-			}
-			const unsigned hit = __ballot_sync(0xffffffffu, want < seen + incl);
-			if (hit) {
-				const int l = __ffs(hit) - 1;
-				const int before = __shfl_sync(0xffffffffu, seen + incl - nt, l);
-				ex = e0 + l;
-				r0 = (want - before) * MG_BN;
-			}
-			seen += __shfl_sync(0xffffffffu, incl, 31);
-		}
-	}
+	int ex, r0;
+	di_moe_row_tile(p.offsets, p.num_experts, MG_BN, blockIdx.y, lane, ex, r0);
 	if (ex < 0) return;
 	const int lo = p.offsets[ex] + r0, m = min(MG_BN, p.offsets[ex + 1] - lo);
 	const int nb = p.k / MG_BK;

@@ -34,6 +34,37 @@ bool di_moe_group_one(size_t pairs, int num_experts);
 int di_moe_group(di_ctx *ctx, int *offsets, int *order, int *row_of, const int *ids, int pairs, int num_experts,
                  const char *op);
 
+// di_moe_row_tile finds row tile number want when each expert's rows
+// (offsets[e] to offsets[e+1]) are cut into tiles of bn rows, numbered
+// expert by expert: the tile's expert (ex; -1 past the last tile) and its
+// first row within the expert (r0). The grouped GEMMs (moe.cu,
+// fp8_moe.cu) give each block one tile (want = blockIdx.y). The lanes of a
+// warp scan 32 experts at a time, so every lane of the warp must call it.
+// Cost: num_experts / 32 warp scans.
+static __device__ __forceinline__ void di_moe_row_tile(const int *offsets, int num_experts, int bn, int want, int lane,
+                                                       int &ex, int &r0) {
+	ex = -1, r0 = 0;
+	int seen = 0;
+	for (int e0 = 0; e0 < num_experts && ex < 0; e0 += 32) {
+		const int e = e0 + lane;
+		const int nt = e < num_experts ? (offsets[e + 1] - offsets[e] + bn - 1) / bn : 0;
+		int incl = nt;
+#pragma unroll
+		for (int off = 1; off < 32; off <<= 1) {
+			const int o = __shfl_up_sync(0xffffffffu, incl, off);
+			if (lane >= off) incl += o;
+		}
+		const unsigned hit = __ballot_sync(0xffffffffu, want < seen + incl);
+		if (hit) {
+			const int l = __ffs(hit) - 1;
+			const int before = __shfl_sync(0xffffffffu, seen + incl - nt, l);
+			ex = e0 + l;
+			r0 = (want - before) * bn;
+		}
+		seen += __shfl_sync(0xffffffffu, incl, 31);
+	}
+}
+
 // di_moe_group_block is di_moe_group's one-block grouping, run by the
 // calling block (blockDim.x a multiple of 32) with sh holding
 // di_moe_group_smem bytes of shared memory. The pairs are cut into segments
