@@ -17,11 +17,16 @@ type model struct {
 // run drives c for steps decode steps with n running sequences and
 // returns how many steps ran at each draft length.
 func (m model) run(c *Controller, now *time.Time, n, steps int) []int {
+	return m.runScaled(c, now, n, steps, func() float64 { return 1 })
+}
+
+// runScaled is run with each step's time multiplied by scale().
+func (m model) runScaled(c *Controller, now *time.Time, n, steps int, scale func() float64) []int {
 	count := make([]int, len(m.tokens))
 	for range steps {
 		k := c.Decide(n)
 		count[k]++
-		*now = now.Add(m.stepTime[k])
+		*now = now.Add(time.Duration(float64(m.stepTime[k]) * scale()))
 		c.Observe(n, k, m.tokens[k], *now)
 	}
 	return count
@@ -224,10 +229,7 @@ type noisyMachine struct {
 }
 
 func (n *noisyMachine) run(c *Controller, now *time.Time, running, steps int) []int {
-	count := make([]int, len(n.m.tokens))
-	for range steps {
-		k := c.Decide(running)
-		count[k]++
+	return n.m.runScaled(c, now, running, steps, func() float64 {
 		f := 1 + n.jitter*(2*n.rng.Float64()-1)
 		if n.spell == 0 && n.rng.IntN(n.spellEvery) == 0 {
 			n.spell = 20 + n.rng.IntN(181)
@@ -236,10 +238,8 @@ func (n *noisyMachine) run(c *Controller, now *time.Time, running, steps int) []
 			n.spell--
 			f *= n.slowdown
 		}
-		*now = now.Add(time.Duration(float64(n.m.stepTime[k]) * f))
-		c.Observe(running, k, n.m.tokens[k], *now)
-	}
-	return count
+		return f
+	})
 }
 
 // On a machine whose speed drifts by 2x for spells of 20-200 steps, with
