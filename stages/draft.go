@@ -458,17 +458,14 @@ func init() {
 
 // draftLimit is how many drafts a drafter proposes after step: the limit
 // the step was planned with (the adaptive controller's choice; 0 while
-// SpecDisableBatchSize sequences run), on the guess that the next step's
-// is the same. At 0 a drafter skips the step; one with its own KV (MTP, a
+// SpecDisableBatchSize sequences run: the scheduler decides, so drafter
+// and scheduler never disagree), on the guess that the next step's is the
+// same. At 0 a drafter skips the step; one with its own KV (MTP, a
 // draft model) then leaves the step's positions unwritten: drafting off
 // costs nothing, and once drafts are back on its attention reads stale
 // entries there, which only lowers how often its drafts are accepted (the
 // adaptive controller measures that too); verification stays lossless.
 func draftLimit(d DraftDeps, step *SampledStep) int {
-	n := d.Speculative.DisableBatchSize
-	if n > 0 && step.Outputs.NumSampleRows >= n {
-		return 0
-	}
 	return min(step.Outputs.DraftLimit, d.Speculative.NumSpeculativeTokens)
 }
 

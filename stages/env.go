@@ -64,9 +64,9 @@ type Speculative struct {
 	// PromptLookupMin and PromptLookupMax bound the n-grams the ngram
 	// drafter matches.
 	PromptLookupMin, PromptLookupMax int
-	// DisableBatchSize > 0: the scheduler verifies no drafts while at
-	// least this many sequences run, so a drafter may skip drafting for a
-	// step with that many sample rows (it still keeps its KV cache).
+	// DisableBatchSize > 0: the scheduler plans steps with a draft limit
+	// of 0 while at least this many sequences run (drafters follow the
+	// step's limit, SchedulerOutputs.DraftLimit).
 	DisableBatchSize int
 	// Adaptive turns drafts on and off by measuring (spec.Controller).
 	Adaptive bool
