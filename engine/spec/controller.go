@@ -25,11 +25,13 @@ import (
 // the windows around the neighbour's alike, and a stall in one step does
 // not count, so the ratio holds where rates measured far apart would not;
 // a comparison whose two windows of the best disagree by more than Drift
-// is void and runs again. The neighbour replaces the best after two wins
-// in a row by more than Margin, or one by more than 4 Margins between two
-// windows of the best. A window spans at least WindowSequences
-// sequence-steps (64 steps at one sequence), since the tokens a step
-// emits vary with the drafts its sequences happen to get accepted.
+// is void and runs again (up to MaxVoids times in a row). The neighbour
+// replaces the best after two wins in a row by more than Margin: one win,
+// however large, may come from a swing in the machine's speed that the
+// neighbour's window caught and the best's two windows did not. A window
+// spans at least WindowSequences sequence-steps (64 steps at one
+// sequence), since the tokens a step emits vary with the drafts its
+// sequences happen to get accepted.
 //
 // It searches by hill climbing: throughput over the draft length rises
 // while a longer draft earns more than it costs and falls after, so only
@@ -85,6 +87,12 @@ const Margin = 0.02
 // runs again: the machine's speed moved under it.
 const Drift = 0.25
 
+// MaxVoids bounds the void comparisons in a row: on a machine whose speed
+// swings every few steps nearly every comparison would be void, and
+// retrying without end would run the neighbour half the time; the next
+// one counts as measured.
+const MaxVoids = 2
+
 // Inherit: a new class counts as lost the lengths that its nearest
 // compared class measured below 1-Inherit of that class's best.
 const Inherit = 0.15
@@ -118,6 +126,7 @@ type classStats struct {
 	candRate float64 // its rate
 	wins     int     // comparisons in a row the neighbour won
 	void     bool    // the last comparison is void (the best's windows disagreed)
+	voids    int     // void comparisons in a row
 
 	since, every int // windows of the best since the last comparison; the interval
 	up           bool
@@ -201,12 +210,14 @@ func (c *Controller) finish(st *classStats) {
 	}
 	st.pending = false
 	if before > 0 {
-		if min(before, rate) < (1-Drift)*max(before, rate) {
+		if min(before, rate) < (1-Drift)*max(before, rate) && st.voids < MaxVoids {
 			st.void = true // the machine's speed moved: compare again
+			st.voids++
 			return
 		}
 		rate = (before + rate) / 2
 	}
+	st.voids = 0
 	r := 0.0
 	if rate > 0 {
 		r = st.candRate / rate
@@ -218,7 +229,7 @@ func (c *Controller) finish(st *classStats) {
 		st.wins = 0
 	}
 	switch {
-	case st.wins >= 2 || (before > 0 && r > 1+4*Margin):
+	case st.wins >= 2:
 		// The neighbour is the new best: every ratio was relative to the
 		// old one, and the best's last rate is not its own.
 		for k := range st.ratio {
