@@ -22,6 +22,7 @@ type deepseek struct {
 	route      kernels.RouteParams
 	layers     []dsLayer
 	mtp        *MTP
+	fusedRows  int // mlaFusedRows; tests set 0 to run the row views
 }
 
 type dsLayer struct {
@@ -31,7 +32,20 @@ type dsLayer struct {
 	moe                 *moeWeights
 }
 
+// mlaFusedRows is the most rows for which the fused q / kv_a projection
+// (mlaWeights.qKVA) runs as one product and a column split: it saves two
+// launches (and, on the GPU, two roundings of x) a layer where a step's
+// time is launches, and costs the split's copy where it is bytes (a 4096-
+// row prefill: 120 MB a layer), so larger batches run its three row views.
+const mlaFusedRows = 256
+
 type mlaWeights struct {
+	// qKVA is q_proj and kv_a_proj_with_mqa fused, [qd + kv_lora_rank +
+	// rope, hidden], where q is not compressed and kv_a has no bias: one
+	// product for all three up to mlaFusedRows rows, whose columns
+	// SplitColumns deals out (qProj, kvALat and kvARope are its row views,
+	// for more rows). nil otherwise.
+	qKVA                   kernels.Tensor
 	qProj                  kernels.Tensor // without q compression
 	qA, qABias, qANorm, qB kernels.Tensor // with q compression
 	kvALat, kvALatBias     kernels.Tensor // rows [0, kv_lora_rank) of kv_a_proj_with_mqa
@@ -79,7 +93,7 @@ func routeParams(cfg *weights.Config, v3 bool) (kernels.RouteParams, error) {
 
 func newDeepseek(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, opts Options) (Model, error) {
 	v3 := arch == "DeepseekV3ForCausalLM"
-	m := &deepseek{base: base{arch: arch, cfg: cfg, ops: ops}, v3: v3, qLoraRank: cfg.QLoraRank,
+	m := &deepseek{base: base{arch: arch, cfg: cfg, ops: ops}, v3: v3, qLoraRank: cfg.QLoraRank, fusedRows: mlaFusedRows,
 		interleave: cfg.RopeInterleave || !v3, // V2 always rotates interleaved pairs
 		dims: kernels.MLAParams{NumHeads: cfg.NumAttentionHeads, NopeDim: cfg.QKNopeHeadDim, RopeDim: cfg.QKRopeHeadDim,
 			KVLoraRank: cfg.KVLoraRank, VHeadDim: cfg.VHeadDim}}
@@ -151,13 +165,20 @@ func (m *deepseek) loadLayer(l *loader, i int) dsLayer {
 		w.qABias = l.optVector(a+"q_a_proj.bias", m.qLoraRank)
 		w.qANorm = l.vector(a+"q_a_layernorm.weight", m.qLoraRank)
 		w.qB = l.linear(a+"q_b_proj.weight", qd, m.qLoraRank)
+	} else if !l.src.Has(a + "kv_a_proj_with_mqa.bias") {
+		w.qKVA = l.fused(h, []string{a + "q_proj.weight", a + "kv_a_proj_with_mqa.weight"}, []int{qd, d.KVLoraRank + d.RopeDim})
+		var kvA kernels.Tensor
+		w.qProj, kvA = m.splitRows(l, w.qKVA, qd)
+		w.kvALat, w.kvARope = m.splitRows(l, kvA, d.KVLoraRank)
 	} else {
 		w.qProj = l.linear(a+"q_proj.weight", qd, h)
 	}
-	kvA := l.linear(a+"kv_a_proj_with_mqa.weight", d.KVLoraRank+d.RopeDim, h)
-	kvABias := l.optVector(a+"kv_a_proj_with_mqa.bias", d.KVLoraRank+d.RopeDim)
-	w.kvALat, w.kvARope = m.splitRows(l, kvA, d.KVLoraRank)
-	w.kvALatBias, w.kvARopeBias = m.splitRows(l, kvABias, d.KVLoraRank)
+	if w.qKVA == nil {
+		kvA := l.linear(a+"kv_a_proj_with_mqa.weight", d.KVLoraRank+d.RopeDim, h)
+		kvABias := l.optVector(a+"kv_a_proj_with_mqa.bias", d.KVLoraRank+d.RopeDim)
+		w.kvALat, w.kvARope = m.splitRows(l, kvA, d.KVLoraRank)
+		w.kvALatBias, w.kvARopeBias = m.splitRows(l, kvABias, d.KVLoraRank)
+	}
 	w.kvANorm = l.vector(a+"kv_a_layernorm.weight", d.KVLoraRank)
 	w.kvB = l.linear(a+"kv_b_proj.weight", d.NumHeads*(d.NopeDim+d.VHeadDim), d.KVLoraRank)
 	w.o = l.linear(a+"o_proj.weight", h, d.NumHeads*d.VHeadDim)
@@ -264,6 +285,19 @@ func (m *deepseek) Forward(ctx context.Context, cache *KVCache, b *ForwardBatch)
 // resid/delta protocol (first: delta holds nothing to add yet).
 func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scratch, b *ForwardBatch, resid, delta kernels.Tensor) error {
 	ops, t, d, w := m.ops, b.NumTokens, m.dims, &ly.attn
+	// The attention's input norm writes xa, read only by the q and kv_a
+	// projections: rounded by the norm where those would round it.
+	fused := w.qKVA != nil && t <= m.fusedRows
+	var xw []kernels.Tensor
+	switch {
+	case fused:
+		xw = []kernels.Tensor{w.qKVA}
+	case w.qProj != nil:
+		xw = []kernels.Tensor{w.qProj, w.kvALat, w.kvARope}
+	default:
+		xw = []kernels.Tensor{w.qA, w.kvALat, w.kvARope}
+	}
+	xa := s.getTyped("x_attn", s.linearInputDType(t, xw...), t, m.cfg.HiddenSize)
 	x := s.get("x", t, m.cfg.HiddenSize)
 	q := s.get("q", t, d.NumHeads*(d.NopeDim+d.RopeDim))
 	ckv, kpe := s.get("c_kv", t, d.KVLoraRank), s.get("k_pe", t, d.RopeDim)
@@ -273,23 +307,35 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 	}
 	var err error
 	if first {
-		err = ops.RMSNorm(x, resid, ly.inputNorm, m.eps)
+		err = ops.RMSNorm(xa, resid, ly.inputNorm, m.eps)
 	} else {
-		err = ops.AddRMSNorm(x, resid, delta, ly.inputNorm, m.eps)
+		err = ops.AddRMSNorm(xa, resid, delta, ly.inputNorm, m.eps)
 	}
 	if err != nil {
 		return err
 	}
-	if w.qProj != nil {
-		if err := ops.Linear(q, x, w.qProj, nil); err != nil {
+	switch {
+	case fused:
+		qkv := s.get("q_kv_a", t, w.qKVA.Shape()[0])
+		if s.err != nil {
+			return s.err
+		}
+		if err := ops.Linear(qkv, xa, w.qKVA, nil); err != nil {
 			return err
 		}
-	} else {
+		if err := ops.SplitColumns(qkv, q, ckv, kpe); err != nil {
+			return err
+		}
+	case w.qProj != nil:
+		if err := ops.Linear(q, xa, w.qProj, nil); err != nil {
+			return err
+		}
+	default:
 		qa := s.get("q_a", t, m.qLoraRank)
 		if s.err != nil {
 			return s.err
 		}
-		if err := ops.Linear(qa, x, w.qA, w.qABias); err != nil {
+		if err := ops.Linear(qa, xa, w.qA, w.qABias); err != nil {
 			return err
 		}
 		if err := ops.RMSNorm(qa, qa, w.qANorm, m.eps); err != nil {
@@ -299,11 +345,13 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 			return err
 		}
 	}
-	if err := ops.Linear(ckv, x, w.kvALat, w.kvALatBias); err != nil {
-		return err
-	}
-	if err := ops.Linear(kpe, x, w.kvARope, w.kvARopeBias); err != nil {
-		return err
+	if !fused {
+		if err := ops.Linear(ckv, xa, w.kvALat, w.kvALatBias); err != nil {
+			return err
+		}
+		if err := ops.Linear(kpe, xa, w.kvARope, w.kvARopeBias); err != nil {
+			return err
+		}
 	}
 	if err := ops.RMSNorm(ckv, ckv, w.kvANorm, m.eps); err != nil {
 		return err

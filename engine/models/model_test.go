@@ -359,3 +359,33 @@ func TestGatedMLPer(t *testing.T) {
 		}
 	}
 }
+
+// TestDeepSeekFusedQKVA: without q compression the q and kv_a projections
+// load as one weight (mlaWeights.qKVA); up to mlaFusedRows rows a step runs
+// it as one product and a column split, above that its three row views.
+// Both give the same logits bit for bit on the CPU (each output column is
+// its own dot product), in F32 and BF16, alone and after a cached prefix.
+func TestDeepSeekFusedQKVA(t *testing.T) {
+	ops := newBackend(t, 2)
+	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+		m, _ := tinyModel(t, ops, "deepseek-v2", dt)
+		ds := m.(*deepseek)
+		if ds.layers[0].attn.qKVA == nil {
+			t.Fatal("deepseek-v2 (no q_lora_rank, no kv_a bias) loaded without the fused q / kv_a weight")
+		}
+		r := rand.New(rand.NewPCG(5, 5))
+		prompt, next := randomIDs(r, 11, 97), randomIDs(r, 3, 97)
+		var outs [2][][]float32
+		for i, rows := range []int{mlaFusedRows, 0} {
+			ds.fusedRows = rows
+			cache := mustCache(t, m)
+			step(t, m, cache, seqStep{prompt, 0, []int32{2, 0, 3}})
+			outs[i], _ = step(t, m, cache, seqStep{next, len(prompt), []int32{2, 0, 3, 1}})
+		}
+		for p := range outs[0] {
+			if !sameBits(outs[0][p], outs[1][p]) {
+				t.Errorf("%v: position %d: fused and row-view projections differ", dt, p)
+			}
+		}
+	}
+}

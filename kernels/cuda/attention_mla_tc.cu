@@ -38,7 +38,9 @@
 #define MLA_HG 16       // heads a block: the m16 rows of the tiles
 #define MLA_MAX_SPLITS 32
 #define MLA_SHORT_KEYS 512 // rows of at most this many keys take chunks of MLA_SHORT_CHUNK
+#ifndef MLA_SHORT_CHUNK
 #define MLA_SHORT_CHUNK 128
+#endif
 #define MLA_F8_GROUP 128 // latent columns per 8-bit scale
 #define MLA_SCRATCH_BYTES (96u << 20) // scratch of one pass at most (di_mla_pass_rows)
 
@@ -220,9 +222,19 @@ __device__ __forceinline__ void di_mla_stage_w(float *dst, int ldd, const W *src
 
 #define MLA_AB_COLS 64 // latent columns a block
 #define MLA_AB_ROWS 16 // query rows a pass of a block
-#define MLA_RB 64      // query rows a block
+#define MLA_RB 64      // query rows a block for many rows (di_mla_rb)
+#define MLA_RB_FEW 16  // ... and for at most MLA_RB_FEW_MAX rows
+#define MLA_RB_FEW_MAX 256
 
-// di_mla_absorb_k: grid (kvl / MLA_AB_COLS, heads, ceil(rows / MLA_RB)),
+// di_mla_rb is the query rows a block of the absorption kernels takes:
+// MLA_RB_FEW for decode-sized calls, so that 64 rows are four times the
+// blocks (one tile of rows each) rather than four tiles of rows chained in
+// one block, and MLA_RB from more rows, where the weight slab a block
+// stages is amortized over more rows. A row's sums are the same in any
+// block, so the choice changes no bit.
+static inline int di_mla_rb(int rows) { return rows <= MLA_RB_FEW_MAX ? MLA_RB_FEW : MLA_RB; }
+
+// di_mla_absorb_k: grid (kvl / MLA_AB_COLS, heads, ceil(rows / rb)),
 // 128 threads. ql[t, h, c] = T16(qscale * sum_d q[t, h, d] W_UK[h][d][c])
 // for c < kvl, where thread (c, half) sums its half of d in order and the
 // two halves are added (a fixed order); ql[t, h, kvl + r] =
@@ -232,7 +244,7 @@ __device__ __forceinline__ void di_mla_stage_w(float *dst, int ldd, const W *src
 template <typename W, typename T16>
 __global__ void __launch_bounds__(128)
     di_mla_absorb_k(T16 *ql, const float *q, const W *wkvb, int rows, int num_heads, int nope, int rope, int kvl,
-                    int vd, float qscale) {
+                    int vd, float qscale, int rb) {
 	extern __shared__ __align__(16) float ab_smem[];
 	float *sW = ab_smem;                         // [nope][64]
 	float *sQ = sW + nope * MLA_AB_COLS;         // [16][nope]
@@ -244,8 +256,8 @@ __global__ void __launch_bounds__(128)
 	di_mla_stage_w(sW, MLA_AB_COLS, w, kvl, nope, MLA_AB_COLS);
 	di_pdl_wait();
 	const int d_lo = dh * (nope / 2), d_hi = dh ? nope : nope / 2;
-	const int r_end = min(rows, (int)(blockIdx.z + 1) * MLA_RB);
-	for (int r0 = blockIdx.z * MLA_RB; r0 < r_end; r0 += MLA_AB_ROWS) {
+	const int r_end = min(rows, (int)(blockIdx.z + 1) * rb);
+	for (int r0 = blockIdx.z * rb; r0 < r_end; r0 += MLA_AB_ROWS) {
 		const int nr = min(MLA_AB_ROWS, r_end - r0);
 		__syncthreads(); // sW is loaded; the previous rows' sQ and sA are consumed
 		for (int i = tid; i < MLA_AB_ROWS * nope; i += blockDim.x) {
@@ -281,7 +293,7 @@ __global__ void __launch_bounds__(128)
 
 #define MLA_UA_V 16 // output columns a block
 
-// di_mla_unabsorb_k: grid (ceil(vd / 16), heads, ceil(rows / MLA_RB)), 128
+// di_mla_unabsorb_k: grid (ceil(vd / 16), heads, ceil(rows / rb)), 128
 // threads. out[t, h*vd + v] = sum_c olat[t, h, c] W_UV[h][v][c]: thread
 // (v, p) sums columns c = p + 8k in order, then the eight partial sums of
 // a v are added in a fixed butterfly. Shared: 16 x (kvl + 8) + 16 x kvl
@@ -289,7 +301,7 @@ __global__ void __launch_bounds__(128)
 template <typename W>
 __global__ void __launch_bounds__(128)
     di_mla_unabsorb_k(float *out, const float *olat, const W *wkvb, int rows, int num_heads, int nope, int kvl,
-                      int vd) {
+                      int vd, int rb) {
 	extern __shared__ __align__(16) float ua_smem[];
 	const int ldw = kvl + 8;
 	float *sW = ua_smem;                  // [16][kvl + 8]
@@ -304,8 +316,8 @@ __global__ void __launch_bounds__(128)
 		sW[vv * ldw + cc] = 0.f;
 	}
 	di_pdl_wait();
-	const int r_end = min(rows, (int)(blockIdx.z + 1) * MLA_RB);
-	for (int r0 = blockIdx.z * MLA_RB; r0 < r_end; r0 += MLA_AB_ROWS) {
+	const int r_end = min(rows, (int)(blockIdx.z + 1) * rb);
+	for (int r0 = blockIdx.z * rb; r0 < r_end; r0 += MLA_AB_ROWS) {
 		const int nr = min(MLA_AB_ROWS, r_end - r0);
 		__syncthreads();
 		for (int i = tid; i < MLA_AB_ROWS * kvl; i += blockDim.x) {
@@ -416,23 +428,24 @@ __device__ __forceinline__ void di_mla_stage_split(W *hi, W *lo, int ldd, const 
 #define MLA_TC_AB_COLS 64 // latent columns a block of di_mla_absorb_tc_k: 16 a warp
 
 // di_mla_absorb_tc_k: di_mla_absorb_k for 16-bit weights W on tensor
-// cores. Grid (kvl / 64, heads, ceil(rows / MLA_RB)), 128 threads. Block
+// cores. Grid (kvl / 64, heads, ceil(rows / rb)), 128 threads. Block
 // (x, h, z) stages W_UK[h]'s columns [64 x, +64) (nope x 64 W, cp.async,
-// issued before di_pdl_wait) and its query rows [MLA_RB z, +MLA_RB) split
+// issued before di_pdl_wait) and its query rows [rb z, +rb) split
 // into W parts; warp w computes latent columns +16 w .. +16 for the rows in
 // tiles of 16: ql[t, h, c] = T16(qscale * (sum_d hi[t, d] W_UK[h][d][c] +
 // sum_d lo[t, d] W_UK[h][d][c])), each sum over the nope / 16 k-steps in
 // ascending order; block x == 0 also writes T16(qscale * q_pe). Shared:
-// nope x 72 + 2 x MLA_RB x (nope + 8) W elements (53 KB for nope 128).
+// nope x 72 + 2 x rb x (nope + 8) W elements (53 KB for nope 128 and rb
+// 64, 27 KB for rb 16).
 template <typename W, typename T16>
 __global__ void __launch_bounds__(128)
     di_mla_absorb_tc_k(T16 *ql, const float *q, const W *wkvb, int rows, int num_heads, int nope, int rope, int kvl,
-                       int vd, float qscale) {
+                       int vd, float qscale, int rb_rows) {
 	extern __shared__ __align__(16) unsigned char abt_smem[];
 	const int ldw = MLA_TC_AB_COLS + 8, ldq = nope + 8;
 	W *sW = reinterpret_cast<W *>(abt_smem); // [nope][ldw]
-	W *sQh = sW + nope * ldw;                // [MLA_RB][ldq]
-	W *sQl = sQh + MLA_RB * ldq;             // [MLA_RB][ldq]
+	W *sQh = sW + nope * ldw;                // [rb_rows][ldq]
+	W *sQl = sQh + rb_rows * ldq;            // [rb_rows][ldq]
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
 	const int lm_row = lane & 7, lm_mat = lane >> 3;
 	const int c0 = blockIdx.x * MLA_TC_AB_COLS, h = blockIdx.y;
@@ -447,7 +460,7 @@ __global__ void __launch_bounds__(128)
 		di_cp_async_commit();
 	}
 	di_pdl_wait();
-	const int rb = blockIdx.z * MLA_RB, nr = min(MLA_RB, rows - rb), ntl = (nr + 15) / 16;
+	const int rb = blockIdx.z * rb_rows, nr = min(rb_rows, rows - rb), ntl = (nr + 15) / 16;
 	const float *qb = q + (size_t)rb * qw + (size_t)h * (nope + rope);
 	di_mla_stage_split(sQh, sQl, ldq, qb, (size_t)qw, nr, ntl * 16, nope);
 	di_cp_async_wait<0>();
@@ -492,9 +505,9 @@ __global__ void __launch_bounds__(128)
 }
 
 // di_mla_unabsorb_tc_k: di_mla_unabsorb_k for 16-bit weights W on tensor
-// cores. Grid (vd / 16, heads, ceil(rows / MLA_RB)), 128 threads. Block
+// cores. Grid (vd / 16, heads, ceil(rows / rb)), 128 threads. Block
 // (x, h, z) stages W_UV[h]'s rows [16 x, +16) (16 x kvl W, cp.async,
-// issued before di_pdl_wait), then takes its rows [MLA_RB z, +MLA_RB) in
+// issued before di_pdl_wait), then takes its rows [rb z, +rb) in
 // tiles of 16, each staged split into W parts: warp w sums its quarter of
 // the latent columns (k-steps [w kvl / 64, +kvl / 64) in ascending order,
 // hi and lo products in their own accumulators, then hi + lo), and
@@ -503,7 +516,7 @@ __global__ void __launch_bounds__(128)
 template <typename W>
 __global__ void __launch_bounds__(128)
     di_mla_unabsorb_tc_k(float *out, const float *olat, const W *wkvb, int rows, int num_heads, int nope, int kvl,
-                         int vd) {
+                         int vd, int rb) {
 	extern __shared__ __align__(16) unsigned char uat_smem[];
 	const int ld = kvl + 8;
 	W *sW = reinterpret_cast<W *>(uat_smem);                       // [16][ld]
@@ -525,8 +538,8 @@ __global__ void __launch_bounds__(128)
 	di_pdl_wait();
 	const int nks = kvl / 64, ks0 = warp * nks; // this warp's k-steps
 	const size_t lds = (size_t)num_heads * kvl;
-	const int r_end = min(rows, (int)(blockIdx.z + 1) * MLA_RB);
-	for (int r0 = blockIdx.z * MLA_RB; r0 < r_end; r0 += MLA_AB_ROWS) {
+	const int r_end = min(rows, (int)(blockIdx.z + 1) * rb);
+	for (int r0 = blockIdx.z * rb; r0 < r_end; r0 += MLA_AB_ROWS) {
 		const int nr = min(MLA_AB_ROWS, r_end - r0);
 		__syncthreads(); // the previous tile's parts and sums are consumed
 		di_mla_stage_split(sOh, sOl, ld, olat + ((size_t)r0 * num_heads + h) * kvl, lds, nr, MLA_AB_ROWS, kvl);
@@ -1247,25 +1260,26 @@ extern "C" int di_op_mla_latent_attention(di_ctx *ctx, di_dptr olat, di_dptr ql,
 template <typename W, typename T16>
 static cudaError_t di_mla_absorb(di_ctx *ctx, T16 *ql, const float *q, const W *wkvb, int rows, int num_heads,
                                  int nope, int rope, int kvl, int vd, float qscale, bool tc) {
+	const int rb = di_mla_rb(rows);
 	if constexpr (!std::is_same<W, float>::value) {
 		if (tc) {
-			const dim3 grid(kvl / MLA_TC_AB_COLS, num_heads, (rows + MLA_RB - 1) / MLA_RB);
-			const size_t smem = ((size_t)nope * (MLA_TC_AB_COLS + 8) + 2 * (size_t)MLA_RB * (nope + 8)) * sizeof(W);
+			const dim3 grid(kvl / MLA_TC_AB_COLS, num_heads, (rows + rb - 1) / rb);
+			const size_t smem = ((size_t)nope * (MLA_TC_AB_COLS + 8) + 2 * (size_t)rb * (nope + 8)) * sizeof(W);
 			const cudaError_t e = cudaFuncSetAttribute(di_mla_absorb_tc_k<W, T16>,
 			                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
 			if (e == cudaSuccess)
 				di_launch(ctx, di_mla_absorb_tc_k<W, T16>, grid, dim3(128), smem, ql, q, wkvb, rows, num_heads, nope,
-				          rope, kvl, vd, qscale);
+				          rope, kvl, vd, qscale, rb);
 			return e;
 		}
 	}
-	const dim3 grid(kvl / MLA_AB_COLS, num_heads, (rows + MLA_RB - 1) / MLA_RB);
+	const dim3 grid(kvl / MLA_AB_COLS, num_heads, (rows + rb - 1) / rb);
 	const size_t smem = ((size_t)nope * MLA_AB_COLS + MLA_AB_ROWS * nope + 2 * MLA_AB_ROWS * MLA_AB_COLS) * 4;
 	const cudaError_t e =
 	    cudaFuncSetAttribute(di_mla_absorb_k<W, T16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
 	if (e == cudaSuccess)
 		di_launch(ctx, di_mla_absorb_k<W, T16>, grid, dim3(128), smem, ql, q, wkvb, rows, num_heads, nope, rope, kvl,
-		          vd, qscale);
+		          vd, qscale, rb);
 	return e;
 }
 
@@ -1275,7 +1289,8 @@ static cudaError_t di_mla_absorb(di_ctx *ctx, T16 *ql, const float *q, const W *
 template <typename W>
 static cudaError_t di_mla_unabsorb(di_ctx *ctx, float *out, const float *olat, const W *wkvb, int rows, int num_heads,
                                    int nope, int kvl, int vd, bool tc) {
-	const dim3 grid((vd + MLA_UA_V - 1) / MLA_UA_V, num_heads, (rows + MLA_RB - 1) / MLA_RB);
+	const int rb = di_mla_rb(rows);
+	const dim3 grid((vd + MLA_UA_V - 1) / MLA_UA_V, num_heads, (rows + rb - 1) / rb);
 	if constexpr (!std::is_same<W, float>::value) {
 		if (tc) {
 			const size_t smem = (size_t)(MLA_UA_V + 2 * MLA_AB_ROWS) * (kvl + 8) * sizeof(W) +
@@ -1284,7 +1299,7 @@ static cudaError_t di_mla_unabsorb(di_ctx *ctx, float *out, const float *olat, c
 			    cudaFuncSetAttribute(di_mla_unabsorb_tc_k<W>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
 			if (e == cudaSuccess)
 				di_launch(ctx, di_mla_unabsorb_tc_k<W>, grid, dim3(128), smem, out, olat, wkvb, rows, num_heads, nope,
-				          kvl, vd);
+				          kvl, vd, rb);
 			return e;
 		}
 	}
@@ -1292,7 +1307,7 @@ static cudaError_t di_mla_unabsorb(di_ctx *ctx, float *out, const float *olat, c
 	const cudaError_t e =
 	    cudaFuncSetAttribute(di_mla_unabsorb_k<W>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
 	if (e == cudaSuccess)
-		di_launch(ctx, di_mla_unabsorb_k<W>, grid, dim3(128), smem, out, olat, wkvb, rows, num_heads, nope, kvl, vd);
+		di_launch(ctx, di_mla_unabsorb_k<W>, grid, dim3(128), smem, out, olat, wkvb, rows, num_heads, nope, kvl, vd, rb);
 	return e;
 }
 
