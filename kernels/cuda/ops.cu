@@ -644,16 +644,26 @@ struct di_split_args {
 	int lo[DI_MAX_SPLIT + 1]; // first column of each part; lo[nparts] is the total width
 };
 
-// One thread per column of a row (blockIdx.y strides over rows): no integer
-// division per element.
+// One thread per V columns of a row (blockIdx.y strides over rows): no
+// integer division per element. V = 4 (float4 copies) when the pitch, every
+// part's width and every pointer allow it (di_op_split_columns checks), else
+// 1. Started by di_launch.
+template <int V>
 __global__ void di_split_columns_k(const float *x, int rows, int pitch, int nparts, di_split_args a) {
-	const int j = blockIdx.x * blockDim.x + threadIdx.x;
+	di_pdl_wait();
+	const int j = (blockIdx.x * blockDim.x + threadIdx.x) * V;
 	if (j >= a.lo[nparts]) return;
 	int p = 0;
 	while (p + 1 < nparts && j >= a.lo[p + 1]) p++;
 	const int pw = a.lo[p + 1] - a.lo[p], col = j - a.lo[p];
 	float *dst = a.part[p];
-	for (int r = blockIdx.y; r < rows; r += gridDim.y) dst[(size_t)r * pw + col] = x[(size_t)r * pitch + j];
+	for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+		if constexpr (V == 4)
+			*reinterpret_cast<float4 *>(dst + (size_t)r * pw + col) =
+			    *reinterpret_cast<const float4 *>(x + (size_t)r * pitch + j);
+		else
+			dst[(size_t)r * pw + col] = x[(size_t)r * pitch + j];
+	}
 }
 
 extern "C" int di_op_split_columns(di_ctx *ctx, di_dptr x, int rows, int x_pitch, int nparts, const di_dptr *parts,
@@ -668,8 +678,14 @@ extern "C" int di_op_split_columns(di_ctx *ctx, di_dptr x, int rows, int x_pitch
 	}
 	const int w = a.lo[nparts];
 	if (rows == 0 || w == 0) return DI_OK;
-	const dim3 grid((w + 255) / 256, rows < 65535 ? rows : 65535);
-	di_split_columns_k<<<grid, 256, 0, ctx->stream>>>(DI_PTR(const float, x), rows, x_pitch, nparts, a);
+	bool vec = x % 16 == 0 && x_pitch % 4 == 0;
+	for (int i = 0; i < nparts; i++) vec = vec && widths[i] % 4 == 0 && parts[i] % 16 == 0;
+	const int v = vec ? 4 : 1;
+	const dim3 grid((w / v + 255) / 256, rows < 65535 ? rows : 65535);
+	if (vec)
+		di_launch(ctx, di_split_columns_k<4>, grid, dim3(256), 0, DI_PTR(const float, x), rows, x_pitch, nparts, a);
+	else
+		di_launch(ctx, di_split_columns_k<1>, grid, dim3(256), 0, DI_PTR(const float, x), rows, x_pitch, nparts, a);
 	return di_check_launch(ctx, "split_columns");
 }
 
@@ -690,10 +706,11 @@ __device__ __forceinline__ void di_rotate(float *v, int a, int b, float c, float
 	v[b] = x1 * c + x0 * s;
 }
 
-// One block per token; threads over (head, pair).
+// One block per token; threads over (head, pair). Started by di_launch.
 __global__ void di_rope_k(float *x, const int *positions, const float *cosv, const float *sinv, int max_pos,
                           int num_heads, int head_size, int offset, int rotary_dim, int interleaved,
                           unsigned *check) {
+	di_pdl_wait();
 	const int i = blockIdx.x;
 	const int pos = positions[i];
 	if (pos < 0 || pos >= max_pos) {
@@ -718,10 +735,9 @@ extern "C" int di_op_rope(di_ctx *ctx, di_dptr x, di_dptr positions, di_dptr cos
 	if (num_tokens == 0) return DI_OK;
 	int threads = norm_threads(num_heads * rotary_dim / 2);
 	if (threads > 256) threads = 256;
-	di_rope_k<<<num_tokens, threads, 0, ctx->stream>>>(DI_PTR(float, x), DI_PTR(const int, positions),
-	                                                   DI_PTR(const float, cos), DI_PTR(const float, sin), max_pos,
-	                                                   num_heads, head_size, offset, rotary_dim, interleaved,
-	                                                   ctx->check);
+	di_launch(ctx, di_rope_k, dim3(num_tokens), dim3(threads), 0, DI_PTR(float, x), DI_PTR(const int, positions),
+	          DI_PTR(const float, cos), DI_PTR(const float, sin), max_pos, num_heads, head_size, offset, rotary_dim,
+	          interleaved, ctx->check);
 	return di_check_launch(ctx, "rope");
 }
 
