@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 17u
+#define DI_ABI_VERSION 18u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -667,6 +667,20 @@ typedef struct di_api {
 	int (*mla_attention_pf)(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, int cache_dtype, di_dptr wkvb,
 	                        int w_dtype, const di_attn_meta *m, int num_heads, int nope_dim, int rope_dim,
 	                        int kv_lora_rank, int v_head_dim, float scale);
+	/* mla_prepare (kernels.MLAPreparer): from qkva (F32 [num_tokens,
+	 * num_heads*(nope+rope) + kvl + rope], DeepSeek's fused q / kv_a
+	 * projection), q (F32 [num_tokens, num_heads*(nope+rope)]) gets the
+	 * row's q with each head's rope dimensions rotated as rope rotates
+	 * them (positions, cos, sin [max_pos, rope/2], interleaved pairs or
+	 * halves), and row slot_mapping[t] (-1: skip) of cache gets c_kv
+	 * RMS-normalized by normw (F32 [kvl], eps) and k_pe rotated, in the
+	 * cache's layout as mla_write_cache writes them: the bits of
+	 * split_columns, rms_norm, two ropes and mla_write_cache. kvl at most
+	 * 4096; a position outside the tables sets DI_CHECK_ROPE, a slot past
+	 * the cache DI_CHECK_WRITE_CACHE. */
+	int (*mla_prepare)(di_ctx *ctx, di_dptr q, di_dptr cache, int cache_dtype, di_dptr qkva, di_dptr normw,
+	                   di_dptr slot_mapping, di_dptr positions, di_dptr cos, di_dptr sin, int num_tokens, int max_pos,
+	                   int num_heads, int nope, int rope, int kvl, int interleaved, float eps, int num_slots);
 } di_api;
 
 /* di_get_api fills *out for a caller built against abi_version; it returns

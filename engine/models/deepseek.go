@@ -323,7 +323,12 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 		if err := ops.Linear(qkv, xa, w.qKVA, nil); err != nil {
 			return err
 		}
-		if err := ops.SplitColumns(qkv, q, ckv, kpe); err != nil {
+		// Split, norm, ropes and cache write: one operation where the
+		// backend fuses them (kernels.MLAPreparer).
+		err := kernels.PrepareMLA(ops, kernels.MLAPrep{QKVA: qkv, Q: q, Cache: cache, SlotMapping: b.Attn.SlotMapping,
+			Positions: b.Positions, Cos: m.rope.cos, Sin: m.rope.sin, KVNorm: w.kvANorm, Eps: m.eps, MLA: d,
+			Interleaved: m.interleave, CKV: ckv, KPE: kpe})
+		if err != nil {
 			return err
 		}
 	case w.qProj != nil:
@@ -352,29 +357,20 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 		if err := ops.Linear(kpe, xa, w.kvARope, w.kvARopeBias); err != nil {
 			return err
 		}
-	}
-	if err := ops.RMSNorm(ckv, ckv, w.kvANorm, m.eps); err != nil {
-		return err
-	}
-	rp := kernels.RoPEParams{NumHeads: d.NumHeads, HeadSize: d.NopeDim + d.RopeDim, Offset: d.NopeDim,
-		RotaryDim: d.RopeDim, Interleaved: m.interleave}
-	if err := ops.RoPE(q, b.Positions, m.rope.cos, m.rope.sin, rp); err != nil {
-		return err
-	}
-	rp = kernels.RoPEParams{NumHeads: 1, HeadSize: d.RopeDim, RotaryDim: d.RopeDim, Interleaved: m.interleave}
-	if err := ops.RoPE(kpe, b.Positions, m.rope.cos, m.rope.sin, rp); err != nil {
-		return err
-	}
-	if mc, ok := ops.(kernels.MLACacher); ok && cache.DType() != ops.ActivationDType() {
+		if err := ops.RMSNorm(ckv, ckv, w.kvANorm, m.eps); err != nil {
+			return err
+		}
+		rp := kernels.RoPEParams{NumHeads: d.NumHeads, HeadSize: d.NopeDim + d.RopeDim, Offset: d.NopeDim,
+			RotaryDim: d.RopeDim, Interleaved: m.interleave}
+		if err := ops.RoPE(q, b.Positions, m.rope.cos, m.rope.sin, rp); err != nil {
+			return err
+		}
+		rp = kernels.RoPEParams{NumHeads: 1, HeadSize: d.RopeDim, RotaryDim: d.RopeDim, Interleaved: m.interleave}
+		if err := ops.RoPE(kpe, b.Positions, m.rope.cos, m.rope.sin, rp); err != nil {
+			return err
+		}
 		// A narrowed latent cache: the backend's writer rounds or packs the row.
-		if err := mc.WriteMLACache(cache, ckv, kpe, b.Attn.SlotMapping, d); err != nil {
-			return err
-		}
-	} else {
-		if err := ops.WriteCache(cache, ckv, b.Attn.SlotMapping, 0); err != nil {
-			return err
-		}
-		if err := ops.WriteCache(cache, kpe, b.Attn.SlotMapping, d.KVLoraRank); err != nil {
+		if err := kernels.WriteMLACacheRows(ops, cache, ckv, kpe, b.Attn.SlotMapping, d); err != nil {
 			return err
 		}
 	}

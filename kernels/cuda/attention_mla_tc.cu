@@ -93,48 +93,58 @@ template <> __device__ __forceinline__ uint32_t di_pack2<__nv_bfloat16>(float lo
 
 // ---------------------------------------------------------------- cache writes
 
+// di_mla_store_row writes one token's [c_kv k_pe] (x: kvl floats, xp: rope
+// floats) into its cache row in the cache's layout (F32, F16, BF16: the
+// values rounded to nearest; F8E4M3: the packed row, each group's scale
+// amax / 448, or 1 for a group of zeros, the values x / scale rounded to
+// nearest even and saturated), the block's threads sharing the work. The
+// writer of mla_write_cache and mla_prepare, which must give the same
+// bytes.
+template <typename CT>
+__device__ __forceinline__ void di_mla_store_row(unsigned char *row, const float *x, const float *xp, int kvl,
+                                                 int rope) {
+	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+	if constexpr (di_is_fp8<CT>) {
+		// A warp a group of MLA_F8_GROUP columns, four a lane.
+		for (int g = warp; g < kvl / MLA_F8_GROUP; g += nwarps) {
+			const int c0 = g * MLA_F8_GROUP;
+			float v[4], amax = 0.f;
+#pragma unroll
+			for (int u = 0; u < 4; u++) {
+				v[u] = x[c0 + lane + 32 * u];
+				amax = fmaxf(amax, fabsf(v[u]));
+			}
+			amax = di_warp_max(amax);
+			const float scale = amax > 0.f ? __fdiv_rn(amax, 448.f) : 1.f;
+#pragma unroll
+			for (int u = 0; u < 4; u++) row[c0 + lane + 32 * u] = di_from_f32<__nv_fp8_e4m3>(__fdiv_rn(v[u], scale)).__x;
+			if (lane == 0) reinterpret_cast<float *>(row + kvl + 2 * rope)[g] = scale;
+		}
+		__half *rp = reinterpret_cast<__half *>(row + kvl);
+		for (int r = tid; r < rope; r += blockDim.x) rp[r] = __float2half_rn(xp[r]);
+	} else {
+		CT *rp = reinterpret_cast<CT *>(row);
+		for (int c = tid; c < kvl; c += blockDim.x) rp[c] = di_from_f32<CT>(x[c]);
+		for (int r = tid; r < rope; r += blockDim.x) rp[kvl + r] = di_from_f32<CT>(xp[r]);
+	}
+}
+
 // One block per token: row slot_mapping[t] of the cache gets c_kv[t] and
-// k_pe[t] in the cache's layout (F32, F16, BF16: [c_kv k_pe] rounded to
-// nearest; F8E4M3: the packed row, each group's scale amax / 448, or 1
-// for a group of zeros, the values x / scale rounded to nearest even and
-// saturated). A slot outside the cache sets DI_CHECK_WRITE_CACHE.
+// k_pe[t] in the cache's layout (di_mla_store_row). A slot outside the
+// cache sets DI_CHECK_WRITE_CACHE.
 template <typename CT>
 __global__ void di_mla_write_k(unsigned char *cache, const float *ckv, const float *kpe, const int *slot_mapping,
                                int num_tokens, int kvl, int rope, int row_bytes, int num_slots, unsigned *check) {
 	di_pdl_wait();
-	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
 	for (int t = blockIdx.x; t < num_tokens; t += gridDim.x) {
 		const int slot = slot_mapping[t];
 		if (slot < 0) continue;
 		if (slot >= num_slots) {
-			if (tid == 0) atomicOr(check, DI_CHECK_WRITE_CACHE);
+			if (threadIdx.x == 0) atomicOr(check, DI_CHECK_WRITE_CACHE);
 			continue;
 		}
-		unsigned char *row = cache + (size_t)slot * row_bytes;
-		const float *x = ckv + (size_t)t * kvl, *xp = kpe + (size_t)t * rope;
-		if constexpr (di_is_fp8<CT>) {
-			// A warp a group of MLA_F8_GROUP columns, four a lane.
-			for (int g = warp; g < kvl / MLA_F8_GROUP; g += nwarps) {
-				const int c0 = g * MLA_F8_GROUP;
-				float v[4], amax = 0.f;
-#pragma unroll
-				for (int u = 0; u < 4; u++) {
-					v[u] = x[c0 + lane + 32 * u];
-					amax = fmaxf(amax, fabsf(v[u]));
-				}
-				amax = di_warp_max(amax);
-				const float scale = amax > 0.f ? __fdiv_rn(amax, 448.f) : 1.f;
-#pragma unroll
-				for (int u = 0; u < 4; u++) row[c0 + lane + 32 * u] = di_from_f32<__nv_fp8_e4m3>(__fdiv_rn(v[u], scale)).__x;
-				if (lane == 0) reinterpret_cast<float *>(row + kvl + 2 * rope)[g] = scale;
-			}
-			__half *rp = reinterpret_cast<__half *>(row + kvl);
-			for (int r = tid; r < rope; r += blockDim.x) rp[r] = __float2half_rn(xp[r]);
-		} else {
-			CT *rp = reinterpret_cast<CT *>(row);
-			for (int c = tid; c < kvl; c += blockDim.x) rp[c] = di_from_f32<CT>(x[c]);
-			for (int r = tid; r < rope; r += blockDim.x) rp[kvl + r] = di_from_f32<CT>(xp[r]);
-		}
+		di_mla_store_row<CT>(cache + (size_t)slot * row_bytes, ckv + (size_t)t * kvl, kpe + (size_t)t * rope, kvl,
+		                     rope);
 	}
 }
 
@@ -173,6 +183,127 @@ extern "C" int di_op_mla_write_cache(di_ctx *ctx, di_dptr cache, int cache_dtype
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "mla_write_cache: cache dtype %d", cache_dtype);
 	}
 	return di_check_launch(ctx, "mla_write_cache");
+}
+
+// di_mla_prepare_k: one block per token t, norm_threads(kvl) threads (the
+// rms_norm kernel's block, so that the sum of squares is added in its
+// order). From the fused projection's row [q (num_heads x (nope + rope)),
+// c_kv (kvl), k_pe (rope)]: q[t] gets the row's q with each head's rope
+// dimensions rotated as di_rope_k rotates them; c_kv is normalized as
+// di_rms_norm_k's held path does and k_pe rotated, both into shared
+// memory; then row slot_mapping[t] of the cache gets them as
+// di_mla_write_k writes them (di_mla_store_row). A position outside the
+// tables sets DI_CHECK_ROPE and leaves the token's values unrotated (as
+// di_rope_k does); a slot outside the cache sets DI_CHECK_WRITE_CACHE.
+// The bits of split_columns, rms_norm, two ropes and mla_write_cache.
+template <typename CT>
+__global__ void di_mla_prepare_k(float *q, unsigned char *cache, const float *qkva, const float *normw,
+                                 const int *slot_mapping, const int *positions, const float *cosv, const float *sinv,
+                                 int max_pos, int num_heads, int nope, int rope, int kvl, int interleaved, float eps,
+                                 int row_bytes, int num_slots, unsigned *check) {
+	extern __shared__ float prep_smem[]; // [kvl + rope]: c_kv normalized, k_pe rotated
+	__shared__ double red[32];
+	const int t = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+	const int hs = nope + rope, qd = num_heads * hs, half = rope / 2;
+	float wv[RMS_HELD];
+#pragma unroll
+	for (int k = 0; k < RMS_HELD; k++) {
+		const int j = tid + k * nt;
+		wv[k] = j < kvl ? normw[j] : 0.f;
+	}
+	di_pdl_wait();
+	const float *row = qkva + (size_t)t * (qd + kvl + rope);
+	float v[RMS_HELD];
+#pragma unroll
+	for (int k = 0; k < RMS_HELD; k++) {
+		const int j = tid + k * nt;
+		v[k] = j < kvl ? row[qd + j] : 0.f;
+	}
+	double s = 0;
+#pragma unroll
+	for (int k = 0; k < RMS_HELD; k++)
+		if (tid + k * nt < kvl) s += (double)v[k] * (double)v[k];
+	s = di_block_sum(s, red);
+	const float r = di_rms_scale(s, kvl, eps);
+#pragma unroll
+	for (int k = 0; k < RMS_HELD; k++) {
+		const int j = tid + k * nt;
+		if (j < kvl) prep_smem[j] = (v[k] * r) * wv[k];
+	}
+	const int pos = positions[t];
+	const bool ok = pos >= 0 && pos < max_pos;
+	if (!ok && tid == 0) atomicOr(check, DI_CHECK_ROPE);
+	const float *cs = cosv + (size_t)(ok ? pos : 0) * half, *sn = sinv + (size_t)(ok ? pos : 0) * half;
+	float *qo = q + (size_t)t * qd;
+	for (int i = tid; i < qd; i += nt) {
+		const int d = i % hs;
+		if (d < nope || !ok) qo[i] = row[i];
+	}
+	// q's rope pairs, then k_pe's (as "head" num_heads): each thread its
+	// own pairs, read from the row and written once.
+	for (int idx = tid; ok && idx < (num_heads + 1) * half; idx += nt) {
+		const int h = idx / half, j = idx % half;
+		const int a = interleaved ? 2 * j : j, b = interleaved ? 2 * j + 1 : j + half;
+		const float *src = h < num_heads ? row + h * hs + nope : row + qd + kvl;
+		float p[2] = {src[a], src[b]};
+		di_rotate(p, 0, 1, cs[j], sn[j]);
+		float *dst = h < num_heads ? qo + h * hs + nope : prep_smem + kvl;
+		dst[a] = p[0];
+		dst[b] = p[1];
+	}
+	if (!ok)
+		for (int i = tid; i < rope; i += nt) prep_smem[kvl + i] = row[qd + kvl + i];
+	__syncthreads();
+	const int slot = slot_mapping[t];
+	if (slot < 0) return;
+	if (slot >= num_slots) {
+		if (tid == 0) atomicOr(check, DI_CHECK_WRITE_CACHE);
+		return;
+	}
+	di_mla_store_row<CT>(cache + (size_t)slot * row_bytes, prep_smem, prep_smem + kvl, kvl, rope);
+}
+
+extern "C" int di_op_mla_prepare(di_ctx *ctx, di_dptr q, di_dptr cache, int cache_dtype, di_dptr qkva, di_dptr normw,
+                                 di_dptr slot_mapping, di_dptr positions, di_dptr cosv, di_dptr sinv, int num_tokens,
+                                 int max_pos, int num_heads, int nope, int rope, int kvl, int interleaved, float eps,
+                                 int num_slots) {
+	if (num_tokens == 0) return DI_OK;
+	if (kvl <= 0 || rope <= 0 || rope % 2 != 0 || num_heads <= 0 || nope < 0 || kvl > RMS_HELD * 1024)
+		return di_fail(ctx, DI_ERR_INVALID, "mla_prepare: heads %d, nope %d, rope %d (even), kv_lora_rank %d (at most %d)",
+		               num_heads, nope, rope, kvl, RMS_HELD * 1024);
+	const int threads = norm_threads(kvl);
+	const size_t smem = (size_t)(kvl + rope) * sizeof(float);
+	unsigned char *c = DI_PTR(unsigned char, cache);
+	const float *x = DI_PTR(const float, qkva), *w = DI_PTR(const float, normw);
+	const float *cs = DI_PTR(const float, cosv), *sn = DI_PTR(const float, sinv);
+	const int *sm = DI_PTR(const int, slot_mapping), *ps = DI_PTR(const int, positions);
+	float *qo = DI_PTR(float, q);
+#define DI_MLA_PREP(CT, ROW)                                                                                       \
+	di_launch(ctx, di_mla_prepare_k<CT>, dim3(num_tokens), dim3(threads), smem, qo, c, x, w, sm, ps, cs, sn, max_pos, \
+	          num_heads, nope, rope, kvl, interleaved, eps, (ROW), num_slots, ctx->check)
+	switch (cache_dtype) {
+	case DI_F32:
+		DI_MLA_PREP(float, (kvl + rope) * 4);
+		break;
+	case DI_F16:
+		DI_MLA_PREP(__half, (kvl + rope) * 2);
+		break;
+	case DI_BF16:
+		DI_MLA_PREP(__nv_bfloat16, (kvl + rope) * 2);
+		break;
+	case DI_F8E4M3:
+		if (kvl % MLA_F8_GROUP != 0 || rope % 8 != 0)
+			return di_fail(ctx, DI_ERR_UNSUPPORTED,
+			               "mla_prepare: 8-bit rows need kv_lora_rank a multiple of %d (got %d) and the rope dim "
+			               "a multiple of 8 (got %d)",
+			               MLA_F8_GROUP, kvl, rope);
+		DI_MLA_PREP(__nv_fp8_e4m3, di_mla_f8_row_bytes(kvl, rope));
+		break;
+	default:
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "mla_prepare: cache dtype %d", cache_dtype);
+	}
+#undef DI_MLA_PREP
+	return di_check_launch(ctx, "mla_prepare");
 }
 
 // ---------------------------------------------------------------- absorption

@@ -104,6 +104,68 @@ func (b *Backend) WriteMLACache(cache, ckv, kpe, slotMapping kernels.Tensor, p k
 	}, c, x, xp, sm)
 }
 
+var _ kernels.MLAPreparer = (*Backend)(nil)
+
+// PrepareMLA implements kernels.MLAPreparer: one kernel a call (a block a
+// token) splits the fused q / kv_a projection, normalizes c_kv, rotates
+// q's rope dimensions and k_pe and writes the cache row, with the bits of
+// kernels.PrepareMLASteps (the same shared device code for the norm's
+// sum, the rotation and the row's rounding or packing). Shapes it does not
+// take (kv_lora_rank above 4096, an odd rope dim, an 8-bit cache whose
+// rank is not a multiple of 128) run the steps. Bad positions and slots
+// are reported by the next Download or Sync.
+func (b *Backend) PrepareMLA(a kernels.MLAPrep) error {
+	const op = "mla_prepare"
+	d := a.MLA
+	if d.KVLoraRank <= 0 || d.KVLoraRank > 4096 || d.RopeDim <= 0 || d.RopeDim%2 != 0 || d.NumHeads <= 0 || d.NopeDim < 0 ||
+		(a.Cache != nil && a.Cache.DType() == kernels.F8E4M3 && (d.KVLoraRank%128 != 0 || d.RopeDim%8 != 0)) {
+		return kernels.PrepareMLASteps(b, a)
+	}
+	ts := map[string]kernels.Tensor{"qkva": a.QKVA, "q": a.Q, "cache": a.Cache, "kv_norm": a.KVNorm,
+		"slot_mapping": a.SlotMapping, "positions": a.Positions, "cos": a.Cos, "sin": a.Sin}
+	cu := make(map[string]*Tensor, len(ts))
+	for name, t := range ts {
+		c, err := asCUDA(op, name, t)
+		if err != nil {
+			return err
+		}
+		cu[name] = c
+	}
+	c := cu["cache"]
+	slots, err := mlaCache(op, c, d)
+	if err != nil {
+		return err
+	}
+	qd := d.NumHeads * (d.NopeDim + d.RopeDim)
+	x := cu["qkva"]
+	if err := kernels.CheckShape("cuda", op, "qkva", x, []int{-1, qd + d.KVLoraRank + d.RopeDim}, kernels.F32); err != nil {
+		return err
+	}
+	t := x.shape[0]
+	half := d.RopeDim / 2
+	for _, s := range []struct {
+		name  string
+		shape []int
+		dt    kernels.DType
+	}{{"q", []int{t, qd}, kernels.F32}, {"kv_norm", []int{d.KVLoraRank}, kernels.F32},
+		{"slot_mapping", []int{t}, kernels.I32}, {"positions", []int{t}, kernels.I32},
+		{"cos", []int{-1, half}, kernels.F32}, {"sin", []int{cu["cos"].shape[0], half}, kernels.F32}} {
+		if err := kernels.CheckShape("cuda", op, s.name, cu[s.name], s.shape, s.dt); err != nil {
+			return err
+		}
+	}
+	il := 0
+	if a.Interleaved {
+		il = 1
+	}
+	q, w, sm, ps, cs, sn := cu["q"], cu["kv_norm"], cu["slot_mapping"], cu["positions"], cu["cos"], cu["sin"]
+	return b.launch(op, func() C.int {
+		return C.c_mla_prepare(b.lib.api, b.ctx, q.ptr(), c.ptr(), C.int(c.dtype), x.ptr(), w.ptr(), sm.ptr(), ps.ptr(),
+			cs.ptr(), sn.ptr(), C.int(t), C.int(cs.shape[0]), C.int(d.NumHeads), C.int(d.NopeDim), C.int(d.RopeDim),
+			C.int(d.KVLoraRank), C.int(il), C.float(a.Eps), C.int(slots))
+	}, q, c, x, w, sm, ps, cs, sn)
+}
+
 // MLALatentAttention is the latent half of MLAAttention over a 16- or
 // 8-bit latent cache (FlashMLA's kernel): olat F32 [T, NumHeads,
 // KVLoraRank] gets, per query row and head, the softmax over the row's

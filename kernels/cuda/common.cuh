@@ -69,6 +69,33 @@ template <typename T> __device__ T di_block_sum(T v, T *shared) {
 	return di_warp_sum(s);
 }
 
+// di_rms_scale is RMSNorm's 1/rms from the float64 sum of squares of n
+// values (shared by rms_norm, qkv_prepare and mla_prepare, which must give
+// the same bits).
+__device__ __forceinline__ float di_rms_scale(double sum_sq, int n, float eps) {
+	return (float)(1.0 / sqrt(sum_sq / n + (double)eps));
+}
+
+// RMS_HELD is the values a thread of the norm kernels holds in registers:
+// rows of at most RMS_HELD * blockDim.x values take the held path.
+#define RMS_HELD 4
+
+// norm_threads is the block size of the norm kernels for rows of n values
+// (the block sum's order follows it).
+static inline int norm_threads(int n) {
+	int t = 32;
+	while (t < n && t < 1024) t <<= 1;
+	return t;
+}
+
+// di_rotate rotates the pair (v[a], v[b]) by the angle of (c, s) (shared
+// by rope, qkv_prepare and mla_prepare, which must give the same bits).
+__device__ __forceinline__ void di_rotate(float *v, int a, int b, float c, float s) {
+	const float x0 = v[a], x1 = v[b];
+	v[a] = x0 * c - x1 * s;
+	v[b] = x1 * c + x0 * s;
+}
+
 // di_load8 reads 8 consecutive elements (16-byte aligned for float, 16 bytes
 // for 16-bit types) as float32.
 __device__ __forceinline__ void di_load8(const float *p, float *o) {

@@ -80,12 +80,6 @@ extern "C" int di_op_embedding(di_ctx *ctx, di_dptr out, di_dptr table, int tabl
 
 // ---------------------------------------------------------------- rms_norm
 
-// di_rms_scale is RMSNorm's 1/rms from the float64 sum of squares of n
-// values (shared with qkv_prepare, which must give the same bits).
-__device__ __forceinline__ float di_rms_scale(double sum_sq, int n, float eps) {
-	return (float)(1.0 / sqrt(sum_sq / n + (double)eps));
-}
-
 // One block per row. With a residual: residual += x first. Each thread
 // touches the same columns in every pass, so out may alias x. A row of at
 // most RMS_HELD values a thread is held in registers: every load (the
@@ -95,7 +89,6 @@ __device__ __forceinline__ float di_rms_scale(double sum_sq, int n, float eps) {
 // for the output. Both sum the squares in the same order: the same bits.
 // TO is out's type: float, or the 16-bit type of the linear that reads out
 // (each value rounded to nearest, as the linear's narrowing pass would).
-#define RMS_HELD 4
 template <typename TO>
 __global__ void di_rms_norm_k(TO *out, float *residual, const float *x, const float *w, int n, float eps) {
 	di_pdl_trigger(); // the next kernel (usually a GEMV) streams its weights meanwhile
@@ -158,12 +151,6 @@ __global__ void di_rms_norm_k(TO *out, float *residual, const float *x, const fl
 	s = di_block_sum(s, red);
 	const float r = di_rms_scale(s, n, eps);
 	for (int j = tid; j < n; j += nt) o[j] = di_from_f32<TO>((src[j] * r) * w[j]);
-}
-
-static int norm_threads(int n) {
-	int t = 32;
-	while (t < n && t < 1024) t <<= 1;
-	return t;
 }
 
 extern "C" int di_op_rms_norm(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr residual, di_dptr x, di_dptr weight,
@@ -697,14 +684,6 @@ extern "C" int di_op_concat(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, int 
 }
 
 // ---------------------------------------------------------------- rope
-
-// di_rotate rotates the pair (v[a], v[b]) by the angle of (c, s) (shared
-// with qkv_prepare, which must give the same bits).
-__device__ __forceinline__ void di_rotate(float *v, int a, int b, float c, float s) {
-	const float x0 = v[a], x1 = v[b];
-	v[a] = x0 * c - x1 * s;
-	v[b] = x1 * c + x0 * s;
-}
 
 // One block per token; threads over (head, pair). Started by di_launch.
 __global__ void di_rope_k(float *x, const int *positions, const float *cosv, const float *sinv, int max_pos,
