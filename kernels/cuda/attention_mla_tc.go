@@ -143,13 +143,16 @@ func (b *Backend) PrepareMLA(a kernels.MLAPrep) error {
 	}
 	t := x.shape[0]
 	half := d.RopeDim / 2
+	if err := kernels.CheckShape("cuda", op, "cos", cu["cos"], []int{-1, half}, kernels.F32); err != nil {
+		return err
+	}
 	for _, s := range []struct {
 		name  string
 		shape []int
 		dt    kernels.DType
 	}{{"q", []int{t, qd}, kernels.F32}, {"kv_norm", []int{d.KVLoraRank}, kernels.F32},
 		{"slot_mapping", []int{t}, kernels.I32}, {"positions", []int{t}, kernels.I32},
-		{"cos", []int{-1, half}, kernels.F32}, {"sin", []int{cu["cos"].shape[0], half}, kernels.F32}} {
+		{"sin", []int{cu["cos"].shape[0], half}, kernels.F32}} {
 		if err := kernels.CheckShape("cuda", op, s.name, cu[s.name], s.shape, s.dt); err != nil {
 			return err
 		}
