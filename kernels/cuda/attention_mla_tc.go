@@ -106,18 +106,19 @@ func (b *Backend) WriteMLACache(cache, ckv, kpe, slotMapping kernels.Tensor, p k
 
 var _ kernels.MLAPreparer = (*Backend)(nil)
 
-// PrepareMLA implements kernels.MLAPreparer: one kernel a call (a block a
-// token) splits the fused q / kv_a projection, normalizes c_kv, rotates
-// q's rope dimensions and k_pe and writes the cache row, with the bits of
-// kernels.PrepareMLASteps (the same shared device code for the norm's
-// sum, the rotation and the row's rounding or packing). Shapes it does not
-// take (kv_lora_rank above 4096, an odd rope dim, an 8-bit cache whose
-// rank is not a multiple of 128) run the steps. Bad positions and slots
+// PrepareMLA implements kernels.MLAPreparer: with Options.FusedMLAPrepare,
+// one kernel a call (a block a token) splits the fused q / kv_a
+// projection, normalizes c_kv, rotates q's rope dimensions and k_pe and
+// writes the cache row, with the bits of kernels.PrepareMLASteps (the same
+// shared device code for the norm's sum, the rotation and the row's
+// rounding or packing). Without the option, and for shapes the kernel does
+// not take (kv_lora_rank above 4096, an odd rope dim, an 8-bit cache whose
+// rank is not a multiple of 128), the steps run. Bad positions and slots
 // are reported by the next Download or Sync.
 func (b *Backend) PrepareMLA(a kernels.MLAPrep) error {
 	const op = "mla_prepare"
 	d := a.MLA
-	if d.KVLoraRank <= 0 || d.KVLoraRank > 4096 || d.RopeDim <= 0 || d.RopeDim%2 != 0 || d.NumHeads <= 0 || d.NopeDim < 0 ||
+	if !b.mlaPrepare || d.KVLoraRank <= 0 || d.KVLoraRank > 4096 || d.RopeDim <= 0 || d.RopeDim%2 != 0 || d.NumHeads <= 0 || d.NopeDim < 0 ||
 		(a.Cache != nil && a.Cache.DType() == kernels.F8E4M3 && (d.KVLoraRank%128 != 0 || d.RopeDim%8 != 0)) {
 		return kernels.PrepareMLASteps(b, a)
 	}

@@ -7,13 +7,13 @@ import (
 	"github.com/deepinfer/deepinfer-go/kernels"
 )
 
-// The fused mla_prepare kernel gives the bits of the separate ops on the
-// same backend (kernels.PrepareMLASteps: split, RMSNorm of c_kv, RoPE of q
-// and k_pe, the cache write): q and the whole latent cache, for the
-// DeepSeek-V2-Lite shape and a small one, interleaved pairs and halves,
-// F32, F16, BF16 and packed 8-bit caches, rows not written (slot -1), one
-// row and a prefill chunk; and q against the CPU backend's steps to
-// float32 rounding.
+// The fused mla_prepare kernel (Options.FusedMLAPrepare) gives the bits of
+// the separate ops on the same backend (kernels.PrepareMLASteps: split,
+// RMSNorm of c_kv, RoPE of q and k_pe, the cache write): q and the whole
+// latent cache, for the DeepSeek-V2-Lite shape and a small one, interleaved
+// pairs and halves, F32, F16, BF16 and packed 8-bit caches, rows not
+// written (slot -1), one row and a prefill chunk; and q against the CPU
+// backend's steps to float32 rounding.
 func TestGPUPrepareMLA(t *testing.T) {
 	cases := []struct {
 		name           string
@@ -32,7 +32,7 @@ func TestGPUPrepareMLA(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p := newPair(t, GEMMRound)
+			p := newPairOpts(t, Options{GEMM: GEMMRound, FusedMLAPrepare: true})
 			const maxPos, blocks, blockSize = 300, 16, 16
 			d := c.d
 			qd := d.NumHeads * (d.NopeDim + d.RopeDim)
