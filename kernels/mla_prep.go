@@ -46,18 +46,25 @@ func PrepareMLA(ops Ops, a MLAPrep) error {
 }
 
 // PrepareMLASteps runs a as separate operations: SplitColumns into a.Q,
-// a.CKV and a.KPE, RMSNorm of c_kv, RoPE of q (its rope dimensions after
-// NopeDim in each head) and of k_pe, then the cache write (WriteMLACache
-// where the cache's type is not the activations', else two WriteCache).
-// It is the reference a fused MLAPreparer is held to.
+// a.CKV and a.KPE, then PrepareMLALatent. It is the reference a fused
+// MLAPreparer is held to.
 func PrepareMLASteps(ops Ops, a MLAPrep) error {
 	if a.CKV == nil || a.KPE == nil {
 		return fmt.Errorf("kernels: mla_prepare: the unfused steps need CKV and KPE scratch rows: %w", ErrShape)
 	}
-	d := a.MLA
 	if err := ops.SplitColumns(a.QKVA, a.Q, a.CKV, a.KPE); err != nil {
 		return err
 	}
+	return PrepareMLALatent(ops, a)
+}
+
+// PrepareMLALatent runs the steps after the split, over a.Q, a.CKV and
+// a.KPE as they stand (a.QKVA is not read): RMSNorm of c_kv, RoPE of q (its
+// rope dimensions after NopeDim in each head) and of k_pe, then the cache
+// write (writeMLACacheRows). Models whose q and kv_a come from separate
+// products (q compressed, or a kv_a bias) call it directly.
+func PrepareMLALatent(ops Ops, a MLAPrep) error {
+	d := a.MLA
 	if err := ops.RMSNorm(a.CKV, a.CKV, a.KVNorm, a.Eps); err != nil {
 		return err
 	}
@@ -70,13 +77,13 @@ func PrepareMLASteps(ops Ops, a MLAPrep) error {
 	if err := ops.RoPE(a.KPE, a.Positions, a.Cos, a.Sin, rp); err != nil {
 		return err
 	}
-	return WriteMLACacheRows(ops, a.Cache, a.CKV, a.KPE, a.SlotMapping, d)
+	return writeMLACacheRows(ops, a.Cache, a.CKV, a.KPE, a.SlotMapping, d)
 }
 
-// WriteMLACacheRows writes [c_kv k_pe] into an MLA latent cache: through
+// writeMLACacheRows writes [c_kv k_pe] into an MLA latent cache: through
 // MLACacher.WriteMLACache where the backend narrows the cache (its type is
 // not the activations'), else with two WriteCache calls.
-func WriteMLACacheRows(ops Ops, cache, ckv, kpe, slotMapping Tensor, d MLAParams) error {
+func writeMLACacheRows(ops Ops, cache, ckv, kpe, slotMapping Tensor, d MLAParams) error {
 	if mc, ok := ops.(MLACacher); ok && cache.DType() != ops.ActivationDType() {
 		return mc.WriteMLACache(cache, ckv, kpe, slotMapping, d)
 	}

@@ -305,6 +305,10 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 	if s.err != nil {
 		return s.err
 	}
+	// What follows the projections (QKVA set where they are fused).
+	prep := kernels.MLAPrep{Q: q, Cache: cache, SlotMapping: b.Attn.SlotMapping, Positions: b.Positions,
+		Cos: m.rope.cos, Sin: m.rope.sin, KVNorm: w.kvANorm, Eps: m.eps, MLA: d, Interleaved: m.interleave,
+		CKV: ckv, KPE: kpe}
 	var err error
 	if first {
 		err = ops.RMSNorm(xa, resid, ly.inputNorm, m.eps)
@@ -325,10 +329,8 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 		}
 		// Split, norm, ropes and cache write: one operation where the
 		// backend fuses them (kernels.MLAPreparer).
-		err := kernels.PrepareMLA(ops, kernels.MLAPrep{QKVA: qkv, Q: q, Cache: cache, SlotMapping: b.Attn.SlotMapping,
-			Positions: b.Positions, Cos: m.rope.cos, Sin: m.rope.sin, KVNorm: w.kvANorm, Eps: m.eps, MLA: d,
-			Interleaved: m.interleave, CKV: ckv, KPE: kpe})
-		if err != nil {
+		prep.QKVA = qkv
+		if err := kernels.PrepareMLA(ops, prep); err != nil {
 			return err
 		}
 	case w.qProj != nil:
@@ -357,20 +359,7 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 		if err := ops.Linear(kpe, xa, w.kvARope, w.kvARopeBias); err != nil {
 			return err
 		}
-		if err := ops.RMSNorm(ckv, ckv, w.kvANorm, m.eps); err != nil {
-			return err
-		}
-		rp := kernels.RoPEParams{NumHeads: d.NumHeads, HeadSize: d.NopeDim + d.RopeDim, Offset: d.NopeDim,
-			RotaryDim: d.RopeDim, Interleaved: m.interleave}
-		if err := ops.RoPE(q, b.Positions, m.rope.cos, m.rope.sin, rp); err != nil {
-			return err
-		}
-		rp = kernels.RoPEParams{NumHeads: 1, HeadSize: d.RopeDim, RotaryDim: d.RopeDim, Interleaved: m.interleave}
-		if err := ops.RoPE(kpe, b.Positions, m.rope.cos, m.rope.sin, rp); err != nil {
-			return err
-		}
-		// A narrowed latent cache: the backend's writer rounds or packs the row.
-		if err := kernels.WriteMLACacheRows(ops, cache, ckv, kpe, b.Attn.SlotMapping, d); err != nil {
+		if err := kernels.PrepareMLALatent(ops, prep); err != nil {
 			return err
 		}
 	}
