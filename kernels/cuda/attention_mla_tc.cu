@@ -219,12 +219,7 @@ __global__ void di_mla_prepare_k(float *q, unsigned char *cache, const float *qk
 		const int j = tid + k * nt;
 		v[k] = j < kvl ? row[qd + j] : 0.f;
 	}
-	double s = 0;
-#pragma unroll
-	for (int k = 0; k < RMS_HELD; k++)
-		if (tid + k * nt < kvl) s += (double)v[k] * (double)v[k];
-	s = di_block_sum(s, red);
-	const float r = di_rms_scale(s, kvl, eps);
+	const float r = di_rms_held_scale(v, kvl, eps, red);
 #pragma unroll
 	for (int k = 0; k < RMS_HELD; k++) {
 		const int j = tid + k * nt;

@@ -80,6 +80,21 @@ __device__ __forceinline__ float di_rms_scale(double sum_sq, int n, float eps) {
 // rows of at most RMS_HELD * blockDim.x values take the held path.
 #define RMS_HELD 4
 
+// di_rms_held_scale is RMSNorm's 1/rms over n values held RMS_HELD a
+// thread (thread tid holds columns tid + k * blockDim.x; those past n are
+// not counted): the float64 squares summed in k order, then di_block_sum.
+// Every thread of the block calls it (red: 32 doubles of shared memory).
+// rms_norm and mla_prepare share it, so that their norms give the same bits.
+__device__ __forceinline__ float di_rms_held_scale(const float (&v)[RMS_HELD], int n, float eps, double *red) {
+	const int tid = threadIdx.x, nt = blockDim.x;
+	double s = 0;
+#pragma unroll
+	for (int k = 0; k < RMS_HELD; k++)
+		if (tid + k * nt < n) s += (double)v[k] * (double)v[k];
+	s = di_block_sum(s, red);
+	return di_rms_scale(s, n, eps);
+}
+
 // norm_threads is the block size of the norm kernels for rows of n values
 // (the block sum's order follows it).
 static inline int norm_threads(int n) {

@@ -125,12 +125,7 @@ __global__ void di_rms_norm_k(TO *out, float *residual, const float *x, const fl
 				if (j < n) src[j] = v[k];
 			}
 		}
-		double s = 0;
-#pragma unroll
-		for (int k = 0; k < RMS_HELD; k++)
-			if (tid + k * nt < n) s += (double)v[k] * (double)v[k];
-		s = di_block_sum(s, red);
-		const float r = di_rms_scale(s, n, eps);
+		const float r = di_rms_held_scale(v, n, eps, red);
 #pragma unroll
 		for (int k = 0; k < RMS_HELD; k++) {
 			const int j = tid + k * nt;
