@@ -364,14 +364,30 @@ func TestGatedMLPer(t *testing.T) {
 // load as one weight (mlaWeights.qKVA); up to mlaFusedRows rows a step runs
 // it as one product and a column split, above that its three row views.
 // Both give the same logits bit for bit on the CPU (each output column is
-// its own dot product), in F32 and BF16, alone and after a cached prefix.
+// its own dot product), in F32 and BF16 and with the weights quantized to
+// FP8 at load (the views cut the fused weight's blocks at row 48, not a
+// block boundary), alone and after a cached prefix.
 func TestDeepSeekFusedQKVA(t *testing.T) {
 	ops := newBackend(t, 2)
-	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
-		m, _ := tinyModel(t, ops, "deepseek-v2", dt)
+	cfg := parseConfig(t, tinyConfigs["deepseek-v2"])
+	for _, c := range []struct {
+		dt    kernels.DType
+		quant string
+	}{{kernels.F32, ""}, {kernels.BF16, ""}, {kernels.BF16, "fp8"}} {
+		w, err := RandomWeights(cfg, c.dt, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := Builtin().New(ops, cfg, w, Options{MaxModelLen: testMaxLen, Quantization: c.quant})
+		if err != nil {
+			t.Fatal(err)
+		}
 		ds := m.(*deepseek)
 		if ds.layers[0].attn.qKVA == nil {
 			t.Fatal("deepseek-v2 (no q_lora_rank, no kv_a bias) loaded without the fused q / kv_a weight")
+		}
+		if c.quant == "fp8" && ds.layers[0].attn.qKVA.DType() != kernels.F8E4M3 {
+			t.Fatalf("fp8: the fused weight is %v", ds.layers[0].attn.qKVA.DType())
 		}
 		r := rand.New(rand.NewPCG(5, 5))
 		prompt, next := randomIDs(r, 11, 97), randomIDs(r, 3, 97)
@@ -384,7 +400,7 @@ func TestDeepSeekFusedQKVA(t *testing.T) {
 		}
 		for p := range outs[0] {
 			if !sameBits(outs[0][p], outs[1][p]) {
-				t.Errorf("%v: position %d: fused and row-view projections differ", dt, p)
+				t.Errorf("%v %s: position %d: fused and row-view projections differ", c.dt, c.quant, p)
 			}
 		}
 	}
