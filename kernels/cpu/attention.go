@@ -615,13 +615,18 @@ type mlaCache struct {
 
 // floats returns a buffer of n float32 from the pool (contents unset) and
 // the function that gives it back.
-func (c *mlaCache) floats(n int) ([]float32, func()) {
-	v, _ := c.work.Get().(*[]float32)
+func (c *mlaCache) floats(n int) ([]float32, func()) { return poolFloats(&c.work, n) }
+
+// poolFloats returns a buffer of n float32 from p (a pool of *[]float32;
+// contents unset, a new buffer when the pooled one is too small) and the
+// function that gives it back.
+func poolFloats(p *sync.Pool, n int) ([]float32, func()) {
+	v, _ := p.Get().(*[]float32)
 	if v == nil || cap(*v) < n {
 		buf := make([]float32, n)
 		v = &buf
 	}
-	return (*v)[:n], func() { c.work.Put(v) }
+	return (*v)[:n], func() { p.Put(v) }
 }
 
 // mlaKey names a stored weight and the MLA dimensions its W_UK^T was built

@@ -101,6 +101,7 @@ type Backend struct {
 	peak    peakOnce
 	mla     mlaCache  // MLAAttention's W_UK^T per weight (see mlaWUKT)
 	gqa     sync.Pool // *gqaScratch: Attention's buffers, reused across calls (see gqaScratchFor)
+	moe     sync.Pool // *[]float32: the MoE ops' expert outputs and per-expert rows, reused across calls
 }
 
 var _ kernels.Ops = (*Backend)(nil)

@@ -219,16 +219,18 @@ func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 	if err != nil {
 		return err
 	}
-	ys := make([]float32, t*topK*hidden) // expert output per (token, k)
+	// Expert output per (token, k): every row is written by the expert
+	// of its pair before the sum below reads it.
+	ys, done := poolFloats(&b.moe, t*topK*hidden)
+	defer done()
 	// run computes expert e's rows of ys; parallel splits its products
 	// over the pool. Experts write disjoint rows of ys.
 	run := func(e int, parallel bool) {
 		pairs := byExpert[e]
 		n := len(pairs)
-		xe := gatherTokens(xs.f32, pairs, topK, hidden)
-		g := make([]float32, n*2*inter)
+		xe, g, a, release := b.expertRows(xs.f32, pairs, topK, hidden, inter)
+		defer release()
 		b.linearOn(g, xe, expert(gu, e), n, 2*inter, hidden, nil, parallel)
-		a := make([]float32, n*inter)
 		for r := range n {
 			b.k.siluMulRow(a[r*inter:(r+1)*inter], g[r*2*inter:(r+1)*2*inter])
 		}
@@ -307,11 +309,21 @@ func groupByExpert(op string, ids []int32, numExperts, topK int) ([][]int32, err
 
 // gatherTokens copies the hidden rows of the tokens of pairs ((token, k)
 // indices) out of xs, in order.
-func gatherTokens(xs []float32, pairs []int32, topK, hidden int) []float32 {
-	xe := make([]float32, len(pairs)*hidden)
+func gatherTokens(xe, xs []float32, pairs []int32, topK, hidden int) {
 	for r, pair := range pairs {
 		tok := int(pair) / topK
 		copy(xe[r*hidden:(r+1)*hidden], xs[tok*hidden:(tok+1)*hidden])
 	}
-	return xe
+}
+
+// expertRows returns one expert's working rows from the backend's MoE
+// pool, for its n = len(pairs) pairs: xe [n, hidden] holding the pairs'
+// tokens (gatherTokens), g [n, 2*inter] and a [n, inter] unset; done gives
+// them back.
+func (b *Backend) expertRows(xs []float32, pairs []int32, topK, hidden, inter int) (xe, g, a []float32, done func()) {
+	n := len(pairs)
+	buf, done := poolFloats(&b.moe, n*(hidden+3*inter))
+	xe, g, a = buf[:n*hidden], buf[n*hidden:n*(hidden+2*inter)], buf[n*(hidden+2*inter):]
+	gatherTokens(xe, xs, pairs, topK, hidden)
+	return xe, g, a, done
 }

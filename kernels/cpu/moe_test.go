@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -286,6 +287,55 @@ func TestExpertsByLoad(t *testing.T) {
 			if (got != nil) != tc.parallel || !slices.Equal(got, tc.want) {
 				t.Fatalf("expertsByLoad(%v, %d) = %v, want %v", tc.loads, tc.workers, got, tc.want)
 			}
+		})
+	}
+}
+
+// The MoE op takes its expert outputs and each expert's rows from the
+// backend's pool: after a first call, a call of the same shape allocates
+// less than one expert-output buffer (tokens x top-k x hidden floats), on
+// both ways through (products split over the workers, one expert a
+// worker), where every call used to allocate that buffer and three
+// buffers an expert. The outputs stay those of the first call.
+func TestMoEReusesScratch(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector's sync.Pool drops a share of what is put back")
+	}
+	const hidden, inter, topK = 256, 192, 2 // the default model's expert shapes
+	for _, sh := range []struct{ e, tokens, threads int }{{5, 7, 3}, {8, 40, 2}} {
+		t.Run(fmt.Sprintf("e%d_t%d", sh.e, sh.tokens), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(11, 11))
+			b := newTestBackend(t, sh.threads)
+			gu := put(t, b, kernels.BF16, roundTo(kernels.BF16, randVals(r, sh.e*2*inter*hidden, 0.5)), sh.e, 2*inter, hidden)
+			dn := put(t, b, kernels.BF16, roundTo(kernels.BF16, randVals(r, sh.e*hidden*inter, 0.5)), sh.e, hidden, inter)
+			x := put(t, b, kernels.F32, randVals(r, sh.tokens*hidden, 1), sh.tokens, hidden)
+			ids := make([]int32, sh.tokens*topK)
+			for i := range sh.tokens {
+				p := r.Perm(sh.e)
+				ids[i*topK], ids[i*topK+1] = int32(p[0]), int32(p[1])
+			}
+			idt, w := putI32(t, b, ids, sh.tokens, topK), put(t, b, kernels.F32, randVals(r, sh.tokens*topK, 1), sh.tokens, topK)
+			out := alloc(t, b, sh.tokens, hidden)
+			call := func() {
+				if err := b.MoE(out, x, idt, w, gu, dn); err != nil {
+					t.Fatal(err)
+				}
+			}
+			call()
+			first := append([]float32(nil), vals(out)...)
+			const calls = 20
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			for range calls {
+				call()
+			}
+			runtime.ReadMemStats(&after)
+			perCall := (after.TotalAlloc - before.TotalAlloc) / calls
+			t.Logf("%d bytes allocated a call", perCall)
+			if ys := uint64(sh.tokens * topK * hidden * 4); perCall >= ys {
+				t.Errorf("%d bytes allocated a call, want fewer than the %d of one expert-output buffer", perCall, ys)
+			}
+			checkIdentical(t, "after reuse", vals(out), first)
 		})
 	}
 }
