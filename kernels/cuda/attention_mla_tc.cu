@@ -148,6 +148,15 @@ __global__ void di_mla_write_k(unsigned char *cache, const float *ckv, const flo
 	}
 }
 
+// di_mla_f8_shape checks that op's 8-bit rows can be packed: kv_lora_rank
+// in whole groups of MLA_F8_GROUP, the rope dim a multiple of 8.
+static int di_mla_f8_shape(di_ctx *ctx, const char *op, int kvl, int rope) {
+	if (kvl % MLA_F8_GROUP == 0 && rope % 8 == 0) return DI_OK;
+	return di_fail(ctx, DI_ERR_UNSUPPORTED,
+	               "%s: 8-bit rows need kv_lora_rank a multiple of %d (got %d) and the rope dim a multiple of 8 (got %d)",
+	               op, MLA_F8_GROUP, kvl, rope);
+}
+
 extern "C" int di_op_mla_write_cache(di_ctx *ctx, di_dptr cache, int cache_dtype, di_dptr ckv, di_dptr kpe,
                                      di_dptr slot_mapping, int num_tokens, int kvl, int rope, int num_slots) {
 	if (num_tokens == 0) return DI_OK;
@@ -171,11 +180,7 @@ extern "C" int di_op_mla_write_cache(di_ctx *ctx, di_dptr cache, int cache_dtype
 		          (kvl + rope) * 2, num_slots, ctx->check);
 		break;
 	case DI_F8E4M3:
-		if (kvl % MLA_F8_GROUP != 0 || rope % 8 != 0)
-			return di_fail(ctx, DI_ERR_UNSUPPORTED,
-			               "mla_write_cache: 8-bit rows need kv_lora_rank a multiple of %d (got %d) and the rope dim "
-			               "a multiple of 8 (got %d)",
-			               MLA_F8_GROUP, kvl, rope);
+		if (di_mla_f8_shape(ctx, "mla_write_cache", kvl, rope) != DI_OK) return DI_ERR_UNSUPPORTED;
 		di_launch(ctx, di_mla_write_k<__nv_fp8_e4m3>, dim3(grid), dim3(128), 0, c, x, xp, sm, num_tokens, kvl, rope,
 		          di_mla_f8_row_bytes(kvl, rope), num_slots, ctx->check);
 		break;
@@ -287,11 +292,7 @@ extern "C" int di_op_mla_prepare(di_ctx *ctx, di_dptr q, di_dptr cache, int cach
 		DI_MLA_PREP(__nv_bfloat16, (kvl + rope) * 2);
 		break;
 	case DI_F8E4M3:
-		if (kvl % MLA_F8_GROUP != 0 || rope % 8 != 0)
-			return di_fail(ctx, DI_ERR_UNSUPPORTED,
-			               "mla_prepare: 8-bit rows need kv_lora_rank a multiple of %d (got %d) and the rope dim "
-			               "a multiple of 8 (got %d)",
-			               MLA_F8_GROUP, kvl, rope);
+		if (di_mla_f8_shape(ctx, "mla_prepare", kvl, rope) != DI_OK) return DI_ERR_UNSUPPORTED;
 		DI_MLA_PREP(__nv_fp8_e4m3, di_mla_f8_row_bytes(kvl, rope));
 		break;
 	default:
