@@ -106,8 +106,8 @@ func (b *Backend) WriteMLACache(cache, ckv, kpe, slotMapping kernels.Tensor, p k
 
 var _ kernels.MLAPreparer = (*Backend)(nil)
 
-// PrepareMLA implements kernels.MLAPreparer: with Options.FusedMLAPrepare,
-// one kernel a call (a block a token) splits the fused q / kv_a
+// PrepareMLA implements kernels.MLAPreparer: unless
+// Options.DisableFusedMLAPrepare, one kernel a call (a block a token) splits the fused q / kv_a
 // projection, normalizes c_kv, rotates q's rope dimensions and k_pe and
 // writes the cache row, with the bits of kernels.PrepareMLASteps (the same
 // shared device code for the norm's sum, the rotation and the row's

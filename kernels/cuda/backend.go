@@ -202,11 +202,11 @@ type Options struct {
 	// float32 and each linear rounds them itself (the same bits, one more
 	// pass).
 	DisableNormNarrow bool
-	// FusedMLAPrepare runs DeepSeek's split of the fused q / kv_a
-	// projection, c_kv norm, two ropes and latent cache write as one kernel
-	// (PrepareMLA, kernels.MLAPreparer), with the bits of the separate
-	// kernels. Off by default: the separate kernels run.
-	FusedMLAPrepare bool
+	// DisableFusedMLAPrepare runs DeepSeek's split of the fused q / kv_a
+	// projection, c_kv norm, two ropes and latent cache write as the
+	// separate kernels (kernels.PrepareMLASteps) rather than as one kernel
+	// a call (PrepareMLA, kernels.MLAPreparer). The same bits either way.
+	DisableFusedMLAPrepare bool
 	// MLPNarrowRows is the least number of rows for which GatedMLP keeps
 	// its intermediates in the weights' 16-bit type (GEMM mode round, BF16
 	// or F16 weights): half the bytes of float32 gate, up and product, and
@@ -282,7 +282,7 @@ type Backend struct {
 	mlpNarrow int
 	// LinearInputDType reports 16-bit inputs (not Options.DisableNormNarrow).
 	normNarrow bool
-	// mlaPrepare: PrepareMLA runs the fused kernel (Options.FusedMLAPrepare).
+	// mlaPrepare: PrepareMLA runs the fused kernel (not Options.DisableFusedMLAPrepare).
 	mlaPrepare bool
 }
 

@@ -90,7 +90,7 @@ __device__ __forceinline__ float di_rms_held_scale(const float (&v)[RMS_HELD], i
 	double s = 0;
 #pragma unroll
 	for (int k = 0; k < RMS_HELD; k++)
-		if (tid + k * nt < n) s += (double)v[k] * (double)v[k];
+		if (tid + k * nt < n) s = __fma_rn((double)v[k], (double)v[k], s); // spelled out: no contraction choice
 	s = di_block_sum(s, red);
 	return di_rms_scale(s, n, eps);
 }
@@ -105,10 +105,14 @@ static inline int norm_threads(int n) {
 
 // di_rotate rotates the pair (v[a], v[b]) by the angle of (c, s) (shared
 // by rope, qkv_prepare and mla_prepare, which must give the same bits).
+// Each product is rounded before the sum (no fused multiply-add): left to
+// itself nvcc contracts one product or the other into an FMA depending on
+// the kernel it is inlined in, which made mla_prepare's q differ from
+// rope's by an ulp; rounded this way it is also the CPU backend's RoPE.
 __device__ __forceinline__ void di_rotate(float *v, int a, int b, float c, float s) {
 	const float x0 = v[a], x1 = v[b];
-	v[a] = x0 * c - x1 * s;
-	v[b] = x1 * c + x0 * s;
+	v[a] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+	v[b] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
 }
 
 // di_load8 reads 8 consecutive elements (16-byte aligned for float, 16 bytes

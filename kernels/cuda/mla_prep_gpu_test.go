@@ -7,7 +7,7 @@ import (
 	"github.com/deepinfer/deepinfer-go/kernels"
 )
 
-// The fused mla_prepare kernel (Options.FusedMLAPrepare) gives the bits of
+// The fused mla_prepare kernel (on unless Options.DisableFusedMLAPrepare) gives the bits of
 // the separate ops on the same backend (kernels.PrepareMLASteps: split,
 // RMSNorm of c_kv, RoPE of q and k_pe, the cache write): q and the whole
 // latent cache, for the DeepSeek-V2-Lite shape and a small one, interleaved
@@ -32,7 +32,7 @@ func TestGPUPrepareMLA(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p := newPairOpts(t, Options{GEMM: GEMMRound, FusedMLAPrepare: true})
+			p := newPairOpts(t, Options{GEMM: GEMMRound})
 			const maxPos, blocks, blockSize = 300, 16, 16
 			d := c.d
 			qd := d.NumHeads * (d.NopeDim + d.RopeDim)

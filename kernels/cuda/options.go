@@ -135,7 +135,7 @@ func (b *Backend) setOptions(o Options) error {
 	}
 	b.opts, b.gemm = o, o.GEMM
 	b.normNarrow = !o.DisableNormNarrow
-	b.mlaPrepare = o.FusedMLAPrepare
+	b.mlaPrepare = !o.DisableFusedMLAPrepare
 	switch {
 	case o.MLPNarrowRows > 0:
 		b.mlpNarrow = o.MLPNarrowRows

@@ -58,16 +58,7 @@ var testEnv = []testEnvVar{
 	}},
 	{"DEEPINFER_CUDA_GEMV_WIDE", offEnv(func(o *Options) *bool { return &o.DisableGEMVWide })},
 	{"DEEPINFER_CUDA_PDL", offEnv(func(o *Options) *bool { return &o.DisablePDL })},
-	{"DEEPINFER_CUDA_MLA_PREPARE", func(o *Options, v string) error { // 1: Options.FusedMLAPrepare
-		switch v {
-		case "1":
-			o.FusedMLAPrepare = true
-		case "0":
-		default:
-			return fmt.Errorf("want 1 (on) or 0 (off, the default)")
-		}
-		return nil
-	}},
+	{"DEEPINFER_CUDA_MLA_PREPARE", offEnv(func(o *Options) *bool { return &o.DisableFusedMLAPrepare })},
 	{"DEEPINFER_CUDA_PREFILL_GQA", offEnv(func(o *Options) *bool { return &o.DisablePrefillGQA })},
 	{"DEEPINFER_CUDA_DEC_KM", offEnv(func(o *Options) *bool { return &o.DisableDecodeKM })},
 	{"DEEPINFER_CUDA_DEC_STAGES", intEnv(func(o *Options) *int { return &o.DecodeStages }, 0)},
