@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 18u
+#define DI_ABI_VERSION 19u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -681,6 +681,15 @@ typedef struct di_api {
 	int (*mla_prepare)(di_ctx *ctx, di_dptr q, di_dptr cache, int cache_dtype, di_dptr qkva, di_dptr normw,
 	                   di_dptr slot_mapping, di_dptr positions, di_dptr cos, di_dptr sin, int num_tokens, int max_pos,
 	                   int num_heads, int nope, int rope, int kvl, int interleaved, float eps, int num_slots);
+	/* moe_set_add: the MoE operations that follow (moe, fp8_moe,
+	 * quant_moe, moe_clamped_swiglu and its MXFP4 form) write
+	 * out + add (F32, the shape of out, row r of out at row r of add) in
+	 * their combine pass, with the bits of the MoE followed by add: each
+	 * element's routed sum, rounded to float, plus add's. add 0 clears it;
+	 * clearing returns DI_ERR_INVALID when an addend was set and no
+	 * combine pass wrote into out since (the operation took a path
+	 * without one, so out lacks the addend). */
+	int (*moe_set_add)(di_ctx *ctx, di_dptr out, di_dptr add);
 } di_api;
 
 /* di_get_api fills *out for a caller built against abi_version; it returns

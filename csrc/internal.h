@@ -52,6 +52,11 @@ struct di_ctx {
 	size_t cur_stage = 0; // chunk being filled
 	size_t stage_off = 0; // bytes used in it
 	int num_graphs = 0;
+	// moe_set_add: the addend of the MoE combine passes writing into
+	// moe_add_out (row r of out at row r of moe_add), and whether one ran.
+	const float *moe_add = nullptr;
+	const float *moe_add_out = nullptr;
+	bool moe_add_used = false;
 	// The tuning switches (di_options, set_options; the comments name the
 	// di_options field). How float32 activations enter 16-bit GEMMs: gemm_mode.
 	int gemm_mode = DI_GEMM_ROUND;
@@ -228,6 +233,7 @@ int di_op_mla_prepare(di_ctx *ctx, di_dptr q, di_dptr cache, int cache_dtype, di
                       di_dptr slot_mapping, di_dptr positions, di_dptr cosv, di_dptr sinv, int num_tokens,
                       int max_pos, int num_heads, int nope, int rope, int kvl, int interleaved, float eps,
                       int num_slots);
+int di_op_moe_set_add(di_ctx *ctx, di_dptr out, di_dptr add);
 int di_op_mla_attention_tc(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, int cache_dtype, di_dptr wkvb,
                            int w_dtype, const di_attn_meta *m, int num_heads, int nope_dim, int rope_dim,
                            int kv_lora_rank, int v_head_dim, float scale);

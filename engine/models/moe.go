@@ -68,11 +68,10 @@ func moeForward(ops kernels.Ops, w *moeWeights, route kernels.RouteParams, numEx
 	if s.err != nil {
 		return s.err
 	}
-	if err := ops.MoE(routed, x, ids, wts, w.gateUp, w.down); err != nil {
-		return err
-	}
+	// The shared experts first, so that the routed experts' pass can add
+	// their output (kernels.MoEAdd: one pass fewer where the backend fuses it).
 	if err := w.shared.forward(ops, s, shared, x); err != nil {
 		return err
 	}
-	return ops.Add(out, routed, shared)
+	return kernels.MoEAdd(ops, out, routed, x, ids, wts, w.gateUp, w.down, shared)
 }

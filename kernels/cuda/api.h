@@ -111,6 +111,7 @@ static inline int c_moe(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr id
                  int k, int hidden, int inter, int e) {
 	return a->moe(c, out, x, ids, w, gu, dn, dt, t, k, hidden, inter, e);
 }
+static inline int c_moe_set_add(di_api *a, di_ctx *c, di_dptr out, di_dptr add) { return a->moe_set_add(c, out, add); }
 static inline int c_resolve(di_api *a, di_ctx *c, di_dptr ids, di_dptr from, di_dptr sampled, int t, int r) {
 	return a->resolve_placeholders(c, ids, from, sampled, t, r);
 }

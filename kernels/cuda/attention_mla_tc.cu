@@ -190,17 +190,21 @@ extern "C" int di_op_mla_write_cache(di_ctx *ctx, di_dptr cache, int cache_dtype
 	return di_check_launch(ctx, "mla_write_cache");
 }
 
-// di_mla_prepare_k: one block per token t, norm_threads(kvl) threads (the
-// rms_norm kernel's block, so that the sum of squares is added in its
-// order). From the fused projection's row [q (num_heads x (nope + rope)),
-// c_kv (kvl), k_pe (rope)]: q[t] gets the row's q with each head's rope
-// dimensions rotated as di_rope_k rotates them; c_kv is normalized as
-// di_rms_norm_k's held path does and k_pe rotated, both into shared
-// memory; then row slot_mapping[t] of the cache gets them as
-// di_mla_write_k writes them (di_mla_store_row). A position outside the
-// tables sets DI_CHECK_ROPE and leaves the token's values unrotated (as
-// di_rope_k does); a slot outside the cache sets DI_CHECK_WRITE_CACHE.
-// The bits of split_columns, rms_norm, two ropes and mla_write_cache.
+// di_mla_prepare_k: blocks (t, 0 .. gridDim.y - 1) for token t, each of
+// norm_threads(kvl) threads (the rms_norm kernel's block, so that the sum
+// of squares is added in its order). From the fused projection's row [q
+// (num_heads x (nope + rope)), c_kv (kvl), k_pe (rope)]: block (t, 0)
+// normalizes c_kv as di_rms_norm_k's held path does and rotates k_pe, both
+// into shared memory, then writes row slot_mapping[t] of the cache as
+// di_mla_write_k writes it (di_mla_store_row); q[t] gets the row's q with
+// each head's rope dimensions rotated as di_rope_k rotates them, by block
+// (t, 0) when gridDim.y is 1, else by blocks (t, 1 ..), each a share of
+// the heads (for few tokens: the q copy then runs beside the norm rather
+// than after it; a value's arithmetic is the same in any block). A
+// position outside the tables sets DI_CHECK_ROPE and leaves the token's
+// values unrotated (as di_rope_k does); a slot outside the cache sets
+// DI_CHECK_WRITE_CACHE. The bits of split_columns, rms_norm, two ropes and
+// mla_write_cache.
 template <typename CT>
 __global__ void di_mla_prepare_k(float *q, unsigned char *cache, const float *qkva, const float *normw,
                                  const int *slot_mapping, const int *positions, const float *cosv, const float *sinv,
@@ -210,14 +214,41 @@ __global__ void di_mla_prepare_k(float *q, unsigned char *cache, const float *qk
 	__shared__ double red[32];
 	const int t = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
 	const int hs = nope + rope, qd = num_heads * hs, half = rope / 2;
+	const int qblocks = gridDim.y - 1;    // blocks for q beside the latent one (0: the latent block does q)
+	const bool latent = blockIdx.y == 0; // c_kv, k_pe and the cache row
 	float wv[RMS_HELD];
+	if (latent) {
 #pragma unroll
-	for (int k = 0; k < RMS_HELD; k++) {
-		const int j = tid + k * nt;
-		wv[k] = j < kvl ? normw[j] : 0.f;
+		for (int k = 0; k < RMS_HELD; k++) {
+			const int j = tid + k * nt;
+			wv[k] = j < kvl ? normw[j] : 0.f;
+		}
 	}
 	di_pdl_wait();
 	const float *row = qkva + (size_t)t * (qd + kvl + rope);
+	const int pos = positions[t];
+	const bool ok = pos >= 0 && pos < max_pos;
+	const float *cs = cosv + (size_t)(ok ? pos : 0) * half, *sn = sinv + (size_t)(ok ? pos : 0) * half;
+	if (!latent || qblocks == 0) {
+		int h0 = 0, h1 = num_heads;
+		if (qblocks > 0) h0 = (blockIdx.y - 1) * num_heads / qblocks, h1 = blockIdx.y * num_heads / qblocks;
+		float *qo = q + (size_t)t * qd;
+		for (int i = h0 * hs + tid; i < h1 * hs; i += nt) {
+			const int d = i % hs;
+			if (d < nope || !ok) qo[i] = row[i];
+		}
+		// Each thread its own rope pairs, read from the row and written once.
+		for (int idx = tid; ok && idx < (h1 - h0) * half; idx += nt) {
+			const int h = h0 + idx / half, j = idx % half;
+			const int a = interleaved ? 2 * j : j, b = interleaved ? 2 * j + 1 : j + half;
+			const float *src = row + h * hs + nope;
+			float p[2] = {src[a], src[b]};
+			di_rotate(p, 0, 1, cs[j], sn[j]);
+			qo[h * hs + nope + a] = p[0];
+			qo[h * hs + nope + b] = p[1];
+		}
+		if (!latent) return;
+	}
 	float v[RMS_HELD];
 #pragma unroll
 	for (int k = 0; k < RMS_HELD; k++) {
@@ -230,29 +261,17 @@ __global__ void di_mla_prepare_k(float *q, unsigned char *cache, const float *qk
 		const int j = tid + k * nt;
 		if (j < kvl) prep_smem[j] = (v[k] * r) * wv[k];
 	}
-	const int pos = positions[t];
-	const bool ok = pos >= 0 && pos < max_pos;
 	if (!ok && tid == 0) atomicOr(check, DI_CHECK_ROPE);
-	const float *cs = cosv + (size_t)(ok ? pos : 0) * half, *sn = sinv + (size_t)(ok ? pos : 0) * half;
-	float *qo = q + (size_t)t * qd;
-	for (int i = tid; i < qd; i += nt) {
-		const int d = i % hs;
-		if (d < nope || !ok) qo[i] = row[i];
-	}
-	// q's rope pairs, then k_pe's (as "head" num_heads): each thread its
-	// own pairs, read from the row and written once.
-	for (int idx = tid; ok && idx < (num_heads + 1) * half; idx += nt) {
-		const int h = idx / half, j = idx % half;
+	const float *kp = row + qd + kvl;
+	for (int j = tid; ok && j < half; j += nt) {
 		const int a = interleaved ? 2 * j : j, b = interleaved ? 2 * j + 1 : j + half;
-		const float *src = h < num_heads ? row + h * hs + nope : row + qd + kvl;
-		float p[2] = {src[a], src[b]};
+		float p[2] = {kp[a], kp[b]};
 		di_rotate(p, 0, 1, cs[j], sn[j]);
-		float *dst = h < num_heads ? qo + h * hs + nope : prep_smem + kvl;
-		dst[a] = p[0];
-		dst[b] = p[1];
+		prep_smem[kvl + a] = p[0];
+		prep_smem[kvl + b] = p[1];
 	}
 	if (!ok)
-		for (int i = tid; i < rope; i += nt) prep_smem[kvl + i] = row[qd + kvl + i];
+		for (int i = tid; i < rope; i += nt) prep_smem[kvl + i] = kp[i];
 	__syncthreads();
 	const int slot = slot_mapping[t];
 	if (slot < 0) return;
@@ -262,6 +281,14 @@ __global__ void di_mla_prepare_k(float *q, unsigned char *cache, const float *qk
 	}
 	di_mla_store_row<CT>(cache + (size_t)slot * row_bytes, prep_smem, prep_smem + kvl, kvl, rope);
 }
+
+// MLA_PREP_Q_TOKENS: calls of at most this many tokens give q blocks of
+// their own (MLA_PREP_Q_BLOCKS a token, each a share of the heads); more
+// tokens fill the device with one block a token.
+#define MLA_PREP_Q_TOKENS 64
+#ifndef MLA_PREP_Q_BLOCKS
+#define MLA_PREP_Q_BLOCKS 4 // 0: q in the latent block at every size
+#endif
 
 extern "C" int di_op_mla_prepare(di_ctx *ctx, di_dptr q, di_dptr cache, int cache_dtype, di_dptr qkva, di_dptr normw,
                                  di_dptr slot_mapping, di_dptr positions, di_dptr cosv, di_dptr sinv, int num_tokens,
@@ -273,13 +300,16 @@ extern "C" int di_op_mla_prepare(di_ctx *ctx, di_dptr q, di_dptr cache, int cach
 		               num_heads, nope, rope, kvl, RMS_HELD * 1024);
 	const int threads = norm_threads(kvl);
 	const size_t smem = (size_t)(kvl + rope) * sizeof(float);
+	const int qblocks =
+	    num_tokens <= MLA_PREP_Q_TOKENS ? (num_heads < MLA_PREP_Q_BLOCKS ? num_heads : MLA_PREP_Q_BLOCKS) : 0;
+	const dim3 grid((unsigned)num_tokens, (unsigned)(1 + qblocks));
 	unsigned char *c = DI_PTR(unsigned char, cache);
 	const float *x = DI_PTR(const float, qkva), *w = DI_PTR(const float, normw);
 	const float *cs = DI_PTR(const float, cosv), *sn = DI_PTR(const float, sinv);
 	const int *sm = DI_PTR(const int, slot_mapping), *ps = DI_PTR(const int, positions);
 	float *qo = DI_PTR(float, q);
 #define DI_MLA_PREP(CT, ROW)                                                                                       \
-	di_launch(ctx, di_mla_prepare_k<CT>, dim3(num_tokens), dim3(threads), smem, qo, c, x, w, sm, ps, cs, sn, max_pos, \
+	di_launch(ctx, di_mla_prepare_k<CT>, grid, dim3(threads), smem, qo, c, x, w, sm, ps, cs, sn, max_pos, \
 	          num_heads, nope, rope, kvl, interleaved, eps, (ROW), num_slots, ctx->check)
 	switch (cache_dtype) {
 	case DI_F32:

@@ -207,6 +207,9 @@ type Options struct {
 	// separate kernels (kernels.PrepareMLASteps) rather than as one kernel
 	// a call (PrepareMLA, kernels.MLAPreparer). The same bits either way.
 	DisableFusedMLAPrepare bool
+	// DisableMoEAdd makes MoEAdd run MoE and then Add rather than adding in
+	// MoE's combine pass (the same bits, one launch and pass more).
+	DisableMoEAdd bool
 	// MLPNarrowRows is the least number of rows for which GatedMLP keeps
 	// its intermediates in the weights' 16-bit type (GEMM mode round, BF16
 	// or F16 weights): half the bytes of float32 gate, up and product, and

@@ -276,15 +276,15 @@ func (b *Backend) linearFP8Path(out, x, w, bias kernels.Tensor, path fp8Path) er
 
 // fp8MoE is MoE over FP8 expert weights (both projections FP8): see
 // di_api.fp8_moe.
-func (b *Backend) fp8MoE(o, xs, is, ws, gu, dn *Tensor, d kernels.MoEDims, path fp8Path) error {
+func (b *Backend) fp8MoE(o, xs, is, ws, gu, dn, add *Tensor, d kernels.MoEDims, path fp8Path) error {
 	if gu.fp8 == nil || dn.fp8 == nil {
 		return fmt.Errorf("cuda: moe: gate_up %s and down %s: both or neither FP8: %w", gu.dtype, dn.dtype, ErrUnsupported)
 	}
 	ga, da := gu.fp8Arg(), dn.fp8Arg()
-	return b.launch("moe", func() C.int {
+	return b.launch("moe", b.moeAdding(o, add, func() C.int {
 		return C.c_fp8_moe(b.lib.api, b.ctx, o.ptr(), xs.ptr(), is.ptr(), ws.ptr(), &ga, &da, C.int(d.T), C.int(d.TopK),
 			C.int(d.Hidden), C.int(d.Inter), C.int(d.NumExperts), C.int(path))
-	}, o, xs, is, ws, gu, dn)
+	}), o, xs, is, ws, gu, dn, add)
 }
 
 // moeFP8Path is MoE over FP8 experts with the path forced (tests).
@@ -299,7 +299,7 @@ func (b *Backend) moeFP8Path(out, x, ids, weights, gateUp, down kernels.Tensor, 
 	if err != nil {
 		return err
 	}
-	return b.fp8MoE(ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], d, path)
+	return b.fp8MoE(ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], nil, d, path)
 }
 
 // fp8Dequant returns w's values as a new tensor of w's shape and dtype dt:

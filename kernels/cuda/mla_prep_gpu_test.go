@@ -12,7 +12,8 @@ import (
 // RMSNorm of c_kv, RoPE of q and k_pe, the cache write): q and the whole
 // latent cache, for the DeepSeek-V2-Lite shape and a small one, interleaved
 // pairs and halves, F32, F16, BF16 and packed 8-bit caches, rows not
-// written (slot -1), one row and a prefill chunk; and q against the CPU
+// written (slot -1), one row and prefill chunks (up to 64 tokens q runs in
+// blocks of its own, past it in the latent block); and q against the CPU
 // backend's steps to float32 rounding.
 func TestGPUPrepareMLA(t *testing.T) {
 	cases := []struct {
@@ -25,6 +26,9 @@ func TestGPUPrepareMLA(t *testing.T) {
 	}{
 		{"v2lite-bf16-decode", kernels.MLAParams{NumHeads: 16, NopeDim: 128, RopeDim: 64, KVLoraRank: 512, VHeadDim: 128}, true, kernels.BF16, 1, 0},
 		{"v2lite-bf16-chunk", kernels.MLAParams{NumHeads: 16, NopeDim: 128, RopeDim: 64, KVLoraRank: 512, VHeadDim: 128}, true, kernels.BF16, 37, 5},
+		// Past 64 tokens the kernel has one block a token (q in the latent block).
+		{"v2lite-bf16-chunk100", kernels.MLAParams{NumHeads: 16, NopeDim: 128, RopeDim: 64, KVLoraRank: 512, VHeadDim: 128}, true, kernels.BF16, 100, 7},
+		{"small-f8-chunk80", kernels.MLAParams{NumHeads: 4, NopeDim: 32, RopeDim: 16, KVLoraRank: 128, VHeadDim: 32}, false, kernels.F8E4M3, 80, 9},
 		{"v2lite-f16-halves", kernels.MLAParams{NumHeads: 16, NopeDim: 128, RopeDim: 64, KVLoraRank: 512, VHeadDim: 128}, false, kernels.F16, 9, 4},
 		{"v2lite-f8", kernels.MLAParams{NumHeads: 16, NopeDim: 128, RopeDim: 64, KVLoraRank: 512, VHeadDim: 128}, true, kernels.F8E4M3, 9, 4},
 		{"small-f32", kernels.MLAParams{NumHeads: 4, NopeDim: 32, RopeDim: 16, KVLoraRank: 128, VHeadDim: 32}, true, kernels.F32, 7, 3},

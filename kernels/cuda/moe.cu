@@ -235,7 +235,8 @@ template <typename T> __global__ void di_moe_act_k(T *act, T *act_lo, const floa
 #define MOE_COMBINE_MAX_K 64
 template <bool VEC>
 static __global__ void __launch_bounds__(MOE_COMBINE_THREADS)
-    di_moe_combine_k(float *out, const float *ye, const int *row_of, const float *w, int top_k, int hidden) {
+    di_moe_combine_k(float *out, const float *ye, const int *row_of, const float *w, const float *add, int top_k,
+                     int hidden) {
 	__shared__ int rs[MOE_COMBINE_MAX_K];
 	__shared__ float ws[MOE_COMBINE_MAX_K];
 	di_pdl_wait();
@@ -263,6 +264,13 @@ static __global__ void __launch_bounds__(MOE_COMBINE_THREADS)
 			a.z = fmaf(wk, v.z, a.z);
 			a.w = fmaf(wk, v.w, a.w);
 		}
+		if (add) { // the routed sum rounded, then the addend: MoE followed by Add
+			const float4 b = __ldg(reinterpret_cast<const float4 *>(add + (size_t)t * hidden) + j);
+			a.x = __fadd_rn(a.x, b.x);
+			a.y = __fadd_rn(a.y, b.y);
+			a.z = __fadd_rn(a.z, b.z);
+			a.w = __fadd_rn(a.w, b.w);
+		}
 		reinterpret_cast<float4 *>(out + (size_t)t * hidden)[j] = a;
 	} else {
 		if (j >= hidden) return;
@@ -274,20 +282,44 @@ static __global__ void __launch_bounds__(MOE_COMBINE_THREADS)
 			const float wk = staged ? ws[k] : w[(size_t)t * top_k + k];
 			a = fmaf(wk, __ldg(ye + (size_t)r * hidden + j), a);
 		}
+		if (add) a = __fadd_rn(a, __ldg(add + (size_t)t * hidden + j));
 		out[(size_t)t * hidden + j] = a;
 	}
 }
 
 int di_moe_combine(di_ctx *ctx, float *out, const float *ye, const int *row_of, const float *w, int num_tokens,
                    int top_k, int hidden, const char *op) {
-	const bool vec = hidden % 4 == 0 && ((uintptr_t)out | (uintptr_t)ye) % 16 == 0;
+	// moe_set_add's addend: its rows line up with the rows of the out it
+	// was set for (a call over a range of rows passes out at that range).
+	const float *add = nullptr;
+	if (ctx->moe_add) {
+		add = ctx->moe_add + (out - ctx->moe_add_out);
+		ctx->moe_add_used = true;
+	}
+	const bool vec = hidden % 4 == 0 && ((uintptr_t)out | (uintptr_t)ye | (uintptr_t)(add ? add : out)) % 16 == 0;
 	const int cols = vec ? hidden / 4 : hidden;
 	const dim3 grid((unsigned)num_tokens, (unsigned)((cols + MOE_COMBINE_THREADS - 1) / MOE_COMBINE_THREADS));
 	if (vec)
-		di_launch(ctx, di_moe_combine_k<true>, grid, dim3(MOE_COMBINE_THREADS), 0, out, ye, row_of, w, top_k, hidden);
+		di_launch(ctx, di_moe_combine_k<true>, grid, dim3(MOE_COMBINE_THREADS), 0, out, ye, row_of, w, add, top_k,
+		          hidden);
 	else
-		di_launch(ctx, di_moe_combine_k<false>, grid, dim3(MOE_COMBINE_THREADS), 0, out, ye, row_of, w, top_k, hidden);
+		di_launch(ctx, di_moe_combine_k<false>, grid, dim3(MOE_COMBINE_THREADS), 0, out, ye, row_of, w, add, top_k,
+		          hidden);
 	return di_check_launch(ctx, op);
+}
+
+extern "C" int di_op_moe_set_add(di_ctx *ctx, di_dptr out, di_dptr add) {
+	if (add) {
+		ctx->moe_add = DI_PTR(const float, add);
+		ctx->moe_add_out = DI_PTR(const float, out);
+		ctx->moe_add_used = false;
+		return DI_OK;
+	}
+	const bool missed = ctx->moe_add && !ctx->moe_add_used;
+	ctx->moe_add = ctx->moe_add_out = nullptr;
+	ctx->moe_add_used = false;
+	if (missed) return di_fail(ctx, DI_ERR_INVALID, "the addend was set but no combine pass applied it");
+	return DI_OK;
 }
 
 // expert_gemms runs out[rows of e] = in[rows of e] W[e]^T for every expert

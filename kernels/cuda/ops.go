@@ -610,6 +610,33 @@ func (b *Backend) MoERoute(ids, weights, logits, bias kernels.Tensor, p kernels.
 // Block-quantized experts (QuantWeight) always take the device path, in
 // token chunks of at most 1024 pairs (quant_moe.cu).
 func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
+	return b.moe(out, x, ids, weights, gateUp, down, nil)
+}
+
+var _ kernels.MoEAdder = (*Backend)(nil)
+
+// MoEAdd implements kernels.MoEAdder: MoE with add (F32, out's shape)
+// added in the combine pass that writes out, with the bits of MoE followed
+// by Add, one pass over out fewer (DeepSeek's shared experts' output).
+func (b *Backend) MoEAdd(out, x, ids, weights, gateUp, down, add kernels.Tensor) error {
+	a, err := asCUDA("moe", "add", add)
+	if err != nil {
+		return err
+	}
+	if err := kernels.CheckShape("cuda", "moe", "add", a, out.Shape(), kernels.F32); err != nil {
+		return err
+	}
+	if b.opts.DisableMoEAdd {
+		if err := b.MoE(out, x, ids, weights, gateUp, down); err != nil {
+			return err
+		}
+		return b.Add(out, out, add)
+	}
+	return b.moe(out, x, ids, weights, gateUp, down, a)
+}
+
+// moe is MoE, with add (nil: none) added to its output by the combine pass.
+func (b *Backend) moe(out, x, ids, weights, gateUp, down kernels.Tensor, add *Tensor) error {
 	const op = "moe"
 	var ts [6]*Tensor
 	if err := asCUDAs(op, ts[:], tensorArg{"out", out}, tensorArg{"x", x}, tensorArg{"ids", ids}, tensorArg{"weights", weights},
@@ -622,16 +649,37 @@ func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 		return err
 	}
 	if gu.fp8 != nil || dn.fp8 != nil { // FP8 experts (fp8.go)
-		return b.fp8MoE(o, xs, is, ws, gu, dn, d, fp8Auto)
+		return b.fp8MoE(o, xs, is, ws, gu, dn, add, d, fp8Auto)
 	}
 	if gu.q != nil || dn.q != nil { // block-quantized experts (quant.go)
-		return b.quantMoE(o, xs, is, ws, gu, dn, d)
+		return b.quantMoE(o, xs, is, ws, gu, dn, add, d)
 	}
 	t, hidden, numExperts, inter, topK := d.T, d.Hidden, d.NumExperts, d.Inter, d.TopK
-	return b.launch(op, func() C.int {
+	return b.launch(op, b.moeAdding(o, add, func() C.int {
 		return C.c_moe(b.lib.api, b.ctx, o.ptr(), xs.ptr(), is.ptr(), ws.ptr(), gu.ptr(), dn.ptr(), C.int(gu.dtype), C.int(t),
 			C.int(topK), C.int(hidden), C.int(inter), C.int(numExperts))
-	}, o, xs, is, ws, gu, dn)
+	}), o, xs, is, ws, gu, dn, add)
+}
+
+// moeAdding wraps a MoE operation's launch so that its combine pass adds
+// add to out (di_api.moe_set_add before it, cleared after; the clear
+// reports an operation that took a path without a combine pass). nil add:
+// fn itself. Runs under b.mu, inside launch.
+func (b *Backend) moeAdding(o, add *Tensor, fn func() C.int) func() C.int {
+	if add == nil {
+		return fn
+	}
+	return func() C.int {
+		if rc := C.c_moe_set_add(b.lib.api, b.ctx, o.ptr(), add.ptr()); rc != 0 {
+			return rc
+		}
+		rc := fn()
+		clear := C.c_moe_set_add(b.lib.api, b.ctx, o.ptr(), 0)
+		if rc != 0 {
+			return rc
+		}
+		return clear
+	}
 }
 
 // ResolvePlaceholders sets ids[i] = sampled[fromRow[i]] where fromRow[i] >= 0,

@@ -270,15 +270,15 @@ func (b *Backend) quantEmbedding(o, tb, id *Tensor, t, hidden, vocab int) error 
 
 // quantMoE is MoE over block-quantized experts (both projections): see
 // di_api.quant_moe.
-func (b *Backend) quantMoE(o, xs, is, ws, gu, dn *Tensor, d kernels.MoEDims) error {
+func (b *Backend) quantMoE(o, xs, is, ws, gu, dn, add *Tensor, d kernels.MoEDims) error {
 	if gu.q == nil || dn.q == nil {
 		return fmt.Errorf("cuda: moe: gate_up %s and down %s: both or neither block-quantized: %w", gu.dtype, dn.dtype, ErrUnsupported)
 	}
 	ga, da := gu.quantArg(), dn.quantArg()
-	return b.launch("moe", func() C.int {
+	return b.launch("moe", b.moeAdding(o, add, func() C.int {
 		return C.c_quant_moe(b.lib.api, b.ctx, o.ptr(), xs.ptr(), is.ptr(), ws.ptr(), &ga, &da, C.int(d.T), C.int(d.TopK),
 			C.int(d.Hidden), C.int(d.Inter), C.int(d.NumExperts))
-	}, o, xs, is, ws, gu, dn)
+	}), o, xs, is, ws, gu, dn, add)
 }
 
 // quantDequant returns w's values as a new F32 tensor of w's shape, bit for
