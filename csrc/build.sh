@@ -12,6 +12,12 @@
 #   NVCC_FLAGS  extra flags (e.g. -lineinfo, -Xptxas -v).
 #   JOBS        parallel compile jobs, default: the number of cores.
 #
+# Toolkit: CUDA 12.9 or later. kernels/cuda/fp8.cu uses cuBLASLt's
+# block-scaled FP8 matmul (CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F and
+# VEC128_32F), which older cuBLASLt headers lack, and the MLA kernels'
+# bulk copies (MLA_TC_BULK) need a ptxas that has those instructions for
+# sm_90a. Built and measured with CUDA 13.0.
+#
 # Point the engine at the result with DEEPINFER_CUDA_LIB=<output>, or put it
 # on the dynamic loader's path.
 set -euo pipefail
