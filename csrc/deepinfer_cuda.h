@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 19u
+#define DI_ABI_VERSION 20u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -690,6 +690,13 @@ typedef struct di_api {
 	 * combine pass wrote into out since (the operation took a path
 	 * without one, so out lacks the addend). */
 	int (*moe_set_add)(di_ctx *ctx, di_dptr out, di_dptr add);
+	/* gated_linear: act (F32 [m, n]) = silu(x gate^T) * (x up^T) for the
+	 * gate/up weight w ([2n, k] of w_dtype, gate rows first) and x (F32
+	 * [m, k]): the bits of linear into gu (F32 [m, 2n], scratch) followed
+	 * by silu_mul; where the GEMV serves the linear, one paired GEMV
+	 * writes act without gu. */
+	int (*gated_linear)(di_ctx *ctx, di_dptr act, di_dptr gu, di_dptr x, di_dptr w, int w_dtype, int m, int n,
+	                    int k);
 } di_api;
 
 /* di_get_api fills *out for a caller built against abi_version; it returns

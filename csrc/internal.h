@@ -179,6 +179,7 @@ int di_op_linear(di_ctx *ctx, di_dptr out, di_dptr x, int x_dtype, di_dptr w, in
                  int n, int k);
 int di_op_linear_input_dtype(di_ctx *ctx, int w_dtype, int m);
 int di_op_silu_mul(di_ctx *ctx, di_dptr out, di_dptr gate_up, int rows, int n);
+int di_op_gated_linear(di_ctx *ctx, di_dptr act, di_dptr gu, di_dptr x, di_dptr w, int w_dtype, int m, int n, int k);
 int di_op_gated_mlp(di_ctx *ctx, di_dptr out, di_dptr x, int x_dtype, di_dptr gate_up, di_dptr down, int w_dtype,
                     int m, int n, int hidden);
 int di_op_add(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, uint64_t n);

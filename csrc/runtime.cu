@@ -722,6 +722,7 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->mla_write_cache = di_op_mla_write_cache;
 	out->mla_prepare = di_op_mla_prepare;
 	out->moe_set_add = di_op_moe_set_add;
+	out->gated_linear = di_op_gated_linear;
 	out->mla_attention_tc = di_op_mla_attention_tc;
 	out->mla_latent_attention = di_op_mla_latent_attention;
 	/* MXFP4 expert weights */

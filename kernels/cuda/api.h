@@ -75,6 +75,9 @@ static inline int c_linear(di_api *a, di_ctx *c, di_dptr out, di_dptr x, int xdt
 static inline int c_linear_input_dtype(di_api *a, di_ctx *c, int dt, int m) {
 	return a->linear_input_dtype(c, dt, m);
 }
+static inline int c_gated_linear(di_api *a, di_ctx *c, di_dptr act, di_dptr gu, di_dptr x, di_dptr w, int dt, int m, int n, int k) {
+	return a->gated_linear(c, act, gu, x, w, dt, m, n, k);
+}
 static inline int c_silu_mul(di_api *a, di_ctx *c, di_dptr out, di_dptr gu, int rows, int n) { return a->silu_mul(c, out, gu, rows, n); }
 static inline int c_gated_mlp(di_api *a, di_ctx *c, di_dptr out, di_dptr x, int xdt, di_dptr gu, di_dptr down, int dt, int m, int n, int hidden) {
 	return a->gated_mlp(c, out, x, xdt, gu, down, dt, m, n, hidden);

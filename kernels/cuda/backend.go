@@ -210,6 +210,10 @@ type Options struct {
 	// DisableMoEAdd makes MoEAdd run MoE and then Add rather than adding in
 	// MoE's combine pass (the same bits, one launch and pass more).
 	DisableMoEAdd bool
+	// DisableGatedGEMV runs GatedMLP's gate/up linear and SiLU-mul as two
+	// operations where one paired GEMV would write the activations (the
+	// same bits, one launch and one pass more).
+	DisableGatedGEMV bool
 	// MLPNarrowRows is the least number of rows for which GatedMLP keeps
 	// its intermediates in the weights' 16-bit type (GEMM mode round, BF16
 	// or F16 weights): half the bytes of float32 gate, up and product, and

@@ -231,6 +231,11 @@ template <typename W> __device__ __forceinline__ void di_unpack8(const di_chunk8
 	di_load8(reinterpret_cast<const W *>(c.v), o);
 }
 
+// di_silu is x * sigmoid(x) in float32 with the accurate expf (the CPU
+// backend evaluates it in float64; the two agree to a few float32 ulps).
+// It was float64 here too, which made the prefill's silu_mul compute-bound.
+__device__ __forceinline__ float di_silu(float x) { return x / (1.f + expf(-x)); }
+
 // di_gemv_block_k is the GEMV with the k dimension spread over a block:
 // each block computes C (default GEMVB_COLS) output columns for all m <= R
 // rows, its 256 threads striding over k in 8-element chunks (thread t takes
@@ -244,14 +249,25 @@ template <typename W> __device__ __forceinline__ void di_unpack8(const di_chunk8
 #define GEMVB_UNROLL 2
 #define GEMVB_THREADS 256
 
-template <typename W, bool SPLIT, int R, int C = GEMVB_COLS, int U = GEMVB_UNROLL>
+//
+// PAIRED (the gate/up weight of a gated MLP, n = 2 inter rows, gate rows
+// first): a block's C columns are C/2 gate rows j0 .. j0 + C/2 - 1 and the
+// up rows inter + j0 .., and its epilogue writes out[r, j] = silu(gate) *
+// up (out [m, inter], no bias): silu_mul's value of the columns this
+// kernel computes unpaired, so the bits of the linear and silu_mul.
+template <typename W, bool SPLIT, int R, int C = GEMVB_COLS, int U = GEMVB_UNROLL, bool PAIRED = false>
 __global__ void __launch_bounds__(GEMVB_THREADS, 2)
     di_gemv_block_k(float *out, const float *x, const W *w, const float *bias, int m, int n, int k) {
-	constexpr int NW = GEMVB_THREADS / 32, STRIDE = GEMVB_THREADS * 8 * U;
+	constexpr int NW = GEMVB_THREADS / 32, STRIDE = GEMVB_THREADS * 8 * U, H = PAIRED ? C / 2 : C;
+	static_assert(!PAIRED || C % 2 == 0, "di_gemv_block_k: paired columns come in pairs");
 	__shared__ float red[NW][C * R * (SPLIT ? 2 : 1)];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-	const int j0 = blockIdx.x * C;
-	const int ncol = n - j0 < C ? n - j0 : C;
+	const int half = PAIRED ? n / 2 : n; // output columns: inter when paired
+	const int j0 = blockIdx.x * H;
+	const int nh = half - j0 < H ? half - j0 : H; // valid output columns of the block
+	// Column c's weight row and whether it exists.
+	auto wrow = [&](int c) { return PAIRED && c >= H ? half + j0 + c - H : j0 + c; };
+	auto live = [&](int c) { return (PAIRED && c >= H ? c - H : c) < nh; };
 	di_chunk8<W> raw[U][C];
 	// load queues the weight chunks of the stride starting at base.
 	auto load = [&](int base) {
@@ -260,7 +276,7 @@ __global__ void __launch_bounds__(GEMVB_THREADS, 2)
 			const int i = base + u * GEMVB_THREADS * 8;
 #pragma unroll
 			for (int c = 0; c < C; c++)
-				if (i < k && c < ncol) di_ldcs8(raw[u][c], w + (size_t)(j0 + c) * k + i);
+				if (i < k && live(c)) di_ldcs8(raw[u][c], w + (size_t)wrow(c) * k + i);
 		}
 	};
 	// The weights are never written by a kernel, so the first stride is
@@ -297,7 +313,7 @@ __global__ void __launch_bounds__(GEMVB_THREADS, 2)
 				// faster at one row (fewer live registers; NOTES.md).
 #pragma unroll
 				for (int c = 0; c < C; c++) {
-					if (c >= ncol) break;
+					if (!live(c)) continue;
 					float wv[8];
 					di_unpack8(raw[u][c], wv);
 					float a = acc[c][r], b = lo[c][r];
@@ -323,42 +339,55 @@ __global__ void __launch_bounds__(GEMVB_THREADS, 2)
 			}
 		}
 	__syncthreads();
-	if (tid < C * R) {
-		const int c = tid / R, r = tid % R;
-		if (c < ncol && r < m) {
-			float v = 0.f, vl = 0.f;
+	// sum is column c's value for row r: the warps' sums in warp order.
+	auto sum = [&](int c, int r) {
+		float v = 0.f, vl = 0.f;
 #pragma unroll
-			for (int q = 0; q < NW; q++) {
-				v += red[q][tid];
-				if (SPLIT) vl += red[q][C * R + tid];
+		for (int q = 0; q < NW; q++) {
+			v += red[q][c * R + r];
+			if (SPLIT) vl += red[q][C * R + c * R + r];
+		}
+		if (SPLIT) v += vl;
+		return v;
+	};
+	if (tid < H * R) {
+		const int c = tid / R, r = tid % R;
+		if (c < nh && r < m) {
+			if (PAIRED) {
+				out[(size_t)r * half + j0 + c] = di_silu(sum(c, r)) * sum(c + H, r);
+			} else {
+				float v = sum(c, r);
+				if (bias) v += bias[j0 + c];
+				out[(size_t)r * n + j0 + c] = v;
 			}
-			if (SPLIT) v += vl;
-			if (bias) v += bias[j0 + c];
-			out[(size_t)r * n + j0 + c] = v;
 		}
 	}
 }
 
-template <typename W, bool SPLIT>
+template <typename W, bool SPLIT, bool PAIRED = false>
 static void gemv_block(di_ctx *ctx, float *out, const float *x, const W *w, const float *bias, int m, int n, int k) {
-	const unsigned grid = (unsigned)((n + GEMVB_COLS - 1) / GEMVB_COLS);
+	// Blocks over the output columns: n, or n / 2 paired (C / 2 a block).
+	const int cols = PAIRED ? n / 2 : n, per = PAIRED ? GEMVB_COLS / 2 : GEMVB_COLS;
+	const unsigned grid = (unsigned)((cols + per - 1) / per);
 	// One row with k within one pass of the block's threads (8 elements
 	// each): the second unrolled chunk would be past k, so the same
 	// registers hold the first chunk of twice the columns instead (twice
 	// the weight bytes in flight; a column's sums are those of the
 	// narrow layout, so the bits are too).
 	constexpr int WIDE = 2 * GEMVB_COLS;
-	if (m <= 1 && ctx->gemv_wide && k <= GEMVB_THREADS * 8)
-		di_launch(ctx, di_gemv_block_k<W, SPLIT, 1, WIDE, 1>, (unsigned)((n + WIDE - 1) / WIDE), GEMVB_THREADS, 0, out,
-		          x, w, bias, m, n, k);
-	else if (m <= 1)
-		di_launch(ctx, di_gemv_block_k<W, SPLIT, 1>, grid, GEMVB_THREADS, 0, out, x, w, bias, m, n, k);
+	constexpr int U = GEMVB_UNROLL, C = GEMVB_COLS;
+	if (m <= 1 && ctx->gemv_wide && k <= GEMVB_THREADS * 8) {
+		const int wper = PAIRED ? WIDE / 2 : WIDE;
+		di_launch(ctx, di_gemv_block_k<W, SPLIT, 1, WIDE, 1, PAIRED>, (unsigned)((cols + wper - 1) / wper),
+		          GEMVB_THREADS, 0, out, x, w, bias, m, n, k);
+	} else if (m <= 1)
+		di_launch(ctx, di_gemv_block_k<W, SPLIT, 1, C, U, PAIRED>, grid, GEMVB_THREADS, 0, out, x, w, bias, m, n, k);
 	else if (m <= 2)
-		di_launch(ctx, di_gemv_block_k<W, SPLIT, 2>, grid, GEMVB_THREADS, 0, out, x, w, bias, m, n, k);
+		di_launch(ctx, di_gemv_block_k<W, SPLIT, 2, C, U, PAIRED>, grid, GEMVB_THREADS, 0, out, x, w, bias, m, n, k);
 	else if (m <= 4)
-		di_launch(ctx, di_gemv_block_k<W, SPLIT, 4>, grid, GEMVB_THREADS, 0, out, x, w, bias, m, n, k);
+		di_launch(ctx, di_gemv_block_k<W, SPLIT, 4, C, U, PAIRED>, grid, GEMVB_THREADS, 0, out, x, w, bias, m, n, k);
 	else
-		di_launch(ctx, di_gemv_block_k<W, SPLIT, 8>, grid, GEMVB_THREADS, 0, out, x, w, bias, m, n, k);
+		di_launch(ctx, di_gemv_block_k<W, SPLIT, 8, C, U, PAIRED>, grid, GEMVB_THREADS, 0, out, x, w, bias, m, n, k);
 }
 
 // gemv_ok reports whether the GEMV kernel serves this shape: one row with
@@ -483,12 +512,45 @@ extern "C" int di_op_linear(di_ctx *ctx, di_dptr out, di_dptr x, int x_dtype, di
 	return rc;
 }
 
+// di_op_gated_linear: act[m, n] = silu(x gate^T) * (x up^T) for the
+// gate/up weight w [2n, k] (gate rows first) and float32 x: where the
+// GEMV serves the linear (as gemm_f32_input would pick it), one paired GEMV
+// writes act; otherwise the linear into gu [m, 2n] and silu_mul. The same
+// bits either way.
+extern "C" int di_op_gated_linear(di_ctx *ctx, di_dptr act, di_dptr gu, di_dptr x, di_dptr w, int w_dtype, int m,
+                                  int n, int k) {
+	if (m == 0 || n == 0) return DI_OK;
+	float *a = DI_PTR(float, act);
+	const float *xs = DI_PTR(const float, x);
+	const void *ws = DI_PTR(const void, w);
+	const bool plain = w_dtype == DI_F32 || w_dtype == DI_BF16 || w_dtype == DI_F16;
+	if (!plain || k <= 0 || di_skinny_ok(ctx, xs, ws, w_dtype, m, 2 * n, k) || !gemv_ok(ctx, xs, ws, m, 2 * n, k)) {
+		const int rc = gemm_f32_input(ctx, DI_PTR(float, gu), xs, ws, w_dtype, nullptr, m, 2 * n, k);
+		return rc != DI_OK ? rc : di_op_silu_mul(ctx, act, gu, m, n);
+	}
+	const bool split = ctx->gemm_mode == DI_GEMM_SPLIT;
+	switch (w_dtype) {
+	case DI_F32:
+		gemv_block<float, false, true>(ctx, a, xs, (const float *)ws, nullptr, m, 2 * n, k);
+		break;
+	case DI_BF16:
+		if (split)
+			gemv_block<__nv_bfloat16, true, true>(ctx, a, xs, (const __nv_bfloat16 *)ws, nullptr, m, 2 * n, k);
+		else
+			gemv_block<__nv_bfloat16, false, true>(ctx, a, xs, (const __nv_bfloat16 *)ws, nullptr, m, 2 * n, k);
+		break;
+	default:
+		if (split)
+			gemv_block<__half, true, true>(ctx, a, xs, (const __half *)ws, nullptr, m, 2 * n, k);
+		else
+			gemv_block<__half, false, true>(ctx, a, xs, (const __half *)ws, nullptr, m, 2 * n, k);
+	}
+	return di_check_launch(ctx, "gated_linear (gemv)");
+}
+
 // ---------------------------------------------------------------- silu_mul
 
-// di_silu is x * sigmoid(x) in float32 with the accurate expf (the CPU
-// backend evaluates it in float64; the two agree to a few float32 ulps).
-// It was float64 here too, which made the prefill's silu_mul compute-bound.
-__device__ __forceinline__ float di_silu(float x) { return x / (1.f + expf(-x)); }
+// di_silu: see the GEMV above (its paired form applies it too).
 
 // blockIdx.y strides over rows, x over groups of 4 columns of a row (float4
 // loads when n is a multiple of 4): no integer division per element, and

@@ -242,11 +242,31 @@ func (b *Backend) GatedMLP(out, x, gateUp, down, gu, act kernels.Tensor) error {
 	}
 	narrow := b.mlpNarrow > 0 && rows >= b.mlpNarrow && b.gemm == GEMMRound && (gw.dtype == kernels.BF16 || gw.dtype == kernels.F16)
 	if !narrow {
-		return b.unfusedMLP(out, x, gateUp, down, gu, act)
+		return b.gatedMLP(out, xs, gw, down, gu, act, rows, n, hidden)
 	}
 	return b.launch(op, func() C.int {
 		return C.c_gated_mlp(b.lib.api, b.ctx, o.ptr(), xs.ptr(), C.int(xs.dtype), gw.ptr(), dw.ptr(), C.int(gw.dtype), C.int(rows), C.int(n), C.int(hidden))
 	}, o, xs, gw, dw)
+}
+
+// gatedMLP is GatedMLP without the 16-bit intermediates: gated_linear
+// (the gate/up linear and SiLU-mul, one paired GEMV where the GEMV serves
+// the linear) into act, then Linear into out. The bits of unfusedMLP.
+// Over float32 x into float32 gu and act; otherwise unfusedMLP.
+func (b *Backend) gatedMLP(out kernels.Tensor, xs, gw *Tensor, down, gu, act kernels.Tensor, rows, n, hidden int) error {
+	const op = "gated_mlp"
+	g, gerr := asCUDA(op, "gu", gu)
+	a, aerr := asCUDA(op, "act", act)
+	if b.opts.DisableGatedGEMV || gerr != nil || aerr != nil || xs.dtype != kernels.F32 || g.dtype != kernels.F32 || a.dtype != kernels.F32 ||
+		kernels.CheckShape("cuda", op, "gu", g, []int{rows, 2 * n}, kernels.F32) != nil || kernels.CheckShape("cuda", op, "act", a, []int{rows, n}, kernels.F32) != nil {
+		return b.unfusedMLP(out, xs, gw, down, gu, act)
+	}
+	if err := b.launch(op, func() C.int {
+		return C.c_gated_linear(b.lib.api, b.ctx, a.ptr(), g.ptr(), xs.ptr(), gw.ptr(), C.int(gw.dtype), C.int(rows), C.int(n), C.int(hidden))
+	}, a, g, xs, gw); err != nil {
+		return err
+	}
+	return b.Linear(out, act, down, nil)
 }
 
 // unfusedMLP is GatedMLP as its three operations: Linear into gu, SiLUMul
