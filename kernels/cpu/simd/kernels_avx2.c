@@ -247,12 +247,16 @@ AVX2 INLINE void widen_block(const int dt, float *dst, const void *w, int64_t k,
 static __thread float *widen_panel;
 
 // linear runs columns [j0, j1) of out = x w^T in column blocks of
-// L2_BLOCK_BYTES of w. A GEMM (5 rows or more) over 16-bit weights widens
+// L2_BLOCK_BYTES of w. A GEMM (6 rows or more) over 16-bit weights widens
 // each column block to float32 once and runs the float32 tiles over it,
 // instead of widening every weight vector again for each group of 3 rows.
+// 5 rows (a speculative decode's verify rows at k = 4) read the 16-bit
+// weights in their 3- and 2-row passes: the panel, written once and read
+// twice at twice the bytes, made them cost 1.6-1.8 times 4 rows per row
+// (BenchmarkLinearRows), 1.05-1.17 without it.
 AVX2 INLINE void linear(const int dt, float *out, const float *x, const void *w, int64_t m,
                         int64_t n, int64_t k, int64_t j0, int64_t j1) {
-	if (dt != DI_F32 && m >= 5 && k > 0) {
+	if (dt != DI_F32 && m >= 6 && k > 0) {
 		if (!widen_panel && posix_memalign((void **)&widen_panel, 64, WIDEN_BYTES) != 0)
 			widen_panel = 0;
 		int64_t nb = WIDEN_BYTES / (k * 4);

@@ -375,10 +375,11 @@ AVX512 INLINE void widen_block(const int dt, float *dst, const void *w, int64_t 
 static __thread float *widen_panel;
 
 // linear runs columns [j0, j1) of out = x w^T in column blocks of
-// L2_BLOCK_BYTES of w. From 5 rows on (the GEMM), each block runs BIG_R
+// L2_BLOCK_BYTES of w. From 6 rows on (the GEMM), each block runs BIG_R
 // rows at a time with big tiles and the rows left with the 4 x 4, 2 x 8
-// and 1 x 8 tiles; below 5 rows (decode) w streams from memory once. Every
-// output's FMAs are the same whichever tile computes it.
+// and 1 x 8 tiles; up to 5 rows (decode, verify rows) w streams from
+// memory, once below 5 rows. Every output's FMAs are the same whichever
+// tile computes it.
 //
 // A GEMM over 16-bit weights widens each column block to float32 once
 // (widen_block) and runs the float32 tiles over it: the tiles would
@@ -389,7 +390,12 @@ static __thread float *widen_panel;
 // Xeon: see BENCH.md.
 AVX512 INLINE void linear(const int dt, float *out, const float *x, const void *w, int64_t m,
                           int64_t n, int64_t k, int64_t j0, int64_t j1) {
-	const int stream = m <= 4; // one block of rows: w streams from memory once
+	// Up to 5 rows w streams from memory (a 4-row pass and a 1-row pass at
+	// 5: a speculative decode's verify rows at k = 4). The widened panel
+	// pays from 6 rows: at 5 it was written once and then read by both of
+	// those passes, and five rows took 1.4-1.5x the time per row of four
+	// (BENCH.md); streamed, about 1.05-1.3x.
+	const int stream = m <= 5;
 	if (dt != DI_F32 && !stream && k > 0) {
 		if (!widen_panel && posix_memalign((void **)&widen_panel, 64, WIDEN_BYTES) != 0)
 			widen_panel = 0;
