@@ -694,11 +694,11 @@ func (b *Backend) moeAdding(o, add *Tensor, fn func() C.int) func() C.int {
 			return rc
 		}
 		rc := fn()
-		clear := C.c_moe_set_add(b.lib.api, b.ctx, o.ptr(), 0)
+		cleared := C.c_moe_set_add(b.lib.api, b.ctx, o.ptr(), 0)
 		if rc != 0 {
 			return rc
 		}
-		return clear
+		return cleared
 	}
 }
 
