@@ -3,6 +3,7 @@ package cpu
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -199,18 +200,56 @@ const (
 // sequence seq (and, for GQA, the query heads of KV head kvHead).
 type attnItem struct{ seq, r0, r1, kvHead int }
 
-// items cuts every sequence's query rows into chunks, times kvHeads.
+// items cuts every sequence's query rows into chunks, times kvHeads. A
+// run of one-row sequences over the same cache blocks (a speculative
+// decode's verify rows: the last token and each draft laid out as a
+// sequence of its own, each seeing one more key) joins one chunk, up to
+// rowChunk rows, so that each key tile is gathered once for all of them
+// and their scores run as one wider product; the chunk's sequence is the
+// run's last (the longest table), and each row keeps its own key count.
+// A row's bits do not depend on its chunk (see keyTile).
 func (p *attnPlan) items(kvHeads int) []attnItem {
 	var out []attnItem
-	for s := range p.qStart {
+	for s := 0; s < len(p.qStart); {
+		if e := p.sharedRun(s); e > s+1 {
+			for g := range kvHeads {
+				out = append(out, attnItem{e - 1, p.qStart[s], p.qStart[e-1] + 1, g})
+			}
+			s = e
+			continue
+		}
 		for r0 := p.qStart[s]; r0 < p.qStart[s]+p.qLen[s]; r0 += rowChunk {
 			r1 := min(r0+rowChunk, p.qStart[s]+p.qLen[s])
 			for g := range kvHeads {
 				out = append(out, attnItem{s, r0, r1, g})
 			}
 		}
+		s++
 	}
 	return out
+}
+
+// sharedRun returns the end of the run of sequences from s that items may
+// attend as one chunk: one query row each, on consecutive rows, key counts
+// that do not decrease, and each block table a prefix of the next one's
+// (the same blocks for the keys they share), at most rowChunk of them. s+1
+// when s starts no such run (and for ring buffers, whose keys are not in
+// blocks).
+func (p *attnPlan) sharedRun(s int) int {
+	e := s + 1
+	if p.qLen[s] != 1 || p.blocks[s] == nil {
+		return e
+	}
+	for e < len(p.qStart) && e-s < rowChunk && p.qLen[e] == 1 && p.qStart[e] == p.qStart[e-1]+1 &&
+		p.kLen[e] >= p.kLen[e-1] && blockPrefix(p.blocks[e-1], p.blocks[e]) {
+		e++
+	}
+	return e
+}
+
+// blockPrefix reports whether table a is a prefix of table b.
+func blockPrefix(a, b []int32) bool {
+	return len(a) <= len(b) && slices.Equal(a, b[:len(a)])
 }
 
 // onlineSoftmax is the running softmax state of R query rows and the key

@@ -427,6 +427,14 @@ func TestAttentionPagedMatchesDense(t *testing.T) {
 				}
 				row += sp.qLen
 			}
+			// Rows laid out as a speculative decode's verify rows (one
+			// chunk a run, 32 rows at most: the last sequence's 300 keys
+			// in 70 rows take three) give the bits of the batch rows.
+			attend := func(o, q kernels.Tensor, mv *kernels.AttentionMetadata) error {
+				return b.Attention(o, q, kc, vc, mv, p)
+			}
+			checkVerifyRows(t, b, m, qAll, vals(out), nh*d, nh*d, attend, 0, 1, 4)
+			checkVerifyRows(t, b, m, qAll, vals(out), nh*d, nh*d, attend, 5)
 		})
 	}
 }
@@ -508,6 +516,59 @@ func decodeMeta(t testing.TB, b *Backend, m *kernels.AttentionMetadata, s, j int
 		SeqlensK:    putI32(t, b, []int32{int32(kLen)}, 1),
 		BlockTables: putI32(t, b, bt.i32[s*mb:(s+1)*mb], 1, mb),
 		SlotMapping: putI32(t, b, m.SlotMapping.(*Tensor).i32[int(cu[s])+j:int(cu[s])+j+1], 1),
+	}
+}
+
+// verifyMeta lays out the rows of sequences seqs of a batch as a
+// speculative decode lays out its verify rows: each row a sequence of its
+// own with one query, the keys it sees, and its sequence's block table.
+func verifyMeta(t testing.TB, b *Backend, m *kernels.AttentionMetadata, seqs ...int) (*kernels.AttentionMetadata, []int) {
+	cu := m.CuSeqlensQ.(*Tensor).i32
+	bt := m.BlockTables.(*Tensor)
+	mb := bt.shape[1]
+	cuV, kV := []int32{0}, []int32{}
+	var tables, slots []int32
+	var rows []int // the batch row of each verify row
+	maxK := 0
+	for _, s := range seqs {
+		qLen := int(cu[s+1] - cu[s])
+		for j := range qLen {
+			kLen := int(m.SeqlensK.(*Tensor).i32[s]) - qLen + j + 1
+			maxK = max(maxK, kLen)
+			cuV = append(cuV, cuV[len(cuV)-1]+1)
+			kV = append(kV, int32(kLen))
+			tables = append(tables, bt.i32[s*mb:(s+1)*mb]...)
+			slots = append(slots, m.SlotMapping.(*Tensor).i32[int(cu[s])+j])
+			rows = append(rows, int(cu[s])+j)
+		}
+	}
+	n := len(rows)
+	return &kernels.AttentionMetadata{
+		NumSeqs: n, NumTokens: n, MaxSeqlenQ: 1, MaxSeqlenK: maxK, BlockSize: m.BlockSize,
+		CuSeqlensQ:  putI32(t, b, cuV, n+1),
+		SeqlensK:    putI32(t, b, kV, n),
+		BlockTables: putI32(t, b, tables, n, mb),
+		SlotMapping: putI32(t, b, slots, n),
+	}, rows
+}
+
+// checkVerifyRows runs attend over the rows of seqs laid out as verify rows
+// (verifyMeta: runs of one-row sequences over one table, which the plan
+// attends as one chunk) and checks each against its row of the batch's
+// output out (w values a row): the same bits.
+func checkVerifyRows(t *testing.T, b *Backend, m *kernels.AttentionMetadata, qAll, out []float32, qw, w int, attend func(o, q kernels.Tensor, m *kernels.AttentionMetadata) error, seqs ...int) {
+	t.Helper()
+	mv, rows := verifyMeta(t, b, m, seqs...)
+	var q []float32
+	for _, r := range rows {
+		q = append(q, qAll[r*qw:(r+1)*qw]...)
+	}
+	o := alloc(t, b, len(rows), w)
+	if err := attend(o, put(t, b, kernels.F32, q, len(rows), qw), mv); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rows {
+		checkIdentical(t, fmt.Sprintf("sequences %v as verify rows: row %d", seqs, r), vals(o)[i*w:(i+1)*w], out[r*w:(r+1)*w])
 	}
 }
 
@@ -602,6 +663,12 @@ func TestMLAAttention(t *testing.T) {
 			}
 			row += sp.qLen
 		}
+		// The rows as verify rows: one chunk a run of one table's rows.
+		attend := func(o, q kernels.Tensor, mv *kernels.AttentionMetadata) error {
+			return b.MLAAttention(o, q, cache, wt, mv, p)
+		}
+		checkVerifyRows(t, b, m, qAll, vals(out), nh*(nope+rope), nh*vd, attend, 0, 1)
+		checkVerifyRows(t, b, m, qAll, vals(out), nh*(nope+rope), nh*vd, attend, 3)
 	}
 }
 
@@ -636,4 +703,46 @@ func refMLA(q, k, v []float32, qLen, kLen, nh, dq, dv int, scale float32) []floa
 		}
 	}
 	return out
+}
+
+// The plan attends runs of one-row sequences over one block table (verify
+// rows) as one chunk of rows, and nothing else: not rows over other
+// tables, not a run whose key counts decrease, not a sequence of several
+// rows, and not more than rowChunk rows.
+func TestPlanItemsVerifyRuns(t *testing.T) {
+	a, b := []int32{4, 9, 2}, []int32{7, 1}
+	cases := []struct {
+		name   string
+		qLen   []int
+		kLen   []int
+		blocks [][]int32
+		want   []attnItem // kvHeads 1
+	}{
+		{"one run", []int{1, 1, 1}, []int{9, 10, 11}, [][]int32{a[:3], a[:3], a[:3]}, []attnItem{{2, 0, 3, 0}}},
+		{"shorter tables first", []int{1, 1}, []int{4, 5}, [][]int32{a[:1], a[:2]}, []attnItem{{1, 0, 2, 0}}},
+		{"two tables", []int{1, 1, 1, 1}, []int{5, 6, 7, 8}, [][]int32{a[:2], a[:2], b, b}, []attnItem{{1, 0, 2, 0}, {3, 2, 4, 0}}},
+		{"key counts fall", []int{1, 1}, []int{6, 5}, [][]int32{a[:2], a[:2]}, []attnItem{{0, 0, 1, 0}, {1, 1, 2, 0}}},
+		{"a prefill between", []int{1, 3, 1}, []int{5, 9, 10}, [][]int32{a[:3], a[:3], a[:3]}, []attnItem{{0, 0, 1, 0}, {1, 1, 4, 0}, {2, 4, 5, 0}}},
+	}
+	for _, c := range cases {
+		p := &attnPlan{qLen: c.qLen, kLen: c.kLen, blocks: c.blocks}
+		for i := range c.qLen {
+			if i > 0 {
+				p.qStart = append(p.qStart, p.qStart[i-1]+c.qLen[i-1])
+			} else {
+				p.qStart = append(p.qStart, 0)
+			}
+		}
+		if got := p.items(1); !slices.Equal(got, c.want) {
+			t.Errorf("%s: items %v, want %v", c.name, got, c.want)
+		}
+	}
+	// 40 verify rows: a chunk of rowChunk rows, then the rest.
+	p := &attnPlan{}
+	for i := range 40 {
+		p.qStart, p.qLen, p.kLen, p.blocks = append(p.qStart, i), append(p.qLen, 1), append(p.kLen, 20+i), append(p.blocks, a)
+	}
+	if got, want := p.items(2), []attnItem{{rowChunk - 1, 0, rowChunk, 0}, {rowChunk - 1, 0, rowChunk, 1}, {39, rowChunk, 40, 0}, {39, rowChunk, 40, 1}}; !slices.Equal(got, want) {
+		t.Errorf("40 rows: items %v, want %v", got, want)
+	}
 }
