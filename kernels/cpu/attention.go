@@ -203,15 +203,23 @@ type attnItem struct{ seq, r0, r1, kvHead int }
 // items cuts every sequence's query rows into chunks, times kvHeads. A
 // run of one-row sequences over the same cache blocks (a speculative
 // decode's verify rows: the last token and each draft laid out as a
-// sequence of its own, each seeing one more key) joins one chunk, up to
-// rowChunk rows, so that each key tile is gathered once for all of them
-// and their scores run as one wider product; the chunk's sequence is the
-// run's last (the longest table), and each row keeps its own key count.
-// A row's bits do not depend on its chunk (see keyTile).
-func (p *attnPlan) items(kvHeads int) []attnItem {
+// sequence of its own, each seeing one more key) joins one chunk, so that
+// each key tile is gathered once for all of them and their scores run as
+// one wider product; the chunk's sequence is the run's last (the longest
+// table), and each row keeps its own key count. A run takes at most
+// rowChunk rows, and no more than leaves workers items for the call's
+// rows (5 verify rows of one head group on 2 workers: 3 and 2), so that
+// merging never idles a worker. A row's bits do not depend on its chunk
+// (see keyTile).
+func (p *attnPlan) items(kvHeads, workers int) []attnItem {
+	rows := 0
+	if len(p.qStart) > 0 {
+		rows = p.qStart[len(p.qStart)-1] + p.qLen[len(p.qLen)-1]
+	}
+	maxRun := min(rowChunk, max(1, (rows*kvHeads+workers-1)/max(workers, 1)))
 	var out []attnItem
 	for s := 0; s < len(p.qStart); {
-		if e := p.sharedRun(s); e > s+1 {
+		if e := p.sharedRun(s, maxRun); e > s+1 {
 			for g := range kvHeads {
 				out = append(out, attnItem{e - 1, p.qStart[s], p.qStart[e-1] + 1, g})
 			}
@@ -232,15 +240,15 @@ func (p *attnPlan) items(kvHeads int) []attnItem {
 // sharedRun returns the end of the run of sequences from s that items may
 // attend as one chunk: one query row each, on consecutive rows, key counts
 // that do not decrease, and each block table a prefix of the next one's
-// (the same blocks for the keys they share), at most rowChunk of them. s+1
+// (the same blocks for the keys they share), at most maxRun of them. s+1
 // when s starts no such run (and for ring buffers, whose keys are not in
 // blocks).
-func (p *attnPlan) sharedRun(s int) int {
+func (p *attnPlan) sharedRun(s, maxRun int) int {
 	e := s + 1
 	if p.qLen[s] != 1 || p.blocks[s] == nil {
 		return e
 	}
-	for e < len(p.qStart) && e-s < rowChunk && p.qLen[e] == 1 && p.qStart[e] == p.qStart[e-1]+1 &&
+	for e < len(p.qStart) && e-s < maxRun && p.qLen[e] == 1 && p.qStart[e] == p.qStart[e-1]+1 &&
 		p.kLen[e] >= p.kLen[e-1] && blockPrefix(p.blocks[e-1], p.blocks[e]) {
 		e++
 	}
@@ -330,7 +338,7 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 		return err
 	}
 	group := nh / p.NumKVHeads
-	items := pl.items(p.NumKVHeads)
+	items := pl.items(p.NumKVHeads, b.threads)
 	b.run.For(len(items), func(lo, hi int) {
 		maxR, maxN := 0, min(keyTile, pl.maxK)
 		for _, it := range items[lo:hi] {
@@ -501,7 +509,7 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 		return err
 	}
 	wukT := b.mlaWUKT(w, p)
-	items := pl.items(1)
+	items := pl.items(1, b.threads)
 	limit := mlaGroupFloats
 	if b.mla.groupFloats > 0 {
 		limit = b.mla.groupFloats

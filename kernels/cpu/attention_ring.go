@@ -102,7 +102,7 @@ func (b *Backend) RingAttention(out, q, k, v, kRing, vRing, slots kernels.Tensor
 	}
 	d, nh := p.HeadDim, p.NumHeads
 	group := nh / p.NumKVHeads
-	items := pl.items(p.NumKVHeads)
+	items := pl.items(p.NumKVHeads, b.threads)
 	b.run.For(len(items), func(lo, hi int) {
 		maxR, maxN := 0, min(keyTile, pl.maxK)
 		for _, it := range items[lo:hi] {

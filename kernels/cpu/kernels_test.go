@@ -708,7 +708,8 @@ func refMLA(q, k, v []float32, qLen, kLen, nh, dq, dv int, scale float32) []floa
 // The plan attends runs of one-row sequences over one block table (verify
 // rows) as one chunk of rows, and nothing else: not rows over other
 // tables, not a run whose key counts decrease, not a sequence of several
-// rows, and not more than rowChunk rows.
+// rows, not more than rowChunk rows, and not so few items that a worker
+// would idle.
 func TestPlanItemsVerifyRuns(t *testing.T) {
 	a, b := []int32{4, 9, 2}, []int32{7, 1}
 	cases := []struct {
@@ -733,7 +734,7 @@ func TestPlanItemsVerifyRuns(t *testing.T) {
 				p.qStart = append(p.qStart, 0)
 			}
 		}
-		if got := p.items(1); !slices.Equal(got, c.want) {
+		if got := p.items(1, 1); !slices.Equal(got, c.want) {
 			t.Errorf("%s: items %v, want %v", c.name, got, c.want)
 		}
 	}
@@ -742,7 +743,16 @@ func TestPlanItemsVerifyRuns(t *testing.T) {
 	for i := range 40 {
 		p.qStart, p.qLen, p.kLen, p.blocks = append(p.qStart, i), append(p.qLen, 1), append(p.kLen, 20+i), append(p.blocks, a)
 	}
-	if got, want := p.items(2), []attnItem{{rowChunk - 1, 0, rowChunk, 0}, {rowChunk - 1, 0, rowChunk, 1}, {39, rowChunk, 40, 0}, {39, rowChunk, 40, 1}}; !slices.Equal(got, want) {
+	if got, want := p.items(2, 1), []attnItem{{rowChunk - 1, 0, rowChunk, 0}, {rowChunk - 1, 0, rowChunk, 1}, {39, rowChunk, 40, 0}, {39, rowChunk, 40, 1}}; !slices.Equal(got, want) {
 		t.Errorf("40 rows: items %v, want %v", got, want)
+	}
+	// 5 verify rows of one head group on 2 workers: runs of 3 and 2, so
+	// that both workers have an item; on 8 workers, a row each.
+	p = &attnPlan{qStart: []int{0, 1, 2, 3, 4}, qLen: []int{1, 1, 1, 1, 1}, kLen: []int{9, 10, 11, 12, 13}, blocks: [][]int32{a, a, a, a, a}}
+	if got, want := p.items(1, 2), []attnItem{{2, 0, 3, 0}, {4, 3, 5, 0}}; !slices.Equal(got, want) {
+		t.Errorf("5 rows, 2 workers: items %v, want %v", got, want)
+	}
+	if got := p.items(1, 8); len(got) != 5 {
+		t.Errorf("5 rows, 8 workers: items %v, want one a row", got)
 	}
 }
