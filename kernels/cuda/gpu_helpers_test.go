@@ -124,6 +124,22 @@ func (p *pair) rand(dt kernels.DType, scale float32, shape ...int) dual {
 	return p.put(dt, randVals(p.r, n, scale), shape...)
 }
 
+// positionsAndSlots draws tokens rope positions below maxPos and distinct
+// cache slots below numSlots (every skipEvery-th token's, from the second,
+// -1: not written; 0: none), as I32 tensors on both backends.
+func (p *pair) positionsAndSlots(tokens, maxPos, numSlots, skipEvery int) (positions, slots dual) {
+	pos, sl := make([]int32, tokens), make([]int32, tokens)
+	perm := p.r.Perm(numSlots)
+	for i := range pos {
+		pos[i] = int32(p.r.IntN(maxPos))
+		sl[i] = int32(perm[i])
+		if skipEvery > 0 && i%skipEvery == 1 {
+			sl[i] = -1
+		}
+	}
+	return p.ints(pos, tokens), p.ints(sl, tokens)
+}
+
 func (p *pair) ints(xs []int32, shape ...int) dual {
 	raw := kernels.I32Bytes(xs)
 	return dual{upload(p.t, p.c, kernels.I32, raw, kernels.I32, shape...), upload(p.t, p.g, kernels.I32, raw, kernels.I32, shape...)}

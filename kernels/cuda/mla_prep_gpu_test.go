@@ -48,16 +48,7 @@ func TestGPUPrepareMLA(t *testing.T) {
 			qkva := p.rand(kernels.F32, 2, c.tokens, qd+d.KVLoraRank+d.RopeDim)
 			cos, sin := p.rand(kernels.F32, 1, maxPos, half), p.rand(kernels.F32, 1, maxPos, half)
 			norm := p.rand(kernels.F32, 1.5, d.KVLoraRank)
-			pos, slots := make([]int32, c.tokens), make([]int32, c.tokens)
-			perm := p.r.Perm(blocks * blockSize)
-			for i := range pos {
-				pos[i] = int32(p.r.IntN(maxPos))
-				slots[i] = int32(perm[i])
-				if c.skipSlotsEvery > 0 && i%c.skipSlotsEvery == 1 {
-					slots[i] = -1
-				}
-			}
-			ps, sm := p.ints(pos, c.tokens), p.ints(slots, c.tokens)
+			ps, sm := p.positionsAndSlots(c.tokens, maxPos, blocks*blockSize, c.skipSlotsEvery)
 			// The cache starts as random bytes (8-bit rows: any byte), so
 			// that rows not written are checked to keep them.
 			cacheInit := make([]byte, blocks*blockSize*width*map[kernels.DType]int{kernels.F32: 4, kernels.F16: 2, kernels.BF16: 2, kernels.F8E4M3: 1}[c.cache])

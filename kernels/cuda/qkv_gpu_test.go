@@ -45,16 +45,7 @@ func TestGPUPrepareQKV(t *testing.T) {
 			half := c.rope.RotaryDim / 2
 			qkv := p.rand(kernels.F32, 2, c.tokens, qd+2*kvd)
 			cos, sin := p.rand(kernels.F32, 1, maxPos, half), p.rand(kernels.F32, 1, maxPos, half)
-			pos, slots := make([]int32, c.tokens), make([]int32, c.tokens)
-			perm := p.r.Perm(blocks * blockSize)
-			for i := range pos {
-				pos[i] = int32(p.r.IntN(maxPos))
-				slots[i] = int32(perm[i])
-				if c.skipSlotsEvery > 0 && i%c.skipSlotsEvery == 1 {
-					slots[i] = -1
-				}
-			}
-			ps, sm := p.ints(pos, c.tokens), p.ints(slots, c.tokens)
+			ps, sm := p.positionsAndSlots(c.tokens, maxPos, blocks*blockSize, c.skipSlotsEvery)
 			var qn, kn dual
 			if c.norms {
 				qn, kn = p.rand(kernels.F32, 1.5, c.d), p.rand(kernels.F32, 1.5, c.d)
