@@ -55,6 +55,25 @@ func value(t *testing.T, text, prefix string) float64 {
 	return 0
 }
 
+// scrapeSettled returns the /metrics text once the engine's gauges show
+// no sequence and no KV block in use. The server counts a request before
+// it answers, but the scheduler frees a finished sequence's blocks on its
+// next pass, after the answer: the gauges lag the answer by a step.
+func scrapeSettled(t *testing.T, url, label string) string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		text := scrape(t, url)
+		idle := value(t, text, "deepinfer:kv_cache_usage_perc"+label+" ") == 0 &&
+			value(t, text, "deepinfer:num_requests_running"+label+" ") == 0 &&
+			value(t, text, "deepinfer:num_requests_waiting"+label+" ") == 0
+		if idle || time.Now().After(deadline) {
+			return text
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // /metrics counts what the server answered, with vLLM's names under the
 // deepinfer: prefix, and reports the step loop's stages.
 func TestMetrics(t *testing.T) {
@@ -67,8 +86,8 @@ func TestMetrics(t *testing.T) {
 		prompt += u.PromptTokens
 	}
 	post(t, ts.url+"/v1/completions", map[string]any{"model": "nope", "prompt": "x"})
-	text := scrape(t, ts.url)
 	label := `{model_name="tiny"}`
+	text := scrapeSettled(t, ts.url, label)
 	checks := []struct {
 		sample string
 		want   float64
@@ -118,8 +137,8 @@ func TestMetricsVLLMFamilies(t *testing.T) {
 	_, body := post(t, ts.url+"/v1/completions", map[string]any{"model": "tiny", "prompt": "y", "max_tokens": 3, "n": 2, "ignore_eos": true})
 	gen += decode[CompletionResponse](t, body).Usage.CompletionTokens
 	const finished = 4
-	text := scrape(t, ts.url)
 	label := `{model_name="tiny"}`
+	text := scrapeSettled(t, ts.url, label)
 	steps := value(t, text, "deepinfer:engine_steps_total"+label+" ")
 	checks := []struct {
 		sample   string

@@ -488,20 +488,22 @@ func (g *group) onOutput(r *request, o engine.RequestOutput) {
 		}
 	}
 	done := o.Finished && r.left == 0
-	numGen, reason := r.numGen, r.firstReason
 	g.s.observeOutput(r, &o, now, done) // metrics.go: phase histograms, log lines
+	// A finished request is counted and released before its last output
+	// is queued: a client that reads /metrics after its answer sees it.
+	// (Lock order: g.mu, then the server's; never the other way.)
+	if done {
+		m.e2e.Observe(now.Sub(r.arrival).Seconds())
+		m.promptTokensHist.Observe(float64(len(r.promptTokenIDs)))
+		m.genTokensHist.Observe(float64(r.numGen))
+		m.success.WithLabelValues(r.firstReason.String()).Inc()
+		g.s.release(r)
+	}
 	g.pending = append(g.pending, o)
 	g.mu.Unlock()
 	select {
 	case g.notify <- struct{}{}:
 	default:
-	}
-	if done {
-		m.e2e.Observe(now.Sub(r.arrival).Seconds())
-		m.promptTokensHist.Observe(float64(len(r.promptTokenIDs)))
-		m.genTokensHist.Observe(float64(numGen))
-		m.success.WithLabelValues(reason.String()).Inc()
-		g.s.release(r)
 	}
 }
 
