@@ -465,6 +465,11 @@ type Scheduler struct {
 	spare        []*stepRecord
 	builder      stepBuilder
 	newRunning   []*Sequence
+	// stepInts remembers the token and slot array of the last few steps
+	// by their metadata's first element, so that ScheduleInto recycles a
+	// step's array with its metadata (see ScheduleInto).
+	stepInts [4]stepInts
+	nextInts int
 
 	draftLimit int // SetDraftLimit; NumSpeculativeTokens until set
 	// draftFree: the step planned last (in flight, with zero-overhead
@@ -481,6 +486,13 @@ type Scheduler struct {
 	// copies of an empty step, due before the next step that runs.
 	ckpt    *stateCheckpoints
 	carried []StateCopy
+}
+
+// stepInts is the array behind a step's InputTokenIDs and SlotMapping,
+// keyed by the first element of the step's metadata.
+type stepInts struct {
+	meta *SequenceMetadata
+	ints []int
 }
 
 // pendingStateCopy is a fork's state copy, due before the step after the
@@ -934,8 +946,12 @@ func (s *Scheduler) Schedule() (*SchedulerOutputs, []SequenceMetadata) { return 
 // Schedule or ScheduleInto returned it (or zeroed elements): the caller
 // must not have modified its elements, because an element that already
 // holds the same sequence's previous plain decode keeps the fields that did
-// not change (see SequenceMetadata, Layout). The result is the same as
-// Schedule's.
+// not change (see SequenceMetadata, Layout). When buf is the metadata of
+// one of the last few steps, that step's token and slot array
+// (SchedulerOutputs.InputTokenIDs and SlotMapping, which its metadata's
+// InputTokenIDs and SlotMapping view) is recycled with it: recycling buf
+// says that nothing reads that step's outputs any more either. The result
+// is the same as Schedule's.
 func (s *Scheduler) ScheduleInto(buf []SequenceMetadata) (*SchedulerOutputs, []SequenceMetadata) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -1040,6 +1056,7 @@ type stepBuilder struct {
 	tokens  []int
 	slots   []int
 	rec     *stepRecord
+	ints    []int // the array tokens and slots start in
 	budget  int
 	numSeqs int
 	row     int
@@ -1061,8 +1078,8 @@ func (s *Scheduler) newBuilder(buf []SequenceMetadata) *stepBuilder {
 	if len(s.prompted) > 0 || len(s.waiting) > 0 {
 		numTokens = s.cfg.MaxNumBatchedTokens
 	}
-	ints := make([]int, 2*numTokens)
-	b.tokens, b.slots = ints[:0:numTokens], ints[numTokens:numTokens]
+	b.ints = s.recycledInts(buf, 2*numTokens)
+	b.tokens, b.slots = b.ints[:0:numTokens], b.ints[numTokens:numTokens]
 	if n := len(s.spare); n > 0 {
 		b.rec = s.spare[n-1]
 		s.spare = s.spare[:n-1]
@@ -1071,6 +1088,35 @@ func (s *Scheduler) newBuilder(buf []SequenceMetadata) *stepBuilder {
 	}
 	b.rec.id = b.id
 	return b
+}
+
+// recycledInts returns an array of n ints for a step's tokens and slots:
+// the array of the step whose metadata buf is, when the Scheduler still
+// remembers it and it is large enough (its old contents stay: the step
+// writes every element it uses before anything reads it), else a new one.
+// Either way the array is forgotten until finishStep records it again.
+func (s *Scheduler) recycledInts(buf []SequenceMetadata, n int) []int {
+	if cap(buf) > 0 {
+		first := &buf[:1][0]
+		for i := range s.stepInts {
+			if r := &s.stepInts[i]; r.meta == first {
+				ints := r.ints
+				*r = stepInts{}
+				if cap(ints) >= n {
+					return ints[:n]
+				}
+				break
+			}
+		}
+	}
+	return make([]int, n)
+}
+
+// rememberInts records the array behind the step whose metadata is metas
+// (see recycledInts), forgetting the oldest of the steps remembered.
+func (s *Scheduler) rememberInts(metas []SequenceMetadata, ints []int) {
+	s.stepInts[s.nextInts] = stepInts{meta: &metas[:1][0], ints: ints}
+	s.nextInts = (s.nextInts + 1) % len(s.stepInts)
 }
 
 // add1 schedules q tokens of a sequence from its first uncomputed position
@@ -1316,8 +1362,14 @@ func (s *Scheduler) finishStep(b *stepBuilder) []SequenceMetadata {
 		s.carried = append(s.carried, out.StateCopies...) // nothing runs this step
 		out.StateCopies = nil
 		s.spare = append(s.spare, b.rec)
+		if cap(b.metas) > 0 && !b.grew { // the caller keeps buf for a later step
+			s.rememberInts(b.metas, b.ints)
+		}
 		*b = stepBuilder{}
 		return nil
+	}
+	if !b.grew {
+		s.rememberInts(b.metas, b.ints)
 	}
 	if b.grew { // rebuild the views into the final arrays
 		off := 0

@@ -115,6 +115,10 @@ func lockstep(t *testing.T, cfg SchedulerConfig, reqs []testRequest, grammar map
 	}
 	var prev *flying
 	partial := 0
+	// The token array of the last two steps, by parity: a recycled buf
+	// brings back its step's array, never the other step's.
+	var arrays [2]*int
+	reusedInts := 0
 	for step := 0; step < 20000; step++ {
 		for _, r := range reqs {
 			if r.arriveStep == step {
@@ -149,6 +153,16 @@ func lockstep(t *testing.T, cfg SchedulerConfig, reqs []testRequest, grammar map
 			!slices.Equal(out.SlotMapping, rout.SlotMapping) {
 			t.Fatalf("step %d: %d sequences, %v %v; recycled: %d, %v %v", out.StepID, len(metas), out.InputTokenIDs,
 				out.SlotMapping, len(rmetas), rout.InputTokenIDs, rout.SlotMapping)
+		}
+		if cap(rout.InputTokenIDs) > 0 {
+			a := &rout.InputTokenIDs[:1][0]
+			if a == arrays[(step+1)%2] {
+				t.Fatalf("step %d: the token array of the step before, which is still read, was recycled", out.StepID)
+			}
+			if a == arrays[step%2] {
+				reusedInts++
+			}
+			arrays[step%2] = a
 		}
 		off := 0
 		for i := range metas {
@@ -194,6 +208,9 @@ func lockstep(t *testing.T, cfg SchedulerConfig, reqs []testRequest, grammar map
 		if !fresh.HasUnfinished() && !recycled.HasUnfinished() && prev == nil && step > 60 {
 			if partial == 0 {
 				t.Fatal("no recycled element was rewritten in part")
+			}
+			if reusedInts == 0 {
+				t.Fatal("no step's token and slot array was recycled with its metadata")
 			}
 			return
 		}
