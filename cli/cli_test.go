@@ -2,6 +2,8 @@ package cli
 
 import (
 	"bytes"
+	"compress/gzip"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -81,11 +83,47 @@ func TestGraphProfile(t *testing.T) {
 	if _, err := run(t, "graph", "--config", cfg, "--format", "dot"); err != nil {
 		t.Errorf("dot render: %v", err)
 	}
+	// The host profiles of a profiled run: a CPU profile and an allocation
+	// profile that the forward's allocations show up in.
+	cpuProf, memProf := filepath.Join(dir, "cpu.prof"), filepath.Join(dir, "mem.prof")
+	if _, err := run(t, "graph", "--config", cfg, "--profile", "4", "--max-tokens", "3", "--cpuprofile", cpuProf, "--memprofile", memProf); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{cpuProf, memProf} {
+		names := profileStrings(t, path)
+		if path == memProf && !strings.Contains(names, "Forward") {
+			t.Errorf("the allocation profile names no model Forward")
+		}
+	}
+	if _, err := run(t, "graph", "--config", cfg, "--memprofile", filepath.Join(dir, "missing", "mem.prof")); err == nil || !strings.Contains(err.Error(), "--memprofile") {
+		t.Errorf("unwritable --memprofile: %v", err)
+	}
 	bad := filepath.Join(dir, "bad.yaml")
 	os.WriteFile(bad, []byte("model: .\npipeline: {sample: nonesuch}\n"), 0o644)
 	if _, err := run(t, "graph", "--config", bad); err == nil || !strings.Contains(err.Error(), `has no implementation "nonesuch"`) {
 		t.Errorf("unknown sampler: %v", err)
 	}
+}
+
+// profileStrings returns the decompressed bytes of the pprof profile at
+// path (a gzipped protocol buffer, whose string table holds the function
+// names), failing the test when it is not one.
+func profileStrings(t *testing.T, path string) string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	z, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	data, err := io.ReadAll(z)
+	if err != nil || len(data) == 0 {
+		t.Fatalf("%s: %d bytes, %v", path, len(data), err)
+	}
+	return string(data)
 }
 
 func TestGenerateCommand(t *testing.T) {
