@@ -1255,9 +1255,11 @@ func (s *Scheduler) addRows(b *stepBuilder, seq *Sequence, q, drafts int, prefil
 // decode, skipping those that do not decode in this step, and returns
 // the index of the first it leaves to the general path (len(running)
 // when none). A plain decode is addDecode(b, seq, 0) for a sequence whose
-// slot is in a block it holds privately, without speculative decoding:
-// the step of every running sequence at almost every step. It stops too
-// where the step's arrays would have to grow, or the step is full.
+// slot is in a block it holds privately, or opens a block taken from the
+// free list into room its table has, without speculative decoding: the
+// step of every running sequence at every step while blocks are free
+// (one in block_size of them opens a block). It stops too where the
+// step's arrays would have to grow, or the step is full.
 //
 // Its metadata differs from the sequence's previous plain decode only in
 // positions, inputs, slots, sample row and token count, so a recycled
@@ -1282,7 +1284,7 @@ func (s *Scheduler) planPlainDecodes(b *stepBuilder, i int) int {
 	metas := b.metas[m0 : m0+room]
 	entries := rec.entries[e0 : e0+room]
 	id, bs, row := b.id, s.bm.blockSize, b.row
-	running := s.running
+	bm, running := s.bm, s.running
 	j := 0
 	for ; i < len(running) && j < len(tokens); i++ {
 		seq := running[i]
@@ -1292,8 +1294,18 @@ func (s *Scheduler) planPlainDecodes(b *stepBuilder, i int) int {
 		// Slice headers in locals: the stores below would otherwise
 		// make the compiler load them again.
 		pos, t, table := seq.numComputed, seq.tokens, seq.blockTable
-		if seq.mayShare || pos >= len(table)*bs {
+		if seq.mayShare {
 			break
+		}
+		if pos >= len(table)*bs {
+			// Its slot opens a block: AppendSlots' usual case (a free
+			// block, room in the table) is taken here, the rest (no free
+			// block: preemption; a table to grow) on the general path.
+			if pos != len(table)*bs || bm.numFree == 0 || len(table) == cap(table) {
+				break
+			}
+			table = append(table, bm.takeFree())
+			seq.setBlockTable(table)
 		}
 		tok, from := seq.lastToken, -1
 		if pos != len(t)-1 { // its last token is in flight (zero-overhead scheduling)

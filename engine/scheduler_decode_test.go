@@ -239,19 +239,36 @@ func TestPlainDecodeMatchesAddRows(t *testing.T) {
 		var bufs [2][]SequenceMetadata
 		var pending *SchedulerOutputs
 		var pendingSampled []SampledTokens
-		checked := 0
+		checked, opened := 0, 0
 		for step := 0; s.HasUnfinished() || pending != nil; step++ {
 			before := map[SeqID]Sequence{}
 			for _, seq := range s.running {
 				before[seq.id] = *seq
 			}
+			var free []int // the free list, head first
+			for b := s.bm.head; b >= 0; b = s.bm.next[b] {
+				free = append(free, int(b))
+			}
 			out, metas := s.ScheduleInto(bufs[step%2])
 			bufs[step%2] = metas
+			taken := 0 // blocks the step's decodes opened so far
 			for k := range metas {
 				m := &metas[k]
 				c, ok := before[m.SeqID]
-				if !ok || m.Prefill || c.mayShare || c.numComputed >= len(c.blockTable)*cfg.BlockSize {
+				if !ok || m.Prefill || c.mayShare || c.numComputed > len(c.blockTable)*cfg.BlockSize {
 					continue // not a plain decode
+				}
+				if c.numComputed == len(c.blockTable)*cfg.BlockSize {
+					// It opened a block: the free list's next, as
+					// AppendSlots takes it, appended to its table.
+					table := live(m.SeqID).blockTable
+					if len(table) != len(c.blockTable)+1 || !slices.Equal(table[:len(c.blockTable)], c.blockTable) ||
+						taken >= len(free) || table[len(table)-1] != free[taken] || s.bm.refCount[free[taken]] != 1 {
+						t.Fatalf("step %d, seq %d: opened a block: table %v -> %v, free list %v (%d taken)", out.StepID, m.SeqID, c.blockTable, table, free, taken)
+					}
+					taken++
+					opened++
+					c.setBlockTable(table[:len(table):len(table)])
 				}
 				b := &stepBuilder{id: out.StepID, out: &SchedulerOutputs{}, rec: &stepRecord{}, row: m.SampleRow, budget: 1 << 20,
 					tokens: make([]int, 0, 4), slots: make([]int, 0, 4)}
@@ -298,8 +315,8 @@ func TestPlainDecodeMatchesAddRows(t *testing.T) {
 				t.Fatal("not done")
 			}
 		}
-		if checked < 100 {
-			t.Fatalf("zos %v: %d plain decodes checked", zos, checked)
+		if checked < 100 || opened < 10 {
+			t.Fatalf("zos %v: %d plain decodes checked, %d of them opening a block", zos, checked, opened)
 		}
 	}
 }
