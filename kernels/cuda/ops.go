@@ -681,6 +681,11 @@ func (b *Backend) moe(out, x, ids, weights, gateUp, down kernels.Tensor, add *Te
 	}), o, xs, is, ws, gu, dn, add)
 }
 
+// queueNothing is a launch that queues no work and succeeds, as the launch
+// of an operation whose path has no combine pass would (the test of an
+// addend that moeAdding finds unapplied).
+func queueNothing() C.int { return stOK }
+
 // moeAdding wraps a MoE operation's launch so that its combine pass adds
 // add to out (di_api.moe_set_add before it, cleared after; the clear
 // reports an operation that took a path without a combine pass). nil add:
