@@ -420,8 +420,10 @@ func isTerminal(w io.Writer) bool {
 
 // statsLine summarizes a run: throughput over the wall time (decode: the
 // tokens emitted, not the rows verified), speculative
-// decoding's acceptance (when drafts were verified), queues, KV usage,
-// preemptions, and the model FLOPs rate.
+// decoding's acceptance (when drafts were verified), the host time the
+// forward passes waited for (with a model drafter's passes, which it does
+// not count, beside it), queues, KV usage, preemptions, and the model
+// FLOPs rate.
 func statsLine(l *llm.LLM, wall time.Duration) string {
 	st := l.StepStats()
 	ss := l.SchedulerStats()
@@ -438,6 +440,9 @@ func statsLine(l *llm.LLM, wall time.Duration) string {
 	zos := "off"
 	if l.Config().ZOS.Enabled {
 		zos = "on"
+	}
+	if d := st.MeanDraft(); d > 0 {
+		zos += fmt.Sprintf("; drafter passes %s a step, not counted", d.Round(time.Microsecond))
 	}
 	device := ""
 	if d := deviceIdle(st.DeviceTimes()); d != "" {

@@ -59,6 +59,7 @@ func testSpeculativeSameTokens(t *testing.T, dir string, methods []struct{ metho
 			got := runWorkload(t, l, w)
 			st := l.SchedulerStats()
 			spec := l.StepStats().Spec()
+			modelDrafting := l.StepStats().DraftSteps.Load()
 			if err := l.Close(); err != nil {
 				t.Fatal(err)
 			}
@@ -69,6 +70,11 @@ func testSpeculativeSameTokens(t *testing.T, dir string, methods []struct{ metho
 			if method != "" && !(zos && small) {
 				if spec.NumDraftTokens == 0 || spec.NumAcceptedTokens == 0 {
 					t.Errorf("seed %d %s zos %v: %d drafted, %d accepted", seed, method, zos, spec.NumDraftTokens, spec.NumAcceptedTokens)
+				}
+				// A model drafter's passes are counted apart from the host's
+				// time (Stats.RecordDraft); prompt lookup is host work.
+				if model := method != "ngram"; (modelDrafting > 0) != model {
+					t.Errorf("seed %d %s zos %v: %d steps of model drafting recorded", seed, method, zos, modelDrafting)
 				}
 				t.Logf("seed %d %s zos %v small %v: %d drafts, %d draft tokens, %d accepted, %d preemptions",
 					seed, method, zos, small, spec.NumDrafts, spec.NumDraftTokens, spec.NumAcceptedTokens, st.NumPreemptions)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/models"
@@ -35,6 +36,10 @@ type Drafter interface {
 	// pass.
 	Propose(ctx context.Context, step *SampledStep) ([][]int, error)
 }
+
+// recordDraft records a model drafter's passes since start in s
+// (Stats.RecordDraft); deferred where the passes begin.
+func recordDraft(s *Stats, start time.Time) { s.RecordDraft(time.Since(start)) }
 
 // DraftDeps is what a drafter gets.
 type DraftDeps struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/models"
@@ -113,6 +114,7 @@ func (p *dsparkDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int
 	if len(s.cols) == 0 {
 		return drafts, nil
 	}
+	defer recordDraft(d.Stats, time.Now())
 	got, err := p.ds.Draft(ctx, res.Hidden, s.rows, s.last, k, d.Speculative.ConfidenceThreshold)
 	if err != nil {
 		return nil, err
@@ -303,6 +305,7 @@ func (p *dsparkDrafter) propose(ctx context.Context, step *SampledStep, fromDevi
 	if len(s.cols) == 0 {
 		return dd, nil
 	}
+	defer recordDraft(d.Stats, time.Now())
 	tokens, conf, stride, ok, err := p.graphs.draft(step, s, n, p.ds)
 	if err == nil && !ok {
 		tokens, conf, stride, err = p.eager(ctx, step, s, n)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/models"
@@ -107,6 +108,7 @@ func (p *mtpDrafter) propose(ctx context.Context, step *SampledStep, fromDevice 
 	if len(s.rows) == 0 {
 		return dd, nil
 	}
+	defer recordDraft(d.Stats, time.Now())
 	tokens, stride, ok, err := p.graphs.draft(step, s)
 	if err == nil && !ok {
 		tokens, stride, err = p.eager(ctx, step, s)
@@ -644,6 +646,7 @@ func (p *modelDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int,
 	if err := copyCacheBlocks(ops, cache, step.Outputs.BlockCopies); err != nil {
 		return nil, err
 	}
+	defer recordDraft(d.Stats, time.Now())
 	if _, err := p.model.Forward(ctx, cache, step.Batch); err != nil {
 		return nil, err
 	}

@@ -24,6 +24,9 @@ type Stats struct {
 	GraphSteps    atomic.Int64                           // steps the forward stage served by replaying a captured graph
 	SampleNanos   atomic.Int64                           // sampling work (device work in the design: it sits between two forwards)
 	lastSample    atomic.Int64                           // the latest step's sampling work, in nanoseconds
+	DraftNanos    atomic.Int64                           // a model drafter's passes (RecordDraft): device work too
+	DraftSteps    atomic.Int64                           // steps whose drafter ran model passes
+	lastDraft     atomic.Int64                           // the model passes since the last gap, in nanoseconds
 	forwardHigh   atomic.Int64                           // the largest ForwardTime reported
 	stepTokens    [len(StepTokenBounds) + 1]atomic.Int64 // steps by their tokens; see StepTokenCounts
 	flopBits      atomic.Uint64
@@ -119,12 +122,44 @@ func (s *Stats) ForwardTime() time.Duration {
 // The sampling of the step before the gap (device work in the design) is
 // not counted as exposed: by the time a forward pass starts, the previous
 // step has been sampled in both modes (ZOS waits for its tokens).
+//
+// Nor are a model drafter's passes (RecordDraft): an MTP layer or a draft
+// model runs between two forward passes of the target, on the device like
+// them. They are taken once, by the gap they fell in (a step that drafts
+// nothing leaves none to a later gap).
 func (s *Stats) recordGap(d time.Duration) {
+	draft := s.lastDraft.Swap(0)
 	if d < time.Second {
 		s.GapNanos.Add(int64(d))
-		s.ExposedNanos.Add(max(0, int64(d)-s.lastSample.Load()))
+		s.ExposedNanos.Add(max(0, int64(d)-s.lastSample.Load()-draft))
 		s.Gaps.Add(1)
 	}
+}
+
+// RecordDraft counts one step's model drafting d: the passes of a drafter
+// that runs a model on the backend (MTP, a draft model, DSpark), from its
+// start to its drafts queued or returned. Like sampling it is device work
+// in the design, so the exposed-host figure leaves it out, and the stats
+// line reports it on its own. A drafter that works on the host alone
+// (prompt lookup) does not call it: its time is host time. Nil-safe and
+// safe for concurrent use.
+func (s *Stats) RecordDraft(d time.Duration) {
+	if s == nil {
+		return
+	}
+	s.DraftNanos.Add(int64(d))
+	s.DraftSteps.Add(1)
+	s.lastDraft.Add(int64(d))
+}
+
+// MeanDraft is the mean model drafting time of a step that drafted
+// (RecordDraft), 0 when none did.
+func (s *Stats) MeanDraft() time.Duration {
+	n := s.DraftSteps.Load()
+	if n == 0 {
+		return 0
+	}
+	return time.Duration(s.DraftNanos.Load() / n)
 }
 
 // RecordSample counts one step's sampling work d: the built-in samplers call it, and a
@@ -137,7 +172,8 @@ func (s *Stats) RecordSample(d time.Duration) {
 }
 
 // MeanExposedHost is the mean time between two forward passes that is
-// neither forward nor sampling work: the host time the device waits for.
+// neither forward, sampling nor model drafting work: the host time the
+// device waits for.
 func (s *Stats) MeanExposedHost() time.Duration {
 	n := s.Gaps.Load()
 	if n == 0 {

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"sync"
 	"testing"
+	"time"
 )
 
 // A draft is (numDrafts, numAccepted) as the verify stage reports it.
@@ -238,4 +239,28 @@ func TestDecodeOutputTokens(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The exposed-host figure leaves out each gap's sampling and model
+// drafting, and a step's drafting is taken by the gap it fell in only.
+func TestExposedHostLeavesOutDrafting(t *testing.T) {
+	var s Stats
+	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
+	s.RecordSample(us(100))
+	s.RecordDraft(us(300))
+	s.recordGap(us(1000)) // 1000 - 100 sampling - 300 drafting
+	s.recordGap(us(1000)) // no drafting in this gap: 1000 - 100
+	s.RecordDraft(us(2000))
+	s.recordGap(us(1500)) // more drafting than gap: none exposed
+	if got, want := time.Duration(s.ExposedNanos.Load()), us(600+900+0); got != want {
+		t.Errorf("exposed %v, want %v", got, want)
+	}
+	if got, want := s.MeanDraft(), us(1150); got != want {
+		t.Errorf("mean drafting %v, want %v", got, want)
+	}
+	if got := s.MeanExposedHost(); got != us(500) {
+		t.Errorf("mean exposed %v, want 500µs", got)
+	}
+	var none *Stats
+	none.RecordDraft(us(1)) // a drafter without stats
 }
