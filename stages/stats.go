@@ -154,12 +154,15 @@ func (s *Stats) RecordDraft(d time.Duration) {
 
 // MeanDraft is the mean model drafting time of a step that drafted
 // (RecordDraft), 0 when none did.
-func (s *Stats) MeanDraft() time.Duration {
-	n := s.DraftSteps.Load()
-	if n == 0 {
+func (s *Stats) MeanDraft() time.Duration { return mean(&s.DraftNanos, &s.DraftSteps) }
+
+// mean is total nanoseconds over n (0 when n is 0).
+func mean(total, n *atomic.Int64) time.Duration {
+	c := n.Load()
+	if c == 0 {
 		return 0
 	}
-	return time.Duration(s.DraftNanos.Load() / n)
+	return time.Duration(total.Load() / c)
 }
 
 // RecordSample counts one step's sampling work d: the built-in samplers call it, and a
@@ -174,22 +177,10 @@ func (s *Stats) RecordSample(d time.Duration) {
 // MeanExposedHost is the mean time between two forward passes that is
 // neither forward, sampling nor model drafting work: the host time the
 // device waits for.
-func (s *Stats) MeanExposedHost() time.Duration {
-	n := s.Gaps.Load()
-	if n == 0 {
-		return 0
-	}
-	return time.Duration(s.ExposedNanos.Load() / n)
-}
+func (s *Stats) MeanExposedHost() time.Duration { return mean(&s.ExposedNanos, &s.Gaps) }
 
 // MeanGap is the mean host time between two forward passes.
-func (s *Stats) MeanGap() time.Duration {
-	n := s.Gaps.Load()
-	if n == 0 {
-		return 0
-	}
-	return time.Duration(s.GapNanos.Load() / n)
-}
+func (s *Stats) MeanGap() time.Duration { return mean(&s.GapNanos, &s.Gaps) }
 
 // StepPairs are device times summed over pairs of consecutive forward
 // passes (step N and step N+1, with less than a second of host time
