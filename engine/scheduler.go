@@ -1380,9 +1380,6 @@ func (s *Scheduler) finishStep(b *stepBuilder) []SequenceMetadata {
 		*b = stepBuilder{}
 		return nil
 	}
-	if !b.grew {
-		s.rememberInts(b.metas, b.ints)
-	}
 	if b.grew { // rebuild the views into the final arrays
 		off := 0
 		for k := range b.metas {
@@ -1392,7 +1389,10 @@ func (s *Scheduler) finishStep(b *stepBuilder) []SequenceMetadata {
 			m.SlotMapping = b.slots[off:end:end]
 			off = end
 		}
+	} else {
+		s.rememberInts(b.metas, b.ints)
 	}
+
 	s.lastStep = b.id
 	s.draftFree = s.cfg.NumSpeculativeTokens > 0 && out.DraftLimit == 0
 	out.StepID = b.id

@@ -96,13 +96,7 @@ func benchMLA(b *testing.B, batch int, sp seqSpec, attend mlaFunc) {
 	}
 	numBlocks := batch * ((sp.kLen + bs - 1) / bs)
 	m, slots := pagedBatch(b, be, r, specs, bs, numBlocks)
-	cache := alloc(b, be, numBlocks, bs, kvl+rope)
-	for s := range specs {
-		lat := randVals(r, sp.kLen*(kvl+rope), 1)
-		if err := be.WriteCache(cache, put(b, be, kernels.F32, lat, sp.kLen, kvl+rope), putI32(b, be, slots[s], sp.kLen), 0); err != nil {
-			b.Fatal(err)
-		}
-	}
+	cache := latentCache(b, be, r, specs, slots, numBlocks, bs, kvl+rope)
 	w := put(b, be, kernels.BF16, randVals(r, nh*(nope+vd)*kvl, 0.2), nh*(nope+vd), kvl)
 	q := put(b, be, kernels.F32, randVals(r, m.NumTokens*nh*(nope+rope), 1), m.NumTokens, nh*(nope+rope))
 	out := alloc(b, be, m.NumTokens, nh*vd)

@@ -146,12 +146,7 @@ func TestPureGoMatchesDefault(t *testing.T) {
 			}
 			att[i] = append(att[i], vals(out))
 		}
-		cache := alloc(t, b, numBlocks, bs, kvl+rope)
-		for s, sp := range specs {
-			if err := b.WriteCache(cache, put(t, b, kernels.F32, randVals(r, sp.kLen*(kvl+rope), 1), sp.kLen, kvl+rope), putI32(t, b, slots[s], sp.kLen), 0); err != nil {
-				t.Fatal(err)
-			}
-		}
+		cache := latentCache(t, b, r, specs, slots, numBlocks, bs, kvl+rope)
 		wkvb := put(t, b, kernels.BF16, randVals(r, nh*(nope+vd)*kvl, 0.5), nh*(nope+vd), kvl)
 		out := alloc(t, b, m.NumTokens, nh*vd)
 		mp := kernels.MLAParams{NumHeads: nh, NopeDim: nope, RopeDim: rope, KVLoraRank: kvl, VHeadDim: vd, Scale: 0.3}

@@ -285,6 +285,21 @@ func TestRoPE(t *testing.T) {
 // seqSpec is one sequence of an attention batch: qLen new rows, kLen keys.
 type seqSpec struct{ qLen, kLen int }
 
+// latentCache returns a cache of numBlocks blocks of bs rows of width
+// floats holding, for each sequence of specs in order, kLen rows drawn
+// from randVals(r, ..., 1) at its slots (pagedBatch's).
+func latentCache(t testing.TB, b *Backend, r *rand.Rand, specs []seqSpec, slots [][]int32, numBlocks, bs, width int) kernels.Tensor {
+	t.Helper()
+	cache := alloc(t, b, numBlocks, bs, width)
+	for s, sp := range specs {
+		lat := randVals(r, sp.kLen*width, 1)
+		if err := b.WriteCache(cache, put(t, b, kernels.F32, lat, sp.kLen, width), putI32(t, b, slots[s], sp.kLen), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cache
+}
+
 // pagedBatch builds AttentionMetadata for specs over a cache of numBlocks
 // blocks, giving each sequence a shuffled set of blocks; slots[s][t] is the
 // cache slot of key t of sequence s.

@@ -52,13 +52,7 @@ func TestMLAWUKTCache(t *testing.T) {
 			r := rand.New(rand.NewPCG(12, 28))
 			specs := []seqSpec{{3, 5}, {1, 9}}
 			m, slots := pagedBatch(t, b, r, specs, bs, numBlocks)
-			cache := alloc(t, b, numBlocks, bs, kvl+rope)
-			for s, sp := range specs {
-				lat := randVals(r, sp.kLen*(kvl+rope), 1)
-				if err := b.WriteCache(cache, put(t, b, kernels.F32, lat, sp.kLen, kvl+rope), putI32(t, b, slots[s], sp.kLen), 0); err != nil {
-					t.Fatal(err)
-				}
-			}
+			cache := latentCache(t, b, r, specs, slots, numBlocks, bs, kvl+rope)
 			q := put(t, b, kernels.F32, randVals(r, m.NumTokens*nh*(nope+rope), 1), m.NumTokens, nh*(nope+rope))
 			mla := func(w kernels.Tensor) []float32 {
 				t.Helper()

@@ -27,13 +27,7 @@ func BenchmarkMLAVerifyRows(b *testing.B) {
 			specs[i] = seqSpec{5, 300}
 		}
 		m, slots := pagedBatch(b, be, r, specs, bs, numBlocks)
-		cache := alloc(b, be, numBlocks, bs, kvl+rope)
-		for s, sp := range specs {
-			lat := randVals(r, sp.kLen*(kvl+rope), 1)
-			if err := be.WriteCache(cache, put(b, be, kernels.F32, lat, sp.kLen, kvl+rope), putI32(b, be, slots[s], sp.kLen), 0); err != nil {
-				b.Fatal(err)
-			}
-		}
+		cache := latentCache(b, be, r, specs, slots, numBlocks, bs, kvl+rope)
 		wt := put(b, be, kernels.BF16, roundTo(kernels.BF16, randVals(r, nh*(nope+vd)*kvl, 0.5)), nh*(nope+vd), kvl)
 		mv, rows := verifyMeta(b, be, m, seqs...)
 		q := put(b, be, kernels.F32, randVals(r, len(rows)*nh*(nope+rope), 1), len(rows), nh*(nope+rope))
