@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 20u
+#define DI_ABI_VERSION 21u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -326,6 +326,15 @@ typedef struct di_quant_weight {
  * DI_GEMM_SPLIT). */
 enum di_quant_path { DI_QUANT_AUTO = 0, DI_QUANT_GEMV = 1, DI_QUANT_GEMM = 2 };
 
+/* di_rect is one strided copy of copy_rects: rows rows of width_bytes from
+ * src (row pitch src_pitch bytes) to dst (row pitch dst_pitch bytes). */
+typedef struct di_rect {
+	di_dptr dst, src;
+	uint64_t dst_pitch, src_pitch, width_bytes, rows;
+} di_rect;
+
+#define DI_MAX_RECTS 16
+
 typedef struct di_api {
 	uint32_t abi_version;
 	uint32_t size; /* sizeof(di_api) as the library sees it */
@@ -372,6 +381,10 @@ typedef struct di_api {
 	 * dst (row pitch dst_pitch bytes), on the stream; capturable. */
 	int (*copy_2d)(di_ctx *ctx, di_dptr dst, uint64_t dst_pitch, di_dptr src, uint64_t src_pitch,
 	               uint64_t width_bytes, uint64_t rows);
+	/* copy_rects: n rectangles as copy_2d's (at most DI_MAX_RECTS), in one
+	 * kernel launch on the stream; capturable. The rectangles' destinations
+	 * must not overlap (their copies run concurrently). */
+	int (*copy_rects)(di_ctx *ctx, const di_rect *rects, int n);
 	/* sync: waits for all queued work, then reports the device check word. */
 	int (*sync)(di_ctx *ctx);
 	int (*host_alloc)(di_ctx *ctx, uint64_t bytes, void **out);

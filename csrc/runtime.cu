@@ -553,6 +553,52 @@ static int api_copy_2d(di_ctx *ctx, di_dptr dst, uint64_t dst_pitch, di_dptr src
 	return DI_OK;
 }
 
+// di_rects_k copies the rectangles of rs, one block a rectangle, in 4-byte
+// words where the rectangle's addresses, pitches and width allow, else in
+// bytes.
+struct di_rect_set {
+	di_rect r[DI_MAX_RECTS];
+};
+
+__global__ void __launch_bounds__(256) di_rects_k(di_rect_set rs) {
+	const di_rect &c = rs.r[blockIdx.x];
+	const uint64_t a = c.dst | c.src | c.dst_pitch | c.src_pitch | c.width_bytes;
+	if ((a & 3) == 0) {
+		const uint64_t w = c.width_bytes / 4, total = w * c.rows;
+		for (uint64_t i = threadIdx.x; i < total; i += blockDim.x) {
+			const uint64_t row = i / w, col = i % w;
+			((uint32_t *)(uintptr_t)(c.dst + row * c.dst_pitch))[col] =
+			    ((const uint32_t *)(uintptr_t)(c.src + row * c.src_pitch))[col];
+		}
+		return;
+	}
+	const uint64_t total = c.width_bytes * c.rows;
+	for (uint64_t i = threadIdx.x; i < total; i += blockDim.x) {
+		const uint64_t row = i / c.width_bytes, col = i % c.width_bytes;
+		((uint8_t *)(uintptr_t)(c.dst + row * c.dst_pitch))[col] =
+		    ((const uint8_t *)(uintptr_t)(c.src + row * c.src_pitch))[col];
+	}
+}
+
+static int api_copy_rects(di_ctx *ctx, const di_rect *rects, int n) {
+	if (n < 0 || n > DI_MAX_RECTS || (n > 0 && !rects))
+		return di_fail(ctx, DI_ERR_INVALID, "copy_rects: %d rectangles (at most %d)", n, DI_MAX_RECTS);
+	di_rect_set rs;
+	int m = 0;
+	for (int i = 0; i < n; i++) {
+		const di_rect &c = rects[i];
+		if (c.width_bytes > c.dst_pitch || c.width_bytes > c.src_pitch)
+			return di_fail(ctx, DI_ERR_INVALID, "copy_rects: rectangle %d: width %llu bytes exceeds a pitch (%llu, %llu)",
+			               i, (unsigned long long)c.width_bytes, (unsigned long long)c.dst_pitch,
+			               (unsigned long long)c.src_pitch);
+		if (c.width_bytes == 0 || c.rows == 0) continue;
+		rs.r[m++] = c;
+	}
+	if (m == 0) return DI_OK;
+	di_rects_k<<<m, 256, 0, ctx->stream>>>(rs);
+	return di_check_launch(ctx, "copy_rects");
+}
+
 static int api_sync(di_ctx *ctx) {
 	if (capturing(ctx)) return di_fail(ctx, DI_ERR_CAPTURING, "sync during graph capture");
 	return drain(ctx);
@@ -671,6 +717,7 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->download_async = api_download_async;
 	out->copy = api_copy;
 	out->copy_2d = api_copy_2d;
+	out->copy_rects = api_copy_rects;
 	out->sync = api_sync;
 	out->host_alloc = api_host_alloc;
 	out->host_free = api_host_free;

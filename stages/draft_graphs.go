@@ -281,22 +281,23 @@ func (mg *mtpGraphs) draft(step *SampledStep, s *mtpPlan) (tokens kernels.Tensor
 			err = ops.ResolvePlaceholders(ids, from, step.Tokens)
 		}
 	}
-	// The step's batch, shifts applied, over the static one's first rows.
+	// The step's batch, shifts applied, over the static one's first rows,
+	// its block tables and the device verification: copies into disjoint
+	// static arrays, one launch where the backend allows.
+	var pairs [][2]kernels.Tensor
 	for _, c := range [][2]kernels.Tensor{{pass.views.positions, b.Positions}, {pass.views.slots, b.Attn.SlotMapping}, {pass.views.seqlensK, b.Attn.SeqlensK}} {
-		dst, src := prefix(c[0], 1, t), prefix(c[1], 1, t)
-		if err == nil {
-			err = mg.gops.CopyRect(dst, src)
-		}
+		pairs = append(pairs, [2]kernels.Tensor{prefix(c[0], 1, t), prefix(c[1], 1, t)})
+	}
+	pairs = append(pairs, [2]kernels.Tensor{pass.batch.Attn.BlockTables, b.Attn.BlockTables})
+	if s.fromDevice {
+		pairs = append(pairs, [2]kernels.Tensor{chain.views.verified, step.DeviceVerified})
 	}
 	if err == nil {
-		err = mg.gops.CopyRect(pass.batch.Attn.BlockTables, b.Attn.BlockTables)
+		err = copyRects(ops, pairs)
 	}
 	hidden, idx := prefix(mg.hidden), prefix(mg.iota)
 	if err == nil {
 		err = ops.Embedding(hidden, step.Hidden, idx)
-	}
-	if err == nil && s.fromDevice {
-		err = mg.gops.CopyRect(chain.views.verified, step.DeviceVerified)
 	}
 	if err == nil {
 		err = pass.graph.Replay()

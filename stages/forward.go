@@ -226,7 +226,12 @@ func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResu
 		return nil, fmt.Errorf("forward: step %d: %w", step.Outputs.StepID, err)
 	}
 	res := &ForwardResult{PreparedStep: step, Hidden: hidden}
-	if step.SampleRows != nil {
+	if step.SampleRows != nil && g != nil && step.RowsInOrder {
+		// The graph computed every row's logits: the step's are its first.
+		if res.Logits, err = f.d.Ops.Rows(g.logits, 0, step.Batch.NumTokens); err != nil {
+			return nil, fmt.Errorf("forward: step %d: logits: %w", step.Outputs.StepID, err)
+		}
+	} else if step.SampleRows != nil {
 		if res.Logits, err = f.d.Model.ComputeLogits(hidden, step.SampleRows); err != nil {
 			return nil, fmt.Errorf("forward: step %d: logits: %w", step.Outputs.StepID, err)
 		}

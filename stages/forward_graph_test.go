@@ -45,6 +45,17 @@ func (f *fakeGraphOps) CaptureGraph(fn func() error) (interface {
 	return &fakeGraph{fn: fn, ops: f}, nil
 }
 
+// logitsCounting counts a model's ComputeLogits calls.
+type logitsCounting struct {
+	models.Model
+	calls int
+}
+
+func (m *logitsCounting) ComputeLogits(hidden, rows kernels.Tensor) (kernels.Tensor, error) {
+	m.calls++
+	return m.Model.ComputeLogits(hidden, rows)
+}
+
 func (f *fakeGraphOps) CopyRect(dst, src kernels.Tensor) error {
 	r, c, w := src.Shape()[0], src.Shape()[1], dst.Shape()[1]
 	sv, err := kernels.ToI32(f, src)
@@ -150,6 +161,8 @@ func TestForwardGraphsMatchEager(t *testing.T) {
 func checkGraphsMatchEager(t *testing.T, dir string) {
 	eager, _ := graphTestRuntime(t, dir, false)
 	graphed, fake := graphTestRuntime(t, dir, true)
+	counted := &logitsCounting{Model: graphed.Model}
+	graphed.Model = counted
 	graphs, err := newDecodeGraphs(*graphed, []int{2, 4})
 	if err != nil {
 		t.Fatal(err)
@@ -216,6 +229,11 @@ func checkGraphsMatchEager(t *testing.T, dir string) {
 	}
 	if fake.replays != wantReplays {
 		t.Errorf("%d graph replays, want %d", fake.replays, wantReplays)
+	}
+	// Logits: a warm-up and a capture per graph, one per replay (a graph
+	// step hands on its captured logits), one per eager step.
+	if want := 2*2 + wantReplays + len(schedule) - wantReplays; counted.calls != want {
+		t.Errorf("%d logits passes, want %d", counted.calls, want)
 	}
 	if got := graphed.Stats.GraphSteps.Load(); got != int64(wantReplays) {
 		t.Errorf("Stats.GraphSteps = %d, want %d", got, wantReplays)
@@ -316,6 +334,32 @@ func TestPrepareOneUpload(t *testing.T) {
 	}
 	if counting.uploads != 1 {
 		t.Errorf("%d uploads for one step, want 1", counting.uploads)
+	}
+	if prep.RowsInOrder {
+		t.Errorf("RowsInOrder with prompt-logprob rows")
+	}
+	// A decode step of two sequences samples its rows in order; a fork
+	// repeats its parent's row.
+	a.InputTokenIDs, a.InputFromRow = []int{5}, -1
+	c := a
+	c.SeqID, c.SampleRow, c.BlockTable = 3, 1, []int{3, 4}
+	for _, tc := range []struct {
+		name  string
+		seqs  []engine.SequenceMetadata
+		rows  int
+		order bool
+	}{
+		{"decode", []engine.SequenceMetadata{a, c}, 2, true},
+		{"decode with a fork", []engine.SequenceMetadata{a, func() engine.SequenceMetadata { f := c; f.ForkSeqIDs = []engine.SeqID{4}; return f }()}, 3, false},
+	} {
+		step := &ScheduledStep{Outputs: &engine.SchedulerOutputs{StepID: 4, NumSampleRows: tc.rows, NumBatchedTokens: 2}, Seqs: tc.seqs}
+		prep, err := prepareFor(*rt).Process(context.Background(), step)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if prep.RowsInOrder != tc.order {
+			t.Errorf("%s: RowsInOrder %v, want %v", tc.name, prep.RowsInOrder, tc.order)
+		}
 	}
 	for _, c := range []struct {
 		name string

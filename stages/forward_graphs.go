@@ -37,6 +37,10 @@ type decodeGraphs struct {
 type decodeGraph struct {
 	staticBatch
 	hidden kernels.Tensor // the captured pass's output [size, hidden_size]
+	// logits are the captured pass's logits of every row (F32 [size,
+	// vocab]): a step whose sample rows are its rows in order reads its
+	// first rows (PreparedStep.RowsInOrder), valid until the next replay.
+	logits kernels.Tensor
 	graph  interface {
 		Replay() error
 		Close() error
@@ -57,7 +61,8 @@ type staticBatch struct {
 	inputs kernels.Tensor // I32 [4 or 6, size]: input ids, positions, slot mapping, seqlens_k (, state slots, ring slots)
 	tables kernels.Tensor // I32 [size, maxBlocks]
 	batch  *models.ForwardBatch
-	host   []int32 // padding staging for inputs
+	host   []int32        // the padding of inputs, on the host
+	pad    kernels.Tensor // the same in backend memory (I32, flat)
 }
 
 // newStaticBatch allocates a static batch of n rows whose block tables
@@ -114,7 +119,11 @@ func newStaticBatch(ops kernels.Ops, n, maxBlocks, blockSize int, ring bool) (st
 			ringSlots[i] = -1 // state slot (row 4) 0
 		}
 	}
-	return sb, ops.Upload(sb.inputs, kernels.I32Bytes(sb.host), kernels.I32)
+	if err := ops.Upload(sb.inputs, kernels.I32Bytes(sb.host), kernels.I32); err != nil {
+		return sb, err
+	}
+	sb.pad, err = kernels.FromI32(ops, sb.host, len(sb.host))
+	return sb, err
 }
 
 // fits reports whether b (one-token rows) fits the static batch.
@@ -134,29 +143,80 @@ func (sb *staticBatch) fits(b *models.ForwardBatch, maxBlocks int) bool {
 // batch on the device, padding the rows past its own. Cost: one small
 // upload (the padding), five copies on the device (seven with rings).
 func (sb *staticBatch) load(ops kernels.Ops, b *models.ForwardBatch) error {
-	if err := ops.Upload(sb.inputs, kernels.I32Bytes(sb.host), kernels.I32); err != nil {
-		return err
-	}
 	n := b.NumTokens
-	gops := ops.(graphOps)
 	srcs := []kernels.Tensor{b.InputIDs, b.Positions, b.Attn.SlotMapping, b.Attn.SeqlensK}
 	if sb.ring {
 		srcs = append(srcs, b.StateSlots, b.RingSlotMapping)
 	}
+	// Each input row: the step's n values, then padding from sb.pad; then
+	// the block tables. Every destination is its own range of the static
+	// arrays, so the copies may run in one launch.
+	pairs := make([][2]kernels.Tensor, 0, 2*len(srcs)+1)
+	var err error
+	view := func(t kernels.Tensor, lo, hi int) kernels.Tensor {
+		var v kernels.Tensor
+		if err == nil {
+			if v, err = ops.Rows(t, lo, hi); err == nil {
+				v, err = ops.Reshape(v, 1, hi-lo)
+			}
+		}
+		return v
+	}
+	flat, err := ops.Reshape(sb.inputs, len(sb.host))
+	if err != nil {
+		return err
+	}
 	for i, src := range srcs {
-		dst, err := ops.Rows(sb.inputs, i, i+1)
-		if err != nil {
-			return err
-		}
-		row, err := ops.Reshape(src, 1, n)
-		if err != nil {
-			return err
-		}
-		if err := gops.CopyRect(dst, row); err != nil {
-			return err
+		row := sb.size * i
+		pairs = append(pairs, [2]kernels.Tensor{view(flat, row, row+n), view(src, 0, n)})
+		if n < sb.size {
+			pairs = append(pairs, [2]kernels.Tensor{view(flat, row+n, row+sb.size), view(sb.pad, row+n, row+sb.size)})
 		}
 	}
-	return gops.CopyRect(sb.tables, b.Attn.BlockTables)
+	if err != nil {
+		return err
+	}
+	pairs = append(pairs, [2]kernels.Tensor{sb.tables, b.Attn.BlockTables})
+	return copyRects(ops, pairs)
+}
+
+// rectsCopier copies several rectangles in one launch (the CUDA
+// backend's CopyRects).
+type rectsCopier interface {
+	CopyRects(dsts, srcs []kernels.Tensor) error
+}
+
+// maxRects is how many pairs one CopyRects call takes (the CUDA
+// backend's MaxRects).
+const maxRects = 16
+
+// copyRects runs CopyRect for each pair {dst, src}, in as few launches as
+// the backend allows: one per maxRects pairs where it copies rectangles
+// together (rectsCopier), else one per pair. The destinations must not
+// overlap.
+func copyRects(ops kernels.Ops, pairs [][2]kernels.Tensor) error {
+	rc, ok := ops.(rectsCopier)
+	if !ok {
+		gops := ops.(graphOps)
+		for _, p := range pairs {
+			if err := gops.CopyRect(p[0], p[1]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for len(pairs) > 0 {
+		k := min(len(pairs), maxRects)
+		dsts, srcs := make([]kernels.Tensor, k), make([]kernels.Tensor, k)
+		for i, p := range pairs[:k] {
+			dsts[i], srcs[i] = p[0], p[1]
+		}
+		if err := rc.CopyRects(dsts, srcs); err != nil {
+			return err
+		}
+		pairs = pairs[k:]
+	}
+	return nil
 }
 
 // newDecodeGraphs captures a decode forward pass for every batch size,
@@ -209,7 +269,11 @@ func (d *decodeGraphs) capture(rt ForwardDeps, n int) (*decodeGraph, error) {
 	g := &decodeGraph{staticBatch: sb}
 	ops := rt.Ops
 	ctx := context.Background()
-	if _, err := rt.Model.Forward(ctx, rt.Cache, g.batch); err != nil {
+	hidden, err := rt.Model.Forward(ctx, rt.Cache, g.batch)
+	if err == nil {
+		_, err = rt.Model.ComputeLogits(hidden, nil)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if err := ops.Sync(); err != nil {
@@ -217,7 +281,9 @@ func (d *decodeGraphs) capture(rt ForwardDeps, n int) (*decodeGraph, error) {
 	}
 	g.graph, err = d.ops.CaptureGraph(func() error {
 		var ferr error
-		g.hidden, ferr = rt.Model.Forward(ctx, rt.Cache, g.batch)
+		if g.hidden, ferr = rt.Model.Forward(ctx, rt.Cache, g.batch); ferr == nil {
+			g.logits, ferr = rt.Model.ComputeLogits(g.hidden, nil)
+		}
 		return ferr
 	})
 	if err != nil {

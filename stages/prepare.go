@@ -83,6 +83,11 @@ type PreparedStep struct {
 	// entry of Rows (a forked sequence repeats its parent's row), then one
 	// per PromptRows entry.
 	SampleRows kernels.Tensor
+	// RowsInOrder reports that SampleRows are the batch's token rows
+	// 0..NumTokens-1 in order (a decode step without forks or prompt
+	// logprobs): a forward pass that computed every row's logits may hand
+	// those on.
+	RowsInOrder bool
 	// Rows has one entry per logits row that samples, in the scheduler's
 	// sample-row order (a speculative decode's rows together, by Offset).
 	Rows []RowRef
@@ -243,6 +248,13 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 	}
 	if len(all) > 0 {
 		out.SampleRows = views[0]
+		out.RowsInOrder = len(all) == batch.NumTokens
+		for i, r := range all {
+			if int(r) != i {
+				out.RowsInOrder = false
+				break
+			}
+		}
 	}
 	return out, nil
 }

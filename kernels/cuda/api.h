@@ -53,6 +53,7 @@ static inline int c_copy(di_api *a, di_ctx *c, di_dptr d, di_dptr s, uint64_t n)
 static inline int c_copy_2d(di_api *a, di_ctx *c, di_dptr d, uint64_t dp, di_dptr s, uint64_t sp, uint64_t w, uint64_t rows) {
 	return a->copy_2d(c, d, dp, s, sp, w, rows);
 }
+static inline int c_copy_rects(di_api *a, di_ctx *c, const di_rect *r, int n) { return a->copy_rects(c, r, n); }
 static inline int c_sync(di_api *a, di_ctx *c) { return a->sync(c); }
 static inline int c_event_create(di_api *a, di_ctx *c, void **e) { return a->event_create(c, e); }
 static inline int c_event_record(di_api *a, di_ctx *c, void *e) { return a->event_record(c, e); }

@@ -118,6 +118,42 @@ func (b *Backend) CopyRect(dst, src kernels.Tensor) error {
 	}, d, s)
 }
 
+// MaxRects is how many copies one CopyRects call takes.
+const MaxRects = int(C.DI_MAX_RECTS)
+
+// CopyRects is CopyRect for each pair dsts[i], srcs[i], in one kernel
+// launch (at most MaxRects pairs; allowed while capturing). The
+// destinations must not overlap: the copies run concurrently. Cost: the
+// elements of every pair read and written, one launch.
+func (b *Backend) CopyRects(dsts, srcs []kernels.Tensor) error {
+	const op = "copy_rects"
+	if len(dsts) != len(srcs) || len(dsts) > MaxRects {
+		return fmt.Errorf("cuda: %s: %d destinations and %d sources (at most %d): %w", op, len(dsts), len(srcs), MaxRects, kernels.ErrShape)
+	}
+	var rects [C.DI_MAX_RECTS]C.di_rect
+	keep := make([]*Tensor, 0, 2*len(dsts))
+	for i := range dsts {
+		d, err := asCUDA(op, "dst", dsts[i])
+		if err != nil {
+			return err
+		}
+		s, err := asCUDA(op, "src", srcs[i])
+		if err != nil {
+			return err
+		}
+		if len(d.shape) != 2 || len(s.shape) != 2 || s.shape[0] > d.shape[0] || s.shape[1] > d.shape[1] || s.dtype != d.dtype || d.dtype.Size() == 0 {
+			return fmt.Errorf("cuda: %s: pair %d: %v into %v: %w", op, i, s, d, kernels.ErrShape)
+		}
+		es := uint64(d.dtype.Size())
+		rects[i] = C.di_rect{dst: d.ptr(), src: s.ptr(), dst_pitch: C.uint64_t(uint64(d.shape[1]) * es),
+			src_pitch: C.uint64_t(uint64(s.shape[1]) * es), width_bytes: C.uint64_t(uint64(s.shape[1]) * es), rows: C.uint64_t(s.shape[0])}
+		keep = append(keep, d, s)
+	}
+	return b.launch(op, func() C.int {
+		return C.c_copy_rects(b.lib.api, b.ctx, &rects[0], C.int(len(dsts)))
+	}, keep...)
+}
+
 // Replay queues the graph on the backend's stream. Cost: one launch.
 func (g *Graph) Replay() error {
 	b := g.b

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"context"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -141,5 +142,99 @@ func checkGraphReplay(t *testing.T, g *Backend, m models.Model) {
 		}
 		graph.Close()
 		t.Logf("graph replay of a padded decode batch of %d rows: %d logits bit-identical to eager", size, len(eager))
+	}
+}
+
+// CopyRects copies each pair as CopyRect does, in one launch: 4-byte
+// words (I32 rectangles into wider ones, a flat range into the middle of
+// an array, as the decode graphs' padding) and bytes (a BF16 rectangle of
+// odd width), eagerly and captured; it checks the pair count, shapes and
+// dtypes.
+func TestGPUCopyRects(t *testing.T) {
+	g := newGPU(t, GEMMRound)
+	r := rand.New(rand.NewPCG(3, 4))
+	randBytes := func(n int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		return b
+	}
+	// build uploads the pairs and returns them with, per pair, the array to
+	// read back and the bytes it must hold.
+	build := func() (dsts, srcs, reads []kernels.Tensor, want [][]byte) {
+		for _, c := range []struct {
+			dt         kernels.DType
+			dr, dc     int
+			sr, sc, es int
+		}{{kernels.I32, 4, 9, 3, 5, 4}, {kernels.I32, 1, 64, 1, 17, 4}, {kernels.I32, 7, 33, 7, 33, 4}, {kernels.BF16, 5, 11, 3, 7, 2}} {
+			dh, sh := randBytes(c.dr*c.dc*c.es), randBytes(c.sr*c.sc*c.es)
+			d := upload(t, g, c.dt, dh, c.dt, c.dr, c.dc)
+			dsts, srcs, reads = append(dsts, d), append(srcs, upload(t, g, c.dt, sh, c.dt, c.sr, c.sc)), append(reads, d)
+			w := append([]byte(nil), dh...)
+			for i := range c.sr {
+				copy(w[i*c.dc*c.es:], sh[i*c.sc*c.es:(i+1)*c.sc*c.es])
+			}
+			want = append(want, w)
+		}
+		flatHost, srcHost := randBytes(40*4), randBytes(16*4)
+		flat := upload(t, g, kernels.I32, flatHost, kernels.I32, 40)
+		mid, err := g.Rows(flat, 13, 29)
+		if err == nil {
+			mid, err = g.Reshape(mid, 1, 16)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		dsts, srcs, reads = append(dsts, mid), append(srcs, upload(t, g, kernels.I32, srcHost, kernels.I32, 1, 16)), append(reads, flat)
+		w := append([]byte(nil), flatHost...)
+		copy(w[13*4:], srcHost)
+		return dsts, srcs, reads, append(want, w)
+	}
+	check := func(name string, reads []kernels.Tensor, want [][]byte) {
+		t.Helper()
+		for i, d := range reads {
+			got := make([]byte, len(want[i]))
+			if err := g.Download(got, d); err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != string(want[i]) {
+				t.Errorf("%s: pair %d: the destination differs from CopyRect's", name, i)
+			}
+		}
+	}
+	dsts, srcs, reads, want := build()
+	if err := g.CopyRects(dsts, srcs); err != nil {
+		t.Fatal(err)
+	}
+	check("eager", reads, want)
+
+	dsts, srcs, reads, want = build()
+	graph, err := g.CaptureGraph(func() error { return g.CopyRects(dsts, srcs) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer graph.Close()
+	if err := graph.Replay(); err != nil {
+		t.Fatal(err)
+	}
+	check("captured", reads, want)
+
+	a := upload(t, g, kernels.I32, randBytes(32), kernels.I32, 2, 4)
+	wide := upload(t, g, kernels.I32, randBytes(40), kernels.I32, 2, 5)
+	f := upload(t, g, kernels.F32, randBytes(32), kernels.F32, 2, 4)
+	many := make([]kernels.Tensor, MaxRects+1)
+	for i := range many {
+		many[i] = a
+	}
+	for name, c := range map[string][2][]kernels.Tensor{
+		"more pairs than MaxRects": {many, many},
+		"fewer sources":            {{a, a}, {a}},
+		"source wider":             {{a}, {wide}},
+		"dtypes differ":            {{a}, {f}},
+	} {
+		if err := g.CopyRects(c[0], c[1]); !errors.Is(err, kernels.ErrShape) {
+			t.Errorf("%s: %v, want ErrShape", name, err)
+		}
 	}
 }
