@@ -5,7 +5,7 @@ import "fmt"
 // FromF32 allocates a tensor of the given dtype and shape and uploads xs into
 // it (F32 only: host float32 data for an activation-typed or F32 tensor).
 func FromF32(ops Ops, xs []float32, shape ...int) (Tensor, error) {
-	t, err := ops.Alloc(F32, shape...)
+	t, err := AllocEmpty(ops, F32, shape...)
 	if err != nil {
 		return nil, err
 	}
@@ -17,7 +17,7 @@ func FromF32(ops Ops, xs []float32, shape ...int) (Tensor, error) {
 
 // FromI32 allocates an I32 tensor of the given shape and uploads xs into it.
 func FromI32(ops Ops, xs []int32, shape ...int) (Tensor, error) {
-	t, err := ops.Alloc(I32, shape...)
+	t, err := AllocEmpty(ops, I32, shape...)
 	if err != nil {
 		return nil, err
 	}
@@ -70,4 +70,21 @@ func ToI32(ops Ops, t Tensor) ([]int32, error) {
 		return nil, err
 	}
 	return BytesI32(b), nil
+}
+
+// EmptyAllocator is a backend that allocates without the zero fill, for
+// outputs whose every element is written before it is read.
+type EmptyAllocator interface {
+	// AllocEmpty is Alloc without the fill: the contents are undefined
+	// until written. Cost: one allocation, no pass over the memory.
+	AllocEmpty(dtype DType, shape ...int) (Tensor, error)
+}
+
+// AllocEmpty allocates with ops's AllocEmpty where it has one, else with
+// Alloc (zero-filled). The caller writes every element before any read.
+func AllocEmpty(ops Ops, dtype DType, shape ...int) (Tensor, error) {
+	if e, ok := ops.(EmptyAllocator); ok {
+		return e.AllocEmpty(dtype, shape...)
+	}
+	return ops.Alloc(dtype, shape...)
 }

@@ -149,7 +149,8 @@ func (v *verify) onDevice(step *SampledStep) error {
 	ops := v.d.Ops
 	lt, err := kernels.FromI32(ops, layout, len(refs), 4)
 	if err == nil {
-		if step.DeviceVerified, err = ops.Alloc(kernels.I32, 3, len(refs)); err == nil {
+		// Every entry's three values are written (kernels.AcceptDraftsInto).
+		if step.DeviceVerified, err = kernels.AllocEmpty(ops, kernels.I32, 3, len(refs)); err == nil {
 			err = kernels.AcceptDraftsInto(ops, step.DeviceVerified, step.Tokens, step.Batch.InputIDs, lt)
 		}
 	}

@@ -63,7 +63,7 @@ func logits(ops kernels.Ops, hidden, rows, norm, head kernels.Tensor, eps float3
 	if rows != nil {
 		r = rows.Shape()[0]
 	}
-	out, err := ops.Alloc(kernels.F32, r, head.Shape()[0])
+	out, err := kernels.AllocEmpty(ops, kernels.F32, r, head.Shape()[0]) // every element written
 	if err != nil {
 		return nil, err
 	}

@@ -515,12 +515,22 @@ func (b *Backend) release(ptr uint64) {
 // Alloc returns a zero-filled tensor. Cost: one allocation from the cache
 // (or the driver) and one memset on the stream.
 func (b *Backend) Alloc(dtype kernels.DType, shape ...int) (kernels.Tensor, error) {
+	return b.alloc(dtype, shape, true)
+}
+
+// AllocEmpty is Alloc without the memset (kernels.EmptyAllocator): the
+// contents are whatever the cached block held. Cost: one allocation.
+func (b *Backend) AllocEmpty(dtype kernels.DType, shape ...int) (kernels.Tensor, error) {
+	return b.alloc(dtype, shape, false)
+}
+
+func (b *Backend) alloc(dtype kernels.DType, shape []int, zero bool) (kernels.Tensor, error) {
 	n, err := kernels.AllocShapes("cuda", dtype, shape)
 	if err != nil {
 		return nil, err
 	}
 	bytes := uint64(n) * uint64(dtype.Size())
-	ptr, err := b.allocBytes(bytes)
+	ptr, err := b.allocBytes(bytes, zero)
 	if err != nil {
 		return nil, fmt.Errorf("cuda: alloc %v%v: %w", dtype, shape, err)
 	}
@@ -529,9 +539,10 @@ func (b *Backend) Alloc(dtype kernels.DType, shape ...int) (kernels.Tensor, erro
 	return &Tensor{shape: append([]int(nil), shape...), dtype: dtype, buf: buf}, nil
 }
 
-// allocBytes allocates and zeroes; on out-of-memory it collects garbage so
-// that unreachable tensors return to the cache, then retries.
-func (b *Backend) allocBytes(bytes uint64) (uint64, error) {
+// allocBytes allocates (and zeroes when zero is set); on out-of-memory it
+// collects garbage so that unreachable tensors return to the cache, then
+// retries.
+func (b *Backend) allocBytes(bytes uint64, zero bool) (uint64, error) {
 	if b.gcEvery > 0 && b.sinceGC.Add(int64(bytes)) > b.gcEvery {
 		b.sinceGC.Store(0)
 		runtime.GC() // cleanups of unreachable buffers run soon after
@@ -544,7 +555,7 @@ func (b *Backend) allocBytes(bytes uint64) (uint64, error) {
 		}
 		var p C.di_dptr
 		rc := C.c_alloc(b.lib.api, b.ctx, C.uint64_t(bytes), &p)
-		if rc == stOK {
+		if rc == stOK && zero {
 			rc = C.c_memset_zero(b.lib.api, b.ctx, p, C.uint64_t(bytes))
 			if rc != stOK {
 				C.c_free(b.lib.api, b.ctx, p)

@@ -213,7 +213,7 @@ func fp8NaN(data []byte) int {
 // returned to the allocator's cache when it becomes unreachable.
 func (b *Backend) uploadBuffer(op string, src []byte) (*buffer, error) {
 	bytes := uint64(max(len(src), 1))
-	ptr, err := b.allocBytes(bytes)
+	ptr, err := b.allocBytes(bytes, true)
 	if err != nil {
 		return nil, fmt.Errorf("cuda: %s: %d bytes: %w", op, bytes, err)
 	}

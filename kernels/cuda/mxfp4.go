@@ -101,7 +101,7 @@ const mxfp4UploadChunk = 16 << 20
 // chunk by chunk.
 func (b *Backend) uploadMXFP4Codes(op string, codes []byte, k int) (*buffer, error) {
 	bytes := uint64(max(len(codes), 1))
-	ptr, err := b.allocBytes(bytes)
+	ptr, err := b.allocBytes(bytes, true)
 	if err != nil {
 		return nil, fmt.Errorf("cuda: %s: %d bytes: %w", op, bytes, err)
 	}
