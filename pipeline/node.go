@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"runtime"
 )
 
 // Kind says what role a node plays in a graph.
@@ -263,6 +264,14 @@ func NewStage[In, Out any](s Stage[In, Out]) *Node {
 					if !published {
 						published = true
 						pubErr = publishLagged(ctx, rt, v)
+						// The stage goes on inside Process, often into a
+						// blocking call (a device wait in cgo) that keeps
+						// this goroutine's processor: the consumer just
+						// readied would wait in its run-next slot until the
+						// call returns or the runtime retakes the processor
+						// (BenchmarkEarlyPublishWake). Yield, so that it
+						// runs now.
+						runtime.Gosched()
 					}
 				})
 			}
