@@ -71,6 +71,11 @@ type SpeculativeRun struct {
 	SameOutputs bool   `json:"same_outputs"`
 	NumDiffer   int    `json:"num_differ"`
 	FirstDiff   string `json:"first_diff,omitempty"`
+	// DifferRounds lists the rounds (from 1) whose outputs differ from
+	// the baseline's first round: a method that differs only from the
+	// first round of its own (none's rounds 2..N, say) points at state a
+	// fresh engine inherits from the one before it in the process.
+	DifferRounds []int `json:"differ_rounds,omitempty"`
 }
 
 // SpeculativeResult is the report of RunSpeculative.
@@ -214,11 +219,14 @@ func RunSpeculative(ctx context.Context, cfg *config.Config, o SpeculativeOption
 		for i := range runs {
 			r := &runs[i]
 			*r = SpeculativeRun{Method: methods[i], Batch: batch, Order: orders[i], Result: medianRun(all[i])}
-			for _, x := range all[i] {
+			for round, x := range all[i] {
 				r.RoundThroughputs = append(r.RoundThroughputs, x.OutputThroughput)
 				n, first := compareOutputs(all[0][0].outputs, x.outputs)
 				if n > r.NumDiffer {
 					r.NumDiffer, r.FirstDiff = n, first
+				}
+				if n > 0 {
+					r.DifferRounds = append(r.DifferRounds, round+1)
 				}
 			}
 			r.SameOutputs = r.NumDiffer == 0

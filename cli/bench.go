@@ -614,8 +614,12 @@ func printSpeculative(w io.Writer, r *bench.SpeculativeResult) {
 	var diffs []string
 	for _, run := range r.Runs {
 		if !run.SameOutputs {
-			diffs = append(diffs, fmt.Sprintf("%s at batch %d: %d of %d requests differ, the first %s",
-				run.Method, run.Batch, run.NumDiffer, run.Result.NumRequests, run.FirstDiff))
+			d := fmt.Sprintf("%s at batch %d: %d of %d requests differ, the first %s",
+				run.Method, run.Batch, run.NumDiffer, run.Result.NumRequests, run.FirstDiff)
+			if rounds := len(run.RoundThroughputs); rounds > 1 {
+				d += fmt.Sprintf(", in rounds %s of %d", joinInts(run.DifferRounds), rounds)
+			}
+			diffs = append(diffs, d)
 		}
 	}
 	fmt.Fprintf(w, "outputs identical: no (%s)\n", strings.Join(diffs, "; "))
@@ -769,4 +773,13 @@ func printStructured(w io.Writer, r *bench.StructuredResult) {
 	if r.EndedEarly > 0 {
 		fmt.Fprintf(w, "  %d constrained outputs ended before max_tokens: their batch ran smaller\n", r.EndedEarly)
 	}
+}
+
+// joinInts writes xs as "1, 2, 3".
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ", ")
 }

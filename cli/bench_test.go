@@ -456,3 +456,21 @@ func TestBenchOptions(t *testing.T) {
 		t.Fatalf("--temperature default %v, want 0", f)
 	}
 }
+
+// The table's last line names, for a method whose outputs differ from the
+// baseline's first round, how many requests differ, where the first does
+// and in which rounds.
+func TestPrintSpeculativeDiffers(t *testing.T) {
+	res := &bench.OfflineResult{NumRequests: 32, OutputThroughput: 100}
+	r := &bench.SpeculativeResult{Workload: "prose", NumRequests: 32, Rounds: 3, Runs: []bench.SpeculativeRun{
+		{Method: "none", Batch: 1, Result: res, RoundThroughputs: []float64{100, 100, 100}, NumDiffer: 1,
+			FirstDiff: "request 26 from output token 3 (92 vs 92 tokens)", DifferRounds: []int{2, 3}},
+		{Method: "mtp", Batch: 1, Result: res, RoundThroughputs: []float64{100, 100, 100}, SameOutputs: true},
+	}}
+	var out strings.Builder
+	printSpeculative(&out, r)
+	want := "outputs identical: no (none at batch 1: 1 of 32 requests differ, the first request 26 from output token 3 (92 vs 92 tokens), in rounds 2, 3 of 3)"
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("output lacks %q:\n%s", want, out.String())
+	}
+}
