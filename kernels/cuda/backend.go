@@ -48,7 +48,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -271,7 +270,7 @@ type MemStats struct {
 
 // Backend implements kernels.Ops on one CUDA device.
 type Backend struct {
-	mu         sync.Mutex
+	mu         handoffMutex
 	lib        *library
 	ctx        *C.di_ctx
 	closed     atomic.Bool
