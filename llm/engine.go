@@ -251,7 +251,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	e.env = &stages.Env{
 		Model: model, Ops: e.ops, Cache: cache, Tokenizer: e.tok, Scheduler: e.sched,
 		Requests: e.requests, Responder: stages.NewResponder(), Seed: cfg.Seed,
-		Flops: flops, Stats: &stages.Stats{}, ManualSteps: opts.ManualSteps,
+		Flops: flops, Stats: &stages.Stats{}, ManualSteps: opts.ManualSteps, InFlight: cfg.InFlight(),
 		CUDAGraph:   stages.CUDAGraph{Enabled: cfg.CUDAGraph.Enabled, BatchSizes: cfg.CUDAGraph.BatchSizes},
 		Speculative: drafter.env,
 		Resubmit:    e.requests.pushControl,

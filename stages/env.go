@@ -38,6 +38,10 @@ type Env struct {
 	// ManualSteps makes the schedule stage plan a step only when a
 	// Submission asks for one (LLMEngine.Step).
 	ManualSteps bool
+	// InFlight is the step loop's bound on steps in flight
+	// (pipeline.Loop.MaxInFlight; 0: unknown): the prepare stage reuses a
+	// step's upload buffer InFlight steps later at the earliest.
+	InFlight int
 	// Speculative is the speculative decoding setup for the draft stage
 	// (NumSpeculativeTokens 0: off).
 	Speculative Speculative

@@ -302,7 +302,12 @@ func TestForwardGraphsErrors(t *testing.T) {
 // uploadCounting counts the host-to-device copies the stages ask for.
 type uploadCounting struct {
 	kernels.Ops
-	uploads int
+	uploads, allocs int
+}
+
+func (u *uploadCounting) Alloc(dt kernels.DType, shape ...int) (kernels.Tensor, error) {
+	u.allocs++
+	return u.Ops.Alloc(dt, shape...)
 }
 
 func (u *uploadCounting) Upload(t kernels.Tensor, src []byte, dt kernels.DType) error {
@@ -475,5 +480,60 @@ func TestForwardGraphsVerifyRows(t *testing.T) {
 	}
 	if fake.replays != 1 {
 		t.Errorf("%d graph replays, want 1 (the verify step)", fake.replays)
+	}
+}
+
+// With the loop's in-flight bound known, the prepare stage uploads each
+// step into the buffer of the step InFlight+1 before it: after the first
+// InFlight+1 steps it allocates nothing, and a step's batch keeps its
+// values until that later step reuses its buffer.
+func TestPrepareReusesUploads(t *testing.T) {
+	dir := t.TempDir()
+	if err := random.WriteLlama(dir, random.TinyLlama, 11); err != nil {
+		t.Fatal(err)
+	}
+	rt, _ := graphTestRuntime(t, dir, false)
+	counting := &uploadCounting{Ops: rt.Ops}
+	rt.Ops = counting
+	const inFlight = 2
+	p := newPrepare(PrepareDeps{Ops: counting, BlockSize: rt.Cache.BlockSize, NumBlocks: rt.Cache.NumBlocks, InFlight: inFlight})
+	var preps []*PreparedStep
+	for k := range 8 {
+		n := 1 + k%3 // decodes of 1 to 3 sequences: the buffer's size varies
+		step := &ScheduledStep{Outputs: &engine.SchedulerOutputs{StepID: engine.StepID(k + 1), NumSampleRows: n, NumBatchedTokens: n}}
+		for i := range n {
+			step.Seqs = append(step.Seqs, engine.SequenceMetadata{SeqID: engine.SeqID(i + 1), RequestID: "r", SeqlenQ: 1,
+				SeqlenK: 5 + k, PosStart: 4 + k, InputTokenIDs: []int{100*k + i}, InputFromRow: -1,
+				BlockTable: []int{i, 10 + i, 20 + i}, Sample: true, SampleRow: i})
+		}
+		before := counting.allocs
+		prep, err := p.Process(context.Background(), step)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k > inFlight+2 && counting.allocs != before {
+			t.Errorf("step %d allocated %d tensors, want none", k+1, counting.allocs-before)
+		}
+		preps = append(preps, prep)
+		// The steps still in flight keep their inputs.
+		for j := max(0, k-inFlight); j <= k; j++ {
+			ids, err := kernels.ToI32(counting, preps[j].Batch.InputIDs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, id := range ids {
+				if int(id) != 100*j+i {
+					t.Fatalf("after step %d: step %d's input %d is %d, want %d", k+1, j+1, i, id, 100*j+i)
+				}
+			}
+		}
+	}
+	if counting.uploads != 8 {
+		t.Errorf("%d uploads for 8 steps, want 8", counting.uploads)
+	}
+	// Without the bound every step gets a buffer of its own.
+	q := newPrepare(PrepareDeps{Ops: counting, BlockSize: rt.Cache.BlockSize, NumBlocks: rt.Cache.NumBlocks})
+	if q.bufs != nil {
+		t.Errorf("InFlight 0: %d buffers kept", len(q.bufs))
 	}
 }

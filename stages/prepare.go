@@ -33,13 +33,16 @@ type PrepareDeps struct {
 	// (models.KVCacheSpec.RingWindow; 0: none): the batch then carries
 	// each sequence's state slot and the ring slot mapping.
 	RingWindow int
+	// InFlight is the step loop's bound on steps in flight (Env.InFlight;
+	// 0: unknown, every step uploads into a buffer of its own).
+	InFlight int
 }
 
 // RegisterPrepare registers a prepare implementation in r (nil: the
 // default registry).
 func RegisterPrepare[O any](r *pipeline.Registry, name string, defaults O, build func(PrepareDeps, O) (PrepareStage, error)) {
 	register(r, "prepare", name, defaults, func(e *Env) PrepareDeps {
-		d := PrepareDeps{Ops: e.Ops, Stats: e.Stats}
+		d := PrepareDeps{Ops: e.Ops, Stats: e.Stats, InFlight: e.InFlight}
 		if e.Scheduler != nil {
 			d.NumSpeculativeTokens = e.Scheduler.Config().NumSpeculativeTokens
 		}
@@ -53,7 +56,7 @@ func RegisterPrepare[O any](r *pipeline.Registry, name string, defaults O, build
 
 func init() {
 	RegisterPrepare(nil, "default", NoOptions{}, func(d PrepareDeps, _ NoOptions) (PrepareStage, error) {
-		return &prepare{d: d}, nil
+		return newPrepare(d), nil
 	})
 }
 
@@ -121,7 +124,25 @@ type PromptRow struct {
 
 // prepare lays a scheduled step out as the model's flat batch in backend
 // memory and lists the rows that sample.
-type prepare struct{ d PrepareDeps }
+//
+// A step's batch lives in one upload buffer, which the stage reuses for
+// the step InFlight+1 later (bufs, by step id): by the time that step is
+// planned, the step's outputs have come back around the loop, and every
+// reader of its batch (forward, verify, draft) has queued its work ahead
+// of the new upload. So a PreparedStep's Batch and its other tensors are
+// valid until its outputs come back around the loop.
+type prepare struct {
+	d    PrepareDeps
+	bufs []kernels.Tensor // nil: InFlight unknown, a new buffer every step
+}
+
+func newPrepare(d PrepareDeps) *prepare {
+	p := &prepare{d: d}
+	if d.InFlight > 0 {
+		p.bufs = make([]kernels.Tensor, d.InFlight+1)
+	}
+	return p
+}
 
 func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep, error) {
 	h := &models.HostBatch{BlockSize: p.d.BlockSize, RingWindow: p.d.RingWindow}
@@ -231,7 +252,11 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 	if len(all) > 0 {
 		extra = append(extra, all)
 	}
-	batch, views, err := h.UploadWith(p.d.Ops, p.d.NumBlocks, extra...)
+	var buf *kernels.Tensor
+	if len(p.bufs) > 0 {
+		buf = &p.bufs[int(step.Outputs.StepID)%len(p.bufs)]
+	}
+	batch, views, err := h.UploadReusing(p.d.Ops, p.d.NumBlocks, buf, extra...)
 	if err != nil {
 		return nil, fmt.Errorf("prepare: step %d: %w", step.Outputs.StepID, err)
 	}

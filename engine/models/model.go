@@ -418,6 +418,16 @@ func (h *HostBatch) Upload(ops kernels.Ops, numBlocks int) (*ForwardBatch, error
 // step's other per-row metadata) in the same copy: it returns one
 // one-dimensional tensor per array of extra, views of the same buffer.
 func (h *HostBatch) UploadWith(ops kernels.Ops, numBlocks int, extra ...[]int32) (*ForwardBatch, []kernels.Tensor, error) {
+	return h.UploadReusing(ops, numBlocks, nil, extra...)
+}
+
+// UploadReusing is UploadWith into *buf (an I32 vector) when it is large
+// enough, else into a new buffer with room to spare, which it leaves in
+// *buf; buf nil allocates the batch's own buffer. The caller hands over a
+// buffer that nothing reads any more, in the backend's stream order: a
+// batch uploaded before into it is overwritten. Cost: no allocation once
+// *buf has grown to the steps' size.
+func (h *HostBatch) UploadReusing(ops kernels.Ops, numBlocks int, buf *kernels.Tensor, extra ...[]int32) (*ForwardBatch, []kernels.Tensor, error) {
 	if err := h.Validate(numBlocks); err != nil {
 		return nil, nil, err
 	}
@@ -476,7 +486,7 @@ func (h *HostBatch) UploadWith(ops kernels.Ops, numBlocks int, extra ...[]int32)
 	for i, p := range parts {
 		copy(packed[offsets[i]:], p.xs)
 	}
-	flat, err := kernels.FromI32(ops, packed, total)
+	flat, err := uploadInto(ops, buf, packed)
 	if err != nil {
 		return nil, nil, fmt.Errorf("models: upload batch: %w", err)
 	}
@@ -490,4 +500,25 @@ func (h *HostBatch) UploadWith(ops kernels.Ops, numBlocks int, extra ...[]int32)
 		}
 	}
 	return b, extras, nil
+}
+
+// uploadInto uploads xs into the first len(xs) elements of *buf when it
+// holds that many, else into a new buffer (of twice that, left in *buf,
+// when buf is not nil) and returns the view of xs.
+func uploadInto(ops kernels.Ops, buf *kernels.Tensor, xs []int32) (kernels.Tensor, error) {
+	if buf == nil || len(xs) == 0 {
+		return kernels.FromI32(ops, xs, len(xs))
+	}
+	if *buf == nil || kernels.NumElements(*buf) < len(xs) {
+		t, err := kernels.AllocEmpty(ops, kernels.I32, 2*len(xs))
+		if err != nil {
+			return nil, err
+		}
+		*buf = t
+	}
+	view, err := ops.Rows(*buf, 0, len(xs))
+	if err == nil {
+		err = ops.Upload(view, kernels.I32Bytes(xs), kernels.I32)
+	}
+	return view, err
 }
