@@ -88,3 +88,26 @@ func AllocEmpty(ops Ops, dtype DType, shape ...int) (Tensor, error) {
 	}
 	return ops.Alloc(dtype, shape...)
 }
+
+// UploadI32Into uploads xs into the first len(xs) elements of *buf when it
+// holds that many, else into a new buffer of twice that, left in *buf, and
+// returns the view of xs; buf nil is FromI32. The caller hands over a
+// buffer that nothing reads any more, in the backend's stream order.
+// Cost: one upload, and an allocation only when *buf grows.
+func UploadI32Into(ops Ops, buf *Tensor, xs []int32) (Tensor, error) {
+	if buf == nil || len(xs) == 0 {
+		return FromI32(ops, xs, len(xs))
+	}
+	if *buf == nil || NumElements(*buf) < len(xs) {
+		t, err := AllocEmpty(ops, I32, 2*len(xs))
+		if err != nil {
+			return nil, err
+		}
+		*buf = t
+	}
+	view, err := ops.Rows(*buf, 0, len(xs))
+	if err == nil {
+		err = ops.Upload(view, I32Bytes(xs), I32)
+	}
+	return view, err
+}

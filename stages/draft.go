@@ -156,6 +156,16 @@ type draftStage struct {
 	d       DraftDeps
 	drafter Drafter
 	early   func(*SampledStep)
+	// tables are the upload buffers of the next-input tables, by step id:
+	// a step's table is read by the next step's forward pass only, queued
+	// before this stage runs for the step after that, so a buffer comes
+	// back three steps later (no allocation a step).
+	tables [3]kernels.Tensor
+}
+
+// uploadTable uploads a step's table arrays into the step's buffer.
+func (s *draftStage) uploadTable(step *SampledStep, host []int32) (kernels.Tensor, error) {
+	return kernels.UploadI32Into(s.d.Ops, &s.tables[int(step.Outputs.StepID)%len(s.tables)], host)
 }
 
 // PublishLagged keeps the graph's early publishing (pipeline.LaggedPublisher).
@@ -240,7 +250,7 @@ func (s *draftStage) Process(ctx context.Context, step *SampledStep) (*SampledSt
 	if onDevice && dd.Tokens != nil {
 		host = append(host, fromRow...)
 	}
-	both, err := kernels.FromI32(s.d.Ops, host, len(host))
+	both, err := s.uploadTable(step, host)
 	if err == nil {
 		if step.Next, err = s.d.Ops.Rows(both, 0, len(next)); err == nil {
 			step.Accepted, err = s.d.Ops.Rows(both, len(next), len(next)+len(accepted))
@@ -330,7 +340,7 @@ func (s *draftStage) fromDevice(ctx context.Context, dv DeviceVerifiedDrafter, s
 			}
 		}
 	}
-	all, err := kernels.FromI32(ops, host, len(host))
+	all, err := s.uploadTable(step, host)
 	if err != nil {
 		return false, err
 	}

@@ -183,3 +183,65 @@ func TestDraftFreeStepPassesThrough(t *testing.T) {
 		t.Error("a step with draft limit 3 is draft-free")
 	}
 }
+
+// stepDrafter proposes, for row r of step s, the drafts 100*s+r and
+// 100*s+r+50.
+type stepDrafter struct{}
+
+func (stepDrafter) Propose(_ context.Context, step *SampledStep) ([][]int, error) {
+	out := make([][]int, len(step.Verified))
+	for r := range out {
+		s := int(step.Outputs.StepID)
+		out[r] = []int{100*s + r, 100*s + r + 50}
+	}
+	return out, nil
+}
+
+// The draft stage uploads each step's next-input table into the buffer of
+// the step three before it: after the first steps it allocates nothing,
+// and the table the next forward pass reads (the step before's) keeps its
+// values while the following steps are drafted.
+func TestDraftTablesReused(t *testing.T) {
+	c := cpu.New(cpu.Options{Threads: 1})
+	defer c.Close()
+	ops := &uploadCounting{Ops: c}
+	s := &draftStage{d: DraftDeps{Ops: ops, Speculative: Speculative{NumSpeculativeTokens: 2}}, drafter: stepDrafter{}}
+	want := func(id, r int) []int32 { return []int32{int32(id), int32(100*id + r), int32(100*id + r + 50)} }
+	var steps []*SampledStep
+	for id := 1; id <= 8; id++ {
+		n := 1 + id%2
+		metas := make([]engine.SequenceMetadata, n)
+		rows := make([]RowRef, n)
+		verified := make([]VerifiedRow, n)
+		for r := range n {
+			metas[r] = engine.SequenceMetadata{SeqID: engine.SeqID(r + 1), SeqlenQ: 1, Sample: true, InputFromRow: -1}
+			rows[r] = RowRef{Meta: &metas[r], SeqID: metas[r].SeqID, Row: r}
+			verified[r] = VerifiedRow{Ref: rows[r], TokenIDs: []int{id}}
+		}
+		out := &engine.SchedulerOutputs{StepID: engine.StepID(id), NumSampleRows: n, DraftLimit: 2}
+		step := &SampledStep{ForwardResult: &ForwardResult{PreparedStep: &PreparedStep{
+			ScheduledStep: &ScheduledStep{Outputs: out, Seqs: metas}, Rows: rows}}, Verified: verified}
+		before := ops.allocs
+		if _, err := s.Process(context.Background(), step); err != nil {
+			t.Fatal(err)
+		}
+		if id > 4 && ops.allocs != before {
+			t.Errorf("step %d allocated %d tensors, want none", id, ops.allocs-before)
+		}
+		steps = append(steps, step)
+		for _, j := range []int{id - 1, id} { // the step before's table and this one's
+			if j < 1 {
+				continue
+			}
+			next, err := kernels.ToI32(ops, steps[j-1].Next)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for r := range len(steps[j-1].Verified) {
+				if got := next[3*r : 3*r+3]; !slices.Equal(got, want(j, r)) {
+					t.Fatalf("after step %d: step %d's table row %d is %v, want %v", id, j, r, got, want(j, r))
+				}
+			}
+		}
+	}
+}

@@ -486,7 +486,7 @@ func (h *HostBatch) UploadReusing(ops kernels.Ops, numBlocks int, buf *kernels.T
 	for i, p := range parts {
 		copy(packed[offsets[i]:], p.xs)
 	}
-	flat, err := uploadInto(ops, buf, packed)
+	flat, err := kernels.UploadI32Into(ops, buf, packed)
 	if err != nil {
 		return nil, nil, fmt.Errorf("models: upload batch: %w", err)
 	}
@@ -500,25 +500,4 @@ func (h *HostBatch) UploadReusing(ops kernels.Ops, numBlocks int, buf *kernels.T
 		}
 	}
 	return b, extras, nil
-}
-
-// uploadInto uploads xs into the first len(xs) elements of *buf when it
-// holds that many, else into a new buffer (of twice that, left in *buf,
-// when buf is not nil) and returns the view of xs.
-func uploadInto(ops kernels.Ops, buf *kernels.Tensor, xs []int32) (kernels.Tensor, error) {
-	if buf == nil || len(xs) == 0 {
-		return kernels.FromI32(ops, xs, len(xs))
-	}
-	if *buf == nil || kernels.NumElements(*buf) < len(xs) {
-		t, err := kernels.AllocEmpty(ops, kernels.I32, 2*len(xs))
-		if err != nil {
-			return nil, err
-		}
-		*buf = t
-	}
-	view, err := ops.Rows(*buf, 0, len(xs))
-	if err == nil {
-		err = ops.Upload(view, kernels.I32Bytes(xs), kernels.I32)
-	}
-	return view, err
 }
