@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/engine"
+	"github.com/deepinfer/deepinfer-go/engine/models"
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu"
 )
@@ -241,6 +242,69 @@ func TestDraftTablesReused(t *testing.T) {
 				if got := next[3*r : 3*r+3]; !slices.Equal(got, want(j, r)) {
 					t.Fatalf("after step %d: step %d's table row %d is %v, want %v", id, j, r, got, want(j, r))
 				}
+			}
+		}
+	}
+}
+
+// The verify stage's device half puts each step's layout and outcome in
+// the buffer of the step three before it: after the first steps it
+// allocates nothing, and the outcome the step before's draft stage and
+// this step's forward pass read keeps its values.
+func TestVerifyDeviceReusesBuffers(t *testing.T) {
+	c := cpu.New(cpu.Options{Threads: 1})
+	defer c.Close()
+	ops := &uploadCounting{Ops: c}
+	v := &verify{d: VerifyDeps{Ops: ops, Device: true}}
+	// Step id: sequence 0 verifies draft 10*id, which its first row's
+	// token matches; sequence 1 verifies 10*id+1, which its token does not.
+	want := func(id int) []int32 { return []int32{1, 0, int32(10*id + 7), 999, 1, 2} }
+	var steps []*SampledStep
+	for id := 1; id <= 7; id++ {
+		metas := []engine.SequenceMetadata{
+			{SeqID: 1, SeqlenQ: 2, NumDrafts: 1, Sample: true, SampleRow: 0, InputFromRow: -1, InputTokenIDs: []int{5, 10 * id}},
+			{SeqID: 2, SeqlenQ: 2, NumDrafts: 1, Sample: true, SampleRow: 1, InputFromRow: -1, InputTokenIDs: []int{6, 10*id + 1}},
+		}
+		var rows []RowRef
+		for r := range metas {
+			for j := range 2 {
+				rows = append(rows, RowRef{Meta: &metas[r], SeqID: metas[r].SeqID, Row: r, Offset: j})
+			}
+		}
+		ids, err := kernels.FromI32(ops, []int32{5, int32(10 * id), 6, int32(10*id + 1)}, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tokens, err := kernels.FromI32(ops, []int32{int32(10 * id), int32(10*id + 7), 999, 3}, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := &engine.SchedulerOutputs{StepID: engine.StepID(id), NumSampleRows: 2, DraftLimit: 1, NumDraftTokens: 2}
+		step := &SampledStep{ForwardResult: &ForwardResult{PreparedStep: &PreparedStep{
+			ScheduledStep: &ScheduledStep{Outputs: out, Seqs: metas}, Rows: rows,
+			Batch: &models.ForwardBatch{NumTokens: 4, InputIDs: ids}}}, Tokens: tokens}
+		step.pending = []func() error{func() error { // the host samples, arriving later
+			step.Samples = []Sample{{Token: 10 * id}, {Token: 10*id + 7}, {Token: 999}, {Token: 3}}
+			return nil
+		}}
+		before := ops.allocs
+		if _, err := v.Process(context.Background(), step); err != nil {
+			t.Fatal(err)
+		}
+		if id > 3 && ops.allocs != before {
+			t.Errorf("step %d allocated %d tensors, want none", id, ops.allocs-before)
+		}
+		steps = append(steps, step)
+		for _, j := range []int{id - 1, id} {
+			if j < 1 {
+				continue
+			}
+			got, err := kernels.ToI32(ops, steps[j-1].DeviceVerified)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, want(j)) {
+				t.Fatalf("after step %d: step %d's device verification %v, want %v", id, j, got, want(j))
 			}
 		}
 	}

@@ -58,7 +58,15 @@ func init() {
 // matching prefix plus the bonus token. Because the draws are keyed by
 // (seed, output position), a seeded request emits the same tokens with
 // speculation on or off wherever the target's logits are the same.
-type verify struct{ d VerifyDeps }
+type verify struct {
+	d VerifyDeps
+	// bufs hold each step's device half (its layout, then its
+	// DeviceVerified), by step id: a step's outcome is read by its draft
+	// stage and the next step's forward pass, both queued before this
+	// stage runs two steps later, so a buffer comes back three steps
+	// later (no allocation a step).
+	bufs [3]kernels.Tensor
+}
 
 func (v *verify) Process(_ context.Context, step *SampledStep) (*SampledStep, error) {
 	if v.d.Device && step.Tokens != nil && DraftFree(step) {
@@ -119,7 +127,8 @@ func sampleEntries(step *SampledStep) ([]RowRef, []int, error) {
 // device tokens and its input ids (where the drafts it verifies sit: row
 // from+1+j of a sequence whose first sampling row is from), into
 // step.DeviceVerified. Cost: one upload of 4 ints an entry and one small
-// kernel; no host round trip.
+// kernel; no host round trip, and no allocation once the stage's buffers
+// have grown.
 func (v *verify) onDevice(step *SampledStep) error {
 	refs, counts, err := sampleEntries(step)
 	if err != nil {
@@ -146,13 +155,29 @@ func (v *verify) onDevice(step *SampledStep) error {
 		layout = append(layout, int32(s0), int32(n), int32(from+1), int32(from))
 		s0 += counts[e]
 	}
-	ops := v.d.Ops
-	lt, err := kernels.FromI32(ops, layout, len(refs), 4)
-	if err == nil {
-		// Every entry's three values are written (kernels.AcceptDraftsInto).
-		if step.DeviceVerified, err = kernels.AllocEmpty(ops, kernels.I32, 3, len(refs)); err == nil {
-			err = kernels.AcceptDraftsInto(ops, step.DeviceVerified, step.Tokens, step.Batch.InputIDs, lt)
+	ops, n := v.d.Ops, len(refs)
+	buf := &v.bufs[int(step.Outputs.StepID)%len(v.bufs)]
+	if *buf == nil || kernels.NumElements(*buf) < 7*n {
+		*buf, err = kernels.AllocEmpty(ops, kernels.I32, 14*n)
+	}
+	// The layout, uploaded, then the outcome: every entry's three values
+	// are written (kernels.AcceptDraftsInto).
+	var lt kernels.Tensor
+	part := func(lo, hi int, shape ...int) kernels.Tensor {
+		var t kernels.Tensor
+		if err == nil {
+			if t, err = ops.Rows(*buf, lo, hi); err == nil {
+				t, err = ops.Reshape(t, shape...)
+			}
 		}
+		return t
+	}
+	lt, step.DeviceVerified = part(0, 4*n, n, 4), part(4*n, 7*n, 3, n)
+	if err == nil {
+		err = ops.Upload(lt, kernels.I32Bytes(layout), kernels.I32)
+	}
+	if err == nil {
+		err = kernels.AcceptDraftsInto(ops, step.DeviceVerified, step.Tokens, step.Batch.InputIDs, lt)
 	}
 	if err != nil {
 		return fmt.Errorf("verify: step %d: %w", step.Outputs.StepID, err)
