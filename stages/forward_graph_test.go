@@ -315,9 +315,10 @@ func (u *uploadCounting) Upload(t kernels.Tensor, src []byte, dt kernels.DType) 
 	return u.Ops.Upload(t, src, dt)
 }
 
-// A step's metadata, its placeholders' source rows and its sample rows (and
-// prompt-logprob rows) reach the backend in one copy.
-func TestPrepareOneUpload(t *testing.T) {
+// countingPrepareRuntime is a tiny random Llama's runtime on the CPU with
+// its backend's uploads and allocations counted.
+func countingPrepareRuntime(t *testing.T) (*ForwardDeps, *uploadCounting) {
+	t.Helper()
 	dir := t.TempDir()
 	if err := random.WriteLlama(dir, random.TinyLlama, 11); err != nil {
 		t.Fatal(err)
@@ -325,6 +326,13 @@ func TestPrepareOneUpload(t *testing.T) {
 	rt, _ := graphTestRuntime(t, dir, false)
 	counting := &uploadCounting{Ops: rt.Ops}
 	rt.Ops = counting
+	return rt, counting
+}
+
+// A step's metadata, its placeholders' source rows and its sample rows (and
+// prompt-logprob rows) reach the backend in one copy.
+func TestPrepareOneUpload(t *testing.T) {
+	rt, counting := countingPrepareRuntime(t)
 	a := engine.SequenceMetadata{SeqID: 1, RequestID: "a", SeqlenQ: 1, SeqlenK: 5, PosStart: 4,
 		InputTokenIDs: []int{engine.PlaceholderToken}, InputFromRow: 1, BlockTable: []int{0, 1},
 		Sample: true, SampleRow: 0}
@@ -488,13 +496,7 @@ func TestForwardGraphsVerifyRows(t *testing.T) {
 // InFlight+1 steps it allocates nothing, and a step's batch keeps its
 // values until that later step reuses its buffer.
 func TestPrepareReusesUploads(t *testing.T) {
-	dir := t.TempDir()
-	if err := random.WriteLlama(dir, random.TinyLlama, 11); err != nil {
-		t.Fatal(err)
-	}
-	rt, _ := graphTestRuntime(t, dir, false)
-	counting := &uploadCounting{Ops: rt.Ops}
-	rt.Ops = counting
+	rt, counting := countingPrepareRuntime(t)
 	const inFlight = 2
 	p := newPrepare(PrepareDeps{Ops: counting, BlockSize: rt.Cache.BlockSize, NumBlocks: rt.Cache.NumBlocks, InFlight: inFlight})
 	var preps []*PreparedStep
