@@ -140,8 +140,9 @@ func (sb *staticBatch) fits(b *models.ForwardBatch, maxBlocks int) bool {
 }
 
 // load copies b (one-token rows, in backend memory) into the static
-// batch on the device, padding the rows past its own. Cost: one small
-// upload (the padding), five copies on the device (seven with rings).
+// batch on the device, padding the rows past its own from sb.pad. Cost:
+// one launch of up to 9 rectangle copies (13 with rings) where the backend
+// copies rectangles together, else one copy each.
 func (sb *staticBatch) load(ops kernels.Ops, b *models.ForwardBatch) error {
 	n := b.NumTokens
 	srcs := []kernels.Tensor{b.InputIDs, b.Positions, b.Attn.SlotMapping, b.Attn.SeqlensK}
