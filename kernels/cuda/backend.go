@@ -48,6 +48,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -271,6 +272,7 @@ type MemStats struct {
 // Backend implements kernels.Ops on one CUDA device.
 type Backend struct {
 	mu         handoffMutex
+	life       sync.RWMutex // read: release; write: Close (after mu)
 	lib        *library
 	ctx        *C.di_ctx
 	closed     atomic.Bool
@@ -410,6 +412,8 @@ func (b *Backend) MemStats() MemStats {
 func (b *Backend) Close() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.life.Lock() // no release is freeing into the context
+	defer b.life.Unlock()
 	if b.closed.Swap(true) {
 		return nil
 	}
@@ -501,10 +505,14 @@ func (t *Tensor) rowLen() int {
 // ptr is the device address of the tensor's first element.
 func (t *Tensor) ptr() C.di_dptr { return C.di_dptr(t.buf.ptr + t.off) }
 
-// release returns a buffer's memory to the cache (from the cleanup goroutine).
+// release returns a buffer's memory to the cache (from the cleanup
+// goroutine). It takes life, not mu: the library's free touches only its
+// allocator, under the allocator's own lock, so the cleanups (several a
+// step) never wait for the stream's mutex nor make its holder hand it
+// over (handoffMutex).
 func (b *Backend) release(ptr uint64) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b.life.RLock()
+	defer b.life.RUnlock()
 	if b.closed.Load() {
 		return
 	}
