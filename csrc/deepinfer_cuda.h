@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 21u
+#define DI_ABI_VERSION 22u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -166,6 +166,14 @@ typedef struct di_options {
 	/* 1: FP8 linears above 8 rows run the library's tensor-core GEMM (a
 	 * row's bits independent of the batch) instead of cuBLASLt's. */
 	int32_t disable_fp8_lt;
+	/* 1: every allocation the context hands out (the caching allocator's,
+	 * the library's scratch included) is filled with 0xFF bytes first, on
+	 * the stream: a kernel that reads memory nobody wrote then sees NaN
+	 * (float32, 16-bit) or -1 (integers) instead of what the block's last
+	 * owner left. A debugging switch (PyTorch's fill_uninitialized_memory):
+	 * one memset an allocation; results change only where such a read
+	 * exists. */
+	int32_t fill_uninitialized;
 } di_options;
 
 enum di_scoring { DI_SCORING_SOFTMAX = 1, DI_SCORING_SIGMOID = 2 };

@@ -124,6 +124,7 @@ struct di_ctx {
 	// FP8 linears above the GEMV's rows on cuBLASLt where the weight allows
 	// it; !disable_fp8_lt.
 	int fp8_lt_on = 1;
+	int fill_uninit = 0; // every allocation filled with 0xFF bytes; fill_uninitialized
 	// Attention kernels round a 16-bit output as they store it (1), or
 	// every 16-bit output goes through float32 scratch and a narrowing pass
 	// (0, the same bits); !disable_attn_out16.

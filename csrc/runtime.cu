@@ -128,6 +128,13 @@ static int alloc_impl(di_ctx *ctx, size_t bytes, void **out) {
 		ctx->stats.reserved += n;
 		ctx->stats.num_driver_allocs++;
 	}
+	if (ctx->fill_uninit) {
+		cudaError_t e = cudaMemsetAsync(p, 0xFF, n, ctx->stream);
+		if (e != cudaSuccess) {
+			ctx->free_blocks.emplace(n, p);
+			return di_cuda_fail(ctx, e, "alloc: fill_uninitialized: cudaMemsetAsync");
+		}
+	}
 	if (cap) ctx->graph_owned[p] = n;
 	ctx->live[p] = n;
 	ctx->stats.in_use += n;
@@ -416,6 +423,7 @@ static int api_set_options(di_ctx *ctx, const di_options *o) {
 	ctx->moe_gemm_pairs =
 	    o->moe_gemm_pairs > 0 ? o->moe_gemm_pairs : (o->moe_gemm_pairs < 0 ? 0 : DI_DEFAULT_MOE_GEMM_PAIRS);
 	ctx->fp8_lt_on = o->disable_fp8_lt ? 0 : 1;
+	ctx->fill_uninit = o->fill_uninitialized ? 1 : 0;
 	return DI_OK;
 }
 

@@ -12,7 +12,8 @@ import (
 // zero fields, the backend's defaults. The backend's measurement-only
 // switches have no key and stay at their defaults.
 func cudaOptions(c config.CUDA, kv kernels.DType) cuda.Options {
-	o := cuda.Options{KVCacheDType: kv, DecodeChunk: c.DecodeAttentionChunk, SkinnyRows: c.SkinnyGEMMRows}
+	o := cuda.Options{KVCacheDType: kv, DecodeChunk: c.DecodeAttentionChunk, SkinnyRows: c.SkinnyGEMMRows,
+		FillUninitialized: c.FillUninitializedMemory}
 	if c.GEMM == "split" {
 		o.GEMM = cuda.GEMMSplit
 	}

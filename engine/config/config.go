@@ -170,6 +170,12 @@ type CUDA struct {
 	// the same bits alone or in any batch; slower than cuBLAS at the shapes
 	// measured.
 	SkinnyGEMMRows int `yaml:"skinny_gemm_rows"`
+	// FillUninitializedMemory fills every device allocation with NaN
+	// bytes (0xFF) before use, so that a kernel reading memory nobody
+	// wrote shows (NaN logits, the sampler's check) instead of reading
+	// what the memory's last owner left. For debugging: one memset an
+	// allocation; tokens change only where such a read exists.
+	FillUninitializedMemory bool `yaml:"fill_uninitialized_memory"`
 }
 
 // ZOS is zero-overhead scheduling: post-processing of step N overlaps the

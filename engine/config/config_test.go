@@ -221,6 +221,20 @@ func TestParse(t *testing.T) {
 			want: []string{"cuda.skinny_gemm_rows: needs device: cuda"},
 		},
 		{
+			name: "fill uninitialized memory",
+			yaml: "model: m\ndevice: cuda\ncuda:\n  fill_uninitialized_memory: true\n",
+			check: func(t *testing.T, c *Config) {
+				if !c.CUDA.FillUninitializedMemory {
+					t.Errorf("cuda = %+v, want fill_uninitialized_memory", c.CUDA)
+				}
+			},
+		},
+		{
+			name: "fill uninitialized memory needs cuda",
+			yaml: "model: m\ncuda:\n  fill_uninitialized_memory: true\n",
+			want: []string{"cuda.fill_uninitialized_memory: needs device: cuda"},
+		},
+		{
 			name: "cuda graphs need cuda",
 			yaml: "model: m\ncuda_graph:\n  enabled: true\n",
 			want: []string{"cuda_graph.enabled: needs device: cuda"},

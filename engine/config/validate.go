@@ -97,6 +97,9 @@ func (c *Config) Validate() error {
 	} else if r > 0 && c.Device != "cuda" {
 		bad("cuda.skinny_gemm_rows", "needs device: cuda")
 	}
+	if c.CUDA.FillUninitializedMemory && c.Device != "cuda" {
+		bad("cuda.fill_uninitialized_memory", "needs device: cuda")
+	}
 	g := c.CUDAGraph
 	if g.Enabled && len(g.BatchSizes) == 0 {
 		bad("cuda_graph.batch_sizes", "must list at least one size when cuda_graph.enabled is true")

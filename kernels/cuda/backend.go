@@ -240,6 +240,14 @@ type Options struct {
 	// see NOTES.md; cuBLASLt may pick another algorithm for another row
 	// count, as cuBLAS does for 16-bit weights).
 	DisableFP8LT bool
+	// FillUninitialized fills every allocation (the library's scratch
+	// included) with 0xFF bytes before it is handed out, so that a kernel
+	// reading memory nobody wrote sees NaN or -1 rather than what the
+	// block's last owner left (YAML cuda.fill_uninitialized_memory; the
+	// switch PyTorch calls fill_uninitialized_memory). For debugging: one
+	// memset an allocation, and a run's tokens change only where such a
+	// read exists.
+	FillUninitialized bool
 
 	// profile and skip are measurement switches that only this package's
 	// tests set (optionsFromTestEnv): profile brackets every eager

@@ -2,10 +2,14 @@ package cuda
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/deepinfer/deepinfer-go/engine/models"
 	"github.com/deepinfer/deepinfer-go/engine/models/random"
@@ -236,5 +240,52 @@ func TestGPUCopyRects(t *testing.T) {
 		if err := g.CopyRects(c[0], c[1]); !errors.Is(err, kernels.ErrShape) {
 			t.Errorf("%s: %v, want ErrShape", name, err)
 		}
+	}
+}
+
+// Options.FillUninitialized: an allocation without a memset (AllocEmpty,
+// a fresh block or one back from the cache) holds 0xFF bytes, NaN as
+// float32; Alloc still zeroes. Without the option a cached block keeps
+// what its last owner wrote, which is what the option is there to expose.
+func TestGPUFillUninitialized(t *testing.T) {
+	g := newGPUOpts(t, Options{FillUninitialized: true})
+	const n = 3000
+	ones := make([]byte, 4*n)
+	for i := range n {
+		binary.LittleEndian.PutUint32(ones[4*i:], math.Float32bits(1))
+	}
+	check := func(what string, x kernels.Tensor, want byte) {
+		t.Helper()
+		got := make([]byte, 4*n)
+		if err := g.Download(got, x); err != nil {
+			t.Fatal(err)
+		}
+		for i, b := range got {
+			if b != want {
+				t.Fatalf("%s: byte %d is %#x, want %#x", what, i, b, want)
+			}
+		}
+	}
+	for round := range 3 {
+		// The previous round's blocks are back in the cache by now (the
+		// cleanups ran after the collection), written with ones.
+		x, err := g.AllocEmpty(kernels.F32, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(fmt.Sprintf("round %d: AllocEmpty", round), x, 0xFF)
+		z, err := g.Alloc(kernels.F32, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(fmt.Sprintf("round %d: Alloc", round), z, 0)
+		for _, y := range []kernels.Tensor{x, z} {
+			if err := g.Upload(y, ones, kernels.F32); err != nil {
+				t.Fatal(err)
+			}
+		}
+		x, z = nil, nil
+		runtime.GC()
+		time.Sleep(20 * time.Millisecond)
 	}
 }

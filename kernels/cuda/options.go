@@ -114,6 +114,7 @@ func (o Options) cOptions() C.di_options {
 		sample_min_chunks:         i32(o.SampleMinChunks),
 		moe_gemm_pairs:            i32(o.MoEGEMMPairs),
 		disable_fp8_lt:            flag(o.DisableFP8LT),
+		fill_uninitialized:        flag(o.FillUninitialized),
 	}
 }
 
