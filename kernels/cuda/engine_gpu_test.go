@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/deepinfer/deepinfer-go/bench"
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/config"
 	"github.com/deepinfer/deepinfer-go/engine/models/random"
@@ -249,4 +250,57 @@ func generateTimed(t *testing.T, l *llm.LLM, ps []llm.Prompt, params engine.Samp
 		out[i] = c.Outputs[0].TokenIDs
 	}
 	return out, took
+}
+
+// The shipped default model, one request at a time (ZOS and CUDA graphs on,
+// as configs/cuda.yaml), in fresh engines of one process: every engine
+// gives the same greedy tokens, also with every device allocation filled
+// with NaN bytes first (cuda.fill_uninitialized_memory), where a kernel
+// that reads memory nobody wrote shows. Later engines take their memory
+// from blocks the earlier ones freed, so a read of stale memory would show
+// as an engine that differs.
+func TestGPUEngineRepeatable(t *testing.T) {
+	skipWithoutGPU(t)
+	dir, err := filepath.Abs("../../assets/deepseek-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	passages, err := bench.ProsePrompts(bench.TextWorkloadOptions{NumPrompts: 32, MinLen: 16, MaxLen: 128, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompts := make([]llm.Prompt, len(passages))
+	for i, p := range passages {
+		prompts[i] = llm.Prompt{Text: p.Text}
+	}
+	params := engine.DefaultSamplingParams()
+	params.Temperature = 0
+	params.MaxTokens = 96
+	run := func(fill bool) [][]int {
+		t.Helper()
+		l := newLLM(t, fmt.Sprintf(`model: %s
+device: cuda
+engine: {max_num_seqs: 1}
+zos: {enabled: true}
+cuda_graph: {enabled: true, batch_sizes: [1, 2, 4]}
+cuda: {fill_uninitialized_memory: %v}
+`, dir, fill))
+		defer l.Close()
+		out, _ := generateTimed(t, l, prompts, params)
+		return out
+	}
+	want := run(false)
+	for i, fill := range []bool{false, true, false, true} {
+		got := run(fill)
+		for j := range want {
+			if !slices.Equal(got[j], want[j]) {
+				k := 0
+				for k < min(len(got[j]), len(want[j])) && got[j][k] == want[j][k] {
+					k++
+				}
+				t.Errorf("engine %d (fill_uninitialized_memory %v): request %d differs from the first engine's from output token %d (%d vs %d tokens)",
+					i+2, fill, j, k, len(got[j]), len(want[j]))
+			}
+		}
+	}
 }
