@@ -234,6 +234,9 @@ type SequenceMetadata struct {
 	PromptLogprobsTo   int
 
 	NumPromptTokens int
+	// NumCachedTokens counts the prompt tokens the prefix cache served
+	// (as of the sequence's last admission).
+	NumCachedTokens int
 }
 
 // SchedulerOutputs describes one scheduled step. The flat InputTokenIDs
@@ -1205,6 +1208,7 @@ func (s *Scheduler) addRows(b *stepBuilder, seq *Sequence, q, drafts int, prefil
 	m.PromptLogprobsTo = plTo
 	m.TokenIDs = seq.tokens[:len(seq.tokens):len(seq.tokens)]
 	m.NumPromptTokens = seq.numPromptTokens
+	m.NumCachedTokens = seq.numCached
 
 	seq.scheduledStep = b.id
 	// Drafts count as computed only once accepted (ProcessOutputs).
@@ -1363,6 +1367,7 @@ func setPlainMetadata(m *SequenceMetadata, seq *Sequence) {
 	m.Grammar = seq.matcher
 	m.PromptLogprobsFrom, m.PromptLogprobsTo = -1, -1
 	m.NumPromptTokens = seq.numPromptTokens
+	m.NumCachedTokens = seq.numCached
 }
 
 // finishStep completes the outputs, records the step in flight and returns

@@ -144,3 +144,29 @@ func TestBadRequests(t *testing.T) {
 		t.Fatalf("engine not idle: %s", state)
 	}
 }
+
+// The second request of a prompt reports the prompt tokens the prefix
+// cache served (usage.prompt_tokens_details.cached_tokens, as OpenAI's);
+// the first reports none.
+func TestUsageCachedTokens(t *testing.T) {
+	ts := startServer(t, nil, Options{})
+	prompt := strings.Repeat("the cat sat on the mat and looked at the dog. ", 8)
+	var usages []*Usage
+	for range 2 {
+		status, body := post(t, ts.url+"/v1/completions", map[string]any{
+			"prompt": prompt, "max_tokens": 2, "temperature": 0, "ignore_eos": true,
+		})
+		if status != http.StatusOK {
+			t.Fatalf("status %d: %s", status, body)
+		}
+		usages = append(usages, decode[CompletionResponse](t, body).Usage)
+	}
+	if usages[0] == nil || usages[0].PromptTokensDetails != nil {
+		t.Errorf("first request's usage %+v: want no cached tokens", usages[0])
+	}
+	u := usages[1]
+	if u == nil || u.PromptTokensDetails == nil || u.PromptTokensDetails.CachedTokens <= 0 || u.PromptTokensDetails.CachedTokens >= u.PromptTokens {
+		t.Fatalf("second request's usage %+v: want some cached tokens, fewer than the prompt's", u)
+	}
+	t.Logf("prompt %d tokens, %d cached on the second request", u.PromptTokens, u.PromptTokensDetails.CachedTokens)
+}

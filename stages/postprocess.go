@@ -170,6 +170,7 @@ func (p *Postprocess) Process(_ context.Context, step *SampledStep) (*StepOutput
 			out.ScheduledTime = st.scheduled
 			if r.Index == 0 {
 				out.PromptTokenIDs = r.Meta.TokenIDs[:r.Meta.NumPromptTokens]
+				out.NumCachedTokens = r.Meta.NumCachedTokens
 				out.PromptLogprobs = st.promptLogprobs
 			}
 		}
