@@ -3,6 +3,7 @@ package llm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -60,12 +61,28 @@ type CompletionOutput struct {
 // aborted). A request that fails alone has Err set on its outputs.
 // onToken, when non-nil, sees every output increment as it is produced.
 func (l *LLM) Generate(ctx context.Context, prompts []Prompt, params engine.SamplingParams, onToken func(engine.RequestOutput)) ([]Completion, error) {
-	n := max(1, params.N)
+	return l.generate(ctx, prompts, func(int) engine.SamplingParams { return params }, onToken)
+}
+
+// GenerateEach is Generate with params[i] for prompts[i] (vLLM's
+// LLM.generate with a list of sampling parameters). The requests arrive
+// in prompt order, so that a run repeats itself: which of two prompts
+// with a common prefix finds it cached, for one, depends on that order.
+func (l *LLM) GenerateEach(ctx context.Context, prompts []Prompt, params []engine.SamplingParams, onToken func(engine.RequestOutput)) ([]Completion, error) {
+	if len(params) != len(prompts) {
+		return nil, fmt.Errorf("llm: generate: %d prompts but %d sampling parameters: want one for each prompt", len(prompts), len(params))
+	}
+	return l.generate(ctx, prompts, func(i int) engine.SamplingParams { return params[i] }, onToken)
+}
+
+func (l *LLM) generate(ctx context.Context, prompts []Prompt, paramsOf func(int) engine.SamplingParams, onToken func(engine.RequestOutput)) ([]Completion, error) {
 	results := make([]Completion, len(prompts))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	ids := make([]string, len(prompts))
 	for i, p := range prompts {
+		params := paramsOf(i)
+		n := max(1, params.N)
 		id := "gen-" + strconv.FormatInt(l.nextID.Add(1), 10)
 		ids[i] = id
 		results[i] = Completion{RequestID: id, Outputs: make([]CompletionOutput, n)}

@@ -422,3 +422,44 @@ func TestPrefixCacheHit(t *testing.T) {
 	}
 	t.Logf("second run computed %d of %d prompt tokens", computed, len(ids))
 }
+
+// GenerateEach gives prompt i its own sampling parameters and submits the
+// prompts in order, one sequence running at a time here: of two prompts
+// with a common prefix, the later one finds it cached, every run. A count
+// of parameters other than the prompts' is an error naming both.
+func TestGenerateEach(t *testing.T) {
+	l, err := NewLLM(tinyConfig(t, tinyLlama(t), func(c *config.Config) { c.Engine.MaxNumSeqs = 1 }), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	shared := make([]int, 16) // 4 full blocks of 4
+	for i := range shared {
+		shared[i] = 3 + (i*11)%60
+	}
+	ps := []Prompt{{IDs: append(append([]int(nil), shared...), 5, 6)}, {IDs: []int{7, 8, 9}}, {IDs: append(append([]int(nil), shared...), 9)}}
+	params := []engine.SamplingParams{greedy(3), greedy(5), greedy(2)}
+	for run := range 3 {
+		res, err := l.GenerateEach(context.Background(), ps, params, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range res {
+			if got := len(c.Outputs[0].TokenIDs); got != params[i].MaxTokens {
+				t.Errorf("run %d: prompt %d: %d tokens, want its max_tokens %d", run, i, got, params[i].MaxTokens)
+			}
+		}
+		// The first run: prompt 0 misses and prompt 2 hits its 16 tokens;
+		// later runs hit both.
+		want0 := 0
+		if run > 0 {
+			want0 = len(shared)
+		}
+		if res[0].NumCachedTokens != want0 || res[2].NumCachedTokens != len(shared) {
+			t.Errorf("run %d: cached tokens %d and %d, want %d and %d", run, res[0].NumCachedTokens, res[2].NumCachedTokens, want0, len(shared))
+		}
+	}
+	if _, err := l.GenerateEach(context.Background(), ps, params[:2], nil); err == nil || !strings.Contains(err.Error(), "3 prompts but 2 sampling parameters") {
+		t.Errorf("2 parameters for 3 prompts: err %v", err)
+	}
+}
