@@ -291,6 +291,7 @@ type Backend struct {
 	kvCache    kernels.DType   // Options.KVCacheDType
 	fetches    sampleFetches   // pinned copies of sampled tokens (sample.go)
 	i32Fetches sampleFetches   // pinned copies of FetchI32Async (drafts)
+	lastSample sampleParams    // the last sample call's parameters (sample.go)
 	opts       Options         // the options in force (setOptions)
 	prof       *profiler       // per-operation device times; nil unless Options.profile
 	skip       map[string]bool // operations not queued (Options.skip): timing ablations only

@@ -6,9 +6,11 @@ package cuda
 import "C"
 
 import (
+	"bytes"
 	"fmt"
 	"math"
 	"runtime"
+	"sync"
 	"unsafe"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
@@ -36,9 +38,10 @@ var _ kernels.AsyncDeviceSampler = (*Backend)(nil)
 // sampler's expressions, so the device repeats them bit for bit where Go
 // does not fuse multiply-adds (amd64).
 //
-// Cost: one upload of the rows and edits (96 bytes a row, 16 an edit), one
-// kernel, one download of 12 bytes a row, which waits for the queued work.
-// The kernel reads each row a few times: once to apply the edits and find
+// Cost: one upload of the rows and edits (96 bytes a row, 16 an edit;
+// none when they are the last call's: sampleParams), one kernel, one
+// download of 12 bytes a row, which waits for the queued work. The kernel
+// reads each row a few times: once to apply the edits and find
 // the maximum (all a greedy row needs); a random row adds three passes for
 // top-k's K-th largest logit, one to count the survivors, and either one to
 // compact them into shared memory (up to 4096) or, for more survivors,
@@ -88,9 +91,10 @@ func (b *Backend) sample(logits kernels.Tensor, rows []kernels.SampleRow, maxCan
 		return &Tensor{shape: []int{0}, dtype: kernels.I32, buf: &buffer{}}, func() ([]int32, error) { return []int32{}, nil }, nil
 	}
 
-	// One I32 buffer: the kernel's output [3, n] (tokens, statuses, ids),
-	// then the rows and the edits at a 16-byte boundary, then, when a row
-	// has an allowed-token mask, each row's mask index and the masks.
+	// The kernel's output [3, n] (tokens, statuses, ids; every row's token
+	// and status written, an id only with a bad status), and the
+	// parameters: the rows, the edits at a 16-byte boundary, then, when a
+	// row has an allowed-token mask, each row's mask index and the masks.
 	numEdits, numMasks := 0, 0
 	for i := range rows {
 		numEdits += len(rows[i].Edits)
@@ -104,9 +108,7 @@ func (b *Backend) sample(logits kernels.Tensor, rows []kernels.SampleRow, maxCan
 	if numMasks > 0 {
 		maskBytes = 4 * (n + numMasks*words)
 	}
-	paramOff := (3*n + 3) &^ 3 // in int32 elements
-	paramInts := (rowBytes + editBytes + maskBytes) / 4
-	buf, err := b.Alloc(kernels.I32, paramOff+paramInts)
+	buf, err := b.AllocEmpty(kernels.I32, 3*n)
 	if err != nil {
 		return nil, nil, fmt.Errorf("cuda: sample: %w", err)
 	}
@@ -116,15 +118,12 @@ func (b *Backend) sample(logits kernels.Tensor, rows []kernels.SampleRow, maxCan
 	if numMasks > 0 {
 		packMasks(raw[rowBytes+editBytes:], rows, words)
 	}
-	params, err := b.Rows(buf, paramOff, paramOff+paramInts)
+	params, err := b.lastSample.get(b, raw)
 	if err != nil {
-		return nil, nil, err
-	}
-	if err := b.Upload(params, raw, kernels.I32); err != nil {
 		return nil, nil, fmt.Errorf("cuda: sample: %w", err)
 	}
 	out := buf.(*Tensor)
-	rowsPtr := out.ptr() + C.di_dptr(4*paramOff)
+	rowsPtr := params.ptr()
 	var editsPtr C.di_dptr
 	if numEdits > 0 {
 		editsPtr = rowsPtr + C.di_dptr(rowBytes)
@@ -136,13 +135,13 @@ func (b *Backend) sample(logits kernels.Tensor, rows []kernels.SampleRow, maxCan
 		}
 		if err := b.launch("token_mask", func() C.int {
 			return C.c_token_mask(b.lib.api, b.ctx, l.ptr(), C.int(n), C.int(vocab), maskRows, maskRows+C.di_dptr(4*n), C.int(numMasks))
-		}, out, l); err != nil {
+		}, params, l); err != nil {
 			return nil, nil, err
 		}
 	}
 	if err := b.launch(op, func() C.int {
 		return C.c_sample(b.lib.api, b.ctx, out.ptr(), l.ptr(), C.int(n), C.int(vocab), rowsPtr, editsPtr, C.int(maxCandidates))
-	}, out, l); err != nil {
+	}, out, l, params); err != nil {
 		return nil, nil, err
 	}
 	res, err := b.Rows(buf, 0, 3*n)
@@ -171,6 +170,37 @@ func (b *Backend) sample(logits kernels.Tensor, rows []kernels.SampleRow, maxCan
 		}
 		return sampleResult(raw, n, nil)
 	}, nil
+}
+
+// sampleParams holds the last sample call's parameters in device memory:
+// a call whose packed rows, edits and masks are the same bytes (every
+// decode step of a steady greedy batch) reads them without an upload.
+// The kernels only read them, and a call with other bytes uploads into a
+// new buffer, so reuse needs no ordering beyond the stream's.
+type sampleParams struct {
+	mu    sync.Mutex
+	bytes []byte
+	t     *Tensor
+}
+
+// get returns raw's bytes in device memory (I32), uploading them unless
+// they are the last call's. Cost: a comparison of len(raw) bytes, and on
+// a change one allocation and one upload.
+func (p *sampleParams) get(b *Backend, raw []byte) (*Tensor, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.t != nil && bytes.Equal(p.bytes, raw) {
+		return p.t, nil
+	}
+	t, err := b.AllocEmpty(kernels.I32, len(raw)/4)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.Upload(t, raw, kernels.I32); err != nil {
+		return nil, err
+	}
+	p.t, p.bytes = t.(*Tensor), append(p.bytes[:0], raw...)
+	return p.t, nil
 }
 
 // sampleResult turns the kernel's output [tokens, statuses, ids] into the
@@ -323,8 +353,10 @@ func packSampleRows(raw []byte, rows []kernels.SampleRow, vocab int) {
 		r := &rows[i]
 		c := &cr[i]
 		*c = C.di_sample_row{}
-		c.seed, c.step = C.uint64_t(r.Seed), C.uint64_t(r.Step)
 		if !r.Greedy {
+			// A greedy row draws nothing: its bytes stay the same from step
+			// to step, so that sampleParams can reuse them.
+			c.seed, c.step = C.uint64_t(r.Seed), C.uint64_t(r.Step)
 			// kernels/sampling's filter: temp := float64(T); 1/temp and
 			// temp*math.Log(float64(min_p)).
 			temp := float64(r.Temperature)

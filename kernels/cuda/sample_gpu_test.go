@@ -667,3 +667,45 @@ func TestGPUSampleAllowedMask(t *testing.T) {
 		}
 	}
 }
+
+// A call with the last call's parameters reads them from device memory
+// without an upload; a call with other parameters uploads its own, and the
+// first parameters then take effect again: greedy rows, then the same rows
+// with each argmax masked (the second-best tokens), then the first rows.
+func TestGPUSampleParamsReused(t *testing.T) {
+	g := newGPU(t, GEMMRound)
+	r := rand.New(rand.NewPCG(21, 22))
+	const vocab = 1000
+	plain := sampleCase{vocab: vocab}
+	for i := range 3 {
+		plain.rows = append(plain.rows, kernels.SampleRow{Greedy: true, TopP: 1, Seed: 7, Step: uint64(i)})
+		plain.logits = append(plain.logits, sampleLogits(r, vocab, 3, 0))
+	}
+	first, _, _ := plain.device(t, g, maxSampleCandidates)
+	params := g.lastSample.t
+	// The next decode step: greedy rows draw nothing, so their step does
+	// not change their parameters.
+	for i := range plain.rows {
+		plain.rows[i].Step++
+	}
+	again, _, _ := plain.device(t, g, maxSampleCandidates)
+	if g.lastSample.t != params {
+		t.Error("the same parameters were uploaded again")
+	}
+	masked := sampleCase{vocab: vocab, logits: plain.logits}
+	for i := range plain.rows {
+		row := plain.rows[i]
+		row.Edits = []kernels.LogitEdit{{Token: first[i], Flags: kernels.EditMask}}
+		masked.rows = append(masked.rows, row)
+	}
+	second, _, _ := masked.device(t, g, maxSampleCandidates)
+	if g.lastSample.t == params {
+		t.Error("other parameters read the last call's")
+	}
+	third, _, _ := plain.device(t, g, maxSampleCandidates)
+	for i := range first {
+		if again[i] != first[i] || third[i] != first[i] || second[i] == first[i] {
+			t.Errorf("row %d: argmax %d, again %d, after the masked call %d; masked %d (must differ)", i, first[i], again[i], third[i], second[i])
+		}
+	}
+}
