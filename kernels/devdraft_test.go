@@ -68,3 +68,48 @@ func TestAcceptDrafts(t *testing.T) {
 
 // hostOnly hides the backend's optional capabilities.
 type hostOnly struct{ kernels.Ops }
+
+// countUploads counts a backend's uploads.
+type countUploads struct {
+	kernels.Ops
+	n int
+}
+
+func (c *countUploads) Upload(t kernels.Tensor, src []byte, dt kernels.DType) error {
+	c.n++
+	return c.Ops.Upload(t, src, dt)
+}
+
+// UploadI32Held uploads only values that differ from the buffer's last
+// ones; a longer array takes a new buffer.
+func TestUploadI32Held(t *testing.T) {
+	c := cpu.New(cpu.Options{Threads: 1})
+	defer c.Close()
+	ops := &countUploads{Ops: c}
+	var h kernels.HeldI32
+	for i, tc := range []struct {
+		xs      []int32
+		uploads int
+	}{
+		{[]int32{1, 2, 3}, 1},
+		{[]int32{1, 2, 3}, 0},
+		{[]int32{1, 2, 4}, 1},
+		{[]int32{1, 2}, 1},
+		{[]int32{1, 2}, 0},
+		{[]int32{1, 2, 3, 4, 5, 6, 7}, 1},
+		{[]int32{1, 2, 3, 4, 5, 6, 7}, 0},
+	} {
+		before := ops.n
+		v, err := kernels.UploadI32Held(ops, &h, tc.xs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := kernels.ToI32(ops, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, tc.xs) || ops.n-before != tc.uploads {
+			t.Errorf("call %d: view %v after %d uploads, want %v after %d", i, got, ops.n-before, tc.xs, tc.uploads)
+		}
+	}
+}

@@ -159,13 +159,16 @@ type draftStage struct {
 	// tables are the upload buffers of the next-input tables, by step id:
 	// a step's table is read by the next step's forward pass only, queued
 	// before this stage runs for the step after that, so a buffer comes
-	// back three steps later (no allocation a step).
-	tables [3]kernels.Tensor
+	// back three steps later (no allocation a step). The upload is
+	// skipped when the buffer already holds the table arrays
+	// (kernels.UploadI32Held): the kernels write only the table, every
+	// entry of it, before anything reads it.
+	tables [3]kernels.HeldI32
 }
 
 // uploadTable uploads a step's table arrays into the step's buffer.
 func (s *draftStage) uploadTable(step *SampledStep, host []int32) (kernels.Tensor, error) {
-	return kernels.UploadI32Into(s.d.Ops, &s.tables[int(step.Outputs.StepID)%len(s.tables)], host)
+	return kernels.UploadI32Held(s.d.Ops, &s.tables[int(step.Outputs.StepID)%len(s.tables)], host)
 }
 
 // PublishLagged keeps the graph's early publishing (pipeline.LaggedPublisher).

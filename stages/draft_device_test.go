@@ -248,8 +248,9 @@ func TestDraftTablesReused(t *testing.T) {
 }
 
 // The verify stage's device half puts each step's layout and outcome in
-// the buffer of the step three before it: after the first steps it
-// allocates nothing, and the outcome the step before's draft stage and
+// the buffers of the step three before it: after the first steps it
+// allocates and uploads nothing (the layout does not change), and the
+// outcome the step before's draft stage and
 // this step's forward pass read keeps its values.
 func TestVerifyDeviceReusesBuffers(t *testing.T) {
 	c := cpu.New(cpu.Options{Threads: 1})
@@ -287,12 +288,23 @@ func TestVerifyDeviceReusesBuffers(t *testing.T) {
 			step.Samples = []Sample{{Token: 10 * id}, {Token: 10*id + 7}, {Token: 999}, {Token: 3}}
 			return nil
 		}}
-		before := ops.allocs
+		before, uploads := ops.allocs, ops.uploads
 		if _, err := v.Process(context.Background(), step); err != nil {
 			t.Fatal(err)
 		}
 		if id > 3 && ops.allocs != before {
 			t.Errorf("step %d allocated %d tensors, want none", id, ops.allocs-before)
+		}
+		// The layout is the same every step: each buffer gets it once.
+		// (The outcome is one upload a step here: the counting wrapper
+		// hides the backend's DraftAccepter, so kernels.AcceptDraftsInto
+		// accepts on the host and uploads.)
+		wantUploads := 2
+		if id > 3 {
+			wantUploads = 1
+		}
+		if got := ops.uploads - uploads; got != wantUploads {
+			t.Errorf("step %d uploaded %d times, want %d (the layout only while its buffer is new)", id, got, wantUploads)
 		}
 		steps = append(steps, step)
 		for _, j := range []int{id - 1, id} {

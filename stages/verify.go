@@ -60,12 +60,14 @@ func init() {
 // speculation on or off wherever the target's logits are the same.
 type verify struct {
 	d VerifyDeps
-	// bufs hold each step's device half (its layout, then its
-	// DeviceVerified), by step id: a step's outcome is read by its draft
-	// stage and the next step's forward pass, both queued before this
-	// stage runs two steps later, so a buffer comes back three steps
-	// later (no allocation a step).
-	bufs [3]kernels.Tensor
+	// outcomes hold each step's DeviceVerified and layouts its layout,
+	// by step id: a step's outcome is read by its draft stage and the
+	// next step's forward pass, both queued before this stage runs two
+	// steps later, so a buffer comes back three steps later (no
+	// allocation a step). A layout is only read, and uploaded only when
+	// it changes (kernels.UploadI32Held).
+	outcomes [3]kernels.Tensor
+	layouts  [3]kernels.HeldI32
 }
 
 func (v *verify) Process(_ context.Context, step *SampledStep) (*SampledStep, error) {
@@ -156,25 +158,22 @@ func (v *verify) onDevice(step *SampledStep) error {
 		s0 += counts[e]
 	}
 	ops, n := v.d.Ops, len(refs)
-	buf := &v.bufs[int(step.Outputs.StepID)%len(v.bufs)]
-	if *buf == nil || kernels.NumElements(*buf) < 7*n {
-		*buf, err = kernels.AllocEmpty(ops, kernels.I32, 14*n)
+	slot := int(step.Outputs.StepID) % len(v.outcomes)
+	buf := &v.outcomes[slot]
+	if *buf == nil || kernels.NumElements(*buf) < 3*n {
+		*buf, err = kernels.AllocEmpty(ops, kernels.I32, 6*n)
 	}
-	// The layout, uploaded, then the outcome: every entry's three values
-	// are written (kernels.AcceptDraftsInto).
-	var lt kernels.Tensor
-	part := func(lo, hi int, shape ...int) kernels.Tensor {
-		var t kernels.Tensor
-		if err == nil {
-			if t, err = ops.Rows(*buf, lo, hi); err == nil {
-				t, err = ops.Reshape(t, shape...)
-			}
-		}
-		return t
-	}
-	lt, step.DeviceVerified = part(0, 4*n, n, 4), part(4*n, 7*n, 3, n)
+	// Every entry's three values are written (kernels.AcceptDraftsInto).
 	if err == nil {
-		err = ops.Upload(lt, kernels.I32Bytes(layout), kernels.I32)
+		if step.DeviceVerified, err = ops.Rows(*buf, 0, 3*n); err == nil {
+			step.DeviceVerified, err = ops.Reshape(step.DeviceVerified, 3, n)
+		}
+	}
+	var lt kernels.Tensor
+	if err == nil {
+		if lt, err = kernels.UploadI32Held(ops, &v.layouts[slot], layout); err == nil {
+			lt, err = ops.Reshape(lt, n, 4)
+		}
 	}
 	if err == nil {
 		err = kernels.AcceptDraftsInto(ops, step.DeviceVerified, step.Tokens, step.Batch.InputIDs, lt)
