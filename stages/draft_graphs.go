@@ -282,8 +282,9 @@ func (mg *mtpGraphs) draft(step *SampledStep, s *mtpPlan) (tokens kernels.Tensor
 		}
 	}
 	// The step's batch, shifts applied, over the static one's first rows,
-	// its block tables and the device verification: copies into disjoint
-	// static arrays, one launch where the backend allows.
+	// its block tables, the device verification and the target's hidden
+	// rows: copies into disjoint static arrays, one launch where the
+	// backend allows.
 	var pairs [][2]kernels.Tensor
 	for _, c := range [][2]kernels.Tensor{{pass.views.positions, b.Positions}, {pass.views.slots, b.Attn.SlotMapping}, {pass.views.seqlensK, b.Attn.SeqlensK}} {
 		pairs = append(pairs, [2]kernels.Tensor{prefix(c[0], 1, t), prefix(c[1], 1, t)})
@@ -292,12 +293,9 @@ func (mg *mtpGraphs) draft(step *SampledStep, s *mtpPlan) (tokens kernels.Tensor
 	if s.fromDevice {
 		pairs = append(pairs, [2]kernels.Tensor{chain.views.verified, step.DeviceVerified})
 	}
+	pairs = append(pairs, [2]kernels.Tensor{prefix(mg.hidden), prefix(step.Hidden)})
 	if err == nil {
 		err = copyRects(ops, pairs)
-	}
-	hidden, idx := prefix(mg.hidden), prefix(mg.iota)
-	if err == nil {
-		err = ops.Embedding(hidden, step.Hidden, idx)
 	}
 	if err == nil {
 		err = pass.graph.Replay()

@@ -58,18 +58,19 @@ func (m *logitsCounting) ComputeLogits(hidden, rows kernels.Tensor) (kernels.Ten
 
 func (f *fakeGraphOps) CopyRect(dst, src kernels.Tensor) error {
 	r, c, w := src.Shape()[0], src.Shape()[1], dst.Shape()[1]
-	sv, err := kernels.ToI32(f, src)
-	if err != nil {
+	es := dst.DType().Size()
+	sv := make([]byte, kernels.NumElements(src)*es)
+	dv := make([]byte, kernels.NumElements(dst)*es)
+	if err := f.Download(sv, src); err != nil {
 		return err
 	}
-	dv, err := kernels.ToI32(f, dst)
-	if err != nil {
+	if err := f.Download(dv, dst); err != nil {
 		return err
 	}
 	for i := range r {
-		copy(dv[i*w:i*w+c], sv[i*c:(i+1)*c])
+		copy(dv[i*w*es:(i*w+c)*es], sv[i*c*es:(i+1)*c*es])
 	}
-	return f.Upload(dst, kernels.I32Bytes(dv), kernels.I32)
+	return f.Upload(dst, dv, dst.DType())
 }
 
 // graphTestRuntime is a tiny Llama on the CPU backend with its own cache.
