@@ -261,6 +261,35 @@ func generateTimed(t *testing.T, l *llm.LLM, ps []llm.Prompt, params engine.Samp
 // as an engine that differs.
 func TestGPUEngineRepeatable(t *testing.T) {
 	skipWithoutGPU(t)
+	run := defaultModelProse(t)
+	want := run("cuda: {fill_uninitialized_memory: false}")
+	for i, fill := range []bool{false, true, false, true} {
+		got := run(fmt.Sprintf("cuda: {fill_uninitialized_memory: %v}", fill))
+		compareGreedy(t, fmt.Sprintf("engine %d (fill_uninitialized_memory %v)", i+2, fill), "the first engine's", got, want)
+	}
+}
+
+// The shipped default model, one request at a time (ZOS and CUDA graphs
+// on): speculative decoding with its MTP layer (k = 1, 2) and with prompt
+// lookup gives the greedy tokens of plain decoding. A verify step's rows
+// (up to 3 here) take the GEMV kernels, whose rows' bits do not depend on
+// their batch, as a decode row alone does.
+func TestGPUEngineSpeculativeSameTokens(t *testing.T) {
+	skipWithoutGPU(t)
+	run := defaultModelProse(t)
+	want := run("")
+	for _, spec := range []string{"{method: mtp, num_speculative_tokens: 1, adaptive: false}",
+		"{method: mtp, num_speculative_tokens: 2, adaptive: false}", "{method: ngram, num_speculative_tokens: 3, adaptive: false}"} {
+		got := run("speculative: " + spec)
+		compareGreedy(t, spec, "without speculation", got, want)
+	}
+}
+
+// defaultModelProse returns a function that runs 32 prose prompts through
+// a fresh engine on the shipped default model (ZOS and graphs on, one
+// sequence at a time, the requests in order), greedy, 96 tokens each,
+// with extra YAML added to the config.
+func defaultModelProse(t *testing.T) func(extra string) [][]int {
 	dir, err := filepath.Abs("../../assets/deepseek-tiny")
 	if err != nil {
 		t.Fatal(err)
@@ -276,31 +305,31 @@ func TestGPUEngineRepeatable(t *testing.T) {
 	params := engine.DefaultSamplingParams()
 	params.Temperature = 0
 	params.MaxTokens = 96
-	run := func(fill bool) [][]int {
+	return func(extra string) [][]int {
 		t.Helper()
 		l := newLLM(t, fmt.Sprintf(`model: %s
 device: cuda
 engine: {max_num_seqs: 1}
 zos: {enabled: true}
 cuda_graph: {enabled: true, batch_sizes: [1, 2, 4]}
-cuda: {fill_uninitialized_memory: %v}
-`, dir, fill))
+%s
+`, dir, extra))
 		defer l.Close()
 		out, _ := generateTimed(t, l, prompts, params)
 		return out
 	}
-	want := run(false)
-	for i, fill := range []bool{false, true, false, true} {
-		got := run(fill)
-		for j := range want {
-			if !slices.Equal(got[j], want[j]) {
-				k := 0
-				for k < min(len(got[j]), len(want[j])) && got[j][k] == want[j][k] {
-					k++
-				}
-				t.Errorf("engine %d (fill_uninitialized_memory %v): request %d differs from the first engine's from output token %d (%d vs %d tokens)",
-					i+2, fill, j, k, len(got[j]), len(want[j]))
+}
+
+// compareGreedy reports each request whose tokens in got differ from want.
+func compareGreedy(t *testing.T, what, against string, got, want [][]int) {
+	t.Helper()
+	for j := range want {
+		if !slices.Equal(got[j], want[j]) {
+			k := 0
+			for k < min(len(got[j]), len(want[j])) && got[j][k] == want[j][k] {
+				k++
 			}
+			t.Errorf("%s: request %d differs from %s from output token %d (%d vs %d tokens)", what, j, against, k, len(got[j]), len(want[j]))
 		}
 	}
 }

@@ -67,6 +67,7 @@ type call struct {
 	g          int64
 	start, end int64 // ns
 	fn, stage  string
+	from       string // the first two frames outside the backends' packages
 }
 
 // span is a stretch of a goroutine's running time.
@@ -132,7 +133,7 @@ func parse(r io.Reader) (*events, error) {
 		}
 		switch {
 		case to == trace.GoSyscall:
-			c := &call{g: g, start: t}
+			c := &call{g: g, start: t, from: caller(e.Stack())}
 			for fr := range e.Stack().Frames() {
 				if c.fn == "" {
 					if i := strings.Index(fr.Func, "_Cfunc_"); i >= 0 {
@@ -166,6 +167,21 @@ func where(s trace.Stack) string {
 		if strings.Contains(fr.Func, "deepinfer") {
 			fs = append(fs, fr.Func[strings.LastIndex(fr.Func, "/")+1:])
 			if len(fs) == 3 {
+				break
+			}
+		}
+	}
+	return strings.Join(fs, " <- ")
+}
+
+// caller names the first two of the engine's frames outside the backends'
+// packages (kernels/...): the code that asked for a backend call.
+func caller(s trace.Stack) string {
+	var fs []string
+	for fr := range s.Frames() {
+		if strings.Contains(fr.Func, "deepinfer") && !strings.Contains(fr.Func, "/kernels") {
+			fs = append(fs, fr.Func[strings.LastIndex(fr.Func, "/")+1:])
+			if len(fs) == 2 {
 				break
 			}
 		}
@@ -293,7 +309,11 @@ func analyze(ev *events, boundary string, skip int) (*report, error) {
 	var lines []line
 	for _, c := range ev.calls {
 		if c.start >= a-(b-a)/3 && c.start < b {
-			lines = append(lines, line{c.start, fmt.Sprintf("%8.1f %7.1f  %-12s %s", us(c.start-a), us(c.end-c.start), nameOf(c.g), c.fn)})
+			text := fmt.Sprintf("%8.1f %7.1f  %-12s %s", us(c.start-a), us(c.end-c.start), nameOf(c.g), c.fn)
+			if c.from != "" {
+				text += "  (" + c.from + ")"
+			}
+			lines = append(lines, line{c.start, text})
 		}
 	}
 	for _, w := range ev.waits {
