@@ -678,7 +678,7 @@ func TestGPUSampleParamsReused(t *testing.T) {
 	const vocab = 1000
 	plain := sampleCase{vocab: vocab}
 	for i := range 3 {
-		plain.rows = append(plain.rows, kernels.SampleRow{Greedy: true, TopP: 1, Seed: 7, Step: uint64(i)})
+		plain.rows = append(plain.rows, kernels.SampleRow{Greedy: true, TopP: 1, RepetitionPenalty: 1, Seed: 7, Step: uint64(i)})
 		plain.logits = append(plain.logits, sampleLogits(r, vocab, 3, 0))
 	}
 	first, _, _ := plain.device(t, g, maxSampleCandidates)
