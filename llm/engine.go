@@ -93,7 +93,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		}
 		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, SIMD: cfg.CPU.SIMD, KVCacheDType: cfg.Cache.KVDType(), Activations: cpuActivations(cfg.CPU.ActivationRounding)})
 	case "cuda":
-		ops, err := cuda.New(cudaOptions(cfg.CUDA, cfg.Cache.KVDType()))
+		ops, err := cuda.New(cudaOptions(cfg))
 		if err != nil {
 			return nil, fmt.Errorf("llm: %w", err)
 		}
