@@ -261,7 +261,7 @@ func generateTimed(t *testing.T, l *llm.LLM, ps []llm.Prompt, params engine.Samp
 // as an engine that differs.
 func TestGPUEngineRepeatable(t *testing.T) {
 	skipWithoutGPU(t)
-	run := defaultModelProse(t)
+	run := defaultModelProse(t, 1)
 	want := run("cuda: {fill_uninitialized_memory: false}")
 	for i, fill := range []bool{false, true, false, true} {
 		got := run(fmt.Sprintf("cuda: {fill_uninitialized_memory: %v}", fill))
@@ -270,26 +270,35 @@ func TestGPUEngineRepeatable(t *testing.T) {
 }
 
 // The shipped default model, one request at a time (ZOS and CUDA graphs
-// on): speculative decoding with its MTP layer (k = 1, 2) and with prompt
-// lookup gives the greedy tokens of plain decoding. A verify step's rows
-// (up to 3 here) take the GEMV kernels, whose rows' bits do not depend on
-// their batch, as a decode row alone does.
+// on): speculative decoding with its MTP layer (k = 1, 2, 4), prompt
+// lookup (k = 4) and the DSpark drafter (k = 6) gives the greedy tokens of
+// plain decoding. A verify step's rows (up to 7 here, padded to the graph
+// size 8) take the GEMV kernels (the engine raises their row limit to 8
+// with more than 3 drafts), whose rows' bits do not depend on their
+// batch, as a decode row alone does.
 func TestGPUEngineSpeculativeSameTokens(t *testing.T) {
 	skipWithoutGPU(t)
-	run := defaultModelProse(t)
+	drafter, err := filepath.Abs("../../assets/dspark-tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := defaultModelProse(t, 1)
 	want := run("")
 	for _, spec := range []string{"{method: mtp, num_speculative_tokens: 1, adaptive: false}",
-		"{method: mtp, num_speculative_tokens: 2, adaptive: false}", "{method: ngram, num_speculative_tokens: 3, adaptive: false}"} {
+		"{method: mtp, num_speculative_tokens: 2, adaptive: false}", "{method: mtp, num_speculative_tokens: 4, adaptive: false}",
+		"{method: ngram, num_speculative_tokens: 4, adaptive: false}",
+		"{method: dspark, num_speculative_tokens: 6, confidence_threshold: 0.3, adaptive: false, draft_model: " + drafter + "}"} {
 		got := run("speculative: " + spec)
 		compareGreedy(t, spec, "without speculation", got, want)
 	}
 }
 
-// defaultModelProse returns a function that runs 32 prose prompts through
-// a fresh engine on the shipped default model (ZOS and graphs on, one
-// sequence at a time, the requests in order), greedy, 96 tokens each,
-// with extra YAML added to the config.
-func defaultModelProse(t *testing.T) func(extra string) [][]int {
+// defaultModelProse returns a function that runs 32 prose prompts, the
+// list repeat times over, through a fresh engine on the shipped default
+// model (ZOS, graphs and prefix caching on, one sequence at a time, the
+// requests in order), greedy, 96 tokens each, with extra YAML added to
+// the config.
+func defaultModelProse(t *testing.T, repeat int) func(extra string) [][]int {
 	dir, err := filepath.Abs("../../assets/deepseek-tiny")
 	if err != nil {
 		t.Fatal(err)
@@ -298,9 +307,11 @@ func defaultModelProse(t *testing.T) func(extra string) [][]int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prompts := make([]llm.Prompt, len(passages))
-	for i, p := range passages {
-		prompts[i] = llm.Prompt{Text: p.Text}
+	var prompts []llm.Prompt
+	for range repeat {
+		for _, p := range passages {
+			prompts = append(prompts, llm.Prompt{Text: p.Text})
+		}
 	}
 	params := engine.DefaultSamplingParams()
 	params.Temperature = 0
@@ -311,7 +322,7 @@ func defaultModelProse(t *testing.T) func(extra string) [][]int {
 device: cuda
 engine: {max_num_seqs: 1}
 zos: {enabled: true}
-cuda_graph: {enabled: true, batch_sizes: [1, 2, 4]}
+cuda_graph: {enabled: true, batch_sizes: [1, 2, 4, 8, 16]}
 %s
 `, dir, extra))
 		defer l.Close()
@@ -331,5 +342,30 @@ func compareGreedy(t *testing.T, what, against string, got, want [][]int) {
 			}
 			t.Errorf("%s: request %d differs from %s from output token %d (%d vs %d tokens)", what, j, against, k, len(got[j]), len(want[j]))
 		}
+	}
+}
+
+// The shipped default model with prefix caching (ZOS and graphs on, one
+// sequence at a time): each prose prompt twice in one engine, the second
+// time served from the prefix cache but for its last partial block, gives
+// mostly the same greedy tokens as the first (a miss). Not all: the
+// suffix's few rows take the GEMV kernels and the whole prompt's cuBLAS,
+// which round differently, so a near tie can flip (the CPU backend's
+// kernels are batch-invariant and agree on every request). The figure is
+// logged; the bound only catches a hit that reads the wrong blocks.
+func TestGPUEnginePrefixHitAgreement(t *testing.T) {
+	skipWithoutGPU(t)
+	run := defaultModelProse(t, 2)
+	twice := run("")
+	n := len(twice) / 2
+	same := 0
+	for i := range n {
+		if slices.Equal(twice[i], twice[n+i]) {
+			same++
+		}
+	}
+	t.Logf("prefix hit vs miss: %d/%d requests identical", same, n)
+	if same < n*3/4 {
+		t.Errorf("prefix hit vs miss: %d/%d requests identical, want at least %d", same, n, n*3/4)
 	}
 }
