@@ -7,6 +7,7 @@ import (
 
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu"
+	"github.com/deepinfer/deepinfer-go/kernels/opstest"
 )
 
 // AcceptDrafts is the longest matching prefix plus the token after it, the
@@ -69,23 +70,12 @@ func TestAcceptDrafts(t *testing.T) {
 // hostOnly hides the backend's optional capabilities.
 type hostOnly struct{ kernels.Ops }
 
-// countUploads counts a backend's uploads.
-type countUploads struct {
-	kernels.Ops
-	n int
-}
-
-func (c *countUploads) Upload(t kernels.Tensor, src []byte, dt kernels.DType) error {
-	c.n++
-	return c.Ops.Upload(t, src, dt)
-}
-
 // UploadI32Held uploads only values that differ from the buffer's last
 // ones; a longer array takes a new buffer.
 func TestUploadI32Held(t *testing.T) {
 	c := cpu.New(cpu.Options{Threads: 1})
 	defer c.Close()
-	ops := &countUploads{Ops: c}
+	ops := &opstest.Counting{Ops: c}
 	var h kernels.HeldI32
 	for i, tc := range []struct {
 		xs      []int32
@@ -99,7 +89,7 @@ func TestUploadI32Held(t *testing.T) {
 		{[]int32{1, 2, 3, 4, 5, 6, 7}, 1},
 		{[]int32{1, 2, 3, 4, 5, 6, 7}, 0},
 	} {
-		before := ops.n
+		before := ops.Uploads
 		v, err := kernels.UploadI32Held(ops, &h, tc.xs)
 		if err != nil {
 			t.Fatal(err)
@@ -108,8 +98,8 @@ func TestUploadI32Held(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !slices.Equal(got, tc.xs) || ops.n-before != tc.uploads {
-			t.Errorf("call %d: view %v after %d uploads, want %v after %d", i, got, ops.n-before, tc.xs, tc.uploads)
+		if !slices.Equal(got, tc.xs) || ops.Uploads-before != tc.uploads {
+			t.Errorf("call %d: view %v after %d uploads, want %v after %d", i, got, ops.Uploads-before, tc.xs, tc.uploads)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/deepinfer/deepinfer-go/engine/models"
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu"
+	"github.com/deepinfer/deepinfer-go/kernels/opstest"
 )
 
 // deviceDrafter proposes fixed drafts through backend memory; it records
@@ -205,7 +206,7 @@ func (stepDrafter) Propose(_ context.Context, step *SampledStep) ([][]int, error
 func TestDraftTablesReused(t *testing.T) {
 	c := cpu.New(cpu.Options{Threads: 1})
 	defer c.Close()
-	ops := &uploadCounting{Ops: c}
+	ops := &opstest.Counting{Ops: c}
 	s := &draftStage{d: DraftDeps{Ops: ops, Speculative: Speculative{NumSpeculativeTokens: 2}}, drafter: stepDrafter{}}
 	want := func(id, r int) []int32 { return []int32{int32(id), int32(100*id + r), int32(100*id + r + 50)} }
 	var steps []*SampledStep
@@ -222,12 +223,12 @@ func TestDraftTablesReused(t *testing.T) {
 		out := &engine.SchedulerOutputs{StepID: engine.StepID(id), NumSampleRows: n, DraftLimit: 2}
 		step := &SampledStep{ForwardResult: &ForwardResult{PreparedStep: &PreparedStep{
 			ScheduledStep: &ScheduledStep{Outputs: out, Seqs: metas}, Rows: rows}}, Verified: verified}
-		before := ops.allocs
+		before := ops.Allocs
 		if _, err := s.Process(context.Background(), step); err != nil {
 			t.Fatal(err)
 		}
-		if id > 4 && ops.allocs != before {
-			t.Errorf("step %d allocated %d tensors, want none", id, ops.allocs-before)
+		if id > 4 && ops.Allocs != before {
+			t.Errorf("step %d allocated %d tensors, want none", id, ops.Allocs-before)
 		}
 		steps = append(steps, step)
 		for _, j := range []int{id - 1, id} { // the step before's table and this one's
@@ -255,7 +256,7 @@ func TestDraftTablesReused(t *testing.T) {
 func TestVerifyDeviceReusesBuffers(t *testing.T) {
 	c := cpu.New(cpu.Options{Threads: 1})
 	defer c.Close()
-	ops := &uploadCounting{Ops: c}
+	ops := &opstest.Counting{Ops: c}
 	v := &verify{d: VerifyDeps{Ops: ops, Device: true}}
 	// Step id: sequence 0 verifies draft 10*id, which its first row's
 	// token matches; sequence 1 verifies 10*id+1, which its token does not.
@@ -288,12 +289,12 @@ func TestVerifyDeviceReusesBuffers(t *testing.T) {
 			step.Samples = []Sample{{Token: 10 * id}, {Token: 10*id + 7}, {Token: 999}, {Token: 3}}
 			return nil
 		}}
-		before, uploads := ops.allocs, ops.uploads
+		before, uploads := ops.Allocs, ops.Uploads
 		if _, err := v.Process(context.Background(), step); err != nil {
 			t.Fatal(err)
 		}
-		if id > 3 && ops.allocs != before {
-			t.Errorf("step %d allocated %d tensors, want none", id, ops.allocs-before)
+		if id > 3 && ops.Allocs != before {
+			t.Errorf("step %d allocated %d tensors, want none", id, ops.Allocs-before)
 		}
 		// The layout is the same every step: each buffer gets it once.
 		// (The outcome is one upload a step here: the counting wrapper
@@ -303,7 +304,7 @@ func TestVerifyDeviceReusesBuffers(t *testing.T) {
 		if id > 3 {
 			wantUploads = 1
 		}
-		if got := ops.uploads - uploads; got != wantUploads {
+		if got := ops.Uploads - uploads; got != wantUploads {
 			t.Errorf("step %d uploaded %d times, want %d (the layout only while its buffer is new)", id, got, wantUploads)
 		}
 		steps = append(steps, step)

@@ -13,6 +13,7 @@ import (
 	"github.com/deepinfer/deepinfer-go/engine/models/random"
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu"
+	"github.com/deepinfer/deepinfer-go/kernels/opstest"
 )
 
 // fakeGraphOps gives the CPU backend the graph capability of the CUDA
@@ -300,32 +301,16 @@ func TestForwardGraphsErrors(t *testing.T) {
 	}
 }
 
-// uploadCounting counts the host-to-device copies the stages ask for.
-type uploadCounting struct {
-	kernels.Ops
-	uploads, allocs int
-}
-
-func (u *uploadCounting) Alloc(dt kernels.DType, shape ...int) (kernels.Tensor, error) {
-	u.allocs++
-	return u.Ops.Alloc(dt, shape...)
-}
-
-func (u *uploadCounting) Upload(t kernels.Tensor, src []byte, dt kernels.DType) error {
-	u.uploads++
-	return u.Ops.Upload(t, src, dt)
-}
-
 // countingPrepareRuntime is a tiny random Llama's runtime on the CPU with
 // its backend's uploads and allocations counted.
-func countingPrepareRuntime(t *testing.T) (*ForwardDeps, *uploadCounting) {
+func countingPrepareRuntime(t *testing.T) (*ForwardDeps, *opstest.Counting) {
 	t.Helper()
 	dir := t.TempDir()
 	if err := random.WriteLlama(dir, random.TinyLlama, 11); err != nil {
 		t.Fatal(err)
 	}
 	rt, _ := graphTestRuntime(t, dir, false)
-	counting := &uploadCounting{Ops: rt.Ops}
+	counting := &opstest.Counting{Ops: rt.Ops}
 	rt.Ops = counting
 	return rt, counting
 }
@@ -346,8 +331,8 @@ func TestPrepareOneUpload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if counting.uploads != 1 {
-		t.Errorf("%d uploads for one step, want 1", counting.uploads)
+	if counting.Uploads != 1 {
+		t.Errorf("%d uploads for one step, want 1", counting.Uploads)
 	}
 	if prep.RowsInOrder {
 		t.Errorf("RowsInOrder with prompt-logprob rows")
@@ -509,13 +494,13 @@ func TestPrepareReusesUploads(t *testing.T) {
 				SeqlenK: 5 + k, PosStart: 4 + k, InputTokenIDs: []int{100*k + i}, InputFromRow: -1,
 				BlockTable: []int{i, 10 + i, 20 + i}, Sample: true, SampleRow: i})
 		}
-		before := counting.allocs
+		before := counting.Allocs
 		prep, err := p.Process(context.Background(), step)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if k > inFlight+2 && counting.allocs != before {
-			t.Errorf("step %d allocated %d tensors, want none", k+1, counting.allocs-before)
+		if k > inFlight+2 && counting.Allocs != before {
+			t.Errorf("step %d allocated %d tensors, want none", k+1, counting.Allocs-before)
 		}
 		preps = append(preps, prep)
 		// The steps still in flight keep their inputs.
@@ -531,8 +516,8 @@ func TestPrepareReusesUploads(t *testing.T) {
 			}
 		}
 	}
-	if counting.uploads != 8 {
-		t.Errorf("%d uploads for 8 steps, want 8", counting.uploads)
+	if counting.Uploads != 8 {
+		t.Errorf("%d uploads for 8 steps, want 8", counting.Uploads)
 	}
 	// Without the bound every step gets a buffer of its own.
 	q := newPrepare(PrepareDeps{Ops: counting, BlockSize: rt.Cache.BlockSize, NumBlocks: rt.Cache.NumBlocks})

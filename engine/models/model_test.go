@@ -11,6 +11,7 @@ import (
 
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu"
+	"github.com/deepinfer/deepinfer-go/kernels/opstest"
 )
 
 func TestUnknownArchitecture(t *testing.T) {
@@ -245,22 +246,11 @@ func TestPureGoPath(t *testing.T) {
 	}
 }
 
-// uploadCounter counts the host-to-device copies a backend is asked for.
-type uploadCounter struct {
-	kernels.Ops
-	uploads int
-}
-
-func (u *uploadCounter) Upload(t kernels.Tensor, src []byte, dt kernels.DType) error {
-	u.uploads++
-	return u.Ops.Upload(t, src, dt)
-}
-
 // HostBatch.UploadWith sends a step's metadata and the caller's arrays in
 // one copy and hands out each array, with its shape, as a view of it (block
 // tables padded with -1).
 func TestHostBatchUploadOneCopy(t *testing.T) {
-	ops := &uploadCounter{Ops: cpu.New(cpu.Options{Threads: 1})}
+	ops := &opstest.Counting{Ops: cpu.New(cpu.Options{Threads: 1})}
 	h := HostBatch{BlockSize: 4}
 	h.AddSequence([]int32{5, 6, 7}, 0, []int32{2})               // a 3-token prompt
 	h.AddSequence([]int32{9}, 6, []int32{0, 1})                  // a decode row after 6 cached tokens
@@ -269,8 +259,8 @@ func TestHostBatchUploadOneCopy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ops.uploads != 1 {
-		t.Errorf("%d uploads, want 1", ops.uploads)
+	if ops.Uploads != 1 {
+		t.Errorf("%d uploads, want 1", ops.Uploads)
 	}
 	if len(extra) != 2 {
 		t.Fatalf("%d extra tensors, want 2", len(extra))
