@@ -50,19 +50,27 @@ type Options struct {
 	// engine/grammar, sized by config structured_output): another grammar
 	// engine plugs in here.
 	Grammars stages.GrammarCompiler
+	// Backend, when not nil, is the backend the engine runs on instead of
+	// the one it would build from cfg (device and its cpu or cuda keys): a
+	// backend with settings the config has no key for, such as the CUDA
+	// backend's kernel switches, or one that several engines share. Its
+	// name must start with cfg.Device ("cpu", "cuda"). The engine does not
+	// close it: the caller does, after the engine's Close.
+	Backend kernels.Ops
 }
 
 // Engine is the LLMEngine: it owns the backend, the model, the KV cache,
 // the scheduler and the step loop (a pipeline graph running on its own
 // goroutines from New until Close). Safe for concurrent use.
 type Engine struct {
-	cfg   *config.Config
-	ops   kernels.Ops
-	model models.Model
-	tok   *tokenizer.Tokenizer
-	sched *engine.Scheduler
-	env   *stages.Env
-	graph *pipeline.Graph
+	cfg     *config.Config
+	ops     kernels.Ops
+	ownsOps bool // ops was built here (not Options.Backend): Close closes it
+	model   models.Model
+	tok     *tokenizer.Tokenizer
+	sched   *engine.Scheduler
+	env     *stages.Env
+	graph   *pipeline.Graph
 
 	memPlan MemoryPlan
 
@@ -85,14 +93,19 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	if opts.Models == nil {
 		opts.Models = models.Builtin()
 	}
-	e := &Engine{cfg: cfg, done: make(chan struct{})}
-	switch cfg.Device {
-	case "cpu":
+	e := &Engine{cfg: cfg, done: make(chan struct{}), ownsOps: opts.Backend == nil}
+	switch {
+	case opts.Backend != nil:
+		if !strings.HasPrefix(opts.Backend.Name(), cfg.Device) {
+			return nil, fmt.Errorf("llm: %w: Options.Backend is %s but the config's device is %q", config.ErrInvalid, opts.Backend.Name(), cfg.Device)
+		}
+		e.ops = opts.Backend
+	case cfg.Device == "cpu":
 		if _, err := simd.Pick(cfg.CPU.SIMD); err != nil && !cfg.CPU.PureGo {
 			return nil, fmt.Errorf("llm: %w: cpu.simd %s: %w", config.ErrInvalid, cfg.CPU.SIMD, err)
 		}
 		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, SIMD: cfg.CPU.SIMD, KVCacheDType: cfg.Cache.KVDType(), Activations: cpuActivations(cfg.CPU.ActivationRounding)})
-	case "cuda":
+	case cfg.Device == "cuda":
 		ops, err := cuda.New(cudaOptions(cfg))
 		if err != nil {
 			return nil, fmt.Errorf("llm: %w", err)
@@ -104,7 +117,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	ok := false
 	defer func() {
 		if !ok {
-			e.ops.Close()
+			e.closeOps()
 		}
 	}()
 
@@ -700,7 +713,16 @@ func (e *Engine) Close() error {
 	e.requests.end()
 	<-e.done
 	e.cancel()
-	return errors.Join(e.runErr, e.ops.Close())
+	return errors.Join(e.runErr, e.closeOps())
+}
+
+// closeOps closes the backend when the engine built it (not
+// Options.Backend).
+func (e *Engine) closeOps() error {
+	if !e.ownsOps {
+		return nil
+	}
+	return e.ops.Close()
 }
 
 // Shutdown is Close with a deadline: when ctx ends first, the step loop is

@@ -10,6 +10,7 @@ import (
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/config"
+	"github.com/deepinfer/deepinfer-go/kernels/cpu"
 	"github.com/deepinfer/deepinfer-go/pipeline"
 )
 
@@ -461,5 +462,38 @@ func TestGenerateEach(t *testing.T) {
 	}
 	if _, err := l.GenerateEach(context.Background(), ps, params[:2], nil); err == nil || !strings.Contains(err.Error(), "3 prompts but 2 sampling parameters") {
 		t.Errorf("2 parameters for 3 prompts: err %v", err)
+	}
+}
+
+// Options.Backend: two engines in turn on one caller-owned backend give
+// the tokens of an engine on its own, and closing an engine leaves the
+// backend open; a backend of another device than the config's is an error
+// naming both.
+func TestSharedBackend(t *testing.T) {
+	dir := tinyLlama(t)
+	own, err := NewLLM(tinyConfig(t, dir, nil), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := generate(t, own, prompts(3), greedy(6))
+	own.Close()
+	b := cpu.New(cpu.Options{Threads: 2})
+	defer b.Close()
+	for i := range 2 {
+		l, err := NewLLM(tinyConfig(t, dir, nil), Options{Backend: b})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := generate(t, l, prompts(3), greedy(6))
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("engine %d on the shared backend: %v, want %v", i, got, want)
+		}
+	}
+	cfg := tinyConfig(t, dir, func(c *config.Config) { c.Device = "cuda" })
+	if _, err := NewLLM(cfg, Options{Backend: b}); err == nil || !strings.Contains(err.Error(), `but the config's device is "cuda"`) {
+		t.Errorf("a CPU backend for device cuda: err %v", err)
 	}
 }
