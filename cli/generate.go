@@ -483,8 +483,11 @@ func specReport(sp stages.SpecStats) string {
 // deviceIdle describes the device timeline of a run: the share of device
 // time between consecutive forward passes that is not forward work, over
 // all steps and over decode steps, with the mean device time from one
-// step's start to the next. Empty when the backend has no device markers
-// (the CPU backend: its forward time is the host's).
+// step's start to the next. That share is the device's idle time plus
+// the work it queues outside the forward pass: sampling, and with
+// speculative decoding the acceptance and the drafter's passes, so it is
+// named for what it measures. Empty when the backend has no device
+// markers (the CPU backend: its forward time is the host's).
 func deviceIdle(d stages.DeviceTimes) string {
 	switch {
 	case !d.Timed && d.Err == "":
@@ -494,9 +497,9 @@ func deviceIdle(d stages.DeviceTimes) string {
 	}
 	all, ok := d.All.IdleFraction()
 	if !ok {
-		return "device idle between steps n/a (no consecutive steps measured)"
+		return "device outside forward passes n/a (no consecutive steps measured)"
 	}
-	s := fmt.Sprintf("device idle between steps %.1f%% of %s/step", 100*all, fmtMillis(d.All.MeanSpan()))
+	s := fmt.Sprintf("device outside forward passes %.1f%% of %s/step", 100*all, fmtMillis(d.All.MeanSpan()))
 	if dec, ok := d.Decode.IdleFraction(); ok {
 		s += fmt.Sprintf(" (decode steps %.1f%% of %s)", 100*dec, fmtMillis(d.Decode.MeanSpan()))
 	}

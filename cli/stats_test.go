@@ -15,14 +15,14 @@ func TestDeviceIdle(t *testing.T) {
 		want string
 	}{
 		{"cpu backend", stages.DeviceTimes{}, ""},
-		{"no pairs yet", stages.DeviceTimes{Timed: true}, "device idle between steps n/a (no consecutive steps measured)"},
+		{"no pairs yet", stages.DeviceTimes{Timed: true}, "device outside forward passes n/a (no consecutive steps measured)"},
 		{"failed", stages.DeviceTimes{Timed: true, Err: "device timeline: start marker: boom"}, "device timeline off: device timeline: start marker: boom"},
 		{"all and decode", stages.DeviceTimes{Timed: true,
 			All:    stages.StepPairs{N: 4, Busy: 9 * ms, Span: 10 * ms},
 			Decode: stages.StepPairs{N: 2, Busy: 4900 * time.Microsecond, Span: 5 * ms}},
-			"device idle between steps 10.0% of 2.500 ms/step (decode steps 2.0% of 2.500 ms)"},
+			"device outside forward passes 10.0% of 2.500 ms/step (decode steps 2.0% of 2.500 ms)"},
 		{"prefill only", stages.DeviceTimes{Timed: true, All: stages.StepPairs{N: 1, Busy: 3 * ms, Span: 4 * ms}},
-			"device idle between steps 25.0% of 4.000 ms/step"},
+			"device outside forward passes 25.0% of 4.000 ms/step"},
 	}
 	for _, tc := range tests {
 		if got := deviceIdle(tc.in); got != tc.want {

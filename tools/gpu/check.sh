@@ -847,7 +847,7 @@ if [[ -f $logs/gen_cuda.txt ]]; then
 	for run in cuda cuda_split cpu; do
 		f=$logs/gen_$run.txt
 		[[ -f $f ]] || continue
-		printf '%-11s %s | %s\n' "$run" "$(grep -oE 'decode [0-9.]+ tok/s' "$f" | head -1)" "$(grep -oE 'device (idle between steps|timeline off)[^|]*' "$f" | head -1)"
+		printf '%-11s %s | %s\n' "$run" "$(grep -oE 'decode [0-9.]+ tok/s' "$f" | head -1)" "$(grep -oE 'device (outside forward passes|timeline off)[^|]*' "$f" | head -1)"
 	done
 fi
 for workload in prose editing; do
