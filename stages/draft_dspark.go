@@ -119,7 +119,7 @@ func (p *dsparkDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int
 	if err != nil {
 		return nil, err
 	}
-	lengths := p.gate(got.Confidence)
+	lengths := p.gate(got.Confidence, len(s.cols), k)
 	for i, r := range s.cols {
 		drafts[r] = got.Tokens[i][:lengths[i]]
 	}
@@ -153,10 +153,27 @@ func sampleRefs(verified []VerifiedRow) []RowRef {
 	return refs
 }
 
-// gate returns how many of its drafts each sequence verifies, given the
-// confidences of its drafts: spec.GatePrefix at the threshold, then the
-// step's budget (spec.GateBudget).
-func (p *dsparkDrafter) gate(conf [][]float64) []int {
+// gates says whether the confidences can cut a draft: a threshold above
+// 0 or a step budget. Without either every row verifies all its n
+// drafts, and the drafter does not read the confidences back (a wait for
+// the device on an asynchronous backend, which would stall the step).
+func (p *dsparkDrafter) gates() bool {
+	sp := p.d.Speculative
+	return sp.ConfidenceThreshold > 0 || sp.MaxVerifyTokensPerStep > 0
+}
+
+// gate returns how many of its n drafts each of b sequences verifies,
+// given the confidences of its drafts: spec.GatePrefix at the threshold,
+// then the step's budget (spec.GateBudget); n each when conf is nil (the
+// drafter does not gate).
+func (p *dsparkDrafter) gate(conf [][]float64, b, n int) []int {
+	if conf == nil {
+		lengths := make([]int, b)
+		for i := range lengths {
+			lengths[i] = n
+		}
+		return lengths
+	}
 	sp := p.d.Speculative
 	limits := make([]int, len(conf))
 	for i, c := range conf {
@@ -306,7 +323,7 @@ func (p *dsparkDrafter) propose(ctx context.Context, step *SampledStep, fromDevi
 		return dd, nil
 	}
 	defer recordDraft(d.Stats, time.Now())
-	tokens, conf, stride, ok, err := p.graphs.draft(step, s, n, p.ds)
+	tokens, conf, stride, ok, err := p.graphs.draft(step, s, n, p.ds, p.gates())
 	if err == nil && !ok {
 		tokens, conf, stride, err = p.eager(ctx, step, s, n)
 	}
@@ -314,7 +331,7 @@ func (p *dsparkDrafter) propose(ctx context.Context, step *SampledStep, fromDevi
 		return dd, fmt.Errorf("draft=dspark: %w", err)
 	}
 	dd.Tokens = tokens
-	lengths := p.gate(conf)
+	lengths := p.gate(conf, len(s.cols), n)
 	for i, r := range s.cols {
 		at := make([]int32, lengths[i])
 		for j := range at {
@@ -365,6 +382,9 @@ func (p *dsparkDrafter) eager(ctx context.Context, step *SampledStep, s *dsparkP
 	if async || thr <= 0 {
 		if err := ds.Queue(ctx, pass, n, nil); err != nil {
 			return nil, nil, 0, err
+		}
+		if !p.gates() {
+			return pass.Tokens, nil, b, nil
 		}
 		conf, err := readConfidence(ops, ds, pass.Z, b, n)
 		return pass.Tokens, conf, b, err
@@ -547,7 +567,7 @@ func (g *dsparkGraphs) captureSize(ctx context.Context, ds *models.DSpark, size,
 // its drafts (the graph's static output: valid until the drafter's next
 // step is queued), the confidences of its rows and the drafts' stride;
 // ok false (nothing queued) when its rows fit no size.
-func (g *dsparkGraphs) draft(step *SampledStep, s *dsparkPlan, n int, ds *models.DSpark) (kernels.Tensor, [][]float64, int, bool, error) {
+func (g *dsparkGraphs) draft(step *SampledStep, s *dsparkPlan, n int, ds *models.DSpark, gates bool) (kernels.Tensor, [][]float64, int, bool, error) {
 	if g == nil {
 		return nil, nil, 0, false, nil
 	}
@@ -576,7 +596,7 @@ func (g *dsparkGraphs) draft(step *SampledStep, s *dsparkPlan, n int, ds *models
 		err = dg.graph.Replay()
 	}
 	var conf [][]float64
-	if err == nil {
+	if err == nil && gates {
 		conf, err = readConfidence(ops, ds, dg.z, len(s.cols), n)
 	}
 	if err != nil {

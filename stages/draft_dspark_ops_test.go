@@ -274,6 +274,32 @@ func TestDSparkDraftStepOps(t *testing.T) {
 						}
 					}
 					t.Logf("accepted %d of %d draft tokens", graphed.spec.NumAcceptedTokens, graphed.spec.NumDraftTokens)
+
+					// Gating off (threshold 0, no budget): every row
+					// verifies its k drafts, and the step does not read
+					// the confidences back (a wait for the device that
+					// would hold the step on a GPU): one operation fewer.
+					v.threshold = 0
+					ungated := runCountedDSpark(t, v)
+					steady := 0
+					for _, s := range ungated.steps {
+						if s.Prefill || s.SampleRows != batch {
+							continue
+						}
+						steady++
+						if s.Total != graphOps-1 || s.Ops["download"] != 0 {
+							t.Errorf("gating off: step %d: %d operations, want %d without the read: %v", s.StepID, s.Total, graphOps-1, s.Ops)
+						}
+						if !reflect.DeepEqual(s.Drafts, s.Reference) {
+							t.Errorf("gating off: step %d: drafts %v, the host path's %v", s.StepID, s.Drafts, s.Reference)
+						}
+					}
+					if steady == 0 {
+						t.Error("gating off: no steady-state drafting step")
+					}
+					if !reflect.DeepEqual(ungated.outputs, eager.outputs) {
+						t.Errorf("gating off: outputs %v, gated %v", ungated.outputs, eager.outputs)
+					}
 				})
 			}
 		}
