@@ -53,9 +53,12 @@ type Options struct {
 	// Backend, when not nil, is the backend the engine runs on instead of
 	// the one it would build from cfg (device and its cpu or cuda keys): a
 	// backend with settings the config has no key for, such as the CUDA
-	// backend's kernel switches, or one that several engines share. Its
+	// backend's kernel switches, or one that several engines use. Its
 	// name must start with cfg.Device ("cpu", "cuda"). The engine does not
-	// close it: the caller does, after the engine's Close.
+	// close it: the caller does, after the engine's Close. Engines on one
+	// CUDA backend share its stream, and an engine with cuda_graph on
+	// captures its graphs on that stream while New runs: start such an
+	// engine while no other engine on the backend runs.
 	Backend kernels.Ops
 }
 
