@@ -323,7 +323,7 @@ func (p *dsparkDrafter) propose(ctx context.Context, step *SampledStep, fromDevi
 		return dd, nil
 	}
 	defer recordDraft(d.Stats, time.Now())
-	tokens, conf, stride, ok, err := p.graphs.draft(step, s, n, p.ds, p.gates())
+	tokens, conf, stride, ok, err := p.graphs.draft(step, s, n, p.ds)
 	if err == nil && !ok {
 		tokens, conf, stride, err = p.eager(ctx, step, s, n)
 	}
@@ -374,8 +374,11 @@ func (p *dsparkDrafter) eager(ctx context.Context, step *SampledStep, s *dsparkP
 	if pass.Tokens, err = ops.Alloc(kernels.I32, n*b); err != nil {
 		return nil, nil, 0, err
 	}
-	if pass.Z, err = ops.Alloc(kernels.F32, n*b, 1); err != nil {
-		return nil, nil, 0, err
+	gates := p.gates()
+	if gates { // else the pass leaves the confidence head out
+		if pass.Z, err = ops.Alloc(kernels.F32, n*b, 1); err != nil {
+			return nil, nil, 0, err
+		}
 	}
 	thr := p.d.Speculative.ConfidenceThreshold
 	_, async := ops.(kernels.AsyncFetcher)
@@ -383,7 +386,7 @@ func (p *dsparkDrafter) eager(ctx context.Context, step *SampledStep, s *dsparkP
 		if err := ds.Queue(ctx, pass, n, nil); err != nil {
 			return nil, nil, 0, err
 		}
-		if !p.gates() {
+		if !gates {
 			return pass.Tokens, nil, b, nil
 		}
 		conf, err := readConfidence(ops, ds, pass.Z, b, n)
@@ -457,12 +460,14 @@ func (p *dsparkDrafter) Close() error { return p.graphs.close() }
 // and one buffer of features that all sizes share. A step whose drafting
 // rows fit a size costs the host one upload (its rows, straight into the
 // static inputs), from the device the two gathers of its rows and
-// tokens, the gather of its features, one replay and the read of the
-// confidences; rows past the step's are padding (hidden row 0, token 0),
-// which changes no real row.
+// tokens, the gather of its features, one replay and, when the drafter
+// gates, the read of the confidences (without gating the graphs leave the
+// confidence head out); rows past the step's are padding (hidden row 0,
+// token 0), which changes no real row.
 type dsparkGraphs struct {
 	ops   kernels.Ops
 	gops  graphOps
+	gates bool                // the drafter gates (dsparkDrafter.gates): the passes compute confidences
 	feat  kernels.Tensor      // [largest size, target hidden]: the passes' features
 	sizes []*dsparkSizeGraphs // ascending by size
 }
@@ -478,7 +483,7 @@ type dsparkSizeGraphs struct {
 
 // dsparkGraph is the pass over its size's rows and depth positions.
 type dsparkGraph struct {
-	tokens, z kernels.Tensor // I32 [depth*size], F32 [depth*size, 1]: its static outputs
+	tokens, z kernels.Tensor // I32 [depth*size], F32 [depth*size, 1] (nil without gating): its static outputs
 	graph     interface {
 		Replay() error
 		Close() error
@@ -501,7 +506,7 @@ func newDSparkGraphs(ctx context.Context, p *dsparkDrafter) (*dsparkGraphs, erro
 		return nil, errors.New("no graph sizes")
 	}
 	ops := d.Ops
-	g := &dsparkGraphs{ops: ops, gops: gops}
+	g := &dsparkGraphs{ops: ops, gops: gops, gates: p.gates()}
 	var err error
 	if g.feat, err = ops.Alloc(ops.ActivationDType(), sizes[len(sizes)-1], ds.Config().TargetHiddenSize); err != nil {
 		return nil, err
@@ -544,8 +549,10 @@ func (g *dsparkGraphs) captureSize(ctx context.Context, ds *models.DSpark, size,
 		if dg.tokens, err = ops.Alloc(kernels.I32, n*size); err != nil {
 			return sg, err
 		}
-		if dg.z, err = ops.Alloc(kernels.F32, n*size, 1); err != nil {
-			return sg, err
+		if g.gates {
+			if dg.z, err = ops.Alloc(kernels.F32, n*size, 1); err != nil {
+				return sg, err
+			}
 		}
 		pass := &models.DSparkPass{Feat: sg.feat, Last: sg.views.last, Layout: sg.views.layout, Tokens: dg.tokens, Z: dg.z}
 		fn := func() error { return ds.Queue(ctx, pass, n, nil) }
@@ -567,7 +574,7 @@ func (g *dsparkGraphs) captureSize(ctx context.Context, ds *models.DSpark, size,
 // its drafts (the graph's static output: valid until the drafter's next
 // step is queued), the confidences of its rows and the drafts' stride;
 // ok false (nothing queued) when its rows fit no size.
-func (g *dsparkGraphs) draft(step *SampledStep, s *dsparkPlan, n int, ds *models.DSpark, gates bool) (kernels.Tensor, [][]float64, int, bool, error) {
+func (g *dsparkGraphs) draft(step *SampledStep, s *dsparkPlan, n int, ds *models.DSpark) (kernels.Tensor, [][]float64, int, bool, error) {
 	if g == nil {
 		return nil, nil, 0, false, nil
 	}
@@ -596,7 +603,7 @@ func (g *dsparkGraphs) draft(step *SampledStep, s *dsparkPlan, n int, ds *models
 		err = dg.graph.Replay()
 	}
 	var conf [][]float64
-	if err == nil && gates {
+	if err == nil && g.gates {
 		conf, err = readConfidence(ops, ds, dg.z, len(s.cols), n)
 	}
 	if err != nil {

@@ -276,10 +276,21 @@ func TestDSparkDraftStepOps(t *testing.T) {
 					t.Logf("accepted %d of %d draft tokens", graphed.spec.NumAcceptedTokens, graphed.spec.NumDraftTokens)
 
 					// Gating off (threshold 0, no budget): every row
-					// verifies its k drafts, and the step does not read
-					// the confidences back (a wait for the device that
-					// would hold the step on a GPU): one operation fewer.
+					// verifies its k drafts, the pass leaves the
+					// confidence head out, and the step does not read the
+					// confidences back (a wait for the device that would
+					// hold the step on a GPU).
 					v.threshold = 0
+					v.mode = dsparkAsync
+					ungatedEager := runCountedDSpark(t, v)
+					for _, s := range ungatedEager.steps {
+						// No confidences' allocation, no read, and no
+						// confidence head (4 kernels a position).
+						if want := eagerOps - 2 - 4*k; !s.Prefill && s.SampleRows == batch && s.Total != want {
+							t.Errorf("gating off, eagerly: step %d: %d operations, want %d: %v", s.StepID, s.Total, want, s.Ops)
+						}
+					}
+					v.mode = dsparkGraphs
 					ungated := runCountedDSpark(t, v)
 					steady := 0
 					for _, s := range ungated.steps {
@@ -297,8 +308,8 @@ func TestDSparkDraftStepOps(t *testing.T) {
 					if steady == 0 {
 						t.Error("gating off: no steady-state drafting step")
 					}
-					if !reflect.DeepEqual(ungated.outputs, eager.outputs) {
-						t.Errorf("gating off: outputs %v, gated %v", ungated.outputs, eager.outputs)
+					if !reflect.DeepEqual(ungated.outputs, eager.outputs) || !reflect.DeepEqual(ungatedEager.outputs, eager.outputs) {
+						t.Errorf("gating off: outputs %v (graphs), %v (eager), gated %v", ungated.outputs, ungatedEager.outputs, eager.outputs)
 					}
 				})
 			}

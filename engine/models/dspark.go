@@ -398,7 +398,9 @@ type DSparkPass struct {
 	Last   kernels.Tensor // I32 [B]: each sequence's last token
 	Layout kernels.Tensor // I32 [LayoutSize(B)]: FillLayout's arrays
 	// Tokens (I32 [>= n*B]) and Z (F32 [>= n*B, 1]) receive draft j of
-	// sequence s and its confidence logit (Confidence) at j*B+s.
+	// sequence s and its confidence logit (Confidence) at j*B+s. Z nil
+	// skips the confidence head (four operations a position), for a caller
+	// that does not gate.
 	Tokens, Z kernels.Tensor
 }
 
@@ -406,9 +408,10 @@ type DSparkPass struct {
 // block's layers over BlockSize rows a sequence, then position by
 // position the Markov correction, the argmax of the shared final norm
 // and LM head (each position's drafts feed the next position on the
-// device) and the confidence head. It uploads and reads nothing, so a
-// CUDA graph can capture it; rows of p are independent, so padding rows
-// (any finite Feat, any token of the vocabulary) change no other row.
+// device) and the confidence head (none when p.Z is nil). It uploads and
+// reads nothing, so a CUDA graph can capture it; rows of p are
+// independent, so padding rows (any finite Feat, any token of the
+// vocabulary) change no other row.
 // after, when not nil, is called once position j is queued, and a true
 // return ends the pass there (a caller that reads each position's
 // confidences on a synchronous backend skips the positions no gate would
@@ -426,7 +429,7 @@ func (d *DSpark) Queue(ctx context.Context, p *DSparkPass, n int, after func(j i
 		return fmt.Errorf("models: dspark: features %v for %d sequences of target hidden size %d: %w", shapeOf(p.Feat), b, d.cfg.TargetHiddenSize, ErrBatch)
 	case p.Layout == nil || kernels.NumElements(p.Layout) != d.LayoutSize(b):
 		return fmt.Errorf("models: dspark: layout %v, want %d elements for %d sequences: %w", shapeOf(p.Layout), d.LayoutSize(b), b, ErrBatch)
-	case p.Tokens == nil || kernels.NumElements(p.Tokens) < n*b || p.Z == nil || kernels.NumElements(p.Z) < n*b:
+	case p.Tokens == nil || kernels.NumElements(p.Tokens) < n*b || (p.Z != nil && kernels.NumElements(p.Z) < n*b):
 		return fmt.Errorf("models: dspark: tokens %v and z %v for %d positions of %d sequences: %w", shapeOf(p.Tokens), shapeOf(p.Z), n, b, ErrBatch)
 	}
 	if n == 0 {
@@ -591,10 +594,6 @@ func (d *DSpark) correct(ctx context.Context, p *DSparkPass, x kernels.Tensor, b
 		if err != nil {
 			return err
 		}
-		zj, err := ops.Rows(p.Z, j*b, (j+1)*b)
-		if err != nil {
-			return err
-		}
 		steps := []func() error{
 			func() error { return ops.Embedding(m, d.target.embed, ids) },
 			func() error { return ops.Linear(md, m, d.markovDown, nil) },
@@ -602,12 +601,19 @@ func (d *DSpark) correct(ctx context.Context, p *DSparkPass, x kernels.Tensor, b
 			func() error { return ops.Linear(g, ma, d.markovUp, nil) },
 			func() error { return ops.Add(g, xj, g) },
 			func() error { return ops.Logits(logits, g, nil, d.target.finalNorm, d.target.lmHead, d.target.eps) },
-			func() error { return ops.RMSNorm(gn, g, d.confNorm, d.eps) },
-			func() error { return ops.Linear(f1, gn, d.confFC1, nil) },
-			func() error { return ops.SiLUMul(fa, f1) },
-			func() error { return ops.Linear(zj, fa, d.confFC2, d.confBias) },
-			func() error { return kernels.ArgmaxInto(ops, next, logits) },
 		}
+		if p.Z != nil {
+			zj, err := ops.Rows(p.Z, j*b, (j+1)*b)
+			if err != nil {
+				return err
+			}
+			steps = append(steps,
+				func() error { return ops.RMSNorm(gn, g, d.confNorm, d.eps) },
+				func() error { return ops.Linear(f1, gn, d.confFC1, nil) },
+				func() error { return ops.SiLUMul(fa, f1) },
+				func() error { return ops.Linear(zj, fa, d.confFC2, d.confBias) })
+		}
+		steps = append(steps, func() error { return kernels.ArgmaxInto(ops, next, logits) })
 		for _, f := range steps {
 			if err := f(); err != nil {
 				return fmt.Errorf("position %d: %w", j, err)

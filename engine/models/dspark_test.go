@@ -337,6 +337,12 @@ func TestDSparkChainedPositions(t *testing.T) {
 // caller with its own buffers does (graphs), and reads the drafts and
 // confidence logits back.
 func queuePass(t *testing.T, d *DSpark, hidden kernels.Tensor, rows, last []int32, n int) ([]int32, []float32) {
+	return queuePassZ(t, d, hidden, rows, last, n, true)
+}
+
+// queuePassZ is queuePass, with the confidence head only when withZ (nil
+// confidences otherwise).
+func queuePassZ(t *testing.T, d *DSpark, hidden kernels.Tensor, rows, last []int32, n int, withZ bool) ([]int32, []float32) {
 	t.Helper()
 	ops, b := d.ops, len(rows)
 	layout := make([]int32, d.LayoutSize(b))
@@ -352,7 +358,10 @@ func queuePass(t *testing.T, d *DSpark, hidden kernels.Tensor, rows, last []int3
 		errs = append(errs, err)
 		return x
 	}
-	p.Feat, p.Tokens, p.Z = alloc(ops.ActivationDType(), b, d.cfg.TargetHiddenSize), alloc(kernels.I32, n*b), alloc(kernels.F32, n*b, 1)
+	p.Feat, p.Tokens = alloc(ops.ActivationDType(), b, d.cfg.TargetHiddenSize), alloc(kernels.I32, n*b)
+	if withZ {
+		p.Z = alloc(kernels.F32, n*b, 1)
+	}
 	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
@@ -366,6 +375,9 @@ func queuePass(t *testing.T, d *DSpark, hidden kernels.Tensor, rows, last []int3
 	if err != nil {
 		t.Fatal(err)
 	}
+	if !withZ {
+		return tokens, nil
+	}
 	z, err := kernels.ToF32(ops, p.Z)
 	if err != nil {
 		t.Fatal(err)
@@ -374,7 +386,8 @@ func queuePass(t *testing.T, d *DSpark, hidden kernels.Tensor, rows, last []int3
 }
 
 // A pass queued over a caller's buffers (as a CUDA graph replays it)
-// drafts what Draft drafts, and rows of padding after the real ones
+// drafts what Draft drafts, with or without its confidence head, and rows
+// of padding after the real ones
 // (hidden row 0, token 0, as the graphs pad) change none of the real
 // rows' drafts or confidence logits.
 func TestDSparkQueuePadding(t *testing.T) {
@@ -395,6 +408,11 @@ func TestDSparkQueuePadding(t *testing.T) {
 				t.Errorf("row %d position %d: queued %d (%g), Draft %d (%g)", s, j, tokens[j*b+s], d.Confidence(z[j*b+s]), want.Tokens[s][j], want.Confidence[s][j])
 			}
 		}
+	}
+	// Without the confidence head (a caller that does not gate): the same
+	// drafts.
+	if noZ, _ := queuePassZ(t, d, hidden, rows, last, k, false); !slices.Equal(noZ, tokens) {
+		t.Errorf("without confidences: drafts %v, with them %v", noZ, tokens)
 	}
 	const pad = 5
 	pr, pl := append(slices.Clone(rows), make([]int32, pad)...), append(slices.Clone(last), make([]int32, pad)...)
