@@ -11,56 +11,64 @@ import (
 )
 
 // Argmax on the device equals the host reference (kernels.ArgmaxRow) on
-// rows with ties, NaN and all -Inf, and FetchI32Async brings the ids back
-// behind queued work.
+// rows with ties (far apart, and inside one 4-value load of the vector
+// path), NaN and all -Inf, at vocabularies the vector path takes (a
+// multiple of 4: Qwen3's, the default model's) and ones it does not (odd,
+// GPT-2's), and FetchI32Async brings the ids back behind queued work.
 func TestGPUArgmax(t *testing.T) {
 	g := newGPU(t, GEMMRound)
-	r := rand.New(rand.NewPCG(3, 4))
-	const rows, vocab = 37, 151936
-	logits := make([]float32, rows*vocab)
-	for i := range logits {
-		logits[i] = float32(r.NormFloat64())
-	}
-	for row := range rows {
-		z := logits[row*vocab : (row+1)*vocab]
-		switch row % 4 {
-		case 1: // a tie far apart: the lower id wins
-			z[vocab-3], z[17] = 50, 50
-		case 2: // NaN never wins
-			z[5], z[6] = float32(math.NaN()), 40
-		case 3:
-			if row == 3 {
-				for i := range z {
-					z[i] = float32(math.Inf(-1))
+	for _, vocab := range []int{151936, 8192, 8191, 50257, 3} {
+		r := rand.New(rand.NewPCG(3, uint64(vocab)))
+		const rows = 37
+		logits := make([]float32, rows*vocab)
+		for i := range logits {
+			logits[i] = float32(r.NormFloat64())
+		}
+		for row := range rows {
+			z := logits[row*vocab : (row+1)*vocab]
+			switch row % 5 {
+			case 1: // a tie far apart: the lower id wins
+				z[vocab-1], z[0] = 50, 50
+			case 2: // NaN never wins
+				z[min(5, vocab-1)], z[vocab/2] = float32(math.NaN()), 40
+			case 3:
+				if row == 3 {
+					for i := range z {
+						z[i] = float32(math.Inf(-1))
+					}
+				}
+			case 4: // a tie inside one float4 and one in the next: the lowest id wins
+				if vocab >= 12 {
+					z[9], z[10], z[11] = 60, 60, 60
 				}
 			}
 		}
-	}
-	l, err := kernels.FromF32(g, logits, rows, vocab)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := g.Alloc(kernels.I32, rows)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := g.Argmax(out, l); err != nil {
-		t.Fatal(err)
-	}
-	fetch, err := g.FetchI32Async(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := fetch()
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := make([]int32, rows)
-	for row := range rows {
-		want[row] = int32(kernels.ArgmaxRow(logits[row*vocab : (row+1)*vocab]))
-	}
-	if !slices.Equal(got, want) {
-		t.Errorf("argmax = %v, want %v", got, want)
+		l, err := kernels.FromF32(g, logits, rows, vocab)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := g.Alloc(kernels.I32, rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := g.Argmax(out, l); err != nil {
+			t.Fatal(err)
+		}
+		fetch, err := g.FetchI32Async(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := fetch()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := make([]int32, rows)
+		for row := range rows {
+			want[row] = int32(kernels.ArgmaxRow(logits[row*vocab : (row+1)*vocab]))
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("vocab %d: argmax = %v, want %v", vocab, got, want)
+		}
 	}
 }
 
