@@ -41,28 +41,24 @@ Usage (repository root, GPU machine, the corpus of tools/train/make_corpus.py ca
 """
 import argparse
 import json
-import math
 import os
 import sys
 import time
 import traceback
 
-os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
+# train_dspark first: it sets the environment (cuBLAS workspace, offline hub)
+# before torch is imported, and its helpers make the greedy data.
+import train_dspark as td  # noqa: E402
 import make_fixtures as mf  # noqa: E402
 import train as tr  # noqa: E402
-import train_dspark as td  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 T0 = time.time()
 PIECE = 15 << 20
