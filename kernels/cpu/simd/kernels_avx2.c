@@ -211,6 +211,13 @@ AVX2 INLINE void linear_block(const int dt, float *out, const float *x, const vo
 		} else if (m - i >= 2) {
 			linear_rows(dt, 2, 2, out, x, w, n, k, i, 2, jb, je);
 			i += 2;
+		} else if (m == 1) {
+			// A decode row: one column at a time over the whole of k, so
+			// that the weights (adjacent rows of w) arrive as one
+			// sequential stream rather than four a row apart; each
+			// column's FMAs are those of the 1 x 4 tile, in the same order.
+			linear_rows(dt, 1, 1, out, x, w, n, k, i, 1, jb, je);
+			i += 1;
 		} else {
 			linear_rows(dt, 1, 4, out, x, w, n, k, i, 1, jb, je);
 			i += 1;

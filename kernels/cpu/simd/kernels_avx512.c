@@ -152,7 +152,7 @@ AVX512 INLINE void tile_store(const int R, const int C, const __m512 acc[16], in
 
 // linear_rows runs the rows [i0, i0+nr) against columns [jb, je) with R x C
 // tiles; stream says w comes from memory (GEMV), not from L2 (see pf of
-// tile_steps). Out of stream mode, when a tile's rows and columns over the whole of k would not fit in
+// tile_steps; one row streams a tile's columns one after another). Out of stream mode, when a tile's rows and columns over the whole of k would not fit in
 // L1 next to each other, k is cut into chunks of kc and each group of up to
 // 16 tiles runs chunk by chunk, its accumulators kept in a spill area
 // between chunks: the FMAs per lane are the same, in the same order.
@@ -171,10 +171,32 @@ AVX512 INLINE void linear_rows(const int dt, const int R, const int C, float *ou
 			for (int f = 0; f < 16; f++)
 				acc[f] = _mm512_setzero_ps();
 			tile_ptrs(dt, R, C, x + i0 * k, nr, (const char *)w + j * k * esize(dt), nc, k, xr, wc);
-			const char *pf = 0;
-			if (stream && (dt != DI_F32 || R == 4) && j + 2 * C <= je)
-				pf = (const char *)w + (j + C) * k * esize(dt);
-			tile_steps(dt, R, C, xr, wc, 0, k, k, acc, pf);
+			if (stream && R == 1) {
+				// A decode row: the tile's columns one after another over
+				// the whole of k. They are adjacent rows of w, so the
+				// weights arrive as one sequential stream, which the
+				// hardware prefetchers follow without the prefetches
+				// below, instead of C streams a row apart; x (one row)
+				// stays in L1. Each accumulator gets the same FMAs in the
+				// same order, so the bits are those of the interleaved
+				// loop. Measured in BENCH.md ("One weight stream a decode
+				// row"). Not for 2-4 rows: their x rows, read again for
+				// every column, spill out of L1 (bf16 768x2048, 4 rows:
+				// 23 -> 6-8 GB/s).
+#pragma GCC unroll 1
+				for (int c = 0; c < C; c++) {
+					__m512 a1[16];
+					const char *w1[16] = {wc[c]};
+					a1[0] = _mm512_setzero_ps();
+					tile_steps(dt, 1, 1, xr, w1, 0, k, k, a1, 0);
+					acc[c] = a1[0];
+				}
+			} else {
+				const char *pf = 0;
+				if (stream && (dt != DI_F32 || R == 4) && j + 2 * C <= je)
+					pf = (const char *)w + (j + C) * k * esize(dt);
+				tile_steps(dt, R, C, xr, wc, 0, k, k, acc, pf);
+			}
 			tile_store(R, C, acc, nr, nc, out + i0 * n + j, n);
 		}
 		return;
