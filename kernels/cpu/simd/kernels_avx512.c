@@ -90,6 +90,8 @@ AVX512 INLINE void tile_ptrs(const int dt, const int R, const int C, const float
 // into L2 (T1) rather than L1: on the 2-vCPU AVX-512 Xeon of BENCH.md, the
 // bf16 layer of BenchmarkDecodeLayer went from 0.73-0.85 to 0.83-0.89 of
 // the read bandwidth (three alternating runs; two tiles ahead 0.75-0.88).
+// One row no longer takes it: linear_rows streams its tile's columns one
+// after another instead, which read faster still (BENCH.md).
 AVX512 INLINE void tile_steps(const int dt, const int R, const int C, const float *xr[4],
                               const char *wc[16], int64_t kb, int64_t ke, int64_t k,
                               __m512 acc[16], const char *pf) {
@@ -152,8 +154,9 @@ AVX512 INLINE void tile_store(const int R, const int C, const __m512 acc[16], in
 
 // linear_rows runs the rows [i0, i0+nr) against columns [jb, je) with R x C
 // tiles; stream says w comes from memory (GEMV), not from L2 (see pf of
-// tile_steps; one row streams a tile's columns one after another). Out of stream mode, when a tile's rows and columns over the whole of k would not fit in
-// L1 next to each other, k is cut into chunks of kc and each group of up to
+// tile_steps; one row streams a tile's columns one after another). Out of
+// stream mode, when a tile's rows and columns over the whole of k would not
+// fit in L1 next to each other, k is cut into chunks of kc and each group of up to
 // 16 tiles runs chunk by chunk, its accumulators kept in a spill area
 // between chunks: the FMAs per lane are the same, in the same order.
 AVX512 INLINE void linear_rows(const int dt, const int R, const int C, float *out, const float *x,
