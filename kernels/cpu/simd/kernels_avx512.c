@@ -73,7 +73,7 @@ AVX512 INLINE void tile_ptrs(const int dt, const int R, const int C, const float
 }
 
 // tile_steps runs the canonical FMAs of the k-steps [kb, ke) of an R x C
-// tile (R <= 4, R*C is 8 or 16) into acc[r*C + c]: whole steps of 16, and
+// tile (R <= 4, R*C is 8 or 16, or 1 x 1) into acc[r*C + c]: whole steps of 16, and
 // the masked tail when ke == k. Rows stay in registers and one column's
 // weights are loaded at a time: R*C + R + 1 zmm.
 //
