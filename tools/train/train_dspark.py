@@ -144,6 +144,22 @@ class Taps:
 DECODE_EXPERTS = "eager"
 
 
+def pick_decode_experts(target, device):
+    """Sets DECODE_EXPERTS to batched_mm when transformers offers it and it runs on target
+    (else eager), leaves target on eager, and returns the choice."""
+    global DECODE_EXPERTS
+    impl = "eager"
+    if set_experts(target, "batched_mm"):
+        try:
+            target(input_ids=torch.randint(10, 100, (4, 8), device=device), use_cache=False)
+            impl = "batched_mm"
+        except Exception as e:  # noqa: BLE001
+            log(f"  experts batched_mm: {type(e).__name__}: {str(e)[:160]}")
+    DECODE_EXPERTS = impl
+    set_experts(target, "eager")
+    return impl
+
+
 @torch.no_grad()
 def greedy_sequences(target, prompts, n_new):
     """prompts [B, P] -> [B, P + n_new]: plain argmax with the KV cache, EOS ignored."""
@@ -649,16 +665,7 @@ def run(args):
                 "gpu": torch.cuda.get_device_name(0)}
     log(f"versions {versions}")
     target = load_target(args.target, device)
-    global DECODE_EXPERTS
-    impl = "eager"
-    if set_experts(target, "batched_mm"):
-        try:
-            target(input_ids=torch.randint(10, 100, (4, 8), device=device), use_cache=False)
-            impl = "batched_mm"
-        except Exception as e:  # noqa: BLE001
-            log(f"  experts batched_mm: {type(e).__name__}: {str(e)[:160]}")
-    DECODE_EXPERTS = impl
-    set_experts(target, "eager")
+    impl = pick_decode_experts(target, device)
     log(f"target: {type(target).__name__}, {target.config.num_hidden_layers} layers, decode experts {impl}")
     taps = Taps(target, [int(x) for x in args.target_layers.split(",")])
     tok = Tokenizer.from_file(os.path.join(args.target, "tokenizer.json"))

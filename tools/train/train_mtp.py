@@ -336,21 +336,13 @@ def run(args):
     torch.manual_seed(args.seed)
     os.makedirs(args.out, exist_ok=True)
     target = td.load_target(args.target, device)
-    if td.set_experts(target, "batched_mm"):
-        try:
-            target(input_ids=torch.randint(10, 100, (4, 8), device=device), use_cache=False)
-            td.DECODE_EXPERTS = "batched_mm"
-        except Exception as e:  # noqa: BLE001
-            log(f"  experts batched_mm: {type(e).__name__}: {str(e)[:160]}")
-    td.set_experts(target, "eager")
+    td.pick_decode_experts(target, device)
     n = target.config.num_hidden_layers
     eps = target.config.rms_norm_eps
     block, rotary, extras, stored = load_block(args.target, n, device)
     if not torch.equal(extras["embed_tokens.weight"].float(), target.model.embed_tokens.weight.float()):
         raise RuntimeError("the MTP layer's embedding is not the main model's")
     mtp = ChainedMTP(block, extras, eps, rotary).to(device)
-    for p in mtp.rotary.parameters():
-        p.requires_grad_(False)
     tpass = TargetPass(target)
     tok = Tokenizer.from_file(os.path.join(args.target, "tokenizer.json"))
     stream = td.token_stream(tok, td.read_jsonl_gz(os.path.join(args.corpus, "train.jsonl.gz")), device)
