@@ -11,7 +11,9 @@ SGLang do). This script trains it for that:
 
   data     greedy continuations of random training-corpus windows by the target
            (float32, TF32 off, argmax, EOS ignored), as tools/train/train_dspark.py
-           makes them;
+           makes them; --book-fraction of the batches take their windows from the
+           corpus's books, the rest from its Go source (books are 16% of the corpus's
+           bytes; a negative fraction draws from the whole corpus as one stream);
   passes   depth 1 is the MTP layer over every position i: the target's hidden
            state at i (before the final norm) and the token at i+1, RoPE position i,
            causal attention. Depth d > 1 at anchor i (RoPE position i + d - 1) takes
@@ -26,11 +28,12 @@ SGLang do). This script trains it for that:
            --depth-decay^(d-1). The shared embedding and head stay frozen (the
            export's copies must equal the main model's); everything else of the
            layer trains, starting from the shipped weights;
-  eval     on greedy continuations of held-out windows: per depth, the share of
-           anchors whose draft equals the target's greedy token given every earlier
-           draft accepted, and the mean accepted length at k = 1..depths, before
-           and after; the held-out-sample MTP figures of reference.json ("mtp"), as
-           train.py computes them, after.
+  eval     on greedy continuations of held-out windows, Go and books apart (half
+           of --heldout each): per depth, the share of anchors whose draft equals
+           the target's greedy token given every earlier draft accepted, and the
+           mean accepted length at k = 1..depths, before and after; the
+           held-out-sample MTP figures of reference.json ("mtp"), as train.py
+           computes them, after.
   export   OUT/model.safetensors: the shipped file with the MTP layer's trained
            tensors replaced (bf16; every other tensor byte for byte), cut into
            15 MiB pieces (model.safetensors.part<i>, cat them in order);
@@ -177,6 +180,11 @@ def load_block(d, n, device):
     return block, rotary, extras, stored
 
 
+def is_book(doc):
+    """Whether a corpus document is a book's (tools/train/make_corpus.py's src "book:NAME")."""
+    return doc["src"].startswith("book")
+
+
 def valid_anchors(plens, L, depth):
     """[B, L] bool: anchor i drafts at this depth in a real step (the token at i+1 was
     generated) and the depth's label exists (i + depth <= L - 1)."""
@@ -216,12 +224,18 @@ def evaluate(mtp, tpass, seqs, plens, depths, masks, chunk=64):
     }
 
 
-def make_data(target, stream, g, seconds, max_seqs, total_len, prompt_lens, batch):
+def make_data(target, streams, g, seconds, max_seqs, total_len, prompt_lens, batch):
+    """Greedy sequences from random windows; streams is one token stream, or a list of
+    (stream, share) from which each batch draws its windows by share."""
+    if not isinstance(streams, list):
+        streams = [(streams, 1.0)]
+    shares = torch.tensor([w for _, w in streams], dtype=torch.float64)
     seqs, plens = [], []
     t = time.time()
     n = 0
     while n < max_seqs and (time.time() - t < seconds or not seqs):
         plen = prompt_lens[int(torch.randint(len(prompt_lens), (1,), generator=g))]
+        stream = streams[int(torch.multinomial(shares, 1, generator=g))][0]
         p = td.random_prompts(stream, g, batch, plen)
         seqs.append(td.greedy_sequences(target, p, total_len - plen))
         plens.append(torch.full((batch,), plen, dtype=torch.int64, device=p.device))
@@ -241,15 +255,21 @@ def train(mtp, tpass, seqs, plens, args, masks, deadline=None, steps=None):
     L = seqs.shape[1]
     hist = {"step": [], "loss": [], "ce_depth": []}
     step, t_start, planned = 0, None, steps
+    if steps is not None:
+        deadline = None
     acc = torch.zeros(args.depths, device="cuda")
     acc_n = 0
     mtp.train()
     while planned is None or step < planned:
-        if planned is None and step == args.measure_steps:
+        if deadline is not None and step >= args.measure_steps and step % args.measure_steps == 0:
+            # (Re)plan from the rate so far: the first steps' rate can be off
+            # by a third on a shared machine, and the deadline must hold.
             torch.cuda.synchronize()
-            per = (time.time() - t_start) / (args.measure_steps - 1)
+            per = (time.time() - t_start) / (step - 1)
+            was = planned
             planned = max(step + 1, step + int((deadline - time.time()) / per))
-            log(f"  {per * 1000:.1f} ms/step: {planned} steps")
+            if was is None:
+                log(f"  {per * 1000:.1f} ms/step: {planned} steps")
         lr_total = planned or 10**9
         for group in opt.param_groups:
             group["lr"] = td.lr_at(step, args, lr_total)
@@ -345,9 +365,19 @@ def run(args):
     mtp = ChainedMTP(block, extras, eps, rotary).to(device)
     tpass = TargetPass(target)
     tok = Tokenizer.from_file(os.path.join(args.target, "tokenizer.json"))
-    stream = td.token_stream(tok, td.read_jsonl_gz(os.path.join(args.corpus, "train.jsonl.gz")), device)
-    held = td.token_stream(tok, td.read_jsonl_gz(os.path.join(args.corpus, "heldout.jsonl.gz")), device)
-    log(f"target {n} layers; corpus {stream.numel()} training tokens, {held.numel()} held out; "
+    train_docs = td.read_jsonl_gz(os.path.join(args.corpus, "train.jsonl.gz"))
+    held_docs = td.read_jsonl_gz(os.path.join(args.corpus, "heldout.jsonl.gz"))
+    stream = td.token_stream(tok, train_docs, device)
+    by_src = {src: (td.token_stream(tok, [d for d in train_docs if is_book(d) == book], device),
+                    td.token_stream(tok, [d for d in held_docs if is_book(d) == book], device))
+              for src, book in (("go", False), ("book", True))}
+    if args.book_fraction < 0:
+        sources = stream
+    else:
+        sources = [(by_src["book"][0], args.book_fraction), (by_src["go"][0], 1 - args.book_fraction)]
+    log(f"target {n} layers; corpus {stream.numel()} training tokens "
+        f"({by_src['book'][0].numel()} in books), held out: "
+        f"{by_src['go'][1].numel()} Go, {by_src['book'][1].numel()} books; "
         f"MTP layer {sum(p.numel() for p in mtp.parameters() if p.requires_grad)} trainable parameters")
     prompt_lens = [int(x) for x in args.prompt_lens.split(",")]
     L = args.total_len
@@ -366,16 +396,23 @@ def run(args):
     log("smoke passed")
 
     hg = torch.Generator().manual_seed(args.seed + 99)
-    h_seqs, h_pl, _ = make_data(target, held, hg, 0, args.heldout, L, prompt_lens, args.heldout)
-    before = evaluate(mtp, tpass, h_seqs, h_pl, args.depths, masks)
+    held = {}
+    for src in ("go", "book"):
+        hs, hp, _ = make_data(target, by_src[src][1], hg, 0, args.heldout // 2, L, prompt_lens, args.heldout // 2)
+        held[src] = (hs, hp)
+
+    def evaluate_held():
+        return {src: evaluate(mtp, tpass, hs, hp, args.depths, masks) for src, (hs, hp) in held.items()}
+
+    before = evaluate_held()
     log(f"held out, shipped layer: {before}")
-    seqs, plens, gen_s = make_data(target, stream, g, args.gen_seconds, 10**9, L, prompt_lens, args.gen_batch)
+    seqs, plens, gen_s = make_data(target, sources, g, args.gen_seconds, 10**9, L, prompt_lens, args.gen_batch)
     log(f"data: {seqs.shape[0]} greedy sequences of {L} tokens in {gen_s:.1f}s")
     seen = evaluate(mtp, tpass, seqs[:512], plens[:512], args.depths, masks)
     hist = train(mtp, tpass, seqs, plens, args, masks, deadline=time.time() + args.train_seconds, steps=args.steps)
     log(f"trained {hist['steps']} steps in {hist['seconds']}s")
     round_bf16(mtp)
-    after = evaluate(mtp, tpass, h_seqs, h_pl, args.depths, masks)
+    after = evaluate_held()
     log(f"held out, trained layer (bf16): {after}")
 
     # reference.json's "mtp" figures, as train.py computes them, for the new layer.
@@ -401,7 +438,8 @@ def run(args):
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "gpu": torch.cuda.get_device_name(0)},
         "data": {"sequences": int(seqs.shape[0]), "tokens_each": L, "generation_seconds": round(gen_s, 1),
-                 "heldout_sequences": int(h_seqs.shape[0])},
+                 "heldout_sequences": {src: int(hs.shape[0]) for src, (hs, _) in held.items()},
+                 "book_fraction": args.book_fraction},
         "train": hist,
         "heldout_before": before,
         "heldout_after": after,
@@ -411,8 +449,9 @@ def run(args):
     }
     with open(os.path.join(args.out, "train_mtp.json"), "w") as f:
         json.dump(result, f, indent=1)
-    log("mean accepted length k=1..%d, held out: before %s, after %s" % (
-        args.depths, before["mean_accepted_length"], after["mean_accepted_length"]))
+    for src in held:
+        log("mean accepted length k=1..%d, held-out %s: before %s, after %s" % (
+            args.depths, src, before[src]["mean_accepted_length"], after[src]["mean_accepted_length"]))
 
 
 def main():
@@ -427,7 +466,9 @@ def main():
     p.add_argument("--depth-decay", type=float, default=0.7)
     p.add_argument("--gen-seconds", type=float, default=90)
     p.add_argument("--gen-batch", type=int, default=1024)
-    p.add_argument("--heldout", type=int, default=512, help="held-out greedy sequences")
+    p.add_argument("--heldout", type=int, default=512, help="held-out greedy sequences, half Go, half books")
+    p.add_argument("--book-fraction", type=float, default=0.5,
+                   help="share of the data's batches drawn from the books (negative: the whole corpus)")
     p.add_argument("--total-len", type=int, default=256)
     p.add_argument("--prompt-lens", default="8,16,32,64,128")
     p.add_argument("--train-seconds", type=float, default=240)
