@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 22u
+#define DI_ABI_VERSION 23u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -229,6 +229,9 @@ enum di_sample_status {
 /* The largest vocabulary di_api.sample accepts (its sums of weights are
  * 64-bit integers in units of 2^-43). */
 #define DI_SAMPLE_MAX_VOCAB (1 << 20)
+/* The longest vocabulary whose rows a call of greedy rows alone samples
+ * one block a row, in one launch (di_api.sample's all_greedy). */
+#define DI_SAMPLE_GREEDY_WHOLE 16384
 
 typedef struct di_device_info {
 	char name[256];
@@ -485,9 +488,14 @@ typedef struct di_api {
 	 * DI_SAMPLE_OK gets token 0 and sets DI_CHECK_SAMPLE. max_candidates
 	 * bounds the survivors of a random row's filters that are held in shared
 	 * memory (0: none; rows with more survivors are walked in global
-	 * memory): the tokens do not depend on it. */
+	 * memory): the tokens do not depend on it. all_greedy != 0 says that
+	 * every row is greedy (the caller knows; the rows are in device
+	 * memory): the call then skips the random rows' mass pass and, for a
+	 * vocabulary of at most DI_SAMPLE_GREEDY_WHOLE tokens, the split of
+	 * the rows into chunks, one launch in all. The tokens do not depend
+	 * on it. */
 	int (*sample)(di_ctx *ctx, di_dptr out, di_dptr logits, int num_rows, int vocab, di_dptr rows,
-	              di_dptr edits, int max_candidates);
+	              di_dptr edits, int max_candidates, int all_greedy);
 	/* qkv_prepare: see di_qkv; the bits of split_columns, rms_norm per
 	 * head, rope and write_cache run one after the other. */
 	int (*qkv_prepare)(di_ctx *ctx, const di_qkv *a);

@@ -220,7 +220,7 @@ int di_op_argmax(di_ctx *ctx, di_dptr out, di_dptr logits, int num_rows, int voc
 int di_op_accept_drafts(di_ctx *ctx, di_dptr out, di_dptr tokens, int num_tokens, di_dptr drafts, int num_drafts,
                         di_dptr layout, int num_entries);
 int di_op_sample(di_ctx *ctx, di_dptr out, di_dptr logits, int num_rows, int vocab, di_dptr rows,
-                 di_dptr edits, int max_candidates);
+                 di_dptr edits, int max_candidates, int all_greedy);
 int di_op_widen(di_ctx *ctx, float *dst, const void *src, int src_dtype, size_t n);
 // FP8 block-scaled weights (kernels/cuda/fp8.cu, fp8_moe.cu).
 int di_op_fp8_linear(di_ctx *ctx, di_dptr out, di_dptr x, const di_fp8_weight *w, di_dptr bias, int m, int n, int k,

@@ -139,8 +139,8 @@ static inline int c_accept_drafts(di_api *a, di_ctx *c, di_dptr out, di_dptr tok
 	return a->accept_drafts(c, out, tokens, nt, drafts, nd, layout, ne);
 }
 static inline int c_sample(di_api *a, di_ctx *c, di_dptr out, di_dptr logits, int r, int vocab, di_dptr rows, di_dptr edits,
-                           int max_candidates) {
-	return a->sample(c, out, logits, r, vocab, rows, edits, max_candidates);
+                           int max_candidates, int all_greedy) {
+	return a->sample(c, out, logits, r, vocab, rows, edits, max_candidates, all_greedy);
 }
 
 // Sliding-window rings, attention sinks, Gemma and gpt-oss operations.

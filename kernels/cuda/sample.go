@@ -21,6 +21,10 @@ import (
 // rows with more are walked in global memory. The tokens do not depend on it.
 const maxSampleCandidates = 4096
 
+// sampleGreedyWhole is DI_SAMPLE_GREEDY_WHOLE: the longest vocabulary that
+// a call of greedy rows alone samples one block a row, in one launch.
+const sampleGreedyWhole = C.DI_SAMPLE_GREEDY_WHOLE
+
 // topPMargin is kernels/sampling's relative margin around the top-p limit;
 // the kernel receives 1 ± topPMargin as Go rounds them.
 const topPMargin = 1e-9
@@ -39,8 +43,11 @@ var _ kernels.AsyncDeviceSampler = (*Backend)(nil)
 // does not fuse multiply-adds (amd64).
 //
 // Cost: one upload of the rows and edits (96 bytes a row, 16 an edit;
-// none when they are the last call's: sampleParams), one kernel, one
-// download of 12 bytes a row, which waits for the queued work. The kernel
+// none when they are the last call's: sampleParams), one kernel (for a few
+// rows, two chunk kernels before it; one when every row is greedy, none
+// when every row is greedy and the vocabulary has at most
+// DI_SAMPLE_GREEDY_WHOLE tokens), one download of 12 bytes a row, which
+// waits for the queued work. The kernel
 // reads each row a few times: once to apply the edits and find
 // the maximum (all a greedy row needs); a random row adds three passes for
 // top-k's K-th largest logit, one to count the survivors, and either one to
@@ -95,8 +102,11 @@ func (b *Backend) sample(logits kernels.Tensor, rows []kernels.SampleRow, maxCan
 	// and status written, an id only with a bad status), and the
 	// parameters: the rows, the edits at a 16-byte boundary, then, when a
 	// row has an allowed-token mask, each row's mask index and the masks.
-	numEdits, numMasks := 0, 0
+	numEdits, numMasks, allGreedy := 0, 0, C.int(1)
 	for i := range rows {
+		if !rows[i].Greedy {
+			allGreedy = 0
+		}
 		numEdits += len(rows[i].Edits)
 		if rows[i].Allowed != nil {
 			numMasks++
@@ -140,7 +150,7 @@ func (b *Backend) sample(logits kernels.Tensor, rows []kernels.SampleRow, maxCan
 		}
 	}
 	if err := b.launch(op, func() C.int {
-		return C.c_sample(b.lib.api, b.ctx, out.ptr(), l.ptr(), C.int(n), C.int(vocab), rowsPtr, editsPtr, C.int(maxCandidates))
+		return C.c_sample(b.lib.api, b.ctx, out.ptr(), l.ptr(), C.int(n), C.int(vocab), rowsPtr, editsPtr, C.int(maxCandidates), allGreedy)
 	}, out, l, params); err != nil {
 		return nil, nil, err
 	}

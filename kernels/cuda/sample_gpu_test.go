@@ -608,6 +608,80 @@ func TestGPUSampleChunks(t *testing.T) {
 	t.Logf("sample in chunks: %d rows (%d random) give the tokens and processed logits of one block a row", rows, random)
 }
 
+// A call of greedy rows alone (one launch up to sampleGreedyWhole
+// tokens, no mass pass above) gives each row the token, the processed
+// logits and, for a bad row, the error of the same rows sampled in a call
+// with a random row beside them (the chunk kernels with the mass pass),
+// and the host's token; at vocabularies either side of the bound, with
+// ties, edits and rows of NaN, +Inf and all -Inf.
+func TestGPUSampleAllGreedy(t *testing.T) {
+	g := newGPU(t, GEMMRound)
+	r := rand.New(rand.NewPCG(5, 11))
+	random := sampleRow(r, 100, 1) // "temperature"
+	for _, vocab := range []int{8192, sampleGreedyWhole, sampleGreedyWhole + 1, 151936} {
+		for _, n := range []int{1, 3, 64} {
+			for kind := range 4 {
+				c := sampleCase{vocab: vocab}
+				for i := range n {
+					c.rows = append(c.rows, sampleRow(r, vocab, 0))
+					c.logits = append(c.logits, sampleLogits(r, vocab, 3, (kind+i)%4))
+				}
+				want, _ := c.host()
+				got, _, proc := c.device(t, g, maxSampleCandidates)
+				mixed := sampleCase{vocab: vocab, rows: append(append([]kernels.SampleRow{}, c.rows...), random),
+					logits: append(append([][]float32{}, c.logits...), sampleLogits(r, vocab, 3, 0))}
+				ref, _, refProc := mixed.device(t, g, maxSampleCandidates)
+				for i := range c.rows {
+					if got[i] != ref[i] || got[i] != want[i] {
+						t.Fatalf("vocab %d, %d rows, kind %d, row %d: token %d greedy alone, %d beside a random row, %d on the host",
+							vocab, n, kind, i, got[i], ref[i], want[i])
+					}
+				}
+				for j := range proc {
+					if math.Float32bits(proc[j]) != math.Float32bits(refProc[j]) {
+						t.Fatalf("vocab %d, %d rows, kind %d: processed logit %d = %v greedy alone, %v beside a random row",
+							vocab, n, kind, j, proc[j], refProc[j])
+					}
+				}
+			}
+			// Bad rows report the same error either way.
+			bads := []func(z []float32){
+				func(z []float32) { z[vocab-1] = float32(math.NaN()) },
+				func(z []float32) { z[vocab/3] = float32(math.Inf(1)) },
+				func(z []float32) {
+					for i := range z {
+						z[i] = float32(math.Inf(-1))
+					}
+				},
+			}
+			for b, bad := range bads {
+				c := sampleCase{vocab: vocab}
+				for range n {
+					c.rows = append(c.rows, kernels.SampleRow{Greedy: true, TopP: 1, RepetitionPenalty: 1})
+					c.logits = append(c.logits, sampleLogits(r, vocab, 2, 0))
+				}
+				bad(c.logits[n-1])
+				mixed := sampleCase{vocab: vocab, rows: append(append([]kernels.SampleRow{}, c.rows...), random),
+					logits: append(append([][]float32{}, c.logits...), sampleLogits(r, vocab, 3, 0))}
+				var errs [2]*kernels.SampleRowError
+				for k, cc := range []sampleCase{c, mixed} {
+					logits := upload(t, g, kernels.F32, kernels.F32Bytes(cc.flat()), kernels.F32, len(cc.rows), vocab)
+					_, _, err := g.SampleTokens(logits, cc.rows)
+					if !errors.As(err, &errs[k]) {
+						t.Fatalf("vocab %d, %d rows, bad row %d: got %v, want a *kernels.SampleRowError", vocab, n, b, err)
+					}
+					if err := g.Sync(); err != nil {
+						t.Fatalf("the error stayed in the device check word: %v", err)
+					}
+				}
+				if *errs[0] != *errs[1] || errs[0].Row != n-1 {
+					t.Errorf("vocab %d, %d rows, bad row %d: greedy alone %+v, beside a random row %+v", vocab, n, b, *errs[0], *errs[1])
+				}
+			}
+		}
+	}
+}
+
 // Rows with an allowed-token mask (structured output) sample only allowed
 // tokens, the masked logits are -Inf on the device as on the host, and the
 // tokens match the host sampler's (greedy exactly, random rows except near
