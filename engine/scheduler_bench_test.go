@@ -213,6 +213,36 @@ import (
 // 335-412 without, 1,024 running 65-101 against 57-73; slower, and the
 // misses stay: the out-of-order window already overlaps the passes'
 // independent loads, and each call costs more than it hides.
+//
+// Where a step goes now on the EPYC VM (4,096 running, reuse=true,
+// 20,000 steps under the CPU profiler, the fills left out): 171-205 µs a
+// step (cpu-ns/op, 12 runs), linear from 1,024 (45-49 µs, 44-48 ns a
+// sequence) and close to 256 (9-12 µs, 35-45 ns a sequence, everything
+// cached): on this machine a step is bound by its instructions (~290 a
+// sequence under callgrind: planPlainDecodes ~145, ProcessOutputs ~110
+// with ~29 of them validating, the reader ~34), not by its misses. By
+// profile: planPlainDecodes 82 µs (a quarter of it on the load of each
+// Sequence's first line), ProcessOutputs 86 µs, of which the token tail
+// store 30 and the prefix-cache commits 26 (256 blocks a step, ~100 ns
+// each: the chained hash of 16 tokens ~25, the prefix table's slot and
+// the block's copy the rest), the reader 15. Tried, prediction then
+// outcome (alternating pairs of test binaries, 4,096 running), all
+// dropped:
+//   - ProcessOutputs' rows of a step without speculation applied last
+//     entry first, the commits and finishes recorded and replayed in
+//     entry order (the BlockManager sees the same calls): the sequences
+//     Schedule touched last still cached, -10% predicted; new/old 0.99,
+//     1.06, 1.00, 1.06, 0.86 (5 pairs): the misses are not what costs.
+//   - planPlainDecodes' loop without calls (the block opening and the
+//     metadata rewrite moved to a function it returns to), so that the
+//     register allocator need not spill around them, with the decode
+//     checks specialised to no drafts: -10% predicted; within the noise
+//     (4 pairs at 4,096, 3 at 256), still 52 stack accesses in the loop.
+//   - With that, a recycled element of the same sequence whose metaGen
+//     changed (one step in 8 here: a block every 16 steps, two buffers)
+//     gets only the 4 fields metaGen covers rewritten instead of
+//     setPlainMetadata's 17: -5% predicted; new/old 0.89, 0.89, 1.15,
+//     0.98, 1.10, 0.96 (6 pairs), a median of 0.97.
 func BenchmarkSchedulerDecode(b *testing.B) {
 	const (
 		promptLen = 64
