@@ -320,12 +320,14 @@ func (c *Controller) run(st *classStats, k, length int) {
 	st.cur = window{k: k, length: length, skip: skip, tokens: st.cur.tokens[:0], times: st.cur.times[:0]}
 }
 
-// Observe records a decode step planned with numRunning sequences
-// running and a draft limit of k (Decide's answer) that emitted tokens and
-// completed at done. It counts toward its class's window when that window
-// runs k (a step planned before the window began is not its own).
-// Steps of other kinds (a prefill in the batch) go to Skip: they would
-// measure the prompts.
+// Observe records a step with decode rows planned with numRunning
+// sequences running and a draft limit of k (Decide's answer) that emitted
+// tokens and completed at done. It counts toward its class's window when
+// that window runs k (a step planned before the window began is not its
+// own). Steps that also carry prompt chunks count too, since a draft
+// length's cost shows there as well (the engine's schedule stage observes
+// them); steps of prompts alone go to Skip: they would measure the
+// prompts.
 func (c *Controller) Observe(numRunning, k, tokens int, done time.Time) {
 	st := c.stats(class(numRunning))
 	if !c.last.IsZero() && done.After(c.last) && st.cur.k == k && len(st.cur.times) < st.cur.length {
@@ -340,7 +342,7 @@ func (c *Controller) Observe(numRunning, k, tokens int, done time.Time) {
 	c.last = done
 }
 
-// Skip records a step that is not measured (a prefill or mixed step): the
+// Skip records a step that is not measured (prompt chunks alone): the
 // next observed step's time starts at its completion.
 func (c *Controller) Skip(done time.Time) { c.last = done }
 
