@@ -298,6 +298,16 @@ AVX512 INLINE void big_store(const int R, const int C, const __m512 acc[32], int
 	float res[32];
 #pragma GCC unroll 2
 	for (int g = 0; g < (R * C + 15) / 16; g++) {
+		if (R * C - 16 * g == 8) {
+			// A last group of 8 (the 6 x 4 tile): reduce8, lanes 4c and
+			// 4c+1 hold acc[16g+c] and acc[16g+4+c].
+			float r8[16];
+			_mm512_storeu_ps(r8, reduce8(acc + 16 * g));
+#pragma GCC unroll 8
+			for (int f = 0; f < 8; f++)
+				res[16 * g + f] = r8[4 * (f % 4) + f / 4];
+			continue;
+		}
 		__m512 a[16];
 #pragma GCC unroll 16
 		for (int f = 0; f < 16; f++)

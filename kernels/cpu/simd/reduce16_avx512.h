@@ -39,4 +39,27 @@ AVX512 INLINE __m512 reduce16(const __m512 a[16]) {
 	                     _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+// reduce8 runs the canonical tree on 8 accumulators at once and returns r
+// with r[4c] = hsum(a[c]) and r[4c+1] = hsum(a[4+c]) for c < 4 (lanes 2
+// and 3 of each 128-bit chunk repeat 0 and 1): the same additions as hsum,
+// in 24 instructions where reduce16 over 8 accumulators padded to 16 takes
+// 45.
+AVX512 INLINE __m512 reduce8(const __m512 a[8]) {
+	__m512 t[4], u[2];
+#pragma GCC unroll 4
+	for (int i = 0; i < 4; i++) // lanes l + l+8: t[i] = [s8(a[2i]) | s8(a[2i+1])]
+		t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+		                     _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+#pragma GCC unroll 2
+	for (int j = 0; j < 2; j++) // l + l+4: u[j] chunk c = s4(a[4j+c])
+		u[j] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+		                     _mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+	// l + l+2: v chunk c = [s2(a[c]), s2(a[4+c])]
+	__m512 v = _mm512_add_ps(_mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
+	                         _mm512_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
+	// l + l+1: chunk c = [s1(a[c]), s1(a[4+c]), s1(a[c]), s1(a[4+c])]
+	return _mm512_add_ps(_mm512_shuffle_ps(v, v, _MM_SHUFFLE(2, 0, 2, 0)),
+	                     _mm512_shuffle_ps(v, v, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 #endif
