@@ -72,11 +72,52 @@ func rmsScale(x []float32, eps float32) float32 {
 }
 
 func normRow(dst, x, w []float32, eps float32) {
-	r := rmsScale(x, eps)
+	scaleRow(dst, x, w, rmsScale(x, eps))
+}
+
+// scaleRow writes dst[i] = (x[i] * r) * w[i].
+func scaleRow(dst, x, w []float32, r float32) {
 	w = w[:len(x)]
 	dst = dst[:len(x)]
 	for i, v := range x {
 		dst[i] = (v * r) * w[i]
+	}
+}
+
+// rmsScale4 is rmsScale of four rows of one length at once: the four
+// float64 sums run interleaved, each in its own row's order, so every
+// result is rmsScale's bits while the adds of one row no longer wait for
+// each other (a float64 add chain is bound by the add's latency: four
+// chains run in about the time of one).
+func rmsScale4(a, b, c, d []float32, eps float32) (float32, float32, float32, float32) {
+	n := len(a)
+	b, c, d = b[:n], c[:n], d[:n]
+	var sa, sb, sc, sd float64
+	for i, v := range a {
+		sa += float64(v) * float64(v)
+		sb += float64(b[i]) * float64(b[i])
+		sc += float64(c[i]) * float64(c[i])
+		sd += float64(d[i]) * float64(d[i])
+	}
+	f := func(s float64) float32 { return float32(1 / math.Sqrt(s/float64(n)+float64(eps))) }
+	return f(sa), f(sb), f(sc), f(sd)
+}
+
+// normRows is normRow over rows [lo, hi) of x (rows of n) into the same
+// rows of dst, four rows at a time through rmsScale4: the bits of normRow
+// row by row, in about a third of the time for rows of a few hundred.
+func normRows(dst, x, w []float32, n, lo, hi int, eps float32) {
+	i := lo
+	for ; i+4 <= hi; i += 4 {
+		r0, r1, r2, r3 := x[i*n:(i+1)*n], x[(i+1)*n:(i+2)*n], x[(i+2)*n:(i+3)*n], x[(i+3)*n:(i+4)*n]
+		s0, s1, s2, s3 := rmsScale4(r0, r1, r2, r3, eps)
+		scaleRow(dst[i*n:(i+1)*n], r0, w, s0)
+		scaleRow(dst[(i+1)*n:(i+2)*n], r1, w, s1)
+		scaleRow(dst[(i+2)*n:(i+3)*n], r2, w, s2)
+		scaleRow(dst[(i+3)*n:(i+4)*n], r3, w, s3)
+	}
+	for ; i < hi; i++ {
+		normRow(dst[i*n:(i+1)*n], x[i*n:(i+1)*n], w, eps)
 	}
 }
 
@@ -107,9 +148,7 @@ func (b *Backend) RMSNorm(out, x, weight kernels.Tensor, eps float32) error {
 		return err
 	}
 	b.forRows(rows, n, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			normRow(o.f32[i*n:(i+1)*n], xs.f32[i*n:(i+1)*n], w.f32, eps)
-		}
+		normRows(o.f32, xs.f32, w.f32, n, lo, hi, eps)
 	})
 	return nil
 }
@@ -135,8 +174,8 @@ func (b *Backend) AddRMSNorm(out, residual, x, weight kernels.Tensor, eps float3
 			for j, v := range xs.f32[i*n : (i+1)*n] {
 				res[j] += v
 			}
-			normRow(o.f32[i*n:(i+1)*n], res, w.f32, eps)
 		}
+		normRows(o.f32, r.f32, w.f32, n, lo, hi, eps)
 	})
 	return nil
 }

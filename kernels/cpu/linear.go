@@ -138,12 +138,10 @@ func (b *Backend) Logits(out, hidden, rows, norm, head kernels.Tensor, eps float
 	}
 	x := make([]float32, r*dim)
 	for i, row := range idx {
-		src := h.f32[int(row)*dim : (int(row)+1)*dim]
-		if nw != nil {
-			normRow(x[i*dim:(i+1)*dim], src, nw.f32, eps)
-		} else {
-			copy(x[i*dim:], src)
-		}
+		copy(x[i*dim:(i+1)*dim], h.f32[int(row)*dim:(int(row)+1)*dim])
+	}
+	if nw != nil {
+		normRows(x, x, nw.f32, dim, 0, r, eps)
 	}
 	b.linear(o.f32, x, hw, r, vocab, dim, nil)
 	return nil

@@ -1,0 +1,61 @@
+package cpu
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// TestNormRowsMatchesNormRow: normRows gives normRow's bits row by row,
+// for row counts around its groups of four, written to another buffer or
+// in place.
+func TestNormRowsMatchesNormRow(t *testing.T) {
+	cases := []struct {
+		name        string
+		rows, n     int
+		lo, hi      int
+		inPlace     bool
+		extremeRows bool
+	}{
+		{"one row", 1, 256, 0, 1, false, false},
+		{"three rows", 3, 128, 0, 3, false, false},
+		{"four rows", 4, 256, 0, 4, false, false},
+		{"seven rows from 1", 8, 96, 1, 8, false, false},
+		{"64 rows in place", 64, 256, 0, 64, true, false},
+		{"odd width", 9, 17, 0, 9, false, false},
+		{"tiny and huge values", 6, 64, 0, 6, false, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(tc.rows), uint64(tc.n)))
+			x := make([]float32, tc.rows*tc.n)
+			for i := range x {
+				x[i] = float32(r.NormFloat64())
+				if tc.extremeRows {
+					x[i] *= float32(math.Pow(10, float64(r.IntN(60)-30)))
+				}
+			}
+			w := make([]float32, tc.n)
+			for i := range w {
+				w[i] = float32(r.NormFloat64())
+			}
+			const eps = 1e-6
+			want := make([]float32, len(x))
+			for i := tc.lo; i < tc.hi; i++ {
+				normRow(want[i*tc.n:(i+1)*tc.n], x[i*tc.n:(i+1)*tc.n], w, eps)
+			}
+			got := make([]float32, len(x))
+			if tc.inPlace {
+				copy(got, x)
+				normRows(got, got, w, tc.n, tc.lo, tc.hi, eps)
+			} else {
+				normRows(got, x, w, tc.n, tc.lo, tc.hi, eps)
+			}
+			for i := tc.lo * tc.n; i < tc.hi*tc.n; i++ {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("element %d (row %d): %v, normRow gives %v", i, i/tc.n, got[i], want[i])
+				}
+			}
+		})
+	}
+}
