@@ -179,6 +179,25 @@ func (p *attnPlan) slot(s, t int) int {
 	return int(p.blocks[s][t/p.blockSize])*p.blockSize + t%p.blockSize
 }
 
+// slots writes the cache slots of keys [t0, t0+len(dst)) of sequence s
+// into dst: slot for each, one block-table lookup and one division a block
+// rather than a key (a division by the block size, unknown at compile
+// time, costs more than the rest of a key's work here).
+func (p *attnPlan) slots(dst []int32, s, t0 int) {
+	bs := p.blockSize
+	blocks := p.blocks[s]
+	for j := 0; j < len(dst); {
+		t := t0 + j
+		off := t % bs
+		base := int32(int(blocks[t/bs])*bs + off)
+		run := dst[j:min(len(dst), j+bs-off)]
+		for q := range run {
+			run[q] = base + int32(q)
+		}
+		j += len(run)
+	}
+}
+
 // Tiling of attention. Keys are processed in tiles of keyTile keys aligned
 // on absolute key positions, query rows in chunks of up to rowChunk rows of
 // one sequence. Every score (q·k over the head dimension) is one canonical
@@ -428,9 +447,7 @@ func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams
 		scores := s.st[:r*n]
 		if inPlace {
 			slots := s.slots[:n]
-			for j := range slots {
-				slots[j] = int32(pl.slot(it.seq, t0+j))
-			}
+			pl.slots(slots, it.seq, t0)
 			b.k.linearF32Gather(scores, s.qt[:r*d], kc.f32[kvOff:], slots, kvWidth, r, d)
 		} else {
 			for j := range n {
@@ -783,9 +800,7 @@ func (b *Backend) attendMLA(it attnItem, pl *attnPlan, p kernels.MLAParams, cach
 	for t0 := 0; t0 < kEnd; t0 += keyTile {
 		n := min(keyTile, kEnd-t0)
 		slots := s.slots[:n]
-		for j := range slots {
-			slots[j] = int32(pl.slot(it.seq, t0+j))
-		}
+		pl.slots(slots, it.seq, t0)
 		scores := s.st[:r*n]
 		b.k.linearF32Gather(scores, x, cache, slots, width, r, width)
 		for rr := range r {
@@ -797,8 +812,9 @@ func (b *Backend) attendMLA(it attnItem, pl *attnPlan, p kernels.MLAParams, cach
 	}
 	for rr := range r {
 		inv := 1 / sm.l[rr]
-		for e := range kvl {
-			acc[rr*kvl+e] *= inv
+		row := acc[rr*kvl : (rr+1)*kvl]
+		for e := range row {
+			row[e] *= inv
 		}
 	}
 }
