@@ -491,9 +491,9 @@ func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams
 }
 
 // MLAAttention is latent attention with weight absorption; see kernels.Ops.
-// W_UK^T in float32, which absorbing q_nope multiplies by, is built from a
+// W_UK in float32, which absorbing q_nope multiplies by, is built from a
 // BF16, F16, FP8 or block-quantized wkvb at its first call and reused after
-// (see mlaWUKT: 4*NumHeads*KVLoraRank*NopeDim bytes kept per weight), from
+// (see mlaWUK: 4*NumHeads*KVLoraRank*NopeDim bytes kept per weight), from
 // an F32 wkvb at every call. Scratch buffers are reused across calls
 // (mlaCache.scratch); neither changes any output bit.
 func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.AttentionMetadata, p kernels.MLAParams) error {
@@ -525,7 +525,7 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 	if err != nil {
 		return err
 	}
-	wukT := b.mlaWUKT(w, p)
+	wuk := b.mlaWUK(w, p)
 	items := pl.items(1, b.threads)
 	limit := mlaGroupFloats
 	if b.mla.groupFloats > 0 {
@@ -543,7 +543,7 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 			e++
 		}
 		g.size(p, hi-lo)
-		b.run.For(p.NumHeads, func(h0, h1 int) { b.absorbMLA(g, p, qs.f32, wukT, lo, hi, h0, h1) })
+		b.run.For(p.NumHeads, func(h0, h1 int) { b.absorbMLA(g, p, qs.f32, wuk, lo, hi, h0, h1) })
 		b.run.For(e-a, func(i0, i1 int) {
 			rows := 0
 			for _, it := range items[a+i0 : a+i1] {
@@ -591,42 +591,41 @@ func (g *mlaGroup) size(p kernels.MLAParams, rows int) {
 	g.x, g.olat = g.x[:nx], g.olat[:no]
 }
 
-// buildWUKT returns W_UK[h]^T for every head h of the MLA weight w:
-// [NumHeads][KVLoraRank][NopeDim] float32, the values rowF32 reads from
-// rows h*(NopeDim+VHeadDim)+[0, NopeDim) of w, transposed so that absorbing
-// q_nope is one matrix product per head. Cost: one pass over W_UK (rows
-// widened or dequantized) and 4*NumHeads*KVLoraRank*NopeDim bytes
-// allocated.
-func (b *Backend) buildWUKT(w *Tensor, p kernels.MLAParams) []float32 {
+// buildWUK returns W_UK[h] in float32 for every head h of the MLA weight
+// w: [NumHeads][NopeDim][KVLoraRank], the values rowF32 reads from rows
+// h*(NopeDim+VHeadDim)+[0, NopeDim) of w, in the weight's own (k-major)
+// layout, which absorbing q_nope multiplies by directly
+// (simd.Impl.LinearF32KMajor). Cost: one pass over W_UK (rows widened or
+// dequantized) and 4*NumHeads*KVLoraRank*NopeDim bytes allocated.
+func (b *Backend) buildWUK(w *Tensor, p kernels.MLAParams) []float32 {
 	nh, nope, kvl, vd := p.NumHeads, p.NopeDim, p.KVLoraRank, p.VHeadDim
-	wukT := make([]float32, nh*kvl*nope)
+	wuk := make([]float32, nh*nope*kvl)
 	b.run.For(nh, func(lo, hi int) {
-		buf := make([]float32, kvl)
 		for h := lo; h < hi; h++ {
 			for dd := range nope {
-				row := b.rowF32(w, h*(nope+vd)+dd, kvl, buf)
-				for cc, v := range row {
-					wukT[(h*kvl+cc)*nope+dd] = v
+				dst := wuk[(h*nope+dd)*kvl : (h*nope+dd+1)*kvl]
+				if row := b.rowF32(w, h*(nope+vd)+dd, kvl, dst); &row[0] != &dst[0] {
+					copy(dst, row)
 				}
 			}
 		}
 	})
-	return wukT
+	return wuk
 }
 
-// mlaWUKT returns buildWUKT(w, p), built once per stored weight: BF16, F16,
+// mlaWUK returns buildWUK(w, p), built once per stored weight: BF16, F16,
 // FP8 and block-quantized weights are written only by Upload (BF16, F16) or
-// never after FP8Weight and QuantWeight, so their W_UK^T is built at their
+// never after FP8Weight and QuantWeight, so their W_UK is built at their
 // first MLAAttention call and kept on the backend (mlaCache), found again by
 // the address of the stored values (views of the same rows share it) and the
-// MLA dimensions. The values are the ones buildWUKT computes, so cached and
+// MLA dimensions. The values are the ones buildWUK computes, so cached and
 // uncached calls give bit-identical outputs. F32 weights, which any op may
-// write, are transposed per call. Memory: 4*NumHeads*KVLoraRank*NopeDim
+// write, are copied per call. Memory: 4*NumHeads*KVLoraRank*NopeDim
 // bytes per layer's kv_b weight, held until the backend is dropped or Upload
 // writes over the weight (DeepSeek-V3: 32 MiB a layer, twice the BF16 W_UK;
 // the shipped tiny model: 128 KiB a layer). Safe for concurrent calls: the
 // map is guarded by a mutex and each entry is built once, outside it.
-func (b *Backend) mlaWUKT(w *Tensor, p kernels.MLAParams) []float32 {
+func (b *Backend) mlaWUK(w *Tensor, p kernels.MLAParams) []float32 {
 	key := mlaKey{dtype: w.dtype, nh: p.NumHeads, nope: p.NopeDim, vd: p.VHeadDim, kvl: p.KVLoraRank}
 	var lo, hi uintptr
 	switch {
@@ -645,7 +644,7 @@ func (b *Backend) mlaWUKT(w *Tensor, p kernels.MLAParams) []float32 {
 		}
 	}
 	if key.data == nil {
-		return b.buildWUKT(w, p)
+		return b.buildWUK(w, p)
 	}
 	c := &b.mla
 	c.mu.Lock()
@@ -658,11 +657,11 @@ func (b *Backend) mlaWUKT(w *Tensor, p kernels.MLAParams) []float32 {
 		c.m[key] = e
 	}
 	c.mu.Unlock()
-	e.once.Do(func() { e.wukT = b.buildWUKT(w, p) })
-	return e.wukT
+	e.once.Do(func() { e.wuk = b.buildWUK(w, p) })
+	return e.wuk
 }
 
-// mlaCache holds the W_UK^T that mlaWUKT built, per stored MLA weight, and
+// mlaCache holds the W_UK that mlaWUK built, per stored MLA weight, and
 // MLAAttention's scratch buffers for reuse across calls (a *mlaScratch may
 // be larger than a call needs: attendMLA reads and writes only the prefixes
 // that it sizes from the call's dimensions, and sets them before reading).
@@ -693,7 +692,7 @@ func poolFloats(p *sync.Pool, n int) ([]float32, func()) {
 	return (*v)[:n], func() { p.Put(v) }
 }
 
-// mlaKey names a stored weight and the MLA dimensions its W_UK^T was built
+// mlaKey names a stored weight and the MLA dimensions its W_UK was built
 // for. data is the address of the weight's first stored value (its first
 // BF16/F16 element, FP8 byte or quantized block byte); as a pointer it keeps
 // those values alive, so no other weight can take the address while the
@@ -707,10 +706,10 @@ type mlaKey struct {
 type mlaEntry struct {
 	once   sync.Once
 	lo, hi uintptr // the BF16/F16 values' address range (0, 0 for others)
-	wukT   []float32
+	wuk    []float32
 }
 
-// forget drops the W_UK^T built from BF16 or F16 values that overlap t's:
+// forget drops the W_UK built from BF16 or F16 values that overlap t's:
 // Upload calls it before writing t.
 func (c *mlaCache) forget(t *Tensor) {
 	if (t.dtype != kernels.BF16 && t.dtype != kernels.F16) || len(t.u16) == 0 {
@@ -759,21 +758,18 @@ func (s *mlaScratch) fits(p kernels.MLAParams, rows, tile int) bool {
 // one-row product per sequence.
 
 // absorbMLA writes the absorbed query rows of heads [h0, h1) for rows [lo,
-// hi) of q into g.x: row (i, h) = [q_nope W_UK[h], q_pe].
-func (b *Backend) absorbMLA(g *mlaGroup, p kernels.MLAParams, q, wukT []float32, lo, hi, h0, h1 int) {
+// hi) of q into g.x: row (i, h) = [q_nope W_UK[h], q_pe], q_nope read in
+// place and the product written in place (LinearF32KMajor over wuk, W_UK
+// in float32 as buildWUK lays it out: the canonical dot products of q_nope
+// and W_UK^T's rows).
+func (b *Backend) absorbMLA(g *mlaGroup, p kernels.MLAParams, q, wuk []float32, lo, hi, h0, h1 int) {
 	nh, nope, rope, kvl := p.NumHeads, p.NopeDim, p.RopeDim, p.KVLoraRank
 	qd, width, rows := nope+rope, kvl+rope, hi-lo
-	buf, done := b.mla.floats(rows * (nope + kvl))
-	defer done()
-	qn, lat := buf[:rows*nope], buf[rows*nope:]
 	for h := h0; h < h1; h++ {
-		for i := range rows {
-			copy(qn[i*nope:(i+1)*nope], q[(lo+i)*nh*qd+h*qd:])
-		}
-		b.k.linearF32(lat, qn, wukT[h*kvl*nope:(h+1)*kvl*nope], rows, kvl, nope, 0, kvl)
+		b.k.linearF32KMajor(g.x[h*width:], nh*width, q[lo*nh*qd+h*qd:], nh*qd,
+			wuk[h*nope*kvl:(h+1)*nope*kvl], rows, kvl, nope)
 		for i := range rows {
 			row := g.x[(i*nh+h)*width : (i*nh+h+1)*width]
-			copy(row, lat[i*kvl:(i+1)*kvl])
 			copy(row[kvl:], q[(lo+i)*nh*qd+h*qd+nope:(lo+i)*nh*qd+(h+1)*qd])
 		}
 	}

@@ -99,7 +99,7 @@ type Backend struct {
 	acts    ActRounding   // Options.Activations
 	closed  atomic.Bool
 	peak    peakOnce
-	mla     mlaCache  // MLAAttention's W_UK^T per weight (see mlaWUKT)
+	mla     mlaCache  // MLAAttention's W_UK per weight (see mlaWUK)
 	gqa     sync.Pool // *gqaScratch: Attention's buffers, reused across calls (see gqaScratchFor)
 	moe     sync.Pool // *[]float32: the MoE ops' expert outputs and per-expert rows, reused across calls
 }
@@ -228,7 +228,7 @@ func (b *Backend) Upload(dst kernels.Tensor, src []byte, srcDType kernels.DType)
 	if err != nil {
 		return err
 	}
-	b.mla.forget(d) // a BF16/F16 MLA weight's W_UK^T is rebuilt from the new values
+	b.mla.forget(d) // a BF16/F16 MLA weight's W_UK is rebuilt from the new values
 	if srcDType == kernels.F8E4M3 && d.dtype == kernels.F8E4M3 {
 		copy(d.u8[:n], src)
 		return nil

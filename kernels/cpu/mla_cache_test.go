@@ -10,14 +10,14 @@ import (
 	"github.com/deepinfer/deepinfer-go/kernels"
 )
 
-// TestMLAWUKTCache: MLAAttention builds W_UK^T once per stored weight and
+// TestMLAWUKCache: MLAAttention builds W_UK once per stored weight and
 // reuses it. The kept values are those the per-call build computes (and
 // those of the dequantized F32 weight, which is transposed per call), a
 // second call and a call through a view give bit-identical outputs without
 // a new entry, Upload over a BF16/F16 weight makes the next call use the
 // new values, and concurrent first calls agree (also with a backend whose
 // pooled scratch, from a one-row call, is too small for the batch).
-func TestMLAWUKTCache(t *testing.T) {
+func TestMLAWUKCache(t *testing.T) {
 	const nh, nope, rope, kvl, vd, bs, numBlocks = 3, 8, 4, 32, 6, 4, 16
 	rows := nh * (nope + vd)
 	p := kernels.MLAParams{NumHeads: nh, NopeDim: nope, RopeDim: rope, KVLoraRank: kvl, VHeadDim: vd, Scale: 0.25}
@@ -83,11 +83,11 @@ func TestMLAWUKTCache(t *testing.T) {
 			if n := entries(); n != 1 {
 				t.Fatalf("%d cache entries after calls through the weight and a view, want 1", n)
 			}
-			// The kept W_UK^T is the per-call build, and that of the
+			// The kept W_UK is the per-call build, and that of the
 			// dequantized F32 weight (which is not kept).
 			f32 := put(t, b, kernels.F32, w.deq, rows, kvl).(*Tensor)
-			checkIdentical(t, "kept W_UK^T vs per-call build", b.mlaWUKT(wt, p), b.buildWUKT(wt, p))
-			checkIdentical(t, "kept W_UK^T vs F32 weight's", b.mlaWUKT(wt, p), b.buildWUKT(f32, p))
+			checkIdentical(t, "kept W_UK vs per-call build", b.mlaWUK(wt, p), b.buildWUK(wt, p))
+			checkIdentical(t, "kept W_UK vs F32 weight's", b.mlaWUK(wt, p), b.buildWUK(f32, p))
 			if tc.name != "bf16" && tc.name != "f16" {
 				// FP8 and block-quantized products are those of the
 				// dequantized weight bit for bit (TestFP8Ops, TestQuantOps).

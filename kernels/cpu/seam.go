@@ -25,10 +25,11 @@ type kernelSet struct {
 	f16ToF32    func(dst []float32, src []uint16)
 
 	// Attention's building blocks (simd.Impl.OnlineSoftmax,
-	// LinearF32Gather, AccumRows): a row's bits never depend on the other
+	// LinearF32Gather, LinearF32KMajor, AccumRows): a row's bits never depend on the other
 	// rows of a call.
 	onlineSoftmax   func(s []float32, m, n int, scale float32, lo, hi []int32, rowMax, rowSum, alpha []float32)
 	linearF32Gather func(out, x, w []float32, rows []int32, ldw, m, k int)
+	linearF32KMajor func(out []float32, ldo int, x []float32, ldx int, w []float32, m, n, k int)
 	accumRows       func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int)
 	siluMul         func(dst, gate, up []float32) // simd.Impl.SiLUMul
 
@@ -64,6 +65,7 @@ func selectKernels(pureGo bool, name string) kernelSet {
 
 		onlineSoftmax:   impl.OnlineSoftmax,
 		linearF32Gather: impl.LinearF32Gather,
+		linearF32KMajor: impl.LinearF32KMajor,
 		accumRows:       impl.AccumRows,
 		siluMul:         impl.SiLUMul,
 

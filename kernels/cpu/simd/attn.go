@@ -114,6 +114,20 @@ func linearF32GatherGo(out, x, w []float32, rows []int32, ldw, m, k int) {
 	}
 }
 
+// linearF32KMajorGo is the reference of Impl.LinearF32KMajor: each column
+// of w copied out, then dotGo.
+func linearF32KMajorGo(out []float32, ldo int, x []float32, ldx int, w []float32, m, n, k int) {
+	col := make([]float32, k)
+	for c := range n {
+		for kk := range col {
+			col[kk] = w[kk*n+c]
+		}
+		for i := range m {
+			out[i*ldo+c] = dotGo(x[i*ldx:i*ldx+k], col)
+		}
+	}
+}
+
 // accumRowsGo is the reference of Impl.AccumRows.
 func accumRowsGo(acc, alpha, p, w []float32, rows []int32, ldw, m, k int) {
 	n := len(rows)
@@ -205,6 +219,30 @@ func (p *Impl) LinearF32Gather(out, x, w []float32, rows []int32, ldw, m, k int)
 		return
 	}
 	p.linearF32Gather(out, x, w, rows, ldw, m, k)
+}
+
+// LinearF32KMajor is LinearF32 over a weight stored k-major, with strided
+// rows: out[i*ldo+c] = Dot(x[i*ldx:][:k], column c of w) for i < m and c <
+// n, where w is [k][n] (w[kk*n+c] is weight kk of column c), bit for bit
+// what LinearF32 gives with w transposed into [n][k]. It is the
+// absorption of MLA's query into the latent space, q_nope W_UK per head,
+// with W_UK as the checkpoint stores it and q_nope read in place from the
+// query rows. The SIMD paths run each of the canonical 16 lane sums of a
+// dot product as a chain of FMAs with 16 (AVX2: 8) columns in a vector and
+// the reduction tree as adds of whole vectors: no horizontal shuffles,
+// which at k = 32 cost more than the FMAs. out must not overlap x or w. It
+// panics if a slice is too short. Cost: 2*m*n*k flops, one broadcast of x
+// per FMA.
+func (p *Impl) LinearF32KMajor(out []float32, ldo int, x []float32, ldx int, w []float32, m, n, k int) {
+	if m < 0 || n < 0 || k < 0 || ldo < n || ldx < k || len(w) < k*n ||
+		(m > 0 && (len(out) < (m-1)*ldo+n || len(x) < (m-1)*ldx+k)) {
+		panic(fmt.Sprintf("simd: LinearF32KMajor: len(out)=%d, len(x)=%d, len(w)=%d for m=%d n=%d k=%d ldo=%d ldx=%d",
+			len(out), len(x), len(w), m, n, k, ldo, ldx))
+	}
+	if m == 0 || n == 0 {
+		return
+	}
+	p.linearF32KMajor(out, ldo, x, ldx, w, m, n, k)
 }
 
 // AccumRows adds a probability-weighted sum of gathered rows of w into each

@@ -46,4 +46,11 @@ void di_linear_gather_avx512(float *out, const float *x, const float *w, const i
 void di_linear_gather_avx2(float *out, const float *x, const float *w, const int32_t *rows,
                            int64_t ldw, int64_t m, int64_t n, int64_t k);
 
+// out[i*ldo+c] = canonical dot of x[i*ldx..] and column c of the k-major
+// w [k][n], i < m, c < n (Impl.LinearF32KMajor); in the kernels_*.c files.
+void di_linear_kmajor_avx512(float *out, int64_t ldo, const float *x, int64_t ldx, const float *w,
+                             int64_t m, int64_t n, int64_t k);
+void di_linear_kmajor_avx2(float *out, int64_t ldo, const float *x, int64_t ldx, const float *w,
+                           int64_t m, int64_t n, int64_t k);
+
 #endif

@@ -481,3 +481,73 @@ func TestSiLUMul(t *testing.T) {
 		}
 	}
 }
+
+// TestLinearF32KMajor checks every path, over strided rows and a k-major
+// w, against LinearF32 of the pure-Go path on the same rows and w
+// transposed, bit for bit, including signed zeros, and that nothing
+// outside the m rows and n columns of out is written.
+func TestLinearF32KMajor(t *testing.T) {
+	r := rand.New(rand.NewPCG(27, 28))
+	for _, sh := range []struct {
+		name    string
+		m, n, k int
+	}{
+		{"one output", 1, 1, 1},
+		{"empty k", 2, 7, 0},
+		{"k below a lane step", 3, 9, 7},
+		{"k = 8 (no lane l+8)", 2, 16, 8},
+		{"k = 9", 2, 16, 9},
+		{"MLA absorption", 64, 128, 32},
+		{"odd rows, column tail", 5, 37, 32},
+		{"long k", 7, 24, 100},
+		{"k = 16", 4, 17, 16},
+		{"k = 48", 9, 31, 48},
+		{"one row, wide", 1, 300, 33},
+		{"zero products", 3, 20, 40},
+	} {
+		t.Run(sh.name, func(t *testing.T) {
+			ldx, ldo := sh.k+r.IntN(9), sh.n+r.IntN(9)
+			x := randVec(r, max(sh.m*ldx, 1))
+			w := randVec(r, sh.k*sh.n)
+			if sh.name == "zero products" { // -0 products: the canonical sums start at +0
+				for i := range x {
+					x[i] = float32(math.Copysign(0, float64(x[i])))
+				}
+			}
+			dense := make([]float32, sh.n*sh.k) // w transposed: [n][k]
+			for kk := range sh.k {
+				for c := range sh.n {
+					dense[c*sh.k+kk] = w[kk*sh.n+c]
+				}
+			}
+			xs := make([]float32, sh.m*sh.k) // x's rows packed
+			for i := range sh.m {
+				copy(xs[i*sh.k:(i+1)*sh.k], x[i*ldx:])
+			}
+			want := make([]float32, sh.m*sh.n)
+			goImpl.LinearF32(want, xs, dense, sh.m, sh.n, sh.k, 0, sh.n)
+			for _, p := range Impls() {
+				size := sh.m * ldo
+				got := filled(size + 1)
+				p.LinearF32KMajor(got, ldo, x, ldx, w, sh.m, sh.n, sh.k)
+				for i := range sh.m {
+					for c := range ldo {
+						g := got[i*ldo+c]
+						if c >= sh.n {
+							if math.Float32bits(g) != 0x7fc0dead {
+								t.Fatalf("%s: wrote out[%d][%d] past n", p, i, c)
+							}
+							continue
+						}
+						if wv := want[i*sh.n+c]; math.Float32bits(g) != math.Float32bits(wv) {
+							t.Fatalf("%s: out[%d][%d] = %g, LinearF32 %g", p, i, c, g, wv)
+						}
+					}
+				}
+				if math.Float32bits(got[size]) != 0x7fc0dead {
+					t.Fatalf("%s: wrote past m rows", p)
+				}
+			}
+		})
+	}
+}

@@ -334,6 +334,73 @@ AVX2 void di_linear_gather_avx2(float *out, const float *x, const float *w, cons
 	}
 }
 
+// kmajor_s8_avx2 is kmajor_s8 of kernels_avx512.c on 8 columns and R <= 2
+// rows (16 ymm registers); mk holds -1 in the lanes of columns inside the
+// matrix.
+AVX2 INLINE void kmajor_s8_avx2(const int R, const float *const xr[2], const float *w, int64_t n,
+                                int64_t k, int l, __m256i mk, __m256 s8[2]) {
+	__m256 a[2], b[2];
+#pragma GCC unroll 2
+	for (int r = 0; r < R; r++)
+		a[r] = b[r] = _mm256_setzero_ps();
+	for (int64_t kk = l; kk < k; kk += 16) {
+		__m256 wa = _mm256_maskload_ps(w + kk * n, mk);
+#pragma GCC unroll 2
+		for (int r = 0; r < R; r++)
+			a[r] = _mm256_fmadd_ps(_mm256_set1_ps(xr[r][kk]), wa, a[r]);
+		if (kk + 8 < k) {
+			__m256 wb = _mm256_maskload_ps(w + (kk + 8) * n, mk);
+#pragma GCC unroll 2
+			for (int r = 0; r < R; r++)
+				b[r] = _mm256_fmadd_ps(_mm256_set1_ps(xr[r][kk + 8]), wb, b[r]);
+		}
+	}
+#pragma GCC unroll 2
+	for (int r = 0; r < R; r++)
+		s8[r] = _mm256_add_ps(a[r], b[r]);
+}
+
+// kmajor_s4_avx2 is s8[l] + s8[l+4] (kmajor_s8_avx2) for l < 4.
+AVX2 INLINE void kmajor_s4_avx2(const int R, const float *const xr[2], const float *w, int64_t n,
+                                int64_t k, int l, __m256i mk, __m256 s4[2]) {
+	__m256 lo[2], hi[2];
+	kmajor_s8_avx2(R, xr, w, n, k, l, mk, lo);
+	kmajor_s8_avx2(R, xr, w, n, k, l + 4, mk, hi);
+#pragma GCC unroll 2
+	for (int r = 0; r < R; r++)
+		s4[r] = _mm256_add_ps(lo[r], hi[r]);
+}
+
+// kmajor_s2_avx2 is s4[l] + s4[l+2] (kmajor_s4_avx2) for l < 2.
+AVX2 INLINE void kmajor_s2_avx2(const int R, const float *const xr[2], const float *w, int64_t n,
+                                int64_t k, int l, __m256i mk, __m256 s2[2]) {
+	__m256 lo[2], hi[2];
+	kmajor_s4_avx2(R, xr, w, n, k, l, mk, lo);
+	kmajor_s4_avx2(R, xr, w, n, k, l + 2, mk, hi);
+#pragma GCC unroll 2
+	for (int r = 0; r < R; r++)
+		s2[r] = _mm256_add_ps(lo[r], hi[r]);
+}
+
+// di_linear_kmajor_avx2 is Impl.LinearF32KMajor, as di_linear_kmajor_avx512
+// on 2 rows and 8 columns at a time.
+AVX2 void di_linear_kmajor_avx2(float *out, int64_t ldo, const float *x, int64_t ldx, const float *w,
+                                int64_t m, int64_t n, int64_t k) {
+	for (int64_t i = 0; i < m; i += 2) {
+		const int nr = m - i < 2 ? (int)(m - i) : 2;
+		const float *xr[2] = {x + i * ldx, x + (i + nr - 1) * ldx};
+		for (int64_t c = 0; c < n; c += 8) {
+			const int nc = n - c < 8 ? (int)(n - c) : 8;
+			const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32(nc), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+			__m256 lo[2], hi[2];
+			kmajor_s2_avx2(2, xr, w + c, n, k, 0, mk, lo);
+			kmajor_s2_avx2(2, xr, w + c, n, k, 1, mk, hi);
+			for (int r = 0; r < nr; r++)
+				_mm256_maskstore_ps(out + (i + r) * ldo + c, mk, _mm256_add_ps(lo[r], hi[r]));
+		}
+	}
+}
+
 AVX2 float di_dot_avx2(const float *a, const float *b, int64_t n) {
 	float out;
 	tile(DI_F32, 1, 1, a, 1, b, 1, n, &out, 1);

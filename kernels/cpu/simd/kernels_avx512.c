@@ -535,6 +535,82 @@ AVX512 void di_linear_gather_avx512(float *out, const float *x, const float *w, 
 	}
 }
 
+// kmajor_s8 is the first level of the canonical tree for R rows and 16
+// columns of a k-major w (row kk of w holds weight kk of every column,
+// stride n): lane l's FMAs (kk = l, l+16, ... in increasing kk, from +0)
+// and lane l+8's, added: s8[l] of each of the 16 dot products of a row,
+// the columns in the vector's lanes. mk masks columns past the matrix.
+AVX512 INLINE void kmajor_s8(const int R, const float *const xr[4], const float *w, int64_t n,
+                             int64_t k, int l, __mmask16 mk, __m512 s8[4]) {
+	__m512 a[4], b[4];
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++)
+		a[r] = b[r] = _mm512_setzero_ps();
+	for (int64_t kk = l; kk < k; kk += 16) {
+		__m512 wa = _mm512_maskz_loadu_ps(mk, w + kk * n);
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++)
+			a[r] = _mm512_fmadd_ps(_mm512_set1_ps(xr[r][kk]), wa, a[r]);
+		if (kk + 8 < k) {
+			__m512 wb = _mm512_maskz_loadu_ps(mk, w + (kk + 8) * n);
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++)
+				b[r] = _mm512_fmadd_ps(_mm512_set1_ps(xr[r][kk + 8]), wb, b[r]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++)
+		s8[r] = _mm512_add_ps(a[r], b[r]);
+}
+
+// kmajor_s4 is s8[l] + s8[l+4] (kmajor_s8) for l < 4.
+AVX512 INLINE void kmajor_s4(const int R, const float *const xr[4], const float *w, int64_t n,
+                             int64_t k, int l, __mmask16 mk, __m512 s4[4]) {
+	__m512 lo[4], hi[4];
+	kmajor_s8(R, xr, w, n, k, l, mk, lo);
+	kmajor_s8(R, xr, w, n, k, l + 4, mk, hi);
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++)
+		s4[r] = _mm512_add_ps(lo[r], hi[r]);
+}
+
+// kmajor_s2 is s4[l] + s4[l+2] (kmajor_s4) for l < 2.
+AVX512 INLINE void kmajor_s2(const int R, const float *const xr[4], const float *w, int64_t n,
+                             int64_t k, int l, __mmask16 mk, __m512 s2[4]) {
+	__m512 lo[4], hi[4];
+	kmajor_s4(R, xr, w, n, k, l, mk, lo);
+	kmajor_s4(R, xr, w, n, k, l + 2, mk, hi);
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++)
+		s2[r] = _mm512_add_ps(lo[r], hi[r]);
+}
+
+// di_linear_kmajor_avx512 is Impl.LinearF32KMajor: for 4 rows (the last
+// repeated past m, as in tile_ptrs) and 16 columns at a time, each of the
+// 16 lane sums of the canonical dot product runs as a chain of FMAs with
+// the 16 columns in a vector's lanes, and the tree l+8, l+4, l+2, l+1
+// becomes adds of whole vectors, depth first (a few live sums a row): the
+// canonical FMAs and adds of every output, with no shuffles. Per FMA: one
+// broadcast of x and a quarter of a load of w.
+AVX512 void di_linear_kmajor_avx512(float *out, int64_t ldo, const float *x, int64_t ldx,
+                                    const float *w, int64_t m, int64_t n, int64_t k) {
+	for (int64_t i = 0; i < m; i += 4) {
+		const int nr = m - i < 4 ? (int)(m - i) : 4;
+		const float *xr[4];
+#pragma GCC unroll 4
+		for (int r = 0; r < 4; r++)
+			xr[r] = x + (i + (r < nr ? r : nr - 1)) * ldx;
+		for (int64_t c = 0; c < n; c += 16) {
+			const __mmask16 mk = n - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - c)) - 1);
+			__m512 lo[4], hi[4];
+			kmajor_s2(4, xr, w + c, n, k, 0, mk, lo);
+			kmajor_s2(4, xr, w + c, n, k, 1, mk, hi);
+			for (int r = 0; r < nr; r++)
+				_mm512_mask_storeu_ps(out + (i + r) * ldo + c, mk, _mm512_add_ps(lo[r], hi[r]));
+		}
+	}
+}
+
 AVX512 float di_dot_avx512(const float *a, const float *b, int64_t n) {
 	__m512 acc = _mm512_setzero_ps();
 	int64_t i = 0;

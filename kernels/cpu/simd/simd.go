@@ -31,6 +31,7 @@ type Impl struct {
 	exp             func(dst, src []float32)
 	onlineSoftmax   func(s []float32, m, n int, scale float32, lo, hi []int32, rowMax, rowSum, alpha []float32)
 	linearF32Gather func(out, x, w []float32, rows []int32, ldw, m, k int)
+	linearF32KMajor func(out []float32, ldo int, x []float32, ldx int, w []float32, m, n, k int)
 	accumRows       func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int)
 	siluMul         func(dst, gate, up []float32)
 }
@@ -52,6 +53,7 @@ var goImpl = &Impl{
 	exp:             expSliceGo,
 	onlineSoftmax:   onlineSoftmaxGo,
 	linearF32Gather: linearF32GatherGo,
+	linearF32KMajor: linearF32KMajorGo,
 	accumRows:       accumRowsGo,
 	siluMul:         siluMulGo,
 }
