@@ -554,8 +554,13 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 			if s == nil || !s.fits(p, rows, tile) {
 				s = newMLAScratch(p, rows, tile)
 			}
-			for _, it := range items[a+i0 : a+i1] {
-				b.attendMLA(it, pl, p, c.f32, g, lo, s)
+			chunk := items[a+i0 : a+i1]
+			for j, it := range chunk {
+				var next *attnItem
+				if j+1 < len(chunk) {
+					next = &chunk[j+1]
+				}
+				b.attendMLA(it, next, pl, p, c.f32, g, lo, s)
 			}
 			b.mla.scratch.Put(s)
 		})
@@ -731,6 +736,7 @@ func (c *mlaCache) forget(t *Tensor) {
 type mlaScratch struct {
 	st    []float32
 	slots []int32
+	next  []int32 // the next item's first slots (attendMLA's prefetch)
 	sm    *onlineSoftmax
 }
 
@@ -738,7 +744,7 @@ type mlaScratch struct {
 // tiles of up to tile keys.
 func newMLAScratch(p kernels.MLAParams, rows, tile int) *mlaScratch {
 	r := rows * p.NumHeads
-	return &mlaScratch{st: make([]float32, r*tile), slots: make([]int32, tile), sm: newOnlineSoftmax(r)}
+	return &mlaScratch{st: make([]float32, r*tile), slots: make([]int32, tile), next: make([]int32, keyTile), sm: newOnlineSoftmax(r)}
 }
 
 // fits reports whether s holds what newMLAScratch(p, rows, tile) sizes.
@@ -783,7 +789,7 @@ func (b *Backend) absorbMLA(g *mlaGroup, p kernels.MLAParams, q, wuk []float32, 
 // probability-weighted cache rows (AccumRows, in key order, no copy or
 // transpose of V) into g.olat, all of it independent of the other rows of
 // the call.
-func (b *Backend) attendMLA(it attnItem, pl *attnPlan, p kernels.MLAParams, cache []float32, g *mlaGroup, lo int, s *mlaScratch) {
+func (b *Backend) attendMLA(it attnItem, next *attnItem, pl *attnPlan, p kernels.MLAParams, cache []float32, g *mlaGroup, lo int, s *mlaScratch) {
 	nh, kvl := p.NumHeads, p.KVLoraRank
 	width := kvl + p.RopeDim
 	r := (it.r1 - it.r0) * nh
@@ -802,6 +808,18 @@ func (b *Backend) attendMLA(it attnItem, pl *attnPlan, p kernels.MLAParams, cach
 		for rr := range r {
 			_, last := pl.visible(it.r0 + rr/nh)
 			sm.see(rr, 0, last, t0, n)
+		}
+		if next != nil && t0+keyTile >= kEnd {
+			// The next item's first key tile, into L2 while this one's
+			// last softmax and P.V run from the caches: a decode step's
+			// latent cache (4.7 MB a layer at batch 64 and 129 keys for
+			// the default model) comes from memory, the step's weights
+			// having evicted it since the last step, and the gather of
+			// one tile's rows keeps too few of its loads in flight.
+			_, nEnd := pl.visible(next.r1 - 1)
+			ns := s.next[:min(keyTile, nEnd)]
+			pl.slots(ns, next.seq, 0)
+			b.k.prefetchRows(cache, ns, width, width)
 		}
 		sm.update(&b.k, scores, r, n, p.Scale)
 		b.k.accumRows(acc, sm.alpha, scores, cache, slots, width, r, kvl)

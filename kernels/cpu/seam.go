@@ -31,6 +31,7 @@ type kernelSet struct {
 	linearF32Gather func(out, x, w []float32, rows []int32, ldw, m, k int)
 	linearF32KMajor func(out []float32, ldo int, x []float32, ldx int, w []float32, m, n, k int)
 	accumRows       func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int)
+	prefetchRows    func(w []float32, rows []int32, ldw, k int)
 	siluMul         func(dst, gate, up []float32) // simd.Impl.SiLUMul
 
 	// linearQuantLlama is llama.cpp's product of activation rows quantized
@@ -67,6 +68,7 @@ func selectKernels(pureGo bool, name string) kernelSet {
 		linearF32Gather: impl.LinearF32Gather,
 		linearF32KMajor: impl.LinearF32KMajor,
 		accumRows:       impl.AccumRows,
+		prefetchRows:    impl.PrefetchRows,
 		siluMul:         impl.SiLUMul,
 
 		linearQuantLlama: impl.LinearQuantLlama,

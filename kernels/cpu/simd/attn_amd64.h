@@ -53,4 +53,8 @@ void di_linear_kmajor_avx512(float *out, int64_t ldo, const float *x, int64_t ld
 void di_linear_kmajor_avx2(float *out, int64_t ldo, const float *x, int64_t ldx, const float *w,
                            int64_t m, int64_t n, int64_t k);
 
+// Prefetches the first k floats of rows w[rows[j]*ldw..], j < n, into L2
+// (Impl.PrefetchRows); in kernels_avx512.c, for both paths.
+void di_prefetch_rows(const float *w, const int32_t *rows, int64_t ldw, int64_t n, int64_t k);
+
 #endif

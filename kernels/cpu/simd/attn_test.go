@@ -551,3 +551,34 @@ func TestLinearF32KMajor(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefetchRows: PrefetchRows accepts the rows LinearF32Gather
+// accepts, on every path, and panics where a row falls outside w.
+func TestPrefetchRows(t *testing.T) {
+	w := make([]float32, 10*24)
+	for _, tc := range []struct {
+		name      string
+		rows      []int32
+		ldw, k    int
+		wantPanic bool
+	}{
+		{"no rows", nil, 24, 20, false},
+		{"rows in w", []int32{0, 9, 3, 3}, 24, 24, false},
+		{"k = 0", []int32{9}, 24, 0, false},
+		{"row past w", []int32{10}, 24, 24, true},
+		{"negative row", []int32{-1}, 24, 8, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, p := range Impls() {
+				func() {
+					defer func() {
+						if got := recover() != nil; got != tc.wantPanic {
+							t.Fatalf("%s: panicked %v, want %v", p, got, tc.wantPanic)
+						}
+					}()
+					p.PrefetchRows(w, tc.rows, tc.ldw, tc.k)
+				}()
+			}
+		})
+	}
+}

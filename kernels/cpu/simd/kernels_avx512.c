@@ -611,6 +611,16 @@ AVX512 void di_linear_kmajor_avx512(float *out, int64_t ldo, const float *x, int
 	}
 }
 
+// di_prefetch_rows is Impl.PrefetchRows: the first k floats of each
+// gathered row of w, into L2.
+void di_prefetch_rows(const float *w, const int32_t *rows, int64_t ldw, int64_t n, int64_t k) {
+	for (int64_t j = 0; j < n; j++) {
+		const char *p = (const char *)(w + (int64_t)rows[j] * ldw);
+		for (int64_t q = 0; q < k * 4; q += 64)
+			_mm_prefetch(p + q, _MM_HINT_T1);
+	}
+}
+
 AVX512 float di_dot_avx512(const float *a, const float *b, int64_t n) {
 	__m512 acc = _mm512_setzero_ps();
 	int64_t i = 0;

@@ -227,6 +227,9 @@ func newNative(name string, f cFuncs) *Impl {
 		linearF32KMajor: func(out []float32, ldo int, x []float32, ldx int, w []float32, m, n, k int) {
 			f.linearKMajor(fptr(out), C.int64_t(ldo), fptr(x), C.int64_t(ldx), fptr(w), C.int64_t(m), C.int64_t(n), C.int64_t(k))
 		},
+		prefetchRows: func(w []float32, rows []int32, ldw, k int) {
+			C.di_prefetch_rows(fptr(w), i32ptr(rows), C.int64_t(ldw), C.int64_t(len(rows)), C.int64_t(k))
+		},
 		accumRows: func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int) {
 			f.accumRows(fptr(acc), fptr(alpha), fptr(p), fptr(w), i32ptr(rows), C.int64_t(ldw), C.int64_t(m), C.int64_t(len(rows)), C.int64_t(k))
 		},

@@ -33,6 +33,7 @@ type Impl struct {
 	linearF32Gather func(out, x, w []float32, rows []int32, ldw, m, k int)
 	linearF32KMajor func(out []float32, ldo int, x []float32, ldx int, w []float32, m, n, k int)
 	accumRows       func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int)
+	prefetchRows    func(w []float32, rows []int32, ldw, k int)
 	siluMul         func(dst, gate, up []float32)
 }
 
@@ -55,6 +56,7 @@ var goImpl = &Impl{
 	linearF32Gather: linearF32GatherGo,
 	linearF32KMajor: linearF32KMajorGo,
 	accumRows:       accumRowsGo,
+	prefetchRows:    func([]float32, []int32, int, int) {},
 	siluMul:         siluMulGo,
 }
 
