@@ -145,8 +145,18 @@ AVX512 INLINE void tile_store(const int R, const int C, const __m512 acc[16], in
 #pragma GCC unroll 16
 	for (int f = 0; f < 16; f++)
 		a[4 * (f % 4) + f / 4] = acc[f % (R * C)];
+	const __m512 v = reduce16(a);
+	if (R == 4 && C == 4) {
+		// Row r's four sums are chunk r: stored straight from the register.
+		const __mmask8 mk = (__mmask8)((1u << nc) - 1);
+		const __m128 row[4] = {_mm512_castps512_ps128(v), _mm512_extractf32x4_ps(v, 1),
+		                       _mm512_extractf32x4_ps(v, 2), _mm512_extractf32x4_ps(v, 3)};
+		for (int r = 0; r < nr; r++)
+			_mm_mask_storeu_ps(out + r * ldo, mk, row[r]);
+		return;
+	}
 	float res[16];
-	_mm512_storeu_ps(res, reduce16(a));
+	_mm512_storeu_ps(res, v);
 	for (int r = 0; r < nr; r++)
 		for (int c = 0; c < nc; c++)
 			out[r * ldo + c] = res[r * C + c];
@@ -295,6 +305,30 @@ AVX512 INLINE void big_steps(const int dt, const int R, const int C, const float
 // writes out[r*ldo + c] for r < nr, c < nc.
 AVX512 INLINE void big_store(const int R, const int C, const __m512 acc[32], int nr, int nc,
                              float *out, int64_t ldo) {
+	if (C == 4 && R == 6) {
+		// Each row's four sums are one 128-bit chunk of a reduced vector:
+		// stored straight from the registers.
+		const __mmask8 mk = (__mmask8)((1u << nc) - 1);
+		__m512 a[16];
+#pragma GCC unroll 16
+		for (int f = 0; f < 16; f++)
+			a[4 * (f % 4) + f / 4] = acc[f];
+		const __m512 v = reduce16(a); // chunk q: row q
+		__m128 row[6];
+		row[0] = _mm512_castps512_ps128(v);
+		row[1] = _mm512_extractf32x4_ps(v, 1);
+		row[2] = _mm512_extractf32x4_ps(v, 2);
+		row[3] = _mm512_extractf32x4_ps(v, 3);
+		// reduce8: lane 4c holds acc[16+c] (row 4), 4c+1 acc[20+c] (row 5).
+		const __m512 v8 = reduce8(acc + 16);
+		row[4] = _mm512_castps512_ps128(_mm512_permutexvar_ps(
+		    _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v8));
+		row[5] = _mm512_castps512_ps128(_mm512_permutexvar_ps(
+		    _mm512_setr_epi32(1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v8));
+		for (int r = 0; r < nr; r++)
+			_mm_mask_storeu_ps(out + r * ldo, mk, row[r]);
+		return;
+	}
 	float res[32];
 #pragma GCC unroll 2
 	for (int g = 0; g < (R * C + 15) / 16; g++) {
