@@ -799,6 +799,7 @@ func (b *Backend) attendMLA(it attnItem, next *attnItem, pl *attnPlan, p kernels
 	sm := s.sm
 	sm.reset(r)
 	clear(acc)
+	fetched := false
 	for t0 := 0; t0 < kEnd; t0 += keyTile {
 		n := min(keyTile, kEnd-t0)
 		slots := s.slots[:n]
@@ -809,19 +810,22 @@ func (b *Backend) attendMLA(it attnItem, next *attnItem, pl *attnPlan, p kernels
 			_, last := pl.visible(it.r0 + rr/nh)
 			sm.see(rr, 0, last, t0, n)
 		}
-		if next != nil && t0+keyTile >= kEnd {
+		sm.update(&b.k, scores, r, n, p.Scale)
+		if next != nil && t0+2*keyTile > kEnd && !fetched {
 			// The next item's first key tile, into L2 while this one's
-			// last softmax and P.V run from the caches: a decode step's
-			// latent cache (4.7 MB a layer at batch 64 and 129 keys for
-			// the default model) comes from memory, the step's weights
+			// P.V runs from the caches (the last full tile's, so that
+			// it has key steps to spread over): a decode step's latent
+			// cache (4.7 MB a layer at batch 64 and 129 keys for the
+			// default model) comes from memory, the step's weights
 			// having evicted it since the last step, and the gather of
 			// one tile's rows keeps too few of its loads in flight.
+			fetched = true
 			_, nEnd := pl.visible(next.r1 - 1)
 			ns := s.next[:min(keyTile, nEnd)]
 			pl.slots(ns, next.seq, 0)
-			b.k.prefetchRows(cache, ns, width, width)
+			b.k.accumRowsPrefetch(acc, sm.alpha, scores, cache, slots, width, r, kvl, ns, width)
+			continue
 		}
-		sm.update(&b.k, scores, r, n, p.Scale)
 		b.k.accumRows(acc, sm.alpha, scores, cache, slots, width, r, kvl)
 	}
 	for rr := range r {

@@ -31,8 +31,10 @@ type kernelSet struct {
 	linearF32Gather func(out, x, w []float32, rows []int32, ldw, m, k int)
 	linearF32KMajor func(out []float32, ldo int, x []float32, ldx int, w []float32, m, n, k int)
 	accumRows       func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int)
-	prefetchRows    func(w []float32, rows []int32, ldw, k int)
-	siluMul         func(dst, gate, up []float32) // simd.Impl.SiLUMul
+	// accumRowsPrefetch is accumRows that also fetches rows pfRows of w
+	// into L2 (simd.Impl.AccumRowsPrefetch).
+	accumRowsPrefetch func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int, pfRows []int32, pfK int)
+	siluMul           func(dst, gate, up []float32) // simd.Impl.SiLUMul
 
 	// linearQuantLlama is llama.cpp's product of activation rows quantized
 	// by simd.QuantizeActs with w's rows (simd.LinearQuantLlama), and
@@ -64,12 +66,12 @@ func selectKernels(pureGo bool, name string) kernelSet {
 		bf16ToF32:   impl.BF16ToF32,
 		f16ToF32:    impl.F16ToF32,
 
-		onlineSoftmax:   impl.OnlineSoftmax,
-		linearF32Gather: impl.LinearF32Gather,
-		linearF32KMajor: impl.LinearF32KMajor,
-		accumRows:       impl.AccumRows,
-		prefetchRows:    impl.PrefetchRows,
-		siluMul:         impl.SiLUMul,
+		onlineSoftmax:     impl.OnlineSoftmax,
+		linearF32Gather:   impl.LinearF32Gather,
+		linearF32KMajor:   impl.LinearF32KMajor,
+		accumRows:         impl.AccumRows,
+		accumRowsPrefetch: impl.AccumRowsPrefetch,
+		siluMul:           impl.SiLUMul,
 
 		linearQuantLlama: impl.LinearQuantLlama,
 		linear16Llama:    impl.Linear16Llama,

@@ -128,6 +128,12 @@ func linearF32KMajorGo(out []float32, ldo int, x []float32, ldx int, w []float32
 	}
 }
 
+// accumRowsPFGo is the pure-Go Impl.AccumRowsPrefetch: accumRowsGo, no
+// prefetch.
+func accumRowsPFGo(acc, alpha, p, w []float32, rows []int32, ldw, m, k int, _ []int32, _ int) {
+	accumRowsGo(acc, alpha, p, w, rows, ldw, m, k)
+}
+
 // accumRowsGo is the reference of Impl.AccumRows.
 func accumRowsGo(acc, alpha, p, w []float32, rows []int32, ldw, m, k int) {
 	n := len(rows)
@@ -243,6 +249,28 @@ func (p *Impl) LinearF32KMajor(out []float32, ldo int, x []float32, ldx int, w [
 		return
 	}
 	p.linearF32KMajor(out, ldo, x, ldx, w, m, n, k)
+}
+
+// AccumRowsPrefetch is AccumRows (the same bits) that also asks for the
+// first pfK floats of the rows of w that pfRows names, into L2, spread
+// over its key steps on the AVX-512 path (a burst ahead of it on AVX2;
+// nothing on the pure-Go path): attention's next latent tile fetched while
+// this one's P.V runs from the caches. It panics where AccumRows does or a
+// row of pfRows falls outside w. Cost: AccumRows' plus one prefetch per 64
+// bytes asked for.
+func (p *Impl) AccumRowsPrefetch(acc, alpha, probs, w []float32, rows []int32, ldw, m, k int, pfRows []int32, pfK int) {
+	n := len(rows)
+	if m < 0 || len(acc) < m*k || len(alpha) < m || len(probs) < m*n {
+		panic(fmt.Sprintf("simd: AccumRowsPrefetch: len(acc)=%d, len(alpha)=%d, len(p)=%d for m=%d n=%d k=%d",
+			len(acc), len(alpha), len(probs), m, n, k))
+	}
+	checkGather("AccumRowsPrefetch", w, rows, ldw, k)
+	checkGather("AccumRowsPrefetch", w, pfRows, ldw, pfK)
+	if m == 0 || k == 0 {
+		p.PrefetchRows(w, pfRows, ldw, pfK)
+		return
+	}
+	p.accumRowsPF(acc, alpha, probs, w, rows, ldw, m, k, pfRows, pfK)
 }
 
 // PrefetchRows asks the cache hierarchy for the first k floats of the rows

@@ -36,6 +36,9 @@ void di_online_softmax_avx2(float *s, int64_t m, int64_t n, float scale, const i
 // acc[i*k+c] = fma(acc[i*k+c], alpha[i], sum_j p[i*n+j] * w[rows[j]*ldw+c]) (Impl.AccumRows).
 void di_accum_rows_avx512(float *acc, const float *alpha, const float *p, const float *w,
                           const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k);
+void di_accum_rows_pf_avx512(float *acc, const float *alpha, const float *p, const float *w,
+                             const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k,
+                             const int32_t *pf_rows, int64_t pf_n, int64_t pf_k);
 void di_accum_rows_avx2(float *acc, const float *alpha, const float *p, const float *w,
                         const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k);
 

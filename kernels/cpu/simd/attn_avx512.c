@@ -130,13 +130,37 @@ AVX512 void di_online_softmax_avx512(float *s, int64_t m, int64_t n, float scale
 	}
 }
 
+// row_pf walks rows of a gathered matrix to prefetch into L2 a few lines
+// at a time (row_pf_step, once per key of accum_block): AccumRowsPrefetch's
+// rows, fetched while the products run instead of in one burst.
+typedef struct {
+	const float *w;
+	const int32_t *rows;
+	int64_t ldw, n, bytes; // n rows of bytes each
+	int64_t j, q;          // the next row and byte offset
+	int64_t per_key;       // lines a step
+} row_pf;
+
+AVX512 INLINE void row_pf_step(row_pf *c) {
+	if (!c)
+		return;
+	for (int64_t i = 0; i < c->per_key && c->j < c->n; i++) {
+		_mm_prefetch((const char *)(c->w + (int64_t)c->rows[c->j] * c->ldw) + c->q, _MM_HINT_T1);
+		c->q += 64;
+		if (c->q >= c->bytes) {
+			c->q = 0;
+			c->j++;
+		}
+	}
+}
+
 // accum_block runs AccumRows' rows [0, R) (pointers pr to their
 // probabilities, acc to their outputs) over the columns [c0, c0+16*V) of
 // the gathered rows, V accumulators of 16 columns a row, the last one
 // masked by tail.
 AVX512 INLINE void accum_block(const int R, const int V, float *const acc[4], const float *const pr[4],
                                const float *alpha, const float *w, const int32_t *rows, int64_t ldw,
-                               int64_t n, int64_t c0, __mmask16 tail) {
+                               int64_t n, int64_t c0, __mmask16 tail, row_pf *pf) {
 	__m512 pv[4][4];
 #pragma GCC unroll 4
 	for (int r = 0; r < R; r++)
@@ -144,6 +168,7 @@ AVX512 INLINE void accum_block(const int R, const int V, float *const acc[4], co
 		for (int v = 0; v < V; v++)
 			pv[r][v] = _mm512_setzero_ps();
 	for (int64_t j = 0; j < n; j++) {
+		row_pf_step(pf);
 		const float *wr = w + (int64_t)rows[j] * ldw + c0;
 		__m512 wv[4];
 #pragma GCC unroll 4
@@ -175,7 +200,8 @@ AVX512 INLINE void accum_block(const int R, const int V, float *const acc[4], co
 // accum_rows runs R rows from i0 over all k columns: blocks of 64 columns,
 // then of 16, then the masked tail.
 AVX512 INLINE void accum_rows(const int R, float *acc, const float *alpha, const float *p, const float *w,
-                              const int32_t *rows, int64_t ldw, int64_t n, int64_t k, int64_t i0) {
+                              const int32_t *rows, int64_t ldw, int64_t n, int64_t k, int64_t i0,
+                              row_pf *pf) {
 	float *ar[4];
 	const float *pr[4];
 #pragma GCC unroll 4
@@ -185,22 +211,49 @@ AVX512 INLINE void accum_rows(const int R, float *acc, const float *alpha, const
 	}
 	int64_t c = 0;
 	for (; c + 64 <= k; c += 64)
-		accum_block(R, 4, ar, pr, alpha + i0, w, rows, ldw, n, c, 0xffff);
+		accum_block(R, 4, ar, pr, alpha + i0, w, rows, ldw, n, c, 0xffff, pf);
 	for (; c + 16 <= k; c += 16)
-		accum_block(R, 1, ar, pr, alpha + i0, w, rows, ldw, n, c, 0xffff);
+		accum_block(R, 1, ar, pr, alpha + i0, w, rows, ldw, n, c, 0xffff, pf);
 	if (c < k)
-		accum_block(R, 1, ar, pr, alpha + i0, w, rows, ldw, n, c, head_mask(k - c));
+		accum_block(R, 1, ar, pr, alpha + i0, w, rows, ldw, n, c, head_mask(k - c), pf);
+}
+
+// accum_all runs AccumRows over all m rows, prefetching as pf says.
+AVX512 INLINE void accum_all(float *acc, const float *alpha, const float *p, const float *w,
+                             const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k, row_pf *pf) {
+	int64_t i = 0;
+	for (; i + 4 <= m; i += 4)
+		accum_rows(4, acc, alpha, p, w, rows, ldw, n, k, i, pf);
+	if (m - i >= 2) {
+		accum_rows(2, acc, alpha, p, w, rows, ldw, n, k, i, pf);
+		i += 2;
+	}
+	if (i < m)
+		accum_rows(1, acc, alpha, p, w, rows, ldw, n, k, i, pf);
 }
 
 AVX512 void di_accum_rows_avx512(float *acc, const float *alpha, const float *p, const float *w,
                                  const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k) {
-	int64_t i = 0;
-	for (; i + 4 <= m; i += 4)
-		accum_rows(4, acc, alpha, p, w, rows, ldw, n, k, i);
-	if (m - i >= 2) {
-		accum_rows(2, acc, alpha, p, w, rows, ldw, n, k, i);
-		i += 2;
+	accum_all(acc, alpha, p, w, rows, ldw, m, n, k, 0);
+}
+
+// di_accum_rows_pf_avx512 is Impl.AccumRowsPrefetch: AccumRows, spreading
+// the prefetch of the first pf_k floats of rows pf_rows[0, pf_n) of w over
+// its key steps.
+AVX512 void di_accum_rows_pf_avx512(float *acc, const float *alpha, const float *p, const float *w,
+                                    const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k,
+                                    const int32_t *pf_rows, int64_t pf_n, int64_t pf_k) {
+	// Key steps: n for each group of rows and block of columns.
+	const int64_t groups = m / 4 + (m % 4 >= 2) + (m % 2);
+	const int64_t blocks = k / 64 + (k % 64) / 16 + (k % 16 != 0);
+	const int64_t lines_a_row = (pf_k * 4 + 63) / 64, steps = groups * blocks * n;
+	row_pf pf = {w, pf_rows, ldw, pf_n, pf_k * 4, 0, 0, 1};
+	if (steps > 0)
+		pf.per_key = (pf_n * lines_a_row + steps - 1) / steps;
+	accum_all(acc, alpha, p, w, rows, ldw, m, n, k, &pf);
+	// Whatever the steps did not reach (none when n > 0).
+	while (pf.j < pf.n) {
+		pf.per_key = lines_a_row;
+		row_pf_step(&pf);
 	}
-	if (i < m)
-		accum_rows(1, acc, alpha, p, w, rows, ldw, n, k, i);
 }

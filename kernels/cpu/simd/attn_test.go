@@ -582,3 +582,46 @@ func TestPrefetchRows(t *testing.T) {
 		})
 	}
 }
+
+// TestAccumRowsPrefetch: AccumRowsPrefetch gives AccumRows' bits on every
+// path, whatever rows it is asked to prefetch.
+func TestAccumRowsPrefetch(t *testing.T) {
+	r := rand.New(rand.NewPCG(29, 30))
+	for _, sh := range []struct {
+		name     string
+		m, n, k  int
+		pfN, pfK int
+	}{
+		{"MLA decode tile", 8, 128, 128, 128, 144},
+		{"one key", 8, 1, 128, 128, 144},
+		{"no keys", 4, 0, 64, 9, 144},
+		{"odd rows and width", 7, 33, 100, 5, 100},
+		{"nothing to prefetch", 5, 17, 48, 0, 0},
+		{"more prefetch than steps", 1, 2, 16, 40, 144},
+	} {
+		t.Run(sh.name, func(t *testing.T) {
+			const ldw = 160
+			nw := 200
+			w := randVec(r, nw*ldw)
+			rows, pf := make([]int32, sh.n), make([]int32, sh.pfN)
+			for j := range rows {
+				rows[j] = int32(r.IntN(nw))
+			}
+			for j := range pf {
+				pf[j] = int32(r.IntN(nw))
+			}
+			probs := randVec(r, max(sh.m*sh.n, 1))
+			alpha := randVec(r, sh.m)
+			acc0 := randVec(r, sh.m*sh.k)
+			for _, p := range Impls() {
+				want := append([]float32(nil), acc0...)
+				p.AccumRows(want, alpha, probs, w, rows, ldw, sh.m, sh.k)
+				got := append([]float32(nil), acc0...)
+				p.AccumRowsPrefetch(got, alpha, probs, w, rows, ldw, sh.m, sh.k, pf, sh.pfK)
+				if i := sameSlices(got, want); i >= 0 {
+					t.Fatalf("%s: acc[%d] = %g, AccumRows %g", p, i, got[i], want[i])
+				}
+			}
+		})
+	}
+}

@@ -78,6 +78,7 @@ type cFuncs struct {
 	onlineSoftmax func(s *C.float, m, n C.int64_t, scale C.float, lo, hi *C.int32_t, rowMax, rowSum, alpha *C.float)
 	linearGather  func(out, x, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t)
 	accumRows     func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t)
+	accumRowsPF   func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t, pfRows *C.int32_t, pfN, pfK C.int64_t)
 	linearKMajor  func(out *C.float, ldo C.int64_t, x *C.float, ldx C.int64_t, w *C.float, m, n, k C.int64_t)
 	siluMul       func(dst, gate, up *C.float, n C.int64_t)
 }
@@ -105,6 +106,9 @@ var avx512Funcs = cFuncs{
 	},
 	accumRows: func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t) {
 		C.di_accum_rows_avx512(acc, alpha, p, w, rows, ldw, m, n, k)
+	},
+	accumRowsPF: func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t, pfRows *C.int32_t, pfN, pfK C.int64_t) {
+		C.di_accum_rows_pf_avx512(acc, alpha, p, w, rows, ldw, m, n, k, pfRows, pfN, pfK)
 	},
 	linearKMajor: func(out *C.float, ldo C.int64_t, x *C.float, ldx C.int64_t, w *C.float, m, n, k C.int64_t) {
 		C.di_linear_kmajor_avx512(out, ldo, x, ldx, w, m, n, k)
@@ -134,6 +138,11 @@ var avx2Funcs = cFuncs{
 		C.di_linear_gather_avx2(out, x, w, rows, ldw, m, n, k)
 	},
 	accumRows: func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t) {
+		C.di_accum_rows_avx2(acc, alpha, p, w, rows, ldw, m, n, k)
+	},
+	// AVX2: the rows' prefetch in one burst ahead of AccumRows.
+	accumRowsPF: func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t, pfRows *C.int32_t, pfN, pfK C.int64_t) {
+		C.di_prefetch_rows(w, pfRows, ldw, pfN, pfK)
 		C.di_accum_rows_avx2(acc, alpha, p, w, rows, ldw, m, n, k)
 	},
 	linearKMajor: func(out *C.float, ldo C.int64_t, x *C.float, ldx C.int64_t, w *C.float, m, n, k C.int64_t) {
@@ -226,6 +235,10 @@ func newNative(name string, f cFuncs) *Impl {
 		},
 		linearF32KMajor: func(out []float32, ldo int, x []float32, ldx int, w []float32, m, n, k int) {
 			f.linearKMajor(fptr(out), C.int64_t(ldo), fptr(x), C.int64_t(ldx), fptr(w), C.int64_t(m), C.int64_t(n), C.int64_t(k))
+		},
+		accumRowsPF: func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int, pfRows []int32, pfK int) {
+			f.accumRowsPF(fptr(acc), fptr(alpha), fptr(p), fptr(w), i32ptr(rows), C.int64_t(ldw), C.int64_t(m), C.int64_t(len(rows)), C.int64_t(k),
+				i32ptr(pfRows), C.int64_t(len(pfRows)), C.int64_t(pfK))
 		},
 		prefetchRows: func(w []float32, rows []int32, ldw, k int) {
 			C.di_prefetch_rows(fptr(w), i32ptr(rows), C.int64_t(ldw), C.int64_t(len(rows)), C.int64_t(k))

@@ -34,6 +34,7 @@ type Impl struct {
 	linearF32KMajor func(out []float32, ldo int, x []float32, ldx int, w []float32, m, n, k int)
 	accumRows       func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int)
 	prefetchRows    func(w []float32, rows []int32, ldw, k int)
+	accumRowsPF     func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int, pfRows []int32, pfK int)
 	siluMul         func(dst, gate, up []float32)
 }
 
@@ -57,6 +58,7 @@ var goImpl = &Impl{
 	linearF32KMajor: linearF32KMajorGo,
 	accumRows:       accumRowsGo,
 	prefetchRows:    func([]float32, []int32, int, int) {},
+	accumRowsPF:     accumRowsPFGo,
 	siluMul:         siluMulGo,
 }
 
