@@ -16,7 +16,7 @@ const minParallelElems = 1 << 15
 // costs 0.5-0.8 µs on two cores, and the norms, adds and ropes of a
 // batch-64 decode step of a model of hidden size 256 (16 Ki elements, 10-30
 // µs each on one core) ran on the caller while the other core waited: with
-// 4 Ki, those ops of a step took 0.57 ms instead of 0.74-0.87 (three
+// 4 Ki, those ops of a step took 0.49-0.61 ms instead of 0.70-1.03 (three
 // alternating runs, two cores; 1 Ki measured about the same as 4 Ki).
 const minParallelRowElems = 1 << 12
 
