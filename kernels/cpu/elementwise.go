@@ -11,18 +11,21 @@ import (
 // on the caller alone: waking workers costs more than it saves.
 const minParallelElems = 1 << 15
 
-// minParallelRowElems is minParallelElems for forRows' row loops. Since
-// the pool's workers poll between jobs (package pool), handing out a loop
-// costs 0.5-0.8 µs on two cores, and the norms, adds and ropes of a
-// batch-64 decode step of a model of hidden size 256 (16 Ki elements, 10-30
-// µs each on one core) ran on the caller while the other core waited: with
+// minRowElemsPerWorker is the work (elements touched) per worker from
+// which forRows' row loops go parallel: 4 Ki on two workers, 32 Ki (the
+// bound of the other loops) on sixteen. Since the pool's workers poll
+// between jobs (package pool), handing out a loop costs 0.5-0.8 µs on two
+// cores, and the norms, adds and ropes of a batch-64 decode step of a model
+// of hidden size 256 (16 Ki elements, 10-30 µs each on one core) ran on the
+// caller while the other core waited under the former bound of 32 Ki: with
 // 4 Ki, those ops of a step took 0.49-0.61 ms instead of 0.70-1.03 (three
 // alternating runs, two cores; 1 Ki measured about the same as 4 Ki).
-const minParallelRowElems = 1 << 12
+const minRowElemsPerWorker = 1 << 11
 
-// forRows runs fn over row ranges, in parallel when rows*width is large.
+// forRows runs fn over row ranges, in parallel from minRowElemsPerWorker
+// elements a worker.
 func (b *Backend) forRows(rows, width int, fn func(lo, hi int)) {
-	if rows*width < minParallelRowElems || rows < 2 {
+	if rows*width < minRowElemsPerWorker*b.threads || rows < 2 {
 		if rows > 0 {
 			fn(0, rows)
 		}
