@@ -28,11 +28,15 @@ void di_dequant_avx512(int qtype, float *dst, const uint8_t *w, int64_t nb);
 // _q8_K, generic order) of activation row i (a + i*activation row bytes,
 // Q8_0 or Q8_K blocks) with weight row j (w + j*row_bytes), i in [0,m), j in
 // [0,ncols). k is a multiple of the type's block size. The vnni variant
-// needs AVX512-VNNI with VL and BW.
+// needs AVX512-VNNI with VL and BW. prefetch: 2 has the Q8_0/Q4_0 decode
+// tiles prefetch one tile ahead into L1, anything else two tiles into L2
+// (quant_llama.h, QL_PF_L1); it never changes a result.
 void di_linear_qllama_avx2(int qtype, float *out, int64_t ldo, const uint8_t *a, const uint8_t *w, int64_t m,
-                           int64_t k, int64_t ncols);
+                           int64_t k, int64_t ncols, int prefetch);
 void di_linear_qllama_vnni(int qtype, float *out, int64_t ldo, const uint8_t *a, const uint8_t *w, int64_t m,
-                           int64_t k, int64_t ncols);
+                           int64_t k, int64_t ncols, int prefetch);
+// di_cpu_is_amd reports whether CPUID's vendor string is AuthenticAMD.
+int di_cpu_is_amd(void);
 
 // out[i*ldo + j] = the sum over kk, in order and in float64, of the
 // float32 products x[i*k+kk] * w[j*k+kk] (bfloat16 values when bf16, else

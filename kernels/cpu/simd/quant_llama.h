@@ -65,6 +65,17 @@ QL void ql_prefetch_l2(const uint8_t *p, int64_t n) {
 		_mm_prefetch((const char *)(p + i), _MM_HINT_T1);
 }
 
+// ql_prefetch32 is the Q8_0/Q4_0 tiles' prefetch: into L1 when l1 (see
+// QL_PF_L1), else into L2.
+QL void ql_prefetch32(const uint8_t *p, int64_t n, int l1) {
+	if (!l1) {
+		ql_prefetch_l2(p, n);
+		return;
+	}
+	for (int64_t i = 0; i < n; i += 64)
+		_mm_prefetch((const char *)(p + i), _MM_HINT_T0);
+}
+
 // ql_offsets8 returns the byte offsets wc[c] - wc[0] of a tile's 8 weight
 // rows (each under 2^31: 8 rows of a matrix).
 QL __m256i ql_offsets8(const uint8_t *const *wc) {
@@ -132,7 +143,7 @@ QL __m512i ql_reduce8x2(const __m512i *p) {
 // nc columns: out[r*ldo + c]. The VNNI build takes two blocks per 512-bit
 // vector and applies their scales one block after the other.
 QL void ql_tile32(const int qt, const int R, const uint8_t *a, int64_t ab, const uint8_t *const *wc, int64_t nb,
-                  float *out, int64_t ldo, int nc, const uint8_t *pf) {
+                  float *out, int64_t ldo, int nc, const uint8_t *pf, int l1) {
 	const int64_t bb = qt == DI_Q8_0 ? 34 : 18;
 	__m256 acc[4];
 #pragma GCC unroll 8
@@ -144,7 +155,7 @@ QL void ql_tile32(const int qt, const int R, const uint8_t *a, int64_t ab, const
 	const __m512i off16 = _mm512_inserti64x4(_mm512_castsi256_si512(off), _mm256_add_epi32(off, _mm256_set1_epi32((int)bb)), 1);
 	for (; b + 2 <= nb; b += 2) {
 		if (pf)
-			ql_prefetch_l2(pf + b * 8 * bb, 16 * bb);
+			ql_prefetch32(pf + b * 8 * bb, 16 * bb, l1);
 		__m512i w[8];
 #pragma GCC unroll 8
 		for (int c = 0; c < 8; c++) {
@@ -178,7 +189,7 @@ QL void ql_tile32(const int qt, const int R, const uint8_t *a, int64_t ab, const
 #endif
 	for (; b < nb; b++) {
 		if (pf)
-			ql_prefetch_l2(pf + b * 8 * bb, 8 * bb);
+			ql_prefetch32(pf + b * 8 * bb, 8 * bb, l1);
 		__m256i w[8];
 #if !QVNNI
 		__m256i aw[8];
@@ -408,15 +419,28 @@ QL void ql_tilek(const int qt, const int R, const int NC, const uint8_t *a, int6
 #define QL_PF32_TILES 2
 #define QL_PFK_TILES 2
 
+// QL_PF_L1 is the prefetch mode (the entry points' prefetch argument) in
+// which the Q8_0 decode tile of one activation row prefetches one tile
+// ahead into L1 instead of QL_PF32_TILES ahead into L2 (QL_PF_L2). The
+// better one differs between machines: on the Xeon above two tiles into
+// L2; on a 2-vCPU AMD EPYC (Zen 4) VM, one tile into L1 (a single-core
+// test: 0.81-0.88 of a read loop against 0.77-0.78; BenchmarkQuantLlamaGEMV
+// in kernels/cpu/simd/BENCH.md, where Q4_0 and 4 rows lost). The caller
+// picks it by the CPU's vendor.
+#define QL_PF_L2 1
+#define QL_PF_L1 2
+
 // ql_cols runs the tiles of R rows over the ncols weight rows at w (rb
 // bytes each): NC at a time, the last tile's missing rows replaced by the
 // last row (computed, not written). With pf set (the pass that streams the
-// weights from memory) each tile prefetches the weights of a later tile
-// into L2, as long as that tile lies within the avail rows from w on (the
-// rows of this call, so across the groups of tiles of ql_linear).
+// weights from memory; QL_PF_L2 or QL_PF_L1) each tile prefetches the
+// weights of a later tile, as long as that tile lies within the avail rows
+// from w on (the rows of this call, so across the groups of tiles of
+// ql_linear).
 QL void ql_cols(const int qt, const int R, const int NC, float *out, int64_t ldo, const uint8_t *a, int64_t ab,
                 const uint8_t *w, int64_t rb, int64_t nb, int64_t ncols, int pf, int64_t avail) {
-	const int64_t ahead = (qt == DI_Q8_0 || qt == DI_Q4_0 ? QL_PF32_TILES : QL_PFK_TILES) * NC;
+	const int k32 = qt == DI_Q8_0 || qt == DI_Q4_0, l1 = k32 && pf == QL_PF_L1;
+	const int64_t ahead = (l1 ? 1 : k32 ? QL_PF32_TILES : QL_PFK_TILES) * NC;
 	for (int64_t j = 0; j < ncols; j += NC) {
 		const uint8_t *wc[8];
 		const int nc = ncols - j < NC ? (int)(ncols - j) : NC;
@@ -424,7 +448,7 @@ QL void ql_cols(const int qt, const int R, const int NC, float *out, int64_t ldo
 			wc[c] = w + (j + (c < nc ? c : nc - 1)) * rb;
 		const uint8_t *p = pf && j + ahead + NC <= avail ? w + (j + ahead) * rb : 0;
 		if (qt == DI_Q8_0 || qt == DI_Q4_0)
-			ql_tile32(qt, R, a, ab, wc, nb, out + j, ldo, nc, p);
+			ql_tile32(qt, R, a, ab, wc, nb, out + j, ldo, nc, p, l1);
 		else
 			ql_tilek(qt, R, NC, a, ab, wc, nb, out + j, ldo, nc, p);
 	}
@@ -870,9 +894,13 @@ QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 // ql_linear: out[i*ldo + j] = the block dot product of activation row i
 // (a + i*ab) with weight row j (w + j*rb), i in [0, m), j in [0, ncols).
 // Weight tiles outside, activation rows inside: a tile's weights stay in
-// L1 while the rows stream past them.
+// L1 while the rows stream past them. pf is the decode tiles' prefetch
+// mode (QL_PF_L2 or QL_PF_L1); QL_PF_L1 applies to one Q8_0 row alone,
+// where it was measured (QL_PF_L1).
 QL void ql_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const uint8_t *w, int64_t m, int64_t k,
-                  int64_t ncols) {
+                  int64_t ncols, int pf) {
+	if (qt != DI_Q8_0 || m != 1)
+		pf = QL_PF_L2;
 #if QVNNI
 	if (m >= QL_PACK_ROWS && qp_linear(qt, out, ldo, a, w, m, k, ncols))
 		return;
@@ -893,20 +921,20 @@ QL void ql_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const
 		// The first pass over a tile streams it from memory and prefetches.
 		if (k32) {
 			for (; i + 4 <= m; i += 4)
-				ql_cols(qt, 4, 8, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols, i == 0, avail);
+				ql_cols(qt, 4, 8, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols, i == 0 ? pf : 0, avail);
 			switch (m - i) {
-			case 3: ql_cols(qt, 3, 8, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols, i == 0, avail); break;
-			case 2: ql_cols(qt, 2, 8, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols, i == 0, avail); break;
-			case 1: ql_cols(qt, 1, 8, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols, i == 0, avail); break;
+			case 3: ql_cols(qt, 3, 8, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols, i == 0 ? pf : 0, avail); break;
+			case 2: ql_cols(qt, 2, 8, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols, i == 0 ? pf : 0, avail); break;
+			case 1: ql_cols(qt, 1, 8, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols, i == 0 ? pf : 0, avail); break;
 			}
 		} else if (m >= 4) {
 			for (; i + 4 <= m; i += 4)
-				ql_cols(qt, 4, QL_KCOLS_PREFILL, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols, i == 0, avail);
+				ql_cols(qt, 4, QL_KCOLS_PREFILL, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols, i == 0 ? pf : 0, avail);
 			for (; i < m; i++)
 				ql_cols(qt, 1, QL_KCOLS_PREFILL, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols, 0, avail);
 		} else {
 			for (; i < m; i++)
-				ql_cols(qt, 1, 4, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols, i == 0, avail);
+				ql_cols(qt, 1, 4, oj + i * ldo, ldo, a + i * ab, ab, wj, rb, nb, cols, i == 0 ? pf : 0, avail);
 		}
 	}
 }
@@ -1036,12 +1064,13 @@ QL int64_t ql_quantize_q8_0(const float *x, uint8_t *y, int64_t nb) {
 
 #define QL_ENTRY(name)                                                                                                \
 	QTARGET void name(int qtype, float *out, int64_t ldo, const uint8_t *a, const uint8_t *w, int64_t m, int64_t k,  \
-	                  int64_t ncols) {                                                                              \
+	                  int64_t ncols, int pf) {                                                                      \
+		pf = pf == QL_PF_L1 ? QL_PF_L1 : QL_PF_L2;                                                              \
 		switch (qtype) {                                                                                        \
-		case DI_Q8_0: ql_linear(DI_Q8_0, out, ldo, a, w, m, k, ncols); break;                                     \
-		case DI_Q4_0: ql_linear(DI_Q4_0, out, ldo, a, w, m, k, ncols); break;                                     \
-		case DI_Q4_K: ql_linear(DI_Q4_K, out, ldo, a, w, m, k, ncols); break;                                     \
-		case DI_Q5_K: ql_linear(DI_Q5_K, out, ldo, a, w, m, k, ncols); break;                                     \
-		case DI_Q6_K: ql_linear(DI_Q6_K, out, ldo, a, w, m, k, ncols); break;                                     \
+		case DI_Q8_0: ql_linear(DI_Q8_0, out, ldo, a, w, m, k, ncols, pf); break;                                 \
+		case DI_Q4_0: ql_linear(DI_Q4_0, out, ldo, a, w, m, k, ncols, pf); break;                                 \
+		case DI_Q4_K: ql_linear(DI_Q4_K, out, ldo, a, w, m, k, ncols, pf); break;                                 \
+		case DI_Q5_K: ql_linear(DI_Q5_K, out, ldo, a, w, m, k, ncols, pf); break;                                 \
+		case DI_Q6_K: ql_linear(DI_Q6_K, out, ldo, a, w, m, k, ncols, pf); break;                                 \
 		}                                                                                                       \
 	}

@@ -13,12 +13,27 @@ import (
 	"golang.org/x/sys/cpu"
 )
 
+// The prefetch modes of di_linear_qllama_* (quant_llama.h's QL_PF_L2 and
+// QL_PF_L1).
+const (
+	qlPrefetchL2 = 1
+	qlPrefetchL1 = 2
+)
+
 func init() {
+	// The VNNI kernel's Q8_0/Q4_0 decode tiles prefetch one tile ahead
+	// into L1 on AMD CPUs, two tiles into L2 elsewhere (quant_llama.h,
+	// QL_PF_L1: measured on a Zen 4 VM and a Xeon); the AVX2 kernel keeps
+	// L2 (not measured on an AVX2-only AMD CPU). No result depends on it.
+	vnniPrefetch := C.int(qlPrefetchL2)
+	if C.di_cpu_is_amd() != 0 {
+		vnniPrefetch = qlPrefetchL1
+	}
 	avx2 := func(qtype C.int, out *C.float, ldo C.int64_t, a, w *C.uint8_t, m, k, ncols C.int64_t) {
-		C.di_linear_qllama_avx2(qtype, out, ldo, a, w, m, k, ncols)
+		C.di_linear_qllama_avx2(qtype, out, ldo, a, w, m, k, ncols, qlPrefetchL2)
 	}
 	vnni := func(qtype C.int, out *C.float, ldo C.int64_t, a, w *C.uint8_t, m, k, ncols C.int64_t) {
-		C.di_linear_qllama_vnni(qtype, out, ldo, a, w, m, k, ncols)
+		C.di_linear_qllama_vnni(qtype, out, ldo, a, w, m, k, ncols, vnniPrefetch)
 	}
 	hasVNNI := cpu.X86.HasAVX512VNNI && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL && cpu.X86.HasAVX2
 	for _, p := range available {
