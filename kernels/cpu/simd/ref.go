@@ -1,6 +1,9 @@
 package simd
 
-import "math"
+import (
+	"math"
+	"sync"
+)
 
 // The pure-Go path: the reference every SIMD path is tested against, and the
 // fallback where no SIMD path is available. It computes the canonical order
@@ -49,16 +52,26 @@ func reduce16(v *[lanes]float32) float32 {
 	return s2[0] + s2[1]
 }
 
+// rowScratch holds linearGo's k-long rows, one per concurrent call (a
+// worker of the caller's pool), reused across calls.
+var rowScratch sync.Pool
+
 // linearGo computes out[i*n+j] for i in [0,m), j in [j0,j1): row j of W is
 // widened into one k-long buffer by row, then dotted with every row of x.
 func linearGo(out, x []float32, m, n, k, j0, j1 int, row func(buf []float32, j int)) {
-	buf := make([]float32, k)
+	var buf []float32
+	if v, ok := rowScratch.Get().(*[]float32); ok && cap(*v) >= k {
+		buf = (*v)[:k]
+	} else {
+		buf = make([]float32, k)
+	}
 	for j := j0; j < j1; j++ {
 		row(buf, j)
 		for i := range m {
 			out[i*n+j] = dotGo(x[i*k:i*k+k], buf)
 		}
 	}
+	rowScratch.Put(&buf)
 }
 
 func linearF32Go(out, x, w []float32, m, n, k, j0, j1 int) {
