@@ -447,7 +447,7 @@ QL void ql_cols(const int qt, const int R, const int NC, float *out, int64_t ldo
 		for (int c = 0; c < NC; c++)
 			wc[c] = w + (j + (c < nc ? c : nc - 1)) * rb;
 		const uint8_t *p = pf && j + ahead + NC <= avail ? w + (j + ahead) * rb : 0;
-		if (qt == DI_Q8_0 || qt == DI_Q4_0)
+		if (k32)
 			ql_tile32(qt, R, a, ab, wc, nb, out + j, ldo, nc, p, l1);
 		else
 			ql_tilek(qt, R, NC, a, ab, wc, nb, out + j, ldo, nc, p);
@@ -899,8 +899,7 @@ QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 // where it was measured (QL_PF_L1).
 QL void ql_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const uint8_t *w, int64_t m, int64_t k,
                   int64_t ncols, int pf) {
-	if (qt != DI_Q8_0 || m != 1)
-		pf = QL_PF_L2;
+	pf = pf == QL_PF_L1 && qt == DI_Q8_0 && m == 1 ? QL_PF_L1 : QL_PF_L2;
 #if QVNNI
 	if (m >= QL_PACK_ROWS && qp_linear(qt, out, ldo, a, w, m, k, ncols))
 		return;
@@ -1065,7 +1064,6 @@ QL int64_t ql_quantize_q8_0(const float *x, uint8_t *y, int64_t nb) {
 #define QL_ENTRY(name)                                                                                                \
 	QTARGET void name(int qtype, float *out, int64_t ldo, const uint8_t *a, const uint8_t *w, int64_t m, int64_t k,  \
 	                  int64_t ncols, int pf) {                                                                      \
-		pf = pf == QL_PF_L1 ? QL_PF_L1 : QL_PF_L2;                                                              \
 		switch (qtype) {                                                                                        \
 		case DI_Q8_0: ql_linear(DI_Q8_0, out, ldo, a, w, m, k, ncols, pf); break;                                 \
 		case DI_Q4_0: ql_linear(DI_Q4_0, out, ldo, a, w, m, k, ncols, pf); break;                                 \
