@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math"
 	"os"
@@ -108,6 +109,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 			return nil, fmt.Errorf("llm: %w: cpu.simd %s: %w", config.ErrInvalid, cfg.CPU.SIMD, err)
 		}
 		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, SIMD: cfg.CPU.SIMD, KVCacheDType: cfg.Cache.KVDType(), Activations: cpuActivations(cfg.CPU.ActivationRounding)})
+		warnSlowBF16Pairs(cfg.CPU)
 	case cfg.Device == "cuda":
 		ops, err := cuda.New(cudaOptions(cfg))
 		if err != nil {
@@ -756,14 +758,33 @@ func ggufTokenizer(path string, f *gguf.File) (*tokenizer.Tokenizer, error) {
 	return tok, nil
 }
 
+// warnSlowBF16Pairs logs one line when cpu.activation_rounding: bf16 meets
+// a kernel path without AVX512_BF16, whose Go loop gives the same bits far
+// more slowly.
+func warnSlowBF16Pairs(c config.CPU) {
+	if c.ActivationRounding != "bf16" {
+		return
+	}
+	name := c.SIMD
+	if c.PureGo {
+		name = "go"
+	}
+	if impl, err := simd.Pick(name); err == nil && !impl.HasNativeBF16Pairs() {
+		slog.Warn("cpu.activation_rounding: bf16 without AVX512_BF16 on this kernel path: products with BF16 weights run a Go loop (the same bits, far slower)",
+			"simd", impl.Name())
+	}
+}
+
 // cpuActivations is the CPU backend's mode for cpu.activation_rounding
-// (validated: auto or empty, none, llama_cpp).
+// (validated: auto or empty, none, llama_cpp, bf16).
 func cpuActivations(rounding string) cpu.ActRounding {
 	switch rounding {
 	case "none":
 		return cpu.ActFloat32
 	case "llama_cpp":
 		return cpu.ActLlamaCpp
+	case "bf16":
+		return cpu.ActBF16
 	}
 	return cpu.ActLlamaCppQuantized
 }

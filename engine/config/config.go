@@ -140,7 +140,13 @@ type CPU struct {
 	//     stored weights;
 	//   - "llama_cpp": llama.cpp's rounding for BF16 and F16 weights too
 	//     (activations rounded to the weights' 16-bit type), so that greedy
-	//     tokens follow llama.cpp's on 16-bit GGUF files as well.
+	//     tokens follow llama.cpp's on 16-bit GGUF files as well;
+	//   - "bf16": as auto, and BF16 weights meet activations rounded to
+	//     bfloat16, multiplied in pairs with AVX512_BF16's VDPBF16PS
+	//     arithmetic (the rounding llama.cpp, vLLM's CPU backend and
+	//     PyTorch give BF16 models): on CPUs with that instruction, products
+	//     with BF16 weights run about twice as fast (prefill); elsewhere a
+	//     Go loop gives the same bits far more slowly.
 	// The CUDA backend multiplies GGUF blocks with float32 activations (as
 	// "none" does here), so comparing a quantized GGUF file's tokens across
 	// the two backends takes "none" on the CPU.

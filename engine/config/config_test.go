@@ -139,7 +139,7 @@ func TestParse(t *testing.T) {
 		{
 			name: "an unknown activation rounding",
 			yaml: "model: m\ncpu:\n  activation_rounding: q8\n",
-			want: []string{"cpu.activation_rounding: must be auto, none or llama_cpp, got \"q8\""},
+			want: []string{"cpu.activation_rounding: must be auto, none, llama_cpp or bf16, got \"q8\""},
 		},
 		{
 			name: "llama.cpp activation rounding",
@@ -147,6 +147,15 @@ func TestParse(t *testing.T) {
 			check: func(t *testing.T, c *Config) {
 				if c.CPU.ActivationRounding != "llama_cpp" {
 					t.Errorf("cpu.activation_rounding = %q, want llama_cpp", c.CPU.ActivationRounding)
+				}
+			},
+		},
+		{
+			name: "bfloat16 activation rounding",
+			yaml: "model: m\ncpu:\n  activation_rounding: bf16\n",
+			check: func(t *testing.T, c *Config) {
+				if c.CPU.ActivationRounding != "bf16" {
+					t.Errorf("cpu.activation_rounding = %q, want bf16", c.CPU.ActivationRounding)
 				}
 			},
 		},

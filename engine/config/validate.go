@@ -78,9 +78,9 @@ func (c *Config) Validate() error {
 		bad("cpu.simd", "must be auto, go, avx2 or avx512, got %q", c.CPU.SIMD)
 	}
 	switch c.CPU.ActivationRounding {
-	case "", "auto", "none", "llama_cpp":
+	case "", "auto", "none", "llama_cpp", "bf16":
 	default:
-		bad("cpu.activation_rounding", "must be auto, none or llama_cpp, got %q", c.CPU.ActivationRounding)
+		bad("cpu.activation_rounding", "must be auto, none, llama_cpp or bf16, got %q", c.CPU.ActivationRounding)
 	}
 	if m := c.CUDA.GEMM; m != "" && m != "round" && m != "split" {
 		bad("cuda.gemm", "must be round or split, got %q", m)

@@ -75,6 +75,14 @@ const (
 	// weights to BF16, so that greedy tokens follow llama.cpp's wherever
 	// float32 activations would break its near-ties differently.
 	ActLlamaCpp
+	// ActBF16 rounds the activations meeting BF16 weights to bfloat16 and
+	// multiplies them in pairs as AVX512_BF16's VDPBF16PS does
+	// (simd.LinearBF16Pairs): twice the multiply-adds an instruction of a
+	// float32 product where the CPU has it, the same bits from a Go loop
+	// far slower elsewhere. GGUF block-quantized weights are rounded as
+	// under ActLlamaCppQuantized; F16, F8E4M3 and MXFP4 weights keep
+	// float32 activations.
+	ActBF16
 )
 
 // roundsFor reports whether activations meeting weights of type dt are
@@ -83,7 +91,9 @@ func (r ActRounding) roundsFor(dt kernels.DType) bool {
 	switch dt {
 	case kernels.Quant:
 		return r >= ActLlamaCppQuantized
-	case kernels.BF16, kernels.F16, kernels.MXFP4:
+	case kernels.BF16:
+		return r == ActLlamaCpp || r == ActBF16
+	case kernels.F16, kernels.MXFP4:
 		return r == ActLlamaCpp
 	}
 	return false

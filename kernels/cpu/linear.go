@@ -58,7 +58,7 @@ func (b *Backend) linearOn(out, x []float32, w *Tensor, m, n, k int, bias []floa
 	tiles := (n + linearTile - 1) / linearTile
 	var acts *llamaActs // x rounded once for all tiles (Options.Activations)
 	if b.acts.roundsFor(w.dtype) {
-		acts = newLlamaActs(x, w, m, k, b.k)
+		acts = newLlamaActs(x, w, m, k, b.k, b.acts)
 	}
 	body := func(lo, hi int) {
 		j0, j1 := lo*linearTile, min(hi*linearTile, n)

@@ -135,3 +135,50 @@ func TestActRoundingModes(t *testing.T) {
 	checkIdentical(t, "quantized-only mode, Q4_K/Q8_0 weight", qq, lq)
 	checkIdentical(t, "quantized-only mode, BF16 weight", qb, fb)
 }
+
+// TestBF16PairsActivations: under ActBF16 a BF16 weight gives
+// simd.LinearBF16Pairs over the bfloat16-rounded activations on every
+// path (pure Go included), the same bits for a row alone and in a batch
+// split over the workers; a
+// block-quantized weight gives ActLlamaCppQuantized's bits and an F16
+// weight ActFloat32's.
+func TestBF16PairsActivations(t *testing.T) {
+	const m, k, n = 9, 320, 72 // k not a multiple of 32: the pair steps' zero tail
+	r := rand.New(rand.NewPCG(15, 16))
+	x := randVals(r, m*k, 1)
+	wf := randVals(r, n*k, 0.1)
+	xh, wh := make([]uint16, m*k), make([]uint16, n*k)
+	simd.RoundBF16(xh, x)
+	simd.RoundBF16(wh, roundTo(kernels.BF16, wf))
+	want := make([]float32, m*n)
+	simd.Impls()[0].LinearBF16Pairs(want, xh, wh, m, n, k, 0, n) // the pure-Go loop
+	const kq = 256 // the K-quants' block
+	qw, _ := randQuant(r, []int{n, kq}, []kernels.QuantType{kernels.QuantQ4_K, kernels.QuantQ8_0}, []int{48, 24})
+	linear := func(b *Backend, w kernels.Tensor, rows int) []float32 {
+		t.Helper()
+		k := w.Shape()[1]
+		out := alloc(t, b, rows, n)
+		if err := b.Linear(out, put(t, b, kernels.F32, x[:rows*k], rows, k), w, nil); err != nil {
+			t.Fatal(err)
+		}
+		return vals(out)
+	}
+	for _, pure := range []bool{true, false} {
+		b := New(Options{Threads: 2, PureGo: pure, Activations: ActBF16})
+		defer b.Close()
+		wb := put(t, b, kernels.BF16, wf, n, k)
+		checkIdentical(t, b.Name()+" bf16 pairs", linear(b, wb, m), want)
+		checkIdentical(t, b.Name()+" bf16 pairs, one row", linear(b, wb, 1), want[:n])
+
+		auto := New(Options{Threads: 2, PureGo: pure, Activations: ActLlamaCppQuantized})
+		defer auto.Close()
+		checkIdentical(t, b.Name()+" quantized weight", linear(b, quantTensor(t, b, qw), m),
+			linear(auto, quantTensor(t, auto, qw), m))
+		checkIdentical(t, b.Name()+" f16 weight", linear(b, put(t, b, kernels.F16, wf, n, k), m),
+			linear(auto, put(t, auto, kernels.F16, wf, n, k), m))
+		if slices.Equal(linear(auto, put(t, auto, kernels.BF16, wf, n, k), m), want) {
+			t.Fatal("float32 and bfloat16-pair activations gave the same bits: the modes cannot be told apart")
+		}
+	}
+	checkClose(t, "bf16 pairs vs float32 activations", want, refLinear(x, roundTo(kernels.BF16, wf), nil, m, n, k), 0.02)
+}

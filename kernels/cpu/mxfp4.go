@@ -105,7 +105,7 @@ func (b *Backend) linearMXFP4(out, x []float32, w *Tensor, m, n, k int, bias []f
 	tiles := (n + mxfp4Tile - 1) / mxfp4Tile
 	var acts *llamaActs // x rounded once for all tiles
 	if b.acts.roundsFor(kernels.MXFP4) {
-		acts = newLlamaActs(x, &Tensor{dtype: kernels.BF16}, m, k, b.k)
+		acts = newLlamaActs(x, &Tensor{dtype: kernels.BF16}, m, k, b.k, ActLlamaCpp)
 	}
 	bk, sk := k/2, k/kernels.MXFP4BlockSize
 	body := func(lo, hi int) {

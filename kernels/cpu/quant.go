@@ -197,13 +197,16 @@ type llamaActs struct {
 	// simd.Linear16Llama.
 	lq  func(out []float32, a, w []byte, t simd.QuantType, m, n, k, j0, j1 int)
 	l16 func(out []float32, x, w []uint16, bf16 bool, m, n, k, j0, j1 int)
+	// pairs, when set (ActBF16 with BF16 weights), multiplies h with the
+	// weights in place of l16 (simd.LinearBF16Pairs).
+	pairs func(out []float32, x, w []uint16, m, n, k, j0, j1 int)
 }
 
-// newLlamaActs rounds the m rows of x for the weight w, or returns nil
-// for weights that multiply float32 activations in llama.cpp too (F32)
-// or have no llama.cpp counterpart (F8E4M3); ks computes the products.
-// Cost: one pass over x per format.
-func newLlamaActs(x []float32, w *Tensor, m, k int, ks kernelSet) *llamaActs {
+// newLlamaActs rounds the m rows of x for the weight w under the mode r,
+// or returns nil for weights that multiply float32 activations in
+// llama.cpp too (F32) or have no llama.cpp counterpart (F8E4M3); ks
+// computes the products. Cost: one pass over x per format.
+func newLlamaActs(x []float32, w *Tensor, m, k int, ks kernelSet, r ActRounding) *llamaActs {
 	a := &llamaActs{lq: ks.linearQuantLlama, l16: ks.linear16Llama}
 	switch w.dtype {
 	case kernels.Quant:
@@ -211,6 +214,9 @@ func newLlamaActs(x []float32, w *Tensor, m, k int, ks kernelSet) *llamaActs {
 	case kernels.BF16:
 		a.h = make([]uint16, m*k)
 		simd.RoundBF16(a.h, x[:m*k])
+		if r == ActBF16 {
+			a.pairs = ks.linearBF16Pairs
+		}
 	case kernels.F16:
 		a.h = make([]uint16, m*k)
 		simd.RoundF16(a.h, x[:m*k])
@@ -240,6 +246,10 @@ func (a *llamaActs) quantize(x []float32, w *quantRows, m, k int) {
 func (a *llamaActs) linear(out []float32, w *Tensor, m, n, k, j0, j1 int) {
 	if w.dtype == kernels.Quant {
 		a.linearQuant(out, w.q, m, n, k, j0, j1)
+		return
+	}
+	if a.pairs != nil {
+		a.pairs(out, a.h, w.u16, m, n, k, j0, j1)
 		return
 	}
 	a.l16(out, a.h, w.u16, w.dtype == kernels.BF16, m, n, k, j0, j1)

@@ -42,6 +42,9 @@ type kernelSet struct {
 	// weights (simd.Linear16Llama).
 	linearQuantLlama func(out []float32, a, w []byte, t simd.QuantType, m, n, k, j0, j1 int)
 	linear16Llama    func(out []float32, x, w []uint16, bf16 bool, m, n, k, j0, j1 int)
+	// linearBF16Pairs is the product of bfloat16 activation rows with
+	// BF16 weights in VDPBF16PS arithmetic (simd.LinearBF16Pairs, ActBF16).
+	linearBF16Pairs func(out []float32, x, w []uint16, m, n, k, j0, j1 int)
 }
 
 // selectKernels picks the fastest simd implementation of this CPU, or the
@@ -75,6 +78,7 @@ func selectKernels(pureGo bool, name string) kernelSet {
 
 		linearQuantLlama: impl.LinearQuantLlama,
 		linear16Llama:    impl.Linear16Llama,
+		linearBF16Pairs:  impl.LinearBF16Pairs,
 	}
 }
 

@@ -18,7 +18,9 @@ import (
 // L3 or memory, which matters little as prefill reuses each weight 512
 // times. It reports the layer's GFLOP/s (2*m*n*k
 // summed over the four products), best window of one layer, and its ratio
-// to the register-only FMA peak measured right before the case:
+// to the register-only FMA peak measured right before the case. bf16pairs
+// is LinearBF16Pairs (bfloat16 activations, VDPBF16PS where the CPU has
+// it: twice the multiply-adds an instruction of the float32 FMA peak):
 //
 //	go test -c -o simd.test ./kernels/cpu/simd
 //	./simd.test -test.run XXX -test.bench PrefillLayer -test.benchtime 10x [-workers 1]
@@ -50,7 +52,13 @@ func BenchmarkPrefillLayer(b *testing.B) {
 			return func(lo, hi int) { impl.LinearQuant(out, x[:m*k], w, t, m, n, k, lo, hi) }
 		}}
 	}
-	formats := []format{dense(benchDtypes[0]), dense(benchDtypes[1]),
+	xh := make([]uint16, len(x))
+	RoundBF16(xh, x)
+	pairs := format{"bf16pairs", func(n, k int) func(lo, hi int) {
+		w := benchDtypes[1].make(r, n*k).([]uint16)
+		return func(lo, hi int) { impl.LinearBF16Pairs(out, xh[:m*k], w, m, n, k, lo, hi) }
+	}}
+	formats := []format{dense(benchDtypes[0]), dense(benchDtypes[1]), pairs,
 		quant(QuantQ8_0), quant(QuantQ4_K), quant(QuantQ6_K)}
 	for _, f := range formats {
 		b.Run(fmt.Sprintf("%s/%s/m%d", impl, f.name, m), func(b *testing.B) {

@@ -10,7 +10,7 @@
 // difference, this engine's logit margin between its token and llama.cpp's:
 //
 //	npm install --prefix .cache/node-llama-cpp node-llama-cpp@3.21.1
-//	go run ./tools/cpu/gguf-parity -out /tmp/parity [-n 32] [-t 2] [-types f32,bf16,q8_0,q4_k_m] [-acts auto|none|llama_cpp]
+//	go run ./tools/cpu/gguf-parity -out /tmp/parity [-n 32] [-t 2] [-types f32,bf16,q8_0,q4_k_m] [-acts auto|none|llama_cpp|bf16]
 //
 // Prompts are token ids (llama.cpp evaluates them as given), so the
 // comparison does not depend on either tokenizer. A difference at a
@@ -92,13 +92,13 @@ func main() {
 	types := flag.String("types", strings.Join(ggufwrite.Presets, ","), "GGUF weight types")
 	archs := flag.String("models", "llama,qwen3", "models: llama, qwen3, qwen3moe, mixtral, deepseek3")
 	seed := flag.Uint64("seed", 1, "seed of the weights and prompts")
-	acts := flag.String("acts", "auto", "the engine's cpu.activation_rounding: auto, none or llama_cpp")
+	acts := flag.String("acts", "auto", "the engine's cpu.activation_rounding: auto, none, llama_cpp or bf16")
 	ppl := flag.Int("ppl", 256, "tokens of the fixed text whose perplexity both engines compute per file (0: none)")
 	flag.Parse()
-	modes := map[string]cpu.ActRounding{"auto": cpu.ActLlamaCppQuantized, "none": cpu.ActFloat32, "llama_cpp": cpu.ActLlamaCpp}
+	modes := map[string]cpu.ActRounding{"auto": cpu.ActLlamaCppQuantized, "none": cpu.ActFloat32, "llama_cpp": cpu.ActLlamaCpp, "bf16": cpu.ActBF16}
 	mode, ok := modes[*acts]
 	if !ok {
-		fmt.Fprintf(os.Stderr, "gguf-parity: -acts %q is not auto, none or llama_cpp\n", *acts)
+		fmt.Fprintf(os.Stderr, "gguf-parity: -acts %q is not auto, none, llama_cpp or bf16\n", *acts)
 		os.Exit(2)
 	}
 	if *out == "" {

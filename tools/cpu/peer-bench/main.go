@@ -22,7 +22,9 @@
 // path each side ran. -acts lists the engine's activation roundings to run
 // (cpu.activation_rounding: auto, the default, rounds activations as
 // llama.cpp does for quantized weights only; none keeps float32 everywhere;
-// llama_cpp rounds for 16-bit weights too), an engine row per format each.
+// llama_cpp rounds for 16-bit weights too; bf16 multiplies BF16 weights
+// with bfloat16 activations in VDPBF16PS arithmetic), an engine row per
+// format each.
 // llama.cpp keeps its own defaults (F16 K/V cache, flash attention auto)
 // unless -peer-kv sets the cache type; this engine keeps K/V in float32.
 package main
@@ -84,14 +86,14 @@ func main() {
 	flag.IntVar(&o.gen, "n", 64, "generated tokens (greedy, EOS ignored)")
 	flag.IntVar(&o.rounds, "r", 3, "rounds; the table gives the median")
 	flag.IntVar(&o.bwMiB, "bw-mib", 1024, "size of each bandwidth buffer, MiB (far above the last-level cache)")
-	acts := flag.String("acts", "auto", "the engine's cpu.activation_rounding settings to run, comma-separated: auto, none, llama_cpp (an engine row each)")
+	acts := flag.String("acts", "auto", "the engine's cpu.activation_rounding settings to run, comma-separated: auto, none, llama_cpp, bf16 (an engine row each)")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the random weights and the prompt")
 	flag.Parse()
 	o.types = strings.Split(*types, ",")
 	o.acts = strings.Split(*acts, ",")
 	for _, a := range o.acts {
-		if a != "auto" && a != "none" && a != "llama_cpp" {
-			fmt.Fprintf(os.Stderr, "peer-bench: -acts: %q is not auto, none or llama_cpp\n", a)
+		if a != "auto" && a != "none" && a != "llama_cpp" && a != "bf16" {
+			fmt.Fprintf(os.Stderr, "peer-bench: -acts: %q is not auto, none, llama_cpp or bf16\n", a)
 			os.Exit(2)
 		}
 	}

@@ -1,0 +1,141 @@
+package simd
+
+import (
+	"fmt"
+	"math"
+	"math/big"
+)
+
+// nativeLinearBF16Pairs holds the SIMD paths of LinearBF16Pairs by Impl
+// name: out[i*ldo+j] for the m rows of x and the ncols rows of w (lengths
+// checked by the caller); set by the amd64 cgo build where the CPU has
+// AVX512_BF16. Impls without one run the pure-Go loop.
+var nativeLinearBF16Pairs = map[string]func(out []float32, ldo int, x, w []uint16, m, k, ncols int){}
+
+// HasNativeBF16Pairs reports whether p runs LinearBF16Pairs with the CPU's
+// own bfloat16 dot-product instruction (AVX512_BF16's VDPBF16PS) rather
+// than the pure-Go loop, which gives the same bits some hundred times
+// slower.
+func (p *Impl) HasNativeBF16Pairs() bool { return nativeLinearBF16Pairs[p.name] != nil }
+
+// LinearBF16Pairs runs Default().LinearBF16Pairs.
+func LinearBF16Pairs(out []float32, x, w []uint16, m, n, k, j0, j1 int) {
+	defaultImpl.LinearBF16Pairs(out, x, w, m, n, k, j0, j1)
+}
+
+// LinearBF16Pairs computes out[i*n+j] = sum_kk x[i][kk] * W[j][kk] with x
+// (m rows already rounded by RoundBF16) and W both bfloat16, in the
+// arithmetic of AVX512_BF16's VDPBF16PS: 16 float32 lane accumulators, lane
+// l taking, for each step of 32 values starting at s, the product of pair
+// member s+2l+1 and then that of s+2l, each added to the lane with one
+// rounding to nearest even, bfloat16 inputs that are subnormal read as
+// zero and subnormal sums flushed to zero; values past k count as zeros.
+// The lanes are then summed by the canonical tree (reduce16). A result
+// depends only on its own row of x, its row of W and k: never on m, on the
+// other rows or on [j0, j1), so the product is batch invariant. Rows i in
+// [0, m), columns j in [j0, j1); it panics on slices too short for the
+// shape. Cost: 2*m*(j1-j0)*k flops, half the instructions of a float32
+// product where the CPU has the instruction (HasNativeBF16Pairs).
+func (p *Impl) LinearBF16Pairs(out []float32, x, w []uint16, m, n, k, j0, j1 int) {
+	if m < 0 || k < 0 || j0 < 0 || j0 > j1 || j1 > n || len(out) < m*n || len(x) < m*k || len(w) < n*k {
+		panic(fmt.Sprintf("simd: LinearBF16Pairs: m=%d n=%d k=%d j=[%d,%d): len(out)=%d len(x)=%d len(w)=%d",
+			m, n, k, j0, j1, len(out), len(x), len(w)))
+	}
+	if m == 0 || j0 == j1 {
+		return
+	}
+	// out[j0:] holds every element written: the last is (m-1)*n + j1-1 - j0.
+	if f := nativeLinearBF16Pairs[p.name]; f != nil {
+		f(out[j0:], n, x, w[j0*k:j1*k], m, k, j1-j0)
+		return
+	}
+	for i := range m {
+		xr := x[i*k : (i+1)*k]
+		for j := j0; j < j1; j++ {
+			out[i*n+j] = dotBF16PairsGo(xr, w[j*k:(j+1)*k])
+		}
+	}
+}
+
+// dotBF16PairsGo is LinearBF16Pairs' dot product of x and w[:len(x)].
+func dotBF16PairsGo(x, w []uint16) float32 {
+	var acc [lanes]float32
+	k := len(x)
+	w = w[:k]
+	at := func(v []uint16, i int) uint16 {
+		if i < k {
+			return v[i]
+		}
+		return 0
+	}
+	for s := 0; s < k; s += 2 * lanes {
+		for l := range lanes {
+			i := s + 2*l
+			acc[l] = bf16PairFMA(at(x, i+1), at(w, i+1), acc[l])
+			acc[l] = bf16PairFMA(at(x, i), at(w, i), acc[l])
+		}
+	}
+	return reduce16(&acc)
+}
+
+// minNormal32 is the smallest positive normal float32, 2^-126.
+const minNormal32 = 0x1p-126
+
+// bf16PairFMA is one step of VDPBF16PS: c + a*b rounded once to float32
+// (nearest, ties to even), with a, b and c read as zero when subnormal and
+// a subnormal result flushed to a zero of its sign.
+func bf16PairFMA(a, b uint16, c float32) float32 {
+	fa, fb := bf16ToF32(daz16(a)), bf16ToF32(daz16(b))
+	if math.Float32bits(c)&0x7f800000 == 0 {
+		c = math.Float32frombits(math.Float32bits(c) & 0x80000000)
+	}
+	// The product of two bfloat16 values has at most 16 significant bits,
+	// exact in float64; where it is also a float32 value (normal range),
+	// rounding the float64 sum of two float32 values to float32 is the
+	// single rounding of the exact sum (53 >= 2*24 + 2).
+	prod := float64(fa) * float64(fb)
+	var r float64
+	if ap := math.Abs(prod); ap == 0 || ap >= minNormal32 && ap <= math.MaxFloat32 || math.IsInf(prod, 0) || math.IsNaN(prod) {
+		r = prod + float64(c)
+	} else {
+		r = exactSum(prod, float64(c))
+	}
+	if math.IsNaN(r) || math.IsInf(r, 0) {
+		return float32(r)
+	}
+	return ftz32(r)
+}
+
+// daz16 reads a subnormal bfloat16 as a zero of its sign.
+func daz16(h uint16) uint16 {
+	if h&0x7f80 == 0 {
+		return h & 0x8000
+	}
+	return h
+}
+
+// exactSum rounds a + b to 24 significant bits (nearest, ties to even)
+// with an unbounded exponent, as a float64 (for products outside
+// float32's normal range, where the float64 sum could round twice).
+func exactSum(a, b float64) float64 {
+	s := new(big.Float).SetPrec(2200).SetMode(big.ToNearestEven) // exact for any two float64s
+	s.Add(new(big.Float).SetFloat64(a), new(big.Float).SetFloat64(b))
+	s.SetPrec(24)
+	f, _ := s.Float64()
+	return f
+}
+
+// ftz32 rounds r to float32, a result below the normal range (after
+// rounding to 24 significant bits) flushed to a zero of its sign.
+func ftz32(r float64) float32 {
+	if math.Abs(r) >= minNormal32 {
+		return float32(r) // overflow gives the infinity the hardware gives
+	}
+	// Round to 24 bits with an unbounded exponent: scaled into the normal
+	// range, rounded there, scaled back exactly.
+	v := float32(r * 0x1p100)
+	if math.Abs(float64(v)) >= minNormal32*0x1p100 {
+		return float32(float64(v) * 0x1p-100)
+	}
+	return math.Float32frombits(math.Float32bits(v) & 0x80000000)
+}
