@@ -92,6 +92,14 @@ func decodeFormats() []decodeFormat {
 			size: func(w any) int { return 2 * len(w.([]uint16)) },
 		}
 	}
+	bf16Pairs := bf16(false)
+	bf16Pairs.name = "bf16_pairs"
+	bf16Pairs.prep = func(impl *Impl, x []float32, w any, n, k int) func(out []float32, lo, hi int) {
+		wh := w.([]uint16)
+		xh := make([]uint16, k)
+		RoundBF16(xh, x)
+		return func(out []float32, lo, hi int) { impl.LinearBF16Pairs(out, xh, wh, 1, n, k, lo, hi) }
+	}
 	f32 := decodeFormat{
 		name: "f32",
 		mk:   func(r *rand.Rand, n, k int) any { return randVec(r, n*k) },
@@ -104,7 +112,7 @@ func decodeFormats() []decodeFormat {
 	return []decodeFormat{
 		f32,
 		quant(QuantQ8_0, false), quant(QuantQ8_0, true),
-		bf16(false), bf16(true),
+		bf16(false), bf16(true), bf16Pairs,
 		quant(QuantQ4_K, false), quant(QuantQ4_K, true),
 		quant(QuantQ6_K, true),
 	}
