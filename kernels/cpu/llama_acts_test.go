@@ -152,7 +152,8 @@ func TestBF16PairsActivations(t *testing.T) {
 	simd.RoundBF16(wh, roundTo(kernels.BF16, wf))
 	want := make([]float32, m*n)
 	simd.Impls()[0].LinearBF16Pairs(want, xh, wh, m, n, k, 0, n) // the pure-Go loop
-	const kq = 256 // the K-quants' block
+	// A block-quantized weight, k a multiple of the K-quants' block.
+	const kq = 256
 	qw, _ := randQuant(r, []int{n, kq}, []kernels.QuantType{kernels.QuantQ4_K, kernels.QuantQ8_0}, []int{48, 24})
 	linear := func(b *Backend, w kernels.Tensor, rows int) []float32 {
 		t.Helper()
