@@ -62,17 +62,21 @@ func dotBF16PairsGo(x, w []uint16) float32 {
 	var acc [lanes]float32
 	k := len(x)
 	w = w[:k]
-	at := func(v []uint16, i int) uint16 {
-		if i < k {
-			return v[i]
-		}
-		return 0
-	}
-	for s := 0; s < k; s += 2 * lanes {
+	s := 0
+	for ; s+2*lanes <= k; s += 2 * lanes {
+		xs, ws := x[s:s+2*lanes], w[s:s+2*lanes]
 		for l := range lanes {
-			i := s + 2*l
-			acc[l] = bf16PairFMA(at(x, i+1), at(w, i+1), acc[l])
-			acc[l] = bf16PairFMA(at(x, i), at(w, i), acc[l])
+			acc[l] = bf16PairFMA(xs[2*l+1], ws[2*l+1], acc[l])
+			acc[l] = bf16PairFMA(xs[2*l], ws[2*l], acc[l])
+		}
+	}
+	if s < k { // the last step, its values past k zeros
+		var xs, ws [2 * lanes]uint16
+		copy(xs[:], x[s:])
+		copy(ws[:], w[s:])
+		for l := range lanes {
+			acc[l] = bf16PairFMA(xs[2*l+1], ws[2*l+1], acc[l])
+			acc[l] = bf16PairFMA(xs[2*l], ws[2*l], acc[l])
 		}
 	}
 	return reduce16(&acc)
@@ -85,14 +89,30 @@ const minNormal32 = 0x1p-126
 // (nearest, ties to even), with a, b and c read as zero when subnormal and
 // a subnormal result flushed to a zero of its sign.
 func bf16PairFMA(a, b uint16, c float32) float32 {
+	// The usual case inline: a and b normal, c normal or zero, a product
+	// and a sum inside float32's normal range. The product of two
+	// bfloat16 values has at most 16 significant bits, exact in float64;
+	// where it is also a float32 value, rounding the float64 sum of two
+	// float32 values to float32 is the single rounding of the exact sum
+	// (53 >= 2*24 + 2).
+	if ea, eb, ec := a&0x7f80, b&0x7f80, math.Float32bits(c)&0x7f800000; ea != 0 && ea != 0x7f80 && eb != 0 && eb != 0x7f80 && ec != 0x7f800000 && (ec != 0 || c == 0) {
+		prod := float64(bf16ToF32(a)) * float64(bf16ToF32(b))
+		if ap := math.Abs(prod); ap >= minNormal32 && ap <= math.MaxFloat32 {
+			if r := prod + float64(c); math.Abs(r) >= minNormal32 && math.Abs(r) <= math.MaxFloat32 {
+				return float32(r)
+			}
+		}
+	}
+	return bf16PairFMASlow(a, b, c)
+}
+
+// bf16PairFMASlow is bf16PairFMA for every input: subnormals, zeros,
+// infinities, NaNs, products and sums outside float32's normal range.
+func bf16PairFMASlow(a, b uint16, c float32) float32 {
 	fa, fb := bf16ToF32(daz16(a)), bf16ToF32(daz16(b))
 	if math.Float32bits(c)&0x7f800000 == 0 {
 		c = math.Float32frombits(math.Float32bits(c) & 0x80000000)
 	}
-	// The product of two bfloat16 values has at most 16 significant bits,
-	// exact in float64; where it is also a float32 value (normal range),
-	// rounding the float64 sum of two float32 values to float32 is the
-	// single rounding of the exact sum (53 >= 2*24 + 2).
 	prod := float64(fa) * float64(fb)
 	var r float64
 	if ap := math.Abs(prod); ap == 0 || ap >= minNormal32 && ap <= math.MaxFloat32 || math.IsInf(prod, 0) || math.IsNaN(prod) {
