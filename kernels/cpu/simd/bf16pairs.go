@@ -64,22 +64,25 @@ func dotBF16PairsGo(x, w []uint16) float32 {
 	w = w[:k]
 	s := 0
 	for ; s+2*lanes <= k; s += 2 * lanes {
-		xs, ws := x[s:s+2*lanes], w[s:s+2*lanes]
-		for l := range lanes {
-			acc[l] = bf16PairFMA(xs[2*l+1], ws[2*l+1], acc[l])
-			acc[l] = bf16PairFMA(xs[2*l], ws[2*l], acc[l])
-		}
+		pairsStep(&acc, x[s:s+2*lanes], w[s:s+2*lanes])
 	}
 	if s < k { // the last step, its values past k zeros
 		var xs, ws [2 * lanes]uint16
 		copy(xs[:], x[s:])
 		copy(ws[:], w[s:])
-		for l := range lanes {
-			acc[l] = bf16PairFMA(xs[2*l+1], ws[2*l+1], acc[l])
-			acc[l] = bf16PairFMA(xs[2*l], ws[2*l], acc[l])
-		}
+		pairsStep(&acc, xs[:], ws[:])
 	}
 	return reduce16(&acc)
+}
+
+// pairsStep adds one step of 32 values to the lanes: lane l takes the pair
+// (2l+1, 2l) of xs and ws, the odd member first.
+func pairsStep(acc *[lanes]float32, xs, ws []uint16) {
+	xs, ws = xs[:2*lanes], ws[:2*lanes]
+	for l := range lanes {
+		acc[l] = bf16PairFMA(xs[2*l+1], ws[2*l+1], acc[l])
+		acc[l] = bf16PairFMA(xs[2*l], ws[2*l], acc[l])
+	}
 }
 
 // minNormal32 is the smallest positive normal float32, 2^-126.
