@@ -381,6 +381,49 @@ func TestLinearQuantLlama(t *testing.T) {
 	}
 }
 
+// TestLinearQuantLlamaLargestCodes: Q4_K and Q5_K rows whose codes, scales
+// and mins are all at their largest, against activations of -128 and 127
+// (the "ties" rows), put the kernels' integer sums at the ends of their
+// range (the VNNI prefill step's quad pairs: a low half of 512 or 32256);
+// the outputs stay the generic dot product bit for bit.
+func TestLinearQuantLlamaLargestCodes(t *testing.T) {
+	const n, k = 19, 512
+	for _, p := range Impls() {
+		for _, typ := range []QuantType{QuantQ4_K, QuantQ5_K} {
+			for _, m := range []int{3, 16, 19} { // 16 and 19 rows: the repacked tiles, three rows a step and the rest
+				for _, acts := range []string{"normal", "ties"} {
+					r := rand.New(rand.NewPCG(uint64(typ), uint64(m)))
+					w := randWeightRows(r, typ, n, k, true)
+					bb := typ.BlockBytes()
+					for b := 0; b < len(w)/bb; b++ {
+						for i := 4; i < bb; i++ { // past d and dmin: scales, mins, (qh,) qs
+							w[b*bb+i] = 0xFF
+						}
+					}
+					x := make([]float32, m*k)
+					for i := range x {
+						x[i] = actDists[acts](r, i%k)
+					}
+					ab, _ := ActRowBytes(typ, k)
+					a := make([]byte, m*ab)
+					QuantizeActs(a, x, typ, m, k)
+					rb, _ := typ.RowBytes(k)
+					out := make([]float32, m*n)
+					p.LinearQuantLlama(out, a, w, typ, m, n, k, 0, n)
+					for i := range m {
+						for j := range n {
+							want := refDot(typ, k, w[j*rb:(j+1)*rb], a[i*ab:(i+1)*ab])
+							if got := out[i*n+j]; math.Float32bits(got) != math.Float32bits(want) {
+								t.Fatalf("%s %s m=%d %s: out[%d,%d] = %g, reference %g", p.Name(), typ, m, acts, i, j, got, want)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestLinearQuantLlamaAccuracy: rounding the activations costs about 2^-8
 // of each product, so results stay close to LinearQuant's float32 ones.
 func TestLinearQuantLlamaAccuracy(t *testing.T) {

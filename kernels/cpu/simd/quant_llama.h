@@ -713,13 +713,28 @@ QL void qp_rows6k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, 
 // Q4_K/Q5_K block of the 16 rows (QPK4_BYTES): u8 codes as [quad p =
 // 8j+l][row c][4 bytes] holding the weights i = 32j+l, +8, +16, +24 (all
 // four lane l of the generic code, all four under sub-block j's scale),
-// then int32 [j 0..7][c] = the scale s_j (high half zero), then int32
-// [j 0..7][c] = (m_j, m_j) for the mins, then dw[16] and dmin[16].
-// vpdpbusd sums the four products of a quad exactly (|t| <= 4*31*127 <
-// 2^15) and vpdpwssd against (s_j, 0) adds s_j*t to aux[l]: the same
-// number of instructions as int16 pairs sc*q against activation pairs,
-// but half the broadcasts and half the packed bytes (measured 2x).
+// then int32 [h 0..3][c] = the scale pair (s_2h, s_2h+1), int32 [c] =
+// -QPK4_OFF * (s_0 + s_2 + s_4 + s_6), three unused rows of 64 bytes,
+// int32 [j 0..7][c] = (m_j, m_j) for the mins, then dw[16] and dmin[16].
+// vpdpbusd sums the four products of a quad exactly (|t| <= 4*31*128 =
+// 15872 < 2^14); the quad of sub-block 2h+1 is shifted into the high half
+// of its lane and that of 2h added on top of QPK4_OFF, so one vpdpwssd
+// against (s_2h, s_2h+1) adds both scaled quads to aux[l]: three VNNI
+// instructions for two quads (two against one scale pair before).
 #define QPK4_BYTES (64 * 64 + 8 * 64 + 8 * 64 + 128)
+
+// QPK4_OFF keeps the low half of a lane that holds two quads in [512,
+// 32256]: non-negative, so adding it never borrows from the high half, and
+// under 2^15, so vpdpwssd reads it as t + QPK4_OFF. Each block's aux
+// starts at -QPK4_OFF times the sum of the low halves' scales, so every
+// aux[l] is the generic code's integer.
+#define QPK4_OFF 16384
+
+// qp_shift_off returns (t << 16) + QPK4_OFF, off holding QPK4_OFF << 16
+// (qp_quadpairs3's shift and or, for the rows left over).
+QL __m512i qp_shift_off(__m512i t, __m512i off) {
+	return _mm512_or_si512(_mm512_slli_epi32(t, 16), _mm512_srli_epi32(off, 16));
+}
 
 // ql_quads4 returns the 8 dwords (l = 0..7) of the bytes l, l+8, l+16,
 // l+24 of the 32 bytes at q.
@@ -747,13 +762,54 @@ QL void qp_pack4k(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc
 #pragma GCC unroll 8
 				for (int l = 0; l < 8; l++)
 					memcpy(d + (8 * j + l) * 64 + 4 * c, &u[l], 4);
-				scl[16 * j + c] = sc[2 * j];
 				mins[16 * j + c] = (int32_t)((uint32_t)(uint16_t)mn[j] | (uint32_t)(uint16_t)mn[j] << 16);
 			}
+			int32_t lo = 0;
+			for (int h = 0; h < 4; h++) {
+				scl[16 * h + c] = (int32_t)((uint32_t)(uint16_t)sc[4 * h] | (uint32_t)(uint16_t)sc[4 * h + 2] << 16);
+				lo += sc[4 * h];
+			}
+			scl[64 + c] = -QPK4_OFF * lo;
 			dw[c] = ql_half(p);
 			dmin[c] = ql_half(p + 2);
 		}
 	}
+}
+
+// qp_quadpairs3 is qp_rows4k's inner step for three rows (quads at q, q
+// + st bytes, q + 2*st), in assembly so that both weight vectors (w, w +
+// 512) stay in registers for the three rows (GCC reloaded them per row).
+// The quad of sub-block 2h+1 goes into the high half by vpslld and vpord
+// (QPK4_OFF into the low half), which run beside the VNNI instructions;
+// VBMI2's vpshldd would do both in one instruction but, on Zen 4, takes
+// the VNNI instructions' pipes (9 VNNI a cycle with 3 vpshldd: 0.75 of
+// their rate alone; with vpslld and vpord: 0.95).
+QL void qp_quadpairs3(__m512i *a0, __m512i *a1, __m512i *a2, const uint8_t *w, const int32_t *q, int64_t st,
+                      __m512i sv, __m512i off) {
+	static const int32_t lo = QPK4_OFF;
+	__asm__("vmovdqu64 (%[w]), %%zmm30\n\t"
+	        "vmovdqu64 512(%[w]), %%zmm31\n\t"
+	        "vmovdqa64 %[off], %%zmm27\n\t"
+	        "vmovdqa64 %[off], %%zmm28\n\t"
+	        "vmovdqa64 %[off], %%zmm29\n\t"
+	        "vpdpbusd 32(%[q])%{1to16%}, %%zmm31, %%zmm27\n\t"
+	        "vpdpbusd 32(%[q],%[st],1)%{1to16%}, %%zmm31, %%zmm28\n\t"
+	        "vpdpbusd 32(%[q],%[st],2)%{1to16%}, %%zmm31, %%zmm29\n\t"
+	        "vpslld $16, %%zmm27, %%zmm27\n\t"
+	        "vpslld $16, %%zmm28, %%zmm28\n\t"
+	        "vpslld $16, %%zmm29, %%zmm29\n\t"
+	        "vpord %[lo]%{1to16%}, %%zmm27, %%zmm27\n\t"
+	        "vpord %[lo]%{1to16%}, %%zmm28, %%zmm28\n\t"
+	        "vpord %[lo]%{1to16%}, %%zmm29, %%zmm29\n\t"
+	        "vpdpbusd (%[q])%{1to16%}, %%zmm30, %%zmm27\n\t"
+	        "vpdpbusd (%[q],%[st],1)%{1to16%}, %%zmm30, %%zmm28\n\t"
+	        "vpdpbusd (%[q],%[st],2)%{1to16%}, %%zmm30, %%zmm29\n\t"
+	        "vpdpwssd %[sv], %%zmm27, %[a0]\n\t"
+	        "vpdpwssd %[sv], %%zmm28, %[a1]\n\t"
+	        "vpdpwssd %[sv], %%zmm29, %[a2]"
+	        : [a0] "+v"(*a0), [a1] "+v"(*a1), [a2] "+v"(*a2)
+	        : [w] "r"(w), [q] "r"(q), [st] "r"(st), [sv] "v"(sv), [off] "v"(off), [lo] "m"(lo)
+	        : "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "memory");
 }
 
 // qp_quads writes the quads of bytes (a[i], a[i+8], a[i+16], a[i+24]),
@@ -768,8 +824,8 @@ QL void qp_quads(const uint8_t *a, int64_t nb, int32_t *dst) {
 // qp_rows4k computes R rows (Q8_K activations a + r*ab, their quads at
 // quads + r*nb*64) against a packed Q4_K/Q5_K tile; nc columns of
 // out[r*ldo + c]. The float operations per output are the generic code's.
-QL void qp_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab, const int32_t *quads,
-                  float *out, int64_t ldo, int nc) {
+QL void qp_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab,
+                  const int32_t *quads, float *out, int64_t ldo, int nc) {
 	__m512 sums[3][8], sumf[3];
 #pragma GCC unroll 3
 	for (int r = 0; r < R; r++) {
@@ -778,32 +834,61 @@ QL void qp_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, 
 		for (int l = 0; l < 8; l++)
 			sums[r][l] = _mm512_setzero_ps();
 	}
+	// The mins terms first, a pass of their own (sumf is their own
+	// accumulator, so the order of each output's float operations is the
+	// generic code's): the main loop's 32 registers are all taken.
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pb = pk + b * QPK4_BYTES;
 		const int32_t *mins = (const int32_t *)(pb + 64 * 64 + 8 * 64);
-		__m512i aux[3][8], mi[3];
+		__m512i mi[3];
 #pragma GCC unroll 3
-		for (int r = 0; r < R; r++) {
+		for (int r = 0; r < R; r++)
 			mi[r] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-			for (int l = 0; l < 8; l++)
-				aux[r][l] = _mm512_setzero_si512();
-		}
 		for (int j = 0; j < 8; j++) {
-			// The mins term of sub-block j (bsums 2j, 2j+1 against m_j),
-			// here rather than after the block: a chain of eight there
-			// stalled every block.
 			const __m512i mv = _mm512_loadu_si512(mins + 16 * j);
 #pragma GCC unroll 3
 			for (int r = 0; r < R; r++)
 				mi[r] = qp_dpwssd_b(mi[r], mv, (const int32_t *)(a + r * ab + b * 292 + 260 + 4 * j));
-			const __m512i sv = _mm512_loadu_si512(pb + 64 * 64 + 64 * j);
+		}
+		const __m512 dmin = _mm512_loadu_ps(pb + 64 * 64 + 8 * 64 + 8 * 64 + 64);
+#pragma GCC unroll 3
+		for (int r = 0; r < R; r++) {
+			const __m512 dm = _mm512_mul_ps(dmin, _mm512_set1_ps(ql_f32(a + r * ab + b * 292)));
+			sumf[r] = _mm512_fnmadd_ps(dm, _mm512_cvtepi32_ps(mi[r]), sumf[r]);
+		}
+	}
+	const __m512i off = _mm512_set1_epi32(QPK4_OFF << 16);
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pb = pk + b * QPK4_BYTES;
+		__m512i aux[3][8];
+		// aux starts at the offset's correction (see QPK4_OFF).
+		const __m512i corr = _mm512_loadu_si512(pb + 64 * 64 + 4 * 64);
+#pragma GCC unroll 3
+		for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+			for (int l = 0; l < 8; l++)
+				aux[r][l] = corr;
+		for (int h = 0; h < 4; h++) {
+			const __m512i sv = _mm512_loadu_si512(pb + 64 * 64 + 64 * h);
 #pragma GCC unroll 8
 			for (int l = 0; l < 8; l++) {
-				const __m512i wv = _mm512_loadu_si512(pb + (8 * j + l) * 64);
+				if (R == 3) {
+					qp_quadpairs3(&aux[0][l], &aux[1][l], &aux[2][l], pb + (16 * h + l) * 64,
+					              quads + b * 64 + 16 * h + l, nb * 64 * 4, sv, off);
+					continue;
+				}
+				const __m512i w0 = _mm512_loadu_si512(pb + (16 * h + l) * 64);
+				const __m512i w1 = _mm512_loadu_si512(pb + (16 * h + 8 + l) * 64);
 #pragma GCC unroll 3
 				for (int r = 0; r < R; r++) {
-					const __m512i t = qp_dpbusd_b(_mm512_setzero_si512(), wv, quads + (r * nb + b) * 64 + 8 * j + l);
+					const int32_t *qr = quads + (r * nb + b) * 64 + 16 * h + l;
+					// The quad of sub-block 2h+1 in the high half, that of
+					// 2h plus the offset in the low half. t starts at off,
+					// which the shift drops, so no zero register is held.
+					__m512i t = qp_dpbusd_b(off, w1, qr + 8);
+					t = qp_shift_off(t, off);
+					t = qp_dpbusd_b(t, w0, qr);
 					aux[r][l] = qp_dpwssd(aux[r][l], t, sv);
 				}
 			}
@@ -817,8 +902,6 @@ QL void qp_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, 
 #pragma GCC unroll 8
 			for (int l = 0; l < 8; l++)
 				sums[r][l] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(aux[r][l]), sums[r][l]);
-			const __m512 dm = _mm512_mul_ps(_mm512_loadu_ps(pb + 64 * 64 + 8 * 64 + 8 * 64 + 64), da);
-			sumf[r] = _mm512_fnmadd_ps(dm, _mm512_cvtepi32_ps(mi[r]), sumf[r]);
 		}
 	}
 #pragma GCC unroll 3
