@@ -5,12 +5,14 @@
 // parity with this engine and the peer benchmark can be built on it.
 //
 //	npm install --prefix DIR node-llama-cpp@3.21.1
-//	NODE_PATH=DIR/node_modules node tools/cpu/peer.mjs -m model.gguf [-p PROMPT | --ids 1,2,3] [-n 32] [-t 2] [--kv f32] [--no-fa] [--ppl]
+//	NODE_PATH=DIR/node_modules node tools/cpu/peer.mjs -m model.gguf [-p PROMPT | --ids 1,2,3] [-n 32] [-t 2] [--kv f32] [--no-fa] [--batch 512] [--ppl]
 //
 // The prompt is tokenized by llama.cpp from the file's own vocabulary
 // (with BOS when the file says so) unless --ids gives the ids directly.
 // --kv sets the K and V cache type (llama.cpp's default is f16; f32 keeps
-// them as this engine does), --no-fa turns flash attention off. --ppl
+// them as this engine does), --no-fa turns flash attention off. --batch sets the
+// most tokens llama.cpp evaluates in one pass (512; 1 evaluates the prompt a
+// token at a time, through its decode kernels). --ppl
 // generates nothing: it evaluates the prompt in one pass and prints, for
 // every prompt token after the first, its negative log-probability under
 // the full softmax of the logits before it (temperature 1, no truncation),
@@ -24,7 +26,7 @@ const require = createRequire(path.join(process.cwd(), "noop.js"));
 const { getLlama, LlamaLogLevel } = await import(require.resolve("node-llama-cpp"));
 
 function parseArgs(argv) {
-	const a = { model: "", prompt: "The capital of France is", ids: null, n: 32, threads: 2, ctx: 1024, kv: "", fa: "auto", ppl: false };
+	const a = { model: "", prompt: "The capital of France is", ids: null, n: 32, threads: 2, ctx: 1024, batch: 512, kv: "", fa: "auto", ppl: false };
 	for (let i = 0; i < argv.length; i++) {
 		const v = argv[i + 1];
 		switch (argv[i]) {
@@ -34,6 +36,7 @@ function parseArgs(argv) {
 			case "-n": a.n = Number(v); i++; break;
 			case "-t": a.threads = Number(v); i++; break;
 			case "-c": a.ctx = Number(v); i++; break;
+			case "--batch": a.batch = Number(v); i++; break;
 			case "--kv": a.kv = v.toUpperCase(); i++; break;
 			case "--no-fa": a.fa = false; break;
 			case "--ppl": a.ppl = true; break;
@@ -47,7 +50,7 @@ function parseArgs(argv) {
 const args = parseArgs(process.argv.slice(2));
 const llama = await getLlama({ gpu: false, logLevel: LlamaLogLevel.error, build: "never" });
 const model = await llama.loadModel({ modelPath: args.model, gpuLayers: 0, useMmap: true });
-const contextOptions = { contextSize: args.ctx, threads: args.threads, batchSize: 512, flashAttention: args.fa };
+const contextOptions = { contextSize: args.ctx, threads: args.threads, batchSize: args.batch, flashAttention: args.fa };
 if (args.kv) {
 	contextOptions.experimentalKvCacheKeyType = args.kv;
 	contextOptions.experimentalKvCacheValueType = args.kv;

@@ -10,7 +10,14 @@
 // difference, this engine's logit margin between its token and llama.cpp's:
 //
 //	npm install --prefix .cache/node-llama-cpp node-llama-cpp@3.21.1
-//	go run ./tools/cpu/gguf-parity -out /tmp/parity [-n 32] [-t 2] [-types f32,bf16,q8_0,q4_k_m] [-acts auto|none|llama_cpp|bf16]
+//	go run ./tools/cpu/gguf-parity -out /tmp/parity [-n 32] [-t 2] [-types f32,bf16,q8_0,q4_k_m] [-acts auto|none|llama_cpp|bf16] [-self]
+//
+// With -self llama.cpp also runs each prompt of more than one id a token
+// at a time (its decode kernels instead of its batched ones for the
+// prompt), and the self column counts how many of those tokens match its
+// own one-pass run: llama.cpp's agreement with itself, the scale for the
+// matched column; matched-1 counts this engine's tokens that match that
+// token-at-a-time run.
 //
 // Prompts are token ids (llama.cpp evaluates them as given), so the
 // comparison does not depend on either tokenizer. A difference at a
@@ -93,6 +100,7 @@ func main() {
 	archs := flag.String("models", "llama,qwen3", "models: llama, qwen3, qwen3moe, mixtral, deepseek3")
 	seed := flag.Uint64("seed", 1, "seed of the weights and prompts")
 	acts := flag.String("acts", "auto", "the engine's cpu.activation_rounding: auto, none, llama_cpp or bf16")
+	self := flag.Bool("self", false, "also run llama.cpp with each prompt evaluated a token at a time and count how many of its tokens match its own one-pass run (the self column)")
 	ppl := flag.Int("ppl", 256, "tokens of the fixed text whose perplexity both engines compute per file (0: none)")
 	flag.Parse()
 	modes := map[string]cpu.ActRounding{"auto": cpu.ActLlamaCppQuantized, "none": cpu.ActFloat32, "llama_cpp": cpu.ActLlamaCpp, "bf16": cpu.ActBF16}
@@ -105,7 +113,7 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
-	o := options{out: *out, tokDir: *tokDir, nodeModules: *nodeModules, peerScript: "tools/cpu/peer.mjs", n: *n, threads: *threads,
+	o := options{out: *out, tokDir: *tokDir, nodeModules: *nodeModules, peerScript: "tools/cpu/peer.mjs", n: *n, threads: *threads, self: *self,
 		pplLen: *ppl, acts: mode, types: strings.Split(*types, ","), archs: strings.Split(*archs, ","), seed: *seed, log: os.Stderr}
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "gguf-parity:", err)
@@ -116,6 +124,8 @@ func main() {
 type result struct {
 	model, typ, prompt string
 	matched, n         int
+	self               int // llama.cpp's tokens with its prompt a token at a time that match its own one-pass run (-1: not run)
+	matchedOne         int // this engine's tokens that match that token-at-a-time run (-1: not run)
 	distinct           int // distinct tokens among this engine's n
 	detail             string
 }
@@ -125,6 +135,7 @@ type options struct {
 	out, tokDir, nodeModules string
 	peerScript               string // tools/cpu/peer.mjs, from the working directory
 	n, threads               int    // greedy tokens per prompt (0: no greedy runs), threads of both engines
+	self                     bool   // also run llama.cpp with its prompt a token at a time, against itself
 	pplLen                   int    // tokens of the perplexity text (0 or 1: none)
 	acts                     cpu.ActRounding
 	types, archs             []string
@@ -138,9 +149,13 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("\n%-6s %-20s %-12s %-8s %-8s %s\n", "model", "type", "prompt", "matched", "distinct", "first difference")
+	fmt.Printf("\n%-6s %-20s %-12s %-8s %-10s %-10s %-8s %s\n", "model", "type", "prompt", "matched", "self", "matched-1", "distinct", "first difference")
 	for _, res := range results {
-		fmt.Printf("%-6s %-20s %-12s %2d/%-5d %-8d %s\n", res.model, res.typ, res.prompt, res.matched, res.n, res.distinct, res.detail)
+		self, one := "-", "-"
+		if res.self >= 0 {
+			self, one = fmt.Sprintf("%d/%d", res.self, res.n), fmt.Sprintf("%d/%d", res.matchedOne, res.n)
+		}
+		fmt.Printf("%-6s %-20s %-12s %2d/%-5d %-10s %-10s %-8d %s\n", res.model, res.typ, res.prompt, res.matched, res.n, self, one, res.distinct, res.detail)
 	}
 	if len(ppls) > 0 {
 		fmt.Printf("\nperplexity over %d fixed random tokens (the first one not scored)\n%-6s %-8s %-12s %-12s %s\n", o.pplLen, "model", "type", "engine", "llama.cpp", "difference")
@@ -210,19 +225,25 @@ func measure(o options) ([]result, []pplResult, error) {
 				if err != nil {
 					return nil, nil, err
 				}
-				theirs, err := peerGreedy(o.peerScript, path, o.nodeModules, prompt, o.n, o.threads)
+				theirs, err := peerGreedy(o.peerScript, path, o.nodeModules, prompt, o.n, o.threads, 512)
 				if err != nil {
 					return nil, nil, err
 				}
-				res := result{model: arch, typ: typ + " (" + format + ")", prompt: fmt.Sprintf("#%d (%d ids)", pi, len(prompt)), n: o.n}
+				res := result{model: arch, typ: typ + " (" + format + ")", prompt: fmt.Sprintf("#%d (%d ids)", pi, len(prompt)), n: o.n, self: -1, matchedOne: -1}
+				if o.self && len(prompt) > 1 {
+					one, err := peerGreedy(o.peerScript, path, o.nodeModules, prompt, o.n, o.threads, 1)
+					if err != nil {
+						return nil, nil, err
+					}
+					res.self = commonPrefix(theirs, one)
+					res.matchedOne = commonPrefix(ours, one)
+				}
 				seen := map[int32]bool{}
 				for _, id := range ours {
 					seen[id] = true
 				}
 				res.distinct = len(seen)
-				for res.matched < min(len(ours), len(theirs)) && ours[res.matched] == theirs[res.matched] {
-					res.matched++
-				}
+				res.matched = commonPrefix(ours, theirs)
 				if res.matched < o.n && res.matched < len(theirs) {
 					i := res.matched
 					lg := logits[i]
@@ -233,11 +254,20 @@ func measure(o options) ([]result, []pplResult, error) {
 						i, a, lg[a], b, lg[b], rank(lg, b), lg[a]-lg[b], float64(lg[a]-lg[b])/float64(sorted[0]-sorted[len(sorted)-1]))
 				}
 				results = append(results, res)
-				fmt.Fprintf(o.log, "%s %s %s: %d/%d (%d distinct) %s\n", res.model, res.typ, res.prompt, res.matched, o.n, res.distinct, res.detail)
+				fmt.Fprintf(o.log, "%s %s %s: %d/%d (%d distinct; llama.cpp against itself %d, this engine against llama.cpp a token at a time %d) %s\n", res.model, res.typ, res.prompt, res.matched, o.n, res.distinct, res.self, res.matchedOne, res.detail)
 			}
 		}
 	}
 	return results, ppls, nil
+}
+
+// commonPrefix is how many leading tokens a and b share.
+func commonPrefix(a, b []int32) int {
+	n := 0
+	for n < min(len(a), len(b)) && a[n] == b[n] {
+		n++
+	}
+	return n
 }
 
 // pplResult is the perplexity of the fixed text under one file, here and
@@ -446,11 +476,13 @@ func (e *engine) logits(ids []int32, cached int, rows []int32) ([]float32, error
 }
 
 // peerGreedy runs llama.cpp on the same file and prompt.
-func peerGreedy(script, path, nodeModules string, prompt []int32, n, threads int) ([]int32, error) {
+// batch is the most tokens llama.cpp evaluates in one pass (1: the prompt a
+// token at a time, through its decode kernels).
+func peerGreedy(script, path, nodeModules string, prompt []int32, n, threads, batch int) ([]int32, error) {
 	var res struct {
 		IDs []int32 `json:"ids"`
 	}
-	err := runPeer(script, path, nodeModules, prompt, &res, "-n", fmt.Sprint(n), "-t", fmt.Sprint(threads), "--kv", "f32", "--no-fa")
+	err := runPeer(script, path, nodeModules, prompt, &res, "-n", fmt.Sprint(n), "-t", fmt.Sprint(threads), "--kv", "f32", "--no-fa", "--batch", fmt.Sprint(batch))
 	return res.IDs, err
 }
 
