@@ -191,7 +191,8 @@ func BenchmarkPrefill512(b *testing.B) {
 // tokens/s and GFLOP/s counting 2 flops a multiply-add of the linears, the
 // LM head and the absorbed MLA attention as the CPU backend runs it
 // (scores over kv_lora_rank + rope, outputs over kv_lora_rank, per head
-// and visible key). DEEPINFER_BENCH_THREADS sets the backend's threads.
+// and visible key). DEEPINFER_BENCH_THREADS sets the backend's threads,
+// DEEPINFER_BENCH_ACTS=bf16 its cpu.activation_rounding (bfloat16 pairs).
 //
 // Measured on a 2-vCPU AVX-512 Xeon VM (no AMX), cpu(avx512): 2 threads
 // 16-21 ms a step (50-64 GFLOP/s), 1 thread 25-28 ms (37-42 GFLOP/s,
@@ -214,7 +215,11 @@ func BenchmarkDecodeBatch64Default(b *testing.B) {
 		b.Fatal(err)
 	}
 	threads, _ := strconv.Atoi(os.Getenv("DEEPINFER_BENCH_THREADS")) // 0: all cores
-	ops := cpu.New(cpu.Options{Threads: threads})
+	opts := cpu.Options{Threads: threads}
+	if os.Getenv("DEEPINFER_BENCH_ACTS") == "bf16" {
+		opts.Activations = cpu.ActBF16
+	}
+	ops := cpu.New(opts)
 	b.Cleanup(func() { ops.Close() })
 	m, err := Builtin().New(ops, cfg, w, Options{MaxModelLen: 1024})
 	if err != nil {

@@ -582,3 +582,40 @@ func TestQuantizeQ8_0Acts(t *testing.T) {
 		}
 	}
 }
+
+// TestRoundBF16Native: every SIMD path of RoundBF16 gives the Go loop's
+// bits for any float32 bits (NaNs of either sign and payload, infinities,
+// subnormals, ties both ways, the largest finite values that round up to
+// infinity), at every length of a vector step and its tail.
+func TestRoundBF16Native(t *testing.T) {
+	edges := []uint32{0, 0x80000000, 0x7f800000, 0xff800000, 0x7f800001, 0x7fc00000, 0xffffffff, 0x7fffffff,
+		0x00000001, 0x807fffff, 0x3f808000, 0x3f818000, 0x3f807fff, 0x7f7fffff, 0xff7f8000, 0x7f7f7fff}
+	r := rand.New(rand.NewPCG(5, 6))
+	src := make([]float32, 4099)
+	for i := range src {
+		if i < len(edges) {
+			src[i] = math.Float32frombits(edges[i])
+		} else {
+			src[i] = math.Float32frombits(r.Uint32())
+		}
+	}
+	want := make([]uint16, len(src))
+	roundBF16Go(want, src)
+	if len(nativeRoundBF16) == 0 {
+		t.Skip("no SIMD path in this build")
+	}
+	for name, f := range nativeRoundBF16 {
+		for _, n := range []int{1, 7, 15, 16, 17, 31, 33, len(src) - 3} {
+			for _, off := range []int{0, 3} {
+				got := make([]uint16, n)
+				f(got, src[off:off+n])
+				for i := range got {
+					if got[i] != want[off+i] {
+						t.Fatalf("%s n=%d off=%d: value %d (bits %#08x) -> %#04x, want %#04x",
+							name, n, off, i, math.Float32bits(src[off+i]), got[i], want[off+i])
+					}
+				}
+			}
+		}
+	}
+}

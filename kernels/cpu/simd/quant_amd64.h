@@ -56,5 +56,6 @@ void di_quantize_q8k_avx2(const float *x, uint8_t *y, int64_t nb);
 void di_quantize_q8k_vnni(const float *x, uint8_t *y, int64_t nb);
 int64_t di_quantize_q8_0_avx2(const float *x, uint8_t *y, int64_t nb);
 int64_t di_quantize_q8_0_vnni(const float *x, uint8_t *y, int64_t nb);
+void di_round_bf16_avx2(const float *x, uint16_t *y, int64_t n);
 
 #endif

@@ -1141,6 +1141,37 @@ QL int64_t ql_quantize_q8_0(const float *x, uint8_t *y, int64_t nb) {
 #define QL_QUANT_ENTRY(name)                                                                                          \
 	QTARGET void name(const float *x, uint8_t *y, int64_t nb) { ql_quantize_q8k(x, y, nb); }
 
+// ql_round_bf16 rounds the n floats at x to bfloat16 into y as RoundBF16
+// (q8act.go): nearest, ties to even, on the bits; a NaN keeps its upper
+// half with the quiet bit set. 16 values a step on 256-bit vectors.
+QL void ql_round_bf16(const float *x, uint16_t *y, int64_t n) {
+	const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+	const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1), quiet = _mm256_set1_epi32(64);
+	int64_t i = 0;
+	for (; i + 16 <= n; i += 16) {
+		__m256i r[2];
+#pragma GCC unroll 2
+		for (int h = 0; h < 2; h++) {
+			const __m256i b = _mm256_loadu_si256((const __m256i *)(x + i + 8 * h));
+			const __m256i hi = _mm256_srli_epi32(b, 16);
+			const __m256i up = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(b, bias), _mm256_and_si256(hi, one)), 16);
+			const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, abs), inf);
+			r[h] = _mm256_blendv_epi8(up, _mm256_or_si256(hi, quiet), nan);
+		}
+		// packus keeps 0..65535; it interleaves the 128-bit halves.
+		const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xd8);
+		_mm256_storeu_si256((__m256i *)(y + i), p);
+	}
+	for (; i < n; i++) {
+		uint32_t b;
+		memcpy(&b, x + i, 4);
+		y[i] = (b & 0x7fffffff) > 0x7f800000 ? (uint16_t)((b >> 16) | 64) : (uint16_t)((b + 0x7fff + ((b >> 16) & 1)) >> 16);
+	}
+}
+
+#define QL_ROUND_BF16_ENTRY(name)                                                                                     \
+	QTARGET void name(const float *x, uint16_t *y, int64_t n) { ql_round_bf16(x, y, n); }
+
 #define QL_QUANT_Q8_0_ENTRY(name)                                                                                     \
 	QTARGET int64_t name(const float *x, uint8_t *y, int64_t nb) { return ql_quantize_q8_0(x, y, nb); }
 

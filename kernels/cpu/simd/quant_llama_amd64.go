@@ -70,6 +70,9 @@ func init() {
 			}
 		}
 		nativeQuantizeQ8_0[p.name] = q80
+		nativeRoundBF16[p.name] = func(dst []uint16, src []float32) {
+			C.di_round_bf16_avx2(fptr(src), u16ptr(dst), C.int64_t(len(src)))
+		}
 		nativeLinear16Llama[p.name] = func(out []float32, ldo int, x, w []uint16, bf16 bool, m, k, ncols int) bool {
 			b := C.int(0)
 			if bf16 {

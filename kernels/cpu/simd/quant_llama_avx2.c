@@ -11,6 +11,7 @@
 QL_ENTRY(di_linear_qllama_avx2)
 QL_QUANT_ENTRY(di_quantize_q8k_avx2)
 QL_QUANT_Q8_0_ENTRY(di_quantize_q8_0_avx2)
+QL_ROUND_BF16_ENTRY(di_round_bf16_avx2)
 
 #include <cpuid.h>
 #include <string.h>
