@@ -30,26 +30,38 @@ var batchDecodeShapes = []struct {
 	{"lm_head", 64, 8192, 256},
 }
 
-var batchDtype = flag.Int("batch-dtype", 1, "BenchmarkLinearBatchDecode weight type: index into benchDtypes (0 f32, 1 bf16, 2 f16)")
+var batchDtype = flag.Int("batch-dtype", 1, "BenchmarkLinearBatchDecode weight type: index into benchDtypes (0 f32, 1 bf16, 2 f16), or 3: bf16 weights in pairs with activations rounded to bfloat16 (LinearBF16Pairs)")
 
 // BenchmarkLinearBatchDecode runs the BF16 products of a batch-64 decode
 // step of the default model over the pool, 16 columns a grain as the
 // backend splits them, with weights hot in the caches (the whole model is
 // 19M parameters), and reports GFLOP/s and the share of the FMA peak
-// measured before each case.
+// measured before each case (-batch-dtype 3: the pairs run two products a
+// lane and instruction, so their peak is twice the FMA's).
 func BenchmarkLinearBatchDecode(b *testing.B) {
 	p := pool.New(*benchWorkers)
 	defer p.Close()
 	roof := newRoofline(p)
 	r := rand.New(rand.NewPCG(5, 5))
 	impl := benchImpl(b)
-	dt := benchDtypes[*batchDtype]
+	pairs := *batchDtype == 3
+	dt := benchDtypes[min(*batchDtype, 1)]
+	name := dt.name
+	if pairs {
+		name = "bf16pairs"
+	}
 	for _, sh := range batchDecodeShapes {
 		w := dt.make(r, sh.n*sh.k)
 		x := randVec(r, sh.m*sh.k)
+		xh := make([]uint16, len(x)) // the pairs' activations, rounded once as the backend does a product
+		RoundBF16(xh, x)
 		out := make([]float32, sh.m*sh.n)
-		b.Run(fmt.Sprintf("%s/%s/%s_m%d_%dx%d", impl, dt.name, sh.name, sh.m, sh.n, sh.k), func(b *testing.B) {
+		b.Run(fmt.Sprintf("%s/%s/%s_m%d_%dx%d", impl, name, sh.name, sh.m, sh.n, sh.k), func(b *testing.B) {
 			benchGEMMCase(b, p, roof, 16, sh.m, sh.n, sh.k, func(lo, hi int) {
+				if pairs {
+					impl.LinearBF16Pairs(out, xh, w.([]uint16), sh.m, sh.n, sh.k, lo, hi)
+					return
+				}
 				dt.run(impl, out, x, w, sh.m, sh.n, sh.k, lo, hi)
 			})
 		})
