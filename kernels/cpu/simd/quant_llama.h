@@ -715,7 +715,9 @@ QL void qp_rows6k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, 
 // four lane l of the generic code, all four under sub-block j's scale),
 // then int32 [h 0..3][c] = the scale pair (s_2h, s_2h+1), int32 [c] =
 // -QPK4_OFF * (s_0 + s_2 + s_4 + s_6), three unused rows of 64 bytes,
-// int32 [j 0..7][c] = (m_j, m_j) for the mins, then dw[16] and dmin[16].
+// int32 [h 0..3][c] = the min pair (m_2h, m_2h+1) (against the pairs of
+// sub-block sums of qp_quads, half the instructions of the bsums pairs
+// against (m_j, m_j)), four unused rows, then dw[16] and dmin[16].
 // vpdpbusd sums the four products of a quad exactly (|t| <= 4*31*128 =
 // 15872 < 2^14); the quad of sub-block 2h+1 is shifted into the high half
 // of its lane and that of 2h added on top of QPK4_OFF, so one vpdpwssd
@@ -762,10 +764,10 @@ QL void qp_pack4k(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc
 #pragma GCC unroll 8
 				for (int l = 0; l < 8; l++)
 					memcpy(d + (8 * j + l) * 64 + 4 * c, &u[l], 4);
-				mins[16 * j + c] = (int32_t)((uint32_t)(uint16_t)mn[j] | (uint32_t)(uint16_t)mn[j] << 16);
 			}
 			int32_t lo = 0;
 			for (int h = 0; h < 4; h++) {
+				mins[16 * h + c] = (int32_t)((uint32_t)(uint16_t)mn[2 * h] | (uint32_t)(uint16_t)mn[2 * h + 1] << 16);
 				scl[16 * h + c] = (int32_t)((uint32_t)(uint16_t)sc[4 * h] | (uint32_t)(uint16_t)sc[4 * h + 2] << 16);
 				lo += sc[4 * h];
 			}
@@ -812,17 +814,29 @@ QL void qp_quadpairs3(__m512i *a0, __m512i *a1, __m512i *a2, const uint8_t *w, c
 	        : "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "memory");
 }
 
-// qp_quads writes the quads of bytes (a[i], a[i+8], a[i+16], a[i+24]),
-// i = 32j+l, of the nb Q8_K blocks at a into dst (64 int32 per block,
-// index 8j+l).
+// QP_SIDE4 is the int32 per Q8_K block of qp_quads' output.
+#define QP_SIDE4 68
+
+// qp_quads writes, per Q8_K block of the nb at a, the quads of bytes
+// (a[i], a[i+8], a[i+16], a[i+24]), i = 32j+l, at index 8j+l, then at 64+h
+// the int16 pair (B_2h, B_2h+1), B_j = bsums[2j] + bsums[2j+1] the sum of
+// sub-block j (|B_j| <= 32*128), for the mins terms: QP_SIDE4 int32 a
+// block.
 QL void qp_quads(const uint8_t *a, int64_t nb, int32_t *dst) {
-	for (int64_t b = 0; b < nb; b++)
+	for (int64_t b = 0; b < nb; b++) {
 		for (int j = 0; j < 8; j++)
-			_mm256_storeu_si256((__m256i *)(dst + b * 64 + 8 * j), ql_quads4(a + b * 292 + 4 + 32 * j));
+			_mm256_storeu_si256((__m256i *)(dst + b * QP_SIDE4 + 8 * j), ql_quads4(a + b * 292 + 4 + 32 * j));
+		int16_t bs[16];
+		memcpy(bs, a + b * 292 + 260, 32);
+		for (int h = 0; h < 4; h++) {
+			const int16_t b0 = (int16_t)(bs[4 * h] + bs[4 * h + 1]), b1 = (int16_t)(bs[4 * h + 2] + bs[4 * h + 3]);
+			dst[b * QP_SIDE4 + 64 + h] = (int32_t)((uint32_t)(uint16_t)b0 | (uint32_t)(uint16_t)b1 << 16);
+		}
+	}
 }
 
-// qp_rows4k computes R rows (Q8_K activations a + r*ab, their quads at
-// quads + r*nb*64) against a packed Q4_K/Q5_K tile; nc columns of
+// qp_rows4k computes R rows (Q8_K activations a + r*ab, their quads and
+// sub-block sums at quads + r*nb*QP_SIDE4) against a packed Q4_K/Q5_K tile; nc columns of
 // out[r*ldo + c]. The float operations per output are the generic code's.
 QL void qp_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab,
                   const int32_t *quads, float *out, int64_t ldo, int nc) {
@@ -844,12 +858,12 @@ QL void qp_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, 
 #pragma GCC unroll 3
 		for (int r = 0; r < R; r++)
 			mi[r] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-		for (int j = 0; j < 8; j++) {
-			const __m512i mv = _mm512_loadu_si512(mins + 16 * j);
+#pragma GCC unroll 4
+		for (int h = 0; h < 4; h++) {
+			const __m512i mv = _mm512_loadu_si512(mins + 16 * h);
 #pragma GCC unroll 3
 			for (int r = 0; r < R; r++)
-				mi[r] = qp_dpwssd_b(mi[r], mv, (const int32_t *)(a + r * ab + b * 292 + 260 + 4 * j));
+				mi[r] = qp_dpwssd_b(mi[r], mv, quads + (r * nb + b) * QP_SIDE4 + 64 + h);
 		}
 		const __m512 dmin = _mm512_loadu_ps(pb + 64 * 64 + 8 * 64 + 8 * 64 + 64);
 #pragma GCC unroll 3
@@ -875,14 +889,14 @@ QL void qp_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, 
 			for (int l = 0; l < 8; l++) {
 				if (R == 3) {
 					qp_quadpairs3(&aux[0][l], &aux[1][l], &aux[2][l], pb + (16 * h + l) * 64,
-					              quads + b * 64 + 16 * h + l, nb * 64 * 4, sv, off);
+					              quads + b * QP_SIDE4 + 16 * h + l, nb * QP_SIDE4 * 4, sv, off);
 					continue;
 				}
 				const __m512i w0 = _mm512_loadu_si512(pb + (16 * h + l) * 64);
 				const __m512i w1 = _mm512_loadu_si512(pb + (16 * h + 8 + l) * 64);
 #pragma GCC unroll 3
 				for (int r = 0; r < R; r++) {
-					const int32_t *qr = quads + (r * nb + b) * 64 + 16 * h + l;
+					const int32_t *qr = quads + (r * nb + b) * QP_SIDE4 + 16 * h + l;
 					// The quad of sub-block 2h+1 in the high half, that of
 					// 2h plus the offset in the low half. t starts at off,
 					// which the shift drops, so no zero register is held.
@@ -925,7 +939,7 @@ QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 	const int k4 = qt == DI_Q4_K || qt == DI_Q5_K;
 	uint8_t *pk = malloc((size_t)nb * (k32 ? QP32_BYTES : k4 ? QPK4_BYTES : QPK6_BYTES));
 	// Block sums (Q8_0/Q4_0), quads (Q4_K/Q5_K) or pairs (Q6_K) of a.
-	int32_t *side = malloc((size_t)m * nb * (k32 ? 1 : k4 ? 64 : 128) * sizeof(int32_t));
+	int32_t *side = malloc((size_t)m * nb * (k32 ? 1 : k4 ? QP_SIDE4 : 128) * sizeof(int32_t));
 	if (!pk || !side) {
 		free(pk);
 		free(side);
@@ -940,7 +954,7 @@ QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 				side[i * nb + b] = s;
 			}
 		} else if (k4) {
-			qp_quads(a + i * ab, nb, side + i * nb * 64);
+			qp_quads(a + i * ab, nb, side + i * nb * QP_SIDE4);
 		} else {
 			qp_pairs(a + i * ab, nb, side + i * nb * 128);
 		}
@@ -957,9 +971,9 @@ QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 		} else if (k4) {
 			qp_pack4k(qt, w + j * rb, rb, nb, nc, pk);
 			for (; i + 3 <= m; i += 3)
-				qp_rows4k(3, pk, nb, a + i * ab, ab, side + i * nb * 64, out + i * ldo + j, ldo, nc);
+				qp_rows4k(3, pk, nb, a + i * ab, ab, side + i * nb * QP_SIDE4, out + i * ldo + j, ldo, nc);
 			for (; i < m; i++)
-				qp_rows4k(1, pk, nb, a + i * ab, ab, side + i * nb * 64, out + i * ldo + j, ldo, nc);
+				qp_rows4k(1, pk, nb, a + i * ab, ab, side + i * nb * QP_SIDE4, out + i * ldo + j, ldo, nc);
 		} else {
 			qp_pack6k(w + j * rb, rb, nb, nc, pk);
 			for (; i + 3 <= m; i += 3)
