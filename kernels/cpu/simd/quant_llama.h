@@ -872,24 +872,32 @@ QL void qp_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, 
 			sumf[r] = _mm512_fnmadd_ps(dm, _mm512_cvtepi32_ps(mi[r]), sumf[r]);
 		}
 	}
+	// The lanes l one after another, each over the block's four scale
+	// pairs: R accumulators live at a time (24 live across the pairs
+	// spilled five of them), and each output's float operations stay the
+	// generic code's (sums[r][l] of one lane l per block, in block order).
 	const __m512i off = _mm512_set1_epi32(QPK4_OFF << 16);
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pb = pk + b * QPK4_BYTES;
-		__m512i aux[3][8];
 		// aux starts at the offset's correction (see QPK4_OFF).
 		const __m512i corr = _mm512_loadu_si512(pb + 64 * 64 + 4 * 64);
+		const __m512 dw = _mm512_loadu_ps(pb + 64 * 64 + 8 * 64 + 8 * 64);
+		__m512 d[3];
 #pragma GCC unroll 3
 		for (int r = 0; r < R; r++)
+			d[r] = _mm512_mul_ps(dw, _mm512_set1_ps(ql_f32(a + r * ab + b * 292)));
 #pragma GCC unroll 8
-			for (int l = 0; l < 8; l++)
-				aux[r][l] = corr;
-		for (int h = 0; h < 4; h++) {
-			const __m512i sv = _mm512_loadu_si512(pb + 64 * 64 + 64 * h);
-#pragma GCC unroll 8
-			for (int l = 0; l < 8; l++) {
+		for (int l = 0; l < 8; l++) {
+			__m512i aux[3];
+#pragma GCC unroll 3
+			for (int r = 0; r < R; r++)
+				aux[r] = corr;
+#pragma GCC unroll 4
+			for (int h = 0; h < 4; h++) {
+				const __m512i sv = _mm512_loadu_si512(pb + 64 * 64 + 64 * h);
 				if (R == 3) {
-					qp_quadpairs3(&aux[0][l], &aux[1][l], &aux[2][l], pb + (16 * h + l) * 64,
-					              quads + b * QP_SIDE4 + 16 * h + l, nb * QP_SIDE4 * 4, sv, off);
+					qp_quadpairs3(&aux[0], &aux[1], &aux[2], pb + (16 * h + l) * 64, quads + b * QP_SIDE4 + 16 * h + l,
+					              nb * QP_SIDE4 * 4, sv, off);
 					continue;
 				}
 				const __m512i w0 = _mm512_loadu_si512(pb + (16 * h + l) * 64);
@@ -903,19 +911,12 @@ QL void qp_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, 
 					__m512i t = qp_dpbusd_b(off, w1, qr + 8);
 					t = qp_shift_off(t, off);
 					t = qp_dpbusd_b(t, w0, qr);
-					aux[r][l] = qp_dpwssd(aux[r][l], t, sv);
+					aux[r] = qp_dpwssd(aux[r], t, sv);
 				}
 			}
-		}
-		const __m512 dw = _mm512_loadu_ps(pb + 64 * 64 + 8 * 64 + 8 * 64);
 #pragma GCC unroll 3
-		for (int r = 0; r < R; r++) {
-			const uint8_t *ap = a + r * ab + b * 292;
-			const __m512 da = _mm512_set1_ps(ql_f32(ap));
-			const __m512 d = _mm512_mul_ps(dw, da);
-#pragma GCC unroll 8
-			for (int l = 0; l < 8; l++)
-				sums[r][l] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(aux[r][l]), sums[r][l]);
+			for (int r = 0; r < R; r++)
+				sums[r][l] = _mm512_fmadd_ps(d[r], _mm512_cvtepi32_ps(aux[r]), sums[r][l]);
 		}
 	}
 #pragma GCC unroll 3
