@@ -342,16 +342,7 @@ func TestLinearQuantLlama(t *testing.T) {
 					for name, dist := range actDists {
 						r := rand.New(rand.NewPCG(uint64(typ), uint64(len(name)+n)))
 						w := randWeightRows(r, typ, n, k, raw)
-						x := make([]float32, m*k)
-						for i := range x {
-							x[i] = dist(r, i%k)
-						}
-						ab, _ := ActRowBytes(typ, k)
-						a := make([]byte, m*ab)
-						QuantizeActs(a, x, typ, m, k)
-						rb, _ := typ.RowBytes(k)
-						out := make([]float32, m*n)
-						p.LinearQuantLlama(out, a, w, typ, m, n, k, 0, n)
+						out, a, ab, rb := runQuantLlama(p, typ, w, func(i int) float32 { return dist(r, i%k) }, m, n, k)
 						j0, j1 := min(2, n), min(7, n)
 						part := make([]float32, n)
 						for i := range m {
@@ -381,6 +372,23 @@ func TestLinearQuantLlama(t *testing.T) {
 	}
 }
 
+// runQuantLlama rounds m rows of k activations (x(i) the i-th value) for
+// typ and multiplies them by the n weight rows w on p: the outputs, the
+// rounded rows and the activation and weight row bytes.
+func runQuantLlama(p *Impl, typ QuantType, w []byte, x func(i int) float32, m, n, k int) (out []float32, a []byte, ab, rb int) {
+	xs := make([]float32, m*k)
+	for i := range xs {
+		xs[i] = x(i)
+	}
+	ab, _ = ActRowBytes(typ, k)
+	a = make([]byte, m*ab)
+	QuantizeActs(a, xs, typ, m, k)
+	rb, _ = typ.RowBytes(k)
+	out = make([]float32, m*n)
+	p.LinearQuantLlama(out, a, w, typ, m, n, k, 0, n)
+	return out, a, ab, rb
+}
+
 // TestLinearQuantLlamaLargestCodes: Q4_K and Q5_K rows whose codes, scales
 // and mins are all at their largest, against activations of -128 and 127
 // (the "ties" rows), put the kernels' integer sums at the ends of their
@@ -400,16 +408,7 @@ func TestLinearQuantLlamaLargestCodes(t *testing.T) {
 							w[b*bb+i] = 0xFF
 						}
 					}
-					x := make([]float32, m*k)
-					for i := range x {
-						x[i] = actDists[acts](r, i%k)
-					}
-					ab, _ := ActRowBytes(typ, k)
-					a := make([]byte, m*ab)
-					QuantizeActs(a, x, typ, m, k)
-					rb, _ := typ.RowBytes(k)
-					out := make([]float32, m*n)
-					p.LinearQuantLlama(out, a, w, typ, m, n, k, 0, n)
+					out, a, ab, rb := runQuantLlama(p, typ, w, func(i int) float32 { return actDists[acts](r, i%k) }, m, n, k)
 					for i := range m {
 						for j := range n {
 							want := refDot(typ, k, w[j*rb:(j+1)*rb], a[i*ab:(i+1)*ab])
