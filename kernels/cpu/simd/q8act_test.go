@@ -389,22 +389,28 @@ func runQuantLlama(p *Impl, typ QuantType, w []byte, x func(i int) float32, m, n
 	return out, a, ab, rb
 }
 
-// TestLinearQuantLlamaLargestCodes: Q4_K and Q5_K rows whose codes, scales
-// and mins are all at their largest, against activations of -128 and 127
-// (the "ties" rows), put the kernels' integer sums at the ends of their
-// range (the VNNI prefill step's quad pairs: a low half of 512 or 32256);
-// the outputs stay the generic dot product bit for bit.
+// TestLinearQuantLlamaLargestCodes: Q4_K, Q5_K and Q6_K rows whose codes
+// (and Q4_K/Q5_K scales and mins) are all at their largest, against
+// activations of -128 and 127 (the "ties" rows), put the kernels' integer
+// sums at the ends of their range (the VNNI prefill step's quad pairs: a
+// low half of 512 or 32256; the AVX2 Q6_K step's int16 pairs less the
+// activations' sums: 24320); the outputs stay the generic dot product bit
+// for bit.
 func TestLinearQuantLlamaLargestCodes(t *testing.T) {
 	const n, k = 19, 512
 	for _, p := range Impls() {
-		for _, typ := range []QuantType{QuantQ4_K, QuantQ5_K} {
-			for _, m := range []int{3, 16, 19} { // 16 and 19 rows: the repacked tiles, three rows a step and the rest
+		for _, typ := range []QuantType{QuantQ4_K, QuantQ5_K, QuantQ6_K} {
+			for _, m := range []int{3, 16, 19} { // 16 and 19 rows: the repacked tiles, three or four rows a step and the rest
 				for _, acts := range []string{"normal", "ties"} {
 					r := rand.New(rand.NewPCG(uint64(typ), uint64(m)))
 					w := randWeightRows(r, typ, n, k, true)
 					bb := typ.BlockBytes()
+					lo, hi := 4, bb // Q4_K/Q5_K: past d and dmin (scales, mins, (qh,) qs)
+					if typ == QuantQ6_K {
+						lo, hi = 0, 208 // ql, qh, scales (-1 each), not d
+					}
 					for b := 0; b < len(w)/bb; b++ {
-						for i := 4; i < bb; i++ { // past d and dmin: scales, mins, (qh,) qs
+						for i := lo; i < hi; i++ {
 							w[b*bb+i] = 0xFF
 						}
 					}

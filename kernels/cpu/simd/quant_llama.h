@@ -454,6 +454,77 @@ QL void ql_cols(const int qt, const int R, const int NC, float *out, int64_t ldo
 	}
 }
 
+// Helpers of both builds' packed prefill paths.
+
+// qp_qk writes the 256 weights of K-quant block p as int8 codes (Q6_K:
+// q-32) in element order and returns them with the scales sc (16, one per
+// 16 weights) and mins mn (8).
+QL void qp_qk(const int qt, const uint8_t *p, int8_t *q, int16_t *sc, int16_t *mn) {
+	const __m256i m4 = _mm256_set1_epi8(0x0F);
+	if (qt == DI_Q6_K) {
+		for (int n = 0; n < 2; n++)
+			for (int h = 0; h < 2; h++) {
+				const __m256i ql = ql_load(p + 64 * n + 32 * h), qh = ql_load(p + 128 + 32 * n), m3 = _mm256_set1_epi8(3);
+				__m256i qa = _mm256_or_si256(_mm256_and_si256(ql, m4),
+				                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * h), m3), 4));
+				__m256i qb = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql, 4), m4),
+				                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * h + 4), m3), 4));
+				_mm256_storeu_si256((__m256i *)(q + 128 * n + 32 * h), _mm256_sub_epi8(qa, _mm256_set1_epi8(32)));
+				_mm256_storeu_si256((__m256i *)(q + 128 * n + 32 * h + 64), _mm256_sub_epi8(qb, _mm256_set1_epi8(32)));
+			}
+		for (int j = 0; j < 16; j++)
+			sc[j] = (int8_t)p[192 + j];
+		return;
+	}
+	uint8_t s8[8], m8[8];
+	ql_kscales(p + 4, s8, m8);
+	for (int j = 0; j < 8; j++) {
+		sc[2 * j] = sc[2 * j + 1] = s8[j];
+		mn[j] = m8[j];
+	}
+	for (int c = 0; c < 4; c++) {
+		const __m256i v = ql_load(p + (qt == DI_Q4_K ? 16 : 48) + 32 * c);
+		__m256i qa = _mm256_and_si256(v, m4), qb = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+		if (qt == DI_Q5_K) {
+			const __m256i qh = ql_load(p + 16), one = _mm256_set1_epi8(1);
+			qa = _mm256_or_si256(qa, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
+			qb = _mm256_or_si256(qb, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
+		}
+		_mm256_storeu_si256((__m256i *)(q + 64 * c), qa);
+		_mm256_storeu_si256((__m256i *)(q + 64 * c + 32), qb);
+	}
+}
+
+// ql_quads4 returns the 8 dwords (l = 0..7) of the bytes l, l+8, l+16,
+// l+24 of the 32 bytes at q.
+QL __m256i ql_quads4(const uint8_t *q) {
+	const __m128i r0 = _mm_loadl_epi64((const __m128i *)q), r1 = _mm_loadl_epi64((const __m128i *)(q + 8));
+	const __m128i r2 = _mm_loadl_epi64((const __m128i *)(q + 16)), r3 = _mm_loadl_epi64((const __m128i *)(q + 24));
+	const __m128i p01 = _mm_unpacklo_epi8(r0, r1), p23 = _mm_unpacklo_epi8(r2, r3);
+	return _mm256_set_m128i(_mm_unpackhi_epi16(p01, p23), _mm_unpacklo_epi16(p01, p23));
+}
+
+// QP_SIDE4 is the int32 per Q8_K block of qp_quads' output.
+#define QP_SIDE4 68
+
+// qp_quads writes, per Q8_K block of the nb at a, the quads of bytes
+// (a[i], a[i+8], a[i+16], a[i+24]), i = 32j+l, at index 8j+l, then at 64+h
+// the int16 pair (B_2h, B_2h+1), B_j = bsums[2j] + bsums[2j+1] the sum of
+// sub-block j (|B_j| <= 32*128), for the mins terms: QP_SIDE4 int32 a
+// block.
+QL void qp_quads(const uint8_t *a, int64_t nb, int32_t *dst) {
+	for (int64_t b = 0; b < nb; b++) {
+		for (int j = 0; j < 8; j++)
+			_mm256_storeu_si256((__m256i *)(dst + b * QP_SIDE4 + 8 * j), ql_quads4(a + b * 292 + 4 + 32 * j));
+		int16_t bs[16];
+		memcpy(bs, a + b * 292 + 260, 32);
+		for (int h = 0; h < 4; h++) {
+			const int16_t b0 = (int16_t)(bs[4 * h] + bs[4 * h + 1]), b1 = (int16_t)(bs[4 * h + 2] + bs[4 * h + 3]);
+			dst[b * QP_SIDE4 + 64 + h] = (int32_t)((uint32_t)(uint16_t)b0 | (uint32_t)(uint16_t)b1 << 16);
+		}
+	}
+}
+
 #if QVNNI
 #include <stdlib.h>
 
@@ -535,44 +606,6 @@ QL void qp_rows32(const int qt, const int R, const uint8_t *pk, int64_t nb, cons
 		_mm512_mask_storeu_ps(out + r * ldo, (__mmask16)((1u << nc) - 1), acc[r]);
 }
 
-// qp_qk writes the 256 weights of K-quant block p as int8 codes (Q6_K:
-// q-32) in element order and returns them with the scales sc (16, one per
-// 16 weights) and mins mn (8).
-QL void qp_qk(const int qt, const uint8_t *p, int8_t *q, int16_t *sc, int16_t *mn) {
-	const __m256i m4 = _mm256_set1_epi8(0x0F);
-	if (qt == DI_Q6_K) {
-		for (int n = 0; n < 2; n++)
-			for (int h = 0; h < 2; h++) {
-				const __m256i ql = ql_load(p + 64 * n + 32 * h), qh = ql_load(p + 128 + 32 * n), m3 = _mm256_set1_epi8(3);
-				__m256i qa = _mm256_or_si256(_mm256_and_si256(ql, m4),
-				                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * h), m3), 4));
-				__m256i qb = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql, 4), m4),
-				                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * h + 4), m3), 4));
-				_mm256_storeu_si256((__m256i *)(q + 128 * n + 32 * h), _mm256_sub_epi8(qa, _mm256_set1_epi8(32)));
-				_mm256_storeu_si256((__m256i *)(q + 128 * n + 32 * h + 64), _mm256_sub_epi8(qb, _mm256_set1_epi8(32)));
-			}
-		for (int j = 0; j < 16; j++)
-			sc[j] = (int8_t)p[192 + j];
-		return;
-	}
-	uint8_t s8[8], m8[8];
-	ql_kscales(p + 4, s8, m8);
-	for (int j = 0; j < 8; j++) {
-		sc[2 * j] = sc[2 * j + 1] = s8[j];
-		mn[j] = m8[j];
-	}
-	for (int c = 0; c < 4; c++) {
-		const __m256i v = ql_load(p + (qt == DI_Q4_K ? 16 : 48) + 32 * c);
-		__m256i qa = _mm256_and_si256(v, m4), qb = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-		if (qt == DI_Q5_K) {
-			const __m256i qh = ql_load(p + 16), one = _mm256_set1_epi8(1);
-			qa = _mm256_or_si256(qa, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), one), 4));
-			qb = _mm256_or_si256(qb, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), one), 4));
-		}
-		_mm256_storeu_si256((__m256i *)(q + 64 * c), qa);
-		_mm256_storeu_si256((__m256i *)(q + 64 * c + 32), qb);
-	}
-}
 
 // qp_dpbusd_b, qp_dpwssd and qp_dpwssd_b are vpdpbusd/vpdpwssd with the
 // accumulator tied to the destination register (the _b forms broadcast a
@@ -738,14 +771,6 @@ QL __m512i qp_shift_off(__m512i t, __m512i off) {
 	return _mm512_or_si512(_mm512_slli_epi32(t, 16), _mm512_srli_epi32(off, 16));
 }
 
-// ql_quads4 returns the 8 dwords (l = 0..7) of the bytes l, l+8, l+16,
-// l+24 of the 32 bytes at q.
-QL __m256i ql_quads4(const uint8_t *q) {
-	const __m128i r0 = _mm_loadl_epi64((const __m128i *)q), r1 = _mm_loadl_epi64((const __m128i *)(q + 8));
-	const __m128i r2 = _mm_loadl_epi64((const __m128i *)(q + 16)), r3 = _mm_loadl_epi64((const __m128i *)(q + 24));
-	const __m128i p01 = _mm_unpacklo_epi8(r0, r1), p23 = _mm_unpacklo_epi8(r2, r3);
-	return _mm256_set_m128i(_mm_unpackhi_epi16(p01, p23), _mm_unpacklo_epi16(p01, p23));
-}
 
 QL void qp_pack4k(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
 	const int64_t bb = qt == DI_Q4_K ? 144 : 176;
@@ -814,26 +839,6 @@ QL void qp_quadpairs3(__m512i *a0, __m512i *a1, __m512i *a2, const uint8_t *w, c
 	        : "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "memory");
 }
 
-// QP_SIDE4 is the int32 per Q8_K block of qp_quads' output.
-#define QP_SIDE4 68
-
-// qp_quads writes, per Q8_K block of the nb at a, the quads of bytes
-// (a[i], a[i+8], a[i+16], a[i+24]), i = 32j+l, at index 8j+l, then at 64+h
-// the int16 pair (B_2h, B_2h+1), B_j = bsums[2j] + bsums[2j+1] the sum of
-// sub-block j (|B_j| <= 32*128), for the mins terms: QP_SIDE4 int32 a
-// block.
-QL void qp_quads(const uint8_t *a, int64_t nb, int32_t *dst) {
-	for (int64_t b = 0; b < nb; b++) {
-		for (int j = 0; j < 8; j++)
-			_mm256_storeu_si256((__m256i *)(dst + b * QP_SIDE4 + 8 * j), ql_quads4(a + b * 292 + 4 + 32 * j));
-		int16_t bs[16];
-		memcpy(bs, a + b * 292 + 260, 32);
-		for (int h = 0; h < 4; h++) {
-			const int16_t b0 = (int16_t)(bs[4 * h] + bs[4 * h + 1]), b1 = (int16_t)(bs[4 * h + 2] + bs[4 * h + 3]);
-			dst[b * QP_SIDE4 + 64 + h] = (int32_t)((uint32_t)(uint16_t)b0 | (uint32_t)(uint16_t)b1 << 16);
-		}
-	}
-}
 
 // qp_rows4k computes R rows (Q8_K activations a + r*ab, their quads and
 // sub-block sums at quads + r*nb*QP_SIDE4) against a packed Q4_K/Q5_K tile; nc columns of
@@ -989,6 +994,369 @@ QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 }
 #endif
 
+#if !QVNNI
+#include <stdlib.h>
+
+#define QL_PACK_ROWS 16 // as in the VNNI build
+
+// The AVX2 build's prefill from QL_PACK_ROWS activation rows on, for Q8_0
+// and Q4_0: 8 weight rows at a time are repacked (once per call) so that
+// one 256-bit vector holds the same four weights of 8 rows and each lane
+// accumulates one output's block sum (no horizontal sums: the tiles above
+// reduce 8 vectors a block and row). A block of the 8 rows (QA32_BYTES):
+// signed weights (Q4_0: q-8) as [quad g 0..7][row c 0..7][4 bytes], then
+// dw[8] floats. vpmaddubsw multiplies |w| by the activations with w's
+// signs (|a| <= 127 in Q8_0 blocks, so the sign is exact) and vpmaddwd by
+// ones adds the pairs: the block's exact integer sum per lane; the float
+// operations per output are the generic code's, as in the tiles above.
+#define QA32_BYTES (256 + 32)
+
+QL void qa_pack32(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
+	const int64_t bb = qt == DI_Q8_0 ? 34 : 18;
+	for (int64_t b = 0; b < nb; b++) {
+		uint8_t *d = dst + b * QA32_BYTES;
+		float *dw = (float *)(d + 256);
+		for (int c = 0; c < 8; c++) {
+			const uint8_t *p = w + (c < nc ? c : nc - 1) * rb + b * bb;
+			uint32_t u[8];
+			_mm256_storeu_si256((__m256i *)u, ql_w32(qt, p));
+#pragma GCC unroll 8
+			for (int g = 0; g < 8; g++)
+				memcpy(d + 32 * g + 4 * c, &u[g], 4);
+			dw[c] = ql_half(p);
+		}
+	}
+}
+
+// qa_rows32 computes R rows (activations a + r*ab) against a packed tile
+// and writes nc columns of out[r*ldo + c].
+QL void qa_rows32(const int qt, const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab, float *out,
+                  int64_t ldo, int nc) {
+	const __m256i ones = _mm256_set1_epi16(1);
+	__m256 acc[4];
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++)
+		acc[r] = _mm256_setzero_ps();
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pb = pk + b * QA32_BYTES;
+		__m256i s[4];
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++)
+			s[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+		for (int g = 0; g < 8; g++) {
+			const __m256i wv = _mm256_loadu_si256((const __m256i *)(pb + 32 * g)), aw = _mm256_abs_epi8(wv);
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++) {
+				int32_t q;
+				memcpy(&q, a + r * ab + b * 34 + 2 + 4 * g, 4);
+				const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(q), wv));
+				s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(p, ones));
+			}
+		}
+		const __m256 dw = _mm256_loadu_ps((const float *)(pb + 256));
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++) {
+			const __m256 da = _mm256_set1_ps(ql_half(a + r * ab + b * 34));
+			const __m256 sf = _mm256_cvtepi32_ps(s[r]);
+			if (qt == DI_Q8_0)
+				acc[r] = _mm256_fmadd_ps(sf, _mm256_mul_ps(dw, da), acc[r]);
+			else
+				acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(sf, dw), da, acc[r]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++) {
+		float o[8];
+		_mm256_storeu_ps(o, acc[r]);
+		for (int c = 0; c < nc; c++)
+			out[r * ldo + c] = o[c];
+	}
+}
+
+// A Q4_K/Q5_K block of 8 rows for the AVX2 prefill (QA4_BYTES): u8 codes
+// as [quad p = 8j+l][row c 0..7][4 bytes] (the weights 32j+l, +8, +16,
+// +24: lane l of the generic code, sub-block j), int32 [j 0..7][c] = the
+// scale pair (s_j, s_j), int32 [h 0..3][c] = the min pair (m_2h,
+// m_2h+1), then dw[8] and dmin[8]. vpmaddubsw gives a quad's two pair sums
+// (|pair| <= 2*31*128) and vpmaddwd by (s_j, s_j) adds s_j times the quad
+// to aux[l]; the mins go against qp_quads' pairs of sub-block sums.
+#define QA4_BYTES (2048 + 256 + 128 + 64)
+
+QL void qa_pack4k(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
+	const int64_t bb = qt == DI_Q4_K ? 144 : 176;
+	for (int64_t b = 0; b < nb; b++) {
+		uint8_t *d = dst + b * QA4_BYTES;
+		int32_t *scl = (int32_t *)(d + 2048), *mins = scl + 64;
+		float *dw = (float *)(d + 2048 + 256 + 128), *dmin = dw + 8;
+		for (int c = 0; c < 8; c++) {
+			const uint8_t *p = w + (c < nc ? c : nc - 1) * rb + b * bb;
+			int8_t q[256];
+			int16_t sc[16], mn[8];
+			qp_qk(qt, p, q, sc, mn);
+			for (int j = 0; j < 8; j++) {
+				uint32_t u[8];
+				_mm256_storeu_si256((__m256i *)u, ql_quads4((const uint8_t *)q + 32 * j));
+#pragma GCC unroll 8
+				for (int l = 0; l < 8; l++)
+					memcpy(d + (8 * j + l) * 32 + 4 * c, &u[l], 4);
+				scl[8 * j + c] = (int32_t)((uint32_t)(uint16_t)sc[2 * j] | (uint32_t)(uint16_t)sc[2 * j] << 16);
+			}
+			for (int h = 0; h < 4; h++)
+				mins[8 * h + c] = (int32_t)((uint32_t)(uint16_t)mn[2 * h] | (uint32_t)(uint16_t)mn[2 * h + 1] << 16);
+			dw[c] = ql_half(p);
+			dmin[c] = ql_half(p + 2);
+		}
+	}
+}
+
+// qa_rows4k computes R rows (Q8_K activations a + r*ab, their quads and
+// sub-block sums at side + r*nb*QP_SIDE4) against a packed Q4_K/Q5_K tile
+// of 8 rows and writes nc columns of out[r*ldo + c]. The float operations
+// per output are the generic code's: sums[l] per block in block order, the
+// mins in their own sumf, then sumf + sums[0] + ... + sums[7].
+QL void qa_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab, const int32_t *side,
+                  float *out, int64_t ldo, int nc) {
+	__m256 sums[4][8], sumf[4];
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++) {
+		sumf[r] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+		for (int l = 0; l < 8; l++)
+			sums[r][l] = _mm256_setzero_ps();
+	}
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pb = pk + b * QA4_BYTES;
+		const __m256 dw = _mm256_loadu_ps((const float *)(pb + 2048 + 256 + 128));
+		const __m256 dmin = _mm256_loadu_ps((const float *)(pb + 2048 + 256 + 128 + 32));
+		__m256 d[4];
+		__m256i mi[4];
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++) {
+			const float da = ql_f32(a + r * ab + b * 292);
+			d[r] = _mm256_mul_ps(dw, _mm256_set1_ps(da));
+			mi[r] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+			for (int h = 0; h < 4; h++) {
+				const __m256i mv = _mm256_loadu_si256((const __m256i *)(pb + 2048 + 256 + 32 * h));
+				mi[r] = _mm256_add_epi32(mi[r], _mm256_madd_epi16(mv, _mm256_set1_epi32(side[(r * nb + b) * QP_SIDE4 + 64 + h])));
+			}
+			sumf[r] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, _mm256_set1_ps(da)), _mm256_cvtepi32_ps(mi[r]), sumf[r]);
+		}
+#pragma GCC unroll 8
+		for (int l = 0; l < 8; l++) {
+			__m256i aux[4];
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++)
+				aux[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+			for (int j = 0; j < 8; j++) {
+				const __m256i wv = _mm256_loadu_si256((const __m256i *)(pb + (8 * j + l) * 32));
+				const __m256i sv = _mm256_loadu_si256((const __m256i *)(pb + 2048 + 32 * j));
+#pragma GCC unroll 4
+				for (int r = 0; r < R; r++) {
+					const __m256i x = _mm256_set1_epi32(side[(r * nb + b) * QP_SIDE4 + 8 * j + l]);
+					aux[r] = _mm256_add_epi32(aux[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, x), sv));
+				}
+			}
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++)
+				sums[r][l] = _mm256_fmadd_ps(d[r], _mm256_cvtepi32_ps(aux[r]), sums[r][l]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++) {
+		__m256 f = sumf[r];
+#pragma GCC unroll 8
+		for (int l = 0; l < 8; l++)
+			f = _mm256_add_ps(f, sums[r][l]);
+		float o[8];
+		_mm256_storeu_ps(o, f);
+		for (int c = 0; c < nc; c++)
+			out[r * ldo + c] = o[c];
+	}
+}
+
+// A Q6_K block of 8 rows for the AVX2 prefill (QA6_BYTES): the unsigned
+// codes q (0..63, weight q-32) as [quad p = 8j+l][row c 0..7][4 bytes]
+// (weights 32j+l, +8 of 16-weight sub-block 2j and +16, +24 of 2j+1),
+// int32 [j 0..7][c] = the scale pair (s_2j, s_2j+1), then dw[8].
+// vpmaddubsw gives the quad's two pair sums of q*a (|.| <= 2*63*128); less
+// 32 times the activations' pair sums (qa_side6k; |.| <= 32*256) they stay
+// within int16, and vpmaddwd by the scale pair adds both scaled pairs of
+// weights q-32 to aux[l]. (The signed codes with vpsignb would not do: Q8_K
+// activations reach -128.)
+#define QA6_BYTES (2048 + 256 + 32)
+#define QA_SIDE6 128
+
+// qa_side6k writes, per Q8_K block of the nb at a, the quads of qp_quads
+// (index 8j+l) and at 64+8j+l the int16 pair (32*(a[i] + a[i+8]), 32*(a[i+16]
+// + a[i+24])), i = 32j+l: QA_SIDE6 int32 a block.
+QL void qa_side6k(const uint8_t *a, int64_t nb, int32_t *dst) {
+	for (int64_t b = 0; b < nb; b++) {
+		const int8_t *q = (const int8_t *)(a + b * 292 + 4);
+		for (int j = 0; j < 8; j++) {
+			_mm256_storeu_si256((__m256i *)(dst + b * QA_SIDE6 + 8 * j), ql_quads4((const uint8_t *)q + 32 * j));
+			for (int l = 0; l < 8; l++) {
+				const int i = 32 * j + l;
+				const int16_t lo = (int16_t)(32 * (q[i] + q[i + 8])), hi = (int16_t)(32 * (q[i + 16] + q[i + 24]));
+				dst[b * QA_SIDE6 + 64 + 8 * j + l] = (int32_t)((uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16);
+			}
+		}
+	}
+}
+
+QL void qa_pack6k(const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
+	for (int64_t b = 0; b < nb; b++) {
+		uint8_t *d = dst + b * QA6_BYTES;
+		int32_t *scl = (int32_t *)(d + 2048);
+		float *dw = (float *)(d + 2048 + 256);
+		for (int c = 0; c < 8; c++) {
+			const uint8_t *p = w + (c < nc ? c : nc - 1) * rb + b * 210;
+			int8_t q[256];
+			int16_t sc[16], mn[8];
+			qp_qk(DI_Q6_K, p, q, sc, mn);
+			for (int i = 0; i < 256; i++)
+				q[i] = (int8_t)(q[i] + 32);
+			for (int j = 0; j < 8; j++) {
+				uint32_t u[8];
+				_mm256_storeu_si256((__m256i *)u, ql_quads4((const uint8_t *)q + 32 * j));
+#pragma GCC unroll 8
+				for (int l = 0; l < 8; l++)
+					memcpy(d + (8 * j + l) * 32 + 4 * c, &u[l], 4);
+				scl[8 * j + c] = (int32_t)((uint32_t)(uint16_t)sc[2 * j] | (uint32_t)(uint16_t)sc[2 * j + 1] << 16);
+			}
+			dw[c] = ql_half(p + 208);
+		}
+	}
+}
+
+// qa_rows6k computes R rows (Q8_K activations a + r*ab, their side data at
+// side + r*nb*QA_SIDE6) against a packed Q6_K tile of 8 rows and writes nc
+// columns of out[r*ldo + c], with the generic code's float operations.
+QL void qa_rows6k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab, const int32_t *side,
+                  float *out, int64_t ldo, int nc) {
+	__m256 sums[4][8];
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++)
+#pragma GCC unroll 8
+		for (int l = 0; l < 8; l++)
+			sums[r][l] = _mm256_setzero_ps();
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pb = pk + b * QA6_BYTES;
+		const __m256 dw = _mm256_loadu_ps((const float *)(pb + 2048 + 256));
+		__m256 d[4];
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++)
+			d[r] = _mm256_mul_ps(dw, _mm256_set1_ps(ql_f32(a + r * ab + b * 292)));
+#pragma GCC unroll 8
+		for (int l = 0; l < 8; l++) {
+			__m256i aux[4];
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++)
+				aux[r] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+			for (int j = 0; j < 8; j++) {
+				const __m256i wv = _mm256_loadu_si256((const __m256i *)(pb + (8 * j + l) * 32));
+				const __m256i sv = _mm256_loadu_si256((const __m256i *)(pb + 2048 + 32 * j));
+#pragma GCC unroll 4
+				for (int r = 0; r < R; r++) {
+					const int32_t *sd = side + (r * nb + b) * QA_SIDE6;
+					const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(wv, _mm256_set1_epi32(sd[8 * j + l])),
+					                                   _mm256_set1_epi32(sd[64 + 8 * j + l]));
+					aux[r] = _mm256_add_epi32(aux[r], _mm256_madd_epi16(p, sv));
+				}
+			}
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++)
+				sums[r][l] = _mm256_fmadd_ps(d[r], _mm256_cvtepi32_ps(aux[r]), sums[r][l]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++) {
+		__m256 f = _mm256_setzero_ps();
+#pragma GCC unroll 8
+		for (int l = 0; l < 8; l++)
+			f = _mm256_add_ps(f, sums[r][l]);
+		float o[8];
+		_mm256_storeu_ps(o, f);
+		for (int c = 0; c < nc; c++)
+			out[r * ldo + c] = o[c];
+	}
+}
+
+// qa_linear is ql_linear through packed tiles of 8 weight rows; it returns
+// 0 (and computes nothing) when its scratch cannot be allocated.
+QL int qa_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const uint8_t *w, int64_t m, int64_t k,
+                 int64_t ncols) {
+	if (qt == DI_Q4_K || qt == DI_Q5_K) {
+		const int64_t nb = k / 256, rb = nb * (qt == DI_Q4_K ? 144 : 176), ab = nb * 292;
+		uint8_t *pk = malloc((size_t)nb * QA4_BYTES);
+		int32_t *side = malloc((size_t)m * nb * QP_SIDE4 * sizeof(int32_t));
+		if (!pk || !side) {
+			free(pk);
+			free(side);
+			return 0;
+		}
+		for (int64_t i = 0; i < m; i++)
+			qp_quads(a + i * ab, nb, side + i * nb * QP_SIDE4);
+		for (int64_t j = 0; j < ncols; j += 8) {
+			const int nc = ncols - j < 8 ? (int)(ncols - j) : 8;
+			qa_pack4k(qt, w + j * rb, rb, nb, nc, pk);
+			int64_t i = 0;
+			for (; i + 4 <= m; i += 4)
+				qa_rows4k(4, pk, nb, a + i * ab, ab, side + i * nb * QP_SIDE4, out + i * ldo + j, ldo, nc);
+			for (; i < m; i++)
+				qa_rows4k(1, pk, nb, a + i * ab, ab, side + i * nb * QP_SIDE4, out + i * ldo + j, ldo, nc);
+		}
+		free(pk);
+		free(side);
+		return 1;
+	}
+	if (qt == DI_Q6_K) {
+		const int64_t nb = k / 256, rb = nb * 210, ab = nb * 292;
+		uint8_t *pk = malloc((size_t)nb * QA6_BYTES);
+		int32_t *side = malloc((size_t)m * nb * QA_SIDE6 * sizeof(int32_t));
+		if (!pk || !side) {
+			free(pk);
+			free(side);
+			return 0;
+		}
+		for (int64_t i = 0; i < m; i++)
+			qa_side6k(a + i * ab, nb, side + i * nb * QA_SIDE6);
+		for (int64_t j = 0; j < ncols; j += 8) {
+			const int nc = ncols - j < 8 ? (int)(ncols - j) : 8;
+			qa_pack6k(w + j * rb, rb, nb, nc, pk);
+			int64_t i = 0;
+			for (; i + 4 <= m; i += 4)
+				qa_rows6k(4, pk, nb, a + i * ab, ab, side + i * nb * QA_SIDE6, out + i * ldo + j, ldo, nc);
+			for (; i < m; i++)
+				qa_rows6k(1, pk, nb, a + i * ab, ab, side + i * nb * QA_SIDE6, out + i * ldo + j, ldo, nc);
+		}
+		free(pk);
+		free(side);
+		return 1;
+	}
+	if (qt != DI_Q8_0 && qt != DI_Q4_0)
+		return 0;
+	const int64_t nb = k / 32, bb = qt == DI_Q8_0 ? 34 : 18, rb = nb * bb, ab = nb * 34;
+	uint8_t *pk = malloc((size_t)nb * QA32_BYTES);
+	if (!pk)
+		return 0;
+	for (int64_t j = 0; j < ncols; j += 8) {
+		const int nc = ncols - j < 8 ? (int)(ncols - j) : 8;
+		qa_pack32(qt, w + j * rb, rb, nb, nc, pk);
+		int64_t i = 0;
+		for (; i + 4 <= m; i += 4)
+			qa_rows32(qt, 4, pk, nb, a + i * ab, ab, out + i * ldo + j, ldo, nc);
+		for (; i < m; i++)
+			qa_rows32(qt, 1, pk, nb, a + i * ab, ab, out + i * ldo + j, ldo, nc);
+	}
+	free(pk);
+	return 1;
+}
+#endif
+
 // ql_linear: out[i*ldo + j] = the block dot product of activation row i
 // (a + i*ab) with weight row j (w + j*rb), i in [0, m), j in [0, ncols).
 // Weight tiles outside, activation rows inside: a tile's weights stay in
@@ -1000,6 +1368,9 @@ QL void ql_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const
 	pf = pf == QL_PF_L1 && qt == DI_Q8_0 && m == 1 ? QL_PF_L1 : QL_PF_L2;
 #if QVNNI
 	if (m >= QL_PACK_ROWS && qp_linear(qt, out, ldo, a, w, m, k, ncols))
+		return;
+#else
+	if (m >= QL_PACK_ROWS && qa_linear(qt, out, ldo, a, w, m, k, ncols))
 		return;
 #endif
 	const int bs = qt == DI_Q8_0 || qt == DI_Q4_0 ? 32 : 256;

@@ -64,6 +64,7 @@ var defaultModel = random.Llama{Vocab: 32000, Hidden: 768, Intermediate: 3072, L
 
 type options struct {
 	model, tokenizer, out, nodeModules, peerScript, peerKV string
+	simd                                                   string // the engine's cpu.simd
 	types                                                  []string
 	threads, prompt, gen, rounds, bwMiB                    int
 	acts                                                   []string
@@ -88,6 +89,7 @@ func main() {
 	flag.IntVar(&o.bwMiB, "bw-mib", 1024, "size of each bandwidth buffer, MiB (far above the last-level cache)")
 	acts := flag.String("acts", "auto", "the engine's cpu.activation_rounding settings to run, comma-separated: auto, none, llama_cpp, bf16 (an engine row each)")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the random weights and the prompt")
+	flag.StringVar(&o.simd, "simd", "auto", "the engine's cpu.simd: auto, avx2, avx512 or go (with -node-modules holding a node-llama-cpp whose faster CPU variants are removed, both sides on one path)")
 	flag.Parse()
 	o.types = strings.Split(*types, ",")
 	o.acts = strings.Split(*acts, ",")
@@ -98,7 +100,7 @@ func main() {
 		}
 	}
 	if *child != "" {
-		if err := engineChild(*child, *ids, o.threads, o.gen, o.acts[0]); err != nil {
+		if err := engineChild(*child, *ids, o.threads, o.gen, o.acts[0], o.simd); err != nil {
 			fmt.Fprintln(os.Stderr, "peer-bench engine:", err)
 			os.Exit(1)
 		}
@@ -336,7 +338,7 @@ func runEngines(o options, f *formatRuns, self, path, ids string, round int) err
 	for i := range f.engines {
 		s := &f.engines[i]
 		args := []string{"-engine-child", path, "-ids", ids, "-n", strconv.Itoa(o.gen), "-t", strconv.Itoa(o.threads),
-			"-acts", s.acts}
+			"-acts", s.acts, "-simd", o.simd}
 		res, err := runJSON(exec.Command(self, args...))
 		if err != nil {
 			return fmt.Errorf("%s on %s: %w", s.name, filepath.Base(path), err)
@@ -386,7 +388,7 @@ func runJSON(cmd *exec.Cmd) (runResult, error) {
 // a runResult line. Prefill is the prompt over the time from submitting
 // the request to the first generated token; decode the other n-1 tokens
 // over the time after it, as peer.mjs times llama.cpp.
-func engineChild(path, ids string, threads, n int, acts string) error {
+func engineChild(path, ids string, threads, n int, acts, simd string) error {
 	var prompt []int
 	for s := range strings.SplitSeq(ids, ",") {
 		id, err := strconv.Atoi(s)
@@ -404,6 +406,7 @@ func engineChild(path, ids string, threads, n int, acts string) error {
 	cfg.Device = "cpu"
 	cfg.CPU.Threads = threads
 	cfg.CPU.ActivationRounding = acts
+	cfg.CPU.SIMD = simd
 	cfg.Engine.MaxNumSeqs = 1
 	cfg.Engine.MaxModelLen = len(prompt) + n
 	cfg.Cache.NumBlocks = (len(prompt)+n+cfg.Cache.BlockSize-1)/cfg.Cache.BlockSize + 1
