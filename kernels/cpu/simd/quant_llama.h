@@ -1043,7 +1043,7 @@ QL void qa_rows32(const int qt, const int R, const uint8_t *pk, int64_t nb, cons
 #pragma GCC unroll 4
 		for (int r = 0; r < R; r++)
 			s[r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
+#pragma GCC unroll 2
 		for (int g = 0; g < 8; g++) {
 			const __m256i wv = _mm256_loadu_si256((const __m256i *)(pb + 32 * g)), aw = _mm256_abs_epi8(wv);
 #pragma GCC unroll 4
@@ -1143,13 +1143,13 @@ QL void qa_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, 
 			}
 			sumf[r] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, _mm256_set1_ps(da)), _mm256_cvtepi32_ps(mi[r]), sumf[r]);
 		}
-#pragma GCC unroll 8
+#pragma GCC unroll 1
 		for (int l = 0; l < 8; l++) {
 			__m256i aux[4];
 #pragma GCC unroll 4
 			for (int r = 0; r < R; r++)
 				aux[r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
+#pragma GCC unroll 2
 			for (int j = 0; j < 8; j++) {
 				const __m256i wv = _mm256_loadu_si256((const __m256i *)(pb + (8 * j + l) * 32));
 				const __m256i sv = _mm256_loadu_si256((const __m256i *)(pb + 2048 + 32 * j));
@@ -1249,13 +1249,13 @@ QL void qa_rows6k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, 
 #pragma GCC unroll 4
 		for (int r = 0; r < R; r++)
 			d[r] = _mm256_mul_ps(dw, _mm256_set1_ps(ql_f32(a + r * ab + b * 292)));
-#pragma GCC unroll 8
+#pragma GCC unroll 1
 		for (int l = 0; l < 8; l++) {
 			__m256i aux[4];
 #pragma GCC unroll 4
 			for (int r = 0; r < R; r++)
 				aux[r] = _mm256_setzero_si256();
-#pragma GCC unroll 8
+#pragma GCC unroll 2
 			for (int j = 0; j < 8; j++) {
 				const __m256i wv = _mm256_loadu_si256((const __m256i *)(pb + (8 * j + l) * 32));
 				const __m256i sv = _mm256_loadu_si256((const __m256i *)(pb + 2048 + 32 * j));
