@@ -809,8 +809,9 @@ QL void qp_pack4k(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc
 // The quad of sub-block 2h+1 goes into the high half by vpslld and vpord
 // (QPK4_OFF into the low half), which run beside the VNNI instructions;
 // VBMI2's vpshldd would do both in one instruction but, on Zen 4, takes
-// the VNNI instructions' pipes (9 VNNI a cycle with 3 vpshldd: 0.75 of
-// their rate alone; with vpslld and vpord: 0.95).
+// the VNNI instructions' pipes (a register-only loop of 9 vpdpbusd and 3
+// vpshldd ran the vpdpbusd at 0.75 of their rate alone; with vpslld and
+// vpord instead, at 0.95).
 QL void qp_quadpairs3(__m512i *a0, __m512i *a1, __m512i *a2, const uint8_t *w, const int32_t *q, int64_t st,
                       __m512i sv, __m512i off) {
 	static const int32_t lo = QPK4_OFF;
@@ -841,8 +842,8 @@ QL void qp_quadpairs3(__m512i *a0, __m512i *a1, __m512i *a2, const uint8_t *w, c
 
 
 // qp_rows4k computes R rows (Q8_K activations a + r*ab, their quads and
-// sub-block sums at quads + r*nb*QP_SIDE4) against a packed Q4_K/Q5_K tile; nc columns of
-// out[r*ldo + c]. The float operations per output are the generic code's.
+// sub-block sums at quads + r*nb*QP_SIDE4) against a packed Q4_K/Q5_K
+// tile; nc columns of out[r*ldo + c]. The float operations per output are the generic code's.
 QL void qp_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab,
                   const int32_t *quads, float *out, int64_t ldo, int nc) {
 	__m512 sums[3][8], sumf[3];
@@ -999,11 +1000,12 @@ QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 
 #define QL_PACK_ROWS 16 // as in the VNNI build
 
-// The AVX2 build's prefill from QL_PACK_ROWS activation rows on, for Q8_0
-// and Q4_0: 8 weight rows at a time are repacked (once per call) so that
-// one 256-bit vector holds the same four weights of 8 rows and each lane
-// accumulates one output's block sum (no horizontal sums: the tiles above
-// reduce 8 vectors a block and row). A block of the 8 rows (QA32_BYTES):
+// The AVX2 build's prefill from QL_PACK_ROWS activation rows on: 8 weight
+// rows at a time are repacked (once per call) so that one 256-bit vector
+// holds the same four weights of 8 rows and each lane accumulates one
+// output (no horizontal sums: the tiles above reduce 8 vectors a block and
+// row). The inner loops unroll twice: fully unrolled, GCC reassociated the
+// integer sums and spilled them. A Q8_0/Q4_0 block of the 8 rows (QA32_BYTES):
 // signed weights (Q4_0: q-8) as [quad g 0..7][row c 0..7][4 bytes], then
 // dw[8] floats. vpmaddubsw multiplies |w| by the activations with w's
 // signs (|a| <= 127 in Q8_0 blocks, so the sign is exact) and vpmaddwd by
