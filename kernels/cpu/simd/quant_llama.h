@@ -138,6 +138,25 @@ QL __m512i ql_reduce8x2(const __m512i *p) {
 }
 #endif
 
+// ql_block32 is the generic code's float step of a Q8_0 or Q4_0 block: acc
+// + sumi*(dw*da) for Q8_0, acc + (sumi*dw)*da for Q4_0, fused.
+QL __m256 ql_block32(const int qt, __m256 acc, __m256 sumi, __m256 dw, __m256 da) {
+	if (qt == DI_Q8_0)
+		return _mm256_fmadd_ps(sumi, _mm256_mul_ps(dw, da), acc);
+	return _mm256_fmadd_ps(_mm256_mul_ps(sumi, dw), da, acc);
+}
+
+// ql_store8 writes the first nc lanes of each of the R vectors v to out +
+// r*ldo.
+QL void ql_store8(float *out, int64_t ldo, const __m256 *v, const int R, int nc) {
+	for (int r = 0; r < R; r++) {
+		float o[8];
+		_mm256_storeu_ps(o, v[r]);
+		for (int c = 0; c < nc; c++)
+			out[r * ldo + c] = o[c];
+	}
+}
+
 // ql_tile32 computes R activation rows (a + r*ab) against the 8 weight
 // rows wc[0..7] of a Q8_0 or Q4_0 matrix, nb blocks, and writes the first
 // nc columns: out[r*ldo + c]. The VNNI build takes two blocks per 512-bit
@@ -177,13 +196,8 @@ QL void ql_tile32(const int qt, const int R, const uint8_t *a, int64_t ab, const
 			const __m256 da0 = _mm256_set1_ps(ql_half(ap)), da1 = _mm256_set1_ps(ql_half(ap + 34));
 			const __m256 dw0 = _mm512_castps512_ps256(dw), dw1 = _mm512_extractf32x8_ps(dw, 1);
 			const __m256 s0 = _mm512_castps512_ps256(s), s1 = _mm512_extractf32x8_ps(s, 1);
-			if (qt == DI_Q8_0) {
-				acc[r] = _mm256_fmadd_ps(s0, _mm256_mul_ps(dw0, da0), acc[r]);
-				acc[r] = _mm256_fmadd_ps(s1, _mm256_mul_ps(dw1, da1), acc[r]);
-			} else {
-				acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(s0, dw0), da0, acc[r]);
-				acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(s1, dw1), da1, acc[r]);
-			}
+			acc[r] = ql_block32(qt, acc[r], s0, dw0, da0);
+			acc[r] = ql_block32(qt, acc[r], s1, dw1, da1);
 		}
 	}
 #endif
@@ -219,20 +233,10 @@ QL void ql_tile32(const int qt, const int R, const uint8_t *a, int64_t ab, const
 				p[c] = ql_dot32(aw[c], _mm256_sign_epi8(av, w[c]));
 #endif
 			const __m256 s = _mm256_cvtepi32_ps(ql_reduce8(p));
-			const __m256 da = _mm256_set1_ps(ql_half(ap));
-			if (qt == DI_Q8_0)
-				acc[r] = _mm256_fmadd_ps(s, _mm256_mul_ps(dw, da), acc[r]);
-			else
-				acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(s, dw), da, acc[r]);
+			acc[r] = ql_block32(qt, acc[r], s, dw, _mm256_set1_ps(ql_half(ap)));
 		}
 	}
-#pragma GCC unroll 8
-	for (int r = 0; r < R; r++) {
-		float o[8];
-		_mm256_storeu_ps(o, acc[r]);
-		for (int c = 0; c < nc; c++)
-			out[r * ldo + c] = o[c];
-	}
+	ql_store8(out, ldo, acc, R, nc);
 }
 
 // ql_pair is the byte order within each 16-byte half that puts the bytes
@@ -456,6 +460,27 @@ QL void ql_cols(const int qt, const int R, const int NC, float *out, int64_t ldo
 
 // Helpers of both builds' packed prefill paths.
 
+// ql_pack32 repacks the nc (<= NC) Q8_0 or Q4_0 weight rows at w (rb bytes
+// each; the last repeated up to NC) for a packed tile of NC rows: per block
+// (36*NC bytes) the weights ql_w32 returns as [quad g 0..7][row c][4 bytes],
+// then dw[NC] floats.
+QL void ql_pack32(const int qt, const int NC, const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
+	const int64_t bb = qt == DI_Q8_0 ? 34 : 18;
+	for (int64_t b = 0; b < nb; b++) {
+		uint8_t *d = dst + b * 36 * NC;
+		float *dw = (float *)(d + 32 * NC);
+		for (int c = 0; c < NC; c++) {
+			const uint8_t *p = w + (c < nc ? c : nc - 1) * rb + b * bb;
+			uint32_t u[8];
+			_mm256_storeu_si256((__m256i *)u, ql_w32(qt, p));
+#pragma GCC unroll 8
+			for (int g = 0; g < 8; g++)
+				memcpy(d + 4 * NC * g + 4 * c, &u[g], 4);
+			dw[c] = ql_half(p);
+		}
+	}
+}
+
 // qp_qk writes the 256 weights of K-quant block p as int8 codes (Q6_K:
 // q-32) in element order and returns them with the scales sc (16, one per
 // 16 weights) and mins mn (8).
@@ -504,6 +529,19 @@ QL __m256i ql_quads4(const uint8_t *q) {
 	return _mm256_set_m128i(_mm_unpackhi_epi16(p01, p23), _mm_unpacklo_epi16(p01, p23));
 }
 
+// ql_pack_quads writes the 64 quads (ql_quads4) of the 256 codes q of one
+// weight row as row c of a packed tile of NC rows: quad p = 8j+l at d +
+// 4*NC*p + 4*c.
+QL void ql_pack_quads(const int8_t *q, uint8_t *d, int c, const int NC) {
+	for (int j = 0; j < 8; j++) {
+		uint32_t u[8];
+		_mm256_storeu_si256((__m256i *)u, ql_quads4((const uint8_t *)q + 32 * j));
+#pragma GCC unroll 8
+		for (int l = 0; l < 8; l++)
+			memcpy(d + 4 * NC * (8 * j + l) + 4 * c, &u[l], 4);
+	}
+}
+
 // QP_SIDE4 is the int32 per Q8_K block of qp_quads' output.
 #define QP_SIDE4 68
 
@@ -548,22 +586,6 @@ QL void qp_quads(const uint8_t *a, int64_t nb, int32_t *dst) {
 #define QL_PACK_ROWS 16
 #define QP32_BYTES (512 + 64)
 
-QL void qp_pack32(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
-	const int64_t bb = qt == DI_Q8_0 ? 34 : 18;
-	for (int64_t b = 0; b < nb; b++) {
-		uint8_t *d = dst + b * QP32_BYTES;
-		float *dw = (float *)(d + 512);
-		for (int c = 0; c < 16; c++) {
-			const uint8_t *p = w + (c < nc ? c : nc - 1) * rb + b * bb;
-			uint32_t u[8];
-			_mm256_storeu_si256((__m256i *)u, ql_w32(qt, p));
-#pragma GCC unroll 8
-			for (int g = 0; g < 8; g++)
-				memcpy(d + 64 * g + 4 * c, &u[g], 4);
-			dw[c] = ql_half(p);
-		}
-	}
-}
 
 // qp_rows32 computes R rows (activations a + r*ab, block sums asum[r*nb+b])
 // against a packed tile and writes nc columns of out[r*ldo + c].
@@ -783,13 +805,7 @@ QL void qp_pack4k(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc
 			int8_t q[256];
 			int16_t sc[16], mn[8];
 			qp_qk(qt, p, q, sc, mn);
-			for (int j = 0; j < 8; j++) {
-				uint32_t u[8];
-				_mm256_storeu_si256((__m256i *)u, ql_quads4((const uint8_t *)q + 32 * j));
-#pragma GCC unroll 8
-				for (int l = 0; l < 8; l++)
-					memcpy(d + (8 * j + l) * 64 + 4 * c, &u[l], 4);
-			}
+			ql_pack_quads(q, d, c, 16);
 			int32_t lo = 0;
 			for (int h = 0; h < 4; h++) {
 				mins[16 * h + c] = (int32_t)((uint32_t)(uint16_t)mn[2 * h] | (uint32_t)(uint16_t)mn[2 * h + 1] << 16);
@@ -843,7 +859,8 @@ QL void qp_quadpairs3(__m512i *a0, __m512i *a1, __m512i *a2, const uint8_t *w, c
 
 // qp_rows4k computes R rows (Q8_K activations a + r*ab, their quads and
 // sub-block sums at quads + r*nb*QP_SIDE4) against a packed Q4_K/Q5_K
-// tile; nc columns of out[r*ldo + c]. The float operations per output are the generic code's.
+// tile; nc columns of out[r*ldo + c]. The float operations per output are
+// the generic code's.
 QL void qp_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab,
                   const int32_t *quads, float *out, int64_t ldo, int nc) {
 	__m512 sums[3][8], sumf[3];
@@ -970,7 +987,7 @@ QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 		const int nc = ncols - j < 16 ? (int)(ncols - j) : 16;
 		int64_t i = 0;
 		if (k32) {
-			qp_pack32(qt, w + j * rb, rb, nb, nc, pk);
+			ql_pack32(qt, 16, w + j * rb, rb, nb, nc, pk);
 			for (; i + 4 <= m; i += 4)
 				qp_rows32(qt, 4, pk, nb, a + i * ab, ab, side + i * nb, out + i * ldo + j, ldo, nc);
 			for (; i < m; i++)
@@ -1013,22 +1030,6 @@ QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 // operations per output are the generic code's, as in the tiles above.
 #define QA32_BYTES (256 + 32)
 
-QL void qa_pack32(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
-	const int64_t bb = qt == DI_Q8_0 ? 34 : 18;
-	for (int64_t b = 0; b < nb; b++) {
-		uint8_t *d = dst + b * QA32_BYTES;
-		float *dw = (float *)(d + 256);
-		for (int c = 0; c < 8; c++) {
-			const uint8_t *p = w + (c < nc ? c : nc - 1) * rb + b * bb;
-			uint32_t u[8];
-			_mm256_storeu_si256((__m256i *)u, ql_w32(qt, p));
-#pragma GCC unroll 8
-			for (int g = 0; g < 8; g++)
-				memcpy(d + 32 * g + 4 * c, &u[g], 4);
-			dw[c] = ql_half(p);
-		}
-	}
-}
 
 // qa_rows32 computes R rows (activations a + r*ab) against a packed tile
 // and writes nc columns of out[r*ldo + c].
@@ -1059,21 +1060,10 @@ QL void qa_rows32(const int qt, const int R, const uint8_t *pk, int64_t nb, cons
 		const __m256 dw = _mm256_loadu_ps((const float *)(pb + 256));
 #pragma GCC unroll 4
 		for (int r = 0; r < R; r++) {
-			const __m256 da = _mm256_set1_ps(ql_half(a + r * ab + b * 34));
-			const __m256 sf = _mm256_cvtepi32_ps(s[r]);
-			if (qt == DI_Q8_0)
-				acc[r] = _mm256_fmadd_ps(sf, _mm256_mul_ps(dw, da), acc[r]);
-			else
-				acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(sf, dw), da, acc[r]);
+			acc[r] = ql_block32(qt, acc[r], _mm256_cvtepi32_ps(s[r]), dw, _mm256_set1_ps(ql_half(a + r * ab + b * 34)));
 		}
 	}
-#pragma GCC unroll 4
-	for (int r = 0; r < R; r++) {
-		float o[8];
-		_mm256_storeu_ps(o, acc[r]);
-		for (int c = 0; c < nc; c++)
-			out[r * ldo + c] = o[c];
-	}
+	ql_store8(out, ldo, acc, R, nc);
 }
 
 // A Q4_K/Q5_K block of 8 rows for the AVX2 prefill (QA4_BYTES): u8 codes
@@ -1096,86 +1086,14 @@ QL void qa_pack4k(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc
 			int8_t q[256];
 			int16_t sc[16], mn[8];
 			qp_qk(qt, p, q, sc, mn);
-			for (int j = 0; j < 8; j++) {
-				uint32_t u[8];
-				_mm256_storeu_si256((__m256i *)u, ql_quads4((const uint8_t *)q + 32 * j));
-#pragma GCC unroll 8
-				for (int l = 0; l < 8; l++)
-					memcpy(d + (8 * j + l) * 32 + 4 * c, &u[l], 4);
+			ql_pack_quads(q, d, c, 8);
+			for (int j = 0; j < 8; j++)
 				scl[8 * j + c] = (int32_t)((uint32_t)(uint16_t)sc[2 * j] | (uint32_t)(uint16_t)sc[2 * j] << 16);
-			}
 			for (int h = 0; h < 4; h++)
 				mins[8 * h + c] = (int32_t)((uint32_t)(uint16_t)mn[2 * h] | (uint32_t)(uint16_t)mn[2 * h + 1] << 16);
 			dw[c] = ql_half(p);
 			dmin[c] = ql_half(p + 2);
 		}
-	}
-}
-
-// qa_rows4k computes R rows (Q8_K activations a + r*ab, their quads and
-// sub-block sums at side + r*nb*QP_SIDE4) against a packed Q4_K/Q5_K tile
-// of 8 rows and writes nc columns of out[r*ldo + c]. The float operations
-// per output are the generic code's: sums[l] per block in block order, the
-// mins in their own sumf, then sumf + sums[0] + ... + sums[7].
-QL void qa_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab, const int32_t *side,
-                  float *out, int64_t ldo, int nc) {
-	__m256 sums[4][8], sumf[4];
-#pragma GCC unroll 4
-	for (int r = 0; r < R; r++) {
-		sumf[r] = _mm256_setzero_ps();
-#pragma GCC unroll 8
-		for (int l = 0; l < 8; l++)
-			sums[r][l] = _mm256_setzero_ps();
-	}
-	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = pk + b * QA4_BYTES;
-		const __m256 dw = _mm256_loadu_ps((const float *)(pb + 2048 + 256 + 128));
-		const __m256 dmin = _mm256_loadu_ps((const float *)(pb + 2048 + 256 + 128 + 32));
-		__m256 d[4];
-		__m256i mi[4];
-#pragma GCC unroll 4
-		for (int r = 0; r < R; r++) {
-			const float da = ql_f32(a + r * ab + b * 292);
-			d[r] = _mm256_mul_ps(dw, _mm256_set1_ps(da));
-			mi[r] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-			for (int h = 0; h < 4; h++) {
-				const __m256i mv = _mm256_loadu_si256((const __m256i *)(pb + 2048 + 256 + 32 * h));
-				mi[r] = _mm256_add_epi32(mi[r], _mm256_madd_epi16(mv, _mm256_set1_epi32(side[(r * nb + b) * QP_SIDE4 + 64 + h])));
-			}
-			sumf[r] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, _mm256_set1_ps(da)), _mm256_cvtepi32_ps(mi[r]), sumf[r]);
-		}
-#pragma GCC unroll 1
-		for (int l = 0; l < 8; l++) {
-			__m256i aux[4];
-#pragma GCC unroll 4
-			for (int r = 0; r < R; r++)
-				aux[r] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-			for (int j = 0; j < 8; j++) {
-				const __m256i wv = _mm256_loadu_si256((const __m256i *)(pb + (8 * j + l) * 32));
-				const __m256i sv = _mm256_loadu_si256((const __m256i *)(pb + 2048 + 32 * j));
-#pragma GCC unroll 4
-				for (int r = 0; r < R; r++) {
-					const __m256i x = _mm256_set1_epi32(side[(r * nb + b) * QP_SIDE4 + 8 * j + l]);
-					aux[r] = _mm256_add_epi32(aux[r], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, x), sv));
-				}
-			}
-#pragma GCC unroll 4
-			for (int r = 0; r < R; r++)
-				sums[r][l] = _mm256_fmadd_ps(d[r], _mm256_cvtepi32_ps(aux[r]), sums[r][l]);
-		}
-	}
-#pragma GCC unroll 4
-	for (int r = 0; r < R; r++) {
-		__m256 f = sumf[r];
-#pragma GCC unroll 8
-		for (int l = 0; l < 8; l++)
-			f = _mm256_add_ps(f, sums[r][l]);
-		float o[8];
-		_mm256_storeu_ps(o, f);
-		for (int c = 0; c < nc; c++)
-			out[r * ldo + c] = o[c];
 	}
 }
 
@@ -1220,37 +1138,51 @@ QL void qa_pack6k(const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst
 			qp_qk(DI_Q6_K, p, q, sc, mn);
 			for (int i = 0; i < 256; i++)
 				q[i] = (int8_t)(q[i] + 32);
-			for (int j = 0; j < 8; j++) {
-				uint32_t u[8];
-				_mm256_storeu_si256((__m256i *)u, ql_quads4((const uint8_t *)q + 32 * j));
-#pragma GCC unroll 8
-				for (int l = 0; l < 8; l++)
-					memcpy(d + (8 * j + l) * 32 + 4 * c, &u[l], 4);
+			ql_pack_quads(q, d, c, 8);
+			for (int j = 0; j < 8; j++)
 				scl[8 * j + c] = (int32_t)((uint32_t)(uint16_t)sc[2 * j] | (uint32_t)(uint16_t)sc[2 * j + 1] << 16);
-			}
 			dw[c] = ql_half(p + 208);
 		}
 	}
 }
 
-// qa_rows6k computes R rows (Q8_K activations a + r*ab, their side data at
-// side + r*nb*QA_SIDE6) against a packed Q6_K tile of 8 rows and writes nc
-// columns of out[r*ldo + c], with the generic code's float operations.
-QL void qa_rows6k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab, const int32_t *side,
-                  float *out, int64_t ldo, int nc) {
-	__m256 sums[4][8];
+// qa_rowsk computes R rows (Q8_K activations a + r*ab, their side data at
+// side + r*nb*(QP_SIDE4 or QA_SIDE6)) against a packed Q4_K/Q5_K (QA4) or,
+// with q6, Q6_K (QA6) tile of 8 rows and writes nc columns of out[r*ldo +
+// c]. The float operations per output are the generic code's: sums[l] per
+// block in block order, the mins (Q4_K/Q5_K) in their own sumf, then sumf +
+// sums[0] + ... + sums[7].
+QL void qa_rowsk(const int q6, const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab,
+                 const int32_t *side, float *out, int64_t ldo, int nc) {
+	const int64_t bytes = q6 ? QA6_BYTES : QA4_BYTES, stride = q6 ? QA_SIDE6 : QP_SIDE4;
+	const int dwAt = q6 ? 2048 + 256 : 2048 + 256 + 128;
+	__m256 sums[4][8], sumf[4];
 #pragma GCC unroll 4
-	for (int r = 0; r < R; r++)
+	for (int r = 0; r < R; r++) {
+		sumf[r] = _mm256_setzero_ps();
 #pragma GCC unroll 8
 		for (int l = 0; l < 8; l++)
 			sums[r][l] = _mm256_setzero_ps();
+	}
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = pk + b * QA6_BYTES;
-		const __m256 dw = _mm256_loadu_ps((const float *)(pb + 2048 + 256));
+		const uint8_t *pb = pk + b * bytes;
+		const __m256 dw = _mm256_loadu_ps((const float *)(pb + dwAt));
 		__m256 d[4];
 #pragma GCC unroll 4
-		for (int r = 0; r < R; r++)
-			d[r] = _mm256_mul_ps(dw, _mm256_set1_ps(ql_f32(a + r * ab + b * 292)));
+		for (int r = 0; r < R; r++) {
+			const float da = ql_f32(a + r * ab + b * 292);
+			d[r] = _mm256_mul_ps(dw, _mm256_set1_ps(da));
+			if (q6)
+				continue;
+			__m256i mi = _mm256_setzero_si256();
+#pragma GCC unroll 4
+			for (int h = 0; h < 4; h++) {
+				const __m256i mv = _mm256_loadu_si256((const __m256i *)(pb + 2048 + 256 + 32 * h));
+				mi = _mm256_add_epi32(mi, _mm256_madd_epi16(mv, _mm256_set1_epi32(side[(r * nb + b) * stride + 64 + h])));
+			}
+			const __m256 dmin = _mm256_loadu_ps((const float *)(pb + dwAt + 32));
+			sumf[r] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, _mm256_set1_ps(da)), _mm256_cvtepi32_ps(mi), sumf[r]);
+		}
 #pragma GCC unroll 1
 		for (int l = 0; l < 8; l++) {
 			__m256i aux[4];
@@ -1263,9 +1195,10 @@ QL void qa_rows6k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, 
 				const __m256i sv = _mm256_loadu_si256((const __m256i *)(pb + 2048 + 32 * j));
 #pragma GCC unroll 4
 				for (int r = 0; r < R; r++) {
-					const int32_t *sd = side + (r * nb + b) * QA_SIDE6;
-					const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(wv, _mm256_set1_epi32(sd[8 * j + l])),
-					                                   _mm256_set1_epi32(sd[64 + 8 * j + l]));
+					const int32_t *sd = side + (r * nb + b) * stride;
+					__m256i p = _mm256_maddubs_epi16(wv, _mm256_set1_epi32(sd[8 * j + l]));
+					if (q6) // less 32 times the activations' pair sums
+						p = _mm256_sub_epi16(p, _mm256_set1_epi32(sd[64 + 8 * j + l]));
 					aux[r] = _mm256_add_epi32(aux[r], _mm256_madd_epi16(p, sv));
 				}
 			}
@@ -1275,65 +1208,51 @@ QL void qa_rows6k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, 
 		}
 	}
 #pragma GCC unroll 4
-	for (int r = 0; r < R; r++) {
-		__m256 f = _mm256_setzero_ps();
+	for (int r = 0; r < R; r++)
 #pragma GCC unroll 8
 		for (int l = 0; l < 8; l++)
-			f = _mm256_add_ps(f, sums[r][l]);
-		float o[8];
-		_mm256_storeu_ps(o, f);
-		for (int c = 0; c < nc; c++)
-			out[r * ldo + c] = o[c];
-	}
+			sumf[r] = _mm256_add_ps(sumf[r], sums[r][l]); // Q6_K: the generic sumf starts at zero, no mins
+	ql_store8(out, ldo, sumf, R, nc);
 }
+
+
 
 // qa_linear is ql_linear through packed tiles of 8 weight rows; it returns
 // 0 (and computes nothing) when its scratch cannot be allocated.
 QL int qa_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const uint8_t *w, int64_t m, int64_t k,
                  int64_t ncols) {
-	if (qt == DI_Q4_K || qt == DI_Q5_K) {
-		const int64_t nb = k / 256, rb = nb * (qt == DI_Q4_K ? 144 : 176), ab = nb * 292;
-		uint8_t *pk = malloc((size_t)nb * QA4_BYTES);
-		int32_t *side = malloc((size_t)m * nb * QP_SIDE4 * sizeof(int32_t));
+	if (qt == DI_Q4_K || qt == DI_Q5_K || qt == DI_Q6_K) {
+		const int q6 = qt == DI_Q6_K;
+		const int64_t nb = k / 256, rb = nb * (qt == DI_Q4_K ? 144 : qt == DI_Q5_K ? 176 : 210), ab = nb * 292;
+		const int64_t stride = q6 ? QA_SIDE6 : QP_SIDE4;
+		uint8_t *pk = malloc((size_t)nb * (q6 ? QA6_BYTES : QA4_BYTES));
+		int32_t *side = malloc((size_t)m * nb * stride * sizeof(int32_t));
 		if (!pk || !side) {
 			free(pk);
 			free(side);
 			return 0;
 		}
-		for (int64_t i = 0; i < m; i++)
-			qp_quads(a + i * ab, nb, side + i * nb * QP_SIDE4);
+		for (int64_t i = 0; i < m; i++) {
+			if (q6)
+				qa_side6k(a + i * ab, nb, side + i * nb * stride);
+			else
+				qp_quads(a + i * ab, nb, side + i * nb * stride);
+		}
 		for (int64_t j = 0; j < ncols; j += 8) {
 			const int nc = ncols - j < 8 ? (int)(ncols - j) : 8;
-			qa_pack4k(qt, w + j * rb, rb, nb, nc, pk);
+			if (q6)
+				qa_pack6k(w + j * rb, rb, nb, nc, pk);
+			else
+				qa_pack4k(qt, w + j * rb, rb, nb, nc, pk);
 			int64_t i = 0;
-			for (; i + 4 <= m; i += 4)
-				qa_rows4k(4, pk, nb, a + i * ab, ab, side + i * nb * QP_SIDE4, out + i * ldo + j, ldo, nc);
+			for (; i + 4 <= m; i += 4) {
+				if (q6)
+					qa_rowsk(1, 4, pk, nb, a + i * ab, ab, side + i * nb * stride, out + i * ldo + j, ldo, nc);
+				else
+					qa_rowsk(0, 4, pk, nb, a + i * ab, ab, side + i * nb * stride, out + i * ldo + j, ldo, nc);
+			}
 			for (; i < m; i++)
-				qa_rows4k(1, pk, nb, a + i * ab, ab, side + i * nb * QP_SIDE4, out + i * ldo + j, ldo, nc);
-		}
-		free(pk);
-		free(side);
-		return 1;
-	}
-	if (qt == DI_Q6_K) {
-		const int64_t nb = k / 256, rb = nb * 210, ab = nb * 292;
-		uint8_t *pk = malloc((size_t)nb * QA6_BYTES);
-		int32_t *side = malloc((size_t)m * nb * QA_SIDE6 * sizeof(int32_t));
-		if (!pk || !side) {
-			free(pk);
-			free(side);
-			return 0;
-		}
-		for (int64_t i = 0; i < m; i++)
-			qa_side6k(a + i * ab, nb, side + i * nb * QA_SIDE6);
-		for (int64_t j = 0; j < ncols; j += 8) {
-			const int nc = ncols - j < 8 ? (int)(ncols - j) : 8;
-			qa_pack6k(w + j * rb, rb, nb, nc, pk);
-			int64_t i = 0;
-			for (; i + 4 <= m; i += 4)
-				qa_rows6k(4, pk, nb, a + i * ab, ab, side + i * nb * QA_SIDE6, out + i * ldo + j, ldo, nc);
-			for (; i < m; i++)
-				qa_rows6k(1, pk, nb, a + i * ab, ab, side + i * nb * QA_SIDE6, out + i * ldo + j, ldo, nc);
+				qa_rowsk(q6, 1, pk, nb, a + i * ab, ab, side + i * nb * stride, out + i * ldo + j, ldo, nc);
 		}
 		free(pk);
 		free(side);
@@ -1347,7 +1266,7 @@ QL int qa_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 		return 0;
 	for (int64_t j = 0; j < ncols; j += 8) {
 		const int nc = ncols - j < 8 ? (int)(ncols - j) : 8;
-		qa_pack32(qt, w + j * rb, rb, nb, nc, pk);
+		ql_pack32(qt, 8, w + j * rb, rb, nb, nc, pk);
 		int64_t i = 0;
 		for (; i + 4 <= m; i += 4)
 			qa_rows32(qt, 4, pk, nb, a + i * ab, ab, out + i * ldo + j, ldo, nc);
