@@ -11,7 +11,12 @@
 // thread count over buffers far larger than the caches.
 //
 //	npm install --prefix .cache/node-llama-cpp node-llama-cpp@3.21.1
-//	go run ./tools/cpu/peer-bench [-t 2] [-p 512] [-n 64] [-r 3] [-types f32,bf16,q8_0,q4_k_m] [-acts auto,none,llama_cpp] [-model DIR] [-out DIR]
+//	go run ./tools/cpu/peer-bench [-t 2] [-p 512] [-n 64] [-r 3] [-types f32,bf16,q8_0,q4_k_m] [-acts auto,none,llama_cpp] [-simd auto|avx2|avx512] [-model DIR] [-out DIR]
+//
+// -simd sets the engine's cpu.simd. llama.cpp picks its own CPU variant;
+// to compare the AVX2 paths on an AVX-512 machine, point -node-modules at
+// a copy of node-llama-cpp's node_modules whose libggml-cpu variants above
+// haswell are removed.
 //
 // It prints, per format, the medians over the rounds of each side's
 // prefill and decode rates (prompt tokens over the time to the first
