@@ -45,10 +45,10 @@ func BenchmarkLinearBatchDecode(b *testing.B) {
 	r := rand.New(rand.NewPCG(5, 5))
 	impl := benchImpl(b)
 	pairs := *batchDtype == 3
-	dt := benchDtypes[min(*batchDtype, 1)]
-	name := dt.name
-	if pairs {
-		name = "bf16pairs"
+	dt, name := benchDtypes[1], "bf16pairs" // the pairs' weights are bf16
+	if !pairs {
+		dt = benchDtypes[*batchDtype]
+		name = dt.name
 	}
 	for _, sh := range batchDecodeShapes {
 		w := dt.make(r, sh.n*sh.k)

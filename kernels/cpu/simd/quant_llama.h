@@ -458,7 +458,9 @@ QL void ql_cols(const int qt, const int R, const int NC, float *out, int64_t ldo
 	}
 }
 
-// Helpers of both builds' packed prefill paths.
+// Helpers of both builds' packed prefill paths, which run from
+// QL_PACK_ROWS activation rows on.
+#define QL_PACK_ROWS 16
 
 // ql_pack32 repacks the nc (<= NC) Q8_0 or Q4_0 weight rows at w (rb bytes
 // each; the last repeated up to NC) for a packed tile of NC rows: per block
@@ -583,9 +585,7 @@ QL void qp_quads(const uint8_t *a, int64_t nb, int32_t *dst) {
 // the intrinsics GCC 12 copied every accumulator to a fresh register and
 // back around each instruction, which had the K-quant kernels at half
 // their speed.
-#define QL_PACK_ROWS 16
 #define QP32_BYTES (512 + 64)
-
 
 // qp_rows32 computes R rows (activations a + r*ab, block sums asum[r*nb+b])
 // against a packed tile and writes nc columns of out[r*ldo + c].
@@ -627,7 +627,6 @@ QL void qp_rows32(const int qt, const int R, const uint8_t *pk, int64_t nb, cons
 	for (int r = 0; r < R; r++)
 		_mm512_mask_storeu_ps(out + r * ldo, (__mmask16)((1u << nc) - 1), acc[r]);
 }
-
 
 // qp_dpbusd_b, qp_dpwssd and qp_dpwssd_b are vpdpbusd/vpdpwssd with the
 // accumulator tied to the destination register (the _b forms broadcast a
@@ -768,17 +767,21 @@ QL void qp_rows6k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, 
 // Q4_K/Q5_K block of the 16 rows (QPK4_BYTES): u8 codes as [quad p =
 // 8j+l][row c][4 bytes] holding the weights i = 32j+l, +8, +16, +24 (all
 // four lane l of the generic code, all four under sub-block j's scale),
-// then int32 [h 0..3][c] = the scale pair (s_2h, s_2h+1), int32 [c] =
-// -QPK4_OFF * (s_0 + s_2 + s_4 + s_6), three unused rows of 64 bytes,
-// int32 [h 0..3][c] = the min pair (m_2h, m_2h+1) (against the pairs of
-// sub-block sums of qp_quads, half the instructions of the bsums pairs
-// against (m_j, m_j)), four unused rows, then dw[16] and dmin[16].
+// then int32 [h 0..3][c] = the scale pair (s_2h, s_2h+1) (QPK4_SCL), int32
+// [c] = -QPK4_OFF * (s_0 + s_2 + s_4 + s_6) (QPK4_CORR), int32 [h 0..3][c]
+// = the min pair (m_2h, m_2h+1) (QPK4_MINS; against the pairs of sub-block
+// sums of qp_quads, half the instructions of the bsums pairs against (m_j,
+// m_j)), then dw[16] and dmin[16] (QPK4_DW).
 // vpdpbusd sums the four products of a quad exactly (|t| <= 4*31*128 =
 // 15872 < 2^14); the quad of sub-block 2h+1 is shifted into the high half
 // of its lane and that of 2h added on top of QPK4_OFF, so one vpdpwssd
 // against (s_2h, s_2h+1) adds both scaled quads to aux[l]: three VNNI
 // instructions for two quads (two against one scale pair before).
-#define QPK4_BYTES (64 * 64 + 8 * 64 + 8 * 64 + 128)
+#define QPK4_SCL (64 * 64)
+#define QPK4_CORR (QPK4_SCL + 4 * 64)
+#define QPK4_MINS (QPK4_CORR + 64)
+#define QPK4_DW (QPK4_MINS + 4 * 64)
+#define QPK4_BYTES (QPK4_DW + 128)
 
 // QPK4_OFF keeps the low half of a lane that holds two quads in [512,
 // 32256]: non-negative, so adding it never borrows from the high half, and
@@ -793,13 +796,13 @@ QL __m512i qp_shift_off(__m512i t, __m512i off) {
 	return _mm512_or_si512(_mm512_slli_epi32(t, 16), _mm512_srli_epi32(off, 16));
 }
 
-
 QL void qp_pack4k(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
 	const int64_t bb = qt == DI_Q4_K ? 144 : 176;
 	for (int64_t b = 0; b < nb; b++) {
 		uint8_t *d = dst + b * QPK4_BYTES;
-		int32_t *scl = (int32_t *)(d + 64 * 64), *mins = scl + 128;
-		float *dw = (float *)(d + 64 * 64 + 8 * 64 + 8 * 64), *dmin = dw + 16;
+		int32_t *scl = (int32_t *)(d + QPK4_SCL), *corr = (int32_t *)(d + QPK4_CORR);
+		int32_t *mins = (int32_t *)(d + QPK4_MINS);
+		float *dw = (float *)(d + QPK4_DW), *dmin = dw + 16;
 		for (int c = 0; c < 16; c++) {
 			const uint8_t *p = w + (c < nc ? c : nc - 1) * rb + b * bb;
 			int8_t q[256];
@@ -812,7 +815,7 @@ QL void qp_pack4k(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc
 				scl[16 * h + c] = (int32_t)((uint32_t)(uint16_t)sc[4 * h] | (uint32_t)(uint16_t)sc[4 * h + 2] << 16);
 				lo += sc[4 * h];
 			}
-			scl[64 + c] = -QPK4_OFF * lo;
+			corr[c] = -QPK4_OFF * lo;
 			dw[c] = ql_half(p);
 			dmin[c] = ql_half(p + 2);
 		}
@@ -856,7 +859,6 @@ QL void qp_quadpairs3(__m512i *a0, __m512i *a1, __m512i *a2, const uint8_t *w, c
 	        : "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "memory");
 }
 
-
 // qp_rows4k computes R rows (Q8_K activations a + r*ab, their quads and
 // sub-block sums at quads + r*nb*QP_SIDE4) against a packed Q4_K/Q5_K
 // tile; nc columns of out[r*ldo + c]. The float operations per output are
@@ -871,12 +873,12 @@ QL void qp_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, 
 		for (int l = 0; l < 8; l++)
 			sums[r][l] = _mm512_setzero_ps();
 	}
-	// The mins terms first, a pass of their own (sumf is their own
-	// accumulator, so the order of each output's float operations is the
-	// generic code's): the main loop's 32 registers are all taken.
+	// The mins terms first, in a pass of their own: sumf is their own
+	// accumulator, so each output's float operations keep the generic
+	// code's order.
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pb = pk + b * QPK4_BYTES;
-		const int32_t *mins = (const int32_t *)(pb + 64 * 64 + 8 * 64);
+		const int32_t *mins = (const int32_t *)(pb + QPK4_MINS);
 		__m512i mi[3];
 #pragma GCC unroll 3
 		for (int r = 0; r < R; r++)
@@ -888,7 +890,7 @@ QL void qp_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, 
 			for (int r = 0; r < R; r++)
 				mi[r] = qp_dpwssd_b(mi[r], mv, quads + (r * nb + b) * QP_SIDE4 + 64 + h);
 		}
-		const __m512 dmin = _mm512_loadu_ps(pb + 64 * 64 + 8 * 64 + 8 * 64 + 64);
+		const __m512 dmin = _mm512_loadu_ps(pb + QPK4_DW + 64);
 #pragma GCC unroll 3
 		for (int r = 0; r < R; r++) {
 			const __m512 dm = _mm512_mul_ps(dmin, _mm512_set1_ps(ql_f32(a + r * ab + b * 292)));
@@ -903,8 +905,8 @@ QL void qp_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, 
 	for (int64_t b = 0; b < nb; b++) {
 		const uint8_t *pb = pk + b * QPK4_BYTES;
 		// aux starts at the offset's correction (see QPK4_OFF).
-		const __m512i corr = _mm512_loadu_si512(pb + 64 * 64 + 4 * 64);
-		const __m512 dw = _mm512_loadu_ps(pb + 64 * 64 + 8 * 64 + 8 * 64);
+		const __m512i corr = _mm512_loadu_si512(pb + QPK4_CORR);
+		const __m512 dw = _mm512_loadu_ps(pb + QPK4_DW);
 		__m512 d[3];
 #pragma GCC unroll 3
 		for (int r = 0; r < R; r++)
@@ -917,7 +919,7 @@ QL void qp_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, 
 				aux[r] = corr;
 #pragma GCC unroll 4
 			for (int h = 0; h < 4; h++) {
-				const __m512i sv = _mm512_loadu_si512(pb + 64 * 64 + 64 * h);
+				const __m512i sv = _mm512_loadu_si512(pb + QPK4_SCL + 64 * h);
 				if (R == 3) {
 					qp_quadpairs3(&aux[0], &aux[1], &aux[2], pb + (16 * h + l) * 64, quads + b * QP_SIDE4 + 16 * h + l,
 					              nb * QP_SIDE4 * 4, sv, off);
@@ -1015,8 +1017,6 @@ QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 #if !QVNNI
 #include <stdlib.h>
 
-#define QL_PACK_ROWS 16 // as in the VNNI build
-
 // The AVX2 build's prefill from QL_PACK_ROWS activation rows on: 8 weight
 // rows at a time are repacked (once per call) so that one 256-bit vector
 // holds the same four weights of 8 rows and each lane accumulates one
@@ -1029,7 +1029,6 @@ QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 // ones adds the pairs: the block's exact integer sum per lane; the float
 // operations per output are the generic code's, as in the tiles above.
 #define QA32_BYTES (256 + 32)
-
 
 // qa_rows32 computes R rows (activations a + r*ab) against a packed tile
 // and writes nc columns of out[r*ldo + c].
@@ -1215,8 +1214,6 @@ QL void qa_rowsk(const int q6, const int R, const uint8_t *pk, int64_t nb, const
 	ql_store8(out, ldo, sumf, R, nc);
 }
 
-
-
 // qa_linear is ql_linear through packed tiles of 8 weight rows; it returns
 // 0 (and computes nothing) when its scratch cannot be allocated.
 QL int qa_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const uint8_t *w, int64_t m, int64_t k,
@@ -1245,12 +1242,8 @@ QL int qa_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 			else
 				qa_pack4k(qt, w + j * rb, rb, nb, nc, pk);
 			int64_t i = 0;
-			for (; i + 4 <= m; i += 4) {
-				if (q6)
-					qa_rowsk(1, 4, pk, nb, a + i * ab, ab, side + i * nb * stride, out + i * ldo + j, ldo, nc);
-				else
-					qa_rowsk(0, 4, pk, nb, a + i * ab, ab, side + i * nb * stride, out + i * ldo + j, ldo, nc);
-			}
+			for (; i + 4 <= m; i += 4)
+				qa_rowsk(q6, 4, pk, nb, a + i * ab, ab, side + i * nb * stride, out + i * ldo + j, ldo, nc);
 			for (; i < m; i++)
 				qa_rowsk(q6, 1, pk, nb, a + i * ab, ab, side + i * nb * stride, out + i * ldo + j, ldo, nc);
 		}
