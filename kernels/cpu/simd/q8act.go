@@ -412,8 +412,9 @@ var nativeRoundBF16 = map[string]func(dst []uint16, src []float32){}
 // RoundBF16 rounds src to bfloat16 into dst (len >= len(src)) as ggml's
 // GGML_FP32_TO_BF16: nearest, ties to even; a NaN stays a quiet NaN. It
 // runs on the default Impl's SIMD path where it has one (the same bits).
-// Cost: one pass over src, about 0.1 ns a value on the AVX2 path, 1-2 in
-// the Go loop.
+// Cost: one pass over src, 16 values a step on the AVX2 path (a batch-64
+// step's rounding fell from 6.9% to 0.8% of its profile against the Go
+// loop).
 func RoundBF16(dst []uint16, src []float32) {
 	dst = dst[:len(src)]
 	if f := nativeRoundBF16[defaultImpl.name]; f != nil && len(src) > 0 {
