@@ -233,13 +233,19 @@ func dotQ4_0Q8_0(nb int, w, a []byte) float32 {
 	return sumf
 }
 
-// dotKQ8K is the K-quant dot product: per 256-weight block, eight integer
-// lane sums aux[l] (l = the index mod 8) of scale * w * a, sums[l] +=
-// (dw*da)*aux[l], and for Q4_K/Q5_K sumf -= (dmin*da) * sum(bsums*mins);
-// at the end sumf += sums[0..7] in order.
+// dotKQ8K is the K-quant dot product, one float step per 256-weight
+// block: the block's exact integer sum isum = sum_j s_j * sum_{i in j}
+// q_i*a_i over its sub-blocks j (the generic code's integers, summed over
+// its eight lanes l), then sumf = fma(dw*da, float(isum), sumf) and, for
+// Q4_K/Q5_K, sumf = fma(-(dmin*da), float(sum(bsums*mins)), sumf).
+// llama.cpp's generic code applies dw*da to eight lane sums aux[l] (l =
+// the index mod 8) and adds the lanes at the end, and its SIMD code to
+// eight lanes of its own: one conversion and multiply-add per block
+// instead of eight is what lets the engine's vector kernels hold one
+// output per lane (see quant_llama.h); the results are a few float32
+// ulps from either.
 func dotKQ8K(t QuantType, nb int, w, a []byte) float32 {
 	bb := t.BlockBytes()
-	var sums [8]float32
 	var sumf float32
 	var q [256]int8
 	var sc [16]int32 // scale of each 16-weight group
@@ -272,24 +278,18 @@ func dotKQ8K(t QuantType, nb int, w, a []byte) float32 {
 			}
 			unpackQ6K(&q, wb)
 		}
-		var aux [8]int32
-		for g := range 32 {
-			s := sc[g/2]
-			for l := range 8 {
-				aux[l] += s * (int32(q[8*g+l]) * int32(int8(qa[8*g+l])))
+		isum := int32(0)
+		for g := range 16 {
+			t := int32(0)
+			for i := 16 * g; i < 16*g+16; i++ {
+				t += int32(q[i]) * int32(int8(qa[i]))
 			}
+			isum += sc[g] * t
 		}
-		d := float32(dw * da)
-		for l := range 8 {
-			sums[l] = fma32(d, float32(aux[l]), sums[l])
-		}
+		sumf = fma32(float32(dw*da), float32(isum), sumf)
 		if t != QuantQ6_K {
-			dm := float32(dmin * da)
-			sumf = fma32(-dm, float32(sumi), sumf)
+			sumf = fma32(-float32(dmin*da), float32(sumi), sumf)
 		}
-	}
-	for l := range 8 {
-		sumf += sums[l]
 	}
 	return sumf
 }
@@ -345,11 +345,11 @@ func LinearQuantLlama(out []float32, a, w []byte, t QuantType, m, n, k, j0, j1 i
 // LinearQuantLlama computes out[i*n+j] = VecDotLlama(t, k, W[j], a[i]) for
 // rows i in [0, m) and columns j in [j0, j1): w is n rows of t's blocks
 // (RowBytes(k) bytes each), a is m activation rows quantized for t by
-// QuantizeActs. llama.cpp's generic CPU matrix product, bit for bit, on
-// every Impl: the SIMD paths sum a block's integer products with vector
-// instructions (vpmaddubsw/vpmaddwd; vpdpbusd where the CPU has
-// AVX512-VNNI) and apply the scales with the generic functions' float32
-// operations in their order. Each output depends only on its own rows, so
+// QuantizeActs. vecDotLlama's bits on every Impl (llama.cpp's generic
+// ones for Q8_0 and Q4_0): the SIMD paths sum a block's integer products
+// with vector instructions (vpmaddubsw/vpmaddwd; vpdpbusd where the CPU
+// has AVX512-VNNI) and apply the scales with vecDotLlama's float32
+// operations in its order. Each output depends only on its own rows, so
 // the result is batch invariant. It panics on an unknown type, a k that is
 // not a whole number of blocks, or slices too short for the shape.
 //
@@ -357,12 +357,11 @@ func LinearQuantLlama(out []float32, a, w []byte, t QuantType, m, n, k, j0, j1 i
 // Below 16 rows (decode) the SIMD paths unpack weights in registers, once
 // per four rows of a (Q8_0/Q4_0: eight weight rows share each activation
 // load, with AVX512-VNNI two blocks per 512-bit vector; K-quants: four).
-// From 16 rows on (prefill), the AVX512-VNNI path repacks 16 weight rows
-// at a time, once per call, so that each vector lane accumulates one
-// output: vpdpbusd for Q8_0/Q4_0; for Q4_K/Q5_K vpdpbusd over the four
-// codes of a lane that share a scale, then vpdpwssd by the scale; for Q6_K
-// vpdpwssd over scale-multiplied int16 pairs against 128-bit broadcasts of
-// four activation pairs.
+// From 16 rows on (prefill), the paths repack 16 weight rows (AVX2: 8) at
+// a time, once per call, so that each vector lane accumulates one output:
+// vpdpbusd for Q8_0/Q4_0; for the K-quants vpdpbusd over a sub-block's
+// codes, then vpmulld by its scale (AVX2: vpmaddubsw over a few quads of
+// a sub-block added in int16, then vpmaddwd by the scale).
 func (p *Impl) LinearQuantLlama(out []float32, a, w []byte, t QuantType, m, n, k, j0, j1 int) {
 	rb, err := t.RowBytes(k)
 	if err != nil {

@@ -12,7 +12,8 @@ import (
 // functions: scales unpacked through the utmp words, weights expanded into
 // aux8, products through aux16 into aux32). Each float32 multiply-add that
 // the C compiler contracts into a fused one in the shipped libraries is
-// written as fma32.
+// written as fma32. The K-quant dot products keep the generic integers and
+// apply the block's scales once, to their sum (dotKQ8K).
 
 func refQuantQ8K(x []float32) []byte {
 	y := make([]byte, len(x)/256*Q8KBlockBytes)
@@ -79,7 +80,6 @@ func refDot(t QuantType, k int, w, a []byte) float32 {
 		return sumf
 	}
 	bb := t.BlockBytes()
-	var sums [8]float32
 	for i := 0; i < k/256; i++ {
 		x, y := w[bb*i:bb*(i+1)], a[Q8KBlockBytes*i:]
 		yd := math.Float32frombits(binary.LittleEndian.Uint32(y))
@@ -164,17 +164,20 @@ func refDot(t QuantType, k int, w, a []byte) float32 {
 				aux32[l] += scale * int32(aux16[l])
 			}
 		}
-		dd := d * yd
+		// The engine's float step (dotKQ8K): the lanes' integers summed,
+		// then one multiply-add per block; the generic code's is
+		// sums[l] = fma(dd, aux32[l], sums[l]) and sumf += sums[0..7] at
+		// the end.
+		isum := int32(0)
 		for l := range 8 {
-			sums[l] = fma32(dd, float32(aux32[l]), sums[l])
+			isum += aux32[l]
 		}
+		dd := d * yd
+		sumf = fma32(dd, float32(isum), sumf)
 		if t != QuantQ6_K {
 			dm := dmin * yd
 			sumf = fma32(-dm, float32(sumi), sumf)
 		}
-	}
-	for l := range 8 {
-		sumf += sums[l]
 	}
 	return sumf
 }
@@ -391,17 +394,22 @@ func runQuantLlama(p *Impl, typ QuantType, w []byte, x func(i int) float32, m, n
 
 // TestLinearQuantLlamaLargestCodes: Q4_K, Q5_K and Q6_K rows whose codes
 // (and Q4_K/Q5_K scales and mins) are all at their largest, against
-// activations of -128 and 127 (the "ties" rows), put the kernels' integer
-// sums at the ends of their range (the VNNI prefill step's quad pairs: a
-// low half of 512 or 32256; the AVX2 Q6_K step's int16 pairs less the
-// activations' sums: 24320); the outputs stay the generic dot product bit
-// for bit.
+// activations that all round to -127 (the "ones" rows: every product of
+// a block of one sign), put the kernels' integer sums at the ends of their
+// range (the AVX2 prefill step's int16 sums of four
+// Q4_K/Q5_K quads, 31496, or two Q6_K quads, 32004); the outputs stay
+// vecDotLlama's bit for bit.
 func TestLinearQuantLlamaLargestCodes(t *testing.T) {
 	const n, k = 19, 512
+	dists := map[string]func(r *rand.Rand, i int) float32{
+		"normal": actDists["normal"],
+		"ties":   actDists["ties"],
+		"ones":   func(r *rand.Rand, i int) float32 { return 1 },
+	}
 	for _, p := range Impls() {
 		for _, typ := range []QuantType{QuantQ4_K, QuantQ5_K, QuantQ6_K} {
-			for _, m := range []int{3, 16, 19} { // 16 and 19 rows: the repacked tiles, three or four rows a step and the rest
-				for _, acts := range []string{"normal", "ties"} {
+			for _, m := range []int{3, 16, 19} { // 16 and 19 rows: the repacked tiles, four rows a step and the rest
+				for acts, dist := range dists {
 					r := rand.New(rand.NewPCG(uint64(typ), uint64(m)))
 					w := randWeightRows(r, typ, n, k, true)
 					bb := typ.BlockBytes()
@@ -414,7 +422,7 @@ func TestLinearQuantLlamaLargestCodes(t *testing.T) {
 							w[b*bb+i] = 0xFF
 						}
 					}
-					out, a, ab, rb := runQuantLlama(p, typ, w, func(i int) float32 { return actDists[acts](r, i%k) }, m, n, k)
+					out, a, ab, rb := runQuantLlama(p, typ, w, func(i int) float32 { return dist(r, i%k) }, m, n, k)
 					for i := range m {
 						for j := range n {
 							want := refDot(typ, k, w[j*rb:(j+1)*rb], a[i*ab:(i+1)*ab])

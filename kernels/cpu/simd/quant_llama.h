@@ -2,22 +2,24 @@
 // quant_llama_vnni.c; each defines QTARGET (its target attribute) and
 // QVNNI (1 where the int8 dot product is AVX512-VNNI's vpdpbusd) first.
 //
-// Every output is llama.cpp's generic block dot product (vecDotLlama in
-// q8act.go) bit for bit. The integer sums of a block are exact in any
-// order, so SIMD computes them as it likes; the float32 operations that
-// apply the scales are the generic functions' own, in their order:
+// Every output is vecDotLlama's block dot product (q8act.go) bit for bit.
+// The integer sums of a block are exact in any order, so SIMD computes
+// them as it likes; the float32 operations that apply the scales are
+// vecDotLlama's, in its order:
 //
 //	Q8_0:  sumf = fma(float(sumi), dw*da, sumf) per block
 //	Q4_0:  sumf = fma(float(sumi)*dw, da, sumf) per block
-//	K:     sums[l] = fma(dw*da, float(aux[l]), sums[l]), l = index mod 8,
-//	       Q4_K/Q5_K also sumf = fma(-(dmin*da), float(sumi_mins), sumf);
-//	       at the end sumf += sums[0], ..., sums[7] in order.
+//	K:     sumf = fma(dw*da, float(isum), sumf) per block, isum the
+//	       block's scaled integer sum; Q4_K/Q5_K then
+//	       sumf = fma(-(dmin*da), float(sumi_mins), sumf).
+//
+// (Q8_0 and Q4_0 are llama.cpp's generic functions; for the K-quants those
+// apply dw*da to eight lane sums, see dotKQ8K.)
 //
 // Q8_0/Q4_0 tiles run 8 weight rows at once, one float lane each (the
-// per-block integer sums of the 8 rows are reduced into one vector); K-quant
-// tiles keep aux[0..7] of one (row, column) in the 8 lanes of a vector,
-// pairing bytes (i, i+8) with a byte shuffle so that vpmaddubsw never adds
-// products of two different lanes l.
+// per-block integer sums of the 8 rows are reduced into one vector); the
+// K-quant decode tiles sum a (row, column)'s products of a block in the 8
+// lanes of a vector and add the lanes once per block.
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -239,13 +241,6 @@ QL void ql_tile32(const int qt, const int R, const uint8_t *a, int64_t ab, const
 	ql_store8(out, ldo, acc, R, nc);
 }
 
-// ql_pair is the byte order within each 16-byte half that puts the bytes
-// i and i+8 (the same lane l = i mod 8) next to each other.
-QL __m256i ql_pair(void) {
-	return _mm256_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13,
-	                        6, 14, 7, 15);
-}
-
 // ql_kscales unpacks the eight 6-bit scales (sc) and mins (mn) of a
 // Q4_K/Q5_K block's 12 bytes (get_scale_min_k4).
 QL void ql_kscales(const uint8_t *q, uint8_t *sc, uint8_t *mn) {
@@ -259,29 +254,17 @@ QL void ql_kscales(const uint8_t *q, uint8_t *sc, uint8_t *mn) {
 	memcpy(mn, s + 2, 8);
 }
 
-QL int ql_hsum_i32(__m256i v) {
-	__m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-	s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-	return _mm_cvtsi128_si32(s);
-}
-
 // ql_tilek computes R activation rows (Q8_K, a + r*ab) against the NC
 // weight rows wc[0..NC-1] of a K-quant matrix, nb blocks, and writes the
 // first nc columns: out[r*ldo + c].
 QL void ql_tilek(const int qt, const int R, const int NC, const uint8_t *a, int64_t ab, const uint8_t *const *wc,
                  int64_t nb, float *out, int64_t ldo, int nc, const uint8_t *pf) {
 	const int64_t bb = qt == DI_Q4_K ? 144 : qt == DI_Q5_K ? 176 : 210;
-	const __m256i perm = ql_pair(), m4 = _mm256_set1_epi8(0x0F);
-	__m256 sums[4][4];
-	float sumf[4][4];
+	const __m256i m4 = _mm256_set1_epi8(0x0F);
+	__m128 sumf[4]; // lane c: column c
 	#pragma GCC unroll 8
 	for (int r = 0; r < R; r++)
-		#pragma GCC unroll 8
-		for (int c = 0; c < NC; c++) {
-			sums[r][c] = _mm256_setzero_ps();
-			sumf[r][c] = 0;
-		}
+		sumf[r] = _mm_setzero_ps();
 	for (int64_t b = 0; b < nb; b++) {
 		if (pf)
 			ql_prefetch_l2(pf + b * NC * bb, NC * bb);
@@ -316,8 +299,8 @@ QL void ql_tilek(const int qt, const int R, const int NC, const uint8_t *a, int6
 			#pragma GCC unroll 8
 			for (int r = 0; r < R; r++) {
 				const uint8_t *q8 = a + r * ab + b * 292 + 4;
-				xa[r] = _mm256_shuffle_epi8(ql_load(q8 + 32 * ta), perm);
-				xb[r] = _mm256_shuffle_epi8(ql_load(q8 + 32 * tb), perm);
+				xa[r] = ql_load(q8 + 32 * ta);
+				xb[r] = ql_load(q8 + 32 * tb);
 			}
 			#pragma GCC unroll 8
 			for (int c = 0; c < NC; c++) {
@@ -348,8 +331,6 @@ QL void ql_tilek(const int qt, const int R, const int NC, const uint8_t *a, int6
 					}
 					s = _mm256_set1_epi32((int)(sc[c][ta] | (uint32_t)sc[c][tb] << 16));
 				}
-				qa = _mm256_shuffle_epi8(qa, perm);
-				qb = _mm256_shuffle_epi8(qb, perm);
 				if (qt == DI_Q6_K) {
 					const __m256i ua = _mm256_abs_epi8(qa), ub = _mm256_abs_epi8(qb);
 					#pragma GCC unroll 8
@@ -370,47 +351,49 @@ QL void ql_tilek(const int qt, const int R, const int NC, const uint8_t *a, int6
 				}
 			}
 		}
+		// Per row, the block's integer sums of the NC columns (lanes 0..3)
+		// and their mins terms (lanes 4..7) in one reduction.
+		float dw[4] = {0, 0, 0, 0}, dmin[4] = {0, 0, 0, 0};
+		__m256i mins[4];
 		#pragma GCC unroll 8
 		for (int c = 0; c < NC; c++) {
 			const uint8_t *p = wc[c] + b * bb;
-			const float dw = ql_half(qt == DI_Q6_K ? p + 208 : p);
-			__m256i mins = _mm256_setzero_si256();
-			float dmin = 0;
+			dw[c] = ql_half(qt == DI_Q6_K ? p + 208 : p);
 			if (qt != DI_Q6_K) {
-				dmin = ql_half(p + 2);
+				dmin[c] = ql_half(p + 2);
 				const __m128i m8 = _mm_loadl_epi64((const __m128i *)mn[c]);
-				mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+				mins[c] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
 			}
-			#pragma GCC unroll 8
-			for (int r = 0; r < R; r++) {
-				const uint8_t *ap = a + r * ab + b * 292;
-				const float da = ql_f32(ap);
-				// lo holds lanes 0..3 in each half, hi lanes 4..7.
-				const __m256i aux = _mm256_add_epi32(_mm256_permute2x128_si256(lo[r][c], hi[r][c], 0x20),
-				                                     _mm256_permute2x128_si256(lo[r][c], hi[r][c], 0x31));
-				const float d = dw * da;
-				sums[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(aux), sums[r][c]);
-				if (qt != DI_Q6_K) {
-					const int sumi = ql_hsum_i32(_mm256_madd_epi16(ql_load(ap + 260), mins));
-					const float dm = dmin * da;
-					sumf[r][c] = _mm_cvtss_f32(
-					    _mm_fnmadd_ss(_mm_set_ss(dm), _mm_set_ss((float)sumi), _mm_set_ss(sumf[r][c])));
-				}
+		}
+		const __m128 dwv = _mm_loadu_ps(dw), dminv = _mm_loadu_ps(dmin);
+		#pragma GCC unroll 8
+		for (int r = 0; r < R; r++) {
+			const uint8_t *ap = a + r * ab + b * 292;
+			const __m128 da = _mm_set1_ps(ql_f32(ap));
+			__m256i v[8];
+			#pragma GCC unroll 4
+			for (int c = 0; c < 4; c++) {
+				v[c] = v[4 + c] = _mm256_setzero_si256();
+				if (c >= NC)
+					continue;
+				v[c] = _mm256_add_epi32(lo[r][c], hi[r][c]);
+				if (qt != DI_Q6_K)
+					v[4 + c] = _mm256_madd_epi16(ql_load(ap + 260), mins[c]);
 			}
+			const __m256i red = ql_reduce8(v);
+			sumf[r] = _mm_fmadd_ps(_mm_mul_ps(dwv, da), _mm_cvtepi32_ps(_mm256_castsi256_si128(red)), sumf[r]);
+			if (qt != DI_Q6_K)
+				sumf[r] = _mm_fnmadd_ps(_mm_mul_ps(dminv, da), _mm_cvtepi32_ps(_mm256_extracti128_si256(red, 1)), sumf[r]);
 		}
 	}
 	#pragma GCC unroll 8
-	for (int r = 0; r < R; r++)
+	for (int r = 0; r < R; r++) {
+		float f[4];
+		_mm_storeu_ps(f, sumf[r]);
 		#pragma GCC unroll 8
-		for (int c = 0; c < nc; c++) {
-			float s[8];
-			_mm256_storeu_ps(s, sums[r][c]);
-			float f = sumf[r][c];
-			#pragma GCC unroll 8
-			for (int l = 0; l < 8; l++)
-				f += s[l];
-			out[r * ldo + c] = f;
-		}
+		for (int c = 0; c < nc; c++)
+			out[r * ldo + c] = f[c];
+	}
 }
 
 // QL_PF32_TILES is how many 8-row tiles ahead the Q8_0/Q4_0 decode tiles
@@ -522,47 +505,65 @@ QL void qp_qk(const int qt, const uint8_t *p, int8_t *q, int16_t *sc, int16_t *m
 	}
 }
 
-// ql_quads4 returns the 8 dwords (l = 0..7) of the bytes l, l+8, l+16,
-// l+24 of the 32 bytes at q.
-QL __m256i ql_quads4(const uint8_t *q) {
-	const __m128i r0 = _mm_loadl_epi64((const __m128i *)q), r1 = _mm_loadl_epi64((const __m128i *)(q + 8));
-	const __m128i r2 = _mm_loadl_epi64((const __m128i *)(q + 16)), r3 = _mm_loadl_epi64((const __m128i *)(q + 24));
-	const __m128i p01 = _mm_unpacklo_epi8(r0, r1), p23 = _mm_unpacklo_epi8(r2, r3);
-	return _mm256_set_m128i(_mm_unpackhi_epi16(p01, p23), _mm_unpacklo_epi16(p01, p23));
-}
-
-// ql_pack_quads writes the 64 quads (ql_quads4) of the 256 codes q of one
-// weight row as row c of a packed tile of NC rows: quad p = 8j+l at d +
+// ql_pack_quads writes the 256 unsigned codes q of one weight row's block
+// as row c of a packed tile of NC rows: quad p (the codes 4p..4p+3) at d +
 // 4*NC*p + 4*c.
-QL void ql_pack_quads(const int8_t *q, uint8_t *d, int c, const int NC) {
-	for (int j = 0; j < 8; j++) {
-		uint32_t u[8];
-		_mm256_storeu_si256((__m256i *)u, ql_quads4((const uint8_t *)q + 32 * j));
-#pragma GCC unroll 8
-		for (int l = 0; l < 8; l++)
-			memcpy(d + 4 * NC * (8 * j + l) + 4 * c, &u[l], 4);
-	}
+QL void ql_pack_quads(const uint8_t *q, uint8_t *d, int c, const int NC) {
+	for (int p = 0; p < 64; p++)
+		memcpy(d + 4 * NC * p + 4 * c, q + 4 * p, 4);
 }
 
-// QP_SIDE4 is the int32 per Q8_K block of qp_quads' output.
-#define QP_SIDE4 68
+// QK_SIDE is the int32 per Q8_K block of ql_bpairs' output.
+#define QK_SIDE 4
 
-// qp_quads writes, per Q8_K block of the nb at a, the quads of bytes
-// (a[i], a[i+8], a[i+16], a[i+24]), i = 32j+l, at index 8j+l, then at 64+h
-// the int16 pair (B_2h, B_2h+1), B_j = bsums[2j] + bsums[2j+1] the sum of
-// sub-block j (|B_j| <= 32*128), for the mins terms: QP_SIDE4 int32 a
-// block.
-QL void qp_quads(const uint8_t *a, int64_t nb, int32_t *dst) {
+// ql_bpairs writes, per Q8_K block of the nb at a, the int16 pairs (B_2h,
+// B_2h+1) at h = 0..3, B_j = bsums[2j] + bsums[2j+1] the sum of the
+// activations of Q4_K/Q5_K sub-block j (|B_j| <= 32*128), for the mins
+// terms: QK_SIDE int32 a block.
+QL void ql_bpairs(const uint8_t *a, int64_t nb, int32_t *dst) {
 	for (int64_t b = 0; b < nb; b++) {
-		for (int j = 0; j < 8; j++)
-			_mm256_storeu_si256((__m256i *)(dst + b * QP_SIDE4 + 8 * j), ql_quads4(a + b * 292 + 4 + 32 * j));
 		int16_t bs[16];
 		memcpy(bs, a + b * 292 + 260, 32);
 		for (int h = 0; h < 4; h++) {
 			const int16_t b0 = (int16_t)(bs[4 * h] + bs[4 * h + 1]), b1 = (int16_t)(bs[4 * h + 2] + bs[4 * h + 3]);
-			dst[b * QP_SIDE4 + 64 + h] = (int32_t)((uint32_t)(uint16_t)b0 | (uint32_t)(uint16_t)b1 << 16);
+			dst[b * QK_SIDE + h] = (int32_t)((uint32_t)(uint16_t)b0 | (uint32_t)(uint16_t)b1 << 16);
 		}
 	}
+}
+
+// ql_pair16 packs two int16 values into one int32 (a low, b high).
+QL int32_t ql_pair16(int a, int b) { return (int32_t)((uint32_t)(uint16_t)a | (uint32_t)(uint16_t)b << 16); }
+
+// ql_packk writes row c (of NC) of a packed K-quant tile for block p of a
+// weight row: the unsigned codes (Q6_K: q+32, 0..63) as ql_pack_quads
+// does at d, then the int32 entries at sc (per sub-block j, [j][c]): s_j
+// when pair is 0, (s_j, s_j) as int16 when it is 1; Q4_K/Q5_K the min
+// pairs (m_2h, m_2h+1) at mins ([h][c]); Q6_K the scale pairs (s_2h,
+// s_2h+1) at spairs ([h][c]), for the codes' offset of 32. It returns
+// the block's dw and, through dmin, Q4_K/Q5_K's dmin.
+QL float ql_packk(const int qt, const uint8_t *p, uint8_t *d, int32_t *sc, int32_t *mins, int32_t *spairs, int c,
+                  const int NC, const int pair, float *dmin) {
+	int8_t q[256];
+	int16_t s[16], mn[8];
+	qp_qk(qt, p, q, s, mn);
+	const int q6 = qt == DI_Q6_K, nj = q6 ? 16 : 8;
+	if (q6)
+		for (int i = 0; i < 256; i++)
+			q[i] = (int8_t)(q[i] + 32);
+	ql_pack_quads((const uint8_t *)q, d, c, NC);
+	for (int j = 0; j < nj; j++) {
+		const int v = s[q6 ? j : 2 * j];
+		sc[NC * j + c] = pair ? ql_pair16(v, v) : v;
+	}
+	if (q6) {
+		for (int h = 0; h < 8; h++)
+			spairs[NC * h + c] = ql_pair16(s[2 * h], s[2 * h + 1]);
+		return ql_half(p + 208);
+	}
+	for (int h = 0; h < 4; h++)
+		mins[NC * h + c] = ql_pair16(mn[2 * h], mn[2 * h + 1]);
+	*dmin = ql_half(p + 2);
+	return ql_half(p);
 }
 
 #if QVNNI
@@ -646,312 +647,107 @@ QL __m512i qp_dpwssd_b(__m512i acc, __m512i w, const int32_t *x) {
 	return acc;
 }
 
-// qp_pairs writes the int16 pairs (a[i], a[i+8]), i = 16j+l, of the nb
-// Q8_K blocks at a into dst (128 int32 per block, index 8j+l).
-QL void qp_pairs(const uint8_t *a, int64_t nb, int32_t *dst) {
-	for (int64_t b = 0; b < nb; b++)
-		for (int j = 0; j < 16; j++) {
-			const uint8_t *q = a + b * 292 + 4 + 16 * j;
-			const __m128i lo = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)q));
-			const __m128i hi = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(q + 8)));
-			_mm_storeu_si128((__m128i *)(dst + b * 128 + 8 * j), _mm_unpacklo_epi16(lo, hi));
-			_mm_storeu_si128((__m128i *)(dst + b * 128 + 8 * j + 4), _mm_unpackhi_epi16(lo, hi));
-		}
-}
+// K-quant block of the 16 rows (QPK_BYTES): the unsigned codes (Q6_K: q+32)
+// as [quad p 0..63][row c][4 bytes] (ql_packk), then int32 [j][c] = the
+// sub-block scale s_j (QPK_SCL; 8 sub-blocks of 32 weights, Q6_K 16 of
+// 16), then Q4_K/Q5_K int32 [h 0..3][c] = the min pair (m_2h, m_2h+1)
+// against ql_bpairs' pairs of sub-block sums, Q6_K int32 [h 0..7][c] =
+// the scale pair (s_2h, s_2h+1) against the bsums pairs (QPK_PAIRS), then
+// dw[16] and (Q4_K/Q5_K) dmin[16] (QPK_DW). Per sub-block, vpdpbusd sums
+// its codes times the activations (broadcast four at a time from the Q8_K
+// block) into t, exactly (|t| <= 32*63*128), and vpmulld by s_j adds s_j*t
+// to the block's integer; Q6_K's integer starts at -32*sum(s_j*bsum_j),
+// the codes' offset. 64 vpdpbusd and 8 (Q6_K 16) vpmulld a block and row:
+// the generic code's eight lanes, each scaled on its own, took 96 VNNI
+// instructions (Q6_K 128).
+#define QPK_SCL 4096
+#define QPK_PAIRS (QPK_SCL + 16 * 64)
+#define QPK_DW (QPK_PAIRS + 8 * 64)
+#define QPK_BYTES (QPK_DW + 128)
 
-// Q6_K block of the 16 rows (QPK6_BYTES): int32 pairs of the int16 values
-// sc*q of weights i = 16j+l and i+8 (both lane l of the generic code,
-// both under scale j; vpdpwssd against the activation pairs (a[i],
-// a[i+8]) adds them to aux[l]), laid out for 128-bit broadcasts of four
-// activation pairs: vector [j 0..15][h 0..1][g 0..3] holds in lane
-// 4cc+ll the pair of row 4g+cc, lane l = 4h+ll; then dw of row 4g+cc in
-// lane 4cc+ll of vector g (4 vectors). One broadcast of the pairs
-// l = 4h..4h+3 of a row serves the four vectors g: a quarter of the loads
-// of one 32-bit broadcast per vector.
-#define QPK6_BYTES (128 * 64 + 4 * 64)
-
-QL void qp_pack6k(const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
+QL void qp_packk(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
+	const int64_t bb = qt == DI_Q4_K ? 144 : qt == DI_Q5_K ? 176 : 210;
 	for (int64_t b = 0; b < nb; b++) {
-		uint8_t *d = dst + b * QPK6_BYTES;
-		float *dw = (float *)(d + 128 * 64);
-		for (int c = 0; c < 16; c++) {
-			const int g = c / 4, cc = c % 4;
-			const uint8_t *p = w + (c < nc ? c : nc - 1) * rb + b * 210;
-			int8_t q[256];
-			int16_t sc[16], mn[8];
-			qp_qk(DI_Q6_K, p, q, sc, mn);
-			for (int j = 0; j < 16; j++) {
-				const __m256i v = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(q + 16 * j))),
-				                                     _mm256_set1_epi16(sc[j]));
-				const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
-				_mm_storeu_si128((__m128i *)(d + ((2 * j + 0) * 4 + g) * 64 + 16 * cc), _mm_unpacklo_epi16(lo, hi));
-				_mm_storeu_si128((__m128i *)(d + ((2 * j + 1) * 4 + g) * 64 + 16 * cc), _mm_unpackhi_epi16(lo, hi));
-			}
-			const float s = ql_half(p + 208);
-			for (int ll = 0; ll < 4; ll++)
-				dw[16 * g + 4 * cc + ll] = s;
-		}
+		uint8_t *d = dst + b * QPK_BYTES;
+		int32_t *pairs = (int32_t *)(d + QPK_PAIRS);
+		float *dw = (float *)(d + QPK_DW);
+		for (int c = 0; c < 16; c++)
+			dw[c] = ql_packk(qt, w + (c < nc ? c : nc - 1) * rb + b * bb, d, (int32_t *)(d + QPK_SCL), pairs, pairs, c,
+			                 16, 0, dw + 16 + c);
 	}
 }
 
-// qp_rows6k computes R rows (Q8_K activations a + r*ab, their pairs at
-// pairs + r*nb*128) against a packed Q6_K tile; nc columns of
-// out[r*ldo + c]. aux[r][g][h] lane 4cc+ll is the generic aux[4h+ll] of
-// row r and column 4g+cc; the float operations per output are the
-// generic code's.
-QL void qp_rows6k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab, const int32_t *pairs,
-                  float *out, int64_t ldo, int nc) {
-	__m512 sums[3][4][2];
-#pragma GCC unroll 3
+// qp_rowsk computes R rows (Q8_K activations a + r*ab; Q4_K/Q5_K their
+// ql_bpairs at side + r*nb*QK_SIDE) against a packed K-quant tile; nc
+// columns of out[r*ldo + c]. The float operations per output are
+// vecDotLlama's: per block fma(dw*da, isum), then the mins.
+QL void qp_rowsk(const int qt, const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab,
+                 const int32_t *side, float *out, int64_t ldo, int nc) {
+	const int q6 = qt == DI_Q6_K, nj = q6 ? 16 : 8, nq = q6 ? 4 : 8; // sub-blocks, quads per sub-block
+	__m512 sumf[4];
+#pragma GCC unroll 4
 	for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
-		for (int g = 0; g < 4; g++)
-			sums[r][g][0] = sums[r][g][1] = _mm512_setzero_ps();
+		sumf[r] = _mm512_setzero_ps();
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = pk + b * QPK6_BYTES;
-		__m512i aux[3][4][2];
-#pragma GCC unroll 3
+		const uint8_t *pb = pk + b * QPK_BYTES;
+		__m512i aux[4];
+#pragma GCC unroll 4
 		for (int r = 0; r < R; r++)
+			aux[r] = _mm512_setzero_si512();
+		if (q6) {
+			// -32 * sum_j s_j*bsum_j: the codes' offset.
+#pragma GCC unroll 8
+			for (int h = 0; h < 8; h++) {
+				const __m512i sv = _mm512_loadu_si512(pb + QPK_PAIRS + 64 * h);
 #pragma GCC unroll 4
-			for (int g = 0; g < 4; g++)
-				aux[r][g][0] = aux[r][g][1] = _mm512_setzero_si512();
-		for (int j = 0; j < 16; j++) {
-#pragma GCC unroll 2
-			for (int h = 0; h < 2; h++) {
-				__m512i x[3];
-#pragma GCC unroll 3
 				for (int r = 0; r < R; r++)
-					x[r] = _mm512_broadcast_i32x4(
-					    _mm_loadu_si128((const __m128i *)(pairs + (r * nb + b) * 128 + 8 * j + 4 * h)));
-#pragma GCC unroll 4
-				for (int g = 0; g < 4; g++) {
-					const __m512i wv = _mm512_loadu_si512(pb + ((2 * j + h) * 4 + g) * 64);
-#pragma GCC unroll 3
-					for (int r = 0; r < R; r++)
-						aux[r][g][h] = qp_dpwssd(aux[r][g][h], wv, x[r]);
-				}
+					aux[r] = qp_dpwssd_b(aux[r], sv, (const int32_t *)(a + r * ab + b * 292 + 260) + h);
 			}
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++)
+				aux[r] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(aux[r], 5));
 		}
-#pragma GCC unroll 3
+#pragma GCC unroll 2
+		for (int j = 0; j < nj; j++) {
+			__m512i t[4];
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++)
+				t[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+			for (int g = 0; g < nq; g++) {
+				const int qd = nq * j + g;
+				const __m512i wv = _mm512_loadu_si512(pb + 64 * qd);
+#pragma GCC unroll 4
+				for (int r = 0; r < R; r++)
+					t[r] = qp_dpbusd_b(t[r], wv, (const int32_t *)(a + r * ab + b * 292 + 4) + qd);
+			}
+			const __m512i sv = _mm512_loadu_si512(pb + QPK_SCL + 64 * j);
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++)
+				aux[r] = _mm512_add_epi32(aux[r], _mm512_mullo_epi32(t[r], sv));
+		}
+		const __m512 dw = _mm512_loadu_ps(pb + QPK_DW);
+#pragma GCC unroll 4
 		for (int r = 0; r < R; r++) {
 			const __m512 da = _mm512_set1_ps(ql_f32(a + r * ab + b * 292));
+			sumf[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(aux[r]), sumf[r]);
+		}
+		if (q6)
+			continue;
+		const __m512 dmin = _mm512_loadu_ps(pb + QPK_DW + 64);
 #pragma GCC unroll 4
-			for (int g = 0; g < 4; g++) {
-				const __m512 d = _mm512_mul_ps(_mm512_loadu_ps(pb + 128 * 64 + 64 * g), da);
-				sums[r][g][0] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(aux[r][g][0]), sums[r][g][0]);
-				sums[r][g][1] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(aux[r][g][1]), sums[r][g][1]);
-			}
-		}
-	}
-	// Lane c = 4g+cc of column vector l gathers lane 4cc+ll of sums[g][h].
-	const __m512i ix[4] = {
-	    _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0),
-	    _mm512_setr_epi32(1, 5, 9, 13, 17, 21, 25, 29, 0, 0, 0, 0, 0, 0, 0, 0),
-	    _mm512_setr_epi32(2, 6, 10, 14, 18, 22, 26, 30, 0, 0, 0, 0, 0, 0, 0, 0),
-	    _mm512_setr_epi32(3, 7, 11, 15, 19, 23, 27, 31, 0, 0, 0, 0, 0, 0, 0, 0),
-	};
-#pragma GCC unroll 3
-	for (int r = 0; r < R; r++) {
-		__m512 f = _mm512_setzero_ps(); // the generic sumf: no mins in Q6_K
-#pragma GCC unroll 8
-		for (int l = 0; l < 8; l++) {
-			const int h = l / 4, ll = l % 4;
-			const __m512 lo = _mm512_permutex2var_ps(sums[r][0][h], ix[ll], sums[r][1][h]);
-			const __m512 hi = _mm512_permutex2var_ps(sums[r][2][h], ix[ll], sums[r][3][h]);
-			f = _mm512_add_ps(f, _mm512_shuffle_f32x4(lo, hi, _MM_SHUFFLE(1, 0, 1, 0)));
-		}
-		_mm512_mask_storeu_ps(out + r * ldo, (__mmask16)((1u << nc) - 1), f);
-	}
-}
-
-// Q4_K/Q5_K block of the 16 rows (QPK4_BYTES): u8 codes as [quad p =
-// 8j+l][row c][4 bytes] holding the weights i = 32j+l, +8, +16, +24 (all
-// four lane l of the generic code, all four under sub-block j's scale),
-// then int32 [h 0..3][c] = the scale pair (s_2h, s_2h+1) (QPK4_SCL), int32
-// [c] = -QPK4_OFF * (s_0 + s_2 + s_4 + s_6) (QPK4_CORR), int32 [h 0..3][c]
-// = the min pair (m_2h, m_2h+1) (QPK4_MINS; against the pairs of sub-block
-// sums of qp_quads, half the instructions of the bsums pairs against (m_j,
-// m_j)), then dw[16] and dmin[16] (QPK4_DW).
-// vpdpbusd sums the four products of a quad exactly (|t| <= 4*31*128 =
-// 15872 < 2^14); the quad of sub-block 2h+1 is shifted into the high half
-// of its lane and that of 2h added on top of QPK4_OFF, so one vpdpwssd
-// against (s_2h, s_2h+1) adds both scaled quads to aux[l]: three VNNI
-// instructions for two quads (two against one scale pair before).
-#define QPK4_SCL (64 * 64)
-#define QPK4_CORR (QPK4_SCL + 4 * 64)
-#define QPK4_MINS (QPK4_CORR + 64)
-#define QPK4_DW (QPK4_MINS + 4 * 64)
-#define QPK4_BYTES (QPK4_DW + 128)
-
-// QPK4_OFF keeps the low half of a lane that holds two quads in [512,
-// 32256]: non-negative, so adding it never borrows from the high half, and
-// under 2^15, so vpdpwssd reads it as t + QPK4_OFF. Each block's aux
-// starts at -QPK4_OFF times the sum of the low halves' scales, so every
-// aux[l] is the generic code's integer.
-#define QPK4_OFF 16384
-
-// qp_shift_off returns (t << 16) + QPK4_OFF, off holding QPK4_OFF << 16
-// (qp_quadpairs3's shift and or, for the rows left over).
-QL __m512i qp_shift_off(__m512i t, __m512i off) {
-	return _mm512_or_si512(_mm512_slli_epi32(t, 16), _mm512_srli_epi32(off, 16));
-}
-
-QL void qp_pack4k(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
-	const int64_t bb = qt == DI_Q4_K ? 144 : 176;
-	for (int64_t b = 0; b < nb; b++) {
-		uint8_t *d = dst + b * QPK4_BYTES;
-		int32_t *scl = (int32_t *)(d + QPK4_SCL), *corr = (int32_t *)(d + QPK4_CORR);
-		int32_t *mins = (int32_t *)(d + QPK4_MINS);
-		float *dw = (float *)(d + QPK4_DW), *dmin = dw + 16;
-		for (int c = 0; c < 16; c++) {
-			const uint8_t *p = w + (c < nc ? c : nc - 1) * rb + b * bb;
-			int8_t q[256];
-			int16_t sc[16], mn[8];
-			qp_qk(qt, p, q, sc, mn);
-			ql_pack_quads(q, d, c, 16);
-			int32_t lo = 0;
-			for (int h = 0; h < 4; h++) {
-				mins[16 * h + c] = (int32_t)((uint32_t)(uint16_t)mn[2 * h] | (uint32_t)(uint16_t)mn[2 * h + 1] << 16);
-				scl[16 * h + c] = (int32_t)((uint32_t)(uint16_t)sc[4 * h] | (uint32_t)(uint16_t)sc[4 * h + 2] << 16);
-				lo += sc[4 * h];
-			}
-			corr[c] = -QPK4_OFF * lo;
-			dw[c] = ql_half(p);
-			dmin[c] = ql_half(p + 2);
-		}
-	}
-}
-
-// qp_quadpairs3 is qp_rows4k's inner step for three rows (quads at q, q
-// + st bytes, q + 2*st), in assembly so that both weight vectors (w, w +
-// 512) stay in registers for the three rows (GCC reloaded them per row).
-// The quad of sub-block 2h+1 goes into the high half by vpslld and vpord
-// (QPK4_OFF into the low half), which run beside the VNNI instructions;
-// VBMI2's vpshldd would do both in one instruction but, on Zen 4, takes
-// the VNNI instructions' pipes (a register-only loop of 9 vpdpbusd and 3
-// vpshldd ran the vpdpbusd at 0.75 of their rate alone; with vpslld and
-// vpord instead, at 0.95).
-QL void qp_quadpairs3(__m512i *a0, __m512i *a1, __m512i *a2, const uint8_t *w, const int32_t *q, int64_t st,
-                      __m512i sv, __m512i off) {
-	static const int32_t lo = QPK4_OFF;
-	__asm__("vmovdqu64 (%[w]), %%zmm30\n\t"
-	        "vmovdqu64 512(%[w]), %%zmm31\n\t"
-	        "vmovdqa64 %[off], %%zmm27\n\t"
-	        "vmovdqa64 %[off], %%zmm28\n\t"
-	        "vmovdqa64 %[off], %%zmm29\n\t"
-	        "vpdpbusd 32(%[q])%{1to16%}, %%zmm31, %%zmm27\n\t"
-	        "vpdpbusd 32(%[q],%[st],1)%{1to16%}, %%zmm31, %%zmm28\n\t"
-	        "vpdpbusd 32(%[q],%[st],2)%{1to16%}, %%zmm31, %%zmm29\n\t"
-	        "vpslld $16, %%zmm27, %%zmm27\n\t"
-	        "vpslld $16, %%zmm28, %%zmm28\n\t"
-	        "vpslld $16, %%zmm29, %%zmm29\n\t"
-	        "vpord %[lo]%{1to16%}, %%zmm27, %%zmm27\n\t"
-	        "vpord %[lo]%{1to16%}, %%zmm28, %%zmm28\n\t"
-	        "vpord %[lo]%{1to16%}, %%zmm29, %%zmm29\n\t"
-	        "vpdpbusd (%[q])%{1to16%}, %%zmm30, %%zmm27\n\t"
-	        "vpdpbusd (%[q],%[st],1)%{1to16%}, %%zmm30, %%zmm28\n\t"
-	        "vpdpbusd (%[q],%[st],2)%{1to16%}, %%zmm30, %%zmm29\n\t"
-	        "vpdpwssd %[sv], %%zmm27, %[a0]\n\t"
-	        "vpdpwssd %[sv], %%zmm28, %[a1]\n\t"
-	        "vpdpwssd %[sv], %%zmm29, %[a2]"
-	        : [a0] "+v"(*a0), [a1] "+v"(*a1), [a2] "+v"(*a2)
-	        : [w] "r"(w), [q] "r"(q), [st] "r"(st), [sv] "v"(sv), [off] "v"(off), [lo] "m"(lo)
-	        : "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "memory");
-}
-
-// qp_rows4k computes R rows (Q8_K activations a + r*ab, their quads and
-// sub-block sums at quads + r*nb*QP_SIDE4) against a packed Q4_K/Q5_K
-// tile; nc columns of out[r*ldo + c]. The float operations per output are
-// the generic code's.
-QL void qp_rows4k(const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab,
-                  const int32_t *quads, float *out, int64_t ldo, int nc) {
-	__m512 sums[3][8], sumf[3];
-#pragma GCC unroll 3
-	for (int r = 0; r < R; r++) {
-		sumf[r] = _mm512_setzero_ps();
-#pragma GCC unroll 8
-		for (int l = 0; l < 8; l++)
-			sums[r][l] = _mm512_setzero_ps();
-	}
-	// The mins terms first, in a pass of their own: sumf is their own
-	// accumulator, so each output's float operations keep the generic
-	// code's order.
-	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = pk + b * QPK4_BYTES;
-		const int32_t *mins = (const int32_t *)(pb + QPK4_MINS);
-		__m512i mi[3];
-#pragma GCC unroll 3
-		for (int r = 0; r < R; r++)
-			mi[r] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-		for (int h = 0; h < 4; h++) {
-			const __m512i mv = _mm512_loadu_si512(mins + 16 * h);
-#pragma GCC unroll 3
-			for (int r = 0; r < R; r++)
-				mi[r] = qp_dpwssd_b(mi[r], mv, quads + (r * nb + b) * QP_SIDE4 + 64 + h);
-		}
-		const __m512 dmin = _mm512_loadu_ps(pb + QPK4_DW + 64);
-#pragma GCC unroll 3
 		for (int r = 0; r < R; r++) {
-			const __m512 dm = _mm512_mul_ps(dmin, _mm512_set1_ps(ql_f32(a + r * ab + b * 292)));
-			sumf[r] = _mm512_fnmadd_ps(dm, _mm512_cvtepi32_ps(mi[r]), sumf[r]);
-		}
-	}
-	// The lanes l one after another, each over the block's four scale
-	// pairs: R accumulators live at a time (24 live across the pairs
-	// spilled five of them), and each output's float operations stay the
-	// generic code's (sums[r][l] of one lane l per block, in block order).
-	const __m512i off = _mm512_set1_epi32(QPK4_OFF << 16);
-	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = pk + b * QPK4_BYTES;
-		// aux starts at the offset's correction (see QPK4_OFF).
-		const __m512i corr = _mm512_loadu_si512(pb + QPK4_CORR);
-		const __m512 dw = _mm512_loadu_ps(pb + QPK4_DW);
-		__m512 d[3];
-#pragma GCC unroll 3
-		for (int r = 0; r < R; r++)
-			d[r] = _mm512_mul_ps(dw, _mm512_set1_ps(ql_f32(a + r * ab + b * 292)));
-#pragma GCC unroll 8
-		for (int l = 0; l < 8; l++) {
-			__m512i aux[3];
-#pragma GCC unroll 3
-			for (int r = 0; r < R; r++)
-				aux[r] = corr;
+			__m512i mi = _mm512_setzero_si512();
 #pragma GCC unroll 4
-			for (int h = 0; h < 4; h++) {
-				const __m512i sv = _mm512_loadu_si512(pb + QPK4_SCL + 64 * h);
-				if (R == 3) {
-					qp_quadpairs3(&aux[0], &aux[1], &aux[2], pb + (16 * h + l) * 64, quads + b * QP_SIDE4 + 16 * h + l,
-					              nb * QP_SIDE4 * 4, sv, off);
-					continue;
-				}
-				const __m512i w0 = _mm512_loadu_si512(pb + (16 * h + l) * 64);
-				const __m512i w1 = _mm512_loadu_si512(pb + (16 * h + 8 + l) * 64);
-#pragma GCC unroll 3
-				for (int r = 0; r < R; r++) {
-					const int32_t *qr = quads + (r * nb + b) * QP_SIDE4 + 16 * h + l;
-					// The quad of sub-block 2h+1 in the high half, that of
-					// 2h plus the offset in the low half. t starts at off,
-					// which the shift drops, so no zero register is held.
-					__m512i t = qp_dpbusd_b(off, w1, qr + 8);
-					t = qp_shift_off(t, off);
-					t = qp_dpbusd_b(t, w0, qr);
-					aux[r] = qp_dpwssd(aux[r], t, sv);
-				}
-			}
-#pragma GCC unroll 3
-			for (int r = 0; r < R; r++)
-				sums[r][l] = _mm512_fmadd_ps(d[r], _mm512_cvtepi32_ps(aux[r]), sums[r][l]);
+			for (int h = 0; h < 4; h++)
+				mi = qp_dpwssd_b(mi, _mm512_loadu_si512(pb + QPK_PAIRS + 64 * h), side + (r * nb + b) * QK_SIDE + h);
+			const __m512 dm = _mm512_mul_ps(dmin, _mm512_set1_ps(ql_f32(a + r * ab + b * 292)));
+			sumf[r] = _mm512_fnmadd_ps(dm, _mm512_cvtepi32_ps(mi), sumf[r]);
 		}
 	}
-#pragma GCC unroll 3
-	for (int r = 0; r < R; r++) {
-		__m512 f = sumf[r];
-#pragma GCC unroll 8
-		for (int l = 0; l < 8; l++)
-			f = _mm512_add_ps(f, sums[r][l]);
-		_mm512_mask_storeu_ps(out + r * ldo, (__mmask16)((1u << nc) - 1), f);
-	}
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++)
+		_mm512_mask_storeu_ps(out + r * ldo, (__mmask16)((1u << nc) - 1), sumf[r]);
 }
 
 // qp_linear is ql_linear through packed tiles; it returns 0 (and computes
@@ -962,10 +758,9 @@ QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 	const int64_t nb = k / (k32 ? 32 : 256);
 	const int64_t bb = qt == DI_Q8_0 ? 34 : qt == DI_Q4_0 ? 18 : qt == DI_Q4_K ? 144 : qt == DI_Q5_K ? 176 : 210;
 	const int64_t rb = nb * bb, ab = k32 ? nb * 34 : nb * 292;
-	const int k4 = qt == DI_Q4_K || qt == DI_Q5_K;
-	uint8_t *pk = malloc((size_t)nb * (k32 ? QP32_BYTES : k4 ? QPK4_BYTES : QPK6_BYTES));
-	// Block sums (Q8_0/Q4_0), quads (Q4_K/Q5_K) or pairs (Q6_K) of a.
-	int32_t *side = malloc((size_t)m * nb * (k32 ? 1 : k4 ? QP_SIDE4 : 128) * sizeof(int32_t));
+	uint8_t *pk = malloc((size_t)nb * (k32 ? QP32_BYTES : QPK_BYTES));
+	// Block sums (Q8_0/Q4_0) or pairs of sub-block sums (Q4_K/Q5_K) of a.
+	int32_t *side = malloc((size_t)m * nb * (k32 ? 1 : QK_SIDE) * sizeof(int32_t));
 	if (!pk || !side) {
 		free(pk);
 		free(side);
@@ -979,10 +774,8 @@ QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 					s += (int8_t)a[i * ab + b * 34 + 2 + t];
 				side[i * nb + b] = s;
 			}
-		} else if (k4) {
-			qp_quads(a + i * ab, nb, side + i * nb * QP_SIDE4);
-		} else {
-			qp_pairs(a + i * ab, nb, side + i * nb * 128);
+		} else if (qt != DI_Q6_K) {
+			ql_bpairs(a + i * ab, nb, side + i * nb * QK_SIDE);
 		}
 	}
 	for (int64_t j = 0; j < ncols; j += 16) {
@@ -994,18 +787,12 @@ QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 				qp_rows32(qt, 4, pk, nb, a + i * ab, ab, side + i * nb, out + i * ldo + j, ldo, nc);
 			for (; i < m; i++)
 				qp_rows32(qt, 1, pk, nb, a + i * ab, ab, side + i * nb, out + i * ldo + j, ldo, nc);
-		} else if (k4) {
-			qp_pack4k(qt, w + j * rb, rb, nb, nc, pk);
-			for (; i + 3 <= m; i += 3)
-				qp_rows4k(3, pk, nb, a + i * ab, ab, side + i * nb * QP_SIDE4, out + i * ldo + j, ldo, nc);
-			for (; i < m; i++)
-				qp_rows4k(1, pk, nb, a + i * ab, ab, side + i * nb * QP_SIDE4, out + i * ldo + j, ldo, nc);
 		} else {
-			qp_pack6k(w + j * rb, rb, nb, nc, pk);
-			for (; i + 3 <= m; i += 3)
-				qp_rows6k(3, pk, nb, a + i * ab, ab, side + i * nb * 128, out + i * ldo + j, ldo, nc);
+			qp_packk(qt, w + j * rb, rb, nb, nc, pk);
+			for (; i + 4 <= m; i += 4)
+				qp_rowsk(qt, 4, pk, nb, a + i * ab, ab, side + i * nb * QK_SIDE, out + i * ldo + j, ldo, nc);
 			for (; i < m; i++)
-				qp_rows6k(1, pk, nb, a + i * ab, ab, side + i * nb * 128, out + i * ldo + j, ldo, nc);
+				qp_rowsk(qt, 1, pk, nb, a + i * ab, ab, side + i * nb * QK_SIDE, out + i * ldo + j, ldo, nc);
 		}
 	}
 	free(pk);
@@ -1065,152 +852,104 @@ QL void qa_rows32(const int qt, const int R, const uint8_t *pk, int64_t nb, cons
 	ql_store8(out, ldo, acc, R, nc);
 }
 
-// A Q4_K/Q5_K block of 8 rows for the AVX2 prefill (QA4_BYTES): u8 codes
-// as [quad p = 8j+l][row c 0..7][4 bytes] (the weights 32j+l, +8, +16,
-// +24: lane l of the generic code, sub-block j), int32 [j 0..7][c] = the
-// scale pair (s_j, s_j), int32 [h 0..3][c] = the min pair (m_2h,
-// m_2h+1), then dw[8] and dmin[8]. vpmaddubsw gives a quad's two pair sums
-// (|pair| <= 2*31*128) and vpmaddwd by (s_j, s_j) adds s_j times the quad
-// to aux[l]; the mins go against qp_quads' pairs of sub-block sums.
-#define QA4_BYTES (2048 + 256 + 128 + 64)
+// A K-quant block of 8 rows for the AVX2 prefill (QAK_BYTES): the unsigned
+// codes (Q6_K: q+32) as [quad p 0..63][row c 0..7][4 bytes] (ql_packk),
+// int32 [j][c] = the scale pair (s_j, s_j) of sub-block j (QAK_SCL), then
+// Q4_K/Q5_K int32 [h 0..3][c] = the min pair (m_2h, m_2h+1), Q6_K int32
+// [h 0..7][c] = the scale pair (s_2h, s_2h+1) (QAK_PAIRS), then dw[8] and
+// dmin[8] (QAK_DW). vpmaddubsw gives a quad's two pair sums (|pair| <=
+// 2*63*128); vpaddw adds those of QAK_GROUP(qt) quads of one sub-block
+// within int16 (Q4_K/Q5_K 4: |.| <= 4*2*31*128 = 31744; Q6_K 2: 32256),
+// and vpmaddwd by (s_j, s_j) adds s_j times them to the block's integer;
+// Q6_K's starts at -32*sum(s_j*bsum_j), the codes' offset. (Groups of 8
+// quads, which Q4_K's codes would allow, ran at 0.87x the rate of 4: a
+// longer chain of dependent adds.)
+#define QAK_SCL 2048
+#define QAK_PAIRS (QAK_SCL + 16 * 32)
+#define QAK_DW (QAK_PAIRS + 8 * 32)
+#define QAK_BYTES (QAK_DW + 64)
+#define QAK_GROUP(qt) ((qt) == DI_Q6_K ? 2 : 4)
 
-QL void qa_pack4k(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
-	const int64_t bb = qt == DI_Q4_K ? 144 : 176;
+QL void qa_packk(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
+	const int64_t bb = qt == DI_Q4_K ? 144 : qt == DI_Q5_K ? 176 : 210;
 	for (int64_t b = 0; b < nb; b++) {
-		uint8_t *d = dst + b * QA4_BYTES;
-		int32_t *scl = (int32_t *)(d + 2048), *mins = scl + 64;
-		float *dw = (float *)(d + 2048 + 256 + 128), *dmin = dw + 8;
-		for (int c = 0; c < 8; c++) {
-			const uint8_t *p = w + (c < nc ? c : nc - 1) * rb + b * bb;
-			int8_t q[256];
-			int16_t sc[16], mn[8];
-			qp_qk(qt, p, q, sc, mn);
-			ql_pack_quads(q, d, c, 8);
-			for (int j = 0; j < 8; j++)
-				scl[8 * j + c] = (int32_t)((uint32_t)(uint16_t)sc[2 * j] | (uint32_t)(uint16_t)sc[2 * j] << 16);
-			for (int h = 0; h < 4; h++)
-				mins[8 * h + c] = (int32_t)((uint32_t)(uint16_t)mn[2 * h] | (uint32_t)(uint16_t)mn[2 * h + 1] << 16);
-			dw[c] = ql_half(p);
-			dmin[c] = ql_half(p + 2);
-		}
+		uint8_t *d = dst + b * QAK_BYTES;
+		int32_t *pairs = (int32_t *)(d + QAK_PAIRS);
+		float *dw = (float *)(d + QAK_DW);
+		for (int c = 0; c < 8; c++)
+			dw[c] = ql_packk(qt, w + (c < nc ? c : nc - 1) * rb + b * bb, d, (int32_t *)(d + QAK_SCL), pairs, pairs, c, 8,
+			                 1, dw + 8 + c);
 	}
 }
 
-// A Q6_K block of 8 rows for the AVX2 prefill (QA6_BYTES): the unsigned
-// codes q (0..63, weight q-32) as [quad p = 8j+l][row c 0..7][4 bytes]
-// (weights 32j+l, +8 of 16-weight sub-block 2j and +16, +24 of 2j+1),
-// int32 [j 0..7][c] = the scale pair (s_2j, s_2j+1), then dw[8].
-// vpmaddubsw gives the quad's two pair sums of q*a (|.| <= 2*63*128); less
-// 32 times the activations' pair sums (qa_side6k; |.| <= 32*256) they stay
-// within int16, and vpmaddwd by the scale pair adds both scaled pairs of
-// weights q-32 to aux[l]. (The signed codes with vpsignb would not do: Q8_K
-// activations reach -128.)
-#define QA6_BYTES (2048 + 256 + 32)
-#define QA_SIDE6 128
-
-// qa_side6k writes, per Q8_K block of the nb at a, the quads of qp_quads
-// (index 8j+l) and at 64+8j+l the int16 pair (32*(a[i] + a[i+8]), 32*(a[i+16]
-// + a[i+24])), i = 32j+l: QA_SIDE6 int32 a block.
-QL void qa_side6k(const uint8_t *a, int64_t nb, int32_t *dst) {
+// qa_rowsk computes R rows (Q8_K activations a + r*ab; Q4_K/Q5_K their
+// ql_bpairs at side + r*nb*QK_SIDE) against a packed K-quant tile of 8
+// rows and writes nc columns of out[r*ldo + c]. The float operations per
+// output are vecDotLlama's: per block fma(dw*da, isum), then the mins.
+QL void qa_rowsk(const int qt, const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab,
+                 const int32_t *side, float *out, int64_t ldo, int nc) {
+	const int q6 = qt == DI_Q6_K, nj = q6 ? 16 : 8, nq = q6 ? 4 : 8, grp = QAK_GROUP(qt);
+	__m256 sumf[4];
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++)
+		sumf[r] = _mm256_setzero_ps();
 	for (int64_t b = 0; b < nb; b++) {
-		const int8_t *q = (const int8_t *)(a + b * 292 + 4);
-		for (int j = 0; j < 8; j++) {
-			_mm256_storeu_si256((__m256i *)(dst + b * QA_SIDE6 + 8 * j), ql_quads4((const uint8_t *)q + 32 * j));
-			for (int l = 0; l < 8; l++) {
-				const int i = 32 * j + l;
-				const int16_t lo = (int16_t)(32 * (q[i] + q[i + 8])), hi = (int16_t)(32 * (q[i + 16] + q[i + 24]));
-				dst[b * QA_SIDE6 + 64 + 8 * j + l] = (int32_t)((uint32_t)(uint16_t)lo | (uint32_t)(uint16_t)hi << 16);
+		const uint8_t *pb = pk + b * QAK_BYTES;
+		__m256i aux[4];
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++) {
+			aux[r] = _mm256_setzero_si256();
+			if (!q6)
+				continue;
+			// -32 * sum_j s_j*bsum_j: the codes' offset.
+			const int32_t *bs = (const int32_t *)(a + r * ab + b * 292 + 260);
+			__m256i c = _mm256_setzero_si256();
+#pragma GCC unroll 8
+			for (int h = 0; h < 8; h++)
+				c = _mm256_add_epi32(
+				    c, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(pb + QAK_PAIRS + 32 * h)), _mm256_set1_epi32(bs[h])));
+			aux[r] = _mm256_sub_epi32(aux[r], _mm256_slli_epi32(c, 5));
+		}
+#pragma GCC unroll 1
+		for (int j = 0; j < nj; j++) {
+			const __m256i sv = _mm256_loadu_si256((const __m256i *)(pb + QAK_SCL + 32 * j));
+#pragma GCC unroll 1
+			for (int g0 = 0; g0 < nq; g0 += grp) {
+				__m256i t[4];
+#pragma GCC unroll 8
+				for (int g = g0; g < g0 + grp; g++) {
+					const int qd = nq * j + g;
+					const __m256i wv = _mm256_loadu_si256((const __m256i *)(pb + 32 * qd));
+#pragma GCC unroll 4
+					for (int r = 0; r < R; r++) {
+						int32_t x;
+						memcpy(&x, a + r * ab + b * 292 + 4 + 4 * qd, 4);
+						const __m256i p = _mm256_maddubs_epi16(wv, _mm256_set1_epi32(x));
+						t[r] = g == g0 ? p : _mm256_add_epi16(t[r], p);
+					}
+				}
+#pragma GCC unroll 4
+				for (int r = 0; r < R; r++)
+					aux[r] = _mm256_add_epi32(aux[r], _mm256_madd_epi16(t[r], sv));
 			}
 		}
-	}
-}
-
-QL void qa_pack6k(const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
-	for (int64_t b = 0; b < nb; b++) {
-		uint8_t *d = dst + b * QA6_BYTES;
-		int32_t *scl = (int32_t *)(d + 2048);
-		float *dw = (float *)(d + 2048 + 256);
-		for (int c = 0; c < 8; c++) {
-			const uint8_t *p = w + (c < nc ? c : nc - 1) * rb + b * 210;
-			int8_t q[256];
-			int16_t sc[16], mn[8];
-			qp_qk(DI_Q6_K, p, q, sc, mn);
-			for (int i = 0; i < 256; i++)
-				q[i] = (int8_t)(q[i] + 32);
-			ql_pack_quads(q, d, c, 8);
-			for (int j = 0; j < 8; j++)
-				scl[8 * j + c] = (int32_t)((uint32_t)(uint16_t)sc[2 * j] | (uint32_t)(uint16_t)sc[2 * j + 1] << 16);
-			dw[c] = ql_half(p + 208);
-		}
-	}
-}
-
-// qa_rowsk computes R rows (Q8_K activations a + r*ab, their side data at
-// side + r*nb*(QP_SIDE4 or QA_SIDE6)) against a packed Q4_K/Q5_K (QA4) or,
-// with q6, Q6_K (QA6) tile of 8 rows and writes nc columns of out[r*ldo +
-// c]. The float operations per output are the generic code's: sums[l] per
-// block in block order, the mins (Q4_K/Q5_K) in their own sumf, then sumf +
-// sums[0] + ... + sums[7].
-QL void qa_rowsk(const int q6, const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab,
-                 const int32_t *side, float *out, int64_t ldo, int nc) {
-	const int64_t bytes = q6 ? QA6_BYTES : QA4_BYTES, stride = q6 ? QA_SIDE6 : QP_SIDE4;
-	const int dwAt = q6 ? 2048 + 256 : 2048 + 256 + 128;
-	__m256 sums[4][8], sumf[4];
-#pragma GCC unroll 4
-	for (int r = 0; r < R; r++) {
-		sumf[r] = _mm256_setzero_ps();
-#pragma GCC unroll 8
-		for (int l = 0; l < 8; l++)
-			sums[r][l] = _mm256_setzero_ps();
-	}
-	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = pk + b * bytes;
-		const __m256 dw = _mm256_loadu_ps((const float *)(pb + dwAt));
-		__m256 d[4];
+		const __m256 dw = _mm256_loadu_ps((const float *)(pb + QAK_DW));
 #pragma GCC unroll 4
 		for (int r = 0; r < R; r++) {
 			const float da = ql_f32(a + r * ab + b * 292);
-			d[r] = _mm256_mul_ps(dw, _mm256_set1_ps(da));
+			sumf[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(da)), _mm256_cvtepi32_ps(aux[r]), sumf[r]);
 			if (q6)
 				continue;
 			__m256i mi = _mm256_setzero_si256();
 #pragma GCC unroll 4
 			for (int h = 0; h < 4; h++) {
-				const __m256i mv = _mm256_loadu_si256((const __m256i *)(pb + 2048 + 256 + 32 * h));
-				mi = _mm256_add_epi32(mi, _mm256_madd_epi16(mv, _mm256_set1_epi32(side[(r * nb + b) * stride + 64 + h])));
+				const __m256i mv = _mm256_loadu_si256((const __m256i *)(pb + QAK_PAIRS + 32 * h));
+				mi = _mm256_add_epi32(mi, _mm256_madd_epi16(mv, _mm256_set1_epi32(side[(r * nb + b) * QK_SIDE + h])));
 			}
-			const __m256 dmin = _mm256_loadu_ps((const float *)(pb + dwAt + 32));
+			const __m256 dmin = _mm256_loadu_ps((const float *)(pb + QAK_DW + 32));
 			sumf[r] = _mm256_fnmadd_ps(_mm256_mul_ps(dmin, _mm256_set1_ps(da)), _mm256_cvtepi32_ps(mi), sumf[r]);
 		}
-#pragma GCC unroll 1
-		for (int l = 0; l < 8; l++) {
-			__m256i aux[4];
-#pragma GCC unroll 4
-			for (int r = 0; r < R; r++)
-				aux[r] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-			for (int j = 0; j < 8; j++) {
-				const __m256i wv = _mm256_loadu_si256((const __m256i *)(pb + (8 * j + l) * 32));
-				const __m256i sv = _mm256_loadu_si256((const __m256i *)(pb + 2048 + 32 * j));
-#pragma GCC unroll 4
-				for (int r = 0; r < R; r++) {
-					const int32_t *sd = side + (r * nb + b) * stride;
-					__m256i p = _mm256_maddubs_epi16(wv, _mm256_set1_epi32(sd[8 * j + l]));
-					if (q6) // less 32 times the activations' pair sums
-						p = _mm256_sub_epi16(p, _mm256_set1_epi32(sd[64 + 8 * j + l]));
-					aux[r] = _mm256_add_epi32(aux[r], _mm256_madd_epi16(p, sv));
-				}
-			}
-#pragma GCC unroll 4
-			for (int r = 0; r < R; r++)
-				sums[r][l] = _mm256_fmadd_ps(d[r], _mm256_cvtepi32_ps(aux[r]), sums[r][l]);
-		}
 	}
-#pragma GCC unroll 4
-	for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-		for (int l = 0; l < 8; l++)
-			sumf[r] = _mm256_add_ps(sumf[r], sums[r][l]); // Q6_K: the generic sumf starts at zero, no mins
 	ql_store8(out, ldo, sumf, R, nc);
 }
 
@@ -1219,33 +958,25 @@ QL void qa_rowsk(const int q6, const int R, const uint8_t *pk, int64_t nb, const
 QL int qa_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const uint8_t *w, int64_t m, int64_t k,
                  int64_t ncols) {
 	if (qt == DI_Q4_K || qt == DI_Q5_K || qt == DI_Q6_K) {
-		const int q6 = qt == DI_Q6_K;
 		const int64_t nb = k / 256, rb = nb * (qt == DI_Q4_K ? 144 : qt == DI_Q5_K ? 176 : 210), ab = nb * 292;
-		const int64_t stride = q6 ? QA_SIDE6 : QP_SIDE4;
-		uint8_t *pk = malloc((size_t)nb * (q6 ? QA6_BYTES : QA4_BYTES));
-		int32_t *side = malloc((size_t)m * nb * stride * sizeof(int32_t));
+		uint8_t *pk = malloc((size_t)nb * QAK_BYTES);
+		int32_t *side = malloc((size_t)m * nb * QK_SIDE * sizeof(int32_t));
 		if (!pk || !side) {
 			free(pk);
 			free(side);
 			return 0;
 		}
-		for (int64_t i = 0; i < m; i++) {
-			if (q6)
-				qa_side6k(a + i * ab, nb, side + i * nb * stride);
-			else
-				qp_quads(a + i * ab, nb, side + i * nb * stride);
-		}
+		if (qt != DI_Q6_K)
+			for (int64_t i = 0; i < m; i++)
+				ql_bpairs(a + i * ab, nb, side + i * nb * QK_SIDE);
 		for (int64_t j = 0; j < ncols; j += 8) {
 			const int nc = ncols - j < 8 ? (int)(ncols - j) : 8;
-			if (q6)
-				qa_pack6k(w + j * rb, rb, nb, nc, pk);
-			else
-				qa_pack4k(qt, w + j * rb, rb, nb, nc, pk);
+			qa_packk(qt, w + j * rb, rb, nb, nc, pk);
 			int64_t i = 0;
 			for (; i + 4 <= m; i += 4)
-				qa_rowsk(q6, 4, pk, nb, a + i * ab, ab, side + i * nb * stride, out + i * ldo + j, ldo, nc);
+				qa_rowsk(qt, 4, pk, nb, a + i * ab, ab, side + i * nb * QK_SIDE, out + i * ldo + j, ldo, nc);
 			for (; i < m; i++)
-				qa_rowsk(q6, 1, pk, nb, a + i * ab, ab, side + i * nb * stride, out + i * ldo + j, ldo, nc);
+				qa_rowsk(qt, 1, pk, nb, a + i * ab, ab, side + i * nb * QK_SIDE, out + i * ldo + j, ldo, nc);
 		}
 		free(pk);
 		free(side);
