@@ -18,16 +18,18 @@ import (
 //	F16         IEEE half, nearest even              ggml_vec_dot_f16
 //
 // The block dot products sum integer products exactly and apply the
-// scales with float32 operations in the C code's order, with the fused
-// multiply-adds that the C compiler contracts them into in llama.cpp's
-// shipped x86 CPU libraries (their *_generic functions give these bits);
-// BF16 and F16 products are exact in float32 and are summed in float64,
+// scales with float32 operations: Q8_0 and Q4_0 in the C code's order,
+// with the fused multiply-adds that the C compiler contracts them into in
+// llama.cpp's shipped x86 CPU libraries (their *_generic functions give
+// these bits); the K-quants once per block, to the block's integer sum,
+// where the generic code applies them to eight lane sums (dotKQ8K). BF16
+// and F16 products are exact in float32 and are summed in float64,
 // rounded to float32 once. Every output depends only on its own
 // activation row and weight row, so these are batch invariant. The SIMD
 // paths of LinearQuantLlama and Linear16Llama keep these bits: they form
 // the exact integer sums of a block with vector instructions and apply the
-// scales (or add the 16-bit products) per output in the generic order,
-// their vector lanes holding different outputs. llama.cpp's own SIMD dot
+// scales (or add the 16-bit products) per output in this order, their
+// vector lanes holding different outputs. llama.cpp's own SIMD dot
 // products sum the same integers but apply the scales in another order (a
 // few float32 ulps apart, more where a sum cancels).
 //
@@ -173,11 +175,13 @@ func quantizeQ8KGo(dst []byte, src []float32) int {
 	return nb * Q8KBlockBytes
 }
 
-// VecDotLlama is llama.cpp's generic dot product of a weight row w (k
-// weights of type t, RowBytes(k) bytes) with an activation row a quantized
-// for t by QuantizeActs (ActRowBytes(t, k) bytes): ggml_vec_dot_q8_0_q8_0,
-// _q4_0_q8_0, _q4_K_q8_K, _q5_K_q8_K or _q6_K_q8_K, bit for bit. It panics
-// on an unknown type, a partial block or short slices.
+// VecDotLlama is the block dot product of a weight row w (k weights of
+// type t, RowBytes(k) bytes) with an activation row a quantized for t by
+// QuantizeActs (ActRowBytes(t, k) bytes): llama.cpp's generic
+// ggml_vec_dot_q8_0_q8_0 and _q4_0_q8_0 bit for bit; for Q4_K, Q5_K and
+// Q6_K the generic functions' integers with the scales applied once per
+// block (dotKQ8K). It panics on an unknown type, a partial block or short
+// slices.
 func VecDotLlama(t QuantType, k int, w, a []byte) float32 {
 	rb, err := t.RowBytes(k)
 	if err != nil {
