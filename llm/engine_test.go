@@ -41,6 +41,11 @@ func TestCheckKVCacheDType(t *testing.T) {
 			name: "fp8 on float32 caches", dtype: "fp8_e4m3", spec: gqa(kernels.F32),
 			want: []string{"cache.kv_cache_dtype fp8_e4m3", "gqa cache got F32"},
 		},
+		{name: "f16 got half", dtype: "f16", spec: gqa(kernels.F16)},
+		{
+			name: "f16 on float32 caches", dtype: "f16", spec: gqa(kernels.F32),
+			want: []string{"cache.kv_cache_dtype f16", "F16", "gqa cache got F32", "f16 needs a GQA model on the CPU backend"},
+		},
 		{
 			name: "fp8 on an MLA model", dtype: "fp8", spec: mla,
 			want: []string{"cache.kv_cache_dtype fp8", "mla cache got BF16", "MLA models such as DeepSeek keep their latent cache"},
@@ -73,7 +78,8 @@ func TestCheckKVCacheDType(t *testing.T) {
 // An fp8 cache asked of an MLA model (the shipped DeepSeek-architecture
 // model, whose latent cache stays float32) fails New with the config error
 // instead of quietly running in float32; the same model builds with auto,
-// and a GQA model gets its 8-bit caches on the CPU backend.
+// and a GQA model gets its 8-bit (or, with f16, 16-bit) caches on the CPU
+// backend.
 func TestNewRefusesFP8OnLatentCaches(t *testing.T) {
 	mla := filepath.Join("..", "assets", "deepseek-tiny")
 	cfg := tinyConfig(t, mla, func(c *config.Config) { c.Cache.KVCacheDType = "fp8" })
@@ -93,7 +99,7 @@ func TestNewRefusesFP8OnLatentCaches(t *testing.T) {
 	for _, c := range []struct {
 		dir, dtype string
 		want       kernels.DType
-	}{{mla, "auto", kernels.F32}, {tinyLlama(t), "fp8", kernels.F8E4M3}} {
+	}{{mla, "auto", kernels.F32}, {tinyLlama(t), "fp8", kernels.F8E4M3}, {tinyLlama(t), "f16", kernels.F16}} {
 		e, err := New(tinyConfig(t, c.dir, func(cfg *config.Config) { cfg.Cache.KVCacheDType = c.dtype }), Options{})
 		if err != nil {
 			t.Fatal(err)

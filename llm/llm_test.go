@@ -54,9 +54,10 @@ func generate(t *testing.T, l *LLM, ps []Prompt, params engine.SamplingParams) [
 
 // The same prompt gives the same greedy tokens alone and in a crowded
 // batch, with chunked prefill on or off and with a KV cache small enough
-// to force preemption; with float32 and with 8-bit (fp8) KV caches.
+// to force preemption; with float32, 16-bit (f16) and 8-bit (fp8) KV
+// caches.
 func TestGreedyInvariance(t *testing.T) {
-	for _, kv := range []string{"auto", "fp8"} {
+	for _, kv := range []string{"auto", "f16", "fp8"} {
 		t.Run("kv="+kv, func(t *testing.T) { greedyInvariance(t, kv) })
 	}
 }

@@ -87,11 +87,14 @@ type Cache struct {
 	// which turns prefix caching off for such models.
 	StateCheckpoints int `yaml:"state_checkpoints"`
 	// KVCacheDType is the element type of the K and V caches: "auto" (or
-	// empty) keeps the backend's choice; "fp8" or "fp8_e4m3" stores them in
-	// OCP FP8 E4M3 (lossy, a quarter of float32's bytes; either backend
-	// for GQA models; MLA models of kv_lora_rank 128 or 512 on the CUDA
-	// backend, as packed rows with a scale per 128 latent values; other
-	// MLA models keep their latent cache).
+	// empty) keeps the backend's choice; "f16" (or "fp16", "float16")
+	// stores them in IEEE half (lossy, half of float32's bytes, llama.cpp's
+	// default; GQA models on the CPU backend, and on the CUDA backend
+	// where it picks half itself: 16-bit weights in GEMM mode round);
+	// "fp8" or "fp8_e4m3" in OCP FP8 E4M3 (lossy, a quarter of float32's
+	// bytes; either backend for GQA models; MLA models of kv_lora_rank 128
+	// or 512 on the CUDA backend, as packed rows with a scale per 128
+	// latent values; other MLA models keep their latent cache).
 	KVCacheDType string `yaml:"kv_cache_dtype"`
 	// SlidingWindowPaged is a debug switch for models whose sliding-window
 	// layers keep their keys and values in per-sequence ring buffers of
@@ -102,7 +105,8 @@ type Cache struct {
 }
 
 // KVDType maps KVCacheDType to the element type it asks of the backend: 0
-// for auto (the backend's choice) and kernels.F8E4M3 for fp8 or fp8_e4m3.
+// for auto (the backend's choice), kernels.F16 for f16, fp16 or float16,
+// and kernels.F8E4M3 for fp8 or fp8_e4m3.
 // An unknown value (which Validate rejects) also gives 0.
 func (c Cache) KVDType() kernels.DType {
 	dt, _ := parseKVCacheDType(c.KVCacheDType)
@@ -115,6 +119,8 @@ func parseKVCacheDType(s string) (dt kernels.DType, ok bool) {
 	switch s {
 	case "", "auto":
 		return 0, true
+	case "f16", "fp16", "float16":
+		return kernels.F16, true
 	case "fp8", "fp8_e4m3":
 		return kernels.F8E4M3, true
 	}

@@ -312,7 +312,7 @@ func TestKVCacheDType(t *testing.T) {
 		{
 			name: "unknown value names the key and the accepted values",
 			yaml: "model: m\ndevice: cuda\ncache:\n  kv_cache_dtype: int8\n",
-			err:  []string{"cache.kv_cache_dtype", "auto", "fp8", "fp8_e4m3", `"int8"`},
+			err:  []string{"cache.kv_cache_dtype", "auto", "f16", "fp8", "fp8_e4m3", `"int8"`},
 		},
 		{
 			name: "case matters",
@@ -320,6 +320,9 @@ func TestKVCacheDType(t *testing.T) {
 			err:  []string{"cache.kv_cache_dtype", `"FP8"`},
 		},
 		{name: "fp8 on cpu", yaml: "model: m\ndevice: cpu\ncache:\n  kv_cache_dtype: fp8\n", want: kernels.F8E4M3},
+		{name: "f16 on cpu", yaml: "model: m\ndevice: cpu\ncache:\n  kv_cache_dtype: f16\n", want: kernels.F16},
+		{name: "fp16", yaml: "model: m\ncache:\n  kv_cache_dtype: fp16\n", want: kernels.F16},
+		{name: "float16", yaml: "model: m\ncache:\n  kv_cache_dtype: float16\n", want: kernels.F16},
 		{name: "fp8_e4m3 on the default device", yaml: "model: m\ncache:\n  kv_cache_dtype: fp8_e4m3\n", want: kernels.F8E4M3},
 		{
 			name: "wrong type names its line",
@@ -363,6 +366,10 @@ func TestCacheKVDType(t *testing.T) {
 		{"auto", 0},
 		{"fp8", kernels.F8E4M3},
 		{"fp8_e4m3", kernels.F8E4M3},
+		{"f16", kernels.F16},
+		{"fp16", kernels.F16},
+		{"float16", kernels.F16},
+		{"bf16", 0},  // rejected by Validate: no backend keeps a bfloat16 K/V cache
 		{"bogus", 0}, // rejected by Validate
 	} {
 		if got := (Cache{KVCacheDType: tc.in}).KVDType(); got != tc.want {

@@ -66,9 +66,9 @@ func TestBadCallsFailWithSharedError(t *testing.T) {
 				_, _, err := kernels.RoPEShapes("cpu", f(2, 8), i32(3), f(8, 2), f(8, 2), rope)
 				return err
 			}},
-		{"write_cache", func() error { return b.WriteCache(dt(kernels.F16, 2, 2, 4), f(2, 4), i32(2), 0) },
+		{"write_cache", func() error { return b.WriteCache(dt(kernels.BF16, 2, 2, 4), f(2, 4), i32(2), 0) },
 			func() error {
-				_, err := kernels.WriteCacheShapes("cpu", dt(kernels.F16, 2, 2, 4), f(2, 4), i32(2), 0, cacheTypes...)
+				_, err := kernels.WriteCacheShapes("cpu", dt(kernels.BF16, 2, 2, 4), f(2, 4), i32(2), 0, cacheTypes...)
 				return err
 			}},
 		{"attention", func() error { return b.Attention(dt(kernels.BF16, 2, 8), f(2, 8), f(2, 2, 4), f(2, 2, 4), meta, ap) },

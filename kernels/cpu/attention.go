@@ -11,9 +11,9 @@ import (
 )
 
 // cacheTypes are the K and V cache element types WriteCache and Attention
-// take: float32, and 8-bit E4M3 (Options.KVCacheDType), rounded when
-// written and widened exactly when read.
-var cacheTypes = []kernels.DType{kernels.F32, kernels.F8E4M3}
+// take: float32, and IEEE half and 8-bit E4M3 (Options.KVCacheDType),
+// rounded when written and widened exactly when read.
+var cacheTypes = []kernels.DType{kernels.F32, kernels.F16, kernels.F8E4M3}
 
 // f8e4m3Values maps each E4M3 code to its float32 value (a constant table).
 var f8e4m3Values = func() (v [256]float32) {
@@ -23,8 +23,8 @@ var f8e4m3Values = func() (v [256]float32) {
 	return v
 }()
 
-// WriteCache scatters rows of src into cache slots (rounded to E4M3 for an
-// 8-bit cache).
+// WriteCache scatters rows of src into cache slots (rounded to IEEE half or
+// E4M3 for a 16- or 8-bit cache, to nearest even).
 func (b *Backend) WriteCache(cache, src, slotMapping kernels.Tensor, col int) error {
 	const op = "write_cache"
 	if err := b.checkOpen(op); err != nil {
@@ -54,11 +54,16 @@ func (b *Backend) WriteCache(cache, src, slotMapping kernels.Tensor, col int) er
 	}
 	b.forRows(t, w, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			if slot := int(sm.i32[i]); slot >= 0 && c.dtype == kernels.F8E4M3 {
+			slot := int(sm.i32[i])
+			switch {
+			case slot < 0:
+			case c.dtype == kernels.F8E4M3:
 				for k, x := range s.f32[i*w : (i+1)*w] {
 					c.u8[slot*width+col+k] = kernels.F32ToF8E4M3(x)
 				}
-			} else if slot >= 0 {
+			case c.dtype == kernels.F16:
+				b.k.f32ToF16(c.u16[slot*width+col:slot*width+col+w], s.f32[i*w:(i+1)*w])
+			default:
 				copy(c.f32[slot*width+col:slot*width+col+w], s.f32[i*w:(i+1)*w])
 			}
 		}
@@ -420,8 +425,8 @@ func (b *Backend) gqaScratchFor(r, n, d int, tiles bool) *gqaScratch {
 
 // attendGQA runs the query rows of one item over their keys, tile by tile.
 // Keys and values of a float32 paged cache are read in place (their cache
-// slots gathered); ring and 8-bit caches are copied (widened) into kt and
-// vt first. Either way every score is the canonical dot product of the
+// slots gathered); ring, 16-bit and 8-bit caches are copied (widened) into
+// kt and vt first (a 16-bit paged cache's tile in one call each). Either way every score is the canonical dot product of the
 // query and key rows and every output the same AccumRows sum, so the two
 // give the same bits.
 func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams, q []float32, kc, vc *Tensor, out []float32, s *gqaScratch, group int) {
@@ -449,6 +454,12 @@ func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams
 			slots := s.slots[:n]
 			pl.slots(slots, it.seq, t0)
 			b.k.linearF32Gather(scores, s.qt[:r*d], kc.f32[kvOff:], slots, kvWidth, r, d)
+		} else if pl.ring == nil && kc.dtype == kernels.F16 {
+			slots := s.slots[:n]
+			pl.slots(slots, it.seq, t0)
+			b.k.f16Rows(s.kt[:n*d], kc.u16[kvOff:], slots, kvWidth, d)
+			b.k.f16Rows(s.vt[:n*d], vc.u16[kvOff:], slots, kvWidth, d)
+			b.k.linearF32(scores, s.qt[:r*d], s.kt[:n*d], r, n, d, 0, n)
 		} else {
 			for j := range n {
 				kt, vt := s.kt[j*d:(j+1)*d], s.vt[j*d:(j+1)*d]

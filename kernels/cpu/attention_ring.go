@@ -24,7 +24,8 @@ func (r *ringSrc) gather(pl *attnPlan, s, pos, kvOff, d int, kc, vc *Tensor, kt,
 	switch {
 	case pos >= hist: // a key of this step, rounded as the ring will keep it
 		base := (pl.qStart[s]+pos-hist)*kvWidth + kvOff
-		if kc.dtype == kernels.F8E4M3 {
+		switch kc.dtype {
+		case kernels.F8E4M3:
 			for e, x := range r.k.f32[base : base+d] {
 				kt[e] = f8e4m3Values[kernels.F32ToF8E4M3(x)]
 			}
@@ -32,17 +33,34 @@ func (r *ringSrc) gather(pl *attnPlan, s, pos, kvOff, d int, kc, vc *Tensor, kt,
 				vt[e] = f8e4m3Values[kernels.F32ToF8E4M3(x)]
 			}
 			return
+		case kernels.F16:
+			for e, x := range r.k.f32[base : base+d] {
+				kt[e] = kernels.F16ToF32(kernels.F32ToF16(x))
+			}
+			for e, x := range r.v.f32[base : base+d] {
+				vt[e] = kernels.F16ToF32(kernels.F32ToF16(x))
+			}
+			return
 		}
 		copy(kt, r.k.f32[base:base+d])
 		copy(vt, r.v.f32[base:base+d])
 	case pos >= hist-r.window && pos >= 0: // in the ring
 		base := (r.slot[s]*r.window+pos%r.window)*kvWidth + kvOff
-		if kc.dtype == kernels.F8E4M3 {
+		switch kc.dtype {
+		case kernels.F8E4M3:
 			for e, x := range kc.u8[base : base+d] {
 				kt[e] = f8e4m3Values[x]
 			}
 			for e, x := range vc.u8[base : base+d] {
 				vt[e] = f8e4m3Values[x]
+			}
+			return
+		case kernels.F16:
+			for e, x := range kc.u16[base : base+d] {
+				kt[e] = kernels.F16ToF32(x)
+			}
+			for e, x := range vc.u16[base : base+d] {
+				vt[e] = kernels.F16ToF32(x)
 			}
 			return
 		}

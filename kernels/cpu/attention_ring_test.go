@@ -13,12 +13,12 @@ import (
 // sliding-window Attention and through RingAttention over ring buffers
 // (history from earlier steps, the step's keys from k and v, then the ring
 // write by kernels.RingSlots): every step's output is the same bits, for
-// chunks shorter and longer than the window, decode rows, F32 and E4M3
+// chunks shorter and longer than the window, decode rows, F32, F16 and E4M3
 // caches, several sequences in arbitrary slots.
 func TestRingAttentionMatchesPaged(t *testing.T) {
 	const nh, nkv, d, window, blockSize, numBlocks, numSlots = 4, 2, 16, 7, 4, 64, 5
 	kvw := nkv * d
-	for _, dt := range []kernels.DType{kernels.F32, kernels.F8E4M3} {
+	for _, dt := range []kernels.DType{kernels.F32, kernels.F16, kernels.F8E4M3} {
 		b := newTestBackend(t, 3)
 		r := rand.New(rand.NewPCG(1, 2))
 		kc, vc := allocDT(t, b, dt, numBlocks, blockSize, kvw), allocDT(t, b, dt, numBlocks, blockSize, kvw)

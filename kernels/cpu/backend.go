@@ -46,8 +46,9 @@ type Options struct {
 	// falls back to the fastest (callers that must refuse it check with
 	// simd.Pick first). PureGo wins over it.
 	SIMD string
-	// KVCacheDType kernels.F8E4M3 keeps GQA models' K and V caches in 8-bit
-	// E4M3 (see Backend.KVCacheDType); 0 (auto) keeps them in float32.
+	// KVCacheDType kernels.F16 keeps GQA models' K and V caches in IEEE
+	// half, kernels.F8E4M3 in 8-bit E4M3 (see Backend.KVCacheDType); 0
+	// (auto) keeps them in float32.
 	KVCacheDType kernels.DType
 	// Activations says which products round their activations as
 	// llama.cpp's CPU backend does (see ActRounding); the zero value keeps
@@ -128,14 +129,17 @@ func New(opts Options) *Backend {
 
 var _ kernels.KVCacheDTyper = (*Backend)(nil)
 
-// KVCacheDType is F8E4M3 when Options.KVCacheDType asks for it (whatever
-// the weights: a quarter of float32's bytes; WriteCache rounds to nearest
-// even, saturated at +-448, and Attention widens each value exactly, so it
-// computes what it computes over a float32 cache holding the rounded
-// values), else F32, the activation type.
+// KVCacheDType is F16 or F8E4M3 when Options.KVCacheDType asks for it
+// (whatever the weights), else F32, the activation type. IEEE half (half
+// of float32's bytes, llama.cpp's default cache type: 10 mantissa bits,
+// values beyond +-65504 become infinities) and E4M3 (a quarter: 3
+// mantissa bits, saturated at +-448) are rounded to nearest even by
+// WriteCache and widened exactly by Attention, so it computes what it
+// computes over a float32 cache holding the rounded values.
 func (b *Backend) KVCacheDType(kernels.DType) kernels.DType {
-	if b.kvCache == kernels.F8E4M3 {
-		return kernels.F8E4M3
+	switch b.kvCache {
+	case kernels.F16, kernels.F8E4M3:
+		return b.kvCache
 	}
 	return kernels.F32
 }

@@ -454,66 +454,89 @@ func TestAttentionPagedMatchesDense(t *testing.T) {
 	}
 }
 
-// 8-bit E4M3 caches (Options.KVCacheDType): WriteCache rounds each value
-// as kernels.F32ToF8E4M3 does, and Attention over them gives the bits of
-// Attention over float32 caches holding the rounded values, for prefill,
-// chunked and decode rows, with and without a window.
-func TestAttentionFP8Cache(t *testing.T) {
+// 16-bit IEEE-half and 8-bit E4M3 caches (Options.KVCacheDType):
+// WriteCache rounds each value as kernels.F32ToF16 / F32ToF8E4M3 do, and
+// Attention over them gives the bits of Attention over float32 caches
+// holding the rounded values, for prefill, chunked and decode rows, with
+// and without a window.
+func TestAttentionNarrowCache(t *testing.T) {
 	const nh, nkv, d, bs, numBlocks = 4, 2, 16, 4, 160
-	b := New(Options{Threads: 3, KVCacheDType: kernels.F8E4M3})
-	t.Cleanup(func() { b.Close() })
-	if got := b.KVCacheDType(kernels.BF16); got != kernels.F8E4M3 {
-		t.Errorf("KVCacheDType = %v, want F8_E4M3", got)
-	}
-	if got := newTestBackend(t, 1).KVCacheDType(kernels.BF16); got != kernels.F32 {
-		t.Errorf("KVCacheDType without the option = %v, want F32", got)
-	}
-	specs := []seqSpec{{5, 5}, {3, 9}, {1, 12}, {70, 300}}
-	for _, window := range []int{0, 7} {
-		r := rand.New(rand.NewPCG(9, uint64(window)))
-		m, slots := pagedBatch(t, b, r, specs, bs, numBlocks)
-		k8, v8 := allocDT(t, b, kernels.F8E4M3, numBlocks, bs, nkv*d), allocDT(t, b, kernels.F8E4M3, numBlocks, bs, nkv*d)
-		kf, vf := alloc(t, b, numBlocks, bs, nkv*d), alloc(t, b, numBlocks, bs, nkv*d)
-		var qAll []float32
-		for s, sp := range specs {
-			sm := putI32(t, b, slots[s], sp.kLen)
-			for _, c := range [][2]kernels.Tensor{{k8, kf}, {v8, vf}} {
-				x := randVals(r, sp.kLen*nkv*d, 300) // beyond +-448 too: saturated
-				x[0] = float32(math.Inf(-1))
-				if err := b.WriteCache(c[0], put(t, b, kernels.F32, x, sp.kLen, nkv*d), sm, 0); err != nil {
-					t.Fatal(err)
-				}
-				rounded := make([]float32, len(x))
-				for i, v := range x {
-					rounded[i] = kernels.F8E4M3ToF32(kernels.F32ToF8E4M3(v))
-				}
-				if err := b.WriteCache(c[1], put(t, b, kernels.F32, rounded, sp.kLen, nkv*d), sm, 0); err != nil {
-					t.Fatal(err)
-				}
-				for i, slot := range slots[s] {
-					for e := range nkv * d {
-						got := c[0].(*Tensor).u8[int(slot)*nkv*d+e]
-						if want := kernels.F32ToF8E4M3(x[i*nkv*d+e]); got != want {
-							t.Fatalf("WriteCache(%v) = %#02x, want %#02x", x[i*nkv*d+e], got, want)
+	for _, tc := range []struct {
+		dt     kernels.DType
+		big    float32                       // largest magnitude written (E4M3: beyond its range, and -Inf, saturated)
+		stored func(c *Tensor, i int) uint16 // the code at element i
+		code   func(float32) uint16
+		value  func(uint16) float32
+	}{
+		{kernels.F16, 30, func(c *Tensor, i int) uint16 { return c.u16[i] }, kernels.F32ToF16, kernels.F16ToF32},
+		{kernels.F8E4M3, 300, func(c *Tensor, i int) uint16 { return uint16(c.u8[i]) },
+			func(x float32) uint16 { return uint16(kernels.F32ToF8E4M3(x)) },
+			func(h uint16) float32 { return kernels.F8E4M3ToF32(uint8(h)) }},
+	} {
+		t.Run(tc.dt.String(), func(t *testing.T) {
+			b := New(Options{Threads: 3, KVCacheDType: tc.dt})
+			t.Cleanup(func() { b.Close() })
+			if got := b.KVCacheDType(kernels.BF16); got != tc.dt {
+				t.Errorf("KVCacheDType = %v, want %v", got, tc.dt)
+			}
+			if got := newTestBackend(t, 1).KVCacheDType(kernels.BF16); got != kernels.F32 {
+				t.Errorf("KVCacheDType without the option = %v, want F32", got)
+			}
+			specs := []seqSpec{{5, 5}, {3, 9}, {1, 12}, {70, 300}}
+			for _, window := range []int{0, 7} {
+				r := rand.New(rand.NewPCG(9, uint64(window)))
+				m, slots := pagedBatch(t, b, r, specs, bs, numBlocks)
+				kn, vn := allocDT(t, b, tc.dt, numBlocks, bs, nkv*d), allocDT(t, b, tc.dt, numBlocks, bs, nkv*d)
+				kf, vf := alloc(t, b, numBlocks, bs, nkv*d), alloc(t, b, numBlocks, bs, nkv*d)
+				var qAll []float32
+				for s, sp := range specs {
+					sm := putI32(t, b, slots[s], sp.kLen)
+					for _, c := range [][2]kernels.Tensor{{kn, kf}, {vn, vf}} {
+						x := randVals(r, sp.kLen*nkv*d, tc.big)
+						if tc.dt == kernels.F8E4M3 {
+							x[0] = float32(math.Inf(-1))
+						}
+						if err := b.WriteCache(c[0], put(t, b, kernels.F32, x, sp.kLen, nkv*d), sm, 0); err != nil {
+							t.Fatal(err)
+						}
+						rounded := make([]float32, len(x))
+						for i, v := range x {
+							rounded[i] = tc.value(tc.code(v))
+						}
+						if err := b.WriteCache(c[1], put(t, b, kernels.F32, rounded, sp.kLen, nkv*d), sm, 0); err != nil {
+							t.Fatal(err)
+						}
+						for i, slot := range slots[s] {
+							for e := range nkv * d {
+								got := tc.stored(c[0].(*Tensor), int(slot)*nkv*d+e)
+								if want := tc.code(x[i*nkv*d+e]); got != want {
+									t.Fatalf("WriteCache(%v) = %#04x, want %#04x", x[i*nkv*d+e], got, want)
+								}
+							}
 						}
 					}
+					qAll = append(qAll, randVals(r, sp.qLen*nh*d, 0.01)...)
+				}
+				p := kernels.AttentionParams{NumHeads: nh, NumKVHeads: nkv, HeadDim: d, Scale: 0.3, SlidingWindow: window}
+				q := put(t, b, kernels.F32, qAll, m.NumTokens, nh*d)
+				on, of := alloc(t, b, m.NumTokens, nh*d), alloc(t, b, m.NumTokens, nh*d)
+				if err := b.Attention(on, q, kn, vn, m, p); err != nil {
+					t.Fatal(err)
+				}
+				if err := b.Attention(of, q, kf, vf, m, p); err != nil {
+					t.Fatal(err)
+				}
+				for i, v := range vals(of) {
+					if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+						t.Fatalf("window %d: output %d = %v: the comparison below would see no values", window, i, v)
+					}
+				}
+				checkIdentical(t, fmt.Sprintf("window %d: %v caches vs float32 caches of the rounded values", window, tc.dt), vals(on), vals(of))
+				if err := b.Attention(on, q, kn, vf, m, p); !errors.Is(err, kernels.ErrDType) {
+					t.Errorf("mixed K and V cache types: %v, want ErrDType", err)
 				}
 			}
-			qAll = append(qAll, randVals(r, sp.qLen*nh*d, 0.01)...)
-		}
-		p := kernels.AttentionParams{NumHeads: nh, NumKVHeads: nkv, HeadDim: d, Scale: 0.3, SlidingWindow: window}
-		q := put(t, b, kernels.F32, qAll, m.NumTokens, nh*d)
-		o8, of := alloc(t, b, m.NumTokens, nh*d), alloc(t, b, m.NumTokens, nh*d)
-		if err := b.Attention(o8, q, k8, v8, m, p); err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Attention(of, q, kf, vf, m, p); err != nil {
-			t.Fatal(err)
-		}
-		checkIdentical(t, fmt.Sprintf("window %d: 8-bit caches vs float32 caches of the rounded values", window), vals(o8), vals(of))
-		if err := b.Attention(o8, q, k8, vf, m, p); !errors.Is(err, kernels.ErrDType) {
-			t.Errorf("mixed K and V cache types: %v, want ErrDType", err)
-		}
+		})
 	}
 }
 

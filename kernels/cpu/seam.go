@@ -23,6 +23,10 @@ type kernelSet struct {
 	axpy        func(a float32, x, y []float32) // y += a*x
 	bf16ToF32   func(dst []float32, src []uint16)
 	f16ToF32    func(dst []float32, src []uint16)
+	// f32ToF16 rounds to IEEE half (simd.Impl.F32ToF16), f16Rows widens
+	// gathered IEEE-half rows (simd.Impl.F16Rows).
+	f32ToF16 func(dst []uint16, src []float32)
+	f16Rows  func(dst []float32, src []uint16, rows []int32, ld, k int)
 
 	// Attention's building blocks (simd.Impl.OnlineSoftmax,
 	// LinearF32Gather, LinearF32KMajor, AccumRows): a row's bits never depend on the other
@@ -68,6 +72,8 @@ func selectKernels(pureGo bool, name string) kernelSet {
 		axpy:        impl.Axpy,
 		bf16ToF32:   impl.BF16ToF32,
 		f16ToF32:    impl.F16ToF32,
+		f16Rows:     impl.F16Rows,
+		f32ToF16:    impl.F32ToF16,
 
 		onlineSoftmax:     impl.OnlineSoftmax,
 		linearF32Gather:   impl.LinearF32Gather,

@@ -198,7 +198,7 @@ func (p *Impl) OnlineSoftmax(s []float32, m, n int, scale float32, lo, hi []int3
 }
 
 // checkGather panics unless every row index r gives w[r*ldw : r*ldw+k].
-func checkGather(op string, w []float32, rows []int32, ldw, k int) {
+func checkGather[T float32 | uint16](op string, w []T, rows []int32, ldw, k int) {
 	if ldw < 0 || k < 0 {
 		panic(fmt.Sprintf("simd: %s: negative ldw=%d or k=%d", op, ldw, k))
 	}

@@ -449,6 +449,22 @@ AVX2 void di_f16_to_f32_avx2(float *dst, const uint16_t *src, int64_t n) {
 	}
 }
 
+// di_f16_rows_to_f32_avx2 (both paths) widens the gathered rows one after another; the
+// rows DI_F16_ROWS_AHEAD further on are requested first (a paged cache's
+// rows are scattered, so the hardware prefetcher does not see them coming).
+AVX2 void di_f16_rows_to_f32_avx2(float *dst, const uint16_t *src, const int32_t *rows, int64_t ld, int64_t n,
+                                  int64_t k) {
+	for (int64_t j = 0; j < n && j < DI_F16_ROWS_AHEAD; j++)
+		for (int64_t b = 0; b < 2 * k; b += 64)
+			_mm_prefetch((const char *)(src + (int64_t)rows[j] * ld) + b, _MM_HINT_T0);
+	for (int64_t j = 0; j < n; j++) {
+		if (j + DI_F16_ROWS_AHEAD < n)
+			for (int64_t b = 0; b < 2 * k; b += 64)
+				_mm_prefetch((const char *)(src + (int64_t)rows[j + DI_F16_ROWS_AHEAD] * ld) + b, _MM_HINT_T0);
+		di_f16_to_f32_avx2(dst + j * k, src + (int64_t)rows[j] * ld, k);
+	}
+}
+
 // to_bf16 rounds 8 floats to nearest bfloat16, ties to even; NaN -> 0x7fc0.
 AVX2 INLINE __m128i to_bf16(__m256 f) {
 	__m256i b = _mm256_castps_si256(f);
@@ -469,6 +485,34 @@ AVX2 void di_f32_to_bf16_avx2(uint16_t *dst, const float *src, int64_t n) {
 		uint16_t o[8];
 		memcpy(buf, src + i, (n - i) * 4);
 		_mm_storeu_si128((__m128i *)o, to_bf16(_mm256_loadu_ps(buf)));
+		memcpy(dst + i, o, (n - i) * 2);
+	}
+}
+
+// to_f16 rounds 8 floats to IEEE half as F32ToF16 does: F16C's conversion
+// (nearest even, overflow to infinity, subnormals rounded), with every NaN
+// made 0x7e00 and its sign (F16C keeps the payload).
+AVX2 INLINE __m128i to_f16(__m256 f) {
+	__m128i h = _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	__m256i b = _mm256_castps_si256(f);
+	__m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)), _mm256_set1_epi32(0x7f800000));
+	__m256i canon = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(0x8000)),
+	                                _mm256_set1_epi32(0x7e00));
+	__m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(nan), _mm256_extracti128_si256(nan, 1));
+	__m128i canon16 = _mm_packus_epi32(_mm256_castsi256_si128(canon), _mm256_extracti128_si256(canon, 1));
+	return _mm_blendv_epi8(h, canon16, nan16);
+}
+
+// di_f32_to_f16_avx2 is Impl.F32ToF16 (both paths: every AVX-512 CPU has F16C).
+AVX2 void di_f32_to_f16_avx2(uint16_t *dst, const float *src, int64_t n) {
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		_mm_storeu_si128((__m128i *)(dst + i), to_f16(_mm256_loadu_ps(src + i)));
+	if (i < n) {
+		float buf[8] = {0};
+		uint16_t o[8];
+		memcpy(buf, src + i, (n - i) * 4);
+		_mm_storeu_si128((__m128i *)o, to_f16(_mm256_loadu_ps(buf)));
 		memcpy(dst + i, o, (n - i) * 2);
 	}
 }

@@ -72,7 +72,9 @@ type cFuncs struct {
 	scale     func(a C.float, x *C.float, n C.int64_t)
 	bf16ToF32 func(dst *C.float, src *C.uint16_t, n C.int64_t)
 	f16ToF32  func(dst *C.float, src *C.uint16_t, n C.int64_t)
+	f16Rows   func(dst *C.float, src *C.uint16_t, rows *C.int32_t, ld, n, k C.int64_t)
 	f32ToBF16 func(dst *C.uint16_t, src *C.float, n C.int64_t)
+	f32ToF16  func(dst *C.uint16_t, src *C.float, n C.int64_t)
 
 	exp           func(dst, src *C.float, n C.int64_t)
 	onlineSoftmax func(s *C.float, m, n C.int64_t, scale C.float, lo, hi *C.int32_t, rowMax, rowSum, alpha *C.float)
@@ -95,7 +97,11 @@ var avx512Funcs = cFuncs{
 	scale:     func(a C.float, x *C.float, n C.int64_t) { C.di_scale_avx512(a, x, n) },
 	bf16ToF32: func(dst *C.float, src *C.uint16_t, n C.int64_t) { C.di_bf16_to_f32_avx512(dst, src, n) },
 	f16ToF32:  func(dst *C.float, src *C.uint16_t, n C.int64_t) { C.di_f16_to_f32_avx512(dst, src, n) },
+	f16Rows: func(dst *C.float, src *C.uint16_t, rows *C.int32_t, ld, n, k C.int64_t) {
+		C.di_f16_rows_to_f32_avx2(dst, src, rows, ld, n, k) // rows of a head: F16C's 8 lanes suffice
+	},
 	f32ToBF16: func(dst *C.uint16_t, src *C.float, n C.int64_t) { C.di_f32_to_bf16_avx512(dst, src, n) },
+	f32ToF16:  func(dst *C.uint16_t, src *C.float, n C.int64_t) { C.di_f32_to_f16_avx2(dst, src, n) },
 
 	exp: func(dst, src *C.float, n C.int64_t) { C.di_exp_avx512(dst, src, n) },
 	onlineSoftmax: func(s *C.float, m, n C.int64_t, scale C.float, lo, hi *C.int32_t, rowMax, rowSum, alpha *C.float) {
@@ -128,7 +134,11 @@ var avx2Funcs = cFuncs{
 	scale:     func(a C.float, x *C.float, n C.int64_t) { C.di_scale_avx2(a, x, n) },
 	bf16ToF32: func(dst *C.float, src *C.uint16_t, n C.int64_t) { C.di_bf16_to_f32_avx2(dst, src, n) },
 	f16ToF32:  func(dst *C.float, src *C.uint16_t, n C.int64_t) { C.di_f16_to_f32_avx2(dst, src, n) },
+	f16Rows: func(dst *C.float, src *C.uint16_t, rows *C.int32_t, ld, n, k C.int64_t) {
+		C.di_f16_rows_to_f32_avx2(dst, src, rows, ld, n, k)
+	},
 	f32ToBF16: func(dst *C.uint16_t, src *C.float, n C.int64_t) { C.di_f32_to_bf16_avx2(dst, src, n) },
+	f32ToF16:  func(dst *C.uint16_t, src *C.float, n C.int64_t) { C.di_f32_to_f16_avx2(dst, src, n) },
 
 	exp: func(dst, src *C.float, n C.int64_t) { C.di_exp_avx2(dst, src, n) },
 	onlineSoftmax: func(s *C.float, m, n C.int64_t, scale C.float, lo, hi *C.int32_t, rowMax, rowSum, alpha *C.float) {
@@ -205,12 +215,22 @@ func newNative(name string, f cFuncs) *Impl {
 			}
 			f.bf16ToF32(fptr(dst), u16ptr(src), C.int64_t(len(src)))
 		},
+		f16Rows: func(dst []float32, src []uint16, rows []int32, ld, k int) {
+			f.f16Rows(fptr(dst), u16ptr(src), i32ptr(rows), C.int64_t(ld), C.int64_t(len(rows)), C.int64_t(k))
+		},
 		f16ToF32: func(dst []float32, src []uint16) {
 			if len(src) < minNative {
 				f16ToF32Go(dst, src)
 				return
 			}
 			f.f16ToF32(fptr(dst), u16ptr(src), C.int64_t(len(src)))
+		},
+		f32ToF16: func(dst []uint16, src []float32) {
+			if len(src) < minNative {
+				f32ToF16Go(dst, src)
+				return
+			}
+			f.f32ToF16(u16ptr(dst), fptr(src), C.int64_t(len(src)))
 		},
 		f32ToBF16: func(dst []uint16, src []float32) {
 			if len(src) < minNative {

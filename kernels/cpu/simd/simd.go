@@ -25,7 +25,9 @@ type Impl struct {
 	scale      func(a float32, x []float32)
 	bf16ToF32  func(dst []float32, src []uint16)
 	f16ToF32   func(dst []float32, src []uint16)
+	f16Rows    func(dst []float32, src []uint16, rows []int32, ld, k int)
 	f32ToBF16  func(dst []uint16, src []float32)
+	f32ToF16   func(dst []uint16, src []float32)
 
 	// The attention building blocks of attn.go.
 	exp             func(dst, src []float32)
@@ -50,7 +52,9 @@ var goImpl = &Impl{
 	scale:      scaleGo,
 	bf16ToF32:  bf16ToF32Go,
 	f16ToF32:   f16ToF32Go,
+	f16Rows:    f16RowsGo,
 	f32ToBF16:  f32ToBF16Go,
+	f32ToF16:   f32ToF16Go,
 
 	exp:             expSliceGo,
 	onlineSoftmax:   onlineSoftmaxGo,
@@ -207,6 +211,45 @@ func (p *Impl) F16ToF32(dst []float32, src []uint16) {
 		panic(fmt.Sprintf("simd: F16ToF32: len(dst)=%d < len(src)=%d", len(dst), len(src)))
 	}
 	p.f16ToF32(dst, src)
+}
+
+// F32ToF16 rounds src into dst[:len(src)] to IEEE half as the scalar
+// F32ToF16 does (nearest even; overflow gives ±Inf, every NaN 0x7e00 with
+// its sign, subnormals are rounded). It panics if dst is shorter than src.
+func (p *Impl) F32ToF16(dst []uint16, src []float32) {
+	if len(dst) < len(src) {
+		panic(fmt.Sprintf("simd: F32ToF16: len(dst)=%d < len(src)=%d", len(dst), len(src)))
+	}
+	p.f32ToF16(dst, src)
+}
+
+func f32ToF16Go(dst []uint16, src []float32) {
+	dst = dst[:len(src)]
+	for i, f := range src {
+		dst[i] = F32ToF16(f)
+	}
+}
+
+// F16Rows widens the IEEE-half rows of src that rows names into dst, one
+// after another: dst[j*k:(j+1)*k] = F16ToF32 of src[rows[j]*ld:][:k], j <
+// len(rows) (a 16-bit K/V cache's key or value rows gathered into a tile).
+// It panics if dst is shorter than len(rows)*k or a row falls outside src.
+// Cost: one pass over the halves, one call for all the rows.
+func (p *Impl) F16Rows(dst []float32, src []uint16, rows []int32, ld, k int) {
+	if len(dst) < len(rows)*k {
+		panic(fmt.Sprintf("simd: F16Rows: len(dst)=%d < %d rows of %d", len(dst), len(rows), k))
+	}
+	checkGather("F16Rows", src, rows, ld, k)
+	if len(rows) == 0 || k == 0 {
+		return
+	}
+	p.f16Rows(dst, src, rows, ld, k)
+}
+
+func f16RowsGo(dst []float32, src []uint16, rows []int32, ld, k int) {
+	for j, r := range rows {
+		f16ToF32Go(dst[j*k:(j+1)*k], src[int(r)*ld:int(r)*ld+k])
+	}
 }
 
 // F32ToBF16 rounds src into dst[:len(src)] to the nearest bfloat16, ties to

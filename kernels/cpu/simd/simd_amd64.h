@@ -41,6 +41,12 @@ void di_axpy_avx2(float a, const float *x, float *y, int64_t n);
 void di_scale_avx2(float a, float *x, int64_t n);
 void di_bf16_to_f32_avx2(float *dst, const uint16_t *src, int64_t n);
 void di_f16_to_f32_avx2(float *dst, const uint16_t *src, int64_t n);
+// dst[j*k + e] = the half src[rows[j]*ld + e], j < n, e < k (Impl.F16Rows;
+// both paths), prefetching DI_F16_ROWS_AHEAD rows ahead.
+#define DI_F16_ROWS_AHEAD 8
+void di_f16_rows_to_f32_avx2(float *dst, const uint16_t *src, const int32_t *rows, int64_t ld, int64_t n,
+                             int64_t k);
 void di_f32_to_bf16_avx2(uint16_t *dst, const float *src, int64_t n);
+void di_f32_to_f16_avx2(uint16_t *dst, const float *src, int64_t n);
 
 #endif

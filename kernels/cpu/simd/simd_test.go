@@ -457,3 +457,80 @@ func expectPanics(t *testing.T, cases []panicCase) {
 		})
 	}
 }
+
+// TestF16Rows: F16Rows gathers the rows it names (repeated and out of
+// order), widens each as F16ToF32 does on every path, for row widths with
+// and without a vector tail, and writes nothing past len(rows)*k.
+func TestF16Rows(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const ld, numRows = 100, 9
+	src := make([]uint16, ld*numRows)
+	for i := range src {
+		src[i] = uint16(r.Uint32())
+	}
+	rows := []int32{3, 0, 8, 3, 5}
+	for _, p := range Impls() {
+		for _, k := range []int{1, 7, 16, 24, 64, 100} {
+			dst := filled(len(rows)*k + 1)
+			p.F16Rows(dst, src, rows, ld, k)
+			for j, row := range rows {
+				for e := range k {
+					want := f16ToF32(src[int(row)*ld+e])
+					if got := dst[j*k+e]; math.Float32bits(got) != math.Float32bits(want) {
+						t.Fatalf("%s k=%d: dst[%d] (row %d, %d) = %#08x, want %#08x", p.Name(), k, j*k+e, row, e, math.Float32bits(got), math.Float32bits(want))
+					}
+				}
+			}
+			if math.Float32bits(dst[len(rows)*k]) != 0x7fc0dead {
+				t.Fatalf("%s k=%d: wrote past len(rows)*k", p.Name(), k)
+			}
+		}
+		for name, f := range map[string]func(){
+			"short dst":   func() { p.F16Rows(make([]float32, 5), src, rows, ld, 2) },
+			"row outside": func() { p.F16Rows(make([]float32, 64), src, []int32{int32(numRows)}, ld, 16) },
+			"negative":    func() { p.F16Rows(make([]float32, 64), src, []int32{-1}, ld, 16) },
+		} {
+			func() {
+				defer func() {
+					if recover() == nil {
+						t.Errorf("%s: F16Rows with %s did not panic", p.Name(), name)
+					}
+				}()
+				f()
+			}()
+		}
+	}
+}
+
+// TestF32ToF16Rows: every path rounds as the scalar F32ToF16 on random bit
+// patterns (NaNs with payloads, infinities, subnormal results, overflow)
+// and on the values around the half's edges, tails included.
+func TestF32ToF16Rows(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	src := []float32{65504, 65519.996, 65520, -65520, 6.1035156e-05, 5.9604645e-08, 2.9802322e-08, 2.9802326e-08,
+		float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), -float32(math.NaN()), 0, float32(math.Copysign(0, -1))}
+	for range 4000 {
+		src = append(src, math.Float32frombits(r.Uint32()))
+		src = append(src, float32(r.NormFloat64()*math.Exp(8*r.NormFloat64())))
+	}
+	src = append(src, math.Float32frombits(0x7f800001), math.Float32frombits(0xffc12345))
+	want := make([]uint16, len(src))
+	for i, f := range src {
+		want[i] = F32ToF16(f)
+	}
+	for _, p := range Impls() {
+		for _, n := range []int{len(src), 13, 7} {
+			got := make([]uint16, n+1)
+			got[n] = 0xbeef
+			p.F32ToF16(got, src[:n])
+			for i := range n {
+				if got[i] != want[i] {
+					t.Fatalf("%s: F32ToF16(%#08x) = %#04x, want %#04x", p.Name(), math.Float32bits(src[i]), got[i], want[i])
+				}
+			}
+			if got[n] != 0xbeef {
+				t.Fatalf("%s: F32ToF16 wrote past len(src)", p.Name())
+			}
+		}
+	}
+}

@@ -11,7 +11,7 @@
 // thread count over buffers far larger than the caches.
 //
 //	npm install --prefix .cache/node-llama-cpp node-llama-cpp@3.21.1
-//	go run ./tools/cpu/peer-bench [-t 2] [-p 512] [-n 64] [-r 3] [-types f32,bf16,q8_0,q4_k_m] [-acts auto,none,llama_cpp] [-simd auto|avx2|avx512] [-model DIR] [-out DIR]
+//	go run ./tools/cpu/peer-bench [-t 2] [-p 512] [-n 64] [-r 3] [-types f32,bf16,q8_0,q4_k_m] [-acts auto,none,llama_cpp] [-simd auto|avx2|avx512] [-kv auto|f16] [-model DIR] [-out DIR]
 //
 // -simd sets the engine's cpu.simd. llama.cpp picks its own CPU variant;
 // to compare the AVX2 paths on an AVX-512 machine, point -node-modules at
@@ -31,7 +31,8 @@
 // with bfloat16 activations in VDPBF16PS arithmetic), an engine row per
 // format each.
 // llama.cpp keeps its own defaults (F16 K/V cache, flash attention auto)
-// unless -peer-kv sets the cache type; this engine keeps K/V in float32.
+// unless -peer-kv sets the cache type; this engine keeps K/V in float32
+// unless -kv sets its cache.kv_cache_dtype (f16: llama.cpp's default type).
 package main
 
 import (
@@ -69,6 +70,7 @@ var defaultModel = random.Llama{Vocab: 32000, Hidden: 768, Intermediate: 3072, L
 
 type options struct {
 	model, tokenizer, out, nodeModules, peerScript, peerKV string
+	kv                                                     string // the engine's cache.kv_cache_dtype
 	simd                                                   string // the engine's cpu.simd
 	types                                                  []string
 	threads, prompt, gen, rounds, bwMiB                    int
@@ -86,6 +88,7 @@ func main() {
 	flag.StringVar(&o.nodeModules, "node-modules", ".cache/node-llama-cpp/node_modules", "node_modules holding node-llama-cpp")
 	flag.StringVar(&o.peerScript, "peer", "tools/cpu/peer.mjs", "the llama.cpp runner script")
 	flag.StringVar(&o.peerKV, "peer-kv", "", "llama.cpp's K/V cache type (f16, f32; default: llama.cpp's own, f16)")
+	flag.StringVar(&o.kv, "kv", "auto", "this engine's cache.kv_cache_dtype (auto: float32; f16: IEEE half, llama.cpp's default)")
 	types := flag.String("types", strings.Join(ggufwrite.Presets, ","), "GGUF weight types")
 	flag.IntVar(&o.threads, "t", 2, "threads, both engines and the bandwidth measurement")
 	flag.IntVar(&o.prompt, "p", 512, "prompt tokens (prefill)")
@@ -105,7 +108,7 @@ func main() {
 		}
 	}
 	if *child != "" {
-		if err := engineChild(*child, *ids, o.threads, o.gen, o.acts[0], o.simd); err != nil {
+		if err := engineChild(*child, *ids, o.threads, o.gen, o.acts[0], o.simd, o.kv); err != nil {
 			fmt.Fprintln(os.Stderr, "peer-bench engine:", err)
 			os.Exit(1)
 		}
@@ -224,7 +227,7 @@ func run(o options) error {
 
 	fmt.Printf("\npeer benchmark: %d threads, %d prompt tokens, %d generated (greedy, EOS ignored), median of %d rounds, each run a fresh process\n",
 		o.threads, o.prompt, o.gen, o.rounds)
-	fmt.Printf("model: %s; llama.cpp: node-llama-cpp (K/V %s)\n", filepath.Base(modelDir), kvName(o.peerKV))
+	fmt.Printf("model: %s; llama.cpp: node-llama-cpp (K/V %s); this engine: K/V %s\n", filepath.Base(modelDir), kvName(o.peerKV), o.kv)
 	fmt.Printf("bandwidth (%d threads, %d MiB buffers, median of %d): copy %.1f GB/s read+write [%.1f..%.1f], read %.1f GB/s [%.1f..%.1f]\n",
 		o.threads, o.bwMiB, len(copies), copyBW/1e9, minOf(copies)/1e9, maxOf(copies)/1e9, readBW/1e9, minOf(reads)/1e9, maxOf(reads)/1e9)
 	fmt.Printf("cpu: %s; Go SIMD: %s\n", cpuModel(), simd.Default().Name())
@@ -343,7 +346,7 @@ func runEngines(o options, f *formatRuns, self, path, ids string, round int) err
 	for i := range f.engines {
 		s := &f.engines[i]
 		args := []string{"-engine-child", path, "-ids", ids, "-n", strconv.Itoa(o.gen), "-t", strconv.Itoa(o.threads),
-			"-acts", s.acts, "-simd", o.simd}
+			"-acts", s.acts, "-simd", o.simd, "-kv", o.kv}
 		res, err := runJSON(exec.Command(self, args...))
 		if err != nil {
 			return fmt.Errorf("%s on %s: %w", s.name, filepath.Base(path), err)
@@ -393,7 +396,7 @@ func runJSON(cmd *exec.Cmd) (runResult, error) {
 // a runResult line. Prefill is the prompt over the time from submitting
 // the request to the first generated token; decode the other n-1 tokens
 // over the time after it, as peer.mjs times llama.cpp.
-func engineChild(path, ids string, threads, n int, acts, simd string) error {
+func engineChild(path, ids string, threads, n int, acts, simd, kv string) error {
 	var prompt []int
 	for s := range strings.SplitSeq(ids, ",") {
 		id, err := strconv.Atoi(s)
@@ -412,6 +415,7 @@ func engineChild(path, ids string, threads, n int, acts, simd string) error {
 	cfg.CPU.Threads = threads
 	cfg.CPU.ActivationRounding = acts
 	cfg.CPU.SIMD = simd
+	cfg.Cache.KVCacheDType = kv
 	cfg.Engine.MaxNumSeqs = 1
 	cfg.Engine.MaxModelLen = len(prompt) + n
 	cfg.Cache.NumBlocks = (len(prompt)+n+cfg.Cache.BlockSize-1)/cfg.Cache.BlockSize + 1
