@@ -4,11 +4,13 @@
 // side) and either -DV_BASE (the file is an older revision: its
 // di_mla_tc_k<KVL, D, CT>) or -DV_BK, -DV_W, -DV_NS, -DV_NS8, -DV_BULK
 // (the shape of the current di_mla_tc_k; V_NS for F16 caches, V_NS8 for
-// FP8). Each copy lives in its own namespace, and the file's C entry points
+// FP8), and -DV_MINB (the launch bounds' blocks a multiprocessor, which
+// caps the registers; 0 or absent: di_mla_tc_minb's). Each copy lives in its own namespace, and the file's C entry points
 // are renamed, so that all variants link into one program.
 #define V_CAT2(a, b) a##b
 #define V_CAT(a, b) V_CAT2(a, b)
 #define di_op_mla_write_cache V_CAT(V_FUNC, _write_cache)
+#define di_op_mla_prepare V_CAT(V_FUNC, _prepare)
 #define di_op_mla_latent_attention V_CAT(V_FUNC, _latent_attention)
 #define di_op_mla_attention_tc V_CAT(V_FUNC, _attention_tc)
 
@@ -53,10 +55,15 @@ template <int D, typename CT> static int v_go(int mode, const SweepArgs *a) {
 	return (int)cudaGetLastError();
 }
 #else
+#ifndef V_MINB
+#define V_MINB 0 // blocks a multiprocessor in the launch bounds; 0: di_mla_tc_minb's
+#endif
 template <typename CT> constexpr int v_ns() { return di_is_fp8<CT> ? V_NS8 : V_NS; }
+template <typename CT> constexpr int v_minb() {
+	return V_MINB > 0 ? V_MINB : di_mla_tc_minb<V_KVL, di_is_fp8<CT>, V_BK, v_ns<CT>()>();
+}
 template <int D, typename CT> static auto v_kernel() {
-	constexpr bool F8 = di_is_fp8<CT>;
-	return di_mla_tc_k<V_KVL, D, CT, V_BK, V_W, v_ns<CT>(), V_BULK != 0, di_mla_tc_minb<V_KVL, F8, V_BK, v_ns<CT>()>()>;
+	return di_mla_tc_k<V_KVL, D, CT, V_BK, V_W, v_ns<CT>(), V_BULK != 0, v_minb<CT>()>;
 }
 template <typename CT> static size_t v_smem(int rope) {
 	return di_mla_tc_layout(V_KVL, rope, di_is_fp8<CT>, V_BK, v_ns<CT>()).total;
