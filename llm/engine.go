@@ -318,16 +318,16 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 // kv_lora_rank 128 or 512 (DeepSeek's), while other MLA models keep their
 // latent cache (and a backend that could not keep a cache in 8 bits would
 // keep its own type rather than fail); the CPU backend honours f16 for GQA
-// models, the CUDA backend where it picks half itself. Auto accepts any
-// type.
+// and MLA models, the CUDA backend where it picks half itself. Auto accepts
+// any type.
 func checkKVCacheDType(c config.Cache, spec models.KVCacheSpec) error {
 	want := c.KVDType()
 	if want == 0 || spec.DType == want {
 		return nil
 	}
 	return fmt.Errorf("llm: %w: cache.kv_cache_dtype %s asks for %v KV caches, but the model's %s cache got %v: "+
-		"fp8 needs a GQA model, or an MLA model of DeepSeek's latent sizes on the CUDA backend (MLA models such as DeepSeek keep their latent cache on the CPU backend); "+
-		"f16 needs a GQA model on the CPU backend, or 16-bit weights in GEMM mode round on the CUDA backend; use kv_cache_dtype: auto otherwise",
+		"fp8 needs a GQA model, or an MLA model of DeepSeek's latent sizes on the CUDA backend (MLA models such as DeepSeek keep a float32 or f16 latent cache on the CPU backend); "+
+		"f16 needs the CPU backend (GQA and MLA models), or 16-bit weights in GEMM mode round on the CUDA backend; use kv_cache_dtype: auto otherwise",
 		config.ErrInvalid, c.KVCacheDType, want, spec.Layout, spec.DType)
 }
 

@@ -44,11 +44,11 @@ func TestCheckKVCacheDType(t *testing.T) {
 		{name: "f16 got half", dtype: "f16", spec: gqa(kernels.F16)},
 		{
 			name: "f16 on float32 caches", dtype: "f16", spec: gqa(kernels.F32),
-			want: []string{"cache.kv_cache_dtype f16", "F16", "gqa cache got F32", "f16 needs a GQA model on the CPU backend"},
+			want: []string{"cache.kv_cache_dtype f16", "F16", "gqa cache got F32", "f16 needs the CPU backend (GQA and MLA models)"},
 		},
 		{
 			name: "fp8 on an MLA model", dtype: "fp8", spec: mla,
-			want: []string{"cache.kv_cache_dtype fp8", "mla cache got BF16", "MLA models such as DeepSeek keep their latent cache"},
+			want: []string{"cache.kv_cache_dtype fp8", "mla cache got BF16", "MLA models such as DeepSeek keep a float32 or f16 latent cache"},
 		},
 	}
 	for _, tc := range tests {
@@ -78,8 +78,8 @@ func TestCheckKVCacheDType(t *testing.T) {
 // An fp8 cache asked of an MLA model (the shipped DeepSeek-architecture
 // model, whose latent cache stays float32) fails New with the config error
 // instead of quietly running in float32; the same model builds with auto,
-// and a GQA model gets its 8-bit (or, with f16, 16-bit) caches on the CPU
-// backend.
+// or with f16 (a half latent cache), and a GQA model gets its 8-bit (or,
+// with f16, 16-bit) caches on the CPU backend.
 func TestNewRefusesFP8OnLatentCaches(t *testing.T) {
 	mla := filepath.Join("..", "assets", "deepseek-tiny")
 	cfg := tinyConfig(t, mla, func(c *config.Config) { c.Cache.KVCacheDType = "fp8" })
@@ -99,7 +99,7 @@ func TestNewRefusesFP8OnLatentCaches(t *testing.T) {
 	for _, c := range []struct {
 		dir, dtype string
 		want       kernels.DType
-	}{{mla, "auto", kernels.F32}, {tinyLlama(t), "fp8", kernels.F8E4M3}, {tinyLlama(t), "f16", kernels.F16}} {
+	}{{mla, "auto", kernels.F32}, {mla, "f16", kernels.F16}, {tinyLlama(t), "fp8", kernels.F8E4M3}, {tinyLlama(t), "f16", kernels.F16}} {
 		e, err := New(tinyConfig(t, c.dir, func(cfg *config.Config) { cfg.Cache.KVCacheDType = c.dtype }), Options{})
 		if err != nil {
 			t.Fatal(err)

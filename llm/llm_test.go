@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -55,15 +56,19 @@ func generate(t *testing.T, l *LLM, ps []Prompt, params engine.SamplingParams) [
 // The same prompt gives the same greedy tokens alone and in a crowded
 // batch, with chunked prefill on or off and with a KV cache small enough
 // to force preemption; with float32, 16-bit (f16) and 8-bit (fp8) KV
-// caches.
+// caches of a GQA model, and float32 and 16-bit latent caches of the
+// shipped MLA model.
 func TestGreedyInvariance(t *testing.T) {
 	for _, kv := range []string{"auto", "f16", "fp8"} {
-		t.Run("kv="+kv, func(t *testing.T) { greedyInvariance(t, kv) })
+		t.Run("kv="+kv, func(t *testing.T) { greedyInvariance(t, tinyLlama(t), kv) })
+	}
+	mla := filepath.Join("..", "assets", "deepseek-tiny")
+	for _, kv := range []string{"auto", "f16"} {
+		t.Run("mla/kv="+kv, func(t *testing.T) { greedyInvariance(t, mla, kv) })
 	}
 }
 
-func greedyInvariance(t *testing.T, kv string) {
-	dir := tinyLlama(t)
+func greedyInvariance(t *testing.T, dir, kv string) {
 	base := func(edit func(*config.Config)) *LLM {
 		l, err := NewLLM(tinyConfig(t, dir, func(c *config.Config) {
 			c.Cache.KVCacheDType = kv

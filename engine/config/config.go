@@ -89,8 +89,9 @@ type Cache struct {
 	// KVCacheDType is the element type of the K and V caches: "auto" (or
 	// empty) keeps the backend's choice; "f16" (or "fp16", "float16")
 	// stores them in IEEE half (lossy, half of float32's bytes, llama.cpp's
-	// default; GQA models on the CPU backend, and on the CUDA backend
-	// where it picks half itself: 16-bit weights in GEMM mode round);
+	// default; GQA models' K and V and MLA models' latent rows on the CPU
+	// backend, and on the CUDA backend where it picks half itself: 16-bit
+	// weights in GEMM mode round);
 	// "fp8" or "fp8_e4m3" in OCP FP8 E4M3 (lossy, a quarter of float32's
 	// bytes; either backend for GQA models; MLA models of kv_lora_rank 128
 	// or 512 on the CUDA backend, as packed rows with a scale per 128

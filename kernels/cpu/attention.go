@@ -501,12 +501,52 @@ func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams
 	}
 }
 
+var _ kernels.MLACacher = (*Backend)(nil)
+
+// MLACacheLayout implements kernels.MLACacher: the latent cache rows [c_kv
+// k_pe] (KVLoraRank+RopeDim wide) in IEEE half under Options.KVCacheDType
+// F16, whatever the weights, else in float32. (The packed 8-bit row is the
+// CUDA backend's; an FP8 cache for an MLA model is refused at engine start.)
+func (b *Backend) MLACacheLayout(_ kernels.DType, p kernels.MLAParams) (kernels.DType, int) {
+	if b.kvCache == kernels.F16 {
+		return kernels.F16, p.KVLoraRank + p.RopeDim
+	}
+	return kernels.F32, p.KVLoraRank + p.RopeDim
+}
+
+// WriteMLACache implements kernels.MLACacher: c_kv into columns [0,
+// KVLoraRank) and k_pe into the RopeDim after them of each mapped row,
+// rounded to nearest even for a half cache (WriteCache's rows). Cost:
+// T*(KVLoraRank+RopeDim) element writes.
+func (b *Backend) WriteMLACache(cache, ckv, kpe, slotMapping kernels.Tensor, p kernels.MLAParams) error {
+	const op = "mla_write_cache"
+	if p.KVLoraRank <= 0 || p.RopeDim <= 0 {
+		return fmt.Errorf("cpu: %s: params %+v: %w", op, p, kernels.ErrShape)
+	}
+	if err := kernels.CheckShape("cpu", op, "ckv", ckv, []int{-1, p.KVLoraRank}, kernels.F32); err != nil {
+		return err
+	}
+	if err := kernels.CheckShape("cpu", op, "kpe", kpe, []int{ckv.Shape()[0], p.RopeDim}, kernels.F32); err != nil {
+		return err
+	}
+	if err := kernels.CheckShape("cpu", op, "cache", cache, []int{-1, -1, p.KVLoraRank + p.RopeDim}, kernels.F32, kernels.F16); err != nil {
+		return err
+	}
+	if err := b.WriteCache(cache, ckv, slotMapping, 0); err != nil {
+		return err
+	}
+	return b.WriteCache(cache, kpe, slotMapping, p.KVLoraRank)
+}
+
 // MLAAttention is latent attention with weight absorption; see kernels.Ops.
 // W_UK in float32, which absorbing q_nope multiplies by, is built from a
 // BF16, F16, FP8 or block-quantized wkvb at its first call and reused after
 // (see mlaWUK: 4*NumHeads*KVLoraRank*NopeDim bytes kept per weight), from
 // an F32 wkvb at every call. Scratch buffers are reused across calls
-// (mlaCache.scratch); neither changes any output bit.
+// (mlaCache.scratch); neither changes any output bit. The latent cache is
+// float32 or IEEE half (MLACacheLayout): a half cache's key tiles are
+// widened exactly before use, so the outputs are those of a float32 cache
+// holding the same values.
 func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.AttentionMetadata, p kernels.MLAParams) error {
 	const op = "mla_attention"
 	if err := b.checkOpen(op); err != nil {
@@ -528,7 +568,7 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 	if err != nil {
 		return err
 	}
-	t, err := kernels.MLAShapes("cpu", o, qs, c, w, p)
+	t, err := kernels.MLAShapes("cpu", o, qs, c, w, p, kernels.F16)
 	if err != nil {
 		return err
 	}
@@ -562,8 +602,8 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 			}
 			tile := min(keyTile, pl.maxK)
 			s, _ := b.mla.scratch.Get().(*mlaScratch)
-			if s == nil || !s.fits(p, rows, tile) {
-				s = newMLAScratch(p, rows, tile)
+			if s == nil || !s.fits(p, rows, tile, c.dtype) {
+				s = newMLAScratch(p, rows, tile, c.dtype)
 			}
 			chunk := items[a+i0 : a+i1]
 			for j, it := range chunk {
@@ -571,7 +611,7 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 				if j+1 < len(chunk) {
 					next = &chunk[j+1]
 				}
-				b.attendMLA(it, next, pl, p, c.f32, g, lo, s)
+				b.attendMLA(it, next, pl, p, c, g, lo, s)
 			}
 			b.mla.scratch.Put(s)
 		})
@@ -743,25 +783,41 @@ func (c *mlaCache) forget(t *Tensor) {
 }
 
 // mlaScratch holds attendMLA's buffers: st a tile's scores, slots the
-// cache slots of a tile's keys, sm the running softmax of the item's rows.
+// cache slots of a tile's keys, sm the running softmax of the item's rows;
+// for a half cache, wide a tile's rows widened to float32 and ident the
+// slots 0, 1, ... that read them in order.
 type mlaScratch struct {
 	st    []float32
 	slots []int32
 	next  []int32 // the next item's first slots (attendMLA's prefetch)
 	sm    *onlineSoftmax
+	wide  []float32
+	ident []int32
 }
 
 // newMLAScratch sizes buffers for items of up to rows query rows and key
-// tiles of up to tile keys.
-func newMLAScratch(p kernels.MLAParams, rows, tile int) *mlaScratch {
+// tiles of up to tile keys over a cache of type cdt.
+func newMLAScratch(p kernels.MLAParams, rows, tile int, cdt kernels.DType) *mlaScratch {
 	r := rows * p.NumHeads
-	return &mlaScratch{st: make([]float32, r*tile), slots: make([]int32, tile), next: make([]int32, keyTile), sm: newOnlineSoftmax(r)}
+	s := &mlaScratch{st: make([]float32, r*tile), slots: make([]int32, tile), next: make([]int32, keyTile), sm: newOnlineSoftmax(r)}
+	if cdt == kernels.F16 {
+		s.wide = make([]float32, tile*(p.KVLoraRank+p.RopeDim))
+		s.ident = make([]int32, tile)
+		for i := range s.ident {
+			s.ident[i] = int32(i)
+		}
+	}
+	return s
 }
 
-// fits reports whether s holds what newMLAScratch(p, rows, tile) sizes.
-func (s *mlaScratch) fits(p kernels.MLAParams, rows, tile int) bool {
+// fits reports whether s holds what newMLAScratch(p, rows, tile, cdt) sizes.
+func (s *mlaScratch) fits(p kernels.MLAParams, rows, tile int, cdt kernels.DType) bool {
 	r := rows * p.NumHeads
-	return len(s.st) >= r*tile && len(s.slots) >= tile && len(s.sm.m) >= r
+	ok := len(s.st) >= r*tile && len(s.slots) >= tile && len(s.sm.m) >= r
+	if cdt == kernels.F16 {
+		ok = ok && len(s.wide) >= tile*(p.KVLoraRank+p.RopeDim) && len(s.ident) >= tile
+	}
+	return ok
 }
 
 // The three passes of MLAAttention over a group of items, rows [lo, hi)
@@ -793,20 +849,21 @@ func (b *Backend) absorbMLA(g *mlaGroup, p kernels.MLAParams, q, wuk []float32, 
 }
 
 // attendMLA attends the absorbed rows of one item (g.x, the group starting
-// at row lo) over the latent cache tile by tile, reading the cache rows in
-// place (their slots gathered): scores are canonical dot products of the
+// at row lo) over the latent cache tile by tile, reading float32 cache rows
+// in place (their slots gathered) and widening a half cache's rows of a
+// tile first (F16Rows, exact): scores are canonical dot products of the
 // absorbed query rows and the cache rows (LinearF32Gather), probabilities
 // come from OnlineSoftmax, and the latent outputs accumulate the
-// probability-weighted cache rows (AccumRows, in key order, no copy or
-// transpose of V) into g.olat, all of it independent of the other rows of
-// the call.
-func (b *Backend) attendMLA(it attnItem, next *attnItem, pl *attnPlan, p kernels.MLAParams, cache []float32, g *mlaGroup, lo int, s *mlaScratch) {
+// probability-weighted cache rows (AccumRows, in key order, no transpose
+// of V) into g.olat, all of it independent of the other rows of the call.
+func (b *Backend) attendMLA(it attnItem, next *attnItem, pl *attnPlan, p kernels.MLAParams, cache *Tensor, g *mlaGroup, lo int, s *mlaScratch) {
 	nh, kvl := p.NumHeads, p.KVLoraRank
 	width := kvl + p.RopeDim
 	r := (it.r1 - it.r0) * nh
 	x := g.x[(it.r0-lo)*nh*width : (it.r0-lo)*nh*width+r*width]
 	acc := g.olat[(it.r0-lo)*nh*kvl : (it.r0-lo)*nh*kvl+r*kvl]
 	_, kEnd := pl.visible(it.r1 - 1)
+	half := cache.dtype == kernels.F16
 	sm := s.sm
 	sm.reset(r)
 	clear(acc)
@@ -815,8 +872,13 @@ func (b *Backend) attendMLA(it attnItem, next *attnItem, pl *attnPlan, p kernels
 		n := min(keyTile, kEnd-t0)
 		slots := s.slots[:n]
 		pl.slots(slots, it.seq, t0)
+		kv, rows := cache.f32, slots // the tile's rows: in place, or widened
+		if half {
+			kv, rows = s.wide[:n*width], s.ident[:n]
+			b.k.f16Rows(kv, cache.u16, slots, width, width)
+		}
 		scores := s.st[:r*n]
-		b.k.linearF32Gather(scores, x, cache, slots, width, r, width)
+		b.k.linearF32Gather(scores, x, kv, rows, width, r, width)
 		for rr := range r {
 			_, last := pl.visible(it.r0 + rr/nh)
 			sm.see(rr, 0, last, t0, n)
@@ -827,17 +889,25 @@ func (b *Backend) attendMLA(it attnItem, next *attnItem, pl *attnPlan, p kernels
 			// P.V runs from the caches (the last full tile's, so that
 			// it has key steps to spread over): a decode step's latent
 			// cache (4.7 MB a layer at batch 64 and 129 keys for the
-			// default model) comes from memory, the step's weights
-			// having evicted it since the last step, and the gather of
-			// one tile's rows keeps too few of its loads in flight.
+			// default model in float32) comes from memory, the step's
+			// weights having evicted it since the last step, and the
+			// gather of one tile's rows keeps too few of its loads in
+			// flight. A half cache's rows are asked for in one burst
+			// (PrefetchRows over the rows' bytes), P.V reading the
+			// widened tile.
 			fetched = true
 			_, nEnd := pl.visible(next.r1 - 1)
 			ns := s.next[:min(keyTile, nEnd)]
 			pl.slots(ns, next.seq, 0)
-			b.k.accumRowsPrefetch(acc, sm.alpha, scores, cache, slots, width, r, kvl, ns, width)
-			continue
+			if !half {
+				b.k.accumRowsPrefetch(acc, sm.alpha, scores, kv, rows, width, r, kvl, ns, width)
+				continue
+			}
+			if width%2 == 0 {
+				b.k.prefetchRows(halfWords(cache.u16), ns, width/2, width/2)
+			}
 		}
-		b.k.accumRows(acc, sm.alpha, scores, cache, slots, width, r, kvl)
+		b.k.accumRows(acc, sm.alpha, scores, kv, rows, width, r, kvl)
 	}
 	for rr := range r {
 		inv := 1 / sm.l[rr]
@@ -846,6 +916,16 @@ func (b *Backend) attendMLA(it attnItem, next *attnItem, pl *attnPlan, p kernels
 			row[e] *= inv
 		}
 	}
+}
+
+// halfWords views u (IEEE-half values) as float32 words at the same
+// addresses: for rows of an even width, row i's bytes are words [i*width/2,
+// (i+1)*width/2), which a prefetch asks for without reading a value.
+func halfWords(u []uint16) []float32 {
+	if len(u) < 2 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&u[0])), len(u)/2)
 }
 
 // projectMLA writes out[i, h] = o_lat[i, h] W_UV[h]^T for heads [h0, h1)

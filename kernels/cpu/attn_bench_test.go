@@ -79,6 +79,15 @@ func BenchmarkMLAAttention(b *testing.B) {
 	b.Run("batch64/q1-k128", func(b *testing.B) {
 		benchMLA(b, 64, seqSpec{1, 128}, (*Backend).MLAAttention)
 	})
+	// The same over float32 and IEEE-half latent caches of 8 layers,
+	// called in turn (38 MB of float32 cache, beyond a 32 MB L3, as in a
+	// decode step of the shipped model, whose weights also pass through
+	// the caches between two layers' attention).
+	for _, dt := range []kernels.DType{kernels.F32, kernels.F16} {
+		b.Run(fmt.Sprintf("batch64/q1-k128/layers8/%v", dt), func(b *testing.B) {
+			benchMLALayers(b, 64, seqSpec{1, 128}, dt, 8)
+		})
+	}
 }
 
 // mlaFunc is an MLA attention entry point of the backend.
@@ -105,5 +114,42 @@ func benchMLA(b *testing.B, batch int, sp seqSpec, attend mlaFunc) {
 		if err := attend(be, out, q, cache, w, m, p); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// benchMLALayers times MLAAttention over batch sequences of shape sp in
+// each of layers latent caches of type dt in turn (ns/op: one call).
+func benchMLALayers(b *testing.B, batch int, sp seqSpec, dt kernels.DType, layers int) {
+	const nh, nope, rope, kvl, vd, bs = 8, 32, 16, 128, 32, 16
+	be := New(Options{KVCacheDType: dt})
+	b.Cleanup(func() { be.Close() })
+	r := rand.New(rand.NewPCG(3, 3))
+	specs := make([]seqSpec, batch)
+	for i := range specs {
+		specs[i] = sp
+	}
+	numBlocks := batch * ((sp.kLen + bs - 1) / bs)
+	m, slots := pagedBatch(b, be, r, specs, bs, numBlocks)
+	p := kernels.MLAParams{NumHeads: nh, NopeDim: nope, RopeDim: rope, KVLoraRank: kvl, VHeadDim: vd, Scale: 0.144}
+	caches := make([]kernels.Tensor, layers)
+	for l := range caches {
+		caches[l] = allocDT(b, be, dt, numBlocks, bs, kvl+rope)
+		for s, spec := range specs {
+			ckv := put(b, be, kernels.F32, randVals(r, spec.kLen*kvl, 1), spec.kLen, kvl)
+			kpe := put(b, be, kernels.F32, randVals(r, spec.kLen*rope, 1), spec.kLen, rope)
+			if err := be.WriteMLACache(caches[l], ckv, kpe, putI32(b, be, slots[s], spec.kLen), p); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	w := put(b, be, kernels.BF16, randVals(r, nh*(nope+vd)*kvl, 0.2), nh*(nope+vd), kvl)
+	q := put(b, be, kernels.F32, randVals(r, m.NumTokens*nh*(nope+rope), 1), m.NumTokens, nh*(nope+rope))
+	out := alloc(b, be, m.NumTokens, nh*vd)
+	l := 0
+	for b.Loop() {
+		if err := be.MLAAttention(out, q, caches[l], w, m, p); err != nil {
+			b.Fatal(err)
+		}
+		l = (l + 1) % layers
 	}
 }

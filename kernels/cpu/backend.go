@@ -46,8 +46,9 @@ type Options struct {
 	// falls back to the fastest (callers that must refuse it check with
 	// simd.Pick first). PureGo wins over it.
 	SIMD string
-	// KVCacheDType kernels.F16 keeps GQA models' K and V caches in IEEE
-	// half, kernels.F8E4M3 in 8-bit E4M3 (see Backend.KVCacheDType); 0
+	// KVCacheDType kernels.F16 keeps GQA models' K and V caches and MLA
+	// models' latent caches in IEEE half, kernels.F8E4M3 GQA models' K and
+	// V in 8-bit E4M3 (see Backend.KVCacheDType and MLACacheLayout); 0
 	// (auto) keeps them in float32.
 	KVCacheDType kernels.DType
 	// Activations says which products round their activations as

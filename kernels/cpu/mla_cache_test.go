@@ -1,13 +1,16 @@
 package cpu
 
 import (
+	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
+	"github.com/deepinfer/deepinfer-go/kernels/cpu/simd"
 )
 
 // TestMLAWUKCache: MLAAttention builds W_UK once per stored weight and
@@ -166,5 +169,104 @@ func TestMLAWUKCache(t *testing.T) {
 				checkIdentical(t, fmt.Sprintf("concurrent caller %d", i), outs[i], want)
 			}
 		})
+	}
+}
+
+// TestMLAAttentionHalfCache: with Options.KVCacheDType F16 the latent cache
+// is IEEE half (MLACacheLayout), WriteMLACache stores each value rounded to
+// nearest even, and MLAAttention gives the bits of a float32 cache holding
+// the rounded values: sequences of several key tiles, decode rows whose
+// next item's first tile is fetched ahead, and a prompt's rows, on every
+// SIMD path. WriteMLACache refuses rows of the wrong width and caches of
+// other types.
+func TestMLAAttentionHalfCache(t *testing.T) {
+	const nh, nope, rope, kvl, vd, bs, numBlocks = 4, 8, 6, 40, 6, 8, 128
+	width := kvl + rope
+	p := kernels.MLAParams{NumHeads: nh, NopeDim: nope, RopeDim: rope, KVLoraRank: kvl, VHeadDim: vd, Scale: 0.2}
+	if dt, w := newTestBackend(t, 1).MLACacheLayout(kernels.BF16, p); dt != kernels.F32 || w != width {
+		t.Errorf("MLACacheLayout without the option = %v, %d; want F32, %d", dt, w, width)
+	}
+	specs := []seqSpec{{4, 4}, {1, 9}, {1, 300}, {1, 130}, {3, 257}, {1, 129}}
+	for _, set := range simd.Impls() {
+		impl := set.Name()
+		t.Run(impl, func(t *testing.T) {
+			b := New(Options{Threads: 3, KVCacheDType: kernels.F16, SIMD: impl, PureGo: impl == "go"})
+			t.Cleanup(func() { b.Close() })
+			if dt, w := b.MLACacheLayout(kernels.BF16, p); dt != kernels.F16 || w != width {
+				t.Fatalf("MLACacheLayout = %v, %d; want F16, %d", dt, w, width)
+			}
+			r := rand.New(rand.NewPCG(5, 31))
+			m, slots := pagedBatch(t, b, r, specs, bs, numBlocks)
+			half, full := allocDT(t, b, kernels.F16, numBlocks, bs, width), alloc(t, b, numBlocks, bs, width)
+			var qAll []float32
+			for s, sp := range specs {
+				sm := putI32(t, b, slots[s], sp.kLen)
+				ckv, kpe := randVals(r, sp.kLen*kvl, 3), randVals(r, sp.kLen*rope, 3)
+				if err := b.WriteMLACache(half, put(t, b, kernels.F32, ckv, sp.kLen, kvl), put(t, b, kernels.F32, kpe, sp.kLen, rope), sm, p); err != nil {
+					t.Fatal(err)
+				}
+				rc, rk := roundTo(kernels.F16, ckv), roundTo(kernels.F16, kpe)
+				if err := b.WriteMLACache(full, put(t, b, kernels.F32, rc, sp.kLen, kvl), put(t, b, kernels.F32, rk, sp.kLen, rope), sm, p); err != nil {
+					t.Fatal(err)
+				}
+				for i, slot := range slots[s] {
+					for e := range width {
+						want := kernels.F32ToF16(ckv[min(e, kvl-1)+i*kvl])
+						if e >= kvl {
+							want = kernels.F32ToF16(kpe[i*rope+e-kvl])
+						}
+						if got := half.(*Tensor).u16[int(slot)*width+e]; got != want {
+							t.Fatalf("sequence %d key %d column %d: stored %#04x, want %#04x", s, i, e, got, want)
+						}
+					}
+				}
+				qAll = append(qAll, randVals(r, sp.qLen*nh*(nope+rope), 0.5)...)
+			}
+			w := put(t, b, kernels.BF16, roundTo(kernels.BF16, randVals(r, nh*(nope+vd)*kvl, 0.5)), nh*(nope+vd), kvl)
+			q := put(t, b, kernels.F32, qAll, m.NumTokens, nh*(nope+rope))
+			oh, of := alloc(t, b, m.NumTokens, nh*vd), alloc(t, b, m.NumTokens, nh*vd)
+			if err := b.MLAAttention(oh, q, half, w, m, p); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.MLAAttention(of, q, full, w, m, p); err != nil {
+				t.Fatal(err)
+			}
+			for i, v := range vals(of) {
+				if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+					t.Fatalf("output %d = %v: the comparison below would see no values", i, v)
+				}
+			}
+			checkIdentical(t, "half latent cache vs float32 cache of the rounded values", vals(oh), vals(of))
+			// A decode row alone gives its batch row's bits.
+			row := 0
+			for s, sp := range specs {
+				od := alloc(t, b, 1, nh*vd)
+				j := sp.qLen - 1
+				qj := qAll[(row+j)*nh*(nope+rope) : (row+j+1)*nh*(nope+rope)]
+				if err := b.MLAAttention(od, put(t, b, kernels.F32, qj, 1, nh*(nope+rope)), half, w, decodeMeta(t, b, m, s, j), p); err != nil {
+					t.Fatal(err)
+				}
+				checkIdentical(t, fmt.Sprintf("sequence %d last row alone", s), vals(od), vals(oh)[(row+j)*nh*vd:(row+j+1)*nh*vd])
+				row += sp.qLen
+			}
+		})
+	}
+	b := New(Options{Threads: 1, KVCacheDType: kernels.F16})
+	t.Cleanup(func() { b.Close() })
+	sm := putI32(t, b, []int32{0, 1}, 2)
+	ckv, kpe := alloc(t, b, 2, kvl), alloc(t, b, 2, rope)
+	for _, tc := range []struct {
+		name            string
+		cache, ckv, kpe kernels.Tensor
+		want            error
+	}{
+		{"c_kv too wide", allocDT(t, b, kernels.F16, 4, bs, width), alloc(t, b, 2, kvl+1), kpe, kernels.ErrShape},
+		{"k_pe of other rows", allocDT(t, b, kernels.F16, 4, bs, width), ckv, alloc(t, b, 3, rope), kernels.ErrShape},
+		{"cache too narrow", allocDT(t, b, kernels.F16, 4, bs, width-1), ckv, kpe, kernels.ErrShape},
+		{"bf16 cache", allocDT(t, b, kernels.BF16, 4, bs, width), ckv, kpe, kernels.ErrDType},
+	} {
+		if err := b.WriteMLACache(tc.cache, tc.ckv, tc.kpe, sm, p); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
 	}
 }

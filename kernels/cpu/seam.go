@@ -38,7 +38,10 @@ type kernelSet struct {
 	// accumRowsPrefetch is accumRows that also fetches rows pfRows of w
 	// into L2 (simd.Impl.AccumRowsPrefetch).
 	accumRowsPrefetch func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int, pfRows []int32, pfK int)
-	siluMul           func(dst, gate, up []float32) // simd.Impl.SiLUMul
+	// prefetchRows asks for the first k floats of rows of w
+	// (simd.Impl.PrefetchRows).
+	prefetchRows func(w []float32, rows []int32, ldw, k int)
+	siluMul      func(dst, gate, up []float32) // simd.Impl.SiLUMul
 
 	// linearQuantLlama is llama.cpp's product of activation rows quantized
 	// by simd.QuantizeActs with w's rows (simd.LinearQuantLlama), and
@@ -80,6 +83,7 @@ func selectKernels(pureGo bool, name string) kernelSet {
 		linearF32KMajor:   impl.LinearF32KMajor,
 		accumRows:         impl.AccumRows,
 		accumRowsPrefetch: impl.AccumRowsPrefetch,
+		prefetchRows:      impl.PrefetchRows,
 		siluMul:           impl.SiLUMul,
 
 		linearQuantLlama: impl.LinearQuantLlama,
