@@ -67,7 +67,7 @@ func BenchmarkMLAAttention(b *testing.B) {
 	for _, batch := range []int{1, 8} {
 		for _, q := range []int{1, 5} {
 			b.Run(fmt.Sprintf("batch%d/q%d-k512", batch, q), func(b *testing.B) {
-				benchMLA(b, batch, seqSpec{q, 512}, (*Backend).MLAAttention)
+				benchMLA(b, batch, seqSpec{q, 512}, kernels.F32, 1)
 			})
 		}
 	}
@@ -77,7 +77,7 @@ func BenchmarkMLAAttention(b *testing.B) {
 	// one-row product per sequence: 473-539 -> 364-455 µs (same AMD
 	// machine, old and new alternating, three runs each).
 	b.Run("batch64/q1-k128", func(b *testing.B) {
-		benchMLA(b, 64, seqSpec{1, 128}, (*Backend).MLAAttention)
+		benchMLA(b, 64, seqSpec{1, 128}, kernels.F32, 1)
 	})
 	// The same over float32 and IEEE-half latent caches of 8 layers,
 	// called in turn (38 MB of float32 cache, beyond a 32 MB L3, as in a
@@ -85,41 +85,14 @@ func BenchmarkMLAAttention(b *testing.B) {
 	// the caches between two layers' attention).
 	for _, dt := range []kernels.DType{kernels.F32, kernels.F16} {
 		b.Run(fmt.Sprintf("batch64/q1-k128/layers8/%v", dt), func(b *testing.B) {
-			benchMLALayers(b, 64, seqSpec{1, 128}, dt, 8)
+			benchMLA(b, 64, seqSpec{1, 128}, dt, 8)
 		})
 	}
 }
 
-// mlaFunc is an MLA attention entry point of the backend.
-type mlaFunc func(b *Backend, out, q, cache, wkvb kernels.Tensor, m *kernels.AttentionMetadata, p kernels.MLAParams) error
-
-// benchMLA times attend over batch sequences of shape sp.
-func benchMLA(b *testing.B, batch int, sp seqSpec, attend mlaFunc) {
-	const nh, nope, rope, kvl, vd, bs = 8, 32, 16, 128, 32, 16
-	be := New(Options{})
-	b.Cleanup(func() { be.Close() })
-	r := rand.New(rand.NewPCG(3, 3))
-	specs := make([]seqSpec, batch)
-	for i := range specs {
-		specs[i] = sp
-	}
-	numBlocks := batch * ((sp.kLen + bs - 1) / bs)
-	m, slots := pagedBatch(b, be, r, specs, bs, numBlocks)
-	cache := latentCache(b, be, r, specs, slots, numBlocks, bs, kvl+rope)
-	w := put(b, be, kernels.BF16, randVals(r, nh*(nope+vd)*kvl, 0.2), nh*(nope+vd), kvl)
-	q := put(b, be, kernels.F32, randVals(r, m.NumTokens*nh*(nope+rope), 1), m.NumTokens, nh*(nope+rope))
-	out := alloc(b, be, m.NumTokens, nh*vd)
-	p := kernels.MLAParams{NumHeads: nh, NopeDim: nope, RopeDim: rope, KVLoraRank: kvl, VHeadDim: vd, Scale: 0.144}
-	for b.Loop() {
-		if err := attend(be, out, q, cache, w, m, p); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-// benchMLALayers times MLAAttention over batch sequences of shape sp in
-// each of layers latent caches of type dt in turn (ns/op: one call).
-func benchMLALayers(b *testing.B, batch int, sp seqSpec, dt kernels.DType, layers int) {
+// benchMLA times MLAAttention over batch sequences of shape sp, in each
+// of layers latent caches of type dt in turn (ns/op: one call).
+func benchMLA(b *testing.B, batch int, sp seqSpec, dt kernels.DType, layers int) {
 	const nh, nope, rope, kvl, vd, bs = 8, 32, 16, 128, 32, 16
 	be := New(Options{KVCacheDType: dt})
 	b.Cleanup(func() { be.Close() })
