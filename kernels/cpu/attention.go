@@ -784,15 +784,14 @@ func (c *mlaCache) forget(t *Tensor) {
 
 // mlaScratch holds attendMLA's buffers: st a tile's scores, slots the
 // cache slots of a tile's keys, sm the running softmax of the item's rows;
-// for a half cache, wide a tile's rows widened to float32 and ident the
-// slots 0, 1, ... that read them in order.
+// for a half cache, wide a tile's rows widened to float32 (read in order
+// through tileRows).
 type mlaScratch struct {
 	st    []float32
 	slots []int32
 	next  []int32 // the next item's first slots (attendMLA's prefetch)
 	sm    *onlineSoftmax
 	wide  []float32
-	ident []int32
 }
 
 // newMLAScratch sizes buffers for items of up to rows query rows and key
@@ -802,10 +801,6 @@ func newMLAScratch(p kernels.MLAParams, rows, tile int, cdt kernels.DType) *mlaS
 	s := &mlaScratch{st: make([]float32, r*tile), slots: make([]int32, tile), next: make([]int32, keyTile), sm: newOnlineSoftmax(r)}
 	if cdt == kernels.F16 {
 		s.wide = make([]float32, tile*(p.KVLoraRank+p.RopeDim))
-		s.ident = make([]int32, tile)
-		for i := range s.ident {
-			s.ident[i] = int32(i)
-		}
 	}
 	return s
 }
@@ -815,7 +810,7 @@ func (s *mlaScratch) fits(p kernels.MLAParams, rows, tile int, cdt kernels.DType
 	r := rows * p.NumHeads
 	ok := len(s.st) >= r*tile && len(s.slots) >= tile && len(s.sm.m) >= r
 	if cdt == kernels.F16 {
-		ok = ok && len(s.wide) >= tile*(p.KVLoraRank+p.RopeDim) && len(s.ident) >= tile
+		ok = ok && len(s.wide) >= tile*(p.KVLoraRank+p.RopeDim)
 	}
 	return ok
 }
@@ -874,7 +869,7 @@ func (b *Backend) attendMLA(it attnItem, next *attnItem, pl *attnPlan, p kernels
 		pl.slots(slots, it.seq, t0)
 		kv, rows := cache.f32, slots // the tile's rows: in place, or widened
 		if half {
-			kv, rows = s.wide[:n*width], s.ident[:n]
+			kv, rows = s.wide[:n*width], tileRows[:n]
 			b.k.f16Rows(kv, cache.u16, slots, width, width)
 		}
 		scores := s.st[:r*n]
