@@ -210,12 +210,9 @@ func TestMLAAttentionHalfCache(t *testing.T) {
 					t.Fatal(err)
 				}
 				for i, slot := range slots[s] {
-					for e := range width {
-						want := kernels.F32ToF16(ckv[min(e, kvl-1)+i*kvl])
-						if e >= kvl {
-							want = kernels.F32ToF16(kpe[i*rope+e-kvl])
-						}
-						if got := half.(*Tensor).u16[int(slot)*width+e]; got != want {
+					row := append(slices.Clone(ckv[i*kvl:(i+1)*kvl]), kpe[i*rope:(i+1)*rope]...)
+					for e, v := range row {
+						if got, want := half.(*Tensor).u16[int(slot)*width+e], kernels.F32ToF16(v); got != want {
 							t.Fatalf("sequence %d key %d column %d: stored %#04x, want %#04x", s, i, e, got, want)
 						}
 					}
