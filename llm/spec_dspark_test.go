@@ -27,7 +27,8 @@ func TestSpeculativeDSparkSameTokens(t *testing.T) {
 // (every draft), 0.5 and 0.9, with and without a budget of verified draft
 // tokens per step, ZOS off and on, as without speculation. Gating is seen
 // to work: a higher threshold verifies fewer draft tokens per draft and
-// accepts a larger share of them.
+// accepts a larger share of them, and no decode row is computed that
+// neither verifies a draft nor emits a token.
 func TestSpeculativeDSparkGating(t *testing.T) {
 	dir := filepath.Join("..", "assets", "deepseek-tiny")
 	prompts := []Prompt{{Text: "func main() {"}, {Text: "The old house"}, {Text: "\tif err != nil {"},
@@ -65,7 +66,14 @@ func TestSpeculativeDSparkGating(t *testing.T) {
 				out = append(out, fmt.Sprint(r.Outputs[0].TokenIDs))
 			}
 		}
-		sp := l.StepStats().Spec()
+		// Every decode row computed is a sequence's last token or a draft
+		// it verifies: none is padding, ZOS on or off (TrimDrafts drops
+		// the rows a shorter draft leaves empty).
+		st := l.StepStats()
+		sp := st.Spec()
+		if rows, seqs := st.DecodeTokens.Load(), st.DecodeSeqs.Load(); rows != seqs+sp.NumDraftTokens {
+			t.Errorf("%s %+v zos %v: %d decode rows for %d decodes and %d draft tokens verified", method, v, zos, rows, seqs, sp.NumDraftTokens)
+		}
 		if method == "" {
 			return out, 0, 0
 		}

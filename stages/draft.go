@@ -226,7 +226,9 @@ func (s *draftStage) Process(ctx context.Context, step *SampledStep) (*SampledSt
 	next := make([]int32, n*stride)
 	fromRow := make([]int32, n*stride)
 	accepted := make([]int32, n)
+	step.NextDrafts = make([]int, n)
 	for r, v := range step.Verified {
+		step.NextDrafts[r] = min(count(r), k)
 		if !onDevice && len(drafts[r]) > k {
 			drafts[r] = drafts[r][:k]
 		}
@@ -277,7 +279,7 @@ func (s *draftStage) Process(ctx context.Context, step *SampledStep) (*SampledSt
 		return nil, fmt.Errorf("draft: step %d: %w", id, err)
 	}
 	if s.early != nil {
-		s.early(&SampledStep{ForwardResult: step.ForwardResult, Next: step.Next, Accepted: step.Accepted})
+		s.early(&SampledStep{ForwardResult: step.ForwardResult, Next: step.Next, Accepted: step.Accepted, NextDrafts: step.NextDrafts})
 	}
 	if step.Drafts, err = fetch(); err != nil {
 		return nil, fmt.Errorf("draft: step %d: %w", id, err)
@@ -334,7 +336,9 @@ func (s *draftStage) fromDevice(ctx context.Context, dv DeviceVerifiedDrafter, s
 	// takes its last token from (emitted) and its drafts from (dd.Tokens).
 	host := make([]int32, 3*n*stride)
 	fromLast, fromDraft := host[n*stride:2*n*stride], host[2*n*stride:]
+	step.NextDrafts = make([]int, n)
 	for r := range n {
+		step.NextDrafts[r] = min(len(dd.At[r]), k)
 		for j := range stride {
 			i := r*stride + j
 			fromLast[i], fromDraft[i] = int32(r), -1
@@ -382,7 +386,7 @@ func (s *draftStage) fromDevice(ctx context.Context, dv DeviceVerifiedDrafter, s
 		return false, err
 	}
 	if s.early != nil {
-		s.early(&SampledStep{ForwardResult: step.ForwardResult, Next: step.Next, Accepted: step.Accepted})
+		s.early(&SampledStep{ForwardResult: step.ForwardResult, Next: step.Next, Accepted: step.Accepted, NextDrafts: step.NextDrafts})
 	}
 	if err := step.Await(); err != nil {
 		return false, err

@@ -58,16 +58,19 @@ func init() {
 // inputs are built keeps them the host-gated run's exactly. Without ZOS a
 // sequence's next step holds exactly its drafts, so fewer drafts are
 // fewer rows in the verify forward pass. With ZOS the next step was laid
-// out before the drafts existed, with k placeholder rows per sequence:
-// the rows past a shorter draft hold the sequence's last token and are
-// padding that the verification ignores (its count is the gated length);
-// they are computed anyway (the device-side batch remap that would drop
-// them is not built). An asynchronous read of F32 values would take the
-// round trip off the device's path (kernels.AsyncFetcher reads I32 only,
-// and the draft stage holds its two outstanding reads): the next step's
-// inputs could then be published with every draft, the rows past the
-// gated length padding as above, and the gate applied once the
-// confidences land.
+// out before the drafts existed, with k placeholder rows per sequence;
+// the draft stage publishes the gated lengths with the next step's
+// inputs (SampledStep.NextDrafts) and the forward stage lays the step out
+// again without the rows past them (TrimDrafts), so fewer drafts are
+// fewer rows there too. Because the gate runs on the host, the host knows
+// the lengths before the next step's forward pass is queued: the remap is
+// a host layout and one upload, and the device still corrects positions,
+// slots and lengths by the accepted counts (ShiftAccepted). An
+// asynchronous read of F32 values would take the confidences' round trip
+// off the device's path (kernels.AsyncFetcher reads I32 only, and the
+// draft stage holds its two outstanding reads), but the next step's rows
+// would then be fixed before the gate, and the remap would have to move
+// onto the device.
 //
 // The drafter writes no KV cache, so a rejection rolls nothing back.
 // Drafts are deterministic (q one-hot), as the verify stage requires.

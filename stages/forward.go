@@ -111,6 +111,41 @@ func ShiftAccepted(ops kernels.Ops, step *PreparedStep) error {
 	return nil
 }
 
+// TrimDrafts returns step without the rows that would verify nothing: a
+// step planned while the step before was in flight (ZOS) gave each of its
+// shifted decodes room for k drafts, and when the step before proposed
+// fewer (a drafter's gate or budget, a prompt lookup that found less) the
+// rows past them hold padding. TrimDrafts lays the step out again without
+// them (PreparedStep.Relayout, from step.Previous.NextDrafts), so that
+// the forward pass, its logits and the verification cover only the
+// drafts proposed. It returns step itself when no row would be dropped or
+// it cannot be laid out again (no Relayout, no NextDrafts). The copy
+// shares step.Previous. Cost: nothing when nothing is dropped, else a
+// host layout of the step and one upload (no wait for the device).
+func TrimDrafts(step *PreparedStep) (*PreparedStep, error) {
+	prev := step.Previous
+	if step.Relayout == nil || prev == nil || prev.NextDrafts == nil || prev.ForwardResult == nil || prev.Outputs.StepID != step.Outputs.StepID-1 {
+		return step, nil
+	}
+	trim := false
+	for i := range step.Seqs {
+		m := &step.Seqs[i]
+		if m.Shifted && m.NumDrafts > 0 && m.InputFromRow >= 0 && m.InputFromRow < len(prev.NextDrafts) && prev.NextDrafts[m.InputFromRow] < m.NumDrafts {
+			trim = true
+			break
+		}
+	}
+	if !trim {
+		return step, nil
+	}
+	t, err := step.Relayout(prev.NextDrafts)
+	if err != nil {
+		return nil, err
+	}
+	t.Previous = prev
+	return t, nil
+}
+
 // ForwardResult holds the logits of a step's sample rows (forward -> sample).
 type ForwardResult struct {
 	*PreparedStep
@@ -184,6 +219,12 @@ type forward struct {
 func (f *forward) deferSync() bool { return f.asyncSample && f.timeline != nil }
 
 func (f *forward) Process(ctx context.Context, step *PreparedStep) (*ForwardResult, error) {
+	if t, err := TrimDrafts(step); err != nil {
+		return nil, fmt.Errorf("forward: %w", err)
+	} else if t != step {
+		defer func() { t.Previous = nil }() // as the lagged edge clears step's
+		step = t
+	}
 	if err := copyBlocks(f.d, step.Outputs.BlockCopies); err != nil {
 		return nil, fmt.Errorf("forward: step %d: %w", step.Outputs.StepID, err)
 	}

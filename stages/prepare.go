@@ -3,6 +3,7 @@ package stages
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/models"
@@ -107,6 +108,14 @@ type PreparedStep struct {
 	// the forward stage shifts them by the accepted counts of the step
 	// before (kernels.Ops.ShiftAccepted) before it runs.
 	ShiftFrom kernels.Tensor
+	// Relayout, when set, lays the step out again with each shifted
+	// decode (SequenceMetadata.Shifted) verifying no more drafts than the
+	// step before proposed for it: drafts[r] for the sequence whose
+	// placeholders come from that step's sample row r. The step was planned
+	// before those drafts existed, with room for k each; the rows past a
+	// shorter draft would be padding, computed and ignored. The prepare
+	// stage sets it; TrimDrafts calls it. nil: the step runs as laid out.
+	Relayout func(drafts []int) (*PreparedStep, error)
 	// Previous is the step before's *SampledStep, which the loop's lagged
 	// edge from sample hands the forward slot before this step runs (nil
 	// for the first step). Forward reads its Tokens (or Samples) to resolve
@@ -131,20 +140,90 @@ type PromptRow struct {
 // reader of its batch (forward, verify, draft) has queued its work ahead
 // of the new upload. So a PreparedStep's Batch and its other tensors are
 // valid until its outputs come back around the loop.
+//
+// A step laid out again with fewer drafts (Relayout, on the forward
+// stage's goroutine) has a ring of buffers of its own (trimBufs), indexed
+// the same way.
 type prepare struct {
-	d    PrepareDeps
-	bufs []kernels.Tensor // nil: InFlight unknown, a new buffer every step
+	d        PrepareDeps
+	bufs     []kernels.Tensor // nil: InFlight unknown, a new buffer every step
+	trimBufs []kernels.Tensor
 }
 
 func newPrepare(d PrepareDeps) *prepare {
 	p := &prepare{d: d}
 	if d.InFlight > 0 {
 		p.bufs = make([]kernels.Tensor, d.InFlight+1)
+		p.trimBufs = make([]kernels.Tensor, d.InFlight+1)
 	}
 	return p
 }
 
 func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep, error) {
+	out, placeholders, err := p.layout(step, bufFor(p.bufs, step))
+	if err != nil {
+		return nil, err
+	}
+	if p.d.Stats != nil {
+		p.d.Stats.Placeholders.Add(int64(placeholders))
+	}
+	out.Relayout = func(drafts []int) (*PreparedStep, error) {
+		trimmed, err := trimScheduled(step, drafts)
+		if err != nil {
+			return nil, fmt.Errorf("prepare: step %d: %w", step.Outputs.StepID, err)
+		}
+		out, _, err := p.layout(trimmed, bufFor(p.trimBufs, step))
+		return out, err
+	}
+	return out, nil
+}
+
+// bufFor is the buffer of ring bufs that step uploads into (nil: the ring
+// is unknown, a new buffer).
+func bufFor(bufs []kernels.Tensor, step *ScheduledStep) *kernels.Tensor {
+	if len(bufs) == 0 {
+		return nil
+	}
+	return &bufs[int(step.Outputs.StepID)%len(bufs)]
+}
+
+// trimScheduled returns a copy of step whose shifted decodes verify at
+// most drafts[r] drafts each (r: the sample row of the step before that
+// their placeholders come from): the last rows of each longer one are
+// dropped, with their counts in the copy's outputs. Nothing else changes:
+// the kept rows' tokens, positions and slots, the shift, the KV the
+// scheduler reserved. step itself is not modified (its metadata may be
+// recycled by the scheduler). Cost: one copy of the step's metadata.
+func trimScheduled(step *ScheduledStep, drafts []int) (*ScheduledStep, error) {
+	out := *step.Outputs
+	seqs := slices.Clone(step.Seqs)
+	for i := range seqs {
+		m := &seqs[i]
+		if !m.Shifted || m.NumDrafts == 0 {
+			continue
+		}
+		if m.InputFromRow < 0 || m.InputFromRow >= len(drafts) {
+			return nil, fmt.Errorf("sequence %d: placeholders from row %d, the step before drafted for %d rows", m.SeqID, m.InputFromRow, len(drafts))
+		}
+		drop := m.NumDrafts - min(max(drafts[m.InputFromRow], 0), m.NumDrafts)
+		if drop == 0 {
+			continue
+		}
+		q := m.SeqlenQ - drop
+		m.NumDrafts -= drop
+		m.SeqlenQ, m.SeqlenK = q, m.SeqlenK-drop
+		m.InputTokenIDs, m.SlotMapping = m.InputTokenIDs[:q:q], m.SlotMapping[:q:q]
+		out.NumBatchedTokens -= drop
+		out.NumDecodeTokens -= drop
+		out.NumDraftTokens -= drop
+	}
+	return &ScheduledStep{Outputs: &out, Seqs: seqs, Planned: step.Planned}, nil
+}
+
+// layout lays step out into *buf (see models.HostBatch.UploadReusing) and
+// returns it with the number of placeholder inputs. It reads p.d only, so
+// the forward stage's Relayout may run it beside Process.
+func (p *prepare) layout(step *ScheduledStep, buf *kernels.Tensor) (*PreparedStep, int, error) {
 	h := &models.HostBatch{BlockSize: p.d.BlockSize, RingWindow: p.d.RingWindow}
 	numRows := step.Outputs.NumSampleRows
 	rows := make([]RowRef, 0, numRows+step.Outputs.NumDraftTokens)
@@ -153,7 +232,7 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 	var promptRowIdx []int32
 	fromRow := make([]int32, 0, step.Outputs.NumBatchedTokens)
 	shiftFrom := make([]int32, 0, len(step.Seqs)+step.Outputs.NumDraftTokens)
-	placeholders, shifted := false, false
+	numPlaceholders, shifted := 0, false
 	// Placeholders index the draft stage's table of the step before (1 + k
 	// entries a sample row), or its sampled tokens when it drafted nothing.
 	stride := 1 + p.d.NumSpeculativeTokens
@@ -173,13 +252,10 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 			from := int32(-1)
 			if id == engine.PlaceholderToken {
 				if m.InputFromRow < 0 {
-					return nil, fmt.Errorf("prepare: step %d: sequence %d: a placeholder without a source row", step.Outputs.StepID, m.SeqID)
+					return nil, 0, fmt.Errorf("prepare: step %d: sequence %d: a placeholder without a source row", step.Outputs.StepID, m.SeqID)
 				}
 				from = int32(m.InputFromRow*stride + j)
-				placeholders = true
-				if p.d.Stats != nil {
-					p.d.Stats.Placeholders.Add(1)
-				}
+				numPlaceholders++
 			}
 			ids[j] = int32(id)
 			fromRow = append(fromRow, from)
@@ -217,7 +293,7 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 			continue
 		}
 		if m.SampleRow != nextRow || m.NumDrafts >= len(ids) {
-			return nil, fmt.Errorf("prepare: step %d: sequence %d samples row %d with %d drafts over %d inputs, want row %d",
+			return nil, 0, fmt.Errorf("prepare: step %d: sequence %d samples row %d with %d drafts over %d inputs, want row %d",
 				step.Outputs.StepID, m.SeqID, m.SampleRow, m.NumDrafts, len(ids), nextRow)
 		}
 		last := int32(len(h.InputIDs) - 1)
@@ -237,8 +313,9 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 		}
 	}
 	if nextRow != numRows {
-		return nil, fmt.Errorf("prepare: step %d: %d sample rows laid out, the scheduler planned %d", step.Outputs.StepID, nextRow, numRows)
+		return nil, 0, fmt.Errorf("prepare: step %d: %d sample rows laid out, the scheduler planned %d", step.Outputs.StepID, nextRow, numRows)
 	}
+	placeholders := numPlaceholders > 0
 	// The placeholders' sources, the shifts and the rows that sample go up
 	// with the batch, in one copy.
 	var extra [][]int32
@@ -252,13 +329,9 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 	if len(all) > 0 {
 		extra = append(extra, all)
 	}
-	var buf *kernels.Tensor
-	if len(p.bufs) > 0 {
-		buf = &p.bufs[int(step.Outputs.StepID)%len(p.bufs)]
-	}
 	batch, views, err := h.UploadReusing(p.d.Ops, p.d.NumBlocks, buf, extra...)
 	if err != nil {
-		return nil, fmt.Errorf("prepare: step %d: %w", step.Outputs.StepID, err)
+		return nil, 0, fmt.Errorf("prepare: step %d: %w", step.Outputs.StepID, err)
 	}
 	out := &PreparedStep{ScheduledStep: step, Batch: batch, Rows: rows, PromptRows: promptRows}
 	if placeholders {
@@ -281,5 +354,5 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 			}
 		}
 	}
-	return out, nil
+	return out, numPlaceholders, nil
 }

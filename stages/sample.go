@@ -141,6 +141,11 @@ type SampledStep struct {
 	// accepted draft count, by which the next step's layout shifts
 	// (ShiftAccepted).
 	Next, Accepted kernels.Tensor
+	// NextDrafts (host), when not nil, has one entry per sample row: the
+	// drafts its entries of Next hold (at most k; the rest are padding).
+	// The draft stage sets it with Next, before the next step's forward
+	// pass, which then drops the padding rows (TrimDrafts).
+	NextDrafts []int
 }
 
 // Await completes the step's host half when the sample stage handed it on

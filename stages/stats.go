@@ -16,6 +16,7 @@ type Stats struct {
 	Steps         atomic.Int64
 	PrefillTokens atomic.Int64                           // prompt tokens computed
 	DecodeTokens  atomic.Int64                           // decode tokens computed
+	DecodeSeqs    atomic.Int64                           // decodes computed (a sequence in a step; its drafts are more tokens)
 	ForwardNanos  atomic.Int64                           // time inside the forward stage
 	GapNanos      atomic.Int64                           // time between two forward passes
 	ExposedNanos  atomic.Int64                           // the part of each gap that is not sampling: host time the device waits for
@@ -81,6 +82,7 @@ func (s *Stats) record(out *engine.SchedulerOutputs, cost engine.StepCost, d tim
 	s.Steps.Add(1)
 	s.PrefillTokens.Add(int64(out.NumPrefillTokens))
 	s.DecodeTokens.Add(int64(out.NumDecodeTokens))
+	s.DecodeSeqs.Add(int64(out.NumDecodeSeqs))
 	s.ForwardNanos.Add(int64(d))
 	addFloat(&s.flopBits, cost.FLOPs())
 	addFloat(&s.byteBits, cost.Bytes())
