@@ -7,13 +7,14 @@
 // the user's cache directory, under a name that carries a hash of their
 // content: a binary with a different model never reads a stale copy, and a
 // second run (or a second binary with the same model) reuses the first
-// one's files.
+// one's files. A binary built with the tag nomodel leaves them out and runs
+// models from directories only.
 package assets
 
 import (
 	"crypto/sha256"
-	"embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -23,11 +24,12 @@ import (
 	"sync"
 )
 
+// errNotEmbedded is what a binary built without the model says when asked
+// for it.
+var errNotEmbedded = errors.New("assets: this binary was built without the default model (build tag nomodel): give a model directory")
+
 // DefaultModelName is the name of the shipped default model.
 const DefaultModelName = "deepseek-tiny"
-
-//go:embed deepseek-tiny
-var files embed.FS
 
 // FS returns the shipped model's files, rooted at the model directory
 // (config.json, model.safetensors, tokenizer.json, ...).
@@ -87,6 +89,9 @@ func DefaultModelDir() (string, error) {
 // ExtractTo is DefaultModelDir with the cache directory given: it returns
 // root/<hash>/<name>, creating the directories when missing.
 func ExtractTo(root string) (string, error) {
+	if !embedded {
+		return "", errNotEmbedded
+	}
 	parent := filepath.Join(root, ContentHash())
 	dir := filepath.Join(parent, DefaultModelName)
 	if complete(dir) {

@@ -197,7 +197,9 @@ if [[ ${1:-} == prepare ]]; then
 	fi
 	set -e
 	CGO_ENABLED=1 go test -c -ldflags='-s -w' -o "$dir/cuda.test" ./kernels/cuda
-	CGO_ENABLED=1 go build -ldflags='-s -w' -o "$dir/deepinfer" ./cmd/deepinfer
+	# Without the embedded default model (38 MB): every phase names its model
+	# directory, which the tree carries.
+	CGO_ENABLED=1 go build -tags nomodel -ldflags='-s -w' -o "$dir/deepinfer" ./cmd/deepinfer
 	gzip -9f "$dir/cuda.test" "$dir/deepinfer"
 	rm -rf "$dir/ab"
 	for rev in "${@:3}"; do
