@@ -20,6 +20,11 @@ const SpecNone = "none"
 // method label of RunSpeculative, not a speculative.method value.
 const SpecDSparkFixed = "dspark-fixed"
 
+// SpecDSparkAuto is the dspark drafter with the step budget "auto"
+// (speculative.max_verify_tokens_per_step: auto, the config's threshold
+// kept): a method label of RunSpeculative.
+const SpecDSparkAuto = "dspark-auto"
+
 // SpeculativeOptions shape a comparison of speculative-decoding methods
 // (RunSpeculative).
 type SpeculativeOptions struct {
@@ -31,8 +36,9 @@ type SpeculativeOptions struct {
 	// always comes first (added when missing). "dspark-fixed" is the
 	// dspark drafter with gating off (confidence_threshold 0, no step
 	// budget): every sequence verifies k drafts, the comparison point of
-	// confidence gating. dspark needs speculative.draft_model in the
-	// config (configs/dspark.yaml sets it).
+	// confidence gating; "dspark-auto" is the dspark drafter with the
+	// step budget derived from the measured cost of a row. dspark needs
+	// speculative.draft_model in the config (configs/dspark.yaml sets it).
 	Methods []string
 	// NumSpeculativeTokens is speculative.num_speculative_tokens (k) of
 	// every method; 0 keeps the config's.
@@ -145,7 +151,11 @@ func RunSpeculative(ctx context.Context, cfg *config.Config, o SpeculativeOption
 			if m == SpecDSparkFixed {
 				c.Speculative.Method = "dspark"
 				c.Speculative.ConfidenceThreshold = 0
-				c.Speculative.MaxVerifyTokensPerStep = 0
+				c.Speculative.MaxVerifyTokensPerStep = config.VerifyBudget{}
+			}
+			if m == SpecDSparkAuto {
+				c.Speculative.Method = "dspark"
+				c.Speculative.MaxVerifyTokensPerStep = config.VerifyBudget{Auto: true}
 			}
 			c.Speculative.NumSpeculativeTokens = k
 			c.Engine.MaxNumSeqs = batch

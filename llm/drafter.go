@@ -67,7 +67,8 @@ func loadDrafter(cfg *config.Config, ops kernels.Ops, model models.Model, tok *t
 		}
 		d.env.DSpark = ds
 		d.env.ConfidenceThreshold = sp.ConfidenceThreshold
-		d.env.MaxVerifyTokensPerStep = sp.MaxVerifyTokensPerStep
+		d.env.MaxVerifyTokensPerStep = sp.MaxVerifyTokensPerStep.Tokens
+		d.env.VerifyBudgetAuto = sp.MaxVerifyTokensPerStep.Auto
 	}
 	return d, nil
 }

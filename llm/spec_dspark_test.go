@@ -35,7 +35,7 @@ func TestSpeculativeDSparkGating(t *testing.T) {
 		{Text: "It was a dark and stormy night"}, {Text: "package main\n\nimport ("}, {Text: "ORLANDO\t"}}
 	type variant struct {
 		threshold float64
-		budget    int
+		budget    config.VerifyBudget
 	}
 	run := func(method string, v variant, zos bool) ([]string, float64, float64) {
 		l, err := NewLLM(tinyConfig(t, dir, func(c *config.Config) {
@@ -83,14 +83,14 @@ func TestSpeculativeDSparkGating(t *testing.T) {
 		}
 		perDraft := float64(sp.NumDraftTokens) / float64(sp.NumDrafts)
 		share := float64(sp.NumAcceptedTokens) / float64(sp.NumDraftTokens)
-		t.Logf("threshold %.1f budget %d zos %v: %d drafts, %.2f draft tokens each, %.1f%% accepted, mean accepted length %.2f",
+		t.Logf("threshold %.1f budget %v zos %v: %d drafts, %.2f draft tokens each, %.1f%% accepted, mean accepted length %.2f",
 			v.threshold, v.budget, zos, sp.NumDrafts, perDraft, 100*share, 1+float64(sp.NumAcceptedTokens)/float64(sp.NumDrafts))
 		return out, perDraft, share
 	}
 	want, _, _ := run("", variant{}, false)
 	for _, zos := range []bool{false, true} {
 		var perDraft, share []float64
-		for _, v := range []variant{{0, 0}, {0.5, 0}, {0.9, 0}, {0.5, 8}} {
+		for _, v := range []variant{{0, config.VerifyBudget{}}, {0.5, config.VerifyBudget{}}, {0.9, config.VerifyBudget{}}, {0.5, config.VerifyBudget{Tokens: 8}}, {0, config.VerifyBudget{Auto: true}}} {
 			got, pd, sh := run("dspark", v, zos)
 			if !reflect.DeepEqual(got, want) {
 				t.Errorf("%+v zos %v: outputs differ from speculation off", v, zos)

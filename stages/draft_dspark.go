@@ -33,7 +33,10 @@ func init() {
 //     allowed: spec.GatePrefix);
 //   - across the step, when speculative.max_verify_tokens_per_step > 0, at
 //     most that many draft tokens, dealt to the drafts with the highest
-//     expected accepted tokens per verified token (spec.GateBudget).
+//     expected accepted tokens per verified token (spec.GateBudget); when
+//     it is "auto", as many of those as maximize the step's expected
+//     tokens per second, on a line of step time over rows fitted to the
+//     steps of the running batch's class (spec.RowCost, spec.GateCost).
 //
 // The drafter is a DeviceVerifiedDrafter: under ZOS it drafts from the
 // verify stage's device half (each sequence's last emitted token and the
@@ -85,6 +88,11 @@ type dsparkDrafter struct {
 	d      DraftDeps
 	ds     *models.DSpark
 	graphs *dsparkGraphs // nil: every step eager
+	// cost is the measured cost of a row when the step budget is "auto"
+	// (Speculative.VerifyBudgetAuto; nil otherwise): see observe and gate.
+	cost     *spec.RowCost
+	lastStep engine.StepID
+	lastSeen time.Time
 }
 
 func newDSparkDrafter(d DraftDeps) (*dsparkDrafter, error) {
@@ -94,7 +102,29 @@ func newDSparkDrafter(d DraftDeps) (*dsparkDrafter, error) {
 	if d.Speculative.DSpark == nil {
 		return nil, errors.New("draft=dspark: no DSpark drafter loaded (speculative.draft_model)")
 	}
-	return &dsparkDrafter{d: d, ds: d.Speculative.DSpark}, nil
+	p := &dsparkDrafter{d: d, ds: d.Speculative.DSpark}
+	if d.Speculative.VerifyBudgetAuto {
+		p.cost = spec.NewRowCost()
+	}
+	return p, nil
+}
+
+// observe records in the row cost (budget "auto") the step that was just
+// verified: the time since the drafter saw the step before, which in a
+// busy step loop is one turn of it (the drafter's pass, the step's forward
+// pass and its sampling), against the step's rows. Only a decode step
+// that follows the one the drafter saw last counts: a prompt chunk's rows
+// cost otherwise, and a gap (a step drafted nothing, the loop idled)
+// spans more than a turn. Cost: O(1).
+func (p *dsparkDrafter) observe(step *SampledStep) {
+	if p.cost == nil {
+		return
+	}
+	now, o := time.Now(), step.Outputs
+	if o.StepID == p.lastStep+1 && o.NumPrefillTokens == 0 && o.NumDecodeSeqs > 0 {
+		p.cost.Observe(o.NumDecodeSeqs, o.NumDecodeTokens, now.Sub(p.lastSeen))
+	}
+	p.lastStep, p.lastSeen = o.StepID, now
 }
 
 // Propose drafts on the host's verification through models.DSpark.Draft,
@@ -103,6 +133,7 @@ func newDSparkDrafter(d DraftDeps) (*dsparkDrafter, error) {
 // (ProposeOnDevice, ProposeFromDevice) reproduce. The draft stage takes
 // the device paths.
 func (p *dsparkDrafter) Propose(ctx context.Context, step *SampledStep) ([][]int, error) {
+	p.observe(step)
 	d := p.d
 	drafts := make([][]int, len(step.Verified))
 	k := min(draftLimit(d, step), p.ds.BlockSize())
@@ -162,13 +193,15 @@ func sampleRefs(verified []VerifiedRow) []RowRef {
 // the device on an asynchronous backend, which would stall the step).
 func (p *dsparkDrafter) gates() bool {
 	sp := p.d.Speculative
-	return sp.ConfidenceThreshold > 0 || sp.MaxVerifyTokensPerStep > 0
+	return sp.ConfidenceThreshold > 0 || sp.MaxVerifyTokensPerStep > 0 || sp.VerifyBudgetAuto
 }
 
 // gate returns how many of its n drafts each of b sequences verifies,
 // given the confidences of its drafts: spec.GatePrefix at the threshold,
-// then the step's budget (spec.GateBudget); n each when conf is nil (the
-// drafter does not gate).
+// then the step's budget (spec.GateBudget), or with the budget "auto" the
+// drafts that maximize the step's expected rate on the measured line of
+// its class (spec.GateCost; the threshold alone while the line is not
+// trusted yet); n each when conf is nil (the drafter does not gate).
 func (p *dsparkDrafter) gate(conf [][]float64, b, n int) []int {
 	if conf == nil {
 		lengths := make([]int, b)
@@ -181,6 +214,11 @@ func (p *dsparkDrafter) gate(conf [][]float64, b, n int) []int {
 	limits := make([]int, len(conf))
 	for i, c := range conf {
 		limits[i] = spec.GatePrefix(c, sp.ConfidenceThreshold)
+	}
+	if p.cost != nil {
+		if base, perRow, ok := p.cost.Line(len(conf)); ok {
+			return spec.GateCost(conf, limits, base, perRow)
+		}
 	}
 	budget := -1
 	if sp.MaxVerifyTokensPerStep > 0 {
@@ -308,6 +346,7 @@ func gatherDSpark(ops kernels.Ops, step *SampledStep, v dsparkViews, feat kernel
 // propose runs a drafting step (from the device, or from the host's
 // Verified) and gates its drafts.
 func (p *dsparkDrafter) propose(ctx context.Context, step *SampledStep, fromDevice bool) (DeviceDrafts, error) {
+	p.observe(step)
 	d := p.d
 	refs, _, err := sampleEntries(step)
 	if err != nil {

@@ -78,10 +78,12 @@ type Speculative struct {
 	DraftModel models.Model
 	// DSpark is the dspark drafter's model (nil for others), with its
 	// per-sequence confidence threshold and the cap on the draft tokens a
-	// step verifies (0: none).
+	// step verifies (0: none), or, with VerifyBudgetAuto, a budget chosen
+	// each step from the measured cost of a row (spec.GateCost).
 	DSpark                 *models.DSpark
 	ConfidenceThreshold    float64
 	MaxVerifyTokensPerStep int
+	VerifyBudgetAuto       bool
 	// VerifyOnDevice lets the sample stage hand a step on before its host
 	// samples arrive (SampledStep.Await completes it), so that the verify
 	// stage verifies on the device and a DeviceDrafter drafts from that

@@ -10,6 +10,11 @@
 package config
 
 import (
+	"fmt"
+	"strconv"
+
+	"go.yaml.in/yaml/v3"
+
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/pipeline"
 )
@@ -223,11 +228,52 @@ type Speculative struct {
 	// batch size class and verifies drafts only where they are faster
 	// (engine/spec.Controller). Outputs are the same either way.
 	Adaptive bool `yaml:"adaptive"`
-	// MaxVerifyTokensPerStep > 0 (dspark) caps the draft tokens one step
-	// verifies across the batch: they go to the drafts with the highest
-	// predicted acceptance (engine/spec.GateBudget); 0: no cap beyond k
-	// and the confidence threshold per sequence.
-	MaxVerifyTokensPerStep int `yaml:"max_verify_tokens_per_step"`
+	// MaxVerifyTokensPerStep (dspark) is the budget of draft tokens one
+	// step verifies across the batch: a number > 0 caps them, and they go
+	// to the drafts with the highest predicted acceptance
+	// (engine/spec.GateBudget); 0: no cap beyond k and the confidence
+	// threshold per sequence; "auto": as many as maximize the step's
+	// expected tokens per second on the measured cost of a verified row at
+	// the running batch (engine/spec.GateCost, spec.RowCost).
+	MaxVerifyTokensPerStep VerifyBudget `yaml:"max_verify_tokens_per_step"`
+}
+
+// VerifyBudget is speculative.max_verify_tokens_per_step: Tokens draft
+// tokens a step (0: no cap), or, written "auto" in YAML, a budget derived
+// each step from the measured cost of a row (Auto; Tokens is then 0).
+type VerifyBudget struct {
+	Tokens int
+	Auto   bool
+}
+
+// UnmarshalYAML reads an integer or "auto".
+func (b *VerifyBudget) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode && n.Value == "auto" {
+		*b = VerifyBudget{Auto: true}
+		return nil
+	}
+	var tokens int
+	if n.Kind != yaml.ScalarNode || n.Decode(&tokens) != nil {
+		return fmt.Errorf("expected an integer or \"auto\", got %q", n.Value)
+	}
+	*b = VerifyBudget{Tokens: tokens}
+	return nil
+}
+
+// MarshalYAML writes what UnmarshalYAML reads.
+func (b VerifyBudget) MarshalYAML() (any, error) {
+	if b.Auto {
+		return "auto", nil
+	}
+	return b.Tokens, nil
+}
+
+// String is the YAML value.
+func (b VerifyBudget) String() string {
+	if b.Auto {
+		return "auto"
+	}
+	return strconv.Itoa(b.Tokens)
 }
 
 // Enabled reports whether speculative decoding is on.

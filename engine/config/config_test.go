@@ -68,6 +68,34 @@ func TestParse(t *testing.T) {
 			want: []string{"test.yaml:3", `unknown key "max_num_seq" in engine`, `did you mean "max_num_seqs"?`},
 		},
 		{
+			name: "a step budget of verified drafts: a number or auto",
+			yaml: "model: m\nspeculative:\n  max_verify_tokens_per_step: 12\n",
+			check: func(t *testing.T, c *Config) {
+				if b := c.Speculative.MaxVerifyTokensPerStep; b != (VerifyBudget{Tokens: 12}) || b.String() != "12" {
+					t.Errorf("got %+v", b)
+				}
+			},
+		},
+		{
+			name: "the step budget auto",
+			yaml: "model: m\nspeculative:\n  max_verify_tokens_per_step: auto\n",
+			check: func(t *testing.T, c *Config) {
+				if b := c.Speculative.MaxVerifyTokensPerStep; b != (VerifyBudget{Auto: true}) || b.String() != "auto" {
+					t.Errorf("got %+v", b)
+				}
+			},
+		},
+		{
+			name: "a step budget neither a number nor auto names its line",
+			yaml: "model: m\nspeculative:\n  max_verify_tokens_per_step: fast\n",
+			want: []string{"test.yaml:3", "speculative.max_verify_tokens_per_step", `expected an integer or "auto", got "fast"`},
+		},
+		{
+			name: "a negative step budget",
+			yaml: "model: m\nspeculative:\n  max_verify_tokens_per_step: -2\n",
+			want: []string{"speculative.max_verify_tokens_per_step: must be >= 0 (0: no cap) or auto, got -2"},
+		},
+		{
 			name: "unknown top-level key",
 			yaml: "model: m\ndevise: cuda\n",
 			want: []string{"test.yaml:2", `unknown key "devise" in the top level`, `did you mean "device"?`},

@@ -130,8 +130,8 @@ func (c *Config) Validate() error {
 	if (s.Method == "dspark" || s.Method == "draft_model") && s.DraftModel == "" {
 		bad("speculative.draft_model", "must name the drafter's directory when speculative.method is %s", s.Method)
 	}
-	if s.MaxVerifyTokensPerStep < 0 {
-		bad("speculative.max_verify_tokens_per_step", "must be >= 0 (0: no cap), got %d", s.MaxVerifyTokensPerStep)
+	if s.MaxVerifyTokensPerStep.Tokens < 0 {
+		bad("speculative.max_verify_tokens_per_step", "must be >= 0 (0: no cap) or auto, got %d", s.MaxVerifyTokensPerStep.Tokens)
 	}
 	if s.DisableByBatchSize < 0 {
 		bad("speculative.disable_by_batch_size", "must be >= 0 (0: never), got %d", s.DisableByBatchSize)
