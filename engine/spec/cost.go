@@ -1,10 +1,6 @@
 package spec
 
-import (
-	"cmp"
-	"slices"
-	"time"
-)
+import "time"
 
 // RowCost estimates a step's duration from its rows, as a line fitted to
 // the steps measured: duration = Base + PerRow*rows, one line per batch
@@ -102,27 +98,8 @@ func (c *RowCost) Line(seqs int) (base, perRow float64, ok bool) {
 // times the rate so far. It returns the number of drafts each sequence
 // verifies. Cost: O(D log D) for D drafts in all.
 func GateCost(conf [][]float64, limits []int, base, perRow float64) []int {
-	type cand struct {
-		seq, pos int
-		p        float64
-	}
-	var all []cand
-	for s, c := range conf {
-		p := 1.0
-		for j := 0; j < min(limits[s], len(c)); j++ {
-			p *= c[j]
-			all = append(all, cand{s, j, p})
-		}
-	}
-	slices.SortStableFunc(all, func(a, b cand) int {
-		if c := cmp.Compare(b.p, a.p); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(a.seq, b.seq); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.pos, b.pos)
-	})
+	all := allowedDrafts(conf, limits)
+	rankDrafts(all)
 	n := make([]int, len(conf))
 	rows := float64(len(conf))
 	if base+perRow*rows <= 0 || perRow < 0 { // not a cost: every draft

@@ -42,36 +42,14 @@ func GatePrefix(conf []float64, threshold float64) int {
 // drafts each sequence verifies. Cost: O(D log D) for D drafts in all.
 func GateBudget(conf [][]float64, limits []int, budget int) []int {
 	n := make([]int, len(conf))
-	type cand struct {
-		seq, pos int
-		p        float64
-	}
-	var all []cand
-	for s, c := range conf {
-		p := 1.0
-		for j := 0; j < min(limits[s], len(c)); j++ {
-			p *= c[j]
-			all = append(all, cand{s, j, p})
-		}
-	}
+	all := allowedDrafts(conf, limits)
 	if budget < 0 || budget >= len(all) {
 		for _, c := range all {
 			n[c.seq] = max(n[c.seq], c.pos+1)
 		}
 		return n
 	}
-	// Sort by P descending; within a sequence P is non-increasing, so a
-	// stable sort on (P desc, seq, pos) takes each sequence's drafts in
-	// order.
-	slices.SortStableFunc(all, func(a, b cand) int {
-		if c := cmp.Compare(b.p, a.p); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(a.seq, b.seq); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.pos, b.pos)
-	})
+	rankDrafts(all)
 	for _, c := range all {
 		if budget == 0 {
 			break
@@ -82,6 +60,41 @@ func GateBudget(conf [][]float64, limits []int, budget int) []int {
 		}
 	}
 	return n
+}
+
+// gatedDraft is draft pos of sequence seq, with its predicted cumulative
+// acceptance p (P_pos).
+type gatedDraft struct {
+	seq, pos int
+	p        float64
+}
+
+// allowedDrafts lists the drafts limits allow, by sequence then position.
+func allowedDrafts(conf [][]float64, limits []int) []gatedDraft {
+	var all []gatedDraft
+	for s, c := range conf {
+		p := 1.0
+		for j := 0; j < min(limits[s], len(c)); j++ {
+			p *= c[j]
+			all = append(all, gatedDraft{s, j, p})
+		}
+	}
+	return all
+}
+
+// rankDrafts sorts drafts best first: by P descending, then sequence,
+// then position. Within a sequence P never increases, so each
+// sequence's drafts stay in order. Cost: O(D log D).
+func rankDrafts(all []gatedDraft) {
+	slices.SortStableFunc(all, func(a, b gatedDraft) int {
+		if c := cmp.Compare(b.p, a.p); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.seq, b.seq); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.pos, b.pos)
+	})
 }
 
 // ExpectedAccepted returns P_0 + ... + P_{n-1}, the expected number of
