@@ -234,6 +234,16 @@ func F32Bytes(xs []float32) []byte {
 	return b
 }
 
+// uploadI32Bytes is I32Bytes for a call of Ops.Upload, which copies its
+// source before it returns: on a little-endian host the bytes of xs
+// themselves (no copy), else I32Bytes.
+func uploadI32Bytes(xs []int32) []byte {
+	if hostLittleEndian {
+		return rawBytes(xs)
+	}
+	return I32Bytes(xs)
+}
+
 // I32Bytes encodes xs little-endian, the layout Upload expects for I32.
 func I32Bytes(xs []int32) []byte {
 	b := make([]byte, 4*len(xs))

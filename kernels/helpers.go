@@ -24,7 +24,7 @@ func FromI32(ops Ops, xs []int32, shape ...int) (Tensor, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := ops.Upload(t, I32Bytes(xs), I32); err != nil {
+	if err := ops.Upload(t, uploadI32Bytes(xs), I32); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -110,7 +110,7 @@ func UploadI32Into(ops Ops, buf *Tensor, xs []int32) (Tensor, error) {
 	}
 	view, err := ops.Rows(*buf, 0, len(xs))
 	if err == nil {
-		err = ops.Upload(view, I32Bytes(xs), I32)
+		err = ops.Upload(view, uploadI32Bytes(xs), I32)
 	}
 	return view, err
 }

@@ -76,7 +76,7 @@ type Ops interface {
 	// Alloc returns a zero-filled tensor. Cost: one allocation.
 	Alloc(dtype DType, shape ...int) (Tensor, error)
 	// Upload copies host bytes (little-endian, srcDType) into dst, which may be a
-	// view. len(src) must be NumElements(dst)*srcDType.Size(). srcDType must equal
+	// view; it reads src during the call only (callers may reuse it after). len(src) must be NumElements(dst)*srcDType.Size(). srcDType must equal
 	// dst's dtype, except that BF16 and F16 may be widened into an F32 dst.
 	Upload(dst Tensor, src []byte, srcDType DType) error
 	// Download copies src to the host as little-endian bytes of src's dtype;

@@ -220,11 +220,27 @@ func trimScheduled(step *ScheduledStep, drafts []int) (*ScheduledStep, error) {
 	return &ScheduledStep{Outputs: &out, Seqs: seqs, Planned: step.Planned}, nil
 }
 
+// newHostBatch returns an empty host batch with room for step: its
+// tokens, and its sequences with each decode row counted as one (the
+// prepare stage lays a decode's rows out as sequences of one token).
+// Cost: the allocations, once.
+func newHostBatch(step *ScheduledStep, blockSize, ringWindow int) *models.HostBatch {
+	t := step.Outputs.NumBatchedTokens
+	n := step.Outputs.NumPrefillSeqs + step.Outputs.NumDecodeTokens
+	h := &models.HostBatch{BlockSize: blockSize, RingWindow: ringWindow,
+		InputIDs: make([]int32, 0, t), Positions: make([]int32, 0, t), SlotMapping: make([]int32, 0, t),
+		CuSeqlensQ: make([]int32, 0, n+1), SeqlensK: make([]int32, 0, n), BlockTables: make([][]int32, 0, n)}
+	if ringWindow > 0 {
+		h.StateSlots = make([]int32, 0, n)
+	}
+	return h
+}
+
 // layout lays step out into *buf (see models.HostBatch.UploadReusing) and
 // returns it with the number of placeholder inputs. It reads p.d only, so
 // the forward stage's Relayout may run it beside Process.
 func (p *prepare) layout(step *ScheduledStep, buf *kernels.Tensor) (*PreparedStep, int, error) {
-	h := &models.HostBatch{BlockSize: p.d.BlockSize, RingWindow: p.d.RingWindow}
+	h := newHostBatch(step, p.d.BlockSize, p.d.RingWindow)
 	numRows := step.Outputs.NumSampleRows
 	rows := make([]RowRef, 0, numRows+step.Outputs.NumDraftTokens)
 	sampleRows := make([]int32, 0, cap(rows))

@@ -380,19 +380,30 @@ func (h *HostBatch) Validate(numBlocks int) error {
 	case h.CuSeqlensQ[0] != 0 || int(h.CuSeqlensQ[n]) != t:
 		return bad("cu_seqlens_q %v does not span %d tokens", h.CuSeqlensQ, t)
 	}
+	// A table shared by consecutive sequences (a decode's rows) is checked
+	// once, as far as the longest of them needs.
+	var checked []int32
 	for s := range n {
 		lo, hi, k := int(h.CuSeqlensQ[s]), int(h.CuSeqlensQ[s+1]), int(h.SeqlensK[s])
 		if hi < lo || k < hi-lo {
 			return bad("sequence %d: %d queries, %d keys", s, hi-lo, k)
 		}
 		need := (k + h.BlockSize - 1) / h.BlockSize
-		if len(h.BlockTables[s]) < need {
-			return bad("sequence %d: %d keys need %d blocks, table has %d", s, k, need, len(h.BlockTables[s]))
+		table := h.BlockTables[s]
+		if len(table) < need {
+			return bad("sequence %d: %d keys need %d blocks, table has %d", s, k, need, len(table))
 		}
-		for j, blk := range h.BlockTables[s][:need] {
-			if blk < 0 || (numBlocks > 0 && int(blk) >= numBlocks) {
+		from := 0
+		if len(checked) > 0 && need > 0 && &checked[0] == &table[0] {
+			from = min(len(checked), need)
+		}
+		for j := from; j < need; j++ {
+			if blk := table[j]; blk < 0 || (numBlocks > 0 && int(blk) >= numBlocks) {
 				return bad("sequence %d: block_tables[%d] = %d, cache has %d blocks", s, j, blk, numBlocks)
 			}
+		}
+		if need > len(checked) || from == 0 {
+			checked = table[:need]
 		}
 		for i := lo; i < hi; i++ {
 			pos := int(h.Positions[i])
@@ -438,19 +449,14 @@ func (h *HostBatch) UploadReusing(ops kernels.Ops, numBlocks int, buf *kernels.T
 		maxQ = max(maxQ, int(h.CuSeqlensQ[s+1]-h.CuSeqlensQ[s]))
 		maxK = max(maxK, int(h.SeqlensK[s]))
 	}
-	tables := make([]int32, n*maxBlocks)
-	for s, row := range h.BlockTables {
-		copy(tables[s*maxBlocks:], row)
-		for j := len(row); j < maxBlocks; j++ {
-			tables[s*maxBlocks+j] = -1
-		}
-	}
 	b := &ForwardBatch{NumTokens: t, Attn: kernels.AttentionMetadata{
 		NumSeqs: n, NumTokens: t, MaxSeqlenQ: maxQ, MaxSeqlenK: maxK, BlockSize: h.BlockSize}}
 	// The six arrays (and extra) travel in one host-to-device copy: packed
 	// into one I32 buffer, each starting on a 16-byte boundary, and handed
 	// out as views of it. Separate copies cost the device a few
 	// microseconds each between two steps.
+	// The block tables, the largest part, are written straight into the
+	// packed buffer (xs nil: n rows of maxBlocks, padded with -1).
 	type part struct {
 		xs    []int32
 		shape []int
@@ -461,7 +467,7 @@ func (h *HostBatch) UploadReusing(ops kernels.Ops, numBlocks int, buf *kernels.T
 		{h.Positions, []int{t}, &b.Positions},
 		{h.CuSeqlensQ, []int{n + 1}, &b.Attn.CuSeqlensQ},
 		{h.SeqlensK, []int{n}, &b.Attn.SeqlensK},
-		{tables, []int{n, maxBlocks}, &b.Attn.BlockTables},
+		{nil, []int{n, maxBlocks}, &b.Attn.BlockTables},
 		{h.SlotMapping, []int{t}, &b.Attn.SlotMapping},
 	}
 	if h.RingWindow > 0 {
@@ -477,21 +483,39 @@ func (h *HostBatch) UploadReusing(ops kernels.Ops, numBlocks int, buf *kernels.T
 	for i, xs := range extra {
 		parts = append(parts, part{xs, []int{len(xs)}, &extras[i]})
 	}
+	size := func(p part) int {
+		e := 1
+		for _, d := range p.shape {
+			e *= d
+		}
+		return e
+	}
 	offsets, total := make([]int, len(parts)), 0
 	for i, p := range parts {
 		offsets[i] = total
-		total += (len(p.xs) + 3) &^ 3
+		total += (size(p) + 3) &^ 3
 	}
 	packed := make([]int32, total)
 	for i, p := range parts {
-		copy(packed[offsets[i]:], p.xs)
+		if p.xs != nil || size(p) == 0 {
+			copy(packed[offsets[i]:], p.xs)
+			continue
+		}
+		tables := packed[offsets[i] : offsets[i]+n*maxBlocks]
+		for s, row := range h.BlockTables {
+			dst := tables[s*maxBlocks : (s+1)*maxBlocks]
+			copy(dst, row)
+			for j := len(row); j < maxBlocks; j++ {
+				dst[j] = -1
+			}
+		}
 	}
 	flat, err := kernels.UploadI32Into(ops, buf, packed)
 	if err != nil {
 		return nil, nil, fmt.Errorf("models: upload batch: %w", err)
 	}
 	for i, p := range parts {
-		rows, err := ops.Rows(flat, offsets[i], offsets[i]+len(p.xs))
+		rows, err := ops.Rows(flat, offsets[i], offsets[i]+size(p))
 		if err == nil {
 			*p.dst, err = ops.Reshape(rows, p.shape...)
 		}
