@@ -395,3 +395,31 @@ func TestDeepSeekFusedQKVA(t *testing.T) {
 		}
 	}
 }
+
+// A block table shared by consecutive sequences (a decode's rows) is
+// checked as far as the longest of them needs: a bad block that only a
+// later row reaches is still found, and one past every row's need is not
+// an error.
+func TestHostBatchValidateSharedTable(t *testing.T) {
+	const bs = 4
+	for _, tc := range []struct {
+		name  string
+		table []int32
+		want  string
+	}{
+		{"good", []int32{3, 5, 7}, ""},
+		{"bad block reached by the last row", []int32{3, 5, -1}, "sequence 2: block_tables[2] = -1"},
+		{"bad block past every row", []int32{3, 5, 7, -1}, ""},
+		{"block out of the cache", []int32{3, 9, 7}, "sequence 1: block_tables[1] = 9"},
+	} {
+		h := &HostBatch{BlockSize: bs}
+		// Rows at positions 3, 7 and 11: 1, 2 and 3 blocks.
+		for _, pos := range []int{3, 7, 11} {
+			h.AddSequence([]int32{1}, pos, tc.table)
+		}
+		err := h.Validate(8)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: err %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}
