@@ -172,7 +172,10 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 		if err != nil {
 			return nil, fmt.Errorf("prepare: step %d: %w", step.Outputs.StepID, err)
 		}
-		out, _, err := p.layout(trimmed, bufFor(p.trimBufs, step))
+		out, kept, err := p.layout(trimmed, bufFor(p.trimBufs, step))
+		if err == nil && p.d.Stats != nil {
+			p.d.Stats.Placeholders.Add(int64(kept - placeholders)) // the rows dropped resolve nothing
+		}
 		return out, err
 	}
 	return out, nil
