@@ -60,6 +60,12 @@ func testSpeculativeSameTokens(t *testing.T, dir string, methods []struct{ metho
 			st := l.SchedulerStats()
 			spec := l.StepStats().Spec()
 			modelDrafting := l.StepStats().DraftSteps.Load()
+			// No decode row is padding: each is a sequence's last token or
+			// a draft it verifies (with ZOS, TrimDrafts drops the rows a
+			// shorter draft leaves empty).
+			if rows, seqs := l.StepStats().DecodeTokens.Load(), l.StepStats().DecodeSeqs.Load(); rows != seqs+spec.NumDraftTokens {
+				t.Errorf("seed %d %s zos %v small %v: %d decode rows for %d decodes and %d draft tokens verified", seed, method, zos, small, rows, seqs, spec.NumDraftTokens)
+			}
 			if err := l.Close(); err != nil {
 				t.Fatal(err)
 			}
