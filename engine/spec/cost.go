@@ -100,13 +100,9 @@ func (c *RowCost) Line(seqs int) (base, perRow float64, ok bool) {
 func GateCost(conf [][]float64, limits []int, base, perRow float64) []int {
 	all := allowedDrafts(conf, limits)
 	rankDrafts(all)
-	n := make([]int, len(conf))
 	rows := float64(len(conf))
 	if base+perRow*rows <= 0 || perRow < 0 { // not a cost: every draft
-		for _, c := range all {
-			n[c.seq] = max(n[c.seq], c.pos+1)
-		}
-		return n
+		return draftCounts(len(conf), all)
 	}
 	tokens := rows
 	bestB, bestRate := 0, tokens/(base+perRow*rows)
@@ -116,8 +112,5 @@ func GateCost(conf [][]float64, limits []int, base, perRow float64) []int {
 			bestB, bestRate = b+1, r
 		}
 	}
-	for _, c := range all[:bestB] {
-		n[c.seq] = max(n[c.seq], c.pos+1)
-	}
-	return n
+	return draftCounts(len(conf), all[:bestB])
 }

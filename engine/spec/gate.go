@@ -41,14 +41,11 @@ func GatePrefix(conf []float64, threshold float64) int {
 // budget < 0 means no limit (the limits alone). It returns the number of
 // drafts each sequence verifies. Cost: O(D log D) for D drafts in all.
 func GateBudget(conf [][]float64, limits []int, budget int) []int {
-	n := make([]int, len(conf))
 	all := allowedDrafts(conf, limits)
 	if budget < 0 || budget >= len(all) {
-		for _, c := range all {
-			n[c.seq] = max(n[c.seq], c.pos+1)
-		}
-		return n
+		return draftCounts(len(conf), all)
 	}
+	n := make([]int, len(conf))
 	rankDrafts(all)
 	for _, c := range all {
 		if budget == 0 {
@@ -80,6 +77,16 @@ func allowedDrafts(conf [][]float64, limits []int) []gatedDraft {
 		}
 	}
 	return all
+}
+
+// draftCounts returns, for each of numSeqs sequences, how many drafts it
+// verifies when it verifies drafts (a prefix of each sequence's).
+func draftCounts(numSeqs int, drafts []gatedDraft) []int {
+	n := make([]int, numSeqs)
+	for _, c := range drafts {
+		n[c.seq] = max(n[c.seq], c.pos+1)
+	}
+	return n
 }
 
 // rankDrafts sorts drafts best first: by P descending, then sequence,
