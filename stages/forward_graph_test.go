@@ -400,8 +400,8 @@ func TestGraphTableBlocks(t *testing.T) {
 
 // prepareFor is the prepare stage over d's backend and cache.
 func prepareFor(d ForwardDeps) *prepare {
-	return &prepare{d: PrepareDeps{Ops: d.Ops, BlockSize: d.Cache.BlockSize, NumBlocks: d.Cache.NumBlocks, Stats: d.Stats,
-		RingWindow: d.Cache.Spec.RingWindow}}
+	return newPrepare(PrepareDeps{Ops: d.Ops, BlockSize: d.Cache.BlockSize, NumBlocks: d.Cache.NumBlocks, Stats: d.Stats,
+		RingWindow: d.Cache.Spec.RingWindow})
 }
 
 // A speculative verify step (a decode with drafts: prepare lays out each of

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/models"
@@ -148,10 +149,12 @@ type prepare struct {
 	d        PrepareDeps
 	bufs     []kernels.Tensor // nil: InFlight unknown, a new buffer every step
 	trimBufs []kernels.Tensor
+	scratch  sync.Pool // of *layoutScratch: Process and Relayout may lay out at once
 }
 
 func newPrepare(d PrepareDeps) *prepare {
 	p := &prepare{d: d}
+	p.scratch.New = func() any { return new(layoutScratch) }
 	if d.InFlight > 0 {
 		p.bufs = make([]kernels.Tensor, d.InFlight+1)
 		p.trimBufs = make([]kernels.Tensor, d.InFlight+1)
@@ -223,34 +226,62 @@ func trimScheduled(step *ScheduledStep, drafts []int) (*ScheduledStep, error) {
 	return &ScheduledStep{Outputs: &out, Seqs: seqs, Planned: step.Planned}, nil
 }
 
-// newHostBatch returns an empty host batch with room for step: its
-// tokens, and its sequences with each decode row counted as one (the
-// prepare stage lays a decode's rows out as sequences of one token).
-// Cost: the allocations, once.
-func newHostBatch(step *ScheduledStep, blockSize, ringWindow int) *models.HostBatch {
+// layoutScratch is the host memory one layout call works in: the host
+// batch's arrays, the per-row arrays that go up with it, each sequence's
+// ids and block table, and the packed upload. None of it outlives the
+// call (the upload reads its source during the call only), so the arrays
+// are reused from call to call through prepare.scratch; they grow to the
+// largest step and stay.
+type layoutScratch struct {
+	h                                                   models.HostBatch
+	ids, tables                                         []int32
+	fromRow, shiftFrom, sampleRows, promptRowIdx, extra []int32
+}
+
+// reset empties s for step: the host batch with room for its tokens and
+// its sequences, each decode row counted as one (the prepare stage lays a
+// decode's rows out as sequences of one token), and the ids and tables
+// arenas with room for every sequence's. Cost: no allocation once the
+// arrays have grown to the steps' size.
+func (s *layoutScratch) reset(step *ScheduledStep, blockSize, ringWindow int) {
 	t := step.Outputs.NumBatchedTokens
 	n := step.Outputs.NumPrefillSeqs + step.Outputs.NumDecodeTokens
-	h := &models.HostBatch{BlockSize: blockSize, RingWindow: ringWindow,
-		InputIDs: make([]int32, 0, t), Positions: make([]int32, 0, t), SlotMapping: make([]int32, 0, t),
-		CuSeqlensQ: make([]int32, 0, n+1), SeqlensK: make([]int32, 0, n), BlockTables: make([][]int32, 0, n)}
-	if ringWindow > 0 {
-		h.StateSlots = make([]int32, 0, n)
+	tables := 0
+	for i := range step.Seqs {
+		tables += len(step.Seqs[i].BlockTable)
 	}
-	return h
+	h := &s.h
+	h.BlockSize, h.RingWindow = blockSize, ringWindow
+	h.InputIDs, h.Positions, h.SlotMapping = grow32(h.InputIDs, t), grow32(h.Positions, t), grow32(h.SlotMapping, t)
+	h.CuSeqlensQ, h.SeqlensK = append(grow32(h.CuSeqlensQ, n+1), 0), grow32(h.SeqlensK, n)
+	clear(h.BlockTables[:cap(h.BlockTables)]) // drop the last step's tables
+	h.BlockTables = slices.Grow(h.BlockTables[:0], n)
+	h.StateSlots = h.StateSlots[:0]
+	if ringWindow > 0 {
+		h.StateSlots = grow32(h.StateSlots, n)
+	}
+	s.ids, s.tables = grow32(s.ids, t), grow32(s.tables, tables)
+	s.fromRow, s.shiftFrom = grow32(s.fromRow, t), grow32(s.shiftFrom, len(step.Seqs)+step.Outputs.NumDraftTokens)
+	s.sampleRows = grow32(s.sampleRows, step.Outputs.NumSampleRows+step.Outputs.NumDraftTokens)
+	s.promptRowIdx = s.promptRowIdx[:0]
 }
+
+// grow32 returns xs emptied, with room for n values.
+func grow32(xs []int32, n int) []int32 { return slices.Grow(xs[:0], n) }
 
 // layout lays step out into *buf (see models.HostBatch.UploadReusing) and
 // returns it with the number of placeholder inputs. It reads p.d only, so
 // the forward stage's Relayout may run it beside Process.
 func (p *prepare) layout(step *ScheduledStep, buf *kernels.Tensor) (*PreparedStep, int, error) {
-	h := newHostBatch(step, p.d.BlockSize, p.d.RingWindow)
+	sc := p.scratch.Get().(*layoutScratch)
+	defer p.scratch.Put(sc)
+	sc.reset(step, p.d.BlockSize, p.d.RingWindow)
+	h := &sc.h
 	numRows := step.Outputs.NumSampleRows
 	rows := make([]RowRef, 0, numRows+step.Outputs.NumDraftTokens)
-	sampleRows := make([]int32, 0, cap(rows))
+	sampleRows, fromRow, shiftFrom, promptRowIdx := sc.sampleRows, sc.fromRow, sc.shiftFrom, sc.promptRowIdx
+	idArena, tableArena := sc.ids, sc.tables
 	var promptRows []PromptRow
-	var promptRowIdx []int32
-	fromRow := make([]int32, 0, step.Outputs.NumBatchedTokens)
-	shiftFrom := make([]int32, 0, len(step.Seqs)+step.Outputs.NumDraftTokens)
 	numPlaceholders, shifted := 0, false
 	// Placeholders index the draft stage's table of the step before (1 + k
 	// entries a sample row), or its sampled tokens when it drafted nothing.
@@ -266,7 +297,8 @@ func (p *prepare) layout(step *ScheduledStep, buf *kernels.Tensor) (*PreparedSte
 			promptRows = append(promptRows, PromptRow{Meta: m, Next: m.TokenIDs[pos+1]})
 			promptRowIdx = append(promptRowIdx, first+int32(pos-m.PosStart))
 		}
-		ids := make([]int32, len(m.InputTokenIDs))
+		ids := idArena[len(idArena) : len(idArena)+len(m.InputTokenIDs) : len(idArena)+len(m.InputTokenIDs)]
+		idArena = idArena[:len(idArena)+len(ids)]
 		for j, id := range m.InputTokenIDs {
 			from := int32(-1)
 			if id == engine.PlaceholderToken {
@@ -283,7 +315,8 @@ func (p *prepare) layout(step *ScheduledStep, buf *kernels.Tensor) (*PreparedSte
 		if m.Shifted {
 			shift, shifted = int32(m.InputFromRow), true
 		}
-		table := make([]int32, len(m.BlockTable))
+		table := tableArena[len(tableArena) : len(tableArena)+len(m.BlockTable) : len(tableArena)+len(m.BlockTable)]
+		tableArena = tableArena[:len(tableArena)+len(table)]
 		for j, b := range m.BlockTable {
 			table[j] = int32(b)
 		}
@@ -348,6 +381,8 @@ func (p *prepare) layout(step *ScheduledStep, buf *kernels.Tensor) (*PreparedSte
 	if len(all) > 0 {
 		extra = append(extra, all)
 	}
+	// The grown arrays go back to the scratch for the next call.
+	sc.sampleRows, sc.fromRow, sc.shiftFrom, sc.promptRowIdx = all[:0], fromRow[:0], shiftFrom[:0], promptRowIdx[:0]
 	batch, views, err := h.UploadReusing(p.d.Ops, p.d.NumBlocks, buf, extra...)
 	if err != nil {
 		return nil, 0, fmt.Errorf("prepare: step %d: %w", step.Outputs.StepID, err)
