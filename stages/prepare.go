@@ -115,7 +115,9 @@ type PreparedStep struct {
 	// placeholders come from that step's sample row r. The step was planned
 	// before those drafts existed, with room for k each; the rows past a
 	// shorter draft would be padding, computed and ignored. The prepare
-	// stage sets it; TrimDrafts calls it. nil: the step runs as laid out.
+	// stage sets it; TrimDrafts calls it, at most once a step (the new
+	// layout's memory is the step's: a second call would reuse it). nil:
+	// the step runs as laid out.
 	Relayout func(drafts []int) (*PreparedStep, error)
 	// Previous is the step before's *SampledStep, which the loop's lagged
 	// edge from sample hands the forward slot before this step runs (nil
@@ -149,7 +151,8 @@ type prepare struct {
 	d        PrepareDeps
 	bufs     []kernels.Tensor // nil: InFlight unknown, a new buffer every step
 	trimBufs []kernels.Tensor
-	scratch  sync.Pool // of *layoutScratch: Process and Relayout may lay out at once
+	trimSeqs [][]engine.SequenceMetadata // the relaid-out steps' metadata, a ring like trimBufs
+	scratch  sync.Pool                   // of *layoutScratch: Process and Relayout may lay out at once
 }
 
 func newPrepare(d PrepareDeps) *prepare {
@@ -158,6 +161,7 @@ func newPrepare(d PrepareDeps) *prepare {
 	if d.InFlight > 0 {
 		p.bufs = make([]kernels.Tensor, d.InFlight+1)
 		p.trimBufs = make([]kernels.Tensor, d.InFlight+1)
+		p.trimSeqs = make([][]engine.SequenceMetadata, d.InFlight+1)
 	}
 	return p
 }
@@ -171,7 +175,15 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 		p.d.Stats.Placeholders.Add(int64(placeholders))
 	}
 	out.Relayout = func(drafts []int) (*PreparedStep, error) {
-		trimmed, err := trimScheduled(step, drafts)
+		var into []engine.SequenceMetadata
+		if slot := seqsFor(p.trimSeqs, step); slot != nil {
+			into = *slot
+			defer func() { *slot = into }()
+		}
+		trimmed, err := trimScheduled(step, drafts, into)
+		if err == nil {
+			into = trimmed.Seqs
+		}
 		if err != nil {
 			return nil, fmt.Errorf("prepare: step %d: %w", step.Outputs.StepID, err)
 		}
@@ -182,6 +194,17 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 		return out, err
 	}
 	return out, nil
+}
+
+// seqsFor is the entry of ring seqs that holds step's trimmed metadata
+// (nil: the ring is unknown, a new copy each time). Like the upload
+// buffers, an entry is reused InFlight+1 steps later, when every reader
+// of the step it held is done with it.
+func seqsFor(seqs [][]engine.SequenceMetadata, step *ScheduledStep) *[]engine.SequenceMetadata {
+	if len(seqs) == 0 {
+		return nil
+	}
+	return &seqs[int(step.Outputs.StepID)%len(seqs)]
 }
 
 // bufFor is the buffer of ring bufs that step uploads into (nil: the ring
@@ -199,10 +222,11 @@ func bufFor(bufs []kernels.Tensor, step *ScheduledStep) *kernels.Tensor {
 // dropped, with their counts in the copy's outputs. Nothing else changes:
 // the kept rows' tokens, positions and slots, the shift, the KV the
 // scheduler reserved. step itself is not modified (its metadata may be
-// recycled by the scheduler). Cost: one copy of the step's metadata.
-func trimScheduled(step *ScheduledStep, drafts []int) (*ScheduledStep, error) {
+// recycled by the scheduler). The copy is made in into's array when it
+// has room (nil: a new one). Cost: one copy of the step's metadata.
+func trimScheduled(step *ScheduledStep, drafts []int, into []engine.SequenceMetadata) (*ScheduledStep, error) {
 	out := *step.Outputs
-	seqs := slices.Clone(step.Seqs)
+	seqs := append(into[:0], step.Seqs...)
 	for i := range seqs {
 		m := &seqs[i]
 		if !m.Shifted || m.NumDrafts == 0 {

@@ -10,9 +10,11 @@ import (
 	"github.com/deepinfer/deepinfer-go/kernels/cpu"
 )
 
-// decodeStep is a step of n decodes of 1+k known tokens each, sequence i
-// at position pos+i over its own blocks (blocks of size bs).
-func decodeStep(id engine.StepID, n, k, pos, bs int, first int) *ScheduledStep {
+// decodeStep is a step of n decodes of 1+k tokens each, sequence i at
+// position pos+i over its own blocks (blocks of size bs): known tokens, or
+// with shifted set placeholders of the step before's row i, laid out
+// before its drafts existed.
+func decodeStep(id engine.StepID, n, k, pos, bs int, first int, shifted bool) *ScheduledStep {
 	seqs := make([]engine.SequenceMetadata, n)
 	for i := range seqs {
 		p := pos + i
@@ -28,6 +30,12 @@ func decodeStep(id engine.StepID, n, k, pos, bs int, first int) *ScheduledStep {
 		seqs[i] = engine.SequenceMetadata{SeqID: engine.SeqID(i + 1), NumDrafts: k, SeqlenQ: 1 + k, SeqlenK: p + 1 + k, PosStart: p,
 			InputTokenIDs: ids, SlotMapping: slots, BlockTable: table, InputFromRow: -1, Sample: true, SampleRow: i,
 			PromptLogprobsFrom: -1, PromptLogprobsTo: -1}
+		if shifted {
+			for j := range ids {
+				ids[j] = engine.PlaceholderToken
+			}
+			seqs[i].Shifted, seqs[i].InputFromRow = true, i
+		}
 	}
 	out := &engine.SchedulerOutputs{StepID: id, NumSeqs: n, NumDecodeSeqs: n, NumSampleRows: n,
 		NumBatchedTokens: n * (1 + k), NumDecodeTokens: n * (1 + k), NumDraftTokens: n * k, DraftLimit: k}
@@ -38,6 +46,13 @@ func decodeStep(id engine.StepID, n, k, pos, bs int, first int) *ScheduledStep {
 func batchArrays(t *testing.T, ops kernels.Ops, p *PreparedStep) map[string][]int32 {
 	t.Helper()
 	got := map[string][]int32{}
+	if p.FromRow != nil {
+		v, err := kernels.ToI32(ops, p.FromRow)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got["from_row"] = v
+	}
 	for name, x := range map[string]kernels.Tensor{"ids": p.Batch.InputIDs, "positions": p.Batch.Positions, "slots": p.Batch.Attn.SlotMapping,
 		"cu_seqlens_q": p.Batch.Attn.CuSeqlensQ, "seqlens_k": p.Batch.Attn.SeqlensK, "block_tables": p.Batch.Attn.BlockTables, "sample_rows": p.SampleRows} {
 		v, err := kernels.ToI32(ops, x)
@@ -49,44 +64,66 @@ func batchArrays(t *testing.T, ops kernels.Ops, p *PreparedStep) map[string][]in
 	return got
 }
 
-// The prepare stage reuses its host arrays from layout to layout: a step
-// laid out after a larger one, and a step laid out before others, hold
-// the same batch as each laid out by a fresh stage, nothing left over from
-// the other layouts.
+// The prepare stage reuses its host arrays from layout to layout, and the
+// metadata of a step laid out again in a ring: a step laid out after a
+// larger one, and a step laid out before others, hold the same batch (and
+// the relaid-out steps the same metadata) as each laid out by a fresh
+// stage, nothing left over from the other layouts.
 func TestPrepareReusesHostArrays(t *testing.T) {
 	const k, bs = 2, 4
 	ops := cpu.New(cpu.Options{Threads: 1})
 	deps := PrepareDeps{Ops: ops, BlockSize: bs, NumBlocks: 4096, NumSpeculativeTokens: k, InFlight: 2}
 	steps := []*ScheduledStep{
-		decodeStep(5, 6, k, 30, bs, 0),   // large first: the arrays grow
-		decodeStep(6, 2, k, 3, bs, 1000), // smaller, shorter tables
-		decodeStep(7, 4, k, 90, bs, 2000),
+		decodeStep(5, 6, k, 30, bs, 0, true), // large first: the arrays grow
+		decodeStep(6, 2, k, 3, bs, 1000, false),
+		decodeStep(7, 4, k, 90, bs, 2000, true),
 	}
-	want := make([]map[string][]int32, len(steps))
-	for i, s := range steps {
-		prep, err := newPrepare(deps).Process(context.Background(), s)
+	drafts := [][]int{{1, 0, 2, 2, 0, 1}, nil, {0, 2, 1, 0}}
+	type laidOut struct {
+		batch, relaid map[string][]int32
+		seqs          []engine.SequenceMetadata
+	}
+	lay := func(p *prepare, i int) (laidOut, *PreparedStep, *PreparedStep) {
+		prep, err := p.Process(context.Background(), steps[i])
 		if err != nil {
 			t.Fatal(err)
 		}
-		want[i] = batchArrays(t, ops, prep)
+		l := laidOut{batch: batchArrays(t, ops, prep)}
+		if drafts[i] == nil {
+			return l, prep, nil
+		}
+		re, err := prep.Relayout(drafts[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.relaid, l.seqs = batchArrays(t, ops, re), append([]engine.SequenceMetadata(nil), re.Seqs...)
+		return l, prep, re
+	}
+	want := make([]laidOut, len(steps))
+	for i := range steps {
+		want[i], _, _ = lay(newPrepare(deps), i)
+	}
+	if got, full := len(want[0].relaid["ids"]), len(want[0].batch["ids"]); got != 6+6 || full != 6*(1+k) {
+		t.Fatalf("step 5 has %d rows, %d after the relayout; want %d and %d", full, got, 6*(1+k), 12)
 	}
 	p := newPrepare(deps)
-	var preps []*PreparedStep
+	var preps, relaid []*PreparedStep
 	for i, s := range steps {
-		prep, err := p.Process(context.Background(), s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		preps = append(preps, prep)
-		if got := batchArrays(t, ops, prep); !reflect.DeepEqual(got, want[i]) {
-			t.Errorf("step %d laid out after %d others: %v, want %v", s.Outputs.StepID, i, got, want[i])
+		got, prep, re := lay(p, i)
+		preps, relaid = append(preps, prep), append(relaid, re)
+		if !reflect.DeepEqual(got, want[i]) {
+			t.Errorf("step %d laid out after %d others: %+v, want %+v", s.Outputs.StepID, i, got, want[i])
 		}
 	}
 	// The three steps are in flight at once (three ring slots): laying out
-	// the later ones left the first ones' batches as they were.
-	for i, prep := range preps {
-		if got := batchArrays(t, ops, prep); !reflect.DeepEqual(got, want[i]) {
-			t.Errorf("step %d after the later layouts: %v, want %v", steps[i].Outputs.StepID, got, want[i])
+	// the later ones left the first ones' batches and metadata as they were.
+	for i := range steps {
+		got := laidOut{batch: batchArrays(t, ops, preps[i])}
+		if relaid[i] != nil {
+			got.relaid, got.seqs = batchArrays(t, ops, relaid[i]), relaid[i].Seqs
+		}
+		if !reflect.DeepEqual(got, want[i]) {
+			t.Errorf("step %d after the later layouts: %+v, want %+v", steps[i].Outputs.StepID, got, want[i])
 		}
 	}
 }

@@ -26,7 +26,7 @@ func TestTrimScheduled(t *testing.T) {
 	before := *out
 	beforeSeqs := []engine.SequenceMetadata{shifted(1, 0, 20), shifted(2, 2, 40), exact, shifted(3, 1, 60), prefill}
 
-	got, err := trimScheduled(step, []int{1, k, 0}) // rows 0, 1, 2: seqs 1, 3, 2
+	got, err := trimScheduled(step, []int{1, k, 0}, nil) // rows 0, 1, 2: seqs 1, 3, 2
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func TestTrimScheduled(t *testing.T) {
 
 	// A placeholder source the step before did not draft for is an error
 	// naming the sequence.
-	if _, err := trimScheduled(step, []int{1, 1}); err == nil || !strings.Contains(err.Error(), "sequence 2") {
+	if _, err := trimScheduled(step, []int{1, 1}, nil); err == nil || !strings.Contains(err.Error(), "sequence 2") {
 		t.Errorf("drafts for 2 rows, a sequence reading row 2: err %v", err)
 	}
 }
