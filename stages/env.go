@@ -79,7 +79,9 @@ type Speculative struct {
 	// DSpark is the dspark drafter's model (nil for others), with its
 	// per-sequence confidence threshold and the cap on the draft tokens a
 	// step verifies (0: none), or, with VerifyBudgetAuto, a budget chosen
-	// each step from the measured cost of a row (spec.GateCost).
+	// each step from the measured cost of a row (spec.GateCost), gating
+	// only at the batch sizes where it is measured faster than verifying
+	// every draft unread.
 	DSpark                 *models.DSpark
 	ConfidenceThreshold    float64
 	MaxVerifyTokensPerStep int

@@ -234,7 +234,10 @@ type Speculative struct {
 	// (engine/spec.GateBudget); 0: no cap beyond k and the confidence
 	// threshold per sequence; "auto": as many as maximize the step's
 	// expected tokens per second on the measured cost of a verified row at
-	// the running batch (engine/spec.GateCost, spec.RowCost).
+	// the running batch (engine/spec.GateCost, spec.RowCost), and where
+	// gating is measured slower than verifying every draft (its read of
+	// the confidences costs a device that verifies rows nearly free more
+	// than the rows it saves), every draft unread, the threshold included.
 	MaxVerifyTokensPerStep VerifyBudget `yaml:"max_verify_tokens_per_step"`
 }
 
