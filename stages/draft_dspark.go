@@ -76,8 +76,8 @@ func init() {
 // onto the device.
 //
 // That round trip is the price of gating: on a device that verifies a
-// row nearly free (an H100 at batch 8-64), verifying every draft without
-// the read ran 1.2-1.5x faster than gating with it. With the step budget
+// row nearly free (an H100 at batch 1-64), verifying every draft without
+// the read ran 1.17-1.41x faster than gating with it. With the step budget
 // "auto" the drafter therefore measures, per batch size class, whether
 // gating pays for its read (gating, a spec.Controller over two lengths:
 // 1 gates, 0 verifies every draft unread, the threshold included) and
