@@ -445,9 +445,10 @@ func (p *dsparkDrafter) propose(ctx context.Context, step *SampledStep, fromDevi
 // upload, the gathers, the pass, and the confidences read back: once at
 // the end on an asynchronous backend, after each position on the others
 // (which stops the pass once no row's cumulative confidence clears the
-// threshold, as models.DSpark.Draft does); not at all unless read. It
-// returns the drafts, the confidences of the positions it ran (per row;
-// nil unread) and the drafts' stride (the rows).
+// threshold, as models.DSpark.Draft does); unless read, not at all, and
+// the pass leaves the confidence head out. It returns the drafts, the
+// confidences of the positions it ran (per row; nil unread) and the
+// drafts' stride (the rows).
 func (p *dsparkDrafter) eager(ctx context.Context, step *SampledStep, s *dsparkPlan, n int, read bool) (kernels.Tensor, [][]float64, int, error) {
 	ops, ds := p.d.Ops, p.ds
 	b := len(s.cols)
@@ -473,7 +474,7 @@ func (p *dsparkDrafter) eager(ctx context.Context, step *SampledStep, s *dsparkP
 	if pass.Tokens, err = ops.Alloc(kernels.I32, n*b); err != nil {
 		return nil, nil, 0, err
 	}
-	gates := p.gates()
+	gates := p.gates() && read
 	if gates { // else the pass leaves the confidence head out
 		if pass.Z, err = ops.Alloc(kernels.F32, n*b, 1); err != nil {
 			return nil, nil, 0, err
@@ -481,11 +482,11 @@ func (p *dsparkDrafter) eager(ctx context.Context, step *SampledStep, s *dsparkP
 	}
 	thr := p.d.Speculative.ConfidenceThreshold
 	_, async := ops.(kernels.AsyncFetcher)
-	if async || thr <= 0 || !read {
+	if async || thr <= 0 || !gates {
 		if err := ds.Queue(ctx, pass, n, nil); err != nil {
 			return nil, nil, 0, err
 		}
-		if !gates || !read {
+		if !gates {
 			return pass.Tokens, nil, b, nil
 		}
 		conf, err := readConfidence(ops, ds, pass.Z, b, n)
