@@ -176,16 +176,16 @@ func (p *prepare) Process(_ context.Context, step *ScheduledStep) (*PreparedStep
 	}
 	out.Relayout = func(drafts []int) (*PreparedStep, error) {
 		var into []engine.SequenceMetadata
-		if slot := seqsFor(p.trimSeqs, step); slot != nil {
+		slot := seqsFor(p.trimSeqs, step)
+		if slot != nil {
 			into = *slot
-			defer func() { *slot = into }()
 		}
 		trimmed, err := trimScheduled(step, drafts, into)
-		if err == nil {
-			into = trimmed.Seqs
-		}
 		if err != nil {
 			return nil, fmt.Errorf("prepare: step %d: %w", step.Outputs.StepID, err)
+		}
+		if slot != nil {
+			*slot = trimmed.Seqs // grown, for the step that takes the slot next
 		}
 		out, kept, err := p.layout(trimmed, bufFor(p.trimBufs, step))
 		if err == nil && p.d.Stats != nil {
@@ -257,9 +257,9 @@ func trimScheduled(step *ScheduledStep, drafts []int, into []engine.SequenceMeta
 // are reused from call to call through prepare.scratch; they grow to the
 // largest step and stay.
 type layoutScratch struct {
-	h                                                   models.HostBatch
-	ids, tables                                         []int32
-	fromRow, shiftFrom, sampleRows, promptRowIdx, extra []int32
+	h                                            models.HostBatch
+	ids, tables                                  []int32
+	fromRow, shiftFrom, sampleRows, promptRowIdx []int32
 }
 
 // reset empties s for step: the host batch with room for its tokens and
@@ -293,6 +293,14 @@ func (s *layoutScratch) reset(step *ScheduledStep, blockSize, ringWindow int) {
 // grow32 returns xs emptied, with room for n values.
 func grow32(xs []int32, n int) []int32 { return slices.Grow(xs[:0], n) }
 
+// take returns the next n values of arena (which has room for them), and
+// moves arena's end past them.
+func take(arena *[]int32, n int) []int32 {
+	a := *arena
+	*arena = a[:len(a)+n]
+	return a[len(a) : len(a)+n : len(a)+n]
+}
+
 // layout lays step out into *buf (see models.HostBatch.UploadReusing) and
 // returns it with the number of placeholder inputs. It reads p.d only, so
 // the forward stage's Relayout may run it beside Process.
@@ -321,8 +329,7 @@ func (p *prepare) layout(step *ScheduledStep, buf *kernels.Tensor) (*PreparedSte
 			promptRows = append(promptRows, PromptRow{Meta: m, Next: m.TokenIDs[pos+1]})
 			promptRowIdx = append(promptRowIdx, first+int32(pos-m.PosStart))
 		}
-		ids := idArena[len(idArena) : len(idArena)+len(m.InputTokenIDs) : len(idArena)+len(m.InputTokenIDs)]
-		idArena = idArena[:len(idArena)+len(ids)]
+		ids := take(&idArena, len(m.InputTokenIDs))
 		for j, id := range m.InputTokenIDs {
 			from := int32(-1)
 			if id == engine.PlaceholderToken {
@@ -339,8 +346,7 @@ func (p *prepare) layout(step *ScheduledStep, buf *kernels.Tensor) (*PreparedSte
 		if m.Shifted {
 			shift, shifted = int32(m.InputFromRow), true
 		}
-		table := tableArena[len(tableArena) : len(tableArena)+len(m.BlockTable) : len(tableArena)+len(m.BlockTable)]
-		tableArena = tableArena[:len(tableArena)+len(table)]
+		table := take(&tableArena, len(m.BlockTable))
 		for j, b := range m.BlockTable {
 			table[j] = int32(b)
 		}
