@@ -80,8 +80,10 @@
 #           (configs/cuda.yaml): deepinfer generate, greedy, 64 tokens, with
 #           speculative.method none and dspark, ZOS on and off: every text
 #           must equal the none run's; then deepinfer bench --speculative
-#           none,mtp,dspark,dspark-fixed (dspark-fixed: the same drafter
-#           verifying every draft, confidence gating off) on the prose
+#           none,mtp,dspark,dspark-fixed,dspark-auto (dspark-fixed: the
+#           same drafter verifying every draft, confidence gating off;
+#           dspark-auto: the step budget auto, which also measures whether
+#           gating pays for its read of the confidences) on the prose
 #           workload at DSPARK_BATCHES (default 1,8,32,64), k = DSPARK_K
 #           (default 6), confidence_threshold DSPARK_THRESHOLD (default
 #           0.3), max(DSPARK_PROMPTS, DSPARK_WAVES x batch) requests a
@@ -501,7 +503,7 @@ phase_dspark() {
 			rc+=("bench-$batch:skipped")
 			continue
 		fi
-		timeout "$t" "$dir/deepinfer" bench --config "$cfg" --speculative none,mtp,dspark,dspark-fixed --workload prose \
+		timeout "$t" "$dir/deepinfer" bench --config "$cfg" --speculative none,mtp,dspark,dspark-fixed,dspark-auto --workload prose \
 			--batch "$batch" --num-speculative-tokens "$k" \
 			--num-prompts "$(waves "${DSPARK_PROMPTS:-64}" "${DSPARK_WAVES:-8}" "$batch")" \
 			>>"$logs/dspark_bench.txt" 2>&1
@@ -878,7 +880,7 @@ for workload in prose editing; do
 done
 if [[ -f $logs/dspark_bench.txt ]]; then
 	echo "-- DSpark, default model, prose workload (deepinfer bench --speculative, k=${DSPARK_K:-6}, confidence_threshold ${DSPARK_THRESHOLD:-0.3})"
-	grep -E '^(method|none|mtp|dspark|dspark-fixed) |outputs identical' "$logs/dspark_bench.txt"
+	grep -E '^(method|none|mtp|dspark|dspark-fixed|dspark-auto) |outputs identical' "$logs/dspark_bench.txt"
 fi
 for f in "$logs"/spec_gen_*.txt "$logs"/dspark_gen_*.txt; do
 	[[ -f $f ]] || continue
