@@ -336,9 +336,9 @@ type HostBatch struct {
 	// slot, and Upload adds the ring slot mapping.
 	RingWindow int
 	StateSlots []int32 // [num_seqs]
-	// Packed is UploadReusing's host scratch when it uploads into a
-	// caller's buffer: the arrays packed for the one copy, kept here (and
-	// grown) for the next call. Nothing reads it after the call.
+	// Packed is UploadReusing's host scratch: the arrays packed for the
+	// one copy, kept here (and grown) for the next call. Nothing reads it
+	// after the call.
 	Packed []int32
 }
 
@@ -500,15 +500,9 @@ func (h *HostBatch) UploadReusing(ops kernels.Ops, numBlocks int, buf *kernels.T
 		offsets[i] = total
 		total += (size(p) + 3) &^ 3
 	}
-	var packed []int32
-	if buf != nil {
-		// The upload into *buf reads packed during the call only (without
-		// a buffer the batch's own tensor may be packed itself).
-		h.Packed = slices.Grow(h.Packed[:0], total)[:total]
-		packed = h.Packed
-	} else {
-		packed = make([]int32, total)
-	}
+	// Upload reads packed during the call only, so it is kept for the next.
+	h.Packed = slices.Grow(h.Packed[:0], total)[:total]
+	packed := h.Packed
 	for i, p := range parts {
 		if p.xs != nil || size(p) == 0 {
 			copy(packed[offsets[i]:], p.xs)
