@@ -202,7 +202,7 @@ func TestDSparkDeviceDraftsMatchHost(t *testing.T) {
 // upload of the step's rows, the gathers of their hidden rows and tokens
 // from the device's verification, the gather of their hidden states, one
 // replay, the read of the confidences), from the host's 4 (no gathers
-// from the device); eagerly 74 + 11k (76 + 11k from the device), every
+// from the device); eagerly 75 + 4k (77 + 4k from the device), every
 // kernel of the pass a host operation. The host path that the device
 // paths replace (models.DSpark.Draft, run beside them on every step) costs
 // what the eager path costs, plus a host wait for the step's tokens
@@ -238,9 +238,11 @@ func TestDSparkDraftStepOps(t *testing.T) {
 					// device), the features' allocation and gather, the
 					// drafts' and confidences' allocations, the read; the
 					// block (16 allocations, 5 kernels, 19 kernels a layer
-					// of the 2) and the positions (8 allocations, 11
-					// kernels each, every position run).
-					eagerOps := 2 + 2 + 2 + 1 + (16 + 5 + 2*19) + 8 + 11*k
+					// of the 2), the positions (5 allocations, 4 kernels
+					// each: the Markov table's row, its add, the logits
+					// and their argmax) and the confidence head once over
+					// them (4 kernels).
+					eagerOps := 2 + 2 + 2 + 1 + (16 + 5 + 2*19) + 5 + 4*k + 4
 					if zos {
 						eagerOps += 2
 					}
@@ -285,8 +287,8 @@ func TestDSparkDraftStepOps(t *testing.T) {
 					ungatedEager := runCountedDSpark(t, v)
 					for _, s := range ungatedEager.steps {
 						// No confidences' allocation, no read, and no
-						// confidence head (4 kernels a position).
-						if want := eagerOps - 2 - 4*k; !s.Prefill && s.SampleRows == batch && s.Total != want {
+						// confidence head (3 allocations, 4 kernels).
+						if want := eagerOps - 2 - 3 - 4; !s.Prefill && s.SampleRows == batch && s.Total != want {
 							t.Errorf("gating off, eagerly: step %d: %d operations, want %d: %v", s.StepID, s.Total, want, s.Ops)
 						}
 					}

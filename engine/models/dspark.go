@@ -82,6 +82,12 @@ type DSpark struct {
 	layers           []dsparkLayer
 	markovDown       kernels.Tensor // [2r, target hidden]
 	markovUp         kernels.Tensor // [hidden, r]
+	// markovTable [vocab, hidden] (the activation dtype) holds the Markov
+	// correction of every token, markov.up(silu(a)*b) for [a b] =
+	// markov.down(E[t]), computed at load with the same operations, so a
+	// position gathers its correction instead of running three (nil when
+	// the table would pass markovTableMaxBytes).
+	markovTable      kernels.Tensor
 	confNorm         kernels.Tensor
 	confFC1, confFC2 kernels.Tensor // [2c, hidden], [1, c]
 	confBias         kernels.Tensor // [1]
@@ -186,7 +192,69 @@ func NewDSpark(ops kernels.Ops, cfg *DSparkConfig, src Weights, target Model) (*
 	if l.err != nil {
 		return nil, fmt.Errorf("models: dspark: %w", l.err)
 	}
+	if cfg.VocabSize*h*ops.ActivationDType().Size() <= markovTableMaxBytes {
+		var err error
+		if d.markovTable, err = d.buildMarkovTable(); err != nil {
+			return nil, fmt.Errorf("models: dspark: markov table: %w", err)
+		}
+	}
 	return d, nil
+}
+
+// markovTableMaxBytes bounds the Markov correction table (DSpark's
+// markovTable): 64 MiB holds a vocabulary of 65,536 at hidden size 256 in
+// float32; larger drafters compute the correction at each position.
+const markovTableMaxBytes = 64 << 20
+
+// markovTableChunk is how many tokens' corrections one round of the
+// table's build computes: the batch sizes of decode, at which the
+// backends run the same products as in a pass.
+const markovTableChunk = 64
+
+// buildMarkovTable computes the Markov correction of every token of the
+// vocabulary with the operations a pass would run on it (embedding,
+// markov.down, SiLU-and-multiply, markov.up), markovTableChunk tokens at a
+// time. Cost at load: 2*vocab*(2r*target hidden + hidden*r) flops and
+// vocab*hidden activations of memory.
+func (d *DSpark) buildMarkovTable() (kernels.Tensor, error) {
+	ops, cfg := d.ops, &d.cfg
+	v, h, r := cfg.VocabSize, cfg.HiddenSize, cfg.MarkovRank
+	table, err := ops.Alloc(ops.ActivationDType(), v, h)
+	if err != nil {
+		return nil, err
+	}
+	s := newScratch(ops)
+	ids := make([]int32, markovTableChunk)
+	for lo := 0; lo < v; lo += markovTableChunk {
+		n := min(markovTableChunk, v-lo)
+		for i := range n {
+			ids[i] = int32(lo + i)
+		}
+		idT, err := kernels.FromI32(ops, ids[:n], n)
+		if err != nil {
+			return nil, err
+		}
+		m, md := s.get(fmt.Sprint("m", n), n, cfg.TargetHiddenSize), s.get(fmt.Sprint("md", n), n, 2*r)
+		ma := s.get(fmt.Sprint("ma", n), n, r)
+		if s.err != nil {
+			return nil, s.err
+		}
+		rows, err := ops.Rows(table, lo, lo+n)
+		if err != nil {
+			return nil, err
+		}
+		for _, f := range []func() error{
+			func() error { return ops.Embedding(m, d.target.embed, idT) },
+			func() error { return ops.Linear(md, m, d.markovDown, nil) },
+			func() error { return ops.SiLUMul(ma, md) },
+			func() error { return ops.Linear(rows, ma, d.markovUp, nil) },
+		} {
+			if err := f(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return table, ops.Sync()
 }
 
 // Config returns the drafter's config.
@@ -399,16 +467,17 @@ type DSparkPass struct {
 	Layout kernels.Tensor // I32 [LayoutSize(B)]: FillLayout's arrays
 	// Tokens (I32 [>= n*B]) and Z (F32 [>= n*B, 1]) receive draft j of
 	// sequence s and its confidence logit (Confidence) at j*B+s. Z nil
-	// skips the confidence head (four operations a position), for a caller
-	// that does not gate.
+	// skips the confidence head, for a caller that does not gate.
 	Tokens, Z kernels.Tensor
 }
 
 // Queue queues a drafting pass of n <= BlockSize positions over p: the
 // block's layers over BlockSize rows a sequence, then position by
-// position the Markov correction, the argmax of the shared final norm
-// and LM head (each position's drafts feed the next position on the
-// device) and the confidence head (none when p.Z is nil). It uploads and
+// position the Markov correction (a row of the precomputed table where
+// the drafter has one) and the argmax of the shared final norm and LM
+// head (each position's drafts feed the next position on the device), and
+// the confidence head (none when p.Z is nil; once over all positions when
+// after is nil). It uploads and
 // reads nothing, so a CUDA graph can capture it; rows of p are
 // independent, so padding rows (any finite Feat, any token of the
 // vocabulary) change no other row.
@@ -555,24 +624,59 @@ func (d *DSpark) block(p *DSparkPass, b int) (kernels.Tensor, error) {
 	return x, nil
 }
 
-// correct queues the Markov correction, the shared LM head and the
-// confidence head position by position (each needs the draft before it)
-// into p.Tokens and p.Z, calling after (when not nil) once each position
-// is queued and stopping when it says so.
+// correct queues the Markov correction and the shared LM head position by
+// position (each needs the draft before it) into p.Tokens, and the
+// confidence head into p.Z: with each position when after (not nil) is
+// to read it, else once over all n positions' rows at the end, four
+// operations a pass instead of four a position. after is called once each
+// position is queued, and the pass stops when it says so.
 func (d *DSpark) correct(ctx context.Context, p *DSparkPass, x kernels.Tensor, b, n int, after func(int) (bool, error)) error {
 	ops, cfg := d.ops, &d.cfg
 	h, r, c := cfg.HiddenSize, cfg.MarkovRank, cfg.ConfidenceHiddenSize
+	// Without a caller that reads each position, the confidence head runs
+	// once over every position's corrected rows, kept in gs, after the
+	// last position (its operations are row by row: the same bits).
+	batched := after == nil && p.Z != nil
+	confRows := b
+	if batched {
+		confRows = n * b
+	}
 	s := newScratch(ops)
-	m, md := s.get("dspark.m", b, cfg.TargetHiddenSize), s.get("dspark.md", b, 2*r)
-	ma, g := s.get("dspark.ma", b, r), s.get("dspark.g", b, h)
-	gn, f1 := s.get("dspark.gn", b, h), s.get("dspark.f1", b, 2*c)
-	fa := s.get("dspark.fa", b, c)
+	gs := s.get("dspark.g", confRows, h)
+	var gn, f1, fa, m, md, ma kernels.Tensor
+	if p.Z != nil {
+		gn, f1 = s.get("dspark.gn", confRows, h), s.get("dspark.f1", confRows, 2*c)
+		fa = s.get("dspark.fa", confRows, c)
+	}
+	if d.markovTable == nil {
+		m, md = s.get("dspark.m", b, cfg.TargetHiddenSize), s.get("dspark.md", b, 2*r)
+		ma = s.get("dspark.ma", b, r)
+	}
 	if s.err != nil {
 		return s.err
 	}
 	logits, err := ops.Alloc(kernels.F32, b, cfg.VocabSize)
 	if err != nil {
 		return err
+	}
+	// confidence runs the confidence head over rows g, which are the
+	// corrected rows of Z's rows [lo, hi).
+	confidence := func(g kernels.Tensor, lo, hi int) error {
+		z, err := ops.Rows(p.Z, lo, hi)
+		if err != nil {
+			return err
+		}
+		for _, f := range []func() error{
+			func() error { return ops.RMSNorm(gn, g, d.confNorm, d.eps) },
+			func() error { return ops.Linear(f1, gn, d.confFC1, nil) },
+			func() error { return ops.SiLUMul(fa, f1) },
+			func() error { return ops.Linear(z, fa, d.confFC2, d.confBias) },
+		} {
+			if err := f(); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	for j := range n {
 		if err := ctx.Err(); err != nil {
@@ -594,24 +698,28 @@ func (d *DSpark) correct(ctx context.Context, p *DSparkPass, x kernels.Tensor, b
 		if err != nil {
 			return err
 		}
-		steps := []func() error{
-			func() error { return ops.Embedding(m, d.target.embed, ids) },
-			func() error { return ops.Linear(md, m, d.markovDown, nil) },
-			func() error { return ops.SiLUMul(ma, md) },
-			func() error { return ops.Linear(g, ma, d.markovUp, nil) },
-			func() error { return ops.Add(g, xj, g) },
-			func() error { return ops.Logits(logits, g, nil, d.target.finalNorm, d.target.lmHead, d.target.eps) },
-		}
-		if p.Z != nil {
-			zj, err := ops.Rows(p.Z, j*b, (j+1)*b)
-			if err != nil {
+		g := gs
+		if batched {
+			if g, err = ops.Rows(gs, j*b, (j+1)*b); err != nil {
 				return err
 			}
-			steps = append(steps,
-				func() error { return ops.RMSNorm(gn, g, d.confNorm, d.eps) },
-				func() error { return ops.Linear(f1, gn, d.confFC1, nil) },
-				func() error { return ops.SiLUMul(fa, f1) },
-				func() error { return ops.Linear(zj, fa, d.confFC2, d.confBias) })
+		}
+		var steps []func() error
+		if d.markovTable != nil {
+			steps = []func() error{func() error { return ops.Embedding(g, d.markovTable, ids) }}
+		} else {
+			steps = []func() error{
+				func() error { return ops.Embedding(m, d.target.embed, ids) },
+				func() error { return ops.Linear(md, m, d.markovDown, nil) },
+				func() error { return ops.SiLUMul(ma, md) },
+				func() error { return ops.Linear(g, ma, d.markovUp, nil) },
+			}
+		}
+		steps = append(steps,
+			func() error { return ops.Add(g, xj, g) },
+			func() error { return ops.Logits(logits, g, nil, d.target.finalNorm, d.target.lmHead, d.target.eps) })
+		if p.Z != nil && !batched {
+			steps = append(steps, func() error { return confidence(g, j*b, (j+1)*b) })
 		}
 		steps = append(steps, func() error { return kernels.ArgmaxInto(ops, next, logits) })
 		for _, f := range steps {
@@ -624,6 +732,11 @@ func (d *DSpark) correct(ctx context.Context, p *DSparkPass, x kernels.Tensor, b
 			if err != nil || stop {
 				return err
 			}
+		}
+	}
+	if batched {
+		if err := confidence(gs, 0, n*b); err != nil {
+			return fmt.Errorf("confidence: %w", err)
 		}
 	}
 	return nil

@@ -476,3 +476,40 @@ func TestDSparkQueueArgs(t *testing.T) {
 		t.Errorf("after saw positions %v, want [0 1]", seen)
 	}
 }
+
+// The precomputed Markov table drafts what computing each position's
+// correction drafts, bit for bit (the CPU kernels are batch-invariant),
+// with the confidence head per position (Draft) and once per pass (Queue).
+func TestDSparkMarkovTable(t *testing.T) {
+	seqs, plen := dsparkPrompts(t)
+	seqs = seqs[:3]
+	d, hidden, offsets := dsparkSetup(t, seqs)
+	if d.markovTable == nil {
+		t.Fatalf("the shipped drafter (vocabulary %d, hidden %d) has no Markov table", d.cfg.VocabSize, d.cfg.HiddenSize)
+	}
+	computed := *d
+	computed.markovTable = nil
+	as := []anchor{{0, plen}, {1, plen + 5}, {2, plen + 20}, {0, plen + 40}}
+	rows, last := make([]int32, len(as)), make([]int32, len(as))
+	for i, a := range as {
+		rows[i], last[i] = int32(offsets[a.seq]+a.pos-1), seqs[a.seq][a.pos]
+	}
+	for _, c := range []float64{0, 0.5} {
+		want, err := computed.Draft(context.Background(), hidden, rows, last, d.BlockSize(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := d.Draft(context.Background(), hidden, rows, last, d.BlockSize(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("stop below %g: with the table %v %v, computed %v %v", c, got.Tokens, got.Confidence, want.Tokens, want.Confidence)
+		}
+	}
+	wantTok, wantZ := queuePass(t, &computed, hidden, rows, last, d.BlockSize())
+	gotTok, gotZ := queuePass(t, d, hidden, rows, last, d.BlockSize())
+	if !slices.Equal(gotTok, wantTok) || !slices.Equal(gotZ, wantZ) {
+		t.Errorf("queued: with the table %v %v, computed %v %v", gotTok, gotZ, wantTok, wantZ)
+	}
+}
