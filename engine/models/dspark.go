@@ -591,11 +591,18 @@ func (d *DSpark) block(p *DSparkPass, b int) (kernels.Tensor, error) {
 	}
 	ap := kernels.AttentionParams{NumHeads: cfg.NumAttentionHeads, NumKVHeads: cfg.NumAttentionHeads, HeadDim: cfg.HeadDim,
 		Scale: float32(1 / math.Sqrt(float64(cfg.HeadDim)))}
+	// Each layer's input norm is the previous layer's last step, fused
+	// with its residual add (AddRMSNorm), and the MLP is one gated MLP
+	// where the backend has one: the operations of a pass are launches
+	// on a GPU, and at decode batch sizes their count sets its time.
+	gated, fused := ops.(kernels.GatedMLPer)
+	if err := ops.RMSNorm(xn, x, d.layers[0].inputNorm, d.eps); err != nil {
+		return nil, err
+	}
 	for i := range d.layers {
 		ly := &d.layers[i]
 		ap.InputDType = ly.o.DType()
 		steps := []func() error{
-			func() error { return ops.RMSNorm(xn, x, ly.inputNorm, d.eps) },
 			func() error { return ops.RMSNorm(cn, c, ly.contextNorm, d.eps) },
 			func() error { return ops.Linear(q, xn, ly.q, nil) },
 			func() error { return ops.Linear(kb, xn, ly.k, nil) },
@@ -608,12 +615,20 @@ func (d *DSpark) block(p *DSparkPass, b int) (kernels.Tensor, error) {
 			func() error { return ops.WriteCache(vCache, vc, ctxSlotsT, 0) },
 			func() error { return ops.Attention(attn, q, kCache, vCache, &meta, ap) },
 			func() error { return ops.Linear(delta, attn, ly.o, nil) },
-			func() error { return ops.Add(x, x, delta) },
-			func() error { return ops.RMSNorm(xn, x, ly.postNorm, d.eps) },
-			func() error { return ops.Linear(gu, xn, ly.gateUp, nil) },
-			func() error { return ops.SiLUMul(act, gu) },
-			func() error { return ops.Linear(delta, act, ly.down, nil) },
-			func() error { return ops.Add(x, x, delta) },
+			func() error { return ops.AddRMSNorm(xn, x, delta, ly.postNorm, d.eps) },
+		}
+		if fused {
+			steps = append(steps, func() error { return gated.GatedMLP(delta, xn, ly.gateUp, ly.down, gu, act) })
+		} else {
+			steps = append(steps,
+				func() error { return ops.Linear(gu, xn, ly.gateUp, nil) },
+				func() error { return ops.SiLUMul(act, gu) },
+				func() error { return ops.Linear(delta, act, ly.down, nil) })
+		}
+		if i+1 < len(d.layers) {
+			steps = append(steps, func() error { return ops.AddRMSNorm(xn, x, delta, d.layers[i+1].inputNorm, d.eps) })
+		} else {
+			steps = append(steps, func() error { return ops.Add(x, x, delta) })
 		}
 		for _, f := range steps {
 			if err := f(); err != nil {
