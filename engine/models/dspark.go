@@ -657,7 +657,7 @@ func (d *DSpark) correct(ctx context.Context, p *DSparkPass, x kernels.Tensor, b
 		confRows = n * b
 	}
 	s := newScratch(ops)
-	gs := s.get("dspark.g", confRows, h)
+	gs, gf := s.get("dspark.g", confRows, h), s.get("dspark.gf", b, h)
 	var gn, f1, fa, m, md, ma kernels.Tensor
 	if p.Z != nil {
 		gn, f1 = s.get("dspark.gn", confRows, h), s.get("dspark.f1", confRows, 2*c)
@@ -730,9 +730,12 @@ func (d *DSpark) correct(ctx context.Context, p *DSparkPass, x kernels.Tensor, b
 				func() error { return ops.Linear(g, ma, d.markovUp, nil) },
 			}
 		}
+		// g += x_j, normalized by the target's final norm into gf (one
+		// operation where Add and Logits' own norm would be two), then the
+		// LM head.
 		steps = append(steps,
-			func() error { return ops.Add(g, xj, g) },
-			func() error { return ops.Logits(logits, g, nil, d.target.finalNorm, d.target.lmHead, d.target.eps) })
+			func() error { return ops.AddRMSNorm(gf, g, xj, d.target.finalNorm, d.target.eps) },
+			func() error { return ops.Linear(logits, gf, d.target.lmHead, nil) })
 		if p.Z != nil && !batched {
 			steps = append(steps, func() error { return confidence(g, j*b, (j+1)*b) })
 		}
