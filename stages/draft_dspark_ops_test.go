@@ -202,7 +202,7 @@ func TestDSparkDeviceDraftsMatchHost(t *testing.T) {
 // upload of the step's rows, the gathers of their hidden rows and tokens
 // from the device's verification, the gather of their hidden states, one
 // replay, the read of the confidences), from the host's 4 (no gathers
-// from the device); eagerly 73 + 4k (75 + 4k from the device), every
+// from the device); eagerly 62 + 4k (64 + 4k from the device), every
 // kernel of the pass a host operation. The host path that the device
 // paths replace (models.DSpark.Draft, run beside them on every step) costs
 // what the eager path costs, plus a host wait for the step's tokens
@@ -237,12 +237,12 @@ func TestDSparkDraftStepOps(t *testing.T) {
 					// copy), the gathers of its rows and tokens (from the
 					// device), the features' allocation and gather, the
 					// drafts' and confidences' allocations, the read; the
-					// block (16 allocations, 6 kernels, 17 kernels a layer
+					// block (13 allocations, 6 kernels, 13 kernels a layer
 					// of the 2: this backend has no fused gated MLP), the positions (6 allocations, 4 kernels
 					// each: the Markov table's row, the add fused with the
 					// final norm, the LM head and the argmax) and the confidence head once over
 					// them (4 kernels).
-					eagerOps := 2 + 2 + 2 + 1 + (16 + 6 + 2*17) + 6 + 4*k + 4
+					eagerOps := 2 + 2 + 2 + 1 + (13 + 6 + 2*13) + 6 + 4*k + 4
 					if zos {
 						eagerOps += 2
 					}

@@ -428,7 +428,10 @@ func (d *DSpark) layout(b int) dsparkLayout {
 		at += (n + 3) &^ 3
 		return o
 	}
-	l.pos, l.slots, l.ctxSlots, l.cu, l.seqK, l.tables = next(nt), next(nt), next(b), next(nt+1), next(nt), next(nt)
+	// The context slots follow the block rows' slots directly, so that one
+	// cache write takes a layer's block and context keys together.
+	l.pos, l.slots, l.cu, l.seqK, l.tables = next(nt), next(nt+b), next(nt+1), next(nt), next(nt)
+	l.ctxSlots = l.slots + nt
 	l.size = at
 	return l
 }
@@ -531,14 +534,15 @@ func (d *DSpark) block(p *DSparkPass, b int) (kernels.Tensor, error) {
 	stride := k + 1
 	l := d.layout(b)
 	var err error
-	view := func(off, n int) kernels.Tensor {
-		var t kernels.Tensor
+	rows := func(t kernels.Tensor, lo, hi int) kernels.Tensor {
+		var v kernels.Tensor
 		if err == nil {
-			t, err = ops.Rows(p.Layout, off, off+n)
+			v, err = ops.Rows(t, lo, hi)
 		}
-		return t
+		return v
 	}
-	posT, slotsT, ctxSlotsT := view(l.pos, nt), view(l.slots, nt), view(l.ctxSlots, b)
+	view := func(off, n int) kernels.Tensor { return rows(p.Layout, off, off+n) }
+	posT, slotsT, allSlotsT := view(l.pos, nt), view(l.slots, nt), view(l.slots, nt+b)
 	meta := kernels.AttentionMetadata{NumSeqs: nt, NumTokens: nt, MaxSeqlenQ: 1, MaxSeqlenK: stride, BlockSize: stride,
 		CuSeqlensQ: view(l.cu, nt+1), SeqlensK: view(l.seqK, nt), SlotMapping: slotsT}
 	if tables := view(l.tables, nt); err == nil {
@@ -551,13 +555,21 @@ func (d *DSpark) block(p *DSparkPass, b int) (kernels.Tensor, error) {
 	s := newScratch(ops)
 	c := s.get("dspark.c", b, h)
 	x, e := s.get("dspark.x", nt, h), s.get("dspark.e", b, h)
-	xn, cn := s.get("dspark.xn", nt, h), s.get("dspark.cn", b, h)
-	q, kb, vb := s.get("dspark.q", nt, att), s.get("dspark.k", nt, att), s.get("dspark.v", nt, att)
-	kc, vc, attn := s.get("dspark.kc", b, att), s.get("dspark.vc", b, att), s.get("dspark.attn", nt, att)
+	// The normalized block rows, then the normalized context rows, in one
+	// buffer: the key and value projections take both in one product, and
+	// their outputs go to the cache in one write (their slots are
+	// adjacent in the layout).
+	xcn := s.get("dspark.xcn", nt+b, h)
+	q, kAll, vAll := s.get("dspark.q", nt, att), s.get("dspark.k", nt+b, att), s.get("dspark.v", nt+b, att)
+	attn := s.get("dspark.attn", nt, att)
 	delta := s.get("dspark.delta", nt, h)
 	gu, act := s.get("dspark.gu", nt, 2*cfg.IntermediateSize), s.get("dspark.act", nt, cfg.IntermediateSize)
 	if s.err != nil {
 		return nil, s.err
+	}
+	xn, cn := rows(xcn, 0, nt), rows(xcn, nt, nt+b)
+	if err != nil {
+		return nil, err
 	}
 	cacheDT := ops.ActivationDType()
 	if kd, ok := ops.(kernels.KVCacheDTyper); ok {
@@ -605,14 +617,10 @@ func (d *DSpark) block(p *DSparkPass, b int) (kernels.Tensor, error) {
 		steps := []func() error{
 			func() error { return ops.RMSNorm(cn, c, ly.contextNorm, d.eps) },
 			func() error { return ops.Linear(q, xn, ly.q, nil) },
-			func() error { return ops.Linear(kb, xn, ly.k, nil) },
-			func() error { return ops.Linear(vb, xn, ly.v, nil) },
-			func() error { return ops.Linear(kc, cn, ly.k, nil) },
-			func() error { return ops.Linear(vc, cn, ly.v, nil) },
-			func() error { return ops.WriteCache(kCache, kb, slotsT, 0) },
-			func() error { return ops.WriteCache(vCache, vb, slotsT, 0) },
-			func() error { return ops.WriteCache(kCache, kc, ctxSlotsT, 0) },
-			func() error { return ops.WriteCache(vCache, vc, ctxSlotsT, 0) },
+			func() error { return ops.Linear(kAll, xcn, ly.k, nil) },
+			func() error { return ops.Linear(vAll, xcn, ly.v, nil) },
+			func() error { return ops.WriteCache(kCache, kAll, allSlotsT, 0) },
+			func() error { return ops.WriteCache(vCache, vAll, allSlotsT, 0) },
 			func() error { return ops.Attention(attn, q, kCache, vCache, &meta, ap) },
 			func() error { return ops.Linear(delta, attn, ly.o, nil) },
 			func() error { return ops.AddRMSNorm(xn, x, delta, ly.postNorm, d.eps) },
