@@ -109,9 +109,25 @@ type dsparkDrafter struct {
 	gating            *spec.Controller
 	gatedFor          engine.StepID
 	gatedK, gatedRows int
-	lastStep          engine.StepID
-	lastSeen          time.Time
-	now               func() time.Time // the clock of observe (nil: time.Now)
+	// gateTurn is the last step's measurement of the gating choice, fed to
+	// gating at the next step's observe: a step drafted from the device's
+	// verification has no host outcome yet when it is observed, and has
+	// one by the next (the draft stage awaits it before taking the next).
+	gateTurn gateTurn
+	lastStep engine.StepID
+	lastSeen time.Time
+	now      func() time.Time // the clock of observe (nil: time.Now)
+}
+
+// gateTurn is one loop turn as the gating choice's controller sees it:
+// the end of the turn, and, when the turn ended with the step the choice
+// drafted for (measured), that step (its emitted tokens are counted once
+// its host outcome exists), the choice and its rows.
+type gateTurn struct {
+	set, measured bool
+	at            time.Time
+	step          *SampledStep
+	k, rows       int
 }
 
 func newDSparkDrafter(d DraftDeps) (*dsparkDrafter, error) {
@@ -151,11 +167,15 @@ func (p *dsparkDrafter) observe(step *SampledStep) {
 	}
 	// The gating choice is measured on the step it drafted for, prompt
 	// chunks included (the read costs there too): its tokens over the
-	// turn that ends here.
+	// turn that ends here, fed one step late (see gateTurn).
+	if g := p.gateTurn; g.set && g.measured {
+		p.gating.Observe(g.rows, g.k, emittedTokens(g.step), g.at)
+	} else if g.set {
+		p.gating.Skip(g.at)
+	}
+	p.gateTurn = gateTurn{set: true, at: now}
 	if turn && o.StepID == p.gatedFor {
-		p.gating.Observe(p.gatedRows, p.gatedK, emittedTokens(step), now)
-	} else {
-		p.gating.Skip(now)
+		p.gateTurn.measured, p.gateTurn.step, p.gateTurn.k, p.gateTurn.rows = true, step, p.gatedK, p.gatedRows
 	}
 	p.lastStep, p.lastSeen = o.StepID, now
 }

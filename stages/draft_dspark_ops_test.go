@@ -33,6 +33,7 @@ type dsparkVariant struct {
 	batch, k  int
 	threshold float64
 	budget    int
+	auto      bool // max_verify_tokens_per_step: auto (budget unused)
 	zos       bool
 	mode      dsparkMode
 }
@@ -58,8 +59,12 @@ func runCountedDSpark(t *testing.T, v dsparkVariant) dsparkRun {
 	t.Helper()
 	spec := ""
 	if v.mode != dsparkOff {
-		spec = fmt.Sprintf("pipeline: {draft: counted_dspark}\nspeculative: {method: dspark, draft_model: %s, num_speculative_tokens: %d, confidence_threshold: %g, max_verify_tokens_per_step: %d, adaptive: false}\n",
-			filepath.Join("..", "assets", "dspark-tiny"), v.k, v.threshold, v.budget)
+		budget := fmt.Sprint(v.budget)
+		if v.auto {
+			budget = "auto"
+		}
+		spec = fmt.Sprintf("pipeline: {draft: counted_dspark}\nspeculative: {method: dspark, draft_model: %s, num_speculative_tokens: %d, confidence_threshold: %g, max_verify_tokens_per_step: %s, adaptive: false}\n",
+			filepath.Join("..", "assets", "dspark-tiny"), v.k, v.threshold, budget)
 	}
 	yaml := fmt.Sprintf(`model: %s
 cpu: {threads: 2}
@@ -191,6 +196,41 @@ func TestDSparkDeviceDraftsMatchHost(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// With the step budget "auto" (which measures whether gating pays for its
+// read) the drafter serves from the device's verification as a GPU
+// backend runs it, eagerly and on graphs, ZOS on and off: the outputs are
+// those without speculation, and drafts are verified. (The recorded host
+// path is not compared here: it runs the measured choice a second time.)
+func TestDSparkAutoBudgetServes(t *testing.T) {
+	const batch, k = 8, 6
+	off := runCountedDSpark(t, dsparkVariant{batch: batch, zos: true, mode: dsparkOff})
+	for _, zos := range []bool{true, false} {
+		for _, mode := range []dsparkMode{dsparkAsync, dsparkGraphs} {
+			if dsparkRace && mode == dsparkGraphs {
+				continue
+			}
+			name := fmt.Sprintf("%v zos=%v", mode, zos)
+			run := runCountedDSpark(t, dsparkVariant{batch: batch, k: k, threshold: 0.3, auto: true, zos: zos, mode: mode})
+			if !reflect.DeepEqual(run.outputs, off.outputs) {
+				t.Errorf("%s: outputs %v, without speculation %v", name, run.outputs, off.outputs)
+			}
+			fromDevice := 0
+			for _, s := range run.steps {
+				if s.FromDevice {
+					fromDevice++
+				}
+			}
+			if zos && fromDevice == 0 {
+				t.Errorf("%s: no step drafted from the device's verification", name)
+			}
+			if run.spec.NumDraftTokens == 0 {
+				t.Errorf("%s: no draft verified", name)
+			}
+			t.Logf("%s: %d of %d drafting steps from the device, %d draft tokens, %d accepted", name, fromDevice, len(run.steps), run.spec.NumDraftTokens, run.spec.NumAcceptedTokens)
+		}
 	}
 }
 
