@@ -6,6 +6,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -264,6 +265,10 @@ type SpecSummary struct {
 	AcceptanceRate       float64   `json:"acceptance_rate"`
 	MeanAcceptedLength   float64   `json:"mean_accepted_length"`
 	PerPosAcceptanceRate []float64 `json:"per_position_acceptance_rate"`
+	// DraftLimitShares[l] is the share of steps with decode rows that the
+	// adaptive draft-length controller planned with a limit of l drafts
+	// (nil without the controller): how much of the run drafted at all.
+	DraftLimitShares []float64 `json:"draft_limit_shares,omitempty"`
 }
 
 func newSpecSummary(method string, k int, sp stages.SpecStats) *SpecSummary {
@@ -271,7 +276,21 @@ func newSpecSummary(method string, k int, sp stages.SpecStats) *SpecSummary {
 		Method: method, NumSpeculativeTokens: k,
 		NumDrafts: sp.NumDrafts, NumDraftTokens: sp.NumDraftTokens, NumAcceptedTokens: sp.NumAcceptedTokens,
 		AcceptanceRate: sp.AcceptanceRate(), MeanAcceptedLength: sp.MeanAcceptedLength(), PerPosAcceptanceRate: sp.PerPosAcceptanceRate(),
+		DraftLimitShares: sp.LimitShares(),
 	}
+}
+
+// LimitsString writes DraftLimitShares as "0/1/2 0.10/0.70/0.20" (limits,
+// then their shares); empty without them.
+func (s *SpecSummary) LimitsString() string {
+	if s == nil || len(s.DraftLimitShares) == 0 {
+		return ""
+	}
+	limits, shares := make([]string, len(s.DraftLimitShares)), make([]string, len(s.DraftLimitShares))
+	for i, r := range s.DraftLimitShares {
+		limits[i], shares[i] = strconv.Itoa(i), strconv.FormatFloat(r, 'f', 2, 64)
+	}
+	return strings.Join(limits, "/") + " " + strings.Join(shares, "/")
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

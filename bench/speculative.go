@@ -220,6 +220,9 @@ func RunSpeculative(ctx context.Context, cfg *config.Config, o SpeculativeOption
 					line += fmt.Sprintf(": %.1f output tok/s over %.2f s", r.OutputThroughput, r.DurationSeconds)
 					if sp := r.Speculative; sp != nil {
 						line += fmt.Sprintf(", mean accepted length %.2f", sp.MeanAcceptedLength)
+						if l := sp.LimitsString(); l != "" {
+							line += ", steps at draft limits " + l
+						}
 					}
 					fmt.Fprintln(o.Log, line)
 				}

@@ -584,11 +584,14 @@ func printSpeculative(w io.Writer, r *bench.SpeculativeResult) {
 	fmt.Fprintf(w, "==== Speculative Decoding Benchmark (%s workload, %d requests, k=%d, temperature %g%s) ====\n",
 		r.Workload, r.NumRequests, r.NumSpeculativeTokens, r.Temperature, rounds)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "method\tbatch\toutput tok/s%s\tvs none\tmean accepted len\tacceptance\tper-position\tTPOT ms\tbackend\n", spread)
+	fmt.Fprintf(tw, "method\tbatch\toutput tok/s%s\tvs none\tmean accepted len\tacceptance\tper-position\tdraft limits\tTPOT ms\tbackend\n", spread)
 	for _, run := range r.Runs {
 		res := run.Result
-		mal, acc, pos := "-", "-", "-"
+		mal, acc, pos, lim := "-", "-", "-", "-"
 		if sp := res.Speculative; sp != nil {
+			if l := sp.LimitsString(); l != "" {
+				lim = l
+			}
 			mal, acc = fmt.Sprintf("%.2f", sp.MeanAcceptedLength), fmt.Sprintf("%.2f", sp.AcceptanceRate)
 			if len(sp.PerPosAcceptanceRate) > 0 {
 				parts := make([]string, len(sp.PerPosAcceptanceRate))
@@ -603,8 +606,8 @@ func printSpeculative(w io.Writer, r *bench.SpeculativeResult) {
 			// half the rounds' range, over the median
 			sp = fmt.Sprintf("\t±%.0f%%", 50*(slices.Max(run.RoundThroughputs)-slices.Min(run.RoundThroughputs))/max(res.OutputThroughput, 1e-9))
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.1f%s\t%.2fx\t%s\t%s\t%s\t%.2f\t%s\n",
-			run.Method, run.Batch, res.OutputThroughput, sp, run.Speedup, mal, acc, pos, res.TPOTMillis.Mean, res.Backend)
+		fmt.Fprintf(tw, "%s\t%d\t%.1f%s\t%.2fx\t%s\t%s\t%s\t%s\t%.2f\t%s\n",
+			run.Method, run.Batch, res.OutputThroughput, sp, run.Speedup, mal, acc, pos, lim, res.TPOTMillis.Mean, res.Backend)
 	}
 	tw.Flush()
 	if r.OutputsIdentical {

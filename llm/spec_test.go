@@ -66,6 +66,15 @@ func testSpeculativeSameTokens(t *testing.T, dir string, methods []struct{ metho
 			if rows, seqs := l.StepStats().DecodeTokens.Load(), l.StepStats().DecodeSeqs.Load(); rows != seqs+spec.NumDraftTokens {
 				t.Errorf("seed %d %s zos %v small %v: %d decode rows for %d decodes and %d draft tokens verified", seed, method, zos, small, rows, seqs, spec.NumDraftTokens)
 			}
+			// The adaptive controller's limits are counted, once a step
+			// with decode rows, each at most k; without it, none.
+			limits := int64(0)
+			for _, n := range spec.StepsAtLimit {
+				limits += n
+			}
+			if adaptive := zos && small && method != ""; (limits > 0) != adaptive || len(spec.StepsAtLimit) > 4 || limits > l.StepStats().Steps.Load() {
+				t.Errorf("seed %d %s zos %v small %v: steps at draft limits %v of %d steps", seed, method, zos, small, spec.StepsAtLimit, l.StepStats().Steps.Load())
+			}
 			if err := l.Close(); err != nil {
 				t.Fatal(err)
 			}

@@ -35,6 +35,9 @@ type ScheduleDeps struct {
 	// Drafts, when not nil, picks the draft length (0 to k) of each step
 	// by measuring decode throughput (speculative.adaptive).
 	Drafts *spec.Controller
+	// Stats (nil: not counted) counts the steps with decode rows at each
+	// draft limit Drafts picks (Stats.RecordDraftLimit).
+	Stats *Stats
 	// Grammars compiles structured-output constraints and Resubmit brings
 	// each outcome back as a Submission (see Env); a request with a
 	// constraint is refused when Grammars is nil.
@@ -50,7 +53,7 @@ func RegisterSchedule[O any](r *pipeline.Registry, name string, defaults O, buil
 		if err != nil {
 			return nil, err
 		}
-		d := ScheduleDeps{Scheduler: e.Scheduler, Responder: e.Responder, ManualSteps: e.ManualSteps, Grammars: e.Grammars, Resubmit: e.Resubmit}
+		d := ScheduleDeps{Scheduler: e.Scheduler, Responder: e.Responder, ManualSteps: e.ManualSteps, Grammars: e.Grammars, Resubmit: e.Resubmit, Stats: e.Stats}
 		if e.Speculative.NumSpeculativeTokens > 0 && e.Speculative.Adaptive {
 			d.Drafts = spec.NewController(e.Speculative.NumSpeculativeTokens, 16, 8)
 		}
@@ -254,6 +257,9 @@ func (s *Schedule) Plan(context.Context) (*ScheduledStep, bool, error) {
 	s.busy[out.StepID] = metas
 	if s.d.Drafts != nil {
 		s.kinds[out.StepID] = plannedStep{kind: out.Kind, running: running, limit: limit}
+		if s.d.Stats != nil && out.NumDecodeSeqs > 0 {
+			s.d.Stats.RecordDraftLimit(limit)
+		}
 	}
 	if ask != nil {
 		s.asked[out.StepID] = ask

@@ -44,6 +44,7 @@ type Stats struct {
 	// Speculative decoding (RecordSpec; see Spec).
 	specDrafts, specDraftTokens, specAccepted atomic.Int64
 	specDraftedPos, specAcceptedPos           [MaxSpecPositions]atomic.Int64
+	specLimitSteps                            [MaxSpecPositions + 1]atomic.Int64 // RecordDraftLimit
 }
 
 func addFloat(a *atomic.Uint64, v float64) {
@@ -326,6 +327,13 @@ func (s *Stats) RecordSpec(numDrafts, numAccepted int) {
 	s.specAccepted.Add(int64(numAccepted))
 }
 
+// RecordDraftLimit counts one step with decode rows planned with a draft
+// limit of limit tokens (the adaptive controller's choice; clamped to
+// [0, MaxSpecPositions]). Safe for concurrent use; cost: one atomic add.
+func (s *Stats) RecordDraftLimit(limit int) {
+	s.specLimitSteps[min(max(limit, 0), MaxSpecPositions)].Add(1)
+}
+
 // DecodeOutputTokens is the number of tokens decode steps emitted:
 // DecodeTokens counts every row a decode step computed, a speculative
 // step's draft rows among them, so the drafts verification rejected are
@@ -346,6 +354,10 @@ type SpecStats struct {
 	// position i. Both end at the last position any draft reached (at most
 	// MaxSpecPositions); nil when no draft was verified.
 	AcceptedPerPos, DraftedPerPos []int64
+	// StepsAtLimit[l] counts the steps with decode rows that the adaptive
+	// draft-length controller planned with a limit of l drafts, up to the
+	// largest limit it chose; nil without the controller.
+	StepsAtLimit []int64
 }
 
 // Spec returns the speculative-decoding counters so far. Cost: a few
@@ -365,6 +377,16 @@ func (s *Stats) Spec() SpecStats {
 	}
 	out.NumDraftTokens = s.specDraftTokens.Load()
 	out.NumDrafts = s.specDrafts.Load()
+	var limits [MaxSpecPositions + 1]int64
+	top := 0
+	for i := range limits {
+		if limits[i] = s.specLimitSteps[i].Load(); limits[i] > 0 {
+			top = i + 1
+		}
+	}
+	if top > 0 {
+		out.StepsAtLimit = append([]int64(nil), limits[:top]...)
+	}
 	if n > 0 {
 		out.AcceptedPerPos = append([]int64(nil), acc[:n]...)
 		out.DraftedPerPos = append([]int64(nil), drafted[:n]...)
@@ -391,7 +413,25 @@ func (sp SpecStats) Sub(prev SpecStats) SpecStats {
 		NumAcceptedTokens: sp.NumAcceptedTokens - prev.NumAcceptedTokens,
 		AcceptedPerPos:    sub(sp.AcceptedPerPos, prev.AcceptedPerPos),
 		DraftedPerPos:     sub(sp.DraftedPerPos, prev.DraftedPerPos),
+		StepsAtLimit:      sub(sp.StepsAtLimit, prev.StepsAtLimit),
 	}
+}
+
+// LimitShares returns StepsAtLimit as shares of its total (nil when it is
+// empty).
+func (sp SpecStats) LimitShares() []float64 {
+	total := int64(0)
+	for _, n := range sp.StepsAtLimit {
+		total += n
+	}
+	if total == 0 {
+		return nil
+	}
+	out := make([]float64, len(sp.StepsAtLimit))
+	for i, n := range sp.StepsAtLimit {
+		out[i] = float64(n) / float64(total)
+	}
+	return out
 }
 
 // AcceptanceRate is the share of draft tokens accepted (0 when none was
@@ -432,20 +472,41 @@ func (sp SpecStats) PerPosAcceptanceRate() []float64 {
 }
 
 // String is the stats line's summary of sp, as
-// "accept 0.62, mean len 2.9, per-pos 0.81/0.64/0.47/0.30": the
-// acceptance rate, the mean acceptance length and the per-position
-// acceptance rates. Empty when no draft was verified.
+// "accept 0.62, mean len 2.9, per-pos 0.81/0.64/0.47/0.30, limits
+// 0/1/2 0.10/0.70/0.20": the acceptance rate, the mean acceptance length,
+// the per-position acceptance rates, and with the adaptive controller the
+// shares of decode steps it planned at each draft limit (a run whose
+// controller turned drafts off shows the last part only). Empty when
+// there is nothing to say.
 func (sp SpecStats) String() string {
-	if sp.NumDrafts <= 0 {
-		return ""
-	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "accept %.2f, mean len %.1f, per-pos ", sp.AcceptanceRate(), sp.MeanAcceptedLength())
-	for i, r := range sp.PerPosAcceptanceRate() {
-		if i > 0 {
-			b.WriteByte('/')
+	if sp.NumDrafts > 0 {
+		fmt.Fprintf(&b, "accept %.2f, mean len %.1f, per-pos ", sp.AcceptanceRate(), sp.MeanAcceptedLength())
+		for i, r := range sp.PerPosAcceptanceRate() {
+			if i > 0 {
+				b.WriteByte('/')
+			}
+			fmt.Fprintf(&b, "%.2f", r)
 		}
-		fmt.Fprintf(&b, "%.2f", r)
+	}
+	if shares := sp.LimitShares(); shares != nil {
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("limits ")
+		for i := range shares {
+			if i > 0 {
+				b.WriteByte('/')
+			}
+			fmt.Fprintf(&b, "%d", i)
+		}
+		b.WriteByte(' ')
+		for i, r := range shares {
+			if i > 0 {
+				b.WriteByte('/')
+			}
+			fmt.Fprintf(&b, "%.2f", r)
+		}
 	}
 	return b.String()
 }

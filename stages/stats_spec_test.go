@@ -264,3 +264,44 @@ func TestExposedHostLeavesOutDrafting(t *testing.T) {
 	var none *Stats
 	none.RecordDraft(us(1)) // a drafter without stats
 }
+
+// The adaptive controller's draft limits: counted per limit (clamped to
+// [0, MaxSpecPositions]), reported as shares in the stats line after the
+// acceptance figures, alone when no draft was verified, and subtracted
+// over an interval.
+func TestRecordDraftLimit(t *testing.T) {
+	var s Stats
+	if got := s.Spec(); got.StepsAtLimit != nil || got.LimitShares() != nil {
+		t.Errorf("no limits recorded: %v, %v", got.StepsAtLimit, got.LimitShares())
+	}
+	for _, l := range []int{0, 0, 0, -1} {
+		s.RecordDraftLimit(l)
+	}
+	prev := s.Spec()
+	if got, want := prev.String(), "limits 0 1.00"; got != want {
+		t.Errorf("drafts off throughout: String = %q, want %q", got, want)
+	}
+	for _, l := range []int{2, 2, 1, 2} {
+		s.RecordDraftLimit(l)
+	}
+	s.RecordDraftLimit(MaxSpecPositions + 5)
+	got := s.Spec()
+	want := make([]int64, MaxSpecPositions+1)
+	want[0], want[1], want[2], want[MaxSpecPositions] = 4, 1, 3, 1
+	if !reflect.DeepEqual(got.StepsAtLimit, want) {
+		t.Errorf("StepsAtLimit = %v, want %v", got.StepsAtLimit, want)
+	}
+	s = Stats{}
+	for _, l := range []int{0, 2, 2, 1, 2} {
+		s.RecordDraftLimit(l)
+	}
+	s.RecordSpec(2, 1)
+	sp := s.Spec()
+	if got, want := sp.String(), "accept 0.50, mean len 2.0, per-pos 1.00/0.00, limits 0/1/2 0.20/0.20/0.60"; got != want {
+		t.Errorf("String = %q, want %q", got, want)
+	}
+	s.RecordDraftLimit(0)
+	if got, want := s.Spec().Sub(sp).StepsAtLimit, []int64{1, 0, 0}; !reflect.DeepEqual(got, want) {
+		t.Errorf("Sub: StepsAtLimit = %v, want %v", got, want)
+	}
+}
