@@ -6,7 +6,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -280,17 +279,13 @@ func newSpecSummary(method string, k int, sp stages.SpecStats) *SpecSummary {
 	}
 }
 
-// LimitsString writes DraftLimitShares as "0/1/2 0.10/0.70/0.20" (limits,
-// then their shares); empty without them.
+// LimitsString writes DraftLimitShares as the stats line does
+// (stages.LimitSharesString); empty without them.
 func (s *SpecSummary) LimitsString() string {
-	if s == nil || len(s.DraftLimitShares) == 0 {
+	if s == nil {
 		return ""
 	}
-	limits, shares := make([]string, len(s.DraftLimitShares)), make([]string, len(s.DraftLimitShares))
-	for i, r := range s.DraftLimitShares {
-		limits[i], shares[i] = strconv.Itoa(i), strconv.FormatFloat(r, 'f', 2, 64)
-	}
-	return strings.Join(limits, "/") + " " + strings.Join(shares, "/")
+	return stages.LimitSharesString(s.DraftLimitShares)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

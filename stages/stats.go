@@ -3,6 +3,7 @@ package stages
 import (
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -493,20 +494,21 @@ func (sp SpecStats) String() string {
 		if b.Len() > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString("limits ")
-		for i := range shares {
-			if i > 0 {
-				b.WriteByte('/')
-			}
-			fmt.Fprintf(&b, "%d", i)
-		}
-		b.WriteByte(' ')
-		for i, r := range shares {
-			if i > 0 {
-				b.WriteByte('/')
-			}
-			fmt.Fprintf(&b, "%.2f", r)
-		}
+		b.WriteString("limits " + LimitSharesString(shares))
 	}
 	return b.String()
+}
+
+// LimitSharesString writes shares of steps by draft limit (LimitShares)
+// as "0/1/2 0.10/0.70/0.20": the limits, then their shares; empty for
+// none.
+func LimitSharesString(shares []float64) string {
+	if len(shares) == 0 {
+		return ""
+	}
+	limits, parts := make([]string, len(shares)), make([]string, len(shares))
+	for i, r := range shares {
+		limits[i], parts[i] = strconv.Itoa(i), strconv.FormatFloat(r, 'f', 2, 64)
+	}
+	return strings.Join(limits, "/") + " " + strings.Join(parts, "/")
 }
