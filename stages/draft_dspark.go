@@ -120,14 +120,14 @@ type dsparkDrafter struct {
 }
 
 // gateTurn is one loop turn as the gating choice's controller sees it:
-// the end of the turn, and, when the turn ended with the step the choice
-// drafted for (measured), that step (its emitted tokens are counted once
-// its host outcome exists), the choice and its rows.
+// the end of the turn (zero before the first), and, when the turn ended
+// with the step the choice drafted for, that step (its emitted tokens are
+// counted once its host outcome exists; nil otherwise), the choice and
+// its rows.
 type gateTurn struct {
-	set, measured bool
-	at            time.Time
-	step          *SampledStep
-	k, rows       int
+	at      time.Time
+	step    *SampledStep
+	k, rows int
 }
 
 func newDSparkDrafter(d DraftDeps) (*dsparkDrafter, error) {
@@ -168,14 +168,14 @@ func (p *dsparkDrafter) observe(step *SampledStep) {
 	// The gating choice is measured on the step it drafted for, prompt
 	// chunks included (the read costs there too): its tokens over the
 	// turn that ends here, fed one step late (see gateTurn).
-	if g := p.gateTurn; g.set && g.measured {
+	if g := p.gateTurn; g.step != nil {
 		p.gating.Observe(g.rows, g.k, emittedTokens(g.step), g.at)
-	} else if g.set {
+	} else if !g.at.IsZero() {
 		p.gating.Skip(g.at)
 	}
-	p.gateTurn = gateTurn{set: true, at: now}
+	p.gateTurn = gateTurn{at: now}
 	if turn && o.StepID == p.gatedFor {
-		p.gateTurn.measured, p.gateTurn.step, p.gateTurn.k, p.gateTurn.rows = true, step, p.gatedK, p.gatedRows
+		p.gateTurn.step, p.gateTurn.k, p.gateTurn.rows = step, p.gatedK, p.gatedRows
 	}
 	p.lastStep, p.lastSeen = o.StepID, now
 }
