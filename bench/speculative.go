@@ -49,6 +49,16 @@ type SpeculativeOptions struct {
 	// Rounds repeats every run (0: once), in alternating order; a method's
 	// row is its run of median output throughput.
 	Rounds int
+	// WarmupRuns are untimed runs of the workload before the first
+	// measured one, each on a fresh engine of the baseline at the first
+	// batch size (0: none). A process pays some costs once, in whichever
+	// run comes first: on CUDA, the first use of each kernel (loaded
+	// lazily) and the device allocations of each new activation shape
+	// (the caching allocator keeps them for later engines). An H100
+	// measured a first run 10-17% slower than a second one of the same
+	// method at batch 8 to 64, the cost falling on its prompts' first
+	// steps; alternating the order only halves that bias over two rounds.
+	WarmupRuns int
 	// Engine is the options of every engine built.
 	Engine llm.Options
 	// Progress receives each run's progress bar; Log a line as each run
@@ -92,6 +102,7 @@ type SpeculativeResult struct {
 	NumSpeculativeTokens int     `json:"num_speculative_tokens"`
 	Temperature          float32 `json:"temperature"`
 	Rounds               int     `json:"rounds"`
+	WarmupRuns           int     `json:"warmup_runs"`
 	// Runs are batch-major; within a batch size, in the order of the
 	// methods (the baseline first), whatever order they ran in.
 	Runs []SpeculativeRun `json:"runs"`
@@ -108,7 +119,8 @@ type SpeculativeResult struct {
 // size's; the methods run in the given order in the first round of the
 // first batch size, then in reverse, and so on, alternating from round to
 // round and from batch size to batch size, so that no method always runs
-// first. Each run is RunOffline's: a warm-up, then all requests at once. A
+// first, after o.WarmupRuns untimed runs. Each run is RunOffline's: a
+// short warm-up, then all requests at once. A
 // run at a temperature above 0 gives each request a seed of its own, so
 // that speculation keeps the outputs there too. Cost: methods x batches x
 // rounds engine loads and runs.
@@ -169,8 +181,43 @@ func RunSpeculative(ctx context.Context, cfg *config.Config, o SpeculativeOption
 	}
 
 	rounds := max(1, o.Rounds)
-	res.Rounds = rounds
+	res.Rounds, res.WarmupRuns = rounds, max(0, o.WarmupRuns)
 	var w *offlineWorkload
+	// load builds the engine of method i at batch bi, drawing the
+	// workload with the first one.
+	load := func(bi, i int) (*llm.LLM, error) {
+		l, err := llm.NewLLM(&cfgs[bi][i], o.Engine)
+		if err != nil {
+			return nil, fmt.Errorf("bench: speculative: %s at batch %d: %w", methods[i], batches[bi], err)
+		}
+		if w == nil {
+			if w, err = buildOffline(l, o.Offline); err != nil {
+				l.Close()
+				return nil, err
+			}
+			if o.Offline.Temperature > 0 {
+				for j := range w.params {
+					seed := int64(o.Offline.Seed) + int64(j)
+					w.params[j].Seed = &seed
+				}
+			}
+		}
+		return l, nil
+	}
+	for run := range res.WarmupRuns {
+		l, err := load(0, 0)
+		if err != nil {
+			return nil, err
+		}
+		r, err := runOffline(ctx, l, w, o.Progress, fmt.Sprintf("warm-up %d", run+1))
+		if err = errors.Join(err, l.Close()); err != nil {
+			return nil, fmt.Errorf("bench: speculative: warm-up: %w", err)
+		}
+		if o.Log != nil {
+			fmt.Fprintf(o.Log, "bench: warm-up run %d (%s at batch %d, untimed): %.1f output tok/s over %.2f s\n",
+				run+1, methods[0], batches[0], r.OutputThroughput, r.DurationSeconds)
+		}
+	}
 	order := 0
 	for bi, batch := range batches {
 		all := make([][]*OfflineResult, len(methods)) // [method][round]
@@ -184,21 +231,9 @@ func RunSpeculative(ctx context.Context, cfg *config.Config, o SpeculativeOption
 				slices.Reverse(idx)
 			}
 			for _, i := range idx {
-				l, err := llm.NewLLM(&cfgs[bi][i], o.Engine)
+				l, err := load(bi, i)
 				if err != nil {
-					return nil, fmt.Errorf("bench: speculative: %s at batch %d: %w", methods[i], batch, err)
-				}
-				if w == nil {
-					if w, err = buildOffline(l, o.Offline); err != nil {
-						l.Close()
-						return nil, err
-					}
-					if o.Offline.Temperature > 0 {
-						for j := range w.params {
-							seed := int64(o.Offline.Seed) + int64(j)
-							w.params[j].Seed = &seed
-						}
-					}
+					return nil, err
 				}
 				label := fmt.Sprintf("%s b%d", methods[i], batch)
 				if rounds > 1 {

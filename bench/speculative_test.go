@@ -84,13 +84,18 @@ func TestRunSpeculative(t *testing.T) {
 	if n := strings.Count(log.String(), "\n"); n != 6 || !strings.Contains(log.String(), "bench: mtp at batch 2:") {
 		t.Errorf("log:\n%s", log.String())
 	}
-	// Two rounds at one batch size: none, ngram; then ngram, none. The
-	// row is the median (here the slower) round.
-	r, err = RunSpeculative(context.Background(), cfg, SpeculativeOptions{Offline: off, Methods: []string{"ngram"}, Batches: []int{2}, Rounds: 2})
+	// Two rounds at one batch size after a warm-up run of the baseline:
+	// none, ngram; then ngram, none. The row is the median (here the
+	// slower) round.
+	log.Reset()
+	r, err = RunSpeculative(context.Background(), cfg, SpeculativeOptions{Offline: off, Methods: []string{"ngram"}, Batches: []int{2}, Rounds: 2, WarmupRuns: 1, Log: &log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Rounds != 2 || len(r.Runs) != 2 || !r.OutputsIdentical || !reflect.DeepEqual(r.Runs[0].Order, []int{0, 3}) || !reflect.DeepEqual(r.Runs[1].Order, []int{1, 2}) {
+	if lines := strings.Split(strings.TrimSpace(log.String()), "\n"); len(lines) != 5 || !strings.HasPrefix(lines[0], "bench: warm-up run 1 (none at batch 2, untimed): ") {
+		t.Errorf("log with a warm-up run:\n%s", log.String())
+	}
+	if r.Rounds != 2 || r.WarmupRuns != 1 || len(r.Runs) != 2 || !r.OutputsIdentical || !reflect.DeepEqual(r.Runs[0].Order, []int{0, 3}) || !reflect.DeepEqual(r.Runs[1].Order, []int{1, 2}) {
 		t.Fatalf("rounds: %+v", r)
 	}
 	for _, run := range r.Runs {

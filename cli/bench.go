@@ -52,7 +52,9 @@ func newBenchCmd(reg *pipeline.Registry) *cobra.Command {
 			"order, drafting --num-speculative-tokens tokens; a table gives output tok/s, the ratio to\n" +
 			"none at the same batch, mean accepted length, acceptance rate and the CPU kernels' path,\n" +
 			"and \"outputs identical\" says whether every method generated the baseline's tokens;\n" +
-			"--rounds N repeats every run N times (order alternating) and reports each median run.\n" +
+			"--rounds N repeats every run N times (order alternating) and reports each median run, after\n" +
+			"--num-warmup-runs untimed runs (default 1: a process's first run pays for lazily loaded\n" +
+			"kernels and new device allocations).\n" +
 			"Both sample at --temperature (default 0, greedy, as vLLM's benchmark), write the result as\n" +
 			"JSON with --save-result or --result-filename (into --result-dir) and PNG histograms into\n" +
 			"--plot-dir when given.\n" +
@@ -228,7 +230,7 @@ type benchFlags struct {
 	resultDir, resultFilename, plotDir                   string
 	percentileMetrics, metricPercentiles                 string
 	workload, speculative, batch                         string
-	numSpecTokens, rounds                                int
+	numSpecTokens, rounds, warmupRuns                    int
 	jsonSchema                                           string
 	// mode grammar
 	dataDir, tokenizerDir, whitespace string
@@ -291,6 +293,7 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.workload, "workload", bench.WorkloadRandom, "offline prompts: random (token ids), prose (held-out text passages, continued) or editing (a passage, an instruction and its start again with a few words changed, so that the continuation largely repeats the prompt: prompt lookup's best case); the text workloads' --*-input-len is the passage's")
 	fl.StringVar(&f.speculative, "speculative", "", "offline: compare speculative-decoding methods (comma-separated speculative.method values, e.g. none,ngram,mtp; none, the baseline, is added when missing) on the same requests, each on a fresh engine")
 	fl.IntVar(&f.numSpecTokens, "num-speculative-tokens", 0, "offline: draft length k (speculative.num_speculative_tokens) of every method; default: the config's")
+	fl.IntVar(&f.warmupRuns, "num-warmup-runs", 1, "offline, with --speculative: untimed runs of the workload before the measured ones (a process's first run pays once for lazily loaded kernels and new device allocations)")
 	fl.IntVar(&f.rounds, "rounds", 1, "offline, with --speculative: run every method and batch size this many times, in alternating order, and report each one's median run (for noisy machines)")
 	fl.StringVar(&f.jsonSchema, "json-schema", "", "offline: compare the workload without and with this JSON Schema constraint (a file, or \"default\": an array of at least 64 records, which no output of the benchmark's length can complete) on one engine, in alternating order (--rounds); reports the constrained decode step rate as a ratio to the unconstrained")
 	fl.StringVar(&f.batch, "batch", "", "offline: engine.max_num_seqs (sequences in one step), overriding --max-num-seqs; with --speculative a comma-separated list, every method running at each (e.g. 1,8)")
@@ -435,7 +438,7 @@ func (f *benchFlags) options(cmd *cobra.Command, now time.Time) (benchOptions, e
 		return o, fmt.Errorf("bench: --workload must be one of %s, got %q", strings.Join(bench.Workloads, ", "), f.workload)
 	}
 	if f.mode == "serve" {
-		for _, name := range []string{"workload", "speculative", "num-speculative-tokens", "batch", "rounds"} {
+		for _, name := range []string{"workload", "speculative", "num-speculative-tokens", "batch", "rounds", "num-warmup-runs"} {
 			if benchChanged(cmd, name) {
 				return o, fmt.Errorf("bench: --%s is for --mode offline", name)
 			}
@@ -443,6 +446,9 @@ func (f *benchFlags) options(cmd *cobra.Command, now time.Time) (benchOptions, e
 	}
 	if f.rounds < 1 {
 		return o, fmt.Errorf("bench: --rounds must be >= 1, got %d", f.rounds)
+	}
+	if f.warmupRuns < 0 {
+		return o, fmt.Errorf("bench: --num-warmup-runs must be >= 0, got %d", f.warmupRuns)
 	}
 	if f.numSpecTokens < 0 {
 		return o, fmt.Errorf("bench: --num-speculative-tokens must be >= 1, got %d", f.numSpecTokens)
@@ -514,7 +520,7 @@ func (f *benchFlags) options(cmd *cobra.Command, now time.Time) (benchOptions, e
 		off.MaxTokenID, off.Seed, off.Temperature = f.maxTokenID, uint64(f.seed), f.temperature
 		o.offline = off
 		if len(methods) > 0 {
-			o.speculative = &bench.SpeculativeOptions{Offline: off, Methods: methods, NumSpeculativeTokens: f.numSpecTokens, Batches: o.batches, Rounds: f.rounds}
+			o.speculative = &bench.SpeculativeOptions{Offline: off, Methods: methods, NumSpeculativeTokens: f.numSpecTokens, Batches: o.batches, Rounds: f.rounds, WarmupRuns: f.warmupRuns}
 		}
 		if f.jsonSchema != "" {
 			schema := bench.LongJSONSchema
@@ -580,6 +586,9 @@ func printSpeculative(w io.Writer, r *bench.SpeculativeResult) {
 	rounds, spread := "", ""
 	if r.Rounds > 1 {
 		rounds, spread = fmt.Sprintf(", median of %d rounds", r.Rounds), "\tspread"
+	}
+	if r.WarmupRuns > 0 {
+		rounds += fmt.Sprintf(", after %d untimed", r.WarmupRuns)
 	}
 	fmt.Fprintf(w, "==== Speculative Decoding Benchmark (%s workload, %d requests, k=%d, temperature %g%s) ====\n",
 		r.Workload, r.NumRequests, r.NumSpeculativeTokens, r.Temperature, rounds)

@@ -140,7 +140,7 @@ func TestBenchSpeculative(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	for _, want := range []string{"Speculative Decoding Benchmark (editing workload, 2 requests, k=2, temperature 0, median of 2 rounds)",
+	for _, want := range []string{"Speculative Decoding Benchmark (editing workload, 2 requests, k=2, temperature 0, median of 2 rounds, after 1 untimed)",
 		"method  batch  output tok/s  spread  vs none  mean accepted len  acceptance", "outputs identical: yes", "cpu(", "±"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
@@ -163,6 +163,7 @@ func TestBenchSpeculative(t *testing.T) {
 	var res struct {
 		Mode             string `json:"mode"`
 		Rounds           int    `json:"rounds"`
+		WarmupRuns       int    `json:"warmup_runs"`
 		OutputsIdentical bool   `json:"outputs_identical"`
 		Runs             []struct {
 			Method string `json:"method"`
@@ -176,7 +177,7 @@ func TestBenchSpeculative(t *testing.T) {
 		} `json:"runs"`
 	}
 	readJSON(t, resultFile, &res)
-	if res.Mode != "speculative" || !res.OutputsIdentical || len(res.Runs) != 4 || res.Rounds != 2 {
+	if res.Mode != "speculative" || !res.OutputsIdentical || len(res.Runs) != 4 || res.Rounds != 2 || res.WarmupRuns != 1 {
 		t.Fatalf("JSON: %+v", res)
 	}
 	for _, r := range res.Runs {
@@ -434,6 +435,10 @@ func TestBenchOptions(t *testing.T) {
 		{"rounds", []string{"--speculative", "mtp", "--rounds", "3"}, func(o benchOptions) bool { return o.speculative.Rounds == 3 }, ""},
 		{"rounds without speculative", []string{"--rounds", "3"}, nil, "--rounds needs --speculative"},
 		{"bad rounds", []string{"--speculative", "mtp", "--rounds", "0"}, nil, "--rounds must be >= 1"},
+		{"warm-up by default", []string{"--speculative", "mtp"}, func(o benchOptions) bool { return o.speculative.WarmupRuns == 1 }, ""},
+		{"no warm-up", []string{"--speculative", "mtp", "--num-warmup-runs", "0"}, func(o benchOptions) bool { return o.speculative.WarmupRuns == 0 }, ""},
+		{"bad warm-up", []string{"--speculative", "mtp", "--num-warmup-runs", "-1"}, nil, "--num-warmup-runs must be >= 0"},
+		{"serve warm-up", []string{"--mode", "serve", "--num-warmup-runs", "2"}, nil, "--num-warmup-runs is for --mode offline"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
