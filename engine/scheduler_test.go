@@ -434,6 +434,11 @@ func TestSchedulerRandomWorkloads(t *testing.T) {
 			c.NumBlocks = 26
 			c.NumStateCheckpoints = 1
 		}},
+		{name: "large-admission-batch", mod: func(c *SchedulerConfig) { c.AdmissionBatch = 4 }},
+		{name: "tiny-kv-zos-admission-batch", zos: true, wantPreempt: true, mod: func(c *SchedulerConfig) {
+			c.NumBlocks = 26
+			c.AdmissionBatch = 3
+		}},
 		{name: "few-seqs-small-budget", mod: func(c *SchedulerConfig) {
 			c.MaxNumSeqs = 4
 			c.MaxNumBatchedTokens = 6
@@ -1010,6 +1015,65 @@ func TestSchedulerConfigValidate(t *testing.T) {
 		if _, err := NewScheduler(cfg); err == nil {
 			t.Errorf("%s: NewScheduler accepted it", c.name)
 		}
+	}
+}
+
+// TestAdmissionBatch: with AdmissionBatch 2, a prompt waits while fewer
+// than two of the waiting ones fit beside decoding sequences, then both
+// join one step; with 1 each joins as soon as its slot frees; and a hold
+// ends after 4*AdmissionBatch steps when the slots free slowly.
+func TestAdmissionBatch(t *testing.T) {
+	cases := []struct {
+		name      string
+		batch     int
+		maxTokens []int // of the four first requests; two more wait
+		want      [2]int
+	}{
+		// Request 0 finishes at step 2 (its first token at the prefill
+		// step 1), request 1 at step 4: their slots are free at 3 and 5.
+		{"one at a time", 1, []int{2, 4, 40, 40}, [2]int{3, 5}},
+		{"two at a time", 2, []int{2, 4, 40, 40}, [2]int{5, 5}},
+		// Request 0's slot is free from step 3; steps 3 to 10 hold (8 in a
+		// row), step 11 admits the one that fits.
+		{"hold bounded", 2, []int{2, 40, 40, 40}, [2]int{11, 0}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := baseConfig()
+			cfg.MaxNumSeqs, cfg.AdmissionBatch = 4, c.batch
+			s, err := NewScheduler(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			model := newFakeModel(s.Config(), testVocab)
+			var ids []SeqID
+			for i := range 6 {
+				n := 60
+				if i < 4 {
+					n = c.maxTokens[i]
+				}
+				id, err := s.Add(NewSequence(fmt.Sprint(i), seqOf(1+i, 2, 3), longParams(n), time.Time{}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				ids = append(ids, id)
+			}
+			first := map[SeqID]int{}
+			for i := 1; i <= 12; i++ {
+				out, metas, _ := step(t, s, model)
+				for _, m := range metas {
+					if _, ok := first[m.SeqID]; !ok {
+						first[m.SeqID] = i
+					}
+				}
+				if i > 1 && out.NumPrefillSeqs > 0 && out.NumDecodeSeqs == 0 {
+					t.Errorf("step %d: prompts alone while sequences decode", i)
+				}
+			}
+			if got := [2]int{first[ids[4]], first[ids[5]]}; got != c.want {
+				t.Errorf("requests 4 and 5 first ran at steps %v, want %v", got, c.want)
+			}
+		})
 	}
 }
 

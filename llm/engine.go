@@ -237,6 +237,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		MaxModelLen:          maxModelLen,
 		EnableChunkedPrefill: cfg.Engine.ChunkedPrefill,
 		ChunkSize:            cfg.Engine.PrefillChunkSize,
+		AdmissionBatch:       int(math.Ceil(cfg.Engine.AdmissionFraction * float64(cfg.Engine.MaxNumSeqs))),
 		BlockSize:            cfg.Cache.BlockSize,
 		NumBlocks:            numBlocks,
 		// A prefix-cache hit skips computing the prefix, but a ring

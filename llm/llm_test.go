@@ -104,6 +104,8 @@ func greedyInvariance(t *testing.T, dir, kv string) {
 		{"tiny chunks", func(c *config.Config) { c.Engine.PrefillChunkSize = 3 }},
 		{"preemption", func(c *config.Config) { c.Cache.NumBlocks = 12 }},
 		{"no prefix cache", func(c *config.Config) { c.Cache.PrefixCaching = false }},
+		// Three sequences at most, prompts joining two at a time.
+		{"admission batches", func(c *config.Config) { c.Engine.MaxNumSeqs = 3; c.Engine.AdmissionFraction = 0.5 }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := base(tc.edit)

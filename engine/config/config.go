@@ -68,6 +68,11 @@ type Engine struct {
 	ChunkedPrefill      bool `yaml:"chunked_prefill"`        // split long prompts over steps
 	PrefillChunkSize    int  `yaml:"prefill_chunk_size"`     // tokens per prefill chunk when chunked
 	MaxWaiting          int  `yaml:"max_waiting"`            // requests queued before admission fails; 0 = unbounded
+	// AdmissionFraction > 0: while sequences decode, waiting prompts join
+	// a step only when this share of max_num_seqs (rounded up) fits at
+	// once, or all that wait do, so that fewer steps carry prompt chunks
+	// (engine.SchedulerConfig.AdmissionBatch). 0: each as soon as it fits.
+	AdmissionFraction float64 `yaml:"admission_fraction"`
 	// AllowLongMaxModelLen lets max_model_len exceed the model's
 	// max_position_embeddings (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN): the
 	// engine then serves positions the model was never trained on, whose

@@ -96,6 +96,11 @@ func TestParse(t *testing.T) {
 			want: []string{"speculative.max_verify_tokens_per_step: must be >= 0 (0: no cap) or auto, got -2"},
 		},
 		{
+			name: "admission fraction",
+			yaml: "model: m\nengine:\n  admission_fraction: 1.5\n",
+			want: []string{"engine.admission_fraction: must be in [0, 1] (0: a prompt joins as soon as it fits), got 1.5"},
+		},
+		{
 			name: "unknown top-level key",
 			yaml: "model: m\ndevise: cuda\n",
 			want: []string{"test.yaml:2", `unknown key "devise" in the top level`, `did you mean "device"?`},

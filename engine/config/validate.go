@@ -44,6 +44,9 @@ func (c *Config) Validate() error {
 	if e.PrefillChunkSize < 1 {
 		bad("engine.prefill_chunk_size", "must be at least 1, got %d", e.PrefillChunkSize)
 	}
+	if !(e.AdmissionFraction >= 0 && e.AdmissionFraction <= 1) {
+		bad("engine.admission_fraction", "must be in [0, 1] (0: a prompt joins as soon as it fits), got %g", e.AdmissionFraction)
+	}
 	if e.MaxWaiting < 0 {
 		bad("engine.max_waiting", "must be 0 (unbounded) or positive, got %d", e.MaxWaiting)
 	}
