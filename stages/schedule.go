@@ -202,7 +202,7 @@ func (s *Schedule) Feedback(_ context.Context, out *StepOutputs) error {
 	}
 	if c := s.d.Drafts; c != nil && out.StepID != 0 {
 		if p := s.kinds[out.StepID]; measuredByDrafts(p.kind) {
-			c.Observe(p.running, p.limit, out.NumTokens, out.Done)
+			c.Observe(p.running, p.limit, out.NumTokens, p.kind == engine.StepMixed, out.Done)
 		} else {
 			c.Skip(out.Done)
 		}

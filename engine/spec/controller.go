@@ -1,6 +1,7 @@
 package spec
 
 import (
+	"math"
 	"math/bits"
 	"slices"
 	"time"
@@ -18,9 +19,22 @@ import (
 // (only the one after when the best has none before: a new class, a new
 // best). A window's rate is the tokens its steps emitted over the wall
 // time they took (each step's time runs from the completion of the step
-// before), without its slowest step when it has four or more; its first
-// step after a change of length is not measured (it still carries the
-// old length's drafts or lacks the new one's). A machine whose speed
+// before), without its slowest decode-only step when it has four or more;
+// its first step after a change of length is not measured (it still
+// carries the old length's drafts or lacks the new one's).
+//
+// Steps that also carry prompt chunks (mixed steps: new requests joining
+// a running batch) cost several decode steps on a GPU, where they run
+// eagerly, and a draft length costs there too (the drafter's pass over
+// the prompt rows), so they count; but a window of 8 to 16 steps holds
+// zero, one or two of them by chance, which moved a window's rate by
+// 20%, and dropping the slowest step dropped exactly them. So a window,
+// once it has its steps, runs on until a mixed step ends it (at most
+// MixedStretch times its length), whenever the class has seen a mixed
+// step within that span: every window is then whole cycles from one
+// joining to the next, and its tokens over its time estimate the
+// length's throughput with the joining's cost in it, whatever the
+// workload's rate of joining. A machine whose speed
 // drifts (a shared host, a vCPU away for a while, another process) slows
 // the windows around the neighbour's alike, and a stall in one step does
 // not count, so the ratio holds where rates measured far apart would not;
@@ -103,6 +117,11 @@ const Inherit = 0.15
 // measure that luck more than the rate.
 const WindowSequences = 64
 
+// MixedStretch bounds how far a window runs past its length waiting for a
+// mixed step to end it, as a multiple of its length; a class that has seen
+// no mixed step in that many steps ends its windows at their length.
+const MixedStretch = 4
+
 // MaxExploreFactor bounds how far a class's re-comparisons back off: at
 // most one in MaxExploreFactor*ExploreEvery windows of the best.
 const MaxExploreFactor = 8
@@ -113,12 +132,13 @@ const MaxExploreFactor = 8
 // Each class keeps its own window, so a batch that moves between two
 // classes measures both.
 type classStats struct {
-	window   int // steps of a window of the best: Window, more for small batches
-	best     int
-	ratio    []float64
-	measured bool // a step of this class has been measured
-	cur      window
-	before   float64 // the rate of the best's last window (0: none since the best changed)
+	window     int // steps of a window of the best: Window, more for small batches
+	best       int
+	ratio      []float64
+	measured   bool // a step of this class has been measured
+	sinceMixed int  // steps observed in this class since its last mixed step (MaxInt32: none yet)
+	cur        window
+	before     float64 // the rate of the best's last window (0: none since the best changed)
 
 	trial    bool    // the window in progress runs the neighbour cand
 	pending  bool    // cand's window is done; the best's next window decides
@@ -133,23 +153,40 @@ type classStats struct {
 	exploring    bool // the comparison in progress is a re-comparison
 }
 
-// window is a run of steps at draft length k: length measured steps after
-// skip unmeasured ones, and what the measured ones emitted and took.
+// window is a run of steps at draft length k: at least length measured
+// steps after skip unmeasured ones, and what the measured ones emitted and
+// took and whether each was mixed.
 type window struct {
 	k, length, skip int
 	tokens          []int
 	times           []time.Duration
+	mixed           []bool
+}
+
+// done reports whether the window is complete: it has its length, and it
+// ended on a mixed step, or stretched MixedStretch times its length, or
+// the class (sinceMixed steps since its last mixed step) sees none.
+func (w *window) done(sinceMixed int) bool {
+	n := len(w.times)
+	switch {
+	case n < w.length:
+		return false
+	case n >= MixedStretch*w.length || sinceMixed >= MixedStretch*w.length:
+		return true
+	default:
+		return w.mixed[n-1]
+	}
 }
 
 // rate is the window's tokens per second: emitted tokens over the time
-// taken, both without the slowest step when there are four or more (a
-// stall, or a vCPU away, in one step does not move the figure).
+// taken, both without the slowest decode-only step when there are four or
+// more steps (a stall, or a vCPU away, in one step does not move the
+// figure; a mixed step is slow by its nature and stays).
 func (w *window) rate() float64 {
 	slow := -1
 	if len(w.times) >= 4 {
-		slow = 0
 		for i, d := range w.times {
-			if d > w.times[slow] {
+			if !w.mixed[i] && (slow < 0 || d > w.times[slow]) {
 				slow = i
 			}
 		}
@@ -184,7 +221,7 @@ func class(numRunning int) int { return bits.Len(uint(max(numRunning, 1))) }
 // measured step.
 func (c *Controller) Decide(numRunning int) int {
 	st := c.stats(class(numRunning))
-	if len(st.cur.times) < st.cur.length {
+	if !st.cur.done(st.sinceMixed) {
 		return st.cur.k
 	}
 	c.finish(st)
@@ -317,26 +354,33 @@ func (c *Controller) run(st *classStats, k, length int) {
 	if k != st.cur.k || st.cur.length == 0 {
 		skip = 1
 	}
-	st.cur = window{k: k, length: length, skip: skip, tokens: st.cur.tokens[:0], times: st.cur.times[:0]}
+	st.cur = window{k: k, length: length, skip: skip, tokens: st.cur.tokens[:0], times: st.cur.times[:0], mixed: st.cur.mixed[:0]}
 }
 
 // Observe records a step with decode rows planned with numRunning
 // sequences running and a draft limit of k (Decide's answer) that emitted
-// tokens and completed at done. It counts toward its class's window when
-// that window runs k (a step planned before the window began is not its
-// own). Steps that also carry prompt chunks count too, since a draft
-// length's cost shows there as well (the engine's schedule stage observes
-// them); steps of prompts alone go to Skip: they would measure the
-// prompts.
-func (c *Controller) Observe(numRunning, k, tokens int, done time.Time) {
+// tokens and completed at done; mixed says it also carried prompt chunks.
+// It counts toward its class's window when that window runs k and is not
+// complete (a step planned before the window began is not its own). Steps
+// that also carry prompt chunks count too, since a draft length's cost
+// shows there as well (the engine's schedule stage observes them); steps
+// of prompts alone go to Skip: they would measure the prompts.
+func (c *Controller) Observe(numRunning, k, tokens int, mixed bool, done time.Time) {
 	st := c.stats(class(numRunning))
-	if !c.last.IsZero() && done.After(c.last) && st.cur.k == k && len(st.cur.times) < st.cur.length {
+	switch {
+	case mixed:
+		st.sinceMixed = 0
+	case st.sinceMixed < math.MaxInt32:
+		st.sinceMixed++
+	}
+	if !c.last.IsZero() && done.After(c.last) && st.cur.k == k && !st.cur.done(st.sinceMixed) {
 		st.measured = true
 		if st.cur.skip > 0 {
 			st.cur.skip--
 		} else {
 			st.cur.tokens = append(st.cur.tokens, tokens)
 			st.cur.times = append(st.cur.times, done.Sub(c.last))
+			st.cur.mixed = append(st.cur.mixed, mixed)
 		}
 	}
 	c.last = done
@@ -389,7 +433,7 @@ func (c *Controller) stats(cl int) *classStats {
 		}
 	}
 	if st == nil {
-		st = &classStats{ratio: make([]float64, c.K+1), window: max(c.Window, WindowSequences>>(cl-1))}
+		st = &classStats{ratio: make([]float64, c.K+1), window: max(c.Window, WindowSequences>>(cl-1)), sinceMixed: math.MaxInt32}
 		c.classes[cl] = st
 	}
 	st.best = min(1, c.K)
