@@ -49,15 +49,20 @@ type SpeculativeOptions struct {
 	// Rounds repeats every run (0: once), in alternating order; a method's
 	// row is its run of median output throughput.
 	Rounds int
-	// WarmupRuns are untimed runs of the workload before the first
-	// measured one, each on a fresh engine of the baseline at the first
-	// batch size (0: none). A process pays some costs once, in whichever
-	// run comes first: on CUDA, the first use of each kernel (loaded
-	// lazily) and the device allocations of each new activation shape
-	// (the caching allocator keeps them for later engines). An H100
-	// measured a first run 10-17% slower than a second one of the same
-	// method at batch 8 to 64, the cost falling on its prompts' first
-	// steps; alternating the order only halves that bias over two rounds.
+	// WarmupRuns are untimed runs before the first measured one, each on
+	// a fresh engine of the baseline at the first batch size, of a
+	// workload like o.Offline drawn with another seed (0: none). A
+	// process pays some costs once, in whichever run comes first: on CUDA
+	// the first use of each kernel (loaded lazily) and the device
+	// allocations of each new activation shape; an H100 measured a first
+	// run 10-17% slower than a second one of the same method at batch 8
+	// to 64, and alternating the order only halves that bias over two
+	// rounds. The warm-up's prompts differ from the measured ones because
+	// a step's shape is its token count: the same prompts would replay
+	// the baseline's exact steps, whose cuBLAS shapes the warm-up had
+	// then all met, while another method's steps (drafts verified) meet
+	// shapes of their own, at up to hundreds of microseconds of host time
+	// a call on an H100.
 	WarmupRuns int
 	// Engine is the options of every engine built.
 	Engine llm.Options
@@ -209,7 +214,12 @@ func RunSpeculative(ctx context.Context, cfg *config.Config, o SpeculativeOption
 		if err != nil {
 			return nil, err
 		}
-		r, err := runOffline(ctx, l, w, o.Progress, fmt.Sprintf("warm-up %d", run+1))
+		warm, err := buildOffline(l, warmupOffline(o.Offline, run))
+		if err != nil {
+			l.Close()
+			return nil, fmt.Errorf("bench: speculative: warm-up: %w", err)
+		}
+		r, err := runOffline(ctx, l, warm, o.Progress, fmt.Sprintf("warm-up %d", run+1))
 		if err = errors.Join(err, l.Close()); err != nil {
 			return nil, fmt.Errorf("bench: speculative: warm-up: %w", err)
 		}
@@ -288,6 +298,13 @@ func RunSpeculative(ctx context.Context, cfg *config.Config, o SpeculativeOption
 		res.Runs = append(res.Runs, runs...)
 	}
 	return res, nil
+}
+
+// warmupOffline is the workload of warm-up run i: o's, drawn with another
+// seed for each run.
+func warmupOffline(o OfflineOptions, i int) OfflineOptions {
+	o.Seed += 0x9e3779b97f4a7c15 * uint64(i+1)
+	return o
 }
 
 // medianRun is the run of median output throughput (the lower of the two

@@ -153,3 +153,18 @@ func TestRunSpeculativeDSpark(t *testing.T) {
 		t.Errorf("draft tokens per draft %v: want about 4 for %s and fewer gated", perDraft, SpecDSparkFixed)
 	}
 }
+
+// A warm-up run draws its own prompts (another seed each), of the same
+// shape as the measured workload's: the same prompts would replay the
+// baseline's exact steps.
+func TestWarmupOffline(t *testing.T) {
+	o := DefaultTextOffline(WorkloadProse)
+	w0, w1 := warmupOffline(o, 0), warmupOffline(o, 1)
+	if w0.Seed == o.Seed || w1.Seed == o.Seed || w0.Seed == w1.Seed {
+		t.Fatalf("seeds %d, %d, %d", o.Seed, w0.Seed, w1.Seed)
+	}
+	w0.Seed = o.Seed
+	if !reflect.DeepEqual(w0, o) {
+		t.Errorf("the warm-up's workload differs in more than its seed: %+v vs %+v", w0, o)
+	}
+}

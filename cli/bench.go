@@ -53,8 +53,8 @@ func newBenchCmd(reg *pipeline.Registry) *cobra.Command {
 			"none at the same batch, mean accepted length, acceptance rate and the CPU kernels' path,\n" +
 			"and \"outputs identical\" says whether every method generated the baseline's tokens;\n" +
 			"--rounds N repeats every run N times (order alternating) and reports each median run, after\n" +
-			"--num-warmup-runs untimed runs (default 1: a process's first run pays for lazily loaded\n" +
-			"kernels and new device allocations).\n" +
+			"--num-warmup-runs untimed runs of other prompts (default 1: a process's first run pays for\n" +
+			"lazily loaded kernels and new device allocations).\n" +
 			"Both sample at --temperature (default 0, greedy, as vLLM's benchmark), write the result as\n" +
 			"JSON with --save-result or --result-filename (into --result-dir) and PNG histograms into\n" +
 			"--plot-dir when given.\n" +
@@ -293,7 +293,7 @@ func (f *benchFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.workload, "workload", bench.WorkloadRandom, "offline prompts: random (token ids), prose (held-out text passages, continued) or editing (a passage, an instruction and its start again with a few words changed, so that the continuation largely repeats the prompt: prompt lookup's best case); the text workloads' --*-input-len is the passage's")
 	fl.StringVar(&f.speculative, "speculative", "", "offline: compare speculative-decoding methods (comma-separated speculative.method values, e.g. none,ngram,mtp; none, the baseline, is added when missing) on the same requests, each on a fresh engine")
 	fl.IntVar(&f.numSpecTokens, "num-speculative-tokens", 0, "offline: draft length k (speculative.num_speculative_tokens) of every method; default: the config's")
-	fl.IntVar(&f.warmupRuns, "num-warmup-runs", 1, "offline, with --speculative: untimed runs of the workload before the measured ones (a process's first run pays once for lazily loaded kernels and new device allocations)")
+	fl.IntVar(&f.warmupRuns, "num-warmup-runs", 1, "offline, with --speculative: untimed runs of a workload of other prompts before the measured ones (a process's first run pays once for lazily loaded kernels and new device allocations)")
 	fl.IntVar(&f.rounds, "rounds", 1, "offline, with --speculative: run every method and batch size this many times, in alternating order, and report each one's median run (for noisy machines)")
 	fl.StringVar(&f.jsonSchema, "json-schema", "", "offline: compare the workload without and with this JSON Schema constraint (a file, or \"default\": an array of at least 64 records, which no output of the benchmark's length can complete) on one engine, in alternating order (--rounds); reports the constrained decode step rate as a ratio to the unconstrained")
 	fl.StringVar(&f.batch, "batch", "", "offline: engine.max_num_seqs (sequences in one step), overriding --max-num-seqs; with --speculative a comma-separated list, every method running at each (e.g. 1,8)")
