@@ -77,7 +77,12 @@ func (s *Server) throughputLoop(lastPrompt, lastOut int64) {
 		case <-s.closing:
 			m.logRunning.Store(false)
 			return
-		case now := <-tick.C:
+		case <-tick.C:
+			// The interval ends now, when the counters are read: a tick's
+			// own time is when it was due, which may precede last (the
+			// first tick of a loop whose goroutine started late), and the
+			// rates came out negative.
+			now := time.Now()
 			prompt, out := m.logPromptTokens.Load(), m.logOutputTokens.Load()
 			if prompt == lastPrompt && out == lastOut && s.NumPending() == 0 {
 				m.logRunning.Store(false)
