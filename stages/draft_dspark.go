@@ -169,7 +169,7 @@ func (p *dsparkDrafter) observe(step *SampledStep) {
 	// chunks included (the read costs there too): its tokens over the
 	// turn that ends here, fed one step late (see gateTurn).
 	if g := p.gateTurn; g.step != nil {
-		p.gating.Observe(g.rows, g.k, emittedTokens(g.step), g.step.Outputs.NumPrefillSeqs > 0, g.at)
+		p.gating.Observe(g.rows, g.k, emittedTokens(g.step), g.step.Outputs.NumPrefillTokens, g.at)
 	} else if !g.at.IsZero() {
 		p.gating.Skip(g.at)
 	}

@@ -106,6 +106,7 @@ type plannedStep struct {
 	kind    engine.StepKind
 	running int // running sequences when it was planned
 	limit   int // its draft limit
+	prefill int // its prompt tokens
 }
 
 // NewSchedule returns the built-in schedule stage.
@@ -202,7 +203,7 @@ func (s *Schedule) Feedback(_ context.Context, out *StepOutputs) error {
 	}
 	if c := s.d.Drafts; c != nil && out.StepID != 0 {
 		if p := s.kinds[out.StepID]; measuredByDrafts(p.kind) {
-			c.Observe(p.running, p.limit, out.NumTokens, p.kind == engine.StepMixed, out.Done)
+			c.Observe(p.running, p.limit, out.NumTokens, p.prefill, out.Done)
 		} else {
 			c.Skip(out.Done)
 		}
@@ -256,7 +257,7 @@ func (s *Schedule) Plan(context.Context) (*ScheduledStep, bool, error) {
 	}
 	s.busy[out.StepID] = metas
 	if s.d.Drafts != nil {
-		s.kinds[out.StepID] = plannedStep{kind: out.Kind, running: running, limit: limit}
+		s.kinds[out.StepID] = plannedStep{kind: out.Kind, running: running, limit: limit, prefill: out.NumPrefillTokens}
 		if s.d.Stats != nil && out.NumDecodeSeqs > 0 {
 			s.d.Stats.RecordDraftLimit(limit)
 		}

@@ -54,7 +54,7 @@ func TestDraftsControllerSeesMixedSteps(t *testing.T) {
 			count[k]++
 			now = now.Add(took[k])
 			if measured(kind) {
-				c.Observe(64, k, tokens[k], false, now)
+				c.Observe(64, k, tokens[k], 0, now)
 			} else {
 				c.Skip(now)
 			}

@@ -1,7 +1,6 @@
 package spec
 
 import (
-	"math"
 	"math/bits"
 	"slices"
 	"time"
@@ -24,17 +23,23 @@ import (
 // carries the old length's drafts or lacks the new one's).
 //
 // Steps that also carry prompt chunks (mixed steps: new requests joining
-// a running batch) cost several decode steps on a GPU, where they run
-// eagerly, and a draft length costs there too (the drafter's pass over
-// the prompt rows), so they count; but a window of 8 to 16 steps holds
-// zero, one or two of them by chance, which moved a window's rate by
-// 20%, and dropping the slowest step dropped exactly them. So a window,
-// once it has its steps, runs on until a mixed step ends it (at most
-// MixedStretch times its length), whenever the class has seen a mixed
-// step within that span: every window is then whole cycles from one
-// joining to the next, and its tokens over its time estimate the
-// length's throughput with the joining's cost in it, whatever the
-// workload's rate of joining. A machine whose speed
+// a running batch) are measured apart. They cost several decode steps (on
+// a GPU they run eagerly; on a CPU the prompt's tokens are computed), and a
+// draft length costs there too (the drafter's pass over the prompt rows),
+// so they must count; but a window of 8 to 16 steps holds zero, one or two
+// of them by chance, which moved a window's rate by 20% or more, and
+// dropping a window's slowest step, as a stall filter, dropped exactly
+// them (on an H100 at batch 64 that kept MTP's drafts on: they won the
+// decode steps by 9% and lost the run by 10%). So a window's rate is
+// stratified: its decode-only steps give the time a token takes (without
+// the slowest of them), and a length's mixed steps, pooled over the
+// class's recent windows at that length, give the time a prompt token
+// adds beyond a decode step (the step's time less the window's mean
+// decode step); the class's recent steps give the prompt tokens per
+// emitted token, a property of the workload that no length changes. The
+// rate is one over (time a token + prompt tokens a token x time a prompt
+// token): the run's throughput at that length, joining included, without
+// the luck of how many mixed steps a window caught. A machine whose speed
 // drifts (a shared host, a vCPU away for a while, another process) slows
 // the windows around the neighbour's alike, and a stall in one step does
 // not count, so the ratio holds where rates measured far apart would not;
@@ -117,10 +122,10 @@ const Inherit = 0.15
 // measure that luck more than the rate.
 const WindowSequences = 64
 
-// MixedStretch bounds how far a window runs past its length waiting for a
-// mixed step to end it, as a multiple of its length; a class that has seen
-// no mixed step in that many steps ends its windows at their length.
-const MixedStretch = 4
+// PoolSteps bounds the history a class pools for its prompt costs: past
+// it, the pooled sums are halved, so that older steps weigh less and a
+// changing workload is followed.
+const PoolSteps = 256
 
 // MaxExploreFactor bounds how far a class's re-comparisons back off: at
 // most one in MaxExploreFactor*ExploreEvery windows of the best.
@@ -132,13 +137,17 @@ const MaxExploreFactor = 8
 // Each class keeps its own window, so a batch that moves between two
 // classes measures both.
 type classStats struct {
-	window     int // steps of a window of the best: Window, more for small batches
-	best       int
-	ratio      []float64
-	measured   bool // a step of this class has been measured
-	sinceMixed int  // steps observed in this class since its last mixed step (MaxInt32: none yet)
-	cur        window
-	before     float64 // the rate of the best's last window (0: none since the best changed)
+	window   int // steps of a window of the best: Window, more for small batches
+	best     int
+	ratio    []float64
+	measured bool // a step of this class has been measured
+	cur      window
+	// prompt is, per draft length, its mixed steps' pooled time beyond a
+	// decode step and their prompt tokens; joins the class's measured
+	// steps' prompt and emitted tokens (see Controller).
+	prompt []pooled
+	joins  pooled
+	before float64 // the rate of the best's last window (0: none since the best changed)
 
 	trial    bool    // the window in progress runs the neighbour cand
 	pending  bool    // cand's window is done; the best's next window decides
@@ -153,56 +162,126 @@ type classStats struct {
 	exploring    bool // the comparison in progress is a re-comparison
 }
 
-// window is a run of steps at draft length k: at least length measured
-// steps after skip unmeasured ones, and what the measured ones emitted and
-// took and whether each was mixed.
+// window is a run of steps at draft length k: length measured steps after
+// skip unmeasured ones, and what the measured ones emitted, took and
+// carried of prompts.
 type window struct {
 	k, length, skip int
 	tokens          []int
 	times           []time.Duration
-	mixed           []bool
+	prefill         []int // prompt tokens of each step (0: a decode step)
 }
 
-// done reports whether the window is complete: it has its length, and it
-// ended on a mixed step, or stretched MixedStretch times its length, or
-// the class (sinceMixed steps since its last mixed step) sees none.
-func (w *window) done(sinceMixed int) bool {
+// windowDone reports whether the class's window is complete: it has its
+// length and, where the class has seen prompts join, a mixed step of its
+// length has been pooled or is in it (else the length's prompt cost would
+// be a guess), or it has run MixedStretch times its length.
+func (st *classStats) windowDone() bool {
+	w := &st.cur
 	n := len(w.times)
-	switch {
-	case n < w.length:
+	if n < w.length {
 		return false
-	case n >= MixedStretch*w.length || sinceMixed >= MixedStretch*w.length:
-		return true
-	default:
-		return w.mixed[n-1]
 	}
+	if st.joins.a == 0 || st.prompt[w.k].n > 0 || n >= MixedStretch*w.length {
+		return true
+	}
+	for _, p := range w.prefill {
+		if p > 0 {
+			return true
+		}
+	}
+	return false
 }
 
-// rate is the window's tokens per second: emitted tokens over the time
-// taken, both without the slowest decode-only step when there are four or
-// more steps (a stall, or a vCPU away, in one step does not move the
-// figure; a mixed step is slow by its nature and stays).
-func (w *window) rate() float64 {
-	slow := -1
-	if len(w.times) >= 4 {
-		for i, d := range w.times {
-			if !w.mixed[i] && (slow < 0 || d > w.times[slow]) {
+// MixedStretch bounds how far a window runs past its length to catch a
+// mixed step of a length that has none pooled, as a multiple of its
+// length.
+const MixedStretch = 4
+
+// pooled is a running pair of sums (a over b), halved past PoolSteps
+// samples.
+type pooled struct {
+	a, b float64
+	n    int
+}
+
+func (p *pooled) add(a, b float64) {
+	if p.n >= PoolSteps {
+		p.a, p.b, p.n = p.a/2, p.b/2, p.n/2
+	}
+	p.a, p.b, p.n = p.a+a, p.b+b, p.n+1
+}
+
+// ratio is a over b (0 when b is not positive).
+func (p pooled) ratio() float64 {
+	if p.b <= 0 {
+		return 0
+	}
+	return p.a / p.b
+}
+
+// decode returns the seconds a token takes in the window's decode steps,
+// without the slowest of them when there are four or more (a stall, or a
+// vCPU away, in one step does not move the figure), and their mean step
+// time; ok false when the window has no decode step.
+func (w *window) decode() (perToken, perStep float64, ok bool) {
+	n, slow := 0, -1
+	for i, p := range w.prefill {
+		if p == 0 {
+			n++
+			if slow < 0 || w.times[i] > w.times[slow] {
 				slow = i
 			}
 		}
 	}
-	var tokens int
+	if n < 4 {
+		slow = -1
+	}
+	var tokens, steps int
 	var took time.Duration
-	for i, d := range w.times {
-		if i != slow {
-			tokens += w.tokens[i]
-			took += d
+	for i, p := range w.prefill {
+		if p == 0 && i != slow {
+			tokens, steps, took = tokens+w.tokens[i], steps+1, took+w.times[i]
 		}
 	}
-	if took <= 0 {
-		return 0
+	if tokens == 0 || took <= 0 {
+		return 0, 0, false
 	}
-	return float64(tokens) / took.Seconds()
+	return took.Seconds() / float64(tokens), took.Seconds() / float64(steps), true
+}
+
+// rate is the window's estimate of the throughput at its length in
+// tokens per second (see Controller): the decode steps' time a token plus
+// the class's prompt tokens a token times the length's time a prompt
+// token (pooled over its mixed steps, this window's included). A window
+// without decode steps is its tokens over its time.
+func (st *classStats) rate(w *window) float64 {
+	perToken, perStep, ok := w.decode()
+	for i, p := range w.prefill {
+		st.joins.add(float64(p), float64(w.tokens[i]))
+		if p > 0 && ok {
+			st.prompt[w.k].add(w.times[i].Seconds()-perStep, float64(p))
+		}
+	}
+	if !ok {
+		var tokens int
+		var took time.Duration
+		for i := range w.times {
+			tokens, took = tokens+w.tokens[i], took+w.times[i]
+		}
+		if took <= 0 {
+			return 0
+		}
+		return float64(tokens) / took.Seconds()
+	}
+	// A length with no mixed step yet takes the class's pooled cost.
+	c := st.prompt[w.k]
+	if c.n == 0 {
+		for _, o := range st.prompt {
+			c.a, c.b, c.n = c.a+o.a, c.b+o.b, c.n+o.n
+		}
+	}
+	return 1 / (perToken + st.joins.ratio()*max(0, c.ratio()))
 }
 
 // NewController returns a Controller for drafts of up to k tokens with
@@ -221,7 +300,7 @@ func class(numRunning int) int { return bits.Len(uint(max(numRunning, 1))) }
 // measured step.
 func (c *Controller) Decide(numRunning int) int {
 	st := c.stats(class(numRunning))
-	if !st.cur.done(st.sinceMixed) {
+	if !st.windowDone() {
 		return st.cur.k
 	}
 	c.finish(st)
@@ -234,7 +313,7 @@ func (c *Controller) Decide(numRunning int) int {
 // for it, against the mean of the best's windows before and after the
 // neighbour's.
 func (c *Controller) finish(st *classStats) {
-	rate := st.cur.rate()
+	rate := st.rate(&st.cur)
 	if st.trial {
 		st.trial, st.pending, st.candRate = false, true, rate
 		return
@@ -354,33 +433,28 @@ func (c *Controller) run(st *classStats, k, length int) {
 	if k != st.cur.k || st.cur.length == 0 {
 		skip = 1
 	}
-	st.cur = window{k: k, length: length, skip: skip, tokens: st.cur.tokens[:0], times: st.cur.times[:0], mixed: st.cur.mixed[:0]}
+	st.cur = window{k: k, length: length, skip: skip, tokens: st.cur.tokens[:0], times: st.cur.times[:0], prefill: st.cur.prefill[:0]}
 }
 
 // Observe records a step with decode rows planned with numRunning
 // sequences running and a draft limit of k (Decide's answer) that emitted
-// tokens and completed at done; mixed says it also carried prompt chunks.
-// It counts toward its class's window when that window runs k and is not
-// complete (a step planned before the window began is not its own). Steps
-// that also carry prompt chunks count too, since a draft length's cost
-// shows there as well (the engine's schedule stage observes them); steps
-// of prompts alone go to Skip: they would measure the prompts.
-func (c *Controller) Observe(numRunning, k, tokens int, mixed bool, done time.Time) {
+// tokens and completed at done; prefill counts the prompt tokens it also
+// carried (0: a decode step). It counts toward its class's window when
+// that window runs k (a step planned before the window began is not its
+// own). Steps that also carry prompt chunks count too, since a draft
+// length's cost shows there as well (the engine's schedule stage observes
+// them); steps of prompts alone go to Skip: they would measure the
+// prompts.
+func (c *Controller) Observe(numRunning, k, tokens, prefill int, done time.Time) {
 	st := c.stats(class(numRunning))
-	switch {
-	case mixed:
-		st.sinceMixed = 0
-	case st.sinceMixed < math.MaxInt32:
-		st.sinceMixed++
-	}
-	if !c.last.IsZero() && done.After(c.last) && st.cur.k == k && !st.cur.done(st.sinceMixed) {
+	if !c.last.IsZero() && done.After(c.last) && st.cur.k == k && !st.windowDone() {
 		st.measured = true
 		if st.cur.skip > 0 {
 			st.cur.skip--
 		} else {
 			st.cur.tokens = append(st.cur.tokens, tokens)
 			st.cur.times = append(st.cur.times, done.Sub(c.last))
-			st.cur.mixed = append(st.cur.mixed, mixed)
+			st.cur.prefill = append(st.cur.prefill, prefill)
 		}
 	}
 	c.last = done
@@ -433,7 +507,7 @@ func (c *Controller) stats(cl int) *classStats {
 		}
 	}
 	if st == nil {
-		st = &classStats{ratio: make([]float64, c.K+1), window: max(c.Window, WindowSequences>>(cl-1)), sinceMixed: math.MaxInt32}
+		st = &classStats{ratio: make([]float64, c.K+1), window: max(c.Window, WindowSequences>>(cl-1)), prompt: make([]pooled, c.K+1)}
 		c.classes[cl] = st
 	}
 	st.best = min(1, c.K)

@@ -27,7 +27,7 @@ func (m model) runScaled(c *Controller, now *time.Time, n, steps int, scale func
 		k := c.Decide(n)
 		count[k]++
 		*now = now.Add(time.Duration(float64(m.stepTime[k]) * scale()))
-		c.Observe(n, k, m.tokens[k], false, *now)
+		c.Observe(n, k, m.tokens[k], 0, *now)
 	}
 	return count
 }
@@ -155,7 +155,7 @@ func TestControllerAttributesSteps(t *testing.T) {
 	observe := func(k, n int, times ...time.Duration) {
 		for _, d := range times {
 			now = now.Add(d)
-			c.Observe(16, k, n, false, now)
+			c.Observe(16, k, n, 0, now)
 		}
 	}
 	ms := time.Millisecond
@@ -350,7 +350,7 @@ func TestControllerRandomAcceptance(t *testing.T) {
 				d := stepTime(k) * (1 + 0.15*(2*rng.Float64()-1))
 				now = now.Add(time.Duration(d * float64(time.Millisecond)))
 				tokens, total = tokens+n, total+d
-				c.Observe(1, k, n, false, now)
+				c.Observe(1, k, n, 0, now)
 			}
 			got += float64(tokens) / total / best / seeds
 		}
@@ -395,42 +395,48 @@ func TestControllerSwingingMachine(t *testing.T) {
 // joiningModel is a synthetic engine under continuous batching: a step at
 // draft length k emits tokens[k] tokens in stepTime[k], except that once
 // in about joinEvery emitted tokens (uniform in half to one and a half
-// times that) requests join, and that step (a mixed step) emits
-// mixedTokens[k] in mixedTime[k].
+// times that) a prompt of about prompt tokens (the same spread) joins, and
+// that step (a mixed step) takes promptCost[k] more for each prompt token.
 type joiningModel struct {
-	tokens, mixedTokens []int
-	stepTime, mixedTime []time.Duration
-	joinEvery           int
-	sinceJoin, nextJoin int
-	rng                 *rand.Rand
+	tokens               []int
+	stepTime, promptCost []time.Duration
+	joinEvery, prompt    int
+	sinceJoin, nextJoin  int
+	rng                  *rand.Rand
 }
 
 func (m *joiningModel) run(c *Controller, now *time.Time, n, steps int) []int {
 	count := make([]int, len(m.tokens))
+	spread := func(x int) int { return x/2 + m.rng.IntN(x+1) }
 	for range steps {
 		k := c.Decide(n)
 		count[k]++
-		tokens, took, mixed := m.tokens[k], m.stepTime[k], false
+		tokens, took, prefill := m.tokens[k], m.stepTime[k], 0
 		if m.sinceJoin >= m.nextJoin {
-			tokens, took, mixed = m.mixedTokens[k], m.mixedTime[k], true
-			m.sinceJoin, m.nextJoin = 0, m.joinEvery/2+m.rng.IntN(m.joinEvery+1)
+			prefill = spread(m.prompt)
+			took += time.Duration(prefill) * m.promptCost[k]
+			m.sinceJoin, m.nextJoin = 0, spread(m.joinEvery)
 		}
 		m.sinceJoin += tokens
 		*now = now.Add(took)
-		c.Observe(n, k, tokens, mixed, *now)
+		c.Observe(n, k, tokens, prefill, *now)
 	}
 	return count
 }
 
-// Mixed steps (a request joining the batch) are rare and costly, and a
-// draft length costs most there: the controller measures them with the
-// decode steps. The first case's figures are an H100's at batch 64 with
-// MTP (the shipped model, prompts joining 16 at a time): in decode steps
-// alone drafts win (57, 98, 135 tokens in 0.57, 0.90, 1.22 ms), but the
-// mixed steps, one in about 820 tokens, take 1.55 ms without drafts and
-// 4.5 ms with, so over the run no drafts is about 16% faster. Dropping
-// each window's slowest step (a mixed one) and ending windows wherever
-// they fell kept drafts on.
+// Mixed steps (prompts joining the batch) are rare and costly, and a draft
+// length costs there too: the controller counts them, pooled, beside the
+// decode steps. The first case is an H100's at batch 64 with MTP (the
+// shipped model, prompts joining 16 at a time, about 1,500 prompt tokens a
+// mixed step, one in about 820 emitted tokens): in decode steps alone
+// drafts win (57, 98, 135 tokens in 0.57, 0.90, 1.22 ms), but a mixed step
+// takes 1.55 ms without drafts and 4.5 ms with, so over the run no drafts
+// is about 16% faster; dropping each window's slowest step (a mixed one)
+// kept drafts on. The third is a CPU's at batch 8: a 200-token prompt
+// takes 20 ms, 15% more with MTP's layer over it, one in 96 tokens, and a
+// verify step of 1.83 tokens a row costs about twice a decode step: no
+// drafts is about 10% faster, but mixed steps of 10 to 30 ms among decode
+// steps of 3 to 5 ms made windows' plain rates swing by more than that.
 func TestControllerMixedSteps(t *testing.T) {
 	us := time.Microsecond
 	cases := []struct {
@@ -438,10 +444,12 @@ func TestControllerMixedSteps(t *testing.T) {
 		m     joiningModel
 		wantK int
 	}{
-		{"drafts cost in mixed steps", joiningModel{tokens: []int{57, 98, 135}, mixedTokens: []int{63, 108, 143},
-			stepTime: []time.Duration{570 * us, 900 * us, 1220 * us}, mixedTime: []time.Duration{1550 * us, 4550 * us, 4500 * us}, joinEvery: 820}, 0},
-		{"drafts pay in both", joiningModel{tokens: []int{57, 98, 135}, mixedTokens: []int{63, 108, 143},
-			stepTime: []time.Duration{570 * us, 600 * us, 1000 * us}, mixedTime: []time.Duration{1550 * us, 1900 * us, 2600 * us}, joinEvery: 820}, 1},
+		{"drafts cost in mixed steps", joiningModel{tokens: []int{57, 98, 135}, stepTime: []time.Duration{570 * us, 900 * us, 1220 * us},
+			promptCost: []time.Duration{650 * time.Nanosecond, 2430 * time.Nanosecond, 2190 * time.Nanosecond}, joinEvery: 820, prompt: 1500}, 0},
+		{"drafts pay in both", joiningModel{tokens: []int{57, 98, 135}, stepTime: []time.Duration{570 * us, 600 * us, 1000 * us},
+			promptCost: []time.Duration{650 * time.Nanosecond, 870 * time.Nanosecond, 1070 * time.Nanosecond}, joinEvery: 820, prompt: 1500}, 1},
+		{"a CPU at batch 8", joiningModel{tokens: []int{8, 15, 18}, stepTime: []time.Duration{2800 * us, 5400 * us, 7400 * us},
+			promptCost: []time.Duration{100 * us, 115 * us, 130 * us}, joinEvery: 96, prompt: 200}, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
