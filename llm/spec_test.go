@@ -51,6 +51,9 @@ func testSpeculativeSameTokens(t *testing.T, dir string, methods []struct{ metho
 				c.Speculative.PromptLookupMin = 1
 				if small {
 					c.Cache.NumBlocks = 16 // forces preemption
+					// Prompts join the 8 sequences 3 at a time, so that
+					// admissions wait beside verify rows and preemptions.
+					c.Engine.AdmissionFraction = 0.3
 				}
 			}), Options{})
 			if err != nil {
