@@ -250,12 +250,13 @@ func (w *window) decode() (perToken, perStep float64, ok bool) {
 	return took.Seconds() / float64(tokens), took.Seconds() / float64(steps), true
 }
 
-// rate is the window's estimate of the throughput at its length in
-// tokens per second (see Controller): the decode steps' time a token plus
-// the class's prompt tokens a token times the length's time a prompt
-// token (pooled over its mixed steps, this window's included). A window
-// without decode steps is its tokens over its time.
-func (st *classStats) rate(w *window) float64 {
+// measure pools window w's steps into the class's sums (its prompt
+// tokens a token, and its length's time a prompt token) and returns its
+// estimate of the throughput at its length in tokens per second (see
+// Controller): one over the decode steps' time a token plus the class's
+// prompt tokens a token times the length's time a prompt token. A window
+// without decode steps gives its tokens over its time.
+func (st *classStats) measure(w *window) float64 {
 	perToken, perStep, ok := w.decode()
 	for i, p := range w.prefill {
 		st.joins.add(float64(p), float64(w.tokens[i]))
@@ -313,7 +314,7 @@ func (c *Controller) Decide(numRunning int) int {
 // for it, against the mean of the best's windows before and after the
 // neighbour's.
 func (c *Controller) finish(st *classStats) {
-	rate := st.rate(&st.cur)
+	rate := st.measure(&st.cur)
 	if st.trial {
 		st.trial, st.pending, st.candRate = false, true, rate
 		return
