@@ -22,12 +22,23 @@ func (m model) run(c *Controller, now *time.Time, n, steps int) []int {
 
 // runScaled is run with each step's time multiplied by scale().
 func (m model) runScaled(c *Controller, now *time.Time, n, steps int, scale func() float64) []int {
-	count := make([]int, len(m.tokens))
+	return drive(c, now, n, steps, len(m.tokens), func(k int) (int, time.Duration, int) {
+		return m.tokens[k], time.Duration(float64(m.stepTime[k]) * scale()), 0
+	})
+}
+
+// drive runs c for steps steps with n running sequences, each step at the
+// length c decides taking what step says (tokens emitted, time, prompt
+// tokens), and returns how many steps ran at each of the lengths
+// 0..lengths-1.
+func drive(c *Controller, now *time.Time, n, steps, lengths int, step func(k int) (int, time.Duration, int)) []int {
+	count := make([]int, lengths)
 	for range steps {
 		k := c.Decide(n)
 		count[k]++
-		*now = now.Add(time.Duration(float64(m.stepTime[k]) * scale()))
-		c.Observe(n, k, m.tokens[k], 0, *now)
+		tokens, took, prefill := step(k)
+		*now = now.Add(took)
+		c.Observe(n, k, tokens, prefill, *now)
 	}
 	return count
 }
@@ -406,11 +417,8 @@ type joiningModel struct {
 }
 
 func (m *joiningModel) run(c *Controller, now *time.Time, n, steps int) []int {
-	count := make([]int, len(m.tokens))
 	spread := func(x int) int { return x/2 + m.rng.IntN(x+1) }
-	for range steps {
-		k := c.Decide(n)
-		count[k]++
+	return drive(c, now, n, steps, len(m.tokens), func(k int) (int, time.Duration, int) {
 		tokens, took, prefill := m.tokens[k], m.stepTime[k], 0
 		if m.sinceJoin >= m.nextJoin {
 			prefill = spread(m.prompt)
@@ -418,10 +426,8 @@ func (m *joiningModel) run(c *Controller, now *time.Time, n, steps int) []int {
 			m.sinceJoin, m.nextJoin = 0, spread(m.joinEvery)
 		}
 		m.sinceJoin += tokens
-		*now = now.Add(took)
-		c.Observe(n, k, tokens, prefill, *now)
-	}
-	return count
+		return tokens, took, prefill
+	})
 }
 
 // Mixed steps (prompts joining the batch) are rare and costly, and a draft
