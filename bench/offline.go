@@ -102,6 +102,10 @@ type OfflineResult struct {
 	// Speculative is the run's drafting (the warm-up's left out) when the
 	// engine speculates; nil otherwise.
 	Speculative *SpecSummary `json:"speculative,omitempty"`
+	// StepTimes are the run's steps by kind and the loop's mean time for
+	// each (the warm-up's left out): on CUDA, decode steps replay graphs
+	// and steps carrying prompt chunks run eagerly.
+	StepTimes stages.StepTimes `json:"step_times"`
 
 	outputs [][]int // each request's output token ids, in prompt order
 }
@@ -202,7 +206,7 @@ func runOffline(ctx context.Context, l *llm.LLM, w *offlineWorkload, progressTo 
 		return nil, fmt.Errorf("bench: offline: warm-up: %w", err)
 	}
 
-	spec0 := l.StepStats().Spec()
+	spec0, times0 := l.StepStats().Spec(), l.StepStats().StepTimes()
 	bar := newProgress(progressTo, n, label, "seq") // its clock starts with the workload
 	onToken := func(out engine.RequestOutput) {
 		if out.Finished {
@@ -244,6 +248,7 @@ func runOffline(ctx context.Context, l *llm.LLM, w *offlineWorkload, progressTo 
 	r.OutputThroughput = float64(r.TotalOutputTokens) / secs
 	r.TotalThroughput = float64(r.TotalInputTokens+r.TotalOutputTokens) / secs
 	r.TTFTMillis, r.TPOTMillis, r.E2EMillis = Summarize(r.TTFTs), Summarize(r.TPOTs), Summarize(r.E2Els)
+	r.StepTimes = l.StepStats().StepTimes().Sub(times0)
 	if sp := l.Config().Speculative; sp.Enabled() {
 		r.Speculative = newSpecSummary(sp.Method, sp.NumSpeculativeTokens, l.StepStats().Spec().Sub(spec0))
 	}

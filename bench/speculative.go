@@ -269,6 +269,9 @@ func RunSpeculative(ctx context.Context, cfg *config.Config, o SpeculativeOption
 							line += ", steps at draft limits " + l
 						}
 					}
+					if st := r.StepTimes.String(); st != "" {
+						line += ", steps " + st
+					}
 					fmt.Fprintln(o.Log, line)
 				}
 			}

@@ -34,8 +34,9 @@ func newBenchCmd(reg *pipeline.Registry) *cobra.Command {
 			"bench --mode offline runs nano-vllm's workload through the engine in this process\n" +
 			"(--num-prompts random prompts of --min-input-len..--max-input-len tokens, each generating\n" +
 			"--min-output-len..--max-output-len tokens with ignore_eos; --input-len/--output-len with\n" +
-			"--random-range-ratio give the lengths as vLLM does) and reports throughput and per-request\n" +
-			"latencies.\n" +
+			"--random-range-ratio give the lengths as vLLM does) and reports throughput, per-request\n" +
+			"latencies and the steps by kind (decode rows alone, with prompt chunks, prompts alone) with\n" +
+			"the loop's mean time for each.\n" +
 			"bench --mode serve sends --num-prompts streamed requests to --base-url with Poisson arrivals at\n" +
 			"--request-rate (inf: all at once), random prompts (--dataset-name random) or a prompt file\n" +
 			"(--dataset-name custom --dataset-path FILE), and reports throughput, TTFT, TPOT, ITL and\n" +
@@ -575,6 +576,9 @@ func printOffline(w io.Writer, r *bench.OfflineResult, o benchOptions) {
 	fmt.Fprintf(tw, "Request throughput (req/s):\t%.2f\n", r.RequestThroughput)
 	fmt.Fprintf(tw, "Output token throughput (tok/s):\t%.2f\n", r.OutputThroughput)
 	fmt.Fprintf(tw, "Total token throughput (tok/s):\t%.2f\n", r.TotalThroughput)
+	if st := r.StepTimes.String(); st != "" {
+		fmt.Fprintf(tw, "Steps (loop time each):\t%s\n", st)
+	}
 	tw.Flush()
 	printSummaries(w, r.Distributions(), o.metrics, o.percentiles)
 }

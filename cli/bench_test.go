@@ -33,7 +33,7 @@ func TestBenchCommand(t *testing.T) {
 	if err != nil {
 		t.Fatalf("offline: %v\n%s", err, out)
 	}
-	for _, want := range []string{"Offline Benchmark Result", "Output token throughput", "TTFT", "E2E latency", "p90", "p99"} {
+	for _, want := range []string{"Offline Benchmark Result", "Output token throughput", "Steps (loop time each):", "decode ", "TTFT", "E2E latency", "p90", "p99"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("offline output lacks %q:\n%s", want, out)
 		}
@@ -44,9 +44,15 @@ func TestBenchCommand(t *testing.T) {
 		TTFT        struct {
 			Count int `json:"count"`
 		} `json:"ttft_ms"`
+		StepTimes struct {
+			Decode struct {
+				Steps int64 `json:"steps"`
+				Mean  int64 `json:"mean_ns"`
+			} `json:"decode"`
+		} `json:"step_times"`
 	}
 	readJSON(t, resultFile, &off)
-	if off.Mode != "offline" || off.NumRequests != 6 || off.TTFT.Count != 6 {
+	if off.Mode != "offline" || off.NumRequests != 6 || off.TTFT.Count != 6 || off.StepTimes.Decode.Steps == 0 || off.StepTimes.Decode.Mean <= 0 {
 		t.Fatalf("offline JSON: %+v", off)
 	}
 

@@ -81,6 +81,12 @@ func testSpeculativeSameTokens(t *testing.T, dir string, methods []struct{ metho
 			if err := l.Close(); err != nil {
 				t.Fatal(err)
 			}
+			// Every step's loop time is counted once, under its kind (read
+			// once the loop has stopped: a step may still be in flight when
+			// the last request finishes).
+			if times, steps := l.StepStats().StepTimes(), l.StepStats().Steps.Load(); times.Decode.Steps+times.Mixed.Steps+times.Prefill.Steps != steps || times.Decode.Steps == 0 {
+				t.Errorf("seed %d %s zos %v small %v: step times %+v for %d steps", seed, method, zos, small, times, steps)
+			}
 			if st.NumFreeBlocks != st.NumBlocks || st.NumFreeStateSlots != st.NumStateSlots {
 				t.Errorf("seed %d %s zos %v small %v: leaked: %d/%d blocks, %d/%d state slots free",
 					seed, method, zos, small, st.NumFreeBlocks, st.NumBlocks, st.NumFreeStateSlots, st.NumStateSlots)

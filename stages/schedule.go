@@ -36,7 +36,8 @@ type ScheduleDeps struct {
 	// by measuring decode throughput (speculative.adaptive).
 	Drafts *spec.Controller
 	// Stats (nil: not counted) counts the steps with decode rows at each
-	// draft limit Drafts picks (Stats.RecordDraftLimit).
+	// draft limit Drafts picks (Stats.RecordDraftLimit) and the loop's
+	// time per step by kind (Stats.RecordStepTime).
 	Stats *Stats
 	// Grammars compiles structured-output constraints and Resubmit brings
 	// each outcome back as a Submission (see Env); a request with a
@@ -76,15 +77,17 @@ func init() {
 // downstream reads it any more), which saves the scheduler's largest
 // per-step allocation.
 type Schedule struct {
-	d      ScheduleDeps
-	spare  [][]engine.SequenceMetadata
-	busy   map[engine.StepID][]engine.SequenceMetadata
-	kinds  map[engine.StepID]plannedStep // steps in flight, for the drafts controller
-	asks   []*StepAsk                    // manual steps not yet planned
-	asked  map[engine.StepID]*StepAsk    // manual steps in flight
-	drains []chan struct{}               // closed when the scheduler is idle
-	done   map[engine.SeqID]bool         // reused by Feedback
-	ended  map[engine.SeqID]engine.FinishReason
+	d     ScheduleDeps
+	spare [][]engine.SequenceMetadata
+	busy  map[engine.StepID][]engine.SequenceMetadata
+	kinds map[engine.StepID]plannedStep // steps in flight, for the drafts controller and the step times
+	// lastDone is the completion time of the latest step that came back.
+	lastDone time.Time
+	asks     []*StepAsk                 // manual steps not yet planned
+	asked    map[engine.StepID]*StepAsk // manual steps in flight
+	drains   []chan struct{}            // closed when the scheduler is idle
+	done     map[engine.SeqID]bool      // reused by Feedback
+	ended    map[engine.SeqID]engine.FinishReason
 }
 
 // measuredByDrafts says whether the drafts controller measures a step of
@@ -101,12 +104,22 @@ func measuredByDrafts(k engine.StepKind) bool {
 	return k == engine.StepDecode || k == engine.StepMixed
 }
 
-// plannedStep is what the drafts controller needs of a step in flight.
+// plannedStep is what the drafts controller and the step times
+// (Stats.RecordStepTime) need of a step in flight.
 type plannedStep struct {
 	kind    engine.StepKind
 	running int // running sequences when it was planned
 	limit   int // its draft limit
 	prefill int // its prompt tokens
+	planned time.Time
+}
+
+// later returns the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // NewSchedule returns the built-in schedule stage.
@@ -201,13 +214,24 @@ func (s *Schedule) Feedback(_ context.Context, out *StepOutputs) error {
 			}
 		}
 	}
-	if c := s.d.Drafts; c != nil && out.StepID != 0 {
-		if p := s.kinds[out.StepID]; measuredByDrafts(p.kind) {
-			c.Observe(p.running, p.limit, out.NumTokens, p.prefill, out.Done)
-		} else {
-			c.Skip(out.Done)
+	if p, ok := s.kinds[out.StepID]; ok && out.StepID != 0 {
+		if !out.Done.IsZero() {
+			// The loop's time for the step: from the completion of the
+			// step before, or from its planning when the loop had gone
+			// idle in between.
+			s.d.Stats.RecordStepTime(p.kind, out.Done.Sub(later(p.planned, s.lastDone)))
+		}
+		if c := s.d.Drafts; c != nil {
+			if measuredByDrafts(p.kind) {
+				c.Observe(p.running, p.limit, out.NumTokens, p.prefill, out.Done)
+			} else {
+				c.Skip(out.Done)
+			}
 		}
 		delete(s.kinds, out.StepID)
+	}
+	if out.Done.After(s.lastDone) {
+		s.lastDone = out.Done
 	}
 	if a, ok := s.asked[out.StepID]; ok {
 		delete(s.asked, out.StepID)
@@ -256,16 +280,17 @@ func (s *Schedule) Plan(context.Context) (*ScheduledStep, bool, error) {
 		return nil, false, nil
 	}
 	s.busy[out.StepID] = metas
-	if s.d.Drafts != nil {
-		s.kinds[out.StepID] = plannedStep{kind: out.Kind, running: running, limit: limit, prefill: out.NumPrefillTokens}
-		if s.d.Stats != nil && out.NumDecodeSeqs > 0 {
-			s.d.Stats.RecordDraftLimit(limit)
-		}
+	planned := time.Now()
+	if s.d.Drafts != nil || s.d.Stats != nil {
+		s.kinds[out.StepID] = plannedStep{kind: out.Kind, running: running, limit: limit, prefill: out.NumPrefillTokens, planned: planned}
+	}
+	if s.d.Drafts != nil && s.d.Stats != nil && out.NumDecodeSeqs > 0 {
+		s.d.Stats.RecordDraftLimit(limit)
 	}
 	if ask != nil {
 		s.asked[out.StepID] = ask
 	}
-	return &ScheduledStep{Outputs: out, Seqs: metas, Planned: time.Now()}, true, nil
+	return &ScheduledStep{Outputs: out, Seqs: metas, Planned: planned}, true, nil
 }
 
 // checkDrains closes the drain channels once nothing is unfinished and no

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/deepinfer/deepinfer-go/engine"
 )
 
 // A draft is (numDrafts, numAccepted) as the verify stage reports it.
@@ -303,5 +305,35 @@ func TestRecordDraftLimit(t *testing.T) {
 	s.RecordDraftLimit(0)
 	if got, want := s.Spec().Sub(sp).StepsAtLimit, []int64{1, 0, 0}; !reflect.DeepEqual(got, want) {
 		t.Errorf("Sub: StepsAtLimit = %v, want %v", got, want)
+	}
+}
+
+// The loop's time per step kind: counts and means by kind, the difference
+// of two snapshots, the summary line; nil-safe, and empty steps (or any
+// other kind) are not counted.
+func TestRecordStepTime(t *testing.T) {
+	var nilStats *Stats
+	nilStats.RecordStepTime(engine.StepDecode, time.Millisecond)
+	var s Stats
+	if got := s.StepTimes(); got != (StepTimes{}) || got.String() != "" {
+		t.Fatalf("nothing recorded: %+v %q", got, got.String())
+	}
+	ms := time.Millisecond
+	for _, r := range []struct {
+		k engine.StepKind
+		d time.Duration
+	}{{engine.StepDecode, ms}, {engine.StepDecode, 3 * ms}, {engine.StepMixed, 10 * ms}, {engine.StepEmpty, ms}, {engine.StepDecode, -ms}} {
+		s.RecordStepTime(r.k, r.d)
+	}
+	before := s.StepTimes()
+	want := StepTimes{Decode: StepKindTime{2, 2 * ms}, Mixed: StepKindTime{1, 10 * ms}}
+	if before != want || before.String() != "decode 2 x 2.00 ms, mixed 1 x 10.00 ms" {
+		t.Fatalf("got %+v %q, want %+v", before, before.String(), want)
+	}
+	s.RecordStepTime(engine.StepDecode, 5*ms)
+	s.RecordStepTime(engine.StepPrefill, 20*ms)
+	diff := s.StepTimes().Sub(before)
+	if want := (StepTimes{Decode: StepKindTime{1, 5 * ms}, Prefill: StepKindTime{1, 20 * ms}}); diff != want || diff.String() != "decode 1 x 5.00 ms, prefill 1 x 20.00 ms" {
+		t.Errorf("difference %+v %q, want %+v", diff, diff.String(), want)
 	}
 }
