@@ -214,7 +214,7 @@ func (s *Schedule) Feedback(_ context.Context, out *StepOutputs) error {
 			}
 		}
 	}
-	if p, ok := s.kinds[out.StepID]; ok && out.StepID != 0 {
+	if p, ok := s.kinds[out.StepID]; ok { // (step 0, an empty one, is never planned)
 		if !out.Done.IsZero() {
 			// The loop's time for the step: from the completion of the
 			// step before, or from its planning when the loop had gone
