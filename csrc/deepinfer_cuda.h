@@ -174,6 +174,14 @@ typedef struct di_options {
 	 * one memset an allocation; results change only where such a read
 	 * exists. */
 	int32_t fill_uninitialized;
+	/* 1: float32 and 16-bit GEMMs of more than 16 rows run through
+	 * cuBLASLt with an algorithm chosen once per (n, k, types, alignment)
+	 * and bucket of the row count (four buckets an octave), instead of
+	 * cublasGemmEx, whose choice is made again for every new row count
+	 * (an eager step's rows vary with the prompts in it). A plan that
+	 * cuBLASLt refuses falls back to cublasGemmEx. Results change by
+	 * rounding (another algorithm). */
+	int32_t gemm_plans;
 } di_options;
 
 enum di_scoring { DI_SCORING_SOFTMAX = 1, DI_SCORING_SIGMOID = 2 };

@@ -175,6 +175,128 @@ int di_gemm(di_ctx *ctx, float *out, const void *x, const void *w, int dtype, in
 	return di_gemm_to(ctx, out, DI_F32, x, w, dtype, m, n, k);
 }
 
+// ---------------------------------------------------------------- cuBLASLt plans (di_options.gemm_plans)
+
+// di_gemm_plan is cuBLASLt's descriptors and algorithm for one GEMM shape:
+// (n, k, dtype, out_dtype, align) and a bucket mb of row counts, the
+// algorithm chosen for mb rows. A call of m <= mb rows sets the row count
+// of its b and d layouts to m.
+struct di_gemm_plan {
+	int n = 0, k = 0, mb = 0, dtype = -1, out_dtype = -1, align = 0;
+	bool ok = false; // false: cuBLASLt has no algorithm for it
+	cublasLtMatmulDesc_t op = nullptr;
+	cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+	cublasLtMatmulAlgo_t algo = {};
+};
+
+#define DI_GEMM_PLANS 256 // plans kept: shapes past it replace the oldest
+
+struct di_gemm_plans {
+	di_gemm_plan plans[DI_GEMM_PLANS];
+	int used = 0, next = 0;
+};
+
+static void gemm_plan_clear(di_gemm_plan &p) {
+	if (p.op) cublasLtMatmulDescDestroy(p.op);
+	if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+	if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+	if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+	p = di_gemm_plan();
+}
+
+static void gemm_plans_free(di_ctx *ctx) {
+	if (!ctx->gemm_plans) return;
+	for (int i = 0; i < ctx->gemm_plans->used; i++) gemm_plan_clear(ctx->gemm_plans->plans[i]);
+	delete ctx->gemm_plans;
+	ctx->gemm_plans = nullptr;
+}
+
+// gemm_bucket is the bucket of m rows: m itself up to 16, above it m
+// rounded up to a quarter of the power of two at or below it (four
+// buckets an octave, at most a third more rows than m).
+static int gemm_bucket(int m) {
+	if (m <= 16) return m;
+	int p = 16;
+	while (p <= m / 2) p *= 2;
+	const int q = p / 4;
+	return (m + q - 1) / q * q;
+}
+
+// gemm_align is the largest power of two up to 16 that divides v.
+static int gemm_align(uintptr_t v) {
+	int a = 16;
+	while (a > 1 && v % (uintptr_t)a) a /= 2;
+	return a;
+}
+
+#define GEMM_LT_OK(call) ((call) == CUBLAS_STATUS_SUCCESS)
+
+// gemm_plan returns the plan of the shape, made on first use (one
+// heuristic query), or null without a cuBLASLt handle.
+static di_gemm_plan *gemm_plan(di_ctx *ctx, int mb, int n, int k, int dtype, int out_dtype, int align,
+                               cudaDataType_t t, cudaDataType_t to) {
+	if (!ctx->lt) return nullptr;
+	if (!ctx->gemm_plans) ctx->gemm_plans = new di_gemm_plans();
+	di_gemm_plans *c = ctx->gemm_plans;
+	for (int i = 0; i < c->used; i++) {
+		di_gemm_plan &p = c->plans[i];
+		if (p.mb == mb && p.n == n && p.k == k && p.dtype == dtype && p.out_dtype == out_dtype && p.align == align)
+			return &p;
+	}
+	const int slot = c->used < DI_GEMM_PLANS ? c->used++ : (c->next++ % DI_GEMM_PLANS);
+	di_gemm_plan &p = c->plans[slot];
+	gemm_plan_clear(p);
+	p.mb = mb, p.n = n, p.k = k, p.dtype = dtype, p.out_dtype = out_dtype, p.align = align;
+	// Row-major out[m,n] = x[m,k] w[n,k]^T, column-major as cublasGemmEx's
+	// call below: D[n,m] = op(A)[n,k] B[k,m], A = w ([k,n], transposed).
+	const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+	bool good = GEMM_LT_OK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
+	            GEMM_LT_OK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) &&
+	            GEMM_LT_OK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) &&
+	            GEMM_LT_OK(cublasLtMatrixLayoutCreate(&p.a, t, k, n, k)) &&
+	            GEMM_LT_OK(cublasLtMatrixLayoutCreate(&p.b, t, k, mb, k)) &&
+	            GEMM_LT_OK(cublasLtMatrixLayoutCreate(&p.d, to, n, mb, n));
+	if (good) {
+		cublasLtMatmulPreference_t pref = nullptr;
+		const size_t wsb = ctx->cublas_workspace_bytes;
+		const uint32_t al = (uint32_t)align;
+		cublasLtMatmulHeuristicResult_t h = {};
+		int found = 0;
+		good = GEMM_LT_OK(cublasLtMatmulPreferenceCreate(&pref)) &&
+		       GEMM_LT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+		                                                       sizeof wsb));
+		for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+		                  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+			good = good && GEMM_LT_OK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof al));
+		good = good &&
+		       GEMM_LT_OK(cublasLtMatmulAlgoGetHeuristic(ctx->lt, p.op, p.a, p.b, p.d, p.d, pref, 1, &h, &found)) &&
+		       found > 0;
+		if (pref) cublasLtMatmulPreferenceDestroy(pref);
+		if (good) p.algo = h.algo;
+	}
+	p.ok = good;
+	return &p;
+}
+
+// gemm_lt runs out = x w^T through the shape's plan; false: no plan, or
+// cuBLASLt refused it (the caller runs cublasGemmEx).
+static bool gemm_lt(di_ctx *ctx, void *out, int out_dtype, const void *x, const void *w, int dtype, int m, int n,
+                    int k, cudaDataType_t t, cudaDataType_t to) {
+	const size_t es = dtype == DI_F32 ? 4 : 2, eo = out_dtype == DI_F32 ? 4 : 2;
+	int align = gemm_align((uintptr_t)out);
+	for (uintptr_t v : {(uintptr_t)x, (uintptr_t)w, (uintptr_t)((size_t)k * es), (uintptr_t)((size_t)n * eo)})
+		align = align < gemm_align(v) ? align : gemm_align(v);
+	di_gemm_plan *p = gemm_plan(ctx, gemm_bucket(m), n, k, dtype, out_dtype, align, t, to);
+	if (!p || !p->ok) return false;
+	const uint64_t cols = (uint64_t)m;
+	if (!GEMM_LT_OK(cublasLtMatrixLayoutSetAttribute(p->b, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols)) ||
+	    !GEMM_LT_OK(cublasLtMatrixLayoutSetAttribute(p->d, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols)))
+		return false;
+	const float alpha = 1.0f, beta = 0.0f;
+	return GEMM_LT_OK(cublasLtMatmul(ctx->lt, p->op, &alpha, w, p->a, x, p->b, &beta, out, p->d, out, p->d, &p->algo,
+	                                 ctx->cublas_workspace, ctx->cublas_workspace_bytes, ctx->stream));
+}
+
 int di_gemm_to(di_ctx *ctx, void *out, int out_dtype, const void *x, const void *w, int dtype, int m, int n, int k) {
 	if (m == 0 || n == 0) return DI_OK;
 	cudaDataType_t t, to;
@@ -186,6 +308,7 @@ int di_gemm_to(di_ctx *ctx, void *out, int out_dtype, const void *x, const void 
 		CK(cudaMemsetAsync(out, 0, (size_t)m * n * esize, ctx->stream), "gemm: cudaMemsetAsync");
 		return DI_OK;
 	}
+	if (ctx->gemm_plans_on && m > 16 && gemm_lt(ctx, out, out_dtype, x, w, dtype, m, n, k, t, to)) return DI_OK;
 	const float alpha = 1.0f, beta = 0.0f;
 	// Row-major out[m,n] = x[m,k] w[n,k]^T is column-major out^T[n,m] = w^T' x^T'
 	// where w (row-major [n,k]) is column-major [k,n]: op(A) = A^T.
@@ -232,6 +355,7 @@ static void destroy_impl(di_ctx *ctx) {
 		ctx->live.clear();
 	}
 	di_fp8_lt_free(ctx);
+	gemm_plans_free(ctx);
 	if (ctx->lt) cublasLtDestroy(ctx->lt);
 	if (ctx->cublas) cublasDestroy(ctx->cublas);
 	if (ctx->cublas_workspace) cudaFree(ctx->cublas_workspace);
@@ -424,6 +548,7 @@ static int api_set_options(di_ctx *ctx, const di_options *o) {
 	    o->moe_gemm_pairs > 0 ? o->moe_gemm_pairs : (o->moe_gemm_pairs < 0 ? 0 : DI_DEFAULT_MOE_GEMM_PAIRS);
 	ctx->fp8_lt_on = o->disable_fp8_lt ? 0 : 1;
 	ctx->fill_uninit = o->fill_uninitialized ? 1 : 0;
+	ctx->gemm_plans_on = o->gemm_plans ? 1 : 0;
 	return DI_OK;
 }
 

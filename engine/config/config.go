@@ -199,6 +199,10 @@ type CUDA struct {
 	// what the memory's last owner left. For debugging: one memset an
 	// allocation; tokens change only where such a read exists.
 	FillUninitializedMemory bool `yaml:"fill_uninitialized_memory"`
+	// GEMMPlans runs linears of more than 16 rows through cuBLASLt with
+	// an algorithm chosen once per shape and bucket of row counts, instead
+	// of cuBLAS choosing again for every new row count (cuda.Options).
+	GEMMPlans bool `yaml:"gemm_plans"`
 }
 
 // ZOS is zero-overhead scheduling: post-processing of step N overlaps the

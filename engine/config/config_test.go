@@ -277,6 +277,11 @@ func TestParse(t *testing.T) {
 			want: []string{"cuda.fill_uninitialized_memory: needs device: cuda"},
 		},
 		{
+			name: "gemm plans on the CPU",
+			yaml: "model: m\ncuda:\n  gemm_plans: true\n",
+			want: []string{"cuda.gemm_plans: needs device: cuda"},
+		},
+		{
 			name: "cuda graphs need cuda",
 			yaml: "model: m\ncuda_graph:\n  enabled: true\n",
 			want: []string{"cuda_graph.enabled: needs device: cuda"},

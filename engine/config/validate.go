@@ -103,6 +103,9 @@ func (c *Config) Validate() error {
 	if c.CUDA.FillUninitializedMemory && c.Device != "cuda" {
 		bad("cuda.fill_uninitialized_memory", "needs device: cuda")
 	}
+	if c.CUDA.GEMMPlans && c.Device != "cuda" {
+		bad("cuda.gemm_plans", "needs device: cuda")
+	}
 	g := c.CUDAGraph
 	if g.Enabled && len(g.BatchSizes) == 0 {
 		bad("cuda_graph.batch_sizes", "must list at least one size when cuda_graph.enabled is true")

@@ -248,6 +248,15 @@ type Options struct {
 	// memset an allocation, and a run's tokens change only where such a
 	// read exists.
 	FillUninitialized bool
+	// GEMMPlans runs float32 and 16-bit linears of more than 16 rows
+	// through cuBLASLt with an algorithm chosen once per shape and bucket
+	// of row counts (four an octave) instead of cublasGemmEx, which
+	// chooses again for every new row count: an eager step's rows vary
+	// with the prompts in it, and on an H100 a step with prompt chunks of
+	// new lengths spent about 0.5 ms of host time a gated MLP (YAML
+	// cuda.gemm_plans). A plan cuBLASLt refuses falls back to
+	// cublasGemmEx. Results change by rounding.
+	GEMMPlans bool
 
 	// profile and skip are measurement switches that only this package's
 	// tests set (optionsFromTestEnv): profile brackets every eager

@@ -115,6 +115,7 @@ func (o Options) cOptions() C.di_options {
 		moe_gemm_pairs:            i32(o.MoEGEMMPairs),
 		disable_fp8_lt:            flag(o.DisableFP8LT),
 		fill_uninitialized:        flag(o.FillUninitialized),
+		gemm_plans:                flag(o.GEMMPlans),
 	}
 }
 

@@ -74,6 +74,13 @@ var testEnv = []testEnvVar{
 	{"DEEPINFER_CUDA_MOE_MMA", offEnv(func(o *Options) *bool { return &o.DisableMoEMMA })},
 	{"DEEPINFER_CUDA_MOE_GEMM", intEnv(func(o *Options) *int { return &o.MoEGEMMPairs }, -1)},
 	{"DEEPINFER_CUDA_FP8_LT", offEnv(func(o *Options) *bool { return &o.DisableFP8LT })},
+	{"DEEPINFER_CUDA_GEMM_PLANS", func(o *Options, v string) error {
+		if v != "0" && v != "1" {
+			return fmt.Errorf("want 0 (off, the default) or 1")
+		}
+		o.GEMMPlans = o.GEMMPlans || v == "1"
+		return nil
+	}},
 	{"DEEPINFER_CUDA_ATTN_OUT16", offEnv(func(o *Options) *bool { return &o.DisableAttnOut16 })},
 	{"DEEPINFER_CUDA_SAMPLE_SPLIT", intEnv(func(o *Options) *int { return &o.SampleSplitRows }, -1)},
 	{"DEEPINFER_CUDA_SAMPLE_MIN_CHUNKS", intEnv(func(o *Options) *int { return &o.SampleMinChunks }, 0)},
