@@ -210,12 +210,22 @@ def random_prompts(stream, g, batch, plen):
 
 def generate_data(target, taps, stream, args, g, seconds, max_batches, total_len, prompt_lens, batch):
     """Greedy sequences of total_len tokens from random windows (prompt length drawn from
-    prompt_lens per batch), their features, and each sequence's prompt length."""
+    prompt_lens per batch), their features, and each sequence's prompt length. stream is one
+    token stream, or a list of (stream, share): each batch's windows come from one of them,
+    drawn by share."""
     seqs, feats, plens = [], [], []
     t = time.time()
     while len(seqs) < max_batches and (time.time() - t < seconds or not seqs):
         plen = prompt_lens[int(torch.randint(len(prompt_lens), (1,), generator=g))]
-        p = random_prompts(stream, g, batch, plen)
+        src = stream
+        if isinstance(stream, list):
+            u, src = float(torch.rand(1, generator=g)), stream[-1][0]
+            for st, share in stream:
+                if u < share:
+                    src = st
+                    break
+                u -= share
+        p = random_prompts(src, g, batch, plen)
         s = greedy_sequences(target, p, total_len - plen)
         seqs.append(s)
         feats.append(hidden_of(target, taps, s))
@@ -674,6 +684,20 @@ def run(args):
     stream = token_stream(tok, train_docs, device)
     held_stream = token_stream(tok, held_docs, device)
     log(f"corpus: {stream.numel()} training tokens, {held_stream.numel()} held-out tokens")
+    # Per source kind (Go files, book chunks): the held-out evaluation reports each, and
+    # --book-share draws the training windows from the books with that probability a batch
+    # (without it, windows are uniform over all training tokens: mostly Go).
+    def kind(d):
+        return "books" if d["src"].startswith("book") else "go"
+    held_by_kind = {k: token_stream(tok, [d for d in held_docs if kind(d) == k], device) for k in ("go", "books")}
+    gen_stream = stream
+    if args.book_share is not None:
+        if not 0 <= args.book_share <= 1:
+            raise ValueError(f"--book-share must be in [0, 1], got {args.book_share}")
+        by_kind = {k: token_stream(tok, [d for d in train_docs if kind(d) == k], device) for k in ("books", "go")}
+        gen_stream = [(by_kind["books"], args.book_share), (by_kind["go"], 1 - args.book_share)]
+        log(f"  windows: books {args.book_share} ({by_kind['books'].numel()} tokens), "
+            f"go {1 - args.book_share} ({by_kind['go'].numel()} tokens)")
     committed, committed_plen = committed_prompts(args.reference, device)
 
     # Cached greedy equals uncached argmax (the labels are the target's greedy tokens).
@@ -689,7 +713,7 @@ def run(args):
     def one(a, seconds_gen, max_batches, gen_batch, deadline_s, out_dir, steps=None):
         g = torch.Generator().manual_seed(a.seed)
         prompt_lens = [int(x) for x in a.prompt_lens.split(",")]
-        seqs, feats, plens, gen_s = generate_data(target, taps, stream, a, g, seconds_gen, max_batches,
+        seqs, feats, plens, gen_s = generate_data(target, taps, gen_stream, a, g, seconds_gen, max_batches,
                                                   a.total_len, prompt_lens, gen_batch)
         n_cal = max(1, int(seqs.shape[0] * 0.05))
         train_set = Anchors(seqs[n_cal:], feats[n_cal:], plens[n_cal:], a.block)
@@ -718,6 +742,12 @@ def run(args):
         hs, hf, hp, _ = generate_data(target, taps, held_stream, a, gh, 0, a.heldout_batches, 96 + 32, [32],
                                       a.heldout_batch)
         ev["heldout"] = evaluate(run_drafts(drafter, target, Anchors(hs, hf, hp, a.block)), scale, bias, a.block)
+        for k, st in held_by_kind.items():
+            gk = torch.Generator().manual_seed(a.seed + 99)
+            ks, kf, kp, _ = generate_data(target, taps, st, a, gk, 0, a.heldout_batches, 96 + 32, [32],
+                                          a.heldout_batch)
+            ev["heldout_" + k] = evaluate(run_drafts(drafter, target, Anchors(ks, kf, kp, a.block)), scale, bias,
+                                          a.block)
         cf = hidden_of(target, taps, committed)
         cd_set = Anchors(committed, cf, torch.full((committed.shape[0],), committed_plen, device=device), a.block)
         cd = run_drafts(drafter, target, cd_set)
@@ -798,6 +828,9 @@ def main():
     p.add_argument("--gen-batch", type=int, default=1024)
     p.add_argument("--total-len", type=int, default=256)
     p.add_argument("--prompt-lens", default="8,16,32,64,128")
+    p.add_argument("--book-share", type=float,
+                   help="draw each generation batch's windows from the book chunks with this probability, "
+                        "else from the Go files (default: uniform over all training tokens, about 84%% Go)")
     p.add_argument("--train-seconds", type=float, default=200)
     p.add_argument("--steps", type=int, help="fix the step count instead of timing it")
     p.add_argument("--measure-steps", type=int, default=30)
