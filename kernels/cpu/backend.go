@@ -111,9 +111,10 @@ type Backend struct {
 	acts    ActRounding   // Options.Activations
 	closed  atomic.Bool
 	peak    peakOnce
-	mla     mlaCache  // MLAAttention's W_UK per weight (see mlaWUK)
-	gqa     sync.Pool // *gqaScratch: Attention's buffers, reused across calls (see gqaScratchFor)
-	moe     sync.Pool // *[]float32: the MoE ops' expert outputs and per-expert rows, reused across calls
+	mla     mlaCache    // MLAAttention's W_UK per weight (see mlaWUK)
+	gqa     sync.Pool   // *gqaScratch: Attention's buffers, reused across calls (see gqaScratchFor)
+	weights weightArena // the bytes of QuantWeight's, FP8Weight's and MXFP4Weight's weights
+	moe     sync.Pool   // *[]float32: the MoE ops' expert outputs and per-expert rows, reused across calls
 }
 
 var _ kernels.Ops = (*Backend)(nil)

@@ -26,8 +26,8 @@ func (t *Tensor) HasWeightScales() bool { return t != nil && t.fp8 != nil }
 // FP8Weight copies an FP8 block-scaled weight into Go memory: one byte a
 // weight, widened and scaled inside the Linear, Logits, MoE, Embedding and
 // MLAAttention loops (bit for bit as if the weight had been dequantized to
-// float32 first). Cost: one copy of the bytes and scales and one pass over
-// them to check them.
+// float32 first). Cost: one copy of the bytes (into memory advised for huge
+// pages, weightArena) and scales and one pass over them to check them.
 func (b *Backend) FP8Weight(w kernels.FP8Weight) (kernels.Tensor, error) {
 	const op = "fp8_weight"
 	if len(w.Shape) < 2 || len(w.Shape) > 3 {
@@ -54,7 +54,9 @@ func (b *Backend) FP8Weight(w kernels.FP8Weight) (kernels.Tensor, error) {
 			return nil, fmt.Errorf("cpu: %s: byte %d is an E4M3 NaN (%#02x): %w", op, i, v, kernels.ErrDType)
 		}
 	}
-	return &Tensor{shape: append([]int(nil), w.Shape...), dtype: kernels.F8E4M3, u8: append([]uint8(nil), w.Data...),
+	data := b.weights.bytes(len(w.Data))
+	copy(data, w.Data)
+	return &Tensor{shape: append([]int(nil), w.Shape...), dtype: kernels.F8E4M3, u8: data,
 		fp8: &fp8Scales{scales: append([]float32(nil), w.Scales...), scaleRow: append([]int32(nil), w.ScaleRow...), blockK: w.BlockK}}, nil
 }
 

@@ -26,7 +26,8 @@ func (t *Tensor) HasMXFP4() bool { return t != nil && t.mx != nil }
 // MXFP4Weight copies an MXFP4 weight into Go memory: 4.25 bits a weight,
 // widened a tile of rows at a time inside MoEClampedSwiGLU's expert loops
 // (bit for bit as if the weight had been widened to BF16 at load). Cost:
-// one copy of the blocks and scales and one pass over the scales.
+// one copy of the blocks (into memory advised for huge pages, weightArena)
+// and scales and one pass over the scales.
 func (b *Backend) MXFP4Weight(w kernels.MXFP4Weight) (kernels.Tensor, error) {
 	const op = "mxfp4_weight"
 	if len(w.Shape) < 2 || len(w.Shape) > 3 {
@@ -52,8 +53,10 @@ func (b *Backend) MXFP4Weight(w kernels.MXFP4Weight) (kernels.Tensor, error) {
 			return nil, fmt.Errorf("cpu: %s: scale %d is the E8M0 NaN (0xff): %w", op, i, kernels.ErrDType)
 		}
 	}
+	blocks := b.weights.bytes(len(w.Blocks))
+	copy(blocks, w.Blocks)
 	return &Tensor{shape: append([]int(nil), w.Shape...), dtype: kernels.MXFP4,
-		mx: &mxfp4Rows{blocks: append([]byte(nil), w.Blocks...), scales: append([]byte(nil), w.Scales...)}}, nil
+		mx: &mxfp4Rows{blocks: blocks, scales: append([]byte(nil), w.Scales...)}}, nil
 }
 
 // mxRows is the view of matrix rows [lo, hi) of an MXFP4 weight, shaped

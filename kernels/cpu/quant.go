@@ -37,7 +37,8 @@ func (t *Tensor) HasBlocks() bool { return t != nil && t.q != nil }
 // blocks: Linear, Logits and MoE dequantize them in registers (LinearQuant:
 // bit for bit as if the weight had been dequantized to float32 first),
 // Embedding and MLAAttention dequantize the rows they read. Formats: Q8_0,
-// Q4_0, Q4_K, Q5_K and Q6_K. Cost: one copy of the bytes.
+// Q4_0, Q4_K, Q5_K and Q6_K. Cost: one copy of the bytes, into memory
+// advised for huge pages (weightArena).
 func (b *Backend) QuantWeight(w kernels.QuantWeight) (kernels.Tensor, error) {
 	const op = "quant_weight"
 	if len(w.Shape) < 2 || len(w.Shape) > 3 {
@@ -72,7 +73,7 @@ func (b *Backend) QuantWeight(w kernels.QuantWeight) (kernels.Tensor, error) {
 	if lo != rows {
 		return nil, fmt.Errorf("cpu: %s: parts hold %d rows, shape %v has %d: %w", op, lo, w.Shape, rows, kernels.ErrShape)
 	}
-	data := make([]byte, 0, size)
+	data := b.weights.bytes(size)[:0]
 	q := &quantRows{}
 	starts := []int{} // byte offset of each segment in data
 	lo = 0
