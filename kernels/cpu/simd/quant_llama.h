@@ -413,9 +413,19 @@ QL void ql_tilek(const int qt, const int R, const int NC, const uint8_t *a, int6
 // L2; on a 2-vCPU AMD EPYC (Zen 4) VM, one tile into L1 (a single-core
 // test: 0.81-0.88 of a read loop against 0.77-0.78; BenchmarkQuantLlamaGEMV
 // in kernels/cpu/simd/BENCH.md, where Q4_0 and 4 rows lost). The caller
-// picks it by the CPU's vendor.
+// picks it by the CPU's vendor, ql_linear keeps it for tiles of up to
+// QL_PF_L1_TILE bytes.
 #define QL_PF_L2 1
 #define QL_PF_L1 2
+
+// QL_PF_L1_TILE is the largest 8-row tile (8 rows of k/32 blocks) that
+// QL_PF_L1 prefetches into L1: a tile ahead must fit beside the tile being
+// read in a 32 KiB L1. Wider rows prefetch into L2 (QL_PF_L2): on the Zen 4
+// VM above, the Q8_0 768 x 3072 down projections of a 153M Llama (26 KiB
+// tiles) took 1100-1230 µs a decode step against 1280-1900 µs in L1 mode,
+// four alternating runs from huge pages; the 768-wide rows (6.5 KiB tiles)
+// stay in L1 mode.
+#define QL_PF_L1_TILE (16 << 10)
 
 // ql_cols runs the tiles of R rows over the ncols weight rows at w (rb
 // bytes each): NC at a time, the last tile's missing rows replaced by the
@@ -1007,10 +1017,11 @@ QL int qa_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 // Weight tiles outside, activation rows inside: a tile's weights stay in
 // L1 while the rows stream past them. pf is the decode tiles' prefetch
 // mode (QL_PF_L2 or QL_PF_L1); QL_PF_L1 applies to one Q8_0 row alone,
-// where it was measured (QL_PF_L1).
+// where it was measured (QL_PF_L1), and to tiles of up to QL_PF_L1_TILE
+// bytes.
 QL void ql_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const uint8_t *w, int64_t m, int64_t k,
                   int64_t ncols, int pf) {
-	pf = pf == QL_PF_L1 && qt == DI_Q8_0 && m == 1 ? QL_PF_L1 : QL_PF_L2;
+	pf = pf == QL_PF_L1 && qt == DI_Q8_0 && m == 1 && 8 * (k / 32) * 34 <= QL_PF_L1_TILE ? QL_PF_L1 : QL_PF_L2;
 #if QVNNI
 	if (m >= QL_PACK_ROWS && qp_linear(qt, out, ldo, a, w, m, k, ncols))
 		return;
