@@ -114,13 +114,21 @@ func (p *mlp) forward(ops kernels.Ops, s *scratch, out, x kernels.Tensor) error 
 // layer reuses the same buffers.
 type scratch struct {
 	ops    kernels.Ops
-	bufs   map[string]kernels.Tensor
+	bufs   map[scratchKey]kernels.Tensor
 	inputs map[[2]int]kernels.DType // LinearInputDType's answers by (weights' dtype, rows)
 	err    error
 }
 
 func newScratch(ops kernels.Ops) *scratch {
-	return &scratch{ops: ops, bufs: map[string]kernels.Tensor{}, inputs: map[[2]int]kernels.DType{}}
+	return &scratch{ops: ops, bufs: map[scratchKey]kernels.Tensor{}, inputs: map[[2]int]kernels.DType{}}
+}
+
+// scratchKey names a scratch buffer: a layer asks for each of its buffers
+// by name every forward pass, so the lookup builds no string.
+type scratchKey struct {
+	name       string
+	dt         kernels.DType
+	rows, cols int
 }
 
 // linearInputDType is the dtype in which x may be handed to linears over
@@ -160,7 +168,7 @@ func (s *scratch) get(name string, rows, cols int) kernels.Tensor {
 
 // getTyped is get for a buffer of dtype dt.
 func (s *scratch) getTyped(name string, dt kernels.DType, rows, cols int) kernels.Tensor {
-	key := fmt.Sprintf("%s/%s/%dx%d", name, dt, rows, cols)
+	key := scratchKey{name, dt, rows, cols}
 	if t, ok := s.bufs[key]; ok {
 		return t
 	}
