@@ -1,6 +1,9 @@
 package kernels
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // FloatTypes are the dtypes weights may be stored in.
 var FloatTypes = []DType{F32, BF16, F16}
@@ -23,7 +26,9 @@ func CheckShape(backend, op, name string, t Tensor, want []int, dtypes ...DType)
 		}
 	}
 	if !ok {
-		return fmt.Errorf("%s: %s: %s is %v, want shape %v: %w", backend, op, name, t, want, ErrShape)
+		// Clones: handing want itself to Errorf would move every
+		// caller's literal to the heap, errors or not.
+		return fmt.Errorf("%s: %s: %s is %v, want shape %v: %w", backend, op, name, t, slices.Clone(want), ErrShape)
 	}
 	if len(dtypes) == 0 {
 		return nil
@@ -33,7 +38,7 @@ func CheckShape(backend, op, name string, t Tensor, want []int, dtypes ...DType)
 			return nil
 		}
 	}
-	return fmt.Errorf("%s: %s: %s is %v, want dtype in %v: %w", backend, op, name, t, dtypes, ErrDType)
+	return fmt.Errorf("%s: %s: %s is %v, want dtype in %v: %w", backend, op, name, t, slices.Clone(dtypes), ErrDType)
 }
 
 // As converts t to a backend's own tensor type T (a pointer type), or
