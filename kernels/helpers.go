@@ -92,6 +92,27 @@ func AllocEmpty(ops Ops, dtype DType, shape ...int) (Tensor, error) {
 	return ops.Alloc(dtype, shape...)
 }
 
+// WeightAllocator is a backend that keeps the tensors a model loads apart
+// from activations and scratch: in memory laid out for streaming (on the
+// CPU, chunks backed by huge pages) that is never handed back before the
+// backend is dropped.
+type WeightAllocator interface {
+	// AllocWeight is Alloc for a tensor that lives as long as the backend,
+	// a loaded weight: zeroed, the same dtypes and shapes, views alike.
+	// Cost: Alloc's, with none of the memory reused while the backend lives.
+	AllocWeight(dtype DType, shape ...int) (Tensor, error)
+}
+
+// AllocWeight allocates a loaded weight with ops's AllocWeight where it has
+// one, else with Alloc. Only for tensors that live as long as the model:
+// what it allocates may never be freed.
+func AllocWeight(ops Ops, dtype DType, shape ...int) (Tensor, error) {
+	if w, ok := ops.(WeightAllocator); ok {
+		return w.AllocWeight(dtype, shape...)
+	}
+	return ops.Alloc(dtype, shape...)
+}
+
 // UploadI32Into uploads xs into the first len(xs) elements of *buf when it
 // holds that many, else into a new buffer of twice that, left in *buf, and
 // returns the view of xs; buf nil is FromI32. The caller hands over a

@@ -156,10 +156,10 @@ func loadF32(l *loader, name string, shape ...int) kernels.Tensor {
 	return uploadAs(l, name, kernels.F32, t.Data, dt, shape...)
 }
 
-// uploadAs allocates a dst-typed tensor of shape and uploads data (of
-// dtype src) into it.
+// uploadAs allocates a dst-typed weight of shape (kernels.AllocWeight)
+// and uploads data (of dtype src) into it.
 func uploadAs(l *loader, name string, dst kernels.DType, data []byte, src kernels.DType, shape ...int) kernels.Tensor {
-	out, err := l.ops.Alloc(dst, shape...)
+	out, err := kernels.AllocWeight(l.ops, dst, shape...)
 	if err == nil {
 		err = l.ops.Upload(out, data, src)
 	}

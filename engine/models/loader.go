@@ -53,7 +53,8 @@ func toKernelDType(d weights.DType) (kernels.DType, bool) {
 	return 0, false
 }
 
-// loader copies tensors from a Weights into backend memory, remembering the
+// loader copies tensors from a Weights into backend memory (allocated with
+// kernels.AllocWeight: they live as long as the model), remembering the
 // first error so that a constructor can read many tensors and check once.
 // Matrices keep their stored dtype (F32, BF16, F16, F8_E4M3 with its block
 // scales, or the blocks of a GGUF file's quantized formats); with quantize
@@ -255,7 +256,7 @@ func (l *loader) build(quantize bool, shape []int, parts []part) kernels.Tensor 
 			dt = d
 		}
 	}
-	dst, err := l.ops.Alloc(dt, shape...)
+	dst, err := kernels.AllocWeight(l.ops, dt, shape...)
 	if err != nil {
 		l.fail(fmt.Errorf("models: tensor %q: %w", parts[0].name, err))
 		return nil
@@ -387,7 +388,7 @@ func (l *loader) weight(quantize bool, name string, shape ...int) kernels.Tensor
 		return nil
 	}
 	dt, _ := toKernelDType(t.DType)
-	dst, err := l.ops.Alloc(dt, shape...)
+	dst, err := kernels.AllocWeight(l.ops, dt, shape...)
 	if err == nil {
 		err = l.ops.Upload(dst, t.Data, dt)
 	}
@@ -424,7 +425,7 @@ func (l *loader) vector(name string, n int) kernels.Tensor {
 		return nil
 	}
 	act := l.ops.ActivationDType()
-	dst, err := l.ops.Alloc(act, n)
+	dst, err := kernels.AllocWeight(l.ops, act, n)
 	if err == nil {
 		err = l.ops.Upload(dst, t.Data, dt)
 	}
@@ -453,7 +454,7 @@ func (l *loader) fusedVector(names []string, sizes []int) kernels.Tensor {
 	for _, s := range sizes {
 		total += s
 	}
-	dst, err := l.ops.Alloc(l.ops.ActivationDType(), total)
+	dst, err := kernels.AllocWeight(l.ops, l.ops.ActivationDType(), total)
 	if err != nil {
 		l.fail(err)
 		return nil

