@@ -248,6 +248,23 @@ int di_op_mla_attention_pf(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, i
                            int w_dtype, const di_attn_meta *m, int num_heads, int nope_dim, int rope_dim,
                            int kv_lora_rank, int v_head_dim, float scale);
 int di_op_fp8_dequant(di_ctx *ctx, di_dptr out, int out_dtype, const di_fp8_weight *w, int rows, int k);
+// di_lt_desc is cuBLASLt's descriptors and chosen algorithm for one GEMM
+// shape: the part runtime.cu's 16-bit and float32 plans (di_gemm_plan)
+// and fp8.cu's block-scaled FP8 plans share; each keeps its own key beside
+// it.
+struct di_lt_desc {
+	bool ok = false; // false: cuBLASLt has no algorithm for it
+	cublasLtMatmulDesc_t op = nullptr;
+	cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+	cublasLtMatmulAlgo_t algo = {};
+};
+// di_lt_desc_destroy destroys p's descriptors (the caller resets p).
+void di_lt_desc_destroy(di_lt_desc &p);
+// di_lt_pick_algo asks cuBLASLt's heuristic for one algorithm over p's
+// descriptors, within ctx's cuBLAS workspace and for operands aligned to
+// align bytes, and keeps it in p.algo; false if the queries fail or it
+// offers none. Cost: some microseconds of host time, once a shape.
+bool di_lt_pick_algo(di_ctx *ctx, di_lt_desc &p, int align);
 int di_op_fp8_lt_peak(di_ctx *ctx, int m, int n, int k, int iters, float *ms);
 // di_fp8_lt_free releases fp8.cu's cached cuBLASLt plans (context teardown).
 void di_fp8_lt_free(di_ctx *ctx);

@@ -181,12 +181,8 @@ int di_gemm(di_ctx *ctx, float *out, const void *x, const void *w, int dtype, in
 // (n, k, dtype, out_dtype, align) and a bucket mb of row counts, the
 // algorithm chosen for mb rows. A call of m <= mb rows sets the row count
 // of its b and d layouts to m.
-struct di_gemm_plan {
+struct di_gemm_plan : di_lt_desc {
 	int n = 0, k = 0, mb = 0, dtype = -1, out_dtype = -1, align = 0;
-	bool ok = false; // false: cuBLASLt has no algorithm for it
-	cublasLtMatmulDesc_t op = nullptr;
-	cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-	cublasLtMatmulAlgo_t algo = {};
 };
 
 #define DI_GEMM_PLANS 256 // plans kept: shapes past it replace the oldest
@@ -196,11 +192,36 @@ struct di_gemm_plans {
 	int used = 0, next = 0;
 };
 
-static void gemm_plan_clear(di_gemm_plan &p) {
+void di_lt_desc_destroy(di_lt_desc &p) {
 	if (p.op) cublasLtMatmulDescDestroy(p.op);
 	if (p.a) cublasLtMatrixLayoutDestroy(p.a);
 	if (p.b) cublasLtMatrixLayoutDestroy(p.b);
 	if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+}
+
+bool di_lt_pick_algo(di_ctx *ctx, di_lt_desc &p, int align) {
+	cublasLtMatmulPreference_t pref = nullptr;
+	const size_t wsb = ctx->cublas_workspace_bytes;
+	const uint32_t al = (uint32_t)align;
+	cublasLtMatmulHeuristicResult_t h = {};
+	int found = 0;
+	bool good = cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
+	            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb) ==
+	                CUBLAS_STATUS_SUCCESS;
+	for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+	                  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+		good = good && cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof al) == CUBLAS_STATUS_SUCCESS;
+	good = good &&
+	       cublasLtMatmulAlgoGetHeuristic(ctx->lt, p.op, p.a, p.b, p.d, p.d, pref, 1, &h, &found) ==
+	           CUBLAS_STATUS_SUCCESS &&
+	       found > 0;
+	if (pref) cublasLtMatmulPreferenceDestroy(pref);
+	if (good) p.algo = h.algo;
+	return good;
+}
+
+static void gemm_plan_clear(di_gemm_plan &p) {
+	di_lt_desc_destroy(p);
 	p = di_gemm_plan();
 }
 
@@ -255,25 +276,7 @@ static di_gemm_plan *gemm_plan(di_ctx *ctx, int mb, int n, int k, int dtype, int
 	            GEMM_LT_OK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) &&
 	            GEMM_LT_OK(cublasLtMatrixLayoutCreate(&p.a, t, k, n, k)) &&
 	            GEMM_LT_OK(cublasLtMatrixLayoutCreate(&p.b, t, k, mb, k)) &&
-	            GEMM_LT_OK(cublasLtMatrixLayoutCreate(&p.d, to, n, mb, n));
-	if (good) {
-		cublasLtMatmulPreference_t pref = nullptr;
-		const size_t wsb = ctx->cublas_workspace_bytes;
-		const uint32_t al = (uint32_t)align;
-		cublasLtMatmulHeuristicResult_t h = {};
-		int found = 0;
-		good = GEMM_LT_OK(cublasLtMatmulPreferenceCreate(&pref)) &&
-		       GEMM_LT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
-		                                                       sizeof wsb));
-		for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-		                  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-			good = good && GEMM_LT_OK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof al));
-		good = good &&
-		       GEMM_LT_OK(cublasLtMatmulAlgoGetHeuristic(ctx->lt, p.op, p.a, p.b, p.d, p.d, pref, 1, &h, &found)) &&
-		       found > 0;
-		if (pref) cublasLtMatmulPreferenceDestroy(pref);
-		if (good) p.algo = h.algo;
-	}
+	            GEMM_LT_OK(cublasLtMatrixLayoutCreate(&p.d, to, n, mb, n)) && di_lt_pick_algo(ctx, p, align);
 	p.ok = good;
 	return &p;
 }

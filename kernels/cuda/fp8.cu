@@ -496,12 +496,8 @@ int di_fp8_gemm(di_ctx *ctx, float *out, const uint8_t *aq, const float *as, con
 
 // di_fp8_lt_plan is cuBLASLt's descriptors and algorithm for one shape and
 // pointer alignment (cuBLASLt's algorithms assume an alignment).
-struct di_fp8_lt_plan {
+struct di_fp8_lt_plan : di_lt_desc {
 	int m = 0, n = 0, k = 0, align = 0;
-	bool ok = false; // false: cuBLASLt has no algorithm for it
-	cublasLtMatmulDesc_t op = nullptr;
-	cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
-	cublasLtMatmulAlgo_t algo = {};
 };
 
 #define DI_FP8_LT_PLANS 64 // plans kept: shapes past it replace the oldest
@@ -512,10 +508,7 @@ struct di_fp8_lt_cache {
 };
 
 static void lt_plan_clear(di_fp8_lt_plan &p) {
-	if (p.op) cublasLtMatmulDescDestroy(p.op);
-	if (p.a) cublasLtMatrixLayoutDestroy(p.a);
-	if (p.b) cublasLtMatrixLayoutDestroy(p.b);
-	if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+	di_lt_desc_destroy(p);
 	p = di_fp8_lt_plan();
 }
 
@@ -566,23 +559,7 @@ static di_fp8_lt_plan *lt_plan(di_ctx *ctx, int m, int n, int k, int align, cons
 	            LT_OK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm)) &&
 	            lt_set_scales(p, ws, xs) && LT_OK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, k, n, k)) &&
 	            LT_OK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, k, m, k)) &&
-	            LT_OK(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, n, m, n));
-	if (good) {
-		cublasLtMatmulPreference_t pref = nullptr;
-		const size_t wsb = ctx->cublas_workspace_bytes;
-		const uint32_t al = (uint32_t)align;
-		cublasLtMatmulHeuristicResult_t h = {};
-		int found = 0;
-		good = LT_OK(cublasLtMatmulPreferenceCreate(&pref)) &&
-		       LT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
-		for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-		                  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-			good = good && LT_OK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof al));
-		good = good && LT_OK(cublasLtMatmulAlgoGetHeuristic(ctx->lt, p.op, p.a, p.b, p.d, p.d, pref, 1, &h, &found)) &&
-		       found > 0;
-		if (pref) cublasLtMatmulPreferenceDestroy(pref);
-		if (good) p.algo = h.algo;
-	}
+	            LT_OK(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, n, m, n)) && di_lt_pick_algo(ctx, p, align);
 	p.ok = good;
 	return &p;
 }
