@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 23u
+#define DI_ABI_VERSION 24u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -704,20 +704,25 @@ typedef struct di_api {
 	int (*mla_attention_pf)(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, int cache_dtype, di_dptr wkvb,
 	                        int w_dtype, const di_attn_meta *m, int num_heads, int nope_dim, int rope_dim,
 	                        int kv_lora_rank, int v_head_dim, float scale);
-	/* mla_prepare (kernels.MLAPreparer): from qkva (F32 [num_tokens,
-	 * num_heads*(nope+rope) + kvl + rope], DeepSeek's fused q / kv_a
-	 * projection), q (F32 [num_tokens, num_heads*(nope+rope)]) gets the
+	/* mla_prepare (kernels.MLAPreparer): from token t's q (F32
+	 * num_heads*(nope+rope) values, row t of q_in, q_stride floats a row)
+	 * and kv_a row [c_kv (kvl) k_pe (rope)] (row t of kva, kva_stride
+	 * floats a row), q (F32 [num_tokens, num_heads*(nope+rope)]) gets the
 	 * row's q with each head's rope dimensions rotated as rope rotates
 	 * them (positions, cos, sin [max_pos, rope/2], interleaved pairs or
 	 * halves), and row slot_mapping[t] (-1: skip) of cache gets c_kv
 	 * RMS-normalized by normw (F32 [kvl], eps) and k_pe rotated, in the
 	 * cache's layout as mla_write_cache writes them: the bits of
-	 * split_columns, rms_norm, two ropes and mla_write_cache. kvl at most
-	 * 4096; a position outside the tables sets DI_CHECK_ROPE, a slot past
-	 * the cache DI_CHECK_WRITE_CACHE. */
-	int (*mla_prepare)(di_ctx *ctx, di_dptr q, di_dptr cache, int cache_dtype, di_dptr qkva, di_dptr normw,
-	                   di_dptr slot_mapping, di_dptr positions, di_dptr cos, di_dptr sin, int num_tokens, int max_pos,
-	                   int num_heads, int nope, int rope, int kvl, int interleaved, float eps, int num_slots);
+	 * split_columns, rms_norm, two ropes and mla_write_cache. q_in and
+	 * kva are views of DeepSeek's fused q / kv_a projection (q_in its
+	 * start, kva nope+rope floats a head in, both strides its row), or
+	 * q_in is q itself (rotated in place) and kva kv_a's own product.
+	 * kvl at most 4096; a position outside the tables sets DI_CHECK_ROPE,
+	 * a slot past the cache DI_CHECK_WRITE_CACHE. */
+	int (*mla_prepare)(di_ctx *ctx, di_dptr q, di_dptr cache, int cache_dtype, di_dptr q_in, int q_stride, di_dptr kva,
+	                   int kva_stride, di_dptr normw, di_dptr slot_mapping, di_dptr positions, di_dptr cos, di_dptr sin,
+	                   int num_tokens, int max_pos, int num_heads, int nope, int rope, int kvl, int interleaved,
+	                   float eps, int num_slots);
 	/* moe_set_add: the MoE operations that follow (moe, fp8_moe,
 	 * quant_moe, moe_clamped_swiglu and its MXFP4 form) write
 	 * out + add (F32, the shape of out, row r of out at row r of add) in

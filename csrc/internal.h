@@ -233,9 +233,9 @@ int di_op_fp8_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weig
 // MLA over 16- and 8-bit latent caches (kernels/cuda/attention_mla_tc.cu).
 int di_op_mla_write_cache(di_ctx *ctx, di_dptr cache, int cache_dtype, di_dptr ckv, di_dptr kpe,
                           di_dptr slot_mapping, int num_tokens, int kvl, int rope, int num_slots);
-int di_op_mla_prepare(di_ctx *ctx, di_dptr q, di_dptr cache, int cache_dtype, di_dptr qkva, di_dptr normw,
-                      di_dptr slot_mapping, di_dptr positions, di_dptr cosv, di_dptr sinv, int num_tokens,
-                      int max_pos, int num_heads, int nope, int rope, int kvl, int interleaved, float eps,
+int di_op_mla_prepare(di_ctx *ctx, di_dptr q, di_dptr cache, int cache_dtype, di_dptr q_in, int q_stride, di_dptr kva,
+                      int kva_stride, di_dptr normw, di_dptr slot_mapping, di_dptr positions, di_dptr cos, di_dptr sin,
+                      int num_tokens, int max_pos, int num_heads, int nope, int rope, int kvl, int interleaved, float eps,
                       int num_slots);
 int di_op_moe_set_add(di_ctx *ctx, di_dptr out, di_dptr add);
 int di_op_mla_attention_tc(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, int cache_dtype, di_dptr wkvb,

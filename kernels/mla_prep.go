@@ -2,14 +2,20 @@ package kernels
 
 import "fmt"
 
-// MLAPrep is the work between DeepSeek's fused q / kv_a projection (q not
-// compressed) and MLA attention: split the projection's row into q, the
-// latent c_kv and the rope key k_pe, RMS-normalize c_kv, rotate q's rope
-// dimensions and k_pe by RoPE, and write [c_kv k_pe] into the layer's
-// latent cache.
+// MLAPrep is the work between DeepSeek's q and kv_a projections and MLA
+// attention: split the projection's row into q, the latent c_kv and the
+// rope key k_pe, RMS-normalize c_kv, rotate q's rope dimensions and k_pe by
+// RoPE, and write [c_kv k_pe] into the layer's latent cache. The
+// projections come one of two ways:
+//   - QKVA set: q and kv_a fused in one product (q not compressed), Q is
+//     written;
+//   - KVA set (QKVA nil): kv_a's own product, and q, from its own products
+//     (q compressed: q_a, its norm, q_b), already in Q, which is rotated in
+//     place.
 type MLAPrep struct {
 	QKVA Tensor // F32 [T, NumHeads*(NopeDim+RopeDim) + KVLoraRank + RopeDim] (read only)
-	Q    Tensor // F32 [T, NumHeads*(NopeDim+RopeDim)], out: q with its rope dimensions rotated
+	KVA  Tensor // F32 [T, KVLoraRank + RopeDim] (read only), where QKVA is nil
+	Q    Tensor // F32 [T, NumHeads*(NopeDim+RopeDim)], out: q with its rope dimensions rotated (in: q, with KVA)
 
 	Cache       Tensor // latent cache [blocks, block_size, width] in its layout (see MLACacher)
 	SlotMapping Tensor // I32 [T]: cache slot of each row (-1: not written)
@@ -45,24 +51,33 @@ func PrepareMLA(ops Ops, a MLAPrep) error {
 	return PrepareMLASteps(ops, a)
 }
 
-// PrepareMLASteps runs a as separate operations: SplitColumns into a.Q,
-// a.CKV and a.KPE, then PrepareMLALatent. It is the reference a fused
-// MLAPreparer is held to.
+// PrepareMLASteps runs a as separate operations: SplitColumns of a.QKVA
+// into a.Q, a.CKV and a.KPE (of a.KVA into a.CKV and a.KPE), then
+// PrepareMLALatent. It is the reference a fused MLAPreparer is held to.
 func PrepareMLASteps(ops Ops, a MLAPrep) error {
 	if a.CKV == nil || a.KPE == nil {
 		return fmt.Errorf("kernels: mla_prepare: the unfused steps need CKV and KPE scratch rows: %w", ErrShape)
 	}
-	if err := ops.SplitColumns(a.QKVA, a.Q, a.CKV, a.KPE); err != nil {
+	if (a.QKVA == nil) == (a.KVA == nil) {
+		return fmt.Errorf("kernels: mla_prepare: want one of QKVA and KVA: %w", ErrShape)
+	}
+	var err error
+	if a.QKVA != nil {
+		err = ops.SplitColumns(a.QKVA, a.Q, a.CKV, a.KPE)
+	} else {
+		err = ops.SplitColumns(a.KVA, a.CKV, a.KPE)
+	}
+	if err != nil {
 		return err
 	}
 	return PrepareMLALatent(ops, a)
 }
 
 // PrepareMLALatent runs the steps after the split, over a.Q, a.CKV and
-// a.KPE as they stand (a.QKVA is not read): RMSNorm of c_kv, RoPE of q (its
+// a.KPE as they stand (a.QKVA and a.KVA are not read): RMSNorm of c_kv, RoPE of q (its
 // rope dimensions after NopeDim in each head) and of k_pe, then the cache
-// write (writeMLACacheRows). Models whose q and kv_a come from separate
-// products (q compressed, or a kv_a bias) call it directly.
+// write (writeMLACacheRows). Models with q_proj and a kv_a bias, whose
+// kv_a rows come from two products, call it directly.
 func PrepareMLALatent(ops Ops, a MLAPrep) error {
 	d := a.MLA
 	if err := ops.RMSNorm(a.CKV, a.CKV, a.KVNorm, a.Eps); err != nil {

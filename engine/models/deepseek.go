@@ -48,11 +48,15 @@ type mlaWeights struct {
 	qKVA                   kernels.Tensor
 	qProj                  kernels.Tensor // without q compression
 	qA, qABias, qANorm, qB kernels.Tensor // with q compression
-	kvALat, kvALatBias     kernels.Tensor // rows [0, kv_lora_rank) of kv_a_proj_with_mqa
-	kvARope, kvARopeBias   kernels.Tensor // rows [kv_lora_rank, +qk_rope_head_dim)
-	kvANorm                kernels.Tensor
-	kvB                    kernels.Tensor // [heads*(nope+v), kv_lora_rank]
-	o, oBias               kernels.Tensor
+	// kvA is kv_a_proj_with_mqa whole, [kv_lora_rank + rope, hidden], with
+	// q compression: one product, whose row kernels.PrepareMLA splits
+	// (MLAPrep.KVA). nil otherwise, where kvALat and kvARope serve.
+	kvA, kvABias         kernels.Tensor
+	kvALat, kvALatBias   kernels.Tensor // rows [0, kv_lora_rank) of kv_a_proj_with_mqa
+	kvARope, kvARopeBias kernels.Tensor // rows [kv_lora_rank, +qk_rope_head_dim)
+	kvANorm              kernels.Tensor
+	kvB                  kernels.Tensor // [heads*(nope+v), kv_lora_rank]
+	o, oBias             kernels.Tensor
 }
 
 type moeWeights struct {
@@ -176,8 +180,12 @@ func (m *deepseek) loadLayer(l *loader, i int) dsLayer {
 	if w.qKVA == nil {
 		kvA := l.linear(a+"kv_a_proj_with_mqa.weight", d.KVLoraRank+d.RopeDim, h)
 		kvABias := l.optVector(a+"kv_a_proj_with_mqa.bias", d.KVLoraRank+d.RopeDim)
-		w.kvALat, w.kvARope = m.splitRows(l, kvA, d.KVLoraRank)
-		w.kvALatBias, w.kvARopeBias = m.splitRows(l, kvABias, d.KVLoraRank)
+		if m.qLoraRank > 0 {
+			w.kvA, w.kvABias = kvA, kvABias
+		} else {
+			w.kvALat, w.kvARope = m.splitRows(l, kvA, d.KVLoraRank)
+			w.kvALatBias, w.kvARopeBias = m.splitRows(l, kvABias, d.KVLoraRank)
+		}
 	}
 	w.kvANorm = l.vector(a+"kv_a_layernorm.weight", d.KVLoraRank)
 	w.kvB = l.linear(a+"kv_b_proj.weight", d.NumHeads*(d.NopeDim+d.VHeadDim), d.KVLoraRank)
@@ -295,7 +303,7 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 	case w.qProj != nil:
 		xw = []kernels.Tensor{w.qProj, w.kvALat, w.kvARope}
 	default:
-		xw = []kernels.Tensor{w.qA, w.kvALat, w.kvARope}
+		xw = []kernels.Tensor{w.qA, w.kvA}
 	}
 	xa := s.getTyped("x_attn", s.linearInputDType(t, xw...), t, m.cfg.HiddenSize)
 	x := s.get("x", t, m.cfg.HiddenSize)
@@ -352,7 +360,22 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 			return err
 		}
 	}
-	if !fused {
+	switch {
+	case w.kvA != nil:
+		// kv_a in one product; the split, norm, ropes and cache write
+		// one operation where the backend fuses them.
+		kva := s.get("kv_a", t, d.KVLoraRank+d.RopeDim)
+		if s.err != nil {
+			return s.err
+		}
+		if err := ops.Linear(kva, xa, w.kvA, w.kvABias); err != nil {
+			return err
+		}
+		prep.KVA = kva
+		if err := kernels.PrepareMLA(ops, prep); err != nil {
+			return err
+		}
+	case !fused:
 		if err := ops.Linear(ckv, xa, w.kvALat, w.kvALatBias); err != nil {
 			return err
 		}

@@ -187,11 +187,12 @@ static inline int c_mla_write_cache(di_api *a, di_ctx *c, di_dptr cache, int cdt
                                     int kvl, int rope, int slots) {
 	return a->mla_write_cache(c, cache, cdt, ckv, kpe, sm, t, kvl, rope, slots);
 }
-static inline int c_mla_prepare(di_api *a, di_ctx *c, di_dptr q, di_dptr cache, int cdt, di_dptr qkva, di_dptr normw,
-                                di_dptr sm, di_dptr pos, di_dptr cs, di_dptr sn, int t, int max_pos, int heads, int nope,
-                                int rope, int kvl, int interleaved, float eps, int slots) {
-	return a->mla_prepare(c, q, cache, cdt, qkva, normw, sm, pos, cs, sn, t, max_pos, heads, nope, rope, kvl, interleaved,
-	                      eps, slots);
+static inline int c_mla_prepare(di_api *a, di_ctx *c, di_dptr q, di_dptr cache, int cdt, di_dptr q_in, int q_stride,
+                                di_dptr kva, int kva_stride, di_dptr normw, di_dptr sm, di_dptr pos, di_dptr cs, di_dptr sn,
+                                int t, int max_pos, int heads, int nope, int rope, int kvl, int interleaved, float eps,
+                                int slots) {
+	return a->mla_prepare(c, q, cache, cdt, q_in, q_stride, kva, kva_stride, normw, sm, pos, cs, sn, t, max_pos, heads, nope,
+	                      rope, kvl, interleaved, eps, slots);
 }
 static inline int c_mla_attention_tc(di_api *a, di_ctx *c, di_dptr out, di_dptr q, di_dptr cache, int cdt, di_dptr w, int wdt,
                                      di_attn_meta *m, int nh, int nope, int rope, int kvl, int vd, float scale) {

@@ -192,8 +192,12 @@ extern "C" int di_op_mla_write_cache(di_ctx *ctx, di_dptr cache, int cache_dtype
 
 // di_mla_prepare_k: blocks (t, 0 .. gridDim.y - 1) for token t, each of
 // norm_threads(kvl) threads (the rms_norm kernel's block, so that the sum
-// of squares is added in its order). From the fused projection's row [q
-// (num_heads x (nope + rope)), c_kv (kvl), k_pe (rope)]: block (t, 0)
+// of squares is added in its order). From token t's q (num_heads x (nope
+// + rope), row t of q_in, row stride q_stride) and kv_a row [c_kv (kvl),
+// k_pe (rope)] (row t of kva, stride kva_stride): the fused projection's
+// row [q c_kv k_pe] read through both, or q_in the output q itself
+// (rotated in place: each value is read and written by one thread), with
+// kv_a from its own product. Block (t, 0)
 // normalizes c_kv as di_rms_norm_k's held path does and rotates k_pe, both
 // into shared memory, then writes row slot_mapping[t] of the cache as
 // di_mla_write_k writes it (di_mla_store_row); q[t] gets the row's q with
@@ -206,7 +210,8 @@ extern "C" int di_op_mla_write_cache(di_ctx *ctx, di_dptr cache, int cache_dtype
 // DI_CHECK_WRITE_CACHE. The bits of split_columns, rms_norm, two ropes and
 // mla_write_cache.
 template <typename CT>
-__global__ void di_mla_prepare_k(float *q, unsigned char *cache, const float *qkva, const float *normw,
+__global__ void di_mla_prepare_k(float *q, unsigned char *cache, const float *q_in, int q_stride, const float *kva,
+                                 int kva_stride, const float *normw,
                                  const int *slot_mapping, const int *positions, const float *cosv, const float *sinv,
                                  int max_pos, int num_heads, int nope, int rope, int kvl, int interleaved, float eps,
                                  int row_bytes, int num_slots, unsigned *check) {
@@ -225,7 +230,7 @@ __global__ void di_mla_prepare_k(float *q, unsigned char *cache, const float *qk
 		}
 	}
 	di_pdl_wait();
-	const float *row = qkva + (size_t)t * (qd + kvl + rope);
+	const float *row = q_in + (size_t)t * q_stride, *kvrow = kva + (size_t)t * kva_stride;
 	const int pos = positions[t];
 	const bool ok = pos >= 0 && pos < max_pos;
 	const float *cs = cosv + (size_t)(ok ? pos : 0) * half, *sn = sinv + (size_t)(ok ? pos : 0) * half;
@@ -253,7 +258,7 @@ __global__ void di_mla_prepare_k(float *q, unsigned char *cache, const float *qk
 #pragma unroll
 	for (int k = 0; k < RMS_HELD; k++) {
 		const int j = tid + k * nt;
-		v[k] = j < kvl ? row[qd + j] : 0.f;
+		v[k] = j < kvl ? kvrow[j] : 0.f;
 	}
 	const float r = di_rms_held_scale(v, kvl, eps, red);
 #pragma unroll
@@ -262,7 +267,7 @@ __global__ void di_mla_prepare_k(float *q, unsigned char *cache, const float *qk
 		if (j < kvl) prep_smem[j] = (v[k] * r) * wv[k];
 	}
 	if (!ok && tid == 0) atomicOr(check, DI_CHECK_ROPE);
-	const float *kp = row + qd + kvl;
+	const float *kp = kvrow + kvl;
 	for (int j = tid; ok && j < half; j += nt) {
 		const int a = interleaved ? 2 * j : j, b = interleaved ? 2 * j + 1 : j + half;
 		float p[2] = {kp[a], kp[b]};
@@ -290,26 +295,29 @@ __global__ void di_mla_prepare_k(float *q, unsigned char *cache, const float *qk
 #define MLA_PREP_Q_BLOCKS 4 // 0: q in the latent block at every size
 #endif
 
-extern "C" int di_op_mla_prepare(di_ctx *ctx, di_dptr q, di_dptr cache, int cache_dtype, di_dptr qkva, di_dptr normw,
-                                 di_dptr slot_mapping, di_dptr positions, di_dptr cosv, di_dptr sinv, int num_tokens,
-                                 int max_pos, int num_heads, int nope, int rope, int kvl, int interleaved, float eps,
-                                 int num_slots) {
+extern "C" int di_op_mla_prepare(di_ctx *ctx, di_dptr q, di_dptr cache, int cache_dtype, di_dptr q_in, int q_stride,
+                                 di_dptr kva, int kva_stride, di_dptr normw, di_dptr slot_mapping, di_dptr positions,
+                                 di_dptr cosv, di_dptr sinv, int num_tokens, int max_pos, int num_heads, int nope,
+                                 int rope, int kvl, int interleaved, float eps, int num_slots) {
 	if (num_tokens == 0) return DI_OK;
 	if (kvl <= 0 || rope <= 0 || rope % 2 != 0 || num_heads <= 0 || nope < 0 || kvl > RMS_HELD * 1024)
 		return di_fail(ctx, DI_ERR_INVALID, "mla_prepare: heads %d, nope %d, rope %d (even), kv_lora_rank %d (at most %d)",
 		               num_heads, nope, rope, kvl, RMS_HELD * 1024);
+	if (q_stride < num_heads * (nope + rope) || kva_stride < kvl + rope)
+		return di_fail(ctx, DI_ERR_INVALID, "mla_prepare: row strides q %d, kv_a %d for q rows of %d and kv_a rows of %d",
+		               q_stride, kva_stride, num_heads * (nope + rope), kvl + rope);
 	const int threads = norm_threads(kvl);
 	const size_t smem = (size_t)(kvl + rope) * sizeof(float);
 	const int qblocks =
 	    num_tokens <= MLA_PREP_Q_TOKENS ? (num_heads < MLA_PREP_Q_BLOCKS ? num_heads : MLA_PREP_Q_BLOCKS) : 0;
 	const dim3 grid((unsigned)num_tokens, (unsigned)(1 + qblocks));
 	unsigned char *c = DI_PTR(unsigned char, cache);
-	const float *x = DI_PTR(const float, qkva), *w = DI_PTR(const float, normw);
+	const float *xq = DI_PTR(const float, q_in), *xkv = DI_PTR(const float, kva), *w = DI_PTR(const float, normw);
 	const float *cs = DI_PTR(const float, cosv), *sn = DI_PTR(const float, sinv);
 	const int *sm = DI_PTR(const int, slot_mapping), *ps = DI_PTR(const int, positions);
 	float *qo = DI_PTR(float, q);
 #define DI_MLA_PREP(CT, ROW)                                                                                       \
-	di_launch(ctx, di_mla_prepare_k<CT>, grid, dim3(threads), smem, qo, c, x, w, sm, ps, cs, sn, max_pos, \
+	di_launch(ctx, di_mla_prepare_k<CT>, grid, dim3(threads), smem, qo, c, xq, q_stride, xkv, kva_stride, w, sm, ps, cs, sn, max_pos, \
 	          num_heads, nope, rope, kvl, interleaved, eps, (ROW), num_slots, ctx->check)
 	switch (cache_dtype) {
 	case DI_F32:

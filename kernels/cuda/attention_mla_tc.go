@@ -122,7 +122,14 @@ func (b *Backend) PrepareMLA(a kernels.MLAPrep) error {
 		(a.Cache != nil && a.Cache.DType() == kernels.F8E4M3 && (d.KVLoraRank%128 != 0 || d.RopeDim%8 != 0)) {
 		return kernels.PrepareMLASteps(b, a)
 	}
-	ts := map[string]kernels.Tensor{"qkva": a.QKVA, "q": a.Q, "cache": a.Cache, "kv_norm": a.KVNorm,
+	if (a.QKVA == nil) == (a.KVA == nil) {
+		return fmt.Errorf("cuda: %s: want one of QKVA and KVA: %w", op, kernels.ErrShape)
+	}
+	src, srcName := a.QKVA, "qkva"
+	if a.KVA != nil {
+		src, srcName = a.KVA, "kva"
+	}
+	ts := map[string]kernels.Tensor{srcName: src, "q": a.Q, "cache": a.Cache, "kv_norm": a.KVNorm,
 		"slot_mapping": a.SlotMapping, "positions": a.Positions, "cos": a.Cos, "sin": a.Sin}
 	cu := make(map[string]*Tensor, len(ts))
 	for name, t := range ts {
@@ -138,8 +145,12 @@ func (b *Backend) PrepareMLA(a kernels.MLAPrep) error {
 		return err
 	}
 	qd := d.NumHeads * (d.NopeDim + d.RopeDim)
-	x := cu["qkva"]
-	if err := kernels.CheckShape("cuda", op, "qkva", x, []int{-1, qd + d.KVLoraRank + d.RopeDim}, kernels.F32); err != nil {
+	x := cu[srcName]
+	width := qd + d.KVLoraRank + d.RopeDim // the fused row [q c_kv k_pe]
+	if a.KVA != nil {
+		width = d.KVLoraRank + d.RopeDim
+	}
+	if err := kernels.CheckShape("cuda", op, srcName, x, []int{-1, width}, kernels.F32); err != nil {
 		return err
 	}
 	t := x.shape[0]
@@ -164,9 +175,15 @@ func (b *Backend) PrepareMLA(a kernels.MLAPrep) error {
 	}
 	q, w, sm, ps, cs, sn := cu["q"], cu["kv_norm"], cu["slot_mapping"], cu["positions"], cu["cos"], cu["sin"]
 	return b.launch(op, func() C.int {
-		return C.c_mla_prepare(b.lib.api, b.ctx, q.ptr(), c.ptr(), C.int(c.dtype), x.ptr(), w.ptr(), sm.ptr(), ps.ptr(),
-			cs.ptr(), sn.ptr(), C.int(t), C.int(cs.shape[0]), C.int(d.NumHeads), C.int(d.NopeDim), C.int(d.RopeDim),
-			C.int(d.KVLoraRank), C.int(il), C.float(a.Eps), C.int(slots))
+		// q's source and kv_a's: the fused row's two parts, or q in place
+		// and kv_a's own rows.
+		qIn, qStride, kva := x.ptr(), width, x.ptr()+C.di_dptr(4*qd)
+		if a.KVA != nil {
+			qIn, qStride, kva = q.ptr(), qd, x.ptr()
+		}
+		return C.c_mla_prepare(b.lib.api, b.ctx, q.ptr(), c.ptr(), C.int(c.dtype), qIn, C.int(qStride), kva, C.int(width),
+			w.ptr(), sm.ptr(), ps.ptr(), cs.ptr(), sn.ptr(), C.int(t), C.int(cs.shape[0]), C.int(d.NumHeads),
+			C.int(d.NopeDim), C.int(d.RopeDim), C.int(d.KVLoraRank), C.int(il), C.float(a.Eps), C.int(slots))
 	}, q, c, x, w, sm, ps, cs, sn)
 }
 
