@@ -108,7 +108,8 @@ var _ kernels.MLAPreparer = (*Backend)(nil)
 
 // PrepareMLA implements kernels.MLAPreparer: unless
 // Options.DisableFusedMLAPrepare, one kernel a call (a block a token) splits the fused q / kv_a
-// projection, normalizes c_kv, rotates q's rope dimensions and k_pe and
+// projection (or takes q in place and kv_a's own rows: MLAPrep.KVA),
+// normalizes c_kv, rotates q's rope dimensions and k_pe and
 // writes the cache row, with the bits of kernels.PrepareMLASteps (the same
 // shared device code for the norm's sum, the rotation and the row's
 // rounding or packing). Without the option, and for shapes the kernel does
