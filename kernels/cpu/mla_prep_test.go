@@ -30,8 +30,8 @@ func TestPrepareMLAKVA(t *testing.T) {
 	}
 	prep := func(q, cache kernels.Tensor) kernels.MLAPrep {
 		return kernels.MLAPrep{Q: q, Cache: cache, SlotMapping: putI32(t, b, slots, tokens), Positions: putI32(t, b, pos, tokens),
-			Cos: put(t, b, kernels.F32, randVals(rand.New(rand.NewPCG(1, 1)), maxPos*d.RopeDim/2, 1), maxPos, d.RopeDim/2),
-			Sin: put(t, b, kernels.F32, randVals(rand.New(rand.NewPCG(2, 2)), maxPos*d.RopeDim/2, 1), maxPos, d.RopeDim/2),
+			Cos:    put(t, b, kernels.F32, randVals(rand.New(rand.NewPCG(1, 1)), maxPos*d.RopeDim/2, 1), maxPos, d.RopeDim/2),
+			Sin:    put(t, b, kernels.F32, randVals(rand.New(rand.NewPCG(2, 2)), maxPos*d.RopeDim/2, 1), maxPos, d.RopeDim/2),
 			KVNorm: put(t, b, kernels.F32, randVals(rand.New(rand.NewPCG(4, 4)), d.KVLoraRank, 1.5), d.KVLoraRank), Eps: 1e-6, MLA: d,
 			Interleaved: true, CKV: alloc(t, b, tokens, d.KVLoraRank), KPE: alloc(t, b, tokens, d.RopeDim)}
 	}
