@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 24u
+#define DI_ABI_VERSION 25u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -257,6 +257,13 @@ typedef struct di_mem_stats {
 	uint64_t peak;      /* high-water mark of in_use */
 	uint64_t num_allocs, num_cache_hits, num_driver_allocs;
 } di_mem_stats;
+
+/* Counters of the cuBLASLt GEMM plans (di_options.gemm_plans) since the
+ * context was made. */
+typedef struct di_gemm_stats {
+	uint64_t plans;      /* plans made (one heuristic query each), cuBLASLt's refusals included */
+	uint64_t plan_calls; /* GEMMs that ran through a plan */
+} di_gemm_stats;
 
 /* One step's paged-attention metadata: device arrays plus host-side bounds. */
 typedef struct di_attn_meta {
@@ -739,6 +746,8 @@ typedef struct di_api {
 	 * writes act without gu. */
 	int (*gated_linear)(di_ctx *ctx, di_dptr act, di_dptr gu, di_dptr x, di_dptr w, int w_dtype, int m, int n,
 	                    int k);
+	/* gemm_stats: the context's cuBLASLt plan counters. Cost: none. */
+	int (*gemm_stats)(di_ctx *ctx, di_gemm_stats *out);
 } di_api;
 
 /* di_get_api fills *out for a caller built against abi_version; it returns

@@ -47,6 +47,7 @@ struct di_ctx {
 	struct di_fp8_lt_cache *fp8_lt = nullptr; // fp8.cu's plans of cuBLASLt FP8 GEMMs
 	struct di_gemm_plans *gemm_plans = nullptr; // runtime.cu's plans of cuBLASLt 16-bit and float32 GEMMs
 	int gemm_plans_on = 0;                      // di_options.gemm_plans
+	di_gemm_stats gemm_counts = {};             // runtime.cu's plans made and GEMMs run through them
 	unsigned *check = nullptr;      // device check word (DI_CHECK_* bits)
 	unsigned *check_host = nullptr; // pinned mirror for reading it back
 	std::vector<di_stage> stages;

@@ -267,6 +267,7 @@ static di_gemm_plan *gemm_plan(di_ctx *ctx, int mb, int n, int k, int dtype, int
 	const int slot = c->used < DI_GEMM_PLANS ? c->used++ : (c->next++ % DI_GEMM_PLANS);
 	di_gemm_plan &p = c->plans[slot];
 	gemm_plan_clear(p);
+	ctx->gemm_counts.plans++;
 	p.mb = mb, p.n = n, p.k = k, p.dtype = dtype, p.out_dtype = out_dtype, p.align = align;
 	// Row-major out[m,n] = x[m,k] w[n,k]^T, column-major as cublasGemmEx's
 	// call below: D[n,m] = op(A)[n,k] B[k,m], A = w ([k,n], transposed).
@@ -296,8 +297,11 @@ static bool gemm_lt(di_ctx *ctx, void *out, int out_dtype, const void *x, const 
 	    !GEMM_LT_OK(cublasLtMatrixLayoutSetAttribute(p->d, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof cols)))
 		return false;
 	const float alpha = 1.0f, beta = 0.0f;
-	return GEMM_LT_OK(cublasLtMatmul(ctx->lt, p->op, &alpha, w, p->a, x, p->b, &beta, out, p->d, out, p->d, &p->algo,
-	                                 ctx->cublas_workspace, ctx->cublas_workspace_bytes, ctx->stream));
+	if (!GEMM_LT_OK(cublasLtMatmul(ctx->lt, p->op, &alpha, w, p->a, x, p->b, &beta, out, p->d, out, p->d, &p->algo,
+	                               ctx->cublas_workspace, ctx->cublas_workspace_bytes, ctx->stream)))
+		return false;
+	ctx->gemm_counts.plan_calls++;
+	return true;
 }
 
 int di_gemm_to(di_ctx *ctx, void *out, int out_dtype, const void *x, const void *w, int dtype, int m, int n, int k) {
@@ -470,6 +474,11 @@ static int api_device_info(di_ctx *ctx, di_device_info *out) {
 	CK(cudaMemGetInfo(&f, &t), "cudaMemGetInfo");
 	out->free_mem = f;
 	out->total_mem = t;
+	return DI_OK;
+}
+
+static int api_gemm_stats(di_ctx *ctx, di_gemm_stats *out) {
+	*out = ctx->gemm_counts;
 	return DI_OK;
 }
 
@@ -842,6 +851,7 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->last_error = api_last_error;
 	out->device_info = api_device_info;
 	out->mem_stats = api_mem_stats;
+	out->gemm_stats = api_gemm_stats;
 	out->set_options = api_set_options;
 	out->alloc = api_alloc;
 	out->free = api_free;

@@ -38,6 +38,7 @@ static inline void c_destroy(di_api *a, di_ctx *c) { a->destroy(c); }
 static inline const char *c_last_error(di_api *a, di_ctx *c) { return a->last_error(c); }
 static inline int c_device_info(di_api *a, di_ctx *c, di_device_info *o) { return a->device_info(c, o); }
 static inline int c_mem_stats(di_api *a, di_ctx *c, di_mem_stats *o) { return a->mem_stats(c, o); }
+static inline int c_gemm_stats(di_api *a, di_ctx *c, di_gemm_stats *o) { return a->gemm_stats(c, o); }
 static inline int c_set_options(di_api *a, di_ctx *c, const di_options *o) { return a->set_options(c, o); }
 static inline int c_alloc(di_api *a, di_ctx *c, uint64_t n, di_dptr *o) { return a->alloc(c, n, o); }
 static inline int c_free(di_api *a, di_ctx *c, di_dptr p) { return a->free(c, p); }

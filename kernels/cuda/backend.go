@@ -425,6 +425,24 @@ func (b *Backend) MemStats() MemStats {
 		NumAllocs: uint64(s.num_allocs), NumCacheHits: uint64(s.num_cache_hits), NumDriverAllocs: uint64(s.num_driver_allocs)}
 }
 
+// GEMMStats counts the cuBLASLt GEMM plans (Options.GEMMPlans): plans
+// made and GEMMs run through them since the backend was made. Cost: none.
+type GEMMStats struct {
+	Plans, PlanCalls uint64
+}
+
+// GEMMStats returns the plan counters.
+func (b *Backend) GEMMStats() GEMMStats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed.Load() {
+		return GEMMStats{}
+	}
+	var s C.di_gemm_stats
+	C.c_gemm_stats(b.lib.api, b.ctx, &s)
+	return GEMMStats{Plans: uint64(s.plans), PlanCalls: uint64(s.plan_calls)}
+}
+
 // Close waits for queued work and releases the context and all device
 // memory; tensors become invalid.
 func (b *Backend) Close() error {
