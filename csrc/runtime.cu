@@ -192,6 +192,8 @@ struct di_gemm_plans {
 	int used = 0, next = 0;
 };
 
+#define GEMM_LT_OK(call) ((call) == CUBLAS_STATUS_SUCCESS)
+
 void di_lt_desc_destroy(di_lt_desc &p) {
 	if (p.op) cublasLtMatmulDescDestroy(p.op);
 	if (p.a) cublasLtMatrixLayoutDestroy(p.a);
@@ -205,15 +207,13 @@ bool di_lt_pick_algo(di_ctx *ctx, di_lt_desc &p, int align) {
 	const uint32_t al = (uint32_t)align;
 	cublasLtMatmulHeuristicResult_t h = {};
 	int found = 0;
-	bool good = cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
-	            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb) ==
-	                CUBLAS_STATUS_SUCCESS;
+	bool good = GEMM_LT_OK(cublasLtMatmulPreferenceCreate(&pref)) &&
+	            GEMM_LT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+	                                                            sizeof wsb));
 	for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
 	                  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-		good = good && cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof al) == CUBLAS_STATUS_SUCCESS;
-	good = good &&
-	       cublasLtMatmulAlgoGetHeuristic(ctx->lt, p.op, p.a, p.b, p.d, p.d, pref, 1, &h, &found) ==
-	           CUBLAS_STATUS_SUCCESS &&
+		good = good && GEMM_LT_OK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof al));
+	good = good && GEMM_LT_OK(cublasLtMatmulAlgoGetHeuristic(ctx->lt, p.op, p.a, p.b, p.d, p.d, pref, 1, &h, &found)) &&
 	       found > 0;
 	if (pref) cublasLtMatmulPreferenceDestroy(pref);
 	if (good) p.algo = h.algo;
@@ -249,8 +249,6 @@ static int gemm_align(uintptr_t v) {
 	while (a > 1 && v % (uintptr_t)a) a /= 2;
 	return a;
 }
-
-#define GEMM_LT_OK(call) ((call) == CUBLAS_STATUS_SUCCESS)
 
 // gemm_plan returns the plan of the shape, made on first use (one
 // heuristic query), or null without a cuBLASLt handle.

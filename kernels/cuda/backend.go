@@ -286,6 +286,12 @@ type MemStats struct {
 	NumAllocs, NumCacheHits, NumDriverAllocs uint64
 }
 
+// GEMMStats counts the cuBLASLt GEMM plans (Options.GEMMPlans): plans
+// made and GEMMs run through them since the backend was made. Cost: none.
+type GEMMStats struct {
+	Plans, PlanCalls uint64
+}
+
 // Backend implements kernels.Ops on one CUDA device.
 type Backend struct {
 	mu         handoffMutex
@@ -423,12 +429,6 @@ func (b *Backend) MemStats() MemStats {
 	C.c_mem_stats(b.lib.api, b.ctx, &s)
 	return MemStats{Reserved: uint64(s.reserved), InUse: uint64(s.in_use), Peak: uint64(s.peak),
 		NumAllocs: uint64(s.num_allocs), NumCacheHits: uint64(s.num_cache_hits), NumDriverAllocs: uint64(s.num_driver_allocs)}
-}
-
-// GEMMStats counts the cuBLASLt GEMM plans (Options.GEMMPlans): plans
-// made and GEMMs run through them since the backend was made. Cost: none.
-type GEMMStats struct {
-	Plans, PlanCalls uint64
 }
 
 // GEMMStats returns the plan counters.
