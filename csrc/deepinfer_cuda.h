@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 25u
+#define DI_ABI_VERSION 26u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -425,7 +425,9 @@ typedef struct di_api {
 
 	/* --- CUDA graphs: capture the context's stream, instantiate, replay --- */
 	int (*graph_begin)(di_ctx *ctx);
-	int (*graph_end)(di_ctx *ctx, void **exec);
+	/* graph_end: *nodes (when nodes is set) the captured graph's nodes:
+	 * its kernels, copies and memsets. */
+	int (*graph_end)(di_ctx *ctx, void **exec, size_t *nodes);
 	int (*graph_replay)(di_ctx *ctx, void *exec);
 	int (*graph_destroy)(di_ctx *ctx, void *exec);
 
@@ -748,6 +750,16 @@ typedef struct di_api {
 	                    int k);
 	/* gemm_stats: the context's cuBLASLt plan counters. Cost: none. */
 	int (*gemm_stats)(di_ctx *ctx, di_gemm_stats *out);
+	/* moe_set_route: the next moe runs moe_route's routing itself (the
+	 * same arguments; its ids, weights, token and expert counts must be
+	 * the moe's), writing ids and weights as moe_route would: in the
+	 * decode path's grouping launch where that takes it (at most 8
+	 * tokens, one block grouping), else as a launch of its own first.
+	 * ids 0 clears it; clearing returns DI_ERR_INVALID when a routing was
+	 * set and no moe ran it since. */
+	int (*moe_set_route)(di_ctx *ctx, di_dptr ids, di_dptr weights, di_dptr logits, di_dptr bias, int num_tokens,
+	                     int num_experts, int top_k, int scoring, int method, int num_groups, int topk_groups,
+	                     int norm_topk_prob, float scaling_factor);
 } di_api;
 
 /* di_get_api fills *out for a caller built against abi_version; it returns

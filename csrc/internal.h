@@ -37,6 +37,17 @@ struct di_stage {
 #define DI_DEFAULT_SAMPLE_MIN_CHUNKS 4
 #define DI_DEFAULT_MOE_GEMM_PAIRS 2048
 
+// di_moe_route_args is one call's MoE routing (moe_route, moe_set_route):
+// router logits [num_tokens, e] (and the optional correction bias [e]) in,
+// top_k expert ids and weights a token out.
+struct di_moe_route_args {
+	int *ids;
+	float *weights;
+	const float *logits, *bias;
+	int num_tokens, e, top_k, scoring, method, num_groups, topk_groups, norm_topk;
+	float scaling;
+};
+
 struct di_ctx {
 	int device = 0;
 	cudaStream_t stream = nullptr;
@@ -60,6 +71,11 @@ struct di_ctx {
 	const float *moe_add = nullptr;
 	const float *moe_add_out = nullptr;
 	bool moe_add_used = false;
+	// moe_set_route: the routing the next moe runs itself (moe.cu's
+	// di_moe_route_args), whether one is set, and whether a moe took it.
+	di_moe_route_args moe_route = {};
+	bool moe_route_set = false;
+	bool moe_route_used = false;
 	// The tuning switches (di_options, set_options; the comments name the
 	// di_options field). How float32 activations enter 16-bit GEMMs: gemm_mode.
 	int gemm_mode = DI_GEMM_ROUND;
@@ -239,6 +255,9 @@ int di_op_mla_prepare(di_ctx *ctx, di_dptr q, di_dptr cache, int cache_dtype, di
                       int num_tokens, int max_pos, int num_heads, int nope, int rope, int kvl, int interleaved, float eps,
                       int num_slots);
 int di_op_moe_set_add(di_ctx *ctx, di_dptr out, di_dptr add);
+int di_op_moe_set_route(di_ctx *ctx, di_dptr ids, di_dptr weights, di_dptr logits, di_dptr bias, int num_tokens,
+                        int num_experts, int top_k, int scoring, int method, int num_groups, int topk_groups,
+                        int norm_topk_prob, float scaling_factor);
 int di_op_mla_attention_tc(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, int cache_dtype, di_dptr wkvb,
                            int w_dtype, const di_attn_meta *m, int num_heads, int nope_dim, int rope_dim,
                            int kv_lora_rank, int v_head_dim, float scale);

@@ -795,9 +795,17 @@ static int api_graph_begin(di_ctx *ctx) {
 	return DI_OK;
 }
 
-static int api_graph_end(di_ctx *ctx, void **exec) {
+static int api_graph_end(di_ctx *ctx, void **exec, size_t *nodes) {
 	cudaGraph_t g = nullptr;
 	CK(cudaStreamEndCapture(ctx->stream, &g), "cudaStreamEndCapture");
+	if (nodes) {
+		*nodes = 0;
+		const cudaError_t ne = cudaGraphGetNodes(g, nullptr, nodes);
+		if (ne != cudaSuccess) {
+			cudaGraphDestroy(g);
+			return di_cuda_fail(ctx, ne, "cudaGraphGetNodes");
+		}
+	}
 	cudaGraphExec_t x = nullptr;
 #if CUDART_VERSION >= 12000
 	cudaError_t e = cudaGraphInstantiate(&x, g, 0);
@@ -913,6 +921,7 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->mla_write_cache = di_op_mla_write_cache;
 	out->mla_prepare = di_op_mla_prepare;
 	out->moe_set_add = di_op_moe_set_add;
+	out->moe_set_route = di_op_moe_set_route;
 	out->gated_linear = di_op_gated_linear;
 	out->mla_attention_tc = di_op_mla_attention_tc;
 	out->mla_latent_attention = di_op_mla_latent_attention;

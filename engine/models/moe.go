@@ -58,11 +58,10 @@ func moeForward(ops kernels.Ops, w *moeWeights, route kernels.RouteParams, numEx
 	if err := ops.Linear(logits, x, w.router, nil); err != nil {
 		return err
 	}
-	if err := ops.MoERoute(ids, wts, logits, w.bias, route); err != nil {
-		return err
-	}
+	// The routing runs with the routed experts (kernels.RoutedMoE: in their
+	// grouping launch where the backend fuses it).
 	if w.shared == nil {
-		return ops.MoE(out, x, ids, wts, w.gateUp, w.down)
+		return kernels.RoutedMoE(ops, out, nil, x, logits, w.bias, route, ids, wts, w.gateUp, w.down, nil)
 	}
 	routed, shared := s.get("moe.routed", t, x.Shape()[1]), s.get("moe.shared", t, x.Shape()[1])
 	if s.err != nil {
@@ -73,5 +72,5 @@ func moeForward(ops kernels.Ops, w *moeWeights, route kernels.RouteParams, numEx
 	if err := w.shared.forward(ops, s, shared, x); err != nil {
 		return err
 	}
-	return kernels.MoEAdd(ops, out, routed, x, ids, wts, w.gateUp, w.down, shared)
+	return kernels.RoutedMoE(ops, out, routed, x, logits, w.bias, route, ids, wts, w.gateUp, w.down, shared)
 }

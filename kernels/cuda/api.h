@@ -62,7 +62,7 @@ static inline int c_event_synchronize(di_api *a, di_ctx *c, void *e) { return a-
 static inline int c_event_elapsed_ms(di_api *a, di_ctx *c, void *s, void *e, float *ms) { return a->event_elapsed_ms(c, s, e, ms); }
 static inline int c_event_destroy(di_api *a, di_ctx *c, void *e) { return a->event_destroy(c, e); }
 static inline int c_graph_begin(di_api *a, di_ctx *c) { return a->graph_begin(c); }
-static inline int c_graph_end(di_api *a, di_ctx *c, void **x) { return a->graph_end(c, x); }
+static inline int c_graph_end(di_api *a, di_ctx *c, void **x, size_t *n) { return a->graph_end(c, x, n); }
 static inline int c_graph_replay(di_api *a, di_ctx *c, void *x) { return a->graph_replay(c, x); }
 static inline int c_graph_destroy(di_api *a, di_ctx *c, void *x) { return a->graph_destroy(c, x); }
 static inline int c_embedding(di_api *a, di_ctx *c, di_dptr out, di_dptr table, int dt, di_dptr ids, int t, int hidden, int vocab) {
@@ -117,6 +117,10 @@ static inline int c_moe(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr id
 	return a->moe(c, out, x, ids, w, gu, dn, dt, t, k, hidden, inter, e);
 }
 static inline int c_moe_set_add(di_api *a, di_ctx *c, di_dptr out, di_dptr add) { return a->moe_set_add(c, out, add); }
+static inline int c_moe_set_route(di_api *a, di_ctx *c, di_dptr ids, di_dptr w, di_dptr lg, di_dptr bias, int t, int e, int k,
+                                  int sc, int method, int ng, int tg, int norm, float scaling) {
+	return a->moe_set_route(c, ids, w, lg, bias, t, e, k, sc, method, ng, tg, norm, scaling);
+}
 static inline int c_resolve(di_api *a, di_ctx *c, di_dptr ids, di_dptr from, di_dptr sampled, int t, int r) {
 	return a->resolve_placeholders(c, ids, from, sampled, t, r);
 }

@@ -210,6 +210,10 @@ type Options struct {
 	// DisableMoEAdd makes MoEAdd run MoE and then Add rather than adding in
 	// MoE's combine pass (the same bits, one launch and pass more).
 	DisableMoEAdd bool
+	// DisableFusedRoute makes RoutedMoE run MoERoute and then MoE rather
+	// than routing inside the MoE's grouping launch (the same bits, one
+	// launch more at small batches).
+	DisableFusedRoute bool
 	// DisableGatedGEMV runs GatedMLP's gate/up linear and SiLU-mul as two
 	// operations where one paired GEMV would write the activations (the
 	// same bits, one launch and one pass more).

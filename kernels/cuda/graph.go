@@ -17,9 +17,14 @@ import (
 // addresses. Inputs must live in tensors allocated before capture; write them
 // (Upload, or operations queued before Replay) and read the outputs after.
 type Graph struct {
-	b    *Backend
-	exec unsafe.Pointer
+	b     *Backend
+	exec  unsafe.Pointer
+	nodes int
 }
+
+// Nodes is the number of nodes the graph captured: its kernel launches,
+// copies and memsets (a census of a step's launches without a profiler).
+func (g *Graph) Nodes() int { return g.nodes }
 
 // BeginCapture starts recording the backend's stream: operations called
 // until EndCapture are recorded, not run. Upload, Download, Sync and MoE
@@ -55,10 +60,11 @@ func (b *Backend) EndCapture() (*Graph, error) {
 		b.prof.capturing = false
 	}
 	var x unsafe.Pointer
-	if err := b.status("graph_end", C.c_graph_end(b.lib.api, b.ctx, &x)); err != nil {
+	var n C.size_t
+	if err := b.status("graph_end", C.c_graph_end(b.lib.api, b.ctx, &x, &n)); err != nil {
 		return nil, err
 	}
-	return &Graph{b: b, exec: x}, nil
+	return &Graph{b: b, exec: x, nodes: int(n)}, nil
 }
 
 // Replayer is a captured graph as CaptureGraph returns it: an alias of an

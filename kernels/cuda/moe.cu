@@ -80,15 +80,20 @@ __device__ __forceinline__ void di_route_pick(float &v, int &i) {
 	}
 }
 
-__global__ void __launch_bounds__(32)
-    di_moe_route_k(int *ids, float *weights, const float *logits, const float *bias, int e, int top_k, int scoring,
-                   int method, int num_groups, int topk_groups, int norm_topk, float scaling) {
-	__shared__ float sc[ROUTE_MAX_EXPERTS], ch[ROUTE_MAX_EXPERTS], gs[ROUTE_MAX_GROUPS];
-	__shared__ double ex[ROUTE_MAX_EXPERTS];
-	di_pdl_wait();
-	const int t = blockIdx.x, lane = threadIdx.x;
-	const float *lg = logits + (size_t)t * e;
-	if (scoring == DI_SCORING_SOFTMAX) {
+// di_route_smem is the shared memory di_route_token takes of the warp that
+// routes: ex (e doubles), sc and ch (e floats each), gs (ROUTE_MAX_GROUPS
+// floats), in that order; a multiple of 8 bytes.
+__host__ __device__ constexpr size_t di_route_smem(int e) {
+	return (size_t)e * (sizeof(double) + 2 * sizeof(float)) + ROUTE_MAX_GROUPS * sizeof(float);
+}
+
+// di_route_token routes token t of r with the calling warp (lane: its
+// lane), ex, sc, ch and gs in shared memory of its own (di_route_smem).
+__device__ __forceinline__ void di_route_token(const di_moe_route_args &r, int t, int lane, double *ex, float *sc,
+                                               float *ch, float *gs) {
+	const int e = r.e, top_k = r.top_k, method = r.method, num_groups = r.num_groups;
+	const float *lg = r.logits + (size_t)t * e;
+	if (r.scoring == DI_SCORING_SOFTMAX) {
 		float m = -CUDART_INF_F;
 		for (int i = lane; i < e; i += 32) m = fmaxf(m, lg[i]);
 #pragma unroll
@@ -103,7 +108,7 @@ __global__ void __launch_bounds__(32)
 	} else {
 		for (int i = lane; i < e; i += 32) sc[i] = (float)(1.0 / (1.0 + exp(-(double)lg[i])));
 	}
-	for (int i = lane; i < e; i += 32) ch[i] = bias ? sc[i] + bias[i] : sc[i];
+	for (int i = lane; i < e; i += 32) ch[i] = r.bias ? sc[i] + r.bias[i] : sc[i];
 	__syncwarp();
 	if (method != DI_TOPK_GREEDY) {
 		const int size = e / num_groups;
@@ -129,7 +134,7 @@ __global__ void __launch_bounds__(32)
 		}
 		__syncwarp();
 		unsigned long long kept = 0; // groups chosen (num_groups <= 64)
-		for (int k = 0; k < topk_groups; k++) {
+		for (int k = 0; k < r.topk_groups; k++) {
 			float v = -CUDART_INF_F;
 			int best = -1;
 			for (int gi = lane; gi < num_groups; gi += 32)
@@ -151,35 +156,87 @@ __global__ void __launch_bounds__(32)
 		di_route_pick(v, best);
 		if ((best & 31) == lane) taken |= 1u << (best >> 5);
 		if (lane == 0) {
-			ids[(size_t)t * top_k + k] = best;
-			weights[(size_t)t * top_k + k] = sc[best];
+			r.ids[(size_t)t * top_k + k] = best;
+			r.weights[(size_t)t * top_k + k] = sc[best];
 			sum += sc[best];
 		}
 	}
 	if (lane == 0) {
-		float *w = weights + (size_t)t * top_k;
-		if (norm_topk) {
+		float *w = r.weights + (size_t)t * top_k;
+		if (r.norm_topk) {
 			const float d = sum + 1e-20f;
 			for (int k = 0; k < top_k; k++) w[k] /= d;
 		}
-		for (int k = 0; k < top_k; k++) w[k] *= scaling;
+		for (int k = 0; k < top_k; k++) w[k] *= r.scaling;
 	}
+	__syncwarp(); // the warp's shared memory may be reused by its next token
+}
+
+__global__ void __launch_bounds__(32) di_moe_route_k(di_moe_route_args r) {
+	__shared__ __align__(8) unsigned char sh[di_route_smem(ROUTE_MAX_EXPERTS)];
+	double *ex = (double *)sh;
+	float *sc = (float *)(ex + r.e), *ch = sc + r.e, *gs = ch + r.e;
+	di_pdl_wait();
+	di_route_token(r, blockIdx.x, threadIdx.x, ex, sc, ch, gs);
+}
+
+// di_route_args_check validates a routing's sizes (moe_route, moe_set_route).
+static int di_route_args_check(di_ctx *ctx, const di_moe_route_args &r, const char *op) {
+	if (r.e > ROUTE_MAX_EXPERTS || r.num_groups > ROUTE_MAX_GROUPS)
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "%s: %d experts in %d groups, at most %d in %d", op, r.e,
+		               r.num_groups, ROUTE_MAX_EXPERTS, ROUTE_MAX_GROUPS);
+	if (r.top_k > r.e || (r.method != DI_TOPK_GREEDY && r.topk_groups > r.num_groups))
+		return di_fail(ctx, DI_ERR_UNSUPPORTED, "%s: top_k %d of %d experts, %d of %d groups", op, r.top_k, r.e,
+		               r.topk_groups, r.num_groups);
+	return DI_OK;
+}
+
+// di_route_launch routes r's tokens, a warp a token.
+static int di_route_launch(di_ctx *ctx, const di_moe_route_args &r) {
+	if (r.num_tokens == 0) return DI_OK;
+	di_launch(ctx, di_moe_route_k, dim3((unsigned)r.num_tokens), dim3(32), 0, r);
+	return di_check_launch(ctx, "moe_route");
+}
+
+static di_moe_route_args di_route_args(di_dptr ids, di_dptr weights, di_dptr logits, di_dptr bias, int num_tokens,
+                                       int num_experts, int top_k, int scoring, int method, int num_groups,
+                                       int topk_groups, int norm_topk_prob, float scaling_factor) {
+	return di_moe_route_args{DI_PTR(int, ids),   DI_PTR(float, weights), DI_PTR(const float, logits),
+	                         DI_PTR(const float, bias), num_tokens, num_experts, top_k, scoring, method,
+	                         num_groups,         topk_groups,           norm_topk_prob, scaling_factor};
 }
 
 extern "C" int di_op_moe_route(di_ctx *ctx, di_dptr ids, di_dptr weights, di_dptr logits, di_dptr bias,
                                int num_tokens, int num_experts, int top_k, int scoring, int method, int num_groups,
                                int topk_groups, int norm_topk_prob, float scaling_factor) {
-	if (num_tokens == 0) return DI_OK;
-	if (num_experts > ROUTE_MAX_EXPERTS || num_groups > ROUTE_MAX_GROUPS)
-		return di_fail(ctx, DI_ERR_UNSUPPORTED, "moe_route: %d experts in %d groups, at most %d in %d", num_experts,
-		               num_groups, ROUTE_MAX_EXPERTS, ROUTE_MAX_GROUPS);
-	if (top_k > num_experts || (method != DI_TOPK_GREEDY && topk_groups > num_groups))
-		return di_fail(ctx, DI_ERR_UNSUPPORTED, "moe_route: top_k %d of %d experts, %d of %d groups", top_k,
-		               num_experts, topk_groups, num_groups);
-	di_launch(ctx, di_moe_route_k, dim3((unsigned)num_tokens), dim3(32), 0, DI_PTR(int, ids), DI_PTR(float, weights),
-	          DI_PTR(const float, logits), DI_PTR(const float, bias), num_experts, top_k, scoring, method, num_groups,
-	          topk_groups, norm_topk_prob, scaling_factor);
-	return di_check_launch(ctx, "moe_route");
+	const di_moe_route_args r = di_route_args(ids, weights, logits, bias, num_tokens, num_experts, top_k, scoring,
+	                                          method, num_groups, topk_groups, norm_topk_prob, scaling_factor);
+	const int rc = di_route_args_check(ctx, r, "moe_route");
+	if (rc != DI_OK) return rc;
+	return di_route_launch(ctx, r);
+}
+
+// moe_set_route: the routing the next moe runs (see deepinfer_cuda.h); ids
+// 0 clears it.
+extern "C" int di_op_moe_set_route(di_ctx *ctx, di_dptr ids, di_dptr weights, di_dptr logits, di_dptr bias,
+                                   int num_tokens, int num_experts, int top_k, int scoring, int method,
+                                   int num_groups, int topk_groups, int norm_topk_prob, float scaling_factor) {
+	if (ids) {
+		const di_moe_route_args r = di_route_args(ids, weights, logits, bias, num_tokens, num_experts, top_k,
+		                                          scoring, method, num_groups, topk_groups, norm_topk_prob,
+		                                          scaling_factor);
+		const int rc = di_route_args_check(ctx, r, "moe_set_route");
+		if (rc != DI_OK) return rc;
+		ctx->moe_route = r;
+		ctx->moe_route_set = true;
+		ctx->moe_route_used = false;
+		return DI_OK;
+	}
+	const bool missed = ctx->moe_route_set && !ctx->moe_route_used;
+	ctx->moe_route = {};
+	ctx->moe_route_set = ctx->moe_route_used = false;
+	if (missed) return di_fail(ctx, DI_ERR_INVALID, "a routing was set but no moe ran it");
+	return DI_OK;
 }
 
 // ---------------------------------------------------------------- expert MLP
@@ -526,6 +583,19 @@ bool di_moe_group_one(size_t pairs, int num_experts) {
 	return num_experts >= 1 && pairs <= MOE_DEVICE_MAX_PAIRS && di_moe_group_smem(pairs, num_experts) <= 48 * 1024;
 }
 
+// MOE_ROUTE_FUSE_TOKENS: calls of at most this many tokens (a warp each of
+// di_moe_prep_k's 256 threads) may route in the decode path's prep launch.
+#define MOE_ROUTE_FUSE_TOKENS 8
+
+// di_moe_route_fuses says whether the decode path's prep launch takes the
+// routing r of a call with pairs pairs: one block groups them, r has at
+// most MOE_ROUTE_FUSE_TOKENS tokens, and their warps' shared memory fits
+// in 48 KiB.
+static bool di_moe_route_fuses(const di_moe_route_args &r, int pairs, int num_experts) {
+	return r.num_tokens >= 1 && r.num_tokens <= MOE_ROUTE_FUSE_TOKENS && r.e == num_experts &&
+	       di_moe_group_one((size_t)pairs, num_experts) && r.num_tokens * di_route_smem(r.e) <= 48 * 1024;
+}
+
 bool di_moe_group_ok(size_t pairs, int num_experts) {
 	if (num_experts < 1 || pairs > (size_t)0x7fffffff - MOE_GROUP_SEG) return false;
 	if (di_moe_group_one(pairs, num_experts)) return true;
@@ -859,13 +929,27 @@ int di_moe_act_f32(di_ctx *ctx, float *act, const float *g, size_t rows, int int
 // di_moe_prep_k: block 0 groups the pairs (di_moe_group_block; dynamic
 // shared memory of di_moe_group_smem bytes), the other blocks round x
 // (nx floats) to T, hi and lo (lo set: split mode), as di_moe_round_k.
+// With route.ids set (the routing fused, moe_set_route: at most
+// MOE_ROUTE_FUSE_TOKENS tokens), block 0 first routes the tokens, warp w
+// token w (di_route_token, in shared memory of di_route_smem bytes a warp:
+// the routing kernel's arithmetic, so the same ids and weights), and then
+// groups the ids it wrote: one launch fewer than routing apart.
 template <typename T>
 __global__ void __launch_bounds__(256)
     di_moe_prep_k(int *offsets, int *order, int *row_of, const int *ids, int pairs, int num_experts,
-                  unsigned *check, T *xh, T *xl, const float *x, size_t nx) {
+                  unsigned *check, T *xh, T *xl, const float *x, size_t nx, di_moe_route_args route) {
 	extern __shared__ int prep_sh[];
 	di_pdl_wait();
 	if (blockIdx.x == 0) {
+		if (route.ids) {
+			const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+			if (warp < route.num_tokens) {
+				double *ex = (double *)((unsigned char *)prep_sh + warp * di_route_smem(route.e));
+				float *sc = (float *)(ex + route.e), *ch = sc + route.e, *gs = ch + route.e;
+				di_route_token(route, warp, lane, ex, sc, ch, gs);
+			}
+			__syncthreads(); // the ids written, the shared memory free for the grouping
+		}
 		di_moe_group_block(prep_sh, offsets, order, row_of, ids, pairs, num_experts, check);
 		return;
 	}
@@ -1072,18 +1156,22 @@ static int moe_dec_project(di_ctx *ctx, const di_moe_dec_args<T> &p, int slots, 
 
 // moe_dec_prep groups the pairs and rounds x (nx floats) to T into xh (and
 // xl in split mode): one di_moe_prep_k where one block groups them
-// (di_moe_group_one), else di_moe_group and di_moe_round_k.
+// (di_moe_group_one), else di_moe_group and di_moe_round_k. route (ids
+// set: di_moe_route_fuses said yes) is routed in the same launch.
 template <typename T>
 static int moe_dec_prep(di_ctx *ctx, int *offsets, int *order, int *row_of, const int *ids, int pairs,
-                        int num_experts, T *xh, T *xl, const float *x, size_t nx) {
+                        int num_experts, T *xh, T *xl, const float *x, size_t nx, const di_moe_route_args &route) {
 	if (di_moe_group_one((size_t)pairs, num_experts)) {
-		const size_t shared = di_moe_group_smem((size_t)pairs, num_experts);
+		size_t shared = di_moe_group_smem((size_t)pairs, num_experts);
+		if (route.ids && route.num_tokens * di_route_smem(route.e) > shared)
+			shared = route.num_tokens * di_route_smem(route.e);
 		unsigned blocks = di_grid(nx, 256);
 		if (blocks > 1024) blocks = 1024;
 		di_launch(ctx, di_moe_prep_k<T>, dim3(1 + blocks), dim3(256), shared, offsets, order, row_of, ids, pairs,
-		          num_experts, ctx->check, xh, xl, x, nx);
+		          num_experts, ctx->check, xh, xl, x, nx, route);
 		return di_check_launch(ctx, "moe: group");
 	}
+	if (route.ids) return di_fail(ctx, DI_ERR_INVALID, "moe: a fused routing needs the one-block grouping");
 	int r = di_moe_group(ctx, offsets, order, row_of, ids, pairs, num_experts, "moe: group");
 	if (r != DI_OK) return r;
 	di_moe_round_k<T><<<di_grid(nx, 256), 256, 0, ctx->stream>>>(xh, xl, x, nx);
@@ -1097,14 +1185,14 @@ static int moe_dec_prep(di_ctx *ctx, int *offsets, int *order, int *row_of, cons
 template <typename T>
 static int moe_dec(di_ctx *ctx, void *act, float *yh, void *xr, const float *x, const int *ids, int *offsets,
                    int *order, int *row_of, const void *gate_up, const void *down, int num_tokens, int pairs,
-                   int top_k, int hidden, int inter, int num_experts) {
+                   int top_k, int hidden, int inter, int num_experts, const di_moe_route_args &route) {
 	if constexpr (std::is_same_v<T, float>) {
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "moe: the decode path takes 16-bit experts");
 	} else {
 		const bool split = ctx->gemm_mode == DI_GEMM_SPLIT;
 		const size_t nx = (size_t)num_tokens * hidden, na = (size_t)pairs * inter;
 		T *xh = (T *)xr, *xl = split ? xh + nx : nullptr, *ah = (T *)act, *al = split ? ah + na : nullptr;
-		int r = moe_dec_prep<T>(ctx, offsets, order, row_of, ids, pairs, num_experts, xh, xl, x, nx);
+		int r = moe_dec_prep<T>(ctx, offsets, order, row_of, ids, pairs, num_experts, xh, xl, x, nx, route);
 		if (r != DI_OK) return r;
 		const int slots = num_experts < pairs ? num_experts : pairs;
 		const di_moe_dec_args<T> gu{(const T *)gate_up, xh, xl, order, top_k, offsets, num_experts, 2 * inter, hidden,
@@ -1998,12 +2086,24 @@ static int moe_mx_mlp(di_ctx *ctx, void *act, float *yh, const float *x, void *x
 // di_moe_mma_k or di_moe_gemv_k), the combine.
 static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
                       di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter, int num_experts,
-                      const di_moe_gptoss *gx = nullptr, const di_moe_mx *mx = nullptr, bool gemm = false) {
+                      const di_moe_gptoss *gx = nullptr, const di_moe_mx *mx = nullptr, bool gemm = false,
+                      const di_moe_route_args *route = nullptr) {
 	const int pairs = num_tokens * top_k;
 	gemm = gemm && !gx && !mx;
 	// The decode path: where di_moe_mma_k would run both projections (16-bit
 	// weights, k of both a multiple of 32) without gpt-oss's extras.
 	const bool dec = !gemm && !gx && !mx && w_dtype != DI_F32 && ctx->moe_mma && hidden % 32 == 0 && inter % 32 == 0;
+	// The routing (moe_set_route): in the decode path's prep launch where
+	// that one block groups the pairs, else a launch of its own first.
+	di_moe_route_args fused = {};
+	if (route) {
+		if (dec && di_moe_route_fuses(*route, pairs, num_experts)) {
+			fused = *route;
+		} else {
+			const int r = di_route_launch(ctx, *route);
+			if (r != DI_OK) return r;
+		}
+	}
 	void *d_index = nullptr, *g = nullptr, *act = nullptr, *ye = nullptr, *xr = nullptr;
 	// [offsets (num_experts + 1) | order (pairs) | row_of (pairs)]
 	int rc = di_scratch(ctx, (num_experts + 1 + 2 * (size_t)pairs) * sizeof(int), &d_index);
@@ -2025,7 +2125,7 @@ static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr 
 			DI_DISPATCH_WEIGHT(w_dtype, T, {
 				const int r = moe_dec<T>(ctx, act, yh, xr, DI_PTR(const float, x), DI_PTR(const int, ids), offsets,
 				                         order, row_of, (const void *)gate_up, (const void *)down, num_tokens, pairs,
-				                         top_k, hidden, inter, num_experts);
+				                         top_k, hidden, inter, num_experts, fused);
 				if (r != DI_OK) return r;
 			});
 			return di_moe_combine(ctx, DI_PTR(float, out), yh, row_of, DI_PTR(const float, weights), num_tokens,
@@ -2065,6 +2165,19 @@ static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr 
 extern "C" int di_op_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
                          di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter,
                          int num_experts) {
+	// moe_set_route's routing: this call's ids and weights, run here.
+	const di_moe_route_args *route = nullptr;
+	if (ctx->moe_route_set && !ctx->moe_route_used) {
+		const di_moe_route_args &r = ctx->moe_route;
+		if (r.ids != DI_PTR(int, ids) || r.weights != DI_PTR(float, weights) || r.num_tokens != num_tokens ||
+		    r.e != num_experts || r.top_k != top_k)
+			return di_fail(ctx, DI_ERR_INVALID,
+			               "moe: the routing set (%d tokens, %d of %d experts) is not this call's (%d tokens, %d of "
+			               "%d experts, or other ids and weights)",
+			               r.num_tokens, r.top_k, r.e, num_tokens, top_k, num_experts);
+		ctx->moe_route_used = true;
+		route = &r;
+	}
 	if (num_tokens == 0) return DI_OK;
 	cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
 	cudaStreamIsCapturing(ctx->stream, &cap);
@@ -2081,7 +2194,11 @@ extern "C" int di_op_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dp
 	const bool gemm = device16 && pairs >= (size_t)ctx->moe_gemm_pairs;
 	if (shape_ok && (device16 || capturing || pairs <= MOE_DEVICE_MAX_PAIRS))
 		return moe_device(ctx, out, x, ids, weights, gate_up, down, w_dtype, num_tokens, top_k, hidden, inter,
-		                  num_experts, nullptr, nullptr, gemm);
+		                  num_experts, nullptr, nullptr, gemm, route);
+	if (route) {
+		const int r = di_route_launch(ctx, *route);
+		if (r != DI_OK) return r;
+	}
 	if (capturing)
 		return di_fail(ctx, DI_ERR_CAPTURING,
 		               "moe: hidden %d and intermediate %d must be multiples of 8 with 16-byte aligned tensors and "

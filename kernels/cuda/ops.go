@@ -572,36 +572,113 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 
 // MoERoute turns router logits into top-k expert ids and weights.
 func (b *Backend) MoERoute(ids, weights, logits, bias kernels.Tensor, p kernels.RouteParams) error {
-	const op = "moe_route"
-	is, err := asCUDA(op, "ids", ids)
+	r, err := newRouteCall("moe_route", ids, weights, logits, bias, p)
 	if err != nil {
 		return err
 	}
-	ws, err := asCUDA(op, "weights", weights)
-	if err != nil {
-		return err
+	return b.launch("moe_route", func() C.int {
+		return C.c_moe_route(b.lib.api, b.ctx, r.ids.ptr(), r.weights.ptr(), r.logits.ptr(), optPtr(r.bias), C.int(r.t), C.int(r.e),
+			C.int(r.p.TopK), C.int(r.p.Scoring), C.int(r.p.Method), C.int(r.groups), C.int(r.p.TopKGroups), C.int(r.norm),
+			C.float(r.p.ScalingFactor))
+	}, r.ids, r.weights, r.logits, r.bias)
+}
+
+// routeCall is a checked MoERoute call: its tensors, t tokens over e
+// experts, and p's groups (at least 1) and norm flag as the C call takes
+// them.
+type routeCall struct {
+	ids, weights, logits, bias *Tensor
+	t, e, groups, norm         int
+	p                          kernels.RouteParams
+}
+
+func newRouteCall(op string, ids, weights, logits, bias kernels.Tensor, p kernels.RouteParams) (routeCall, error) {
+	r := routeCall{p: p, groups: max(p.NumGroups, 1)}
+	var err error
+	if r.ids, err = asCUDA(op, "ids", ids); err != nil {
+		return r, err
 	}
-	ls, err := asCUDA(op, "logits", logits)
-	if err != nil {
-		return err
+	if r.weights, err = asCUDA(op, "weights", weights); err != nil {
+		return r, err
 	}
-	bs, err := optCUDA(op, "bias", bias)
-	if err != nil {
-		return err
+	if r.logits, err = asCUDA(op, "logits", logits); err != nil {
+		return r, err
 	}
-	t, e, err := kernels.RouteShapes("cuda", is, ws, ls, bs, p)
-	if err != nil {
-		return err
+	if r.bias, err = optCUDA(op, "bias", bias); err != nil {
+		return r, err
 	}
-	groups := max(p.NumGroups, 1)
-	norm := 0
+	if r.t, r.e, err = kernels.RouteShapes("cuda", r.ids, r.weights, r.logits, r.bias, p); err != nil {
+		return r, err
+	}
 	if p.NormTopKProb {
-		norm = 1
+		r.norm = 1
 	}
-	return b.launch(op, func() C.int {
-		return C.c_moe_route(b.lib.api, b.ctx, is.ptr(), ws.ptr(), ls.ptr(), optPtr(bs), C.int(t), C.int(e), C.int(p.TopK),
-			C.int(p.Scoring), C.int(p.Method), C.int(groups), C.int(p.TopKGroups), C.int(norm), C.float(p.ScalingFactor))
-	}, is, ws, ls, bs)
+	return r, nil
+}
+
+var _ kernels.MoERouteFuser = (*Backend)(nil)
+
+// RoutedMoE implements kernels.MoERouteFuser: MoERoute, then MoE (MoEAdd
+// where add is set), with the routing handed to the MoE launch
+// (moe_set_route) for 16-bit experts: the decode path's grouping launch
+// routes batches of up to 8 tokens itself, one launch fewer; other paths
+// run the routing's kernel first. The bits of the two operations apart
+// (the same routing arithmetic). Options.DisableFusedRoute, FP8 and
+// block-quantized experts: the two operations apart.
+func (b *Backend) RoutedMoE(out, x, logits, bias kernels.Tensor, p kernels.RouteParams, ids, weights, gateUp, down, add kernels.Tensor) error {
+	gu, gok := gateUp.(*Tensor)
+	dn, dok := down.(*Tensor)
+	if b.opts.DisableFusedRoute || !gok || !dok || gu.fp8 != nil || dn.fp8 != nil || gu.q != nil || dn.q != nil {
+		if err := b.MoERoute(ids, weights, logits, bias, p); err != nil {
+			return err
+		}
+		if add == nil {
+			return b.MoE(out, x, ids, weights, gateUp, down)
+		}
+		return b.MoEAdd(out, x, ids, weights, gateUp, down, add)
+	}
+	r, err := newRouteCall("moe", ids, weights, logits, bias, p)
+	if err != nil {
+		return err
+	}
+	var a *Tensor
+	if add != nil {
+		if a, err = asCUDA("moe", "add", add); err != nil {
+			return err
+		}
+		if err := kernels.CheckShape("cuda", "moe", "add", a, out.Shape(), kernels.F32); err != nil {
+			return err
+		}
+		if b.opts.DisableMoEAdd {
+			if err := b.moe(out, x, ids, weights, gateUp, down, nil, &r); err != nil {
+				return err
+			}
+			return b.Add(out, out, add)
+		}
+	}
+	return b.moe(out, x, ids, weights, gateUp, down, a, &r)
+}
+
+// moeRouting wraps a MoE launch so that it runs r's routing
+// (di_api.moe_set_route before it, cleared after; the clear reports a
+// routing no MoE ran). nil r: fn itself. Runs under b.mu, inside launch.
+func (b *Backend) moeRouting(r *routeCall, fn func() C.int) func() C.int {
+	if r == nil {
+		return fn
+	}
+	return func() C.int {
+		if rc := C.c_moe_set_route(b.lib.api, b.ctx, r.ids.ptr(), r.weights.ptr(), r.logits.ptr(), optPtr(r.bias), C.int(r.t),
+			C.int(r.e), C.int(r.p.TopK), C.int(r.p.Scoring), C.int(r.p.Method), C.int(r.groups), C.int(r.p.TopKGroups),
+			C.int(r.norm), C.float(r.p.ScalingFactor)); rc != 0 {
+			return rc
+		}
+		rc := fn()
+		cleared := C.c_moe_set_route(b.lib.api, b.ctx, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+		if rc != 0 {
+			return rc
+		}
+		return cleared
+	}
 }
 
 // MoE runs the selected experts on their tokens and mixes the results.
@@ -630,7 +707,7 @@ func (b *Backend) MoERoute(ids, weights, logits, bias kernels.Tensor, p kernels.
 // Block-quantized experts (QuantWeight) always take the device path, in
 // token chunks of at most 1024 pairs (quant_moe.cu).
 func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
-	return b.moe(out, x, ids, weights, gateUp, down, nil)
+	return b.moe(out, x, ids, weights, gateUp, down, nil, nil)
 }
 
 var _ kernels.MoEAdder = (*Backend)(nil)
@@ -652,11 +729,13 @@ func (b *Backend) MoEAdd(out, x, ids, weights, gateUp, down, add kernels.Tensor)
 		}
 		return b.Add(out, out, add)
 	}
-	return b.moe(out, x, ids, weights, gateUp, down, a)
+	return b.moe(out, x, ids, weights, gateUp, down, a, nil)
 }
 
-// moe is MoE, with add (nil: none) added to its output by the combine pass.
-func (b *Backend) moe(out, x, ids, weights, gateUp, down kernels.Tensor, add *Tensor) error {
+// moe is MoE, with add (nil: none) added to its output by the combine
+// pass, and route (nil: none; 16-bit experts only) run first, in the same
+// launch where the path fuses it (RoutedMoE).
+func (b *Backend) moe(out, x, ids, weights, gateUp, down kernels.Tensor, add *Tensor, route *routeCall) error {
 	const op = "moe"
 	var ts [6]*Tensor
 	if err := asCUDAs(op, ts[:], tensorArg{"out", out}, tensorArg{"x", x}, tensorArg{"ids", ids}, tensorArg{"weights", weights},
@@ -668,6 +747,9 @@ func (b *Backend) moe(out, x, ids, weights, gateUp, down kernels.Tensor, add *Te
 	if err != nil {
 		return err
 	}
+	if route != nil && (gu.fp8 != nil || dn.fp8 != nil || gu.q != nil || dn.q != nil) {
+		return fmt.Errorf("cuda: moe: a fused routing takes 16-bit or float32 experts: %w", kernels.ErrDType)
+	}
 	if gu.fp8 != nil || dn.fp8 != nil { // FP8 experts (fp8.go)
 		return b.fp8MoE(o, xs, is, ws, gu, dn, add, d, fp8Auto)
 	}
@@ -675,10 +757,14 @@ func (b *Backend) moe(out, x, ids, weights, gateUp, down kernels.Tensor, add *Te
 		return b.quantMoE(o, xs, is, ws, gu, dn, add, d)
 	}
 	t, hidden, numExperts, inter, topK := d.T, d.Hidden, d.NumExperts, d.Inter, d.TopK
-	return b.launch(op, b.moeAdding(o, add, func() C.int {
+	var rt [4]*Tensor
+	if route != nil {
+		rt = [4]*Tensor{route.logits, route.bias, route.ids, route.weights}
+	}
+	return b.launch(op, b.moeAdding(o, add, b.moeRouting(route, func() C.int {
 		return C.c_moe(b.lib.api, b.ctx, o.ptr(), xs.ptr(), is.ptr(), ws.ptr(), gu.ptr(), dn.ptr(), C.int(gu.dtype), C.int(t),
 			C.int(topK), C.int(hidden), C.int(inter), C.int(numExperts))
-	}), o, xs, is, ws, gu, dn, add)
+	})), o, xs, is, ws, gu, dn, add, rt[0], rt[1], rt[2], rt[3])
 }
 
 // queueNothing is a launch that queues no work and succeeds, as the launch

@@ -329,19 +329,23 @@ func TestGPUMLAStagedBits(t *testing.T) {
 	})
 }
 
+// routeCases are the routings the MoE routing tests run: e experts,
+// softmax and sigmoid scoring, the greedy, group-limited and noaux_tc
+// top-k, with and without the correction bias.
+var routeCases = []struct {
+	e    int
+	rp   kernels.RouteParams
+	bias bool
+}{
+	{8, kernels.RouteParams{TopK: 2, Scoring: kernels.ScoringSoftmax, Method: kernels.TopKGreedy, NumGroups: 1, ScalingFactor: 1}, false},
+	{64, kernels.RouteParams{TopK: 6, Scoring: kernels.ScoringSoftmax, Method: kernels.TopKGroupLimited, NumGroups: 8, TopKGroups: 3, ScalingFactor: 2}, false},
+	{64, kernels.RouteParams{TopK: 6, Scoring: kernels.ScoringSoftmax, Method: kernels.TopKGreedy, NumGroups: 1, NormTopKProb: true, ScalingFactor: 1}, false},
+	{256, kernels.RouteParams{TopK: 8, Scoring: kernels.ScoringSigmoid, Method: kernels.TopKNoAuxTC, NumGroups: 8, TopKGroups: 4, NormTopKProb: true, ScalingFactor: 2.5}, true},
+}
+
 func TestGPUMoERoute(t *testing.T) {
 	p := newPair(t, GEMMRound)
-	tests := []struct {
-		e    int
-		rp   kernels.RouteParams
-		bias bool
-	}{
-		{8, kernels.RouteParams{TopK: 2, Scoring: kernels.ScoringSoftmax, Method: kernels.TopKGreedy, NumGroups: 1, ScalingFactor: 1}, false},
-		{64, kernels.RouteParams{TopK: 6, Scoring: kernels.ScoringSoftmax, Method: kernels.TopKGroupLimited, NumGroups: 8, TopKGroups: 3, ScalingFactor: 2}, false},
-		{64, kernels.RouteParams{TopK: 6, Scoring: kernels.ScoringSoftmax, Method: kernels.TopKGreedy, NumGroups: 1, NormTopKProb: true, ScalingFactor: 1}, false},
-		{256, kernels.RouteParams{TopK: 8, Scoring: kernels.ScoringSigmoid, Method: kernels.TopKNoAuxTC, NumGroups: 8, TopKGroups: 4, NormTopKProb: true, ScalingFactor: 2.5}, true},
-	}
-	for _, tc := range tests {
+	for _, tc := range routeCases {
 		t.Run(fmt.Sprintf("e%d/%d/%d", tc.e, tc.rp.Scoring, tc.rp.Method), func(t *testing.T) {
 			const tokens = 37
 			logits := p.rand(kernels.F32, 3, tokens, tc.e)
