@@ -48,6 +48,12 @@ type mlaWeights struct {
 	qKVA                   kernels.Tensor
 	qProj                  kernels.Tensor // without q compression
 	qA, qABias, qANorm, qB kernels.Tensor // with q compression
+	// qAKVA is q_a_proj and kv_a_proj_with_mqa fused, [q_lora_rank +
+	// kv_lora_rank + rope, hidden], with q compression and neither with a
+	// bias: one product for both at one row, whose two column blocks are
+	// then contiguous views (qA and kvA are its row views, for more rows).
+	// nil otherwise.
+	qAKVA kernels.Tensor
 	// kvA is kv_a_proj_with_mqa whole, [kv_lora_rank + rope, hidden], with
 	// q compression: one product, whose row kernels.PrepareMLA splits
 	// (MLAPrep.KVA). nil otherwise, where kvALat and kvARope serve.
@@ -165,8 +171,13 @@ func (m *deepseek) loadLayer(l *loader, i int) dsLayer {
 	}
 	w := &ly.attn
 	if m.qLoraRank > 0 {
-		w.qA = l.linear(a+"q_a_proj.weight", m.qLoraRank, h)
-		w.qABias = l.optVector(a+"q_a_proj.bias", m.qLoraRank)
+		if !l.src.Has(a+"q_a_proj.bias") && !l.src.Has(a+"kv_a_proj_with_mqa.bias") {
+			w.qAKVA = l.fused(h, []string{a + "q_a_proj.weight", a + "kv_a_proj_with_mqa.weight"}, []int{m.qLoraRank, d.KVLoraRank + d.RopeDim})
+			w.qA, w.kvA = m.splitRows(l, w.qAKVA, m.qLoraRank)
+		} else {
+			w.qA = l.linear(a+"q_a_proj.weight", m.qLoraRank, h)
+			w.qABias = l.optVector(a+"q_a_proj.bias", m.qLoraRank)
+		}
 		w.qANorm = l.vector(a+"q_a_layernorm.weight", m.qLoraRank)
 		w.qB = l.linear(a+"q_b_proj.weight", qd, m.qLoraRank)
 	} else if !l.src.Has(a + "kv_a_proj_with_mqa.bias") {
@@ -177,7 +188,7 @@ func (m *deepseek) loadLayer(l *loader, i int) dsLayer {
 	} else {
 		w.qProj = l.linear(a+"q_proj.weight", qd, h)
 	}
-	if w.qKVA == nil {
+	if w.qKVA == nil && w.qAKVA == nil {
 		kvA := l.linear(a+"kv_a_proj_with_mqa.weight", d.KVLoraRank+d.RopeDim, h)
 		kvABias := l.optVector(a+"kv_a_proj_with_mqa.bias", d.KVLoraRank+d.RopeDim)
 		if m.qLoraRank > 0 {
@@ -346,12 +357,22 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 			return err
 		}
 	default:
-		qa := s.get("q_a", t, m.qLoraRank)
-		if s.err != nil {
-			return s.err
-		}
-		if err := ops.Linear(qa, xa, w.qA, w.qABias); err != nil {
-			return err
+		var qa kernels.Tensor
+		if w.qAKVA != nil && t == 1 {
+			// One product for q_a and kv_a; at one row each column block
+			// is a contiguous view.
+			var err error
+			if qa, prep.KVA, err = m.qAKVAOneRow(s, xa, w.qAKVA); err != nil {
+				return err
+			}
+		} else {
+			qa = s.get("q_a", t, m.qLoraRank)
+			if s.err != nil {
+				return s.err
+			}
+			if err := ops.Linear(qa, xa, w.qA, w.qABias); err != nil {
+				return err
+			}
 		}
 		if err := ops.RMSNorm(qa, qa, w.qANorm, m.eps); err != nil {
 			return err
@@ -362,16 +383,18 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 	}
 	switch {
 	case w.kvA != nil:
-		// kv_a in one product; the split, norm, ropes and cache write
-		// one operation where the backend fuses them.
-		kva := s.get("kv_a", t, d.KVLoraRank+d.RopeDim)
-		if s.err != nil {
-			return s.err
+		// kv_a in one product (or q_a's, above); the split, norm, ropes
+		// and cache write one operation where the backend fuses them.
+		if prep.KVA == nil {
+			kva := s.get("kv_a", t, d.KVLoraRank+d.RopeDim)
+			if s.err != nil {
+				return s.err
+			}
+			if err := ops.Linear(kva, xa, w.kvA, w.kvABias); err != nil {
+				return err
+			}
+			prep.KVA = kva
 		}
-		if err := ops.Linear(kva, xa, w.kvA, w.kvABias); err != nil {
-			return err
-		}
-		prep.KVA = kva
 		if err := kernels.PrepareMLA(ops, prep); err != nil {
 			return err
 		}
@@ -399,6 +422,38 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 		return ly.dense.forward(ops, s, delta, x)
 	}
 	return m.moeForward(ly.moe, s, delta, x)
+}
+
+// qAKVAOneRow runs the fused q_a / kv_a product of one row (x [1,
+// hidden]) and returns its two column blocks as contiguous views: q_a [1,
+// q_lora_rank] and kv_a [1, kv_lora_rank + rope]. The linears' columns are
+// computed alike in any product, so the bits are those of the two
+// products apart.
+func (m *deepseek) qAKVAOneRow(s *scratch, x, w kernels.Tensor) (qa, kva kernels.Tensor, err error) {
+	n := w.Shape()[0]
+	out := s.get("q_a_kv_a", 1, n)
+	if s.err != nil {
+		return nil, nil, s.err
+	}
+	if err := m.ops.Linear(out, x, w, nil); err != nil {
+		return nil, nil, err
+	}
+	view := func(lo, hi int) (kernels.Tensor, error) {
+		flat, err := m.ops.Reshape(out, n)
+		if err != nil {
+			return nil, err
+		}
+		part, err := m.ops.Rows(flat, lo, hi)
+		if err != nil {
+			return nil, err
+		}
+		return m.ops.Reshape(part, 1, hi-lo)
+	}
+	if qa, err = view(0, m.qLoraRank); err != nil {
+		return nil, nil, err
+	}
+	kva, err = view(m.qLoraRank, n)
+	return qa, kva, err
 }
 
 // moeForward writes routed experts plus shared experts of x into out.

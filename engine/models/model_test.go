@@ -396,6 +396,56 @@ func TestDeepSeekFusedQKVA(t *testing.T) {
 	}
 }
 
+// TestDeepSeekFusedQAKVA: with q compression (q_lora_rank 12) and no
+// biases, q_a_proj and kv_a_proj_with_mqa load as one weight
+// (mlaWeights.qAKVA); a one-row step runs it as one product whose column
+// blocks are views, more rows the row views qA and kvA. Decode steps of one
+// row give the same logits bit for bit as with the fused weight left out
+// (qAKVA nil: two products), in F32, BF16 and quantized to FP8 at load
+// (the parts' blocks start at rows 0 and 12), after a prefill and a
+// second decode row.
+func TestDeepSeekFusedQAKVA(t *testing.T) {
+	ops := newBackend(t, 2)
+	cfg := parseConfig(t, tinyConfigs["deepseek-v3"])
+	for _, c := range []struct {
+		dt    kernels.DType
+		quant string
+	}{{kernels.F32, ""}, {kernels.BF16, ""}, {kernels.BF16, "fp8"}} {
+		w, err := RandomWeights(cfg, c.dt, 9)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rand.New(rand.NewPCG(6, 6))
+		prompt, next := randomIDs(r, 9, 97), randomIDs(r, 2, 97)
+		var outs [2][][]float32
+		for i, fused := range []bool{true, false} {
+			m, err := Builtin().New(ops, cfg, w, Options{MaxModelLen: testMaxLen, Quantization: c.quant})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ds := m.(*deepseek)
+			if ds.layers[0].attn.qAKVA == nil {
+				t.Fatal("deepseek-v3 (q_lora_rank, no biases) loaded without the fused q_a / kv_a weight")
+			}
+			if !fused {
+				for l := range ds.layers {
+					ds.layers[l].attn.qAKVA = nil
+				}
+			}
+			cache := mustCache(t, m)
+			step(t, m, cache, seqStep{prompt, 0, []int32{2, 0, 3}})
+			a, _ := step(t, m, cache, seqStep{next[:1], len(prompt), []int32{2, 0, 3}})
+			b, _ := step(t, m, cache, seqStep{next[1:], len(prompt) + 1, []int32{2, 0, 3}})
+			outs[i] = append(a, b...)
+		}
+		for p := range outs[0] {
+			if !sameBits(outs[0][p], outs[1][p]) {
+				t.Errorf("%v %s: decode row %d: the fused product's views and the two products differ", c.dt, c.quant, p)
+			}
+		}
+	}
+}
+
 // A block table shared by consecutive sequences (a decode's rows) is
 // checked as far as the longest of them needs: a bad block that only a
 // later row reaches is still found, and one past every row's need is not
