@@ -919,7 +919,8 @@ int di_moe_act_f32(di_ctx *ctx, float *act, const float *g, size_t rows, int int
 // would serve both projections, no gpt-oss extras) runs four kernels, each
 // launched with programmatic dependent launch (di_launch: its launch and
 // ramp overlap the previous kernel's tail, under graphs too): di_moe_prep_k
-// (the grouping and x rounded to T in one launch), di_moe_dec_k over the
+// (the grouping and x rounded to T in one launch; with moe_set_route at up
+// to MOE_ROUTE_FUSE_TOKENS tokens, the routing first), di_moe_dec_k over the
 // gate/up weight with the SiLU-mul in its epilogue (it writes the rounded
 // activations, no float32 gate/up outputs), di_moe_dec_k over the down
 // weight, and di_moe_combine. It replaced group, round, grouped mma, act,

@@ -641,22 +641,10 @@ func (b *Backend) RoutedMoE(out, x, logits, bias kernels.Tensor, p kernels.Route
 	if err != nil {
 		return err
 	}
-	var a *Tensor
-	if add != nil {
-		if a, err = asCUDA("moe", "add", add); err != nil {
-			return err
-		}
-		if err := kernels.CheckShape("cuda", "moe", "add", a, out.Shape(), kernels.F32); err != nil {
-			return err
-		}
-		if b.opts.DisableMoEAdd {
-			if err := b.moe(out, x, ids, weights, gateUp, down, nil, &r); err != nil {
-				return err
-			}
-			return b.Add(out, out, add)
-		}
+	if add == nil {
+		return b.moe(out, x, ids, weights, gateUp, down, nil, &r)
 	}
-	return b.moe(out, x, ids, weights, gateUp, down, a, &r)
+	return b.moeAdd(out, x, ids, weights, gateUp, down, add, &r)
 }
 
 // moeRouting wraps a MoE launch so that it runs r's routing
@@ -716,6 +704,11 @@ var _ kernels.MoEAdder = (*Backend)(nil)
 // added in the combine pass that writes out, with the bits of MoE followed
 // by Add, one pass over out fewer (DeepSeek's shared experts' output).
 func (b *Backend) MoEAdd(out, x, ids, weights, gateUp, down, add kernels.Tensor) error {
+	return b.moeAdd(out, x, ids, weights, gateUp, down, add, nil)
+}
+
+// moeAdd is MoEAdd, with route (nil: none) run as moe runs it.
+func (b *Backend) moeAdd(out, x, ids, weights, gateUp, down, add kernels.Tensor, route *routeCall) error {
 	a, err := asCUDA("moe", "add", add)
 	if err != nil {
 		return err
@@ -724,12 +717,12 @@ func (b *Backend) MoEAdd(out, x, ids, weights, gateUp, down, add kernels.Tensor)
 		return err
 	}
 	if b.opts.DisableMoEAdd {
-		if err := b.MoE(out, x, ids, weights, gateUp, down); err != nil {
+		if err := b.moe(out, x, ids, weights, gateUp, down, nil, route); err != nil {
 			return err
 		}
 		return b.Add(out, out, add)
 	}
-	return b.moe(out, x, ids, weights, gateUp, down, a, nil)
+	return b.moe(out, x, ids, weights, gateUp, down, a, route)
 }
 
 // moe is MoE, with add (nil: none) added to its output by the combine
