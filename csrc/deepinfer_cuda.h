@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 26u
+#define DI_ABI_VERSION 27u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -760,6 +760,13 @@ typedef struct di_api {
 	int (*moe_set_route)(di_ctx *ctx, di_dptr ids, di_dptr weights, di_dptr logits, di_dptr bias, int num_tokens,
 	                     int num_experts, int top_k, int scoring, int method, int num_groups, int topk_groups,
 	                     int norm_topk_prob, float scaling_factor);
+	/* embed_norm_concat: out (F32 [rows, 2h]) = [RMSNorm(table[ids];
+	 * enorm), RMSNorm(x; xnorm)] for table [vocab, h] of table_dtype, ids
+	 * I32 [rows], x F32 [rows, h], the norms' weights F32 [h]: the bits of
+	 * embedding, two rms_norms and concat, in one launch. An id outside the
+	 * table gives a row of zeros (before its norm) and DI_CHECK_EMBEDDING. */
+	int (*embed_norm_concat)(di_ctx *ctx, di_dptr out, di_dptr table, int table_dtype, di_dptr ids, di_dptr enorm,
+	                         di_dptr x, di_dptr xnorm, int rows, int h, int vocab, float eps);
 } di_api;
 
 /* di_get_api fills *out for a caller built against abi_version; it returns

@@ -255,6 +255,8 @@ int di_op_mla_prepare(di_ctx *ctx, di_dptr q, di_dptr cache, int cache_dtype, di
                       int num_tokens, int max_pos, int num_heads, int nope, int rope, int kvl, int interleaved, float eps,
                       int num_slots);
 int di_op_moe_set_add(di_ctx *ctx, di_dptr out, di_dptr add);
+int di_op_embed_norm_concat(di_ctx *ctx, di_dptr out, di_dptr table, int table_dtype, di_dptr ids, di_dptr enorm,
+                            di_dptr x, di_dptr xnorm, int rows, int h, int vocab, float eps);
 int di_op_moe_set_route(di_ctx *ctx, di_dptr ids, di_dptr weights, di_dptr logits, di_dptr bias, int num_tokens,
                         int num_experts, int top_k, int scoring, int method, int num_groups, int topk_groups,
                         int norm_topk_prob, float scaling_factor);

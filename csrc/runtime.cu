@@ -922,6 +922,7 @@ extern "C" __attribute__((visibility("default"))) int di_get_api(uint32_t abi_ve
 	out->mla_prepare = di_op_mla_prepare;
 	out->moe_set_add = di_op_moe_set_add;
 	out->moe_set_route = di_op_moe_set_route;
+	out->embed_norm_concat = di_op_embed_norm_concat;
 	out->gated_linear = di_op_gated_linear;
 	out->mla_attention_tc = di_op_mla_attention_tc;
 	out->mla_latent_attention = di_op_mla_latent_attention;

@@ -112,16 +112,9 @@ func (p *MTP) Forward(ctx context.Context, k int, cache *KVCache, b *ForwardBatc
 // combine writes eh_proj([enorm(embed(ids)), hnorm(hidden)]) into resid.
 func (p *MTP) combine(ly *mtpLayer, e, hn, cat, resid, hidden kernels.Tensor, b *ForwardBatch) error {
 	ops, eps := p.m.ops, p.m.eps
-	if err := ops.Embedding(e, ly.embed, b.InputIDs); err != nil {
-		return err
-	}
-	if err := ops.RMSNorm(e, e, ly.enorm, eps); err != nil {
-		return err
-	}
-	if err := ops.RMSNorm(hn, hidden, ly.hnorm, eps); err != nil {
-		return err
-	}
-	if err := ops.Concat(cat, e, hn); err != nil {
+	// The embedding, both norms and the concat: one operation where the
+	// backend has it (kernels.EmbedNormConcater).
+	if err := kernels.EmbedNormConcat(ops, cat, e, hn, ly.embed, b.InputIDs, ly.enorm, hidden, ly.hnorm, eps); err != nil {
 		return err
 	}
 	return ops.Linear(resid, cat, ly.ehProj, nil)

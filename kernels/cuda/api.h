@@ -117,6 +117,10 @@ static inline int c_moe(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr id
 	return a->moe(c, out, x, ids, w, gu, dn, dt, t, k, hidden, inter, e);
 }
 static inline int c_moe_set_add(di_api *a, di_ctx *c, di_dptr out, di_dptr add) { return a->moe_set_add(c, out, add); }
+static inline int c_embed_norm_concat(di_api *a, di_ctx *c, di_dptr out, di_dptr table, int dt, di_dptr ids, di_dptr en, di_dptr x,
+                                      di_dptr xn, int rows, int h, int vocab, float eps) {
+	return a->embed_norm_concat(c, out, table, dt, ids, en, x, xn, rows, h, vocab, eps);
+}
 static inline int c_moe_set_route(di_api *a, di_ctx *c, di_dptr ids, di_dptr w, di_dptr lg, di_dptr bias, int t, int e, int k,
                                   int sc, int method, int ng, int tg, int norm, float scaling) {
 	return a->moe_set_route(c, ids, w, lg, bias, t, e, k, sc, method, ng, tg, norm, scaling);

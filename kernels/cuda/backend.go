@@ -210,6 +210,9 @@ type Options struct {
 	// DisableMoEAdd makes MoEAdd run MoE and then Add rather than adding in
 	// MoE's combine pass (the same bits, one launch and pass more).
 	DisableMoEAdd bool
+	// DisableEmbedNorm makes EmbedNormConcat run Embedding, two RMSNorms
+	// and Concat (the same bits, three launches more).
+	DisableEmbedNorm bool
 	// DisableFusedRoute makes RoutedMoE run MoERoute and then MoE rather
 	// than routing inside the MoE's grouping launch (the same bits, one
 	// launch more at small batches).

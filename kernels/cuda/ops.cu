@@ -740,6 +740,77 @@ extern "C" int di_op_concat(di_ctx *ctx, di_dptr out, di_dptr a, di_dptr b, int 
 	return di_check_launch(ctx, "concat");
 }
 
+// ---------------------------------------------------------------- embed_norm_concat
+
+// di_norm_row writes out[j] = (x_j * r) * w[j] for the n values x_j =
+// load(j) of one row, r their RMSNorm 1/rms: di_rms_norm_k's arithmetic
+// without a residual (its held path up to RMS_HELD values a thread, else
+// its loop), so the block must have norm_threads(n) threads, as it does.
+template <typename Load>
+__device__ __forceinline__ void di_norm_row(float *out, Load load, const float *w, int n, float eps, double *red) {
+	const int tid = threadIdx.x, nt = blockDim.x;
+	if (n <= RMS_HELD * nt) {
+		float wv[RMS_HELD], v[RMS_HELD];
+#pragma unroll
+		for (int k = 0; k < RMS_HELD; k++) {
+			const int j = tid + k * nt;
+			wv[k] = j < n ? w[j] : 0.f;
+			v[k] = j < n ? load(j) : 0.f;
+		}
+		const float r = di_rms_held_scale(v, n, eps, red);
+#pragma unroll
+		for (int k = 0; k < RMS_HELD; k++) {
+			const int j = tid + k * nt;
+			if (j < n) out[j] = (v[k] * r) * wv[k];
+		}
+		return;
+	}
+	double s = 0;
+	for (int j = tid; j < n; j += nt) {
+		const float v = load(j);
+		s += (double)v * (double)v;
+	}
+	s = di_block_sum(s, red);
+	const float r = di_rms_scale(s, n, eps);
+	for (int j = tid; j < n; j += nt) out[j] = (load(j) * r) * w[j];
+}
+
+// di_embed_norm_concat_k: grid (rows, 2), norm_threads(h) threads. Block
+// (r, 0) writes out[r, :h] = RMSNorm(table[ids[r]]; enorm), block (r, 1)
+// out[r, h:] = RMSNorm(x[r]; xnorm): the bits of embedding (an id outside
+// the table gives a row of zeros and DI_CHECK_EMBEDDING), the two
+// rms_norms and concat, in one launch whose two norms run side by side.
+template <typename T>
+__global__ void di_embed_norm_concat_k(float *out, const T *table, const int *ids, const float *enorm, const float *x,
+                                       const float *xnorm, int h, int vocab, float eps, unsigned *check) {
+	di_pdl_trigger(); // the next kernel (the projection) streams its weights meanwhile
+	__shared__ double red[32];
+	di_pdl_wait();
+	const size_t row = blockIdx.x;
+	float *o = out + row * 2 * h + (size_t)blockIdx.y * h;
+	if (blockIdx.y == 0) {
+		const int id = ids[row];
+		const bool ok = id >= 0 && id < vocab;
+		if (!ok && threadIdx.x == 0) atomicOr(check, DI_CHECK_EMBEDDING);
+		const T *src = table + (size_t)(ok ? id : 0) * h;
+		di_norm_row(o, [&](int j) { return ok ? di_to_f32(src[j]) : 0.f; }, enorm, h, eps, red);
+	} else {
+		const float *src = x + row * h;
+		di_norm_row(o, [&](int j) { return src[j]; }, xnorm, h, eps, red);
+	}
+}
+
+extern "C" int di_op_embed_norm_concat(di_ctx *ctx, di_dptr out, di_dptr table, int table_dtype, di_dptr ids,
+                                       di_dptr enorm, di_dptr x, di_dptr xnorm, int rows, int h, int vocab, float eps) {
+	if (rows == 0 || h == 0) return DI_OK;
+	const dim3 grid((unsigned)rows, 2);
+	DI_DISPATCH_WEIGHT(table_dtype, T,
+	                   di_launch(ctx, di_embed_norm_concat_k<T>, grid, norm_threads(h), 0, DI_PTR(float, out),
+	                             DI_PTR(const T, table), DI_PTR(const int, ids), DI_PTR(const float, enorm),
+	                             DI_PTR(const float, x), DI_PTR(const float, xnorm), h, vocab, eps, ctx->check));
+	return di_check_launch(ctx, "embed_norm_concat");
+}
+
 // ---------------------------------------------------------------- rope
 
 // One block per token; threads over (head, pair). Started by di_launch.

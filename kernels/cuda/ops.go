@@ -160,6 +160,64 @@ func (b *Backend) Linear(out, x, w, bias kernels.Tensor) error {
 	}, o, xs, ws, bs)
 }
 
+var _ kernels.EmbedNormConcater = (*Backend)(nil)
+
+// EmbedNormConcat implements kernels.EmbedNormConcater: one launch whose
+// two norms run side by side, with the bits of Embedding, two RMSNorms and
+// Concat; an id outside the table is reported by the next Download or
+// Sync (naming embedding), as Embedding reports it. Options.DisableEmbedNorm:
+// the four operations.
+func (b *Backend) EmbedNormConcat(out, table, ids, embNorm, x, xNorm kernels.Tensor, eps float32) error {
+	const op = "embed_norm_concat"
+	if b.opts.DisableEmbedNorm {
+		return b.embedNormApart(out, table, ids, embNorm, x, xNorm, eps)
+	}
+	var ts [6]*Tensor
+	if err := asCUDAs(op, ts[:], tensorArg{"out", out}, tensorArg{"table", table}, tensorArg{"ids", ids},
+		tensorArg{"emb_norm", embNorm}, tensorArg{"x", x}, tensorArg{"x_norm", xNorm}); err != nil {
+		return err
+	}
+	o, tb, id, en, xs, xn := ts[0], ts[1], ts[2], ts[3], ts[4], ts[5]
+	if tb.fp8 != nil || tb.q != nil {
+		return b.embedNormApart(out, table, ids, embNorm, x, xNorm, eps)
+	}
+	if err := kernels.CheckShape("cuda", op, "table", tb, []int{-1, -1}, kernels.F32, kernels.BF16, kernels.F16); err != nil {
+		return err
+	}
+	vocab, h := tb.shape[0], tb.shape[1]
+	if err := kernels.CheckShape("cuda", op, "ids", id, []int{-1}, kernels.I32); err != nil {
+		return err
+	}
+	t := id.shape[0]
+	for _, c := range []struct {
+		name  string
+		ten   *Tensor
+		shape []int
+	}{{"out", o, []int{t, 2 * h}}, {"emb_norm", en, []int{h}}, {"x", xs, []int{t, h}}, {"x_norm", xn, []int{h}}} {
+		if err := kernels.CheckShape("cuda", op, c.name, c.ten, c.shape, kernels.F32); err != nil {
+			return err
+		}
+	}
+	return b.launch(op, func() C.int {
+		return C.c_embed_norm_concat(b.lib.api, b.ctx, o.ptr(), tb.ptr(), C.int(tb.dtype), id.ptr(), en.ptr(), xs.ptr(), xn.ptr(),
+			C.int(t), C.int(h), C.int(vocab), C.float(eps))
+	}, o, tb, id, en, xs, xn)
+}
+
+// embedNormApart is EmbedNormConcat as its four operations, over scratch
+// rows.
+func (b *Backend) embedNormApart(out, table, ids, embNorm, x, xNorm kernels.Tensor, eps float32) error {
+	e, err := b.Alloc(kernels.F32, x.Shape()...)
+	if err != nil {
+		return err
+	}
+	xn, err := b.Alloc(kernels.F32, x.Shape()...)
+	if err != nil {
+		return err
+	}
+	return kernels.EmbedNormConcatSteps(b, out, e, xn, table, ids, embNorm, x, xNorm, eps)
+}
+
 // linearArgs converts Linear's arguments (bias optional) and checks them
 // with kernels.LinearShapes, x of one of xTypes.
 func linearArgs(out, x, w, bias kernels.Tensor, xTypes ...kernels.DType) (o, xs, ws, bs *Tensor, m, n, k int, err error) {
