@@ -450,13 +450,33 @@ func statsLine(l *llm.LLM, wall time.Duration) string {
 	}
 	steps := fmt.Sprintf("%d steps", st.Steps.Load())
 	if g := st.GraphSteps.Load(); g > 0 {
-		steps += fmt.Sprintf(" (%d on CUDA graphs)", g)
+		steps += fmt.Sprintf(" (%d on CUDA graphs%s)", g, graphNodesPart(st.GraphNodes()))
 	}
 	return fmt.Sprintf("stats: %.2fs, %s | prefill %.1f tok/s, decode %.1f tok/s%s | host time exposed between forwards %s (ZOS %s)%s | running %d, waiting %d | KV %.1f%% of %d blocks | preemptions %d | prefix cache %d/%d tokens | %.2f GFLOP/s in forward, %s (%s, weights %s)",
 		secs, steps,
 		float64(st.PrefillTokens.Load())/secs, float64(st.DecodeOutputTokens())/secs, specPart(st.Spec()),
 		st.MeanExposedHost().Round(time.Microsecond), zos, device, ss.NumRunning, ss.NumWaiting, 100*ss.BlockUsage, ss.NumBlocks, ss.NumPreemptions,
 		ss.PrefixCache.NumHitTokens, ss.PrefixCache.NumQueryTokens, gflops, mfu, l.Backend().Name(), models.WeightFormat(l.Model()))
+}
+
+// graphNodesPart is the stats line's census of the captured forward
+// graphs, "; forward graphs: 131 nodes (1 row) to 158 (64 rows)", or ""
+// when the backend does not count them.
+func graphNodesPart(g []stages.GraphNodes) string {
+	rows := func(n int) string {
+		if n == 1 {
+			return "1 row"
+		}
+		return fmt.Sprintf("%d rows", n)
+	}
+	switch len(g) {
+	case 0:
+		return ""
+	case 1:
+		return fmt.Sprintf("; forward graph: %d nodes (%s)", g[0].Nodes, rows(g[0].Rows))
+	}
+	lo, hi := g[0], g[len(g)-1]
+	return fmt.Sprintf("; forward graphs: %d nodes (%s) to %d (%s)", lo.Nodes, rows(lo.Rows), hi.Nodes, rows(hi.Rows))
 }
 
 // specPart is the stats line's speculative-decoding part,

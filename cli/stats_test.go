@@ -52,3 +52,20 @@ func TestSpecPart(t *testing.T) {
 		t.Errorf("specReport = %q, want %q", got, want)
 	}
 }
+
+func TestGraphNodesPart(t *testing.T) {
+	tests := []struct {
+		in   []stages.GraphNodes
+		want string
+	}{
+		{nil, ""},
+		{[]stages.GraphNodes{{Rows: 1, Nodes: 131}}, "; forward graph: 131 nodes (1 row)"},
+		{[]stages.GraphNodes{{Rows: 1, Nodes: 131}, {Rows: 8, Nodes: 140}, {Rows: 64, Nodes: 158}},
+			"; forward graphs: 131 nodes (1 row) to 158 (64 rows)"},
+	}
+	for _, tc := range tests {
+		if got := graphNodesPart(tc.in); got != tc.want {
+			t.Errorf("graphNodesPart(%v) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

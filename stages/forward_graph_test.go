@@ -3,6 +3,7 @@ package stages
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -22,16 +23,22 @@ import (
 type fakeGraphOps struct {
 	kernels.Ops
 	replays  int
+	captures int
 	failWith error // CaptureGraph fails with this when set
 }
 
 type fakeGraph struct {
-	fn  func() error
-	ops *fakeGraphOps
+	fn    func() error
+	ops   *fakeGraphOps
+	nodes int
 }
 
 func (g *fakeGraph) Replay() error { g.ops.replays++; return g.fn() }
 func (g *fakeGraph) Close() error  { return nil }
+
+// Nodes counts the graphs captured before it and this one, times 100: a
+// census the stats record (kernels/cuda.Graph's method).
+func (g *fakeGraph) Nodes() int { return g.nodes }
 
 func (f *fakeGraphOps) CaptureGraph(fn func() error) (interface {
 	Replay() error
@@ -43,7 +50,8 @@ func (f *fakeGraphOps) CaptureGraph(fn func() error) (interface {
 	if err := fn(); err != nil {
 		return nil, err
 	}
-	return &fakeGraph{fn: fn, ops: f}, nil
+	f.captures++
+	return &fakeGraph{fn: fn, ops: f, nodes: 100 * f.captures}, nil
 }
 
 // logitsCounting counts a model's ComputeLogits calls.
@@ -242,6 +250,10 @@ func checkGraphsMatchEager(t *testing.T, dir string) {
 	}
 	if got := eager.Stats.GraphSteps.Load(); got != 0 {
 		t.Errorf("eager runtime: Stats.GraphSteps = %d, want 0", got)
+	}
+	// The graphs of 2 and 4 rows, captured in that order, with their nodes.
+	if got, want := graphed.Stats.GraphNodes(), []GraphNodes{{2, 100}, {4, 200}}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("Stats.GraphNodes() = %v, want %v", got, want)
 	}
 	if rings := eager.Cache.Spec.RingLayers; rings > 0 && (len(eager.Cache.RingK) != rings || fake.replays == 0) {
 		t.Fatalf("%d ring layers, %d ring tensors, %d replays", rings, len(eager.Cache.RingK), fake.replays)

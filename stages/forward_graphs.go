@@ -290,6 +290,10 @@ func (d *decodeGraphs) capture(rt ForwardDeps, n int) (*decodeGraph, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The graph's launches, where the backend counts them (kernels/cuda.Graph).
+	if c, ok := g.graph.(interface{ Nodes() int }); ok {
+		rt.Stats.RecordGraphNodes(n, c.Nodes())
+	}
 	return g, nil
 }
 

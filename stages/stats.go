@@ -3,8 +3,10 @@ package stages
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -49,6 +51,47 @@ type Stats struct {
 
 	// Steps by kind (RecordStepTime; see StepTimes): count and time.
 	kindSteps, kindNanos [3]atomic.Int64
+
+	// The captured forward graphs' node counts by rows (RecordGraphNodes).
+	graphMu    sync.Mutex
+	graphNodes map[int]int
+}
+
+// GraphNodes is a captured forward graph's size: its decode rows and its
+// nodes (kernel launches, copies and memsets: a census of the forward
+// pass's launches).
+type GraphNodes struct {
+	Rows, Nodes int
+}
+
+// RecordGraphNodes records that the forward graph of rows decode rows has
+// nodes nodes. Nil-safe and safe for concurrent use.
+func (s *Stats) RecordGraphNodes(rows, nodes int) {
+	if s == nil {
+		return
+	}
+	s.graphMu.Lock()
+	defer s.graphMu.Unlock()
+	if s.graphNodes == nil {
+		s.graphNodes = map[int]int{}
+	}
+	s.graphNodes[rows] = nodes
+}
+
+// GraphNodes returns the recorded forward graphs' sizes by ascending rows
+// (nil on a nil Stats).
+func (s *Stats) GraphNodes() []GraphNodes {
+	if s == nil {
+		return nil
+	}
+	s.graphMu.Lock()
+	defer s.graphMu.Unlock()
+	out := make([]GraphNodes, 0, len(s.graphNodes))
+	for r, n := range s.graphNodes {
+		out = append(out, GraphNodes{r, n})
+	}
+	slices.SortFunc(out, func(a, b GraphNodes) int { return a.Rows - b.Rows })
+	return out
 }
 
 // StepKindTime is the steps of one kind and the mean time one took, from
