@@ -160,8 +160,10 @@ func (s *scratch) linearInputDType(rows int, ws ...kernels.Tensor) kernels.DType
 }
 
 // get returns the buffer called name, shaped [rows, cols] in the activation
-// dtype, allocating it on first use. An allocation error is kept in s.err and
-// the result is then nil.
+// dtype, allocating it on first use, without a zero fill where the backend
+// allows (kernels.AllocEmpty): every operation writes all of its output
+// before anything reads it (TestScratchWrittenBeforeRead). An allocation
+// error is kept in s.err and the result is then nil.
 func (s *scratch) get(name string, rows, cols int) kernels.Tensor {
 	return s.getTyped(name, s.ops.ActivationDType(), rows, cols)
 }
@@ -172,7 +174,7 @@ func (s *scratch) getTyped(name string, dt kernels.DType, rows, cols int) kernel
 	if t, ok := s.bufs[key]; ok {
 		return t
 	}
-	t, err := s.ops.Alloc(dt, rows, cols)
+	t, err := kernels.AllocEmpty(s.ops, dt, rows, cols)
 	if err != nil {
 		if s.err == nil {
 			s.err = err
