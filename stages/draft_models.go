@@ -479,7 +479,7 @@ func (p *mtpDrafter) runChain(ctx context.Context, c *mtpChain) error {
 	}
 	// Depth 1 is fed the first pass's output at the hidden rows.
 	m := c.rows[1]
-	out, err := ops.Alloc(c.first.DType(), m, c.first.Shape()[1])
+	out, err := kernels.AllocEmpty(ops, c.first.DType(), m, c.first.Shape()[1]) // every row embedded
 	if idx := prefix(at, 0, m); err == nil {
 		err = ops.Embedding(out, c.first, idx)
 	}

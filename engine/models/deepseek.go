@@ -290,7 +290,7 @@ func (m *deepseek) Forward(ctx context.Context, cache *KVCache, b *ForwardBatch)
 			return nil, fmt.Errorf("models: %s: layer %d: %w", m.arch, i, err)
 		}
 	}
-	out, err := ops.Alloc(ops.ActivationDType(), t, h)
+	out, err := kernels.AllocEmpty(ops, ops.ActivationDType(), t, h) // Add writes every element
 	if err != nil {
 		return nil, err
 	}

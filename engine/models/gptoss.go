@@ -386,7 +386,7 @@ func (m *gptOss) layer(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid
 	if err := ops.AddRMSNorm(x, resid, delta, ly.postNorm, m.eps); err != nil {
 		return err
 	}
-	ids, err := ops.Alloc(kernels.I32, t, m.route.TopK)
+	ids, err := kernels.AllocEmpty(ops, kernels.I32, t, m.route.TopK) // the routing writes every id
 	if err != nil {
 		return err
 	}

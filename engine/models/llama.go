@@ -347,7 +347,7 @@ func runDecoder(ctx context.Context, ops kernels.Ops, arch string, cache *KVCach
 			return nil, fmt.Errorf("models: %s: layer %d: %w", arch, i, err)
 		}
 	}
-	out, err := ops.Alloc(ops.ActivationDType(), t, hidden)
+	out, err := kernels.AllocEmpty(ops, ops.ActivationDType(), t, hidden) // Add writes every element
 	if err != nil {
 		return nil, err
 	}

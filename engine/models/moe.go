@@ -51,7 +51,7 @@ func moeForward(ops kernels.Ops, w *moeWeights, route kernels.RouteParams, numEx
 	if s.err != nil {
 		return s.err
 	}
-	ids, err := ops.Alloc(kernels.I32, t, route.TopK)
+	ids, err := kernels.AllocEmpty(ops, kernels.I32, t, route.TopK) // the routing writes every id
 	if err != nil {
 		return err
 	}

@@ -99,7 +99,7 @@ func (p *MTP) Forward(ctx context.Context, k int, cache *KVCache, b *ForwardBatc
 	if err := m.layer(&ly.block, true, cache.K[k], s, b, resid, delta); err != nil {
 		return nil, fmt.Errorf("models: %s: mtp depth %d: %w", m.arch, k, err)
 	}
-	out, err := ops.Alloc(ops.ActivationDType(), t, h)
+	out, err := kernels.AllocEmpty(ops, ops.ActivationDType(), t, h) // Add writes every element
 	if err != nil {
 		return nil, err
 	}

@@ -1,71 +1,131 @@
 package models
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu"
+	"github.com/deepinfer/deepinfer-go/kernels/opstest"
 )
-
-// nanEmpty hands out AllocEmpty tensors filled with NaN, where a backend
-// without the zero fill would hand out whatever its cache held: a read of
-// an element nobody wrote shows in the results.
-type nanEmpty struct {
-	*cpu.Backend // every operation of the CPU backend, its optional ones included
-	calls        int
-}
-
-func (n *nanEmpty) AllocEmpty(dt kernels.DType, shape ...int) (kernels.Tensor, error) {
-	n.calls++
-	t, err := n.Backend.Alloc(dt, shape...)
-	if err != nil || dt.Size() == 0 {
-		return t, err
-	}
-	raw := make([]byte, kernels.NumElements(t)*dt.Size())
-	for i := range raw {
-		raw[i] = 0xFF // NaN in F32, BF16 and F16; -1 in I32
-	}
-	return t, n.Backend.Upload(t, raw, dt)
-}
 
 // TestScratchWrittenBeforeRead: the models' scratch buffers come without a
 // zero fill (kernels.AllocEmpty), so each must be written before it is
 // read. With the empty ones filled with NaN, every architecture's logits
 // over a prefill, a decode step and a batch of both equal those with
-// zero-filled scratch, bit for bit (the Llama and DeepSeek families and
-// Gemma 3).
+// zero-filled scratch, bit for bit (the Llama and DeepSeek families,
+// Gemma 3, gpt-oss, and DeepSeek-V3's MTP layer).
 func TestScratchWrittenBeforeRead(t *testing.T) {
 	base := newBackend(t, 2)
+	fixture := func(dir string) func(*testing.T, kernels.Ops) Model {
+		return func(t *testing.T, ops kernels.Ops) Model {
+			m, err := Builtin().Load(ops, dir, Options{MaxModelLen: 64})
+			if err != nil {
+				t.Skipf("no fixture: %v", err)
+			}
+			return m
+		}
+	}
+	t.Run("gpt-oss", func(t *testing.T) { checkEmptyScratch(t, base, fixture(fixtureDir+"/gpt-oss/f32"), gptOssSteps) })
+	t.Run("deepseek-v3-mtp", func(t *testing.T) { checkEmptyScratch(t, base, fixture(fixtureDir+"/deepseek-v3/f32"), mtpSteps) })
 	for _, name := range append(append([]string{}, tinyNames...), "gemma3") {
 		t.Run(name, func(t *testing.T) {
-			r := rand.New(rand.NewPCG(31, 7))
-			prompt, next, other := randomIDs(r, 7, 97), randomIDs(r, 1, 97), randomIDs(r, 5, 97)
-			var outs [2][][]float32
-			empty := &nanEmpty{Backend: base}
-			for i, ops := range []kernels.Ops{base, empty} {
-				var m Model
+			load := func(t *testing.T, ops kernels.Ops) Model {
 				if name == "gemma3" { // its sliding-window layers paged
-					m, _ = gemma3Model(t, ops, "pattern", true)
-				} else {
-					m, _ = tinyModel(t, ops, name, kernels.BF16)
+					m, _ := gemma3Model(t, ops, "pattern", true)
+					return m
 				}
-				cache := mustCache(t, m)
-				a, _ := step(t, m, cache, seqStep{prompt, 0, []int32{3, 1}})
-				b, _ := step(t, m, cache, seqStep{next, len(prompt), []int32{3, 1}}, seqStep{other, 0, []int32{0, 2}})
-				outs[i] = append(a, b...)
+				m, _ := tinyModel(t, ops, name, kernels.BF16)
+				return m
 			}
-			if empty.calls == 0 {
-				t.Fatal("no scratch buffer came from AllocEmpty")
-			}
-			for p := range outs[0] {
-				for j, v := range outs[1][p] {
-					if math.IsNaN(float64(v)) || math.Float32bits(v) != math.Float32bits(outs[0][p][j]) {
-						t.Fatalf("row %d, logit %d: %v with NaN-filled scratch, %v with zeroed", p, j, v, outs[0][p][j])
-					}
-				}
-			}
+			checkEmptyScratch(t, base, load, pagedSteps)
 		})
 	}
+}
+
+// checkEmptyScratch loads a model on base and on base with NaN-filled empty
+// allocations, runs steps on each, and wants the same bits.
+func checkEmptyScratch(t *testing.T, base *cpu.Backend, load func(*testing.T, kernels.Ops) Model, steps func(*testing.T, Model) [][]float32) {
+	var outs [2][][]float32
+	empty := &opstest.NaNEmpty{Backend: base}
+	for i, ops := range []kernels.Ops{base, empty} {
+		outs[i] = steps(t, load(t, ops))
+	}
+	if empty.EmptyAllocs() == 0 {
+		t.Fatal("no buffer came from AllocEmpty")
+	}
+	for p := range outs[0] {
+		for j, v := range outs[1][p] {
+			if math.IsNaN(float64(v)) || math.Float32bits(v) != math.Float32bits(outs[0][p][j]) {
+				t.Fatalf("row %d, logit %d: %v with NaN-filled scratch, %v with zeroed", p, j, v, outs[0][p][j])
+			}
+		}
+	}
+}
+
+// pagedSteps: a prefill, then a decode row beside another prompt.
+func pagedSteps(t *testing.T, m Model) [][]float32 {
+	r := rand.New(rand.NewPCG(31, 7))
+	prompt, next, other := randomIDs(r, 7, 97), randomIDs(r, 1, 97), randomIDs(r, 5, 97)
+	cache := mustCache(t, m)
+	a, _ := step(t, m, cache, seqStep{prompt, 0, []int32{3, 1}})
+	b, _ := step(t, m, cache, seqStep{next, len(prompt), []int32{3, 1}}, seqStep{other, 0, []int32{0, 2}})
+	return append(a, b...)
+}
+
+// gptOssSteps: a prefill and a decode row, its window layer in a ring.
+func gptOssSteps(t *testing.T, m Model) [][]float32 {
+	r := rand.New(rand.NewPCG(5, 9))
+	prompt := randomIDs(r, 9, 64)
+	table := newBlockPool(r, 16).table(4, len(prompt)+1)
+	cache := ringCache(t, m, 16, 4, 2)
+	a := ringStep(t, m, cache, ringSeq{prompt, 0, table, 1})
+	return append(a, ringStep(t, m, cache, ringSeq{randomIDs(r, 1, 64), len(prompt), table, 1})...)
+}
+
+// mtpSteps: the main model's prefill and a decode row, each followed by the
+// MTP layer's pass over the same positions fed their hidden states.
+func mtpSteps(t *testing.T, m Model) [][]float32 {
+	r := rand.New(rand.NewPCG(6, 2))
+	prompt, next := randomIDs(r, 7, 64), randomIDs(r, 1, 64)
+	table := newBlockPool(r, 16).table(4, len(prompt)+1)
+	cache, mcache := mustCacheOf(t, m.NewKVCache), mustCacheOf(t, mtpOf(t, m).NewKVCache)
+	var out [][]float32
+	for _, s := range []seqStep{{prompt, 0, table}, {next, len(prompt), table}} {
+		lg, hidden := step(t, m, cache, s)
+		h := HostBatch{BlockSize: 4}
+		h.AddSequence(s.ids, s.numCached, s.table)
+		b, err := h.Upload(opsOf(m), 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mo, err := m.MTP().Forward(context.Background(), 0, mcache, b, hidden)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ml, err := m.MTP().ComputeLogits(0, mo, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(append(out, lg...), rowsOf(t, opsOf(m), ml)...)
+	}
+	return out
+}
+
+func mtpOf(t *testing.T, m Model) *MTP {
+	if m.MTP() == nil {
+		t.Fatal("the checkpoint has no MTP layer")
+	}
+	return m.MTP()
+}
+
+// mustCacheOf returns newCache's cache of 16 blocks of 4.
+func mustCacheOf(t *testing.T, newCache func(numBlocks, blockSize int) (*KVCache, error)) *KVCache {
+	c, err := newCache(16, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
