@@ -262,47 +262,52 @@ func TestSpeculativeDrafterErrors(t *testing.T) {
 	}
 }
 
-// The models' and the MTP drafter's buffers without the zero fill
+// The models' and the model drafters' buffers without the zero fill
 // (kernels.AllocEmpty) are written before they are read: on a backend that
-// fills them with NaN, the shipped model's MTP drafting gives the same
-// tokens and accepts the same drafts as on the plain CPU backend, ZOS off
-// and on. (A draft computed from an unwritten element would be NaN logits'
-// argmax, and its acceptance would change.)
-func TestSpeculativeMTPEmptyBuffers(t *testing.T) {
+// fills them with NaN, the shipped model's MTP drafting and its DSpark
+// drafter give the same tokens and accept the same drafts as on the plain
+// CPU backend, ZOS off and on. (A draft computed from an unwritten element
+// would be NaN logits' argmax, and its acceptance would change.)
+func TestSpeculativeEmptyBuffers(t *testing.T) {
 	dir := filepath.Join("..", "assets", "deepseek-tiny")
 	b := cpu.New(cpu.Options{Threads: 2})
 	defer b.Close()
-	empty := &opstest.NaNEmpty{Backend: b}
-	for _, zos := range []bool{false, true} {
-		var want [][]int
-		var wantAccepted int64
-		for i, ops := range []kernels.Ops{b, empty} {
-			l, err := NewLLM(tinyConfig(t, dir, func(c *config.Config) {
-				c.ZOS.Enabled = zos
-				c.Speculative.Method = "mtp"
-				c.Speculative.NumSpeculativeTokens = 3
-			}), Options{Backend: ops})
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := generate(t, l, prompts(4), greedy(24))
-			spec := l.StepStats().Spec()
-			if err := l.Close(); err != nil {
-				t.Fatal(err)
-			}
-			if spec.NumDraftTokens == 0 {
-				t.Fatalf("zos %v: nothing drafted", zos)
-			}
-			if i == 0 {
-				want, wantAccepted = got, spec.NumAcceptedTokens
-				continue
-			}
-			if !reflect.DeepEqual(got, want) || spec.NumAcceptedTokens != wantAccepted {
-				t.Errorf("zos %v: NaN-filled empty buffers: %d drafts accepted, %v; zero-filled: %d, %v", zos, spec.NumAcceptedTokens, got, wantAccepted, want)
+	for _, method := range []string{"mtp", "dspark"} {
+		empty := &opstest.NaNEmpty{Backend: b}
+		for _, zos := range []bool{false, true} {
+			var want [][]int
+			var wantAccepted int64
+			for i, ops := range []kernels.Ops{b, empty} {
+				l, err := NewLLM(tinyConfig(t, dir, func(c *config.Config) {
+					c.ZOS.Enabled = zos
+					c.Speculative.Method = method
+					c.Speculative.NumSpeculativeTokens = 3
+					if method == "dspark" {
+						c.Speculative.DraftModel = filepath.Join("..", "assets", "dspark-tiny")
+					}
+				}), Options{Backend: ops})
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := generate(t, l, prompts(4), greedy(24))
+				spec := l.StepStats().Spec()
+				if err := l.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if spec.NumDraftTokens == 0 {
+					t.Fatalf("%s zos %v: nothing drafted", method, zos)
+				}
+				if i == 0 {
+					want, wantAccepted = got, spec.NumAcceptedTokens
+					continue
+				}
+				if !reflect.DeepEqual(got, want) || spec.NumAcceptedTokens != wantAccepted {
+					t.Errorf("%s zos %v: NaN-filled empty buffers: %d drafts accepted, %v; zero-filled: %d, %v", method, zos, spec.NumAcceptedTokens, got, wantAccepted, want)
+				}
 			}
 		}
-	}
-	if empty.EmptyAllocs() == 0 {
-		t.Fatal("no buffer came from AllocEmpty")
+		if empty.EmptyAllocs() == 0 {
+			t.Fatalf("%s: no buffer came from AllocEmpty", method)
+		}
 	}
 }

@@ -338,7 +338,7 @@ func (d *DSpark) draft(ctx context.Context, hidden kernels.Tensor, rows, last []
 		return err
 	}
 	p := &DSparkPass{Last: ts[1], Layout: ts[2]}
-	if p.Feat, err = ops.Alloc(ops.ActivationDType(), b, d.cfg.TargetHiddenSize); err != nil {
+	if p.Feat, err = kernels.AllocEmpty(ops, ops.ActivationDType(), b, d.cfg.TargetHiddenSize); err != nil { // every row embedded
 		return err
 	}
 	if err := ops.Embedding(p.Feat, hidden, ts[0]); err != nil {
@@ -575,11 +575,11 @@ func (d *DSpark) block(p *DSparkPass, b int) (kernels.Tensor, error) {
 	if kd, ok := ops.(kernels.KVCacheDTyper); ok {
 		cacheDT = kd.KVCacheDType(d.layers[0].o.DType())
 	}
-	kCache, err := ops.Alloc(cacheDT, b, stride, att)
+	kCache, err := kernels.AllocEmpty(ops, cacheDT, b, stride, att) // every slot written: the layout fills all k+1 a row
 	if err != nil {
 		return nil, err
 	}
-	vCache, err := ops.Alloc(cacheDT, b, stride, att)
+	vCache, err := kernels.AllocEmpty(ops, cacheDT, b, stride, att)
 	if err != nil {
 		return nil, err
 	}
@@ -678,7 +678,7 @@ func (d *DSpark) correct(ctx context.Context, p *DSparkPass, x kernels.Tensor, b
 	if s.err != nil {
 		return s.err
 	}
-	logits, err := ops.Alloc(kernels.F32, b, cfg.VocabSize)
+	logits, err := kernels.AllocEmpty(ops, kernels.F32, b, cfg.VocabSize) // the LM head writes every row
 	if err != nil {
 		return err
 	}
