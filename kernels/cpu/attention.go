@@ -625,6 +625,10 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 		limit = b.mla.groupFloats
 	}
 	groupRows := max(rowChunk, limit/(p.NumHeads*(p.KVLoraRank+p.RopeDim)))
+	segKeys := mlaSegmentKeys
+	if b.mla.segmentKeys > 0 {
+		segKeys = b.mla.segmentKeys
+	}
 	g, _ := b.mla.groups.Get().(*mlaGroup)
 	if g == nil {
 		g = &mlaGroup{}
@@ -637,31 +641,174 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 		}
 		g.size(p, hi-lo)
 		b.run.For(p.NumHeads, func(h0, h1 int) { b.absorbMLA(g, p, qs.f32, wuk, lo, hi, h0, h1) })
-		b.run.For(e-a, func(i0, i1 int) {
-			rows := 0
-			for _, it := range items[a+i0 : a+i1] {
-				rows = max(rows, it.r1-it.r0)
-			}
-			tile := min(keyTile, pl.maxK)
-			s, _ := b.mla.scratch.Get().(*mlaScratch)
-			if s == nil || !s.fits(p, rows, tile, c.dtype) {
-				s = newMLAScratch(p, rows, tile, c.dtype)
-			}
-			chunk := items[a+i0 : a+i1]
-			for j, it := range chunk {
-				var next *attnItem
-				if j+1 < len(chunk) {
-					next = &chunk[j+1]
+		if units := mlaUnits(items[a:e], pl, segKeys); len(units) > e-a {
+			b.attendMLASegments(items[a:e], units, pl, p, c, g, lo)
+		} else {
+			b.run.For(e-a, func(i0, i1 int) {
+				s := b.mlaScratchFor(p, items[a+i0:a+i1], pl, c.dtype)
+				chunk := items[a+i0 : a+i1]
+				for j, it := range chunk {
+					var next *attnItem
+					if j+1 < len(chunk) {
+						next = &chunk[j+1]
+					}
+					_, kEnd := pl.visible(it.r1 - 1)
+					b.attendMLA(it, next, pl, p, c, g, lo, s, 0, kEnd, mlaOut{})
 				}
-				b.attendMLA(it, next, pl, p, c, g, lo, s)
-			}
-			b.mla.scratch.Put(s)
-		})
+				b.mla.scratch.Put(s)
+			})
+		}
 		b.run.For(p.NumHeads, func(h0, h1 int) { b.projectMLA(g, p, w, o.f32, lo, hi, h0, h1) })
 		a = e
 	}
 	b.mla.groups.Put(g)
 	return nil
+}
+
+// mlaSegmentKeys is the span of keys, aligned on absolute key positions,
+// that one unit of MLAAttention's work attends: a row that sees more keys
+// is attended segment by segment, each segment with its own softmax state
+// (the tiles of keyTile keys in order, as for a whole row), and the
+// segments' states are merged in segment order (mergeMLASegments). So the
+// segments of one long row run on different workers, as a decode row at
+// batch 1 otherwise keeps one core busy while the others wait, and a row's
+// bits depend only on its own key count: the same alone or in any batch,
+// under any thread count. A row of at most this many keys is computed as
+// before, bit for bit. A multiple of keyTile.
+const mlaSegmentKeys = 512
+
+// mlaUnit is one segment of an item: its keys [k0, k1).
+type mlaUnit struct {
+	item, k0, k1 int
+}
+
+// mlaUnits returns the segments of items (see mlaSegmentKeys), in item
+// order and key order within an item.
+func mlaUnits(items []attnItem, pl *attnPlan, segKeys int) []mlaUnit {
+	var units []mlaUnit
+	for i, it := range items {
+		_, kEnd := pl.visible(it.r1 - 1)
+		for k0 := 0; k0 < kEnd || k0 == 0; k0 += segKeys {
+			units = append(units, mlaUnit{i, k0, min(k0+segKeys, kEnd)})
+		}
+	}
+	return units
+}
+
+// mlaOut is where attendMLA leaves a segment's unnormalized state: the
+// latent sums of its rows (acc, [rows][heads][KVLoraRank]) and each row
+// and head's running max and sum (m, l). Zero: the item's rows of g.olat,
+// normalized.
+type mlaOut struct {
+	acc, m, l []float32
+}
+
+// mlaScratchFor returns attendMLA's scratch for the items (their largest
+// row count and the plan's longest tile); the caller puts it back.
+func (b *Backend) mlaScratchFor(p kernels.MLAParams, items []attnItem, pl *attnPlan, cdt kernels.DType) *mlaScratch {
+	rows := 0
+	for _, it := range items {
+		rows = max(rows, it.r1-it.r0)
+	}
+	tile := min(keyTile, pl.maxK)
+	s, _ := b.mla.scratch.Get().(*mlaScratch)
+	if s == nil || !s.fits(p, rows, tile, cdt) {
+		s = newMLAScratch(p, rows, tile, cdt)
+	}
+	return s
+}
+
+// attendMLASegments attends items segment by segment (units, from
+// mlaUnits), the units dealt to the workers, each segment's state kept
+// apart, then merges every item's segments into its rows of g.olat.
+// Cost: attendMLA's, plus (heads*rows)*(KVLoraRank+2) floats a unit and
+// one pass over them.
+func (b *Backend) attendMLASegments(items []attnItem, units []mlaUnit, pl *attnPlan, p kernels.MLAParams, c *Tensor, g *mlaGroup, lo int) {
+	nh, kvl := p.NumHeads, p.KVLoraRank
+	off := make([]int, len(units)+1) // unit u's rows*heads start at off[u]
+	for u, un := range units {
+		it := items[un.item]
+		off[u+1] = off[u] + (it.r1-it.r0)*nh
+	}
+	buf, done := poolFloats(&b.mla.parts, off[len(units)]*(kvl+2))
+	defer done()
+	part := func(u int) mlaOut {
+		r0, r1 := off[u], off[u+1]
+		acc, ms := buf[r0*kvl:r1*kvl], buf[off[len(units)]*kvl:]
+		return mlaOut{acc: acc, m: ms[2*r0 : 2*r0+(r1-r0)], l: ms[2*r0+(r1-r0) : 2*r1]}
+	}
+	b.run.For(len(units), func(u0, u1 int) {
+		var its []attnItem
+		for _, un := range units[u0:u1] {
+			its = append(its, items[un.item])
+		}
+		s := b.mlaScratchFor(p, its, pl, c.dtype)
+		for u := u0; u < u1; u++ {
+			b.attendMLA(items[units[u].item], nil, pl, p, c, g, lo, s, units[u].k0, units[u].k1, part(u))
+		}
+		b.mla.scratch.Put(s)
+	})
+	b.run.For(len(items), func(i0, i1 int) {
+		u := 0
+		for i := i0; i < i1; i++ {
+			for u < len(units) && units[u].item < i {
+				u++
+			}
+			var segs []mlaOut
+			for ; u < len(units) && units[u].item == i; u++ {
+				segs = append(segs, part(u))
+			}
+			it := items[i]
+			r := (it.r1 - it.r0) * nh
+			mergeMLASegments(g.olat[(it.r0-lo)*nh*kvl:(it.r0-lo)*nh*kvl+r*kvl], segs, r, kvl)
+		}
+	})
+}
+
+// mergeMLASegments writes into out the normalized latent outputs of r
+// rows (rows*heads) from their segments' states, in segment order: with
+// m the largest running max of the segments a row saw keys in, each such
+// segment s weighs exp(m_s - m), out = (sum of acc_s weighted) / (sum of
+// l_s weighted), the first segment's product taken as it is, each
+// following one added, every product rounded on its own (no fused
+// multiply-add, so that every build gives the same bits). A row whose
+// keys all lie in one segment gets weight exp(0) = 1: the bits of the row
+// attended whole.
+func mergeMLASegments(out []float32, segs []mlaOut, r, kvl int) {
+	for rr := range r {
+		m := float32(math.Inf(-1))
+		for _, sg := range segs {
+			if sg.l[rr] > 0 {
+				m = max(m, sg.m[rr])
+			}
+		}
+		row := out[rr*kvl : (rr+1)*kvl]
+		var l float32
+		first := true
+		for _, sg := range segs {
+			if sg.l[rr] <= 0 {
+				continue
+			}
+			w := float32(math.Exp(float64(sg.m[rr] - m)))
+			acc := sg.acc[rr*kvl : (rr+1)*kvl]
+			if first {
+				l = float32(sg.l[rr] * w)
+				for e := range row {
+					row[e] = float32(acc[e] * w)
+				}
+				first = false
+				continue
+			}
+			l += float32(sg.l[rr] * w)
+			for e := range row {
+				row[e] += float32(acc[e] * w)
+			}
+		}
+		inv := 1 / l
+		for e := range row {
+			row[e] *= inv
+		}
+	}
 }
 
 // mlaGroupFloats bounds the absorbed query rows MLAAttention keeps at once
@@ -769,9 +916,10 @@ type mlaCache struct {
 	scratch sync.Pool // *mlaScratch
 	groups  sync.Pool // *mlaGroup
 	work    sync.Pool // *[]float32: absorbMLA's and projectMLA's rows of a head
+	parts   sync.Pool // *[]float32: attendMLASegments' segment states
 	// groupFloats replaces mlaGroupFloats when positive (tests: groups of
-	// a few items).
-	groupFloats int
+	// a few items), segmentKeys mlaSegmentKeys (tests: short segments).
+	groupFloats, segmentKeys int
 }
 
 // floats returns a buffer of n float32 from the pool (contents unset) and
@@ -893,19 +1041,21 @@ func (b *Backend) absorbMLA(g *mlaGroup, p kernels.MLAParams, q, wuk []float32, 
 // come from OnlineSoftmax, and the latent outputs accumulate the
 // probability-weighted cache rows (AccumRows, in key order, no transpose
 // of V) into g.olat, all of it independent of the other rows of the call.
-func (b *Backend) attendMLA(it attnItem, next *attnItem, pl *attnPlan, p kernels.MLAParams, cache *Tensor, g *mlaGroup, lo int, s *mlaScratch) {
+func (b *Backend) attendMLA(it attnItem, next *attnItem, pl *attnPlan, p kernels.MLAParams, cache *Tensor, g *mlaGroup, lo int, s *mlaScratch, k0, kEnd int, seg mlaOut) {
 	nh, kvl := p.NumHeads, p.KVLoraRank
 	width := kvl + p.RopeDim
 	r := (it.r1 - it.r0) * nh
 	x := g.x[(it.r0-lo)*nh*width : (it.r0-lo)*nh*width+r*width]
-	acc := g.olat[(it.r0-lo)*nh*kvl : (it.r0-lo)*nh*kvl+r*kvl]
-	_, kEnd := pl.visible(it.r1 - 1)
+	acc := seg.acc
+	if acc == nil {
+		acc = g.olat[(it.r0-lo)*nh*kvl : (it.r0-lo)*nh*kvl+r*kvl]
+	}
 	half := cache.dtype == kernels.F16
 	sm := s.sm
 	sm.reset(r)
 	clear(acc)
 	fetched := false
-	for t0 := 0; t0 < kEnd; t0 += keyTile {
+	for t0 := k0; t0 < kEnd; t0 += keyTile {
 		n := min(keyTile, kEnd-t0)
 		slots := s.slots[:n]
 		pl.slots(slots, it.seq, t0)
@@ -945,6 +1095,11 @@ func (b *Backend) attendMLA(it attnItem, next *attnItem, pl *attnPlan, p kernels
 			}
 		}
 		b.k.accumRows(acc, sm.alpha, scores, kv, rows, width, r, kvl)
+	}
+	if seg.acc != nil { // a segment: its state, unnormalized
+		copy(seg.m, sm.m[:r])
+		copy(seg.l, sm.l[:r])
+		return
 	}
 	for rr := range r {
 		inv := 1 / sm.l[rr]

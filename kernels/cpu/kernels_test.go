@@ -627,13 +627,29 @@ func singleSeqMeta(t testing.TB, b *Backend, m *kernels.AttentionMetadata, s int
 
 // TestMLAAttention checks absorbed latent attention against the explicit
 // form: k_nope = W_UK c_kv, v = W_UV c_kv, standard attention on
-// [q_nope, q_pe] . [k_nope, k_pe].
+// [q_nope, q_pe] . [k_nope, k_pe]; with the default key segments (every
+// row here in one) and with segments of one key tile, so that the longest
+// sequence's rows span three segments merged (mlaSegmentKeys). Either way a
+// row's bits are the same alone, in a batch, as verify rows, in groups,
+// under 1, 2 or 3 threads and on the portable Go path.
 func TestMLAAttention(t *testing.T) {
+	for _, seg := range []int{0, keyTile} {
+		t.Run(fmt.Sprintf("segment keys %d", seg), func(t *testing.T) { testMLAAttention(t, seg) })
+	}
+}
+
+func testMLAAttention(t *testing.T, segKeys int) {
 	const nh, nope, rope, kvl, vd, bs, numBlocks = 3, 8, 4, 12, 6, 4, 96
 	b := newTestBackend(t, 2)
+	b.mla.segmentKeys = segKeys
 	r := rand.New(rand.NewPCG(8, 8))
 	specs := []seqSpec{{4, 4}, {2, 7}, {1, 10}, {45, 270}}
 	m, slots := pagedBatch(t, b, r, specs, bs, numBlocks)
+	others := []*Backend{newTestBackend(t, 1), newTestBackend(t, 3), New(Options{Threads: 2, PureGo: true})}
+	t.Cleanup(func() { others[2].Close() })
+	for _, o := range others {
+		o.mla.segmentKeys = segKeys
+	}
 	for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
 		w := roundTo(dt, randVals(r, nh*(nope+vd)*kvl, 0.5))
 		wt := put(t, b, dt, w, nh*(nope+vd), kvl)
@@ -679,6 +695,15 @@ func TestMLAAttention(t *testing.T) {
 			t.Fatal(err)
 		}
 		checkClose(t, fmt.Sprintf("mla %v", dt), vals(out), want, 1e-5)
+		// Other thread counts and the portable Go path: the same bits
+		// (tensors of one CPU backend serve another).
+		for i, ob := range others {
+			oo := alloc(t, b, m.NumTokens, nh*vd)
+			if err := ob.MLAAttention(oo, put(t, b, kernels.F32, qAll, m.NumTokens, nh*(nope+rope)), cache, wt, m, p); err != nil {
+				t.Fatal(err)
+			}
+			checkIdentical(t, fmt.Sprintf("mla %v on backend %d (1, 3 threads, Go path)", dt, i), vals(oo), vals(out))
+		}
 		// Items absorbed and projected in groups of at most rowChunk rows
 		// (here 7, 32 and 13 rows) give the bits of one group.
 		b.mla.groupFloats = rowChunk * nh * (kvl + rope)
