@@ -88,6 +88,14 @@ func BenchmarkMLAAttention(b *testing.B) {
 			})
 		}
 	}
+	// One decode row over 2048 keys: four key segments (mlaSegmentKeys)
+	// dealt to the workers and merged, where the row was one worker's
+	// before. 2-core AMD EPYC, AVX-512, old and new test binaries
+	// alternating three times: 120-146 -> 76-93 µs (k512, one segment:
+	// 40-47 µs either way).
+	b.Run("batch1/q1-k2048", func(b *testing.B) {
+		benchMLA(b, 1, seqSpec{1, 2048}, kernels.F32, 1)
+	})
 	// A batched decode step of short sequences, where each head's
 	// absorption and projection weigh more than with 512 keys. Absorbing
 	// and projecting all 64 rows in one product per head instead of one
