@@ -63,6 +63,18 @@ var tinyConfigs = map[string]string{
 // tinyNames is the order tests walk tinyConfigs in.
 var tinyNames = []string{"llama", "mistral", "qwen2", "qwen3", "qwen3-moe", "mixtral", "deepseek-v2", "deepseek-v3"}
 
+// tinyWeights returns the tiny config called name and random weights for
+// it in dtype, drawn from seed.
+func tinyWeights(t testing.TB, name string, dtype kernels.DType, seed uint64) (*weights.Config, MemWeights) {
+	t.Helper()
+	cfg := parseConfig(t, tinyConfigs[name])
+	w, err := RandomWeights(cfg, dtype, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, w
+}
+
 // testMaxLen bounds the RoPE tables of test models.
 const testMaxLen = 256
 

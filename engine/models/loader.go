@@ -1,6 +1,7 @@
 package models
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 	"strings"
@@ -302,6 +303,37 @@ func (l *loader) countName(format string, n int64) {
 		l.bytes = map[string]int64{}
 	}
 	l.bytes[format] += n
+}
+
+// sameStored reports whether the tensors a and b are stored as the same
+// dtype, shape and bytes, FP8 scales ("_scale_inv") included, so that one
+// loaded copy serves both. False when either is missing or stored
+// block-quantized (a GGUF file's blocks are not compared). Cost: one pass
+// over both tensors' bytes.
+func (l *loader) sameStored(a, b string) bool {
+	if !l.src.Has(a) || !l.src.Has(b) {
+		return false
+	}
+	if bs, ok := l.src.(blockSource); ok {
+		for _, name := range []string{a, b} {
+			if _, quant, err := bs.Blocks(name); err != nil || quant {
+				return false
+			}
+		}
+	}
+	same := func(a, b string) bool {
+		ta, err := l.src.Tensor(a)
+		if err != nil {
+			return false
+		}
+		tb, err := l.src.Tensor(b)
+		return err == nil && ta.DType == tb.DType && slices.Equal(ta.Shape, tb.Shape) && bytes.Equal(ta.Data, tb.Data)
+	}
+	sa, sb := a+"_scale_inv", b+"_scale_inv"
+	if l.src.Has(sa) || l.src.Has(sb) {
+		return same(a, b) && same(sa, sb)
+	}
+	return same(a, b)
 }
 
 // matrix uploads a weight in its stored dtype (FP8 with its scales): the

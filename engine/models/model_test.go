@@ -30,11 +30,7 @@ func TestUnknownArchitecture(t *testing.T) {
 
 func TestMissingAndMisshapedWeights(t *testing.T) {
 	ops := newBackend(t, 1)
-	cfg := parseConfig(t, tinyConfigs["qwen3"])
-	w, err := RandomWeights(cfg, kernels.BF16, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, w := tinyWeights(t, "qwen3", kernels.BF16, 1)
 	name := "model.layers.1.self_attn.k_norm.weight"
 	missing := MemWeights{}
 	for k, v := range w {
@@ -42,7 +38,7 @@ func TestMissingAndMisshapedWeights(t *testing.T) {
 			missing[k] = v
 		}
 	}
-	_, err = Builtin().New(ops, cfg, missing, Options{MaxModelLen: 8})
+	_, err := Builtin().New(ops, cfg, missing, Options{MaxModelLen: 8})
 	if !errors.Is(err, ErrWeights) || !strings.Contains(err.Error(), name) {
 		t.Errorf("missing tensor: err = %v, want ErrWeights naming %s", err, name)
 	}

@@ -42,11 +42,19 @@ func (m *deepseek) loadMTP(l *loader) *MTP {
 			headNorm: l.vector(p+"shared_head.norm.weight", h),
 			block:    m.loadLayer(l, i),
 		}
-		if l.src.Has(p + "embed_tokens.weight") {
-			ly.embed = l.matrix(p+"embed_tokens.weight", cfg.VocabSize, h)
+		// DeepSeek's checkpoints store the layer's embedding and head as
+		// copies of the model's (the MTP module shares them): a copy that
+		// is the same bytes is not loaded again, which keeps the memory
+		// and, at every drafting pass, the caches for other weights.
+		lmHead := "lm_head.weight"
+		if cfg.TieWordEmbeddings {
+			lmHead = "model.embed_tokens.weight"
 		}
-		if l.src.Has(p + "shared_head.head.weight") {
-			ly.head = l.matrix(p+"shared_head.head.weight", cfg.VocabSize, h)
+		if name := p + "embed_tokens.weight"; l.src.Has(name) && !l.sameStored(name, "model.embed_tokens.weight") {
+			ly.embed = l.matrix(name, cfg.VocabSize, h)
+		}
+		if name := p + "shared_head.head.weight"; l.src.Has(name) && !l.sameStored(name, lmHead) {
+			ly.head = l.matrix(name, cfg.VocabSize, h)
 		}
 		mtp.layers = append(mtp.layers, ly)
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/deepinfer/deepinfer-go/engine/weights"
 	"github.com/deepinfer/deepinfer-go/kernels"
 )
 
@@ -16,11 +17,7 @@ import (
 // holding part of an MTP layer is still an error.
 func TestCheckpointWithoutMTPLayers(t *testing.T) {
 	ops := newBackend(t, 1)
-	cfg := parseConfig(t, tinyConfigs["deepseek-v3"])
-	full, err := RandomWeights(cfg, kernels.F32, 7)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, full := tinyWeights(t, "deepseek-v3", kernels.F32, 7)
 	mtpPrefix := "model.layers.2." // num_hidden_layers is 2: the MTP layer comes next
 	stripped := MemWeights{}
 	for name, w := range full {
@@ -68,5 +65,44 @@ func TestCheckpointWithoutMTPLayers(t *testing.T) {
 	}
 	if _, err := Builtin().New(ops, cfg, partial, Options{MaxModelLen: testMaxLen, Logger: logger}); err == nil || !strings.Contains(err.Error(), "eh_proj") {
 		t.Errorf("a checkpoint missing one MTP tensor: %v, want an error naming it", err)
+	}
+}
+
+// DeepSeek's checkpoints store the MTP layer's embed_tokens and
+// shared_head.head as copies of the model's: a copy with the same bytes is
+// served by the model's loaded tensor, one that differs by a byte is loaded
+// as its own.
+func TestMTPSharesStoredCopies(t *testing.T) {
+	ops := newBackend(t, 1)
+	cfg, w := tinyWeights(t, "deepseek-v3", kernels.F32, 7)
+	copyOf := func(name string) weights.Tensor {
+		c := w[name]
+		c.Data = bytes.Clone(c.Data)
+		return c
+	}
+	const mtpPrefix = "model.layers.2."
+	w[mtpPrefix+"embed_tokens.weight"] = copyOf("model.embed_tokens.weight")
+	w[mtpPrefix+"shared_head.head.weight"] = copyOf("lm_head.weight")
+	load := func() (*deepseek, *mtpLayer) {
+		m, err := Builtin().New(ops, cfg, w, Options{MaxModelLen: testMaxLen})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds := m.(*deepseek)
+		if ds.MTP() == nil || len(ds.MTP().layers) != 1 {
+			t.Fatal("no MTP layer loaded")
+		}
+		return ds, &ds.MTP().layers[0]
+	}
+	ds, ly := load()
+	if ly.embed != ds.embed || ly.head != ds.lmHead {
+		t.Error("the MTP layer loaded its own copies of the model's embedding and head")
+	}
+	head := copyOf("lm_head.weight")
+	head.Data[len(head.Data)-1] ^= 1
+	w[mtpPrefix+"shared_head.head.weight"] = head
+	ds, ly = load()
+	if ly.head == ds.lmHead || ly.embed != ds.embed {
+		t.Error("a head differing by one byte is served by the model's, or the equal embedding is not shared")
 	}
 }
