@@ -177,10 +177,11 @@ func TestMLAWUKCache(t *testing.T) {
 // nearest even, and MLAAttention gives the bits of a float32 cache holding
 // the rounded values: sequences of several key tiles, decode rows whose
 // next item's first tile is fetched ahead, and a prompt's rows, on every
-// SIMD path. WriteMLACache refuses rows of the wrong width and caches of
-// other types.
+// SIMD path, with the default key segments and with segments of one tile
+// (rows of up to 300 keys in three). WriteMLACache refuses rows of the
+// wrong width and caches of other types.
 func TestMLAAttentionHalfCache(t *testing.T) {
-	const nh, nope, rope, kvl, vd, bs, numBlocks = 4, 8, 6, 40, 6, 8, 128
+	const nh, nope, rope, kvl, vd, bs = 4, 8, 6, 40, 6, 8
 	width := kvl + rope
 	p := kernels.MLAParams{NumHeads: nh, NopeDim: nope, RopeDim: rope, KVLoraRank: kvl, VHeadDim: vd, Scale: 0.2}
 	if dt, w := newTestBackend(t, 1).MLACacheLayout(kernels.BF16, p); dt != kernels.F32 || w != width {
@@ -188,65 +189,10 @@ func TestMLAAttentionHalfCache(t *testing.T) {
 	}
 	specs := []seqSpec{{4, 4}, {1, 9}, {1, 300}, {1, 130}, {3, 257}, {1, 129}}
 	for _, set := range simd.Impls() {
-		impl := set.Name()
-		t.Run(impl, func(t *testing.T) {
-			b := New(Options{Threads: 3, KVCacheDType: kernels.F16, SIMD: impl, PureGo: impl == "go"})
-			t.Cleanup(func() { b.Close() })
-			if dt, w := b.MLACacheLayout(kernels.BF16, p); dt != kernels.F16 || w != width {
-				t.Fatalf("MLACacheLayout = %v, %d; want F16, %d", dt, w, width)
-			}
-			r := rand.New(rand.NewPCG(5, 31))
-			m, slots := pagedBatch(t, b, r, specs, bs, numBlocks)
-			half, full := allocDT(t, b, kernels.F16, numBlocks, bs, width), alloc(t, b, numBlocks, bs, width)
-			var qAll []float32
-			for s, sp := range specs {
-				sm := putI32(t, b, slots[s], sp.kLen)
-				ckv, kpe := randVals(r, sp.kLen*kvl, 3), randVals(r, sp.kLen*rope, 3)
-				if err := b.WriteMLACache(half, put(t, b, kernels.F32, ckv, sp.kLen, kvl), put(t, b, kernels.F32, kpe, sp.kLen, rope), sm, p); err != nil {
-					t.Fatal(err)
-				}
-				rc, rk := roundTo(kernels.F16, ckv), roundTo(kernels.F16, kpe)
-				if err := b.WriteMLACache(full, put(t, b, kernels.F32, rc, sp.kLen, kvl), put(t, b, kernels.F32, rk, sp.kLen, rope), sm, p); err != nil {
-					t.Fatal(err)
-				}
-				for i, slot := range slots[s] {
-					row := append(slices.Clone(ckv[i*kvl:(i+1)*kvl]), kpe[i*rope:(i+1)*rope]...)
-					for e, v := range row {
-						if got, want := half.(*Tensor).u16[int(slot)*width+e], kernels.F32ToF16(v); got != want {
-							t.Fatalf("sequence %d key %d column %d: stored %#04x, want %#04x", s, i, e, got, want)
-						}
-					}
-				}
-				qAll = append(qAll, randVals(r, sp.qLen*nh*(nope+rope), 0.5)...)
-			}
-			w := put(t, b, kernels.BF16, roundTo(kernels.BF16, randVals(r, nh*(nope+vd)*kvl, 0.5)), nh*(nope+vd), kvl)
-			q := put(t, b, kernels.F32, qAll, m.NumTokens, nh*(nope+rope))
-			oh, of := alloc(t, b, m.NumTokens, nh*vd), alloc(t, b, m.NumTokens, nh*vd)
-			if err := b.MLAAttention(oh, q, half, w, m, p); err != nil {
-				t.Fatal(err)
-			}
-			if err := b.MLAAttention(of, q, full, w, m, p); err != nil {
-				t.Fatal(err)
-			}
-			for i, v := range vals(of) {
-				if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-					t.Fatalf("output %d = %v: the comparison below would see no values", i, v)
-				}
-			}
-			checkIdentical(t, "half latent cache vs float32 cache of the rounded values", vals(oh), vals(of))
-			// A decode row alone gives its batch row's bits.
-			row := 0
-			for s, sp := range specs {
-				od := alloc(t, b, 1, nh*vd)
-				j := sp.qLen - 1
-				qj := qAll[(row+j)*nh*(nope+rope) : (row+j+1)*nh*(nope+rope)]
-				if err := b.MLAAttention(od, put(t, b, kernels.F32, qj, 1, nh*(nope+rope)), half, w, decodeMeta(t, b, m, s, j), p); err != nil {
-					t.Fatal(err)
-				}
-				checkIdentical(t, fmt.Sprintf("sequence %d last row alone", s), vals(od), vals(oh)[(row+j)*nh*vd:(row+j+1)*nh*vd])
-				row += sp.qLen
-			}
-		})
+		for _, seg := range []int{0, keyTile} {
+			impl := set.Name()
+			t.Run(fmt.Sprintf("%s/segment keys %d", impl, seg), func(t *testing.T) { testMLAHalfCache(t, impl, seg, specs, p) })
+		}
 	}
 	b := New(Options{Threads: 1, KVCacheDType: kernels.F16})
 	t.Cleanup(func() { b.Close() })
@@ -265,5 +211,70 @@ func TestMLAAttentionHalfCache(t *testing.T) {
 		if err := b.WriteMLACache(tc.cache, tc.ckv, tc.kpe, sm, p); !errors.Is(err, tc.want) {
 			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
 		}
+	}
+}
+
+// testMLAHalfCache is one SIMD path and key segment size of
+// TestMLAAttentionHalfCache.
+func testMLAHalfCache(t *testing.T, impl string, segKeys int, specs []seqSpec, p kernels.MLAParams) {
+	const bs, numBlocks = 8, 128
+	nh, nope, rope, kvl, vd := p.NumHeads, p.NopeDim, p.RopeDim, p.KVLoraRank, p.VHeadDim
+	width := kvl + rope
+	b := New(Options{Threads: 3, KVCacheDType: kernels.F16, SIMD: impl, PureGo: impl == "go"})
+	t.Cleanup(func() { b.Close() })
+	b.mla.segmentKeys = segKeys
+	if dt, w := b.MLACacheLayout(kernels.BF16, p); dt != kernels.F16 || w != width {
+		t.Fatalf("MLACacheLayout = %v, %d; want F16, %d", dt, w, width)
+	}
+	r := rand.New(rand.NewPCG(5, 31))
+	m, slots := pagedBatch(t, b, r, specs, bs, numBlocks)
+	half, full := allocDT(t, b, kernels.F16, numBlocks, bs, width), alloc(t, b, numBlocks, bs, width)
+	var qAll []float32
+	for s, sp := range specs {
+		sm := putI32(t, b, slots[s], sp.kLen)
+		ckv, kpe := randVals(r, sp.kLen*kvl, 3), randVals(r, sp.kLen*rope, 3)
+		if err := b.WriteMLACache(half, put(t, b, kernels.F32, ckv, sp.kLen, kvl), put(t, b, kernels.F32, kpe, sp.kLen, rope), sm, p); err != nil {
+			t.Fatal(err)
+		}
+		rc, rk := roundTo(kernels.F16, ckv), roundTo(kernels.F16, kpe)
+		if err := b.WriteMLACache(full, put(t, b, kernels.F32, rc, sp.kLen, kvl), put(t, b, kernels.F32, rk, sp.kLen, rope), sm, p); err != nil {
+			t.Fatal(err)
+		}
+		for i, slot := range slots[s] {
+			row := append(slices.Clone(ckv[i*kvl:(i+1)*kvl]), kpe[i*rope:(i+1)*rope]...)
+			for e, v := range row {
+				if got, want := half.(*Tensor).u16[int(slot)*width+e], kernels.F32ToF16(v); got != want {
+					t.Fatalf("sequence %d key %d column %d: stored %#04x, want %#04x", s, i, e, got, want)
+				}
+			}
+		}
+		qAll = append(qAll, randVals(r, sp.qLen*nh*(nope+rope), 0.5)...)
+	}
+	w := put(t, b, kernels.BF16, roundTo(kernels.BF16, randVals(r, nh*(nope+vd)*kvl, 0.5)), nh*(nope+vd), kvl)
+	q := put(t, b, kernels.F32, qAll, m.NumTokens, nh*(nope+rope))
+	oh, of := alloc(t, b, m.NumTokens, nh*vd), alloc(t, b, m.NumTokens, nh*vd)
+	if err := b.MLAAttention(oh, q, half, w, m, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.MLAAttention(of, q, full, w, m, p); err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range vals(of) {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			t.Fatalf("output %d = %v: the comparison below would see no values", i, v)
+		}
+	}
+	checkIdentical(t, "half latent cache vs float32 cache of the rounded values", vals(oh), vals(of))
+	// A decode row alone gives its batch row's bits.
+	row := 0
+	for s, sp := range specs {
+		od := alloc(t, b, 1, nh*vd)
+		j := sp.qLen - 1
+		qj := qAll[(row+j)*nh*(nope+rope) : (row+j+1)*nh*(nope+rope)]
+		if err := b.MLAAttention(od, put(t, b, kernels.F32, qj, 1, nh*(nope+rope)), half, w, decodeMeta(t, b, m, s, j), p); err != nil {
+			t.Fatal(err)
+		}
+		checkIdentical(t, fmt.Sprintf("sequence %d last row alone", s), vals(od), vals(oh)[(row+j)*nh*vd:(row+j+1)*nh*vd])
+		row += sp.qLen
 	}
 }
