@@ -653,7 +653,7 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 						next = &chunk[j+1]
 					}
 					_, kEnd := pl.visible(it.r1 - 1)
-					b.attendMLA(it, next, pl, p, c, g, lo, s, 0, kEnd, mlaOut{})
+					b.attendMLA(it, next, 0, pl, p, c, g, lo, s, 0, kEnd, mlaOut{})
 				}
 				b.mla.scratch.Put(s)
 			})
@@ -744,7 +744,14 @@ func (b *Backend) attendMLASegments(items []attnItem, units []mlaUnit, pl *attnP
 		}
 		s := b.mlaScratchFor(p, its, pl, c.dtype)
 		for u := u0; u < u1; u++ {
-			b.attendMLA(items[units[u].item], nil, pl, p, c, g, lo, s, units[u].k0, units[u].k1, part(u))
+			// The next unit's first key tile is fetched ahead, as for
+			// whole items.
+			var next *attnItem
+			nextK0 := 0
+			if u+1 < u1 {
+				next, nextK0 = &items[units[u+1].item], units[u+1].k0
+			}
+			b.attendMLA(items[units[u].item], next, nextK0, pl, p, c, g, lo, s, units[u].k0, units[u].k1, part(u))
 		}
 		b.mla.scratch.Put(s)
 	})
@@ -1041,7 +1048,11 @@ func (b *Backend) absorbMLA(g *mlaGroup, p kernels.MLAParams, q, wuk []float32, 
 // come from OnlineSoftmax, and the latent outputs accumulate the
 // probability-weighted cache rows (AccumRows, in key order, no transpose
 // of V) into g.olat, all of it independent of the other rows of the call.
-func (b *Backend) attendMLA(it attnItem, next *attnItem, pl *attnPlan, p kernels.MLAParams, cache *Tensor, g *mlaGroup, lo int, s *mlaScratch, k0, kEnd int, seg mlaOut) {
+// It covers the keys [k0, kEnd): the whole row, normalized into g.olat, or
+// one key segment, whose unnormalized state goes to seg (mlaOut). With
+// next set, the keys of next from nextK0 on are fetched into L2 during the
+// last tiles.
+func (b *Backend) attendMLA(it attnItem, next *attnItem, nextK0 int, pl *attnPlan, p kernels.MLAParams, cache *Tensor, g *mlaGroup, lo int, s *mlaScratch, k0, kEnd int, seg mlaOut) {
 	nh, kvl := p.NumHeads, p.KVLoraRank
 	width := kvl + p.RopeDim
 	r := (it.r1 - it.r0) * nh
@@ -1084,8 +1095,8 @@ func (b *Backend) attendMLA(it attnItem, next *attnItem, pl *attnPlan, p kernels
 			// widened tile.
 			fetched = true
 			_, nEnd := pl.visible(next.r1 - 1)
-			ns := s.next[:min(keyTile, nEnd)]
-			pl.slots(ns, next.seq, 0)
+			ns := s.next[:min(keyTile, nEnd-nextK0)]
+			pl.slots(ns, next.seq, nextK0)
 			if !half {
 				b.k.accumRowsPrefetch(acc, sm.alpha, scores, kv, rows, width, r, kvl, ns, width)
 				continue
