@@ -644,16 +644,22 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 		if units := mlaUnits(items[a:e], pl, segKeys); len(units) > e-a {
 			b.attendMLASegments(items[a:e], units, pl, p, c, g, lo)
 		} else {
-			b.run.For(e-a, func(i0, i1 int) {
-				s := b.mlaScratchFor(p, items[a+i0:a+i1], pl, c.dtype)
-				chunk := items[a+i0 : a+i1]
-				for j, it := range chunk {
-					var next *attnItem
-					if j+1 < len(chunk) {
-						next = &chunk[j+1]
-					}
+			// Fewer one-row items than workers (a decode at batch 1):
+			// each item's heads are dealt to several workers.
+			parts := 1
+			if n := e - a; n < b.threads && oneRowItems(items[a:e]) {
+				parts = min(p.NumHeads, (b.threads+n-1)/n)
+			}
+			b.run.For((e-a)*parts, func(u0, u1 int) {
+				s := b.mlaScratchFor(p, items[a+u0/parts:a+(u1+parts-1)/parts], pl, c.dtype)
+				for u := u0; u < u1; u++ {
+					it, j := items[a+u/parts], u%parts
 					_, kEnd := pl.visible(it.r1 - 1)
-					b.attendMLA(it, next, 0, pl, p, c, g, lo, s, 0, kEnd, mlaOut{})
+					wk := mlaWork{it: it, h0: j * p.NumHeads / parts, h1: (j + 1) * p.NumHeads / parts, k1: kEnd}
+					if u+1 < u1 && (u+1)%parts == 0 {
+						wk.next = &items[a+(u+1)/parts]
+					}
+					b.attendMLA(wk, pl, p, c, g, lo, s)
 				}
 				b.mla.scratch.Put(s)
 			})
@@ -677,6 +683,16 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 // before, bit for bit. A multiple of keyTile.
 const mlaSegmentKeys = 512
 
+// oneRowItems reports whether every item holds one query row.
+func oneRowItems(items []attnItem) bool {
+	for _, it := range items {
+		if it.r1-it.r0 != 1 {
+			return false
+		}
+	}
+	return true
+}
+
 // mlaUnit is one segment of an item: its keys [k0, k1).
 type mlaUnit struct {
 	item, k0, k1 int
@@ -693,6 +709,17 @@ func mlaUnits(items []attnItem, pl *attnPlan, segKeys int) []mlaUnit {
 		}
 	}
 	return units
+}
+
+// mlaWork is one call of attendMLA: item it's heads [h0, h1) over keys
+// [k0, k1), the next call's item and first key (to fetch ahead; nil: none),
+// and where a key segment's state goes (zero: the whole row, into g.olat).
+type mlaWork struct {
+	it             attnItem
+	h0, h1, k0, k1 int
+	next           *attnItem
+	nextK0         int
+	seg            mlaOut
 }
 
 // mlaOut is where attendMLA leaves a segment's unnormalized state: the
@@ -751,7 +778,8 @@ func (b *Backend) attendMLASegments(items []attnItem, units []mlaUnit, pl *attnP
 			if u+1 < u1 {
 				next, nextK0 = &items[units[u+1].item], units[u+1].k0
 			}
-			b.attendMLA(items[units[u].item], next, nextK0, pl, p, c, g, lo, s, units[u].k0, units[u].k1, part(u))
+			b.attendMLA(mlaWork{it: items[units[u].item], h1: p.NumHeads, k0: units[u].k0, k1: units[u].k1, next: next, nextK0: nextK0, seg: part(u)},
+				pl, p, c, g, lo, s)
 		}
 		b.mla.scratch.Put(s)
 	})
@@ -1048,18 +1076,23 @@ func (b *Backend) absorbMLA(g *mlaGroup, p kernels.MLAParams, q, wuk []float32, 
 // come from OnlineSoftmax, and the latent outputs accumulate the
 // probability-weighted cache rows (AccumRows, in key order, no transpose
 // of V) into g.olat, all of it independent of the other rows of the call.
-// It covers the keys [k0, kEnd): the whole row, normalized into g.olat, or
-// one key segment, whose unnormalized state goes to seg (mlaOut). With
-// next set, the keys of next from nextK0 on are fetched into L2 during the
-// last tiles.
-func (b *Backend) attendMLA(it attnItem, next *attnItem, nextK0 int, pl *attnPlan, p kernels.MLAParams, cache *Tensor, g *mlaGroup, lo int, s *mlaScratch, k0, kEnd int, seg mlaOut) {
+// It covers wk's keys and heads: every key, normalized into g.olat, or one
+// key segment, whose unnormalized state goes to wk.seg (mlaOut); every
+// head, or some heads of a one-row item (each (row, head) pair has its own
+// scores and softmax, so its bits do not depend on the others'). With
+// wk.next set, the keys of next from nextK0 on are fetched into L2 during
+// the last tiles.
+func (b *Backend) attendMLA(wk mlaWork, pl *attnPlan, p kernels.MLAParams, cache *Tensor, g *mlaGroup, lo int, s *mlaScratch) {
+	it, next, nextK0, k0, kEnd, seg := wk.it, wk.next, wk.nextK0, wk.k0, wk.k1, wk.seg
 	nh, kvl := p.NumHeads, p.KVLoraRank
 	width := kvl + p.RopeDim
-	r := (it.r1 - it.r0) * nh
-	x := g.x[(it.r0-lo)*nh*width : (it.r0-lo)*nh*width+r*width]
+	heads := wk.h1 - wk.h0
+	r := (it.r1 - it.r0) * heads // (row, head) pairs: every head, or some of one row's
+	first := (it.r0-lo)*nh + wk.h0
+	x := g.x[first*width : first*width+r*width]
 	acc := seg.acc
 	if acc == nil {
-		acc = g.olat[(it.r0-lo)*nh*kvl : (it.r0-lo)*nh*kvl+r*kvl]
+		acc = g.olat[first*kvl : first*kvl+r*kvl]
 	}
 	half := cache.dtype == kernels.F16
 	sm := s.sm
@@ -1078,7 +1111,7 @@ func (b *Backend) attendMLA(it attnItem, next *attnItem, nextK0 int, pl *attnPla
 		scores := s.st[:r*n]
 		b.k.linearF32Gather(scores, x, kv, rows, width, r, width)
 		for rr := range r {
-			_, last := pl.visible(it.r0 + rr/nh)
+			_, last := pl.visible(it.r0 + rr/heads)
 			sm.see(rr, 0, last, t0, n)
 		}
 		sm.update(&b.k, scores, r, n, p.Scale)
