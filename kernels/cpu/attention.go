@@ -353,7 +353,6 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 	if err != nil {
 		return err
 	}
-	d, nh := p.HeadDim, p.NumHeads
 	pl, err := plan(op, m, t, kc.shape[0], kc.shape[1])
 	if err != nil {
 		return err
@@ -361,20 +360,35 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 	if pl.sinks, err = sinkValues(op, p); err != nil {
 		return err
 	}
-	group := nh / p.NumKVHeads
+	b.attendGQAItems(pl, p, qs.f32, kc, vc, o.f32, !(pl.ring == nil && kc.dtype == kernels.F32))
+	return nil
+}
+
+// attendGQAItems runs attendGQA over the plan's items on the workers,
+// tiles telling whether keys and values are copied into scratch tiles
+// (see gqaScratchFor). With fewer one-row items than workers (a decode at
+// batch 1 of a model with few KV heads) each item's query heads are dealt
+// to several workers.
+func (b *Backend) attendGQAItems(pl *attnPlan, p kernels.AttentionParams, q []float32, kc, vc *Tensor, out []float32, tiles bool) {
+	group := p.NumHeads / p.NumKVHeads
 	items := pl.items(p.NumKVHeads, b.threads)
-	b.run.For(len(items), func(lo, hi int) {
+	parts := 1
+	if n := len(items); n < b.threads && oneRowItems(items) {
+		parts = min(group, (b.threads+n-1)/n)
+	}
+	b.run.For(len(items)*parts, func(lo, hi int) {
 		maxR, maxN := 0, min(keyTile, pl.maxK)
-		for _, it := range items[lo:hi] {
+		for u := lo; u < hi; u++ {
+			it := items[u/parts]
 			maxR = max(maxR, (it.r1-it.r0)*group)
 		}
-		s := b.gqaScratchFor(maxR, maxN, d, !(pl.ring == nil && kc.dtype == kernels.F32))
-		for _, it := range items[lo:hi] {
-			b.attendGQA(it, pl, p, qs.f32, kc, vc, o.f32, s, group)
+		s := b.gqaScratchFor(maxR, maxN, p.HeadDim, tiles)
+		for u := lo; u < hi; u++ {
+			j := u % parts
+			b.attendGQA(items[u/parts], pl, p, q, kc, vc, out, s, group, j*group/parts, (j+1)*group/parts)
 		}
 		b.gqa.Put(s)
 	})
-	return nil
 }
 
 // window returns the keys [first, last) query row i sees.
@@ -430,15 +444,18 @@ func (b *Backend) gqaScratchFor(r, n, d int, tiles bool) *gqaScratch {
 // kt and vt first (a 16-bit paged cache's tile in one call each). Either way every score is the canonical dot product of the
 // query and key rows and every output the same AccumRows sum, so the two
 // give the same bits.
-func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams, q []float32, kc, vc *Tensor, out []float32, s *gqaScratch, group int) {
+func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams, q []float32, kc, vc *Tensor, out []float32, s *gqaScratch, group, g0, g1 int) {
 	d, nh, kvWidth := p.HeadDim, p.NumHeads, p.NumKVHeads*p.HeadDim
-	rows := it.r1 - it.r0
-	r := rows * group
-	// Gather the query heads of this KV head: row (i, hh) -> rr = (i-r0)*group + hh.
+	rows, gs := it.r1-it.r0, g1-g0
+	r := rows * gs
+	// Gather the query heads [g0, g1) of this KV head's group (all of it,
+	// or part of a one-row item's: each (row, head) pair has its own
+	// scores and softmax, so its bits do not depend on the others'): row
+	// (i, hh) -> rr = (i-r0)*gs + hh-g0.
 	for i := it.r0; i < it.r1; i++ {
-		for hh := range group {
+		for hh := g0; hh < g1; hh++ {
 			h := it.kvHead*group + hh
-			copy(s.qt[((i-it.r0)*group+hh)*d:], q[i*nh*d+h*d:i*nh*d+(h+1)*d])
+			copy(s.qt[((i-it.r0)*gs+hh-g0)*d:], q[i*nh*d+h*d:i*nh*d+(h+1)*d])
 		}
 	}
 	kFirst, _ := pl.window(it.r0, p.SlidingWindow)
@@ -506,7 +523,7 @@ func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams
 			b.k.linearF32(scores, s.qt[:r*d], s.kt[:n*d], r, n, d, 0, n)
 		}
 		for rr := range r {
-			first, last := pl.window(it.r0+rr/group, p.SlidingWindow)
+			first, last := pl.window(it.r0+rr/gs, p.SlidingWindow)
 			sm.see(rr, first, last, t0, n)
 		}
 		sm.update(&b.k, scores, r, n, p.Scale)
@@ -531,7 +548,7 @@ func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams
 		}
 	}
 	for rr := range r {
-		i, h := it.r0+rr/group, it.kvHead*group+rr%group
+		i, h := it.r0+rr/gs, it.kvHead*group+g0+rr%gs
 		inv := 1 / sm.l[rr]
 		if pl.sinks != nil {
 			inv = sinkScale(sm.m[rr], sm.l[rr], pl.sinks[h])

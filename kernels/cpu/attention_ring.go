@@ -118,19 +118,6 @@ func (b *Backend) RingAttention(out, q, k, v, kRing, vRing, slots kernels.Tensor
 	if pl.sinks, err = sinkValues(op, p); err != nil {
 		return err
 	}
-	d, nh := p.HeadDim, p.NumHeads
-	group := nh / p.NumKVHeads
-	items := pl.items(p.NumKVHeads, b.threads)
-	b.run.For(len(items), func(lo, hi int) {
-		maxR, maxN := 0, min(keyTile, pl.maxK)
-		for _, it := range items[lo:hi] {
-			maxR = max(maxR, (it.r1-it.r0)*group)
-		}
-		s := b.gqaScratchFor(maxR, maxN, d, true)
-		for _, it := range items[lo:hi] {
-			b.attendGQA(it, pl, p, qs.f32, kc, vc, o.f32, s, group)
-		}
-		b.gqa.Put(s)
-	})
+	b.attendGQAItems(pl, p, qs.f32, kc, vc, o.f32, true)
 	return nil
 }
