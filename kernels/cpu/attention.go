@@ -658,7 +658,7 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 		}
 		g.size(p, hi-lo)
 		b.run.For(p.NumHeads, func(h0, h1 int) { b.absorbMLA(g, p, qs.f32, wuk, lo, hi, h0, h1) })
-		if units := mlaUnits(items[a:e], pl, segKeys); len(units) > e-a {
+		if units := mlaUnits(items[a:e], pl, segKeys); units != nil {
 			b.attendMLASegments(items[a:e], units, pl, p, c, g, lo)
 		} else {
 			// Fewer one-row items than workers (a decode at batch 1):
@@ -716,8 +716,19 @@ type mlaUnit struct {
 }
 
 // mlaUnits returns the segments of items (see mlaSegmentKeys), in item
-// order and key order within an item.
+// order and key order within an item; nil when no item has more than one
+// (then nothing is allocated).
 func mlaUnits(items []attnItem, pl *attnPlan, segKeys int) []mlaUnit {
+	split := false
+	for _, it := range items {
+		if _, kEnd := pl.visible(it.r1 - 1); kEnd > segKeys {
+			split = true
+			break
+		}
+	}
+	if !split {
+		return nil
+	}
 	var units []mlaUnit
 	for i, it := range items {
 		_, kEnd := pl.visible(it.r1 - 1)
