@@ -575,11 +575,15 @@ func (d *DSpark) block(p *DSparkPass, b int) (kernels.Tensor, error) {
 	if kd, ok := ops.(kernels.KVCacheDTyper); ok {
 		cacheDT = kd.KVCacheDType(d.layers[0].o.DType())
 	}
-	kCache, err := kernels.AllocEmpty(ops, cacheDT, b, stride, att) // every slot written: the layout fills all k+1 a row
+	// Zero-filled, though the layout writes all k+1 slots of a row: an
+	// attention kernel may load a whole tile of keys past a row's last and
+	// weigh them by a probability of 0, and 0 times stale NaN bytes is NaN.
+	// (Not yet checked on a GPU with its NaN-filled allocations.)
+	kCache, err := ops.Alloc(cacheDT, b, stride, att)
 	if err != nil {
 		return nil, err
 	}
-	vCache, err := kernels.AllocEmpty(ops, cacheDT, b, stride, att)
+	vCache, err := ops.Alloc(cacheDT, b, stride, att)
 	if err != nil {
 		return nil, err
 	}
