@@ -355,15 +355,11 @@ func TestGatedMLPer(t *testing.T) {
 // block boundary), alone and after a cached prefix.
 func TestDeepSeekFusedQKVA(t *testing.T) {
 	ops := newBackend(t, 2)
-	cfg := parseConfig(t, tinyConfigs["deepseek-v2"])
 	for _, c := range []struct {
 		dt    kernels.DType
 		quant string
 	}{{kernels.F32, ""}, {kernels.BF16, ""}, {kernels.BF16, "fp8"}} {
-		w, err := RandomWeights(cfg, c.dt, 7)
-		if err != nil {
-			t.Fatal(err)
-		}
+		cfg, w := tinyWeights(t, "deepseek-v2", c.dt, 7)
 		m, err := Builtin().New(ops, cfg, w, Options{MaxModelLen: testMaxLen, Quantization: c.quant})
 		if err != nil {
 			t.Fatal(err)
@@ -402,15 +398,11 @@ func TestDeepSeekFusedQKVA(t *testing.T) {
 // second decode row.
 func TestDeepSeekFusedQAKVA(t *testing.T) {
 	ops := newBackend(t, 2)
-	cfg := parseConfig(t, tinyConfigs["deepseek-v3"])
 	for _, c := range []struct {
 		dt    kernels.DType
 		quant string
 	}{{kernels.F32, ""}, {kernels.BF16, ""}, {kernels.BF16, "fp8"}} {
-		w, err := RandomWeights(cfg, c.dt, 9)
-		if err != nil {
-			t.Fatal(err)
-		}
+		cfg, w := tinyWeights(t, "deepseek-v3", c.dt, 9)
 		r := rand.New(rand.NewPCG(6, 6))
 		prompt, next := randomIDs(r, 9, 97), randomIDs(r, 2, 97)
 		var outs [2][][]float32
