@@ -204,7 +204,15 @@ func BenchmarkPrefill512(b *testing.B) {
 // MoE and the gathered GEMM's prefetch of the next tile's rows: median of
 // six interleaved 2-thread runs 19.07 -> 17.76 ms; GEMMs widening 16-bit
 // weights once a column block: 19.14 -> 19.07 ms (within the spread).
-func BenchmarkDecodeBatch64Default(b *testing.B) {
+func BenchmarkDecodeBatch64Default(b *testing.B) { benchDecodeDefault(b, 64) }
+
+// BenchmarkDecodeBatch1Default is BenchmarkDecodeBatch64Default with one
+// sequence: the step of `deepinfer generate` with one prompt, a chain of
+// small products (a 256-wide model) whose hand-offs between the workers
+// weigh as much as their arithmetic.
+func BenchmarkDecodeBatch1Default(b *testing.B) { benchDecodeDefault(b, 1) }
+
+func benchDecodeDefault(b *testing.B, batch int) {
 	js, err := os.ReadFile(filepath.Join("..", "..", "assets", "deepseek-tiny", "config.json"))
 	if err != nil {
 		b.Skip("no default model config:", err)
@@ -225,7 +233,7 @@ func BenchmarkDecodeBatch64Default(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	const batch, blockSize = 64, 16
+	const blockSize = 16
 	r := rand.New(rand.NewPCG(4, 4))
 	blocksPerSeq := (benchContext + 1 + blockSize - 1) / blockSize
 	cache, err := m.NewKVCache(batch*blocksPerSeq, blockSize)
@@ -265,7 +273,7 @@ func BenchmarkDecodeBatch64Default(b *testing.B) {
 	moeLayers := cfg.NumHiddenLayers - cfg.FirstKDenseReplace
 	linParams += float64(moeLayers * cfg.NumExpertsPerTok * 3 * cfg.HiddenSize * cfg.MoEIntermediateSize)
 	attn := float64(cfg.NumHiddenLayers*cfg.NumAttentionHeads) * float64(2*cfg.KVLoraRank+cfg.QKRopeHeadDim) * (benchContext + 1)
-	flops := 2 * batch * (linParams + attn)
+	flops := 2 * float64(batch) * (linParams + attn)
 	ctx := context.Background()
 	peak := ops.PeakFLOPS()
 	for b.Loop() {
@@ -278,7 +286,7 @@ func BenchmarkDecodeBatch64Default(b *testing.B) {
 		}
 	}
 	sec := b.Elapsed().Seconds() / float64(b.N)
-	b.ReportMetric(batch/sec, "tok/s")
+	b.ReportMetric(float64(batch)/sec, "tok/s")
 	b.ReportMetric(flops/sec/1e9, "GFLOP/s")
 	if peak > 0 {
 		b.ReportMetric(flops/sec/peak, "x_peak")

@@ -6,6 +6,10 @@ import (
 	"github.com/deepinfer/deepinfer-go/kernels"
 )
 
+// parallelLinearWork is the work (multiply-adds) from which linearOn splits
+// a product over the workers; below it the caller runs the product alone.
+const parallelLinearWork = 4 * minParallelElems
+
 // linearTile is the number of output columns (weight rows) in one unit of
 // parallel work. The result does not depend on it.
 const linearTile = 16
@@ -85,7 +89,7 @@ func (b *Backend) linearOn(out, x []float32, w *Tensor, m, n, k int, bias []floa
 			}
 		}
 	}
-	if !parallel || m*n*k < 4*minParallelElems || tiles < 2 {
+	if !parallel || m*n*k < parallelLinearWork || tiles < 2 {
 		body(0, tiles)
 		return
 	}

@@ -240,7 +240,7 @@ func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 			copy(ys[int(pair)*hidden:(int(pair)+1)*hidden], ye[r*hidden:(r+1)*hidden])
 		}
 	}
-	if order := expertsByLoad(byExpert, b.threads); order != nil {
+	if order := expertsByLoad(byExpert, b.threads, splittable(2*inter, hidden)); order != nil {
 		// Many small experts: one worker an expert, busiest first, so that
 		// the gathers, activations and scatters run in parallel too and
 		// each expert costs one hand-off instead of two parallel loops.
@@ -273,7 +273,14 @@ func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 // none with more than a worker's fair share of the pairs (the busiest
 // expert bounds the time of the parallel loop). Otherwise nil: each
 // expert's products are split over the workers instead.
-func expertsByLoad(byExpert [][]int32, workers int) []int {
+//
+// minRows is the fewest rows at which an expert's product is split over
+// the workers at all (splittable). When no expert reaches it, splitting
+// its products would run every product on the caller, one after another,
+// with the other workers idle; so then any two or more experts run one a
+// worker, the fair-share bound kept (a decode row of the default model:
+// its two routed experts, one row each, on two workers at once).
+func expertsByLoad(byExpert [][]int32, workers, minRows int) []int {
 	if workers < 2 {
 		return nil
 	}
@@ -286,11 +293,23 @@ func expertsByLoad(byExpert [][]int32, workers int) []int {
 			busiest = max(busiest, n)
 		}
 	}
-	if len(order) < 2*workers || busiest*workers > total {
+	least := 2 * workers
+	if busiest < minRows {
+		least = 2
+	}
+	if len(order) < least || busiest*min(workers, len(order)) > total {
 		return nil
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return len(byExpert[b]) - len(byExpert[a]) })
 	return order
+}
+
+// splittable returns the fewest rows m at which linearOn splits an m x n
+// by n x k product over the workers (m*n*k reaching its threshold; ignoring
+// its other condition, at least two tiles of columns, which the experts'
+// products meet).
+func splittable(n, k int) int {
+	return (parallelLinearWork + n*k - 1) / max(n*k, 1)
 }
 
 // groupByExpert groups the (token, k) pairs of ids ([T, topK], flattened)

@@ -191,13 +191,15 @@ func refExpert(x, gateUp, down []float32, hidden, inter int) []float64 {
 }
 
 func TestMoE(t *testing.T) {
-	// The first shape splits each expert's products over the workers; the
-	// second runs one expert a worker (expertsByLoad), as a batched decode
-	// step of the default model does.
+	// The first shape splits each expert's products over the workers
+	// (enough rows an expert for linearOn to split them); the second runs
+	// one expert a worker (expertsByLoad), as a batched decode step of the
+	// default model does, and the third too, as its one-row decode step
+	// does (two experts, each too small to split).
 	for _, sh := range []struct {
 		e, tokens, threads int
 		perExpert          bool
-	}{{5, 7, 3, false}, {8, 40, 2, true}} {
+	}{{5, 1000, 3, false}, {8, 40, 2, true}, {8, 1, 2, true}} {
 		t.Run(fmt.Sprintf("e%d_t%d_threads%d", sh.e, sh.tokens, sh.threads), func(t *testing.T) {
 			testMoE(t, sh.e, sh.tokens, sh.threads, sh.perExpert)
 		})
@@ -222,7 +224,7 @@ func testMoE(t *testing.T, e, tokens, threads int, perExpert bool) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := expertsByLoad(by, threads) != nil; got != perExpert {
+			if got := expertsByLoad(by, threads, splittable(2*inter, hidden)) != nil; got != perExpert {
 				t.Fatalf("one expert a worker: %v, want %v", got, perExpert)
 			}
 			w := randVals(r, tokens*topK, 1)
@@ -270,22 +272,29 @@ func TestExpertsByLoad(t *testing.T) {
 		name     string
 		loads    []int
 		workers  int
+		minRows  int // splittable: the rows from which an expert's products split
 		want     []int
 		parallel bool
 	}{
-		{"one worker", []int{3, 3, 3, 3}, 1, nil, false},
-		{"too few experts", []int{5, 0, 5, 5}, 2, nil, false},
-		{"busiest past a fair share", []int{20, 1, 1, 1, 1}, 2, nil, false},
-		{"busiest first", []int{2, 0, 5, 3, 5, 1}, 2, []int{2, 4, 3, 0, 5}, true},
+		{"one worker", []int{3, 3, 3, 3}, 1, 1, nil, false},
+		{"too few experts", []int{5, 0, 5, 5}, 2, 1, nil, false},
+		{"busiest past a fair share", []int{20, 1, 1, 1, 1}, 2, 1, nil, false},
+		{"busiest first", []int{2, 0, 5, 3, 5, 1}, 2, 1, []int{2, 4, 3, 0, 5}, true},
+		{"too few experts, all too small to split", []int{0, 1, 0, 1}, 2, 2, []int{1, 3}, true},
+		{"three experts on two workers, too small to split", []int{1, 2, 1}, 2, 3, []int{1, 0, 2}, true},
+		{"one expert too small to split", []int{0, 3, 0}, 2, 4, nil, false},
+		{"too few experts, one splittable", []int{5, 0, 1}, 2, 5, nil, false},
+		{"too small to split, busiest past a fair share", []int{1, 6, 1}, 2, 7, nil, false},
+		{"too small to split, one worker", []int{1, 1}, 1, 2, nil, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			by := make([][]int32, len(tc.loads))
 			for i, n := range tc.loads {
 				by[i] = pairs(n)
 			}
-			got := expertsByLoad(by, tc.workers)
+			got := expertsByLoad(by, tc.workers, tc.minRows)
 			if (got != nil) != tc.parallel || !slices.Equal(got, tc.want) {
-				t.Fatalf("expertsByLoad(%v, %d) = %v, want %v", tc.loads, tc.workers, got, tc.want)
+				t.Fatalf("expertsByLoad(%v, %d, %d) = %v, want %v", tc.loads, tc.workers, tc.minRows, got, tc.want)
 			}
 		})
 	}

@@ -157,7 +157,7 @@ func (b *Backend) linearMXFP4(out, x []float32, w *Tensor, m, n, k int, bias []f
 			}
 		}
 	}
-	if m*n*k < 4*minParallelElems || tiles < 2 {
+	if m*n*k < parallelLinearWork || tiles < 2 {
 		body(0, tiles)
 		return
 	}
