@@ -3,10 +3,11 @@
 // types of llama.cpp's presets, so that llama.cpp and this engine can run
 // the same weights.
 //
-// Presets: f32, bf16, q8_0 and q4_k_m (Q4_K, with Q6_K for output.weight
-// and for attn_v / ffn_down of the layers llama.cpp's use_more_bits picks,
-// and llama.cpp's choices for 8-expert models: Q8_0 attn_k and attn_v, Q5_K
-// attn_output). Quantized blocks are bit for bit those of llama.cpp's
+// Presets: f32, f16, bf16, q8_0, q4_0 (Q6_K output.weight), q4_k_m (Q4_K,
+// with Q6_K for output.weight and for attn_v / ffn_down of the layers
+// llama.cpp's use_more_bits picks, and llama.cpp's choices for 8-expert
+// models: Q8_0 attn_k and attn_v, Q5_K attn_output) and q5_k_m (the same
+// with Q5_K, attn_output kept Q5_K). Quantized blocks are bit for bit those of llama.cpp's
 // quantize_row_*_ref (no importance matrix); a weight whose row length is
 // not a multiple of 256 falls back to Q8_0 (llama.cpp would pick Q5_0 or
 // Q8_0), one not a multiple of 32 to F32 (and with it the other experts'
@@ -49,8 +50,10 @@ import (
 	"github.com/deepinfer/deepinfer-go/kernels/cpu/simd"
 )
 
-// Presets lists the weight presets Write takes.
-var Presets = []string{"f32", "bf16", "q8_0", "q4_k_m"}
+// Presets lists the weight presets Write takes: together they hold every
+// GGUF weight type the engine computes from (F32, F16, BF16, Q8_0, Q4_0,
+// Q4_K, Q5_K, Q6_K).
+var Presets = []string{"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m"}
 
 // Arch returns the GGUF architecture a config is written as: llama, qwen2,
 // qwen3, qwen3moe, or deepseek2 (Mixtral is llama with experts), or an
@@ -91,8 +94,9 @@ func Write(dst io.Writer, dir, tokDir, preset string) error {
 	if err := checkWritable(arch, cfg); err != nil {
 		return err
 	}
-	fileType := map[string]gguf.FileType{"f32": gguf.FileTypeAllF32, "bf16": gguf.FileTypeMostlyBF16,
-		"q8_0": gguf.FileTypeMostlyQ8_0, "q4_k_m": gguf.FileTypeMostlyQ4_K_M}
+	fileType := map[string]gguf.FileType{"f32": gguf.FileTypeAllF32, "f16": gguf.FileTypeMostlyF16,
+		"bf16": gguf.FileTypeMostlyBF16, "q8_0": gguf.FileTypeMostlyQ8_0, "q4_0": gguf.FileTypeMostlyQ4_0,
+		"q4_k_m": gguf.FileTypeMostlyQ4_K_M, "q5_k_m": gguf.FileTypeMostlyQ5_K_M}
 	ft, ok := fileType[preset]
 	if !ok {
 		return fmt.Errorf("ggufwrite: preset %q: want one of %v", preset, Presets)
@@ -158,7 +162,7 @@ func floatExperts(ts []outTensor, types []gguf.GGMLType) {
 		if blk, ok := strings.CutSuffix(t.name, "_exps.weight"); ok {
 			blk = blk[:strings.LastIndexByte(blk, '.')]
 			count[blk]++
-			if types[i] != gguf.TypeF32 && types[i] != gguf.TypeBF16 {
+			if types[i] != gguf.TypeF32 && types[i] != gguf.TypeF16 && types[i] != gguf.TypeBF16 {
 				quant[blk]++
 			}
 		}
@@ -421,12 +425,26 @@ func Pick(preset, name string, dims []int64, numLayers, numExperts int) gguf.GGM
 	switch preset {
 	case "f32":
 		return gguf.TypeF32
+	case "f16":
+		return gguf.TypeF16
 	case "bf16":
 		return gguf.TypeBF16
 	case "q8_0":
 		t = gguf.TypeQ8_0
-	case "q4_k_m":
+	case "q4_0":
+		t = gguf.TypeQ4_0
+		switch {
+		case name == "output.weight":
+			t = gguf.TypeQ6_K
+		case (strings.HasSuffix(name, "attn_v.weight") || strings.HasSuffix(name, "attn_kv_b.weight") ||
+			strings.HasSuffix(name, "attn_k.weight")) && numExperts == 8:
+			t = gguf.TypeQ8_0
+		}
+	case "q4_k_m", "q5_k_m":
 		t = gguf.TypeQ4_K
+		if preset == "q5_k_m" {
+			t = gguf.TypeQ5_K
+		}
 		var layer int
 		fmt.Sscanf(name, "blk.%d.", &layer)
 		switch {
@@ -468,6 +486,12 @@ func encode(t gguf.GGMLType, vals []float32) ([]byte, error) {
 	switch t {
 	case gguf.TypeF32:
 		return f32Bytes(vals), nil
+	case gguf.TypeF16:
+		out := make([]byte, 2*len(vals))
+		for i, v := range vals {
+			binary.LittleEndian.PutUint16(out[2*i:], simd.F32ToF16(v))
+		}
+		return out, nil
 	case gguf.TypeBF16:
 		h := make([]uint16, len(vals))
 		simd.F32ToBF16(h, vals)

@@ -10,7 +10,7 @@
 // difference, this engine's logit margin between its token and llama.cpp's:
 //
 //	npm install --prefix .cache/node-llama-cpp node-llama-cpp@3.21.1
-//	go run ./tools/cpu/gguf-parity -out /tmp/parity [-n 32] [-t 2] [-types f32,bf16,q8_0,q4_k_m] [-acts auto|none|llama_cpp|bf16] [-self]
+//	go run ./tools/cpu/gguf-parity -out DIR [-n 32] [-t 2] [-types f32,f16,bf16,q8_0,q4_0,q4_k_m,q5_k_m] [-acts auto|none|llama_cpp|bf16] [-self]
 //
 // With -self llama.cpp also runs each prompt of more than one id a token
 // at a time (its decode kernels instead of its batched ones for the

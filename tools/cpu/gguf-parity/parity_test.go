@@ -12,11 +12,13 @@ import (
 )
 
 // TestPerplexityAgainstLlamaCpp: the random Llama and Qwen3 written as GGUF
-// files in every preset (F32, BF16, Q8_0, Q4_K_M) give, on this engine's
+// files in every preset (F32, F16, BF16, Q8_0, Q4_0, Q4_K_M, Q5_K_M: every
+// weight type the engine reads) give, on this engine's
 // CPU backend with the default activation rounding, the perplexity
 // llama.cpp gives on the same file and text within 0.5% (the GGUF parity
 // bound), and within 0.01% for F32, where both compute in float32 from the
-// same weights. llama.cpp runs through node-llama-cpp
+// same weights (llama.cpp rounds the activations meeting F16 weights to
+// half precision, so F16 takes the general bound). llama.cpp runs through node-llama-cpp
 // (scripts/setup-llama-node.sh installs it).
 func TestPerplexityAgainstLlamaCpp(t *testing.T) {
 	modules := os.Getenv("DEEPINFER_LLAMA_NODE_MODULES")

@@ -89,7 +89,7 @@ func main() {
 	flag.StringVar(&o.peerScript, "peer", "tools/cpu/peer.mjs", "the llama.cpp runner script")
 	flag.StringVar(&o.peerKV, "peer-kv", "", "llama.cpp's K/V cache type (f16, f32; default: llama.cpp's own, f16)")
 	flag.StringVar(&o.kv, "kv", "auto", "this engine's cache.kv_cache_dtype (auto: float32; f16: IEEE half, llama.cpp's default)")
-	types := flag.String("types", strings.Join(ggufwrite.Presets, ","), "GGUF weight types")
+	types := flag.String("types", "f32,bf16,q8_0,q4_k_m", "GGUF weight types, comma-separated (any of "+strings.Join(ggufwrite.Presets, ", ")+")")
 	flag.IntVar(&o.threads, "t", 2, "threads, both engines and the bandwidth measurement")
 	flag.IntVar(&o.prompt, "p", 512, "prompt tokens (prefill)")
 	flag.IntVar(&o.gen, "n", 64, "generated tokens (greedy, EOS ignored)")
