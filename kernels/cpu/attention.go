@@ -785,8 +785,8 @@ func (b *Backend) attendMLASegments(items []attnItem, units []mlaUnit, pl *attnP
 		it := items[un.item]
 		off[u+1] = off[u] + (it.r1-it.r0)*nh
 	}
-	buf, done := poolFloats(&b.mla.parts, off[len(units)]*(kvl+2))
-	defer done()
+	buf, pooled := poolFloats(&b.mla.parts, off[len(units)]*(kvl+2))
+	defer pooled.done()
 	part := func(u int) mlaOut {
 		r0, r1 := off[u], off[u+1]
 		acc, ms := buf[r0*kvl:r1*kvl], buf[off[len(units)]*kvl:]
@@ -987,19 +987,29 @@ type mlaCache struct {
 
 // floats returns a buffer of n float32 from the pool (contents unset) and
 // the function that gives it back.
-func (c *mlaCache) floats(n int) ([]float32, func()) { return poolFloats(&c.work, n) }
+func (c *mlaCache) floats(n int) ([]float32, pooledFloats) { return poolFloats(&c.work, n) }
 
 // poolFloats returns a buffer of n float32 from p (a pool of *[]float32;
 // contents unset, a new buffer when the pooled one is too small) and the
-// function that gives it back.
-func poolFloats(p *sync.Pool, n int) ([]float32, func()) {
+// handle whose done gives it back. The handle is a value, so that taking a
+// buffer allocates nothing once the pool holds one.
+func poolFloats(p *sync.Pool, n int) ([]float32, pooledFloats) {
 	v, _ := p.Get().(*[]float32)
 	if v == nil || cap(*v) < n {
 		buf := make([]float32, n)
 		v = &buf
 	}
-	return (*v)[:n], func() { p.Put(v) }
+	return (*v)[:n], pooledFloats{p, v}
 }
+
+// pooledFloats is a buffer taken from a pool by poolFloats.
+type pooledFloats struct {
+	p *sync.Pool
+	v *[]float32
+}
+
+// done gives the buffer back to its pool.
+func (h pooledFloats) done() { h.p.Put(h.v) }
 
 // mlaKey names a stored weight and the MLA dimensions its W_UK was built
 // for. data is the address of the weight's first stored value (its first
@@ -1197,25 +1207,25 @@ func halfWords(u []uint16) []float32 {
 func (b *Backend) projectMLA(g *mlaGroup, p kernels.MLAParams, w *Tensor, out []float32, lo, hi, h0, h1 int) {
 	nh, nope, kvl, vd := p.NumHeads, p.NopeDim, p.KVLoraRank, p.VHeadDim
 	rows := hi - lo
-	buf, done := b.mla.floats(rows * (kvl + vd))
-	defer done()
+	buf, pooled := b.mla.floats(rows * (kvl + vd))
+	defer pooled.done()
 	lat, ov := buf[:rows*kvl], buf[rows*kvl:]
 	for h := h0; h < h1; h++ {
 		for i := range rows {
 			copy(lat[i*kvl:(i+1)*kvl], g.olat[(i*nh+h)*kvl:(i*nh+h+1)*kvl])
 		}
-		wuv := rowsView(w, h*(nope+vd)+nope, h*(nope+vd)+nope+vd, kvl)
+		r0, r1 := h*(nope+vd)+nope, h*(nope+vd)+nope+vd // W_UV[h]: rows of w
 		switch w.dtype {
 		case kernels.F32:
-			b.k.linearF32(ov, lat, wuv.f32, rows, vd, kvl, 0, vd)
+			b.k.linearF32(ov, lat, w.f32[r0*kvl:r1*kvl], rows, vd, kvl, 0, vd)
 		case kernels.BF16:
-			b.k.linearBF16(ov, lat, wuv.u16, rows, vd, kvl, 0, vd)
+			b.k.linearBF16(ov, lat, w.u16[r0*kvl:r1*kvl], rows, vd, kvl, 0, vd)
 		case kernels.F16:
-			b.k.linearF16(ov, lat, wuv.u16, rows, vd, kvl, 0, vd)
+			b.k.linearF16(ov, lat, w.u16[r0*kvl:r1*kvl], rows, vd, kvl, 0, vd)
 		case kernels.F8E4M3:
-			b.k.linearF8(ov, lat, wuv.f8Weights(), rows, vd, kvl, 0, vd)
+			b.k.linearF8(ov, lat, rowsView(w, r0, r1, kvl).f8Weights(), rows, vd, kvl, 0, vd)
 		case kernels.Quant:
-			b.linearQuant(ov, lat, wuv.q, rows, vd, kvl, 0, vd)
+			b.linearQuant(ov, lat, rowsView(w, r0, r1, kvl).q, rows, vd, kvl, 0, vd)
 		}
 		for i := range rows {
 			copy(out[(lo+i)*nh*vd+h*vd:], ov[i*vd:(i+1)*vd])

@@ -64,36 +64,42 @@ func (b *Backend) linearOn(out, x []float32, w *Tensor, m, n, k int, bias []floa
 	if b.acts.roundsFor(w.dtype) {
 		acts = newLlamaActs(x, w, m, k, b.k, b.acts)
 	}
-	body := func(lo, hi int) {
-		j0, j1 := lo*linearTile, min(hi*linearTile, n)
-		switch {
-		case acts != nil:
-			acts.linear(out, w, m, n, k, j0, j1)
-		case w.dtype == kernels.F32:
-			b.k.linearF32(out, x, w.f32, m, n, k, j0, j1)
-		case w.dtype == kernels.BF16:
-			b.k.linearBF16(out, x, w.u16, m, n, k, j0, j1)
-		case w.dtype == kernels.F16:
-			b.k.linearF16(out, x, w.u16, m, n, k, j0, j1)
-		case w.dtype == kernels.F8E4M3:
-			b.k.linearF8(out, x, w.f8Weights(), m, n, k, j0, j1)
-		case w.dtype == kernels.Quant:
-			b.linearQuant(out, x, w.q, m, n, k, j0, j1)
-		}
-		if bias != nil {
-			for i := range m {
-				row := out[i*n : (i+1)*n]
-				for j := j0; j < j1; j++ {
-					row[j] += bias[j]
-				}
+	if !parallel || m*n*k < parallelLinearWork || tiles < 2 {
+		// On the caller: no closure to build (a one-row step runs most of
+		// its products here).
+		b.linearCols(out, x, w, m, n, k, bias, acts, 0, n)
+		return
+	}
+	b.run.For(tiles, func(lo, hi int) {
+		b.linearCols(out, x, w, m, n, k, bias, acts, lo*linearTile, min(hi*linearTile, n))
+	})
+}
+
+// linearCols computes columns [j0, j1) of out = x w^T + bias (x rounded
+// into acts where the activation mode rounds them).
+func (b *Backend) linearCols(out, x []float32, w *Tensor, m, n, k int, bias []float32, acts *llamaActs, j0, j1 int) {
+	switch {
+	case acts != nil:
+		acts.linear(out, w, m, n, k, j0, j1)
+	case w.dtype == kernels.F32:
+		b.k.linearF32(out, x, w.f32, m, n, k, j0, j1)
+	case w.dtype == kernels.BF16:
+		b.k.linearBF16(out, x, w.u16, m, n, k, j0, j1)
+	case w.dtype == kernels.F16:
+		b.k.linearF16(out, x, w.u16, m, n, k, j0, j1)
+	case w.dtype == kernels.F8E4M3:
+		b.k.linearF8(out, x, w.f8Weights(), m, n, k, j0, j1)
+	case w.dtype == kernels.Quant:
+		b.linearQuant(out, x, w.q, m, n, k, j0, j1)
+	}
+	if bias != nil {
+		for i := range m {
+			row := out[i*n : (i+1)*n]
+			for j := j0; j < j1; j++ {
+				row[j] += bias[j]
 			}
 		}
 	}
-	if !parallel || m*n*k < parallelLinearWork || tiles < 2 {
-		body(0, tiles)
-		return
-	}
-	b.run.For(tiles, body)
 }
 
 // Logits gathers rows of hidden, normalizes them and applies the LM head.

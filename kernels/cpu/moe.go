@@ -221,15 +221,15 @@ func (b *Backend) MoE(out, x, ids, weights, gateUp, down kernels.Tensor) error {
 	}
 	// Expert output per (token, k): every row is written by the expert
 	// of its pair before the sum below reads it.
-	ys, done := poolFloats(&b.moe, t*topK*hidden)
-	defer done()
+	ys, pooled := poolFloats(&b.moe, t*topK*hidden)
+	defer pooled.done()
 	// run computes expert e's rows of ys; parallel splits its products
 	// over the pool. Experts write disjoint rows of ys.
 	run := func(e int, parallel bool) {
 		pairs := byExpert[e]
 		n := len(pairs)
-		xe, g, a, release := b.expertRows(xs.f32, pairs, topK, hidden, inter)
-		defer release()
+		xe, g, a, rows := b.expertRows(xs.f32, pairs, topK, hidden, inter)
+		defer rows.done()
 		b.linearOn(g, xe, expert(gu, e), n, 2*inter, hidden, nil, parallel)
 		for r := range n {
 			b.k.siluMulRow(a[r*inter:(r+1)*inter], g[r*2*inter:(r+1)*2*inter])
@@ -337,12 +337,12 @@ func gatherTokens(xe, xs []float32, pairs []int32, topK, hidden int) {
 
 // expertRows returns one expert's working rows from the backend's MoE
 // pool, for its n = len(pairs) pairs: xe [n, hidden] holding the pairs'
-// tokens (gatherTokens), g [n, 2*inter] and a [n, inter] unset; done gives
-// them back.
-func (b *Backend) expertRows(xs []float32, pairs []int32, topK, hidden, inter int) (xe, g, a []float32, done func()) {
+// tokens (gatherTokens), g [n, 2*inter] and a [n, inter] unset; the
+// handle's done gives them back.
+func (b *Backend) expertRows(xs []float32, pairs []int32, topK, hidden, inter int) (xe, g, a []float32, h pooledFloats) {
 	n := len(pairs)
-	buf, done := poolFloats(&b.moe, n*(hidden+3*inter))
+	buf, h := poolFloats(&b.moe, n*(hidden+3*inter))
 	xe, g, a = buf[:n*hidden], buf[n*hidden:n*(hidden+2*inter)], buf[n*(hidden+2*inter):]
 	gatherTokens(xe, xs, pairs, topK, hidden)
-	return xe, g, a, done
+	return xe, g, a, h
 }

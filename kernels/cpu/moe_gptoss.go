@@ -44,14 +44,14 @@ func (b *Backend) MoEClampedSwiGLU(out, x, ids, weights, gateUp, gateUpBias, dow
 	}
 	// Expert output per (token, k): every row is written by the expert
 	// of its pair before the sum below reads it.
-	ys, done := poolFloats(&b.moe, t*topK*hidden)
-	defer done()
+	ys, pooled := poolFloats(&b.moe, t*topK*hidden)
+	defer pooled.done()
 	for e, pairs := range byExpert {
 		n := len(pairs)
 		if n == 0 {
 			continue
 		}
-		xe, g, a, release := b.expertRows(xs.f32, pairs, topK, hidden, inter)
+		xe, g, a, rows := b.expertRows(xs.f32, pairs, topK, hidden, inter)
 		b.expertLinear(g, xe, gu, e, n, 2*inter, hidden, gub.f32[e*2*inter:(e+1)*2*inter])
 		for r := range n {
 			clampedSwiGLURow(a[r*inter:(r+1)*inter], g[r*2*inter:(r+1)*2*inter], p)
@@ -61,7 +61,7 @@ func (b *Backend) MoEClampedSwiGLU(out, x, ids, weights, gateUp, gateUpBias, dow
 		for r, pair := range pairs {
 			copy(ys[int(pair)*hidden:(int(pair)+1)*hidden], ye[r*hidden:(r+1)*hidden])
 		}
-		release()
+		rows.done()
 	}
 	b.forRows(t, topK*hidden, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
