@@ -166,6 +166,15 @@ func run(o options) error {
 	}
 	ids := strings.Join(prompt, ",")
 
+	var shape kvShape
+	if data, err := os.ReadFile(filepath.Join(modelDir, "config.json")); err != nil {
+		return err
+	} else if err := json.Unmarshal(data, &shape); err != nil {
+		return fmt.Errorf("%s/config.json: %w", modelDir, err)
+	}
+	peerKV := kvBytesPerToken(shape, o.prompt, o.gen, kvElemBytes(o.peerKV, 2))
+	engineKV := kvBytesPerToken(shape, o.prompt, o.gen, kvElemBytes(o.kv, 4))
+
 	var fs []formatRuns
 	files := map[string]string{}
 	for _, typ := range o.types {
@@ -183,9 +192,9 @@ func run(o options) error {
 			return err
 		}
 		files[typ] = path
-		f0 := formatRuns{typ: typ, bytesPerToken: decodeBytesPerToken(f.Tensors), peer: side{name: "llama.cpp"}}
+		f0 := formatRuns{typ: typ, bytesPerToken: decodeBytesPerToken(f.Tensors), peer: side{name: "llama.cpp", kvBytes: peerKV}}
 		for _, a := range o.acts {
-			f0.engines = append(f0.engines, side{name: "engine " + a, acts: a})
+			f0.engines = append(f0.engines, side{name: "engine " + a, acts: a, kvBytes: engineKV})
 		}
 		fs = append(fs, f0)
 	}
@@ -239,6 +248,21 @@ func run(o options) error {
 	fmt.Println()
 	writeRoofs(os.Stdout, fs, copyBW, readBW)
 	return nil
+}
+
+// kvElemBytes is the bytes of one K/V cache value of a cache type as the
+// flags name it (-kv: auto is float32; -peer-kv: "" is llama.cpp's f16),
+// def for "" and "auto".
+func kvElemBytes(kv string, def int) int {
+	switch kv {
+	case "f32":
+		return 4
+	case "f16", "bf16":
+		return 2
+	case "fp8", "fp8_e4m3":
+		return 1
+	}
+	return def
 }
 
 func kvName(kv string) string {

@@ -80,6 +80,36 @@ type side struct {
 	name string // "llama.cpp", "engine auto", "engine llama_cpp", ...
 	acts string // the engine's cpu.activation_rounding; "" for llama.cpp
 	runs []runResult
+	// kvBytes is the K/V cache bytes a decode token reads on this side, on
+	// average over the run (kvBytesPerToken at its cache's element size).
+	kvBytes int64
+}
+
+// kvShape is what sizes a GQA model's K/V cache.
+type kvShape struct {
+	Layers  int `json:"num_hidden_layers"`
+	KVHeads int `json:"num_key_value_heads"`
+	HeadDim int `json:"head_dim"`
+	Heads   int `json:"num_attention_heads"`
+	Hidden  int `json:"hidden_size"`
+}
+
+// kvBytesPerToken is the K/V cache bytes one decode token reads on average
+// over a run of gen tokens after a prompt of prompt tokens, at elem bytes a
+// value: every layer's keys and values of the tokens before it (decode step
+// j, making token j+1 of gen, attends prompt+j of them), prompt + gen/2 on
+// average.
+func kvBytesPerToken(m kvShape, prompt, gen, elem int) int64 {
+	headDim := m.HeadDim
+	if headDim == 0 && m.Heads > 0 {
+		headDim = m.Hidden / m.Heads
+	}
+	kvHeads := m.KVHeads
+	if kvHeads == 0 {
+		kvHeads = m.Heads
+	}
+	perKey := int64(m.Layers) * 2 * int64(kvHeads) * int64(headDim) * int64(elem)
+	return perKey * int64(2*prompt+gen) / 2
 }
 
 func (s *side) prefill() float64 {
@@ -120,7 +150,7 @@ func matched(a, b []int32) int {
 // the tokens both sides agreed on (first round).
 func writeTable(w io.Writer, fs []formatRuns, copyBW, readBW float64, n int) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "format\tside\tprefill tok/s\tx llama.cpp\tdecode tok/s\tx llama.cpp\tdecode / copy roof\tdecode / read roof\tsame tokens\tweights\t")
+	fmt.Fprintln(tw, "format\tside\tprefill tok/s\tx llama.cpp\tdecode tok/s\tx llama.cpp\tdecode / copy roof\tdecode / read roof\t+ K/V\tsame tokens\tweights\t")
 	for _, f := range fs {
 		rows := append([]side{f.peer}, f.engines...)
 		for i, s := range rows {
@@ -136,21 +166,28 @@ func writeTable(w io.Writer, fs []formatRuns, copyBW, readBW float64, n int) {
 					wf = s.runs[0].Format
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%.2f\t%s\t%.0f%%\t%.0f%%\t%s\t%s\t\n", f.typ, s.name, pre, xp, dec, xd,
-				100*rooflineShare(dec, f.bytesPerToken, copyBW), 100*rooflineShare(dec, f.bytesPerToken, readBW), same, wf)
+			fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%.2f\t%s\t%.0f%%\t%.0f%%\t%.0f%%\t%s\t%s\t\n", f.typ, s.name, pre, xp, dec, xd,
+				100*rooflineShare(dec, f.bytesPerToken, copyBW), 100*rooflineShare(dec, f.bytesPerToken, readBW),
+				100*rooflineShare(dec, f.bytesPerToken+s.kvBytes, readBW), same, wf)
 		}
 	}
 	tw.Flush()
 }
 
-// writeRoofs prints each format's weight bytes per decode token and the
-// decode rates the measured bandwidths allow.
+// writeRoofs prints each format's weight bytes per decode token, the
+// decode rates the measured bandwidths allow, and each side's K/V cache
+// bytes per decode token (the "+ K/V" column of writeTable adds them).
 func writeRoofs(w io.Writer, fs []formatRuns, copyBW, readBW float64) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "format\tMB read per decode token\troof tok/s (copy)\troof tok/s (read)\t")
+	fmt.Fprintln(tw, "format\tMB read per decode token\troof tok/s (copy)\troof tok/s (read)\tK/V MB per decode token: llama.cpp\tengine\t")
 	for _, f := range fs {
 		mb := float64(f.bytesPerToken) / 1e6
-		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t\n", f.typ, mb, copyBW/float64(f.bytesPerToken), readBW/float64(f.bytesPerToken))
+		var eng int64
+		if len(f.engines) > 0 {
+			eng = f.engines[0].kvBytes
+		}
+		fmt.Fprintf(tw, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t\n", f.typ, mb, copyBW/float64(f.bytesPerToken), readBW/float64(f.bytesPerToken),
+			float64(f.peer.kvBytes)/1e6, float64(eng)/1e6)
 	}
 	tw.Flush()
 }

@@ -50,7 +50,7 @@ func TestRooflineShare(t *testing.T) {
 func TestWriteTable(t *testing.T) {
 	fs := []formatRuns{{
 		typ: "q8_0", bytesPerToken: 100e6,
-		peer: side{name: "llama.cpp", runs: []runResult{
+		peer: side{name: "llama.cpp", kvBytes: 100e6, runs: []runResult{
 			{IDs: []int32{1, 2, 3}, PrefillTokS: 100, DecodeTokS: 40},
 			{PrefillTokS: 300, DecodeTokS: 60},
 			{PrefillTokS: 200, DecodeTokS: 50},
@@ -66,12 +66,36 @@ func TestWriteTable(t *testing.T) {
 		t.Fatalf("table:\n%s", buf.String())
 	}
 	// llama.cpp: medians 200 and 50; 50 tok/s of a 100 tok/s copy roof, of
-	// a 200 tok/s read roof.
-	if f := strings.Fields(lines[1]); strings.Join(f, " ") != "q8_0 llama.cpp 200.0 50.00 50% 25%" {
+	// a 200 tok/s read roof, of a 100 tok/s read roof with its 100 MB of
+	// K/V a token.
+	if f := strings.Fields(lines[1]); strings.Join(f, " ") != "q8_0 llama.cpp 200.0 50.00 50% 25% 50%" {
 		t.Errorf("llama.cpp row %q", lines[1])
 	}
 	// The engine: 1.2x the prefill, 1.5x the decode, 2 of 3 tokens agreed.
-	if f := strings.Fields(lines[2]); strings.Join(f, " ") != "q8_0 engine 240.0 1.20 75.00 1.50 75% 38% 2/3 Q8_0" {
+	if f := strings.Fields(lines[2]); strings.Join(f, " ") != "q8_0 engine 240.0 1.20 75.00 1.50 75% 38% 38% 2/3 Q8_0" {
 		t.Errorf("engine row %q", lines[2])
+	}
+}
+
+func TestKVBytesPerToken(t *testing.T) {
+	// 2 layers, 2 K/V heads of 8: 2*2*2*8 = 64 values a key; after a
+	// 10-token prompt, 4 decode tokens attend 10+2 keys on average.
+	m := kvShape{Layers: 2, KVHeads: 2, HeadDim: 8}
+	if got, want := kvBytesPerToken(m, 10, 4, 4), int64(64*4*12); got != want {
+		t.Errorf("f32: %d bytes, want %d", got, want)
+	}
+	// head_dim and num_key_value_heads absent: hidden/heads, and heads.
+	m = kvShape{Layers: 1, Heads: 4, Hidden: 64}
+	if got, want := kvBytesPerToken(m, 3, 2, 2), int64(2*4*16*2*4); got != want {
+		t.Errorf("defaults: %d bytes, want %d", got, want)
+	}
+	for _, c := range []struct {
+		kv   string
+		def  int
+		want int
+	}{{"auto", 4, 4}, {"", 2, 2}, {"f32", 2, 4}, {"f16", 4, 2}, {"fp8", 4, 1}} {
+		if got := kvElemBytes(c.kv, c.def); got != c.want {
+			t.Errorf("kvElemBytes(%q, %d) = %d, want %d", c.kv, c.def, got, c.want)
+		}
 	}
 }
