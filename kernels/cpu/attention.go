@@ -986,7 +986,7 @@ type mlaCache struct {
 }
 
 // floats returns a buffer of n float32 from the pool (contents unset) and
-// the function that gives it back.
+// the handle whose done gives it back.
 func (c *mlaCache) floats(n int) ([]float32, pooledFloats) { return poolFloats(&c.work, n) }
 
 // poolFloats returns a buffer of n float32 from p (a pool of *[]float32;
