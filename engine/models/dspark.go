@@ -578,7 +578,7 @@ func (d *DSpark) block(p *DSparkPass, b int) (kernels.Tensor, error) {
 	// Zero-filled, though the layout writes all k+1 slots of a row: an
 	// attention kernel may load a whole tile of keys past a row's last and
 	// weigh them by a probability of 0, and 0 times stale NaN bytes is NaN.
-	// (Not yet checked on a GPU with its NaN-filled allocations.)
+	// (On an H100 with NaN-filled allocations the drafts keep their bits.)
 	kCache, err := ops.Alloc(cacheDT, b, stride, att)
 	if err != nil {
 		return nil, err

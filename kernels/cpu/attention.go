@@ -372,10 +372,7 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 func (b *Backend) attendGQAItems(pl *attnPlan, p kernels.AttentionParams, q []float32, kc, vc *Tensor, out []float32, tiles bool) {
 	group := p.NumHeads / p.NumKVHeads
 	items := pl.items(p.NumKVHeads, b.threads)
-	parts := 1
-	if n := len(items); n < b.threads && oneRowItems(items) {
-		parts = min(group, (b.threads+n-1)/n)
-	}
+	parts := headParts(items, group, b.threads)
 	b.run.For(len(items)*parts, func(lo, hi int) {
 		maxR, maxN := 0, min(keyTile, pl.maxK)
 		for u := lo; u < hi; u++ {
@@ -663,10 +660,7 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 		} else {
 			// Fewer one-row items than workers (a decode at batch 1):
 			// each item's heads are dealt to several workers.
-			parts := 1
-			if n := e - a; n < b.threads && oneRowItems(items[a:e]) {
-				parts = min(p.NumHeads, (b.threads+n-1)/n)
-			}
+			parts := headParts(items[a:e], p.NumHeads, b.threads)
 			b.run.For((e-a)*parts, func(u0, u1 int) {
 				s := b.mlaScratchFor(p, items[a+u0/parts:a+(u1+parts-1)/parts], pl, c.dtype)
 				for u := u0; u < u1; u++ {
@@ -700,14 +694,21 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 // before, bit for bit. A multiple of keyTile.
 const mlaSegmentKeys = 512
 
-// oneRowItems reports whether every item holds one query row.
-func oneRowItems(items []attnItem) bool {
+// headParts is how many parts each item's heads (of heads) are cut into
+// so that fewer one-row items than workers still use every worker: 1
+// otherwise. Each (row, head) pair has its own scores and softmax, so the
+// cut changes no bit.
+func headParts(items []attnItem, heads, workers int) int {
+	n := len(items)
+	if n == 0 || n >= workers {
+		return 1
+	}
 	for _, it := range items {
 		if it.r1-it.r0 != 1 {
-			return false
+			return 1
 		}
 	}
-	return true
+	return min(heads, (workers+n-1)/n)
 }
 
 // mlaUnit is one segment of an item: its keys [k0, k1).

@@ -151,29 +151,24 @@ func run(o options) error {
 	}
 
 	// The prompt: random ids past the special tokens, the same for both.
-	var cfgVocab struct {
+	var cfg struct {
 		Vocab int `json:"vocab_size"`
+		kvShape
 	}
 	if data, err := os.ReadFile(filepath.Join(modelDir, "config.json")); err != nil {
 		return err
-	} else if err := json.Unmarshal(data, &cfgVocab); err != nil || cfgVocab.Vocab < 1000 {
-		return fmt.Errorf("%s/config.json: vocab_size %d (%v)", modelDir, cfgVocab.Vocab, err)
+	} else if err := json.Unmarshal(data, &cfg); err != nil || cfg.Vocab < 1000 {
+		return fmt.Errorf("%s/config.json: vocab_size %d (%v)", modelDir, cfg.Vocab, err)
 	}
 	r := rand.New(rand.NewPCG(o.seed, 3))
 	prompt := make([]string, o.prompt)
 	for i := range prompt {
-		prompt[i] = strconv.Itoa(256 + r.IntN(cfgVocab.Vocab-256))
+		prompt[i] = strconv.Itoa(256 + r.IntN(cfg.Vocab-256))
 	}
 	ids := strings.Join(prompt, ",")
 
-	var shape kvShape
-	if data, err := os.ReadFile(filepath.Join(modelDir, "config.json")); err != nil {
-		return err
-	} else if err := json.Unmarshal(data, &shape); err != nil {
-		return fmt.Errorf("%s/config.json: %w", modelDir, err)
-	}
-	peerKV := kvBytesPerToken(shape, o.prompt, o.gen, kvElemBytes(o.peerKV, 2))
-	engineKV := kvBytesPerToken(shape, o.prompt, o.gen, kvElemBytes(o.kv, 4))
+	peerKV := kvBytesPerToken(cfg.kvShape, o.prompt, o.gen, kvElemBytes(o.peerKV, 2))
+	engineKV := kvBytesPerToken(cfg.kvShape, o.prompt, o.gen, kvElemBytes(o.kv, 4))
 
 	var fs []formatRuns
 	files := map[string]string{}
