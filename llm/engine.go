@@ -108,8 +108,8 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		if _, err := simd.Pick(cfg.CPU.SIMD); err != nil && !cfg.CPU.PureGo {
 			return nil, fmt.Errorf("llm: %w: cpu.simd %s: %w", config.ErrInvalid, cfg.CPU.SIMD, err)
 		}
-		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, SIMD: cfg.CPU.SIMD, KVCacheDType: cfg.Cache.KVDType(), Activations: cpuActivations(cfg.CPU.ActivationRounding)})
-		warnSlowBF16Pairs(cfg.CPU)
+		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, SIMD: cfg.CPU.SIMD, KVCacheDType: cfg.Cache.KVDType(), Activations: cpuActivations(cfg.CPU.ActivationRounding, models.IsGGUF(cfg.Model))})
+		warnSlowBF16Pairs(cfg)
 	case cfg.Device == "cuda":
 		ops, err := cuda.New(cudaOptions(cfg))
 		if err != nil {
@@ -762,32 +762,38 @@ func ggufTokenizer(path string, f *gguf.File) (*tokenizer.Tokenizer, error) {
 	return tok, nil
 }
 
-// warnSlowBF16Pairs logs one line when cpu.activation_rounding: bf16 meets
-// a kernel path without AVX512_BF16, whose Go loop gives the same bits far
-// more slowly.
-func warnSlowBF16Pairs(c config.CPU) {
-	if c.ActivationRounding != "bf16" {
+// warnSlowBF16Pairs logs one line when BF16 weights are to meet bfloat16
+// activations (cpu.activation_rounding: bf16, or auto with a GGUF file) on
+// the pure-Go kernels, whose loop gives the SIMD paths' bits far more
+// slowly.
+func warnSlowBF16Pairs(cfg *config.Config) {
+	if cpuActivations(cfg.CPU.ActivationRounding, models.IsGGUF(cfg.Model)) != cpu.ActBF16 {
 		return
 	}
-	name := c.SIMD
-	if c.PureGo {
+	name := cfg.CPU.SIMD
+	if cfg.CPU.PureGo {
 		name = "go"
 	}
 	if impl, err := simd.Pick(name); err == nil && !impl.HasNativeBF16Pairs() {
-		slog.Warn("cpu.activation_rounding: bf16 without AVX512_BF16 on this kernel path: products with BF16 weights run a Go loop (the same bits, far slower)",
-			"simd", impl.Name())
+		slog.Warn("bfloat16 activations on the pure-Go kernels: products with BF16 weights run a Go loop (the SIMD paths' bits, far slower)",
+			"simd", impl.Name(), "cpu.activation_rounding", cfg.CPU.ActivationRounding)
 	}
 }
 
 // cpuActivations is the CPU backend's mode for cpu.activation_rounding
-// (validated: auto or empty, none, llama_cpp, bf16).
-func cpuActivations(rounding string) cpu.ActRounding {
+// (validated: auto or empty, none, llama_cpp, bf16); gguf says whether the
+// model is a GGUF file, whose BF16 weights meet bfloat16 activations under
+// auto, as in llama.cpp.
+func cpuActivations(rounding string, gguf bool) cpu.ActRounding {
 	switch rounding {
 	case "none":
 		return cpu.ActFloat32
 	case "llama_cpp":
 		return cpu.ActLlamaCpp
 	case "bf16":
+		return cpu.ActBF16
+	}
+	if gguf {
 		return cpu.ActBF16
 	}
 	return cpu.ActLlamaCppQuantized

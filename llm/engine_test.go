@@ -179,20 +179,29 @@ func TestCPUSIMDSetting(t *testing.T) {
 }
 
 // TestCPUActivations: every cpu.activation_rounding the config accepts
-// maps to its CPU backend mode, auto (and the empty default) to llama.cpp's
-// rounding for GGUF quantized weights only.
+// maps to its CPU backend mode; auto (and the empty default) to llama.cpp's
+// rounding for GGUF quantized weights on a model directory, and for a GGUF
+// file also to bfloat16 activations meeting its BF16 weights, as llama.cpp
+// multiplies them.
 func TestCPUActivations(t *testing.T) {
 	for _, tc := range []struct {
 		rounding string
+		gguf     bool
 		want     cpu.ActRounding
 	}{
-		{"", cpu.ActLlamaCppQuantized},
-		{"auto", cpu.ActLlamaCppQuantized},
-		{"none", cpu.ActFloat32},
-		{"llama_cpp", cpu.ActLlamaCpp},
+		{"", false, cpu.ActLlamaCppQuantized},
+		{"auto", false, cpu.ActLlamaCppQuantized},
+		{"", true, cpu.ActBF16},
+		{"auto", true, cpu.ActBF16},
+		{"none", false, cpu.ActFloat32},
+		{"none", true, cpu.ActFloat32},
+		{"llama_cpp", false, cpu.ActLlamaCpp},
+		{"llama_cpp", true, cpu.ActLlamaCpp},
+		{"bf16", false, cpu.ActBF16},
+		{"bf16", true, cpu.ActBF16},
 	} {
-		if got := cpuActivations(tc.rounding); got != tc.want {
-			t.Errorf("cpu.activation_rounding %q: mode %d, want %d", tc.rounding, got, tc.want)
+		if got := cpuActivations(tc.rounding, tc.gguf); got != tc.want {
+			t.Errorf("cpu.activation_rounding %q, GGUF %v: mode %d, want %d", tc.rounding, tc.gguf, got, tc.want)
 		}
 	}
 }

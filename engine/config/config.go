@@ -151,19 +151,23 @@ type CPU struct {
 	//     Q4_0, the K-quants) meet activations rounded as llama.cpp's CPU
 	//     backend rounds them, to 8-bit Q8_0/Q8_K blocks multiplied with
 	//     integer dot products (the arithmetic of llama.cpp, ollama and
-	//     vLLM's GGUF kernels, so a GGUF file gives llama.cpp's tokens);
-	//     every other weight format meets float32 activations;
+	//     vLLM's GGUF kernels, so a GGUF file gives llama.cpp's tokens),
+	//     and a GGUF file's BF16 weights meet bfloat16 activations as
+	//     under "bf16" (llama.cpp rounds them so for BF16 weights); every
+	//     other weight format, and a model directory's BF16 weights, meet
+	//     float32 activations;
 	//   - "none": float32 activations everywhere, the exact product with the
 	//     stored weights;
 	//   - "llama_cpp": llama.cpp's rounding for BF16 and F16 weights too
 	//     (activations rounded to the weights' 16-bit type), so that greedy
 	//     tokens follow llama.cpp's on 16-bit GGUF files as well;
-	//   - "bf16": as auto, and BF16 weights meet activations rounded to
-	//     bfloat16, multiplied in pairs with AVX512_BF16's VDPBF16PS
+	//   - "bf16": as auto, and every BF16 weight meets activations rounded
+	//     to bfloat16, multiplied in pairs with AVX512_BF16's VDPBF16PS
 	//     arithmetic (the rounding llama.cpp, vLLM's CPU backend and
 	//     PyTorch give BF16 models): on CPUs with that instruction, products
-	//     with BF16 weights run about twice as fast (prefill); elsewhere a
-	//     Go loop gives the same bits far more slowly.
+	//     with BF16 weights run about twice as fast (prefill); the AVX2
+	//     kernels give the same bits with float32 FMAs at the float32
+	//     kernels' speed, the pure-Go path with a far slower loop.
 	// The CUDA backend multiplies GGUF blocks with float32 activations (as
 	// "none" does here), so comparing a quantized GGUF file's tokens across
 	// the two backends takes "none" on the CPU.

@@ -80,8 +80,8 @@ const (
 	// ActBF16 rounds the activations meeting BF16 weights to bfloat16 and
 	// multiplies them in pairs as AVX512_BF16's VDPBF16PS does
 	// (simd.LinearBF16Pairs): twice the multiply-adds an instruction of a
-	// float32 product where the CPU has it, the same bits from a Go loop
-	// far slower elsewhere. GGUF block-quantized weights are rounded as
+	// float32 product where the CPU has it; the same bits from float32
+	// FMAs on the AVX2 path and from a far slower loop on the pure-Go one. GGUF block-quantized weights are rounded as
 	// under ActLlamaCppQuantized; F16, F8E4M3 and MXFP4 weights keep
 	// float32 activations.
 	ActBF16

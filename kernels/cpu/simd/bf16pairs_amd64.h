@@ -1,4 +1,4 @@
-// The C kernel of LinearBF16Pairs (bf16pairs.go).
+// The C kernels of LinearBF16Pairs (bf16pairs.go).
 #ifndef DEEPINFER_BF16PAIRS_AMD64_H
 #define DEEPINFER_BF16PAIRS_AMD64_H
 
@@ -9,5 +9,11 @@
 // [0,ncols). Needs AVX-512 F/BW/VL/DQ and AVX512_BF16.
 void di_linear_bf16pairs_avx512(float *out, int64_t ldo, const uint16_t *x, const uint16_t *w, int64_t m,
                                 int64_t k, int64_t ncols);
+
+// di_linear_bf16pairs_avx512's products with float32 FMAs under MXCSR's
+// DAZ and FTZ (restored before it returns): the same bits on AVX2 + FMA.
+// Returns 0, or -1 when its per-thread buffers could not be allocated.
+int di_linear_bf16pairs_avx2(float *out, int64_t ldo, const uint16_t *x, const uint16_t *w, int64_t m, int64_t k,
+                             int64_t ncols);
 
 #endif

@@ -3,6 +3,7 @@ package simd
 import (
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 )
 
@@ -76,7 +77,7 @@ func TestLinearBF16Pairs(t *testing.T) {
 	}
 	shapes := []struct{ m, n, k int }{
 		{1, 19, 768}, {1, 8, 31}, {2, 9, 33}, {3, 13, 64}, {4, 17, 100}, {5, 11, 32},
-		{6, 4, 1}, {7, 23, 300}, {13, 30, 96}, {1, 3, 2},
+		{6, 4, 1}, {7, 23, 300}, {13, 30, 96}, {1, 3, 2}, {6, 3, 33}, {8, 2, 49185},
 	}
 	r := rand.New(rand.NewPCG(11, 12))
 	for _, sh := range shapes {
@@ -123,13 +124,25 @@ func TestLinearBF16Pairs(t *testing.T) {
 }
 
 // TestBF16PairsInstruction: long random runs of single pair steps through
-// the native kernel (k = 2, one pair in lane 0) against bf16PairFMA, with
-// accumulators built by a first pair, over every kind of bfloat16 input.
+// every native kernel (k = 34, one pair in lane 0 a step) against
+// bf16PairFMA, with accumulators built by a first pair, over every kind of
+// bfloat16 input: AVX512_BF16's VDPBF16PS itself, and the AVX2 kernel's
+// float32 FMAs under DAZ and FTZ.
 func TestBF16PairsInstruction(t *testing.T) {
-	p := Default()
-	if !p.HasNativeBF16Pairs() {
-		t.Skip("this CPU has no AVX512_BF16")
+	ran := false
+	for _, p := range Impls() {
+		if !p.HasNativeBF16Pairs() {
+			continue
+		}
+		ran = true
+		t.Run(p.Name(), func(t *testing.T) { checkPairSteps(t, p) })
 	}
+	if !ran {
+		t.Skip("no native LinearBF16Pairs on this CPU")
+	}
+}
+
+func checkPairSteps(t *testing.T, p *Impl) {
 	const n = 4096
 	r := rand.New(rand.NewPCG(13, 14))
 	anyBF16 := func() uint16 {
@@ -149,15 +162,56 @@ func TestBF16PairsInstruction(t *testing.T) {
 			row := w[j*k : (j+1)*k]
 			row[0], row[1], row[32], row[33] = anyBF16(), anyBF16(), anyBF16(), anyBF16()
 		}
-		got, want := make([]float32, n), make([]float32, n)
-		p.LinearBF16Pairs(got, x, w, 1, n, k, 0, n)
+		want := make([]float32, n)
 		goImpl.LinearBF16Pairs(want, x, w, 1, n, k, 0, n)
-		for j := range n {
-			if math.Float32bits(got[j]) != math.Float32bits(want[j]) && !(math.IsNaN(float64(got[j])) && math.IsNaN(float64(want[j]))) {
-				row := w[j*k : (j+1)*k]
-				t.Fatalf("round %d: x pairs (%#04x %#04x) (%#04x %#04x), w pairs (%#04x %#04x) (%#04x %#04x): VDPBF16PS %g (%#08x), pure Go %g (%#08x)",
-					round, x[0], x[1], x[32], x[33], row[0], row[1], row[32], row[33], got[j], math.Float32bits(got[j]), want[j], math.Float32bits(want[j]))
+		// One row (the decode kernels) and six copies of it (the GEMM
+		// tiles).
+		for _, m := range []int{1, 6} {
+			xm := make([]uint16, 0, m*k)
+			for range m {
+				xm = append(xm, x...)
+			}
+			got := make([]float32, m*n)
+			p.LinearBF16Pairs(got, xm, w, m, n, k, 0, n)
+			for f := range got {
+				j := f % n
+				if math.Float32bits(got[f]) != math.Float32bits(want[j]) && !(math.IsNaN(float64(got[f])) && math.IsNaN(float64(want[j]))) {
+					row := w[j*k : (j+1)*k]
+					t.Fatalf("round %d, %d rows: x pairs (%#04x %#04x) (%#04x %#04x), w pairs (%#04x %#04x) (%#04x %#04x): %s %g (%#08x), pure Go %g (%#08x)",
+						round, m, x[0], x[1], x[32], x[33], row[0], row[1], row[32], row[33], p.Name(), got[f], math.Float32bits(got[f]), want[j], math.Float32bits(want[j]))
+				}
 			}
 		}
 	}
 }
+
+// TestBF16PairsRestoresMXCSR: the AVX2 kernel runs under DAZ and FTZ and
+// hands the thread back without them: a product below float32's normal
+// range, computed by Go right after on the same thread, stays subnormal.
+func TestBF16PairsRestoresMXCSR(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for _, p := range Impls() {
+		if !p.HasNativeBF16Pairs() {
+			continue
+		}
+		x, w := make([]uint16, 64), make([]uint16, 3*64)
+		for _, m := range []int{1, 6} {
+			xm := make([]uint16, 0, m*64)
+			for range m {
+				xm = append(xm, x...)
+			}
+			p.LinearBF16Pairs(make([]float32, m*3), xm, w, m, 3, 64, 0, 3)
+			tiny, half := float32(0x1p-126), float32(0.5)
+			// Bits, not ==: under DAZ a comparison reads 2^-127 as zero.
+			if got := subnormalProduct(tiny, half); math.Float32bits(got) != 0x00400000 {
+				t.Fatalf("%s, %d rows: 2^-126 * 0.5 = %g (%#08x) after the kernel, want 2^-127 (flush to zero left on)", p.Name(), m, got, math.Float32bits(got))
+			}
+		}
+	}
+}
+
+// subnormalProduct keeps the product from being folded at compile time.
+//
+//go:noinline
+func subnormalProduct(a, b float32) float32 { return a * b }

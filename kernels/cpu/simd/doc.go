@@ -13,7 +13,8 @@
 // then l+4, l+2, l+1). A result therefore never depends on the batch size m,
 // on the other rows of x, on the column range [j0,j1), or on how a caller
 // splits work over threads: the CPU kernels are batch invariant.
-// LinearBF16Pairs (bfloat16 activations, cpu.activation_rounding: bf16) has
+// LinearBF16Pairs (bfloat16 activations: cpu.activation_rounding bf16, or
+// auto on a GGUF file's BF16 weights) has
 // an order of its own, VDPBF16PS's: lane l takes the pairs (32s+2l+1,
 // 32s+2l) of each step s of 32, then the same tree; it is batch invariant
 // in the same way.

@@ -14,6 +14,7 @@
 
 #include "simd_amd64.h"
 #include "attn_amd64.h"
+#include "bf16pairs_amd64.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -537,4 +538,176 @@ AVX2 float di_fma_peak_avx2(int64_t iters) {
 	for (int i = 1; i < 12; i++)
 		s = _mm256_add_ps(s, acc[i]);
 	return hsum2(s, _mm256_setzero_ps());
+}
+
+// ---- LinearBF16Pairs without AVX512_BF16 (bf16pairs.go) ----
+//
+// VDPBF16PS adds to lane l of a 32-value step the product of pair member
+// 2l+1, then that of 2l, each with one rounding to nearest even, subnormal
+// inputs read as zero and subnormal results flushed to zero. The product of
+// two bfloat16 values is exact in float32, so a float32 FMA of the widened
+// values rounds the same sum once; with MXCSR's DAZ (subnormal inputs read
+// as zero) and FTZ (subnormal results, detected after rounding, flushed)
+// set for the call, its bits are the instruction's. Each step of 32 values
+// is split into 32 floats, the odd members of the 16 lane pairs first and
+// then the even ones (bp_split): two float32 16-lane steps of the canonical
+// order run the step's two instructions' worth of FMAs in the instruction's
+// order, so the float32 tiles above compute the pairs product over the
+// split rows, k rounded up to 32 with zeros (as the instruction's masked
+// tail loads zeros).
+
+#define BP_MXCSR_FTZ_DAZ 0x8040
+
+// bp_load32 loads the 32 bfloat16 values of src at [s, s+32) as lanes
+// 0..7 (a) and 8..15 (b) of the pairs, zeros past k.
+AVX2 INLINE void bp_load32(const uint16_t *src, int64_t s, int64_t k, __m256i *a, __m256i *b) {
+	if (s + 32 <= k) {
+		*a = _mm256_loadu_si256((const __m256i *)(src + s));
+		*b = _mm256_loadu_si256((const __m256i *)(src + s + 16));
+		return;
+	}
+	uint16_t buf[32] = {0};
+	memcpy(buf, src + s, (size_t)(k - s) * 2);
+	*a = _mm256_loadu_si256((const __m256i *)buf);
+	*b = _mm256_loadu_si256((const __m256i *)(buf + 16));
+}
+
+// bp_split writes the bfloat16 row src (k values) as float32 in the pairs
+// order, k rounded up to 32 with zeros.
+AVX2 INLINE void bp_split(float *dst, const uint16_t *src, int64_t k) {
+	const __m256i odd = _mm256_set1_epi32((int)0xffff0000u);
+	for (int64_t s = 0; s < k; s += 32) {
+		__m256i a, b;
+		bp_load32(src, s, k, &a, &b);
+		_mm256_storeu_si256((__m256i *)(dst + s), _mm256_and_si256(a, odd));
+		_mm256_storeu_si256((__m256i *)(dst + s + 8), _mm256_and_si256(b, odd));
+		_mm256_storeu_si256((__m256i *)(dst + s + 16), _mm256_slli_epi32(a, 16));
+		_mm256_storeu_si256((__m256i *)(dst + s + 24), _mm256_slli_epi32(b, 16));
+	}
+}
+
+// bp_col computes column w (k bfloat16 weights, split in registers) against
+// R <= 5 rows of xs (split rows of k32 floats): out[r*ldo].
+AVX2 INLINE void bp_col(const int R, const float *xs, int64_t k32, const uint16_t *w, int64_t k, float *out,
+                        int64_t ldo) {
+	const __m256i odd = _mm256_set1_epi32((int)0xffff0000u);
+	__m256 lo[5], hi[5];
+#pragma GCC unroll 5
+	for (int r = 0; r < R; r++)
+		lo[r] = hi[r] = _mm256_setzero_ps();
+	for (int64_t s = 0; s < k32; s += 32) {
+		__m256i a, b;
+		bp_load32(w, s, k, &a, &b);
+		__m256 ol = _mm256_castsi256_ps(_mm256_and_si256(a, odd));
+		__m256 oh = _mm256_castsi256_ps(_mm256_and_si256(b, odd));
+		__m256 el = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
+		__m256 eh = _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
+#pragma GCC unroll 5
+		for (int r = 0; r < R; r++) {
+			const float *xr = xs + r * k32 + s;
+			lo[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr), ol, lo[r]);
+			hi[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 8), oh, hi[r]);
+			lo[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 16), el, lo[r]);
+			hi[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xr + 24), eh, hi[r]);
+		}
+	}
+#pragma GCC unroll 5
+	for (int r = 0; r < R; r++)
+		out[r * ldo] = hsum2(lo[r], hi[r]);
+}
+
+// bp_cols runs R rows of xs against columns [0, ncols) of w, one column
+// after another (the weights one sequential stream).
+AVX2 INLINE void bp_cols(const int R, float *out, int64_t ldo, const float *xs, int64_t k32, const uint16_t *w,
+                         int64_t k, int64_t ncols) {
+	for (int64_t j = 0; j < ncols; j++)
+		bp_col(R, xs, k32, w + j * k, k, out + j, ldo);
+}
+
+// The per-thread split rows of x: up to 5 rows of k rounded up to 32.
+static __thread float *bp_xs;
+static __thread int64_t bp_xs_len;
+
+AVX2 __attribute__((noinline)) static int bp_linear(float *out, int64_t ldo, const uint16_t *x, const uint16_t *w,
+                                                      int64_t m, int64_t k, int64_t ncols) {
+	const int64_t k32 = (k + 31) & ~(int64_t)31;
+	if (k32 == 0) {
+		for (int64_t i = 0; i < m; i++)
+			for (int64_t j = 0; j < ncols; j++)
+				out[i * ldo + j] = 0;
+		return 0;
+	}
+	if (bp_xs_len < 5 * k32) {
+		free(bp_xs);
+		bp_xs_len = 0;
+		if (posix_memalign((void **)&bp_xs, 64, (size_t)(5 * k32) * sizeof(float)) != 0) {
+			bp_xs = 0;
+			return -1;
+		}
+		bp_xs_len = 5 * k32;
+	}
+	if (m <= 5) {
+		// Decode and verify rows: each column's weights widened once in
+		// registers for every row.
+		for (int64_t i = 0; i < m; i++)
+			bp_split(bp_xs + i * k32, x + i * k, k);
+		switch (m) {
+		case 1:
+			bp_cols(1, out, ldo, bp_xs, k32, w, k, ncols);
+			break;
+		case 2:
+			bp_cols(2, out, ldo, bp_xs, k32, w, k, ncols);
+			break;
+		case 3:
+			bp_cols(3, out, ldo, bp_xs, k32, w, k, ncols);
+			break;
+		case 4:
+			bp_cols(4, out, ldo, bp_xs, k32, w, k, ncols);
+			break;
+		default:
+			bp_cols(5, out, ldo, bp_xs, k32, w, k, ncols);
+		}
+		return 0;
+	}
+	// A GEMM: each column block split once into the float32 panel, then
+	// the 3 x 2 float32 tiles over it, three split rows of x at a time.
+	if (!widen_panel && posix_memalign((void **)&widen_panel, 64, WIDEN_BYTES) != 0) {
+		widen_panel = 0;
+		return -1;
+	}
+	int64_t nb = WIDEN_BYTES / (k32 * 4);
+	if (nb < 2) {
+		for (int64_t i = 0; i < m; i += 5) {
+			int nr = m - i < 5 ? (int)(m - i) : 5;
+			int rc = bp_linear(out + i * ldo, ldo, x + i * k, w, nr, k, ncols);
+			if (rc != 0)
+				return rc;
+		}
+		return 0;
+	}
+	nb &= ~(int64_t)1;
+	for (int64_t jb = 0; jb < ncols; jb += nb) {
+		int64_t je = ncols - jb < nb ? ncols : jb + nb;
+		for (int64_t j = jb; j < je; j++)
+			bp_split(widen_panel + (j - jb) * k32, w + j * k, k);
+		for (int64_t i = 0; i < m; i += 3) {
+			int nr = m - i < 3 ? (int)(m - i) : 3;
+			for (int r = 0; r < nr; r++)
+				bp_split(bp_xs + r * k32, x + (i + r) * k, k);
+			linear_rows(DI_F32, 3, 2, out + i * ldo + jb, bp_xs, widen_panel, ldo, k32, 0, nr, 0, je - jb);
+		}
+	}
+	return 0;
+}
+
+// di_linear_bf16pairs_avx2 is di_linear_bf16pairs_avx512 (bf16pairs_amd64.h)
+// with float32 FMAs under DAZ and FTZ, the caller's MXCSR restored before it
+// returns. It returns 0, or -1 when its buffers could not be allocated.
+int di_linear_bf16pairs_avx2(float *out, int64_t ldo, const uint16_t *x, const uint16_t *w, int64_t m, int64_t k,
+                             int64_t ncols) {
+	unsigned int csr = _mm_getcsr();
+	_mm_setcsr(csr | BP_MXCSR_FTZ_DAZ);
+	int rc = bp_linear(out, ldo, x, w, m, k, ncols);
+	_mm_setcsr(csr);
+	return rc;
 }

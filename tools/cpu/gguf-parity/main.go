@@ -25,8 +25,9 @@
 // activations to 8-bit blocks before its integer dot products (and to
 // bfloat16 for BF16 weights). -acts is the engine's
 // cpu.activation_rounding: auto (the default) rounds activations as
-// llama.cpp does for the quantized weights, none keeps them in float32,
-// llama_cpp rounds them for BF16 and F16 weights too.
+// llama.cpp does for the quantized and BF16 weights (the latter in
+// VDPBF16PS arithmetic), none keeps them in float32, llama_cpp rounds them
+// for BF16 and F16 weights and widens them for float32 products.
 package main
 
 import (

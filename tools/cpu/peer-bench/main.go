@@ -26,10 +26,10 @@
 // bandwidths), how many generated tokens both sides agreed on, and the SIMD
 // path each side ran. -acts lists the engine's activation roundings to run
 // (cpu.activation_rounding: auto, the default, rounds activations as
-// llama.cpp does for quantized weights only; none keeps float32 everywhere;
-// llama_cpp rounds for 16-bit weights too; bf16 multiplies BF16 weights
-// with bfloat16 activations in VDPBF16PS arithmetic), an engine row per
-// format each.
+// llama.cpp does for quantized and BF16 weights, the latter multiplied in
+// VDPBF16PS arithmetic as under bf16; none keeps float32 everywhere;
+// llama_cpp rounds for 16-bit weights and multiplies in float32; bf16 is
+// auto for the GGUF files benchmarked here), an engine row per format each.
 // llama.cpp keeps its own defaults (F16 K/V cache, flash attention auto)
 // unless -peer-kv sets the cache type; this engine keeps K/V in float32
 // unless -kv sets its cache.kv_cache_dtype (f16: llama.cpp's default type).
