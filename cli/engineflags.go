@@ -96,10 +96,12 @@ func (f *engineFlags) load(positional string) (cfg *config.Config, cleanup func(
 	} else {
 		d := config.Default()
 		cfg = &d
-		if model == "" {
-			if model, err = shippedModelDir(); err != nil {
-				return nil, cleanup, err
-			}
+		cfg.Model = ""
+	}
+	// Neither the command line nor the file names a model: the shipped one.
+	if model == "" && cfg.Model == "" {
+		if model, err = shippedModelDir(); err != nil {
+			return nil, cleanup, err
 		}
 	}
 	if model != "" {

@@ -146,6 +146,33 @@ func TestDefaultConfigIsTheShippedModel(t *testing.T) {
 	}
 }
 
+// A config file that names no model (or names it null) runs the shipped
+// model, as no config does, wherever the file lies; --model still wins.
+func TestConfigWithoutModelRunsTheShippedModel(t *testing.T) {
+	old := shippedModelDir
+	t.Cleanup(func() { shippedModelDir = old })
+	fake := t.TempDir()
+	shippedModelDir = func() (string, error) { return fake, nil }
+	dir := t.TempDir()
+	for _, body := range []string{"engine: {max_num_seqs: 8}\n", "model: null\nengine: {max_num_seqs: 8}\n", "model:\nengine: {max_num_seqs: 8}\n"} {
+		path := filepath.Join(dir, "run.yaml")
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := loadWithFlags(t, engineFlagSet{model: true}, "-c", path)
+		if err != nil {
+			t.Fatalf("%q: %v", body, err)
+		}
+		if cfg.Model != fake || cfg.Engine.MaxNumSeqs != 8 {
+			t.Errorf("%q: model %q, max_num_seqs %d; want the shipped model %q and the file's 8", body, cfg.Model, cfg.Engine.MaxNumSeqs, fake)
+		}
+		other := t.TempDir()
+		if cfg, err = loadWithFlags(t, engineFlagSet{model: true}, "-c", path, "-m", other); err != nil || cfg.Model != other {
+			t.Errorf("%q with -m: model %v, err %v; want %q", body, cfg, err, other)
+		}
+	}
+}
+
 // testDir is the package directory, taken before any test changes the
 // working directory.
 var testDir = func() string {

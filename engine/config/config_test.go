@@ -334,6 +334,28 @@ func TestLoadResolvesPathsAgainstTheFile(t *testing.T) {
 	}
 }
 
+// A file that names no model leaves Model empty (the caller's choice), not
+// Default's path, which is relative to this repository's configs/.
+func TestLoadWithoutModel(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(path, []byte("engine: {max_num_seqs: 4}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Model != "" || cfg.Engine.MaxNumSeqs != 4 {
+		t.Errorf("model %q, max_num_seqs %d; want none and 4", cfg.Model, cfg.Engine.MaxNumSeqs)
+	}
+	for key, want := range map[string]bool{"model": true, "engine": true, "tokenizer": false, "max_num_seqs": false} {
+		if got := setsTopLevelKey([]byte("model: m\nengine: {max_num_seqs: 4}\ntokenizer: null\n"), key); got != want {
+			t.Errorf("setsTopLevelKey(%q) = %v, want %v", key, got, want)
+		}
+	}
+}
+
 func TestKVCacheDType(t *testing.T) {
 	tests := []struct {
 		name string

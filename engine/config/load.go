@@ -18,7 +18,10 @@ import (
 var ErrInvalid = errors.New("invalid config")
 
 // Load reads, decodes and validates a config file. Relative model and
-// tokenizer paths are resolved against the file's directory.
+// tokenizer paths are resolved against the file's directory. A file that
+// names no model leaves Model empty for the caller to choose (Default's
+// path is relative to this repository's configs/, which means nothing
+// beside another file; the command line runs the shipped model).
 func Load(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -27,6 +30,9 @@ func Load(path string) (*Config, error) {
 	cfg, err := Parse(path, data)
 	if err != nil {
 		return nil, err
+	}
+	if !setsTopLevelKey(data, "model") {
+		cfg.Model = ""
 	}
 	dir := filepath.Dir(path)
 	for _, p := range []*string{&cfg.Model, &cfg.Tokenizer, &cfg.Speculative.DraftModel} {
@@ -58,6 +64,28 @@ func Parse(name string, data []byte) (*Config, error) {
 		return nil, fmt.Errorf("config %s: %w", name, err)
 	}
 	return &cfg, nil
+}
+
+// setsTopLevelKey reports whether the YAML document data (already parsed
+// once without error) has key at its top level with a non-null value.
+func setsTopLevelKey(data []byte, key string) bool {
+	var root yaml.Node
+	if yaml.Unmarshal(data, &root) != nil || len(root.Content) == 0 {
+		return false
+	}
+	doc := root.Content[0]
+	if doc.Kind == yaml.AliasNode {
+		doc = doc.Alias
+	}
+	if doc.Kind != yaml.MappingNode {
+		return false
+	}
+	for i := 0; i+1 < len(doc.Content); i += 2 {
+		if doc.Content[i].Value == key {
+			return !isNull(doc.Content[i+1])
+		}
+	}
+	return false
 }
 
 func isNull(n *yaml.Node) bool {
