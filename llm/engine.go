@@ -108,7 +108,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		if _, err := simd.Pick(cfg.CPU.SIMD); err != nil && !cfg.CPU.PureGo {
 			return nil, fmt.Errorf("llm: %w: cpu.simd %s: %w", config.ErrInvalid, cfg.CPU.SIMD, err)
 		}
-		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, SIMD: cfg.CPU.SIMD, KVCacheDType: cfg.Cache.KVDType(), Activations: cpuActivations(cfg.CPU.ActivationRounding, models.IsGGUF(cfg.Model))})
+		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, SIMD: cfg.CPU.SIMD, KVCacheDType: cfg.Cache.KVDType(), Activations: CPUActivations(cfg.CPU.ActivationRounding, models.IsGGUF(cfg.Model))})
 		warnSlowBF16Pairs(cfg)
 	case cfg.Device == "cuda":
 		ops, err := cuda.New(cudaOptions(cfg))
@@ -767,7 +767,7 @@ func ggufTokenizer(path string, f *gguf.File) (*tokenizer.Tokenizer, error) {
 // the pure-Go kernels, whose loop gives the SIMD paths' bits far more
 // slowly.
 func warnSlowBF16Pairs(cfg *config.Config) {
-	if cpuActivations(cfg.CPU.ActivationRounding, models.IsGGUF(cfg.Model)) != cpu.ActBF16 {
+	if CPUActivations(cfg.CPU.ActivationRounding, models.IsGGUF(cfg.Model)) != cpu.ActBF16 {
 		return
 	}
 	name := cfg.CPU.SIMD
@@ -780,11 +780,12 @@ func warnSlowBF16Pairs(cfg *config.Config) {
 	}
 }
 
-// cpuActivations is the CPU backend's mode for cpu.activation_rounding
-// (validated: auto or empty, none, llama_cpp, bf16); gguf says whether the
-// model is a GGUF file, whose BF16 weights meet bfloat16 activations under
-// auto, as in llama.cpp.
-func cpuActivations(rounding string, gguf bool) cpu.ActRounding {
+// CPUActivations is the CPU backend's mode for cpu.activation_rounding
+// (validated: auto or empty, none, llama_cpp, bf16; anything else reads as
+// auto); gguf says whether the model is a GGUF file, whose BF16 weights meet
+// bfloat16 activations under auto, as in llama.cpp. Tools that build the
+// backend themselves take the engine's mode from it.
+func CPUActivations(rounding string, gguf bool) cpu.ActRounding {
 	switch rounding {
 	case "none":
 		return cpu.ActFloat32

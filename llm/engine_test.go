@@ -200,7 +200,7 @@ func TestCPUActivations(t *testing.T) {
 		{"bf16", false, cpu.ActBF16},
 		{"bf16", true, cpu.ActBF16},
 	} {
-		if got := cpuActivations(tc.rounding, tc.gguf); got != tc.want {
+		if got := CPUActivations(tc.rounding, tc.gguf); got != tc.want {
 			t.Errorf("cpu.activation_rounding %q, GGUF %v: mode %d, want %d", tc.rounding, tc.gguf, got, tc.want)
 		}
 	}

@@ -51,6 +51,7 @@ import (
 	"github.com/deepinfer/deepinfer-go/engine/weights"
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu"
+	"github.com/deepinfer/deepinfer-go/llm"
 )
 
 // configs are the random models: rows of whole 256-weight blocks, so that
@@ -104,12 +105,11 @@ func main() {
 	self := flag.Bool("self", false, "also run llama.cpp with each prompt evaluated a token at a time and count how many of its tokens match its own one-pass run (the self column)")
 	ppl := flag.Int("ppl", 256, "tokens of the fixed text whose perplexity both engines compute per file (0: none)")
 	flag.Parse()
-	modes := map[string]cpu.ActRounding{"auto": cpu.ActLlamaCppQuantized, "none": cpu.ActFloat32, "llama_cpp": cpu.ActLlamaCpp, "bf16": cpu.ActBF16}
-	mode, ok := modes[*acts]
-	if !ok {
+	if !slices.Contains([]string{"auto", "none", "llama_cpp", "bf16"}, *acts) {
 		fmt.Fprintf(os.Stderr, "gguf-parity: -acts %q is not auto, none, llama_cpp or bf16\n", *acts)
 		os.Exit(2)
 	}
+	mode := llm.CPUActivations(*acts, true) // the engine's mode for a GGUF file
 	if *out == "" {
 		flag.Usage()
 		os.Exit(2)

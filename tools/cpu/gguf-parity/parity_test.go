@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/engine/models/ggufwrite"
-	"github.com/deepinfer/deepinfer-go/kernels/cpu"
+	"github.com/deepinfer/deepinfer-go/llm"
 )
 
 // TestPerplexityAgainstLlamaCpp: the random Llama and Qwen3 written as GGUF
@@ -30,7 +30,7 @@ func TestPerplexityAgainstLlamaCpp(t *testing.T) {
 	}
 	var log bytes.Buffer
 	o := options{out: t.TempDir(), tokDir: filepath.Join("..", "..", "..", "assets", "deepseek-tiny"), nodeModules: modules,
-		peerScript: filepath.Join("..", "peer.mjs"), threads: 2, pplLen: 128, acts: cpu.ActLlamaCppQuantized,
+		peerScript: filepath.Join("..", "peer.mjs"), threads: 2, pplLen: 128, acts: llm.CPUActivations("auto", true),
 		types: ggufwrite.Presets, archs: []string{"llama", "qwen3"}, seed: 1, log: &log}
 	_, ppls, err := measure(o)
 	if err != nil {
