@@ -80,11 +80,27 @@ func TestLinearBF16Pairs(t *testing.T) {
 		{6, 4, 1}, {7, 23, 300}, {13, 30, 96}, {1, 3, 2}, {6, 3, 33}, {8, 2, 49185},
 	}
 	r := rand.New(rand.NewPCG(11, 12))
+	// tinyMix: normal values near 1 or near 2^-64, none subnormal: steps
+	// the pure-Go loop takes on its fast path with products below
+	// float32's normal range added to normal sums.
+	tinyMix := func(n int) []uint16 {
+		v := bf16PairsInputs(r, n, 1, false)
+		for i := range v {
+			if r.IntN(3) == 0 {
+				v[i] = f32ToBF16(bf16ToF32(v[i]) * 0x1p-64)
+			}
+		}
+		return v
+	}
 	for _, sh := range shapes {
-		for _, extreme := range []bool{false, true} {
+		for _, inputs := range []string{"normal", "extreme", "tiny"} {
 			m, n, k := sh.m, sh.n, sh.k
+			extreme := inputs == "extreme"
 			x := bf16PairsInputs(r, m*k, 1, extreme)
 			w := bf16PairsInputs(r, n*k, 0.1, extreme)
+			if inputs == "tiny" {
+				x, w = tinyMix(m*k), tinyMix(n*k)
+			}
 			want := make([]float32, m*n)
 			goImpl.LinearBF16Pairs(want, x, w, m, n, k, 0, n)
 			for i := range m {
@@ -96,7 +112,7 @@ func TestLinearBF16Pairs(t *testing.T) {
 						mag += math.Abs(a * b)
 					}
 					if d := math.Abs(float64(want[i*n+j]) - exact); d > 1e-5*mag+1e-30 {
-						t.Fatalf("%dx%dx%d extreme=%v: out[%d,%d] = %g, exact %g (sum of |products| %g)", m, n, k, extreme, i, j, want[i*n+j], exact, mag)
+						t.Fatalf("%dx%dx%d %s: out[%d,%d] = %g, exact %g (sum of |products| %g)", m, n, k, inputs, i, j, want[i*n+j], exact, mag)
 					}
 				}
 			}
@@ -105,7 +121,7 @@ func TestLinearBF16Pairs(t *testing.T) {
 				p.LinearBF16Pairs(got, x, w, m, n, k, 0, n)
 				for f := range got {
 					if math.Float32bits(got[f]) != math.Float32bits(want[f]) {
-						t.Fatalf("%s %dx%dx%d extreme=%v: out[%d] = %g (%#08x), pure Go %g (%#08x)", p.Name(), m, n, k, extreme,
+						t.Fatalf("%s %dx%dx%d %s: out[%d] = %g (%#08x), pure Go %g (%#08x)", p.Name(), m, n, k, inputs,
 							f, got[f], math.Float32bits(got[f]), want[f], math.Float32bits(want[f]))
 					}
 				}
