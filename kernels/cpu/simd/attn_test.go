@@ -278,7 +278,7 @@ func TestLinearF32Gather(t *testing.T) {
 	r := rand.New(rand.NewPCG(23, 24))
 	for _, sh := range []struct{ m, n, k int }{
 		{1, 1, 1}, {1, 7, 0}, {1, 9, 17}, {2, 5, 16}, {3, 13, 33}, {4, 128, 144}, {5, 17, 48},
-		{8, 128, 144}, {9, 3, 100}, {40, 128, 144}, {16, 64, 576}, {3, 11, 1100},
+		{8, 128, 144}, {9, 3, 100}, {40, 128, 144}, {16, 64, 576}, {3, 11, 1100}, {6, 10, 31}, {7, 9, 70},
 	} {
 		ldw := sh.k + r.IntN(5)
 		nw := 2*sh.n + 1
@@ -621,6 +621,38 @@ func TestAccumRowsPrefetch(t *testing.T) {
 				if i := sameSlices(got, want); i >= 0 {
 					t.Fatalf("%s: acc[%d] = %g, AccumRows %g", p, i, got[i], want[i])
 				}
+			}
+		})
+	}
+}
+
+// BenchmarkLinearF32Gather: decode attention's scores, the m query rows of
+// one KV head against 576 gathered key rows (every other row of a larger
+// cache, in the caches): grouped-query heads of 64 (m = 2, 3, 4) and the
+// default model's 8 latent heads of 144:
+//
+//	DEEPINFER_SIMD=avx2 go test -run X -bench LinearF32Gather -benchtime 20000x ./kernels/cpu/simd
+//
+// On the 2-core Zen 4 VM of BENCH.md, AVX2 path, three alternating runs of
+// the old and new binaries, once three and four rows took one pass (each
+// key row read once, not once per pair of rows): m = 3 8.8-9.5 -> 5.8-7.1
+// µs, m = 4 12.1-13.2 -> 8.2-9.7, m = 8 at 144 39.0-40.0 -> 31.8-37.2; m =
+// 2 (unchanged) 6.3-7.1 and 5.0-6.0 in the same runs.
+func BenchmarkLinearF32Gather(b *testing.B) {
+	impl := benchImpl(b)
+	r := rand.New(rand.NewPCG(1, 1))
+	const n, ldw = 576, 512
+	w := randVec(r, 2*n*ldw)
+	rows := make([]int32, n)
+	for i := range rows {
+		rows[i] = int32(2 * i)
+	}
+	for _, sh := range []struct{ m, k int }{{2, 64}, {3, 64}, {4, 64}, {8, 144}} {
+		x := randVec(r, sh.m*sh.k)
+		out := make([]float32, sh.m*n)
+		b.Run(fmt.Sprintf("%s/m%d_k%d", impl, sh.m, sh.k), func(b *testing.B) {
+			for b.Loop() {
+				impl.LinearF32Gather(out, x, w, rows, ldw, sh.m, sh.k)
 			}
 		})
 	}

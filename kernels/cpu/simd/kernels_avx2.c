@@ -313,25 +313,51 @@ void di_linear_avx2(int dtype, float *out, const float *x, const void *w, int64_
 	}
 }
 
+// gather_pass runs rows [i, i+R) of x against every gathered column, R x C
+// tiles (R*C <= 6, C <= 4; tile_rows_big from three rows).
+AVX2 INLINE void gather_pass(const int R, const int C, float *out, const float *x, const float *w,
+                             const int32_t *rows, int64_t ldw, int64_t i, int64_t n, int64_t k) {
+	const float *xr[4];
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++)
+		xr[r] = x + (i + r) * k;
+	for (int64_t j = 0; j < n; j += C) {
+		int nc = n - j < C ? (int)(n - j) : C;
+		const char *wc[4];
+#pragma GCC unroll 4
+		for (int c = 0; c < C; c++)
+			wc[c] = (const char *)(w + (int64_t)rows[j + (c < nc ? c : nc - 1)] * ldw);
+		if (R > 2) // one row of x in registers at a time (tile_rows holds them all)
+			tile_rows_big(DI_F32, R, C, xr, R, wc, nc, k, out + i * n + j, n);
+		else
+			tile_rows(DI_F32, R, C, xr, R, wc, nc, k, out + i * n + j, n);
+	}
+}
+
 // di_linear_gather_avx2 is LinearF32Gather: linear's tiles with column c
-// of a tile at w + rows[j+c]*ldw.
+// of a tile at w + rows[j+c]*ldw. Three or four rows (the query heads of a
+// KV head in grouped-query attention) take one pass, 3 x 2 or 4 x 1, so
+// each gathered row is read once rather than once per pair of rows.
 AVX2 void di_linear_gather_avx2(float *out, const float *x, const float *w, const int32_t *rows, int64_t ldw,
                                 int64_t m, int64_t n, int64_t k) {
 	for (int64_t i = 0; i < m;) {
-		const int two = m - i >= 2;
-		const int R = two ? 2 : 1, C = two ? 2 : 4;
-		const float *xr[4] = {x + i * k, x + (i + R - 1) * k, 0, 0};
-		for (int64_t j = 0; j < n; j += C) {
-			int nc = n - j < C ? (int)(n - j) : C;
-			const char *wc[4];
-			for (int c = 0; c < C; c++)
-				wc[c] = (const char *)(w + (int64_t)rows[j + (c < nc ? c : nc - 1)] * ldw);
-			if (two)
-				tile_rows(DI_F32, 2, 2, xr, 2, wc, nc, k, out + i * n + j, n);
-			else
-				tile_rows(DI_F32, 1, 4, xr, 1, wc, nc, k, out + i * n + j, n);
+		switch (m - i) {
+		case 1:
+			gather_pass(1, 4, out, x, w, rows, ldw, i, n, k);
+			i += 1;
+			break;
+		case 2:
+			gather_pass(2, 2, out, x, w, rows, ldw, i, n, k);
+			i += 2;
+			break;
+		case 3:
+			gather_pass(3, 2, out, x, w, rows, ldw, i, n, k);
+			i += 3;
+			break;
+		default:
+			gather_pass(4, 1, out, x, w, rows, ldw, i, n, k);
+			i += 4;
 		}
-		i += R;
 	}
 }
 
