@@ -185,10 +185,14 @@ AVX2 INLINE void accum_block(const int R, const int V, float *const acc[4], cons
 	}
 }
 
-// accum_rows runs R rows from i0: blocks of 32 columns, then of 8, then the
-// last k%8 columns one at a time with scalar fused multiply-adds.
+// accum_rows runs R rows from i0: blocks of 32 columns (16 for three rows,
+// 3 x 2 registers of sums, so that each key row is read once for the
+// three), then of 8, then the last k%8 columns one at a time with
+// scalar fused multiply-adds. Every output is the same chain of FMAs over
+// the keys whatever the block, so the blocks change no bit.
 AVX2 INLINE void accum_rows(const int R, float *acc, const float *alpha, const float *p, const float *w,
                             const int32_t *rows, int64_t ldw, int64_t n, int64_t k, int64_t i0) {
+	const int VB = R > 2 ? 2 : 4; // registers of 8 columns in a big block
 	float *ar[4];
 	const float *pr[4];
 #pragma GCC unroll 4
@@ -197,8 +201,8 @@ AVX2 INLINE void accum_rows(const int R, float *acc, const float *alpha, const f
 		pr[r] = p + (i0 + r) * n;
 	}
 	int64_t c = 0;
-	for (; c + 32 <= k; c += 32)
-		accum_block(R, 4, ar, pr, alpha + i0, w, rows, ldw, n, c);
+	for (; c + 8 * VB <= k; c += 8 * VB)
+		accum_block(R, VB, ar, pr, alpha + i0, w, rows, ldw, n, c);
 	for (; c + 8 <= k; c += 8)
 		accum_block(R, 1, ar, pr, alpha + i0, w, rows, ldw, n, c);
 	for (; c < k; c++) {
@@ -214,9 +218,14 @@ AVX2 INLINE void accum_rows(const int R, float *acc, const float *alpha, const f
 
 AVX2 void di_accum_rows_avx2(float *acc, const float *alpha, const float *p, const float *w,
                              const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k) {
+	// Pairs of rows (2 x 4 registers of sums), three rows left in one pass
+	// (3 x 2). Four rows in one pass (4 x 2) ran slower than two pairs: a
+	// key step's four probability tests and broadcasts for eight FMAs.
 	int64_t i = 0;
-	for (; i + 2 <= m; i += 2)
+	for (; m - i >= 4 || m - i == 2; i += 2)
 		accum_rows(2, acc, alpha, p, w, rows, ldw, n, k, i);
-	if (i < m)
+	if (m - i == 3)
+		accum_rows(3, acc, alpha, p, w, rows, ldw, n, k, i);
+	else if (m - i == 1)
 		accum_rows(1, acc, alpha, p, w, rows, ldw, n, k, i);
 }

@@ -312,7 +312,7 @@ func TestAccumRows(t *testing.T) {
 	r := rand.New(rand.NewPCG(25, 26))
 	for _, sh := range []struct{ m, n, k int }{
 		{1, 1, 1}, {1, 0, 16}, {1, 5, 7}, {2, 17, 16}, {3, 9, 33}, {4, 128, 128}, {5, 31, 64},
-		{8, 128, 128}, {7, 20, 100}, {40, 128, 128}, {9, 64, 512}, {2, 3, 200},
+		{8, 128, 128}, {7, 20, 100}, {40, 128, 128}, {9, 64, 512}, {2, 3, 200}, {6, 11, 50}, {3, 10, 24},
 	} {
 		ldw := sh.k + 16 + r.IntN(5)
 		nw := 2*sh.n + 2
@@ -640,13 +640,8 @@ func TestAccumRowsPrefetch(t *testing.T) {
 // 2 (unchanged) 6.3-7.1 and 5.0-6.0 in the same runs.
 func BenchmarkLinearF32Gather(b *testing.B) {
 	impl := benchImpl(b)
-	r := rand.New(rand.NewPCG(1, 1))
-	const n, ldw = 576, 512
-	w := randVec(r, 2*n*ldw)
-	rows := make([]int32, n)
-	for i := range rows {
-		rows[i] = int32(2 * i)
-	}
+	r, w, rows, ldw := benchGathered()
+	n := len(rows)
 	for _, sh := range []struct{ m, k int }{{2, 64}, {3, 64}, {4, 64}, {8, 144}} {
 		x := randVec(r, sh.m*sh.k)
 		out := make([]float32, sh.m*n)
@@ -656,4 +651,43 @@ func BenchmarkLinearF32Gather(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkAccumRows: decode attention's P·V, the m query rows of one KV
+// head over 576 gathered value rows (as BenchmarkLinearF32Gather):
+//
+//	DEEPINFER_SIMD=avx2 go test -run X -bench AccumRows -benchtime 20000x ./kernels/cpu/simd
+//
+// On the 2-core Zen 4 VM of BENCH.md, AVX2 path, three alternating runs of
+// the old and new binaries, once three rows took one pass (3 x 2 registers
+// of sums) rather than a pair and a single row: m = 3 7.8-8.3 -> 5.2-5.6
+// µs. Four rows in one pass (4 x 2) were tried too and ran slower than two
+// pairs (m = 4 6.2-6.6 -> 7.3-9.9 µs): not kept.
+func BenchmarkAccumRows(b *testing.B) {
+	impl := benchImpl(b)
+	r, w, rows, ldw := benchGathered()
+	n := len(rows)
+	for _, sh := range []struct{ m, k int }{{2, 64}, {3, 64}, {4, 64}, {8, 128}} {
+		p, alpha := randVec(r, sh.m*n), randVec(r, sh.m)
+		acc := make([]float32, sh.m*sh.k)
+		b.Run(fmt.Sprintf("%s/m%d_k%d", impl, sh.m, sh.k), func(b *testing.B) {
+			for b.Loop() {
+				impl.AccumRows(acc, alpha, p, w, rows, ldw, sh.m, sh.k)
+			}
+		})
+	}
+}
+
+// benchGathered is the cache of the attention benchmarks: 576 rows of
+// stride 512 taken from every other row of a larger matrix.
+func benchGathered() (r *rand.Rand, w []float32, rows []int32, ldw int) {
+	const n = 576
+	ldw = 512
+	r = rand.New(rand.NewPCG(1, 1))
+	w = randVec(r, 2*n*ldw)
+	rows = make([]int32, n)
+	for i := range rows {
+		rows[i] = int32(2 * i)
+	}
+	return r, w, rows, ldw
 }
