@@ -109,7 +109,6 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 			return nil, fmt.Errorf("llm: %w: cpu.simd %s: %w", config.ErrInvalid, cfg.CPU.SIMD, err)
 		}
 		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, SIMD: cfg.CPU.SIMD, KVCacheDType: cfg.Cache.KVDType(), Activations: CPUActivations(cfg.CPU.ActivationRounding, models.IsGGUF(cfg.Model))})
-		warnSlowBF16Pairs(cfg)
 	case cfg.Device == "cuda":
 		ops, err := cuda.New(cudaOptions(cfg))
 		if err != nil {
@@ -147,6 +146,9 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		return nil, fmt.Errorf("llm: %w", err)
 	}
 	e.model = model
+	if cfg.Device == "cpu" && opts.Backend == nil {
+		warnSlowBF16Pairs(cfg, models.WeightFormat(model))
+	}
 	mcfg := model.Config()
 	if maxModelLen == 0 {
 		maxModelLen = mcfg.MaxPositionEmbeddings
@@ -762,12 +764,12 @@ func ggufTokenizer(path string, f *gguf.File) (*tokenizer.Tokenizer, error) {
 	return tok, nil
 }
 
-// warnSlowBF16Pairs logs one line when BF16 weights are to meet bfloat16
-// activations (cpu.activation_rounding: bf16, or auto with a GGUF file) on
-// the pure-Go kernels, whose loop gives the SIMD paths' bits far more
-// slowly.
-func warnSlowBF16Pairs(cfg *config.Config) {
-	if CPUActivations(cfg.CPU.ActivationRounding, models.IsGGUF(cfg.Model)) != cpu.ActBF16 {
+// warnSlowBF16Pairs logs one line when a model whose weight formats
+// (models.WeightFormat) include BF16 meets bfloat16 activations
+// (cpu.activation_rounding: bf16, or auto with a GGUF file) on the pure-Go
+// kernels, whose loop gives the SIMD paths' bits far more slowly.
+func warnSlowBF16Pairs(cfg *config.Config, formats string) {
+	if CPUActivations(cfg.CPU.ActivationRounding, models.IsGGUF(cfg.Model)) != cpu.ActBF16 || !slices.Contains(strings.Split(formats, "+"), "BF16") {
 		return
 	}
 	name := cfg.CPU.SIMD
