@@ -51,70 +51,100 @@ func (p *Impl) LinearBF16Pairs(out []float32, x, w []uint16, m, n, k, j0, j1 int
 		f(out[j0:], n, x, w[j0*k:j1*k], m, k, j1-j0)
 		return
 	}
+	var row pairsRow
 	for i := range m {
-		xr := x[i*k : (i+1)*k]
+		row.set(x[i*k : (i+1)*k])
 		for j := j0; j < j1; j++ {
-			out[i*n+j] = dotBF16PairsGo(xr, w[j*k:(j+1)*k])
+			out[i*n+j] = row.dot(w[j*k : (j+1)*k])
 		}
 	}
 }
 
-// dotBF16PairsGo is LinearBF16Pairs' dot product of x and w[:len(x)].
-func dotBF16PairsGo(x, w []uint16) float32 {
-	var acc [lanes]float32
-	k := len(x)
-	w = w[:k]
-	s := 0
-	for ; s+2*lanes <= k; s += 2 * lanes {
-		pairsStep(&acc, x[s:s+2*lanes], w[s:s+2*lanes])
+// pairsRow is an activation row of the pure-Go loop, prepared once for all
+// the columns it meets: its values zero-padded to whole steps of 32, also
+// widened to float64, and per step whether any is subnormal (such a step
+// takes bf16PairFMA's exact code). Reused across rows.
+type pairsRow struct {
+	raw []uint16
+	f   []float64
+	sub []bool
+}
+
+func (r *pairsRow) set(x []uint16) {
+	steps := (len(x) + 2*lanes - 1) / (2 * lanes)
+	n := steps * 2 * lanes
+	r.raw = append(r.raw[:0], x...)
+	r.raw = append(r.raw, make([]uint16, n-len(x))...)
+	r.f = r.f[:0]
+	for _, h := range r.raw {
+		r.f = append(r.f, float64(bf16ToF32(h)))
 	}
-	if s < k { // the last step, its values past k zeros
-		var xs, ws [2 * lanes]uint16
-		copy(xs[:], x[s:])
-		copy(ws[:], w[s:])
-		pairsStep(&acc, xs[:], ws[:])
+	r.sub = r.sub[:0]
+	for s := range steps {
+		var flags uint64
+		for _, h := range r.raw[s*2*lanes : (s+1)*2*lanes] {
+			flags |= subnormalBF16(h)
+		}
+		r.sub = append(r.sub, flags != 0)
+	}
+}
+
+// dot is LinearBF16Pairs' dot product of the row and w[:k], k the row's
+// length.
+func (r *pairsRow) dot(w []uint16) float32 {
+	var acc [lanes]float32
+	k := len(w)
+	for s := range r.sub {
+		lo := s * 2 * lanes
+		var ws []uint16
+		if lo+2*lanes <= k {
+			ws = w[lo : lo+2*lanes]
+		} else { // the last step, its values past k zeros
+			var pad [2 * lanes]uint16
+			copy(pad[:], w[lo:])
+			ws = pad[:]
+		}
+		if r.sub[s] || !pairsStepFast(&acc, r.f[lo:lo+2*lanes], ws) {
+			pairsStep(&acc, r.raw[lo:lo+2*lanes], ws)
+		}
 	}
 	return reduce16(&acc)
 }
 
 // pairsStep adds one step of 32 values to the lanes: lane l takes the pair
-// (2l+1, 2l) of xs and ws, the odd member first.
+// (2l+1, 2l) of xs and ws, the odd member first, through bf16PairFMA.
 func pairsStep(acc *[lanes]float32, xs, ws []uint16) {
 	xs, ws = xs[:2*lanes], ws[:2*lanes]
-	if pairsStepFast(acc, xs, ws) {
-		return
-	}
 	for l := range lanes {
 		acc[l] = bf16PairFMA(xs[2*l+1], ws[2*l+1], acc[l])
 		acc[l] = bf16PairFMA(xs[2*l], ws[2*l], acc[l])
 	}
 }
 
-// pairsStepFast is pairsStep for the usual step, and reports whether it
-// applied: no value of xs and ws subnormal (DAZ would read it as zero) and
-// every new accumulator zero or a finite normal float32 (nothing to flush;
-// the next add starts from such an accumulator). Each product of two
-// bfloat16 values is exact in float64, and the float64 sum of it and a
-// normal or zero float32 accumulator, rounded to float32, is the single
-// rounding of the exact sum: exact when the two exponents lie within 37 of
-// each other (16 + 37 <= 53 bits), and otherwise the larger term rounded,
-// as the smaller one lies below half its float32 ulp. Otherwise acc is left
-// as it was and the caller runs bf16PairFMA, which covers every input. The
-// checks are branch-free flags: about twice the speed of bf16PairFMA's
-// loop.
-func pairsStepFast(acc *[lanes]float32, xs, ws []uint16) bool {
-	xs, ws = xs[:2*lanes], ws[:2*lanes]
+// pairsStepFast adds the step of the activations xf (widened, none
+// subnormal) and the weights ws as pairsStep would, and reports whether it
+// did: no weight subnormal (DAZ would read it as zero) and every new
+// accumulator zero or a finite normal float32 (nothing to flush; the next
+// add starts from such an accumulator). Each product of two bfloat16
+// values is exact in float64, and the float64 sum of it and a normal or
+// zero float32 accumulator, rounded to float32, is the single rounding of
+// the exact sum: exact when the two exponents lie within 37 of each other
+// (16 + 37 <= 53 bits), and otherwise the larger term rounded, as the
+// smaller one lies below half its float32 ulp. Otherwise acc is left as it
+// was and the caller runs pairsStep. The checks are branch-free flags.
+func pairsStepFast(acc *[lanes]float32, xf []float64, ws []uint16) bool {
+	xf, ws = xf[:2*lanes], ws[:2*lanes]
 	var flags uint64
-	for i := range xs {
-		flags |= subnormalBF16(xs[i]) | subnormalBF16(ws[i])
+	for _, h := range ws {
+		flags |= subnormalBF16(h)
 	}
 	if flags != 0 {
 		return false
 	}
 	var next [lanes]float32
 	for l := range lanes {
-		odd := float32(float64(acc[l]) + float64(bf16ToF32(xs[2*l+1]))*float64(bf16ToF32(ws[2*l+1])))
-		c := float32(float64(odd) + float64(bf16ToF32(xs[2*l]))*float64(bf16ToF32(ws[2*l])))
+		odd := float32(float64(acc[l]) + xf[2*l+1]*float64(bf16ToF32(ws[2*l+1])))
+		c := float32(float64(odd) + xf[2*l]*float64(bf16ToF32(ws[2*l])))
 		flags |= notNormalOrZero(odd) | notNormalOrZero(c)
 		next[l] = c
 	}
