@@ -98,6 +98,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		opts.Models = models.Builtin()
 	}
 	e := &Engine{cfg: cfg, done: make(chan struct{}), ownsOps: opts.Backend == nil}
+	isGGUF := models.IsGGUF(cfg.Model) // read once: the backend's activations and the loader both need it
 	switch {
 	case opts.Backend != nil:
 		if !strings.HasPrefix(opts.Backend.Name(), cfg.Device) {
@@ -108,7 +109,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		if _, err := simd.Pick(cfg.CPU.SIMD); err != nil && !cfg.CPU.PureGo {
 			return nil, fmt.Errorf("llm: %w: cpu.simd %s: %w", config.ErrInvalid, cfg.CPU.SIMD, err)
 		}
-		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, SIMD: cfg.CPU.SIMD, KVCacheDType: cfg.Cache.KVDType(), Activations: CPUActivations(cfg.CPU.ActivationRounding, models.IsGGUF(cfg.Model))})
+		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, SIMD: cfg.CPU.SIMD, KVCacheDType: cfg.Cache.KVDType(), Activations: CPUActivations(cfg.CPU.ActivationRounding, isGGUF)})
 	case cfg.Device == "cuda":
 		ops, err := cuda.New(cudaOptions(cfg))
 		if err != nil {
@@ -130,7 +131,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	// a 128k vocabulary) is parsed once, for the config check, the weights
 	// and the tokenizer.
 	var gf *gguf.File
-	if models.IsGGUF(cfg.Model) {
+	if isGGUF {
 		var err error
 		if gf, err = gguf.Open(cfg.Model); err != nil {
 			return nil, fmt.Errorf("llm: %w", err)
@@ -147,7 +148,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 	}
 	e.model = model
 	if cfg.Device == "cpu" && opts.Backend == nil {
-		warnSlowBF16Pairs(cfg, models.WeightFormat(model))
+		warnSlowBF16Pairs(cfg, isGGUF, models.WeightFormat(model))
 	}
 	mcfg := model.Config()
 	if maxModelLen == 0 {
@@ -766,10 +767,10 @@ func ggufTokenizer(path string, f *gguf.File) (*tokenizer.Tokenizer, error) {
 
 // warnSlowBF16Pairs logs one line when a model whose weight formats
 // (models.WeightFormat) include BF16 meets bfloat16 activations
-// (cpu.activation_rounding: bf16, or auto with a GGUF file) on the pure-Go
-// kernels, whose loop gives the SIMD paths' bits far more slowly.
-func warnSlowBF16Pairs(cfg *config.Config, formats string) {
-	if CPUActivations(cfg.CPU.ActivationRounding, models.IsGGUF(cfg.Model)) != cpu.ActBF16 || !slices.Contains(strings.Split(formats, "+"), "BF16") {
+// (cpu.activation_rounding: bf16, or auto with a GGUF file: isGGUF) on the
+// pure-Go kernels, whose loop gives the SIMD paths' bits far more slowly.
+func warnSlowBF16Pairs(cfg *config.Config, isGGUF bool, formats string) {
+	if CPUActivations(cfg.CPU.ActivationRounding, isGGUF) != cpu.ActBF16 || !slices.Contains(strings.Split(formats, "+"), "BF16") {
 		return
 	}
 	name := cfg.CPU.SIMD

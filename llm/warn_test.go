@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/engine/config"
+	"github.com/deepinfer/deepinfer-go/engine/models"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu/simd"
 )
 
@@ -43,7 +44,7 @@ func TestWarnSlowBF16Pairs(t *testing.T) {
 		logged.Reset()
 		cfg := config.Default()
 		cfg.Model, cfg.CPU.ActivationRounding, cfg.CPU.PureGo = tc.model, tc.rounding, tc.pureGo
-		warnSlowBF16Pairs(&cfg, tc.formats)
+		warnSlowBF16Pairs(&cfg, models.IsGGUF(tc.model), tc.formats)
 		if got := strings.Contains(logged.String(), "pure-Go kernels"); got != tc.want {
 			t.Errorf("%s: warned %v, want %v (log %q)", tc.name, got, tc.want, logged.String())
 		}

@@ -74,7 +74,9 @@ func (r *pairsRow) set(x []uint16) {
 	steps := (len(x) + 2*lanes - 1) / (2 * lanes)
 	n := steps * 2 * lanes
 	r.raw = append(r.raw[:0], x...)
-	r.raw = append(r.raw, make([]uint16, n-len(x))...)
+	for len(r.raw) < n {
+		r.raw = append(r.raw, 0)
+	}
 	r.f = r.f[:0]
 	for _, h := range r.raw {
 		r.f = append(r.f, float64(bf16ToF32(h)))
