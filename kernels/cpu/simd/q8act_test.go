@@ -326,8 +326,11 @@ func TestLinearQuantLlama(t *testing.T) {
 	// k = 96 and 352 are odd numbers of 32-weight blocks (the VNNI decode
 	// tile's last block alone; Q8_0/Q4_0 only), 40 weight rows let one row
 	// prefetch tiles ahead.
+	// The AVX2 repacked tiles take 16 weight rows and four activation rows
+	// a step, then the last one to three rows together (17, 18 and 23
+	// rows).
 	shapes := []struct{ m, n, k int }{{5, 9, 512}, {17, 19, 512}, {1, 17, 256}, {2, 3, 768}, {3, 8, 256},
-		{9, 13, 256}, {4, 1, 512}, {16, 33, 256}, {3, 27, 96}, {1, 40, 352}}
+		{9, 13, 256}, {4, 1, 512}, {16, 33, 256}, {3, 27, 96}, {1, 40, 352}, {18, 35, 256}, {23, 16, 96}}
 	if raceEnabled {
 		shapes = shapes[:2]
 	}
@@ -393,12 +396,14 @@ func runQuantLlama(p *Impl, typ QuantType, w []byte, x func(i int) float32, m, n
 }
 
 // TestLinearQuantLlamaLargestCodes: Q4_K, Q5_K and Q6_K rows whose codes
-// (and Q4_K/Q5_K scales and mins) are all at their largest, against
-// activations that all round to -127 (the "ones" rows: every product of
-// a block of one sign), put the kernels' integer sums at the ends of their
-// range (the AVX2 prefill step's int16 sums of four
-// Q4_K/Q5_K quads, 31496, or two Q6_K quads, 32004); the outputs stay
-// vecDotLlama's bit for bit.
+// (and Q4_K/Q5_K scales and mins) are all at their largest, and Q8_0 and
+// Q4_0 rows whose weights are all -128 and -8 (a Q8_0 file may hold -128,
+// which llama.cpp's quantizer never writes), against activations that all
+// round to -127 (the "ones" rows: every product of a block of one sign),
+// put the kernels' integer sums at the ends of their range (the AVX2
+// prefill step's int16 sums of four Q4_K/Q5_K quads, 31496, or two Q6_K
+// quads, 32004; the AVX2 decode tiles' vpmaddubsw pairs of Q8_0 products,
+// 2*128*127); the outputs stay vecDotLlama's bit for bit.
 func TestLinearQuantLlamaLargestCodes(t *testing.T) {
 	const n, k = 19, 512
 	dists := map[string]func(r *rand.Rand, i int) float32{
@@ -407,19 +412,26 @@ func TestLinearQuantLlamaLargestCodes(t *testing.T) {
 		"ones":   func(r *rand.Rand, i int) float32 { return 1 },
 	}
 	for _, p := range Impls() {
-		for _, typ := range []QuantType{QuantQ4_K, QuantQ5_K, QuantQ6_K} {
+		for _, typ := range []QuantType{QuantQ4_K, QuantQ5_K, QuantQ6_K, QuantQ8_0, QuantQ4_0} {
 			for _, m := range []int{3, 16, 19} { // 16 and 19 rows: the repacked tiles, four rows a step and the rest
 				for acts, dist := range dists {
 					r := rand.New(rand.NewPCG(uint64(typ), uint64(m)))
 					w := randWeightRows(r, typ, n, k, true)
 					bb := typ.BlockBytes()
-					lo, hi := 4, bb // Q4_K/Q5_K: past d and dmin (scales, mins, (qh,) qs)
-					if typ == QuantQ6_K {
+					lo, hi, code := 4, bb, byte(0xFF) // Q4_K/Q5_K: past d and dmin (scales, mins, (qh,) qs)
+					switch typ {
+					case QuantQ6_K:
 						lo, hi = 0, 208 // ql, qh, scales (-1 each), not d
+					case QuantQ8_0:
+						code = 0x80 // -128
+						lo = 2      // past d
+					case QuantQ4_0:
+						code = 0x00 // both nibbles 0: -8
+						lo = 2
 					}
 					for b := 0; b < len(w)/bb; b++ {
 						for i := lo; i < hi; i++ {
-							w[b*bb+i] = 0xFF
+							w[b*bb+i] = code
 						}
 					}
 					out, a, ab, rb := runQuantLlama(p, typ, w, func(i int) float32 { return dist(r, i%k) }, m, n, k)

@@ -456,7 +456,8 @@ QL void ql_cols(const int qt, const int R, const int NC, float *out, int64_t ldo
 #define QL_PACK_ROWS 16
 
 // ql_pack32 repacks the nc (<= NC) Q8_0 or Q4_0 weight rows at w (rb bytes
-// each; the last repeated up to NC) for a packed tile of NC rows: per block
+// each; the last repeated up to NC) for a packed tile of NC rows of the
+// VNNI prefill (the AVX2 one packs 16-bit weights, qa_pack32): per block
 // (36*NC bytes) the weights ql_w32 returns as [quad g 0..7][row c][4 bytes],
 // then dw[NC] floats.
 QL void ql_pack32(const int qt, const int NC, const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
@@ -814,52 +815,137 @@ QL int qp_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 #if !QVNNI
 #include <stdlib.h>
 
-// The AVX2 build's prefill from QL_PACK_ROWS activation rows on: 8 weight
-// rows at a time are repacked (once per call) so that one 256-bit vector
-// holds the same four weights of 8 rows and each lane accumulates one
-// output (no horizontal sums: the tiles above reduce 8 vectors a block and
-// row). The inner loops unroll twice: fully unrolled, GCC reassociated the
-// integer sums and spilled them. A Q8_0/Q4_0 block of the 8 rows (QA32_BYTES):
-// signed weights (Q4_0: q-8) as [quad g 0..7][row c 0..7][4 bytes], then
-// dw[8] floats. vpmaddubsw multiplies |w| by the activations with w's
-// signs (|a| <= 127 in Q8_0 blocks, so the sign is exact) and vpmaddwd by
-// ones adds the pairs: the block's exact integer sum per lane; the float
-// operations per output are the generic code's, as in the tiles above.
-#define QA32_BYTES (256 + 32)
+// The AVX2 build's prefill from QL_PACK_ROWS activation rows on: QA_NC
+// weight rows at a time are repacked (once per call) as 16-bit integers so
+// that one 256-bit vector holds the same pair of weights of 8 rows, and each
+// lane accumulates one output (no horizontal sums: the tiles above reduce 8
+// vectors a block and row). The activations are widened to 16 bits once per
+// call (qa_widen), and vpmaddwd of a weight vector with a broadcast pair of
+// activations adds two exact products per lane: two multiplications per 32
+// products of 8 columns. (The int8 form, vpmaddubsw on |w| and the
+// activations with w's signs, then vpmaddwd by ones, adds a vpsignb, which
+// shares vpmaddubsw's two pipes on Zen 4: 0.76-0.98x the rate of this one,
+// BENCH.md.) The block's integer sums are exact (|sum| <= 32*128*128), and
+// the float operations per output are the generic code's, as in the tiles
+// above.
+//
+// A Q8_0/Q4_0 block of the 16 rows (QA32_BYTES): the weights (Q4_0: q-8) as
+// int16 [pair j 0..15][row c 0..15][2], then dw[16] floats.
+#define QA_NC 16
+#define QA32_BYTES (QA_NC * 64 + QA_NC * 4)
 
-// qa_rows32 computes R rows (activations a + r*ab) against a packed tile
-// and writes nc columns of out[r*ldo + c].
-QL void qa_rows32(const int qt, const int R, const uint8_t *pk, int64_t nb, const uint8_t *a, int64_t ab, float *out,
-                  int64_t ldo, int nc) {
-	const __m256i ones = _mm256_set1_epi16(1);
-	__m256 acc[4];
-#pragma GCC unroll 4
-	for (int r = 0; r < R; r++)
-		acc[r] = _mm256_setzero_ps();
+// qa_pack32 repacks the nc (<= QA_NC) Q8_0 or Q4_0 weight rows at w (rb
+// bytes each; the last repeated up to QA_NC) into nb packed blocks at dst.
+QL void qa_pack32(const int qt, const uint8_t *w, int64_t rb, int64_t nb, int nc, uint8_t *dst) {
+	const int64_t bb = qt == DI_Q8_0 ? 34 : 18;
 	for (int64_t b = 0; b < nb; b++) {
-		const uint8_t *pb = pk + b * QA32_BYTES;
-		__m256i s[4];
-#pragma GCC unroll 4
-		for (int r = 0; r < R; r++)
-			s[r] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-		for (int g = 0; g < 8; g++) {
-			const __m256i wv = _mm256_loadu_si256((const __m256i *)(pb + 32 * g)), aw = _mm256_abs_epi8(wv);
-#pragma GCC unroll 4
-			for (int r = 0; r < R; r++) {
-				int32_t q;
-				memcpy(&q, a + r * ab + b * 34 + 2 + 4 * g, 4);
-				const __m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(q), wv));
-				s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(p, ones));
-			}
-		}
-		const __m256 dw = _mm256_loadu_ps((const float *)(pb + 256));
-#pragma GCC unroll 4
-		for (int r = 0; r < R; r++) {
-			acc[r] = ql_block32(qt, acc[r], _mm256_cvtepi32_ps(s[r]), dw, _mm256_set1_ps(ql_half(a + r * ab + b * 34)));
+		uint32_t *d = (uint32_t *)(dst + b * QA32_BYTES);
+		float *dw = (float *)(dst + b * QA32_BYTES + QA_NC * 64);
+		for (int c = 0; c < QA_NC; c++) {
+			const uint8_t *p = w + (c < nc ? c : nc - 1) * rb + b * bb;
+			const __m256i q = ql_w32(qt, p);
+			uint32_t u[16]; // the 16 pairs of the row's weights as int16
+			_mm256_storeu_si256((__m256i *)u, _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)));
+			_mm256_storeu_si256((__m256i *)(u + 8), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)));
+#pragma GCC unroll 16
+			for (int j = 0; j < 16; j++)
+				d[QA_NC * j + c] = u[j];
+			dw[c] = ql_half(p);
 		}
 	}
-	ql_store8(out, ldo, acc, R, nc);
+}
+
+// qa_widen writes the m activation rows at a (nb Q8_0 blocks each, ab
+// bytes apart) as int16 rows of k = 32*nb values (x) and their blocks'
+// scales as float32 (da, nb per row).
+QL void qa_widen(const uint8_t *a, int64_t ab, int64_t m, int64_t nb, int16_t *x, float *da) {
+	for (int64_t i = 0; i < m; i++)
+		for (int64_t b = 0; b < nb; b++) {
+			const uint8_t *p = a + i * ab + b * 34;
+			int16_t *d = x + (i * nb + b) * 32;
+			_mm256_storeu_si256((__m256i *)d, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 2))));
+			_mm256_storeu_si256((__m256i *)(d + 16), _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 18))));
+			da[i * nb + b] = ql_half(p);
+		}
+}
+
+// QA_STEP is one activation row's step of qa_block4: the pair j at X (+S)
+// broadcast, multiplied by the two weight vectors (ymm12, ymm13) and added
+// to the row's accumulators a<R> (columns 0..7) and b<R> (8..15).
+#define QA_STEP(R, X, S)                                                                                              \
+	"vpbroadcastd 4*\\j(" X S "), %%ymm14\n\t"                                                                     \
+	"vpmaddwd %%ymm14, %%ymm12, %%ymm15\n\t"                                                                        \
+	"vpmaddwd %%ymm14, %%ymm13, %%ymm14\n\t"                                                                        \
+	"vpaddd %%ymm15, %[a" R "], %[a" R "]\n\t"                                                                      \
+	"vpaddd %%ymm14, %[b" R "], %[b" R "]\n\t"
+
+// qa_block4 returns in s0[r] (columns 0..7) and s1[r] (8..15) the integer
+// sums of one packed block at w with four int16 activation rows (at x0,
+// x0 + st bytes, x2, x2 + st bytes). In assembly: from intrinsics GCC
+// spilled an accumulator around every step (a store and a reload in the
+// chain of sums), which ran at 0.88-0.93x this rate on one core.
+QL void qa_block4(const uint8_t *w, const int16_t *x0, const int16_t *x2, int64_t st, __m256i *s0, __m256i *s1) {
+	__m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+	__asm__(".irp j, 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15\n\t"
+	        "vmovdqu 64*\\j(%[w]), %%ymm12\n\t"
+	        "vmovdqu 64*\\j+32(%[w]), %%ymm13\n\t"
+	        QA_STEP("0", "%[x0]", "") QA_STEP("1", "%[x0]", ",%[st]") QA_STEP("2", "%[x2]", "") QA_STEP("3", "%[x2]", ",%[st]")
+	        ".endr\n\t"
+	        : [a0] "+x"(a0), [a1] "+x"(a1), [a2] "+x"(a2), [a3] "+x"(a3), [b0] "+x"(b0), [b1] "+x"(b1), [b2] "+x"(b2),
+	          [b3] "+x"(b3)
+	        : [w] "r"(w), [x0] "r"(x0), [x2] "r"(x2), [st] "r"(st)
+	        : "xmm12", "xmm13", "xmm14", "xmm15", "memory");
+	s0[0] = a0, s0[1] = a1, s0[2] = a2, s0[3] = a3, s1[0] = b0, s1[1] = b1, s1[2] = b2, s1[3] = b3;
+}
+
+// qa_rows32 computes R (1 to 4) rows (int16 activations x + r*k, block
+// scales da + r*nb) against a packed tile and writes nc columns of
+// out[r*ldo + c].
+QL void qa_rows32(const int qt, const int R, const uint8_t *pk, int64_t nb, const int16_t *x, const float *da, int64_t k,
+                  float *out, int64_t ldo, int nc) {
+	__m256 acc[4][2];
+#pragma GCC unroll 4
+	for (int r = 0; r < R; r++)
+		acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+	for (int64_t b = 0; b < nb; b++) {
+		const uint8_t *pb = pk + b * QA32_BYTES;
+		__m256i s0[4], s1[4];
+		if (R == 4) {
+			qa_block4(pb, x + b * 32, x + 2 * k + b * 32, 2 * k, s0, s1);
+		} else {
+#pragma GCC unroll 4
+			for (int r = 0; r < R; r++)
+				s0[r] = s1[r] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+			for (int j = 0; j < 16; j++) {
+				const __m256i w0 = _mm256_loadu_si256((const __m256i *)(pb + 64 * j));
+				const __m256i w1 = _mm256_loadu_si256((const __m256i *)(pb + 64 * j + 32));
+#pragma GCC unroll 4
+				for (int r = 0; r < R; r++) {
+					int32_t q;
+					memcpy(&q, x + r * k + b * 32 + 2 * j, 4);
+					const __m256i xv = _mm256_set1_epi32(q);
+					s0[r] = _mm256_add_epi32(s0[r], _mm256_madd_epi16(w0, xv));
+					s1[r] = _mm256_add_epi32(s1[r], _mm256_madd_epi16(w1, xv));
+				}
+			}
+		}
+		const __m256 dw0 = _mm256_loadu_ps((const float *)(pb + QA_NC * 64));
+		const __m256 dw1 = _mm256_loadu_ps((const float *)(pb + QA_NC * 64 + 32));
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++) {
+			const __m256 d = _mm256_broadcast_ss(da + r * nb + b);
+			acc[r][0] = ql_block32(qt, acc[r][0], _mm256_cvtepi32_ps(s0[r]), dw0, d);
+			acc[r][1] = ql_block32(qt, acc[r][1], _mm256_cvtepi32_ps(s1[r]), dw1, d);
+		}
+	}
+	for (int r = 0; r < R; r++) {
+		float o[QA_NC];
+		_mm256_storeu_ps(o, acc[r][0]);
+		_mm256_storeu_ps(o + 8, acc[r][1]);
+		for (int c = 0; c < nc; c++)
+			out[r * ldo + c] = o[c];
+	}
 }
 
 // A K-quant block of 8 rows for the AVX2 prefill (QAK_BYTES): the unsigned
@@ -996,18 +1082,30 @@ QL int qa_linear(const int qt, float *out, int64_t ldo, const uint8_t *a, const 
 		return 0;
 	const int64_t nb = k / 32, bb = qt == DI_Q8_0 ? 34 : 18, rb = nb * bb, ab = nb * 34;
 	uint8_t *pk = malloc((size_t)nb * QA32_BYTES);
-	if (!pk)
+	int16_t *x = malloc((size_t)(m * k) * sizeof(int16_t));
+	float *da = malloc((size_t)(m * nb) * sizeof(float));
+	if (!pk || !x || !da) {
+		free(pk);
+		free(x);
+		free(da);
 		return 0;
-	for (int64_t j = 0; j < ncols; j += 8) {
-		const int nc = ncols - j < 8 ? (int)(ncols - j) : 8;
-		ql_pack32(qt, 8, w + j * rb, rb, nb, nc, pk);
+	}
+	qa_widen(a, ab, m, nb, x, da);
+	for (int64_t j = 0; j < ncols; j += QA_NC) {
+		const int nc = ncols - j < QA_NC ? (int)(ncols - j) : QA_NC;
+		qa_pack32(qt, w + j * rb, rb, nb, nc, pk);
 		int64_t i = 0;
 		for (; i + 4 <= m; i += 4)
-			qa_rows32(qt, 4, pk, nb, a + i * ab, ab, out + i * ldo + j, ldo, nc);
-		for (; i < m; i++)
-			qa_rows32(qt, 1, pk, nb, a + i * ab, ab, out + i * ldo + j, ldo, nc);
+			qa_rows32(qt, 4, pk, nb, x + i * k, da + i * nb, k, out + i * ldo + j, ldo, nc);
+		switch (m - i) {
+		case 3: qa_rows32(qt, 3, pk, nb, x + i * k, da + i * nb, k, out + i * ldo + j, ldo, nc); break;
+		case 2: qa_rows32(qt, 2, pk, nb, x + i * k, da + i * nb, k, out + i * ldo + j, ldo, nc); break;
+		case 1: qa_rows32(qt, 1, pk, nb, x + i * k, da + i * nb, k, out + i * ldo + j, ldo, nc); break;
+		}
 	}
 	free(pk);
+	free(x);
+	free(da);
 	return 1;
 }
 #endif
