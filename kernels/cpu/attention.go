@@ -360,7 +360,7 @@ func (b *Backend) Attention(out, q, kCache, vCache kernels.Tensor, m *kernels.At
 	if pl.sinks, err = sinkValues(op, p); err != nil {
 		return err
 	}
-	b.attendGQAItems(pl, p, qs.f32, kc, vc, o.f32, !(pl.ring == nil && kc.dtype == kernels.F32))
+	b.attendGQAItems(pl, p, qs.f32, kc, vc, o.f32, !(pl.ring == nil && (kc.dtype == kernels.F32 || kc.dtype == kernels.F16)))
 	return nil
 }
 
@@ -410,9 +410,9 @@ type gqaScratch struct {
 // gqaScratchFor returns buffers for up to r query rows (of one KV head) and
 // tiles of up to n keys of head dimension d, from the backend's pool when
 // one there is large enough (attendGQA reads only prefixes it sets first);
-// tiles: kt and vt too (ring and 8-bit caches, which are copied; a float32
-// paged cache is read in place and needs neither). Give it back with
-// b.gqa.Put. Allocating kt and vt (2 x 32 KiB at head size 64) for every
+// tiles: kt and vt too (ring and 8-bit caches, which are copied; float32
+// and half paged caches are read in place and need neither). Give it back
+// with b.gqa.Put. Allocating kt and vt (2 x 32 KiB at head size 64) for every
 // worker of every call cost a third of a one-row call over 129 keys.
 func (b *Backend) gqaScratchFor(r, n, d int, tiles bool) *gqaScratch {
 	nt := 0
@@ -436,11 +436,12 @@ func (b *Backend) gqaScratchFor(r, n, d int, tiles bool) *gqaScratch {
 }
 
 // attendGQA runs the query rows of one item over their keys, tile by tile.
-// Keys and values of a float32 paged cache are read in place (their cache
-// slots gathered); ring, 16-bit and 8-bit caches are copied (widened) into
-// kt and vt first (a 16-bit paged cache's tile in one call each). Either way every score is the canonical dot product of the
-// query and key rows and every output the same AccumRows sum, so the two
-// give the same bits.
+// Keys and values of a float32 or half paged cache are read in place
+// (their cache slots gathered; half rows widened in registers by
+// LinearF16Gather and AccumRowsF16); ring and 8-bit caches are copied
+// (widened) into kt and vt first. Either way every score is the canonical
+// dot product of the query and key rows and every output the same
+// AccumRows sum, so the paths give the same bits for the same values.
 func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams, q []float32, kc, vc *Tensor, out []float32, s *gqaScratch, group, g0, g1 int) {
 	d, nh, kvWidth := p.HeadDim, p.NumHeads, p.NumKVHeads*p.HeadDim
 	rows, gs := it.r1-it.r0, g1-g0
@@ -462,6 +463,7 @@ func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams
 	clear(s.acc[:r*d])
 	kvOff := it.kvHead * d
 	inPlace := pl.ring == nil && kc.dtype == kernels.F32
+	half := pl.ring == nil && kc.dtype == kernels.F16
 	// In place: a tile's slots in bufs[cur], the next tile's, once asked
 	// for, in the other.
 	bufs, cur, fetched := [2][]int32{s.slots, s.next}, 0, false
@@ -469,6 +471,7 @@ func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams
 	for t0 := kFirst / keyTile * keyTile; t0 < kEnd; t0 += keyTile {
 		n := min(keyTile, kEnd-t0)
 		scores := s.st[:r*n]
+		ahead := false // half: the next tile's slots are in bufs[1-cur]
 		if inPlace {
 			slots = bufs[cur][:n]
 			if !fetched {
@@ -478,30 +481,28 @@ func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams
 			// (see the next tile's keys below).
 			b.k.prefetchRows(vc.f32[kvOff:], slots, kvWidth, d)
 			b.k.linearF32Gather(scores, s.qt[:r*d], kc.f32[kvOff:], slots, kvWidth, r, d)
-		} else if pl.ring == nil && kc.dtype == kernels.F16 {
-			slots := s.slots[:n]
-			pl.slots(slots, it.seq, t0)
+		} else if half {
+			slots = bufs[cur][:n]
+			if !fetched {
+				pl.slots(slots, it.seq, t0)
+			}
 			if kvOff%2 == 0 && kvWidth%2 == 0 && d%2 == 0 {
-				// As the in-place path does: the tile's values and the
+				// As the float32 path does: the tile's values, and the
 				// next tile's keys, into L2 while this tile's keys are
-				// widened and scored (the first tile's keys too). The
-				// widening copy otherwise waits on memory a row at a
-				// time: a Q8_0 decode step of the peer benchmark's 153M
-				// Llama spent a tenth of its time in it.
+				// scored (the first tile's keys too).
 				kw, vw := halfWords(kc.u16[kvOff:]), halfWords(vc.u16[kvOff:])
-				if t0 == kFirst/keyTile*keyTile {
+				if !fetched {
 					b.k.prefetchRows(kw, slots, kvWidth/2, d/2)
 				}
 				b.k.prefetchRows(vw, slots, kvWidth/2, d/2)
 				if t0+keyTile < kEnd {
-					next := s.next[:min(keyTile, kEnd-t0-keyTile)]
+					next := bufs[1-cur][:min(keyTile, kEnd-t0-keyTile)]
 					pl.slots(next, it.seq, t0+keyTile)
 					b.k.prefetchRows(kw, next, kvWidth/2, d/2)
+					ahead = true
 				}
 			}
-			b.k.f16Rows(s.kt[:n*d], kc.u16[kvOff:], slots, kvWidth, d)
-			b.k.f16Rows(s.vt[:n*d], vc.u16[kvOff:], slots, kvWidth, d)
-			b.k.linearF32(scores, s.qt[:r*d], s.kt[:n*d], r, n, d, 0, n)
+			b.k.linearF16Gather(scores, s.qt[:r*d], kc.u16[kvOff:], slots, kvWidth, r, d)
 		} else {
 			for j := range n {
 				kt, vt := s.kt[j*d:(j+1)*d], s.vt[j*d:(j+1)*d]
@@ -540,6 +541,12 @@ func (b *Backend) attendGQA(it attnItem, pl *attnPlan, p kernels.AttentionParams
 			}
 			b.k.accumRows(s.acc[:r*d], sm.alpha, scores, vc.f32[kvOff:], slots, kvWidth, r, d)
 			cur, fetched = 1-cur, t0+keyTile < kEnd
+		} else if half {
+			b.k.accumRowsF16(s.acc[:r*d], sm.alpha, scores, vc.u16[kvOff:], slots, kvWidth, r, d)
+			if ahead {
+				cur = 1 - cur
+			}
+			fetched = ahead
 		} else {
 			b.k.accumRows(s.acc[:r*d], sm.alpha, scores, s.vt[:n*d], tileRows[:n], d, r, d)
 		}

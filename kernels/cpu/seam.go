@@ -35,6 +35,10 @@ type kernelSet struct {
 	linearF32Gather func(out, x, w []float32, rows []int32, ldw, m, k int)
 	linearF32KMajor func(out []float32, ldo int, x []float32, ldx int, w []float32, m, n, k int)
 	accumRows       func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int)
+	// linearF16Gather and accumRowsF16 are the two over IEEE-half rows,
+	// widened in registers (simd.Impl.LinearF16Gather, AccumRowsF16).
+	linearF16Gather func(out, x []float32, w []uint16, rows []int32, ldw, m, k int)
+	accumRowsF16    func(acc, alpha, p []float32, w []uint16, rows []int32, ldw, m, k int)
 	// accumRowsPrefetch is accumRows that also fetches rows pfRows of w
 	// into L2 (simd.Impl.AccumRowsPrefetch).
 	accumRowsPrefetch func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int, pfRows []int32, pfK int)
@@ -80,6 +84,8 @@ func selectKernels(pureGo bool, name string) kernelSet {
 
 		onlineSoftmax:     impl.OnlineSoftmax,
 		linearF32Gather:   impl.LinearF32Gather,
+		linearF16Gather:   impl.LinearF16Gather,
+		accumRowsF16:      impl.AccumRowsF16,
 		linearF32KMajor:   impl.LinearF32KMajor,
 		accumRows:         impl.AccumRows,
 		accumRowsPrefetch: impl.AccumRowsPrefetch,

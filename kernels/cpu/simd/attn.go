@@ -114,6 +114,19 @@ func linearF32GatherGo(out, x, w []float32, rows []int32, ldw, m, k int) {
 	}
 }
 
+// linearF16GatherGo is the reference of Impl.LinearF16Gather: each
+// gathered row widened, then linearF32GatherGo's dot products.
+func linearF16GatherGo(out, x []float32, w []uint16, rows []int32, ldw, m, k int) {
+	n := len(rows)
+	wr := make([]float32, k)
+	for j, rw := range rows {
+		f16ToF32Go(wr, w[int(rw)*ldw:int(rw)*ldw+k])
+		for i := range m {
+			out[i*n+j] = dotGo(x[i*k:i*k+k], wr)
+		}
+	}
+}
+
 // linearF32KMajorGo is the reference of Impl.LinearF32KMajor: each column
 // of w copied out, then dotGo.
 func linearF32KMajorGo(out []float32, ldo int, x []float32, ldx int, w []float32, m, n, k int) {
@@ -136,6 +149,17 @@ func accumRowsPFGo(acc, alpha, p, w []float32, rows []int32, ldw, m, k int, _ []
 
 // accumRowsGo is the reference of Impl.AccumRows.
 func accumRowsGo(acc, alpha, p, w []float32, rows []int32, ldw, m, k int) {
+	accumRowsOf(acc, alpha, p, w, func(v float32) float32 { return v }, rows, ldw, m, k)
+}
+
+// accumRowsF16Go is the reference of Impl.AccumRowsF16: accumRowsGo with
+// each value of w widened.
+func accumRowsF16Go(acc, alpha, p []float32, w []uint16, rows []int32, ldw, m, k int) {
+	accumRowsOf(acc, alpha, p, w, f16ToF32, rows, ldw, m, k)
+}
+
+// accumRowsOf is AccumRows over rows of w whose values value widens.
+func accumRowsOf[T float32 | uint16](acc, alpha, p []float32, w []T, value func(T) float32, rows []int32, ldw, m, k int) {
 	n := len(rows)
 	for i := range m {
 		pr, dst := p[i*n:(i+1)*n], acc[i*k:(i+1)*k]
@@ -143,7 +167,7 @@ func accumRowsGo(acc, alpha, p, w []float32, rows []int32, ldw, m, k int) {
 			var s float32
 			for j, rw := range rows {
 				if pr[j] != 0 {
-					s = fma32(pr[j], w[int(rw)*ldw+c], s)
+					s = fma32(pr[j], value(w[int(rw)*ldw+c]), s)
 				}
 			}
 			dst[c] = fma32(dst[c], alpha[i], s)
@@ -209,6 +233,23 @@ func checkGather[T float32 | uint16](op string, w []T, rows []int32, ldw, k int)
 	}
 }
 
+// checkGatherProduct panics unless out holds m rows of n and x m rows of k
+// (LinearF32Gather and LinearF16Gather).
+func checkGatherProduct(op string, out, x []float32, m, n, k int) {
+	if m < 0 || len(out) < m*n || len(x) < m*k {
+		panic(fmt.Sprintf("simd: %s: len(out)=%d, len(x)=%d for m=%d n=%d k=%d", op, len(out), len(x), m, n, k))
+	}
+}
+
+// checkAccumRows panics unless acc holds m rows of k, alpha m values and
+// probs m rows of n (AccumRows and its variants).
+func checkAccumRows(op string, acc, alpha, probs []float32, m, n, k int) {
+	if m < 0 || len(acc) < m*k || len(alpha) < m || len(probs) < m*n {
+		panic(fmt.Sprintf("simd: %s: len(acc)=%d, len(alpha)=%d, len(p)=%d for m=%d n=%d k=%d",
+			op, len(acc), len(alpha), len(probs), m, n, k))
+	}
+}
+
 // LinearF32Gather is LinearF32 over the rows of w that rows names:
 // out[i*n+j] = Dot(x[i*k:(i+1)*k], w[rows[j]*ldw:][:k]) for i < m, j < n =
 // len(rows), bit for bit what LinearF32 gives on those rows copied into a
@@ -216,15 +257,27 @@ func checkGather[T float32 | uint16](op string, w []T, rows []int32, ldw, k int)
 // too short or a row falls outside w. Cost: 2*m*n*k flops, each gathered
 // row read from cache once per 4 rows of x.
 func (p *Impl) LinearF32Gather(out, x, w []float32, rows []int32, ldw, m, k int) {
-	n := len(rows)
-	if m < 0 || len(out) < m*n || len(x) < m*k {
-		panic(fmt.Sprintf("simd: LinearF32Gather: len(out)=%d, len(x)=%d for m=%d n=%d k=%d", len(out), len(x), m, n, k))
-	}
+	checkGatherProduct("LinearF32Gather", out, x, m, len(rows), k)
 	checkGather("LinearF32Gather", w, rows, ldw, k)
-	if m == 0 || n == 0 {
+	if m == 0 || len(rows) == 0 {
 		return
 	}
 	p.linearF32Gather(out, x, w, rows, ldw, m, k)
+}
+
+// LinearF16Gather is LinearF32Gather over rows of IEEE-half values (ldw
+// in halves): out[i*n+j] = Dot(x[i*k:(i+1)*k], the row w[rows[j]*ldw:][:k]
+// widened), bit for bit what LinearF32Gather gives on the rows widened
+// into float32 (the widening is exact), without the copy: attention over a
+// half K cache read in place. It panics where LinearF32Gather does. Cost:
+// 2*m*n*k flops, half the bytes of a float32 row per gathered row.
+func (p *Impl) LinearF16Gather(out, x []float32, w []uint16, rows []int32, ldw, m, k int) {
+	checkGatherProduct("LinearF16Gather", out, x, m, len(rows), k)
+	checkGather("LinearF16Gather", w, rows, ldw, k)
+	if m == 0 || len(rows) == 0 {
+		return
+	}
+	p.linearF16Gather(out, x, w, rows, ldw, m, k)
 }
 
 // LinearF32KMajor is LinearF32 over a weight stored k-major, with strided
@@ -259,11 +312,7 @@ func (p *Impl) LinearF32KMajor(out []float32, ldo int, x []float32, ldx int, w [
 // row of pfRows falls outside w. Cost: AccumRows' plus one prefetch per 64
 // bytes asked for.
 func (p *Impl) AccumRowsPrefetch(acc, alpha, probs, w []float32, rows []int32, ldw, m, k int, pfRows []int32, pfK int) {
-	n := len(rows)
-	if m < 0 || len(acc) < m*k || len(alpha) < m || len(probs) < m*n {
-		panic(fmt.Sprintf("simd: AccumRowsPrefetch: len(acc)=%d, len(alpha)=%d, len(p)=%d for m=%d n=%d k=%d",
-			len(acc), len(alpha), len(probs), m, n, k))
-	}
+	checkAccumRows("AccumRowsPrefetch", acc, alpha, probs, m, len(rows), k)
 	checkGather("AccumRowsPrefetch", w, rows, ldw, k)
 	checkGather("AccumRowsPrefetch", w, pfRows, ldw, pfK)
 	if m == 0 || k == 0 {
@@ -298,16 +347,26 @@ func (p *Impl) PrefetchRows(w []float32, rows []int32, ldw, k int) {
 // inputs. It panics if a slice is too short or a row falls outside w. Cost:
 // 2*m*n*k flops; each gathered row is read once per 4 rows of acc.
 func (p *Impl) AccumRows(acc, alpha, probs, w []float32, rows []int32, ldw, m, k int) {
-	n := len(rows)
-	if m < 0 || len(acc) < m*k || len(alpha) < m || len(probs) < m*n {
-		panic(fmt.Sprintf("simd: AccumRows: len(acc)=%d, len(alpha)=%d, len(p)=%d for m=%d n=%d k=%d",
-			len(acc), len(alpha), len(probs), m, n, k))
-	}
+	checkAccumRows("AccumRows", acc, alpha, probs, m, len(rows), k)
 	checkGather("AccumRows", w, rows, ldw, k)
 	if m == 0 || k == 0 {
 		return
 	}
 	p.accumRows(acc, alpha, probs, w, rows, ldw, m, k)
+}
+
+// AccumRowsF16 is AccumRows over rows of IEEE-half values (ldw in
+// halves), each value widened exactly: bit for bit what AccumRows gives on
+// the rows widened into float32, without the copy (attention's P·V over a
+// half V cache read in place). It panics where AccumRows does. Cost:
+// AccumRows' flops, half its bytes per gathered row.
+func (p *Impl) AccumRowsF16(acc, alpha, probs []float32, w []uint16, rows []int32, ldw, m, k int) {
+	checkAccumRows("AccumRowsF16", acc, alpha, probs, m, len(rows), k)
+	checkGather("AccumRowsF16", w, rows, ldw, k)
+	if m == 0 || k == 0 {
+		return
+	}
+	p.accumRowsF16(acc, alpha, probs, w, rows, ldw, m, k)
 }
 
 // siluMulGo is the reference of Impl.SiLUMul.

@@ -42,12 +42,25 @@ void di_accum_rows_pf_avx512(float *acc, const float *alpha, const float *p, con
 void di_accum_rows_avx2(float *acc, const float *alpha, const float *p, const float *w,
                         const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k);
 
+// The same over IEEE-half rows of w, each value widened exactly (Impl.AccumRowsF16).
+void di_accum_rows_f16_avx512(float *acc, const float *alpha, const float *p, const uint16_t *w,
+                              const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k);
+void di_accum_rows_f16_avx2(float *acc, const float *alpha, const float *p, const uint16_t *w,
+                            const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k);
+
 // out[i*n+j] = canonical dot of x[i*k..] and w[rows[j]*ldw..], i < m, j < n
 // (Impl.LinearF32Gather); in the kernels_*.c files, next to LinearF32.
 void di_linear_gather_avx512(float *out, const float *x, const float *w, const int32_t *rows,
                              int64_t ldw, int64_t m, int64_t n, int64_t k);
 void di_linear_gather_avx2(float *out, const float *x, const float *w, const int32_t *rows,
                            int64_t ldw, int64_t m, int64_t n, int64_t k);
+
+// The same over IEEE-half rows of w (ldw in halves), widened exactly in
+// registers (Impl.LinearF16Gather).
+void di_linear_gather_f16_avx512(float *out, const float *x, const uint16_t *w, const int32_t *rows,
+                                 int64_t ldw, int64_t m, int64_t n, int64_t k);
+void di_linear_gather_f16_avx2(float *out, const float *x, const uint16_t *w, const int32_t *rows,
+                               int64_t ldw, int64_t m, int64_t n, int64_t k);
 
 // out[i*ldo+c] = canonical dot of x[i*ldx..] and column c of the k-major
 // w [k][n], i < m, c < n (Impl.LinearF32KMajor); in the kernels_*.c files.

@@ -146,11 +146,29 @@ AVX2 void di_online_softmax_avx2(float *s, int64_t m, int64_t n, float scale, co
 	}
 }
 
+// accum_w8 loads 8 values of a gathered row at wr (float32, or IEEE half
+// widened exactly when h).
+AVX2 INLINE __m256 accum_w8(const int h, const void *wr) {
+	if (h)
+		return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)wr));
+	return _mm256_loadu_ps((const float *)wr);
+}
+
+// accum_w1 is one value of row r at column c.
+AVX2 INLINE float accum_w1(const int h, const void *w, int64_t r, int64_t ldw, int64_t c) {
+	if (h)
+		return _cvtsh_ss(((const uint16_t *)w)[r * ldw + c]);
+	return ((const float *)w)[r * ldw + c];
+}
+
 // accum_block is the AVX-512 path's accum_block on 8-column registers:
-// rows [0, R) over columns [c0, c0+8*V), V full registers.
-AVX2 INLINE void accum_block(const int R, const int V, float *const acc[4], const float *const pr[4],
-                             const float *alpha, const float *w, const int32_t *rows, int64_t ldw,
+// rows [0, R) over columns [c0, c0+8*V), V full registers; w holds float32
+// rows, or IEEE half ones when h (AccumRowsF16: each value widened exactly,
+// the same FMAs).
+AVX2 INLINE void accum_block(const int h, const int R, const int V, float *const acc[4], const float *const pr[4],
+                             const float *alpha, const void *w, const int32_t *rows, int64_t ldw,
                              int64_t n, int64_t c0) {
+	const int64_t es = h ? 2 : 4;
 	__m256 pv[4][4];
 #pragma GCC unroll 4
 	for (int r = 0; r < R; r++)
@@ -158,11 +176,11 @@ AVX2 INLINE void accum_block(const int R, const int V, float *const acc[4], cons
 		for (int v = 0; v < V; v++)
 			pv[r][v] = _mm256_setzero_ps();
 	for (int64_t j = 0; j < n; j++) {
-		const float *wr = w + (int64_t)rows[j] * ldw + c0;
+		const char *wr = (const char *)w + ((int64_t)rows[j] * ldw + c0) * es;
 		__m256 wv[4];
 #pragma GCC unroll 4
 		for (int v = 0; v < V; v++)
-			wv[v] = _mm256_loadu_ps(wr + 8 * v);
+			wv[v] = accum_w8(h, wr + 8 * v * es);
 #pragma GCC unroll 4
 		for (int r = 0; r < R; r++) {
 			const float p = pr[r][j];
@@ -190,7 +208,7 @@ AVX2 INLINE void accum_block(const int R, const int V, float *const acc[4], cons
 // three), then of 8, then the last k%8 columns one at a time with
 // scalar fused multiply-adds. Every output is the same chain of FMAs over
 // the keys whatever the block, so the blocks change no bit.
-AVX2 INLINE void accum_rows(const int R, float *acc, const float *alpha, const float *p, const float *w,
+AVX2 INLINE void accum_rows(const int h, const int R, float *acc, const float *alpha, const float *p, const void *w,
                             const int32_t *rows, int64_t ldw, int64_t n, int64_t k, int64_t i0) {
 	const int VB = R > 2 ? 2 : 4; // registers of 8 columns in a big block
 	float *ar[4];
@@ -202,30 +220,41 @@ AVX2 INLINE void accum_rows(const int R, float *acc, const float *alpha, const f
 	}
 	int64_t c = 0;
 	for (; c + 8 * VB <= k; c += 8 * VB)
-		accum_block(R, VB, ar, pr, alpha + i0, w, rows, ldw, n, c);
+		accum_block(h, R, VB, ar, pr, alpha + i0, w, rows, ldw, n, c);
 	for (; c + 8 <= k; c += 8)
-		accum_block(R, 1, ar, pr, alpha + i0, w, rows, ldw, n, c);
+		accum_block(h, R, 1, ar, pr, alpha + i0, w, rows, ldw, n, c);
 	for (; c < k; c++) {
 		for (int r = 0; r < R; r++) {
 			float pv = 0.0f;
 			for (int64_t j = 0; j < n; j++)
 				if (pr[r][j] != 0.0f)
-					pv = __builtin_fmaf(pr[r][j], w[(int64_t)rows[j] * ldw + c], pv);
+					pv = __builtin_fmaf(pr[r][j], accum_w1(h, w, rows[j], ldw, c), pv);
 			ar[r][c] = __builtin_fmaf(ar[r][c], alpha[i0 + r], pv);
 		}
 	}
 }
 
-AVX2 void di_accum_rows_avx2(float *acc, const float *alpha, const float *p, const float *w,
-                             const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k) {
-	// Pairs of rows (2 x 4 registers of sums), three rows left in one pass
-	// (3 x 2). Four rows in one pass (4 x 2) ran slower than two pairs: a
-	// key step's four probability tests and broadcasts for eight FMAs.
+// accum_all runs AccumRows (h 0) or AccumRowsF16 (h 1): pairs of rows (2 x 4
+// registers of sums), three rows left in one pass (3 x 2). Four rows in one
+// pass (4 x 2) ran slower than two pairs: a key step's four probability
+// tests and broadcasts for eight FMAs.
+AVX2 INLINE void accum_all(const int h, float *acc, const float *alpha, const float *p, const void *w,
+                           const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k) {
 	int64_t i = 0;
 	for (; m - i >= 4 || m - i == 2; i += 2)
-		accum_rows(2, acc, alpha, p, w, rows, ldw, n, k, i);
+		accum_rows(h, 2, acc, alpha, p, w, rows, ldw, n, k, i);
 	if (m - i == 3)
-		accum_rows(3, acc, alpha, p, w, rows, ldw, n, k, i);
+		accum_rows(h, 3, acc, alpha, p, w, rows, ldw, n, k, i);
 	else if (m - i == 1)
-		accum_rows(1, acc, alpha, p, w, rows, ldw, n, k, i);
+		accum_rows(h, 1, acc, alpha, p, w, rows, ldw, n, k, i);
+}
+
+AVX2 void di_accum_rows_avx2(float *acc, const float *alpha, const float *p, const float *w,
+                             const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k) {
+	accum_all(0, acc, alpha, p, w, rows, ldw, m, n, k);
+}
+
+AVX2 void di_accum_rows_f16_avx2(float *acc, const float *alpha, const float *p, const uint16_t *w,
+                                 const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k) {
+	accum_all(1, acc, alpha, p, w, rows, ldw, m, n, k);
 }

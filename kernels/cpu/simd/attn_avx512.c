@@ -154,13 +154,23 @@ AVX512 INLINE void row_pf_step(row_pf *c) {
 	}
 }
 
+// accum_w16 loads 16 values of a gathered row at wr, the lanes outside mk
+// zero (float32, or IEEE half widened exactly when h).
+AVX512 INLINE __m512 accum_w16(const int h, const void *wr, __mmask16 mk) {
+	if (h)
+		return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mk, wr));
+	return mk == (__mmask16)0xffff ? _mm512_loadu_ps(wr) : _mm512_maskz_loadu_ps(mk, wr);
+}
+
 // accum_block runs AccumRows' rows [0, R) (pointers pr to their
 // probabilities, acc to their outputs) over the columns [c0, c0+16*V) of
 // the gathered rows, V accumulators of 16 columns a row, the last one
-// masked by tail.
-AVX512 INLINE void accum_block(const int R, const int V, float *const acc[4], const float *const pr[4],
-                               const float *alpha, const float *w, const int32_t *rows, int64_t ldw,
+// masked by tail; w holds float32 rows, or IEEE half ones when h
+// (AccumRowsF16: each value widened exactly, the same FMAs).
+AVX512 INLINE void accum_block(const int h, const int R, const int V, float *const acc[4], const float *const pr[4],
+                               const float *alpha, const void *w, const int32_t *rows, int64_t ldw,
                                int64_t n, int64_t c0, __mmask16 tail, row_pf *pf) {
+	const int64_t es = h ? 2 : 4;
 	__m512 pv[4][4];
 #pragma GCC unroll 4
 	for (int r = 0; r < R; r++)
@@ -169,11 +179,11 @@ AVX512 INLINE void accum_block(const int R, const int V, float *const acc[4], co
 			pv[r][v] = _mm512_setzero_ps();
 	for (int64_t j = 0; j < n; j++) {
 		row_pf_step(pf);
-		const float *wr = w + (int64_t)rows[j] * ldw + c0;
+		const char *wr = (const char *)w + ((int64_t)rows[j] * ldw + c0) * es;
 		__m512 wv[4];
 #pragma GCC unroll 4
 		for (int v = 0; v < V; v++)
-			wv[v] = v == V - 1 ? _mm512_maskz_loadu_ps(tail, wr + 16 * v) : _mm512_loadu_ps(wr + 16 * v);
+			wv[v] = accum_w16(h, wr + 16 * v * es, v == V - 1 ? tail : (__mmask16)0xffff);
 #pragma GCC unroll 4
 		for (int r = 0; r < R; r++) {
 			const float p = pr[r][j];
@@ -199,7 +209,7 @@ AVX512 INLINE void accum_block(const int R, const int V, float *const acc[4], co
 
 // accum_rows runs R rows from i0 over all k columns: blocks of 64 columns,
 // then of 16, then the masked tail.
-AVX512 INLINE void accum_rows(const int R, float *acc, const float *alpha, const float *p, const float *w,
+AVX512 INLINE void accum_rows(const int h, const int R, float *acc, const float *alpha, const float *p, const void *w,
                               const int32_t *rows, int64_t ldw, int64_t n, int64_t k, int64_t i0,
                               row_pf *pf) {
 	float *ar[4];
@@ -211,30 +221,36 @@ AVX512 INLINE void accum_rows(const int R, float *acc, const float *alpha, const
 	}
 	int64_t c = 0;
 	for (; c + 64 <= k; c += 64)
-		accum_block(R, 4, ar, pr, alpha + i0, w, rows, ldw, n, c, 0xffff, pf);
+		accum_block(h, R, 4, ar, pr, alpha + i0, w, rows, ldw, n, c, 0xffff, pf);
 	for (; c + 16 <= k; c += 16)
-		accum_block(R, 1, ar, pr, alpha + i0, w, rows, ldw, n, c, 0xffff, pf);
+		accum_block(h, R, 1, ar, pr, alpha + i0, w, rows, ldw, n, c, 0xffff, pf);
 	if (c < k)
-		accum_block(R, 1, ar, pr, alpha + i0, w, rows, ldw, n, c, head_mask(k - c), pf);
+		accum_block(h, R, 1, ar, pr, alpha + i0, w, rows, ldw, n, c, head_mask(k - c), pf);
 }
 
-// accum_all runs AccumRows over all m rows, prefetching as pf says.
-AVX512 INLINE void accum_all(float *acc, const float *alpha, const float *p, const float *w,
+// accum_all runs AccumRows (h 0) or AccumRowsF16 (h 1) over all m rows,
+// prefetching as pf says.
+AVX512 INLINE void accum_all(const int h, float *acc, const float *alpha, const float *p, const void *w,
                              const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k, row_pf *pf) {
 	int64_t i = 0;
 	for (; i + 4 <= m; i += 4)
-		accum_rows(4, acc, alpha, p, w, rows, ldw, n, k, i, pf);
+		accum_rows(h, 4, acc, alpha, p, w, rows, ldw, n, k, i, pf);
 	if (m - i >= 2) {
-		accum_rows(2, acc, alpha, p, w, rows, ldw, n, k, i, pf);
+		accum_rows(h, 2, acc, alpha, p, w, rows, ldw, n, k, i, pf);
 		i += 2;
 	}
 	if (i < m)
-		accum_rows(1, acc, alpha, p, w, rows, ldw, n, k, i, pf);
+		accum_rows(h, 1, acc, alpha, p, w, rows, ldw, n, k, i, pf);
 }
 
 AVX512 void di_accum_rows_avx512(float *acc, const float *alpha, const float *p, const float *w,
                                  const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k) {
-	accum_all(acc, alpha, p, w, rows, ldw, m, n, k, 0);
+	accum_all(0, acc, alpha, p, w, rows, ldw, m, n, k, 0);
+}
+
+AVX512 void di_accum_rows_f16_avx512(float *acc, const float *alpha, const float *p, const uint16_t *w,
+                                     const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k) {
+	accum_all(1, acc, alpha, p, w, rows, ldw, m, n, k, 0);
 }
 
 // di_accum_rows_pf_avx512 is Impl.AccumRowsPrefetch: AccumRows, spreading
@@ -250,7 +266,7 @@ AVX512 void di_accum_rows_pf_avx512(float *acc, const float *alpha, const float 
 	row_pf pf = {w, pf_rows, ldw, pf_n, pf_k * 4, 0, 0, 1};
 	if (steps > 0)
 		pf.per_key = (pf_n * lines_a_row + steps - 1) / steps;
-	accum_all(acc, alpha, p, w, rows, ldw, m, n, k, &pf);
+	accum_all(0, acc, alpha, p, w, rows, ldw, m, n, k, &pf);
 	// Whatever the steps did not reach (none when n > 0).
 	while (pf.j < pf.n) {
 		pf.per_key = lines_a_row;

@@ -273,96 +273,150 @@ func gatherCase(r *rand.Rand, n, nw, ldw int) []int32 {
 }
 
 // TestLinearF32Gather: the gathered product is bit for bit LinearF32 on
-// the rows copied into a dense matrix, on every path.
+// the rows copied into a dense matrix, on every path; LinearF16Gather over
+// rows of halves is the same over the rows widened.
 func TestLinearF32Gather(t *testing.T) {
 	r := rand.New(rand.NewPCG(23, 24))
-	for _, sh := range []struct{ m, n, k int }{
-		{1, 1, 1}, {1, 7, 0}, {1, 9, 17}, {2, 5, 16}, {3, 13, 33}, {4, 128, 144}, {5, 17, 48},
-		{8, 128, 144}, {9, 3, 100}, {40, 128, 144}, {16, 64, 576}, {3, 11, 1100}, {6, 10, 31}, {7, 9, 70},
-	} {
-		ldw := sh.k + r.IntN(5)
-		nw := 2*sh.n + 1
-		w := randVec(r, nw*ldw)
-		x := randVec(r, sh.m*sh.k)
-		rows := gatherCase(r, sh.n, nw, ldw)
-		dense := make([]float32, sh.n*sh.k)
-		for j, rw := range rows {
-			copy(dense[j*sh.k:(j+1)*sh.k], w[int(rw)*ldw:])
-		}
-		want := make([]float32, sh.m*sh.n)
-		goImpl.LinearF32(want, x, dense, sh.m, sh.n, sh.k, 0, sh.n)
-		for _, p := range Impls() {
-			got := filled(sh.m*sh.n + 1)
-			p.LinearF32Gather(got, x, w, rows, ldw, sh.m, sh.k)
-			if i := sameSlices(got[:sh.m*sh.n], want); i >= 0 {
-				t.Fatalf("%s %v: out[%d] = %g, LinearF32 %g", p, sh, i, got[i], want[i])
+	for _, half := range []bool{false, true} {
+		for _, sh := range []struct{ m, n, k int }{
+			{1, 1, 1}, {1, 7, 0}, {1, 9, 17}, {2, 5, 16}, {3, 13, 33}, {3, 128, 64}, {4, 128, 144}, {5, 17, 48},
+			{8, 128, 144}, {9, 3, 100}, {40, 128, 144}, {16, 64, 576}, {3, 11, 1100}, {6, 10, 31}, {7, 9, 70},
+		} {
+			ldw := sh.k + r.IntN(5)
+			nw := 2*sh.n + 1
+			w, wh := randVec(r, nw*ldw), []uint16(nil)
+			if half {
+				wh = randHalves(r, nw*ldw)
+				w = widenHalves(wh)
 			}
-			if math.Float32bits(got[sh.m*sh.n]) != 0x7fc0dead {
-				t.Fatalf("%s %v: wrote past m*n", p, sh)
+			x := randVec(r, sh.m*sh.k)
+			rows := gatherCase(r, sh.n, nw, ldw)
+			dense := make([]float32, sh.n*sh.k)
+			for j, rw := range rows {
+				copy(dense[j*sh.k:(j+1)*sh.k], w[int(rw)*ldw:])
+			}
+			want := make([]float32, sh.m*sh.n)
+			goImpl.LinearF32(want, x, dense, sh.m, sh.n, sh.k, 0, sh.n)
+			for _, p := range Impls() {
+				got := filled(sh.m*sh.n + 1)
+				if half {
+					p.LinearF16Gather(got, x, wh, rows, ldw, sh.m, sh.k)
+				} else {
+					p.LinearF32Gather(got, x, w, rows, ldw, sh.m, sh.k)
+				}
+				if i := sameSlices(got[:sh.m*sh.n], want); i >= 0 {
+					t.Fatalf("%s %v half=%v: out[%d] = %g, LinearF32 %g", p, sh, half, i, got[i], want[i])
+				}
+				if math.Float32bits(got[sh.m*sh.n]) != 0x7fc0dead {
+					t.Fatalf("%s %v half=%v: wrote past m*n", p, sh, half)
+				}
 			}
 		}
 	}
 }
 
+// randHalves returns n IEEE halves of random values, some of them
+// subnormal (below 2^-14) and some zero.
+func randHalves(r *rand.Rand, n int) []uint16 {
+	h := make([]uint16, n)
+	for i := range h {
+		v := float32(r.NormFloat64())
+		switch r.IntN(8) {
+		case 0:
+			v *= 1e-6 // a subnormal half
+		case 1:
+			v = 0
+		}
+		h[i] = F32ToF16(v)
+	}
+	return h
+}
+
+// widenHalves is every half of h widened to float32 (exact).
+func widenHalves(h []uint16) []float32 {
+	f := make([]float32, len(h))
+	f16ToF32Go(f, h)
+	return f
+}
+
 // TestAccumRows checks every path against the pure-Go one, the Go path
 // against float64 sums, and that a row's bits do not depend on the other
 // rows of the call or on keys it gives probability 0 (even where those
-// rows of w hold infinities).
+// rows of w hold infinities); AccumRowsF16 over rows of halves gives the
+// bits of AccumRows over the rows widened.
 func TestAccumRows(t *testing.T) {
 	r := rand.New(rand.NewPCG(25, 26))
-	for _, sh := range []struct{ m, n, k int }{
-		{1, 1, 1}, {1, 0, 16}, {1, 5, 7}, {2, 17, 16}, {3, 9, 33}, {4, 128, 128}, {5, 31, 64},
-		{8, 128, 128}, {7, 20, 100}, {40, 128, 128}, {9, 64, 512}, {2, 3, 200}, {6, 11, 50}, {3, 10, 24},
-	} {
-		ldw := sh.k + 16 + r.IntN(5)
-		nw := 2*sh.n + 2
-		w := randVec(r, nw*ldw)
-		for c := range ldw { // row nw-1: infinities, only ever given p = 0
-			w[(nw-1)*ldw+c] = float32(math.Inf(1 - 2*(c%2)))
-		}
-		rows := gatherCase(r, sh.n, nw-1, ldw)
-		probs := make([]float32, sh.m*sh.n)
-		for i := range probs {
-			if r.IntN(5) > 0 {
-				probs[i] = r.Float32()
+	for _, half := range []bool{false, true} {
+		for _, sh := range []struct{ m, n, k int }{
+			{1, 1, 1}, {1, 0, 16}, {1, 5, 7}, {2, 17, 16}, {3, 9, 33}, {3, 128, 64}, {4, 128, 128}, {5, 31, 64},
+			{8, 128, 128}, {7, 20, 100}, {40, 128, 128}, {9, 64, 512}, {2, 3, 200}, {6, 11, 50}, {3, 10, 24},
+		} {
+			ldw := sh.k + 16 + r.IntN(5)
+			nw := 2*sh.n + 2
+			w, wh := randVec(r, nw*ldw), []uint16(nil)
+			if half {
+				wh = randHalves(r, nw*ldw)
 			}
-		}
-		alpha := make([]float32, sh.m)
-		for i := range alpha {
-			alpha[i] = []float32{0, 1, r.Float32()}[r.IntN(3)]
-		}
-		acc0 := randVec(r, sh.m*sh.k)
-		want := append([]float32(nil), acc0...)
-		goImpl.AccumRows(want, alpha, probs, w, rows, ldw, sh.m, sh.k)
-		for i := range sh.m {
-			for c := range sh.k {
-				ref := float64(acc0[i*sh.k+c]) * float64(alpha[i])
-				var mag float64
-				for j, rw := range rows {
-					v := float64(probs[i*sh.n+j]) * float64(w[int(rw)*ldw+c])
-					ref += v
-					mag += math.Abs(v)
-				}
-				if got := float64(want[i*sh.k+c]); math.Abs(got-ref) > 1e-6*(mag+math.Abs(float64(acc0[i*sh.k+c])))+1e-30 {
-					t.Fatalf("go %v: acc[%d][%d] = %g, want %g", sh, i, c, got, ref)
+			for c := range ldw { // row nw-1: infinities, only ever given p = 0
+				w[(nw-1)*ldw+c] = float32(math.Inf(1 - 2*(c%2)))
+				if half {
+					wh[(nw-1)*ldw+c] = 0x7c00 | uint16(c%2)<<15
 				}
 			}
-		}
-		for _, p := range Impls() {
-			got := append([]float32(nil), acc0...)
-			p.AccumRows(got, alpha, probs, w, rows, ldw, sh.m, sh.k)
-			if i := sameSlices(got, want); i >= 0 {
-				t.Fatalf("%s %v: acc[%d] = %g, go %g", p, sh, i, got[i], want[i])
+			if half {
+				w = widenHalves(wh)
 			}
-			// The last row alone, with two extra keys of probability 0
-			// (one of them the row of infinities), gives the same bits.
-			i := sh.m - 1
-			rows2 := append(append([]int32(nil), rows...), int32(nw-1), 0)
-			probs2 := append(append([]float32(nil), probs[i*sh.n:(i+1)*sh.n]...), 0, 0)
-			one := append([]float32(nil), acc0[i*sh.k:(i+1)*sh.k]...)
-			p.AccumRows(one, alpha[i:], probs2, w, rows2, ldw, 1, sh.k)
-			if j := sameSlices(one, want[i*sh.k:(i+1)*sh.k]); j >= 0 {
-				t.Fatalf("%s %v: last row alone with masked keys: acc[%d] = %g, batch %g", p, sh, j, one[j], want[i*sh.k+j])
+			rows := gatherCase(r, sh.n, nw-1, ldw)
+			probs := make([]float32, sh.m*sh.n)
+			for i := range probs {
+				if r.IntN(5) > 0 {
+					probs[i] = r.Float32()
+				}
+			}
+			alpha := make([]float32, sh.m)
+			for i := range alpha {
+				alpha[i] = []float32{0, 1, r.Float32()}[r.IntN(3)]
+			}
+			acc0 := randVec(r, sh.m*sh.k)
+			want := append([]float32(nil), acc0...)
+			goImpl.AccumRows(want, alpha, probs, w, rows, ldw, sh.m, sh.k)
+			for i := range sh.m {
+				for c := range sh.k {
+					ref := float64(acc0[i*sh.k+c]) * float64(alpha[i])
+					var mag float64
+					for j, rw := range rows {
+						v := float64(probs[i*sh.n+j]) * float64(w[int(rw)*ldw+c])
+						ref += v
+						mag += math.Abs(v)
+					}
+					if got := float64(want[i*sh.k+c]); math.Abs(got-ref) > 1e-6*(mag+math.Abs(float64(acc0[i*sh.k+c])))+1e-30 {
+						t.Fatalf("go %v: acc[%d][%d] = %g, want %g", sh, i, c, got, ref)
+					}
+				}
+			}
+			accum := func(p *Impl, acc, alpha, probs []float32, rows []int32, m int) {
+				if half {
+					p.AccumRowsF16(acc, alpha, probs, wh, rows, ldw, m, sh.k)
+				} else {
+					p.AccumRows(acc, alpha, probs, w, rows, ldw, m, sh.k)
+				}
+			}
+			for _, p := range Impls() {
+				got := append([]float32(nil), acc0...)
+				accum(p, got, alpha, probs, rows, sh.m)
+				if i := sameSlices(got, want); i >= 0 {
+					t.Fatalf("%s %v half=%v: acc[%d] = %g, go %g", p, sh, half, i, got[i], want[i])
+				}
+				// The last row alone, with two extra keys of probability 0
+				// (one of them the row of infinities), gives the same bits.
+				i := sh.m - 1
+				rows2 := append(append([]int32(nil), rows...), int32(nw-1), 0)
+				probs2 := append(append([]float32(nil), probs[i*sh.n:(i+1)*sh.n]...), 0, 0)
+				one := append([]float32(nil), acc0[i*sh.k:(i+1)*sh.k]...)
+				accum(p, one, alpha[i:], probs2, rows2, 1)
+				if j := sameSlices(one, want[i*sh.k:(i+1)*sh.k]); j >= 0 {
+					t.Fatalf("%s %v half=%v: last row alone with masked keys: acc[%d] = %g, batch %g", p, sh, half, j, one[j], want[i*sh.k+j])
+				}
 			}
 		}
 	}
@@ -371,6 +425,7 @@ func TestAccumRows(t *testing.T) {
 func TestAttnPanicsOnBadShapes(t *testing.T) {
 	p := Default()
 	f := func(n int) []float32 { return make([]float32, n) }
+	h := func(n int) []uint16 { return make([]uint16, n) }
 	i32 := func(v ...int32) []int32 { return v }
 	tests := []panicCase{
 		{"exp short dst", func() { p.Exp(f(3), f(4)) }},
@@ -384,6 +439,10 @@ func TestAttnPanicsOnBadShapes(t *testing.T) {
 		{"accum short acc", func() { p.AccumRows(f(7), f(2), f(4), f(16), i32(0, 1), 4, 2, 4) }},
 		{"accum short p", func() { p.AccumRows(f(8), f(2), f(3), f(16), i32(0, 1), 4, 2, 4) }},
 		{"accum row past w", func() { p.AccumRows(f(8), f(2), f(4), f(16), i32(0, 4), 4, 2, 4) }},
+		{"f16 gather short out", func() { p.LinearF16Gather(f(3), f(8), h(16), i32(0, 1), 4, 2, 4) }},
+		{"f16 gather row past w", func() { p.LinearF16Gather(f(4), f(8), h(16), i32(0, 3), 5, 2, 4) }},
+		{"f16 accum short p", func() { p.AccumRowsF16(f(8), f(2), f(3), h(16), i32(0, 1), 4, 2, 4) }},
+		{"f16 accum row past w", func() { p.AccumRowsF16(f(8), f(2), f(4), h(16), i32(0, 4), 4, 2, 4) }},
 	}
 	expectPanics(t, tests)
 }

@@ -314,8 +314,9 @@ void di_linear_avx2(int dtype, float *out, const float *x, const void *w, int64_
 }
 
 // gather_pass runs rows [i, i+R) of x against every gathered column, R x C
-// tiles (R*C <= 6, C <= 4; tile_rows_big from three rows).
-AVX2 INLINE void gather_pass(const int R, const int C, float *out, const float *x, const float *w,
+// tiles (R*C <= 6, C <= 4; tile_rows_big from three rows), the rows of w
+// of type dt (F32, or F16 widened in registers: the same FMAs).
+AVX2 INLINE void gather_pass(const int dt, const int R, const int C, float *out, const float *x, const void *w,
                              const int32_t *rows, int64_t ldw, int64_t i, int64_t n, int64_t k) {
 	const float *xr[4];
 #pragma GCC unroll 4
@@ -326,39 +327,50 @@ AVX2 INLINE void gather_pass(const int R, const int C, float *out, const float *
 		const char *wc[4];
 #pragma GCC unroll 4
 		for (int c = 0; c < C; c++)
-			wc[c] = (const char *)(w + (int64_t)rows[j + (c < nc ? c : nc - 1)] * ldw);
+			wc[c] = (const char *)w + (int64_t)rows[j + (c < nc ? c : nc - 1)] * ldw * esize(dt);
 		if (R > 2) // one row of x in registers at a time (tile_rows holds them all)
-			tile_rows_big(DI_F32, R, C, xr, R, wc, nc, k, out + i * n + j, n);
+			tile_rows_big(dt, R, C, xr, R, wc, nc, k, out + i * n + j, n);
 		else
-			tile_rows(DI_F32, R, C, xr, R, wc, nc, k, out + i * n + j, n);
+			tile_rows(dt, R, C, xr, R, wc, nc, k, out + i * n + j, n);
 	}
 }
 
-// di_linear_gather_avx2 is LinearF32Gather: linear's tiles with column c
-// of a tile at w + rows[j+c]*ldw. Three or four rows (the query heads of a
-// KV head in grouped-query attention) take one pass, 3 x 2 or 4 x 1, so
-// each gathered row is read once rather than once per pair of rows.
-AVX2 void di_linear_gather_avx2(float *out, const float *x, const float *w, const int32_t *rows, int64_t ldw,
-                                int64_t m, int64_t n, int64_t k) {
+// gather_all is LinearF32Gather (dt F32) or LinearF16Gather (dt F16):
+// linear's tiles with column c of a tile at row rows[j+c] of w. Three or
+// four rows (the query heads of a KV head in grouped-query attention) take
+// one pass, 3 x 2 or 4 x 1, so each gathered row is read once rather than
+// once per pair of rows.
+AVX2 INLINE void gather_all(const int dt, float *out, const float *x, const void *w, const int32_t *rows,
+                            int64_t ldw, int64_t m, int64_t n, int64_t k) {
 	for (int64_t i = 0; i < m;) {
 		switch (m - i) {
 		case 1:
-			gather_pass(1, 4, out, x, w, rows, ldw, i, n, k);
+			gather_pass(dt, 1, 4, out, x, w, rows, ldw, i, n, k);
 			i += 1;
 			break;
 		case 2:
-			gather_pass(2, 2, out, x, w, rows, ldw, i, n, k);
+			gather_pass(dt, 2, 2, out, x, w, rows, ldw, i, n, k);
 			i += 2;
 			break;
 		case 3:
-			gather_pass(3, 2, out, x, w, rows, ldw, i, n, k);
+			gather_pass(dt, 3, 2, out, x, w, rows, ldw, i, n, k);
 			i += 3;
 			break;
 		default:
-			gather_pass(4, 1, out, x, w, rows, ldw, i, n, k);
+			gather_pass(dt, 4, 1, out, x, w, rows, ldw, i, n, k);
 			i += 4;
 		}
 	}
+}
+
+AVX2 void di_linear_gather_avx2(float *out, const float *x, const float *w, const int32_t *rows, int64_t ldw,
+                                int64_t m, int64_t n, int64_t k) {
+	gather_all(DI_F32, out, x, w, rows, ldw, m, n, k);
+}
+
+AVX2 void di_linear_gather_f16_avx2(float *out, const float *x, const uint16_t *w, const int32_t *rows,
+                                    int64_t ldw, int64_t m, int64_t n, int64_t k) {
+	gather_all(DI_F16, out, x, w, rows, ldw, m, n, k);
 }
 
 // kmajor_s8_avx2 is kmajor_s8 of kernels_avx512.c on 8 columns and R <= 2

@@ -539,15 +539,18 @@ void di_linear_avx512(int dtype, float *out, const float *x, const void *w, int6
 	}
 }
 
-// gather_rows runs rows [i0, i0+nr) of LinearF32Gather with R x C tiles:
-// column c of a tile is row rows[j+c] of w (stride ldw), the last valid one
-// repeated past nc as in tile_ptrs. k is not cut into chunks: the tiles of
-// attention are small enough to stay in L1 over the whole of k.
-AVX512 INLINE void gather_rows(const int R, const int C, float *out, const float *x, const float *w,
+// gather_rows runs rows [i0, i0+nr) of LinearF32Gather (dt F32) or
+// LinearF16Gather (dt F16, widened in registers: the same FMAs) with R x C
+// tiles: column c of a tile is row rows[j+c] of w (stride ldw elements),
+// the last valid one repeated past nc as in tile_ptrs. k is not cut into
+// chunks: the tiles of attention are small enough to stay in L1 over the
+// whole of k.
+AVX512 INLINE void gather_rows(const int dt, const int R, const int C, float *out, const float *x, const void *w,
                                const int32_t *rows, int64_t ldw, int64_t n, int64_t k, int64_t i0,
                                int nr, int prefetch) {
 	const float *xr[4];
 	const char *wc[16];
+	const int64_t es = esize(dt);
 #pragma GCC unroll 4
 	for (int r = 0; r < R; r++)
 		xr[r] = x + (i0 + (r < nr ? r : nr - 1)) * k;
@@ -555,13 +558,13 @@ AVX512 INLINE void gather_rows(const int R, const int C, float *out, const float
 		int nc = n - j < C ? (int)(n - j) : C;
 #pragma GCC unroll 16
 		for (int c = 0; c < C; c++)
-			wc[c] = (const char *)(w + (int64_t)rows[j + (c < nc ? c : nc - 1)] * ldw);
+			wc[c] = (const char *)w + (int64_t)rows[j + (c < nc ? c : nc - 1)] * ldw * es;
 		if (prefetch && j + 2 * C <= n) {
 			// The next tile's rows: gathered rows (paged KV) defeat
 			// the hardware prefetcher's stride detection.
 			for (int c = 0; c < C; c++) {
-				const char *pr = (const char *)(w + (int64_t)rows[j + C + c] * ldw);
-				for (int64_t q = 0; q < k * 4; q += 64)
+				const char *pr = (const char *)w + (int64_t)rows[j + C + c] * ldw * es;
+				for (int64_t q = 0; q < k * es; q += 64)
 					_mm_prefetch(pr + q, _MM_HINT_T0);
 			}
 		}
@@ -569,27 +572,37 @@ AVX512 INLINE void gather_rows(const int R, const int C, float *out, const float
 #pragma GCC unroll 16
 		for (int f = 0; f < 16; f++)
 			acc[f] = _mm512_setzero_ps();
-		tile_steps(DI_F32, R, C, xr, wc, 0, k, k, acc, 0);
+		tile_steps(dt, R, C, xr, wc, 0, k, k, acc, 0);
 		tile_store(R, C, acc, nr, nc, out + i0 * n + j, n);
+	}
+}
+
+AVX512 INLINE void gather_all(const int dt, float *out, const float *x, const void *w, const int32_t *rows,
+                              int64_t ldw, int64_t m, int64_t n, int64_t k) {
+	for (int64_t i = 0; i < m;) {
+		int64_t left = m - i;
+		if (left >= 3) {
+			int nr = left < 4 ? (int)left : 4;
+			gather_rows(dt, 4, 4, out, x, w, rows, ldw, n, k, i, nr, i == 0);
+			i += nr;
+		} else if (left == 2) {
+			gather_rows(dt, 2, 8, out, x, w, rows, ldw, n, k, i, 2, i == 0);
+			i += 2;
+		} else {
+			gather_rows(dt, 1, 8, out, x, w, rows, ldw, n, k, i, 1, i == 0);
+			i += 1;
+		}
 	}
 }
 
 AVX512 void di_linear_gather_avx512(float *out, const float *x, const float *w, const int32_t *rows,
                                     int64_t ldw, int64_t m, int64_t n, int64_t k) {
-	for (int64_t i = 0; i < m;) {
-		int64_t left = m - i;
-		if (left >= 3) {
-			int nr = left < 4 ? (int)left : 4;
-			gather_rows(4, 4, out, x, w, rows, ldw, n, k, i, nr, i == 0);
-			i += nr;
-		} else if (left == 2) {
-			gather_rows(2, 8, out, x, w, rows, ldw, n, k, i, 2, i == 0);
-			i += 2;
-		} else {
-			gather_rows(1, 8, out, x, w, rows, ldw, n, k, i, 1, i == 0);
-			i += 1;
-		}
-	}
+	gather_all(DI_F32, out, x, w, rows, ldw, m, n, k);
+}
+
+AVX512 void di_linear_gather_f16_avx512(float *out, const float *x, const uint16_t *w, const int32_t *rows,
+                                        int64_t ldw, int64_t m, int64_t n, int64_t k) {
+	gather_all(DI_F16, out, x, w, rows, ldw, m, n, k);
 }
 
 // kmajor_s8 is the first level of the canonical tree for R rows and 16

@@ -76,13 +76,15 @@ type cFuncs struct {
 	f32ToBF16 func(dst *C.uint16_t, src *C.float, n C.int64_t)
 	f32ToF16  func(dst *C.uint16_t, src *C.float, n C.int64_t)
 
-	exp           func(dst, src *C.float, n C.int64_t)
-	onlineSoftmax func(s *C.float, m, n C.int64_t, scale C.float, lo, hi *C.int32_t, rowMax, rowSum, alpha *C.float)
-	linearGather  func(out, x, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t)
-	accumRows     func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t)
-	accumRowsPF   func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t, pfRows *C.int32_t, pfN, pfK C.int64_t)
-	linearKMajor  func(out *C.float, ldo C.int64_t, x *C.float, ldx C.int64_t, w *C.float, m, n, k C.int64_t)
-	siluMul       func(dst, gate, up *C.float, n C.int64_t)
+	exp            func(dst, src *C.float, n C.int64_t)
+	onlineSoftmax  func(s *C.float, m, n C.int64_t, scale C.float, lo, hi *C.int32_t, rowMax, rowSum, alpha *C.float)
+	linearGather   func(out, x, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t)
+	linearGather16 func(out, x *C.float, w *C.uint16_t, rows *C.int32_t, ldw, m, n, k C.int64_t)
+	accumRows      func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t)
+	accumRows16    func(acc, alpha, p *C.float, w *C.uint16_t, rows *C.int32_t, ldw, m, n, k C.int64_t)
+	accumRowsPF    func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t, pfRows *C.int32_t, pfN, pfK C.int64_t)
+	linearKMajor   func(out *C.float, ldo C.int64_t, x *C.float, ldx C.int64_t, w *C.float, m, n, k C.int64_t)
+	siluMul        func(dst, gate, up *C.float, n C.int64_t)
 }
 
 var avx512Funcs = cFuncs{
@@ -110,8 +112,14 @@ var avx512Funcs = cFuncs{
 	linearGather: func(out, x, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t) {
 		C.di_linear_gather_avx512(out, x, w, rows, ldw, m, n, k)
 	},
+	linearGather16: func(out, x *C.float, w *C.uint16_t, rows *C.int32_t, ldw, m, n, k C.int64_t) {
+		C.di_linear_gather_f16_avx512(out, x, w, rows, ldw, m, n, k)
+	},
 	accumRows: func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t) {
 		C.di_accum_rows_avx512(acc, alpha, p, w, rows, ldw, m, n, k)
+	},
+	accumRows16: func(acc, alpha, p *C.float, w *C.uint16_t, rows *C.int32_t, ldw, m, n, k C.int64_t) {
+		C.di_accum_rows_f16_avx512(acc, alpha, p, w, rows, ldw, m, n, k)
 	},
 	accumRowsPF: func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t, pfRows *C.int32_t, pfN, pfK C.int64_t) {
 		C.di_accum_rows_pf_avx512(acc, alpha, p, w, rows, ldw, m, n, k, pfRows, pfN, pfK)
@@ -147,8 +155,14 @@ var avx2Funcs = cFuncs{
 	linearGather: func(out, x, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t) {
 		C.di_linear_gather_avx2(out, x, w, rows, ldw, m, n, k)
 	},
+	linearGather16: func(out, x *C.float, w *C.uint16_t, rows *C.int32_t, ldw, m, n, k C.int64_t) {
+		C.di_linear_gather_f16_avx2(out, x, w, rows, ldw, m, n, k)
+	},
 	accumRows: func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t) {
 		C.di_accum_rows_avx2(acc, alpha, p, w, rows, ldw, m, n, k)
+	},
+	accumRows16: func(acc, alpha, p *C.float, w *C.uint16_t, rows *C.int32_t, ldw, m, n, k C.int64_t) {
+		C.di_accum_rows_f16_avx2(acc, alpha, p, w, rows, ldw, m, n, k)
 	},
 	// AVX2: the rows' prefetch in one burst ahead of AccumRows.
 	accumRowsPF: func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t, pfRows *C.int32_t, pfN, pfK C.int64_t) {
@@ -253,6 +267,9 @@ func newNative(name string, f cFuncs) *Impl {
 		linearF32Gather: func(out, x, w []float32, rows []int32, ldw, m, k int) {
 			f.linearGather(fptr(out), fptr(x), fptr(w), i32ptr(rows), C.int64_t(ldw), C.int64_t(m), C.int64_t(len(rows)), C.int64_t(k))
 		},
+		linearF16Gather: func(out, x []float32, w []uint16, rows []int32, ldw, m, k int) {
+			f.linearGather16(fptr(out), fptr(x), u16ptr(w), i32ptr(rows), C.int64_t(ldw), C.int64_t(m), C.int64_t(len(rows)), C.int64_t(k))
+		},
 		linearF32KMajor: func(out []float32, ldo int, x []float32, ldx int, w []float32, m, n, k int) {
 			f.linearKMajor(fptr(out), C.int64_t(ldo), fptr(x), C.int64_t(ldx), fptr(w), C.int64_t(m), C.int64_t(n), C.int64_t(k))
 		},
@@ -265,6 +282,9 @@ func newNative(name string, f cFuncs) *Impl {
 		},
 		accumRows: func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int) {
 			f.accumRows(fptr(acc), fptr(alpha), fptr(p), fptr(w), i32ptr(rows), C.int64_t(ldw), C.int64_t(m), C.int64_t(len(rows)), C.int64_t(k))
+		},
+		accumRowsF16: func(acc, alpha, p []float32, w []uint16, rows []int32, ldw, m, k int) {
+			f.accumRows16(fptr(acc), fptr(alpha), fptr(p), u16ptr(w), i32ptr(rows), C.int64_t(ldw), C.int64_t(m), C.int64_t(len(rows)), C.int64_t(k))
 		},
 		siluMul: func(dst, gate, up []float32) {
 			if len(gate) < minNative {

@@ -33,8 +33,10 @@ type Impl struct {
 	exp             func(dst, src []float32)
 	onlineSoftmax   func(s []float32, m, n int, scale float32, lo, hi []int32, rowMax, rowSum, alpha []float32)
 	linearF32Gather func(out, x, w []float32, rows []int32, ldw, m, k int)
+	linearF16Gather func(out, x []float32, w []uint16, rows []int32, ldw, m, k int)
 	linearF32KMajor func(out []float32, ldo int, x []float32, ldx int, w []float32, m, n, k int)
 	accumRows       func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int)
+	accumRowsF16    func(acc, alpha, p []float32, w []uint16, rows []int32, ldw, m, k int)
 	prefetchRows    func(w []float32, rows []int32, ldw, k int)
 	accumRowsPF     func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int, pfRows []int32, pfK int)
 	siluMul         func(dst, gate, up []float32)
@@ -59,8 +61,10 @@ var goImpl = &Impl{
 	exp:             expSliceGo,
 	onlineSoftmax:   onlineSoftmaxGo,
 	linearF32Gather: linearF32GatherGo,
+	linearF16Gather: linearF16GatherGo,
 	linearF32KMajor: linearF32KMajorGo,
 	accumRows:       accumRowsGo,
+	accumRowsF16:    accumRowsF16Go,
 	prefetchRows:    func([]float32, []int32, int, int) {},
 	accumRowsPF:     accumRowsPFGo,
 	siluMul:         siluMulGo,

@@ -104,7 +104,13 @@ func main() {
 	acts := flag.String("acts", "auto", "the engine's cpu.activation_rounding: auto, none, llama_cpp or bf16")
 	self := flag.Bool("self", false, "also run llama.cpp with each prompt evaluated a token at a time and count how many of its tokens match its own one-pass run (the self column)")
 	ppl := flag.Int("ppl", 256, "tokens of the fixed text whose perplexity both engines compute per file (0: none)")
+	kv := flag.String("kv", "auto", "the engine's cache.kv_cache_dtype: auto (float32) or f16")
 	flag.Parse()
+	kvDType, ok := map[string]kernels.DType{"auto": 0, "f16": kernels.F16}[*kv]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "gguf-parity: -kv %q is not auto or f16\n", *kv)
+		os.Exit(2)
+	}
 	if !slices.Contains([]string{"auto", "none", "llama_cpp", "bf16"}, *acts) {
 		fmt.Fprintf(os.Stderr, "gguf-parity: -acts %q is not auto, none, llama_cpp or bf16\n", *acts)
 		os.Exit(2)
@@ -115,7 +121,7 @@ func main() {
 		os.Exit(2)
 	}
 	o := options{out: *out, tokDir: *tokDir, nodeModules: *nodeModules, peerScript: "tools/cpu/peer.mjs", n: *n, threads: *threads, self: *self,
-		pplLen: *ppl, acts: mode, types: strings.Split(*types, ","), archs: strings.Split(*archs, ","), seed: *seed, log: os.Stderr}
+		pplLen: *ppl, acts: mode, kv: kvDType, types: strings.Split(*types, ","), archs: strings.Split(*archs, ","), seed: *seed, log: os.Stderr}
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "gguf-parity:", err)
 		os.Exit(1)
@@ -139,6 +145,7 @@ type options struct {
 	self                     bool   // also run llama.cpp with its prompt a token at a time, against itself
 	pplLen                   int    // tokens of the perplexity text (0 or 1: none)
 	acts                     cpu.ActRounding
+	kv                       kernels.DType // the K/V cache type (0: the backend's, float32)
 	types, archs             []string
 	seed                     uint64
 	log                      io.Writer // a line per run as it finishes
@@ -206,7 +213,7 @@ func measure(o options) ([]result, []pplResult, error) {
 				return nil, nil, err
 			}
 			if o.pplLen > 1 {
-				ours, err := enginePPL(path, text, o.threads, o.acts)
+				ours, err := enginePPL(path, text, o.threads, o.acts, o.kv)
 				if err != nil {
 					return nil, nil, err
 				}
@@ -222,7 +229,7 @@ func measure(o options) ([]result, []pplResult, error) {
 				continue
 			}
 			for pi, prompt := range prompts {
-				ours, logits, format, err := engineGreedy(path, prompt, o.n, o.threads, o.acts)
+				ours, logits, format, err := engineGreedy(path, prompt, o.n, o.threads, o.acts, o.kv)
 				if err != nil {
 					return nil, nil, err
 				}
@@ -285,8 +292,8 @@ func (p pplResult) diff() float64 { return 100 * (p.ours/p.theirs - 1) }
 // text: exp of the mean over i >= 1 of -log softmax(logits after
 // text[:i])[text[i]], from one forward pass over the whole text, the
 // log-softmax in float64.
-func enginePPL(path string, text []int32, threads int, acts cpu.ActRounding) (float64, error) {
-	e, err := openEngine(path, threads, acts, len(text))
+func enginePPL(path string, text []int32, threads int, acts cpu.ActRounding, kv kernels.DType) (float64, error) {
+	e, err := openEngine(path, threads, acts, kv, len(text))
 	if err != nil {
 		return 0, err
 	}
@@ -387,8 +394,8 @@ func writeModel(dir, tokDir string, cfgMap map[string]any, seed uint64) error {
 // engineGreedy loads the GGUF file at path and decodes n tokens greedily
 // after prompt, returning them, the logits each was chosen from, and the
 // weight format.
-func engineGreedy(path string, prompt []int32, n, threads int, acts cpu.ActRounding) ([]int32, [][]float32, string, error) {
-	e, err := openEngine(path, threads, acts, len(prompt)+n)
+func engineGreedy(path string, prompt []int32, n, threads int, acts cpu.ActRounding, kv kernels.DType) ([]int32, [][]float32, string, error) {
+	e, err := openEngine(path, threads, acts, kv, len(prompt)+n)
 	if err != nil {
 		return nil, nil, "", err
 	}
@@ -425,9 +432,10 @@ type engine struct {
 	blockSize int
 }
 
-// openEngine loads the GGUF file at path with room for tokens tokens.
-func openEngine(path string, threads int, acts cpu.ActRounding, tokens int) (*engine, error) {
-	ops := cpu.New(cpu.Options{Threads: threads, Activations: acts})
+// openEngine loads the GGUF file at path with room for tokens tokens and
+// its K/V cache of type kv.
+func openEngine(path string, threads int, acts cpu.ActRounding, kv kernels.DType, tokens int) (*engine, error) {
+	ops := cpu.New(cpu.Options{Threads: threads, Activations: acts, KVCacheDType: kv})
 	m, err := models.Builtin().Load(ops, path, models.Options{MaxModelLen: max(1024, tokens)})
 	if err != nil {
 		ops.Close()

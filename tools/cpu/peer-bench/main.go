@@ -250,9 +250,9 @@ func run(o options) error {
 // def for "" and "auto".
 func kvElemBytes(kv string, def int) int {
 	switch kv {
-	case "f32":
+	case "f32", "fp32", "float32":
 		return 4
-	case "f16", "bf16":
+	case "f16", "fp16", "float16", "bf16":
 		return 2
 	case "fp8", "fp8_e4m3":
 		return 1
