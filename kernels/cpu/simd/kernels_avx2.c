@@ -83,6 +83,22 @@ AVX2 INLINE void tail_step(const int dt, const int R, const int C, const float *
 	}
 }
 
+// tile_store writes the sums of an R x C tile's accumulators (lo[f],
+// hi[f]), f = r*C + c, to out[r*ldo + c] for r < nr, c < nc: hsum2's bits,
+// four accumulators at a time (hsum2x4) where the tile has four or more.
+AVX2 INLINE void tile_store(const int R, const int C, const __m256 *lo, const __m256 *hi, int nr, int nc,
+                            float *out, int64_t ldo) {
+	float s[8];
+	int f = 0;
+	for (; f + 4 <= R * C; f += 4)
+		_mm_storeu_ps(s + f, hsum2x4(lo + f, hi + f));
+	for (; f < R * C; f++)
+		s[f] = hsum2(lo[f], hi[f]);
+	for (int r = 0; r < nr; r++)
+		for (int c = 0; c < nc; c++)
+			out[r * ldo + c] = s[r * C + c];
+}
+
 // tile_rows computes an R x C block (R*C <= 4) of out as in the AVX-512
 // path from the rows xr[r] of x (r < R) and the columns wc[c] of w (c < C),
 // each valid for k elements; only rows r < nr and columns c < nc are
@@ -115,9 +131,7 @@ AVX2 INLINE void tile_rows(const int dt, const int R, const int C, const float *
 	}
 	if (kk < k)
 		tail_step(dt, R, C, xr, wc, kk, k, lo, hi);
-	for (int r = 0; r < nr; r++)
-		for (int c = 0; c < nc; c++)
-			out[r * ldo + c] = hsum2(lo[r * C + c], hi[r * C + c]);
+	tile_store(R, C, lo, hi, nr, nc, out, ldo);
 }
 
 // load_w_half reads the 8 weights w[i+8h .. i+8h+8): lo (h = 0) or hi (h = 1)
@@ -170,9 +184,7 @@ AVX2 INLINE void tile_rows_big(const int dt, const int R, const int C, const flo
 	}
 	if (kk < k)
 		tail_step(dt, R, C, xr, wc, kk, k, acc[0], acc[1]);
-	for (int r = 0; r < nr; r++)
-		for (int c = 0; c < nc; c++)
-			out[r * ldo + c] = hsum2(acc[0][r * C + c], acc[1][r * C + c]);
+	tile_store(R, C, acc[0], acc[1], nr, nc, out, ldo);
 }
 
 // tile computes an R x C block (R*C <= 4) of out as in the AVX-512 path:
