@@ -149,17 +149,6 @@ func accumRowsPFGo(acc, alpha, p, w []float32, rows []int32, ldw, m, k int, _ []
 
 // accumRowsGo is the reference of Impl.AccumRows.
 func accumRowsGo(acc, alpha, p, w []float32, rows []int32, ldw, m, k int) {
-	accumRowsOf(acc, alpha, p, w, func(v float32) float32 { return v }, rows, ldw, m, k)
-}
-
-// accumRowsF16Go is the reference of Impl.AccumRowsF16: accumRowsGo with
-// each value of w widened.
-func accumRowsF16Go(acc, alpha, p []float32, w []uint16, rows []int32, ldw, m, k int) {
-	accumRowsOf(acc, alpha, p, w, f16ToF32, rows, ldw, m, k)
-}
-
-// accumRowsOf is AccumRows over rows of w whose values value widens.
-func accumRowsOf[T float32 | uint16](acc, alpha, p []float32, w []T, value func(T) float32, rows []int32, ldw, m, k int) {
 	n := len(rows)
 	for i := range m {
 		pr, dst := p[i*n:(i+1)*n], acc[i*k:(i+1)*k]
@@ -167,12 +156,23 @@ func accumRowsOf[T float32 | uint16](acc, alpha, p []float32, w []T, value func(
 			var s float32
 			for j, rw := range rows {
 				if pr[j] != 0 {
-					s = fma32(pr[j], value(w[int(rw)*ldw+c]), s)
+					s = fma32(pr[j], w[int(rw)*ldw+c], s)
 				}
 			}
 			dst[c] = fma32(dst[c], alpha[i], s)
 		}
 	}
+}
+
+// accumRowsF16Go is the reference of Impl.AccumRowsF16: the gathered rows
+// widened (exactly) into a dense float32 tile, then accumRowsGo over it.
+func accumRowsF16Go(acc, alpha, p []float32, w []uint16, rows []int32, ldw, m, k int) {
+	wide, dense := make([]float32, len(rows)*k), make([]int32, len(rows))
+	for j, rw := range rows {
+		f16ToF32Go(wide[j*k:(j+1)*k], w[int(rw)*ldw:int(rw)*ldw+k])
+		dense[j] = int32(j)
+	}
+	accumRowsGo(acc, alpha, p, wide, dense, k, m, k)
 }
 
 // Exp sets dst[i] = e^src[i] for i < len(src): within 1 ulp of the
