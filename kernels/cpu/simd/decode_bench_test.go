@@ -109,8 +109,20 @@ func decodeFormats() []decodeFormat {
 		},
 		size: func(w any) int { return 4 * len(w.([]float32)) },
 	}
+	f8 := decodeFormat{
+		name: "f8",
+		mk: func(r *rand.Rand, n, k int) any {
+			w, _ := randF8Weights(r, n, k, 128)
+			return w
+		},
+		prep: func(impl *Impl, x []float32, w any, n, k int) func(out []float32, lo, hi int) {
+			wf := w.(F8Weights)
+			return func(out []float32, lo, hi int) { impl.LinearF8(out, x, wf, 1, n, k, lo, hi) }
+		},
+		size: func(w any) int { wf := w.(F8Weights); return len(wf.Data) + 4*len(wf.Scales) },
+	}
 	return []decodeFormat{
-		f32,
+		f32, f8,
 		quant(QuantQ8_0, false), quant(QuantQ8_0, true),
 		bf16(false), bf16(true), bf16Pairs,
 		quant(QuantQ4_K, false), quant(QuantQ4_K, true),
@@ -123,7 +135,8 @@ func decodeFormats() []decodeFormat {
 // copies of the layer that do not fit in the caches, for F32, Q8_0, BF16 and
 // K-quant weights in both activation modes (LinearF32 / LinearQuant /
 // LinearBF16, and the llama_cpp mode's LinearQuantLlama / Linear16Llama with
-// the activations rounded once per matrix). It reports the weight bytes read
+// the activations rounded once per matrix) and FP8 E4M3 weights in 128 x 128
+// blocks (LinearF8). It reports the weight bytes read
 // per second (mean GB/s and best window of 4 layers) and their ratios to the
 // parallel read bandwidth measured right before and right after each case
 // (read_GB/s is their mean; x_read and best_x_read the ratios):
@@ -222,6 +235,9 @@ func BenchmarkDecodeLayer(b *testing.B) {
 						copies[c][i] = append([]uint16(nil), w...)
 					case []float32:
 						copies[c][i] = append([]float32(nil), w...)
+					case F8Weights:
+						w.Data = append([]uint8(nil), w.Data...)
+						copies[c][i] = w
 					}
 				}
 			}
