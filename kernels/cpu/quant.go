@@ -127,7 +127,7 @@ const quantColumns = 64
 func (b *Backend) linearQuant(out, x []float32, w *quantRows, m, n, k, j0, j1 int) {
 	if b.acts.roundsFor(kernels.Quant) {
 		a := &llamaActs{lq: b.k.linearQuantLlama, l16: b.k.linear16Llama}
-		a.quantize(x, w, m, k)
+		a.quantize(x, w, m, k, b.k.quantizeActs)
 		a.linearQuant(out, w, m, n, k, j0, j1)
 		return
 	}
@@ -192,7 +192,7 @@ func (t *Tensor) quantRowF32(buf []float32, i int) []float32 {
 // (Options.Activations): Q8_0 blocks for Q8_0/Q4_0 rows, Q8_K
 // blocks for K-quant rows, 16-bit values for BF16 and F16 weights.
 type llamaActs struct {
-	q80, q8k []byte   // rows quantized by simd.QuantizeActs, nil if unused
+	q80, q8k []byte   // rows quantized by simd.Impl.QuantizeActs, nil if unused
 	h        []uint16 // rows rounded to the weight's 16-bit type
 	// lq and l16 are the backend's simd.LinearQuantLlama and
 	// simd.Linear16Llama.
@@ -211,10 +211,10 @@ func newLlamaActs(x []float32, w *Tensor, m, k int, ks kernelSet, r ActRounding)
 	a := &llamaActs{lq: ks.linearQuantLlama, l16: ks.linear16Llama}
 	switch w.dtype {
 	case kernels.Quant:
-		a.quantize(x, w.q, m, k)
+		a.quantize(x, w.q, m, k, ks.quantizeActs)
 	case kernels.BF16:
 		a.h = make([]uint16, m*k)
-		simd.RoundBF16(a.h, x[:m*k])
+		ks.roundBF16(a.h, x[:m*k])
 		if r == ActBF16 {
 			a.pairs = ks.linearBF16Pairs
 		}
@@ -227,8 +227,9 @@ func newLlamaActs(x []float32, w *Tensor, m, k int, ks kernelSet, r ActRounding)
 	return a
 }
 
-// quantize fills q80 and q8k for the formats of w's segments.
-func (a *llamaActs) quantize(x []float32, w *quantRows, m, k int) {
+// quantize fills q80 and q8k for the formats of w's segments with
+// quantizeActs (simd.Impl.QuantizeActs).
+func (a *llamaActs) quantize(x []float32, w *quantRows, m, k int, quantizeActs func(dst []byte, x []float32, t simd.QuantType, m, k int) int) {
 	for _, s := range w.segs {
 		buf := &a.q80
 		if s.typ.BlockSize() == 256 {
@@ -237,7 +238,7 @@ func (a *llamaActs) quantize(x []float32, w *quantRows, m, k int) {
 		if *buf == nil {
 			rb, _ := simd.ActRowBytes(s.typ, k)
 			*buf = make([]byte, m*rb)
-			simd.QuantizeActs(*buf, x, s.typ, m, k)
+			quantizeActs(*buf, x, s.typ, m, k)
 		}
 	}
 }

@@ -56,6 +56,10 @@ type kernelSet struct {
 	// linearBF16Pairs is the product of bfloat16 activation rows with
 	// BF16 weights in VDPBF16PS arithmetic (simd.LinearBF16Pairs, ActBF16).
 	linearBF16Pairs func(out []float32, x, w []uint16, m, n, k, j0, j1 int)
+	// quantizeActs and roundBF16 round activation rows for those products
+	// (simd.Impl.QuantizeActs, RoundBF16) on the same instruction set.
+	quantizeActs func(dst []byte, x []float32, t simd.QuantType, m, k int) int
+	roundBF16    func(dst []uint16, src []float32)
 }
 
 // selectKernels picks the fastest simd implementation of this CPU, or the
@@ -95,6 +99,8 @@ func selectKernels(pureGo bool, name string) kernelSet {
 		linearQuantLlama: impl.LinearQuantLlama,
 		linear16Llama:    impl.Linear16Llama,
 		linearBF16Pairs:  impl.LinearBF16Pairs,
+		quantizeActs:     impl.QuantizeActs,
+		roundBF16:        impl.RoundBF16,
 	}
 }
 

@@ -55,10 +55,18 @@ func ActRowBytes(t QuantType, k int) (int, error) {
 // QuantizeActs writes m rows of k activations x, each quantized as
 // llama.cpp quantizes the activations it multiplies with weights of type t
 // (quantize_row_q8_0_ref or quantize_row_q8_K_ref, bit for bit), into dst
-// at ActRowBytes(t, k) bytes a row, returning the bytes written. It panics
-// on an unknown type, a k that is not a whole number of blocks, or short
-// slices. Cost: a few flops per activation.
+// at ActRowBytes(t, k) bytes a row, returning the bytes written, on the
+// default Impl's path (see Impl.QuantizeActs). It panics on an unknown
+// type, a k that is not a whole number of blocks, or short slices. Cost: a
+// few flops per activation.
 func QuantizeActs(dst []byte, x []float32, t QuantType, m, k int) int {
+	return defaultImpl.QuantizeActs(dst, x, t, m, k)
+}
+
+// QuantizeActs is the package-level QuantizeActs on p's SIMD path where it
+// has one (the same bytes on every path), so that a backend pinned to one
+// instruction set (cpu.simd: avx2) runs none of another's.
+func (p *Impl) QuantizeActs(dst []byte, x []float32, t QuantType, m, k int) int {
 	rb, err := ActRowBytes(t, k)
 	if err != nil {
 		panic(err.Error())
@@ -70,9 +78,9 @@ func QuantizeActs(dst []byte, x []float32, t QuantType, m, k int) int {
 	for i := range m {
 		row := x[i*k : (i+1)*k]
 		if t.BlockSize() == 256 {
-			QuantizeQ8K(dst[i*rb:(i+1)*rb], row)
+			quantizeQ8KOn(p.name, dst[i*rb:(i+1)*rb], row)
 		} else {
-			quantizeQ8_0Acts(dst[i*rb:(i+1)*rb], row)
+			quantizeQ8_0Acts(p.name, dst[i*rb:(i+1)*rb], row)
 		}
 	}
 	return m * rb
@@ -87,7 +95,11 @@ func QuantizeActs(dst []byte, x []float32, t QuantType, m, k int) int {
 // amd64 with cgo the default Impl's SIMD path (the same bytes, NaNs and
 // infinities included) takes about 0.25 ns a value on a Zen 5 core, the
 // Go loop 2.4 (BenchmarkQuantizeQ8K).
-func QuantizeQ8K(dst []byte, src []float32) int {
+func QuantizeQ8K(dst []byte, src []float32) int { return quantizeQ8KOn(defaultImpl.name, dst, src) }
+
+// quantizeQ8KOn is QuantizeQ8K on the SIMD path of the Impl named impl,
+// where it has one.
+func quantizeQ8KOn(impl string, dst []byte, src []float32) int {
 	if len(src)%256 != 0 {
 		panic(fmt.Sprintf("simd: QuantizeQ8K: %d values is not a whole number of 256-value blocks", len(src)))
 	}
@@ -95,7 +107,7 @@ func QuantizeQ8K(dst []byte, src []float32) int {
 	if len(dst) < nb*Q8KBlockBytes {
 		panic(fmt.Sprintf("simd: QuantizeQ8K: len(dst)=%d < %d", len(dst), nb*Q8KBlockBytes))
 	}
-	if f := nativeQuantizeQ8K[defaultImpl.name]; f != nil && nb > 0 {
+	if f := nativeQuantizeQ8K[impl]; f != nil && nb > 0 {
 		f(dst, src)
 		return nb * Q8KBlockBytes
 	}
@@ -104,12 +116,12 @@ func QuantizeQ8K(dst []byte, src []float32) int {
 
 // quantizeQ8_0Acts writes src (whole 32-value blocks) into dst as Q8_0
 // blocks, bit for bit as QuantQ8_0.Quantize (quantize_row_q8_0_ref), on
-// the default Impl's SIMD path where it has one: that path stops at a
+// the SIMD path of the Impl named impl where it has one: that path stops at a
 // block holding a NaN or an infinity, or whose scale is so small that its
 // inverse overflows, which the Go code quantizes, and resumes after it. Cost on an Intel Xeon core (BenchmarkQuantizeQ8_0):
 // about 0.6-0.9 ns a value on the SIMD paths, 6 for the Go loop.
-func quantizeQ8_0Acts(dst []byte, src []float32) {
-	if f := nativeQuantizeQ8_0[defaultImpl.name]; f != nil {
+func quantizeQ8_0Acts(impl string, dst []byte, src []float32) {
+	if f := nativeQuantizeQ8_0[impl]; f != nil {
 		quantizeQ8_0With(f, dst, src)
 		return
 	}
@@ -135,9 +147,8 @@ func quantizeQ8_0With(f func(dst []byte, src []float32) int, dst []byte, src []f
 // the amd64 cgo build.
 var nativeQuantizeQ8_0 = map[string]func(dst []byte, src []float32) int{}
 
-// nativeQuantizeQ8K holds the SIMD paths of QuantizeQ8K by Impl name (the
-// default Impl's runs): whole blocks, lengths checked by the caller; set
-// by the amd64 cgo build.
+// nativeQuantizeQ8K holds the SIMD paths of QuantizeQ8K by Impl name:
+// whole blocks, lengths checked by the caller; set by the amd64 cgo build.
 var nativeQuantizeQ8K = map[string]func(dst []byte, src []float32){}
 
 // quantizeQ8KGo is QuantizeQ8K in Go, the reference of the SIMD paths.
@@ -407,20 +418,22 @@ var nativeQuantLlama = map[string]func(out []float32, ldo int, a, w []byte, t Qu
 // checked by the caller); false when it computed nothing (no scratch).
 var nativeLinear16Llama = map[string]func(out []float32, ldo int, x, w []uint16, bf16 bool, m, k, ncols int) bool{}
 
-// nativeRoundBF16 holds the SIMD paths of RoundBF16 by Impl name (the
-// default Impl's runs; lengths checked by the caller); set by the amd64
-// cgo build.
+// nativeRoundBF16 holds the SIMD paths of RoundBF16 by Impl name (lengths
+// checked by the caller); set by the amd64 cgo build.
 var nativeRoundBF16 = map[string]func(dst []uint16, src []float32){}
 
 // RoundBF16 rounds src to bfloat16 into dst (len >= len(src)) as ggml's
 // GGML_FP32_TO_BF16: nearest, ties to even; a NaN stays a quiet NaN. It
-// runs on the default Impl's SIMD path where it has one (the same bits).
-// Cost: one pass over src, 16 values a step on the AVX2 path (a batch-64
-// step's rounding fell from 6.9% to 0.8% of its profile against the Go
-// loop).
-func RoundBF16(dst []uint16, src []float32) {
+// runs on the default Impl's path (see Impl.RoundBF16). Cost: one pass
+// over src, 16 values a step on the AVX2 path (a batch-64 step's rounding
+// fell from 6.9% to 0.8% of its profile against the Go loop).
+func RoundBF16(dst []uint16, src []float32) { defaultImpl.RoundBF16(dst, src) }
+
+// RoundBF16 is the package-level RoundBF16 on p's SIMD path where it has
+// one (the same bits on every path).
+func (p *Impl) RoundBF16(dst []uint16, src []float32) {
 	dst = dst[:len(src)]
-	if f := nativeRoundBF16[defaultImpl.name]; f != nil && len(src) > 0 {
+	if f := nativeRoundBF16[p.name]; f != nil && len(src) > 0 {
 		f(dst, src)
 		return
 	}

@@ -272,6 +272,9 @@ func TestQuantizeQ8K(t *testing.T) {
 	for name, f := range nativeQuantizeQ8K {
 		paths[name] = f
 	}
+	for _, p := range Impls() {
+		paths[p.Name()+"/QuantizeActs"] = func(dst []byte, src []float32) { p.QuantizeActs(dst, src, QuantQ4_K, 1, len(src)) }
+	}
 	edges := edgeDists
 	for pname, f := range paths {
 		for _, dists := range []map[string]func(r *rand.Rand, i int) float32{actDists, edges} {
@@ -564,7 +567,10 @@ func TestLinear16Llama(t *testing.T) {
 // paths hand to the Go code block by block.
 func TestQuantizeQ8_0Acts(t *testing.T) {
 	const k = 1024
-	paths := map[string]func(dst []byte, src []float32){"quantizeQ8_0Acts": quantizeQ8_0Acts}
+	paths := map[string]func(dst []byte, src []float32){}
+	for _, p := range Impls() {
+		paths[p.Name()+"/QuantizeActs"] = func(dst []byte, src []float32) { p.QuantizeActs(dst, src, QuantQ8_0, 1, len(src)) }
+	}
 	for name, f := range nativeQuantizeQ8_0 {
 		paths[name] = func(dst []byte, src []float32) { quantizeQ8_0With(f, dst, src) }
 	}
@@ -608,10 +614,11 @@ func TestQuantizeQ8_0Acts(t *testing.T) {
 	}
 }
 
-// TestRoundBF16Native: every SIMD path of RoundBF16 gives the Go loop's
-// bits for any float32 bits (NaNs of either sign and payload, infinities,
-// subnormals, ties both ways, the largest finite values that round up to
-// infinity), at every length of a vector step and its tail.
+// TestRoundBF16Native: every SIMD path of RoundBF16, and every Impl's
+// RoundBF16 (its own path), gives the Go loop's bits for any float32 bits
+// (NaNs of either sign and payload, infinities, subnormals, ties both ways,
+// the largest finite values that round up to infinity), at every length of
+// a vector step and its tail.
 func TestRoundBF16Native(t *testing.T) {
 	edges := []uint32{0, 0x80000000, 0x7f800000, 0xff800000, 0x7f800001, 0x7fc00000, 0xffffffff, 0x7fffffff,
 		0x00000001, 0x807fffff, 0x3f808000, 0x3f818000, 0x3f807fff, 0x7f7fffff, 0xff7f8000, 0x7f7f7fff}
@@ -626,10 +633,14 @@ func TestRoundBF16Native(t *testing.T) {
 	}
 	want := make([]uint16, len(src))
 	roundBF16Go(want, src)
-	if len(nativeRoundBF16) == 0 {
-		t.Skip("no SIMD path in this build")
-	}
+	paths := map[string]func(dst []uint16, src []float32){}
 	for name, f := range nativeRoundBF16 {
+		paths[name] = f
+	}
+	for _, p := range Impls() {
+		paths[p.Name()+"/RoundBF16"] = p.RoundBF16
+	}
+	for name, f := range paths {
 		for _, n := range []int{1, 7, 15, 16, 17, 31, 33, len(src) - 3} {
 			for _, off := range []int{0, 3} {
 				got := make([]uint16, n)
