@@ -41,7 +41,8 @@ type decodeFormat struct {
 	size func(w any) int
 }
 
-func decodeFormats() []decodeFormat {
+// decodeFormats are BenchmarkDecodeLayer's cases on the path impl.
+func decodeFormats(impl *Impl) []decodeFormat {
 	quant := func(t QuantType, llama bool) decodeFormat {
 		name := t.String()
 		if llama {
@@ -109,25 +110,35 @@ func decodeFormats() []decodeFormat {
 		},
 		size: func(w any) int { return 4 * len(w.([]float32)) },
 	}
-	f8 := decodeFormat{
-		name: "f8",
-		mk: func(r *rand.Rand, n, k int) any {
-			w, _ := randF8Weights(r, n, k, 128)
-			return w
-		},
-		prep: func(impl *Impl, x []float32, w any, n, k int) func(out []float32, lo, hi int) {
-			wf := w.(F8Weights)
-			return func(out []float32, lo, hi int) { impl.LinearF8(out, x, wf, 1, n, k, lo, hi) }
-		},
-		size: func(w any) int { wf := w.(F8Weights); return len(wf.Data) + 4*len(wf.Scales) },
+	f8 := func(name string, pick func(*Impl) *Impl) decodeFormat {
+		return decodeFormat{
+			name: name,
+			mk: func(r *rand.Rand, n, k int) any {
+				w, _ := randF8Weights(r, n, k, 128)
+				return w
+			},
+			prep: func(impl *Impl, x []float32, w any, n, k int) func(out []float32, lo, hi int) {
+				wf, p := w.(F8Weights), pick(impl)
+				return func(out []float32, lo, hi int) { p.LinearF8(out, x, wf, 1, n, k, lo, hi) }
+			},
+			size: func(w any) int { wf := w.(F8Weights); return len(wf.Data) + 4*len(wf.Scales) },
+		}
 	}
-	return []decodeFormat{
-		f32, f8,
+	// f8_novbmi: the AVX-512 path without its VBMI widening, where the CPU
+	// has VBMI and impl is that path.
+	f8s := []decodeFormat{f8("f8", func(p *Impl) *Impl { return p })}
+	for _, v := range f8Variants() {
+		if v.Name() == impl.Name()+"-novbmi" {
+			f8s = append(f8s, f8("f8_novbmi", func(*Impl) *Impl { return v }))
+		}
+	}
+	return append(f8s,
+		f32,
 		quant(QuantQ8_0, false), quant(QuantQ8_0, true),
 		bf16(false), bf16(true), bf16Pairs,
 		quant(QuantQ4_K, false), quant(QuantQ4_K, true),
 		quant(QuantQ6_K, true),
-	}
+	)
 }
 
 // BenchmarkDecodeLayer runs the GEMVs of one decoder layer of the 153M
@@ -216,7 +227,7 @@ func BenchmarkDecodeLayer(b *testing.B) {
 	impl := benchImpl(b)
 	r := rand.New(rand.NewPCG(11, 12))
 	x := randVec(r, 3072)
-	for _, f := range decodeFormats() {
+	for _, f := range decodeFormats(impl) {
 		b.Run(fmt.Sprintf("%s/%s", impl, f.name), func(b *testing.B) {
 			layer := make([]any, len(decodeLayer153M))
 			layerBytes := 0

@@ -40,6 +40,10 @@ func randF8Weights(r *rand.Rand, n, k, block int) (F8Weights, []float32) {
 	return w, wf
 }
 
+// f8Impls are Impls and the variants of their FP8 paths (AVX-512 without
+// its VBMI widening where the CPU has VBMI).
+func f8Impls() []*Impl { return append(Impls(), f8Variants()...) }
+
 // f8dtype runs LinearF8 in the dtype-generic batch-invariance test. Its
 // weights know only n*k, so the matrix is drawn on first use for the shape
 // it is used with (the same one every time).
@@ -72,7 +76,7 @@ func (f *f8Lazy) get(n, k int) F8Weights {
 // many scale blocks).
 func TestLinearF8BatchInvariance(t *testing.T) {
 	for _, k := range []int{77, 1500} {
-		for _, p := range Impls() {
+		for _, p := range f8Impls() {
 			testBatchInvariance(t, p, f8dtype, 40, k)
 		}
 	}
@@ -83,8 +87,8 @@ func TestLinearF8BatchInvariance(t *testing.T) {
 // bit), and against LinearF32 over the dequantized float32 matrix (bit for
 // bit: the widening and scaling round once, as dequantizing does).
 func TestLinearF8(t *testing.T) {
-	for _, p := range Impls() {
-		for _, block := range []int{16, 32, 128} {
+	for _, p := range f8Impls() {
+		for _, block := range []int{16, 32, 64, 128} {
 			for _, sh := range linearShapes {
 				t.Run(fmt.Sprintf("%s/block%d/m%d_n%d_k%d", p, block, sh.m, sh.n, sh.k), func(t *testing.T) {
 					r := rand.New(rand.NewPCG(uint64(sh.m*1000+sh.n), uint64(sh.k+block)))
@@ -129,8 +133,8 @@ func TestLinearF8Panels(t *testing.T) {
 	const n, k, j0, j1 = 70, 4100, 3, 67
 	r := rand.New(rand.NewPCG(11, 12))
 	w, wf := randF8Weights(r, n, k, 128)
-	for _, p := range Impls() {
-		for _, m := range []int{4, 5, 8, 9} {
+	for _, p := range f8Impls() {
+		for _, m := range []int{1, 2, 4, 5, 8, 9} {
 			x := randVec(r, m*k)
 			out, ref, deq := filled(m*n), filled(m*n), filled(m*n)
 			p.LinearF8(out, x, w, m, n, k, j0, j1)
@@ -206,7 +210,7 @@ func BenchmarkLinearDecodeF8(b *testing.B) {
 			bf[c][i] = f32ToBF16(float32(r.NormFloat64()))
 		}
 	}
-	for _, p := range Impls() {
+	for _, p := range f8Impls() {
 		for _, dt := range []string{"bf16", "f8"} {
 			b.Run(p.Name()+"/"+dt, func(b *testing.B) {
 				i, bytes := 0, 2*n*k

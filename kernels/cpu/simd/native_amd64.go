@@ -92,7 +92,7 @@ var avx512Funcs = cFuncs{
 		C.di_linear_avx512(dtype, out, x, w, m, n, k, j0, j1)
 	},
 	linearF8: func(out, x *C.float, w *C.uint8_t, scales *C.float, scaleRow *C.int32_t, shift C.int, m, n, k, j0, j1 C.int64_t) {
-		C.di_linear_f8_avx512(out, x, w, scales, scaleRow, shift, m, n, k, j0, j1)
+		C.di_linear_f8_avx512(out, x, w, scales, scaleRow, shift, m, n, k, j0, j1, cBool(cpu.X86.HasAVX512VBMI))
 	},
 	dot:       func(a, b *C.float, n C.int64_t) C.float { return C.di_dot_avx512(a, b, n) },
 	axpy:      func(a C.float, x, y *C.float, n C.int64_t) { C.di_axpy_avx512(a, x, y, n) },
@@ -173,6 +173,27 @@ var avx2Funcs = cFuncs{
 		C.di_linear_kmajor_avx2(out, ldo, x, ldx, w, m, n, k)
 	},
 	siluMul: func(dst, gate, up *C.float, n C.int64_t) { C.di_silu_mul_avx2(dst, gate, up, n) },
+}
+
+// f8Variants returns the AVX-512 path with its VBMI widening of FP8 weights
+// off, where the CPU has VBMI (else nothing): for the tests, which check
+// both ways through against the Go path.
+func f8Variants() []*Impl {
+	if !hasAVX512() || !cpu.X86.HasAVX512VBMI {
+		return nil
+	}
+	f := avx512Funcs
+	f.linearF8 = func(out, x *C.float, w *C.uint8_t, scales *C.float, scaleRow *C.int32_t, shift C.int, m, n, k, j0, j1 C.int64_t) {
+		C.di_linear_f8_avx512(out, x, w, scales, scaleRow, shift, m, n, k, j0, j1, 0)
+	}
+	return []*Impl{newNative("avx512-novbmi", f)}
+}
+
+func cBool(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func fptr(s []float32) *C.float     { return (*C.float)(unsafe.Pointer(unsafe.SliceData(s))) }
