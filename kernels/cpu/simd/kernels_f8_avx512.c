@@ -17,10 +17,12 @@
 //     16 weights costs 6 vector uops against 7 widening 16 at a time. The
 //     weights are read once, a byte each, with the next tile prefetched, so
 //     the widening overlaps the memory stream. Where the CPU has AVX512_VBMI
-//     the 1- and 2-row tiles widen 64 bytes at a time by table instead
+//     the one-row tile widens 64 bytes at a time by table instead
 //     (tile_f8_vbmi: no VCVTPH2PS, two uops a step on Zen 4), with the same
 //     values and the same order: 1.17x the weights a second of tile_f8 in a
-//     standalone loop on Zen 4, about 1.08x through the pool (BENCH.md).
+//     standalone loop on Zen 4, about 1.08x through the pool (BENCH.md);
+//     two rows ran 0.95x that way (their 16 accumulators and 8 x vectors
+//     left too few registers), so they keep tile_f8.
 //   - m >= 9 (prefill): a panel of columns (about 384 KiB of float32, kept
 //     in L2) is widened and scaled once into a buffer, then the float32
 //     kernel of kernels_avx512.c (di_linear_avx512) runs every row against
@@ -235,16 +237,16 @@ static const uint8_t f8_place[4][64] __attribute__((aligned(64))) = {
 };
 #define F8_PLACE_MASK 0xCCCCCCCCCCCCCCCCull
 
-// tile_f8_vbmi is tile_f8 for R <= 2 where the CPU has AVX512_VBMI: inside
-// each scale block, steps of 64 weights look each byte's two top float32
-// bytes up in f8_bf16_lo/hi (two VPERMI2B on the byte's low 7 bits, its
-// sign OR-ed in) and place them into four vectors of 16 floats (four
-// zero-masked VPERMT2B): the exact values f8_load32 gives times 256, so
-// one multiply by the scale gives the same products. A step costs 7
-// shuffle uops and 4 multiplies for 64 weights, against 8 VCVTPH2PS uops
-// (and 6 more) in tile_f8. The same canonical order (16 columns at a time
-// into one accumulator an output), so the bits are tile_f8's; the rest of
-// a block and the tail run tile_f8's steps.
+// tile_f8_vbmi is tile_f8 (R <= 2; one row is what runs it) where the CPU
+// has AVX512_VBMI: inside each scale block, steps of 64 weights look each
+// byte's two top float32 bytes up in f8_bf16_lo/hi (two VPERMI2B on the
+// byte's low 7 bits, its sign OR-ed in) and place them into four vectors of
+// 16 floats (four zero-masked VPERMT2B): the exact values f8_load32 gives
+// times 256, so one multiply by the scale gives the same products. A step
+// costs 7 shuffle uops and 4 multiplies for 64 weights, against 8
+// VCVTPH2PS uops (and 6 more) in tile_f8. The same canonical order (16
+// columns at a time into one accumulator an output), so the bits are
+// tile_f8's; the rest of a block and the tail run tile_f8's steps.
 VBMI INLINE void tile_f8_vbmi(const int R, const int C, const float *x, int nr, const uint8_t *w,
                               const float *const sc_in[16], int nc, int64_t k, int sh, float *out,
                               int64_t ldo, const uint8_t *pf) {
@@ -316,10 +318,10 @@ VBMI INLINE void tile_f8_vbmi(const int R, const int C, const float *x, int nr, 
 	f8_store(R, C, acc, nr, nc, out, ldo);
 }
 
-// rows_f8_vbmi is rows_f8 over tile_f8_vbmi (R <= 2, C = 8).
-VBMI static void rows_f8_vbmi(const int R, float *out, const float *x, const uint8_t *w, const float *scales,
-                              const int32_t *scale_row, int64_t n, int64_t k, int sh, int64_t i0, int nr,
-                              int64_t jb, int64_t je, int stream) {
+// rows_f8_vbmi is rows_f8 for row i0 alone over tile_f8_vbmi (1 x 8 tiles).
+VBMI static void rows_f8_vbmi(float *out, const float *x, const uint8_t *w, const float *scales,
+                              const int32_t *scale_row, int64_t n, int64_t k, int sh, int64_t i0, int64_t jb,
+                              int64_t je, int stream) {
 	const int C = 8;
 	const int64_t kb = (k + ((int64_t)1 << sh) - 1) >> sh;
 	for (int64_t j = jb; j < je; j += C) {
@@ -330,10 +332,7 @@ VBMI static void rows_f8_vbmi(const int R, float *out, const float *x, const uin
 		const uint8_t *pf = 0;
 		if (stream && j + 2 * C <= je)
 			pf = w + (j + C) * k;
-		if (R == 1)
-			tile_f8_vbmi(1, C, x + i0 * k, nr, w + j * k, sc, nc, k, sh, out + i0 * n + j, n, pf);
-		else
-			tile_f8_vbmi(2, C, x + i0 * k, nr, w + j * k, sc, nc, k, sh, out + i0 * n + j, n, pf);
+		tile_f8_vbmi(1, C, x + i0 * k, 1, w + j * k, sc, nc, k, sh, out + i0 * n + j, n, pf);
 	}
 }
 
@@ -419,14 +418,11 @@ AVX512 static void linear_f8_regs(float *out, const float *x, const uint8_t *w, 
 				rows_f8(4, 4, out, x, w, scales, scale_row, n, k, sh, i, nr, jb, je, stream);
 				i += nr;
 			} else if (left == 2) {
-				if (vbmi)
-					rows_f8_vbmi(2, out, x, w, scales, scale_row, n, k, sh, i, 2, jb, je, stream);
-				else
-					rows_f8(2, 8, out, x, w, scales, scale_row, n, k, sh, i, 2, jb, je, stream);
+				rows_f8(2, 8, out, x, w, scales, scale_row, n, k, sh, i, 2, jb, je, stream);
 				i += 2;
 			} else {
 				if (vbmi)
-					rows_f8_vbmi(1, out, x, w, scales, scale_row, n, k, sh, i, 1, jb, je, stream);
+					rows_f8_vbmi(out, x, w, scales, scale_row, n, k, sh, i, jb, je, stream);
 				else
 					rows_f8(1, 8, out, x, w, scales, scale_row, n, k, sh, i, 1, jb, je, stream);
 				i += 1;

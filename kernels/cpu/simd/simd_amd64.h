@@ -19,7 +19,7 @@ void di_linear_avx2(int dtype, float *out, const float *x, const void *w,
 // LinearF8: out[i*n+j] = sum_kk x[i*k+kk] * (E4M3(w[j*k+kk]) * scale), the
 // scale scales[scale_row[j]*ceil(k/2^block_shift) + (kk >> block_shift)].
 // vbmi (AVX-512 only): nonzero where the CPU has AVX512_VBMI, whose table
-// widening the 1- and 2-row tiles then use (the same bits either way).
+// widening the one-row tiles then use (the same bits either way).
 void di_linear_f8_avx512(float *out, const float *x, const uint8_t *w, const float *scales,
                          const int32_t *scale_row, int block_shift, int64_t m, int64_t n, int64_t k,
                          int64_t j0, int64_t j1, int vbmi);
