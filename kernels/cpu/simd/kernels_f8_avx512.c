@@ -66,6 +66,23 @@ AVX512 INLINE __m512 f8_load_mask(const uint8_t *p, __mmask16 mk) {
 	return f8_widen(_mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(mk, p)));
 }
 
+// f8_tile_rows points a tile's R rows of x and C weight rows (with their
+// scale rows) at rows [0, nr) and [0, nc), the ones past them repeating the
+// last valid one.
+AVX512 INLINE void f8_tile_rows(const int R, const int C, const float *x, int nr, const uint8_t *w,
+                                const float *const sc_in[16], int nc, int64_t k, const float **xr,
+                                const uint8_t **wc, const float **sc) {
+#pragma GCC unroll 8
+	for (int r = 0; r < R; r++)
+		xr[r] = x + (r < nr ? r : nr - 1) * k;
+#pragma GCC unroll 16
+	for (int c = 0; c < C; c++) {
+		int cc = c < nc ? c : nc - 1;
+		wc[c] = w + cc * k;
+		sc[c] = sc_in[cc];
+	}
+}
+
 // f8_step16 adds the products of x's R rows with the 16 weights at kk of
 // each of the C columns, scaled by sv (256 times their block scales), into
 // acc: one canonical step.
@@ -127,15 +144,7 @@ AVX512 INLINE void tile_f8(const int R, const int C, const float *x, int nr, con
 	const float *xr[8];
 	const uint8_t *wc[16];
 	const float *sc[16];
-#pragma GCC unroll 8
-	for (int r = 0; r < R; r++)
-		xr[r] = x + (r < nr ? r : nr - 1) * k;
-#pragma GCC unroll 16
-	for (int c = 0; c < C; c++) {
-		int cc = c < nc ? c : nc - 1;
-		wc[c] = w + cc * k;
-		sc[c] = sc_in[cc];
-	}
+	f8_tile_rows(R, C, x, nr, w, sc_in, nc, k, xr, wc, sc);
 	__m512 acc[16];
 #pragma GCC unroll 16
 	for (int f = 0; f < 16; f++)
@@ -250,18 +259,10 @@ static const uint8_t f8_place[4][64] __attribute__((aligned(64))) = {
 VBMI INLINE void tile_f8_vbmi(const int R, const int C, const float *x, int nr, const uint8_t *w,
                               const float *const sc_in[16], int nc, int64_t k, int sh, float *out,
                               int64_t ldo, const uint8_t *pf) {
-	const float *xr[2];
-	const uint8_t *wc[8];
-	const float *sc[8];
-#pragma GCC unroll 2
-	for (int r = 0; r < R; r++)
-		xr[r] = x + (r < nr ? r : nr - 1) * k;
-#pragma GCC unroll 8
-	for (int c = 0; c < C; c++) {
-		int cc = c < nc ? c : nc - 1;
-		wc[c] = w + cc * k;
-		sc[c] = sc_in[cc];
-	}
+	const float *xr[8];
+	const uint8_t *wc[16];
+	const float *sc[16];
+	f8_tile_rows(R, C, x, nr, w, sc_in, nc, k, xr, wc, sc);
 	const __m512i tl0 = _mm512_load_si512(f8_bf16_lo), tl1 = _mm512_load_si512(f8_bf16_lo + 64);
 	const __m512i th0 = _mm512_load_si512(f8_bf16_hi), th1 = _mm512_load_si512(f8_bf16_hi + 64);
 	const __m512i sgn = _mm512_set1_epi8((char)0x80);
