@@ -192,7 +192,9 @@ func BenchmarkPrefill512(b *testing.B) {
 // LM head and the absorbed MLA attention as the CPU backend runs it
 // (scores over kv_lora_rank + rope, outputs over kv_lora_rank, per head
 // and visible key). DEEPINFER_BENCH_THREADS sets the backend's threads,
-// DEEPINFER_BENCH_ACTS=bf16 its cpu.activation_rounding (bfloat16 pairs).
+// DEEPINFER_BENCH_ACTS=bf16 its cpu.activation_rounding (bfloat16 pairs),
+// DEEPINFER_BENCH_SIMD its cpu.simd (avx2, avx512; empty: the best the CPU
+// has).
 //
 // Measured on a 2-vCPU AVX-512 Xeon VM (no AMX), cpu(avx512): 2 threads
 // 16-21 ms a step (50-64 GFLOP/s), 1 thread 25-28 ms (37-42 GFLOP/s,
@@ -223,7 +225,7 @@ func benchDecodeDefault(b *testing.B, batch int) {
 		b.Fatal(err)
 	}
 	threads, _ := strconv.Atoi(os.Getenv("DEEPINFER_BENCH_THREADS")) // 0: all cores
-	opts := cpu.Options{Threads: threads}
+	opts := cpu.Options{Threads: threads, SIMD: os.Getenv("DEEPINFER_BENCH_SIMD")}
 	if os.Getenv("DEEPINFER_BENCH_ACTS") == "bf16" {
 		opts.Activations = cpu.ActBF16
 	}

@@ -3,6 +3,8 @@ package cpu
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
@@ -22,6 +24,10 @@ import (
 // run one decode row over the caches of 64 layers in turn, 144 MiB of
 // float32 keys and values at 576 keys, as a decode step meets them: every
 // layer's cache evicted by the weights read since the step before.
+// DEEPINFER_BENCH_SIMD picks the backend's cpu.simd (avx2, avx512; empty:
+// the best the CPU has), DEEPINFER_BENCH_THREADS its threads (0: all
+// cores). Where the cold cases' time goes: BENCH.md of kernels/cpu/simd
+// ("Decode attention from memory").
 func BenchmarkAttention(b *testing.B) {
 	const nh, nkv, d, bs = 12, 4, 64, 16
 	for _, cache := range []kernels.DType{kernels.F32, kernels.F8E4M3} {
@@ -50,7 +56,8 @@ func BenchmarkAttention(b *testing.B) {
 // element type cache written through WriteCache, one pair of caches per
 // layer, the layers in turn.
 func benchAttention(b *testing.B, cache kernels.DType, sp seqSpec, nh, nkv, d, bs, layers int) {
-	be := New(Options{KVCacheDType: cache})
+	th, _ := strconv.Atoi(os.Getenv("DEEPINFER_BENCH_THREADS"))
+	be := New(Options{KVCacheDType: cache, SIMD: os.Getenv("DEEPINFER_BENCH_SIMD"), Threads: th})
 	b.Cleanup(func() { be.Close() })
 	r := rand.New(rand.NewPCG(1, 1))
 	numBlocks := (sp.kLen + bs - 1) / bs
