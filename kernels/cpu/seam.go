@@ -11,6 +11,8 @@ import (
 // simd), which is what makes the kernels batch-invariant.
 type kernelSet struct {
 	name string
+	// peak measures the path's FMA ceiling (simd.Impl.PeakFLOPS).
+	peak func(workers int) (float64, bool)
 	// linear* compute out[i*n+j] = sum_kk x[i*k+kk] * w[j*k+kk] for rows i in
 	// [0, m) and columns j in [j0, j1); w is [n][k] in nn.Linear layout.
 	linearF32  func(out, x, w []float32, m, n, k, j0, j1 int)
@@ -74,6 +76,7 @@ func selectKernels(pureGo bool, name string) kernelSet {
 	}
 	return kernelSet{
 		name:        impl.Name(),
+		peak:        impl.PeakFLOPS,
 		linearF32:   impl.LinearF32,
 		linearBF16:  impl.LinearBF16,
 		linearF16:   impl.LinearF16,

@@ -65,6 +65,7 @@ func fmaPeakAVX2(iters int) (v float32, ok bool) {
 
 // cFuncs are one instruction set's C entry points.
 type cFuncs struct {
+	peak      fmaProbe
 	linear    func(dtype C.int, out *C.float, x *C.float, w unsafe.Pointer, m, n, k, j0, j1 C.int64_t)
 	linearF8  func(out, x *C.float, w *C.uint8_t, scales *C.float, scaleRow *C.int32_t, shift C.int, m, n, k, j0, j1 C.int64_t)
 	dot       func(a, b *C.float, n C.int64_t) C.float
@@ -88,6 +89,7 @@ type cFuncs struct {
 }
 
 var avx512Funcs = cFuncs{
+	peak: fmaProbe{run: fmaPeak, flopsPerRound: 768, iters: 250_000}, // rounds of 24 independent 16-lane FMAs
 	linear: func(dtype C.int, out *C.float, x *C.float, w unsafe.Pointer, m, n, k, j0, j1 C.int64_t) {
 		C.di_linear_avx512(dtype, out, x, w, m, n, k, j0, j1)
 	},
@@ -131,6 +133,7 @@ var avx512Funcs = cFuncs{
 }
 
 var avx2Funcs = cFuncs{
+	peak: fmaProbe{run: fmaPeakAVX2, flopsPerRound: 192, iters: 1_000_000}, // 12 independent 8-lane FMAs
 	linear: func(dtype C.int, out *C.float, x *C.float, w unsafe.Pointer, m, n, k, j0, j1 C.int64_t) {
 		C.di_linear_avx2(dtype, out, x, w, m, n, k, j0, j1)
 	},
@@ -209,6 +212,7 @@ func newNative(name string, f cFuncs) *Impl {
 	}
 	return &Impl{
 		name: name,
+		peak: f.peak,
 		linearF32: func(out, x, w []float32, m, n, k, j0, j1 int) {
 			linear(C.DI_F32, out, x, unsafe.Pointer(unsafe.SliceData(w)), m, n, k, j0, j1)
 		},

@@ -16,6 +16,7 @@ var ErrUnknownImpl = errors.New("simd: unknown or unavailable implementation")
 // aside). An Impl is immutable and safe for concurrent use.
 type Impl struct {
 	name       string
+	peak       fmaProbe // the path's FMA probe (PeakFLOPS); zero on the pure-Go path
 	linearF32  func(out, x, w []float32, m, n, k, j0, j1 int)
 	linearBF16 func(out, x []float32, w []uint16, m, n, k, j0, j1 int)
 	linearF16  func(out, x []float32, w []uint16, m, n, k, j0, j1 int)

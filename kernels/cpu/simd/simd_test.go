@@ -419,21 +419,36 @@ func ExampleLinearBF16() {
 	// Output: [9 0]
 }
 
-// TestPeakFLOPS: a ceiling is claimed wherever AVX-512 or AVX2 with FMA
-// runs, and it is plausible; the AVX2 probe runs on AVX-512 machines too.
+// TestPeakFLOPS: every path claims a ceiling wherever AVX-512 or AVX2
+// with FMA runs, measured in its own vectors (the AVX2 path with 8-lane
+// FMAs even where the CPU has AVX-512; the pure-Go path with the widest the
+// CPU has), and it is plausible.
 func TestPeakFLOPS(t *testing.T) {
-	peak, ok := PeakFLOPS(2)
 	_, has512 := fmaPeak(1)
 	_, has2 := fmaPeakAVX2(1)
-	if has := has512 || has2; has != ok {
-		t.Fatalf("PeakFLOPS ok = %v on a machine where AVX-512 is %v and AVX2 %v", ok, has512, has2)
-	}
 	if v, ok := fmaPeakAVX2(1000); ok && (math.IsNaN(float64(v)) || math.IsInf(float64(v), 0)) {
 		t.Errorf("AVX2 probe returned %v", v)
 	}
-	// Between 1 GFLOP/s and 10 TFLOP/s for two workers: a sanity range, not a timing.
-	if ok && (peak < 1e9 || peak > 1e13) {
-		t.Errorf("peak %.3g FLOP/s is not plausible", peak)
+	widest := 0.0
+	switch {
+	case has512:
+		widest = 768
+	case has2:
+		widest = 192
+	}
+	for _, p := range Impls() {
+		want := map[string]float64{"go": widest, "avx2": 192, "avx512": 768, "avx512-novbmi": 768}[p.Name()]
+		if got := p.probe().flopsPerRound; got != want {
+			t.Errorf("%s: probe of %v flops a round, want %v", p, got, want)
+		}
+		peak, ok := p.PeakFLOPS(2)
+		if has := has512 || has2; has != ok {
+			t.Fatalf("%s: PeakFLOPS ok = %v on a machine where AVX-512 is %v and AVX2 %v", p, ok, has512, has2)
+		}
+		// Between 1 GFLOP/s and 10 TFLOP/s for two workers: a sanity range, not a timing.
+		if ok && (peak < 1e9 || peak > 1e13) {
+			t.Errorf("%s: peak %.3g FLOP/s is not plausible", p, peak)
+		}
 	}
 }
 
