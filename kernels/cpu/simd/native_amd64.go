@@ -44,7 +44,8 @@ func hasAVX512() bool {
 
 // fmaPeak runs iters rounds of 24 independent 16-lane FMAs (768 flops per
 // round) with AVX-512 and returns a value that depends on all of them; ok is
-// false where the CPU lacks AVX-512. For benchmarks only.
+// false where the CPU lacks AVX-512. The AVX-512 path's FMA probe
+// (Impl.PeakFLOPS) and the benchmarks' compute ceiling.
 func fmaPeak(iters int) (v float32, ok bool) {
 	if !hasAVX512() {
 		return 0, false
@@ -54,8 +55,8 @@ func fmaPeak(iters int) (v float32, ok bool) {
 
 // fmaPeakAVX2 runs iters rounds of 12 independent 8-lane FMAs (192 flops
 // per round) with AVX2 and returns a value that depends on all of them; ok
-// is false where the CPU lacks AVX2 with FMA. For the compute ceiling of
-// machines without AVX-512.
+// is false where the CPU lacks AVX2 with FMA. The AVX2 path's FMA probe
+// (Impl.PeakFLOPS), also on CPUs that have AVX-512.
 func fmaPeakAVX2(iters int) (v float32, ok bool) {
 	if x := &cpu.X86; !x.HasAVX2 || !x.HasFMA || !x.HasF16C {
 		return 0, false
