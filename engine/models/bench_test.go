@@ -27,6 +27,14 @@ const benchConfig = `{"architectures": ["LlamaForCausalLM"], "model_type": "llam
 
 const benchContext = 128 // cached tokens before the measured decode step
 
+// tinyLlamaConfig is TinyLlama-1.1B's shape (1.1B parameters, untied
+// embeddings): a model whose LM head is 6% of its weights, where
+// benchConfig's tied head is a quarter of them.
+const tinyLlamaConfig = `{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 32000,
+	"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
+	"num_key_value_heads": 4, "head_dim": 64, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+	"rope_theta": 10000.0, "tie_word_embeddings": false}`
+
 type benchModel struct {
 	ops         *cpu.Backend
 	m           Model
@@ -34,17 +42,19 @@ type benchModel struct {
 	numParams   int64
 }
 
-func newBenchModel(b *testing.B) *benchModel { return newBenchModelQuant(b, "") }
+func newBenchModel(b *testing.B) *benchModel { return newBenchModelQuant(b, benchConfig, "") }
 
-// newBenchModelQuant is newBenchModel with Options.Quantization quant.
-func newBenchModelQuant(b *testing.B, quant string) *benchModel {
+// newBenchModelQuant builds a BF16 model of config with
+// Options.Quantization quant, on the CPU path DEEPINFER_BENCH_SIMD names
+// (empty: the best the CPU has).
+func newBenchModelQuant(b *testing.B, config, quant string) *benchModel {
 	b.Helper()
-	cfg := parseConfig(b, benchConfig)
+	cfg := parseConfig(b, config)
 	w, err := RandomWeights(cfg, kernels.BF16, 1)
 	if err != nil {
 		b.Fatal(err)
 	}
-	bm := &benchModel{ops: cpu.New(cpu.Options{})}
+	bm := &benchModel{ops: cpu.New(cpu.Options{SIMD: os.Getenv("DEEPINFER_BENCH_SIMD")})}
 	b.Cleanup(func() { bm.ops.Close() })
 	for name, t := range w {
 		n := int64(t.NumElements())
@@ -92,19 +102,61 @@ func BenchmarkDecodeStep(b *testing.B) { benchDecodeStep(b, newBenchModel(b)) }
 
 // BenchmarkDecodeStepWeights runs BenchmarkDecodeStep's step with the
 // BF16 weights as stored and with the linear layers quantized to FP8 at
-// load (the tied embedding, also the LM head, stays BF16), in one run:
-// compare their tok/s.
+// load (the LM head stays BF16, as in DeepSeek's and Qwen's FP8
+// checkpoints), the two models' steps alternating in one loop so that the
+// machine's drift reaches both alike; it reports each one's tok/s and
+// their ratio (fp8/bf16). Two shapes: the ~100M Llama (llama100m: its tied
+// embedding, also the LM head, is 49 of its 200 MB, so FP8 cannot pass
+// 200 / 125 = 1.6x its BF16 tok/s) and TinyLlama-1.1B's (tinyllama: 2,200
+// MB of BF16 against 1,231 MB, a ceiling of 1.8x; about 6 GB of memory and
+// half a minute to build). DEEPINFER_BENCH_SIMD picks the CPU path.
 func BenchmarkDecodeStepWeights(b *testing.B) {
-	for _, quant := range []string{"", "fp8"} {
-		name := quant
-		if name == "" {
-			name = "bf16"
-		}
-		b.Run(name, func(b *testing.B) { benchDecodeStep(b, newBenchModelQuant(b, quant)) })
+	for _, shape := range []struct{ name, config string }{{"llama100m", benchConfig}, {"tinyllama", tinyLlamaConfig}} {
+		b.Run(shape.name, func(b *testing.B) {
+			bf16, fp8 := newBenchModelQuant(b, shape.config, ""), newBenchModelQuant(b, shape.config, "fp8")
+			steps := []func(){newDecodeStep(b, bf16), newDecodeStep(b, fp8)}
+			var took [2]time.Duration
+			b.ResetTimer()
+			for b.Loop() {
+				for i, step := range steps {
+					start := time.Now()
+					step()
+					took[i] += time.Since(start)
+				}
+			}
+			n := float64(b.N)
+			b.ReportMetric(n/took[0].Seconds(), "bf16_tok/s")
+			b.ReportMetric(n/took[1].Seconds(), "fp8_tok/s")
+			b.ReportMetric(took[0].Seconds()/took[1].Seconds(), "fp8/bf16")
+			b.ReportMetric(float64(fp8.weightBytes)*n/took[1].Seconds()/1e9, "fp8_weightGB/s")
+			b.ReportMetric(float64(bf16.weightBytes)*n/took[0].Seconds()/1e9, "bf16_weightGB/s")
+			b.Logf("%s: %.1f M params, %.0f MB of BF16 and %.0f MB of %s weights a step",
+				fp8.ops.Name(), float64(fp8.numParams)/1e6, float64(bf16.weightBytes)/1e6, float64(fp8.weightBytes)/1e6, WeightFormat(fp8.m))
+		})
 	}
 }
 
 func benchDecodeStep(b *testing.B, bm *benchModel) {
+	step := newDecodeStep(b, bm)
+	bw := copyBandwidth()
+	b.ResetTimer()
+	for b.Loop() {
+		step()
+	}
+	sec := b.Elapsed().Seconds() / float64(b.N)
+	achieved := float64(bm.weightBytes) / sec
+	b.ReportMetric(1/sec, "tok/s")
+	b.ReportMetric(achieved/1e9, "weightGB/s")
+	b.ReportMetric(bw/1e9, "copyGB/s")
+	b.ReportMetric(achieved/bw, "bw_ratio")
+	b.ReportMetric(float64(bm.numParams)/1e6, "Mparams")
+	b.Logf("%s: %.1f M params, %.0f MB of %s weights per step; copy bandwidth %.1f GB/s (read+write)",
+		bm.ops.Name(), float64(bm.numParams)/1e6, float64(bm.weightBytes)/1e6, WeightFormat(bm.m), bw/1e9)
+}
+
+// newDecodeStep prepares bm for the measured step (benchContext tokens
+// cached) and returns the step: the forward of one token and its logits.
+func newDecodeStep(b *testing.B, bm *benchModel) func() {
 	r := rand.New(rand.NewPCG(1, 1))
 	const blockSize = 16
 	cache, err := bm.m.NewKVCache(16, blockSize)
@@ -120,10 +172,8 @@ func benchDecodeStep(b *testing.B, bm *benchModel) {
 		b.Fatal(err)
 	}
 	rows, _ := kernels.FromI32(bm.ops, []int32{0}, 1)
-	bw := copyBandwidth()
 	ctx := context.Background()
-	b.ResetTimer()
-	for b.Loop() {
+	return func() {
 		hidden, err := bm.m.Forward(ctx, cache, batch)
 		if err != nil {
 			b.Fatal(err)
@@ -132,15 +182,6 @@ func benchDecodeStep(b *testing.B, bm *benchModel) {
 			b.Fatal(err)
 		}
 	}
-	sec := b.Elapsed().Seconds() / float64(b.N)
-	achieved := float64(bm.weightBytes) / sec
-	b.ReportMetric(1/sec, "tok/s")
-	b.ReportMetric(achieved/1e9, "weightGB/s")
-	b.ReportMetric(bw/1e9, "copyGB/s")
-	b.ReportMetric(achieved/bw, "bw_ratio")
-	b.ReportMetric(float64(bm.numParams)/1e6, "Mparams")
-	b.Logf("%s: %.1f M params, %.0f MB of %s weights per step; copy bandwidth %.1f GB/s (read+write)",
-		bm.ops.Name(), float64(bm.numParams)/1e6, float64(bm.weightBytes)/1e6, WeightFormat(bm.m), bw/1e9)
 }
 
 // BenchmarkPrefill512: one 512-token prefill of the same model (forward over

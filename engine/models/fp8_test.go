@@ -44,9 +44,9 @@ func promptLogits(t testing.TB, m Model, ids []int32) [][]float32 {
 }
 
 // TestFP8Checkpoint: a model loaded from an FP8 checkpoint (written here
-// from a random BF16 one) computes exactly what the model of its
-// dequantized float32 weights computes, and stays within a stated bound of
-// the BF16 model it was quantized from.
+// from a random BF16 one) computes what the model of its dequantized
+// float32 weights computes, to rounding (fp8DeqBound), and stays within a
+// stated bound of the BF16 model it was quantized from.
 func TestFP8Checkpoint(t *testing.T) {
 	ops := newBackend(t, 2)
 	r := rand.New(rand.NewPCG(11, 12))
@@ -80,8 +80,12 @@ func TestFP8Checkpoint(t *testing.T) {
 				got, deq, ref := promptLogits(t, mf, ids), promptLogits(t, md, ids), promptLogits(t, mb, ids)
 				worst, within := 0.0, 0
 				for p := range ids {
-					if !sameBits(got[p], deq[p]) {
-						t.Fatalf("position %d: FP8 logits differ from the dequantized model's", p)
+					want64 := make([]float64, len(deq[p]))
+					for i, v := range deq[p] {
+						want64[i] = float64(v)
+					}
+					if e := relErr(got[p], want64); e > fp8DeqBound {
+						t.Fatalf("position %d: FP8 logits %.3g of their largest from the dequantized model's, want <= %g", p, e, fp8DeqBound)
 					}
 					want := make([]float64, len(ref[p]))
 					for i, v := range ref[p] {
@@ -116,6 +120,12 @@ func TestFP8Checkpoint(t *testing.T) {
 // fp8Bound bounds max|FP8 logit - BF16 logit| / max|BF16 logit| of the tiny
 // random models.
 const fp8Bound = 0.12
+
+// fp8DeqBound bounds max|FP8 logit - dequantized logit| / max|dequantized
+// logit|: the FP8 products round each activation times its block scale
+// where the dequantized model's round each weight times its scale (at most
+// 6.2e-7 measured on these models).
+const fp8DeqBound = 1e-5
 
 // TestQuantizeAtLoad: Options.Quantization "fp8" over a BF16 checkpoint
 // gives the model of the FP8 checkpoint quantized with 128x128 blocks, bit

@@ -24,9 +24,11 @@ type fp8Scales struct {
 func (t *Tensor) HasWeightScales() bool { return t != nil && t.fp8 != nil }
 
 // FP8Weight copies an FP8 block-scaled weight into Go memory: one byte a
-// weight, widened and scaled inside the Linear, Logits, MoE, Embedding and
-// MLAAttention loops (bit for bit as if the weight had been dequantized to
-// float32 first). Cost: one copy of the bytes (into memory advised for huge
+// weight, widened inside the Linear, Logits, MoE, Embedding and
+// MLAAttention loops. The products apply each block's scale to the
+// activations (simd.Impl.LinearF8), so they match those of the weight
+// dequantized to float32 to rounding, not bit for bit; Embedding's rows are
+// the dequantized ones. Cost: one copy of the bytes (into memory advised for huge
 // pages, weightArena) and scales and one pass over them to check them.
 func (b *Backend) FP8Weight(w kernels.FP8Weight) (kernels.Tensor, error) {
 	const op = "fp8_weight"

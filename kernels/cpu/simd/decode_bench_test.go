@@ -115,6 +115,9 @@ func decodeFormats(impl *Impl) []decodeFormat {
 			name: name,
 			mk: func(r *rand.Rand, n, k int) any {
 				w, _ := randF8Weights(r, n, k, 128)
+				for j := range w.ScaleRow { // 128x128 blocks, as checkpoints have them
+					w.ScaleRow[j] = int32(j / 128)
+				}
 				return w
 			},
 			prep: func(impl *Impl, x []float32, w any, n, k int) func(out []float32, lo, hi int) {

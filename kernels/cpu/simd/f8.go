@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"sync"
 )
 
 // F8Weights is a matrix [n][k] of OCP FP8 E4M3 weights with one float32
@@ -87,18 +88,24 @@ func (w F8Weights) checkRows(n, k, j0, j1 int) error {
 	return nil
 }
 
-// LinearF8 is LinearF32 with w in FP8 E4M3 with block scales: each weight
-// is widened and multiplied by its scale (one rounding), then reduced in
-// the canonical order, so the result is bit for bit LinearF32 over the
-// dequantized float32 matrix, on every path. Decode widens in registers
-// (AVX-512: up to 8 rows, AVX2: up to 4) and reads one byte a weight plus
-// 4 bytes a block of BlockK; with more rows the SIMD paths widen a panel of
-// columns once into an L2-sized float32 buffer and run LinearF32's kernel
-// on it, so prefill runs at float32 GEMM speed. It panics if a slice is too short, the block
-// is not a power of two >= 16, or a row in [j0, j1) names a scale row out
-// of range (O(j1 - j0) checks); scales are taken to pass Check, done once
-// per weight: a scale of 2^100 or more may give other bits on the SIMD
-// paths than on the Go path.
+// LinearF8 is LinearF32 with w in FP8 E4M3 with block scales, the scales
+// applied to the activations: every weight is widened exactly (its E4M3
+// value times 2^-8), every activation multiplied by 256 times the scale of
+// the weight's block (one rounding: f8ScaleActs), and the products reduced
+// in the canonical order, so the result is bit for bit LinearF32 of the
+// scaled activations and the widened weights, on every path. Scaling the
+// activations costs k multiplies a row per run of columns that share a
+// scale row (128 columns in DeepSeek's and Qwen's checkpoints), where
+// scaling the weights cost one multiply a weight: on the one-row path the
+// widening and the FMA are all that is left a weight. Decode widens in
+// registers (AVX-512: up to 8 rows, AVX2: up to 4) and reads one byte a
+// weight plus 4 bytes a block of BlockK; with more rows the SIMD paths
+// widen a panel of columns once into an L2-sized float32 buffer and run
+// LinearF32's kernel on it, so prefill runs at float32 GEMM speed. It
+// panics if a slice is too short, the block is not a power of two >= 16,
+// or a row in [j0, j1) names a scale row out of range (O(j1 - j0) checks);
+// scales are taken to pass Check, done once per weight. Cost besides the
+// product: a scratch of min(m, f8ScaledRows) rows of k float32s.
 func (p *Impl) LinearF8(out, x []float32, w F8Weights, m, n, k, j0, j1 int) {
 	checkLinear("LinearF8", len(out), len(x), len(w.Data), m, n, k, j0, j1)
 	if err := w.checkRows(n, k, j0, j1); err != nil {
@@ -107,7 +114,60 @@ func (p *Impl) LinearF8(out, x []float32, w F8Weights, m, n, k, j0, j1 int) {
 	if m == 0 || j0 == j1 {
 		return
 	}
-	p.linearF8(out, x, w, m, n, k, j0, j1)
+	xs := f8Scratch.get(min(m, f8ScaledRows) * k)
+	p.linearF8(out, x, w, m, n, k, j0, j1, *xs)
+	f8Scratch.put(xs)
+}
+
+// f8ScaledRows bounds the activation rows LinearF8 scales at a time (the
+// panel path's row chunk; the register paths take at most 8).
+const f8ScaledRows = 64
+
+// f8Scratch holds LinearF8's scaled activations, one buffer per concurrent
+// call.
+var f8Scratch floatPool
+
+// floatPool reuses float32 buffers across calls.
+type floatPool struct{ p sync.Pool }
+
+// get returns a buffer of n floats (contents undefined).
+func (fp *floatPool) get(n int) *[]float32 {
+	if v, ok := fp.p.Get().(*[]float32); ok && cap(*v) >= n {
+		*v = (*v)[:n]
+		return v
+	}
+	v := make([]float32, n)
+	return &v
+}
+
+func (fp *floatPool) put(v *[]float32) { fp.p.Put(v) }
+
+// f8ScaleActs writes into xs the rows [0, m) of x (k columns) scaled for the
+// weight rows that use scale row sr: xs[i][kk] = x[i][kk] * (256 * scale of
+// kk's block), rounded once (256 * scale is exact: scales pass Check).
+func f8ScaleActs(xs, x []float32, w F8Weights, sr, m, k int) {
+	kb := (k + w.BlockK - 1) / w.BlockK
+	scales := w.Scales[sr*kb : (sr+1)*kb]
+	for i := range m {
+		src, dst := x[i*k:(i+1)*k], xs[i*k:(i+1)*k]
+		for bi, s := range scales {
+			lo, hi := bi*w.BlockK, min((bi+1)*w.BlockK, k)
+			s *= 256
+			for kk := lo; kk < hi; kk++ {
+				dst[kk] = src[kk] * s
+			}
+		}
+	}
+}
+
+// rowWidened writes row j of w widened into dst[:k]: each E4M3 value times
+// 2^-8 (exact), what every path multiplies the scaled activations by.
+func (w F8Weights) rowWidened(dst []float32, j, k int) {
+	row := w.Data[j*k : (j+1)*k]
+	dst = dst[:k]
+	for i, b := range row {
+		dst[i] = f8Table[b] * (1.0 / 256)
+	}
 }
 
 // LinearF8 runs Default().LinearF8.
@@ -132,8 +192,23 @@ func (w F8Weights) RowF32(dst []float32, j, k int) {
 	}
 }
 
-func linearF8Go(out, x []float32, w F8Weights, m, n, k, j0, j1 int) {
-	linearGo(out, x, m, n, k, j0, j1, func(buf []float32, j int) {
-		w.RowF32(buf, j, k)
-	})
+// linearF8Go is the canonical LinearF8: for each run of columns that share
+// a scale row, the m rows scaled once (f8ScaleActs), then each column's
+// widened row dotted with them.
+func linearF8Go(out, x []float32, w F8Weights, m, n, k, j0, j1 int, xs []float32) {
+	buf := make([]float32, k)
+	for i0 := 0; i0 < m; i0 += f8ScaledRows {
+		mr := min(f8ScaledRows, m-i0)
+		sr := int32(-1)
+		for j := j0; j < j1; j++ {
+			if w.ScaleRow[j] != sr {
+				sr = w.ScaleRow[j]
+				f8ScaleActs(xs, x[i0*k:], w, int(sr), mr, k)
+			}
+			w.rowWidened(buf, j, k)
+			for i := range mr {
+				out[(i0+i)*n+j] = dotGo(xs[i*k:(i+1)*k], buf)
+			}
+		}
+	}
 }

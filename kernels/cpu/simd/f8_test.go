@@ -82,10 +82,25 @@ func TestLinearF8BatchInvariance(t *testing.T) {
 	}
 }
 
+// f8ViaF32 is LinearF8 spelt with LinearF32: for each column, the rows of x
+// scaled for its scale row (f8ScaleActs) against its widened row; the bits
+// every path must give.
+func f8ViaF32(p *Impl, out, x []float32, w F8Weights, m, n, k, j0, j1 int) {
+	xs, row, col := make([]float32, m*k), make([]float32, k), make([]float32, m)
+	for j := j0; j < j1; j++ {
+		f8ScaleActs(xs, x, w, int(w.ScaleRow[j]), m, k)
+		w.rowWidened(row, j, k)
+		p.LinearF32(col, xs, row, m, 1, k, 0, 1)
+		for i, v := range col {
+			out[i*n+j] = v
+		}
+	}
+}
+
 // TestLinearF8 checks every implementation against a float64 product of the
 // dequantized weights (within rounding), against the pure-Go path (bit for
-// bit), and against LinearF32 over the dequantized float32 matrix (bit for
-// bit: the widening and scaling round once, as dequantizing does).
+// bit), and against LinearF32 of the scaled activations and the widened
+// weights (bit for bit: see LinearF8).
 func TestLinearF8(t *testing.T) {
 	for _, p := range f8Impls() {
 		for _, block := range []int{16, 32, 64, 128} {
@@ -95,10 +110,10 @@ func TestLinearF8(t *testing.T) {
 					m, n, k := sh.m, sh.n, sh.k
 					x := randVec(r, m*k)
 					w, wf := randF8Weights(r, n, k, block)
-					out, ref, deq := filled(m*n), filled(m*n), filled(m*n)
+					out, ref, viaF32 := filled(m*n), filled(m*n), filled(m*n)
 					p.LinearF8(out, x, w, m, n, k, 0, n)
 					goImpl.LinearF8(ref, x, w, m, n, k, 0, n)
-					p.LinearF32(deq, x, wf, m, n, k, 0, n)
+					f8ViaF32(p, viaF32, x, w, m, n, k, 0, n)
 					for i := range m {
 						for j := range n {
 							var exact, mag float64
@@ -111,9 +126,9 @@ func TestLinearF8(t *testing.T) {
 							if math.Abs(float64(got)-exact) > 2e-6*mag*math.Sqrt(float64(k)+1)+1e-30 {
 								t.Fatalf("out[%d][%d] = %g, exact %g (sum |x*w| %g)", i, j, got, exact, mag)
 							}
-							if !sameBits(got, ref[i*n+j]) || !sameBits(got, deq[i*n+j]) {
-								t.Fatalf("out[%d][%d] = %#08x, go path %#08x, f32 over dequantized %#08x", i, j,
-									math.Float32bits(got), math.Float32bits(ref[i*n+j]), math.Float32bits(deq[i*n+j]))
+							if !sameBits(got, ref[i*n+j]) || !sameBits(got, viaF32[i*n+j]) {
+								t.Fatalf("out[%d][%d] = %#08x, go path %#08x, f32 over scaled rows %#08x", i, j,
+									math.Float32bits(got), math.Float32bits(ref[i*n+j]), math.Float32bits(viaF32[i*n+j]))
 							}
 						}
 					}
@@ -127,23 +142,33 @@ func TestLinearF8(t *testing.T) {
 // 4, AVX-512: 8) the SIMD paths widen panels of about 384 KiB of float32
 // columns; k = 4100 makes them 16 columns, so n = 70 over [3, 67) crosses
 // several, starting and ending inside one, with a partial last scale
-// block. Bit for bit against the Go path and against LinearF32 over the
-// dequantized matrix, for row counts on both sides of both switches.
+// block; 70 rows cross the 64 rows scaled at a time. The scale rows come
+// in runs of 1 to 20 columns, as the 128-row blocks of real checkpoints
+// give runs that panels and column splits cut. Bit for bit against the Go
+// path and against LinearF32 of the scaled rows, for row counts on both
+// sides of every switch.
 func TestLinearF8Panels(t *testing.T) {
 	const n, k, j0, j1 = 70, 4100, 3, 67
 	r := rand.New(rand.NewPCG(11, 12))
-	w, wf := randF8Weights(r, n, k, 128)
+	w, _ := randF8Weights(r, n, k, 128)
+	for j := 0; j < n; {
+		run := 1 + r.IntN(20)
+		sr := int32(r.IntN(len(w.Scales) / ((k + 127) / 128)))
+		for ; run > 0 && j < n; run, j = run-1, j+1 {
+			w.ScaleRow[j] = sr
+		}
+	}
 	for _, p := range f8Impls() {
-		for _, m := range []int{1, 2, 4, 5, 8, 9} {
+		for _, m := range []int{1, 2, 3, 4, 5, 8, 9, 16, 70} {
 			x := randVec(r, m*k)
-			out, ref, deq := filled(m*n), filled(m*n), filled(m*n)
+			out, ref, viaF32 := filled(m*n), filled(m*n), filled(m*n)
 			p.LinearF8(out, x, w, m, n, k, j0, j1)
 			goImpl.LinearF8(ref, x, w, m, n, k, j0, j1)
-			p.LinearF32(deq, x, wf, m, n, k, j0, j1)
+			f8ViaF32(p, viaF32, x, w, m, n, k, j0, j1)
 			for i, v := range out {
-				if !sameBits(v, ref[i]) || !sameBits(v, deq[i]) {
-					t.Fatalf("%s m=%d: out[%d][%d] = %#08x, go path %#08x, f32 over dequantized %#08x", p, m, i/n, i%n,
-						math.Float32bits(v), math.Float32bits(ref[i]), math.Float32bits(deq[i]))
+				if !sameBits(v, ref[i]) || !sameBits(v, viaF32[i]) {
+					t.Fatalf("%s m=%d: out[%d][%d] = %#08x, go path %#08x, f32 over scaled rows %#08x", p, m, i/n, i%n,
+						math.Float32bits(v), math.Float32bits(ref[i]), math.Float32bits(viaF32[i]))
 				}
 				if j := i % n; (j < j0 || j >= j1) && math.Float32bits(v) != math.Float32bits(sentinel) {
 					t.Fatalf("%s m=%d: out[%d][%d] outside [%d, %d) written", p, m, i/n, j, j0, j1)

@@ -1,12 +1,12 @@
 //go:build cgo
 
 // AVX2 + FMA + F16C kernel of LinearF8 (see kernels_f8_avx512.c for the
-// widening and the two paths, kernels_avx2.c for the canonical order on
-// (lo, hi) pairs of ymm registers). The register path widens 16 bytes at a
-// time (one VPMOVSXBW, shift and mask, two conversions); from 5 rows on a
-// panel of columns is widened once and di_linear_avx2's float32 kernel
-// runs on it. The k tail runs on zero-padded copies blended into the lanes
-// it covers.
+// widening, the scaled activations and the two paths, kernels_avx2.c for
+// the canonical order on (lo, hi) pairs of ymm registers). The register
+// path widens 16 bytes at a time (one VPMOVSXBW, shift and mask, two
+// conversions); from 5 rows on a panel of columns is widened once and
+// di_linear_avx2's float32 kernel runs on it. The k tail runs on
+// zero-padded copies blended into the lanes it covers.
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -16,6 +16,11 @@
 #include "simd_amd64.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+// The cache level the one-row tiles prefetch the next tile's weights into.
+#ifndef DI_F8_AVX2_PF_HINT
+#define DI_F8_AVX2_PF_HINT _MM_HINT_T0
+#endif
 #define INLINE static inline __attribute__((always_inline))
 
 // f8_load8 widens 8 E4M3 bytes into 8 floats of 2^-8 their value.
@@ -42,61 +47,52 @@ AVX2 INLINE float hsum2_f8(__m256 lo, __m256 hi) {
 	return _mm_cvtss_f32(s1);
 }
 
-// tile_f8 computes an R x C tile (R*C <= 4) over all of k; rows and
-// columns past nr, nc repeat the last valid one and are not stored.
-AVX2 INLINE void tile_f8(const int R, const int C, const float *x, int nr, const uint8_t *w,
-                         const float *const sc_in[4], int nc, int64_t k, int sh, float *out,
-                         int64_t ldo) {
+// tile_f8 computes an R x C tile (R*C <= 4) over all of k: scaled
+// activation rows x[0..nr), weight rows w[0..nc) (all of one scale row: x
+// is scaled for it); rows and columns past nr, nc repeat the last valid one
+// and are not stored. pf, when not NULL, is the next tile's first weight
+// row: each step prefetches its share of it (the weight stream of decode).
+AVX2 INLINE void tile_f8(const int R, const int C, const float *x, int nr, const uint8_t *w, int nc, int64_t k,
+                         float *out, int64_t ldo, const uint8_t *pf) {
 	const float *xr[4];
 	const uint8_t *wc[4];
-	const float *sc[4];
 	__m256 lo[4], hi[4];
 #pragma GCC unroll 4
 	for (int r = 0; r < R; r++)
 		xr[r] = x + (r < nr ? r : nr - 1) * k;
 #pragma GCC unroll 4
-	for (int c = 0; c < C; c++) {
-		int cc = c < nc ? c : nc - 1;
-		wc[c] = w + cc * k;
-		sc[c] = sc_in[cc];
-	}
+	for (int c = 0; c < C; c++)
+		wc[c] = w + (c < nc ? c : nc - 1) * k;
 #pragma GCC unroll 4
 	for (int f = 0; f < R * C; f++)
 		lo[f] = hi[f] = _mm256_setzero_ps();
 	const int64_t k16 = k & ~(int64_t)15;
 	int64_t kk = 0;
-	while (kk < k16) {
-		const int64_t bi = kk >> sh;
-		int64_t be = (bi + 1) << sh;
-		if (be > k16)
-			be = k16;
-		__m256 sv[4];
+	for (; kk < k16; kk += 16) {
+		if (pf) {
+			const uint8_t *p = pf + kk * C;
 #pragma GCC unroll 4
-		for (int c = 0; c < C; c++)
-			sv[c] = _mm256_set1_ps(sc[c][bi] * 256.0f);
-		for (; kk < be; kk += 16) {
-			__m256 xl[4], xh[4];
+			for (int q = 0; q < C * 16; q += 64)
+				_mm_prefetch((const char *)p + q, DI_F8_AVX2_PF_HINT);
+		}
+		__m256 xl[4], xh[4];
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++) {
+			xl[r] = _mm256_loadu_ps(xr[r] + kk);
+			xh[r] = _mm256_loadu_ps(xr[r] + kk + 8);
+		}
+#pragma GCC unroll 4
+		for (int c = 0; c < C; c++) {
+			__m256 wl, wh;
+			f8_load16(wc[c] + kk, &wl, &wh);
 #pragma GCC unroll 4
 			for (int r = 0; r < R; r++) {
-				xl[r] = _mm256_loadu_ps(xr[r] + kk);
-				xh[r] = _mm256_loadu_ps(xr[r] + kk + 8);
-			}
-#pragma GCC unroll 4
-			for (int c = 0; c < C; c++) {
-				__m256 wl, wh;
-				f8_load16(wc[c] + kk, &wl, &wh);
-				wl = _mm256_mul_ps(wl, sv[c]);
-				wh = _mm256_mul_ps(wh, sv[c]);
-#pragma GCC unroll 4
-				for (int r = 0; r < R; r++) {
-					lo[r * C + c] = _mm256_fmadd_ps(xl[r], wl, lo[r * C + c]);
-					hi[r * C + c] = _mm256_fmadd_ps(xh[r], wh, hi[r * C + c]);
-				}
+				lo[r * C + c] = _mm256_fmadd_ps(xl[r], wl, lo[r * C + c]);
+				hi[r * C + c] = _mm256_fmadd_ps(xh[r], wh, hi[r * C + c]);
 			}
 		}
 	}
 	if (kk < k) {
-		const int64_t bi = kk >> sh;
 		int rem = (int)(k - kk);
 		__m256i rv = _mm256_set1_epi32(rem);
 		__m256 mlo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(rv, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
@@ -106,9 +102,8 @@ AVX2 INLINE void tile_f8(const int R, const int C, const float *x, int nr, const
 		for (int c = 0; c < C; c++) {
 			uint8_t buf[16] = {0};
 			memcpy(buf, wc[c] + kk, rem);
-			__m256 s = _mm256_set1_ps(sc[c][bi] * 256.0f);
-			wl[c] = _mm256_mul_ps(f8_load8(buf), s);
-			wh[c] = _mm256_mul_ps(f8_load8(buf + 8), s);
+			wl[c] = f8_load8(buf);
+			wh[c] = f8_load8(buf + 8);
 		}
 #pragma GCC unroll 4
 		for (int r = 0; r < R; r++) {
@@ -128,80 +123,113 @@ AVX2 INLINE void tile_f8(const int R, const int C, const float *x, int nr, const
 			out[r * ldo + c] = hsum2_f8(lo[r * C + c], hi[r * C + c]);
 }
 
-AVX2 INLINE void rows_f8(const int R, const int C, float *out, const float *x, const uint8_t *w,
-                         const float *scales, const int32_t *scale_row, int64_t n, int64_t k,
-                         int sh, int64_t i0, int nr, int64_t jb, int64_t je) {
-	const int64_t kb = (k + ((int64_t)1 << sh) - 1) >> sh;
-	for (int64_t j = jb; j < je; j += C) {
-		int nc = je - j < C ? (int)(je - j) : C;
-		const float *sc[4];
-		for (int c = 0; c < nc; c++)
-			sc[c] = scales + (int64_t)scale_row[j + c] * kb;
-		tile_f8(R, C, x + i0 * k, nr, w + j * k, sc, nc, k, sh, out + i0 * n + j, n);
+// rows_f8 runs the R x C tiles of rows [i0, i0+nr) of the scaled
+// activations xs (row i0 first) against weight rows [ja, jb), the columns
+// short of a full tile one at a time (see kernels_f8_avx512.c); pf_end
+// bounds the weight rows the tiles prefetch (the column block's end).
+AVX2 INLINE void rows_f8(const int R, const int C, float *out, const float *xs, const uint8_t *w, int64_t n,
+                         int64_t k, int64_t i0, int nr, int64_t ja, int64_t jb, int64_t pf_end) {
+	int64_t j = ja;
+	for (; j + C <= jb; j += C) {
+		const uint8_t *pf = j + 2 * C <= pf_end ? w + (j + C) * k : 0;
+		tile_f8(R, C, xs, nr, w + j * k, C, k, out + i0 * n + j, n, pf);
 	}
+	for (; j < jb; j++)
+		tile_f8(R, 1, xs, nr, w + j * k, 1, k, out + i0 * n + j, n, 0);
+}
+
+// f8_scale_acts: see kernels_f8_avx512.c.
+AVX2 static void f8_scale_acts(float *xs, const float *x, int64_t m, int64_t k, const float *sc, int sh) {
+	for (int64_t i = 0; i < m; i++) {
+		const float *src = x + i * k;
+		float *dst = xs + i * k;
+		for (int64_t lo = 0; lo < k; lo += (int64_t)1 << sh) {
+			int64_t hi = lo + ((int64_t)1 << sh);
+			if (hi > k)
+				hi = k;
+			const float s1 = sc[lo >> sh] * 256.0f;
+			const __m256 s = _mm256_set1_ps(s1);
+			int64_t kk = lo;
+			for (; kk + 8 <= hi; kk += 8)
+				_mm256_storeu_ps(dst + kk, _mm256_mul_ps(_mm256_loadu_ps(src + kk), s));
+			for (; kk < hi; kk++)
+				dst[kk] = src[kk] * s1;
+		}
+	}
+}
+
+// f8_run_end: see kernels_f8_avx512.c.
+static inline int64_t f8_run_end(const int32_t *scale_row, int64_t j, int64_t je) {
+	int64_t e = j + 1;
+	while (e < je && scale_row[e] == scale_row[j])
+		e++;
+	return e;
 }
 
 #define F8_L2_BLOCK_BYTES (384 * 1024)
 
 // Rows from which the panel path runs: per 16 weights of a column, 2-row
-// register tiles cost 7 uops of widening and scaling per tile plus the
-// FMAs, the panel 8 once plus the FMAs (16 ymm registers hold no taller
-// tile than kernels_f8_avx512.c's 8 x 2).
+// register tiles cost 5 uops of widening per tile plus the FMAs, the panel
+// 7 once plus the FMAs (16 ymm registers hold no taller tile than
+// kernels_f8_avx512.c's 8 x 2).
 #define F8_PANEL_MIN_ROWS 5
 
-// f8_widen_rows writes rows [jb, je) of w dequantized into dst ([je-jb][k]
-// float32): the values the register path multiplies in registers.
-AVX2 static void f8_widen_rows(float *dst, const uint8_t *w, const float *scales,
-                               const int32_t *scale_row, int sh, int64_t k, int64_t jb, int64_t je) {
-	const int64_t kb = (k + ((int64_t)1 << sh) - 1) >> sh;
+// f8_widen_rows writes rows [jb, je) of w widened into dst ([je-jb][k]
+// float32, each E4M3 value times 2^-8): the values the register path
+// multiplies in registers.
+AVX2 static void f8_widen_rows(float *dst, const uint8_t *w, int64_t k, int64_t jb, int64_t je) {
 	for (int64_t j = jb; j < je; j++) {
 		const uint8_t *src = w + j * k;
-		const float *sc = scales + (int64_t)scale_row[j] * kb;
 		float *d = dst + (j - jb) * k;
 		int64_t kk = 0;
-		while (kk < k) {
-			const int64_t bi = kk >> sh;
-			int64_t be = (bi + 1) << sh;
-			if (be > k)
-				be = k;
-			const __m256 s = _mm256_set1_ps(sc[bi] * 256.0f);
-			for (; kk + 16 <= be; kk += 16) {
-				__m256 lo, hi;
-				f8_load16(src + kk, &lo, &hi);
-				_mm256_storeu_ps(d + kk, _mm256_mul_ps(lo, s));
-				_mm256_storeu_ps(d + kk + 8, _mm256_mul_ps(hi, s));
-			}
-			if (kk < be) {
-				uint8_t buf[16] = {0};
-				float tmp[16];
-				int rem = (int)(be - kk);
-				memcpy(buf, src + kk, rem);
-				__m256 lo, hi;
-				f8_load16(buf, &lo, &hi);
-				_mm256_storeu_ps(tmp, _mm256_mul_ps(lo, s));
-				_mm256_storeu_ps(tmp + 8, _mm256_mul_ps(hi, s));
-				memcpy(d + kk, tmp, rem * sizeof(float));
-				kk = be;
-			}
+		for (; kk + 16 <= k; kk += 16) {
+			__m256 lo, hi;
+			f8_load16(src + kk, &lo, &hi);
+			_mm256_storeu_ps(d + kk, lo);
+			_mm256_storeu_ps(d + kk + 8, hi);
+		}
+		if (kk < k) {
+			uint8_t buf[16] = {0};
+			float tmp[16];
+			int rem = (int)(k - kk);
+			memcpy(buf, src + kk, rem);
+			__m256 lo, hi;
+			f8_load16(buf, &lo, &hi);
+			_mm256_storeu_ps(tmp, lo);
+			_mm256_storeu_ps(tmp + 8, hi);
+			memcpy(d + kk, tmp, rem * sizeof(float));
 		}
 	}
 }
 
+// linear_f8_regs: up to 4 rows, in register tiles, each run of columns that
+// share a scale row against the rows scaled for it (see
+// kernels_f8_avx512.c).
 AVX2 static void linear_f8_regs(float *out, const float *x, const uint8_t *w, const float *scales,
                                 const int32_t *scale_row, int sh, int64_t m, int64_t n, int64_t k,
-                                int64_t j0, int64_t j1) {
+                                int64_t j0, int64_t j1, float *xs) {
+	const int64_t kb = (k + ((int64_t)1 << sh) - 1) >> sh;
 	int64_t nb = F8_L2_BLOCK_BYTES / (k > 0 ? k : 1);
 	nb = nb < 16 ? 16 : nb / 16 * 16;
+	int32_t scaled = -1; // the scale row xs holds
 	for (int64_t jb = j0; jb < j1; jb += nb) {
 		int64_t je = j1 - jb < nb ? j1 : jb + nb;
-		for (int64_t i = 0; i < m;) {
-			if (m - i >= 2) {
-				rows_f8(2, 2, out, x, w, scales, scale_row, n, k, sh, i, 2, jb, je);
-				i += 2;
-			} else {
-				rows_f8(1, 4, out, x, w, scales, scale_row, n, k, sh, i, 1, jb, je);
-				i += 1;
+		for (int64_t ja = jb; ja < je;) {
+			const int64_t jr = f8_run_end(scale_row, ja, je);
+			if (scale_row[ja] != scaled) {
+				scaled = scale_row[ja];
+				f8_scale_acts(xs, x, m, k, scales + (int64_t)scaled * kb, sh);
 			}
+			for (int64_t i = 0; i < m;) {
+				if (m - i >= 2) {
+					rows_f8(2, 2, out, xs + i * k, w, n, k, i, 2, ja, jr, je);
+					i += 2;
+				} else {
+					rows_f8(1, 4, out, xs + i * k, w, n, k, i, 1, ja, jr, je);
+					i += 1;
+				}
+			}
+			ja = jr;
 		}
 	}
 }
@@ -209,7 +237,8 @@ AVX2 static void linear_f8_regs(float *out, const float *x, const uint8_t *w, co
 // linear_f8_panel: see kernels_f8_avx512.c.
 AVX2 static int linear_f8_panel(float *out, const float *x, const uint8_t *w, const float *scales,
                                 const int32_t *scale_row, int sh, int64_t m, int64_t n, int64_t k,
-                                int64_t j0, int64_t j1) {
+                                int64_t j0, int64_t j1, float *xs) {
+	const int64_t kb = (k + ((int64_t)1 << sh) - 1) >> sh;
 	int64_t nb = F8_L2_BLOCK_BYTES / (4 * k);
 	nb = nb >= 16 ? nb / 16 * 16 : (nb >= 4 ? nb / 4 * 4 : 4);
 	if (nb > j1 - j0)
@@ -218,10 +247,24 @@ AVX2 static int linear_f8_panel(float *out, const float *x, const uint8_t *w, co
 	float *panel = aligned_alloc(64, bytes);
 	if (!panel)
 		return 0;
+	int64_t scaled_i0 = -1; // the rows and scale row xs holds
+	int32_t scaled = -1;
 	for (int64_t jb = j0; jb < j1; jb += nb) {
 		int64_t je = j1 - jb < nb ? j1 : jb + nb;
-		f8_widen_rows(panel, w, scales, scale_row, sh, k, jb, je);
-		di_linear_avx2(DI_F32, out + jb, x, panel, m, n, k, 0, je - jb);
+		f8_widen_rows(panel, w, k, jb, je);
+		for (int64_t i0 = 0; i0 < m; i0 += DI_F8_SCALED_ROWS) {
+			const int64_t mr = m - i0 < DI_F8_SCALED_ROWS ? m - i0 : DI_F8_SCALED_ROWS;
+			for (int64_t ja = jb; ja < je;) {
+				const int64_t jr = f8_run_end(scale_row, ja, je);
+				if (scale_row[ja] != scaled || i0 != scaled_i0) {
+					scaled = scale_row[ja];
+					scaled_i0 = i0;
+					f8_scale_acts(xs, x + i0 * k, mr, k, scales + (int64_t)scaled * kb, sh);
+				}
+				di_linear_avx2(DI_F32, out + i0 * n + jb, xs, panel, mr, n, k, ja - jb, jr - jb);
+				ja = jr;
+			}
+		}
 	}
 	free(panel);
 	return 1;
@@ -229,9 +272,12 @@ AVX2 static int linear_f8_panel(float *out, const float *x, const uint8_t *w, co
 
 void di_linear_f8_avx2(float *out, const float *x, const uint8_t *w, const float *scales,
                        const int32_t *scale_row, int block_shift, int64_t m, int64_t n, int64_t k,
-                       int64_t j0, int64_t j1) {
+                       int64_t j0, int64_t j1, float *xs) {
 	if (m >= F8_PANEL_MIN_ROWS && k > 0 &&
-	    linear_f8_panel(out, x, w, scales, scale_row, block_shift, m, n, k, j0, j1))
+	    linear_f8_panel(out, x, w, scales, scale_row, block_shift, m, n, k, j0, j1, xs))
 		return;
-	linear_f8_regs(out, x, w, scales, scale_row, block_shift, m, n, k, j0, j1);
+	for (int64_t i0 = 0; i0 < m; i0 += 4) {
+		const int64_t mr = m - i0 < 4 ? m - i0 : 4;
+		linear_f8_regs(out + i0 * n, x + i0 * k, w, scales, scale_row, block_shift, mr, n, k, j0, j1, xs);
+	}
 }

@@ -68,7 +68,7 @@ func fmaPeakAVX2(iters int) (v float32, ok bool) {
 type cFuncs struct {
 	peak      fmaProbe
 	linear    func(dtype C.int, out *C.float, x *C.float, w unsafe.Pointer, m, n, k, j0, j1 C.int64_t)
-	linearF8  func(out, x *C.float, w *C.uint8_t, scales *C.float, scaleRow *C.int32_t, shift C.int, m, n, k, j0, j1 C.int64_t)
+	linearF8  func(out, x *C.float, w *C.uint8_t, scales *C.float, scaleRow *C.int32_t, shift C.int, m, n, k, j0, j1 C.int64_t, xs *C.float)
 	dot       func(a, b *C.float, n C.int64_t) C.float
 	axpy      func(a C.float, x, y *C.float, n C.int64_t)
 	scale     func(a C.float, x *C.float, n C.int64_t)
@@ -94,8 +94,8 @@ var avx512Funcs = cFuncs{
 	linear: func(dtype C.int, out *C.float, x *C.float, w unsafe.Pointer, m, n, k, j0, j1 C.int64_t) {
 		C.di_linear_avx512(dtype, out, x, w, m, n, k, j0, j1)
 	},
-	linearF8: func(out, x *C.float, w *C.uint8_t, scales *C.float, scaleRow *C.int32_t, shift C.int, m, n, k, j0, j1 C.int64_t) {
-		C.di_linear_f8_avx512(out, x, w, scales, scaleRow, shift, m, n, k, j0, j1, cBool(cpu.X86.HasAVX512VBMI))
+	linearF8: func(out, x *C.float, w *C.uint8_t, scales *C.float, scaleRow *C.int32_t, shift C.int, m, n, k, j0, j1 C.int64_t, xs *C.float) {
+		C.di_linear_f8_avx512(out, x, w, scales, scaleRow, shift, m, n, k, j0, j1, cBool(cpu.X86.HasAVX512VBMI), xs)
 	},
 	dot:       func(a, b *C.float, n C.int64_t) C.float { return C.di_dot_avx512(a, b, n) },
 	axpy:      func(a C.float, x, y *C.float, n C.int64_t) { C.di_axpy_avx512(a, x, y, n) },
@@ -138,8 +138,8 @@ var avx2Funcs = cFuncs{
 	linear: func(dtype C.int, out *C.float, x *C.float, w unsafe.Pointer, m, n, k, j0, j1 C.int64_t) {
 		C.di_linear_avx2(dtype, out, x, w, m, n, k, j0, j1)
 	},
-	linearF8: func(out, x *C.float, w *C.uint8_t, scales *C.float, scaleRow *C.int32_t, shift C.int, m, n, k, j0, j1 C.int64_t) {
-		C.di_linear_f8_avx2(out, x, w, scales, scaleRow, shift, m, n, k, j0, j1)
+	linearF8: func(out, x *C.float, w *C.uint8_t, scales *C.float, scaleRow *C.int32_t, shift C.int, m, n, k, j0, j1 C.int64_t, xs *C.float) {
+		C.di_linear_f8_avx2(out, x, w, scales, scaleRow, shift, m, n, k, j0, j1, xs)
 	},
 	dot:       func(a, b *C.float, n C.int64_t) C.float { return C.di_dot_avx2(a, b, n) },
 	axpy:      func(a C.float, x, y *C.float, n C.int64_t) { C.di_axpy_avx2(a, x, y, n) },
@@ -179,6 +179,10 @@ var avx2Funcs = cFuncs{
 	siluMul: func(dst, gate, up *C.float, n C.int64_t) { C.di_silu_mul_avx2(dst, gate, up, n) },
 }
 
+// The C kernels scale as many rows of activations at a time as LinearF8's
+// scratch holds (a compile error if the two differ).
+var _ = [1]struct{}{}[f8ScaledRows-C.DI_F8_SCALED_ROWS]
+
 // f8Variants returns the AVX-512 path with its VBMI widening of FP8 weights
 // off, where the CPU has VBMI (else nothing): for the tests, which check
 // both ways through against the Go path.
@@ -187,8 +191,8 @@ func f8Variants() []*Impl {
 		return nil
 	}
 	f := avx512Funcs
-	f.linearF8 = func(out, x *C.float, w *C.uint8_t, scales *C.float, scaleRow *C.int32_t, shift C.int, m, n, k, j0, j1 C.int64_t) {
-		C.di_linear_f8_avx512(out, x, w, scales, scaleRow, shift, m, n, k, j0, j1, 0)
+	f.linearF8 = func(out, x *C.float, w *C.uint8_t, scales *C.float, scaleRow *C.int32_t, shift C.int, m, n, k, j0, j1 C.int64_t, xs *C.float) {
+		C.di_linear_f8_avx512(out, x, w, scales, scaleRow, shift, m, n, k, j0, j1, 0, xs)
 	}
 	return []*Impl{newNative("avx512-novbmi", f)}
 }
@@ -223,10 +227,10 @@ func newNative(name string, f cFuncs) *Impl {
 		linearF16: func(out, x []float32, w []uint16, m, n, k, j0, j1 int) {
 			linear(C.DI_F16, out, x, unsafe.Pointer(unsafe.SliceData(w)), m, n, k, j0, j1)
 		},
-		linearF8: func(out, x []float32, w F8Weights, m, n, k, j0, j1 int) {
+		linearF8: func(out, x []float32, w F8Weights, m, n, k, j0, j1 int, xs []float32) {
 			f.linearF8(fptr(out), fptr(x), (*C.uint8_t)(unsafe.SliceData(w.Data)), fptr(w.Scales),
 				(*C.int32_t)(unsafe.SliceData(w.ScaleRow)), C.int(bits.TrailingZeros(uint(w.BlockK))),
-				C.int64_t(m), C.int64_t(n), C.int64_t(k), C.int64_t(j0), C.int64_t(j1))
+				C.int64_t(m), C.int64_t(n), C.int64_t(k), C.int64_t(j0), C.int64_t(j1), fptr(xs))
 		},
 		dot: func(a, b []float32) float32 {
 			if len(a) < minNative {

@@ -20,7 +20,7 @@ type Impl struct {
 	linearF32  func(out, x, w []float32, m, n, k, j0, j1 int)
 	linearBF16 func(out, x []float32, w []uint16, m, n, k, j0, j1 int)
 	linearF16  func(out, x []float32, w []uint16, m, n, k, j0, j1 int)
-	linearF8   func(out, x []float32, w F8Weights, m, n, k, j0, j1 int)
+	linearF8   func(out, x []float32, w F8Weights, m, n, k, j0, j1 int, xs []float32)
 	dot        func(a, b []float32) float32
 	axpy       func(a float32, x, y []float32)
 	scale      func(a float32, x []float32)

@@ -16,16 +16,19 @@ void di_linear_avx512(int dtype, float *out, const float *x, const void *w,
 void di_linear_avx2(int dtype, float *out, const float *x, const void *w,
                     int64_t m, int64_t n, int64_t k, int64_t j0, int64_t j1);
 
-// LinearF8: out[i*n+j] = sum_kk x[i*k+kk] * (E4M3(w[j*k+kk]) * scale), the
-// scale scales[scale_row[j]*ceil(k/2^block_shift) + (kk >> block_shift)].
+// LinearF8: out[i*n+j] = sum_kk (x[i*k+kk] * (256 * scale)) * (E4M3(w[j*k+kk]) / 256),
+// the scale scales[scale_row[j]*ceil(k/2^block_shift) + (kk >> block_shift)],
+// each activation's product with 256 * scale rounded once (see LinearF8 in
+// f8.go). xs: scratch for min(m, DI_F8_SCALED_ROWS) rows of k floats.
 // vbmi (AVX-512 only): nonzero where the CPU has AVX512_VBMI, whose table
 // widening the one-row tiles then use (the same bits either way).
+#define DI_F8_SCALED_ROWS 64
 void di_linear_f8_avx512(float *out, const float *x, const uint8_t *w, const float *scales,
                          const int32_t *scale_row, int block_shift, int64_t m, int64_t n, int64_t k,
-                         int64_t j0, int64_t j1, int vbmi);
+                         int64_t j0, int64_t j1, int vbmi, float *xs);
 void di_linear_f8_avx2(float *out, const float *x, const uint8_t *w, const float *scales,
                        const int32_t *scale_row, int block_shift, int64_t m, int64_t n, int64_t k,
-                       int64_t j0, int64_t j1);
+                       int64_t j0, int64_t j1, float *xs);
 
 float di_dot_avx512(const float *a, const float *b, int64_t n);
 void di_axpy_avx512(float a, const float *x, float *y, int64_t n);
