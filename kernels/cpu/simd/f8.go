@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
-	"sync"
 )
 
 // F8Weights is a matrix [n][k] of OCP FP8 E4M3 weights with one float32
@@ -127,21 +126,6 @@ const f8ScaledRows = 64
 // call.
 var f8Scratch floatPool
 
-// floatPool reuses float32 buffers across calls.
-type floatPool struct{ p sync.Pool }
-
-// get returns a buffer of n floats (contents undefined).
-func (fp *floatPool) get(n int) *[]float32 {
-	if v, ok := fp.p.Get().(*[]float32); ok && cap(*v) >= n {
-		*v = (*v)[:n]
-		return v
-	}
-	v := make([]float32, n)
-	return &v
-}
-
-func (fp *floatPool) put(v *[]float32) { fp.p.Put(v) }
-
 // f8ScaleActs writes into xs the rows [0, m) of x (k columns) scaled for the
 // weight rows that use scale row sr: xs[i][kk] = x[i][kk] * (256 * scale of
 // kk's block), rounded once (256 * scale is exact: scales pass Check).
@@ -196,7 +180,9 @@ func (w F8Weights) RowF32(dst []float32, j, k int) {
 // a scale row, the m rows scaled once (f8ScaleActs), then each column's
 // widened row dotted with them.
 func linearF8Go(out, x []float32, w F8Weights, m, n, k, j0, j1 int, xs []float32) {
-	buf := make([]float32, k)
+	v := rowScratch.get(k)
+	defer rowScratch.put(v)
+	buf := *v
 	for i0 := 0; i0 < m; i0 += f8ScaledRows {
 		mr := min(f8ScaledRows, m-i0)
 		sr := int32(-1)

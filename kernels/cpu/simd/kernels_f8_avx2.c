@@ -158,14 +158,6 @@ AVX2 static void f8_scale_acts(float *xs, const float *x, int64_t m, int64_t k, 
 	}
 }
 
-// f8_run_end: see kernels_f8_avx512.c.
-static inline int64_t f8_run_end(const int32_t *scale_row, int64_t j, int64_t je) {
-	int64_t e = j + 1;
-	while (e < je && scale_row[e] == scale_row[j])
-		e++;
-	return e;
-}
-
 #define F8_L2_BLOCK_BYTES (384 * 1024)
 
 // Rows from which the panel path runs: per 16 weights of a column, 2-row
@@ -215,7 +207,7 @@ AVX2 static void linear_f8_regs(float *out, const float *x, const uint8_t *w, co
 	for (int64_t jb = j0; jb < j1; jb += nb) {
 		int64_t je = j1 - jb < nb ? j1 : jb + nb;
 		for (int64_t ja = jb; ja < je;) {
-			const int64_t jr = f8_run_end(scale_row, ja, je);
+			const int64_t jr = di_f8_run_end(scale_row, ja, je);
 			if (scale_row[ja] != scaled) {
 				scaled = scale_row[ja];
 				f8_scale_acts(xs, x, m, k, scales + (int64_t)scaled * kb, sh);
@@ -255,7 +247,7 @@ AVX2 static int linear_f8_panel(float *out, const float *x, const uint8_t *w, co
 		for (int64_t i0 = 0; i0 < m; i0 += DI_F8_SCALED_ROWS) {
 			const int64_t mr = m - i0 < DI_F8_SCALED_ROWS ? m - i0 : DI_F8_SCALED_ROWS;
 			for (int64_t ja = jb; ja < je;) {
-				const int64_t jr = f8_run_end(scale_row, ja, je);
+				const int64_t jr = di_f8_run_end(scale_row, ja, je);
 				if (scale_row[ja] != scaled || i0 != scaled_i0) {
 					scaled = scale_row[ja];
 					scaled_i0 = i0;

@@ -52,26 +52,37 @@ func reduce16(v *[lanes]float32) float32 {
 	return s2[0] + s2[1]
 }
 
-// rowScratch holds linearGo's k-long rows, one per concurrent call (a
+// floatPool reuses float32 buffers across calls.
+type floatPool struct{ p sync.Pool }
+
+// get returns a buffer of n floats (contents undefined).
+func (fp *floatPool) get(n int) *[]float32 {
+	if v, ok := fp.p.Get().(*[]float32); ok && cap(*v) >= n {
+		*v = (*v)[:n]
+		return v
+	}
+	v := make([]float32, n)
+	return &v
+}
+
+func (fp *floatPool) put(v *[]float32) { fp.p.Put(v) }
+
+// rowScratch holds the Go path's k-long rows, one per concurrent call (a
 // worker of the caller's pool), reused across calls.
-var rowScratch sync.Pool
+var rowScratch floatPool
 
 // linearGo computes out[i*n+j] for i in [0,m), j in [j0,j1): row j of W is
 // widened into one k-long buffer by row, then dotted with every row of x.
 func linearGo(out, x []float32, m, n, k, j0, j1 int, row func(buf []float32, j int)) {
-	var buf []float32
-	if v, ok := rowScratch.Get().(*[]float32); ok && cap(*v) >= k {
-		buf = (*v)[:k]
-	} else {
-		buf = make([]float32, k)
-	}
+	v := rowScratch.get(k)
+	buf := *v
 	for j := j0; j < j1; j++ {
 		row(buf, j)
 		for i := range m {
 			out[i*n+j] = dotGo(x[i*k:i*k+k], buf)
 		}
 	}
-	rowScratch.Put(&buf)
+	rowScratch.put(v)
 }
 
 func linearF32Go(out, x, w []float32, m, n, k, j0, j1 int) {

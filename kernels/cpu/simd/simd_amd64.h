@@ -23,6 +23,16 @@ void di_linear_avx2(int dtype, float *out, const float *x, const void *w,
 // vbmi (AVX-512 only): nonzero where the CPU has AVX512_VBMI, whose table
 // widening the one-row tiles then use (the same bits either way).
 #define DI_F8_SCALED_ROWS 64
+
+// di_f8_run_end returns the end of the run of weight rows from j (before
+// je) that share j's scale row: the columns the LinearF8 kernels run
+// against one scaling of the activations.
+static inline int64_t di_f8_run_end(const int32_t *scale_row, int64_t j, int64_t je) {
+	int64_t e = j + 1;
+	while (e < je && scale_row[e] == scale_row[j])
+		e++;
+	return e;
+}
 void di_linear_f8_avx512(float *out, const float *x, const uint8_t *w, const float *scales,
                          const int32_t *scale_row, int block_shift, int64_t m, int64_t n, int64_t k,
                          int64_t j0, int64_t j1, int vbmi, float *xs);
