@@ -342,10 +342,17 @@ func BenchmarkLinearGEMVHot(b *testing.B) {
 }
 
 // benchImpl is the implementation the benchmarks measure: the fastest, or
-// the one $DEEPINFER_SIMD names (go, avx2, avx512), to compare paths on one
+// the one $DEEPINFER_SIMD names (go, avx2, avx512, or avx512-novbmi: the
+// AVX-512 FP8 path without its VBMI widening), to compare paths on one
 // machine.
 func benchImpl(b *testing.B) *Impl {
-	impl, err := Pick(os.Getenv("DEEPINFER_SIMD"))
+	name := os.Getenv("DEEPINFER_SIMD")
+	for _, v := range f8Variants() {
+		if v.String() == name {
+			return v
+		}
+	}
+	impl, err := Pick(name)
 	if err != nil {
 		b.Fatal(err)
 	}

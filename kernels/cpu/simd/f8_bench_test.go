@@ -118,7 +118,7 @@ func BenchmarkF8Linear(b *testing.B) {
 					numCopies = max(1, f8ColdBytes/dt.size(sh.n, sh.k))
 				}
 				var ws []any // drawn on the first case that runs
-				for _, m := range []int{1, 8} {
+				for _, m := range []int{1, 2, 4, 8} {
 					b.Run(fmt.Sprintf("%s/%s/%s/%s/%s/m%d", mode, impl, sh.model, sh.name, dt.name, m), func(b *testing.B) {
 						if ws == nil {
 							ws = dt.make(r, sh.n, sh.k, numCopies)

@@ -178,6 +178,45 @@ func TestLinearF8Panels(t *testing.T) {
 	}
 }
 
+// TestLinearF8Magnitudes: the AVX2 and AVX-512 register tiles widen to 2^-120
+// the weights' values (no conversion instruction) when the scaled rows of
+// a run of columns stay below 2^16 in magnitude, and through half floats
+// otherwise; the bits must not tell which. Activations of magnitude 1,
+// 1e6 (every run falls back), and 1 with one outlier of 1e5 (the runs of
+// the outlier's block scales fall back, the others not), each bit for bit
+// against the Go path.
+func TestLinearF8Magnitudes(t *testing.T) {
+	const n, k = 40, 300
+	r := rand.New(rand.NewPCG(21, 22))
+	w, _ := randF8Weights(r, n, k, 128)
+	for _, p := range f8Impls() {
+		for _, m := range []int{1, 2, 3, 4, 5, 8} {
+			for _, tc := range []struct {
+				name    string
+				scale   float32
+				outlier bool
+			}{{"unit", 1, false}, {"large", 1e6, false}, {"outlier", 1, true}} {
+				x := randVec(r, m*k)
+				for i := range x {
+					x[i] *= tc.scale
+				}
+				if tc.outlier {
+					x[r.IntN(len(x))] = 1e5
+				}
+				out, ref := filled(m*n), filled(m*n)
+				p.LinearF8(out, x, w, m, n, k, 0, n)
+				goImpl.LinearF8(ref, x, w, m, n, k, 0, n)
+				for i, v := range out {
+					if !sameBits(v, ref[i]) {
+						t.Fatalf("%s m=%d %s: out[%d][%d] = %#08x, go path %#08x", p, m, tc.name, i/n, i%n,
+							math.Float32bits(v), math.Float32bits(ref[i]))
+					}
+				}
+			}
+		}
+	}
+}
+
 func TestF8Value(t *testing.T) {
 	for _, tc := range []struct {
 		b    uint8

@@ -14,14 +14,19 @@
 // Two ways through, by the number of rows m:
 //   - m <= 8 (decode, batched decode): R x C register tiles (1 x 8, 2 x 8,
 //     4 x 4, and 8 x 2 from 5 rows) widen each weight in registers and use
-//     it for the R rows; 32 bytes are widened at a time (one VPMOVSXBW,
-//     shift and mask for 32 weights, then two conversions). The weights are
-//     read once, a byte each, with the next tile prefetched, so the
-//     widening overlaps the memory stream. Where the CPU has AVX512_VBMI
-//     the one-row tile widens 64 bytes at a time by table instead
-//     (tile_f8_vbmi: no VCVTPH2PS), with the same values and the same
-//     order; two rows ran 0.95x that way (their 16 accumulators and 8 x
-//     vectors left too few registers), so they keep tile_f8.
+//     it for the R rows. Up to 4 rows, 16 bytes at a time become floats of
+//     2^-120 their value with no conversion instruction (f8_raw: one
+//     VPMOVSXBD, a shift and a mask) against rows scaled by 2^112 more
+//     (f8_raw_acts; see kernels_f8_avx2.c for why the bits are the same);
+//     a run whose scaled rows reach 2^16, and the 8 x 2 tile, widen 32
+//     bytes at a time to 2^-8 the value (one VPMOVSXBW, shift and mask,
+//     then two VCVTPH2PS). The weights are read once, a byte each, with
+//     the next tile prefetched, so the widening overlaps the memory
+//     stream. Where the CPU has AVX512_VBMI the one-row tile widens 64
+//     bytes at a time by table instead (tile_f8_vbmi: as fast as f8_raw
+//     here, and the same values times 2^-8 as VCVTPH2PS gives), in the
+//     same order; two rows ran 0.95x that way (their 16 accumulators and 8
+//     x vectors left too few registers), so they keep tile_f8.
 //   - m >= 9 (prefill): a panel of columns (about 384 KiB of float32, kept
 //     in L2) is widened once into a buffer, then the float32 kernel of
 //     kernels_avx512.c (di_linear_avx512) runs the scaled rows against each
@@ -65,6 +70,24 @@ AVX512 INLINE __m512 f8_load_mask(const uint8_t *p, __mmask16 mk) {
 	return f8_widen(_mm256_cvtepi8_epi16(_mm_maskz_loadu_epi8(mk, p)));
 }
 
+// f8_raw turns 16 E4M3 bytes (sign-extended to 32 bits) into 16 floats of
+// 2^-120 their value with no conversion instruction: the sign to bit 31,
+// the exponent and mantissa to bits 26..20 (see kernels_f8_avx2.c; the
+// scaled rows that meet them are multiplied by 2^112, f8_raw_acts).
+AVX512 INLINE __m512 f8_raw(__m512i d) {
+	return _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(d, 20), _mm512_set1_epi32((int)0x87F00000)));
+}
+
+// f8_widen16 widens the 16 E4M3 bytes at p to 2^-120 their value (raw) or
+// 2^-8; f8_widen16_mask those of them that mk selects, the others zero.
+AVX512 INLINE __m512 f8_widen16(const int raw, const uint8_t *p) {
+	return raw ? f8_raw(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))) : f8_load(p);
+}
+
+AVX512 INLINE __m512 f8_widen16_mask(const int raw, const uint8_t *p, __mmask16 mk) {
+	return raw ? f8_raw(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mk, p))) : f8_load_mask(p, mk);
+}
+
 // f8_tile_rows points a tile's R rows of scaled activations and C weight
 // rows at rows [0, nr) and [0, nc), the ones past them repeating the last
 // valid one.
@@ -81,15 +104,15 @@ AVX512 INLINE void f8_tile_rows(const int R, const int C, const float *x, int nr
 // f8_step16 adds the products of the R rows of scaled activations with the
 // 16 widened weights at kk of each of the C columns into acc: one canonical
 // step.
-AVX512 INLINE void f8_step16(const int R, const int C, const float *const *xr, const uint8_t *const *wc,
-                             int64_t kk, __m512 *acc) {
+AVX512 INLINE void f8_step16(const int R, const int C, const int raw, const float *const *xr,
+                             const uint8_t *const *wc, int64_t kk, __m512 *acc) {
 	__m512 xv[8];
 #pragma GCC unroll 8
 	for (int r = 0; r < R; r++)
 		xv[r] = _mm512_loadu_ps(xr[r] + kk);
 #pragma GCC unroll 16
 	for (int c = 0; c < C; c++) {
-		__m512 wv = f8_load(wc[c] + kk);
+		__m512 wv = f8_widen16(raw, wc[c] + kk);
 #pragma GCC unroll 8
 		for (int r = 0; r < R; r++)
 			acc[r * C + c] = _mm512_fmadd_ps(xv[r], wv, acc[r * C + c]);
@@ -99,8 +122,8 @@ AVX512 INLINE void f8_step16(const int R, const int C, const float *const *xr, c
 // f8_tail adds the last k - kk (< 16) products of each row and column into
 // acc, and f8_store reduces acc (one accumulator an output) and stores the
 // nr x nc valid outputs: the end of every tile.
-AVX512 INLINE void f8_tail(const int R, const int C, const float *const *xr, const uint8_t *const *wc,
-                           int64_t k, int64_t kk, __m512 *acc) {
+AVX512 INLINE void f8_tail(const int R, const int C, const int raw, const float *const *xr,
+                           const uint8_t *const *wc, int64_t k, int64_t kk, __m512 *acc) {
 	__mmask16 mk = (__mmask16)((1u << (k - kk)) - 1);
 	__m512 xv[8];
 #pragma GCC unroll 8
@@ -108,7 +131,7 @@ AVX512 INLINE void f8_tail(const int R, const int C, const float *const *xr, con
 		xv[r] = _mm512_maskz_loadu_ps(mk, xr[r] + kk);
 #pragma GCC unroll 16
 	for (int c = 0; c < C; c++) {
-		__m512 wv = f8_load_mask(wc[c] + kk, mk);
+		__m512 wv = f8_widen16_mask(raw, wc[c] + kk, mk);
 #pragma GCC unroll 8
 		for (int r = 0; r < R; r++)
 			acc[r * C + c] = _mm512_mask3_fmadd_ps(xv[r], wv, acc[r * C + c], mk);
@@ -129,12 +152,12 @@ AVX512 INLINE void f8_store(const int R, const int C, const __m512 *acc, int nr,
 
 // tile_f8 computes an R x C tile (R <= 8, R*C at most 16) of out over all of
 // k: scaled activation rows x[0..nr), weight rows w[0..nc) (all of one
-// scale row: x is scaled for it). Rows and columns past nr, nc repeat the
-// last valid one and are not stored. pf, when not NULL, is the next tile's
-// first weight row: each step prefetches its share of it (the weight
-// stream of decode).
-AVX512 INLINE void tile_f8(const int R, const int C, const float *x, int nr, const uint8_t *w, int nc,
-                           int64_t k, float *out, int64_t ldo, const uint8_t *pf) {
+// scale row: x is scaled for it, and by 2^112 more when raw). Rows and
+// columns past nr, nc repeat the last valid one and are not stored. pf,
+// when not NULL, is the next tile's first weight row: each step prefetches
+// its share of it (the weight stream of decode).
+AVX512 INLINE void tile_f8(const int R, const int C, const int raw, const float *x, int nr, const uint8_t *w,
+                           int nc, int64_t k, float *out, int64_t ldo, const uint8_t *pf) {
 	const float *xr[8];
 	const uint8_t *wc[16];
 	f8_tile_rows(R, C, x, nr, w, nc, k, xr, wc);
@@ -161,7 +184,12 @@ AVX512 INLINE void tile_f8(const int R, const int C, const float *x, int nr, con
 #pragma GCC unroll 16
 		for (int c = 0; c < C; c++) {
 			__m512 wl, wh;
-			f8_load32(wc[c] + kk, &wl, &wh);
+			if (raw) {
+				wl = f8_widen16(1, wc[c] + kk);
+				wh = f8_widen16(1, wc[c] + kk + 16);
+			} else {
+				f8_load32(wc[c] + kk, &wl, &wh);
+			}
 #pragma GCC unroll 8
 			for (int r = 0; r < R; r++)
 				acc[r * C + c] = _mm512_fmadd_ps(xl[r], wl, acc[r * C + c]);
@@ -177,10 +205,10 @@ AVX512 INLINE void tile_f8(const int R, const int C, const float *x, int nr, con
 			for (int q = 0; q < C * 16; q += 64)
 				_mm_prefetch((const char *)p + q, _MM_HINT_T0);
 		}
-		f8_step16(R, C, xr, wc, kk, acc);
+		f8_step16(R, C, raw, xr, wc, kk, acc);
 	}
 	if (kk < k)
-		f8_tail(R, C, xr, wc, k, kk, acc);
+		f8_tail(R, C, raw, xr, wc, k, kk, acc);
 	f8_store(R, C, acc, nr, nc, out, ldo);
 }
 
@@ -274,9 +302,9 @@ VBMI INLINE void tile_f8_vbmi(const int R, const int C, const float *x, int nr, 
 		}
 	}
 	for (; kk < k16; kk += 16)
-		f8_step16(R, C, xr, wc, kk, acc);
+		f8_step16(R, C, 0, xr, wc, kk, acc);
 	if (kk < k)
-		f8_tail(R, C, xr, wc, k, kk, acc);
+		f8_tail(R, C, 0, xr, wc, k, kk, acc);
 	f8_store(R, C, acc, nr, nc, out, ldo);
 }
 
@@ -303,24 +331,51 @@ AVX512 static void f8_scale_acts(float *xs, const float *x, int64_t m, int64_t k
 	}
 }
 
+// f8_raw_acts multiplies the m rows of k scaled activations in xs by 2^112
+// and returns 1 when all of them are below 2^16 in magnitude (see
+// kernels_f8_avx2.c); otherwise it leaves xs as it is and returns 0.
+AVX512 static int f8_raw_acts(float *xs, int64_t m, int64_t k) {
+	const int64_t len = m * k;
+	const __m512 lim = _mm512_set1_ps(65536.0f);
+	__mmask16 ok = 0xFFFF;
+	int64_t i = 0;
+	for (; i + 16 <= len; i += 16)
+		ok &= _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(xs + i)), lim, _CMP_LT_OQ);
+	if (i < len) {
+		__mmask16 mk = (__mmask16)((1u << (len - i)) - 1);
+		ok &= _mm512_mask_cmp_ps_mask(mk, _mm512_abs_ps(_mm512_maskz_loadu_ps(mk, xs + i)), lim, _CMP_LT_OQ) |
+		      (__mmask16)~mk;
+	}
+	if (ok != 0xFFFF)
+		return 0;
+	const __m512 p = _mm512_set1_ps(0x1p112f);
+	for (i = 0; i + 16 <= len; i += 16)
+		_mm512_storeu_ps(xs + i, _mm512_mul_ps(_mm512_loadu_ps(xs + i), p));
+	if (i < len) {
+		__mmask16 mk = (__mmask16)((1u << (len - i)) - 1);
+		_mm512_mask_storeu_ps(xs + i, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, xs + i), p));
+	}
+	return 1;
+}
+
 // rows_f8 runs the R x C tiles of rows [i0, i0+nr) of the scaled
 // activations xs (row i0 first) against weight rows [ja, jb); pf_end bounds
 // the weight rows the tiles prefetch (the column block's end). Columns
 // short of a full tile (a run of fewer than C rows of one scale row) run
 // one at a time (R x 1 tiles), not as a tile of C that repeats its last
 // column.
-AVX512 INLINE void rows_f8(const int R, const int C, float *out, const float *xs, const uint8_t *w,
-                           int64_t n, int64_t k, int64_t i0, int nr, int64_t ja, int64_t jb, int64_t pf_end,
-                           int stream) {
+AVX512 INLINE void rows_f8(const int R, const int C, const int raw, float *out, const float *xs,
+                           const uint8_t *w, int64_t n, int64_t k, int64_t i0, int nr, int64_t ja, int64_t jb,
+                           int64_t pf_end, int stream) {
 	int64_t j = ja;
 	for (; j + C <= jb; j += C) {
 		const uint8_t *pf = 0;
 		if (stream && j + 2 * C <= pf_end)
 			pf = w + (j + C) * k;
-		tile_f8(R, C, xs, nr, w + j * k, C, k, out + i0 * n + j, n, pf);
+		tile_f8(R, C, raw, xs, nr, w + j * k, C, k, out + i0 * n + j, n, pf);
 	}
 	for (; j < jb; j++)
-		tile_f8(R, 1, xs, nr, w + j * k, 1, k, out + i0 * n + j, n, 0);
+		tile_f8(R, 1, raw, xs, nr, w + j * k, 1, k, out + i0 * n + j, n, 0);
 }
 
 // rows_f8_vbmi is rows_f8 for one row over tile_f8_vbmi (1 x 8 tiles).
@@ -335,7 +390,7 @@ VBMI static void rows_f8_vbmi(float *out, const float *xs, const uint8_t *w, int
 		tile_f8_vbmi(1, C, xs, 1, w + j * k, C, k, out + i0 * n + j, n, pf);
 	}
 	for (; j < jb; j++)
-		tile_f8(1, 1, xs, 1, w + j * k, 1, k, out + i0 * n + j, n, 0);
+		tile_f8(1, 1, 0, xs, 1, w + j * k, 1, k, out + i0 * n + j, n, 0);
 }
 
 // L2 bytes of weights one column block keeps hot while every block of rows
@@ -385,7 +440,14 @@ AVX512 static void linear_f8_regs(float *out, const float *x, const uint8_t *w, 
 	int64_t nb = F8_L2_BLOCK_BYTES / (k > 0 ? k : 1);
 	nb = nb < 16 ? 16 : nb / 16 * 16;
 	const int stream = m <= 8;
+	// The raw widening (f8_raw) for the tiles of up to 4 rows, not under
+	// MXCSR's DAZ (subnormal weights must read as themselves): the VBMI
+	// tile widens to 2^-8 the value, and the 8 x 2 tile ran 0.84-0.88x with
+	// it (its 16 accumulators and 16 vectors of x leave no register for the
+	// wider sign extensions).
+	const int may_raw = (m > 1 || !vbmi) && m <= 4 && !(_mm_getcsr() & DI_MXCSR_DAZ);
 	int32_t scaled = -1; // the scale row xs holds
+	int raw = 0;         // xs is scaled by 2^112 more
 	for (int64_t jb = j0; jb < j1; jb += nb) {
 		int64_t je = j1 - jb < nb ? j1 : jb + nb;
 		for (int64_t ja = jb; ja < je;) {
@@ -393,29 +455,35 @@ AVX512 static void linear_f8_regs(float *out, const float *x, const uint8_t *w, 
 			if (scale_row[ja] != scaled) {
 				scaled = scale_row[ja];
 				f8_scale_acts(xs, x, m, k, scales + (int64_t)scaled * kb, sh);
+				raw = may_raw && f8_raw_acts(xs, m, k);
 			}
+// The R x C tiles of nr rows from row i, their widening a constant.
+#define F8_ROWS(R, C, nr)                                                                                     \
+	(raw ? rows_f8(R, C, 1, out, xi, w, n, k, i, nr, ja, jr, je, stream)                                  \
+	     : rows_f8(R, C, 0, out, xi, w, n, k, i, nr, ja, jr, je, stream))
 			for (int64_t i = 0; i < m;) {
 				int64_t left = m - i;
 				const float *xi = xs + i * k;
 				if (left >= 5) {
 					int nr = left < 8 ? (int)left : 8;
-					rows_f8(8, 2, out, xi, w, n, k, i, nr, ja, jr, je, stream);
+					F8_ROWS(8, 2, nr);
 					i += nr;
 				} else if (left >= 3) {
 					int nr = left < 4 ? (int)left : 4;
-					rows_f8(4, 4, out, xi, w, n, k, i, nr, ja, jr, je, stream);
+					F8_ROWS(4, 4, nr);
 					i += nr;
 				} else if (left == 2) {
-					rows_f8(2, 8, out, xi, w, n, k, i, 2, ja, jr, je, stream);
+					F8_ROWS(2, 8, 2);
 					i += 2;
 				} else {
 					if (vbmi)
 						rows_f8_vbmi(out, xi, w, n, k, i, ja, jr, je, stream);
 					else
-						rows_f8(1, 8, out, xi, w, n, k, i, 1, ja, jr, je, stream);
+						F8_ROWS(1, 8, 1);
 					i += 1;
 				}
 			}
+#undef F8_ROWS
 			ja = jr;
 		}
 	}

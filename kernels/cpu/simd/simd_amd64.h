@@ -24,6 +24,10 @@ void di_linear_avx2(int dtype, float *out, const float *x, const void *w,
 // widening the one-row tiles then use (the same bits either way).
 #define DI_F8_SCALED_ROWS 64
 
+// DI_MXCSR_DAZ is MXCSR's denormals-are-zero bit: the LinearF8 register
+// tiles widen E4M3 subnormals to float32 subnormals only where it is clear.
+#define DI_MXCSR_DAZ 0x0040
+
 // di_f8_run_end returns the end of the run of weight rows from j (before
 // je) that share j's scale row: the columns the LinearF8 kernels run
 // against one scaling of the activations.
