@@ -46,6 +46,8 @@ var f8BenchShapes = []struct {
 	{"llama153m", "gate_up_6144x768", 2 * 3072, 768},
 	{"llama153m", "down_768x3072", 768, 3072},
 	{"llama153m", "lm_head_32000x768", 32000, 768},
+	{"tinyllama", "down_2048x5632", 2048, 5632},
+	{"tinyllama", "gate_up_11264x2048", 11264, 2048},
 }
 
 // f8BenchWeights is one dtype of the FP8 comparison: bytes per weight and

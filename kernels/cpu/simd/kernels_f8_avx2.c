@@ -29,10 +29,6 @@
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
-// The cache level the one-row tiles prefetch the next tile's weights into.
-#ifndef DI_F8_AVX2_PF_HINT
-#define DI_F8_AVX2_PF_HINT _MM_HINT_T0
-#endif
 #define INLINE static inline __attribute__((always_inline))
 
 // f8_load8 widens 8 E4M3 bytes into 8 floats of 2^-8 their value.
@@ -74,9 +70,9 @@ AVX2 INLINE float hsum2_f8(__m256 lo, __m256 hi) {
 // is scaled for it, and by 2^112 more when raw); rows and columns past nr,
 // nc repeat the last valid one and are not stored. pf, when not NULL, is
 // the next tile's first weight row: each step prefetches its share of it
-// (the weight stream of decode).
+// (the weight stream of decode), into L2 only when pf_l2.
 AVX2 INLINE void tile_f8(const int R, const int C, const int raw, const float *x, int nr, const uint8_t *w, int nc,
-                         int64_t k, float *out, int64_t ldo, const uint8_t *pf) {
+                         int64_t k, float *out, int64_t ldo, const uint8_t *pf, const int pf_l2) {
 	const float *xr[4];
 	const uint8_t *wc[4];
 	__m256 lo[4], hi[4];
@@ -96,7 +92,7 @@ AVX2 INLINE void tile_f8(const int R, const int C, const int raw, const float *x
 			const uint8_t *p = pf + kk * C;
 #pragma GCC unroll 4
 			for (int q = 0; q < C * 16; q += 64)
-				_mm_prefetch((const char *)p + q, DI_F8_AVX2_PF_HINT);
+				DI_F8_PREFETCH(p + q, pf_l2);
 		}
 		__m256 xl[4], xh[4];
 #pragma GCC unroll 4
@@ -155,15 +151,24 @@ AVX2 INLINE void tile_f8(const int R, const int C, const int raw, const float *x
 // activations xs (row i0 first) against weight rows [ja, jb), the columns
 // short of a full tile one at a time (see kernels_f8_avx512.c); pf_end
 // bounds the weight rows the tiles prefetch (the column block's end).
-AVX2 INLINE void rows_f8(const int R, const int C, const int raw, float *out, const float *xs, const uint8_t *w,
-                         int64_t n, int64_t k, int64_t i0, int nr, int64_t ja, int64_t jb, int64_t pf_end) {
+AVX2 INLINE void rows_f8_pf(const int R, const int C, const int raw, const int pf_l2, float *out, const float *xs,
+                            const uint8_t *w, int64_t n, int64_t k, int64_t i0, int nr, int64_t ja, int64_t jb,
+                            int64_t pf_end) {
 	int64_t j = ja;
 	for (; j + C <= jb; j += C) {
 		const uint8_t *pf = j + 2 * C <= pf_end ? w + (j + C) * k : 0;
-		tile_f8(R, C, raw, xs, nr, w + j * k, C, k, out + i0 * n + j, n, pf);
+		tile_f8(R, C, raw, xs, nr, w + j * k, C, k, out + i0 * n + j, n, pf, pf_l2);
 	}
 	for (; j < jb; j++)
-		tile_f8(R, 1, raw, xs, nr, w + j * k, 1, k, out + i0 * n + j, n, 0);
+		tile_f8(R, 1, raw, xs, nr, w + j * k, 1, k, out + i0 * n + j, n, 0, 0);
+}
+
+AVX2 INLINE void rows_f8(const int R, const int C, const int raw, float *out, const float *xs, const uint8_t *w,
+                         int64_t n, int64_t k, int64_t i0, int nr, int64_t ja, int64_t jb, int64_t pf_end) {
+	if (di_f8_prefetch_l2(R, C, k))
+		rows_f8_pf(R, C, raw, 1, out, xs, w, n, k, i0, nr, ja, jb, pf_end);
+	else
+		rows_f8_pf(R, C, raw, 0, out, xs, w, n, k, i0, nr, ja, jb, pf_end);
 }
 
 // f8_scale_acts: see kernels_f8_avx512.c.

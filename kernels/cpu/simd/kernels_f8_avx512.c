@@ -155,9 +155,9 @@ AVX512 INLINE void f8_store(const int R, const int C, const __m512 *acc, int nr,
 // scale row: x is scaled for it, and by 2^112 more when raw). Rows and
 // columns past nr, nc repeat the last valid one and are not stored. pf,
 // when not NULL, is the next tile's first weight row: each step prefetches
-// its share of it (the weight stream of decode).
+// its share of it (the weight stream of decode), into L2 only when pf_l2.
 AVX512 INLINE void tile_f8(const int R, const int C, const int raw, const float *x, int nr, const uint8_t *w,
-                           int nc, int64_t k, float *out, int64_t ldo, const uint8_t *pf) {
+                           int nc, int64_t k, float *out, int64_t ldo, const uint8_t *pf, const int pf_l2) {
 	const float *xr[8];
 	const uint8_t *wc[16];
 	f8_tile_rows(R, C, x, nr, w, nc, k, xr, wc);
@@ -173,7 +173,7 @@ AVX512 INLINE void tile_f8(const int R, const int C, const int raw, const float 
 			const uint8_t *p = pf + kk * C;
 #pragma GCC unroll 8
 			for (int q = 0; q < C * 32; q += 64)
-				_mm_prefetch((const char *)p + q, _MM_HINT_T0);
+				DI_F8_PREFETCH(p + q, pf_l2);
 		}
 		__m512 xl[8], xh[8];
 #pragma GCC unroll 8
@@ -203,7 +203,7 @@ AVX512 INLINE void tile_f8(const int R, const int C, const int raw, const float 
 			const uint8_t *p = pf + kk * C;
 #pragma GCC unroll 2
 			for (int q = 0; q < C * 16; q += 64)
-				_mm_prefetch((const char *)p + q, _MM_HINT_T0);
+				DI_F8_PREFETCH(p + q, pf_l2);
 		}
 		f8_step16(R, C, raw, xr, wc, kk, acc);
 	}
@@ -265,7 +265,7 @@ static const uint8_t f8_place[4][64] __attribute__((aligned(64))) = {
 // accumulator an output), so the bits are tile_f8's; the rest of k runs
 // tile_f8's steps.
 VBMI INLINE void tile_f8_vbmi(const int R, const int C, const float *x, int nr, const uint8_t *w, int nc,
-                              int64_t k, float *out, int64_t ldo, const uint8_t *pf) {
+                              int64_t k, float *out, int64_t ldo, const uint8_t *pf, const int pf_l2) {
 	const float *xr[8];
 	const uint8_t *wc[16];
 	f8_tile_rows(R, C, x, nr, w, nc, k, xr, wc);
@@ -283,7 +283,7 @@ VBMI INLINE void tile_f8_vbmi(const int R, const int C, const float *x, int nr, 
 			const uint8_t *p = pf + kk * C;
 #pragma GCC unroll 8
 			for (int q = 0; q < C * 64; q += 64)
-				_mm_prefetch((const char *)p + q, _MM_HINT_T0);
+				DI_F8_PREFETCH(p + q, pf_l2);
 		}
 #pragma GCC unroll 8
 		for (int c = 0; c < C; c++) {
@@ -364,33 +364,50 @@ AVX512 static int f8_raw_acts(float *xs, int64_t m, int64_t k) {
 // short of a full tile (a run of fewer than C rows of one scale row) run
 // one at a time (R x 1 tiles), not as a tile of C that repeats its last
 // column.
-AVX512 INLINE void rows_f8(const int R, const int C, const int raw, float *out, const float *xs,
-                           const uint8_t *w, int64_t n, int64_t k, int64_t i0, int nr, int64_t ja, int64_t jb,
-                           int64_t pf_end, int stream) {
+AVX512 INLINE void rows_f8_pf(const int R, const int C, const int raw, const int pf_l2, float *out,
+                              const float *xs, const uint8_t *w, int64_t n, int64_t k, int64_t i0, int nr,
+                              int64_t ja, int64_t jb, int64_t pf_end, int stream) {
 	int64_t j = ja;
 	for (; j + C <= jb; j += C) {
 		const uint8_t *pf = 0;
 		if (stream && j + 2 * C <= pf_end)
 			pf = w + (j + C) * k;
-		tile_f8(R, C, raw, xs, nr, w + j * k, C, k, out + i0 * n + j, n, pf);
+		tile_f8(R, C, raw, xs, nr, w + j * k, C, k, out + i0 * n + j, n, pf, pf_l2);
 	}
 	for (; j < jb; j++)
-		tile_f8(R, 1, raw, xs, nr, w + j * k, 1, k, out + i0 * n + j, n, 0);
+		tile_f8(R, 1, raw, xs, nr, w + j * k, 1, k, out + i0 * n + j, n, 0, 0);
+}
+
+AVX512 INLINE void rows_f8(const int R, const int C, const int raw, float *out, const float *xs,
+                           const uint8_t *w, int64_t n, int64_t k, int64_t i0, int nr, int64_t ja, int64_t jb,
+                           int64_t pf_end, int stream) {
+	if (di_f8_prefetch_l2(R, C, k))
+		rows_f8_pf(R, C, raw, 1, out, xs, w, n, k, i0, nr, ja, jb, pf_end, stream);
+	else
+		rows_f8_pf(R, C, raw, 0, out, xs, w, n, k, i0, nr, ja, jb, pf_end, stream);
 }
 
 // rows_f8_vbmi is rows_f8 for one row over tile_f8_vbmi (1 x 8 tiles).
-VBMI static void rows_f8_vbmi(float *out, const float *xs, const uint8_t *w, int64_t n, int64_t k, int64_t i0,
-                              int64_t ja, int64_t jb, int64_t pf_end, int stream) {
+VBMI INLINE void rows_f8_vbmi_pf(const int pf_l2, float *out, const float *xs, const uint8_t *w, int64_t n,
+                                 int64_t k, int64_t i0, int64_t ja, int64_t jb, int64_t pf_end, int stream) {
 	const int C = 8;
 	int64_t j = ja;
 	for (; j + C <= jb; j += C) {
 		const uint8_t *pf = 0;
 		if (stream && j + 2 * C <= pf_end)
 			pf = w + (j + C) * k;
-		tile_f8_vbmi(1, C, xs, 1, w + j * k, C, k, out + i0 * n + j, n, pf);
+		tile_f8_vbmi(1, C, xs, 1, w + j * k, C, k, out + i0 * n + j, n, pf, pf_l2);
 	}
 	for (; j < jb; j++)
-		tile_f8(1, 1, 0, xs, 1, w + j * k, 1, k, out + i0 * n + j, n, 0);
+		tile_f8(1, 1, 0, xs, 1, w + j * k, 1, k, out + i0 * n + j, n, 0, 0);
+}
+
+VBMI static void rows_f8_vbmi(float *out, const float *xs, const uint8_t *w, int64_t n, int64_t k, int64_t i0,
+                              int64_t ja, int64_t jb, int64_t pf_end, int stream) {
+	if (di_f8_prefetch_l2(1, 8, k))
+		rows_f8_vbmi_pf(1, out, xs, w, n, k, i0, ja, jb, pf_end, stream);
+	else
+		rows_f8_vbmi_pf(0, out, xs, w, n, k, i0, ja, jb, pf_end, stream);
 }
 
 // L2 bytes of weights one column block keeps hot while every block of rows

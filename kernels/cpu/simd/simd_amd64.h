@@ -6,6 +6,7 @@
 #define DEEPINFER_SIMD_AMD64_H
 
 #include <stdint.h>
+#include <xmmintrin.h>
 
 // Weight dtypes of di_linear_*.
 enum { DI_F32 = 0, DI_BF16 = 1, DI_F16 = 2 };
@@ -23,6 +24,25 @@ void di_linear_avx2(int dtype, float *out, const float *x, const void *w,
 // vbmi (AVX-512 only): nonzero where the CPU has AVX512_VBMI, whose table
 // widening the one-row tiles then use (the same bits either way).
 #define DI_F8_SCALED_ROWS 64
+
+// The LinearF8 one-pass tiles prefetch the next tile's weights into L1 when
+// the tile's weight rows and activation rows (C * k bytes and R * 4k) fit in
+// DI_F8_PF_L1_BYTES, half of a 32 KiB L1, and into L2 only when they do not:
+// lines brought to L1 a tile early were evicted before their use
+// (kernels/cpu/simd/BENCH.md).
+#define DI_F8_PF_L1_BYTES (16 * 1024)
+
+static inline int di_f8_prefetch_l2(int R, int C, int64_t k) { return ((int64_t)C + 4 * (int64_t)R) * k > DI_F8_PF_L1_BYTES; }
+
+// DI_F8_PREFETCH prefetches the line at p into L1, or into L2 when l2 (a
+// macro: as a static inline function GCC 12 dropped the prefetches).
+#define DI_F8_PREFETCH(p, l2)                                                                              \
+	do {                                                                                               \
+		if (l2)                                                                                    \
+			_mm_prefetch((const char *)(p), _MM_HINT_T1);                                      \
+		else                                                                                       \
+			_mm_prefetch((const char *)(p), _MM_HINT_T0);                                      \
+	} while (0)
 
 // DI_MXCSR_DAZ is MXCSR's denormals-are-zero bit: the LinearF8 register
 // tiles widen E4M3 subnormals to float32 subnormals only where it is clear.
