@@ -5,6 +5,7 @@
 #define DEEPINFER_ATTN_AMD64_H
 
 #include <stdint.h>
+#include <xmmintrin.h>
 
 // The constants of expGo (attn.go), the same literals rounded to float.
 #define DI_EXP_MIN (-110.0f)
@@ -41,6 +42,51 @@ void di_accum_rows_pf_avx512(float *acc, const float *alpha, const float *p, con
                              const int32_t *pf_rows, int64_t pf_n, int64_t pf_k);
 void di_accum_rows_avx2(float *acc, const float *alpha, const float *p, const float *w,
                         const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k);
+void di_accum_rows_pf_avx2(float *acc, const float *alpha, const float *p, const float *w,
+                           const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k,
+                           const int32_t *pf_rows, int64_t pf_n, int64_t pf_k);
+
+// row_pf walks rows of a gathered matrix to prefetch into L2 a few lines
+// at a time (row_pf_step, once per key step of AccumRows' blocks):
+// AccumRowsPrefetch's rows, fetched while the products run instead of in
+// one burst. row_pf_init spreads n rows of k floats over steps key steps.
+typedef struct {
+	const float *w;
+	const int32_t *rows;
+	int64_t ldw, n, bytes; // n rows of bytes each
+	int64_t j, q;          // the next row and byte offset
+	int64_t per_key;       // lines a step
+} row_pf;
+
+static inline row_pf row_pf_init(const float *w, const int32_t *rows, int64_t ldw, int64_t n, int64_t k,
+                                 int64_t steps) {
+	const int64_t lines_a_row = (k * 4 + 63) / 64;
+	row_pf pf = {w, rows, ldw, n, k * 4, 0, 0, 1};
+	if (steps > 0)
+		pf.per_key = (n * lines_a_row + steps - 1) / steps;
+	return pf;
+}
+
+static inline __attribute__((always_inline)) void row_pf_step(row_pf *c) {
+	if (!c)
+		return;
+	for (int64_t i = 0; i < c->per_key && c->j < c->n; i++) {
+		_mm_prefetch((const char *)(c->w + (int64_t)c->rows[c->j] * c->ldw) + c->q, _MM_HINT_T1);
+		c->q += 64;
+		if (c->q >= c->bytes) {
+			c->q = 0;
+			c->j++;
+		}
+	}
+}
+
+// row_pf_finish prefetches what the steps did not reach (nothing when
+// the steps ran).
+static inline void row_pf_finish(row_pf *c) {
+	c->per_key = (c->bytes + 63) / 64;
+	while (c->j < c->n)
+		row_pf_step(c);
+}
 
 // The same over IEEE-half rows of w, each value widened exactly (Impl.AccumRowsF16).
 void di_accum_rows_f16_avx512(float *acc, const float *alpha, const float *p, const uint16_t *w,

@@ -167,7 +167,7 @@ AVX2 INLINE float accum_w1(const int h, const void *w, int64_t r, int64_t ldw, i
 // the same FMAs).
 AVX2 INLINE void accum_block(const int h, const int R, const int V, float *const acc[4], const float *const pr[4],
                              const float *alpha, const void *w, const int32_t *rows, int64_t ldw,
-                             int64_t n, int64_t c0) {
+                             int64_t n, int64_t c0, row_pf *pf) {
 	const int64_t es = h ? 2 : 4;
 	__m256 pv[4][4];
 #pragma GCC unroll 4
@@ -176,6 +176,7 @@ AVX2 INLINE void accum_block(const int h, const int R, const int V, float *const
 		for (int v = 0; v < V; v++)
 			pv[r][v] = _mm256_setzero_ps();
 	for (int64_t j = 0; j < n; j++) {
+		row_pf_step(pf);
 		const char *wr = (const char *)w + ((int64_t)rows[j] * ldw + c0) * es;
 		__m256 wv[4];
 #pragma GCC unroll 4
@@ -209,7 +210,7 @@ AVX2 INLINE void accum_block(const int h, const int R, const int V, float *const
 // scalar fused multiply-adds. Every output is the same chain of FMAs over
 // the keys whatever the block, so the blocks change no bit.
 AVX2 INLINE void accum_rows(const int h, const int R, float *acc, const float *alpha, const float *p, const void *w,
-                            const int32_t *rows, int64_t ldw, int64_t n, int64_t k, int64_t i0) {
+                            const int32_t *rows, int64_t ldw, int64_t n, int64_t k, int64_t i0, row_pf *pf) {
 	const int VB = R > 2 ? 2 : 4; // registers of 8 columns in a big block
 	float *ar[4];
 	const float *pr[4];
@@ -220,9 +221,9 @@ AVX2 INLINE void accum_rows(const int h, const int R, float *acc, const float *a
 	}
 	int64_t c = 0;
 	for (; c + 8 * VB <= k; c += 8 * VB)
-		accum_block(h, R, VB, ar, pr, alpha + i0, w, rows, ldw, n, c);
+		accum_block(h, R, VB, ar, pr, alpha + i0, w, rows, ldw, n, c, pf);
 	for (; c + 8 <= k; c += 8)
-		accum_block(h, R, 1, ar, pr, alpha + i0, w, rows, ldw, n, c);
+		accum_block(h, R, 1, ar, pr, alpha + i0, w, rows, ldw, n, c, pf);
 	for (; c < k; c++) {
 		for (int r = 0; r < R; r++) {
 			float pv = 0.0f;
@@ -239,22 +240,41 @@ AVX2 INLINE void accum_rows(const int h, const int R, float *acc, const float *a
 // pass (4 x 2) ran slower than two pairs: a key step's four probability
 // tests and broadcasts for eight FMAs.
 AVX2 INLINE void accum_all(const int h, float *acc, const float *alpha, const float *p, const void *w,
-                           const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k) {
+                           const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k, row_pf *pf) {
 	int64_t i = 0;
 	for (; m - i >= 4 || m - i == 2; i += 2)
-		accum_rows(h, 2, acc, alpha, p, w, rows, ldw, n, k, i);
+		accum_rows(h, 2, acc, alpha, p, w, rows, ldw, n, k, i, pf);
 	if (m - i == 3)
-		accum_rows(h, 3, acc, alpha, p, w, rows, ldw, n, k, i);
+		accum_rows(h, 3, acc, alpha, p, w, rows, ldw, n, k, i, pf);
 	else if (m - i == 1)
-		accum_rows(h, 1, acc, alpha, p, w, rows, ldw, n, k, i);
+		accum_rows(h, 1, acc, alpha, p, w, rows, ldw, n, k, i, pf);
 }
 
 AVX2 void di_accum_rows_avx2(float *acc, const float *alpha, const float *p, const float *w,
                              const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k) {
-	accum_all(0, acc, alpha, p, w, rows, ldw, m, n, k);
+	accum_all(0, acc, alpha, p, w, rows, ldw, m, n, k, 0);
 }
 
 AVX2 void di_accum_rows_f16_avx2(float *acc, const float *alpha, const float *p, const uint16_t *w,
                                  const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k) {
-	accum_all(1, acc, alpha, p, w, rows, ldw, m, n, k);
+	accum_all(1, acc, alpha, p, w, rows, ldw, m, n, k, 0);
+}
+
+// di_accum_rows_pf_avx2 is Impl.AccumRowsPrefetch: AccumRows, spreading
+// the prefetch of the first pf_k floats of rows pf_rows[0, pf_n) of w over
+// its key steps (as di_accum_rows_pf_avx512).
+AVX2 void di_accum_rows_pf_avx2(float *acc, const float *alpha, const float *p, const float *w,
+                                const int32_t *rows, int64_t ldw, int64_t m, int64_t n, int64_t k,
+                                const int32_t *pf_rows, int64_t pf_n, int64_t pf_k) {
+	// Key steps: n for each group of rows (accum_all's) and block of
+	// columns (accum_rows': of 32 or, for three rows, 16; then of 8).
+	int64_t blocks = 0;
+	for (int64_t i = 0; i < m;) {
+		const int64_t r = (m - i >= 4 || m - i == 2) ? 2 : m - i, big = r > 2 ? 16 : 32;
+		blocks += k / big + (k % big) / 8;
+		i += r;
+	}
+	row_pf pf = row_pf_init(w, pf_rows, ldw, pf_n, pf_k, blocks * n);
+	accum_all(0, acc, alpha, p, w, rows, ldw, m, n, k, &pf);
+	row_pf_finish(&pf);
 }

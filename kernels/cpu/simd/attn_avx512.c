@@ -130,30 +130,6 @@ AVX512 void di_online_softmax_avx512(float *s, int64_t m, int64_t n, float scale
 	}
 }
 
-// row_pf walks rows of a gathered matrix to prefetch into L2 a few lines
-// at a time (row_pf_step, once per key of accum_block): AccumRowsPrefetch's
-// rows, fetched while the products run instead of in one burst.
-typedef struct {
-	const float *w;
-	const int32_t *rows;
-	int64_t ldw, n, bytes; // n rows of bytes each
-	int64_t j, q;          // the next row and byte offset
-	int64_t per_key;       // lines a step
-} row_pf;
-
-AVX512 INLINE void row_pf_step(row_pf *c) {
-	if (!c)
-		return;
-	for (int64_t i = 0; i < c->per_key && c->j < c->n; i++) {
-		_mm_prefetch((const char *)(c->w + (int64_t)c->rows[c->j] * c->ldw) + c->q, _MM_HINT_T1);
-		c->q += 64;
-		if (c->q >= c->bytes) {
-			c->q = 0;
-			c->j++;
-		}
-	}
-}
-
 // accum_w16 loads 16 values of a gathered row at wr, the lanes outside mk
 // zero (float32, or IEEE half widened exactly when h).
 AVX512 INLINE __m512 accum_w16(const int h, const void *wr, __mmask16 mk) {
@@ -262,14 +238,7 @@ AVX512 void di_accum_rows_pf_avx512(float *acc, const float *alpha, const float 
 	// Key steps: n for each group of rows and block of columns.
 	const int64_t groups = m / 4 + (m % 4 >= 2) + (m % 2);
 	const int64_t blocks = k / 64 + (k % 64) / 16 + (k % 16 != 0);
-	const int64_t lines_a_row = (pf_k * 4 + 63) / 64, steps = groups * blocks * n;
-	row_pf pf = {w, pf_rows, ldw, pf_n, pf_k * 4, 0, 0, 1};
-	if (steps > 0)
-		pf.per_key = (pf_n * lines_a_row + steps - 1) / steps;
+	row_pf pf = row_pf_init(w, pf_rows, ldw, pf_n, pf_k, groups * blocks * n);
 	accum_all(0, acc, alpha, p, w, rows, ldw, m, n, k, &pf);
-	// Whatever the steps did not reach (none when n > 0).
-	while (pf.j < pf.n) {
-		pf.per_key = lines_a_row;
-		row_pf_step(&pf);
-	}
+	row_pf_finish(&pf);
 }

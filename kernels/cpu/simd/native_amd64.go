@@ -168,10 +168,8 @@ var avx2Funcs = cFuncs{
 	accumRows16: func(acc, alpha, p *C.float, w *C.uint16_t, rows *C.int32_t, ldw, m, n, k C.int64_t) {
 		C.di_accum_rows_f16_avx2(acc, alpha, p, w, rows, ldw, m, n, k)
 	},
-	// AVX2: the rows' prefetch in one burst ahead of AccumRows.
 	accumRowsPF: func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t, pfRows *C.int32_t, pfN, pfK C.int64_t) {
-		C.di_prefetch_rows(w, pfRows, ldw, pfN, pfK)
-		C.di_accum_rows_avx2(acc, alpha, p, w, rows, ldw, m, n, k)
+		C.di_accum_rows_pf_avx2(acc, alpha, p, w, rows, ldw, m, n, k, pfRows, pfN, pfK)
 	},
 	linearKMajor: func(out *C.float, ldo C.int64_t, x *C.float, ldx C.int64_t, w *C.float, m, n, k C.int64_t) {
 		C.di_linear_kmajor_avx2(out, ldo, x, ldx, w, m, n, k)
