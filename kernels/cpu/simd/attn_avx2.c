@@ -207,10 +207,10 @@ AVX2 INLINE void accum_block(const int h, const int R, const int V, float *const
 
 // accum_rows runs R rows from i0: for a pair of float32 rows blocks of 48
 // columns first (2 x 6 registers of sums: twelve FMA chains a key step,
-// where eight were as many as the FMA latency hides, so that a late
-// load stalled them; MLA's P.V of 8 heads over 128 latent columns, one
-// thread, 3-4% faster in five of six alternating runs, a 2 x 4 block
-// taking the last 32), then blocks of 32 columns (16 for three rows, 3 x 2
+// where eight are exactly what the FMA latency needs in flight, likely
+// why a late load stalled them; MLA's P.V of 8 heads over 128 latent
+// columns, one thread, 3-5% faster in nine of ten alternating runs, a
+// 2 x 4 block taking the last 32), then blocks of 32 columns (16 for three rows, 3 x 2
 // registers of sums, so that each key row is read once for the three),
 // then of 8, then the last k%8 columns one at a time with scalar fused
 // multiply-adds. Every output is the same chain of FMAs over the keys
