@@ -14,9 +14,9 @@
 #
 # Toolkit: CUDA 12.9 or later. kernels/cuda/fp8.cu uses cuBLASLt's
 # block-scaled FP8 matmul (CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F and
-# VEC128_32F), which older cuBLASLt headers lack, and the MLA kernels'
-# bulk copies (MLA_TC_BULK) need a ptxas that has those instructions for
-# sm_90a. Built and measured with CUDA 13.0.
+# VEC128_32F), which older cuBLASLt headers lack. Built and measured with
+# CUDA 13.0. Without a GPU, tools/gpu/ptxas_check.sh compiles the kernel
+# files and prints their registers and spills.
 #
 # Point the engine at the result with DEEPINFER_CUDA_LIB=<output>, or put it
 # on the dynamic loader's path.

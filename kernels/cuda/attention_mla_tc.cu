@@ -751,10 +751,12 @@ __global__ void __launch_bounds__(128)
 // tile, MLA_TC_WARPS warps a block, MLA_TC_STAGES (16-bit caches) or
 // MLA_TC_STAGES_F8 (8-bit) copy stages, and the copies on the bulk copy
 // engine (MLA_TC_BULK 1: one cp.async.bulk a key row, completing on an
-// mbarrier) or as 16-byte cp.async (0). The tile and the warps fix the
-// arithmetic's order (the same for both cache types, so that an 8-bit row
-// gives the bits of a half row holding its values); the stages and the
-// copy engine change no bit.
+// mbarrier) or as 16-byte cp.async (0, the default: as fast at batch 64 and
+// 4096 keys, faster for short batches and rows, where the issuing warp's
+// bulk copies sit on the tile's chain; kernels/cuda/NOTES.md). The tile and
+// the warps fix the arithmetic's order (the same for both cache types, so
+// that an 8-bit row gives the bits of a half row holding its values); the
+// stages and the copy engine change no bit.
 #ifndef MLA_TC_BK
 #define MLA_TC_BK 32
 #endif
@@ -768,7 +770,7 @@ __global__ void __launch_bounds__(128)
 #define MLA_TC_STAGES_F8 2
 #endif
 #ifndef MLA_TC_BULK
-#define MLA_TC_BULK 1
+#define MLA_TC_BULK 0
 #endif
 
 // di_smem_u32 is p's shared-memory address.

@@ -15,7 +15,8 @@
 # the baseline and of the fastest F16 variant at batch 64. VARIANTS (lines
 # of: name, keys a tile, warps, F16 stages, FP8 stages, bulk copies 1 or
 # cp.async 0, and optionally the launch bounds' blocks a multiprocessor,
-# 0 for the kernel's own choice) replaces the list below.
+# 0 for the kernel's own choice, and a kernel file of the current form)
+# replaces the list below.
 #
 # Logs and the binary go to OUTDIR (default .gpu/mla_sweep); the table is
 # printed last.
@@ -34,7 +35,9 @@ cut_kernels "$root/kernels/cuda/attention_mla_tc.cu" "$tmp/cur_kernels.cu"
 
 # name, keys a tile, warps, F16 stages, FP8 stages, bulk copies (1) or
 # cp.async (0)[, blocks a multiprocessor in the launch bounds (0: the
-# kernel's choice)]
+# kernel's choice)[, a kernel file relative to the repository root, in the
+# current file's form (default: kernels/cuda/attention_mla_tc.cu), so that
+# two revisions of the current kernel run side by side]]
 variants=${VARIANTS:-"
 c_b32_w4_s2 32 4 2 2 0
 c_b32_w4_s3 32 4 3 3 0
@@ -61,10 +64,15 @@ pids=()
 "$nvcc" "${flags[@]}" -DV_BASE -DV_FUNC=v_base -DV_SRC='"base_kernels.cu"' -c "$here/variant.cu" -o "$tmp/v_base.o" \
 	>"$out/build_v_base.log" 2>&1 &
 pids+=($!)
-while read -r name bk w ns ns8 bulk minb; do
+while read -r name bk w ns ns8 bulk minb src; do
 	[[ -z $name ]] && continue
 	echo "V(v_$name)" >>"$tmp/variants.inc"
-	"$nvcc" "${flags[@]}" -DV_FUNC="v_$name" -DV_SRC='"cur_kernels.cu"' -DV_BK="$bk" -DV_W="$w" -DV_NS="$ns" \
+	vsrc=cur_kernels.cu
+	if [[ -n ${src:-} ]]; then
+		vsrc=src_$name.cu
+		cut_kernels "$root/$src" "$tmp/$vsrc"
+	fi
+	"$nvcc" "${flags[@]}" -DV_FUNC="v_$name" -DV_SRC="\"$vsrc\"" -DV_BK="$bk" -DV_W="$w" -DV_NS="$ns" \
 		-DV_NS8="$ns8" -DV_BULK="$bulk" -DV_MINB="${minb:-0}" -c "$here/variant.cu" -o "$tmp/v_$name.o" >"$out/build_v_$name.log" 2>&1 &
 	pids+=($!)
 done <<<"$variants"

@@ -1,11 +1,13 @@
 // sweep.cu: times shapes of the MLA latent kernel (di_mla_tc_k) against an
 // older revision's kernel and a device-to-device copy, in one process, on
 // DeepSeek-V2-Lite's layer: 16 heads, kv_lora_rank 512, rope 64, 4096 keys a
-// row in blocks of 64, batch 64 (8 and 1 too), over F16 and FP8 latent
-// caches. Each variant is first checked against the baseline on rows of
-// 253..4096 keys over a shuffled block table: max|diff| / max|baseline| of
-// the combined output, whether its bits equal the baseline's, and whether
-// its 1, 2 and 4 output slices give the same bits. Built and run by run.sh.
+// row in blocks of 64, batch 64 (8 and 1 too, and one row of 384 keys, a
+// V2-Lite decode row at batch 1), over F16 and FP8 latent caches. Each
+// variant is first checked against the baseline on rows of 253..4096 keys
+// over a shuffled block table: max|diff| / max|baseline| of the combined
+// output, whether its bits equal the baseline's and the first listed
+// variant's (=1st: two revisions of one arithmetic), and whether its 1, 2
+// and 4 output slices give the same bits. Built and run by run.sh.
 //
 //   sweep                 the whole table
 //   sweep --ncu NAME CDT  one warm-up and one timed launch of variant NAME
@@ -127,6 +129,7 @@ static int mla_nsplit(int max_keys, int num_heads) {
 
 struct Meta {
 	int *cu, *seqlens, *bt;
+	int per; // blocks a sequence's table holds
 	std::vector<int> keys;
 };
 static Meta make_meta(int batch, int max_keys, int block_size, bool shuffled, std::mt19937 &rng) {
@@ -141,6 +144,7 @@ static Meta make_meta(int batch, int max_keys, int block_size, bool shuffled, st
 		for (int j = 0; j < per; j++) bt[s * per + j] = perm[s * per + j];
 	}
 	m.keys = sk;
+	m.per = per;
 	CK(cudaMalloc(&m.cu, cu.size() * 4));
 	CK(cudaMalloc(&m.seqlens, sk.size() * 4));
 	CK(cudaMalloc(&m.bt, bt.size() * 4));
@@ -216,12 +220,16 @@ int main(int argc, char **argv) {
 	CK(cudaGetLastError());
 	std::mt19937 rng(7);
 	const Meta flat = make_meta(B, K, BS, false, rng), mixed = make_meta(B, K, BS, true, rng);
-	auto args = [&](const Meta &m, int cdt, int rows) {
+	// A decode row of DeepSeek-V2-Lite's engine benchmark (256 + 128 keys):
+	// batch 1 there is latency, not bandwidth.
+	const int KS = 384;
+	const Meta short1 = make_meta(1, KS, BS, false, rng);
+	auto args = [&](const Meta &m, int cdt, int rows, int splits = 0) {
 		SweepArgs a;
 		a.po = po, a.pml = pml, a.olat = olat, a.ql = ql, a.cache = cdt ? c8 : c16;
 		a.cu = m.cu, a.seqlens_k = m.seqlens, a.block_tables = m.bt;
-		a.num_seqs = B, a.max_blocks = K / BS, a.block_size = BS, a.num_blocks = B * (K / BS);
-		a.num_heads = H, a.rope = ROPE, a.rows = rows, a.nsplit = nsplit, a.check = check;
+		a.num_seqs = (int)m.keys.size(), a.max_blocks = m.per, a.block_size = BS, a.num_blocks = B * (K / BS);
+		a.num_heads = H, a.rope = ROPE, a.rows = rows, a.nsplit = splits ? splits : nsplit, a.check = check;
 		return a;
 	};
 	CK(cudaDeviceSynchronize());
@@ -261,14 +269,14 @@ int main(int argc, char **argv) {
 	struct Row {
 		std::string name;
 		int regs, local, smem;
-		float us64k, us64, us8, us1;
+		float us64k, us64, us8, us1, us1s;
 		double err;
-		bool same_base, same_d;
+		bool same_base, same_d, same_first;
 	};
 	for (int cdt = 0; cdt < 2; cdt++) {
 		const int rb = cdt ? rb8 : rb16;
 		const size_t n_ol = (size_t)B * H * KVL;
-		std::vector<float> ref(n_ol), got(n_ol), got1(n_ol);
+		std::vector<float> ref(n_ol), got(n_ol), got1(n_ol), first; // first: variant 1's output (d = 1)
 		// The reference: variant 0 (the baseline) over the mixed rows.
 		{
 			const SweepArgs a = args(mixed, cdt, B);
@@ -284,7 +292,7 @@ int main(int argc, char **argv) {
 			r.name = variants[v].name;
 			variants[v].info(cdt, &r.regs, &r.local, &r.smem);
 			r.err = 0;
-			r.same_base = r.same_d = true;
+			r.same_base = r.same_d = r.same_first = true;
 			for (int d : {1, 2, 4}) {
 				const SweepArgs a = args(mixed, cdt, B);
 				CK(cudaMemset(olat, 0xff, n_ol * 4));
@@ -299,14 +307,19 @@ int main(int argc, char **argv) {
 				}
 				r.err = std::max(r.err, md / ref_max);
 				if (memcmp(got.data(), ref.data(), n_ol * 4) != 0) r.same_base = false;
-				if (d == 1) got1 = got;
-				else if (memcmp(got.data(), got1.data(), n_ol * 4) != 0) r.same_d = false;
+				if (d == 1) {
+					got1 = got;
+					if (v == 1) first = got;
+					if (v >= 1) r.same_first = memcmp(got.data(), first.data(), n_ol * 4) == 0;
+				} else if (memcmp(got.data(), got1.data(), n_ol * 4) != 0) r.same_d = false;
 			}
 			const SweepArgs a64 = args(flat, cdt, B), a8 = args(flat, cdt, 8), a1 = args(flat, cdt, 1);
 			r.us64k = 1e3f * time_ms([&] { run_or_die(variants[v], cdt, pick_d(B), 1, &a64); }, 20);
 			r.us64 = 1e3f * time_ms([&] { run_or_die(variants[v], cdt, pick_d(B), 3, &a64); }, 20);
 			r.us8 = 1e3f * time_ms([&] { run_or_die(variants[v], cdt, pick_d(8), 3, &a8); }, 50);
 			r.us1 = 1e3f * time_ms([&] { run_or_die(variants[v], cdt, pick_d(1), 3, &a1); }, 50);
+			const SweepArgs a1s = args(short1, cdt, 1, mla_nsplit(KS, H));
+			r.us1s = 1e3f * time_ms([&] { run_or_die(variants[v], cdt, pick_d(1), 3, &a1s); }, 50);
 			rows.push_back(r);
 			CK(cudaDeviceSynchronize());
 		}
@@ -315,14 +328,19 @@ int main(int argc, char **argv) {
 		auto gbs = [&](int batch, float us) { return batch * (double)K * rb / (us * 1e-6) / 1e9; };
 		printf("\n%s cache (%d bytes a row), batch 64 x 4096 keys = %.1f MB; copy %.0f GB/s; check word %u\n",
 		       cdt ? "FP8" : "F16", rb, B * (double)K * rb / 1e6, copy_gbs, chk);
-		printf("%-22s %4s %5s %6s | %-25s | %-25s | %-14s | %-14s | %-8s %-5s %-5s\n", "variant", "regs", "spill", "smem",
-		       "b64 kernel: us GB/s %copy", "b64 +combine: us GB/s %", "b8 +comb GB/s", "b1 +comb GB/s", "err", "=base",
-		       "=d");
+		printf("%-22s %4s %5s %6s | %-25s | %-25s | %-14s | %-14s | %-10s | %-8s %-5s %-5s %-5s\n", "variant", "regs", "spill",
+		       "smem", "b64 kernel: us GB/s %copy", "b64 +combine: us GB/s %", "b8 +comb GB/s", "b1 +comb GB/s", "b1 384k us",
+		       "err", "=base", "=d", "=1st");
+		auto v_first = [&](const Row &r) {
+			return r.name == variants[0].name || (num_variants > 1 && r.name == variants[1].name) ? "-"
+			                                                                                     : (r.same_first ? "yes" : "NO");
+		};
 		for (const Row &r : rows)
-			printf("%-22s %4d %5d %6d | %7.1f %6.0f %5.1f%%     | %7.1f %6.0f %5.1f%%     | %6.0f %5.1f%% | %6.0f %5.1f%% | %.2e %-5s %-5s\n",
+			printf("%-22s %4d %5d %6d | %7.1f %6.0f %5.1f%%     | %7.1f %6.0f %5.1f%%     | %6.0f %5.1f%% | %6.0f %5.1f%% | %10.1f | %.2e %-5s %-5s %-5s\n",
 			       r.name.c_str(), r.regs, r.local, r.smem, r.us64k, gbs(B, r.us64k), 100 * gbs(B, r.us64k) / copy_gbs,
 			       r.us64, gbs(B, r.us64), 100 * gbs(B, r.us64) / copy_gbs, gbs(8, r.us8), 100 * gbs(8, r.us8) / copy_gbs,
-			       gbs(1, r.us1), 100 * gbs(1, r.us1) / copy_gbs, r.err, r.same_base ? "yes" : "NO", r.same_d ? "yes" : "NO");
+			       gbs(1, r.us1), 100 * gbs(1, r.us1) / copy_gbs, r.us1s, r.err, r.same_base ? "yes" : "NO", r.same_d ? "yes" : "NO",
+			       v_first(r));
 		const Row *best = nullptr;
 		for (const Row &r : rows)
 			if (r.err < 1e-2 && r.same_d && r.name != variants[0].name && (!best || r.us64 < best->us64)) best = &r;

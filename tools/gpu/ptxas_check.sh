@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Compiles CUDA kernel files for sm_90a without a GPU and prints what ptxas
+# reports for each kernel: registers, spill bytes and stack. For work on the
+# kernels on a machine with a CUDA toolkit but no device: a kernel that no
+# longer compiles, or that starts to spill, shows here before a GPU call.
+#
+#   tools/gpu/ptxas_check.sh [FILE.cu ...]    default: csrc/*.cu kernels/cuda/*.cu
+#   MATCH=di_mla_tc_k tools/gpu/ptxas_check.sh kernels/cuda/attention_mla_tc.cu
+#
+# MATCH (a grep -E pattern) keeps the kernels whose mangled names match it;
+# NVCC and JOBS as in csrc/build.sh. Any toolkit from CUDA 12.0 compiles
+# the kernels (the bulk copies and mbarriers of sm_90a included); the
+# library's build needs 12.9 or later for kernels/cuda/fp8.cu's cuBLASLt
+# block scales, so an older toolkit reports that file's errors and goes on.
+# Exit status: 1 if a file failed to compile, else 0.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+nvcc=${NVCC:-nvcc}
+if ! command -v "$nvcc" >/dev/null; then
+	echo "ptxas_check.sh: no nvcc: install a CUDA toolkit or set NVCC" >&2
+	exit 2
+fi
+files=("$@")
+((${#files[@]})) || files=("$root"/csrc/*.cu "$root"/kernels/cuda/*.cu)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
+pids=()
+for f in "${files[@]}"; do
+	b=$(basename "$f" .cu)
+	"$nvcc" -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I"$root/csrc" -I"$root/kernels/cuda" \
+		-Xptxas -v -c "$f" -o "$tmp/$b.o" >"$tmp/$b.log" 2>&1 &
+	pids+=($!)
+	if ((${#pids[@]} >= jobs)); then
+		wait "${pids[0]}"
+		pids=("${pids[@]:1}")
+	fi
+done
+rc=0
+for p in "${pids[@]}"; do wait "$p"; done
+printf '%-28s %-60s %5s %7s %6s\n' file kernel regs spill stack
+for f in "${files[@]}"; do
+	b=$(basename "$f" .cu)
+	if [[ ! -s $tmp/$b.o ]]; then
+		echo "$b.cu: FAILED to compile:"
+		grep -E "error" "$tmp/$b.log" | head -5 | sed 's/^/    /'
+		rc=1
+		continue
+	fi
+	# ptxas prints, per entry function: "Compiling entry function 'NAME'",
+	# then "N bytes stack frame, S bytes spill stores, L bytes spill loads",
+	# then "Used R registers".
+	awk -v file="$b.cu" -v match_re="${MATCH:-.}" '
+		/Compiling entry function/ { name = $0; sub(/.*function .?/, "", name); sub(/.? for .*/, "", name); stack = spill = "" }
+		/bytes stack frame/ { stack = $1; spill = $5 }
+		/Used [0-9]+ registers/ && name != "" {
+			regs = $0; sub(/.*Used /, "", regs); sub(/ registers.*/, "", regs)
+			if (name ~ match_re) printf "%-28s %-60s %5s %7s %6s\n", file, substr(name, 1, 60), regs, spill, stack
+			name = ""
+		}' "$tmp/$b.log"
+done
+exit $rc
