@@ -818,6 +818,10 @@ __device__ __forceinline__ void di_bulk_g2s(void *dst, const void *src, unsigned
 // di_fence_proxy_async orders this thread's earlier shared-memory writes
 // before later bulk copies into the same bytes.
 __device__ __forceinline__ void di_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// di_mla_cp16 is di_cp_async16 to a shared-memory address already converted.
+__device__ __forceinline__ void di_mla_cp16(unsigned dst, const void *src, bool ok) {
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
 
 // di_mla_seq_window is di_seq_window without a window (row i's sequence
 // and its visible keys [0, last)), trying first the sequence of index i
@@ -915,6 +919,7 @@ __global__ void __launch_bounds__(32 * W, MINB)
 	constexpr int KPT = BK / TPH;             // keys a softmax thread
 	constexpr int LDS = BK + 8, LDP = BK + 4; // floats a row of the scores, of the probabilities
 	constexpr int PRE = F8 ? NS : NS - 1;     // tiles issued before the first is used
+	constexpr int CPR = (KVL + 64) / 256 + 1; // cp.async rounds of a row (16-bit rows, rope <= 64, are longest)
 	static_assert((W == 4 || W == 8) && BK % 16 == 0 && BK <= 64 && NS >= 2, "di_mla_tc_k shape");
 	static_assert(NTS >= 2 && NTS % 2 == 0 && NT >= 2 && NT % 2 == 0, "di_mla_tc_k tiles");
 	static_assert(KPT == 2 || KPT == 4 || KPT == 8, "di_mla_tc_k softmax split");
@@ -995,11 +1000,23 @@ __global__ void __launch_bounds__(32 * W, MINB)
 			di_mbar_arrive(bar);
 		} else {
 			if (tid == 0) sMask[st] = (unsigned long long)ma | ((unsigned long long)mb << 32);
-			for (int r = warp; r < BK; r += W) {
-				const int sl = __shfl_sync(0xffffffffu, r < 32 ? a : b, r & 31);
-				const unsigned char *src = cache + (sl >= 0 ? (size_t)sl * RB : 0);
-				for (int e = lane * 16; e < RB; e += 32 * 16)
-					di_cp_async16(dst + (size_t)r * dst_ld + e, src + e, sl >= 0);
+			// Warp w copies rows w, w + W, ..: lane l the 16 bytes at l * 16
+			// + 512 u of each (u < CPR, while inside the row), the row's slot
+			// shuffled once and the addresses formed once a row. (The loop
+			// over runtime bounds it replaces ran about 60 instructions a
+			// row, more than a tile's arithmetic at batch 1 by ncu's counts;
+			// kernels/cuda/NOTES.md.)
+			const unsigned dst0 = di_smem_u32(dst) + lane * 16 + warp * dst_ld;
+			const unsigned char *src0 = cache + lane * 16;
+#pragma unroll
+			for (int i = 0; i < BK / W; i++) {
+				const int r = warp + W * i;
+				const int sl = __shfl_sync(0xffffffffu, W * i < 32 ? a : b, r & 31);
+				const unsigned char *src = src0 + (size_t)max(sl, 0) * RB;
+				const unsigned d = dst0 + (unsigned)(W * i * dst_ld);
+#pragma unroll
+				for (int u = 0; u < CPR; u++)
+					if (lane * 16 + 512 * u < RB) di_mla_cp16(d + 512 * u, src + 512 * u, sl >= 0);
 			}
 		}
 	};

@@ -11,6 +11,7 @@
 //
 //   sweep                 the whole table
 //   sweep --ncu NAME CDT  one warm-up and one timed launch of variant NAME
+//   sweep --ncu1 NAME CDT the same on the one row of 384 keys
 //                         (CDT 0: F16, 1: FP8) at batch 64, for ncu
 #include <algorithm>
 #include <cmath>
@@ -193,7 +194,9 @@ int main(int argc, char **argv) {
 	const int B = 64, K = 4096, H = 16, KVL = 512, ROPE = 64, BS = 64;
 	const char *ncu_name = nullptr;
 	int ncu_cdt = 0;
-	if (argc >= 4 && strcmp(argv[1], "--ncu") == 0) ncu_name = argv[2], ncu_cdt = atoi(argv[3]);
+	bool ncu_short = false;
+	if (argc >= 4 && (strcmp(argv[1], "--ncu") == 0 || strcmp(argv[1], "--ncu1") == 0))
+		ncu_name = argv[2], ncu_cdt = atoi(argv[3]), ncu_short = argv[1][5] == '1';
 	cudaDeviceProp prop;
 	CK(cudaGetDeviceProperties(&prop, 0));
 	const int rb16 = (KVL + ROPE) * 2, rb8 = (KVL + 2 * ROPE + 4 * (KVL / 128) + 15) / 16 * 16;
@@ -237,9 +240,10 @@ int main(int argc, char **argv) {
 	if (ncu_name) {
 		for (int v = 0; v < num_variants; v++) {
 			if (strcmp(variants[v].name, ncu_name) != 0) continue;
-			const SweepArgs a = args(flat, ncu_cdt, B);
-			run_or_die(variants[v], ncu_cdt, 1, 1, &a);
-			run_or_die(variants[v], ncu_cdt, 1, 1, &a);
+			const SweepArgs a = ncu_short ? args(short1, ncu_cdt, 1, mla_nsplit(KS, H)) : args(flat, ncu_cdt, B);
+			const int d = ncu_short ? pick_d(1) : 1, mode = ncu_short ? 3 : 1; // the short row: with its combine
+			run_or_die(variants[v], ncu_cdt, d, mode, &a);
+			run_or_die(variants[v], ncu_cdt, d, mode, &a);
 			CK(cudaDeviceSynchronize());
 			return 0;
 		}
