@@ -433,22 +433,32 @@ AVX2 INLINE void kmajor_s2_avx2(const int R, const float *const xr[2], const flo
 		s2[r] = _mm256_add_ps(lo[r], hi[r]);
 }
 
+// kmajor_cols_avx2 runs di_linear_kmajor_avx2's R rows (R <= 2, a constant
+// where it is inlined) over every 8-column block.
+AVX2 INLINE void kmajor_cols_avx2(const int R, float *out, int64_t ldo, const float *const xr[2], const float *w,
+                                  int64_t n, int64_t k) {
+	for (int64_t c = 0; c < n; c += 8) {
+		const int nc = n - c < 8 ? (int)(n - c) : 8;
+		const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32(nc), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+		__m256 lo[2], hi[2];
+		kmajor_s2_avx2(R, xr, w + c, n, k, 0, mk, lo);
+		kmajor_s2_avx2(R, xr, w + c, n, k, 1, mk, hi);
+#pragma GCC unroll 2
+		for (int r = 0; r < R; r++)
+			_mm256_maskstore_ps(out + r * ldo + c, mk, _mm256_add_ps(lo[r], hi[r]));
+	}
+}
+
 // di_linear_kmajor_avx2 is Impl.LinearF32KMajor, as di_linear_kmajor_avx512
-// on 2 rows and 8 columns at a time.
+// on up to 2 rows and 8 columns at a time (a last odd row alone).
 AVX2 void di_linear_kmajor_avx2(float *out, int64_t ldo, const float *x, int64_t ldx, const float *w,
                                 int64_t m, int64_t n, int64_t k) {
 	for (int64_t i = 0; i < m; i += 2) {
-		const int nr = m - i < 2 ? (int)(m - i) : 2;
-		const float *xr[2] = {x + i * ldx, x + (i + nr - 1) * ldx};
-		for (int64_t c = 0; c < n; c += 8) {
-			const int nc = n - c < 8 ? (int)(n - c) : 8;
-			const __m256i mk = _mm256_cmpgt_epi32(_mm256_set1_epi32(nc), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-			__m256 lo[2], hi[2];
-			kmajor_s2_avx2(2, xr, w + c, n, k, 0, mk, lo);
-			kmajor_s2_avx2(2, xr, w + c, n, k, 1, mk, hi);
-			for (int r = 0; r < nr; r++)
-				_mm256_maskstore_ps(out + (i + r) * ldo + c, mk, _mm256_add_ps(lo[r], hi[r]));
-		}
+		const float *xr[2] = {x + i * ldx, x + (m - i < 2 ? i : i + 1) * ldx};
+		if (m - i < 2)
+			kmajor_cols_avx2(1, out + i * ldo, ldo, xr, w, n, k);
+		else
+			kmajor_cols_avx2(2, out + i * ldo, ldo, xr, w, n, k);
 	}
 }
 

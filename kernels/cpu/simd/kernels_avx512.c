@@ -655,13 +655,29 @@ AVX512 INLINE void kmajor_s2(const int R, const float *const xr[4], const float 
 		s2[r] = _mm512_add_ps(lo[r], hi[r]);
 }
 
-// di_linear_kmajor_avx512 is Impl.LinearF32KMajor: for 4 rows (the last
-// repeated past m, as in tile_ptrs) and 16 columns at a time, each of the
-// 16 lane sums of the canonical dot product runs as a chain of FMAs with
-// the 16 columns in a vector's lanes, and the tree l+8, l+4, l+2, l+1
-// becomes adds of whole vectors, depth first (a few live sums a row): the
-// canonical FMAs and adds of every output, with no shuffles. Per FMA: one
-// broadcast of x and a quarter of a load of w.
+// kmajor_cols runs di_linear_kmajor_avx512's R rows (R <= 4, a constant
+// where it is inlined) over every 16-column block.
+AVX512 INLINE void kmajor_cols(const int R, float *out, int64_t ldo, const float *const xr[4], const float *w,
+                               int64_t n, int64_t k) {
+	for (int64_t c = 0; c < n; c += 16) {
+		const __mmask16 mk = n - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - c)) - 1);
+		__m512 lo[4], hi[4];
+		kmajor_s2(R, xr, w + c, n, k, 0, mk, lo);
+		kmajor_s2(R, xr, w + c, n, k, 1, mk, hi);
+#pragma GCC unroll 4
+		for (int r = 0; r < R; r++)
+			_mm512_mask_storeu_ps(out + r * ldo + c, mk, _mm512_add_ps(lo[r], hi[r]));
+	}
+}
+
+// di_linear_kmajor_avx512 is Impl.LinearF32KMajor: for up to 4 rows and 16
+// columns at a time, each of the 16 lane sums of the canonical dot product
+// runs as a chain of FMAs with the 16 columns in a vector's lanes, and the
+// tree l+8, l+4, l+2, l+1 becomes adds of whole vectors, depth first (a few
+// live sums a row): the canonical FMAs and adds of every output, with no
+// shuffles. Per FMA: one broadcast of x and at least a quarter of a load of
+// w. The last rows (m mod 4) take a tile of their own size: a decode row
+// at batch 1 (MLA's absorption) once, not four times.
 AVX512 void di_linear_kmajor_avx512(float *out, int64_t ldo, const float *x, int64_t ldx,
                                     const float *w, int64_t m, int64_t n, int64_t k) {
 	for (int64_t i = 0; i < m; i += 4) {
@@ -670,13 +686,19 @@ AVX512 void di_linear_kmajor_avx512(float *out, int64_t ldo, const float *x, int
 #pragma GCC unroll 4
 		for (int r = 0; r < 4; r++)
 			xr[r] = x + (i + (r < nr ? r : nr - 1)) * ldx;
-		for (int64_t c = 0; c < n; c += 16) {
-			const __mmask16 mk = n - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - c)) - 1);
-			__m512 lo[4], hi[4];
-			kmajor_s2(4, xr, w + c, n, k, 0, mk, lo);
-			kmajor_s2(4, xr, w + c, n, k, 1, mk, hi);
-			for (int r = 0; r < nr; r++)
-				_mm512_mask_storeu_ps(out + (i + r) * ldo + c, mk, _mm512_add_ps(lo[r], hi[r]));
+		float *o = out + i * ldo;
+		switch (nr) {
+		case 4:
+			kmajor_cols(4, o, ldo, xr, w, n, k);
+			break;
+		case 3:
+			kmajor_cols(3, o, ldo, xr, w, n, k);
+			break;
+		case 2:
+			kmajor_cols(2, o, ldo, xr, w, n, k);
+			break;
+		default:
+			kmajor_cols(1, o, ldo, xr, w, n, k);
 		}
 	}
 }
