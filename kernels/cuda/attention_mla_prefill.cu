@@ -1,7 +1,8 @@
 // attention_mla_prefill.cu: MLA (DeepSeek's multi-head latent attention)
 // for prefill rows in the non-absorbed form, FlashAttention-style on tensor
-// cores, over 16-bit (F16 or BF16) latent caches. attention_mla_tc.cu keeps
-// the absorbed form, which every other row takes.
+// cores, over 16-bit (F16 or BF16) and 8-bit (E4M3, attention_mla_tc.cu's
+// packed rows) latent caches. attention_mla_tc.cu keeps the absorbed form,
+// which every other row takes.
 //
 // Which rows take which path (di_op_mla_attention_pf): a sequence with at
 // least DI_MLA_PREFILL_MIN_ROWS (16) query rows in the call takes this
@@ -9,10 +10,10 @@
 // short chunks) the absorbed kernels; the rule reads nothing but the
 // sequence's own query count, so a row's path does not depend on its batch.
 // Only the layer sizes of DeepSeek-V2/V3 (qk_nope 128, qk_rope 64, v head
-// 128, kv_lora_rank 128 or 512) over F16 and BF16 caches take it; other
-// sizes and the 8-bit cache keep the absorbed form for every row, and so
-// does a call of several sequences made while the stream is captured into
-// a graph (the split needs the host to read three counts, see below).
+// 128, kv_lora_rank 128 or 512) take it; other sizes keep the absorbed
+// form for every row, and so does a call of several sequences made while
+// the stream is captured into a graph (the split needs the host to read
+// three counts, see below).
 //
 // A call with prefill rows runs:
 //  1. di_mpf_plan_k (one block): per sequence, its expanded rows (its
@@ -28,7 +29,11 @@
 //     head), on mma.sync with a fixed order over kv_lora_rank, rounded to
 //     the cache's 16-bit type into scratch [head][row][256]; and each key's
 //     k_pe, copied once. A row's values depend on its c_kv and the weight
-//     alone, never on how many rows a call expands.
+//     alone, never on how many rows a call expands. An 8-bit cache's rows
+//     are widened to half on their way into shared memory (each value times
+//     its group's scale, rounded), as the absorbed kernels widen their
+//     tiles, and the operands are half from there on: an 8-bit row gives
+//     the bits of a half row holding its widened values on both paths.
 //  3. di_mpf_attn_k: causal FlashAttention, one block per (query tile of 64
 //     rows, head), qk dim 192 (K_nope of the head and the shared k_pe), v
 //     dim 128, key tiles of MPF_BK aligned to absolute positions, online
@@ -42,6 +47,11 @@
 // prefilled in chunks (each of at least 16 rows) gives the bits of the
 // whole prompt. A row computed by this path and the same row computed as
 // a decode row (absorbed form) agree to rounding only.
+//
+// An 8-bit cache's latent tile cannot be copied as is (cp.async moves
+// bytes, not widened values): each thread loads its chunks (8 bytes and a
+// scale) into registers while the tile before it is multiplied, and
+// widens and stores them after; the weight's tiles keep cp.async.
 //
 // Scratch: G heads x expanded rows x 512 bytes (G = as many heads as fit
 // MPF_SCRATCH_BYTES, at least one; more heads take more passes), 128
@@ -183,11 +193,11 @@ static size_t di_mpf_expand_smem() {
 // copy each row's k_pe into kpe [rows][MPF_ROPE]. Blocks past the plan's
 // total rows (counts[0]) return at once. A block table entry outside the
 // cache sets DI_CHECK_MLA and reads zeros.
-template <typename T>
+template <typename T, bool F8>
 __global__ void __launch_bounds__(MPF_THREADS, 2)
-    di_mpf_expand_k(T *kv, T *kpe, const T *cache, const T *wb, const int *base_r, const int *counts,
+    di_mpf_expand_k(T *kv, T *kpe, const unsigned char *cache, const T *wb, const int *base_r, const int *counts,
                     const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks, int block_size,
-                    int num_blocks, int kvl, int width, size_t r_stride, int write_kpe, unsigned *check) {
+                    int num_blocks, int kvl, int rowb, size_t r_stride, int write_kpe, unsigned *check) {
 	extern __shared__ __align__(16) unsigned char mpf_esmem[];
 	T *sA = reinterpret_cast<T *>(mpf_esmem);                      // [STAGES][EBM][ELD]
 	T *sB = sA + MPF_ESTAGES * MPF_EBM * MPF_ELD;                  // [STAGES][EBN][ELD]
@@ -206,13 +216,53 @@ __global__ void __launch_bounds__(MPF_THREADS, 2)
 	}
 	__syncthreads();
 	const T *wblk = wb + (size_t)blockIdx.x * MPF_EBN * kvl;
+	constexpr int CH = MPF_EBK / 8;                     // 8-column chunks of a tile's row
+	constexpr int ACH = MPF_EBM * CH / MPF_THREADS;     // a thread's chunks of a latent tile
+	static_assert(MPF_EBM * CH % MPF_THREADS == 0, "a latent tile's chunks split evenly over the threads");
+	// An 8-bit row's chunks of the tile being fetched, in registers from the
+	// load to the store (F8 only): 8 E4M3 bytes and their group's scale.
+	[[maybe_unused]] uint2 raw[ACH];
+	[[maybe_unused]] float rscale[ACH];
+	auto fetch_f8 = [&](int kt) {
+		const int k0 = kt * MPF_EBK;
+#pragma unroll
+		for (int i = 0; i < ACH; i++) {
+			const int c = tid + i * MPF_THREADS, r = c / CH, e = (c - r * CH) * 8, slot = sl[r];
+			raw[i] = make_uint2(0, 0), rscale[i] = 0.f;
+			if (slot >= 0) {
+				const unsigned char *row = cache + (size_t)slot * rowb;
+				raw[i] = *reinterpret_cast<const uint2 *>(row + k0 + e);
+				rscale[i] = reinterpret_cast<const float *>(row + kvl + 2 * MPF_ROPE)[(k0 + e) / MLA_F8_GROUP];
+			}
+		}
+	};
+	// store_f8 widens the fetched chunks into stage st as the absorbed
+	// kernels widen a tile (value * its group's scale, rounded to half), so
+	// that an 8-bit row expands to the bits of a half row holding its values.
+	auto store_f8 = [&](int st) {
+		T *a = sA + st * MPF_EBM * MPF_ELD;
+#pragma unroll
+		for (int i = 0; i < ACH; i++) {
+			const int c = tid + i * MPF_THREADS, r = c / CH, e = (c - r * CH) * 8;
+			const uint32_t wv[2] = {raw[i].x, raw[i].y};
+			uint32_t hv[4];
+#pragma unroll
+			for (int u = 0; u < 2; u++) di_fp8x4_scaled_half(wv[u], rscale[i], hv[2 * u], hv[2 * u + 1]);
+			*reinterpret_cast<uint4 *>(a + r * MPF_ELD + e) = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+		}
+	};
+	// load queues tile kt's copies into stage st: the weight's always by
+	// cp.async, a 16-bit cache's latent rows too (an 8-bit cache's go
+	// through fetch_f8 and store_f8).
 	auto load = [&](int kt, int st) {
 		const int k0 = kt * MPF_EBK;
 		T *a = sA + st * MPF_EBM * MPF_ELD, *b = sB + st * MPF_EBN * MPF_ELD;
-		constexpr int CH = MPF_EBK / 8; // 16-byte chunks a row
-		for (int c = tid; c < MPF_EBM * CH; c += MPF_THREADS) {
-			const int r = c / CH, e = (c - r * CH) * 8, slot = sl[r];
-			di_cp_async16(a + r * MPF_ELD + e, cache + (slot >= 0 ? (size_t)slot * width + k0 + e : 0), slot >= 0);
+		if constexpr (!F8) {
+			for (int c = tid; c < MPF_EBM * CH; c += MPF_THREADS) {
+				const int r = c / CH, e = (c - r * CH) * 8, slot = sl[r];
+				di_cp_async16(a + r * MPF_ELD + e, cache + (slot >= 0 ? (size_t)slot * rowb + (size_t)(k0 + e) * sizeof(T) : 0),
+				              slot >= 0);
+			}
 		}
 		for (int c = tid; c < MPF_EBN * CH; c += MPF_THREADS) {
 			const int r = c / CH, e = (c - r * CH) * 8;
@@ -223,15 +273,25 @@ __global__ void __launch_bounds__(MPF_THREADS, 2)
 	const int nk = kvl / MPF_EBK;
 #pragma unroll
 	for (int i = 0; i < MPF_ESTAGES - 1; i++) {
-		if (i < nk) load(i, i);
-		else di_cp_async_commit();
+		if (i < nk) {
+			load(i, i);
+			if constexpr (F8) {
+				fetch_f8(i);
+				store_f8(i);
+			}
+		} else {
+			di_cp_async_commit();
+		}
 	}
 	if (write_kpe && blockIdx.x == 0) {
+		// k_pe as stored: the row's rope part in T (an 8-bit row keeps it as
+		// half, after its kvl bytes).
 		constexpr int RCH = MPF_ROPE / 8;
+		const size_t pe_off = (size_t)kvl * (F8 ? 1 : sizeof(T));
 		for (int c = tid; c < MPF_EBM * RCH; c += MPF_THREADS) {
 			const int r = c / RCH, e = (c - r * RCH) * 8, slot = sl[r];
 			uint4 v = make_uint4(0, 0, 0, 0);
-			if (slot >= 0) v = *reinterpret_cast<const uint4 *>(cache + (size_t)slot * width + kvl + e);
+			if (slot >= 0) v = *reinterpret_cast<const uint4 *>(cache + (size_t)slot * rowb + pe_off + e * sizeof(T));
 			*reinterpret_cast<uint4 *>(kpe + (size_t)(m0 + r) * MPF_ROPE + e) = v;
 		}
 	}
@@ -244,10 +304,12 @@ __global__ void __launch_bounds__(MPF_THREADS, 2)
 	for (int kt = 0; kt < nk; kt++) {
 		di_cp_async_wait<MPF_ESTAGES - 2>(); // this thread's copies of tile kt have landed
 		__syncthreads();                     // everyone's; and the stage refilled below is consumed
-		{
-			const int nx = kt + MPF_ESTAGES - 1;
-			if (nx < nk) load(nx, nx % MPF_ESTAGES);
-			else di_cp_async_commit();
+		const int nx = kt + MPF_ESTAGES - 1;
+		if (nx < nk) {
+			load(nx, nx % MPF_ESTAGES);
+			if constexpr (F8) fetch_f8(nx); // stored after this tile's products, which hide the loads
+		} else {
+			di_cp_async_commit();
 		}
 		const T *a = sA + (kt % MPF_ESTAGES) * MPF_EBM * MPF_ELD, *b = sB + (kt % MPF_ESTAGES) * MPF_EBN * MPF_ELD;
 #pragma unroll
@@ -266,6 +328,12 @@ __global__ void __launch_bounds__(MPF_THREADS, 2)
 					di_mma16816<T>(acc[mi][nj + 1], af[mi][0], af[mi][1], af[mi][2], af[mi][3], bf[2], bf[3]);
 				}
 			}
+		}
+		if constexpr (F8) {
+			// Stage nx % MPF_ESTAGES was last read in tile kt - 1, which every
+			// thread finished before this tile's barrier; the next tile's
+			// barrier publishes the stores before tile nx reads them.
+			if (nx < nk) store_f8(nx % MPF_ESTAGES);
 		}
 	}
 	di_cp_async_wait<0>();
@@ -517,12 +585,13 @@ static int di_mpf_passes(int num_heads, size_t rows) {
 
 // di_mpf_prefill runs steps 2 and 3 for a plan with nt query tiles and
 // rows expanded rows (an upper bound when the plan's counts were not read):
-// the heads in di_mpf_passes passes of G heads.
-template <typename T>
+// the heads in di_mpf_passes passes of G heads. T is the operands' 16-bit
+// type: the cache's, or half for an 8-bit cache (F8).
+template <typename T, bool F8>
 static int di_mpf_prefill(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, di_dptr wkvb, int w_dtype,
                           const di_attn_meta *m, const int *base_r, const int *base_t, const int *counts, int num_heads,
                           int kvl, float scale, size_t rows, int nt) {
-	const int H = num_heads, width = kvl + MPF_ROPE;
+	const int H = num_heads, rowb = F8 ? di_mla_f8_row_bytes(kvl, MPF_ROPE) : (kvl + MPF_ROPE) * (int)sizeof(T);
 	const int passes = di_mpf_passes(H, rows);
 	const size_t G = (size_t)((H + passes - 1) / passes);
 	const bool convert = w_dtype != di_mpf_dtype<T>::value || wkvb % 16 != 0;
@@ -544,7 +613,7 @@ static int di_mpf_prefill(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, di
 		wb = wc;
 	}
 	const size_t es = di_mpf_expand_smem(), as = di_mpf_attn_smem();
-	cudaError_t e = cudaFuncSetAttribute(di_mpf_expand_k<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)es);
+	cudaError_t e = cudaFuncSetAttribute(di_mpf_expand_k<T, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)es);
 	if (e == cudaSuccess)
 		e = cudaFuncSetAttribute(di_mpf_attn_k<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)as);
 	if (e != cudaSuccess) {
@@ -558,9 +627,10 @@ static int di_mpf_prefill(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, di
 	for (int p = 0; p < passes && rc == DI_OK; p++) {
 		const int h0 = p * (int)G, gn = H - h0 < (int)G ? H - h0 : (int)G;
 		if (rows > 0) {
-			di_launch(ctx, di_mpf_expand_k<T>, dim3(2 * gn, (unsigned)(rows / MPF_EBM)), dim3(MPF_THREADS), es, kvp, pep,
-			          DI_PTR(const T, cache), wb + (size_t)h0 * MPF_KV * kvl, base_r, counts, sk, bt, m->num_seqs,
-			          m->max_blocks_per_seq, m->block_size, m->num_blocks, kvl, width, rows, p == 0 ? 1 : 0, ctx->check);
+			di_launch(ctx, di_mpf_expand_k<T, F8>, dim3(2 * gn, (unsigned)(rows / MPF_EBM)), dim3(MPF_THREADS), es, kvp,
+			          pep, DI_PTR(const unsigned char, cache), wb + (size_t)h0 * MPF_KV * kvl, base_r, counts, sk, bt,
+			          m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, kvl, rowb, rows, p == 0 ? 1 : 0,
+			          ctx->check);
 			if ((rc = di_check_launch(ctx, "mla_attention (prefill, expansion)")) != DI_OK) break;
 		}
 		di_launch(ctx, di_mpf_attn_k<T>, dim3(gn, nt), dim3(MPF_THREADS), as, DI_PTR(float, out), DI_PTR(const float, q),
@@ -581,7 +651,7 @@ extern "C" int di_op_mla_attention_pf(di_ctx *ctx, di_dptr out, di_dptr q, di_dp
 	};
 	if (m->num_tokens == 0) return DI_OK;
 	const int T = m->num_tokens, S = m->num_seqs, H = num_heads, kvl = kv_lora_rank;
-	const bool sizes = (cache_dtype == DI_F16 || cache_dtype == DI_BF16) && nope_dim == MPF_NOPE &&
+	const bool sizes = (cache_dtype == DI_F16 || cache_dtype == DI_BF16 || cache_dtype == DI_F8E4M3) && nope_dim == MPF_NOPE &&
 	                   rope_dim == MPF_ROPE && v_head_dim == MPF_VD && (kvl == 128 || kvl == 512) && H > 0 &&
 	                   H <= 65535 && (w_dtype == DI_F32 || w_dtype == DI_BF16 || w_dtype == DI_F16) &&
 	                   (q | out | cache) % 16 == 0;
@@ -638,11 +708,14 @@ extern "C" int di_op_mla_attention_pf(di_ctx *ctx, di_dptr out, di_dptr q, di_dp
 		               nt, rows_x, 65535 * MPF_EBM);
 	}
 	if (cache_dtype == DI_BF16)
-		rc = di_mpf_prefill<__nv_bfloat16>(ctx, out, q, cache, wkvb, w_dtype, m, base_r, base_t, counts, H, kvl, scale,
-		                                   rows_x, nt);
+		rc = di_mpf_prefill<__nv_bfloat16, false>(ctx, out, q, cache, wkvb, w_dtype, m, base_r, base_t, counts, H, kvl,
+		                                          scale, rows_x, nt);
+	else if (cache_dtype == DI_F8E4M3)
+		rc = di_mpf_prefill<__half, true>(ctx, out, q, cache, wkvb, w_dtype, m, base_r, base_t, counts, H, kvl, scale,
+		                                  rows_x, nt);
 	else
-		rc = di_mpf_prefill<__half>(ctx, out, q, cache, wkvb, w_dtype, m, base_r, base_t, counts, H, kvl, scale, rows_x,
-		                            nt);
+		rc = di_mpf_prefill<__half, false>(ctx, out, q, cache, wkvb, w_dtype, m, base_r, base_t, counts, H, kvl, scale,
+		                                   rows_x, nt);
 	if (rc == DI_OK && nd > 0) {
 		// The absorbed rows as a compact batch: the prefill sequences with no rows.
 		const int qw = H * MPF_DQK, ow = H * MPF_VD;

@@ -9,7 +9,7 @@ import "github.com/deepinfer/deepinfer-go/kernels"
 
 // mlaPrefillMinRows is the least number of query rows of a sequence in one
 // MLAAttention call for its rows to take the non-absorbed prefill kernels
-// (attention_mla_prefill.cu) over a 16-bit latent cache; the other rows
+// (attention_mla_prefill.cu); the other rows
 // take the absorbed ones (attention_mla_tc.cu). See mlaTC.
 const mlaPrefillMinRows = 16
 
@@ -21,10 +21,10 @@ var (
 
 // mlaPrefillShape reports whether the prefill kernels take a layer of p's
 // sizes over a cache of dtype dt: DeepSeek-V2/V3's heads (qk_nope 128,
-// qk_rope 64, v head 128, kv_lora_rank 128 or 512) over an F16 or BF16
-// latent cache.
+// qk_rope 64, v head 128, kv_lora_rank 128 or 512) over an F16, BF16 or
+// 8-bit (F8E4M3) latent cache.
 func mlaPrefillShape(p kernels.MLAParams, dt kernels.DType) bool {
-	return (dt == kernels.F16 || dt == kernels.BF16) && p.NopeDim == 128 && p.RopeDim == 64 && p.VHeadDim == 128 &&
+	return (dt == kernels.F16 || dt == kernels.BF16 || dt == kernels.F8E4M3) && p.NopeDim == 128 && p.RopeDim == 64 && p.VHeadDim == 128 &&
 		(p.KVLoraRank == 128 || p.KVLoraRank == 512)
 }
 
@@ -36,12 +36,14 @@ func mlaPrefillShape(p kernels.MLAParams, dt kernels.DType) bool {
 //     latents expanded to per-head K_nope and V with wkvb, then causal
 //     FlashAttention on tensor cores in key tiles aligned to absolute
 //     positions; q, the expanded keys and values and the probabilities
-//     rounded to the cache's 16-bit type, float32 accumulation). A row's
+//     rounded to the cache's 16-bit type, or to half for the 8-bit cache,
+//     whose rows are widened as the absorbed kernels widen them; float32
+//     accumulation). A row's
 //     bits depend on its own sequence's keys only, so a prompt prefilled in
 //     chunks of at least mlaPrefillMinRows rows gives the whole prompt's
 //     bits.
 //   - every other row (decode rows, speculative verification rows, short
-//     chunks), every row of other sizes or of an 8-bit cache, every row of
+//     chunks), every row of other sizes, every row of
 //     a call of several sequences made while a graph is captured, and
 //     every row with Options.DisableMLAPrefill: the absorbed form
 //     (attention_mla_tc.cu), whose bits do not depend on the call's other

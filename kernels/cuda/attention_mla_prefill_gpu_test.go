@@ -22,11 +22,12 @@ var mlaPrefillShapes = []kernels.MLAParams{
 }
 
 // mlaPrefillTol is the bound on max|cuda-cpu|/max|cpu| of MLAAttention
-// with prefill rows against the CPU backend over the same cache values.
-// On the prefill path q, the expanded K_nope and V (float32 sums over
-// kv_lora_rank, rounded once) and the probabilities are each rounded once
-// to the cache's 16-bit type, unit roundoff 2^-11 for half and 2^-8 for
-// bfloat16; a score sums 192 such products, so its error is a few units
+// with prefill rows against the CPU backend over the same cache values
+// (for the 8-bit cache, its values widened to half as the kernels widen
+// them: mlaHostValues). On the prefill path q, the expanded K_nope and V
+// (float32 sums over kv_lora_rank, rounded once) and the probabilities are
+// each rounded once to the operands' 16-bit type (the cache's; half for
+// the 8-bit cache), unit roundoff 2^-11 for half and 2^-8 for bfloat16; a score sums 192 such products, so its error is a few units
 // of roundoff, and so is the output's, a convex combination of rounded
 // values. The bounds are the absorbed path's (mlaTCTol), which rounds as
 // many operands: about 10x (half) and 4x (bfloat16) the roundoff.
@@ -58,7 +59,7 @@ func (p *pair) mlaPrefillVsCPU(t *testing.T, mp kernels.MLAParams, cdt, wdt kern
 	const blockSize, numBlocks = 16, 300
 	slots := blockSize * numBlocks
 	b := p.pagedBatch(blockSize, numBlocks, seqs)
-	gc, err := p.g.Alloc(cdt, numBlocks, blockSize, mp.KVLoraRank+mp.RopeDim)
+	gc, err := p.g.Alloc(cdt, numBlocks, blockSize, mlaCacheWidth(cdt, mp))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,8 +78,9 @@ func (p *pair) mlaPrefillVsCPU(t *testing.T, mp kernels.MLAParams, cdt, wdt kern
 	return p.check("mla_prefill "+cdt.String(), out, mlaPrefillTol(cdt))
 }
 
-// MLAAttention with prefill rows over half and bfloat16 latent caches
-// against the CPU backend over float32 caches holding the same values:
+// MLAAttention with prefill rows over half, bfloat16 and 8-bit latent
+// caches against the CPU backend over float32 caches holding the same
+// values:
 // prompts, chunks after a cached prefix and decode and short rows in one
 // batch (both paths in one call), at 16, 128 and 5 heads, with BF16 and
 // (for the weight's conversion to half) F32 wkvb. Bounds: mlaPrefillTol.
@@ -86,7 +88,7 @@ func TestGPUMLAPrefill(t *testing.T) {
 	p := newPair(t, GEMMRound)
 	for _, mp := range mlaPrefillShapes {
 		mp = mlaScaled(mp)
-		for _, cdt := range []kernels.DType{kernels.F16, kernels.BF16} {
+		for _, cdt := range []kernels.DType{kernels.F16, kernels.BF16, kernels.F8E4M3} {
 			for _, tc := range mlaPrefillCases {
 				if tc.big && mp.NumHeads > 16 {
 					continue
@@ -166,7 +168,7 @@ type mlaPart struct {
 // after a 270-key prefix give their bits alone. A 20-row chunk after a
 // 4180-key prefix gives the same bits alone and beside another long
 // sequence (at 128 heads the two calls expand the heads in two and in three
-// passes). Half and bfloat16 caches, 16, 128 and 5 heads.
+// passes). Half, bfloat16 and 8-bit caches, 16, 128 and 5 heads.
 func TestGPUMLAPrefillInvariance(t *testing.T) {
 	p := newPair(t, GEMMRound)
 	for _, tc := range []struct {
@@ -175,6 +177,7 @@ func TestGPUMLAPrefillInvariance(t *testing.T) {
 	}{
 		{mlaPrefillShapes[0], kernels.F16}, {mlaPrefillShapes[0], kernels.BF16},
 		{mlaPrefillShapes[1], kernels.F16}, {mlaPrefillShapes[2], kernels.BF16},
+		{mlaPrefillShapes[0], kernels.F8E4M3}, {mlaPrefillShapes[2], kernels.F8E4M3},
 	} {
 		mp := mlaScaled(tc.mp)
 		t.Run(fmt.Sprintf("%s/h%d/kvl%d", tc.cdt, mp.NumHeads, mp.KVLoraRank), func(t *testing.T) {
@@ -185,7 +188,7 @@ func TestGPUMLAPrefillInvariance(t *testing.T) {
 
 func mlaPrefillInvariance(t *testing.T, p *pair, mp kernels.MLAParams, cdt kernels.DType) {
 	const blockSize, numBlocks, prompt = 16, 320, 100
-	cache, err := p.g.Alloc(cdt, numBlocks, blockSize, mp.KVLoraRank+mp.RopeDim)
+	cache, err := p.g.Alloc(cdt, numBlocks, blockSize, mlaCacheWidth(cdt, mp))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -384,8 +387,8 @@ func TestGPUMLAPrefillChecks(t *testing.T) {
 
 // BenchmarkGPUMLAPrefill times MLAAttention over one prompt of 4096 tokens
 // (one sequence, all its keys new) at DeepSeek-V2-Lite's layer sizes (16
-// heads, kv_lora_rank 512, qk_nope 128, qk_rope 64, v head 128) over half
-// and bfloat16 latent caches: the prefill path (expansion plus
+// heads, kv_lora_rank 512, qk_nope 128, qk_rope 64, v head 128) over half,
+// bfloat16 and 8-bit latent caches: the prefill path (expansion plus
 // FlashAttention) and, in the same run, the absorbed path for every row
 // (Options.DisableMLAPrefill). Figures are TFLOP/s of the causal
 // non-absorbed attention, H x 2 x (192 + 128) x n(n+1)/2 FLOPs (85.9
@@ -396,7 +399,7 @@ func BenchmarkGPUMLAPrefill(b *testing.B) {
 	mp := mlaScaled(mlaPrefillShapes[0])
 	const n, blockSize = 4096, 64
 	flops := float64(mp.NumHeads) * 2 * float64(mp.NopeDim+mp.RopeDim+mp.VHeadDim) * float64(n) * float64(n+1) / 2
-	for _, cdt := range []kernels.DType{kernels.F16, kernels.BF16} {
+	for _, cdt := range []kernels.DType{kernels.F16, kernels.BF16, kernels.F8E4M3} {
 		b.Run("cache="+cdt.String(), func(b *testing.B) {
 			pf := newGPUOpts(b, Options{GEMM: GEMMRound})
 			ab := newGPUOpts(b, Options{GEMM: GEMMRound, DisableMLAPrefill: true})
@@ -429,7 +432,7 @@ type mlaBench struct {
 func mlaBenchInputs(b *testing.B, g *Backend, mp kernels.MLAParams, cdt kernels.DType, n, blockSize int) mlaBench {
 	r := rand.New(rand.NewPCG(11, 13))
 	blocks := (n + blockSize - 1) / blockSize
-	cache, err := g.Alloc(cdt, blocks, blockSize, mp.KVLoraRank+mp.RopeDim)
+	cache, err := g.Alloc(cdt, blocks, blockSize, mlaCacheWidth(cdt, mp))
 	if err != nil {
 		b.Fatal(err)
 	}

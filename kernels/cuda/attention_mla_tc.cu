@@ -41,7 +41,6 @@
 #ifndef MLA_SHORT_CHUNK
 #define MLA_SHORT_CHUNK 128
 #endif
-#define MLA_F8_GROUP 128 // latent columns per 8-bit scale
 #define MLA_SCRATCH_BYTES (96u << 20) // scratch of one pass at most (di_mla_pass_rows)
 
 // di_mla_chunk is the chunk length, in keys, of a row with `keys` visible
@@ -70,13 +69,6 @@ static int di_mla_nsplit(int max_keys, int num_heads) {
 	}
 	if (n < 1) n = 1;
 	return n > MLA_MAX_SPLITS ? MLA_MAX_SPLITS : n;
-}
-
-// di_mla_f8_row_bytes is the packed 8-bit row: kvl E4M3 bytes, rope halves,
-// kvl / MLA_F8_GROUP float32 scales, padded to 16 bytes (656 for
-// DeepSeek's 512 + 64). Keep in step with kernels.MLAF8RowBytes.
-__host__ __device__ __forceinline__ int di_mla_f8_row_bytes(int kvl, int rope) {
-	return (kvl + 2 * rope + 4 * (kvl / MLA_F8_GROUP) + 15) / 16 * 16;
 }
 
 // di_mla_t16 is the 16-bit type of the tensor-core operands for a cache of
@@ -1109,13 +1101,7 @@ __global__ void __launch_bounds__(32 * W, MINB)
 				const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
 				uint32_t hv[8];
 #pragma unroll
-				for (int u = 0; u < 4; u++) {
-					const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(wv[u] & 0xffffu), __NV_E4M3);
-					const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(wv[u] >> 16), __NV_E4M3);
-					const float2 fa = __half22float2(__half2(lo)), fb = __half22float2(__half2(hi));
-					hv[2 * u] = di_half2_bits(__fmul_rn(fa.x, scale), __fmul_rn(fa.y, scale));
-					hv[2 * u + 1] = di_half2_bits(__fmul_rn(fb.x, scale), __fmul_rn(fb.y, scale));
-				}
+				for (int u = 0; u < 4; u++) di_fp8x4_scaled_half(wv[u], scale, hv[2 * u], hv[2 * u + 1]);
 				uint4 *d = reinterpret_cast<uint4 *>(sWide + r * LDK + e);
 				d[0] = make_uint4(hv[0], hv[1], hv[2], hv[3]);
 				d[1] = make_uint4(hv[4], hv[5], hv[6], hv[7]);

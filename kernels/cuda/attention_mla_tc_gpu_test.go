@@ -41,6 +41,15 @@ func mlaTCTol(dt kernels.DType) float64 {
 	return 5e-3
 }
 
+// mlaCacheWidth is the last dimension of a latent cache of dtype dt for
+// p's layer: the row's values, or for the 8-bit cache its packed bytes.
+func mlaCacheWidth(dt kernels.DType, p kernels.MLAParams) int {
+	if dt == kernels.F8E4M3 {
+		return kernels.MLAF8RowBytes(p.KVLoraRank, p.RopeDim)
+	}
+	return p.KVLoraRank + p.RopeDim
+}
+
 // mlaHostRow encodes one latent row (c_kv then k_pe) as the cache of dtype
 // dt stores it (kernels.MLACacher): the reference of WriteMLACache.
 func mlaHostRow(dt kernels.DType, ckv, kpe []float32) []byte {
@@ -146,10 +155,7 @@ func (p *pair) mlaTC(t *testing.T, mp kernels.MLAParams, cdt, wdt kernels.DType,
 	const blockSize, numBlocks = 16, 300 // the long case's sequences take 272 blocks
 	slots := blockSize * numBlocks
 	b := p.pagedBatch(blockSize, numBlocks, seqs)
-	width := mp.KVLoraRank + mp.RopeDim
-	if cdt == kernels.F8E4M3 {
-		width = kernels.MLAF8RowBytes(mp.KVLoraRank, mp.RopeDim)
-	}
+	width := mlaCacheWidth(cdt, mp)
 	gc, err := p.g.Alloc(cdt, numBlocks, blockSize, width)
 	if err != nil {
 		t.Fatal(err)
@@ -256,14 +262,20 @@ func mlaAbsorbAlone(t *testing.T, p *pair, mp kernels.MLAParams, wdt kernels.DTy
 }
 
 // An 8-bit latent cache gives the bits of a half cache holding its values
-// (each 8-bit value times its scale, rounded to half): the kernels widen
-// the tiles to exactly that.
+// (each 8-bit value times its scale, rounded to half): the absorbed
+// kernels widen the tiles to exactly that, and so does the prefill path's
+// expansion (mlaPrefillShape), whose rows are in the batch too: a prompt,
+// a chunk after a cached prefix and a sequence one row short of the
+// threshold.
 func TestGPUMLAFP8AsHalf(t *testing.T) {
 	p := newPair(t, GEMMRound)
 	const blockSize, numBlocks = 16, 200
 	slots := blockSize * numBlocks
 	mp := mlaScaled(mlaTCShapes[1])
-	seqs := [][2]int{{1, 37}, {1, 900}, {5, 300}}
+	if !mlaPrefillShape(mp, kernels.F8E4M3) {
+		t.Fatalf("the V2-Lite shape over an 8-bit cache does not take the prefill path")
+	}
+	seqs := [][2]int{{1, 37}, {1, 900}, {5, 300}, {100, 100}, {40, 700}, {mlaPrefillMinRows - 1, 50}}
 	b := p.pagedBatch(blockSize, numBlocks, seqs)
 	f8, err := p.g.Alloc(kernels.F8E4M3, numBlocks, blockSize, kernels.MLAF8RowBytes(mp.KVLoraRank, mp.RopeDim))
 	if err != nil {
@@ -308,10 +320,7 @@ func TestGPUMLATensorCoresInvariance(t *testing.T) {
 func mlaInvariance(t *testing.T, p *pair, mp kernels.MLAParams, cdt kernels.DType) {
 	const blockSize, numBlocks, prompt = 16, 1024, 100
 	slots := blockSize * numBlocks
-	width := mp.KVLoraRank + mp.RopeDim
-	if cdt == kernels.F8E4M3 {
-		width = kernels.MLAF8RowBytes(mp.KVLoraRank, mp.RopeDim)
-	}
+	width := mlaCacheWidth(cdt, mp)
 	cache, err := p.g.Alloc(cdt, numBlocks, blockSize, width)
 	if err != nil {
 		t.Fatal(err)

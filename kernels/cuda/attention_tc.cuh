@@ -136,3 +136,27 @@ __device__ __forceinline__ void di_softmax_update(float (&sc)[NT][4], float (&m)
 		o[nd][2 * i + 1] *= alpha;
 	}
 }
+
+// The 8-bit MLA latent cache (cache.kv_cache_dtype fp8), read by the
+// absorbed kernels (attention_mla_tc.cu) and the prefill kernels
+// (attention_mla_prefill.cu): MLA_F8_GROUP latent columns share a float32
+// scale.
+#define MLA_F8_GROUP 128
+
+// di_mla_f8_row_bytes is the packed 8-bit row: kvl E4M3 bytes, rope halves,
+// kvl / MLA_F8_GROUP float32 scales, padded to 16 bytes (656 for
+// DeepSeek's 512 + 64). Keep in step with kernels.MLAF8RowBytes.
+__host__ __device__ __forceinline__ int di_mla_f8_row_bytes(int kvl, int rope) {
+	return (kvl + 2 * rope + 4 * (kvl / MLA_F8_GROUP) + 15) / 16 * 16;
+}
+
+// di_fp8x4_scaled_half widens four E4M3 values (w, lowest byte first) as
+// the MLA kernels widen an 8-bit latent row: each value times its group's
+// scale in float32, rounded to half; lo gets values 0 and 1, hi 2 and 3.
+__device__ __forceinline__ void di_fp8x4_scaled_half(uint32_t w, float scale, uint32_t &lo, uint32_t &hi) {
+	const __half2_raw a = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
+	const __half2_raw b = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
+	const float2 fa = __half22float2(__half2(a)), fb = __half22float2(__half2(b));
+	lo = di_half2_bits(__fmul_rn(fa.x, scale), __fmul_rn(fa.y, scale));
+	hi = di_half2_bits(__fmul_rn(fb.x, scale), __fmul_rn(fb.y, scale));
+}

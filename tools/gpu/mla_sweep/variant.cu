@@ -45,7 +45,7 @@ template <int D, typename CT> static int v_go(int mode, const SweepArgs *a) {
 		static size_t done = 0; // one a kernel: v_go<D, CT>
 		const cudaError_t e = set_smem(k, smem, &done);
 		if (e != cudaSuccess) return (int)e;
-		const int rb = di_is_fp8<CT> ? di_mla_f8_row_bytes(V_KVL, a->rope) : (V_KVL + a->rope) * 2;
+		const int rb = di_is_fp8<CT> ? ::di_mla_f8_row_bytes(V_KVL, a->rope) : (V_KVL + a->rope) * 2;
 		k<<<dim3(a->rows, a->nsplit, hg * D), MLA_TC_THREADS, smem>>>(
 		    a->po, a->pml, static_cast<const T16 *>(a->ql), a->cache, a->cu, a->seqlens_k, a->block_tables, a->num_seqs,
 		    a->max_blocks, a->block_size, a->num_blocks, a->num_heads, a->rope, rb, 0, a->nsplit, a->check);
