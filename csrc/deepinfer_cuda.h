@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 27u
+#define DI_ABI_VERSION 28u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -50,6 +50,9 @@ extern "C" {
 /* mla_attention_pf: a sequence with at least this many query rows in a
  * call takes the non-absorbed prefill kernels. */
 #define DI_MLA_PREFILL_MIN_ROWS 16
+/* mla_attention_pf's query tiles, and the multiple its expanded key rows are
+ * rounded up to, in rows. */
+#define DI_MLA_PREFILL_TILE 64
 
 /* Element types; the values equal kernels.DType's. */
 enum di_dtype { DI_F32 = 1, DI_BF16 = 2, DI_F16 = 3, DI_I32 = 4, DI_F8E4M3 = 5 };
@@ -277,6 +280,18 @@ typedef struct di_attn_meta {
 	di_dptr seqlens_k;    /* I32 [num_seqs] */
 	di_dptr block_tables; /* I32 [num_seqs, max_blocks_per_seq] */
 } di_attn_meta;
+
+/* di_mla_pf_hint: the totals of mla_attention_pf's plan as the caller's host
+ * copy of cu_seqlens_q gives them, so that a call of several sequences
+ * need not read them back: rows bounds the prefill sequences' expanded
+ * key rows (each sequence's visible keys rounded up to 64; the block
+ * table's reach, rounded, bounds every sequence's), tiles is their query
+ * tiles of 64 rows and absorbed the other sequences' rows, both exact.
+ * The device's plan checks them: a total above its hint's (tiles or
+ * absorbed different) sets DI_CHECK_MLA and the prefill rows get zeros. */
+typedef struct di_mla_pf_hint {
+	int rows, tiles, absorbed;
+} di_mla_pf_hint;
 
 /* di_qkv: the arguments of qkv_prepare (kernels.QKV): split the fused
  * projection qkv (F32 [num_tokens, (num_heads + 2 num_kv_heads) head_dim])
@@ -701,18 +716,22 @@ typedef struct di_api {
 	/* mla_attention_pf: mla_attention_tc, except that the sequences with at
 	 * least DI_MLA_PREFILL_MIN_ROWS query rows run FlashAttention-style on
 	 * tensor cores without absorption, for nope_dim 128, rope_dim 64,
-	 * v_head_dim 128, kv_lora_rank 128 or 512 over a DI_F16 or DI_BF16
-	 * cache: their visible keys' latents are expanded to per-head K_nope and
+	 * v_head_dim 128, kv_lora_rank 128 or 512 over a DI_F16, DI_BF16 or
+	 * DI_F8E4M3 cache: their visible keys' latents are expanded to per-head K_nope and
 	 * V (wkvb's rows, a fixed-order product, rounded to the cache's type)
 	 * and attended in key tiles aligned to absolute positions (a row's bits
-	 * do not depend on its batch or on how its prompt is chunked). Every
-	 * other row, and every row for other sizes, an 8-bit cache or a call of
-	 * several sequences during graph capture, takes mla_attention_tc. With
-	 * prefill rows and more than one sequence the host waits for three
-	 * counts of the call's plan (one small copy). */
+	 * do not depend on its batch or on how its prompt is chunked). An 8-bit
+	 * (DI_F8E4M3) cache's rows are widened to half as mla_attention_tc
+	 * widens them, and the operands are half. Every other row, and every
+	 * row for other sizes or of a call of several sequences during graph
+	 * capture, takes mla_attention_tc. With prefill rows, more than one
+	 * sequence and no hint (NULL), or a hint whose bound on the expanded
+	 * rows would cost more passes over the heads than the call's query
+	 * rows, the host waits for three counts of the call's plan (one small
+	 * copy). */
 	int (*mla_attention_pf)(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, int cache_dtype, di_dptr wkvb,
 	                        int w_dtype, const di_attn_meta *m, int num_heads, int nope_dim, int rope_dim,
-	                        int kv_lora_rank, int v_head_dim, float scale);
+	                        int kv_lora_rank, int v_head_dim, float scale, const di_mla_pf_hint *hint);
 	/* mla_prepare (kernels.MLAPreparer): from token t's q (F32
 	 * num_heads*(nope+rope) values, row t of q_in, q_stride floats a row)
 	 * and kv_a row [c_kv (kvl) k_pe (rope)] (row t of kva, kva_stride

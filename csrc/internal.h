@@ -268,7 +268,7 @@ int di_op_mla_latent_attention(di_ctx *ctx, di_dptr olat, di_dptr q_lat, di_dptr
 // MLA prefill rows in the non-absorbed form (kernels/cuda/attention_mla_prefill.cu).
 int di_op_mla_attention_pf(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, int cache_dtype, di_dptr wkvb,
                            int w_dtype, const di_attn_meta *m, int num_heads, int nope_dim, int rope_dim,
-                           int kv_lora_rank, int v_head_dim, float scale);
+                           int kv_lora_rank, int v_head_dim, float scale, const di_mla_pf_hint *hint);
 int di_op_fp8_dequant(di_ctx *ctx, di_dptr out, int out_dtype, const di_fp8_weight *w, int rows, int k);
 // di_lt_desc is cuBLASLt's descriptors and chosen algorithm for one GEMM
 // shape: the part runtime.cu's 16-bit and float32 plans (di_gemm_plan)

@@ -341,6 +341,15 @@ type AttentionMetadata struct {
 	SeqlensK    Tensor // I32 [NumSeqs]: keys visible to the sequence's last query (cached + new)
 	BlockTables Tensor // I32 [NumSeqs, max_blocks_per_seq]: physical block of each logical block
 	SlotMapping Tensor // I32 [NumTokens]: cache slot each new token is written to (-1: none)
+
+	// HostCuSeqlensQ, when not nil, is a host copy of CuSeqlensQ's values
+	// (NumSeqs+1 of them), which a backend may read while it queues an op
+	// instead of reading the device's back (CUDA's MLA prefill path sizes
+	// its launches by it). Its owner leaves it unchanged while the ops that
+	// take the metadata are queued. CUDA checks what it derives from the
+	// copy against the device's values: a mismatch is ErrOutOfRange at
+	// the next Sync.
+	HostCuSeqlensQ []int32
 }
 
 // Scoring is how router logits become expert scores.

@@ -441,8 +441,10 @@ func (h *HostBatch) UploadWith(ops kernels.Ops, numBlocks int, extra ...[]int32)
 // enough, else into a new buffer with room to spare, which it leaves in
 // *buf; buf nil allocates the batch's own buffer. The caller hands over a
 // buffer that nothing reads any more, in the backend's stream order: a
-// batch uploaded before into it is overwritten. Cost: no allocation once
-// *buf has grown to the steps' size.
+// batch uploaded before into it is overwritten. The batch's metadata
+// carries a host copy of the query offsets (HostCuSeqlensQ) when a
+// sequence has more than one row. Cost: no allocation once *buf has grown
+// to the steps' size, but that copy's (4 bytes a sequence).
 func (h *HostBatch) UploadReusing(ops kernels.Ops, numBlocks int, buf *kernels.Tensor, extra ...[]int32) (*ForwardBatch, []kernels.Tensor, error) {
 	if err := h.Validate(numBlocks); err != nil {
 		return nil, nil, err
@@ -456,6 +458,12 @@ func (h *HostBatch) UploadReusing(ops kernels.Ops, numBlocks int, buf *kernels.T
 	}
 	b := &ForwardBatch{NumTokens: t, Attn: kernels.AttentionMetadata{
 		NumSeqs: n, NumTokens: t, MaxSeqlenQ: maxQ, MaxSeqlenK: maxK, BlockSize: h.BlockSize}}
+	if maxQ > 1 {
+		// A host copy of the query offsets, for backends that size a
+		// prefill's launches by them (h's arrays may be reused for the
+		// next step while this one's ops are still being queued).
+		b.Attn.HostCuSeqlensQ = slices.Clone(h.CuSeqlensQ)
+	}
 	// The six arrays (and extra) travel in one host-to-device copy: packed
 	// into one I32 buffer, each starting on a 16-byte boundary, and handed
 	// out as views of it. Separate copies cost the device a few

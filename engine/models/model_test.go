@@ -244,7 +244,8 @@ func TestPureGoPath(t *testing.T) {
 
 // HostBatch.UploadWith sends a step's metadata and the caller's arrays in
 // one copy and hands out each array, with its shape, as a view of it (block
-// tables padded with -1).
+// tables padded with -1); the metadata keeps its own host copy of the query
+// offsets when a sequence has several rows.
 func TestHostBatchUploadOneCopy(t *testing.T) {
 	ops := &opstest.Counting{Ops: cpu.New(cpu.Options{Threads: 1})}
 	h := HostBatch{BlockSize: 4}
@@ -286,6 +287,26 @@ func TestHostBatchUploadOneCopy(t *testing.T) {
 		if !slices.Equal(v, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, v, c.want)
 		}
+	}
+	// A batch with a sequence of several rows carries a host copy of its
+	// query offsets, its own (h's arrays may be reused for the next step);
+	// a decode-only batch none.
+	if want := []int32{0, 3, 4, 9}; !slices.Equal(b.Attn.HostCuSeqlensQ, want) {
+		t.Errorf("HostCuSeqlensQ %v, want %v", b.Attn.HostCuSeqlensQ, want)
+	}
+	h.CuSeqlensQ[1] = 99
+	if b.Attn.HostCuSeqlensQ[1] != 3 {
+		t.Errorf("HostCuSeqlensQ shares the host batch's array")
+	}
+	d := HostBatch{BlockSize: 4}
+	d.AddSequence([]int32{9}, 6, []int32{0, 1})
+	d.AddSequence([]int32{10}, 2, []int32{2})
+	db, err := d.Upload(ops, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if db.Attn.HostCuSeqlensQ != nil {
+		t.Errorf("decode-only batch: HostCuSeqlensQ %v, want nil", db.Attn.HostCuSeqlensQ)
 	}
 }
 

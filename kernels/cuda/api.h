@@ -242,8 +242,9 @@ static inline int c_quant_dequant(di_api *a, di_ctx *c, di_dptr out, int odt, co
 
 // MLA prefill rows in the non-absorbed form (attention_mla_prefill.go).
 static inline int c_mla_attention_pf(di_api *a, di_ctx *c, di_dptr out, di_dptr q, di_dptr cache, int cdt, di_dptr w, int wdt,
-                                     di_attn_meta *m, int nh, int nope, int rope, int kvl, int vd, float scale) {
-	return a->mla_attention_pf(c, out, q, cache, cdt, w, wdt, m, nh, nope, rope, kvl, vd, scale);
+                                     di_attn_meta *m, int nh, int nope, int rope, int kvl, int vd, float scale,
+                                     di_mla_pf_hint *hint) {
+	return a->mla_attention_pf(c, out, q, cache, cdt, w, wdt, m, nh, nope, rope, kvl, vd, scale, hint);
 }
 
 #endif

@@ -19,11 +19,14 @@
 //  1. di_mpf_plan_k (one block): per sequence, its expanded rows (its
 //     visible keys rounded up to MPF_BK; prefill sequences only), its
 //     query tiles (prefill) and its absorbed rows (the others), as prefix
-//     sums, and the three totals. With more than one sequence the host
-//     reads the totals (one small copy and a wait) to size the scratch and
-//     the grids; a single sequence needs no wait (its block table's reach
-//     bounds its keys), unless that bound would cost more passes over the
-//     heads than its query rows do.
+//     sums, and the three totals. The host sizes the scratch and the grids
+//     by the caller's hint (di_mla_pf_hint: the totals from its host copy
+//     of cu_seqlens_q, each prefill sequence's keys bounded by the block
+//     table's reach), which the plan checks; without one, and with more
+//     than one sequence, it reads the totals (one small copy and a wait).
+//     A single sequence needs no hint (its block table's reach bounds its
+//     keys). Either bound is taken only where it costs no more passes over
+//     the heads than the call's query rows would; else the host reads.
 //  2. di_mpf_expand_k, per group of heads: K_nope and V of every visible key
 //     of every prefill sequence, [c_kv] x [W_UK; W_UV]^T (wkvb's rows of the
 //     head), on mma.sync with a fixed order over kv_lora_rank, rounded to
@@ -62,8 +65,9 @@
 #include "attention_tc.cuh"
 
 #define MPF_MIN_Q DI_MLA_PREFILL_MIN_ROWS
-#define MPF_BQ 64 // query rows a block: 4 warps of 16
-#define MPF_BK 64 // keys a tile; a sequence's expanded rows are padded to a multiple
+#define MPF_BQ DI_MLA_PREFILL_TILE // query rows a block: 4 warps of 16
+#define MPF_BK DI_MLA_PREFILL_TILE // keys a tile; a sequence's expanded rows are padded to a multiple
+static_assert(MPF_BQ == 64, "the attention kernel's four warps take 16 query rows each");
 #define MPF_THREADS 128
 #define MPF_NOPE 128
 #define MPF_ROPE 64
@@ -100,10 +104,15 @@ template <> __device__ __forceinline__ uint32_t di_mpf_pack<__nv_bfloat16>(float
 // sequence has ql absorbed rows. base_r, base_t and cu_dec ([num_seqs + 1]
 // each) get the exclusive prefix sums of the three, counts[0..2] their
 // totals (the rows' total clamped to 2^30). Offsets that do not cover
-// the call's num_tokens rows set DI_CHECK_MLA.
+// the call's num_tokens rows set DI_CHECK_MLA. With a hint (hint_rows >= 0:
+// the host sized the launches by it), totals above the hint's rows or
+// other than its tiles and absorbed rows set DI_CHECK_MLA and are zeroed
+// (every total and offset), so that no launch reads past what the hint
+// sized: the call's prefill and absorbed rows are then not computed.
 __global__ void __launch_bounds__(MPF_PLAN_THREADS)
     di_mpf_plan_k(int *base_r, int *base_t, int *cu_dec, int *counts, const int *cu, const int *seqlens_k,
-                  int num_seqs, int num_tokens, int max_keys, unsigned *check) {
+                  int num_seqs, int num_tokens, int max_keys, int hint_rows, int hint_tiles, int hint_absorbed,
+                  unsigned *check) {
 	__shared__ long long ws[3][32];
 	__shared__ long long carry[3];
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
@@ -159,11 +168,19 @@ __global__ void __launch_bounds__(MPF_PLAN_THREADS)
 		if (tid < 3) carry[tid] += ws[tid][nwarps - 1];
 		__syncthreads();
 	}
+	__shared__ int off_hint;
 	if (tid == 0) {
 		if (cu[0] != 0 || cu[num_seqs] != num_tokens) atomicOr(check, DI_CHECK_MLA);
 		const int r = (int)min(carry[0], (long long)1 << 30);
+		off_hint = hint_rows >= 0 && (r > hint_rows || carry[1] != hint_tiles || carry[2] != hint_absorbed);
+		if (off_hint) atomicOr(check, DI_CHECK_MLA);
 		base_r[num_seqs] = r, base_t[num_seqs] = (int)carry[1], cu_dec[num_seqs] = (int)carry[2];
 		counts[0] = r, counts[1] = (int)carry[1], counts[2] = (int)carry[2];
+	}
+	__syncthreads();
+	if (off_hint) {
+		for (int s = tid; s <= num_seqs; s += blockDim.x) base_r[s] = base_t[s] = cu_dec[s] = 0;
+		if (tid < 3) counts[tid] = 0;
 	}
 }
 
@@ -560,6 +577,7 @@ __global__ void di_mpf_rows_k(float *dst, const float *src, const int *cu, const
                               int gather) {
 	di_pdl_wait();
 	const int i = blockIdx.x;
+	if (i >= cu_dec[num_seqs]) return; // past the plan's rows (a grid sized by a hint)
 	const int s = di_find_seq(cu_dec, num_seqs, i);
 	const size_t orig = (size_t)cu[s] + (i - cu_dec[s]);
 	const size_t from = gather ? orig : (size_t)i, to = gather ? (size_t)i : orig;
@@ -644,7 +662,8 @@ static int di_mpf_prefill(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, di
 
 extern "C" int di_op_mla_attention_pf(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, int cache_dtype,
                                       di_dptr wkvb, int w_dtype, const di_attn_meta *m, int num_heads, int nope_dim,
-                                      int rope_dim, int kv_lora_rank, int v_head_dim, float scale) {
+                                      int rope_dim, int kv_lora_rank, int v_head_dim, float scale,
+                                      const di_mla_pf_hint *hint) {
 	auto absorbed = [&](di_dptr o, di_dptr qq, const di_attn_meta *mm) {
 		return di_op_mla_attention_tc(ctx, o, qq, cache, cache_dtype, wkvb, w_dtype, mm, num_heads, nope_dim, rope_dim,
 		                              kv_lora_rank, v_head_dim, scale);
@@ -663,6 +682,24 @@ extern "C" int di_op_mla_attention_pf(di_ctx *ctx, di_dptr out, di_dptr q, di_dp
 			return absorbed(out, q, m);
 	}
 	const int max_keys = m->max_blocks_per_seq * m->block_size;
+	// The sizes of the launches: one sequence of T >= MPF_MIN_Q rows is a
+	// prefill sequence with nothing absorbed, and its expanded rows are
+	// bounded by its block table's reach; several take the caller's hint.
+	// The host reads the plan's counts instead where there is no hint, or
+	// where the bound would cost passes over the heads that the call's own
+	// query rows (T) might not, and never while capturing.
+	size_t rows_x = ((size_t)max_keys + MPF_BK - 1) / MPF_BK * MPF_BK; // expanded rows: a bound, or the plan's total
+	int nt = (T + MPF_BQ - 1) / MPF_BQ, nd = 0;
+	bool read = S > 1, hinted = false;
+	if (S > 1 && hint != nullptr && hint->rows >= 0 && hint->tiles >= 0 && hint->absorbed >= 0 &&
+	    hint->rows % MPF_BK == 0 && (size_t)hint->rows / MPF_EBM <= 65535 && hint->tiles <= 65535) {
+		rows_x = (size_t)hint->rows, nt = hint->tiles, nd = hint->absorbed;
+		hinted = di_mpf_passes(H, rows_x) <= di_mpf_passes(H, ((size_t)T + MPF_BK - 1) / MPF_BK * MPF_BK);
+		read = !hinted;
+	} else if (!read && di_mpf_passes(H, rows_x) > di_mpf_passes(H, ((size_t)T + MPF_BK - 1) / MPF_BK * MPF_BK)) {
+		cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+		read = cudaStreamIsCapturing(ctx->stream, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone;
+	}
 	void *pbuf = nullptr;
 	int rc = di_scratch(ctx, ((size_t)3 * (S + 1) + 4) * sizeof(int), &pbuf);
 	if (rc != DI_OK) return rc;
@@ -670,22 +707,14 @@ extern "C" int di_op_mla_attention_pf(di_ctx *ctx, di_dptr out, di_dptr q, di_dp
 	    *counts = cu_dec + (S + 1);
 	const int *cu = DI_PTR(const int, m->cu_seqlens_q), *sk = DI_PTR(const int, m->seqlens_k);
 	di_launch(ctx, di_mpf_plan_k, dim3(1), dim3(MPF_PLAN_THREADS), 0, base_r, base_t, cu_dec, counts, cu, sk, S, T,
-	          max_keys, ctx->check);
+	          max_keys, hinted ? (int)rows_x : -1, nt, nd, ctx->check);
 	if ((rc = di_check_launch(ctx, "mla_attention (prefill plan)")) != DI_OK) {
 		di_scratch_free(ctx, pbuf);
 		return rc;
 	}
-	// One sequence of T >= MPF_MIN_Q rows is a prefill sequence with
-	// nothing absorbed, and its expanded rows are bounded by its block
-	// table's reach; the host reads the plan's counts only where that bound
-	// would cost passes over the heads that the sequence's own rows (at
-	// least T) might not, and never while capturing.
-	size_t rows_x = ((size_t)max_keys + MPF_BK - 1) / MPF_BK * MPF_BK; // expanded rows: a bound, or the plan's total
-	int nt = (T + MPF_BQ - 1) / MPF_BQ, nd = 0;
-	bool read = S > 1;
-	if (!read && di_mpf_passes(H, rows_x) > di_mpf_passes(H, ((size_t)T + MPF_BK - 1) / MPF_BK * MPF_BK)) {
-		cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-		read = cudaStreamIsCapturing(ctx->stream, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone;
+	if (hinted && nt == 0) { // no prefill sequence: every row absorbed, as stored (the plan checks the hint)
+		di_scratch_free(ctx, pbuf);
+		return absorbed(out, q, m);
 	}
 	if (read) {
 		int hc[3] = {0, 0, 0};

@@ -317,6 +317,76 @@ func TestGPUMLAPrefillPaths(t *testing.T) {
 	}
 }
 
+// A call of several sequences sized by the host copy of its query offsets
+// (HostCuSeqlensQ: no read of the plan's counts) gives the bits of the
+// same call reading them: prompts, chunks after a cached prefix, decode
+// and short rows together, and a call with no prefill sequence, over
+// half, bfloat16 and 8-bit caches. A host copy whose totals differ from
+// the device's offsets is ErrOutOfRange naming mla_attention at Sync; one
+// of the wrong length is refused when the call is made.
+func TestGPUMLAPrefillHint(t *testing.T) {
+	p := newPair(t, GEMMRound)
+	mp := mlaScaled(mlaPrefillShapes[0])
+	const blockSize, numBlocks = 16, 300
+	batches := [][][2]int{
+		mlaPrefillCases[2].seqs, // mixed
+		mlaPrefillCases[3].seqs, // prefix
+		{{1, 300}, {5, 5}, {mlaPrefillMinRows - 1, 40}},
+	}
+	for _, cdt := range []kernels.DType{kernels.F16, kernels.BF16, kernels.F8E4M3} {
+		cache, err := p.g.Alloc(cdt, numBlocks, blockSize, mlaCacheWidth(cdt, mp))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.mlaWriteAll(t, cache, mp, blockSize*numBlocks)
+		w := p.rand(kernels.BF16, 0.2, mp.NumHeads*(mp.NopeDim+mp.VHeadDim), mp.KVLoraRank)
+		for i, seqs := range batches {
+			b := p.pagedBatch(blockSize, numBlocks, seqs)
+			q := p.rand(kernels.F32, 1, b.numTokens, mp.NumHeads*(mp.NopeDim+mp.RopeDim))
+			run := func(hostCu []int32) []byte {
+				m := b.gpuMeta
+				m.HostCuSeqlensQ = hostCu
+				out, err := p.g.Alloc(kernels.F32, b.numTokens, mp.NumHeads*mp.VHeadDim)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := p.g.MLAAttention(out, q.g, cache, w.g, &m, mp); err != nil {
+					t.Fatal(err)
+				}
+				if err := p.g.Sync(); err != nil {
+					t.Fatalf("%v cache, batch %d, host offsets %v: %v", cdt, i, hostCu != nil, err)
+				}
+				return p.raw(p.g, out)
+			}
+			if read, hinted := run(nil), run(b.cu); !bytes.Equal(read, hinted) {
+				t.Errorf("%v cache, batch %d %v: bits differ between the call sized by its host offsets and the one reading its plan", cdt, i, seqs)
+			}
+		}
+	}
+	// Host offsets that do not match the device's.
+	cache, err := p.g.Alloc(kernels.F16, numBlocks, blockSize, mp.KVLoraRank+mp.RopeDim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.mlaWriteAll(t, cache, mp, blockSize*numBlocks)
+	w := p.rand(kernels.BF16, 0.2, mp.NumHeads*(mp.NopeDim+mp.VHeadDim), mp.KVLoraRank)
+	b := p.pagedBatch(blockSize, numBlocks, [][2]int{{40, 40}, {1, 90}})
+	q := p.rand(kernels.F32, 1, b.numTokens, mp.NumHeads*(mp.NopeDim+mp.RopeDim))
+	out := p.zeros(kernels.F32, b.numTokens, mp.NumHeads*mp.VHeadDim)
+	m := b.gpuMeta
+	m.HostCuSeqlensQ = []int32{0, 20, 41} // two prefill sequences where the device has one
+	if err := p.g.MLAAttention(out.g, q.g, cache, w.g, &m, mp); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.g.Sync(); !errors.Is(err, kernels.ErrOutOfRange) || !strings.Contains(err.Error(), "mla_attention") {
+		t.Errorf("Sync after host offsets that differ from the device's: %v, want ErrOutOfRange naming mla_attention", err)
+	}
+	m.HostCuSeqlensQ = []int32{0, 41}
+	if err := p.g.MLAAttention(out.g, q.g, cache, w.g, &m, mp); err == nil || !strings.Contains(err.Error(), "HostCuSeqlensQ") {
+		t.Errorf("host offsets of the wrong length: %v, want an error naming HostCuSeqlensQ", err)
+	}
+}
+
 // A prefill sequence with fewer keys than query rows, or with a cache
 // block out of range, is reported at the next Sync (ErrOutOfRange naming
 // mla_attention); with too few keys its rows are zero. The other sequence
@@ -405,7 +475,7 @@ func BenchmarkGPUMLAPrefill(b *testing.B) {
 			ab := newGPUOpts(b, Options{GEMM: GEMMRound, DisableMLAPrefill: true})
 			var ms [2]float64
 			for i, g := range []*Backend{pf, ab} {
-				r := mlaBenchInputs(b, g, mp, cdt, n, blockSize)
+				r, _ := mlaBenchInputs(b, g, mp, cdt, [][2]int{{n, n}}, blockSize)
 				reps := 20
 				if i == 1 {
 					reps = 3
@@ -421,37 +491,97 @@ func BenchmarkGPUMLAPrefill(b *testing.B) {
 	}
 }
 
+// BenchmarkGPUMLAPrefillMixed times MLAAttention over a mixed batch at
+// DeepSeek-V2-Lite's layer sizes: one prompt chunk of 256 rows after 256
+// cached keys beside 63 decode rows of 1024 keys, half latent cache, as
+// 27 calls back to back (a forward pass's layers). Without the host copy
+// of the query offsets every call waits for its plan's counts (the
+// device's queue drains before the next call's launches); with it
+// (HostCuSeqlensQ) none does. Figures: us a call each way, same run.
+func BenchmarkGPUMLAPrefillMixed(b *testing.B) {
+	mp := mlaScaled(mlaPrefillShapes[0])
+	const blockSize, layers = 64, 27
+	g := newGPUOpts(b, Options{GEMM: GEMMRound})
+	seqs := [][2]int{{256, 512}}
+	for range 63 {
+		seqs = append(seqs, [2]int{1, 1024})
+	}
+	in, cu := mlaBenchInputs(b, g, mp, kernels.F16, seqs, blockSize)
+	m, out, q, cache, w := in.m, in.out, in.q, in.cache, in.w
+	var us [2]float64
+	for round := range 2 { // alternating: read, hinted, read, hinted; the second round kept
+		for i, hostCu := range [][]int32{nil, cu} {
+			mm := m
+			mm.HostCuSeqlensQ = hostCu
+			ms := timeIt(b, g, 10, func() error {
+				for range layers {
+					if err := g.MLAAttention(out, q, cache, w, &mm, mp); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if round == 1 {
+				us[i] = ms * 1e3 / layers
+			}
+		}
+	}
+	b.ReportMetric(us[1], "us/op")
+	b.Logf("mla prefill | mixed batch (a 256-row chunk after 256 keys, 63 decode rows of 1024 keys), %d calls back to back | reading the plan %.1f us a call | host offsets %.1f us a call | %.2fx",
+		layers, us[0], us[1], us[0]/us[1])
+}
+
 // mlaBench is one MLAAttention call's operands on one backend.
 type mlaBench struct {
 	out, q, cache, w kernels.Tensor
 	m                kernels.AttentionMetadata
 }
 
-// mlaBenchInputs builds a prompt of n tokens over a cache of dtype cdt,
-// written by WriteMLACache with random latents, on g, with BF16 weights.
-func mlaBenchInputs(b *testing.B, g *Backend, mp kernels.MLAParams, cdt kernels.DType, n, blockSize int) mlaBench {
+// mlaBenchInputs builds one MLAAttention call on g over sequences seqs
+// (q_len, k_len; each sequence's keys in blocks of its own, in order) over
+// a cache of dtype cdt written by WriteMLACache with random latents, with
+// BF16 weights; it returns the call's operands (m without host offsets)
+// and the host copy of its query offsets.
+func mlaBenchInputs(b *testing.B, g *Backend, mp kernels.MLAParams, cdt kernels.DType, seqs [][2]int, blockSize int) (mlaBench, []int32) {
 	r := rand.New(rand.NewPCG(11, 13))
-	blocks := (n + blockSize - 1) / blockSize
+	cu, sk := []int32{0}, []int32{}
+	maxQ, maxK := 0, 0
+	for _, s := range seqs {
+		cu = append(cu, cu[len(cu)-1]+int32(s[0]))
+		sk = append(sk, int32(s[1]))
+		maxQ, maxK = max(maxQ, s[0]), max(maxK, s[1])
+	}
+	width := (maxK + blockSize - 1) / blockSize
+	bt, blocks := make([]int32, 0, len(seqs)*width), 0
+	for _, s := range seqs {
+		nb := (s[1] + blockSize - 1) / blockSize
+		for j := range width {
+			if j < nb {
+				bt = append(bt, int32(blocks+j))
+			} else {
+				bt = append(bt, -1)
+			}
+		}
+		blocks += nb
+	}
+	n, slots := int(cu[len(cu)-1]), blocks*blockSize
 	cache, err := g.Alloc(cdt, blocks, blockSize, mlaCacheWidth(cdt, mp))
 	if err != nil {
 		b.Fatal(err)
 	}
-	ckv := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, n*mp.KVLoraRank, 1)), kernels.F32, n, mp.KVLoraRank)
-	kpe := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, n*mp.RopeDim, 1)), kernels.F32, n, mp.RopeDim)
-	sm, bt := make([]int32, n), make([]int32, blocks)
+	ckv := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, slots*mp.KVLoraRank, 1)), kernels.F32, slots, mp.KVLoraRank)
+	kpe := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, slots*mp.RopeDim, 1)), kernels.F32, slots, mp.RopeDim)
+	sm := make([]int32, slots)
 	for i := range sm {
 		sm[i] = int32(i)
 	}
-	for i := range bt {
-		bt[i] = int32(i)
-	}
-	if err := g.WriteMLACache(cache, ckv, kpe, upload(b, g, kernels.I32, kernels.I32Bytes(sm), kernels.I32, n), mp); err != nil {
+	if err := g.WriteMLACache(cache, ckv, kpe, upload(b, g, kernels.I32, kernels.I32Bytes(sm), kernels.I32, slots), mp); err != nil {
 		b.Fatal(err)
 	}
-	m := kernels.AttentionMetadata{NumSeqs: 1, NumTokens: n, MaxSeqlenQ: n, MaxSeqlenK: n, BlockSize: blockSize,
-		CuSeqlensQ:  upload(b, g, kernels.I32, kernels.I32Bytes([]int32{0, int32(n)}), kernels.I32, 2),
-		SeqlensK:    upload(b, g, kernels.I32, kernels.I32Bytes([]int32{int32(n)}), kernels.I32, 1),
-		BlockTables: upload(b, g, kernels.I32, kernels.I32Bytes(bt), kernels.I32, 1, blocks)}
+	m := kernels.AttentionMetadata{NumSeqs: len(seqs), NumTokens: n, MaxSeqlenQ: maxQ, MaxSeqlenK: maxK, BlockSize: blockSize,
+		CuSeqlensQ:  upload(b, g, kernels.I32, kernels.I32Bytes(cu), kernels.I32, len(cu)),
+		SeqlensK:    upload(b, g, kernels.I32, kernels.I32Bytes(sk), kernels.I32, len(sk)),
+		BlockTables: upload(b, g, kernels.I32, kernels.I32Bytes(bt), kernels.I32, len(seqs), width)}
 	w := upload(b, g, kernels.BF16, hostBytes(kernels.BF16, randVals(r, mp.NumHeads*(mp.NopeDim+mp.VHeadDim)*mp.KVLoraRank, 0.05)),
 		kernels.BF16, mp.NumHeads*(mp.NopeDim+mp.VHeadDim), mp.KVLoraRank)
 	q := upload(b, g, kernels.F32, kernels.F32Bytes(randVals(r, n*mp.NumHeads*(mp.NopeDim+mp.RopeDim), 1)), kernels.F32,
@@ -460,5 +590,5 @@ func mlaBenchInputs(b *testing.B, g *Backend, mp kernels.MLAParams, cdt kernels.
 	if err != nil {
 		b.Fatal(err)
 	}
-	return mlaBench{out: out, q: q, cache: cache, w: w, m: m}
+	return mlaBench{out: out, q: q, cache: cache, w: w, m: m}, cu
 }

@@ -181,11 +181,16 @@ type Options struct {
 	// MLAStagedMax is the largest MLA grid (rows x heads) that stages its
 	// keys in shared memory: 0: the multiprocessors' count; negative: none.
 	MLAStagedMax int
-	// DisableMLAPrefill makes MLA over 16-bit latent caches run every row
-	// in the absorbed form, prefill rows too, instead of the non-absorbed
-	// prefill kernels for sequences of at least 16 query rows; changes
-	// those rows' results by rounding.
+	// DisableMLAPrefill makes MLA over 16- and 8-bit latent caches run
+	// every row in the absorbed form, prefill rows too, instead of the
+	// non-absorbed prefill kernels for sequences of at least 16 query rows;
+	// changes those rows' results by rounding.
 	DisableMLAPrefill bool
+	// DisableMLAPrefillHint makes an MLA call with prefill rows and several
+	// sequences read its plan's counts back (a wait for the device) instead
+	// of sizing its launches by the metadata's HostCuSeqlensQ; the same
+	// results.
+	DisableMLAPrefillHint bool
 	// DisableMoEMMA keeps MoE expert GEMVs of 16-bit weights on CUDA cores
 	// instead of tensor cores; changes results by summation order.
 	DisableMoEMMA bool

@@ -242,7 +242,7 @@ func (p *pair) check(what string, d dual, tol float64) float64 {
 // shuffled block pool, on both backends.
 type pagedBatch struct {
 	cpuMeta, gpuMeta kernels.AttentionMetadata
-	slots            []int32
+	cu, slots        []int32 // host copies of the query offsets and the slot mapping
 	numTokens        int
 }
 
@@ -286,6 +286,7 @@ func (p *pair) pagedBatch(blockSize, numBlocks int, seqs [][2]int) pagedBatch {
 	return pagedBatch{
 		cpuMeta:   meta(func(d dual) kernels.Tensor { return d.c }),
 		gpuMeta:   meta(func(d dual) kernels.Tensor { return d.g }),
+		cu:        cu,
 		slots:     slots,
 		numTokens: t,
 	}

@@ -620,7 +620,7 @@ func (b *Backend) MLAAttention(out, q, cache, wkvb kernels.Tensor, m *kernels.At
 		}
 	}
 	if c.dtype != kernels.F32 { // 16- and 8-bit latent caches: tensor cores (attention_mla_tc.cu; prefill rows: mlaTC)
-		return b.mlaTC(op, o, qs, c, w, &cm, keep, p)
+		return b.mlaTC(op, o, qs, c, w, &cm, m.HostCuSeqlensQ, keep, p)
 	}
 	return b.launch(op, func() C.int {
 		return C.c_mla_attention(b.lib.api, b.ctx, o.ptr(), qs.ptr(), c.ptr(), w.ptr(), C.int(w.dtype), &cm, C.int(nh),

@@ -73,6 +73,7 @@ var testEnv = []testEnvVar{
 	{"DEEPINFER_CUDA_DEC_KM_CPB", offEnv(func(o *Options) *bool { return &o.DecodeKMBlockPerChunk })}, // 0: a block a chunk
 	{"DEEPINFER_CUDA_MLA_STAGED_MAX", intEnv(func(o *Options) *int { return &o.MLAStagedMax }, -1)},
 	{"DEEPINFER_CUDA_MLA_PREFILL", offEnv(func(o *Options) *bool { return &o.DisableMLAPrefill })},
+	{"DEEPINFER_CUDA_MLA_HINT", offEnv(func(o *Options) *bool { return &o.DisableMLAPrefillHint })},
 	{"DEEPINFER_CUDA_MOE_MMA", offEnv(func(o *Options) *bool { return &o.DisableMoEMMA })},
 	{"DEEPINFER_CUDA_MOE_GEMM", intEnv(func(o *Options) *int { return &o.MoEGEMMPairs }, -1)},
 	{"DEEPINFER_CUDA_FP8_LT", offEnv(func(o *Options) *bool { return &o.DisableFP8LT })},
