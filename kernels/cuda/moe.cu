@@ -1319,7 +1319,12 @@ static int moe_gemv(di_ctx *ctx, float *out, const X *x, const X *xlo, const int
 #define MG_BM 128 // weight rows (output columns) a block
 #define MG_BN 128 // grouped rows a block
 #define MG_BK 32  // columns of k a stage: one of di_moe_mma_k's blocks
+#ifndef MG_STAGES
 #define MG_STAGES 3
+#endif
+#ifndef MG_MINB
+#define MG_MINB 2 // blocks a multiprocessor in the launch bounds (2: at most 128 registers; 1 was 25% slower, NOTES.md)
+#endif
 #define MG_THREADS 256
 #define MG_SMEM ((size_t)MG_STAGES * (MG_BM + MG_BN) * MG_BK * 2 + (size_t)MG_THREADS * 64 * sizeof(float))
 enum { MG_STORE = 0, MG_ADD = 1, MG_ACT = 2, MG_ADD_ACT = 3 };
@@ -1365,7 +1370,7 @@ __device__ __forceinline__ int di_mg_kblock(int s, int nb) {
 }
 
 template <typename T, int MODE>
-__global__ void __launch_bounds__(MG_THREADS, 2) di_moe_gemm_k(const di_moe_gemm_args<T> p) {
+__global__ void __launch_bounds__(MG_THREADS, MG_MINB) di_moe_gemm_k(const di_moe_gemm_args<T> p) {
 	extern __shared__ __align__(16) unsigned char mg_sh[];
 	T *sa = reinterpret_cast<T *>(mg_sh);                               // [MG_STAGES][MG_BM][MG_BK]
 	T *sb = sa + MG_STAGES * MG_BM * MG_BK;                             // [MG_STAGES][MG_BN][MG_BK]
