@@ -116,20 +116,19 @@ func rmsScale4(a, b, c, d []float32, eps float32) (float32, float32, float32, fl
 }
 
 // normRows is normRow over rows [lo, hi) of x (rows of n) into the same
-// rows of dst, four rows at a time through rmsScale4: the bits of normRow
-// row by row, in about a third of the time for rows of a few hundred.
-func normRows(dst, x, w []float32, n, lo, hi int, eps float32) {
+// rows of dst (which may be x): the scales four rows at a time through
+// rmsScale4, the products through the path's ScaleRows (simd), one call
+// for four rows; the bits of normRow row by row.
+func (k *kernelSet) normRows(dst, x, w []float32, n, lo, hi int, eps float32) {
+	var s [4]float32
 	i := lo
 	for ; i+4 <= hi; i += 4 {
-		r0, r1, r2, r3 := x[i*n:(i+1)*n], x[(i+1)*n:(i+2)*n], x[(i+2)*n:(i+3)*n], x[(i+3)*n:(i+4)*n]
-		s0, s1, s2, s3 := rmsScale4(r0, r1, r2, r3, eps)
-		scaleRow(dst[i*n:(i+1)*n], r0, w, s0)
-		scaleRow(dst[(i+1)*n:(i+2)*n], r1, w, s1)
-		scaleRow(dst[(i+2)*n:(i+3)*n], r2, w, s2)
-		scaleRow(dst[(i+3)*n:(i+4)*n], r3, w, s3)
+		s[0], s[1], s[2], s[3] = rmsScale4(x[i*n:(i+1)*n], x[(i+1)*n:(i+2)*n], x[(i+2)*n:(i+3)*n], x[(i+3)*n:(i+4)*n], eps)
+		k.scaleRows(dst[i*n:(i+4)*n], x[i*n:(i+4)*n], w, n, s, 4)
 	}
 	for ; i < hi; i++ {
-		normRow(dst[i*n:(i+1)*n], x[i*n:(i+1)*n], w, eps)
+		s[0] = rmsScale(x[i*n:(i+1)*n], eps)
+		k.scaleRows(dst[i*n:(i+1)*n], x[i*n:(i+1)*n], w, n, s, 1)
 	}
 }
 
@@ -160,7 +159,7 @@ func (b *Backend) RMSNorm(out, x, weight kernels.Tensor, eps float32) error {
 		return err
 	}
 	b.forRows(rows, n, func(lo, hi int) {
-		normRows(o.f32, xs.f32, w.f32, n, lo, hi, eps)
+		b.k.normRows(o.f32, xs.f32, w.f32, n, lo, hi, eps)
 	})
 	return nil
 }
@@ -181,13 +180,10 @@ func (b *Backend) AddRMSNorm(out, residual, x, weight kernels.Tensor, eps float3
 		return err
 	}
 	b.forRows(rows, n, func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			res := r.f32[i*n : (i+1)*n]
-			for j, v := range xs.f32[i*n : (i+1)*n] {
-				res[j] += v
-			}
-		}
-		normRows(o.f32, r.f32, w.f32, n, lo, hi, eps)
+		// residual += x as one vector op over the chunk's rows: 1 * x is
+		// exact, so the fused multiply-add rounds the sum once, as +=.
+		b.k.axpy(1, xs.f32[lo*n:hi*n], r.f32[lo*n:hi*n])
+		b.k.normRows(o.f32, r.f32, w.f32, n, lo, hi, eps)
 	})
 	return nil
 }

@@ -151,7 +151,7 @@ func (b *Backend) Logits(out, hidden, rows, norm, head kernels.Tensor, eps float
 		copy(x[i*dim:(i+1)*dim], h.f32[int(row)*dim:(int(row)+1)*dim])
 	}
 	if nw != nil {
-		normRows(x, x, nw.f32, dim, 0, r, eps)
+		b.k.normRows(x, x, nw.f32, dim, 0, r, eps)
 	}
 	b.linear(o.f32, x, hw, r, vocab, dim, nil)
 	return nil

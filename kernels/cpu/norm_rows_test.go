@@ -4,11 +4,13 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/deepinfer/deepinfer-go/kernels/cpu/simd"
 )
 
-// TestNormRowsMatchesNormRow: normRows gives normRow's bits row by row,
-// for row counts around its groups of four, written to another buffer or
-// in place.
+// TestNormRowsMatchesNormRow: normRows gives normRow's bits row by row on
+// every simd path, for row counts around its groups of four, written to
+// another buffer or in place.
 func TestNormRowsMatchesNormRow(t *testing.T) {
 	cases := []struct {
 		name        string
@@ -44,16 +46,19 @@ func TestNormRowsMatchesNormRow(t *testing.T) {
 			for i := tc.lo; i < tc.hi; i++ {
 				normRow(want[i*tc.n:(i+1)*tc.n], x[i*tc.n:(i+1)*tc.n], w, eps)
 			}
-			got := make([]float32, len(x))
-			if tc.inPlace {
-				copy(got, x)
-				normRows(got, got, w, tc.n, tc.lo, tc.hi, eps)
-			} else {
-				normRows(got, x, w, tc.n, tc.lo, tc.hi, eps)
-			}
-			for i := tc.lo * tc.n; i < tc.hi*tc.n; i++ {
-				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-					t.Fatalf("element %d (row %d): %v, normRow gives %v", i, i/tc.n, got[i], want[i])
+			for _, p := range simd.Impls() {
+				k := selectKernels(false, p.Name())
+				got := make([]float32, len(x))
+				if tc.inPlace {
+					copy(got, x)
+					k.normRows(got, got, w, tc.n, tc.lo, tc.hi, eps)
+				} else {
+					k.normRows(got, x, w, tc.n, tc.lo, tc.hi, eps)
+				}
+				for i := tc.lo * tc.n; i < tc.hi*tc.n; i++ {
+					if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+						t.Fatalf("%s: element %d (row %d): %v, normRow gives %v", p, i, i/tc.n, got[i], want[i])
+					}
 				}
 			}
 		})

@@ -48,6 +48,9 @@ type kernelSet struct {
 	// (simd.Impl.PrefetchRows).
 	prefetchRows func(w []float32, rows []int32, ldw, k int)
 	siluMul      func(dst, gate, up []float32) // simd.Impl.SiLUMul
+	// scaleRows multiplies rows by their scales and a weight
+	// (simd.Impl.ScaleRows: RMSNorm's last step).
+	scaleRows func(dst, x, w []float32, n int, scales [4]float32, rows int)
 
 	// linearQuantLlama is llama.cpp's product of activation rows quantized
 	// by simd.QuantizeActs with w's rows (simd.LinearQuantLlama), and
@@ -98,6 +101,7 @@ func selectKernels(pureGo bool, name string) kernelSet {
 		accumRowsPrefetch: impl.AccumRowsPrefetch,
 		prefetchRows:      impl.PrefetchRows,
 		siluMul:           impl.SiLUMul,
+		scaleRows:         impl.ScaleRows,
 
 		linearQuantLlama: impl.LinearQuantLlama,
 		linear16Llama:    impl.Linear16Llama,

@@ -369,6 +369,34 @@ func (p *Impl) AccumRowsF16(acc, alpha, probs []float32, w []uint16, rows []int3
 	p.accumRowsF16(acc, alpha, probs, w, rows, ldw, m, k)
 }
 
+// scaleRowsGo is the reference of Impl.ScaleRows.
+func scaleRowsGo(dst, x, w []float32, n int, scales [4]float32, rows int) {
+	w = w[:n]
+	for i, r := range scales[:rows] {
+		xi, di := x[i*n:(i+1)*n], dst[i*n:(i+1)*n]
+		for j, v := range xi {
+			di[j] = (v * r) * w[j]
+		}
+	}
+}
+
+// ScaleRows sets dst[i*n+j] = (x[i*n+j] * scales[i]) * w[j] for rows i <
+// rows (at most 4) of n elements of x: RMSNorm's last step, a row times
+// its scale, then times the weight, each product rounded, so every path
+// gives the same bits. dst may be x. The scales come by value, so that a
+// caller's need not live on the heap. It panics if rows is outside [0, 4]
+// or a slice is too short. Cost: two multiplies an element, vectorized,
+// one call for all the rows.
+func (p *Impl) ScaleRows(dst, x, w []float32, n int, scales [4]float32, rows int) {
+	if rows < 0 || rows > 4 || n < 0 || len(w) < n || len(x) < rows*n || len(dst) < rows*n {
+		panic(fmt.Sprintf("simd: ScaleRows: %d rows of %d: len(dst)=%d, len(x)=%d, len(w)=%d", rows, n, len(dst), len(x), len(w)))
+	}
+	if n == 0 || rows == 0 {
+		return
+	}
+	p.scaleRows(dst, x, w, n, scales, rows)
+}
+
 // siluMulGo is the reference of Impl.SiLUMul.
 func siluMulGo(dst, gate, up []float32) {
 	dst, up = dst[:len(gate)], up[:len(gate)]

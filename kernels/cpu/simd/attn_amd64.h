@@ -27,6 +27,11 @@ void di_exp_avx2(float *dst, const float *src, int64_t n);
 // dst[i] = silu(gate[i]) * up[i], i < n (Impl.SiLUMul).
 void di_silu_mul_avx512(float *dst, const float *gate, const float *up, int64_t n);
 void di_silu_mul_avx2(float *dst, const float *gate, const float *up, int64_t n);
+// dst[i*n+j] = (x[i*n+j] * s_i) * w[j], i < m (at most 4), j < n (Impl.ScaleRows).
+void di_scale_rows_avx512(float *dst, const float *x, const float *w, int64_t n, float s0, float s1, float s2, float s3,
+                          int64_t m);
+void di_scale_rows_avx2(float *dst, const float *x, const float *w, int64_t n, float s0, float s1, float s2, float s3,
+                        int64_t m);
 
 // One key tile of the online softmax of m rows of n scores (Impl.OnlineSoftmax).
 void di_online_softmax_avx512(float *s, int64_t m, int64_t n, float scale, const int32_t *lo,

@@ -92,6 +92,18 @@ AVX2 INLINE __m256 silu8(__m256 x) {
 	return _mm256_div_ps(num, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
+AVX2 void di_scale_rows_avx2(float *dst, const float *x, const float *w, int64_t n, float s0, float s1, float s2, float s3,
+                             int64_t m) {
+	const float scales[4] = {s0, s1, s2, s3};
+	for (int64_t i = 0; i < m; i++) {
+		const __m256 r = _mm256_set1_ps(scales[i]);
+		const float *xi = x + i * n;
+		float *di = dst + i * n;
+		for (int64_t j = 0; j < n; j += 8)
+			store8(di, j, n, _mm256_mul_ps(_mm256_mul_ps(load8(xi, j, n), r), load8(w, j, n)));
+	}
+}
+
 AVX2 void di_silu_mul_avx2(float *dst, const float *gate, const float *up, int64_t n) {
 	for (int64_t i = 0; i < n; i += 8)
 		store8(dst, i, n, _mm256_mul_ps(silu8(load8(gate, i, n)), load8(up, i, n)));

@@ -58,6 +58,24 @@ AVX512 INLINE __m512 silu16(__m512 x) {
 	return _mm512_div_ps(num, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
 }
 
+AVX512 void di_scale_rows_avx512(float *dst, const float *x, const float *w, int64_t n, float s0, float s1, float s2,
+                                 float s3, int64_t m) {
+	const float scales[4] = {s0, s1, s2, s3};
+	for (int64_t i = 0; i < m; i++) {
+		const __m512 r = _mm512_set1_ps(scales[i]);
+		const float *xi = x + i * n;
+		float *di = dst + i * n;
+		int64_t j = 0;
+		for (; j + 16 <= n; j += 16)
+			_mm512_storeu_ps(di + j, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(xi + j), r), _mm512_loadu_ps(w + j)));
+		if (j < n) {
+			__mmask16 mk = head_mask(n - j);
+			_mm512_mask_storeu_ps(di + j, mk,
+			                      _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, xi + j), r), _mm512_maskz_loadu_ps(mk, w + j)));
+		}
+	}
+}
+
 AVX512 void di_silu_mul_avx512(float *dst, const float *gate, const float *up, int64_t n) {
 	int64_t i = 0;
 	for (; i + 16 <= n; i += 16)

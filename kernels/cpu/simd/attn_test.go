@@ -541,6 +541,61 @@ func TestSiLUMul(t *testing.T) {
 	}
 }
 
+// TestScaleRows: every path gives scaleRowsGo's bits, 1 to 4 rows of
+// widths around the vector lengths (0 to 40, 256, 257), into another buffer
+// and in place, with tiny, huge, zero and infinite values, and writes
+// nothing past its rows.
+func TestScaleRows(t *testing.T) {
+	r := rand.New(rand.NewPCG(29, 30))
+	val := func() float32 {
+		switch r.IntN(12) {
+		case 0:
+			return float32(r.NormFloat64()) * 1e-42 // subnormal
+		case 1:
+			return float32(r.NormFloat64()) * 1e37
+		case 2:
+			return float32(math.Copysign(0, r.NormFloat64()))
+		case 3:
+			return float32(math.Inf(1 - 2*r.IntN(2)))
+		}
+		return float32(r.NormFloat64())
+	}
+	widths := []int{256, 257}
+	for n := range 41 {
+		widths = append(widths, n)
+	}
+	for _, n := range widths {
+		for rows := 1; rows <= 4; rows++ {
+			x, w := make([]float32, rows*n), make([]float32, n)
+			for i := range x {
+				x[i] = val()
+			}
+			for i := range w {
+				w[i] = val()
+			}
+			var s [4]float32
+			for i := range rows {
+				s[i] = float32(r.Float64()*4 + 1e-3)
+			}
+			s[r.IntN(rows)] = val()
+			want := make([]float32, rows*n)
+			scaleRowsGo(want, x, w, n, s, rows)
+			for _, p := range Impls() {
+				got := filled(rows*n + 1)
+				p.ScaleRows(got, x, w, n, s, rows)
+				if i := sameSlices(got[:rows*n], want); i >= 0 || math.Float32bits(got[rows*n]) != 0x7fc0dead {
+					t.Fatalf("%s: %d rows of %d: element %d differs, or a write past the rows", p, rows, n, i)
+				}
+				inPlace := append([]float32(nil), x...)
+				p.ScaleRows(inPlace, inPlace, w, n, s, rows)
+				if i := sameSlices(inPlace, want); i >= 0 {
+					t.Fatalf("%s: %d rows of %d in place: element %d differs", p, rows, n, i)
+				}
+			}
+		}
+	}
+}
+
 // TestLinearF32KMajor checks every path, over strided rows and a k-major
 // w, against LinearF32 of the pure-Go path on the same rows and w
 // transposed, bit for bit, including signed zeros, and that nothing

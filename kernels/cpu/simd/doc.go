@@ -2,7 +2,8 @@
 // and matrix-matrix products against float32, bfloat16, float16 and FP8 E4M3
 // (block-scaled, see F8Weights) weights,
 // dot, axpy, scale and dtype conversions, and attention's building blocks
-// (Exp, OnlineSoftmax, LinearF32Gather, AccumRows) and SiLUMul: see attn.go.
+// (Exp, OnlineSoftmax, LinearF32Gather, AccumRows), SiLUMul and RMSNorm's
+// ScaleRows: see attn.go.
 //
 // # Canonical reduction order
 //

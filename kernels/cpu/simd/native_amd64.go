@@ -87,6 +87,7 @@ type cFuncs struct {
 	accumRowsPF    func(acc, alpha, p, w *C.float, rows *C.int32_t, ldw, m, n, k C.int64_t, pfRows *C.int32_t, pfN, pfK C.int64_t)
 	linearKMajor   func(out *C.float, ldo C.int64_t, x *C.float, ldx C.int64_t, w *C.float, m, n, k C.int64_t)
 	siluMul        func(dst, gate, up *C.float, n C.int64_t)
+	scaleRows      func(dst, x, w *C.float, n C.int64_t, s0, s1, s2, s3 C.float, m C.int64_t)
 }
 
 var avx512Funcs = cFuncs{
@@ -131,6 +132,9 @@ var avx512Funcs = cFuncs{
 		C.di_linear_kmajor_avx512(out, ldo, x, ldx, w, m, n, k)
 	},
 	siluMul: func(dst, gate, up *C.float, n C.int64_t) { C.di_silu_mul_avx512(dst, gate, up, n) },
+	scaleRows: func(dst, x, w *C.float, n C.int64_t, s0, s1, s2, s3 C.float, m C.int64_t) {
+		C.di_scale_rows_avx512(dst, x, w, n, s0, s1, s2, s3, m)
+	},
 }
 
 var avx2Funcs = cFuncs{
@@ -175,6 +179,9 @@ var avx2Funcs = cFuncs{
 		C.di_linear_kmajor_avx2(out, ldo, x, ldx, w, m, n, k)
 	},
 	siluMul: func(dst, gate, up *C.float, n C.int64_t) { C.di_silu_mul_avx2(dst, gate, up, n) },
+	scaleRows: func(dst, x, w *C.float, n C.int64_t, s0, s1, s2, s3 C.float, m C.int64_t) {
+		C.di_scale_rows_avx2(dst, x, w, n, s0, s1, s2, s3, m)
+	},
 }
 
 // The C kernels scale as many rows of activations at a time as LinearF8's
@@ -320,6 +327,13 @@ func newNative(name string, f cFuncs) *Impl {
 				return
 			}
 			f.siluMul(fptr(dst), fptr(gate), fptr(up), C.int64_t(len(gate)))
+		},
+		scaleRows: func(dst, x, w []float32, n int, s [4]float32, rows int) {
+			if rows*n < minNative {
+				scaleRowsGo(dst, x, w, n, s, rows)
+				return
+			}
+			f.scaleRows(fptr(dst), fptr(x), fptr(w), C.int64_t(n), C.float(s[0]), C.float(s[1]), C.float(s[2]), C.float(s[3]), C.int64_t(rows))
 		},
 	}
 }

@@ -41,6 +41,7 @@ type Impl struct {
 	prefetchRows    func(w []float32, rows []int32, ldw, k int)
 	accumRowsPF     func(acc, alpha, p, w []float32, rows []int32, ldw, m, k int, pfRows []int32, pfK int)
 	siluMul         func(dst, gate, up []float32)
+	scaleRows       func(dst, x, w []float32, n int, scales [4]float32, rows int)
 }
 
 // goImpl is the pure-Go implementation.
@@ -69,6 +70,7 @@ var goImpl = &Impl{
 	prefetchRows:    func([]float32, []int32, int, int) {},
 	accumRowsPF:     accumRowsPFGo,
 	siluMul:         siluMulGo,
+	scaleRows:       scaleRowsGo,
 }
 
 // available lists the implementations this CPU runs, pure Go first and the
