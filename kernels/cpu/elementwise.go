@@ -83,19 +83,6 @@ func rmsScale(x []float32, eps float32) float32 {
 	return float32(1 / math.Sqrt(s/float64(len(x))+float64(eps)))
 }
 
-func normRow(dst, x, w []float32, eps float32) {
-	scaleRow(dst, x, w, rmsScale(x, eps))
-}
-
-// scaleRow writes dst[i] = (x[i] * r) * w[i].
-func scaleRow(dst, x, w []float32, r float32) {
-	w = w[:len(x)]
-	dst = dst[:len(x)]
-	for i, v := range x {
-		dst[i] = (v * r) * w[i]
-	}
-}
-
 // rmsScale4 is rmsScale of four rows of one length at once: the four
 // float64 sums run interleaved, each in its own row's order, so every
 // result is rmsScale's bits while the adds of one row no longer wait for
@@ -115,10 +102,11 @@ func rmsScale4(a, b, c, d []float32, eps float32) (float32, float32, float32, fl
 	return f(sa), f(sb), f(sc), f(sd)
 }
 
-// normRows is normRow over rows [lo, hi) of x (rows of n) into the same
-// rows of dst (which may be x): the scales four rows at a time through
-// rmsScale4, the products through the path's ScaleRows (simd), one call
-// for four rows; the bits of normRow row by row.
+// normRows is RMSNorm over rows [lo, hi) of x (rows of n) into the same
+// rows of dst (which may be x): each row's scale rmsScale (four rows at a
+// time through rmsScale4, the same bits), then dst = (x * scale) * w, each
+// product rounded, through the path's ScaleRows (simd), one call for four
+// rows.
 func (k *kernelSet) normRows(dst, x, w []float32, n, lo, hi int, eps float32) {
 	var s [4]float32
 	i := lo

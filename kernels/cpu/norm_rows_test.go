@@ -8,6 +8,15 @@ import (
 	"github.com/deepinfer/deepinfer-go/kernels/cpu/simd"
 )
 
+// normRow is the reference of normRows for one row: its scale
+// (rmsScale), then dst[i] = (x[i] * scale) * w[i], each product rounded.
+func normRow(dst, x, w []float32, eps float32) {
+	r := rmsScale(x, eps)
+	for i, v := range x {
+		dst[i] = (v * r) * w[i]
+	}
+}
+
 // TestNormRowsMatchesNormRow: normRows gives normRow's bits row by row on
 // every simd path, for row counts around its groups of four, written to
 // another buffer or in place.
