@@ -45,3 +45,26 @@ func BenchmarkRMSNorm(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAdd runs Add over rows of the default model's width (256): 1
+// and 64 rows, out a third tensor (the forward pass's last residual add,
+// and the MoE's shared and routed sums where the backend adds them apart).
+// Figures: kernels/cpu/simd/BENCH.md, "RMSNorm on the simd path".
+func BenchmarkAdd(b *testing.B) {
+	const n = 256
+	for _, rows := range []int{1, 64} {
+		b.Run(fmt.Sprintf("rows%d", rows), func(b *testing.B) {
+			be := New(Options{SIMD: os.Getenv("DEEPINFER_BENCH_SIMD")})
+			b.Cleanup(func() { be.Close() })
+			r := rand.New(rand.NewPCG(5, 6))
+			x := put(b, be, kernels.F32, randVals(r, rows*n, 1), rows, n)
+			y := put(b, be, kernels.F32, randVals(r, rows*n, 1), rows, n)
+			out := alloc(b, be, rows, n)
+			for b.Loop() {
+				if err := be.Add(out, x, y); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

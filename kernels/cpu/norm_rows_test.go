@@ -1,10 +1,12 @@
 package cpu
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
 
+	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu/simd"
 )
 
@@ -71,5 +73,46 @@ func TestNormRowsMatchesNormRow(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Add gives a + b bit for bit on every simd path, over lengths around its
+// chunks of 4096 and the vector widths, with out a third tensor, a, b, or
+// both at once.
+func TestAddAliases(t *testing.T) {
+	r := rand.New(rand.NewPCG(12, 13))
+	for _, p := range simd.Impls() {
+		b := New(Options{Threads: 2, SIMD: p.Name()})
+		t.Cleanup(func() { b.Close() })
+		for _, n := range []int{1, 17, 4096 + 37, 3 * 4096} {
+			a, c := randVals(r, n, 1), randVals(r, n, 1)
+			sum, twice := make([]float32, n), make([]float32, n)
+			for i := range sum {
+				sum[i], twice[i] = a[i]+c[i], a[i]+a[i]
+			}
+			at, ct := put(t, b, kernels.F32, a, n), put(t, b, kernels.F32, c, n)
+			for _, tc := range []struct {
+				name      string
+				out, x, y kernels.Tensor
+				want      []float32
+			}{
+				{"out apart", alloc(t, b, n), at, ct, sum},
+				{"out = a", put(t, b, kernels.F32, a, n), nil, ct, sum},
+				{"out = b", put(t, b, kernels.F32, c, n), at, nil, sum},
+				{"out = a = b", put(t, b, kernels.F32, a, n), nil, nil, twice},
+			} {
+				x, y := tc.x, tc.y
+				if x == nil {
+					x = tc.out
+				}
+				if y == nil {
+					y = tc.out
+				}
+				if err := b.Add(tc.out, x, y); err != nil {
+					t.Fatal(err)
+				}
+				checkIdentical(t, fmt.Sprintf("%s: add, n %d, %s", p, n, tc.name), vals(tc.out), tc.want)
+			}
+		}
 	}
 }
