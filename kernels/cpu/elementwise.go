@@ -241,16 +241,16 @@ func (b *Backend) Add(out, x, y kernels.Tensor) error {
 	const chunk = 4096
 	b.forRows((n+chunk-1)/chunk, chunk, func(lo, hi int) {
 		s, e := lo*chunk, min(hi*chunk, n)
-		dst, x, y := o.f32[s:e], a.f32[s:e], c.f32[s:e]
-		// dst = x + y as one vector op (Axpy with a = 1: 1 * y is exact, so
-		// the fused multiply-add rounds the sum once, as +), into out
-		// holding one of the addends (out may be a or b).
-		if &dst[0] == &y[0] {
-			x, y = y, x
-		} else if &dst[0] != &x[0] {
-			copy(dst, x)
+		dst, held, other := o.f32[s:e], a.f32[s:e], c.f32[s:e]
+		// dst = a + b as one vector op (Axpy with a = 1: 1 * other is
+		// exact, so the fused multiply-add rounds the sum once, as +), into
+		// out holding one of the addends (out may be a or b).
+		if &dst[0] == &other[0] {
+			held, other = other, held
+		} else if &dst[0] != &held[0] {
+			copy(dst, held)
 		}
-		b.k.axpy(1, y, dst)
+		b.k.axpy(1, other, dst)
 	})
 	return nil
 }

@@ -33,10 +33,7 @@ func BenchmarkGPUMLADecode(b *testing.B) {
 		for _, bc := range []struct{ batch, ctx int }{{1, 4096}, {8, 4096}, {64, 4096}, {1, 320}, {64, 320}} {
 			batch, ctx := bc.batch, bc.ctx
 			b.Run(fmt.Sprintf("cache=%s/batch=%d/ctx=%d", cdt, batch, ctx), func(b *testing.B) {
-				width := mp.KVLoraRank + mp.RopeDim
-				if cdt == kernels.F8E4M3 {
-					width = kernels.MLAF8RowBytes(mp.KVLoraRank, mp.RopeDim)
-				}
+				width := mlaCacheWidth(cdt, mp)
 				rowBytes := width * cdt.Size()
 				per := ctx / blockSize
 				cache, err := g.Alloc(cdt, batch*per, blockSize, width)

@@ -170,10 +170,7 @@ func TestGPUFP8MLATensorCores(t *testing.T) {
 	q := p.rand(kernels.F32, 1, b.numTokens, mp.NumHeads*(mp.NopeDim+mp.RopeDim))
 	out := p.zeros(kernels.F32, b.numTokens, mp.NumHeads*mp.VHeadDim)
 	for _, cdt := range []kernels.DType{kernels.BF16, kernels.F8E4M3} {
-		width := mp.KVLoraRank + mp.RopeDim
-		if cdt == kernels.F8E4M3 {
-			width = kernels.MLAF8RowBytes(mp.KVLoraRank, mp.RopeDim)
-		}
+		width := mlaCacheWidth(cdt, mp)
 		gc, err := p.g.Alloc(cdt, numBlocks, blockSize, width)
 		if err != nil {
 			t.Fatal(err)

@@ -57,10 +57,7 @@ func testPrepareMLA(t *testing.T, c prepareMLACase, sep bool) {
 	p := newPairOpts(t, Options{GEMM: GEMMRound})
 	const maxPos, blocks, blockSize = 300, 16, 16
 	qd := d.NumHeads * (d.NopeDim + d.RopeDim)
-	width := d.KVLoraRank + d.RopeDim
-	if c.cache == kernels.F8E4M3 {
-		width = kernels.MLAF8RowBytes(d.KVLoraRank, d.RopeDim)
-	}
+	width := mlaCacheWidth(c.cache, d)
 	half := d.RopeDim / 2
 	qkva := p.rand(kernels.F32, 2, c.tokens, qd+d.KVLoraRank+d.RopeDim)
 	kva := p.rand(kernels.F32, 2, c.tokens, d.KVLoraRank+d.RopeDim)
