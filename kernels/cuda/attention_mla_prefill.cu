@@ -39,7 +39,7 @@
 //     the bits of a half row holding its widened values on both paths.
 //  3. di_mpf_attn_k: causal FlashAttention, one block per (query tile of 64
 //     rows, head), qk dim 192 (K_nope of the head and the shared k_pe), v
-//     dim 128, key tiles of MPF_BK aligned to absolute positions, online
+//     dim 128, key tiles of MPF_ABK aligned to absolute positions, online
 //     softmax in float32 (log2 units), q and the probabilities rounded to
 //     the cache's 16-bit type.
 //  4. The absorbed rows, if any: gathered into a compact batch (prefill
@@ -78,6 +78,24 @@ static_assert(MPF_BQ == 64, "the attention kernel's four warps take 16 query row
 #define MPF_LV (MPF_VD + 8)            // a staged V row
 #define MPF_SCRATCH_BYTES ((size_t)256 << 20) // expanded K_nope and V of one pass at most (one head always fits)
 #define MPF_PLAN_THREADS 1024
+// The attention kernel's key tiles (MPF_ABK keys, a divisor of MPF_BK),
+// its copy stages and the blocks a multiprocessor its launch bounds ask for;
+// overridable (-D) for sweeps. On an H100, BenchmarkGPUMLAPrefill (BF16,
+// 4096 tokens, one call): 64 / 2 / 2 679-685 us, 32 / 2 / 3 686-690, 32 / 3
+// / 3 692-693, 64 / 3 / 1 1088 (kernels/cuda/NOTES.md). Every setting gives a
+// row the same bits alone, in a batch and in chunks; the key tile changes
+// them (the softmax's rescaling points).
+#ifndef MPF_ABK
+#define MPF_ABK 64
+#endif
+#ifndef MPF_ASTAGES
+#define MPF_ASTAGES 2
+#endif
+#ifndef MPF_AMINB
+#define MPF_AMINB 2
+#endif
+static_assert(MPF_BK % MPF_ABK == 0 && MPF_ABK % 16 == 0, "attention key tiles divide the expanded rows' padding");
+static_assert(MPF_ASTAGES >= 2, "the attention kernel needs two copy stages at least");
 
 // Expansion GEMM tiles: MPF_EBM rows x MPF_EBN columns (half a head's 256),
 // kv_lora_rank in steps of MPF_EBK through MPF_ESTAGES copy stages.
@@ -370,11 +388,11 @@ __global__ void __launch_bounds__(MPF_THREADS, 2)
 
 // ---------------------------------------------------------------- attention
 
-static size_t di_mpf_attn_smem() { return (size_t)2 * MPF_BK * (MPF_LK + MPF_LV) * 2; }
+static size_t di_mpf_attn_smem() { return (size_t)MPF_ASTAGES * MPF_ABK * (MPF_LK + MPF_LV) * 2; }
 
 // di_mpf_tile runs one key tile of a warp (16 query rows of one head,
-// fragments qf) against the staged K ([MPF_BK][MPF_LK]) and V
-// ([MPF_BK][MPF_LV]) tiles: the scores, the online-softmax update of (m,
+// fragments qf) against the staged K ([MPF_ABK][MPF_LK]) and V
+// ([MPF_ABK][MPF_LV]) tiles: the scores, the online-softmax update of (m,
 // l) and o, and the products with V, in a fixed order (di_tc16_tile's,
 // with qk dim 192 and v dim 128). n: the tile's keys below the block's
 // last; full: every key of the tile is visible to every row of the warp;
@@ -383,14 +401,15 @@ template <typename T>
 __device__ __forceinline__ void di_mpf_tile(float (&o)[MPF_VD / 8][4], float (&m)[2], float (&l)[2],
                                             const uint32_t (&qf)[MPF_DQK / 16][4], const T *Ks, const T *Vs, int t0,
                                             int n, bool full, const int (&last)[2], float scale_log2) {
+	constexpr int NT = MPF_ABK / 8;
 	const int lane = threadIdx.x & 31, t4 = lane & 3, lm_row = lane & 7, lm_mat = lane >> 3;
-	float sc[8][4];
+	float sc[NT][4];
 #pragma unroll
-	for (int nt = 0; nt < 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+	for (int nt = 0; nt < NT; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
 #pragma unroll
 	for (int ks = 0; ks < MPF_DQK / 16; ks++) {
 #pragma unroll
-		for (int nt = 0; nt < 8; nt += 2) {
+		for (int nt = 0; nt < NT; nt += 2) {
 			// matrices: (keys nt, d lo), (keys nt, d hi), (keys nt+1, d lo), (keys nt+1, d hi)
 			uint32_t b[4];
 			di_ldmatrix_x4(b, Ks + ((nt + (lm_mat >> 1)) * 8 + lm_row) * MPF_LK + ks * 16 + (lm_mat & 1) * 8);
@@ -403,7 +422,7 @@ __device__ __forceinline__ void di_mpf_tile(float (&o)[MPF_VD / 8][4], float (&m
 		float mx = -CUDART_INF_F;
 		if (full) {
 #pragma unroll
-			for (int nt = 0; nt < 8; nt++) {
+			for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
 				for (int c = 0; c < 2; c++) {
 					const float v = sc[nt][2 * i + c] * scale_log2;
@@ -413,7 +432,7 @@ __device__ __forceinline__ void di_mpf_tile(float (&o)[MPF_VD / 8][4], float (&m
 			}
 		} else {
 #pragma unroll
-			for (int nt = 0; nt < 8; nt++) {
+			for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
 				for (int c = 0; c < 2; c++) {
 					const int kk = nt * 8 + 2 * t4 + c;
@@ -427,7 +446,7 @@ __device__ __forceinline__ void di_mpf_tile(float (&o)[MPF_VD / 8][4], float (&m
 		di_softmax_update<true>(sc, m, l, o, i, mx);
 	}
 #pragma unroll
-	for (int kk = 0; kk < MPF_BK / 16; kk++) {
+	for (int kk = 0; kk < MPF_ABK / 16; kk++) {
 		const uint32_t a0 = di_mpf_pack<T>(sc[2 * kk][0], sc[2 * kk][1]), a1 = di_mpf_pack<T>(sc[2 * kk][2], sc[2 * kk][3]);
 		const uint32_t a2 = di_mpf_pack<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
 		const uint32_t a3 = di_mpf_pack<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
@@ -447,19 +466,20 @@ __device__ __forceinline__ void di_mpf_tile(float (&o)[MPF_VD / 8][4], float (&m
 // and query tile y of the plan (base_t; a sequence's tiles last first, so
 // the longest run first); warp w its rows 16 w .. +16. The keys come from
 // the expanded scratch of the head (kv: [heads of the pass][r_stride][256],
-// the sequence's rows from base_r[s]) and kpe, in tiles of MPF_BK aligned to
-// positions 0, 64, ..., two in flight (cp.async). out (F32 [rows, heads,
+// the sequence's rows from base_r[s]) and kpe, in tiles of MPF_ABK aligned to
+// positions 0, MPF_ABK, ..., through a ring of MPF_ASTAGES cp.async stages
+// (MPF_ASTAGES - 1 tiles in flight while one is multiplied). out (F32 [rows, heads,
 // 128]) gets o / l. A sequence whose metadata does not fit (kl < ql or kl >
 // max_keys) sets DI_CHECK_MLA and gets zeros.
 template <typename T>
-__global__ void __launch_bounds__(MPF_THREADS, 2)
+__global__ void __launch_bounds__(MPF_THREADS, MPF_AMINB)
     di_mpf_attn_k(float *out, const float *q, const T *kv, const T *kpe, const int *cu, const int *seqlens_k,
                   const int *base_r, const int *base_t, int num_seqs, int max_keys, int num_heads, int h0,
                   size_t r_stride, float scale_log2, unsigned *check) {
 	constexpr int KS = MPF_DQK / 16, ND = MPF_VD / 8;
 	extern __shared__ __align__(16) unsigned char mpf_asmem[];
-	T *Kst = reinterpret_cast<T *>(mpf_asmem); // [2][MPF_BK][MPF_LK]
-	T *Vst = Kst + 2 * MPF_BK * MPF_LK;         // [2][MPF_BK][MPF_LV]
+	T *Kst = reinterpret_cast<T *>(mpf_asmem); // [MPF_ASTAGES][MPF_ABK][MPF_LK]
+	T *Vst = Kst + MPF_ASTAGES * MPF_ABK * MPF_LK; // [MPF_ASTAGES][MPF_ABK][MPF_LV]
 	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	const int hx = blockIdx.x, h = h0 + hx, b = blockIdx.y;
 	di_pdl_wait();
@@ -482,12 +502,15 @@ __global__ void __launch_bounds__(MPF_THREADS, 2)
 	const T *pb = kpe + (size_t)base_r[s] * MPF_ROPE;
 	// fetch queues the copies of key tile t0 into stage st: per key 16
 	// chunks of K_nope, 8 of k_pe and 16 of V (every row below the
-	// sequence's padded end exists in the scratch).
+	// sequence's padded end exists in the scratch). Each thread's chunks
+	// are the same in every tile: a fixed trip count, unrolled.
 	auto fetch = [&](int t0, int st) {
-		T *kd = Kst + st * MPF_BK * MPF_LK, *vd = Vst + st * MPF_BK * MPF_LV;
+		T *kd = Kst + st * MPF_ABK * MPF_LK, *vd = Vst + st * MPF_ABK * MPF_LV;
 		constexpr int CH = (MPF_NOPE + MPF_ROPE + MPF_VD) / 8;
-		for (int c = tid; c < MPF_BK * CH; c += MPF_THREADS) {
-			const int r = c / CH, e = c - r * CH;
+		static_assert(MPF_ABK * CH % MPF_THREADS == 0, "every thread copies as many chunks");
+#pragma unroll
+		for (int i = 0; i < MPF_ABK * CH / MPF_THREADS; i++) {
+			const int c = tid + MPF_THREADS * i, r = c / CH, e = c - r * CH;
 			const T *src;
 			T *dst;
 			if (e < MPF_NOPE / 8) {
@@ -503,9 +526,12 @@ __global__ void __launch_bounds__(MPF_THREADS, 2)
 			}
 			di_cp_async16(dst, src, true);
 		}
-		di_cp_async_commit();
 	};
-	fetch(0, 0);
+#pragma unroll
+	for (int j = 0; j < MPF_ASTAGES - 1; j++) {
+		if (j * MPF_ABK < k_hi) fetch(j * MPF_ABK, j);
+		di_cp_async_commit();
+	}
 	// Q fragments straight from the float32 rows, rounded to T.
 	const int rbase = warp * 16, r0 = rbase + g;
 	uint32_t qf[KS][4];
@@ -535,22 +561,22 @@ __global__ void __launch_bounds__(MPF_THREADS, 2)
 #pragma unroll
 	for (int nd = 0; nd < ND; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
 	int st = 0;
-	for (int t0 = 0; t0 < k_hi; t0 += MPF_BK, st ^= 1) {
-		const int n = min(MPF_BK, k_hi - t0);
-		if (t0 + MPF_BK < k_hi) {
-			fetch(t0 + MPF_BK, st ^ 1);
-			di_cp_async_wait<1>();
-		} else {
-			di_cp_async_wait<0>();
-		}
-		__syncthreads(); // tile t0 has landed for every thread
+	for (int t0 = 0; t0 < k_hi; t0 += MPF_ABK, st = st + 1 == MPF_ASTAGES ? 0 : st + 1) {
+		const int n = min(MPF_ABK, k_hi - t0);
+		di_cp_async_wait<MPF_ASTAGES - 2>();
+		// Tile t0 has landed for every thread, and every thread has finished
+		// the tile before it, whose stage the next copy refills.
+		__syncthreads();
+		const int t_next = t0 + (MPF_ASTAGES - 1) * MPF_ABK;
+		if (t_next < k_hi) fetch(t_next, st == 0 ? MPF_ASTAGES - 1 : st - 1);
+		di_cp_async_commit();
 		if (t0 < w_hi) {
-			const bool full = n == MPF_BK && t0 + MPF_BK <= w_full;
-			di_mpf_tile<T>(o, m, l, qf, Kst + st * MPF_BK * MPF_LK, Vst + st * MPF_BK * MPF_LV, t0, n, full, last,
+			const bool full = n == MPF_ABK && t0 + MPF_ABK <= w_full;
+			di_mpf_tile<T>(o, m, l, qf, Kst + st * MPF_ABK * MPF_LK, Vst + st * MPF_ABK * MPF_LV, t0, n, full, last,
 			               scale_log2);
 		}
-		__syncthreads(); // stage st is consumed before the next fetch refills it
 	}
+	di_cp_async_wait<0>();
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
 		float li = l[i];
