@@ -51,7 +51,7 @@ func (f *engineFlags) register(cmd *cobra.Command, set engineFlagSet) {
 	fl.IntVar(&f.maxModelLen, "max-model-len", 0, "prompt + output tokens per sequence (engine.max_model_len); default: the config's, else the model's max_position_embeddings")
 	fl.IntVar(&f.maxNumSeqs, "max-num-seqs", 0, "sequences in one step (engine.max_num_seqs); default: the config's")
 	fl.Float64Var(&f.gpuMemUtilization, "gpu-memory-utilization", 0, "cuda: share of device memory for activations and KV (cache.memory_fraction), in (0, 1]; default: the config's")
-	fl.StringVar(&f.kvCacheDType, "kv-cache-dtype", "", "KV cache element type (cache.kv_cache_dtype): auto, f16, fp8 or fp8_e4m3; default: the config's")
+	fl.StringVar(&f.kvCacheDType, "kv-cache-dtype", "", "KV cache element type (cache.kv_cache_dtype): auto, f32, f16, fp8 or fp8_e4m3; default: the config's")
 	fl.IntVar(&f.tensorParallel, "tensor-parallel-size", 1, "devices to split the model over; only 1 is supported")
 	fl.StringVar(&f.device, "device", "", "cpu or cuda (device); default: the config's")
 	if set.seed {

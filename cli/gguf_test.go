@@ -14,7 +14,9 @@ import (
 // TestGenerateGGUF: `generate -m FILE.gguf` runs a GGUF file written from a
 // model directory, with the tokenizer from the file's metadata: the F32
 // file generates what the directory generates (text prompt and ids,
-// greedy), the Q8_0 file runs from its blocks (its stats line says Q8_0).
+// greedy; the file's K/V caches in half by default, the directory's in
+// float32, the same tokens on these prompts), the Q8_0 file runs from its
+// blocks (its stats line says Q8_0).
 func TestGenerateGGUF(t *testing.T) {
 	dir := t.TempDir()
 	// A random Llama with the shipped model's byte-level BPE tokenizer

@@ -109,7 +109,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		if _, err := simd.Pick(cfg.CPU.SIMD); err != nil && !cfg.CPU.PureGo {
 			return nil, fmt.Errorf("llm: %w: cpu.simd %s: %w", config.ErrInvalid, cfg.CPU.SIMD, err)
 		}
-		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, SIMD: cfg.CPU.SIMD, KVCacheDType: cfg.Cache.KVDType(), Activations: CPUActivations(cfg.CPU.ActivationRounding, isGGUF)})
+		e.ops = cpu.New(cpu.Options{Threads: cfg.CPU.Threads, PureGo: cfg.CPU.PureGo, SIMD: cfg.CPU.SIMD, KVCacheDType: CPUKVCacheDType(cfg.Cache.KVDType(), isGGUF), Activations: CPUActivations(cfg.CPU.ActivationRounding, isGGUF)})
 	case cfg.Device == "cuda":
 		ops, err := cuda.New(cudaOptions(cfg))
 		if err != nil {
@@ -321,9 +321,9 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 // honour fp8 for GQA models, the CUDA backend also for MLA models of
 // kv_lora_rank 128 or 512 (DeepSeek's), while other MLA models keep their
 // latent cache (and a backend that could not keep a cache in 8 bits would
-// keep its own type rather than fail); the CPU backend honours f16 for GQA
-// and MLA models, the CUDA backend where it picks half itself. Auto accepts
-// any type.
+// keep its own type rather than fail); the CPU backend honours f16 and f32
+// for GQA and MLA models, the CUDA backend where it picks that type itself.
+// Auto accepts any type.
 func checkKVCacheDType(c config.Cache, spec models.KVCacheSpec) error {
 	want := c.KVDType()
 	if want == 0 || spec.DType == want {
@@ -331,7 +331,8 @@ func checkKVCacheDType(c config.Cache, spec models.KVCacheSpec) error {
 	}
 	return fmt.Errorf("llm: %w: cache.kv_cache_dtype %s asks for %v KV caches, but the model's %s cache got %v: "+
 		"fp8 needs a GQA model, or an MLA model of DeepSeek's latent sizes on the CUDA backend (MLA models such as DeepSeek keep a float32 or f16 latent cache on the CPU backend); "+
-		"f16 needs the CPU backend (GQA and MLA models), or 16-bit weights in GEMM mode round on the CUDA backend; use kv_cache_dtype: auto otherwise",
+		"f16 needs the CPU backend (GQA and MLA models), or 16-bit weights in GEMM mode round on the CUDA backend; "+
+		"f32 needs the CPU backend, or GEMM mode split or float32 weights on the CUDA backend; use kv_cache_dtype: auto otherwise",
 		config.ErrInvalid, c.KVCacheDType, want, spec.Layout, spec.DType)
 }
 
@@ -781,6 +782,20 @@ func warnSlowBF16Pairs(cfg *config.Config, isGGUF bool, formats string) {
 		slog.Warn("bfloat16 activations on the pure-Go kernels: products with BF16 weights run a Go loop (the SIMD paths' bits, far slower)",
 			"simd", impl.Name(), "cpu.activation_rounding", cfg.CPU.ActivationRounding)
 	}
+}
+
+// CPUKVCacheDType is the CPU backend's K/V cache type for
+// cache.kv_cache_dtype's element type kv (0: auto): under auto a model
+// directory keeps float32 caches (the float32 reference of transformers),
+// and a GGUF file gets IEEE half, llama.cpp's default cache type (its
+// --cache-type-k and -v f16), half the memory and half the bytes a decode
+// row's attention reads, as auto's activations follow llama.cpp for GGUF
+// files (CPUActivations). A type asked for is kept.
+func CPUKVCacheDType(kv kernels.DType, gguf bool) kernels.DType {
+	if kv == 0 && gguf {
+		return kernels.F16
+	}
+	return kv
 }
 
 // CPUActivations is the CPU backend's mode for cpu.activation_rounding

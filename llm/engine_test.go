@@ -1,9 +1,11 @@
 package llm
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -13,6 +15,8 @@ import (
 	"github.com/deepinfer/deepinfer-go/engine"
 	"github.com/deepinfer/deepinfer-go/engine/config"
 	"github.com/deepinfer/deepinfer-go/engine/models"
+	"github.com/deepinfer/deepinfer-go/engine/models/ggufwrite"
+	"github.com/deepinfer/deepinfer-go/engine/models/random"
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu"
 )
@@ -178,6 +182,28 @@ func TestCPUSIMDSetting(t *testing.T) {
 	}
 }
 
+// TestCPUKVCacheDType: under auto a model directory keeps float32 K/V
+// caches on the CPU and a GGUF file gets IEEE half, llama.cpp's default;
+// a type asked for is kept either way.
+func TestCPUKVCacheDType(t *testing.T) {
+	for _, tc := range []struct {
+		kv   kernels.DType
+		gguf bool
+		want kernels.DType
+	}{
+		{0, false, 0},
+		{0, true, kernels.F16},
+		{kernels.F32, true, kernels.F32},
+		{kernels.F32, false, kernels.F32},
+		{kernels.F16, false, kernels.F16},
+		{kernels.F8E4M3, true, kernels.F8E4M3},
+	} {
+		if got := CPUKVCacheDType(tc.kv, tc.gguf); got != tc.want {
+			t.Errorf("cache.kv_cache_dtype %v, GGUF %v: %v, want %v", tc.kv, tc.gguf, got, tc.want)
+		}
+	}
+}
+
 // TestCPUActivations: every cpu.activation_rounding the config accepts
 // maps to its CPU backend mode; auto (and the empty default) to llama.cpp's
 // rounding for GGUF quantized weights on a model directory, and for a GGUF
@@ -202,6 +228,50 @@ func TestCPUActivations(t *testing.T) {
 	} {
 		if got := CPUActivations(tc.rounding, tc.gguf); got != tc.want {
 			t.Errorf("cpu.activation_rounding %q, GGUF %v: mode %d, want %d", tc.rounding, tc.gguf, got, tc.want)
+		}
+	}
+}
+
+// A GGUF file's K/V caches are IEEE half under cache.kv_cache_dtype auto
+// on the CPU (llama.cpp's default) and float32 when f32 is asked for; the
+// model directory it was written from keeps float32 under auto.
+func TestGGUFKVCacheDefault(t *testing.T) {
+	// A random Llama with the shipped model's tokenizer, which GGUF metadata holds.
+	dir := t.TempDir()
+	if err := random.WriteLlama(dir, random.Llama{Vocab: 8192, Hidden: 64, Intermediate: 128, Layers: 2, Heads: 4, KVHeads: 2,
+		HeadDim: 16, MaxPositions: 512, BOS: 0, EOS: 1}, 7); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"tokenizer.json", "tokenizer_config.json"} {
+		data, err := os.ReadFile(filepath.Join("..", "assets", "deepseek-tiny", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var buf bytes.Buffer
+	if err := ggufwrite.Write(&buf, dir, "", "f32"); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "model.gguf")
+	if err := os.WriteFile(file, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		model, dtype string
+		want         kernels.DType
+	}{{file, "auto", kernels.F16}, {file, "f32", kernels.F32}, {file, "f16", kernels.F16}, {dir, "auto", kernels.F32}} {
+		e, err := New(tinyConfig(t, c.model, func(cfg *config.Config) { cfg.Cache.KVCacheDType = c.dtype }), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := e.Model().KVCacheSpec().DType; got != c.want {
+			t.Errorf("%s with kv_cache_dtype %s: cache %v, want %v", filepath.Base(c.model), c.dtype, got, c.want)
+		}
+		if err := e.Close(); err != nil {
+			t.Error(err)
 		}
 	}
 }

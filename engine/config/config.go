@@ -97,7 +97,10 @@ type Cache struct {
 	// which turns prefix caching off for such models.
 	StateCheckpoints int `yaml:"state_checkpoints"`
 	// KVCacheDType is the element type of the K and V caches: "auto" (or
-	// empty) keeps the backend's choice; "f16" (or "fp16", "float16")
+	// empty) keeps the backend's choice (the CPU backend's: float32 for a
+	// model directory, f16 for a GGUF file, as llama.cpp); "f32" (or
+	// "fp32", "float32") asks for float32 (the CPU backend, or where the
+	// CUDA backend picks it itself); "f16" (or "fp16", "float16")
 	// stores them in IEEE half (lossy, half of float32's bytes, llama.cpp's
 	// default; GQA models' K and V and MLA models' latent rows on the CPU
 	// backend, and on the CUDA backend where it picks half itself: 16-bit
@@ -116,7 +119,8 @@ type Cache struct {
 }
 
 // KVDType maps KVCacheDType to the element type it asks of the backend: 0
-// for auto (the backend's choice), kernels.F16 for f16, fp16 or float16,
+// for auto (the backend's choice), kernels.F32 for f32, fp32 or float32,
+// kernels.F16 for f16, fp16 or float16,
 // and kernels.F8E4M3 for fp8 or fp8_e4m3.
 // An unknown value (which Validate rejects) also gives 0.
 func (c Cache) KVDType() kernels.DType {
@@ -130,6 +134,8 @@ func parseKVCacheDType(s string) (dt kernels.DType, ok bool) {
 	switch s {
 	case "", "auto":
 		return 0, true
+	case "f32", "fp32", "float32":
+		return kernels.F32, true
 	case "f16", "fp16", "float16":
 		return kernels.F16, true
 	case "fp8", "fp8_e4m3":

@@ -372,7 +372,7 @@ func TestKVCacheDType(t *testing.T) {
 		{
 			name: "unknown value names the key and the accepted values",
 			yaml: "model: m\ndevice: cuda\ncache:\n  kv_cache_dtype: int8\n",
-			err:  []string{"cache.kv_cache_dtype", "auto", "f16", "fp8", "fp8_e4m3", `"int8"`},
+			err:  []string{"cache.kv_cache_dtype", "auto", "f32", "f16", "fp8", "fp8_e4m3", `"int8"`},
 		},
 		{
 			name: "case matters",
@@ -383,6 +383,8 @@ func TestKVCacheDType(t *testing.T) {
 		{name: "f16 on cpu", yaml: "model: m\ndevice: cpu\ncache:\n  kv_cache_dtype: f16\n", want: kernels.F16},
 		{name: "fp16", yaml: "model: m\ncache:\n  kv_cache_dtype: fp16\n", want: kernels.F16},
 		{name: "float16", yaml: "model: m\ncache:\n  kv_cache_dtype: float16\n", want: kernels.F16},
+		{name: "f32", yaml: "model: m\ncache:\n  kv_cache_dtype: f32\n", want: kernels.F32},
+		{name: "float32 on cpu", yaml: "model: m\ndevice: cpu\ncache:\n  kv_cache_dtype: float32\n", want: kernels.F32},
 		{name: "fp8_e4m3 on the default device", yaml: "model: m\ncache:\n  kv_cache_dtype: fp8_e4m3\n", want: kernels.F8E4M3},
 		{
 			name: "wrong type names its line",
@@ -429,6 +431,9 @@ func TestCacheKVDType(t *testing.T) {
 		{"f16", kernels.F16},
 		{"fp16", kernels.F16},
 		{"float16", kernels.F16},
+		{"f32", kernels.F32},
+		{"fp32", kernels.F32},
+		{"float32", kernels.F32},
 		{"bf16", 0},  // rejected by Validate: no backend keeps a bfloat16 K/V cache
 		{"bogus", 0}, // rejected by Validate
 	} {

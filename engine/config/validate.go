@@ -70,7 +70,7 @@ func (c *Config) Validate() error {
 		bad("cache.state_checkpoints", "must be -1 (none), 0 (auto) or positive, got %d", k.StateCheckpoints)
 	}
 	if _, ok := parseKVCacheDType(k.KVCacheDType); !ok {
-		bad("cache.kv_cache_dtype", "must be auto (or empty), f16 (fp16, float16), fp8 or fp8_e4m3, got %q", k.KVCacheDType)
+		bad("cache.kv_cache_dtype", "must be auto (or empty), f32 (fp32, float32), f16 (fp16, float16), fp8 or fp8_e4m3, got %q", k.KVCacheDType)
 	}
 	if c.CPU.Threads < 0 {
 		bad("cpu.threads", "must be 0 (all cores) or positive, got %d", c.CPU.Threads)

@@ -104,7 +104,7 @@ func main() {
 	acts := flag.String("acts", "auto", "the engine's cpu.activation_rounding: auto, none, llama_cpp or bf16")
 	self := flag.Bool("self", false, "also run llama.cpp with each prompt evaluated a token at a time and count how many of its tokens match its own one-pass run (the self column)")
 	ppl := flag.Int("ppl", 256, "tokens of the fixed text whose perplexity both engines compute per file (0: none)")
-	kv := flag.String("kv", "auto", "the engine's cache.kv_cache_dtype: auto (float32) or f16")
+	kv := flag.String("kv", "auto", "the engine's K/V cache: auto (float32, as llama.cpp's side here, whatever the engine's own default for GGUF files) or f16")
 	flag.Parse()
 	kvDType, ok := map[string]kernels.DType{"auto": 0, "f16": kernels.F16}[*kv]
 	if !ok {

@@ -31,8 +31,9 @@
 // llama_cpp rounds for 16-bit weights and multiplies in float32; bf16 is
 // auto for the GGUF files benchmarked here), an engine row per format each.
 // llama.cpp keeps its own defaults (F16 K/V cache, flash attention auto)
-// unless -peer-kv sets the cache type; this engine keeps K/V in float32
-// unless -kv sets its cache.kv_cache_dtype (f16: llama.cpp's default type).
+// unless -peer-kv sets the cache type; this engine keeps K/V in IEEE half
+// too (cache.kv_cache_dtype auto, for GGUF files) unless -kv sets another
+// (f32: float32).
 package main
 
 import (
@@ -88,7 +89,7 @@ func main() {
 	flag.StringVar(&o.nodeModules, "node-modules", ".cache/node-llama-cpp/node_modules", "node_modules holding node-llama-cpp")
 	flag.StringVar(&o.peerScript, "peer", "tools/cpu/peer.mjs", "the llama.cpp runner script")
 	flag.StringVar(&o.peerKV, "peer-kv", "", "llama.cpp's K/V cache type (f16, f32; default: llama.cpp's own, f16)")
-	flag.StringVar(&o.kv, "kv", "auto", "this engine's cache.kv_cache_dtype (auto: float32; f16: IEEE half, llama.cpp's default)")
+	flag.StringVar(&o.kv, "kv", "auto", "this engine's cache.kv_cache_dtype (auto: IEEE half for GGUF files, llama.cpp's default; f32: float32)")
 	types := flag.String("types", "f32,bf16,q8_0,q4_k_m", "GGUF weight types, comma-separated (any of "+strings.Join(ggufwrite.Presets, ", ")+")")
 	flag.IntVar(&o.threads, "t", 2, "threads, both engines and the bandwidth measurement")
 	flag.IntVar(&o.prompt, "p", 512, "prompt tokens (prefill)")
@@ -168,7 +169,7 @@ func run(o options) error {
 	ids := strings.Join(prompt, ",")
 
 	peerKV := kvBytesPerToken(cfg.kvShape, o.prompt, o.gen, kvElemBytes(o.peerKV, 2))
-	engineKV := kvBytesPerToken(cfg.kvShape, o.prompt, o.gen, kvElemBytes(o.kv, 4))
+	engineKV := kvBytesPerToken(cfg.kvShape, o.prompt, o.gen, kvElemBytes(o.kv, 2)) // auto: half for a GGUF file
 
 	var fs []formatRuns
 	files := map[string]string{}
@@ -231,7 +232,7 @@ func run(o options) error {
 
 	fmt.Printf("\npeer benchmark: %d threads, %d prompt tokens, %d generated (greedy, EOS ignored), median of %d rounds, each run a fresh process\n",
 		o.threads, o.prompt, o.gen, o.rounds)
-	fmt.Printf("model: %s; llama.cpp: node-llama-cpp (K/V %s); this engine: K/V %s\n", filepath.Base(modelDir), kvName(o.peerKV), o.kv)
+	fmt.Printf("model: %s; llama.cpp: node-llama-cpp (K/V %s); this engine: K/V %s\n", filepath.Base(modelDir), kvName(o.peerKV), strings.Replace(o.kv, "auto", "auto (f16 for GGUF files)", 1))
 	fmt.Printf("bandwidth (%d threads, %d MiB buffers, median of %d): copy %.1f GB/s read+write [%.1f..%.1f], read %.1f GB/s [%.1f..%.1f]\n",
 		o.threads, o.bwMiB, len(copies), copyBW/1e9, minOf(copies)/1e9, maxOf(copies)/1e9, readBW/1e9, minOf(reads)/1e9, maxOf(reads)/1e9)
 	fmt.Printf("cpu: %s; Go SIMD: %s\n", cpuModel(), simd.Default().Name())
