@@ -25,14 +25,8 @@ func TestGenerateGGUF(t *testing.T) {
 		HeadDim: 16, MaxPositions: 512, BOS: 0, EOS: 1}, 7); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"tokenizer.json", "tokenizer_config.json"} {
-		data, err := os.ReadFile(filepath.Join("..", "assets", "deepseek-tiny", name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
+	if err := random.CopyTokenizer(dir, filepath.Join("..", "assets", "deepseek-tiny")); err != nil {
+		t.Fatal(err)
 	}
 	cfg := filepath.Join(dir, "run.yaml")
 	if err := os.WriteFile(cfg, []byte("model: .\ncpu: {threads: 2}\ncache: {num_blocks: 64}\n"), 0o644); err != nil {

@@ -242,14 +242,8 @@ func TestGGUFKVCacheDefault(t *testing.T) {
 		HeadDim: 16, MaxPositions: 512, BOS: 0, EOS: 1}, 7); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"tokenizer.json", "tokenizer_config.json"} {
-		data, err := os.ReadFile(filepath.Join("..", "assets", "deepseek-tiny", name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
-			t.Fatal(err)
-		}
+	if err := random.CopyTokenizer(dir, filepath.Join("..", "assets", "deepseek-tiny")); err != nil {
+		t.Fatal(err)
 	}
 	var buf bytes.Buffer
 	if err := ggufwrite.Write(&buf, dir, "", "f32"); err != nil {

@@ -48,16 +48,9 @@ for f in "${files[@]}"; do
 		rc=1
 		continue
 	fi
-	# ptxas prints, per entry function: "Compiling entry function 'NAME'",
-	# then "N bytes stack frame, S bytes spill stores, L bytes spill loads",
-	# then "Used R registers".
-	awk -v file="$b.cu" -v match_re="${MATCH:-.}" '
-		/Compiling entry function/ { name = $0; sub(/.*function .?/, "", name); sub(/.? for .*/, "", name); stack = spill = "" }
-		/bytes stack frame/ { stack = $1; spill = $5 }
-		/Used [0-9]+ registers/ && name != "" {
-			regs = $0; sub(/.*Used /, "", regs); sub(/ registers.*/, "", regs)
-			if (name ~ match_re) printf "%-28s %-60s %5s %7s %6s\n", file, substr(name, 1, 60), regs, spill, stack
-			name = ""
-		}' "$tmp/$b.log"
+	awk -v match_re="${MATCH:-.}" -f "$root/tools/gpu/ptxas_regs.awk" "$tmp/$b.log" |
+		while IFS=$'\t' read -r name regs spill stack; do
+			printf '%-28s %-60s %5s %7s %6s\n' "$b.cu" "${name:0:60}" "$regs" "$spill" "$stack"
+		done
 done
 exit $rc

@@ -93,17 +93,11 @@ for round in $(seq "${ROUNDS:-2}"); do
 done
 echo "== $file: ${#names[@]} variants, $(($(date +%s) - t0)) s"
 if [[ -n ${MATCH:-} ]]; then
-	# ptxas_check.sh's reading of ptxas -v: per entry function, its stack
-	# and spill stores, then its registers.
 	for name in "${names[@]}"; do
-		awk -v v="$name" -v match_re="$MATCH" '
-			/Compiling entry function/ { k = $0; sub(/.*function .?/, "", k); sub(/.? for .*/, "", k); stack = spill = "" }
-			/bytes stack frame/ { stack = $1; spill = $5 }
-			/Used [0-9]+ registers/ && k != "" {
-				regs = $0; sub(/.*Used /, "", regs); sub(/ registers.*/, "", regs)
-				if (k ~ match_re) printf "%s | %s | %s registers, %s bytes spilled, %s stack\n", v, substr(k, 1, 60), regs, spill, stack
-				k = ""
-			}' "$out/ptxas_$name.log"
+		awk -v match_re="$MATCH" -f "$root/tools/gpu/ptxas_regs.awk" "$out/ptxas_$name.log" |
+			while IFS=$'\t' read -r k regs spill stack; do
+				echo "$name | ${k:0:60} | $regs registers, $spill bytes spilled, $stack stack"
+			done
 	done
 fi
 cat "$out/tests.txt"

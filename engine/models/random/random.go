@@ -84,3 +84,19 @@ func WriteLlama(dir string, m Llama, seed uint64) error {
 	}
 	return weights.WriteFile(filepath.Join(dir, "model.safetensors"), ts, nil)
 }
+
+// CopyTokenizer copies tokenizer.json and tokenizer_config.json from the
+// model directory src into dir, giving a random model a real tokenizer
+// (one that GGUF metadata can hold, unlike a hand-made one).
+func CopyTokenizer(dir, src string) error {
+	for _, name := range []string{"tokenizer.json", "tokenizer_config.json"} {
+		data, err := os.ReadFile(filepath.Join(src, name))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
