@@ -104,11 +104,11 @@ func main() {
 	acts := flag.String("acts", "auto", "the engine's cpu.activation_rounding: auto, none, llama_cpp or bf16")
 	self := flag.Bool("self", false, "also run llama.cpp with each prompt evaluated a token at a time and count how many of its tokens match its own one-pass run (the self column)")
 	ppl := flag.Int("ppl", 256, "tokens of the fixed text whose perplexity both engines compute per file (0: none)")
-	kv := flag.String("kv", "auto", "the engine's K/V cache: auto (float32, as llama.cpp's side here, whatever the engine's own default for GGUF files) or f16")
+	kv := flag.String("kv", "auto", "the engine's K/V cache: auto or f32 (float32, as llama.cpp's side here, whatever the engine's own default for GGUF files) or f16")
 	flag.Parse()
-	kvDType, ok := map[string]kernels.DType{"auto": 0, "f16": kernels.F16}[*kv]
+	kvDType, ok := map[string]kernels.DType{"auto": 0, "f32": kernels.F32, "f16": kernels.F16}[*kv]
 	if !ok {
-		fmt.Fprintf(os.Stderr, "gguf-parity: -kv %q is not auto or f16\n", *kv)
+		fmt.Fprintf(os.Stderr, "gguf-parity: -kv %q is not auto, f32 or f16\n", *kv)
 		os.Exit(2)
 	}
 	if !slices.Contains([]string{"auto", "none", "llama_cpp", "bf16"}, *acts) {
