@@ -48,6 +48,7 @@ import (
 
 	"github.com/deepinfer/deepinfer-go/engine/models"
 	"github.com/deepinfer/deepinfer-go/engine/models/ggufwrite"
+	"github.com/deepinfer/deepinfer-go/engine/models/random"
 	"github.com/deepinfer/deepinfer-go/engine/weights"
 	"github.com/deepinfer/deepinfer-go/kernels"
 	"github.com/deepinfer/deepinfer-go/kernels/cpu"
@@ -379,16 +380,7 @@ func writeModel(dir, tokDir string, cfgMap map[string]any, seed uint64) error {
 	if err := weights.WriteFile(filepath.Join(dir, "model.safetensors"), ts, nil); err != nil {
 		return err
 	}
-	for _, name := range []string{"tokenizer.json", "tokenizer_config.json"} {
-		b, err := os.ReadFile(filepath.Join(tokDir, name))
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
+	return random.CopyTokenizer(dir, tokDir)
 }
 
 // engineGreedy loads the GGUF file at path and decodes n tokens greedily

@@ -326,16 +326,7 @@ func writeRandomLlama(dir, tokDir string, seed uint64) error {
 	if err := random.WriteLlama(dir, defaultModel, seed); err != nil {
 		return err
 	}
-	for _, name := range []string{"tokenizer.json", "tokenizer_config.json"} {
-		b, err := os.ReadFile(filepath.Join(tokDir, name))
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
+	return random.CopyTokenizer(dir, tokDir)
 }
 
 // runPeer runs llama.cpp once on path.
