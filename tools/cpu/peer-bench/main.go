@@ -8,7 +8,11 @@
 // and the same number of greedily decoded tokens (EOS ignored on both
 // sides). The order of the two alternates from round to round. Before each
 // round and after the last, it measures the memory bandwidth with the same
-// thread count over buffers far larger than the caches.
+// thread count over buffers far larger than the caches, and it probes the
+// read bandwidth again right before and after every run, so that each run
+// is also set against the roofline of its own window (the "own read roof"
+// column: on a shared machine the bandwidth drifts by tens of percent
+// within a benchmark).
 //
 //	npm install --prefix .cache/node-llama-cpp node-llama-cpp@3.21.1
 //	go run ./tools/cpu/peer-bench [-t 2] [-p 512] [-n 64] [-r 3] [-types f32,bf16,q8_0,q4_k_m] [-acts auto,none,llama_cpp] [-simd auto|avx2|avx512] [-kv auto|f16] [-model DIR] [-out DIR]
@@ -214,8 +218,8 @@ func run(o options) error {
 			// Alternate who goes first, so that neither always runs on a
 			// machine the other just warmed or heated.
 			steps := []func() error{
-				func() error { return runPeer(o, f, path, nodeModules, ids, round) },
-				func() error { return runEngines(o, f, self, path, ids, round) },
+				func() error { return runPeer(o, f, path, nodeModules, ids, round, bw) },
+				func() error { return runEngines(o, f, self, path, ids, round, bw) },
 			}
 			if round%2 == 1 {
 				steps[0], steps[1] = steps[1], steps[0]
@@ -329,8 +333,17 @@ func writeRandomLlama(dir, tokDir string, seed uint64) error {
 	return random.CopyTokenizer(dir, tokDir)
 }
 
-// runPeer runs llama.cpp once on path.
-func runPeer(o options, f *formatRuns, path, nodeModules, ids string, round int) error {
+// probed runs run between two read probes of bw and sets the result's
+// ReadBps to their mean.
+func probed(bw *bandwidth, run func() (runResult, error)) (runResult, error) {
+	before := bw.read()
+	res, err := run()
+	res.ReadBps = (before + bw.read()) / 2
+	return res, err
+}
+
+// runPeer runs llama.cpp once on path, between two probes of bw.
+func runPeer(o options, f *formatRuns, path, nodeModules, ids string, round int, bw *bandwidth) error {
 	args := []string{o.peerScript, "-m", path, "--ids", ids, "-n", strconv.Itoa(o.gen), "-t", strconv.Itoa(o.threads),
 		"-c", strconv.Itoa(max(1024, o.prompt+o.gen))}
 	if o.peerKV != "" {
@@ -338,7 +351,7 @@ func runPeer(o options, f *formatRuns, path, nodeModules, ids string, round int)
 	}
 	cmd := exec.Command("node", args...)
 	cmd.Env = append(os.Environ(), "NODE_PATH="+nodeModules)
-	res, err := runJSON(cmd)
+	res, err := probed(bw, func() (runResult, error) { return runJSON(cmd) })
 	if err != nil {
 		return fmt.Errorf("llama.cpp on %s: %w", filepath.Base(path), err)
 	}
@@ -352,13 +365,13 @@ func runPeer(o options, f *formatRuns, path, nodeModules, ids string, round int)
 }
 
 // runEngines runs this engine once on path in a fresh process of this
-// program, per engine setting.
-func runEngines(o options, f *formatRuns, self, path, ids string, round int) error {
+// program, per engine setting, each between two probes of bw.
+func runEngines(o options, f *formatRuns, self, path, ids string, round int, bw *bandwidth) error {
 	for i := range f.engines {
 		s := &f.engines[i]
 		args := []string{"-engine-child", path, "-ids", ids, "-n", strconv.Itoa(o.gen), "-t", strconv.Itoa(o.threads),
 			"-acts", s.acts, "-simd", o.simd, "-kv", o.kv}
-		res, err := runJSON(exec.Command(self, args...))
+		res, err := probed(bw, func() (runResult, error) { return runJSON(exec.Command(self, args...)) })
 		if err != nil {
 			return fmt.Errorf("%s on %s: %w", s.name, filepath.Base(path), err)
 		}
@@ -372,7 +385,8 @@ func runEngines(o options, f *formatRuns, self, path, ids string, round int) err
 }
 
 func logRun(typ, name string, round int, r runResult) {
-	fmt.Fprintf(os.Stderr, "round %d %-7s %-18s prefill %7.1f tok/s, decode %6.2f tok/s\n", round+1, typ, name, r.PrefillTokS, r.DecodeTokS)
+	fmt.Fprintf(os.Stderr, "round %d %-7s %-18s prefill %7.1f tok/s, decode %6.2f tok/s, read probes %.1f GB/s\n", round+1, typ, name,
+		r.PrefillTokS, r.DecodeTokS, r.ReadBps/1e9)
 }
 
 // checkRun checks that a run decoded the prompt and token count asked.

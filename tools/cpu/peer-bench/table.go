@@ -22,6 +22,10 @@ type runResult struct {
 	Backend string `json:"backend"`
 	// Format is the engine's weight format (empty for llama.cpp).
 	Format string `json:"format"`
+	// ReadBps is the read bandwidth probed right before and right after
+	// the run (their mean; set by the parent, not the child): the roofline
+	// of this run's own window on a machine whose bandwidth drifts.
+	ReadBps float64 `json:"-"`
 }
 
 // median is the middle value of xs (the mean of the two middle ones for an
@@ -120,6 +124,12 @@ func (s *side) decode() float64 {
 	return median(collect(s.runs, func(r runResult) float64 { return r.DecodeTokS }))
 }
 
+// ownRoofShare is the median over the runs of each run's decode as a share
+// of the read roofline its own probes measured (0 without probes).
+func (s *side) ownRoofShare(bytesPerToken int64) float64 {
+	return median(collect(s.runs, func(r runResult) float64 { return rooflineShare(r.DecodeTokS, bytesPerToken, r.ReadBps) }))
+}
+
 func collect(rs []runResult, f func(runResult) float64) []float64 {
 	out := make([]float64, len(rs))
 	for i, r := range rs {
@@ -146,11 +156,13 @@ func matched(a, b []int32) int {
 }
 
 // writeTable prints the per-format table: medians of the rounds, ratios
-// engine/llama.cpp, decode as a share of the copy-bandwidth roofline, and
-// the tokens both sides agreed on (first round).
+// engine/llama.cpp, decode as a share of the copy- and read-bandwidth
+// rooflines of the whole benchmark (copyBW, readBW), the median of each
+// run's share of the read roofline probed around it ("own read roof"),
+// and the tokens both sides agreed on (first round).
 func writeTable(w io.Writer, fs []formatRuns, copyBW, readBW float64, n int) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "format\tside\tprefill tok/s\tx llama.cpp\tdecode tok/s\tx llama.cpp\tdecode / copy roof\tdecode / read roof\t+ K/V\tsame tokens\tweights\t")
+	fmt.Fprintln(tw, "format\tside\tprefill tok/s\tx llama.cpp\tdecode tok/s\tx llama.cpp\tdecode / copy roof\tdecode / read roof\t+ K/V\town read roof\tsame tokens\tweights\t")
 	for _, f := range fs {
 		rows := append([]side{f.peer}, f.engines...)
 		for i, s := range rows {
@@ -166,9 +178,9 @@ func writeTable(w io.Writer, fs []formatRuns, copyBW, readBW float64, n int) {
 					wf = s.runs[0].Format
 				}
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%.2f\t%s\t%.0f%%\t%.0f%%\t%.0f%%\t%s\t%s\t\n", f.typ, s.name, pre, xp, dec, xd,
+			fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%.2f\t%s\t%.0f%%\t%.0f%%\t%.0f%%\t%.0f%%\t%s\t%s\t\n", f.typ, s.name, pre, xp, dec, xd,
 				100*rooflineShare(dec, f.bytesPerToken, copyBW), 100*rooflineShare(dec, f.bytesPerToken, readBW),
-				100*rooflineShare(dec, f.bytesPerToken+s.kvBytes, readBW), same, wf)
+				100*rooflineShare(dec, f.bytesPerToken+s.kvBytes, readBW), 100*s.ownRoofShare(f.bytesPerToken), same, wf)
 		}
 	}
 	tw.Flush()

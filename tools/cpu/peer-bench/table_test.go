@@ -51,12 +51,12 @@ func TestWriteTable(t *testing.T) {
 	fs := []formatRuns{{
 		typ: "q8_0", bytesPerToken: 100e6,
 		peer: side{name: "llama.cpp", kvBytes: 100e6, runs: []runResult{
-			{IDs: []int32{1, 2, 3}, PrefillTokS: 100, DecodeTokS: 40},
-			{PrefillTokS: 300, DecodeTokS: 60},
-			{PrefillTokS: 200, DecodeTokS: 50},
+			{IDs: []int32{1, 2, 3}, PrefillTokS: 100, DecodeTokS: 40, ReadBps: 10e9},
+			{PrefillTokS: 300, DecodeTokS: 60, ReadBps: 10e9},
+			{PrefillTokS: 200, DecodeTokS: 50, ReadBps: 5e9},
 		}},
 		engines: []side{{name: "engine", runs: []runResult{
-			{IDs: []int32{1, 2, 4}, PrefillTokS: 240, DecodeTokS: 75, Format: "Q8_0"},
+			{IDs: []int32{1, 2, 4}, PrefillTokS: 240, DecodeTokS: 75, Format: "Q8_0", ReadBps: 15e9},
 		}}},
 	}}
 	var buf bytes.Buffer
@@ -67,12 +67,14 @@ func TestWriteTable(t *testing.T) {
 	}
 	// llama.cpp: medians 200 and 50; 50 tok/s of a 100 tok/s copy roof, of
 	// a 200 tok/s read roof, of a 100 tok/s read roof with its 100 MB of
-	// K/V a token.
-	if f := strings.Fields(lines[1]); strings.Join(f, " ") != "q8_0 llama.cpp 200.0 50.00 50% 25% 50%" {
+	// K/V a token; its runs' own probes put them at 40%, 60% and 100% of
+	// their read roofs (100, 100 and 50 tok/s): median 60%.
+	if f := strings.Fields(lines[1]); strings.Join(f, " ") != "q8_0 llama.cpp 200.0 50.00 50% 25% 50% 60%" {
 		t.Errorf("llama.cpp row %q", lines[1])
 	}
-	// The engine: 1.2x the prefill, 1.5x the decode, 2 of 3 tokens agreed.
-	if f := strings.Fields(lines[2]); strings.Join(f, " ") != "q8_0 engine 240.0 1.20 75.00 1.50 75% 38% 38% 2/3 Q8_0" {
+	// The engine: 1.2x the prefill, 1.5x the decode, half of its own read
+	// roof (150 tok/s at 15 GB/s), 2 of 3 tokens agreed.
+	if f := strings.Fields(lines[2]); strings.Join(f, " ") != "q8_0 engine 240.0 1.20 75.00 1.50 75% 38% 38% 50% 2/3 Q8_0" {
 		t.Errorf("engine row %q", lines[2])
 	}
 }
