@@ -252,6 +252,14 @@ type Options struct {
 	// see NOTES.md; cuBLASLt may pick another algorithm for another row
 	// count, as cuBLAS does for 16-bit weights).
 	DisableFP8LT bool
+	// MoEWGMMA runs MoE batches of MoEGEMMPairs pairs and more over 16-bit
+	// experts on a grouped GEMM of Hopper's warpgroup MMA (sm_90a builds,
+	// hidden and intermediate sizes multiples of 64) instead of the
+	// mma.sync one. Its sums differ in rounding from those of the smaller
+	// batches' grouped kernels, which the mma.sync GEMM reproduces bit for
+	// bit, as the 16-bit linears' cuBLAS GEMMs differ from their GEMVs.
+	// Off by default: see NOTES.md for what has been measured of it.
+	MoEWGMMA bool
 	// FillUninitialized fills every allocation (the library's scratch
 	// included) with 0xFF bytes before it is handed out, so that a kernel
 	// reading memory nobody wrote sees NaN or -1 rather than what the

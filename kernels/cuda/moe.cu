@@ -1531,19 +1531,36 @@ static bool di_moe_gemm_ok(int w_dtype, size_t pairs, int num_experts, int hidde
 	return di_moe_gemm_grid(pairs, num_experts, hidden, 0).y <= 65535u;
 }
 
+// di_moe_big_smem lets kernel take smem bytes of dynamic shared memory,
+// with the whole carveout as shared memory.
+template <typename K> static cudaError_t di_moe_big_smem(K kernel, size_t smem) {
+	cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+	if (e == cudaSuccess)
+		e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+	return e;
+}
+
 template <typename T, int MODE>
 static int di_moe_gemm(di_ctx *ctx, const di_moe_gemm_args<T> &p, size_t pairs) {
 	auto kernel = di_moe_gemm_k<T, MODE>;
 	// Two blocks a multiprocessor need 2 x (112 + 1) KB of its 228: the whole carveout as shared memory.
-	cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)MG_SMEM);
-	if (e == cudaSuccess)
-		e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+	const cudaError_t e = di_moe_big_smem(kernel, MG_SMEM);
 	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "moe: grouped gemm: cudaFuncSetAttribute");
 	kernel<<<di_moe_gemm_grid(pairs, p.num_experts, p.n, p.inter), MG_THREADS, MG_SMEM, ctx->stream>>>(p);
 	return di_check_launch(ctx, "moe: grouped gemm");
 }
 
-// moe_gemm_mlp is moe_mlp's 16-bit path on di_moe_gemm_k: xh (and xl) are
+#include "moe_wgmma.cuh"
+
+// di_moe_gemm_any runs one grouped projection on di_moe_wg_k where wg is
+// set, else on di_moe_gemm_k.
+template <typename T, int MODE>
+static int di_moe_gemm_any(di_ctx *ctx, const di_moe_gemm_args<T> &p, size_t pairs, bool wg) {
+	return wg ? di_moe_wg<T, MODE>(ctx, p, pairs) : di_moe_gemm<T, MODE>(ctx, p, pairs);
+}
+
+// moe_gemm_mlp is moe_mlp's 16-bit path on di_moe_gemm_k (on di_moe_wg_k
+// with ctx->moe_wg, Options.MoEWGMMA, where di_moe_wg_ok): xh (and xl) are
 // x rounded to T; in GEMM mode round two launches (gate/up with the
 // SiLU-mul fused into ah, then down into yh); in split mode gate/up's hi
 // and lo passes through gh (float32 [pairs, 2 inter]) into ah and al, and
@@ -1554,18 +1571,19 @@ static int moe_gemm_mlp(di_ctx *ctx, float *gh, T *ah, T *al, float *yh, const T
                         int inter, int num_experts) {
 	di_moe_gemm_args<T> gu{gate_up, xh, order, top_k, offsets, num_experts, 2 * inter, hidden, inter, gh, ah, nullptr};
 	di_moe_gemm_args<T> dn{down, ah, nullptr, 1, offsets, num_experts, hidden, inter, 0, yh, nullptr, nullptr};
+	const bool wg = ctx->moe_wg && di_moe_wg_ok(hidden, inter);
 	int r;
 	if (!xl) {
-		r = di_moe_gemm<T, MG_ACT>(ctx, gu, pairs);
-		if (r == DI_OK) r = di_moe_gemm<T, MG_STORE>(ctx, dn, pairs);
+		r = di_moe_gemm_any<T, MG_ACT>(ctx, gu, pairs, wg);
+		if (r == DI_OK) r = di_moe_gemm_any<T, MG_STORE>(ctx, dn, pairs, wg);
 		return r;
 	}
-	r = di_moe_gemm<T, MG_STORE>(ctx, gu, pairs);
+	r = di_moe_gemm_any<T, MG_STORE>(ctx, gu, pairs, wg);
 	gu.x = xl, gu.act_lo = al;
-	if (r == DI_OK) r = di_moe_gemm<T, MG_ADD_ACT>(ctx, gu, pairs);
-	if (r == DI_OK) r = di_moe_gemm<T, MG_STORE>(ctx, dn, pairs);
+	if (r == DI_OK) r = di_moe_gemm_any<T, MG_ADD_ACT>(ctx, gu, pairs, wg);
+	if (r == DI_OK) r = di_moe_gemm_any<T, MG_STORE>(ctx, dn, pairs, wg);
 	dn.x = al;
-	if (r == DI_OK) r = di_moe_gemm<T, MG_ADD>(ctx, dn, pairs);
+	if (r == DI_OK) r = di_moe_gemm_any<T, MG_ADD>(ctx, dn, pairs, wg);
 	return r;
 }
 

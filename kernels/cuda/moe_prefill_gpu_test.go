@@ -119,13 +119,15 @@ func moeEqual(got, want []float32) (int, bool) {
 // experts without rows (only 2 of 16 used) and one expert with every row
 // (top 1). hidden 288 and intermediate 160 leave partial column tiles (288
 // = 2 x 128 + 32 output columns of down; 160 = 2 x 64 + 32 of gate/up) and
-// uneven passes over k (9 and 5 blocks of 32). The bound is TestGPUMoE's,
+// uneven passes over k (9 and 5 blocks of 32); hidden 320 and intermediate
+// 192, multiples of 64, are the shapes the wgmma kernel (di_moe_wg_k) takes
+// (Options.MoEWGMMA, each case run with it too), with a partial tile of
+// down's output columns (320 = 2 x 128 + 64). The bound is TestGPUMoE's,
 // twice the linear's. The eager output must also equal, bit for bit, the
 // same call replayed from a graph, which shows that the eager call ran on
 // the device (the host path, cuBLAS per expert, cannot be captured and sums
 // in another order).
 func TestGPUMoEPrefill(t *testing.T) {
-	const hidden, inter = 288, 160
 	cases := []struct {
 		name                  string
 		tokens, topK, experts int
@@ -138,39 +140,49 @@ func TestGPUMoEPrefill(t *testing.T) {
 		{"one_expert", 1500, 1, 8, "one"},
 	}
 	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
-		p := newPair(t, mode)
-		for _, dt := range []kernels.DType{kernels.BF16, kernels.F16} {
-			if mode == GEMMSplit && dt == kernels.F16 {
-				continue // split mode's path is dtype-generic; BF16 covers it
-			}
-			for _, tc := range cases {
-				t.Run(fmt.Sprintf("%s/%s/%s", mode, dt, tc.name), func(t *testing.T) {
-					ids := moeRouting(p.r, tc.route, tc.tokens, tc.topK, tc.experts)
-					d := newMoEData(p.r, dt, tc.tokens, tc.topK, tc.experts, hidden, inter, ids)
-					c, g := d.upload(t, p.c), d.upload(t, p.g)
-					p.poison(dual{g: g.out})
-					if err := c.run(p.c); err != nil {
-						t.Fatal(err)
+		for _, wg := range []bool{false, true} {
+			p := newPairOpts(t, Options{GEMM: mode, MoEWGMMA: wg})
+			for _, dt := range []kernels.DType{kernels.BF16, kernels.F16} {
+				if mode == GEMMSplit && dt == kernels.F16 {
+					continue // split mode's path is dtype-generic; BF16 covers it
+				}
+				for _, tc := range cases {
+					for _, shape := range [][2]int{{288, 160}, {320, 192}} {
+						hidden, inter := shape[0], shape[1]
+						if wg && hidden%64 != 0 {
+							continue // the wgmma GEMM takes multiples of 64 only: the mma.sync one ran it
+						}
+						kernel := map[bool]string{false: "mma", true: "wgmma"}[wg]
+						t.Run(fmt.Sprintf("%s/%s/%s/%s/h%d_i%d", mode, kernel, dt, tc.name, hidden, inter), func(t *testing.T) {
+							ids := moeRouting(p.r, tc.route, tc.tokens, tc.topK, tc.experts)
+							d := newMoEData(p.r, dt, tc.tokens, tc.topK, tc.experts, hidden, inter, ids)
+							c, g := d.upload(t, p.c), d.upload(t, p.g)
+							p.poison(dual{g: g.out})
+							if err := c.run(p.c); err != nil {
+								t.Fatal(err)
+							}
+							if err := g.run(p.g); err != nil {
+								t.Fatal(err)
+							}
+							e := p.check("moe", dual{c: c.out, g: g.out}, 2*linearTol(dt, mode))
+							eager := moeDownload(t, p.g, g.out)
+							p.poison(dual{g: g.out})
+							if i, ok := moeEqual(g.replayed(t, p.g), eager); !ok {
+								t.Fatalf("graph replay out[%d] differs from the eager call's bits", i)
+							}
+							t.Logf("%d pairs: max relative error %.3g against the CPU backend; eager = graph replay", tc.tokens*tc.topK, e)
+						})
 					}
-					if err := g.run(p.g); err != nil {
-						t.Fatal(err)
-					}
-					e := p.check("moe", dual{c: c.out, g: g.out}, 2*linearTol(dt, mode))
-					eager := moeDownload(t, p.g, g.out)
-					p.poison(dual{g: g.out})
-					if i, ok := moeEqual(g.replayed(t, p.g), eager); !ok {
-						t.Fatalf("graph replay out[%d] differs from the eager call's bits", i)
-					}
-					t.Logf("%d pairs: max relative error %.3g against the CPU backend; eager = graph replay", tc.tokens*tc.topK, e)
-				})
+				}
 			}
 		}
 	}
 }
 
-// The grouped GEMM gives di_moe_mma_k's bits: the same call on a backend
-// that takes the GEMM at every size (MoEGEMMPairs 1, eager) and on one that
-// never does (MoEGEMMPairs -1) inside a graph, where the device path runs
+// The mma.sync grouped GEMM (di_moe_gemm_k, the default) gives
+// di_moe_mma_k's bits: the same call on a backend that takes the GEMM at
+// every size (MoEGEMMPairs 1, eager) and on one that never does
+// (MoEGEMMPairs -1) inside a graph, where the device path runs
 // the smaller batches' kernels at any size. Shapes: one token, the three
 // shapes of di_moe_mma_k (under 2, under 12 and from 12 rows per expert on
 // average: 24 pairs on 16 experts and 160 on 16, both crowded onto the
@@ -217,48 +229,61 @@ func TestGPUMoEPrefillBits(t *testing.T) {
 }
 
 // A token alone gives the bits it gives among 4096 tokens (64 experts, top
-// 6: 24576 pairs through the grouped GEMM): alone through the GEMM too
-// (MoEGEMMPairs 1), and alone through the small batches' kernel (the
-// default at 6 pairs), which sums in the GEMM's order.
+// 6: 24576 pairs through a grouped GEMM; hidden and intermediate multiples
+// of 64, so the wgmma GEMM where asked for and the library has it). With
+// the default options the crowd runs the mma.sync GEMM, and the token alone
+// gives the same bits through it (MoEGEMMPairs 1) and through the small
+// batches' kernel (the default at 6 pairs), which sums in that GEMM's
+// order. With MoEWGMMA the crowd runs the wgmma GEMM, and the token alone
+// gives the same bits through it.
 func TestGPUMoEPrefillInvariance(t *testing.T) {
 	const tokens, topK, experts, hidden, inter = 4096, 6, 64, 512, 384
 	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
-		def := newGPUOpts(t, Options{GEMM: mode})
-		gemm := newGPUOpts(t, Options{GEMM: mode, MoEGEMMPairs: 1})
 		r := rand.New(rand.NewPCG(4096, uint64(mode)))
 		d := newMoEData(r, kernels.BF16, tokens, topK, experts, hidden, inter, randExpertIDs(r, tokens, topK, experts))
-		crowdT := d.upload(t, def)
-		if err := crowdT.run(def); err != nil {
-			t.Fatal(err)
-		}
-		crowd := moeDownload(t, def, crowdT.out)
-		for _, path := range []struct {
-			name string
-			g    *Backend
-		}{{"gemm_alone", gemm}, {"small_batch_kernel_alone", def}} {
-			t.Run(fmt.Sprintf("%s/%s", mode, path.name), func(t *testing.T) {
-				all := d.upload(t, path.g)
-				for _, row := range []int{0, 1777, tokens - 1} {
-					view := func(ten kernels.Tensor) kernels.Tensor {
-						v, err := path.g.Rows(ten, row, row+1)
+		for _, family := range []struct {
+			name  string
+			crowd Options
+			alone []Options
+		}{
+			{"mma", Options{GEMM: mode}, []Options{
+				{GEMM: mode, MoEGEMMPairs: 1}, // the mma.sync GEMM
+				{GEMM: mode},                  // the small batches' kernel
+			}},
+			{"wgmma", Options{GEMM: mode, MoEWGMMA: true}, []Options{{GEMM: mode, MoEGEMMPairs: 1, MoEWGMMA: true}}},
+		} {
+			def := newGPUOpts(t, family.crowd)
+			crowdT := d.upload(t, def)
+			if err := crowdT.run(def); err != nil {
+				t.Fatal(err)
+			}
+			crowd := moeDownload(t, def, crowdT.out)
+			for i, o := range family.alone {
+				t.Run(fmt.Sprintf("%s/%s/alone%d", mode, family.name, i), func(t *testing.T) {
+					g := newGPUOpts(t, o)
+					all := d.upload(t, g)
+					for _, row := range []int{0, 1777, tokens - 1} {
+						view := func(ten kernels.Tensor) kernels.Tensor {
+							v, err := g.Rows(ten, row, row+1)
+							if err != nil {
+								t.Fatal(err)
+							}
+							return v
+						}
+						one, err := g.Alloc(kernels.F32, 1, hidden)
 						if err != nil {
 							t.Fatal(err)
 						}
-						return v
+						if err := g.MoE(one, view(all.x), view(all.ids), view(all.w), all.gu, all.dn); err != nil {
+							t.Fatal(err)
+						}
+						want := crowd[row*hidden : (row+1)*hidden]
+						if i, ok := moeEqual(moeDownload(t, g, one), want); !ok {
+							t.Fatalf("token %d alone: out[%d] differs from the same token among %d", row, i, tokens)
+						}
 					}
-					one, err := path.g.Alloc(kernels.F32, 1, hidden)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if err := path.g.MoE(one, view(all.x), view(all.ids), view(all.w), all.gu, all.dn); err != nil {
-						t.Fatal(err)
-					}
-					want := crowd[row*hidden : (row+1)*hidden]
-					if i, ok := moeEqual(moeDownload(t, path.g, one), want); !ok {
-						t.Fatalf("token %d alone: out[%d] differs from the same token among %d", row, i, tokens)
-					}
-				}
-			})
+				})
+			}
 		}
 	}
 }
@@ -337,16 +362,19 @@ func TestGPUMoEPrefillBadID(t *testing.T) {
 
 // BenchmarkMoEPrefill times DeepSeek-V2-Lite's routed experts (64 of
 // hidden 2048, intermediate 1408, top 6; random BF16 weights and routing)
-// at 1 to 4096 tokens (6 to 24576 pairs) in GEMM mode round, three ways in
+// at 1 to 4096 tokens (6 to 24576 pairs) in GEMM mode round, four ways in
 // the same run: "gemm", the grouping on the device and the grouped GEMM at
-// every size (Options.MoEGEMMPairs 1), eager; "host", Options.MoEGEMMPairs
+// every size (Options.MoEGEMMPairs 1; the mma.sync GEMM),
+// eager; "wgmma", the same with Options.MoEWGMMA;
+// "host", Options.MoEGEMMPairs
 // -1 (up to 1024 pairs the small kernels, eager; above, the routing ids
 // copied to the host, a wait, two cuBLAS GEMMs per expert); "small", the small batches' device kernels (di_moe_mma_k: each
 // expert's weights read once per 32 of its rows), which a backend without
 // the GEMM runs for any batch inside a graph (timed as graph replays). The
-// gemm and small paths give the same bits (checked here too); TFLOP/s
+// gemm and small paths give the same bits (checked here too; the wgmma
+// GEMM's difference from them is logged); TFLOP/s
 // count 2 * 3 * pairs * hidden * inter; the floor is the weight bytes of
-// the experts the routing uses, read once at deviceCopyBandwidth. Two backends with 1.1 GB of weights
+// the experts the routing uses, read once at deviceCopyBandwidth. Three backends with 1.1 GB of weights
 // each; its name keeps it out of the bench phase's default pattern (GPU):
 // run it with -test.bench MoEPrefill.
 func BenchmarkMoEPrefill(b *testing.B) {
@@ -356,12 +384,14 @@ func BenchmarkMoEPrefill(b *testing.B) {
 		g      *Backend
 		gu, dn kernels.Tensor
 	}
-	openBackend := func(pairs int) backend {
-		g := newGPUOpts(b, Options{GEMM: GEMMRound, MoEGEMMPairs: pairs})
+	openBackend := func(o Options) backend {
+		g := newGPUOpts(b, o)
 		return backend{g, upload(b, g, kernels.BF16, guRaw, kernels.BF16, experts, 2*inter, hidden),
 			upload(b, g, kernels.BF16, dnRaw, kernels.BF16, experts, hidden, inter)}
 	}
-	def, noGEMM := openBackend(1), openBackend(-1)
+	def := openBackend(Options{GEMM: GEMMRound, MoEGEMMPairs: 1})
+	wgmma := openBackend(Options{GEMM: GEMMRound, MoEGEMMPairs: 1, MoEWGMMA: true})
+	noGEMM := openBackend(Options{GEMM: GEMMRound, MoEGEMMPairs: -1})
 	r := rand.New(rand.NewPCG(2048, 1408))
 	for _, tokens := range []int{1, 8, 64, 256, 1024, 4096} {
 		b.Run(fmt.Sprintf("v2lite/tokens=%d", tokens), func(b *testing.B) {
@@ -384,6 +414,9 @@ func BenchmarkMoEPrefill(b *testing.B) {
 			outG, runG := call(def)
 			msG := timeIt(b, def.g, 10, runG)
 			gemm := moeDownload(b, def.g, outG)
+			outW, runW := call(wgmma)
+			msW := timeIt(b, wgmma.g, 10, runW)
+			wgOut := moeDownload(b, wgmma.g, outW)
 			outH, runH := call(noGEMM)
 			msH := timeIt(b, noGEMM.g, 10, runH)
 			host := moeDownload(b, noGEMM.g, outH)
@@ -400,6 +433,7 @@ func BenchmarkMoEPrefill(b *testing.B) {
 			}
 			tf := func(ms float64) float64 { return flops / (ms / 1e3) / 1e12 }
 			b.ReportMetric(tf(msG), "gemm-TFLOP/s")
+			b.ReportMetric(tf(msW), "wgmma-TFLOP/s")
 			b.ReportMetric(tf(msH), "host-TFLOP/s")
 			b.ReportMetric(tf(msS), "small-TFLOP/s")
 			// The floor: every expert with a pair read once at the copy bandwidth.
@@ -409,8 +443,9 @@ func BenchmarkMoEPrefill(b *testing.B) {
 			}
 			floorMs := float64(len(used)) * 3 * hidden * inter * 2 / deviceCopyBandwidth * 1e3
 			b.ReportMetric(msS/floorMs, "small-x-floor")
-			b.Logf("moe prefill | v2lite tokens=%d pairs=%d experts used %d (floor %.3f ms) | gemm %.3f ms %.1f TFLOP/s %.2fx floor | eager default path (host above 1024 pairs) %.3f ms %.1f TFLOP/s (gemm %.2fx faster; max rel diff %.2g) | small kernels (graph) %.3f ms %.1f TFLOP/s %.2fx floor, %s",
-				tokens, pairs, len(used), floorMs, msG, tf(msG), msG/floorMs, msH, tf(msH), msH/msG, maxRelErr(host, gemm), msS, tf(msS), msS/floorMs, same)
+			b.Logf("moe prefill | v2lite tokens=%d pairs=%d experts used %d (floor %.3f ms) | gemm %.3f ms %.1f TFLOP/s %.2fx floor | wgmma %.3f ms %.1f TFLOP/s (%.2fx gemm's speed; max rel diff %.2g) | eager default path (host above 1024 pairs) %.3f ms %.1f TFLOP/s (gemm %.2fx faster; max rel diff %.2g) | small kernels (graph) %.3f ms %.1f TFLOP/s %.2fx floor, %s",
+				tokens, pairs, len(used), floorMs, msG, tf(msG), msG/floorMs, msW, tf(msW), msG/msW, maxRelErr(wgOut, gemm),
+				msH, tf(msH), msH/msG, maxRelErr(host, gemm), msS, tf(msS), msS/floorMs, same)
 		})
 	}
 }
