@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 29u
+#define DI_ABI_VERSION 30u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -185,11 +185,11 @@ typedef struct di_options {
 	 * cuBLASLt refuses falls back to cublasGemmEx. Results change by
 	 * rounding (another algorithm). */
 	int32_t gemm_plans;
-	/* 1: MoE over 16-bit experts from moe_gemm_pairs pairs runs the wgmma
-	 * grouped GEMM (sm_90a builds, hidden and intermediate multiples of
-	 * 64), whose sums differ in rounding from the smaller batches' kernels,
-	 * instead of the mma.sync one, which gives their bits. */
-	int32_t moe_wgmma;
+	/* 1: MoE over 16-bit experts from moe_gemm_pairs pairs runs the
+	 * mma.sync grouped GEMM, which gives the smaller batches' bits, instead
+	 * of the wgmma one (sm_90a builds, hidden and intermediate multiples of
+	 * 64), whose sums differ from them in rounding. */
+	int32_t disable_moe_wgmma;
 } di_options;
 
 enum di_scoring { DI_SCORING_SOFTMAX = 1, DI_SCORING_SIGMOID = 2 };

@@ -144,8 +144,8 @@ struct di_ctx {
 	// it; !disable_fp8_lt.
 	int fp8_lt_on = 1;
 	// MoE's grouped GEMM on wgmma (di_moe_wg_k) where the build and the
-	// shapes allow it; moe_wgmma.
-	int moe_wg = 0;
+	// shapes allow it; !disable_moe_wgmma.
+	int moe_wg = 1;
 	int fill_uninit = 0; // every allocation filled with 0xFF bytes; fill_uninitialized
 	// Attention kernels round a 16-bit output as they store it (1), or
 	// every 16-bit output goes through float32 scratch and a narrowing pass

@@ -252,14 +252,15 @@ type Options struct {
 	// see NOTES.md; cuBLASLt may pick another algorithm for another row
 	// count, as cuBLAS does for 16-bit weights).
 	DisableFP8LT bool
-	// MoEWGMMA runs MoE batches of MoEGEMMPairs pairs and more over 16-bit
-	// experts on a grouped GEMM of Hopper's warpgroup MMA (sm_90a builds,
-	// hidden and intermediate sizes multiples of 64) instead of the
-	// mma.sync one. Its sums differ in rounding from those of the smaller
-	// batches' grouped kernels, which the mma.sync GEMM reproduces bit for
-	// bit, as the 16-bit linears' cuBLAS GEMMs differ from their GEMVs.
-	// Off by default: see NOTES.md for what has been measured of it.
-	MoEWGMMA bool
+	// DisableMoEWGMMA runs MoE batches of MoEGEMMPairs pairs and more over
+	// 16-bit experts on the mma.sync grouped GEMM, which gives the bits of
+	// the smaller batches' grouped kernels, instead of the grouped GEMM of
+	// Hopper's warpgroup MMA (sm_90a builds, hidden and intermediate sizes
+	// multiples of 64; 1.56x the mma.sync GEMM's speed at 4096 tokens of
+	// DeepSeek-V2-Lite's experts on an H100, NOTES.md), whose sums differ
+	// from those kernels' in rounding, as the 16-bit linears' cuBLAS GEMMs
+	// differ from their GEMVs.
+	DisableMoEWGMMA bool
 	// FillUninitialized fills every allocation (the library's scratch
 	// included) with 0xFF bytes before it is handed out, so that a kernel
 	// reading memory nobody wrote sees NaN or -1 rather than what the

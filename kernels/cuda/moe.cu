@@ -1560,7 +1560,7 @@ static int di_moe_gemm_any(di_ctx *ctx, const di_moe_gemm_args<T> &p, size_t pai
 }
 
 // moe_gemm_mlp is moe_mlp's 16-bit path on di_moe_gemm_k (on di_moe_wg_k
-// with ctx->moe_wg, Options.MoEWGMMA, where di_moe_wg_ok): xh (and xl) are
+// by default, ctx->moe_wg, where di_moe_wg_ok): xh (and xl) are
 // x rounded to T; in GEMM mode round two launches (gate/up with the
 // SiLU-mul fused into ah, then down into yh); in split mode gate/up's hi
 // and lo passes through gh (float32 [pairs, 2 inter]) into ah and al, and

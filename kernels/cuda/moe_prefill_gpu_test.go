@@ -120,9 +120,10 @@ func moeEqual(got, want []float32) (int, bool) {
 // (top 1). hidden 288 and intermediate 160 leave partial column tiles (288
 // = 2 x 128 + 32 output columns of down; 160 = 2 x 64 + 32 of gate/up) and
 // uneven passes over k (9 and 5 blocks of 32); hidden 320 and intermediate
-// 192, multiples of 64, are the shapes the wgmma kernel (di_moe_wg_k) takes
-// (Options.MoEWGMMA, each case run with it too), with a partial tile of
-// down's output columns (320 = 2 x 128 + 64). The bound is TestGPUMoE's,
+// 192, multiples of 64, are the shapes the wgmma kernel (di_moe_wg_k, the
+// default) takes, with a partial tile of down's output columns (320 = 256
+// + 64); each case also runs on the mma.sync GEMM (DisableMoEWGMMA). The
+// bound is TestGPUMoE's,
 // twice the linear's. The eager output must also equal, bit for bit, the
 // same call replayed from a graph, which shows that the eager call ran on
 // the device (the host path, cuBLAS per expert, cannot be captured and sums
@@ -141,7 +142,7 @@ func TestGPUMoEPrefill(t *testing.T) {
 	}
 	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
 		for _, wg := range []bool{false, true} {
-			p := newPairOpts(t, Options{GEMM: mode, MoEWGMMA: wg})
+			p := newPairOpts(t, Options{GEMM: mode, DisableMoEWGMMA: !wg})
 			for _, dt := range []kernels.DType{kernels.BF16, kernels.F16} {
 				if mode == GEMMSplit && dt == kernels.F16 {
 					continue // split mode's path is dtype-generic; BF16 covers it
@@ -179,7 +180,7 @@ func TestGPUMoEPrefill(t *testing.T) {
 	}
 }
 
-// The mma.sync grouped GEMM (di_moe_gemm_k, the default) gives
+// The mma.sync grouped GEMM (di_moe_gemm_k, DisableMoEWGMMA) gives
 // di_moe_mma_k's bits: the same call on a backend that takes the GEMM at
 // every size (MoEGEMMPairs 1, eager) and on one that never does
 // (MoEGEMMPairs -1) inside a graph, where the device path runs
@@ -200,7 +201,7 @@ func TestGPUMoEPrefillBits(t *testing.T) {
 		{2000, 6, 64, 288, 160, false},
 	}
 	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
-		gemm := newGPUOpts(t, Options{GEMM: mode, MoEGEMMPairs: 1})
+		gemm := newGPUOpts(t, Options{GEMM: mode, MoEGEMMPairs: 1, DisableMoEWGMMA: true})
 		small := newGPUOpts(t, Options{GEMM: mode, MoEGEMMPairs: -1})
 		r := rand.New(rand.NewPCG(28, uint64(mode)))
 		for _, dt := range []kernels.DType{kernels.BF16, kernels.F16} {
@@ -230,12 +231,12 @@ func TestGPUMoEPrefillBits(t *testing.T) {
 
 // A token alone gives the bits it gives among 4096 tokens (64 experts, top
 // 6: 24576 pairs through a grouped GEMM; hidden and intermediate multiples
-// of 64, so the wgmma GEMM where asked for and the library has it). With
-// the default options the crowd runs the mma.sync GEMM, and the token alone
+// of 64, so the wgmma GEMM where the library has it). With
+// DisableMoEWGMMA the crowd runs the mma.sync GEMM, and the token alone
 // gives the same bits through it (MoEGEMMPairs 1) and through the small
 // batches' kernel (the default at 6 pairs), which sums in that GEMM's
-// order. With MoEWGMMA the crowd runs the wgmma GEMM, and the token alone
-// gives the same bits through it.
+// order. With the default options the crowd runs the wgmma GEMM, and the
+// token alone gives the same bits through it.
 func TestGPUMoEPrefillInvariance(t *testing.T) {
 	const tokens, topK, experts, hidden, inter = 4096, 6, 64, 512, 384
 	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
@@ -246,11 +247,11 @@ func TestGPUMoEPrefillInvariance(t *testing.T) {
 			crowd Options
 			alone []Options
 		}{
-			{"mma", Options{GEMM: mode}, []Options{
-				{GEMM: mode, MoEGEMMPairs: 1}, // the mma.sync GEMM
-				{GEMM: mode},                  // the small batches' kernel
+			{"mma", Options{GEMM: mode, DisableMoEWGMMA: true}, []Options{
+				{GEMM: mode, MoEGEMMPairs: 1, DisableMoEWGMMA: true}, // the mma.sync GEMM
+				{GEMM: mode, DisableMoEWGMMA: true},                  // the small batches' kernel
 			}},
-			{"wgmma", Options{GEMM: mode, MoEWGMMA: true}, []Options{{GEMM: mode, MoEGEMMPairs: 1, MoEWGMMA: true}}},
+			{"wgmma", Options{GEMM: mode}, []Options{{GEMM: mode, MoEGEMMPairs: 1}}},
 		} {
 			def := newGPUOpts(t, family.crowd)
 			crowdT := d.upload(t, def)
@@ -364,8 +365,8 @@ func TestGPUMoEPrefillBadID(t *testing.T) {
 // hidden 2048, intermediate 1408, top 6; random BF16 weights and routing)
 // at 1 to 4096 tokens (6 to 24576 pairs) in GEMM mode round, four ways in
 // the same run: "gemm", the grouping on the device and the grouped GEMM at
-// every size (Options.MoEGEMMPairs 1; the mma.sync GEMM),
-// eager; "wgmma", the same with Options.MoEWGMMA;
+// every size (Options.MoEGEMMPairs 1) on the mma.sync GEMM
+// (DisableMoEWGMMA), eager; "wgmma", the same on the default wgmma GEMM;
 // "host", Options.MoEGEMMPairs
 // -1 (up to 1024 pairs the small kernels, eager; above, the routing ids
 // copied to the host, a wait, two cuBLAS GEMMs per expert); "small", the small batches' device kernels (di_moe_mma_k: each
@@ -389,8 +390,8 @@ func BenchmarkMoEPrefill(b *testing.B) {
 		return backend{g, upload(b, g, kernels.BF16, guRaw, kernels.BF16, experts, 2*inter, hidden),
 			upload(b, g, kernels.BF16, dnRaw, kernels.BF16, experts, hidden, inter)}
 	}
-	def := openBackend(Options{GEMM: GEMMRound, MoEGEMMPairs: 1})
-	wgmma := openBackend(Options{GEMM: GEMMRound, MoEGEMMPairs: 1, MoEWGMMA: true})
+	def := openBackend(Options{GEMM: GEMMRound, MoEGEMMPairs: 1, DisableMoEWGMMA: true})
+	wgmma := openBackend(Options{GEMM: GEMMRound, MoEGEMMPairs: 1})
 	noGEMM := openBackend(Options{GEMM: GEMMRound, MoEGEMMPairs: -1})
 	r := rand.New(rand.NewPCG(2048, 1408))
 	for _, tokens := range []int{1, 8, 64, 256, 1024, 4096} {

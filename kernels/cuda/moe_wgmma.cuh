@@ -2,32 +2,39 @@
 // (wgmma), included by moe.cu after di_moe_gemm_k, whose arguments, grid,
 // row mapping and epilogue modes it shares.
 //
-// di_moe_wg_k computes the same products as di_moe_gemm_k (MG_BM = 128
-// weight rows by MG_BN = 128 grouped rows of one expert a block, the paired
-// gate/up layout, the four epilogue modes) with each output element summed
-// over k in natural order, 16 columns a wgmma step, into one float32
+// di_moe_wg_k computes the same products as di_moe_gemm_k (the paired
+// gate/up layout, MG_BN = 128 grouped rows of one expert a block, the four
+// epilogue modes), MW_BM weight rows a block, with each output element
+// summed over k in natural order, 16 columns a wgmma step, into one float32
 // accumulator: not di_moe_mma_k's four interleaved passes, so not its
 // bits. A token's result still does not depend on the other tokens (every
 // element of a wgmma tile is its own dot product, in an order fixed by k),
 // but it differs in rounding from what the small batches' kernels give the
 // same token (as the dense layers' cuBLAS GEMMs differ from their GEMVs).
+// It runs by default where di_moe_wg_ok (Options.DisableMoEWGMMA keeps the
+// mma.sync GEMM).
 //
-// Layout: a block of two warpgroups (256 threads); warpgroup w multiplies
-// shared weight rows 64 w .. 64 w + 63 (paired: w = 0 the gate rows, 1 the
-// up rows of the same 64 columns) by all 128 grouped rows,
-// wgmma.m64n128k16 with both operands K-major in shared memory in the
+// Layout: a block of two warpgroups (256 threads) and MW_BM = 256 weight
+// rows (MW_WIDE; 128 with MW_WIDE=0); warpgroup w multiplies the shared
+// weight rows 64 w + 128 h .. + 63 of each row group h by all 128 grouped
+// rows, wgmma.m64n128k16 with both operands K-major in shared memory in the
 // 128-byte swizzle (a row of 64 columns of k is one 128-byte line, its
-// 16-byte chunk c stored at chunk c ^ (row & 7)). Every thread queues 16
-// cp.async copies a stage (4 of weights, 4 of inputs, 16 bytes each;
-// inputs gathered through the grouping's order), MW_STAGES stages of
-// MW_BK = 64 columns in a ring, one barrier a stage, MW_INFLIGHT groups of
-// wgmma left running across it; the 64 accumulators of
-// a thread are the wgmma D fragment (rows 16 (warp % 4) + lane / 4 (+ 8),
-// grouped rows 8 j + 2 (lane % 4) (+ 1), j = 0..15).
+// 16-byte chunk c stored at chunk c ^ (row & 7)). Paired, the first 128
+// shared rows are gate rows and the next 128 the up rows of the same
+// columns, so a thread holds the gate (h = 0) and up (h = 1) sums of its
+// elements and the SiLU-mul needs no exchange (with MW_WIDE=0 the up sums
+// of warpgroup 1 go through shared memory). Every thread queues 12 cp.async
+// copies a stage (8 of weights, 4 of inputs, 16 bytes each; inputs gathered
+// through the grouping's order), MW_STAGES stages of MW_BK = 64 columns in
+// a ring, one barrier a stage, MW_INFLIGHT groups of wgmma left running
+// across it; a thread's 64 accumulators a row group are the wgmma D
+// fragment (rows 16 (warp % 4) + lane / 4 (+ 8), grouped rows 8 j + 2
+// (lane % 4) (+ 1), j = 0..15).
 //
 // Needs k a multiple of MW_BK (hidden and intermediate), sm_90a. Cost: 2 *
-// rows * n * k flops on the tensor cores' native path; 32 KB of shared
-// memory a stage.
+// rows * n * k flops on the tensor cores' native path; 48 KB of shared
+// memory a stage (4 stages, one block a multiprocessor), 185-186 registers;
+// the tiles read 85 flops a byte from L2 (64 with MW_WIDE=0).
 #include <cstring>
 
 #ifndef DI_ARCH
@@ -47,7 +54,7 @@
 #define MW_AHEAD (MW_STAGES - 1 - MW_INFLIGHT) // stages queued ahead of the one multiplied
 static_assert(MW_AHEAD >= 1, "MW_STAGES too small for MW_INFLIGHT");
 #ifndef MW_WIDE
-#define MW_WIDE 0 // 1: 256 weight rows a block, two row groups a warpgroup
+#define MW_WIDE 1 // 1: 256 weight rows a block, two row groups a warpgroup (0: 128)
 #endif
 #define MW_GROUPS (1 + MW_WIDE)
 #define MW_BM (128 * MW_GROUPS) // weight rows a block

@@ -116,7 +116,7 @@ func (o Options) cOptions() C.di_options {
 		disable_fp8_lt:            flag(o.DisableFP8LT),
 		fill_uninitialized:        flag(o.FillUninitialized),
 		gemm_plans:                flag(o.GEMMPlans),
-		moe_wgmma:                 flag(o.MoEWGMMA),
+		disable_moe_wgmma:         flag(o.DisableMoEWGMMA),
 	}
 }
 

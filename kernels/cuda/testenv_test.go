@@ -77,7 +77,7 @@ var testEnv = []testEnvVar{
 	{"DEEPINFER_CUDA_MOE_MMA", offEnv(func(o *Options) *bool { return &o.DisableMoEMMA })},
 	{"DEEPINFER_CUDA_MOE_GEMM", intEnv(func(o *Options) *int { return &o.MoEGEMMPairs }, -1)},
 	{"DEEPINFER_CUDA_FP8_LT", offEnv(func(o *Options) *bool { return &o.DisableFP8LT })},
-	{"DEEPINFER_CUDA_MOE_WGMMA", onEnv(func(o *Options) *bool { return &o.MoEWGMMA })},
+	{"DEEPINFER_CUDA_MOE_WGMMA", offEnv(func(o *Options) *bool { return &o.DisableMoEWGMMA })},
 	{"DEEPINFER_CUDA_GEMM_PLANS", func(o *Options, v string) error {
 		if v != "0" && v != "1" {
 			return fmt.Errorf("want 0 (off, the default) or 1")
@@ -135,20 +135,6 @@ func offEnv(field func(*Options) *bool) func(*Options, string) error {
 		case "1":
 		default:
 			return fmt.Errorf("want 0 (off) or 1 (on, the default)")
-		}
-		return nil
-	}
-}
-
-// onEnv sets a switch that is off by default: 1 on, 0 off.
-func onEnv(field func(*Options) *bool) func(*Options, string) error {
-	return func(o *Options, v string) error {
-		switch v {
-		case "1":
-			*field(o) = true
-		case "0":
-		default:
-			return fmt.Errorf("want 0 (off, the default) or 1 (on)")
 		}
 		return nil
 	}
