@@ -20,7 +20,7 @@ import (
 func cudaOptions(cfg *config.Config) cuda.Options {
 	c := cfg.CUDA
 	o := cuda.Options{KVCacheDType: cfg.Cache.KVDType(), DecodeChunk: c.DecodeAttentionChunk, SkinnyRows: c.SkinnyGEMMRows,
-		FillUninitialized: c.FillUninitializedMemory, GEMMPlans: c.GEMMPlans}
+		FillUninitialized: c.FillUninitializedMemory, GEMMPlans: c.GEMMPlans, DisableMoEWGMMA: c.MoEBatchInvariant}
 	if c.GEMM == "split" {
 		o.GEMM = cuda.GEMMSplit
 	}

@@ -19,8 +19,9 @@ func TestCUDAOptions(t *testing.T) {
 		want cuda.Options
 	}{
 		{"defaults", "", cuda.Options{}},
-		{"keys", "cache: {kv_cache_dtype: fp8}\ncuda: {gemm: split, decode_attention_chunk: 512, skinny_gemm_rows: 16, fill_uninitialized_memory: true, gemm_plans: true}\n",
-			cuda.Options{GEMM: cuda.GEMMSplit, KVCacheDType: kernels.F8E4M3, DecodeChunk: 512, SkinnyRows: 16, FillUninitialized: true, GEMMPlans: true}},
+		{"keys", "cache: {kv_cache_dtype: fp8}\ncuda: {gemm: split, decode_attention_chunk: 512, skinny_gemm_rows: 16, fill_uninitialized_memory: true, gemm_plans: true, moe_batch_invariant: true}\n",
+			cuda.Options{GEMM: cuda.GEMMSplit, KVCacheDType: kernels.F8E4M3, DecodeChunk: 512, SkinnyRows: 16, FillUninitialized: true, GEMMPlans: true,
+				DisableMoEWGMMA: true}},
 		{"mtp k=3", "speculative: {method: mtp, num_speculative_tokens: 3}\n", cuda.Options{}},
 		{"ngram k=4", "speculative: {method: ngram, num_speculative_tokens: 4}\n", cuda.Options{GEMVRows: cuda.MaxGEMVRows}},
 		{"dspark k=6", "speculative: {method: dspark, num_speculative_tokens: 6, draft_model: d}\n", cuda.Options{GEMVRows: cuda.MaxGEMVRows}},

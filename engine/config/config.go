@@ -213,6 +213,14 @@ type CUDA struct {
 	// an algorithm chosen once per shape and bucket of row counts, instead
 	// of cuBLAS choosing again for every new row count (cuda.Options).
 	GEMMPlans bool `yaml:"gemm_plans"`
+	// MoEBatchInvariant keeps MoE batches of 2048 (token, expert) pairs
+	// and more over 16-bit experts on the mma.sync grouped GEMM, which
+	// gives the bits of the smaller batches' kernels, so that a token's
+	// MoE output does not depend on how many tokens share its step,
+	// instead of the default wgmma GEMM (sm_90a builds; about 1.5x faster
+	// at prefill sizes), whose sums differ from them in rounding
+	// (cuda.Options.DisableMoEWGMMA).
+	MoEBatchInvariant bool `yaml:"moe_batch_invariant"`
 }
 
 // ZOS is zero-overhead scheduling: post-processing of step N overlaps the

@@ -282,6 +282,20 @@ func TestParse(t *testing.T) {
 			want: []string{"cuda.gemm_plans: needs device: cuda"},
 		},
 		{
+			name: "moe batch invariant",
+			yaml: "model: m\ndevice: cuda\ncuda:\n  moe_batch_invariant: true\n",
+			check: func(t *testing.T, c *Config) {
+				if !c.CUDA.MoEBatchInvariant {
+					t.Errorf("cuda = %+v, want moe_batch_invariant", c.CUDA)
+				}
+			},
+		},
+		{
+			name: "moe batch invariant on the CPU",
+			yaml: "model: m\ncuda:\n  moe_batch_invariant: true\n",
+			want: []string{"cuda.moe_batch_invariant: needs device: cuda"},
+		},
+		{
 			name: "cuda graphs need cuda",
 			yaml: "model: m\ncuda_graph:\n  enabled: true\n",
 			want: []string{"cuda_graph.enabled: needs device: cuda"},

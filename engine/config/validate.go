@@ -106,6 +106,9 @@ func (c *Config) Validate() error {
 	if c.CUDA.GEMMPlans && c.Device != "cuda" {
 		bad("cuda.gemm_plans", "needs device: cuda")
 	}
+	if c.CUDA.MoEBatchInvariant && c.Device != "cuda" {
+		bad("cuda.moe_batch_invariant", "needs device: cuda")
+	}
 	g := c.CUDAGraph
 	if g.Enabled && len(g.BatchSizes) == 0 {
 		bad("cuda_graph.batch_sizes", "must list at least one size when cuda_graph.enabled is true")
