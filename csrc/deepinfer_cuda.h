@@ -161,9 +161,10 @@ typedef struct di_options {
 	int32_t sample_split_rows;
 	int32_t sample_min_chunks;
 	/* MoE over 16-bit experts (hidden and inter multiples of 32) from this
-	 * many (token, k) pairs runs the grouped tensor-core GEMM on the device,
-	 * below it the smaller batches' grouped kernels (the same bits; both on
-	 * the device): 0: 2048; negative: never (above 1024 pairs the batch
+	 * many (token, k) pairs runs a grouped tensor-core GEMM on the device
+	 * (wgmma, or with disable_moe_wgmma the mma.sync one, which gives the
+	 * smaller batches' bits), below it the smaller batches' grouped kernels
+	 * (both on the device): 0: 2048; negative: never (above 1024 pairs the batch
 	 * groups on the host and runs cuBLAS per expert). */
 	int32_t moe_gemm_pairs;
 	/* 1: FP8 linears above 8 rows run the library's tensor-core GEMM (a

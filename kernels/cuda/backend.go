@@ -235,9 +235,10 @@ type Options struct {
 	MLPNarrowRows int
 	// MoEGEMMPairs is the least number of (token, k) pairs for which MoE
 	// over 16-bit experts (hidden and intermediate sizes multiples of 32)
-	// runs the grouped tensor-core GEMM on the device, which gives the bits
-	// of the smaller batches' grouped kernels (those run below it, also on
-	// the device): 0: 2048 (on an H200 at DeepSeek-V2-Lite's expert shapes
+	// runs a grouped tensor-core GEMM on the device (the wgmma one unless
+	// DisableMoEWGMMA, whose mma.sync one gives the bits of the smaller
+	// batches' grouped kernels, which run below it, also on the device): 0:
+	// 2048 (on an H200 at DeepSeek-V2-Lite's expert shapes
 	// the grouped kernels win at 1536 pairs, the GEMM at 6144); negative:
 	// never (above 1024 pairs the batch groups on the host and runs cuBLAS
 	// per expert, as before the GEMM). The same threshold moves FP8 experts

@@ -29,11 +29,14 @@
 // runs over segments of pairs in three launches, then up to
 // ctx->moe_gemm_pairs pairs (2048 by default) the same grouped projections,
 // and from there (prefill) each projection is one grouped tensor-core GEMM
-// launch (di_moe_gemm_k: tiles
-// of 128 weight rows by 128 rows of one expert, the SiLU-mul fused into the
-// gate/up epilogue) over a grid that does not depend on the routing, so the
-// whole MoE is capturable at any batch size. It sums every output element
-// in di_moe_mma_k's order: the same bits at every batch size.
+// launch over a grid that does not depend on the routing, so the whole MoE
+// is capturable at any batch size: by default di_moe_wg_k on sm_90a builds
+// (moe_wgmma.cuh: wgmma, tiles of 256 weight rows by 128 rows of one
+// expert, the SiLU-mul fused into the gate/up epilogue; each output summed
+// in natural k order, so its rounding differs from the smaller batches'),
+// else, or with ctx->moe_wg off, di_moe_gemm_k (mma.sync, 128 by 128),
+// which sums every output element in di_moe_mma_k's order: the same bits at
+// every batch size.
 // Other larger batches (float32 experts, sizes that are not multiples of 32)
 // copy the routing ids to the host (one small transfer and a wait), group
 // there, and run two cuBLAS GEMMs per selected expert.
@@ -1591,8 +1594,8 @@ static int moe_gemm_mlp(di_ctx *ctx, float *gh, T *ah, T *al, float *yh, const T
 // moe_device for weights of type T: x (num_tokens rows) and the activations
 // go to the GEMVs rounded to T once (hi and lo in split mode), or as float32
 // for float32 weights. gemm (16-bit weights, di_moe_gemm_ok, no gx) runs
-// both projections on the grouped GEMM instead (moe_gemm_mlp: the same
-// bits as di_moe_mma_k).
+// both projections on a grouped GEMM instead (moe_gemm_mlp: wgmma, or the
+// mma.sync one with di_moe_mma_k's bits).
 template <typename T>
 static int moe_mlp(di_ctx *ctx, float *gh, void *act, float *yh, const float *x, void *xr, const int *order,
                    const int *offsets, const void *gate_up, const void *down, int num_tokens, int pairs, int top_k,
@@ -2211,8 +2214,8 @@ extern "C" int di_op_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dp
 	const bool shape_ok = hidden % 8 == 0 && inter % 8 == 0 && (x % 16) == 0 && (gate_up % 16) == 0 &&
 	                      (down % 16) == 0 && di_moe_group_ok(pairs, num_experts);
 	// 16-bit experts stay on the device at every size (unless moe_gemm_pairs
-	// is negative): from ctx->moe_gemm_pairs pairs the grouped GEMM (the
-	// bits of di_moe_mma_k), below it di_moe_mma_k itself.
+	// is negative): from ctx->moe_gemm_pairs pairs a grouped GEMM
+	// (moe_gemm_mlp), below it di_moe_mma_k itself.
 	const bool device16 =
 	    shape_ok && ctx->moe_gemm_pairs > 0 && di_moe_gemm_ok(w_dtype, pairs, num_experts, hidden, inter);
 	const bool gemm = device16 && pairs >= (size_t)ctx->moe_gemm_pairs;
