@@ -21,11 +21,7 @@ func TestGenerateGGUF(t *testing.T) {
 	dir := t.TempDir()
 	// A random Llama with the shipped model's byte-level BPE tokenizer
 	// (8192 tokens) and chat template.
-	if err := random.WriteLlama(dir, random.Llama{Vocab: 8192, Hidden: 64, Intermediate: 128, Layers: 2, Heads: 4, KVHeads: 2,
-		HeadDim: 16, MaxPositions: 512, BOS: 0, EOS: 1}, 7); err != nil {
-		t.Fatal(err)
-	}
-	if err := random.CopyTokenizer(dir, filepath.Join("..", "assets", "deepseek-tiny")); err != nil {
+	if err := random.WriteLlamaWithTokenizer(dir, random.SmallLlama(8192), 7, filepath.Join("..", "assets", "deepseek-tiny")); err != nil {
 		t.Fatal(err)
 	}
 	cfg := filepath.Join(dir, "run.yaml")

@@ -238,11 +238,7 @@ func TestCPUActivations(t *testing.T) {
 func TestGGUFKVCacheDefault(t *testing.T) {
 	// A random Llama with the shipped model's tokenizer, which GGUF metadata holds.
 	dir := t.TempDir()
-	if err := random.WriteLlama(dir, random.Llama{Vocab: 8192, Hidden: 64, Intermediate: 128, Layers: 2, Heads: 4, KVHeads: 2,
-		HeadDim: 16, MaxPositions: 512, BOS: 0, EOS: 1}, 7); err != nil {
-		t.Fatal(err)
-	}
-	if err := random.CopyTokenizer(dir, filepath.Join("..", "assets", "deepseek-tiny")); err != nil {
+	if err := random.WriteLlamaWithTokenizer(dir, random.SmallLlama(8192), 7, filepath.Join("..", "assets", "deepseek-tiny")); err != nil {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer

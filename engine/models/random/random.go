@@ -85,6 +85,23 @@ func WriteLlama(dir string, m Llama, seed uint64) error {
 	return weights.WriteFile(filepath.Join(dir, "model.safetensors"), ts, nil)
 }
 
+// SmallLlama is a 2-layer Llama of hidden size 64 (GQA, 4 heads of 16, 2
+// K/V heads) over vocab tokens, a real tokenizer's vocabulary: the model
+// of the tests that write a GGUF file from a random model directory.
+func SmallLlama(vocab int) Llama {
+	return Llama{Vocab: vocab, Hidden: 64, Intermediate: 128, Layers: 2, Heads: 4, KVHeads: 2, HeadDim: 16,
+		MaxPositions: 512, BOS: 0, EOS: 1}
+}
+
+// WriteLlamaWithTokenizer is WriteLlama followed by CopyTokenizer from
+// the model directory tokDir.
+func WriteLlamaWithTokenizer(dir string, m Llama, seed uint64, tokDir string) error {
+	if err := WriteLlama(dir, m, seed); err != nil {
+		return err
+	}
+	return CopyTokenizer(dir, tokDir)
+}
+
 // CopyTokenizer copies tokenizer.json and tokenizer_config.json from the
 // model directory src into dir, giving a random model a real tokenizer
 // (one that GGUF metadata can hold, unlike a hand-made one).

@@ -150,7 +150,7 @@ func run(o options) error {
 	if modelDir == "" {
 		modelDir, tokDir = filepath.Join(work, "llama-153m"), o.tokenizer
 		fmt.Fprintf(os.Stderr, "writing a random-weight Llama into %s\n", modelDir)
-		if err := writeRandomLlama(modelDir, o.tokenizer, o.seed); err != nil {
+		if err := random.WriteLlamaWithTokenizer(modelDir, defaultModel, o.seed, o.tokenizer); err != nil {
 			return err
 		}
 	}
@@ -322,15 +322,6 @@ func cpuModel() string {
 		}
 	}
 	return fmt.Sprintf("%s, %d logical CPUs, flags %s", name, runtime.NumCPU(), strings.Join(flags, " "))
-}
-
-// writeRandomLlama writes defaultModel with random weights and tokDir's
-// tokenizer files into dir.
-func writeRandomLlama(dir, tokDir string, seed uint64) error {
-	if err := random.WriteLlama(dir, defaultModel, seed); err != nil {
-		return err
-	}
-	return random.CopyTokenizer(dir, tokDir)
 }
 
 // probed runs run between two read probes of bw and sets the result's
