@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define DI_ABI_VERSION 30u
+#define DI_ABI_VERSION 31u
 
 /* The most parts one split_columns call writes. */
 #define DI_MAX_SPLIT 4
@@ -191,6 +191,9 @@ typedef struct di_options {
 	 * of the wgmma one (sm_90a builds, hidden and intermediate multiples of
 	 * 64), whose sums differ from them in rounding. */
 	int32_t disable_moe_wgmma;
+	/* 1: MLA prefill attention (the non-absorbed form) runs its mma.sync
+	 * kernel instead of the wgmma one (sm_90a builds); the same bits. */
+	int32_t disable_mla_prefill_wgmma;
 } di_options;
 
 enum di_scoring { DI_SCORING_SOFTMAX = 1, DI_SCORING_SIGMOID = 2 };

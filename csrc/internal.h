@@ -146,6 +146,9 @@ struct di_ctx {
 	// MoE's grouped GEMM on wgmma (di_moe_wg_k) where the build and the
 	// shapes allow it; !disable_moe_wgmma.
 	int moe_wg = 1;
+	// MLA prefill attention on wgmma (di_mpf_wg_k) where the build allows
+	// it; !disable_mla_prefill_wgmma.
+	int mla_pf_wg = 1;
 	int fill_uninit = 0; // every allocation filled with 0xFF bytes; fill_uninitialized
 	// Attention kernels round a 16-bit output as they store it (1), or
 	// every 16-bit output goes through float32 scratch and a narrowing pass

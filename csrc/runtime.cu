@@ -558,6 +558,7 @@ static int api_set_options(di_ctx *ctx, const di_options *o) {
 	    o->moe_gemm_pairs > 0 ? o->moe_gemm_pairs : (o->moe_gemm_pairs < 0 ? 0 : DI_DEFAULT_MOE_GEMM_PAIRS);
 	ctx->fp8_lt_on = o->disable_fp8_lt ? 0 : 1;
 	ctx->moe_wg = o->disable_moe_wgmma ? 0 : 1;
+	ctx->mla_pf_wg = o->disable_mla_prefill_wgmma ? 0 : 1;
 	ctx->fill_uninit = o->fill_uninitialized ? 1 : 0;
 	ctx->gemm_plans_on = o->gemm_plans ? 1 : 0;
 	return DI_OK;

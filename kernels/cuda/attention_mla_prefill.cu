@@ -37,11 +37,13 @@
 //     its group's scale, rounded), as the absorbed kernels widen their
 //     tiles, and the operands are half from there on: an 8-bit row gives
 //     the bits of a half row holding its widened values on both paths.
-//  3. di_mpf_attn_k: causal FlashAttention, one block per (query tile of 64
-//     rows, head), qk dim 192 (K_nope of the head and the shared k_pe), v
-//     dim 128, key tiles of MPF_ABK aligned to absolute positions, online
-//     softmax in float32 (log2 units), q and the probabilities rounded to
-//     the cache's 16-bit type.
+//  3. di_mpf_wg_k (wgmma, sm_90a builds) or di_mpf_attn_k (mma.sync; with
+//     ctx->mla_pf_wg off, and on other builds), the same bits: causal
+//     FlashAttention, one block per (query tile of 64 rows, head), qk dim
+//     192 (K_nope of the head and the shared k_pe), v dim 128, key tiles of
+//     MPF_ABK aligned to absolute positions, online softmax in float32
+//     (log2 units), q and the probabilities rounded to the cache's 16-bit
+//     type. For di_mpf_wg_k the expansion writes V transposed.
 //  4. The absorbed rows, if any: gathered into a compact batch (prefill
 //     sequences given zero rows), run through di_op_mla_attention_tc and
 //     scattered back: the absorbed path's bits.
@@ -63,6 +65,7 @@
 // FLOPs for the expansion (rows: the prefill sequences' visible keys) plus
 // 2 x (192 + 128) FLOPs per (query, visible key, head) for attention.
 #include "attention_tc.cuh"
+#include "wgmma.cuh"
 
 #define MPF_MIN_Q DI_MLA_PREFILL_MIN_ROWS
 #define MPF_BQ DI_MLA_PREFILL_TILE // query rows a block: 4 warps of 16
@@ -225,10 +228,12 @@ static size_t di_mpf_expand_smem() {
 // rows from head h0 on, in T; rows past the sequence's keys are zero.
 // Warp w owns rows 32 (w & 1) .. +32 and columns 64 (w >> 1) .. +64 of the
 // tile (2 x 8 m16n8 accumulators). With write_kpe, the blocks of x = 0 also
-// copy each row's k_pe into kpe [rows][MPF_ROPE]. Blocks past the plan's
-// total rows (counts[0]) return at once. A block table entry outside the
+// copy each row's k_pe into kpe [rows][MPF_ROPE]. With VT (for
+// di_mpf_wg_k) a head's scratch is K_nope [r_stride][128] and then V
+// transposed, [128][r_stride] (the same values, through shared memory).
+// Blocks past the plan's total rows (counts[0]) return at once. A block table entry outside the
 // cache sets DI_CHECK_MLA and reads zeros.
-template <typename T, bool F8>
+template <typename T, bool F8, bool VT>
 __global__ void __launch_bounds__(MPF_THREADS, 2)
     di_mpf_expand_k(T *kv, T *kpe, const unsigned char *cache, const T *wb, const int *base_r, const int *counts,
                     const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks, int block_size,
@@ -372,6 +377,46 @@ __global__ void __launch_bounds__(MPF_THREADS, 2)
 		}
 	}
 	di_cp_async_wait<0>();
+	if constexpr (VT) {
+		// The wgmma attention kernel's layout: K_nope rows of MPF_NOPE, and V
+		// transposed (each value column a row of r_stride keys), so that
+		// both products read K-major tiles.
+		T *hb = kv + (size_t)(blockIdx.x >> 1) * r_stride * MPF_KV;
+		if (blockIdx.x & 1) {
+			constexpr int LT = MPF_EBM + 8; // a staged V column: the block's rows
+			static_assert(MPF_EBN * LT <= MPF_ESTAGES * MPF_EBM * MPF_ELD, "the transposed tile fits the latent stages");
+			T *tr = sA;
+			__syncthreads(); // every warp is past its last reads of the stages
+#pragma unroll
+			for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+				for (int nj = 0; nj < 8; nj++)
+#pragma unroll
+					for (int e = 0; e < 4; e++)
+						tr[(wn + nj * 8 + 2 * t4 + (e & 1)) * LT + wm + mi * 16 + g + 8 * (e >> 1)] =
+						    di_from_f32<T>(acc[mi][nj][e]);
+			__syncthreads();
+			T *vt = hb + (size_t)r_stride * MPF_NOPE + m0;
+			for (int c = tid; c < MPF_EBN * MPF_EBM / 8; c += MPF_THREADS) {
+				const int d = c / (MPF_EBM / 8), e = (c - d * (MPF_EBM / 8)) * 8;
+				*reinterpret_cast<uint4 *>(vt + (size_t)d * r_stride + e) = *reinterpret_cast<const uint4 *>(tr + d * LT + e);
+			}
+			return;
+		}
+		T *o = hb + (size_t)m0 * MPF_NOPE;
+#pragma unroll
+		for (int mi = 0; mi < 2; mi++) {
+			const int row = wm + mi * 16 + g;
+#pragma unroll
+			for (int nj = 0; nj < 8; nj++) {
+				const int col = wn + nj * 8 + 2 * t4;
+				*reinterpret_cast<uint32_t *>(o + (size_t)row * MPF_NOPE + col) = di_mpf_pack<T>(acc[mi][nj][0], acc[mi][nj][1]);
+				*reinterpret_cast<uint32_t *>(o + (size_t)(row + 8) * MPF_NOPE + col) =
+				    di_mpf_pack<T>(acc[mi][nj][2], acc[mi][nj][3]);
+			}
+		}
+		return;
+	}
 	T *o = kv + ((size_t)(blockIdx.x >> 1) * r_stride + m0) * MPF_KV + (blockIdx.x & 1) * MPF_EBN;
 #pragma unroll
 	for (int mi = 0; mi < 2; mi++) {
@@ -390,33 +435,19 @@ __global__ void __launch_bounds__(MPF_THREADS, 2)
 
 static size_t di_mpf_attn_smem() { return (size_t)MPF_ASTAGES * MPF_ABK * (MPF_LK + MPF_LV) * 2; }
 
-// di_mpf_tile runs one key tile of a warp (16 query rows of one head,
-// fragments qf) against the staged K ([MPF_ABK][MPF_LK]) and V
-// ([MPF_ABK][MPF_LV]) tiles: the scores, the online-softmax update of (m,
-// l) and o, and the products with V, in a fixed order (di_tc16_tile's,
-// with qk dim 192 and v dim 128). n: the tile's keys below the block's
-// last; full: every key of the tile is visible to every row of the warp;
-// last: this thread's rows see keys [0, last).
+// di_mpf_softmax folds one key tile's scores sc of a warp (16 query rows,
+// 64 keys: mma.sync's m16n8 accumulators, and wgmma's D fragment alike)
+// into the online softmax: scaled to log2 units and masked (n: the tile's
+// keys below the block's last; full: every key of the tile is visible to
+// every row of the warp; last: this thread's rows see keys [0, last)), the
+// update of (m, l) and o, and the probabilities rounded to T as the A
+// fragments pa of the products with V (k16 slice kk of the tile).
 template <typename T>
-__device__ __forceinline__ void di_mpf_tile(float (&o)[MPF_VD / 8][4], float (&m)[2], float (&l)[2],
-                                            const uint32_t (&qf)[MPF_DQK / 16][4], const T *Ks, const T *Vs, int t0,
-                                            int n, bool full, const int (&last)[2], float scale_log2) {
+__device__ __forceinline__ void di_mpf_softmax(float (&sc)[MPF_ABK / 8][4], float (&o)[MPF_VD / 8][4], float (&m)[2],
+                                               float (&l)[2], uint32_t (&pa)[MPF_ABK / 16][4], int t0, int n, bool full,
+                                               const int (&last)[2], float scale_log2) {
 	constexpr int NT = MPF_ABK / 8;
-	const int lane = threadIdx.x & 31, t4 = lane & 3, lm_row = lane & 7, lm_mat = lane >> 3;
-	float sc[NT][4];
-#pragma unroll
-	for (int nt = 0; nt < NT; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-#pragma unroll
-	for (int ks = 0; ks < MPF_DQK / 16; ks++) {
-#pragma unroll
-		for (int nt = 0; nt < NT; nt += 2) {
-			// matrices: (keys nt, d lo), (keys nt, d hi), (keys nt+1, d lo), (keys nt+1, d hi)
-			uint32_t b[4];
-			di_ldmatrix_x4(b, Ks + ((nt + (lm_mat >> 1)) * 8 + lm_row) * MPF_LK + ks * 16 + (lm_mat & 1) * 8);
-			di_mma16816<T>(sc[nt], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[0], b[1]);
-			di_mma16816<T>(sc[nt + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[2], b[3]);
-		}
-	}
+	const int t4 = threadIdx.x & 3;
 #pragma unroll
 	for (int i = 0; i < 2; i++) {
 		float mx = -CUDART_INF_F;
@@ -447,17 +478,127 @@ __device__ __forceinline__ void di_mpf_tile(float (&o)[MPF_VD / 8][4], float (&m
 	}
 #pragma unroll
 	for (int kk = 0; kk < MPF_ABK / 16; kk++) {
-		const uint32_t a0 = di_mpf_pack<T>(sc[2 * kk][0], sc[2 * kk][1]), a1 = di_mpf_pack<T>(sc[2 * kk][2], sc[2 * kk][3]);
-		const uint32_t a2 = di_mpf_pack<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
-		const uint32_t a3 = di_mpf_pack<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+		pa[kk][0] = di_mpf_pack<T>(sc[2 * kk][0], sc[2 * kk][1]);
+		pa[kk][1] = di_mpf_pack<T>(sc[2 * kk][2], sc[2 * kk][3]);
+		pa[kk][2] = di_mpf_pack<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+		pa[kk][3] = di_mpf_pack<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+	}
+}
+
+// di_mpf_tile runs one key tile of a warp (16 query rows of one head,
+// fragments qf) against the staged K ([MPF_ABK][MPF_LK]) and V
+// ([MPF_ABK][MPF_LV]) tiles: the scores, di_mpf_softmax and the products
+// with V, in a fixed order (di_tc16_tile's, with qk dim 192 and v dim 128).
+template <typename T>
+__device__ __forceinline__ void di_mpf_tile(float (&o)[MPF_VD / 8][4], float (&m)[2], float (&l)[2],
+                                            const uint32_t (&qf)[MPF_DQK / 16][4], const T *Ks, const T *Vs, int t0,
+                                            int n, bool full, const int (&last)[2], float scale_log2) {
+	constexpr int NT = MPF_ABK / 8;
+	const int lane = threadIdx.x & 31, lm_row = lane & 7, lm_mat = lane >> 3;
+	float sc[NT][4];
+#pragma unroll
+	for (int nt = 0; nt < NT; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+#pragma unroll
+	for (int ks = 0; ks < MPF_DQK / 16; ks++) {
+#pragma unroll
+		for (int nt = 0; nt < NT; nt += 2) {
+			// matrices: (keys nt, d lo), (keys nt, d hi), (keys nt+1, d lo), (keys nt+1, d hi)
+			uint32_t b[4];
+			di_ldmatrix_x4(b, Ks + ((nt + (lm_mat >> 1)) * 8 + lm_row) * MPF_LK + ks * 16 + (lm_mat & 1) * 8);
+			di_mma16816<T>(sc[nt], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[0], b[1]);
+			di_mma16816<T>(sc[nt + 1], qf[ks][0], qf[ks][1], qf[ks][2], qf[ks][3], b[2], b[3]);
+		}
+	}
+	uint32_t pa[MPF_ABK / 16][4];
+	di_mpf_softmax<T>(sc, o, m, l, pa, t0, n, full, last, scale_log2);
+#pragma unroll
+	for (int kk = 0; kk < MPF_ABK / 16; kk++) {
 #pragma unroll
 		for (int nd = 0; nd < MPF_VD / 8; nd += 2) {
 			// matrices: (keys lo, d nd), (keys hi, d nd), (keys lo, d nd+1), (keys hi, d nd+1)
 			uint32_t b[4];
 			di_ldmatrix_x4_trans(b, Vs + (kk * 16 + (lm_mat & 1) * 8 + lm_row) * MPF_LV + (nd + (lm_mat >> 1)) * 8);
-			di_mma16816<T>(o[nd], a0, a1, a2, a3, b[0], b[1]);
-			di_mma16816<T>(o[nd + 1], a0, a1, a2, a3, b[2], b[3]);
+			di_mma16816<T>(o[nd], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b[0], b[1]);
+			di_mma16816<T>(o[nd + 1], pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3], b[2], b[3]);
 		}
+	}
+}
+
+// di_mpf_rows is a block's query rows: query tile b of the plan (base_t; a
+// sequence's tiles last first, so the longest run first), rows j0 .. j0 +
+// nq of sequence s (its first row q0 of the call), whose first row sees
+// off + 1 keys; the block's rows see keys below k_hi. di_mpf_block_rows
+// finds them; a block past the plan's tiles gets false, and so does one
+// whose sequence's metadata does not fit (kl < ql or kl > max_keys), after
+// setting DI_CHECK_MLA and zeroing its rows of head h.
+struct di_mpf_rows {
+	int s, q0, j0, nq, off, k_hi;
+};
+__device__ __forceinline__ bool di_mpf_block_rows(di_mpf_rows &r, float *out, const int *cu, const int *seqlens_k,
+                                                  const int *base_t, int num_seqs, int max_keys, int num_heads, int h,
+                                                  bool first_head, unsigned *check) {
+	const int b = blockIdx.y;
+	if (b >= base_t[num_seqs]) return false;
+	r.s = di_find_seq(base_t, num_seqs, b);
+	r.q0 = cu[r.s];
+	const int ql = cu[r.s + 1] - r.q0, kl = seqlens_k[r.s];
+	const int nts = base_t[r.s + 1] - base_t[r.s];
+	r.j0 = (nts - 1 - (b - base_t[r.s])) * MPF_BQ, r.nq = min(MPF_BQ, ql - r.j0);
+	if (kl < ql || kl > max_keys) {
+		if (threadIdx.x == 0 && first_head) atomicOr(check, DI_CHECK_MLA);
+		for (int idx = threadIdx.x; idx < r.nq * MPF_VD; idx += blockDim.x) {
+			const int row = idx / MPF_VD;
+			out[((size_t)(r.q0 + r.j0 + row) * num_heads + h) * MPF_VD + idx - row * MPF_VD] = 0.f;
+		}
+		return false;
+	}
+	r.off = kl - ql + r.j0; // keys before the tile's first row
+	r.k_hi = r.off + r.nq;   // keys any row of the block sees
+	return true;
+}
+
+// di_mpf_q loads this thread's q fragments (rows r0 and r0 + 8 of the
+// block's, as mma.sync's m16n8k16 A fragments over the 192 dims) straight
+// from the float32 rows of head h, rounded to T; rows past nq are zeros.
+template <typename T>
+__device__ __forceinline__ void di_mpf_q(uint32_t (&qf)[MPF_DQK / 16][4], const float *q, const di_mpf_rows &r, int r0,
+                                         int num_heads, int h) {
+	const int t4 = threadIdx.x & 3;
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		const int row = r0 + 8 * i;
+		const float *qrow = q + ((size_t)(r.q0 + r.j0 + row) * num_heads + h) * MPF_DQK + 2 * t4;
+#pragma unroll
+		for (int ks = 0; ks < MPF_DQK / 16; ks++) {
+			float2 lo = make_float2(0.f, 0.f), hi = lo;
+			if (row < r.nq) {
+				lo = *reinterpret_cast<const float2 *>(qrow + ks * 16);
+				hi = *reinterpret_cast<const float2 *>(qrow + ks * 16 + 8);
+			}
+			qf[ks][i] = di_mpf_pack<T>(lo.x, lo.y);
+			qf[ks][2 + i] = di_mpf_pack<T>(hi.x, hi.y);
+		}
+	}
+}
+
+// di_mpf_store writes o / l of this thread's rows r0 and r0 + 8 (those
+// below nq) into out (F32 [rows, heads, 128]) at head h; l is the thread's
+// share of its rows' sums (its quad adds them).
+__device__ __forceinline__ void di_mpf_store(float *out, const float (&o)[MPF_VD / 8][4], const float (&l)[2],
+                                             const di_mpf_rows &r, int r0, int num_heads, int h) {
+	const int t4 = threadIdx.x & 3;
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		float li = l[i];
+		li += __shfl_xor_sync(0xffffffffu, li, 1);
+		li += __shfl_xor_sync(0xffffffffu, li, 2);
+		const int row = r0 + 8 * i;
+		if (row >= r.nq) continue;
+		const float inv = li > 0.f ? 1.f / li : 0.f;
+		float *orow = out + ((size_t)(r.q0 + r.j0 + row) * num_heads + h) * MPF_VD + 2 * t4;
+#pragma unroll
+		for (int nd = 0; nd < MPF_VD / 8; nd++)
+			*reinterpret_cast<float2 *>(orow + nd * 8) = make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
 	}
 }
 
@@ -480,24 +621,12 @@ __global__ void __launch_bounds__(MPF_THREADS, MPF_AMINB)
 	extern __shared__ __align__(16) unsigned char mpf_asmem[];
 	T *Kst = reinterpret_cast<T *>(mpf_asmem); // [MPF_ASTAGES][MPF_ABK][MPF_LK]
 	T *Vst = Kst + MPF_ASTAGES * MPF_ABK * MPF_LK; // [MPF_ASTAGES][MPF_ABK][MPF_LV]
-	const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-	const int hx = blockIdx.x, h = h0 + hx, b = blockIdx.y;
+	const int tid = threadIdx.x, warp = tid >> 5, g = (tid & 31) >> 2;
+	const int hx = blockIdx.x, h = h0 + hx;
 	di_pdl_wait();
-	if (b >= base_t[num_seqs]) return;
-	const int s = di_find_seq(base_t, num_seqs, b);
-	const int q0 = cu[s], ql = cu[s + 1] - q0, kl = seqlens_k[s];
-	const int nts = base_t[s + 1] - base_t[s];
-	const int j0 = (nts - 1 - (b - base_t[s])) * MPF_BQ, nq = min(MPF_BQ, ql - j0);
-	if (kl < ql || kl > max_keys) {
-		if (tid == 0 && hx == 0) atomicOr(check, DI_CHECK_MLA);
-		for (int idx = tid; idx < nq * MPF_VD; idx += MPF_THREADS) {
-			const int r = idx / MPF_VD;
-			out[((size_t)(q0 + j0 + r) * num_heads + h) * MPF_VD + idx - r * MPF_VD] = 0.f;
-		}
-		return;
-	}
-	const int off = kl - ql + j0; // keys before the tile's first row
-	const int k_hi = off + nq;    // keys any row of the block sees
+	di_mpf_rows rw;
+	if (!di_mpf_block_rows(rw, out, cu, seqlens_k, base_t, num_seqs, max_keys, num_heads, h, hx == 0, check)) return;
+	const int s = rw.s, nq = rw.nq, off = rw.off, k_hi = rw.k_hi;
 	const T *kb = kv + ((size_t)hx * r_stride + base_r[s]) * MPF_KV;
 	const T *pb = kpe + (size_t)base_r[s] * MPF_ROPE;
 	// fetch queues the copies of key tile t0 into stage st: per key 16
@@ -532,24 +661,9 @@ __global__ void __launch_bounds__(MPF_THREADS, MPF_AMINB)
 		if (j * MPF_ABK < k_hi) fetch(j * MPF_ABK, j);
 		di_cp_async_commit();
 	}
-	// Q fragments straight from the float32 rows, rounded to T.
 	const int rbase = warp * 16, r0 = rbase + g;
 	uint32_t qf[KS][4];
-#pragma unroll
-	for (int i = 0; i < 2; i++) {
-		const int r = r0 + 8 * i;
-		const float *qrow = q + ((size_t)(q0 + j0 + r) * num_heads + h) * MPF_DQK + 2 * t4;
-#pragma unroll
-		for (int ks = 0; ks < KS; ks++) {
-			float2 lo = make_float2(0.f, 0.f), hi = lo;
-			if (r < nq) {
-				lo = *reinterpret_cast<const float2 *>(qrow + ks * 16);
-				hi = *reinterpret_cast<const float2 *>(qrow + ks * 16 + 8);
-			}
-			qf[ks][i] = di_mpf_pack<T>(lo.x, lo.y);
-			qf[ks][2 + i] = di_mpf_pack<T>(hi.x, hi.y);
-		}
-	}
+	di_mpf_q<T>(qf, q, rw, r0, num_heads, h);
 	// This thread's rows see keys [0, last); the warp's rows, keys below
 	// w_hi; every row of the warp (all 16 real), keys below w_full.
 	int last[2];
@@ -577,19 +691,128 @@ __global__ void __launch_bounds__(MPF_THREADS, MPF_AMINB)
 		}
 	}
 	di_cp_async_wait<0>();
+	di_mpf_store(out, o, l, rw, r0, num_heads, h);
+}
+
+// ---------------------------------------------------------------- attention on wgmma
+
+// di_mpf_wg_k is di_mpf_attn_k on Hopper's warpgroup MMA (sm_90a builds,
+// by default; ctx->mla_pf_wg off keeps di_mpf_attn_k): the same grid,
+// plan, key tiles of MPF_ABK = 64 keys aligned to absolute positions and
+// online softmax, over the expansion's transposed layout (di_mpf_expand_k
+// with VT: K_nope rows of 128, V as value columns of r_stride keys). The
+// block's four warps are one warpgroup; per key tile it issues the scores
+// as 12 wgmma.m64n64k16 (q from registers, mma.sync's A fragments; the K
+// tile from shared memory) and, after the softmax, the products with V as
+// 4 wgmma.m64n128k16 (the probabilities from registers, V's columns from
+// shared memory). Both tiles sit K-major in the 128-byte swizzle (a
+// 128-byte line of 64 elements a key or value column, its 16-byte chunk c
+// at chunk c ^ (line & 7)), filled by a ring of MPW_STAGES cp.async
+// stages. A wgmma sums each element over k16 slices in natural order, as
+// di_mpf_tile's mma.sync chain does, and every other step is
+// di_mpf_tile's: the two kernels give the same bits (a test checks). Every
+// warp runs every key tile below the block's last key (wgmma is
+// warpgroup-wide): a tile past a warp's rows is masked whole, which leaves
+// its m, l and o as they were (alpha 1, probabilities 0). Shared memory:
+// MPW_SMEM (40 KB a stage and 1 KB of alignment).
+#ifndef MPW_STAGES
+#define MPW_STAGES 2
+#endif
+#ifndef MPW_MINB
+#define MPW_MINB 2
+#endif
+#define MPW_K_BYTES (MPF_ABK * MPF_DQK * 2) // three 64-column blocks of 64 key lines
+#define MPW_V_BYTES (MPF_VD * MPF_ABK * 2)  // 128 value-column lines of 64 keys
+#define MPW_STAGE_BYTES (MPW_K_BYTES + MPW_V_BYTES)
+#define MPW_SMEM ((size_t)MPW_STAGES * MPW_STAGE_BYTES + 1024)
+static_assert(MPW_STAGES >= 2, "the wgmma attention kernel needs two copy stages at least");
+
+template <typename T>
+__global__ void __launch_bounds__(MPF_THREADS, MPW_MINB)
+    di_mpf_wg_k(float *out, const float *q, const T *kv, const T *kpe, const int *cu, const int *seqlens_k,
+                const int *base_r, const int *base_t, int num_seqs, int max_keys, int num_heads, int h0,
+                size_t r_stride, float scale_log2, unsigned *check) {
+	static_assert(MPF_ABK == 64 && MPF_THREADS == 128, "a key tile is one 128-byte line; the block one warpgroup");
+#ifndef MW_HAS_WGMMA
+	__trap(); // di_wg_arch_ok keeps other targets' builds from launching it
+#endif
+	constexpr int KS = MPF_DQK / 16, ND = MPF_VD / 8, NT = MPF_ABK / 8;
+	extern __shared__ __align__(16) unsigned char mpw_raw[];
+	const unsigned raw = (unsigned)__cvta_generic_to_shared(mpw_raw);
+	const unsigned sbase = (raw + 1023u) & ~1023u; // the swizzle repeats every 1024 bytes
+	unsigned char *sh = mpw_raw + (sbase - raw);
+	const int tid = threadIdx.x, warp = tid >> 5, g = (tid & 31) >> 2;
+	const int hx = blockIdx.x, h = h0 + hx;
+	di_pdl_wait();
+	di_mpf_rows rw;
+	if (!di_mpf_block_rows(rw, out, cu, seqlens_k, base_t, num_seqs, max_keys, num_heads, h, hx == 0, check)) return;
+	const int s = rw.s, nq = rw.nq, off = rw.off, k_hi = rw.k_hi;
+	const T *hb = kv + (size_t)hx * r_stride * MPF_KV;
+	const T *kb = hb + (size_t)base_r[s] * MPF_NOPE;            // K_nope rows
+	const T *vb = hb + (size_t)r_stride * MPF_NOPE + base_r[s]; // value column d at vb + d r_stride
+	const T *pb = kpe + (size_t)base_r[s] * MPF_ROPE;
+	// This thread's copies: 16-byte chunk tid % 8 of lines tid / 8 + 16 i
+	// (4 key lines of each of the K tile's three column blocks, 8 value
+	// columns), every line below the sequence's padded end.
+	const int part = tid & 7, line = tid >> 3;
+	const unsigned dst = (unsigned)(line * 128 + ((part ^ (line & 7)) << 4)); // + 2048 i
+	auto fetch = [&](int t0, int st) {
+		unsigned char *kd = sh + (size_t)st * MPW_STAGE_BYTES, *vd = kd + MPW_K_BYTES;
 #pragma unroll
-	for (int i = 0; i < 2; i++) {
-		float li = l[i];
-		li += __shfl_xor_sync(0xffffffffu, li, 1);
-		li += __shfl_xor_sync(0xffffffffu, li, 2);
-		const int r = r0 + 8 * i;
-		if (r >= nq) continue;
-		const float inv = li > 0.f ? 1.f / li : 0.f;
-		float *orow = out + ((size_t)(q0 + j0 + r) * num_heads + h) * MPF_VD + 2 * t4;
+		for (int i = 0; i < 4; i++) {
+			const size_t key = (size_t)(t0 + line + 16 * i);
+			di_cp_async16(kd + dst + 2048 * i, kb + key * MPF_NOPE + 8 * part, true);
+			di_cp_async16(kd + 8192 + dst + 2048 * i, kb + key * MPF_NOPE + 64 + 8 * part, true);
+			di_cp_async16(kd + 16384 + dst + 2048 * i, pb + key * MPF_ROPE + 8 * part, true);
+		}
 #pragma unroll
-		for (int nd = 0; nd < ND; nd++)
-			*reinterpret_cast<float2 *>(orow + nd * 8) = make_float2(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
+		for (int i = 0; i < 8; i++) di_cp_async16(vd + dst + 2048 * i, vb + (size_t)(line + 16 * i) * r_stride + t0 + 8 * part, true);
+	};
+#pragma unroll
+	for (int j = 0; j < MPW_STAGES - 1; j++) {
+		if (j * MPF_ABK < k_hi) fetch(j * MPF_ABK, j);
+		di_cp_async_commit();
 	}
+	const int rbase = warp * 16, r0 = rbase + g;
+	uint32_t qf[KS][4];
+	di_mpf_q<T>(qf, q, rw, r0, num_heads, h);
+	int last[2];
+#pragma unroll
+	for (int i = 0; i < 2; i++) last[i] = r0 + 8 * i < nq ? off + r0 + 8 * i + 1 : 0;
+	const int w_full = rbase + 16 <= nq ? off + rbase + 1 : 0;
+	float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.f, 0.f}, o[ND][4];
+#pragma unroll
+	for (int nd = 0; nd < ND; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+	int st = 0;
+	for (int t0 = 0; t0 < k_hi; t0 += MPF_ABK, st = st + 1 == MPW_STAGES ? 0 : st + 1) {
+		const int n = min(MPF_ABK, k_hi - t0);
+		di_cp_async_wait<MPW_STAGES - 2>();
+		di_fence_async_shared();
+		// Tile t0 has landed for every thread, and every thread's products
+		// of the tile before it (whose stage the next copy refills) are done.
+		__syncthreads();
+		const int t_next = t0 + (MPW_STAGES - 1) * MPF_ABK;
+		if (t_next < k_hi) fetch(t_next, st == 0 ? MPW_STAGES - 1 : st - 1);
+		di_cp_async_commit();
+		const unsigned ka = sbase + (unsigned)(st * MPW_STAGE_BYTES), va = ka + MPW_K_BYTES;
+		float sc[NT][4];
+#pragma unroll
+		for (int nt = 0; nt < NT; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+		di_wg_fence();
+#pragma unroll
+		for (int ks = 0; ks < KS; ks++) di_wg_mma_rs<T, MPF_ABK>(&sc[0][0], qf[ks], di_wg_desc(ka + (ks >> 2) * 8192 + (ks & 3) * 32));
+		di_wg_commit();
+		di_wg_wait<0>();
+		uint32_t pa[MPF_ABK / 16][4];
+		di_mpf_softmax<T>(sc, o, m, l, pa, t0, n, n == MPF_ABK && t0 + MPF_ABK <= w_full, last, scale_log2);
+		di_wg_fence();
+#pragma unroll
+		for (int kk = 0; kk < MPF_ABK / 16; kk++) di_wg_mma_rs<T, MPF_VD>(&o[0][0], pa[kk], di_wg_desc(va + kk * 32));
+		di_wg_commit();
+		di_wg_wait<0>();
+	}
+	di_cp_async_wait<0>();
+	di_mpf_store(out, o, l, rw, r0, num_heads, h);
 }
 
 // ---------------------------------------------------------------- the absorbed rows
@@ -656,10 +879,14 @@ static int di_mpf_prefill(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, di
 		}
 		wb = wc;
 	}
-	const size_t es = di_mpf_expand_smem(), as = di_mpf_attn_smem();
-	cudaError_t e = cudaFuncSetAttribute(di_mpf_expand_k<T, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)es);
-	if (e == cudaSuccess)
-		e = cudaFuncSetAttribute(di_mpf_attn_k<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)as);
+	// The attention on wgmma where the build has it (the same bits), over
+	// the expansion's transposed layout.
+	const bool wg = ctx->mla_pf_wg && di_wg_arch_ok();
+	auto expand = wg ? di_mpf_expand_k<T, F8, true> : di_mpf_expand_k<T, F8, false>;
+	auto attend = wg ? di_mpf_wg_k<T> : di_mpf_attn_k<T>;
+	const size_t es = di_mpf_expand_smem(), as = wg ? MPW_SMEM : di_mpf_attn_smem();
+	cudaError_t e = cudaFuncSetAttribute(expand, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)es);
+	if (e == cudaSuccess) e = cudaFuncSetAttribute(attend, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)as);
 	if (e != cudaSuccess) {
 		di_scratch_free(ctx, buf);
 		return di_cuda_fail(ctx, e, "mla_attention (prefill): cudaFuncSetAttribute");
@@ -671,13 +898,13 @@ static int di_mpf_prefill(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, di
 	for (int p = 0; p < passes && rc == DI_OK; p++) {
 		const int h0 = p * (int)G, gn = H - h0 < (int)G ? H - h0 : (int)G;
 		if (rows > 0) {
-			di_launch(ctx, di_mpf_expand_k<T, F8>, dim3(2 * gn, (unsigned)(rows / MPF_EBM)), dim3(MPF_THREADS), es, kvp,
+			di_launch(ctx, expand, dim3(2 * gn, (unsigned)(rows / MPF_EBM)), dim3(MPF_THREADS), es, kvp,
 			          pep, DI_PTR(const unsigned char, cache), wb + (size_t)h0 * MPF_KV * kvl, base_r, counts, sk, bt,
 			          m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, kvl, rowb, rows, p == 0 ? 1 : 0,
 			          ctx->check);
 			if ((rc = di_check_launch(ctx, "mla_attention (prefill, expansion)")) != DI_OK) break;
 		}
-		di_launch(ctx, di_mpf_attn_k<T>, dim3(gn, nt), dim3(MPF_THREADS), as, DI_PTR(float, out), DI_PTR(const float, q),
+		di_launch(ctx, attend, dim3(gn, nt), dim3(MPF_THREADS), as, DI_PTR(float, out), DI_PTR(const float, q),
 		          (const T *)kvp, (const T *)pep, cu, sk, base_r, base_t, m->num_seqs, max_keys, H, h0, rows, scale_log2,
 		          ctx->check);
 		rc = di_check_launch(ctx, "mla_attention (prefill)");

@@ -259,6 +259,44 @@ func mlaPrefillInvariance(t *testing.T, p *pair, mp kernels.MLAParams, cdt kerne
 	t.Logf("%v cache, %d heads: chunked prefill = whole prompt, under wider tables and in a batch, bit for bit", cdt, mp.NumHeads)
 }
 
+// mlaInputs is one MLAAttention call as host bytes: the batch b (its
+// metadata on p's GPU backend), the latent cache's bytes of dtype cdt
+// (blocks of b's block size), BF16 wkvb and float32 q.
+type mlaInputs struct {
+	mp          kernels.MLAParams
+	b           pagedBatch
+	cdt         kernels.DType
+	cache, w, q []byte
+}
+
+// run uploads the call to backend g, runs it and returns the output's
+// bytes.
+func (in mlaInputs) run(t *testing.T, p *pair, g *Backend) []byte {
+	t.Helper()
+	mp, b := in.mp, in.b
+	width := mlaCacheWidth(in.cdt, mp)
+	c := upload(t, g, in.cdt, in.cache, in.cdt, len(in.cache)/(width*in.cdt.Size()*b.gpuMeta.BlockSize), b.gpuMeta.BlockSize, width)
+	w := upload(t, g, kernels.BF16, in.w, kernels.BF16, mp.NumHeads*(mp.NopeDim+mp.VHeadDim), mp.KVLoraRank)
+	q := upload(t, g, kernels.F32, in.q, kernels.F32, b.numTokens, mp.NumHeads*(mp.NopeDim+mp.RopeDim))
+	ints := func(x kernels.Tensor) kernels.Tensor {
+		return upload(t, g, kernels.I32, p.raw(p.g, x), kernels.I32, x.Shape()...)
+	}
+	m := b.gpuMeta
+	m.CuSeqlensQ, m.SeqlensK, m.BlockTables, m.SlotMapping = ints(m.CuSeqlensQ), ints(m.SeqlensK), ints(m.BlockTables), ints(m.SlotMapping)
+	out, err := g.Alloc(kernels.F32, b.numTokens, mp.NumHeads*mp.VHeadDim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.MLAAttention(out, q, c, w, &m, mp); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, kernels.NumElements(out)*4)
+	if err := g.Download(buf, out); err != nil {
+		t.Fatal(err)
+	}
+	return buf
+}
+
 // Rows of sequences below mlaPrefillMinRows rows keep the absorbed path's
 // bits in a call with prefill rows (Options.DisableMLAPrefill runs every
 // row on that path: a second backend over the same bytes), and the prefill
@@ -277,29 +315,9 @@ func TestGPUMLAPrefillPaths(t *testing.T) {
 	raw := p.mlaWriteAll(t, cache, mp, blockSize*numBlocks)
 	wv := hostBytes(kernels.BF16, randVals(p.r, mp.NumHeads*(mp.NopeDim+mp.VHeadDim)*mp.KVLoraRank, 0.2))
 	qv := kernels.F32Bytes(randVals(p.r, b.numTokens*mp.NumHeads*(mp.NopeDim+mp.RopeDim), 1))
-	run := func(g *Backend, cache kernels.Tensor) []float32 {
-		w := upload(t, g, kernels.BF16, wv, kernels.BF16, mp.NumHeads*(mp.NopeDim+mp.VHeadDim), mp.KVLoraRank)
-		q := upload(t, g, kernels.F32, qv, kernels.F32, b.numTokens, mp.NumHeads*(mp.NopeDim+mp.RopeDim))
-		ints := func(x kernels.Tensor) kernels.Tensor {
-			return upload(t, g, kernels.I32, p.raw(p.g, x), kernels.I32, x.Shape()...)
-		}
-		m := b.gpuMeta
-		m.CuSeqlensQ, m.SeqlensK, m.BlockTables, m.SlotMapping = ints(m.CuSeqlensQ), ints(m.SeqlensK), ints(m.BlockTables), ints(m.SlotMapping)
-		out, err := g.Alloc(kernels.F32, b.numTokens, mp.NumHeads*mp.VHeadDim)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := g.MLAAttention(out, q, cache, w, &m, mp); err != nil {
-			t.Fatal(err)
-		}
-		v, err := kernels.ToF32(g, out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
-	split := run(p.g, cache)
-	absorbed := run(ab, upload(t, ab, kernels.F16, raw, kernels.F16, numBlocks, blockSize, mp.KVLoraRank+mp.RopeDim))
+	in := mlaInputs{mp: mp, b: b, cdt: kernels.F16, cache: raw, w: wv, q: qv}
+	split := kernels.BytesF32(in.run(t, p, p.g))
+	absorbed := kernels.BytesF32(in.run(t, p, ab))
 	ow := mp.NumHeads * mp.VHeadDim
 	row := 0
 	for _, s := range seqs {
@@ -314,6 +332,49 @@ func TestGPUMLAPrefillPaths(t *testing.T) {
 			t.Errorf("sequence (%d, %d): prefill path against the absorbed path: max relative error %.3g > %.3g", s[0], s[1], e, mlaPrefillTol(kernels.F16))
 		}
 		row += s[0]
+	}
+}
+
+// The prefill attention on wgmma (the default on sm_90a builds) gives the
+// bits of its mma.sync kernel (Options.DisableMLAPrefillWGMMA: a second
+// backend over the same bytes): every case of TestGPUMLAPrefill, over
+// half, bfloat16 and 8-bit caches, at 16, 128 and 5 heads (on builds
+// without wgmma both backends run the mma.sync kernel).
+func TestGPUMLAPrefillWGMMA(t *testing.T) {
+	p := newPair(t, GEMMRound)
+	mm := newGPUOpts(t, Options{GEMM: GEMMRound, DisableMLAPrefillWGMMA: true})
+	const blockSize, numBlocks = 16, 300
+	for _, mp := range mlaPrefillShapes {
+		mp = mlaScaled(mp)
+		for _, cdt := range []kernels.DType{kernels.F16, kernels.BF16, kernels.F8E4M3} {
+			for _, tc := range mlaPrefillCases {
+				if tc.big && mp.NumHeads > 16 {
+					continue
+				}
+				t.Run(fmt.Sprintf("%s/%s/h%d/kvl%d", tc.name, cdt, mp.NumHeads, mp.KVLoraRank), func(t *testing.T) {
+					b := p.pagedBatch(blockSize, numBlocks, tc.seqs)
+					cache, err := p.g.Alloc(cdt, numBlocks, blockSize, mlaCacheWidth(cdt, mp))
+					if err != nil {
+						t.Fatal(err)
+					}
+					raw := p.mlaWriteAll(t, cache, mp, blockSize*numBlocks)
+					in := mlaInputs{mp: mp, b: b, cdt: cdt, cache: raw,
+						w: hostBytes(kernels.BF16, randVals(p.r, mp.NumHeads*(mp.NopeDim+mp.VHeadDim)*mp.KVLoraRank, 0.2)),
+						q: kernels.F32Bytes(randVals(p.r, b.numTokens*mp.NumHeads*(mp.NopeDim+mp.RopeDim), 1))}
+					wg, ref := in.run(t, p, p.g), in.run(t, p, mm)
+					if !bytes.Equal(wg, ref) {
+						a, r := kernels.BytesF32(wg), kernels.BytesF32(ref)
+						n := 0
+						for i := range a {
+							if math.Float32bits(a[i]) != math.Float32bits(r[i]) {
+								n++
+							}
+						}
+						t.Fatalf("%d of %d outputs differ from the mma.sync kernel's (max relative difference %.3g)", n, len(a), maxRelErr(a, r))
+					}
+				})
+			}
+		}
 	}
 }
 
@@ -459,7 +520,9 @@ func TestGPUMLAPrefillChecks(t *testing.T) {
 // (one sequence, all its keys new) at DeepSeek-V2-Lite's layer sizes (16
 // heads, kv_lora_rank 512, qk_nope 128, qk_rope 64, v head 128) over half,
 // bfloat16 and 8-bit latent caches: the prefill path (expansion plus
-// FlashAttention) and, in the same run, the absorbed path for every row
+// FlashAttention; its attention on wgmma where the build has it) and, in
+// the same run, the same path with the mma.sync attention kernel
+// (Options.DisableMLAPrefillWGMMA) and the absorbed path for every row
 // (Options.DisableMLAPrefill). Figures are TFLOP/s of the causal
 // non-absorbed attention, H x 2 x (192 + 128) x n(n+1)/2 FLOPs (85.9
 // GFLOP at n = 4096), for both paths, so that their ratio is the speedup;
@@ -472,12 +535,13 @@ func BenchmarkGPUMLAPrefill(b *testing.B) {
 	for _, cdt := range []kernels.DType{kernels.F16, kernels.BF16, kernels.F8E4M3} {
 		b.Run("cache="+cdt.String(), func(b *testing.B) {
 			pf := newGPUOpts(b, Options{GEMM: GEMMRound})
+			mm := newGPUOpts(b, Options{GEMM: GEMMRound, DisableMLAPrefillWGMMA: true})
 			ab := newGPUOpts(b, Options{GEMM: GEMMRound, DisableMLAPrefill: true})
-			var ms [2]float64
-			for i, g := range []*Backend{pf, ab} {
+			var ms [3]float64
+			for i, g := range []*Backend{pf, mm, ab} {
 				r, _ := mlaBenchInputs(b, g, mp, cdt, [][2]int{{n, n}}, blockSize)
 				reps := 20
-				if i == 1 {
+				if i == 2 {
 					reps = 3
 				}
 				ms[i] = timeIt(b, g, reps, func() error { return g.MLAAttention(r.out, r.q, r.cache, r.w, &r.m, mp) })
@@ -485,8 +549,8 @@ func BenchmarkGPUMLAPrefill(b *testing.B) {
 			tf := func(ms float64) float64 { return flops / (ms / 1e3) / 1e12 }
 			b.ReportMetric(ms[0]*1e3, "us/op")
 			b.ReportMetric(tf(ms[0]), "TFLOP/s")
-			b.Logf("mla prefill | cache %-4s tokens %d heads %d | prefill path %8.1f us %6.1f TFLOP/s | absorbed path %8.1f us %6.1f TFLOP/s | %.2fx",
-				cdt, n, mp.NumHeads, ms[0]*1e3, tf(ms[0]), ms[1]*1e3, tf(ms[1]), ms[1]/ms[0])
+			b.Logf("mla prefill | cache %-4s tokens %d heads %d | prefill path %8.1f us %6.1f TFLOP/s | its mma.sync attention %8.1f us %6.1f TFLOP/s | absorbed path %8.1f us %6.1f TFLOP/s | %.2fx, %.2fx",
+				cdt, n, mp.NumHeads, ms[0]*1e3, tf(ms[0]), ms[1]*1e3, tf(ms[1]), ms[2]*1e3, tf(ms[2]), ms[1]/ms[0], ms[2]/ms[0])
 		})
 	}
 }

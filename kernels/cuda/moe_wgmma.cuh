@@ -35,11 +35,7 @@
 // rows * n * k flops on the tensor cores' native path; 48 KB of shared
 // memory a stage (4 stages, one block a multiprocessor), 185-186 registers;
 // the tiles read 85 flops a byte from L2 (64 with MW_WIDE=0).
-#include <cstring>
-
-#ifndef DI_ARCH
-#define DI_ARCH "unknown"
-#endif
+#include "wgmma.cuh"
 
 #define MW_BK 64
 #ifndef MW_STAGES
@@ -64,66 +60,6 @@ static_assert(MW_AHEAD >= 1, "MW_STAGES too small for MW_INFLIGHT");
 #define MW_STAGE_BYTES (MW_A_BYTES + MW_B_BYTES)
 #define MW_SMEM ((size_t)MW_STAGES * MW_STAGE_BYTES + 1024)
 static_assert(MG_BN == 128, "di_moe_wg_k takes di_moe_gemm_k's row tiles");
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define MW_HAS_WGMMA 1
-#endif
-
-// di_wg_desc is the wgmma matrix descriptor of a K-major tile at shared
-// address saddr in the 128-byte swizzle: rows of 128 bytes, groups of 8
-// rows 1024 bytes apart (the stride field), the leading field unused.
-__device__ __forceinline__ uint64_t di_wg_desc(unsigned saddr) {
-	uint64_t d = (uint64_t)((saddr & 0x3FFFF) >> 4);
-	d |= (uint64_t)1 << 16;    // leading byte offset (unused with this swizzle)
-	d |= (uint64_t)64 << 32;   // stride byte offset: 1024 >> 4
-	d |= (uint64_t)1 << 62;    // 128-byte swizzle
-	return d;
-}
-
-__device__ __forceinline__ void di_wg_fence() {
-#ifdef MW_HAS_WGMMA
-	asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void di_wg_commit() {
-#ifdef MW_HAS_WGMMA
-	asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-#endif
-}
-template <int N> __device__ __forceinline__ void di_wg_wait() {
-#ifdef MW_HAS_WGMMA
-	asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-#endif
-}
-// di_fence_async_shared orders this thread's shared-memory writes (cp.async
-// included) before later reads of the async proxy (wgmma's operands).
-__device__ __forceinline__ void di_fence_async_shared() {
-#ifdef MW_HAS_WGMMA
-	asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-
-#define MW_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define MW_REGS                                                                                                        \
-	"{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "      \
-	"%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, " \
-	"%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-
-// di_wg_mma adds A (64 x 16, descriptor a) times B^T (128 x 16, descriptor
-// b) to the 64 x 128 float32 tile d of the warpgroup (D += A B^T).
-#ifdef MW_HAS_WGMMA
-#define MW_MMA(ty)                                                                                                     \
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                            \
-	             "wgmma.mma_async.sync.aligned.m64n128k16.f32." ty "." ty " " MW_REGS ", %64, %65, p, 1, 1, 0, 0;\n}\n" \
-	             : MW_D8(0), MW_D8(8), MW_D8(16), MW_D8(24), MW_D8(32), MW_D8(40), MW_D8(48), MW_D8(56)                 \
-	             : "l"(a), "l"(b))
-#else
-#define MW_MMA(ty)
-#endif
-template <typename T> __device__ __forceinline__ void di_wg_mma(float *d, uint64_t a, uint64_t b) {
-	if constexpr (std::is_same_v<T, __nv_bfloat16>) MW_MMA("bf16");
-	else MW_MMA("f16");
-}
 
 // di_mw_row is the weight row (within the expert) that shared row r of the
 // block's MW_BM rows holds, clamped into the weight (ok false for a row
@@ -295,7 +231,7 @@ static dim3 di_moe_wg_grid(size_t pairs, int num_experts, int n, int inter) {
 // could: a library built for sm_90a (the only target with wgmma), hidden
 // and intermediate multiples of MW_BK.
 static bool di_moe_wg_ok(int hidden, int inter) {
-	return strcmp(DI_ARCH, "sm_90a") == 0 && hidden % MW_BK == 0 && inter % MW_BK == 0;
+	return di_wg_arch_ok() && hidden % MW_BK == 0 && inter % MW_BK == 0;
 }
 
 template <typename T, int MODE>

@@ -117,6 +117,7 @@ func (o Options) cOptions() C.di_options {
 		fill_uninitialized:        flag(o.FillUninitialized),
 		gemm_plans:                flag(o.GEMMPlans),
 		disable_moe_wgmma:         flag(o.DisableMoEWGMMA),
+		disable_mla_prefill_wgmma: flag(o.DisableMLAPrefillWGMMA),
 	}
 }
 
