@@ -191,8 +191,9 @@ typedef struct di_options {
 	 * of the wgmma one (sm_90a builds, hidden and intermediate multiples of
 	 * 64), whose sums differ from them in rounding. */
 	int32_t disable_moe_wgmma;
-	/* 1: MLA prefill attention (the non-absorbed form) runs its mma.sync
-	 * kernel instead of the wgmma one (sm_90a builds); the same bits. */
+	/* 1: MLA prefill (the non-absorbed form: expansion and attention)
+	 * runs its mma.sync kernels instead of the wgmma ones (sm_90a builds);
+	 * the same bits. */
 	int32_t disable_mla_prefill_wgmma;
 } di_options;
 

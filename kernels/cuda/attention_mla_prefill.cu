@@ -27,11 +27,13 @@
 //     A single sequence needs no hint (its block table's reach bounds its
 //     keys). Either bound is taken only where it costs no more passes over
 //     the heads than the call's query rows would; else the host reads.
-//  2. di_mpf_expand_k, per group of heads: K_nope and V of every visible key
-//     of every prefill sequence, [c_kv] x [W_UK; W_UV]^T (wkvb's rows of the
-//     head), on mma.sync with a fixed order over kv_lora_rank, rounded to
-//     the cache's 16-bit type into scratch [head][row][256]; and each key's
-//     k_pe, copied once. A row's values depend on its c_kv and the weight
+//  2. di_mpf_expand_k (mma.sync) or, for 16-bit caches where step 3 runs
+//     on wgmma, di_mpf_wgx_k (wgmma), the same bits, per group of heads:
+//     K_nope and V of every visible key of every prefill sequence, [c_kv]
+//     x [W_UK; W_UV]^T (wkvb's rows of the head), with a fixed order over
+//     kv_lora_rank, rounded to the cache's 16-bit type into scratch
+//     [head][row][256] (for di_mpf_wg_k: K_nope rows, then V transposed);
+//     and each key's k_pe, copied once. A row's values depend on its c_kv and the weight
 //     alone, never on how many rows a call expands. An 8-bit cache's rows
 //     are widened to half on their way into shared memory (each value times
 //     its group's scale, rounded), as the absorbed kernels widen their
@@ -431,6 +433,152 @@ __global__ void __launch_bounds__(MPF_THREADS, 2)
 	}
 }
 
+// di_mpf_wgx_k is di_mpf_expand_k with VT for 16-bit caches on Hopper's
+// warpgroup MMA (sm_90a builds, with di_mpf_wg_k): grid (heads of the
+// pass, expanded rows / MPX_BN rounded up), MPX_THREADS threads, shared
+// memory MPX_SMEM. Block (x, y) multiplies all 256 wkvb rows of head h0 +
+// x (K_nope's 128, then V's) by the latents of expanded rows [MPX_BN y,
+// + MPX_BN), which may span sequences (each row finds its own): warpgroup
+// w takes weight rows 64 w + 128 j .. + 63 (j = 0, 1) by the block's rows,
+// wgmma.m64n128k16 with both operands K-major in the 128-byte swizzle, a
+// ring of MPX_STAGES cp.async stages of 64 columns of kv_lora_rank (one
+// barrier a stage). Each output is
+// summed over k16 slices in natural order into one float32 accumulator,
+// as di_mpf_expand_k's mma.sync chain is: the same bits. The tile goes
+// through shared memory, rounded to T, to K_nope rows and V's columns
+// (16-byte stores); rows at or past r_stride are not stored. With
+// write_kpe, the blocks of x = 0 also copy each row's k_pe. Blocks past
+// the plan's total rows (counts[0]) return at once; a block table entry
+// outside the cache sets DI_CHECK_MLA and reads zeros.
+#define MPX_BN 128 // expanded rows a block
+#define MPX_THREADS 256
+#ifndef MPX_STAGES
+#define MPX_STAGES 4
+#endif
+#define MPX_A_BYTES (2 * MPF_KV * 64) // a stage of the head's 256 weight rows: 128-byte lines
+#define MPX_B_BYTES (MPX_BN * 64 * 2) // a stage of latent rows
+#define MPX_STAGE_BYTES (MPX_A_BYTES + MPX_B_BYTES)
+#define MPX_LD (MPX_BN + 8) // a staged output line (K_nope row or V column), elements
+#define MPX_SMEM ((size_t)MPX_STAGES * MPX_STAGE_BYTES + 1024)
+static_assert(MPX_STAGES >= 2, "the expansion needs two copy stages at least");
+static_assert(2 * MPF_NOPE * MPX_LD * 2 <= MPX_STAGES * MPX_STAGE_BYTES, "the output tiles fit the stages");
+
+template <typename T>
+__global__ void __launch_bounds__(MPX_THREADS, 1)
+    di_mpf_wgx_k(T *kv, T *kpe, const unsigned char *cache, const T *wb, const int *base_r, const int *counts,
+                 const int *seqlens_k, const int *block_tables, int num_seqs, int max_blocks, int block_size,
+                 int num_blocks, int kvl, int rowb, size_t r_stride, int write_kpe, unsigned *check) {
+	static_assert(MPF_NOPE == 128 && MPF_VD == 128, "a head's weight rows are two groups of 128");
+#ifndef MW_HAS_WGMMA
+	__trap(); // di_wg_arch_ok keeps other targets' builds from launching it
+#endif
+	extern __shared__ __align__(16) unsigned char mpx_raw[];
+	const unsigned raw = (unsigned)__cvta_generic_to_shared(mpx_raw);
+	const unsigned sbase = (raw + 1023u) & ~1023u;
+	unsigned char *sh = mpx_raw + (sbase - raw);
+	const int tid = threadIdx.x, wg = tid >> 7, g = (tid & 31) >> 2, t4 = tid & 3;
+	const size_t m0 = (size_t)blockIdx.y * MPX_BN;
+	di_pdl_wait();
+	if (m0 >= (size_t)counts[0]) return;
+	// This thread's copies: 16-byte chunk tid % 8 of lines tid / 8 + 32 i
+	// (8 weight lines, 4 latent lines a stage).
+	const int part = tid & 7, line = tid >> 3;
+	const unsigned dst = (unsigned)(line * 128 + ((part ^ (line & 7)) << 4)); // + 4096 i
+	const T *wsrc = wb + ((size_t)blockIdx.x * MPF_KV + line) * kvl + 8 * part;
+	const unsigned char *lsrc[4];
+	bool lok[4];
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		const int r = (int)m0 + line + 32 * i, s = di_find_seq(base_r, num_seqs, min(r, counts[0] - 1));
+		const int t = r - base_r[s];
+		const int slot = r < counts[0] && t < seqlens_k[s]
+		                     ? di_key_slot(block_tables + (size_t)s * max_blocks, t, block_size, num_blocks, check,
+		                                   DI_CHECK_MLA)
+		                     : -1;
+		lok[i] = slot >= 0;
+		lsrc[i] = cache + (lok[i] ? (size_t)slot * rowb : 0) + 16 * part;
+	}
+	const int nk = kvl / 64;
+	auto issue = [&](int kt) {
+		unsigned char *a = sh + (size_t)(kt % MPX_STAGES) * MPX_STAGE_BYTES, *b = a + MPX_A_BYTES;
+#pragma unroll
+		for (int i = 0; i < 8; i++) di_cp_async16(a + dst + 4096 * i, wsrc + (size_t)32 * i * kvl + 64 * kt, true);
+#pragma unroll
+		for (int i = 0; i < 4; i++) di_cp_async16(b + dst + 4096 * i, lsrc[i] + 128 * kt, lok[i]);
+	};
+	// Stages queued ahead of the one multiplied. Each stage's products are
+	// waited for before the next barrier: with one group left running
+	// across it (as di_moe_wg_k does) ptxas serializes every wgmma of this
+	// kernel (C7514, the epilogue's reads of the accumulators).
+	constexpr int AHEAD = MPX_STAGES - 1;
+	float d[2][64];
+#pragma unroll
+	for (int j = 0; j < 2; j++)
+#pragma unroll
+		for (int i = 0; i < 64; i++) d[j][i] = 0.f;
+#pragma unroll
+	for (int kt = 0; kt < AHEAD; kt++) {
+		if (kt < nk) issue(kt);
+		di_cp_async_commit();
+	}
+#pragma unroll 1
+	for (int kt = 0; kt < nk; kt++) {
+		di_cp_async_wait<AHEAD - 1>();
+		di_fence_async_shared();
+		// Stage kt has landed, and every warpgroup has finished the products
+		// of stage kt - 1, whose slot the next copy refills.
+		__syncthreads();
+		if (kt + AHEAD < nk) issue(kt + AHEAD);
+		di_cp_async_commit();
+		const unsigned a = sbase + (unsigned)((kt % MPX_STAGES) * MPX_STAGE_BYTES), b = a + MPX_A_BYTES;
+		di_wg_fence();
+#pragma unroll
+		for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+			for (int j = 0; j < 2; j++)
+				di_wg_mma<T>(d[j], di_wg_desc(a + (64 * wg + 128 * j) * 128 + kk * 32), di_wg_desc(b + kk * 32));
+		di_wg_commit();
+		di_wg_wait<0>();
+	}
+	di_cp_async_wait<0>();
+	__syncthreads(); // every warpgroup is past its last products: the stages are free
+	// Element i of d[j]: weight row 64 wg + 128 j + 16 (warp % 4) + g + 8 ((i >> 1) & 1) of the head,
+	// expanded row m0 + 8 (i >> 2) + 2 t4 + (i & 1). K_nope goes to kt_s [row][dim], V to vt_s [dim][row].
+	T *kt_s = reinterpret_cast<T *>(sh), *vt_s = kt_s + MPF_NOPE * MPX_LD;
+	const int wr = 64 * wg + 16 * ((tid >> 5) & 3) + g;
+#pragma unroll
+	for (int i = 0; i < 64; i++) {
+		const int c = wr + 8 * ((i >> 1) & 1), n = 8 * (i >> 2) + 2 * t4 + (i & 1);
+		kt_s[n * MPX_LD + c] = di_from_f32<T>(d[0][i]);
+		vt_s[c * MPX_LD + n] = di_from_f32<T>(d[1][i]);
+	}
+	__syncthreads();
+	T *hb = kv + (size_t)blockIdx.x * r_stride * MPF_KV, *vt = hb + r_stride * MPF_NOPE;
+	constexpr int CH = MPX_BN / 8; // 16-byte chunks of a staged line
+	for (int c = tid; c < MPF_NOPE * CH; c += MPX_THREADS) {
+		const int ln = c / CH, e = (c - ln * CH) * 8;
+		if (m0 + ln < r_stride) // K_nope row m0 + ln: its 128 dims
+			*reinterpret_cast<uint4 *>(hb + (m0 + ln) * MPF_NOPE + e) = *reinterpret_cast<const uint4 *>(kt_s + ln * MPX_LD + e);
+		if (m0 + e < r_stride) // V column ln: rows m0 + e .. + 7
+			*reinterpret_cast<uint4 *>(vt + ln * r_stride + m0 + e) = *reinterpret_cast<const uint4 *>(vt_s + ln * MPX_LD + e);
+	}
+	if (write_kpe && blockIdx.x == 0) {
+		constexpr int RCH = MPF_ROPE / 8;
+		const size_t pe_off = (size_t)kvl * sizeof(T);
+		for (int c = tid; c < MPX_BN * RCH; c += MPX_THREADS) {
+			const int r = c / RCH, e = (c - r * RCH) * 8;
+			if (m0 + r >= r_stride) continue;
+			const int rr = (int)m0 + r, s = di_find_seq(base_r, num_seqs, min(rr, counts[0] - 1)), t = rr - base_r[s];
+			uint4 v = make_uint4(0, 0, 0, 0);
+			if (rr < counts[0] && t < seqlens_k[s]) {
+				const int slot = di_key_slot(block_tables + (size_t)s * max_blocks, t, block_size, num_blocks, check, DI_CHECK_MLA);
+				if (slot >= 0) v = *reinterpret_cast<const uint4 *>(cache + (size_t)slot * rowb + pe_off + e * sizeof(T));
+			}
+			*reinterpret_cast<uint4 *>(kpe + (m0 + r) * MPF_ROPE + e) = v;
+		}
+	}
+}
+
 // ---------------------------------------------------------------- attention
 
 static size_t di_mpf_attn_smem() { return (size_t)MPF_ASTAGES * MPF_ABK * (MPF_LK + MPF_LV) * 2; }
@@ -440,12 +588,13 @@ static size_t di_mpf_attn_smem() { return (size_t)MPF_ASTAGES * MPF_ABK * (MPF_L
 // into the online softmax: scaled to log2 units and masked (n: the tile's
 // keys below the block's last; full: every key of the tile is visible to
 // every row of the warp; last: this thread's rows see keys [0, last)), the
-// update of (m, l) and o, and the probabilities rounded to T as the A
-// fragments pa of the products with V (k16 slice kk of the tile).
-template <typename T>
-__device__ __forceinline__ void di_mpf_softmax(float (&sc)[MPF_ABK / 8][4], float (&o)[MPF_VD / 8][4], float (&m)[2],
-                                               float (&l)[2], uint32_t (&pa)[MPF_ABK / 16][4], int t0, int n, bool full,
-                                               const int (&last)[2], float scale_log2) {
+// update of (m, l), the factors alpha by which each row half's output is
+// to be scaled (di_mpf_rescale) before this tile's products are added, and
+// the probabilities (in sc; di_mpf_pack_probs rounds them to T as the A
+// fragments of the products with V).
+__device__ __forceinline__ void di_mpf_softmax(float (&sc)[MPF_ABK / 8][4], float (&alpha)[2], float (&m)[2],
+                                               float (&l)[2], int t0, int n, bool full, const int (&last)[2],
+                                               float scale_log2) {
 	constexpr int NT = MPF_ABK / 8;
 	const int t4 = threadIdx.x & 3;
 #pragma unroll
@@ -474,14 +623,29 @@ __device__ __forceinline__ void di_mpf_softmax(float (&sc)[MPF_ABK / 8][4], floa
 				}
 			}
 		}
-		di_softmax_update<true>(sc, m, l, o, i, mx);
+		alpha[i] = di_softmax_step<true>(sc, m, l, i, mx);
 	}
+}
+
+// di_mpf_pack_probs rounds a tile's probabilities sc to T as the A
+// fragments pa of the products with V (k16 slice kk of the tile).
+template <typename T>
+__device__ __forceinline__ void di_mpf_pack_probs(const float (&sc)[MPF_ABK / 8][4], uint32_t (&pa)[MPF_ABK / 16][4]) {
 #pragma unroll
 	for (int kk = 0; kk < MPF_ABK / 16; kk++) {
 		pa[kk][0] = di_mpf_pack<T>(sc[2 * kk][0], sc[2 * kk][1]);
 		pa[kk][1] = di_mpf_pack<T>(sc[2 * kk][2], sc[2 * kk][3]);
 		pa[kk][2] = di_mpf_pack<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
 		pa[kk][3] = di_mpf_pack<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+	}
+}
+
+// di_mpf_rescale scales the output's row halves by alpha.
+__device__ __forceinline__ void di_mpf_rescale(float (&o)[MPF_VD / 8][4], const float (&alpha)[2]) {
+#pragma unroll
+	for (int nd = 0; nd < MPF_VD / 8; nd++) {
+		o[nd][0] *= alpha[0], o[nd][1] *= alpha[0];
+		o[nd][2] *= alpha[1], o[nd][3] *= alpha[1];
 	}
 }
 
@@ -510,7 +674,10 @@ __device__ __forceinline__ void di_mpf_tile(float (&o)[MPF_VD / 8][4], float (&m
 		}
 	}
 	uint32_t pa[MPF_ABK / 16][4];
-	di_mpf_softmax<T>(sc, o, m, l, pa, t0, n, full, last, scale_log2);
+	float alpha[2];
+	di_mpf_softmax(sc, alpha, m, l, t0, n, full, last, scale_log2);
+	di_mpf_pack_probs<T>(sc, pa);
+	di_mpf_rescale(o, alpha);
 #pragma unroll
 	for (int kk = 0; kk < MPF_ABK / 16; kk++) {
 #pragma unroll
@@ -756,8 +923,10 @@ __global__ void __launch_bounds__(MPF_THREADS, MPW_MINB)
 	// columns), every line below the sequence's padded end.
 	const int part = tid & 7, line = tid >> 3;
 	const unsigned dst = (unsigned)(line * 128 + ((part ^ (line & 7)) << 4)); // + 2048 i
-	auto fetch = [&](int t0, int st) {
-		unsigned char *kd = sh + (size_t)st * MPW_STAGE_BYTES, *vd = kd + MPW_K_BYTES;
+	// fetch_k and fetch_v queue the copies of key tile t0's K and V tiles
+	// into stage st.
+	auto fetch_k = [&](int t0, int st) {
+		unsigned char *kd = sh + (size_t)st * MPW_STAGE_BYTES;
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
 			const size_t key = (size_t)(t0 + line + 16 * i);
@@ -765,17 +934,13 @@ __global__ void __launch_bounds__(MPF_THREADS, MPW_MINB)
 			di_cp_async16(kd + 8192 + dst + 2048 * i, kb + key * MPF_NOPE + 64 + 8 * part, true);
 			di_cp_async16(kd + 16384 + dst + 2048 * i, pb + key * MPF_ROPE + 8 * part, true);
 		}
+	};
+	auto fetch_v = [&](int t0, int st) {
+		unsigned char *vd = sh + (size_t)st * MPW_STAGE_BYTES + MPW_K_BYTES;
 #pragma unroll
 		for (int i = 0; i < 8; i++) di_cp_async16(vd + dst + 2048 * i, vb + (size_t)(line + 16 * i) * r_stride + t0 + 8 * part, true);
 	};
-#pragma unroll
-	for (int j = 0; j < MPW_STAGES - 1; j++) {
-		if (j * MPF_ABK < k_hi) fetch(j * MPF_ABK, j);
-		di_cp_async_commit();
-	}
 	const int rbase = warp * 16, r0 = rbase + g;
-	uint32_t qf[KS][4];
-	di_mpf_q<T>(qf, q, rw, r0, num_heads, h);
 	int last[2];
 #pragma unroll
 	for (int i = 0; i < 2; i++) last[i] = r0 + 8 * i < nq ? off + r0 + 8 * i + 1 : 0;
@@ -783,6 +948,30 @@ __global__ void __launch_bounds__(MPF_THREADS, MPW_MINB)
 	float m[2] = {-CUDART_INF_F, -CUDART_INF_F}, l[2] = {0.f, 0.f}, o[ND][4];
 #pragma unroll
 	for (int nd = 0; nd < ND; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+	uint32_t qf[KS][4];
+	// scores issues tile t0's 12 score products from stage st into sc.
+	auto scores = [&](float (&sc)[NT][4], int st) {
+		const unsigned ka = sbase + (unsigned)(st * MPW_STAGE_BYTES);
+		di_wg_fence();
+#pragma unroll
+		for (int ks = 0; ks < KS; ks++)
+			di_wg_mma_rs<T, MPF_ABK>(&sc[0][0], qf[ks], di_wg_desc(ka + (ks >> 2) * 8192 + (ks & 3) * 32), ks > 0);
+		di_wg_commit();
+	};
+	// values issues the products of probabilities pa with the V tile of stage st into o.
+	auto values = [&](const uint32_t (&pa)[MPF_ABK / 16][4], int st) {
+		const unsigned va = sbase + (unsigned)(st * MPW_STAGE_BYTES + MPW_K_BYTES);
+		di_wg_fence();
+#pragma unroll
+		for (int kk = 0; kk < MPF_ABK / 16; kk++) di_wg_mma_rs<T, MPF_VD>(&o[0][0], pa[kk], di_wg_desc(va + kk * 32));
+		di_wg_commit();
+	};
+#pragma unroll
+	for (int j = 0; j < MPW_STAGES - 1; j++) {
+		if (j * MPF_ABK < k_hi) fetch_k(j * MPF_ABK, j), fetch_v(j * MPF_ABK, j);
+		di_cp_async_commit();
+	}
+	di_mpf_q<T>(qf, q, rw, r0, num_heads, h);
 	int st = 0;
 	for (int t0 = 0; t0 < k_hi; t0 += MPF_ABK, st = st + 1 == MPW_STAGES ? 0 : st + 1) {
 		const int n = min(MPF_ABK, k_hi - t0);
@@ -791,24 +980,18 @@ __global__ void __launch_bounds__(MPF_THREADS, MPW_MINB)
 		// Tile t0 has landed for every thread, and every thread's products
 		// of the tile before it (whose stage the next copy refills) are done.
 		__syncthreads();
-		const int t_next = t0 + (MPW_STAGES - 1) * MPF_ABK;
-		if (t_next < k_hi) fetch(t_next, st == 0 ? MPW_STAGES - 1 : st - 1);
+		const int t_next = t0 + (MPW_STAGES - 1) * MPF_ABK, sn = st == 0 ? MPW_STAGES - 1 : st - 1;
+		if (t_next < k_hi) fetch_k(t_next, sn), fetch_v(t_next, sn);
 		di_cp_async_commit();
-		const unsigned ka = sbase + (unsigned)(st * MPW_STAGE_BYTES), va = ka + MPW_K_BYTES;
 		float sc[NT][4];
-#pragma unroll
-		for (int nt = 0; nt < NT; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-		di_wg_fence();
-#pragma unroll
-		for (int ks = 0; ks < KS; ks++) di_wg_mma_rs<T, MPF_ABK>(&sc[0][0], qf[ks], di_wg_desc(ka + (ks >> 2) * 8192 + (ks & 3) * 32));
-		di_wg_commit();
+		scores(sc, st);
 		di_wg_wait<0>();
 		uint32_t pa[MPF_ABK / 16][4];
-		di_mpf_softmax<T>(sc, o, m, l, pa, t0, n, n == MPF_ABK && t0 + MPF_ABK <= w_full, last, scale_log2);
-		di_wg_fence();
-#pragma unroll
-		for (int kk = 0; kk < MPF_ABK / 16; kk++) di_wg_mma_rs<T, MPF_VD>(&o[0][0], pa[kk], di_wg_desc(va + kk * 32));
-		di_wg_commit();
+		float alpha[2];
+		di_mpf_softmax(sc, alpha, m, l, t0, n, n == MPF_ABK && t0 + MPF_ABK <= w_full, last, scale_log2);
+		di_mpf_pack_probs<T>(sc, pa);
+		di_mpf_rescale(o, alpha);
+		values(pa, st);
 		di_wg_wait<0>();
 	}
 	di_cp_async_wait<0>();
@@ -882,9 +1065,12 @@ static int di_mpf_prefill(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, di
 	// The attention on wgmma where the build has it (the same bits), over
 	// the expansion's transposed layout.
 	const bool wg = ctx->mla_pf_wg && di_wg_arch_ok();
-	auto expand = wg ? di_mpf_expand_k<T, F8, true> : di_mpf_expand_k<T, F8, false>;
+	// The expansion too, for 16-bit caches (an 8-bit cache's rows are
+	// widened on their way into shared memory, which cp.async cannot do).
+	const bool wgx = wg && !F8;
+	auto expand = wgx ? di_mpf_wgx_k<T> : wg ? di_mpf_expand_k<T, F8, true> : di_mpf_expand_k<T, F8, false>;
 	auto attend = wg ? di_mpf_wg_k<T> : di_mpf_attn_k<T>;
-	const size_t es = di_mpf_expand_smem(), as = wg ? MPW_SMEM : di_mpf_attn_smem();
+	const size_t es = wgx ? MPX_SMEM : di_mpf_expand_smem(), as = wg ? MPW_SMEM : di_mpf_attn_smem();
 	cudaError_t e = cudaFuncSetAttribute(expand, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)es);
 	if (e == cudaSuccess) e = cudaFuncSetAttribute(attend, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)as);
 	if (e != cudaSuccess) {
@@ -898,7 +1084,8 @@ static int di_mpf_prefill(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, di
 	for (int p = 0; p < passes && rc == DI_OK; p++) {
 		const int h0 = p * (int)G, gn = H - h0 < (int)G ? H - h0 : (int)G;
 		if (rows > 0) {
-			di_launch(ctx, expand, dim3(2 * gn, (unsigned)(rows / MPF_EBM)), dim3(MPF_THREADS), es, kvp,
+			const dim3 eg = wgx ? dim3(gn, (unsigned)((rows + MPX_BN - 1) / MPX_BN)) : dim3(2 * gn, (unsigned)(rows / MPF_EBM));
+			di_launch(ctx, expand, eg, dim3(wgx ? MPX_THREADS : MPF_THREADS), es, kvp,
 			          pep, DI_PTR(const unsigned char, cache), wb + (size_t)h0 * MPF_KV * kvl, base_r, counts, sk, bt,
 			          m->num_seqs, m->max_blocks_per_seq, m->block_size, m->num_blocks, kvl, rowb, rows, p == 0 ? 1 : 0,
 			          ctx->check);

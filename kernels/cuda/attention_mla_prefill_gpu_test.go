@@ -335,9 +335,9 @@ func TestGPUMLAPrefillPaths(t *testing.T) {
 	}
 }
 
-// The prefill attention on wgmma (the default on sm_90a builds) gives the
-// bits of its mma.sync kernel (Options.DisableMLAPrefillWGMMA: a second
-// backend over the same bytes): every case of TestGPUMLAPrefill, over
+// The prefill path on wgmma (the default on sm_90a builds: attention, and
+// for 16-bit caches the expansion) gives the bits of its mma.sync kernels
+// (Options.DisableMLAPrefillWGMMA: a second backend over the same bytes): every case of TestGPUMLAPrefill, over
 // half, bfloat16 and 8-bit caches, at 16, 128 and 5 heads (on builds
 // without wgmma both backends run the mma.sync kernel).
 func TestGPUMLAPrefillWGMMA(t *testing.T) {

@@ -99,15 +99,16 @@ __device__ __forceinline__ void di_ldmatrix_x4_trans(uint32_t *r, const void *sm
 	             : "r"(s));
 }
 
-// di_softmax_update folds row half i (0: the thread's row g, 1: row g+8)
+// di_softmax_step folds row half i (0: the thread's row g, 1: row g+8)
 // of a warp's m16 score tile sc (NT n8 tiles, scaled to log2 units and
-// masked with -inf; mx: the thread's max of them) into the running max m,
-// sum l (the thread's share; the quad adds at the end) and output o, and
-// turns the scores into probabilities. FTZ: 2^x by di_exp2_ftz (the
-// prefill kernels), else exp2f (decode).
-template <bool FTZ, int NT, int ND>
-__device__ __forceinline__ void di_softmax_update(float (&sc)[NT][4], float (&m)[2], float (&l)[2],
-                                                  float (&o)[ND][4], int i, float mx) {
+// masked with -inf; mx: the thread's max of them) into the running max m
+// and sum l (the thread's share; the quad adds at the end), turns the
+// scores into probabilities and returns the factor alpha by which the
+// row's output must be scaled before this tile's products are added
+// (di_softmax_update applies it). FTZ: 2^x by di_exp2_ftz (the prefill
+// kernels), else exp2f (decode).
+template <bool FTZ, int NT>
+__device__ __forceinline__ float di_softmax_step(float (&sc)[NT][4], float (&m)[2], float (&l)[2], int i, float mx) {
 	auto ex2 = [](float x) { return FTZ ? di_exp2_ftz(x) : exp2f(x); };
 	mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
 	mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -130,6 +131,14 @@ __device__ __forceinline__ void di_softmax_update(float (&sc)[NT][4], float (&m)
 	}
 	l[i] = l[i] * alpha + sum;
 	m[i] = m_new;
+	return alpha;
+}
+
+// di_softmax_update is di_softmax_step with the output o scaled by alpha.
+template <bool FTZ, int NT, int ND>
+__device__ __forceinline__ void di_softmax_update(float (&sc)[NT][4], float (&m)[2], float (&l)[2],
+                                                  float (&o)[ND][4], int i, float mx) {
+	const float alpha = di_softmax_step<FTZ>(sc, m, l, i, mx);
 #pragma unroll
 	for (int nd = 0; nd < ND; nd++) {
 		o[nd][2 * i] *= alpha;

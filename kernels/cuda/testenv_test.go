@@ -78,6 +78,7 @@ var testEnv = []testEnvVar{
 	{"DEEPINFER_CUDA_MOE_GEMM", intEnv(func(o *Options) *int { return &o.MoEGEMMPairs }, -1)},
 	{"DEEPINFER_CUDA_FP8_LT", offEnv(func(o *Options) *bool { return &o.DisableFP8LT })},
 	{"DEEPINFER_CUDA_MOE_WGMMA", offEnv(func(o *Options) *bool { return &o.DisableMoEWGMMA })},
+	{"DEEPINFER_CUDA_MLA_PREFILL_WGMMA", offEnv(func(o *Options) *bool { return &o.DisableMLAPrefillWGMMA })},
 	{"DEEPINFER_CUDA_GEMM_PLANS", func(o *Options, v string) error {
 		if v != "0" && v != "1" {
 			return fmt.Errorf("want 0 (off, the default) or 1")

@@ -80,25 +80,26 @@ template <typename T> __device__ __forceinline__ void di_wg_mma(float *d, uint64
 // di_wg_mma_rs adds A (64 x 16, from registers: warp w of the warpgroup
 // holds rows 16 w .. + 15 as mma.sync's m16n8k16 A fragment, a[0..3]) times
 // B^T (N x 16, descriptor b, K-major) to the 64 x N float32 tile d, N 64 or
-// 128. Element 4 j + 2 h + e of a thread's d is row 16 w + lane / 4 + 8 h,
+// 128; with acc 0, d is set to the product instead (whatever d held). Element 4 j + 2 h + e of a thread's d is row 16 w + lane / 4 + 8 h,
 // column 8 j + 2 (lane % 4) + e: mma.sync's m16n8 accumulator of columns
 // 8 j .. 8 j + 7.
 #ifdef MW_HAS_WGMMA
 #define MW_MMA_RS64(ty)                                                                                                \
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                            \
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                          \
 	             "wgmma.mma_async.sync.aligned.m64n64k16.f32." ty "." ty " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n" \
 	             : MW_D8(0), MW_D8(8), MW_D8(16), MW_D8(24)                                                         \
-	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
+	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc))
 #define MW_MMA_RS128(ty)                                                                                               \
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                                            \
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                                          \
 	             "wgmma.mma_async.sync.aligned.m64n128k16.f32." ty "." ty " " MW_REGS ", {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n" \
 	             : MW_D8(0), MW_D8(8), MW_D8(16), MW_D8(24), MW_D8(32), MW_D8(40), MW_D8(48), MW_D8(56)                 \
-	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b))
+	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc))
 #else
 #define MW_MMA_RS64(ty)
 #define MW_MMA_RS128(ty)
 #endif
-template <typename T, int N> __device__ __forceinline__ void di_wg_mma_rs(float *d, const uint32_t (&a)[4], uint64_t b) {
+template <typename T, int N>
+__device__ __forceinline__ void di_wg_mma_rs(float *d, const uint32_t (&a)[4], uint64_t b, int acc = 1) {
 	static_assert(N == 64 || N == 128, "di_wg_mma_rs: N is 64 or 128");
 	if constexpr (N == 64) {
 		if constexpr (std::is_same_v<T, __nv_bfloat16>) MW_MMA_RS64("bf16");

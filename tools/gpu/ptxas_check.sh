@@ -13,6 +13,11 @@
 # 12.9 or later (as the library's build does): an older toolkit reports
 # that file's errors and goes on. Registers and spills can differ by a few
 # from the compiler the library is built with (CUDA 13 on the GPU machine).
+# Last, every kernel whose wgmma ptxas serializes (its C7510-C7519
+# "Potential Performance Loss" notes: a non-wgmma instruction touching a
+# wgmma's registers while it may run, so each wgmma waits for the one
+# before) is listed with the reason: such a kernel still computes the same
+# results, at a fraction of its speed.
 # Exit status: 1 if a file failed to compile, else 0.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -51,6 +56,15 @@ for f in "${files[@]}"; do
 	awk -v match_re="${MATCH:-.}" -f "$root/tools/gpu/ptxas_regs.awk" "$tmp/$b.log" |
 		while IFS=$'\t' read -r name regs spill stack; do
 			printf '%-28s %-60s %5s %7s %6s\n' "$b.cu" "${name:0:60}" "$regs" "$spill" "$stack"
+		done
+done
+for f in "${files[@]}"; do
+	b=$(basename "$f" .cu)
+	grep -h "Potential Performance Loss: wgmma" "$tmp/$b.log" 2>/dev/null |
+		sed -E "s/.*\((C75[0-9]+)\) Potential Performance Loss: (.*) in the function '([^']*)'.*/\3\t\1: \2/" |
+		grep -E "${MATCH:-.}" | sort -u |
+		while IFS=$'\t' read -r name why; do
+			printf '%s %s: wgmma serialized (%s)\n' "$b.cu" "$name" "$why"
 		done
 done
 exit $rc
