@@ -405,30 +405,19 @@ __global__ void __launch_bounds__(MPF_THREADS, 2)
 			}
 			return;
 		}
-		T *o = hb + (size_t)m0 * MPF_NOPE;
-#pragma unroll
-		for (int mi = 0; mi < 2; mi++) {
-			const int row = wm + mi * 16 + g;
-#pragma unroll
-			for (int nj = 0; nj < 8; nj++) {
-				const int col = wn + nj * 8 + 2 * t4;
-				*reinterpret_cast<uint32_t *>(o + (size_t)row * MPF_NOPE + col) = di_mpf_pack<T>(acc[mi][nj][0], acc[mi][nj][1]);
-				*reinterpret_cast<uint32_t *>(o + (size_t)(row + 8) * MPF_NOPE + col) =
-				    di_mpf_pack<T>(acc[mi][nj][2], acc[mi][nj][3]);
-			}
-		}
-		return;
 	}
-	T *o = kv + ((size_t)(blockIdx.x >> 1) * r_stride + m0) * MPF_KV + (blockIdx.x & 1) * MPF_EBN;
+	// The tile's rows: K_nope rows of MPF_NOPE (VT), or [K_nope, V] rows of MPF_KV.
+	const int ld = VT ? MPF_NOPE : MPF_KV;
+	T *o = VT ? kv + (size_t)(blockIdx.x >> 1) * r_stride * MPF_KV + (size_t)m0 * MPF_NOPE
+	          : kv + ((size_t)(blockIdx.x >> 1) * r_stride + m0) * MPF_KV + (blockIdx.x & 1) * MPF_EBN;
 #pragma unroll
 	for (int mi = 0; mi < 2; mi++) {
 		const int row = wm + mi * 16 + g;
 #pragma unroll
 		for (int nj = 0; nj < 8; nj++) {
 			const int col = wn + nj * 8 + 2 * t4;
-			*reinterpret_cast<uint32_t *>(o + (size_t)row * MPF_KV + col) = di_mpf_pack<T>(acc[mi][nj][0], acc[mi][nj][1]);
-			*reinterpret_cast<uint32_t *>(o + (size_t)(row + 8) * MPF_KV + col) =
-			    di_mpf_pack<T>(acc[mi][nj][2], acc[mi][nj][3]);
+			*reinterpret_cast<uint32_t *>(o + (size_t)row * ld + col) = di_mpf_pack<T>(acc[mi][nj][0], acc[mi][nj][1]);
+			*reinterpret_cast<uint32_t *>(o + (size_t)(row + 8) * ld + col) = di_mpf_pack<T>(acc[mi][nj][2], acc[mi][nj][3]);
 		}
 	}
 }

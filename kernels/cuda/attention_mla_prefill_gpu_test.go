@@ -38,16 +38,34 @@ func mlaPrefillTol(dt kernels.DType) float64 { return mlaTCTol(dt) }
 // chunks with a prefix already in the cache, decode rows and short
 // sequences (the absorbed path) beside them; big marks the cases the
 // 128-head shape skips (the CPU reference would take long).
-var mlaPrefillCases = []struct {
-	name string
-	seqs [][2]int
-	big  bool
-}{
+var mlaPrefillCases = []mlaPrefillCase{
 	{"prompt", [][2]int{{100, 100}}, false},
 	{"threshold", [][2]int{{mlaPrefillMinRows, mlaPrefillMinRows}, {mlaPrefillMinRows - 1, mlaPrefillMinRows - 1}}, false},
 	{"mixed", [][2]int{{5, 5}, {40, 40}, {1, 300}, {70, 130}, {3, 600}, {15, 15}, {150, 400}}, false},
 	{"prefix", [][2]int{{33, 120}, {1, 90}, {64, 64}, {65, 200}}, false},
 	{"long", [][2]int{{300, 1100}, {17, 17}}, true},
+}
+
+type mlaPrefillCase struct {
+	name string
+	seqs [][2]int
+	big  bool
+}
+
+// eachMLAPrefillCase calls f with every layer size of mlaPrefillShapes
+// (scaled), cache dtype (half, bfloat16, 8-bit) and case of
+// mlaPrefillCases, but the big cases at more than 16 heads.
+func eachMLAPrefillCase(f func(mp kernels.MLAParams, cdt kernels.DType, tc mlaPrefillCase)) {
+	for _, mp := range mlaPrefillShapes {
+		mp = mlaScaled(mp)
+		for _, cdt := range []kernels.DType{kernels.F16, kernels.BF16, kernels.F8E4M3} {
+			for _, tc := range mlaPrefillCases {
+				if !tc.big || mp.NumHeads <= 16 {
+					f(mp, cdt, tc)
+				}
+			}
+		}
+	}
 }
 
 // mlaPrefillVsCPU runs MLAAttention over a latent cache of dtype cdt
@@ -86,26 +104,18 @@ func (p *pair) mlaPrefillVsCPU(t *testing.T, mp kernels.MLAParams, cdt, wdt kern
 // (for the weight's conversion to half) F32 wkvb. Bounds: mlaPrefillTol.
 func TestGPUMLAPrefill(t *testing.T) {
 	p := newPair(t, GEMMRound)
-	for _, mp := range mlaPrefillShapes {
-		mp = mlaScaled(mp)
-		for _, cdt := range []kernels.DType{kernels.F16, kernels.BF16, kernels.F8E4M3} {
-			for _, tc := range mlaPrefillCases {
-				if tc.big && mp.NumHeads > 16 {
-					continue
-				}
-				wdts := []kernels.DType{kernels.BF16}
-				if tc.name == "mixed" && mp.NumHeads == 16 {
-					wdts = append(wdts, kernels.F32)
-				}
-				for _, wdt := range wdts {
-					t.Run(fmt.Sprintf("%s/%s/w%s/h%d/kvl%d", tc.name, cdt, wdt, mp.NumHeads, mp.KVLoraRank), func(t *testing.T) {
-						e := p.mlaPrefillVsCPU(t, mp, cdt, wdt, tc.seqs)
-						t.Logf("mla_prefill %v: max relative error against the CPU backend: %.3g (bound %.3g)", cdt, e, mlaPrefillTol(cdt))
-					})
-				}
-			}
+	eachMLAPrefillCase(func(mp kernels.MLAParams, cdt kernels.DType, tc mlaPrefillCase) {
+		wdts := []kernels.DType{kernels.BF16}
+		if tc.name == "mixed" && mp.NumHeads == 16 {
+			wdts = append(wdts, kernels.F32)
 		}
-	}
+		for _, wdt := range wdts {
+			t.Run(fmt.Sprintf("%s/%s/w%s/h%d/kvl%d", tc.name, cdt, wdt, mp.NumHeads, mp.KVLoraRank), func(t *testing.T) {
+				e := p.mlaPrefillVsCPU(t, mp, cdt, wdt, tc.seqs)
+				t.Logf("mla_prefill %v: max relative error against the CPU backend: %.3g (bound %.3g)", cdt, e, mlaPrefillTol(cdt))
+			})
+		}
+	})
 }
 
 // mlaRunner runs MLAAttention on the GPU over one latent cache and weight
@@ -344,38 +354,30 @@ func TestGPUMLAPrefillWGMMA(t *testing.T) {
 	p := newPair(t, GEMMRound)
 	mm := newGPUOpts(t, Options{GEMM: GEMMRound, DisableMLAPrefillWGMMA: true})
 	const blockSize, numBlocks = 16, 300
-	for _, mp := range mlaPrefillShapes {
-		mp = mlaScaled(mp)
-		for _, cdt := range []kernels.DType{kernels.F16, kernels.BF16, kernels.F8E4M3} {
-			for _, tc := range mlaPrefillCases {
-				if tc.big && mp.NumHeads > 16 {
-					continue
-				}
-				t.Run(fmt.Sprintf("%s/%s/h%d/kvl%d", tc.name, cdt, mp.NumHeads, mp.KVLoraRank), func(t *testing.T) {
-					b := p.pagedBatch(blockSize, numBlocks, tc.seqs)
-					cache, err := p.g.Alloc(cdt, numBlocks, blockSize, mlaCacheWidth(cdt, mp))
-					if err != nil {
-						t.Fatal(err)
-					}
-					raw := p.mlaWriteAll(t, cache, mp, blockSize*numBlocks)
-					in := mlaInputs{mp: mp, b: b, cdt: cdt, cache: raw,
-						w: hostBytes(kernels.BF16, randVals(p.r, mp.NumHeads*(mp.NopeDim+mp.VHeadDim)*mp.KVLoraRank, 0.2)),
-						q: kernels.F32Bytes(randVals(p.r, b.numTokens*mp.NumHeads*(mp.NopeDim+mp.RopeDim), 1))}
-					wg, ref := in.run(t, p, p.g), in.run(t, p, mm)
-					if !bytes.Equal(wg, ref) {
-						a, r := kernels.BytesF32(wg), kernels.BytesF32(ref)
-						n := 0
-						for i := range a {
-							if math.Float32bits(a[i]) != math.Float32bits(r[i]) {
-								n++
-							}
-						}
-						t.Fatalf("%d of %d outputs differ from the mma.sync kernel's (max relative difference %.3g)", n, len(a), maxRelErr(a, r))
-					}
-				})
+	eachMLAPrefillCase(func(mp kernels.MLAParams, cdt kernels.DType, tc mlaPrefillCase) {
+		t.Run(fmt.Sprintf("%s/%s/h%d/kvl%d", tc.name, cdt, mp.NumHeads, mp.KVLoraRank), func(t *testing.T) {
+			b := p.pagedBatch(blockSize, numBlocks, tc.seqs)
+			cache, err := p.g.Alloc(cdt, numBlocks, blockSize, mlaCacheWidth(cdt, mp))
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-	}
+			raw := p.mlaWriteAll(t, cache, mp, blockSize*numBlocks)
+			in := mlaInputs{mp: mp, b: b, cdt: cdt, cache: raw,
+				w: hostBytes(kernels.BF16, randVals(p.r, mp.NumHeads*(mp.NopeDim+mp.VHeadDim)*mp.KVLoraRank, 0.2)),
+				q: kernels.F32Bytes(randVals(p.r, b.numTokens*mp.NumHeads*(mp.NopeDim+mp.RopeDim), 1))}
+			wg, ref := in.run(t, p, p.g), in.run(t, p, mm)
+			if !bytes.Equal(wg, ref) {
+				a, r := kernels.BytesF32(wg), kernels.BytesF32(ref)
+				n := 0
+				for i := range a {
+					if math.Float32bits(a[i]) != math.Float32bits(r[i]) {
+						n++
+					}
+				}
+				t.Fatalf("%d of %d outputs differ from the mma.sync kernel's (max relative difference %.3g)", n, len(a), maxRelErr(a, r))
+			}
+		})
+	})
 }
 
 // A call of several sequences sized by the host copy of its query offsets
