@@ -21,6 +21,10 @@
 # build,tests,e2e,parity,engine,bench) selects the parts:
 #   build   csrc/build.sh (nvcc, sm_90a): DIR/libdeepinfer_cuda.so. Later
 #           phases need it (from this call or an earlier one on the machine).
+#           ptxas runs verbose (-Xptxas -v, into build.log) and the status
+#           names every kernel whose wgmma it serialized (its "Potential
+#           Performance Loss" notes: each wgmma then waits for the one
+#           before, the same results at a fraction of the speed).
 #   tests   cuda.test -test.run TestGPU: every GPU test (ops against the CPU
 #           backend, graphs, the tiny parity fixtures, the engine on and off
 #           graphs, device markers).
@@ -267,8 +271,10 @@ phase_build() {
 	local t
 	t=$(limit "${BUILD_TIMEOUT:-120}")
 	((t == 0)) && { status[build]="skipped: out of time"; return; }
-	if timeout "$t" csrc/build.sh "$lib" >"$logs/build.log" 2>&1; then
-		status[build]="ok: $(tail -1 "$logs/build.log")"
+	if NVCC_FLAGS="${NVCC_FLAGS:-} -Xptxas -v" timeout "$t" csrc/build.sh "$lib" >"$logs/build.log" 2>&1; then
+		local serialized
+		serialized=$(grep -h "Potential Performance Loss: wgmma" "$logs/build.log" | sed -E "s/.*function '([^']*)'.*/\1/" | sort -u | tr '\n' ' ')
+		status[build]="ok: $(tail -1 "$logs/build.log")${serialized:+; wgmma serialized by ptxas in: $serialized}"
 	else
 		tail -30 "$logs/build.log"
 		status[build]="FAILED (see build.log)"
