@@ -912,10 +912,9 @@ __global__ void __launch_bounds__(MPF_THREADS, MPW_MINB)
 	// columns), every line below the sequence's padded end.
 	const int part = tid & 7, line = tid >> 3;
 	const unsigned dst = (unsigned)(line * 128 + ((part ^ (line & 7)) << 4)); // + 2048 i
-	// fetch_k and fetch_v queue the copies of key tile t0's K and V tiles
-	// into stage st.
-	auto fetch_k = [&](int t0, int st) {
-		unsigned char *kd = sh + (size_t)st * MPW_STAGE_BYTES;
+	// fetch queues the copies of key tile t0's K and V tiles into stage st.
+	auto fetch = [&](int t0, int st) {
+		unsigned char *kd = sh + (size_t)st * MPW_STAGE_BYTES, *vd = kd + MPW_K_BYTES;
 #pragma unroll
 		for (int i = 0; i < 4; i++) {
 			const size_t key = (size_t)(t0 + line + 16 * i);
@@ -923,9 +922,6 @@ __global__ void __launch_bounds__(MPF_THREADS, MPW_MINB)
 			di_cp_async16(kd + 8192 + dst + 2048 * i, kb + key * MPF_NOPE + 64 + 8 * part, true);
 			di_cp_async16(kd + 16384 + dst + 2048 * i, pb + key * MPF_ROPE + 8 * part, true);
 		}
-	};
-	auto fetch_v = [&](int t0, int st) {
-		unsigned char *vd = sh + (size_t)st * MPW_STAGE_BYTES + MPW_K_BYTES;
 #pragma unroll
 		for (int i = 0; i < 8; i++) di_cp_async16(vd + dst + 2048 * i, vb + (size_t)(line + 16 * i) * r_stride + t0 + 8 * part, true);
 	};
@@ -957,7 +953,7 @@ __global__ void __launch_bounds__(MPF_THREADS, MPW_MINB)
 	};
 #pragma unroll
 	for (int j = 0; j < MPW_STAGES - 1; j++) {
-		if (j * MPF_ABK < k_hi) fetch_k(j * MPF_ABK, j), fetch_v(j * MPF_ABK, j);
+		if (j * MPF_ABK < k_hi) fetch(j * MPF_ABK, j);
 		di_cp_async_commit();
 	}
 	di_mpf_q<T>(qf, q, rw, r0, num_heads, h);
@@ -970,7 +966,7 @@ __global__ void __launch_bounds__(MPF_THREADS, MPW_MINB)
 		// of the tile before it (whose stage the next copy refills) are done.
 		__syncthreads();
 		const int t_next = t0 + (MPW_STAGES - 1) * MPF_ABK, sn = st == 0 ? MPW_STAGES - 1 : st - 1;
-		if (t_next < k_hi) fetch_k(t_next, sn), fetch_v(t_next, sn);
+		if (t_next < k_hi) fetch(t_next, sn);
 		di_cp_async_commit();
 		float sc[NT][4];
 		scores(sc, st);
