@@ -765,39 +765,6 @@ __global__ void __launch_bounds__(128)
 #define MLA_TC_BULK 0
 #endif
 
-// di_smem_u32 is p's shared-memory address.
-__device__ __forceinline__ unsigned di_smem_u32(const void *p) {
-	return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-// mbarriers (sm_90): init with an arrival count (then fence.mbarrier_init
-// and a barrier before other threads use it), expect_tx adds bytes that
-// bulk copies will complete, arrive counts one arrival, wait spins until
-// the phase of the given parity has completed (acquire: the copies' bytes
-// and the arriving threads' earlier writes are visible).
-__device__ __forceinline__ void di_mbar_init(uint64_t *bar, unsigned count) {
-	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(di_smem_u32(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void di_mbar_init_fence() {
-	asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void di_mbar_expect_tx(uint64_t *bar, unsigned bytes) {
-	asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;\n" ::"r"(di_smem_u32(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void di_mbar_arrive(uint64_t *bar) {
-	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(di_smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void di_mbar_wait(uint64_t *bar, unsigned parity) {
-	asm volatile("{\n"
-	             ".reg .pred P1;\n"
-	             "LAB_WAIT:\n"
-	             "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
-	             "@P1 bra DONE;\n"
-	             "bra LAB_WAIT;\n"
-	             "DONE:\n"
-	             "}\n" ::"r"(di_smem_u32(bar)),
-	             "r"(parity)
-	             : "memory");
-}
 // di_bulk_g2s queues a copy of bytes (a multiple of 16; both addresses
 // 16-byte aligned) from global to shared memory on the bulk copy engine,
 // completing bytes on bar.

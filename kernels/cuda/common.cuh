@@ -69,6 +69,25 @@ template <typename T> __device__ T di_block_sum(T v, T *shared) {
 	return di_warp_sum(s);
 }
 
+// di_block_sum_virtual is di_block_sum over a block of V times blockDim.x
+// "virtual" threads, lane l of warp w standing in for virtual thread
+// l + 32 (V w + i) with v[i]: each virtual warp's butterfly and the final
+// one over the virtual warps' sums are di_block_sum's, so the result has
+// the bits di_block_sum gives a block of V * blockDim.x threads holding the
+// same values. V * blockDim.x / 32 is at most 32.
+template <int V> __device__ double di_block_sum_virtual(double (&v)[V], double *shared) {
+	const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = V * (blockDim.x >> 5);
+#pragma unroll
+	for (int i = 0; i < V; i++) v[i] = di_warp_sum(v[i]);
+	__syncthreads(); // shared may be in use by a previous reduction
+	if (lane == 0)
+#pragma unroll
+		for (int i = 0; i < V; i++) shared[V * warp + i] = v[i];
+	__syncthreads();
+	double s = lane < nwarps ? shared[lane] : 0.0;
+	return di_warp_sum(s);
+}
+
 // di_rms_scale is RMSNorm's 1/rms from the float64 sum of squares of n
 // values (shared by rms_norm, qkv_prepare and mla_prepare, which must give
 // the same bits).
@@ -278,6 +297,46 @@ __device__ __forceinline__ void di_cp_async16(void *dst, const void *src, bool o
 __device__ __forceinline__ void di_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void di_cp_async_wait() {
 	asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// di_smem_u32 is p's shared-memory address.
+__device__ __forceinline__ unsigned di_smem_u32(const void *p) {
+	return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+// mbarriers (sm_90): init with an arrival count (then fence.mbarrier_init
+// and a barrier before other threads use it), expect_tx adds bytes that
+// bulk copies will complete, arrive counts one arrival, wait spins until
+// the phase of the given parity has completed (acquire: the copies' bytes
+// and the arriving threads' earlier writes are visible).
+__device__ __forceinline__ void di_mbar_init(uint64_t *bar, unsigned count) {
+	asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(di_smem_u32(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void di_mbar_init_fence() {
+	asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void di_mbar_expect_tx(uint64_t *bar, unsigned bytes) {
+	asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;\n" ::"r"(di_smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void di_mbar_arrive(uint64_t *bar) {
+	asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(di_smem_u32(bar)) : "memory");
+}
+__device__ __forceinline__ void di_mbar_wait(uint64_t *bar, unsigned parity) {
+	asm volatile("{\n"
+	             ".reg .pred P1;\n"
+	             "LAB_WAIT:\n"
+	             "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n"
+	             "@P1 bra DONE;\n"
+	             "bra LAB_WAIT;\n"
+	             "DONE:\n"
+	             "}\n" ::"r"(di_smem_u32(bar)),
+	             "r"(parity)
+	             : "memory");
+}
+// di_cp_async_mbar_arrive makes bar count one arrival of this thread once
+// every cp.async it queued before has landed (the arrival is one of those
+// bar was initialized to expect: .noinc).
+__device__ __forceinline__ void di_cp_async_mbar_arrive(uint64_t *bar) {
+	asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(di_smem_u32(bar)) : "memory");
 }
 
 // The skinny GEMM (gemm_skinny.cu), reached from the Linear dispatch in ops.cu.

@@ -3,6 +3,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -444,9 +445,17 @@ func BenchmarkMoEPrefill(b *testing.B) {
 			}
 			floorMs := float64(len(used)) * 3 * hidden * inter * 2 / deviceCopyBandwidth * 1e3
 			b.ReportMetric(msS/floorMs, "small-x-floor")
-			b.Logf("moe prefill | v2lite tokens=%d pairs=%d experts used %d (floor %.3f ms) | gemm %.3f ms %.1f TFLOP/s %.2fx floor | wgmma %.3f ms %.1f TFLOP/s (%.2fx gemm's speed; max rel diff %.2g) | eager default path (host above 1024 pairs) %.3f ms %.1f TFLOP/s (gemm %.2fx faster; max rel diff %.2g) | small kernels (graph) %.3f ms %.1f TFLOP/s %.2fx floor, %s",
-				tokens, pairs, len(used), floorMs, msG, tf(msG), msG/floorMs, msW, tf(msW), msG/msW, maxRelErr(wgOut, gemm),
+			b.Logf("moe prefill | v2lite tokens=%d pairs=%d experts used %d (floor %.3f ms) | gemm %.3f ms %.1f TFLOP/s %.2fx floor | wgmma %.3f ms %.1f TFLOP/s (%.2fx gemm's speed; max rel diff %.2g; output fnv64a %016x) | eager default path (host above 1024 pairs) %.3f ms %.1f TFLOP/s (gemm %.2fx faster; max rel diff %.2g) | small kernels (graph) %.3f ms %.1f TFLOP/s %.2fx floor, %s",
+				tokens, pairs, len(used), floorMs, msG, tf(msG), msG/floorMs, msW, tf(msW), msG/msW, maxRelErr(wgOut, gemm), fnvF32(wgOut),
 				msH, tf(msH), msH/msG, maxRelErr(host, gemm), msS, tf(msS), msS/floorMs, same)
 		})
 	}
+}
+
+// fnvF32 is the FNV-1a hash of v's bits: a fingerprint to compare one
+// kernel's output across builds of the library.
+func fnvF32(v []float32) uint64 {
+	h := fnv.New64a()
+	h.Write(kernels.F32Bytes(v))
+	return h.Sum64()
 }

@@ -37,6 +37,9 @@
 // the tiles read 85 flops a byte from L2 (64 with MW_WIDE=0).
 #include "wgmma.cuh"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #define MW_BK 64
 #ifndef MW_STAGES
 #define MW_STAGES 4
@@ -53,6 +56,12 @@ static_assert(MW_AHEAD >= 1, "MW_STAGES too small for MW_INFLIGHT");
 #define MW_WIDE 1 // 1: 256 weight rows a block, two row groups a warpgroup (0: 128)
 #endif
 #define MW_GROUPS (1 + MW_WIDE)
+#ifndef MW_WS
+#define MW_WS 0 // 1: di_moe_ws_k (warp-specialized, persistent) where MW_WIDE; not yet run on a GPU (NOTES.md)
+#endif
+#ifndef MW_TMA
+#define MW_TMA 0 // 1: di_moe_ws_k loads the weight tiles with the tensor memory accelerator
+#endif
 #define MW_BM (128 * MW_GROUPS) // weight rows a block
 #define MW_THREADS 256
 #define MW_A_BYTES (MW_BM * MW_BK * 2)  // a stage of weight rows: 128-byte lines
@@ -220,6 +229,208 @@ __global__ void __launch_bounds__(MW_THREADS, MW_MINB) di_moe_wg_k(const di_moe_
 	}
 }
 
+// di_moe_ws_k is di_moe_wg_k (MW_WIDE) with warp-specialized roles and
+// persistent blocks: a producer warpgroup queues every stage's copies
+// (cp.async, completing on the stage's "full" mbarrier), two consumer
+// warpgroups only wait, multiply and store, and release each stage on its
+// "empty" mbarrier once their products of it are done; no block-wide
+// barrier in the loop. A block walks tiles blockIdx.x, + gridDim.x, ...
+// in di_moe_wg_k's grid order (tiles_x weight tiles a row tile), so the
+// producer fills the next tile's stages while the consumers store the
+// last. Each output element is the same chain of wgmma steps over k from
+// zero as in di_moe_wg_k: the same bits. setmaxnreg gives the consumers
+// MW_WS_CREGS registers (their 128 accumulators) and the producer
+// MW_WS_PREGS. Cost: as di_moe_wg_k; 4 stages of 48 KB, 384 threads, one
+// block a multiprocessor.
+#define MW_WS_THREADS 384
+#define MW_WS_PREGS 56
+#define MW_WS_CREGS 224
+static_assert(MW_WS_THREADS / 3 * (MW_WS_PREGS + 2 * MW_WS_CREGS) <= 65536, "MW_WS registers over the file");
+#define MW_WS_SMEM ((size_t)MW_STAGES * (MW_BM * MW_BK * 2 + MG_BN * MW_BK * 2) + 1024 + 2 * MW_STAGES * 8)
+
+// di_mw_ws_row is di_mw_row for weight tile bx (256 shared rows).
+template <typename T> __device__ __forceinline__ int di_mw_ws_row(const di_moe_gemm_args<T> &p, int bx, int r, bool &ok) {
+	if (p.inter > 0) {
+		const int j = 128 * bx + (r & 127);
+		ok = j < p.inter;
+		return (r < 128 ? 0 : p.inter) + min(j, p.inter - 1);
+	}
+	const int f = 256 * bx + r;
+	ok = f < p.n;
+	return min(f, p.n - 1);
+}
+
+// di_tma_load2d queues the tensor memory accelerator's copy of the box of
+// map at (c0 columns, c1 rows) to shared memory at dst, completing its
+// bytes on bar.
+__device__ __forceinline__ void di_tma_load2d(unsigned dst, const CUtensorMap *map, int c0, int c1, uint64_t *bar) {
+#ifdef MW_HAS_WGMMA
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+	             "l"(map), "r"(c0), "r"(c1), "r"(di_smem_u32(bar))
+	             : "memory");
+#endif
+}
+__device__ __forceinline__ void di_mbar_arrive_tx(uint64_t *bar, unsigned bytes) {
+	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(di_smem_u32(bar)), "r"(bytes) : "memory");
+}
+
+template <typename T, int MODE, bool TMA>
+__global__ void __launch_bounds__(MW_WS_THREADS, 1)
+    di_moe_ws_k(const di_moe_gemm_args<T> p, const __grid_constant__ CUtensorMap tw, int tiles_x, int tiles) {
+#ifndef MW_HAS_WGMMA
+	__trap(); // di_moe_wg_ok keeps other targets' builds from launching it
+#else
+	constexpr int A_BYTES = 256 * MW_BK * 2, STAGE = A_BYTES + MG_BN * MW_BK * 2;
+	extern __shared__ __align__(16) unsigned char mw_raw[];
+	const unsigned raw = (unsigned)__cvta_generic_to_shared(mw_raw);
+	const unsigned base = (raw + 1023u) & ~1023u;
+	unsigned char *sh = mw_raw + (base - raw);
+	uint64_t *full = reinterpret_cast<uint64_t *>(sh + (size_t)MW_STAGES * STAGE), *empty = full + MW_STAGES;
+	const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
+	if (tid == 0) {
+		for (int s = 0; s < MW_STAGES; s++) {
+			di_mbar_init(&full[s], 128 + TMA); // the producer's threads, each once its copies land (+ the weights' bytes)
+			di_mbar_init(&empty[s], 8);  // the consumers' warps, each once its products are done
+		}
+		di_mbar_init_fence();
+	}
+	__syncthreads();
+	const int nk = p.k / MW_BK;
+	if (wg == 0) {
+		asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(MW_WS_PREGS));
+		// This thread's copies: 16-byte chunk tid % 8 of shared rows tid / 8 + 16 i.
+		const int part = tid & 7, rb = tid >> 3;
+		const unsigned dst = (unsigned)(rb * 128 + ((part ^ (rb & 7)) << 4)); // + 2048 i
+		int it = 0;
+		for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+			const int bx = t % tiles_x;
+			int ex, r0;
+			di_moe_row_tile(p.offsets, p.num_experts, MG_BN, t / tiles_x, lane, ex, r0);
+			if (ex < 0) break;
+			const int lo = p.offsets[ex] + r0, m = min(MG_BN, p.offsets[ex + 1] - lo);
+			// Element offsets (under 2^31: di_moe_ws_fits) of this thread's rows.
+			const T *w = p.w + (size_t)ex * p.n * p.k + 8 * part, *x = p.x + 8 * part;
+			int aoff[16], xoff[8];
+#pragma unroll
+			for (int i = 0; i < 16 * !TMA; i++) {
+				bool ok;
+				aoff[i] = di_mw_ws_row(p, bx, rb + 16 * i, ok) * p.k;
+			}
+#pragma unroll
+			for (int i = 0; i < 8; i++) {
+				const int r = rb + 16 * i, row = lo + (r < m ? r : 0);
+				xoff[i] = (p.order ? p.order[row] / p.div : row) * p.k;
+			}
+#pragma unroll 1
+			for (int s = 0; s < nk; s++, it++) {
+				const int slot = it % MW_STAGES;
+				di_mbar_wait(&empty[slot], ((it / MW_STAGES) & 1) ^ 1);
+				unsigned char *a = sh + (size_t)slot * STAGE, *b = a + A_BYTES;
+				const int kb = s * MW_BK;
+				if constexpr (TMA) {
+					if (tid == 0) {
+						di_mbar_arrive_tx(&full[slot], A_BYTES);
+						const int r0w = ex * p.n + (p.inter > 0 ? 128 * bx : 256 * bx);
+						di_tma_load2d(base + slot * STAGE, &tw, kb, r0w, &full[slot]);
+						di_tma_load2d(base + slot * STAGE + A_BYTES / 2, &tw, kb, r0w + (p.inter > 0 ? p.inter : 128), &full[slot]);
+					}
+				} else {
+#pragma unroll
+					for (int i = 0; i < 16; i++) di_cp_async16(a + dst + 2048 * i, w + (aoff[i] + kb), true);
+				}
+#pragma unroll
+				for (int i = 0; i < 8; i++) di_cp_async16(b + dst + 2048 * i, x + (xoff[i] + kb), true);
+				di_cp_async_mbar_arrive(&full[slot]);
+			}
+		}
+		di_cp_async_wait<0>(); // every copy landed before the thread leaves
+		return;
+	}
+	asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(MW_WS_CREGS));
+	const int cw = wg - 1, g = lane >> 2, t4 = lane & 3;
+	const int rw = 16 * ((tid >> 5) & 3) + g;
+	int it = 0;
+	for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+		const int bx = t % tiles_x;
+		int ex, r0;
+		di_moe_row_tile(p.offsets, p.num_experts, MG_BN, t / tiles_x, lane, ex, r0);
+		if (ex < 0) break;
+		const int lo = p.offsets[ex] + r0, m = min(MG_BN, p.offsets[ex + 1] - lo);
+		// d[h]: shared weight rows 64 cw + 128 h .. + 63 by the 128 grouped rows.
+		float d[2][64];
+#pragma unroll
+		for (int h = 0; h < 2; h++)
+#pragma unroll
+			for (int i = 0; i < 64; i++) d[h][i] = 0.f;
+#pragma unroll 1
+		for (int s = 0; s < nk; s++, it++) {
+			const int slot = it % MW_STAGES;
+			di_mbar_wait(&full[slot], (it / MW_STAGES) & 1);
+			di_fence_async_shared(); // the copies (seen through the barrier) before wgmma's reads
+			const unsigned a = base + (unsigned)(slot * STAGE), b = a + A_BYTES;
+			di_wg_fence();
+#pragma unroll
+			for (int kk = 0; kk < MW_BK / 16; kk++)
+#pragma unroll
+				for (int h = 0; h < 2; h++)
+					di_wg_mma<T>(d[h], di_wg_desc(a + (64 * cw + 128 * h) * 128 + kk * 32), di_wg_desc(b + kk * 32));
+			di_wg_commit();
+			di_wg_wait<1>();
+			// The products of the stage before are done: release its slot.
+			if (s > 0 && lane == 0) di_mbar_arrive(&empty[(it - 1) % MW_STAGES]);
+		}
+		di_wg_wait<0>();
+		if (lane == 0) di_mbar_arrive(&empty[(it - 1) % MW_STAGES]);
+		// Element i of d[h]: shared weight row 64 cw + 128 h + rw + 8 ((i >> 1) & 1),
+		// grouped row 8 (i >> 2) + 2 t4 + (i & 1).
+		if constexpr (MODE == MG_STORE || MODE == MG_ADD) {
+#pragma unroll
+			for (int h = 0; h < 2; h++)
+#pragma unroll
+				for (int hh = 0; hh < 2; hh++) {
+					bool ok;
+					const int f = di_mw_ws_row(p, bx, 64 * cw + 128 * h + rw + 8 * hh, ok);
+					if (!ok) continue;
+#pragma unroll
+					for (int c = 0; c < 16; c++)
+#pragma unroll
+						for (int e = 0; e < 2; e++) {
+							const int r = 8 * c + 2 * t4 + e;
+							if (r < m) {
+								float *y = p.y + (size_t)(lo + r) * p.n + f;
+								if constexpr (MODE == MG_ADD) *y = *y + d[h][4 * c + 2 * hh + e];
+								else *y = d[h][4 * c + 2 * hh + e];
+							}
+						}
+				}
+		} else {
+			// Paired: d[0] holds the gate sums of column j, d[1] its up sums.
+#pragma unroll
+			for (int hh = 0; hh < 2; hh++) {
+				const int j = 128 * bx + 64 * cw + rw + 8 * hh;
+				if (j >= p.inter) continue;
+#pragma unroll
+				for (int c = 0; c < 16; c++)
+#pragma unroll
+					for (int e = 0; e < 2; e++) {
+						const int r = 8 * c + 2 * t4 + e;
+						if (r < m) {
+							const int i = 4 * c + 2 * hh + e;
+							const size_t row = (size_t)(lo + r);
+							float gate = d[0][i], up = d[1][i];
+							if constexpr (MODE == MG_ADD_ACT) {
+								gate = p.y[row * 2 * p.inter + j] + gate;
+								up = p.y[row * 2 * p.inter + p.inter + j] + up;
+							}
+							di_mw_act(p.act, p.act_lo, row * p.inter + j, gate, up);
+						}
+					}
+			}
+		}
+	}
+#endif
+}
+
 // di_moe_wg_grid is di_moe_gemm_grid for MW_BM weight rows a block.
 static dim3 di_moe_wg_grid(size_t pairs, int num_experts, int n, int inter) {
 	dim3 gr = di_moe_gemm_grid(pairs, num_experts, n, inter);
@@ -234,8 +445,59 @@ static bool di_moe_wg_ok(int hidden, int inter) {
 	return di_wg_arch_ok() && hidden % MW_BK == 0 && inter % MW_BK == 0;
 }
 
+// di_moe_ws_fits says whether di_moe_ws_k's 32-bit element offsets reach
+// every row: an expert's weight (n x k) and the rows of x (at most pairs).
+template <typename T> static bool di_moe_ws_fits(const di_moe_gemm_args<T> &p, size_t pairs) {
+	const size_t most = (size_t)1 << 31;
+	return (size_t)p.n * p.k < most && pairs * p.k < most;
+}
+
+// di_moe_weight_map encodes the tensor map of p's experts' weights for
+// di_moe_ws_k's weight loads: the rows of every expert one after another
+// (num_experts * n rows of k 16-bit values), boxes of 128 rows by MW_BK
+// columns in the 128-byte swizzle, zeros past the last row. The encoder
+// is the driver's, found through the runtime once.
+template <typename T> static int di_moe_weight_map(di_ctx *ctx, CUtensorMap *map, const di_moe_gemm_args<T> &p) {
+	static PFN_cuTensorMapEncodeTiled encode = [] {
+		void *fn = nullptr;
+		cudaDriverEntryPointQueryResult q;
+#if CUDART_VERSION >= 12050
+		if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess)
+			fn = nullptr;
+#else
+		if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q) != cudaSuccess) fn = nullptr;
+#endif
+		return reinterpret_cast<PFN_cuTensorMapEncodeTiled>(fn);
+	}();
+	if (!encode) return di_fail(ctx, DI_ERR_CUDA, "moe: the driver has no cuTensorMapEncodeTiled");
+	const cuuint64_t dims[2] = {(cuuint64_t)p.k, (cuuint64_t)p.num_experts * (cuuint64_t)p.n};
+	const cuuint64_t strides[1] = {(cuuint64_t)p.k * 2};
+	const cuuint32_t box[2] = {MW_BK, 128}, elem[2] = {1, 1};
+	const CUtensorMapDataType ty =
+	    std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+	const CUresult r = encode(map, ty, 2, const_cast<T *>(p.w), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+	                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+	                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+	if (r != CUDA_SUCCESS) return di_fail(ctx, DI_ERR_CUDA, "moe: cuTensorMapEncodeTiled failed (%d)", (int)r);
+	return DI_OK;
+}
+
 template <typename T, int MODE>
 static int di_moe_wg(di_ctx *ctx, const di_moe_gemm_args<T> &p, size_t pairs) {
+#if MW_WS
+	if (MW_WIDE && di_moe_ws_fits(p, pairs)) {
+		auto kernel = di_moe_ws_k<T, MODE, MW_TMA != 0>;
+		const cudaError_t e = di_moe_big_smem(kernel, MW_WS_SMEM);
+		if (e != cudaSuccess) return di_cuda_fail(ctx, e, "moe: grouped wgmma gemm: cudaFuncSetAttribute");
+		CUtensorMap tw;
+		memset(&tw, 0, sizeof tw);
+		if (MW_TMA && di_moe_weight_map(ctx, &tw, p) != DI_OK) return DI_ERR_CUDA;
+		const dim3 gr = di_moe_wg_grid(pairs, p.num_experts, p.n, p.inter);
+		const int tiles = (int)(gr.x * gr.y), sms = ctx->sm_count > 0 ? ctx->sm_count : 132;
+		kernel<<<min(tiles, sms), MW_WS_THREADS, MW_WS_SMEM, ctx->stream>>>(p, tw, (int)gr.x, tiles);
+		return di_check_launch(ctx, "moe: grouped wgmma gemm");
+	}
+#endif
 	auto kernel = di_moe_wg_k<T, MODE>;
 	const cudaError_t e = di_moe_big_smem(kernel, MW_SMEM);
 	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "moe: grouped wgmma gemm: cudaFuncSetAttribute");

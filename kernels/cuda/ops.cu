@@ -89,48 +89,69 @@ extern "C" int di_op_embedding(di_ctx *ctx, di_dptr out, di_dptr table, int tabl
 // for the output. Both sum the squares in the same order: the same bits.
 // TO is out's type: float, or the 16-bit type of the linear that reads out
 // (each value rounded to nearest, as the linear's narrowing pass would).
-template <typename TO>
+//
+// The held path's sums are those of a block of NT = norm_threads(n)
+// threads (virtual thread t holding columns t + k NT, k < K), run by NT /
+// V threads that each stand in for V of them (di_block_sum_virtual): the
+// same bits at any V, with more rows a multiprocessor holds at once (V > 1
+// only where the held path serves, n <= K * NT, K <= RMS_HELD; V = 1 takes
+// K = RMS_HELD).
+template <typename TO, int V, int K>
 __global__ void di_rms_norm_k(TO *out, float *residual, const float *x, const float *w, int n, float eps) {
 	di_pdl_trigger(); // the next kernel (usually a GEMV) streams its weights meanwhile
 	__shared__ double red[32];
 	const size_t row = blockIdx.x;
-	const int tid = threadIdx.x, nt = blockDim.x;
+	const int tid = threadIdx.x, nt = V * blockDim.x;
 	const float *xr = x + row * n;
 	float *src = residual ? residual + row * n : const_cast<float *>(xr);
 	TO *o = out + row * n;
-	if (n <= RMS_HELD * nt) {
-		float wv[RMS_HELD], v[RMS_HELD];
+	// Column of virtual thread i of this thread, value k.
+	const int t0 = (tid & 31) + V * (tid & ~31);
+	auto col = [&](int i, int k) { return t0 + 32 * i + k * nt; };
+	if (V > 1 || n <= K * nt) {
+		float wv[V][K], v[V][K];
 #pragma unroll
-		for (int k = 0; k < RMS_HELD; k++) {
-			const int j = tid + k * nt;
-			wv[k] = j < n ? w[j] : 0.f;
-		}
+		for (int i = 0; i < V; i++)
+#pragma unroll
+			for (int k = 0; k < K; k++) wv[i][k] = col(i, k) < n ? w[col(i, k)] : 0.f;
 		di_pdl_wait();
 #pragma unroll
-		for (int k = 0; k < RMS_HELD; k++) {
-			const int j = tid + k * nt;
-			v[k] = j < n ? xr[j] : 0.f;
-		}
+		for (int i = 0; i < V; i++)
+#pragma unroll
+			for (int k = 0; k < K; k++) v[i][k] = col(i, k) < n ? xr[col(i, k)] : 0.f;
 		if (residual) {
-			float rv[RMS_HELD];
+			float rv[V][K];
 #pragma unroll
-			for (int k = 0; k < RMS_HELD; k++) {
-				const int j = tid + k * nt;
-				rv[k] = j < n ? src[j] : 0.f;
-			}
+			for (int i = 0; i < V; i++)
 #pragma unroll
-			for (int k = 0; k < RMS_HELD; k++) {
-				const int j = tid + k * nt;
-				v[k] = rv[k] + v[k];
-				if (j < n) src[j] = v[k];
-			}
+				for (int k = 0; k < K; k++) rv[i][k] = col(i, k) < n ? src[col(i, k)] : 0.f;
+#pragma unroll
+			for (int i = 0; i < V; i++)
+#pragma unroll
+				for (int k = 0; k < K; k++) {
+					v[i][k] = rv[i][k] + v[i][k];
+					if (col(i, k) < n) src[col(i, k)] = v[i][k];
+				}
 		}
-		const float r = di_rms_held_scale(v, n, eps, red);
+		float r;
+		if constexpr (V == 1) r = di_rms_held_scale(v[0], n, eps, red); // K == RMS_HELD
+		else {
+			// di_rms_held_scale's sums, V virtual threads at a time.
+			double s[V];
 #pragma unroll
-		for (int k = 0; k < RMS_HELD; k++) {
-			const int j = tid + k * nt;
-			if (j < n) o[j] = di_from_f32<TO>((v[k] * r) * wv[k]);
+			for (int i = 0; i < V; i++) {
+				s[i] = 0;
+#pragma unroll
+				for (int k = 0; k < K; k++)
+					if (col(i, k) < n) s[i] = __fma_rn((double)v[i][k], (double)v[i][k], s[i]);
+			}
+			r = di_rms_scale(di_block_sum_virtual<V>(s, red), n, eps);
 		}
+#pragma unroll
+		for (int i = 0; i < V; i++)
+#pragma unroll
+			for (int k = 0; k < K; k++)
+				if (col(i, k) < n) o[col(i, k)] = di_from_f32<TO>((v[i][k] * r) * wv[i][k]);
 		return;
 	}
 	di_pdl_wait();
@@ -148,22 +169,42 @@ __global__ void di_rms_norm_k(TO *out, float *residual, const float *x, const fl
 	for (int j = tid; j < n; j += nt) o[j] = di_from_f32<TO>((src[j] * r) * w[j]);
 }
 
+// RMS_VIRTUAL is the V of di_rms_norm_k for batches of at least
+// RMS_VIRTUAL_ROWS rows a multiprocessor (fewer threads a row, more rows
+// resident; the same bits), where the held path serves; 1 turns it off
+// (the default until it has run on a GPU: NOTES.md).
+#ifndef RMS_VIRTUAL
+#define RMS_VIRTUAL 1
+#endif
+#define RMS_VIRTUAL_ROWS 2
+
+template <typename TO>
+static void di_rms_norm_launch(di_ctx *ctx, TO *out, float *res, const float *x, const float *w, int rows, int n,
+                               float eps) {
+	const int nt = norm_threads(n);
+	if constexpr (RMS_VIRTUAL > 1) {
+		const int sms = ctx->sm_count > 0 ? ctx->sm_count : 132;
+		const int k = (n + nt - 1) / nt; // values a virtual thread holds
+		if (nt >= 32 * RMS_VIRTUAL && k <= RMS_HELD && rows >= RMS_VIRTUAL_ROWS * sms) {
+			const int threads = nt / RMS_VIRTUAL;
+			if (k == 1) di_launch(ctx, di_rms_norm_k<TO, RMS_VIRTUAL, 1>, rows, threads, 0, out, res, x, w, n, eps);
+			else if (k == 2) di_launch(ctx, di_rms_norm_k<TO, RMS_VIRTUAL, 2>, rows, threads, 0, out, res, x, w, n, eps);
+			else di_launch(ctx, di_rms_norm_k<TO, RMS_VIRTUAL, RMS_HELD>, rows, threads, 0, out, res, x, w, n, eps);
+			return;
+		}
+	}
+	di_launch(ctx, di_rms_norm_k<TO, 1, RMS_HELD>, rows, nt, 0, out, res, x, w, n, eps);
+}
+
 extern "C" int di_op_rms_norm(di_ctx *ctx, di_dptr out, int out_dtype, di_dptr residual, di_dptr x, di_dptr weight,
                               int rows, int n, float eps) {
 	if (rows == 0) return DI_OK;
 	float *res = DI_PTR(float, residual);
 	const float *xp = DI_PTR(const float, x), *wp = DI_PTR(const float, weight);
 	switch (out_dtype) {
-	case DI_F32:
-		di_launch(ctx, di_rms_norm_k<float>, rows, norm_threads(n), 0, DI_PTR(float, out), res, xp, wp, n, eps);
-		break;
-	case DI_BF16:
-		di_launch(ctx, di_rms_norm_k<__nv_bfloat16>, rows, norm_threads(n), 0, DI_PTR(__nv_bfloat16, out), res, xp,
-		          wp, n, eps);
-		break;
-	case DI_F16:
-		di_launch(ctx, di_rms_norm_k<__half>, rows, norm_threads(n), 0, DI_PTR(__half, out), res, xp, wp, n, eps);
-		break;
+	case DI_F32: di_rms_norm_launch(ctx, DI_PTR(float, out), res, xp, wp, rows, n, eps); break;
+	case DI_BF16: di_rms_norm_launch(ctx, DI_PTR(__nv_bfloat16, out), res, xp, wp, rows, n, eps); break;
+	case DI_F16: di_rms_norm_launch(ctx, DI_PTR(__half, out), res, xp, wp, rows, n, eps); break;
 	default:
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "rms_norm: out dtype %d (want F32, BF16 or F16)", out_dtype);
 	}

@@ -81,6 +81,70 @@ func TestGPUNorms(t *testing.T) {
 	}
 }
 
+// A norm over a large batch (di_rms_norm_k with threads standing in for
+// several of the row's virtual threads: RMS_VIRTUAL, from
+// RMS_VIRTUAL_ROWS rows a multiprocessor) gives each row the bits it gets
+// alone (one thread a virtual thread), with and without the residual, into
+// float32 and BF16 outputs; widths with one, two and four values a
+// virtual thread, under 1024 columns, and past the held path (loop, one
+// thread a virtual thread at any batch). The CPU bound of TestGPUNorms
+// holds for the batch.
+func TestGPUNormsBatchBits(t *testing.T) {
+	p := newPair(t, GEMMRound)
+	g := p.g
+	const rows = 1200 // above RMS_VIRTUAL_ROWS times the multiprocessors of any current GPU
+	for _, n := range []int{200, 1000, 2048, 4096, 5000} {
+		for _, dt := range []kernels.DType{kernels.F32, kernels.BF16} {
+			for _, withResid := range []bool{false, true} {
+				t.Run(fmt.Sprintf("n=%d/%s/residual=%v", n, dt, withResid), func(t *testing.T) {
+					xv, rv, wv := randVals(p.r, rows*n, 2), randVals(p.r, rows*n, 2), randVals(p.r, n, 1)
+					w := p.put(kernels.F32, wv, n)
+					norm := func(be kernels.Ops, wt kernels.Tensor, x, res []float32, rows int, odt kernels.DType) (out, resOut []byte) {
+						xt := upload(t, be, kernels.F32, kernels.F32Bytes(x), kernels.F32, rows, n)
+						ot, err := be.Alloc(odt, rows, n)
+						if err != nil {
+							t.Fatal(err)
+						}
+						var rt kernels.Tensor
+						if withResid {
+							rt = upload(t, be, kernels.F32, kernels.F32Bytes(res), kernels.F32, rows, n)
+							err = be.AddRMSNorm(ot, rt, xt, wt, 1e-6)
+						} else {
+							err = be.RMSNorm(ot, xt, wt, 1e-6)
+						}
+						if err != nil {
+							t.Fatal(err)
+						}
+						out = p.raw(be, ot)
+						if withResid {
+							resOut = p.raw(be, rt)
+						}
+						return out, resOut
+					}
+					all, allRes := norm(g, w.g, xv, rv, rows, dt)
+					size := len(all) / rows
+					for _, r := range []int{0, 1, 777, rows - 1} {
+						one, oneRes := norm(g, w.g, xv[r*n:(r+1)*n], rv[r*n:(r+1)*n], 1, dt)
+						if !bytes.Equal(one, all[r*size:(r+1)*size]) {
+							t.Fatalf("row %d: the norm alone differs in bits from the norm among %d rows", r, rows)
+						}
+						if withResid && !bytes.Equal(oneRes, allRes[r*4*n:(r+1)*4*n]) {
+							t.Fatalf("row %d: the residual alone differs from the residual among %d rows", r, rows)
+						}
+					}
+					if dt == kernels.F32 {
+						want, _ := norm(p.c, w.c, xv, rv, rows, dt)
+						e := maxRelErr(kernels.BytesF32(all), kernels.BytesF32(want))
+						if !(e <= 1e-6) { // NaN too
+							t.Fatalf("max relative error %.3g against the CPU backend, want <= 1e-6", e)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
 func TestGPULinear(t *testing.T) {
 	for _, mode := range []GEMMMode{GEMMRound, GEMMSplit} {
 		p := newPair(t, mode)
