@@ -1574,7 +1574,7 @@ static int moe_gemm_mlp(di_ctx *ctx, float *gh, T *ah, T *al, float *yh, const T
                         int inter, int num_experts) {
 	di_moe_gemm_args<T> gu{gate_up, xh, order, top_k, offsets, num_experts, 2 * inter, hidden, inter, gh, ah, nullptr};
 	di_moe_gemm_args<T> dn{down, ah, nullptr, 1, offsets, num_experts, hidden, inter, 0, yh, nullptr, nullptr};
-	const bool wg = ctx->moe_wg && di_moe_wg_ok(hidden, inter);
+	const bool wg = ctx->moe_wg && di_moe_wg_ok(pairs, hidden, inter);
 	int r;
 	if (!xl) {
 		r = di_moe_gemm_any<T, MG_ACT>(ctx, gu, pairs, wg);

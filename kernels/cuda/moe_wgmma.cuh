@@ -1,40 +1,50 @@
 // moe_wgmma.cuh: the grouped expert GEMM on Hopper's warpgroup MMA
-// (wgmma), included by moe.cu after di_moe_gemm_k, whose arguments, grid,
-// row mapping and epilogue modes it shares.
+// (wgmma), included by moe.cu after di_moe_gemm_k, whose arguments, row
+// tiles (MG_BN = 128 grouped rows of one expert) and epilogue modes it
+// shares.
 //
 // di_moe_wg_k computes the same products as di_moe_gemm_k (the paired
-// gate/up layout, MG_BN = 128 grouped rows of one expert a block, the four
-// epilogue modes), MW_BM weight rows a block, with each output element
-// summed over k in natural order, 16 columns a wgmma step, into one float32
-// accumulator: not di_moe_mma_k's four interleaved passes, so not its
-// bits. A token's result still does not depend on the other tokens (every
-// element of a wgmma tile is its own dot product, in an order fixed by k),
-// but it differs in rounding from what the small batches' kernels give the
-// same token (as the dense layers' cuBLAS GEMMs differ from their GEMVs).
-// It runs by default where di_moe_wg_ok (Options.DisableMoEWGMMA keeps the
-// mma.sync GEMM).
+// gate/up layout, the four epilogue modes), 256 weight rows by 128 grouped
+// rows a tile, with each output element summed over k in natural order, 16
+// columns a wgmma step, into one float32 accumulator: not di_moe_mma_k's
+// four interleaved passes, so not its bits. A token's result still does
+// not depend on the other tokens (every element of a wgmma tile is its own
+// dot product, in an order fixed by k), but it differs in rounding from
+// what the small batches' kernels give the same token (as the dense
+// layers' cuBLAS GEMMs differ from their GEMVs). It runs by default where
+// di_moe_wg_ok (Options.DisableMoEWGMMA keeps the mma.sync GEMM).
 //
-// Layout: a block of two warpgroups (256 threads) and MW_BM = 256 weight
-// rows (MW_WIDE; 128 with MW_WIDE=0); warpgroup w multiplies the shared
-// weight rows 64 w + 128 h .. + 63 of each row group h by all 128 grouped
-// rows, wgmma.m64n128k16 with both operands K-major in shared memory in the
-// 128-byte swizzle (a row of 64 columns of k is one 128-byte line, its
-// 16-byte chunk c stored at chunk c ^ (row & 7)). Paired, the first 128
-// shared rows are gate rows and the next 128 the up rows of the same
-// columns, so a thread holds the gate (h = 0) and up (h = 1) sums of its
-// elements and the SiLU-mul needs no exchange (with MW_WIDE=0 the up sums
-// of warpgroup 1 go through shared memory). Every thread queues 12 cp.async
-// copies a stage (8 of weights, 4 of inputs, 16 bytes each; inputs gathered
-// through the grouping's order), MW_STAGES stages of MW_BK = 64 columns in
-// a ring, one barrier a stage, MW_INFLIGHT groups of wgmma left running
-// across it; a thread's 64 accumulators a row group are the wgmma D
-// fragment (rows 16 (warp % 4) + lane / 4 (+ 8), grouped rows 8 j + 2
-// (lane % 4) (+ 1), j = 0..15).
+// Roles: a producer warpgroup queues each stage's copies, MW_STAGES
+// stages of MW_BK = 64 columns of k in a ring, each signalled on the
+// stage's "full" mbarrier: the weight tile by 16-byte cp.async copies,
+// or with MW_TMA by the tensor memory accelerator (two boxes of 128 rows,
+// from a tensor map over every expert's rows; cp.async where the driver
+// has no encoder for it), the gathered input rows by cp.async (through
+// the grouping's order), each producer thread arriving once its copies
+// land. Two
+// consumer warpgroups wait, fence, issue the stage's eight
+// wgmma.m64n128k16 and release the stage on its "empty" mbarrier once
+// those are done (one arrival a warp); no block-wide barrier in the loop.
+// Blocks are persistent (one a multiprocessor, tiles in di_moe_wg_grid's
+// order), so the producer fills the next tile's stages while the
+// consumers store the last. setmaxnreg gives the consumers MW_CREGS
+// registers and the producer MW_PREGS.
 //
-// Needs k a multiple of MW_BK (hidden and intermediate), sm_90a. Cost: 2 *
-// rows * n * k flops on the tensor cores' native path; 48 KB of shared
-// memory a stage (4 stages, one block a multiprocessor), 185-186 registers;
-// the tiles read 85 flops a byte from L2 (64 with MW_WIDE=0).
+// Shared layout: both operands K-major in the 128-byte swizzle (a row of
+// 64 columns of k is one 128-byte line, its 16-byte chunk c stored at
+// chunk c ^ (row & 7)), the tensor map's swizzle and the descriptors'.
+// Consumer warpgroup w multiplies the weight rows 64 w + 128 h .. + 63 of
+// each row group h by all 128 grouped rows. Paired, the first 128 weight
+// rows are gate rows and the next 128 the up rows of the same columns, so
+// a thread holds the gate (h = 0) and up (h = 1) sums of its elements and
+// the SiLU-mul needs no exchange. A consumer thread's 64 accumulators a
+// row group are the wgmma D fragment (rows 16 (warp % 4) + lane / 4 (+
+// 8), grouped rows 8 j + 2 (lane % 4) (+ 1), j = 0..15).
+//
+// Needs k a multiple of MW_BK (hidden and intermediate), sm_90a, element
+// offsets under 2^31 (di_moe_wg_ok). Cost: 2 * rows * n * k flops on the
+// tensor cores' native path; 48 KB of shared memory a stage, 384 threads,
+// one block a multiprocessor; the tiles read 85 flops a byte from L2.
 #include "wgmma.cuh"
 
 #include <cuda.h>
@@ -44,48 +54,18 @@
 #ifndef MW_STAGES
 #define MW_STAGES 4
 #endif
-#ifndef MW_MINB
-#define MW_MINB 1
-#endif
-#ifndef MW_INFLIGHT
-#define MW_INFLIGHT 1 // wgmma groups a warpgroup leaves running at the end of a stage: 0 or 1
-#endif
-#define MW_AHEAD (MW_STAGES - 1 - MW_INFLIGHT) // stages queued ahead of the one multiplied
-static_assert(MW_AHEAD >= 1, "MW_STAGES too small for MW_INFLIGHT");
-#ifndef MW_WIDE
-#define MW_WIDE 1 // 1: 256 weight rows a block, two row groups a warpgroup (0: 128)
-#endif
-#define MW_GROUPS (1 + MW_WIDE)
-#ifndef MW_WS
-#define MW_WS 0 // 1: di_moe_ws_k (warp-specialized, persistent) where MW_WIDE; not yet run on a GPU (NOTES.md)
-#endif
 #ifndef MW_TMA
-#define MW_TMA 0 // 1: di_moe_ws_k loads the weight tiles with the tensor memory accelerator
+#define MW_TMA 0 // 1: the weight tiles by the tensor memory accelerator (NOTES.md: 1.06x, the same bits; not yet the default)
 #endif
-#define MW_BM (128 * MW_GROUPS) // weight rows a block
-#define MW_THREADS 256
-#define MW_A_BYTES (MW_BM * MW_BK * 2)  // a stage of weight rows: 128-byte lines
-#define MW_B_BYTES (MG_BN * MW_BK * 2)  // a stage of grouped rows
-#define MW_STAGE_BYTES (MW_A_BYTES + MW_B_BYTES)
-#define MW_SMEM ((size_t)MW_STAGES * MW_STAGE_BYTES + 1024)
+#define MW_BM 256 // weight rows a tile
+#define MW_THREADS 384
+#define MW_PREGS 56
+#define MW_CREGS 224
+static_assert(MW_THREADS / 3 * (MW_PREGS + 2 * MW_CREGS) <= 65536, "MW registers over the file");
+#define MW_A_BYTES (MW_BM * MW_BK * 2) // a stage of weight rows: 128-byte lines
+#define MW_STAGE_BYTES (MW_A_BYTES + MG_BN * MW_BK * 2)
+#define MW_SMEM ((size_t)MW_STAGES * MW_STAGE_BYTES + 1024 + 2 * MW_STAGES * 8)
 static_assert(MG_BN == 128, "di_moe_wg_k takes di_moe_gemm_k's row tiles");
-
-// di_mw_row is the weight row (within the expert) that shared row r of the
-// block's MW_BM rows holds, clamped into the weight (ok false for a row
-// past its end, computed but never stored): paired, the first half gate
-// rows MW_BM / 2 x .. and the second half the up rows of the same columns;
-// otherwise rows MW_BM x ...
-template <typename T> __device__ __forceinline__ int di_mw_row(const di_moe_gemm_args<T> &p, int r, bool &ok) {
-	if (p.inter > 0) {
-		constexpr int half = MW_BM / 2;
-		const int j = half * (int)blockIdx.x + (r % half);
-		ok = j < p.inter;
-		return (r < half ? 0 : p.inter) + min(j, p.inter - 1);
-	}
-	const int f = MW_BM * (int)blockIdx.x + r;
-	ok = f < p.n;
-	return min(f, p.n - 1);
-}
 
 // di_mw_act writes silu(gate) * up at act[i] (and its remainder at act_lo[i]):
 // out of line, so that the epilogue's 64 calls stay unrolled and the
@@ -94,162 +74,12 @@ template <typename T> __device__ __noinline__ void di_mw_act(T *act, T *act_lo, 
 	di_to_gemm(act, act_lo, i, di_moe_silu_mul(gate, up));
 }
 
-template <typename T, int MODE>
-__global__ void __launch_bounds__(MW_THREADS, MW_MINB) di_moe_wg_k(const di_moe_gemm_args<T> p) {
-#ifndef MW_HAS_WGMMA
-	__trap(); // di_moe_wg_ok keeps other targets' builds from launching it
-#endif
-	extern __shared__ __align__(16) unsigned char mw_raw[];
-	// The swizzle repeats every 1024 bytes: tiles start on such a boundary.
-	const unsigned raw = (unsigned)__cvta_generic_to_shared(mw_raw);
-	const unsigned base = (raw + 1023u) & ~1023u;
-	unsigned char *sh = mw_raw + (base - raw);
-	const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-	int ex, r0;
-	di_moe_row_tile(p.offsets, p.num_experts, MG_BN, blockIdx.y, lane, ex, r0);
-	if (ex < 0) return;
-	const int lo = p.offsets[ex] + r0, m = min(MG_BN, p.offsets[ex + 1] - lo);
-	const int nk = p.k / MW_BK;
-	// This thread's copies: 16-byte chunk tid % 8 of shared rows tid / 8 + 32 i.
-	constexpr int NA = MW_BM / 32; // weight copies a stage
-	const int part = tid & 7;
-	const T *asrc[NA], *bsrc[4];
-	const unsigned dst = (unsigned)((tid >> 3) * 128 + ((part ^ ((tid >> 3) & 7)) << 4)); // + 4096 i
-#pragma unroll
-	for (int i = 0; i < NA; i++) {
-		bool ok;
-		asrc[i] = p.w + ((size_t)ex * p.n + di_mw_row(p, (tid >> 3) + 32 * i, ok)) * p.k + 8 * part;
-	}
-#pragma unroll
-	for (int i = 0; i < 4; i++) {
-		const int r = (tid >> 3) + 32 * i, row = lo + (r < m ? r : 0);
-		bsrc[i] = p.x + (size_t)(p.order ? p.order[row] / p.div : row) * p.k + 8 * part;
-	}
-	auto issue = [&](int s) {
-		const int kb = s * MW_BK;
-		unsigned char *a = sh + (size_t)(s % MW_STAGES) * MW_STAGE_BYTES, *b = a + MW_A_BYTES;
-#pragma unroll
-		for (int i = 0; i < NA; i++) di_cp_async16(a + dst + 4096 * i, asrc[i] + kb, true);
-#pragma unroll
-		for (int i = 0; i < 4; i++) di_cp_async16(b + dst + 4096 * i, bsrc[i] + kb, true);
-	};
-	// d[h]: this warpgroup's shared weight rows 64 wg + 128 h .. + 63 by the 128 grouped rows.
-	float d[MW_GROUPS][64];
-#pragma unroll
-	for (int h = 0; h < MW_GROUPS; h++)
-#pragma unroll
-		for (int i = 0; i < 64; i++) d[h][i] = 0.f;
-#pragma unroll
-	for (int s = 0; s < MW_AHEAD; s++) {
-		if (s < nk) issue(s);
-		di_cp_async_commit();
-	}
-#pragma unroll 1
-	for (int s = 0; s < nk; s++) {
-		di_cp_async_wait<MW_AHEAD - 1>();
-		di_fence_async_shared();
-		// Stage s has landed, and every warpgroup has finished the products
-		// of stage s - 1 - MW_INFLIGHT, whose slot the next copy refills.
-		__syncthreads();
-		if (s + MW_AHEAD < nk) issue(s + MW_AHEAD);
-		di_cp_async_commit();
-		const unsigned a = base + (unsigned)((s % MW_STAGES) * MW_STAGE_BYTES), b = a + MW_A_BYTES;
-		di_wg_fence();
-#pragma unroll
-		for (int kk = 0; kk < MW_BK / 16; kk++)
-#pragma unroll
-			for (int h = 0; h < MW_GROUPS; h++)
-				di_wg_mma<T>(d[h], di_wg_desc(a + (64 * wg + 128 * h) * 128 + kk * 32), di_wg_desc(b + kk * 32));
-		di_wg_commit();
-		di_wg_wait<MW_INFLIGHT>();
-	}
-	di_wg_wait<0>();
-	di_cp_async_wait<0>();
-	// Element i of d[h]: shared weight row 64 wg + 128 h + 16 (warp % 4) + g + 8 ((i >> 1) & 1),
-	// grouped row 8 (i >> 2) + 2 t4 + (i & 1).
-	const int rw = 16 * ((tid >> 5) & 3) + g;
-	if constexpr (MODE == MG_STORE || MODE == MG_ADD) {
-#pragma unroll
-		for (int h = 0; h < MW_GROUPS; h++)
-#pragma unroll
-			for (int hh = 0; hh < 2; hh++) {
-				bool ok;
-				const int f = di_mw_row(p, 64 * wg + 128 * h + rw + 8 * hh, ok);
-				if (!ok) continue;
-#pragma unroll
-				for (int c = 0; c < 16; c++)
-#pragma unroll
-					for (int e = 0; e < 2; e++) {
-						const int r = 8 * c + 2 * t4 + e;
-						if (r < m) {
-							float *y = p.y + (size_t)(lo + r) * p.n + f;
-							if constexpr (MODE == MG_ADD) *y = *y + d[h][4 * c + 2 * hh + e];
-							else *y = d[h][4 * c + 2 * hh + e];
-						}
-					}
-			}
-	} else {
-		// Paired: the gate sums of column j and its up sums. With two row
-		// groups a warpgroup (MW_WIDE) a thread holds both, in d[0] and d[1];
-		// with one, the up sums of warpgroup 1 go through shared memory to
-		// the threads of warpgroup 0 that hold the gate sums.
-		const float *up_of = nullptr;
-		if constexpr (MW_GROUPS == 1) {
-			float *xs = reinterpret_cast<float *>(sh);
-			__syncthreads(); // every warpgroup is past its last products
-			if (wg == 1) {
-#pragma unroll
-				for (int i = 0; i < 64; i++) xs[i * 128 + (tid - 128)] = d[0][i];
-			}
-			__syncthreads();
-			if (wg == 1) return;
-			up_of = xs + tid;
-		}
-#pragma unroll
-		for (int hh = 0; hh < 2; hh++) {
-			const int j = (MW_BM / 2) * (int)blockIdx.x + 64 * (MW_GROUPS - 1) * wg + rw + 8 * hh;
-			if (j >= p.inter) continue;
-#pragma unroll
-			for (int c = 0; c < 16; c++)
-#pragma unroll
-				for (int e = 0; e < 2; e++) {
-					const int r = 8 * c + 2 * t4 + e;
-					if (r < m) {
-						const int i = 4 * c + 2 * hh + e;
-						const size_t row = (size_t)(lo + r);
-						float gate = d[0][i], up = MW_GROUPS == 1 ? up_of[i * 128] : d[MW_GROUPS - 1][i];
-						if constexpr (MODE == MG_ADD_ACT) {
-							gate = p.y[row * 2 * p.inter + j] + gate;
-							up = p.y[row * 2 * p.inter + p.inter + j] + up;
-						}
-						di_mw_act(p.act, p.act_lo, row * p.inter + j, gate, up);
-					}
-				}
-		}
-	}
-}
-
-// di_moe_ws_k is di_moe_wg_k (MW_WIDE) with warp-specialized roles and
-// persistent blocks: a producer warpgroup queues every stage's copies
-// (cp.async, completing on the stage's "full" mbarrier), two consumer
-// warpgroups only wait, multiply and store, and release each stage on its
-// "empty" mbarrier once their products of it are done; no block-wide
-// barrier in the loop. A block walks tiles blockIdx.x, + gridDim.x, ...
-// in di_moe_wg_k's grid order (tiles_x weight tiles a row tile), so the
-// producer fills the next tile's stages while the consumers store the
-// last. Each output element is the same chain of wgmma steps over k from
-// zero as in di_moe_wg_k: the same bits. setmaxnreg gives the consumers
-// MW_WS_CREGS registers (their 128 accumulators) and the producer
-// MW_WS_PREGS. Cost: as di_moe_wg_k; 4 stages of 48 KB, 384 threads, one
-// block a multiprocessor.
-#define MW_WS_THREADS 384
-#define MW_WS_PREGS 56
-#define MW_WS_CREGS 224
-static_assert(MW_WS_THREADS / 3 * (MW_WS_PREGS + 2 * MW_WS_CREGS) <= 65536, "MW_WS registers over the file");
-#define MW_WS_SMEM ((size_t)MW_STAGES * (MW_BM * MW_BK * 2 + MG_BN * MW_BK * 2) + 1024 + 2 * MW_STAGES * 8)
-
-// di_mw_ws_row is di_mw_row for weight tile bx (256 shared rows).
-template <typename T> __device__ __forceinline__ int di_mw_ws_row(const di_moe_gemm_args<T> &p, int bx, int r, bool &ok) {
+// di_mw_row is the weight row (within the expert) that shared row r of
+// weight tile bx holds, clamped into the weight (ok false for a row past
+// its end, computed but never stored): paired, rows 0..127 the gate rows
+// 128 bx .. and rows 128..255 the up rows of the same columns; otherwise
+// rows 256 bx ...
+template <typename T> __device__ __forceinline__ int di_mw_row(const di_moe_gemm_args<T> &p, int bx, int r, bool &ok) {
 	if (p.inter > 0) {
 		const int j = 128 * bx + (r & 127);
 		ok = j < p.inter;
@@ -258,6 +88,21 @@ template <typename T> __device__ __forceinline__ int di_mw_ws_row(const di_moe_g
 	const int f = 256 * bx + r;
 	ok = f < p.n;
 	return min(f, p.n - 1);
+}
+
+// di_mw_tile finds tile t of the grid (tiles_x weight tiles a row tile):
+// its weight tile bx, expert ex, first grouped row lo and row count m;
+// false past the last row tile (di_moe_row_tile: every lane of the warp
+// calls it).
+template <typename T>
+__device__ __forceinline__ bool di_mw_tile(const di_moe_gemm_args<T> &p, int t, int tiles_x, int lane, int &bx, int &ex,
+                                           int &lo, int &m) {
+	int r0;
+	bx = t % tiles_x;
+	di_moe_row_tile(p.offsets, p.num_experts, MG_BN, t / tiles_x, lane, ex, r0);
+	if (ex < 0) return false;
+	lo = p.offsets[ex] + r0, m = min(MG_BN, p.offsets[ex + 1] - lo);
+	return true;
 }
 
 // di_tma_load2d queues the tensor memory accelerator's copy of the box of
@@ -275,12 +120,12 @@ __device__ __forceinline__ void di_mbar_arrive_tx(uint64_t *bar, unsigned bytes)
 }
 
 template <typename T, int MODE, bool TMA>
-__global__ void __launch_bounds__(MW_WS_THREADS, 1)
-    di_moe_ws_k(const di_moe_gemm_args<T> p, const __grid_constant__ CUtensorMap tw, int tiles_x, int tiles) {
+__global__ void __launch_bounds__(MW_THREADS, 1)
+    di_moe_wg_k(const di_moe_gemm_args<T> p, const __grid_constant__ CUtensorMap tw, int tiles_x, int tiles) {
 #ifndef MW_HAS_WGMMA
 	__trap(); // di_moe_wg_ok keeps other targets' builds from launching it
 #else
-	constexpr int A_BYTES = 256 * MW_BK * 2, STAGE = A_BYTES + MG_BN * MW_BK * 2;
+	constexpr int A_BYTES = MW_A_BYTES, STAGE = MW_STAGE_BYTES;
 	extern __shared__ __align__(16) unsigned char mw_raw[];
 	const unsigned raw = (unsigned)__cvta_generic_to_shared(mw_raw);
 	const unsigned base = (raw + 1023u) & ~1023u;
@@ -297,24 +142,21 @@ __global__ void __launch_bounds__(MW_WS_THREADS, 1)
 	__syncthreads();
 	const int nk = p.k / MW_BK;
 	if (wg == 0) {
-		asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(MW_WS_PREGS));
+		asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(MW_PREGS));
 		// This thread's copies: 16-byte chunk tid % 8 of shared rows tid / 8 + 16 i.
 		const int part = tid & 7, rb = tid >> 3;
 		const unsigned dst = (unsigned)(rb * 128 + ((part ^ (rb & 7)) << 4)); // + 2048 i
 		int it = 0;
 		for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-			const int bx = t % tiles_x;
-			int ex, r0;
-			di_moe_row_tile(p.offsets, p.num_experts, MG_BN, t / tiles_x, lane, ex, r0);
-			if (ex < 0) break;
-			const int lo = p.offsets[ex] + r0, m = min(MG_BN, p.offsets[ex + 1] - lo);
-			// Element offsets (under 2^31: di_moe_ws_fits) of this thread's rows.
+			int bx, ex, lo, m;
+			if (!di_mw_tile(p, t, tiles_x, lane, bx, ex, lo, m)) break;
+			// Element offsets (under 2^31: di_moe_wg_ok) of this thread's rows.
 			const T *w = p.w + (size_t)ex * p.n * p.k + 8 * part, *x = p.x + 8 * part;
 			int aoff[16], xoff[8];
 #pragma unroll
 			for (int i = 0; i < 16 * !TMA; i++) {
 				bool ok;
-				aoff[i] = di_mw_ws_row(p, bx, rb + 16 * i, ok) * p.k;
+				aoff[i] = di_mw_row(p, bx, rb + 16 * i, ok) * p.k;
 			}
 #pragma unroll
 			for (int i = 0; i < 8; i++) {
@@ -346,16 +188,13 @@ __global__ void __launch_bounds__(MW_WS_THREADS, 1)
 		di_cp_async_wait<0>(); // every copy landed before the thread leaves
 		return;
 	}
-	asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(MW_WS_CREGS));
+	asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(MW_CREGS));
 	const int cw = wg - 1, g = lane >> 2, t4 = lane & 3;
 	const int rw = 16 * ((tid >> 5) & 3) + g;
 	int it = 0;
 	for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-		const int bx = t % tiles_x;
-		int ex, r0;
-		di_moe_row_tile(p.offsets, p.num_experts, MG_BN, t / tiles_x, lane, ex, r0);
-		if (ex < 0) break;
-		const int lo = p.offsets[ex] + r0, m = min(MG_BN, p.offsets[ex + 1] - lo);
+		int bx, ex, lo, m;
+		if (!di_mw_tile(p, t, tiles_x, lane, bx, ex, lo, m)) break;
 		// d[h]: shared weight rows 64 cw + 128 h .. + 63 by the 128 grouped rows.
 		float d[2][64];
 #pragma unroll
@@ -389,7 +228,7 @@ __global__ void __launch_bounds__(MW_WS_THREADS, 1)
 #pragma unroll
 				for (int hh = 0; hh < 2; hh++) {
 					bool ok;
-					const int f = di_mw_ws_row(p, bx, 64 * cw + 128 * h + rw + 8 * hh, ok);
+					const int f = di_mw_row(p, bx, 64 * cw + 128 * h + rw + 8 * hh, ok);
 					if (!ok) continue;
 #pragma unroll
 					for (int c = 0; c < 16; c++)
@@ -431,7 +270,7 @@ __global__ void __launch_bounds__(MW_WS_THREADS, 1)
 #endif
 }
 
-// di_moe_wg_grid is di_moe_gemm_grid for MW_BM weight rows a block.
+// di_moe_wg_grid is di_moe_gemm_grid for MW_BM weight rows a tile.
 static dim3 di_moe_wg_grid(size_t pairs, int num_experts, int n, int inter) {
 	dim3 gr = di_moe_gemm_grid(pairs, num_experts, n, inter);
 	gr.x = inter > 0 ? (unsigned)((inter + MW_BM / 2 - 1) / (MW_BM / 2)) : (unsigned)((n + MW_BM - 1) / MW_BM);
@@ -440,25 +279,24 @@ static dim3 di_moe_wg_grid(size_t pairs, int num_experts, int n, int inter) {
 
 // di_moe_wg_ok says whether di_moe_wg_k can take a call that di_moe_gemm_k
 // could: a library built for sm_90a (the only target with wgmma), hidden
-// and intermediate multiples of MW_BK.
-static bool di_moe_wg_ok(int hidden, int inter) {
-	return di_wg_arch_ok() && hidden % MW_BK == 0 && inter % MW_BK == 0;
-}
-
-// di_moe_ws_fits says whether di_moe_ws_k's 32-bit element offsets reach
-// every row: an expert's weight (n x k) and the rows of x (at most pairs).
-template <typename T> static bool di_moe_ws_fits(const di_moe_gemm_args<T> &p, size_t pairs) {
-	const size_t most = (size_t)1 << 31;
-	return (size_t)p.n * p.k < most && pairs * p.k < most;
+// and intermediate multiples of MW_BK, and the kernel's 32-bit element
+// offsets reaching every row (an expert's weight, 2 inter x hidden or
+// hidden x inter, and the rows of x, at most pairs).
+static bool di_moe_wg_ok(size_t pairs, int hidden, int inter) {
+	const size_t most = (size_t)1 << 31, wide = (size_t)(hidden > inter ? hidden : inter);
+	return di_wg_arch_ok() && hidden % MW_BK == 0 && inter % MW_BK == 0 && (size_t)2 * inter * hidden < most &&
+	       pairs * wide < most;
 }
 
 // di_moe_weight_map encodes the tensor map of p's experts' weights for
-// di_moe_ws_k's weight loads: the rows of every expert one after another
+// di_moe_wg_k's weight loads: the rows of every expert one after another
 // (num_experts * n rows of k 16-bit values), boxes of 128 rows by MW_BK
 // columns in the 128-byte swizzle, zeros past the last row. The encoder
-// is the driver's, found through the runtime once.
-template <typename T> static int di_moe_weight_map(di_ctx *ctx, CUtensorMap *map, const di_moe_gemm_args<T> &p) {
-	static PFN_cuTensorMapEncodeTiled encode = [] {
+// is the driver's, found through the runtime once; false where there is
+// none or it refuses (the kernel then copies the weights with cp.async:
+// the same bytes in shared memory, a little slower).
+template <typename T> static bool di_moe_weight_map(CUtensorMap *map, const di_moe_gemm_args<T> &p) {
+	static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
 		void *fn = nullptr;
 		cudaDriverEntryPointQueryResult q;
 #if CUDART_VERSION >= 12050
@@ -467,40 +305,32 @@ template <typename T> static int di_moe_weight_map(di_ctx *ctx, CUtensorMap *map
 #else
 		if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q) != cudaSuccess) fn = nullptr;
 #endif
-		return reinterpret_cast<PFN_cuTensorMapEncodeTiled>(fn);
+		if (!fn || q != cudaDriverEntryPointSuccess) {
+			cudaGetLastError(); // nothing sticky: the cp.async path serves
+			return (PFN_cuTensorMapEncodeTiled_v12000) nullptr;
+		}
+		return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
 	}();
-	if (!encode) return di_fail(ctx, DI_ERR_CUDA, "moe: the driver has no cuTensorMapEncodeTiled");
+	if (!encode) return false;
 	const cuuint64_t dims[2] = {(cuuint64_t)p.k, (cuuint64_t)p.num_experts * (cuuint64_t)p.n};
 	const cuuint64_t strides[1] = {(cuuint64_t)p.k * 2};
 	const cuuint32_t box[2] = {MW_BK, 128}, elem[2] = {1, 1};
 	const CUtensorMapDataType ty =
 	    std::is_same_v<T, __nv_bfloat16> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-	const CUresult r = encode(map, ty, 2, const_cast<T *>(p.w), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
-	                          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-	                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-	if (r != CUDA_SUCCESS) return di_fail(ctx, DI_ERR_CUDA, "moe: cuTensorMapEncodeTiled failed (%d)", (int)r);
-	return DI_OK;
+	return encode(map, ty, 2, const_cast<T *>(p.w), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+	              CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+	              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 template <typename T, int MODE>
 static int di_moe_wg(di_ctx *ctx, const di_moe_gemm_args<T> &p, size_t pairs) {
-#if MW_WS
-	if (MW_WIDE && di_moe_ws_fits(p, pairs)) {
-		auto kernel = di_moe_ws_k<T, MODE, MW_TMA != 0>;
-		const cudaError_t e = di_moe_big_smem(kernel, MW_WS_SMEM);
-		if (e != cudaSuccess) return di_cuda_fail(ctx, e, "moe: grouped wgmma gemm: cudaFuncSetAttribute");
-		CUtensorMap tw;
-		memset(&tw, 0, sizeof tw);
-		if (MW_TMA && di_moe_weight_map(ctx, &tw, p) != DI_OK) return DI_ERR_CUDA;
-		const dim3 gr = di_moe_wg_grid(pairs, p.num_experts, p.n, p.inter);
-		const int tiles = (int)(gr.x * gr.y), sms = ctx->sm_count > 0 ? ctx->sm_count : 132;
-		kernel<<<min(tiles, sms), MW_WS_THREADS, MW_WS_SMEM, ctx->stream>>>(p, tw, (int)gr.x, tiles);
-		return di_check_launch(ctx, "moe: grouped wgmma gemm");
-	}
-#endif
-	auto kernel = di_moe_wg_k<T, MODE>;
+	CUtensorMap tw;
+	memset(&tw, 0, sizeof tw);
+	auto kernel = MW_TMA && di_moe_weight_map(&tw, p) ? di_moe_wg_k<T, MODE, true> : di_moe_wg_k<T, MODE, false>;
 	const cudaError_t e = di_moe_big_smem(kernel, MW_SMEM);
 	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "moe: grouped wgmma gemm: cudaFuncSetAttribute");
-	kernel<<<di_moe_wg_grid(pairs, p.num_experts, p.n, p.inter), MW_THREADS, MW_SMEM, ctx->stream>>>(p);
+	const dim3 gr = di_moe_wg_grid(pairs, p.num_experts, p.n, p.inter);
+	const int tiles = (int)(gr.x * gr.y), sms = ctx->sm_count > 0 ? ctx->sm_count : 132;
+	kernel<<<min(tiles, sms), MW_THREADS, MW_SMEM, ctx->stream>>>(p, tw, (int)gr.x, tiles);
 	return di_check_launch(ctx, "moe: grouped wgmma gemm");
 }

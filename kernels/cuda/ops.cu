@@ -171,10 +171,9 @@ __global__ void di_rms_norm_k(TO *out, float *residual, const float *x, const fl
 
 // RMS_VIRTUAL is the V of di_rms_norm_k for batches of at least
 // RMS_VIRTUAL_ROWS rows a multiprocessor (fewer threads a row, more rows
-// resident; the same bits), where the held path serves; 1 turns it off
-// (the default until it has run on a GPU: NOTES.md).
+// resident; the same bits), where the held path serves; 1 turns it off.
 #ifndef RMS_VIRTUAL
-#define RMS_VIRTUAL 1
+#define RMS_VIRTUAL 4
 #endif
 #define RMS_VIRTUAL_ROWS 2
 
