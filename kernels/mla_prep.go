@@ -76,8 +76,7 @@ func PrepareMLASteps(ops Ops, a MLAPrep) error {
 // PrepareMLALatent runs the steps after the split, over a.Q, a.CKV and
 // a.KPE as they stand (a.QKVA and a.KVA are not read): RMSNorm of c_kv, RoPE of q (its
 // rope dimensions after NopeDim in each head) and of k_pe, then the cache
-// write (writeMLACacheRows). Models with q_proj and a kv_a bias, whose
-// kv_a rows come from two products, call it directly.
+// write (writeMLACacheRows).
 func PrepareMLALatent(ops Ops, a MLAPrep) error {
 	d := a.MLA
 	if err := ops.RMSNorm(a.CKV, a.CKV, a.KVNorm, a.Eps); err != nil {

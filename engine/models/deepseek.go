@@ -36,15 +36,16 @@ type dsLayer struct {
 // (mlaWeights.qKVA) runs as one product and a column split: it saves two
 // launches (and, on the GPU, two roundings of x) a layer where a step's
 // time is launches, and costs the split's copy where it is bytes (a 4096-
-// row prefill: 120 MB a layer), so larger batches run its three row views.
+// row prefill: 120 MB a layer), so larger batches run its two row views
+// (q_proj, and kv_a, whose split kernels.PrepareMLA does).
 const mlaFusedRows = 256
 
 type mlaWeights struct {
 	// qKVA is q_proj and kv_a_proj_with_mqa fused, [qd + kv_lora_rank +
 	// rope, hidden], where q is not compressed and kv_a has no bias: one
 	// product for all three up to mlaFusedRows rows, whose columns
-	// SplitColumns deals out (qProj, kvALat and kvARope are its row views,
-	// for more rows). nil otherwise.
+	// kernels.PrepareMLA deals out (qProj and kvA are its row views, two
+	// products for more rows). nil otherwise.
 	qKVA                   kernels.Tensor
 	qProj                  kernels.Tensor // without q compression
 	qA, qABias, qANorm, qB kernels.Tensor // with q compression
@@ -54,15 +55,13 @@ type mlaWeights struct {
 	// then contiguous views (qA and kvA are its row views, for more rows).
 	// nil otherwise.
 	qAKVA kernels.Tensor
-	// kvA is kv_a_proj_with_mqa whole, [kv_lora_rank + rope, hidden], with
-	// q compression: one product, whose row kernels.PrepareMLA splits
-	// (MLAPrep.KVA). nil otherwise, where kvALat and kvARope serve.
-	kvA, kvABias         kernels.Tensor
-	kvALat, kvALatBias   kernels.Tensor // rows [0, kv_lora_rank) of kv_a_proj_with_mqa
-	kvARope, kvARopeBias kernels.Tensor // rows [kv_lora_rank, +qk_rope_head_dim)
-	kvANorm              kernels.Tensor
-	kvB                  kernels.Tensor // [heads*(nope+v), kv_lora_rank]
-	o, oBias             kernels.Tensor
+	// kvA is kv_a_proj_with_mqa whole, [kv_lora_rank + rope, hidden] (a
+	// row view of qKVA or qAKVA where those fuse it): one product, whose
+	// row kernels.PrepareMLA splits (MLAPrep.KVA).
+	kvA, kvABias kernels.Tensor
+	kvANorm      kernels.Tensor
+	kvB          kernels.Tensor // [heads*(nope+v), kv_lora_rank]
+	o, oBias     kernels.Tensor
 }
 
 type moeWeights struct {
@@ -182,21 +181,13 @@ func (m *deepseek) loadLayer(l *loader, i int) dsLayer {
 		w.qB = l.linear(a+"q_b_proj.weight", qd, m.qLoraRank)
 	} else if !l.src.Has(a + "kv_a_proj_with_mqa.bias") {
 		w.qKVA = l.fused(h, []string{a + "q_proj.weight", a + "kv_a_proj_with_mqa.weight"}, []int{qd, d.KVLoraRank + d.RopeDim})
-		var kvA kernels.Tensor
-		w.qProj, kvA = m.splitRows(l, w.qKVA, qd)
-		w.kvALat, w.kvARope = m.splitRows(l, kvA, d.KVLoraRank)
+		w.qProj, w.kvA = m.splitRows(l, w.qKVA, qd)
 	} else {
 		w.qProj = l.linear(a+"q_proj.weight", qd, h)
 	}
 	if w.qKVA == nil && w.qAKVA == nil {
-		kvA := l.linear(a+"kv_a_proj_with_mqa.weight", d.KVLoraRank+d.RopeDim, h)
-		kvABias := l.optVector(a+"kv_a_proj_with_mqa.bias", d.KVLoraRank+d.RopeDim)
-		if m.qLoraRank > 0 {
-			w.kvA, w.kvABias = kvA, kvABias
-		} else {
-			w.kvALat, w.kvARope = m.splitRows(l, kvA, d.KVLoraRank)
-			w.kvALatBias, w.kvARopeBias = m.splitRows(l, kvABias, d.KVLoraRank)
-		}
+		w.kvA = l.linear(a+"kv_a_proj_with_mqa.weight", d.KVLoraRank+d.RopeDim, h)
+		w.kvABias = l.optVector(a+"kv_a_proj_with_mqa.bias", d.KVLoraRank+d.RopeDim)
 	}
 	w.kvANorm = l.vector(a+"kv_a_layernorm.weight", d.KVLoraRank)
 	w.kvB = l.linear(a+"kv_b_proj.weight", d.NumHeads*(d.NopeDim+d.VHeadDim), d.KVLoraRank)
@@ -312,7 +303,7 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 	case fused:
 		xw = []kernels.Tensor{w.qKVA}
 	case w.qProj != nil:
-		xw = []kernels.Tensor{w.qProj, w.kvALat, w.kvARope}
+		xw = []kernels.Tensor{w.qProj, w.kvA}
 	default:
 		xw = []kernels.Tensor{w.qA, w.kvA}
 	}
@@ -381,10 +372,10 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 			return err
 		}
 	}
-	switch {
-	case w.kvA != nil:
+	if !fused {
 		// kv_a in one product (or q_a's, above); the split, norm, ropes
-		// and cache write one operation where the backend fuses them.
+		// (q's in place) and cache write one operation where the backend
+		// fuses them.
 		if prep.KVA == nil {
 			kva := s.get("kv_a", t, d.KVLoraRank+d.RopeDim)
 			if s.err != nil {
@@ -396,16 +387,6 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 			prep.KVA = kva
 		}
 		if err := kernels.PrepareMLA(ops, prep); err != nil {
-			return err
-		}
-	case !fused:
-		if err := ops.Linear(ckv, xa, w.kvALat, w.kvALatBias); err != nil {
-			return err
-		}
-		if err := ops.Linear(kpe, xa, w.kvARope, w.kvARopeBias); err != nil {
-			return err
-		}
-		if err := kernels.PrepareMLALatent(ops, prep); err != nil {
 			return err
 		}
 	}

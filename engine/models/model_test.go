@@ -369,7 +369,7 @@ func TestGatedMLPer(t *testing.T) {
 
 // TestDeepSeekFusedQKVA: without q compression the q and kv_a projections
 // load as one weight (mlaWeights.qKVA); up to mlaFusedRows rows a step runs
-// it as one product and a column split, above that its three row views.
+// it as one product and a column split, above that its two row views.
 // Both give the same logits bit for bit on the CPU (each output column is
 // its own dot product), in F32 and BF16 and with the weights quantized to
 // FP8 at load (the views cut the fused weight's blocks at row 48, not a

@@ -188,8 +188,8 @@ extern "C" int di_op_mla_write_cache(di_ctx *ctx, di_dptr cache, int cache_dtype
 // + rope), row t of q_in, row stride q_stride) and kv_a row [c_kv (kvl),
 // k_pe (rope)] (row t of kva, stride kva_stride): the fused projection's
 // row [q c_kv k_pe] read through both, or q_in the output q itself
-// (rotated in place: each value is read and written by one thread), with
-// kv_a from its own product. Block (t, 0)
+// (rotated in place: each rope value is read and written by one thread,
+// the others neither read nor written), with kv_a from its own product. Block (t, 0)
 // normalizes c_kv as di_rms_norm_k's held path does and rotates k_pe, both
 // into shared memory, then writes row slot_mapping[t] of the cache as
 // di_mla_write_k writes it (di_mla_store_row); q[t] gets the row's q with
@@ -230,7 +230,8 @@ __global__ void di_mla_prepare_k(float *q, unsigned char *cache, const float *q_
 		int h0 = 0, h1 = num_heads;
 		if (qblocks > 0) h0 = (blockIdx.y - 1) * num_heads / qblocks, h1 = blockIdx.y * num_heads / qblocks;
 		float *qo = q + (size_t)t * qd;
-		for (int i = h0 * hs + tid; i < h1 * hs; i += nt) {
+		// In place, the values not rotated are where they belong already.
+		for (int i = h0 * hs + tid; row != qo && i < h1 * hs; i += nt) {
 			const int d = i % hs;
 			if (d < nope || !ok) qo[i] = row[i];
 		}

@@ -281,21 +281,36 @@ template <typename T> __global__ void di_moe_act_k(T *act, T *act_lo, const floa
 
 // combine: out[t] = sum_k w[t,k] ye[row_of[t*top_k+k]], in k order (a
 // fused multiply-add per k, from zero; a pair with row_of -1, an expert id
-// out of range reported by the check word, is left out). Block (t, y) does
-// token t's columns 4 (128 y + thread) .. + 3 (one float4 of ye per pair:
-// VEC, where hidden is a multiple of 4 and out and ye are 16-byte aligned)
-// or column 128 y + thread, with the token's rows and weights staged in
-// shared memory first, so that a thread's top_k loads are independent and
-// in flight together. The kernel it replaced (one block a token, each
-// thread walking its columns with row_of and w reloaded for every column)
-// took 13.6 us at one token of V2-Lite (2048 columns, top 6) and 14.8 at 64,
-// bound by chains of dependent loads. Top_k above MOE_COMBINE_MAX_K takes
-// the rows from global memory.
+// out of range reported by the check word, is left out). ye's rows are
+// float32, or 16-bit (Y = T: the wgmma GEMM's down projection in GEMM mode
+// round, MW_Y16), widened exactly. Block (t, y) does token t's columns
+// 4 (128 y + thread) .. + 3 (four of ye's values a pair: VEC, where hidden
+// is a multiple of 4 and out and ye are 16-byte aligned) or column 128 y +
+// thread, with the token's rows and weights staged in shared memory first,
+// so that a thread's top_k loads are independent and in flight together.
+// The kernel it replaced (one block a token, each thread walking its
+// columns with row_of and w reloaded for every column) took 13.6 us at one
+// token of V2-Lite (2048 columns, top 6) and 14.8 at 64, bound by chains of
+// dependent loads. Top_k above MOE_COMBINE_MAX_K takes the rows from global
+// memory.
 #define MOE_COMBINE_THREADS 128
 #define MOE_COMBINE_MAX_K 64
-template <bool VEC>
+
+// di_load4 widens ye's four values at column 4 j of row (16-byte aligned
+// float32 rows, 8-byte aligned 16-bit ones).
+__device__ __forceinline__ float4 di_load4(const float *row, int j) {
+	return __ldg(reinterpret_cast<const float4 *>(row) + j);
+}
+template <typename Y> __device__ __forceinline__ float4 di_load4(const Y *row, int j) {
+	const uint2 u = __ldg(reinterpret_cast<const uint2 *>(row) + j);
+	Y v[4];
+	memcpy(v, &u, sizeof u);
+	return make_float4(di_to_f32(v[0]), di_to_f32(v[1]), di_to_f32(v[2]), di_to_f32(v[3]));
+}
+
+template <typename Y, bool VEC>
 static __global__ void __launch_bounds__(MOE_COMBINE_THREADS)
-    di_moe_combine_k(float *out, const float *ye, const int *row_of, const float *w, const float *add, int top_k,
+    di_moe_combine_k(float *out, const Y *ye, const int *row_of, const float *w, const float *add, int top_k,
                      int hidden) {
 	__shared__ int rs[MOE_COMBINE_MAX_K];
 	__shared__ float ws[MOE_COMBINE_MAX_K];
@@ -309,7 +324,7 @@ static __global__ void __launch_bounds__(MOE_COMBINE_THREADS)
 		}
 		__syncthreads();
 	}
-	const int j = blockIdx.y * MOE_COMBINE_THREADS + threadIdx.x; // float4 (VEC) or float index
+	const int j = blockIdx.y * MOE_COMBINE_THREADS + threadIdx.x; // index of 4 values (VEC) or one
 	if (VEC) {
 		if (4 * j >= hidden) return;
 		float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -318,7 +333,7 @@ static __global__ void __launch_bounds__(MOE_COMBINE_THREADS)
 			const int r = staged ? rs[k] : row_of[(size_t)t * top_k + k];
 			if (r < 0) continue;
 			const float wk = staged ? ws[k] : w[(size_t)t * top_k + k];
-			const float4 v = __ldg(reinterpret_cast<const float4 *>(ye + (size_t)r * hidden) + j);
+			const float4 v = di_load4(ye + (size_t)r * hidden, j);
 			a.x = fmaf(wk, v.x, a.x);
 			a.y = fmaf(wk, v.y, a.y);
 			a.z = fmaf(wk, v.z, a.z);
@@ -340,15 +355,16 @@ static __global__ void __launch_bounds__(MOE_COMBINE_THREADS)
 			const int r = staged ? rs[k] : row_of[(size_t)t * top_k + k];
 			if (r < 0) continue;
 			const float wk = staged ? ws[k] : w[(size_t)t * top_k + k];
-			a = fmaf(wk, __ldg(ye + (size_t)r * hidden + j), a);
+			a = fmaf(wk, di_to_f32(ye[(size_t)r * hidden + j]), a);
 		}
 		if (add) a = __fadd_rn(a, __ldg(add + (size_t)t * hidden + j));
 		out[(size_t)t * hidden + j] = a;
 	}
 }
 
-int di_moe_combine(di_ctx *ctx, float *out, const float *ye, const int *row_of, const float *w, int num_tokens,
-                   int top_k, int hidden, const char *op) {
+template <typename Y>
+static int di_moe_combine_rows(di_ctx *ctx, float *out, const Y *ye, const int *row_of, const float *w,
+                               int num_tokens, int top_k, int hidden, const char *op) {
 	// moe_set_add's addend: its rows line up with the rows of the out it
 	// was set for (a call over a range of rows passes out at that range).
 	const float *add = nullptr;
@@ -360,12 +376,17 @@ int di_moe_combine(di_ctx *ctx, float *out, const float *ye, const int *row_of, 
 	const int cols = vec ? hidden / 4 : hidden;
 	const dim3 grid((unsigned)num_tokens, (unsigned)((cols + MOE_COMBINE_THREADS - 1) / MOE_COMBINE_THREADS));
 	if (vec)
-		di_launch(ctx, di_moe_combine_k<true>, grid, dim3(MOE_COMBINE_THREADS), 0, out, ye, row_of, w, add, top_k,
+		di_launch(ctx, di_moe_combine_k<Y, true>, grid, dim3(MOE_COMBINE_THREADS), 0, out, ye, row_of, w, add, top_k,
 		          hidden);
 	else
-		di_launch(ctx, di_moe_combine_k<false>, grid, dim3(MOE_COMBINE_THREADS), 0, out, ye, row_of, w, add, top_k,
+		di_launch(ctx, di_moe_combine_k<Y, false>, grid, dim3(MOE_COMBINE_THREADS), 0, out, ye, row_of, w, add, top_k,
 		          hidden);
 	return di_check_launch(ctx, op);
+}
+
+int di_moe_combine(di_ctx *ctx, float *out, const float *ye, const int *row_of, const float *w, int num_tokens,
+                   int top_k, int hidden, const char *op) {
+	return di_moe_combine_rows(ctx, out, ye, row_of, w, num_tokens, top_k, hidden, op);
 }
 
 extern "C" int di_op_moe_set_add(di_ctx *ctx, di_dptr out, di_dptr add) {
@@ -1330,7 +1351,7 @@ static int moe_gemv(di_ctx *ctx, float *out, const X *x, const X *xlo, const int
 #endif
 #define MG_THREADS 256
 #define MG_SMEM ((size_t)MG_STAGES * (MG_BM + MG_BN) * MG_BK * 2 + (size_t)MG_THREADS * 64 * sizeof(float))
-enum { MG_STORE = 0, MG_ADD = 1, MG_ACT = 2, MG_ADD_ACT = 3 };
+enum { MG_STORE = 0, MG_ADD = 1, MG_ACT = 2, MG_ADD_ACT = 3, MG_STORE16 = 4 }; // MG_STORE16: di_moe_wg_k only
 
 // di_moe_gemm_args is one projection: w [num_experts, n, k] of T; grouped
 // row r's input is x[order[r] / div] (order set) or x[r], k elements of T;
@@ -1565,21 +1586,27 @@ static int di_moe_gemm_any(di_ctx *ctx, const di_moe_gemm_args<T> &p, size_t pai
 // moe_gemm_mlp is moe_mlp's 16-bit path on di_moe_gemm_k (on di_moe_wg_k
 // by default, ctx->moe_wg, where di_moe_wg_ok): xh (and xl) are
 // x rounded to T; in GEMM mode round two launches (gate/up with the
-// SiLU-mul fused into ah, then down into yh); in split mode gate/up's hi
-// and lo passes through gh (float32 [pairs, 2 inter]) into ah and al, and
-// down's into yh.
+// SiLU-mul fused into ah, then down into yh: rows of T on di_moe_wg_k with
+// MW_Y16, *y16 then set, else float32); in split mode gate/up's hi and lo
+// passes through gh (float32 [pairs, 2 inter]) into ah and al, and down's
+// into yh.
 template <typename T>
 static int moe_gemm_mlp(di_ctx *ctx, float *gh, T *ah, T *al, float *yh, const T *xh, const T *xl, const int *order,
                         const int *offsets, const T *gate_up, const T *down, size_t pairs, int top_k, int hidden,
-                        int inter, int num_experts) {
+                        int inter, int num_experts, bool *y16) {
 	di_moe_gemm_args<T> gu{gate_up, xh, order, top_k, offsets, num_experts, 2 * inter, hidden, inter, gh, ah, nullptr};
 	di_moe_gemm_args<T> dn{down, ah, nullptr, 1, offsets, num_experts, hidden, inter, 0, yh, nullptr, nullptr};
 	const bool wg = ctx->moe_wg && di_moe_wg_ok(pairs, hidden, inter);
 	int r;
 	if (!xl) {
 		r = di_moe_gemm_any<T, MG_ACT>(ctx, gu, pairs, wg);
-		if (r == DI_OK) r = di_moe_gemm_any<T, MG_STORE>(ctx, dn, pairs, wg);
-		return r;
+		if (r != DI_OK) return r;
+		if (wg && MW_Y16) {
+			dn.y = nullptr, dn.act = (T *)yh;
+			*y16 = true;
+			return di_moe_wg<T, MG_STORE16>(ctx, dn, pairs);
+		}
+		return di_moe_gemm_any<T, MG_STORE>(ctx, dn, pairs, wg);
 	}
 	r = di_moe_gemm_any<T, MG_STORE>(ctx, gu, pairs, wg);
 	gu.x = xl, gu.act_lo = al;
@@ -1595,11 +1622,12 @@ static int moe_gemm_mlp(di_ctx *ctx, float *gh, T *ah, T *al, float *yh, const T
 // go to the GEMVs rounded to T once (hi and lo in split mode), or as float32
 // for float32 weights. gemm (16-bit weights, di_moe_gemm_ok, no gx) runs
 // both projections on a grouped GEMM instead (moe_gemm_mlp: wgmma, or the
-// mma.sync one with di_moe_mma_k's bits).
+// mma.sync one with di_moe_mma_k's bits; *y16 set where yh then holds rows
+// of T).
 template <typename T>
 static int moe_mlp(di_ctx *ctx, float *gh, void *act, float *yh, const float *x, void *xr, const int *order,
                    const int *offsets, const void *gate_up, const void *down, int num_tokens, int pairs, int top_k,
-                   int hidden, int inter, int num_experts, const di_moe_gptoss *gx, bool gemm) {
+                   int hidden, int inter, int num_experts, const di_moe_gptoss *gx, bool gemm, bool *y16) {
 	if constexpr (std::is_same_v<T, float>) {
 		int r = moe_gemv<T, float>(ctx, gh, x, nullptr, order, top_k, gate_up, offsets, num_experts, pairs, 2 * inter,
 		                           hidden);
@@ -1622,7 +1650,7 @@ static int moe_mlp(di_ctx *ctx, float *gh, void *act, float *yh, const float *x,
 		int r = di_check_launch(ctx, "moe: round");
 		if (r == DI_OK && gemm && !gx)
 			return moe_gemm_mlp<T>(ctx, gh, ah, al, yh, xh, xl, order, offsets, (const T *)gate_up, (const T *)down,
-			                       (size_t)pairs, top_k, hidden, inter, num_experts);
+			                       (size_t)pairs, top_k, hidden, inter, num_experts, y16);
 		if (r == DI_OK)
 			r = moe_gemv<T, T>(ctx, gh, xh, xl, order, top_k, gate_up, offsets, num_experts, pairs, 2 * inter,
 			                   hidden);
@@ -2166,10 +2194,14 @@ static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr 
 			                      top_k, hidden, "moe: combine");
 		}
 		DI_DISPATCH_WEIGHT(w_dtype, T, {
+			bool y16 = false;
 			const int r = moe_mlp<T>(ctx, gh, act, yh, DI_PTR(const float, x), xr, order, offsets,
 			                         (const void *)gate_up, (const void *)down, num_tokens, pairs, top_k, hidden,
-			                         inter, num_experts, gx, gemm);
+			                         inter, num_experts, gx, gemm, &y16);
 			if (r != DI_OK) return r;
+			if (y16)
+				return di_moe_combine_rows(ctx, DI_PTR(float, out), (const T *)(const void *)yh, row_of,
+				                           DI_PTR(const float, weights), num_tokens, top_k, hidden, "moe: combine");
 		});
 		if (gx) {
 			di_moe_down_bias_k<<<di_grid((size_t)pairs * hidden, 256), 256, 0, ctx->stream>>>(yh, order, pairs, hidden,
