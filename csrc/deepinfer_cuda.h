@@ -511,8 +511,11 @@ typedef struct di_api {
 	/* moe: groups on the device and never waits for the host up to 1024
 	 * pairs, while capturing, and for 16-bit experts (hidden and inter
 	 * multiples of 32) unless di_options.moe_gemm_pairs is negative;
-	 * otherwise waits for the routing ids (one small device-to-host copy). */
-	int (*moe)(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
+	 * otherwise waits for the routing ids (one small device-to-host copy).
+	 * x is F32, or (GEMM mode round) of the experts' 16-bit dtype: x
+	 * rounded already, with the bits of its float32 values (every path
+	 * rounds x so in that mode). */
+	int (*moe)(di_ctx *ctx, di_dptr out, di_dptr x, int x_dtype, di_dptr ids, di_dptr weights, di_dptr gate_up,
 	           di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter,
 	           int num_experts);
 	int (*resolve_placeholders)(di_ctx *ctx, di_dptr ids, di_dptr from_row, di_dptr sampled,

@@ -228,7 +228,7 @@ int di_op_mla_attention(di_ctx *ctx, di_dptr out, di_dptr q, di_dptr cache, di_d
 int di_op_moe_route(di_ctx *ctx, di_dptr ids, di_dptr weights, di_dptr logits, di_dptr bias,
                     int num_tokens, int num_experts, int top_k, int scoring, int method,
                     int num_groups, int topk_groups, int norm_topk_prob, float scaling_factor);
-int di_op_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
+int di_op_moe(di_ctx *ctx, di_dptr out, di_dptr x, int x_dtype, di_dptr ids, di_dptr weights, di_dptr gate_up,
               di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter,
               int num_experts);
 int di_op_resolve_placeholders(di_ctx *ctx, di_dptr ids, di_dptr from_row, di_dptr sampled,

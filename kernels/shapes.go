@@ -154,9 +154,23 @@ type MoEDims struct {
 // MoEShapes checks MoE's arguments: x and out F32 [t, hidden], gateUp
 // [experts, 2*inter, hidden] in a float dtype and down [experts, hidden,
 // inter] in gateUp's, ids I32 and weights F32 [t, top_k].
-func MoEShapes(backend string, out, x, ids, weights, gateUp, down Tensor) (d MoEDims, err error) {
+func MoEShapes(backend string, out, x, ids, weights, gateUp, down Tensor) (MoEDims, error) {
+	return moeShapes(backend, out, x, ids, weights, gateUp, down, F32)
+}
+
+// MoERoundedShapes is MoEShapes for a backend whose MoE also takes x
+// rounded already to its 16-bit experts' dtype (see LinearInputer): x F32,
+// or BF16 or F16 where gateUp is of that dtype.
+func MoERoundedShapes(backend string, out, x, ids, weights, gateUp, down Tensor) (MoEDims, error) {
+	if dt := x.DType(); (dt == BF16 || dt == F16) && gateUp.DType() == dt {
+		return moeShapes(backend, out, x, ids, weights, gateUp, down, dt)
+	}
+	return MoEShapes(backend, out, x, ids, weights, gateUp, down)
+}
+
+func moeShapes(backend string, out, x, ids, weights, gateUp, down Tensor, xType DType) (d MoEDims, err error) {
 	const op = "moe"
-	if err = CheckShape(backend, op, "x", x, []int{-1, -1}, F32); err != nil {
+	if err = CheckShape(backend, op, "x", x, []int{-1, -1}, xType); err != nil {
 		return
 	}
 	d.T, d.Hidden = x.Shape()[0], x.Shape()[1]

@@ -308,7 +308,15 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 		xw = []kernels.Tensor{w.qA, w.kvA}
 	}
 	xa := s.getTyped("x_attn", s.linearInputDType(t, xw...), t, m.cfg.HiddenSize)
-	x := s.get("x", t, m.cfg.HiddenSize)
+	// The MLP's input norm writes x, read only by the MLP's (or MoE's)
+	// input projections: rounded by the norm where those would round it.
+	mw := []kernels.Tensor{}
+	if ly.dense != nil {
+		mw = append(mw, ly.dense.gateUp)
+	} else {
+		mw = ly.moe.inputs()
+	}
+	x := s.getTyped("x", s.linearInputDType(t, mw...), t, m.cfg.HiddenSize)
 	q := s.get("q", t, d.NumHeads*(d.NopeDim+d.RopeDim))
 	ckv, kpe := s.get("c_kv", t, d.KVLoraRank), s.get("k_pe", t, d.RopeDim)
 	attn := s.get("attn", t, d.NumHeads*d.VHeadDim)

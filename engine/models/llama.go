@@ -366,10 +366,10 @@ func (m *llama) layer(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid,
 	// x is the norms' output, read only by the q/k/v and MLP projections:
 	// rounded by the norms where those projections would round it.
 	xw := []kernels.Tensor{ly.qkv}
-	if ly.mlp.gateUp != nil {
-		xw = append(xw, ly.mlp.gateUp)
+	if ly.moe != nil {
+		xw = append(xw, ly.moe.inputs()...)
 	} else {
-		xw = nil // the MoE kernels take x in float32
+		xw = append(xw, ly.mlp.gateUp)
 	}
 	x := s.getTyped("x", s.linearInputDType(t, xw...), t, m.cfg.HiddenSize)
 	qkv := s.get("qkv", t, qd+2*kvd)

@@ -43,6 +43,18 @@ func loadSparseMoE(l *loader, p string, e, h, inter int) *moeWeights {
 	return mw
 }
 
+// inputs are the weights that read a MoE layer's input x (the router, the
+// experts' gate/up, the shared experts' gate/up), for linearInputDType:
+// x may come rounded to their 16-bit type where all of them would round it
+// (the backend's MoE takes such an x, kernels.MoERoundedShapes).
+func (w *moeWeights) inputs() []kernels.Tensor {
+	ws := []kernels.Tensor{w.router, w.gateUp}
+	if w.shared != nil {
+		ws = append(ws, w.shared.gateUp)
+	}
+	return ws
+}
+
 // moeForward writes the routed experts (plus the shared ones, when w has
 // them) of x into out.
 func moeForward(ops kernels.Ops, w *moeWeights, route kernels.RouteParams, numExperts int, s *scratch, out, x kernels.Tensor) error {

@@ -112,9 +112,9 @@ static inline int c_moe_route(di_api *a, di_ctx *c, di_dptr ids, di_dptr w, di_d
                        int method, int ng, int tg, int norm, float scaling) {
 	return a->moe_route(c, ids, w, lg, bias, t, e, k, sc, method, ng, tg, norm, scaling);
 }
-static inline int c_moe(di_api *a, di_ctx *c, di_dptr out, di_dptr x, di_dptr ids, di_dptr w, di_dptr gu, di_dptr dn, int dt, int t,
-                 int k, int hidden, int inter, int e) {
-	return a->moe(c, out, x, ids, w, gu, dn, dt, t, k, hidden, inter, e);
+static inline int c_moe(di_api *a, di_ctx *c, di_dptr out, di_dptr x, int xdt, di_dptr ids, di_dptr w, di_dptr gu, di_dptr dn,
+                 int dt, int t, int k, int hidden, int inter, int e) {
+	return a->moe(c, out, x, xdt, ids, w, gu, dn, dt, t, k, hidden, inter, e);
 }
 static inline int c_moe_set_add(di_api *a, di_ctx *c, di_dptr out, di_dptr add) { return a->moe_set_add(c, out, add); }
 static inline int c_embed_norm_concat(di_api *a, di_ctx *c, di_dptr out, di_dptr table, int dt, di_dptr ids, di_dptr en, di_dptr x,

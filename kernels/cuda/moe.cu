@@ -252,12 +252,16 @@ template <typename T> __device__ __forceinline__ void di_to_gemm(T *hi, T *lo, s
 	if (lo) lo[i] = di_from_f32<T>(v - di_to_f32(h));
 }
 
-// gather: xe[r] = x[pair[r] / top_k] in the GEMM dtype.
-template <typename T>
-__global__ void di_moe_gather_k(T *xe, T *xe_lo, const float *x, const int *pairs, int top_k, int hidden) {
+// gather: xe[r] = x[pair[r] / top_k] in the GEMM dtype (x float32, or
+// X = T: x rounded already, copied).
+template <typename T, typename X>
+__global__ void di_moe_gather_k(T *xe, T *xe_lo, const X *x, const int *pairs, int top_k, int hidden) {
 	const int r = blockIdx.x;
-	const float *src = x + (size_t)(pairs[r] / top_k) * hidden;
-	for (int j = threadIdx.x; j < hidden; j += blockDim.x) di_to_gemm(xe, xe_lo, (size_t)r * hidden + j, src[j]);
+	const X *src = x + (size_t)(pairs[r] / top_k) * hidden;
+	for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
+		if constexpr (std::is_same_v<X, T>) xe[(size_t)r * hidden + j] = src[j];
+		else di_to_gemm(xe, xe_lo, (size_t)r * hidden + j, src[j]);
+	}
 }
 
 // di_moe_silu_mul is silu(gate) * up: the silu in float64, rounded to
@@ -417,8 +421,8 @@ static int di_expert_gemms(di_ctx *ctx, float *out, const T *in, const T *w, int
 	return DI_OK;
 }
 
-static int moe_host(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up, di_dptr down,
-                    int w_dtype, int num_tokens, int top_k, int hidden, int inter, int num_experts) {
+static int moe_host(di_ctx *ctx, di_dptr out, di_dptr x, bool x16, di_dptr ids, di_dptr weights, di_dptr gate_up,
+                    di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter, int num_experts) {
 	const int pairs = num_tokens * top_k;
 	std::vector<int> host_ids(pairs);
 	cudaError_t e = cudaMemcpyAsync(host_ids.data(), DI_PTR(const int, ids), pairs * sizeof(int),
@@ -466,7 +470,11 @@ static int moe_host(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr we
 			float *gh = (float *)g, *gl = gh + (size_t)pairs * 2 * inter;
 			float *yh = (float *)ye, *yl = yh + (size_t)pairs * hidden;
 			const T *wg = DI_PTR(const T, gate_up), *wd = DI_PTR(const T, down);
-			di_moe_gather_k<T><<<pairs, 256, 0, ctx->stream>>>(xh, xl, DI_PTR(const float, x), order, top_k, hidden);
+			if (x16)
+				di_moe_gather_k<T, T><<<pairs, 256, 0, ctx->stream>>>(xh, xl, DI_PTR(const T, x), order, top_k, hidden);
+			else
+				di_moe_gather_k<T, float>
+				    <<<pairs, 256, 0, ctx->stream>>>(xh, xl, DI_PTR(const float, x), order, top_k, hidden);
 			int r = di_check_launch(ctx, "moe: gather");
 			if (r == DI_OK) r = di_expert_gemms(ctx, gh, xh, wg, w_dtype, count, num_experts, 2 * inter, hidden);
 			if (r == DI_OK && split) r = di_expert_gemms(ctx, gl, xl, wg, w_dtype, count, num_experts, 2 * inter, hidden);
@@ -1179,10 +1187,11 @@ static int moe_dec_project(di_ctx *ctx, const di_moe_dec_args<T> &p, int slots, 
 	return di_check_launch(ctx, PAIRED ? "moe: gate_up" : "moe: down");
 }
 
-// moe_dec_prep groups the pairs and rounds x (nx floats) to T into xh (and
-// xl in split mode): one di_moe_prep_k where one block groups them
-// (di_moe_group_one), else di_moe_group and di_moe_round_k. route (ids
-// set: di_moe_route_fuses said yes) is routed in the same launch.
+// moe_dec_prep groups the pairs and rounds x (nx floats; 0 where xh is x
+// rounded already) to T into xh (and xl in split mode): one di_moe_prep_k
+// where one block groups them (di_moe_group_one), else di_moe_group and
+// di_moe_round_k. route (ids set: di_moe_route_fuses said yes) is routed in
+// the same launch.
 template <typename T>
 static int moe_dec_prep(di_ctx *ctx, int *offsets, int *order, int *row_of, const int *ids, int pairs,
                         int num_experts, T *xh, T *xl, const float *x, size_t nx, const di_moe_route_args &route) {
@@ -1190,7 +1199,7 @@ static int moe_dec_prep(di_ctx *ctx, int *offsets, int *order, int *row_of, cons
 		size_t shared = di_moe_group_smem((size_t)pairs, num_experts);
 		if (route.ids && route.num_tokens * di_route_smem(route.e) > shared)
 			shared = route.num_tokens * di_route_smem(route.e);
-		unsigned blocks = di_grid(nx, 256);
+		unsigned blocks = nx ? di_grid(nx, 256) : 0;
 		if (blocks > 1024) blocks = 1024;
 		di_launch(ctx, di_moe_prep_k<T>, dim3(1 + blocks), dim3(256), shared, offsets, order, row_of, ids, pairs,
 		          num_experts, ctx->check, xh, xl, x, nx, route);
@@ -1198,7 +1207,7 @@ static int moe_dec_prep(di_ctx *ctx, int *offsets, int *order, int *row_of, cons
 	}
 	if (route.ids) return di_fail(ctx, DI_ERR_INVALID, "moe: a fused routing needs the one-block grouping");
 	int r = di_moe_group(ctx, offsets, order, row_of, ids, pairs, num_experts, "moe: group");
-	if (r != DI_OK) return r;
+	if (r != DI_OK || nx == 0) return r;
 	di_moe_round_k<T><<<di_grid(nx, 256), 256, 0, ctx->stream>>>(xh, xl, x, nx);
 	return di_check_launch(ctx, "moe: round");
 }
@@ -1206,18 +1215,20 @@ static int moe_dec_prep(di_ctx *ctx, int *offsets, int *order, int *row_of, cons
 // moe_dec runs the decode path after nothing (see above): prep, gate/up
 // with the SiLU-mul into act (T hi [pairs, inter], then lo in split mode),
 // down into yh [pairs, hidden]; the caller combines. xr holds x rounded
-// (hi, then lo: num_tokens * hidden each).
+// (hi, then lo: num_tokens * hidden each; rounded set: xr is x, rounded
+// to T already, and x is not read).
 template <typename T>
-static int moe_dec(di_ctx *ctx, void *act, float *yh, void *xr, const float *x, const int *ids, int *offsets,
-                   int *order, int *row_of, const void *gate_up, const void *down, int num_tokens, int pairs,
-                   int top_k, int hidden, int inter, int num_experts, const di_moe_route_args &route) {
+static int moe_dec(di_ctx *ctx, void *act, float *yh, void *xr, const float *x, bool rounded, const int *ids,
+                   int *offsets, int *order, int *row_of, const void *gate_up, const void *down, int num_tokens,
+                   int pairs, int top_k, int hidden, int inter, int num_experts, const di_moe_route_args &route) {
 	if constexpr (std::is_same_v<T, float>) {
 		return di_fail(ctx, DI_ERR_UNSUPPORTED, "moe: the decode path takes 16-bit experts");
 	} else {
 		const bool split = ctx->gemm_mode == DI_GEMM_SPLIT;
 		const size_t nx = (size_t)num_tokens * hidden, na = (size_t)pairs * inter;
 		T *xh = (T *)xr, *xl = split ? xh + nx : nullptr, *ah = (T *)act, *al = split ? ah + na : nullptr;
-		int r = moe_dec_prep<T>(ctx, offsets, order, row_of, ids, pairs, num_experts, xh, xl, x, nx, route);
+		int r = moe_dec_prep<T>(ctx, offsets, order, row_of, ids, pairs, num_experts, xh, xl, x, rounded ? 0 : nx,
+		                        route);
 		if (r != DI_OK) return r;
 		const int slots = num_experts < pairs ? num_experts : pairs;
 		const di_moe_dec_args<T> gu{(const T *)gate_up, xh, xl, order, top_k, offsets, num_experts, 2 * inter, hidden,
@@ -1623,11 +1634,12 @@ static int moe_gemm_mlp(di_ctx *ctx, float *gh, T *ah, T *al, float *yh, const T
 // for float32 weights. gemm (16-bit weights, di_moe_gemm_ok, no gx) runs
 // both projections on a grouped GEMM instead (moe_gemm_mlp: wgmma, or the
 // mma.sync one with di_moe_mma_k's bits; *y16 set where yh then holds rows
-// of T).
+// of T). rounded: xr is x rounded to T already (x not read).
 template <typename T>
-static int moe_mlp(di_ctx *ctx, float *gh, void *act, float *yh, const float *x, void *xr, const int *order,
-                   const int *offsets, const void *gate_up, const void *down, int num_tokens, int pairs, int top_k,
-                   int hidden, int inter, int num_experts, const di_moe_gptoss *gx, bool gemm, bool *y16) {
+static int moe_mlp(di_ctx *ctx, float *gh, void *act, float *yh, const float *x, void *xr, bool rounded,
+                   const int *order, const int *offsets, const void *gate_up, const void *down, int num_tokens,
+                   int pairs, int top_k, int hidden, int inter, int num_experts, const di_moe_gptoss *gx, bool gemm,
+                   bool *y16) {
 	if constexpr (std::is_same_v<T, float>) {
 		int r = moe_gemv<T, float>(ctx, gh, x, nullptr, order, top_k, gate_up, offsets, num_experts, pairs, 2 * inter,
 		                           hidden);
@@ -1646,8 +1658,11 @@ static int moe_mlp(di_ctx *ctx, float *gh, void *act, float *yh, const float *x,
 		const bool split = ctx->gemm_mode == DI_GEMM_SPLIT;
 		const size_t nx = (size_t)num_tokens * hidden, na = (size_t)pairs * inter;
 		T *xh = (T *)xr, *xl = split ? xh + nx : nullptr, *ah = (T *)act, *al = split ? ah + na : nullptr;
-		di_moe_round_k<T><<<di_grid(nx, 256), 256, 0, ctx->stream>>>(xh, xl, x, nx);
-		int r = di_check_launch(ctx, "moe: round");
+		int r = DI_OK;
+		if (!rounded) {
+			di_moe_round_k<T><<<di_grid(nx, 256), 256, 0, ctx->stream>>>(xh, xl, x, nx);
+			r = di_check_launch(ctx, "moe: round");
+		}
 		if (r == DI_OK && gemm && !gx)
 			return moe_gemm_mlp<T>(ctx, gh, ah, al, yh, xh, xl, order, offsets, (const T *)gate_up, (const T *)down,
 			                       (size_t)pairs, top_k, hidden, inter, num_experts, y16);
@@ -2138,8 +2153,9 @@ static int moe_mx_mlp(di_ctx *ctx, void *act, float *yh, const float *x, void *x
 // moe_device is the MoE without the host: the grouping on the device, then
 // the grouped projections (gemm: di_moe_gemm_k for 16-bit weights, see
 // moe_mlp; dec: the decode path of 16-bit weights, moe_dec; else
-// di_moe_mma_k or di_moe_gemv_k), the combine.
-static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
+// di_moe_mma_k or di_moe_gemv_k), the combine. x16: x is of the experts'
+// 16-bit type, rounded already (di_op_moe's check), and no rounding runs.
+static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, bool x16, di_dptr ids, di_dptr weights, di_dptr gate_up,
                       di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter, int num_experts,
                       const di_moe_gptoss *gx = nullptr, const di_moe_mx *mx = nullptr, bool gemm = false,
                       const di_moe_route_args *route = nullptr) {
@@ -2169,8 +2185,10 @@ static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr 
 	// Activations: float32, or 16-bit hi (and lo) parts in the same bytes.
 	if (rc == DI_OK) rc = di_scratch(ctx, (size_t)pairs * inter * sizeof(float), &act);
 	if (rc == DI_OK) rc = di_scratch(ctx, (size_t)pairs * hidden * sizeof(float), &ye);
-	// x rounded for 16-bit weights: hi (and lo) parts, at most float32's bytes.
-	if (rc == DI_OK && w_dtype != DI_F32) rc = di_scratch(ctx, (size_t)num_tokens * hidden * sizeof(float), &xr);
+	// x rounded for 16-bit weights: hi (and lo) parts, at most float32's bytes (x itself where x16).
+	if (rc == DI_OK && w_dtype != DI_F32 && !x16)
+		rc = di_scratch(ctx, (size_t)num_tokens * hidden * sizeof(float), &xr);
+	if (x16) xr = DI_PTR(void, x);
 	int *offsets = (int *)d_index, *order = offsets + num_experts + 1, *row_of = order + pairs;
 	if (rc == DI_OK && !dec)
 		rc = di_moe_group(ctx, offsets, order, row_of, DI_PTR(const int, ids), pairs, num_experts, "moe: group");
@@ -2178,7 +2196,7 @@ static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr 
 		float *gh = (float *)g, *yh = (float *)ye;
 		if (dec) {
 			DI_DISPATCH_WEIGHT(w_dtype, T, {
-				const int r = moe_dec<T>(ctx, act, yh, xr, DI_PTR(const float, x), DI_PTR(const int, ids), offsets,
+				const int r = moe_dec<T>(ctx, act, yh, xr, DI_PTR(const float, x), x16, DI_PTR(const int, ids), offsets,
 				                         order, row_of, (const void *)gate_up, (const void *)down, num_tokens, pairs,
 				                         top_k, hidden, inter, num_experts, fused);
 				if (r != DI_OK) return r;
@@ -2195,7 +2213,7 @@ static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr 
 		}
 		DI_DISPATCH_WEIGHT(w_dtype, T, {
 			bool y16 = false;
-			const int r = moe_mlp<T>(ctx, gh, act, yh, DI_PTR(const float, x), xr, order, offsets,
+			const int r = moe_mlp<T>(ctx, gh, act, yh, DI_PTR(const float, x), xr, x16, order, offsets,
 			                         (const void *)gate_up, (const void *)down, num_tokens, pairs, top_k, hidden,
 			                         inter, num_experts, gx, gemm, &y16);
 			if (r != DI_OK) return r;
@@ -2213,7 +2231,7 @@ static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr 
 		                      hidden, "moe: combine");
 	};
 	if (rc == DI_OK) rc = run();
-	if (xr) di_scratch_free(ctx, xr);
+	if (xr && !x16) di_scratch_free(ctx, xr);
 	di_scratch_free(ctx, ye);
 	di_scratch_free(ctx, act);
 	if (g) di_scratch_free(ctx, g);
@@ -2221,9 +2239,16 @@ static int moe_device(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr 
 	return rc;
 }
 
-extern "C" int di_op_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dptr weights, di_dptr gate_up,
-                         di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter,
+extern "C" int di_op_moe(di_ctx *ctx, di_dptr out, di_dptr x, int x_dtype, di_dptr ids, di_dptr weights,
+                         di_dptr gate_up, di_dptr down, int w_dtype, int num_tokens, int top_k, int hidden, int inter,
                          int num_experts) {
+	// x of the experts' 16-bit type: rounded already, as GEMM mode round
+	// rounds a float32 x on every path (the same bits, one pass fewer).
+	const bool x16 = x_dtype != DI_F32;
+	if (x16 && (x_dtype != w_dtype || (w_dtype != DI_BF16 && w_dtype != DI_F16) || ctx->gemm_mode != DI_GEMM_ROUND))
+		return di_fail(ctx, DI_ERR_INVALID,
+		               "moe: x of dtype %d takes experts of that 16-bit dtype (they are %d) in GEMM mode round", x_dtype,
+		               w_dtype);
 	// moe_set_route's routing: this call's ids and weights, run here.
 	const di_moe_route_args *route = nullptr;
 	if (ctx->moe_route_set && !ctx->moe_route_used) {
@@ -2252,7 +2277,7 @@ extern "C" int di_op_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dp
 	    shape_ok && ctx->moe_gemm_pairs > 0 && di_moe_gemm_ok(w_dtype, pairs, num_experts, hidden, inter);
 	const bool gemm = device16 && pairs >= (size_t)ctx->moe_gemm_pairs;
 	if (shape_ok && (device16 || capturing || pairs <= MOE_DEVICE_MAX_PAIRS))
-		return moe_device(ctx, out, x, ids, weights, gate_up, down, w_dtype, num_tokens, top_k, hidden, inter,
+		return moe_device(ctx, out, x, x16, ids, weights, gate_up, down, w_dtype, num_tokens, top_k, hidden, inter,
 		                  num_experts, nullptr, nullptr, gemm, route);
 	if (route) {
 		const int r = di_route_launch(ctx, *route);
@@ -2263,7 +2288,8 @@ extern "C" int di_op_moe(di_ctx *ctx, di_dptr out, di_dptr x, di_dptr ids, di_dp
 		               "moe: hidden %d and intermediate %d must be multiples of 8 with 16-byte aligned tensors and "
 		               "at most %d experts to run on the device; the host path is not capturable",
 		               hidden, inter, MOE_GROUP_MAX_EXPERTS);
-	return moe_host(ctx, out, x, ids, weights, gate_up, down, w_dtype, num_tokens, top_k, hidden, inter, num_experts);
+	return moe_host(ctx, out, x, x16, ids, weights, gate_up, down, w_dtype, num_tokens, top_k, hidden, inter,
+	                num_experts);
 }
 
 // moe_clamped_swiglu is di_op_moe for gpt-oss's experts (biased
@@ -2294,7 +2320,7 @@ static int moe_clamped_swiglu(di_ctx *ctx, const char *op, di_dptr out, di_dptr 
 		const size_t pair0 = (size_t)t0 * top_k, row0 = (size_t)t0 * hidden;
 		const di_moe_gptoss gx{DI_PTR(const float, gate_up_bias), DI_PTR(const float, down_bias),
 		                       DI_PTR(const int, ids) + pair0, limit, alpha};
-		const int rc = moe_device(ctx, out + row0 * sizeof(float), x + row0 * sizeof(float),
+		const int rc = moe_device(ctx, out + row0 * sizeof(float), x + row0 * sizeof(float), false,
 		                          ids + pair0 * sizeof(int), weights + pair0 * sizeof(float), gate_up, down, w_dtype,
 		                          n, top_k, hidden, inter, num_experts, &gx, mx);
 		if (rc != DI_OK) return rc;

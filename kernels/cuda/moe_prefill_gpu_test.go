@@ -459,3 +459,76 @@ func fnvF32(v []float32) uint64 {
 	h.Write(kernels.F32Bytes(v))
 	return h.Sum64()
 }
+
+// MoE takes x rounded already to its 16-bit experts' dtype in GEMM mode
+// round (kernels.MoERoundedShapes: a model's norm writes x so where
+// LinearInputDType says that the MoE's input projections round it), with
+// the bits of the same call on x in float32, on every path that serves 16-
+// bit experts: the decode kernels (24 pairs), the grouped GEMM on wgmma
+// and on mma.sync (3000 pairs), the host path (1800 pairs, MoEGEMMPairs
+// -1), also with the shared experts' addend (MoEAdd). Split mode, which
+// rounds no x, and an x of the other 16-bit dtype are refused.
+func TestGPUMoERoundedInput(t *testing.T) {
+	const hidden, inter = 256, 192
+	cases := []struct {
+		name                  string
+		opts                  Options
+		tokens, topK, experts int
+	}{
+		{"decode", Options{GEMM: GEMMRound}, 4, 6, 16},
+		{"wgmma", Options{GEMM: GEMMRound}, 500, 6, 16},
+		{"mma", Options{GEMM: GEMMRound, DisableMoEWGMMA: true}, 500, 6, 16},
+		{"host", Options{GEMM: GEMMRound, MoEGEMMPairs: -1}, 300, 6, 16},
+	}
+	for _, dt := range []kernels.DType{kernels.BF16, kernels.F16} {
+		for _, c := range cases {
+			t.Run(fmt.Sprintf("%s/%s", dt, c.name), func(t *testing.T) {
+				g := newGPUOpts(t, c.opts)
+				r := rand.New(rand.NewPCG(uint64(c.tokens), uint64(dt)))
+				d := newMoEData(r, dt, c.tokens, c.topK, c.experts, hidden, inter, randExpertIDs(r, c.tokens, c.topK, c.experts))
+				m := d.upload(t, g)
+				add := upload(t, g, kernels.F32, kernels.F32Bytes(randVals(r, c.tokens*hidden, 1)), kernels.F32, c.tokens, hidden)
+				xr := upload(t, g, dt, hostBytes(dt, kernels.BytesF32(d.x)), dt, c.tokens, hidden)
+				for _, withAdd := range []bool{false, true} {
+					run := func(x kernels.Tensor) []float32 {
+						out, err := g.Alloc(kernels.F32, c.tokens, hidden)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if withAdd {
+							err = g.MoEAdd(out, x, m.ids, m.w, m.gu, m.dn, add)
+						} else {
+							err = g.MoE(out, x, m.ids, m.w, m.gu, m.dn)
+						}
+						if err != nil {
+							t.Fatal(err)
+						}
+						return moeDownload(t, g, out)
+					}
+					want, got := run(m.x), run(xr)
+					if i, ok := moeEqual(got, want); !ok {
+						t.Fatalf("add %v: out[%d] = %v from x rounded, %v from x in float32", withAdd, i, got[i], want[i])
+					}
+				}
+			})
+		}
+	}
+	t.Run("refused", func(t *testing.T) {
+		r := rand.New(rand.NewPCG(1, 2))
+		d := newMoEData(r, kernels.BF16, 4, 2, 8, hidden, inter, randExpertIDs(r, 4, 2, 8))
+		for _, c := range []struct {
+			name string
+			mode GEMMMode
+			xdt  kernels.DType
+			want string
+		}{{"split", GEMMSplit, kernels.BF16, "rounds no x"}, {"f16_x", GEMMRound, kernels.F16, "moe: x is"}} {
+			g := newGPUOpts(t, Options{GEMM: c.mode})
+			m := d.upload(t, g)
+			xr := upload(t, g, c.xdt, hostBytes(c.xdt, kernels.BytesF32(d.x)), c.xdt, d.tokens, hidden)
+			err := g.MoE(m.out, xr, m.ids, m.w, m.gu, m.dn)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%s: MoE with x %v: error %v, want one that says %q", c.name, c.xdt, err, c.want)
+			}
+		}
+	})
+}

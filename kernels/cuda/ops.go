@@ -794,9 +794,14 @@ func (b *Backend) moe(out, x, ids, weights, gateUp, down kernels.Tensor, add *Te
 		return err
 	}
 	o, xs, is, ws, gu, dn := ts[0], ts[1], ts[2], ts[3], ts[4], ts[5]
-	d, err := kernels.MoEShapes("cuda", o, xs, is, ws, gu, dn)
+	// x rounded already (16-bit, LinearInputDType's answer for the
+	// experts): GEMM mode round only, where every path rounds x so.
+	d, err := kernels.MoERoundedShapes("cuda", o, xs, is, ws, gu, dn)
 	if err != nil {
 		return err
+	}
+	if xs.dtype != kernels.F32 && b.gemm != GEMMRound {
+		return fmt.Errorf("cuda: moe: x %v rounded already: GEMM mode %s rounds no x (want F32): %w", xs, b.gemm, kernels.ErrDType)
 	}
 	if route != nil && (gu.fp8 != nil || dn.fp8 != nil || gu.q != nil || dn.q != nil) {
 		return fmt.Errorf("cuda: moe: a fused routing takes 16-bit or float32 experts: %w", kernels.ErrDType)
@@ -813,7 +818,7 @@ func (b *Backend) moe(out, x, ids, weights, gateUp, down kernels.Tensor, add *Te
 		rt = [4]*Tensor{route.logits, route.bias, route.ids, route.weights}
 	}
 	return b.launch(op, b.moeAdding(o, add, b.moeRouting(route, func() C.int {
-		return C.c_moe(b.lib.api, b.ctx, o.ptr(), xs.ptr(), is.ptr(), ws.ptr(), gu.ptr(), dn.ptr(), C.int(gu.dtype), C.int(t),
+		return C.c_moe(b.lib.api, b.ctx, o.ptr(), xs.ptr(), C.int(xs.dtype), is.ptr(), ws.ptr(), gu.ptr(), dn.ptr(), C.int(gu.dtype), C.int(t),
 			C.int(topK), C.int(hidden), C.int(inter), C.int(numExperts))
 	})), o, xs, is, ws, gu, dn, add, rt[0], rt[1], rt[2], rt[3])
 }
