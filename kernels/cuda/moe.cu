@@ -269,7 +269,11 @@ __global__ void di_moe_gather_k(T *xe, T *xe_lo, const X *x, const int *pairs, i
 // both round to the GEMM dtype). The product is rounded on its own
 // (__fmul_rn), so that no caller's split mode fuses it into the remainder's
 // subtraction.
+#ifndef MOE_SILU_F32
+#define MOE_SILU_F32 0 // 1: a measuring build's float32 silu (other bits than the CPU backend's float64 one)
+#endif
 __device__ __forceinline__ float di_moe_silu_mul(float gate, float up) {
+	if (MOE_SILU_F32) return __fmul_rn(gate / (1.f + expf(-gate)), up);
 	return __fmul_rn((float)((double)gate / (1.0 + exp(-(double)gate))), up);
 }
 
