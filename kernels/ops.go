@@ -306,6 +306,16 @@ type LinearInputer interface {
 	LinearInputDType(w DType, rows int) DType
 }
 
+// MoEInputer is implemented by backends whose MoE (MoEAdd, RoutedMoE)
+// rounds a float32 x to its experts' 16-bit type. MoEInputDType returns
+// that type for a call of rows rows over experts of dtype w, or F32 where x
+// must be float32. Where it is 16-bit, a caller may hand the call x rounded
+// already (written so by RMSNorm or AddRMSNorm, as for LinearInputer): the
+// same bits, with one pass over x less.
+type MoEInputer interface {
+	MoEInputDType(w DType, rows int) DType
+}
+
 // GatedMLPer is implemented by backends with a fused gated MLP without
 // biases: out = (silu(g) * u) downᵀ where [g u] = x gateUpᵀ (gateUp
 // [2n, hidden], down [hidden, n], out and x [T, hidden]). gu [T, 2n] and act

@@ -310,13 +310,11 @@ func (m *deepseek) layer(ly *dsLayer, first bool, cache kernels.Tensor, s *scrat
 	xa := s.getTyped("x_attn", s.linearInputDType(t, xw...), t, m.cfg.HiddenSize)
 	// The MLP's input norm writes x, read only by the MLP's (or MoE's)
 	// input projections: rounded by the norm where those would round it.
-	mw := []kernels.Tensor{}
+	var mw []kernels.Tensor
 	if ly.dense != nil {
-		mw = append(mw, ly.dense.gateUp)
-	} else {
-		mw = ly.moe.inputs()
+		mw = []kernels.Tensor{ly.dense.gateUp}
 	}
-	x := s.getTyped("x", s.linearInputDType(t, mw...), t, m.cfg.HiddenSize)
+	x := s.getTyped("x", s.inputDType(t, ly.moe, mw...), t, m.cfg.HiddenSize)
 	q := s.get("q", t, d.NumHeads*(d.NopeDim+d.RopeDim))
 	ckv, kpe := s.get("c_kv", t, d.KVLoraRank), s.get("k_pe", t, d.RopeDim)
 	attn := s.get("attn", t, d.NumHeads*d.VHeadDim)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/deepinfer/deepinfer-go/engine/weights"
 	"github.com/deepinfer/deepinfer-go/kernels"
@@ -155,6 +156,26 @@ func (s *scratch) linearInputDType(rows int, ws ...kernels.Tensor) kernels.DType
 		if ask(w.DType()) != dt {
 			return act
 		}
+	}
+	return dt
+}
+
+// inputDType is linearInputDType for an x read by the linears over ws and,
+// with moe set, by that MoE layer (its router, shared experts and routed
+// experts), whose backend MoE must then take x in the same type
+// (kernels.MoEInputer), else the activation dtype.
+func (s *scratch) inputDType(rows int, moe *moeWeights, ws ...kernels.Tensor) kernels.DType {
+	if moe == nil {
+		return s.linearInputDType(rows, ws...)
+	}
+	act := s.ops.ActivationDType()
+	mi, ok := s.ops.(kernels.MoEInputer)
+	if !ok {
+		return act
+	}
+	dt := s.linearInputDType(rows, append(slices.Clone(ws), moe.inputs()...)...)
+	if dt == act || mi.MoEInputDType(moe.gateUp.DType(), rows) != dt {
+		return act
 	}
 	return dt
 }
@@ -366,12 +387,10 @@ func (m *llama) layer(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid,
 	// x is the norms' output, read only by the q/k/v and MLP projections:
 	// rounded by the norms where those projections would round it.
 	xw := []kernels.Tensor{ly.qkv}
-	if ly.moe != nil {
-		xw = append(xw, ly.moe.inputs()...)
-	} else {
+	if ly.moe == nil {
 		xw = append(xw, ly.mlp.gateUp)
 	}
-	x := s.getTyped("x", s.linearInputDType(t, xw...), t, m.cfg.HiddenSize)
+	x := s.getTyped("x", s.inputDType(t, ly.moe, xw...), t, m.cfg.HiddenSize)
 	qkv := s.get("qkv", t, qd+2*kvd)
 	q, k, v := s.get("q", t, qd), s.get("k", t, kvd), s.get("v", t, kvd)
 	attn := s.getTyped("attn", s.linearInputDType(t, ly.o), t, qd) // read only by the o projection

@@ -43,12 +43,10 @@ func loadSparseMoE(l *loader, p string, e, h, inter int) *moeWeights {
 	return mw
 }
 
-// inputs are the weights that read a MoE layer's input x (the router, the
-// experts' gate/up, the shared experts' gate/up), for linearInputDType:
-// x may come rounded to their 16-bit type where all of them would round it
-// (the backend's MoE takes such an x, kernels.MoERoundedShapes).
+// inputs are the linears that read a MoE layer's input x besides the
+// routed experts: the router and the shared experts' gate/up.
 func (w *moeWeights) inputs() []kernels.Tensor {
-	ws := []kernels.Tensor{w.router, w.gateUp}
+	ws := []kernels.Tensor{w.router}
 	if w.shared != nil {
 		ws = append(ws, w.shared.gateUp)
 	}

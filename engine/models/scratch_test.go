@@ -129,3 +129,56 @@ func mustCacheOf(t *testing.T, newCache func(numBlocks, blockSize int) (*KVCache
 	}
 	return c
 }
+
+// inputOps answers LinearInputDType and MoEInputDType as set, around a
+// CPU backend (whose own answer is float32 for both).
+type inputOps struct {
+	kernels.Ops
+	linear, moe kernels.DType
+}
+
+func (o inputOps) LinearInputDType(w kernels.DType, rows int) kernels.DType { return o.linear }
+func (o inputOps) MoEInputDType(w kernels.DType, rows int) kernels.DType    { return o.moe }
+
+// TestScratchInputDType: a MoE layer's x comes rounded (the linears'
+// 16-bit type) only where the backend's MoE takes that type too
+// (kernels.MoEInputer); a backend without MoEInputer, or one whose MoE
+// answers otherwise, gets x in the activation dtype. Layers without a MoE
+// follow the linears alone.
+func TestScratchInputDType(t *testing.T) {
+	base := newBackend(t, 1)
+	w := func(dt kernels.DType, shape ...int) kernels.Tensor {
+		x, err := base.Alloc(dt, shape...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	moe := &moeWeights{router: w(kernels.BF16, 4, 8), gateUp: w(kernels.BF16, 4, 6, 8), down: w(kernels.BF16, 4, 8, 3)}
+	dense := w(kernels.BF16, 6, 8)
+	onlyLinear := struct {
+		kernels.Ops
+		kernels.LinearInputer
+	}{base, inputOps{base, kernels.BF16, kernels.BF16}}
+	for _, c := range []struct {
+		name string
+		ops  kernels.Ops
+		moe  *moeWeights
+		want kernels.DType
+	}{
+		{"both_bf16", inputOps{base, kernels.BF16, kernels.BF16}, moe, kernels.BF16},
+		{"moe_f32", inputOps{base, kernels.BF16, kernels.F32}, moe, kernels.F32},
+		{"linears_f32", inputOps{base, kernels.F32, kernels.BF16}, moe, kernels.F32},
+		{"no_moe_inputer", onlyLinear, moe, kernels.F32},
+		{"dense", inputOps{base, kernels.BF16, kernels.F32}, nil, kernels.BF16},
+		{"cpu", base, moe, kernels.F32},
+	} {
+		var ws []kernels.Tensor
+		if c.moe == nil {
+			ws = []kernels.Tensor{dense}
+		}
+		if got := newScratch(c.ops).inputDType(64, c.moe, ws...); got != c.want {
+			t.Errorf("%s: inputDType = %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -462,7 +462,8 @@ func fnvF32(v []float32) uint64 {
 
 // MoE takes x rounded already to its 16-bit experts' dtype in GEMM mode
 // round (kernels.MoERoundedShapes: a model's norm writes x so where
-// LinearInputDType says that the MoE's input projections round it), with
+// LinearInputDType and MoEInputDType, with Options.MoERoundedInput, say
+// that the MoE's input projections round it), with
 // the bits of the same call on x in float32, on every path that serves 16-
 // bit experts: the decode kernels (24 pairs), the grouped GEMM on wgmma
 // and on mma.sync (3000 pairs), the host path (1800 pairs, MoEGEMMPairs
@@ -513,6 +514,23 @@ func TestGPUMoERoundedInput(t *testing.T) {
 			})
 		}
 	}
+	t.Run("input_dtype", func(t *testing.T) {
+		for _, c := range []struct {
+			opts Options
+			w    kernels.DType
+			want kernels.DType
+		}{
+			{Options{GEMM: GEMMRound, MoERoundedInput: true}, kernels.BF16, kernels.BF16},
+			{Options{GEMM: GEMMRound, MoERoundedInput: true}, kernels.F16, kernels.F16},
+			{Options{GEMM: GEMMRound, MoERoundedInput: true}, kernels.F8E4M3, kernels.F32},
+			{Options{GEMM: GEMMSplit, MoERoundedInput: true}, kernels.BF16, kernels.F32},
+		} {
+			g := newGPUOpts(t, c.opts)
+			if got := g.MoEInputDType(c.w, 4096); got != c.want {
+				t.Errorf("%+v: MoEInputDType(%v) = %v, want %v", c.opts, c.w, got, c.want)
+			}
+		}
+	})
 	t.Run("refused", func(t *testing.T) {
 		r := rand.New(rand.NewPCG(1, 2))
 		d := newMoEData(r, kernels.BF16, 4, 2, 8, hidden, inter, randExpertIDs(r, 4, 2, 8))

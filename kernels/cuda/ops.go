@@ -94,6 +94,18 @@ func (b *Backend) LinearInputDType(w kernels.DType, rows int) kernels.DType {
 	return kernels.DType(C.c_linear_input_dtype(b.lib.api, b.ctx, C.int(w), C.int(rows)))
 }
 
+var _ kernels.MoEInputer = (*Backend)(nil)
+
+// MoEInputDType implements kernels.MoEInputer: with
+// Options.MoERoundedInput, the experts' 16-bit type in GEMM mode round
+// (where every MoE path rounds x to it, at any row count), else F32.
+func (b *Backend) MoEInputDType(w kernels.DType, rows int) kernels.DType {
+	if b.opts.MoERoundedInput && b.gemm == GEMMRound && (w == kernels.BF16 || w == kernels.F16) {
+		return w
+	}
+	return kernels.F32
+}
+
 // RMSNorm normalizes each row of x into out (out may alias x). out is F32,
 // or BF16 or F16 (each value rounded to nearest; see LinearInputDType).
 func (b *Backend) RMSNorm(out, x, weight kernels.Tensor, eps float32) error {
