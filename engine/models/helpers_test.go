@@ -49,6 +49,15 @@ var tinyConfigs = map[string]string{
 		"scoring_func": "softmax", "max_position_embeddings": 163840,
 		"rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
 			"beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.707}}`,
+	// deepseek-v2 with biases on kv_a and o (attention_bias): kv_a is then
+	// a weight of its own, not a view of a fused q / kv_a one.
+	"deepseek-v2-bias": `{"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "vocab_size": 97,
+		"hidden_size": 32, "intermediate_size": 48, "moe_intermediate_size": 12, "num_hidden_layers": 2,
+		"num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": null, "kv_lora_rank": 16,
+		"qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 6, "n_routed_experts": 8,
+		"num_experts_per_tok": 2, "n_shared_experts": 2, "first_k_dense_replace": 1,
+		"topk_method": "greedy", "scoring_func": "softmax", "max_position_embeddings": 4096,
+		"attention_bias": true}`,
 	"deepseek-v3": `{"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 97,
 		"hidden_size": 32, "intermediate_size": 48, "moe_intermediate_size": 8, "num_hidden_layers": 2,
 		"num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 12, "kv_lora_rank": 16,

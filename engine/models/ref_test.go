@@ -445,11 +445,12 @@ func (r *ref) mtp(next []int32, h mat) mat {
 }
 
 // TestAgainstReference compares every architecture's paged forward with the
-// dense float64 reference on F32 random weights.
+// dense float64 reference on F32 random weights (and DeepSeek-V2's with
+// attention biases).
 func TestAgainstReference(t *testing.T) {
 	const blockSize, numBlocks, n = 4, 16, 13
 	ops := newBackend(t, 2)
-	for _, name := range tinyNames {
+	for _, name := range append(slices.Clone(tinyNames), "deepseek-v2-bias") {
 		t.Run(name, func(t *testing.T) {
 			m, w := tinyModel(t, ops, name, kernels.F32)
 			rf := &ref{cfg: m.Config(), w: w, t: t}
