@@ -227,40 +227,36 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
 		if (lane == 0) di_mbar_arrive(&empty[(it - 1) % MW_STAGES]);
 		// Element i of d[h]: shared weight row 64 cw + 128 h + rw + 8 ((i >> 1) & 1),
 		// grouped row 8 (i >> 2) + 2 t4 + (i & 1).
-		if constexpr (MODE == MG_STORE16) {
-			// Rows of T at act [rows, n]: lanes g and g ^ 1 (lane ^ 4) hold
-			// neighbouring weight rows (output columns) f, f + 1 of the same
-			// grouped rows; each gives the other one value, so that even g
-			// stores grouped row 8 c + 2 t4 and odd g the next, both columns
-			// in 4 bytes. n is even (a multiple of MW_BK), so f and f + 1 are
-			// stored together or not at all.
-			const int odd = g & 1;
-#pragma unroll
-			for (int h = 0; h < 2; h++)
-#pragma unroll
-				for (int hh = 0; hh < 2; hh++) {
-					bool ok;
-					const int f = di_mw_row(p, bx, 64 * cw + 128 * h + rw + 8 * hh, ok) & ~1;
-#pragma unroll
-					for (int c = 0; c < 16; c++) {
-						const float v0 = d[h][4 * c + 2 * hh], v1 = d[h][4 * c + 2 * hh + 1];
-						const float o = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
-						const int r = 8 * c + 2 * t4 + odd;
-						if (ok && r < m) {
-							T two[2] = {di_from_f32<T>(odd ? o : v0), di_from_f32<T>(odd ? v1 : o)};
-							unsigned u;
-							memcpy(&u, two, sizeof u);
-							*reinterpret_cast<unsigned *>(p.act + (size_t)(lo + r) * p.n + f) = u;
-						}
-					}
-				}
-		} else if constexpr (MODE == MG_STORE || MODE == MG_ADD) {
+		if constexpr (MODE == MG_STORE || MODE == MG_ADD || MODE == MG_STORE16) {
 #pragma unroll
 			for (int h = 0; h < 2; h++)
 #pragma unroll
 				for (int hh = 0; hh < 2; hh++) {
 					bool ok;
 					const int f = di_mw_row(p, bx, 64 * cw + 128 * h + rw + 8 * hh, ok);
+					if constexpr (MODE == MG_STORE16) {
+						// Rows of T at act [rows, n]: lanes g and g ^ 1 (lane ^ 4)
+						// hold neighbouring weight rows (output columns) f, f + 1
+						// of the same grouped rows; each gives the other one value
+						// (every lane shuffles, stored or not), so that even g
+						// stores grouped row 8 c + 2 t4 and odd g the next, both
+						// columns in 4 bytes. n is even (a multiple of MW_BK), so
+						// f and f + 1 are stored together or not at all.
+						const int odd = g & 1, f0 = f & ~1;
+#pragma unroll
+						for (int c = 0; c < 16; c++) {
+							const float v0 = d[h][4 * c + 2 * hh], v1 = d[h][4 * c + 2 * hh + 1];
+							const float o = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
+							const int r = 8 * c + 2 * t4 + odd;
+							if (ok && r < m) {
+								T two[2] = {di_from_f32<T>(odd ? o : v0), di_from_f32<T>(odd ? v1 : o)};
+								unsigned u;
+								memcpy(&u, two, sizeof u);
+								*reinterpret_cast<unsigned *>(p.act + (size_t)(lo + r) * p.n + f0) = u;
+							}
+						}
+						continue;
+					}
 					if (!ok) continue;
 #pragma unroll
 					for (int c = 0; c < 16; c++)
