@@ -59,6 +59,9 @@
 #ifndef MW_TMA
 #define MW_TMA 0 // 1: the weight tiles by the tensor memory accelerator (NOTES.md: 1.06x, the same bits; not yet the default)
 #endif
+#ifndef MW_CLUSTER
+#define MW_CLUSTER 0 // 1: two-CTA clusters sharing each weight tile by TMA multicast (needs MW_TMA; NOTES.md)
+#endif
 #ifndef MW_Y16
 #define MW_Y16 0 // 1: the down projection's rows (GEMM mode round) stored as T for the combine (MG_STORE16); not yet the default
 #endif
@@ -95,18 +98,22 @@ template <typename T> __device__ __forceinline__ int di_mw_row(const di_moe_gemm
 	return min(f, p.n - 1);
 }
 
-// di_mw_tile finds tile t of the grid (tiles_x weight tiles a row tile):
-// its weight tile bx, expert ex, first grouped row lo and row count m;
-// false past the last row tile (di_moe_row_tile: every lane of the warp
-// calls it).
-template <typename T>
-__device__ __forceinline__ bool di_mw_tile(const di_moe_gemm_args<T> &p, int t, int tiles_x, int lane, int &bx, int &ex,
-                                           int &lo, int &m) {
+// di_mw_tile finds tile t of the grid (tiles_x weight tiles a row tile of
+// CL * MG_BN rows, CL the cluster's CTAs): its weight tile bx, expert ex,
+// and this CTA's (rank's) share of the rows, MG_BN from lo, m of them (0
+// for a second CTA past the expert's rows) and lox, the first row the
+// copies read (lo, or where the CTA has no rows its partner's first: rows
+// computed and never stored); false past the last row tile
+// (di_moe_row_tile: every lane of the warp calls it).
+template <int CL, typename T>
+__device__ __forceinline__ bool di_mw_tile(const di_moe_gemm_args<T> &p, int t, int tiles_x, int lane, int rank,
+                                           int &bx, int &ex, int &lo, int &m, int &lox) {
 	int r0;
 	bx = t % tiles_x;
-	di_moe_row_tile(p.offsets, p.num_experts, MG_BN, t / tiles_x, lane, ex, r0);
+	di_moe_row_tile(p.offsets, p.num_experts, CL * MG_BN, t / tiles_x, lane, ex, r0);
 	if (ex < 0) return false;
-	lo = p.offsets[ex] + r0, m = min(MG_BN, p.offsets[ex + 1] - lo);
+	const int first = p.offsets[ex] + r0;
+	lo = first + MG_BN * rank, m = max(0, min(MG_BN, p.offsets[ex + 1] - lo)), lox = m > 0 ? lo : first;
 	return true;
 }
 
@@ -120,13 +127,43 @@ __device__ __forceinline__ void di_tma_load2d(unsigned dst, const CUtensorMap *m
 	             : "memory");
 #endif
 }
+// di_tma_load2d_mc is di_tma_load2d multicast: the box lands at dst in
+// every CTA of the cluster in mask, each completing its bytes on its own
+// mbarrier at bar's offset.
+__device__ __forceinline__ void di_tma_load2d_mc(unsigned dst, const CUtensorMap *map, int c0, int c1, uint64_t *bar,
+                                                 unsigned short mask) {
+#ifdef MW_HAS_WGMMA
+	asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+	             " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+	             "l"(map), "r"(c0), "r"(c1), "r"(di_smem_u32(bar)), "h"(mask)
+	             : "memory");
+#endif
+}
+// di_cluster_rank is the CTA's rank in its cluster; di_cluster_sync waits
+// for every thread of every CTA of the cluster (release, then acquire).
+__device__ __forceinline__ unsigned di_cluster_rank() {
+	unsigned r;
+	asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+	return r;
+}
+__device__ __forceinline__ void di_cluster_sync() {
+	asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+// di_mbar_arrive_at counts one arrival on the mbarrier at bar's offset in
+// CTA rank of the cluster (release at cluster scope).
+__device__ __forceinline__ void di_mbar_arrive_at(uint64_t *bar, unsigned rank) {
+	unsigned remote;
+	asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(di_smem_u32(bar)), "r"(rank));
+	asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
 __device__ __forceinline__ void di_mbar_arrive_tx(uint64_t *bar, unsigned bytes) {
 	asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(di_smem_u32(bar)), "r"(bytes) : "memory");
 }
 
-template <typename T, int MODE, bool TMA>
+template <typename T, int MODE, bool TMA, int CL>
 __global__ void __launch_bounds__(MW_THREADS, 1)
     di_moe_wg_k(const di_moe_gemm_args<T> p, const __grid_constant__ CUtensorMap tw, int tiles_x, int tiles) {
+	static_assert(CL == 1 || (CL == 2 && TMA), "two-CTA clusters share the weight tiles by TMA multicast");
 #ifndef MW_HAS_WGMMA
 	__trap(); // di_moe_wg_ok keeps other targets' builds from launching it
 #else
@@ -137,14 +174,21 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
 	unsigned char *sh = mw_raw + (base - raw);
 	uint64_t *full = reinterpret_cast<uint64_t *>(sh + (size_t)MW_STAGES * STAGE), *empty = full + MW_STAGES;
 	const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
+	// Clusters (CL = 2): both CTAs take the same tiles (t0, t0 + step, ...),
+	// each its half of the tile's rows; CTA rank c loads weight box c of
+	// every stage into both CTAs' shared memory, so a stage's slot is free
+	// again once the consumers of both CTAs are done with it.
+	const int rank = CL > 1 ? (int)di_cluster_rank() : 0;
+	const int t0 = blockIdx.x / CL, step = gridDim.x / CL;
 	if (tid == 0) {
 		for (int s = 0; s < MW_STAGES; s++) {
 			di_mbar_init(&full[s], 128 + TMA); // the producer's threads, each once its copies land (+ the weights' bytes)
-			di_mbar_init(&empty[s], 8);  // the consumers' warps, each once its products are done
+			di_mbar_init(&empty[s], 8 * CL);   // the consumers' warps (of every CTA), each once its products are done
 		}
 		di_mbar_init_fence();
 	}
-	__syncthreads();
+	if constexpr (CL > 1) di_cluster_sync(); // the partner's barriers exist before anything reaches them
+	else __syncthreads();
 	const int nk = p.k / MW_BK;
 	if (wg == 0) {
 		asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(MW_PREGS));
@@ -152,9 +196,9 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
 		const int part = tid & 7, rb = tid >> 3;
 		const unsigned dst = (unsigned)(rb * 128 + ((part ^ (rb & 7)) << 4)); // + 2048 i
 		int it = 0;
-		for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-			int bx, ex, lo, m;
-			if (!di_mw_tile(p, t, tiles_x, lane, bx, ex, lo, m)) break;
+		for (int t = t0; t < tiles; t += step) {
+			int bx, ex, lo, m, lox;
+			if (!di_mw_tile<CL>(p, t, tiles_x, lane, rank, bx, ex, lo, m, lox)) break;
 			// Element offsets (under 2^31: di_moe_wg_ok) of this thread's rows.
 			const T *w = p.w + (size_t)ex * p.n * p.k + 8 * part, *x = p.x + 8 * part;
 			int aoff[16], xoff[8];
@@ -165,7 +209,7 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
 			}
 #pragma unroll
 			for (int i = 0; i < 8; i++) {
-				const int r = rb + 16 * i, row = lo + (r < m ? r : 0);
+				const int r = rb + 16 * i, row = lox + (r < m ? r : 0);
 				xoff[i] = (p.order ? p.order[row] / p.div : row) * p.k;
 			}
 #pragma unroll 1
@@ -176,10 +220,15 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
 				const int kb = s * MW_BK;
 				if constexpr (TMA) {
 					if (tid == 0) {
-						di_mbar_arrive_tx(&full[slot], A_BYTES);
-						const int r0w = ex * p.n + (p.inter > 0 ? 128 * bx : 256 * bx);
-						di_tma_load2d(base + slot * STAGE, &tw, kb, r0w, &full[slot]);
-						di_tma_load2d(base + slot * STAGE + A_BYTES / 2, &tw, kb, r0w + (p.inter > 0 ? p.inter : 128), &full[slot]);
+						di_mbar_arrive_tx(&full[slot], A_BYTES); // both boxes, whichever CTA loads them
+						const int r0w = ex * p.n + (p.inter > 0 ? 128 * bx : 256 * bx), r1w = p.inter > 0 ? p.inter : 128;
+						if constexpr (CL > 1) {
+							di_tma_load2d_mc(base + slot * STAGE + rank * (A_BYTES / 2), &tw, kb, r0w + rank * r1w,
+							                 &full[slot], (unsigned short)3);
+						} else {
+							di_tma_load2d(base + slot * STAGE, &tw, kb, r0w, &full[slot]);
+							di_tma_load2d(base + slot * STAGE + A_BYTES / 2, &tw, kb, r0w + r1w, &full[slot]);
+						}
 					}
 				} else {
 #pragma unroll
@@ -191,15 +240,23 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
 			}
 		}
 		di_cp_async_wait<0>(); // every copy landed before the thread leaves
+		if constexpr (CL > 1) di_cluster_sync(); // the consumers' (below)
 		return;
 	}
 	asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(MW_CREGS));
 	const int cw = wg - 1, g = lane >> 2, t4 = lane & 3;
 	const int rw = 16 * ((tid >> 5) & 3) + g;
+	// A stage's slot is released to this CTA's producer and, in a cluster,
+	// to the partner's, whose multicast writes it too.
+	auto release = [&](int slot) {
+		if (lane != 0) return;
+		di_mbar_arrive(&empty[slot]);
+		if constexpr (CL > 1) di_mbar_arrive_at(&empty[slot], (unsigned)(rank ^ 1));
+	};
 	int it = 0;
-	for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-		int bx, ex, lo, m;
-		if (!di_mw_tile(p, t, tiles_x, lane, bx, ex, lo, m)) break;
+	for (int t = t0; t < tiles; t += step) {
+		int bx, ex, lo, m, lox;
+		if (!di_mw_tile<CL>(p, t, tiles_x, lane, rank, bx, ex, lo, m, lox)) break;
 		// d[h]: shared weight rows 64 cw + 128 h .. + 63 by the 128 grouped rows.
 		float d[2][64];
 #pragma unroll
@@ -221,10 +278,10 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
 			di_wg_commit();
 			di_wg_wait<1>();
 			// The products of the stage before are done: release its slot.
-			if (s > 0 && lane == 0) di_mbar_arrive(&empty[(it - 1) % MW_STAGES]);
+			if (s > 0) release((it - 1) % MW_STAGES);
 		}
 		di_wg_wait<0>();
-		if (lane == 0) di_mbar_arrive(&empty[(it - 1) % MW_STAGES]);
+		release((it - 1) % MW_STAGES);
 		// Element i of d[h]: shared weight row 64 cw + 128 h + rw + 8 ((i >> 1) & 1),
 		// grouped row 8 (i >> 2) + 2 t4 + (i & 1).
 		if constexpr (MODE == MG_STORE || MODE == MG_ADD || MODE == MG_STORE16) {
@@ -295,13 +352,20 @@ __global__ void __launch_bounds__(MW_THREADS, 1)
 			}
 		}
 	}
+	if constexpr (CL > 1) di_cluster_sync(); // no partner's arrival or copy reaches this CTA after it leaves
 #endif
 }
 
-// di_moe_wg_grid is di_moe_gemm_grid for MW_BM weight rows a tile.
-static dim3 di_moe_wg_grid(size_t pairs, int num_experts, int n, int inter) {
+// di_moe_wg_grid is di_moe_gemm_grid for MW_BM weight rows a tile and row
+// tiles of cl x MG_BN rows (cl: the cluster's CTAs, MG_BN rows each).
+static dim3 di_moe_wg_grid(size_t pairs, int num_experts, int n, int inter, int cl = 1) {
 	dim3 gr = di_moe_gemm_grid(pairs, num_experts, n, inter);
 	gr.x = inter > 0 ? (unsigned)((inter + MW_BM / 2 - 1) / (MW_BM / 2)) : (unsigned)((n + MW_BM - 1) / MW_BM);
+	if (cl > 1) {
+		const size_t busy = pairs < (size_t)num_experts ? pairs : (size_t)num_experts, bn = (size_t)cl * MG_BN;
+		const size_t tiles = (pairs + (bn - 1) * busy) / bn;
+		gr.y = (unsigned)(tiles > 0 ? tiles : 1);
+	}
 	return gr;
 }
 
@@ -350,11 +414,42 @@ template <typename T> static bool di_moe_weight_map(CUtensorMap *map, const di_m
 	              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// di_moe_wg_cluster launches di_moe_wg_k in two-CTA clusters (MW_CLUSTER):
+// as many clusters as the device holds at once (the blocks are
+// persistent), as cudaOccupancyMaxActiveClusters finds them.
+template <typename T, int MODE>
+static int di_moe_wg_cluster(di_ctx *ctx, const di_moe_gemm_args<T> &p, size_t pairs, const CUtensorMap &tw) {
+	auto kernel = di_moe_wg_k<T, MODE, true, 2>;
+	cudaError_t e = di_moe_big_smem(kernel, MW_SMEM);
+	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "moe: grouped wgmma gemm (clusters): cudaFuncSetAttribute");
+	const dim3 gr = di_moe_wg_grid(pairs, p.num_experts, p.n, p.inter, 2);
+	const int tiles = (int)(gr.x * gr.y);
+	cudaLaunchAttribute attr[1];
+	attr[0].id = cudaLaunchAttributeClusterDimension;
+	attr[0].val.clusterDim.x = 2, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+	cudaLaunchConfig_t cfg = {};
+	cfg.gridDim = dim3(2 * (unsigned)tiles), cfg.blockDim = dim3(MW_THREADS), cfg.dynamicSmemBytes = MW_SMEM;
+	cfg.stream = ctx->stream, cfg.attrs = attr, cfg.numAttrs = 1;
+	int resident = 0; // clusters the device holds at once (a host query, no device work)
+	e = cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg);
+	if (e != cudaSuccess || resident < 1)
+		return di_cuda_fail(ctx, e != cudaSuccess ? e : cudaErrorInvalidConfiguration,
+		                    "moe: grouped wgmma gemm (clusters): cudaOccupancyMaxActiveClusters");
+	cfg.gridDim = dim3(2 * (unsigned)(tiles < resident ? tiles : resident));
+	e = cudaLaunchKernelEx(&cfg, kernel, p, tw, (int)gr.x, tiles);
+	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "moe: grouped wgmma gemm (clusters): cudaLaunchKernelEx");
+	return di_check_launch(ctx, "moe: grouped wgmma gemm (clusters)");
+}
+
 template <typename T, int MODE>
 static int di_moe_wg(di_ctx *ctx, const di_moe_gemm_args<T> &p, size_t pairs) {
 	CUtensorMap tw;
 	memset(&tw, 0, sizeof tw);
-	auto kernel = MW_TMA && di_moe_weight_map(&tw, p) ? di_moe_wg_k<T, MODE, true> : di_moe_wg_k<T, MODE, false>;
+	const bool tma = MW_TMA && di_moe_weight_map(&tw, p);
+	if constexpr (MW_CLUSTER) {
+		if (tma) return di_moe_wg_cluster<T, MODE>(ctx, p, pairs, tw);
+	}
+	auto kernel = tma ? di_moe_wg_k<T, MODE, true, 1> : di_moe_wg_k<T, MODE, false, 1>;
 	const cudaError_t e = di_moe_big_smem(kernel, MW_SMEM);
 	if (e != cudaSuccess) return di_cuda_fail(ctx, e, "moe: grouped wgmma gemm: cudaFuncSetAttribute");
 	const dim3 gr = di_moe_wg_grid(pairs, p.num_experts, p.n, p.inter);
