@@ -1,0 +1,94 @@
+package cuda_test
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"testing"
+
+	"github.com/deepinfer/deepinfer-go/engine/models"
+	"github.com/deepinfer/deepinfer-go/kernels"
+	"github.com/deepinfer/deepinfer-go/kernels/cuda"
+)
+
+// TestGPUMoERoundedInputModel: DeepSeek-V2-Lite's shape with its first
+// three layers (one dense, two MoE) on random BF16 weights, in GEMM mode
+// round, gives the same logits bit for bit with Options.MoERoundedInput
+// (the MLP's norm writes x in BF16 once for the router, the shared
+// experts and the routed experts) as without it (each rounds x itself):
+// a 600-token prompt (3600 pairs a MoE layer, the grouped GEMM; linears of
+// 600 rows, which round x) and four decode steps of one row (float32 x,
+// the same kernels either way).
+func TestGPUMoERoundedInputModel(t *testing.T) {
+	backend := func(o cuda.Options) *cuda.Backend {
+		g, err := cuda.New(o)
+		if err != nil {
+			if os.Getenv(cuda.LibraryEnv) == "" && (errors.Is(err, cuda.ErrNoLibrary) || errors.Is(err, cuda.ErrNoDevice)) {
+				t.Skipf("GPU test skipped: %v", err)
+			}
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { g.Close() })
+		return g
+	}
+	plain := backend(cuda.Options{GEMM: cuda.GEMMRound})
+	rounded := backend(cuda.Options{GEMM: cuda.GEMMRound, MoERoundedInput: true})
+	if dt := rounded.MoEInputDType(kernels.BF16, 600); dt != kernels.BF16 {
+		t.Fatalf("MoEInputDType(BF16, 600) = %v with MoERoundedInput, want BF16", dt)
+	}
+	_, cfg := shapeConfig(t, "deepseek-v2-lite", "deepseek-v2", false)
+	cfg.NumHiddenLayers = 3
+	w, err := fastWeights(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const blockSize, numBlocks, maxLen, n, steps = 16, 64, 1024, 600, 4
+	mp, err := models.Builtin().New(plain, cfg, w, models.Options{MaxModelLen: maxLen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mr, err := models.Builtin().New(rounded, cfg, w, models.Options{MaxModelLen: maxLen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(600, 3))
+	ids := make([]int32, n)
+	for i := range ids {
+		ids[i] = int32(r.IntN(cfg.VocabSize))
+	}
+	need := (n + steps + blockSize - 1) / blockSize
+	table := make([]int32, need)
+	for j, b := range r.Perm(numBlocks)[:need] {
+		table[j] = int32(b)
+	}
+	cp, err := mp.NewKVCache(numBlocks, blockSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cr, err := mr.NewKVCache(numBlocks, blockSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same := func(what string, a, b []float32) {
+		t.Helper()
+		for i := range a {
+			if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+				t.Fatalf("%s: logit %d is %v with x rounded by the norm, %v without", what, i, b[i], a[i])
+			}
+		}
+	}
+	a := cuda.Forward(t, mp, plain, cp, ids, 0, table)
+	b := cuda.Forward(t, mr, rounded, cr, ids, 0, table)
+	for p := range ids {
+		same(fmt.Sprintf("prompt position %d", p), a[p], b[p])
+	}
+	next := int32(cuda.Argmax(a[n-1]))
+	for s := range steps {
+		la := cuda.Forward(t, mp, plain, cp, []int32{next}, n+s, table)
+		lb := cuda.Forward(t, mr, rounded, cr, []int32{next}, n+s, table)
+		same(fmt.Sprintf("decode step %d", s), la[0], lb[0])
+		next = int32(cuda.Argmax(la[0]))
+	}
+}
