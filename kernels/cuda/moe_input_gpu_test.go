@@ -10,6 +10,7 @@ import (
 
 	"github.com/deepinfer/deepinfer-go/engine/models"
 	"github.com/deepinfer/deepinfer-go/kernels"
+	"github.com/deepinfer/deepinfer-go/kernels/cpu"
 	"github.com/deepinfer/deepinfer-go/kernels/cuda"
 )
 
@@ -19,8 +20,12 @@ import (
 // (the MLP's norm writes x in BF16 once for the router, the shared
 // experts and the routed experts) as without it (each rounds x itself):
 // a 600-token prompt (3600 pairs a MoE layer, the grouped GEMM; linears of
-// 600 rows, which round x) and four decode steps of one row (float32 x,
-// the same kernels either way).
+// 600 rows, which round x; kv_a as one product and the fused mla_prepare,
+// past mlaFusedRows) and four decode steps of one row (float32 x, the same
+// kernels either way). The prompt's logits are also held to the CPU
+// backend's: max|logit-cpu|/max|cpu| at most 3e-2 at every position (the
+// bound of a BF16 run in GEMM mode round, TestGPUFixtureParity) and the
+// same top-1 at 98% of the positions or more.
 func TestGPUMoERoundedInputModel(t *testing.T) {
 	backend := func(o cuda.Options) *cuda.Backend {
 		g, err := cuda.New(o)
@@ -83,6 +88,32 @@ func TestGPUMoERoundedInputModel(t *testing.T) {
 	b := cuda.Forward(t, mr, rounded, cr, ids, 0, table)
 	for p := range ids {
 		same(fmt.Sprintf("prompt position %d", p), a[p], b[p])
+	}
+	cpuOps := cpu.New(cpu.Options{})
+	t.Cleanup(func() { cpuOps.Close() })
+	mc, err := models.Builtin().New(cpuOps, cfg, w, models.Options{MaxModelLen: maxLen})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := mc.NewKVCache(numBlocks, blockSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := cuda.Forward(t, mc, cpuOps, cc, ids, 0, table)
+	worst, top1 := 0.0, 0
+	for p := range ids {
+		e := cuda.MaxRelErr(a[p], want[p])
+		worst = math.Max(worst, e)
+		if e > 3e-2 || math.IsNaN(e) {
+			t.Errorf("prompt position %d: max|logit-cpu|/max|cpu| = %.3g > 3e-2", p, e)
+		}
+		if cuda.Argmax(a[p]) == cuda.Argmax(want[p]) {
+			top1++
+		}
+	}
+	t.Logf("%d-token prompt against the CPU backend: worst max|logit-cpu|/max|cpu| %.2e, top-1 %d/%d", n, worst, top1, n)
+	if top1*100 < n*98 {
+		t.Errorf("top-1 agrees at %d of %d positions, want 98%% or more", top1, n)
 	}
 	next := int32(cuda.Argmax(a[n-1]))
 	for s := range steps {
