@@ -1,11 +1,9 @@
 package cuda_test
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"os"
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/engine/models"
@@ -27,19 +25,8 @@ import (
 // bound of a BF16 run in GEMM mode round, TestGPUFixtureParity) and the
 // same top-1 at 98% of the positions or more.
 func TestGPUMoERoundedInputModel(t *testing.T) {
-	backend := func(o cuda.Options) *cuda.Backend {
-		g, err := cuda.New(o)
-		if err != nil {
-			if os.Getenv(cuda.LibraryEnv) == "" && (errors.Is(err, cuda.ErrNoLibrary) || errors.Is(err, cuda.ErrNoDevice)) {
-				t.Skipf("GPU test skipped: %v", err)
-			}
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { g.Close() })
-		return g
-	}
-	plain := backend(cuda.Options{GEMM: cuda.GEMMRound})
-	rounded := backend(cuda.Options{GEMM: cuda.GEMMRound, MoERoundedInput: true})
+	plain := gpuOrSkip(t, cuda.Options{GEMM: cuda.GEMMRound})
+	rounded := gpuOrSkip(t, cuda.Options{GEMM: cuda.GEMMRound, MoERoundedInput: true})
 	if dt := rounded.MoEInputDType(kernels.BF16, 600); dt != kernels.BF16 {
 		t.Fatalf("MoEInputDType(BF16, 600) = %v with MoERoundedInput, want BF16", dt)
 	}
@@ -59,15 +46,7 @@ func TestGPUMoERoundedInputModel(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := rand.New(rand.NewPCG(600, 3))
-	ids := make([]int32, n)
-	for i := range ids {
-		ids[i] = int32(r.IntN(cfg.VocabSize))
-	}
-	need := (n + steps + blockSize - 1) / blockSize
-	table := make([]int32, need)
-	for j, b := range r.Perm(numBlocks)[:need] {
-		table[j] = int32(b)
-	}
+	ids, table := randomPrompt(r, n, steps, cfg.VocabSize, blockSize, numBlocks)
 	cp, err := mp.NewKVCache(numBlocks, blockSize)
 	if err != nil {
 		t.Fatal(err)

@@ -52,14 +52,7 @@ func TestGPUDeepSeekV2LiteFullParity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := cuda.New(cuda.Options{GEMM: cuda.GEMMSplit})
-	if err != nil {
-		if os.Getenv(cuda.LibraryEnv) == "" && (errors.Is(err, cuda.ErrNoLibrary) || errors.Is(err, cuda.ErrNoDevice)) {
-			t.Skipf("GPU test skipped: %v", err)
-		}
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { g.Close() })
+	g := gpuOrSkip(t, cuda.Options{GEMM: cuda.GEMMSplit})
 	cpuOps := cpu.New(cpu.Options{})
 	t.Cleanup(func() { cpuOps.Close() })
 	const blockSize, numBlocks, maxLen, greedyN = 16, 64, 512, 16
@@ -86,15 +79,7 @@ func TestGPUDeepSeekV2LiteFullParity(t *testing.T) {
 		positions++
 	}
 	for pi, n := range []int{7, 100} {
-		ids := make([]int32, n)
-		for i := range ids {
-			ids[i] = int32(r.IntN(cfg.VocabSize))
-		}
-		need := (n + greedyN + blockSize - 1) / blockSize
-		table := make([]int32, need)
-		for j, b := range r.Perm(numBlocks)[:need] {
-			table[j] = int32(b)
-		}
+		ids, table := randomPrompt(r, n, greedyN, cfg.VocabSize, blockSize, numBlocks)
 		cg, err := mg.NewKVCache(numBlocks, blockSize)
 		if err != nil {
 			t.Fatal(err)
@@ -121,4 +106,35 @@ func TestGPUDeepSeekV2LiteFullParity(t *testing.T) {
 	if top1*100 < positions*98 {
 		t.Errorf("top-1 agrees at %d of %d positions, want 98%% or more", top1, positions)
 	}
+}
+
+// gpuOrSkip is a CUDA backend with options o, closed when the test ends;
+// the test is skipped where no library or device is found (unless
+// cuda.LibraryEnv names a library, which must then load).
+func gpuOrSkip(t *testing.T, o cuda.Options) *cuda.Backend {
+	t.Helper()
+	g, err := cuda.New(o)
+	if err != nil {
+		if os.Getenv(cuda.LibraryEnv) == "" && (errors.Is(err, cuda.ErrNoLibrary) || errors.Is(err, cuda.ErrNoDevice)) {
+			t.Skipf("GPU test skipped: %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
+}
+
+// randomPrompt draws n token ids below vocab and a block table of
+// distinct blocks among numBlocks covering n + extra tokens.
+func randomPrompt(r *rand.Rand, n, extra, vocab, blockSize, numBlocks int) (ids, table []int32) {
+	ids = make([]int32, n)
+	for i := range ids {
+		ids[i] = int32(r.IntN(vocab))
+	}
+	need := (n + extra + blockSize - 1) / blockSize
+	table = make([]int32, need)
+	for j, b := range r.Perm(numBlocks)[:need] {
+		table[j] = int32(b)
+	}
+	return ids, table
 }
