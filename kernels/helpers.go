@@ -94,8 +94,8 @@ func AllocEmpty(ops Ops, dtype DType, shape ...int) (Tensor, error) {
 
 // WeightAllocator is a backend that keeps the tensors a model loads apart
 // from activations and scratch: in memory laid out for streaming (on the
-// CPU, chunks backed by huge pages) that is never handed back before the
-// backend is dropped.
+// CPU, chunks mapped outside Go's heap and backed by huge pages) that is
+// handed back once nothing viewing it is reachable.
 type WeightAllocator interface {
 	// AllocWeight is Alloc for a tensor that lives as long as the backend,
 	// a loaded weight: zeroed, the same dtypes and shapes, views alike.
@@ -109,6 +109,25 @@ type WeightAllocator interface {
 func AllocWeight(ops Ops, dtype DType, shape ...int) (Tensor, error) {
 	if w, ok := ops.(WeightAllocator); ok {
 		return w.AllocWeight(dtype, shape...)
+	}
+	return ops.Alloc(dtype, shape...)
+}
+
+// CacheAllocator is a backend that keeps KV caches and state slots apart
+// from activations (on the CPU, memory mapped outside Go's heap, which the
+// collector neither scans nor paces itself by).
+type CacheAllocator interface {
+	// AllocCache is Alloc for a KV cache or state slots: zeroed, the same
+	// dtypes and shapes, views alike. Freed once no view of it is
+	// reachable.
+	AllocCache(dtype DType, shape ...int) (Tensor, error)
+}
+
+// AllocCache allocates a KV cache or state-slot tensor with ops's
+// AllocCache where it has one, else with Alloc.
+func AllocCache(ops Ops, dtype DType, shape ...int) (Tensor, error) {
+	if c, ok := ops.(CacheAllocator); ok {
+		return c.AllocCache(dtype, shape...)
 	}
 	return ops.Alloc(dtype, shape...)
 }

@@ -195,7 +195,7 @@ func (c *KVCache) AllocStateSlots(ops kernels.Ops, numSlots int) error {
 	c.NumSlots, c.RingK, c.RingV = numSlots, nil, nil
 	for range c.Spec.RingLayers {
 		for _, dst := range []*[]kernels.Tensor{&c.RingK, &c.RingV} {
-			t, err := ops.Alloc(c.Spec.DType, numSlots, c.Spec.RingWindow, c.Spec.Width)
+			t, err := kernels.AllocCache(ops, c.Spec.DType, numSlots, c.Spec.RingWindow, c.Spec.Width)
 			if err != nil {
 				return fmt.Errorf("models: state slots: %w", err)
 			}
@@ -274,20 +274,20 @@ func copySlotOnDevice(ops kernels.Ops, rc rectCopier, to, from kernels.Tensor) e
 	return rc.CopyRect(d, f)
 }
 
-// NewKVCache allocates a zeroed cache for spec on ops.
+// NewKVCache allocates a zeroed cache for spec on ops (kernels.AllocCache).
 func NewKVCache(ops kernels.Ops, spec KVCacheSpec, numBlocks, blockSize int) (*KVCache, error) {
 	if numBlocks <= 0 || blockSize <= 0 {
 		return nil, fmt.Errorf("models: kv cache of %d blocks of %d tokens: %w", numBlocks, blockSize, ErrConfig)
 	}
 	c := &KVCache{Spec: spec, NumBlocks: numBlocks, BlockSize: blockSize}
 	for range spec.NumLayers {
-		k, err := ops.Alloc(spec.DType, numBlocks, blockSize, spec.Width)
+		k, err := kernels.AllocCache(ops, spec.DType, numBlocks, blockSize, spec.Width)
 		if err != nil {
 			return nil, fmt.Errorf("models: kv cache: %w", err)
 		}
 		c.K = append(c.K, k)
 		if spec.Layout == KVLayoutGQA {
-			v, err := ops.Alloc(spec.DType, numBlocks, blockSize, spec.Width)
+			v, err := kernels.AllocCache(ops, spec.DType, numBlocks, blockSize, spec.Width)
 			if err != nil {
 				return nil, fmt.Errorf("models: kv cache: %w", err)
 			}

@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"testing"
 	"unsafe"
@@ -24,7 +25,7 @@ func TestWeightArena(t *testing.T) {
 			var a weightArena
 			var got [][]byte
 			for _, n := range tt.sizes {
-				p := a.bytes(n)
+				p, _ := a.bytes(n)
 				if len(p) != n || cap(p) != n {
 					t.Fatalf("bytes(%d): len %d cap %d", n, len(p), cap(p))
 				}
@@ -56,7 +57,7 @@ func TestWeightArena(t *testing.T) {
 
 func TestWeightArenaChunkAlignment(t *testing.T) {
 	var a weightArena
-	p := a.bytes(arenaMinPiece)
+	p, _ := a.bytes(arenaMinPiece)
 	if addr := uintptr(unsafe.Pointer(unsafe.SliceData(p))); addr%hugePage != 0 {
 		t.Errorf("a chunk's first piece at %#x, not aligned to %d bytes", addr, hugePage)
 	}
@@ -141,6 +142,128 @@ func TestAllocWeight(t *testing.T) {
 		}
 		if !slices.Equal(host, want[i]) {
 			t.Errorf("%v: contents changed by the tensors allocated and written after it", ten)
+		}
+	}
+}
+
+// Every view of a tensor in off-heap memory holds its mapping, so that the
+// memory stays mapped while a view is reachable: the views below outlive
+// the tensors they were taken from, through collections that run the
+// cleanups of unreachable mappings, and still read what was written (a
+// mapping dropped too early would fault here).
+func TestOffHeapViewsKeepTheirMapping(t *testing.T) {
+	if _, m := mapOffHeap(arenaMinPiece); m == nil {
+		t.Skip("no off-heap mappings on this system")
+	}
+	b := New(Options{Threads: 1})
+	defer b.Close()
+	const e, n, k = 4, 64, 256 // 4 experts of 64 x 256: 256 KiB of float32
+	r := rand.New(rand.NewPCG(3, 4))
+	vals := make([]float32, e*n*k)
+	for i := range vals {
+		vals[i] = r.Float32()
+	}
+	views := []struct {
+		name string
+		view func(t *testing.T, w *Tensor) (*Tensor, []float32)
+	}{
+		{"Rows", func(t *testing.T, w *Tensor) (*Tensor, []float32) {
+			v, err := b.Rows(w, 1, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v.(*Tensor), vals[n*k : 3*n*k]
+		}},
+		{"Reshape", func(t *testing.T, w *Tensor) (*Tensor, []float32) {
+			v, err := b.Reshape(w, e*n, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v.(*Tensor), vals
+		}},
+		{"expert", func(t *testing.T, w *Tensor) (*Tensor, []float32) { return expert(w, 2), vals[2*n*k : 3*n*k] }},
+		{"rowsView", func(t *testing.T, w *Tensor) (*Tensor, []float32) {
+			m, err := b.Reshape(w, e*n, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return rowsView(m.(*Tensor), 5, 9, k), vals[5*k : 9*k]
+		}},
+	}
+	allocs := []struct {
+		name  string
+		alloc func(kernels.DType, ...int) (kernels.Tensor, error)
+	}{{"AllocWeight", b.AllocWeight}, {"AllocCache", b.AllocCache}}
+	for _, a := range allocs {
+		for _, tt := range views {
+			t.Run(a.name+"/"+tt.name, func(t *testing.T) {
+				var v *Tensor
+				var want []float32
+				func() {
+					w, err := a.alloc(kernels.F32, e, n, k)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if w.(*Tensor).keep == nil {
+						t.Fatalf("%s of %d bytes is not off-heap", a.name, 4*e*n*k)
+					}
+					if err := b.Upload(w, kernels.F32Bytes(vals), kernels.F32); err != nil {
+						t.Fatal(err)
+					}
+					v, want = tt.view(t, w.(*Tensor))
+				}()
+				if v.keep == nil {
+					t.Fatalf("the view holds no mapping")
+				}
+				for range 3 {
+					runtime.GC()
+				}
+				_ = make([]byte, 64<<20) // a fresh mapping may take a freed one's place
+				if !slices.Equal(v.f32, want) {
+					t.Errorf("the view reads other values after collections")
+				}
+				for i := range v.f32 {
+					v.f32[i] = 1
+				}
+			})
+		}
+	}
+}
+
+// AllocCache: zeroed tensors of the asked dtype and shape, off-heap from
+// arenaMinPiece bytes on (where the system maps), each on its own mapping.
+func TestAllocCache(t *testing.T) {
+	b := New(Options{Threads: 1})
+	defer b.Close()
+	_, m := mapOffHeap(arenaMinPiece)
+	offHeap := m != nil
+	for _, tt := range []struct {
+		dtype kernels.DType
+		shape []int
+	}{
+		{kernels.F32, []int{2, 16, 7}},      // small: Go memory
+		{kernels.F32, []int{64, 16, 144}},   // 576 KiB
+		{kernels.BF16, []int{100, 16, 576}}, // 1.8 MiB
+		{kernels.F16, []int{9, 32, 128}},
+	} {
+		c, err := b.AllocCache(tt.dtype, tt.shape...)
+		if err != nil {
+			t.Fatalf("AllocCache(%v, %v): %v", tt.dtype, tt.shape, err)
+		}
+		ten := c.(*Tensor)
+		if ten.DType() != tt.dtype || !slices.Equal(ten.Shape(), tt.shape) {
+			t.Fatalf("AllocCache(%v, %v) = %v", tt.dtype, tt.shape, ten)
+		}
+		_, size := tensorBytes(ten)
+		if want := size >= arenaMinPiece && offHeap; (ten.keep != nil) != want {
+			t.Errorf("AllocCache(%v, %v): off-heap %v, want %v", tt.dtype, tt.shape, ten.keep != nil, want)
+		}
+		host := make([]byte, size)
+		if err := b.Download(host, ten); err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(host, func(v byte) bool { return v != 0 }) {
+			t.Fatalf("%v: not zeroed", ten)
 		}
 	}
 }

@@ -1249,7 +1249,7 @@ func rowsView(t *Tensor, lo, hi, n int) *Tensor {
 	if t.fp8 != nil {
 		return t.f8Rows(lo, hi, n, []int{hi - lo, n})
 	}
-	v := &Tensor{shape: []int{hi - lo, n}, dtype: t.dtype}
+	v := &Tensor{shape: []int{hi - lo, n}, dtype: t.dtype, keep: t.keep}
 	if t.dtype == kernels.F32 {
 		v.f32 = t.f32[lo*n : hi*n]
 	} else {

@@ -178,6 +178,10 @@ type Tensor struct {
 	fp8   *fp8Scales // F8E4M3 weights: their block scales (nil for caches)
 	q     *quantRows // Quant weights: their blocks
 	mx    *mxfp4Rows // MXFP4 weights: their blocks and scales
+	// keep is the off-heap mapping the elements live in (nil for Go
+	// memory): held so that the memory stays mapped while any tensor
+	// viewing it is reachable. Every view copies it.
+	keep *mapping
 }
 
 // Shape returns the dimensions; the caller must not modify them.
@@ -231,8 +235,37 @@ func (b *Backend) AllocWeight(dtype kernels.DType, shape ...int) (kernels.Tensor
 	return allocTensor(&b.weights, dtype, shape)
 }
 
-// allocTensor is Alloc with the elements from arena when it is not nil.
-func allocTensor(arena *weightArena, dtype kernels.DType, shape []int) (kernels.Tensor, error) {
+// AllocCache returns a zeroed tensor for a KV cache or state slots
+// (kernels.CacheAllocator): from 64 KiB on, mapped outside Go's heap and
+// advised for huge pages, so that a cache of hundreds of MB neither lets
+// the collector wait for as much garbage (every byte of it on pages that
+// fault in fresh) nor is scanned. Unmapped once no tensor viewing it is
+// reachable. Cost: one mmap a tensor.
+func (b *Backend) AllocCache(dtype kernels.DType, shape ...int) (kernels.Tensor, error) {
+	return allocTensor(cacheArena{}, dtype, shape)
+}
+
+// cacheArena maps each piece of arenaMinPiece bytes or more on its own
+// (mapOffHeap), falling back to Go memory.
+type cacheArena struct{}
+
+func (cacheArena) bytes(n int) ([]byte, *mapping) {
+	if n >= arenaMinPiece {
+		if p, m := mapOffHeap(n); m != nil {
+			return p, m
+		}
+	}
+	return make([]byte, n), nil
+}
+
+// byteSource hands out zeroed bytes and the mapping to keep with them.
+type byteSource interface {
+	bytes(n int) ([]byte, *mapping)
+}
+
+// allocTensor is Alloc with the elements from src when it is not nil
+// (arenaSlice).
+func allocTensor(src byteSource, dtype kernels.DType, shape []int) (kernels.Tensor, error) {
 	n, err := kernels.AllocShapes("cpu", dtype, shape)
 	if err != nil {
 		return nil, err
@@ -240,13 +273,13 @@ func allocTensor(arena *weightArena, dtype kernels.DType, shape []int) (kernels.
 	t := &Tensor{shape: append([]int(nil), shape...), dtype: dtype}
 	switch dtype {
 	case kernels.F32:
-		t.f32 = arenaSlice[float32](arena, n)
+		t.f32, t.keep = arenaSlice[float32](src, n)
 	case kernels.BF16, kernels.F16:
-		t.u16 = arenaSlice[uint16](arena, n)
+		t.u16, t.keep = arenaSlice[uint16](src, n)
 	case kernels.I32:
-		t.i32 = arenaSlice[int32](arena, n)
+		t.i32, t.keep = arenaSlice[int32](src, n)
 	case kernels.F8E4M3:
-		t.u8 = arenaSlice[uint8](arena, n)
+		t.u8, t.keep = arenaSlice[uint8](src, n)
 	default:
 		return nil, fmt.Errorf("cpu: alloc %v%v: %w", dtype, shape, kernels.ErrDType)
 	}
@@ -379,7 +412,7 @@ func (b *Backend) Rows(t kernels.Tensor, lo, hi int) (kernels.Tensor, error) {
 		k := s.shape[len(s.shape)-1]
 		return s.mxRows(lo*r/k, hi*r/k, append([]int{hi - lo}, s.shape[1:]...)), nil
 	}
-	v := &Tensor{shape: append([]int{hi - lo}, s.shape[1:]...), dtype: s.dtype}
+	v := &Tensor{shape: append([]int{hi - lo}, s.shape[1:]...), dtype: s.dtype, keep: s.keep}
 	switch s.dtype {
 	case kernels.F32:
 		v.f32 = s.f32[lo*r : hi*r : hi*r]

@@ -56,9 +56,9 @@ func (b *Backend) FP8Weight(w kernels.FP8Weight) (kernels.Tensor, error) {
 			return nil, fmt.Errorf("cpu: %s: byte %d is an E4M3 NaN (%#02x): %w", op, i, v, kernels.ErrDType)
 		}
 	}
-	data := b.weights.bytes(len(w.Data))
+	data, keep := b.weights.bytes(len(w.Data))
 	copy(data, w.Data)
-	return &Tensor{shape: append([]int(nil), w.Shape...), dtype: kernels.F8E4M3, u8: data,
+	return &Tensor{shape: append([]int(nil), w.Shape...), dtype: kernels.F8E4M3, u8: data, keep: keep,
 		fp8: &fp8Scales{scales: append([]float32(nil), w.Scales...), scaleRow: append([]int32(nil), w.ScaleRow...), blockK: w.BlockK}}, nil
 }
 
@@ -72,5 +72,5 @@ func (t *Tensor) f8Weights() simd.F8Weights {
 func (t *Tensor) f8Rows(lo, hi, k int, shape []int) *Tensor {
 	s := *t.fp8
 	s.scaleRow = s.scaleRow[lo:hi:hi]
-	return &Tensor{shape: shape, dtype: t.dtype, u8: t.u8[lo*k : hi*k : hi*k], fp8: &s}
+	return &Tensor{shape: shape, dtype: t.dtype, u8: t.u8[lo*k : hi*k : hi*k], fp8: &s, keep: t.keep}
 }

@@ -170,7 +170,7 @@ func expert(t *Tensor, e int) *Tensor {
 		n, k := t.shape[1], t.shape[2]
 		return t.f8Rows(e*n, (e+1)*n, k, t.shape[1:])
 	}
-	v := &Tensor{shape: t.shape[1:], dtype: t.dtype}
+	v := &Tensor{shape: t.shape[1:], dtype: t.dtype, keep: t.keep}
 	if t.dtype == kernels.F32 {
 		v.f32 = t.f32[e*r : (e+1)*r]
 	} else {

@@ -53,9 +53,9 @@ func (b *Backend) MXFP4Weight(w kernels.MXFP4Weight) (kernels.Tensor, error) {
 			return nil, fmt.Errorf("cpu: %s: scale %d is the E8M0 NaN (0xff): %w", op, i, kernels.ErrDType)
 		}
 	}
-	blocks := b.weights.bytes(len(w.Blocks))
+	blocks, keep := b.weights.bytes(len(w.Blocks))
 	copy(blocks, w.Blocks)
-	return &Tensor{shape: append([]int(nil), w.Shape...), dtype: kernels.MXFP4,
+	return &Tensor{shape: append([]int(nil), w.Shape...), dtype: kernels.MXFP4, keep: keep,
 		mx: &mxfp4Rows{blocks: blocks, scales: append([]byte(nil), w.Scales...)}}, nil
 }
 
@@ -64,7 +64,7 @@ func (b *Backend) MXFP4Weight(w kernels.MXFP4Weight) (kernels.Tensor, error) {
 func (t *Tensor) mxRows(lo, hi int, shape []int) *Tensor {
 	k := t.shape[len(t.shape)-1]
 	bk, sk := k/2, k/kernels.MXFP4BlockSize
-	return &Tensor{shape: shape, dtype: kernels.MXFP4, mx: &mxfp4Rows{
+	return &Tensor{shape: shape, dtype: kernels.MXFP4, keep: t.keep, mx: &mxfp4Rows{
 		blocks: t.mx.blocks[lo*bk : hi*bk : hi*bk], scales: t.mx.scales[lo*sk : hi*sk : hi*sk]}}
 }
 

@@ -73,7 +73,8 @@ func (b *Backend) QuantWeight(w kernels.QuantWeight) (kernels.Tensor, error) {
 	if lo != rows {
 		return nil, fmt.Errorf("cpu: %s: parts hold %d rows, shape %v has %d: %w", op, lo, w.Shape, rows, kernels.ErrShape)
 	}
-	data := b.weights.bytes(size)[:0]
+	data, keep := b.weights.bytes(size)
+	data = data[:0]
 	q := &quantRows{}
 	starts := []int{} // byte offset of each segment in data
 	lo = 0
@@ -95,7 +96,7 @@ func (b *Backend) QuantWeight(w kernels.QuantWeight) (kernels.Tensor, error) {
 		end := starts[i] + (s.hi-s.lo)*s.rb
 		s.data = data[starts[i]:end:end]
 	}
-	return &Tensor{shape: append([]int(nil), w.Shape...), dtype: kernels.Quant, q: q}, nil
+	return &Tensor{shape: append([]int(nil), w.Shape...), dtype: kernels.Quant, q: q, keep: keep}, nil
 }
 
 // qRows is the view of matrix rows [lo, hi) of a block-quantized weight,
@@ -110,7 +111,7 @@ func (t *Tensor) qRows(lo, hi int, shape []int) *Tensor {
 		v.segs = append(v.segs, quantSeg{lo: a - lo, hi: z - lo, typ: s.typ, rb: s.rb,
 			data: s.data[(a-s.lo)*s.rb : (z-s.lo)*s.rb : (z-s.lo)*s.rb]})
 	}
-	return &Tensor{shape: shape, dtype: kernels.Quant, q: v}
+	return &Tensor{shape: shape, dtype: kernels.Quant, q: v, keep: t.keep}
 }
 
 // quantColumns is the width of the column blocks that a prefill over a
