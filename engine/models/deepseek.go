@@ -102,7 +102,7 @@ func routeParams(cfg *weights.Config, v3 bool) (kernels.RouteParams, error) {
 
 func newDeepseek(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, opts Options) (Model, error) {
 	v3 := arch == "DeepseekV3ForCausalLM"
-	m := &deepseek{base: base{arch: arch, cfg: cfg, ops: ops}, v3: v3, qLoraRank: cfg.QLoraRank, fusedRows: mlaFusedRows,
+	m := &deepseek{base: base{arch: arch, cfg: cfg, ops: ops, spare: &spareScratch{}}, v3: v3, qLoraRank: cfg.QLoraRank, fusedRows: mlaFusedRows,
 		interleave: cfg.RopeInterleave || !v3, // V2 always rotates interleaved pairs
 		dims: kernels.MLAParams{NumHeads: cfg.NumAttentionHeads, NopeDim: cfg.QKNopeHeadDim, RopeDim: cfg.QKRopeHeadDim,
 			KVLoraRank: cfg.KVLoraRank, VHeadDim: cfg.VHeadDim}}
@@ -265,7 +265,8 @@ func (m *deepseek) Forward(ctx context.Context, cache *KVCache, b *ForwardBatch)
 		return nil, err
 	}
 	ops, t, h := m.ops, b.NumTokens, m.cfg.HiddenSize
-	s := newScratch(ops)
+	s := m.spare.take(ops, t)
+	defer m.spare.put(s)
 	resid, delta := s.get("resid", t, h), s.get("delta", t, h)
 	if s.err != nil {
 		return nil, s.err

@@ -202,7 +202,7 @@ func newGemma3(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, o
 		return nil, err
 	}
 	cfg.Rope = globalRope
-	m := &gemma3{base: base{arch: arch, cfg: cfg, ops: ops}, gemmaOps: gops,
+	m := &gemma3{base: base{arch: arch, cfg: cfg, ops: ops, spare: &spareScratch{}}, gemmaOps: gops,
 		numHeads: cfg.NumAttentionHeads, numKVHeads: cfg.NumKeyValueHeads, headDim: cfg.HeadDim,
 		attnScale: float32(math.Pow(qpas, -0.5)), finalSoftcap: float32(softcap), windowLayers: windowLayers{window: cfg.SlidingWindow}}
 	l := newLoader(ops, cfg, src, opts)
@@ -306,7 +306,7 @@ func (m *gemma3) Forward(ctx context.Context, cache *KVCache, b *ForwardBatch) (
 		return nil, err
 	}
 	return runDecoder(ctx, m.ops, m.arch, cache, b, m.cfg.HiddenSize, len(m.layers), m.embed,
-		func(resid kernels.Tensor) error { return m.gemmaOps.Scale(resid, resid, m.embedScale) }, m.layer)
+		func(resid kernels.Tensor) error { return m.gemmaOps.Scale(resid, resid, m.embedScale) }, m.layer, m.spare)
 }
 
 // layer runs decoder layer i; resid and delta as in llama.layer (delta

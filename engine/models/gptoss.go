@@ -87,7 +87,7 @@ func newGptOss(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, o
 	if e < 1 || topK < 1 || topK > e || !(limit > 0) {
 		return nil, fmt.Errorf("models: %s: %d experts, top-%d, swiglu_limit %g: %w", arch, e, topK, limit, ErrConfig)
 	}
-	m := &gptOss{base: base{arch: arch, cfg: cfg, ops: ops}, moeOps: moeOps,
+	m := &gptOss{base: base{arch: arch, cfg: cfg, ops: ops, spare: &spareScratch{}}, moeOps: moeOps,
 		numHeads: cfg.NumAttentionHeads, numKVHeads: cfg.NumKeyValueHeads, headDim: cfg.HeadDim,
 		numExperts: e, windowLayers: windowLayers{window: cfg.SlidingWindow},
 		route: kernels.RouteParams{TopK: topK, Scoring: kernels.ScoringSoftmax, Method: kernels.TopKGreedy,
@@ -341,7 +341,7 @@ func (m *gptOss) Forward(ctx context.Context, cache *KVCache, b *ForwardBatch) (
 	if err := m.checkBatch(m.arch, b); err != nil {
 		return nil, err
 	}
-	return runDecoder(ctx, m.ops, m.arch, cache, b, m.cfg.HiddenSize, len(m.layers), m.embed, nil, m.layer)
+	return runDecoder(ctx, m.ops, m.arch, cache, b, m.cfg.HiddenSize, len(m.layers), m.embed, nil, m.layer, m.spare)
 }
 
 // layer runs decoder layer i; resid and delta as in llama.layer.

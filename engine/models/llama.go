@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync/atomic"
 
 	"github.com/deepinfer/deepinfer-go/engine/weights"
 	"github.com/deepinfer/deepinfer-go/kernels"
@@ -22,6 +23,7 @@ type base struct {
 	finalNorm kernels.Tensor
 	lmHead    kernels.Tensor // [vocab, hidden]; the embedding when tied
 	rope      *ropeTables
+	spare     *spareScratch // one pass's scratch kept for the next
 }
 
 func (m *base) Architecture() string { return m.arch }
@@ -118,10 +120,46 @@ type scratch struct {
 	bufs   map[scratchKey]kernels.Tensor
 	inputs map[[2]int]kernels.DType // LinearInputDType's answers by (weights' dtype, rows)
 	err    error
+	tokens int // the pass's tokens when spareScratch may keep it, else 0
 }
 
 func newScratch(ops kernels.Ops) *scratch {
 	return &scratch{ops: ops, bufs: map[scratchKey]kernels.Tensor{}, inputs: map[[2]int]kernels.DType{}}
+}
+
+// spareScratch keeps one forward pass's scratch for the next pass over as
+// many tokens, on backends whose every allocation is zeroed (no
+// kernels.EmptyAllocator): there a decode step would otherwise ask the Go
+// heap for all of its activations afresh, and the fresh pages fault in as
+// they are first written. Reuse keeps AllocEmpty's contract (every
+// operation writes all of its output before anything reads it,
+// TestScratchWrittenBeforeRead); nothing Forward returns is scratch.
+// Backends with an EmptyAllocator (CUDA: a caching allocator, buffers
+// captured in graphs) get a fresh scratch every pass. A pass that finds
+// the spare taken (concurrent forwards) or kept for another token count
+// gets a fresh one. A nil *spareScratch keeps nothing. Safe for concurrent
+// use.
+type spareScratch struct{ kept atomic.Pointer[scratch] }
+
+// take returns the kept scratch when it was kept for a pass of tokens
+// tokens, else a fresh one.
+func (c *spareScratch) take(ops kernels.Ops, tokens int) *scratch {
+	if _, ok := ops.(kernels.EmptyAllocator); ok || c == nil {
+		return newScratch(ops)
+	}
+	if s := c.kept.Swap(nil); s != nil && s.tokens == tokens && s.err == nil {
+		return s
+	}
+	s := newScratch(ops)
+	s.tokens = tokens
+	return s
+}
+
+// put keeps s for the next pass when take made it to be kept.
+func (c *spareScratch) put(s *scratch) {
+	if c != nil && s.tokens > 0 && s.err == nil {
+		c.kept.Store(s)
+	}
 }
 
 // scratchKey names a scratch buffer: a layer asks for each of its buffers
@@ -226,7 +264,7 @@ type llamaLayer struct {
 }
 
 func newLlama(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, opts Options) (Model, error) {
-	m := &llama{base: base{arch: arch, cfg: cfg, ops: ops},
+	m := &llama{base: base{arch: arch, cfg: cfg, ops: ops, spare: &spareScratch{}},
 		numHeads: cfg.NumAttentionHeads, numKVHeads: cfg.NumKeyValueHeads, headDim: cfg.HeadDim}
 	if cfg.HiddenAct != "silu" {
 		return nil, fmt.Errorf("models: %s: hidden_act %q, only silu: %w", arch, cfg.HiddenAct, ErrConfig)
@@ -332,7 +370,7 @@ func (m *llama) Forward(ctx context.Context, cache *KVCache, b *ForwardBatch) (k
 	if err := cache.check(m.KVCacheSpec()); err != nil {
 		return nil, err
 	}
-	return runDecoder(ctx, m.ops, m.arch, cache, b, m.cfg.HiddenSize, len(m.layers), m.embed, nil, m.layer)
+	return runDecoder(ctx, m.ops, m.arch, cache, b, m.cfg.HiddenSize, len(m.layers), m.embed, nil, m.layer, m.spare)
 }
 
 // layerFunc runs decoder layer i over the batch: on entry resid holds the
@@ -345,9 +383,10 @@ type layerFunc func(i int, s *scratch, cache *KVCache, b *ForwardBatch, resid, d
 // the n layers (checking ctx between them), and the last layer's output
 // added to the residual stream. Errors name arch and the layer.
 func runDecoder(ctx context.Context, ops kernels.Ops, arch string, cache *KVCache, b *ForwardBatch, hidden, n int, embed kernels.Tensor,
-	embedded func(resid kernels.Tensor) error, layer layerFunc) (kernels.Tensor, error) {
+	embedded func(resid kernels.Tensor) error, layer layerFunc, spare *spareScratch) (kernels.Tensor, error) {
 	t := b.NumTokens
-	s := newScratch(ops)
+	s := spare.take(ops, t)
+	defer spare.put(s)
 	resid, delta := s.get("resid", t, hidden), s.get("delta", t, hidden)
 	if s.err != nil {
 		return nil, s.err
