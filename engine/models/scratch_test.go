@@ -182,3 +182,89 @@ func TestScratchInputDType(t *testing.T) {
 		}
 	}
 }
+
+// allocCountOps is plainOps counting Alloc calls and the KV cache tensors
+// asked of AllocCache (which it serves from the wrapped backend's).
+type allocCountOps struct {
+	kernels.Ops
+	allocs, caches int
+}
+
+func (o *allocCountOps) Alloc(dt kernels.DType, shape ...int) (kernels.Tensor, error) {
+	o.allocs++
+	return o.Ops.Alloc(dt, shape...)
+}
+
+func (o *allocCountOps) AllocCache(dt kernels.DType, shape ...int) (kernels.Tensor, error) {
+	o.caches++
+	return kernels.AllocCache(o.Ops, dt, shape...)
+}
+
+// A model on a backend without an EmptyAllocator keeps one pass's scratch
+// for the next pass over as many tokens: the second of two decode steps of
+// 3 sequences allocates only what it returns (fewer than a third of the
+// first's allocations), a step of another token count allocates afresh,
+// and every step's logits are those of a model that ran no step before
+// (a fresh scratch), to the bit. The KV cache comes from AllocCache.
+func TestSpareScratch(t *testing.T) {
+	cpuOps := newBackend(t, 2)
+	for _, name := range []string{"llama", "deepseek-v3"} {
+		t.Run(name, func(t *testing.T) {
+			ops := &allocCountOps{Ops: cpuOps}
+			m, _ := tinyModel(t, ops, name, kernels.BF16)
+			cache, err := m.NewKVCache(12, 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := len(cache.K) + len(cache.V); ops.caches != want {
+				t.Errorf("NewKVCache took %d tensors from AllocCache, want %d", ops.caches, want)
+			}
+			r := rand.New(rand.NewPCG(7, 8))
+			pool := newBlockPool(r, cache.NumBlocks)
+			tables := [][]int32{pool.table(cache.BlockSize, 12), pool.table(cache.BlockSize, 12), pool.table(cache.BlockSize, 12)}
+			prompts := [][]int32{randomIDs(r, 5, 97), randomIDs(r, 7, 97), randomIDs(r, 4, 97)}
+			var steps [][]seqStep
+			var prefill []seqStep
+			for i, p := range prompts {
+				prefill = append(prefill, seqStep{p, 0, tables[i]})
+			}
+			steps = append(steps, prefill)
+			for d := range 2 {
+				var dec []seqStep
+				for i, p := range prompts {
+					dec = append(dec, seqStep{randomIDs(r, 1, 97), len(p) + d, tables[i]})
+				}
+				steps = append(steps, dec)
+			}
+			var allocs []int
+			var got [][][]float32
+			for _, st := range steps {
+				before := ops.allocs
+				lg, _ := step(t, m, cache, st...)
+				allocs = append(allocs, ops.allocs-before)
+				got = append(got, lg)
+			}
+			if allocs[2]*3 >= allocs[1] {
+				t.Errorf("allocations per step %v: the second decode step did not reuse the first's scratch", allocs)
+			}
+			if allocs[1]*3 < allocs[0] {
+				t.Errorf("allocations per step %v: the first decode step (3 tokens) allocated far less than the prefill (16): a scratch kept for another token count was reused", allocs)
+			}
+			// The same steps on a fresh model each: fresh scratch every pass.
+			fresh, _ := tinyModel(t, plainOps{cpuOps}, name, kernels.BF16)
+			fcache, err := fresh.NewKVCache(12, 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, st := range steps {
+				want, _ := step(t, fresh, fcache, st...)
+				fresh, _ = tinyModel(t, plainOps{cpuOps}, name, kernels.BF16)
+				for row := range want {
+					if !sameBits(got[i][row], want[row]) {
+						t.Fatalf("step %d row %d: logits differ from a fresh scratch's", i, row)
+					}
+				}
+			}
+		})
+	}
+}
