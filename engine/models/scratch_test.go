@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"sync"
 	"testing"
 
 	"github.com/deepinfer/deepinfer-go/kernels"
@@ -267,4 +268,73 @@ func TestSpareScratch(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Forward passes running at once on one model never share a kept scratch:
+// two goroutines decoding their own sequences into their own caches get
+// the logits of the same steps run one after the other (run with -race).
+func TestSpareScratchConcurrent(t *testing.T) {
+	ops := plainOps{newBackend(t, 2)}
+	m, _ := tinyModel(t, ops, "deepseek-v3", kernels.F32)
+	run := func(seed uint64) [][]float32 {
+		cache, err := m.NewKVCache(8, 4)
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
+		r := rand.New(rand.NewPCG(seed, 1))
+		table := newBlockPool(r, 8).table(4, 32)
+		ids := randomIDs(r, 6, 97)
+		var out [][]float32
+		cached := 0
+		for range 8 {
+			h := HostBatch{BlockSize: 4}
+			h.AddSequence(ids, cached, table)
+			lg, err := forwardLogits(ops, m, cache, &h)
+			if err != nil {
+				t.Error(err) // not Fatal: this may run off the test's goroutine
+				return nil
+			}
+			out = append(out, lg)
+			cached += len(ids)
+			ids = randomIDs(r, 1, 97)
+		}
+		return out
+	}
+	want := [][][]float32{run(1), run(2)}
+	got := make([][][]float32, 2)
+	var wg sync.WaitGroup
+	for i := range got {
+		wg.Go(func() { got[i] = run(uint64(i + 1)) })
+	}
+	wg.Wait()
+	for i := range got {
+		for s := range want[i] {
+			if s >= len(got[i]) || !sameBits(got[i][s], want[i][s]) {
+				t.Fatalf("goroutine %d step %d: logits differ from the sequential run's", i, s)
+			}
+		}
+	}
+}
+
+// forwardLogits runs one forward pass of h and returns the last row's
+// logits (an error where step would fail the test).
+func forwardLogits(ops kernels.Ops, m Model, cache *KVCache, h *HostBatch) ([]float32, error) {
+	b, err := h.Upload(ops, cache.NumBlocks)
+	if err != nil {
+		return nil, err
+	}
+	hidden, err := m.Forward(context.Background(), cache, b)
+	if err != nil {
+		return nil, err
+	}
+	lg, err := m.ComputeLogits(hidden, nil)
+	if err != nil {
+		return nil, err
+	}
+	v, err := kernels.ToF32(ops, lg)
+	if err != nil {
+		return nil, err
+	}
+	return v[len(v)-lg.Shape()[1]:], nil
 }
