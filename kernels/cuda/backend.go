@@ -215,12 +215,14 @@ type Options struct {
 	// DisableMoEAdd makes MoEAdd run MoE and then Add rather than adding in
 	// MoE's combine pass (the same bits, one launch and pass more).
 	DisableMoEAdd bool
-	// MoERoundedInput makes MoEInputDType answer the experts' 16-bit type
-	// in GEMM mode round (kernels.MoEInputer), so that a model's norm
-	// writes a MoE layer's x rounded: the same bits, a rounding pass less a
-	// projection that reads x. Off by default (F32: x in float32); MoE
-	// takes a rounded x either way (kernels.MoERoundedShapes).
-	MoERoundedInput bool
+	// DisableMoERoundedInput makes MoEInputDType answer F32 (x in float32)
+	// where it would answer the experts' 16-bit type: in GEMM mode round
+	// (kernels.MoEInputer) a model's norm writes a MoE layer's x rounded,
+	// so that the router, the shared experts and the MoE do not each round
+	// it again: the same bits (TestGPUMoERoundedInputModel), a rounding
+	// pass less a projection that reads x. MoE takes either x
+	// (kernels.MoERoundedShapes).
+	DisableMoERoundedInput bool
 	// DisableEmbedNorm makes EmbedNormConcat run Embedding, two RMSNorms
 	// and Concat (the same bits, three launches more).
 	DisableEmbedNorm bool

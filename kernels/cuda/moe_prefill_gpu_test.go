@@ -462,7 +462,7 @@ func fnvF32(v []float32) uint64 {
 
 // MoE takes x rounded already to its 16-bit experts' dtype in GEMM mode
 // round (kernels.MoERoundedShapes: a model's norm writes x so where
-// LinearInputDType and MoEInputDType, with Options.MoERoundedInput, say
+// LinearInputDType and MoEInputDType (unless Options.DisableMoERoundedInput) say
 // that the MoE's input projections round it), with
 // the bits of the same call on x in float32, on every path that serves 16-
 // bit experts: the decode kernels (24 pairs), the grouped GEMM on wgmma
@@ -520,10 +520,11 @@ func TestGPUMoERoundedInput(t *testing.T) {
 			w    kernels.DType
 			want kernels.DType
 		}{
-			{Options{GEMM: GEMMRound, MoERoundedInput: true}, kernels.BF16, kernels.BF16},
-			{Options{GEMM: GEMMRound, MoERoundedInput: true}, kernels.F16, kernels.F16},
-			{Options{GEMM: GEMMRound, MoERoundedInput: true}, kernels.F8E4M3, kernels.F32},
-			{Options{GEMM: GEMMSplit, MoERoundedInput: true}, kernels.BF16, kernels.F32},
+			{Options{GEMM: GEMMRound}, kernels.BF16, kernels.BF16},
+			{Options{GEMM: GEMMRound, DisableMoERoundedInput: true}, kernels.BF16, kernels.F32},
+			{Options{GEMM: GEMMRound}, kernels.F16, kernels.F16},
+			{Options{GEMM: GEMMRound}, kernels.F8E4M3, kernels.F32},
+			{Options{GEMM: GEMMSplit}, kernels.BF16, kernels.F32},
 		} {
 			g := newGPUOpts(t, c.opts)
 			if got := g.MoEInputDType(c.w, 4096); got != c.want {

@@ -96,11 +96,11 @@ func (b *Backend) LinearInputDType(w kernels.DType, rows int) kernels.DType {
 
 var _ kernels.MoEInputer = (*Backend)(nil)
 
-// MoEInputDType implements kernels.MoEInputer: with
-// Options.MoERoundedInput, the experts' 16-bit type in GEMM mode round
-// (where every MoE path rounds x to it, at any row count), else F32.
+// MoEInputDType implements kernels.MoEInputer: the experts' 16-bit type in
+// GEMM mode round (where every MoE path rounds x to it, at any row count)
+// unless Options.DisableMoERoundedInput, else F32.
 func (b *Backend) MoEInputDType(w kernels.DType, rows int) kernels.DType {
-	if b.opts.MoERoundedInput && b.gemm == GEMMRound && (w == kernels.BF16 || w == kernels.F16) {
+	if !b.opts.DisableMoERoundedInput && b.gemm == GEMMRound && (w == kernels.BF16 || w == kernels.F16) {
 		return w
 	}
 	return kernels.F32

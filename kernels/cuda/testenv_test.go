@@ -61,13 +61,7 @@ var testEnv = []testEnvVar{
 	{"DEEPINFER_CUDA_MLA_PREPARE", offEnv(func(o *Options) *bool { return &o.DisableFusedMLAPrepare })},
 	{"DEEPINFER_CUDA_MOE_ADD", offEnv(func(o *Options) *bool { return &o.DisableMoEAdd })},
 	{"DEEPINFER_CUDA_MOE_ROUTE", offEnv(func(o *Options) *bool { return &o.DisableFusedRoute })},
-	{"DEEPINFER_CUDA_MOE_X16", func(o *Options, v string) error {
-		if v != "0" && v != "1" {
-			return fmt.Errorf("want 0 (off, the default) or 1")
-		}
-		o.MoERoundedInput = o.MoERoundedInput || v == "1"
-		return nil
-	}},
+	{"DEEPINFER_CUDA_MOE_X16", offEnv(func(o *Options) *bool { return &o.DisableMoERoundedInput })},
 	{"DEEPINFER_CUDA_EMBED_NORM", offEnv(func(o *Options) *bool { return &o.DisableEmbedNorm })},
 	{"DEEPINFER_CUDA_GATED_GEMV", offEnv(func(o *Options) *bool { return &o.DisableGatedGEMV })},
 	{"DEEPINFER_CUDA_PREFILL_GQA", offEnv(func(o *Options) *bool { return &o.DisablePrefillGQA })},
