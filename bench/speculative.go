@@ -177,7 +177,7 @@ func RunSpeculative(ctx context.Context, cfg *config.Config, o SpeculativeOption
 			c.Speculative.NumSpeculativeTokens = k
 			c.Engine.MaxNumSeqs = batch
 			// Every running sequence can verify a whole draft in one step.
-			c.Engine.MaxNumBatchedTokens = max(c.Engine.MaxNumBatchedTokens, batch*(k+1))
+			c.Engine.MaxNumBatchedTokens = max(c.Engine.StepTokens(c.Device), batch*(k+1))
 			if err := c.Validate(); err != nil {
 				return nil, fmt.Errorf("bench: speculative: %s at batch %d: %w", m, batch, err)
 			}

@@ -129,7 +129,7 @@ func newBenchCmd(reg *pipeline.Registry) *cobra.Command {
 				}
 				if len(opts.batches) == 1 {
 					cfg.Engine.MaxNumSeqs = opts.batches[0]
-					cfg.Engine.MaxNumBatchedTokens = max(cfg.Engine.MaxNumBatchedTokens, opts.batches[0])
+					cfg.Engine.MaxNumBatchedTokens = max(cfg.Engine.StepTokens(cfg.Device), opts.batches[0])
 				}
 				if err := cfg.Validate(); err != nil {
 					return fmt.Errorf("bench: %w", err)

@@ -116,7 +116,7 @@ func (f *engineFlags) load(positional string) (cfg *config.Config, cleanup func(
 	if f.changed("max-num-seqs") {
 		cfg.Engine.MaxNumSeqs = f.maxNumSeqs
 		// Every running sequence must be able to decode in one step.
-		cfg.Engine.MaxNumBatchedTokens = max(cfg.Engine.MaxNumBatchedTokens, f.maxNumSeqs)
+		cfg.Engine.MaxNumBatchedTokens = max(cfg.Engine.StepTokens(cfg.Device), f.maxNumSeqs)
 	}
 	if f.changed("gpu-memory-utilization") {
 		cfg.Cache.MemoryFraction = f.gpuMemUtilization

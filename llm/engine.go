@@ -174,7 +174,7 @@ func New(cfg *config.Config, opts Options) (*Engine, error) {
 		e.maxPromptBytes = maxPromptBytes(maxModelLen, e.tok.MaxTokenBytes())
 	}
 
-	maxBatched := max(cfg.Engine.MaxNumBatchedTokens, cfg.Engine.MaxNumSeqs)
+	maxBatched := max(cfg.Engine.StepTokens(cfg.Device), cfg.Engine.MaxNumSeqs)
 	if !cfg.Engine.ChunkedPrefill {
 		// Whole prompts must fit one step, as vLLM sizes it without chunking.
 		maxBatched = max(maxBatched, maxModelLen)

@@ -63,7 +63,7 @@ type Chat struct {
 // Engine holds the scheduler's limits.
 type Engine struct {
 	MaxNumSeqs          int  `yaml:"max_num_seqs"`           // sequences in one step
-	MaxNumBatchedTokens int  `yaml:"max_num_batched_tokens"` // tokens in one step
+	MaxNumBatchedTokens int  `yaml:"max_num_batched_tokens"` // tokens in one step; 0 = the device's (StepTokens)
 	MaxModelLen         int  `yaml:"max_model_len"`          // prompt + output; 0 = the model's max_position_embeddings
 	ChunkedPrefill      bool `yaml:"chunked_prefill"`        // split long prompts over steps
 	PrefillChunkSize    int  `yaml:"prefill_chunk_size"`     // tokens per prefill chunk when chunked
@@ -78,6 +78,20 @@ type Engine struct {
 	// engine then serves positions the model was never trained on, whose
 	// outputs may be garbage. Off, such a config is refused at load.
 	AllowLongMaxModelLen bool `yaml:"allow_long_max_model_len"`
+}
+
+// StepTokens is MaxNumBatchedTokens, or where it is 0 the device's
+// default: 512 tokens a step on the CPU (llama.cpp's micro-batch; a step's
+// activations stay in the caches, and the default model's 64-prompt run is
+// about 1.2x faster than with 2048) and 2048 on CUDA.
+func (e Engine) StepTokens(device string) int {
+	switch {
+	case e.MaxNumBatchedTokens > 0:
+		return e.MaxNumBatchedTokens
+	case device == "cuda":
+		return 2048
+	}
+	return 512
 }
 
 // Cache sizes the paged KV cache and the per-sequence state slots.
@@ -341,11 +355,10 @@ func Default() Config {
 		Model:  "../assets/deepseek-tiny",
 		Device: "cpu",
 		Engine: Engine{
-			MaxNumSeqs:          64,
-			MaxNumBatchedTokens: 2048,
-			ChunkedPrefill:      true,
-			PrefillChunkSize:    512,
-			MaxWaiting:          1024,
+			MaxNumSeqs:       64,
+			ChunkedPrefill:   true,
+			PrefillChunkSize: 512,
+			MaxWaiting:       1024,
 		},
 		Cache: Cache{
 			BlockSize:      16,

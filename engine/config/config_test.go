@@ -456,3 +456,29 @@ func TestCacheKVDType(t *testing.T) {
 		}
 	}
 }
+
+// engine.max_num_batched_tokens 0 (the default) is the device's step size;
+// a value set is kept; a negative one is refused naming the key.
+func TestStepTokens(t *testing.T) {
+	for _, c := range []struct {
+		yaml string
+		want int
+	}{
+		{"model: m\n", 512},
+		{"model: m\ndevice: cuda\n", 2048},
+		{"model: m\nengine: {max_num_batched_tokens: 100}\n", 100},
+		{"model: m\ndevice: cuda\nengine: {max_num_batched_tokens: 8192}\n", 8192},
+		{"model: m\nengine: {max_num_batched_tokens: 0, max_num_seqs: 1000}\n", 512},
+	} {
+		cfg, err := Parse("test.yaml", []byte(c.yaml))
+		if err != nil {
+			t.Fatalf("%q: %v", c.yaml, err)
+		}
+		if got := cfg.Engine.StepTokens(cfg.Device); got != c.want {
+			t.Errorf("%q: StepTokens = %d, want %d", c.yaml, got, c.want)
+		}
+	}
+	if _, err := Parse("test.yaml", []byte("model: m\nengine: {max_num_batched_tokens: -1}\n")); err == nil || !strings.Contains(err.Error(), "engine.max_num_batched_tokens") {
+		t.Errorf("max_num_batched_tokens -1: err = %v, want one naming the key", err)
+	}
+}

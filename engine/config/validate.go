@@ -32,10 +32,10 @@ func (c *Config) Validate() error {
 	if e.MaxNumSeqs < 1 {
 		bad("engine.max_num_seqs", "must be at least 1, got %d", e.MaxNumSeqs)
 	}
-	if e.MaxNumBatchedTokens < 1 {
-		bad("engine.max_num_batched_tokens", "must be at least 1, got %d", e.MaxNumBatchedTokens)
+	if e.MaxNumBatchedTokens < 0 {
+		bad("engine.max_num_batched_tokens", "must be 0 (the device's) or positive, got %d", e.MaxNumBatchedTokens)
 	}
-	if e.MaxNumBatchedTokens < e.MaxNumSeqs {
+	if e.MaxNumBatchedTokens > 0 && e.MaxNumBatchedTokens < e.MaxNumSeqs {
 		bad("engine.max_num_batched_tokens", "must be at least engine.max_num_seqs (%d) so every running sequence can decode, got %d", e.MaxNumSeqs, e.MaxNumBatchedTokens)
 	}
 	if e.MaxModelLen < 0 {
