@@ -25,11 +25,11 @@ type mapping struct {
 	size int // bytes mapped, alignment slack included
 }
 
-// weightArena hands out the long-lived byte ranges that weights and KV
-// caches are copied into (QuantWeight, FP8Weight, MXFP4Weight, AllocWeight,
-// AllocCache), carved one after the other from chunks mapped outside Go's
-// heap (mapOffHeap), aligned to huge pages and advised for them before
-// anything touches them. A decode step streams every weight once: on 4 KiB
+// weightArena hands out the long-lived byte ranges that weights are copied
+// into (QuantWeight, FP8Weight, MXFP4Weight, AllocWeight), carved one after
+// the other from chunks mapped outside Go's heap (mapOffHeap), aligned to
+// huge pages and advised for them before anything touches them (KV caches
+// take a mapping each: AllocCache). A decode step streams every weight once: on 4 KiB
 // pages the hardware prefetchers stop at each page boundary and every page
 // costs a TLB miss. On a 2-vCPU AMD EPYC VM (Linux's THP setting "madvise",
 // under which Go's heap gets no huge pages) a Q8_0 153M Llama's decode
@@ -48,8 +48,8 @@ type weightArena struct {
 	cur  *mapping // the current chunk's mapping (nil: Go memory)
 }
 
-// bytes returns n zeroed bytes for a weight or cache that lives as long as
-// the backend's model, and the mapping the caller must keep with them (nil
+// bytes returns n zeroed bytes for a weight that lives as long as the
+// backend's model, and the mapping the caller must keep with them (nil
 // for Go memory): 64-byte aligned from a chunk from arenaMinPiece bytes on,
 // an ordinary allocation below. Cost: a chunk's mapping every arenaChunk
 // bytes (its pages faulted in as they are first written).
@@ -80,8 +80,9 @@ func (a *weightArena) bytes(n int) ([]byte, *mapping) {
 }
 
 // arenaSlice returns n zeroed elements and the mapping to keep with them:
-// from a (weightArena: 64-byte aligned, see bytes) when a is not nil and they fill at
-// least arenaMinPiece bytes, else an ordinary allocation (nil mapping).
+// from a (a weightArena: 64-byte aligned, see bytes) when a is not nil and
+// they fill at least arenaMinPiece bytes, else an ordinary allocation (nil
+// mapping).
 func arenaSlice[T uint8 | uint16 | int32 | float32](a byteSource, n int) ([]T, *mapping) {
 	size := n * int(unsafe.Sizeof(T(0)))
 	if a == nil || size < arenaMinPiece {
