@@ -102,7 +102,7 @@ func routeParams(cfg *weights.Config, v3 bool) (kernels.RouteParams, error) {
 
 func newDeepseek(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, opts Options) (Model, error) {
 	v3 := arch == "DeepseekV3ForCausalLM"
-	m := &deepseek{base: base{arch: arch, cfg: cfg, ops: ops, spare: &spareScratch{}}, v3: v3, qLoraRank: cfg.QLoraRank, fusedRows: mlaFusedRows,
+	m := &deepseek{base: base{arch: arch, cfg: cfg, ops: ops, spare: newSpareScratch(ops)}, v3: v3, qLoraRank: cfg.QLoraRank, fusedRows: mlaFusedRows,
 		interleave: cfg.RopeInterleave || !v3, // V2 always rotates interleaved pairs
 		dims: kernels.MLAParams{NumHeads: cfg.NumAttentionHeads, NopeDim: cfg.QKNopeHeadDim, RopeDim: cfg.QKRopeHeadDim,
 			KVLoraRank: cfg.KVLoraRank, VHeadDim: cfg.VHeadDim}}

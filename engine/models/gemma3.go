@@ -202,7 +202,7 @@ func newGemma3(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, o
 		return nil, err
 	}
 	cfg.Rope = globalRope
-	m := &gemma3{base: base{arch: arch, cfg: cfg, ops: ops, spare: &spareScratch{}}, gemmaOps: gops,
+	m := &gemma3{base: base{arch: arch, cfg: cfg, ops: ops, spare: newSpareScratch(ops)}, gemmaOps: gops,
 		numHeads: cfg.NumAttentionHeads, numKVHeads: cfg.NumKeyValueHeads, headDim: cfg.HeadDim,
 		attnScale: float32(math.Pow(qpas, -0.5)), finalSoftcap: float32(softcap), windowLayers: windowLayers{window: cfg.SlidingWindow}}
 	l := newLoader(ops, cfg, src, opts)

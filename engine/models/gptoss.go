@@ -87,7 +87,7 @@ func newGptOss(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, o
 	if e < 1 || topK < 1 || topK > e || !(limit > 0) {
 		return nil, fmt.Errorf("models: %s: %d experts, top-%d, swiglu_limit %g: %w", arch, e, topK, limit, ErrConfig)
 	}
-	m := &gptOss{base: base{arch: arch, cfg: cfg, ops: ops, spare: &spareScratch{}}, moeOps: moeOps,
+	m := &gptOss{base: base{arch: arch, cfg: cfg, ops: ops, spare: newSpareScratch(ops)}, moeOps: moeOps,
 		numHeads: cfg.NumAttentionHeads, numKVHeads: cfg.NumKeyValueHeads, headDim: cfg.HeadDim,
 		numExperts: e, windowLayers: windowLayers{window: cfg.SlidingWindow},
 		route: kernels.RouteParams{TopK: topK, Scoring: kernels.ScoringSoftmax, Method: kernels.TopKGreedy,

@@ -120,7 +120,7 @@ type scratch struct {
 	bufs   map[scratchKey]kernels.Tensor
 	inputs map[[2]int]kernels.DType // LinearInputDType's answers by (weights' dtype, rows)
 	err    error
-	tokens int // the pass's tokens when spareScratch may keep it, else 0
+	tokens int // the pass's tokens when a spareScratch may keep it, else 0
 }
 
 func newScratch(ops kernels.Ops) *scratch {
@@ -134,17 +134,25 @@ func newScratch(ops kernels.Ops) *scratch {
 // they are first written. Reuse keeps AllocEmpty's contract (every
 // operation writes all of its output before anything reads it,
 // TestScratchWrittenBeforeRead); nothing Forward returns is scratch.
-// Backends with an EmptyAllocator (CUDA: a caching allocator, buffers
-// captured in graphs) get a fresh scratch every pass. A pass that finds
-// the spare taken (concurrent forwards) or kept for another token count
-// gets a fresh one. A nil *spareScratch keeps nothing. Safe for concurrent
-// use.
+// A pass that finds the spare taken (concurrent forwards) or kept for
+// another token count gets a fresh one. A nil *spareScratch keeps nothing.
+// Safe for concurrent use.
 type spareScratch struct{ kept atomic.Pointer[scratch] }
+
+// newSpareScratch returns a spareScratch for a model on ops, or nil where
+// ops has an EmptyAllocator (CUDA: a caching allocator, buffers captured
+// in graphs), whose passes each get a fresh scratch.
+func newSpareScratch(ops kernels.Ops) *spareScratch {
+	if _, ok := ops.(kernels.EmptyAllocator); ok {
+		return nil
+	}
+	return &spareScratch{}
+}
 
 // take returns the kept scratch when it was kept for a pass of tokens
 // tokens, else a fresh one.
 func (c *spareScratch) take(ops kernels.Ops, tokens int) *scratch {
-	if _, ok := ops.(kernels.EmptyAllocator); ok || c == nil {
+	if c == nil {
 		return newScratch(ops)
 	}
 	if s := c.kept.Swap(nil); s != nil && s.tokens == tokens && s.err == nil {
@@ -264,7 +272,7 @@ type llamaLayer struct {
 }
 
 func newLlama(arch string, ops kernels.Ops, cfg *weights.Config, src Weights, opts Options) (Model, error) {
-	m := &llama{base: base{arch: arch, cfg: cfg, ops: ops, spare: &spareScratch{}},
+	m := &llama{base: base{arch: arch, cfg: cfg, ops: ops, spare: newSpareScratch(ops)},
 		numHeads: cfg.NumAttentionHeads, numKVHeads: cfg.NumKeyValueHeads, headDim: cfg.HeadDim}
 	if cfg.HiddenAct != "silu" {
 		return nil, fmt.Errorf("models: %s: hidden_act %q, only silu: %w", arch, cfg.HiddenAct, ErrConfig)

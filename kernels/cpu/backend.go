@@ -245,15 +245,14 @@ func (b *Backend) AllocCache(dtype kernels.DType, shape ...int) (kernels.Tensor,
 	return allocTensor(cacheArena{}, dtype, shape)
 }
 
-// cacheArena maps each piece of arenaMinPiece bytes or more on its own
-// (mapOffHeap), falling back to Go memory.
+// cacheArena maps each piece it is asked for (arenaSlice asks from
+// arenaMinPiece bytes on) on its own (mapOffHeap), falling back to Go
+// memory.
 type cacheArena struct{}
 
 func (cacheArena) bytes(n int) ([]byte, *mapping) {
-	if n >= arenaMinPiece {
-		if p, m := mapOffHeap(n); m != nil {
-			return p, m
-		}
+	if p, m := mapOffHeap(n); m != nil {
+		return p, m
 	}
 	return make([]byte, n), nil
 }
